@@ -1,0 +1,43 @@
+# Sluice. `make test` is what CI runs; it installs what the tests need.
+GO        ?= go
+PKGS      ?= ./...
+TEST_FLAGS ?= -race -count=1 -timeout 20m
+export PATH := $(PATH):$(shell $(GO) env GOPATH)/bin
+
+.PHONY: all build test deps bench proto vet fmt soak clean
+
+all: build
+
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+# deps installs the system packages the tests talk to (a real redis-server).
+deps:
+	@scripts/install-deps.sh
+
+test: deps
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l .)" || (echo "gofmt would change:"; gofmt -l .; exit 1)
+	$(GO) test $(TEST_FLAGS) $(PKGS)
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem $(BENCH_FLAGS) $(PKGS)
+
+# soak runs the long chaos and soak runs (not part of make test).
+soak: deps
+	SLUICE_SOAK=1 $(GO) test -count=1 -timeout 60m -run 'Soak|Chaos' $(PKGS)
+
+proto:
+	@command -v protoc >/dev/null || (apt-get update -qq && apt-get install -y -qq protobuf-compiler)
+	@command -v protoc-gen-go >/dev/null || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	@command -v protoc-gen-go-grpc >/dev/null || $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+	cd api/sluice/v1 && protoc -I. --go_out=paths=source_relative:. --go-grpc_out=paths=source_relative:. sluice.proto
+
+vet:
+	$(GO) vet ./...
+
+fmt:
+	gofmt -w .
+
+clean:
+	rm -rf bin

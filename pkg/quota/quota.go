@@ -1,0 +1,130 @@
+package quota
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrInvalid is wrapped by every validation error, so edges can map it to
+// an "invalid argument" status with errors.Is.
+var ErrInvalid = errors.New("invalid argument")
+
+const (
+	// MaxTenantLen is the longest tenant id accepted, in bytes.
+	MaxTenantLen = 128
+	// MaxClassLen is the longest class name accepted, in bytes.
+	MaxClassLen = 64
+	// MaxCost is the largest cost one request may carry. Anything above is
+	// certainly a bug in the caller's cost function, not a real request.
+	MaxCost = 1 << 20
+	// MaxWant is the largest batch an instance may ask for in one lease.
+	MaxWant = 1 << 30
+)
+
+// Key identifies one limited quantity: a tenant's traffic of one route
+// class. The zero value is invalid.
+type Key struct {
+	Tenant string
+	Class  string
+}
+
+// String renders the key as "tenant/class" for logs and errors.
+func (k Key) String() string { return k.Tenant + "/" + k.Class }
+
+// Validate reports whether k is syntactically acceptable. It does not know
+// which classes are configured; callers check that against their config.
+func (k Key) Validate() error {
+	if err := validateName("tenant", k.Tenant, MaxTenantLen); err != nil {
+		return err
+	}
+	return validateName("class", k.Class, MaxClassLen)
+}
+
+// ValidateID checks an instance or region id with the same rules as a tenant.
+func ValidateID(field, id string) error { return validateName(field, id, MaxTenantLen) }
+
+func validateName(field, s string, max int) error {
+	if s == "" {
+		return fmt.Errorf("%w: %s is empty", ErrInvalid, field)
+	}
+	if len(s) > max {
+		return fmt.Errorf("%w: %s is %d bytes long, the limit is %d", ErrInvalid, field, len(s), max)
+	}
+	for i := 0; i < len(s); i++ {
+		if !nameByte(s[i]) {
+			return fmt.Errorf("%w: %s %q has byte %q at offset %d; allowed are letters, digits and . _ : @ -",
+				ErrInvalid, field, truncate(s, 40), s[i], i)
+		}
+	}
+	return nil
+}
+
+func nameByte(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	case c == '.', c == '_', c == ':', c == '@', c == '-':
+		return true
+	}
+	return false
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// ValidateCost checks a per-request cost: 1..MaxCost tokens.
+func ValidateCost(cost int64) error {
+	if cost < 1 {
+		return fmt.Errorf("%w: cost %d must be at least 1", ErrInvalid, cost)
+	}
+	if cost > MaxCost {
+		return fmt.Errorf("%w: cost %d exceeds the maximum %d", ErrInvalid, cost, MaxCost)
+	}
+	return nil
+}
+
+// ValidateWant checks a lease batch request: 0..MaxWant tokens.
+func ValidateWant(want int64) error {
+	if want < 0 {
+		return fmt.Errorf("%w: want %d is negative", ErrInvalid, want)
+	}
+	if want > MaxWant {
+		return fmt.Errorf("%w: want %d exceeds the maximum %d", ErrInvalid, want, MaxWant)
+	}
+	return nil
+}
+
+// Limit is the rate and burst of one key.
+type Limit struct {
+	// Rate in tokens per second; > 0.
+	Rate float64
+	// Burst in tokens; >= 1.
+	Burst int64
+}
+
+// Decision is the outcome of one Allow or Check. The zero value denies.
+type Decision struct {
+	// Allowed says whether the request may proceed. In shadow mode it is
+	// always true and WouldDeny carries the real verdict.
+	Allowed bool
+	// WouldDeny is set when the limiter would have denied the request; it is
+	// the real verdict in shadow mode and equals !Allowed otherwise.
+	WouldDeny bool
+	// Limit is the key's burst, for X-RateLimit-Limit.
+	Limit int64
+	// Remaining is the tokens left after this decision; never negative.
+	Remaining int64
+	// ResetAt is when the tokens will be back to Limit.
+	ResetAt time.Time
+	// RetryAfter is how long to wait before retrying a denied request; zero
+	// when allowed.
+	RetryAfter time.Duration
+	// Degraded is set when the decision came from the class's on_failure
+	// policy because the regional service could not be reached.
+	Degraded bool
+}
