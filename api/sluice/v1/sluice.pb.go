@@ -205,8 +205,9 @@ type Grant struct {
 	RetryAfterMs int64 `protobuf:"varint,6,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// The rate the region currently refills this key at (tokens/s).
 	RegionRate float64 `protobuf:"fixed64,7,opt,name=region_rate,json=regionRate,proto3" json:"region_rate,omitempty"`
-	// The region's burst cap for this key (tokens).
-	RegionBurst int64 `protobuf:"varint,8,opt,name=region_burst,json=regionBurst,proto3" json:"region_burst,omitempty"`
+	// The region's burst cap for this key (tokens; fractional when a static
+	// share splits a small burst).
+	RegionBurst float64 `protobuf:"fixed64,8,opt,name=region_burst,json=regionBurst,proto3" json:"region_burst,omitempty"`
 	// Instances holding a live lease on this key (including the caller).
 	LiveInstances int64 `protobuf:"varint,9,opt,name=live_instances,json=liveInstances,proto3" json:"live_instances,omitempty"`
 	// The key's configured global limit, for X-RateLimit-Limit style headers.
@@ -214,7 +215,16 @@ type Grant struct {
 	// How long, from now, until the regional bucket is full again (ms).
 	ResetMs int64 `protobuf:"varint,11,opt,name=reset_ms,json=resetMs,proto3" json:"reset_ms,omitempty"`
 	// The key's class is in shadow mode: decisions are counted, never enforced.
-	Shadow        bool `protobuf:"varint,12,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	Shadow bool `protobuf:"varint,12,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// The key's class mode ("lease" or "strict"). A lease request for a
+	// strict class is answered with granted 0 and mode "strict": the caller
+	// must use Check for it.
+	Mode string `protobuf:"bytes,13,opt,name=mode,proto3" json:"mode,omitempty"`
+	// The class's on_failure policy ("local", "open" or "closed"), so an
+	// instance knows what to do when the region becomes unreachable.
+	OnFailure string `protobuf:"bytes,14,opt,name=on_failure,json=onFailure,proto3" json:"on_failure,omitempty"`
+	// The tenant's tier (for metrics labels; never the tenant id).
+	Tier          string `protobuf:"bytes,15,opt,name=tier,proto3" json:"tier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -298,7 +308,7 @@ func (x *Grant) GetRegionRate() float64 {
 	return 0
 }
 
-func (x *Grant) GetRegionBurst() int64 {
+func (x *Grant) GetRegionBurst() float64 {
 	if x != nil {
 		return x.RegionBurst
 	}
@@ -331,6 +341,27 @@ func (x *Grant) GetShadow() bool {
 		return x.Shadow
 	}
 	return false
+}
+
+func (x *Grant) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Grant) GetOnFailure() string {
+	if x != nil {
+		return x.OnFailure
+	}
+	return ""
+}
+
+func (x *Grant) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
 }
 
 type AcquireRequest struct {
@@ -782,11 +813,11 @@ type KeyDemand struct {
 	// The grant the region currently holds and may use (rate tokens/s and
 	// burst tokens); 0 when it runs on its static share.
 	HeldRate  float64 `protobuf:"fixed64,5,opt,name=held_rate,json=heldRate,proto3" json:"held_rate,omitempty"`
-	HeldBurst int64   `protobuf:"varint,6,opt,name=held_burst,json=heldBurst,proto3" json:"held_burst,omitempty"`
+	HeldBurst float64 `protobuf:"fixed64,6,opt,name=held_burst,json=heldBurst,proto3" json:"held_burst,omitempty"`
 	// Remaining validity of the held grant (ms); 0 when none.
 	HeldValidMs int64 `protobuf:"varint,7,opt,name=held_valid_ms,json=heldValidMs,proto3" json:"held_valid_ms,omitempty"`
 	// Tokens the region holds against its burst cap: bucket + unspent leases.
-	Holding       int64 `protobuf:"varint,8,opt,name=holding,proto3" json:"holding,omitempty"`
+	Holding       float64 `protobuf:"fixed64,8,opt,name=holding,proto3" json:"holding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -856,7 +887,7 @@ func (x *KeyDemand) GetHeldRate() float64 {
 	return 0
 }
 
-func (x *KeyDemand) GetHeldBurst() int64 {
+func (x *KeyDemand) GetHeldBurst() float64 {
 	if x != nil {
 		return x.HeldBurst
 	}
@@ -870,7 +901,7 @@ func (x *KeyDemand) GetHeldValidMs() int64 {
 	return 0
 }
 
-func (x *KeyDemand) GetHolding() int64 {
+func (x *KeyDemand) GetHolding() float64 {
 	if x != nil {
 		return x.Holding
 	}
@@ -945,7 +976,7 @@ type KeyGrant struct {
 	// Refill rate the region may use (tokens/s) while the grant is valid.
 	Rate float64 `protobuf:"fixed64,2,opt,name=rate,proto3" json:"rate,omitempty"`
 	// Burst cap (tokens) while the grant is valid.
-	Burst int64 `protobuf:"varint,3,opt,name=burst,proto3" json:"burst,omitempty"`
+	Burst float64 `protobuf:"fixed64,3,opt,name=burst,proto3" json:"burst,omitempty"`
 	// Valid for valid_ms from the moment the region sent its report.
 	ValidMs       int64 `protobuf:"varint,4,opt,name=valid_ms,json=validMs,proto3" json:"valid_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -996,7 +1027,7 @@ func (x *KeyGrant) GetRate() float64 {
 	return 0
 }
 
-func (x *KeyGrant) GetBurst() int64 {
+func (x *KeyGrant) GetBurst() float64 {
 	if x != nil {
 		return x.Burst
 	}
@@ -1103,7 +1134,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\x06denied\x18\x04 \x01(\x03R\x06denied\x12\x1a\n" +
 	"\breturned\x18\x05 \x01(\x03R\breturned\x12\x12\n" +
 	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x10\n" +
-	"\x03min\x18\a \x01(\x03R\x03min\"\xe9\x02\n" +
+	"\x03min\x18\a \x01(\x03R\x03min\"\xb0\x03\n" +
 	"\x05Grant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
@@ -1113,12 +1144,16 @@ const file_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x06 \x01(\x03R\fretryAfterMs\x12\x1f\n" +
 	"\vregion_rate\x18\a \x01(\x01R\n" +
 	"regionRate\x12!\n" +
-	"\fregion_burst\x18\b \x01(\x03R\vregionBurst\x12%\n" +
+	"\fregion_burst\x18\b \x01(\x01R\vregionBurst\x12%\n" +
 	"\x0elive_instances\x18\t \x01(\x03R\rliveInstances\x12\x14\n" +
 	"\x05limit\x18\n" +
 	" \x01(\x03R\x05limit\x12\x19\n" +
 	"\breset_ms\x18\v \x01(\x03R\aresetMs\x12\x16\n" +
-	"\x06shadow\x18\f \x01(\bR\x06shadow\"_\n" +
+	"\x06shadow\x18\f \x01(\bR\x06shadow\x12\x12\n" +
+	"\x04mode\x18\r \x01(\tR\x04mode\x12\x1d\n" +
+	"\n" +
+	"on_failure\x18\x0e \x01(\tR\tonFailure\x12\x12\n" +
+	"\x04tier\x18\x0f \x01(\tR\x04tier\"_\n" +
 	"\x0eAcquireRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12,\n" +
@@ -1154,9 +1189,9 @@ const file_sluice_proto_rawDesc = "" +
 	"\twindow_ms\x18\x04 \x01(\x03R\bwindowMs\x12\x1b\n" +
 	"\theld_rate\x18\x05 \x01(\x01R\bheldRate\x12\x1d\n" +
 	"\n" +
-	"held_burst\x18\x06 \x01(\x03R\theldBurst\x12\"\n" +
+	"held_burst\x18\x06 \x01(\x01R\theldBurst\x12\"\n" +
 	"\rheld_valid_ms\x18\a \x01(\x03R\vheldValidMs\x12\x18\n" +
-	"\aholding\x18\b \x01(\x03R\aholding\"b\n" +
+	"\aholding\x18\b \x01(\x01R\aholding\"b\n" +
 	"\fRegionReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12(\n" +
@@ -1164,7 +1199,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\bKeyGrant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x14\n" +
-	"\x05burst\x18\x03 \x01(\x03R\x05burst\x12\x19\n" +
+	"\x05burst\x18\x03 \x01(\x01R\x05burst\x12\x19\n" +
 	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\x97\x01\n" +
 	"\fRegionGrants\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
