@@ -1,0 +1,190 @@
+package luascripts
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestLuaMatchesModel drives random operation sequences through the Lua
+// scripts on a real redis-server and through Model, at the same instants,
+// and requires identical replies and identical stored state after every
+// step. Time is virtual on both sides: the scripts under test are built with
+// a clock that reads now from their last argument (the one line that
+// differs from production), and key expiry is applied by the harness at
+// virtual instants, as the Model says Redis would.
+func TestLuaMatchesModel(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sc := newVirtual()
+
+	rapid.Check(t, func(rt *rapid.T) {
+		if err := rdb.FlushDB(ctx).Err(); err != nil {
+			rt.Fatalf("flushdb: %v", err)
+		}
+		m := NewModel()
+		now := int64(1_700_000_000_000_000) + rapid.Int64Range(0, 1e9).Draw(rt, "start")
+
+		nKeys := rapid.IntRange(1, 2).Draw(rt, "keys")
+		type keyCase struct {
+			keys Keys
+			c    Common
+		}
+		kcs := make([]keyCase, nKeys)
+		for i := range kcs {
+			c := Common{
+				StaticRate:  rapid.SampledFrom([]float64{0.1, 0.5, 1, 3, 10, 66.666666666, 1000}).Draw(rt, "rate"),
+				StaticBurst: rapid.SampledFrom([]float64{0, 0.5, 1, 5, 20, 200}).Draw(rt, "burst"),
+				LeaseTTL:    time.Duration(rapid.IntRange(1000, 5000).Draw(rt, "ttl_ms")) * time.Millisecond,
+				Reclaim:     rapid.Bool().Draw(rt, "reclaim"),
+				ReapBudget:  rapid.IntRange(0, 3).Draw(rt, "reap"),
+			}
+			if rapid.Bool().Draw(rt, "reborn") {
+				c.BornUS = now - rapid.Int64Range(0, 10e6).Draw(rt, "born_ago")
+			}
+			kcs[i] = keyCase{KeysFor(DefaultPrefix, quota.Key{Tenant: "t" + strconv.Itoa(i), Class: "read"}), c}
+		}
+		instances := []string{"i-a", "i-b", "i-c"}
+		seqs := map[string]uint64{}
+		last := map[string]Report{}
+
+		steps := rapid.IntRange(1, 60).Draw(rt, "steps")
+		for step := 0; step < steps; step++ {
+			now += rapid.SampledFrom([]int64{0, 1, 999, 50_000, 333_333, 1_000_000, 4_000_000, 30_000_000}).Draw(rt, "dt")
+			if gone := m.ExpireDue(now); len(gone) > 0 {
+				if err := rdb.Del(ctx, gone...).Err(); err != nil {
+					rt.Fatalf("del: %v", err)
+				}
+			}
+			sc.setNow(now)
+			kc := kcs[rapid.IntRange(0, nKeys-1).Draw(rt, "key")]
+			inst := rapid.SampledFrom(instances).Draw(rt, "instance")
+			lk := inst + kc.keys.Bucket
+			report := func(withReturn bool) Report {
+				if rapid.IntRange(0, 4).Draw(rt, "retry") == 0 {
+					if r, ok := last[lk]; ok {
+						return r // a retried message: same seq, same numbers
+					}
+				}
+				seqs[lk]++
+				r := Report{
+					Instance: inst, Seq: seqs[lk],
+					Used:   rapid.Int64Range(0, 300).Draw(rt, "used"),
+					Denied: rapid.Int64Range(0, 50).Draw(rt, "denied"),
+					Want:   rapid.Int64Range(0, 300).Draw(rt, "want"),
+					Min:    rapid.Int64Range(0, 20).Draw(rt, "min"),
+				}
+				if withReturn {
+					r.Returned = rapid.Int64Range(0, 100).Draw(rt, "returned")
+				}
+				last[lk] = r
+				return r
+			}
+
+			var got, want any
+			var err error
+			switch opn := rapid.IntRange(0, 6).Draw(rt, "op"); opn {
+			case 0:
+				r := report(false)
+				want = m.Acquire(now, kc.keys, kc.c, r)
+				got, err = sc.Acquire(ctx, rdb, kc.keys, kc.c, r)
+			case 1:
+				r := report(true)
+				want = m.Sync(now, kc.keys, kc.c, r)
+				got, err = sc.Sync(ctx, rdb, kc.keys, kc.c, r)
+			case 2:
+				r := report(true)
+				want = m.Release(now, kc.keys, kc.c, r)
+				got, err = sc.Release(ctx, rdb, kc.keys, kc.c, r)
+			case 3:
+				cost := rapid.Int64Range(1, 30).Draw(rt, "cost")
+				want = m.Check(now, kc.keys, kc.c, cost)
+				got, err = sc.Check(ctx, rdb, kc.keys, kc.c, cost)
+			case 4:
+				want = m.Reap(now, kc.keys, kc.c)
+				got, err = sc.Reap(ctx, rdb, kc.keys, kc.c)
+			case 5:
+				rate := rapid.SampledFrom([]float64{0, 0.25, 2, 40, 500.5}).Draw(rt, "grant_rate")
+				burst := rapid.SampledFrom([]float64{0, 1, 7.5, 100}).Draw(rt, "grant_burst")
+				exp := now + rapid.Int64Range(-2e6, 10e6).Draw(rt, "grant_valid")
+				want = m.SetRate(now, kc.keys, kc.c, rate, burst, exp)
+				got, err = sc.SetRate(ctx, rdb, kc.keys, kc.c, rate, burst, exp)
+			case 6:
+				want = m.State(now, kc.keys, kc.c)
+				got, err = sc.State(ctx, rdb, kc.keys, kc.c)
+			}
+			if err != nil {
+				rt.Fatalf("step %d: script error: %v", step, err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				rt.Fatalf("step %d: reply differs\n lua:   %+v\n model: %+v", step, got, want)
+			}
+			redisState := snapshot(ctx, rt, rdb)
+			if ms := m.Snapshot(); !reflect.DeepEqual(redisState, ms) {
+				rt.Fatalf("step %d: state differs\n redis: %v\n model: %v", step, redisState, ms)
+			}
+			checkTTLs(ctx, rt, rdb, m)
+		}
+	})
+}
+
+func snapshot(ctx context.Context, t *rapid.T, rdb *redis.Client) map[string]map[string]string {
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatalf("keys: %v", err)
+	}
+	out := map[string]map[string]string{}
+	for _, k := range keys {
+		typ := rdb.Type(ctx, k).Val()
+		switch typ {
+		case "hash":
+			out[k] = rdb.HGetAll(ctx, k).Val()
+		case "zset":
+			z := map[string]string{}
+			for _, m := range rdb.ZRangeWithScores(ctx, k, 0, -1).Val() {
+				z[m.Member.(string)] = strconv.FormatFloat(m.Score, 'f', 0, 64)
+			}
+			out[k] = z
+		default:
+			t.Fatalf("unexpected key %s of type %s", k, typ)
+		}
+	}
+	return out
+}
+
+// checkTTLs requires every key to carry the TTL the model's last write set
+// (PTTL counts down in real time, so allow the real time a run takes).
+func checkTTLs(ctx context.Context, t *rapid.T, rdb *redis.Client, m *Model) {
+	for name := range m.Snapshot() {
+		want, ok := m.LastTTL(name)
+		if !ok {
+			t.Fatalf("model has no TTL for %s", name)
+		}
+		got, err := rdb.PTTL(ctx, name).Result()
+		if err != nil {
+			t.Fatalf("pttl %s: %v", name, err)
+		}
+		if got < 0 || got > want || got < want-2*time.Second {
+			t.Fatalf("%s: PTTL %v, model says %v", name, got, want)
+		}
+	}
+}
+
+func TestKeysShareHashTag(t *testing.T) {
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "write"})
+	for _, name := range []string{k.Bucket, k.Leases, k.Expiry} {
+		if got := fmt.Sprint(name[len(DefaultPrefix) : len(DefaultPrefix)+len("{acme|write}")]); got != "{acme|write}" {
+			t.Errorf("%s does not start with the hash tag {acme|write}", name)
+		}
+	}
+}

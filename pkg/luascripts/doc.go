@@ -1,0 +1,41 @@
+// Package luascripts holds the Lua scripts that are the only writers of a
+// region's Redis state, typed Go wrappers that run them, and Model, a pure
+// Go twin of the same maths.
+//
+// # State
+//
+// Every quota key owns three Redis keys sharing one hash tag (so scripts run
+// on Redis Cluster): a bucket hash, a lease hash (one field per instance)
+// and a sorted set of lease expiries. lua/lib.lua documents every field.
+//
+// # Invariants
+//
+//   - Redis TIME is the only clock (microseconds). The Go side never passes
+//     a time in; the regional service converts durations to Redis time with
+//     the now_us every reply carries.
+//   - Tokens in the bucket plus unspent tokens out in live leases never
+//     exceed the region's current burst cap (DESIGN invariant 3).
+//   - Tokens appear only by refill at the current rate over elapsed time
+//     (the granted rate while a grant is valid, the static share after) or
+//     by reclaiming a lease's unspent tokens; a bucket recreated after a
+//     Redis restart is not handed a free burst (see the born argument).
+//   - A usage report is applied at most once per (instance, key, seq).
+//   - Every key carries a TTL of at least 2 x cap / rate, 2 x lease TTL and
+//     the grant's remaining validity, so idle keys disappear but never reset
+//     early.
+//   - Scripts are O(1) plus reaping bounded by Common.ReapBudget.
+//   - Floats are stored with '%.6f'; integers with '%.0f'.
+//
+// # Units
+//
+// Tokens are float64 inside the bucket and whole int64 tokens in leases;
+// rates are tokens per second; Redis times are int64 microseconds; TTLs and
+// waits are milliseconds on the wire and time.Duration in Go.
+//
+// # The twin
+//
+// Model implements the same operations on an in-memory map with an explicit
+// now. A differential test drives random operation sequences through both
+// against a real redis-server and requires identical replies and state. The
+// simulator runs Model on virtual time.
+package luascripts

@@ -1,0 +1,23 @@
+-- check.lua: the strict path. One atomic, cost-weighted decision against the
+-- regional bucket (the seed's semantics): refill, then admit when the bucket
+-- holds at least cost tokens. Denials change no tokens.
+--
+-- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
+-- ARGV[1..6]  common (see lib.lua)
+-- ARGV[7]     cost (tokens, >= 1)
+-- Reply: { allowed(0|1), remaining, retry_ms, reset_ms, rate, cap, now_us }
+--        rate and cap are '%.6f' strings; retry_ms is -1 when the current
+--        rate is zero
+reap(REAPMAX)
+local cost = tonumber(ARGV[7])
+local allowed, retry = 0, 0
+if B.tk >= cost then
+  B.tk = B.tk - cost
+  B.adm = B.adm + cost
+  allowed = 1
+else
+  B.den = B.den + cost
+  retry = wait_ms(cost)
+end
+save_bucket()
+return { allowed, math.floor(B.tk), retry, reset_ms(), f6(rate_now()), f6(cap_now()), NOW }

@@ -1,0 +1,268 @@
+-- lib.lua: shared state model of one quota key's regional bucket. Prepended
+-- (after clock.lua) to every script but set_rate's body.
+--
+-- KEYS[1]  bucket hash   fields: tk  tokens in the bucket (float, %.6f)
+--                                 ts  time of the last refill (µs)
+--                                 gr  granted rate (tokens/s, %.6f)
+--                                 gb  granted burst cap (tokens, %.6f)
+--                                 ge  grant expiry (µs, Redis clock); 0 = none
+--                                 out unspent tokens out in live leases
+--                                 adm tokens admitted (cumulative counter)
+--                                 den tokens denied (cumulative counter)
+-- KEYS[2]  lease hash    field = instance id, value = "g u r seq exp lg":
+--                                 granted, used, returned (cumulative tokens),
+--                                 last applied seq, expiry (µs), last grant
+-- KEYS[3]  expiry zset   member = instance id, score = lease expiry (µs)
+-- All three share one hash tag, so every script works on Redis Cluster.
+--
+-- Common ARGV (every script but set_rate):
+--   ARGV[1] static rate s_r      tokens/s, used when no grant is valid
+--   ARGV[2] static burst cap     tokens
+--   ARGV[3] lease TTL            ms
+--   ARGV[4] reclaim              '1' = reported, '0' = none
+--   ARGV[5] born                 µs: when this Redis data set was (re)born;
+--                                '0' = trust a missing bucket to be full
+--   ARGV[6] reap budget          expired leases reaped per call (bounded work)
+-- Script-specific ARGV start at 7.
+--
+-- Invariants kept by every script:
+--   tk <= max(0, cap(now) - out)   (a region never holds more than its cap,
+--                                   counting unspent leases: DESIGN inv. 3)
+--   tokens appear only by refill at rate(t) over elapsed Redis time, or by
+--   reclaiming a lease's unspent tokens; never by recreating a key early.
+
+local SR = tonumber(ARGV[1])
+local SB = tonumber(ARGV[2])
+local LTTL = tonumber(ARGV[3])
+local RECLAIM = ARGV[4] == '1'
+local BORN = tonumber(ARGV[5])
+local REAPMAX = tonumber(ARGV[6])
+local NOW = clock()
+
+local function f6(x) return string.format('%.6f', x) end
+local function i0(x) return string.format('%.0f', x) end
+
+local B = {}
+
+local function grant_valid(t) return B.ge > t end
+local function rate_now() if grant_valid(NOW) then return B.gr end return SR end
+local function cap_now() if grant_valid(NOW) then return B.gb end return SB end
+
+local function clamp()
+  local c = cap_now() - B.out
+  if c < 0 then c = 0 end
+  if B.tk > c then B.tk = c end
+end
+
+local function load_bucket()
+  local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den')
+  if not raw[2] then
+    -- A missing bucket is trusted to be full only when the data set is old
+    -- enough that every lease issued before it was born has expired: then
+    -- it is as if the bucket had been empty since born + lease TTL and had
+    -- refilled at the static rate. A key that merely idled out is always
+    -- full (its TTL is at least 2 x burst / rate).
+    B.gr, B.gb, B.ge, B.out, B.adm, B.den = 0, 0, 0, 0, 0, 0
+    B.ts = NOW
+    local warm = NOW - BORN - LTTL * 1000
+    if warm < 0 then warm = 0 end
+    B.tk = warm * SR / 1000000
+    if B.tk > SB then B.tk = SB end
+    return
+  end
+  B.tk = tonumber(raw[1])
+  B.ts = tonumber(raw[2])
+  B.gr = tonumber(raw[3])
+  B.gb = tonumber(raw[4])
+  B.ge = tonumber(raw[5])
+  B.out = tonumber(raw[6])
+  B.adm = tonumber(raw[7])
+  B.den = tonumber(raw[8])
+end
+
+-- refill credits elapsed time piecewise: at the granted rate while the grant
+-- was valid, then at the static rate; each piece capped by its own cap. A
+-- clock that went backwards credits nothing and keeps ts (no double credit).
+local function refill()
+  local t = B.ts
+  if NOW > t then
+    if B.ge > t then
+      local e = B.ge
+      if e > NOW then e = NOW end
+      B.tk = B.tk + (e - t) * B.gr / 1000000
+      local c = B.gb - B.out
+      if c < 0 then c = 0 end
+      if B.tk > c then B.tk = c end
+      t = e
+    end
+    if NOW > t then
+      B.tk = B.tk + (NOW - t) * SR / 1000000
+    end
+    B.ts = NOW
+  end
+  clamp()
+end
+
+local function parse_lease(rec)
+  local g, u, r, seq, exp, lg = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  return { g = tonumber(g), u = tonumber(u), r = tonumber(r), seq = tonumber(seq), exp = tonumber(exp), lg = tonumber(lg) }
+end
+
+local function save_lease(id, L)
+  redis.call('HSET', KEYS[2], id, i0(L.g) .. ' ' .. i0(L.u) .. ' ' .. i0(L.r) .. ' ' .. i0(L.seq) .. ' ' .. i0(L.exp) .. ' ' .. i0(L.lg))
+  redis.call('ZADD', KEYS[3], L.exp, id)
+end
+
+-- drop_lease removes a lease; its unspent tokens go back to the bucket when
+-- give_back is true. Returns the tokens given back.
+local function drop_lease(id, L, give_back)
+  local unspent = L.g - L.u - L.r
+  if unspent < 0 then unspent = 0 end
+  B.out = B.out - unspent
+  if B.out < 0 then B.out = 0 end
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+  if give_back and unspent > 0 then
+    B.tk = B.tk + unspent
+    clamp()
+    return unspent
+  end
+  return 0
+end
+
+-- reap drops at most max expired leases, oldest first (ties by id, as the
+-- sorted set orders them). Returns leases reaped and tokens given back.
+local function reap(max)
+  if max <= 0 then return 0, 0 end
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', NOW, 'LIMIT', 0, max)
+  local back = 0
+  for _, id in ipairs(ids) do
+    local rec = redis.call('HGET', KEYS[2], id)
+    if rec then
+      back = back + drop_lease(id, parse_lease(rec), RECLAIM)
+    else
+      redis.call('ZREM', KEYS[3], id)
+    end
+  end
+  return #ids, back
+end
+
+-- own_lease loads an instance's lease, reaping it first when it expired.
+local function own_lease(id)
+  local rec = redis.call('HGET', KEYS[2], id)
+  if not rec then return nil end
+  local L = parse_lease(rec)
+  if L.exp <= NOW then
+    drop_lease(id, L, RECLAIM)
+    return nil
+  end
+  return L
+end
+
+-- apply_usage books a report's used and returned tokens against the lease.
+-- An instance cannot use or return more than the lease shows unspent (it
+-- may report use from a lease already reaped): the excess only feeds the
+-- demand counters. Returns the tokens actually put back.
+local function apply_usage(L, used, denied, returned)
+  local unspent = L.g - L.u - L.r
+  local ue = used
+  if ue > unspent then ue = unspent end
+  if ue < 0 then ue = 0 end
+  unspent = unspent - ue
+  local re = returned
+  if re > unspent then re = unspent end
+  if re < 0 then re = 0 end
+  L.u = L.u + ue
+  L.r = L.r + re
+  B.out = B.out - ue - re
+  if B.out < 0 then B.out = 0 end
+  B.adm = B.adm + used
+  B.den = B.den + denied
+  if re > 0 then
+    B.tk = B.tk + re
+    clamp()
+  end
+  return re
+end
+
+-- wait_ms is how long until the bucket holds need tokens at the current
+-- rate (ceil, ms); -1 when the current rate is zero.
+local function wait_ms(need)
+  local short = need - B.tk
+  if short <= 0 then return 0 end
+  local r = rate_now()
+  if r <= 0 then return -1 end
+  return math.ceil(short * 1000 / r)
+end
+
+-- reset_ms is how long until the bucket is full again (ceil, ms).
+local function reset_ms()
+  local c = cap_now() - B.out
+  if c < 0 then c = 0 end
+  return wait_ms(c)
+end
+
+local function save_bucket()
+  redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f6(B.gr), 'gb', f6(B.gb),
+    'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den))
+  -- Idle keys disappear, but never before a recreated bucket would be
+  -- correct: at least 2 x cap / rate (a full refill, twice), 2 x lease TTL
+  -- (every lease dead) and the grant's remaining validity.
+  local capmax, ratemin = SB, SR
+  if grant_valid(NOW) then
+    if B.gb > capmax then capmax = B.gb end
+    if B.gr > 0 and B.gr < ratemin then ratemin = B.gr end
+  end
+  local ttl = math.ceil(2000 * capmax / ratemin)
+  if ttl < 2 * LTTL then ttl = 2 * LTTL end
+  local gleft = math.ceil((B.ge - NOW) / 1000)
+  if ttl < gleft then ttl = gleft end
+  ttl = ttl + 1000
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
+
+load_bucket()
+refill()
+
+-- lease_op applies one instance's report for this key and takes a new batch.
+-- A report whose seq is not above the lease's last applied seq is a retry:
+-- nothing changes and the original grant is repeated, with the lease's
+-- remaining validity (not a fresh TTL) so the instance's deadline, measured
+-- from the retry's send time, still ends before the lease does.
+-- Reply: { granted, ttl_ms, remaining, retry_ms, rate, cap, live, reset_ms,
+--          now_us, duplicate(0|1) }; rate and cap as '%.6f' strings.
+local function lease_op(id, seq, used, denied, returned, want, min)
+  reap(REAPMAX)
+  local L = own_lease(id)
+  local granted, ttl, retry, dup = 0, LTTL, 0, 0
+  if L and seq <= L.seq then
+    dup = 1
+    granted = L.lg
+    ttl = math.floor((L.exp - NOW) / 1000)
+  else
+    if not L then L = { g = 0, u = 0, r = 0, seq = 0, exp = 0, lg = 0 } end
+    apply_usage(L, used, denied, returned)
+    if want > 0 then
+      if min < 1 then min = 1 end
+      local avail = math.floor(B.tk)
+      if avail >= min then
+        granted = want
+        if granted > avail then granted = avail end
+        B.tk = B.tk - granted
+        B.out = B.out + granted
+        L.g = L.g + granted
+      else
+        retry = wait_ms(min)
+      end
+    end
+    L.seq = seq
+    L.exp = NOW + LTTL * 1000
+    L.lg = granted
+    save_lease(id, L)
+  end
+  save_bucket()
+  local live = redis.call('HLEN', KEYS[2])
+  return { granted, ttl, math.floor(B.tk), retry, f6(rate_now()), f6(cap_now()), live, reset_ms(), NOW, dup }
+end

@@ -1,0 +1,507 @@
+package luascripts
+
+import (
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Model is the Go twin of the scripts: the same operations and the same
+// floating-point maths, in memory, on an explicit clock. Values are rounded
+// through the same '%.6f' / '%.0f' formatting Redis storage imposes, so a
+// Model and a redis-server driven through the same operations at the same
+// instants hold identical state and give identical replies.
+//
+// Keys expire as in Redis (each write sets a TTL); ExpireDue removes the
+// ones due at a given instant.
+//
+// A Model is not safe for concurrent use.
+type Model struct {
+	buckets map[string]*modelBucket // by Keys.Bucket
+	leases  map[string]*modelLeases // by Keys.Leases (the hash and its zset)
+}
+
+// modelBucket mirrors the bucket hash; every field a float64 as in Lua.
+type modelBucket struct {
+	tk, ts, gr, gb, ge, out, adm, den float64
+	expireAt                          float64 // µs, the key's TTL deadline
+	ttlMS                             float64 // the TTL last set (PEXPIRE argument)
+}
+
+type modelLease struct{ g, u, r, seq, exp, lg float64 }
+
+type modelLeases struct {
+	byID     map[string]*modelLease
+	expireAt float64
+	ttlMS    float64
+}
+
+// NewModel returns an empty model (an empty Redis).
+func NewModel() *Model {
+	return &Model{buckets: map[string]*modelBucket{}, leases: map[string]*modelLeases{}}
+}
+
+// ExpireDue drops every key whose TTL ran out at or before nowUS, as Redis
+// would, and returns their names in order.
+func (m *Model) ExpireDue(nowUS int64) []string {
+	now := float64(nowUS)
+	var gone []string
+	for name, b := range m.buckets {
+		if b.expireAt <= now {
+			delete(m.buckets, name)
+			gone = append(gone, name)
+		}
+	}
+	for name, l := range m.leases {
+		if l.expireAt <= now {
+			delete(m.leases, name)
+			gone = append(gone, name, expiryName(name))
+		}
+	}
+	sort.Strings(gone)
+	return gone
+}
+
+func expiryName(leasesKey string) string { return strings.TrimSuffix(leasesKey, "l") + "x" }
+
+// op is one script execution against one quota key: the Go rendering of
+// lib.lua's locals and functions.
+type op struct {
+	m   *Model
+	k   Keys
+	c   Common
+	now float64
+	b   modelBucket  // working copy: the script's unrounded locals
+	ls  *modelLeases // the lease hash and zset, changed in place
+}
+
+func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
+	o := &op{m: m, k: k, c: c, now: float64(nowUS)}
+	o.loadBucket()
+	o.ls = &modelLeases{byID: map[string]*modelLease{}}
+	if ls, ok := m.leases[k.Leases]; ok {
+		for id, l := range ls.byID {
+			c := *l
+			o.ls.byID[id] = &c
+		}
+	}
+	o.refill()
+	return o
+}
+
+func (o *op) sr() float64   { return o.c.StaticRate }
+func (o *op) sb() float64   { return o.c.StaticBurst }
+func (o *op) lttl() float64 { return float64(o.c.LeaseTTL.Milliseconds()) }
+
+func (o *op) grantValid(t float64) bool { return o.b.ge > t }
+
+func (o *op) rateNow() float64 {
+	if o.grantValid(o.now) {
+		return o.b.gr
+	}
+	return o.sr()
+}
+
+func (o *op) capNow() float64 {
+	if o.grantValid(o.now) {
+		return o.b.gb
+	}
+	return o.sb()
+}
+
+func (o *op) clamp() {
+	c := o.capNow() - o.b.out
+	if c < 0 {
+		c = 0
+	}
+	if o.b.tk > c {
+		o.b.tk = c
+	}
+}
+
+func (o *op) loadBucket() {
+	if b, ok := o.m.buckets[o.k.Bucket]; ok {
+		o.b = *b
+		return
+	}
+	b := modelBucket{ts: o.now}
+	warm := o.now - float64(o.c.BornUS) - o.lttl()*1000
+	if warm < 0 {
+		warm = 0
+	}
+	b.tk = float64(warm*o.sr()) / 1000000
+	if b.tk > o.sb() {
+		b.tk = o.sb()
+	}
+	o.b = b
+}
+
+func (o *op) refill() {
+	b := &o.b
+	t := b.ts
+	if o.now > t {
+		if b.ge > t {
+			e := b.ge
+			if e > o.now {
+				e = o.now
+			}
+			b.tk = b.tk + float64((e-t)*b.gr)/1000000
+			c := b.gb - b.out
+			if c < 0 {
+				c = 0
+			}
+			if b.tk > c {
+				b.tk = c
+			}
+			t = e
+		}
+		if o.now > t {
+			b.tk = b.tk + float64((o.now-t)*o.sr())/1000000
+		}
+		b.ts = o.now
+	}
+	o.clamp()
+}
+
+func (o *op) dropLease(id string, l *modelLease, giveBack bool) float64 {
+	unspent := l.g - l.u - l.r
+	if unspent < 0 {
+		unspent = 0
+	}
+	o.b.out = o.b.out - unspent
+	if o.b.out < 0 {
+		o.b.out = 0
+	}
+	delete(o.ls.byID, id)
+	if giveBack && unspent > 0 {
+		o.b.tk = o.b.tk + unspent
+		o.clamp()
+		return unspent
+	}
+	return 0
+}
+
+// reap mirrors ZRANGEBYSCORE -inf now LIMIT 0 max: ascending score, ties by
+// member.
+func (o *op) reap(max int) (int64, float64) {
+	if max <= 0 {
+		return 0, 0
+	}
+	type due struct {
+		id  string
+		exp float64
+	}
+	var ds []due
+	for id, l := range o.ls.byID {
+		if l.exp <= o.now {
+			ds = append(ds, due{id, l.exp})
+		}
+	}
+	sort.Slice(ds, func(i, j int) bool {
+		if ds[i].exp != ds[j].exp {
+			return ds[i].exp < ds[j].exp
+		}
+		return ds[i].id < ds[j].id
+	})
+	if len(ds) > max {
+		ds = ds[:max]
+	}
+	var back float64
+	for _, d := range ds {
+		back += o.dropLease(d.id, o.ls.byID[d.id], o.c.Reclaim)
+	}
+	return int64(len(ds)), back
+}
+
+func (o *op) ownLease(id string) *modelLease {
+	l, ok := o.ls.byID[id]
+	if !ok {
+		return nil
+	}
+	if l.exp <= o.now {
+		o.dropLease(id, l, o.c.Reclaim)
+		return nil
+	}
+	return l
+}
+
+func (o *op) applyUsage(l *modelLease, used, denied, returned float64) float64 {
+	unspent := l.g - l.u - l.r
+	ue := used
+	if ue > unspent {
+		ue = unspent
+	}
+	if ue < 0 {
+		ue = 0
+	}
+	unspent = unspent - ue
+	re := returned
+	if re > unspent {
+		re = unspent
+	}
+	if re < 0 {
+		re = 0
+	}
+	l.u = l.u + ue
+	l.r = l.r + re
+	o.b.out = o.b.out - ue - re
+	if o.b.out < 0 {
+		o.b.out = 0
+	}
+	o.b.adm = o.b.adm + used
+	o.b.den = o.b.den + denied
+	if re > 0 {
+		o.b.tk = o.b.tk + re
+		o.clamp()
+	}
+	return re
+}
+
+func (o *op) waitMS(need float64) float64 {
+	short := need - o.b.tk
+	if short <= 0 {
+		return 0
+	}
+	r := o.rateNow()
+	if r <= 0 {
+		return -1
+	}
+	return math.Ceil(float64(short*1000) / r)
+}
+
+func (o *op) resetMS() float64 {
+	c := o.capNow() - o.b.out
+	if c < 0 {
+		c = 0
+	}
+	return o.waitMS(c)
+}
+
+// save writes the bucket back (rounded as Redis storage rounds it) and sets
+// every key's TTL as save_bucket does.
+func (o *op) save() {
+	b := &o.b
+	capmax, ratemin := o.sb(), o.sr()
+	if o.grantValid(o.now) {
+		if b.gb > capmax {
+			capmax = b.gb
+		}
+		if b.gr > 0 && b.gr < ratemin {
+			ratemin = b.gr
+		}
+	}
+	ttl := math.Ceil(float64(2000*capmax) / ratemin)
+	if ttl < 2*o.lttl() {
+		ttl = 2 * o.lttl()
+	}
+	gleft := math.Ceil((b.ge - o.now) / 1000)
+	if ttl < gleft {
+		ttl = gleft
+	}
+	ttl = ttl + 1000
+	b.expireAt = o.now + ttl*1000
+	b.ttlMS = ttl
+	stored := *b
+	stored.tk, stored.gr, stored.gb = round6(b.tk), round6(b.gr), round6(b.gb)
+	o.m.buckets[o.k.Bucket] = &stored
+	if len(o.ls.byID) == 0 {
+		delete(o.m.leases, o.k.Leases)
+		return
+	}
+	o.ls.expireAt, o.ls.ttlMS = b.expireAt, ttl
+	o.m.leases[o.k.Leases] = o.ls
+}
+
+func round6(x float64) float64 {
+	f, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'f', 6, 64), 64)
+	return f
+}
+
+func (o *op) leaseReply(granted, ttl, retry float64, dup bool) LeaseReply {
+	return LeaseReply{
+		Granted: int64(granted), TTL: msDur(ttl), Remaining: int64(math.Floor(o.b.tk)),
+		RetryAfter: msDur(retry), Rate: round6(o.rateNow()), Cap: round6(o.capNow()),
+		Live: int64(len(o.ls.byID)), Reset: msDur(o.resetMS()), NowUS: int64(o.now), Duplicate: dup,
+	}
+}
+
+func msDur(ms float64) time.Duration {
+	if ms < 0 {
+		return -1
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
+func (o *op) leaseOp(id string, seq, used, denied, returned, want, min float64) LeaseReply {
+	o.reap(o.c.ReapBudget)
+	l := o.ownLease(id)
+	granted, ttl, retry, dup := 0.0, o.lttl(), 0.0, false
+	if l != nil && seq <= l.seq {
+		dup = true
+		granted = l.lg
+		ttl = math.Floor((l.exp - o.now) / 1000)
+	} else {
+		if l == nil {
+			l = &modelLease{}
+		}
+		o.applyUsage(l, used, denied, returned)
+		if want > 0 {
+			if min < 1 {
+				min = 1
+			}
+			avail := math.Floor(o.b.tk)
+			if avail >= min {
+				granted = want
+				if granted > avail {
+					granted = avail
+				}
+				o.b.tk = o.b.tk - granted
+				o.b.out = o.b.out + granted
+				l.g = l.g + granted
+			} else {
+				retry = o.waitMS(min)
+			}
+		}
+		l.seq = seq
+		l.exp = o.now + o.lttl()*1000
+		l.lg = granted
+		o.ls.byID[id] = l
+	}
+	o.save()
+	return o.leaseReply(granted, ttl, retry, dup)
+}
+
+// The exported operations mirror the Scripts methods one to one; nowUS is
+// the Redis time the script would have read.
+
+// Acquire mirrors Scripts.Acquire.
+func (m *Model) Acquire(nowUS int64, k Keys, c Common, r Report) LeaseReply {
+	o := m.begin(nowUS, k, c)
+	return o.leaseOp(r.Instance, float64(r.Seq), float64(r.Used), float64(r.Denied), 0, float64(r.Want), float64(r.Min))
+}
+
+// Sync mirrors Scripts.Sync.
+func (m *Model) Sync(nowUS int64, k Keys, c Common, r Report) LeaseReply {
+	o := m.begin(nowUS, k, c)
+	return o.leaseOp(r.Instance, float64(r.Seq), float64(r.Used), float64(r.Denied), float64(r.Returned), float64(r.Want), float64(r.Min))
+}
+
+// Release mirrors Scripts.Release.
+func (m *Model) Release(nowUS int64, k Keys, c Common, r Report) ReleaseReply {
+	o := m.begin(nowUS, k, c)
+	o.reap(c.ReapBudget)
+	l := o.ownLease(r.Instance)
+	back := 0.0
+	if l != nil {
+		if float64(r.Seq) > l.seq {
+			back = o.applyUsage(l, float64(r.Used), float64(r.Denied), float64(r.Returned))
+		}
+		back += o.dropLease(r.Instance, l, true)
+	} else {
+		o.b.adm += float64(r.Used)
+		o.b.den += float64(r.Denied)
+	}
+	o.save()
+	return ReleaseReply{Returned: int64(back), NowUS: nowUS}
+}
+
+// Check mirrors Scripts.Check.
+func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
+	o := m.begin(nowUS, k, c)
+	o.reap(c.ReapBudget)
+	fc := float64(cost)
+	allowed, retry := false, 0.0
+	if o.b.tk >= fc {
+		o.b.tk = o.b.tk - fc
+		o.b.adm = o.b.adm + fc
+		allowed = true
+	} else {
+		o.b.den = o.b.den + fc
+		retry = o.waitMS(fc)
+	}
+	o.save()
+	return CheckReply{
+		Allowed: allowed, Remaining: int64(math.Floor(o.b.tk)), RetryAfter: msDur(retry), Reset: msDur(o.resetMS()),
+		Rate: round6(o.rateNow()), Cap: round6(o.capNow()), NowUS: nowUS,
+	}
+}
+
+// Reap mirrors Scripts.Reap.
+func (m *Model) Reap(nowUS int64, k Keys, c Common) ReapReply {
+	o := m.begin(nowUS, k, c)
+	n, back := o.reap(c.ReapBudget)
+	o.save()
+	return ReapReply{Reaped: n, Returned: int64(back), Live: int64(len(o.ls.byID)), NowUS: nowUS}
+}
+
+// SetRate mirrors Scripts.SetRate.
+func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expiryUS int64) SetRateReply {
+	o := m.begin(nowUS, k, c)
+	o.reap(c.ReapBudget)
+	exp := float64(expiryUS)
+	applied := false
+	if exp >= o.b.ge {
+		o.b.gr, o.b.gb, o.b.ge = rate, burst, exp
+		o.clamp()
+		applied = true
+	}
+	o.save()
+	return SetRateReply{Applied: applied, Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS}
+}
+
+// State mirrors Scripts.State.
+func (m *Model) State(nowUS int64, k Keys, c Common) State {
+	o := m.begin(nowUS, k, c)
+	o.reap(c.ReapBudget)
+	o.save()
+	ge := o.b.ge
+	if ge <= o.now {
+		ge = 0
+	}
+	return State{
+		Admitted: int64(o.b.adm), Denied: int64(o.b.den), Rate: round6(o.rateNow()), Cap: round6(o.capNow()),
+		GrantExpiryUS: int64(ge), Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS,
+	}
+}
+
+// Snapshot renders the model's keys as Redis would show them: hash fields
+// as stored strings, sorted-set members with their scores. It is what the
+// differential test compares against a real server.
+func (m *Model) Snapshot() map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for name, b := range m.buckets {
+		out[name] = map[string]string{
+			"tk": f6(b.tk), "ts": i0(b.ts), "gr": f6(b.gr), "gb": f6(b.gb),
+			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den),
+		}
+	}
+	for name, ls := range m.leases {
+		h, z := map[string]string{}, map[string]string{}
+		for id, l := range ls.byID {
+			h[id] = i0(l.g) + " " + i0(l.u) + " " + i0(l.r) + " " + i0(l.seq) + " " + i0(l.exp) + " " + i0(l.lg)
+			z[id] = i0(l.exp)
+		}
+		out[name] = h
+		out[expiryName(name)] = z
+	}
+	return out
+}
+
+// LastTTL returns the TTL (PEXPIRE argument) the last write of the named
+// key set, and false when the key does not exist.
+func (m *Model) LastTTL(name string) (time.Duration, bool) {
+	if b, ok := m.buckets[name]; ok {
+		return time.Duration(b.ttlMS) * time.Millisecond, true
+	}
+	for lname, ls := range m.leases {
+		if lname == name || expiryName(lname) == name {
+			return time.Duration(ls.ttlMS) * time.Millisecond, true
+		}
+	}
+	return 0, false
+}
+
+func f6(x float64) string { return strconv.FormatFloat(x, 'f', 6, 64) }
+func i0(x float64) string { return strconv.FormatFloat(x, 'f', 0, 64) }

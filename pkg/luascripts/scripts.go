@@ -1,0 +1,431 @@
+package luascripts
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/*.lua
+var luaFS embed.FS
+
+// Common are the per-key settings every script takes, derived by the
+// regional service from the config. All fields are required.
+type Common struct {
+	// StaticRate is the region's static share s_r (tokens/s, > 0), used
+	// whenever no grant from the global tier is valid.
+	StaticRate float64
+	// StaticBurst is the region's static burst cap (tokens, >= 0).
+	StaticBurst float64
+	// LeaseTTL is how long a lease lives after its last grant (> 0, whole
+	// milliseconds).
+	LeaseTTL time.Duration
+	// Reclaim returns an expired lease's unspent tokens to the bucket when
+	// true ("reclaim: reported"); they are forfeited when false ("none").
+	Reclaim bool
+	// BornUS is the Redis time (µs) at which this data set was born, when
+	// the regional service suspects Redis restarted empty; 0 otherwise. A
+	// bucket created less than LeaseTTL after it starts empty.
+	BornUS int64
+	// ReapBudget bounds how many expired leases one call reaps (>= 0).
+	ReapBudget int
+}
+
+func (c Common) args(extra ...any) []any {
+	reclaim := "0"
+	if c.Reclaim {
+		reclaim = "1"
+	}
+	a := make([]any, 0, 6+len(extra)+1)
+	a = append(a, fmtFloat(c.StaticRate), fmtFloat(c.StaticBurst), c.LeaseTTL.Milliseconds(), reclaim, c.BornUS, c.ReapBudget)
+	return append(a, extra...)
+}
+
+// Validate checks the settings a script would otherwise trip over.
+func (c Common) Validate() error {
+	switch {
+	case !(c.StaticRate > 0) || isInf(c.StaticRate):
+		return fmt.Errorf("static rate %v must be a positive number", c.StaticRate)
+	case !(c.StaticBurst >= 0) || isInf(c.StaticBurst):
+		return fmt.Errorf("static burst %v must be a non-negative number", c.StaticBurst)
+	case c.LeaseTTL < time.Millisecond:
+		return fmt.Errorf("lease TTL %v must be at least 1ms", c.LeaseTTL)
+	case c.BornUS < 0:
+		return fmt.Errorf("born %d must not be negative", c.BornUS)
+	case c.ReapBudget < 0:
+		return fmt.Errorf("reap budget %d must not be negative", c.ReapBudget)
+	}
+	return nil
+}
+
+// fmtFloat formats a float so Lua's tonumber reads back the same double.
+func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', 17, 64) }
+
+func isInf(f float64) bool { return f > 1e300 || f < -1e300 }
+
+// Report is an instance's report for one key (see the KeyReport message).
+type Report struct {
+	Instance string
+	Seq      uint64
+	Used     int64
+	Denied   int64
+	Returned int64
+	Want     int64
+	Min      int64
+}
+
+// LeaseReply is the answer of acquire and sync.
+type LeaseReply struct {
+	Granted    int64
+	TTL        time.Duration // whole lease validity from the request's send time
+	Remaining  int64         // floor of the bucket's tokens
+	RetryAfter time.Duration // when nothing was granted; -1ns when the rate is zero
+	Rate       float64       // current refill rate (tokens/s)
+	Cap        float64       // current burst cap (tokens)
+	Live       int64         // live leases on the key
+	Reset      time.Duration // until the bucket is full again
+	NowUS      int64         // Redis time the script ran at
+	Duplicate  bool          // the report was a retry of an applied one
+}
+
+// CheckReply is the answer of check.
+type CheckReply struct {
+	Allowed    bool
+	Remaining  int64
+	RetryAfter time.Duration
+	Reset      time.Duration
+	Rate, Cap  float64
+	NowUS      int64
+}
+
+// ReleaseReply is the answer of release.
+type ReleaseReply struct {
+	Returned int64
+	NowUS    int64
+}
+
+// ReapReply is the answer of reap.
+type ReapReply struct {
+	Reaped, Returned, Live int64
+	NowUS                  int64
+}
+
+// SetRateReply is the answer of set_rate.
+type SetRateReply struct {
+	Applied     bool
+	Tokens      float64
+	Outstanding int64
+	NowUS       int64
+}
+
+// State is the answer of state: what the region leader reports upward.
+type State struct {
+	Admitted, Denied int64   // cumulative token counters
+	Rate, Cap        float64 // current rate and burst cap
+	GrantExpiryUS    int64   // 0 when no grant is valid
+	Tokens           float64 // bucket tokens
+	Outstanding      int64   // unspent tokens in live leases
+	NowUS            int64
+}
+
+// Holding is what the region holds against its burst cap.
+func (s State) Holding() float64 { return s.Tokens + float64(s.Outstanding) }
+
+// Scripts runs the embedded scripts. Safe for concurrent use.
+type Scripts struct {
+	acquire, sync, release, check, reap, setRate, state *redis.Script
+
+	// virtualNow is the time (µs) scripts built with a virtual clock read
+	// from their last ARGV; nil for production scripts, which read TIME.
+	virtualNow *atomic.Int64
+}
+
+// New loads the embedded scripts with Redis TIME as their clock.
+func New() *Scripts { return build(false) }
+
+func build(virtual bool) *Scripts {
+	clock := mustRead("clock.lua")
+	if virtual {
+		// The test twin reads now (µs) from the last ARGV instead of TIME:
+		// the only difference from production, so the differential test
+		// can drive both sides through the same instants.
+		clock = "local function clock() return tonumber(ARGV[#ARGV]) end\n"
+	}
+	prelude := clock + "\n" + mustRead("lib.lua") + "\n"
+	s := func(name string) *redis.Script { return redis.NewScript(prelude + mustRead(name)) }
+	sc := &Scripts{
+		acquire: s("acquire.lua"), sync: s("sync.lua"), release: s("release.lua"),
+		check: s("check.lua"), reap: s("reap.lua"), setRate: s("set_rate.lua"), state: s("state.lua"),
+	}
+	if virtual {
+		sc.virtualNow = new(atomic.Int64)
+	}
+	return sc
+}
+
+// args is cm.args plus, for a virtual clock, the current virtual now.
+func (s *Scripts) args(cm Common, extra ...any) []any {
+	a := cm.args(extra...)
+	if s.virtualNow != nil {
+		a = append(a, s.virtualNow.Load())
+	}
+	return a
+}
+
+func mustRead(name string) string {
+	b, err := luaFS.ReadFile("lua/" + name)
+	if err != nil {
+		panic("luascripts: embedded file missing: " + name) // build-time invariant
+	}
+	return string(b)
+}
+
+// Load preloads every script into the server's script cache (optional:
+// EVALSHA falls back to EVAL on NOSCRIPT by itself).
+func (s *Scripts) Load(ctx context.Context, c redis.Scripter) error {
+	for _, sc := range s.all() {
+		if err := sc.Load(ctx, c).Err(); err != nil {
+			return fmt.Errorf("load script: %w", err)
+		}
+	}
+	return nil
+}
+
+func (s *Scripts) all() []*redis.Script {
+	return []*redis.Script{s.acquire, s.sync, s.release, s.check, s.reap, s.setRate, s.state}
+}
+
+// ErrReply means a script answered something the wrapper cannot parse: a
+// bug or a foreign key in Redis, never bad user input.
+var ErrReply = errors.New("unexpected script reply")
+
+// Acquire runs acquire.lua. r.Returned is ignored.
+func (s *Scripts) Acquire(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (LeaseReply, error) {
+	res, err := s.acquire.Run(ctx, c, k.list(), s.args(cm, r.Instance, r.Seq, r.Used, r.Denied, r.Want, r.Min)...).Slice()
+	if err != nil {
+		return LeaseReply{}, fmt.Errorf("acquire %s: %w", k.Bucket, err)
+	}
+	return parseLease(res)
+}
+
+// Sync runs sync.lua.
+func (s *Scripts) Sync(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (LeaseReply, error) {
+	res, err := s.sync.Run(ctx, c, k.list(), s.syncArgs(cm, r)...).Slice()
+	if err != nil {
+		return LeaseReply{}, fmt.Errorf("sync %s: %w", k.Bucket, err)
+	}
+	return parseLease(res)
+}
+
+func (s *Scripts) syncArgs(cm Common, r Report) []any {
+	return s.args(cm, r.Instance, r.Seq, r.Used, r.Denied, r.Returned, r.Want, r.Min)
+}
+
+// SyncItem is one key of a pipelined SyncMany.
+type SyncItem struct {
+	Keys   Keys
+	Common Common
+	Report Report
+}
+
+// SyncResult is one key's outcome of SyncMany.
+type SyncResult struct {
+	Reply LeaseReply
+	Err   error
+}
+
+// SyncMany runs sync.lua for many keys in one pipeline (one round trip).
+// Keys may live on different cluster slots: each is its own script call.
+// A NOSCRIPT error (script cache flushed, e.g. by a restart) loads the
+// script and retries those calls once; other per-key errors are returned
+// per key.
+func (s *Scripts) SyncMany(ctx context.Context, c redis.Cmdable, items []SyncItem) ([]SyncResult, error) {
+	out := make([]SyncResult, len(items))
+	run := func(idx []int) ([]int, error) {
+		cmds := make([]*redis.Cmd, len(idx))
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j, i := range idx {
+				it := items[i]
+				cmds[j] = s.sync.EvalSha(ctx, p, it.Keys.list(), s.syncArgs(it.Common, it.Report)...)
+			}
+			return nil
+		})
+		var noscript []int
+		for j, i := range idx {
+			res, cerr := cmds[j].Slice()
+			if cerr != nil {
+				if redis.HasErrorPrefix(cerr, "NOSCRIPT") {
+					noscript = append(noscript, i)
+					continue
+				}
+				out[i].Err = fmt.Errorf("sync %s: %w", items[i].Keys.Bucket, cerr)
+				continue
+			}
+			out[i].Reply, out[i].Err = parseLease(res)
+		}
+		if len(noscript) == 0 && err != nil && !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			// A transport failure fails every command of the pipeline.
+			return nil, fmt.Errorf("sync pipeline: %w", err)
+		}
+		return noscript, nil
+	}
+	all := make([]int, len(items))
+	for i := range all {
+		all[i] = i
+	}
+	retry, err := run(all)
+	if err != nil {
+		return nil, err
+	}
+	if len(retry) > 0 {
+		if err := s.sync.Load(ctx, c).Err(); err != nil {
+			return nil, fmt.Errorf("load sync script: %w", err)
+		}
+		if _, err := run(retry); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Release runs release.lua.
+func (s *Scripts) Release(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (ReleaseReply, error) {
+	res, err := s.release.Run(ctx, c, k.list(), s.args(cm, r.Instance, r.Seq, r.Used, r.Denied, r.Returned)...).Slice()
+	if err != nil {
+		return ReleaseReply{}, fmt.Errorf("release %s: %w", k.Bucket, err)
+	}
+	p := parser{res: res}
+	rr := ReleaseReply{Returned: p.int(0), NowUS: p.int(1)}
+	return rr, p.err(2)
+}
+
+// Check runs check.lua.
+func (s *Scripts) Check(ctx context.Context, c redis.Scripter, k Keys, cm Common, cost int64) (CheckReply, error) {
+	res, err := s.check.Run(ctx, c, k.list(), s.args(cm, cost)...).Slice()
+	if err != nil {
+		return CheckReply{}, fmt.Errorf("check %s: %w", k.Bucket, err)
+	}
+	p := parser{res: res}
+	cr := CheckReply{
+		Allowed: p.int(0) == 1, Remaining: p.int(1), RetryAfter: p.ms(2), Reset: p.ms(3),
+		Rate: p.float(4), Cap: p.float(5), NowUS: p.int(6),
+	}
+	return cr, p.err(7)
+}
+
+// Reap runs reap.lua.
+func (s *Scripts) Reap(ctx context.Context, c redis.Scripter, k Keys, cm Common) (ReapReply, error) {
+	res, err := s.reap.Run(ctx, c, k.list(), s.args(cm)...).Slice()
+	if err != nil {
+		return ReapReply{}, fmt.Errorf("reap %s: %w", k.Bucket, err)
+	}
+	p := parser{res: res}
+	rr := ReapReply{Reaped: p.int(0), Returned: p.int(1), Live: p.int(2), NowUS: p.int(3)}
+	return rr, p.err(4)
+}
+
+// SetRate runs set_rate.lua: installs a grant valid until expiryUS (Redis
+// time, µs).
+func (s *Scripts) SetRate(ctx context.Context, c redis.Scripter, k Keys, cm Common, rate, burst float64, expiryUS int64) (SetRateReply, error) {
+	if !(rate >= 0) || !(burst >= 0) || isInf(rate) || isInf(burst) {
+		return SetRateReply{}, fmt.Errorf("set_rate %s: rate %v and burst %v must be non-negative numbers", k.Bucket, rate, burst)
+	}
+	res, err := s.setRate.Run(ctx, c, k.list(), s.args(cm, fmtFloat(rate), fmtFloat(burst), expiryUS)...).Slice()
+	if err != nil {
+		return SetRateReply{}, fmt.Errorf("set_rate %s: %w", k.Bucket, err)
+	}
+	p := parser{res: res}
+	sr := SetRateReply{Applied: p.int(0) == 1, Tokens: p.float(1), Outstanding: p.int(2), NowUS: p.int(3)}
+	return sr, p.err(4)
+}
+
+// State runs state.lua.
+func (s *Scripts) State(ctx context.Context, c redis.Scripter, k Keys, cm Common) (State, error) {
+	res, err := s.state.Run(ctx, c, k.list(), s.args(cm)...).Slice()
+	if err != nil {
+		return State{}, fmt.Errorf("state %s: %w", k.Bucket, err)
+	}
+	return parseState(res)
+}
+
+func parseState(res []any) (State, error) {
+	p := parser{res: res}
+	st := State{
+		Admitted: p.int(0), Denied: p.int(1), Rate: p.float(2), Cap: p.float(3),
+		GrantExpiryUS: p.int(4), Tokens: p.float(5), Outstanding: p.int(6), NowUS: p.int(7),
+	}
+	return st, p.err(8)
+}
+
+func parseLease(res []any) (LeaseReply, error) {
+	p := parser{res: res}
+	lr := LeaseReply{
+		Granted: p.int(0), TTL: p.ms(1), Remaining: p.int(2), RetryAfter: p.ms(3),
+		Rate: p.float(4), Cap: p.float(5), Live: p.int(6), Reset: p.ms(7), NowUS: p.int(8),
+		Duplicate: p.int(9) == 1,
+	}
+	return lr, p.err(10)
+}
+
+// parser reads a script's reply array, remembering the first problem.
+type parser struct {
+	res     []any
+	problem error
+}
+
+func (p *parser) int(i int) int64 {
+	if i >= len(p.res) {
+		p.fail(i, "missing")
+		return 0
+	}
+	v, ok := p.res[i].(int64)
+	if !ok {
+		p.fail(i, fmt.Sprintf("%T, want integer", p.res[i]))
+	}
+	return v
+}
+
+func (p *parser) ms(i int) time.Duration {
+	v := p.int(i)
+	if v < 0 {
+		return -1
+	}
+	return time.Duration(v) * time.Millisecond
+}
+
+func (p *parser) float(i int) float64 {
+	if i >= len(p.res) {
+		p.fail(i, "missing")
+		return 0
+	}
+	s, ok := p.res[i].(string)
+	if !ok {
+		p.fail(i, fmt.Sprintf("%T, want string", p.res[i]))
+		return 0
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil {
+		p.fail(i, err.Error())
+	}
+	return f
+}
+
+func (p *parser) fail(i int, what string) {
+	if p.problem == nil {
+		p.problem = fmt.Errorf("%w: element %d: %s", ErrReply, i, what)
+	}
+}
+
+func (p *parser) err(n int) error {
+	if p.problem == nil && len(p.res) != n {
+		return fmt.Errorf("%w: %d elements, want %d", ErrReply, len(p.res), n)
+	}
+	return p.problem
+}
