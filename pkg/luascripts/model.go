@@ -75,6 +75,8 @@ type op struct {
 	now float64
 	b   modelBucket  // working copy: the script's unrounded locals
 	ls  *modelLeases // the lease hash and zset, changed in place
+
+	reclaimed float64 // RECLAIMED: tokens returned from expired leases
 }
 
 func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
@@ -210,7 +212,9 @@ func (o *op) reap(max int) (int64, float64) {
 	}
 	var back float64
 	for _, d := range ds {
-		back += o.dropLease(d.id, o.ls.byID[d.id], o.c.Reclaim)
+		x := o.dropLease(d.id, o.ls.byID[d.id], o.c.Reclaim)
+		back += x
+		o.reclaimed += x
 	}
 	return int64(len(ds)), back
 }
@@ -221,7 +225,7 @@ func (o *op) ownLease(id string) *modelLease {
 		return nil
 	}
 	if l.exp <= o.now {
-		o.dropLease(id, l, o.c.Reclaim)
+		o.reclaimed += o.dropLease(id, l, o.c.Reclaim)
 		return nil
 	}
 	return l
@@ -324,6 +328,7 @@ func (o *op) leaseReply(granted, ttl, retry float64, dup bool) LeaseReply {
 		Granted: int64(granted), TTL: msDur(ttl), Remaining: int64(math.Floor(o.b.tk)),
 		RetryAfter: msDur(retry), Rate: round6(o.rateNow()), Cap: round6(o.capNow()),
 		Live: int64(len(o.ls.byID)), Reset: msDur(o.resetMS()), NowUS: int64(o.now), Duplicate: dup,
+		Reclaimed: int64(o.reclaimed),
 	}
 }
 
@@ -424,7 +429,7 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 	o.save()
 	return CheckReply{
 		Allowed: allowed, Remaining: int64(math.Floor(o.b.tk)), RetryAfter: msDur(retry), Reset: msDur(o.resetMS()),
-		Rate: round6(o.rateNow()), Cap: round6(o.capNow()), NowUS: nowUS,
+		Rate: round6(o.rateNow()), Cap: round6(o.capNow()), NowUS: nowUS, Reclaimed: int64(o.reclaimed),
 	}
 }
 

@@ -93,6 +93,7 @@ type LeaseReply struct {
 	Reset      time.Duration // until the bucket is full again
 	NowUS      int64         // Redis time the script ran at
 	Duplicate  bool          // the report was a retry of an applied one
+	Reclaimed  int64         // tokens this call returned from expired leases
 }
 
 // CheckReply is the answer of check.
@@ -103,6 +104,7 @@ type CheckReply struct {
 	Reset      time.Duration
 	Rate, Cap  float64
 	NowUS      int64
+	Reclaimed  int64 // tokens this call returned from expired leases
 }
 
 // ReleaseReply is the answer of release.
@@ -315,9 +317,9 @@ func (s *Scripts) Check(ctx context.Context, c redis.Scripter, k Keys, cm Common
 	p := parser{res: res}
 	cr := CheckReply{
 		Allowed: p.int(0) == 1, Remaining: p.int(1), RetryAfter: p.ms(2), Reset: p.ms(3),
-		Rate: p.float(4), Cap: p.float(5), NowUS: p.int(6),
+		Rate: p.float(4), Cap: p.float(5), NowUS: p.int(6), Reclaimed: p.int(7),
 	}
-	return cr, p.err(7)
+	return cr, p.err(8)
 }
 
 // Reap runs reap.lua.
@@ -369,9 +371,9 @@ func parseLease(res []any) (LeaseReply, error) {
 	lr := LeaseReply{
 		Granted: p.int(0), TTL: p.ms(1), Remaining: p.int(2), RetryAfter: p.ms(3),
 		Rate: p.float(4), Cap: p.float(5), Live: p.int(6), Reset: p.ms(7), NowUS: p.int(8),
-		Duplicate: p.int(9) == 1,
+		Duplicate: p.int(9) == 1, Reclaimed: p.int(10),
 	}
-	return lr, p.err(10)
+	return lr, p.err(11)
 }
 
 // parser reads a script's reply array, remembering the first problem.

@@ -5,7 +5,8 @@
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
 -- ARGV[1..6]  common (see lib.lua)
 -- ARGV[7]     cost (tokens, >= 1)
--- Reply: { allowed(0|1), remaining, retry_ms, reset_ms, rate, cap, now_us }
+-- Reply: { allowed(0|1), remaining, retry_ms, reset_ms, rate, cap, now_us,
+--          reclaimed }
 --        rate and cap are '%.6f' strings; retry_ms is -1 when the current
 --        rate is zero
 reap(REAPMAX)
@@ -20,4 +21,4 @@ else
   retry = wait_ms(cost)
 end
 save_bucket()
-return { allowed, math.floor(B.tk), retry, reset_ms(), f6(rate_now()), f6(cap_now()), NOW }
+return { allowed, math.floor(B.tk), retry, reset_ms(), f6(rate_now()), f6(cap_now()), NOW, RECLAIMED }

@@ -43,6 +43,9 @@ local function f6(x) return string.format('%.6f', x) end
 local function i0(x) return string.format('%.0f', x) end
 
 local B = {}
+-- RECLAIMED counts tokens this call returned to the bucket from expired
+-- leases (for the regional service's reclaimed-tokens metric).
+local RECLAIMED = 0
 
 local function grant_valid(t) return B.ge > t end
 local function rate_now() if grant_valid(NOW) then return B.gr end return SR end
@@ -139,7 +142,9 @@ local function reap(max)
   for _, id in ipairs(ids) do
     local rec = redis.call('HGET', KEYS[2], id)
     if rec then
-      back = back + drop_lease(id, parse_lease(rec), RECLAIM)
+      local d = drop_lease(id, parse_lease(rec), RECLAIM)
+      back = back + d
+      RECLAIMED = RECLAIMED + d
     else
       redis.call('ZREM', KEYS[3], id)
     end
@@ -153,7 +158,7 @@ local function own_lease(id)
   if not rec then return nil end
   local L = parse_lease(rec)
   if L.exp <= NOW then
-    drop_lease(id, L, RECLAIM)
+    RECLAIMED = RECLAIMED + drop_lease(id, L, RECLAIM)
     return nil
   end
   return L
@@ -232,7 +237,8 @@ refill()
 -- remaining validity (not a fresh TTL) so the instance's deadline, measured
 -- from the retry's send time, still ends before the lease does.
 -- Reply: { granted, ttl_ms, remaining, retry_ms, rate, cap, live, reset_ms,
---          now_us, duplicate(0|1) }; rate and cap as '%.6f' strings.
+--          now_us, duplicate(0|1), reclaimed }; rate and cap as '%.6f'
+--          strings; reclaimed = tokens returned from expired leases.
 local function lease_op(id, seq, used, denied, returned, want, min)
   reap(REAPMAX)
   local L = own_lease(id)
@@ -264,5 +270,5 @@ local function lease_op(id, seq, used, denied, returned, want, min)
   end
   save_bucket()
   local live = redis.call('HLEN', KEYS[2])
-  return { granted, ttl, math.floor(B.tk), retry, f6(rate_now()), f6(cap_now()), live, reset_ms(), NOW, dup }
+  return { granted, ttl, math.floor(B.tk), retry, f6(rate_now()), f6(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED }
 end
