@@ -1,0 +1,28 @@
+// Package regional is the regional tier: the gRPC LeaseService that hands
+// token leases to application instances out of the region's Redis, the
+// guard that notices a Redis that restarted empty, and the bookkeeping the
+// region leader reports to the global tier.
+//
+// # Invariants
+//
+//   - Every RPC input is validated before Redis is touched: a request that
+//     fails validation changes nothing (DESIGN invariant 6) and is answered
+//     InvalidArgument with a message that names the field.
+//   - Redis state is changed only by the scripts of package luascripts;
+//     this package never reads a clock for bucket maths.
+//   - A bucket created after Redis lost its data is not handed a free burst:
+//     RestartGuard stamps every data set with the Redis time it was born and
+//     the scripts refill new buckets from born + lease TTL (see luascripts).
+//
+// # Units
+//
+// Tokens are whole int64 tokens on the wire, rates tokens per second,
+// durations milliseconds on the wire.
+//
+// # Errors
+//
+// Bad input maps to codes.InvalidArgument, an unreachable or failing Redis
+// to codes.Unavailable, an expired context to DeadlineExceeded or Canceled.
+// Over quota is never an error: it is a Grant with granted 0 or a
+// CheckResponse with allowed false.
+package regional

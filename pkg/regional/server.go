@@ -1,0 +1,495 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// ConfigSource hands out the live config. config.Watcher implements it;
+// StaticConfig wraps a fixed one.
+type ConfigSource interface {
+	Current() *config.Config
+}
+
+// StaticConfig is a ConfigSource that never changes.
+type StaticConfig struct{ C *config.Config }
+
+// Current returns the wrapped config.
+func (s StaticConfig) Current() *config.Config { return s.C }
+
+// Redis is what the server needs of a go-redis client (a *redis.Client or
+// a *redis.ClusterClient).
+type Redis interface {
+	redis.Cmdable
+	redis.Scripter
+}
+
+// Options configure a Server.
+type Options struct {
+	// Region is this region's name; it must be a region of the config.
+	// Required.
+	Region string
+	// Redis is the region's Redis. Required.
+	Redis Redis
+	// Config is the live config. Required.
+	Config ConfigSource
+	// Guard supplies the born value for new buckets; its OnConnect should be
+	// installed in the Redis client's options. Optional: without one, new
+	// buckets always start full (tests, development).
+	Guard *RestartGuard
+	// Prefix starts every Redis key. Optional, default luascripts.DefaultPrefix.
+	Prefix string
+	// ReapBudget is how many expired leases one script call reaps.
+	// Optional, default 8.
+	ReapBudget int
+	// MaxKeysPerSync bounds the reports in one Sync or Release. Optional,
+	// default 10000.
+	MaxKeysPerSync int
+	// Logger. Optional, default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the server's metrics. Optional (no metrics).
+	Registerer prometheus.Registerer
+}
+
+// Server implements sluicev1.LeaseServiceServer. Safe for concurrent use.
+type Server struct {
+	sluicev1.UnimplementedLeaseServiceServer
+
+	opts    Options
+	scripts *luascripts.Scripts
+	guard   *RestartGuard
+	active  *activeKeys
+	metrics *metrics
+	log     *slog.Logger
+}
+
+// New validates opts and returns a Server.
+func New(opts Options) (*Server, error) {
+	if opts.Redis == nil {
+		return nil, errors.New("regional: Options.Redis is required")
+	}
+	if opts.Config == nil || opts.Config.Current() == nil {
+		return nil, errors.New("regional: Options.Config is required")
+	}
+	if err := quota.ValidateID("region", opts.Region); err != nil {
+		return nil, fmt.Errorf("regional: %w", err)
+	}
+	if _, ok := opts.Config.Current().Regions[opts.Region]; !ok {
+		return nil, fmt.Errorf("regional: region %q is not in the config", opts.Region)
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = luascripts.DefaultPrefix
+	}
+	if opts.ReapBudget == 0 {
+		opts.ReapBudget = 8
+	}
+	if opts.ReapBudget < 0 {
+		return nil, fmt.Errorf("regional: ReapBudget %d must not be negative", opts.ReapBudget)
+	}
+	if opts.MaxKeysPerSync == 0 {
+		opts.MaxKeysPerSync = 10000
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{
+		opts:    opts,
+		scripts: luascripts.New(),
+		guard:   opts.Guard,
+		active:  newActiveKeys(),
+		log:     opts.Logger,
+	}
+	if s.guard == nil {
+		s.guard = &RestartGuard{} // born 0: new buckets start full
+	}
+	s.metrics = newMetrics(opts.Registerer, s)
+	return s, nil
+}
+
+// Register adds the LeaseService to g.
+func (s *Server) Register(g *grpc.Server) { sluicev1.RegisterLeaseServiceServer(g, s) }
+
+// Scripts exposes the script runner (the region leader shares it).
+func (s *Server) Scripts() *luascripts.Scripts { return s.scripts }
+
+// keyPlan is everything needed to run a script for one validated key.
+type keyPlan struct {
+	key     quota.Key
+	res     config.Resolved
+	keys    luascripts.Keys
+	common  luascripts.Common
+	cfg     *config.Config
+	rateLim int64
+}
+
+// plan validates k against the live config and derives the script inputs.
+func (s *Server) plan(cfg *config.Config, pk *sluicev1.QuotaKey, field string) (keyPlan, error) {
+	if pk == nil {
+		return keyPlan{}, fmt.Errorf("%w: %s is missing", quota.ErrInvalid, field)
+	}
+	k := quota.Key{Tenant: pk.GetTenant(), Class: pk.GetClass()}
+	if err := k.Validate(); err != nil {
+		return keyPlan{}, fmt.Errorf("%s: %w", field, err)
+	}
+	res, err := cfg.Resolve(k)
+	if err != nil {
+		return keyPlan{}, fmt.Errorf("%s: %w", field, err)
+	}
+	c, err := s.common(cfg, res)
+	if err != nil {
+		return keyPlan{}, fmt.Errorf("%s: %w", field, err)
+	}
+	return keyPlan{key: k, res: res, keys: luascripts.KeysFor(s.opts.Prefix, k), common: c, cfg: cfg}, nil
+}
+
+// Common derives the script settings of a resolved key in this region.
+func (s *Server) common(cfg *config.Config, res config.Resolved) (luascripts.Common, error) {
+	rate, burst, err := cfg.StaticShare(s.opts.Region, res.Limit.Rate, float64(res.Limit.Burst))
+	if err != nil {
+		return luascripts.Common{}, err
+	}
+	return luascripts.Common{
+		StaticRate:  rate,
+		StaticBurst: burst,
+		LeaseTTL:    time.Duration(cfg.LeaseTTL),
+		Reclaim:     res.Class.Reclaim != config.ReclaimNone,
+		BornUS:      s.guard.BornUS(),
+		ReapBudget:  s.opts.ReapBudget,
+	}, nil
+}
+
+// CommonFor is common for a key, for the region leader.
+func (s *Server) CommonFor(cfg *config.Config, k quota.Key) (luascripts.Keys, luascripts.Common, config.Resolved, error) {
+	p, err := s.plan(cfg, &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}, "key")
+	return p.keys, p.common, p.res, err
+}
+
+func validateReport(r *sluicev1.KeyReport, field string) error {
+	if r == nil {
+		return fmt.Errorf("%w: %s is missing", quota.ErrInvalid, field)
+	}
+	if r.GetSeq() == 0 {
+		return fmt.Errorf("%w: %s.seq must be at least 1", quota.ErrInvalid, field)
+	}
+	if r.GetSeq() > 1<<53 {
+		return fmt.Errorf("%w: %s.seq %d exceeds 2^53", quota.ErrInvalid, field, r.GetSeq())
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"used", r.GetUsed()}, {"denied", r.GetDenied()}, {"returned", r.GetReturned()}, {"min", r.GetMin()}} {
+		if f.v < 0 {
+			return fmt.Errorf("%w: %s.%s %d is negative", quota.ErrInvalid, field, f.name, f.v)
+		}
+		if f.v > quota.MaxWant {
+			return fmt.Errorf("%w: %s.%s %d exceeds the maximum %d", quota.ErrInvalid, field, f.name, f.v, quota.MaxWant)
+		}
+	}
+	if err := quota.ValidateWant(r.GetWant()); err != nil {
+		return fmt.Errorf("%s: %w", field, err)
+	}
+	if r.GetWant() > 0 && r.GetMin() > r.GetWant() {
+		return fmt.Errorf("%w: %s.min %d exceeds want %d", quota.ErrInvalid, field, r.GetMin(), r.GetWant())
+	}
+	return nil
+}
+
+func toReport(instance string, r *sluicev1.KeyReport) luascripts.Report {
+	return luascripts.Report{
+		Instance: instance, Seq: r.GetSeq(), Used: r.GetUsed(), Denied: r.GetDenied(),
+		Returned: r.GetReturned(), Want: r.GetWant(), Min: r.GetMin(),
+	}
+}
+
+func (s *Server) grant(p keyPlan, seq uint64, lr luascripts.LeaseReply) *sluicev1.Grant {
+	return &sluicev1.Grant{
+		Key:           &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class},
+		Seq:           seq,
+		Granted:       lr.Granted,
+		TtlMs:         lr.TTL.Milliseconds(),
+		Remaining:     max(lr.Remaining, 0),
+		RetryAfterMs:  lr.RetryAfter.Milliseconds(),
+		RegionRate:    lr.Rate,
+		RegionBurst:   lr.Cap,
+		LiveInstances: lr.Live,
+		Limit:         p.res.Limit.Burst,
+		ResetMs:       lr.Reset.Milliseconds(),
+		Shadow:        p.res.Shadow,
+		Mode:          string(p.res.Class.Mode),
+		OnFailure:     string(p.res.Class.OnFailure),
+		Tier:          p.res.Tier,
+	}
+}
+
+// strictGrant answers a lease request for a strict class: no tokens, and
+// the mode tells the caller to use Check.
+func (s *Server) strictGrant(p keyPlan, seq uint64) *sluicev1.Grant {
+	g := s.grant(p, seq, luascripts.LeaseReply{Rate: p.common.StaticRate, Cap: p.common.StaticBurst})
+	return g
+}
+
+func (s *Server) observeLease(p keyPlan, want int64, lr luascripts.LeaseReply) {
+	s.active.touch(p.key, lr.Live)
+	if lr.Reclaimed > 0 {
+		s.metrics.reclaimed.Add(float64(lr.Reclaimed))
+	}
+	if want <= 0 || lr.Duplicate {
+		return
+	}
+	result := "granted"
+	if lr.Granted == 0 {
+		result = "empty"
+	}
+	s.metrics.decisions.WithLabelValues(p.key.Class, p.res.Tier, result).Inc()
+	s.metrics.granted.WithLabelValues(p.key.Class, p.res.Tier).Add(float64(lr.Granted))
+}
+
+// Acquire implements LeaseService.Acquire.
+func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (resp *sluicev1.AcquireResponse, err error) {
+	defer s.observe("Acquire", time.Now(), &err)
+	if err := quota.ValidateID("instance_id", req.GetInstanceId()); err != nil {
+		return nil, toStatus(err)
+	}
+	r := req.GetReport()
+	if err := validateReport(r, "report"); err != nil {
+		return nil, toStatus(err)
+	}
+	if r.GetReturned() != 0 {
+		return nil, toStatus(fmt.Errorf("%w: report.returned must be 0 in Acquire (return tokens with Sync)", quota.ErrInvalid))
+	}
+	p, err := s.plan(s.opts.Config.Current(), r.GetKey(), "report.key")
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if p.res.Class.Mode == config.ModeStrict {
+		return &sluicev1.AcquireResponse{Grant: s.strictGrant(p, r.GetSeq())}, nil
+	}
+	start := time.Now()
+	lr, err := s.scripts.Acquire(ctx, s.opts.Redis, p.keys, p.common, toReport(req.GetInstanceId(), r))
+	s.observeScript("acquire", start, err)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.observeLease(p, r.GetWant(), lr)
+	return &sluicev1.AcquireResponse{Grant: s.grant(p, r.GetSeq(), lr)}, nil
+}
+
+// Sync implements LeaseService.Sync: every key of one instance in one
+// Redis round trip (a pipeline of script calls).
+func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *sluicev1.SyncResponse, err error) {
+	defer s.observe("Sync", time.Now(), &err)
+	plans, err := s.planReports(req.GetInstanceId(), req.GetReports())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	grants := make([]*sluicev1.Grant, len(plans))
+	var items []luascripts.SyncItem
+	var itemIdx []int
+	for i, p := range plans {
+		r := req.GetReports()[i]
+		if p.res.Class.Mode == config.ModeStrict {
+			grants[i] = s.strictGrant(p, r.GetSeq())
+			continue
+		}
+		items = append(items, luascripts.SyncItem{Keys: p.keys, Common: p.common, Report: toReport(req.GetInstanceId(), r)})
+		itemIdx = append(itemIdx, i)
+	}
+	if len(items) > 0 {
+		start := time.Now()
+		results, err := s.scripts.SyncMany(ctx, s.opts.Redis, items)
+		if err == nil {
+			for _, r := range results {
+				if r.Err != nil {
+					err = r.Err
+					break
+				}
+			}
+		}
+		s.observeScript("sync", start, err)
+		if err != nil {
+			// Keys that did succeed are applied; the instance retries the
+			// whole Sync with the same seqs and gets their grants again.
+			return nil, toStatus(err)
+		}
+		for j, res := range results {
+			i := itemIdx[j]
+			s.observeLease(plans[i], items[j].Report.Want, res.Reply)
+			grants[i] = s.grant(plans[i], items[j].Report.Seq, res.Reply)
+		}
+	}
+	return &sluicev1.SyncResponse{Grants: grants}, nil
+}
+
+// planReports validates an instance id and a batch of reports as a whole:
+// one bad report refuses the batch before anything runs.
+func (s *Server) planReports(instance string, reports []*sluicev1.KeyReport) ([]keyPlan, error) {
+	if err := quota.ValidateID("instance_id", instance); err != nil {
+		return nil, err
+	}
+	if len(reports) > s.opts.MaxKeysPerSync {
+		return nil, fmt.Errorf("%w: %d reports exceed the maximum %d per call", quota.ErrInvalid, len(reports), s.opts.MaxKeysPerSync)
+	}
+	cfg := s.opts.Config.Current()
+	plans := make([]keyPlan, len(reports))
+	seen := make(map[quota.Key]int, len(reports))
+	for i, r := range reports {
+		field := fmt.Sprintf("reports[%d]", i)
+		if err := validateReport(r, field); err != nil {
+			return nil, err
+		}
+		p, err := s.plan(cfg, r.GetKey(), field+".key")
+		if err != nil {
+			return nil, err
+		}
+		if j, dup := seen[p.key]; dup {
+			return nil, fmt.Errorf("%w: %s repeats key %s of reports[%d]", quota.ErrInvalid, field, p.key, j)
+		}
+		seen[p.key] = i
+		plans[i] = p
+	}
+	return plans, nil
+}
+
+// Release implements LeaseService.Release.
+func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (resp *sluicev1.ReleaseResponse, err error) {
+	defer s.observe("Release", time.Now(), &err)
+	plans, err := s.planReports(req.GetInstanceId(), req.GetReports())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	var total int64
+	for i, p := range plans {
+		if p.res.Class.Mode == config.ModeStrict {
+			continue
+		}
+		start := time.Now()
+		rr, err := s.scripts.Release(ctx, s.opts.Redis, p.keys, p.common, toReport(req.GetInstanceId(), req.GetReports()[i]))
+		s.observeScript("release", start, err)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		s.active.mark(p.key)
+		total += rr.Returned
+	}
+	s.metrics.released.Add(float64(total))
+	return &sluicev1.ReleaseResponse{Returned: total}, nil
+}
+
+// Check implements LeaseService.Check, the strict path.
+func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *sluicev1.CheckResponse, err error) {
+	defer s.observe("Check", time.Now(), &err)
+	p, err := s.plan(s.opts.Config.Current(), req.GetKey(), "key")
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	cost := req.GetCost()
+	if err := quota.ValidateCost(cost); err != nil {
+		return nil, toStatus(err)
+	}
+	if cost > p.res.Limit.Burst {
+		return nil, toStatus(fmt.Errorf("%w: cost %d exceeds the burst %d of %s: it could never be admitted",
+			quota.ErrInvalid, cost, p.res.Limit.Burst, p.key))
+	}
+	start := time.Now()
+	cr, err := s.scripts.Check(ctx, s.opts.Redis, p.keys, p.common, cost)
+	s.observeScript("check", start, err)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.active.mark(p.key)
+	if cr.Reclaimed > 0 {
+		s.metrics.reclaimed.Add(float64(cr.Reclaimed))
+	}
+	result := "allowed"
+	if !cr.Allowed {
+		result = "denied"
+		if p.res.Shadow {
+			result = "shadow_denied"
+		}
+	}
+	s.metrics.decisions.WithLabelValues(p.key.Class, p.res.Tier, result).Inc()
+	return &sluicev1.CheckResponse{
+		Allowed:      cr.Allowed,
+		Limit:        p.res.Limit.Burst,
+		Remaining:    max(cr.Remaining, 0),
+		RetryAfterMs: cr.RetryAfter.Milliseconds(),
+		ResetMs:      cr.Reset.Milliseconds(),
+		Shadow:       p.res.Shadow,
+	}, nil
+}
+
+func (s *Server) observe(method string, start time.Time, err *error) {
+	s.metrics.rpcSeconds.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	s.metrics.requests.WithLabelValues(method, status.Code(*err).String()).Inc()
+}
+
+func (s *Server) observeScript(script string, start time.Time, err error) {
+	s.metrics.scriptSeconds.WithLabelValues(script).Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.redisErrors.WithLabelValues(script).Inc()
+		s.log.Warn("redis script failed", "script", script, "err", err)
+	}
+}
+
+// toStatus maps an error to a gRPC status at the edge.
+func toStatus(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, quota.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	default:
+		return status.Error(codes.Unavailable, err.Error())
+	}
+}
+
+// Run does the replica's background work until ctx ends: it flushes the
+// keys it served into the region's active-key index every interval, and
+// re-reads the restart sentinel. interval is usually the config's epoch.
+func (s *Server) Run(ctx context.Context, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			s.tick(ctx, interval)
+		}
+	}
+}
+
+func (s *Server) tick(ctx context.Context, interval time.Duration) {
+	if s.opts.Guard != nil {
+		if err := s.opts.Guard.Check(ctx, s.opts.Redis); err != nil {
+			s.log.Warn("restart sentinel check failed", "err", err)
+		}
+	}
+	now, err := s.opts.Redis.Time(ctx).Result()
+	if err != nil {
+		s.log.Warn("read redis time", "err", err)
+		return
+	}
+	keep := 10 * interval
+	if err := s.active.flush(ctx, s.opts.Redis, s.opts.Prefix+"active", now.UnixMicro(), keep.Microseconds()); err != nil {
+		s.log.Warn("flush active keys", "err", err)
+	}
+}
