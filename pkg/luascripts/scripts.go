@@ -314,6 +314,10 @@ func (s *Scripts) Check(ctx context.Context, c redis.Scripter, k Keys, cm Common
 	if err != nil {
 		return CheckReply{}, fmt.Errorf("check %s: %w", k.Bucket, err)
 	}
+	return parseCheck(res)
+}
+
+func parseCheck(res []any) (CheckReply, error) {
 	p := parser{res: res}
 	cr := CheckReply{
 		Allowed: p.int(0) == 1, Remaining: p.int(1), RetryAfter: p.ms(2), Reset: p.ms(3),

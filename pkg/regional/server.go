@@ -59,6 +59,9 @@ type Options struct {
 	// MaxKeysPerSync bounds the reports in one Sync or Release. Optional,
 	// default 10000.
 	MaxKeysPerSync int
+	// RedisTimeout bounds one pipelined batch of script calls. Optional,
+	// default 1s.
+	RedisTimeout time.Duration
 	// Logger. Optional, default slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the server's metrics. Optional (no metrics).
@@ -73,6 +76,7 @@ type Server struct {
 	scripts *luascripts.Scripts
 	guard   *RestartGuard
 	active  *activeKeys
+	batch   *batcher
 	metrics *metrics
 	log     *slog.Logger
 }
@@ -106,6 +110,9 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.RedisTimeout == 0 {
+		opts.RedisTimeout = time.Second
+	}
 	s := &Server{
 		opts:    opts,
 		scripts: luascripts.New(),
@@ -117,6 +124,7 @@ func New(opts Options) (*Server, error) {
 		s.guard = &RestartGuard{} // born 0: new buckets start full
 	}
 	s.metrics = newMetrics(opts.Registerer, s)
+	s.batch = newBatcher(opts.Redis, s.scripts, 4, 64, opts.RedisTimeout)
 	return s, nil
 }
 
@@ -279,7 +287,13 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 		return &sluicev1.AcquireResponse{Grant: s.strictGrant(p, r.GetSeq())}, nil
 	}
 	start := time.Now()
-	lr, err := s.scripts.Acquire(ctx, s.opts.Redis, p.keys, p.common, toReport(req.GetInstanceId(), r))
+	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
+		return s.scripts.QueueAcquire(ctx, pipe, p.keys, p.common, toReport(req.GetInstanceId(), r))
+	})
+	var lr luascripts.LeaseReply
+	if err == nil {
+		lr, err = luascripts.ParseLease(q)
+	}
 	s.observeScript("acquire", start, err)
 	if err != nil {
 		return nil, toStatus(err)
@@ -405,7 +419,13 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 			quota.ErrInvalid, cost, p.res.Limit.Burst, p.key))
 	}
 	start := time.Now()
-	cr, err := s.scripts.Check(ctx, s.opts.Redis, p.keys, p.common, cost)
+	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
+		return s.scripts.QueueCheck(ctx, pipe, p.keys, p.common, cost)
+	})
+	var cr luascripts.CheckReply
+	if err == nil {
+		cr, err = luascripts.ParseCheck(q)
+	}
 	s.observeScript("check", start, err)
 	if err != nil {
 		return nil, toStatus(err)
@@ -460,6 +480,9 @@ func toStatus(err error) error {
 		return status.Error(codes.Unavailable, err.Error())
 	}
 }
+
+// Close stops the server's Redis batching workers. In-flight calls finish.
+func (s *Server) Close() { s.batch.close() }
 
 // Run does the replica's background work until ctx ends: it flushes the
 // keys it served into the region's active-key index every interval, and

@@ -1,0 +1,64 @@
+package luascripts
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Queued is a script call added to a pipeline: run the pipeline, then read
+// the typed reply with the matching Parse function. Callers that batch
+// concurrent requests into one pipeline (one round trip, one write and one
+// read syscall for many requests) use these instead of the direct methods.
+type Queued struct {
+	Cmd    *redis.Cmd
+	script *redis.Script
+	keys   []string
+	args   []any
+}
+
+// Rerun runs the call again on its own through EVALSHA with EVAL fallback:
+// for a call whose pipelined EVALSHA met NOSCRIPT (the script cache was
+// flushed, e.g. by a Redis restart).
+func (q *Queued) Rerun(ctx context.Context, c redis.Scripter) {
+	q.Cmd = q.script.Run(ctx, c, q.keys, q.args...)
+}
+
+// NoScript reports whether the call failed because Redis did not know the
+// script.
+func (q *Queued) NoScript() bool {
+	return q.Cmd.Err() != nil && redis.HasErrorPrefix(q.Cmd.Err(), "NOSCRIPT")
+}
+
+func queue(ctx context.Context, p redis.Pipeliner, sc *redis.Script, keys []string, args []any) *Queued {
+	return &Queued{Cmd: sc.EvalSha(ctx, p, keys, args...), script: sc, keys: keys, args: args}
+}
+
+// QueueCheck adds check.lua to p.
+func (s *Scripts) QueueCheck(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, cost int64) *Queued {
+	return queue(ctx, p, s.check, k.list(), s.args(cm, cost))
+}
+
+// QueueAcquire adds acquire.lua to p.
+func (s *Scripts) QueueAcquire(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, r Report) *Queued {
+	return queue(ctx, p, s.acquire, k.list(), s.args(cm, r.Instance, r.Seq, r.Used, r.Denied, r.Want, r.Min))
+}
+
+// ParseCheck reads a queued check's reply.
+func ParseCheck(q *Queued) (CheckReply, error) {
+	res, err := q.Cmd.Slice()
+	if err != nil {
+		return CheckReply{}, fmt.Errorf("check %s: %w", q.keys[0], err)
+	}
+	return parseCheck(res)
+}
+
+// ParseLease reads a queued acquire's reply.
+func ParseLease(q *Queued) (LeaseReply, error) {
+	res, err := q.Cmd.Slice()
+	if err != nil {
+		return LeaseReply{}, fmt.Errorf("acquire %s: %w", q.keys[0], err)
+	}
+	return parseLease(res)
+}

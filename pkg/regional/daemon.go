@@ -1,0 +1,255 @@
+package regional
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// DaemonOptions configure a whole regional process: listeners, Redis and
+// the LeaseService. cmd/regional fills them from flags; tests and dev mode
+// fill them directly.
+type DaemonOptions struct {
+	// Region is this region's name. Required.
+	Region string
+	// GRPCAddr is the LeaseService listen address. Optional, default
+	// "127.0.0.1:7400"; ":0" picks a free port (see Daemon.GRPCAddr).
+	GRPCAddr string
+	// HTTPAddr serves /metrics and /healthz. Optional, default
+	// "127.0.0.1:7401"; "" after defaults is never used; "off" disables.
+	HTTPAddr string
+	// RedisAddr is the region's Redis host:port. Required.
+	RedisAddr string
+	// RedisPassword. Optional.
+	RedisPassword string
+	// RedisTLS enables TLS to Redis. Optional.
+	RedisTLS *tls.Config
+	// RedisTimeout bounds every Redis call. Optional, default 500ms.
+	RedisTimeout time.Duration
+	// Config is the live config. Required.
+	Config ConfigSource
+	// ColdStart says how an empty Redis is treated at start. Optional,
+	// default ColdStartConservative.
+	ColdStart ColdStart
+	// ServerTLS, when set, serves gRPC over TLS (mutual TLS when it
+	// requires client certificates). Optional.
+	ServerTLS *tls.Config
+	// DrainTimeout bounds graceful shutdown. Optional, default 10s.
+	DrainTimeout time.Duration
+	// Logger. Optional, default slog.Default().
+	Logger *slog.Logger
+	// Extra registers more gRPC services on the daemon's server (the Envoy
+	// endpoint). Optional.
+	Extra []func(*grpc.Server)
+	// Background runs alongside the daemon until it stops (the region
+	// leader). Optional.
+	Background []func(ctx context.Context, d *Daemon) error
+}
+
+// Daemon is a running regional process. Safe for concurrent use.
+type Daemon struct {
+	opts     DaemonOptions
+	Server   *Server
+	Redis    *redis.Client
+	Registry *prometheus.Registry
+	Health   *health.Server
+
+	grpc     *grpc.Server
+	grpcLis  net.Listener
+	http     *http.Server
+	httpLis  net.Listener
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+}
+
+// StartDaemon opens the listeners and starts serving. Stop it with Stop.
+func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
+	if o.GRPCAddr == "" {
+		o.GRPCAddr = "127.0.0.1:7400"
+	}
+	if o.HTTPAddr == "" {
+		o.HTTPAddr = "127.0.0.1:7401"
+	}
+	if o.RedisTimeout == 0 {
+		o.RedisTimeout = 500 * time.Millisecond
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.RedisAddr == "" {
+		return nil, errors.New("regional: RedisAddr is required")
+	}
+	if o.Config == nil {
+		return nil, errors.New("regional: Config is required")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	guard := NewRestartGuard("sl:", o.ColdStart, o.Logger)
+	rdb := redis.NewClient(&redis.Options{
+		Addr: o.RedisAddr, Password: o.RedisPassword, TLSConfig: o.RedisTLS,
+		DialTimeout: o.RedisTimeout, ReadTimeout: o.RedisTimeout, WriteTimeout: o.RedisTimeout,
+		MaxRetries: 1, OnConnect: guard.OnConnect,
+	})
+	srv, err := New(Options{
+		Region: o.Region, Redis: rdb, Config: o.Config, Guard: guard,
+		Logger: o.Logger, Registerer: reg,
+	})
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	d := &Daemon{opts: o, Server: srv, Redis: rdb, Registry: reg, Health: health.NewServer()}
+
+	var gopts []grpc.ServerOption
+	if o.ServerTLS != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(o.ServerTLS)))
+	}
+	d.grpc = grpc.NewServer(gopts...)
+	srv.Register(d.grpc)
+	healthpb.RegisterHealthServer(d.grpc, d.Health)
+	for _, f := range o.Extra {
+		f(d.grpc)
+	}
+	if d.grpcLis, err = net.Listen("tcp", o.GRPCAddr); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("regional: listen %s: %w", o.GRPCAddr, err)
+	}
+	if o.HTTPAddr != "off" {
+		if d.httpLis, err = net.Listen("tcp", o.HTTPAddr); err != nil {
+			d.grpcLis.Close()
+			rdb.Close()
+			return nil, fmt.Errorf("regional: listen %s: %w", o.HTTPAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/healthz", d.healthz)
+		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	}
+
+	// Readiness: serving once Redis answered (the scripts are cached then).
+	d.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	if err := srv.Scripts().Load(ctx, rdb); err != nil {
+		o.Logger.Warn("redis not reachable at start; serving degraded until it is", "redis", o.RedisAddr, "err", err)
+	}
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	d.spawn(func() error { return d.grpc.Serve(d.grpcLis) })
+	if d.http != nil {
+		d.spawn(func() error {
+			if err := d.http.Serve(d.httpLis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	epoch := time.Duration(o.Config.Current().Epoch)
+	d.spawn(func() error { return srv.Run(runCtx, epoch) })
+	d.spawn(func() error { d.watchReadiness(runCtx); return nil })
+	for _, bg := range o.Background {
+		d.spawn(func() error { return bg(runCtx, d) })
+	}
+	o.Logger.Info("regional service started", "region", o.Region, "grpc", d.GRPCAddr(), "http", d.HTTPAddr(), "redis", o.RedisAddr)
+	return d, nil
+}
+
+func (d *Daemon) spawn(f func() error) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := f(); err != nil {
+			d.opts.Logger.Error("regional background task failed", "err", err)
+		}
+	}()
+}
+
+// watchReadiness keeps the gRPC health status in line with Redis: a
+// replica whose Redis is down is not ready (clients fail over to others).
+func (d *Daemon) watchReadiness(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, d.opts.RedisTimeout)
+		err := d.Redis.Ping(pctx).Err()
+		cancel()
+		st := healthpb.HealthCheckResponse_SERVING
+		if err != nil {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		d.Health.SetServingStatus("", st)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Daemon) healthz(w http.ResponseWriter, r *http.Request) {
+	resp, err := d.Health.Check(r.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		http.Error(w, "not serving", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// GRPCAddr is the bound gRPC address.
+func (d *Daemon) GRPCAddr() string { return d.grpcLis.Addr().String() }
+
+// HTTPAddr is the bound metrics address ("" when disabled).
+func (d *Daemon) HTTPAddr() string {
+	if d.httpLis == nil {
+		return ""
+	}
+	return d.httpLis.Addr().String()
+}
+
+// Stop drains: health turns NOT_SERVING so load balancers move away,
+// in-flight RPCs finish (bounded by DrainTimeout), background loops stop,
+// then Redis is closed. Idempotent.
+func (d *Daemon) Stop() {
+	d.stopOnce.Do(func() {
+		d.Health.Shutdown()
+		d.cancel()
+		done := make(chan struct{})
+		go func() { d.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(d.opts.DrainTimeout):
+			d.opts.Logger.Warn("drain timed out; closing open RPCs", "timeout", d.opts.DrainTimeout)
+			d.grpc.Stop()
+		}
+		if d.http != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), d.opts.DrainTimeout)
+			d.http.Shutdown(ctx)
+			cancel()
+		}
+		d.wg.Wait()
+		d.Server.Close()
+		d.Redis.Close()
+		d.opts.Logger.Info("regional service stopped", "region", d.opts.Region)
+	})
+}
