@@ -1,0 +1,364 @@
+package etcdtest
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+)
+
+const (
+	// startTimeout bounds how long Start and Restart wait for etcd to elect
+	// itself and serve; a single member normally needs well under a second.
+	startTimeout = 30 * time.Second
+	// dialTimeout bounds one forwarded connection's dial to etcd.
+	dialTimeout = 2 * time.Second
+)
+
+// Server is one embedded etcd member with a stable client endpoint. Safe
+// for concurrent use.
+type Server struct {
+	t    testing.TB
+	dir  string
+	main *Link
+	log  *zap.Logger
+	// over is set once the test's cleanup has run; etcd output after that
+	// point is dropped instead of reaching a finished test.
+	over atomic.Bool
+
+	life sync.Mutex // serialises Stop and Restart; guards etcd
+	etcd *embed.Etcd
+
+	mu      sync.Mutex // guards backend, gen, links and every Link's cut, closed and conns
+	backend string     // host:port of the running etcd's client listener; "" while stopped
+	gen     uint64     // bumped by every Stop, so a connection dialed to a stopped etcd is dropped
+	links   []*Link
+}
+
+// Start runs an etcd member on loopback ports chosen by the kernel, with its
+// data in a fresh t.TempDir, and waits until it serves. Everything is torn
+// down at test cleanup.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{t: t, dir: t.TempDir()}
+	s.log = zap.New(zapcore.NewCore(
+		zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()),
+		zapcore.AddSync(testLogWriter{s}),
+		zapcore.ErrorLevel))
+	s.life.Lock()
+	err := s.startLocked()
+	s.life.Unlock()
+	if err != nil {
+		t.Fatalf("etcdtest: %v", err)
+	}
+	main, err := s.newLink()
+	if err != nil {
+		s.Stop()
+		t.Fatalf("etcdtest: %v", err)
+	}
+	s.main = main
+	t.Cleanup(func() {
+		s.Stop()
+		s.mu.Lock()
+		links := append([]*Link(nil), s.links...)
+		s.mu.Unlock()
+		for _, l := range links {
+			l.close()
+		}
+		s.over.Store(true)
+	})
+	return s
+}
+
+// Endpoints are the client endpoints; they stay the same across Restart.
+func (s *Server) Endpoints() []string { return s.main.Endpoints() }
+
+// Client returns a client of the server's main endpoint, closed at t's
+// cleanup. It reconnects quickly after Restart.
+func (s *Server) Client(t testing.TB) *clientv3.Client { return s.main.Client(t) }
+
+// Stop shuts etcd down after severing every client connection at once, so
+// clients see what a crash looks like from the network while the data dir
+// stays consistent for Restart. Idempotent.
+func (s *Server) Stop() {
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.stopLocked()
+}
+
+// Restart stops etcd if it runs and starts it again on the same data dir;
+// the endpoints do not change and the data survives.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.stopLocked()
+	if err := s.startLocked(); err != nil {
+		s.t.Fatalf("etcdtest: restart: %v", err)
+	}
+}
+
+func (s *Server) startLocked() error {
+	cfg := embed.NewConfig()
+	cfg.Name = "sluice-test"
+	cfg.Dir = s.dir
+	// Errors only, into the test log: etcd reports its own orderly
+	// shutdown at error level, which is noise unless a test fails.
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(s.log)
+	anyPort := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
+	cfg.ListenClientUrls = []url.URL{anyPort}
+	cfg.AdvertiseClientUrls = []url.URL{anyPort}
+	cfg.ListenPeerUrls = []url.URL{anyPort}
+	cfg.AdvertisePeerUrls = []url.URL{anyPort}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	// One member never needs heartbeats; short ticks only make the first
+	// election quick.
+	cfg.TickMs = 10
+	cfg.ElectionMs = 100
+	// The gateway would dial the configured client address, which is
+	// port 0; tests speak gRPC only.
+	cfg.EnableGRPCGateway = false
+	// Stop closes etcd gracefully, so nothing relies on fsync in tests.
+	cfg.UnsafeNoFsync = true
+
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return fmt.Errorf("start embedded etcd: %w", err)
+	}
+	timer := time.NewTimer(startTimeout)
+	defer timer.Stop()
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return fmt.Errorf("embedded etcd failed while starting: %w", err)
+	case <-timer.C:
+		e.Close()
+		return fmt.Errorf("embedded etcd not ready after %v", startTimeout)
+	}
+	if len(e.Clients) == 0 {
+		e.Close()
+		return fmt.Errorf("embedded etcd has no client listener")
+	}
+	s.etcd = e
+	s.mu.Lock()
+	s.backend = e.Clients[0].Addr().String()
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) stopLocked() {
+	if s.etcd == nil {
+		return
+	}
+	s.mu.Lock()
+	s.backend = ""
+	s.gen++
+	var conns []net.Conn
+	for _, l := range s.links {
+		conns = l.takeConnsLocked(conns)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	s.etcd.Close()
+	s.etcd = nil
+}
+
+// Link is one network path from clients to the server: a loopback listener
+// that forwards every connection to etcd. Safe for concurrent use.
+type Link struct {
+	srv *Server
+	ln  net.Listener
+	wg  sync.WaitGroup // counts the accept loop and forwarding goroutines
+
+	// Guarded by srv.mu.
+	cut    bool
+	closed bool
+	conns  map[net.Conn]struct{}
+}
+
+// Link opens an extra path to the server with its own endpoint, closed at
+// t's cleanup. Cutting it leaves every other client untouched.
+func (s *Server) Link(t testing.TB) *Link {
+	t.Helper()
+	l, err := s.newLink()
+	if err != nil {
+		t.Fatalf("etcdtest: %v", err)
+	}
+	t.Cleanup(l.close)
+	return l
+}
+
+func (s *Server) newLink() (*Link, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listen for a client link: %w", err)
+	}
+	l := &Link{srv: s, ln: ln, conns: make(map[net.Conn]struct{})}
+	s.mu.Lock()
+	s.links = append(s.links, l)
+	s.mu.Unlock()
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+// Endpoints are the link's client endpoints.
+func (l *Link) Endpoints() []string { return []string{l.ln.Addr().String()} }
+
+// Client returns a client that goes through this link, closed at t's
+// cleanup. Its reconnect backoff is capped at a quarter second so tests
+// recover quickly after Restart or Mend.
+func (l *Link) Client(t testing.TB) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   l.Endpoints(),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  10 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   250 * time.Millisecond,
+			},
+			MinConnectTimeout: time.Second,
+		})},
+	})
+	if err != nil {
+		t.Fatalf("etcdtest: new client: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// Cut severs every connection through the link and refuses new ones until
+// Mend, like a network partition between its clients and etcd.
+func (l *Link) Cut() {
+	s := l.srv
+	s.mu.Lock()
+	l.cut = true
+	conns := l.takeConnsLocked(nil)
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// Mend lets connections through the link again.
+func (l *Link) Mend() {
+	l.srv.mu.Lock()
+	l.cut = false
+	l.srv.mu.Unlock()
+}
+
+// takeConnsLocked appends the link's open connections to dst and forgets
+// them. The caller holds srv.mu and closes them after unlocking.
+func (l *Link) takeConnsLocked(dst []net.Conn) []net.Conn {
+	for c := range l.conns {
+		dst = append(dst, c)
+	}
+	clear(l.conns)
+	return dst
+}
+
+func (l *Link) close() {
+	s := l.srv
+	s.mu.Lock()
+	if l.closed {
+		s.mu.Unlock()
+		return
+	}
+	l.closed = true
+	conns := l.takeConnsLocked(nil)
+	for i, other := range s.links {
+		if other == l {
+			s.links = append(s.links[:i], s.links[i+1:]...)
+			break
+		}
+	}
+	s.mu.Unlock()
+	l.ln.Close()
+	for _, c := range conns {
+		c.Close()
+	}
+	l.wg.Wait()
+}
+
+func (l *Link) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			return // the listener was closed
+		}
+		l.wg.Add(1)
+		go l.forward(c)
+	}
+}
+
+func (l *Link) forward(client net.Conn) {
+	defer l.wg.Done()
+	s := l.srv
+	s.mu.Lock()
+	backend, gen, refuse := s.backend, s.gen, l.cut || l.closed
+	s.mu.Unlock()
+	if refuse || backend == "" {
+		client.Close()
+		return
+	}
+	server, err := net.DialTimeout("tcp", backend, dialTimeout)
+	if err != nil {
+		client.Close()
+		return
+	}
+	s.mu.Lock()
+	if l.cut || l.closed || s.gen != gen {
+		// Cut, closed or stopped while dialing: the takers already ran.
+		s.mu.Unlock()
+		client.Close()
+		server.Close()
+		return
+	}
+	l.conns[client] = struct{}{}
+	l.conns[server] = struct{}{}
+	s.mu.Unlock()
+
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(server, client); done <- struct{}{} }()
+	go func() { io.Copy(client, server); done <- struct{}{} }()
+	<-done
+	client.Close()
+	server.Close()
+	<-done
+	s.mu.Lock()
+	delete(l.conns, client)
+	delete(l.conns, server)
+	s.mu.Unlock()
+}
+
+// testLogWriter sends etcd's log lines to the test log, shown only for
+// failing tests or with -v.
+type testLogWriter struct{ s *Server }
+
+func (w testLogWriter) Write(p []byte) (int, error) {
+	if !w.s.over.Load() {
+		w.s.t.Logf("etcd: %s", strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}

@@ -1,0 +1,168 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math/big"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+	"pgregory.net/rapid"
+)
+
+func TestResolve(t *testing.T) {
+	c, err := Parse(readTestdata(t, "full.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		key  quota.Key
+		want Resolved
+	}{
+		{quota.Key{Tenant: "acme", Class: "write"}, Resolved{ // tenant override wins
+			Limit: quota.Limit{Rate: 800, Burst: 1600}, Class: c.Classes["write"], ClassName: "write", Tier: "pro"}},
+		{quota.Key{Tenant: "acme", Class: "read"}, Resolved{ // tenant's tier
+			Limit: quota.Limit{Rate: 2000, Burst: 4000}, Class: c.Classes["read"], ClassName: "read", Tier: "pro"}},
+		{quota.Key{Tenant: "stranger", Class: "read"}, Resolved{ // unlisted: default tier
+			Limit: quota.Limit{Rate: 10, Burst: 20}, Class: c.Classes["read"], ClassName: "read", Tier: "free"}},
+		{quota.Key{Tenant: "stranger", Class: "export"}, Resolved{ // shadow class
+			Limit: quota.Limit{Rate: 0.1, Burst: 1}, Class: c.Classes["export"], ClassName: "export", Tier: "free", Shadow: true}},
+		{quota.Key{Tenant: "beta-co", Class: "write"}, Resolved{ // shadow tenant
+			Limit: quota.Limit{Rate: 2.5, Burst: 5}, Class: c.Classes["write"], ClassName: "write", Tier: "free", Shadow: true}},
+	}
+	for _, tc := range cases {
+		got, err := c.Resolve(tc.key)
+		if err != nil {
+			t.Errorf("Resolve(%v): %v", tc.key, err)
+			continue
+		}
+		if got != tc.want {
+			t.Errorf("Resolve(%v) = %+v, want %+v", tc.key, got, tc.want)
+		}
+	}
+}
+
+func TestResolveRefusesBadKeys(t *testing.T) {
+	c := Default()
+	cases := []struct {
+		key  quota.Key
+		want string
+	}{
+		{quota.Key{Tenant: "acme", Class: "delete"}, `class "delete" is not configured`},
+		{quota.Key{Tenant: "", Class: "read"}, "tenant is empty"},
+		{quota.Key{Tenant: "a{b}", Class: "read"}, `tenant "a{b}" has byte '{'`},
+	}
+	for _, tc := range cases {
+		got, err := c.Resolve(tc.key)
+		if err == nil {
+			t.Errorf("Resolve(%v) = %+v, want an error", tc.key, got)
+			continue
+		}
+		if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Resolve(%v) error %q: want quota.ErrInvalid and %q", tc.key, err, tc.want)
+		}
+	}
+}
+
+func TestResolveDoesNotAllocate(t *testing.T) {
+	c := Default()
+	keys := []quota.Key{{Tenant: "acme", Class: "write"}, {Tenant: "someone", Class: "export"}}
+	allocs := testing.AllocsPerRun(100, func() {
+		for _, k := range keys {
+			if _, err := c.Resolve(k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("Resolve allocates %v times per run", allocs)
+	}
+}
+
+func BenchmarkResolve(b *testing.B) {
+	c := Default()
+	k := quota.Key{Tenant: "acme", Class: "write"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Resolve(k); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestStaticShare(t *testing.T) {
+	c := Default() // weights us-east 2, eu-west 1, ap-south 1
+	rate, burst, err := c.StaticShare("us-east", 100, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(rate, 50) || !near(burst, 20) || rate > 50 || burst > 20 {
+		t.Errorf("us-east share = %v, %v; want just below 50, 20", rate, burst)
+	}
+	rate, burst, err = c.StaticShare("eu-west", 100, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(rate, 25) || !near(burst, 10) {
+		t.Errorf("eu-west share = %v, %v; want about 25, 10", rate, burst)
+	}
+	for _, bad := range []struct {
+		region      string
+		rate, burst float64
+		want        string
+	}{
+		{"mars", 1, 1, `region "mars" is not configured`},
+		{"eu-west", -1, 1, "rate -1 must be"},
+		{"eu-west", 1, -1, "burst -1 must be"},
+	} {
+		if _, _, err := c.StaticShare(bad.region, bad.rate, bad.burst); err == nil ||
+			!errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("StaticShare(%q, %v, %v) error = %v, want %q", bad.region, bad.rate, bad.burst, err, bad.want)
+		}
+	}
+}
+
+func near(got, want float64) bool { return got > want*(1-1e-9) && got < want*(1+1e-9) }
+
+// TestStaticSharesNeverOversubscribe checks, in exact arithmetic, that the
+// regions' static shares sum to at most the rate (invariant 2) and lose
+// almost nothing, and that they do not depend on map iteration order.
+func TestStaticSharesNeverOversubscribe(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 40).Draw(t, "regions")
+		c := Default()
+		c.Regions = make(map[string]Region, n)
+		for i := range n {
+			w := rapid.Float64Range(1e-3, 1e3).Draw(t, fmt.Sprintf("w%d", i))
+			c.Regions[fmt.Sprintf("r%d", i)] = Region{Weight: w, MaxShare: 1}
+		}
+		rate := rapid.Float64Range(1e-6, 1e9).Draw(t, "rate")
+		burst := float64(rapid.Int64Range(1, 1<<40).Draw(t, "burst"))
+		rateSum, burstSum := new(big.Float).SetPrec(4096), new(big.Float).SetPrec(4096)
+		for name := range c.Regions {
+			r, b, err := c.StaticShare(name, rate, burst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r2, b2, _ := c.StaticShare(name, rate, burst)
+			if r != r2 || b != b2 {
+				t.Fatalf("StaticShare(%s) not deterministic: %v/%v then %v/%v", name, r, b, r2, b2)
+			}
+			rateSum.Add(rateSum, big.NewFloat(r))
+			burstSum.Add(burstSum, big.NewFloat(b))
+		}
+		for _, s := range []struct {
+			name  string
+			sum   *big.Float
+			limit float64
+		}{{"rate", rateSum, rate}, {"burst", burstSum, burst}} {
+			if s.sum.Cmp(big.NewFloat(s.limit)) > 0 {
+				t.Fatalf("%s shares sum to %s > %v", s.name, s.sum.Text('g', 30), s.limit)
+			}
+			if f, _ := s.sum.Float64(); f < s.limit*(1-1e-9) {
+				t.Fatalf("%s shares sum to %v, far below %v", s.name, f, s.limit)
+			}
+		}
+	})
+}

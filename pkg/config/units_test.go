@@ -1,0 +1,105 @@
+package config
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+func TestParseRate(t *testing.T) {
+	good := []struct {
+		in   string
+		want float64
+	}{
+		{"10/s", 10}, {"6/m", 0.1}, {"1000/h", 1000.0 / 3600}, {"0.5/s", 0.5}, {"7", 7},
+		{"2.5/s", 2.5}, {"2.5", 2.5}, {"-1/s", -1}, {"0/s", 0}, {"1e6/s", 1e6}, {"+3/m", 0.05},
+	}
+	for _, tc := range good {
+		got, err := ParseRate(tc.in)
+		if err != nil || float64(got) != tc.want {
+			t.Errorf("ParseRate(%q) = %v, %v; want %v", tc.in, float64(got), err, tc.want)
+		}
+	}
+	bad := []struct{ in, want string }{
+		{"10/x", `unit "x"`},
+		{"abc", "not a number"},
+		{"", "not a number"},
+		{"/s", "not a number"},
+		{"10/", `unit ""`},
+		{"10/s/s", `unit "s/s"`},
+		{"inf/s", "not a number"},
+		{"NaN", "not a number"},
+		{"0x10/s", "not a number"},
+		{"1e400/s", "not a finite number"},
+		{"1..2/s", "not a finite number"},
+		{"10 /s", "not a number"},
+	}
+	for _, tc := range bad {
+		got, err := ParseRate(tc.in)
+		if err == nil {
+			t.Errorf("ParseRate(%q) = %v, want an error", tc.in, float64(got))
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.in) {
+			t.Errorf("ParseRate(%q) error %q lacks %q or the input", tc.in, err, tc.want)
+		}
+	}
+}
+
+func TestRateStringIsShortestExactForm(t *testing.T) {
+	cases := []struct {
+		rate Rate
+		want string
+	}{
+		{10, "10/s"},
+		{0.1, "6/m"},
+		{1000.0 / 3600, "1000/h"},
+		{2.5, "2.5/s"}, // ties with 150/m: seconds win
+		{0.5, "30/m"},
+		{1, "1/s"},
+		{1e6, "1000000/s"},
+		{0, "0/s"},
+		{-1, "-1/s"},
+		{1.0 / 3, "20/m"},
+		{Rate(math.Nextafter(10, 11)), "600.0000000000001/m"},
+	}
+	for _, tc := range cases {
+		if got := tc.rate.String(); got != tc.want {
+			t.Errorf("Rate(%v).String() = %q, want %q", float64(tc.rate), got, tc.want)
+		}
+	}
+}
+
+func TestRateStringParsesBackExactly(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var r float64
+		if rapid.Bool().Draw(t, "round") {
+			// Rates operators write: a decimal count per unit.
+			n := float64(rapid.IntRange(1, 10_000_000).Draw(t, "n")) / float64(rapid.SampledFrom([]int{1, 10, 100}).Draw(t, "div"))
+			r = n / rapid.SampledFrom([]float64{1, 60, 3600}).Draw(t, "unit")
+		} else {
+			r = rapid.Float64Range(1e-9, 1e12).Draw(t, "r")
+		}
+		s := Rate(r).String()
+		back, err := ParseRate(s)
+		if err != nil {
+			t.Fatalf("ParseRate(%q): %v", s, err)
+		}
+		if float64(back) != r {
+			t.Fatalf("%v -> %q -> %v", r, s, float64(back))
+		}
+		if strings.ContainsAny(s, "eE") {
+			t.Fatalf("%v written with an exponent: %q", r, s)
+		}
+	})
+}
+
+func TestRateMarshalRefusesNonFinite(t *testing.T) {
+	for _, r := range []Rate{Rate(math.Inf(1)), Rate(math.NaN())} {
+		if _, err := r.MarshalYAML(); err == nil {
+			t.Errorf("MarshalYAML(%v) succeeded", float64(r))
+		}
+	}
+}

@@ -1,0 +1,283 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+const (
+	// MinEpoch is the shortest allowed epoch: below it the allocation loop
+	// would spend its time on RPC round trips.
+	MinEpoch = 10 * time.Millisecond
+	// MaxBurst is the largest burst: bursts are whole tokens stored in
+	// float64 here and int64 downstream, exact up to 2^53.
+	MaxBurst = 1 << 53
+	// shareSumSlack absorbs float rounding when min_share fractions such as
+	// 0.1 + 0.2 + 0.7 are summed.
+	shareSumSlack = 1e-9
+)
+
+// FieldError is one validation problem. It wraps ErrInvalidConfig.
+type FieldError struct {
+	// Path is the field path, like "tiers.free.write.rate".
+	Path string
+	// Message says what is wrong and what was found.
+	Message string
+}
+
+func (e *FieldError) Error() string { return e.Path + ": " + e.Message }
+
+// Unwrap makes errors.Is(err, ErrInvalidConfig) hold.
+func (e *FieldError) Unwrap() error { return ErrInvalidConfig }
+
+// problems collects FieldErrors in a deterministic order.
+type problems []error
+
+func (p *problems) add(path, format string, args ...any) {
+	*p = append(*p, &FieldError{Path: path, Message: fmt.Sprintf(format, args...)})
+}
+
+// Validate checks every rule and returns all problems joined (errors.Join),
+// each a *FieldError naming its field path, or nil. It does not apply
+// defaults: a zero duration is reported as missing.
+func (c *Config) Validate() error { return errors.Join(c.problems()...) }
+
+func (c *Config) problems() []error {
+	var p problems
+	c.validateDurations(&p)
+	c.validateRegions(&p)
+	c.validateClasses(&p)
+	c.validateTiers(&p)
+	c.validateTenants(&p)
+	c.validateEnvoy(&p)
+	return p
+}
+
+func (c *Config) validateDurations(p *problems) {
+	epoch, validity := time.Duration(c.Epoch), time.Duration(c.GrantValidity)
+	ttl, refresh := time.Duration(c.LeaseTTL), time.Duration(c.Refresh)
+	switch {
+	case epoch <= 0:
+		p.add("epoch", "must be > 0, got %v", epoch)
+	case epoch < MinEpoch:
+		p.add("epoch", "must be at least %v, got %v", MinEpoch, epoch)
+	}
+	switch {
+	case validity <= 0:
+		p.add("grant_validity", "must be > 0, got %v", validity)
+	case epoch > 0 && validity < 2*epoch:
+		p.add("grant_validity", "must be at least 2 × epoch (%v), got %v", 2*epoch, validity)
+	}
+	if ttl <= 0 {
+		p.add("lease_ttl", "must be > 0, got %v", ttl)
+	}
+	switch {
+	case refresh <= 0:
+		p.add("refresh", "must be > 0, got %v", refresh)
+	case ttl > 0 && refresh >= ttl/2:
+		p.add("refresh", "must be less than lease_ttl / 2 (%v), got %v", ttl/2, refresh)
+	}
+}
+
+func (c *Config) validateRegions(p *problems) {
+	if len(c.Regions) == 0 {
+		p.add("regions", "at least one region is required")
+		return
+	}
+	var minSum float64
+	for _, name := range sortedKeys(c.Regions) {
+		r := c.Regions[name]
+		path := "regions." + name
+		checkName(p, path, "region", name)
+		if !(r.Weight > 0) || math.IsInf(r.Weight, 0) {
+			p.add(path+".weight", "must be a finite number > 0, got %v", r.Weight)
+		}
+		minOK := r.MinShare >= 0 && r.MinShare <= 1
+		if !minOK {
+			p.add(path+".min_share", "must be in [0, 1], got %v", r.MinShare)
+		}
+		maxOK := r.MaxShare > 0 && r.MaxShare <= 1
+		if !maxOK {
+			p.add(path+".max_share", "must be in (0, 1], got %v", r.MaxShare)
+		}
+		if minOK && maxOK && r.MinShare > r.MaxShare {
+			p.add(path+".min_share", "must not exceed max_share (%v), got %v", r.MaxShare, r.MinShare)
+		}
+		if minOK {
+			minSum += r.MinShare
+		}
+	}
+	if minSum > 1+shareSumSlack {
+		p.add("regions", "min_share of all regions sums to %.6g, must be at most 1", minSum)
+	}
+}
+
+func (c *Config) validateClasses(p *problems) {
+	if len(c.Classes) == 0 {
+		p.add("classes", "at least one class is required")
+		return
+	}
+	for _, name := range sortedKeys(c.Classes) {
+		cl := c.Classes[name]
+		path := "classes." + name
+		checkClassName(p, path, name)
+		switch cl.Mode {
+		case ModeLease, ModeStrict:
+		default:
+			p.add(path+".mode", "must be lease or strict, got %q", cl.Mode)
+		}
+		switch cl.OnFailure {
+		case OnFailureLocal, OnFailureOpen, OnFailureClosed:
+		default:
+			p.add(path+".on_failure", "must be local, open or closed, got %q", cl.OnFailure)
+		}
+		switch cl.Reclaim {
+		case ReclaimReported, ReclaimNone:
+		default:
+			p.add(path+".reclaim", "must be reported or none, got %q", cl.Reclaim)
+		}
+	}
+}
+
+func (c *Config) validateTiers(p *problems) {
+	if len(c.Tiers) == 0 {
+		p.add("tiers", "at least one tier is required")
+	}
+	classes := sortedKeys(c.Classes)
+	for _, name := range sortedKeys(c.Tiers) {
+		tier := c.Tiers[name]
+		path := "tiers." + name
+		checkName(p, path, "tier", name)
+		for _, class := range classes {
+			if _, ok := tier[class]; !ok {
+				p.add(path+"."+class, "missing: every tier needs a limit for every class")
+			}
+		}
+		for _, class := range sortedKeys(tier) {
+			if _, ok := c.Classes[class]; !ok {
+				p.add(path+"."+class, "class %q is not configured under classes", class)
+				continue
+			}
+			checkLimit(p, path+"."+class, tier[class])
+		}
+	}
+	switch {
+	case c.DefaultTier == "":
+		p.add("default_tier", "is required: the tier of tenants not listed under tenants")
+	case c.Tiers[c.DefaultTier] == nil:
+		p.add("default_tier", "tier %q is not configured under tiers", c.DefaultTier)
+	}
+}
+
+func (c *Config) validateTenants(p *problems) {
+	for _, id := range sortedKeys(c.Tenants) {
+		t := c.Tenants[id]
+		path := "tenants." + id
+		if err := quota.ValidateID("tenant id", id); err != nil {
+			p.add(path, "%s", quotaMessage(err))
+		}
+		switch {
+		case t.Tier == "":
+			p.add(path+".tier", "is required")
+		case c.Tiers[t.Tier] == nil:
+			p.add(path+".tier", "tier %q is not configured under tiers", t.Tier)
+		}
+		for _, class := range sortedKeys(t.Overrides) {
+			opath := path + ".overrides." + class
+			if _, ok := c.Classes[class]; !ok {
+				p.add(opath, "class %q is not configured under classes", class)
+				continue
+			}
+			checkLimit(p, opath, t.Overrides[class])
+		}
+	}
+}
+
+func (c *Config) validateEnvoy(p *problems) {
+	seen := make(map[EnvoyDescriptor]int, len(c.Envoy.Descriptors))
+	for i, d := range c.Envoy.Descriptors {
+		path := "envoy.descriptors[" + strconv.Itoa(i) + "]"
+		checkDescriptorField(p, path+".domain", d.Domain, true)
+		checkDescriptorField(p, path+".tenant_key", d.TenantKey, true)
+		checkDescriptorField(p, path+".class_key", d.ClassKey, false)
+		switch {
+		case d.ClassKey == "" && d.Class == "":
+			p.add(path, "set class_key (the entry naming the class) or class (a fixed class)")
+		case d.ClassKey != "" && d.Class != "":
+			p.add(path, "set only one of class_key (%q) and class (%q)", d.ClassKey, d.Class)
+		case d.Class != "":
+			if _, ok := c.Classes[d.Class]; !ok {
+				p.add(path+".class", "class %q is not configured under classes", d.Class)
+			}
+		}
+		if d.TenantKey != "" && d.TenantKey == d.ClassKey {
+			p.add(path+".class_key", "must differ from tenant_key %q", d.TenantKey)
+		}
+		if first, dup := seen[d]; dup {
+			p.add(path, "duplicates envoy.descriptors[%d]", first)
+		} else {
+			seen[d] = i
+		}
+	}
+}
+
+func checkDescriptorField(p *problems, path, v string, required bool) {
+	if v == "" {
+		if required {
+			p.add(path, "is required")
+		}
+		return
+	}
+	for i, r := range v {
+		if r <= ' ' || r == 0x7f {
+			p.add(path, "%q has a space or control character at offset %d", v, i)
+			return
+		}
+	}
+}
+
+func checkLimit(p *problems, path string, l LimitSpec) {
+	if !(l.Rate > 0) || math.IsInf(float64(l.Rate), 0) {
+		p.add(path+".rate", "must be > 0, got %q", l.Rate.String())
+	}
+	if !(l.Burst >= 1) || l.Burst > MaxBurst || l.Burst != math.Trunc(l.Burst) {
+		p.add(path+".burst", "must be a whole number of tokens in [1, 2^53], got %v", l.Burst)
+	}
+}
+
+// checkName applies quota's id rules to a region or tier name.
+func checkName(p *problems, path, what, name string) {
+	if err := quota.ValidateID(what+" name", name); err != nil {
+		p.add(path, "%s", quotaMessage(err))
+	}
+}
+
+// checkClassName applies quota's class rules, which are also what a class
+// must satisfy inside a quota.Key.
+func checkClassName(p *problems, path, name string) {
+	if err := (quota.Key{Tenant: "t", Class: name}).Validate(); err != nil {
+		p.add(path, "%s", quotaMessage(err))
+	}
+}
+
+// quotaMessage is a quota validation message without its "invalid
+// argument: " prefix, which would read oddly inside a config error.
+func quotaMessage(err error) string {
+	return strings.TrimPrefix(err.Error(), quota.ErrInvalid.Error()+": ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
