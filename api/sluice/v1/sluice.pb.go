@@ -800,6 +800,392 @@ func (x *CheckResponse) GetShadow() bool {
 	return false
 }
 
+type StatusRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many of the most contended keys to list (default 10, max 1000).
+	TopKeys       int32 `protobuf:"varint,1,opt,name=top_keys,json=topKeys,proto3" json:"top_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusRequest) Reset() {
+	*x = StatusRequest{}
+	mi := &file_sluice_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusRequest) ProtoMessage() {}
+
+func (x *StatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
+func (*StatusRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *StatusRequest) GetTopKeys() int32 {
+	if x != nil {
+		return x.TopKeys
+	}
+	return 0
+}
+
+type RegionStatus struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// Milliseconds since the region's last report; -1 if never heard from.
+	LastReportAgeMs int64 `protobuf:"varint,2,opt,name=last_report_age_ms,json=lastReportAgeMs,proto3" json:"last_report_age_ms,omitempty"`
+	// The region has not reported within the silence timeout: the allocator
+	// counts it at max(last grant, static share).
+	Silent        bool   `protobuf:"varint,3,opt,name=silent,proto3" json:"silent,omitempty"`
+	LastSeq       uint64 `protobuf:"varint,4,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionStatus) Reset() {
+	*x = RegionStatus{}
+	mi := &file_sluice_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionStatus) ProtoMessage() {}
+
+func (x *RegionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
+func (*RegionStatus) Descriptor() ([]byte, []int) {
+	return file_sluice_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RegionStatus) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RegionStatus) GetLastReportAgeMs() int64 {
+	if x != nil {
+		return x.LastReportAgeMs
+	}
+	return 0
+}
+
+func (x *RegionStatus) GetSilent() bool {
+	if x != nil {
+		return x.Silent
+	}
+	return false
+}
+
+func (x *RegionStatus) GetLastSeq() uint64 {
+	if x != nil {
+		return x.LastSeq
+	}
+	return 0
+}
+
+type KeyRegionStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Demand        float64                `protobuf:"fixed64,2,opt,name=demand,proto3" json:"demand,omitempty"`                              // tokens/s (EWMA)
+	Target        float64                `protobuf:"fixed64,3,opt,name=target,proto3" json:"target,omitempty"`                              // weighted max-min share, tokens/s
+	GrantedRate   float64                `protobuf:"fixed64,4,opt,name=granted_rate,json=grantedRate,proto3" json:"granted_rate,omitempty"` // last grant, tokens/s
+	GrantedBurst  float64                `protobuf:"fixed64,5,opt,name=granted_burst,json=grantedBurst,proto3" json:"granted_burst,omitempty"`
+	ValidMs       int64                  `protobuf:"varint,6,opt,name=valid_ms,json=validMs,proto3" json:"valid_ms,omitempty"` // remaining validity of the last grant
+	StaticRate    float64                `protobuf:"fixed64,7,opt,name=static_rate,json=staticRate,proto3" json:"static_rate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyRegionStatus) Reset() {
+	*x = KeyRegionStatus{}
+	mi := &file_sluice_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyRegionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyRegionStatus) ProtoMessage() {}
+
+func (x *KeyRegionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyRegionStatus.ProtoReflect.Descriptor instead.
+func (*KeyRegionStatus) Descriptor() ([]byte, []int) {
+	return file_sluice_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *KeyRegionStatus) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *KeyRegionStatus) GetDemand() float64 {
+	if x != nil {
+		return x.Demand
+	}
+	return 0
+}
+
+func (x *KeyRegionStatus) GetTarget() float64 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
+func (x *KeyRegionStatus) GetGrantedRate() float64 {
+	if x != nil {
+		return x.GrantedRate
+	}
+	return 0
+}
+
+func (x *KeyRegionStatus) GetGrantedBurst() float64 {
+	if x != nil {
+		return x.GrantedBurst
+	}
+	return 0
+}
+
+func (x *KeyRegionStatus) GetValidMs() int64 {
+	if x != nil {
+		return x.ValidMs
+	}
+	return 0
+}
+
+func (x *KeyRegionStatus) GetStaticRate() float64 {
+	if x != nil {
+		return x.StaticRate
+	}
+	return 0
+}
+
+type KeyStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           *QuotaKey              `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Rate          float64                `protobuf:"fixed64,2,opt,name=rate,proto3" json:"rate,omitempty"`     // global rate r
+	Burst         float64                `protobuf:"fixed64,3,opt,name=burst,proto3" json:"burst,omitempty"`   // global burst b
+	Demand        float64                `protobuf:"fixed64,4,opt,name=demand,proto3" json:"demand,omitempty"` // sum of regional demand, tokens/s
+	Regions       []*KeyRegionStatus     `protobuf:"bytes,5,rep,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyStatus) Reset() {
+	*x = KeyStatus{}
+	mi := &file_sluice_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyStatus) ProtoMessage() {}
+
+func (x *KeyStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyStatus.ProtoReflect.Descriptor instead.
+func (*KeyStatus) Descriptor() ([]byte, []int) {
+	return file_sluice_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *KeyStatus) GetKey() *QuotaKey {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *KeyStatus) GetRate() float64 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
+}
+
+func (x *KeyStatus) GetBurst() float64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *KeyStatus) GetDemand() float64 {
+	if x != nil {
+		return x.Demand
+	}
+	return 0
+}
+
+func (x *KeyStatus) GetRegions() []*KeyRegionStatus {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+type StatusResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Leader     bool                   `protobuf:"varint,1,opt,name=leader,proto3" json:"leader,omitempty"`
+	LeaderAddr string                 `protobuf:"bytes,2,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
+	Learning   bool                   `protobuf:"varint,3,opt,name=learning,proto3" json:"learning,omitempty"`
+	Epoch      uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Regions    []*RegionStatus        `protobuf:"bytes,5,rep,name=regions,proto3" json:"regions,omitempty"`
+	// The most contended keys (highest demand / rate first).
+	Keys          []*KeyStatus `protobuf:"bytes,6,rep,name=keys,proto3" json:"keys,omitempty"`
+	ContendedKeys int64        `protobuf:"varint,7,opt,name=contended_keys,json=contendedKeys,proto3" json:"contended_keys,omitempty"`
+	// Config revision in etcd the allocator runs on (0 = built-in/bootstrap).
+	ConfigRevision int64 `protobuf:"varint,8,opt,name=config_revision,json=configRevision,proto3" json:"config_revision,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *StatusResponse) Reset() {
+	*x = StatusResponse{}
+	mi := &file_sluice_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusResponse) ProtoMessage() {}
+
+func (x *StatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
+func (*StatusResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *StatusResponse) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *StatusResponse) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetLearning() bool {
+	if x != nil {
+		return x.Learning
+	}
+	return false
+}
+
+func (x *StatusResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetRegions() []*RegionStatus {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetKeys() []*KeyStatus {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetContendedKeys() int64 {
+	if x != nil {
+		return x.ContendedKeys
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetConfigRevision() int64 {
+	if x != nil {
+		return x.ConfigRevision
+	}
+	return 0
+}
+
 // KeyDemand is one key's demand as seen by one region over the last epoch.
 type KeyDemand struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -824,7 +1210,7 @@ type KeyDemand struct {
 
 func (x *KeyDemand) Reset() {
 	*x = KeyDemand{}
-	mi := &file_sluice_proto_msgTypes[11]
+	mi := &file_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +1222,7 @@ func (x *KeyDemand) String() string {
 func (*KeyDemand) ProtoMessage() {}
 
 func (x *KeyDemand) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[11]
+	mi := &file_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +1235,7 @@ func (x *KeyDemand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyDemand.ProtoReflect.Descriptor instead.
 func (*KeyDemand) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KeyDemand) GetKey() *QuotaKey {
@@ -920,7 +1306,7 @@ type RegionReport struct {
 
 func (x *RegionReport) Reset() {
 	*x = RegionReport{}
-	mi := &file_sluice_proto_msgTypes[12]
+	mi := &file_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -932,7 +1318,7 @@ func (x *RegionReport) String() string {
 func (*RegionReport) ProtoMessage() {}
 
 func (x *RegionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[12]
+	mi := &file_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -945,7 +1331,7 @@ func (x *RegionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionReport.ProtoReflect.Descriptor instead.
 func (*RegionReport) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RegionReport) GetRegion() string {
@@ -985,7 +1371,7 @@ type KeyGrant struct {
 
 func (x *KeyGrant) Reset() {
 	*x = KeyGrant{}
-	mi := &file_sluice_proto_msgTypes[13]
+	mi := &file_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +1383,7 @@ func (x *KeyGrant) String() string {
 func (*KeyGrant) ProtoMessage() {}
 
 func (x *KeyGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[13]
+	mi := &file_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +1396,7 @@ func (x *KeyGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyGrant.ProtoReflect.Descriptor instead.
 func (*KeyGrant) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KeyGrant) GetKey() *QuotaKey {
@@ -1056,7 +1442,7 @@ type RegionGrants struct {
 
 func (x *RegionGrants) Reset() {
 	*x = RegionGrants{}
-	mi := &file_sluice_proto_msgTypes[14]
+	mi := &file_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1454,7 @@ func (x *RegionGrants) String() string {
 func (*RegionGrants) ProtoMessage() {}
 
 func (x *RegionGrants) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[14]
+	mi := &file_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1467,7 @@ func (x *RegionGrants) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrants.ProtoReflect.Descriptor instead.
 func (*RegionGrants) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RegionGrants) GetRegion() string {
@@ -1181,7 +1567,39 @@ const file_sluice_proto_rawDesc = "" +
 	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12\x19\n" +
 	"\breset_ms\x18\x05 \x01(\x03R\aresetMs\x12\x16\n" +
-	"\x06shadow\x18\x06 \x01(\bR\x06shadow\"\xfd\x01\n" +
+	"\x06shadow\x18\x06 \x01(\bR\x06shadow\"*\n" +
+	"\rStatusRequest\x12\x19\n" +
+	"\btop_keys\x18\x01 \x01(\x05R\atopKeys\"\x86\x01\n" +
+	"\fRegionStatus\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12+\n" +
+	"\x12last_report_age_ms\x18\x02 \x01(\x03R\x0flastReportAgeMs\x12\x16\n" +
+	"\x06silent\x18\x03 \x01(\bR\x06silent\x12\x19\n" +
+	"\blast_seq\x18\x04 \x01(\x04R\alastSeq\"\xdd\x01\n" +
+	"\x0fKeyRegionStatus\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
+	"\x06demand\x18\x02 \x01(\x01R\x06demand\x12\x16\n" +
+	"\x06target\x18\x03 \x01(\x01R\x06target\x12!\n" +
+	"\fgranted_rate\x18\x04 \x01(\x01R\vgrantedRate\x12#\n" +
+	"\rgranted_burst\x18\x05 \x01(\x01R\fgrantedBurst\x12\x19\n" +
+	"\bvalid_ms\x18\x06 \x01(\x03R\avalidMs\x12\x1f\n" +
+	"\vstatic_rate\x18\a \x01(\x01R\n" +
+	"staticRate\"\xaa\x01\n" +
+	"\tKeyStatus\x12%\n" +
+	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
+	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x14\n" +
+	"\x05burst\x18\x03 \x01(\x01R\x05burst\x12\x16\n" +
+	"\x06demand\x18\x04 \x01(\x01R\x06demand\x124\n" +
+	"\aregions\x18\x05 \x03(\v2\x1a.sluice.v1.KeyRegionStatusR\aregions\"\xa8\x02\n" +
+	"\x0eStatusResponse\x12\x16\n" +
+	"\x06leader\x18\x01 \x01(\bR\x06leader\x12\x1f\n" +
+	"\vleader_addr\x18\x02 \x01(\tR\n" +
+	"leaderAddr\x12\x1a\n" +
+	"\blearning\x18\x03 \x01(\bR\blearning\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x121\n" +
+	"\aregions\x18\x05 \x03(\v2\x17.sluice.v1.RegionStatusR\aregions\x12(\n" +
+	"\x04keys\x18\x06 \x03(\v2\x14.sluice.v1.KeyStatusR\x04keys\x12%\n" +
+	"\x0econtended_keys\x18\a \x01(\x03R\rcontendedKeys\x12'\n" +
+	"\x0fconfig_revision\x18\b \x01(\x03R\x0econfigRevision\"\xfd\x01\n" +
 	"\tKeyDemand\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x1a\n" +
 	"\badmitted\x18\x02 \x01(\x03R\badmitted\x12\x16\n" +
@@ -1211,9 +1629,10 @@ const file_sluice_proto_rawDesc = "" +
 	"\aAcquire\x12\x19.sluice.v1.AcquireRequest\x1a\x1a.sluice.v1.AcquireResponse\x127\n" +
 	"\x04Sync\x12\x16.sluice.v1.SyncRequest\x1a\x17.sluice.v1.SyncResponse\x12@\n" +
 	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12:\n" +
-	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2L\n" +
+	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\x8b\x01\n" +
 	"\x10AllocatorService\x128\n" +
-	"\x04Sync\x12\x17.sluice.v1.RegionReport\x1a\x17.sluice.v1.RegionGrantsB3Z1github.com/sluicehq/sluice/api/sluice/v1;sluicev1b\x06proto3"
+	"\x04Sync\x12\x17.sluice.v1.RegionReport\x1a\x17.sluice.v1.RegionGrants\x12=\n" +
+	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponseB3Z1github.com/sluicehq/sluice/api/sluice/v1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_proto_rawDescOnce sync.Once
@@ -1227,7 +1646,7 @@ func file_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_proto_rawDescData
 }
 
-var file_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_sluice_proto_goTypes = []any{
 	(*QuotaKey)(nil),        // 0: sluice.v1.QuotaKey
 	(*KeyReport)(nil),       // 1: sluice.v1.KeyReport
@@ -1240,10 +1659,15 @@ var file_sluice_proto_goTypes = []any{
 	(*ReleaseResponse)(nil), // 8: sluice.v1.ReleaseResponse
 	(*CheckRequest)(nil),    // 9: sluice.v1.CheckRequest
 	(*CheckResponse)(nil),   // 10: sluice.v1.CheckResponse
-	(*KeyDemand)(nil),       // 11: sluice.v1.KeyDemand
-	(*RegionReport)(nil),    // 12: sluice.v1.RegionReport
-	(*KeyGrant)(nil),        // 13: sluice.v1.KeyGrant
-	(*RegionGrants)(nil),    // 14: sluice.v1.RegionGrants
+	(*StatusRequest)(nil),   // 11: sluice.v1.StatusRequest
+	(*RegionStatus)(nil),    // 12: sluice.v1.RegionStatus
+	(*KeyRegionStatus)(nil), // 13: sluice.v1.KeyRegionStatus
+	(*KeyStatus)(nil),       // 14: sluice.v1.KeyStatus
+	(*StatusResponse)(nil),  // 15: sluice.v1.StatusResponse
+	(*KeyDemand)(nil),       // 16: sluice.v1.KeyDemand
+	(*RegionReport)(nil),    // 17: sluice.v1.RegionReport
+	(*KeyGrant)(nil),        // 18: sluice.v1.KeyGrant
+	(*RegionGrants)(nil),    // 19: sluice.v1.RegionGrants
 }
 var file_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.KeyReport.key:type_name -> sluice.v1.QuotaKey
@@ -1254,25 +1678,31 @@ var file_sluice_proto_depIdxs = []int32{
 	2,  // 5: sluice.v1.SyncResponse.grants:type_name -> sluice.v1.Grant
 	1,  // 6: sluice.v1.ReleaseRequest.reports:type_name -> sluice.v1.KeyReport
 	0,  // 7: sluice.v1.CheckRequest.key:type_name -> sluice.v1.QuotaKey
-	0,  // 8: sluice.v1.KeyDemand.key:type_name -> sluice.v1.QuotaKey
-	11, // 9: sluice.v1.RegionReport.keys:type_name -> sluice.v1.KeyDemand
-	0,  // 10: sluice.v1.KeyGrant.key:type_name -> sluice.v1.QuotaKey
-	13, // 11: sluice.v1.RegionGrants.grants:type_name -> sluice.v1.KeyGrant
-	3,  // 12: sluice.v1.LeaseService.Acquire:input_type -> sluice.v1.AcquireRequest
-	5,  // 13: sluice.v1.LeaseService.Sync:input_type -> sluice.v1.SyncRequest
-	7,  // 14: sluice.v1.LeaseService.Release:input_type -> sluice.v1.ReleaseRequest
-	9,  // 15: sluice.v1.LeaseService.Check:input_type -> sluice.v1.CheckRequest
-	12, // 16: sluice.v1.AllocatorService.Sync:input_type -> sluice.v1.RegionReport
-	4,  // 17: sluice.v1.LeaseService.Acquire:output_type -> sluice.v1.AcquireResponse
-	6,  // 18: sluice.v1.LeaseService.Sync:output_type -> sluice.v1.SyncResponse
-	8,  // 19: sluice.v1.LeaseService.Release:output_type -> sluice.v1.ReleaseResponse
-	10, // 20: sluice.v1.LeaseService.Check:output_type -> sluice.v1.CheckResponse
-	14, // 21: sluice.v1.AllocatorService.Sync:output_type -> sluice.v1.RegionGrants
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	0,  // 8: sluice.v1.KeyStatus.key:type_name -> sluice.v1.QuotaKey
+	13, // 9: sluice.v1.KeyStatus.regions:type_name -> sluice.v1.KeyRegionStatus
+	12, // 10: sluice.v1.StatusResponse.regions:type_name -> sluice.v1.RegionStatus
+	14, // 11: sluice.v1.StatusResponse.keys:type_name -> sluice.v1.KeyStatus
+	0,  // 12: sluice.v1.KeyDemand.key:type_name -> sluice.v1.QuotaKey
+	16, // 13: sluice.v1.RegionReport.keys:type_name -> sluice.v1.KeyDemand
+	0,  // 14: sluice.v1.KeyGrant.key:type_name -> sluice.v1.QuotaKey
+	18, // 15: sluice.v1.RegionGrants.grants:type_name -> sluice.v1.KeyGrant
+	3,  // 16: sluice.v1.LeaseService.Acquire:input_type -> sluice.v1.AcquireRequest
+	5,  // 17: sluice.v1.LeaseService.Sync:input_type -> sluice.v1.SyncRequest
+	7,  // 18: sluice.v1.LeaseService.Release:input_type -> sluice.v1.ReleaseRequest
+	9,  // 19: sluice.v1.LeaseService.Check:input_type -> sluice.v1.CheckRequest
+	17, // 20: sluice.v1.AllocatorService.Sync:input_type -> sluice.v1.RegionReport
+	11, // 21: sluice.v1.AllocatorService.Status:input_type -> sluice.v1.StatusRequest
+	4,  // 22: sluice.v1.LeaseService.Acquire:output_type -> sluice.v1.AcquireResponse
+	6,  // 23: sluice.v1.LeaseService.Sync:output_type -> sluice.v1.SyncResponse
+	8,  // 24: sluice.v1.LeaseService.Release:output_type -> sluice.v1.ReleaseResponse
+	10, // 25: sluice.v1.LeaseService.Check:output_type -> sluice.v1.CheckResponse
+	19, // 26: sluice.v1.AllocatorService.Sync:output_type -> sluice.v1.RegionGrants
+	15, // 27: sluice.v1.AllocatorService.Status:output_type -> sluice.v1.StatusResponse
+	22, // [22:28] is the sub-list for method output_type
+	16, // [16:22] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_sluice_proto_init() }
@@ -1286,7 +1716,7 @@ func file_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_proto_rawDesc), len(file_sluice_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -262,7 +262,8 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AllocatorService_Sync_FullMethodName = "/sluice.v1.AllocatorService/Sync"
+	AllocatorService_Sync_FullMethodName   = "/sluice.v1.AllocatorService/Sync"
+	AllocatorService_Status_FullMethodName = "/sluice.v1.AllocatorService/Status"
 )
 
 // AllocatorServiceClient is the client API for AllocatorService service.
@@ -275,6 +276,9 @@ type AllocatorServiceClient interface {
 	// Sync sends one region's report. A non-leader answers FailedPrecondition
 	// with the leader's address in the status message ("leader=HOST:PORT").
 	Sync(ctx context.Context, in *RegionReport, opts ...grpc.CallOption) (*RegionGrants, error)
+	// Status is a read-only view for operators (sluicectl status). Any
+	// replica answers; a non-leader says so and names the leader.
+	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 }
 
 type allocatorServiceClient struct {
@@ -295,6 +299,16 @@ func (c *allocatorServiceClient) Sync(ctx context.Context, in *RegionReport, opt
 	return out, nil
 }
 
+func (c *allocatorServiceClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StatusResponse)
+	err := c.cc.Invoke(ctx, AllocatorService_Status_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AllocatorServiceServer is the server API for AllocatorService service.
 // All implementations must embed UnimplementedAllocatorServiceServer
 // for forward compatibility.
@@ -305,6 +319,9 @@ type AllocatorServiceServer interface {
 	// Sync sends one region's report. A non-leader answers FailedPrecondition
 	// with the leader's address in the status message ("leader=HOST:PORT").
 	Sync(context.Context, *RegionReport) (*RegionGrants, error)
+	// Status is a read-only view for operators (sluicectl status). Any
+	// replica answers; a non-leader says so and names the leader.
+	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	mustEmbedUnimplementedAllocatorServiceServer()
 }
 
@@ -317,6 +334,9 @@ type UnimplementedAllocatorServiceServer struct{}
 
 func (UnimplementedAllocatorServiceServer) Sync(context.Context, *RegionReport) (*RegionGrants, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Sync not implemented")
+}
+func (UnimplementedAllocatorServiceServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Status not implemented")
 }
 func (UnimplementedAllocatorServiceServer) mustEmbedUnimplementedAllocatorServiceServer() {}
 func (UnimplementedAllocatorServiceServer) testEmbeddedByValue()                          {}
@@ -357,6 +377,24 @@ func _AllocatorService_Sync_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AllocatorService_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllocatorServiceServer).Status(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AllocatorService_Status_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllocatorServiceServer).Status(ctx, req.(*StatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AllocatorService_ServiceDesc is the grpc.ServiceDesc for AllocatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -367,6 +405,10 @@ var AllocatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Sync",
 			Handler:    _AllocatorService_Sync_Handler,
+		},
+		{
+			MethodName: "Status",
+			Handler:    _AllocatorService_Status_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
