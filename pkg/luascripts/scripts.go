@@ -347,9 +347,7 @@ func (s *Scripts) SetRate(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 	if err != nil {
 		return SetRateReply{}, fmt.Errorf("set_rate %s: %w", k.Bucket, err)
 	}
-	p := parser{res: res}
-	sr := SetRateReply{Applied: p.int(0) == 1, Tokens: p.float(1), Outstanding: p.int(2), NowUS: p.int(3)}
-	return sr, p.err(4)
+	return ParseSetRate(&Queued{Cmd: redis.NewCmdResult(res, nil), keys: k.list()})
 }
 
 // State runs state.lua.

@@ -84,17 +84,16 @@ func (b *batcher) work() {
 func (b *batcher) run(batch []*batchCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	// Errors are per command: Pipelined's own error repeats the first one.
-	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, c := range batch {
+	// Errors are per call, in each call's Cmd.
+	luascripts.RunQueued(ctx, b.rdb, func(p redis.Pipeliner) []*luascripts.Queued {
+		qs := make([]*luascripts.Queued, len(batch))
+		for i, c := range batch {
 			c.q = c.queue(ctx, p)
+			qs[i] = c.q
 		}
-		return nil
+		return qs
 	})
 	for _, c := range batch {
-		if c.q.NoScript() {
-			c.q.Rerun(ctx, b.rdb) // loads the script again for the others too
-		}
 		close(c.done)
 	}
 }

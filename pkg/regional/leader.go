@@ -1,0 +1,272 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// GlobalTier is how the region leader reaches the global allocator
+// (allocator.Client follows the global leader).
+type GlobalTier interface {
+	Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error)
+}
+
+// LeaderOptions configure the region leader loop.
+type LeaderOptions struct {
+	// Etcd elects one leader per region. Required.
+	Etcd *clientv3.Client
+	// ElectionPrefix is where election keys live (config.Store's
+	// ElectionPrefix, "<prefix>/election/"). Required.
+	ElectionPrefix string
+	// Global is the global tier. Required.
+	Global GlobalTier
+	// Identity is this replica's value in the election (its address).
+	// Required.
+	Identity string
+	// SessionTTL is the etcd session TTL. Optional, default 5s.
+	SessionTTL time.Duration
+}
+
+// Leader is the region leader loop's state. Only Run's goroutine uses the
+// unexported fields.
+type Leader struct {
+	s    *Server
+	opts LeaderOptions
+
+	last map[quota.Key]counters // demand counters at the previous report
+	seq  uint64
+
+	// leading is observed by tests and metrics.
+	leading chan bool
+}
+
+type counters struct {
+	admitted, denied int64
+	atUS             int64
+}
+
+// NewLeader prepares the region leader loop of s.
+func NewLeader(s *Server, o LeaderOptions) (*Leader, error) {
+	if o.Etcd == nil || o.Global == nil || o.ElectionPrefix == "" || o.Identity == "" {
+		return nil, errors.New("regional: leader needs Etcd, Global, ElectionPrefix and Identity")
+	}
+	if o.SessionTTL == 0 {
+		o.SessionTTL = 5 * time.Second
+	}
+	return &Leader{s: s, opts: o, last: map[quota.Key]counters{}, leading: make(chan bool, 1)}, nil
+}
+
+// Run campaigns for the region's leadership and, while leading, syncs with
+// the global tier every epoch. It returns when ctx ends. Replicas that are
+// not leader keep serving leases; only the leader talks to the global tier.
+func (l *Leader) Run(ctx context.Context) error {
+	key := l.opts.ElectionPrefix + "region/" + l.s.opts.Region
+	for ctx.Err() == nil {
+		if err := l.lead(ctx, key); err != nil && ctx.Err() == nil {
+			l.s.log.Warn("region leadership lost; campaigning again", "region", l.s.opts.Region, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond): // back off before a new session
+			}
+		}
+	}
+	return nil
+}
+
+func (l *Leader) lead(ctx context.Context, key string) error {
+	sess, err := concurrency.NewSession(l.opts.Etcd, concurrency.WithTTL(int(math.Ceil(l.opts.SessionTTL.Seconds()))), concurrency.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("etcd session: %w", err)
+	}
+	defer sess.Close()
+	el := concurrency.NewElection(sess, key)
+	if err := el.Campaign(ctx, l.opts.Identity); err != nil {
+		return fmt.Errorf("campaign %s: %w", key, err)
+	}
+	l.s.log.Info("region leader elected", "region", l.s.opts.Region, "identity", l.opts.Identity)
+	l.setLeading(true)
+	defer l.setLeading(false)
+	// A new leader starts its demand baseline afresh: the first report of
+	// a key after a leader change carries no admitted/denied counts.
+	clear(l.last)
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		el.Resign(rctx)
+		cancel()
+	}()
+	epoch := time.Duration(l.s.opts.Config.Current().Epoch)
+	t := time.NewTicker(epoch)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sess.Done():
+			return errors.New("etcd session expired")
+		case <-t.C:
+			if err := l.SyncOnce(ctx, sess.Done()); err != nil {
+				l.s.log.Warn("region sync with the global tier failed; running on current grants", "err", err)
+			}
+			if e := time.Duration(l.s.opts.Config.Current().Epoch); e != epoch {
+				epoch = e
+				t.Reset(epoch)
+			}
+		}
+	}
+}
+
+func (l *Leader) setLeading(v bool) {
+	select {
+	case <-l.leading:
+	default:
+	}
+	l.leading <- v
+}
+
+// SyncOnce sends one report for every active key and installs the grants.
+// The grants' validity is converted to Redis time from the moment the
+// report was sent (Redis TIME read before sending), so the region's view
+// of every grant ends no later than the allocator's. lost, when it closes,
+// means leadership ended: nothing more is written.
+func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
+	s := l.s
+	cfg := s.opts.Config.Current()
+	epoch := time.Duration(cfg.Epoch)
+	ctx, cancel := context.WithTimeout(ctx, epoch)
+	defer cancel()
+	sendTime, err := s.opts.Redis.Time(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("redis time: %w", err)
+	}
+	sendUS := sendTime.UnixMicro()
+	keys, err := ActiveKeys(ctx, s.opts.Redis, s.opts.Prefix, sendUS-(3*epoch).Microseconds())
+	if err != nil {
+		return err
+	}
+	report, plans, err := l.buildReport(ctx, cfg, keys, sendUS)
+	if err != nil {
+		return err
+	}
+	grants, err := l.opts.Global.Sync(ctx, report)
+	if err != nil {
+		return fmt.Errorf("global sync: %w", err)
+	}
+	select {
+	case <-lost:
+		return errors.New("leadership lost before the grants were installed")
+	default:
+	}
+	return l.install(ctx, cfg, grants, plans, sendUS)
+}
+
+func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quota.Key, nowUS int64) (*sluicev1.RegionReport, map[quota.Key]keyPlan, error) {
+	s := l.s
+	plans := make(map[quota.Key]keyPlan, len(keys))
+	var ordered []keyPlan
+	for _, k := range keys {
+		p, err := s.plan(cfg, &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}, "key")
+		if err != nil {
+			continue // a class removed from the config: nothing to report
+		}
+		plans[k] = p
+		ordered = append(ordered, p)
+	}
+	qs := luascripts.RunQueued(ctx, s.opts.Redis, func(pipe redis.Pipeliner) []*luascripts.Queued {
+		out := make([]*luascripts.Queued, len(ordered))
+		for i, p := range ordered {
+			out[i] = s.scripts.QueueState(ctx, pipe, p.keys, p.common)
+		}
+		return out
+	})
+	// Redis time as seq: strictly increasing across leader changes without
+	// storing anything.
+	l.seq = max(l.seq+1, uint64(nowUS))
+	rep := &sluicev1.RegionReport{Region: s.opts.Region, Seq: l.seq}
+	for i, p := range ordered {
+		st, err := luascripts.ParseState(qs[i])
+		if err != nil {
+			return nil, nil, err
+		}
+		prev, seen := l.last[p.key]
+		l.last[p.key] = counters{admitted: st.Admitted, denied: st.Denied, atUS: st.NowUS}
+		kd := &sluicev1.KeyDemand{
+			Key:     &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class},
+			Holding: st.Holding(),
+		}
+		if seen && st.NowUS > prev.atUS {
+			// Counters restart at 0 when a bucket expired and came back.
+			kd.Admitted = nonNegativeDelta(st.Admitted, prev.admitted)
+			kd.Denied = nonNegativeDelta(st.Denied, prev.denied)
+			kd.WindowMs = (st.NowUS - prev.atUS) / 1000
+		}
+		if st.GrantExpiryUS > 0 {
+			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
+			kd.HeldValidMs = (st.GrantExpiryUS - st.NowUS) / 1000
+		}
+		rep.Keys = append(rep.Keys, kd)
+	}
+	return rep, plans, nil
+}
+
+func nonNegativeDelta(now, before int64) int64 {
+	if now < before {
+		return now
+	}
+	return now - before
+}
+
+func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.RegionGrants, plans map[quota.Key]keyPlan, sendUS int64) error {
+	s := l.s
+	type item struct {
+		p           keyPlan
+		rate, burst float64
+		expiryUS    int64
+	}
+	var items []item
+	for _, kg := range g.GetGrants() {
+		k := quota.Key{Tenant: kg.GetKey().GetTenant(), Class: kg.GetKey().GetClass()}
+		p, ok := plans[k]
+		if !ok {
+			var err error
+			if p, err = s.plan(cfg, kg.GetKey(), "grant.key"); err != nil {
+				s.log.Warn("global tier granted an invalid key; ignored", "err", err)
+				continue
+			}
+		}
+		if !(kg.GetRate() >= 0) || !(kg.GetBurst() >= 0) || math.IsInf(kg.GetRate(), 0) || math.IsInf(kg.GetBurst(), 0) || kg.GetValidMs() <= 0 {
+			s.log.Warn("global tier sent an invalid grant; ignored", "key", k, "rate", kg.GetRate(), "burst", kg.GetBurst(), "valid_ms", kg.GetValidMs())
+			continue
+		}
+		items = append(items, item{p: p, rate: kg.GetRate(), burst: kg.GetBurst(), expiryUS: sendUS + kg.GetValidMs()*1000})
+	}
+	qs := luascripts.RunQueued(ctx, s.opts.Redis, func(pipe redis.Pipeliner) []*luascripts.Queued {
+		out := make([]*luascripts.Queued, len(items))
+		for i, it := range items {
+			out[i] = s.scripts.QueueSetRate(ctx, pipe, it.p.keys, it.p.common, it.rate, it.burst, it.expiryUS)
+		}
+		return out
+	})
+	var firstErr error
+	for _, q := range qs {
+		if _, err := luascripts.ParseSetRate(q); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// Leading reports leadership changes (true when elected, false when lost);
+// it holds only the latest value.
+func (l *Leader) Leading() <-chan bool { return l.leading }
