@@ -142,6 +142,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		mux.HandleFunc("/healthz", d.healthz)
+		// /livez answers while the process serves HTTP: liveness must not
+		// follow Redis (restarting replicas cannot fix Redis).
+		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
 
