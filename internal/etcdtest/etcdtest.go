@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,19 +12,16 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/sluicehq/sluice/internal/embedetcd"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 )
 
-const (
-	// startTimeout bounds how long Start and Restart wait for etcd to elect
-	// itself and serve; a single member normally needs well under a second.
-	startTimeout = 30 * time.Second
-	// dialTimeout bounds one forwarded connection's dial to etcd.
-	dialTimeout = 2 * time.Second
-)
+// dialTimeout bounds one forwarded connection's dial to etcd.
+const dialTimeout = 2 * time.Second
 
 // Server is one embedded etcd member with a stable client endpoint. Safe
 // for concurrent use.
@@ -111,47 +107,9 @@ func (s *Server) Restart() {
 }
 
 func (s *Server) startLocked() error {
-	cfg := embed.NewConfig()
-	cfg.Name = "sluice-test"
-	cfg.Dir = s.dir
-	// Errors only, into the test log: etcd reports its own orderly
-	// shutdown at error level, which is noise unless a test fails.
-	cfg.LogLevel = "error"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(s.log)
-	anyPort := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
-	cfg.ListenClientUrls = []url.URL{anyPort}
-	cfg.AdvertiseClientUrls = []url.URL{anyPort}
-	cfg.ListenPeerUrls = []url.URL{anyPort}
-	cfg.AdvertisePeerUrls = []url.URL{anyPort}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	// One member never needs heartbeats; short ticks only make the first
-	// election quick.
-	cfg.TickMs = 10
-	cfg.ElectionMs = 100
-	// The gateway would dial the configured client address, which is
-	// port 0; tests speak gRPC only.
-	cfg.EnableGRPCGateway = false
-	// Stop closes etcd gracefully, so nothing relies on fsync in tests.
-	cfg.UnsafeNoFsync = true
-
-	e, err := embed.StartEtcd(cfg)
+	e, err := embedetcd.Start("sluice-test", s.dir, s.log)
 	if err != nil {
-		return fmt.Errorf("start embedded etcd: %w", err)
-	}
-	timer := time.NewTimer(startTimeout)
-	defer timer.Stop()
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return fmt.Errorf("embedded etcd failed while starting: %w", err)
-	case <-timer.C:
-		e.Close()
-		return fmt.Errorf("embedded etcd not ready after %v", startTimeout)
-	}
-	if len(e.Clients) == 0 {
-		e.Close()
-		return fmt.Errorf("embedded etcd has no client listener")
+		return err
 	}
 	s.etcd = e
 	s.mu.Lock()
