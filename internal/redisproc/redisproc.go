@@ -1,0 +1,155 @@
+// Package redisproc runs a Redis for development mode, the simulator's live
+// mode and tests: a real redis-server child process on a free loopback port
+// with persistence off, or, when redis-server is not installed and the
+// caller allows it, an embedded Redis (miniredis) in the process.
+package redisproc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNoRedisServer means redis-server is not on PATH.
+var ErrNoRedisServer = errors.New("redis-server is not on PATH (apt-get install redis-server)")
+
+// Proc is one Redis. Safe for concurrent use.
+type Proc struct {
+	port     int
+	embedded bool
+
+	mu   sync.Mutex           // guards cmd, mini and out
+	cmd  *exec.Cmd            // the child process, nil when stopped or embedded
+	mini *miniredis.Miniredis // the embedded server, nil unless embedded
+	out  *bytes.Buffer        // the child's output, for error messages
+}
+
+// Start runs redis-server on a free port and waits until it answers. With
+// allowEmbedded, a missing redis-server falls back to miniredis (check
+// Embedded); without, it is ErrNoRedisServer.
+func Start(allowEmbedded bool) (*Proc, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if !allowEmbedded {
+			return nil, ErrNoRedisServer
+		}
+		return startEmbedded()
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	p := &Proc{port: port}
+	if err := p.start(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Embedded reports whether this is the in-process fallback rather than a
+// real redis-server.
+func (p *Proc) Embedded() bool { return p.embedded }
+
+// Addr is host:port; it stays the same across Stop and Restart.
+func (p *Proc) Addr() string { return "127.0.0.1:" + strconv.Itoa(p.port) }
+
+// Stop kills the server as a crash would (no save). Idempotent.
+func (p *Proc) Stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.embedded {
+		if p.mini != nil {
+			p.mini.Close()
+			p.mini = nil
+		}
+		return
+	}
+	if p.cmd == nil {
+		return
+	}
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+	p.cmd = nil
+}
+
+// Restart starts an empty server on the same port.
+func (p *Proc) Restart() error {
+	p.Stop()
+	if p.embedded {
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr(p.Addr()); err != nil {
+			return fmt.Errorf("restart embedded redis: %w", err)
+		}
+		p.mu.Lock()
+		p.mini = m
+		p.mu.Unlock()
+		return nil
+	}
+	return p.start()
+}
+
+func (p *Proc) start() error {
+	cmd := exec.Command("redis-server",
+		"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--protected-mode", "no",
+		"--loglevel", "warning")
+	out := new(bytes.Buffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	p.mu.Lock()
+	p.cmd, p.out = cmd, out
+	p.mu.Unlock()
+
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			p.Stop()
+			return fmt.Errorf("redis-server on %s did not answer PING within 10s: %v\n%s", p.Addr(), err, p.output())
+		}
+		time.Sleep(5 * time.Millisecond) // polling a process start-up with a deadline
+	}
+}
+
+func (p *Proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.out == nil {
+		return ""
+	}
+	return p.out.String()
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func startEmbedded() (*Proc, error) {
+	m := miniredis.NewMiniRedis()
+	if err := m.StartAddr("127.0.0.1:0"); err != nil {
+		return nil, fmt.Errorf("start embedded redis: %w", err)
+	}
+	return &Proc{embedded: true, mini: m, port: m.Server().Addr().Port}, nil
+}
