@@ -1,0 +1,458 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// Exit codes, documented in the package comment and the usage text.
+const (
+	exitOK          = 0
+	exitInvalid     = 1
+	exitUsage       = 2
+	exitConflict    = 3
+	exitNotFound    = 4
+	exitUnreachable = 5
+)
+
+// envPrefix names the environment variables of global flags.
+const envPrefix = "SLUICE"
+
+const usageText = `usage: sluicectl [global flags] <command> [flags] [args]
+
+commands:
+  validate -f FILE                  check a config file offline ("-f -" reads stdin)
+  apply -f FILE [-yes] [-dry-run]   validate, show the diff against etcd, write it
+  get [-o yaml|json]                print the config in etcd (its revision on stderr)
+  status [-top N] [-o text|json]    leaders from etcd and the global allocation
+  tenant get NAME                   a tenant's tier, overrides, shadow and limits
+  tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...]
+                 [-remove-override class ...] [-yes] [-dry-run]
+  shadow set (class NAME | tenant NAME) on|off [-yes] [-dry-run]
+
+Changes (apply, tenant set, shadow set) are validated, shown as a diff and
+written in one etcd transaction guarded by the revision they were computed
+from. Without -yes they ask "apply? [y/N]" on a terminal and refuse otherwise.
+
+exit codes:
+  0  success (including "no changes")
+  1  invalid input or config, or a change declined at the prompt
+  2  usage error
+  3  conflict: the config in etcd changed between read and write
+  4  not found: no config in etcd, or no such tenant or class
+  5  unreachable: etcd or the global allocator could not be reached
+
+global flags (also accepted after the command; each also read from the
+environment variable named beside it, the command line wins):
+`
+
+// app is one invocation of the CLI. Not safe for concurrent use.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	// getenv reads the environment for global flags left off the command line.
+	getenv func(string) string
+	// stdinIsTerminal says whether a confirmation can be asked on stdin.
+	stdinIsTerminal func() bool
+	// beforeWrite, when set, runs after a change was read, diffed and
+	// confirmed and just before it is written; tests use it to change etcd
+	// in between.
+	beforeWrite func()
+
+	g globalFlags
+}
+
+// globalFlags are the flags every command accepts.
+type globalFlags struct {
+	// etcdEndpoints is a comma-separated list of host:port or URLs.
+	// Required by every command but validate.
+	etcdEndpoints string
+	// etcdPrefix is the key prefix of the config and elections. Optional,
+	// default "/sluice".
+	etcdPrefix string
+	// globalAddr is host:port of any global allocator replica, for status.
+	// Optional; default the global leader's address found in etcd.
+	globalAddr string
+	// timeout bounds each etcd or gRPC step. Optional, default 10s.
+	timeout time.Duration
+	// etcdCA, etcdCert, etcdKey are PEM files for TLS to etcd. Optional;
+	// setting any of them turns TLS on. Cert and key go together.
+	etcdCA, etcdCert, etcdKey string
+	// etcdUsername and etcdPassword authenticate to etcd. Optional.
+	etcdUsername, etcdPassword string
+	// tlsCA, tlsCert, tlsKey are PEM files for TLS to the global tier.
+	// Optional; setting any of them turns TLS on. Cert and key go together.
+	tlsCA, tlsCert, tlsKey string
+}
+
+func defaultGlobalFlags() globalFlags {
+	return globalFlags{etcdPrefix: config.DefaultPrefix, timeout: 10 * time.Second}
+}
+
+// register binds the global flags to fs with their current values as
+// defaults, so registering on a second flag set keeps what the first parsed.
+func (g *globalFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.etcdEndpoints, "etcd-endpoints", g.etcdEndpoints, "etcd endpoints, comma separated (host:port or URL)")
+	fs.StringVar(&g.etcdPrefix, "etcd-prefix", g.etcdPrefix, "etcd key prefix of the config and leader elections")
+	fs.StringVar(&g.globalAddr, "global-addr", g.globalAddr, "host:port of any global allocator replica, for status (default: the global leader found in etcd)")
+	fs.DurationVar(&g.timeout, "timeout", g.timeout, "time limit of each etcd or gRPC step")
+	fs.StringVar(&g.etcdCA, "etcd-ca", g.etcdCA, "CA certificate (PEM) to verify etcd; turns on TLS to etcd")
+	fs.StringVar(&g.etcdCert, "etcd-cert", g.etcdCert, "client certificate (PEM) for etcd; needs -etcd-key")
+	fs.StringVar(&g.etcdKey, "etcd-key", g.etcdKey, "client key (PEM) for etcd; needs -etcd-cert")
+	fs.StringVar(&g.etcdUsername, "etcd-username", g.etcdUsername, "etcd user name")
+	fs.StringVar(&g.etcdPassword, "etcd-password", g.etcdPassword, "etcd password (prefer the environment variable)")
+	fs.StringVar(&g.tlsCA, "tls-ca", g.tlsCA, "CA certificate (PEM) to verify the global allocator; turns on TLS")
+	fs.StringVar(&g.tlsCert, "tls-cert", g.tlsCert, "client certificate (PEM) for the global allocator; needs -tls-key")
+	fs.StringVar(&g.tlsKey, "tls-key", g.tlsKey, "client key (PEM) for the global allocator; needs -tls-cert")
+}
+
+// exitError ends a command with an exit code and a message for stderr.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func exitf(code int, format string, args ...any) error {
+	return &exitError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// command is one subcommand. flags registers its flags on fs and returns
+// the function that runs it with the positional arguments.
+type command struct {
+	name  string
+	usage string
+	flags func(fs *flag.FlagSet) func(ctx context.Context, args []string) error
+}
+
+func (a *app) commands() []command {
+	return []command{
+		{"validate", "validate -f FILE", a.validateCmd},
+		{"apply", "apply -f FILE [-yes] [-dry-run]", a.applyCmd},
+		{"get", "get [-o yaml|json]", a.getCmd},
+		{"status", "status [-top N] [-o text|json]", a.statusCmd},
+		{"tenant get", "tenant get NAME", a.tenantGetCmd},
+		{"tenant set", "tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...] [-remove-override class ...] [-yes] [-dry-run]", a.tenantSetCmd},
+		{"shadow set", "shadow set (class NAME | tenant NAME) on|off [-yes] [-dry-run]", a.shadowSetCmd},
+	}
+}
+
+func (a *app) run(ctx context.Context, args []string) int {
+	err := a.dispatch(ctx, args)
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	var ee *exitError
+	if !errors.As(err, &ee) {
+		ee = &exitError{code: exitInvalid, msg: err.Error()}
+	}
+	if ee.msg != "" {
+		fmt.Fprintln(a.stderr, "sluicectl: "+ee.msg)
+	}
+	return ee.code
+}
+
+func (a *app) dispatch(ctx context.Context, args []string) error {
+	a.g = defaultGlobalFlags()
+	top := flag.NewFlagSet("sluicectl", flag.ContinueOnError)
+	top.SetOutput(a.stderr)
+	a.g.register(top)
+	flagenv.Usage(top, envPrefix)
+	top.Usage = func() {
+		fmt.Fprint(a.stderr, usageText)
+		top.PrintDefaults()
+	}
+	if err := top.Parse(args); err != nil {
+		return usageFailure(err)
+	}
+	rest := top.Args()
+	if len(rest) == 0 {
+		top.Usage()
+		return exitf(exitUsage, "no command given; see the usage above")
+	}
+	if rest[0] == "help" {
+		top.Usage()
+		return nil
+	}
+	var cmd *command
+	for _, c := range a.commands() {
+		words := strings.Fields(c.name)
+		if len(rest) >= len(words) && slices.Equal(rest[:len(words)], words) {
+			cmd = &c
+			rest = rest[len(words):]
+			break
+		}
+	}
+	if cmd == nil {
+		top.Usage()
+		return exitf(exitUsage, "unknown command %q; see the usage above", strings.Join(rest[:min(2, len(rest))], " "))
+	}
+
+	fs := flag.NewFlagSet("sluicectl "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	exec := cmd.flags(fs)
+	own := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { own[f.Name] = true })
+	a.g.register(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(a.stderr, "usage: sluicectl %s\n", cmd.usage)
+		printFlags(a.stderr, fs, own)
+		fmt.Fprintln(a.stderr, "global flags are listed by: sluicectl -h")
+	}
+	positional, err := parseInterspersed(fs, rest)
+	if err != nil {
+		return usageFailure(err)
+	}
+	if err := a.applyEnv(top, fs); err != nil {
+		return err
+	}
+	return exec(ctx, positional)
+}
+
+// usageFailure turns a flag parsing error into exit code 2; the flag
+// package has already printed the problem and the usage.
+func usageFailure(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &exitError{code: exitUsage}
+}
+
+// applyEnv sets global flags given on neither command line from the
+// environment.
+func (a *app) applyEnv(top, sub *flag.FlagSet) error {
+	given := map[string]bool{}
+	top.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	sub.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	top.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] || err != nil {
+			return
+		}
+		env := flagenv.EnvName(envPrefix, f.Name)
+		if v := a.getenv(env); v != "" {
+			if e := top.Set(f.Name, v); e != nil {
+				err = exitf(exitUsage, "environment %s=%q: %v", env, v, e)
+			}
+		}
+	})
+	return err
+}
+
+// parseInterspersed parses flags that may come before, between or after
+// positional arguments, and returns the positional ones.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}
+
+// printFlags lists the flags of fs named in only, in the flag package's
+// format.
+func printFlags(w io.Writer, fs *flag.FlagSet, only map[string]bool) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if !only[f.Name] {
+			return
+		}
+		name, usage := flag.UnquoteUsage(f)
+		line := "  -" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		line += "\n    \t" + usage
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "[]" {
+			line += fmt.Sprintf(" (default %q)", f.DefValue)
+		}
+		fmt.Fprintln(w, line)
+	})
+}
+
+// noPositional refuses positional arguments, pointing at the usual cause.
+func noPositional(args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if args[0] == "true" || args[0] == "false" {
+		return exitf(exitUsage, "unexpected argument %q: boolean flags take their value with =, like -shadow=false", args[0])
+	}
+	return exitf(exitUsage, "unexpected argument %q; see -h", args[0])
+}
+
+// endpoints are the configured etcd endpoints, trimmed.
+func (g *globalFlags) endpoints() []string {
+	var out []string
+	for _, e := range strings.Split(g.etcdEndpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// etcd connects to etcd and returns the client and the config store. The
+// caller closes the client.
+func (a *app) etcd() (*clientv3.Client, *config.Store, error) {
+	eps := a.g.endpoints()
+	if len(eps) == 0 {
+		return nil, nil, exitf(exitUsage, "no etcd endpoints: set -etcd-endpoints or %s", flagenv.EnvName(envPrefix, "etcd-endpoints"))
+	}
+	if a.g.timeout <= 0 {
+		return nil, nil, exitf(exitUsage, "-timeout must be positive, got %v", a.g.timeout)
+	}
+	tlsCfg, err := clientTLS(a.g.etcdCA, a.g.etcdCert, a.g.etcdKey, "-etcd-")
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   eps,
+		DialTimeout: a.g.timeout,
+		TLS:         tlsCfg,
+		Username:    a.g.etcdUsername,
+		Password:    a.g.etcdPassword,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, nil, a.etcdFailure(err)
+	}
+	return cli, config.NewStore(cli, a.g.etcdPrefix), nil
+}
+
+// etcdFailure explains an etcd error that is neither a conflict nor an
+// invalid config: the CLI could not use etcd.
+func (a *app) etcdFailure(err error) error {
+	return exitf(exitUnreachable, "cannot use etcd at %s: %v\ncheck -etcd-endpoints (%s), the -etcd-ca/-etcd-cert/-etcd-key and -etcd-username/-etcd-password flags, and that etcd is up",
+		strings.Join(a.g.endpoints(), ","), err, flagenv.EnvName(envPrefix, "etcd-endpoints"))
+}
+
+// step bounds one etcd or gRPC step by -timeout.
+func (a *app) step(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, a.g.timeout)
+}
+
+// grpcCredentials are the transport credentials for the global tier.
+func (a *app) grpcCredentials() (credentials.TransportCredentials, error) {
+	tlsCfg, err := clientTLS(a.g.tlsCA, a.g.tlsCert, a.g.tlsKey, "-tls-")
+	if err != nil {
+		return nil, err
+	}
+	if tlsCfg == nil {
+		return insecure.NewCredentials(), nil
+	}
+	return credentials.NewTLS(tlsCfg), nil
+}
+
+// dialGlobal opens a lazy connection to a global allocator replica.
+func (a *app) dialGlobal(addr string) (*grpc.ClientConn, error) {
+	creds, err := a.grpcCredentials()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, exitf(exitUsage, "global allocator address %q: %v", addr, err)
+	}
+	return conn, nil
+}
+
+// clientTLS builds a client TLS config from PEM files, or nil when none is
+// given. flagPrefix names the flags in errors ("-etcd-" or "-tls-").
+func clientTLS(caFile, certFile, keyFile, flagPrefix string) (*tls.Config, error) {
+	if caFile == "" && certFile == "" && keyFile == "" {
+		return nil, nil
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, exitf(exitUsage, "%scert and %skey go together: give both or neither", flagPrefix, flagPrefix)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, exitf(exitInvalid, "%sca: %v", flagPrefix, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, exitf(exitInvalid, "%sca %s: no PEM certificate found", flagPrefix, caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, exitf(exitInvalid, "%scert/%skey: %v", flagPrefix, flagPrefix, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// problemLines lists the separate problems inside a validation error: the
+// members of joined errors, each naming its field. A wrapper around a join
+// (like Store.Get's "config: KEY at revision N: ...") is dropped, since its
+// members carry the detail.
+func problemLines(err error) []string {
+	if multi, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []string
+		for _, e := range multi.Unwrap() {
+			out = append(out, problemLines(e)...)
+		}
+		return out
+	}
+	for inner := errors.Unwrap(err); inner != nil; inner = errors.Unwrap(inner) {
+		if _, ok := inner.(interface{ Unwrap() []error }); ok {
+			return problemLines(inner)
+		}
+	}
+	return []string{err.Error()}
+}
+
+// invalidConfig is exit 1 with every problem on its own line.
+func invalidConfig(what string, err error, next string) error {
+	lines := problemLines(err)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s is invalid (%d problem", what, len(lines))
+	if len(lines) != 1 {
+		b.WriteString("s")
+	}
+	b.WriteString("):\n")
+	for _, l := range lines {
+		b.WriteString("  " + strings.ReplaceAll(l, "\n", "\n  ") + "\n")
+	}
+	b.WriteString(next)
+	return &exitError{code: exitInvalid, msg: b.String()}
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
+}

@@ -1,0 +1,497 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// result is what one CLI invocation produced.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+// sluicectl runs the CLI in-process with stdin as given.
+func sluicectl(t *testing.T, stdin string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(t.Context(), args, strings.NewReader(stdin), &out, &errOut)
+	return result{code, out.String(), errOut.String()}
+}
+
+// runApp runs the CLI through an app the test has set up (hooks, a
+// pretend terminal).
+func runApp(t *testing.T, a *app, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	a.stdout, a.stderr = &out, &errOut
+	if a.getenv == nil {
+		a.getenv = func(string) string { return "" }
+	}
+	if a.stdin == nil {
+		a.stdin = strings.NewReader("")
+	}
+	if a.stdinIsTerminal == nil {
+		a.stdinIsTerminal = func() bool { return false }
+	}
+	code := a.run(t.Context(), args)
+	return result{code, out.String(), errOut.String()}
+}
+
+func wantCode(t *testing.T, r result, code int) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("want exit %d, got:\n%s", code, r)
+	}
+}
+
+func wantContains(t *testing.T, where, got string, subs ...string) {
+	t.Helper()
+	for _, s := range subs {
+		if !strings.Contains(got, s) {
+			t.Fatalf("%s does not contain %q:\n%s", where, s, got)
+		}
+	}
+}
+
+// cluster is an embedded etcd with the flags that point the CLI at it.
+type cluster struct {
+	srv   *etcdtest.Server
+	cli   *clientv3.Client
+	store *config.Store
+	flags []string
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	const prefix = "/sluicectl-test"
+	return &cluster{
+		srv:   srv,
+		cli:   cli,
+		store: config.NewStore(cli, prefix),
+		flags: []string{"-etcd-endpoints", strings.Join(srv.Endpoints(), ","), "-etcd-prefix", prefix, "-timeout", "10s"},
+	}
+}
+
+// args puts the cluster's global flags before the command.
+func (c *cluster) args(cmd ...string) []string {
+	return append(append([]string(nil), c.flags...), cmd...)
+}
+
+// revision is etcd's whole-store revision: it moves on any write.
+func (c *cluster) revision(t *testing.T) int64 {
+	t.Helper()
+	resp, err := c.cli.Get(t.Context(), "/")
+	if err != nil {
+		t.Fatalf("etcd get: %v", err)
+	}
+	return resp.Header.Revision
+}
+
+func (c *cluster) config(t *testing.T) (*config.Config, int64) {
+	t.Helper()
+	cfg, rev, err := c.store.Get(t.Context())
+	if err != nil {
+		t.Fatalf("store get: %v", err)
+	}
+	return cfg, rev
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func sample(t *testing.T) string { return writeFile(t, "sample.yaml", string(config.SampleYAML())) }
+
+const invalidYAML = `
+regions: {us-east: {weight: 1}}
+classes: {read: {}}
+tiers:
+  free: {read: {rate: 0/s, burst: 10}}
+tenants:
+  acme: {tier: gold}
+default_tier: free
+`
+
+func TestValidateAcceptsSampleFromFileAndStdin(t *testing.T) {
+	r := sluicectl(t, "", "validate", "-f", sample(t))
+	wantCode(t, r, exitOK)
+	if r.stdout != "ok: 3 regions, 3 classes, 2 tiers, 1 tenants\n" {
+		t.Fatalf("stdout = %q", r.stdout)
+	}
+	r = sluicectl(t, string(config.SampleYAML()), "validate", "-f", "-")
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "ok: 3 regions")
+}
+
+func TestValidateReportsEveryProblemByField(t *testing.T) {
+	r := sluicectl(t, "", "validate", "-f", writeFile(t, "bad.yaml", invalidYAML))
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "2 problems", "tiers.free.read.rate: must be > 0", `tenants.acme.tier: tier "gold"`)
+	if r.stdout != "" {
+		t.Fatalf("stdout of an invalid config: %q", r.stdout)
+	}
+
+	r = sluicectl(t, "", "validate", "-f", writeFile(t, "typo.yaml", "epoch: 1s\nregionz: {}\n"))
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "regionz")
+
+	wantCode(t, sluicectl(t, "", "validate"), exitUsage)
+	wantCode(t, sluicectl(t, "", "validate", "-f", filepath.Join(t.TempDir(), "missing.yaml")), exitInvalid)
+}
+
+func TestApplyWritesAndGetReadsBack(t *testing.T) {
+	c := newCluster(t)
+	r := sluicectl(t, "", c.args("get")...)
+	wantCode(t, r, exitNotFound)
+	wantContains(t, "stderr", r.stderr, "no config in etcd (daemons run on their bootstrap config)", "sluicectl apply -f")
+
+	r = sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "--- current", "+++ proposed", "+default_tier: free", "applied: revision ")
+	stored, rev := c.config(t)
+	if stored == nil || config.Diff(config.Default(), stored) != "" {
+		t.Fatalf("etcd holds %+v, want the sample", stored)
+	}
+
+	r = sluicectl(t, "", c.args("get")...)
+	wantCode(t, r, exitOK)
+	got, err := config.Parse([]byte(r.stdout))
+	if err != nil {
+		t.Fatalf("get output does not parse: %v\n%s", err, r.stdout)
+	}
+	if d := config.Diff(stored, got); d != "" {
+		t.Fatalf("get differs from etcd:\n%s", d)
+	}
+	if want := fmt.Sprintf("revision %d\n", rev); r.stderr != want {
+		t.Fatalf("stderr = %q, want %q", r.stderr, want)
+	}
+
+	r = sluicectl(t, "", c.args("get", "-o", "json")...)
+	wantCode(t, r, exitOK)
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		t.Fatalf("get -o json: %v\n%s", err, r.stdout)
+	}
+	if doc["default_tier"] != "free" || doc["epoch"] != "1s" {
+		t.Fatalf("get -o json = %v", doc)
+	}
+	tiers := doc["tiers"].(map[string]any)
+	if rate := tiers["free"].(map[string]any)["export"].(map[string]any)["rate"]; rate != "6/m" {
+		t.Fatalf("free export rate in JSON = %v, want 6/m", rate)
+	}
+
+	// Applying the same config again changes nothing.
+	before := c.revision(t)
+	r = sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "no changes")
+	if after := c.revision(t); after != before {
+		t.Fatalf("a no-op apply moved etcd from revision %d to %d", before, after)
+	}
+}
+
+func TestApplyOfInvalidConfigChangesNothing(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	before := c.revision(t)
+	r := sluicectl(t, "", c.args("apply", "-f", writeFile(t, "bad.yaml", invalidYAML), "-yes")...)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "tiers.free.read.rate", "nothing was written")
+	if after := c.revision(t); after != before {
+		t.Fatalf("invalid apply moved etcd from revision %d to %d", before, after)
+	}
+	if stored, _ := c.config(t); config.Diff(config.Default(), stored) != "" {
+		t.Fatal("etcd no longer holds the sample")
+	}
+}
+
+func TestApplyLosingARaceIsAConflict(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	_, readRev := c.config(t)
+
+	// Someone else changes the config after sluicectl read it.
+	theirs := config.Default()
+	theirs.DefaultTier = "pro"
+	var theirRev int64
+	a := &app{beforeWrite: func() {
+		rev, err := c.store.Apply(context.Background(), theirs, readRev)
+		if err != nil {
+			t.Errorf("concurrent apply: %v", err)
+		}
+		theirRev = rev
+	}}
+	mine := strings.Replace(string(config.SampleYAML()), "lease_ttl: 5s", "lease_ttl: 6s", 1)
+	r := runApp(t, a, c.args("apply", "-f", writeFile(t, "mine.yaml", mine), "-yes")...)
+	wantCode(t, r, exitConflict)
+	wantContains(t, "stderr", r.stderr, "changed after it was read", "nothing was written", "run the command again")
+	stored, rev := c.config(t)
+	if rev != theirRev || stored.DefaultTier != "pro" || stored.LeaseTTL != config.Duration(5*time.Second) {
+		t.Fatalf("etcd holds revision %d (theirs %d) with default_tier %q, lease_ttl %v: the losing write landed",
+			rev, theirRev, stored.DefaultTier, stored.LeaseTTL)
+	}
+}
+
+func TestApplyDryRunWritesNothing(t *testing.T) {
+	c := newCluster(t)
+	before := c.revision(t)
+	r := sluicectl(t, "", c.args("apply", "-f", sample(t), "-dry-run")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "+++ proposed", "+  acme:")
+	wantContains(t, "stderr", r.stderr, "dry run: nothing written")
+	if after := c.revision(t); after != before {
+		t.Fatalf("dry run moved etcd from revision %d to %d", before, after)
+	}
+	if cfg, _ := c.config(t); cfg != nil {
+		t.Fatal("dry run stored a config")
+	}
+}
+
+func TestApplyAsksForConfirmation(t *testing.T) {
+	c := newCluster(t)
+	before := c.revision(t)
+
+	// No terminal and no -yes: refuse.
+	r := sluicectl(t, "", c.args("apply", "-f", sample(t))...)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, "pass -yes")
+	// The config on stdin cannot also answer the prompt.
+	r = runApp(t, &app{stdin: strings.NewReader(string(config.SampleYAML())), stdinIsTerminal: func() bool { return true }},
+		c.args("apply", "-f", "-")...)
+	wantCode(t, r, exitUsage)
+
+	terminal := func(answer string) *app {
+		return &app{stdin: strings.NewReader(answer), stdinIsTerminal: func() bool { return true }}
+	}
+	r = runApp(t, terminal("n\n"), c.args("apply", "-f", sample(t))...)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "apply? [y/N]", "declined")
+	r = runApp(t, terminal(""), c.args("apply", "-f", sample(t))...)
+	wantCode(t, r, exitInvalid)
+	if after := c.revision(t); after != before {
+		t.Fatalf("refused or declined applies moved etcd from revision %d to %d", before, after)
+	}
+
+	r = runApp(t, terminal("y\n"), c.args("apply", "-f", sample(t))...)
+	wantCode(t, r, exitOK)
+	if cfg, _ := c.config(t); cfg == nil {
+		t.Fatal("confirmed apply stored nothing")
+	}
+}
+
+func TestTenantSetMovesTenantAndGetShowsIt(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("tenant", "get", "acme")...), exitNotFound)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+
+	r := sluicectl(t, "", c.args("tenant", "get", "acme")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "tier:", "pro")
+	wantLimit(t, r.stdout, "write", "800/s", "1600", "override")
+	wantLimit(t, r.stdout, "read", "2000/s", "4000", "tier pro")
+
+	// An unlisted tenant resolves to the default tier.
+	r = sluicectl(t, "", c.args("tenant", "get", "bob")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "not listed")
+	wantLimit(t, r.stdout, "read", "10/s", "20", "tier free")
+
+	// A new tenant needs a tier.
+	r = sluicectl(t, "", c.args("tenant", "set", "bob", "-yes")...)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, "-tier", "free, pro")
+
+	r = sluicectl(t, "", c.args("tenant", "set", "bob", "-tier", "free", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "+  bob:", "+    tier: free", "applied: revision")
+	r = sluicectl(t, "", c.args("tenant", "set", "bob", "-tier", "pro", "-override", "read=3000/s,6000", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "-    tier: free", "+    tier: pro")
+
+	r = sluicectl(t, "", c.args("tenant", "get", "bob")...)
+	wantCode(t, r, exitOK)
+	wantLimit(t, r.stdout, "read", "3000/s", "6000", "override")
+	wantLimit(t, r.stdout, "write", "500/s", "1000", "tier pro")
+	stored, _ := c.config(t)
+	if got := stored.Tenants["bob"]; got.Tier != "pro" || got.Overrides["read"].Burst != 6000 {
+		t.Fatalf("etcd holds bob = %+v", got)
+	}
+
+	// Flags may come before the name; -shadow needs its value with "=".
+	r = sluicectl(t, "", c.args("tenant", "set", "-remove-override", "read", "bob", "-shadow=true", "-yes")...)
+	wantCode(t, r, exitOK)
+	if got, _ := c.config(t); got.Tenants["bob"].Overrides != nil || !got.Tenants["bob"].Shadow {
+		t.Fatalf("etcd holds bob = %+v, want no overrides and shadow on", got.Tenants["bob"])
+	}
+	r = sluicectl(t, "", c.args("tenant", "set", "bob", "-shadow", "false", "-yes")...)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, "-shadow=false")
+}
+
+func TestTenantSetThatFailsValidationChangesNothing(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	before := c.revision(t)
+
+	r := sluicectl(t, "", c.args("tenant", "set", "acme", "-tier", "gold", "-override", "nosuch=1/s,1", "-yes")...)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, `tenants.acme.tier: tier "gold"`, "tenants.acme.overrides.nosuch", "nothing was written")
+	r = sluicectl(t, "", c.args("tenant", "set", "acme", "-override", "write=10/s,0.5", "-yes")...)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "tenants.acme.overrides.write.burst")
+	r = sluicectl(t, "", c.args("tenant", "set", "acme", "-override", "write=fast", "-yes")...)
+	wantCode(t, r, exitUsage)
+	r = sluicectl(t, "", c.args("tenant", "set", "acme", "-remove-override", "read", "-yes")...)
+	wantCode(t, r, exitNotFound)
+	if after := c.revision(t); after != before {
+		t.Fatalf("refused tenant changes moved etcd from revision %d to %d", before, after)
+	}
+}
+
+func TestShadowSetToggles(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("shadow", "set", "class", "write", "on", "-yes")...), exitNotFound)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+
+	r := sluicectl(t, "", c.args("shadow", "set", "class", "write", "on", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "+    shadow: true")
+	if cfg, _ := c.config(t); !cfg.Classes["write"].Shadow || cfg.Classes["read"].Shadow {
+		t.Fatalf("classes after shadow on: %+v", cfg.Classes)
+	}
+	r = sluicectl(t, "", c.args("tenant", "get", "acme")...)
+	wantLimit(t, r.stdout, "write", "800/s", "1600", "override", "true (class)")
+	wantLimit(t, r.stdout, "read", "2000/s", "4000", "tier pro", "false")
+
+	r = sluicectl(t, "", c.args("shadow", "set", "class", "write", "on", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "no changes")
+
+	wantCode(t, sluicectl(t, "", c.args("shadow", "set", "tenant", "acme", "on", "-yes")...), exitOK)
+	wantCode(t, sluicectl(t, "", c.args("shadow", "set", "class", "write", "off", "-yes")...), exitOK)
+	cfg, _ := c.config(t)
+	if cfg.Classes["write"].Shadow || !cfg.Tenants["acme"].Shadow {
+		t.Fatalf("after class off, tenant on: classes %+v, acme %+v", cfg.Classes, cfg.Tenants["acme"])
+	}
+	wantCode(t, sluicectl(t, "", c.args("shadow", "set", "tenant", "acme", "off", "-yes")...), exitOK)
+	if cfg, _ := c.config(t); cfg.Tenants["acme"].Shadow {
+		t.Fatal("tenant shadow still on after off")
+	}
+
+	before := c.revision(t)
+	r = sluicectl(t, "", c.args("shadow", "set", "tenant", "nobody", "on", "-yes")...)
+	wantCode(t, r, exitNotFound)
+	wantContains(t, "stderr", r.stderr, "sluicectl tenant set nobody -tier")
+	wantCode(t, sluicectl(t, "", c.args("shadow", "set", "class", "nosuch", "on", "-yes")...), exitNotFound)
+	wantCode(t, sluicectl(t, "", c.args("shadow", "set", "class", "write", "maybe")...), exitUsage)
+	if after := c.revision(t); after != before {
+		t.Fatalf("refused shadow changes moved etcd from revision %d to %d", before, after)
+	}
+}
+
+func TestGetReportsInvalidStoredConfig(t *testing.T) {
+	c := newCluster(t)
+	if _, err := c.cli.Put(t.Context(), c.store.Key(), invalidYAML); err != nil {
+		t.Fatal(err)
+	}
+	r := sluicectl(t, "", c.args("get")...)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "tiers.free.read.rate", "sluicectl apply -f FILE")
+
+	// apply replaces it.
+	r = sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, "does not validate; it will be replaced")
+	if cfg, _ := c.config(t); cfg == nil {
+		t.Fatal("apply did not replace the invalid config")
+	}
+}
+
+func TestEnvironmentSuppliesGlobalFlags(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	t.Setenv("SLUICE_ETCD_ENDPOINTS", strings.Join(c.srv.Endpoints(), ","))
+	t.Setenv("SLUICE_ETCD_PREFIX", c.store.Prefix())
+	r := sluicectl(t, "", "get")
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "default_tier: free")
+
+	// The command line wins over the environment, before or after the command.
+	wantCode(t, sluicectl(t, "", "-etcd-prefix", "/elsewhere", "get"), exitNotFound)
+	wantCode(t, sluicectl(t, "", "get", "-etcd-prefix", "/elsewhere"), exitNotFound)
+}
+
+func TestUnreachableEtcdAndUsageErrors(t *testing.T) {
+	dead := closedAddr(t)
+	r := sluicectl(t, "", "-etcd-endpoints", dead, "-timeout", "300ms", "get")
+	wantCode(t, r, exitUnreachable)
+	wantContains(t, "stderr", r.stderr, dead, "check -etcd-endpoints")
+
+	wantCode(t, sluicectl(t, ""), exitUsage)
+	wantCode(t, sluicectl(t, "", "frobnicate"), exitUsage)
+	wantCode(t, sluicectl(t, "", "get", "-o", "xml", "-etcd-endpoints", dead), exitUsage)
+	wantCode(t, sluicectl(t, "", "get", "extra", "-etcd-endpoints", dead), exitUsage)
+	wantCode(t, sluicectl(t, "", "status", "-top", "0", "-etcd-endpoints", dead), exitUsage)
+	wantCode(t, sluicectl(t, "", "status"), exitUsage)
+	wantCode(t, sluicectl(t, "", "-etcd-cert", "c.pem", "-etcd-endpoints", dead, "get"), exitUsage)
+	r = sluicectl(t, "", "get")
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, "SLUICE_ETCD_ENDPOINTS")
+	r = sluicectl(t, "", "-h")
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, "exit codes:", "3  conflict", "5  unreachable")
+}
+
+// wantLimit finds the class's row in tenant get output and checks its cells.
+func wantLimit(t *testing.T, out, class string, cells ...string) {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != class {
+			continue
+		}
+		row := strings.Join(fields[1:], " ")
+		if !strings.HasPrefix(row, strings.Join(cells, " ")) {
+			t.Fatalf("row of class %s is %q, want it to start with %q\n%s", class, row, strings.Join(cells, " "), out)
+		}
+		return
+	}
+	t.Fatalf("no row for class %s in:\n%s", class, out)
+}

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// readConfigFile parses and validates a config file ("-" is stdin).
+func (a *app) readConfigFile(file string) (*config.Config, error) {
+	if file == "" {
+		return nil, exitf(exitUsage, "no config file: give -f FILE (or -f - for stdin)")
+	}
+	var (
+		data []byte
+		err  error
+		name = file
+	)
+	if file == "-" {
+		data, err = io.ReadAll(a.stdin)
+		name = "stdin"
+	} else {
+		data, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return nil, exitf(exitInvalid, "cannot read config: %v", err)
+	}
+	cfg, err := config.Parse(data)
+	if err != nil {
+		return nil, invalidConfig("config "+name, err, "fix the problems above and run again; nothing was written")
+	}
+	return cfg, nil
+}
+
+func (a *app) validateCmd(fs *flag.FlagSet) func(context.Context, []string) error {
+	file := fs.String("f", "", `config file to check ("-" reads stdin)`)
+	return func(_ context.Context, args []string) error {
+		if err := noPositional(args); err != nil {
+			return err
+		}
+		cfg, err := a.readConfigFile(*file)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "ok: %d regions, %d classes, %d tiers, %d tenants\n",
+			len(cfg.Regions), len(cfg.Classes), len(cfg.Tiers), len(cfg.Tenants))
+		return nil
+	}
+}
+
+// changeFlags are the flags of every command that writes the config.
+type changeFlags struct {
+	// yes skips the confirmation prompt.
+	yes bool
+	// dryRun shows the diff and writes nothing.
+	dryRun bool
+}
+
+func (c *changeFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&c.yes, "yes", false, "write without asking for confirmation")
+	fs.BoolVar(&c.dryRun, "dry-run", false, "show the diff and write nothing")
+}
+
+func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
+	file := fs.String("f", "", `config file to apply ("-" reads stdin)`)
+	var change changeFlags
+	change.register(fs)
+	return func(ctx context.Context, args []string) error {
+		if err := noPositional(args); err != nil {
+			return err
+		}
+		next, err := a.readConfigFile(*file)
+		if err != nil {
+			return err
+		}
+		cli, store, err := a.etcd()
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		stepCtx, cancel := a.step(ctx)
+		current, rev, err := store.Get(stepCtx)
+		cancel()
+		switch {
+		case errors.Is(err, config.ErrInvalidConfig):
+			// The stored config is unusable anyway; replacing it is what apply
+			// is for. The daemons keep running on their last good config.
+			fmt.Fprintf(a.stderr, "warning: the config in etcd at revision %d does not validate; it will be replaced:\n", rev)
+			for _, l := range problemLines(err) {
+				fmt.Fprintln(a.stderr, "  "+l)
+			}
+			current = nil
+		case err != nil:
+			return a.etcdFailure(err)
+		}
+		return a.commit(ctx, store, current, rev, next, change, *file == "-")
+	}
+}
+
+// commit shows the diff from current (at revision rev; nil when absent)
+// to next, asks for confirmation unless told not to, and writes next in
+// one transaction guarded by rev. stdinUsed says stdin held the config,
+// so it cannot answer a prompt.
+func (a *app) commit(ctx context.Context, store *config.Store, current *config.Config, rev int64,
+	next *config.Config, change changeFlags, stdinUsed bool) error {
+	if err := next.Validate(); err != nil {
+		return invalidConfig("the changed config", err, "nothing was written")
+	}
+	diff := config.Diff(current, next)
+	if diff == "" {
+		fmt.Fprintf(a.stdout, "no changes (etcd is at revision %d)\n", rev)
+		return nil
+	}
+	fmt.Fprint(a.stdout, diff)
+	if change.dryRun {
+		fmt.Fprintln(a.stderr, "dry run: nothing written")
+		return nil
+	}
+	if !change.yes {
+		if stdinUsed || !a.stdinIsTerminal() {
+			return exitf(exitUsage, "not applied: stdin is not a terminal, so confirmation cannot be asked; pass -yes to write without asking (or -dry-run to only see the diff)")
+		}
+		fmt.Fprint(a.stderr, "apply? [y/N] ")
+		answer, _ := bufio.NewReader(a.stdin).ReadString('\n')
+		switch strings.ToLower(strings.TrimSpace(answer)) {
+		case "y", "yes":
+		default:
+			return exitf(exitInvalid, "not applied: declined; nothing was written")
+		}
+	}
+	if a.beforeWrite != nil {
+		a.beforeWrite()
+	}
+	stepCtx, cancel := a.step(ctx)
+	newRev, err := store.Apply(stepCtx, next, rev)
+	cancel()
+	switch {
+	case errors.Is(err, config.ErrConflict):
+		return exitf(exitConflict, "not applied: the config in etcd changed after it was read at revision %d (%v); nothing was written; run the command again to see the diff against the new config", rev, err)
+	case errors.Is(err, config.ErrInvalidConfig):
+		return invalidConfig("the changed config", err, "nothing was written")
+	case err != nil:
+		return a.etcdFailure(fmt.Errorf("write: %w", err))
+	}
+	fmt.Fprintf(a.stdout, "applied: revision %d\n", newRev)
+	return nil
+}
+
+func (a *app) getCmd(fs *flag.FlagSet) func(context.Context, []string) error {
+	format := fs.String("o", "yaml", "output format: yaml or json")
+	return func(ctx context.Context, args []string) error {
+		if err := noPositional(args); err != nil {
+			return err
+		}
+		if *format != "yaml" && *format != "json" {
+			return exitf(exitUsage, "-o %q: want yaml or json", *format)
+		}
+		cli, store, err := a.etcd()
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		cfg, rev, err := a.currentConfig(ctx, store)
+		if err != nil {
+			return err
+		}
+		data, err := cfg.Marshal()
+		if err != nil {
+			return exitf(exitInvalid, "render config: %v", err)
+		}
+		if *format == "json" {
+			if data, err = yamlToJSON(data); err != nil {
+				return exitf(exitInvalid, "render config as JSON: %v", err)
+			}
+		}
+		fmt.Fprintf(a.stderr, "revision %d\n", rev)
+		_, err = a.stdout.Write(data)
+		return err
+	}
+}
+
+// currentConfig reads the config from etcd for a command that needs one:
+// absent is exit 4, unparsable exit 1.
+func (a *app) currentConfig(ctx context.Context, store *config.Store) (*config.Config, int64, error) {
+	stepCtx, cancel := a.step(ctx)
+	cfg, rev, err := store.Get(stepCtx)
+	cancel()
+	switch {
+	case errors.Is(err, config.ErrInvalidConfig):
+		return nil, rev, invalidConfig(fmt.Sprintf("the config in etcd (%s, revision %d)", store.Key(), rev), err,
+			"replace it with: sluicectl apply -f FILE")
+	case err != nil:
+		return nil, 0, a.etcdFailure(err)
+	case cfg == nil:
+		return nil, 0, exitf(exitNotFound, "no config in etcd (daemons run on their bootstrap config) at %s; write one with: sluicectl apply -f FILE", store.Key())
+	}
+	return cfg, rev, nil
+}
+
+// yamlToJSON re-encodes the config's YAML rendering as indented JSON, so
+// rates and durations keep their written forms ("10/s", "1s").
+func yamlToJSON(data []byte) ([]byte, error) {
+	var doc any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	out, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
+}
+
+// cloneConfig returns a deep copy of cfg, for read-modify-write: the copy
+// is changed while the original is kept for the diff.
+func cloneConfig(cfg *config.Config) (*config.Config, error) {
+	data, err := cfg.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	return config.Parse(data)
+}

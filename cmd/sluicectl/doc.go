@@ -1,0 +1,37 @@
+// Command sluicectl is the operator CLI of Sluice: it validates and applies
+// the config kept in etcd, edits tenants and shadow mode, and shows who
+// leads and how the global tier divides the contended keys.
+//
+//	sluicectl [global flags] <command> [flags] [args]
+//
+//	validate -f FILE                 check a config offline
+//	apply -f FILE [-yes] [-dry-run]  show the diff and write the config
+//	get [-o yaml|json]               print the config in etcd
+//	status [-top N] [-o text|json]   leaders and the global allocation
+//	tenant get NAME                  a tenant's tier, overrides and limits
+//	tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...]
+//	shadow set (class NAME | tenant NAME) on|off
+//
+// Global flags may also come after the command. Each global flag can be set
+// from the environment: -etcd-endpoints from SLUICE_ETCD_ENDPOINTS,
+// -global-addr from SLUICE_GLOBAL_ADDR, -etcd-password from
+// SLUICE_ETCD_PASSWORD, and so on; the command line wins.
+//
+// Exit codes:
+//
+//	0  success (including "no changes")
+//	1  invalid input or config, or a change declined at the prompt
+//	2  usage error
+//	3  conflict: the config in etcd changed between read and write
+//	4  not found: no config in etcd, or no such tenant or class
+//	5  unreachable: etcd or the global allocator could not be reached
+//
+// Invariant: every write is one etcd transaction guarded by the revision
+// the change was computed from (config.Store.Apply), made only after the
+// new config validated and its diff was shown; an invalid config, a lost
+// race or a declined prompt writes nothing.
+//
+// Units: rates are tokens per second, written like "10/s", "6/m" or
+// "1000/h"; bursts are whole tokens; ages and validities are shown as
+// durations; -timeout bounds each etcd or gRPC step, not the prompt.
+package main

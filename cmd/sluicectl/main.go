@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one sluicectl command and returns its exit code. Global
+// flags not given on the command line are read from the process
+// environment.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{
+		stdin:           stdin,
+		stdout:          stdout,
+		stderr:          stderr,
+		getenv:          os.Getenv,
+		stdinIsTerminal: func() bool { return isTerminal(stdin) },
+	}
+	return a.run(ctx, args)
+}
+
+// isTerminal reports whether r is a character device, where a person can
+// answer a prompt.
+func isTerminal(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,449 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/flagenv"
+)
+
+// maxTopKeys is the most keys AllocatorService.Status lists.
+const maxTopKeys = 1000
+
+// statusReport is everything status shows; it is also the JSON output.
+type statusReport struct {
+	EtcdPrefix string `json:"etcd_prefix,omitempty"`
+	// EtcdError says why etcd could not be read; empty when it was.
+	EtcdError string `json:"etcd_error,omitempty"`
+	// GlobalLeader is nil when no global allocator holds the election.
+	GlobalLeader  *leaderView        `json:"global_leader"`
+	RegionLeaders []regionLeaderView `json:"region_leaders"`
+	// GlobalAddr is the replica asked for the allocation.
+	GlobalAddr string `json:"global_addr,omitempty"`
+	// GlobalError says why the global tier could not be asked.
+	GlobalError string      `json:"global_error,omitempty"`
+	Global      *globalView `json:"global,omitempty"`
+}
+
+// leaderView is the holder of one election: the candidate whose key was
+// created first.
+type leaderView struct {
+	Addr       string `json:"addr"`
+	Key        string `json:"key"`
+	Candidates int    `json:"candidates"`
+}
+
+type regionLeaderView struct {
+	Region string      `json:"region"`
+	Leader *leaderView `json:"leader"`
+	// Configured is false for a region that holds an election but is not
+	// in the config in etcd.
+	Configured bool `json:"configured"`
+}
+
+type globalView struct {
+	AnsweredByLeader bool         `json:"answered_by_leader"`
+	LeaderAddr       string       `json:"leader_addr"`
+	Learning         bool         `json:"learning"`
+	Epoch            uint64       `json:"epoch"`
+	ConfigRevision   int64        `json:"config_revision"`
+	ContendedKeys    int64        `json:"contended_keys"`
+	Regions          []regionView `json:"regions"`
+	// Degraded lists the silent regions: the allocator counts each at
+	// max(its last grant, its static share).
+	Degraded []string  `json:"degraded"`
+	Keys     []keyView `json:"keys"`
+}
+
+type regionView struct {
+	Region string `json:"region"`
+	// LastReportAgeMs is -1 when the region was never heard from.
+	LastReportAgeMs int64  `json:"last_report_age_ms"`
+	Silent          bool   `json:"silent"`
+	LastSeq         uint64 `json:"last_seq"`
+}
+
+type keyView struct {
+	Tenant  string          `json:"tenant"`
+	Class   string          `json:"class"`
+	Rate    float64         `json:"rate"`
+	Burst   float64         `json:"burst"`
+	Demand  float64         `json:"demand"`
+	Regions []keyRegionView `json:"regions"`
+}
+
+type keyRegionView struct {
+	Region       string  `json:"region"`
+	Demand       float64 `json:"demand"`
+	Target       float64 `json:"target"`
+	GrantedRate  float64 `json:"granted_rate"`
+	GrantedBurst float64 `json:"granted_burst"`
+	ValidMs      int64   `json:"valid_ms"`
+	StaticRate   float64 `json:"static_rate"`
+}
+
+func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error {
+	top := fs.Int("top", 10, fmt.Sprintf("how many of the most contended keys to list (1..%d)", maxTopKeys))
+	format := fs.String("o", "text", "output format: text or json")
+	return func(ctx context.Context, args []string) error {
+		if err := noPositional(args); err != nil {
+			return err
+		}
+		if *top < 1 || *top > maxTopKeys {
+			return exitf(exitUsage, "-top %d: want 1..%d", *top, maxTopKeys)
+		}
+		if *format != "text" && *format != "json" {
+			return exitf(exitUsage, "-o %q: want text or json", *format)
+		}
+		if len(a.g.endpoints()) == 0 && a.g.globalAddr == "" {
+			return exitf(exitUsage, "status needs etcd (-etcd-endpoints, %s) or a global allocator (-global-addr, %s)",
+				flagenv.EnvName(envPrefix, "etcd-endpoints"), flagenv.EnvName(envPrefix, "global-addr"))
+		}
+		if a.g.timeout <= 0 {
+			return exitf(exitUsage, "-timeout must be positive, got %v", a.g.timeout)
+		}
+		// Credentials problems are usage errors, not an unreachable tier.
+		if _, err := a.grpcCredentials(); err != nil {
+			return err
+		}
+
+		var rep statusReport
+		if len(a.g.endpoints()) > 0 {
+			if err := a.readEtcdStatus(ctx, &rep); err != nil {
+				return err
+			}
+		}
+		rep.GlobalAddr = a.g.globalAddr
+		if rep.GlobalAddr == "" && rep.GlobalLeader != nil {
+			rep.GlobalAddr = rep.GlobalLeader.Addr
+		}
+		if rep.GlobalAddr == "" {
+			rep.GlobalError = fmt.Sprintf("no global allocator to ask: etcd shows no global leader; give -global-addr (%s) of a replica, or start cmd/global",
+				flagenv.EnvName(envPrefix, "global-addr"))
+		} else if err := a.askGlobal(ctx, rep.GlobalAddr, int32(*top), &rep); err != nil {
+			return err
+		}
+
+		if *format == "json" {
+			out, err := json.MarshalIndent(rep, "", "  ")
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "%s\n", out)
+		} else if err := writeStatusText(a.stdout, &rep); err != nil {
+			return err
+		}
+		switch {
+		case rep.EtcdError != "" && rep.GlobalError != "":
+			return exitf(exitUnreachable, "%s\n%s", rep.EtcdError, rep.GlobalError)
+		case rep.EtcdError != "":
+			return exitf(exitUnreachable, "%s", rep.EtcdError)
+		case rep.GlobalError != "":
+			return exitf(exitUnreachable, "%s", rep.GlobalError)
+		}
+		return nil
+	}
+}
+
+// readEtcdStatus fills in the leaders, and the configured regions from the
+// config in etcd. A failure to reach etcd is recorded in rep, not returned,
+// so status can still ask the global tier.
+func (a *app) readEtcdStatus(ctx context.Context, rep *statusReport) error {
+	cli, store, err := a.etcd()
+	if err != nil {
+		if ee, ok := err.(*exitError); ok && ee.code == exitUnreachable {
+			rep.EtcdError = ee.msg
+			return nil
+		}
+		return err
+	}
+	defer cli.Close()
+	rep.EtcdPrefix = store.Prefix()
+
+	stepCtx, cancel := a.step(ctx)
+	defer cancel()
+	resp, err := cli.Get(stepCtx, store.ElectionPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		rep.EtcdError = a.etcdFailure(fmt.Errorf("read elections: %w", err)).Error()
+		return nil
+	}
+	// A missing or unusable config only means regions without a leader are
+	// not listed; the daemons run on their own config meanwhile.
+	cfg, _, _ := store.Get(stepCtx)
+	global, regions := electionLeaders(store.ElectionPrefix(), resp.Kvs)
+	rep.GlobalLeader = global
+	names := map[string]bool{}
+	for r := range regions {
+		names[r] = false
+	}
+	if cfg != nil {
+		for r := range cfg.Regions {
+			names[r] = true
+		}
+	}
+	for _, r := range sortedNames(names) {
+		rep.RegionLeaders = append(rep.RegionLeaders, regionLeaderView{Region: r, Leader: regions[r], Configured: names[r]})
+	}
+	return nil
+}
+
+// electionLeaders finds the holder of the global election
+// (<electionPrefix>global/<lease>) and of every region's election
+// (<electionPrefix>region/<region>/<lease>): in an etcd election the
+// candidate whose key was created first leads, and its value is its address.
+func electionLeaders(electionPrefix string, kvs []*mvccpb.KeyValue) (*leaderView, map[string]*leaderView) {
+	var global *leaderView
+	var globalRev int64
+	regions := map[string]*leaderView{}
+	regionRev := map[string]int64{}
+	consider := func(cur *leaderView, curRev int64, key, value string, rev int64) (*leaderView, int64) {
+		if cur == nil {
+			return &leaderView{Addr: value, Key: key, Candidates: 1}, rev
+		}
+		cur.Candidates++
+		if rev < curRev {
+			cur.Addr, cur.Key = value, key
+			return cur, rev
+		}
+		return cur, curRev
+	}
+	for _, item := range kvs {
+		key := string(item.Key)
+		rest := strings.TrimPrefix(key, electionPrefix)
+		switch {
+		case strings.HasPrefix(rest, "global/"):
+			global, globalRev = consider(global, globalRev, key, string(item.Value), item.CreateRevision)
+		case strings.HasPrefix(rest, "region/"):
+			region, _, ok := strings.Cut(strings.TrimPrefix(rest, "region/"), "/")
+			if !ok || region == "" {
+				continue
+			}
+			regions[region], regionRev[region] = consider(regions[region], regionRev[region], key, string(item.Value), item.CreateRevision)
+		}
+	}
+	return global, regions
+}
+
+// askGlobal calls AllocatorService.Status on addr. Failures to reach it
+// are recorded in rep.
+func (a *app) askGlobal(ctx context.Context, addr string, top int32, rep *statusReport) error {
+	conn, err := a.dialGlobal(addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stepCtx, cancel := a.step(ctx)
+	defer cancel()
+	resp, err := sluicev1.NewAllocatorServiceClient(conn).Status(stepCtx, &sluicev1.StatusRequest{TopKeys: top})
+	if err != nil {
+		hint := "check -global-addr (" + flagenv.EnvName(envPrefix, "global-addr") + "), that a global allocator runs there, and the -tls-ca/-tls-cert/-tls-key flags"
+		if status.Code(err) == codes.Unimplemented {
+			hint = "the server there does not serve AllocatorService.Status; point -global-addr at a global allocator"
+		}
+		rep.GlobalError = fmt.Sprintf("cannot get status from the global allocator at %s: %v\n%s", addr, err, hint)
+		return nil
+	}
+	rep.Global = newGlobalView(resp)
+	return nil
+}
+
+func newGlobalView(resp *sluicev1.StatusResponse) *globalView {
+	g := &globalView{
+		AnsweredByLeader: resp.GetLeader(),
+		LeaderAddr:       resp.GetLeaderAddr(),
+		Learning:         resp.GetLearning(),
+		Epoch:            resp.GetEpoch(),
+		ConfigRevision:   resp.GetConfigRevision(),
+		ContendedKeys:    resp.GetContendedKeys(),
+		Regions:          []regionView{},
+		Degraded:         []string{},
+		Keys:             []keyView{},
+	}
+	for _, r := range resp.GetRegions() {
+		g.Regions = append(g.Regions, regionView{
+			Region: r.GetRegion(), LastReportAgeMs: r.GetLastReportAgeMs(), Silent: r.GetSilent(), LastSeq: r.GetLastSeq(),
+		})
+		if r.GetSilent() {
+			g.Degraded = append(g.Degraded, r.GetRegion())
+		}
+	}
+	sort.Slice(g.Regions, func(i, j int) bool { return g.Regions[i].Region < g.Regions[j].Region })
+	sort.Strings(g.Degraded)
+	for _, k := range resp.GetKeys() {
+		kv := keyView{
+			Tenant: k.GetKey().GetTenant(), Class: k.GetKey().GetClass(),
+			Rate: k.GetRate(), Burst: k.GetBurst(), Demand: k.GetDemand(),
+			Regions: []keyRegionView{},
+		}
+		for _, r := range k.GetRegions() {
+			kv.Regions = append(kv.Regions, keyRegionView{
+				Region: r.GetRegion(), Demand: r.GetDemand(), Target: r.GetTarget(),
+				GrantedRate: r.GetGrantedRate(), GrantedBurst: r.GetGrantedBurst(),
+				ValidMs: r.GetValidMs(), StaticRate: r.GetStaticRate(),
+			})
+		}
+		g.Keys = append(g.Keys, kv)
+	}
+	return g
+}
+
+// writeStatusText renders rep as aligned tables.
+func writeStatusText(out io.Writer, rep *statusReport) error {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	switch {
+	case rep.EtcdError != "":
+		fmt.Fprintln(w, "etcd: unreachable (see below)")
+	case rep.EtcdPrefix == "":
+		fmt.Fprintln(w, "etcd: not asked (no -etcd-endpoints)")
+	default:
+		fmt.Fprintf(w, "etcd prefix:\t%s\n", rep.EtcdPrefix)
+		if rep.GlobalLeader != nil {
+			fmt.Fprintf(w, "global leader:\t%s\t(%s)\n", rep.GlobalLeader.Addr, candidates(rep.GlobalLeader.Candidates))
+		} else {
+			fmt.Fprintf(w, "global leader:\tnone\t(no global allocator holds the election)\n")
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "REGION\tLEADER\tCANDIDATES\tNOTE")
+		if len(rep.RegionLeaders) == 0 {
+			fmt.Fprintln(w, "-\t-\t0\tno config in etcd and no region elections")
+		}
+		for _, r := range rep.RegionLeaders {
+			addr, n, note := "none", 0, ""
+			if r.Leader != nil {
+				addr, n = r.Leader.Addr, r.Leader.Candidates
+			} else {
+				note = "no leader: no replica of the region syncs with the global tier"
+			}
+			if !r.Configured {
+				note = "not in the config in etcd"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", r.Region, addr, n, note)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
+
+	if rep.Global == nil {
+		if rep.GlobalAddr != "" {
+			fmt.Fprintf(out, "global allocator %s: unreachable (see below)\n", rep.GlobalAddr)
+		} else {
+			fmt.Fprintln(out, "global allocator: unknown (see below)")
+		}
+		return nil
+	}
+	g := rep.Global
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	role := "leader"
+	if !g.AnsweredByLeader {
+		role = "standby; leader is " + orNone(g.LeaderAddr)
+	}
+	fmt.Fprintf(w, "global allocator:\t%s\t(%s)\n", rep.GlobalAddr, role)
+	learning := "no"
+	if g.Learning {
+		learning = "yes (only re-issuing what regions hold, for one grant validity)"
+	}
+	fmt.Fprintf(w, "learning:\t%s\n", learning)
+	fmt.Fprintf(w, "epoch:\t%d\n", g.Epoch)
+	rev := strconv.FormatInt(g.ConfigRevision, 10)
+	if g.ConfigRevision == 0 {
+		rev = "0 (bootstrap config)"
+	}
+	fmt.Fprintf(w, "config revision:\t%s\n", rev)
+	fmt.Fprintf(w, "contended keys:\t%d\n", g.ContendedKeys)
+	if len(g.Degraded) > 0 {
+		fmt.Fprintf(w, "degraded:\t%s\t(silent: counted at max(last grant, static share))\n", strings.Join(g.Degraded, ", "))
+	} else {
+		fmt.Fprintf(w, "degraded:\tnone\n")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "REGION\tLAST REPORT\tSEQ\tSTATE")
+	for _, r := range g.Regions {
+		state := "ok"
+		if r.Silent {
+			state = "DEGRADED (silent)"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", r.Region, age(r.LastReportAgeMs), r.LastSeq, state)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(g.Keys) == 0 {
+		fmt.Fprintln(out, "\nno contended keys")
+		return nil
+	}
+	fmt.Fprintln(out)
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "KEY\tRATE/S\tBURST\tREGION\tDEMAND/S\tTARGET/S\tGRANT/S\tGRANT BURST\tVALID\tSTATIC/S")
+	for _, k := range g.Keys {
+		// The "all" row sums the regions, so an operator sees at a glance
+		// that grants stay within the key's rate and burst.
+		var target, grantRate, grantBurst, static float64
+		for _, r := range k.Regions {
+			target += r.Target
+			grantRate += r.GrantedRate
+			grantBurst += r.GrantedBurst
+			static += r.StaticRate
+		}
+		fmt.Fprintf(w, "%s/%s\t%s\t%s\tall\t%s\t%s\t%s\t%s\t-\t%s\n", k.Tenant, k.Class, num(k.Rate), num(k.Burst),
+			num(k.Demand), num(target), num(grantRate), num(grantBurst), num(static))
+		for _, r := range k.Regions {
+			fmt.Fprintf(w, "\t\t\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Region, num(r.Demand), num(r.Target),
+				num(r.GrantedRate), num(r.GrantedBurst), validity(r.ValidMs), num(r.StaticRate))
+		}
+	}
+	return w.Flush()
+}
+
+func candidates(n int) string {
+	if n == 1 {
+		return "1 candidate"
+	}
+	return strconv.Itoa(n) + " candidates"
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// age renders a report age in milliseconds; negative means never.
+func age(ms int64) string {
+	if ms < 0 {
+		return "never"
+	}
+	return (time.Duration(ms) * time.Millisecond).String() + " ago"
+}
+
+func validity(ms int64) string {
+	if ms <= 0 {
+		return "expired"
+	}
+	return (time.Duration(ms) * time.Millisecond).String()
+}
+
+// num renders a rate or burst with at most two decimals.
+func num(v float64) string {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return strconv.FormatFloat(v, 'g', -1, 64)
+	}
+	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64)
+}

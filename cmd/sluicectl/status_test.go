@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+)
+
+// campaign enters an etcd election under key as a daemon does, with value
+// as its address, and returns once its candidate key exists (it need not
+// win). The session ends at test cleanup.
+func campaign(t *testing.T, cli *clientv3.Client, key, value string) {
+	t.Helper()
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+	if err != nil {
+		t.Fatalf("etcd session: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		sess.Close()
+	})
+	go func() {
+		defer close(done)
+		// A candidate behind the leader blocks here until cleanup.
+		_ = concurrency.NewElection(sess, key).Campaign(ctx, value)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := cli.Get(t.Context(), key+"/", clientv3.WithPrefix())
+		if err == nil {
+			for _, kv := range resp.Kvs {
+				if string(kv.Value) == value {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("candidate %s of %s did not appear within 10s (last error %v)", value, key, err)
+		}
+	}
+}
+
+func TestStatusWithoutGlobalAllocatorShowsEtcdLeadersAndExits5(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	election := c.store.ElectionPrefix()
+	// Leader values are addresses where nothing listens, so asking the
+	// leader fails fast.
+	globalLeader, globalStandby := closedAddr(t), closedAddr(t)
+	campaign(t, c.cli, election+"global", globalLeader)
+	campaign(t, c.cli, election+"global", globalStandby)
+	campaign(t, c.cli, election+"region/us-east", "10.1.0.7:7400")
+	campaign(t, c.cli, election+"region/mars", "10.9.0.1:7400")
+
+	dead := closedAddr(t)
+	r := sluicectl(t, "", c.args("status", "-global-addr", dead)...)
+	wantCode(t, r, exitUnreachable)
+	wantContains(t, "stdout", r.stdout, "global leader:", globalLeader, "2 candidates")
+	wantRow(t, r.stdout, "us-east", "10.1.0.7:7400", "1")
+	wantRow(t, r.stdout, "eu-west", "none", "0", "no", "leader:")
+	wantRow(t, r.stdout, "mars", "10.9.0.1:7400", "1", "not", "in", "the", "config")
+	wantContains(t, "stdout", r.stdout, "global allocator "+dead+": unreachable")
+	wantContains(t, "stderr", r.stderr, "cannot get status from the global allocator at "+dead, "check -global-addr")
+
+	// Without -global-addr the global leader found in etcd is asked.
+	r = sluicectl(t, "", c.args("status", "-o", "json")...)
+	wantCode(t, r, exitUnreachable)
+	var rep statusReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("status -o json: %v\n%s", err, r.stdout)
+	}
+	if rep.GlobalLeader == nil || rep.GlobalLeader.Addr != globalLeader || rep.GlobalLeader.Candidates != 2 {
+		t.Fatalf("global leader = %+v, want %s of 2 candidates", rep.GlobalLeader, globalLeader)
+	}
+	if rep.GlobalAddr != globalLeader || rep.GlobalError == "" || rep.Global != nil {
+		t.Fatalf("asked %q (error %q), want the leader %s and an error", rep.GlobalAddr, rep.GlobalError, globalLeader)
+	}
+	leaders := map[string]string{}
+	for _, rl := range rep.RegionLeaders {
+		if rl.Leader != nil {
+			leaders[rl.Region] = rl.Leader.Addr
+		} else {
+			leaders[rl.Region] = ""
+		}
+	}
+	if len(leaders) != 4 || leaders["us-east"] != "10.1.0.7:7400" || leaders["eu-west"] != "" || leaders["mars"] != "10.9.0.1:7400" {
+		t.Fatalf("region leaders = %v", leaders)
+	}
+}
+
+func TestStatusWithNoGlobalLeaderAndNoAddressExits5(t *testing.T) {
+	c := newCluster(t)
+	r := sluicectl(t, "", c.args("status")...)
+	wantCode(t, r, exitUnreachable)
+	wantContains(t, "stdout", r.stdout, "global leader:", "none")
+	wantContains(t, "stderr", r.stderr, "etcd shows no global leader", "-global-addr")
+}
+
+func TestStatusTextShowsAllocationAndDegradedRegions(t *testing.T) {
+	resp := &sluicev1.StatusResponse{
+		Leader: false, LeaderAddr: "10.0.0.2:7500", Learning: true, Epoch: 4242,
+		ContendedKeys: 7, ConfigRevision: 19,
+		Regions: []*sluicev1.RegionStatus{
+			{Region: "us-east", LastReportAgeMs: 250, LastSeq: 99},
+			{Region: "eu-west", LastReportAgeMs: 12000, Silent: true, LastSeq: 40},
+			{Region: "ap-south", LastReportAgeMs: -1, Silent: true},
+		},
+		Keys: []*sluicev1.KeyStatus{{
+			Key:  &sluicev1.QuotaKey{Tenant: "acme", Class: "write"},
+			Rate: 800, Burst: 1600, Demand: 1234.567,
+			Regions: []*sluicev1.KeyRegionStatus{
+				{Region: "us-east", Demand: 1000, Target: 533.333333, GrantedRate: 520, GrantedBurst: 1040, ValidMs: 4200, StaticRate: 400},
+				{Region: "eu-west", Demand: 234.567, Target: 266.666667, GrantedRate: 200, GrantedBurst: 400, ValidMs: 0, StaticRate: 200},
+			},
+		}},
+	}
+	rep := statusReport{EtcdPrefix: "/sluice", GlobalAddr: "10.0.0.1:7500", Global: newGlobalView(resp)}
+	var out bytes.Buffer
+	if err := writeStatusText(&out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	wantContains(t, "status", text,
+		"(standby; leader is 10.0.0.2:7500)", "learning:", "yes", "4242", "config revision:", "19",
+		"degraded:", "ap-south, eu-west")
+	wantRow(t, text, "us-east", "250ms", "ago", "99", "ok")
+	wantRow(t, text, "eu-west", "12s", "ago", "40", "DEGRADED", "(silent)")
+	wantRow(t, text, "ap-south", "never", "0", "DEGRADED", "(silent)")
+	wantRow(t, text, "acme/write", "800", "1600", "all", "1234.57", "800", "720", "1440", "-", "600")
+
+	// The key table is aligned: every cell of a column starts where its
+	// header starts.
+	lines := strings.Split(text, "\n")
+	header := -1
+	for i, l := range lines {
+		if strings.Contains(l, "DEMAND/S") {
+			header = i
+		}
+	}
+	if header < 0 || header+3 >= len(lines) {
+		t.Fatalf("no key table:\n%s", text)
+	}
+	start := strings.Index(lines[header], "TARGET/S")
+	for _, row := range lines[header+2 : header+4] {
+		if len(row) <= start || row[start-1] != ' ' || row[start] == ' ' {
+			t.Fatalf("TARGET/S column misaligned at %d in %q\n%s", start, row, text)
+		}
+	}
+	wantRow(t, text, "us-east", "1000", "533.33", "520", "1040", "4.2s", "400")
+	wantRow(t, text, "eu-west", "234.57", "266.67", "200", "400", "expired", "200")
+
+	// JSON carries the same view, degraded regions included.
+	data, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back statusReport
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	if got := back.Global.Degraded; len(got) != 2 || got[0] != "ap-south" || got[1] != "eu-west" {
+		t.Fatalf("degraded in JSON = %v", got)
+	}
+}
+
+// wantRow finds the line whose first field is first and checks that the
+// next fields start with cells.
+func wantRow(t *testing.T, out, first string, cells ...string) {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != first {
+			continue
+		}
+		if len(fields)-1 >= len(cells) && strings.Join(fields[1:1+len(cells)], " ") == strings.Join(cells, " ") {
+			return
+		}
+	}
+	t.Fatalf("no row %q followed by %q in:\n%s", first, strings.Join(cells, " "), out)
+}
