@@ -1,0 +1,95 @@
+package lease
+
+import (
+	"sync"
+	"time"
+)
+
+// Breaker is a consecutive-failure circuit breaker on explicit time. Closed,
+// every call goes through; after Threshold consecutive failures it opens for
+// Cooldown, during which synchronous calls are skipped (the caller applies
+// the key's on_failure policy at once instead of waiting for a timeout).
+// When the cooldown has passed, one call at a time is let through as a
+// probe: success closes the breaker, failure opens it for another cooldown.
+// Any success (a background Sync too) closes it. Safe for concurrent use.
+type Breaker struct {
+	threshold int
+	cooldown  time.Duration
+
+	mu        sync.Mutex
+	failures  int       // guarded by mu: consecutive failures
+	open      bool      // guarded by mu
+	openUntil time.Time // guarded by mu
+	probing   bool      // guarded by mu: a half-open probe is in flight
+}
+
+// NewBreaker returns a closed breaker. threshold < 1 counts as 1.
+func NewBreaker(threshold int, cooldown time.Duration) *Breaker {
+	if threshold < 1 {
+		threshold = 1
+	}
+	return &Breaker{threshold: threshold, cooldown: cooldown}
+}
+
+// Ready reports whether a call could go through at now, without claiming
+// the half-open probe.
+func (b *Breaker) Ready(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.open || (!b.probing && !now.Before(b.openUntil))
+}
+
+// Allow reports whether a call may go through at now. When the breaker is
+// half-open it claims the single probe slot; the caller must then report
+// Success, Failure or Abandon.
+func (b *Breaker) Allow(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		return true
+	}
+	if b.probing || now.Before(b.openUntil) {
+		return false
+	}
+	b.probing = true
+	return true
+}
+
+// Success records a call that reached the service; it closes the breaker.
+func (b *Breaker) Success() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures = 0
+	b.open = false
+	b.probing = false
+}
+
+// Failure records a call that could not reach the service at now.
+func (b *Breaker) Failure(now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures++
+	switch {
+	case b.probing:
+		b.probing = false
+		b.openUntil = now.Add(b.cooldown)
+	case !b.open && b.failures >= b.threshold:
+		b.open = true
+		b.openUntil = now.Add(b.cooldown)
+	}
+}
+
+// Abandon releases a probe that ended without a verdict (the caller gave
+// up), so the next call may probe.
+func (b *Breaker) Abandon() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing = false
+}
+
+// Open reports whether the breaker is open (half-open counts as open).
+func (b *Breaker) Open() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.open
+}

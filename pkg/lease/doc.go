@@ -1,0 +1,88 @@
+// Package lease is the instance side of Sluice's lease protocol: the
+// library application processes embed to decide Allow(key, cost) from
+// tokens leased from their region, without a round trip per request.
+//
+// It has two layers. Table is the pure state machine: it never reads the
+// clock and never does I/O, every time-dependent method takes now, and it
+// builds and consumes protobuf messages without sending them, so the
+// simulator drives it on virtual time. Client wraps a Table with gRPC, a
+// circuit breaker, a background loop and metrics.
+//
+// # State of one key
+//
+// A key (tenant, class) is created on first use and holds:
+//
+//   - pool: tokens held (an atomic word shared with the hot path);
+//   - lease: hasLease and deadline = send time of the request whose grant
+//     last extended it + the grant's ttl (DESIGN invariant 4: measured on
+//     this instance's clock from the moment it sent the request);
+//   - pending: the last report sent and not yet acknowledged;
+//   - counters: tokens admitted (derived: credited − drained − pool),
+//     denied, asked of the fallback and strict paths;
+//   - what the region said: mode, on_failure, shadow, tier, limit, region
+//     rate and burst, live instances, reset time; negUntil (retry_after);
+//   - sizing: demand EWMA, target batch, low-water mark (see sizing.go).
+//
+// Transitions (the Table methods):
+//
+//	Allow      pool ≥ cost and lease valid → spend (CAS), allowed;
+//	           crossing the low-water mark → ActRefill.
+//	           Otherwise: negUntil in the future → denied with RetryAfter;
+//	           strict → ActCheck; else ActAcquire.
+//	PrepareAcquire / PrepareSync / PrepareRefill
+//	           build a report and mark the key in flight (one report per
+//	           key at a time): the pending report if there is one, verbatim;
+//	           else a new one with the next seq, used/denied since the last
+//	           report, returned = tokens taken out of the pool (already
+//	           removed before the report exists), want/min from sizing.
+//	Apply      acknowledges: pending cleared, granted tokens credited,
+//	           deadline = max(deadline, SentAt + ttl), region facts learned,
+//	           negUntil set when nothing was granted.
+//	Failed     no answer: the report stays pending and is resent unchanged.
+//	Reject     the region refused the report as invalid: key forgotten.
+//	Expire     at deadline − guard, sets checkClock; at the deadline,
+//	           empties the pool (those tokens are returned in the next
+//	           report) and ends the lease.
+//	Fallback   region unreachable: the class's on_failure policy decides
+//	           (local token bucket at region rate ÷ live instances, open or
+//	           closed); the key is degraded until the region answers it.
+//	PrepareSync also forgets keys idle for IdleTimeout (their final
+//	           reports go out with Release); PrepareRelease forgets all.
+//
+// # Invariants
+//
+//   - No token is spent at or after its lease's deadline (DESIGN invariant
+//     4). Table.Allow compares now with the deadline on every call. The
+//     Client's hot path reads no clock; it serves a key only while
+//     checkClock is unset, and the owner loop sets checkClock half a TTL
+//     before the deadline (Expire returns when to run next), after which
+//     every decision on the key goes through Table.Allow with the clock.
+//     The bound holds unless the owner loop wakes more than half a TTL
+//     late.
+//   - A report is resent unchanged (same seq, same numbers) until it is
+//     acknowledged, and newer usage waits for the next seq (DESIGN
+//     invariant 5); seqs come from one counter per Table, so they rise per
+//     key even across forgetting a key. Numbers that can never be
+//     delivered (a refused report, a final report after a lost reply) are
+//     dropped, which only under-counts.
+//   - Tokens returned are taken out of the pool before the report carrying
+//     them is built, so they are never both spent and returned.
+//   - A grant received for a lease whose deadline already passed, or after
+//     Drain, is not credited: it is returned in the next report.
+//   - Over quota is a Decision, never an error; errors mean invalid input
+//     (wrapping quota.ErrInvalid) or ErrClosed, and change nothing.
+//
+// # Units
+//
+// Tokens are whole int64 tokens; rates tokens per second; durations
+// time.Duration (milliseconds on the wire). A key's pool holds at most
+// 2^31−1 tokens; anything granted above that is returned.
+//
+// # Hot path
+//
+// Client.Allow on a key with tokens is a lock-free map read, one atomic
+// load of the key's published info and one compare-and-swap that both
+// spends the tokens and counts the admission; no clock read, no
+// allocation, no Prometheus call (metrics are folded from the per-key
+// atomics at scrape time, and one decision in 1024 is timed).
+package lease

@@ -1,0 +1,69 @@
+package lease
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Concurrent readers always find every key stored before they look, while
+// writers insert and delete; deleted keys disappear after publish.
+func TestKeyMapConcurrent(t *testing.T) {
+	m := newKeyMap()
+	key := func(i int) quota.Key { return quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "c"} }
+	const n = 2000
+	var wg sync.WaitGroup
+	stored := make(chan int, n)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(stored)
+		for i := 0; i < n; i++ {
+			k := key(i)
+			m.loadOrStore(k, func() *entry { return &entry{key: k} })
+			stored <- i
+		}
+	}()
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range stored {
+				if e := m.lookupFresh(key(i)); e == nil || e.key != key(i) {
+					t.Errorf("key %d stored but not found", i)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if m.len() != n {
+		t.Fatalf("len %d, want %d", m.len(), n)
+	}
+	for i := 0; i < n; i += 2 {
+		e := m.lookupFresh(key(i))
+		e.removed.Store(true)
+		m.delete(key(i), e)
+	}
+	m.publish()
+	for i := 0; i < n; i++ {
+		got := m.load(key(i))
+		if (got == nil) != (i%2 == 0) {
+			t.Fatalf("key %d: present=%v after deleting even keys", i, got != nil)
+		}
+	}
+	// A replaced key is not deleted by a stale delete.
+	k := key(1)
+	old := m.lookupFresh(k)
+	old.removed.Store(true)
+	m.delete(k, old)
+	fresh, created := m.loadOrStore(k, func() *entry { return &entry{key: k} })
+	if !created {
+		t.Fatal("removed key not re-created")
+	}
+	m.delete(k, old)
+	if m.lookupFresh(k) != fresh {
+		t.Fatal("stale delete removed the fresh entry")
+	}
+}

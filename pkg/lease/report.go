@@ -1,0 +1,520 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Batch is a set of reports (at most one per key) to send in one RPC now.
+// Every key in it is marked in flight until Apply, Failed or Reject is
+// called with the batch, and no other report for those keys is prepared
+// meanwhile. Not safe for concurrent use; hand it to one goroutine.
+type Batch struct {
+	// Reports go on the wire as they are; do not modify them.
+	Reports []*sluicev1.KeyReport
+	entries []*entry
+	sentAt  time.Time
+	useSync bool
+}
+
+// SentAt is the send time the batch was prepared for. Lease deadlines are
+// measured from it, so the caller must send the batch right away.
+func (b *Batch) SentAt() time.Time { return b.sentAt }
+
+// UseSync reports that a batch from PrepareAcquire must go out as a Sync
+// with one report rather than an Acquire: it resends a report that returns
+// tokens, and Acquire does not carry returned tokens.
+func (b *Batch) UseSync() bool { return b.useSync }
+
+// Keys lists the batch's keys in report order.
+func (b *Batch) Keys() []quota.Key {
+	out := make([]quota.Key, len(b.entries))
+	for i, e := range b.entries {
+		out[i] = e.key
+	}
+	return out
+}
+
+// Split returns one single-report batch per key, sent at now, to isolate a
+// report the region refuses. The original batch must not be used after.
+func (b *Batch) Split(now time.Time) []*Batch {
+	out := make([]*Batch, len(b.entries))
+	for i := range b.entries {
+		out[i] = &Batch{Reports: b.Reports[i : i+1], entries: b.entries[i : i+1], sentAt: now}
+	}
+	return out
+}
+
+func wireKey(k quota.Key) *sluicev1.QuotaKey {
+	return &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}
+}
+
+// newReportLocked builds the key's next report: usage since the last report
+// taken, and (when withReturn) every token waiting to go back. The report
+// becomes the pending one, resent unchanged until acknowledged.
+func (t *Table) newReportLocked(e *entry, want, minBatch int64, withReturn bool) *sluicev1.KeyReport {
+	spent, denied := e.spentLocked(), e.deniedTokens.Load()
+	want = min(max(want, 0), quota.MaxWant)
+	r := &sluicev1.KeyReport{
+		Key:    wireKey(e.key),
+		Seq:    t.seq.Add(1),
+		Used:   spent - e.reportedSpent,
+		Denied: denied - e.reportedDenied,
+		Want:   want,
+		Min:    min(max(minBatch, 0), want),
+	}
+	if withReturn {
+		r.Returned = e.toReturn
+		e.toReturn = 0
+	}
+	e.reportedSpent, e.reportedDenied = spent, denied
+	e.pending = r
+	return r
+}
+
+func (e *entry) beginLocked() { e.inflight = make(chan struct{}) }
+
+func (e *entry) finishLocked() {
+	if e.inflight != nil {
+		close(e.inflight)
+		e.inflight = nil
+	}
+}
+
+// syncReportLocked is the key's report for a Sync at now: the pending one
+// unchanged, else a new one that tops the pool up to target or gives back
+// the excess.
+func (t *Table) syncReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
+	if e.pending != nil {
+		return e.pending
+	}
+	if e.st.mode == ModeStrict {
+		// No lease: the report only keeps what the region says about the
+		// key (mode, tier, limit) current.
+		return t.newReportLocked(e, 0, 0, true)
+	}
+	t.expireLocked(now, e)
+	target := t.targetFor(&e.st, t.rateLocked(now, e))
+	have := e.tokens()
+	var want int64
+	switch {
+	case have > 2*target:
+		e.toReturn += e.drainLocked(have - target)
+	case have < target:
+		want = target - have
+	}
+	return t.newReportLocked(e, want, 1, true)
+}
+
+// idleLocked reports whether the key saw no demand for IdleTimeout.
+func (t *Table) idleLocked(now time.Time, e *entry) bool {
+	if a := e.demandLocked(); a != e.activityMark {
+		e.activityMark, e.lastActive = a, now
+		return false
+	}
+	return now.Sub(e.lastActive) >= t.opts.IdleTimeout
+}
+
+// PrepareSync builds the periodic Sync at now: one report for every key not
+// already in flight (strict keys too, with want 0, so a change of mode is
+// learned), split into batches of MaxReportsPerSync. Keys idle for
+// IdleTimeout are forgotten instead: their tokens are taken out and their
+// final reports gathered in release (nil when none), to send with Release.
+func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
+	var cur *Batch
+	forgot := false
+	for _, e := range t.keys.entries() {
+		e.mu.Lock()
+		if e.removed.Load() || e.inflight != nil {
+			e.mu.Unlock()
+			continue
+		}
+		if e.pending == nil && t.idleLocked(now, e) {
+			if r := t.finalReportLocked(e); r != nil {
+				if release == nil {
+					release = &Batch{sentAt: now}
+				}
+				release.Reports = append(release.Reports, r)
+				release.entries = append(release.entries, e)
+			}
+			t.removeLocked(e)
+			forgot = true
+			e.mu.Unlock()
+			continue
+		}
+		r := t.syncReportLocked(now, e)
+		e.beginLocked()
+		e.mu.Unlock()
+		if cur == nil || len(cur.Reports) == t.opts.MaxReportsPerSync {
+			cur = &Batch{sentAt: now}
+			syncs = append(syncs, cur)
+		}
+		cur.Reports = append(cur.Reports, r)
+		cur.entries = append(cur.entries, e)
+	}
+	if forgot {
+		t.keys.publish()
+	}
+	t.foldAll()
+	return syncs, release
+}
+
+// PrepareRefill builds an early Sync at now for the keys whose pool is at
+// or below its low-water mark (nil when none): leased keys not in flight
+// and not told to wait by the region.
+func (t *Table) PrepareRefill(now time.Time) *Batch {
+	var b *Batch
+	for _, e := range t.keys.entries() {
+		in := e.info.Load()
+		if in.mode != ModeLease || !in.hasLease || e.tokens() > in.lowWater || now.Before(in.negUntil) {
+			continue
+		}
+		e.mu.Lock()
+		if e.removed.Load() || e.inflight != nil || !e.st.hasLease || e.tokens() > e.st.lowWater {
+			e.mu.Unlock()
+			continue
+		}
+		r := t.syncReportLocked(now, e)
+		e.beginLocked()
+		e.mu.Unlock()
+		if b == nil {
+			b = &Batch{sentAt: now}
+		}
+		b.Reports = append(b.Reports, r)
+		b.entries = append(b.entries, e)
+		if len(b.Reports) == t.opts.MaxReportsPerSync {
+			break
+		}
+	}
+	return b
+}
+
+// PrepareAcquire builds the synchronous acquire for a request of cost
+// tokens on key at now. Exactly one of the results is set, or none:
+//   - b: send it (Acquire, or Sync when b.UseSync), then Apply or Failed;
+//   - wait: a report for the key is already in flight; wait for the
+//     channel to close (or give up), then call Allow again;
+//   - neither: the key changed meanwhile (tokens arrived, or it was
+//     forgotten); call Allow again.
+func (t *Table) PrepareAcquire(now time.Time, key quota.Key, cost int64) (b *Batch, wait <-chan struct{}) {
+	e := t.keys.lookupFresh(key)
+	if e == nil {
+		return nil, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.removed.Load() || t.closed.Load() {
+		return nil, nil
+	}
+	if e.inflight != nil {
+		return nil, e.inflight
+	}
+	t.expireLocked(now, e)
+	r := e.pending
+	if r == nil {
+		have := e.tokens()
+		if e.st.hasLease && have >= cost {
+			return nil, nil
+		}
+		need := cost - have
+		target := t.targetFor(&e.st, t.rateLocked(now, e))
+		// Acquire carries no returned tokens: they wait for the next Sync.
+		r = t.newReportLocked(e, max(target-have, need), need, false)
+	}
+	e.beginLocked()
+	return &Batch{Reports: []*sluicev1.KeyReport{r}, entries: []*entry{e}, sentAt: now, useSync: r.Returned > 0}, nil
+}
+
+// PreparePending builds a Sync that resends every unacknowledged report
+// not in flight (nil when none); used before a graceful Release.
+func (t *Table) PreparePending(now time.Time) *Batch {
+	var b *Batch
+	for _, e := range t.keys.entries() {
+		e.mu.Lock()
+		if e.pending != nil && e.inflight == nil && !e.removed.Load() {
+			if b == nil {
+				b = &Batch{sentAt: now}
+			}
+			b.Reports = append(b.Reports, e.pending)
+			b.entries = append(b.entries, e)
+			e.beginLocked()
+		}
+		e.mu.Unlock()
+	}
+	return b
+}
+
+// InFlight returns the channels of the reports in flight, each closed when
+// its report ends; used to wait for them before a graceful Release.
+func (t *Table) InFlight() []<-chan struct{} {
+	var out []<-chan struct{}
+	for _, e := range t.keys.entries() {
+		e.mu.Lock()
+		if e.inflight != nil {
+			out = append(out, e.inflight)
+		}
+		e.mu.Unlock()
+	}
+	return out
+}
+
+// Drain closes the table for spending: every pool is emptied into the
+// tokens to return, and grants applied later are returned, not credited.
+// Allow on a key still answers (from the policy paths) until PrepareRelease.
+func (t *Table) Drain() {
+	t.closed.Store(true)
+	for _, e := range t.keys.entries() {
+		e.mu.Lock()
+		e.toReturn += e.drainLocked(maxPool)
+		e.mu.Unlock()
+	}
+}
+
+// PrepareRelease drains the table (see Drain), forgets every key not in
+// flight and returns their final reports for Release (nil when there is
+// nothing to tell the region): usage since the last report, every unspent
+// token returned, want 0.
+func (t *Table) PrepareRelease(now time.Time) *Batch {
+	t.Drain()
+	var b *Batch
+	for _, e := range t.keys.entries() {
+		e.mu.Lock()
+		if e.inflight != nil {
+			e.mu.Unlock()
+			continue
+		}
+		if r := t.finalReportLocked(e); r != nil {
+			if b == nil {
+				b = &Batch{sentAt: now}
+			}
+			b.Reports = append(b.Reports, r)
+			b.entries = append(b.entries, e)
+		}
+		t.removeLocked(e)
+		e.mu.Unlock()
+	}
+	t.keys.publish()
+	return b
+}
+
+// finalReportLocked empties the pool and returns the report that closes
+// the key's lease, or nil when the region holds no lease record for it
+// (never granted, or strict).
+// A pending report is not resent: if the region never applied it, its
+// usage goes unreported, which only under-counts.
+func (t *Table) finalReportLocked(e *entry) *sluicev1.KeyReport {
+	e.toReturn += e.drainLocked(maxPool)
+	if !e.granted || e.st.mode == ModeStrict {
+		return nil
+	}
+	return t.newReportLocked(e, 0, 0, true)
+}
+
+// Apply acknowledges a batch with the region's grants (one per report, in
+// order) received at now: the pending reports are cleared, new tokens
+// credited, and the lease deadline moved to SentAt + ttl. A grant that does
+// not match its report is not applied: that key's report stays pending and
+// is resent; the error lists such keys.
+func (t *Table) Apply(now time.Time, b *Batch, grants []*sluicev1.Grant) error {
+	if len(grants) != len(b.Reports) {
+		t.Failed(now, b)
+		return fmt.Errorf("lease: region answered %d reports with %d grants", len(b.Reports), len(grants))
+	}
+	t.observeRTT(now.Sub(b.sentAt))
+	var errs []error
+	for i, e := range b.entries {
+		if err := matchGrant(b.Reports[i], grants[i]); err != nil {
+			e.mu.Lock()
+			e.finishLocked()
+			e.mu.Unlock()
+			errs = append(errs, fmt.Errorf("lease: key %s: %w", e.key, err))
+			continue
+		}
+		t.applyGrant(now, b.sentAt, e, b.Reports[i], grants[i])
+	}
+	return errors.Join(errs...)
+}
+
+func matchGrant(r *sluicev1.KeyReport, g *sluicev1.Grant) error {
+	switch {
+	case g == nil:
+		return errors.New("missing grant")
+	case g.Key.GetTenant() != r.Key.GetTenant() || g.Key.GetClass() != r.Key.GetClass():
+		return fmt.Errorf("grant for %s/%s answers report for %s/%s", g.Key.GetTenant(), g.Key.GetClass(), r.Key.GetTenant(), r.Key.GetClass())
+	case g.Seq != 0 && g.Seq != r.Seq:
+		return fmt.Errorf("grant seq %d answers report seq %d", g.Seq, r.Seq)
+	case g.Granted < 0 || g.Granted > r.Want:
+		return fmt.Errorf("granted %d outside 0..want %d", g.Granted, r.Want)
+	}
+	return nil
+}
+
+func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyReport, g *sluicev1.Grant) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer e.finishLocked()
+	if e.pending == r {
+		e.pending = nil
+	}
+	e.granted = true
+	t.learnLocked(now, e, g)
+	t.expireLocked(now, e)
+	t.clearDegradedLocked(e)
+
+	dead := e.removed.Load() || t.closed.Load() || e.st.mode == ModeStrict
+	if e.st.mode == ModeStrict {
+		e.toReturn += e.drainLocked(maxPool)
+		e.st.hasLease, e.st.checkClock = false, false
+	} else if g.TtlMs > 0 {
+		ttl := time.Duration(g.TtlMs) * time.Millisecond
+		if d := sentAt.Add(ttl); d.After(now) {
+			if !e.st.hasLease || d.After(e.st.deadline) {
+				e.st.deadline = d
+			}
+			e.st.hasLease = true
+			e.guard = ttl / 2
+		}
+	}
+	switch {
+	case g.Granted > 0:
+		e.st.negUntil = time.Time{}
+	case r.Want > 0 && g.RetryAfterMs != 0:
+		wait := time.Duration(g.RetryAfterMs) * time.Millisecond
+		if g.RetryAfterMs < 0 { // the region refills at rate zero: ask again next refresh
+			wait = t.opts.Refresh
+		}
+		e.st.negUntil = now.Add(wait)
+	}
+	target := t.targetFor(&e.st, e.sizingRate)
+	e.st.lowWater = t.lowWaterFor(e.sizingRate, target)
+	e.st.checkClock = e.st.hasLease && e.st.deadline.Sub(now) < e.guard
+	// Publish the deadline before the tokens it covers.
+	e.publishLocked()
+	if g.Granted > 0 {
+		if dead || !e.st.hasLease {
+			e.toReturn += g.Granted
+		} else {
+			e.toReturn += e.creditLocked(g.Granted)
+		}
+	}
+}
+
+// learnLocked copies what the region says about the key.
+func (t *Table) learnLocked(now time.Time, e *entry, g *sluicev1.Grant) {
+	if m, err := ParseMode(g.Mode); err == nil {
+		e.st.mode = m
+	}
+	if p, err := ParsePolicy(g.OnFailure); err == nil {
+		e.st.onFailure = p
+	}
+	e.st.shadow = g.Shadow
+	if g.Tier != "" {
+		e.st.tier = g.Tier
+	}
+	if g.Limit > 0 {
+		e.st.limit = g.Limit
+	}
+	if g.RegionRate >= 0 && g.RegionBurst >= 0 {
+		e.st.regionRate, e.st.regionBurst = g.RegionRate, g.RegionBurst
+	}
+	if g.LiveInstances > 0 {
+		e.st.live = g.LiveInstances
+	}
+	e.st.resetAt = now.Add(time.Duration(max(0, g.ResetMs)) * time.Millisecond)
+}
+
+// Failed ends a batch that got no answer: the reports stay pending and are
+// resent unchanged by the next Prepare.
+func (t *Table) Failed(now time.Time, b *Batch) {
+	for _, e := range b.entries {
+		e.mu.Lock()
+		e.finishLocked()
+		e.mu.Unlock()
+	}
+}
+
+// Reject ends a batch the region refused as invalid: its reports are
+// dropped (resending them would be refused again; their usage goes
+// unreported, which only under-counts) and its keys are forgotten, so bad
+// input leaves nothing behind. Tokens still in their pools are abandoned to
+// the region's expiry of the lease.
+func (t *Table) Reject(now time.Time, b *Batch) {
+	for i, e := range b.entries {
+		e.mu.Lock()
+		if e.pending == b.Reports[i] {
+			e.pending = nil
+		}
+		e.finishLocked()
+		e.drainLocked(maxPool)
+		t.removeLocked(e)
+		e.mu.Unlock()
+	}
+	t.keys.publish()
+}
+
+// Forget drops key unless a report for it is in flight or the region holds
+// a lease record for it; used when the region refuses a request on a key
+// that never got a lease, so bad input leaves nothing behind.
+func (t *Table) Forget(key quota.Key) {
+	e := t.keys.lookupFresh(key)
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.inflight != nil || e.granted || e.tokens() != 0 {
+		return
+	}
+	t.removeLocked(e)
+}
+
+// expireLocked ends the key's lease when its deadline has passed at now:
+// the pool is emptied (those tokens go back in the next report; the region
+// caps what it takes back at what the lease still shows unspent).
+func (t *Table) expireLocked(now time.Time, e *entry) {
+	if !e.st.hasLease || now.Before(e.st.deadline) {
+		return
+	}
+	e.toReturn += e.drainLocked(maxPool)
+	e.st.hasLease, e.st.checkClock = false, false
+	e.publishLocked()
+}
+
+// Expire enforces lease deadlines at now and returns when it must run next
+// (zero when no key holds a lease). Pools whose deadline passed are
+// emptied; keys within their guard time of the deadline get checkClock, so
+// the clock-free hot path stops serving them and every decision compares
+// the clock with the deadline. An owner that calls Expire at the returned
+// times therefore never lets a token be spent at or after its deadline,
+// unless its own wake-up is late by more than the guard (half the TTL).
+func (t *Table) Expire(now time.Time) time.Time {
+	var next time.Time
+	earliest := func(at time.Time) {
+		if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	for _, e := range t.keys.entries() {
+		e.mu.Lock()
+		t.expireLocked(now, e)
+		if e.st.hasLease {
+			if !e.st.checkClock {
+				if w := e.st.deadline.Add(-e.guard); now.Before(w) {
+					earliest(w)
+				} else {
+					e.st.checkClock = true
+					e.publishLocked()
+				}
+			}
+			if e.st.checkClock {
+				earliest(e.st.deadline)
+			}
+		}
+		e.mu.Unlock()
+	}
+	return next
+}

@@ -1,0 +1,90 @@
+package lease
+
+import (
+	"math"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Batch sizing. Units: tokens and tokens per second.
+//
+// demand     = tokens admitted + denied + asked of the fallback or strict
+//              path; its rate is an EWMA over windows of at least
+//              minSampleWindow, with time constant 2 × Refresh.
+// sizing rate = max(EWMA, rate of the current, still open window), so a
+//              sudden rise is seen at once and a fall only gradually.
+// target     = ceil(sizing rate × 1.5 × Refresh), clamped to [1, cap].
+// cap        = floor(region_burst) for a lone instance; with n live
+//              instances, the larger of burst/n and rate × Refresh / n, so
+//              every instance can get a fair share in one batch; never
+//              above floor(region_burst); at least 1.
+// low water  = ceil(sizing rate × lead) with lead = max(2 × RTT,
+//              Refresh/4), at most target/2: a refill started there
+//              arrives before the pool runs dry.
+// excess     = a Sync returns tokens above target when the pool holds more
+//              than 2 × target.
+
+const horizonRefreshes = 1.5
+
+func (t *Table) minSampleWindow() time.Duration {
+	return max(t.opts.Refresh/20, 10*time.Millisecond)
+}
+
+// rateLocked folds the demand since the last sample into the EWMA when the
+// window is long enough, and returns the rate to size batches with.
+func (t *Table) rateLocked(now time.Time, e *entry) float64 {
+	demand := e.demandLocked()
+	dt := now.Sub(e.sampleAt)
+	window := t.minSampleWindow()
+	r := float64(demand-e.sampleDemand) / max(dt, window).Seconds()
+	if dt >= window {
+		if e.haveRate {
+			alpha := 1 - math.Exp(-dt.Seconds()/(2*t.opts.Refresh.Seconds()))
+			e.rate += alpha * (r - e.rate)
+		} else {
+			e.rate, e.haveRate = r, true
+		}
+		e.sampleAt, e.sampleDemand = now, demand
+	}
+	rate := r
+	if e.haveRate && e.rate > rate {
+		rate = e.rate
+	}
+	e.sizingRate = rate
+	return rate
+}
+
+// batchCap is the largest batch one instance should hold of a key.
+func (t *Table) batchCap(in *keyInfo) int64 {
+	if !(in.regionBurst > 0) {
+		return quota.MaxWant // nothing learned yet: demand alone decides
+	}
+	burst := max(1, int64(in.regionBurst))
+	live := max(1, in.live)
+	if live == 1 {
+		return burst
+	}
+	fair := max(int64(in.regionBurst/float64(live)), ceilTokens(in.regionRate*t.opts.Refresh.Seconds()/float64(live)))
+	return max(1, min(fair, burst))
+}
+
+func (t *Table) targetFor(in *keyInfo, rate float64) int64 {
+	target := ceilTokens(rate * horizonRefreshes * t.opts.Refresh.Seconds())
+	return max(1, min(target, t.batchCap(in)))
+}
+
+func (t *Table) lowWaterFor(rate float64, target int64) int64 {
+	lead := max(2*t.RTT(), t.opts.Refresh/4)
+	return min(ceilTokens(rate*lead.Seconds()), target/2)
+}
+
+func ceilTokens(x float64) int64 {
+	if !(x > 0) {
+		return 0
+	}
+	if x >= quota.MaxWant {
+		return quota.MaxWant
+	}
+	return int64(math.Ceil(x))
+}

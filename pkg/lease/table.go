@@ -1,0 +1,539 @@
+package lease
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+const (
+	// The pool word packs the tokens held (low 32 bits) with a wrapping
+	// count of the requests admitted from them (high 32 bits), so the hot
+	// path counts its decision in the same compare-and-swap that spends.
+	poolMask  = 1<<32 - 1
+	admitUnit = 1 << 32
+	// maxPool keeps the token half clear of the count half: crediting
+	// never carries into it.
+	maxPool = 1<<31 - 1
+)
+
+// Table is the lease state of every key one instance uses: the pure
+// instance-side state machine (see the package documentation). It never
+// reads the clock and never does I/O; every method that depends on time
+// takes now. Safe for concurrent use: Allow may run on any number of
+// goroutines while one owner drives the Prepare/Apply/Expire side.
+type Table struct {
+	opts TableOptions
+	keys *keyMap
+
+	seq          atomic.Uint64 // last seq handed out
+	degradedKeys atomic.Int64
+	closed       atomic.Bool
+
+	mu  sync.Mutex
+	rtt time.Duration // guarded by mu: smoothed round trip of lease RPCs
+
+	statsMu sync.Mutex
+	totals  map[statsLabels]*[resultSlots]uint64 // guarded by statsMu
+}
+
+// keyInfo is what one key's hot path reads: an immutable snapshot published
+// by the owner side whenever it changes.
+type keyInfo struct {
+	mode      Mode
+	onFailure Policy
+	shadow    bool
+	tier      string
+	limit     int64 // configured global burst; 0 until learned
+	// Learned from the last grant.
+	regionRate  float64
+	regionBurst float64
+	live        int64
+	resetAt     time.Time
+
+	hasLease bool
+	deadline time.Time // no token of the lease may be spent at or after it
+	// checkClock is set once the deadline is near: from then on the hot
+	// path is not allowed to skip reading the clock (see doc.go).
+	checkClock bool
+	lowWater   int64
+	negUntil   time.Time // no synchronous acquire before this
+}
+
+// entry is one key. The pool word and info are read and written without
+// locks; everything else belongs to the owner side and is guarded by mu.
+type entry struct {
+	word    atomic.Uint64 // tokens (low 32 bits) | admitted requests (high 32 bits)
+	info    atomic.Pointer[keyInfo]
+	removed atomic.Bool
+	key     quota.Key
+
+	// Cumulative counters written by slow paths.
+	deniedTokens   atomic.Int64 // denied by the lease path (reported as denied)
+	degradedTokens atomic.Int64 // asked of the on_failure policy
+	checkTokens    atomic.Int64 // asked of the strict path
+	results        [resultSlots]atomic.Uint64
+
+	mu             sync.Mutex
+	st             keyInfo             // guarded by mu: the owner's copy of info
+	credited       int64               // guarded by mu: tokens ever put in the pool
+	drained        int64               // guarded by mu: tokens ever taken out unspent
+	reportedSpent  int64               // guarded by mu: spent tokens already in a report
+	reportedDenied int64               // guarded by mu
+	toReturn       int64               // guarded by mu: removed from the pool, not yet reported
+	pending        *sluicev1.KeyReport // guarded by mu: sent, not acknowledged
+	inflight       chan struct{}       // guarded by mu: closed when the report in flight ends
+	granted        bool                // guarded by mu: the region holds a lease record for us
+	guard          time.Duration       // guarded by mu: checkClock is set this long before deadline
+	rate           float64             // guarded by mu: EWMA of demand, tokens/s
+	haveRate       bool                // guarded by mu
+	sizingRate     float64             // guarded by mu: rate the last batch was sized with
+	sampleAt       time.Time           // guarded by mu: start of the current demand window
+	sampleDemand   int64               // guarded by mu: demand at sampleAt
+	lastActive     time.Time           // guarded by mu
+	activityMark   int64               // guarded by mu
+	degraded       bool                // guarded by mu
+	limiter        *rate.Limiter       // guarded by mu: the local on_failure limiter
+
+	foldedAdmitted uint32              // guarded by Table.statsMu
+	folded         [resultSlots]uint64 // guarded by Table.statsMu
+}
+
+const resultSlots = int(numResults) * 2 // × degraded or not
+
+func slot(r Result, degraded bool) int {
+	if degraded {
+		return int(r)*2 + 1
+	}
+	return int(r) * 2
+}
+
+// NewTable returns an empty table.
+func NewTable(opts TableOptions) (*Table, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	t := &Table{opts: o, keys: newKeyMap(), totals: map[statsLabels]*[resultSlots]uint64{}}
+	t.seq.Store(o.SeqBase)
+	return t, nil
+}
+
+// Options returns the table's options with defaults applied.
+func (t *Table) Options() TableOptions { return t.opts }
+
+func (e *entry) tokens() int64 { return int64(e.word.Load() & poolMask) }
+
+// take spends cost tokens if the pool holds them. crossed reports that this
+// spend took the pool from above low to at or below it.
+func (e *entry) take(cost, low int64) (remaining int64, crossed, ok bool) {
+	for {
+		old := e.word.Load()
+		have := int64(old & poolMask)
+		if have < cost {
+			return have, false, false
+		}
+		if e.word.CompareAndSwap(old, old-uint64(cost)+admitUnit) {
+			rem := have - cost
+			return rem, have > low && rem <= low, true
+		}
+	}
+}
+
+// drainLocked takes up to max unspent tokens out of the pool and returns
+// how many it took. Owner side only.
+func (e *entry) drainLocked(max int64) int64 {
+	for {
+		old := e.word.Load()
+		n := min(int64(old&poolMask), max)
+		if n <= 0 {
+			return 0
+		}
+		if e.word.CompareAndSwap(old, old-uint64(n)) {
+			e.drained += n
+			return n
+		}
+	}
+}
+
+// creditLocked adds n tokens to the pool; what would overflow it is
+// returned instead of credited.
+func (e *entry) creditLocked(n int64) (overflow int64) {
+	room := maxPool - e.tokens() // only the owner adds, so room only grows meanwhile
+	if n > room {
+		overflow, n = n-room, room
+	}
+	if n > 0 {
+		e.word.Add(uint64(n))
+		e.credited += n
+	}
+	return overflow
+}
+
+// spentLocked is every token ever admitted from the pool: the hot path only
+// ever decrements it, and the owner books every other change.
+func (e *entry) spentLocked() int64 { return e.credited - e.drained - e.tokens() }
+
+func (e *entry) demandLocked() int64 {
+	return e.spentLocked() + e.deniedTokens.Load() + e.degradedTokens.Load() + e.checkTokens.Load()
+}
+
+func (e *entry) publishLocked() {
+	cp := e.st
+	e.info.Store(&cp)
+}
+
+func (t *Table) newEntry(now time.Time, key quota.Key) *entry {
+	e := &entry{key: key, sampleAt: now, lastActive: now, guard: t.opts.Refresh}
+	if p, ok := t.opts.Classes[key.Class]; ok {
+		e.st.mode, e.st.onFailure = p.Mode, p.OnFailure
+	}
+	e.publishLocked()
+	return e
+}
+
+// entryFor returns key's entry, creating it (after validating the key) on
+// first use.
+func (t *Table) entryFor(now time.Time, key quota.Key) (*entry, error) {
+	if e := t.keys.lookupFresh(key); e != nil {
+		return e, nil
+	}
+	if t.closed.Load() {
+		return nil, ErrClosed
+	}
+	if err := key.Validate(); err != nil {
+		return nil, fmt.Errorf("lease: %w", err)
+	}
+	e, _ := t.keys.loadOrStore(key, func() *entry { return t.newEntry(now, key) })
+	return e, nil
+}
+
+func validateCost(key quota.Key, cost int64, in *keyInfo) error {
+	if err := quota.ValidateCost(cost); err != nil {
+		return fmt.Errorf("lease: key %s: %w", key, err)
+	}
+	if in != nil && in.limit > 0 && cost > in.limit {
+		return fmt.Errorf("lease: key %s: %w: cost %d exceeds the key's burst %d, so it can never be admitted",
+			key, quota.ErrInvalid, cost, in.limit)
+	}
+	return nil
+}
+
+// Allow decides a request of cost tokens on key at now from the tokens the
+// instance holds. The decision is final when the action is ActNone or
+// ActRefill; otherwise the caller must acquire or check (see Action).
+// Errors mean bad input (wrapping quota.ErrInvalid) or ErrClosed, and
+// change nothing.
+func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision, Action, error) {
+	if err := validateCost(key, cost, nil); err != nil {
+		return quota.Decision{}, ActNone, err
+	}
+	e, err := t.entryFor(now, key)
+	if err != nil {
+		return quota.Decision{}, ActNone, err
+	}
+	in := e.info.Load()
+	if err := validateCost(key, cost, in); err != nil {
+		return quota.Decision{}, ActNone, err
+	}
+	if in.mode == ModeStrict {
+		return quota.Decision{}, ActCheck, nil
+	}
+	if in.hasLease && !now.Before(in.deadline) {
+		e.mu.Lock()
+		t.expireLocked(now, e)
+		e.mu.Unlock()
+		in = e.info.Load()
+	}
+	if in.hasLease {
+		if rem, crossed, ok := e.take(cost, in.lowWater); ok {
+			if crossed {
+				return admitted(in, rem), ActRefill, nil
+			}
+			return admitted(in, rem), ActNone, nil
+		}
+	}
+	if now.Before(in.negUntil) {
+		return t.deny(e, in, cost, in.negUntil.Sub(now)), ActNone, nil
+	}
+	return quota.Decision{}, ActAcquire, nil
+}
+
+// allowFast is Allow for callers that do not read the clock: it succeeds
+// only while the key's deadline is far (info.checkClock unset), which the
+// owner guarantees by calling Expire on time. ok false means: call Allow.
+// It returns the pieces of the decision rather than a built Decision, so
+// the caller builds it once, in place.
+func (t *Table) allowFast(key quota.Key, cost int64) (in *keyInfo, remaining int64, refill, ok bool) {
+	if cost < 1 || cost > quota.MaxCost {
+		return nil, 0, false, false
+	}
+	e := t.keys.load(key)
+	if e == nil {
+		return nil, 0, false, false
+	}
+	in = e.info.Load()
+	if in.checkClock || (in.limit > 0 && cost > in.limit) {
+		return nil, 0, false, false
+	}
+	remaining, refill, ok = e.take(cost, in.lowWater)
+	return in, remaining, refill, ok
+}
+
+func admitted(in *keyInfo, remaining int64) quota.Decision {
+	return quota.Decision{Allowed: true, Limit: in.limit, Remaining: remaining, ResetAt: in.resetAt}
+}
+
+// deny records a lease-path denial and builds its decision.
+func (t *Table) deny(e *entry, in *keyInfo, cost int64, retry time.Duration) quota.Decision {
+	e.deniedTokens.Add(cost)
+	d := quota.Decision{WouldDeny: true, Limit: in.limit, Remaining: e.tokens(), ResetAt: in.resetAt, RetryAfter: retry}
+	if in.shadow {
+		d.Allowed = true
+		e.results[slot(ResultShadowDenied, false)].Add(1)
+	} else {
+		e.results[slot(ResultDenied, false)].Add(1)
+	}
+	return d
+}
+
+// Exhausted denies a request whose key still has no usable tokens after
+// the synchronous acquires the caller was willing to make (other requests
+// took the fresh batch first). RetryAfter is one smoothed round trip.
+func (t *Table) Exhausted(now time.Time, key quota.Key, cost int64) (quota.Decision, error) {
+	e, err := t.entryFor(now, key)
+	if err != nil {
+		return quota.Decision{}, err
+	}
+	return t.deny(e, e.info.Load(), cost, max(t.RTT(), time.Millisecond)), nil
+}
+
+// Fallback decides a request with the key's on_failure policy, for when the
+// region cannot be reached: local (a token bucket at this instance's share
+// of the region's learned rate and burst, or FallbackLimit), open or
+// closed. The decision is marked Degraded and the key counts as degraded
+// until the region answers for it again.
+func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decision, error) {
+	if err := validateCost(key, cost, nil); err != nil {
+		return quota.Decision{}, err
+	}
+	e, err := t.entryFor(now, key)
+	if err != nil {
+		return quota.Decision{}, err
+	}
+	if err := validateCost(key, cost, e.info.Load()); err != nil {
+		return quota.Decision{}, err
+	}
+	e.mu.Lock()
+	in := e.st
+	d := quota.Decision{Degraded: true, Limit: in.limit, ResetAt: now}
+	switch in.onFailure {
+	case PolicyOpen:
+		d.Allowed = true
+	case PolicyClosed:
+		d.RetryAfter = t.opts.Refresh
+	default:
+		lim := t.localLimiterLocked(now, e)
+		if d.Limit == 0 {
+			d.Limit = int64(lim.Burst())
+		}
+		d.Allowed = lim.AllowN(now, int(cost))
+		have := lim.TokensAt(now)
+		d.Remaining = max(0, int64(math.Floor(have)))
+		if r := float64(lim.Limit()); r > 0 {
+			if !d.Allowed {
+				d.RetryAfter = time.Duration((float64(cost) - have) / r * float64(time.Second))
+			}
+			d.ResetAt = now.Add(time.Duration((float64(lim.Burst()) - have) / r * float64(time.Second)))
+		}
+	}
+	if !e.degraded {
+		e.degraded = true
+		t.degradedKeys.Add(1)
+	}
+	e.mu.Unlock()
+
+	e.degradedTokens.Add(cost)
+	d.WouldDeny = !d.Allowed
+	switch {
+	case d.Allowed:
+		e.results[slot(ResultAllowed, true)].Add(1)
+	case in.shadow:
+		d.Allowed = true
+		e.results[slot(ResultShadowDenied, true)].Add(1)
+	default:
+		e.results[slot(ResultDenied, true)].Add(1)
+	}
+	return d, nil
+}
+
+// localLimiterLocked returns the key's local limiter, set to this
+// instance's share of what the region last said, or FallbackLimit.
+func (t *Table) localLimiterLocked(now time.Time, e *entry) *rate.Limiter {
+	lim := t.opts.FallbackLimit
+	if e.st.regionRate > 0 && e.st.regionBurst > 0 {
+		live := float64(max(1, e.st.live))
+		lim = quota.Limit{Rate: e.st.regionRate / live, Burst: max(1, int64(e.st.regionBurst/live))}
+	}
+	if e.limiter == nil {
+		e.limiter = rate.NewLimiter(rate.Limit(lim.Rate), int(lim.Burst))
+		return e.limiter
+	}
+	if e.limiter.Limit() != rate.Limit(lim.Rate) {
+		e.limiter.SetLimitAt(now, rate.Limit(lim.Rate))
+	}
+	if e.limiter.Burst() != int(lim.Burst) {
+		e.limiter.SetBurstAt(now, int(lim.Burst))
+	}
+	return e.limiter
+}
+
+// ApplyCheck turns the region's answer to a strict Check into a decision
+// and learns the key's limit from it.
+func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluicev1.CheckResponse) (quota.Decision, error) {
+	if err := validateCost(key, cost, nil); err != nil {
+		return quota.Decision{}, err
+	}
+	if resp == nil {
+		return quota.Decision{}, fmt.Errorf("lease: key %s: empty check response", key)
+	}
+	e, err := t.entryFor(now, key)
+	if err != nil {
+		return quota.Decision{}, err
+	}
+	e.mu.Lock()
+	if resp.Limit > 0 && resp.Limit != e.st.limit {
+		e.st.limit = resp.Limit
+	}
+	e.st.shadow = resp.Shadow
+	e.st.resetAt = now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond)
+	t.clearDegradedLocked(e)
+	e.publishLocked()
+	e.mu.Unlock()
+
+	e.checkTokens.Add(cost)
+	d := quota.Decision{
+		Allowed:   resp.Allowed,
+		WouldDeny: !resp.Allowed,
+		Limit:     resp.Limit,
+		Remaining: max(0, resp.Remaining),
+		ResetAt:   now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond),
+	}
+	switch {
+	case resp.Allowed:
+		e.results[slot(ResultAllowed, false)].Add(1)
+	case resp.Shadow:
+		d.Allowed = true
+		e.results[slot(ResultShadowDenied, false)].Add(1)
+	default:
+		d.RetryAfter = time.Duration(max(0, resp.RetryAfterMs)) * time.Millisecond
+		e.results[slot(ResultDenied, false)].Add(1)
+	}
+	return d, nil
+}
+
+func (t *Table) clearDegradedLocked(e *entry) {
+	if e.degraded {
+		e.degraded = false
+		t.degradedKeys.Add(-1)
+	}
+}
+
+// removeLocked forgets e: later lookups create a fresh entry.
+func (t *Table) removeLocked(e *entry) {
+	if e.removed.Load() {
+		return
+	}
+	e.removed.Store(true)
+	t.keys.delete(e.key, e)
+	t.clearDegradedLocked(e)
+	t.statsMu.Lock()
+	t.foldLocked(e)
+	t.statsMu.Unlock()
+}
+
+// DegradedKeys is how many keys last decided with their on_failure policy
+// and have not been answered by the region since.
+func (t *Table) DegradedKeys() int64 { return t.degradedKeys.Load() }
+
+// Len is the number of keys the table holds.
+func (t *Table) Len() int { return t.keys.len() }
+
+// HeldTokens is the sum of tokens in every key's pool.
+func (t *Table) HeldTokens() int64 {
+	var n int64
+	for _, e := range t.keys.entries() {
+		n += e.tokens()
+	}
+	return n
+}
+
+// RTT is the smoothed round trip of applied lease RPCs (0 before any).
+func (t *Table) RTT() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.rtt
+}
+
+func (t *Table) observeRTT(d time.Duration) {
+	if d < 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.rtt == 0 {
+		t.rtt = d
+		return
+	}
+	t.rtt += (d - t.rtt) / 5
+}
+
+// KeyState is a copy of one key's state, for tests, the simulator and
+// debugging.
+type KeyState struct {
+	Tokens      int64
+	HasLease    bool
+	Deadline    time.Time
+	CheckClock  bool
+	LowWater    int64
+	NegUntil    time.Time
+	Mode        Mode
+	OnFailure   Policy
+	Shadow      bool
+	Tier        string
+	Limit       int64
+	RegionRate  float64
+	RegionBurst float64
+	Live        int64
+	Pending     *sluicev1.KeyReport // the unacknowledged report, if any (do not modify)
+	InFlight    bool
+	Degraded    bool
+	ToReturn    int64   // tokens taken out of the pool for the next report
+	Spent       int64   // tokens ever admitted from leases
+	Rate        float64 // demand EWMA, tokens/s
+}
+
+// State returns a copy of key's state; false when the table does not hold
+// the key.
+func (t *Table) State(key quota.Key) (KeyState, bool) {
+	e := t.keys.lookupFresh(key)
+	if e == nil {
+		return KeyState{}, false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return KeyState{
+		Tokens: e.tokens(), HasLease: e.st.hasLease, Deadline: e.st.deadline, CheckClock: e.st.checkClock,
+		LowWater: e.st.lowWater, NegUntil: e.st.negUntil, Mode: e.st.mode, OnFailure: e.st.onFailure,
+		Shadow: e.st.shadow, Tier: e.st.tier, Limit: e.st.limit, RegionRate: e.st.regionRate,
+		RegionBurst: e.st.regionBurst, Live: e.st.live, Pending: e.pending, InFlight: e.inflight != nil,
+		Degraded: e.degraded, ToReturn: e.toReturn, Spent: e.spentLocked(), Rate: e.rate,
+	}, true
+}
