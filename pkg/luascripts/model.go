@@ -165,6 +165,7 @@ func (o *op) refill() {
 		b.ts = o.now
 	}
 	o.clamp()
+	b.tk = round6(b.tk)
 }
 
 func (o *op) dropLease(id string, l *modelLease, giveBack bool) float64 {

@@ -104,6 +104,10 @@ local function refill()
     B.ts = NOW
   end
   clamp()
+  -- Tokens have the storage's resolution (1e-6) from here on, so a cap a
+  -- hair below a whole number (static shares are shrunk by 1e-12 so they
+  -- never sum above the limit) does not cost a whole token.
+  B.tk = tonumber(f6(B.tk))
 end
 
 local function parse_lease(rec)
