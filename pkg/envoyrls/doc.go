@@ -1,0 +1,161 @@
+// Package envoyrls serves Envoy's rate-limit service
+// (envoy.service.ratelimit.v3.RateLimitService) from the regional process,
+// so an Envoy fleet is limited by the same quotas as instances that embed
+// the lease client.
+//
+// # Invariant
+//
+// Every decision comes from tokens the regional process leases from its own
+// region, through a Limiter (a *lease.Client dialled over loopback gRPC to
+// the daemon's own LeaseService, see DialLoopback). Envoy's per-request
+// call therefore costs no Redis round trip while the lease holds tokens
+// (except for classes in mode: strict, each of whose decisions is one
+// Check on the region, by design), and everything Envoy admits is charged
+// to the same regional bucket as every other instance: Envoy traffic and
+// embedded-client traffic on one quota key together stay within b + r·t
+// (DESIGN invariant 1).
+//
+// A request is validated completely before the Limiter is called: a request
+// with any invalid part is refused with codes.InvalidArgument and charges
+// nothing, not even for its valid descriptors (DESIGN invariant 6).
+//
+// # Mapping descriptors to quota keys
+//
+// The config's envoy.descriptors list maps descriptors to (tenant, class).
+// A request's domain selects the mappings whose domain equals it; for each
+// descriptor the mappings are tried in config order and the first that
+// matches wins. A descriptor matches a mapping when it has an entry whose
+// key is the mapping's tenant_key (its value is the tenant) and either an
+// entry whose key is class_key (its value is the class) or the mapping
+// has a fixed class. Other entries are ignored.
+//
+// Example Sluice config:
+//
+//	envoy:
+//	  descriptors:
+//	    - {domain: sluice, tenant_key: tenant, class_key: class}
+//	    - {domain: sluice-export, tenant_key: tenant, class: export}
+//
+// and the Envoy HTTP filter and route actions that produce matching
+// descriptors (the tenant from a request header, the class fixed per route):
+//
+//	http_filters:
+//	- name: envoy.filters.http.ratelimit
+//	  typed_config:
+//	    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+//	    domain: sluice
+//	    failure_mode_deny: false
+//	    rate_limit_service:
+//	      transport_api_version: V3
+//	      grpc_service: {envoy_grpc: {cluster_name: sluice_regional}}
+//	...
+//	routes:
+//	- match: {prefix: /api/reports/}
+//	  route:
+//	    cluster: app
+//	    rate_limits:
+//	    - actions:
+//	      - request_headers: {header_name: x-tenant-id, descriptor_key: tenant}
+//	      - generic_key: {descriptor_key: class, descriptor_value: read}
+//
+// The first action gives the entry (tenant, <header value>), the second
+// (class, read). Envoy sends no descriptor at all when the header is
+// missing, so such requests are not limited by this rule.
+//
+// A descriptor that matches no mapping, or any descriptor of a domain no
+// mapping names, is answered OK with no current_limit and counted in
+// sluice_envoy_unmatched_descriptors_total: Envoy may send descriptors meant
+// for other limits, and refusing them would fail the whole request.
+//
+// # Cost
+//
+// A descriptor costs the request's hits_addend tokens, 0 (unset) meaning 1;
+// a descriptor's own hits_addend, when set, overrides it and must not be 0
+// (Sluice has no zero-cost query). A cost must be in 1..quota.MaxCost and
+// no larger than the key's burst (such a request could never be admitted).
+// Each matched descriptor is charged separately, even when two name the
+// same key. When one descriptor is over limit, tokens already taken for
+// the others stay spent (Envoy's own service behaves the same); this only
+// ever under-admits.
+//
+// # Answers
+//
+// overall_code is OVER_LIMIT when any descriptor is over limit, else OK.
+// Statuses has one entry per descriptor, in request order:
+//
+//   - code: OK or OVER_LIMIT. A decision with Allowed and WouldDeny (shadow
+//     mode) is OK and counted as result "shadow_denied". When the config
+//     puts the class or tenant in shadow mode, a denial from any source
+//     (also a degraded, on_failure: closed one) is answered OK likewise.
+//   - current_limit: the key's configured rate, expressed exactly per
+//     SECOND, MINUTE, HOUR or DAY — the shortest unit in which the rate is
+//     a whole number of tokens (10/s → 10 per SECOND, 6/m → 6 per MINUTE,
+//     0.5/s → 30 per MINUTE); a rate that is whole in none is rounded in
+//     the longest unit whose count fits in 32 bits. The rate, not the burst,
+//     because it is the number operators write and the long-run admission
+//     rate Envoy dashboards should show. name is the class.
+//   - limit_remaining: tokens this regional process still holds for the key
+//     after the decision (its lease, not the whole region's bucket), so it
+//     may be lower than what the region as a whole could still admit.
+//   - duration_until_reset: time until the region's bucket is full again,
+//     as last reported by the region, and never before the retry delay of
+//     an over-limit descriptor.
+//
+// # Response headers
+//
+// With Options.Headers (default true) the response asks Envoy to add, in
+// the draft-03 form of the IETF rate-limit header fields that Envoy's own
+// x-ratelimit headers use:
+//
+//	x-ratelimit-limit      "<burst>, <burst>;w=<window>": the key's burst,
+//	                       and as quota policy the seconds an empty bucket
+//	                       takes to refill (burst / rate, rounded up)
+//	x-ratelimit-remaining  limit_remaining, in tokens
+//	x-ratelimit-reset      duration_until_reset in whole seconds, rounded up
+//	retry-after            only on OVER_LIMIT: the longest retry delay of
+//	                       the over-limit descriptors, whole seconds rounded
+//	                       up, at least 1
+//
+// They describe one descriptor, the one closest to exhaustion: an
+// over-limit one if any, else the one with the fewest tokens remaining
+// (the first on ties). Envoy adds response_headers_to_add to the response
+// whether it is rate limited or not. When Envoy's filter is configured with
+// enable_x_ratelimit_headers: DRAFT_VERSION_03 it writes these fields
+// itself; set Options.Headers to false then, to avoid duplicates.
+//
+// # Errors
+//
+// A request Sluice cannot decide is answered with a gRPC error, never with
+// a made-up verdict: Envoy then applies its failure_mode_deny setting
+// (false, the default: the request passes; true: it is refused).
+//
+//   - codes.InvalidArgument: empty domain; no descriptors; a descriptor
+//     with no entries; for a matched descriptor, a tenant or class with
+//     forbidden bytes or bad length (quota.Key rules), a class not in the
+//     config, a tenant or class entry given twice with different values, a
+//     cost out of range (see Cost), is_negative_hits (Sluice does not refund), or a
+//     per-descriptor limit override (limits come from the Sluice config).
+//     The message names the descriptor index and the offending field.
+//   - codes.Unavailable: no Limiter attached yet, no config, or the Limiter
+//     failed (closed during shutdown).
+//   - codes.Canceled / DeadlineExceeded: Envoy gave up on the call.
+//
+// Over limit is an answer (OVER_LIMIT), never an error.
+//
+// # Metrics
+//
+// Metrics never carry a tenant (cardinality); labels are class, tier and
+// result only:
+//
+//	sluice_envoy_decisions_total{class,tier,result}       result: ok, over_limit, shadow_denied
+//	sluice_envoy_degraded_decisions_total{class,tier}     decisions from the class's on_failure policy
+//	sluice_envoy_unmatched_descriptors_total              descriptors no mapping matched
+//	sluice_envoy_request_duration_seconds{result}         per ShouldRateLimit call; result: ok,
+//	                                                      over_limit, invalid_argument, error
+//
+// # Units
+//
+// Costs, limits and remaining counts are whole tokens; rates tokens per
+// second; durations time.Duration (protobuf Duration on the wire); header
+// values whole seconds.
+package envoyrls

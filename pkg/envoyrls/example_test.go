@@ -1,0 +1,44 @@
+package envoyrls_test
+
+import (
+	"context"
+	"log"
+
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// The regional daemon serves the Envoy endpoint on its own gRPC server. The
+// Service is registered before the daemon starts; the lease client that
+// decides for it can only dial the daemon's address after the start.
+func ExampleRegister() {
+	cfg := regional.StaticConfig{C: config.Default()}
+	svc, err := envoyrls.New(envoyrls.Options{Config: cfg})
+	if err != nil {
+		log.Fatal(err)
+	}
+	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
+		Region: "us-east", RedisAddr: "127.0.0.1:6379", Config: cfg,
+		Extra: []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, svc) }},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// The daemon's own registry exports the sluice_envoy_* metrics.
+	d.Registry.MustRegister(svc)
+	lim, err := envoyrls.DialLoopback(d.GRPCAddr(), nil, lease.Options{
+		InstanceID: "envoy-rls-us-east-1", Registerer: d.Registry,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	svc.SetLimiter(lim)
+
+	// ... serve until shutdown, then return the leased tokens first:
+	lim.Close(context.Background())
+	d.Stop()
+}

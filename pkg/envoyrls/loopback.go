@@ -1,0 +1,71 @@
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Loopback is a Limiter: a lease client with its own gRPC connection to a
+// LeaseService, normally the regional daemon's own listener, so the
+// process that serves Envoy is one more instance of its region. Safe for
+// concurrent use.
+type Loopback struct {
+	conn   *grpc.ClientConn
+	client *lease.Client
+}
+
+// DialLoopback connects a lease client to the LeaseService at addr (for a
+// regional daemon: Daemon.GRPCAddr(), after StartDaemon returned). creds
+// must match the server's (nil means plaintext, for a daemon without
+// ServerTLS). opts are the lease client's; give it a stable InstanceID
+// and the daemon's Registerer to see its sluice_client_* metrics. Set
+// opts.BreakerTimeout (default 50ms) below the timeout of Envoy's filter
+// (default 20ms) so that, while the region is slow, Envoy gets the class's
+// on_failure decision instead of timing out.
+//
+// Close it before stopping the daemon, so its unspent tokens go back to
+// the region instead of waiting out the lease TTL.
+func DialLoopback(addr string, creds credentials.TransportCredentials, opts lease.Options) (*Loopback, error) {
+	if addr == "" {
+		return nil, fmt.Errorf("%w: envoyrls: loopback address is empty", quota.ErrInvalid)
+	}
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("envoyrls: dialling the LeaseService at %s: %w", addr, err)
+	}
+	client, err := lease.NewClient(conn, opts)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("envoyrls: loopback lease client: %w", err)
+	}
+	return &Loopback{conn: conn, client: client}, nil
+}
+
+// Allow implements Limiter.
+func (l *Loopback) Allow(ctx context.Context, key quota.Key, cost int64) (quota.Decision, error) {
+	return l.client.Allow(ctx, key, cost)
+}
+
+// Client is the underlying lease client (for its Table and metrics).
+func (l *Loopback) Client() *lease.Client { return l.client }
+
+// Close releases every token the client holds (bounded by ctx), then
+// closes the connection. Allow fails with lease.ErrClosed afterwards.
+func (l *Loopback) Close(ctx context.Context) error {
+	err := l.client.Close(ctx)
+	if cerr := l.conn.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("envoyrls: closing the loopback connection: %w", cerr))
+	}
+	return err
+}

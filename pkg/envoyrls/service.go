@@ -1,0 +1,214 @@
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Limiter decides one request on one quota key. *lease.Client and
+// *Loopback satisfy it. Over quota is a Decision with Allowed false; an
+// error means no decision exists (bad input wrapping quota.ErrInvalid, or
+// the limiter is closed). Implementations must be safe for concurrent use.
+type Limiter interface {
+	Allow(ctx context.Context, key quota.Key, cost int64) (quota.Decision, error)
+}
+
+// ConfigSource hands out the live config (config.Watcher,
+// regional.StaticConfig).
+type ConfigSource interface {
+	Current() *config.Config
+}
+
+// Options configure a Service.
+type Options struct {
+	// Limiter decides every matched descriptor. Optional at New: a regional
+	// daemon's own address is known only after it started, so the Limiter
+	// is usually attached later with SetLimiter. Until then every valid
+	// request is answered codes.Unavailable.
+	Limiter Limiter
+	// Config supplies the envoy.descriptors mappings and the limits.
+	// Required; read on every request, so a hot-reloaded config applies
+	// to the next request.
+	Config ConfigSource
+	// Registerer receives the sluice_envoy_* metrics. Optional, default
+	// none; the Service is also a prometheus.Collector that can be
+	// registered later instead (once, either way).
+	Registerer prometheus.Registerer
+	// Logger receives refused requests (debug) and limiter failures
+	// (warn). Optional, default discards.
+	Logger *slog.Logger
+	// Headers adds x-ratelimit-limit, x-ratelimit-remaining,
+	// x-ratelimit-reset and, on OVER_LIMIT, retry-after to Envoy's
+	// response. Optional, default true (nil).
+	Headers *bool
+}
+
+// Service answers Envoy's ShouldRateLimit from leased tokens. Safe for
+// concurrent use.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	config  ConfigSource
+	limiter atomic.Pointer[limiterBox]
+	headers bool
+	log     *slog.Logger
+	m       *metrics
+}
+
+// limiterBox lets an interface value live in an atomic.Pointer.
+type limiterBox struct{ Limiter }
+
+// New builds a Service. It does not start anything.
+func New(o Options) (*Service, error) {
+	if o.Config == nil {
+		return nil, fmt.Errorf("%w: envoyrls: Options.Config is required", quota.ErrInvalid)
+	}
+	s := &Service{config: o.Config, headers: true, log: o.Logger, m: newMetrics()}
+	if o.Headers != nil {
+		s.headers = *o.Headers
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if o.Registerer != nil {
+		if err := s.m.register(o.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	if o.Limiter != nil {
+		s.SetLimiter(o.Limiter)
+	}
+	return s, nil
+}
+
+// SetLimiter attaches (or replaces) the Limiter; requests already being
+// decided finish with the one they started with. Nil detaches it.
+func (s *Service) SetLimiter(l Limiter) {
+	if l == nil {
+		s.limiter.Store(nil)
+		return
+	}
+	s.limiter.Store(&limiterBox{l})
+}
+
+// Register serves svc on g as envoy.service.ratelimit.v3.RateLimitService.
+// Call it before g serves (for a regional daemon: from
+// DaemonOptions.Extra).
+func Register(g *grpc.Server, svc *Service) {
+	rlsv3.RegisterRateLimitServiceServer(g, svc)
+}
+
+// Describe implements prometheus.Collector.
+func (s *Service) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range s.m.collectors() {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s *Service) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range s.m.collectors() {
+		c.Collect(ch)
+	}
+}
+
+// ShouldRateLimit implements RateLimitServiceServer (see the package doc
+// for the mapping, the answer and the error codes).
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
+	resp, out, err := s.decide(ctx, req)
+	s.m.byOutcome[out].Observe(time.Since(start).Seconds())
+	return resp, err
+}
+
+func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, outcome, error) {
+	cfg := s.config.Current()
+	if cfg == nil {
+		return nil, outcomeError, status.Error(codes.Unavailable, "envoyrls: no config loaded yet")
+	}
+	targets, err := resolveRequest(cfg, req)
+	if err != nil {
+		s.log.Debug("envoy rate-limit request refused", "domain", req.GetDomain(), "err", err)
+		return nil, outcomeInvalid, status.Error(codes.InvalidArgument, err.Error())
+	}
+	box := s.limiter.Load()
+	if box == nil {
+		return nil, outcomeError, status.Error(codes.Unavailable, "envoyrls: not ready: no limiter attached yet")
+	}
+
+	decisions := make([]decided, len(targets))
+	for i, t := range targets {
+		if !t.matched {
+			s.m.unmatched.Inc()
+			continue
+		}
+		d, err := box.Allow(ctx, t.key, t.cost)
+		if err != nil {
+			out, err := s.failed(ctx, i, t, err)
+			return nil, out, err
+		}
+		r := classify(d, t.res.Shadow)
+		s.m.decisions.WithLabelValues(t.res.ClassName, t.res.Tier, r.String()).Inc()
+		if d.Degraded {
+			s.m.degraded.WithLabelValues(t.res.ClassName, t.res.Tier).Inc()
+		}
+		decisions[i] = newDecided(time.Now(), t.res.Limit, r, d)
+	}
+	return s.respond(targets, decisions)
+}
+
+// failed maps a Limiter error to a gRPC status. Tokens taken for earlier
+// descriptors of the request stay spent, which only under-admits.
+func (s *Service) failed(ctx context.Context, i int, t target, err error) (outcome, error) {
+	switch {
+	case errors.Is(err, quota.ErrInvalid):
+		return outcomeInvalid, status.Errorf(codes.InvalidArgument, "descriptors[%d] (tenant %q, class %q): %v", i, t.key.Tenant, t.key.Class, err)
+	case ctx.Err() != nil:
+		return outcomeError, status.FromContextError(ctx.Err()).Err()
+	}
+	s.log.Warn("envoy rate-limit decision failed", "class", t.key.Class, "err", err)
+	return outcomeError, status.Errorf(codes.Unavailable, "envoyrls: deciding descriptors[%d]: %v", i, err)
+}
+
+func (s *Service) respond(targets []target, decisions []decided) (*rlsv3.RateLimitResponse, outcome, error) {
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(targets)),
+	}
+	out := outcomeOK
+	shown, haveShown := decided{}, false
+	var retry time.Duration
+	for i, t := range targets {
+		if !t.matched {
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+			continue
+		}
+		dd := decisions[i]
+		resp.Statuses[i] = dd.status(t.res.ClassName)
+		if dd.result == resultOverLimit {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			out = outcomeOverLimit
+			retry = max(retry, dd.retry)
+		}
+		if !haveShown || closerToExhaustion(dd, shown) {
+			shown, haveShown = dd, true
+		}
+	}
+	if s.headers && haveShown {
+		resp.ResponseHeadersToAdd = headers(shown, out == outcomeOverLimit, retry)
+	}
+	return resp, out, nil
+}

@@ -1,0 +1,657 @@
+package envoyrls_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// One region, so the region's static share is the whole limit. "write" is
+// the shared key of the conformance test; "read" of tier std is so large
+// that it never runs out; tier tiny refills so slowly (per minute) that
+// refill during a test does not move the numbers.
+const testConfig = `
+lease_ttl: 5s
+refresh: 1s
+regions: {local: {weight: 1}}
+classes:
+  write: {mode: lease}
+  read:  {mode: lease}
+  audit: {mode: lease, shadow: true}
+tiers:
+  std:
+    write: {rate: 100/s, burst: 100}
+    read:  {rate: 1000000/s, burst: 1000000}
+    audit: {rate: 1/m, burst: 2}
+  tiny:
+    write: {rate: 1/m, burst: 3}
+    read:  {rate: 6/m, burst: 10}
+    audit: {rate: 1/m, burst: 2}
+tenants:
+  small:  {tier: tiny}
+  small2: {tier: tiny}
+default_tier: std
+envoy:
+  descriptors:
+    - {domain: sluice, tenant_key: tenant, class_key: class}
+    - {domain: edge, tenant_key: customer, class: read}
+`
+
+// process is one regional daemon serving the Envoy endpoint, decided by a
+// lease client dialled to the daemon's own address.
+type process struct {
+	daemon *regional.Daemon
+	svc    *envoyrls.Service
+	lim    *envoyrls.Loopback
+	reg    *prometheus.Registry
+	rls    rlsv3.RateLimitServiceClient
+}
+
+// startProcess starts a daemon on rs. With attach false the Service has no
+// Limiter until the test calls attach.
+func startProcess(t *testing.T, rs *redistest.Server, cfg *config.Config, id string, attach bool) *process {
+	t.Helper()
+	p := &process{reg: prometheus.NewRegistry()}
+	var err error
+	p.svc, err = envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: cfg}, Registerer: p.reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.daemon, err = regional.StartDaemon(context.Background(), regional.DaemonOptions{
+		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
+		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull,
+		Logger: slog.New(slog.DiscardHandler),
+		Extra:  []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, p.svc) }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.daemon.Stop)
+	conn, err := grpc.NewClient(p.daemon.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	p.rls = rlsv3.NewRateLimitServiceClient(conn)
+	p.lim, err = envoyrls.DialLoopback(p.daemon.GRPCAddr(), nil, lease.Options{
+		InstanceID: id,
+		// Generous: the machine running the tests is shared, and a slow
+		// acquire must not turn into a degraded (fallback) decision.
+		BreakerTimeout: 2 * time.Second,
+		Registerer:     p.daemon.Registry,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Runs before the daemon stops (cleanups are last in, first out), so
+	// the release reaches the region.
+	t.Cleanup(func() {
+		if err := p.lim.Close(context.Background()); err != nil {
+			t.Errorf("closing the loopback limiter: %v", err)
+		}
+	})
+	if attach {
+		p.svc.SetLimiter(p.lim)
+	}
+	return p
+}
+
+func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func request(domain string, hits uint32, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: ds}
+}
+
+func ask(t *testing.T, c rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := c.ShouldRateLimit(ctx, req)
+	if err != nil {
+		t.Fatalf("ShouldRateLimit(%v): %v", req, err)
+	}
+	return resp
+}
+
+func headerMap(resp *rlsv3.RateLimitResponse) map[string]string {
+	h := map[string]string{}
+	for _, hv := range resp.GetResponseHeadersToAdd() {
+		h[hv.GetKey()] = hv.GetValue()
+	}
+	return h
+}
+
+// limitSpec is what a status of a matched descriptor must say.
+type limitSpec struct {
+	class   string
+	perUnit uint32
+	unit    rlsv3.RateLimitResponse_RateLimit_Unit
+	burst   int64
+	window  int64 // refill window, whole seconds
+}
+
+var writeStd = limitSpec{"write", 100, rlsv3.RateLimitResponse_RateLimit_SECOND, 100, 1}
+
+// checkStatus returns what is wrong with one descriptor status.
+func checkStatus(st *rlsv3.RateLimitResponse_DescriptorStatus, want limitSpec, maxReset time.Duration) error {
+	cl := st.GetCurrentLimit()
+	if cl.GetName() != want.class || cl.GetRequestsPerUnit() != want.perUnit || cl.GetUnit() != want.unit {
+		return fmt.Errorf("current_limit %v, want %d per %v named %q", cl, want.perUnit, want.unit, want.class)
+	}
+	if int64(st.GetLimitRemaining()) > want.burst {
+		return fmt.Errorf("limit_remaining %d above the burst %d", st.GetLimitRemaining(), want.burst)
+	}
+	if st.GetDurationUntilReset() == nil {
+		return fmt.Errorf("no duration_until_reset")
+	}
+	if d := st.GetDurationUntilReset().AsDuration(); d < 0 || d > maxReset {
+		return fmt.Errorf("duration_until_reset %v outside [0, %v]", d, maxReset)
+	}
+	return nil
+}
+
+// checkHeaders returns what is wrong with the headers describing st.
+func checkHeaders(resp *rlsv3.RateLimitResponse, st *rlsv3.RateLimitResponse_DescriptorStatus, want limitSpec) error {
+	h := headerMap(resp)
+	burst := strconv.FormatInt(want.burst, 10)
+	if got, w := h[envoyrls.HeaderLimit], burst+", "+burst+";w="+strconv.FormatInt(want.window, 10); got != w {
+		return fmt.Errorf("%s %q, want %q", envoyrls.HeaderLimit, got, w)
+	}
+	if got, w := h[envoyrls.HeaderRemaining], strconv.FormatUint(uint64(st.GetLimitRemaining()), 10); got != w {
+		return fmt.Errorf("%s %q, want %q", envoyrls.HeaderRemaining, got, w)
+	}
+	reset := st.GetDurationUntilReset().AsDuration()
+	if got, w := h[envoyrls.HeaderReset], strconv.FormatInt(int64(math.Ceil(reset.Seconds())), 10); got != w {
+		return fmt.Errorf("%s %q, want %q (duration_until_reset %v)", envoyrls.HeaderReset, got, w, reset)
+	}
+	retry, hasRetry := h[envoyrls.HeaderRetryAfter]
+	if over := resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT; over != hasRetry {
+		return fmt.Errorf("over limit %v but retry-after present %v", over, hasRetry)
+	}
+	if hasRetry {
+		if n, err := strconv.Atoi(retry); err != nil || n < 1 {
+			return fmt.Errorf("retry-after %q is not a whole number of seconds >= 1", retry)
+		}
+	}
+	return nil
+}
+
+// counter sums a counter family's samples whose labels include all of want.
+func counter(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue metric
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+// TestTwoProcessesShareOneLimit: two regional processes of one region on
+// one Redis each serve Envoy from their own leases. Saturating Envoy
+// traffic spread over both admits at most b + r·t of a shared key and at
+// least 90% of it, and every answer is in the RLS format.
+func TestTwoProcessesShareOneLimit(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	procs := []*process{startProcess(t, rs, cfg, "envoy-a", true), startProcess(t, rs, cfg, "envoy-b", true)}
+	rdb := rs.Client()
+	redisNow := func() time.Time {
+		now, err := rdb.Time(context.Background()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+
+	const r, b = 100.0, 100.0
+	const run = 3 * time.Second
+	req := request("sluice", 0, desc("tenant", "acme", "class", "write"))
+	var ok, over, badFormat [2]atomic.Int64
+	var firstBad sync.Once
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	start := redisNow()
+	for g := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				i := (g + n) % 2 // alternate between the processes
+				resp, err := procs[i].rls.ShouldRateLimit(context.Background(), req)
+				if err != nil {
+					t.Errorf("process %d: %v", i, err)
+					return
+				}
+				st := resp.GetStatuses()
+				var bad error
+				switch {
+				case len(st) != 1:
+					bad = fmt.Errorf("%d statuses for 1 descriptor", len(st))
+				case st[0].GetCode() != resp.GetOverallCode():
+					bad = fmt.Errorf("status code %v, overall %v", st[0].GetCode(), resp.GetOverallCode())
+				default:
+					// The region's reset time is at most b/r = 1s away when
+					// reported; allow for a late retry delay on top.
+					if bad = checkStatus(st[0], writeStd, 2*time.Second); bad == nil {
+						bad = checkHeaders(resp, st[0], writeStd)
+					}
+				}
+				if bad != nil {
+					badFormat[i].Add(1)
+					firstBad.Do(func() { t.Errorf("process %d answered %v: %v", i, resp, bad) })
+				}
+				switch resp.GetOverallCode() {
+				case rlsv3.RateLimitResponse_OK:
+					ok[i].Add(1)
+				case rlsv3.RateLimitResponse_OVER_LIMIT:
+					over[i].Add(1)
+					// Envoy would answer 429 now; pace the loop so the test
+					// does not spin on denials.
+					select {
+					case <-stop:
+						return
+					case <-time.After(2 * time.Millisecond):
+					}
+				default:
+					t.Errorf("overall code %v", resp.GetOverallCode())
+					return
+				}
+			}
+		}()
+	}
+	<-time.After(run)
+	close(stop)
+	wg.Wait()
+	elapsed := redisNow().Sub(start).Seconds()
+	limit := b + r*elapsed
+	got := float64(ok[0].Load() + ok[1].Load())
+	t.Logf("OK %d + %d, OVER_LIMIT %d + %d in %.2fs; b + r·t = %.0f (%.1f%%)",
+		ok[0].Load(), ok[1].Load(), over[0].Load(), over[1].Load(), elapsed, limit, 100*got/limit)
+	if got > limit {
+		t.Fatalf("admitted %.0f > b + r·t = %.0f", got, limit)
+	}
+	if got < 0.9*limit {
+		t.Fatalf("admitted %.0f < 90%% of b + r·t = %.0f", got, 0.9*limit)
+	}
+	for i, p := range procs {
+		if ok[i].Load() == 0 || over[i].Load() == 0 {
+			t.Errorf("process %d answered OK %d times and OVER_LIMIT %d times; want both", i, ok[i].Load(), over[i].Load())
+		}
+		labels := map[string]string{"class": "write", "tier": "std"}
+		if n := counter(t, p.reg, "sluice_envoy_decisions_total", with(labels, "result", "ok")); n != float64(ok[i].Load()) {
+			t.Errorf("process %d: decisions_total{result=ok} = %v, answered OK %d times", i, n, ok[i].Load())
+		}
+		if n := counter(t, p.reg, "sluice_envoy_decisions_total", with(labels, "result", "over_limit")); n != float64(over[i].Load()) {
+			t.Errorf("process %d: decisions_total{result=over_limit} = %v, answered OVER_LIMIT %d times", i, n, over[i].Load())
+		}
+		if n := counter(t, p.reg, "sluice_envoy_degraded_decisions_total", nil); n != 0 {
+			t.Errorf("process %d: %v degraded decisions; the region was reachable", i, n)
+		}
+		if n := counter(t, p.reg, "sluice_envoy_request_duration_seconds", nil); n != float64(ok[i].Load()+over[i].Load()) {
+			t.Errorf("process %d: %v requests timed, %d answered", i, n, ok[i].Load()+over[i].Load())
+		}
+	}
+}
+
+func with(m map[string]string, k, v string) map[string]string {
+	out := map[string]string{k: v}
+	for kk, vv := range m {
+		out[kk] = vv
+	}
+	return out
+}
+
+// TestInvalidInputChangesNothing: without a Limiter valid requests are
+// Unavailable; once attached, every malformed request is InvalidArgument
+// naming the field, and none of them — not even the valid descriptors in
+// them — charges anything.
+func TestInvalidInputChangesNothing(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	p := startProcess(t, rs, cfg, "envoy-bad", false)
+	valid := desc("tenant", "acme", "class", "write")
+
+	ctx := context.Background()
+	if _, err := p.rls.ShouldRateLimit(ctx, request("sluice", 0, valid)); status.Code(err) != codes.Unavailable {
+		t.Fatalf("before a Limiter is attached: %v, want Unavailable", err)
+	}
+	p.svc.SetLimiter(p.lim)
+
+	rdb := rs.Client()
+	before, err := redistest.Dump(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		msg  string
+	}{
+		{"empty domain", request("", 0, valid), "domain is empty"},
+		{"no descriptors", request("sluice", 0), "descriptors"},
+		{"descriptor without entries", request("sluice", 0, valid, desc()), "descriptors[1]: invalid argument: entries"},
+		{"tenant with a space", request("sluice", 0, desc("tenant", "ac me", "class", "write")), `tenant "ac me" has byte ' '`},
+		{"empty tenant", request("sluice", 0, desc("tenant", "", "class", "write")), "tenant is empty"},
+		{"tenant too long", request("sluice", 0, desc("tenant", strings.Repeat("a", 129), "class", "write")), "129 bytes long"},
+		{"unknown class", request("sluice", 0, desc("tenant", "acme", "class", "bogus")), `class "bogus" is not configured`},
+		{"fixed-class mapping, bad tenant", request("edge", 0, desc("customer", "a/b")), `entry "customer" (class "read" fixed`},
+		{"tenant given twice", request("sluice", 0, desc("tenant", "acme", "class", "write", "tenant", "other")), `key "tenant" appears again`},
+		{"request hits_addend too large", request("sluice", 1<<20+1, valid), "hits_addend: invalid argument: cost 1048577 exceeds"},
+		{"descriptor hits_addend zero", request("sluice", 0, withHits(valid, 0)), "hits_addend is 0"},
+		{"descriptor hits_addend too large", request("sluice", 0, withHits(valid, 1<<40)), "exceeds the maximum cost"},
+		{"negative hits", request("sluice", 0, negative(valid)), "is_negative_hits"},
+		{"limit override", request("sluice", 0, override(valid)), "limit overrides are not supported"},
+		{"cost above the burst", request("sluice", 4, valid, desc("tenant", "small", "class", "write")), "cost 4 exceeds the key's burst 3"},
+		{"valid descriptor, then a bad one", request("sluice", 0, valid, desc("tenant", "acme", "class", "bogus")), "descriptors[1]"},
+	}
+	for _, c := range cases {
+		_, err := p.rls.ShouldRateLimit(ctx, c.req)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), c.msg) {
+			t.Errorf("%s: %v, want InvalidArgument mentioning %q", c.name, err, c.msg)
+		}
+	}
+	after, err := redistest.Dump(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before != after {
+		t.Errorf("refused requests changed Redis:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if n := counter(t, p.reg, "sluice_envoy_decisions_total", nil); n != 0 {
+		t.Errorf("%v decisions counted for refused requests", n)
+	}
+	if n := counter(t, p.reg, "sluice_envoy_request_duration_seconds", map[string]string{"result": "invalid_argument"}); n != float64(len(cases)) {
+		t.Errorf("%v requests timed as invalid_argument, want %d", n, len(cases))
+	}
+	// The same service decides valid requests: the refusals were about
+	// the input, not a broken service.
+	if resp := ask(t, p.rls, request("sluice", 0, valid)); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("valid request after the refusals: %v", resp)
+	}
+}
+
+func withHits(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLimitDescriptor {
+	c := desc()
+	c.Entries = d.Entries
+	c.HitsAddend = wrapperspb.UInt64(n)
+	return c
+}
+
+func negative(d *ratelimitv3.RateLimitDescriptor) *ratelimitv3.RateLimitDescriptor {
+	c := withHits(d, 1)
+	c.IsNegativeHits = true
+	return c
+}
+
+func override(d *ratelimitv3.RateLimitDescriptor) *ratelimitv3.RateLimitDescriptor {
+	c := desc()
+	c.Entries = d.Entries
+	c.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: 1}
+	return c
+}
+
+// TestAnswers covers the per-descriptor answers: over limit with
+// retry-after, costs from hits_addend, several descriptors (the headers
+// describe the one over limit), unmatched descriptors, a fixed-class
+// mapping, and a service without headers.
+func TestAnswers(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	p := startProcess(t, rs, cfg, "envoy-answers", true)
+	smallWrite := desc("tenant", "small", "class", "write")
+	tinyWrite := limitSpec{"write", 1, rlsv3.RateLimitResponse_RateLimit_MINUTE, 3, 180}
+
+	t.Run("over limit", func(t *testing.T) {
+		for i := range 4 {
+			resp := ask(t, p.rls, request("sluice", 0, smallWrite))
+			want := rlsv3.RateLimitResponse_OK
+			if i == 3 {
+				want = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+			st := resp.GetStatuses()[0]
+			if resp.GetOverallCode() != want || st.GetCode() != want {
+				t.Fatalf("request %d: %v, want %v", i+1, resp, want)
+			}
+			// Burst 3 at 1/m: full again within 3 minutes.
+			if err := checkStatus(st, tinyWrite, 3*time.Minute); err != nil {
+				t.Fatalf("request %d: %v", i+1, err)
+			}
+			if err := checkHeaders(resp, st, tinyWrite); err != nil {
+				t.Fatalf("request %d: %v", i+1, err)
+			}
+			if i == 3 {
+				if st.GetLimitRemaining() != 0 {
+					t.Errorf("over limit with %d remaining", st.GetLimitRemaining())
+				}
+				if n, _ := strconv.Atoi(headerMap(resp)[envoyrls.HeaderRetryAfter]); n > 60 {
+					t.Errorf("retry-after %d s; one token refills in 60 s", n)
+				}
+			}
+		}
+	})
+
+	t.Run("hits_addend", func(t *testing.T) {
+		// tier tiny read: burst 10. Three requests of 4 tokens: the third
+		// finds only 2 left.
+		for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+			resp := ask(t, p.rls, request("sluice", 4, desc("tenant", "small", "class", "read")))
+			if resp.GetOverallCode() != want {
+				t.Fatalf("request %d of cost 4: %v, want %v", i+1, resp, want)
+			}
+			if rem := resp.GetStatuses()[0].GetLimitRemaining(); i == 1 && rem > 2 {
+				t.Errorf("after 8 of 10 tokens, %d remaining", rem)
+			}
+		}
+		// A descriptor's own hits_addend wins over the request's.
+		d := withHits(desc("tenant", "small2", "class", "read"), 6)
+		for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+			if resp := ask(t, p.rls, request("sluice", 1, d)); resp.GetOverallCode() != want {
+				t.Fatalf("request %d of descriptor cost 6: %v, want %v", i+1, resp, want)
+			}
+		}
+	})
+
+	t.Run("several descriptors", func(t *testing.T) {
+		unmatchedBefore := counter(t, p.reg, "sluice_envoy_unmatched_descriptors_total", nil)
+		resp := ask(t, p.rls, request("sluice", 0,
+			desc("tenant", "acme", "class", "read"),
+			smallWrite, // exhausted above
+			desc("path", "/healthz"),
+		))
+		st := resp.GetStatuses()
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || len(st) != 3 {
+			t.Fatalf("answer %v, want OVER_LIMIT with 3 statuses", resp)
+		}
+		if st[0].GetCode() != rlsv3.RateLimitResponse_OK || st[1].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("codes %v, %v; want OK, OVER_LIMIT", st[0].GetCode(), st[1].GetCode())
+		}
+		readStd := limitSpec{"read", 1000000, rlsv3.RateLimitResponse_RateLimit_SECOND, 1000000, 1}
+		if err := checkStatus(st[0], readStd, time.Second); err != nil {
+			t.Error(err)
+		}
+		if st[2].GetCode() != rlsv3.RateLimitResponse_OK || st[2].GetCurrentLimit() != nil || st[2].GetLimitRemaining() != 0 {
+			t.Errorf("unmatched descriptor answered %v, want OK without a limit", st[2])
+		}
+		// The headers describe the descriptor over limit.
+		if err := checkHeaders(resp, st[1], tinyWrite); err != nil {
+			t.Error(err)
+		}
+		if n := counter(t, p.reg, "sluice_envoy_unmatched_descriptors_total", nil) - unmatchedBefore; n != 1 {
+			t.Errorf("unmatched counter grew by %v, want 1", n)
+		}
+	})
+
+	t.Run("unmatched domain", func(t *testing.T) {
+		resp := ask(t, p.rls, request("elsewhere", 0, desc("tenant", "acme", "class", "write")))
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || len(resp.GetStatuses()) != 1 ||
+			resp.GetStatuses()[0].GetCurrentLimit() != nil || len(resp.GetResponseHeadersToAdd()) != 0 {
+			t.Errorf("answer %v, want OK, one status without a limit, no headers", resp)
+		}
+	})
+
+	t.Run("fixed-class mapping", func(t *testing.T) {
+		resp := ask(t, p.rls, request("edge", 0, desc("customer", "acme", "unrelated", "x")))
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetCurrentLimit().GetName() != "read" {
+			t.Errorf("answer %v, want OK on class read", resp)
+		}
+	})
+
+	t.Run("headers off", func(t *testing.T) {
+		off := false
+		quiet, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: cfg}, Limiter: p.lim, Headers: &off})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := quiet.ShouldRateLimit(context.Background(), request("sluice", 0, smallWrite))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || len(resp.GetResponseHeadersToAdd()) != 0 {
+			t.Errorf("answer %v, want OVER_LIMIT without headers", resp)
+		}
+	})
+}
+
+// TestShadowModeNeverLimits: a shadow class answers OK past its limit and
+// counts the would-be denials as shadow_denied.
+func TestShadowModeNeverLimits(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	p := startProcess(t, rs, cfg, "envoy-shadow", true)
+	audit := limitSpec{"audit", 1, rlsv3.RateLimitResponse_RateLimit_MINUTE, 2, 120}
+	const n = 10
+	for i := range n {
+		resp := ask(t, p.rls, request("sluice", 0, desc("tenant", "acme", "class", "audit")))
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("request %d: %v, want OK (shadow)", i+1, resp)
+		}
+		if err := checkStatus(st, audit, 2*time.Minute); err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		if err := checkHeaders(resp, st, audit); err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+	}
+	labels := map[string]string{"class": "audit", "tier": "std"}
+	okN := counter(t, p.reg, "sluice_envoy_decisions_total", with(labels, "result", "ok"))
+	shadowN := counter(t, p.reg, "sluice_envoy_decisions_total", with(labels, "result", "shadow_denied"))
+	// The lease client answers a shadow key without waiting for a
+	// synchronous acquire (the request passes anyway), so its real verdict
+	// may deny before the whole burst of 2 was fetched; it never allows
+	// more than the burst.
+	if okN < 1 || okN > 2 || shadowN < n-2 || okN+shadowN != n {
+		t.Errorf("ok %v, shadow_denied %v; want 1..2 (burst 2) and the rest shadow_denied", okN, shadowN)
+	}
+	if over := counter(t, p.reg, "sluice_envoy_decisions_total", with(labels, "result", "over_limit")); over != 0 {
+		t.Errorf("%v over_limit decisions in shadow mode", over)
+	}
+}
+
+// TestMetricsCarryNoTenant: every series is sluice_envoy_* with labels
+// from class, tier and result only.
+func TestMetricsCarryNoTenant(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	p := startProcess(t, rs, cfg, "envoy-metrics", true)
+	ask(t, p.rls, request("sluice", 0, desc("tenant", "acme", "class", "write"), desc("other", "x")))
+	p.rls.ShouldRateLimit(context.Background(), request("", 0))
+	mfs, err := p.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	allowed := map[string]bool{"class": true, "tier": true, "result": true}
+	for _, mf := range mfs {
+		seen[mf.GetName()] = true
+		if !strings.HasPrefix(mf.GetName(), "sluice_envoy_") {
+			t.Errorf("metric %s lacks the sluice_envoy_ prefix", mf.GetName())
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if !allowed[lp.GetName()] || lp.GetValue() == "acme" {
+					t.Errorf("metric %s has label %s=%q", mf.GetName(), lp.GetName(), lp.GetValue())
+				}
+			}
+		}
+	}
+	for _, name := range []string{"sluice_envoy_decisions_total", "sluice_envoy_unmatched_descriptors_total", "sluice_envoy_request_duration_seconds"} {
+		if !seen[name] {
+			t.Errorf("metric %s not exported", name)
+		}
+	}
+	// The Service is also a Collector, for registries that exist only
+	// after it was built (a daemon's).
+	later := prometheus.NewRegistry()
+	if err := later.Register(p.svc); err != nil {
+		t.Fatal(err)
+	}
+	if n := counter(t, later, "sluice_envoy_unmatched_descriptors_total", nil); n != 1 {
+		t.Errorf("registered later: unmatched %v, want 1", n)
+	}
+	if _, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: cfg}, Registerer: p.reg}); err == nil {
+		t.Error("a second Service registered on the same registry")
+	}
+	if _, err := envoyrls.New(envoyrls.Options{}); err == nil {
+		t.Error("New without Config succeeded")
+	}
+}
