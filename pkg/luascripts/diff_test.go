@@ -117,8 +117,9 @@ func TestLuaMatchesModel(t *testing.T) {
 				rate := rapid.SampledFrom([]float64{0, 0.25, 2, 40, 500.5}).Draw(rt, "grant_rate")
 				burst := rapid.SampledFrom([]float64{0, 1, 7.5, 100}).Draw(rt, "grant_burst")
 				exp := now + rapid.Int64Range(-2e6, 10e6).Draw(rt, "grant_valid")
-				want = m.SetRate(now, kc.keys, kc.c, rate, burst, exp)
-				got, err = sc.SetRate(ctx, rdb, kc.keys, kc.c, rate, burst, exp)
+				issued := now - rapid.Int64Range(0, 3e6).Draw(rt, "issued_ago")
+				want = m.SetRate(now, kc.keys, kc.c, rate, burst, exp, issued)
+				got, err = sc.SetRate(ctx, rdb, kc.keys, kc.c, rate, burst, exp, issued)
 			case 6:
 				want = m.State(now, kc.keys, kc.c)
 				got, err = sc.State(ctx, rdb, kc.keys, kc.c)

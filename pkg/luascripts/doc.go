@@ -20,9 +20,9 @@
 //     by reclaiming a lease's unspent tokens; a bucket recreated after a
 //     Redis restart is not handed a free burst (see the born argument).
 //   - A usage report is applied at most once per (instance, key, seq).
-//   - Every key carries a TTL of at least 2 x cap / rate, 2 x lease TTL and
-//     the grant's remaining validity, so idle keys disappear but never reset
-//     early.
+//   - Every key carries a TTL of at least the grant's remaining validity
+//     plus 2 x cap / static rate, and at least 2 x lease TTL, so idle keys
+//     disappear but never reset early.
 //   - Scripts are O(1) plus reaping bounded by Common.ReapBudget.
 //   - Floats are stored with '%.6f'; integers with '%.0f'.
 //

@@ -25,7 +25,7 @@ type Model struct {
 
 // modelBucket mirrors the bucket hash; every field a float64 as in Lua.
 type modelBucket struct {
-	tk, ts, gr, gb, ge, out, adm, den float64
+	tk, ts, gr, gb, ge, out, adm, den, gs float64
 	expireAt                          float64 // µs, the key's TTL deadline
 	ttlMS                             float64 // the TTL last set (PEXPIRE argument)
 }
@@ -288,22 +288,17 @@ func (o *op) resetMS() float64 {
 // every key's TTL as save_bucket does.
 func (o *op) save() {
 	b := &o.b
-	capmax, ratemin := o.sb(), o.sr()
-	if o.grantValid(o.now) {
-		if b.gb > capmax {
-			capmax = b.gb
-		}
-		if b.gr > 0 && b.gr < ratemin {
-			ratemin = b.gr
-		}
+	capmax := o.sb()
+	if o.grantValid(o.now) && b.gb > capmax {
+		capmax = b.gb
 	}
-	ttl := math.Ceil(float64(2000*capmax) / ratemin)
+	gleft := 0.0
+	if o.grantValid(o.now) {
+		gleft = math.Ceil((b.ge - o.now) / 1000)
+	}
+	ttl := gleft + math.Ceil(float64(2000*capmax)/o.sr())
 	if ttl < 2*o.lttl() {
 		ttl = 2 * o.lttl()
-	}
-	gleft := math.Ceil((b.ge - o.now) / 1000)
-	if ttl < gleft {
-		ttl = gleft
 	}
 	ttl = ttl + 1000
 	b.expireAt = o.now + ttl*1000
@@ -443,13 +438,13 @@ func (m *Model) Reap(nowUS int64, k Keys, c Common) ReapReply {
 }
 
 // SetRate mirrors Scripts.SetRate.
-func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expiryUS int64) SetRateReply {
+func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expiryUS, issuedUS int64) SetRateReply {
 	o := m.begin(nowUS, k, c)
 	o.reap(c.ReapBudget)
 	exp := float64(expiryUS)
 	applied := false
-	if exp >= o.b.ge {
-		o.b.gr, o.b.gb, o.b.ge = rate, burst, exp
+	if float64(issuedUS) >= o.b.gs {
+		o.b.gr, o.b.gb, o.b.ge, o.b.gs = rate, burst, exp, float64(issuedUS)
 		o.clamp()
 		applied = true
 	}
@@ -480,7 +475,7 @@ func (m *Model) Snapshot() map[string]map[string]string {
 	for name, b := range m.buckets {
 		out[name] = map[string]string{
 			"tk": f6(b.tk), "ts": i0(b.ts), "gr": f6(b.gr), "gb": f6(b.gb),
-			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den),
+			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den), "gs": i0(b.gs),
 		}
 	}
 	for name, ls := range m.leases {

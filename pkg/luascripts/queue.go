@@ -79,8 +79,8 @@ func ParseState(q *Queued) (State, error) {
 
 // QueueSetRate adds set_rate.lua to p. The caller validated rate and burst
 // (finite, >= 0).
-func (s *Scripts) QueueSetRate(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, rate, burst float64, expiryUS int64) *Queued {
-	return queue(ctx, p, s.setRate, k.list(), s.args(cm, fmtFloat(rate), fmtFloat(burst), expiryUS))
+func (s *Scripts) QueueSetRate(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, rate, burst float64, expiryUS, issuedUS int64) *Queued {
+	return queue(ctx, p, s.setRate, k.list(), s.args(cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS))
 }
 
 // ParseSetRate reads a queued set_rate's reply.

@@ -337,13 +337,13 @@ func (s *Scripts) Reap(ctx context.Context, c redis.Scripter, k Keys, cm Common)
 	return rr, p.err(4)
 }
 
-// SetRate runs set_rate.lua: installs a grant valid until expiryUS (Redis
-// time, µs).
-func (s *Scripts) SetRate(ctx context.Context, c redis.Scripter, k Keys, cm Common, rate, burst float64, expiryUS int64) (SetRateReply, error) {
+// SetRate runs set_rate.lua: installs a grant valid until expiryUS, issued
+// for a report sent at issuedUS (Redis time, µs).
+func (s *Scripts) SetRate(ctx context.Context, c redis.Scripter, k Keys, cm Common, rate, burst float64, expiryUS, issuedUS int64) (SetRateReply, error) {
 	if !(rate >= 0) || !(burst >= 0) || isInf(rate) || isInf(burst) {
 		return SetRateReply{}, fmt.Errorf("set_rate %s: rate %v and burst %v must be non-negative numbers", k.Bucket, rate, burst)
 	}
-	res, err := s.setRate.Run(ctx, c, k.list(), s.args(cm, fmtFloat(rate), fmtFloat(burst), expiryUS)...).Slice()
+	res, err := s.setRate.Run(ctx, c, k.list(), s.args(cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS)...).Slice()
 	if err != nil {
 		return SetRateReply{}, fmt.Errorf("set_rate %s: %w", k.Bucket, err)
 	}

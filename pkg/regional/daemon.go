@@ -51,13 +51,20 @@ type DaemonOptions struct {
 	ServerTLS *tls.Config
 	// DrainTimeout bounds graceful shutdown. Optional, default 10s.
 	DrainTimeout time.Duration
+	// Registry receives the daemon's metrics. Optional, default a new
+	// registry; the Go and process collectors are added to it either way.
+	Registry *prometheus.Registry
 	// Logger. Optional, default slog.Default().
 	Logger *slog.Logger
 	// Extra registers more gRPC services on the daemon's server (the Envoy
 	// endpoint). Optional.
 	Extra []func(*grpc.Server)
-	// Background runs alongside the daemon until it stops (the region
-	// leader). Optional.
+	// Leader, when set, makes this replica a candidate for its region's
+	// leadership: the leader reports demand to the global tier every epoch
+	// and installs the grants. Identity defaults to the bound gRPC address.
+	// Optional: without it the region runs on static shares.
+	Leader *LeaderOptions
+	// Background runs alongside the daemon until it stops. Optional.
 	Background []func(ctx context.Context, d *Daemon) error
 }
 
@@ -68,6 +75,7 @@ type Daemon struct {
 	Redis    *redis.Client
 	Registry *prometheus.Registry
 	Health   *health.Server
+	Leader   *Leader // nil unless DaemonOptions.Leader was set
 
 	grpc     *grpc.Server
 	grpcLis  net.Listener
@@ -101,7 +109,10 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if o.Config == nil {
 		return nil, errors.New("regional: Config is required")
 	}
-	reg := prometheus.NewRegistry()
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	guard := NewRestartGuard("sl:", o.ColdStart, o.Logger)
 	rdb := redis.NewClient(&redis.Options{
@@ -168,6 +179,17 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	epoch := time.Duration(o.Config.Current().Epoch)
 	d.spawn(func() error { return srv.Run(runCtx, epoch) })
 	d.spawn(func() error { d.watchReadiness(runCtx); return nil })
+	if o.Leader != nil {
+		lo := *o.Leader
+		if lo.Identity == "" {
+			lo.Identity = d.GRPCAddr()
+		}
+		if d.Leader, err = NewLeader(srv, lo); err != nil {
+			d.Stop()
+			return nil, err
+		}
+		d.spawn(func() error { return d.Leader.Run(runCtx) })
+	}
 	for _, bg := range o.Background {
 		d.spawn(func() error { return bg(runCtx, d) })
 	}

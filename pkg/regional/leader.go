@@ -205,11 +205,14 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 			Key:     &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class},
 			Holding: st.Holding(),
 		}
+		// The first sight of a key (after an election) is a baseline: a
+		// 1 ms window with no counts barely moves the demand estimate.
+		kd.WindowMs = 1
 		if seen && st.NowUS > prev.atUS {
 			// Counters restart at 0 when a bucket expired and came back.
 			kd.Admitted = nonNegativeDelta(st.Admitted, prev.admitted)
 			kd.Denied = nonNegativeDelta(st.Denied, prev.denied)
-			kd.WindowMs = (st.NowUS - prev.atUS) / 1000
+			kd.WindowMs = max(1, (st.NowUS-prev.atUS)/1000)
 		}
 		if st.GrantExpiryUS > 0 {
 			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
@@ -253,8 +256,16 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 	}
 	qs := luascripts.RunQueued(ctx, s.opts.Redis, func(pipe redis.Pipeliner) []*luascripts.Queued {
 		out := make([]*luascripts.Queued, len(items))
+		granted := make([]redis.Z, len(items))
 		for i, it := range items {
-			out[i] = s.scripts.QueueSetRate(ctx, pipe, it.p.keys, it.p.common, it.rate, it.burst, it.expiryUS)
+			out[i] = s.scripts.QueueSetRate(ctx, pipe, it.p.keys, it.p.common, it.rate, it.burst, it.expiryUS, sendUS)
+			granted[i] = redis.Z{Score: float64(sendUS), Member: it.p.key.Tenant + "|" + it.p.key.Class}
+		}
+		// A granted key is reported in the next epochs even without local
+		// traffic: the allocator needs the region to acknowledge what it
+		// holds before it moves capacity elsewhere.
+		if len(granted) > 0 {
+			pipe.ZAdd(ctx, s.opts.Prefix+"active", granted...)
 		}
 		return out
 	})

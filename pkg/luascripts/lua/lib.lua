@@ -6,6 +6,8 @@
 --                                 gr  granted rate (tokens/s, %.6f)
 --                                 gb  granted burst cap (tokens, %.6f)
 --                                 ge  grant expiry (µs, Redis clock); 0 = none
+--                                 gs  when the grant's report was sent (µs);
+--                                     orders grants, newest wins
 --                                 out unspent tokens out in live leases
 --                                 adm tokens admitted (cumulative counter)
 --                                 den tokens denied (cumulative counter)
@@ -58,14 +60,14 @@ local function clamp()
 end
 
 local function load_bucket()
-  local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den')
+  local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs')
   if not raw[2] then
     -- A missing bucket is trusted to be full only when the data set is old
     -- enough that every lease issued before it was born has expired: then
     -- it is as if the bucket had been empty since born + lease TTL and had
     -- refilled at the static rate. A key that merely idled out is always
     -- full (its TTL is at least 2 x burst / rate).
-    B.gr, B.gb, B.ge, B.out, B.adm, B.den = 0, 0, 0, 0, 0, 0
+    B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs = 0, 0, 0, 0, 0, 0, 0
     B.ts = NOW
     local warm = NOW - BORN - LTTL * 1000
     if warm < 0 then warm = 0 end
@@ -81,6 +83,7 @@ local function load_bucket()
   B.out = tonumber(raw[6])
   B.adm = tonumber(raw[7])
   B.den = tonumber(raw[8])
+  B.gs = tonumber(raw[9]) or 0
 end
 
 -- refill credits elapsed time piecewise: at the granted rate while the grant
@@ -213,20 +216,19 @@ end
 
 local function save_bucket()
   redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f6(B.gr), 'gb', f6(B.gb),
-    'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den))
+    'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs))
   -- Idle keys disappear, but never before a recreated bucket would be
-  -- correct: at least 2 x cap / rate (a full refill, twice), 2 x lease TTL
-  -- (every lease dead) and the grant's remaining validity.
-  local capmax, ratemin = SB, SR
-  if grant_valid(NOW) then
-    if B.gb > capmax then capmax = B.gb end
-    if B.gr > 0 and B.gr < ratemin then ratemin = B.gr end
-  end
-  local ttl = math.ceil(2000 * capmax / ratemin)
+  -- correct: the grant's remaining validity plus two full refills at the
+  -- static rate (the rate after the grant ends), and at least 2 x lease
+  -- TTL (every lease dead). Formatted as an integer: a large Lua number
+  -- would otherwise reach Redis in exponent form.
+  local capmax = SB
+  if grant_valid(NOW) and B.gb > capmax then capmax = B.gb end
+  local gleft = 0
+  if grant_valid(NOW) then gleft = math.ceil((B.ge - NOW) / 1000) end
+  local ttl = gleft + math.ceil(2000 * capmax / SR)
   if ttl < 2 * LTTL then ttl = 2 * LTTL end
-  local gleft = math.ceil((B.ge - NOW) / 1000)
-  if ttl < gleft then ttl = gleft end
-  ttl = ttl + 1000
+  ttl = i0(ttl + 1000)
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
   redis.call('PEXPIRE', KEYS[3], ttl)
