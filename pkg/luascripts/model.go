@@ -26,8 +26,8 @@ type Model struct {
 // modelBucket mirrors the bucket hash; every field a float64 as in Lua.
 type modelBucket struct {
 	tk, ts, gr, gb, ge, out, adm, den, gs float64
-	expireAt                          float64 // µs, the key's TTL deadline
-	ttlMS                             float64 // the TTL last set (PEXPIRE argument)
+	expireAt                              float64 // µs, the key's TTL deadline
+	ttlMS                                 float64 // the TTL last set (PEXPIRE argument)
 }
 
 type modelLease struct{ g, u, r, seq, exp, lg float64 }
