@@ -1,12 +1,23 @@
 // Command regional is Sluice's regional service: it keeps the region's
-// share of every quota as token buckets in the region's Redis and leases
-// batches of tokens to application instances over gRPC.
+// share of every quota as token buckets in the region's Redis, leases
+// batches of tokens to application instances over gRPC, answers Envoy's
+// rate limit service from leases it holds itself, and — on the replica
+// elected region leader — reports demand to the global allocator and
+// installs its grants.
+//
+// Config: from etcd (-etcd-endpoints; hot-reloaded, invalid configs are
+// refused) or from a file (-config) for development; the built-in sample
+// when neither is given.
+//
+// -dev runs a whole self-contained deployment in this process instead:
+// embedded etcd and Redis, a global allocator and this region.
 //
 // Every flag can also be set from the environment: -redis-addr from
 // SLUICE_REDIS_ADDR, and so on (the command line wins).
 package main
 
 import (
+	"crypto/tls"
 	"context"
 	"errors"
 	"flag"
@@ -14,67 +25,227 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
+	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:]); err != nil {
+	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "regional:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string) error {
+// flags are the command's settings; see register for their meaning.
+type flags struct {
+	dev                                 bool
+	region, grpcAddr, httpAddr          string
+	redisAddr, redisPassword            string
+	configFile, coldStart, logLevel     string
+	etcdEndpoints, etcdPrefix           string
+	globalAddrs                         string
+	sessionTTL                          time.Duration
+	envoyHeaders                        bool
+	tlsCert, tlsKey, tlsClientCA, tlsCA string
+	etcdCA, etcdCert, etcdKey           string
+	etcdUsername, etcdPassword          string
+}
+
+func parseFlags(args []string) (*flags, error) {
+	f := &flags{}
 	fs := flag.NewFlagSet("regional", flag.ContinueOnError)
-	region := fs.String("region", "us-east", "region this service serves (must be in the config)")
-	grpcAddr := fs.String("listen", "127.0.0.1:7400", "gRPC listen address (LeaseService, health)")
-	httpAddr := fs.String("metrics-listen", "127.0.0.1:7401", `HTTP listen address for /metrics and /healthz ("off" disables)`)
-	redisAddr := fs.String("redis-addr", "127.0.0.1:6379", "the region's Redis (host:port)")
-	redisPassword := fs.String("redis-password", "", "Redis password")
-	configFile := fs.String("config", "", "config file (YAML); empty = the built-in sample config")
-	coldStart := fs.String("cold-start", "conservative", `how an empty Redis is treated at start: "conservative" (new buckets start empty for one lease TTL) or "full"`)
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&f.dev, "dev", false, "run a self-contained deployment in this process (embedded etcd and Redis, a global allocator, this region) and print an example call")
+	fs.StringVar(&f.region, "region", "us-east", "region this service serves (must be in the config)")
+	fs.StringVar(&f.grpcAddr, "listen", "127.0.0.1:7400", "gRPC listen address (LeaseService, Envoy RateLimitService, health)")
+	fs.StringVar(&f.httpAddr, "metrics-listen", "127.0.0.1:7401", `HTTP listen address for /metrics, /healthz and /livez ("off" disables)`)
+	fs.StringVar(&f.redisAddr, "redis-addr", "127.0.0.1:6379", "the region's Redis (host:port)")
+	fs.StringVar(&f.redisPassword, "redis-password", "", "Redis password")
+	fs.StringVar(&f.configFile, "config", "", "config file (YAML): the config without etcd, the bootstrap written to etcd when it holds none; empty = the built-in sample")
+	fs.StringVar(&f.coldStart, "cold-start", "conservative", `how an empty Redis is treated at start: "conservative" (new buckets start empty for one lease TTL) or "full"`)
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "", "etcd endpoints, comma separated (config from etcd, region leader election); empty = no etcd")
+	fs.StringVar(&f.etcdPrefix, "etcd-prefix", config.DefaultPrefix, "etcd key prefix of the config and elections")
+	fs.StringVar(&f.globalAddrs, "global-addr", "", "global allocator address(es), comma separated; with etcd, makes this replica a candidate for region leader")
+	fs.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Second, "etcd session TTL of the region leader election")
+	fs.BoolVar(&f.envoyHeaders, "envoy-headers", true, "add x-ratelimit-* headers to Envoy rate limit answers")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "server certificate (PEM) for gRPC; enables TLS (also the client certificate towards the global tier)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "server private key (PEM)")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA bundle (PEM) client certificates must chain to; enables mutual TLS")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the global tier and this service's own certificate")
+	fs.StringVar(&f.etcdCA, "etcd-ca", "", "CA bundle (PEM) to verify etcd with; enables TLS to etcd")
+	fs.StringVar(&f.etcdCert, "etcd-cert", "", "client certificate (PEM) for etcd")
+	fs.StringVar(&f.etcdKey, "etcd-key", "", "client private key (PEM) for etcd")
+	fs.StringVar(&f.etcdUsername, "etcd-username", "", "etcd user")
+	fs.StringVar(&f.etcdPassword, "etcd-password", "", "etcd password")
 	flagenv.Usage(fs, "SLUICE")
 	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
-		return err
+		return nil, err
 	}
-	logger, err := newLogger(*logLevel)
-	if err != nil {
-		return err
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	cfg := config.Default()
-	if *configFile != "" {
-		data, err := os.ReadFile(*configFile)
-		if err != nil {
-			return err
-		}
-		if cfg, err = config.Parse(data); err != nil {
-			return fmt.Errorf("config %s: %w", *configFile, err)
-		}
-	}
-	cs, err := regional.ParseColdStart(*coldStart)
-	if err != nil {
-		return err
-	}
+	return f, nil
+}
 
+func run(ctx context.Context, args []string, stdout *os.File) error {
+	f, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	logger, err := newLogger(f.logLevel)
+	if err != nil {
+		return err
+	}
+	cfg, err := loadConfig(f.configFile)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if f.dev {
+		return runDev(ctx, f, cfg, logger, stdout)
+	}
+	cs, err := regional.ParseColdStart(f.coldStart)
+	if err != nil {
+		return err
+	}
+	serverTLS, err := tlsconfig.Server(f.tlsCert, f.tlsKey, f.tlsClientCA)
+	if err != nil {
+		return err
+	}
+	peerTLS, err := tlsconfig.Client(f.tlsCA, f.tlsCert, f.tlsKey, "")
+	if err != nil {
+		return fmt.Errorf("peer TLS: %w", err)
+	}
+	peerCreds := insecure.NewCredentials()
+	if peerTLS != nil {
+		peerCreds = credentials.NewTLS(peerTLS)
+	}
+
+	reg := prometheus.NewRegistry()
+	var source regional.ConfigSource = regional.StaticConfig{C: cfg}
+	var leaderOpts *regional.LeaderOptions
+	if eps := splitList(f.etcdEndpoints); len(eps) > 0 {
+		etcdTLS, err := tlsconfig.Client(f.etcdCA, f.etcdCert, f.etcdKey, "")
+		if err != nil {
+			return fmt.Errorf("etcd: %w", err)
+		}
+		cli, err := clientv3.New(clientv3.Config{
+			Endpoints: eps, DialTimeout: 10 * time.Second, TLS: etcdTLS,
+			Username: f.etcdUsername, Password: f.etcdPassword, Logger: zap.NewNop(),
+		})
+		if err != nil {
+			return fmt.Errorf("etcd client: %w", err)
+		}
+		defer cli.Close()
+		store := config.NewStore(cli, f.etcdPrefix)
+		watcher := config.NewWatcher(store, cfg, logger, reg)
+		watchCtx, stopWatch := context.WithCancel(context.Background())
+		defer stopWatch()
+		go watcher.Run(watchCtx)
+		source = watcher
+		if addrs := splitList(f.globalAddrs); len(addrs) > 0 {
+			gc, err := allocator.NewClient(addrs, grpc.WithTransportCredentials(peerCreds))
+			if err != nil {
+				return err
+			}
+			defer gc.Close()
+			leaderOpts = &regional.LeaderOptions{Etcd: cli, ElectionPrefix: store.ElectionPrefix(),
+				Global: gc, SessionTTL: f.sessionTTL}
+		} else {
+			logger.Warn("no -global-addr: this region runs on static shares only")
+		}
+	} else if f.globalAddrs != "" {
+		return errors.New("-global-addr needs -etcd-endpoints (the region leader is elected in etcd)")
+	}
+
+	envoy, err := envoyrls.New(envoyrls.Options{Config: source, Registerer: reg, Logger: logger, Headers: &f.envoyHeaders})
+	if err != nil {
+		return err
+	}
 	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
-		Region: *region, GRPCAddr: *grpcAddr, HTTPAddr: *httpAddr,
-		RedisAddr: *redisAddr, RedisPassword: *redisPassword,
-		Config: regional.StaticConfig{C: cfg}, ColdStart: cs, Logger: logger,
+		Region: f.region, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
+		RedisAddr: f.redisAddr, RedisPassword: f.redisPassword,
+		Config: source, ColdStart: cs, ServerTLS: serverTLS, Registry: reg, Logger: logger,
+		Leader: leaderOpts,
+		Extra: []func(*grpc.Server){
+			func(g *grpc.Server) { envoyrls.Register(g, envoy) },
+			func(g *grpc.Server) { reflection.Register(g) },
+		},
 	})
 	if err != nil {
 		return err
 	}
+	// The Envoy endpoint decides from leases this process holds itself: a
+	// lease client of its own LeaseService.
+	loop, err := envoyrls.DialLoopback(d.GRPCAddr(), peerCredsFor(serverTLS, peerCreds), lease.Options{
+		InstanceID: "envoy-" + strings.NewReplacer(":", "-", "[", "", "]", "").Replace(d.GRPCAddr()),
+		Logger:     logger, Registerer: reg,
+	})
+	if err != nil {
+		d.Stop()
+		return err
+	}
+	envoy.SetLimiter(loop)
+
 	<-ctx.Done()
-	logger.Info("shutting down: draining")
+	logger.Info("shutting down: releasing leases and draining")
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	loop.Close(cctx)
+	cancel()
 	d.Stop()
 	return nil
+}
+
+// peerCredsFor are the credentials of the loopback lease client: plaintext
+// when the server is, else the peer TLS settings.
+func peerCredsFor(serverTLS *tls.Config, peer credentials.TransportCredentials) credentials.TransportCredentials {
+	if serverTLS == nil {
+		return insecure.NewCredentials()
+	}
+	return peer
+}
+
+func loadConfig(file string) (*config.Config, error) {
+	if file == "" {
+		return config.Default(), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := config.Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", file, err)
+	}
+	return cfg, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func newLogger(level string) (*slog.Logger, error) {

@@ -48,6 +48,10 @@ commands:
   tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...]
                  [-remove-override class ...] [-yes] [-dry-run]
   shadow set (class NAME | tenant NAME) on|off [-yes] [-dry-run]
+  lease -addr HOST:PORT -tenant T [-class C] [-want N] [-keep]
+                                    take (and release) one lease from a regional service
+  check -addr HOST:PORT -tenant T [-class C] [-cost N]
+                                    one strict decision from a regional service
 
 Changes (apply, tenant set, shadow set) are validated, shown as a diff and
 written in one etcd transaction guarded by the revision they were computed
@@ -154,6 +158,8 @@ func (a *app) commands() []command {
 		{"tenant get", "tenant get NAME", a.tenantGetCmd},
 		{"tenant set", "tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...] [-remove-override class ...] [-yes] [-dry-run]", a.tenantSetCmd},
 		{"shadow set", "shadow set (class NAME | tenant NAME) on|off [-yes] [-dry-run]", a.shadowSetCmd},
+		{"lease", "lease -addr HOST:PORT -tenant T [-class C] [-want N] [-keep]", a.leaseCmd},
+		{"check", "check -addr HOST:PORT -tenant T [-class C] [-cost N]", a.checkCmd},
 	}
 }
 
@@ -373,15 +379,16 @@ func (a *app) grpcCredentials() (credentials.TransportCredentials, error) {
 	return credentials.NewTLS(tlsCfg), nil
 }
 
-// dialGlobal opens a lazy connection to a global allocator replica.
-func (a *app) dialGlobal(addr string) (*grpc.ClientConn, error) {
+// dialGRPC opens a lazy connection to a Sluice service (a global allocator
+// replica or a regional service) with the -tls-* credentials.
+func (a *app) dialGRPC(addr string) (*grpc.ClientConn, error) {
 	creds, err := a.grpcCredentials()
 	if err != nil {
 		return nil, err
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
-		return nil, exitf(exitUsage, "global allocator address %q: %v", addr, err)
+		return nil, exitf(exitUsage, "address %q: %v", addr, err)
 	}
 	return conn, nil
 }

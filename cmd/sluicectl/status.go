@@ -242,7 +242,7 @@ func electionLeaders(electionPrefix string, kvs []*mvccpb.KeyValue) (*leaderView
 // askGlobal calls AllocatorService.Status on addr. Failures to reach it
 // are recorded in rep.
 func (a *app) askGlobal(ctx context.Context, addr string, top int32, rep *statusReport) error {
-	conn, err := a.dialGlobal(addr)
+	conn, err := a.dialGRPC(addr)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -177,6 +178,7 @@ func (c *Cluster) NewEtcdClient() (*clientv3.Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{c.Etcd.Clients[0].Addr().String()},
 		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(), // the etcd client logs retries of cancelled calls at shutdown
 	})
 	if err != nil {
 		return nil, fmt.Errorf("devcluster: etcd client: %w", err)

@@ -1,0 +1,169 @@
+// Command global is Sluice's global allocator: replicas elect one leader in
+// etcd, which divides every contended key's global rate among the regions
+// each epoch and hands out grants; the others stand by and redirect.
+//
+// The live config is the one in etcd (<prefix>/config), hot-reloaded.
+// -config writes a bootstrap config there only when etcd holds none.
+//
+// Every flag can also be set from the environment: -etcd-endpoints from
+// SLUICE_ETCD_ENDPOINTS, and so on (the command line wins).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/pkg/allocator"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/tlsconfig"
+)
+
+// etcdTimeout bounds connecting to etcd and writing the bootstrap config.
+const etcdTimeout = 10 * time.Second
+
+func main() {
+	if err := run(context.Background(), os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "global:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("global", flag.ContinueOnError)
+	grpcAddr := fs.String("listen", allocator.DefaultGRPCAddr, "gRPC listen address (AllocatorService, health)")
+	httpAddr := fs.String("metrics-listen", allocator.DefaultHTTPAddr, `HTTP listen address for /metrics and /healthz ("off" disables)`)
+	advertise := fs.String("advertise", "", "host:port regions and other replicas reach this replica at (default: the bound -listen address)")
+	endpoints := fs.String("etcd-endpoints", "", "etcd endpoints, comma separated host:port (required)")
+	prefix := fs.String("etcd-prefix", config.DefaultPrefix, "etcd key prefix for the config and the election")
+	configFile := fs.String("config", "", "bootstrap config (YAML) written to etcd only when etcd holds no config; empty = the built-in sample as fallback")
+	sessionTTL := fs.Duration("session-ttl", allocator.DefaultSessionTTL, "etcd session TTL behind the leadership (whole seconds); a leader stops granting half of it after losing etcd")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	tlsCert := fs.String("tls-cert", "", "server certificate (PEM) for gRPC; enables TLS")
+	tlsKey := fs.String("tls-key", "", "server private key (PEM)")
+	tlsClientCA := fs.String("tls-client-ca", "", "CA bundle (PEM) client certificates must chain to; enables mutual TLS")
+	etcdCA := fs.String("etcd-ca", "", "CA bundle (PEM) to verify etcd with; enables TLS to etcd")
+	etcdCert := fs.String("etcd-cert", "", "client certificate (PEM) for etcd")
+	etcdKey := fs.String("etcd-key", "", "client private key (PEM) for etcd")
+	etcdUser := fs.String("etcd-username", "", "etcd user")
+	etcdPassword := fs.String("etcd-password", "", "etcd password")
+	flagenv.Usage(fs, "SLUICE")
+	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
+		return err
+	}
+	logger, err := newLogger(*logLevel)
+	if err != nil {
+		return err
+	}
+	eps := splitList(*endpoints)
+	if len(eps) == 0 {
+		return errors.New("-etcd-endpoints is required (comma separated host:port list)")
+	}
+	serverTLS, err := tlsconfig.Server(*tlsCert, *tlsKey, *tlsClientCA)
+	if err != nil {
+		return err
+	}
+	etcdTLS, err := tlsconfig.Client(*etcdCA, *etcdCert, *etcdKey, "")
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	fallback := config.Default()
+	var bootstrap *config.Config
+	if *configFile != "" {
+		data, err := os.ReadFile(*configFile)
+		if err != nil {
+			return err
+		}
+		if bootstrap, err = config.Parse(data); err != nil {
+			return fmt.Errorf("config %s: %w", *configFile, err)
+		}
+		fallback = bootstrap
+	}
+
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: eps, DialTimeout: etcdTimeout, TLS: etcdTLS,
+		Username: *etcdUser, Password: *etcdPassword, Logger: zap.NewNop(),
+	})
+	if err != nil {
+		return fmt.Errorf("etcd client: %w", err)
+	}
+	defer cli.Close()
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	store := config.NewStore(cli, *prefix)
+	if bootstrap != nil {
+		writeBootstrap(ctx, store, bootstrap, logger)
+	}
+	reg := prometheus.NewRegistry()
+	watcher := config.NewWatcher(store, fallback, logger, reg)
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	watchDone := make(chan error, 1)
+	go func() { watchDone <- watcher.Run(watchCtx) }()
+	defer func() {
+		stopWatch()
+		if err := <-watchDone; err != nil {
+			logger.Error("config watcher", "error", err)
+		}
+	}()
+
+	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
+		GRPCAddr: *grpcAddr, HTTPAddr: *httpAddr, Advertise: *advertise,
+		Etcd: cli, Prefix: *prefix, SessionTTL: *sessionTTL, Config: watcher,
+		ServerTLS: serverTLS, Registry: reg, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	logger.Info("shutting down: resigning and draining")
+	d.Stop()
+	return nil
+}
+
+// writeBootstrap stores cfg unless etcd already holds a config, which then
+// wins. Failing to reach etcd is not fatal: the watcher serves cfg as its
+// fallback until etcd answers.
+func writeBootstrap(ctx context.Context, store *config.Store, cfg *config.Config, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	defer cancel()
+	rev, err := store.Apply(ctx, cfg, 0)
+	switch {
+	case err == nil:
+		logger.Info("bootstrap config written to etcd", "key", store.Key(), "revision", rev)
+	case errors.Is(err, config.ErrConflict):
+		logger.Info("etcd already holds a config; it wins over the bootstrap file", "key", store.Key())
+	default:
+		logger.Warn("could not write the bootstrap config to etcd; using it as fallback", "key", store.Key(), "error", err)
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, errors.New("log level " + level + ": want debug, info, warn or error")
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+const bootstrapYAML = `
+epoch: 100ms
+regions:
+  us-east: {weight: 1}
+classes:
+  write: {}
+tiers:
+  free: {write: {rate: 10/s, burst: 10}}
+default_tier: free
+`
+
+// freeAddr is a loopback address free at the time of the call.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return lis.Addr().String()
+}
+
+// start runs the command until the test ends and returns its gRPC address.
+func start(t *testing.T, endpoints []string, configFile string) (sluicev1.AllocatorServiceClient, context.CancelFunc, <-chan error) {
+	t.Helper()
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-listen", addr, "-metrics-listen", "off", "-session-ttl", "1s",
+			"-etcd-prefix", "/cmdtest", "-config", configFile, "-log-level", "warn",
+			"-etcd-endpoints", strings.Join(endpoints, ",")})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return sluicev1.NewAllocatorServiceClient(conn), cancel, done
+}
+
+// TestRunBootstrapsAndLeads runs the command against a real etcd: the
+// bootstrap file lands in etcd when it holds no config, the replica leads
+// on it, a second bootstrap does not overwrite it, and a signal-like
+// cancel drains and returns cleanly.
+func TestRunBootstrapsAndLeads(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	first := filepath.Join(dir, "first.yaml")
+	if err := os.WriteFile(first, []byte(bootstrapYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	api, cancel, done := start(t, srv.Endpoints(), first)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, c := context.WithTimeout(context.Background(), time.Second)
+		st, err := api.Status(ctx, &sluicev1.StatusRequest{})
+		c()
+		if err == nil && st.Leader && st.ConfigRevision > 0 && len(st.Regions) == 1 && st.Regions[0].Region == "us-east" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never led on the bootstrap config: %v %v", st, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	store := config.NewStore(srv.Client(t), "/cmdtest")
+	ctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+	defer c()
+	stored, rev, err := store.Get(ctx)
+	if err != nil || stored == nil || len(stored.Regions) != 1 {
+		t.Fatalf("etcd config after bootstrap: %v rev %d %v", stored, rev, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run after cancel: %v", err)
+	}
+
+	second := filepath.Join(dir, "second.yaml")
+	if err := os.WriteFile(second, []byte(strings.Replace(bootstrapYAML, "us-east", "eu-west", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	api, _, _ = start(t, srv.Endpoints(), second)
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		ctx, c := context.WithTimeout(context.Background(), time.Second)
+		st, err := api.Status(ctx, &sluicev1.StatusRequest{})
+		c()
+		if err == nil && st.Leader && st.ConfigRevision == rev {
+			if len(st.Regions) != 1 || st.Regions[0].Region != "us-east" {
+				t.Fatalf("the second bootstrap overrode etcd: %v", st.Regions)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("second run never led on etcd's config (revision %d): %v %v", rev, st, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+}
+
+func TestRunRefusesBadFlags(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{}, "-etcd-endpoints is required"},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-tls-cert", "x.pem"}, "a certificate file and a key file are both required"},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-log-level", "loud"}, "log level loud"},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-config", missing}, missing},
+	} {
+		err := run(context.Background(), c.args)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("run %v: %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+}
