@@ -300,3 +300,11 @@ func (c *Cluster) Stop() {
 		c.tmpDir = ""
 	}
 }
+
+// Kill ends the replica as a crash would: its etcd connection goes first,
+// so it cannot resign, and its leadership lapses only when its session
+// expires; then its server stops.
+func (g *GlobalReplica) Kill() {
+	g.etcd.Close()
+	g.Daemon.Stop()
+}

@@ -1,0 +1,260 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/devcluster"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestGlobalLeaderFailover kills the global leader (its etcd connection
+// and its server go at once, no resignation) while one region saturates a
+// key. The standby leads within session TTL + one epoch (plus scheduling
+// slack), and the fleet never admits more than b + r·t meanwhile.
+func TestGlobalLeaderFailover(t *testing.T) {
+	const ttl = time.Second
+	c, err := devcluster.Start(context.Background(), devcluster.Options{
+		Config: mustConfig(t, threeRegions), GlobalReplicas: 2, SessionTTL: ttl,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	leaderAddr := waitLeader(t, c, 15*time.Second)
+
+	key := quota.Key{Tenant: "acme", Class: "read"}
+	const r, b = 400.0, 200.0
+	start := time.Now()
+	l := startLoad(t, c, key, 100*time.Millisecond, 3)
+	conf := watchConformance(t, l, r, b, start, 50*time.Millisecond)
+	l.set("us-east")
+	waitGrant(t, c, "us-east", key, 0.95*r, 20*epoch)
+
+	var leader, standby *devcluster.GlobalReplica
+	for _, g := range c.Global {
+		if g.Daemon.GRPCAddr() == leaderAddr {
+			leader = g
+		} else {
+			standby = g
+		}
+	}
+	killed := time.Now()
+	leader.Kill()
+	deadline := killed.Add(ttl + epoch + 2*time.Second)
+	for !standby.Daemon.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatalf("standby not leading %v after the leader died", time.Since(killed))
+		}
+		time.Sleep(10 * time.Millisecond) // polling leadership with a deadline
+	}
+	took := time.Since(killed)
+	t.Logf("standby leads %v after the kill (session TTL %v + epoch %v)", took, ttl, epoch)
+	if took > ttl+epoch+500*time.Millisecond {
+		t.Errorf("failover took %v, want within TTL + epoch (+500ms scheduling)", took)
+	}
+	// Keep the load through learning mode and after.
+	<-time.After(3 * time.Second)
+	l.halt()
+	conf.finish()
+	t.Logf("conformance: %d checkpoints, worst margin %d tokens", conf.samples.Load(), conf.worst.Load())
+}
+
+// partitioner cuts a region's connections to the global tier on demand:
+// new dials fail and established connections fail their next read or
+// write.
+type partitioner struct {
+	mu  sync.Mutex
+	cut map[string]bool
+}
+
+func (p *partitioner) set(region string, cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cut == nil {
+		p.cut = map[string]bool{}
+	}
+	p.cut[region] = cut
+}
+
+func (p *partitioner) isCut(region string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cut[region]
+}
+
+func (p *partitioner) dial(ctx context.Context, region, addr string) (net.Conn, error) {
+	if p.isCut(region) {
+		return nil, errors.New("partitioned from the global tier")
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &faultConn{Conn: conn, cut: func() bool { return p.isCut(region) }}, nil
+}
+
+type faultConn struct {
+	net.Conn
+	cut func() bool
+}
+
+var errCut = errors.New("partitioned")
+
+func (c *faultConn) Read(b []byte) (int, error) {
+	if c.cut() {
+		c.Conn.Close()
+		return 0, errCut
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *faultConn) Write(b []byte) (int, error) {
+	if c.cut() {
+		c.Conn.Close()
+		return 0, errCut
+	}
+	return c.Conn.Write(b)
+}
+
+// TestRegionPartitionedFromGlobal cuts us-east, the region holding most of
+// a key's rate, off the global tier while it saturates the key and eu-west
+// starts demanding too. Nothing is over-admitted during the cut (us-east
+// runs on its grant, then on its static share; the allocator reserves
+// max(grant, share) for it), and after the cut heals the shares converge
+// to the weighted max-min split again.
+func TestRegionPartitionedFromGlobal(t *testing.T) {
+	var p partitioner
+	c, err := devcluster.Start(context.Background(), devcluster.Options{
+		Config: mustConfig(t, threeRegions), GlobalReplicas: 1, SessionTTL: time.Second, DialGlobal: p.dial,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	waitLeader(t, c, 15*time.Second)
+	key := quota.Key{Tenant: "acme", Class: "read"}
+	const r, b = 400.0, 200.0
+	start := time.Now()
+	l := startLoad(t, c, key, 100*time.Millisecond, 3)
+	conf := watchConformance(t, l, r, b, start, 50*time.Millisecond)
+	l.set("us-east")
+	waitGrant(t, c, "us-east", key, 0.95*r, 20*epoch)
+
+	p.set("us-east", true)
+	l.set("us-east", "eu-west")
+	<-time.After(3 * time.Second) // longer than the grant validity (1s)
+	during := regionRate(t, c, "us-east", key).Rate
+	t.Logf("us-east during the cut refills at %.1f/s (static share 200)", during)
+	if during > 200.0001 {
+		t.Errorf("us-east still refills at %.1f/s after its grant expired; want its static share", during)
+	}
+
+	p.set("us-east", false)
+	// Both regions saturate; weights 2:1 split r = 400 as 266.7 / 133.3.
+	var ue, ew float64
+	healed := time.Now()
+	for {
+		ue, ew = regionRate(t, c, "us-east", key).Rate, regionRate(t, c, "eu-west", key).Rate
+		if near(ue, 266.67, 0.05) && near(ew, 133.33, 0.05) {
+			break
+		}
+		if time.Since(healed) > 30*epoch {
+			dumpStatus(t, c)
+			t.Fatalf("after healing: us-east %.1f/s, eu-west %.1f/s; want 266.7 / 133.3 within 5%%", ue, ew)
+		}
+		time.Sleep(10 * time.Millisecond) // polling Redis state with a deadline
+	}
+	t.Logf("shares converged %v after healing: us-east %.1f/s, eu-west %.1f/s", time.Since(healed), ue, ew)
+	l.halt()
+	conf.finish()
+	t.Logf("conformance: %d checkpoints, worst margin %d tokens", conf.samples.Load(), conf.worst.Load())
+}
+
+func near(got, want, frac float64) bool { return got >= want*(1-frac) && got <= want*(1+frac) }
+
+// TestConfigChangesThroughSluicectl: an invalid config applied with the
+// real sluicectl binary exits non-zero naming the field, and every daemon
+// keeps the old config; a valid change (a tenant moved to a bigger tier)
+// is live in every region within two epochs.
+func TestConfigChangesThroughSluicectl(t *testing.T) {
+	cfgText := strings.Replace(threeRegions, "epoch: 200ms", "epoch: 1s", 1)
+	cfgText = strings.Replace(cfgText, "grant_validity: 1s", "grant_validity: 5s", 1)
+	c, err := devcluster.Start(context.Background(), devcluster.Options{Config: mustConfig(t, cfgText)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	bin := filepath.Join(t.TempDir(), "sluicectl")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/sluicectl").CombinedOutput(); err != nil {
+		t.Fatalf("build sluicectl: %v\n%s", err, out)
+	}
+	endpoint := c.Etcd.Clients[0].Addr().String()
+	apply := func(yaml string) (string, error) {
+		f := filepath.Join(t.TempDir(), "cfg.yaml")
+		if err := os.WriteFile(f, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(bin, "-etcd-endpoints", endpoint, "apply", "-f", f, "-yes").CombinedOutput()
+		return string(out), err
+	}
+	beta := quota.Key{Tenant: "beta", Class: "read"}
+	tierEverywhere := func() map[string]string {
+		got := map[string]string{}
+		for name, reg := range c.Regions {
+			res, err := reg.Replicas[0].Watcher.Current().Resolve(beta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[name] = res.Tier
+		}
+		return got
+	}
+
+	bad := strings.Replace(cfgText, "pro:  {read: {rate: 400/s, burst: 200}}", "pro:  {read: {rate: 0/s, burst: 200}}", 1)
+	out, err := apply(bad)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("invalid apply succeeded: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "tiers.pro.read.rate") {
+		t.Fatalf("invalid apply does not name the field:\n%s", out)
+	}
+	for name, tier := range tierEverywhere() {
+		if tier != "free" {
+			t.Fatalf("%s: tier %q after a refused apply", name, tier)
+		}
+	}
+
+	good := strings.Replace(cfgText, "  acme: {tier: pro}", "  acme: {tier: pro}\n  beta: {tier: pro}", 1)
+	if out, err := apply(good); err != nil {
+		t.Fatalf("valid apply failed: %v\n%s", err, out)
+	}
+	applied := time.Now()
+	var moved atomic.Bool
+	for !moved.Load() {
+		all := true
+		for _, tier := range tierEverywhere() {
+			all = all && tier == "pro"
+		}
+		if all {
+			moved.Store(true)
+			break
+		}
+		if time.Since(applied) > 2*time.Second { // two epochs of 1s
+			t.Fatalf("tenant move not live everywhere within two epochs: %v", tierEverywhere())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the live config with a deadline
+	}
+	t.Logf("tenant move live in every region %v after apply", time.Since(applied))
+}

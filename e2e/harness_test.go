@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/internal/devcluster"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// load drives saturating demand for one key from one instance per region
+// and counts admissions. Demand is switched per region.
+type load struct {
+	t       *testing.T
+	key     quota.Key
+	clients map[string]*lease.Client
+	on      map[string]*atomic.Bool
+	adm     map[string]*atomic.Int64
+	total   atomic.Int64
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func startLoad(t *testing.T, c *devcluster.Cluster, key quota.Key, refresh time.Duration, workers int) *load {
+	t.Helper()
+	l := &load{t: t, key: key, clients: map[string]*lease.Client{}, on: map[string]*atomic.Bool{},
+		adm: map[string]*atomic.Int64{}, stop: make(chan struct{})}
+	for name := range c.Regions {
+		conn, err := grpc.NewClient(c.RegionalAddrs(name)[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		cl, err := lease.NewClient(conn, lease.Options{InstanceID: "inst-" + name, Refresh: refresh})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close(context.Background()) })
+		l.clients[name] = cl
+		l.on[name] = new(atomic.Bool)
+		l.adm[name] = new(atomic.Int64)
+		for range workers {
+			l.wg.Add(1)
+			go l.work(name, cl)
+		}
+	}
+	t.Cleanup(l.halt)
+	return l
+}
+
+func (l *load) work(region string, c *lease.Client) {
+	defer l.wg.Done()
+	idle := time.NewTicker(5 * time.Millisecond)
+	defer idle.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		default:
+		}
+		if !l.on[region].Load() {
+			select {
+			case <-l.stop:
+				return
+			case <-idle.C:
+			}
+			continue
+		}
+		d, err := c.Allow(context.Background(), l.key, 1)
+		if err != nil {
+			l.t.Errorf("%s: allow: %v", region, err)
+			return
+		}
+		if d.Allowed {
+			l.adm[region].Add(1)
+			l.total.Add(1)
+			continue
+		}
+		// Pace denials as a client honouring Retry-After would.
+		select {
+		case <-l.stop:
+			return
+		case <-time.After(min(max(d.RetryAfter, time.Millisecond), 5*time.Millisecond)):
+		}
+	}
+}
+
+func (l *load) set(regions ...string) {
+	for name, b := range l.on {
+		want := false
+		for _, r := range regions {
+			want = want || r == name
+		}
+		b.Store(want)
+	}
+}
+
+func (l *load) halt() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+// regionRate is the rate the region's bucket for key refills at now (its
+// grant while valid, else its static share), read from its Redis.
+func regionRate(t *testing.T, c *devcluster.Cluster, region string, key quota.Key) luascripts.State {
+	t.Helper()
+	d := c.Regions[region].Replicas[0].Daemon
+	keys, common, _, err := d.Server.CommonFor(c.Regions[region].Replicas[0].Watcher.Current(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := d.Server.Scripts().State(context.Background(), d.Redis, keys, common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// conformance watches total admissions against b + r·t at every
+// checkpoint and fails the test on the first violation.
+type conformance struct {
+	t       *testing.T
+	l       *load
+	r, b    float64
+	start   time.Time
+	worst   atomic.Int64 // largest (admitted - bound), tokens
+	stop    chan struct{}
+	done    chan struct{}
+	samples atomic.Int64
+}
+
+func watchConformance(t *testing.T, l *load, r, b float64, start time.Time, every time.Duration) *conformance {
+	c := &conformance{t: t, l: l, r: r, b: b, start: start, stop: make(chan struct{}), done: make(chan struct{})}
+	c.worst.Store(-1 << 62)
+	go func() {
+		defer close(c.done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-c.stop:
+				c.check()
+				return
+			case <-tick.C:
+				c.check()
+			}
+		}
+	}()
+	t.Cleanup(c.finish)
+	return c
+}
+
+func (c *conformance) check() {
+	// Read the count before the clock: the bound can only be looser.
+	got := c.l.total.Load()
+	bound := c.b + c.r*time.Since(c.start).Seconds()
+	over := got - int64(bound)
+	for {
+		w := c.worst.Load()
+		if over <= w || c.worst.CompareAndSwap(w, over) {
+			break
+		}
+	}
+	c.samples.Add(1)
+	if float64(got) > bound {
+		c.t.Errorf("over-admission: %d admitted after %.2fs, b + r·t = %.1f", got, time.Since(c.start).Seconds(), bound)
+	}
+}
+
+func (c *conformance) finish() {
+	select {
+	case <-c.stop:
+	default:
+		close(c.stop)
+	}
+	<-c.done
+}
+
+func mustConfig(t *testing.T, y string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+var _ = regional.ColdStartFull
