@@ -114,8 +114,8 @@ func TestLuaMatchesModel(t *testing.T) {
 				want = m.Reap(now, kc.keys, kc.c)
 				got, err = sc.Reap(ctx, rdb, kc.keys, kc.c)
 			case 5:
-				rate := rapid.SampledFrom([]float64{0, 0.25, 2, 40, 500.5}).Draw(rt, "grant_rate")
-				burst := rapid.SampledFrom([]float64{0, 1, 7.5, 100}).Draw(rt, "grant_burst")
+				rate := rapid.SampledFrom([]float64{0, 0.25, 2, 40, 500.5, 399.99999999999994, 1.0 / 3, 5e-324, 1e-7, 1e-10}).Draw(rt, "grant_rate")
+				burst := rapid.SampledFrom([]float64{0, 1, 7.5, 100, 2.0 / 3}).Draw(rt, "grant_burst")
 				exp := now + rapid.Int64Range(-2e6, 10e6).Draw(rt, "grant_valid")
 				issued := now - rapid.Int64Range(0, 3e6).Draw(rt, "issued_ago")
 				want = m.SetRate(now, kc.keys, kc.c, rate, burst, exp, issued)

@@ -270,7 +270,7 @@ func (o *op) waitMS(need float64) float64 {
 		return 0
 	}
 	r := o.rateNow()
-	if r <= 0 {
+	if r < 1e-9 {
 		return -1
 	}
 	return math.Ceil(float64(short*1000) / r)
@@ -304,7 +304,7 @@ func (o *op) save() {
 	b.expireAt = o.now + ttl*1000
 	b.ttlMS = ttl
 	stored := *b
-	stored.tk, stored.gr, stored.gb = round6(b.tk), round6(b.gr), round6(b.gb)
+	stored.tk = round6(b.tk)
 	o.m.buckets[o.k.Bucket] = &stored
 	if len(o.ls.byID) == 0 {
 		delete(o.m.leases, o.k.Leases)
@@ -322,7 +322,7 @@ func round6(x float64) float64 {
 func (o *op) leaseReply(granted, ttl, retry float64, dup bool) LeaseReply {
 	return LeaseReply{
 		Granted: int64(granted), TTL: msDur(ttl), Remaining: int64(math.Floor(o.b.tk)),
-		RetryAfter: msDur(retry), Rate: round6(o.rateNow()), Cap: round6(o.capNow()),
+		RetryAfter: msDur(retry), Rate: o.rateNow(), Cap: o.capNow(),
 		Live: int64(len(o.ls.byID)), Reset: msDur(o.resetMS()), NowUS: int64(o.now), Duplicate: dup,
 		Reclaimed: int64(o.reclaimed),
 	}
@@ -425,7 +425,7 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 	o.save()
 	return CheckReply{
 		Allowed: allowed, Remaining: int64(math.Floor(o.b.tk)), RetryAfter: msDur(retry), Reset: msDur(o.resetMS()),
-		Rate: round6(o.rateNow()), Cap: round6(o.capNow()), NowUS: nowUS, Reclaimed: int64(o.reclaimed),
+		Rate: o.rateNow(), Cap: o.capNow(), NowUS: nowUS, Reclaimed: int64(o.reclaimed),
 	}
 }
 
@@ -462,7 +462,7 @@ func (m *Model) State(nowUS int64, k Keys, c Common) State {
 		ge = 0
 	}
 	return State{
-		Admitted: int64(o.b.adm), Denied: int64(o.b.den), Rate: round6(o.rateNow()), Cap: round6(o.capNow()),
+		Admitted: int64(o.b.adm), Denied: int64(o.b.den), Rate: o.rateNow(), Cap: o.capNow(),
 		GrantExpiryUS: int64(ge), Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS,
 	}
 }
@@ -474,7 +474,7 @@ func (m *Model) Snapshot() map[string]map[string]string {
 	out := map[string]map[string]string{}
 	for name, b := range m.buckets {
 		out[name] = map[string]string{
-			"tk": f6(b.tk), "ts": i0(b.ts), "gr": f6(b.gr), "gb": f6(b.gb),
+			"tk": f6(b.tk), "ts": i0(b.ts), "gr": f17(b.gr), "gb": f17(b.gb),
 			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den), "gs": i0(b.gs),
 		}
 	}
@@ -504,5 +504,6 @@ func (m *Model) LastTTL(name string) (time.Duration, bool) {
 	return 0, false
 }
 
+func f17(x float64) string { return strconv.FormatFloat(x, 'g', 17, 64) }
 func f6(x float64) string { return strconv.FormatFloat(x, 'f', 6, 64) }
 func i0(x float64) string { return strconv.FormatFloat(x, 'f', 0, 64) }

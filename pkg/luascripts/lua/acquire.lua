@@ -13,6 +13,6 @@
 -- ARGV[11]    want (tokens)
 -- ARGV[12]    min: smallest batch worth taking (tokens)
 -- Reply: { granted, ttl_ms, remaining, retry_ms, rate, cap, live, reset_ms,
---          now_us, duplicate }   rate and cap are '%.6f' strings
+--          now_us, duplicate }   rate and cap are '%.17g' strings (exact)
 return lease_op(ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), 0,
   tonumber(ARGV[11]), tonumber(ARGV[12]))

@@ -7,7 +7,7 @@
 -- ARGV[7]     cost (tokens, >= 1)
 -- Reply: { allowed(0|1), remaining, retry_ms, reset_ms, rate, cap, now_us,
 --          reclaimed }
---        rate and cap are '%.6f' strings; retry_ms is -1 when the current
+--        rate and cap are '%.17g' strings (exact); retry_ms is -1 when the current
 --        rate is zero
 reap(REAPMAX)
 local cost = tonumber(ARGV[7])
@@ -21,4 +21,4 @@ else
   retry = wait_ms(cost)
 end
 save_bucket()
-return { allowed, math.floor(B.tk), retry, reset_ms(), f6(rate_now()), f6(cap_now()), NOW, RECLAIMED }
+return { allowed, math.floor(B.tk), retry, reset_ms(), f17(rate_now()), f17(cap_now()), NOW, RECLAIMED }

@@ -3,8 +3,10 @@
 --
 -- KEYS[1]  bucket hash   fields: tk  tokens in the bucket (float, %.6f)
 --                                 ts  time of the last refill (µs)
---                                 gr  granted rate (tokens/s, %.6f)
---                                 gb  granted burst cap (tokens, %.6f)
+--                                 gr  granted rate (tokens/s, %.17g: exact,
+--                                     so the region reports back exactly
+--                                     what it was granted)
+--                                 gb  granted burst cap (tokens, %.17g)
 --                                 ge  grant expiry (µs, Redis clock); 0 = none
 --                                 gs  when the grant's report was sent (µs);
 --                                     orders grants, newest wins
@@ -42,6 +44,7 @@ local REAPMAX = tonumber(ARGV[6])
 local NOW = clock()
 
 local function f6(x) return string.format('%.6f', x) end
+local function f17(x) return string.format('%.17g', x) end
 local function i0(x) return string.format('%.0f', x) end
 
 local B = {}
@@ -198,12 +201,13 @@ local function apply_usage(L, used, denied, returned)
 end
 
 -- wait_ms is how long until the bucket holds need tokens at the current
--- rate (ceil, ms); -1 when the current rate is zero.
+-- rate (ceil, ms); -1 when the rate is (practically) zero: below a
+-- billionth of a token per second the wait would not fit any clock.
 local function wait_ms(need)
   local short = need - B.tk
   if short <= 0 then return 0 end
   local r = rate_now()
-  if r <= 0 then return -1 end
+  if r < 1e-9 then return -1 end
   return math.ceil(short * 1000 / r)
 end
 
@@ -215,7 +219,7 @@ local function reset_ms()
 end
 
 local function save_bucket()
-  redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f6(B.gr), 'gb', f6(B.gb),
+  redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f17(B.gr), 'gb', f17(B.gb),
     'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs))
   -- Idle keys disappear, but never before a recreated bucket would be
   -- correct: the grant's remaining validity plus two full refills at the
@@ -276,5 +280,5 @@ local function lease_op(id, seq, used, denied, returned, want, min)
   end
   save_bucket()
   local live = redis.call('HLEN', KEYS[2])
-  return { granted, ttl, math.floor(B.tk), retry, f6(rate_now()), f6(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED }
+  return { granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED }
 end

@@ -5,9 +5,9 @@
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
 -- ARGV[1..6]  common (see lib.lua)
 -- Reply: { admitted, denied, rate, cap, grant_expiry_us, tokens, outstanding,
---          now_us }  rate, cap and tokens as '%.6f'; counters cumulative
+--          now_us }  rate and cap as '%.17g' (exact), tokens as '%.6f'; counters cumulative
 reap(REAPMAX)
 save_bucket()
 local ge = B.ge
 if ge <= NOW then ge = 0 end
-return { B.adm, B.den, f6(rate_now()), f6(cap_now()), ge, f6(B.tk), B.out, NOW }
+return { B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW }
