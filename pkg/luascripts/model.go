@@ -505,5 +505,5 @@ func (m *Model) LastTTL(name string) (time.Duration, bool) {
 }
 
 func f17(x float64) string { return strconv.FormatFloat(x, 'g', 17, 64) }
-func f6(x float64) string { return strconv.FormatFloat(x, 'f', 6, 64) }
-func i0(x float64) string { return strconv.FormatFloat(x, 'f', 0, 64) }
+func f6(x float64) string  { return strconv.FormatFloat(x, 'f', 6, 64) }
+func i0(x float64) string  { return strconv.FormatFloat(x, 'f', 0, 64) }
