@@ -3,7 +3,11 @@
 // each epoch and hands out grants; the others stand by and redirect.
 //
 // The live config is the one in etcd (<prefix>/config), hot-reloaded.
-// -config writes a bootstrap config there only when etcd holds none.
+// -config writes a bootstrap config there only when etcd holds none. A
+// replica starts serving only once etcd has answered and it runs on the
+// config etcd holds, so it never leads on a stale or built-in fallback.
+// SIGINT or SIGTERM makes it stop granting, resign (a standby takes over
+// at once) and drain.
 //
 // Every flag can also be set from the environment: -etcd-endpoints from
 // SLUICE_ETCD_ENDPOINTS, and so on (the command line wins).
@@ -31,7 +35,8 @@ import (
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
-// etcdTimeout bounds connecting to etcd and writing the bootstrap config.
+// etcdTimeout bounds connecting to etcd and one attempt at reading or
+// writing the config.
 const etcdTimeout = 10 * time.Second
 
 func main() {
@@ -104,9 +109,6 @@ func run(ctx context.Context, args []string) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	store := config.NewStore(cli, *prefix)
-	if bootstrap != nil {
-		writeBootstrap(ctx, store, bootstrap, logger)
-	}
 	reg := prometheus.NewRegistry()
 	watcher := config.NewWatcher(store, fallback, logger, reg)
 	watchCtx, stopWatch := context.WithCancel(context.Background())
@@ -119,6 +121,9 @@ func run(ctx context.Context, args []string) error {
 		}
 	}()
 
+	if err := startOnEtcdConfig(ctx, store, bootstrap, watcher, logger); err != nil {
+		return err
+	}
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
 		GRPCAddr: *grpcAddr, HTTPAddr: *httpAddr, Advertise: *advertise,
 		Etcd: cli, Prefix: *prefix, SessionTTL: *sessionTTL, Config: watcher,
@@ -133,21 +138,72 @@ func run(ctx context.Context, args []string) error {
 	return nil
 }
 
-// writeBootstrap stores cfg unless etcd already holds a config, which then
-// wins. Failing to reach etcd is not fatal: the watcher serves cfg as its
-// fallback until etcd answers.
-func writeBootstrap(ctx context.Context, store *config.Store, cfg *config.Config, logger *slog.Logger) {
+// startOnEtcdConfig makes the replica start on the config etcd holds,
+// never on a fallback that differs from it (a leader on the wrong limits
+// would hand out wrong grants): it waits until etcd answers, writes the
+// bootstrap config when etcd holds none (etcd's own config wins), and
+// then until the watcher serves etcd's config.
+func startOnEtcdConfig(ctx context.Context, store *config.Store, bootstrap *config.Config, watcher *config.Watcher, logger *slog.Logger) error {
+	wait := 100 * time.Millisecond
+	var rev int64
+	for {
+		var err error
+		rev, err = bootstrapAndRead(ctx, store, bootstrap, logger)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, config.ErrInvalidConfig) {
+			return err
+		}
+		logger.Warn("etcd not reachable; waiting for it before starting", "error", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+	if rev == 0 {
+		logger.Warn("etcd holds no config; running on the built-in sample config until one is applied", "key", store.Key())
+		return nil
+	}
+	ticker := time.NewTicker(20 * time.Millisecond)
+	defer ticker.Stop()
+	for watcher.Revision() < rev {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ticker.C:
+		}
+	}
+	return nil
+}
+
+// bootstrapAndRead writes bootstrap (when given) if etcd holds no config
+// and returns the revision of the config etcd holds (0 for none).
+func bootstrapAndRead(ctx context.Context, store *config.Store, bootstrap *config.Config, logger *slog.Logger) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, etcdTimeout)
 	defer cancel()
-	rev, err := store.Apply(ctx, cfg, 0)
-	switch {
-	case err == nil:
-		logger.Info("bootstrap config written to etcd", "key", store.Key(), "revision", rev)
-	case errors.Is(err, config.ErrConflict):
-		logger.Info("etcd already holds a config; it wins over the bootstrap file", "key", store.Key())
-	default:
-		logger.Warn("could not write the bootstrap config to etcd; using it as fallback", "key", store.Key(), "error", err)
+	if bootstrap != nil {
+		rev, err := store.Apply(ctx, bootstrap, 0)
+		switch {
+		case err == nil:
+			logger.Info("bootstrap config written to etcd", "key", store.Key(), "revision", rev)
+			return rev, nil
+		case errors.Is(err, config.ErrConflict):
+			logger.Info("etcd already holds a config; it wins over the bootstrap file", "key", store.Key())
+		default:
+			return 0, err
+		}
 	}
+	cfg, rev, err := store.Get(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if cfg == nil {
+		return 0, nil
+	}
+	return rev, nil
 }
 
 func splitList(s string) []string {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,8 +40,10 @@ func freeAddr(t *testing.T) string {
 	return lis.Addr().String()
 }
 
-// start runs the command until the test ends and returns its gRPC address.
-func start(t *testing.T, endpoints []string, configFile string) (sluicev1.AllocatorServiceClient, context.CancelFunc, <-chan error) {
+// start runs the command until the test ends. It returns a client of its
+// gRPC address and stop, which cancels the run (like a signal) and returns
+// its result; stop may be called more than once.
+func start(t *testing.T, endpoints []string, configFile string) (sluicev1.AllocatorServiceClient, func() error) {
 	t.Helper()
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -50,16 +53,17 @@ func start(t *testing.T, endpoints []string, configFile string) (sluicev1.Alloca
 			"-etcd-prefix", "/cmdtest", "-config", configFile, "-log-level", "warn",
 			"-etcd-endpoints", strings.Join(endpoints, ",")})
 	}()
-	t.Cleanup(func() {
+	stop := sync.OnceValue(func() error {
 		cancel()
-		<-done
+		return <-done
 	})
+	t.Cleanup(func() { stop() })
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return sluicev1.NewAllocatorServiceClient(conn), cancel, done
+	return sluicev1.NewAllocatorServiceClient(conn), stop
 }
 
 // TestRunBootstrapsAndLeads runs the command against a real etcd: the
@@ -73,7 +77,7 @@ func TestRunBootstrapsAndLeads(t *testing.T) {
 	if err := os.WriteFile(first, []byte(bootstrapYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	api, cancel, done := start(t, srv.Endpoints(), first)
+	api, stop := start(t, srv.Endpoints(), first)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		ctx, c := context.WithTimeout(context.Background(), time.Second)
@@ -94,8 +98,7 @@ func TestRunBootstrapsAndLeads(t *testing.T) {
 	if err != nil || stored == nil || len(stored.Regions) != 1 {
 		t.Fatalf("etcd config after bootstrap: %v rev %d %v", stored, rev, err)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("run after cancel: %v", err)
 	}
 
@@ -103,7 +106,7 @@ func TestRunBootstrapsAndLeads(t *testing.T) {
 	if err := os.WriteFile(second, []byte(strings.Replace(bootstrapYAML, "us-east", "eu-west", 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	api, _, _ = start(t, srv.Endpoints(), second)
+	api, _ = start(t, srv.Endpoints(), second)
 	deadline = time.Now().Add(15 * time.Second)
 	for {
 		ctx, c := context.WithTimeout(context.Background(), time.Second)

@@ -1,0 +1,185 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+)
+
+// Client is the region side of AllocatorService: it finds the replica
+// that leads among a list of addresses and follows "not leader" redirects.
+// Safe for concurrent use.
+type Client struct {
+	addrs    []string
+	dialOpts []grpc.DialOption
+
+	mu     sync.Mutex // guards every field below
+	conns  map[string]*grpc.ClientConn
+	leader string // address that answered last; tried first
+	next   int    // index in addrs to start from when leader is unknown
+	closed bool
+}
+
+// NewClient makes a client for the replicas at addrs (host:port, at least
+// one). dialOpts must include transport credentials
+// (grpc.WithTransportCredentials). Connections are made lazily and cached
+// per address, redirect targets included.
+func NewClient(addrs []string, dialOpts ...grpc.DialOption) (*Client, error) {
+	if len(addrs) == 0 {
+		return nil, errors.New("allocator client: no addresses given")
+	}
+	for i, a := range addrs {
+		if a == "" {
+			return nil, fmt.Errorf("allocator client: addrs[%d] is empty", i)
+		}
+	}
+	opts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(
+		grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes))}, dialOpts...)
+	return &Client{addrs: slices.Clone(addrs), dialOpts: opts, conns: make(map[string]*grpc.ClientConn)}, nil
+}
+
+// Sync sends rep to the leader. It tries the replica that answered last,
+// then the others in order; a replica answering "not leader; leader=X"
+// sends it to X once (not further). A refusal that another replica would
+// repeat (InvalidArgument, Aborted for a stale seq) is returned at once.
+// When ctx has a deadline and more replicas remain, one attempt gets at
+// most half of the time left, so a replica that does not answer cannot
+// use it all.
+func (c *Client) Sync(ctx context.Context, rep *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	var errs []error
+	order := c.order()
+	tried := make(map[string]bool, len(order))
+	untried := func() bool {
+		for _, a := range order {
+			if !tried[a] {
+				return true
+			}
+		}
+		return false
+	}
+	for _, addr := range order {
+		if tried[addr] {
+			continue
+		}
+		tried[addr] = true
+		resp, err := c.attempt(ctx, addr, rep, untried())
+		if err == nil {
+			c.answered(addr)
+			return resp, nil
+		}
+		if final(err) || ctx.Err() != nil {
+			return nil, fmt.Errorf("allocator client: sync via %s: %w", addr, err)
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+		if target, ok := NotLeaderAddr(err); ok && target != "" && !tried[target] {
+			tried[target] = true
+			resp, err := c.attempt(ctx, target, rep, untried())
+			if err == nil {
+				c.answered(target)
+				return resp, nil
+			}
+			if final(err) || ctx.Err() != nil {
+				return nil, fmt.Errorf("allocator client: sync via %s (redirected from %s): %w", target, addr, err)
+			}
+			errs = append(errs, fmt.Errorf("%s (redirected from %s): %w", target, addr, err))
+		}
+		c.failed(addr)
+	}
+	return nil, fmt.Errorf("allocator client: sync: no replica answered as leader: %w", errors.Join(errs...))
+}
+
+// final errors would be the same from every replica.
+func final(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.Aborted, codes.Unauthenticated, codes.PermissionDenied:
+		return true
+	}
+	return false
+}
+
+// order is the address list starting with the last leader, then from next.
+func (c *Client) order() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, 0, len(c.addrs)+1)
+	if c.leader != "" {
+		out = append(out, c.leader)
+	}
+	for i := range c.addrs {
+		out = append(out, c.addrs[(c.next+i)%len(c.addrs)])
+	}
+	return out
+}
+
+func (c *Client) answered(addr string) {
+	c.mu.Lock()
+	c.leader = addr
+	c.mu.Unlock()
+}
+
+// failed moves the next start past addr, so a replica that hangs costs
+// one attempt per call at most once.
+func (c *Client) failed(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leader == addr {
+		c.leader = ""
+	}
+	if i := slices.Index(c.addrs, addr); i >= 0 && c.addrs[c.next] == addr {
+		c.next = (i + 1) % len(c.addrs)
+	}
+}
+
+func (c *Client) attempt(ctx context.Context, addr string, rep *sluicev1.RegionReport, more bool) (*sluicev1.RegionGrants, error) {
+	conn, err := c.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	if deadline, ok := ctx.Deadline(); ok && more {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
+		defer cancel()
+	}
+	return sluicev1.NewAllocatorServiceClient(conn).Sync(ctx, rep)
+}
+
+func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errors.New("client is closed")
+	}
+	if cc, ok := c.conns[addr]; ok {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(addr, c.dialOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+// Close closes every connection. Sync fails afterwards.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	var errs []error
+	for addr, cc := range c.conns {
+		if err := cc.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close %s: %w", addr, err))
+		}
+		delete(c.conns, addr)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,146 @@
+package allocator
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the global tier's Prometheus series. Labels carry region
+// names and results only, never tenants. A nil *metrics records nothing.
+type metrics struct {
+	allocation  prometheus.Histogram
+	grants      *prometheus.CounterVec // region
+	grantedRate *prometheus.GaugeVec   // region
+	reports     *prometheus.CounterVec // region, result
+}
+
+// newMetrics registers the series of s on reg (when not nil) and attaches
+// them to s. Call it before s serves.
+func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
+	m := &metrics{
+		allocation: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_global_allocation_seconds",
+			Help:    "Time one allocation epoch (Allocate) took.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}),
+		grants: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_global_grants_total", Help: "Key grants sent to regions.",
+		}, []string{"region"}),
+		grantedRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_global_granted_rate",
+			Help: "Sum of the granted rates (tokens/s) in the latest answer to each region.",
+		}, []string{"region"}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_global_reports_total",
+			Help: "Region reports by result: ok, invalid, not_leader, stale or error.",
+		}, []string{"region", "result"}),
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	if reg != nil {
+		reg.MustRegister(m.allocation, m.grants, m.grantedRate, m.reports,
+			gauge("sluice_global_leader", "1 while this replica answers Sync as leader.", func() float64 {
+				return boolGauge(s.IsLeader())
+			}),
+			gauge("sluice_global_learning", "1 while this replica leads in learning mode (only re-issuing held grants).", func() float64 {
+				now := time.Now()
+				if ok, _ := s.leaderAt(now); !ok {
+					return 0
+				}
+				s.mu.Lock()
+				a := s.alloc
+				s.mu.Unlock()
+				return boolGauge(a.Learning(now))
+			}),
+			gauge("sluice_global_epoch", "Allocation epochs run by the current allocator.", func() float64 {
+				s.mu.Lock()
+				a := s.alloc
+				s.mu.Unlock()
+				return float64(a.Epoch())
+			}),
+			gauge("sluice_global_contended_keys", "Keys some region wants more than its static share of (0 when not leading).", func() float64 {
+				now := time.Now()
+				if ok, _ := s.leaderAt(now); !ok {
+					return 0
+				}
+				var n int
+				for _, k := range s.View(now).Keys {
+					if k.Contended {
+						n++
+					}
+				}
+				return float64(n)
+			}),
+			&reportAgeCollector{s: s, desc: prometheus.NewDesc("sluice_global_region_report_age_seconds",
+				"Seconds since the region's last accepted report to this leader (absent when never or not leading).",
+				[]string{"region"}, nil)},
+		)
+	}
+	s.m = m
+	return m
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (m *metrics) report(region, result string) {
+	if m == nil {
+		return
+	}
+	m.reports.WithLabelValues(region, result).Inc()
+}
+
+func (m *metrics) answered(region string, grants int, rateSum float64) {
+	if m == nil {
+		return
+	}
+	m.reports.WithLabelValues(region, "ok").Inc()
+	m.grants.WithLabelValues(region).Add(float64(grants))
+	m.grantedRate.WithLabelValues(region).Set(rateSum)
+}
+
+func (m *metrics) allocated(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.allocation.Observe(d.Seconds())
+}
+
+// forgetRegion drops the gauge of a region removed from the config, so it
+// does not report its last value forever.
+func (m *metrics) forgetRegion(region string) {
+	if m == nil {
+		return
+	}
+	m.grantedRate.DeleteLabelValues(region)
+}
+
+// reportAgeCollector computes report ages at scrape time.
+type reportAgeCollector struct {
+	s    *Service
+	desc *prometheus.Desc
+}
+
+func (c *reportAgeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *reportAgeCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	if ok, _ := c.s.leaderAt(now); !ok {
+		return
+	}
+	c.s.mu.Lock()
+	ages := make(map[string]float64, len(c.s.lastReport))
+	for region, at := range c.s.lastReport {
+		ages[region] = now.Sub(at).Seconds()
+	}
+	c.s.mu.Unlock()
+	for region, age := range ages {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, age, region)
+	}
+}

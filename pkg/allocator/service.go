@@ -1,0 +1,630 @@
+package allocator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/hierarchy"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// ConfigSource hands out the live config; it is called from several
+// goroutines, so implementations must be safe for concurrent use, and the
+// configs they return are never modified. config.Watcher implements it; so
+// does StaticConfig. When the source also has Subscribe (as
+// config.Watcher does) changes are applied as soon as they are published,
+// otherwise at the next epoch or Sync; when it has Revision, Status reports
+// it.
+type ConfigSource interface {
+	Current() *config.Config
+}
+
+// configSubscriber is the optional push side of a ConfigSource.
+type configSubscriber interface {
+	Subscribe() (<-chan *config.Config, func())
+}
+
+// configRevision is the optional etcd revision of a ConfigSource.
+type configRevision interface {
+	Revision() int64
+}
+
+// StaticConfig is a ConfigSource that never changes. Safe for concurrent
+// use as long as C is not modified.
+type StaticConfig struct{ C *config.Config }
+
+// Current returns the wrapped config.
+func (s StaticConfig) Current() *config.Config { return s.C }
+
+const (
+	// DefaultMaxKeysPerReport bounds the keys in one RegionReport.
+	DefaultMaxKeysPerReport = 100000
+	// DefaultStatusKeys is how many keys Status lists when asked for 0.
+	DefaultStatusKeys = 10
+	// MaxStatusKeys is the most keys Status lists.
+	MaxStatusKeys = 1000
+	// maxWireMillis keeps millisecond fields convertible to time.Duration.
+	maxWireMillis = math.MaxInt64 / int64(time.Millisecond)
+)
+
+// serviceOptions configure a Service; the Daemon fills them.
+type serviceOptions struct {
+	config    ConfigSource // required
+	advertise string       // this replica's advertised gRPC address
+	maxKeys   int          // default DefaultMaxKeysPerReport
+	logger    *slog.Logger // default slog.Default()
+}
+
+// timing is what the hierarchy.Allocator cannot change after it is built.
+type timing struct {
+	epoch, validity time.Duration
+}
+
+// leadState is this replica's view of the election.
+type leadState struct {
+	leading bool
+	// term identifies one won election; only its own keepalives extend it.
+	term uint64
+	// deadline: this replica grants only before it (newest confirmed lease
+	// refresh, timed from its send, plus TTL/2).
+	deadline time.Time
+	// observed is the leader address last read from etcd ("" = none).
+	observed string
+}
+
+// Service implements sluicev1.AllocatorServiceServer around one
+// hierarchy.Allocator. Leadership is granted and withdrawn by the
+// package's elector; a Service nobody elected answers every Sync with
+// FailedPrecondition. Safe for concurrent use.
+type Service struct {
+	sluicev1.UnimplementedAllocatorServiceServer
+
+	src       ConfigSource
+	advertise string
+	maxKeys   int
+	log       *slog.Logger
+	m         *metrics // set once by the daemon before serving; nil means none
+
+	// mu serializes everything that touches the allocator, so a Sync's
+	// SetLimit calls and its Report are one step, and the allocator can
+	// be swapped when the config changes its timing.
+	mu         sync.Mutex
+	alloc      *hierarchy.Allocator    // guarded by mu
+	applied    *config.Config          // guarded by mu: the config alloc was last brought in line with
+	timing     timing                  // guarded by mu: alloc's epoch and validity
+	learnFloor time.Time               // guarded by mu: learning lasts at least until then
+	keys       map[quota.Key]time.Time // guarded by mu: last time a report or an answer named the key
+	lastReport map[string]time.Time    // guarded by mu: region -> its last accepted report
+
+	lmu  sync.Mutex // guards lead; taken after mu when both are held
+	lead leadState  // guarded by lmu
+}
+
+func newService(o serviceOptions, now time.Time) (*Service, error) {
+	if o.config == nil {
+		return nil, errors.New("allocator: a ConfigSource is required")
+	}
+	cfg := o.config.Current()
+	if cfg == nil {
+		return nil, errors.New("allocator: the ConfigSource has no config")
+	}
+	if o.maxKeys == 0 {
+		o.maxKeys = DefaultMaxKeysPerReport
+	}
+	if o.maxKeys < 0 {
+		return nil, fmt.Errorf("allocator: max keys per report %d is negative", o.maxKeys)
+	}
+	if o.logger == nil {
+		o.logger = slog.Default()
+	}
+	opts := allocatorOptions(cfg)
+	a, err := hierarchy.NewAllocator(opts, now)
+	if err != nil {
+		return nil, fmt.Errorf("allocator: %w", err)
+	}
+	return &Service{
+		src:        o.config,
+		advertise:  o.advertise,
+		maxKeys:    o.maxKeys,
+		log:        o.logger,
+		alloc:      a,
+		applied:    cfg,
+		timing:     timing{epoch: opts.Epoch, validity: opts.Validity},
+		keys:       make(map[quota.Key]time.Time),
+		lastReport: make(map[string]time.Time),
+	}, nil
+}
+
+// allocatorOptions maps the config to the allocator's options, regions in
+// name order so the allocator's outputs do not depend on map order.
+func allocatorOptions(cfg *config.Config) hierarchy.Options {
+	names := make([]string, 0, len(cfg.Regions))
+	for name := range cfg.Regions {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	regions := make([]hierarchy.Region, len(names))
+	for i, name := range names {
+		r := cfg.Regions[name]
+		regions[i] = hierarchy.Region{Name: name, Weight: r.Weight, MinShare: r.MinShare, MaxShare: r.MaxShare}
+	}
+	return hierarchy.Options{
+		Regions:  regions,
+		Epoch:    time.Duration(cfg.Epoch),
+		Validity: time.Duration(cfg.GrantValidity),
+	}
+}
+
+// applyConfigLocked brings the allocator in line with the live config:
+// regions by SetRegions, limits of known keys by SetLimit, and a new
+// allocator when the epoch or the validity changed. s.mu is held.
+func (s *Service) applyConfigLocked(now time.Time) {
+	cfg := s.src.Current()
+	if cfg == nil || cfg == s.applied {
+		return
+	}
+	old := s.applied
+	s.applied = cfg
+	opts := allocatorOptions(cfg)
+	for name := range old.Regions {
+		if _, kept := cfg.Regions[name]; !kept {
+			delete(s.lastReport, name)
+			s.m.forgetRegion(name)
+			s.log.Warn("region removed from the config; its grants are forgotten", "region", name)
+		}
+	}
+	if t := (timing{opts.Epoch, opts.Validity}); t != s.timing {
+		a, err := hierarchy.NewAllocator(opts, now)
+		if err != nil {
+			s.log.Error("config change refused by the allocator; keeping the previous timing and regions", "error", err)
+			return
+		}
+		// Grants issued under the old validity may outlive the new
+		// allocator's own learning period; one old epoch more covers a
+		// previous leader that saw the change later than this replica.
+		s.learnFloor = later(s.learnFloor, now.Add(s.timing.validity+s.timing.epoch))
+		s.log.Info("epoch or grant validity changed; allocator rebuilt in learning mode",
+			"epoch", opts.Epoch, "grant_validity", opts.Validity, "learning_until_at_least", s.learnFloor)
+		s.alloc = a
+		s.timing = t
+	} else if !sameRegions(old, cfg) {
+		if err := s.alloc.SetRegions(opts.Regions); err != nil {
+			s.log.Error("region change refused by the allocator; keeping the previous regions", "error", err)
+		} else {
+			s.log.Info("regions changed", "regions", len(opts.Regions))
+		}
+	}
+	for k := range s.keys {
+		res, err := cfg.Resolve(k)
+		if err != nil {
+			// The key's class is gone: the old limit stays until the key
+			// is forgotten, since regions may still hold grants for it.
+			continue
+		}
+		if err := s.alloc.SetLimit(k, hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst)}); err != nil {
+			s.log.Error("limit from the new config refused by the allocator; keeping the old one", "key", k, "error", err)
+		}
+	}
+}
+
+func sameRegions(a, b *config.Config) bool {
+	if len(a.Regions) != len(b.Regions) {
+		return false
+	}
+	for name, r := range a.Regions {
+		if o, ok := b.Regions[name]; !ok || o != r {
+			return false
+		}
+	}
+	return true
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// ensureLearningLocked keeps the allocator learning until learnFloor.
+// s.mu is held.
+func (s *Service) ensureLearningLocked(now time.Time) {
+	if now.Before(s.learnFloor) && !s.alloc.Learning(now) {
+		s.alloc.BecomeLeader(now)
+	}
+}
+
+// forgetIdleKeysLocked removes keys no report and no answer named for
+// long enough that no region can hold a grant for them any more: every
+// grant is valid for at most one validity from the answer that carried
+// it. s.mu is held.
+func (s *Service) forgetIdleKeysLocked(now time.Time) {
+	horizon := 2*s.timing.validity + 2*s.timing.epoch
+	if now.Before(s.learnFloor) {
+		return
+	}
+	for k, seen := range s.keys {
+		if now.Sub(seen) > horizon {
+			s.alloc.RemoveKey(k)
+			delete(s.keys, k)
+		}
+	}
+}
+
+// promote makes this replica the leader for term until deadline, in
+// learning mode. It refuses (false) when deadline has already passed.
+func (s *Service) promote(term uint64, deadline time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	if !now.Before(deadline) {
+		return false
+	}
+	s.applyConfigLocked(now)
+	s.alloc.BecomeLeader(now)
+	clear(s.lastReport)
+	s.lmu.Lock()
+	s.lead.leading = true
+	s.lead.term = term
+	s.lead.deadline = deadline
+	s.lmu.Unlock()
+	return true
+}
+
+// extend moves term's deadline forward after a confirmed lease refresh.
+func (s *Service) extend(term uint64, deadline time.Time) {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	if s.lead.leading && s.lead.term == term && deadline.After(s.lead.deadline) {
+		s.lead.deadline = deadline
+	}
+}
+
+// demote ends term's leadership.
+func (s *Service) demote(term uint64) {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	if s.lead.term == term {
+		s.lead.leading = false
+	}
+}
+
+// observeLeader records the leader address read from etcd.
+func (s *Service) observeLeader(addr string) {
+	s.lmu.Lock()
+	s.lead.observed = addr
+	s.lmu.Unlock()
+}
+
+// leaderAt says whether this replica may grant at now, and otherwise
+// which address leads as far as it knows ("" when unknown).
+func (s *Service) leaderAt(now time.Time) (bool, string) {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	if s.lead.leading && now.Before(s.lead.deadline) {
+		return true, s.advertise
+	}
+	if s.lead.observed == s.advertise {
+		// Stale: this replica no longer leads whatever etcd last said.
+		return false, ""
+	}
+	return false, s.lead.observed
+}
+
+// IsLeader reports whether this replica currently answers Sync as leader.
+func (s *Service) IsLeader() bool {
+	ok, _ := s.leaderAt(time.Now())
+	return ok
+}
+
+// View is a snapshot of the allocator at now (for operators and tests).
+// A replica that does not lead shows the state it had when it last led.
+func (s *Service) View(now time.Time) hierarchy.View {
+	s.mu.Lock()
+	a := s.alloc
+	s.mu.Unlock()
+	return a.View(now)
+}
+
+// notLeaderError is the redirect regions follow (see Client).
+func notLeaderError(addr string) error {
+	return status.Error(codes.FailedPrecondition, "not leader; leader="+addr)
+}
+
+// NotLeaderAddr extracts the leader address from a "not leader" error: ok
+// is true when err is such an error, addr is "" when the replica did not
+// know the leader.
+func NotLeaderAddr(err error) (addr string, ok bool) {
+	st, isStatus := status.FromError(err)
+	if !isStatus || st.Code() != codes.FailedPrecondition {
+		return "", false
+	}
+	msg := st.Message()
+	i := strings.LastIndex(msg, "leader=")
+	if !strings.HasPrefix(msg, "not leader") || i < 0 {
+		return "", false
+	}
+	addr = msg[i+len("leader="):]
+	if j := strings.IndexAny(addr, " ;,"); j >= 0 {
+		addr = addr[:j]
+	}
+	return addr, true
+}
+
+// Sync ingests one region report and answers with its grants.
+func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	s.applyConfigLocked(now)
+	cfg := s.applied
+	label := regionLabel(cfg, req.GetRegion())
+	rep, limits, err := validateReport(cfg, req, s.maxKeys)
+	if err != nil {
+		s.m.report(label, "invalid")
+		return nil, status.Error(codes.InvalidArgument, "allocator: sync: "+err.Error())
+	}
+	if ok, addr := s.leaderAt(now); !ok {
+		s.m.report(label, "not_leader")
+		return nil, notLeaderError(addr)
+	}
+	s.ensureLearningLocked(now)
+	for i := range rep.Keys {
+		if err := s.alloc.SetLimit(rep.Keys[i].Key, limits[i]); err != nil {
+			// validateReport checked the limits, so this is a bug.
+			s.m.report(label, "error")
+			return nil, status.Error(codes.Internal, "allocator: sync: "+err.Error())
+		}
+		// Tracked from here on, whatever Report says, so it is forgotten
+		// again once idle.
+		s.keys[rep.Keys[i].Key] = now
+	}
+	grants, err := s.alloc.Report(now, rep)
+	switch {
+	case errors.Is(err, hierarchy.ErrStaleReport):
+		s.m.report(label, "stale")
+		return nil, status.Error(codes.Aborted, "allocator: sync: "+err.Error())
+	case errors.Is(err, quota.ErrInvalid):
+		s.m.report(label, "invalid")
+		return nil, status.Error(codes.InvalidArgument, "allocator: sync: "+err.Error())
+	case err != nil:
+		s.m.report(label, "error")
+		return nil, status.Error(codes.Internal, "allocator: sync: "+err.Error())
+	}
+	s.lastReport[rep.Region] = now
+	out := &sluicev1.RegionGrants{
+		Region:   rep.Region,
+		Seq:      rep.Seq,
+		Grants:   make([]*sluicev1.KeyGrant, len(grants)),
+		Learning: s.alloc.Learning(now),
+		Epoch:    s.alloc.Epoch(),
+	}
+	var sum float64
+	for i, g := range grants {
+		s.keys[g.Key] = now
+		sum += g.Rate
+		out.Grants[i] = &sluicev1.KeyGrant{
+			Key:     &sluicev1.QuotaKey{Tenant: g.Key.Tenant, Class: g.Key.Class},
+			Rate:    g.Rate,
+			Burst:   g.Burst,
+			ValidMs: g.Valid.Milliseconds(),
+		}
+	}
+	s.m.answered(label, len(grants), sum)
+	return out, nil
+}
+
+// regionLabel keeps metric labels bounded: unconfigured names are "unknown".
+func regionLabel(cfg *config.Config, region string) string {
+	if _, ok := cfg.Regions[region]; ok {
+		return region
+	}
+	return "unknown"
+}
+
+// validateReport checks every field of req against cfg and converts it,
+// returning each key's limit alongside. It changes nothing.
+func validateReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int) (hierarchy.Report, []hierarchy.KeyLimit, error) {
+	region := req.GetRegion()
+	if err := quota.ValidateID("region", region); err != nil {
+		return hierarchy.Report{}, nil, err
+	}
+	if _, ok := cfg.Regions[region]; !ok {
+		return hierarchy.Report{}, nil, fmt.Errorf("%w: region %q is not configured", quota.ErrInvalid, region)
+	}
+	keys := req.GetKeys()
+	if len(keys) > maxKeys {
+		return hierarchy.Report{}, nil, fmt.Errorf("%w: keys has %d entries, the limit is %d", quota.ErrInvalid, len(keys), maxKeys)
+	}
+	rep := hierarchy.Report{Region: region, Seq: req.GetSeq(), Keys: make([]hierarchy.KeyDemand, len(keys))}
+	limits := make([]hierarchy.KeyLimit, len(keys))
+	seen := make(map[quota.Key]int, len(keys))
+	for i, kd := range keys {
+		field := fmt.Sprintf("keys[%d]", i)
+		if kd.GetKey() == nil {
+			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.key is missing", quota.ErrInvalid, field)
+		}
+		k := quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}
+		if err := k.Validate(); err != nil {
+			return hierarchy.Report{}, nil, fmt.Errorf("%s.key: %w", field, err)
+		}
+		if first, dup := seen[k]; dup {
+			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.key %s duplicates keys[%d]", quota.ErrInvalid, field, k, first)
+		}
+		seen[k] = i
+		res, err := cfg.Resolve(k)
+		if err != nil {
+			return hierarchy.Report{}, nil, fmt.Errorf("%s.key %s: %w", field, k, err)
+		}
+		l := hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst)}
+		if !finite(l.Rate) || l.Rate <= 0 || l.Burst <= 0 {
+			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.key %s: the config gives it rate %v and burst %v; both must be > 0",
+				quota.ErrInvalid, field, k, l.Rate, l.Burst)
+		}
+		if err := checkCount(field+".admitted", kd.GetAdmitted()); err != nil {
+			return hierarchy.Report{}, nil, err
+		}
+		if err := checkCount(field+".denied", kd.GetDenied()); err != nil {
+			return hierarchy.Report{}, nil, err
+		}
+		if w := kd.GetWindowMs(); w <= 0 || w > maxWireMillis {
+			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.window_ms %d must be in 1..%d", quota.ErrInvalid, field, w, maxWireMillis)
+		}
+		if err := checkAmount(field+".held_rate", kd.GetHeldRate()); err != nil {
+			return hierarchy.Report{}, nil, err
+		}
+		if err := checkAmount(field+".held_burst", kd.GetHeldBurst()); err != nil {
+			return hierarchy.Report{}, nil, err
+		}
+		if v := kd.GetHeldValidMs(); v < 0 || v > maxWireMillis {
+			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.held_valid_ms %d must be in 0..%d", quota.ErrInvalid, field, v, maxWireMillis)
+		}
+		if err := checkAmount(field+".holding", kd.GetHolding()); err != nil {
+			return hierarchy.Report{}, nil, err
+		}
+		rep.Keys[i] = hierarchy.KeyDemand{
+			Key:       k,
+			Admitted:  float64(kd.GetAdmitted()),
+			Denied:    float64(kd.GetDenied()),
+			Window:    time.Duration(kd.GetWindowMs()) * time.Millisecond,
+			HeldRate:  kd.GetHeldRate(),
+			HeldBurst: kd.GetHeldBurst(),
+			HeldValid: time.Duration(kd.GetHeldValidMs()) * time.Millisecond,
+			Holding:   kd.GetHolding(),
+		}
+		limits[i] = l
+	}
+	return rep, limits, nil
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+func checkCount(field string, v int64) error {
+	if v < 0 {
+		return fmt.Errorf("%w: %s %d must be >= 0", quota.ErrInvalid, field, v)
+	}
+	return nil
+}
+
+func checkAmount(field string, v float64) error {
+	if !finite(v) || v < 0 {
+		return fmt.Errorf("%w: %s %v must be a finite number >= 0", quota.ErrInvalid, field, v)
+	}
+	return nil
+}
+
+// Status is the operator view. Every replica answers; one that does not
+// lead only says so, names the leader and reports its config revision,
+// since its allocator state is not the one regions run on.
+func (s *Service) Status(ctx context.Context, req *sluicev1.StatusRequest) (*sluicev1.StatusResponse, error) {
+	n := int(req.GetTopKeys())
+	if n < 0 || n > MaxStatusKeys {
+		return nil, status.Errorf(codes.InvalidArgument, "allocator: status: top_keys %d must be in 0..%d (0 means %d)",
+			n, MaxStatusKeys, DefaultStatusKeys)
+	}
+	if n == 0 {
+		n = DefaultStatusKeys
+	}
+	s.mu.Lock()
+	now := time.Now()
+	s.applyConfigLocked(now)
+	a := s.alloc
+	s.mu.Unlock()
+	leader, addr := s.leaderAt(now)
+	out := &sluicev1.StatusResponse{Leader: leader, LeaderAddr: addr, ConfigRevision: s.configRevision()}
+	if !leader {
+		return out, nil
+	}
+	v := a.View(now)
+	out.Learning = v.Learning
+	out.Epoch = v.Epoch
+	for _, r := range v.Regions {
+		age := int64(-1)
+		if r.Reported {
+			age = r.LastReportAge.Milliseconds()
+		}
+		out.Regions = append(out.Regions, &sluicev1.RegionStatus{
+			Region: r.Name, LastReportAgeMs: age, Silent: r.Silent, LastSeq: r.LastSeq,
+		})
+	}
+	out.Keys, out.ContendedKeys = topKeys(v, n)
+	return out, nil
+}
+
+func (s *Service) configRevision() int64 {
+	if r, ok := s.src.(configRevision); ok {
+		return r.Revision()
+	}
+	return 0
+}
+
+// topKeys lists the n keys with the highest demand/rate, ties broken by
+// key, and counts the contended keys.
+func topKeys(v hierarchy.View, n int) ([]*sluicev1.KeyStatus, int64) {
+	type ranked struct {
+		kv       *hierarchy.KeyView
+		demand   float64
+		pressure float64
+	}
+	var contended int64
+	all := make([]ranked, len(v.Keys))
+	for i := range v.Keys {
+		kv := &v.Keys[i]
+		if kv.Contended {
+			contended++
+		}
+		var d float64
+		for _, r := range kv.Regions {
+			d += r.Demand
+		}
+		all[i] = ranked{kv: kv, demand: d, pressure: d / kv.Limit.Rate}
+	}
+	slices.SortFunc(all, func(x, y ranked) int {
+		if c := cmp.Compare(y.pressure, x.pressure); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.kv.Key.Tenant, y.kv.Key.Tenant); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.kv.Key.Class, y.kv.Key.Class)
+	})
+	out := make([]*sluicev1.KeyStatus, 0, min(n, len(all)))
+	for _, r := range all[:min(n, len(all))] {
+		ks := &sluicev1.KeyStatus{
+			Key:    &sluicev1.QuotaKey{Tenant: r.kv.Key.Tenant, Class: r.kv.Key.Class},
+			Rate:   r.kv.Limit.Rate,
+			Burst:  r.kv.Limit.Burst,
+			Demand: r.demand,
+		}
+		for i, kr := range r.kv.Regions {
+			var valid int64
+			if !kr.GrantExpiry.IsZero() {
+				valid = max(kr.GrantExpiry.Sub(v.At).Milliseconds(), 0)
+			}
+			ks.Regions = append(ks.Regions, &sluicev1.KeyRegionStatus{
+				Region:       v.Regions[i].Name,
+				Demand:       kr.Demand,
+				Target:       kr.TargetRate,
+				GrantedRate:  kr.GrantedRate,
+				GrantedBurst: kr.GrantedBurst,
+				ValidMs:      valid,
+				StaticRate:   kr.StaticRate,
+			})
+		}
+		out = append(out, ks)
+	}
+	return out, contended
+}
