@@ -183,6 +183,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		mux.HandleFunc("/healthz", d.healthz)
+		// /livez answers while the process serves HTTP: liveness must not
+		// follow etcd (restarting replicas cannot fix etcd).
+		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
 	// Every replica that is up serves: leadership is not health, a
