@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
 // Exit codes, documented in the package comment and the usage text.
@@ -396,30 +395,12 @@ func (a *app) dialGRPC(addr string) (*grpc.ClientConn, error) {
 // clientTLS builds a client TLS config from PEM files, or nil when none is
 // given. flagPrefix names the flags in errors ("-etcd-" or "-tls-").
 func clientTLS(caFile, certFile, keyFile, flagPrefix string) (*tls.Config, error) {
-	if caFile == "" && certFile == "" && keyFile == "" {
-		return nil, nil
-	}
 	if (certFile == "") != (keyFile == "") {
 		return nil, exitf(exitUsage, "%scert and %skey go together: give both or neither", flagPrefix, flagPrefix)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, exitf(exitInvalid, "%sca: %v", flagPrefix, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, exitf(exitInvalid, "%sca %s: no PEM certificate found", flagPrefix, caFile)
-		}
-		cfg.RootCAs = pool
-	}
-	if certFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, exitf(exitInvalid, "%scert/%skey: %v", flagPrefix, flagPrefix, err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
+	cfg, err := tlsconfig.Client(caFile, certFile, keyFile, "")
+	if err != nil {
+		return nil, exitf(exitInvalid, "%sca/%scert/%skey: %v", flagPrefix, flagPrefix, flagPrefix, err)
 	}
 	return cfg, nil
 }

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/devcluster"
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// TestStatusAgainstRealDaemons runs status against a whole in-process
+// deployment: the global leader and the region leader come from etcd, the
+// allocation from the real global daemon.
+func TestStatusAgainstRealDaemons(t *testing.T) {
+	c, err := devcluster.Start(context.Background(), devcluster.Options{
+		Config: config.Default(), Regions: []string{"us-east"}, SessionTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	endpoint := c.Etcd.Clients[0].Addr().String()
+	deadline := time.Now().Add(15 * time.Second)
+	var out string
+	for {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), []string{"-etcd-endpoints", endpoint, "-global-addr", c.GlobalAddrs()[0], "status"},
+			strings.NewReader(""), &stdout, &stderr)
+		out = stdout.String()
+		// Ready once the region leader has reported to the global leader.
+		if code == exitOK && strings.Contains(out, "(leader)") && regexpLine(out, "us-east", "ago") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never showed a leading allocator with a us-east report (exit %d):\n%s\n%s", code, out, stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
+	}
+	for _, want := range []string{"global leader:  " + c.GlobalAddrs()[0], c.RegionalAddrs("us-east")[0], "DEGRADED (silent)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// regexpLine reports whether some line mentions both words.
+func regexpLine(text, a, b string) bool {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, a) && strings.Contains(l, b) {
+			return true
+		}
+	}
+	return false
+}
