@@ -49,6 +49,9 @@ func startLoad(t *testing.T, c *devcluster.Cluster, key quota.Key, refresh time.
 		l.clients[name] = cl
 		l.on[name] = new(atomic.Bool)
 		l.adm[name] = new(atomic.Int64)
+	}
+	// The maps are complete before any worker reads them.
+	for name, cl := range l.clients {
 		for range workers {
 			l.wg.Add(1)
 			go l.work(name, cl)
