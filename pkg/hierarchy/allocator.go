@@ -1,0 +1,990 @@
+package hierarchy
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// DefaultDemandAlpha is the EWMA weight of one epoch's observation in the
+// demand estimate. 0.5 halves the weight of the past every epoch: a step
+// in demand is 97% visible after five epochs, while a single quiet or
+// noisy epoch moves the estimate only half way.
+const DefaultDemandAlpha = 0.5
+
+// ErrStaleReport is wrapped by the error Report returns for a report whose
+// sequence number is below the last one seen from its region (a delayed
+// duplicate of an already superseded report).
+var ErrStaleReport = errors.New("stale region report")
+
+// KeyLimit is one key's global limit.
+type KeyLimit struct {
+	// Rate is required: tokens per second, finite, > 0.
+	Rate float64
+	// Burst is required: tokens, finite, > 0.
+	Burst float64
+}
+
+// Options configures an Allocator.
+type Options struct {
+	// Regions is required: at least one, valid per ValidateRegions.
+	Regions []Region
+	// Epoch is required: the allocation period P (>= 1ms). Used for the
+	// default silence timeout, the EWMA time scale and the shortest useful
+	// grant validity.
+	Epoch time.Duration
+	// Validity is required: the grant validity V, >= Epoch, whole
+	// milliseconds (truncated). Grants above a region's static share get
+	// at most V minus about two epochs (see doc.go), so V >= 4·Epoch is
+	// needed for them to be continuous; the design default is 5·Epoch.
+	Validity time.Duration
+	// SilenceTimeout is optional: a region with no report for longer is
+	// silent and its share is frozen. Default 2·Epoch.
+	SilenceTimeout time.Duration
+	// DemandAlpha is optional: EWMA weight in (0, 1] of one Epoch's worth
+	// of observation. Default DefaultDemandAlpha.
+	DemandAlpha float64
+}
+
+// KeyDemand is one key's part of a region report (mirror of the wire
+// KeyDemand, in Go units).
+type KeyDemand struct {
+	Key quota.Key
+	// Admitted and Denied are tokens since the region's previous report;
+	// finite, >= 0.
+	Admitted, Denied float64
+	// Window is the time Admitted and Denied cover; > 0.
+	Window time.Duration
+	// HeldRate (tokens/s) and HeldBurst (tokens) are the grant the region
+	// holds, exactly as it received them; ignored when HeldValid is 0.
+	HeldRate, HeldBurst float64
+	// HeldValid is the held grant's remaining validity when the report was
+	// sent; 0 when the region runs on its static share. >= 0.
+	HeldValid time.Duration
+	// Holding is the tokens the region holds against its burst cap (bucket
+	// plus unspent leases); finite, >= 0.
+	Holding float64
+}
+
+// Report is one region's report for one epoch (mirror of the wire
+// RegionReport).
+type Report struct {
+	Region string
+	// Seq is the region's sequence number; a report with the last seen Seq
+	// is a retry and gets the same answer.
+	Seq  uint64
+	Keys []KeyDemand
+}
+
+// Grant is a lease on part of one key's global rate and burst.
+type Grant struct {
+	Key quota.Key
+	// Rate is the refill rate in tokens/s the region may use while the
+	// grant is valid.
+	Rate float64
+	// Burst is the region's burst cap in tokens while the grant is valid.
+	Burst float64
+	// Valid is measured on the region's clock from when it sent the report
+	// this grant answers. Always whole milliseconds.
+	Valid time.Duration
+}
+
+// Allocator is the global tier's state machine. It is safe for concurrent
+// use: every method takes the internal lock, so calls are serialized.
+type Allocator struct {
+	mu sync.Mutex // guards every field below
+
+	origin      time.Time
+	clock       int64 // latest time seen (ns since origin); time never runs backwards inside
+	epochNS     int64
+	validity    int64
+	minValidity int64
+	silence     int64
+	alpha       float64
+	alphaWindow int64   // cache: window of the last alpha computed
+	alphaValue  float64 // cache: its alpha
+	learnUntil  int64
+	epochs      uint64
+
+	regions     []regionState
+	regionIndex map[string]int
+	nr          int
+
+	// Keys, indexed by key slot.
+	keyIndex  map[quota.Key]int32
+	keys      []quota.Key
+	limits    []KeyLimit
+	keyLive   []bool
+	freeKeys  []int32
+	byRank    []int32 // live key slots sorted by key
+	rankDirty bool
+	blockOf   []int32   // slot -> block, -1 when the key has no fencing state
+	demand    []float64 // slot*nr + region: EWMA tokens/s
+	lastObs   []uint32  // slot*nr + region: region's report count at the last observation, 0 = never
+	seenStamp []uint32  // slot -> stamp of the report that last listed it
+	seenPos   []int32   // slot -> its position in that report
+	stamp     uint32
+
+	// Blocks: fencing state of the keys that get grants (contended, or
+	// some region may still hold a non-static grant). A key has a block
+	// exactly while it is active.
+	fences         [][]fence // region -> block: a region's report walks its own fences in order
+	summaries      []summary // block*nr + region, kept equal to fences[...].summarize
+	targetRate     []float64 // block*nr + region
+	targetBurst    []float64 // block*nr + region
+	blockKey       []int32
+	blockContended []bool
+	freeBlocks     []int32
+
+	// active lists the keys that get grants, in key order (set by Allocate).
+	active []int32
+
+	// Scratch, reused across calls.
+	fs                  fillScratch
+	rateLane, burstLane lane
+	w, lo, hi, dem, out []float64
+	silent              []bool
+	reportIdx           []int32
+}
+
+type regionState struct {
+	Region
+	frac     float64 // Weight / Σ Weight
+	reported bool
+	lastSeq  uint64
+	lastAt   int64
+	nReports uint32
+	sendLB   int64 // lower bound of the send time of its latest report
+	// lastAnswerAt is when it was last answered: no report can prove a
+	// later send-time bound than that.
+	lastAnswerAt int64
+	answer       []Grant
+	unknown      []quota.Key // unknown keys in its latest report, sorted, at most maxUnknownShown
+	unknownN     int
+	prevOrder    []int32 // key slots in the order of its latest report
+}
+
+const maxUnknownShown = 16
+
+// NewAllocator validates opts and returns an Allocator in learning mode
+// until now+Validity.
+func NewAllocator(opts Options, now time.Time) (*Allocator, error) {
+	if err := ValidateRegions(opts.Regions); err != nil {
+		return nil, fmt.Errorf("hierarchy: options: %w", err)
+	}
+	if opts.Epoch < time.Millisecond {
+		return nil, fmt.Errorf("hierarchy: options: %w: epoch %v must be at least 1ms", quota.ErrInvalid, opts.Epoch)
+	}
+	validity := opts.Validity.Truncate(time.Millisecond)
+	if validity < opts.Epoch {
+		return nil, fmt.Errorf("hierarchy: options: %w: validity %v must be at least the epoch %v", quota.ErrInvalid, opts.Validity, opts.Epoch)
+	}
+	if opts.SilenceTimeout < 0 {
+		return nil, fmt.Errorf("hierarchy: options: %w: silence timeout %v is negative", quota.ErrInvalid, opts.SilenceTimeout)
+	}
+	silence := opts.SilenceTimeout
+	if silence == 0 {
+		silence = 2 * opts.Epoch
+	}
+	alpha := opts.DemandAlpha
+	if alpha == 0 {
+		alpha = DefaultDemandAlpha
+	}
+	if !finite(alpha) || alpha <= 0 || alpha > 1 {
+		return nil, fmt.Errorf("hierarchy: options: %w: demand alpha %v must be in (0, 1]", quota.ErrInvalid, opts.DemandAlpha)
+	}
+	a := &Allocator{
+		origin:      now,
+		epochNS:     int64(opts.Epoch),
+		validity:    int64(validity),
+		minValidity: int64(min(opts.Epoch.Truncate(time.Millisecond), validity)),
+		silence:     int64(silence),
+		alpha:       alpha,
+		alphaWindow: int64(opts.Epoch),
+		alphaValue:  alpha,
+		keyIndex:    make(map[quota.Key]int32),
+	}
+	a.learnUntil = a.validity
+	a.installRegions(opts.Regions)
+	a.fences = make([][]fence, a.nr)
+	return a, nil
+}
+
+func (a *Allocator) installRegions(regions []Region) {
+	a.nr = len(regions)
+	a.regions = make([]regionState, len(regions))
+	a.regionIndex = make(map[string]int, len(regions))
+	var sum float64
+	for _, r := range regions {
+		sum += r.Weight
+	}
+	for i, r := range regions {
+		a.regions[i] = regionState{Region: r, frac: r.Weight / sum, sendLB: negInf, lastAnswerAt: negInf}
+		a.regionIndex[r.Name] = i
+	}
+	a.silent = make([]bool, a.nr)
+}
+
+// tick converts now to internal time, never moving backwards.
+func (a *Allocator) tick(now time.Time) int64 {
+	t := int64(now.Sub(a.origin))
+	if t < a.clock {
+		return a.clock
+	}
+	a.clock = t
+	return t
+}
+
+// peek converts now like tick without moving the clock, for queries.
+func (a *Allocator) peek(now time.Time) int64 { return max(int64(now.Sub(a.origin)), a.clock) }
+
+func (a *Allocator) wall(t int64) time.Time { return a.origin.Add(time.Duration(t)) }
+
+// Learning reports whether the Allocator is still in learning mode, only
+// re-issuing what regions report they hold.
+func (a *Allocator) Learning(now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.peek(now) < a.learnUntil
+}
+
+// Epoch returns how many allocation epochs (Allocate calls) have run.
+func (a *Allocator) Epoch() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.epochs
+}
+
+// BecomeLeader forgets every grant, demand and report and restarts
+// learning mode until now+Validity, keeping regions and limits. Call it
+// when this process (re)gains leadership: while it was not leader another
+// one may have issued grants it knows nothing about.
+func (a *Allocator) BecomeLeader(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.tick(now)
+	a.learnUntil = t + a.validity
+	for b := range a.blockKey {
+		if a.blockKey[b] >= 0 {
+			a.freeBlock(int32(b))
+		}
+	}
+	a.active = a.active[:0]
+	clear(a.demand)
+	clear(a.lastObs)
+	for i := range a.regions {
+		r := a.regions[i].Region
+		a.regions[i] = regionState{Region: r, frac: a.regions[i].frac, sendLB: negInf, lastAnswerAt: negInf}
+	}
+}
+
+// SetLimit sets or changes a key's global limit. A new limit applies to
+// grants issued from now on; grants already issued stay valid until they
+// expire (at most Validity).
+func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
+	if err := key.Validate(); err != nil {
+		return fmt.Errorf("hierarchy: set limit: %w", err)
+	}
+	if !finite(l.Rate) || l.Rate <= 0 {
+		return fmt.Errorf("hierarchy: set limit %s: %w: rate %v must be a finite number > 0", key, quota.ErrInvalid, l.Rate)
+	}
+	if !finite(l.Burst) || l.Burst <= 0 {
+		return fmt.Errorf("hierarchy: set limit %s: %w: burst %v must be a finite number > 0", key, quota.ErrInvalid, l.Burst)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if k, ok := a.keyIndex[key]; ok {
+		a.limits[k] = l
+		if b := a.blockOf[k]; b >= 0 {
+			a.resummarize(b)
+		}
+		return nil
+	}
+	var k int32
+	if n := len(a.freeKeys); n > 0 {
+		k = a.freeKeys[n-1]
+		a.freeKeys = a.freeKeys[:n-1]
+		a.keys[k] = key
+		a.limits[k] = l
+		a.keyLive[k] = true
+		a.blockOf[k] = -1
+	} else {
+		k = int32(len(a.keys))
+		a.keys = append(a.keys, key)
+		a.limits = append(a.limits, l)
+		a.keyLive = append(a.keyLive, true)
+		a.blockOf = append(a.blockOf, -1)
+		a.seenStamp = append(a.seenStamp, 0)
+		a.seenPos = append(a.seenPos, 0)
+		a.demand = append(a.demand, make([]float64, a.nr)...)
+		a.lastObs = append(a.lastObs, make([]uint32, a.nr)...)
+	}
+	a.keyIndex[key] = k
+	a.rankDirty = true
+	return nil
+}
+
+// RemoveKey forgets a key. Grants already issued for it stay valid at the
+// regions until they expire. Unknown keys are ignored.
+func (a *Allocator) RemoveKey(key quota.Key) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k, ok := a.keyIndex[key]
+	if !ok {
+		return
+	}
+	if b := a.blockOf[k]; b >= 0 {
+		a.freeBlock(b)
+	}
+	delete(a.keyIndex, key)
+	a.keys[k] = quota.Key{}
+	a.keyLive[k] = false
+	for i := 0; i < a.nr; i++ {
+		a.demand[int(k)*a.nr+i] = 0
+		a.lastObs[int(k)*a.nr+i] = 0
+	}
+	a.freeKeys = append(a.freeKeys, k)
+	a.rankDirty = true
+}
+
+// SetRegions replaces the region list (config reload). Regions are matched
+// by name: a kept region keeps its reports, demand and grants; a new one
+// starts silent; a removed one is forgotten together with the grants it
+// holds, so remove a region only after it stopped serving. Weights take
+// effect at once for static shares.
+func (a *Allocator) SetRegions(regions []Region) error {
+	if err := ValidateRegions(regions); err != nil {
+		return fmt.Errorf("hierarchy: set regions: %w", err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	oldNR := a.nr
+	old := a.regions
+	oldFences := a.fences
+	from := make([]int, len(regions)) // new index -> old index or -1
+	for i, r := range regions {
+		from[i] = -1
+		if j, ok := a.regionIndex[r.Name]; ok {
+			from[i] = j
+		}
+	}
+	a.installRegions(regions)
+	for i, j := range from {
+		if j >= 0 {
+			st := old[j]
+			st.Region = regions[i]
+			st.frac = a.regions[i].frac
+			a.regions[i] = st
+		}
+	}
+	nr := a.nr
+	relayoutF := func(src []float64, stride int) []float64 {
+		dst := make([]float64, len(src)/max(stride, 1)*nr)
+		for k := 0; k < len(src)/max(stride, 1); k++ {
+			for i, j := range from {
+				if j >= 0 {
+					dst[k*nr+i] = src[k*stride+j]
+				}
+			}
+		}
+		return dst
+	}
+	a.demand = relayoutF(a.demand, oldNR)
+	lastObs := make([]uint32, len(a.keys)*nr)
+	for k := range a.keys {
+		for i, j := range from {
+			if j >= 0 {
+				lastObs[k*nr+i] = a.lastObs[k*oldNR+j]
+			}
+		}
+	}
+	a.lastObs = lastObs
+	nb := len(a.blockKey)
+	fences := make([][]fence, nr)
+	for i, j := range from {
+		if j >= 0 {
+			fences[i] = oldFences[j]
+		} else {
+			fences[i] = make([]fence, nb)
+		}
+	}
+	a.fences = fences
+	a.summaries = make([]summary, nb*nr)
+	a.targetRate = relayoutF(a.targetRate, oldNR)
+	a.targetBurst = relayoutF(a.targetBurst, oldNR)
+	for b := 0; b < nb; b++ {
+		if a.blockKey[b] < 0 {
+			continue
+		}
+		l := a.limits[a.blockKey[b]]
+		for i, j := range from {
+			if j < 0 {
+				a.targetRate[b*nr+i] = l.Rate * a.regions[i].frac
+				a.targetBurst[b*nr+i] = l.Burst * a.regions[i].frac
+			}
+		}
+		a.resummarize(int32(b))
+	}
+	return nil
+}
+
+func (a *Allocator) resummarize(b int32) {
+	l := a.limits[a.blockKey[b]]
+	for i := 0; i < a.nr; i++ {
+		fr := a.regions[i].frac
+		j := int(b)*a.nr + i
+		a.summaries[j] = a.fences[i][b].summarize(a.clock, l.Rate*fr, l.Burst*fr)
+	}
+}
+
+// newBlock gives key slot k fencing state, with static targets.
+func (a *Allocator) newBlock(k int32) int32 {
+	var b int32
+	if n := len(a.freeBlocks); n > 0 {
+		b = a.freeBlocks[n-1]
+		a.freeBlocks = a.freeBlocks[:n-1]
+	} else {
+		b = int32(len(a.blockKey))
+		a.blockKey = append(a.blockKey, -1)
+		a.blockContended = append(a.blockContended, false)
+		for i := range a.fences {
+			a.fences[i] = append(a.fences[i], fence{})
+		}
+		a.summaries = append(a.summaries, make([]summary, a.nr)...)
+		a.targetRate = append(a.targetRate, make([]float64, a.nr)...)
+		a.targetBurst = append(a.targetBurst, make([]float64, a.nr)...)
+	}
+	a.blockKey[b] = k
+	a.blockContended[b] = false
+	a.blockOf[k] = b
+	l := a.limits[k]
+	for i := 0; i < a.nr; i++ {
+		fr := a.regions[i].frac
+		j := int(b)*a.nr + i
+		a.fences[i][b] = fence{}
+		a.summaries[j] = a.fences[i][b].summarize(a.clock, l.Rate*fr, l.Burst*fr)
+		a.targetRate[int(b)*a.nr+i] = l.Rate * fr
+		a.targetBurst[int(b)*a.nr+i] = l.Burst * fr
+	}
+	return b
+}
+
+func (a *Allocator) freeBlock(b int32) {
+	k := a.blockKey[b]
+	if k >= 0 {
+		a.blockOf[k] = -1
+	}
+	a.blockKey[b] = -1
+	a.blockContended[b] = false
+	for i := range a.fences {
+		a.fences[i][b] = fence{}
+	}
+	a.freeBlocks = append(a.freeBlocks, b)
+}
+
+func (a *Allocator) refreshRank() {
+	if !a.rankDirty {
+		return
+	}
+	a.byRank = a.byRank[:0]
+	for k, live := range a.keyLive {
+		if live {
+			a.byRank = append(a.byRank, int32(k))
+		}
+	}
+	slices.SortFunc(a.byRank, func(x, y int32) int {
+		kx, ky := a.keys[x], a.keys[y]
+		if c := cmp.Compare(kx.Tenant, ky.Tenant); c != 0 {
+			return c
+		}
+		return cmp.Compare(kx.Class, ky.Class)
+	})
+	a.rankDirty = false
+}
+
+// decay is (1-alpha)^n: the weight left to an estimate after n reports
+// that did not mention the key (zero observations).
+func (a *Allocator) decay(n uint32) float64 {
+	switch n {
+	case 0:
+		return 1
+	case 1:
+		return 1 - a.alpha
+	}
+	return math.Pow(1-a.alpha, float64(n))
+}
+
+// alphaFor scales the EWMA weight to the report's window, so a report
+// covering two epochs counts like two one-epoch reports.
+func (a *Allocator) alphaFor(window int64) float64 {
+	if window == a.alphaWindow {
+		return a.alphaValue
+	}
+	v := 1 - math.Pow(1-a.alpha, float64(window)/float64(a.epochNS))
+	a.alphaWindow, a.alphaValue = window, v
+	return v
+}
+
+func (a *Allocator) effectiveDemand(k int32, i int) float64 {
+	j := int(k)*a.nr + i
+	last := a.lastObs[j]
+	if last == 0 {
+		return 0
+	}
+	return a.demand[j] * a.decay(a.regions[i].nReports-last)
+}
+
+// Allocate runs one epoch: it recomputes the targets of every key from the
+// current demand estimates and decides which keys need grants. Call it
+// every Epoch. Keys whose demand fits in the static shares everywhere get
+// no grants once no region may hold anything but its static share.
+func (a *Allocator) Allocate(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.tick(now)
+	a.epochs++
+	a.refreshRank()
+	nr := a.nr
+	for i := range a.regions {
+		rs := &a.regions[i]
+		a.silent[i] = !rs.reported || t-rs.lastAt > a.silence
+	}
+	a.dem = growFloats(a.dem, nr)
+	a.active = a.active[:0]
+	for _, k := range a.byRank {
+		l := a.limits[k]
+		contended := false
+		for i := 0; i < nr; i++ {
+			d := a.effectiveDemand(k, i)
+			a.dem[i] = d
+			if !a.silent[i] && d > l.Rate*a.regions[i].frac {
+				contended = true
+			}
+		}
+		b := a.blockOf[k]
+		if !contended {
+			if b < 0 {
+				continue
+			}
+			nonStatic := false
+			for i := 0; i < nr && !nonStatic; i++ {
+				fr := a.regions[i].frac
+				nonStatic = a.fences[i][b].hasNonStatic(t, l.Rate*fr, l.Burst*fr)
+			}
+			if !nonStatic {
+				a.freeBlock(b)
+				continue
+			}
+			for i := 0; i < nr; i++ {
+				fr := a.regions[i].frac
+				a.targetRate[int(b)*nr+i] = l.Rate * fr
+				a.targetBurst[int(b)*nr+i] = l.Burst * fr
+			}
+			a.blockContended[b] = false
+			a.active = append(a.active, k)
+			continue
+		}
+		if b < 0 {
+			b = a.newBlock(k)
+		}
+		a.computeTargets(t, k, b)
+		a.blockContended[b] = true
+		a.active = append(a.active, k)
+	}
+}
+
+// computeTargets water-fills key k's rate over the regions that report,
+// with silent regions frozen at what they may be using (max of their
+// grant and static share), and splits the burst in proportion to the
+// rates.
+func (a *Allocator) computeTargets(t int64, k, b int32) {
+	nr := a.nr
+	l := a.limits[k]
+	base := int(b) * nr
+	a.w = growFloats(a.w, nr)
+	a.lo = growFloats(a.lo, nr)
+	a.hi = growFloats(a.hi, nr)
+	a.out = growFloats(a.out, nr)
+	capacity, pool := l.Rate, l.Burst
+	n := 0
+	var sumW float64
+	for i := 0; i < nr; i++ {
+		rg := &a.regions[i]
+		if a.silent[i] {
+			f := &a.summaries[base+i]
+			s, sb := l.Rate*rg.frac, l.Burst*rg.frac
+			fr, fb := s, sb
+			if f.rateT > t {
+				fr = max(f.rateV, s)
+			}
+			if f.burstT > t {
+				fb = max(f.burstV, sb)
+			}
+			a.targetRate[base+i], a.targetBurst[base+i] = fr, fb
+			capacity -= fr
+			pool -= fb
+			continue
+		}
+		a.w[n] = rg.Weight
+		a.lo[n] = rg.MinShare * l.Rate
+		a.hi[n] = rg.maxShare() * l.Rate
+		a.dem[n] = a.dem[i]
+		sumW += rg.Weight
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	capacity = max(capacity, 0)
+	pool = max(pool, 0)
+	fairShare(capacity, a.w[:n], a.lo[:n], a.hi[:n], a.dem[:n], a.out[:n], &a.fs)
+	var sumA float64
+	for j := 0; j < n; j++ {
+		sumA += a.out[j]
+	}
+	j := 0
+	for i := 0; i < nr; i++ {
+		if a.silent[i] {
+			continue
+		}
+		a.targetRate[base+i] = a.out[j]
+		if sumA > 0 {
+			a.targetBurst[base+i] = pool * a.out[j] / sumA
+		} else {
+			a.targetBurst[base+i] = pool * a.w[j] / sumW
+		}
+		j++
+	}
+}
+
+func badNumber(x float64) bool { return !finite(x) || x < 0 }
+
+// Report ingests one region report received at now and returns that
+// region's grants: one for each key in the report that needs one, in
+// report order, then one for each other key that needs one, in key order.
+// A key without a grant runs on whatever the region holds until it
+// expires, then on its static share.
+//
+// A retry (same Seq as the region's previous report) gets the previous
+// answer again and changes nothing. A lower Seq is refused with
+// ErrStaleReport. Invalid input is refused with an error wrapping
+// quota.ErrInvalid and changes nothing. Keys without a limit are skipped
+// and listed in the View. The returned slice is kept to answer a retry:
+// callers must not modify it (a retry gets a copy).
+func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ri, ok := a.regionIndex[rep.Region]
+	if !ok {
+		return nil, fmt.Errorf("hierarchy: report: %w: unknown region %q", quota.ErrInvalid, rep.Region)
+	}
+	rs := &a.regions[ri]
+	if rs.reported {
+		if rep.Seq == rs.lastSeq {
+			return slices.Clone(rs.answer), nil
+		}
+		if rep.Seq < rs.lastSeq {
+			return nil, fmt.Errorf("hierarchy: report from %q: %w: seq %d is below the last seen %d", rep.Region, ErrStaleReport, rep.Seq, rs.lastSeq)
+		}
+	}
+	nr := a.nr
+
+	// Pass 1: validate everything and find acknowledgements, changing
+	// nothing that outlives a failed call.
+	a.stamp++
+	if a.stamp == 0 { // wrapped: old stamps could collide
+		clear(a.seenStamp)
+		a.stamp = 1
+	}
+	stamp := a.stamp
+	idx := a.reportIdx[:0]
+	// Any grant the report acknowledges bounds its send time from below;
+	// the latest answer is the best bound there can be, so stop looking
+	// once it is found.
+	sendLB := rs.sendLB
+	probing := sendLB < rs.lastAnswerAt
+	var unknownAt map[quota.Key]int
+	var unknown []quota.Key
+	for j := range rep.Keys {
+		kd := &rep.Keys[j]
+		k := int32(-1)
+		if j < len(rs.prevOrder) {
+			if p := rs.prevOrder[j]; p >= 0 && a.keyLive[p] && a.keys[p] == kd.Key {
+				k = p
+			}
+		}
+		if k < 0 {
+			if p, ok := a.keyIndex[kd.Key]; ok {
+				k = p
+			}
+		}
+		if err := a.validateKeyDemand(j, kd, k >= 0); err != nil {
+			return nil, fmt.Errorf("hierarchy: report from %q: %w", rep.Region, err)
+		}
+		if k < 0 {
+			if unknownAt == nil {
+				unknownAt = make(map[quota.Key]int)
+			}
+			if first, dup := unknownAt[kd.Key]; dup {
+				return nil, fmt.Errorf("hierarchy: report from %q: %w: keys[%d] %s duplicates keys[%d]", rep.Region, quota.ErrInvalid, j, kd.Key, first)
+			}
+			unknownAt[kd.Key] = j
+			unknown = append(unknown, kd.Key)
+			idx = append(idx, -1)
+			continue
+		}
+		if a.seenStamp[k] == stamp {
+			return nil, fmt.Errorf("hierarchy: report from %q: %w: keys[%d] %s duplicates keys[%d]", rep.Region, quota.ErrInvalid, j, kd.Key, a.seenPos[k])
+		}
+		a.seenStamp[k] = stamp
+		a.seenPos[k] = int32(j)
+		if probing {
+			if b := a.blockOf[k]; b >= 0 {
+				sendLB = max(sendLB, a.fences[ri][b].heldSince(heldOf(kd)))
+				probing = sendLB < rs.lastAnswerAt
+			}
+		}
+		idx = append(idx, k)
+	}
+	a.reportIdx = idx
+
+	// Pass 2: commit.
+	t := a.tick(now)
+	rs.reported = true
+	rs.lastSeq = rep.Seq
+	rs.lastAt = t
+	rs.nReports++
+	rs.sendLB = sendLB
+	rs.unknownN = len(unknown)
+	if len(unknown) > 0 {
+		slices.SortFunc(unknown, func(x, y quota.Key) int {
+			if c := cmp.Compare(x.Tenant, y.Tenant); c != 0 {
+				return c
+			}
+			return cmp.Compare(x.Class, y.Class)
+		})
+		unknown = unknown[:min(len(unknown), maxUnknownShown)]
+	}
+	rs.unknown = unknown
+	learning := t < a.learnUntil
+	answer := make([]Grant, 0, len(a.active)+8)
+	for j := range rep.Keys {
+		k := idx[j]
+		if k < 0 {
+			continue
+		}
+		kd := &rep.Keys[j]
+		a.observe(k, ri, kd)
+		held := heldOf(kd)
+		l := a.limits[k]
+		s, sb := l.Rate*rs.frac, l.Burst*rs.frac
+		b := a.blockOf[k]
+		if b < 0 {
+			if held.valid <= 0 || (nearStatic(held.rate, s) && nearStatic(held.burst, sb)) {
+				continue
+			}
+			b = a.newBlock(k)
+		}
+		f := &a.fences[ri][b]
+		m := f.match(held)
+		if m >= 0 && f.recs[m].flags&recPseudo == 0 && f.recs[m].at > sendLB {
+			sendLB = f.recs[m].at
+			rs.sendLB = sendLB
+		}
+		f.acknowledge(t, held, m, sb, learning)
+		var g Grant
+		issued := false
+		if learning {
+			g, issued = a.reissue(t, f, k, held, s, sb, sendLB)
+		} else {
+			g, issued = a.fencedGrant(t, b, ri, sendLB)
+		}
+		a.summaries[int(b)*nr+ri] = f.summarize(t, s, sb)
+		if issued {
+			answer = append(answer, g)
+		}
+	}
+	if !learning {
+		for _, k := range a.active {
+			if a.seenStamp[k] == stamp {
+				continue
+			}
+			b := a.blockOf[k]
+			if b < 0 {
+				continue
+			}
+			f := &a.fences[ri][b]
+			f.prune(t)
+			g, issued := a.fencedGrant(t, b, ri, sendLB)
+			l := a.limits[k]
+			a.summaries[int(b)*nr+ri] = f.summarize(t, l.Rate*rs.frac, l.Burst*rs.frac)
+			if issued {
+				answer = append(answer, g)
+			}
+		}
+	}
+	rs.prevOrder = append(rs.prevOrder[:0], idx...)
+	rs.answer = answer
+	rs.lastAnswerAt = t
+	return answer, nil
+}
+
+func heldOf(kd *KeyDemand) heldReport {
+	return heldReport{rate: kd.HeldRate, burst: kd.HeldBurst, valid: int64(kd.HeldValid), holding: kd.Holding}
+}
+
+func (a *Allocator) validateKeyDemand(j int, kd *KeyDemand, known bool) error {
+	if !known {
+		if err := kd.Key.Validate(); err != nil {
+			return fmt.Errorf("keys[%d]: %w", j, err)
+		}
+	}
+	switch {
+	case badNumber(kd.Admitted):
+		return fmt.Errorf("%w: keys[%d] %s: admitted %v must be a finite number >= 0", quota.ErrInvalid, j, kd.Key, kd.Admitted)
+	case badNumber(kd.Denied):
+		return fmt.Errorf("%w: keys[%d] %s: denied %v must be a finite number >= 0", quota.ErrInvalid, j, kd.Key, kd.Denied)
+	case kd.Window <= 0:
+		return fmt.Errorf("%w: keys[%d] %s: window %v must be positive", quota.ErrInvalid, j, kd.Key, kd.Window)
+	case badNumber(kd.HeldRate):
+		return fmt.Errorf("%w: keys[%d] %s: held rate %v must be a finite number >= 0", quota.ErrInvalid, j, kd.Key, kd.HeldRate)
+	case badNumber(kd.HeldBurst):
+		return fmt.Errorf("%w: keys[%d] %s: held burst %v must be a finite number >= 0", quota.ErrInvalid, j, kd.Key, kd.HeldBurst)
+	case kd.HeldValid < 0:
+		return fmt.Errorf("%w: keys[%d] %s: held valid %v is negative", quota.ErrInvalid, j, kd.Key, kd.HeldValid)
+	case badNumber(kd.Holding):
+		return fmt.Errorf("%w: keys[%d] %s: holding %v must be a finite number >= 0", quota.ErrInvalid, j, kd.Key, kd.Holding)
+	}
+	return nil
+}
+
+// observe folds one report's admitted+denied into the key's demand
+// estimate for region ri. Reports that skipped the key count as zero.
+func (a *Allocator) observe(k int32, ri int, kd *KeyDemand) {
+	j := int(k)*a.nr + ri
+	obs := (kd.Admitted + kd.Denied) / kd.Window.Seconds()
+	n := a.regions[ri].nReports
+	last := a.lastObs[j]
+	if last == 0 {
+		a.demand[j] = obs
+	} else {
+		d := a.demand[j] * a.decay(n-1-last)
+		a.demand[j] = d + a.alphaFor(int64(kd.Window))*(obs-d)
+	}
+	a.lastObs[j] = n
+}
+
+// reissue is learning mode: hand back exactly what the region holds. A
+// grant at or below the static shares may be extended to the full
+// validity (keeping a region below its share longer is always safe); one
+// above keeps its expiry, since the donors that paid for it are unknown.
+func (a *Allocator) reissue(t int64, f *fence, k int32, held heldReport, s, sb float64, sendLB int64) (Grant, bool) {
+	if held.valid <= 0 || f.full() {
+		return Grant{}, false
+	}
+	valid := a.validity
+	if held.rate > s || held.burst > sb {
+		valid = min(held.valid, a.validity) / int64(time.Millisecond) * int64(time.Millisecond)
+	}
+	if valid <= 0 {
+		return Grant{}, false
+	}
+	rate, burst := f.distinct(held.rate, held.burst)
+	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})
+	return Grant{Key: a.keys[k], Rate: rate, Burst: burst, Valid: time.Duration(valid)}, true
+}
+
+// fencedGrant chooses, records and returns region ri's grant for block b.
+//
+// A grant (a, Valid) is safe when, at every instant of its validity, a
+// fits in the headroom H(t) the other regions leave (their summaries),
+// and when, if it makes the region's fallback to its static share
+// possible earlier than before, the static share fits there too. The
+// target, capped by the headroom of the next minValidity, is tried first
+// for as long as it fits, which may be shorter than Validity when donors
+// may fall back before then; if that is not safe, the grant is what fits
+// for the whole Validity, which always is safe (its fallback is never
+// earlier than the region's current one).
+func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, bool) {
+	nr := a.nr
+	k := a.blockKey[b]
+	l := a.limits[k]
+	base := int(b) * nr
+	f := &a.fences[ri][b]
+	if f.full() {
+		return Grant{}, false
+	}
+	rl, bl := &a.rateLane, &a.burstLane
+	frx := a.regions[ri].frac
+	rl.reset(l.Rate * frx)
+	bl.reset(l.Burst * frx)
+	for y := 0; y < nr; y++ {
+		if y == ri {
+			continue
+		}
+		fy := &a.summaries[base+y]
+		fr := a.regions[y].frac
+		rl.addOther(t, fy.rateV, fy.rateT, l.Rate*fr)
+		bl.addOther(t, fy.burstV, fy.burstT, l.Burst*fr)
+	}
+	end := t + a.validity
+	wantRate, wantBurst := a.targetRate[base+ri], a.targetBurst[base+ri]
+	rate := max(0, min(wantRate, rl.minHeadroom(t, t+a.minValidity)))
+	burst := max(0, min(wantBurst, bl.minHeadroom(t, t+a.minValidity)))
+	until := min(rl.fitsUntil(rate, t, end), bl.fitsUntil(burst, t, end))
+	valid := (until - t) / int64(time.Millisecond) * int64(time.Millisecond)
+	if valid < a.validity && !a.shortGrantSafe(t, valid, sendLB, f.fallbackAt(), rate, burst) {
+		rate = max(0, min(wantRate, rl.minHeadroom(t, end)))
+		burst = max(0, min(wantBurst, bl.minHeadroom(t, end)))
+		valid = a.validity
+	}
+	rate, burst = f.distinct(rate, burst)
+	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})
+	return Grant{Key: a.keys[k], Rate: rate, Burst: burst, Valid: time.Duration(valid)}, true
+}
+
+// shortGrantSafe checks the other side of a grant shorter than Validity:
+// the region may fall back to its static share when it expires, earlier
+// than its current grants let it, so the static share must fit wherever
+// that is new (outside the grant itself).
+func (a *Allocator) shortGrantSafe(t, valid, sendLB, fallback int64, rate, burst float64) bool {
+	if valid < a.minValidity {
+		return false
+	}
+	newFallback := sendLB + valid
+	if fallback == negInf || newFallback >= fallback {
+		return true
+	}
+	rl, bl := &a.rateLane, &a.burstLane
+	grantEnd := t + valid
+	ok := func(at int64) bool {
+		rc, bc := rl.headroom(at), bl.headroom(at)
+		if at < grantEnd {
+			rc, bc = max(rc, rate), max(bc, burst)
+		}
+		// The slack forgives the last-bit differences distinct() and
+		// rounding leave between a grant and the static share it equals.
+		return rl.static <= rc+1e-12*rl.static && bl.static <= bc+1e-12*bl.static
+	}
+	from := max(t, newFallback)
+	if !ok(from) {
+		return false
+	}
+	if grantEnd > from && grantEnd < fallback && !ok(grantEnd) {
+		return false
+	}
+	for _, l := range []*lane{rl, bl} {
+		for _, u := range l.until[:l.n] {
+			if u > from && u < fallback && !ok(u) {
+				return false
+			}
+		}
+	}
+	return true
+}

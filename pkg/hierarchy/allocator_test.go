@@ -1,0 +1,368 @@
+package hierarchy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+var testStart = time.Unix(1_700_000_000, 0)
+
+func ms(n int) time.Time { return testStart.Add(time.Duration(n) * time.Millisecond) }
+
+func twoRegions() []Region { return []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}} }
+
+func mustAllocator(t *testing.T, regions []Region) *Allocator {
+	t.Helper()
+	a, err := NewAllocator(Options{Regions: regions, Epoch: time.Second, Validity: 5 * time.Second}, testStart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestNewAllocatorValidatesOptions(t *testing.T) {
+	good := Options{Regions: twoRegions(), Epoch: time.Second, Validity: 5 * time.Second}
+	for _, tc := range []struct {
+		name string
+		edit func(*Options)
+		want string
+	}{
+		{"no regions", func(o *Options) { o.Regions = nil }, "no regions"},
+		{"zero epoch", func(o *Options) { o.Epoch = 0 }, "epoch"},
+		{"validity below epoch", func(o *Options) { o.Validity = 500 * time.Millisecond }, "validity"},
+		{"negative silence", func(o *Options) { o.SilenceTimeout = -time.Second }, "silence"},
+		{"alpha above one", func(o *Options) { o.DemandAlpha = 1.5 }, "alpha"},
+		{"NaN alpha", func(o *Options) { o.DemandAlpha = math.NaN() }, "alpha"},
+		{"bad region weight", func(o *Options) { o.Regions = []Region{{Name: "a", Weight: -1}} }, "weight"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := good
+			tc.edit(&o)
+			_, err := NewAllocator(o, testStart)
+			if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an ErrInvalid mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestSetLimitValidates(t *testing.T) {
+	a := mustAllocator(t, twoRegions())
+	for _, tc := range []struct {
+		key quota.Key
+		l   KeyLimit
+	}{
+		{quota.Key{Tenant: "", Class: "w"}, KeyLimit{Rate: 1, Burst: 1}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 0, Burst: 1}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: math.Inf(1), Burst: 1}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: math.NaN()}},
+	} {
+		if err := a.SetLimit(tc.key, tc.l); !errors.Is(err, quota.ErrInvalid) {
+			t.Errorf("SetLimit(%v, %+v) = %v, want ErrInvalid", tc.key, tc.l, err)
+		}
+	}
+	if v := a.View(ms(0)); len(v.Keys) != 0 {
+		t.Fatalf("rejected limits left keys behind: %+v", v.Keys)
+	}
+}
+
+// drive runs a pseudo-random but seeded workload and returns every answer
+// and the final view.
+func drive(t *testing.T, a *Allocator, seed uint64, epochs int, keys []quota.Key) ([][]Grant, View) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	regions := []string{"a", "b", "c"}
+	seq := map[string]uint64{}
+	held := map[string]map[quota.Key]Grant{}
+	heldAt := map[string]map[quota.Key]time.Time{}
+	var answers [][]Grant
+	for e := 0; e < epochs; e++ {
+		now := ms(1000 * e)
+		a.Allocate(now)
+		for ri, r := range regions {
+			if rng.IntN(6) == 0 {
+				continue // silent this epoch
+			}
+			sent := now.Add(time.Duration(10*(ri+1)) * time.Millisecond)
+			rep := Report{Region: r, Seq: seq[r] + 1}
+			seq[r]++
+			for _, k := range keys {
+				kd := KeyDemand{Key: k, Admitted: float64(rng.IntN(120)), Denied: float64(rng.IntN(40)), Window: time.Second, Holding: float64(rng.IntN(30))}
+				if g, ok := held[r][k]; ok {
+					if left := heldAt[r][k].Add(g.Valid).Sub(sent); left > 0 {
+						kd.HeldRate, kd.HeldBurst, kd.HeldValid = g.Rate, g.Burst, left.Truncate(time.Millisecond)
+					}
+				}
+				rep.Keys = append(rep.Keys, kd)
+			}
+			grants, err := a.Report(sent, rep)
+			if err != nil {
+				t.Fatalf("report: %v", err)
+			}
+			answers = append(answers, append([]Grant(nil), grants...))
+			if rng.IntN(5) == 0 {
+				continue // answer lost
+			}
+			if held[r] == nil {
+				held[r], heldAt[r] = map[quota.Key]Grant{}, map[quota.Key]time.Time{}
+			}
+			for _, g := range grants {
+				held[r][g.Key], heldAt[r][g.Key] = g, sent
+			}
+		}
+	}
+	return answers, a.View(ms(1000 * epochs))
+}
+
+func threeRegions() []Region {
+	return []Region{{Name: "a", Weight: 2}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1, MinShare: 0.1}}
+}
+
+func someKeys(t *testing.T, a *Allocator, n int) []quota.Key {
+	t.Helper()
+	var keys []quota.Key
+	for i := 0; i < n; i++ {
+		k := quota.Key{Tenant: fmt.Sprintf("t%02d", (i*7)%n), Class: "write"}
+		keys = append(keys, k)
+		if err := a.SetLimit(k, KeyLimit{Rate: 100 + float64(i), Burst: 50}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
+}
+
+func TestDeterministic(t *testing.T) {
+	run := func() ([][]Grant, View) {
+		a := mustAllocator(t, threeRegions())
+		return drive(t, a, 42, 40, someKeys(t, a, 20))
+	}
+	ans1, v1 := run()
+	ans2, v2 := run()
+	if !reflect.DeepEqual(ans1, ans2) || !reflect.DeepEqual(v1, v2) {
+		t.Fatal("two runs of the same calls gave different results")
+	}
+	grants := 0
+	for _, a := range ans1 {
+		grants += len(a)
+	}
+	if grants == 0 {
+		t.Fatal("the workload never produced a grant; the test would prove nothing")
+	}
+	for i := 1; i < len(v1.Keys); i++ {
+		p, k := v1.Keys[i-1].Key, v1.Keys[i].Key
+		if p.Tenant > k.Tenant || (p.Tenant == k.Tenant && p.Class >= k.Class) {
+			t.Fatalf("view keys not sorted: %v before %v", p, k)
+		}
+	}
+}
+
+func TestBadReportChangesNothing(t *testing.T) {
+	key := quota.Key{Tenant: "t00", Class: "write"}
+	bad := []struct {
+		name string
+		rep  Report
+		want error
+	}{
+		{"unknown region", Report{Region: "zz", Seq: 100, Keys: []KeyDemand{{Key: key, Window: time.Second}}}, quota.ErrInvalid},
+		{"negative admitted", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: key, Admitted: -1, Window: time.Second}}}, quota.ErrInvalid},
+		{"NaN denied", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: key, Denied: math.NaN(), Window: time.Second}}}, quota.ErrInvalid},
+		{"zero window", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: key}}}, quota.ErrInvalid},
+		{"negative held rate", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: key, Window: time.Second, HeldRate: -1}}}, quota.ErrInvalid},
+		{"infinite held burst", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: key, Window: time.Second, HeldBurst: math.Inf(1)}}}, quota.ErrInvalid},
+		{"negative held valid", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: key, Window: time.Second, HeldValid: -time.Second}}}, quota.ErrInvalid},
+		{"NaN holding", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: key, Window: time.Second, Holding: math.NaN()}}}, quota.ErrInvalid},
+		{"bad key", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: key, Window: time.Second}, {Key: quota.Key{Tenant: "x y", Class: "w"}, Window: time.Second}}}, quota.ErrInvalid},
+		{"duplicate key", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: key, Window: time.Second, Admitted: 5}, {Key: key, Window: time.Second}}}, quota.ErrInvalid},
+		{"duplicate unknown key", Report{Region: "a", Seq: 100, Keys: []KeyDemand{{Key: quota.Key{Tenant: "nobody", Class: "w"}, Window: time.Second}, {Key: quota.Key{Tenant: "nobody", Class: "w"}, Window: time.Second}}}, quota.ErrInvalid},
+		{"stale seq", Report{Region: "a", Seq: 1, Keys: []KeyDemand{{Key: key, Window: time.Second}}}, ErrStaleReport},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			// Two allocators see the same history; one also gets the bad
+			// report. They must stay indistinguishable.
+			a1, a2 := mustAllocator(t, threeRegions()), mustAllocator(t, threeRegions())
+			k1, _ := someKeys(t, a1, 10), someKeys(t, a2, 10)
+			drive(t, a1, 7, 12, k1)
+			drive(t, a2, 7, 12, k1)
+			before := a1.View(ms(12_500))
+			if _, err := a1.Report(ms(12_500), tc.rep); !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			} else if !strings.Contains(err.Error(), "hierarchy") {
+				t.Fatalf("error %q lacks context", err)
+			}
+			if !reflect.DeepEqual(before, a1.View(ms(12_500))) {
+				t.Fatal("the refused report changed the view")
+			}
+			// Same future on both.
+			good := Report{Region: "a", Seq: 1000, Keys: []KeyDemand{{Key: key, Admitted: 300, Window: time.Second}}}
+			g1, err1 := a1.Report(ms(12_600), good)
+			g2, err2 := a2.Report(ms(12_600), good)
+			if err1 != nil || err2 != nil || !reflect.DeepEqual(g1, g2) {
+				t.Fatalf("after a refused report the allocator answers differently: %v %v / %v %v", g1, err1, g2, err2)
+			}
+			a1.Allocate(ms(13_000))
+			a2.Allocate(ms(13_000))
+			if !reflect.DeepEqual(a1.View(ms(13_000)), a2.View(ms(13_000))) {
+				t.Fatal("after a refused report the allocator diverges")
+			}
+		})
+	}
+}
+
+func TestUnknownKeysAreSkippedAndShown(t *testing.T) {
+	a := mustAllocator(t, twoRegions())
+	known := quota.Key{Tenant: "known", Class: "read"}
+	if err := a.SetLimit(known, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+		t.Fatal(err)
+	}
+	var kds []KeyDemand
+	for i := 0; i < maxUnknownShown+4; i++ {
+		kds = append(kds, KeyDemand{Key: quota.Key{Tenant: fmt.Sprintf("u%02d", 30-i), Class: "read"}, Admitted: 1, Window: time.Second})
+	}
+	kds = append(kds, KeyDemand{Key: known, Admitted: 4, Window: time.Second})
+	if _, err := a.Report(ms(100), Report{Region: "a", Seq: 1, Keys: kds}); err != nil {
+		t.Fatal(err)
+	}
+	v := a.View(ms(100))
+	ra := v.Regions[0]
+	if ra.UnknownKeyCount != maxUnknownShown+4 || len(ra.UnknownKeys) != maxUnknownShown {
+		t.Fatalf("unknown keys: count %d, shown %d", ra.UnknownKeyCount, len(ra.UnknownKeys))
+	}
+	if ra.UnknownKeys[0].Tenant != "u11" {
+		t.Fatalf("unknown keys not sorted: %v", ra.UnknownKeys)
+	}
+	if len(v.Keys) != 1 || v.Keys[0].Key != known || !near(v.Keys[0].Regions[0].Demand, 4) {
+		t.Fatalf("known key's demand not recorded: %+v", v.Keys)
+	}
+}
+
+func TestDemandEstimate(t *testing.T) {
+	a, err := NewAllocator(Options{Regions: twoRegions(), Epoch: time.Second, Validity: 5 * time.Second, DemandAlpha: 0.5}, testStart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k1, k2 := quota.Key{Tenant: "one", Class: "w"}, quota.Key{Tenant: "two", Class: "w"}
+	for _, k := range []quota.Key{k1, k2} {
+		if err := a.SetLimit(k, KeyLimit{Rate: 1000, Burst: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	demandOf := func(k quota.Key) float64 {
+		for _, kv := range a.View(ms(0)).Keys {
+			if kv.Key == k {
+				return kv.Regions[0].Demand
+			}
+		}
+		return 0
+	}
+	report := func(seq uint64, keys ...KeyDemand) {
+		if _, err := a.Report(ms(int(seq)*1000), Report{Region: "a", Seq: seq, Keys: keys}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first observation is taken as is; admitted and denied both count.
+	report(1, KeyDemand{Key: k1, Admitted: 60, Denied: 20, Window: time.Second}, KeyDemand{Key: k2, Admitted: 100, Window: time.Second})
+	if d := demandOf(k1); !near(d, 80) {
+		t.Fatalf("first estimate %v, want 80", d)
+	}
+	// A zero report halves it (alpha 0.5); a report that leaves the key
+	// out counts as zero too.
+	report(2, KeyDemand{Key: k1, Window: time.Second}, KeyDemand{Key: k2, Admitted: 100, Window: time.Second})
+	if d := demandOf(k1); !near(d, 40) {
+		t.Fatalf("after a zero report %v, want 40", d)
+	}
+	report(3, KeyDemand{Key: k2, Admitted: 100, Window: time.Second})
+	if d := demandOf(k1); !near(d, 20) {
+		t.Fatalf("after a report without the key %v, want 20", d)
+	}
+	// A two-epoch window weighs like two epochs: 1-(1-0.5)^2 = 0.75.
+	report(4, KeyDemand{Key: k1, Admitted: 200, Window: 2 * time.Second})
+	if d := demandOf(k1); !near(d, 20+0.75*(100-20)) {
+		t.Fatalf("after a two-second window %v, want 80", d)
+	}
+	if d := demandOf(k2); !near(d, 50) {
+		t.Fatalf("k2 left out once: %v, want 50", d)
+	}
+}
+
+func TestRemoveKeyAndSetRegions(t *testing.T) {
+	a := mustAllocator(t, threeRegions())
+	keys := someKeys(t, a, 10)
+	drive(t, a, 3, 15, keys)
+	a.RemoveKey(keys[0])
+	a.RemoveKey(quota.Key{Tenant: "never", Class: "set"}) // unknown: ignored
+	v := a.View(ms(15_000))
+	for _, kv := range v.Keys {
+		if kv.Key == keys[0] {
+			t.Fatal("removed key still in view")
+		}
+	}
+	rep := Report{Region: "a", Seq: 1000, Keys: []KeyDemand{{Key: keys[0], Admitted: 500, Window: time.Second}}}
+	grants, err := a.Report(ms(15_100), rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range grants {
+		if g.Key == keys[0] {
+			t.Fatal("removed key got a grant")
+		}
+	}
+	if v := a.View(ms(15_100)); v.Regions[0].UnknownKeyCount != 1 {
+		t.Fatalf("removed key should now be unknown, view says %d unknown", v.Regions[0].UnknownKeyCount)
+	}
+
+	// Reweight, drop c, add d.
+	if err := a.SetRegions([]Region{{Name: "d", Weight: 1}, {Name: "a", Weight: 1}, {Name: "b", Weight: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetRegions([]Region{{Name: "a", Weight: 0}}); !errors.Is(err, quota.ErrInvalid) {
+		t.Fatalf("bad regions accepted: %v", err)
+	}
+	v = a.View(ms(15_200))
+	if len(v.Regions) != 3 || v.Regions[0].Name != "d" || v.Regions[1].Name != "a" || !v.Regions[1].Reported || v.Regions[0].Reported {
+		t.Fatalf("regions after reload: %+v", v.Regions)
+	}
+	kv := v.Keys[0]
+	if want := kv.Limit.Rate / 4; !near(kv.Regions[0].StaticRate, want) || !near(kv.Regions[2].StaticRate, 2*want) {
+		t.Fatalf("static shares after reload: %+v", kv.Regions)
+	}
+	if _, err := a.Report(ms(15_300), Report{Region: "c", Seq: 1}); !errors.Is(err, quota.ErrInvalid) {
+		t.Fatalf("removed region's report accepted: %v", err)
+	}
+	// The allocator keeps working with the new regions.
+	a.Allocate(ms(16_000))
+	if _, err := a.Report(ms(16_100), Report{Region: "d", Seq: 1, Keys: []KeyDemand{{Key: keys[1], Admitted: 1, Window: time.Second}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBecomeLeaderForgetsGrants(t *testing.T) {
+	a := mustAllocator(t, threeRegions())
+	keys := someKeys(t, a, 10)
+	drive(t, a, 5, 15, keys)
+	a.BecomeLeader(ms(15_000))
+	v := a.View(ms(15_000))
+	if !v.Learning || !v.LearningUntil.Equal(ms(20_000)) {
+		t.Fatalf("learning: %v until %v", v.Learning, v.LearningUntil)
+	}
+	for _, kv := range v.Keys {
+		t.Fatalf("key %v kept state across BecomeLeader", kv.Key)
+	}
+	for _, r := range v.Regions {
+		if r.Reported {
+			t.Fatalf("region %s kept its reports", r.Name)
+		}
+	}
+	// Regions may continue with any seq.
+	if _, err := a.Report(ms(15_100), Report{Region: "a", Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+}

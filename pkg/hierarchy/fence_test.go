@@ -1,0 +1,323 @@
+package hierarchy
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// script drives an Allocator by hand: regions report at given
+// milliseconds and apply what they receive like a real region does.
+type script struct {
+	t     *testing.T
+	a     *Allocator
+	start time.Time
+	key   quota.Key
+	limit KeyLimit
+	seq   map[string]uint64
+	held  map[string]scriptHeld
+}
+
+type scriptHeld struct {
+	rate, burst float64
+	expiry      time.Time
+}
+
+func newScript(t *testing.T, regions []Region, limit KeyLimit) *script {
+	t.Helper()
+	start := time.Unix(1_700_000_000, 0)
+	a, err := NewAllocator(Options{Regions: regions, Epoch: time.Second, Validity: 5 * time.Second}, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := quota.Key{Tenant: "acme", Class: "write"}
+	if err := a.SetLimit(key, limit); err != nil {
+		t.Fatal(err)
+	}
+	return &script{t: t, a: a, start: start, key: key, limit: limit, seq: map[string]uint64{}, held: map[string]scriptHeld{}}
+}
+
+func (s *script) at(ms int) time.Time { return s.start.Add(time.Duration(ms) * time.Millisecond) }
+
+// demand is a report entry with the held fields filled from what the
+// region holds at sentMs.
+func (s *script) demand(region string, tokensPerSec float64, holding float64, sentMs int) KeyDemand {
+	kd := KeyDemand{Key: s.key, Admitted: tokensPerSec, Window: time.Second, Holding: holding}
+	if h, ok := s.held[region]; ok && h.expiry.After(s.at(sentMs)) {
+		kd.HeldRate, kd.HeldBurst = h.rate, h.burst
+		kd.HeldValid = h.expiry.Sub(s.at(sentMs)).Truncate(time.Millisecond)
+	}
+	return kd
+}
+
+// report sends a report at sentMs (received at once) and applies the
+// answer. holding < 0 means "half the current cap".
+func (s *script) report(region string, sentMs int, tokensPerSec, holding float64) *Grant {
+	s.t.Helper()
+	if holding < 0 {
+		holding = 0
+		if h, ok := s.held[region]; ok {
+			holding = h.burst / 2
+		}
+	}
+	s.seq[region]++
+	grants, err := s.a.Report(s.at(sentMs), Report{Region: region, Seq: s.seq[region], Keys: []KeyDemand{s.demand(region, tokensPerSec, holding, sentMs)}})
+	if err != nil {
+		s.t.Fatalf("report from %s at %dms: %v", region, sentMs, err)
+	}
+	if len(grants) == 0 {
+		return nil
+	}
+	g := grants[0]
+	s.held[region] = scriptHeld{rate: g.Rate, burst: g.Burst, expiry: s.at(sentMs).Add(g.Valid)}
+	return &g
+}
+
+func (s *script) usable(region string, ms int, static float64) float64 {
+	if h, ok := s.held[region]; ok && s.at(ms).Before(h.expiry) {
+		return h.rate
+	}
+	return static
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
+
+func TestRateMovesOnlyAfterTheDonorAcknowledges(t *testing.T) {
+	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 100})
+	// Learning mode lasts until 5s; nobody holds anything.
+	s.a.Allocate(s.at(6000))
+	if g := s.report("a", 6100, 150, -1); g != nil {
+		t.Fatalf("uncontended so far, got grant %+v", g)
+	}
+	if g := s.report("b", 6200, 10, -1); g != nil {
+		t.Fatalf("uncontended so far, got grant %+v", g)
+	}
+
+	s.a.Allocate(s.at(7000)) // a wants 150, b 10: targets a 90, b 10
+	g := s.report("a", 7100, 150, -1)
+	if g == nil || !near(g.Rate, 50) || g.Valid != 5*time.Second {
+		t.Fatalf("a's first grant = %+v, want its static 50 for 5s: b may still be at its static share", g)
+	}
+	g = s.report("b", 7200, 10, -1)
+	if g == nil || !near(g.Rate, 10) || !near(g.Burst, 10) || g.Valid != 5*time.Second {
+		t.Fatalf("b's first grant = %+v, want 10/10 for 5s", g)
+	}
+
+	s.a.Allocate(s.at(8000))
+	g = s.report("a", 8100, 150, -1)
+	if g.Rate > 50 {
+		t.Fatalf("a got %v before b acknowledged its smaller grant", g.Rate)
+	}
+	// b's report acknowledges 10: its grant answered at 7.2s has 4s left,
+	// so it runs below its share until at least 11.2s.
+	s.report("b", 8200, 10, -1)
+
+	s.a.Allocate(s.at(9000))
+	g = s.report("a", 9100, 150, -1)
+	if !near(g.Rate, 90) || !near(g.Burst, 90) {
+		t.Fatalf("after b's acknowledgement a got %+v, want 90/90", g)
+	}
+	// The above-share grant must end when b may fall back to its share.
+	if end := s.at(9100).Add(g.Valid); end.After(s.at(11200)) {
+		t.Fatalf("a's grant runs until %v, after b may fall back at 11.2s", end.Sub(s.start))
+	}
+	if g.Valid != 2100*time.Millisecond {
+		t.Fatalf("a's grant valid %v, want 2.1s", g.Valid)
+	}
+	// The allocator bounds a's expiry by its answer time + Valid (a sent
+	// its report no later than that), and b's from its acknowledgement.
+	v := s.a.View(s.at(9100))
+	if got := v.Keys[0].Regions[0].GrantExpiry; !got.Equal(s.at(11200)) {
+		t.Fatalf("a's grant expiry as the allocator sees it: %v, want 11.2s", got.Sub(s.start))
+	}
+	if got := v.Keys[0].Regions[1].ReservedRate; !near(got, 50) {
+		t.Fatalf("b is reserved %v, want its static share: it falls back to it eventually", got)
+	}
+
+	// b goes silent. a keeps what fits until b's bound, then returns to its
+	// static share: b is counted at its share again.
+	s.a.Allocate(s.at(10000))
+	g = s.report("a", 10100, 150, -1)
+	if !near(g.Rate, 90) || g.Valid != 1100*time.Millisecond {
+		t.Fatalf("a at 10.1s got %+v, want 90 for 1.1s", g)
+	}
+	s.a.Allocate(s.at(11000))
+	g = s.report("a", 11100, 150, -1)
+	if !near(g.Rate, 50) || g.Valid != 5*time.Second {
+		t.Fatalf("a at 11.1s got %+v, want its static 50 for 5s", g)
+	}
+	v = s.a.View(s.at(11100))
+	if !v.Regions[1].Silent || !near(v.Keys[0].Regions[1].TargetRate, 50) {
+		t.Fatalf("silent b should be frozen at its share: %+v", v.Regions[1])
+	}
+	// Every instant along the way: a's usable + b's usable <= 100.
+	for ms := 6000; ms <= 17000; ms++ {
+		if sum := s.usable("a", ms, 50) + s.usable("b", ms, 50); sum > 100+1e-9 {
+			t.Fatalf("at %dms the regions may use %v > 100", ms, sum)
+		}
+	}
+}
+
+func TestBurstMovesOnlyWhenTheDonorHoldsNoMore(t *testing.T) {
+	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 200})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 150, 0)
+	s.report("b", 6200, 10, 0)
+	s.a.Allocate(s.at(7000))
+	s.report("a", 7100, 150, 0)
+	s.report("b", 7200, 10, 0) // cap 20 (10% of the rate, 10% of the burst)
+	s.a.Allocate(s.at(8000))
+	s.report("a", 8100, 150, 0)
+	// b acknowledges its 20-token cap but still holds 70 tokens from its
+	// static-share days.
+	s.report("b", 8200, 10, 70)
+	s.a.Allocate(s.at(9000))
+	g := s.report("a", 9100, 150, 0)
+	if !near(g.Rate, 90) {
+		t.Fatalf("rate should have moved: %+v", g)
+	}
+	if !near(g.Burst, 130) {
+		t.Fatalf("a's cap = %v, want 200-70 = 130 while b holds 70", g.Burst)
+	}
+	s.report("b", 9200, 10, 15) // now within its cap
+	s.a.Allocate(s.at(10000))
+	g = s.report("a", 10100, 150, 0)
+	if !near(g.Burst, 180) {
+		t.Fatalf("a's cap = %v, want 180 once b holds no more than its cap", g.Burst)
+	}
+}
+
+func TestLearningReissuesOnlyWhatIsHeld(t *testing.T) {
+	regions := []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 2}}
+	s := newScript(t, regions, KeyLimit{Rate: 100, Burst: 100})
+	if !s.a.Learning(s.at(4999)) || s.a.Learning(s.at(5000)) {
+		t.Fatal("learning mode must last exactly one validity")
+	}
+	s.a.Allocate(s.at(1000))
+	// A previous leader gave a 60 (above its static 25) and b 5.
+	s.held["a"] = scriptHeld{rate: 60, burst: 60, expiry: s.at(1100 + 3000)}
+	s.held["b"] = scriptHeld{rate: 5, burst: 5, expiry: s.at(1200 + 4000)}
+	ga := s.report("a", 1100, 200, 30)
+	if ga == nil || ga.Rate > 60 || !near(ga.Rate, 60) || ga.Burst > 60 || ga.Valid != 3*time.Second {
+		t.Fatalf("a got %+v, want its 60/60 again with its own expiry (3s)", ga)
+	}
+	gb := s.report("b", 1200, 200, 3)
+	if gb == nil || gb.Rate > 5 || !near(gb.Rate, 5) || gb.Valid != 5*time.Second {
+		t.Fatalf("b got %+v, want its 5 again, extended to 5s (below its share)", gb)
+	}
+	if gc := s.report("c", 1300, 200, 0); gc != nil {
+		t.Fatalf("c holds nothing and must get nothing in learning mode, got %+v", gc)
+	}
+	s.a.Allocate(s.at(2000))
+	if gc := s.report("c", 2300, 200, 0); gc != nil {
+		t.Fatalf("c must still get nothing, got %+v", gc)
+	}
+	if v := s.a.View(s.at(2300)); !v.Learning {
+		t.Fatal("view should say learning")
+	}
+}
+
+func TestRetriesAreIdempotentAndStaleReportsRefused(t *testing.T) {
+	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 100})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 150, 0)
+	s.report("b", 6200, 10, 0)
+	s.a.Allocate(s.at(7000))
+	rep := Report{Region: "a", Seq: 10, Keys: []KeyDemand{s.demand("a", 150, 0, 7100)}}
+	first, err := s.a.Report(s.at(7100), rep)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("report: %v %v", first, err)
+	}
+	before := s.a.View(s.at(7100))
+	rep.Keys[0].Admitted = 999 // a retry carries the same seq; its content is not looked at again
+	again, err := s.a.Report(s.at(7500), rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again) != 1 || again[0] != first[0] {
+		t.Fatalf("retry got %+v, first answer was %+v", again, first)
+	}
+	again[0].Rate = -1 // the copy is the caller's
+	third, _ := s.a.Report(s.at(7600), rep)
+	if third[0] != first[0] {
+		t.Fatal("modifying a retry's answer changed the stored answer")
+	}
+	after := s.a.View(s.at(7100))
+	if !viewsEqual(before, after) {
+		t.Fatalf("a retry changed the state:\n%+v\n%+v", before, after)
+	}
+	rep.Seq = 9
+	if _, err := s.a.Report(s.at(7700), rep); !errorsIsStale(err) {
+		t.Fatalf("lower seq: got %v, want ErrStaleReport", err)
+	}
+}
+
+func viewsEqual(a, b View) bool {
+	if a.Epoch != b.Epoch || a.Learning != b.Learning || len(a.Keys) != len(b.Keys) || len(a.Regions) != len(b.Regions) {
+		return false
+	}
+	for i := range a.Regions {
+		ra, rb := a.Regions[i], b.Regions[i]
+		if ra.Region != rb.Region || ra.LastSeq != rb.LastSeq || ra.LastReport != rb.LastReport || ra.UnknownKeyCount != rb.UnknownKeyCount {
+			return false
+		}
+	}
+	for i := range a.Keys {
+		ka, kb := a.Keys[i], b.Keys[i]
+		if ka.Key != kb.Key || ka.Contended != kb.Contended || ka.Active != kb.Active {
+			return false
+		}
+		for j := range ka.Regions {
+			if ka.Regions[j] != kb.Regions[j] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func TestUncontendedKeysNeedNoGrants(t *testing.T) {
+	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 100})
+	ms := 6000
+	epoch := func(da, db float64) (*Grant, *Grant) {
+		s.a.Allocate(s.at(ms))
+		ga := s.report("a", ms+100, da, -1)
+		gb := s.report("b", ms+200, db, -1)
+		ms += 1000
+		return ga, gb
+	}
+	for i := 0; i < 3; i++ {
+		if ga, gb := epoch(40, 30); ga != nil || gb != nil {
+			t.Fatalf("demand within static shares got grants %+v %+v", ga, gb)
+		}
+	}
+	epoch(150, 10) // the allocation at the start of this epoch has not seen it yet
+	for i := 0; i < 6; i++ {
+		if ga, gb := epoch(150, 10); ga == nil || gb == nil {
+			t.Fatalf("contended key got no grants: %+v %+v", ga, gb)
+		}
+	}
+	if s.usable("a", ms, 50) <= 50 {
+		t.Fatalf("a should be above its share by now, uses %v", s.usable("a", ms, 50))
+	}
+	// Demand falls back inside the static shares: grants return to the
+	// static shares, then stop.
+	var ga, gb *Grant
+	for i := 0; i < 12; i++ {
+		ga, gb = epoch(20, 20)
+	}
+	if ga != nil || gb != nil {
+		t.Fatalf("key back inside static shares still gets grants: %+v %+v", ga, gb)
+	}
+	for region := range s.held {
+		if u := s.usable(region, ms, 50); !near(u, 50) {
+			t.Fatalf("%s uses %v, want its static 50", region, u)
+		}
+	}
+	v := s.a.View(s.at(ms))
+	if len(v.Keys) != 1 || v.Keys[0].Active || v.Keys[0].Contended {
+		t.Fatalf("view: %+v", v.Keys)
+	}
+}

@@ -1,0 +1,531 @@
+package hierarchy
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// The timeline test runs allocators against model regions on a virtual
+// clock, with lost, delayed, duplicated and reordered messages, silent
+// regions and a leader change, and checks the invariants at every instant
+// from the regions' side: what each region may actually use, given the
+// grants it actually received and their expiry on its own clock.
+
+var simBase = time.Unix(1_700_000_000, 0)
+
+type simEventKind int
+
+const (
+	evAllocate simEventKind = iota
+	evSend
+	evDeliver // a report reaches the allocator
+	evAnswer  // an answer reaches the region
+	evCheck   // a grant expires
+	evLeader  // a new leader takes over
+)
+
+type simEvent struct {
+	at    int64
+	order int64
+	kind  simEventKind
+	// region index for evSend, evDeliver, evAnswer
+	region int
+	report Report
+	sentAt int64
+	grants []Grant
+}
+
+type eventQueue []*simEvent
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].order < q[j].order
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(*simEvent)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+// heldGrant is what a model region holds for one key.
+type heldGrant struct {
+	ok          bool
+	rate, burst float64
+	expiry      int64  // on the region's clock: report send time + Valid
+	seq         uint64 // seq of the report the grant answered; kept after expiry
+	lastCap     float64
+}
+
+type simRegion struct {
+	seq      uint64
+	lastSend int64
+	held     []heldGrant // per key
+	demand   []float64   // per key, tokens/s
+}
+
+// faults says what may go wrong in a phase.
+type faults struct {
+	loseReport, loseAnswer, duplicate float64 // probabilities
+	maxDelay                          time.Duration
+	silence                           float64 // probability a region skips an epoch's report
+}
+
+type sim struct {
+	t       *rapid.T
+	opts    Options
+	keys    []quota.Key
+	limits  []KeyLimit
+	static  [][]float64 // key -> region rate shares
+	staticB [][]float64 // key -> region burst shares
+	alloc   *Allocator
+	regions []simRegion
+	q       eventQueue
+	order   int64
+	now     int64
+	faults  faults
+	epochs  int
+	// stats
+	checks, above int
+}
+
+func (s *sim) push(e *simEvent) {
+	s.order++
+	e.order = s.order
+	heap.Push(&s.q, e)
+}
+
+func (s *sim) wall(t int64) time.Time { return simBase.Add(time.Duration(t)) }
+
+func (s *sim) newAllocator(at int64) {
+	a, err := NewAllocator(s.opts, s.wall(at))
+	if err != nil {
+		s.t.Fatalf("NewAllocator: %v", err)
+	}
+	for i, k := range s.keys {
+		if err := a.SetLimit(k, s.limits[i]); err != nil {
+			s.t.Fatalf("SetLimit: %v", err)
+		}
+	}
+	s.alloc = a
+}
+
+func (s *sim) chance(p float64, label string) bool {
+	if p <= 0 {
+		return false
+	}
+	return rapid.Float64Range(0, 1).Draw(s.t, label) < p
+}
+
+// delay is mostly short (bounds on expiry are then tight, where mistakes
+// show) and sometimes up to maxDelay (reordering, answers arriving after
+// the next report left).
+func (s *sim) delay(label string) int64 {
+	if s.faults.maxDelay <= 0 {
+		return int64(5 * time.Millisecond)
+	}
+	maxMs := int64(s.faults.maxDelay / time.Millisecond)
+	if rapid.IntRange(0, 1).Draw(s.t, label+"Long") == 0 {
+		maxMs = min(maxMs, 20)
+	}
+	return rapid.Int64Range(0, maxMs).Draw(s.t, label) * int64(time.Millisecond)
+}
+
+// usable returns what region r may use for key k at time t.
+func (s *sim) usable(r, k int, t int64) (rate, burst float64) {
+	h := &s.regions[r].held[k]
+	if h.ok && t < h.expiry {
+		return h.rate, h.burst
+	}
+	return s.static[k][r], s.staticB[k][r]
+}
+
+func (s *sim) checkInvariant() {
+	s.checks++
+	for k := range s.keys {
+		var sumR, sumB float64
+		for r := range s.regions {
+			rate, burst := s.usable(r, k, s.now)
+			sumR += rate
+			sumB += burst
+		}
+		l := s.limits[k]
+		if sumR > l.Rate*(1+1e-9)+1e-9 {
+			s.t.Fatalf("t=%v key %s: regions may refill at %v in total, above the limit %v (%s)",
+				time.Duration(s.now), s.keys[k], sumR, l.Rate, s.describe(k))
+		}
+		if sumB > l.Burst*(1+1e-9)+1e-9 {
+			s.t.Fatalf("t=%v key %s: burst caps add up to %v, above the burst %v (%s)",
+				time.Duration(s.now), s.keys[k], sumB, l.Burst, s.describe(k))
+		}
+		if sumR > l.Rate*0.999 {
+			s.above++
+		}
+	}
+}
+
+func (s *sim) describe(k int) string {
+	out := ""
+	for r := range s.regions {
+		h := s.regions[r].held[k]
+		rate, burst := s.usable(r, k, s.now)
+		out += fmt.Sprintf("[%s uses %v/%v held=%v exp=%v seq=%d static=%v] ", s.opts.Regions[r].Name, rate, burst,
+			h.ok, time.Duration(h.expiry), h.seq, s.static[k][r])
+	}
+	return out
+}
+
+// report builds region r's report at the current time.
+func (s *sim) report(r int) Report {
+	reg := &s.regions[r]
+	reg.seq++
+	window := s.now - reg.lastSend
+	if reg.lastSend == 0 || window <= 0 {
+		window = int64(s.opts.Epoch)
+	}
+	reg.lastSend = s.now
+	rep := Report{Region: s.opts.Regions[r].Name, Seq: reg.seq}
+	for k, key := range s.keys {
+		h := &reg.held[k]
+		rate, burst := s.usable(r, k, s.now)
+		d := reg.demand[k]
+		kd := KeyDemand{Key: key, Window: time.Duration(window)}
+		sec := time.Duration(window).Seconds()
+		kd.Admitted = min(d, rate) * sec
+		kd.Denied = max(0, d-rate) * sec
+		if h.ok && s.now < h.expiry {
+			kd.HeldRate, kd.HeldBurst = h.rate, h.burst
+			kd.HeldValid = time.Duration(h.expiry - s.now).Truncate(time.Millisecond)
+		}
+		// Holding: anywhere up to the larger of the current cap and the
+		// cap before the last change (tokens above a fallen cap are spent
+		// or clipped by the next report after that), so acknowledgements
+		// of smaller caps are sometimes refused.
+		kd.Holding = rapid.Float64Range(0, 1).Draw(s.t, "holding") * max(burst, h.lastCap)
+		h.lastCap = 0
+		if kd.HeldValid == 0 && d == 0 && rapid.IntRange(0, 3).Draw(s.t, "omit") == 0 {
+			continue // idle keys without a grant may be left out
+		}
+		rep.Keys = append(rep.Keys, kd)
+	}
+	return rep
+}
+
+func (s *sim) apply(r int, sentAt int64, seq uint64, grants []Grant) {
+	reg := &s.regions[r]
+	for _, g := range grants {
+		k := -1
+		for i, key := range s.keys {
+			if key == g.Key {
+				k = i
+			}
+		}
+		if k < 0 {
+			s.t.Fatalf("grant for unknown key %s", g.Key)
+		}
+		if g.Valid%time.Millisecond != 0 || g.Valid <= 0 {
+			s.t.Fatalf("grant validity %v is not a positive whole number of milliseconds", g.Valid)
+		}
+		if g.Valid > s.opts.Validity {
+			s.t.Fatalf("grant validity %v exceeds the configured %v", g.Valid, s.opts.Validity)
+		}
+		if g.Rate < 0 || g.Burst < 0 || math.IsNaN(g.Rate) || math.IsNaN(g.Burst) {
+			s.t.Fatalf("bad grant %+v", g)
+		}
+		h := &reg.held[k]
+		expiry := sentAt + int64(g.Valid)
+		if seq <= h.seq || expiry <= s.now {
+			continue
+		}
+		_, curBurst := s.usable(r, k, s.now)
+		*h = heldGrant{ok: true, rate: g.Rate, burst: g.Burst, expiry: expiry, seq: seq, lastCap: curBurst}
+		s.push(&simEvent{at: expiry, kind: evCheck})
+	}
+}
+
+func (s *sim) step() {
+	e := heap.Pop(&s.q).(*simEvent)
+	s.now = e.at
+	switch e.kind {
+	case evAllocate:
+		s.alloc.Allocate(s.wall(s.now))
+		s.epochs++
+	case evSend:
+		rep := s.report(e.region)
+		if !s.chance(s.faults.loseReport, "loseReport") {
+			s.push(&simEvent{at: s.now + s.delay("d1"), kind: evDeliver, region: e.region, report: rep, sentAt: s.now})
+			if s.chance(s.faults.duplicate, "duplicate") {
+				s.push(&simEvent{at: s.now + s.delay("d1dup"), kind: evDeliver, region: e.region, report: rep, sentAt: s.now})
+			}
+		}
+	case evDeliver:
+		grants, err := s.alloc.Report(s.wall(s.now), e.report)
+		if err != nil {
+			if !errorsIsStale(err) {
+				s.t.Fatalf("Report: %v", err)
+			}
+			return
+		}
+		if !s.chance(s.faults.loseAnswer, "loseAnswer") {
+			s.push(&simEvent{at: s.now + s.delay("d2"), kind: evAnswer, region: e.region, report: e.report, sentAt: e.sentAt, grants: grants})
+		}
+	case evAnswer:
+		s.apply(e.region, e.sentAt, e.report.Seq, e.grants)
+	case evLeader:
+		// Either a standby with no state takes over, or this process
+		// regains leadership and must forget what it knew.
+		if rapid.Bool().Draw(s.t, "freshLeader") {
+			s.newAllocator(s.now)
+		} else {
+			s.alloc.BecomeLeader(s.wall(s.now))
+		}
+	}
+	// Check once every event at this instant has been applied: grants
+	// ending and starting at the same instant are not both in force.
+	if len(s.q) == 0 || s.q[0].at != s.now {
+		s.checkInvariant()
+	}
+}
+
+// schedule queues one epoch's allocation and reports.
+func (s *sim) schedule(epoch int, offsets []int64, silent []bool) {
+	start := int64(epoch) * int64(s.opts.Epoch)
+	s.push(&simEvent{at: start, kind: evAllocate})
+	for r := range s.regions {
+		if silent[r] {
+			continue
+		}
+		s.push(&simEvent{at: start + offsets[r], kind: evSend, region: r})
+	}
+}
+
+func (s *sim) runUntil(t int64) {
+	for len(s.q) > 0 && s.q[0].at < t {
+		s.step()
+	}
+}
+
+func errorsIsStale(err error) bool {
+	for e := err; e != nil; {
+		if e == ErrStaleReport {
+			return true
+		}
+		u, ok := e.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		e = u.Unwrap()
+	}
+	return false
+}
+
+// timelineRounds multiplies rapid's checks for this test: the bugs it is
+// after need rare combinations of loss, silence and leader change.
+const timelineRounds = 40
+
+func TestTimelineNeverOversubscribes(t *testing.T) {
+	rounds := timelineRounds
+	if testing.Short() {
+		rounds = 1
+	}
+	for round := 0; round < rounds; round++ {
+		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) { rapid.Check(t, timeline) })
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+func timeline(t *rapid.T) {
+	epoch := time.Second
+	vEpochs := rapid.SampledFrom([]int{1, 2, 3, 5, 5, 6, 8}).Draw(t, "validityEpochs")
+	s := &sim{t: t, opts: Options{
+		Regions:  genRegions(t, 4),
+		Epoch:    epoch,
+		Validity: time.Duration(vEpochs) * epoch,
+	}}
+	nKeys := rapid.IntRange(1, 3).Draw(t, "keys")
+	for k := 0; k < nKeys; k++ {
+		s.keys = append(s.keys, quota.Key{Tenant: fmt.Sprintf("t%d", k), Class: "write"})
+		s.limits = append(s.limits, KeyLimit{
+			Rate:  rapid.Float64Range(1, 1000).Draw(t, "rate"),
+			Burst: rapid.Float64Range(1, 1000).Draw(t, "burst"),
+		})
+	}
+	nr := len(s.opts.Regions)
+	for k := range s.keys {
+		sr, sb := make([]float64, nr), make([]float64, nr)
+		StaticShares(s.limits[k].Rate, s.opts.Regions, sr)
+		StaticShares(s.limits[k].Burst, s.opts.Regions, sb)
+		s.static = append(s.static, sr)
+		s.staticB = append(s.staticB, sb)
+	}
+	s.regions = make([]simRegion, nr)
+	for r := range s.regions {
+		s.regions[r].held = make([]heldGrant, nKeys)
+		s.regions[r].demand = make([]float64, nKeys)
+		for k := range s.keys {
+			s.regions[r].demand[k] = genDemand(t, s.limits[k].Rate)
+		}
+	}
+	s.newAllocator(0)
+
+	// Chaos phase.
+	s.faults = faults{
+		loseReport: rapid.Float64Range(0, 0.3).Draw(t, "loseReport"),
+		loseAnswer: rapid.Float64Range(0, 0.3).Draw(t, "loseAnswer"),
+		duplicate:  rapid.Float64Range(0, 0.3).Draw(t, "duplicate"),
+		maxDelay:   time.Duration(rapid.IntRange(0, 2500).Draw(t, "maxDelayMs")) * time.Millisecond,
+		silence:    rapid.Float64Range(0, 0.4).Draw(t, "silence"),
+	}
+	chaos := rapid.IntRange(5, 30).Draw(t, "chaosEpochs")
+	leaderAt := rapid.IntRange(-1, chaos-1).Draw(t, "leaderChangeEpoch")
+	silentLeft := make([]int, nr)
+	for e := 0; e < chaos; e++ {
+		offsets := make([]int64, nr)
+		silent := make([]bool, nr)
+		for r := range offsets {
+			offsets[r] = int64(rapid.IntRange(1, 999).Draw(t, "offsetMs")) * int64(time.Millisecond)
+			if silentLeft[r] == 0 && s.chance(s.faults.silence, "goSilent") {
+				silentLeft[r] = rapid.IntRange(1, 8).Draw(t, "silentEpochs")
+			}
+			if silentLeft[r] > 0 {
+				silent[r] = true
+				silentLeft[r]--
+			}
+			if rapid.IntRange(0, 2).Draw(t, "demandChange") == 0 {
+				k := rapid.IntRange(0, nKeys-1).Draw(t, "demandKey")
+				s.regions[r].demand[k] = genDemand(t, s.limits[k].Rate)
+			}
+		}
+		s.schedule(e, offsets, silent)
+		if e == leaderAt {
+			at := int64(e)*int64(epoch) + int64(rapid.IntRange(0, 999).Draw(t, "leaderMs"))*int64(time.Millisecond)
+			s.push(&simEvent{at: at, kind: evLeader})
+		}
+		s.runUntil(int64(e+1) * int64(epoch))
+	}
+
+	// Quiet phase: no faults, fixed offsets and demands, everyone
+	// reports. Long enough for old grants to expire, learning to end
+	// and the demand estimates to converge.
+	s.faults = faults{}
+	offsets := make([]int64, nr)
+	for r := range offsets {
+		offsets[r] = int64(rapid.IntRange(1, 900).Draw(t, "quietOffsetMs")) * int64(time.Millisecond)
+	}
+	// A demand equal to a static share is approached by the estimate
+	// from one side for a long time, so the contended verdicts may
+	// flip late; wait until they have been stable long enough for
+	// grants to follow.
+	stableSince, last := chaos, ""
+	for e := chaos; ; e++ {
+		s.schedule(e, offsets, make([]bool, nr))
+		s.runUntil(int64(e+1) * int64(epoch))
+		verdict := ""
+		for _, kv := range s.alloc.View(s.wall(s.now)).Keys {
+			verdict += fmt.Sprintf("%s=%v ", kv.Key, kv.Contended)
+		}
+		if verdict != last {
+			stableSince, last = e, verdict
+		}
+		if e-chaos >= 2*vEpochs+30 && e-stableSince >= 2*vEpochs+10 {
+			break
+		}
+		if e-chaos > 300 {
+			t.Fatalf("contention verdicts still changing after 300 quiet epochs: %s", verdict)
+		}
+	}
+	if vEpochs >= 5 {
+		s.checkSteadyState()
+	}
+}
+
+// checkSteadyState: after the quiet phase every region uses exactly its
+// fair share as computed by the reference water-fill from the demand
+// estimates, those estimates match the true demand, and the whole limit is
+// in use for contended keys.
+func (s *sim) checkSteadyState() {
+	v := s.alloc.View(s.wall(s.now))
+	if v.Learning {
+		s.t.Fatalf("still learning at the end of the quiet phase")
+	}
+	nr := len(s.regions)
+	for k, key := range s.keys {
+		l := s.limits[k]
+		var kv *KeyView
+		for i := range v.Keys {
+			if v.Keys[i].Key == key {
+				kv = &v.Keys[i]
+			}
+		}
+		demand := make([]float64, nr)
+		contended := false
+		for r := range s.regions {
+			truth := s.regions[r].demand[k]
+			if truth > 0 {
+				if kv == nil {
+					s.t.Fatalf("key %s has demand but is not in the view", key)
+				}
+				// The estimate forgets an old demand (up to 2·rate) by half
+				// every quiet epoch.
+				if math.Abs(kv.Regions[r].Demand-truth) > 1e-4*truth+1e-6*l.Rate {
+					s.t.Fatalf("key %s region %d: demand estimate %v, true demand %v", key, r, kv.Regions[r].Demand, truth)
+				}
+			}
+			if kv != nil {
+				demand[r] = kv.Regions[r].Demand
+			}
+			if demand[r] > s.static[k][r]*(1+1e-9) {
+				contended = true
+			}
+		}
+		// A demand within rounding of the static share may be taken either
+		// way; the allocator's own verdict decides then.
+		if kv != nil && kv.Contended != contended {
+			near := false
+			for r := range s.regions {
+				near = near || math.Abs(demand[r]-s.static[k][r]) <= 1e-6*l.Rate
+			}
+			if !near {
+				s.t.Fatalf("key %s: allocator says contended=%v, demands %v against static shares %v", key, kv.Contended, demand, s.static[k])
+			}
+			contended = kv.Contended
+		}
+		expect := append([]float64(nil), s.static[k]...)
+		if contended {
+			expect = refWaterFill(l.Rate, s.opts.Regions, demand)
+		}
+		var sum float64
+		for r := range s.regions {
+			rate, burst := s.usable(r, k, s.now)
+			sum += rate
+			if math.Abs(rate-expect[r]) > 1e-6*l.Rate {
+				s.t.Fatalf("key %s region %s: uses rate %v, fair share %v (contended=%v demand=%v) %s\nview: %+v",
+					key, s.opts.Regions[r].Name, rate, expect[r], contended, demand, s.describe(k), kv)
+			}
+			wantBurst := l.Burst * expect[r] / l.Rate
+			if math.Abs(burst-wantBurst) > 1e-6*l.Burst {
+				s.t.Fatalf("key %s region %s: burst cap %v, want %v", key, s.opts.Regions[r].Name, burst, wantBurst)
+			}
+			if d := s.regions[r].demand[k]; rate < min(d, expect[r])-1e-6*l.Rate {
+				s.t.Fatalf("key %s region %s: demanding %v but left at %v", key, s.opts.Regions[r].Name, d, rate)
+			}
+		}
+		if math.Abs(sum-l.Rate) > 1e-6*l.Rate {
+			s.t.Fatalf("key %s: %v of %v in use in steady state", key, sum, l.Rate)
+		}
+	}
+}

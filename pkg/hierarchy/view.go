@@ -1,0 +1,151 @@
+package hierarchy
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// View is a read-only snapshot of an Allocator for status pages and the
+// operator CLI. It shares nothing with the Allocator.
+type View struct {
+	At            time.Time
+	Epoch         uint64
+	Learning      bool
+	LearningUntil time.Time
+	// Regions in configuration order.
+	Regions []RegionView
+	// Keys that have demand or fencing state, sorted by key.
+	Keys []KeyView
+}
+
+// RegionView is one region's reporting state.
+type RegionView struct {
+	Region
+	// Reported is false until the first report since the Allocator was
+	// created or became leader.
+	Reported   bool
+	LastReport time.Time
+	// LastReportAge is At - LastReport (0 when never reported).
+	LastReportAge time.Duration
+	LastSeq       uint64
+	// Silent regions (no report for longer than the silence timeout, or
+	// never) keep the share they may be using; nobody else gets it.
+	Silent bool
+	// UnknownKeys are keys of the latest report that have no limit (the
+	// first few, sorted); UnknownKeyCount counts all of them.
+	UnknownKeys     []quota.Key
+	UnknownKeyCount int
+}
+
+// KeyView is one key's allocation.
+type KeyView struct {
+	Key   quota.Key
+	Limit KeyLimit
+	// Contended: some reporting region wants more than its static share.
+	Contended bool
+	// Active: the key gets grants (contended, or some region may still
+	// hold a non-static grant).
+	Active bool
+	// Regions in configuration order.
+	Regions []KeyRegionView
+}
+
+// KeyRegionView is one key in one region. Rates are tokens/s, bursts
+// tokens.
+type KeyRegionView struct {
+	// Demand is the EWMA of admitted+denied per second.
+	Demand                  float64
+	StaticRate, StaticBurst float64
+	// TargetRate and TargetBurst are the latest allocation (the static
+	// shares for keys without fencing state).
+	TargetRate, TargetBurst float64
+	// GrantedRate and GrantedBurst are the newest grant issued and not yet
+	// expired, GrantExpiry its expiry as the allocator bounds it (the
+	// region's own expiry is no later); zero when there is none.
+	GrantedRate, GrantedBurst float64
+	GrantExpiry               time.Time
+	// ReservedRate and ReservedBurst are the most the fencing assumes the
+	// region may use from now on: what nobody else can be given.
+	ReservedRate, ReservedBurst float64
+}
+
+// View returns a snapshot at now.
+func (a *Allocator) View(now time.Time) View {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.peek(now)
+	a.refreshRank()
+	v := View{
+		At:            now,
+		Epoch:         a.epochs,
+		Learning:      t < a.learnUntil,
+		LearningUntil: a.wall(a.learnUntil),
+		Regions:       make([]RegionView, a.nr),
+	}
+	for i := range a.regions {
+		rs := &a.regions[i]
+		rv := RegionView{
+			Region:          rs.Region,
+			Reported:        rs.reported,
+			LastSeq:         rs.lastSeq,
+			Silent:          !rs.reported || t-rs.lastAt > a.silence,
+			UnknownKeys:     append([]quota.Key(nil), rs.unknown...),
+			UnknownKeyCount: rs.unknownN,
+		}
+		if rs.reported {
+			rv.LastReport = a.wall(rs.lastAt)
+			rv.LastReportAge = time.Duration(t - rs.lastAt)
+		}
+		v.Regions[i] = rv
+	}
+	for _, k := range a.byRank {
+		b := a.blockOf[k]
+		hasDemand := false
+		for i := 0; i < a.nr && !hasDemand; i++ {
+			hasDemand = a.lastObs[int(k)*a.nr+i] != 0
+		}
+		if b < 0 && !hasDemand {
+			continue
+		}
+		l := a.limits[k]
+		kv := KeyView{Key: a.keys[k], Limit: l, Regions: make([]KeyRegionView, a.nr)}
+		if b >= 0 {
+			kv.Contended = a.blockContended[b]
+			kv.Active = true
+		}
+		for i := range a.regions {
+			fr := a.regions[i].frac
+			s, sb := l.Rate*fr, l.Burst*fr
+			rv := KeyRegionView{
+				Demand:     a.effectiveDemand(k, i),
+				StaticRate: s, StaticBurst: sb,
+				TargetRate: s, TargetBurst: sb,
+				ReservedRate: s, ReservedBurst: sb,
+			}
+			if b >= 0 {
+				f := &a.fences[i][b]
+				rv.TargetRate = a.targetRate[int(b)*a.nr+i]
+				rv.TargetBurst = a.targetBurst[int(b)*a.nr+i]
+				for j := int(f.n) - 1; j >= 0; j-- {
+					r := &f.recs[j]
+					if r.flags&recPseudo == 0 && r.ue > t {
+						rv.GrantedRate, rv.GrantedBurst = r.rate, r.burst
+						rv.GrantExpiry = a.wall(r.ue)
+						break
+					}
+				}
+				sm := &a.summaries[int(b)*a.nr+i]
+				if sm.rateT > t {
+					rv.ReservedRate = max(sm.rateV, s)
+				}
+				if sm.burstT > t {
+					rv.ReservedBurst = max(sm.burstV, sb)
+				}
+			}
+			kv.Regions[i] = rv
+		}
+		v.Keys = append(v.Keys, kv)
+	}
+	return v
+}

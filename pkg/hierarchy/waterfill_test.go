@@ -1,0 +1,259 @@
+package hierarchy
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// refFill solves Σ clamp(λ·w_i, lo_i, hi_i) = c by bisection on λ: a
+// deliberately different algorithm from the sweep in waterLevel.
+func refFill(c float64, w, lo, hi []float64) []float64 {
+	n := len(w)
+	out := make([]float64, n)
+	g := func(l float64) float64 {
+		s := 0.0
+		for i := range w {
+			s += min(max(l*w[i], lo[i]), hi[i])
+		}
+		return s
+	}
+	var sumHi float64
+	for i := range hi {
+		sumHi += hi[i]
+	}
+	if sumHi <= c {
+		copy(out, hi)
+		return out
+	}
+	a, b := 0.0, 1.0
+	for g(b) < c {
+		b *= 2
+	}
+	for iter := 0; iter < 200; iter++ {
+		m := (a + b) / 2
+		if g(m) < c {
+			a = m
+		} else {
+			b = m
+		}
+	}
+	for i := range w {
+		out[i] = min(max(b*w[i], lo[i]), hi[i])
+	}
+	return out
+}
+
+// refWaterFill is the reference for WaterFill, written from its
+// definition: wants are clamped demands; shortage is shared max-min by
+// weight above the floors; surplus is shared by weight below the ceilings.
+func refWaterFill(rate float64, regions []Region, demand []float64) []float64 {
+	n := len(regions)
+	w, lo, hi, want := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+	var sumWant float64
+	for i, r := range regions {
+		w[i] = r.Weight
+		lo[i] = r.MinShare * rate
+		hi[i] = r.maxShare() * rate
+		want[i] = min(max(demand[i], lo[i]), hi[i])
+		sumWant += want[i]
+	}
+	if sumWant >= rate {
+		return refFill(rate, w, lo, want)
+	}
+	room := make([]float64, n)
+	for i := range room {
+		room[i] = hi[i] - want[i]
+	}
+	extra := refFill(rate-sumWant, w, make([]float64, n), room)
+	for i := range extra {
+		extra[i] += want[i]
+	}
+	return extra
+}
+
+func genRegions(t *rapid.T, maxN int) []Region {
+	n := rapid.IntRange(1, maxN).Draw(t, "regions")
+	regions := make([]Region, n)
+	var sumMin float64
+	for i := range regions {
+		regions[i] = Region{Name: string(rune('a'+i)) + "-region", Weight: float64(rapid.IntRange(1, 5).Draw(t, "weight"))}
+		if rapid.IntRange(0, 3).Draw(t, "hasMin") == 0 {
+			m := rapid.Float64Range(0, 0.4).Draw(t, "min")
+			if sumMin+m <= 1 {
+				regions[i].MinShare = m
+				sumMin += m
+			}
+		}
+	}
+	// Ceilings: drawn per region, then relaxed until they cover the rate.
+	var sumMax float64
+	for i := range regions {
+		if rapid.IntRange(0, 2).Draw(t, "hasMax") == 0 {
+			regions[i].MaxShare = rapid.Float64Range(max(regions[i].MinShare, 0.05), 1).Draw(t, "max")
+		}
+		sumMax += regions[i].maxShare()
+	}
+	if sumMax < 1 {
+		regions[0].MaxShare = 0
+	}
+	return regions
+}
+
+func genDemand(t *rapid.T, rate float64) float64 {
+	switch rapid.IntRange(0, 4).Draw(t, "demandKind") {
+	case 0:
+		return 0
+	case 1:
+		return rapid.Float64Range(0, rate/4).Draw(t, "demandLow")
+	default:
+		return rapid.Float64Range(0, 2*rate).Draw(t, "demand")
+	}
+}
+
+const eps = 1e-9
+
+func approx(a, b, scale float64) bool { return math.Abs(a-b) <= 1e-7*scale+eps }
+
+func TestWaterFillMatchesReference(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		regions := genRegions(t, 8)
+		rate := rapid.Float64Range(0.001, 1e6).Draw(t, "rate")
+		demand := make([]float64, len(regions))
+		for i := range demand {
+			demand[i] = genDemand(t, rate)
+		}
+		got := make([]float64, len(regions))
+		if err := WaterFill(rate, regions, demand, got); err != nil {
+			t.Fatalf("WaterFill: %v", err)
+		}
+		want := refWaterFill(rate, regions, demand)
+		var sum float64
+		for i := range got {
+			sum += got[i]
+			if !approx(got[i], want[i], rate) {
+				t.Fatalf("region %d: got %v, reference %v (all got %v want %v)", i, got[i], want[i], got, want)
+			}
+			if got[i] < regions[i].MinShare*rate-1e-9*rate || got[i] > regions[i].maxShare()*rate+1e-9*rate {
+				t.Fatalf("region %d: %v outside [%v, %v]", i, got[i], regions[i].MinShare*rate, regions[i].maxShare()*rate)
+			}
+		}
+		if !approx(sum, rate, rate) {
+			t.Fatalf("allocations add up to %v, want the whole rate %v", sum, rate)
+		}
+		checkMaxMin(t, rate, regions, demand, got)
+	})
+}
+
+// checkMaxMin checks weighted max-min optimality from its definition: a
+// region may only have a smaller weighted share than another if it is
+// saturated (at its want) or the other cannot give (at its floor). When
+// there is surplus, everyone has its want and the surplus obeys the same
+// rule against the ceilings.
+func checkMaxMin(t *rapid.T, rate float64, regions []Region, demand, got []float64) {
+	n := len(regions)
+	want := make([]float64, n)
+	var sumWant float64
+	for i, r := range regions {
+		want[i] = min(max(demand[i], r.MinShare*rate), r.maxShare()*rate)
+		sumWant += want[i]
+	}
+	tol := 1e-7 * rate
+	for i := range regions {
+		for j := range regions {
+			if sumWant >= rate {
+				if got[i]/regions[i].Weight < got[j]/regions[j].Weight-tol &&
+					got[i] < want[i]-tol && got[j] > regions[j].MinShare*rate+tol {
+					t.Fatalf("not max-min fair: region %d (%v, want %v) could take from region %d (%v, floor %v)",
+						i, got[i], want[i], j, got[j], regions[j].MinShare*rate)
+				}
+				continue
+			}
+			if got[i] < want[i]-tol {
+				t.Fatalf("surplus but region %d got %v below its want %v", i, got[i], want[i])
+			}
+			ei, ej := got[i]-want[i], got[j]-want[j]
+			if ei/regions[i].Weight < ej/regions[j].Weight-tol && got[i] < regions[i].maxShare()*rate-tol && ej > tol {
+				t.Fatalf("surplus not shared by weight: region %d extra %v, region %d extra %v", i, ei, j, ej)
+			}
+		}
+	}
+}
+
+func TestWaterFillTable(t *testing.T) {
+	two := []Region{{Name: "us", Weight: 2}, {Name: "eu", Weight: 1}}
+	for _, tc := range []struct {
+		name    string
+		rate    float64
+		regions []Region
+		demand  []float64
+		want    []float64
+	}{
+		{"shortage is shared by weight", 90, two, []float64{100, 100}, []float64{60, 30}},
+		{"a small demand is met, the rest goes to the big one", 90, two, []float64{100, 10}, []float64{80, 10}},
+		{"surplus is shared by weight", 90, two, []float64{10, 20}, []float64{10 + 40, 20 + 20}},
+		{"no demand means static shares", 90, two, []float64{0, 0}, []float64{60, 30}},
+		{"floor holds without demand", 100,
+			[]Region{{Name: "a", Weight: 1, MinShare: 0.3}, {Name: "b", Weight: 1}}, []float64{0, 500}, []float64{30, 70}},
+		{"ceiling caps demand and surplus", 100,
+			[]Region{{Name: "a", Weight: 1, MaxShare: 0.2}, {Name: "b", Weight: 1}}, []float64{500, 10}, []float64{20, 80}},
+		{"three-way with one saturated", 100,
+			[]Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 2}}, []float64{10, 100, 100}, []float64{10, 30, 60}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := make([]float64, len(tc.regions))
+			if err := WaterFill(tc.rate, tc.regions, tc.demand, got); err != nil {
+				t.Fatal(err)
+			}
+			for i := range got {
+				if math.Abs(got[i]-tc.want[i]) > 1e-9 {
+					t.Fatalf("got %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestWaterFillRejectsBadInput(t *testing.T) {
+	ok := []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
+	for _, tc := range []struct {
+		name    string
+		rate    float64
+		regions []Region
+		demand  []float64
+	}{
+		{"zero rate", 0, ok, []float64{1, 1}},
+		{"NaN rate", math.NaN(), ok, []float64{1, 1}},
+		{"negative demand", 10, ok, []float64{-1, 1}},
+		{"NaN demand", 10, ok, []float64{math.NaN(), 1}},
+		{"infinite demand", 10, ok, []float64{math.Inf(1), 1}},
+		{"length mismatch", 10, ok, []float64{1}},
+		{"no regions", 10, nil, nil},
+		{"zero weight", 10, []Region{{Name: "a", Weight: 0}}, []float64{1}},
+		{"duplicate name", 10, []Region{{Name: "a", Weight: 1}, {Name: "a", Weight: 1}}, []float64{1, 1}},
+		{"bad name", 10, []Region{{Name: "a b", Weight: 1}}, []float64{1}},
+		{"floors above one", 10, []Region{{Name: "a", Weight: 1, MinShare: 0.6}, {Name: "b", Weight: 1, MinShare: 0.6}}, []float64{1, 1}},
+		{"ceilings below one", 10, []Region{{Name: "a", Weight: 1, MaxShare: 0.4}, {Name: "b", Weight: 1, MaxShare: 0.4}}, []float64{1, 1}},
+		{"floor above ceiling", 10, []Region{{Name: "a", Weight: 1, MinShare: 0.5, MaxShare: 0.4}, {Name: "b", Weight: 1}}, []float64{1, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := make([]float64, len(tc.demand))
+			err := WaterFill(tc.rate, tc.regions, tc.demand, out)
+			if !errors.Is(err, quota.ErrInvalid) {
+				t.Fatalf("got %v, want an error wrapping quota.ErrInvalid", err)
+			}
+		})
+	}
+}
+
+func TestStaticShares(t *testing.T) {
+	out := make([]float64, 3)
+	StaticShares(120, []Region{{Name: "a", Weight: 2}, {Name: "b", Weight: 1}, {Name: "c", Weight: 3}}, out)
+	if out[0] != 40 || out[1] != 20 || out[2] != 60 {
+		t.Fatalf("got %v, want [40 20 60]", out)
+	}
+}
