@@ -214,11 +214,11 @@ func TestAllocationLoop(t *testing.T) {
 			t.Fatalf("%d epochs of 200ms in 1.05s, want 5", n)
 		}
 
-		// Back to a 300ms validity: grants issued under the 1s validity
+		// Back to a 400ms validity: grants issued under the 1s validity
 		// may live 1s more (plus one old epoch), so learning lasts until
-		// then, not just 300ms.
+		// then, not just 400ms.
 		changed := time.Now()
-		fast := strings.Replace(loopConfig, "grant_validity: 500ms", "grant_validity: 300ms", 1)
+		fast := strings.Replace(loopConfig, "grant_validity: 500ms", "grant_validity: 400ms", 1)
 		src.set(parseConfig(t, fast))
 		synctest.Wait()
 		time.Sleep(changed.Add(1150 * time.Millisecond).Sub(time.Now()))

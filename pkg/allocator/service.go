@@ -71,6 +71,7 @@ type serviceOptions struct {
 // timing is what the hierarchy.Allocator cannot change after it is built.
 type timing struct {
 	epoch, validity time.Duration
+	alpha           float64
 }
 
 // leadState is this replica's view of the election.
@@ -142,7 +143,7 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 		log:        o.logger,
 		alloc:      a,
 		applied:    cfg,
-		timing:     timing{epoch: opts.Epoch, validity: opts.Validity},
+		timing:     timing{epoch: opts.Epoch, validity: opts.Validity, alpha: opts.DemandAlpha},
 		keys:       make(map[quota.Key]time.Time),
 		lastReport: make(map[string]time.Time),
 	}, nil
@@ -162,9 +163,10 @@ func allocatorOptions(cfg *config.Config) hierarchy.Options {
 		regions[i] = hierarchy.Region{Name: name, Weight: r.Weight, MinShare: r.MinShare, MaxShare: r.MaxShare}
 	}
 	return hierarchy.Options{
-		Regions:  regions,
-		Epoch:    time.Duration(cfg.Epoch),
-		Validity: time.Duration(cfg.GrantValidity),
+		Regions:     regions,
+		Epoch:       time.Duration(cfg.Epoch),
+		Validity:    time.Duration(cfg.GrantValidity),
+		DemandAlpha: cfg.DemandAlpha,
 	}
 }
 
@@ -186,7 +188,7 @@ func (s *Service) applyConfigLocked(now time.Time) {
 			s.log.Warn("region removed from the config; its grants are forgotten", "region", name)
 		}
 	}
-	if t := (timing{opts.Epoch, opts.Validity}); t != s.timing {
+	if t := (timing{opts.Epoch, opts.Validity, opts.DemandAlpha}); t != s.timing {
 		a, err := hierarchy.NewAllocator(opts, now)
 		if err != nil {
 			s.log.Error("config change refused by the allocator; keeping the previous timing and regions", "error", err)
@@ -196,7 +198,7 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		// allocator's own learning period; one old epoch more covers a
 		// previous leader that saw the change later than this replica.
 		s.learnFloor = later(s.learnFloor, now.Add(s.timing.validity+s.timing.epoch))
-		s.log.Info("epoch or grant validity changed; allocator rebuilt in learning mode",
+		s.log.Info("epoch, grant validity or demand alpha changed; allocator rebuilt in learning mode",
 			"epoch", opts.Epoch, "grant_validity", opts.Validity, "learning_until_at_least", s.learnFloor)
 		s.alloc = a
 		s.timing = t

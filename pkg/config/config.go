@@ -33,8 +33,13 @@ type Config struct {
 	// at least 10ms.
 	Epoch Duration `yaml:"epoch,omitempty"`
 	// GrantValidity is how long a region grant stays valid (V). Optional,
-	// default 5 × Epoch, at least 2 × Epoch.
+	// default 5 × Epoch, at least 4 × Epoch.
 	GrantValidity Duration `yaml:"grant_validity,omitempty"`
+	// DemandAlpha is the weight of the newest epoch in the global tier's
+	// moving average of each region's demand. Optional, default 1: follow
+	// demand within an epoch, so capacity moves a few epochs after a shift;
+	// lower values in (0, 1) smooth noisy demand and move capacity slower.
+	DemandAlpha float64 `yaml:"demand_alpha,omitempty"`
 	// LeaseTTL is how long an instance lease lives. Optional, default 5s.
 	LeaseTTL Duration `yaml:"lease_ttl,omitempty"`
 	// Refresh is the instance Sync period. Optional, default 1s; must be
@@ -228,6 +233,9 @@ func mappingValue(m *yaml.Node, key string) *yaml.Node {
 func (c *Config) ApplyDefaults() {
 	if c.Epoch == 0 {
 		c.Epoch = Duration(DefaultEpoch)
+	}
+	if c.DemandAlpha == 0 {
+		c.DemandAlpha = 1
 	}
 	if c.GrantValidity == 0 {
 		c.GrantValidity = DefaultGrantValidityEpochs * c.Epoch

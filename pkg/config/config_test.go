@@ -161,7 +161,7 @@ func TestValidateRules(t *testing.T) {
 		{"epoch zero", func(c *Config) { c.Epoch = 0 }, "epoch: must be > 0, got 0s"},
 		{"epoch below 10ms", func(c *Config) { c.Epoch = Duration(5 * time.Millisecond) }, "epoch: must be at least 10ms, got 5ms"},
 		{"grant validity below 2 epochs", func(c *Config) { c.GrantValidity = Duration(1500 * time.Millisecond) },
-			"grant_validity: must be at least 2 × epoch (2s), got 1.5s"},
+			"grant_validity: must be at least 4 × epoch (4s), got 1.5s"},
 		{"grant validity zero", func(c *Config) { c.GrantValidity = 0 }, "grant_validity: must be > 0"},
 		{"lease ttl negative", func(c *Config) { c.LeaseTTL = Duration(-time.Second) }, "lease_ttl: must be > 0, got -1s"},
 		{"refresh not below half the ttl", func(c *Config) { c.Refresh = Duration(2500 * time.Millisecond) },
@@ -320,7 +320,7 @@ func TestParseReportsEveryProblemAtOnce(t *testing.T) {
 	}
 	want := []string{
 		"epoch: must be at least 10ms, got 5ms",
-		"grant_validity: must be at least 2 × epoch (10ms), got 8ms",
+		"grant_validity: must be at least 4 × epoch (20ms), got 8ms",
 		"refresh: must be less than lease_ttl / 2 (1s), got 1s",
 		"regions.us-east.weight: must be a finite number > 0, got 0",
 		"regions.eu-west.min_share: must not exceed max_share (0.5), got 0.6",

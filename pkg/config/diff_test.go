@@ -22,7 +22,7 @@ func TestDiffShowsAChangedRate(t *testing.T) {
 	new.Tenants["acme"].Overrides["write"] = LimitSpec{Rate: 900, Burst: 1600}
 	want := `--- current
 +++ proposed
-@@ -48,7 +48,7 @@
+@@ -49,7 +49,7 @@
      tier: pro
      overrides:
        write:

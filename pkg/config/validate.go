@@ -72,8 +72,14 @@ func (c *Config) validateDurations(p *problems) {
 	switch {
 	case validity <= 0:
 		p.add("grant_validity", "must be > 0, got %v", validity)
-	case epoch > 0 && validity < 2*epoch:
-		p.add("grant_validity", "must be at least 2 × epoch (%v), got %v", 2*epoch, validity)
+	case epoch > 0 && validity < 4*epoch:
+		// Above-share grants end up to 3 epochs before V (the allocator
+		// learns a donor's fallback time one epoch late), so shorter
+		// validities leave recipients nothing to use.
+		p.add("grant_validity", "must be at least 4 × epoch (%v), got %v", 4*epoch, validity)
+	}
+	if a := c.DemandAlpha; a != 0 && !(a > 0 && a <= 1) {
+		p.add("demand_alpha", "must be in (0, 1], got %v", a)
 	}
 	if ttl <= 0 {
 		p.add("lease_ttl", "must be > 0, got %v", ttl)
