@@ -21,7 +21,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -68,11 +67,11 @@ func run(ctx context.Context, args []string) error {
 	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
 		return err
 	}
-	logger, err := newLogger(*logLevel)
+	logger, err := flagenv.Logger(*logLevel)
 	if err != nil {
 		return err
 	}
-	eps := splitList(*endpoints)
+	eps := flagenv.List(*endpoints)
 	if len(eps) == 0 {
 		return errors.New("-etcd-endpoints is required (comma separated host:port list)")
 	}
@@ -206,20 +205,4 @@ func bootstrapAndRead(ctx context.Context, store *config.Store, bootstrap *confi
 	return rev, nil
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
-	}
-	return out
-}
 
-func newLogger(level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, errors.New("log level " + level + ": want debug, info, warn or error")
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
-}

@@ -22,7 +22,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -109,7 +108,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	if err != nil {
 		return err
 	}
-	logger, err := newLogger(f.logLevel)
+	logger, err := flagenv.Logger(f.logLevel)
 	if err != nil {
 		return err
 	}
@@ -142,7 +141,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	reg := prometheus.NewRegistry()
 	var source regional.ConfigSource = regional.StaticConfig{C: cfg}
 	var leaderOpts *regional.LeaderOptions
-	if eps := splitList(f.etcdEndpoints); len(eps) > 0 {
+	if eps := flagenv.List(f.etcdEndpoints); len(eps) > 0 {
 		etcdTLS, err := tlsconfig.Client(f.etcdCA, f.etcdCert, f.etcdKey, "")
 		if err != nil {
 			return fmt.Errorf("etcd: %w", err)
@@ -161,7 +160,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		defer stopWatch()
 		go watcher.Run(watchCtx)
 		source = watcher
-		if addrs := splitList(f.globalAddrs); len(addrs) > 0 {
+		if addrs := flagenv.List(f.globalAddrs); len(addrs) > 0 {
 			gc, err := allocator.NewClient(addrs, grpc.WithTransportCredentials(peerCreds))
 			if err != nil {
 				return err
@@ -238,20 +237,4 @@ func loadConfig(file string) (*config.Config, error) {
 	return cfg, nil
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
 
-func newLogger(level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, errors.New("log level " + level + ": want debug, info, warn or error")
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
-}

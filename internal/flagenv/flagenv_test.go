@@ -32,3 +32,15 @@ func TestBadEnvValueNamesTheVariable(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestListAndLogger(t *testing.T) {
+	if got := List(" a:1, ,b:2,"); len(got) != 2 || got[0] != "a:1" || got[1] != "b:2" {
+		t.Fatalf("List = %q", got)
+	}
+	if _, err := Logger("loud"); err == nil {
+		t.Fatal("Logger accepted level loud")
+	}
+	if l, err := Logger("warn"); err != nil || l == nil {
+		t.Fatalf("Logger(warn) = %v, %v", l, err)
+	}
+}
