@@ -6,21 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/endpoint"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -96,15 +92,11 @@ type Daemon struct {
 	Registry *prometheus.Registry
 	Health   *health.Server
 
-	grpc     *grpc.Server
-	grpcLis  net.Listener
-	http     *http.Server
-	httpLis  net.Listener
+	ep       *endpoint.Endpoint
 	elector  *elector
 	cancel   context.CancelFunc // ends the allocation loop and the observer
 	stopElec context.CancelFunc // ends the campaign: stop granting, resign
 	elecDone chan struct{}
-	wg       sync.WaitGroup
 	stopOnce sync.Once
 }
 
@@ -141,53 +133,31 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	reg := o.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
+	d := &Daemon{opts: o, elecDone: make(chan struct{})}
+	ep, err := endpoint.Listen(endpoint.Options{
+		Name: "global allocator", GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, ServerTLS: o.ServerTLS,
+		GRPCOptions: []grpc.ServerOption{grpc.MaxRecvMsgSize(maxMessageBytes), grpc.MaxSendMsgSize(maxMessageBytes)},
+		Registry:    o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger, HealthzNote: d.role,
+	})
+	if err != nil {
+		return nil, err
 	}
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	d := &Daemon{opts: o, Registry: reg, Health: health.NewServer(), elecDone: make(chan struct{})}
-	var err error
-	if d.grpcLis, err = net.Listen("tcp", o.GRPCAddr); err != nil {
-		return nil, fmt.Errorf("allocator: listen %s: %w", o.GRPCAddr, err)
-	}
-	if o.HTTPAddr != "off" {
-		if d.httpLis, err = net.Listen("tcp", o.HTTPAddr); err != nil {
-			d.grpcLis.Close()
-			return nil, fmt.Errorf("allocator: listen %s: %w", o.HTTPAddr, err)
-		}
-	}
+	d.ep, d.Registry, d.Health = ep, ep.Registry, ep.Health
 	advertise := o.Advertise
 	if advertise == "" {
-		advertise = d.grpcLis.Addr().String()
+		advertise = ep.GRPCAddr()
 	}
 	svc, err := newService(serviceOptions{
 		config: o.Config, advertise: advertise, maxKeys: o.MaxKeysPerReport, logger: o.Logger,
 	}, time.Now())
 	if err != nil {
-		d.closeListeners()
+		ep.Close()
 		return nil, err
 	}
-	newMetrics(reg, svc)
+	newMetrics(ep.Registry, svc)
 	d.Service = svc
 
-	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(maxMessageBytes), grpc.MaxSendMsgSize(maxMessageBytes)}
-	if o.ServerTLS != nil {
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(o.ServerTLS)))
-	}
-	d.grpc = grpc.NewServer(gopts...)
-	sluicev1.RegisterAllocatorServiceServer(d.grpc, svc)
-	healthpb.RegisterHealthServer(d.grpc, d.Health)
-	if d.httpLis != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", d.healthz)
-		// /livez answers while the process serves HTTP: liveness must not
-		// follow etcd (restarting replicas cannot fix etcd).
-		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	}
+	sluicev1.RegisterAllocatorServiceServer(ep.GRPC, svc)
 	// Every replica that is up serves: leadership is not health, a
 	// standby must stay in the pool to redirect and to take over.
 	d.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -200,17 +170,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	elecCtx, stopElec := context.WithCancel(runCtx)
 	d.cancel, d.stopElec = cancel, stopElec
-	d.spawn(func() error { return d.grpc.Serve(d.grpcLis) })
-	if d.http != nil {
-		d.spawn(func() error {
-			if err := d.http.Serve(d.httpLis); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-	}
-	d.spawn(func() error { svc.run(runCtx); return nil })
-	d.spawn(func() error { d.elector.observe(runCtx); return nil })
+	ep.Serve()
+	ep.Go(func() error { svc.run(runCtx); return nil })
+	ep.Go(func() error { d.elector.observe(runCtx); return nil })
 	// Not in wg: an etcd that cannot be reached can hold the campaign's
 	// own clean-up until the caller closes the client, and Stop must not
 	// wait for that (see Stop).
@@ -223,46 +185,19 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	return d, nil
 }
 
-func (d *Daemon) closeListeners() {
-	d.grpcLis.Close()
-	if d.httpLis != nil {
-		d.httpLis.Close()
+// role is this replica's part, for /healthz.
+func (d *Daemon) role() string {
+	if d.Service != nil && d.IsLeader() {
+		return "leader"
 	}
-}
-
-func (d *Daemon) spawn(f func() error) {
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		if err := f(); err != nil {
-			d.opts.Logger.Error("global allocator background task failed", "error", err)
-		}
-	}()
-}
-
-func (d *Daemon) healthz(w http.ResponseWriter, r *http.Request) {
-	resp, err := d.Health.Check(r.Context(), &healthpb.HealthCheckRequest{})
-	if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
-		http.Error(w, "not serving", http.StatusServiceUnavailable)
-		return
-	}
-	role := "standby"
-	if d.IsLeader() {
-		role = "leader"
-	}
-	fmt.Fprintln(w, "ok", role)
+	return "standby"
 }
 
 // GRPCAddr is the bound gRPC address.
-func (d *Daemon) GRPCAddr() string { return d.grpcLis.Addr().String() }
+func (d *Daemon) GRPCAddr() string { return d.ep.GRPCAddr() }
 
 // HTTPAddr is the bound metrics address ("" when disabled).
-func (d *Daemon) HTTPAddr() string {
-	if d.httpLis == nil {
-		return ""
-	}
-	return d.httpLis.Addr().String()
-}
+func (d *Daemon) HTTPAddr() string { return d.ep.HTTPAddr() }
 
 // Advertise is the address this replica campaigns with.
 func (d *Daemon) Advertise() string { return d.elector.addr }
@@ -286,23 +221,9 @@ func (d *Daemon) Stop() {
 		case <-time.After(2*releaseTimeoutMax + time.Second):
 			d.opts.Logger.Warn("election did not wind down; continuing shutdown (it ends when the etcd client is closed)")
 		}
-		done := make(chan struct{})
-		go func() { d.grpc.GracefulStop(); close(done) }()
-		timer := time.NewTimer(d.opts.DrainTimeout)
-		select {
-		case <-done:
-			timer.Stop()
-		case <-timer.C:
-			d.opts.Logger.Warn("drain timed out; closing open RPCs", "timeout", d.opts.DrainTimeout)
-			d.grpc.Stop()
-		}
-		if d.http != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), d.opts.DrainTimeout)
-			d.http.Shutdown(ctx)
-			cancel()
-		}
+		d.ep.Drain()
 		d.cancel()
-		d.wg.Wait()
+		d.ep.Wait()
 		d.opts.Logger.Info("global allocator stopped")
 	})
 }

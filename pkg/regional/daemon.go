@@ -4,21 +4,17 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sluicehq/sluice/internal/endpoint"
 )
 
 // DaemonOptions configure a whole regional process: listeners, Redis and
@@ -77,12 +73,8 @@ type Daemon struct {
 	Health   *health.Server
 	Leader   *Leader // nil unless DaemonOptions.Leader was set
 
-	grpc     *grpc.Server
-	grpcLis  net.Listener
-	http     *http.Server
-	httpLis  net.Listener
+	ep       *endpoint.Endpoint
 	cancel   context.CancelFunc
-	wg       sync.WaitGroup
 	stopOnce sync.Once
 }
 
@@ -97,9 +89,6 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if o.RedisTimeout == 0 {
 		o.RedisTimeout = 500 * time.Millisecond
 	}
-	if o.DrainTimeout == 0 {
-		o.DrainTimeout = 10 * time.Second
-	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -109,11 +98,13 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if o.Config == nil {
 		return nil, errors.New("regional: Config is required")
 	}
-	reg := o.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
+	ep, err := endpoint.Listen(endpoint.Options{
+		Name: "regional", GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, ServerTLS: o.ServerTLS,
+		Registry: o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger,
+	})
+	if err != nil {
+		return nil, err
 	}
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	guard := NewRestartGuard("sl:", o.ColdStart, o.Logger)
 	rdb := redis.NewClient(&redis.Options{
 		Addr: o.RedisAddr, Password: o.RedisPassword, TLSConfig: o.RedisTLS,
@@ -122,41 +113,17 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	})
 	srv, err := New(Options{
 		Region: o.Region, Redis: rdb, Config: o.Config, Guard: guard,
-		Logger: o.Logger, Registerer: reg,
+		Logger: o.Logger, Registerer: ep.Registry,
 	})
 	if err != nil {
+		ep.Close()
 		rdb.Close()
 		return nil, err
 	}
-	d := &Daemon{opts: o, Server: srv, Redis: rdb, Registry: reg, Health: health.NewServer()}
-
-	var gopts []grpc.ServerOption
-	if o.ServerTLS != nil {
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(o.ServerTLS)))
-	}
-	d.grpc = grpc.NewServer(gopts...)
-	srv.Register(d.grpc)
-	healthpb.RegisterHealthServer(d.grpc, d.Health)
+	d := &Daemon{opts: o, Server: srv, Redis: rdb, Registry: ep.Registry, Health: ep.Health, ep: ep}
+	srv.Register(ep.GRPC)
 	for _, f := range o.Extra {
-		f(d.grpc)
-	}
-	if d.grpcLis, err = net.Listen("tcp", o.GRPCAddr); err != nil {
-		rdb.Close()
-		return nil, fmt.Errorf("regional: listen %s: %w", o.GRPCAddr, err)
-	}
-	if o.HTTPAddr != "off" {
-		if d.httpLis, err = net.Listen("tcp", o.HTTPAddr); err != nil {
-			d.grpcLis.Close()
-			rdb.Close()
-			return nil, fmt.Errorf("regional: listen %s: %w", o.HTTPAddr, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", d.healthz)
-		// /livez answers while the process serves HTTP: liveness must not
-		// follow Redis (restarting replicas cannot fix Redis).
-		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		f(ep.GRPC)
 	}
 
 	// Readiness: serving once Redis answered (the scripts are cached then).
@@ -167,18 +134,10 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
-	d.spawn(func() error { return d.grpc.Serve(d.grpcLis) })
-	if d.http != nil {
-		d.spawn(func() error {
-			if err := d.http.Serve(d.httpLis); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-	}
+	ep.Serve()
 	epoch := time.Duration(o.Config.Current().Epoch)
-	d.spawn(func() error { return srv.Run(runCtx, epoch) })
-	d.spawn(func() error { d.watchReadiness(runCtx); return nil })
+	ep.Go(func() error { return srv.Run(runCtx, epoch) })
+	ep.Go(func() error { d.watchReadiness(runCtx); return nil })
 	if o.Leader != nil {
 		lo := *o.Leader
 		if lo.Identity == "" {
@@ -188,23 +147,13 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 			d.Stop()
 			return nil, err
 		}
-		d.spawn(func() error { return d.Leader.Run(runCtx) })
+		ep.Go(func() error { return d.Leader.Run(runCtx) })
 	}
 	for _, bg := range o.Background {
-		d.spawn(func() error { return bg(runCtx, d) })
+		ep.Go(func() error { return bg(runCtx, d) })
 	}
 	o.Logger.Info("regional service started", "region", o.Region, "grpc", d.GRPCAddr(), "http", d.HTTPAddr(), "redis", o.RedisAddr)
 	return d, nil
-}
-
-func (d *Daemon) spawn(f func() error) {
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		if err := f(); err != nil {
-			d.opts.Logger.Error("regional background task failed", "err", err)
-		}
-	}()
 }
 
 // watchReadiness keeps the gRPC health status in line with Redis: a
@@ -232,47 +181,20 @@ func (d *Daemon) watchReadiness(ctx context.Context) {
 	}
 }
 
-func (d *Daemon) healthz(w http.ResponseWriter, r *http.Request) {
-	resp, err := d.Health.Check(r.Context(), &healthpb.HealthCheckRequest{})
-	if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
-		http.Error(w, "not serving", http.StatusServiceUnavailable)
-		return
-	}
-	fmt.Fprintln(w, "ok")
-}
-
 // GRPCAddr is the bound gRPC address.
-func (d *Daemon) GRPCAddr() string { return d.grpcLis.Addr().String() }
+func (d *Daemon) GRPCAddr() string { return d.ep.GRPCAddr() }
 
 // HTTPAddr is the bound metrics address ("" when disabled).
-func (d *Daemon) HTTPAddr() string {
-	if d.httpLis == nil {
-		return ""
-	}
-	return d.httpLis.Addr().String()
-}
+func (d *Daemon) HTTPAddr() string { return d.ep.HTTPAddr() }
 
 // Stop drains: health turns NOT_SERVING so load balancers move away,
 // in-flight RPCs finish (bounded by DrainTimeout), background loops stop,
 // then Redis is closed. Idempotent.
 func (d *Daemon) Stop() {
 	d.stopOnce.Do(func() {
-		d.Health.Shutdown()
 		d.cancel()
-		done := make(chan struct{})
-		go func() { d.grpc.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(d.opts.DrainTimeout):
-			d.opts.Logger.Warn("drain timed out; closing open RPCs", "timeout", d.opts.DrainTimeout)
-			d.grpc.Stop()
-		}
-		if d.http != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), d.opts.DrainTimeout)
-			d.http.Shutdown(ctx)
-			cancel()
-		}
-		d.wg.Wait()
+		d.ep.Drain()
+		d.ep.Wait()
 		d.Server.Close()
 		d.Redis.Close()
 		d.opts.Logger.Info("regional service stopped", "region", d.opts.Region)
