@@ -204,5 +204,3 @@ func bootstrapAndRead(ctx context.Context, store *config.Store, bootstrap *confi
 	}
 	return rev, nil
 }
-
-

@@ -236,5 +236,3 @@ func loadConfig(file string) (*config.Config, error) {
 	}
 	return cfg, nil
 }
-
-
