@@ -23,13 +23,7 @@ import (
 // slack), and the fleet never admits more than b + r·t meanwhile.
 func TestGlobalLeaderFailover(t *testing.T) {
 	const ttl = time.Second
-	c, err := devcluster.Start(context.Background(), devcluster.Options{
-		Config: mustConfig(t, threeRegions), GlobalReplicas: 2, SessionTTL: ttl,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := startCluster(t, devcluster.Options{Config: mustConfig(t, threeRegions), GlobalReplicas: 2, SessionTTL: ttl})
 	leaderAddr := waitLeader(t, c, 15*time.Second)
 
 	key := quota.Key{Tenant: "acme", Class: "read"}
@@ -135,14 +129,7 @@ func (c *faultConn) Write(b []byte) (int, error) {
 // to the weighted max-min split again.
 func TestRegionPartitionedFromGlobal(t *testing.T) {
 	var p partitioner
-	c, err := devcluster.Start(context.Background(), devcluster.Options{
-		Config: mustConfig(t, threeRegions), GlobalReplicas: 1, SessionTTL: time.Second, DialGlobal: p.dial,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	waitLeader(t, c, 15*time.Second)
+	c := startCluster(t, devcluster.Options{Config: mustConfig(t, threeRegions), GlobalReplicas: 1, SessionTTL: time.Second, DialGlobal: p.dial})
 	key := quota.Key{Tenant: "acme", Class: "read"}
 	const r, b = 400.0, 200.0
 	start := time.Now()
@@ -190,11 +177,7 @@ func near(got, want, frac float64) bool { return got >= want*(1-frac) && got <= 
 func TestConfigChangesThroughSluicectl(t *testing.T) {
 	cfgText := strings.Replace(threeRegions, "epoch: 200ms", "epoch: 1s", 1)
 	cfgText = strings.Replace(cfgText, "grant_validity: 1s", "grant_validity: 5s", 1)
-	c, err := devcluster.Start(context.Background(), devcluster.Options{Config: mustConfig(t, cfgText)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := startCluster(t, devcluster.Options{Config: mustConfig(t, cfgText)})
 	bin := filepath.Join(t.TempDir(), "sluicectl")
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/sluicectl").CombinedOutput(); err != nil {
 		t.Fatalf("build sluicectl: %v\n%s", err, out)

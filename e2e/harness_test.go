@@ -203,3 +203,18 @@ func mustConfig(t *testing.T, y string) *config.Config {
 }
 
 var _ = regional.ColdStartFull
+
+// startCluster runs a deployment for the test, stopped at cleanup, and
+// waits until a global leader has left learning mode.
+func startCluster(t *testing.T, o devcluster.Options) *devcluster.Cluster {
+	t.Helper()
+	c, err := devcluster.Start(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	if o.GlobalReplicas >= 0 {
+		waitLeader(t, c, 15*time.Second)
+	}
+	return c
+}

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -86,13 +84,7 @@ func waitGrant(t *testing.T, c *devcluster.Cluster, region string, key quota.Key
 // region's grant reaches its weighted max-min share (all of r) soon after
 // each shift.
 func TestDemandShiftsBetweenRegions(t *testing.T) {
-	cfg := mustConfig(t, threeRegions)
-	c, err := devcluster.Start(context.Background(), devcluster.Options{Config: cfg, GlobalReplicas: 2, SessionTTL: time.Second, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	waitLeader(t, c, 15*time.Second)
+	c := startCluster(t, devcluster.Options{Config: mustConfig(t, threeRegions), GlobalReplicas: 2, SessionTTL: time.Second})
 
 	key := quota.Key{Tenant: "acme", Class: "read"}
 	const r, b = 400.0, 200.0
