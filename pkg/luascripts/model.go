@@ -77,6 +77,7 @@ type op struct {
 	ls  *modelLeases // the lease hash and zset, changed in place
 
 	reclaimed float64 // RECLAIMED: tokens returned from expired leases
+	leases    bool    // LEASES: the lease hash or expiry set was written
 }
 
 func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
@@ -88,6 +89,7 @@ func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
 			c := *l
 			o.ls.byID[id] = &c
 		}
+		o.ls.expireAt, o.ls.ttlMS = ls.expireAt, ls.ttlMS
 	}
 	o.refill()
 	return o
@@ -178,6 +180,7 @@ func (o *op) dropLease(id string, l *modelLease, giveBack bool) float64 {
 		o.b.out = 0
 	}
 	delete(o.ls.byID, id)
+	o.leases = true
 	if giveBack && unspent > 0 {
 		o.b.tk = o.b.tk + unspent
 		o.clamp()
@@ -310,7 +313,9 @@ func (o *op) save() {
 		delete(o.m.leases, o.k.Leases)
 		return
 	}
-	o.ls.expireAt, o.ls.ttlMS = b.expireAt, ttl
+	if o.leases || b.out > 0 {
+		o.ls.expireAt, o.ls.ttlMS = b.expireAt, ttl
+	}
 	o.m.leases[o.k.Leases] = o.ls
 }
 
@@ -369,6 +374,7 @@ func (o *op) leaseOp(id string, seq, used, denied, returned, want, min float64) 
 		l.exp = o.now + o.lttl()*1000
 		l.lg = granted
 		o.ls.byID[id] = l
+		o.leases = true
 	}
 	o.save()
 	return o.leaseReply(granted, ttl, retry, dup)
@@ -411,7 +417,9 @@ func (m *Model) Release(nowUS int64, k Keys, c Common, r Report) ReleaseReply {
 // Check mirrors Scripts.Check.
 func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 	o := m.begin(nowUS, k, c)
-	o.reap(c.ReapBudget)
+	if o.b.out > 0 {
+		o.reap(c.ReapBudget)
+	}
 	fc := float64(cost)
 	allowed, retry := false, 0.0
 	if o.b.tk >= fc {

@@ -9,7 +9,9 @@
 --          reclaimed }
 --        rate and cap are '%.17g' strings (exact); retry_ms is -1 when the current
 --        rate is zero
-reap(REAPMAX)
+-- With nothing outstanding, expired leases hold nothing to reclaim: the
+-- strict path skips reaping and stays on the bucket alone.
+if B.out > 0 then reap(REAPMAX) end
 local cost = tonumber(ARGV[7])
 local allowed, retry = 0, 0
 if B.tk >= cost then

@@ -51,6 +51,10 @@ local B = {}
 -- RECLAIMED counts tokens this call returned to the bucket from expired
 -- leases (for the regional service's reclaimed-tokens metric).
 local RECLAIMED = 0
+-- LEASES is set when this call wrote the lease hash or the expiry set: only
+-- then, or while leases hold unspent tokens, do their TTLs need refreshing
+-- (a strict check touches the bucket alone).
+local LEASES = false
 
 local function grant_valid(t) return B.ge > t end
 local function rate_now() if grant_valid(NOW) then return B.gr end return SR end
@@ -122,6 +126,7 @@ local function parse_lease(rec)
 end
 
 local function save_lease(id, L)
+  LEASES = true
   redis.call('HSET', KEYS[2], id, i0(L.g) .. ' ' .. i0(L.u) .. ' ' .. i0(L.r) .. ' ' .. i0(L.seq) .. ' ' .. i0(L.exp) .. ' ' .. i0(L.lg))
   redis.call('ZADD', KEYS[3], L.exp, id)
 end
@@ -135,6 +140,7 @@ local function drop_lease(id, L, give_back)
   if B.out < 0 then B.out = 0 end
   redis.call('HDEL', KEYS[2], id)
   redis.call('ZREM', KEYS[3], id)
+  LEASES = true
   if give_back and unspent > 0 then
     B.tk = B.tk + unspent
     clamp()
@@ -157,6 +163,7 @@ local function reap(max)
       RECLAIMED = RECLAIMED + d
     else
       redis.call('ZREM', KEYS[3], id)
+      LEASES = true
     end
   end
   return #ids, back
@@ -222,7 +229,8 @@ local function save_bucket()
   redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f17(B.gr), 'gb', f17(B.gb),
     'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs))
   -- Idle keys disappear, but never before a recreated bucket would be
-  -- correct: the grant's remaining validity plus two full refills at the
+  -- correct, and the lease keys never before the bucket while leases hold
+  -- unspent tokens (their reaping must reach it): the grant's remaining validity plus two full refills at the
   -- static rate (the rate after the grant ends), and at least 2 x lease
   -- TTL (every lease dead). Formatted as an integer: a large Lua number
   -- would otherwise reach Redis in exponent form.
@@ -234,8 +242,10 @@ local function save_bucket()
   if ttl < 2 * LTTL then ttl = 2 * LTTL end
   ttl = i0(ttl + 1000)
   redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('PEXPIRE', KEYS[2], ttl)
-  redis.call('PEXPIRE', KEYS[3], ttl)
+  if LEASES or B.out > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    redis.call('PEXPIRE', KEYS[3], ttl)
+  end
 end
 
 load_bucket()
