@@ -136,12 +136,10 @@ func (s *Server) Scripts() *luascripts.Scripts { return s.scripts }
 
 // keyPlan is everything needed to run a script for one validated key.
 type keyPlan struct {
-	key     quota.Key
-	res     config.Resolved
-	keys    luascripts.Keys
-	common  luascripts.Common
-	cfg     *config.Config
-	rateLim int64
+	key    quota.Key
+	res    config.Resolved
+	keys   luascripts.Keys
+	common luascripts.Common
 }
 
 // plan validates k against the live config and derives the script inputs.
@@ -161,7 +159,7 @@ func (s *Server) plan(cfg *config.Config, pk *sluicev1.QuotaKey, field string) (
 	if err != nil {
 		return keyPlan{}, fmt.Errorf("%s: %w", field, err)
 	}
-	return keyPlan{key: k, res: res, keys: luascripts.KeysFor(s.opts.Prefix, k), common: c, cfg: cfg}, nil
+	return keyPlan{key: k, res: res, keys: luascripts.KeysFor(s.opts.Prefix, k), common: c}, nil
 }
 
 // Common derives the script settings of a resolved key in this region.
@@ -246,8 +244,7 @@ func (s *Server) grant(p keyPlan, seq uint64, lr luascripts.LeaseReply) *sluicev
 // strictGrant answers a lease request for a strict class: no tokens, and
 // the mode tells the caller to use Check.
 func (s *Server) strictGrant(p keyPlan, seq uint64) *sluicev1.Grant {
-	g := s.grant(p, seq, luascripts.LeaseReply{Rate: p.common.StaticRate, Cap: p.common.StaticBurst})
-	return g
+	return s.grant(p, seq, luascripts.LeaseReply{Rate: p.common.StaticRate, Cap: p.common.StaticBurst})
 }
 
 func (s *Server) observeLease(p keyPlan, want int64, lr luascripts.LeaseReply) {
