@@ -117,7 +117,10 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 			return errors.New("etcd session expired")
 		case <-t.C:
 			if err := l.SyncOnce(ctx, sess.Done()); err != nil {
+				l.s.metrics.globalSyncs.WithLabelValues("error").Inc()
 				l.s.log.Warn("region sync with the global tier failed; running on current grants", "err", err)
+			} else {
+				l.s.metrics.globalSyncs.WithLabelValues("ok").Inc()
 			}
 			if e := time.Duration(l.s.opts.Config.Current().Epoch); e != epoch {
 				epoch = e
@@ -128,6 +131,11 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 }
 
 func (l *Leader) setLeading(v bool) {
+	if v {
+		l.s.metrics.leader.Set(1)
+	} else {
+		l.s.metrics.leader.Set(0)
+	}
 	select {
 	case <-l.leading:
 	default:
@@ -271,8 +279,12 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 	})
 	var firstErr error
 	for _, q := range qs {
-		if _, err := luascripts.ParseSetRate(q); err != nil && firstErr == nil {
+		sr, err := luascripts.ParseSetRate(q)
+		if err != nil && firstErr == nil {
 			firstErr = err
+		}
+		if err == nil && sr.Applied {
+			s.metrics.grantsApplied.Inc()
 		}
 	}
 	return firstErr

@@ -17,6 +17,9 @@ type metrics struct {
 	released      prometheus.Counter
 	restarts      prometheus.CounterFunc
 	activeLeases  prometheus.GaugeFunc
+	leader        prometheus.Gauge       // this replica leads its region
+	globalSyncs   *prometheus.CounterVec // result: ok, error
+	grantsApplied prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -48,6 +51,15 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "sluice_regional_released_tokens_total", Help: "Tokens returned by instances on Release.",
 		}),
 	}
+	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_regional_leader", Help: "1 while this replica is its region's leader (reports to the global tier).",
+	})
+	m.globalSyncs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_regional_global_syncs_total", Help: "Region leader syncs with the global tier by result (ok, error).",
+	}, []string{"result"})
+	m.grantsApplied = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_regional_grants_applied_total", Help: "Grants from the global tier installed in Redis by the region leader.",
+	})
 	m.restarts = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "sluice_regional_redis_data_losses_total", Help: "Times Redis was found to have lost its data (sentinel missing).",
 	}, func() float64 { return float64(s.guard.Restarts()) })
@@ -56,7 +68,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}, func() float64 { return float64(s.active.leases()) })
 	if reg != nil {
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
-			m.granted, m.reclaimed, m.released, m.restarts, m.activeLeases)
+			m.granted, m.reclaimed, m.released, m.restarts, m.activeLeases,
+			m.leader, m.globalSyncs, m.grantsApplied)
 	}
 	return m
 }
