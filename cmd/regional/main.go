@@ -57,6 +57,7 @@ type flags struct {
 	dev                                 bool
 	region, grpcAddr, httpAddr          string
 	redisAddr, redisPassword            string
+	redisCluster                        bool
 	configFile, coldStart, logLevel     string
 	etcdEndpoints, etcdPrefix           string
 	globalAddrs                         string
@@ -74,7 +75,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.region, "region", "us-east", "region this service serves (must be in the config)")
 	fs.StringVar(&f.grpcAddr, "listen", "127.0.0.1:7400", "gRPC listen address (LeaseService, Envoy RateLimitService, health)")
 	fs.StringVar(&f.httpAddr, "metrics-listen", "127.0.0.1:7401", `HTTP listen address for /metrics, /healthz and /livez ("off" disables)`)
-	fs.StringVar(&f.redisAddr, "redis-addr", "127.0.0.1:6379", "the region's Redis (host:port)")
+	fs.StringVar(&f.redisAddr, "redis-addr", "127.0.0.1:6379", "the region's Redis (host:port); several comma-separated addresses mean a Redis Cluster")
+	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "treat a single -redis-addr as a Redis Cluster endpoint")
 	fs.StringVar(&f.redisPassword, "redis-password", "", "Redis password")
 	fs.StringVar(&f.configFile, "config", "", "config file (YAML): the config without etcd, the bootstrap written to etcd when it holds none; empty = the built-in sample")
 	fs.StringVar(&f.coldStart, "cold-start", "conservative", `how an empty Redis is treated at start: "conservative" (new buckets start empty for one lease TTL) or "full"`)
@@ -181,7 +183,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	}
 	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
 		Region: f.region, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
-		RedisAddr: f.redisAddr, RedisPassword: f.redisPassword,
+		RedisAddr: f.redisAddr, RedisCluster: f.redisCluster, RedisPassword: f.redisPassword,
 		Config: source, ColdStart: cs, ServerTLS: serverTLS, Registry: reg, Logger: logger,
 		Leader: leaderOpts,
 		Extra: []func(*grpc.Server){

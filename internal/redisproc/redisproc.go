@@ -26,6 +26,7 @@ var ErrNoRedisServer = errors.New("redis-server is not on PATH (apt-get install 
 type Proc struct {
 	port     int
 	embedded bool
+	extra    []string // more redis-server arguments
 
 	mu   sync.Mutex           // guards cmd, mini and out
 	cmd  *exec.Cmd            // the child process, nil when stopped or embedded
@@ -43,11 +44,20 @@ func Start(allowEmbedded bool) (*Proc, error) {
 		}
 		return startEmbedded()
 	}
+	return StartWith()
+}
+
+// StartWith runs redis-server with more arguments (for example
+// "--cluster-enabled", "yes"); it needs redis-server on PATH.
+func StartWith(args ...string) (*Proc, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, ErrNoRedisServer
+	}
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	p := &Proc{port: port}
+	p := &Proc{port: port, extra: args}
 	if err := p.start(); err != nil {
 		return nil, err
 	}
@@ -97,10 +107,11 @@ func (p *Proc) Restart() error {
 }
 
 func (p *Proc) start() error {
-	cmd := exec.Command("redis-server",
+	args := append([]string{
 		"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--protected-mode", "no",
-		"--loglevel", "warning")
+		"--loglevel", "warning"}, p.extra...)
+	cmd := exec.Command("redis-server", args...)
 	out := new(bytes.Buffer)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

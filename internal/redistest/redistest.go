@@ -10,6 +10,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -97,4 +98,52 @@ func Dump(ctx context.Context, c *redis.Client) (string, error) {
 		fmt.Fprintf(&b, "%s (%s) = %v\n", k, typ, v)
 	}
 	return b.String(), nil
+}
+
+// StartCluster runs an n-node Redis Cluster (no replicas) of real
+// redis-server processes and returns the node addresses once the cluster
+// reports ok. Everything is stopped at cleanup.
+func StartCluster(t testing.TB, n int) []string {
+	t.Helper()
+	dir := t.TempDir()
+	var addrs []string
+	for i := range n {
+		p, err := redisproc.StartWith("--cluster-enabled", "yes",
+			"--cluster-config-file", fmt.Sprintf("%s/nodes-%d.conf", dir, i), "--cluster-node-timeout", "2000")
+		if err != nil {
+			t.Fatalf("%v (run `make test`, which installs it)", err)
+		}
+		t.Cleanup(p.Stop)
+		addrs = append(addrs, p.Addr())
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addrs[0]})
+	defer c.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := c.ClusterInfo(context.Background()).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return addrs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster not ok after 20s: %v\n%s", err, info)
+		}
+		time.Sleep(20 * time.Millisecond) // polling cluster formation with a deadline
+	}
+}
+
+// KeyCount is the number of keys on one server (a cluster node).
+func KeyCount(t testing.TB, addr string) int64 {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	n, err := c.DBSize(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("dbsize %s: %v", addr, err)
+	}
+	return n
 }

@@ -54,11 +54,11 @@ func ParseCheck(q *Queued) (CheckReply, error) {
 	return parseCheck(res)
 }
 
-// ParseLease reads a queued acquire's reply.
+// ParseLease reads a queued acquire or sync reply.
 func ParseLease(q *Queued) (LeaseReply, error) {
 	res, err := q.Cmd.Slice()
 	if err != nil {
-		return LeaseReply{}, fmt.Errorf("acquire %s: %w", q.keys[0], err)
+		return LeaseReply{}, fmt.Errorf("lease script %s: %w", q.keys[0], err)
 	}
 	return parseLease(res)
 }

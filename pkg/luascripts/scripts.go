@@ -243,58 +243,27 @@ type SyncResult struct {
 	Err   error
 }
 
-// SyncMany runs sync.lua for many keys in one pipeline (one round trip).
-// Keys may live on different cluster slots: each is its own script call.
-// A NOSCRIPT error (script cache flushed, e.g. by a restart) loads the
-// script and retries those calls once; other per-key errors are returned
-// per key.
-func (s *Scripts) SyncMany(ctx context.Context, c redis.Cmdable, items []SyncItem) ([]SyncResult, error) {
+// SyncMany runs sync.lua for many keys in one pipeline (one round trip
+// per node). Keys may live on different cluster slots: each is its own
+// script call. A call that met NOSCRIPT (script cache flushed, e.g. by a
+// restart) is run again on its own with EVAL fallback; other per-key
+// errors are returned per key.
+func (s *Scripts) SyncMany(ctx context.Context, c interface {
+	redis.Cmdable
+	redis.Scripter
+}, items []SyncItem) []SyncResult {
+	qs := RunQueued(ctx, c, func(p redis.Pipeliner) []*Queued {
+		out := make([]*Queued, len(items))
+		for i, it := range items {
+			out[i] = queue(ctx, p, s.sync, it.Keys.list(), s.syncArgs(it.Common, it.Report))
+		}
+		return out
+	})
 	out := make([]SyncResult, len(items))
-	run := func(idx []int) ([]int, error) {
-		cmds := make([]*redis.Cmd, len(idx))
-		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for j, i := range idx {
-				it := items[i]
-				cmds[j] = s.sync.EvalSha(ctx, p, it.Keys.list(), s.syncArgs(it.Common, it.Report)...)
-			}
-			return nil
-		})
-		var noscript []int
-		for j, i := range idx {
-			res, cerr := cmds[j].Slice()
-			if cerr != nil {
-				if redis.HasErrorPrefix(cerr, "NOSCRIPT") {
-					noscript = append(noscript, i)
-					continue
-				}
-				out[i].Err = fmt.Errorf("sync %s: %w", items[i].Keys.Bucket, cerr)
-				continue
-			}
-			out[i].Reply, out[i].Err = parseLease(res)
-		}
-		if len(noscript) == 0 && err != nil && !redis.HasErrorPrefix(err, "NOSCRIPT") {
-			// A transport failure fails every command of the pipeline.
-			return nil, fmt.Errorf("sync pipeline: %w", err)
-		}
-		return noscript, nil
+	for i, q := range qs {
+		out[i].Reply, out[i].Err = ParseLease(q)
 	}
-	all := make([]int, len(items))
-	for i := range all {
-		all[i] = i
-	}
-	retry, err := run(all)
-	if err != nil {
-		return nil, err
-	}
-	if len(retry) > 0 {
-		if err := s.sync.Load(ctx, c).Err(); err != nil {
-			return nil, fmt.Errorf("load sync script: %w", err)
-		}
-		if _, err := run(retry); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return out
 }
 
 // Release runs release.lua.

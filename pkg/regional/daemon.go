@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,8 +30,14 @@ type DaemonOptions struct {
 	// HTTPAddr serves /metrics and /healthz. Optional, default
 	// "127.0.0.1:7401"; "" after defaults is never used; "off" disables.
 	HTTPAddr string
-	// RedisAddr is the region's Redis host:port. Required.
+	// RedisAddr is the region's Redis host:port. Required. Several
+	// comma-separated addresses, or RedisCluster, mean a Redis Cluster
+	// (every quota key's Redis keys share a hash tag, so each script runs
+	// on one node).
 	RedisAddr string
+	// RedisCluster treats a single RedisAddr as a cluster's configuration
+	// endpoint. Optional.
+	RedisCluster bool
 	// RedisPassword. Optional.
 	RedisPassword string
 	// RedisTLS enables TLS to Redis. Optional.
@@ -68,7 +75,7 @@ type DaemonOptions struct {
 type Daemon struct {
 	opts     DaemonOptions
 	Server   *Server
-	Redis    *redis.Client
+	Redis    redis.UniversalClient
 	Registry *prometheus.Registry
 	Health   *health.Server
 	Leader   *Leader // nil unless DaemonOptions.Leader was set
@@ -106,11 +113,22 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		return nil, err
 	}
 	guard := NewRestartGuard("sl:", o.ColdStart, o.Logger)
-	rdb := redis.NewClient(&redis.Options{
-		Addr: o.RedisAddr, Password: o.RedisPassword, TLSConfig: o.RedisTLS,
+	addrs := strings.Split(o.RedisAddr, ",")
+	cluster := o.RedisCluster || len(addrs) > 1
+	ropts := &redis.UniversalOptions{
+		Addrs: addrs, IsClusterMode: cluster,
+		Password: o.RedisPassword, TLSConfig: o.RedisTLS,
 		DialTimeout: o.RedisTimeout, ReadTimeout: o.RedisTimeout, WriteTimeout: o.RedisTimeout,
-		MaxRetries: 1, OnConnect: guard.OnConnect,
-	})
+		MaxRetries: 1,
+	}
+	if !cluster {
+		// Every new connection (a restarted Redis only has new ones) reads
+		// the sentinel before it is used. On a cluster the sentinel lives on
+		// one node, which a connection to another cannot read: there the
+		// guard is checked every epoch instead (see Server.Run).
+		ropts.OnConnect = guard.OnConnect
+	}
+	rdb := redis.NewUniversalClient(ropts)
 	srv, err := New(Options{
 		Region: o.Region, Redis: rdb, Config: o.Config, Guard: guard,
 		Logger: o.Logger, Registerer: ep.Registry,
@@ -130,6 +148,8 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	d.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	if err := srv.Scripts().Load(ctx, rdb); err != nil {
 		o.Logger.Warn("redis not reachable at start; serving degraded until it is", "redis", o.RedisAddr, "err", err)
+	} else if err := guard.Check(ctx, rdb); err != nil {
+		o.Logger.Warn("restart sentinel check failed", "redis", o.RedisAddr, "err", err)
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())

@@ -321,13 +321,12 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 	}
 	if len(items) > 0 {
 		start := time.Now()
-		results, err := s.scripts.SyncMany(ctx, s.opts.Redis, items)
-		if err == nil {
-			for _, r := range results {
-				if r.Err != nil {
-					err = r.Err
-					break
-				}
+		results := s.scripts.SyncMany(ctx, s.opts.Redis, items)
+		var err error
+		for _, r := range results {
+			if r.Err != nil {
+				err = r.Err
+				break
 			}
 		}
 		s.observeScript("sync", start, err)
