@@ -41,9 +41,9 @@ const (
 // variable naming anything else is silently ignored by the daemon, so the
 // manifests must not rely on one.
 func regionalFlags() []string {
-	return []string{"region", "listen", "metrics-listen", "redis-addr", "redis-password", "config",
-		"etcd-endpoints", "etcd-prefix", "global-addr", "cold-start", "log-level",
-		"tls-cert", "tls-key", "tls-client-ca", "etcd-cert", "etcd-key", "etcd-ca", "etcd-username", "etcd-password"}
+	return []string{"region", "listen", "metrics-listen", "redis-addr", "redis-cluster", "redis-password", "config",
+		"etcd-endpoints", "etcd-prefix", "global-addr", "session-ttl", "cold-start", "log-level", "envoy-headers",
+		"tls-cert", "tls-key", "tls-client-ca", "tls-ca", "etcd-cert", "etcd-key", "etcd-ca", "etcd-username", "etcd-password"}
 }
 
 func globalFlags() []string {
