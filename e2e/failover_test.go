@@ -53,8 +53,8 @@ func TestGlobalLeaderFailover(t *testing.T) {
 	}
 	took := time.Since(killed)
 	t.Logf("standby leads %v after the kill (session TTL %v + epoch %v)", took, ttl, epoch)
-	if took > ttl+epoch+500*time.Millisecond {
-		t.Errorf("failover took %v, want within TTL + epoch (+500ms scheduling)", took)
+	if took > ttl+epoch+time.Second {
+		t.Errorf("failover took %v, want within TTL + epoch (+1s: etcd checks lease expiry every 500ms, and scheduling)", took)
 	}
 	// Keep the load through learning mode and after.
 	<-time.After(3 * time.Second)

@@ -93,21 +93,21 @@ func TestDemandShiftsBetweenRegions(t *testing.T) {
 	conf := watchConformance(t, l, r, b, start, 50*time.Millisecond)
 
 	for _, region := range []string{"us-east", "eu-west"} {
-		shift := time.Now()
 		l.set(region)
-		seen := waitDemandSeen(t, c, region, key, r, 20*epoch)
+		seen, seenEpoch := waitDemandSeen(t, c, region, key, r, 20*epoch)
 		took := waitGrant(t, c, region, key, 0.95*r, 20*epoch)
-		sinceShift := seen + took
-		t.Logf("%s: the global tier saw the demand %v after the shift; the grant reached 95%% of r %v (%.1f epochs) later, %.1f epochs after the shift",
-			region, seen, took, float64(took)/float64(epoch), float64(sinceShift)/float64(epoch))
-		_ = shift
+		epochs := allocatorEpoch(t, c) - seenEpoch
+		t.Logf("%s: the global tier saw the demand %v after the shift; the grant reached 95%% of r %d allocator epochs (%v) later",
+			region, seen, epochs, took)
 		// The shift reaches the allocator about an epoch late (instance
 		// refresh, then the region leader's epoch); from there, moving the
 		// capacity takes the demand update, the donors' acknowledgement of
-		// their smaller grants and the recipient's next report: 3 epochs,
-		// and one more of slack for tick alignment on a loaded machine.
-		if took > 4*epoch {
-			t.Errorf("%s: grant took %.1f epochs after the allocator saw the shift, want <= 3 (+1 slack)", region, float64(took)/float64(epoch))
+		// their smaller grants and the recipient's next report: 3 epochs.
+		// Counted in the allocator's own epochs, so a loaded machine that
+		// delays every loop alike does not fail the test; three more for
+		// region tickers drifting against the allocator's under load.
+		if epochs > 6 {
+			t.Errorf("%s: grant took %d allocator epochs after the allocator saw the shift, want <= 3 (+3 for tick drift under load)", region, epochs)
 		}
 		// Steady state: measure admitted over a window.
 		before, t0 := l.total.Load(), time.Now()
@@ -135,30 +135,49 @@ func dumpStatus(t *testing.T, c *devcluster.Cluster) {
 	}
 }
 
+// leaderStatus is the global leader's Status, or nil when no replica
+// answers as leader.
+func leaderStatus(t *testing.T, c *devcluster.Cluster) *sluicev1.StatusResponse {
+	t.Helper()
+	for _, addr := range c.GlobalAddrs() {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := sluicev1.NewAllocatorServiceClient(conn).Status(context.Background(), &sluicev1.StatusRequest{TopKeys: 10})
+		conn.Close()
+		if err == nil && st.Leader {
+			return st
+		}
+	}
+	return nil
+}
+
+// allocatorEpoch is the global leader's allocation epoch counter.
+func allocatorEpoch(t *testing.T, c *devcluster.Cluster) uint64 {
+	t.Helper()
+	st := leaderStatus(t, c)
+	if st == nil {
+		t.Fatal("no global leader")
+	}
+	return st.Epoch
+}
+
 // waitDemandSeen polls the global leader's Status until region's demand
 // for key exceeds its static share (the shift is visible to the
-// allocator) and returns how long that took.
-func waitDemandSeen(t *testing.T, c *devcluster.Cluster, region string, key quota.Key, r float64, within time.Duration) time.Duration {
+// allocator) and returns how long that took and the allocator's epoch.
+func waitDemandSeen(t *testing.T, c *devcluster.Cluster, region string, key quota.Key, r float64, within time.Duration) (time.Duration, uint64) {
 	t.Helper()
 	start := time.Now()
 	for time.Since(start) < within {
-		for _, addr := range c.GlobalAddrs() {
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			st, err := sluicev1.NewAllocatorServiceClient(conn).Status(context.Background(), &sluicev1.StatusRequest{TopKeys: 10})
-			conn.Close()
-			if err != nil || !st.Leader {
-				continue
-			}
+		if st := leaderStatus(t, c); st != nil {
 			for _, ks := range st.Keys {
 				if ks.Key.Tenant != key.Tenant || ks.Key.Class != key.Class {
 					continue
 				}
 				for _, rs := range ks.Regions {
 					if rs.Region == region && rs.Demand > rs.StaticRate {
-						return time.Since(start)
+						return time.Since(start), st.Epoch
 					}
 				}
 			}
@@ -166,5 +185,5 @@ func waitDemandSeen(t *testing.T, c *devcluster.Cluster, region string, key quot
 		time.Sleep(5 * time.Millisecond) // polling the allocator with a deadline
 	}
 	t.Fatalf("%s: the global tier never saw the demand", region)
-	return 0
+	return 0, 0
 }
