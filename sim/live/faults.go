@@ -1,0 +1,207 @@
+package live
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/sim/oracle"
+	"github.com/sluicehq/sluice/sim/scenario"
+)
+
+func (d *deployment) region(name string) *liveRegion {
+	for _, r := range d.regions {
+		if r.name == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// after runs f once d has passed in scenario time, unless ctx ends first.
+func (d *deployment) after(ctx context.Context, v time.Duration, f func()) {
+	go func() {
+		t := time.NewTimer(time.Duration(float64(v) / d.scale))
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			f()
+		}
+	}()
+}
+
+// inject applies one fault to the real daemons.
+func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
+	lasting := time.Duration(f.For)
+	label := f.Kind
+	if f.Region != "" {
+		label += " " + f.Region
+	}
+	r := d.region(f.Region)
+	var until time.Duration
+	switch f.Kind {
+	case scenario.FaultInstanceCrash, scenario.FaultInstanceStop:
+		for i := 0; i < f.Count; i++ {
+			r.mu.Lock()
+			var in *liveInstance
+			if len(r.insts) > 0 {
+				in = r.insts[len(r.insts)-1]
+			}
+			r.mu.Unlock()
+			if in == nil {
+				break
+			}
+			if f.Kind == scenario.FaultInstanceCrash {
+				d.crash(in)
+			} else {
+				d.stop(in)
+			}
+			if ra := time.Duration(f.RestartAfter); ra > 0 {
+				d.after(ctx, ra, func() {
+					if _, err := d.startInstance(r); err != nil {
+						fmt.Fprintf(d.log, "live: replacement instance in %s: %v\n", r.name, err)
+					}
+				})
+			}
+		}
+		label = fmt.Sprintf("%s ×%d", label, f.Count)
+	case scenario.FaultGlobalLeaderLoss:
+		for _, g := range d.globals {
+			g.mu.Lock()
+			dm := g.d
+			g.mu.Unlock()
+			if dm == nil || !dm.IsLeader() {
+				continue
+			}
+			label += " " + g.addr
+			dm.Stop()
+			g.mu.Lock()
+			g.d = nil
+			g.mu.Unlock()
+			if ra := time.Duration(f.RestartAfter); ra > 0 {
+				ttl := sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale)
+				d.after(ctx, ra, func() {
+					if err := d.startGlobal(context.Background(), g, ttl); err != nil {
+						fmt.Fprintf(d.log, "live: restarting the global replica: %v\n", err)
+					}
+				})
+			}
+			break
+		}
+	case scenario.FaultPartition:
+		r.tier.set(func(t *faultyTier) { t.partitioned = true })
+		d.after(ctx, lasting, func() { r.tier.set(func(t *faultyTier) { t.partitioned = false }) })
+		until = lasting
+	case scenario.FaultLatency, scenario.FaultLoss:
+		if f.Kind == scenario.FaultLatency && f.Peer != scenario.GlobalPeer {
+			label += " (skipped: live mode injects faults only between a region and the global tier)"
+			break
+		}
+		regions := d.regions
+		if r != nil {
+			regions = []*liveRegion{r}
+		}
+		for _, x := range regions {
+			x.tier.set(func(t *faultyTier) {
+				if f.Kind == scenario.FaultLatency {
+					t.delay = time.Duration(float64(f.Latency) / d.scale)
+				} else {
+					t.loss = f.Loss
+				}
+			})
+			if lasting > 0 {
+				d.after(ctx, lasting, func() { x.tier.set(func(t *faultyTier) { t.delay, t.loss = 0, 0 }) })
+			}
+		}
+		if f.Kind == scenario.FaultLoss {
+			label = fmt.Sprintf("loss %.0f%%", 100*f.Loss)
+		}
+		until = lasting
+	case scenario.FaultRedisRestart:
+		r.redis.Stop()
+		d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisDown(now, r.idx) })
+		d.after(ctx, lasting, func() {
+			if err := r.redis.Restart(); err != nil {
+				fmt.Fprintf(d.log, "live: restarting Redis of %s: %v\n", r.name, err)
+				return
+			}
+			d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisUp(now, r.idx) })
+		})
+		until = lasting
+	default:
+		label += " (skipped: not supported in live mode)"
+	}
+	d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Fault(now, now+until, label) })
+}
+
+// stop is a graceful shutdown: the load balancer stops sending, the client
+// releases everything.
+func (d *deployment) stop(in *liveInstance) {
+	in.region.remove(in)
+	in.dead.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := in.client.Close(ctx); err != nil {
+		fmt.Fprintf(d.log, "live: stopping %s: %v\n", in.id, err)
+	}
+}
+
+// crash cuts an instance off without releasing anything, after telling the
+// oracle its crash error: per key, tokens its region still counts unspent
+// in the lease that the instance had spent.
+func (d *deployment) crash(in *liveInstance) {
+	r := in.region
+	r.remove(in)
+	in.dead.Store(true)
+	in.mu.Lock()
+	var keys []int
+	for k := range in.used {
+		keys = append(keys, k)
+	}
+	in.mu.Unlock()
+	var eps []float64
+	var tokens float64
+	var lastExp time.Duration
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for _, k := range keys {
+		rec, err := r.rdb.HGet(ctx, d.rkeys[k].Leases, in.id).Result()
+		f := strings.Fields(rec)
+		if err != nil || len(f) != 6 {
+			eps = append(eps, 0)
+			continue
+		}
+		var v [6]float64
+		for i, s := range f {
+			v[i], _ = strconv.ParseFloat(s, 64)
+		}
+		g, u, rt, seq, exp, lg := v[0], v[1], v[2], v[3], v[4], v[5]
+		st, _ := in.client.Table().State(d.plan.Keys[k])
+		held := float64(st.Tokens + st.ToReturn)
+		if p := st.Pending; p != nil {
+			if float64(p.GetSeq()) > seq {
+				held += float64(p.GetReturned())
+			} else {
+				held += lg
+			}
+		}
+		unspent := g - u - rt
+		e := 0.0
+		if unspent > held && d.cfg.Classes[d.plan.Keys[k].Class].Reclaim != "none" {
+			e = unspent - held
+		}
+		eps = append(eps, e)
+		tokens += max(unspent, 0)
+		lastExp = max(lastExp, d.rec.virtual(time.UnixMicro(int64(exp))))
+	}
+	in.conn.Close()
+	d.rec.do(func(o *oracle.Oracle, now time.Duration) {
+		for i, k := range keys {
+			o.CrashError(now, k, eps[i])
+		}
+		o.Reclaimed(now, max(now, lastExp), tokens)
+	})
+}

@@ -1,0 +1,705 @@
+package live
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/internal/embedetcd"
+	"github.com/sluicehq/sluice/internal/redisproc"
+	"github.com/sluicehq/sluice/pkg/allocator"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/sim/engine"
+	"github.com/sluicehq/sluice/sim/oracle"
+	"github.com/sluicehq/sluice/sim/runner"
+	"github.com/sluicehq/sluice/sim/scenario"
+	"github.com/sluicehq/sluice/sim/traffic"
+	"github.com/sluicehq/sluice/sim/world"
+)
+
+// DefaultScale is how many scenario seconds one wall second plays.
+const DefaultScale = 1.0
+
+// etcdPrefix keeps the simulation's keys apart in the embedded etcd.
+const etcdPrefix = "/sluice-sim"
+
+// Options adjust a live run.
+type Options struct {
+	runner.Options
+	// Scale is scenario seconds per wall second. Optional, default 1;
+	// bounded by the config's epoch, which must stay at least 10ms.
+	Scale float64
+	// Log receives progress lines and warnings. Optional.
+	Log io.Writer
+}
+
+// Run plays sc against real daemons and judges it with the oracle.
+func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome, error) {
+	wallStart := time.Now()
+	scale := o.Scale
+	if scale == 0 {
+		scale = DefaultScale
+	}
+	if !(scale > 0) || math.IsInf(scale, 0) {
+		return nil, fmt.Errorf("live: scale %v must be a positive number", scale)
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	sc, seed, err := runner.Prepare(sc, o.Options)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := traffic.Build(sc, seed)
+	if err != nil {
+		return nil, err
+	}
+	setup, err := world.OracleSetup(sc, plan)
+	if err != nil {
+		return nil, err
+	}
+	orc, err := oracle.New(setup)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := scaleConfig(sc.Config, scale)
+	if err != nil {
+		return nil, fmt.Errorf("live: %w", err)
+	}
+	d := &deployment{sc: sc, cfg: cfg, scale: scale, log: o.Log, plan: plan, seed: seed,
+		logger: slog.New(slog.NewTextHandler(io.Discard, nil)), keyID: map[quota.Key]int{}}
+	for i, k := range plan.Keys {
+		d.keyID[k] = i
+		d.rkeys = append(d.rkeys, luascripts.KeysFor(luascripts.DefaultPrefix, k))
+	}
+	defer d.close()
+	if err := d.start(ctx); err != nil {
+		return nil, fmt.Errorf("live: %w", err)
+	}
+	d.rec = &recorder{orc: orc, start: time.Now(), scale: scale}
+	fmt.Fprintf(o.Log, "live: %s running for %v (%v of scenario time at scale %v)\n",
+		sc.Name, time.Duration(float64(sc.Duration)/scale).Round(time.Millisecond), time.Duration(sc.Duration), scale)
+	if err := d.play(ctx); err != nil {
+		return nil, fmt.Errorf("live: %w", err)
+	}
+	d.countRPCs()
+	var res *oracle.Result
+	d.rec.do(func(o *oracle.Oracle, _ time.Duration) { res = o.Finish(time.Duration(sc.Duration)) })
+	out := &runner.Outcome{Scenario: sc, Seed: seed, Mode: "live", Result: res,
+		Instances: runner.Instances(sc), Tenants: runner.Tenants(plan)}
+	out.Checks = runner.Evaluate(sc, res)
+	out.Counters.Events = uint64(d.decisions.Load())
+	out.Wall = time.Since(wallStart)
+	return out, nil
+}
+
+// deployment is everything one live run starts.
+type deployment struct {
+	sc     *scenario.Scenario
+	cfg    *config.Config
+	scale  float64
+	seed   uint64
+	log    io.Writer
+	logger *slog.Logger
+	plan   *traffic.Plan
+	keyID  map[quota.Key]int
+	rkeys  []luascripts.Keys
+	rec    *recorder
+
+	etcdDir string
+	etcd    *embed.Etcd
+	cli     *clientv3.Client
+	globals []*globalReplica
+	acli    *allocator.Client
+	regions []*liveRegion
+
+	decisions atomic.Int64
+	workers   sync.WaitGroup
+}
+
+type globalReplica struct {
+	addr string
+	mu   sync.Mutex // guards d
+	d    *allocator.Daemon
+}
+
+type liveRegion struct {
+	idx    int
+	name   string
+	redis  *redisproc.Proc
+	rdb    *redis.Client // for reading grants
+	daemon *regional.Daemon
+	tier   *faultyTier
+
+	mu      sync.Mutex      // guards insts, all, vers, nextNum
+	insts   []*liveInstance // serving
+	all     []*liveInstance // ever started
+	vers    int
+	nextNum int
+}
+
+func (r *liveRegion) allInstances() []*liveInstance {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*liveInstance(nil), r.all...)
+}
+
+// remove takes an instance out of the load balancer.
+func (r *liveRegion) remove(in *liveInstance) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, x := range r.insts {
+		if x == in {
+			r.insts = append(r.insts[:i], r.insts[i+1:]...)
+			r.vers++
+			return
+		}
+	}
+}
+
+type liveInstance struct {
+	id     string
+	num    int
+	region *liveRegion
+	conn   *grpc.ClientConn
+	client *lease.Client
+	reqs   chan request
+	dead   atomic.Bool
+	closer sync.Once // closes reqs
+
+	mu   sync.Mutex // guards used
+	used map[int]bool
+}
+
+type request struct {
+	key  int
+	n    int64
+	cost int64
+}
+
+func (d *deployment) start(ctx context.Context) error {
+	var err error
+	if d.etcdDir, err = os.MkdirTemp("", "sluice-sim-etcd-"); err != nil {
+		return fmt.Errorf("etcd dir: %w", err)
+	}
+	if d.etcd, err = embedetcd.Start("sluice-sim", d.etcdDir, nil); err != nil {
+		return err
+	}
+	d.cli, err = clientv3.New(clientv3.Config{
+		Endpoints: []string{d.etcd.Clients[0].Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+	})
+	if err != nil {
+		return fmt.Errorf("etcd client: %w", err)
+	}
+	ttl := sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale)
+	spec := d.sc.Topology.Global
+	replicas := 1
+	if spec.Standby != "" {
+		replicas = 2
+	}
+	var addrs []string
+	for i := 0; i < replicas; i++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		g := &globalReplica{addr: "127.0.0.1:" + strconv.Itoa(port)}
+		if err := d.startGlobal(ctx, g, ttl); err != nil {
+			return err
+		}
+		d.globals = append(d.globals, g)
+		addrs = append(addrs, g.addr)
+	}
+	if d.acli, err = allocator.NewClient(addrs, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return err
+	}
+	cold := regional.ColdStartFull
+	if d.sc.Topology.ColdStart == "conservative" {
+		cold = regional.ColdStartConservative
+	}
+	warned := false
+	for i, rs := range d.sc.Topology.Regions {
+		proc, err := redisproc.Start(true)
+		if err != nil {
+			return fmt.Errorf("region %s: %w", rs.Name, err)
+		}
+		if proc.Embedded() && !warned {
+			fmt.Fprintln(d.log, "live: WARNING: redis-server is not installed; using an embedded Redis (miniredis), which is not the production server")
+			warned = true
+		}
+		r := &liveRegion{idx: i, name: rs.Name, redis: proc,
+			tier: &faultyTier{next: d.acli, rng: engine.NewStream(d.seed, "live-tier/"+rs.Name)},
+			rdb:  redis.NewClient(&redis.Options{Addr: proc.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})}
+		d.regions = append(d.regions, r)
+		r.daemon, err = regional.StartDaemon(ctx, regional.DaemonOptions{
+			Region: rs.Name, GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: proc.Addr(),
+			Config: regional.StaticConfig{C: d.cfg}, ColdStart: cold, Logger: d.logger,
+			Leader: &regional.LeaderOptions{
+				Etcd: d.cli, ElectionPrefix: config.NewStore(d.cli, etcdPrefix).ElectionPrefix(),
+				Global: r.tier, SessionTTL: ttl,
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("region %s: %w", rs.Name, err)
+		}
+		for j := 0; j < rs.Instances; j++ {
+			if _, err := d.startInstance(r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (d *deployment) startGlobal(ctx context.Context, g *globalReplica, ttl time.Duration) error {
+	dm, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
+		GRPCAddr: g.addr, HTTPAddr: "off", Etcd: d.cli, Prefix: etcdPrefix, SessionTTL: ttl,
+		Config: allocator.StaticConfig{C: d.cfg}, Logger: d.logger,
+	})
+	if err != nil {
+		return fmt.Errorf("global allocator %s: %w", g.addr, err)
+	}
+	g.mu.Lock()
+	g.d = dm
+	g.mu.Unlock()
+	return nil
+}
+
+func (d *deployment) startInstance(r *liveRegion) (*liveInstance, error) {
+	r.mu.Lock()
+	num := r.nextNum
+	r.nextNum++
+	r.mu.Unlock()
+	conn, err := grpc.NewClient(r.daemon.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("dial region %s: %w", r.name, err)
+	}
+	classes := map[string]lease.ClassPolicy{}
+	for name, cl := range d.cfg.Classes {
+		m, _ := lease.ParseMode(string(cl.Mode))
+		p, _ := lease.ParsePolicy(string(cl.OnFailure))
+		classes[name] = lease.ClassPolicy{Mode: m, OnFailure: p}
+	}
+	in := &liveInstance{id: fmt.Sprintf("%s-%d", r.name, num), num: num, region: r, conn: conn,
+		reqs: make(chan request, 1<<14), used: map[int]bool{}}
+	opts := lease.Options{InstanceID: in.id, Refresh: time.Duration(d.cfg.Refresh), Classes: classes, Logger: d.logger}
+	if v := time.Duration(d.sc.Client.BreakerTimeout); v > 0 {
+		opts.BreakerTimeout = v
+	}
+	if d.sc.Client.BreakerFailures > 0 {
+		opts.BreakerFailures = d.sc.Client.BreakerFailures
+	}
+	if v := time.Duration(d.sc.Client.BreakerCooldown); v > 0 {
+		opts.BreakerCooldown = time.Duration(float64(v) / d.scale)
+	}
+	if in.client, err = lease.NewClient(conn, opts); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	d.workers.Add(1)
+	go d.work(in)
+	r.mu.Lock()
+	r.insts = append(r.insts, in)
+	r.all = append(r.all, in)
+	r.vers++
+	r.mu.Unlock()
+	return in, nil
+}
+
+// work decides an instance's requests with its lease client.
+func (d *deployment) work(in *liveInstance) {
+	defer d.workers.Done()
+	ctx := context.Background()
+	for req := range in.reqs {
+		if in.dead.Load() {
+			continue
+		}
+		k := d.plan.Keys[req.key]
+		strict := d.cfg.Classes[k.Class].Mode == config.ModeStrict
+		var adm, den, deg, shadow int64
+		for i := int64(0); i < req.n; i++ {
+			dec, err := in.client.Allow(ctx, k, req.cost)
+			switch {
+			case err != nil || !dec.Allowed:
+				den += req.cost
+			case dec.WouldDeny:
+				shadow += req.cost
+			case dec.Degraded:
+				deg += req.cost
+			default:
+				adm += req.cost
+			}
+		}
+		d.decisions.Add(req.n)
+		src := oracle.SourceLease
+		if strict {
+			src = oracle.SourceStrict
+		}
+		r := in.region.idx
+		d.rec.do(func(o *oracle.Oracle, now time.Duration) {
+			for _, x := range []struct {
+				v int64
+				s oracle.Source
+			}{{adm, src}, {deg, oracle.SourceDegraded}, {shadow, oracle.SourceShadow}, {den, oracle.SourceDenied}} {
+				if x.v > 0 {
+					o.Decided(now, r, req.key, x.v, x.s)
+				}
+			}
+		})
+	}
+}
+
+// wallAt is the wall-clock instant of scenario time v.
+func (d *deployment) wallAt(v time.Duration) time.Time {
+	return d.rec.start.Add(time.Duration(float64(v) / d.scale))
+}
+
+func sleepUntil(ctx context.Context, at time.Time) error {
+	wait := time.Until(at)
+	if wait <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// play drives traffic, faults and the grant poller for the scenario's
+// duration.
+func (d *deployment) play(parent context.Context) error {
+	dur := time.Duration(d.sc.Duration)
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() { defer bg.Done(); d.pollGrants(ctx) }()
+	for _, f := range d.sc.Schedule(d.seed) {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			if sleepUntil(ctx, d.wallAt(time.Duration(f.At))) == nil {
+				d.inject(ctx, f)
+			}
+		}()
+	}
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		// The oracle's timers (grant expiries, windows) need a clock even
+		// when nothing is observed.
+		t := time.NewTicker(time.Duration(d.cfg.Epoch))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Advance(now) })
+			}
+		}
+	}()
+	err := d.drive(ctx, dur)
+	cancel()
+	bg.Wait()
+	d.stopWorkers()
+	if err := parent.Err(); err != nil {
+		return err
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+type batch struct {
+	end    time.Duration
+	n      int64
+	stream int
+}
+
+type batchHeap []batch
+
+func (h batchHeap) Len() int { return len(h) }
+func (h batchHeap) Less(i, j int) bool {
+	if h[i].end != h[j].end {
+		return h[i].end < h[j].end
+	}
+	return h[i].stream < h[j].stream
+}
+func (h batchHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *batchHeap) Push(x any)   { *h = append(*h, x.(batch)) }
+func (h *batchHeap) Pop() any {
+	old := *h
+	b := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return b
+}
+
+// drive delivers every stream's batches at their wall-clock times.
+func (d *deployment) drive(ctx context.Context, dur time.Duration) error {
+	h := &batchHeap{}
+	for i, st := range d.plan.Streams {
+		end, n := st.Next(0)
+		heap.Push(h, batch{end: end, n: n, stream: i})
+	}
+	routes := make([]route, len(d.plan.Streams))
+	for h.Len() > 0 {
+		b := heap.Pop(h).(batch)
+		if b.end > dur {
+			continue
+		}
+		if err := sleepUntil(ctx, d.wallAt(b.end)); err != nil {
+			return err
+		}
+		st := d.plan.Streams[b.stream]
+		if b.n > 0 {
+			d.deliver(st, &routes[b.stream], b.stream, b.n)
+		}
+		if b.end < dur {
+			end, n := st.Next(b.end)
+			heap.Push(h, batch{end: end, n: n, stream: b.stream})
+		}
+	}
+	return sleepUntil(ctx, d.wallAt(dur))
+}
+
+type route struct {
+	vers, spread int
+	chosen       []*liveInstance
+	next         int
+}
+
+func (d *deployment) deliver(st *traffic.Stream, rt *route, id int, n int64) {
+	k := d.keyID[st.Key]
+	r := d.regions[st.Region]
+	d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Offered(now, r.idx, k, n, st.Cost) })
+	r.mu.Lock()
+	live := append([]*liveInstance(nil), r.insts...)
+	vers := r.vers
+	r.mu.Unlock()
+	if len(live) == 0 {
+		d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Unserved(now, r.idx, k, n*st.Cost) })
+		return
+	}
+	spread := len(live)
+	if st.PerInstance > 0 {
+		spread = min(max(int(math.Ceil(st.Rate(d.rec.virtual(time.Now()))/st.PerInstance)), 1), len(live))
+	}
+	if rt.vers != vers || rt.spread != spread || rt.chosen == nil {
+		sort.Slice(live, func(i, j int) bool { return score(id, live[i].num) > score(id, live[j].num) })
+		rt.vers, rt.spread, rt.chosen = vers, spread, live[:spread]
+	}
+	per := n / int64(len(rt.chosen))
+	extra := n % int64(len(rt.chosen))
+	for i, in := range rt.chosen {
+		m := per
+		if int64(i) < extra {
+			m++
+		}
+		if m == 0 {
+			continue
+		}
+		in.mu.Lock()
+		in.used[k] = true
+		in.mu.Unlock()
+		select {
+		case in.reqs <- request{key: k, n: m, cost: st.Cost}:
+		default: // the instance is hopelessly behind: its requests time out
+			d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Decided(now, r.idx, k, m*st.Cost, oracle.SourceDenied) })
+		}
+	}
+}
+
+// score is a rendezvous hash of (stream, instance).
+func score(stream, inst int) uint64 {
+	x := uint64(stream)<<24 ^ uint64(inst) + 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// pollGrants reads every region's buckets' grants and reports changes.
+func (d *deployment) pollGrants(ctx context.Context) {
+	every := max(time.Duration(d.cfg.Epoch)/8, 5*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	type seen struct{ gr, gb, ge, gs string }
+	last := make([][]seen, len(d.regions))
+	for i := range last {
+		last[i] = make([]seen, len(d.rkeys))
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, r := range d.regions {
+			pctx, cancel := context.WithTimeout(ctx, every)
+			cmds, err := r.rdb.Pipelined(pctx, func(p redis.Pipeliner) error {
+				for _, k := range d.rkeys {
+					p.HMGet(pctx, k.Bucket, "gr", "gb", "ge", "gs")
+				}
+				return nil
+			})
+			cancel()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				continue // Redis down or slow: the next poll sees it
+			}
+			for ki, c := range cmds {
+				vals, err := c.(*redis.SliceCmd).Result()
+				if err != nil || len(vals) != 4 {
+					continue
+				}
+				var s seen
+				for i, p := range []*string{&s.gr, &s.gb, &s.ge, &s.gs} {
+					if v, ok := vals[i].(string); ok {
+						*p = v
+					}
+				}
+				if s == last[r.idx][ki] || s.ge == "" || s.ge == "0" {
+					continue
+				}
+				last[r.idx][ki] = s
+				gr, err1 := strconv.ParseFloat(s.gr, 64)
+				gb, err2 := strconv.ParseFloat(s.gb, 64)
+				ge, err3 := strconv.ParseFloat(s.ge, 64)
+				if err1 != nil || err2 != nil || err3 != nil {
+					continue
+				}
+				expiry := d.rec.virtual(time.UnixMicro(int64(ge)))
+				region, key := r.idx, ki
+				d.rec.do(func(o *oracle.Oracle, now time.Duration) {
+					if expiry > now {
+						o.GrantApplied(now, region, key, gr/d.scale, gb, expiry)
+					}
+				})
+			}
+		}
+	}
+}
+
+// stopWorkers ends every instance's worker once nothing sends any more.
+func (d *deployment) stopWorkers() {
+	for _, r := range d.regions {
+		for _, in := range r.allInstances() {
+			in.closer.Do(func() { close(in.reqs) })
+		}
+	}
+	d.workers.Wait()
+}
+
+func (d *deployment) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d.stopWorkers()
+	for _, r := range d.regions {
+		for _, in := range r.allInstances() {
+			cctx, ccancel := context.WithTimeout(ctx, time.Second)
+			in.client.Close(cctx)
+			ccancel()
+			in.conn.Close()
+		}
+		if r.daemon != nil {
+			r.daemon.Stop()
+		}
+		r.rdb.Close()
+	}
+	for _, g := range d.globals {
+		g.mu.Lock()
+		if g.d != nil {
+			g.d.Stop()
+			g.d = nil
+		}
+		g.mu.Unlock()
+	}
+	if d.acli != nil {
+		d.acli.Close()
+	}
+	if d.cli != nil {
+		d.cli.Close()
+	}
+	if d.etcd != nil {
+		d.etcd.Close()
+	}
+	for _, r := range d.regions {
+		r.redis.Stop()
+	}
+	if d.etcdDir != "" {
+		os.RemoveAll(d.etcdDir)
+	}
+}
+
+// countRPCs reads the control-plane traffic from the regional daemons'
+// metrics: LeaseService RPCs, region leader syncs with the global tier, and
+// Lua script calls (a pipelined batch of one Sync counts once here, where
+// virtual mode counts every script).
+func (d *deployment) countRPCs() {
+	var tiers [3]int64
+	for _, r := range d.regions {
+		fams, err := r.daemon.Registry.Gather()
+		if err != nil {
+			continue
+		}
+		for _, f := range fams {
+			var n int64
+			for _, m := range f.GetMetric() {
+				if c := m.GetCounter(); c != nil {
+					n += int64(c.GetValue())
+				}
+				if h := m.GetHistogram(); h != nil {
+					n += int64(h.GetSampleCount())
+				}
+			}
+			switch f.GetName() {
+			case "sluice_regional_requests_total":
+				tiers[oracle.TierInstance] += n
+			case "sluice_regional_global_syncs_total":
+				tiers[oracle.TierGlobal] += n
+			case "sluice_regional_lua_duration_seconds":
+				tiers[oracle.TierRedis] += n
+			}
+		}
+	}
+	d.rec.do(func(o *oracle.Oracle, _ time.Duration) {
+		for t, n := range tiers {
+			o.RPC(oracle.Tier(t), int(n))
+		}
+	})
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,64 @@
+package live
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+var errInjected = errors.New("injected fault: the global tier is unreachable from this region")
+
+// faultyTier is a region leader's way to the global tier with injectable
+// partitions, extra latency and loss. Safe for concurrent use.
+type faultyTier struct {
+	next regional.GlobalTier
+
+	mu          sync.Mutex // guards the fields below
+	partitioned bool
+	delay       time.Duration // extra one-way latency
+	loss        float64
+	rng         *rand.Rand
+}
+
+func (f *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	f.mu.Lock()
+	cut, delay := f.partitioned, f.delay
+	lost := f.loss > 0 && f.rng.Float64() < f.loss
+	f.mu.Unlock()
+	if cut || lost {
+		<-ctx.Done() // as a dropped packet: the caller's deadline ends it
+		return nil, errInjected
+	}
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+	g, err := f.next.Sync(ctx, r)
+	if err != nil || delay == 0 {
+		return g, err
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.C:
+		return g, nil
+	}
+}
+
+func (f *faultyTier) set(fn func(f *faultyTier)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/sim/live"
+	"github.com/sluicehq/sluice/sim/report"
+	"github.com/sluicehq/sluice/sim/runner"
+	"github.com/sluicehq/sluice/sim/scenario"
+	"github.com/sluicehq/sluice/sim/scenarios"
+)
+
+// Exit statuses.
+const (
+	exitOK        = 0
+	exitViolation = 1
+	exitUsage     = 2
+	exitMissed    = 3
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	name := fs.String("scenario", scenarios.Default, "shipped scenario name, or a path to a scenario YAML file")
+	seed := fs.Uint64("seed", 0, "random seed (0: the scenario's)")
+	duration := fs.Duration("duration", 0, "simulated duration (0: the scenario's); faults after it are dropped")
+	out := fs.String("out", "sim-out", "directory for report.html, summary.txt, timeseries.csv and the charts (\"\": none)")
+	list := fs.Bool("list", false, "list the shipped scenarios and exit")
+	liveMode := fs.Bool("live", false, "play the scenario against real daemons (embedded etcd, redis-server or an embedded Redis, gRPC on loopback)")
+	scale := fs.Float64("scale", live.DefaultScale, "live mode: virtual seconds per wall second")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sim: unexpected arguments %q\n", fs.Args())
+		return exitUsage
+	}
+	if *duration < 0 {
+		fmt.Fprintf(stderr, "sim: -duration %v must not be negative (0 runs the scenario's own)\n", *duration)
+		return exitUsage
+	}
+	if !(*scale > 0) {
+		fmt.Fprintf(stderr, "sim: -scale %v must be positive\n", *scale)
+		return exitUsage
+	}
+	if *list {
+		for _, n := range scenarios.Names() {
+			sc, err := scenarios.Load(n)
+			if err != nil {
+				fmt.Fprintf(stderr, "sim: %v\n", err)
+				return exitUsage
+			}
+			fmt.Fprintf(stdout, "%-18s %8v  %s\n", n, time.Duration(sc.Duration), firstSentence(sc.Description))
+		}
+		return exitOK
+	}
+	sc, err := loadScenario(*name)
+	if err != nil {
+		fmt.Fprintf(stderr, "sim: %v\n", err)
+		return exitUsage
+	}
+	opts := runner.Options{Seed: *seed, Duration: *duration}
+	var o *runner.Outcome
+	if *liveMode {
+		o, err = live.Run(ctx, sc, live.Options{Options: opts, Scale: *scale, Log: stderr})
+	} else {
+		o, err = runner.Run(sc, opts)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sim: %v\n", err)
+		if errors.Is(err, scenario.ErrInvalid) {
+			return exitUsage
+		}
+		return exitViolation
+	}
+	summary := report.Summary(o)
+	fmt.Fprint(stdout, summary)
+	if *out != "" {
+		if err := writeOutputs(*out, o, summary); err != nil {
+			fmt.Fprintf(stderr, "sim: %v\n", err)
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "sim: report in %s\n", filepath.Join(*out, "report.html"))
+	}
+	fmt.Fprintf(stderr, "sim: %v simulated in %v wall, %d events\n", o.Result.Duration, o.Wall.Round(time.Millisecond), o.Counters.Events)
+	return exitCode(o)
+}
+
+// exitCode is the process status for an outcome.
+func exitCode(o *runner.Outcome) int {
+	switch {
+	case !o.InvariantsHold():
+		return exitViolation
+	case !o.Pass():
+		return exitMissed
+	}
+	return exitOK
+}
+
+func loadScenario(name string) (*scenario.Scenario, error) {
+	if strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml") || strings.ContainsRune(name, os.PathSeparator) {
+		return scenario.Load(name)
+	}
+	return scenarios.Load(name)
+}
+
+func firstSentence(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if i := strings.Index(s, ". "); i >= 0 {
+		return s[:i+1]
+	}
+	return s
+}
+
+func writeOutputs(dir string, o *runner.Outcome, summary string) error {
+	if err := os.MkdirAll(filepath.Join(dir, "charts"), 0o755); err != nil {
+		return fmt.Errorf("output directory: %w", err)
+	}
+	write := func(name string, f func(io.Writer) error) error {
+		file, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+		if err := f(file); err != nil {
+			file.Close()
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+		return file.Close()
+	}
+	if err := write("summary.txt", func(w io.Writer) error { _, err := io.WriteString(w, summary); return err }); err != nil {
+		return err
+	}
+	if err := write("report.html", func(w io.Writer) error { return report.WriteHTML(w, o) }); err != nil {
+		return err
+	}
+	if err := write("timeseries.csv", func(w io.Writer) error { return report.WriteCSV(w, o) }); err != nil {
+		return err
+	}
+	ids, svgs := report.Charts(o)
+	for _, id := range ids {
+		svg := svgs[id]
+		if err := write(filepath.Join("charts", id+".svg"), func(w io.Writer) error { _, err := io.WriteString(w, svg); return err }); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/sim/runner"
+	"github.com/sluicehq/sluice/sim/scenarios"
+)
+
+func runArgs(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestListShowsEveryShippedScenario(t *testing.T) {
+	code, out, _ := runArgs(t, "-list")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	for _, n := range scenarios.Names() {
+		if !strings.Contains(out, n) {
+			t.Errorf("-list misses %s", n)
+		}
+	}
+}
+
+func TestBadUsageExitsTwo(t *testing.T) {
+	for _, args := range [][]string{{"-nope"}, {"-scenario", "atlantis"}, {"extra"}, {"-duration", "-5s"}} {
+		if code, _, stderr := runArgs(t, args...); code != exitUsage || stderr == "" {
+			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}
+
+func TestRunWritesTheReport(t *testing.T) {
+	dir := t.TempDir()
+	code, out, stderr := runArgs(t, "-scenario", "steady", "-duration", "2m", "-seed", "3", "-out", dir)
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
+	}
+	if !strings.Contains(out, "scenario steady") || !strings.Contains(out, "seed 3") || !strings.Contains(out, "Result: PASS") {
+		t.Fatalf("summary:\n%s", out)
+	}
+	for _, f := range []string{"report.html", "summary.txt", "timeseries.csv", filepath.Join("charts", "fleet.svg"), filepath.Join("charts", "acme-read-eu-west.svg")} {
+		info, err := os.Stat(filepath.Join(dir, f))
+		if err != nil || info.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	saved, err := os.ReadFile(filepath.Join(dir, "summary.txt"))
+	if err != nil || string(saved) != out {
+		t.Fatal("summary.txt differs from what was printed")
+	}
+}
+
+func TestMissedTargetExitsThree(t *testing.T) {
+	// A convergence target with no demand shift to measure cannot be met.
+	src, err := scenarios.Source("steady")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "impossible.yaml")
+	yaml := strings.Replace(string(src), "expect:\n", "expect:\n  convergence_epochs_max: 3\n", 1)
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ := runArgs(t, "-scenario", path, "-duration", "90s", "-out", "")
+	if code != exitMissed || !strings.Contains(out, "FAIL: a target was missed") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
+
+func TestViolationExitsOne(t *testing.T) {
+	o := &runner.Outcome{Checks: []runner.Check{{Name: "1 conformance", Invariant: true}, {Name: "utilization", Pass: true}}}
+	if c := exitCode(o); c != exitViolation {
+		t.Fatalf("exit %d for a violated invariant", c)
+	}
+	o.Checks[0].Pass = true
+	o.Checks[1].Pass = false
+	if c := exitCode(o); c != exitMissed {
+		t.Fatalf("exit %d for a missed target", c)
+	}
+	o.Checks[1].Pass = true
+	if c := exitCode(o); c != exitOK {
+		t.Fatalf("exit %d for a clean run", c)
+	}
+}

@@ -1,0 +1,55 @@
+// Package oracle checks a simulated (or live) run against DESIGN §2 as it
+// happens and measures how well the system served its traffic.
+//
+// # Invariants checked
+//
+//  1. Conformance: per key, a GCRA over the tokens admitted by all regions
+//     (lease and strict paths) in true-time order: TAT ← max(TAT, t) +
+//     cost/r; the stream conforms to (r, b) over every interval exactly when
+//     TAT − t never exceeds b/r. Excess tokens (r·(TAT − t) − b) up to the
+//     key's crash error ε so far — tokens crashed instances spent but never
+//     reported, which reclaiming hands out again — are counted in their own
+//     column; beyond ε they are violations. Tokens admitted by the
+//     on_failure policies (degraded mode, the region's Redis unreachable)
+//     and in shadow mode are reported separately and not part of the check.
+//  2. Σ over regions of the rate each region's bucket may refill at ≤ r at
+//     every instant the sum can change: whenever a bucket applies a grant,
+//     whenever a grant expires (the region falls back to its static share)
+//     and when a Redis comes back empty.
+//  3. Σ over regions of the burst caps ≤ b, at the same instants.
+//
+// # Tolerances
+//
+// Grants are stored exactly, but buckets store tokens with six decimals
+// ('%.6f'), so a bucket may gain up to 5e-7 tokens per write, and the
+// static shares and grants are float products. Invariants 2 and 3 allow
+// 1e-9 relative plus 1e-6 per region; invariant 1 allows 0.001 token plus
+// 1e-6 of the whole allowance b + r·t.
+//
+// # Measures
+//
+// Utilization over 1 s and 60 s windows is Σ_keys min(admitted, ideal) /
+// Σ_keys ideal with ideal = min(offered, r·window); an ideal centralized
+// token bucket per key, fed the same arrivals at the same instants, gives
+// the reference line. False rejects are tokens denied in a region while it
+// admitted less than its weighted max-min fair share of the key over that
+// second. Fairness error is |admitted − fair share| / (r·window) per region
+// over 10 s windows in which a key was contended. Convergence is, after each
+// demand shift of a contended key, the number of epochs until every
+// region's refill rate is first at least min(fair share, demand) minus the
+// tolerance (sampled every epoch, up to 30 epochs or the next shift); the
+// share of later samples still within it is reported as Held. The tolerance is the larger of a fraction of the key's rate
+// and three standard deviations of the allocator's one-epoch demand
+// estimate under Poisson arrivals, sqrt(3·d/epoch): small keys are not
+// judged on noise. Reclaim time is from an instance crash until the
+// region's view of every lease it held has expired: the next script call
+// on the key then reaps it before reading the bucket.
+//
+// # Units
+//
+// Times are time.Duration since the start of the run; tokens and rates are
+// float64 tokens and tokens per second.
+//
+// Not safe for concurrent use: calls must come in non-decreasing time
+// order from one goroutine (the live mode serialises them).
+package oracle

@@ -1,0 +1,759 @@
+package oracle
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/hierarchy"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Source says where a decision came from.
+type Source uint8
+
+const (
+	// SourceLease: admitted from leased tokens in an instance's memory.
+	SourceLease Source = iota
+	// SourceStrict: admitted by a strict Check in the regional Redis.
+	SourceStrict
+	// SourceDegraded: admitted by the class's on_failure policy while the
+	// region could not be reached.
+	SourceDegraded
+	// SourceShadow: admitted only because the class is in shadow mode.
+	SourceShadow
+	// SourceDenied: denied.
+	SourceDenied
+)
+
+// Tier names a control-plane hop for RPC counting.
+type Tier uint8
+
+const (
+	// TierInstance: instance → regional service (Acquire, Sync, Release,
+	// Check).
+	TierInstance Tier = iota
+	// TierGlobal: region leader → global allocator (one report).
+	TierGlobal
+	// TierRedis: regional service → Redis (one script call).
+	TierRedis
+	numTiers
+)
+
+// Region describes one region.
+type Region struct {
+	Name                       string
+	Weight, MinShare, MaxShare float64
+}
+
+// Key describes one key: its global limit and the static shares of every
+// region (in Setup.Regions order).
+type Key struct {
+	Key                     quota.Key
+	Rate, Burst             float64
+	StaticRate, StaticBurst []float64
+}
+
+// Shift is a demand shift of a key: from At on, the expected demand per
+// region is Demand (tokens/s).
+type Shift struct {
+	At     time.Duration
+	Key    int
+	Demand []float64
+}
+
+// Setup is what the oracle knows before the run.
+type Setup struct {
+	// Regions, required: at least one, valid hierarchy regions.
+	Regions []Region
+	// Keys, required: every key observations may name, by index.
+	Keys []Key
+	// Epoch, required: the allocation period (convergence samples).
+	Epoch time.Duration
+	// Duration, required: the length of the run.
+	Duration time.Duration
+	// Warmup is left out of the measures (not of the invariants).
+	// Optional, default 0.
+	Warmup time.Duration
+	// ConvergenceTolerance is a fraction of the key's rate. Optional,
+	// default 0.05.
+	ConvergenceTolerance float64
+	// Shifts, optional: demand shifts to measure convergence after.
+	Shifts []Shift
+	// Focus keys get per-region time series. Optional.
+	Focus []int
+	// Step is the time-series resolution. Optional, default
+	// max(1s, Duration/720) rounded to whole seconds.
+	Step time.Duration
+}
+
+// Fault is an injected failure, for the report.
+type Fault struct {
+	At, Until time.Duration
+	Label     string
+}
+
+// Note is a noteworthy event (a leader change), for the report.
+type Note struct {
+	At   time.Duration
+	Text string
+}
+
+const (
+	relTol       = 1e-9
+	perRegionTol = 1e-6
+	gcraAbsTol   = 1e-3
+	gcraRelTol   = 1e-6
+	maxConvHoriz = 30
+)
+
+type grantState struct {
+	rate, burst float64
+	expiry      time.Duration
+	has         bool
+}
+
+type keyState struct {
+	tat, tatAll   float64 // GCRA theoretical arrival time (s): bucket-backed tokens; all admitted tokens
+	eps           float64 // crash error so far
+	inViolation   bool
+	idealTokens   float64
+	idealAt       float64
+	grants        []grantState // per region
+	nextExpiry    time.Duration
+	expiryPending bool
+}
+
+// Oracle checks the invariants and computes the measures of one run. Not
+// safe for concurrent use (see the package documentation).
+type Oracle struct {
+	s      Setup
+	nr     int
+	keys   []keyState
+	down   []bool // region's Redis unreachable
+	now    time.Duration
+	timers timerHeap
+	seq    uint64
+	fill   []float64 // scratch for water-fills
+	regs   []hierarchy.Region
+
+	res Result
+
+	w1, w10, w60 *window
+	series       *series
+
+	util1, util60   stat
+	idealUtil60     stat
+	conv            []convState
+	fairSum         []float64
+	fairN           []int
+	falseTok        float64
+	offeredAfterWU  float64
+	idealAdmitted60 float64
+	sluiceAdmitted  float64
+}
+
+// New prepares an oracle. Invalid setups are errors.
+func New(s Setup) (*Oracle, error) {
+	if len(s.Regions) == 0 || s.Epoch <= 0 || s.Duration <= 0 {
+		return nil, fmt.Errorf("oracle: setup needs regions, an epoch and a duration")
+	}
+	if s.Step == 0 {
+		s.Step = max(time.Second, (s.Duration / 720).Round(time.Second))
+	}
+	if s.ConvergenceTolerance == 0 {
+		s.ConvergenceTolerance = 0.05
+	}
+	o := &Oracle{s: s, nr: len(s.Regions), down: make([]bool, len(s.Regions))}
+	for _, r := range s.Regions {
+		o.regs = append(o.regs, hierarchy.Region{Name: r.Name, Weight: r.Weight, MinShare: r.MinShare, MaxShare: r.MaxShare})
+	}
+	if err := hierarchy.ValidateRegions(o.regs); err != nil {
+		return nil, fmt.Errorf("oracle: %w", err)
+	}
+	o.keys = make([]keyState, len(s.Keys))
+	for i, k := range s.Keys {
+		if !(k.Rate > 0) || !(k.Burst > 0) || len(k.StaticRate) != o.nr || len(k.StaticBurst) != o.nr {
+			return nil, fmt.Errorf("oracle: key %s: bad limit or static shares", k.Key)
+		}
+		o.keys[i].grants = make([]grantState, o.nr)
+		o.keys[i].idealTokens = k.Burst
+	}
+	nk := len(s.Keys)
+	o.w1 = newWindow(time.Second, nk, o.nr)
+	o.w10 = newWindow(10*time.Second, nk, o.nr)
+	o.w60 = newWindow(time.Minute, nk, o.nr)
+	o.series = newSeries(s, o.nr)
+	o.fairSum = make([]float64, o.nr)
+	o.fairN = make([]int, o.nr)
+	o.fill = make([]float64, o.nr)
+	o.res.Regions = make([]string, o.nr)
+	for i, r := range s.Regions {
+		o.res.Regions[i] = r.Name
+	}
+	o.res.Keys = nk
+	o.scheduleShifts()
+	return o, nil
+}
+
+// --- Timers. ---
+
+type timerKind uint8
+
+const (
+	timerExpiry timerKind = iota
+	timerConv
+	timerSeries
+)
+
+type timer struct {
+	at   time.Duration
+	seq  uint64
+	kind timerKind
+	a, b int
+}
+
+type timerHeap []timer
+
+func (h timerHeap) Len() int { return len(h) }
+func (h timerHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h timerHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)   { *h = append(*h, x.(timer)) }
+func (h *timerHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}
+
+func (o *Oracle) addTimer(at time.Duration, kind timerKind, a, b int) {
+	o.seq++
+	heap.Push(&o.timers, timer{at: at, seq: o.seq, kind: kind, a: a, b: b})
+}
+
+// Advance moves the oracle's clock to t, running every check and window
+// that falls due on the way. Every observation calls it; the simulator
+// also calls it every epoch so quiet periods are checked too.
+func (o *Oracle) Advance(t time.Duration) {
+	if t < o.now {
+		t = o.now // observations may tie; never run backwards
+	}
+	for len(o.timers) > 0 && o.timers[0].at <= t {
+		tm := heap.Pop(&o.timers).(timer)
+		o.closeWindows(tm.at)
+		o.now = tm.at
+		switch tm.kind {
+		case timerExpiry:
+			o.keys[tm.a].expiryPending = false
+			o.checkKey(tm.a)
+			o.armExpiry(tm.a)
+		case timerConv:
+			o.sampleConvergence(tm.a, tm.b)
+		}
+	}
+	o.closeWindows(t)
+	o.now = t
+}
+
+// --- Invariants 2 and 3. ---
+
+func (o *Oracle) rateAt(k, r int, t time.Duration) (rate, burst float64) {
+	if o.down[r] {
+		return 0, 0
+	}
+	g := &o.keys[k].grants[r]
+	if g.has && t < g.expiry {
+		return g.rate, g.burst
+	}
+	return o.s.Keys[k].StaticRate[r], o.s.Keys[k].StaticBurst[r]
+}
+
+func (o *Oracle) checkKey(k int) {
+	key := &o.s.Keys[k]
+	var sumR, sumB float64
+	for r := 0; r < o.nr; r++ {
+		a, b := o.rateAt(k, r, o.now)
+		sumR += a
+		sumB += b
+	}
+	o.res.Rates.Checks++
+	o.res.Bursts.Checks++
+	slack := perRegionTol * float64(o.nr)
+	if ratio := sumR / key.Rate; ratio > o.res.Rates.MaxRatio {
+		o.res.Rates.MaxRatio = ratio
+	}
+	if ratio := sumB / key.Burst; ratio > o.res.Bursts.MaxRatio {
+		o.res.Bursts.MaxRatio = ratio
+	}
+	if sumR > key.Rate*(1+relTol)+slack {
+		o.res.Rates.note(o.now, key.Key, sumR, key.Rate)
+	}
+	if sumB > key.Burst*(1+relTol)+slack {
+		o.res.Bursts.note(o.now, key.Key, sumB, key.Burst)
+	}
+}
+
+// armExpiry schedules a check at the earliest grant expiry of key k still
+// ahead.
+func (o *Oracle) armExpiry(k int) {
+	ks := &o.keys[k]
+	next := time.Duration(math.MaxInt64)
+	for r := range ks.grants {
+		if g := &ks.grants[r]; g.has && g.expiry > o.now && g.expiry < next {
+			next = g.expiry
+		}
+	}
+	if next == time.Duration(math.MaxInt64) || (ks.expiryPending && ks.nextExpiry <= next) {
+		return
+	}
+	ks.nextExpiry, ks.expiryPending = next, true
+	o.addTimer(next, timerExpiry, k, 0)
+}
+
+// GrantApplied records that region's bucket of key applied a grant at t:
+// it refills at rate with cap burst (as stored) until expiry (true time).
+func (o *Oracle) GrantApplied(t time.Duration, region, key int, rate, burst float64, expiry time.Duration) {
+	o.Advance(t)
+	o.keys[key].grants[region] = grantState{rate: rate, burst: burst, expiry: expiry, has: true}
+	o.res.GrantsApplied++
+	o.checkKey(key)
+	o.armExpiry(key)
+}
+
+// RedisDown records that region's Redis became unreachable: nothing
+// refills there until it is back.
+func (o *Oracle) RedisDown(t time.Duration, region int) {
+	o.Advance(t)
+	o.down[region] = true
+}
+
+// RedisUp records that region's Redis is back, empty: every grant is gone
+// and buckets refill at the static shares.
+func (o *Oracle) RedisUp(t time.Duration, region int) {
+	o.Advance(t)
+	o.down[region] = false
+	for k := range o.keys {
+		o.keys[k].grants[region] = grantState{}
+		o.checkKey(k)
+	}
+}
+
+// --- Invariant 1 and the reference bucket. ---
+
+// CrashError adds tokens to key's crash error ε.
+func (o *Oracle) CrashError(t time.Duration, key int, tokens float64) {
+	o.Advance(t)
+	if tokens <= 0 {
+		return
+	}
+	if o.keys[key].eps == 0 {
+		o.res.Conformance.CrashKeys++
+	}
+	o.keys[key].eps += tokens
+	o.res.Conformance.CrashError += tokens
+}
+
+// Offered records n requests of cost tokens arriving at region for key at
+// t, and feeds them to the ideal centralized bucket.
+func (o *Oracle) Offered(t time.Duration, region, key int, n, cost int64) {
+	o.Advance(t)
+	tokens := float64(n * cost)
+	ks := &o.keys[key]
+	kd := &o.s.Keys[key]
+	ts := t.Seconds()
+	ks.idealTokens = min(kd.Burst, ks.idealTokens+(ts-ks.idealAt)*kd.Rate)
+	ks.idealAt = ts
+	admit := math.Min(float64(n), math.Floor(ks.idealTokens/float64(cost)+1e-9))
+	ks.idealTokens -= admit * float64(cost)
+	ideal := admit * float64(cost)
+	o.res.Offered += tokens
+	o.res.IdealAdmitted += ideal
+	o.w1.add(key, region, tokens, 0, 0, ideal)
+	o.w10.add(key, region, tokens, 0, 0, ideal)
+	o.w60.add(key, region, tokens, 0, 0, ideal)
+	o.series.offered(t, key, region, tokens, ideal)
+}
+
+// Unserved records requests that found no live instance (denied).
+func (o *Oracle) Unserved(t time.Duration, region, key int, tokens int64) {
+	o.Decided(t, region, key, tokens, SourceDenied)
+	o.res.Unserved += float64(tokens)
+}
+
+// Decided records tokens decided at t in region for key.
+func (o *Oracle) Decided(t time.Duration, region, key int, tokens int64, src Source) {
+	o.Advance(t)
+	v := float64(tokens)
+	switch src {
+	case SourceDenied:
+		o.res.Denied += v
+		o.w1.add(key, region, 0, 0, v, 0)
+		o.w10.add(key, region, 0, 0, v, 0)
+		o.w60.add(key, region, 0, 0, v, 0)
+		o.series.decided(t, key, region, 0, v)
+		return
+	case SourceShadow:
+		o.res.Shadow += v
+		return
+	case SourceDegraded:
+		o.res.Degraded += v
+	case SourceStrict:
+		o.res.Strict += v
+	}
+	o.res.Admitted += v
+	o.w1.add(key, region, 0, v, 0, 0)
+	o.w10.add(key, region, 0, v, 0, 0)
+	o.w60.add(key, region, 0, v, 0, 0)
+	o.series.decided(t, key, region, v, 0)
+	o.gcra(t, key, v, src != SourceDegraded)
+}
+
+func (o *Oracle) gcra(t time.Duration, key int, tokens float64, bucketBacked bool) {
+	ks := &o.keys[key]
+	kd := &o.s.Keys[key]
+	ts := t.Seconds()
+	tol := gcraAbsTol + gcraRelTol*(kd.Burst+kd.Rate*ts)
+	ks.tatAll = math.Max(ks.tatAll, ts) + tokens/kd.Rate
+	if all := (ks.tatAll-ts)*kd.Rate - kd.Burst; all > o.res.Conformance.MaxExcessWithDegraded {
+		o.res.Conformance.MaxExcessWithDegraded = all
+	}
+	if !bucketBacked {
+		return
+	}
+	c := &o.res.Conformance
+	c.Checks++
+	ks.tat = math.Max(ks.tat, ts) + tokens/kd.Rate
+	excess := (ks.tat-ts)*kd.Rate - kd.Burst
+	if excess > c.MaxExcessRaw {
+		c.MaxExcessRaw = excess
+	}
+	switch {
+	case excess > ks.eps+tol:
+		if beyond := excess - ks.eps; beyond > c.MaxExcess {
+			c.MaxExcess = beyond
+			c.WorstKey = kd.Key.String()
+		}
+		if !ks.inViolation {
+			ks.inViolation = true
+			c.Violations++
+			if c.Violations == 1 {
+				c.FirstAt = t
+				c.FirstKey = kd.Key.String()
+			}
+		}
+	case excess > tol:
+		c.CoveredByEps++
+		ks.inViolation = false
+	default:
+		ks.inViolation = false
+	}
+}
+
+// --- Other observations. ---
+
+// Reclaimed records that a crashed instance's leases (tokens unspent as
+// the region saw them) were all reclaimed by doneAt.
+func (o *Oracle) Reclaimed(crashAt, doneAt time.Duration, tokens float64) {
+	o.res.Reclaim.Crashes++
+	o.res.Reclaim.Tokens += tokens
+	if d := doneAt - crashAt; d > o.res.Reclaim.Max {
+		o.res.Reclaim.Max = d
+	}
+}
+
+// RPC counts n calls on a control-plane tier.
+func (o *Oracle) RPC(tier Tier, n int) { o.res.RPC[tier] += int64(n) }
+
+// Fault records an injected failure.
+func (o *Oracle) Fault(at, until time.Duration, label string) {
+	o.res.Faults = append(o.res.Faults, Fault{At: at, Until: until, Label: label})
+}
+
+// Note records a noteworthy event.
+func (o *Oracle) Note(t time.Duration, text string) {
+	o.res.Notes = append(o.res.Notes, Note{At: t, Text: text})
+}
+
+// --- Windows and measures. ---
+
+func (o *Oracle) closeWindows(t time.Duration) {
+	o.w1.closeUntil(t, o.onWindow1)
+	o.w10.closeUntil(t, o.onWindow10)
+	o.w60.closeUntil(t, o.onWindow60)
+	o.series.closeUntil(t, o)
+}
+
+func (o *Oracle) measured(start time.Duration, w *window) bool {
+	return start >= o.s.Warmup && start+w.size <= o.s.Duration
+}
+
+// utilization of one closed window: Σ min(admitted, ideal) / Σ ideal.
+func (o *Oracle) utilization(w *window) (num, den, idealAdm, adm float64) {
+	secs := w.size.Seconds()
+	for _, k := range w.dirty {
+		ideal := math.Min(w.keyOff[k], o.s.Keys[k].Rate*secs)
+		num += math.Min(w.keyAdm[k], ideal)
+		den += ideal
+		idealAdm += w.keyIdeal[k]
+		adm += w.keyAdm[k]
+	}
+	return
+}
+
+func (o *Oracle) onWindow1(start time.Duration, w *window) {
+	if !o.measured(start, w) {
+		return
+	}
+	num, den, _, _ := o.utilization(w)
+	if den > 0 {
+		o.util1.add(num / den)
+	}
+	secs := w.size.Seconds()
+	for _, k := range w.dirty {
+		o.offeredAfterWU += w.keyOff[k]
+		base := k * o.nr
+		anyDenied := false
+		for r := 0; r < o.nr; r++ {
+			if w.den[base+r] > 0 {
+				anyDenied = true
+				break
+			}
+		}
+		if !anyDenied {
+			continue
+		}
+		fair := o.fairShares(k, w.off[base:base+o.nr], secs)
+		for r := 0; r < o.nr; r++ {
+			if d := w.den[base+r]; d > 0 {
+				room := fair[r]*secs - w.adm[base+r] - 1
+				if room > 0 {
+					o.falseTok += math.Min(d, room)
+				}
+			}
+		}
+	}
+}
+
+// fairShares is the weighted max-min fair division of key k's rate over
+// the regions' demands (tokens offered over secs), in tokens/s.
+func (o *Oracle) fairShares(k int, offered []float64, secs float64) []float64 {
+	dem := make([]float64, o.nr)
+	for r := range dem {
+		dem[r] = offered[r] / secs
+	}
+	if err := hierarchy.WaterFill(o.s.Keys[k].Rate, o.regs, dem, o.fill); err != nil {
+		panic("oracle: water-fill of validated inputs failed: " + err.Error())
+	}
+	return o.fill
+}
+
+func (o *Oracle) onWindow10(start time.Duration, w *window) {
+	if !o.measured(start, w) {
+		return
+	}
+	secs := w.size.Seconds()
+	for _, k := range w.dirty {
+		rate := o.s.Keys[k].Rate
+		if w.keyOff[k] <= rate*secs {
+			continue
+		}
+		base := k * o.nr
+		fair := o.fairShares(k, w.off[base:base+o.nr], secs)
+		for r := 0; r < o.nr; r++ {
+			if w.off[base+r] <= 0 {
+				continue
+			}
+			o.fairSum[r] += math.Abs(w.adm[base+r]-fair[r]*secs) / (rate * secs)
+			o.fairN[r]++
+		}
+	}
+}
+
+func (o *Oracle) onWindow60(start time.Duration, w *window) {
+	if !o.measured(start, w) {
+		return
+	}
+	num, den, idealAdm, adm := o.utilization(w)
+	if den > 0 {
+		o.util60.add(num / den)
+		o.idealUtil60.add(math.Min(idealAdm, den) / den)
+	}
+	o.idealAdmitted60 += idealAdm
+	o.sluiceAdmitted += adm
+}
+
+// --- Convergence. ---
+
+type convState struct {
+	shift   int
+	target  []float64
+	tol     []float64 // per region, tokens/s
+	horizon int
+	ok      []bool
+}
+
+func (o *Oracle) scheduleShifts() {
+	next := map[int]time.Duration{}
+	for i := len(o.s.Shifts) - 1; i >= 0; i-- {
+		sh := o.s.Shifts[i]
+		k := &o.s.Keys[sh.Key]
+		gap, hasNext := next[sh.Key]
+		next[sh.Key] = sh.At
+		contended := false
+		for r := 0; r < o.nr; r++ {
+			if sh.Demand[r] > k.StaticRate[r]*(1+1e-9) {
+				contended = true
+			}
+		}
+		if !contended || sh.At < o.s.Warmup {
+			continue
+		}
+		end := o.s.Duration
+		if hasNext {
+			end = min(end, gap)
+		}
+		h := min(maxConvHoriz, int((end-sh.At)/o.s.Epoch))
+		if h < 2 {
+			continue
+		}
+		fair := make([]float64, o.nr)
+		if err := hierarchy.WaterFill(k.Rate, o.regs, sh.Demand, fair); err != nil {
+			continue
+		}
+		tol := make([]float64, o.nr)
+		for r := range fair {
+			fair[r] = math.Min(fair[r], sh.Demand[r])
+			// A one-epoch demand estimate of Poisson traffic has a standard
+			// deviation of sqrt(d/(3·epoch)) after the allocator's EWMA
+			// (α = 0.5); three of them is noise, not a missed target.
+			noise := 3 * math.Sqrt(sh.Demand[r]/(3*o.s.Epoch.Seconds()))
+			tol[r] = math.Max(o.s.ConvergenceTolerance*k.Rate, noise)
+		}
+		o.conv = append(o.conv, convState{shift: i, target: fair, tol: tol, horizon: h, ok: make([]bool, h+1)})
+	}
+	sort.Slice(o.conv, func(i, j int) bool { return o.conv[i].shift < o.conv[j].shift })
+	for ci := range o.conv {
+		c := &o.conv[ci]
+		at := o.s.Shifts[c.shift].At
+		for j := 0; j <= c.horizon; j++ {
+			o.addTimer(at+time.Duration(j)*o.s.Epoch, timerConv, ci, j)
+		}
+	}
+}
+
+func (o *Oracle) sampleConvergence(ci, j int) {
+	c := &o.conv[ci]
+	k := o.s.Shifts[c.shift].Key
+	ok := true
+	for r := 0; r < o.nr; r++ {
+		rate, _ := o.rateAt(k, r, o.now)
+		if rate < c.target[r]-c.tol[r] {
+			ok = false
+			break
+		}
+	}
+	c.ok[j] = ok
+}
+
+// --- Finishing. ---
+
+// Finish closes every window up to end and returns the result.
+func (o *Oracle) Finish(end time.Duration) *Result {
+	o.Advance(end)
+	r := &o.res
+	r.Duration = end
+	r.Util1sMean, r.Util1sMin = o.util1.mean(), o.util1.minimum()
+	r.Util60sMean, r.Util60sMin = o.util60.mean(), o.util60.minimum()
+	r.IdealUtil60sMean = o.idealUtil60.mean()
+	r.Windows60 = o.util60.n
+	if o.idealAdmitted60 > 0 {
+		r.VsIdeal = o.sluiceAdmitted / o.idealAdmitted60
+	}
+	if o.offeredAfterWU > 0 {
+		r.FalseRejects = o.falseTok / o.offeredAfterWU
+	}
+	r.FalseRejectTokens = o.falseTok
+	r.Fairness = make([]float64, o.nr)
+	r.FairnessWindows = make([]int, o.nr)
+	for i := range r.Fairness {
+		if o.fairN[i] > 0 {
+			r.Fairness[i] = o.fairSum[i] / float64(o.fairN[i])
+		}
+		r.FairnessWindows[i] = o.fairN[i]
+	}
+	var epochs []float64
+	var held, after int
+	for _, c := range o.conv {
+		conv := -1
+		for j, ok := range c.ok {
+			if ok {
+				conv = j
+				break
+			}
+		}
+		if conv >= 0 {
+			for _, ok := range c.ok[conv:] {
+				after++
+				if ok {
+					held++
+				}
+			}
+		}
+		sh := o.s.Shifts[c.shift]
+		r.Convergence.Each = append(r.Convergence.Each, ShiftOutcome{Key: o.s.Keys[sh.Key].Key.String(), At: sh.At, Epochs: conv})
+		if conv < 0 {
+			r.Convergence.NotConverged++
+			if r.Convergence.FirstMiss == "" {
+				r.Convergence.FirstMiss = fmt.Sprintf("%s at %v", o.s.Keys[sh.Key].Key, sh.At)
+			}
+			continue
+		}
+		epochs = append(epochs, float64(conv))
+	}
+	r.Convergence.Shifts = len(o.conv)
+	if after > 0 {
+		r.Convergence.Held = float64(held) / float64(after)
+	}
+	if len(epochs) > 0 {
+		sort.Float64s(epochs)
+		r.Convergence.Max = epochs[len(epochs)-1]
+		r.Convergence.P50 = epochs[len(epochs)/2]
+	}
+	r.Series = o.series.result()
+	return r
+}
+
+// stat accumulates a mean and a minimum.
+type stat struct {
+	sum, lo float64
+	n       int
+}
+
+func (s *stat) add(v float64) {
+	if s.n == 0 || v < s.lo {
+		s.lo = v
+	}
+	s.sum += v
+	s.n++
+}
+
+func (s *stat) mean() float64 {
+	if s.n == 0 {
+		return math.NaN()
+	}
+	return s.sum / float64(s.n)
+}
+
+func (s *stat) minimum() float64 {
+	if s.n == 0 {
+		return math.NaN()
+	}
+	return s.lo
+}

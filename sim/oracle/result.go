@@ -1,0 +1,136 @@
+package oracle
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Result is everything the oracle found in one run.
+type Result struct {
+	Duration time.Duration
+	Regions  []string
+	Keys     int
+
+	Conformance Conformance
+	Rates       SumCheck // invariant 2
+	Bursts      SumCheck // invariant 3
+
+	// Tokens.
+	Offered, Admitted, Denied float64
+	Strict, Degraded, Shadow  float64
+	Unserved                  float64
+	IdealAdmitted             float64
+	GrantsApplied             int64
+
+	// Utilization (after warmup).
+	Util1sMean, Util1sMin   float64
+	Util60sMean, Util60sMin float64
+	IdealUtil60sMean        float64
+	Windows60               int
+	// VsIdeal is admitted / admitted by the ideal centralized bucket over
+	// the measured 60 s windows.
+	VsIdeal float64
+
+	// FalseRejects is a fraction of offered tokens (after warmup).
+	FalseRejects      float64
+	FalseRejectTokens float64
+	// Fairness is the mean weighted max-min fairness error per region
+	// (fraction of the key's rate), over contended 10 s windows.
+	Fairness        []float64
+	FairnessWindows []int
+
+	Convergence Convergence
+	Reclaim     Reclaim
+	RPC         [numTiers]int64
+
+	Faults []Fault
+	Notes  []Note
+	Series Series
+}
+
+// Conformance is invariant 1.
+type Conformance struct {
+	// Checks is the number of admission batches checked.
+	Checks int64
+	// Violations counts episodes in which a key's admissions exceeded
+	// b + r·Δt + ε (beyond the tolerance).
+	Violations int
+	FirstAt    time.Duration
+	FirstKey   string
+	// MaxExcess is the largest excess beyond b + ε (tokens); WorstKey its
+	// key.
+	MaxExcess float64
+	WorstKey  string
+	// MaxExcessRaw is the largest excess beyond b alone, ε included.
+	MaxExcessRaw float64
+	// CoveredByEps counts admission batches above b but within ε.
+	CoveredByEps int64
+	// CrashError is ε summed over keys, CrashKeys the keys with ε > 0.
+	CrashError float64
+	CrashKeys  int
+	// MaxExcessWithDegraded counts degraded-mode admissions too.
+	MaxExcessWithDegraded float64
+}
+
+// SumCheck is invariant 2 or 3: Σ over regions ≤ the global value.
+type SumCheck struct {
+	Checks     int64
+	Violations int
+	MaxRatio   float64
+	FirstAt    time.Duration
+	FirstKey   string
+	FirstSum   float64
+	FirstLimit float64
+}
+
+func (s *SumCheck) note(t time.Duration, k quota.Key, sum, limit float64) {
+	s.Violations++
+	if s.Violations == 1 {
+		s.FirstAt, s.FirstKey, s.FirstSum, s.FirstLimit = t, k.String(), sum, limit
+	}
+}
+
+// Convergence after demand shifts of contended keys.
+type Convergence struct {
+	Shifts       int
+	Max, P50     float64 // epochs, over the converged shifts
+	NotConverged int
+	FirstMiss    string
+	// Held is the share of epoch samples after convergence at which the
+	// allocation was still within the tolerance (jitter from the demand
+	// estimate shows here, not in the convergence time).
+	Held float64
+	// Each is every measured shift, in time order.
+	Each []ShiftOutcome
+}
+
+// ShiftOutcome is one measured demand shift.
+type ShiftOutcome struct {
+	Key string
+	At  time.Duration
+	// Epochs until converged; -1 when it did not within the horizon.
+	Epochs int
+}
+
+// Reclaim of crashed instances' leases.
+type Reclaim struct {
+	Crashes int
+	Max     time.Duration
+	Tokens  float64
+}
+
+// RPCs returns the calls on a tier.
+func (r *Result) RPCs(t Tier) int64 { return r.RPC[t] }
+
+// Pass reports whether the three invariants held.
+func (r *Result) Pass() bool {
+	return r.Conformance.Violations == 0 && r.Rates.Violations == 0 && r.Bursts.Violations == 0
+}
+
+// String is a one-line digest.
+func (r *Result) String() string {
+	return fmt.Sprintf("inv1 %d inv2 %d inv3 %d util60 %.4f conv %.0f/%d", r.Conformance.Violations,
+		r.Rates.Violations, r.Bursts.Violations, r.Util60sMin, r.Convergence.Max, r.Convergence.NotConverged)
+}

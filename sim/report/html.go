@@ -1,0 +1,128 @@
+package report
+
+import (
+	"fmt"
+	"html"
+	"io"
+	"strings"
+
+	"github.com/sluicehq/sluice/sim/runner"
+)
+
+// Charts are the report's charts as standalone SVG documents, keyed by a
+// file-name-safe id: "fleet", then "<key>-global" and "<key>-<region>" for
+// every focus key.
+func Charts(o *runner.Outcome) (ids []string, svgs map[string]string) {
+	svgs = map[string]string{}
+	add := func(id string, c *chart) {
+		ids = append(ids, id)
+		svgs[id] = c.svg()
+	}
+	r := o.Result
+	s := r.Series
+	add("fleet", &chart{title: "Fleet: every key, all regions", xs: s.Times, faults: r.Faults, lines: []line{
+		{name: "offered", color: colDemand, ys: s.Offered},
+		{name: "ideal bucket", color: colIdeal, ys: s.Ideal, dash: true},
+		{name: "admitted", color: colAdmitted, ys: s.Admitted},
+	}})
+	for _, f := range s.Focus {
+		slug := strings.NewReplacer("/", "-", ":", "-", "@", "-").Replace(f.Key)
+		add(slug+"-global", &chart{title: fmt.Sprintf("%s: all regions against the global limit", f.Key), xs: s.Times,
+			limit: f.Rate, faults: r.Faults, lines: []line{
+				{name: "offered", color: colDemand, ys: f.Offered},
+				{name: "ideal bucket", color: colIdeal, ys: f.Ideal, dash: true},
+				{name: "admitted", color: colAdmitted, ys: f.Admitted},
+			}})
+		for i, rg := range f.Regions {
+			add(slug+"-"+r.Regions[i], &chart{title: fmt.Sprintf("%s in %s", f.Key, r.Regions[i]), xs: s.Times,
+				faults: r.Faults, w: 900, h: 200, lines: []line{
+					{name: "demand", color: colDemand, ys: rg.Offered},
+					{name: "grant (refill rate)", color: colGrant, ys: rg.Rate, dash: true},
+					{name: "admitted", color: colAdmitted, ys: rg.Admitted},
+					{name: "denied", color: colDenied, ys: rg.Denied},
+				}})
+		}
+	}
+	return ids, svgs
+}
+
+// WriteHTML writes the self-contained report page.
+func WriteHTML(w io.Writer, o *runner.Outcome) error {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	esc := html.EscapeString
+	sc, r := o.Scenario, o.Result
+	p("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Sluice simulation: %s</title>\n", esc(sc.Name))
+	p("<style>body{font-family:sans-serif;margin:24px;color:#202124;max-width:960px}" +
+		"table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #dadce0;padding:4px 8px;text-align:left;vertical-align:top;font-size:13px}" +
+		"th{background:#f1f3f4}.pass{color:#188038;font-weight:bold}.fail{color:#d93025;font-weight:bold}" +
+		"pre{background:#f8f9fa;padding:12px;font-size:12px;overflow-x:auto}h2{margin-top:28px}svg{display:block;margin:8px 0}</style>\n")
+	p("</head><body>\n<h1>Sluice simulation: %s</h1>\n", esc(sc.Name))
+	if d := strings.TrimSpace(sc.Description); d != "" {
+		p("<p>%s</p>\n", esc(d))
+	}
+	verdict, cls := "PASS", "pass"
+	switch {
+	case !o.InvariantsHold():
+		verdict, cls = "FAIL: an invariant was violated", "fail"
+	case !o.Pass():
+		verdict, cls = "FAIL: a target was missed", "fail"
+	}
+	p("<p>%s mode, seed %d, %v simulated, %d regions, %d instances, %d tenants, %d keys. Result: <span class=\"%s\">%s</span></p>\n",
+		esc(o.Mode), o.Seed, r.Duration, len(r.Regions), o.Instances, o.Tenants, r.Keys, cls, esc(verdict))
+	p("<h2>Invariants and targets</h2>\n<table><tr><th>Check</th><th>Result</th><th>Target</th><th>Value</th></tr>\n")
+	for _, c := range o.Checks {
+		res, cl := "PASS", "pass"
+		if !c.Pass {
+			res, cl = "FAIL", "fail"
+		}
+		p("<tr><td>%s</td><td class=\"%s\">%s</td><td>%s</td><td>%s</td></tr>\n", esc(c.Name), cl, res, esc(c.Target), esc(c.Value))
+	}
+	p("</table>\n<h2>Summary</h2>\n<pre>%s</pre>\n", esc(Summary(o)))
+	ids, svgs := Charts(o)
+	p("<h2>Charts</h2>\n<p>Shaded bands and dashed red lines mark faults (hover for their names). Rates are averaged over %v.</p>\n", r.Series.Step)
+	for _, id := range ids {
+		b.WriteString(svgs[id])
+		b.WriteString("\n")
+	}
+	if len(r.Notes) > 0 {
+		p("<h2>Events</h2>\n<table><tr><th>At</th><th>Event</th></tr>\n")
+		for _, n := range r.Notes {
+			p("<tr><td>%v</td><td>%s</td></tr>\n", n.At, esc(n.Text))
+		}
+		p("</table>\n")
+	}
+	p("</body></html>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteCSV writes every time series, one row per (step, series): fleet
+// totals (key "*", region "*"), fleet totals per region (key "*"), and
+// every focus key globally (region "*") and per region.
+func WriteCSV(w io.Writer, o *runner.Outcome) error {
+	var b strings.Builder
+	r := o.Result
+	s := r.Series
+	b.WriteString("t_s,key,region,offered_per_s,admitted_per_s,denied_per_s,ideal_per_s,refill_rate,burst_cap,limit_rate\n")
+	num := func(v float64) string { return fmt.Sprintf("%.3f", v) }
+	empty := ""
+	for i, t := range s.Times {
+		ts := fmt.Sprintf("%g", t)
+		row := func(key, region string, cols ...string) {
+			b.WriteString(ts + "," + key + "," + region + "," + strings.Join(cols, ",") + "\n")
+		}
+		row("*", "*", num(s.Offered[i]), num(s.Admitted[i]), empty, num(s.Ideal[i]), empty, empty, empty)
+		for ri, name := range r.Regions {
+			row("*", name, num(s.RegionOffered[ri][i]), num(s.RegionAdmitted[ri][i]), empty, empty, empty, empty, empty)
+		}
+		for _, f := range s.Focus {
+			row(f.Key, "*", num(f.Offered[i]), num(f.Admitted[i]), empty, num(f.Ideal[i]), empty, num(f.Burst), num(f.Rate))
+			for ri, rg := range f.Regions {
+				row(f.Key, r.Regions[ri], num(rg.Offered[i]), num(rg.Admitted[i]), num(rg.Denied[i]), empty, num(rg.Rate[i]), num(rg.Cap[i]), empty)
+			}
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,153 @@
+package report_test
+
+import (
+	"bytes"
+	"encoding/csv"
+	"encoding/xml"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/html"
+
+	"github.com/sluicehq/sluice/sim/report"
+	"github.com/sluicehq/sluice/sim/runner"
+	"github.com/sluicehq/sluice/sim/scenarios"
+)
+
+func outcome(t *testing.T) *runner.Outcome {
+	t.Helper()
+	sc, err := scenarios.Load("instance-crash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := runner.Run(sc, runner.Options{Duration: 95 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestRendering runs one short scenario with a fault and checks every
+// rendering of it.
+func TestRendering(t *testing.T) {
+	o := outcome(t)
+	t.Run("summary", func(t *testing.T) { summaryNamesEveryCheckAndMeasure(t, o) })
+	t.Run("html", func(t *testing.T) { htmlIsSelfContained(t, o) })
+	t.Run("svg", func(t *testing.T) { chartsAreWellFormedSVG(t, o) })
+	t.Run("csv", func(t *testing.T) { csvHasEverySeriesAtEveryStep(t, o) })
+}
+
+func summaryNamesEveryCheckAndMeasure(t *testing.T, o *runner.Outcome) {
+	s := report.Summary(o)
+	for _, c := range o.Checks {
+		if !strings.Contains(s, c.Name) {
+			t.Errorf("summary misses check %q", c.Name)
+		}
+	}
+	for _, want := range []string{"utilization, 60 s windows", "false rejects", "fairness error", "convergence",
+		"reclaim after instance crash", "crash error ε", "control plane (RPC/s)", "instance-crash us-east ×2", "Result: "} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary misses %q:\n%s", want, s)
+		}
+	}
+}
+
+func htmlIsSelfContained(t *testing.T, o *runner.Outcome) {
+	var b bytes.Buffer
+	if err := report.WriteHTML(&b, o); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := html.Parse(bytes.NewReader(b.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svgs, cells := 0, 0
+	var walk func(n *html.Node)
+	walk = func(n *html.Node) {
+		if n.Type == html.ElementNode {
+			switch n.Data {
+			case "script", "link", "iframe", "img", "object", "embed":
+				t.Errorf("page has a <%s> element", n.Data)
+			case "svg":
+				svgs++
+			case "td":
+				cells++
+			}
+			for _, a := range n.Attr {
+				if (a.Key == "href" || a.Key == "src" || strings.HasPrefix(a.Key, "on")) && a.Val != "" {
+					t.Errorf("<%s %s=%q>: the page must not load or run anything", n.Data, a.Key, a.Val)
+				}
+			}
+		}
+		for c := n.FirstChild; c != nil; c = c.NextSibling {
+			walk(c)
+		}
+	}
+	walk(doc)
+	ids, _ := report.Charts(o)
+	if svgs != len(ids) || svgs < 1+len(o.Result.Regions) {
+		t.Fatalf("%d inline charts, want %d", svgs, len(ids))
+	}
+	if cells < 4*len(o.Checks) {
+		t.Fatalf("checks table has %d cells", cells)
+	}
+	if strings.Contains(b.String(), "@import") || strings.Contains(b.String(), "url(") {
+		t.Fatal("styles load something")
+	}
+}
+
+func chartsAreWellFormedSVG(t *testing.T, o *runner.Outcome) {
+	ids, svgs := report.Charts(o)
+	if ids[0] != "fleet" {
+		t.Fatalf("first chart %q", ids[0])
+	}
+	for _, id := range ids {
+		d := xml.NewDecoder(strings.NewReader(svgs[id]))
+		root := ""
+		for {
+			tok, err := d.Token()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("chart %s: %v", id, err)
+			}
+			if se, ok := tok.(xml.StartElement); ok && root == "" {
+				root = se.Name.Local
+				if se.Name.Space != "http://www.w3.org/2000/svg" {
+					t.Fatalf("chart %s: root namespace %q", id, se.Name.Space)
+				}
+			}
+		}
+		if root != "svg" || !strings.Contains(svgs[id], "<polyline") {
+			t.Fatalf("chart %s: root %q, no lines", id, root)
+		}
+	}
+}
+
+func csvHasEverySeriesAtEveryStep(t *testing.T, o *runner.Outcome) {
+	var b bytes.Buffer
+	if err := report.WriteCSV(&b, o); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(&b).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := o.Result.Series
+	nr := len(o.Result.Regions)
+	want := 1 + len(s.Times)*(1+nr+len(s.Focus)*(1+nr))
+	if len(rows) != want {
+		t.Fatalf("%d rows, want %d", len(rows), want)
+	}
+	if rows[0][0] != "t_s" || len(rows[0]) != 10 {
+		t.Fatalf("header %v", rows[0])
+	}
+	for _, r := range rows[1:] {
+		if len(r) != len(rows[0]) {
+			t.Fatalf("row %v has %d fields", r, len(r))
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/sim/oracle"
+	"github.com/sluicehq/sluice/sim/runner"
+)
+
+// Summary is the plain-text summary of an outcome.
+func Summary(o *runner.Outcome) string {
+	var b strings.Builder
+	WriteSummary(&b, o)
+	return b.String()
+}
+
+// WriteSummary writes Summary to w.
+func WriteSummary(w io.Writer, o *runner.Outcome) {
+	sc, r := o.Scenario, o.Result
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	p("Sluice simulation: scenario %s (%s mode), seed %d\n", sc.Name, o.Mode, o.Seed)
+	if d := strings.TrimSpace(sc.Description); d != "" {
+		for _, line := range wrap(d, 76) {
+			p("  %s\n", line)
+		}
+	}
+	p("  %v simulated (warmup %v) · %d regions · %d instances · %d tenants · %d keys · %d faults\n",
+		r.Duration, time.Duration(sc.Warmup), len(r.Regions), o.Instances, o.Tenants, r.Keys, len(r.Faults))
+	p("\n")
+
+	p("  %-36s %-6s %-12s %s\n", "Check", "Result", "Target", "Value")
+	for _, c := range o.Checks {
+		res := "PASS"
+		if !c.Pass {
+			res = "FAIL"
+		}
+		p("  %-36s %-6s %-12s %s\n", c.Name, res, c.Target, c.Value)
+	}
+
+	p("\n  Measures (after warmup)\n")
+	row := func(name, format string, a ...any) { p("    %-34s %s\n", name, fmt.Sprintf(format, a...)) }
+	row("utilization, 1 s windows", "mean %s, worst %s", pct(r.Util1sMean), pct(r.Util1sMin))
+	row("utilization, 60 s windows", "mean %s, worst %s over %d windows (ideal bucket: mean %s)",
+		pct(r.Util60sMean), pct(r.Util60sMin), r.Windows60, pct(r.IdealUtil60sMean))
+	row("admitted vs ideal central bucket", "%s", pct(r.VsIdeal))
+	row("false rejects", "%s of offered (%.0f tokens)", pct(r.FalseRejects), r.FalseRejectTokens)
+	var fair []string
+	for i, name := range r.Regions {
+		if r.FairnessWindows[i] == 0 {
+			fair = append(fair, name+" n/a")
+			continue
+		}
+		fair = append(fair, fmt.Sprintf("%s %s", name, pct(r.Fairness[i])))
+	}
+	row("fairness error (10 s, contended)", "%s", strings.Join(fair, ", "))
+	if cv := r.Convergence; cv.Shifts > 0 {
+		s := fmt.Sprintf("max %.0f, median %.0f epochs over %d shifts; held within tolerance after: %s",
+			cv.Max, cv.P50, cv.Shifts-cv.NotConverged, pct(cv.Held))
+		if cv.NotConverged > 0 {
+			s += fmt.Sprintf("; %d not converged within %d epochs", cv.NotConverged, 30)
+		}
+		row("convergence after demand shifts", "%s", s)
+	} else {
+		row("convergence after demand shifts", "n/a (no shift of a contended key)")
+	}
+	if rc := r.Reclaim; rc.Crashes > 0 {
+		row("reclaim after instance crash", "max %v over %d crashes (%.0f tokens)", rc.Max.Round(time.Millisecond), rc.Crashes, rc.Tokens)
+	} else {
+		row("reclaim after instance crash", "n/a (no crash)")
+	}
+	c := r.Conformance
+	row("crash error ε", "%.0f tokens over %d keys (max excess over b: %.1f tokens)", c.CrashError, c.CrashKeys, c.MaxExcessRaw)
+	row("degraded-mode admissions", "%.0f tokens (max excess over b with them: %.1f)", r.Degraded, math.Max(0, c.MaxExcessWithDegraded))
+	row("tokens", "offered %.0f, admitted %.0f (strict %.0f), denied %.0f, ideal bucket %.0f",
+		r.Offered, r.Admitted, r.Strict, r.Denied, r.IdealAdmitted)
+	secs := r.Duration.Seconds()
+	row("control plane (RPC/s)", "instance→region %.1f, region→global %.1f, Redis scripts %.1f; grants applied %d",
+		float64(r.RPCs(oracle.TierInstance))/secs, float64(r.RPCs(oracle.TierGlobal))/secs,
+		float64(r.RPCs(oracle.TierRedis))/secs, r.GrantsApplied)
+	if len(r.Faults) > 0 {
+		p("\n  Faults\n")
+		for _, f := range r.Faults {
+			if f.Until > f.At {
+				p("    %9v – %-9v %s\n", f.At.Round(time.Millisecond), f.Until.Round(time.Millisecond), f.Label)
+			} else {
+				p("    %9v   %-9s %s\n", f.At.Round(time.Millisecond), "", f.Label)
+			}
+		}
+	}
+	verdict := "PASS"
+	switch {
+	case !o.InvariantsHold():
+		verdict = "FAIL: an invariant was violated"
+	case !o.Pass():
+		verdict = "FAIL: a target was missed"
+	}
+	p("\n  Result: %s\n", verdict)
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f%%", 100*v)
+}
+
+func wrap(s string, width int) []string {
+	var lines []string
+	cur := ""
+	for _, word := range strings.Fields(s) {
+		if cur != "" && len(cur)+1+len(word) > width {
+			lines = append(lines, cur)
+			cur = ""
+		}
+		if cur != "" {
+			cur += " "
+		}
+		cur += word
+	}
+	if cur != "" {
+		lines = append(lines, cur)
+	}
+	return lines
+}

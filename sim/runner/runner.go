@@ -1,0 +1,215 @@
+package runner
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sluicehq/sluice/sim/oracle"
+	"github.com/sluicehq/sluice/sim/scenario"
+	"github.com/sluicehq/sluice/sim/traffic"
+	"github.com/sluicehq/sluice/sim/world"
+)
+
+// Options adjust a run.
+type Options struct {
+	// Seed overrides the scenario's seed when non-zero.
+	Seed uint64
+	// Duration overrides the scenario's duration when non-zero (faults
+	// after it are dropped).
+	Duration time.Duration
+}
+
+// Outcome is one finished run.
+type Outcome struct {
+	Scenario *scenario.Scenario
+	Seed     uint64
+	Mode     string // "virtual" or "live"
+	Result   *oracle.Result
+	Checks   []Check
+	Counters world.Counters
+	// Instances and Tenants describe the deployment.
+	Instances, Tenants int
+	// Wall is how long the run took on the wall clock (never part of the
+	// summary, which must be reproducible).
+	Wall time.Duration
+}
+
+// Check is one judged line of the summary.
+type Check struct {
+	Name      string
+	Value     string
+	Target    string
+	Pass      bool
+	Invariant bool
+}
+
+// InvariantsHold reports whether invariants 1-3 held.
+func (o *Outcome) InvariantsHold() bool {
+	for _, c := range o.Checks {
+		if c.Invariant && !c.Pass {
+			return false
+		}
+	}
+	return true
+}
+
+// Pass reports whether every check passed.
+func (o *Outcome) Pass() bool {
+	for _, c := range o.Checks {
+		if !c.Pass {
+			return false
+		}
+	}
+	return true
+}
+
+// Prepare applies the options to a scenario.
+func Prepare(sc *scenario.Scenario, opts Options) (*scenario.Scenario, uint64, error) {
+	seed := sc.Seed
+	if opts.Seed != 0 {
+		seed = opts.Seed
+	}
+	if opts.Duration > 0 && opts.Duration != time.Duration(sc.Duration) {
+		var err error
+		if sc, err = sc.WithDuration(opts.Duration); err != nil {
+			return nil, 0, err
+		}
+	}
+	return sc, seed, nil
+}
+
+// Run simulates sc in virtual time.
+func Run(sc *scenario.Scenario, opts Options) (*Outcome, error) {
+	start := time.Now()
+	sc, seed, err := Prepare(sc, opts)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := traffic.Build(sc, seed)
+	if err != nil {
+		return nil, fmt.Errorf("traffic: %w", err)
+	}
+	setup, err := world.OracleSetup(sc, plan)
+	if err != nil {
+		return nil, err
+	}
+	orc, err := oracle.New(setup)
+	if err != nil {
+		return nil, err
+	}
+	w, err := world.New(sc, seed, orc, plan)
+	if err != nil {
+		return nil, err
+	}
+	counters := w.Run()
+	res := orc.Finish(time.Duration(sc.Duration))
+	out := &Outcome{Scenario: sc, Seed: seed, Mode: "virtual", Result: res, Counters: counters,
+		Instances: Instances(sc), Tenants: Tenants(plan)}
+	out.Checks = Evaluate(sc, res)
+	if counters.InvalidDecisions > 0 || counters.AllocatorErrors > 0 {
+		out.Checks = append(out.Checks, Check{Name: "simulator sanity", Target: "0 errors",
+			Value: fmt.Sprintf("%d invalid decisions, %d allocator errors", counters.InvalidDecisions, counters.AllocatorErrors)})
+	}
+	out.Wall = time.Since(start)
+	return out, nil
+}
+
+// Instances is the initial instance count of a scenario.
+func Instances(sc *scenario.Scenario) int {
+	n := 0
+	for _, r := range sc.Topology.Regions {
+		n += r.Instances
+	}
+	return n
+}
+
+// Tenants is the number of distinct tenants a plan drives.
+func Tenants(p *traffic.Plan) int {
+	seen := map[string]bool{}
+	for _, k := range p.Keys {
+		seen[k.Tenant] = true
+	}
+	return len(seen)
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f%%", 100*v)
+}
+
+// Evaluate judges a result against the invariants (always) and the
+// scenario's targets (those it sets).
+func Evaluate(sc *scenario.Scenario, r *oracle.Result) []Check {
+	e := sc.Expect
+	limit := func(p *int) int {
+		if p == nil {
+			return 0
+		}
+		return *p
+	}
+	c1, c2, c3 := limit(e.ConformanceViolationsMax), limit(e.RateViolationsMax), limit(e.BurstViolationsMax)
+	conf := r.Conformance
+	v1 := fmt.Sprintf("%d violations in %d batches; max excess %.3f tokens; ε %.0f tokens (%d keys)",
+		conf.Violations, conf.Checks, conf.MaxExcess, conf.CrashError, conf.CrashKeys)
+	if conf.Violations > 0 {
+		v1 += fmt.Sprintf("; first %s at %v", conf.FirstKey, conf.FirstAt.Round(time.Millisecond))
+	}
+	sum := func(s oracle.SumCheck) string {
+		v := fmt.Sprintf("%d violations in %d checks; max Σ/limit %.6f", s.Violations, s.Checks, s.MaxRatio)
+		if s.Violations > 0 {
+			v += fmt.Sprintf("; first %s at %v (%.4f > %.4f)", s.FirstKey, s.FirstAt.Round(time.Millisecond), s.FirstSum, s.FirstLimit)
+		}
+		return v
+	}
+	checks := []Check{
+		{Name: "1 conformance (GCRA, every key)", Value: v1, Target: fmt.Sprintf("<= %d", c1), Pass: conf.Violations <= c1, Invariant: true},
+		{Name: "2 Σ regional rates <= r", Value: sum(r.Rates), Target: fmt.Sprintf("<= %d", c2), Pass: r.Rates.Violations <= c2, Invariant: true},
+		{Name: "3 Σ regional caps <= b", Value: sum(r.Bursts), Target: fmt.Sprintf("<= %d", c3), Pass: r.Bursts.Violations <= c3, Invariant: true},
+	}
+	if p := e.Utilization60sMin; p != nil {
+		checks = append(checks, Check{Name: "utilization, worst 60 s window", Value: pct(r.Util60sMin),
+			Target: ">= " + pct(*p), Pass: r.Util60sMin >= *p})
+	}
+	if p := e.Utilization1sMeanMin; p != nil {
+		checks = append(checks, Check{Name: "utilization, mean of 1 s windows", Value: pct(r.Util1sMean),
+			Target: ">= " + pct(*p), Pass: r.Util1sMean >= *p})
+	}
+	if p := e.ConvergenceEpochsMax; p != nil {
+		cv := r.Convergence
+		v := fmt.Sprintf("max %.0f, median %.0f epochs over %d shifts (held after: %s)", cv.Max, cv.P50, cv.Shifts, pct(cv.Held))
+		if cv.NotConverged > 0 {
+			v += fmt.Sprintf("; %d never converged (first %s)", cv.NotConverged, cv.FirstMiss)
+		}
+		checks = append(checks, Check{Name: "convergence after demand shifts", Value: v,
+			Target: fmt.Sprintf("<= %.0f epochs", *p), Pass: cv.Shifts > 0 && cv.NotConverged == 0 && cv.Max <= *p})
+	}
+	if p := e.FalseRejectsMax; p != nil {
+		checks = append(checks, Check{Name: "false rejects (share of offered)", Value: pct(r.FalseRejects),
+			Target: "<= " + pct(*p), Pass: r.FalseRejects <= *p})
+	}
+	if p := e.FairnessErrorMax; p != nil {
+		worst := 0.0
+		for _, f := range r.Fairness {
+			worst = math.Max(worst, f)
+		}
+		checks = append(checks, Check{Name: "fairness error, worst region", Value: pct(worst),
+			Target: "<= " + pct(*p), Pass: worst <= *p})
+	}
+	if d := time.Duration(e.ReclaimMax); d > 0 {
+		rc := r.Reclaim
+		checks = append(checks, Check{Name: "reclaim after instance crash", Value: fmt.Sprintf("max %v over %d crashes", rc.Max.Round(time.Millisecond), rc.Crashes),
+			Target: fmt.Sprintf("<= %v", d), Pass: rc.Crashes > 0 && rc.Max <= d})
+	}
+	if p := e.CrashErrorMax; p != nil {
+		share := 0.0
+		if r.Admitted > 0 {
+			share = r.Conformance.CrashError / r.Admitted
+		}
+		checks = append(checks, Check{Name: "crash error ε (share of admitted)", Value: pct(share),
+			Target: "<= " + pct(*p), Pass: share <= *p})
+	}
+	return checks
+}

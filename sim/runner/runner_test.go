@@ -1,0 +1,169 @@
+package runner_test
+
+import (
+	"bytes"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/sim/report"
+	"github.com/sluicehq/sluice/sim/runner"
+	"github.com/sluicehq/sluice/sim/scenario"
+	"github.com/sluicehq/sluice/sim/scenarios"
+)
+
+// testDuration shortens the long scenarios for `go test`: each still
+// covers its faults and at least one measured 60 s window. The full
+// versions run with `go run ./sim`, SLUICE_SOAK=1 and the benchmarks.
+var testDuration = map[string]time.Duration{
+	"steady":           2 * time.Minute,
+	"follow-the-sun":   3*time.Minute + 30*time.Second,
+	"flash-crowd":      3*time.Minute + 20*time.Second,
+	"instance-crash":   3 * time.Minute,
+	"global-failover":  3 * time.Minute,
+	"region-partition": 3*time.Minute + 10*time.Second,
+	"redis-outage":     3 * time.Minute,
+	"etcd-outage":      3 * time.Minute,
+	"rolling-restart":  3 * time.Minute,
+	"chaos":            150 * time.Second, // with its faults compressed, see below
+}
+
+func TestShippedScenariosHoldTheInvariantsAndMeetTheirTargets(t *testing.T) {
+	for _, name := range scenarios.Names() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			sc, err := scenarios.Load(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, ok := testDuration[name]
+			if !ok {
+				t.Fatalf("scenario %s has no test duration", name)
+			}
+			if sc.Chaos != nil {
+				// Keep the chaos: a fault every 15 s on average from 20 s on.
+				ch := *sc.Chaos
+				ch.Start = scenario.Duration(20 * time.Second)
+				ch.End = scenario.Duration(120 * time.Second)
+				ch.MeanGap = scenario.Duration(15 * time.Second)
+				sc.Chaos = &ch
+			}
+			out, err := runner.Run(sc, runner.Options{Duration: d})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sc.Chaos != nil && len(out.Result.Faults) < 3 {
+				t.Errorf("only %d chaos faults drawn", len(out.Result.Faults))
+			}
+			if out.Counters.InvalidDecisions != 0 || out.Counters.AllocatorErrors != 0 || out.Counters.ApplyErrors != 0 {
+				t.Errorf("simulator errors: %+v", out.Counters)
+			}
+			for _, c := range out.Checks {
+				if !c.Pass {
+					t.Errorf("%s: %s (target %s)", c.Name, c.Value, c.Target)
+				}
+			}
+			if t.Failed() {
+				t.Logf("summary:\n%s", report.Summary(out))
+			}
+		})
+	}
+}
+
+func TestSameSeedSameBytes(t *testing.T) {
+	t.Parallel()
+	// Faults, contention and demand shifts exercise every source of order:
+	// waiters on in-flight reports, crashes, elections, grant fencing.
+	for _, c := range []struct {
+		name      string
+		d         time.Duration
+		otherSeed bool
+	}{{"instance-crash", 95 * time.Second, true}, {"follow-the-sun", 125 * time.Second, false}} {
+		sc, err := scenarios.Load(c.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		render := func(seed uint64) (string, []byte) {
+			out, err := runner.Run(sc, runner.Options{Seed: seed, Duration: c.d})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var page, csv bytes.Buffer
+			if err := report.WriteHTML(&page, out); err != nil {
+				t.Fatal(err)
+			}
+			if err := report.WriteCSV(&csv, out); err != nil {
+				t.Fatal(err)
+			}
+			return report.Summary(out), append(page.Bytes(), csv.Bytes()...)
+		}
+		s1, b1 := render(42)
+		s2, b2 := render(42)
+		if s1 != s2 {
+			t.Fatalf("%s: same seed, different summaries:\n%s\n---\n%s", c.name, s1, s2)
+		}
+		if !bytes.Equal(b1, b2) {
+			t.Fatalf("%s: same seed, different report or CSV", c.name)
+		}
+		if !c.otherSeed {
+			continue
+		}
+		if s3, _ := render(43); s3 == s1 {
+			t.Fatalf("%s: different seeds, identical summaries: the seed is not used", c.name)
+		}
+	}
+}
+
+// TestChaosHourSoak runs the full hour-long chaos scenario (SLUICE_SOAK=1,
+// `make soak`).
+func TestChaosHourSoak(t *testing.T) {
+	if os.Getenv("SLUICE_SOAK") == "" {
+		t.Skip("set SLUICE_SOAK=1 to run the hour-long chaos scenario")
+	}
+	sc, err := scenarios.Load("chaos")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seed := range []uint64{1, 2, 3} {
+		out, err := runner.Run(sc, runner.Options{Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !out.Pass() {
+			t.Errorf("seed %d:\n%s", seed, report.Summary(out))
+		}
+		t.Logf("seed %d: %v simulated in %v", seed, out.Result.Duration, out.Wall)
+	}
+}
+
+// BenchmarkChaosHour measures the hour-long chaos scenario (5 regions, 50
+// instances, 1,000 tenants):
+//
+//	go test -run '^$' -bench ChaosHour -benchtime 1x ./sim/runner/
+func BenchmarkChaosHour(b *testing.B) {
+	sc, err := scenarios.Load("chaos")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		out, err := runner.Run(sc, runner.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(out.Counters.Events), "events")
+		b.ReportMetric(out.Result.Duration.Seconds()/out.Wall.Seconds(), "virtual-s/wall-s")
+	}
+}
+
+// BenchmarkSteady measures the default scenario.
+func BenchmarkSteady(b *testing.B) {
+	sc, err := scenarios.Load("steady")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := runner.Run(sc, runner.Options{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

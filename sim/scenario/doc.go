@@ -1,0 +1,22 @@
+// Package scenario is the simulator's input: a YAML document naming the
+// Sluice configuration to run (validated by pkg/config, exactly as the
+// daemons would), the topology it runs on (regions, instances, clock
+// offsets, link latencies), the traffic offered per region and tenant, the
+// faults injected at given times, and the targets the run must meet.
+//
+// # Invariant
+//
+// A *Scenario returned by Parse or Load has passed Validate: every region
+// of the topology is a region of the Sluice config and back, every class
+// is configured, every time and rate is finite and in range, and every
+// fault names things that exist. Validation reports all problems at once,
+// each naming its field path (workload[2].rate.eu-west) and wrapping
+// ErrInvalid.
+//
+// # Units
+//
+// Durations are written "1s", "250ms"; rates "10/s", "600/m" or a bare
+// number per second (the config package's syntax); request rates are
+// requests per second and every request costs Cost tokens. Times of shapes
+// and faults are offsets from the start of the run.
+package scenario

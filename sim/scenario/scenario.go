@@ -1,0 +1,441 @@
+package scenario
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// ErrInvalid is wrapped by every error that means "this scenario cannot
+// run".
+var ErrInvalid = errors.New("invalid scenario")
+
+// Duration and Rate use the config package's YAML syntax.
+type (
+	Duration = config.Duration
+	Rate     = config.Rate
+)
+
+// Scenario is one simulation. Not safe for concurrent modification.
+type Scenario struct {
+	// Name identifies the scenario in reports. Required.
+	Name string `yaml:"name"`
+	// Description says what question the scenario answers. Optional.
+	Description string `yaml:"description,omitempty"`
+	// Duration is the virtual time simulated. Required.
+	Duration Duration `yaml:"duration"`
+	// Warmup is left out of the measures (not of the invariants): the
+	// system starting from nothing is not the steady state being measured.
+	// Optional, default 20s, at most Duration.
+	Warmup Duration `yaml:"warmup,omitempty"`
+	// Seed drives every random choice. Optional, default 1; the -seed flag
+	// overrides it.
+	Seed uint64 `yaml:"seed,omitempty"`
+	// Sluice is the Sluice configuration (DESIGN §5) the daemons run,
+	// validated by pkg/config. Required.
+	Sluice yaml.Node `yaml:"sluice"`
+	// Topology is where everything runs. Required.
+	Topology Topology `yaml:"topology"`
+	// Client tunes the instances' lease client. Optional.
+	Client Client `yaml:"client,omitempty"`
+	// Workload is the offered traffic. Required, at least one entry.
+	Workload []Workload `yaml:"workload"`
+	// Faults are injected at fixed times. Optional.
+	Faults []Fault `yaml:"faults,omitempty"`
+	// Chaos adds random faults drawn from the seed. Optional.
+	Chaos *Chaos `yaml:"chaos,omitempty"`
+	// Expect are the targets the run must meet. Optional; the three
+	// invariants are always required to hold.
+	Expect Expect `yaml:"expect,omitempty"`
+	// Focus lists keys ("tenant/class") charted in the report. Optional,
+	// default the three keys with the most offered traffic.
+	Focus []string `yaml:"focus,omitempty"`
+
+	// Config is Sluice parsed and validated (set by Validate).
+	Config *config.Config `yaml:"-"`
+}
+
+// Topology is the deployment the scenario runs on.
+type Topology struct {
+	// Regions in display order. Required; the same set as the Sluice
+	// config's regions.
+	Regions []RegionSpec `yaml:"regions"`
+	// Global says where the global allocator's replicas run. Required.
+	Global GlobalSpec `yaml:"global"`
+	// Latency is the network. Optional, defaults below.
+	Latency Latency `yaml:"latency,omitempty"`
+	// SessionTTL is the etcd session TTL of every elected leader (global
+	// and regional): how long a crashed leader blocks its successor.
+	// Optional, default 5s.
+	SessionTTL Duration `yaml:"session_ttl,omitempty"`
+	// ColdStart is how the regional service treats the empty Redis it
+	// starts on: "full" (a fresh deployment, buckets start full) or
+	// "conservative" (buckets start empty for one lease TTL). Optional,
+	// default full.
+	ColdStart string `yaml:"cold_start,omitempty"`
+	// InstanceClockSkew bounds each instance's random clock offset from its
+	// region's clock (uniform in ±skew). Optional, default 0.
+	InstanceClockSkew Duration `yaml:"instance_clock_skew,omitempty"`
+}
+
+// RegionSpec is one region's deployment.
+type RegionSpec struct {
+	// Name is a region of the Sluice config. Required.
+	Name string `yaml:"name"`
+	// Instances is how many application instances run there. Required,
+	// >= 1.
+	Instances int `yaml:"instances"`
+	// ClockOffset is the region's clock (its Redis TIME) minus true time.
+	// Optional, may be negative, written as a string like "-120ms".
+	ClockOffset SignedDuration `yaml:"clock_offset,omitempty"`
+}
+
+// GlobalSpec places the global allocator's leader and standby.
+type GlobalSpec struct {
+	// Primary is the region the first leader runs in. Required.
+	Primary string `yaml:"primary"`
+	// Standby is the region of the standby replica. Optional (no
+	// failover without one).
+	Standby string `yaml:"standby,omitempty"`
+}
+
+// Latency is the simulated network.
+type Latency struct {
+	// Local is the one-way latency between an instance and its regional
+	// service. Optional, default 500µs.
+	Local Duration `yaml:"local,omitempty"`
+	// Default is the one-way latency between two regions not in Pairs.
+	// Optional, default 50ms.
+	Default Duration `yaml:"default,omitempty"`
+	// Pairs gives one-way latencies by "a/b" (either order). Optional.
+	Pairs map[string]Duration `yaml:"pairs,omitempty"`
+	// Jitter is the relative spread of every latency (uniform ±). Optional,
+	// default 0.1, in [0, 1).
+	Jitter *float64 `yaml:"jitter,omitempty"`
+	// Loss is the probability that a message between regions is lost.
+	// Optional, default 0, in [0, 1).
+	Loss float64 `yaml:"loss,omitempty"`
+}
+
+// Client tunes the lease client of every instance (pkg/lease Options).
+type Client struct {
+	// BreakerTimeout bounds a synchronous acquire. Optional, default 50ms.
+	BreakerTimeout Duration `yaml:"breaker_timeout,omitempty"`
+	// BreakerFailures opens the breaker. Optional, default 3.
+	BreakerFailures int `yaml:"breaker_failures,omitempty"`
+	// BreakerCooldown is how long the open breaker skips calls. Optional,
+	// default 1s.
+	BreakerCooldown Duration `yaml:"breaker_cooldown,omitempty"`
+}
+
+// Workload is traffic of one tenant (or a generated group of tenants) on
+// one class.
+type Workload struct {
+	// Tenant is one tenant id; exactly one of Tenant and Group is set.
+	Tenant string `yaml:"tenant,omitempty"`
+	// Group generates many tenants with heavy-tailed sizes.
+	Group *Group `yaml:"group,omitempty"`
+	// Class is a configured class. Required.
+	Class string `yaml:"class"`
+	// Cost is the tokens each request costs. Optional, default 1.
+	Cost int64 `yaml:"cost,omitempty"`
+	// Process is "poisson" (random arrivals, the default) or "constant"
+	// (evenly spaced).
+	Process string `yaml:"process,omitempty"`
+	// Rate is the base request rate per region (Tenant only). Required for
+	// a tenant; every region not listed gets none.
+	Rate map[string]Rate `yaml:"rate,omitempty"`
+	// PerInstance is the request rate one instance takes of this traffic
+	// before the load balancer spreads it over another instance of the
+	// region. Optional, default: every instance of the region shares it.
+	PerInstance Rate `yaml:"per_instance,omitempty"`
+	// Shape varies the rate over time; factors of all entries multiply.
+	// Optional.
+	Shape []Shape `yaml:"shape,omitempty"`
+}
+
+// Group is a set of generated tenants "<prefix><n>" with heavy-tailed
+// sizes (the total request rate of each tenant).
+type Group struct {
+	// Prefix of the tenant ids. Required.
+	Prefix string `yaml:"prefix"`
+	// Count of tenants. Required, 1..100000.
+	Count int `yaml:"count"`
+	// Tier the tenants are listed with in the config. Optional, default
+	// the config's default tier.
+	Tier string `yaml:"tier,omitempty"`
+	// Size draws each tenant's total request rate. Required.
+	Size Size `yaml:"size"`
+	// HomeShare is the fraction of a tenant's traffic in its home region
+	// (drawn by region weight); the rest is split over the tenant's other
+	// regions by weight. Optional, default 0: split by weight, no home.
+	HomeShare float64 `yaml:"home_share,omitempty"`
+	// Regions is how many regions each tenant's traffic reaches: its home
+	// and others drawn by weight. Optional, default all.
+	Regions int `yaml:"regions,omitempty"`
+}
+
+// Size is a distribution of tenant sizes in requests per second.
+type Size struct {
+	// Dist is "pareto" (heavy-tailed), "lognormal" or "fixed". Required.
+	Dist string `yaml:"dist"`
+	// Min is the smallest size (pareto scale; fixed value). Required.
+	Min Rate `yaml:"min"`
+	// Max truncates the distribution. Optional (no truncation).
+	Max Rate `yaml:"max,omitempty"`
+	// Alpha is the pareto tail index (> 0; smaller is heavier). Default 1.2.
+	Alpha float64 `yaml:"alpha,omitempty"`
+	// Sigma is the lognormal spread (of ln size). Default 1.
+	Sigma float64 `yaml:"sigma,omitempty"`
+}
+
+// Shape kinds.
+const (
+	ShapeStep    = "step"
+	ShapeDiurnal = "diurnal"
+	ShapeFlash   = "flash"
+)
+
+// Shape is one time-varying factor on a workload's rate.
+type Shape struct {
+	// Kind is step, diurnal or flash. Required.
+	Kind string `yaml:"kind"`
+	// Regions the factor applies to. Optional, default all.
+	Regions []string `yaml:"regions,omitempty"`
+	// At is when a step happens or a flash crowd starts. Required for
+	// step and flash.
+	At Duration `yaml:"at,omitempty"`
+	// Factor is the step's multiplier from At on, or the flash crowd's
+	// peak multiplier. Required for step and flash, > 0.
+	Factor float64 `yaml:"factor,omitempty"`
+	// Rise, Hold and Decay shape a flash crowd: linear rise to Factor,
+	// hold, linear decay back to 1. Optional, default 0 (instant) for Rise
+	// and Decay; Hold is required.
+	Rise  Duration `yaml:"rise,omitempty"`
+	Hold  Duration `yaml:"hold,omitempty"`
+	Decay Duration `yaml:"decay,omitempty"`
+	// Period of a diurnal cycle ("a day", compressed). Required for
+	// diurnal.
+	Period Duration `yaml:"period,omitempty"`
+	// Low is the diurnal factor at night (the peak is 1). Optional,
+	// default 0.1, in [0, 1].
+	Low *float64 `yaml:"low,omitempty"`
+	// Peaks gives each region's local noon as an offset into the period.
+	// Optional, default: regions peak one after another, evenly spaced in
+	// topology order (follow the sun).
+	Peaks map[string]Duration `yaml:"peaks,omitempty"`
+	// Steps quantizes the cycle into this many constant steps per period
+	// ("the sun moves hour by hour"); each step is a demand shift.
+	// Optional, default 0 (smooth).
+	Steps int `yaml:"steps,omitempty"`
+}
+
+// Fault kinds.
+const (
+	FaultInstanceCrash    = "instance-crash"
+	FaultInstanceStop     = "instance-stop"
+	FaultRegionLeaderLoss = "region-leader-loss"
+	FaultGlobalLeaderLoss = "global-leader-loss"
+	FaultPartition        = "partition"
+	FaultRedisRestart     = "redis-restart"
+	FaultEtcdDown         = "etcd-down"
+	FaultLatency          = "latency"
+	FaultLoss             = "loss"
+)
+
+// FaultKinds lists every fault kind.
+func FaultKinds() []string {
+	return []string{FaultInstanceCrash, FaultInstanceStop, FaultRegionLeaderLoss, FaultGlobalLeaderLoss,
+		FaultPartition, FaultRedisRestart, FaultEtcdDown, FaultLatency, FaultLoss}
+}
+
+// Fault is one injected failure.
+//
+//	instance-crash      Count instances of Region die without releasing;
+//	                    replacements start RestartAfter later (if set).
+//	instance-stop       Count instances of Region shut down gracefully
+//	                    (release everything); replacements as above.
+//	region-leader-loss  Region's leader replica dies; another replica is
+//	                    elected once its etcd session expires.
+//	global-leader-loss  The global leader dies; the standby takes over once
+//	                    its session expires; the old one returns as the
+//	                    standby RestartAfter later (default 1m).
+//	partition           Region cannot reach the global tier (both ways)
+//	                    for For.
+//	redis-restart       Region's Redis is down for For and comes back empty.
+//	etcd-down           etcd is unreachable for For.
+//	latency             The one-way latency between Region and Peer (a
+//	                    region, or "global" for wherever the global leader
+//	                    runs) is Latency for For (0: for the rest of the run).
+//	loss                Messages between regions are lost with probability
+//	                    Loss for For.
+type Fault struct {
+	// At is when the fault starts. Required.
+	At Duration `yaml:"at"`
+	// Kind is one of the fault kinds. Required.
+	Kind string `yaml:"kind"`
+	// Region the fault hits (instance, region-leader, partition,
+	// redis-restart, latency faults). Required for those.
+	Region string `yaml:"region,omitempty"`
+	// Peer is the other end of a latency fault. Required for latency.
+	Peer string `yaml:"peer,omitempty"`
+	// Count of instances hit. Optional, default 1.
+	Count int `yaml:"count,omitempty"`
+	// For is how long the fault lasts. Required for partition,
+	// redis-restart, etcd-down and loss; optional for latency.
+	For Duration `yaml:"for,omitempty"`
+	// RestartAfter starts replacements (instance faults) or brings the old
+	// global leader back as standby. Optional.
+	RestartAfter Duration `yaml:"restart_after,omitempty"`
+	// Latency is the new one-way latency of a latency fault.
+	Latency Duration `yaml:"latency,omitempty"`
+	// Loss is the loss probability of a loss fault, in (0, 1].
+	Loss float64 `yaml:"loss,omitempty"`
+}
+
+// Chaos draws random faults from the seed: starting at Start, gaps between
+// fault starts are exponential with mean MeanGap, kinds uniform over
+// Kinds, targets uniform over regions, durations uniform in [MinFor,
+// MaxFor].
+type Chaos struct {
+	// Start of the first possible fault. Optional, default Warmup.
+	Start Duration `yaml:"start,omitempty"`
+	// End of the last possible fault start. Optional, default Duration -
+	// MaxFor - 1m.
+	End Duration `yaml:"end,omitempty"`
+	// MeanGap between fault starts. Required.
+	MeanGap Duration `yaml:"mean_gap"`
+	// Kinds to draw from. Optional, default every kind.
+	Kinds []string `yaml:"kinds,omitempty"`
+	// MinFor and MaxFor bound fault durations. Optional, default 10s and 60s.
+	MinFor Duration `yaml:"min_for,omitempty"`
+	MaxFor Duration `yaml:"max_for,omitempty"`
+	// RestartAfter for instance faults. Optional, default 20s.
+	RestartAfter Duration `yaml:"restart_after,omitempty"`
+}
+
+// Expect are a run's targets. Unset fields are not checked.
+type Expect struct {
+	// ConformanceViolationsMax bounds invariant 1 violations beyond the
+	// crash error. Optional, default 0.
+	ConformanceViolationsMax *int `yaml:"conformance_violations_max,omitempty"`
+	// RateViolationsMax bounds invariant 2 violations. Optional, default 0.
+	RateViolationsMax *int `yaml:"rate_violations_max,omitempty"`
+	// BurstViolationsMax bounds invariant 3 violations. Optional, default 0.
+	BurstViolationsMax *int `yaml:"burst_violations_max,omitempty"`
+	// Utilization60sMin is the lowest allowed utilization of any 60 s
+	// window after warmup (admitted / min(offered, limit)).
+	Utilization60sMin *float64 `yaml:"utilization_60s_min,omitempty"`
+	// Utilization1sMeanMin is the lowest allowed mean 1 s utilization.
+	Utilization1sMeanMin *float64 `yaml:"utilization_1s_mean_min,omitempty"`
+	// ConvergenceEpochsMax bounds the convergence time after any demand
+	// shift, in epochs.
+	ConvergenceEpochsMax *float64 `yaml:"convergence_epochs_max,omitempty"`
+	// ConvergenceTolerance is how close (fraction of the key's rate) every
+	// region's refill rate must come to its fair share to count as
+	// converged. Optional, default 0.05.
+	ConvergenceTolerance float64 `yaml:"convergence_tolerance,omitempty"`
+	// FalseRejectsMax bounds false rejects as a fraction of offered tokens.
+	FalseRejectsMax *float64 `yaml:"false_rejects_max,omitempty"`
+	// FairnessErrorMax bounds the mean weighted max-min fairness error of
+	// every region (fraction of the key's rate).
+	FairnessErrorMax *float64 `yaml:"fairness_error_max,omitempty"`
+	// ReclaimMax bounds the time from an instance crash until the region
+	// reclaimed the last of its leases.
+	ReclaimMax Duration `yaml:"reclaim_max,omitempty"`
+	// CrashErrorMax bounds ε, the tokens crashed instances spent but never
+	// reported, as a fraction of admitted tokens.
+	CrashErrorMax *float64 `yaml:"crash_error_max,omitempty"`
+}
+
+// SignedDuration is a duration that may be negative ("-120ms").
+type SignedDuration time.Duration
+
+// UnmarshalYAML reads a signed duration.
+func (d *SignedDuration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a duration must be a scalar like -120ms", n.Line)}}
+	}
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: duration %q: want a number with a unit, like -120ms", n.Line, n.Value)}}
+	}
+	*d = SignedDuration(v)
+	return nil
+}
+
+// MarshalYAML writes time.Duration's form.
+func (d SignedDuration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// Parse reads one scenario document strictly (unknown fields are errors),
+// applies defaults and validates it. Every error wraps ErrInvalid.
+func Parse(data []byte) (*Scenario, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var s Scenario
+	if err := dec.Decode(&s); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: the document is empty", ErrInvalid)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: want exactly one YAML document", ErrInvalid)
+	}
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Load reads and parses a scenario file.
+func Load(path string) (*Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("scenario: %w", err)
+	}
+	s, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// WithDuration returns a copy of s that runs for d: faults starting at or
+// after d are dropped, and the warmup is shortened to fit. d must be
+// positive.
+func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
+	if d <= 0 {
+		return nil, fmt.Errorf("%w: duration %v must be positive", ErrInvalid, d)
+	}
+	c := *s
+	c.Duration = Duration(d)
+	if time.Duration(c.Warmup) > d/2 {
+		c.Warmup = Duration(d / 2)
+	}
+	c.Faults = nil
+	for _, f := range s.Faults {
+		if time.Duration(f.At) < d {
+			c.Faults = append(c.Faults, f)
+		}
+	}
+	if s.Chaos != nil {
+		ch := *s.Chaos
+		if time.Duration(ch.End) > d {
+			ch.End = 0 // recomputed from the new duration
+		}
+		c.Chaos = &ch
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}

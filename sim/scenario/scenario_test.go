@@ -1,0 +1,142 @@
+package scenario
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+const minimal = `
+name: tiny
+duration: 2m
+sluice:
+  regions: {a: {weight: 1}, b: {weight: 3}}
+  classes: {read: {}}
+  tiers: {free: {read: {rate: 10/s, burst: 20}}}
+  default_tier: free
+topology:
+  regions: [{name: a, instances: 1}, {name: b, instances: 2, clock_offset: -40ms}]
+  global: {primary: a, standby: b}
+workload:
+  - {tenant: acme, class: read, rate: {a: 5/s, b: 600/m}}
+`
+
+func TestParseAppliesDefaults(t *testing.T) {
+	s, err := Parse([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Seed != 1 || time.Duration(s.Warmup) != 20*time.Second || s.Workload[0].Cost != 1 || s.Workload[0].Process != "poisson" {
+		t.Fatalf("defaults not applied: seed %d warmup %v cost %d process %q", s.Seed, time.Duration(s.Warmup), s.Workload[0].Cost, s.Workload[0].Process)
+	}
+	if s.Config == nil || s.Config.Regions["b"].Weight != 3 {
+		t.Fatal("sluice config not parsed")
+	}
+	if float64(s.Workload[0].Rate["b"]) != 10 {
+		t.Fatalf("600/m read as %v/s", float64(s.Workload[0].Rate["b"]))
+	}
+	if time.Duration(s.Topology.Regions[1].ClockOffset) != -40*time.Millisecond {
+		t.Fatal("negative clock offset lost")
+	}
+}
+
+func TestValidationNamesEveryBadField(t *testing.T) {
+	bad := strings.NewReplacer(
+		"duration: 2m", "duration: 2m\nwarmup: 5m",
+		"{name: a, instances: 1}", "{name: a, instances: 0}",
+		"standby: b", "standby: nowhere",
+		"  - {tenant: acme, class: read, rate: {a: 5/s, b: 600/m}}", "  - tenant: acme\n    class: read\n    rate: {a: 5/s, c: 1/s}\n    cost: -3\n    process: bursty",
+	).Replace(minimal) + `faults:
+  - {at: 1m, kind: partition, region: a}
+  - {at: 1m, kind: meteor}
+`
+	_, err := Parse([]byte(bad))
+	if err == nil {
+		t.Fatal("bad scenario accepted")
+	}
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("error does not wrap ErrInvalid: %v", err)
+	}
+	for _, want := range []string{"warmup", "topology.regions[0].instances", "topology.global.standby",
+		"workload[0].rate.c", "workload[0].cost", "workload[0].process", "faults[0].for", "faults[1].kind"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not name %s:\n%v", want, err)
+		}
+	}
+}
+
+func TestUnknownFieldsAndBadSluiceConfigRefused(t *testing.T) {
+	if _, err := Parse([]byte(minimal + "colour: blue\n")); err == nil || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("unknown field accepted: %v", err)
+	}
+	bad := strings.Replace(minimal, "rate: 10/s, burst: 20", "rate: -1/s, burst: 20", 1)
+	if _, err := Parse([]byte(bad)); err == nil || !strings.Contains(err.Error(), "sluice") {
+		t.Fatalf("invalid sluice config accepted: %v", err)
+	}
+	missing := strings.Replace(minimal, "{name: a, instances: 1}, ", "", 1)
+	if _, err := Parse([]byte(missing)); err == nil || !strings.Contains(err.Error(), `region "a" has no topology entry`) {
+		t.Fatalf("config region without topology accepted: %v", err)
+	}
+}
+
+func TestGroupTenantsAreListedWithTheirTier(t *testing.T) {
+	src := strings.Replace(minimal, "  - {tenant: acme", `  - group: {prefix: t, count: 12, tier: free, size: {dist: pareto, min: 1/s}}
+    class: read
+  - {tenant: acme`, 1)
+	s, err := Parse([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if GroupTenant(s.Workload[0].Group, 3) != "t03" {
+		t.Fatalf("tenant id %q", GroupTenant(s.Workload[0].Group, 3))
+	}
+	if s.Config.Tenants["t11"].Tier != "free" {
+		t.Fatal("generated tenant not listed in the config")
+	}
+}
+
+func TestWithDurationDropsLateFaults(t *testing.T) {
+	s, err := Parse([]byte(minimal + `faults:
+  - {at: 30s, kind: etcd-down, for: 10s}
+  - {at: 90s, kind: global-leader-loss}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := s.WithDuration(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(short.Faults) != 1 || time.Duration(short.Duration) != time.Minute || len(s.Faults) != 2 {
+		t.Fatalf("faults %v (original %v)", short.Faults, s.Faults)
+	}
+	if _, err := s.WithDuration(0); err == nil {
+		t.Fatal("zero duration accepted")
+	}
+}
+
+func TestChaosScheduleIsDeterministicPerSeed(t *testing.T) {
+	s, err := Parse([]byte(strings.Replace(minimal, "duration: 2m", "duration: 1h", 1) + "chaos: {mean_gap: 2m}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := s.Schedule(1), s.Schedule(1), s.Schedule(2)
+	if len(a) < 10 || !slices.Equal(a, b) {
+		t.Fatalf("same seed, different schedules (%d faults)", len(a))
+	}
+	if slices.Equal(a, c) {
+		t.Fatal("different seeds, same schedule")
+	}
+	for i, f := range a {
+		if i > 0 && f.At < a[i-1].At {
+			t.Fatal("schedule not in time order")
+		}
+		var p problems
+		validateFault(&p, "f", &f, []string{"a", "b"}, time.Hour)
+		if len(p) > 0 {
+			t.Fatalf("drawn fault %+v is invalid: %v", f, p)
+		}
+	}
+}

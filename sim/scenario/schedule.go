@@ -1,0 +1,70 @@
+package scenario
+
+import (
+	"sort"
+	"time"
+
+	"github.com/sluicehq/sluice/sim/engine"
+)
+
+// Schedule returns every fault of the run in start order: the fixed ones
+// and, when Chaos is set, the random ones drawn from seed. The same
+// scenario and seed always give the same schedule.
+func (s *Scenario) Schedule(seed uint64) []Fault {
+	out := append([]Fault(nil), s.Faults...)
+	if c := s.Chaos; c != nil {
+		out = append(out, s.chaosFaults(c, seed)...)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
+	return out
+}
+
+func (s *Scenario) chaosFaults(c *Chaos, seed uint64) []Fault {
+	rng := engine.NewStream(seed, "chaos")
+	regions := s.Topology.Regions
+	pick := func() string { return regions[rng.IntN(len(regions))].Name }
+	span := func(lo, hi time.Duration) time.Duration {
+		if hi <= lo {
+			return lo
+		}
+		return lo + time.Duration(rng.Int64N(int64(hi-lo)))
+	}
+	var out []Fault
+	at := time.Duration(c.Start)
+	for {
+		at += time.Duration(rng.ExpFloat64() * float64(c.MeanGap))
+		at = at.Truncate(time.Millisecond)
+		if at > time.Duration(c.End) {
+			return out
+		}
+		f := Fault{At: Duration(at), Kind: c.Kinds[rng.IntN(len(c.Kinds))], Count: 1}
+		lasting := Duration(span(time.Duration(c.MinFor), time.Duration(c.MaxFor)).Truncate(time.Millisecond))
+		switch f.Kind {
+		case FaultInstanceCrash, FaultInstanceStop:
+			f.Region = pick()
+			f.RestartAfter = c.RestartAfter
+		case FaultRegionLeaderLoss:
+			f.Region = pick()
+		case FaultGlobalLeaderLoss:
+			f.RestartAfter = Duration(DefaultGlobalRestart)
+		case FaultPartition, FaultRedisRestart:
+			f.Region = pick()
+			f.For = lasting
+		case FaultEtcdDown:
+			f.For = lasting
+		case FaultLatency:
+			f.Region = pick()
+			f.Peer = GlobalPeer
+			if len(regions) > 1 && rng.IntN(2) == 0 {
+				for f.Peer = pick(); f.Peer == f.Region; f.Peer = pick() {
+				}
+			}
+			f.Latency = Duration(span(100*time.Millisecond, 500*time.Millisecond).Truncate(time.Millisecond))
+			f.For = lasting
+		case FaultLoss:
+			f.Loss = 0.05 + 0.45*rng.Float64()
+			f.For = lasting
+		}
+		out = append(out, f)
+	}
+}

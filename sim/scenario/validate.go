@@ -1,0 +1,550 @@
+package scenario
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Defaults.
+const (
+	DefaultWarmup         = 20 * time.Second
+	DefaultSessionTTL     = 5 * time.Second
+	DefaultLocalLatency   = 500 * time.Microsecond
+	DefaultRegionLatency  = 50 * time.Millisecond
+	DefaultJitter         = 0.1
+	DefaultLow            = 0.1
+	DefaultAlpha          = 1.2
+	DefaultSigma          = 1.0
+	DefaultConvergenceTol = 0.05
+	DefaultChaosMinFor    = 10 * time.Second
+	DefaultChaosMaxFor    = 60 * time.Second
+	DefaultChaosRestart   = 20 * time.Second
+	DefaultGlobalRestart  = time.Minute
+	// GlobalPeer names the global tier as the peer of a latency fault.
+	GlobalPeer = "global"
+	// maxGroupCount bounds generated tenants.
+	maxGroupCount = 100000
+)
+
+// FieldError is one validation problem, naming its field path. It wraps
+// ErrInvalid.
+type FieldError struct {
+	Path, Message string
+}
+
+func (e *FieldError) Error() string { return e.Path + ": " + e.Message }
+
+// Unwrap makes errors.Is(err, ErrInvalid) hold.
+func (e *FieldError) Unwrap() error { return ErrInvalid }
+
+type problems []error
+
+func (p *problems) add(path, format string, args ...any) {
+	*p = append(*p, &FieldError{Path: path, Message: fmt.Sprintf(format, args...)})
+}
+
+// Validate applies defaults and checks every rule, returning all problems
+// joined (each a *FieldError wrapping ErrInvalid), or nil. On success
+// s.Config holds the parsed Sluice configuration, with generated group
+// tenants listed under their tier.
+func (s *Scenario) Validate() error {
+	var p problems
+	s.applyDefaults()
+	if s.Name == "" {
+		p.add("name", "is required")
+	} else if err := quota.ValidateID("name", s.Name); err != nil {
+		p.add("name", "%v", err)
+	}
+	dur := time.Duration(s.Duration)
+	if dur <= 0 {
+		p.add("duration", "is required and must be positive")
+	}
+	if dur > 0 && time.Duration(s.Warmup) > dur {
+		p.add("warmup", "%v is longer than the duration %v", time.Duration(s.Warmup), dur)
+	}
+	cfg := s.parseSluice(&p)
+	regions := s.validateTopology(&p, cfg)
+	s.validateClient(&p)
+	s.validateWorkload(&p, cfg, regions)
+	for i := range s.Faults {
+		validateFault(&p, fmt.Sprintf("faults[%d]", i), &s.Faults[i], regions, dur)
+	}
+	s.validateChaos(&p, dur)
+	s.validateExpect(&p)
+	for i, f := range s.Focus {
+		k, ok := ParseKey(f)
+		if !ok {
+			p.add(fmt.Sprintf("focus[%d]", i), "%q is not tenant/class", f)
+			continue
+		}
+		if cfg != nil {
+			if _, bad := cfg.Classes[k.Class]; !bad {
+				p.add(fmt.Sprintf("focus[%d]", i), "class %q is not configured", k.Class)
+			}
+		}
+	}
+	if cfg != nil && len(p) == 0 {
+		s.addGroupTenants(cfg)
+		if err := cfg.Validate(); err != nil {
+			p.add("sluice", "with the generated tenants: %v", err)
+		}
+	}
+	if err := errors.Join(p...); err != nil {
+		return err
+	}
+	s.Config = cfg
+	return nil
+}
+
+// ParseKey reads "tenant/class".
+func ParseKey(s string) (quota.Key, bool) {
+	t, c, ok := strings.Cut(s, "/")
+	k := quota.Key{Tenant: t, Class: c}
+	return k, ok && k.Validate() == nil
+}
+
+func (s *Scenario) applyDefaults() {
+	if s.Warmup == 0 {
+		s.Warmup = Duration(min(DefaultWarmup, time.Duration(s.Duration)/2))
+	}
+	if s.Seed == 0 {
+		s.Seed = 1
+	}
+	t := &s.Topology
+	if t.SessionTTL == 0 {
+		t.SessionTTL = Duration(DefaultSessionTTL)
+	}
+	if t.ColdStart == "" {
+		t.ColdStart = "full"
+	}
+	if t.Latency.Local == 0 {
+		t.Latency.Local = Duration(DefaultLocalLatency)
+	}
+	if t.Latency.Default == 0 {
+		t.Latency.Default = Duration(DefaultRegionLatency)
+	}
+	if t.Latency.Jitter == nil {
+		j := DefaultJitter
+		t.Latency.Jitter = &j
+	}
+	for i := range s.Workload {
+		w := &s.Workload[i]
+		if w.Cost == 0 {
+			w.Cost = 1
+		}
+		if w.Process == "" {
+			w.Process = "poisson"
+		}
+		if g := w.Group; g != nil {
+			if g.Size.Alpha == 0 {
+				g.Size.Alpha = DefaultAlpha
+			}
+			if g.Size.Sigma == 0 {
+				g.Size.Sigma = DefaultSigma
+			}
+		}
+		for j := range w.Shape {
+			if w.Shape[j].Kind == ShapeDiurnal && w.Shape[j].Low == nil {
+				low := DefaultLow
+				w.Shape[j].Low = &low
+			}
+		}
+	}
+	for i := range s.Faults {
+		f := &s.Faults[i]
+		if f.Count == 0 {
+			f.Count = 1
+		}
+		if f.Kind == FaultGlobalLeaderLoss && f.RestartAfter == 0 {
+			f.RestartAfter = Duration(DefaultGlobalRestart)
+		}
+	}
+	if c := s.Chaos; c != nil {
+		if c.MinFor == 0 {
+			c.MinFor = Duration(DefaultChaosMinFor)
+		}
+		if c.MaxFor == 0 {
+			c.MaxFor = Duration(DefaultChaosMaxFor)
+		}
+		if c.RestartAfter == 0 {
+			c.RestartAfter = Duration(DefaultChaosRestart)
+		}
+		if c.Start == 0 {
+			c.Start = s.Warmup
+		}
+		if c.End == 0 {
+			c.End = Duration(time.Duration(s.Duration) - time.Duration(c.MaxFor) - time.Minute)
+		}
+		if len(c.Kinds) == 0 {
+			c.Kinds = FaultKinds()
+		}
+	}
+	if s.Expect.ConvergenceTolerance == 0 {
+		s.Expect.ConvergenceTolerance = DefaultConvergenceTol
+	}
+}
+
+func (s *Scenario) parseSluice(p *problems) *config.Config {
+	if s.Sluice.Kind == 0 {
+		p.add("sluice", "the Sluice configuration is required")
+		return nil
+	}
+	data, err := yaml.Marshal(&s.Sluice)
+	if err != nil {
+		p.add("sluice", "%v", err)
+		return nil
+	}
+	cfg, err := config.Parse(data)
+	if err != nil {
+		p.add("sluice", "%v", err)
+		return nil
+	}
+	return cfg
+}
+
+func (s *Scenario) validateTopology(p *problems, cfg *config.Config) []string {
+	t := &s.Topology
+	var names []string
+	seen := map[string]bool{}
+	if len(t.Regions) == 0 {
+		p.add("topology.regions", "at least one region is required")
+	}
+	for i, r := range t.Regions {
+		path := fmt.Sprintf("topology.regions[%d]", i)
+		if r.Name == "" {
+			p.add(path+".name", "is required")
+			continue
+		}
+		if seen[r.Name] {
+			p.add(path+".name", "region %q is listed twice", r.Name)
+			continue
+		}
+		seen[r.Name] = true
+		names = append(names, r.Name)
+		if cfg != nil {
+			if _, ok := cfg.Regions[r.Name]; !ok {
+				p.add(path+".name", "region %q is not a region of the sluice config", r.Name)
+			}
+		}
+		if r.Instances < 1 || r.Instances > 10000 {
+			p.add(path+".instances", "must be in 1..10000, got %d", r.Instances)
+		}
+		if off := time.Duration(r.ClockOffset); off > time.Hour || off < -time.Hour {
+			p.add(path+".clock_offset", "must be within ±1h, got %v", off)
+		}
+	}
+	if cfg != nil {
+		for _, name := range sortedKeys(cfg.Regions) {
+			if !seen[name] {
+				p.add("topology.regions", "sluice config region %q has no topology entry", name)
+			}
+		}
+	}
+	if !seen[t.Global.Primary] {
+		p.add("topology.global.primary", "%q is not a topology region", t.Global.Primary)
+	}
+	if t.Global.Standby != "" && !seen[t.Global.Standby] {
+		p.add("topology.global.standby", "%q is not a topology region", t.Global.Standby)
+	}
+	if t.ColdStart != "full" && t.ColdStart != "conservative" {
+		p.add("topology.cold_start", "must be full or conservative, got %q", t.ColdStart)
+	}
+	l := &t.Latency
+	if j := *l.Jitter; !(j >= 0 && j < 1) {
+		p.add("topology.latency.jitter", "must be in [0, 1), got %v", j)
+	}
+	if !(l.Loss >= 0 && l.Loss < 1) {
+		p.add("topology.latency.loss", "must be in [0, 1), got %v", l.Loss)
+	}
+	for _, pair := range sortedKeys(l.Pairs) {
+		a, b, ok := strings.Cut(pair, "/")
+		if !ok || !seen[a] || !seen[b] || a == b {
+			p.add("topology.latency.pairs."+pair, "must name two different topology regions as a/b")
+		}
+	}
+	if time.Duration(t.InstanceClockSkew) > time.Hour {
+		p.add("topology.instance_clock_skew", "must be at most 1h")
+	}
+	return names
+}
+
+func (s *Scenario) validateClient(p *problems) {
+	if s.Client.BreakerFailures < 0 {
+		p.add("client.breaker_failures", "must not be negative, got %d", s.Client.BreakerFailures)
+	}
+}
+
+func (s *Scenario) validateWorkload(p *problems, cfg *config.Config, regions []string) {
+	if len(s.Workload) == 0 {
+		p.add("workload", "at least one entry is required")
+	}
+	isRegion := map[string]bool{}
+	for _, r := range regions {
+		isRegion[r] = true
+	}
+	tenants := map[quota.Key]string{}
+	for i := range s.Workload {
+		w := &s.Workload[i]
+		path := fmt.Sprintf("workload[%d]", i)
+		if cfg != nil {
+			if _, ok := cfg.Classes[w.Class]; !ok {
+				p.add(path+".class", "class %q is not configured", w.Class)
+			}
+		}
+		if (w.Tenant == "") == (w.Group == nil) {
+			p.add(path, "exactly one of tenant and group is required")
+		}
+		if w.Tenant != "" {
+			k := quota.Key{Tenant: w.Tenant, Class: w.Class}
+			if err := k.Validate(); err != nil {
+				p.add(path+".tenant", "%v", err)
+			} else if prev, dup := tenants[k]; dup {
+				p.add(path, "key %s is already driven by %s", k, prev)
+			} else {
+				tenants[k] = path
+			}
+			if len(w.Rate) == 0 {
+				p.add(path+".rate", "a tenant needs a rate for at least one region")
+			}
+		}
+		if w.Group != nil && len(w.Rate) > 0 {
+			p.add(path+".rate", "a group draws its rates from size; leave rate out")
+		}
+		for _, r := range sortedKeys(w.Rate) {
+			if !isRegion[r] {
+				p.add(path+".rate."+r, "%q is not a topology region", r)
+			}
+			if v := float64(w.Rate[r]); !(v >= 0) || math.IsInf(v, 0) || v > 1e9 {
+				p.add(path+".rate."+r, "must be in [0, 1e9] requests/s, got %v", v)
+			}
+		}
+		if w.Cost < 1 || w.Cost > quota.MaxCost {
+			p.add(path+".cost", "must be in 1..%d, got %d", quota.MaxCost, w.Cost)
+		}
+		if w.Process != "poisson" && w.Process != "constant" {
+			p.add(path+".process", "must be poisson or constant, got %q", w.Process)
+		}
+		if v := float64(w.PerInstance); v < 0 || math.IsInf(v, 0) {
+			p.add(path+".per_instance", "must be a positive rate, got %v", v)
+		}
+		if g := w.Group; g != nil {
+			validateGroup(p, path+".group", g, cfg)
+			if g.Regions > len(regions) {
+				p.add(path+".group.regions", "%d exceeds the %d topology regions", g.Regions, len(regions))
+			}
+		}
+		for j := range w.Shape {
+			validateShape(p, fmt.Sprintf("%s.shape[%d]", path, j), &w.Shape[j], isRegion)
+		}
+	}
+}
+
+func validateGroup(p *problems, path string, g *Group, cfg *config.Config) {
+	if err := quota.ValidateID(path+".prefix", g.Prefix+"0"); err != nil || g.Prefix == "" {
+		p.add(path+".prefix", "must be a valid tenant id prefix, got %q", g.Prefix)
+	}
+	if g.Count < 1 || g.Count > maxGroupCount {
+		p.add(path+".count", "must be in 1..%d, got %d", maxGroupCount, g.Count)
+	}
+	if g.Tier != "" && cfg != nil {
+		if _, ok := cfg.Tiers[g.Tier]; !ok {
+			p.add(path+".tier", "tier %q is not configured", g.Tier)
+		}
+	}
+	if g.Regions < 0 {
+		p.add(path+".regions", "must not be negative, got %d", g.Regions)
+	}
+	if !(g.HomeShare >= 0 && g.HomeShare <= 1) {
+		p.add(path+".home_share", "must be in [0, 1], got %v", g.HomeShare)
+	}
+	sz := &g.Size
+	switch sz.Dist {
+	case "pareto", "lognormal", "fixed":
+	default:
+		p.add(path+".size.dist", "must be pareto, lognormal or fixed, got %q", sz.Dist)
+	}
+	if v := float64(sz.Min); !(v > 0) || v > 1e9 {
+		p.add(path+".size.min", "must be a rate in (0, 1e9], got %v", v)
+	}
+	if v := float64(sz.Max); v != 0 && (v < float64(sz.Min) || v > 1e9) {
+		p.add(path+".size.max", "must be at least min and at most 1e9, got %v", v)
+	}
+	if !(sz.Alpha > 0) || sz.Alpha > 100 {
+		p.add(path+".size.alpha", "must be in (0, 100], got %v", sz.Alpha)
+	}
+	if !(sz.Sigma > 0) || sz.Sigma > 10 {
+		p.add(path+".size.sigma", "must be in (0, 10], got %v", sz.Sigma)
+	}
+}
+
+func validateShape(p *problems, path string, sh *Shape, isRegion map[string]bool) {
+	for i, r := range sh.Regions {
+		if !isRegion[r] {
+			p.add(fmt.Sprintf("%s.regions[%d]", path, i), "%q is not a topology region", r)
+		}
+	}
+	switch sh.Kind {
+	case ShapeStep:
+		if !(sh.Factor >= 0) || sh.Factor > 1e6 {
+			p.add(path+".factor", "must be in [0, 1e6], got %v", sh.Factor)
+		}
+	case ShapeFlash:
+		if !(sh.Factor > 0) || sh.Factor > 1e6 {
+			p.add(path+".factor", "must be in (0, 1e6], got %v", sh.Factor)
+		}
+		if sh.Hold <= 0 {
+			p.add(path+".hold", "is required for a flash crowd")
+		}
+	case ShapeDiurnal:
+		if sh.Period <= 0 {
+			p.add(path+".period", "is required for a diurnal shape")
+		}
+		if l := *sh.Low; !(l >= 0 && l <= 1) {
+			p.add(path+".low", "must be in [0, 1], got %v", l)
+		}
+		for _, r := range sortedKeys(sh.Peaks) {
+			if !isRegion[r] {
+				p.add(path+".peaks."+r, "%q is not a topology region", r)
+			}
+		}
+		if sh.Steps < 0 || sh.Steps > 100000 {
+			p.add(path+".steps", "must be in 0..100000, got %d", sh.Steps)
+		}
+	default:
+		p.add(path+".kind", "must be step, diurnal or flash, got %q", sh.Kind)
+	}
+}
+
+func validateFault(p *problems, path string, f *Fault, regions []string, dur time.Duration) {
+	isRegion := slices.Contains[[]string, string]
+	if !slices.Contains(FaultKinds(), f.Kind) {
+		p.add(path+".kind", "must be one of %s, got %q", strings.Join(FaultKinds(), ", "), f.Kind)
+		return
+	}
+	if dur > 0 && time.Duration(f.At) >= dur {
+		p.add(path+".at", "%v is not before the end of the run (%v)", time.Duration(f.At), dur)
+	}
+	needRegion := map[string]bool{
+		FaultInstanceCrash: true, FaultInstanceStop: true, FaultRegionLeaderLoss: true,
+		FaultPartition: true, FaultRedisRestart: true, FaultLatency: true,
+	}
+	if needRegion[f.Kind] && !isRegion(regions, f.Region) {
+		p.add(path+".region", "%q is not a topology region", f.Region)
+	}
+	if !needRegion[f.Kind] && f.Region != "" {
+		p.add(path+".region", "a %s fault takes no region", f.Kind)
+	}
+	needFor := f.Kind == FaultPartition || f.Kind == FaultRedisRestart || f.Kind == FaultEtcdDown || f.Kind == FaultLoss
+	if needFor && f.For <= 0 {
+		p.add(path+".for", "is required for a %s fault", f.Kind)
+	}
+	if f.Count < 1 || f.Count > 10000 {
+		p.add(path+".count", "must be in 1..10000, got %d", f.Count)
+	}
+	switch f.Kind {
+	case FaultLatency:
+		if f.Peer != GlobalPeer && (!isRegion(regions, f.Peer) || f.Peer == f.Region) {
+			p.add(path+".peer", "must be another topology region or %q, got %q", GlobalPeer, f.Peer)
+		}
+		if f.Latency <= 0 {
+			p.add(path+".latency", "is required for a latency fault")
+		}
+	case FaultLoss:
+		if !(f.Loss > 0 && f.Loss <= 1) {
+			p.add(path+".loss", "must be in (0, 1], got %v", f.Loss)
+		}
+	}
+}
+
+func (s *Scenario) validateChaos(p *problems, dur time.Duration) {
+	c := s.Chaos
+	if c == nil {
+		return
+	}
+	if c.MeanGap <= 0 {
+		p.add("chaos.mean_gap", "is required")
+	}
+	for i, k := range c.Kinds {
+		if !slices.Contains(FaultKinds(), k) {
+			p.add(fmt.Sprintf("chaos.kinds[%d]", i), "must be one of %s, got %q", strings.Join(FaultKinds(), ", "), k)
+		}
+	}
+	if c.MinFor > c.MaxFor {
+		p.add("chaos.min_for", "%v exceeds max_for %v", time.Duration(c.MinFor), time.Duration(c.MaxFor))
+	}
+	if c.End < c.Start || time.Duration(c.End) > dur {
+		p.add("chaos.end", "%v must be between start %v and the duration %v (the run may be too short for max_for + 1m)",
+			time.Duration(c.End), time.Duration(c.Start), dur)
+	}
+}
+
+func (s *Scenario) validateExpect(p *problems) {
+	e := &s.Expect
+	for _, f := range []struct {
+		name string
+		v    *int
+	}{{"conformance_violations_max", e.ConformanceViolationsMax}, {"rate_violations_max", e.RateViolationsMax}, {"burst_violations_max", e.BurstViolationsMax}} {
+		if f.v != nil && *f.v < 0 {
+			p.add("expect."+f.name, "must not be negative, got %d", *f.v)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{{"utilization_60s_min", e.Utilization60sMin}, {"utilization_1s_mean_min", e.Utilization1sMeanMin},
+		{"false_rejects_max", e.FalseRejectsMax}, {"fairness_error_max", e.FairnessErrorMax}, {"crash_error_max", e.CrashErrorMax}} {
+		if f.v != nil && !(*f.v >= 0 && *f.v <= 1) {
+			p.add("expect."+f.name, "must be a fraction in [0, 1], got %v", *f.v)
+		}
+	}
+	if v := e.ConvergenceEpochsMax; v != nil && !(*v >= 0) {
+		p.add("expect.convergence_epochs_max", "must not be negative, got %v", *v)
+	}
+	if !(e.ConvergenceTolerance > 0 && e.ConvergenceTolerance < 1) {
+		p.add("expect.convergence_tolerance", "must be in (0, 1), got %v", e.ConvergenceTolerance)
+	}
+}
+
+// addGroupTenants lists every generated tenant with its group's tier.
+func (s *Scenario) addGroupTenants(cfg *config.Config) {
+	for _, w := range s.Workload {
+		g := w.Group
+		if g == nil || g.Tier == "" {
+			continue
+		}
+		if cfg.Tenants == nil {
+			cfg.Tenants = map[string]config.Tenant{}
+		}
+		for i := 0; i < g.Count; i++ {
+			id := GroupTenant(g, i)
+			if _, listed := cfg.Tenants[id]; !listed {
+				cfg.Tenants[id] = config.Tenant{Tier: g.Tier}
+			}
+		}
+	}
+}
+
+// GroupTenant is the id of a group's i-th tenant.
+func GroupTenant(g *Group, i int) string {
+	width := len(fmt.Sprint(g.Count - 1))
+	return fmt.Sprintf("%s%0*d", g.Prefix, width, i)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

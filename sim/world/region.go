@@ -1,0 +1,551 @@
+package world
+
+import (
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/hierarchy"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/sim/oracle"
+	"github.com/sluicehq/sluice/sim/scenario"
+)
+
+// Region is one region: its Redis (the Model), its regional service (the
+// request handling of pkg/regional's Server over the Model), its region
+// leader loop (pkg/regional's Leader) and its instances. Not safe for
+// concurrent use: only the goroutine running the World touches it.
+type Region struct {
+	w      *World
+	idx    int
+	name   string
+	offset time.Duration
+
+	model   *luascripts.Model
+	redisUp bool
+	bornUS  int64
+
+	insts    []*Instance // live and serving, in start order
+	all      []*Instance // every instance ever started
+	nextNum  int
+	instVers int // bumped whenever insts changes (routing caches)
+
+	// The active-key index: keys served since the last flush, and the
+	// index in Redis (key id -> flush time µs; 0 = absent).
+	seen      []bool
+	seenList  []int
+	index     []int64
+	indexList []int
+
+	// Region leader loop.
+	leaderUp  bool
+	leaderGen int
+	last      map[int]counters
+	seq       uint64
+
+	// Leases of crashed instances, by instance id, until they expire.
+	crashed map[string][]*crashLease
+}
+
+type counters struct {
+	admitted, denied int64
+	atUS             int64
+}
+
+func newRegion(w *World, idx int, rs scenario.RegionSpec) *Region {
+	return &Region{
+		w: w, idx: idx, name: rs.Name, offset: time.Duration(rs.ClockOffset),
+		model: luascripts.NewModel(), redisUp: true,
+		last: map[int]counters{}, crashed: map[string][]*crashLease{},
+	}
+}
+
+// redisNowUS is the region's Redis TIME.
+func (r *Region) redisNowUS() int64 { return r.w.clockAt(r.offset).UnixMicro() }
+
+func (r *Region) start() {
+	if r.w.sc.Topology.ColdStart == "conservative" {
+		r.bornUS = r.redisNowUS()
+	}
+	n := 0
+	for _, rs := range r.w.sc.Topology.Regions {
+		if rs.Name == r.name {
+			n = rs.Instances
+		}
+	}
+	for i := 0; i < n; i++ {
+		r.startInstance()
+	}
+	// The regional service's background tick (Server.Run): flush the
+	// active-key index every epoch. Redis expires idle keys by their TTLs;
+	// the Model does when asked, here every expirySweep epochs. A key is
+	// only ever idle past its TTL when its bucket is full and its leases
+	// long expired, so the sweep's lateness changes no decision.
+	phase := time.Duration(r.w.rngInst.Int64N(int64(r.w.epoch)))
+	ticks := 0
+	var tick func()
+	tick = func() {
+		r.flushActive()
+		if ticks++; r.redisUp && ticks%expirySweep == 0 {
+			r.model.ExpireDue(r.redisNowUS())
+		}
+		r.w.eng.After(r.w.epoch, tick)
+	}
+	r.w.eng.After(phase, tick)
+	r.electLeader(0)
+}
+
+func (r *Region) startInstance() *Instance {
+	in := newInstance(r, r.nextNum)
+	r.nextNum++
+	r.insts = append(r.insts, in)
+	r.all = append(r.all, in)
+	r.instVers++
+	in.start()
+	return in
+}
+
+func (r *Region) removeInstance(in *Instance) {
+	for i, x := range r.insts {
+		if x == in {
+			r.insts = append(r.insts[:i], r.insts[i+1:]...)
+			r.instVers++
+			return
+		}
+	}
+}
+
+func (r *Region) common(k *keyInfo) luascripts.Common {
+	c := k.common[r.idx]
+	c.BornUS = r.bornUS
+	return c
+}
+
+// op counts one script call.
+func (r *Region) op() { r.w.orc.RPC(oracle.TierRedis, 1) }
+
+func (r *Region) touch(k *keyInfo) {
+	if r.seen == nil {
+		r.seen = make([]bool, len(r.w.keys))
+		r.index = make([]int64, len(r.w.keys))
+	}
+	if !r.seen[k.id] {
+		r.seen[k.id] = true
+		r.seenList = append(r.seenList, k.id)
+	}
+}
+
+// flushActive mirrors activeKeys.flush: keys seen since the last flush get
+// the current Redis time as score; entries older than 10 epochs go.
+func (r *Region) flushActive() {
+	if !r.redisUp {
+		return
+	}
+	now := r.redisNowUS()
+	for _, id := range r.seenList {
+		r.seen[id] = false
+		r.indexAt(id, now)
+	}
+	r.seenList = r.seenList[:0]
+	keep := r.indexList[:0]
+	horizon := now - (10 * r.w.epoch).Microseconds()
+	for _, id := range r.indexList {
+		if r.index[id] < horizon {
+			r.index[id] = 0
+			continue
+		}
+		keep = append(keep, id)
+	}
+	r.indexList = keep
+}
+
+// indexAt sets a key's score in the active-key index (ZADD).
+func (r *Region) indexAt(id int, us int64) {
+	if r.index == nil {
+		r.seen = make([]bool, len(r.w.keys))
+		r.index = make([]int64, len(r.w.keys))
+	}
+	if r.index[id] == 0 {
+		r.indexList = append(r.indexList, id)
+	}
+	r.index[id] = us
+}
+
+// activeKeys mirrors regional.ActiveKeys: keys with a score at or after
+// since, in ZRANGEBYSCORE order (score, then member).
+func (r *Region) activeKeys(sinceUS int64) []*keyInfo {
+	var ids []int
+	for _, id := range r.indexList {
+		if r.index[id] >= sinceUS {
+			ids = append(ids, id)
+		}
+	}
+	keys := r.w.keys
+	sort.Slice(ids, func(i, j int) bool {
+		a, b := ids[i], ids[j]
+		if r.index[a] != r.index[b] {
+			return r.index[a] < r.index[b]
+		}
+		return keys[a].member < keys[b].member
+	})
+	out := make([]*keyInfo, len(ids))
+	for i, id := range ids {
+		out[i] = r.w.keys[id]
+	}
+	return out
+}
+
+// --- The regional service (mirror of pkg/regional's Server handlers). ---
+
+func (r *Region) keyOf(qk *sluicev1.QuotaKey) *keyInfo {
+	return r.w.keyByQK[quota.Key{Tenant: qk.GetTenant(), Class: qk.GetClass()}]
+}
+
+func toReport(instance string, rep *sluicev1.KeyReport) luascripts.Report {
+	return luascripts.Report{
+		Instance: instance, Seq: rep.GetSeq(), Used: rep.GetUsed(), Denied: rep.GetDenied(),
+		Returned: rep.GetReturned(), Want: rep.GetWant(), Min: rep.GetMin(),
+	}
+}
+
+// grant builds a reply the way Server.grant does. Grants come from a free
+// list: the lease table copies what it needs in Apply, after which the
+// instance hands them back (recycle).
+func (r *Region) grant(k *keyInfo, seq uint64, lr luascripts.LeaseReply) *sluicev1.Grant {
+	var g *sluicev1.Grant
+	if n := len(r.w.freeGrants); n > 0 {
+		g = r.w.freeGrants[n-1]
+		r.w.freeGrants = r.w.freeGrants[:n-1]
+	} else {
+		g = new(sluicev1.Grant)
+	}
+	g.Key = k.wire
+	g.Seq = seq
+	g.Granted = lr.Granted
+	g.TtlMs = lr.TTL.Milliseconds()
+	g.Remaining = max(lr.Remaining, 0)
+	g.RetryAfterMs = lr.RetryAfter.Milliseconds()
+	g.RegionRate = lr.Rate
+	g.RegionBurst = lr.Cap
+	g.LiveInstances = lr.Live
+	g.Limit = k.res.Limit.Burst
+	g.ResetMs = lr.Reset.Milliseconds()
+	g.Shadow = k.res.Shadow
+	g.Mode = string(k.res.Class.Mode)
+	g.OnFailure = string(k.res.Class.OnFailure)
+	g.Tier = k.res.Tier
+	return g
+}
+
+// recycle returns applied grants to the free list.
+func (w *World) recycle(grants []*sluicev1.Grant) {
+	w.freeGrants = append(w.freeGrants, grants...)
+}
+
+func (r *Region) strictGrant(k *keyInfo, seq uint64) *sluicev1.Grant {
+	c := k.common[r.idx]
+	return r.grant(k, seq, luascripts.LeaseReply{Rate: c.StaticRate, Cap: c.StaticBurst})
+}
+
+// leaseOp serves Acquire and Sync reports; ok false means Redis is down
+// (the RPC fails Unavailable).
+func (r *Region) leaseOp(instance string, reports []*sluicev1.KeyReport, acquire bool) ([]*sluicev1.Grant, bool) {
+	if !r.redisUp {
+		return nil, false
+	}
+	now := r.redisNowUS()
+	grants := make([]*sluicev1.Grant, len(reports))
+	for i, rep := range reports {
+		k := r.keyOf(rep.GetKey())
+		if k.res.Class.Mode == config.ModeStrict {
+			grants[i] = r.strictGrant(k, rep.GetSeq())
+			continue
+		}
+		r.op()
+		r.extendCrashed(instance, k, now)
+		var lr luascripts.LeaseReply
+		if acquire {
+			lr = r.model.Acquire(now, k.rkeys, r.common(k), toReport(instance, rep))
+		} else {
+			lr = r.model.Sync(now, k.rkeys, r.common(k), toReport(instance, rep))
+		}
+		r.touch(k)
+		grants[i] = r.grant(k, rep.GetSeq(), lr)
+	}
+	return grants, true
+}
+
+func (r *Region) release(instance string, reports []*sluicev1.KeyReport) bool {
+	if !r.redisUp {
+		return false
+	}
+	now := r.redisNowUS()
+	for _, rep := range reports {
+		k := r.keyOf(rep.GetKey())
+		if k.res.Class.Mode == config.ModeStrict {
+			continue
+		}
+		r.op()
+		r.model.Release(now, k.rkeys, r.common(k), toReport(instance, rep))
+		r.touch(k)
+	}
+	return true
+}
+
+func (r *Region) check(k *keyInfo, cost int64) (*sluicev1.CheckResponse, bool) {
+	if !r.redisUp {
+		return nil, false
+	}
+	now := r.redisNowUS()
+	r.op()
+	cr := r.model.Check(now, k.rkeys, r.common(k), cost)
+	r.touch(k)
+	return &sluicev1.CheckResponse{
+		Allowed: cr.Allowed, Limit: k.res.Limit.Burst, Remaining: max(cr.Remaining, 0),
+		RetryAfterMs: cr.RetryAfter.Milliseconds(), ResetMs: cr.Reset.Milliseconds(), Shadow: k.res.Shadow,
+	}, true
+}
+
+// --- Redis outage. ---
+
+func (r *Region) redisDown() {
+	if !r.redisUp {
+		return
+	}
+	r.redisUp = false
+	r.w.orc.RedisDown(r.w.dur(), r.idx)
+}
+
+// redisBack brings Redis back empty: every bucket, lease, grant and the
+// active-key index are gone; the restart guard stamps the new data set's
+// birth so buckets are re-created conservatively.
+func (r *Region) redisBack() {
+	if r.redisUp {
+		return
+	}
+	r.model = luascripts.NewModel()
+	r.redisUp = true
+	r.bornUS = r.redisNowUS()
+	for _, id := range r.indexList {
+		r.index[id] = 0
+	}
+	r.indexList = r.indexList[:0]
+	for id, ls := range r.crashed {
+		for _, cl := range ls {
+			cl.expUS = r.redisNowUS() // the lease is gone with the data
+		}
+		delete(r.crashed, id)
+	}
+	r.w.orc.RedisUp(r.w.dur(), r.idx)
+}
+
+// --- Region leader (mirror of pkg/regional's Leader). ---
+
+// electLeader makes a replica the region's leader after delay, if etcd lets
+// it; the loop then syncs every epoch.
+func (r *Region) electLeader(delay time.Duration) {
+	r.w.eng.After(delay, func() {
+		if r.leaderUp {
+			return
+		}
+		if !r.w.global.etcdUp {
+			r.w.global.waitEtcd = append(r.w.global.waitEtcd, func() { r.electLeader(r.w.sessionTTL) })
+			return
+		}
+		r.leaderUp = true
+		r.leaderGen++
+		clear(r.last) // a new leader starts its demand baseline afresh
+		gen := r.leaderGen
+		var tick func()
+		tick = func() {
+			if !r.leaderUp || r.leaderGen != gen {
+				return
+			}
+			r.syncOnce(gen)
+			r.w.eng.After(r.w.epoch, tick)
+		}
+		// The loop's ticker starts at the election: any phase.
+		r.w.eng.After(time.Duration(r.w.rngEtcd.Int64N(int64(r.w.epoch)))+1, tick)
+	})
+}
+
+// loseLeader ends the current leader's loop (crash, or its session
+// expired); a new leader is elected after newAfter unless it is negative.
+func (r *Region) loseLeader(newAfter time.Duration) {
+	if !r.leaderUp {
+		return
+	}
+	r.leaderUp = false
+	r.leaderGen++
+	if newAfter >= 0 {
+		r.electLeader(newAfter)
+	}
+}
+
+// syncOnce is Leader.SyncOnce: report every active key, install grants.
+// The report and the answer are built in the allocator's Go types; every
+// field is what the wire would carry (whole milliseconds, the 1 ms
+// baseline window of a key's first report, the daemon's SetLimit for every
+// reported key).
+func (r *Region) syncOnce(gen int) {
+	if !r.redisUp {
+		return // redis time: connection refused
+	}
+	w := r.w
+	sendUS := r.redisNowUS()
+	keys := r.activeKeys(sendUS - (3 * w.epoch).Microseconds())
+	r.seq = max(r.seq+1, uint64(sendUS))
+	rep := hierarchy.Report{Region: r.name, Seq: r.seq, Keys: make([]hierarchy.KeyDemand, 0, len(keys))}
+	ids := make([]int, 0, len(keys))
+	for _, k := range keys {
+		r.op()
+		st := r.model.State(sendUS, k.rkeys, r.common(k))
+		prev, seen := r.last[k.id]
+		r.last[k.id] = counters{admitted: st.Admitted, denied: st.Denied, atUS: st.NowUS}
+		kd := hierarchy.KeyDemand{Key: k.key, Holding: st.Holding()}
+		// The first sight of a key (after an election) is a baseline: a 1 ms
+		// window with no counts.
+		windowMs := int64(1)
+		if seen && st.NowUS > prev.atUS {
+			kd.Admitted = float64(nonNegativeDelta(st.Admitted, prev.admitted))
+			kd.Denied = float64(nonNegativeDelta(st.Denied, prev.denied))
+			windowMs = max(1, (st.NowUS-prev.atUS)/1000)
+		}
+		kd.Window = time.Duration(windowMs) * time.Millisecond
+		if st.GrantExpiryUS > 0 {
+			// The scripts store grants exactly, so this echoes them bit for
+			// bit as the allocator's region contract requires.
+			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
+			kd.HeldValid = time.Duration((st.GrantExpiryUS-st.NowUS)/1000) * time.Millisecond
+		}
+		rep.Keys = append(rep.Keys, kd)
+		ids = append(ids, k.id)
+	}
+	node := w.global.leaderForClients()
+	if node == nil {
+		return // the allocator client finds no leader: the sync fails
+	}
+	w.orc.RPC(oracle.TierGlobal, 1)
+	var grants []hierarchy.Grant
+	site := node.region
+	w.exchange(
+		func() (time.Duration, bool) { return w.net.globalDelay(r.idx, site) },
+		func() (time.Duration, bool) { return w.net.globalDelay(r.idx, site) },
+		w.epoch,
+		func() bool { return r.leaderUp && r.leaderGen == gen },
+		func() bool {
+			var ok bool
+			grants, ok = node.serve(rep, ids)
+			return ok
+		},
+		func() { r.install(grants, sendUS) },
+		func() {},
+	)
+}
+
+func nonNegativeDelta(now, before int64) int64 {
+	if now < before {
+		return now
+	}
+	return now - before
+}
+
+// install is Leader.install: every grant's expiry is the report's send
+// time plus its validity (whole milliseconds on the wire), on this
+// region's clock; grants are ordered by that send time.
+func (r *Region) install(grants []hierarchy.Grant, sendUS int64) {
+	if !r.redisUp {
+		return
+	}
+	now := r.redisNowUS()
+	for _, g := range grants {
+		k := r.w.keyByQK[g.Key]
+		validMs := g.Valid.Milliseconds()
+		if k == nil || !(g.Rate >= 0) || !(g.Burst >= 0) || math.IsInf(g.Rate, 0) || math.IsInf(g.Burst, 0) || validMs <= 0 {
+			continue
+		}
+		expiry := sendUS + validMs*1000
+		r.op()
+		rep := r.model.SetRate(now, k.rkeys, r.common(k), g.Rate, g.Burst, expiry, sendUS)
+		// A granted key stays in the active index (reported next epochs)
+		// even without local traffic.
+		r.indexAt(k.id, sendUS)
+		if rep.Applied {
+			r.w.orc.GrantApplied(r.w.dur(), r.idx, k.id, g.Rate, g.Burst, trueTimeOf(expiry, r.offset))
+		}
+	}
+}
+
+// --- Crash accounting. ---
+
+// crashRecord follows one crashed instance's leases until the region's
+// view of each has expired: from then on the next script call on the key
+// reaps it before reading the bucket, so its unspent tokens are back.
+type crashRecord struct {
+	w       *World
+	at      time.Duration
+	pending int
+	tokens  float64
+	last    time.Duration
+}
+
+type crashLease struct {
+	crash *crashRecord
+	key   int
+	expUS int64
+}
+
+// watchLease waits for the lease's expiry on the region's clock; a request
+// the instance sent before dying may still arrive and extend it.
+func (r *Region) watchLease(cl *crashLease) {
+	at := trueTimeOf(cl.expUS, r.offset)
+	r.w.eng.At(engineTime(max(at, r.w.dur())), func() {
+		if r.redisUp && r.redisNowUS() < cl.expUS {
+			r.watchLease(cl)
+			return
+		}
+		c := cl.crash
+		c.pending--
+		c.last = max(c.last, r.w.dur())
+		if c.pending == 0 {
+			c.w.orc.Reclaimed(c.at, c.last, c.tokens)
+		}
+	})
+}
+
+// extendCrashed applies a dead instance's late request to the watch: the
+// script sets the lease's expiry to now + TTL.
+func (r *Region) extendCrashed(instance string, k *keyInfo, nowUS int64) {
+	for _, cl := range r.crashed[instance] {
+		if cl.key == k.id {
+			cl.expUS = max(cl.expUS, nowUS+r.w.leaseTTL.Microseconds())
+		}
+	}
+}
+
+// leaseRecord reads one instance's lease record of key from the Model (the
+// hash field "g u r seq exp lg").
+func leaseRecord(snap map[string]map[string]string, k *keyInfo, instance string) (g, u, rt, seq, exp, lg float64, ok bool) {
+	h, found := snap[k.rkeys.Leases]
+	if !found {
+		return
+	}
+	v, found := h[instance]
+	if !found {
+		return
+	}
+	f := strings.Fields(v)
+	if len(f) != 6 {
+		return
+	}
+	var vals [6]float64
+	for i, s := range f {
+		vals[i], _ = strconv.ParseFloat(s, 64)
+	}
+	return vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], true
+}

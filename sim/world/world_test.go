@@ -1,0 +1,221 @@
+package world
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/sim/engine"
+	"github.com/sluicehq/sluice/sim/oracle"
+	"github.com/sluicehq/sluice/sim/scenario"
+	"github.com/sluicehq/sluice/sim/traffic"
+)
+
+const base = `
+name: w
+duration: 2m
+warmup: 10s
+sluice:
+  regions: {a: {weight: 1}, b: {weight: 1}}
+  classes: {read: {}, write: {reclaim: none}}
+  tiers: {t: {read: {rate: 100/s, burst: 200}, write: {rate: 100/s, burst: 200}}}
+  default_tier: t
+topology:
+  regions: [{name: a, instances: 2}, {name: b, instances: 2, clock_offset: 400ms}]
+  global: {primary: a, standby: b}
+  instance_clock_skew: 30ms
+workload:
+  - {tenant: x, class: read, rate: {a: 150/s, b: 20/s}}
+  - {tenant: x, class: write, rate: {a: 150/s, b: 20/s}}
+`
+
+type harness struct {
+	w   *World
+	orc *oracle.Oracle
+}
+
+func build(t *testing.T, extra string) *harness {
+	t.Helper()
+	sc, err := scenario.Parse([]byte(base + extra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := traffic.Build(sc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup, err := OracleSetup(sc, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orc, err := oracle.New(setup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(sc, 1, orc, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{w: w, orc: orc}
+}
+
+// start begins the run without running it (Run does both).
+func (h *harness) start() {
+	w := h.w
+	for _, r := range w.regions {
+		r.start()
+	}
+	w.global.start()
+	for _, s := range w.streams {
+		w.startStream(s)
+	}
+	for i := range w.faults {
+		f := w.faults[i]
+		w.eng.At(engine.At(time.Duration(f.At)), func() { w.inject(f) })
+	}
+}
+
+func (h *harness) until(d time.Duration) { h.w.eng.RunUntil(engine.At(d)) }
+
+func TestRedisTimeConvertsBackToTrueTime(t *testing.T) {
+	h := build(t, "")
+	h.until(3 * time.Second)
+	for _, r := range h.w.regions {
+		us := r.redisNowUS()
+		if got := trueTimeOf(us, r.offset); got != 3*time.Second {
+			t.Fatalf("region %s: Redis time %d maps back to %v", r.name, us, got)
+		}
+	}
+	if b := h.w.regions[1]; b.redisNowUS()-h.w.regions[0].redisNowUS() != 400000 {
+		t.Fatal("region clock offset not applied")
+	}
+}
+
+func TestGracefulStopLeavesNothingStranded(t *testing.T) {
+	h := build(t, "faults: [{at: 30s, kind: instance-stop, region: a, count: 2}]\n")
+	h.start()
+	h.until(29 * time.Second)
+	a := h.w.regions[0]
+	victims := append([]*Instance(nil), a.insts...)
+	h.until(31 * time.Second)
+	snap := a.model.Snapshot()
+	for _, in := range victims {
+		if in.alive {
+			t.Fatalf("%s still running after a graceful stop", in.id)
+		}
+		for _, k := range h.w.keys {
+			if _, _, _, _, _, _, ok := leaseRecord(snap, k, in.id); ok {
+				t.Fatalf("%s still holds a lease on %s after releasing", in.id, k.key)
+			}
+		}
+	}
+	h.until(2 * time.Minute)
+	if r := h.orc.Finish(2 * time.Minute); !r.Pass() || r.Conformance.CrashError != 0 {
+		t.Fatalf("graceful stop: %+v", r.Conformance)
+	}
+}
+
+func TestCrashErrorOnlyUnderReclaimReported(t *testing.T) {
+	h := build(t, "faults: [{at: 30500ms, kind: instance-crash, region: a, count: 2}]\n")
+	h.start()
+	h.until(2 * time.Minute)
+	r := h.orc.Finish(2 * time.Minute)
+	if !r.Pass() {
+		t.Fatalf("invariants: %+v %+v %+v", r.Conformance, r.Rates, r.Bursts)
+	}
+	// Both keys run at 150/s in a; only read reclaims (write is "none").
+	if r.Conformance.CrashKeys != 1 || r.Conformance.CrashError <= 0 {
+		t.Fatalf("crash error %v over %d keys, want > 0 on the read key only", r.Conformance.CrashError, r.Conformance.CrashKeys)
+	}
+	if r.Reclaim.Crashes != 2 || r.Reclaim.Max > 5*time.Second+10*time.Millisecond || r.Reclaim.Max < 4*time.Second {
+		t.Fatalf("reclaim %+v, want about one lease TTL", r.Reclaim)
+	}
+	if n := len(h.w.regions[0].insts); n != 0 {
+		t.Fatalf("%d instances left in a", n)
+	}
+	if r.Unserved == 0 {
+		t.Fatal("traffic to a region without instances was not counted as unserved")
+	}
+}
+
+func TestEtcdOutageStopsGrantingWithoutSplitBrain(t *testing.T) {
+	h := build(t, "faults: [{at: 40s, kind: etcd-down, for: 20s}]\n")
+	h.start()
+	h.until(39 * time.Second)
+	g := h.w.global
+	leader := g.leader
+	if leader == nil || !leader.granting() {
+		t.Fatal("no granting leader before the outage")
+	}
+	h.until(40*time.Second + h.w.sessionTTL/2 + time.Millisecond)
+	if g.leaderForClients() != nil {
+		t.Fatal("still granting half a session TTL into the etcd outage")
+	}
+	h.until(40*time.Second + h.w.sessionTTL + time.Millisecond)
+	for _, r := range h.w.regions {
+		if r.leaderUp {
+			t.Fatalf("region %s still leads a session TTL into the outage", r.name)
+		}
+	}
+	h.until(59 * time.Second)
+	granting := 0
+	for _, n := range g.nodes {
+		if n.granting() {
+			granting++
+		}
+	}
+	if granting != 0 {
+		t.Fatalf("%d replicas granting while etcd is down", granting)
+	}
+	h.until(60*time.Second + 2*h.w.sessionTTL)
+	if g.leaderForClients() != leader {
+		t.Fatal("the leader did not resume once etcd was back")
+	}
+	for _, r := range h.w.regions {
+		if !r.leaderUp {
+			t.Fatalf("region %s has no leader after etcd came back", r.name)
+		}
+	}
+}
+
+func TestGlobalFailoverElectsTheStandbyAfterTheLease(t *testing.T) {
+	h := build(t, "faults: [{at: 30s, kind: global-leader-loss, restart_after: 20s}]\n")
+	h.start()
+	h.until(30*time.Second + 4*h.w.sessionTTL/5)
+	g := h.w.global
+	if g.leader != nil {
+		t.Fatalf("%s elected before the dead leader's lease can have run out", g.leader.name)
+	}
+	h.until(30*time.Second + h.w.sessionTTL + time.Millisecond)
+	if g.leader == nil || !strings.HasPrefix(g.leader.name, "global-b") || !g.leader.alloc.Learning(g.leader.now()) {
+		t.Fatal("the standby did not take over in learning mode within one session TTL")
+	}
+	h.until(2 * time.Minute)
+	if r := h.orc.Finish(2 * time.Minute); !r.Pass() {
+		t.Fatalf("failover broke an invariant: %+v %+v", r.Conformance, r.Rates)
+	}
+	if !g.nodes[0].alive || g.nodes[0].leading {
+		t.Fatal("the old leader did not come back as a standby")
+	}
+}
+
+func TestPartitionedRegionRunsOnStaticShareAfterItsGrantExpires(t *testing.T) {
+	h := build(t, "faults: [{at: 30s, kind: partition, region: a, for: 40s}]\n")
+	h.start()
+	h.until(29 * time.Second)
+	a := h.w.regions[0]
+	k := h.w.keys[0] // x/read: a wants 150/s of 100, b 20: a holds a grant above its 50
+	st := a.model.State(a.redisNowUS(), k.rkeys, a.common(k))
+	if st.GrantExpiryUS == 0 || st.Rate <= 50 {
+		t.Fatalf("before the partition a runs at %v (grant expiry %d), want a grant above its static 50", st.Rate, st.GrantExpiryUS)
+	}
+	h.until(30*time.Second + h.w.validity + time.Second)
+	st = a.model.State(a.redisNowUS(), k.rkeys, a.common(k))
+	if st.GrantExpiryUS != 0 || st.Rate != k.common[0].StaticRate {
+		t.Fatalf("one validity into the partition a runs at %v, want its static share", st.Rate)
+	}
+	h.until(2 * time.Minute)
+	if r := h.orc.Finish(2 * time.Minute); !r.Pass() {
+		t.Fatalf("partition broke an invariant: %+v %+v", r.Conformance, r.Rates)
+	}
+}
