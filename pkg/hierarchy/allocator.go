@@ -599,6 +599,21 @@ func (a *Allocator) Allocate(now time.Time) {
 	}
 }
 
+// retarget recomputes a contended key's targets from the demand estimates
+// as they are now, so a region's report is answered from its own newest
+// demand instead of the one the last Allocate saw: a donor gets its
+// smaller grant, and a recipient what headroom there is, one allocation
+// period earlier after a demand shift. Targets never affect safety (every
+// grant is fenced), only which of the safe grants is chosen. Contention
+// itself still changes only in Allocate.
+func (a *Allocator) retarget(t int64, k, b int32) {
+	a.dem = growFloats(a.dem, a.nr)
+	for i := 0; i < a.nr; i++ {
+		a.dem[i] = a.effectiveDemand(k, i)
+	}
+	a.computeTargets(t, k, b)
+}
+
 // computeTargets water-fills key k's rate over the regions that report,
 // with silent regions frozen at what they may be using (max of their
 // grant and static share), and splits the burst in proportion to the
@@ -803,6 +818,9 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 		if learning {
 			g, issued = a.reissue(t, f, k, held, s, sb, sendLB)
 		} else {
+			if a.blockContended[b] {
+				a.retarget(t, k, b)
+			}
 			g, issued = a.fencedGrant(t, b, ri, sendLB)
 		}
 		a.summaries[int(b)*nr+ri] = f.summarize(t, s, sb)
@@ -868,9 +886,19 @@ func (a *Allocator) validateKeyDemand(j int, kd *KeyDemand, known bool) error {
 // estimate for region ri. Reports that skipped the key count as zero.
 func (a *Allocator) observe(k int32, ri int, kd *KeyDemand) {
 	j := int(k)*a.nr + ri
-	obs := (kd.Admitted + kd.Denied) / kd.Window.Seconds()
 	n := a.regions[ri].nReports
 	last := a.lastObs[j]
+	if int64(kd.Window) < a.epochNS/2 {
+		// Too short to measure a rate (instances bring their counts in
+		// lumps, once per refresh): the report only acknowledges grants,
+		// and the estimate stays as it was, current as of this report.
+		if last != 0 {
+			a.demand[j] *= a.decay(n - 1 - last)
+			a.lastObs[j] = n
+		}
+		return
+	}
+	obs := (kd.Admitted + kd.Denied) / kd.Window.Seconds()
 	if last == 0 {
 		a.demand[j] = obs
 	} else {

@@ -291,6 +291,16 @@ func TestDemandEstimate(t *testing.T) {
 	if d := demandOf(k2); !near(d, 50) {
 		t.Fatalf("k2 left out once: %v, want 50", d)
 	}
+	// A window under half an epoch is no observation: the estimate stays,
+	// and the next real one is not decayed for the short report.
+	report(5, KeyDemand{Key: k1, Admitted: 50, Window: 100 * time.Millisecond}, KeyDemand{Key: k2, Admitted: 100, Window: time.Second})
+	if d := demandOf(k1); !near(d, 80) {
+		t.Fatalf("after a 100ms window %v, want 80 unchanged", d)
+	}
+	report(6, KeyDemand{Key: k1, Window: time.Second}, KeyDemand{Key: k2, Admitted: 100, Window: time.Second})
+	if d := demandOf(k1); !near(d, 40) {
+		t.Fatalf("after a zero report following a short one %v, want 40", d)
+	}
 }
 
 func TestRemoveKeyAndSetRegions(t *testing.T) {

@@ -35,12 +35,20 @@
 // Demand is an EWMA of (admitted+denied)/window per (key, region). The
 // weight of one report is 1-(1-α)^(window/Epoch) (α = Options.DemandAlpha,
 // default 0.5); a report that does not mention a key counts as a zero
-// observation, so the demand of an idle region decays.
+// observation, so the demand of an idle region decays. A window shorter
+// than half an Epoch is no observation (counts arrive in lumps, once per
+// instance refresh): such a report leaves the estimate as it was, which
+// lets a region acknowledge a grant at once without a demand reading.
 //
 // A key is contended when some reporting region's demand exceeds its
 // static share. Only then does it get targets from the water-fill, with
 // silent regions (no report for SilenceTimeout) frozen at what they may be
-// using: max(their grant, s_r). A key that stops being contended gets
+// using: max(their grant, s_r). Allocate decides contention and computes
+// the targets once per epoch; a region's report recomputes the targets of
+// the contended keys it names from the newest estimates before answering,
+// so a demand shift moves grants without waiting for the next Allocate.
+// Targets only choose among safe grants: the fencing below never depends
+// on them. A key that stops being contended gets
 // grants at the static shares until no region may hold anything else, then
 // none: control-plane work grows with contended keys only.
 //

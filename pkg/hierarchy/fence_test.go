@@ -160,6 +160,64 @@ func TestRateMovesOnlyAfterTheDonorAcknowledges(t *testing.T) {
 	}
 }
 
+func TestDemandShiftMovesGrantsBeforeTheNextAllocate(t *testing.T) {
+	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 100})
+	// Without smoothing every estimate is the last reading.
+	a, err := NewAllocator(Options{Regions: []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, Epoch: time.Second, Validity: 5 * time.Second, DemandAlpha: 1}, s.start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetLimit(s.key, s.limit); err != nil {
+		t.Fatal(err)
+	}
+	s.a = a
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 150, -1)
+	s.report("b", 6200, 10, -1)
+	s.a.Allocate(s.at(7000))
+	s.report("a", 7100, 150, -1)
+	s.report("b", 7200, 10, -1)
+	s.a.Allocate(s.at(8000))
+	s.report("a", 8100, 150, -1)
+	s.report("b", 8200, 10, -1)
+	s.a.Allocate(s.at(9000))
+	if g := s.report("a", 9100, 150, -1); !near(g.Rate, 90) {
+		t.Fatalf("settled a got %+v, want 90", g)
+	}
+
+	// Demand shifts: b wants 60, a only 40. No Allocate runs from here on.
+	// b's report raises its target at once, but a still holds 90.
+	if g := s.report("b", 9200, 60, -1); g.Rate > 10 {
+		t.Fatalf("b got %v while a still holds 90", g.Rate)
+	}
+	// a's report lowers its target at once from its own new demand.
+	if g := s.report("a", 9300, 40, -1); !near(g.Rate, 40) {
+		t.Fatalf("a got %+v after its demand fell to 40, want 40 without waiting for Allocate", g)
+	}
+	// a acknowledges at once: a 100 ms window is no demand reading, so
+	// its estimate (and target) stay at 40.
+	s.seq["a"]++
+	kd := s.demand("a", 0, 10, 9400)
+	kd.Window = 100 * time.Millisecond
+	grants, err := s.a.Report(s.at(9400), Report{Region: "a", Seq: s.seq["a"], Keys: []KeyDemand{kd}})
+	if err != nil || len(grants) != 1 || !near(grants[0].Rate, 40) {
+		t.Fatalf("a's acknowledging report got %+v, %v; want 40", grants, err)
+	}
+	s.held["a"] = scriptHeld{rate: grants[0].Rate, burst: grants[0].Burst, expiry: s.at(9400).Add(grants[0].Valid)}
+	if d := s.a.View(s.at(9400)).Keys[0].Regions[0].Demand; !near(d, 40) {
+		t.Fatalf("a's demand after the short report %v, want 40", d)
+	}
+	// The capacity a acknowledged giving up is b's at its next report.
+	if g := s.report("b", 9500, 60, -1); !near(g.Rate, 60) {
+		t.Fatalf("b got %+v after a acknowledged 40, want 60", g)
+	}
+	for ms := 6000; ms <= 16000; ms++ {
+		if sum := s.usable("a", ms, 50) + s.usable("b", ms, 50); sum > 100+1e-9 {
+			t.Fatalf("at %dms the regions may use %v > 100", ms, sum)
+		}
+	}
+}
+
 func TestBurstMovesOnlyWhenTheDonorHoldsNoMore(t *testing.T) {
 	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 200})
 	s.a.Allocate(s.at(6000))

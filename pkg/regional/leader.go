@@ -148,7 +148,26 @@ func (l *Leader) setLeading(v bool) {
 // report was sent (Redis TIME read before sending), so the region's view
 // of every grant ends no later than the allocator's. lost, when it closes,
 // means leadership ended: nothing more is written.
+//
+// When the answer lowers some key's rate below what the region held, it
+// reports again at once: the allocator gives the capacity to other regions
+// only once this region acknowledged the smaller grant, and waiting for
+// the next epoch would cost them one. That extra report keeps the demand
+// baseline, so its window is too short to count as demand, and it never
+// triggers another: at most two reports per epoch. With many keys some
+// grant falls in most epochs, so expect close to two.
 func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
+	lowered, err := l.syncOnce(ctx, lost, false)
+	if err != nil || !lowered {
+		return err
+	}
+	_, err = l.syncOnce(ctx, lost, true)
+	return err
+}
+
+// syncOnce is one report and its answer; ack reports keep the demand
+// baseline. It reports whether an applied grant lowered a key's rate.
+func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, ack bool) (bool, error) {
 	s := l.s
 	cfg := s.opts.Config.Current()
 	epoch := time.Duration(cfg.Epoch)
@@ -156,32 +175,37 @@ func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
 	defer cancel()
 	sendTime, err := s.opts.Redis.Time(ctx).Result()
 	if err != nil {
-		return fmt.Errorf("redis time: %w", err)
+		return false, fmt.Errorf("redis time: %w", err)
 	}
 	sendUS := sendTime.UnixMicro()
 	keys, err := ActiveKeys(ctx, s.opts.Redis, s.opts.Prefix, sendUS-(3*epoch).Microseconds())
 	if err != nil {
-		return err
+		return false, err
 	}
-	report, plans, err := l.buildReport(ctx, cfg, keys, sendUS)
+	report, plans, held, err := l.buildReport(ctx, cfg, keys, sendUS, ack)
 	if err != nil {
-		return err
+		return false, err
 	}
 	grants, err := l.opts.Global.Sync(ctx, report)
 	if err != nil {
-		return fmt.Errorf("global sync: %w", err)
+		return false, fmt.Errorf("global sync: %w", err)
 	}
 	select {
 	case <-lost:
-		return errors.New("leadership lost before the grants were installed")
+		return false, errors.New("leadership lost before the grants were installed")
 	default:
 	}
-	return l.install(ctx, cfg, grants, plans, sendUS)
+	return l.install(ctx, cfg, grants, plans, held, sendUS)
 }
 
-func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quota.Key, nowUS int64) (*sluicev1.RegionReport, map[quota.Key]keyPlan, error) {
+// buildReport reads every key's state and returns the report, the keys'
+// plans and the rate the region held for each at nowUS (its static share
+// when no grant is valid). An ack report leaves the demand baseline where
+// it was.
+func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quota.Key, nowUS int64, ack bool) (*sluicev1.RegionReport, map[quota.Key]keyPlan, map[quota.Key]float64, error) {
 	s := l.s
 	plans := make(map[quota.Key]keyPlan, len(keys))
+	held := make(map[quota.Key]float64, len(keys))
 	var ordered []keyPlan
 	for _, k := range keys {
 		p, err := s.plan(cfg, &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}, "key")
@@ -205,16 +229,18 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 	for i, p := range ordered {
 		st, err := luascripts.ParseState(qs[i])
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		prev, seen := l.last[p.key]
-		l.last[p.key] = counters{admitted: st.Admitted, denied: st.Denied, atUS: st.NowUS}
+		if !ack {
+			l.last[p.key] = counters{admitted: st.Admitted, denied: st.Denied, atUS: st.NowUS}
+		}
 		kd := &sluicev1.KeyDemand{
 			Key:     &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class},
 			Holding: st.Holding(),
 		}
 		// The first sight of a key (after an election) is a baseline: a
-		// 1 ms window with no counts barely moves the demand estimate.
+		// 1 ms window with no counts, too short to count as demand.
 		kd.WindowMs = 1
 		if seen && st.NowUS > prev.atUS {
 			// Counters restart at 0 when a bucket expired and came back.
@@ -222,13 +248,15 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 			kd.Denied = nonNegativeDelta(st.Denied, prev.denied)
 			kd.WindowMs = max(1, (st.NowUS-prev.atUS)/1000)
 		}
+		held[p.key] = p.common.StaticRate
 		if st.GrantExpiryUS > 0 {
 			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
 			kd.HeldValidMs = (st.GrantExpiryUS - st.NowUS) / 1000
+			held[p.key] = st.Rate
 		}
 		rep.Keys = append(rep.Keys, kd)
 	}
-	return rep, plans, nil
+	return rep, plans, held, nil
 }
 
 func nonNegativeDelta(now, before int64) int64 {
@@ -238,18 +266,21 @@ func nonNegativeDelta(now, before int64) int64 {
 	return now - before
 }
 
-func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.RegionGrants, plans map[quota.Key]keyPlan, sendUS int64) error {
+// install applies the grants and reports whether an applied one lowered
+// a reported key's rate below what the region held when it reported.
+func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.RegionGrants, plans map[quota.Key]keyPlan, held map[quota.Key]float64, sendUS int64) (bool, error) {
 	s := l.s
 	type item struct {
 		p           keyPlan
 		rate, burst float64
 		expiryUS    int64
+		lowers      bool
 	}
 	var items []item
 	for _, kg := range g.GetGrants() {
 		k := quota.Key{Tenant: kg.GetKey().GetTenant(), Class: kg.GetKey().GetClass()}
-		p, ok := plans[k]
-		if !ok {
+		p, reported := plans[k]
+		if !reported {
 			var err error
 			if p, err = s.plan(cfg, kg.GetKey(), "grant.key"); err != nil {
 				s.log.Warn("global tier granted an invalid key; ignored", "err", err)
@@ -260,7 +291,8 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 			s.log.Warn("global tier sent an invalid grant; ignored", "key", k, "rate", kg.GetRate(), "burst", kg.GetBurst(), "valid_ms", kg.GetValidMs())
 			continue
 		}
-		items = append(items, item{p: p, rate: kg.GetRate(), burst: kg.GetBurst(), expiryUS: sendUS + kg.GetValidMs()*1000})
+		items = append(items, item{p: p, rate: kg.GetRate(), burst: kg.GetBurst(), expiryUS: sendUS + kg.GetValidMs()*1000,
+			lowers: reported && kg.GetRate() < held[k]})
 	}
 	qs := luascripts.RunQueued(ctx, s.opts.Redis, func(pipe redis.Pipeliner) []*luascripts.Queued {
 		out := make([]*luascripts.Queued, len(items))
@@ -278,16 +310,18 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 		return out
 	})
 	var firstErr error
-	for _, q := range qs {
+	lowered := false
+	for i, q := range qs {
 		sr, err := luascripts.ParseSetRate(q)
 		if err != nil && firstErr == nil {
 			firstErr = err
 		}
 		if err == nil && sr.Applied {
 			s.metrics.grantsApplied.Inc()
+			lowered = lowered || items[i].lowers
 		}
 	}
-	return firstErr
+	return lowered, firstErr
 }
 
 // Leading reports leadership changes (true when elected, false when lost);

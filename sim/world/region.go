@@ -47,6 +47,11 @@ type Region struct {
 	leaderGen int
 	last      map[int]counters
 	seq       uint64
+	// The loop is sequential (Leader.SyncOnce returns, after its extra
+	// report if any, before the next tick is read): a tick while a report
+	// is out waits for its answer or timeout, as a time.Ticker's buffered
+	// tick does.
+	busy, tickWaiting bool
 
 	// Leases of crashed instances, by instance id, until they expire.
 	crashed map[string][]*crashLease
@@ -359,6 +364,7 @@ func (r *Region) electLeader(delay time.Duration) {
 		}
 		r.leaderUp = true
 		r.leaderGen++
+		r.busy, r.tickWaiting = false, false
 		clear(r.last) // a new leader starts its demand baseline afresh
 		gen := r.leaderGen
 		var tick func()
@@ -366,7 +372,11 @@ func (r *Region) electLeader(delay time.Duration) {
 			if !r.leaderUp || r.leaderGen != gen {
 				return
 			}
-			r.syncOnce(gen)
+			if r.busy {
+				r.tickWaiting = true
+			} else {
+				r.syncOnce(gen, false)
+			}
 			r.w.eng.After(r.w.epoch, tick)
 		}
 		// The loop's ticker starts at the election: any phase.
@@ -392,21 +402,32 @@ func (r *Region) loseLeader(newAfter time.Duration) {
 // field is what the wire would carry (whole milliseconds, the 1 ms
 // baseline window of a key's first report, the daemon's SetLimit for every
 // reported key).
-func (r *Region) syncOnce(gen int) {
+//
+// An answer that lowers a grant below what the region held makes it
+// report again at once (ack true): the allocator moves the capacity to
+// the recipients only once the donor acknowledged the smaller grant, and
+// waiting for the next epoch would cost them one. The extra report keeps
+// the demand baseline, so its window is too short to count as demand, and
+// it never triggers another: at most one extra report per epoch. It
+// reports whether a report went out (the loop is busy until it is done).
+func (r *Region) syncOnce(gen int, ack bool) bool {
 	if !r.redisUp {
-		return // redis time: connection refused
+		return false // redis time: connection refused
 	}
 	w := r.w
 	sendUS := r.redisNowUS()
 	keys := r.activeKeys(sendUS - (3 * w.epoch).Microseconds())
 	r.seq = max(r.seq+1, uint64(sendUS))
 	rep := hierarchy.Report{Region: r.name, Seq: r.seq, Keys: make([]hierarchy.KeyDemand, 0, len(keys))}
+	held := make(map[int]float64, len(keys)) // key id -> rate held at send time
 	ids := make([]int, 0, len(keys))
 	for _, k := range keys {
 		r.op()
 		st := r.model.State(sendUS, k.rkeys, r.common(k))
 		prev, seen := r.last[k.id]
-		r.last[k.id] = counters{admitted: st.Admitted, denied: st.Denied, atUS: st.NowUS}
+		if !ack {
+			r.last[k.id] = counters{admitted: st.Admitted, denied: st.Denied, atUS: st.NowUS}
+		}
 		kd := hierarchy.KeyDemand{Key: k.key, Holding: st.Holding()}
 		// The first sight of a key (after an election) is a baseline: a 1 ms
 		// window with no counts.
@@ -422,17 +443,21 @@ func (r *Region) syncOnce(gen int) {
 			// bit as the allocator's region contract requires.
 			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
 			kd.HeldValid = time.Duration((st.GrantExpiryUS-st.NowUS)/1000) * time.Millisecond
+			held[k.id] = st.Rate
+		} else {
+			held[k.id] = r.common(k).StaticRate
 		}
 		rep.Keys = append(rep.Keys, kd)
 		ids = append(ids, k.id)
 	}
 	node := w.global.leaderForClients()
 	if node == nil {
-		return // the allocator client finds no leader: the sync fails
+		return false // the allocator client finds no leader: the sync fails
 	}
 	w.orc.RPC(oracle.TierGlobal, 1)
 	var grants []hierarchy.Grant
 	site := node.region
+	r.busy = true
 	w.exchange(
 		func() (time.Duration, bool) { return w.net.globalDelay(r.idx, site) },
 		func() (time.Duration, bool) { return w.net.globalDelay(r.idx, site) },
@@ -443,9 +468,27 @@ func (r *Region) syncOnce(gen int) {
 			grants, ok = node.serve(rep, ids)
 			return ok
 		},
-		func() { r.install(grants, sendUS) },
-		func() {},
+		func() {
+			if r.install(grants, sendUS, held) && !ack && r.syncOnce(gen, true) {
+				return // the extra report keeps the loop busy
+			}
+			r.syncDone(gen)
+		},
+		func() { r.syncDone(gen) },
 	)
+	return true
+}
+
+// syncDone ends the loop's current sync; a tick that came meanwhile syncs
+// now.
+func (r *Region) syncDone(gen int) {
+	r.busy = false
+	if r.tickWaiting {
+		r.tickWaiting = false
+		if r.leaderUp && r.leaderGen == gen {
+			r.syncOnce(gen, false)
+		}
+	}
 }
 
 func nonNegativeDelta(now, before int64) int64 {
@@ -457,11 +500,14 @@ func nonNegativeDelta(now, before int64) int64 {
 
 // install is Leader.install: every grant's expiry is the report's send
 // time plus its validity (whole milliseconds on the wire), on this
-// region's clock; grants are ordered by that send time.
-func (r *Region) install(grants []hierarchy.Grant, sendUS int64) {
+// region's clock; grants are ordered by that send time. It reports whether an applied
+// grant's rate is below the rate held (held, by key id) when the report
+// was sent.
+func (r *Region) install(grants []hierarchy.Grant, sendUS int64, held map[int]float64) bool {
 	if !r.redisUp {
-		return
+		return false
 	}
+	lowered := false
 	now := r.redisNowUS()
 	for _, g := range grants {
 		k := r.w.keyByQK[g.Key]
@@ -477,8 +523,12 @@ func (r *Region) install(grants []hierarchy.Grant, sendUS int64) {
 		r.indexAt(k.id, sendUS)
 		if rep.Applied {
 			r.w.orc.GrantApplied(r.w.dur(), r.idx, k.id, g.Rate, g.Burst, trueTimeOf(expiry, r.offset))
+			if h, ok := held[k.id]; ok && g.Rate < h {
+				lowered = true
+			}
 		}
 	}
+	return lowered
 }
 
 // --- Crash accounting. ---
