@@ -121,19 +121,25 @@ func StartCluster(t testing.TB, n int) []string {
 	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	c := redis.NewClient(&redis.Options{Addr: addrs[0]})
-	defer c.Close()
+	// Every node must see the cluster ok (and every slot covered) before a
+	// client may rely on any of them.
 	deadline := time.Now().Add(20 * time.Second)
-	for {
-		info, err := c.ClusterInfo(context.Background()).Result()
-		if err == nil && strings.Contains(info, "cluster_state:ok") {
-			return addrs
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		for {
+			info, err := c.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384") {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.Close()
+				t.Fatalf("cluster not ok on %s after 20s: %v\n%s", a, err, info)
+			}
+			time.Sleep(20 * time.Millisecond) // polling cluster formation with a deadline
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cluster not ok after 20s: %v\n%s", err, info)
-		}
-		time.Sleep(20 * time.Millisecond) // polling cluster formation with a deadline
+		c.Close()
 	}
+	return addrs
 }
 
 // KeyCount is the number of keys on one server (a cluster node).
