@@ -165,15 +165,11 @@ func (a *app) getCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		if *format != "yaml" && *format != "json" {
 			return exitf(exitUsage, "-o %q: want yaml or json", *format)
 		}
-		cli, store, err := a.etcd()
+		_, cfg, rev, done, err := a.openConfig(ctx)
 		if err != nil {
 			return err
 		}
-		defer cli.Close()
-		cfg, rev, err := a.currentConfig(ctx, store)
-		if err != nil {
-			return err
-		}
+		defer done()
 		data, err := cfg.Marshal()
 		if err != nil {
 			return exitf(exitInvalid, "render config: %v", err)
@@ -187,6 +183,20 @@ func (a *app) getCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		_, err = a.stdout.Write(data)
 		return err
 	}
+}
+
+// openConfig connects to etcd and reads the config for a command that
+// needs one; the caller calls done when finished with the store.
+func (a *app) openConfig(ctx context.Context) (store *config.Store, cfg *config.Config, rev int64, done func(), err error) {
+	cli, store, err := a.etcd()
+	if err != nil {
+		return nil, nil, 0, nil, err
+	}
+	if cfg, rev, err = a.currentConfig(ctx, store); err != nil {
+		cli.Close()
+		return nil, nil, 0, nil, err
+	}
+	return store, cfg, rev, func() { cli.Close() }, nil
 }
 
 // currentConfig reads the config from etcd for a command that needs one:

@@ -17,17 +17,12 @@ func (a *app) tenantGetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 		if len(args) != 1 {
 			return exitf(exitUsage, "tenant get takes one tenant name, got %d arguments", len(args))
 		}
-		name := args[0]
-		cli, store, err := a.etcd()
+		_, cfg, rev, done, err := a.openConfig(ctx)
 		if err != nil {
 			return err
 		}
-		defer cli.Close()
-		cfg, rev, err := a.currentConfig(ctx, store)
-		if err != nil {
-			return err
-		}
-		return writeTenant(a, cfg, rev, name)
+		defer done()
+		return writeTenant(a, cfg, rev, args[0])
 	}
 }
 
@@ -212,15 +207,11 @@ func (a *app) shadowSetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 // readModifyWrite reads the config and its revision, lets modify change a
 // copy, and commits the copy guarded by that revision.
 func (a *app) readModifyWrite(ctx context.Context, change changeFlags, modify func(*config.Config) error) error {
-	cli, store, err := a.etcd()
+	store, current, rev, done, err := a.openConfig(ctx)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	current, rev, err := a.currentConfig(ctx, store)
-	if err != nil {
-		return err
-	}
+	defer done()
 	next, err := cloneConfig(current)
 	if err != nil {
 		return exitf(exitInvalid, "copy the config: %v", err)
