@@ -118,15 +118,7 @@ func TestLeaseReclaim(t *testing.T) {
 	// The instance is gone. Poll (with a deadline) until both leases were
 	// reaped: every script call reaps expired leases.
 	state := func(class string) luascripts.State {
-		keys, common, _, err := reg.Server.CommonFor(reg.Server.ConfigForTest(), quota.Key{Tenant: "acme", Class: class})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := reg.Server.Scripts().State(ctx, reg.RDB, keys, common)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
+		return bucketState(t, reg, quota.Key{Tenant: "acme", Class: class})
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	var rep, none luascripts.State
