@@ -178,9 +178,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if cerr := w.store.cli.Ctx().Err(); cerr != nil {
 			return fmt.Errorf("config watcher: etcd client closed: %w", cerr)
 		}
-		w.watchErrors.Inc()
 		w.logger.Warn("config watch interrupted; live config kept, reading again",
 			"key", w.store.key, "live_revision", w.Revision(), "retry_in", wait, "error", err)
+		w.watchErrors.Inc()
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -255,9 +255,11 @@ func (w *Watcher) consider(value []byte, rev int64) {
 	w.seenRev = rev
 	cfg, err := Parse(value)
 	if err != nil {
-		w.rejected.Inc()
+		// Log before counting: whoever sees the counter move can rely on
+		// the line that explains it being there already.
 		w.logger.Error("refused invalid config from etcd; the last good config stays live",
 			"key", w.store.key, "revision", rev, "live_revision", w.Revision(), "error", err)
+		w.rejected.Inc()
 		return
 	}
 	w.live.Store(&applied{cfg: cfg, rev: rev})
