@@ -40,7 +40,8 @@
 // tolerance (sampled every epoch, up to 30 epochs or the next shift); the
 // share of later samples still within it is reported as Held. The tolerance is the larger of a fraction of the key's rate
 // and three standard deviations of the allocator's one-epoch demand
-// estimate under Poisson arrivals, sqrt(3·d/epoch): small keys are not
+// estimate under Poisson arrivals, 3·sqrt(α/(2−α)·d/epoch) for the
+// allocator's demand EWMA weight α: small keys are not
 // judged on noise. Reclaim time is from an instance crash until the
 // region's view of every lease it held has expired: the next script call
 // on the key then reaps it before reading the bucket.

@@ -80,6 +80,10 @@ type Setup struct {
 	// ConvergenceTolerance is a fraction of the key's rate. Optional,
 	// default 0.05.
 	ConvergenceTolerance float64
+	// DemandAlpha is the allocator's EWMA weight of one epoch's demand
+	// reading, in (0, 1]; it sets how noisy the estimate the tolerance
+	// allows for is. Optional, default 1 (the config's default).
+	DemandAlpha float64
 	// Shifts, optional: demand shifts to measure convergence after.
 	Shifts []Shift
 	// Focus keys get per-region time series. Optional.
@@ -165,6 +169,12 @@ func New(s Setup) (*Oracle, error) {
 	}
 	if s.ConvergenceTolerance == 0 {
 		s.ConvergenceTolerance = 0.05
+	}
+	if s.DemandAlpha == 0 {
+		s.DemandAlpha = 1
+	}
+	if !(s.DemandAlpha > 0 && s.DemandAlpha <= 1) {
+		return nil, fmt.Errorf("oracle: demand alpha %v must be in (0, 1]", s.DemandAlpha)
 	}
 	o := &Oracle{s: s, nr: len(s.Regions), down: make([]bool, len(s.Regions))}
 	for _, r := range s.Regions {
@@ -630,10 +640,11 @@ func (o *Oracle) scheduleShifts() {
 		tol := make([]float64, o.nr)
 		for r := range fair {
 			fair[r] = math.Min(fair[r], sh.Demand[r])
-			// A one-epoch demand estimate of Poisson traffic has a standard
-			// deviation of sqrt(d/(3·epoch)) after the allocator's EWMA
-			// (α = 0.5); three of them is noise, not a missed target.
-			noise := 3 * math.Sqrt(sh.Demand[r]/(3*o.s.Epoch.Seconds()))
+			// One epoch's reading of Poisson traffic of rate d has variance
+			// d/epoch; the allocator's EWMA of weight α leaves α/(2-α) of
+			// it. Three standard deviations is noise, not a missed target.
+			a := o.s.DemandAlpha
+			noise := 3 * math.Sqrt(a/(2-a)*sh.Demand[r]/o.s.Epoch.Seconds())
 			tol[r] = math.Max(o.s.ConvergenceTolerance*k.Rate, noise)
 		}
 		o.conv = append(o.conv, convState{shift: i, target: fair, tol: tol, horizon: h, ok: make([]bool, h+1)})

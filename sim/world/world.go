@@ -175,7 +175,7 @@ func OracleSetup(sc *scenario.Scenario, plan *traffic.Plan) (oracle.Setup, error
 	cfg := sc.Config
 	s := oracle.Setup{
 		Epoch: time.Duration(cfg.Epoch), Duration: time.Duration(sc.Duration), Warmup: time.Duration(sc.Warmup),
-		ConvergenceTolerance: sc.Expect.ConvergenceTolerance,
+		ConvergenceTolerance: sc.Expect.ConvergenceTolerance, DemandAlpha: cfg.DemandAlpha,
 	}
 	for _, r := range sc.Topology.Regions {
 		s.Regions = append(s.Regions, oracle.Region{Name: r.Name, Weight: cfg.Regions[r.Name].Weight,
