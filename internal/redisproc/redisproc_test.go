@@ -31,7 +31,7 @@ func TestScriptsRunOnBothKinds(t *testing.T) {
 		ctx := context.Background()
 		sc := luascripts.New()
 		k := luascripts.KeysFor("sl:", quota.Key{Tenant: "acme", Class: "read"})
-		c := luascripts.Common{StaticRate: 10, StaticBurst: 20, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8}
+		c := luascripts.Common{StaticRate: 10, StaticBurst: 20, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8, DemandWindow: 500 * time.Millisecond}
 		lr, err := sc.Acquire(ctx, rdb, k, c, luascripts.Report{Instance: "i1", Seq: 1, Want: 15, Min: 1})
 		if err != nil || lr.Granted != 15 {
 			t.Fatalf("embedded=%v: acquire %+v %v", embedded, lr, err)

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -99,4 +100,14 @@ func (c *Config) weightSum() float64 {
 		prev, started = next, true
 	}
 	return sum
+}
+
+// DemandWindow is the shortest window over which the regional scripts
+// measure one instance's demand rate: half the refresh, in whole
+// milliseconds and at least 1ms. Instances report at every refresh, so a
+// window closes at about every Sync, while a refill report in between
+// (a busy instance's pool running low) rarely ends one early: windows much
+// shorter than a refresh make noisy readings.
+func (c *Config) DemandWindow() time.Duration {
+	return max(time.Millisecond, (time.Duration(c.Refresh) / 2).Truncate(time.Millisecond))
 }

@@ -207,7 +207,7 @@ func BenchmarkPerRequestEvalSha(b *testing.B) {
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), PoolSize: 4 * benchParallelism})
 	b.Cleanup(func() { rdb.Close() })
 	svc := &evalShaService{rdb: rdb, scripts: luascripts.New(), common: luascripts.Common{
-		StaticRate: 1e9, StaticBurst: 1e9, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8,
+		StaticRate: 1e9, StaticBurst: 1e9, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8, DemandWindow: 500 * time.Millisecond,
 	}}
 	if err := svc.scripts.Load(context.Background(), rdb); err != nil {
 		b.Fatal(err)

@@ -43,11 +43,12 @@ func TestLuaMatchesModel(t *testing.T) {
 		kcs := make([]keyCase, nKeys)
 		for i := range kcs {
 			c := Common{
-				StaticRate:  rapid.SampledFrom([]float64{0.1, 0.5, 1, 3, 10, 66.666666666, 1000}).Draw(rt, "rate"),
-				StaticBurst: rapid.SampledFrom([]float64{0, 0.5, 1, 5, 20, 200}).Draw(rt, "burst"),
-				LeaseTTL:    time.Duration(rapid.IntRange(1000, 5000).Draw(rt, "ttl_ms")) * time.Millisecond,
-				Reclaim:     rapid.Bool().Draw(rt, "reclaim"),
-				ReapBudget:  rapid.IntRange(0, 3).Draw(rt, "reap"),
+				StaticRate:   rapid.SampledFrom([]float64{0.1, 0.5, 1, 3, 10, 66.666666666, 1000}).Draw(rt, "rate"),
+				StaticBurst:  rapid.SampledFrom([]float64{0, 0.5, 1, 5, 20, 200}).Draw(rt, "burst"),
+				LeaseTTL:     time.Duration(rapid.IntRange(1000, 5000).Draw(rt, "ttl_ms")) * time.Millisecond,
+				Reclaim:      rapid.Bool().Draw(rt, "reclaim"),
+				ReapBudget:   rapid.IntRange(0, 3).Draw(rt, "reap"),
+				DemandWindow: time.Duration(rapid.SampledFrom([]int{1, 300, 500}).Draw(rt, "demand_window_ms")) * time.Millisecond,
 			}
 			if rapid.Bool().Draw(rt, "reborn") {
 				c.BornUS = now - rapid.Int64Range(0, 10e6).Draw(rt, "born_ago")

@@ -25,12 +25,12 @@ type Model struct {
 
 // modelBucket mirrors the bucket hash; every field a float64 as in Lua.
 type modelBucket struct {
-	tk, ts, gr, gb, ge, out, adm, den, gs float64
-	expireAt                              float64 // µs, the key's TTL deadline
-	ttlMS                                 float64 // the TTL last set (PEXPIRE argument)
+	tk, ts, gr, gb, ge, out, adm, den, gs, dr, sd float64
+	expireAt                                      float64 // µs, the key's TTL deadline
+	ttlMS                                         float64 // the TTL last set (PEXPIRE argument)
 }
 
-type modelLease struct{ g, u, r, seq, exp, lg float64 }
+type modelLease struct{ g, u, r, seq, exp, lg, lt, pd, dr float64 }
 
 type modelLeases struct {
 	byID     map[string]*modelLease
@@ -179,6 +179,10 @@ func (o *op) dropLease(id string, l *modelLease, giveBack bool) float64 {
 	if o.b.out < 0 {
 		o.b.out = 0
 	}
+	o.b.dr = o.b.dr - l.dr
+	if o.b.dr < 0 {
+		o.b.dr = 0
+	}
 	delete(o.ls.byID, id)
 	o.leases = true
 	if giveBack && unspent > 0 {
@@ -260,6 +264,19 @@ func (o *op) applyUsage(l *modelLease, used, denied, returned float64) float64 {
 	}
 	o.b.adm = o.b.adm + used
 	o.b.den = o.b.den + denied
+	if l.lt <= 0 || o.now < l.lt {
+		l.lt, l.pd = o.now, 0
+	} else {
+		l.pd = l.pd + used + denied
+		if o.now-l.lt >= float64(o.c.DemandWindow.Milliseconds())*1000 {
+			dr := math.Floor(l.pd*1000000000/(o.now-l.lt) + 0.5)
+			o.b.dr = o.b.dr + dr - l.dr
+			if o.b.dr < 0 {
+				o.b.dr = 0
+			}
+			l.dr, l.lt, l.pd = dr, o.now, 0
+		}
+	}
 	if re > 0 {
 		o.b.tk = o.b.tk + re
 		o.clamp()
@@ -422,6 +439,7 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 	}
 	fc := float64(cost)
 	allowed, retry := false, 0.0
+	o.b.sd = o.b.sd + fc
 	if o.b.tk >= fc {
 		o.b.tk = o.b.tk - fc
 		o.b.adm = o.b.adm + fc
@@ -472,6 +490,7 @@ func (m *Model) State(nowUS int64, k Keys, c Common) State {
 	return State{
 		Admitted: int64(o.b.adm), Denied: int64(o.b.den), Rate: o.rateNow(), Cap: o.capNow(),
 		GrantExpiryUS: int64(ge), Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS,
+		LeaseDemand: float64(int64(o.b.dr)) / 1000, StrictDemand: int64(o.b.sd),
 	}
 }
 
@@ -484,12 +503,14 @@ func (m *Model) Snapshot() map[string]map[string]string {
 		out[name] = map[string]string{
 			"tk": f6(b.tk), "ts": i0(b.ts), "gr": f17(b.gr), "gb": f17(b.gb),
 			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den), "gs": i0(b.gs),
+			"dr": i0(b.dr), "sd": i0(b.sd),
 		}
 	}
 	for name, ls := range m.leases {
 		h, z := map[string]string{}, map[string]string{}
 		for id, l := range ls.byID {
-			h[id] = i0(l.g) + " " + i0(l.u) + " " + i0(l.r) + " " + i0(l.seq) + " " + i0(l.exp) + " " + i0(l.lg)
+			h[id] = i0(l.g) + " " + i0(l.u) + " " + i0(l.r) + " " + i0(l.seq) + " " + i0(l.exp) + " " + i0(l.lg) +
+				" " + i0(l.lt) + " " + i0(l.pd) + " " + i0(l.dr)
 			z[id] = i0(l.exp)
 		}
 		out[name] = h

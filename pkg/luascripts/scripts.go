@@ -36,6 +36,11 @@ type Common struct {
 	BornUS int64
 	// ReapBudget bounds how many expired leases one call reaps (>= 0).
 	ReapBudget int
+	// DemandWindow is the shortest window over which a lease measures its
+	// instance's demand rate (>= 1ms, whole milliseconds); the regional
+	// service passes half the instances' refresh, so a window closes at
+	// about every Sync and a refill report in between rarely ends one.
+	DemandWindow time.Duration
 }
 
 func (c Common) args(extra ...any) []any {
@@ -43,8 +48,9 @@ func (c Common) args(extra ...any) []any {
 	if c.Reclaim {
 		reclaim = "1"
 	}
-	a := make([]any, 0, 6+len(extra)+1)
-	a = append(a, fmtFloat(c.StaticRate), fmtFloat(c.StaticBurst), c.LeaseTTL.Milliseconds(), reclaim, c.BornUS, c.ReapBudget)
+	a := make([]any, 0, 7+len(extra)+1)
+	a = append(a, fmtFloat(c.StaticRate), fmtFloat(c.StaticBurst), c.LeaseTTL.Milliseconds(), reclaim, c.BornUS, c.ReapBudget,
+		c.DemandWindow.Milliseconds())
 	return append(a, extra...)
 }
 
@@ -61,6 +67,8 @@ func (c Common) Validate() error {
 		return fmt.Errorf("born %d must not be negative", c.BornUS)
 	case c.ReapBudget < 0:
 		return fmt.Errorf("reap budget %d must not be negative", c.ReapBudget)
+	case c.DemandWindow < time.Millisecond:
+		return fmt.Errorf("demand window %v must be at least 1ms", c.DemandWindow)
 	}
 	return nil
 }
@@ -135,6 +143,12 @@ type State struct {
 	Tokens           float64 // bucket tokens
 	Outstanding      int64   // unspent tokens in live leases
 	NowUS            int64
+	// LeaseDemand is the sum of the live leases' demand rates (tokens/s,
+	// to a thousandth): what the instances holding the key ask for.
+	LeaseDemand float64
+	// StrictDemand counts the tokens the strict path decided (admitted
+	// or denied; cumulative).
+	StrictDemand int64
 }
 
 // Holding is what the region holds against its burst cap.
@@ -333,8 +347,9 @@ func parseState(res []any) (State, error) {
 	st := State{
 		Admitted: p.int(0), Denied: p.int(1), Rate: p.float(2), Cap: p.float(3),
 		GrantExpiryUS: p.int(4), Tokens: p.float(5), Outstanding: p.int(6), NowUS: p.int(7),
+		LeaseDemand: float64(p.int(8)) / 1000, StrictDemand: p.int(9),
 	}
-	return st, p.err(8)
+	return st, p.err(10)
 }
 
 func parseLease(res []any) (LeaseReply, error) {

@@ -97,7 +97,7 @@ func BenchmarkRawCheckScript(b *testing.B) {
 	if err := sc.Load(ctx, rdb); err != nil {
 		b.Fatal(err)
 	}
-	common := luascripts.Common{StaticRate: 1e6, StaticBurst: 1e6, LeaseTTL: 5e9, Reclaim: true, ReapBudget: 8}
+	common := luascripts.Common{StaticRate: 1e6, StaticBurst: 1e6, LeaseTTL: 5e9, Reclaim: true, ReapBudget: 8, DemandWindow: 5e8}
 	keys := benchKeys()
 	var n atomic.Int64
 	b.SetParallelism(benchParallelism)

@@ -169,12 +169,13 @@ func (s *Server) common(cfg *config.Config, res config.Resolved) (luascripts.Com
 		return luascripts.Common{}, err
 	}
 	return luascripts.Common{
-		StaticRate:  rate,
-		StaticBurst: burst,
-		LeaseTTL:    time.Duration(cfg.LeaseTTL),
-		Reclaim:     res.Class.Reclaim != config.ReclaimNone,
-		BornUS:      s.guard.BornUS(),
-		ReapBudget:  s.opts.ReapBudget,
+		StaticRate:   rate,
+		StaticBurst:  burst,
+		LeaseTTL:     time.Duration(cfg.LeaseTTL),
+		Reclaim:      res.Class.Reclaim != config.ReclaimNone,
+		BornUS:       s.guard.BornUS(),
+		ReapBudget:   s.opts.ReapBudget,
+		DemandWindow: cfg.DemandWindow(),
 	}, nil
 }
 

@@ -163,6 +163,7 @@ func (w *World) addKey(k quota.Key) (*keyInfo, error) {
 		ki.common = append(ki.common, luascripts.Common{
 			StaticRate: rate, StaticBurst: burst, LeaseTTL: w.leaseTTL,
 			Reclaim: res.Class.Reclaim != config.ReclaimNone, ReapBudget: reapBudget,
+			DemandWindow: w.cfg.DemandWindow(),
 		})
 	}
 	w.keys = append(w.keys, ki)

@@ -5,14 +5,14 @@
 -- available) when at least min tokens are available.
 --
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
--- ARGV[1..6]  common (see lib.lua)
--- ARGV[7]     instance id
--- ARGV[8]     seq (per instance and key, strictly increasing)
--- ARGV[9]     used since the last report (tokens)
--- ARGV[10]    denied since the last report (tokens)
--- ARGV[11]    want (tokens)
--- ARGV[12]    min: smallest batch worth taking (tokens)
+-- ARGV[1..7]  common (see lib.lua)
+-- ARGV[8]     instance id
+-- ARGV[9]     seq (per instance and key, strictly increasing)
+-- ARGV[10]    used since the last report (tokens)
+-- ARGV[11]    denied since the last report (tokens)
+-- ARGV[12]    want (tokens)
+-- ARGV[13]    min: smallest batch worth taking (tokens)
 -- Reply: { granted, ttl_ms, remaining, retry_ms, rate, cap, live, reset_ms,
 --          now_us, duplicate }   rate and cap are '%.17g' strings (exact)
-return lease_op(ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), 0,
-  tonumber(ARGV[11]), tonumber(ARGV[12]))
+return lease_op(ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), 0,
+  tonumber(ARGV[12]), tonumber(ARGV[13]))

@@ -1,10 +1,12 @@
 -- check.lua: the strict path. One atomic, cost-weighted decision against the
 -- regional bucket (the seed's semantics): refill, then admit when the bucket
--- holds at least cost tokens. Denials change no tokens.
+-- holds at least cost tokens. Denials change no tokens. Every decision
+-- adds cost to the strict-demand counter sd, the region leader's reading
+-- of demand that no lease carries.
 --
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
--- ARGV[1..6]  common (see lib.lua)
--- ARGV[7]     cost (tokens, >= 1)
+-- ARGV[1..7]  common (see lib.lua)
+-- ARGV[8]     cost (tokens, >= 1)
 -- Reply: { allowed(0|1), remaining, retry_ms, reset_ms, rate, cap, now_us,
 --          reclaimed }
 --        rate and cap are '%.17g' strings (exact); retry_ms is -1 when the current
@@ -12,8 +14,9 @@
 -- With nothing outstanding, expired leases hold nothing to reclaim: the
 -- strict path skips reaping and stays on the bucket alone.
 if B.out > 0 then reap(REAPMAX) end
-local cost = tonumber(ARGV[7])
+local cost = tonumber(ARGV[8])
 local allowed, retry = 0, 0
+B.sd = B.sd + cost
 if B.tk >= cost then
   B.tk = B.tk - cost
   B.adm = B.adm + cost

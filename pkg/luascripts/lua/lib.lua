@@ -13,9 +13,20 @@
 --                                 out unspent tokens out in live leases
 --                                 adm tokens admitted (cumulative counter)
 --                                 den tokens denied (cumulative counter)
--- KEYS[2]  lease hash    field = instance id, value = "g u r seq exp lg":
---                                 granted, used, returned (cumulative tokens),
---                                 last applied seq, expiry (µs), last grant
+--                                 dr  Σ of the live leases' dr (milli-
+--                                     tokens/s, integer: exact sums)
+--                                 sd  tokens decided by the strict path
+--                                     (cumulative counter)
+-- KEYS[2]  lease hash    field = instance id, value =
+--                                 "g u r seq exp lg lt pd dr": granted,
+--                                 used, returned (cumulative tokens), last
+--                                 applied seq, expiry (µs), last grant,
+--                                 start of the open demand window (µs),
+--                                 demand reported in it (tokens), demand
+--                                 rate of the last closed one (milli-
+--                                 tokens/s); a record of the first six
+--                                 fields alone (older scripts) reads as a
+--                                 lease with no window open
 -- KEYS[3]  expiry zset   member = instance id, score = lease expiry (µs)
 -- All three share one hash tag, so every script works on Redis Cluster.
 --
@@ -27,13 +38,28 @@
 --   ARGV[5] born                 µs: when this Redis data set was (re)born;
 --                                '0' = trust a missing bucket to be full
 --   ARGV[6] reap budget          expired leases reaped per call (bounded work)
--- Script-specific ARGV start at 7.
+--   ARGV[7] demand window        ms: the shortest window a lease's demand
+--                                rate is measured over
+-- Script-specific ARGV start at 8.
 --
 -- Invariants kept by every script:
 --   tk <= max(0, cap(now) - out)   (a region never holds more than its cap,
 --                                   counting unspent leases: DESIGN inv. 3)
 --   tokens appear only by refill at rate(t) over elapsed Redis time, or by
 --   reclaiming a lease's unspent tokens; never by recreating a key early.
+--   dr = Σ dr of the records in the lease hash (while the bucket and the
+--   lease hash live and die together; a bucket recreated under live leases
+--   under-counts until they end, never below 0).
+--
+-- Demand reading. The region leader reports each key's demand as dr/1000
+-- plus the strict path's sd per second. Each lease measures its instance's
+-- demand (used + denied) over windows of its own reports, on Redis time,
+-- closing a window at the first report at least ARGV[7] after it opened.
+-- A count of what reports brought in over the leader's epoch would be as
+-- lumpy as the reports are (an instance's refresh landing just before or
+-- just after the leader reads moves a whole refresh of its demand between
+-- epochs); a sum of per-instance rates is not. A lease's rate leaves the
+-- sum when the lease ends: at release, or when it is reaped after expiry.
 
 local SR = tonumber(ARGV[1])
 local SB = tonumber(ARGV[2])
@@ -41,6 +67,7 @@ local LTTL = tonumber(ARGV[3])
 local RECLAIM = ARGV[4] == '1'
 local BORN = tonumber(ARGV[5])
 local REAPMAX = tonumber(ARGV[6])
+local DWIN = tonumber(ARGV[7]) * 1000
 local NOW = clock()
 
 local function f6(x) return string.format('%.6f', x) end
@@ -67,14 +94,14 @@ local function clamp()
 end
 
 local function load_bucket()
-  local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs')
+  local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd')
   if not raw[2] then
     -- A missing bucket is trusted to be full only when the data set is old
     -- enough that every lease issued before it was born has expired: then
     -- it is as if the bucket had been empty since born + lease TTL and had
     -- refilled at the static rate. A key that merely idled out is always
     -- full (its TTL is at least 2 x burst / rate).
-    B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs = 0, 0, 0, 0, 0, 0, 0
+    B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd = 0, 0, 0, 0, 0, 0, 0, 0, 0
     B.ts = NOW
     local warm = NOW - BORN - LTTL * 1000
     if warm < 0 then warm = 0 end
@@ -91,6 +118,8 @@ local function load_bucket()
   B.adm = tonumber(raw[7])
   B.den = tonumber(raw[8])
   B.gs = tonumber(raw[9]) or 0
+  B.dr = tonumber(raw[10]) or 0
+  B.sd = tonumber(raw[11]) or 0
 end
 
 -- refill credits elapsed time piecewise: at the granted rate while the grant
@@ -121,13 +150,19 @@ local function refill()
 end
 
 local function parse_lease(rec)
-  local g, u, r, seq, exp, lg = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
-  return { g = tonumber(g), u = tonumber(u), r = tonumber(r), seq = tonumber(seq), exp = tonumber(exp), lg = tonumber(lg) }
+  local g, u, r, seq, exp, lg, lt, pd, dr = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if not g then
+    g, u, r, seq, exp, lg = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+    lt, pd, dr = 0, 0, 0
+  end
+  return { g = tonumber(g), u = tonumber(u), r = tonumber(r), seq = tonumber(seq), exp = tonumber(exp), lg = tonumber(lg),
+    lt = tonumber(lt), pd = tonumber(pd), dr = tonumber(dr) }
 end
 
 local function save_lease(id, L)
   LEASES = true
-  redis.call('HSET', KEYS[2], id, i0(L.g) .. ' ' .. i0(L.u) .. ' ' .. i0(L.r) .. ' ' .. i0(L.seq) .. ' ' .. i0(L.exp) .. ' ' .. i0(L.lg))
+  redis.call('HSET', KEYS[2], id, i0(L.g) .. ' ' .. i0(L.u) .. ' ' .. i0(L.r) .. ' ' .. i0(L.seq) .. ' ' .. i0(L.exp) .. ' ' .. i0(L.lg)
+    .. ' ' .. i0(L.lt) .. ' ' .. i0(L.pd) .. ' ' .. i0(L.dr))
   redis.call('ZADD', KEYS[3], L.exp, id)
 end
 
@@ -138,6 +173,8 @@ local function drop_lease(id, L, give_back)
   if unspent < 0 then unspent = 0 end
   B.out = B.out - unspent
   if B.out < 0 then B.out = 0 end
+  B.dr = B.dr - L.dr
+  if B.dr < 0 then B.dr = 0 end
   redis.call('HDEL', KEYS[2], id)
   redis.call('ZREM', KEYS[3], id)
   LEASES = true
@@ -184,7 +221,8 @@ end
 -- apply_usage books a report's used and returned tokens against the lease.
 -- An instance cannot use or return more than the lease shows unspent (it
 -- may report use from a lease already reaped): the excess only feeds the
--- demand counters. Returns the tokens actually put back.
+-- demand counters and the lease's demand window. Returns the tokens
+-- actually put back.
 local function apply_usage(L, used, denied, returned)
   local unspent = L.g - L.u - L.r
   local ue = used
@@ -200,6 +238,19 @@ local function apply_usage(L, used, denied, returned)
   if B.out < 0 then B.out = 0 end
   B.adm = B.adm + used
   B.den = B.den + denied
+  if L.lt <= 0 or NOW < L.lt then
+    -- No window open (a new lease, an older record) or a clock that went
+    -- back: open one now; what this report brings covers an unknown time.
+    L.lt, L.pd = NOW, 0
+  else
+    L.pd = L.pd + used + denied
+    if NOW - L.lt >= DWIN then
+      local dr = math.floor(L.pd * 1000000000 / (NOW - L.lt) + 0.5)
+      B.dr = B.dr + dr - L.dr
+      if B.dr < 0 then B.dr = 0 end
+      L.dr, L.lt, L.pd = dr, NOW, 0
+    end
+  end
   if re > 0 then
     B.tk = B.tk + re
     clamp()
@@ -227,7 +278,8 @@ end
 
 local function save_bucket()
   redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f17(B.gr), 'gb', f17(B.gb),
-    'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs))
+    'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs),
+    'dr', i0(B.dr), 'sd', i0(B.sd))
   -- Idle keys disappear, but never before a recreated bucket would be
   -- correct, and the lease keys never before the bucket while leases hold
   -- unspent tokens (their reaping must reach it): the grant's remaining validity plus two full refills at the
@@ -268,7 +320,7 @@ local function lease_op(id, seq, used, denied, returned, want, min)
     granted = L.lg
     ttl = math.floor((L.exp - NOW) / 1000)
   else
-    if not L then L = { g = 0, u = 0, r = 0, seq = 0, exp = 0, lg = 0 } end
+    if not L then L = { g = 0, u = 0, r = 0, seq = 0, exp = 0, lg = 0, lt = 0, pd = 0, dr = 0 } end
     apply_usage(L, used, denied, returned)
     if want > 0 then
       if min < 1 then min = 1 end

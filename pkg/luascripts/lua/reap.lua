@@ -4,7 +4,7 @@
 -- the same way on every call, so this one only serves idle keys.
 --
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
--- ARGV[1..6]  common (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua)
 -- Reply: { leases reaped, tokens given back, leases left, now_us }
 local n, back = reap(REAPMAX)
 save_bucket()

@@ -7,18 +7,18 @@
 -- back to the static share by themselves.
 --
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
--- ARGV[1..6]  common (see lib.lua)
--- ARGV[7]     granted rate (tokens/s, >= 0)
--- ARGV[8]     granted burst cap (tokens, >= 0)
--- ARGV[9]     grant expiry (µs, Redis clock)
--- ARGV[10]    issued: when the report this grant answers was sent (µs)
+-- ARGV[1..7]  common (see lib.lua)
+-- ARGV[8]     granted rate (tokens/s, >= 0)
+-- ARGV[9]     granted burst cap (tokens, >= 0)
+-- ARGV[10]    grant expiry (µs, Redis clock)
+-- ARGV[11]    issued: when the report this grant answers was sent (µs)
 -- Reply: { applied(0|1), tokens, outstanding, now_us }  tokens as '%.6f'
 reap(REAPMAX)
-local exp, issued = tonumber(ARGV[9]), tonumber(ARGV[10])
+local exp, issued = tonumber(ARGV[10]), tonumber(ARGV[11])
 local applied = 0
 if issued >= B.gs then
-  B.gr = tonumber(ARGV[7])
-  B.gb = tonumber(ARGV[8])
+  B.gr = tonumber(ARGV[8])
+  B.gb = tonumber(ARGV[9])
   B.ge = exp
   B.gs = issued
   clamp()

@@ -3,11 +3,14 @@
 -- (refill and reaping applied) so holdings are never under-reported.
 --
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
--- ARGV[1..6]  common (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua)
 -- Reply: { admitted, denied, rate, cap, grant_expiry_us, tokens, outstanding,
---          now_us }  rate and cap as '%.17g' (exact), tokens as '%.6f'; counters cumulative
+--          now_us, lease_demand_mtps, strict_demand }  rate and cap as
+--          '%.17g' (exact), tokens as '%.6f'; admitted, denied and
+--          strict_demand cumulative tokens; lease_demand_mtps the sum of the
+--          live leases' demand rates (milli-tokens/s)
 reap(REAPMAX)
 save_bucket()
 local ge = B.ge
 if ge <= NOW then ge = 0 end
-return { B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW }
+return { B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW, B.dr, B.sd }

@@ -3,14 +3,14 @@
 -- new batch and extends the lease by a full TTL.
 --
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
--- ARGV[1..6]  common (see lib.lua)
--- ARGV[7]     instance id
--- ARGV[8]     seq
--- ARGV[9]     used since the last report (tokens)
--- ARGV[10]    denied since the last report (tokens)
--- ARGV[11]    returned: unused tokens the instance gives back
--- ARGV[12]    want (tokens)
--- ARGV[13]    min (tokens)
+-- ARGV[1..7]  common (see lib.lua)
+-- ARGV[8]     instance id
+-- ARGV[9]     seq
+-- ARGV[10]    used since the last report (tokens)
+-- ARGV[11]    denied since the last report (tokens)
+-- ARGV[12]    returned: unused tokens the instance gives back
+-- ARGV[13]    want (tokens)
+-- ARGV[14]    min (tokens)
 -- Reply: as acquire.lua
-return lease_op(ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]),
-  tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]))
+return lease_op(ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]),
+  tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14]))

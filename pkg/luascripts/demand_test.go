@@ -1,0 +1,124 @@
+package luascripts
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestLeaseDemandReading follows the per-lease demand windows on a real
+// redis-server: a window closes at the first report at least DemandWindow
+// after it opened, the key's reading is the sum of its leases' last rates,
+// retries change nothing, and a lease's rate leaves the sum when the lease
+// is released or reaped. The strict path counts into its own counter.
+func TestLeaseDemandReading(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sc := newVirtual()
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 1000, StaticBurst: 2000, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8,
+		DemandWindow: 500 * time.Millisecond}
+	t0 := int64(1_800_000_000_000_000)
+	at := func(d time.Duration) { sc.setNow(t0 + d.Microseconds()) }
+	seq := map[string]uint64{}
+	report := func(inst string, used, denied int64) Report {
+		seq[inst]++
+		return Report{Instance: inst, Seq: seq[inst], Used: used, Denied: denied, Want: 100, Min: 1}
+	}
+	reading := func(want float64, strict int64) {
+		t.Helper()
+		st, err := sc.State(ctx, rdb, k, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.LeaseDemand != want || st.StrictDemand != strict {
+			t.Fatalf("lease demand %v/s, strict %d; want %v/s, %d", st.LeaseDemand, st.StrictDemand, want, strict)
+		}
+	}
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	at(0)
+	must(sc.Acquire(ctx, rdb, k, c, report("i-a", 0, 0)))
+	must(sc.Acquire(ctx, rdb, k, c, report("i-b", 7, 0))) // what a first report brings covers no known window
+	reading(0, 0)
+
+	at(time.Second)
+	must(sc.Sync(ctx, rdb, k, c, report("i-a", 80, 20)))
+	must(sc.Sync(ctx, rdb, k, c, report("i-b", 50, 0)))
+	reading(150, 0)
+
+	// A refill 200ms into the next window is too soon to close it: its
+	// usage waits for the next report.
+	at(1200 * time.Millisecond)
+	refill := report("i-a", 30, 0)
+	must(sc.Acquire(ctx, rdb, k, c, refill))
+	reading(150, 0)
+	must(sc.Acquire(ctx, rdb, k, c, refill)) // a retry books nothing
+	at(1600 * time.Millisecond)
+	must(sc.Acquire(ctx, rdb, k, c, refill))
+	reading(150, 0)
+
+	at(2 * time.Second)
+	must(sc.Sync(ctx, rdb, k, c, report("i-a", 50, 0)))
+	reading(80+50, 0) // i-a: 80 tokens over 1s; i-b unchanged
+
+	// i-b's window opened at 1s: 3 tokens over 1.75s, kept to a thousandth.
+	at(2750 * time.Millisecond)
+	must(sc.Sync(ctx, rdb, k, c, report("i-b", 1, 2)))
+	reading(81.714, 0)
+
+	must(sc.Check(ctx, rdb, k, c, 5))
+	must(sc.Check(ctx, rdb, k, c, 3000)) // denied, still demand
+	reading(81.714, 3005)
+
+	must(sc.Release(ctx, rdb, k, c, report("i-b", 0, 0)))
+	reading(80, 3005)
+
+	// i-a's lease expires 5s after its last grant (at 2s) and is reaped.
+	at(7*time.Second + time.Microsecond)
+	reading(0, 3005)
+
+	// A lease record written by older scripts (six fields) reads as a lease
+	// with no window open: its next report opens one.
+	at(8 * time.Second)
+	exp := t0 + (12 * time.Second).Microseconds()
+	if err := rdb.HSet(ctx, k.Leases, "i-old", "10 0 0 1 "+itoa(exp)+" 10").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, k.Expiry, redisZ(exp, "i-old")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	seq["i-old"] = 1
+	at(9 * time.Second)
+	must(sc.Sync(ctx, rdb, k, c, report("i-old", 10, 0)))
+	reading(0, 3005)
+	rec, err := rdb.HGet(ctx, k.Leases, "i-old").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := strings.Fields(rec); len(f) != 9 || f[6] != itoa(t0+(9*time.Second).Microseconds()) {
+		t.Fatalf("rewritten record %q: want nine fields with the window opened at the report", rec)
+	}
+	at(10 * time.Second)
+	must(sc.Sync(ctx, rdb, k, c, report("i-old", 25, 0)))
+	reading(25, 3005)
+}
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+func redisZ(score int64, member string) redis.Z {
+	return redis.Z{Score: float64(score), Member: member}
+}
