@@ -3,6 +3,8 @@ package allocator
 import (
 	"math"
 
+	"google.golang.org/protobuf/proto"
+
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 )
 
@@ -42,6 +44,8 @@ func BadReports() []BadReport {
 		{"unknown class", rep("a", ok("fresh-3"), &sluicev1.KeyDemand{Key: key("acme", "nosuch"), WindowMs: 100}), `keys[1].key acme/nosuch: invalid argument: class "nosuch" is not configured`},
 		{"negative admitted", rep("a", with(func(k *sluicev1.KeyDemand) { k.Admitted = -1 })), "keys[0].admitted -1 must be >= 0"},
 		{"negative denied", rep("a", ok("fresh-4"), with(func(k *sluicev1.KeyDemand) { k.Denied = -3 })), "keys[1].denied -3 must be >= 0"},
+		{"negative demand rate", rep("a", with(func(k *sluicev1.KeyDemand) { k.DemandRate = proto.Float64(-2) })), "keys[0].demand_rate -2 must be a finite number >= 0"},
+		{"NaN demand rate", rep("a", ok("fresh-6"), with(func(k *sluicev1.KeyDemand) { k.DemandRate = proto.Float64(math.NaN()) })), "keys[1].demand_rate NaN must be a finite number >= 0"},
 		{"zero window", rep("a", with(func(k *sluicev1.KeyDemand) { k.WindowMs = 0 })), "keys[0].window_ms 0 must be in 1.."},
 		{"negative window", rep("a", with(func(k *sluicev1.KeyDemand) { k.WindowMs = -100 })), "keys[0].window_ms -100 must be in 1.."},
 		{"window overflowing a duration", rep("a", with(func(k *sluicev1.KeyDemand) { k.WindowMs = math.MaxInt64 })), "keys[0].window_ms 9223372036854775807 must be in 1.."},

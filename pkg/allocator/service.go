@@ -497,6 +497,11 @@ func validateReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int)
 		if err := checkAmount(field+".holding", kd.GetHolding()); err != nil {
 			return hierarchy.Report{}, nil, err
 		}
+		if kd.DemandRate != nil {
+			if err := checkAmount(field+".demand_rate", kd.GetDemandRate()); err != nil {
+				return hierarchy.Report{}, nil, err
+			}
+		}
 		rep.Keys[i] = hierarchy.KeyDemand{
 			Key:       k,
 			Admitted:  float64(kd.GetAdmitted()),
@@ -506,6 +511,11 @@ func validateReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int)
 			HeldBurst: kd.GetHeldBurst(),
 			HeldValid: time.Duration(kd.GetHeldValidMs()) * time.Millisecond,
 			Holding:   kd.GetHolding(),
+		}
+		if kd.DemandRate != nil {
+			// The region's rate reading stands for the tokens over the window.
+			w := rep.Keys[i].Window.Seconds()
+			rep.Keys[i].Admitted, rep.Keys[i].Denied = kd.GetDemandRate()*w, 0
 		}
 		limits[i] = l
 	}

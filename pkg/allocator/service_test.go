@@ -3,6 +3,7 @@ package allocator
 import (
 	"log/slog"
 	"maps"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 )
@@ -119,6 +121,44 @@ func TestIdleKeysAreForgotten(t *testing.T) {
 		}
 		if len(s.keys) != 0 || len(s.View(time.Now()).Keys) != 0 {
 			t.Fatalf("idle key still tracked after %v: %v", time.Since(last), s.keys)
+		}
+	})
+}
+
+// TestDemandRateIsTheReading checks that a report's demand_rate, when set,
+// is the demand reading, and (admitted + denied) / window otherwise.
+func TestDemandRateIsTheReading(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, err := newService(serviceOptions{
+			config: StaticConfig{C: parseConfig(t, loopConfig)}, advertise: "self:7500",
+			maxKeys: 4, logger: slog.New(slog.DiscardHandler),
+		}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.promote(1, time.Now().Add(time.Hour))
+		key := &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}
+		// Both regions count 8 tokens in 100ms (80/s); a reads its demand
+		// as 30/s and says so.
+		reports := map[string]*sluicev1.KeyDemand{
+			"a": {Key: key, Admitted: 5, Denied: 3, WindowMs: 100, DemandRate: proto.Float64(30)},
+			"b": {Key: key, Admitted: 5, Denied: 3, WindowMs: 100},
+		}
+		for seq := uint64(1); seq <= 3; seq++ {
+			for _, region := range []string{"a", "b"} {
+				if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: region, Seq: seq, Keys: []*sluicev1.KeyDemand{reports[region]}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+			s.step(time.Now())
+		}
+		v := s.View(time.Now())
+		if len(v.Keys) != 1 {
+			t.Fatalf("want one key, got %+v", v.Keys)
+		}
+		if a, b := v.Keys[0].Regions[0].Demand, v.Keys[0].Regions[1].Demand; math.Abs(a-30) > 1e-9 || math.Abs(b-80) > 1e-9 {
+			t.Fatalf("demand a %v, b %v; want 30 (the reading) and 80 (the count)", a, b)
 		}
 	})
 }

@@ -57,7 +57,8 @@ type Options struct {
 type KeyDemand struct {
 	Key quota.Key
 	// Admitted and Denied are tokens since the region's previous report;
-	// finite, >= 0.
+	// finite, >= 0. A region that reads its demand as a rate instead (see
+	// the wire's demand_rate) gives rate × Window as Admitted.
 	Admitted, Denied float64
 	// Window is the time Admitted and Denied cover; > 0.
 	Window time.Duration

@@ -54,7 +54,7 @@ type KeyView struct {
 // KeyRegionView is one key in one region. Rates are tokens/s, bursts
 // tokens.
 type KeyRegionView struct {
-	// Demand is the EWMA of admitted+denied per second.
+	// Demand is the EWMA of the region's demand readings (tokens/s).
 	Demand                  float64
 	StaticRate, StaticBurst float64
 	// TargetRate and TargetBurst are the latest allocation (the static

@@ -2,6 +2,7 @@ package luascripts
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -121,4 +122,24 @@ func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 
 func redisZ(score int64, member string) redis.Z {
 	return redis.Z{Score: float64(score), Member: member}
+}
+
+func TestParseLeaseRecord(t *testing.T) {
+	l, err := ParseLeaseRecord("120 70 10 4 1800000005000000 30 1800000004000000 12 81714")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := LeaseRecord{Granted: 120, Used: 70, Returned: 10, Seq: 4, ExpiryUS: 1800000005000000, LastGrant: 30,
+		WindowStartUS: 1800000004000000, WindowDemand: 12, DemandRate: 81.714}
+	if l != want || l.Unspent() != 40 {
+		t.Fatalf("got %+v (unspent %v), want %+v", l, l.Unspent(), want)
+	}
+	if l, err := ParseLeaseRecord("10 0 0 1 99 10"); err != nil || l.Granted != 10 || l.WindowStartUS != 0 || l.DemandRate != 0 {
+		t.Fatalf("six-field record: %+v %v", l, err)
+	}
+	for _, bad := range []string{"", "1 2 3", "1 2 3 4 5 x", "1 2 3 4 5 6 7"} {
+		if _, err := ParseLeaseRecord(bad); !errors.Is(err, ErrReply) {
+			t.Errorf("%q: got %v, want ErrReply", bad, err)
+		}
+	}
 }

@@ -417,3 +417,75 @@ func (p *parser) err(n int) error {
 	}
 	return p.problem
 }
+
+// Reading is one key's demand between two State reads, as a region leader
+// reports it to the global tier.
+type Reading struct {
+	// Admitted and Denied are the counters' increase (tokens).
+	Admitted, Denied int64
+	// Window is the Redis time between the reads, in whole milliseconds
+	// and at least 1ms.
+	Window time.Duration
+	// DemandRate is the demand now (tokens/s): the live leases' rates plus
+	// the strict path's decisions per second over Window.
+	DemandRate float64
+}
+
+// Since is the demand between prev, an earlier read of the same key, and
+// st. Counters restart at 0 when a bucket expired and came back, so one
+// below its earlier value counts from 0.
+func (st State) Since(prev State) Reading {
+	r := Reading{
+		Admitted: increase(st.Admitted, prev.Admitted),
+		Denied:   increase(st.Denied, prev.Denied),
+		Window:   time.Duration(max(1, (st.NowUS-prev.NowUS)/1000)) * time.Millisecond,
+	}
+	r.DemandRate = st.LeaseDemand + float64(increase(st.StrictDemand, prev.StrictDemand))/r.Window.Seconds()
+	return r
+}
+
+func increase(now, before int64) int64 {
+	if now < before {
+		return now
+	}
+	return now - before
+}
+
+// LeaseRecord is one instance's lease on one key as the scripts store it
+// in the lease hash (see lib.lua). Tokens and times are whole numbers.
+type LeaseRecord struct {
+	Granted, Used, Returned float64 // cumulative tokens
+	Seq                     uint64  // last applied report
+	ExpiryUS                int64   // Redis time
+	LastGrant               float64 // tokens granted by the last report
+	// WindowStartUS and WindowDemand are the open demand window: when it
+	// opened (0: none yet) and the demand reported in it (tokens).
+	WindowStartUS int64
+	WindowDemand  float64
+	// DemandRate is the rate of the last closed window (tokens/s).
+	DemandRate float64
+}
+
+// Unspent is what the lease still holds by the region's books.
+func (l LeaseRecord) Unspent() float64 { return l.Granted - l.Used - l.Returned }
+
+// ParseLeaseRecord reads a lease hash value: nine fields, or the first six
+// alone as older scripts wrote them.
+func ParseLeaseRecord(v string) (LeaseRecord, error) {
+	f := strings.Fields(v)
+	if len(f) != 9 && len(f) != 6 {
+		return LeaseRecord{}, fmt.Errorf("%w: lease record %q has %d fields, want 9 or 6", ErrReply, v, len(f))
+	}
+	n := make([]float64, 9)
+	for i, s := range f {
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return LeaseRecord{}, fmt.Errorf("%w: lease record %q: field %d: %v", ErrReply, v, i+1, err)
+		}
+		n[i] = x
+	}
+	return LeaseRecord{
+		Granted: n[0], Used: n[1], Returned: n[2], Seq: uint64(n[3]), ExpiryUS: int64(n[4]), LastGrant: n[5],
+		WindowStartUS: int64(n[6]), WindowDemand: n[7], DemandRate: n[8] / 1000,
+	}, nil
+}

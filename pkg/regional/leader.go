@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -45,16 +46,11 @@ type Leader struct {
 	s    *Server
 	opts LeaderOptions
 
-	last map[quota.Key]counters // demand counters at the previous report
+	last map[quota.Key]luascripts.State // each key's state at the previous report
 	seq  uint64
 
 	// leading is observed by tests and metrics.
 	leading chan bool
-}
-
-type counters struct {
-	admitted, denied int64
-	atUS             int64
 }
 
 // NewLeader prepares the region leader loop of s.
@@ -65,7 +61,7 @@ func NewLeader(s *Server, o LeaderOptions) (*Leader, error) {
 	if o.SessionTTL == 0 {
 		o.SessionTTL = 5 * time.Second
 	}
-	return &Leader{s: s, opts: o, last: map[quota.Key]counters{}, leading: make(chan bool, 1)}, nil
+	return &Leader{s: s, opts: o, last: map[quota.Key]luascripts.State{}, leading: make(chan bool, 1)}, nil
 }
 
 // Run campaigns for the region's leadership and, while leading, syncs with
@@ -233,7 +229,7 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 		}
 		prev, seen := l.last[p.key]
 		if !ack {
-			l.last[p.key] = counters{admitted: st.Admitted, denied: st.Denied, atUS: st.NowUS}
+			l.last[p.key] = st
 		}
 		kd := &sluicev1.KeyDemand{
 			Key:     &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class},
@@ -242,11 +238,10 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 		// The first sight of a key (after an election) is a baseline: a
 		// 1 ms window with no counts, too short to count as demand.
 		kd.WindowMs = 1
-		if seen && st.NowUS > prev.atUS {
-			// Counters restart at 0 when a bucket expired and came back.
-			kd.Admitted = nonNegativeDelta(st.Admitted, prev.admitted)
-			kd.Denied = nonNegativeDelta(st.Denied, prev.denied)
-			kd.WindowMs = max(1, (st.NowUS-prev.atUS)/1000)
+		if seen && st.NowUS > prev.NowUS {
+			r := st.Since(prev)
+			kd.Admitted, kd.Denied, kd.WindowMs = r.Admitted, r.Denied, r.Window.Milliseconds()
+			kd.DemandRate = proto.Float64(r.DemandRate)
 		}
 		held[p.key] = p.common.StaticRate
 		if st.GrantExpiryUS > 0 {
@@ -257,13 +252,6 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 		rep.Keys = append(rep.Keys, kd)
 	}
 	return rep, plans, held, nil
-}
-
-func nonNegativeDelta(now, before int64) int64 {
-	if now < before {
-		return now
-	}
-	return now - before
 }
 
 // install applies the grants and reports whether an applied one lowered

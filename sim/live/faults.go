@@ -3,10 +3,9 @@ package live
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/scenario"
 )
@@ -169,33 +168,32 @@ func (d *deployment) crash(in *liveInstance) {
 	defer cancel()
 	for _, k := range keys {
 		rec, err := r.rdb.HGet(ctx, d.rkeys[k].Leases, in.id).Result()
-		f := strings.Fields(rec)
-		if err != nil || len(f) != 6 {
+		if err != nil {
 			eps = append(eps, 0)
 			continue
 		}
-		var v [6]float64
-		for i, s := range f {
-			v[i], _ = strconv.ParseFloat(s, 64)
+		l, err := luascripts.ParseLeaseRecord(rec)
+		if err != nil {
+			eps = append(eps, 0)
+			continue
 		}
-		g, u, rt, seq, exp, lg := v[0], v[1], v[2], v[3], v[4], v[5]
 		st, _ := in.client.Table().State(d.plan.Keys[k])
 		held := float64(st.Tokens + st.ToReturn)
 		if p := st.Pending; p != nil {
-			if float64(p.GetSeq()) > seq {
+			if p.GetSeq() > l.Seq {
 				held += float64(p.GetReturned())
 			} else {
-				held += lg
+				held += l.LastGrant
 			}
 		}
-		unspent := g - u - rt
+		unspent := l.Unspent()
 		e := 0.0
 		if unspent > held && d.cfg.Classes[d.plan.Keys[k].Class].Reclaim != "none" {
 			e = unspent - held
 		}
 		eps = append(eps, e)
 		tokens += max(unspent, 0)
-		lastExp = max(lastExp, d.rec.virtual(time.UnixMicro(int64(exp))))
+		lastExp = max(lastExp, d.rec.virtual(time.UnixMicro(l.ExpiryUS)))
 	}
 	in.conn.Close()
 	d.rec.do(func(o *oracle.Oracle, now time.Duration) {

@@ -557,26 +557,26 @@ func (in *Instance) crash() *crashRecord {
 	snap := r.model.Snapshot()
 	for _, id := range in.usedIDs {
 		k := w.keys[id]
-		g, u, rt, seq, exp, lg, ok := leaseRecord(snap, k, in.id)
+		l, ok := leaseRecord(snap, k, in.id)
 		if !ok {
 			continue
 		}
 		st, _ := in.table.State(k.key)
 		held := float64(st.Tokens + st.ToReturn)
 		if p := st.Pending; p != nil {
-			if float64(p.GetSeq()) > seq {
+			if p.GetSeq() > l.Seq {
 				held += float64(p.GetReturned()) // not applied: those tokens were never spent
 			} else {
-				held += lg // applied, but its grant never reached the instance
+				held += l.LastGrant // applied, but its grant never reached the instance
 			}
 		}
-		unspent := g - u - rt
+		unspent := l.Unspent()
 		if eps := unspent - held; eps > 0 && k.common[r.idx].Reclaim {
 			w.orc.CrashError(w.dur(), k.id, eps)
 		}
 		rec.pending++
 		rec.tokens += max(unspent, 0)
-		cl := &crashLease{crash: rec, key: k.id, expUS: int64(exp)}
+		cl := &crashLease{crash: rec, key: k.id, expUS: l.ExpiryUS}
 		r.crashed[in.id] = append(r.crashed[in.id], cl)
 		r.watchLease(cl)
 	}

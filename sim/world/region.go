@@ -3,8 +3,6 @@ package world
 import (
 	"math"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -45,7 +43,7 @@ type Region struct {
 	// Region leader loop.
 	leaderUp  bool
 	leaderGen int
-	last      map[int]counters
+	last      map[int]luascripts.State
 	seq       uint64
 	// The loop is sequential (Leader.SyncOnce returns, after its extra
 	// report if any, before the next tick is read): a tick while a report
@@ -57,16 +55,11 @@ type Region struct {
 	crashed map[string][]*crashLease
 }
 
-type counters struct {
-	admitted, denied int64
-	atUS             int64
-}
-
 func newRegion(w *World, idx int, rs scenario.RegionSpec) *Region {
 	return &Region{
 		w: w, idx: idx, name: rs.Name, offset: time.Duration(rs.ClockOffset),
 		model: luascripts.NewModel(), redisUp: true,
-		last: map[int]counters{}, crashed: map[string][]*crashLease{},
+		last: map[int]luascripts.State{}, crashed: map[string][]*crashLease{},
 	}
 }
 
@@ -426,18 +419,19 @@ func (r *Region) syncOnce(gen int, ack bool) bool {
 		st := r.model.State(sendUS, k.rkeys, r.common(k))
 		prev, seen := r.last[k.id]
 		if !ack {
-			r.last[k.id] = counters{admitted: st.Admitted, denied: st.Denied, atUS: st.NowUS}
+			r.last[k.id] = st
 		}
 		kd := hierarchy.KeyDemand{Key: k.key, Holding: st.Holding()}
 		// The first sight of a key (after an election) is a baseline: a 1 ms
 		// window with no counts.
-		windowMs := int64(1)
-		if seen && st.NowUS > prev.atUS {
-			kd.Admitted = float64(nonNegativeDelta(st.Admitted, prev.admitted))
-			kd.Denied = float64(nonNegativeDelta(st.Denied, prev.denied))
-			windowMs = max(1, (st.NowUS-prev.atUS)/1000)
+		kd.Window = time.Millisecond
+		if seen && st.NowUS > prev.NowUS {
+			// The region sends its demand_rate reading; the allocator service
+			// reads it as that rate times the window.
+			rd := st.Since(prev)
+			kd.Window = rd.Window
+			kd.Admitted = rd.DemandRate * kd.Window.Seconds()
 		}
-		kd.Window = time.Duration(windowMs) * time.Millisecond
 		if st.GrantExpiryUS > 0 {
 			// The scripts store grants exactly, so this echoes them bit for
 			// bit as the allocator's region contract requires.
@@ -489,13 +483,6 @@ func (r *Region) syncDone(gen int) {
 			r.syncOnce(gen, false)
 		}
 	}
-}
-
-func nonNegativeDelta(now, before int64) int64 {
-	if now < before {
-		return now
-	}
-	return now - before
 }
 
 // install is Leader.install: every grant's expiry is the report's send
@@ -578,24 +565,12 @@ func (r *Region) extendCrashed(instance string, k *keyInfo, nowUS int64) {
 	}
 }
 
-// leaseRecord reads one instance's lease record of key from the Model (the
-// hash field "g u r seq exp lg").
-func leaseRecord(snap map[string]map[string]string, k *keyInfo, instance string) (g, u, rt, seq, exp, lg float64, ok bool) {
-	h, found := snap[k.rkeys.Leases]
+// leaseRecord is instance's lease record on k in a model snapshot.
+func leaseRecord(snap map[string]map[string]string, k *keyInfo, instance string) (luascripts.LeaseRecord, bool) {
+	v, found := snap[k.rkeys.Leases][instance]
 	if !found {
-		return
+		return luascripts.LeaseRecord{}, false
 	}
-	v, found := h[instance]
-	if !found {
-		return
-	}
-	f := strings.Fields(v)
-	if len(f) != 6 {
-		return
-	}
-	var vals [6]float64
-	for i, s := range f {
-		vals[i], _ = strconv.ParseFloat(s, 64)
-	}
-	return vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], true
+	l, err := luascripts.ParseLeaseRecord(v)
+	return l, err == nil
 }

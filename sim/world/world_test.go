@@ -104,7 +104,7 @@ func TestGracefulStopLeavesNothingStranded(t *testing.T) {
 			t.Fatalf("%s still running after a graceful stop", in.id)
 		}
 		for _, k := range h.w.keys {
-			if _, _, _, _, _, _, ok := leaseRecord(snap, k, in.id); ok {
+			if _, ok := leaseRecord(snap, k, in.id); ok {
 				t.Fatalf("%s still holds a lease on %s after releasing", in.id, k.key)
 			}
 		}

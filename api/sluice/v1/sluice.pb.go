@@ -1203,7 +1203,14 @@ type KeyDemand struct {
 	// Remaining validity of the held grant (ms); 0 when none.
 	HeldValidMs int64 `protobuf:"varint,7,opt,name=held_valid_ms,json=heldValidMs,proto3" json:"held_valid_ms,omitempty"`
 	// Tokens the region holds against its burst cap: bucket + unspent leases.
-	Holding       float64 `protobuf:"fixed64,8,opt,name=holding,proto3" json:"holding,omitempty"`
+	Holding float64 `protobuf:"fixed64,8,opt,name=holding,proto3" json:"holding,omitempty"`
+	// The region's own reading of its current demand (tokens/s): the sum of
+	// its instances' demand rates, each measured over the instance's own
+	// report intervals, plus the strict path's decisions per second over the
+	// window. When set, the allocator reads demand from it instead of
+	// (admitted + denied) / window, whose count of reports arriving in one
+	// epoch is as lumpy as the reports are. Finite, >= 0.
+	DemandRate    *float64 `protobuf:"fixed64,9,opt,name=demand_rate,json=demandRate,proto3,oneof" json:"demand_rate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1290,6 +1297,13 @@ func (x *KeyDemand) GetHeldValidMs() int64 {
 func (x *KeyDemand) GetHolding() float64 {
 	if x != nil {
 		return x.Holding
+	}
+	return 0
+}
+
+func (x *KeyDemand) GetDemandRate() float64 {
+	if x != nil && x.DemandRate != nil {
+		return *x.DemandRate
 	}
 	return 0
 }
@@ -1599,7 +1613,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\aregions\x18\x05 \x03(\v2\x17.sluice.v1.RegionStatusR\aregions\x12(\n" +
 	"\x04keys\x18\x06 \x03(\v2\x14.sluice.v1.KeyStatusR\x04keys\x12%\n" +
 	"\x0econtended_keys\x18\a \x01(\x03R\rcontendedKeys\x12'\n" +
-	"\x0fconfig_revision\x18\b \x01(\x03R\x0econfigRevision\"\xfd\x01\n" +
+	"\x0fconfig_revision\x18\b \x01(\x03R\x0econfigRevision\"\xb3\x02\n" +
 	"\tKeyDemand\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x1a\n" +
 	"\badmitted\x18\x02 \x01(\x03R\badmitted\x12\x16\n" +
@@ -1609,7 +1623,10 @@ const file_sluice_proto_rawDesc = "" +
 	"\n" +
 	"held_burst\x18\x06 \x01(\x01R\theldBurst\x12\"\n" +
 	"\rheld_valid_ms\x18\a \x01(\x03R\vheldValidMs\x12\x18\n" +
-	"\aholding\x18\b \x01(\x01R\aholding\"b\n" +
+	"\aholding\x18\b \x01(\x01R\aholding\x12$\n" +
+	"\vdemand_rate\x18\t \x01(\x01H\x00R\n" +
+	"demandRate\x88\x01\x01B\x0e\n" +
+	"\f_demand_rate\"b\n" +
 	"\fRegionReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12(\n" +
@@ -1710,6 +1727,7 @@ func file_sluice_proto_init() {
 	if File_sluice_proto != nil {
 		return
 	}
+	file_sluice_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
