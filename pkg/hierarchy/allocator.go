@@ -883,16 +883,18 @@ func (a *Allocator) validateKeyDemand(j int, kd *KeyDemand, known bool) error {
 	return nil
 }
 
-// observe folds one report's admitted+denied into the key's demand
-// estimate for region ri. Reports that skipped the key count as zero.
+// observe folds one report's demand reading ((admitted+denied)/window)
+// into the key's demand estimate for region ri. Reports that skipped the
+// key count as zero.
 func (a *Allocator) observe(k int32, ri int, kd *KeyDemand) {
 	j := int(k)*a.nr + ri
 	n := a.regions[ri].nReports
 	last := a.lastObs[j]
 	if int64(kd.Window) < a.epochNS/2 {
-		// Too short to measure a rate (instances bring their counts in
-		// lumps, once per refresh): the report only acknowledges grants,
-		// and the estimate stays as it was, current as of this report.
+		// An acknowledgement sent right after the previous report: it
+		// only acknowledges grants (a count over so short a window would
+		// be noise), and the estimate stays as it was, current as of this
+		// report.
 		if last != 0 {
 			a.demand[j] *= a.decay(n - 1 - last)
 			a.lastObs[j] = n

@@ -32,13 +32,16 @@
 // Every region's bucket then refills in the same time b/r as the global
 // one, and Σb_r <= b whenever Σa_r <= r.
 //
-// Demand is an EWMA of (admitted+denied)/window per (key, region). The
-// weight of one report is 1-(1-α)^(window/Epoch) (α = Options.DemandAlpha,
-// default 0.5); a report that does not mention a key counts as a zero
-// observation, so the demand of an idle region decays. A window shorter
-// than half an Epoch is no observation (counts arrive in lumps, once per
-// instance refresh): such a report leaves the estimate as it was, which
-// lets a region acknowledge a grant at once without a demand reading.
+// Demand is an EWMA of (admitted+denied)/window per (key, region): a
+// region's tokens over the window since its previous report, or its own
+// rate reading times the window (the regional service reads demand as the
+// sum of its instances' rates; see KeyDemand). The weight of one report is
+// 1-(1-α)^(window/Epoch) (α = Options.DemandAlpha, default 0.5; the
+// config's default is 1); a report that does not mention a key counts as a
+// zero observation, so the demand of an idle region decays. A window
+// shorter than half an Epoch is no observation: such a report leaves the
+// estimate as it was, which lets a region acknowledge a grant at once
+// without a demand reading.
 //
 // A key is contended when some reporting region's demand exceeds its
 // static share. Only then does it get targets from the water-fill, with
