@@ -83,13 +83,12 @@ type op struct {
 func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
 	o := &op{m: m, k: k, c: c, now: float64(nowUS)}
 	o.loadBucket()
-	o.ls = &modelLeases{byID: map[string]*modelLease{}}
+	// Every operation ends in save, as every script ends in save_bucket,
+	// and neither ever fails half-way: the lease hash is changed in place.
 	if ls, ok := m.leases[k.Leases]; ok {
-		for id, l := range ls.byID {
-			c := *l
-			o.ls.byID[id] = &c
-		}
-		o.ls.expireAt, o.ls.ttlMS = ls.expireAt, ls.ttlMS
+		o.ls = ls
+	} else {
+		o.ls = &modelLeases{byID: map[string]*modelLease{}}
 	}
 	o.refill()
 	return o
