@@ -18,6 +18,14 @@ const StartTimeout = 30 * time.Second
 // Start runs etcd with its data in dir. Only errors are logged, to log
 // (nil: discarded). The client address is e.Clients[0].Addr().
 func Start(name, dir string, log *zap.Logger) (*embed.Etcd, error) {
+	return StartAt(name, dir, "127.0.0.1:0", "127.0.0.1:0", log)
+}
+
+// StartAt is Start with the client and peer listeners on the given
+// host:port addresses (port 0: chosen by the kernel). Started again on the
+// same dir and addresses after Close, it is the same member with the same
+// data, at the endpoint its clients already dial.
+func StartAt(name, dir, clientAddr, peerAddr string, log *zap.Logger) (*embed.Etcd, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -28,11 +36,12 @@ func Start(name, dir string, log *zap.Logger) (*embed.Etcd, error) {
 	// something failed.
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(log)
-	anyPort := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
-	cfg.ListenClientUrls = []url.URL{anyPort}
-	cfg.AdvertiseClientUrls = []url.URL{anyPort}
-	cfg.ListenPeerUrls = []url.URL{anyPort}
-	cfg.AdvertisePeerUrls = []url.URL{anyPort}
+	client := url.URL{Scheme: "http", Host: clientAddr}
+	peer := url.URL{Scheme: "http", Host: peerAddr}
+	cfg.ListenClientUrls = []url.URL{client}
+	cfg.AdvertiseClientUrls = []url.URL{client}
+	cfg.ListenPeerUrls = []url.URL{peer}
+	cfg.AdvertisePeerUrls = []url.URL{peer}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	// One member never needs heartbeats; short ticks only make the first
 	// election quick.

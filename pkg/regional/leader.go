@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -38,6 +39,12 @@ type LeaderOptions struct {
 	Identity string
 	// SessionTTL is the etcd session TTL. Optional, default 5s.
 	SessionTTL time.Duration
+	// OnApplied, optional, is called for every grant the region's Redis
+	// applied (set_rate accepted it), with the expiry in Redis time (µs),
+	// before the report that follows it is sent: an observer sees a
+	// donor's smaller grant before the global tier can hand the difference
+	// to anyone. Called from the leader loop; it must not block.
+	OnApplied func(k quota.Key, rate, burst float64, expiryUS int64)
 }
 
 // Leader is the region leader loop's state. Only Run's goroutine uses the
@@ -51,6 +58,8 @@ type Leader struct {
 
 	// leading is observed by tests and metrics.
 	leading chan bool
+	// isLeading is set while this replica leads its region.
+	isLeading atomic.Bool
 }
 
 // NewLeader prepares the region leader loop of s.
@@ -127,6 +136,7 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 }
 
 func (l *Leader) setLeading(v bool) {
+	l.isLeading.Store(v)
 	if v {
 		l.s.metrics.leader.Set(1)
 	} else {
@@ -307,6 +317,10 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 		if err == nil && sr.Applied {
 			s.metrics.grantsApplied.Inc()
 			lowered = lowered || items[i].lowers
+			if l.opts.OnApplied != nil {
+				it := items[i]
+				l.opts.OnApplied(it.p.key, it.rate, it.burst, it.expiryUS)
+			}
 		}
 	}
 	return lowered, firstErr
@@ -315,3 +329,7 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 // Leading reports leadership changes (true when elected, false when lost);
 // it holds only the latest value.
 func (l *Leader) Leading() <-chan bool { return l.leading }
+
+// IsLeading reports whether this replica leads its region now. Safe for
+// concurrent use.
+func (l *Leader) IsLeading() bool { return l.isLeading.Load() }

@@ -1,7 +1,7 @@
 // Package live plays a scenario against the real daemons in one process:
 // an embedded etcd, a Redis per region (a redis-server child process, or an
-// embedded Redis with a warning when none is installed), the regional
-// daemons with their region leaders, two global allocator daemons (leader
+// embedded Redis with a warning when none is installed), two regional
+// daemons per region (one leads it), two global allocator daemons (leader
 // and standby) and one lease client per instance, all talking gRPC on
 // loopback. The same traffic plan, fault schedule and oracle as virtual mode
 // judge the run.
@@ -17,22 +17,29 @@
 // # What is observed
 //
 // Every decision of every lease client goes to the oracle as it returns;
-// the grants each region's buckets apply are read from Redis (HMGET of the
-// bucket hash's gr, gb, ge, gs) every epoch/8 and reported when they
-// change. A grant is therefore seen up to that late, which never hides an
-// oversubscription: capacity only moves to a recipient a report after the
-// donor installed its smaller grant.
+// every grant a region's Redis applies goes to it from the region leader
+// (LeaderOptions.OnApplied) before the leader's next report. A donor's
+// smaller grant is therefore seen before the global tier can give the
+// difference to a recipient, so the oracle's order of grants is the order
+// that matters. (Polling Redis for grants instead sees a recipient's new
+// grant before a donor's now and then, an oversubscription that never
+// happened.)
 //
 // # Faults
 //
 // Instance crashes (the client's connection is cut, nothing released),
 // graceful stops (Client.Close), global leader loss (the leading daemon is
 // stopped; it resigns, so the standby takes over at once, faster than a
-// crash would allow), partitions, latency and loss between a region and
-// the global tier (injected in the region leader's GlobalTier), and Redis
-// restarts (the process is killed and restarted empty on the same port).
-// Region leader loss and etcd outages need more replicas or a proxy in
-// front of etcd; live mode skips them and says so in the fault list.
+// crash would allow), region leader loss (each region runs two regional
+// daemons that instances reach round robin; the leading one loses its etcd
+// client and stops without resigning, so the other is elected once the
+// session lapses, and a replacement starts at the same address),
+// partitions, latency and loss between a region and the global tier
+// (injected in the region leader's GlobalTier), Redis restarts (the
+// process is killed and restarted empty on the same port) and etcd outages
+// (the embedded etcd is shut down and started again on the same data and
+// addresses). Latency between two regions has no path to act on here and
+// is skipped, as the fault list says.
 //
 // Not safe for concurrent use: Run owns everything it starts and stops it
 // before returning.

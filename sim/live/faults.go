@@ -21,7 +21,9 @@ func (d *deployment) region(name string) *liveRegion {
 
 // after runs f once d has passed in scenario time, unless ctx ends first.
 func (d *deployment) after(ctx context.Context, v time.Duration, f func()) {
+	d.faultJobs.Add(1)
 	go func() {
+		defer d.faultJobs.Done()
 		t := time.NewTimer(time.Duration(float64(v) / d.scale))
 		defer t.Stop()
 		select {
@@ -90,6 +92,31 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 			}
 			break
 		}
+	case scenario.FaultRegionLeaderLoss:
+		rep := r.leadingReplica()
+		if rep == nil {
+			label += " (no replica was leading)"
+			break
+		}
+		label += " " + rep.addr
+		stopReplica(rep, true)
+		// A replacement starts where the old one ran (a new pod behind the
+		// same Service); it campaigns behind the surviving replica.
+		d.faultJobs.Add(1)
+		go func() {
+			defer d.faultJobs.Done()
+			if err := d.startReplica(ctx, r, rep); err != nil && ctx.Err() == nil {
+				fmt.Fprintf(d.log, "live: replacing the region leader of %s: %v\n", r.name, err)
+			}
+		}()
+	case scenario.FaultEtcdDown:
+		d.stopEtcd()
+		d.after(ctx, lasting, func() {
+			if err := d.startEtcd(); err != nil {
+				fmt.Fprintf(d.log, "live: restarting etcd: %v\n", err)
+			}
+		})
+		until = lasting
 	case scenario.FaultPartition:
 		r.tier.set(func(t *faultyTier) { t.partitioned = true })
 		d.after(ctx, lasting, func() { r.tier.set(func(t *faultyTier) { t.partitioned = false }) })

@@ -19,11 +19,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/sluicehq/sluice/internal/embedetcd"
 	"github.com/sluicehq/sluice/internal/redisproc"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -53,6 +51,9 @@ type Options struct {
 	Scale float64
 	// Log receives progress lines and warnings. Optional.
 	Log io.Writer
+	// DaemonLog receives the daemons' own structured logs (leader
+	// elections, failed syncs). Optional, default discarded.
+	DaemonLog io.Writer
 }
 
 // Run plays sc against real daemons and judges it with the oracle.
@@ -67,6 +68,9 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
+	}
+	if o.DaemonLog == nil {
+		o.DaemonLog = io.Discard
 	}
 	sc, seed, err := runner.Prepare(sc, o.Options)
 	if err != nil {
@@ -89,7 +93,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 		return nil, fmt.Errorf("live: %w", err)
 	}
 	d := &deployment{sc: sc, cfg: cfg, scale: scale, log: o.Log, plan: plan, seed: seed,
-		logger: slog.New(slog.NewTextHandler(io.Discard, nil)), keyID: map[quota.Key]int{}}
+		logger: slog.New(slog.NewTextHandler(o.DaemonLog, nil)), keyID: map[quota.Key]int{}}
 	for i, k := range plan.Keys {
 		d.keyID[k] = i
 		d.rkeys = append(d.rkeys, luascripts.KeysFor(luascripts.DefaultPrefix, k))
@@ -98,7 +102,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	if err := d.start(ctx); err != nil {
 		return nil, fmt.Errorf("live: %w", err)
 	}
-	d.rec = &recorder{orc: orc, start: time.Now(), scale: scale}
+	d.startRecording(&recorder{orc: orc, start: time.Now(), scale: scale})
 	fmt.Fprintf(o.Log, "live: %s running for %v (%v of scenario time at scale %v)\n",
 		sc.Name, time.Duration(float64(sc.Duration)/scale).Round(time.Millisecond), time.Duration(sc.Duration), scale)
 	if err := d.play(ctx); err != nil {
@@ -126,17 +130,26 @@ type deployment struct {
 	plan   *traffic.Plan
 	keyID  map[quota.Key]int
 	rkeys  []luascripts.Keys
-	rec    *recorder
+	rec    *recorder // set by startRecording; guarded by grantMu until then
 
-	etcdDir string
-	etcd    *embed.Etcd
-	cli     *clientv3.Client
+	grantMu sync.Mutex            // guards rec while it is nil, and early
+	early   map[[2]int]earlyGrant // grants applied before recording began
+
+	etcdDir      string
+	etcdAddr     string // fixed, so a restarted etcd is where clients dial
+	etcdPeerAddr string
+	etcdMu       sync.Mutex // guards etcd
+	etcd         *embed.Etcd
+	cli          *clientv3.Client // the global replicas' etcd client
 	globals []*globalReplica
 	acli    *allocator.Client
 	regions []*liveRegion
 
 	decisions atomic.Int64
 	workers   sync.WaitGroup
+	// faultJobs counts fault actions still to run or running (a delayed
+	// restart, a replacement replica); play waits for them.
+	faultJobs sync.WaitGroup
 }
 
 type globalReplica struct {
@@ -150,10 +163,12 @@ type liveRegion struct {
 	name   string
 	redis  *redisproc.Proc
 	rdb    *redis.Client // for reading grants
-	daemon *regional.Daemon
 	tier   *faultyTier
+	// replicas serve the region; instances dial them all, round robin.
+	replicas []*regionReplica
 
-	mu      sync.Mutex      // guards insts, all, vers, nextNum
+	mu      sync.Mutex         // guards daemons, insts, all, vers, nextNum
+	daemons []*regional.Daemon // every one started, for their metrics
 	insts   []*liveInstance // serving
 	all     []*liveInstance // ever started
 	vers    int
@@ -204,14 +219,17 @@ func (d *deployment) start(ctx context.Context) error {
 	if d.etcdDir, err = os.MkdirTemp("", "sluice-sim-etcd-"); err != nil {
 		return fmt.Errorf("etcd dir: %w", err)
 	}
-	if d.etcd, err = embedetcd.Start("sluice-sim", d.etcdDir, nil); err != nil {
+	if d.etcdAddr, err = loopbackAddr(); err != nil {
 		return err
 	}
-	d.cli, err = clientv3.New(clientv3.Config{
-		Endpoints: []string{d.etcd.Clients[0].Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-	})
-	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
+	if d.etcdPeerAddr, err = loopbackAddr(); err != nil {
+		return err
+	}
+	if err := d.startEtcd(); err != nil {
+		return err
+	}
+	if d.cli, err = d.etcdClient(); err != nil {
+		return err
 	}
 	ttl := sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale)
 	spec := d.sc.Topology.Global
@@ -235,10 +253,6 @@ func (d *deployment) start(ctx context.Context) error {
 	if d.acli, err = allocator.NewClient(addrs, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		return err
 	}
-	cold := regional.ColdStartFull
-	if d.sc.Topology.ColdStart == "conservative" {
-		cold = regional.ColdStartConservative
-	}
 	warned := false
 	for i, rs := range d.sc.Topology.Regions {
 		proc, err := redisproc.Start(true)
@@ -253,16 +267,16 @@ func (d *deployment) start(ctx context.Context) error {
 			tier: &faultyTier{next: d.acli, rng: engine.NewStream(d.seed, "live-tier/"+rs.Name)},
 			rdb:  redis.NewClient(&redis.Options{Addr: proc.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})}
 		d.regions = append(d.regions, r)
-		r.daemon, err = regional.StartDaemon(ctx, regional.DaemonOptions{
-			Region: rs.Name, GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: proc.Addr(),
-			Config: regional.StaticConfig{C: d.cfg}, ColdStart: cold, Logger: d.logger,
-			Leader: &regional.LeaderOptions{
-				Etcd: d.cli, ElectionPrefix: config.NewStore(d.cli, etcdPrefix).ElectionPrefix(),
-				Global: r.tier, SessionTTL: ttl,
-			},
-		})
-		if err != nil {
-			return fmt.Errorf("region %s: %w", rs.Name, err)
+		for range replicasPerRegion {
+			addr, err := loopbackAddr()
+			if err != nil {
+				return err
+			}
+			rep := &regionReplica{addr: addr}
+			r.replicas = append(r.replicas, rep)
+			if err := d.startReplica(ctx, r, rep); err != nil {
+				return err
+			}
 		}
 		for j := 0; j < rs.Instances; j++ {
 			if _, err := d.startInstance(r); err != nil {
@@ -292,7 +306,7 @@ func (d *deployment) startInstance(r *liveRegion) (*liveInstance, error) {
 	num := r.nextNum
 	r.nextNum++
 	r.mu.Unlock()
-	conn, err := grpc.NewClient(r.daemon.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dialRegion(r)
 	if err != nil {
 		return nil, fmt.Errorf("dial region %s: %w", r.name, err)
 	}
@@ -398,8 +412,6 @@ func (d *deployment) play(parent context.Context) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	var bg sync.WaitGroup
-	bg.Add(1)
-	go func() { defer bg.Done(); d.pollGrants(ctx) }()
 	for _, f := range d.sc.Schedule(d.seed) {
 		bg.Add(1)
 		go func() {
@@ -428,6 +440,7 @@ func (d *deployment) play(parent context.Context) error {
 	err := d.drive(ctx, dur)
 	cancel()
 	bg.Wait()
+	d.faultJobs.Wait()
 	d.stopWorkers()
 	if err := parent.Err(); err != nil {
 		return err
@@ -545,66 +558,6 @@ func score(stream, inst int) uint64 {
 	return x ^ (x >> 31)
 }
 
-// pollGrants reads every region's buckets' grants and reports changes.
-func (d *deployment) pollGrants(ctx context.Context) {
-	every := max(time.Duration(d.cfg.Epoch)/8, 5*time.Millisecond)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	type seen struct{ gr, gb, ge, gs string }
-	last := make([][]seen, len(d.regions))
-	for i := range last {
-		last[i] = make([]seen, len(d.rkeys))
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		for _, r := range d.regions {
-			pctx, cancel := context.WithTimeout(ctx, every)
-			cmds, err := r.rdb.Pipelined(pctx, func(p redis.Pipeliner) error {
-				for _, k := range d.rkeys {
-					p.HMGet(pctx, k.Bucket, "gr", "gb", "ge", "gs")
-				}
-				return nil
-			})
-			cancel()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				continue // Redis down or slow: the next poll sees it
-			}
-			for ki, c := range cmds {
-				vals, err := c.(*redis.SliceCmd).Result()
-				if err != nil || len(vals) != 4 {
-					continue
-				}
-				var s seen
-				for i, p := range []*string{&s.gr, &s.gb, &s.ge, &s.gs} {
-					if v, ok := vals[i].(string); ok {
-						*p = v
-					}
-				}
-				if s == last[r.idx][ki] || s.ge == "" || s.ge == "0" {
-					continue
-				}
-				last[r.idx][ki] = s
-				gr, err1 := strconv.ParseFloat(s.gr, 64)
-				gb, err2 := strconv.ParseFloat(s.gb, 64)
-				ge, err3 := strconv.ParseFloat(s.ge, 64)
-				if err1 != nil || err2 != nil || err3 != nil {
-					continue
-				}
-				expiry := d.rec.virtual(time.UnixMicro(int64(ge)))
-				region, key := r.idx, ki
-				d.rec.do(func(o *oracle.Oracle, now time.Duration) {
-					if expiry > now {
-						o.GrantApplied(now, region, key, gr/d.scale, gb, expiry)
-					}
-				})
-			}
-		}
-	}
-}
 
 // stopWorkers ends every instance's worker once nothing sends any more.
 func (d *deployment) stopWorkers() {
@@ -627,8 +580,8 @@ func (d *deployment) close() {
 			ccancel()
 			in.conn.Close()
 		}
-		if r.daemon != nil {
-			r.daemon.Stop()
+		for _, rep := range r.replicas {
+			stopReplica(rep, false)
 		}
 		r.rdb.Close()
 	}
@@ -646,9 +599,7 @@ func (d *deployment) close() {
 	if d.cli != nil {
 		d.cli.Close()
 	}
-	if d.etcd != nil {
-		d.etcd.Close()
-	}
+	d.stopEtcd()
 	for _, r := range d.regions {
 		r.redis.Stop()
 	}
@@ -663,8 +614,14 @@ func (d *deployment) close() {
 // virtual mode counts every script).
 func (d *deployment) countRPCs() {
 	var tiers [3]int64
+	var daemons []*regional.Daemon
 	for _, r := range d.regions {
-		fams, err := r.daemon.Registry.Gather()
+		r.mu.Lock()
+		daemons = append(daemons, r.daemons...)
+		r.mu.Unlock()
+	}
+	for _, dm := range daemons {
+		fams, err := dm.Registry.Gather()
 		if err != nil {
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/sim/runner"
+	"github.com/sluicehq/sluice/sim/scenario"
 	"github.com/sluicehq/sluice/sim/scenarios"
 )
 
@@ -36,6 +37,56 @@ func TestLiveCrashPassesTheOracle(t *testing.T) {
 	}
 	if out.Result.Reclaim.Crashes == 0 {
 		t.Fatal("the crash fault did not run")
+	}
+	for _, c := range out.Checks {
+		switch {
+		case c.Invariant && !c.Pass:
+			t.Errorf("%s: %s (target %s)", c.Name, c.Value, c.Target)
+		case !c.Pass:
+			t.Logf("target missed on this machine: %s: %s (target %s)", c.Name, c.Value, c.Target)
+		}
+	}
+	if !out.InvariantsHold() {
+		t.Logf("%s", log.String())
+	}
+}
+
+// TestLiveLeaderLossAndEtcdOutage crashes the region leaders of two
+// regions (the other replica takes over once the crashed one's session
+// lapses, and a replacement starts) and then takes etcd down for 20 s,
+// against the real daemons at six times real speed. The oracle must find
+// the invariants held throughout, and every fault must have acted.
+func TestLiveLeaderLossAndEtcdOutage(t *testing.T) {
+	src, err := scenarios.Source("etcd-outage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const outage = "  - {at: 2m, kind: etcd-down, for: 40s}\n"
+	if !strings.Contains(string(src), outage) {
+		t.Fatalf("etcd-outage no longer has the fault this test replaces:\n%s", src)
+	}
+	sc, err := scenario.Parse([]byte(strings.Replace(string(src), outage,
+		"  - {at: 50s, kind: region-leader-loss, region: us-east}\n"+
+			"  - {at: 80s, kind: region-leader-loss, region: eu-west}\n"+
+			"  - {at: 100s, kind: etcd-down, for: 20s}\n", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 150 * time.Second}, Scale: 6, Log: &log})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if len(out.Result.Faults) != 3 {
+		t.Fatalf("faults %+v, want three", out.Result.Faults)
+	}
+	for _, f := range out.Result.Faults {
+		if strings.Contains(f.Label, "skipped") || strings.Contains(f.Label, "no replica") {
+			t.Errorf("fault did not act: %s", f.Label)
+		}
+	}
+	if out.Result.GrantsApplied == 0 {
+		t.Fatal("no grants observed")
 	}
 	for _, c := range out.Checks {
 		switch {
