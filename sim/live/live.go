@@ -141,9 +141,9 @@ type deployment struct {
 	etcdMu       sync.Mutex // guards etcd
 	etcd         *embed.Etcd
 	cli          *clientv3.Client // the global replicas' etcd client
-	globals []*globalReplica
-	acli    *allocator.Client
-	regions []*liveRegion
+	globals      []*globalReplica
+	acli         *allocator.Client
+	regions      []*liveRegion
 
 	decisions atomic.Int64
 	workers   sync.WaitGroup
@@ -159,18 +159,18 @@ type globalReplica struct {
 }
 
 type liveRegion struct {
-	idx    int
-	name   string
-	redis  *redisproc.Proc
-	rdb    *redis.Client // for reading grants
-	tier   *faultyTier
+	idx   int
+	name  string
+	redis *redisproc.Proc
+	rdb   *redis.Client // for reading grants
+	tier  *faultyTier
 	// replicas serve the region; instances dial them all, round robin.
 	replicas []*regionReplica
 
 	mu      sync.Mutex         // guards daemons, insts, all, vers, nextNum
 	daemons []*regional.Daemon // every one started, for their metrics
-	insts   []*liveInstance // serving
-	all     []*liveInstance // ever started
+	insts   []*liveInstance    // serving
+	all     []*liveInstance    // ever started
 	vers    int
 	nextNum int
 }
@@ -557,7 +557,6 @@ func score(stream, inst int) uint64 {
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
 }
-
 
 // stopWorkers ends every instance's worker once nothing sends any more.
 func (d *deployment) stopWorkers() {
