@@ -414,6 +414,7 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 		Learning: s.alloc.Learning(now),
 		Epoch:    s.alloc.Epoch(),
 	}
+	out.ReportAgainMs = s.alloc.ReportAgain(rep.Region).Milliseconds()
 	var sum float64
 	for i, g := range grants {
 		s.keys[g.Key] = now

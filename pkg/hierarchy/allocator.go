@@ -166,12 +166,21 @@ type regionState struct {
 	// later send-time bound than that.
 	lastAnswerAt int64
 	answer       []Grant
+	// raisePending: the latest answer gave some key materially less than
+	// its target because other regions had yet to acknowledge smaller
+	// grants (see ReportAgain).
+	raisePending bool
 	unknown      []quota.Key // unknown keys in its latest report, sorted, at most maxUnknownShown
 	unknownN     int
 	prevOrder    []int32 // key slots in the order of its latest report
 }
 
 const maxUnknownShown = 16
+
+// pendingShortfall is the fraction of a key's rate that a fenced grant
+// must fall short of its target by to be worth an early report; smaller
+// shortfalls wait for the next epoch.
+const pendingShortfall = 0.05
 
 // NewAllocator validates opts and returns an Allocator in learning mode
 // until now+Validity.
@@ -772,6 +781,7 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 
 	// Pass 2: commit.
 	t := a.tick(now)
+	rs.raisePending = false
 	rs.reported = true
 	rs.lastSeq = rep.Seq
 	rs.lastAt = t
@@ -852,6 +862,24 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 	rs.answer = answer
 	rs.lastAnswerAt = t
 	return answer, nil
+}
+
+// ReportAgain is how soon region should report again, 0 meaning at its
+// next epoch. It is a third of an epoch (whole milliseconds, at least 1)
+// when the latest answer to region gave some key materially less than its
+// target because other regions had yet to acknowledge smaller grants: each
+// of them reports within an epoch and acknowledges at once, so an early
+// report gets most of the rest before the region's next epoch. A retried
+// report gets the same answer and the same delay. 0 for an unknown region
+// or one that never reported.
+func (a *Allocator) ReportAgain(region string) time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ri, ok := a.regionIndex[region]
+	if !ok || !a.regions[ri].raisePending {
+		return 0
+	}
+	return max(time.Millisecond, (time.Duration(a.epochNS) / 3).Truncate(time.Millisecond))
 }
 
 func heldOf(kd *KeyDemand) heldReport {
@@ -974,6 +1002,13 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, 
 		rate = max(0, min(wantRate, rl.minHeadroom(t, end)))
 		burst = max(0, min(wantBurst, bl.minHeadroom(t, end)))
 		valid = a.validity
+	}
+	if wantRate-rate > max(pendingShortfall*l.Rate, 3*math.Sqrt(wantRate*float64(time.Second)/float64(a.epochNS))) {
+		// Short of the target by more than a demand reading's noise
+		// (three standard deviations of one epoch's Poisson count): the
+		// donors' acknowledgements will free the rest before the next
+		// epoch.
+		a.regions[ri].raisePending = true
 	}
 	rate, burst = f.distinct(rate, burst)
 	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})

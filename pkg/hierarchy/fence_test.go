@@ -100,9 +100,15 @@ func TestRateMovesOnlyAfterTheDonorAcknowledges(t *testing.T) {
 	if g == nil || !near(g.Rate, 50) || g.Valid != 5*time.Second {
 		t.Fatalf("a's first grant = %+v, want its static 50 for 5s: b may still be at its static share", g)
 	}
+	if s.a.ReportAgain("a") != 333*time.Millisecond {
+		t.Fatal("a got 50 of its 90 for want of b's acknowledgement, and was not told a raise is pending")
+	}
 	g = s.report("b", 7200, 10, -1)
 	if g == nil || !near(g.Rate, 10) || !near(g.Burst, 10) || g.Valid != 5*time.Second {
 		t.Fatalf("b's first grant = %+v, want 10/10 for 5s", g)
+	}
+	if s.a.ReportAgain("b") != 0 || s.a.ReportAgain("a") == 0 || s.a.ReportAgain("nowhere") != 0 {
+		t.Fatal("raise pending: want it for a only")
 	}
 
 	s.a.Allocate(s.at(8000))
@@ -118,6 +124,9 @@ func TestRateMovesOnlyAfterTheDonorAcknowledges(t *testing.T) {
 	g = s.report("a", 9100, 150, -1)
 	if !near(g.Rate, 90) || !near(g.Burst, 90) {
 		t.Fatalf("after b's acknowledgement a got %+v, want 90/90", g)
+	}
+	if s.a.ReportAgain("a") != 0 {
+		t.Fatal("a has its target, yet a raise is pending")
 	}
 	// The above-share grant must end when b may fall back to its share.
 	if end := s.at(9100).Add(g.Valid); end.After(s.at(11200)) {

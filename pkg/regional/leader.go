@@ -158,22 +158,58 @@ func (l *Leader) setLeading(v bool) {
 // When the answer lowers some key's rate below what the region held, it
 // reports again at once: the allocator gives the capacity to other regions
 // only once this region acknowledged the smaller grant, and waiting for
-// the next epoch would cost them one. That extra report keeps the demand
-// baseline, so its window is too short to count as demand, and it never
-// triggers another: at most two reports per epoch. With many keys some
-// grant falls in most epochs, so expect close to two.
+// the next epoch would cost them one. When the answer says a raise waits
+// on other regions' acknowledgements (report_again_ms), it reports again
+// after that delay, at most maxCatchUps times, so the recipient need not
+// wait for its next epoch either. These extra reports keep the demand
+// baseline, so their windows are too short to count as demand, and an
+// extra report never triggers an acknowledgement of its own. With many
+// keys some grant falls in most epochs, so expect close to two reports per
+// epoch, and up to two more while capacity moves towards this region.
 func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
-	lowered, err := l.syncOnce(ctx, lost, false)
-	if err != nil || !lowered {
+	res, err := l.syncOnce(ctx, lost, false)
+	if err != nil {
 		return err
 	}
-	_, err = l.syncOnce(ctx, lost, true)
-	return err
+	if res.lowered {
+		if res, err = l.syncOnce(ctx, lost, true); err != nil {
+			return err
+		}
+	}
+	epoch := time.Duration(l.s.opts.Config.Current().Epoch)
+	for range maxCatchUps {
+		if res.again <= 0 {
+			return nil
+		}
+		t := time.NewTimer(min(res.again, epoch))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-lost:
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		if res, err = l.syncOnce(ctx, lost, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// maxCatchUps bounds the reports one epoch makes for a pending raise.
+const maxCatchUps = 2
+
+// syncResult is what one report's answer asks of the region.
+type syncResult struct {
+	lowered bool          // an applied grant lowered a key's rate: acknowledge
+	again   time.Duration // > 0: a raise is pending; report again after it
 }
 
 // syncOnce is one report and its answer; ack reports keep the demand
-// baseline. It reports whether an applied grant lowered a key's rate.
-func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, ack bool) (bool, error) {
+// baseline.
+func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, ack bool) (syncResult, error) {
 	s := l.s
 	cfg := s.opts.Config.Current()
 	epoch := time.Duration(cfg.Epoch)
@@ -181,27 +217,28 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, ack bool) (
 	defer cancel()
 	sendTime, err := s.opts.Redis.Time(ctx).Result()
 	if err != nil {
-		return false, fmt.Errorf("redis time: %w", err)
+		return syncResult{}, fmt.Errorf("redis time: %w", err)
 	}
 	sendUS := sendTime.UnixMicro()
 	keys, err := ActiveKeys(ctx, s.opts.Redis, s.opts.Prefix, sendUS-(3*epoch).Microseconds())
 	if err != nil {
-		return false, err
+		return syncResult{}, err
 	}
 	report, plans, held, err := l.buildReport(ctx, cfg, keys, sendUS, ack)
 	if err != nil {
-		return false, err
+		return syncResult{}, err
 	}
 	grants, err := l.opts.Global.Sync(ctx, report)
 	if err != nil {
-		return false, fmt.Errorf("global sync: %w", err)
+		return syncResult{}, fmt.Errorf("global sync: %w", err)
 	}
 	select {
 	case <-lost:
-		return false, errors.New("leadership lost before the grants were installed")
+		return syncResult{}, errors.New("leadership lost before the grants were installed")
 	default:
 	}
-	return l.install(ctx, cfg, grants, plans, held, sendUS)
+	lowered, err := l.install(ctx, cfg, grants, plans, held, sendUS)
+	return syncResult{lowered: lowered, again: time.Duration(grants.GetReportAgainMs()) * time.Millisecond}, err
 }
 
 // buildReport reads every key's state and returns the report, the keys'

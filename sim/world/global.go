@@ -196,9 +196,9 @@ func (g *Global) leaderForClients() *GlobalNode {
 
 // serve is Service.Sync: every reported key gets its limit, then the
 // allocator answers. ids are the reported keys' ids, in report order.
-func (n *GlobalNode) serve(rep hierarchy.Report, ids []int) ([]hierarchy.Grant, bool) {
+func (n *GlobalNode) serve(rep hierarchy.Report, ids []int) ([]hierarchy.Grant, time.Duration, bool) {
 	if !n.granting() {
-		return nil, false
+		return nil, 0, false
 	}
 	w := n.g.w
 	now := w.dur()
@@ -208,14 +208,14 @@ func (n *GlobalNode) serve(rep hierarchy.Report, ids []int) ([]hierarchy.Grant, 
 	grants, err := n.alloc.Report(n.now(), rep)
 	if err != nil {
 		w.counters.AllocatorErrors++
-		return nil, false
+		return nil, 0, false
 	}
 	for _, gr := range grants {
 		if k := w.keyByQK[gr.Key]; k != nil {
 			n.seen[k.id] = now
 		}
 	}
-	return grants, true
+	return grants, n.alloc.ReportAgain(rep.Region), true
 }
 
 func (n *GlobalNode) track(k *keyInfo, now time.Duration) {

@@ -19,10 +19,11 @@ import (
 // leader loop (pkg/regional's Leader) and its instances. Not safe for
 // concurrent use: only the goroutine running the World touches it.
 type Region struct {
-	w      *World
-	idx    int
-	name   string
-	offset time.Duration
+	catchUps int // catch-up reports made since the last epoch's report
+	w        *World
+	idx      int
+	name     string
+	offset   time.Duration
 
 	model   *luascripts.Model
 	redisUp bool
@@ -450,6 +451,10 @@ func (r *Region) syncOnce(gen int, ack bool) bool {
 	}
 	w.orc.RPC(oracle.TierGlobal, 1)
 	var grants []hierarchy.Grant
+	var again time.Duration
+	if !ack {
+		r.catchUps = 0
+	}
 	site := node.region
 	r.busy = true
 	w.exchange(
@@ -459,12 +464,22 @@ func (r *Region) syncOnce(gen int, ack bool) bool {
 		func() bool { return r.leaderUp && r.leaderGen == gen },
 		func() bool {
 			var ok bool
-			grants, ok = node.serve(rep, ids)
+			grants, again, ok = node.serve(rep, ids)
 			return ok
 		},
 		func() {
 			if r.install(grants, sendUS, held) && !ack && r.syncOnce(gen, true) {
 				return // the extra report keeps the loop busy
+			}
+			if again > 0 && r.catchUps < maxCatchUps {
+				// Leader.SyncOnce's catch-up reports for a pending raise.
+				r.catchUps++
+				w.eng.After(min(again, w.epoch), func() {
+					if r.leaderUp && r.leaderGen == gen && !r.syncOnce(gen, true) {
+						r.syncDone(gen)
+					}
+				})
+				return // the loop stays busy until the catch-up is done
 			}
 			r.syncDone(gen)
 		},
@@ -472,6 +487,9 @@ func (r *Region) syncOnce(gen int, ack bool) bool {
 	)
 	return true
 }
+
+// maxCatchUps is Leader's bound on catch-up reports per epoch.
+const maxCatchUps = 2
 
 // syncDone ends the loop's current sync; a tick that came meanwhile syncs
 // now.

@@ -1449,7 +1449,12 @@ type RegionGrants struct {
 	// True while the leader is in learning mode (only re-issuing held grants).
 	Learning bool `protobuf:"varint,4,opt,name=learning,proto3" json:"learning,omitempty"`
 	// Allocation epoch the grants were computed in.
-	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// When > 0: some key got materially less than its target because other
+	// regions have yet to acknowledge smaller grants; reporting again after
+	// this many milliseconds, once their next reports are in, gets the rest
+	// before the next epoch. 0: report at the next epoch.
+	ReportAgainMs int64 `protobuf:"varint,6,opt,name=report_again_ms,json=reportAgainMs,proto3" json:"report_again_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1515,6 +1520,13 @@ func (x *RegionGrants) GetLearning() bool {
 func (x *RegionGrants) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RegionGrants) GetReportAgainMs() int64 {
+	if x != nil {
+		return x.ReportAgainMs
 	}
 	return 0
 }
@@ -1635,13 +1647,14 @@ const file_sluice_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x14\n" +
 	"\x05burst\x18\x03 \x01(\x01R\x05burst\x12\x19\n" +
-	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\x97\x01\n" +
+	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\xbf\x01\n" +
 	"\fRegionGrants\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12+\n" +
 	"\x06grants\x18\x03 \x03(\v2\x13.sluice.v1.KeyGrantR\x06grants\x12\x1a\n" +
 	"\blearning\x18\x04 \x01(\bR\blearning\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\x04R\x05epoch2\x87\x02\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12&\n" +
+	"\x0freport_again_ms\x18\x06 \x01(\x03R\rreportAgainMs2\x87\x02\n" +
 	"\fLeaseService\x12@\n" +
 	"\aAcquire\x12\x19.sluice.v1.AcquireRequest\x1a\x1a.sluice.v1.AcquireResponse\x127\n" +
 	"\x04Sync\x12\x16.sluice.v1.SyncRequest\x1a\x17.sluice.v1.SyncResponse\x12@\n" +
