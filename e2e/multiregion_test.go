@@ -11,6 +11,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 const threeRegions = `
@@ -103,7 +104,8 @@ func TestDemandShiftsBetweenRegions(t *testing.T) {
 		// refresh, then the region leader's epoch); from there, moving the
 		// capacity takes the donors' next reports (answered from their new
 		// demand, each acknowledged at once by an extra report) and the
-		// recipient's next report: 2 epochs. Counted in the allocator's own
+		// recipient's next report, early when it was told a raise is
+		// pending: up to 2 epochs. Counted in the allocator's own
 		// epochs, so a loaded machine that delays every loop alike does not
 		// fail the test; three more for region tickers drifting against the
 		// allocator's under load.
@@ -122,6 +124,44 @@ func TestDemandShiftsBetweenRegions(t *testing.T) {
 	l.halt()
 	conf.finish()
 	t.Logf("conformance: %d checkpoints, worst margin %d tokens (negative = under the bound)", conf.samples.Load(), conf.worst.Load())
+	reports := map[string]float64{}
+	for _, kind := range []string{"epoch", "ack", "catch_up"} {
+		for _, reg := range c.Regions {
+			for _, rep := range reg.Replicas {
+				reports[kind] += counterWithLabel(t, rep.Daemon, "sluice_regional_global_reports_total", "kind", kind)
+			}
+		}
+	}
+	t.Logf("region reports to the global tier: %v", reports)
+	// Each shift moved capacity to a region whose raise waited on the
+	// donors' acknowledgements: it was told to report again early.
+	if reports["catch_up"] == 0 || reports["ack"] == 0 {
+		t.Errorf("reports %v: want acknowledgements and catch-up reports while capacity moved", reports)
+	}
+}
+
+// counterWithLabel sums the counter name's series with label=value in d's
+// registry.
+func counterWithLabel(t *testing.T, d *regional.Daemon, name, label, value string) float64 {
+	t.Helper()
+	fams, err := d.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }
 
 func dumpStatus(t *testing.T, c *devcluster.Cluster) {

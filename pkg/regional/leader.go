@@ -167,12 +167,12 @@ func (l *Leader) setLeading(v bool) {
 // keys some grant falls in most epochs, so expect close to two reports per
 // epoch, and up to two more while capacity moves towards this region.
 func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
-	res, err := l.syncOnce(ctx, lost, false)
+	res, err := l.syncOnce(ctx, lost, reportEpoch)
 	if err != nil {
 		return err
 	}
 	if res.lowered {
-		if res, err = l.syncOnce(ctx, lost, true); err != nil {
+		if res, err = l.syncOnce(ctx, lost, reportAck); err != nil {
 			return err
 		}
 	}
@@ -191,12 +191,20 @@ func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
 			return nil
 		case <-t.C:
 		}
-		if res, err = l.syncOnce(ctx, lost, true); err != nil {
+		if res, err = l.syncOnce(ctx, lost, reportCatchUp); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// Report kinds (the reports metric's label). Only epoch reports move the
+// demand baseline.
+const (
+	reportEpoch   = "epoch"
+	reportAck     = "ack"
+	reportCatchUp = "catch_up"
+)
 
 // maxCatchUps bounds the reports one epoch makes for a pending raise.
 const maxCatchUps = 2
@@ -207,9 +215,8 @@ type syncResult struct {
 	again   time.Duration // > 0: a raise is pending; report again after it
 }
 
-// syncOnce is one report and its answer; ack reports keep the demand
-// baseline.
-func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, ack bool) (syncResult, error) {
+// syncOnce is one report of the given kind and its answer.
+func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind string) (syncResult, error) {
 	s := l.s
 	cfg := s.opts.Config.Current()
 	epoch := time.Duration(cfg.Epoch)
@@ -224,10 +231,11 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, ack bool) (
 	if err != nil {
 		return syncResult{}, err
 	}
-	report, plans, held, err := l.buildReport(ctx, cfg, keys, sendUS, ack)
+	report, plans, held, err := l.buildReport(ctx, cfg, keys, sendUS, kind != reportEpoch)
 	if err != nil {
 		return syncResult{}, err
 	}
+	s.metrics.reports.WithLabelValues(kind).Inc()
 	grants, err := l.opts.Global.Sync(ctx, report)
 	if err != nil {
 		return syncResult{}, fmt.Errorf("global sync: %w", err)
@@ -243,9 +251,9 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, ack bool) (
 
 // buildReport reads every key's state and returns the report, the keys'
 // plans and the rate the region held for each at nowUS (its static share
-// when no grant is valid). An ack report leaves the demand baseline where
-// it was.
-func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quota.Key, nowUS int64, ack bool) (*sluicev1.RegionReport, map[quota.Key]keyPlan, map[quota.Key]float64, error) {
+// when no grant is valid). With keepBaseline (acknowledgements and
+// catch-ups) the demand baseline stays where it was.
+func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quota.Key, nowUS int64, keepBaseline bool) (*sluicev1.RegionReport, map[quota.Key]keyPlan, map[quota.Key]float64, error) {
 	s := l.s
 	plans := make(map[quota.Key]keyPlan, len(keys))
 	held := make(map[quota.Key]float64, len(keys))
@@ -275,7 +283,7 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 			return nil, nil, nil, err
 		}
 		prev, seen := l.last[p.key]
-		if !ack {
+		if !keepBaseline {
 			l.last[p.key] = st
 		}
 		kd := &sluicev1.KeyDemand{

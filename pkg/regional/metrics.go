@@ -19,6 +19,7 @@ type metrics struct {
 	activeLeases  prometheus.GaugeFunc
 	leader        prometheus.Gauge       // this replica leads its region
 	globalSyncs   *prometheus.CounterVec // result: ok, error
+	reports       *prometheus.CounterVec // kind: epoch, ack, catch_up
 	grantsApplied prometheus.Counter
 }
 
@@ -57,6 +58,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.globalSyncs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_regional_global_syncs_total", Help: "Region leader syncs with the global tier by result (ok, error).",
 	}, []string{"result"})
+	m.reports = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_regional_global_reports_total",
+		Help: "Reports the region leader sent the global tier by kind: epoch (one per epoch), ack (at once, for a lowered grant), catch_up (for a pending raise).",
+	}, []string{"kind"})
 	m.grantsApplied = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_regional_grants_applied_total", Help: "Grants from the global tier installed in Redis by the region leader.",
 	})
@@ -69,7 +74,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.restarts, m.activeLeases,
-			m.leader, m.globalSyncs, m.grantsApplied)
+			m.leader, m.globalSyncs, m.reports, m.grantsApplied)
 	}
 	return m
 }
