@@ -55,6 +55,15 @@
 // grants at the static shares until no region may hold anything else, then
 // none: control-plane work grows with contended keys only.
 //
+// An answer whose grant for some key falls short of its target, by more
+// than pendingShortfall of the key's rate and more than three standard
+// deviations of one epoch's Poisson demand reading, because other regions
+// have yet to acknowledge smaller grants, makes ReportAgain return a third
+// of an epoch: the donors report within an epoch and acknowledge at once,
+// so the recipient's early report gets most of the rest. Smaller
+// shortfalls are noise and wait for the next epoch, which keeps steady
+// state at one report per region per epoch.
+//
 // # The invariant
 //
 // At every instant and for every key, Σ_r (rate region r may refill at)
