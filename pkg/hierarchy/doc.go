@@ -61,8 +61,8 @@
 // have yet to acknowledge smaller grants, makes ReportAgain return a third
 // of an epoch: the donors report within an epoch and acknowledge at once,
 // so the recipient's early report gets most of the rest. Smaller
-// shortfalls are noise and wait for the next epoch, which keeps steady
-// state at one report per region per epoch.
+// shortfalls are noise and wait for the next epoch, which keeps these
+// early reports out of steady state.
 //
 // # The invariant
 //
