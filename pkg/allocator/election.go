@@ -11,6 +11,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/sluicehq/sluice/internal/election"
 )
 
 const (
@@ -95,7 +97,7 @@ func (e *elector) session(ctx context.Context) (led bool, err error) {
 	term := e.terms
 	wg.Go(func() { ka.run(sctx, e, lease.ID, term) })
 
-	election := concurrency.NewElection(sess, e.pfx)
+	el := concurrency.NewElection(sess, e.pfx)
 	cctx, stopCampaign := context.WithCancel(sctx)
 	defer stopCampaign()
 	wg.Go(func() {
@@ -106,7 +108,7 @@ func (e *elector) session(ctx context.Context) (led bool, err error) {
 		}
 		stopCampaign()
 	})
-	if err := election.Campaign(cctx, e.addr); err != nil {
+	if err := election.Campaign(cctx, el, e.addr); err != nil {
 		if ctx.Err() != nil {
 			return false, nil
 		}
@@ -115,7 +117,7 @@ func (e *elector) session(ctx context.Context) (led bool, err error) {
 	// Campaign also returns when this replica's own key vanished with a
 	// lapsed lease; only a key still held under our lease means we won.
 	vctx, cancel := context.WithTimeout(sctx, e.ttl)
-	resp, err := e.cli.Get(vctx, election.Key())
+	resp, err := e.cli.Get(vctx, el.Key())
 	cancel()
 	if err != nil {
 		return false, fmt.Errorf("check the election key: %w", err)
@@ -140,7 +142,7 @@ func (e *elector) session(ctx context.Context) (led bool, err error) {
 	e.svc.demote(term)
 	if ctx.Err() != nil {
 		rctx, cancel := context.WithTimeout(context.Background(), min(ka.ttl, releaseTimeoutMax))
-		if err := election.Resign(rctx); err != nil {
+		if err := el.Resign(rctx); err != nil {
 			e.log.Warn("resign failed; the standby takes over when the lease expires", "error", err)
 		}
 		cancel()

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/election"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -97,7 +98,7 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	}
 	defer sess.Close()
 	el := concurrency.NewElection(sess, key)
-	if err := el.Campaign(ctx, l.opts.Identity); err != nil {
+	if err := election.Campaign(ctx, el, l.opts.Identity); err != nil {
 		return fmt.Errorf("campaign %s: %w", key, err)
 	}
 	l.s.log.Info("region leader elected", "region", l.s.opts.Region, "identity", l.opts.Identity)

@@ -1,0 +1,53 @@
+package election
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/sluicehq/sluice/internal/etcdtest"
+)
+
+// TestCampaignReturnsWhenEtcdIsGone waits behind a leader, takes etcd
+// down, and cancels: Campaign returns at once, where etcd's own would
+// wait for the unreachable server to take its resignation.
+func TestCampaignReturnsWhenEtcdIsGone(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	session := func() *concurrency.Session {
+		s, err := concurrency.NewSession(srv.Client(t), concurrency.WithTTL(5))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	leader := concurrency.NewElection(session(), "/election-test")
+	if err := Campaign(ctx, leader, "a"); err != nil {
+		t.Fatalf("the first candidate: %v", err)
+	}
+
+	wctx, stopWaiting := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Campaign(wctx, concurrency.NewElection(session(), "/election-test"), "b") }()
+	select {
+	case err := <-done:
+		t.Fatalf("the second candidate returned %v while the first leads", err)
+	case <-time.After(100 * time.Millisecond):
+		// Still waiting behind the leader, as it should: this bounds how
+		// long the test looks, not a condition it waits for.
+	}
+	srv.Stop()
+	stopWaiting()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Campaign returned %v, want context.Canceled", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Campaign did not return after its context ended while etcd was down")
+	}
+}
