@@ -96,7 +96,7 @@ func TestLiveLeaderLossAndEtcdOutage(t *testing.T) {
 			t.Logf("target missed on this machine: %s: %s (target %s)", c.Name, c.Value, c.Target)
 		}
 	}
-	if !out.InvariantsHold() {
+	if !out.InvariantsHold() || testing.Verbose() {
 		t.Logf("%s", log.String())
 	}
 }
