@@ -101,17 +101,18 @@ type Grant struct {
 type Allocator struct {
 	mu sync.Mutex // guards every field below
 
-	origin      time.Time
-	clock       int64 // latest time seen (ns since origin); time never runs backwards inside
-	epochNS     int64
-	validity    int64
-	minValidity int64
-	silence     int64
-	alpha       float64
-	alphaWindow int64   // cache: window of the last alpha computed
-	alphaValue  float64 // cache: its alpha
-	learnUntil  int64
-	epochs      uint64
+	origin         time.Time
+	clock          int64 // latest time seen (ns since origin); time never runs backwards inside
+	epochNS        int64
+	perEpochSecond float64 // 1 / (Epoch in seconds)
+	validity       int64
+	minValidity    int64
+	silence        int64
+	alpha          float64
+	alphaWindow    int64   // cache: window of the last alpha computed
+	alphaValue     float64 // cache: its alpha
+	learnUntil     int64
+	epochs         uint64
 
 	regions     []regionState
 	regionIndex map[string]int
@@ -210,15 +211,16 @@ func NewAllocator(opts Options, now time.Time) (*Allocator, error) {
 		return nil, fmt.Errorf("hierarchy: options: %w: demand alpha %v must be in (0, 1]", quota.ErrInvalid, opts.DemandAlpha)
 	}
 	a := &Allocator{
-		origin:      now,
-		epochNS:     int64(opts.Epoch),
-		validity:    int64(validity),
-		minValidity: int64(min(opts.Epoch.Truncate(time.Millisecond), validity)),
-		silence:     int64(silence),
-		alpha:       alpha,
-		alphaWindow: int64(opts.Epoch),
-		alphaValue:  alpha,
-		keyIndex:    make(map[quota.Key]int32),
+		origin:         now,
+		epochNS:        int64(opts.Epoch),
+		perEpochSecond: float64(time.Second) / float64(opts.Epoch),
+		validity:       int64(validity),
+		minValidity:    int64(min(opts.Epoch.Truncate(time.Millisecond), validity)),
+		silence:        int64(silence),
+		alpha:          alpha,
+		alphaWindow:    int64(opts.Epoch),
+		alphaValue:     alpha,
+		keyIndex:       make(map[quota.Key]int32),
 	}
 	a.learnUntil = a.validity
 	a.installRegions(opts.Regions)
@@ -1003,11 +1005,11 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, 
 		burst = max(0, min(wantBurst, bl.minHeadroom(t, end)))
 		valid = a.validity
 	}
-	if wantRate-rate > max(pendingShortfall*l.Rate, 3*math.Sqrt(wantRate*float64(time.Second)/float64(a.epochNS))) {
+	if short := wantRate - rate; short > pendingShortfall*l.Rate && short*short > 9*wantRate*a.perEpochSecond {
 		// Short of the target by more than a demand reading's noise
-		// (three standard deviations of one epoch's Poisson count): the
-		// donors' acknowledgements will free the rest before the next
-		// epoch.
+		// (three standard deviations of one epoch's Poisson count,
+		// sqrt(wantRate/epoch)): the donors' acknowledgements will free
+		// the rest before the next epoch.
 		a.regions[ri].raisePending = true
 	}
 	rate, burst = f.distinct(rate, burst)
