@@ -514,9 +514,7 @@ func validateReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int)
 			Holding:   kd.GetHolding(),
 		}
 		if kd.DemandRate != nil {
-			// The region's rate reading stands for the tokens over the window.
-			w := rep.Keys[i].Window.Seconds()
-			rep.Keys[i].Admitted, rep.Keys[i].Denied = kd.GetDemandRate()*w, 0
+			rep.Keys[i].SetDemandRate(kd.GetDemandRate())
 		}
 		limits[i] = l
 	}

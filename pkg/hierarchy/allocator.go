@@ -73,6 +73,12 @@ type KeyDemand struct {
 	Holding float64
 }
 
+// SetDemandRate makes a region's own rate reading (tokens/s) the demand kd
+// carries: rate × Window as Admitted, no Denied. Set Window first.
+func (kd *KeyDemand) SetDemandRate(rate float64) {
+	kd.Admitted, kd.Denied = rate*kd.Window.Seconds(), 0
+}
+
 // Report is one region's report for one epoch (mirror of the wire
 // RegionReport).
 type Report struct {

@@ -161,7 +161,7 @@ func (l *Leader) setLeading(v bool) {
 // only once this region acknowledged the smaller grant, and waiting for
 // the next epoch would cost them one. When the answer says a raise waits
 // on other regions' acknowledgements (report_again_ms), it reports again
-// after that delay, at most maxCatchUps times, so the recipient need not
+// after that delay, at most MaxCatchUps times, so the recipient need not
 // wait for its next epoch either. These extra reports keep the demand
 // baseline, so their windows are too short to count as demand, and an
 // extra report never triggers an acknowledgement of its own. With many
@@ -178,7 +178,7 @@ func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
 		}
 	}
 	epoch := time.Duration(l.s.opts.Config.Current().Epoch)
-	for range maxCatchUps {
+	for range MaxCatchUps {
 		if res.again <= 0 {
 			return nil
 		}
@@ -207,8 +207,9 @@ const (
 	reportCatchUp = "catch_up"
 )
 
-// maxCatchUps bounds the reports one epoch makes for a pending raise.
-const maxCatchUps = 2
+// MaxCatchUps bounds the catch-up reports one epoch makes for a pending
+// raise.
+const MaxCatchUps = 2
 
 // syncResult is what one report's answer asks of the region.
 type syncResult struct {

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/scenario"
 )
@@ -427,11 +428,10 @@ func (r *Region) syncOnce(gen int, ack bool) bool {
 		// window with no counts.
 		kd.Window = time.Millisecond
 		if seen && st.NowUS > prev.NowUS {
-			// The region sends its demand_rate reading; the allocator service
-			// reads it as that rate times the window.
+			// The region's demand_rate, as the allocator service reads it.
 			rd := st.Since(prev)
 			kd.Window = rd.Window
-			kd.Admitted = rd.DemandRate * kd.Window.Seconds()
+			kd.SetDemandRate(rd.DemandRate)
 		}
 		if st.GrantExpiryUS > 0 {
 			// The scripts store grants exactly, so this echoes them bit for
@@ -471,7 +471,7 @@ func (r *Region) syncOnce(gen int, ack bool) bool {
 			if r.install(grants, sendUS, held) && !ack && r.syncOnce(gen, true) {
 				return // the extra report keeps the loop busy
 			}
-			if again > 0 && r.catchUps < maxCatchUps {
+			if again > 0 && r.catchUps < regional.MaxCatchUps {
 				// Leader.SyncOnce's catch-up reports for a pending raise.
 				r.catchUps++
 				w.eng.After(min(again, w.epoch), func() {
@@ -487,9 +487,6 @@ func (r *Region) syncOnce(gen int, ack bool) bool {
 	)
 	return true
 }
-
-// maxCatchUps is Leader's bound on catch-up reports per epoch.
-const maxCatchUps = 2
 
 // syncDone ends the loop's current sync; a tick that came meanwhile syncs
 // now.
