@@ -7,7 +7,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -54,6 +53,9 @@ type Key struct {
 	Key                     quota.Key
 	Rate, Burst             float64
 	StaticRate, StaticBurst []float64
+	// Closed: the key's class fails closed (on_failure: closed), so it
+	// must never admit in degraded mode.
+	Closed bool
 }
 
 // Shift is a demand shift of a key: from At on, the expected demand per
@@ -108,8 +110,8 @@ type Note struct {
 const (
 	relTol       = 1e-9
 	perRegionTol = 1e-6
-	gcraAbsTol   = 1e-3
-	gcraRelTol   = 1e-6
+	// holdTol is the storage rounding of a bucket's tokens (six decimals).
+	holdTol      = 1e-6
 	maxConvHoriz = 30
 )
 
@@ -120,12 +122,15 @@ type grantState struct {
 }
 
 type keyState struct {
-	tat, tatAll   float64 // GCRA theoretical arrival time (s): bucket-backed tokens; all admitted tokens
-	eps           float64 // crash error so far
+	gcra, gcraAll gcraState // virtual buckets: bucket-backed tokens; all admitted tokens
+	rate          rateNT
+	burst         u128    // b in nanotokens
+	eps           float64 // crash error so far (whole tokens)
 	inViolation   bool
 	idealTokens   float64
 	idealAt       float64
 	grants        []grantState // per region
+	issued        []int64      // per region: issue time (µs, region clock) of the last grant applied
 	nextExpiry    time.Duration
 	expiryPending bool
 }
@@ -141,7 +146,10 @@ type Oracle struct {
 	timers timerHeap
 	seq    uint64
 	fill   []float64 // scratch for water-fills
-	regs   []hierarchy.Region
+
+	// Per (key, region), index key*nr+region: what the instances decided
+	// and what the region's bucket counts.
+	books []regionBooks
 
 	res Result
 
@@ -178,19 +186,22 @@ func New(s Setup) (*Oracle, error) {
 	}
 	o := &Oracle{s: s, nr: len(s.Regions), down: make([]bool, len(s.Regions))}
 	for _, r := range s.Regions {
-		o.regs = append(o.regs, hierarchy.Region{Name: r.Name, Weight: r.Weight, MinShare: r.MinShare, MaxShare: r.MaxShare})
-	}
-	if err := hierarchy.ValidateRegions(o.regs); err != nil {
-		return nil, fmt.Errorf("oracle: %w", err)
+		if !(r.Weight > 0) || math.IsInf(r.Weight, 0) || !(r.MinShare >= 0 && r.MinShare <= 1) ||
+			!(r.MaxShare >= 0 && r.MaxShare <= 1) || (r.MaxShare > 0 && r.MinShare > r.MaxShare) {
+			return nil, fmt.Errorf("oracle: region %q: bad weight or shares", r.Name)
+		}
 	}
 	o.keys = make([]keyState, len(s.Keys))
 	for i, k := range s.Keys {
-		if !(k.Rate > 0) || !(k.Burst > 0) || len(k.StaticRate) != o.nr || len(k.StaticBurst) != o.nr {
+		if !(k.Rate > 0) || math.IsInf(k.Rate, 0) || !(k.Burst > 0) || len(k.StaticRate) != o.nr || len(k.StaticBurst) != o.nr {
 			return nil, fmt.Errorf("oracle: key %s: bad limit or static shares", k.Key)
 		}
 		o.keys[i].grants = make([]grantState, o.nr)
 		o.keys[i].idealTokens = k.Burst
+		o.keys[i].rate = exactRate(k.Rate)
+		o.keys[i].burst = floatNT(k.Burst)
 	}
+	o.books = make([]regionBooks, len(s.Keys)*o.nr)
 	nk := len(s.Keys)
 	o.w1 = newWindow(time.Second, nk, o.nr)
 	o.w10 = newWindow(10*time.Second, nk, o.nr)
@@ -351,6 +362,10 @@ func (o *Oracle) RedisUp(t time.Duration, region int) {
 	o.down[region] = false
 	for k := range o.keys {
 		o.keys[k].grants[region] = grantState{}
+		if o.keys[k].issued != nil {
+			o.keys[k].issued[region] = 0
+		}
+		o.BucketGone(region, k)
 		o.checkKey(k)
 	}
 }
@@ -401,8 +416,10 @@ func (o *Oracle) Unserved(t time.Duration, region, key int, tokens int64) {
 func (o *Oracle) Decided(t time.Duration, region, key int, tokens int64, src Source) {
 	o.Advance(t)
 	v := float64(tokens)
+	bk := &o.books[key*o.nr+region]
 	switch src {
 	case SourceDenied:
+		bk.denied += tokens
 		o.res.Denied += v
 		o.w1.add(key, region, 0, 0, v, 0)
 		o.w10.add(key, region, 0, 0, v, 0)
@@ -410,28 +427,53 @@ func (o *Oracle) Decided(t time.Duration, region, key int, tokens int64, src Sou
 		o.series.decided(t, key, region, 0, v)
 		return
 	case SourceShadow:
+		// Admitted, though the region would have denied it: either count
+		// may carry it.
+		bk.admitted += tokens
+		bk.denied += tokens
 		o.res.Shadow += v
 		return
 	case SourceDegraded:
 		o.res.Degraded += v
+		if o.s.Keys[key].Closed {
+			o.closedAdmitted(t, key, v)
+		}
 	case SourceStrict:
+		bk.admitted += tokens
 		o.res.Strict += v
+	case SourceLease:
+		bk.admitted += tokens
 	}
 	o.res.Admitted += v
 	o.w1.add(key, region, 0, v, 0, 0)
 	o.w10.add(key, region, 0, v, 0, 0)
 	o.w60.add(key, region, 0, v, 0, 0)
 	o.series.decided(t, key, region, v, 0)
-	o.gcra(t, key, v, src != SourceDegraded)
+	o.gcra(t, key, tokens, src != SourceDegraded)
 }
 
-func (o *Oracle) gcra(t time.Duration, key int, tokens float64, bucketBacked bool) {
+// closedAdmitted records a degraded-mode admission of a class that fails
+// closed: a violation of the class's on_failure contract, counted with
+// invariant 1.
+func (o *Oracle) closedAdmitted(t time.Duration, key int, tokens float64) {
+	c := &o.res.Conformance
+	c.ClosedAdmitted += tokens
+	c.Violations++
+	if c.Violations == 1 {
+		c.FirstAt = t
+		c.FirstKey = o.s.Keys[key].Key.String() + " (on_failure: closed admitted in degraded mode)"
+	}
+}
+
+// gcra runs key's virtual buckets over tokens admitted at t. Exact: the
+// check flags any excess over b + r·t (+ ε) of one nanotoken or more.
+func (o *Oracle) gcra(t time.Duration, key int, tokens int64, bucketBacked bool) {
+	if tokens <= 0 {
+		return
+	}
 	ks := &o.keys[key]
 	kd := &o.s.Keys[key]
-	ts := t.Seconds()
-	tol := gcraAbsTol + gcraRelTol*(kd.Burst+kd.Rate*ts)
-	ks.tatAll = math.Max(ks.tatAll, ts) + tokens/kd.Rate
-	if all := (ks.tatAll-ts)*kd.Rate - kd.Burst; all > o.res.Conformance.MaxExcessWithDegraded {
+	if all := excessTokens(ks.gcraAll.admit(ks.rate, t, uint64(tokens)), ks.burst); all > o.res.Conformance.MaxExcessWithDegraded {
 		o.res.Conformance.MaxExcessWithDegraded = all
 	}
 	if !bucketBacked {
@@ -439,13 +481,13 @@ func (o *Oracle) gcra(t time.Duration, key int, tokens float64, bucketBacked boo
 	}
 	c := &o.res.Conformance
 	c.Checks++
-	ks.tat = math.Max(ks.tat, ts) + tokens/kd.Rate
-	excess := (ks.tat-ts)*kd.Rate - kd.Burst
+	level := ks.gcra.admit(ks.rate, t, uint64(tokens))
+	excess := excessTokens(level, ks.burst)
 	if excess > c.MaxExcessRaw {
 		c.MaxExcessRaw = excess
 	}
 	switch {
-	case excess > ks.eps+tol:
+	case ks.burst.add(floatNT(ks.eps)).less(level):
 		if beyond := excess - ks.eps; beyond > c.MaxExcess {
 			c.MaxExcess = beyond
 			c.WorstKey = kd.Key.String()
@@ -458,7 +500,7 @@ func (o *Oracle) gcra(t time.Duration, key int, tokens float64, bucketBacked boo
 				c.FirstKey = kd.Key.String()
 			}
 		}
-	case excess > tol:
+	case ks.burst.less(level):
 		c.CoveredByEps++
 		ks.inViolation = false
 	default:
@@ -558,9 +600,7 @@ func (o *Oracle) fairShares(k int, offered []float64, secs float64) []float64 {
 	for r := range dem {
 		dem[r] = offered[r] / secs
 	}
-	if err := hierarchy.WaterFill(o.s.Keys[k].Rate, o.regs, dem, o.fill); err != nil {
-		panic("oracle: water-fill of validated inputs failed: " + err.Error())
-	}
+	fairReference(o.s.Keys[k].Rate, o.s.Regions, dem, o.fill)
 	return o.fill
 }
 
@@ -634,9 +674,7 @@ func (o *Oracle) scheduleShifts() {
 			continue
 		}
 		fair := make([]float64, o.nr)
-		if err := hierarchy.WaterFill(k.Rate, o.regs, sh.Demand, fair); err != nil {
-			continue
-		}
+		fairReference(k.Rate, o.s.Regions, sh.Demand, fair)
 		tol := make([]float64, o.nr)
 		for r := range fair {
 			fair[r] = math.Min(fair[r], sh.Demand[r])

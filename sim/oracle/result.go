@@ -16,6 +16,16 @@ type Result struct {
 	Conformance Conformance
 	Rates       SumCheck // invariant 2
 	Bursts      SumCheck // invariant 3
+	// Holding checks every region's bucket after every script call: what
+	// it holds (tokens + unspent leased tokens) within its cap, and grown
+	// since the last call by no more than its refill.
+	Holding RegionCheck
+	// Books checks exactly-once accounting: a bucket's admitted and
+	// denied counters never exceed what the instances decided.
+	Books RegionCheck
+	// GrantOrder counts grants a region's Redis applied although it had
+	// applied one issued later.
+	GrantOrder RegionCheck
 
 	// Tokens.
 	Offered, Admitted, Denied float64
@@ -72,6 +82,29 @@ type Conformance struct {
 	CrashKeys  int
 	// MaxExcessWithDegraded counts degraded-mode admissions too.
 	MaxExcessWithDegraded float64
+	// ClosedAdmitted is tokens of classes that fail closed admitted in
+	// degraded mode (each batch is a violation).
+	ClosedAdmitted float64
+}
+
+// RegionCheck is a check of one region's bucket of one key.
+type RegionCheck struct {
+	Checks      int64
+	Violations  int
+	FirstAt     time.Duration
+	FirstKey    string
+	FirstRegion string
+	FirstDetail string
+	// MaxOver is the largest excess found (tokens).
+	MaxOver float64
+}
+
+func (c *RegionCheck) note(t time.Duration, k quota.Key, region string, over float64, detail string) {
+	c.Violations++
+	c.MaxOver = max(c.MaxOver, over)
+	if c.Violations == 1 {
+		c.FirstAt, c.FirstKey, c.FirstRegion, c.FirstDetail = t, k.String(), region, detail
+	}
 }
 
 // SumCheck is invariant 2 or 3: Σ over regions ≤ the global value.
@@ -126,7 +159,8 @@ func (r *Result) RPCs(t Tier) int64 { return r.RPC[t] }
 
 // Pass reports whether the three invariants held.
 func (r *Result) Pass() bool {
-	return r.Conformance.Violations == 0 && r.Rates.Violations == 0 && r.Bursts.Violations == 0
+	return r.Conformance.Violations == 0 && r.Rates.Violations == 0 && r.Bursts.Violations == 0 &&
+		r.Holding.Violations == 0 && r.Books.Violations == 0 && r.GrantOrder.Violations == 0
 }
 
 // String is a one-line digest.
