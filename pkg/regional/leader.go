@@ -15,6 +15,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/election"
+	"github.com/sluicehq/sluice/internal/shrink"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -54,8 +55,9 @@ type Leader struct {
 	s    *Server
 	opts LeaderOptions
 
-	last map[quota.Key]luascripts.State // each key's state at the previous report
-	seq  uint64
+	last     map[quota.Key]luascripts.State // each key's state at the previous report
+	lastPeak shrink.Peak                    // last's high-water mark
+	seq      uint64
 
 	// leading is observed by tests and metrics.
 	leading chan bool
@@ -308,7 +310,25 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 		}
 		rep.Keys = append(rep.Keys, kd)
 	}
+	if !keepBaseline {
+		l.forgetBaselines(plans)
+	}
 	return rep, plans, held, nil
+}
+
+// forgetBaselines drops the demand baseline of every key this epoch's
+// report left out: no replica served it and the region held no grant for
+// it for the index's window, so it is idle, and should it come back its
+// first report is a baseline again, as after an election. The baselines
+// are thus bounded by the keys of one report.
+func (l *Leader) forgetBaselines(reported map[quota.Key]keyPlan) {
+	l.lastPeak.Note(len(l.last))
+	for k := range l.last {
+		if _, ok := reported[k]; !ok {
+			delete(l.last, k)
+		}
+	}
+	l.last = shrink.Map(l.last, &l.lastPeak)
 }
 
 // install applies the grants and reports whether an applied one lowered

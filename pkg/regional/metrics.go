@@ -1,6 +1,8 @@
 package regional
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -17,6 +19,7 @@ type metrics struct {
 	released      prometheus.Counter
 	restarts      prometheus.CounterFunc
 	activeLeases  prometheus.GaugeFunc
+	activeKeys    prometheus.GaugeFunc
 	leader        prometheus.Gauge       // this replica leads its region
 	globalSyncs   *prometheus.CounterVec // result: ok, error
 	reports       *prometheus.CounterVec // kind: epoch, ack, catch_up
@@ -69,11 +72,18 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "sluice_regional_redis_data_losses_total", Help: "Times Redis was found to have lost its data (sentinel missing).",
 	}, func() float64 { return float64(s.guard.Restarts()) })
 	m.activeLeases = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "sluice_regional_active_leases", Help: "Live leases on the keys this replica served recently (as last seen).",
-	}, func() float64 { return float64(s.active.leases()) })
+		Name: "sluice_regional_active_leases",
+		Help: "Live leases on the keys this replica served within one lease TTL, as the last script reply on each key counted them, less the releases since.",
+	}, func() float64 {
+		return float64(s.active.leases(time.Now(), time.Duration(s.opts.Config.Current().LeaseTTL)))
+	})
+	m.activeKeys = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_regional_active_keys",
+		Help: "Keys this replica keeps in memory: served since its last flush to the region's index, or holding live leases.",
+	}, func() float64 { return float64(s.active.size()) })
 	if reg != nil {
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
-			m.granted, m.reclaimed, m.released, m.restarts, m.activeLeases,
+			m.granted, m.reclaimed, m.released, m.restarts, m.activeLeases, m.activeKeys,
 			m.leader, m.globalSyncs, m.reports, m.grantsApplied)
 	}
 	return m

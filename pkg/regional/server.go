@@ -249,7 +249,7 @@ func (s *Server) strictGrant(p keyPlan, seq uint64) *sluicev1.Grant {
 }
 
 func (s *Server) observeLease(p keyPlan, want int64, lr luascripts.LeaseReply) {
-	s.active.touch(p.key, lr.Live)
+	s.active.touch(time.Now(), p.key, lr.Live)
 	if lr.Reclaimed > 0 {
 		s.metrics.reclaimed.Add(float64(lr.Reclaimed))
 	}
@@ -393,7 +393,7 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		s.active.mark(p.key)
+		s.active.release(p.key)
 		total += rr.Returned
 	}
 	s.metrics.released.Add(float64(total))
@@ -498,6 +498,9 @@ func (s *Server) Run(ctx context.Context, interval time.Duration) error {
 }
 
 func (s *Server) tick(ctx context.Context, interval time.Duration) {
+	// Whatever Redis says, keys with no live lease left are forgotten once
+	// flushed: the index holds live keys only.
+	defer s.active.prune(time.Now(), time.Duration(s.opts.Config.Current().LeaseTTL))
 	if s.opts.Guard != nil {
 		if err := s.opts.Guard.Check(ctx, s.opts.Redis); err != nil {
 			s.log.Warn("restart sentinel check failed", "err", err)
