@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // ConfigSource hands out the live config; it is called from several
@@ -51,13 +51,11 @@ func (s StaticConfig) Current() *config.Config { return s.C }
 
 const (
 	// DefaultMaxKeysPerReport bounds the keys in one RegionReport.
-	DefaultMaxKeysPerReport = 100000
+	DefaultMaxKeysPerReport = regionsync.DefaultMaxKeys
 	// DefaultStatusKeys is how many keys Status lists when asked for 0.
 	DefaultStatusKeys = 10
 	// MaxStatusKeys is the most keys Status lists.
 	MaxStatusKeys = 1000
-	// maxWireMillis keeps millisecond fields convertible to time.Duration.
-	maxWireMillis = math.MaxInt64 / int64(time.Millisecond)
 )
 
 // serviceOptions configure a Service; the Daemon fills them.
@@ -374,7 +372,7 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 	s.applyConfigLocked(now)
 	cfg := s.applied
 	label := regionLabel(cfg, req.GetRegion())
-	rep, limits, err := validateReport(cfg, req, s.maxKeys)
+	rep, limits, err := regionsync.DecodeReport(cfg, req, s.maxKeys)
 	if err != nil {
 		s.m.report(label, "invalid")
 		return nil, status.Error(codes.InvalidArgument, "allocator: sync: "+err.Error())
@@ -386,7 +384,7 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 	s.ensureLearningLocked(now)
 	for i := range rep.Keys {
 		if err := s.alloc.SetLimit(rep.Keys[i].Key, limits[i]); err != nil {
-			// validateReport checked the limits, so this is a bug.
+			// DecodeReport checked the limits, so this is a bug.
 			s.m.report(label, "error")
 			return nil, status.Error(codes.Internal, "allocator: sync: "+err.Error())
 		}
@@ -407,24 +405,11 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 		return nil, status.Error(codes.Internal, "allocator: sync: "+err.Error())
 	}
 	s.lastReport[rep.Region] = now
-	out := &sluicev1.RegionGrants{
-		Region:   rep.Region,
-		Seq:      rep.Seq,
-		Grants:   make([]*sluicev1.KeyGrant, len(grants)),
-		Learning: s.alloc.Learning(now),
-		Epoch:    s.alloc.Epoch(),
-	}
-	out.ReportAgainMs = s.alloc.ReportAgain(rep.Region).Milliseconds()
+	out := regionsync.EncodeGrants(rep, grants, s.alloc.Learning(now), s.alloc.Epoch(), s.alloc.ReportAgain(rep.Region))
 	var sum float64
-	for i, g := range grants {
+	for _, g := range grants {
 		s.keys[g.Key] = now
 		sum += g.Rate
-		out.Grants[i] = &sluicev1.KeyGrant{
-			Key:     &sluicev1.QuotaKey{Tenant: g.Key.Tenant, Class: g.Key.Class},
-			Rate:    g.Rate,
-			Burst:   g.Burst,
-			ValidMs: g.Valid.Milliseconds(),
-		}
 	}
 	s.m.answered(label, len(grants), sum)
 	return out, nil
@@ -436,105 +421,6 @@ func regionLabel(cfg *config.Config, region string) string {
 		return region
 	}
 	return "unknown"
-}
-
-// validateReport checks every field of req against cfg and converts it,
-// returning each key's limit alongside. It changes nothing.
-func validateReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int) (hierarchy.Report, []hierarchy.KeyLimit, error) {
-	region := req.GetRegion()
-	if err := quota.ValidateID("region", region); err != nil {
-		return hierarchy.Report{}, nil, err
-	}
-	if _, ok := cfg.Regions[region]; !ok {
-		return hierarchy.Report{}, nil, fmt.Errorf("%w: region %q is not configured", quota.ErrInvalid, region)
-	}
-	keys := req.GetKeys()
-	if len(keys) > maxKeys {
-		return hierarchy.Report{}, nil, fmt.Errorf("%w: keys has %d entries, the limit is %d", quota.ErrInvalid, len(keys), maxKeys)
-	}
-	rep := hierarchy.Report{Region: region, Seq: req.GetSeq(), Keys: make([]hierarchy.KeyDemand, len(keys))}
-	limits := make([]hierarchy.KeyLimit, len(keys))
-	seen := make(map[quota.Key]int, len(keys))
-	for i, kd := range keys {
-		field := fmt.Sprintf("keys[%d]", i)
-		if kd.GetKey() == nil {
-			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.key is missing", quota.ErrInvalid, field)
-		}
-		k := quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}
-		if err := k.Validate(); err != nil {
-			return hierarchy.Report{}, nil, fmt.Errorf("%s.key: %w", field, err)
-		}
-		if first, dup := seen[k]; dup {
-			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.key %s duplicates keys[%d]", quota.ErrInvalid, field, k, first)
-		}
-		seen[k] = i
-		res, err := cfg.Resolve(k)
-		if err != nil {
-			return hierarchy.Report{}, nil, fmt.Errorf("%s.key %s: %w", field, k, err)
-		}
-		l := hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst)}
-		if !finite(l.Rate) || l.Rate <= 0 || l.Burst <= 0 {
-			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.key %s: the config gives it rate %v and burst %v; both must be > 0",
-				quota.ErrInvalid, field, k, l.Rate, l.Burst)
-		}
-		if err := checkCount(field+".admitted", kd.GetAdmitted()); err != nil {
-			return hierarchy.Report{}, nil, err
-		}
-		if err := checkCount(field+".denied", kd.GetDenied()); err != nil {
-			return hierarchy.Report{}, nil, err
-		}
-		if w := kd.GetWindowMs(); w <= 0 || w > maxWireMillis {
-			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.window_ms %d must be in 1..%d", quota.ErrInvalid, field, w, maxWireMillis)
-		}
-		if err := checkAmount(field+".held_rate", kd.GetHeldRate()); err != nil {
-			return hierarchy.Report{}, nil, err
-		}
-		if err := checkAmount(field+".held_burst", kd.GetHeldBurst()); err != nil {
-			return hierarchy.Report{}, nil, err
-		}
-		if v := kd.GetHeldValidMs(); v < 0 || v > maxWireMillis {
-			return hierarchy.Report{}, nil, fmt.Errorf("%w: %s.held_valid_ms %d must be in 0..%d", quota.ErrInvalid, field, v, maxWireMillis)
-		}
-		if err := checkAmount(field+".holding", kd.GetHolding()); err != nil {
-			return hierarchy.Report{}, nil, err
-		}
-		if kd.DemandRate != nil {
-			if err := checkAmount(field+".demand_rate", kd.GetDemandRate()); err != nil {
-				return hierarchy.Report{}, nil, err
-			}
-		}
-		rep.Keys[i] = hierarchy.KeyDemand{
-			Key:       k,
-			Admitted:  float64(kd.GetAdmitted()),
-			Denied:    float64(kd.GetDenied()),
-			Window:    time.Duration(kd.GetWindowMs()) * time.Millisecond,
-			HeldRate:  kd.GetHeldRate(),
-			HeldBurst: kd.GetHeldBurst(),
-			HeldValid: time.Duration(kd.GetHeldValidMs()) * time.Millisecond,
-			Holding:   kd.GetHolding(),
-		}
-		if kd.DemandRate != nil {
-			rep.Keys[i].SetDemandRate(kd.GetDemandRate())
-		}
-		limits[i] = l
-	}
-	return rep, limits, nil
-}
-
-func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
-
-func checkCount(field string, v int64) error {
-	if v < 0 {
-		return fmt.Errorf("%w: %s %d must be >= 0", quota.ErrInvalid, field, v)
-	}
-	return nil
-}
-
-func checkAmount(field string, v float64) error {
-	if !finite(v) || v < 0 {
-		return fmt.Errorf("%w: %s %v must be a finite number >= 0", quota.ErrInvalid, field, v)
-	}
-	return nil
 }
 
 // Status is the operator view. Every replica answers; one that does not

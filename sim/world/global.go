@@ -4,7 +4,9 @@ import (
 	"slices"
 	"time"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // Global is the global tier: allocator replicas (a primary and an optional
@@ -194,33 +196,39 @@ func (g *Global) leaderForClients() *GlobalNode {
 	return nil
 }
 
-// serve is Service.Sync: every reported key gets its limit, then the
-// allocator answers. ids are the reported keys' ids, in report order.
-func (n *GlobalNode) serve(rep hierarchy.Report, ids []int) ([]hierarchy.Grant, time.Duration, bool) {
+// serve is Service.Sync: the report is decoded and checked as the service
+// does, every reported key gets its limit, then the allocator answers.
+func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, bool) {
 	if !n.granting() {
-		return nil, 0, false
+		return nil, false
 	}
 	w := n.g.w
-	now := w.dur()
-	for _, id := range ids {
-		n.track(w.keys[id], now)
-	}
-	grants, err := n.alloc.Report(n.now(), rep)
+	rep, limits, err := regionsync.DecodeReport(w.cfg, req, regionsync.DefaultMaxKeys)
 	if err != nil {
 		w.counters.AllocatorErrors++
-		return nil, 0, false
+		return nil, false
+	}
+	now := w.dur()
+	for i, kd := range rep.Keys {
+		n.track(w.keyByQK[kd.Key], limits[i], now)
+	}
+	at := n.now()
+	grants, err := n.alloc.Report(at, rep)
+	if err != nil {
+		w.counters.AllocatorErrors++
+		return nil, false
 	}
 	for _, gr := range grants {
 		if k := w.keyByQK[gr.Key]; k != nil {
 			n.seen[k.id] = now
 		}
 	}
-	return grants, n.alloc.ReportAgain(rep.Region), true
+	return regionsync.EncodeGrants(rep, grants, n.alloc.Learning(at), n.alloc.Epoch(), n.alloc.ReportAgain(rep.Region)), true
 }
 
-func (n *GlobalNode) track(k *keyInfo, now time.Duration) {
+func (n *GlobalNode) track(k *keyInfo, limit hierarchy.KeyLimit, now time.Duration) {
 	if !n.known[k.id] {
-		if err := n.alloc.SetLimit(k.key, k.limit); err != nil {
+		if err := n.alloc.SetLimit(k.key, limit); err != nil {
 			panic("sim: a configured limit was refused: " + err.Error())
 		}
 		n.known[k.id] = true

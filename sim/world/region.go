@@ -1,16 +1,14 @@
 package world
 
 import (
-	"math"
 	"sort"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
-	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
-	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/scenario"
 )
@@ -20,11 +18,10 @@ import (
 // leader loop (pkg/regional's Leader) and its instances. Not safe for
 // concurrent use: only the goroutine running the World touches it.
 type Region struct {
-	catchUps int // catch-up reports made since the last epoch's report
-	w        *World
-	idx      int
-	name     string
-	offset   time.Duration
+	w      *World
+	idx    int
+	name   string
+	offset time.Duration
 
 	model   *luascripts.Model
 	redisUp bool
@@ -42,11 +39,11 @@ type Region struct {
 	index     []int64
 	indexList []int
 
-	// Region leader loop.
+	// Region leader loop: the pump around regionsync's decisions.
 	leaderUp  bool
 	leaderGen int
-	last      map[int]luascripts.State
-	seq       uint64
+	leader    *regionsync.Leader
+	round     *regionsync.Round // the current epoch's reports
 	// The loop is sequential (Leader.SyncOnce returns, after its extra
 	// report if any, before the next tick is read): a tick while a report
 	// is out waits for its answer or timeout, as a time.Ticker's buffered
@@ -61,7 +58,7 @@ func newRegion(w *World, idx int, rs scenario.RegionSpec) *Region {
 	return &Region{
 		w: w, idx: idx, name: rs.Name, offset: time.Duration(rs.ClockOffset),
 		model: luascripts.NewModel(), redisUp: true,
-		last: map[int]luascripts.State{}, crashed: map[string][]*crashLease{},
+		leader: regionsync.NewLeader(), crashed: map[string][]*crashLease{},
 	}
 }
 
@@ -141,7 +138,8 @@ func (r *Region) touch(k *keyInfo) {
 }
 
 // flushActive mirrors activeKeys.flush: keys seen since the last flush get
-// the current Redis time as score; entries older than 10 epochs go.
+// the current Redis time as score; entries older than regionsync.IndexKeep
+// epochs go.
 func (r *Region) flushActive() {
 	if !r.redisUp {
 		return
@@ -153,7 +151,7 @@ func (r *Region) flushActive() {
 	}
 	r.seenList = r.seenList[:0]
 	keep := r.indexList[:0]
-	horizon := now - (10 * r.w.epoch).Microseconds()
+	horizon := now - (regionsync.IndexKeep * r.w.epoch).Microseconds()
 	for _, id := range r.indexList {
 		if r.index[id] < horizon {
 			r.index[id] = 0
@@ -344,7 +342,7 @@ func (r *Region) redisBack() {
 	r.w.orc.RedisUp(r.w.dur(), r.idx)
 }
 
-// --- Region leader (mirror of pkg/regional's Leader). ---
+// --- Region leader (pkg/regional's Leader: a pump around regionsync). ---
 
 // electLeader makes a replica the region's leader after delay, if etcd lets
 // it; the loop then syncs every epoch.
@@ -360,7 +358,7 @@ func (r *Region) electLeader(delay time.Duration) {
 		r.leaderUp = true
 		r.leaderGen++
 		r.busy, r.tickWaiting = false, false
-		clear(r.last) // a new leader starts its demand baseline afresh
+		r.leader.Elected()
 		gen := r.leaderGen
 		var tick func()
 		tick = func() {
@@ -370,7 +368,7 @@ func (r *Region) electLeader(delay time.Duration) {
 			if r.busy {
 				r.tickWaiting = true
 			} else {
-				r.syncOnce(gen, false)
+				r.epochSync(gen)
 			}
 			r.w.eng.After(r.w.epoch, tick)
 		}
@@ -392,69 +390,37 @@ func (r *Region) loseLeader(newAfter time.Duration) {
 	}
 }
 
-// syncOnce is Leader.SyncOnce: report every active key, install grants.
-// The report and the answer are built in the allocator's Go types; every
-// field is what the wire would carry (whole milliseconds, the 1 ms
-// baseline window of a key's first report, the daemon's SetLimit for every
-// reported key).
-//
-// An answer that lowers a grant below what the region held makes it
-// report again at once (ack true): the allocator moves the capacity to
-// the recipients only once the donor acknowledged the smaller grant, and
-// waiting for the next epoch would cost them one. The extra report keeps
-// the demand baseline, so its window is too short to count as demand, and
-// it never triggers another: at most one extra report per epoch. It
-// reports whether a report went out (the loop is busy until it is done).
-func (r *Region) syncOnce(gen int, ack bool) bool {
+// epochSync is Leader.SyncOnce: an epoch's round of reports.
+func (r *Region) epochSync(gen int) {
+	r.round = regionsync.NewRound(r.w.epoch)
+	r.syncOnce(gen, regionsync.Epoch)
+}
+
+// syncOnce is Leader.syncOnce: report every active key (regionsync builds
+// the report from the states read from the Model at the send time), send
+// it to the global leader, install the answer; the round then says what
+// follows. It reports whether a report went out (the loop is busy until
+// the round is done).
+func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 	if !r.redisUp {
 		return false // redis time: connection refused
 	}
 	w := r.w
 	sendUS := r.redisNowUS()
-	keys := r.activeKeys(sendUS - (3 * w.epoch).Microseconds())
-	r.seq = max(r.seq+1, uint64(sendUS))
-	rep := hierarchy.Report{Region: r.name, Seq: r.seq, Keys: make([]hierarchy.KeyDemand, 0, len(keys))}
-	held := make(map[int]float64, len(keys)) // key id -> rate held at send time
-	ids := make([]int, 0, len(keys))
-	for _, k := range keys {
+	keys := r.activeKeys(regionsync.ActiveSince(sendUS, w.epoch))
+	reads := make([]regionsync.KeyRead, len(keys))
+	for i, k := range keys {
 		r.op()
-		st := r.model.State(sendUS, k.rkeys, r.common(k))
-		prev, seen := r.last[k.id]
-		if !ack {
-			r.last[k.id] = st
-		}
-		kd := hierarchy.KeyDemand{Key: k.key, Holding: st.Holding()}
-		// The first sight of a key (after an election) is a baseline: a 1 ms
-		// window with no counts.
-		kd.Window = time.Millisecond
-		if seen && st.NowUS > prev.NowUS {
-			// The region's demand_rate, as the allocator service reads it.
-			rd := st.Since(prev)
-			kd.Window = rd.Window
-			kd.SetDemandRate(rd.DemandRate)
-		}
-		if st.GrantExpiryUS > 0 {
-			// The scripts store grants exactly, so this echoes them bit for
-			// bit as the allocator's region contract requires.
-			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
-			kd.HeldValid = time.Duration((st.GrantExpiryUS-st.NowUS)/1000) * time.Millisecond
-			held[k.id] = st.Rate
-		} else {
-			held[k.id] = r.common(k).StaticRate
-		}
-		rep.Keys = append(rep.Keys, kd)
-		ids = append(ids, k.id)
+		c := r.common(k)
+		reads[i] = regionsync.KeyRead{Key: k.key, State: r.model.State(sendUS, k.rkeys, c), StaticRate: c.StaticRate}
 	}
+	rep, held := r.leader.Report(r.name, sendUS, kind, reads)
 	node := w.global.leaderForClients()
 	if node == nil {
 		return false // the allocator client finds no leader: the sync fails
 	}
 	w.orc.RPC(oracle.TierGlobal, 1)
-	var grants []hierarchy.Grant
-	var again time.Duration
-	if !ack {
-		r.catchUps = 0
-	}
+	var answer *sluicev1.RegionGrants
 	site := node.region
 	r.busy = true
 	w.exchange(
@@ -464,24 +430,30 @@ func (r *Region) syncOnce(gen int, ack bool) bool {
 		func() bool { return r.leaderUp && r.leaderGen == gen },
 		func() bool {
 			var ok bool
-			grants, again, ok = node.serve(rep, ids)
+			answer, ok = node.serve(rep)
 			return ok
 		},
 		func() {
-			if r.install(grants, sendUS, held) && !ack && r.syncOnce(gen, true) {
-				return // the extra report keeps the loop busy
+			a, ok := r.install(answer, sendUS, held)
+			if !ok {
+				r.syncDone(gen) // the installs failed: the round ends
+				return
 			}
-			if again > 0 && r.catchUps < regional.MaxCatchUps {
-				// Leader.SyncOnce's catch-up reports for a pending raise.
-				r.catchUps++
-				w.eng.After(min(again, w.epoch), func() {
-					if r.leaderUp && r.leaderGen == gen && !r.syncOnce(gen, true) {
+			next, wait, more := r.round.Next(a)
+			switch {
+			case !more:
+				r.syncDone(gen)
+			case wait <= 0:
+				if !r.syncOnce(gen, next) {
+					r.syncDone(gen)
+				}
+			default:
+				w.eng.After(wait, func() {
+					if r.leaderUp && r.leaderGen == gen && !r.syncOnce(gen, next) {
 						r.syncDone(gen)
 					}
 				})
-				return // the loop stays busy until the catch-up is done
 			}
-			r.syncDone(gen)
 		},
 		func() { r.syncDone(gen) },
 	)
@@ -495,42 +467,36 @@ func (r *Region) syncDone(gen int) {
 	if r.tickWaiting {
 		r.tickWaiting = false
 		if r.leaderUp && r.leaderGen == gen {
-			r.syncOnce(gen, false)
+			r.epochSync(gen)
 		}
 	}
 }
 
-// install is Leader.install: every grant's expiry is the report's send
-// time plus its validity (whole milliseconds on the wire), on this
-// region's clock; grants are ordered by that send time. It reports whether an applied
-// grant's rate is below the rate held (held, by key id) when the report
-// was sent.
-func (r *Region) install(grants []hierarchy.Grant, sendUS int64, held map[int]float64) bool {
+// install is Leader.install: regionsync says what to install; each goes to
+// the Model's set_rate. ok is false when Redis is down.
+func (r *Region) install(g *sluicev1.RegionGrants, sendUS int64, held regionsync.Held) (regionsync.Answer, bool) {
 	if !r.redisUp {
-		return false
+		return regionsync.Answer{}, false
 	}
-	lowered := false
+	installs, _ := regionsync.Installs(g, sendUS, held)
+	applied := make([]bool, len(installs))
 	now := r.redisNowUS()
-	for _, g := range grants {
-		k := r.w.keyByQK[g.Key]
-		validMs := g.Valid.Milliseconds()
-		if k == nil || !(g.Rate >= 0) || !(g.Burst >= 0) || math.IsInf(g.Rate, 0) || math.IsInf(g.Burst, 0) || validMs <= 0 {
+	for i, in := range installs {
+		k := r.w.keyByQK[in.Key]
+		if k == nil {
 			continue
 		}
-		expiry := sendUS + validMs*1000
 		r.op()
-		rep := r.model.SetRate(now, k.rkeys, r.common(k), g.Rate, g.Burst, expiry, sendUS)
+		sr := r.model.SetRate(now, k.rkeys, r.common(k), in.Rate, in.Burst, in.ExpiryUS, in.FenceUS)
 		// A granted key stays in the active index (reported next epochs)
 		// even without local traffic.
-		r.indexAt(k.id, sendUS)
-		if rep.Applied {
-			r.w.orc.GrantApplied(r.w.dur(), r.idx, k.id, g.Rate, g.Burst, trueTimeOf(expiry, r.offset))
-			if h, ok := held[k.id]; ok && g.Rate < h {
-				lowered = true
-			}
+		r.indexAt(k.id, in.FenceUS)
+		if sr.Applied {
+			applied[i] = true
+			r.w.orc.GrantApplied(r.w.dur(), r.idx, k.id, in.Rate, in.Burst, trueTimeOf(in.ExpiryUS, r.offset))
 		}
 	}
-	return lowered
+	return regionsync.Outcome(g, installs, applied), true
 }
 
 // --- Crash accounting. ---

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/config"
-	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -44,7 +43,6 @@ type keyInfo struct {
 	member string              // "tenant|class", the active-key index member
 	wire   *sluicev1.QuotaKey  // shared, never modified
 	common []luascripts.Common // per region, BornUS filled at call time
-	limit  hierarchy.KeyLimit
 }
 
 // World is one simulated deployment. Not safe for concurrent use: it runs
@@ -152,8 +150,7 @@ func (w *World) addKey(k quota.Key) (*keyInfo, error) {
 	}
 	ki := &keyInfo{
 		id: len(w.keys), key: k, res: res, rkeys: luascripts.KeysFor(redisPrefix, k), member: k.Tenant + "|" + k.Class,
-		wire:  &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class},
-		limit: hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst)},
+		wire: &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class},
 	}
 	for _, r := range w.regions {
 		rate, burst, err := w.cfg.StaticShare(r.name, res.Limit.Rate, float64(res.Limit.Burst))

@@ -1,0 +1,229 @@
+package regionsync
+
+import (
+	"math"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Kind is what a report is for. Only epoch reports move the demand
+// baseline.
+type Kind uint8
+
+const (
+	// Epoch is the report every epoch.
+	Epoch Kind = iota
+	// Ack acknowledges at once an answer that lowered a key's rate below
+	// what the region held: the allocator gives the difference to other
+	// regions only once the donor acknowledged the smaller grant.
+	Ack
+	// CatchUp is a report after report_again_ms, while a raise waits on
+	// other regions' acknowledgements.
+	CatchUp
+)
+
+// String is the kind's metric label.
+func (k Kind) String() string {
+	switch k {
+	case Epoch:
+		return "epoch"
+	case Ack:
+		return "ack"
+	case CatchUp:
+		return "catch_up"
+	}
+	return "unknown"
+}
+
+// MaxCatchUps bounds the catch-up reports one epoch makes for a pending
+// raise.
+const MaxCatchUps = 2
+
+// ActiveHorizon is how far back (in epochs) a key's last sight in the
+// active-key index makes it part of a report.
+const ActiveHorizon = 3
+
+// IndexKeep is how long (in epochs) an entry stays in the active-key index
+// after its last sight.
+const IndexKeep = 10
+
+// ActiveSince is the oldest index score (Redis time, µs) that puts a key
+// in a report sent at sendUS.
+func ActiveSince(sendUS int64, epoch time.Duration) int64 {
+	return sendUS - (ActiveHorizon * epoch).Microseconds()
+}
+
+// KeyRead is one key's state as the region leader read it for a report.
+type KeyRead struct {
+	Key quota.Key
+	// State is the key's state read at the report's send time.
+	State luascripts.State
+	// StaticRate is the region's static share of the key's rate: what it
+	// holds when no grant is valid.
+	StaticRate float64
+}
+
+// Leader is a region leader's report state: its seq and each key's demand
+// baseline. Not safe for concurrent use.
+type Leader struct {
+	seq  uint64
+	last map[quota.Key]luascripts.State
+}
+
+// NewLeader returns a leader with no baselines.
+func NewLeader() *Leader { return &Leader{last: map[quota.Key]luascripts.State{}} }
+
+// Elected starts a new leadership: the demand baseline starts afresh, so
+// the first report of a key after a leader change carries no counts. The
+// seq only ever grows.
+func (l *Leader) Elected() { clear(l.last) }
+
+// Held is the rate each reported key held when its report was sent (its
+// grant's, or the static share when no grant was valid).
+type Held map[quota.Key]float64
+
+// Report builds the report of kind sent at sendUS (Redis time) from the
+// keys' states. Seq is Redis time, so it grows across leader changes
+// without storing anything. A key's first sight is a baseline: a 1 ms
+// window with no counts, too short to count as demand. A held grant is
+// echoed exactly as the scripts store it (the allocator's region contract
+// needs it bit for bit), with its remaining validity in whole milliseconds.
+// Acknowledgements and catch-ups keep the demand baseline where it was.
+func (l *Leader) Report(region string, sendUS int64, kind Kind, reads []KeyRead) (*sluicev1.RegionReport, Held) {
+	l.seq = max(l.seq+1, uint64(sendUS))
+	rep := &sluicev1.RegionReport{Region: region, Seq: l.seq, Keys: make([]*sluicev1.KeyDemand, 0, len(reads))}
+	held := make(Held, len(reads))
+	for _, r := range reads {
+		st := r.State
+		prev, seen := l.last[r.Key]
+		if kind == Epoch {
+			l.last[r.Key] = st
+		}
+		kd := &sluicev1.KeyDemand{
+			Key:      &sluicev1.QuotaKey{Tenant: r.Key.Tenant, Class: r.Key.Class},
+			Holding:  st.Holding(),
+			WindowMs: 1,
+		}
+		if seen && st.NowUS > prev.NowUS {
+			d := st.Since(prev)
+			kd.Admitted, kd.Denied, kd.WindowMs = d.Admitted, d.Denied, d.Window.Milliseconds()
+			kd.DemandRate = proto.Float64(d.DemandRate)
+		}
+		held[r.Key] = r.StaticRate
+		if st.GrantExpiryUS > 0 {
+			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
+			kd.HeldValidMs = (st.GrantExpiryUS - st.NowUS) / 1000
+			held[r.Key] = st.Rate
+		}
+		rep.Keys = append(rep.Keys, kd)
+	}
+	return rep, held
+}
+
+// Install is one grant to apply with set_rate.
+type Install struct {
+	Key         quota.Key
+	Wire        *sluicev1.QuotaKey // the answer's key message
+	Rate, Burst float64
+	// ExpiryUS is when the grant ends in the region's Redis time: the
+	// report's send time plus the grant's validity, so the region's view
+	// of a grant ends no later than the allocator's.
+	ExpiryUS int64
+	// FenceUS orders grants: set_rate refuses one older than the grant it
+	// holds (the send time of the report it answers).
+	FenceUS int64
+	// Lowers is true when the key was reported and the grant's rate is
+	// below what the region held when it sent the report.
+	Lowers bool
+}
+
+// Refused is a grant of the answer that is not installed, and why.
+type Refused struct {
+	Grant  *sluicev1.KeyGrant
+	Reason string
+}
+
+// Installs turns the answer to the report sent at sendUS into the grants
+// to install, in the answer's order. A grant with a negative, NaN or
+// infinite rate or burst, or no validity, is refused (the caller logs it);
+// its key is not checked against the config here.
+func Installs(g *sluicev1.RegionGrants, sendUS int64, held Held) ([]Install, []Refused) {
+	var out []Install
+	var refused []Refused
+	for _, kg := range g.GetGrants() {
+		if kg.GetKey() == nil {
+			refused = append(refused, Refused{Grant: kg, Reason: "key is missing"})
+			continue
+		}
+		rate, burst := kg.GetRate(), kg.GetBurst()
+		if !(rate >= 0) || !(burst >= 0) || math.IsInf(rate, 0) || math.IsInf(burst, 0) || kg.GetValidMs() <= 0 {
+			refused = append(refused, Refused{Grant: kg, Reason: "rate and burst must be finite and >= 0, valid_ms > 0"})
+			continue
+		}
+		k := quota.Key{Tenant: kg.GetKey().GetTenant(), Class: kg.GetKey().GetClass()}
+		h, reported := held[k]
+		out = append(out, Install{
+			Key: k, Wire: kg.GetKey(), Rate: rate, Burst: burst,
+			ExpiryUS: sendUS + kg.GetValidMs()*1000, FenceUS: sendUS,
+			Lowers: reported && rate < h,
+		})
+	}
+	return out, refused
+}
+
+// Answer is what the region made of one report's answer.
+type Answer struct {
+	// Lowered: an installed grant (set_rate applied it) lowered a
+	// reported key's rate.
+	Lowered bool
+	// Again > 0: a raise is pending; report again after it.
+	Again time.Duration
+}
+
+// Outcome is the Answer of g once the installs were run; applied[i] tells
+// whether set_rate applied installs[i].
+func Outcome(g *sluicev1.RegionGrants, installs []Install, applied []bool) Answer {
+	a := Answer{Again: time.Duration(g.GetReportAgainMs()) * time.Millisecond}
+	for i, in := range installs {
+		if applied[i] && in.Lowers {
+			a.Lowered = true
+		}
+	}
+	return a
+}
+
+// Round is the sequence of reports of one epoch: the epoch report, an
+// acknowledgement when its answer lowered a grant, then up to MaxCatchUps
+// catch-up reports while an answer says a raise is pending. An extra
+// report never triggers an acknowledgement of its own. With many keys some
+// grant falls in most epochs, so expect close to two reports per epoch,
+// and up to two more while capacity moves towards the region.
+type Round struct {
+	epoch    time.Duration
+	last     Kind
+	catchUps int
+}
+
+// NewRound starts an epoch's round; its first report is an Epoch report.
+func NewRound(epoch time.Duration) *Round { return &Round{epoch: epoch, last: Epoch} }
+
+// Next is what follows the answer a to the round's last report: the next
+// report's kind and how long to wait before sending it, or more false when
+// the round is over.
+func (r *Round) Next(a Answer) (kind Kind, wait time.Duration, more bool) {
+	if r.last == Epoch && a.Lowered {
+		r.last = Ack
+		return Ack, 0, true
+	}
+	if a.Again > 0 && r.catchUps < MaxCatchUps {
+		r.catchUps++
+		r.last = CatchUp
+		return CatchUp, min(a.Again, r.epoch), true
+	}
+	return 0, 0, false
+}

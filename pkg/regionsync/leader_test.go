@@ -1,0 +1,127 @@
+package regionsync
+
+import (
+	"testing"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+var (
+	keyA = quota.Key{Tenant: "acme", Class: "read"}
+	keyB = quota.Key{Tenant: "beta", Class: "read"}
+)
+
+// TestReportEchoesTheHeldGrantExactly: a held grant goes back bit for bit
+// with its remaining validity; without one the region holds its static
+// share and reports no held grant.
+func TestReportEchoesTheHeldGrantExactly(t *testing.T) {
+	l := NewLeader()
+	const now = 5_000_000_000
+	rep, held := l.Report("eu", now, Epoch, []KeyRead{
+		{Key: keyA, StaticRate: 3, State: luascripts.State{Rate: 7.1, Cap: 9.3, GrantExpiryUS: now + 2_500_700, Tokens: 2, Outstanding: 4, NowUS: now}},
+		{Key: keyB, StaticRate: 3, State: luascripts.State{Rate: 3, Cap: 4, Tokens: 1, NowUS: now}},
+	})
+	if rep.GetRegion() != "eu" || rep.GetSeq() != now || len(rep.GetKeys()) != 2 {
+		t.Fatalf("report %v", rep)
+	}
+	a, b := rep.GetKeys()[0], rep.GetKeys()[1]
+	if a.GetHeldRate() != 7.1 || a.GetHeldBurst() != 9.3 || a.GetHeldValidMs() != 2500 || a.GetHolding() != 6 {
+		t.Errorf("held grant not echoed exactly: %v", a)
+	}
+	if b.GetHeldRate() != 0 || b.GetHeldBurst() != 0 || b.GetHeldValidMs() != 0 {
+		t.Errorf("a key without a grant reports one: %v", b)
+	}
+	if held[keyA] != 7.1 || held[keyB] != 3 {
+		t.Errorf("held %v, want the grant's rate for %s and the static share for %s", held, keyA, keyB)
+	}
+	for _, kd := range rep.GetKeys() {
+		if kd.GetWindowMs() != 1 || kd.GetAdmitted() != 0 || kd.DemandRate != nil {
+			t.Errorf("first sight is not a baseline: %v", kd)
+		}
+	}
+}
+
+// TestReportBaselinesAndSeq: epoch reports move the baseline, extra
+// reports do not; seq grows even when Redis time does not; a new
+// leadership starts the baselines afresh.
+func TestReportBaselinesAndSeq(t *testing.T) {
+	l := NewLeader()
+	st := func(us, admitted int64) []KeyRead {
+		return []KeyRead{{Key: keyA, State: luascripts.State{Admitted: admitted, NowUS: us}}}
+	}
+	r1, _ := l.Report("eu", 1_000_000, Epoch, st(1_000_000, 10))
+	r2, _ := l.Report("eu", 1_000_000, Ack, st(1_500_000, 30))
+	if r2.GetSeq() <= r1.GetSeq() {
+		t.Fatalf("seq %d after %d", r2.GetSeq(), r1.GetSeq())
+	}
+	if kd := r2.GetKeys()[0]; kd.GetAdmitted() != 20 || kd.GetWindowMs() != 500 {
+		t.Fatalf("ack report %v, want 20 admitted over 500 ms", kd)
+	}
+	r3, _ := l.Report("eu", 2_000_000, Epoch, st(2_000_000, 50))
+	if kd := r3.GetKeys()[0]; kd.GetAdmitted() != 40 || kd.GetWindowMs() != 1000 {
+		t.Fatalf("the ack moved the baseline: %v", kd)
+	}
+	l.Elected()
+	r4, _ := l.Report("eu", 3_000_000, Epoch, st(3_000_000, 70))
+	if kd := r4.GetKeys()[0]; kd.GetWindowMs() != 1 || kd.GetAdmitted() != 0 {
+		t.Fatalf("a new leader's first report is not a baseline: %v", kd)
+	}
+}
+
+// TestInstallsExpireFromTheSendTime: every grant ends at the report's send
+// time plus its validity, is fenced on the send time, and says whether it
+// lowers what the region held; invalid grants are refused.
+func TestInstallsExpireFromTheSendTime(t *testing.T) {
+	const sendUS = 9_000_000
+	g := &sluicev1.RegionGrants{ReportAgainMs: 40, Grants: []*sluicev1.KeyGrant{
+		{Key: &sluicev1.QuotaKey{Tenant: "acme", Class: "read"}, Rate: 2, Burst: 5, ValidMs: 3000},
+		{Key: &sluicev1.QuotaKey{Tenant: "beta", Class: "read"}, Rate: 9, Burst: 5, ValidMs: 3000},
+		{Key: &sluicev1.QuotaKey{Tenant: "gamma", Class: "read"}, Rate: 1, Burst: 1, ValidMs: 3000},
+		{Key: &sluicev1.QuotaKey{Tenant: "delta", Class: "read"}, Rate: -1, Burst: 1, ValidMs: 3000},
+		{Key: &sluicev1.QuotaKey{Tenant: "eps", Class: "read"}, Rate: 1, Burst: 1},
+		{Rate: 1, Burst: 1, ValidMs: 1},
+	}}
+	ins, refused := Installs(g, sendUS, Held{keyA: 3, keyB: 3})
+	if len(ins) != 3 || len(refused) != 3 {
+		t.Fatalf("%d installs, %d refused; want 3 and 3", len(ins), len(refused))
+	}
+	for _, in := range ins {
+		if in.ExpiryUS != sendUS+3_000_000 || in.FenceUS != sendUS {
+			t.Errorf("%s: expiry %d fence %d", in.Key, in.ExpiryUS, in.FenceUS)
+		}
+	}
+	if !ins[0].Lowers || ins[1].Lowers || ins[2].Lowers {
+		t.Errorf("lowers %v %v %v; want only %s (unreported keys never lower)", ins[0].Lowers, ins[1].Lowers, ins[2].Lowers, keyA)
+	}
+	if a := Outcome(g, ins, []bool{false, true, true}); a.Lowered || a.Again != 40*time.Millisecond {
+		t.Errorf("a lowering grant that was not applied counts: %+v", a)
+	}
+	if a := Outcome(g, ins, []bool{true, true, true}); !a.Lowered {
+		t.Errorf("an applied lowering grant does not count: %+v", a)
+	}
+}
+
+// TestRound: an acknowledgement only after the epoch report, then at most
+// MaxCatchUps catch-ups, each after min(report_again, epoch).
+func TestRound(t *testing.T) {
+	const epoch = time.Second
+	r := NewRound(epoch)
+	if k, w, more := r.Next(Answer{Lowered: true, Again: 2 * epoch}); !more || k != Ack || w != 0 {
+		t.Fatalf("after a lowering epoch answer: %v %v %v", k, w, more)
+	}
+	if k, w, more := r.Next(Answer{Lowered: true, Again: 2 * epoch}); !more || k != CatchUp || w != epoch {
+		t.Fatalf("after the ack: %v %v %v", k, w, more)
+	}
+	if k, w, more := r.Next(Answer{Lowered: true, Again: 100 * time.Millisecond}); !more || k != CatchUp || w != 100*time.Millisecond {
+		t.Fatalf("second catch-up: %v %v %v", k, w, more)
+	}
+	if _, _, more := r.Next(Answer{Lowered: true, Again: time.Millisecond}); more {
+		t.Fatalf("more than %d catch-ups", MaxCatchUps)
+	}
+	if _, _, more := NewRound(epoch).Next(Answer{}); more {
+		t.Fatal("a quiet answer asks for another report")
+	}
+}

@@ -1,0 +1,156 @@
+package regionsync
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/hierarchy"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// MaxWireMillis keeps millisecond fields convertible to time.Duration.
+const MaxWireMillis = math.MaxInt64 / int64(time.Millisecond)
+
+// DecodeReport checks every field of req against cfg and converts it for
+// the allocator, returning each key's limit alongside. At most maxKeys
+// keys are accepted. It changes nothing; errors wrap quota.ErrInvalid.
+func DecodeReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int) (hierarchy.Report, []hierarchy.KeyLimit, error) {
+	region := req.GetRegion()
+	if err := quota.ValidateID("region", region); err != nil {
+		return hierarchy.Report{}, nil, err
+	}
+	if _, ok := cfg.Regions[region]; !ok {
+		return hierarchy.Report{}, nil, fmt.Errorf("%w: region %q is not configured", quota.ErrInvalid, region)
+	}
+	keys := req.GetKeys()
+	if len(keys) > maxKeys {
+		return hierarchy.Report{}, nil, fmt.Errorf("%w: keys has %d entries, the limit is %d", quota.ErrInvalid, len(keys), maxKeys)
+	}
+	rep := hierarchy.Report{Region: region, Seq: req.GetSeq(), Keys: make([]hierarchy.KeyDemand, len(keys))}
+	limits := make([]hierarchy.KeyLimit, len(keys))
+	seen := make(map[quota.Key]int, len(keys))
+	for i, kd := range keys {
+		kd, l, err := decodeKey(cfg, kd, i, seen)
+		if err != nil {
+			return hierarchy.Report{}, nil, err
+		}
+		rep.Keys[i], limits[i] = kd, l
+	}
+	return rep, limits, nil
+}
+
+// decodeKey is DecodeReport for keys[i]; the field's name is only built
+// for an error.
+func decodeKey(cfg *config.Config, kd *sluicev1.KeyDemand, i int, seen map[quota.Key]int) (hierarchy.KeyDemand, hierarchy.KeyLimit, error) {
+	field := func() string { return fmt.Sprintf("keys[%d]", i) }
+	fail := func(err error) (hierarchy.KeyDemand, hierarchy.KeyLimit, error) {
+		return hierarchy.KeyDemand{}, hierarchy.KeyLimit{}, err
+	}
+	if kd.GetKey() == nil {
+		return fail(fmt.Errorf("%w: %s.key is missing", quota.ErrInvalid, field()))
+	}
+	k := quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}
+	if err := k.Validate(); err != nil {
+		return fail(fmt.Errorf("%s.key: %w", field(), err))
+	}
+	if first, dup := seen[k]; dup {
+		return fail(fmt.Errorf("%w: %s.key %s duplicates keys[%d]", quota.ErrInvalid, field(), k, first))
+	}
+	seen[k] = i
+	res, err := cfg.Resolve(k)
+	if err != nil {
+		return fail(fmt.Errorf("%s.key %s: %w", field(), k, err))
+	}
+	l := hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst)}
+	if !finite(l.Rate) || l.Rate <= 0 || l.Burst <= 0 {
+		return fail(fmt.Errorf("%w: %s.key %s: the config gives it rate %v and burst %v; both must be > 0",
+			quota.ErrInvalid, field(), k, l.Rate, l.Burst))
+	}
+	if err := checkCount(field, ".admitted", kd.GetAdmitted()); err != nil {
+		return fail(err)
+	}
+	if err := checkCount(field, ".denied", kd.GetDenied()); err != nil {
+		return fail(err)
+	}
+	if w := kd.GetWindowMs(); w <= 0 || w > MaxWireMillis {
+		return fail(fmt.Errorf("%w: %s.window_ms %d must be in 1..%d", quota.ErrInvalid, field(), w, MaxWireMillis))
+	}
+	if err := checkAmount(field, ".held_rate", kd.GetHeldRate()); err != nil {
+		return fail(err)
+	}
+	if err := checkAmount(field, ".held_burst", kd.GetHeldBurst()); err != nil {
+		return fail(err)
+	}
+	if v := kd.GetHeldValidMs(); v < 0 || v > MaxWireMillis {
+		return fail(fmt.Errorf("%w: %s.held_valid_ms %d must be in 0..%d", quota.ErrInvalid, field(), v, MaxWireMillis))
+	}
+	if err := checkAmount(field, ".holding", kd.GetHolding()); err != nil {
+		return fail(err)
+	}
+	if kd.DemandRate != nil {
+		if err := checkAmount(field, ".demand_rate", kd.GetDemandRate()); err != nil {
+			return fail(err)
+		}
+	}
+	out := hierarchy.KeyDemand{
+		Key:       k,
+		Admitted:  float64(kd.GetAdmitted()),
+		Denied:    float64(kd.GetDenied()),
+		Window:    time.Duration(kd.GetWindowMs()) * time.Millisecond,
+		HeldRate:  kd.GetHeldRate(),
+		HeldBurst: kd.GetHeldBurst(),
+		HeldValid: time.Duration(kd.GetHeldValidMs()) * time.Millisecond,
+		Holding:   kd.GetHolding(),
+	}
+	if kd.DemandRate != nil {
+		out.SetDemandRate(kd.GetDemandRate())
+	}
+	return out, l, nil
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+func checkCount(field func() string, name string, v int64) error {
+	if v < 0 {
+		return fmt.Errorf("%w: %s %d must be >= 0", quota.ErrInvalid, field()+name, v)
+	}
+	return nil
+}
+
+func checkAmount(field func() string, name string, v float64) error {
+	if !finite(v) || v < 0 {
+		return fmt.Errorf("%w: %s %v must be a finite number >= 0", quota.ErrInvalid, field()+name, v)
+	}
+	return nil
+}
+
+// EncodeGrants is the answer to rep: its grants (validity in whole
+// milliseconds, as the allocator computes them), whether the allocator is
+// learning, its epoch, and when the region should report again (0: at its
+// next epoch).
+func EncodeGrants(rep hierarchy.Report, grants []hierarchy.Grant, learning bool, epoch uint64, again time.Duration) *sluicev1.RegionGrants {
+	out := &sluicev1.RegionGrants{
+		Region:        rep.Region,
+		Seq:           rep.Seq,
+		Grants:        make([]*sluicev1.KeyGrant, len(grants)),
+		Learning:      learning,
+		Epoch:         epoch,
+		ReportAgainMs: again.Milliseconds(),
+	}
+	for i, g := range grants {
+		out.Grants[i] = &sluicev1.KeyGrant{
+			Key:     &sluicev1.QuotaKey{Tenant: g.Key.Tenant, Class: g.Key.Class},
+			Rate:    g.Rate,
+			Burst:   g.Burst,
+			ValidMs: g.Valid.Milliseconds(),
+		}
+	}
+	return out
+}
+
+// DefaultMaxKeys bounds the keys of one region report unless the global
+// tier is configured otherwise.
+const DefaultMaxKeys = 100000
