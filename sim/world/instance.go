@@ -373,6 +373,8 @@ func (in *Instance) check(g *group) {
 		},
 		func() {
 			in.brk.Success()
+			// The region counted these decisions when it made them.
+			in.w.orc.RegionPending(in.region.idx, g.k.id, -int64(len(resps))*g.cost)
 			var t tally
 			now := in.now()
 			for _, r := range resps {
@@ -538,9 +540,10 @@ func (in *Instance) sendRelease(b *lease.Batch, done func(failed bool)) {
 
 // --- Failures. ---
 
-// crash kills the instance: nothing is released. The oracle is told the
-// crash error ε: per key, tokens the region still counts as unspent in
-// the lease but that the instance had spent.
+// crash kills the instance: nothing is released. Its leases are followed
+// until the region's Model reaps them (observe.go), and the oracle is told
+// the crash error ε then: per key, tokens the reaped lease still counted
+// as unspent but that the instance had spent.
 func (in *Instance) crash() *crashRecord {
 	if !in.alive {
 		return nil
@@ -554,31 +557,20 @@ func (in *Instance) crash() *crashRecord {
 	if !r.redisUp {
 		return rec
 	}
-	snap := r.model.Snapshot()
 	for _, id := range in.usedIDs {
 		k := w.keys[id]
-		l, ok := leaseRecord(snap, k, in.id)
+		l, ok := r.model.PeekLease(k.rkeys, in.id)
 		if !ok {
 			continue
 		}
 		st, _ := in.table.State(k.key)
-		held := float64(st.Tokens + st.ToReturn)
+		cl := &crashLease{crash: rec, instance: in.id, held: float64(st.Tokens + st.ToReturn),
+			reclaim: k.common[r.idx].Reclaim, last: l}
 		if p := st.Pending; p != nil {
-			if p.GetSeq() > l.Seq {
-				held += float64(p.GetReturned()) // not applied: those tokens were never spent
-			} else {
-				held += l.LastGrant // applied, but its grant never reached the instance
-			}
-		}
-		unspent := l.Unspent()
-		if eps := unspent - held; eps > 0 && k.common[r.idx].Reclaim {
-			w.orc.CrashError(w.dur(), k.id, eps)
+			cl.pendSeq, cl.pendRet = p.GetSeq(), float64(p.GetReturned())
 		}
 		rec.pending++
-		rec.tokens += max(unspent, 0)
-		cl := &crashLease{crash: rec, key: k.id, expUS: l.ExpiryUS}
-		r.crashed[in.id] = append(r.crashed[in.id], cl)
-		r.watchLease(cl)
+		r.crashed[k.id] = append(r.crashed[k.id], cl)
 	}
 	if rec.pending == 0 {
 		w.orc.Reclaimed(rec.at, rec.at, 0)

@@ -1,0 +1,139 @@
+package world
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/sim/oracle"
+)
+
+// The oracle judges what the regional Redis twin actually holds: after
+// every script call the region shows it the key's stored bucket (read
+// without running a script), and crashed instances' leases are followed
+// until the Model actually reaps them.
+
+// observe shows the oracle region r's bucket of k right after a script
+// call, and settles crashed leases the call reaped.
+func (r *Region) observe(k *keyInfo) {
+	p, ok := r.model.PeekBucket(k.rkeys)
+	if !ok {
+		return
+	}
+	c := k.common[r.idx]
+	rate, capNow := c.StaticRate, c.StaticBurst
+	if p.GrantExpiryUS > p.NowUS {
+		rate, capNow = p.GrantRate, p.GrantBurst
+	}
+	r.w.orc.BucketObserved(r.w.dur(), r.idx, k.id, oracle.Bucket{
+		NowUS: p.NowUS, Tokens: p.Tokens, Outstanding: p.Outstanding, Rate: rate, Cap: capNow,
+		GrantRate: p.GrantRate, GrantExpiryUS: p.GrantExpiryUS, Admitted: p.Admitted, Denied: p.Denied,
+	})
+	if len(r.crashed[k.id]) > 0 {
+		r.settleCrashed(k)
+	}
+}
+
+// expired tells the oracle which buckets Redis expired (their counters
+// start again) and settles crashed leases that went with their hash.
+func (r *Region) expired(names []string) {
+	if len(names) == 0 {
+		return
+	}
+	gone := make(map[string]bool, len(names))
+	for _, name := range names {
+		gone[name] = true
+	}
+	for _, k := range r.w.keys {
+		if gone[k.rkeys.Bucket] {
+			r.w.orc.BucketGone(r.idx, k.id)
+		}
+		if ls := r.crashed[k.id]; len(ls) > 0 && gone[k.rkeys.Leases] {
+			// Gone with the key's TTL, not reaped: nothing handed out again.
+			for _, cl := range ls {
+				r.crashDone(cl)
+			}
+			delete(r.crashed, k.id)
+		}
+	}
+}
+
+// crashRecord follows one crashed instance's leases until the Model has
+// reaped every one of them (or lost it with its data).
+type crashRecord struct {
+	w       *World
+	at      time.Duration
+	pending int
+	tokens  float64
+	last    time.Duration
+}
+
+// crashLease is one lease of a crashed instance: what the instance held
+// unspent when it died (its pool and returns, and the report it had in
+// flight), and the lease as the region last stored it.
+type crashLease struct {
+	crash    *crashRecord
+	instance string
+	held     float64 // pool + tokens to return
+	pendSeq  uint64  // report in flight at the crash (0: none)
+	pendRet  float64 // its returned tokens
+	reclaim  bool
+	last     luascripts.LeaseRecord
+}
+
+// settleCrashed checks the crashed leases of k against the Model: one
+// still stored is remembered as stored; one gone was reaped by the call
+// just made. Its unspent tokens (by the region's books) went back to the
+// bucket; those the instance had spent without reporting are crash error
+// ε, counted now, when the region hands them out again.
+func (r *Region) settleCrashed(k *keyInfo) {
+	ls := r.crashed[k.id]
+	keep := ls[:0]
+	for _, cl := range ls {
+		if l, ok := r.model.PeekLease(k.rkeys, cl.instance); ok {
+			cl.last = l
+			keep = append(keep, cl)
+			continue
+		}
+		unspent := max(cl.last.Unspent(), 0)
+		if cl.reclaim && r.redisUp {
+			held := cl.held
+			if cl.pendSeq > 0 {
+				if cl.pendSeq > cl.last.Seq {
+					held += cl.pendRet // never applied: those tokens were not spent
+				} else {
+					held += cl.last.LastGrant // applied, its grant never reached the instance
+				}
+			}
+			if eps := unspent - held; eps > 0 {
+				r.w.orc.CrashError(r.w.dur(), k.id, eps)
+			}
+			cl.crash.tokens += unspent
+		}
+		r.crashDone(cl)
+	}
+	if len(keep) == 0 {
+		delete(r.crashed, k.id)
+		return
+	}
+	r.crashed[k.id] = keep
+}
+
+func (r *Region) crashDone(cl *crashLease) {
+	c := cl.crash
+	c.pending--
+	c.last = max(c.last, r.w.dur())
+	if c.pending == 0 {
+		c.w.orc.Reclaimed(c.at, c.last, c.tokens)
+	}
+}
+
+// crashesLost ends every crashed lease when Redis comes back empty: they
+// are gone with the data, nothing reclaimed.
+func (r *Region) crashesLost() {
+	for id, ls := range r.crashed {
+		for _, cl := range ls {
+			r.crashDone(cl)
+		}
+		delete(r.crashed, id)
+	}
+}
