@@ -50,15 +50,16 @@ type Region struct {
 	// tick does.
 	busy, tickWaiting bool
 
-	// Leases of crashed instances, by instance id, until they expire.
-	crashed map[string][]*crashLease
+	// Leases of crashed instances, by key id, until the Model reaps them
+	// (observe.go).
+	crashed map[int][]*crashLease
 }
 
 func newRegion(w *World, idx int, rs scenario.RegionSpec) *Region {
 	return &Region{
 		w: w, idx: idx, name: rs.Name, offset: time.Duration(rs.ClockOffset),
 		model: luascripts.NewModel(), redisUp: true,
-		leader: regionsync.NewLeader(), crashed: map[string][]*crashLease{},
+		leader: regionsync.NewLeader(), crashed: map[int][]*crashLease{},
 	}
 }
 
@@ -89,7 +90,7 @@ func (r *Region) start() {
 	tick = func() {
 		r.flushActive()
 		if ticks++; r.redisUp && ticks%expirySweep == 0 {
-			r.model.ExpireDue(r.redisNowUS())
+			r.expired(r.model.ExpireDue(r.redisNowUS()))
 		}
 		r.w.eng.After(r.w.epoch, tick)
 	}
@@ -265,13 +266,13 @@ func (r *Region) leaseOp(instance string, reports []*sluicev1.KeyReport, acquire
 			continue
 		}
 		r.op()
-		r.extendCrashed(instance, k, now)
 		var lr luascripts.LeaseReply
 		if acquire {
 			lr = r.model.Acquire(now, k.rkeys, r.common(k), toReport(instance, rep))
 		} else {
 			lr = r.model.Sync(now, k.rkeys, r.common(k), toReport(instance, rep))
 		}
+		r.observe(k)
 		r.touch(k)
 		grants[i] = r.grant(k, rep.GetSeq(), lr)
 	}
@@ -290,6 +291,7 @@ func (r *Region) release(instance string, reports []*sluicev1.KeyReport) bool {
 		}
 		r.op()
 		r.model.Release(now, k.rkeys, r.common(k), toReport(instance, rep))
+		r.observe(k)
 		r.touch(k)
 	}
 	return true
@@ -302,6 +304,8 @@ func (r *Region) check(k *keyInfo, cost int64) (*sluicev1.CheckResponse, bool) {
 	now := r.redisNowUS()
 	r.op()
 	cr := r.model.Check(now, k.rkeys, r.common(k), cost)
+	r.observe(k)
+	r.w.orc.RegionPending(r.idx, k.id, cost) // until the instance records it
 	r.touch(k)
 	return &sluicev1.CheckResponse{
 		Allowed: cr.Allowed, Limit: k.res.Limit.Burst, Remaining: max(cr.Remaining, 0),
@@ -333,12 +337,7 @@ func (r *Region) redisBack() {
 		r.index[id] = 0
 	}
 	r.indexList = r.indexList[:0]
-	for id, ls := range r.crashed {
-		for _, cl := range ls {
-			cl.expUS = r.redisNowUS() // the lease is gone with the data
-		}
-		delete(r.crashed, id)
-	}
+	r.crashesLost()
 	r.w.orc.RedisUp(r.w.dur(), r.idx)
 }
 
@@ -413,6 +412,7 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 		r.op()
 		c := r.common(k)
 		reads[i] = regionsync.KeyRead{Key: k.key, State: r.model.State(sendUS, k.rkeys, c), StaticRate: c.StaticRate}
+		r.observe(k)
 	}
 	rep, held := r.leader.Report(r.name, sendUS, kind, reads)
 	node := w.global.leaderForClients()
@@ -488,70 +488,15 @@ func (r *Region) install(g *sluicev1.RegionGrants, sendUS int64, held regionsync
 		}
 		r.op()
 		sr := r.model.SetRate(now, k.rkeys, r.common(k), in.Rate, in.Burst, in.ExpiryUS, in.FenceUS)
+		r.observe(k)
 		// A granted key stays in the active index (reported next epochs)
 		// even without local traffic.
 		r.indexAt(k.id, in.FenceUS)
 		if sr.Applied {
 			applied[i] = true
 			r.w.orc.GrantApplied(r.w.dur(), r.idx, k.id, in.Rate, in.Burst, trueTimeOf(in.ExpiryUS, r.offset))
+			r.w.orc.GrantIssued(r.w.dur(), r.idx, k.id, in.FenceUS)
 		}
 	}
 	return regionsync.Outcome(g, installs, applied), true
-}
-
-// --- Crash accounting. ---
-
-// crashRecord follows one crashed instance's leases until the region's
-// view of each has expired: from then on the next script call on the key
-// reaps it before reading the bucket, so its unspent tokens are back.
-type crashRecord struct {
-	w       *World
-	at      time.Duration
-	pending int
-	tokens  float64
-	last    time.Duration
-}
-
-type crashLease struct {
-	crash *crashRecord
-	key   int
-	expUS int64
-}
-
-// watchLease waits for the lease's expiry on the region's clock; a request
-// the instance sent before dying may still arrive and extend it.
-func (r *Region) watchLease(cl *crashLease) {
-	at := trueTimeOf(cl.expUS, r.offset)
-	r.w.eng.At(engineTime(max(at, r.w.dur())), func() {
-		if r.redisUp && r.redisNowUS() < cl.expUS {
-			r.watchLease(cl)
-			return
-		}
-		c := cl.crash
-		c.pending--
-		c.last = max(c.last, r.w.dur())
-		if c.pending == 0 {
-			c.w.orc.Reclaimed(c.at, c.last, c.tokens)
-		}
-	})
-}
-
-// extendCrashed applies a dead instance's late request to the watch: the
-// script sets the lease's expiry to now + TTL.
-func (r *Region) extendCrashed(instance string, k *keyInfo, nowUS int64) {
-	for _, cl := range r.crashed[instance] {
-		if cl.key == k.id {
-			cl.expUS = max(cl.expUS, nowUS+r.w.leaseTTL.Microseconds())
-		}
-	}
-}
-
-// leaseRecord is instance's lease record on k in a model snapshot.
-func leaseRecord(snap map[string]map[string]string, k *keyInfo, instance string) (luascripts.LeaseRecord, bool) {
-	v, found := snap[k.rkeys.Leases][instance]
-	if !found {
-		return luascripts.LeaseRecord{}, false
-	}
-	l, err := luascripts.ParseLeaseRecord(v)
-	return l, err == nil
 }

@@ -185,7 +185,8 @@ func OracleSetup(sc *scenario.Scenario, plan *traffic.Plan) (oracle.Setup, error
 		if err != nil {
 			return s, fmt.Errorf("key %s: %w", k, err)
 		}
-		ok := oracle.Key{Key: k, Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst)}
+		ok := oracle.Key{Key: k, Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst),
+			Closed: res.Class.OnFailure == config.OnFailureClosed}
 		for _, r := range sc.Topology.Regions {
 			rate, burst, err := cfg.StaticShare(r.Name, res.Limit.Rate, float64(res.Limit.Burst))
 			if err != nil {
