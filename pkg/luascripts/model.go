@@ -26,6 +26,7 @@ type Model struct {
 // modelBucket mirrors the bucket hash; every field a float64 as in Lua.
 type modelBucket struct {
 	tk, ts, gr, gb, ge, out, adm, den, gs, dr, sd float64
+	rm                                            float64 // refill earned but not yet in tk (micro-tokens)
 	expireAt                                      float64 // µs, the key's TTL deadline
 	ttlMS                                         float64 // the TTL last set (PEXPIRE argument)
 }
@@ -78,6 +79,7 @@ type op struct {
 
 	reclaimed float64 // RECLAIMED: tokens returned from expired leases
 	leases    bool    // LEASES: the lease hash or expiry set was written
+	ttl       float64 // TTL: the keys' TTL (ms), computed before any write
 }
 
 func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
@@ -91,6 +93,7 @@ func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
 		o.ls = &modelLeases{byID: map[string]*modelLease{}}
 	}
 	o.refill()
+	o.ttl = o.bucketTTL(o.b.gb, o.b.ge)
 	return o
 }
 
@@ -114,31 +117,43 @@ func (o *op) capNow() float64 {
 	return o.sb()
 }
 
-func (o *op) clamp() {
-	c := o.capNow() - o.b.out
+// room mirrors lib.lua's room_of: cap - out at the storage's resolution.
+func (o *op) roomOf(cap float64) float64 {
+	c := cap - o.b.out
 	if c < 0 {
 		c = 0
 	}
+	return round6(c)
+}
+
+func (o *op) room() float64 { return o.roomOf(o.capNow()) }
+
+func (o *op) clampTo(c float64) {
 	if o.b.tk > c {
 		o.b.tk = c
+		o.b.rm = 0
 	}
 }
+
+func (o *op) clamp() { o.clampTo(o.room()) }
 
 func (o *op) loadBucket() {
 	if b, ok := o.m.buckets[o.k.Bucket]; ok {
 		o.b = *b
 		return
 	}
-	b := modelBucket{ts: o.now}
-	warm := o.now - float64(o.c.BornUS) - o.lttl()*1000
-	if warm < 0 {
-		warm = 0
-	}
-	b.tk = float64(warm*o.sr()) / 1000000
-	if b.tk > o.sb() {
-		b.tk = o.sb()
+	// Empty since born + lease TTL; refill credits the time since.
+	b := modelBucket{ts: float64(o.c.BornUS) + o.lttl()*1000}
+	if b.ts > o.now {
+		b.ts = o.now
 	}
 	o.b = b
+}
+
+func (o *op) credit(dt, r float64) {
+	n, rm := accrue(dt, r, o.b.rm)
+	o.b.tk = round6(o.b.tk + n/1000000)
+	o.b.rm = rm
 }
 
 func (o *op) refill() {
@@ -150,18 +165,12 @@ func (o *op) refill() {
 			if e > o.now {
 				e = o.now
 			}
-			b.tk = b.tk + float64((e-t)*b.gr)/1000000
-			c := b.gb - b.out
-			if c < 0 {
-				c = 0
-			}
-			if b.tk > c {
-				b.tk = c
-			}
+			o.credit(e-t, b.gr)
+			o.clampTo(o.roomOf(b.gb))
 			t = e
 		}
 		if o.now > t {
-			b.tk = b.tk + float64((o.now-t)*o.sr())/1000000
+			o.credit(o.now-t, o.sr())
 		}
 		b.ts = o.now
 	}
@@ -288,38 +297,51 @@ func (o *op) waitMS(need float64) float64 {
 	if short <= 0 {
 		return 0
 	}
+	if need > o.room() {
+		return -1
+	}
 	r := o.rateNow()
 	if r < 1e-9 {
 		return -1
 	}
-	return math.Ceil(float64(short*1000) / r)
-}
-
-func (o *op) resetMS() float64 {
-	c := o.capNow() - o.b.out
-	if c < 0 {
-		c = 0
+	w := math.Ceil(float64(short*1000) / r)
+	if !(w < maxMS) {
+		return -1
 	}
-	return o.waitMS(c)
+	if n, _ := accrue(w*1000, r, o.b.rm); n < math.Floor(float64(short*1000000)+0.5) {
+		w = w + 1
+	}
+	return w
 }
 
-// save writes the bucket back (rounded as Redis storage rounds it) and sets
-// every key's TTL as save_bucket does.
-func (o *op) save() {
-	b := &o.b
+func (o *op) resetMS() float64 { return o.waitMS(o.room()) }
+
+// bucketTTL mirrors lib.lua's bucket_ttl.
+func (o *op) bucketTTL(gb, ge float64) float64 {
 	capmax := o.sb()
-	if o.grantValid(o.now) && b.gb > capmax {
-		capmax = b.gb
-	}
 	gleft := 0.0
-	if o.grantValid(o.now) {
-		gleft = math.Ceil((b.ge - o.now) / 1000)
+	if ge > o.now {
+		if gb > capmax {
+			capmax = gb
+		}
+		gleft = math.Ceil((ge - o.now) / 1000)
 	}
 	ttl := gleft + math.Ceil(float64(2000*capmax)/o.sr())
 	if ttl < 2*o.lttl() {
 		ttl = 2 * o.lttl()
 	}
 	ttl = ttl + 1000
+	if !(ttl < maxMS) {
+		ttl = maxMS
+	}
+	return ttl
+}
+
+// save writes the bucket back (rounded as Redis storage rounds it) and sets
+// every key's TTL as save_bucket does.
+func (o *op) save() {
+	b := &o.b
+	ttl := o.ttl
 	b.expireAt = o.now + ttl*1000
 	b.ttlMS = ttl
 	stored := *b
@@ -465,13 +487,15 @@ func (m *Model) Reap(nowUS int64, k Keys, c Common) ReapReply {
 // SetRate mirrors Scripts.SetRate.
 func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expiryUS, issuedUS int64) SetRateReply {
 	o := m.begin(nowUS, k, c)
-	o.reap(c.ReapBudget)
 	exp := float64(expiryUS)
-	applied := false
-	if float64(issuedUS) >= o.b.gs {
+	applied := float64(issuedUS) >= o.b.gs
+	if applied {
+		o.ttl = o.bucketTTL(burst, exp)
+	}
+	o.reap(c.ReapBudget)
+	if applied {
 		o.b.gr, o.b.gb, o.b.ge, o.b.gs = rate, burst, exp, float64(issuedUS)
 		o.clamp()
-		applied = true
 	}
 	o.save()
 	return SetRateReply{Applied: applied, Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS}
@@ -502,7 +526,7 @@ func (m *Model) Snapshot() map[string]map[string]string {
 		out[name] = map[string]string{
 			"tk": f6(b.tk), "ts": i0(b.ts), "gr": f17(b.gr), "gb": f17(b.gb),
 			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den), "gs": i0(b.gs),
-			"dr": i0(b.dr), "sd": i0(b.sd),
+			"dr": i0(b.dr), "sd": i0(b.sd), "rm": f17(b.rm),
 		}
 	}
 	for name, ls := range m.leases {

@@ -1,7 +1,11 @@
 -- lib.lua: shared state model of one quota key's regional bucket. Prepended
 -- (after clock.lua) to every script but set_rate's body.
 --
--- KEYS[1]  bucket hash   fields: tk  tokens in the bucket (float, %.6f)
+-- KEYS[1]  bucket hash   fields: tk  tokens in the bucket (whole micro-
+--                                     tokens, %.6f)
+--                                 rm  refill earned but not yet in tk
+--                                     (micro-tokens, [0, 1), %.17g;
+--                                     missing = 0)
 --                                 ts  time of the last refill (µs)
 --                                 gr  granted rate (tokens/s, %.17g: exact,
 --                                     so the region reports back exactly
@@ -44,9 +48,13 @@
 --
 -- Invariants kept by every script:
 --   tk <= max(0, cap(now) - out)   (a region never holds more than its cap,
---                                   counting unspent leases: DESIGN inv. 3)
---   tokens appear only by refill at rate(t) over elapsed Redis time, or by
---   reclaiming a lease's unspent tokens; never by recreating a key early.
+--                                   counting unspent leases: DESIGN inv. 3;
+--                                   at the storage's resolution, see room)
+--   tokens appear only by refill at rate(t) over elapsed Redis time (never
+--   more than its exact integral, see accrue), or by reclaiming a lease's
+--   unspent tokens; never by recreating a key early.
+--   No write can fail: every value a write needs is bounded (see MAXMS),
+--   and the TTL is computed before the script's first write.
 --   dr = Σ dr of the records in the lease hash (while the bucket and the
 --   lease hash live and die together; a bucket recreated under live leases
 --   under-counts until they end, never below 0).
@@ -87,26 +95,92 @@ local function grant_valid(t) return B.ge > t end
 local function rate_now() if grant_valid(NOW) then return B.gr end return SR end
 local function cap_now() if grant_valid(NOW) then return B.gb end return SB end
 
-local function clamp()
-  local c = cap_now() - B.out
-  if c < 0 then c = 0 end
-  if B.tk > c then B.tk = c end
+-- Refill is exact. tk holds whole micro-tokens (the storage's '%.6f'); rm
+-- carries the fraction of a micro-token earned but not yet credited, so no
+-- call pattern gains or loses refill to rounding: dt µs at r tokens/s earn
+-- dt x r micro-tokens, and accrue credits the floor of the exact value of
+-- that product plus rm (Dekker's error-free product and Knuth's error-free
+-- sum find the floor even where the rounded product is a whole number just
+-- above the exact one), carrying the rest, shaved by a relative 2^-50, as
+-- the new rm. Whatever the clock does, credit never exceeds the integral of
+-- the rate over the elapsed Redis time.
+local TWO53 = 9007199254740992   -- 2^53
+local SHAVE = 1 / 1125899906842624  -- 2^-50
+local SPLIT = 134217729  -- 2^27 + 1
+-- MAXMS bounds every TTL and wait in ms (2^53: PEXPIRE accepts it, and it
+-- fits Go's time.Duration); a wait beyond it is 'never'.
+local MAXMS = 9007199254740992
+
+local function snap(x) return tonumber(f6(x)) end
+
+-- two_prod returns p = a x b rounded and e with p + e = a x b exactly.
+local function two_prod(a, b)
+  local p = a * b
+  local c = SPLIT * a
+  local ah = c - (c - a)
+  local al = a - ah
+  c = SPLIT * b
+  local bh = c - (c - b)
+  local bl = b - bh
+  return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
 end
 
+-- two_sum returns s = a + b rounded and g with s + g = a + b exactly.
+local function two_sum(a, b)
+  local s = a + b
+  local bb = s - a
+  return s, (a - (s - bb)) + (b - bb)
+end
+
+-- accrue returns n, the whole micro-tokens in dt x r + rm (exact floor),
+-- and the fraction to carry (never above the exact rest). A product of
+-- 2^53 micro-tokens or more fills any cap the config accepts: it comes back
+-- whole, with nothing to carry.
+local function accrue(dt, r, rm)
+  local p, e = two_prod(dt, r)
+  if not (p < TWO53) then return p, 0 end
+  local x, g = two_sum(p, rm)
+  local d = g + e
+  local n = math.floor(x)
+  if n == x and d < 0 then n = n - 1 end
+  local y = (x - n) + d
+  y = y - y * SHAVE
+  if y < 0 then y = 0 end
+  return n, y
+end
+
+-- room is what the bucket may hold: cap - out at the storage's resolution
+-- (so a cap a hair below a whole number, as static shares shrunk by 1e-12
+-- are, does not cost a whole token: the bucket may hold up to half a
+-- micro-token above cap - out, never more, and never more over time).
+local function room_of(cap)
+  local c = cap - B.out
+  if c < 0 then c = 0 end
+  return snap(c)
+end
+local function room() return room_of(cap_now()) end
+
+-- clamp caps tk at room(); a bucket at its cap carries no fraction.
+local function clamp_to(c)
+  if B.tk > c then
+    B.tk = c
+    B.rm = 0
+  end
+end
+local function clamp() clamp_to(room()) end
+
 local function load_bucket()
-  local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd')
+  local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm')
   if not raw[2] then
     -- A missing bucket is trusted to be full only when the data set is old
     -- enough that every lease issued before it was born has expired: then
     -- it is as if the bucket had been empty since born + lease TTL and had
-    -- refilled at the static rate. A key that merely idled out is always
-    -- full (its TTL is at least 2 x burst / rate).
+    -- refilled at the static rate (refill credits it). A key that merely
+    -- idled out is always full (its TTL is at least 2 x burst / rate).
     B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd = 0, 0, 0, 0, 0, 0, 0, 0, 0
-    B.ts = NOW
-    local warm = NOW - BORN - LTTL * 1000
-    if warm < 0 then warm = 0 end
-    B.tk = warm * SR / 1000000
-    if B.tk > SB then B.tk = SB end
+    B.tk, B.rm = 0, 0
+    B.ts = BORN + LTTL * 1000
+    if B.ts > NOW then B.ts = NOW end
     return
   end
   B.tk = tonumber(raw[1])
@@ -120,6 +194,14 @@ local function load_bucket()
   B.gs = tonumber(raw[9]) or 0
   B.dr = tonumber(raw[10]) or 0
   B.sd = tonumber(raw[11]) or 0
+  B.rm = tonumber(raw[12]) or 0
+end
+
+-- credit adds dt µs of refill at rate r (see accrue).
+local function credit(dt, r)
+  local n, rm = accrue(dt, r, B.rm)
+  B.tk = snap(B.tk + n / 1000000)
+  B.rm = rm
 end
 
 -- refill credits elapsed time piecewise: at the granted rate while the grant
@@ -131,22 +213,15 @@ local function refill()
     if B.ge > t then
       local e = B.ge
       if e > NOW then e = NOW end
-      B.tk = B.tk + (e - t) * B.gr / 1000000
-      local c = B.gb - B.out
-      if c < 0 then c = 0 end
-      if B.tk > c then B.tk = c end
+      credit(e - t, B.gr)
+      clamp_to(room_of(B.gb))
       t = e
     end
-    if NOW > t then
-      B.tk = B.tk + (NOW - t) * SR / 1000000
-    end
+    if NOW > t then credit(NOW - t, SR) end
     B.ts = NOW
   end
   clamp()
-  -- Tokens have the storage's resolution (1e-6) from here on, so a cap a
-  -- hair below a whole number (static shares are shrunk by 1e-12 so they
-  -- never sum above the limit) does not cost a whole token.
-  B.tk = tonumber(f6(B.tk))
+  B.tk = snap(B.tk)
 end
 
 local function parse_lease(rec)
@@ -259,40 +334,61 @@ local function apply_usage(L, used, denied, returned)
 end
 
 -- wait_ms is how long until the bucket holds need tokens at the current
--- rate (ceil, ms); -1 when the rate is (practically) zero: below a
--- billionth of a token per second the wait would not fit any clock.
+-- rate (ceil, ms), or -1 for never: when need is above what the bucket can
+-- ever hold at its current cap (room: cap - out), when the rate is
+-- (practically) zero (below a billionth of a token per second), or when
+-- the wait would not fit any clock (MAXMS). The wait is checked against
+-- accrue, so the bucket does hold need by then, unless the rate or the
+-- cap changes.
 local function wait_ms(need)
   local short = need - B.tk
   if short <= 0 then return 0 end
+  if need > room() then return -1 end
   local r = rate_now()
   if r < 1e-9 then return -1 end
-  return math.ceil(short * 1000 / r)
+  local w = math.ceil(short * 1000 / r)
+  if not (w < MAXMS) then return -1 end
+  if accrue(w * 1000, r, B.rm) < math.floor(short * 1000000 + 0.5) then w = w + 1 end
+  return w
 end
 
 -- reset_ms is how long until the bucket is full again (ceil, ms).
 local function reset_ms()
-  local c = cap_now() - B.out
-  if c < 0 then c = 0 end
-  return wait_ms(c)
+  return wait_ms(room())
 end
 
-local function save_bucket()
-  redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f17(B.gr), 'gb', f17(B.gb),
-    'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs),
-    'dr', i0(B.dr), 'sd', i0(B.sd))
-  -- Idle keys disappear, but never before a recreated bucket would be
-  -- correct, and the lease keys never before the bucket while leases hold
-  -- unspent tokens (their reaping must reach it): the grant's remaining validity plus two full refills at the
-  -- static rate (the rate after the grant ends), and at least 2 x lease
-  -- TTL (every lease dead). Formatted as an integer: a large Lua number
-  -- would otherwise reach Redis in exponent form.
+-- bucket_ttl is the TTL (ms, as an integer string) of a key under a grant
+-- of cap gb valid until ge: idle keys disappear, but never before a
+-- recreated bucket would be correct, and the lease keys never before the
+-- bucket while leases hold unspent tokens (their reaping must reach it):
+-- the grant's remaining validity plus two full refills at the static rate
+-- (the rate after the grant ends), and at least 2 x lease TTL (every lease
+-- dead). At most MAXMS (so PEXPIRE never refuses it; the config bounds
+-- keep real keys far below), formatted as an integer: a large Lua number
+-- would otherwise reach Redis in exponent form.
+local function bucket_ttl(gb, ge)
   local capmax = SB
-  if grant_valid(NOW) and B.gb > capmax then capmax = B.gb end
   local gleft = 0
-  if grant_valid(NOW) then gleft = math.ceil((B.ge - NOW) / 1000) end
+  if ge > NOW then
+    if gb > capmax then capmax = gb end
+    gleft = math.ceil((ge - NOW) / 1000)
+  end
   local ttl = gleft + math.ceil(2000 * capmax / SR)
   if ttl < 2 * LTTL then ttl = 2 * LTTL end
-  ttl = i0(ttl + 1000)
+  ttl = ttl + 1000
+  if not (ttl < MAXMS) then ttl = MAXMS end
+  return i0(ttl)
+end
+
+-- save_bucket writes the bucket and sets the keys' TTLs. ttl defaults to
+-- TTL, computed before the script's first write (Redis does not roll a
+-- script back: nothing a write needs may fail after another write).
+local TTL
+local function save_bucket(ttl)
+  ttl = ttl or TTL
+  redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f17(B.gr), 'gb', f17(B.gb),
+    'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs),
+    'dr', i0(B.dr), 'sd', i0(B.sd), 'rm', f17(B.rm))
   redis.call('PEXPIRE', KEYS[1], ttl)
   if LEASES or B.out > 0 then
     redis.call('PEXPIRE', KEYS[2], ttl)
@@ -302,6 +398,7 @@ end
 
 load_bucket()
 refill()
+TTL = bucket_ttl(B.gb, B.ge)
 
 -- lease_op applies one instance's report for this key and takes a new batch.
 -- A report whose seq is not above the lease's last applied seq is a retry:

@@ -13,16 +13,20 @@
 -- ARGV[10]    grant expiry (µs, Redis clock)
 -- ARGV[11]    issued: when the report this grant answers was sent (µs)
 -- Reply: { applied(0|1), tokens, outstanding, now_us }  tokens as '%.6f'
-reap(REAPMAX)
 local exp, issued = tonumber(ARGV[10]), tonumber(ARGV[11])
+local rate, burst = tonumber(ARGV[8]), tonumber(ARGV[9])
 local applied = 0
-if issued >= B.gs then
-  B.gr = tonumber(ARGV[8])
-  B.gb = tonumber(ARGV[9])
+if issued >= B.gs then applied = 1 end
+-- The TTL under the grant in force afterwards, before the first write.
+local ttl = TTL
+if applied == 1 then ttl = bucket_ttl(burst, exp) end
+reap(REAPMAX)
+if applied == 1 then
+  B.gr = rate
+  B.gb = burst
   B.ge = exp
   B.gs = issued
   clamp()
-  applied = 1
 end
-save_bucket()
+save_bucket(ttl)
 return { applied, f6(B.tk), B.out, NOW }
