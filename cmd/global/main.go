@@ -31,6 +31,7 @@ import (
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
@@ -107,9 +108,9 @@ func run(ctx context.Context, args []string) error {
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	store := config.NewStore(cli, *prefix)
+	store := configstore.NewStore(cli, *prefix)
 	reg := prometheus.NewRegistry()
-	watcher := config.NewWatcher(store, fallback, logger, reg)
+	watcher := configstore.NewWatcher(store, fallback, logger, reg)
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	watchDone := make(chan error, 1)
 	go func() { watchDone <- watcher.Run(watchCtx) }()
@@ -142,7 +143,7 @@ func run(ctx context.Context, args []string) error {
 // would hand out wrong grants): it waits until etcd answers, writes the
 // bootstrap config when etcd holds none (etcd's own config wins), and
 // then until the watcher serves etcd's config.
-func startOnEtcdConfig(ctx context.Context, store *config.Store, bootstrap *config.Config, watcher *config.Watcher, logger *slog.Logger) error {
+func startOnEtcdConfig(ctx context.Context, store *configstore.Store, bootstrap *config.Config, watcher *configstore.Watcher, logger *slog.Logger) error {
 	wait := 100 * time.Millisecond
 	var rev int64
 	for {
@@ -180,7 +181,7 @@ func startOnEtcdConfig(ctx context.Context, store *config.Store, bootstrap *conf
 
 // bootstrapAndRead writes bootstrap (when given) if etcd holds no config
 // and returns the revision of the config etcd holds (0 for none).
-func bootstrapAndRead(ctx context.Context, store *config.Store, bootstrap *config.Config, logger *slog.Logger) (int64, error) {
+func bootstrapAndRead(ctx context.Context, store *configstore.Store, bootstrap *config.Config, logger *slog.Logger) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, etcdTimeout)
 	defer cancel()
 	if bootstrap != nil {
@@ -189,7 +190,7 @@ func bootstrapAndRead(ctx context.Context, store *config.Store, bootstrap *confi
 		case err == nil:
 			logger.Info("bootstrap config written to etcd", "key", store.Key(), "revision", rev)
 			return rev, nil
-		case errors.Is(err, config.ErrConflict):
+		case errors.Is(err, configstore.ErrConflict):
 			logger.Info("etcd already holds a config; it wins over the bootstrap file", "key", store.Key())
 		default:
 			return 0, err

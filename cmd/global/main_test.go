@@ -15,7 +15,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
-	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 )
 
 const bootstrapYAML = `
@@ -91,7 +91,7 @@ func TestRunBootstrapsAndLeads(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling with a deadline
 	}
-	store := config.NewStore(srv.Client(t), "/cmdtest")
+	store := configstore.NewStore(srv.Client(t), "/cmdtest")
 	ctx, c := context.WithTimeout(context.Background(), 5*time.Second)
 	defer c()
 	stored, rev, err := store.Get(ctx)

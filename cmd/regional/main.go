@@ -39,6 +39,7 @@ import (
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -156,8 +157,8 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 			return fmt.Errorf("etcd client: %w", err)
 		}
 		defer cli.Close()
-		store := config.NewStore(cli, f.etcdPrefix)
-		watcher := config.NewWatcher(store, cfg, logger, reg)
+		store := configstore.NewStore(cli, f.etcdPrefix)
+		watcher := configstore.NewWatcher(store, cfg, logger, reg)
 		watchCtx, stopWatch := context.WithCancel(context.Background())
 		defer stopWatch()
 		go watcher.Run(watchCtx)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
@@ -328,7 +329,7 @@ func (g *globalFlags) endpoints() []string {
 
 // etcd connects to etcd and returns the client and the config store. The
 // caller closes the client.
-func (a *app) etcd() (*clientv3.Client, *config.Store, error) {
+func (a *app) etcd() (*clientv3.Client, *configstore.Store, error) {
 	eps := a.g.endpoints()
 	if len(eps) == 0 {
 		return nil, nil, exitf(exitUsage, "no etcd endpoints: set -etcd-endpoints or %s", flagenv.EnvName(envPrefix, "etcd-endpoints"))
@@ -351,7 +352,7 @@ func (a *app) etcd() (*clientv3.Client, *config.Store, error) {
 	if err != nil {
 		return nil, nil, a.etcdFailure(err)
 	}
-	return cli, config.NewStore(cli, a.g.etcdPrefix), nil
+	return cli, configstore.NewStore(cli, a.g.etcdPrefix), nil
 }
 
 // etcdFailure explains an etcd error that is neither a conflict nor an

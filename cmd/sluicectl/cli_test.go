@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 )
 
 // result is what one CLI invocation produced.
@@ -75,7 +76,7 @@ func wantContains(t *testing.T, where, got string, subs ...string) {
 type cluster struct {
 	srv   *etcdtest.Server
 	cli   *clientv3.Client
-	store *config.Store
+	store *configstore.Store
 	flags []string
 }
 
@@ -87,7 +88,7 @@ func newCluster(t *testing.T) *cluster {
 	return &cluster{
 		srv:   srv,
 		cli:   cli,
-		store: config.NewStore(cli, prefix),
+		store: configstore.NewStore(cli, prefix),
 		flags: []string{"-etcd-endpoints", strings.Join(srv.Endpoints(), ","), "-etcd-prefix", prefix, "-timeout", "10s"},
 	}
 }

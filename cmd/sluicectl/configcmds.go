@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 )
 
 // readConfigFile parses and validates a config file ("-" is stdin).
@@ -111,7 +112,7 @@ func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 // to next, asks for confirmation unless told not to, and writes next in
 // one transaction guarded by rev. stdinUsed says stdin held the config,
 // so it cannot answer a prompt.
-func (a *app) commit(ctx context.Context, store *config.Store, current *config.Config, rev int64,
+func (a *app) commit(ctx context.Context, store *configstore.Store, current *config.Config, rev int64,
 	next *config.Config, change changeFlags, stdinUsed bool) error {
 	if err := next.Validate(); err != nil {
 		return invalidConfig("the changed config", err, "nothing was written")
@@ -145,7 +146,7 @@ func (a *app) commit(ctx context.Context, store *config.Store, current *config.C
 	newRev, err := store.Apply(stepCtx, next, rev)
 	cancel()
 	switch {
-	case errors.Is(err, config.ErrConflict):
+	case errors.Is(err, configstore.ErrConflict):
 		return exitf(exitConflict, "not applied: the config in etcd changed after it was read at revision %d (%v); nothing was written; run the command again to see the diff against the new config", rev, err)
 	case errors.Is(err, config.ErrInvalidConfig):
 		return invalidConfig("the changed config", err, "nothing was written")
@@ -187,7 +188,7 @@ func (a *app) getCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 
 // openConfig connects to etcd and reads the config for a command that
 // needs one; the caller calls done when finished with the store.
-func (a *app) openConfig(ctx context.Context) (store *config.Store, cfg *config.Config, rev int64, done func(), err error) {
+func (a *app) openConfig(ctx context.Context) (store *configstore.Store, cfg *config.Config, rev int64, done func(), err error) {
 	cli, store, err := a.etcd()
 	if err != nil {
 		return nil, nil, 0, nil, err
@@ -201,7 +202,7 @@ func (a *app) openConfig(ctx context.Context) (store *config.Store, cfg *config.
 
 // currentConfig reads the config from etcd for a command that needs one:
 // absent is exit 4, unparsable exit 1.
-func (a *app) currentConfig(ctx context.Context, store *config.Store) (*config.Config, int64, error) {
+func (a *app) currentConfig(ctx context.Context, store *configstore.Store) (*config.Config, int64, error) {
 	stepCtx, cancel := a.step(ctx)
 	cfg, rev, err := store.Get(stepCtx)
 	cancel()

@@ -27,7 +27,7 @@
 //	5  unreachable: etcd or the global allocator could not be reached
 //
 // Invariant: every write is one etcd transaction guarded by the revision
-// the change was computed from (config.Store.Apply), made only after the
+// the change was computed from (configstore.Store.Apply), made only after the
 // new config validated and its diff was shown; an invalid config, a lost
 // race or a declined prompt writes nothing.
 //

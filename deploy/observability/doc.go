@@ -5,7 +5,7 @@
 // Invariant: every series an alert, a recording rule, a panel or a
 // dashboard variable selects is exported by the code. The tests build the
 // real components in process (regional.New, lease.NewClient,
-// config.NewWatcher, envoyrls.New with a recording prometheus.Registerer,
+// configstore.NewWatcher, envoyrls.New with a recording prometheus.Registerer,
 // and a global allocator daemon on an embedded etcd), list the families
 // they export, and read every PromQL expression with a small tokenizer:
 // each selected name must be an exported family (histograms only through

@@ -33,6 +33,7 @@ import (
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -346,7 +347,7 @@ func buildCatalog(t *testing.T) (*catalog, error) {
 
 	// Config watcher (pkg/config): the store is only read by Run.
 	cfgRec := &recorder{source: "pkg/config"}
-	config.NewWatcher(config.NewStore(nil, ""), cfg, quiet, cfgRec)
+	configstore.NewWatcher(configstore.NewStore(nil, ""), cfg, quiet, cfgRec)
 
 	// Envoy rate-limit service (pkg/envoyrls).
 	envoyRec := &recorder{source: "pkg/envoyrls"}

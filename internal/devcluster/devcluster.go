@@ -28,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redisproc"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
@@ -63,7 +64,7 @@ type Cluster struct {
 	opts    Options
 	Etcd    *embed.Etcd
 	Client  *clientv3.Client // etcd client for callers (sluicectl-style work)
-	Store   *config.Store
+	Store   *configstore.Store
 	Global  []*GlobalReplica
 	Regions map[string]*Region
 
@@ -91,7 +92,7 @@ type Region struct {
 // and its own etcd client.
 type RegionalReplica struct {
 	Daemon  *regional.Daemon
-	Watcher *config.Watcher
+	Watcher *configstore.Watcher
 	Global  *allocator.Client
 	etcd    *clientv3.Client
 }
@@ -141,7 +142,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if c.Client, err = c.NewEtcdClient(); err != nil {
 		return nil, err
 	}
-	c.Store = config.NewStore(c.Client, config.DefaultPrefix)
+	c.Store = configstore.NewStore(c.Client, config.DefaultPrefix)
 	if _, err := c.Store.Apply(ctx, o.Config, 0); err != nil {
 		return nil, fmt.Errorf("devcluster: write config: %w", err)
 	}
@@ -193,9 +194,9 @@ func (c *Cluster) AddGlobal(ctx context.Context) (*GlobalReplica, error) {
 	if err != nil {
 		return nil, err
 	}
-	store := config.NewStore(cli, config.DefaultPrefix)
+	store := configstore.NewStore(cli, config.DefaultPrefix)
 	reg := prometheus.NewRegistry()
-	w := config.NewWatcher(store, c.opts.Config, c.opts.Logger, reg)
+	w := configstore.NewWatcher(store, c.opts.Config, c.opts.Logger, reg)
 	go w.Run(c.ctx)
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: cli,
@@ -233,9 +234,9 @@ func (c *Cluster) AddRegional(ctx context.Context, region string) (*RegionalRepl
 	if err != nil {
 		return nil, err
 	}
-	store := config.NewStore(cli, config.DefaultPrefix)
+	store := configstore.NewStore(cli, config.DefaultPrefix)
 	registry := prometheus.NewRegistry()
-	w := config.NewWatcher(store, c.opts.Config, c.opts.Logger, registry)
+	w := configstore.NewWatcher(store, c.opts.Config, c.opts.Logger, registry)
 	go w.Run(c.ctx)
 	var lo *regional.LeaderOptions
 	var gc *allocator.Client

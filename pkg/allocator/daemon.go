@@ -17,7 +17,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/endpoint"
-	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 )
 
 const (
@@ -67,7 +67,7 @@ type DaemonOptions struct {
 	SessionTTL time.Duration
 	// Config is the live config. Required. The replica campaigns at once,
 	// so give it a source that already serves the config etcd holds
-	// (cmd/global waits for its config.Watcher to load it first).
+	// (cmd/global waits for its configstore.Watcher to load it first).
 	Config ConfigSource
 	// ServerTLS, when set, serves gRPC over TLS (mutual TLS when it
 	// requires client certificates). Optional.
@@ -164,7 +164,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	d.Health.SetServingStatus(sluicev1.AllocatorService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 
 	d.elector = &elector{
-		cli: o.Etcd, pfx: config.NewStore(o.Etcd, o.Prefix).ElectionPrefix() + "global",
+		cli: o.Etcd, pfx: configstore.NewStore(o.Etcd, o.Prefix).ElectionPrefix() + "global",
 		addr: advertise, ttl: o.SessionTTL, svc: svc, log: o.Logger,
 	}
 	runCtx, cancel := context.WithCancel(context.Background())

@@ -41,7 +41,7 @@ func parseConfig(t *testing.T, yaml string) *config.Config {
 }
 
 // memConfig is an in-memory ConfigSource that publishes like
-// config.Watcher, for code that must run without etcd (a synctest bubble).
+// configstore.Watcher, for code that must run without etcd (a synctest bubble).
 type memConfig struct {
 	mu   sync.Mutex
 	cfg  *config.Config

@@ -13,7 +13,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/pkg/allocator"
-	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 )
 
 // heldGrant is a grant as a region holds it: expiry on the region's clock,
@@ -154,19 +154,19 @@ default_tier: free
 `
 
 // TestConfigHotReload changes the regions in etcd while a replica leads
-// on a config.Watcher: an added region is accepted and a removed one
+// on a configstore.Watcher: an added region is accepted and a removed one
 // refused, without a restart.
 func TestConfigHotReload(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
-	store := config.NewStore(cli, "/test")
+	store := configstore.NewStore(cli, "/test")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	rev, err := store.Apply(ctx, mustConfig(t, twoRegions), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := config.NewWatcher(store, nil, nil, nil)
+	w := configstore.NewWatcher(store, nil, nil, nil)
 	wctx, stopWatcher := context.WithCancel(context.Background())
 	watcherDone := make(chan error, 1)
 	go func() { watcherDone <- w.Run(wctx) }()

@@ -22,7 +22,7 @@ const (
 	DefaultRefresh  = time.Second
 	// DefaultGrantValidityEpochs is the grant validity in epochs.
 	DefaultGrantValidityEpochs = 5
-	// DefaultPrefix is the etcd key prefix used when NewStore gets "".
+	// DefaultPrefix is the etcd key prefix used when configstore.NewStore gets "".
 	DefaultPrefix = "/sluice"
 )
 

@@ -1,10 +1,11 @@
 // Package config is Sluice's operator configuration: its schema, defaults,
-// validation, YAML form, and its home in etcd (one key, hot-reloaded).
+// validation and YAML form. It is pure: it links neither etcd nor gRPC, so
+// the simulator, the scenario reader and sluicectl's offline commands use it
+// without a cluster. The config's home in etcd (one key, hot-reloaded) is
+// package configstore.
 //
-// Invariant: a *Config handed out by Parse, Default, Store.Get or
-// Watcher.Current has passed Validate, and a config that fails Validate is
-// never written by Store.Apply nor made live by a Watcher. Validation
-// reports every problem at once, each naming its field path
+// Invariant: a *Config handed out by Parse or Default has passed Validate.
+// Validation reports every problem at once, each naming its field path
 // (tiers.free.write.rate) and wrapping ErrInvalidConfig.
 //
 // Units: rates are tokens per second (float64; written "10/s", "6/m",
@@ -13,5 +14,6 @@
 // fractions of a key's global rate in [0, 1].
 //
 // A *Config is a plain value: it is safe for concurrent reads, and values
-// shared by a Watcher must never be modified.
+// shared between goroutines (as configstore.Watcher shares them) must never
+// be modified.
 package config

@@ -26,7 +26,7 @@ type Limiter interface {
 	Allow(ctx context.Context, key quota.Key, cost int64) (quota.Decision, error)
 }
 
-// ConfigSource hands out the live config (config.Watcher,
+// ConfigSource hands out the live config (configstore.Watcher,
 // regional.StaticConfig).
 type ConfigSource interface {
 	Current() *config.Config

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/sluicehq/sluice/internal/embedetcd"
-	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 	"github.com/sluicehq/sluice/sim/oracle"
@@ -50,7 +50,7 @@ func (d *deployment) startReplica(ctx context.Context, r *liveRegion, rep *regio
 		Region: r.name, GRPCAddr: rep.addr, HTTPAddr: "off", RedisAddr: r.redis.Addr(),
 		Config: regional.StaticConfig{C: d.cfg}, ColdStart: cold, Logger: d.logger,
 		Leader: &regional.LeaderOptions{
-			Etcd: cli, ElectionPrefix: config.NewStore(cli, etcdPrefix).ElectionPrefix(),
+			Etcd: cli, ElectionPrefix: configstore.NewStore(cli, etcdPrefix).ElectionPrefix(),
 			Global: r.tier, SessionTTL: sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale),
 			OnApplied: func(k quota.Key, rate, burst float64, expiryUS int64) {
 				if key, ok := d.keyID[k]; ok {

@@ -1,4 +1,4 @@
-package config
+package configstore
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluicehq/sluice/pkg/config"
 )
 
 const (
@@ -25,7 +27,7 @@ const (
 // applied is one live config and the etcd revision it came from (0 for the
 // fallback).
 type applied struct {
-	cfg *Config
+	cfg *config.Config
 	rev int64
 }
 
@@ -46,8 +48,8 @@ type Watcher struct {
 	seenRev int64
 
 	mu      sync.Mutex // guards subs and updates
-	subs    map[chan *Config]struct{}
-	updates <-chan *Config
+	subs    map[chan *config.Config]struct{}
+	updates <-chan *config.Config
 
 	rejected    prometheus.Counter
 	appliedN    prometheus.Counter
@@ -59,9 +61,9 @@ type Watcher struct {
 // holds a valid config. Its metrics, all named sluice_config_*, are
 // registered on reg unless reg is nil; registering two Watchers on one
 // registry panics. A nil logger discards logs.
-func NewWatcher(store *Store, fallback *Config, logger *slog.Logger, reg prometheus.Registerer) *Watcher {
+func NewWatcher(store *Store, fallback *config.Config, logger *slog.Logger, reg prometheus.Registerer) *Watcher {
 	if fallback == nil {
-		fallback = Default()
+		fallback = config.Default()
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -69,7 +71,7 @@ func NewWatcher(store *Store, fallback *Config, logger *slog.Logger, reg prometh
 	w := &Watcher{
 		store:  store,
 		logger: logger,
-		subs:   make(map[chan *Config]struct{}),
+		subs:   make(map[chan *config.Config]struct{}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_config_rejected_total",
 			Help: "Configs found in etcd that failed validation and were not applied.",
@@ -95,7 +97,7 @@ func NewWatcher(store *Store, fallback *Config, logger *slog.Logger, reg prometh
 }
 
 // Current is the live config. Lock-free. The caller must not modify it.
-func (w *Watcher) Current() *Config { return w.live.Load().cfg }
+func (w *Watcher) Current() *config.Config { return w.live.Load().cfg }
 
 // Revision is the etcd mod revision of the live config, 0 for the fallback.
 func (w *Watcher) Revision() int64 { return w.live.Load().rev }
@@ -106,8 +108,8 @@ func (w *Watcher) Revision() int64 { return w.live.Load().rev }
 // replaced by the newer one (latest wins), so the watcher never blocks.
 // The channel is never closed. Subscribe before reading Current to miss no
 // change.
-func (w *Watcher) Subscribe() (<-chan *Config, func()) {
-	ch := make(chan *Config, 1)
+func (w *Watcher) Subscribe() (<-chan *config.Config, func()) {
+	ch := make(chan *config.Config, 1)
 	w.mu.Lock()
 	w.subs[ch] = struct{}{}
 	w.mu.Unlock()
@@ -121,18 +123,18 @@ func (w *Watcher) Subscribe() (<-chan *Config, func()) {
 // Updates is one shared subscription, made on first call and kept for the
 // Watcher's life, for a daemon with a single consumer of config changes;
 // it has Subscribe's latest-wins semantics.
-func (w *Watcher) Updates() <-chan *Config {
+func (w *Watcher) Updates() <-chan *config.Config {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.updates == nil {
-		ch := make(chan *Config, 1)
+		ch := make(chan *config.Config, 1)
 		w.subs[ch] = struct{}{}
 		w.updates = ch
 	}
 	return w.updates
 }
 
-func (w *Watcher) publish(cfg *Config) {
+func (w *Watcher) publish(cfg *config.Config) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for ch := range w.subs {
@@ -253,7 +255,7 @@ func (w *Watcher) consider(value []byte, rev int64) {
 		return
 	}
 	w.seenRev = rev
-	cfg, err := Parse(value)
+	cfg, err := config.Parse(value)
 	if err != nil {
 		// Log before counting: whoever sees the counter move can rely on
 		// the line that explains it being there already.

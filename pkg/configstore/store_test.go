@@ -1,10 +1,12 @@
-package config
+package configstore
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/pkg/config"
 )
 
 // waitFor bounds every wait on etcd or the watcher; generous because the
@@ -30,13 +33,23 @@ func testContext(t *testing.T) context.Context {
 
 // withReadRate is the sample with tiers.free.read at rate r: configs that
 // differ in one visible place.
-func withReadRate(r Rate) *Config {
-	c := Default()
-	c.Tiers["free"]["read"] = LimitSpec{Rate: r, Burst: 20}
+func withReadRate(r config.Rate) *config.Config {
+	c := config.Default()
+	c.Tiers["free"]["read"] = config.LimitSpec{Rate: r, Burst: 20}
 	return c
 }
 
-func readRate(c *Config) Rate { return c.Tiers["free"]["read"].Rate }
+func readRate(c *config.Config) config.Rate { return c.Tiers["free"]["read"].Rate }
+
+// readTestdata is one of pkg/config's test configs.
+func readTestdata(t *testing.T, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "config", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
 
 // snapshot is everything in etcd under prefix, and the store revision.
 func snapshot(t *testing.T, cli *clientv3.Client, prefix string) (string, int64) {
@@ -65,7 +78,7 @@ func TestStoreApplyGetRoundTrip(t *testing.T) {
 		t.Fatalf("Get on empty etcd = %v, %d, %v; want nil, 0, nil", got, rev, err)
 	}
 
-	want, err := Parse(readTestdata(t, "full.yaml"))
+	want, err := config.Parse(readTestdata(t, "full.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,17 +91,17 @@ func TestStoreApplyGetRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	if rev != rev1 || !reflect.DeepEqual(got, want) {
-		t.Fatalf("Get = rev %d (want %d), diff:\n%s", rev, rev1, Diff(want, got))
+		t.Fatalf("Get = rev %d (want %d), diff:\n%s", rev, rev1, config.Diff(want, got))
 	}
 
-	rev2, err := store.Apply(ctx, Default(), rev1)
+	rev2, err := store.Apply(ctx, config.Default(), rev1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rev2 <= rev1 {
 		t.Fatalf("second apply at revision %d, not after %d", rev2, rev1)
 	}
-	if got, rev, err = store.Get(ctx); err != nil || rev != rev2 || !reflect.DeepEqual(got, Default()) {
+	if got, rev, err = store.Get(ctx); err != nil || rev != rev2 || !reflect.DeepEqual(got, config.Default()) {
 		t.Fatalf("Get after second apply = rev %d, %v", rev, err)
 	}
 }
@@ -100,26 +113,26 @@ func TestStoreApplyRefusesInvalidConfig(t *testing.T) {
 	ctx := testContext(t)
 
 	bad := withReadRate(0)
-	if _, err := store.Apply(ctx, bad, 0); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := store.Apply(ctx, bad, 0); !errors.Is(err, config.ErrInvalidConfig) {
 		t.Fatalf("Apply of an invalid config to empty etcd: %v", err)
 	}
-	if all, _ := snapshot(t, cli, DefaultPrefix); all != "" {
+	if all, _ := snapshot(t, cli, config.DefaultPrefix); all != "" {
 		t.Fatalf("empty etcd now holds:\n%s", all)
 	}
 
-	rev, err := store.Apply(ctx, Default(), 0)
+	rev, err := store.Apply(ctx, config.Default(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	before, beforeRev := snapshot(t, cli, DefaultPrefix)
+	before, beforeRev := snapshot(t, cli, config.DefaultPrefix)
 	_, err = store.Apply(ctx, bad, rev)
-	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), `tiers.free.read.rate: must be > 0, got "0/s"`) {
+	if !errors.Is(err, config.ErrInvalidConfig) || !strings.Contains(err.Error(), `tiers.free.read.rate: must be > 0, got "0/s"`) {
 		t.Fatalf("Apply of rate 0: %v", err)
 	}
-	if _, err := store.Apply(ctx, nil, rev); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := store.Apply(ctx, nil, rev); !errors.Is(err, config.ErrInvalidConfig) {
 		t.Fatalf("Apply(nil): %v", err)
 	}
-	after, afterRev := snapshot(t, cli, DefaultPrefix)
+	after, afterRev := snapshot(t, cli, config.DefaultPrefix)
 	if after != before || afterRev != beforeRev {
 		t.Fatalf("etcd changed: revision %d -> %d\n%s\n---\n%s", beforeRev, afterRev, before, after)
 	}
@@ -154,7 +167,7 @@ func TestStoreApplyConflicts(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for i := range errs {
-		wg.Go(func() { _, errs[i] = store.Apply(ctx, withReadRate(Rate(10+i)), rev2) })
+		wg.Go(func() { _, errs[i] = store.Apply(ctx, withReadRate(config.Rate(10+i)), rev2) })
 	}
 	wg.Wait()
 	wins := 0
@@ -181,11 +194,11 @@ func TestStoreGetReportsInvalidContent(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, rev, err := store.Get(ctx)
-	if c != nil || rev != put.Header.Revision || !errors.Is(err, ErrInvalidConfig) {
+	if c != nil || rev != put.Header.Revision || !errors.Is(err, config.ErrInvalidConfig) {
 		t.Fatalf("Get of garbage = %v, %d, %v", c, rev, err)
 	}
 	// Its revision lets an operator replace it.
-	if _, err := store.Apply(ctx, Default(), rev); err != nil {
+	if _, err := store.Apply(ctx, config.Default(), rev); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -212,7 +225,7 @@ type runningWatcher struct {
 	*Watcher
 	reg      *prometheus.Registry
 	logs     *syncBuffer
-	updates  <-chan *Config
+	updates  <-chan *config.Config
 	cancel   context.CancelFunc
 	finished chan struct{} // closed when Run has returned
 	runErr   error         // Run's result; read after finished is closed
@@ -220,7 +233,7 @@ type runningWatcher struct {
 }
 
 // startWatcher runs a Watcher until the test ends (or stop is called).
-func startWatcher(t *testing.T, store *Store, fallback *Config) *runningWatcher {
+func startWatcher(t *testing.T, store *Store, fallback *config.Config) *runningWatcher {
 	t.Helper()
 	rw := &runningWatcher{reg: prometheus.NewRegistry(), logs: &syncBuffer{}, finished: make(chan struct{})}
 	rw.Watcher = NewWatcher(store, fallback, slog.New(slog.NewTextHandler(rw.logs, nil)), rw.reg)
@@ -268,7 +281,7 @@ func (rw *runningWatcher) stop() error {
 
 // awaitRate waits for the watcher to publish a config with the given
 // free/read rate, skipping older ones.
-func (rw *runningWatcher) awaitRate(t *testing.T, want Rate) *Config {
+func (rw *runningWatcher) awaitRate(t *testing.T, want config.Rate) *config.Config {
 	t.Helper()
 	timer := time.NewTimer(waitFor)
 	defer timer.Stop()
@@ -551,11 +564,11 @@ func TestSubscribersGetTheLatestWithoutBlocking(t *testing.T) {
 	if w.Updates() != updates {
 		t.Fatal("Updates returned a different channel on the second call")
 	}
-	configs := []*Config{withReadRate(1), withReadRate(2), withReadRate(3)}
+	configs := []*config.Config{withReadRate(1), withReadRate(2), withReadRate(3)}
 	for _, c := range configs {
 		w.publish(c) // nobody reads: must not block
 	}
-	for name, ch := range map[string]<-chan *Config{"Subscribe": sub, "Updates": updates} {
+	for name, ch := range map[string]<-chan *config.Config{"Subscribe": sub, "Updates": updates} {
 		select {
 		case got := <-ch:
 			if got != configs[2] {

@@ -1,4 +1,4 @@
-package config
+package configstore
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluicehq/sluice/pkg/config"
 )
 
 // ErrConflict is wrapped by Store.Apply when the config in etcd is not at
@@ -27,7 +29,7 @@ type Store struct {
 func NewStore(cli *clientv3.Client, prefix string) *Store {
 	prefix = strings.TrimRight(prefix, "/")
 	if prefix == "" {
-		prefix = DefaultPrefix
+		prefix = config.DefaultPrefix
 	}
 	return &Store{cli: cli, prefix: prefix, key: prefix + "/config"}
 }
@@ -44,7 +46,7 @@ func (s *Store) ElectionPrefix() string { return s.prefix + "/election/" }
 // Get reads the config and its mod revision. An absent key is (nil, 0,
 // nil). Content that fails Parse is an error wrapping ErrInvalidConfig,
 // returned with its revision so it can be overwritten with Apply.
-func (s *Store) Get(ctx context.Context) (*Config, int64, error) {
+func (s *Store) Get(ctx context.Context) (*config.Config, int64, error) {
 	resp, err := s.cli.Get(ctx, s.key)
 	if err != nil {
 		return nil, 0, fmt.Errorf("config: read %s: %w", s.key, err)
@@ -53,7 +55,7 @@ func (s *Store) Get(ctx context.Context) (*Config, int64, error) {
 		return nil, 0, nil
 	}
 	kv := resp.Kvs[0]
-	c, err := Parse(kv.Value)
+	c, err := config.Parse(kv.Value)
 	if err != nil {
 		return nil, kv.ModRevision, fmt.Errorf("config: %s at revision %d: %w", s.key, kv.ModRevision, err)
 	}
@@ -65,12 +67,12 @@ func (s *Store) Get(ctx context.Context) (*Config, int64, error) {
 // expectRev (0: the key must not exist). It returns the new revision. A lost
 // race is an error wrapping ErrConflict; an invalid config wraps
 // ErrInvalidConfig. Neither writes anything.
-func (s *Store) Apply(ctx context.Context, cfg *Config, expectRev int64) (int64, error) {
+func (s *Store) Apply(ctx context.Context, cfg *config.Config, expectRev int64) (int64, error) {
 	if expectRev < 0 {
 		return 0, fmt.Errorf("config: expected revision %d is negative", expectRev)
 	}
 	if cfg == nil {
-		return 0, fmt.Errorf("%w: no config given", ErrInvalidConfig)
+		return 0, fmt.Errorf("%w: no config given", config.ErrInvalidConfig)
 	}
 	if err := cfg.Validate(); err != nil {
 		return 0, err
@@ -80,7 +82,7 @@ func (s *Store) Apply(ctx context.Context, cfg *Config, expectRev int64) (int64,
 		return 0, err
 	}
 	// What is stored is what watchers will parse: check it parses too.
-	if _, err := Parse(data); err != nil {
+	if _, err := config.Parse(data); err != nil {
 		return 0, fmt.Errorf("config: rendering does not parse back: %w", err)
 	}
 	resp, err := s.cli.Txn(ctx).

@@ -1,0 +1,81 @@
+package config
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// offline are packages that must link neither etcd nor gRPC: the config
+// schema, and the simulator's scenario reader, traffic, engine and oracle.
+// Virtual runs, scenario checks and sluicectl's offline commands build on
+// them without a cluster; the config's etcd home is pkg/configstore.
+//
+// sim/world, sim/runner and sim/report are not listed yet: sim/world
+// imports pkg/regional (its daemon and leader link etcd and gRPC),
+// pkg/lease (its client links gRPC) and api/sluice/v1 (whose generated
+// service stubs link gRPC). Add them once those seams are cut.
+var offline = []string{
+	"github.com/sluicehq/sluice/pkg/config",
+	"github.com/sluicehq/sluice/sim/engine",
+	"github.com/sluicehq/sluice/sim/oracle",
+	"github.com/sluicehq/sluice/sim/scenario",
+	"github.com/sluicehq/sluice/sim/scenarios",
+	"github.com/sluicehq/sluice/sim/traffic",
+}
+
+// clusterDep reports whether an import path is part of etcd or gRPC.
+func clusterDep(path string) bool {
+	return strings.HasPrefix(path, "go.etcd.io/") || strings.HasPrefix(path, "google.golang.org/grpc")
+}
+
+// TestOfflinePackagesLinkNoEtcdOrGRPC lists every offline package's
+// dependencies with the go command and fails, naming the import chain,
+// when one of them reaches etcd or gRPC.
+func TestOfflinePackagesLinkNoEtcdOrGRPC(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("the go command is not installed")
+	}
+	for _, pkg := range offline {
+		out, err := exec.Command("go", "list", "-deps", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+		}
+		imports := map[string][]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			f := strings.Fields(line)
+			imports[f[0]] = f[1:]
+		}
+		if _, ok := imports[pkg]; !ok {
+			t.Fatalf("go list -deps %s does not list the package itself:\n%s", pkg, out)
+		}
+		if chain := pathTo(imports, pkg, clusterDep); chain != nil {
+			t.Errorf("%s links %s: %s", pkg, chain[len(chain)-1], strings.Join(chain, " -> "))
+		}
+	}
+}
+
+// pathTo is the shortest import chain from root to a package matching
+// bad, or nil.
+func pathTo(imports map[string][]string, root string, bad func(string) bool) []string {
+	prev := map[string]string{root: ""}
+	queue := []string{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if bad(p) {
+			var chain []string
+			for ; p != ""; p = prev[p] {
+				chain = append([]string{p}, chain...)
+			}
+			return chain
+		}
+		for _, q := range imports[p] {
+			if _, seen := prev[q]; !seen {
+				prev[q] = p
+				queue = append(queue, q)
+			}
+		}
+	}
+	return nil
+}

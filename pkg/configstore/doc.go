@@ -1,0 +1,22 @@
+// Package configstore keeps Sluice's config (package config) in etcd: a
+// Store reads and writes it as one key, <prefix>/config, holding the YAML
+// document, and a Watcher hot-reloads it into a running daemon. It is the
+// only config code that links etcd; the schema and validation stay in
+// package config, which the simulator and offline tools use alone.
+//
+// Invariant: a *config.Config handed out by Store.Get or Watcher.Current
+// has passed config.Validate; a config that fails it is never written by
+// Store.Apply nor made live by a Watcher, which keeps the last good config
+// through invalid writes and etcd outages. Store.Apply writes only if the
+// key is still at the revision the change was computed from, else it
+// fails with ErrConflict and writes nothing.
+//
+// Units: revisions are etcd mod revisions (0: the key is absent, or the
+// Watcher is on its fallback); the Watcher's retry pauses are
+// time.Duration, growing from 50ms to 5s after each failed read.
+//
+// Concurrency: Store is safe for concurrent use. A Watcher's Current,
+// Revision, Subscribe and Updates are safe for concurrent use and never
+// block on etcd; one goroutine runs Run. Configs it hands out are shared
+// and must never be modified.
+package configstore
