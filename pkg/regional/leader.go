@@ -11,14 +11,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/election"
-	"github.com/sluicehq/sluice/internal/shrink"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // GlobalTier is how the region leader reaches the global allocator
@@ -55,9 +54,9 @@ type Leader struct {
 	s    *Server
 	opts LeaderOptions
 
-	last     map[quota.Key]luascripts.State // each key's state at the previous report
-	lastPeak shrink.Peak                    // last's high-water mark
-	seq      uint64
+	// sync makes every decision of the reports (regionsync); this type
+	// only reads and writes Redis and talks to the global tier.
+	sync *regionsync.Leader
 
 	// leading is observed by tests and metrics.
 	leading chan bool
@@ -73,7 +72,7 @@ func NewLeader(s *Server, o LeaderOptions) (*Leader, error) {
 	if o.SessionTTL == 0 {
 		o.SessionTTL = 5 * time.Second
 	}
-	return &Leader{s: s, opts: o, last: map[quota.Key]luascripts.State{}, leading: make(chan bool, 1)}, nil
+	return &Leader{s: s, opts: o, sync: regionsync.NewLeader(), leading: make(chan bool, 1)}, nil
 }
 
 // Run campaigns for the region's leadership and, while leading, syncs with
@@ -108,7 +107,7 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	defer l.setLeading(false)
 	// A new leader starts its demand baseline afresh: the first report of
 	// a key after a leader change carries no admitted/denied counts.
-	clear(l.last)
+	l.sync.Elected()
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		el.Resign(rctx)
@@ -152,75 +151,45 @@ func (l *Leader) setLeading(v bool) {
 	l.leading <- v
 }
 
-// SyncOnce sends one report for every active key and installs the grants.
-// The grants' validity is converted to Redis time from the moment the
-// report was sent (Redis TIME read before sending), so the region's view
-// of every grant ends no later than the allocator's. lost, when it closes,
-// means leadership ended: nothing more is written.
-//
-// When the answer lowers some key's rate below what the region held, it
-// reports again at once: the allocator gives the capacity to other regions
-// only once this region acknowledged the smaller grant, and waiting for
-// the next epoch would cost them one. When the answer says a raise waits
-// on other regions' acknowledgements (report_again_ms), it reports again
-// after that delay, at most MaxCatchUps times, so the recipient need not
-// wait for its next epoch either. These extra reports keep the demand
-// baseline, so their windows are too short to count as demand, and an
-// extra report never triggers an acknowledgement of its own. With many
-// keys some grant falls in most epochs, so expect close to two reports per
-// epoch, and up to two more while capacity moves towards this region.
+// SyncOnce is one epoch's round of reports (regionsync.Round): a report
+// for every active key, its grants installed, then an acknowledgement at
+// once when the answer lowered a key's rate below what the region held,
+// and catch-up reports while the answer says a raise waits on other
+// regions (at most regionsync.MaxCatchUps). The grants' validity is
+// converted to Redis time from the moment the report was sent (Redis TIME
+// read before sending), so the region's view of every grant ends no later
+// than the allocator's. lost, when it closes, means leadership ended:
+// nothing more is written.
 func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
-	res, err := l.syncOnce(ctx, lost, reportEpoch)
-	if err != nil {
-		return err
-	}
-	if res.lowered {
-		if res, err = l.syncOnce(ctx, lost, reportAck); err != nil {
+	round := regionsync.NewRound(time.Duration(l.s.opts.Config.Current().Epoch))
+	kind := regionsync.Epoch
+	for {
+		a, err := l.syncOnce(ctx, lost, kind)
+		if err != nil {
 			return err
 		}
+		next, wait, more := round.Next(a)
+		if !more {
+			return nil
+		}
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-lost:
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+		}
+		kind = next
 	}
-	epoch := time.Duration(l.s.opts.Config.Current().Epoch)
-	for range MaxCatchUps {
-		if res.again <= 0 {
-			return nil
-		}
-		t := time.NewTimer(min(res.again, epoch))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-lost:
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-		if res, err = l.syncOnce(ctx, lost, reportCatchUp); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// Report kinds (the reports metric's label). Only epoch reports move the
-// demand baseline.
-const (
-	reportEpoch   = "epoch"
-	reportAck     = "ack"
-	reportCatchUp = "catch_up"
-)
-
-// MaxCatchUps bounds the catch-up reports one epoch makes for a pending
-// raise.
-const MaxCatchUps = 2
-
-// syncResult is what one report's answer asks of the region.
-type syncResult struct {
-	lowered bool          // an applied grant lowered a key's rate: acknowledge
-	again   time.Duration // > 0: a raise is pending; report again after it
 }
 
 // syncOnce is one report of the given kind and its answer.
-func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind string) (syncResult, error) {
+func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind regionsync.Kind) (regionsync.Answer, error) {
 	s := l.s
 	cfg := s.opts.Config.Current()
 	epoch := time.Duration(cfg.Epoch)
@@ -228,39 +197,35 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind string
 	defer cancel()
 	sendTime, err := s.opts.Redis.Time(ctx).Result()
 	if err != nil {
-		return syncResult{}, fmt.Errorf("redis time: %w", err)
+		return regionsync.Answer{}, fmt.Errorf("redis time: %w", err)
 	}
 	sendUS := sendTime.UnixMicro()
-	keys, err := ActiveKeys(ctx, s.opts.Redis, s.opts.Prefix, sendUS-(3*epoch).Microseconds())
+	keys, err := ActiveKeys(ctx, s.opts.Redis, s.opts.Prefix, regionsync.ActiveSince(sendUS, epoch))
 	if err != nil {
-		return syncResult{}, err
+		return regionsync.Answer{}, err
 	}
-	report, plans, held, err := l.buildReport(ctx, cfg, keys, sendUS, kind != reportEpoch)
+	report, plans, held, err := l.buildReport(ctx, cfg, keys, sendUS, kind)
 	if err != nil {
-		return syncResult{}, err
+		return regionsync.Answer{}, err
 	}
-	s.metrics.reports.WithLabelValues(kind).Inc()
+	s.metrics.reports.WithLabelValues(kind.String()).Inc()
 	grants, err := l.opts.Global.Sync(ctx, report)
 	if err != nil {
-		return syncResult{}, fmt.Errorf("global sync: %w", err)
+		return regionsync.Answer{}, fmt.Errorf("global sync: %w", err)
 	}
 	select {
 	case <-lost:
-		return syncResult{}, errors.New("leadership lost before the grants were installed")
+		return regionsync.Answer{}, errors.New("leadership lost before the grants were installed")
 	default:
 	}
-	lowered, err := l.install(ctx, cfg, grants, plans, held, sendUS)
-	return syncResult{lowered: lowered, again: time.Duration(grants.GetReportAgainMs()) * time.Millisecond}, err
+	return l.install(ctx, cfg, grants, plans, held, sendUS)
 }
 
-// buildReport reads every key's state and returns the report, the keys'
-// plans and the rate the region held for each at nowUS (its static share
-// when no grant is valid). With keepBaseline (acknowledgements and
-// catch-ups) the demand baseline stays where it was.
-func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quota.Key, nowUS int64, keepBaseline bool) (*sluicev1.RegionReport, map[quota.Key]keyPlan, map[quota.Key]float64, error) {
+// buildReport reads every key's state at nowUS and has regionsync build the
+// report; it returns the keys' plans and the rate each held alongside.
+func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quota.Key, nowUS int64, kind regionsync.Kind) (*sluicev1.RegionReport, map[quota.Key]keyPlan, regionsync.Held, error) {
 	s := l.s
 	plans := make(map[quota.Key]keyPlan, len(keys))
-	held := make(map[quota.Key]float64, len(keys))
 	var ordered []keyPlan
 	for _, k := range keys {
 		p, err := s.plan(cfg, &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}, "key")
@@ -277,94 +242,48 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 		}
 		return out
 	})
-	// Redis time as seq: strictly increasing across leader changes without
-	// storing anything.
-	l.seq = max(l.seq+1, uint64(nowUS))
-	rep := &sluicev1.RegionReport{Region: s.opts.Region, Seq: l.seq}
+	reads := make([]regionsync.KeyRead, len(ordered))
 	for i, p := range ordered {
 		st, err := luascripts.ParseState(qs[i])
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		prev, seen := l.last[p.key]
-		if !keepBaseline {
-			l.last[p.key] = st
-		}
-		kd := &sluicev1.KeyDemand{
-			Key:     &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class},
-			Holding: st.Holding(),
-		}
-		// The first sight of a key (after an election) is a baseline: a
-		// 1 ms window with no counts, too short to count as demand.
-		kd.WindowMs = 1
-		if seen && st.NowUS > prev.NowUS {
-			r := st.Since(prev)
-			kd.Admitted, kd.Denied, kd.WindowMs = r.Admitted, r.Denied, r.Window.Milliseconds()
-			kd.DemandRate = proto.Float64(r.DemandRate)
-		}
-		held[p.key] = p.common.StaticRate
-		if st.GrantExpiryUS > 0 {
-			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
-			kd.HeldValidMs = (st.GrantExpiryUS - st.NowUS) / 1000
-			held[p.key] = st.Rate
-		}
-		rep.Keys = append(rep.Keys, kd)
+		reads[i] = regionsync.KeyRead{Key: p.key, State: st, StaticRate: p.common.StaticRate}
 	}
-	if !keepBaseline {
-		l.forgetBaselines(plans)
-	}
+	rep, held := l.sync.Report(s.opts.Region, nowUS, kind, reads)
 	return rep, plans, held, nil
 }
 
-// forgetBaselines drops the demand baseline of every key this epoch's
-// report left out: no replica served it and the region held no grant for
-// it for the index's window, so it is idle, and should it come back its
-// first report is a baseline again, as after an election. The baselines
-// are thus bounded by the keys of one report.
-func (l *Leader) forgetBaselines(reported map[quota.Key]keyPlan) {
-	l.lastPeak.Note(len(l.last))
-	for k := range l.last {
-		if _, ok := reported[k]; !ok {
-			delete(l.last, k)
-		}
-	}
-	l.last = shrink.Map(l.last, &l.lastPeak)
-}
-
-// install applies the grants and reports whether an applied one lowered
-// a reported key's rate below what the region held when it reported.
-func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.RegionGrants, plans map[quota.Key]keyPlan, held map[quota.Key]float64, sendUS int64) (bool, error) {
+// install runs the set_rate calls regionsync derives from the answer.
+func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.RegionGrants, plans map[quota.Key]keyPlan, held regionsync.Held, sendUS int64) (regionsync.Answer, error) {
 	s := l.s
+	installs, refused := regionsync.Installs(g, sendUS, held)
+	for _, r := range refused {
+		s.log.Warn("global tier sent an invalid grant; ignored", "grant", r.Grant.String(), "reason", r.Reason)
+	}
 	type item struct {
-		p           keyPlan
-		rate, burst float64
-		expiryUS    int64
-		lowers      bool
+		p  keyPlan
+		in int // index in installs
 	}
 	var items []item
-	for _, kg := range g.GetGrants() {
-		k := quota.Key{Tenant: kg.GetKey().GetTenant(), Class: kg.GetKey().GetClass()}
-		p, reported := plans[k]
+	for i, in := range installs {
+		p, reported := plans[in.Key]
 		if !reported {
 			var err error
-			if p, err = s.plan(cfg, kg.GetKey(), "grant.key"); err != nil {
+			if p, err = s.plan(cfg, in.Wire, "grant.key"); err != nil {
 				s.log.Warn("global tier granted an invalid key; ignored", "err", err)
 				continue
 			}
 		}
-		if !(kg.GetRate() >= 0) || !(kg.GetBurst() >= 0) || math.IsInf(kg.GetRate(), 0) || math.IsInf(kg.GetBurst(), 0) || kg.GetValidMs() <= 0 {
-			s.log.Warn("global tier sent an invalid grant; ignored", "key", k, "rate", kg.GetRate(), "burst", kg.GetBurst(), "valid_ms", kg.GetValidMs())
-			continue
-		}
-		items = append(items, item{p: p, rate: kg.GetRate(), burst: kg.GetBurst(), expiryUS: sendUS + kg.GetValidMs()*1000,
-			lowers: reported && kg.GetRate() < held[k]})
+		items = append(items, item{p: p, in: i})
 	}
 	qs := luascripts.RunQueued(ctx, s.opts.Redis, func(pipe redis.Pipeliner) []*luascripts.Queued {
 		out := make([]*luascripts.Queued, len(items))
 		granted := make([]redis.Z, len(items))
 		for i, it := range items {
-			out[i] = s.scripts.QueueSetRate(ctx, pipe, it.p.keys, it.p.common, it.rate, it.burst, it.expiryUS, sendUS)
-			granted[i] = redis.Z{Score: float64(sendUS), Member: it.p.key.Tenant + "|" + it.p.key.Class}
+			in := installs[it.in]
+			out[i] = s.scripts.QueueSetRate(ctx, pipe, it.p.keys, it.p.common, in.Rate, in.Burst, in.ExpiryUS, in.FenceUS)
+			granted[i] = redis.Z{Score: float64(in.FenceUS), Member: it.p.key.Tenant + "|" + it.p.key.Class}
 		}
 		// A granted key is reported in the next epochs even without local
 		// traffic: the allocator needs the region to acknowledge what it
@@ -375,22 +294,22 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 		return out
 	})
 	var firstErr error
-	lowered := false
+	applied := make([]bool, len(installs))
 	for i, q := range qs {
 		sr, err := luascripts.ParseSetRate(q)
 		if err != nil && firstErr == nil {
 			firstErr = err
 		}
 		if err == nil && sr.Applied {
+			in := installs[items[i].in]
+			applied[items[i].in] = true
 			s.metrics.grantsApplied.Inc()
-			lowered = lowered || items[i].lowers
 			if l.opts.OnApplied != nil {
-				it := items[i]
-				l.opts.OnApplied(it.p.key, it.rate, it.burst, it.expiryUS)
+				l.opts.OnApplied(in.Key, in.Rate, in.Burst, in.ExpiryUS)
 			}
 		}
 	}
-	return lowered, firstErr
+	return regionsync.Outcome(g, installs, applied), firstErr
 }
 
 // Leading reports leadership changes (true when elected, false when lost);

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/shrink"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -71,8 +72,9 @@ type KeyRead struct {
 // Leader is a region leader's report state: its seq and each key's demand
 // baseline. Not safe for concurrent use.
 type Leader struct {
-	seq  uint64
-	last map[quota.Key]luascripts.State
+	seq      uint64
+	last     map[quota.Key]luascripts.State // each key's state at the previous epoch report
+	lastPeak shrink.Peak                    // last's high-water mark
 }
 
 // NewLeader returns a leader with no baselines.
@@ -94,6 +96,11 @@ type Held map[quota.Key]float64
 // echoed exactly as the scripts store it (the allocator's region contract
 // needs it bit for bit), with its remaining validity in whole milliseconds.
 // Acknowledgements and catch-ups keep the demand baseline where it was.
+// An epoch report forgets the baseline of every key it leaves out: no
+// replica served it and the region held no grant for it for the index's
+// window, so it is idle, and should it come back its first report is a
+// baseline again, as after an election. The baselines are thus bounded by
+// the keys of one report.
 func (l *Leader) Report(region string, sendUS int64, kind Kind, reads []KeyRead) (*sluicev1.RegionReport, Held) {
 	l.seq = max(l.seq+1, uint64(sendUS))
 	rep := &sluicev1.RegionReport{Region: region, Seq: l.seq, Keys: make([]*sluicev1.KeyDemand, 0, len(reads))}
@@ -122,8 +129,20 @@ func (l *Leader) Report(region string, sendUS int64, kind Kind, reads []KeyRead)
 		}
 		rep.Keys = append(rep.Keys, kd)
 	}
+	if kind == Epoch && len(l.last) > len(reads) {
+		for k := range l.last {
+			if _, ok := held[k]; !ok {
+				delete(l.last, k)
+			}
+		}
+	}
+	l.lastPeak.Note(len(l.last))
+	l.last = shrink.Map(l.last, &l.lastPeak)
 	return rep, held
 }
+
+// Baselines is how many keys have a demand baseline.
+func (l *Leader) Baselines() int { return len(l.last) }
 
 // Install is one grant to apply with set_rate.
 type Install struct {

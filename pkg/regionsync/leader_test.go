@@ -1,6 +1,8 @@
 package regionsync
 
 import (
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -123,5 +125,50 @@ func TestRound(t *testing.T) {
 	}
 	if _, _, more := NewRound(epoch).Next(Answer{}); more {
 		t.Fatal("a quiet answer asks for another report")
+	}
+}
+
+func heapAlloc() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// TestLeaderForgetsIdleBaselines: the region leader keeps a demand
+// baseline only for the keys of its latest epoch report, and the memory of
+// the others comes back.
+func TestLeaderForgetsIdleBaselines(t *testing.T) {
+	n := 200_000
+	if testing.Short() {
+		n = 20_000
+	}
+	base := heapAlloc()
+	l := NewLeader()
+	reads := make([]KeyRead, n)
+	for i := range reads {
+		reads[i] = KeyRead{Key: quota.Key{Tenant: fmt.Sprintf("t%07d", i), Class: "read"}, State: luascripts.State{NowUS: 1}}
+	}
+	l.Report("eu", 1, Epoch, reads)
+	reads = nil
+	if l.Baselines() != n {
+		t.Fatalf("%d baselines after an epoch report of %d keys", l.Baselines(), n)
+	}
+	live := []KeyRead{{Key: keyA, State: luascripts.State{NowUS: 2}}}
+	// An acknowledgement keeps the baselines as they are.
+	l.Report("eu", 2, Ack, live)
+	if l.Baselines() != n {
+		t.Fatalf("an acknowledgement changed the baselines: %d, want %d", l.Baselines(), n)
+	}
+	l.Report("eu", 3, Epoch, live)
+	if _, ok := l.last[keyA]; l.Baselines() != 1 || !ok {
+		t.Fatalf("%d baselines after an epoch report naming one key, want only that key", l.Baselines())
+	}
+	now := heapAlloc()
+	t.Logf("heap %+.1f MiB from the baseline", float64(now-base)/(1<<20))
+	if slack := int64(4 << 20); now-base > slack {
+		t.Fatalf("heap is %.1f MiB above the baseline with one baseline left, want at most %.1f MiB",
+			float64(now-base)/(1<<20), float64(slack)/(1<<20))
 	}
 }
