@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/sluicehq/sluice/internal/shrink"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -19,6 +20,7 @@ type keyMap struct {
 	mu     sync.Mutex
 	dirty  map[quota.Key]*entry // guarded by mu; nil when read is current
 	misses int                  // guarded by mu
+	peak   shrink.Peak          // guarded by mu: dirty's high-water mark
 }
 
 func newKeyMap() *keyMap {
@@ -65,6 +67,7 @@ func (m *keyMap) loadOrStore(k quota.Key, fresh func() *entry) (e *entry, create
 	m.ensureDirtyLocked()
 	e = fresh()
 	m.dirty[k] = e
+	m.peak.Note(len(m.dirty))
 	return e, true
 }
 
@@ -123,10 +126,14 @@ func (m *keyMap) ensureDirtyLocked() {
 	for k, e := range src {
 		m.dirty[k] = e
 	}
+	m.peak.Reset(len(m.dirty))
 }
 
+// publishLocked publishes dirty, right-sized if most of its keys were
+// removed since it was made (Go maps never shrink), so the room of
+// forgotten keys is given back.
 func (m *keyMap) publishLocked() {
-	d := m.dirty
+	d := shrink.Map(m.dirty, &m.peak)
 	m.read.Store(&d)
 	m.dirty = nil
 	m.misses = 0

@@ -124,6 +124,8 @@ func (t *Table) idleLocked(now time.Time, e *entry) bool {
 // learned), split into batches of MaxReportsPerSync. Keys idle for
 // IdleTimeout are forgotten instead: their tokens are taken out and their
 // final reports gathered in release (nil when none), to send with Release.
+// The table thus holds the keys with demand in the last IdleTimeout, plus
+// the leased keys whose last report the region has not acknowledged.
 func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 	var cur *Batch
 	forgot := false
@@ -133,7 +135,11 @@ func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 			e.mu.Unlock()
 			continue
 		}
-		if e.pending == nil && t.idleLocked(now, e) {
+		// A key whose report the region never acknowledged is kept until
+		// it is, unless the region holds no lease for it: then that report
+		// only counts demand, and a region unreachable for long must not
+		// make every key seen meanwhile stay in memory.
+		if (e.pending == nil || !e.granted) && t.idleLocked(now, e) {
 			if r := t.finalReportLocked(e); r != nil {
 				if release == nil {
 					release = &Batch{sentAt: now}
