@@ -214,7 +214,7 @@ func (s *Service) applyConfigLocked(now time.Time) {
 			// is forgotten, since regions may still hold grants for it.
 			continue
 		}
-		if err := s.alloc.SetLimit(k, hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst)}); err != nil {
+		if err := s.alloc.SetLimit(k, hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst), Unit: res.Class.Unit()}); err != nil {
 			s.log.Error("limit from the new config refused by the allocator; keeping the old one", "key", k, "error", err)
 		}
 	}

@@ -93,6 +93,22 @@ type Class struct {
 	// Shadow makes every decision of the class an allow, reporting the real
 	// verdict in Decision.WouldDeny. Optional, default false.
 	Shadow bool `yaml:"shadow,omitempty"`
+	// MaxCost is the largest cost one request of the class is expected to
+	// carry. Static bursts are split among regions in whole multiples of it
+	// (largest remainder by weight), so a region that holds any of a key's
+	// burst can admit such a request, and a region holding none obtains a
+	// unit from the global tier when it has demand. It does not refuse
+	// larger costs. Optional, default 1; in 1..quota.MaxCost and at most
+	// every burst configured for the class.
+	MaxCost int64 `yaml:"max_cost,omitempty"`
+}
+
+// Unit is the class's MaxCost as the burst unit, 1 when left out.
+func (c Class) Unit() float64 {
+	if c.MaxCost <= 0 {
+		return 1
+	}
+	return float64(c.MaxCost)
 }
 
 // Tier maps every configured class name to its limit.

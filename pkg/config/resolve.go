@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -62,13 +63,27 @@ func (c *Config) Resolve(k quota.Key) (Resolved, error) {
 	}, nil
 }
 
+// StaticShareOf is region's safe fallback share of a resolved key: its
+// rate share rate·w_r/Σw and its burst split in whole units of the class's
+// MaxCost (see StaticShare).
+func (c *Config) StaticShareOf(region string, res Resolved) (rateShare, burstShare float64, err error) {
+	return c.staticShare(region, res.Limit.Rate, float64(res.Limit.Burst), res.Class.Unit())
+}
+
 // StaticShare is region's safe fallback share of a key with the given
-// global rate (tokens/s) and burst (tokens): rate·w_r/Σw and burst·w_r/Σw,
-// fractional. The result is deterministic, and the shares of all regions
-// sum to at most rate and burst (see staticShareScale). An unknown region or
-// a negative or non-finite rate or burst is an error wrapping
-// quota.ErrInvalid.
+// global rate (tokens/s) and burst (tokens), for a class whose largest cost
+// is 1: rate·w_r/Σw (fractional), and the burst split in whole tokens by
+// largest remainder (hierarchy.StaticBursts), so a burst of 1 lives in one
+// region instead of a fraction of a token in each. The result is
+// deterministic and the same as the global tier's; the shares of all
+// regions sum to at most rate (see staticShareScale) and exactly to burst.
+// An unknown region or a negative or non-finite rate or burst is an error
+// wrapping quota.ErrInvalid.
 func (c *Config) StaticShare(region string, rate, burst float64) (rateShare, burstShare float64, err error) {
+	return c.staticShare(region, rate, burst, 1)
+}
+
+func (c *Config) staticShare(region string, rate, burst, unit float64) (rateShare, burstShare float64, err error) {
 	r, ok := c.Regions[region]
 	if !ok {
 		return 0, 0, fmt.Errorf("%w: region %q is not configured", quota.ErrInvalid, region)
@@ -80,7 +95,19 @@ func (c *Config) StaticShare(region string, rate, burst float64) (rateShare, bur
 		return 0, 0, fmt.Errorf("%w: burst %v must be a finite number >= 0", quota.ErrInvalid, burst)
 	}
 	fraction := r.Weight / c.weightSum() * staticShareScale
-	return rate * fraction, burst * fraction, nil
+	var buf [16]hierarchy.Region
+	var bursts [16]float64
+	regions, out := buf[:0], bursts[:0]
+	at := 0
+	for name, rg := range c.Regions {
+		if name == region {
+			at = len(regions)
+		}
+		regions = append(regions, hierarchy.Region{Name: name, Weight: rg.Weight})
+		out = append(out, 0)
+	}
+	hierarchy.StaticBursts(burst, unit, regions, out)
+	return rate * fraction, out[at], nil
 }
 
 // weightSum adds the region weights in name order, so the float result

@@ -166,3 +166,47 @@ func TestStaticSharesNeverOversubscribe(t *testing.T) {
 		}
 	})
 }
+
+// Small bursts are split in whole units of the class's max_cost, the same
+// way the global tier splits them (hierarchy.StaticBursts).
+func TestStaticShareWholeUnits(t *testing.T) {
+	c, err := Parse(SampleYAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, region := range []string{"us-east", "eu-west", "ap-south"} {
+		_, b, err := c.StaticShare(region, 0.1, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b != 0 && b != 1 {
+			t.Fatalf("%s: static burst %v, want whole tokens", region, b)
+		}
+		sum += b
+	}
+	if sum != 1 {
+		t.Fatalf("static bursts add up to %v, want 1", sum)
+	}
+	cl := c.Classes["export"]
+	cl.MaxCost = 2
+	c.Classes["export"] = cl
+	res, err := c.Resolve(quota.Key{Tenant: "acme", Class: "export"}) // pro: burst 5
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, region := range []string{"us-east", "eu-west", "ap-south"} {
+		if _, b, _ := c.StaticShareOf(region, res); b != 0 && b != 2 && b != 3 {
+			t.Fatalf("%s: static burst %v of 5 in units of 2", region, b)
+		}
+	}
+	// The free tier's export burst is 1, below max_cost 2.
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "max_cost") {
+		t.Fatalf("a burst below max_cost: got %v, want an error naming max_cost", err)
+	}
+	cl.MaxCost = quota.MaxCost + 1
+	c.Classes["export"] = cl
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "classes.export.max_cost") {
+		t.Fatalf("max_cost above quota.MaxCost: got %v", err)
+	}
+}

@@ -29,6 +29,18 @@ type KeyLimit struct {
 	Rate float64
 	// Burst is required: tokens, finite, > 0.
 	Burst float64
+	// Unit is optional: the largest cost one request of the key may carry
+	// (tokens, finite, > 0; 0 means 1). Static bursts and the burst split
+	// among regions are whole units (see StaticBursts), so a region that
+	// holds any of the burst can admit such a request.
+	Unit float64
+}
+
+func (l KeyLimit) unit() float64 {
+	if l.Unit == 0 {
+		return 1
+	}
+	return l.Unit
 }
 
 // Options configures an Allocator.
@@ -134,6 +146,7 @@ type Allocator struct {
 	rankDirty bool
 	blockOf   []int32   // slot -> block, -1 when the key has no fencing state
 	demand    []float64 // slot*nr + region: EWMA tokens/s
+	sburst    []float64 // slot*nr + region: static burst cap (StaticBursts)
 	lastObs   []uint32  // slot*nr + region: region's report count at the last observation, 0 = never
 	seenStamp []uint32  // slot -> stamp of the report that last listed it
 	seenPos   []int32   // slot -> its position in that report
@@ -159,6 +172,10 @@ type Allocator struct {
 	w, lo, hi, dem, out []float64
 	silent              []bool
 	reportIdx           []int32
+	regs                []Region // scratch for StaticBursts
+	order               []int    // scratch for splitUnits
+	sbs                 []float64
+	role                []int8
 }
 
 type regionState struct {
@@ -188,6 +205,11 @@ const maxUnknownShown = 16
 // must fall short of its target by to be worth an early report; smaller
 // shortfalls wait for the next epoch.
 const pendingShortfall = 0.05
+
+// unitDemandFloor is the demand, as a fraction of a key's rate, above which
+// a region whose static burst holds no whole unit makes the key contended
+// (a decaying estimate never reaches zero on its own).
+const unitDemandFloor = 1e-3
 
 // NewAllocator validates opts and returns an Allocator in learning mode
 // until now+Validity.
@@ -315,10 +337,14 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 	if !finite(l.Burst) || l.Burst <= 0 {
 		return fmt.Errorf("hierarchy: set limit %s: %w: burst %v must be a finite number > 0", key, quota.ErrInvalid, l.Burst)
 	}
+	if !finite(l.Unit) || l.Unit < 0 {
+		return fmt.Errorf("hierarchy: set limit %s: %w: unit %v must be a finite number > 0 (0 means 1)", key, quota.ErrInvalid, l.Unit)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if k, ok := a.keyIndex[key]; ok {
 		a.limits[k] = l
+		a.setStaticBursts(k)
 		if b := a.blockOf[k]; b >= 0 {
 			a.resummarize(b)
 		}
@@ -341,8 +367,10 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 		a.seenStamp = append(a.seenStamp, 0)
 		a.seenPos = append(a.seenPos, 0)
 		a.demand = append(a.demand, make([]float64, a.nr)...)
+		a.sburst = append(a.sburst, make([]float64, a.nr)...)
 		a.lastObs = append(a.lastObs, make([]uint32, a.nr)...)
 	}
+	a.setStaticBursts(k)
 	a.keyIndex[key] = k
 	a.rankDirty = true
 	return nil
@@ -414,6 +442,10 @@ func (a *Allocator) SetRegions(regions []Region) error {
 		return dst
 	}
 	a.demand = relayoutF(a.demand, oldNR)
+	a.sburst = make([]float64, len(a.keys)*nr)
+	for k := range a.keys {
+		a.setStaticBursts(int32(k))
+	}
 	lastObs := make([]uint32, len(a.keys)*nr)
 	for k := range a.keys {
 		for i, j := range from {
@@ -440,11 +472,10 @@ func (a *Allocator) SetRegions(regions []Region) error {
 		if a.blockKey[b] < 0 {
 			continue
 		}
-		l := a.limits[a.blockKey[b]]
+		k := a.blockKey[b]
 		for i, j := range from {
 			if j < 0 {
-				a.targetRate[b*nr+i] = l.Rate * a.regions[i].frac
-				a.targetBurst[b*nr+i] = l.Burst * a.regions[i].frac
+				a.targetRate[b*nr+i], a.targetBurst[b*nr+i] = a.static(k, i)
 			}
 		}
 		a.resummarize(int32(b))
@@ -452,12 +483,36 @@ func (a *Allocator) SetRegions(regions []Region) error {
 	return nil
 }
 
+// setStaticBursts computes key slot k's static burst caps (a free slot
+// keeps whatever it had; it is recomputed when reused).
+func (a *Allocator) setStaticBursts(k int32) {
+	base := int(k) * a.nr
+	a.regs = growRegions(a.regs, a.nr)
+	for i := range a.regions {
+		a.regs[i] = a.regions[i].Region
+	}
+	l := a.limits[k]
+	StaticBursts(l.Burst, l.unit(), a.regs[:a.nr], a.sburst[base:base+a.nr])
+}
+
+func growRegions(s []Region, n int) []Region {
+	if cap(s) < n {
+		return make([]Region, n)
+	}
+	return s[:n]
+}
+
+// static is region i's static rate and burst cap for key slot k.
+func (a *Allocator) static(k int32, i int) (float64, float64) {
+	return a.limits[k].Rate * a.regions[i].frac, a.sburst[int(k)*a.nr+i]
+}
+
 func (a *Allocator) resummarize(b int32) {
-	l := a.limits[a.blockKey[b]]
+	k := a.blockKey[b]
 	for i := 0; i < a.nr; i++ {
-		fr := a.regions[i].frac
 		j := int(b)*a.nr + i
-		a.summaries[j] = a.fences[i][b].summarize(a.clock, l.Rate*fr, l.Burst*fr)
+		s, sb := a.static(k, i)
+		a.summaries[j] = a.fences[i][b].summarize(a.clock, s, sb)
 	}
 }
 
@@ -481,14 +536,12 @@ func (a *Allocator) newBlock(k int32) int32 {
 	a.blockKey[b] = k
 	a.blockContended[b] = false
 	a.blockOf[k] = b
-	l := a.limits[k]
 	for i := 0; i < a.nr; i++ {
-		fr := a.regions[i].frac
 		j := int(b)*a.nr + i
+		s, sb := a.static(k, i)
 		a.fences[i][b] = fence{}
-		a.summaries[j] = a.fences[i][b].summarize(a.clock, l.Rate*fr, l.Burst*fr)
-		a.targetRate[int(b)*a.nr+i] = l.Rate * fr
-		a.targetBurst[int(b)*a.nr+i] = l.Burst * fr
+		a.summaries[j] = a.fences[i][b].summarize(a.clock, s, sb)
+		a.targetRate[j], a.targetBurst[j] = s, sb
 	}
 	return b
 }
@@ -581,7 +634,11 @@ func (a *Allocator) Allocate(now time.Time) {
 		for i := 0; i < nr; i++ {
 			d := a.effectiveDemand(k, i)
 			a.dem[i] = d
-			if !a.silent[i] && d > l.Rate*a.regions[i].frac {
+			s, sb := a.static(k, i)
+			if !a.silent[i] && (d > s || (sb < l.unit() && d > unitDemandFloor*l.Rate)) {
+				// Above its static share, or it has demand but its
+				// static burst holds no whole unit: only a grant can
+				// give it one.
 				contended = true
 			}
 		}
@@ -592,17 +649,15 @@ func (a *Allocator) Allocate(now time.Time) {
 			}
 			nonStatic := false
 			for i := 0; i < nr && !nonStatic; i++ {
-				fr := a.regions[i].frac
-				nonStatic = a.fences[i][b].hasNonStatic(t, l.Rate*fr, l.Burst*fr)
+				s, sb := a.static(k, i)
+				nonStatic = a.fences[i][b].hasNonStatic(t, s, sb)
 			}
 			if !nonStatic {
 				a.freeBlock(b)
 				continue
 			}
 			for i := 0; i < nr; i++ {
-				fr := a.regions[i].frac
-				a.targetRate[int(b)*nr+i] = l.Rate * fr
-				a.targetBurst[int(b)*nr+i] = l.Burst * fr
+				a.targetRate[int(b)*nr+i], a.targetBurst[int(b)*nr+i] = a.static(k, i)
 			}
 			a.blockContended[b] = false
 			a.active = append(a.active, k)
@@ -635,7 +690,8 @@ func (a *Allocator) retarget(t int64, k, b int32) {
 // computeTargets water-fills key k's rate over the regions that report,
 // with silent regions frozen at what they may be using (max of their
 // grant and static share), and splits the burst in proportion to the
-// rates.
+// rates, in whole units (splitUnits): regions with demand but no unit come
+// first, so a small burst is where the requests are.
 func (a *Allocator) computeTargets(t int64, k, b int32) {
 	nr := a.nr
 	l := a.limits[k]
@@ -646,12 +702,11 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 	a.out = growFloats(a.out, nr)
 	capacity, pool := l.Rate, l.Burst
 	n := 0
-	var sumW float64
 	for i := 0; i < nr; i++ {
 		rg := &a.regions[i]
 		if a.silent[i] {
 			f := &a.summaries[base+i]
-			s, sb := l.Rate*rg.frac, l.Burst*rg.frac
+			s, sb := a.static(k, i)
 			fr, fb := s, sb
 			if f.rateT > t {
 				fr = max(f.rateV, s)
@@ -668,7 +723,6 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 		a.lo[n] = rg.MinShare * l.Rate
 		a.hi[n] = rg.maxShare() * l.Rate
 		a.dem[n] = a.dem[i]
-		sumW += rg.Weight
 		n++
 	}
 	if n == 0 {
@@ -676,24 +730,103 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 	}
 	capacity = max(capacity, 0)
 	pool = max(pool, 0)
-	fairShare(capacity, a.w[:n], a.lo[:n], a.hi[:n], a.dem[:n], a.out[:n], &a.fs)
-	var sumA float64
+	// A region with demand whose static burst holds no whole unit can
+	// only admit once a grant gives it one, and a grant can raise its
+	// burst only while it is not below its static rate (see splitUnits):
+	// such a region gets at least a hair above its static rate, where it
+	// fits, when the pool has a unit for every region with demand (else
+	// units would only move between regions that all want them).
+	a.sbs = growFloats(a.sbs, n)
+	a.role = slices.Grow(a.role[:0], n)[:n]
+	var sumLo, sumHi, cut float64
+	wanting := 0
 	for j := 0; j < n; j++ {
-		sumA += a.out[j]
+		sumLo += a.lo[j]
+		sumHi += a.hi[j]
+		if a.dem[j] > unitDemandFloor*l.Rate {
+			wanting++
+		}
 	}
+	spare := float64(wanting) <= math.Floor(pool/l.unit())
 	j := 0
 	for i := 0; i < nr; i++ {
 		if a.silent[i] {
 			continue
 		}
-		a.targetRate[base+i] = a.out[j]
-		if sumA > 0 {
-			a.targetBurst[base+i] = pool * a.out[j] / sumA
-		} else {
-			a.targetBurst[base+i] = pool * a.w[j] / sumW
+		s, sb := a.static(k, i)
+		a.sbs[j] = sb
+		if spare && sb < l.unit() && a.dem[j] > unitDemandFloor*l.Rate {
+			if f := min(a.hi[j], s*(1+1e-9)); f > a.lo[j] && sumLo+f-a.lo[j] <= capacity {
+				sumLo += f - a.lo[j]
+				a.lo[j] = f
+			}
+		}
+		if spare && sb >= l.unit() && !(a.dem[j] > unitDemandFloor*l.Rate) {
+			cut += a.hi[j] - max(a.lo[j], min(a.hi[j], s*(1-1e-9)))
 		}
 		j++
 	}
+	if spare && wanting > 0 && sumHi-cut >= capacity {
+		// Regions without demand may give their units away: a hair
+		// below their static rate, when the others can take the rest.
+		j = 0
+		for i := 0; i < nr; i++ {
+			if a.silent[i] {
+				continue
+			}
+			if s, sb := a.static(k, i); sb >= l.unit() && !(a.dem[j] > unitDemandFloor*l.Rate) {
+				a.hi[j] = max(a.lo[j], min(a.hi[j], s*(1-1e-9)))
+			}
+			j++
+		}
+	}
+	fairShare(capacity, a.w[:n], a.lo[:n], a.hi[:n], a.dem[:n], a.out[:n], &a.fs)
+	var sumA float64
+	j = 0
+	for i := 0; i < nr; i++ {
+		if a.silent[i] {
+			continue
+		}
+		sumA += a.out[j]
+		s, _ := a.static(k, i)
+		switch {
+		case nearStatic(a.out[j], s):
+			a.role[j] = 0
+		case a.out[j] > s:
+			a.role[j] = 1
+		default:
+			a.role[j] = -1
+		}
+		j++
+	}
+	// Burst weights: the rates, or the region weights when no rate is
+	// assigned; a.lo and a.hi are free scratch by now.
+	bw, bout := a.lo[:n], a.hi[:n]
+	for j := 0; j < n; j++ {
+		if sumA > 0 {
+			bw[j] = a.out[j]
+		} else {
+			bw[j] = a.w[j]
+		}
+	}
+	a.order = growInts(a.order, n)
+	splitUnits(pool, l.unit(), bw, a.sbs[:n], a.dem[:n], a.role[:n], bout, a.order)
+	j = 0
+	for i := 0; i < nr; i++ {
+		if a.silent[i] {
+			continue
+		}
+		a.targetRate[base+i] = a.out[j]
+		a.targetBurst[base+i] = bout[j]
+		j++
+	}
+}
+
+func growInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
 }
 
 func badNumber(x float64) bool { return !finite(x) || x < 0 }
@@ -816,8 +949,7 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 		kd := &rep.Keys[j]
 		a.observe(k, ri, kd)
 		held := heldOf(kd)
-		l := a.limits[k]
-		s, sb := l.Rate*rs.frac, l.Burst*rs.frac
+		s, sb := a.static(k, ri)
 		b := a.blockOf[k]
 		if b < 0 {
 			if held.valid <= 0 || (nearStatic(held.rate, s) && nearStatic(held.burst, sb)) {
@@ -859,8 +991,8 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 			f := &a.fences[ri][b]
 			f.prune(t)
 			g, issued := a.fencedGrant(t, b, ri, sendLB)
-			l := a.limits[k]
-			a.summaries[int(b)*nr+ri] = f.summarize(t, l.Rate*rs.frac, l.Burst*rs.frac)
+			s, sb := a.static(k, ri)
+			a.summaries[int(b)*nr+ri] = f.summarize(t, s, sb)
 			if issued {
 				answer = append(answer, g)
 			}
@@ -988,17 +1120,17 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, 
 		return Grant{}, false
 	}
 	rl, bl := &a.rateLane, &a.burstLane
-	frx := a.regions[ri].frac
-	rl.reset(l.Rate * frx)
-	bl.reset(l.Burst * frx)
+	s, sb := a.static(k, ri)
+	rl.reset(s)
+	bl.reset(sb)
 	for y := 0; y < nr; y++ {
 		if y == ri {
 			continue
 		}
 		fy := &a.summaries[base+y]
-		fr := a.regions[y].frac
-		rl.addOther(t, fy.rateV, fy.rateT, l.Rate*fr)
-		bl.addOther(t, fy.burstV, fy.burstT, l.Burst*fr)
+		sy, sby := a.static(k, y)
+		rl.addOther(t, fy.rateV, fy.rateT, sy)
+		bl.addOther(t, fy.burstV, fy.burstT, sby)
 	}
 	end := t + a.validity
 	wantRate, wantBurst := a.targetRate[base+ri], a.targetBurst[base+ri]

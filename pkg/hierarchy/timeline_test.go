@@ -359,16 +359,24 @@ func timeline(t *rapid.T) {
 	nKeys := rapid.IntRange(1, 3).Draw(t, "keys")
 	for k := 0; k < nKeys; k++ {
 		s.keys = append(s.keys, quota.Key{Tenant: fmt.Sprintf("t%d", k), Class: "write"})
-		s.limits = append(s.limits, KeyLimit{
+		l := KeyLimit{
 			Rate:  rapid.Float64Range(1, 1000).Draw(t, "rate"),
 			Burst: rapid.Float64Range(1, 1000).Draw(t, "burst"),
-		})
+		}
+		if rapid.Bool().Draw(t, "smallBurst") {
+			// Small whole bursts, split among regions in whole units
+			// of the largest cost.
+			l.Rate = rapid.Float64Range(0.01, 10).Draw(t, "smallRate")
+			l.Unit = float64(rapid.IntRange(0, 3).Draw(t, "unit"))
+			l.Burst = float64(rapid.IntRange(int(max(1, l.Unit)), 6).Draw(t, "smallBurst"))
+		}
+		s.limits = append(s.limits, l)
 	}
 	nr := len(s.opts.Regions)
 	for k := range s.keys {
 		sr, sb := make([]float64, nr), make([]float64, nr)
 		StaticShares(s.limits[k].Rate, s.opts.Regions, sr)
-		StaticShares(s.limits[k].Burst, s.opts.Regions, sb)
+		StaticBursts(s.limits[k].Burst, s.limits[k].Unit, s.opts.Regions, sb)
 		s.static = append(s.static, sr)
 		s.staticB = append(s.staticB, sb)
 	}
@@ -491,6 +499,9 @@ func (s *sim) checkSteadyState() {
 			if demand[r] > s.static[k][r]*(1+1e-9) {
 				contended = true
 			}
+			if demand[r] > 1e-3*l.Rate*(1+1e-9) && s.staticB[k][r] < l.unit() {
+				contended = true // demand where the static burst holds no whole unit
+			}
 		}
 		// A demand within rounding of the static share may be taken either
 		// way; the allocator's own verdict decides then.
@@ -506,9 +517,47 @@ func (s *sim) checkSteadyState() {
 		}
 		expect := append([]float64(nil), s.static[k]...)
 		if contended {
-			expect = refWaterFill(l.Rate, s.opts.Regions, demand)
+			// A region with demand but no whole unit of burst is kept a
+			// hair above its static rate when there are units enough for
+			// every region with demand (so a grant can give it one).
+			regions := append([]Region(nil), s.opts.Regions...)
+			wanting := 0
+			for r := range regions {
+				if demand[r] > 1e-3*l.Rate {
+					wanting++
+				}
+			}
+			if float64(wanting) <= math.Floor(l.Burst/l.unit()) {
+				var sumHi, cut float64
+				for r := range regions {
+					hi := regions[r].maxShare() * l.Rate
+					sumHi += hi
+					if !(demand[r] > 1e-3*l.Rate) && s.staticB[k][r] >= l.unit() {
+						cut += hi - max(regions[r].MinShare*l.Rate, min(hi, s.static[k][r]*(1-1e-9)))
+					}
+				}
+				capOK := wanting > 0 && sumHi-cut >= l.Rate
+				for r := range regions {
+					if demand[r] > 1e-3*l.Rate && s.staticB[k][r] < l.unit() {
+						regions[r].MinShare = max(regions[r].MinShare, min(regions[r].maxShare(), s.static[k][r]*(1+1e-9)/l.Rate))
+					}
+					if capOK && !(demand[r] > 1e-3*l.Rate) && s.staticB[k][r] >= l.unit() {
+						regions[r].MaxShare = max(regions[r].MinShare, min(regions[r].maxShare(), s.static[k][r]*(1-1e-9)/l.Rate))
+					}
+				}
+			}
+			expect = refWaterFill(l.Rate, regions, demand)
 		}
 		var sum float64
+		units, hungry, pinned := math.Floor(l.Burst/l.unit()), 0, false
+		for _, rg := range s.opts.Regions {
+			pinned = pinned || rg.MinShare > 0 || rg.maxShare() < 1
+		}
+		for r := range s.regions {
+			if s.regions[r].demand[k] > 1e-3*l.Rate*(1+1e-9) {
+				hungry++
+			}
+		}
 		for r := range s.regions {
 			rate, burst := s.usable(r, k, s.now)
 			sum += rate
@@ -516,9 +565,21 @@ func (s *sim) checkSteadyState() {
 				s.t.Fatalf("key %s region %s: uses rate %v, fair share %v (contended=%v demand=%v) %s\nview: %+v",
 					key, s.opts.Regions[r].Name, rate, expect[r], contended, demand, s.describe(k), kv)
 			}
-			wantBurst := l.Burst * expect[r] / l.Rate
-			if math.Abs(burst-wantBurst) > 1e-6*l.Burst {
-				s.t.Fatalf("key %s region %s: burst cap %v, want %v", key, s.opts.Regions[r].Name, burst, wantBurst)
+			// Bursts are split in whole units: within one unit of the
+			// proportional split for each unit a region may hand to a
+			// region with demand but none; exact when uncontended.
+			wantBurst, slack := l.Burst*expect[r]/l.Rate, float64(nr)*l.unit()
+			if !contended {
+				wantBurst, slack = s.staticB[k][r], 0
+			}
+			if math.Abs(burst-wantBurst) > slack+1e-6*l.Burst {
+				s.t.Fatalf("key %s region %s: burst cap %v, want %v (±%v)", key, s.opts.Regions[r].Name, burst, wantBurst, slack)
+			}
+			// (Floors and ceilings may pin a region's rate at its static
+			// share and with it its units; then the check does not apply.)
+			if contended && s.regions[r].demand[k] > 1e-3*l.Rate*(1+1e-9) && units >= float64(hungry) && !pinned && burst < l.unit()*(1-1e-12) {
+				s.t.Fatalf("key %s region %s: demanding %v with a burst cap %v below one unit %v (%v units, %d regions with demand) %s\nview: %+v",
+					key, s.opts.Regions[r].Name, s.regions[r].demand[k], burst, l.unit(), units, hungry, s.describe(k), kv)
 			}
 			if d := s.regions[r].demand[k]; rate < min(d, expect[r])-1e-6*l.Rate {
 				s.t.Fatalf("key %s region %s: demanding %v but left at %v", key, s.opts.Regions[r].Name, d, rate)

@@ -115,8 +115,7 @@ func (a *Allocator) View(now time.Time) View {
 			kv.Active = true
 		}
 		for i := range a.regions {
-			fr := a.regions[i].frac
-			s, sb := l.Rate*fr, l.Burst*fr
+			s, sb := a.static(k, i)
 			rv := KeyRegionView{
 				Demand:     a.effectiveDemand(k, i),
 				StaticRate: s, StaticBurst: sb,

@@ -164,7 +164,7 @@ func (s *Server) plan(cfg *config.Config, pk *sluicev1.QuotaKey, field string) (
 
 // Common derives the script settings of a resolved key in this region.
 func (s *Server) common(cfg *config.Config, res config.Resolved) (luascripts.Common, error) {
-	rate, burst, err := cfg.StaticShare(s.opts.Region, res.Limit.Rate, float64(res.Limit.Burst))
+	rate, burst, err := cfg.StaticShareOf(s.opts.Region, res)
 	if err != nil {
 		return luascripts.Common{}, err
 	}

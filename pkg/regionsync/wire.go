@@ -64,7 +64,7 @@ func decodeKey(cfg *config.Config, kd *sluicev1.KeyDemand, i int, seen map[quota
 	if err != nil {
 		return fail(fmt.Errorf("%s.key %s: %w", field(), k, err))
 	}
-	l := hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst)}
+	l := hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst), Unit: res.Class.Unit()}
 	if !finite(l.Rate) || l.Rate <= 0 || l.Burst <= 0 {
 		return fail(fmt.Errorf("%w: %s.key %s: the config gives it rate %v and burst %v; both must be > 0",
 			quota.ErrInvalid, field(), k, l.Rate, l.Burst))

@@ -1,0 +1,250 @@
+package hierarchy
+
+import (
+	"math"
+	"slices"
+)
+
+// StaticBursts apportions a key's burst among regions in whole units (a
+// class's largest cost; unit <= 0 or non-finite means 1 token) and writes
+// each region's static burst cap into out (len(regions)).
+//
+// A cap below one unit can never admit a request of that cost, so
+// splitting b·w_r/Σw fractionally would make a small burst unusable
+// everywhere (b = 1 over weights 2:1:1 gives 0.5/0.25/0.25). Instead the
+// n = ⌊b/unit⌋ whole units go by largest remainder: region r first gets
+// ⌊n·w_r/Σw⌋ units, and the units left over go one each to the regions
+// with the largest remainders (ties: larger weight, then smaller name).
+// What is left of b below one unit goes to the first region in that line.
+// Σ out = b exactly when b and unit are whole numbers below 2^53, and
+// every region's cap is within one unit of b·w_r/Σw. The result does not
+// depend on the order of regions. A region with no unit gets one from the
+// global tier when it has demand (see Allocator).
+//
+// regions must pass ValidateRegions; burst must be finite and >= 0.
+func StaticBursts(burst, unit float64, regions []Region, out []float64) {
+	if !(unit > 0) || math.IsInf(unit, 0) {
+		unit = 1
+	}
+	nr := len(regions)
+	if nr == 0 {
+		return
+	}
+	var buf [MaxRegions]int
+	var order []int
+	if nr <= MaxRegions {
+		order = buf[:nr]
+	} else {
+		order = make([]int, nr)
+	}
+	for i := range order {
+		order[i] = i
+	}
+	// The weight sum is added in name order, so every caller (the
+	// allocator, each region) gets the same float and the same split.
+	slices.SortFunc(order, func(x, y int) int {
+		switch {
+		case regions[x].Name < regions[y].Name:
+			return -1
+		case regions[x].Name > regions[y].Name:
+			return 1
+		}
+		return 0
+	})
+	var sum float64
+	for _, i := range order {
+		sum += regions[i].Weight
+	}
+	n := math.Floor(burst / unit)
+	var given float64
+	for i, r := range regions {
+		out[i] = math.Floor(n * r.Weight / sum)
+		given += out[i]
+	}
+	rem := func(i int) float64 { q := n * regions[i].Weight / sum; return q - math.Floor(q) }
+	// Rank regions by remainder (larger first), weight, then name; the
+	// first left of them get one more unit each. left < nr: the
+	// remainders add up to less than nr.
+	slices.SortStableFunc(order, func(x, y int) int {
+		if rx, ry := rem(x), rem(y); rx != ry {
+			if rx > ry {
+				return -1
+			}
+			return 1
+		}
+		if wx, wy := regions[x].Weight, regions[y].Weight; wx != wy {
+			if wx > wy {
+				return -1
+			}
+			return 1
+		}
+		return 0 // already in name order
+	})
+	left := int(max(0, min(n-given, float64(nr))))
+	for j := 0; j < left; j++ {
+		out[order[j]]++
+	}
+	for i := range out[:nr] {
+		out[i] *= unit
+	}
+	out[order[0]] += burst - n*unit
+}
+
+// splitUnits divides a key's burst pool among n reporting regions in whole
+// units, near the split in proportion to weight (their target rates), and
+// writes each region's burst target into out.
+//
+// A grant's rate and burst share one validity, so a region must not be a
+// donor of one and a recipient of the other (its grant would have to end
+// before the donors' and could not, since falling back to its static share
+// would take back what it gave): a region whose rate is above its static
+// share (role > 0) gets at least its static cap sb, one below it (role < 0)
+// at most its static units, one at its static share exactly its static
+// cap. Within those bounds regions with demand but no unit come first,
+// then the largest remainders; a region with demand and still no unit may
+// take one from a region without demand, or with more than one. Σ out <= pool up to float
+// rounding; ties go by index, so the result is deterministic.
+func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, out []float64, order []int) {
+	n := len(out)
+	if n == 0 {
+		return
+	}
+	// Recipients and regions at their share keep the fraction of a unit
+	// their static cap may carry; donors give it up.
+	var kept float64
+	for j := range n {
+		if role[j] >= 0 {
+			kept += sb[j] - math.Floor(sb[j]/unit)*unit
+		}
+	}
+	units := math.Floor(max(0, pool-kept) / unit)
+	var sumW float64
+	for _, w := range weight[:n] {
+		sumW += w
+	}
+	quota := func(j int) float64 {
+		if sumW > 0 {
+			return units * weight[j] / sumW
+		}
+		return units / float64(n)
+	}
+	lower := func(j int) float64 {
+		if role[j] >= 0 {
+			return math.Floor(sb[j] / unit)
+		}
+		return 0
+	}
+	upper := func(j int) float64 {
+		if role[j] <= 0 {
+			return math.Floor(sb[j] / unit)
+		}
+		return units
+	}
+	var given float64
+	for j := range n {
+		out[j] = min(max(math.Floor(quota(j)), lower(j)), upper(j))
+		given += out[j]
+	}
+	order = order[:n]
+	hungry := func(j int) bool { return demand[j] > 0 && out[j] == 0 }
+	sortOrder := func(cmpJ func(x, y int) int) {
+		for j := range order {
+			order[j] = j
+		}
+		slices.SortStableFunc(order, cmpJ)
+	}
+	// Too many: take from the most over-served first (down to their lower
+	// bound, then, when other regions hold more than the pool leaves,
+	// below it).
+	for pass := 0; given > units && pass < 2; pass++ {
+		sortOrder(func(x, y int) int { return cmpFloat(quota(x)-out[x], quota(y)-out[y]) })
+		for progress := true; given > units && progress; {
+			progress = false
+			for _, j := range order {
+				if given <= units {
+					break
+				}
+				if out[j] > 0 && (pass == 1 || out[j] > lower(j)) {
+					out[j]--
+					given--
+					progress = true
+				}
+			}
+		}
+	}
+	// Too few: regions with demand and no unit first (most demand first),
+	// then the largest remainders.
+	sortOrder(func(x, y int) int {
+		if hx, hy := hungry(x), hungry(y); hx != hy {
+			if hx {
+				return -1
+			}
+			return 1
+		}
+		if hungry(x) && demand[x] != demand[y] {
+			return -cmpFloat(demand[x], demand[y])
+		}
+		return -cmpFloat(quota(x)-out[x], quota(y)-out[y])
+	})
+	for progress := true; given < units && progress; {
+		progress = false
+		for _, j := range order {
+			if given >= units {
+				break
+			}
+			if out[j] < upper(j) {
+				out[j]++
+				given++
+				progress = true
+			}
+		}
+	}
+	// A region with demand and still no unit takes one from a region
+	// above its lower bound that has no demand, or else more than one unit
+	// (the most first).
+	for _, j := range order {
+		if !(demand[j] > 0) || out[j] > 0 || upper(j) < 1 {
+			continue
+		}
+		donor := -1
+		better := func(d int) bool {
+			if donor < 0 {
+				return true
+			}
+			if (demand[d] == 0) != (demand[donor] == 0) {
+				return demand[d] == 0
+			}
+			return out[d] > out[donor]
+		}
+		for d := range n {
+			keep := lower(d)
+			if demand[d] > 0 {
+				keep = max(keep, 1)
+			}
+			if out[d] > keep && better(d) {
+				donor = d
+			}
+		}
+		if donor < 0 {
+			break
+		}
+		out[donor]--
+		out[j]++
+	}
+	for j := range n {
+		out[j] *= unit
+		if role[j] >= 0 && out[j] >= math.Floor(sb[j]/unit)*unit {
+			out[j] += sb[j] - math.Floor(sb[j]/unit)*unit
+		}
+	}
+}
+
+func cmpFloat(x, y float64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}

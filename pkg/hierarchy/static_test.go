@@ -1,0 +1,149 @@
+package hierarchy
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+func sampleRegions() []Region {
+	return []Region{{Name: "us-east", Weight: 2}, {Name: "eu-west", Weight: 1}, {Name: "ap-south", Weight: 1}}
+}
+
+// The sample config's free `export` (burst 1 over weights 2:1:1) used to be
+// split 0.5/0.25/0.25: no region could ever admit a request of cost 1.
+func TestStaticBurstsSampleConfig(t *testing.T) {
+	out := make([]float64, 3)
+	StaticBursts(1, 1, sampleRegions(), out)
+	if want := []float64{1, 0, 0}; fmt.Sprint(out) != fmt.Sprint(want) {
+		t.Fatalf("burst 1 over 2:1:1 = %v, want %v", out, want)
+	}
+	StaticBursts(5, 1, sampleRegions(), out)
+	if want := []float64{3, 1, 1}; fmt.Sprint(out) != fmt.Sprint(want) {
+		t.Fatalf("burst 5 over 2:1:1 = %v, want %v", out, want)
+	}
+	StaticBursts(5, 2, sampleRegions(), out) // 2 units of 2 (ties by name), 1 token left over to the first in line
+	if want := []float64{2, 0, 3}; fmt.Sprint(out) != fmt.Sprint(want) {
+		t.Fatalf("burst 5 in units of 2 over 2:1:1 = %v, want %v", out, want)
+	}
+}
+
+func TestStaticBurstsProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 8).Draw(t, "regions")
+		regions := make([]Region, n)
+		for i := range regions {
+			regions[i] = Region{Name: fmt.Sprintf("r%d", i), Weight: float64(rapid.IntRange(1, 5).Draw(t, "weight")) / float64(rapid.IntRange(1, 3).Draw(t, "div"))}
+		}
+		unit := float64(rapid.IntRange(1, 5).Draw(t, "unit"))
+		burst := float64(rapid.Int64Range(int64(unit), 1<<40).Draw(t, "burst"))
+		if rapid.Bool().Draw(t, "small") {
+			burst = float64(rapid.IntRange(int(unit), 12).Draw(t, "smallBurst"))
+		}
+		out := make([]float64, n)
+		StaticBursts(burst, unit, regions, out)
+		var sum, sumW float64
+		for i, r := range regions {
+			sum += out[i]
+			sumW += r.Weight
+		}
+		if sum != burst {
+			t.Fatalf("caps %v add up to %v, want exactly %v", out, sum, burst)
+		}
+		left := burst - math.Floor(burst/unit)*unit
+		whole := 0
+		for i, r := range regions {
+			units := out[i] / unit
+			if units != math.Floor(units) {
+				if out[i]-left != math.Floor((out[i]-left)/unit)*unit {
+					t.Fatalf("cap %v of region %d is not whole units of %v (plus the %v left over)", out[i], i, unit, left)
+				}
+			}
+			if out[i] >= unit {
+				whole++
+			}
+			if d := math.Abs(out[i] - burst*r.Weight/sumW); d > unit+left+1e-9*burst {
+				t.Fatalf("cap %v of region %d is %v from its proportional share", out[i], i, d)
+			}
+		}
+		if whole == 0 {
+			t.Fatalf("no region holds a whole unit: %v", out)
+		}
+		// The order of regions does not matter.
+		rev := make([]Region, n)
+		for i := range regions {
+			rev[n-1-i] = regions[i]
+		}
+		out2 := make([]float64, n)
+		StaticBursts(burst, unit, rev, out2)
+		for i := range regions {
+			if out2[n-1-i] != out[i] {
+				t.Fatalf("order matters: %v then %v (reversed)", out, out2)
+			}
+		}
+	})
+}
+
+// A region whose static burst holds no whole unit gets one from the global
+// tier once it has demand, and the caps never add up to more than b.
+func TestRegionWithoutUnitGetsOneFromGlobal(t *testing.T) {
+	regions := sampleRegions()
+	a := mustAllocator(t, regions)
+	key := quota.Key{Tenant: "someone", Class: "export"}
+	lim := KeyLimit{Rate: 0.1, Burst: 1, Unit: 1} // 6/m, burst 1
+	if err := a.SetLimit(key, lim); err != nil {
+		t.Fatal(err)
+	}
+	static := make([]float64, 3)
+	StaticBursts(lim.Burst, lim.Unit, regions, static)
+	type held struct {
+		rate, burst float64
+		expiry      time.Time
+	}
+	hold := make([]held, 3)
+	var seq uint64
+	capOf := func(r int, now time.Time) float64 {
+		if now.Before(hold[r].expiry) {
+			return hold[r].burst
+		}
+		return static[r]
+	}
+	demand := []float64{0, 0.05, 0} // eu-west: a request every 20 s
+	got := false
+	for e := 1; e <= 40 && !got; e++ {
+		now := testStart.Add(5*time.Second + time.Duration(e)*time.Second)
+		a.Allocate(now)
+		for r := range regions {
+			seq++
+			at := now.Add(time.Duration(r+1) * 10 * time.Millisecond)
+			kd := KeyDemand{Key: key, Window: time.Second}
+			kd.SetDemandRate(demand[r])
+			if at.Before(hold[r].expiry) {
+				kd.HeldRate, kd.HeldBurst, kd.HeldValid = hold[r].rate, hold[r].burst, hold[r].expiry.Sub(at).Truncate(time.Millisecond)
+			}
+			grants, err := a.Report(at, Report{Region: regions[r].Name, Seq: seq, Keys: []KeyDemand{kd}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range grants {
+				hold[r] = held{g.Rate, g.Burst, at.Add(g.Valid)}
+			}
+			var sum float64
+			for y := range regions {
+				sum += capOf(y, at)
+			}
+			if sum > lim.Burst {
+				t.Fatalf("epoch %d: caps add up to %v, above the burst %v", e, sum, lim.Burst)
+			}
+		}
+		got = capOf(1, now.Add(time.Second)) >= 1
+	}
+	if !got {
+		t.Fatalf("eu-west has demand but never got a whole token of burst: holds %+v", hold)
+	}
+}
