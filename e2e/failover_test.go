@@ -36,7 +36,7 @@ func TestGlobalLeaderFailover(t *testing.T) {
 
 	var leader, standby *devcluster.GlobalReplica
 	for _, g := range c.Global {
-		if g.Daemon.GRPCAddr() == leaderAddr {
+		if g.Daemon().GRPCAddr() == leaderAddr {
 			leader = g
 		} else {
 			standby = g
@@ -45,7 +45,7 @@ func TestGlobalLeaderFailover(t *testing.T) {
 	killed := time.Now()
 	leader.Kill()
 	deadline := killed.Add(ttl + epoch + 2*time.Second)
-	for !standby.Daemon.IsLeader() {
+	for !standby.Daemon().IsLeader() {
 		if time.Now().After(deadline) {
 			t.Fatalf("standby not leading %v after the leader died", time.Since(killed))
 		}
@@ -182,7 +182,7 @@ func TestConfigChangesThroughSluicectl(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/sluicectl").CombinedOutput(); err != nil {
 		t.Fatalf("build sluicectl: %v\n%s", err, out)
 	}
-	endpoint := c.Etcd.Clients[0].Addr().String()
+	endpoint := c.EtcdAddr()
 	apply := func(yaml string) (string, error) {
 		f := filepath.Join(t.TempDir(), "cfg.yaml")
 		if err := os.WriteFile(f, []byte(yaml), 0o600); err != nil {
@@ -195,7 +195,7 @@ func TestConfigChangesThroughSluicectl(t *testing.T) {
 	tierEverywhere := func() map[string]string {
 		got := map[string]string{}
 		for name, reg := range c.Regions {
-			res, err := reg.Replicas[0].Watcher.Current().Resolve(beta)
+			res, err := reg.Replicas[0].Watcher().Current().Resolve(beta)
 			if err != nil {
 				t.Fatal(err)
 			}

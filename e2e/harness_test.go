@@ -121,8 +121,8 @@ func (l *load) halt() {
 // grant while valid, else its static share), read from its Redis.
 func regionRate(t *testing.T, c *devcluster.Cluster, region string, key quota.Key) luascripts.State {
 	t.Helper()
-	d := c.Regions[region].Replicas[0].Daemon
-	keys, common, _, err := d.Server.CommonFor(c.Regions[region].Replicas[0].Watcher.Current(), key)
+	d := c.Regions[region].Replicas[0].Daemon()
+	keys, common, _, err := d.Server.CommonFor(c.Regions[region].Replicas[0].Watcher().Current(), key)
 	if err != nil {
 		t.Fatal(err)
 	}

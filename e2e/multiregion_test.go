@@ -128,7 +128,7 @@ func TestDemandShiftsBetweenRegions(t *testing.T) {
 	for _, kind := range []string{"epoch", "ack", "catch_up"} {
 		for _, reg := range c.Regions {
 			for _, rep := range reg.Replicas {
-				reports[kind] += counterWithLabel(t, rep.Daemon, "sluice_regional_global_reports_total", "kind", kind)
+				reports[kind] += counterWithLabel(t, rep.Daemon(), "sluice_regional_global_reports_total", "kind", kind)
 			}
 		}
 	}

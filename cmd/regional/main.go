@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
+	"github.com/sluicehq/sluice/internal/devcluster"
 
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/pkg/allocator"
@@ -122,7 +123,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if f.dev {
-		return runDev(ctx, f, cfg, logger, stdout)
+		return devcluster.RunDev(ctx, devcluster.DevOptions{Config: cfg, Region: f.region, Logger: logger, Out: stdout})
 	}
 	cs, err := regional.ParseColdStart(f.coldStart)
 	if err != nil {

@@ -22,7 +22,7 @@ func TestStatusAgainstRealDaemons(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
-	endpoint := c.Etcd.Clients[0].Addr().String()
+	endpoint := c.EtcdAddr()
 	deadline := time.Now().Add(15 * time.Second)
 	var out string
 	for {

@@ -2,8 +2,19 @@
 // an embedded etcd holding the config, one Redis per region (a real
 // redis-server when installed, an embedded one otherwise), the regional
 // services of every region with their region leaders, and global allocator
-// replicas — all talking real gRPC on loopback. Development mode, the
-// simulator's live mode and the multi-region tests use it.
+// replicas — all talking real gRPC on loopback. Development mode (RunDev),
+// the simulator's live mode (sim/live) and the multi-region tests use it:
+// it is the one way to start such a deployment.
+//
+// Every part can fail and come back as in production: a replica stops
+// gracefully (Stop, resigning its leadership) or crashes (Kill: its etcd
+// session lapses only after its TTL) and Restart starts it again at the
+// same address, where its peers already dial; etcd stops and restarts on
+// the same data and endpoint (StopEtcd, RestartEtcd); a region's Redis
+// restarts empty on its port (Region.Redis).
+//
+// Safe for concurrent use. Stop ends everything Start and the Add methods
+// started, whatever state it is in.
 package devcluster
 
 import (
@@ -29,6 +40,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
+	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
@@ -36,7 +48,8 @@ import (
 type Options struct {
 	// Config is written to etcd before anything starts. Required.
 	Config *config.Config
-	// Regions to run. Optional, default every region of Config.
+	// Regions to run, in this order. Optional, default every region of
+	// Config.
 	Regions []string
 	// ReplicasPerRegion is the regional services per region. Optional,
 	// default 1.
@@ -46,6 +59,19 @@ type Options struct {
 	GlobalReplicas int
 	// SessionTTL of every election. Optional, default 2s.
 	SessionTTL time.Duration
+	// Prefix is the etcd key prefix of the config and the elections.
+	// Optional, default config.DefaultPrefix.
+	Prefix string
+	// StaticConfig makes every daemon serve Config as given instead of
+	// watching etcd for it: no hot reload, and nothing an etcd outage or a
+	// write to etcd does changes the config they run on. etcd still holds
+	// Config. Optional; by default each replica runs a configstore.Watcher.
+	StaticConfig bool
+	// ConservativeColdStart starts every regional replica with
+	// regional.ColdStartConservative. Optional; by default replicas use
+	// regional.ColdStartFull, as each region's Redis starts empty with the
+	// cluster.
+	ConservativeColdStart bool
 	// AllowEmbeddedRedis falls back to an in-process Redis when
 	// redis-server is not installed (logged as a warning). Optional.
 	AllowEmbeddedRedis bool
@@ -55,6 +81,13 @@ type Options struct {
 	// DialGlobal, when set, dials every region leader's connections to the
 	// global tier (tests inject partitions with it). Optional.
 	DialGlobal func(ctx context.Context, region, addr string) (net.Conn, error)
+	// WrapGlobal, when set, wraps every regional replica's way to the
+	// global tier (faults injected above the connection). Optional.
+	WrapGlobal func(region string, next regional.GlobalTier) regional.GlobalTier
+	// OnApplied, when set, is every region leader's
+	// regional.LeaderOptions.OnApplied, told its region. It must not
+	// block. Optional.
+	OnApplied func(region string, k quota.Key, rate, burst float64, expiryUS int64)
 	// Logger. Optional, default discards.
 	Logger *slog.Logger
 }
@@ -62,42 +95,34 @@ type Options struct {
 // Cluster is a running deployment. Safe for concurrent use.
 type Cluster struct {
 	opts    Options
-	Etcd    *embed.Etcd
 	Client  *clientv3.Client // etcd client for callers (sluicectl-style work)
 	Store   *configstore.Store
-	Global  []*GlobalReplica
+	Global  []*GlobalReplica // fixed once Start returns, unless AddGlobal
 	Regions map[string]*Region
 
-	ctx     context.Context
-	cancel  context.CancelFunc
-	tmpDir  string
-	mu      sync.Mutex // guards closers
-	closers []func()
-}
+	ctx    context.Context
+	cancel context.CancelFunc
+	tmpDir string
 
-// GlobalReplica is one global allocator process.
-type GlobalReplica struct {
-	Daemon *allocator.Daemon
-	etcd   *clientv3.Client
+	etcdMu   sync.Mutex // guards etcd
+	etcd     *embed.Etcd
+	etcdDir  string
+	etcdAddr string // client endpoint, fixed so a restarted etcd is where clients dial
+	peerAddr string
+
+	mu      sync.Mutex // guards Global and Region.Replicas while adding, and closers
+	closers []func()
 }
 
 // Region is one region's Redis and regional replicas.
 type Region struct {
 	Name     string
 	Redis    *redisproc.Proc
-	Replicas []*RegionalReplica
-}
-
-// RegionalReplica is one regional process: its daemon, its config watcher
-// and its own etcd client.
-type RegionalReplica struct {
-	Daemon  *regional.Daemon
-	Watcher *configstore.Watcher
-	Global  *allocator.Client
-	etcd    *clientv3.Client
+	Replicas []*RegionalReplica // in start order; fixed unless AddRegional
 }
 
 // Start brings the cluster up: etcd, config, global replicas, regions.
+// On error, everything already started is stopped.
 func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if o.Config == nil {
 		return nil, errors.New("devcluster: Config is required")
@@ -117,8 +142,16 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if o.SessionTTL == 0 {
 		o.SessionTTL = 2 * time.Second
 	}
+	if o.Prefix == "" {
+		o.Prefix = config.DefaultPrefix
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	for _, name := range o.Regions {
+		if _, ok := o.Config.Regions[name]; !ok {
+			return nil, fmt.Errorf("devcluster: region %q is not in the config", name)
+		}
 	}
 	c = &Cluster{opts: o, Regions: map[string]*Region{}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -128,21 +161,25 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		}
 	}()
 
-	dir := o.DataDir
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "sluice-dev-etcd-"); err != nil {
+	c.etcdDir = o.DataDir
+	if c.etcdDir == "" {
+		if c.etcdDir, err = os.MkdirTemp("", "sluice-dev-etcd-"); err != nil {
 			return nil, err
 		}
-		c.tmpDir = dir
+		c.tmpDir = c.etcdDir
 	}
-	if c.Etcd, err = embedetcd.Start("sluice-dev", dir, nil); err != nil {
+	e, err := embedetcd.Start("sluice-dev", c.etcdDir, nil)
+	if err != nil {
 		return nil, err
 	}
-	c.onStop(c.Etcd.Close)
+	c.etcd = e
+	c.etcdAddr = e.Clients[0].Addr().String()
+	c.peerAddr = e.Peers[0].Addr().String()
+	c.onStop(c.StopEtcd)
 	if c.Client, err = c.NewEtcdClient(); err != nil {
 		return nil, err
 	}
-	c.Store = configstore.NewStore(c.Client, config.DefaultPrefix)
+	c.Store = configstore.NewStore(c.Client, o.Prefix)
 	if _, err := c.Store.Apply(ctx, o.Config, 0); err != nil {
 		return nil, fmt.Errorf("devcluster: write config: %w", err)
 	}
@@ -152,9 +189,6 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		}
 	}
 	for _, name := range o.Regions {
-		if _, ok := o.Config.Regions[name]; !ok {
-			return nil, fmt.Errorf("devcluster: region %q is not in the config", name)
-		}
 		p, err := redisproc.Start(o.AllowEmbeddedRedis)
 		if err != nil {
 			return nil, fmt.Errorf("devcluster: region %s: %w", name, err)
@@ -163,8 +197,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			o.Logger.Warn("redis-server is not installed: region runs on an embedded Redis (apt-get install redis-server for the real one)", "region", name)
 		}
 		c.onStop(p.Stop)
-		reg := &Region{Name: name, Redis: p}
-		c.Regions[name] = reg
+		c.mu.Lock()
+		c.Regions[name] = &Region{Name: name, Redis: p}
+		c.mu.Unlock()
 		for i := 0; i < o.ReplicasPerRegion; i++ {
 			if _, err := c.AddRegional(ctx, name); err != nil {
 				return nil, err
@@ -174,108 +209,364 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	return c, nil
 }
 
+// EtcdAddr is the embedded etcd's client endpoint (host:port). It stays
+// the same across StopEtcd and RestartEtcd.
+func (c *Cluster) EtcdAddr() string { return c.etcdAddr }
+
+// StopEtcd shuts the embedded etcd down: every client loses it until
+// RestartEtcd. Idempotent.
+func (c *Cluster) StopEtcd() {
+	c.etcdMu.Lock()
+	e := c.etcd
+	c.etcd = nil
+	c.etcdMu.Unlock()
+	if e != nil {
+		e.Close()
+	}
+}
+
+// RestartEtcd starts the embedded etcd again, on the same data and
+// addresses, after StopEtcd. It is an error while etcd runs.
+func (c *Cluster) RestartEtcd() error {
+	c.etcdMu.Lock()
+	defer c.etcdMu.Unlock()
+	if c.etcd != nil {
+		return errors.New("devcluster: etcd is running")
+	}
+	e, err := embedetcd.StartAt("sluice-dev", c.etcdDir, c.etcdAddr, c.peerAddr, nil)
+	if err != nil {
+		return err
+	}
+	c.etcd = e
+	return nil
+}
+
 // NewEtcdClient returns a fresh client of the embedded etcd, closed by Stop.
 func (c *Cluster) NewEtcdClient() (*clientv3.Client, error) {
+	cli, err := c.etcdClient()
+	if err != nil {
+		return nil, err
+	}
+	c.onStop(func() { cli.Close() })
+	return cli, nil
+}
+
+// etcdClient is a new client of the embedded etcd; the caller closes it.
+func (c *Cluster) etcdClient() (*clientv3.Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{c.Etcd.Clients[0].Addr().String()},
+		Endpoints:   []string{c.etcdAddr},
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(), // the etcd client logs retries of cancelled calls at shutdown
 	})
 	if err != nil {
 		return nil, fmt.Errorf("devcluster: etcd client: %w", err)
 	}
-	c.onStop(func() { cli.Close() })
 	return cli, nil
+}
+
+// process is what every replica starts with: its own etcd client (so a
+// crash cuts only its session), and its config source — a Watcher of
+// etcd, or the static config.
+type process struct {
+	etcd      *clientv3.Client
+	watcher   *configstore.Watcher // nil with Options.StaticConfig
+	stopWatch context.CancelFunc
+	registry  *prometheus.Registry
+}
+
+func (c *Cluster) startProcess() (*process, error) {
+	cli, err := c.etcdClient()
+	if err != nil {
+		return nil, err
+	}
+	p := &process{etcd: cli, registry: prometheus.NewRegistry(), stopWatch: func() {}}
+	if !c.opts.StaticConfig {
+		p.watcher = configstore.NewWatcher(configstore.NewStore(cli, c.opts.Prefix), c.opts.Config, c.opts.Logger, p.registry)
+		var wctx context.Context
+		wctx, p.stopWatch = context.WithCancel(c.ctx)
+		go p.watcher.Run(wctx)
+	}
+	return p, nil
+}
+
+// end stops the watcher and closes the etcd client.
+func (p *process) end() {
+	p.stopWatch()
+	p.etcd.Close()
+}
+
+// GlobalReplica is one global allocator process at a fixed address.
+type GlobalReplica struct {
+	c    *Cluster
+	addr string
+
+	mu sync.Mutex // guards d and p
+	d  *allocator.Daemon
+	p  *process
 }
 
 // AddGlobal starts one more global allocator replica.
 func (c *Cluster) AddGlobal(ctx context.Context) (*GlobalReplica, error) {
-	cli, err := c.NewEtcdClient()
-	if err != nil {
+	g := &GlobalReplica{c: c, addr: "127.0.0.1:0"}
+	if err := g.start(ctx); err != nil {
 		return nil, err
 	}
-	store := configstore.NewStore(cli, config.DefaultPrefix)
-	reg := prometheus.NewRegistry()
-	w := configstore.NewWatcher(store, c.opts.Config, c.opts.Logger, reg)
-	go w.Run(c.ctx)
-	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: cli,
-		SessionTTL: c.opts.SessionTTL, Config: w, Registry: reg, Logger: c.opts.Logger,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("devcluster: global replica: %w", err)
-	}
-	c.onStop(d.Stop)
-	g := &GlobalReplica{Daemon: d, etcd: cli}
+	g.addr = g.d.GRPCAddr()
+	c.onStop(g.Stop)
 	c.mu.Lock()
 	c.Global = append(c.Global, g)
 	c.mu.Unlock()
 	return g, nil
 }
 
-// GlobalAddrs are the gRPC addresses of every global replica.
+func (g *GlobalReplica) start(ctx context.Context) error {
+	c := g.c
+	p, err := c.startProcess()
+	if err != nil {
+		return err
+	}
+	var source allocator.ConfigSource = allocator.StaticConfig{C: c.opts.Config}
+	if p.watcher != nil {
+		source = p.watcher
+	}
+	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
+		GRPCAddr: g.addr, HTTPAddr: "127.0.0.1:0", Etcd: p.etcd, Prefix: c.opts.Prefix,
+		SessionTTL: c.opts.SessionTTL, Config: source, Registry: p.registry, Logger: c.opts.Logger,
+	})
+	if err != nil {
+		p.end()
+		return fmt.Errorf("devcluster: global replica %s: %w", g.addr, err)
+	}
+	g.mu.Lock()
+	g.d, g.p = d, p
+	g.mu.Unlock()
+	return nil
+}
+
+// Addr is the replica's gRPC address, the same across restarts.
+func (g *GlobalReplica) Addr() string { return g.addr }
+
+// Daemon is the running daemon, nil while the replica is down.
+func (g *GlobalReplica) Daemon() *allocator.Daemon {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.d
+}
+
+func (g *GlobalReplica) take() (*allocator.Daemon, *process) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d, p := g.d, g.p
+	g.d, g.p = nil, nil
+	return d, p
+}
+
+// Stop stops the replica gracefully: it resigns, so a standby takes over
+// at once. Idempotent.
+func (g *GlobalReplica) Stop() {
+	if d, p := g.take(); d != nil {
+		d.Stop()
+		p.end()
+	}
+}
+
+// Kill ends the replica as a crash would: its etcd connection goes first,
+// so it cannot resign, and its leadership lapses only when its session
+// expires; then its server stops.
+func (g *GlobalReplica) Kill() {
+	if d, p := g.take(); d != nil {
+		p.end()
+		d.Stop()
+	}
+}
+
+// Restart starts a stopped or killed replica again at its address. It is
+// an error while the replica runs.
+func (g *GlobalReplica) Restart(ctx context.Context) error {
+	if g.Daemon() != nil {
+		return fmt.Errorf("devcluster: global replica %s is running", g.addr)
+	}
+	return g.start(ctx)
+}
+
+// GlobalAddrs are the gRPC addresses of every global replica, running or
+// not.
 func (c *Cluster) GlobalAddrs() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []string
 	for _, g := range c.Global {
-		out = append(out, g.Daemon.GRPCAddr())
+		out = append(out, g.addr)
 	}
 	return out
 }
 
+// RegionalReplica is one regional process at a fixed address: its daemon,
+// its config watcher, its own etcd client and its client of the global
+// tier.
+type RegionalReplica struct {
+	c      *Cluster
+	region string
+	redis  string
+	addr   string
+
+	mu sync.Mutex // guards d, p and gc
+	d  *regional.Daemon
+	p  *process
+	gc *allocator.Client
+}
+
 // AddRegional starts one more regional replica of region.
 func (c *Cluster) AddRegional(ctx context.Context, region string) (*RegionalReplica, error) {
+	c.mu.Lock()
 	reg := c.Regions[region]
+	c.mu.Unlock()
 	if reg == nil {
 		return nil, fmt.Errorf("devcluster: no region %q", region)
 	}
-	cli, err := c.NewEtcdClient()
-	if err != nil {
+	r := &RegionalReplica{c: c, region: region, redis: reg.Redis.Addr(), addr: "127.0.0.1:0"}
+	if err := r.start(ctx); err != nil {
 		return nil, err
 	}
-	store := configstore.NewStore(cli, config.DefaultPrefix)
-	registry := prometheus.NewRegistry()
-	w := configstore.NewWatcher(store, c.opts.Config, c.opts.Logger, registry)
-	go w.Run(c.ctx)
-	var lo *regional.LeaderOptions
-	var gc *allocator.Client
-	if addrs := c.GlobalAddrs(); len(addrs) > 0 {
-		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-		if c.opts.DialGlobal != nil {
-			dial = append(dial, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-				return c.opts.DialGlobal(ctx, region, addr)
-			}))
-		}
-		gc, err = allocator.NewClient(addrs, dial...)
-		if err != nil {
-			return nil, err
-		}
-		c.onStop(func() { gc.Close() })
-		lo = &regional.LeaderOptions{Etcd: cli, ElectionPrefix: store.ElectionPrefix(), Global: gc, SessionTTL: c.opts.SessionTTL}
-	}
-	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
-		Region: region, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RedisAddr: reg.Redis.Addr(),
-		Config: w, ColdStart: regional.ColdStartFull, Leader: lo, Registry: registry, Logger: c.opts.Logger,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("devcluster: region %s: %w", region, err)
-	}
-	c.onStop(d.Stop)
-	r := &RegionalReplica{Daemon: d, Watcher: w, Global: gc, etcd: cli}
+	r.addr = r.d.GRPCAddr()
+	c.onStop(r.Stop)
 	c.mu.Lock()
 	reg.Replicas = append(reg.Replicas, r)
 	c.mu.Unlock()
 	return r, nil
 }
 
-// RegionalAddrs are the gRPC addresses of region's replicas.
+func (r *RegionalReplica) start(ctx context.Context) error {
+	c := r.c
+	p, err := c.startProcess()
+	if err != nil {
+		return err
+	}
+	var source regional.ConfigSource = regional.StaticConfig{C: c.opts.Config}
+	if p.watcher != nil {
+		source = p.watcher
+	}
+	var lo *regional.LeaderOptions
+	var gc *allocator.Client
+	if addrs := c.GlobalAddrs(); len(addrs) > 0 {
+		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if c.opts.DialGlobal != nil {
+			dial = append(dial, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+				return c.opts.DialGlobal(ctx, r.region, addr)
+			}))
+		}
+		if gc, err = allocator.NewClient(addrs, dial...); err != nil {
+			p.end()
+			return err
+		}
+		var tier regional.GlobalTier = gc
+		if c.opts.WrapGlobal != nil {
+			tier = c.opts.WrapGlobal(r.region, gc)
+		}
+		lo = &regional.LeaderOptions{Etcd: p.etcd, ElectionPrefix: configstore.NewStore(p.etcd, c.opts.Prefix).ElectionPrefix(),
+			Global: tier, SessionTTL: c.opts.SessionTTL}
+		if on := c.opts.OnApplied; on != nil {
+			lo.OnApplied = func(k quota.Key, rate, burst float64, expiryUS int64) { on(r.region, k, rate, burst, expiryUS) }
+		}
+	}
+	cold := regional.ColdStartFull
+	if c.opts.ConservativeColdStart {
+		cold = regional.ColdStartConservative
+	}
+	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
+		Region: r.region, GRPCAddr: r.addr, HTTPAddr: "127.0.0.1:0", RedisAddr: r.redis,
+		Config: source, ColdStart: cold, Leader: lo, Registry: p.registry, Logger: c.opts.Logger,
+	})
+	if err != nil {
+		if gc != nil {
+			gc.Close()
+		}
+		p.end()
+		return fmt.Errorf("devcluster: region %s replica %s: %w", r.region, r.addr, err)
+	}
+	r.mu.Lock()
+	r.d, r.p, r.gc = d, p, gc
+	r.mu.Unlock()
+	return nil
+}
+
+// Addr is the replica's gRPC address, the same across restarts.
+func (r *RegionalReplica) Addr() string { return r.addr }
+
+// Daemon is the running daemon, nil while the replica is down.
+func (r *RegionalReplica) Daemon() *regional.Daemon {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.d
+}
+
+// Watcher is the running replica's config watcher; nil while it is down
+// or with Options.StaticConfig.
+func (r *RegionalReplica) Watcher() *configstore.Watcher {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.p == nil {
+		return nil
+	}
+	return r.p.watcher
+}
+
+// IsLeading reports whether the replica runs and leads its region.
+func (r *RegionalReplica) IsLeading() bool {
+	d := r.Daemon()
+	return d != nil && d.Leader != nil && d.Leader.IsLeading()
+}
+
+func (r *RegionalReplica) take() (*regional.Daemon, *process, *allocator.Client) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d, p, gc := r.d, r.p, r.gc
+	r.d, r.p, r.gc = nil, nil, nil
+	return d, p, gc
+}
+
+// Stop stops the replica gracefully: its region leader resigns.
+// Idempotent.
+func (r *RegionalReplica) Stop() {
+	if d, p, gc := r.take(); d != nil {
+		d.Stop()
+		p.end()
+		if gc != nil {
+			gc.Close()
+		}
+	}
+}
+
+// Kill ends the replica as a crash would: its etcd client closes first,
+// so its session is neither kept alive nor resigned and another replica is
+// elected only once the session's TTL lapses; then its server stops.
+func (r *RegionalReplica) Kill() {
+	if d, p, gc := r.take(); d != nil {
+		p.end()
+		d.Stop()
+		if gc != nil {
+			gc.Close()
+		}
+	}
+}
+
+// Restart starts a stopped or killed replica again at its address (a new
+// pod behind the same Service). It is an error while the replica runs.
+func (r *RegionalReplica) Restart(ctx context.Context) error {
+	if r.Daemon() != nil {
+		return fmt.Errorf("devcluster: region %s replica %s is running", r.region, r.addr)
+	}
+	return r.start(ctx)
+}
+
+// RegionalAddrs are the gRPC addresses of region's replicas, running or
+// not.
 func (c *Cluster) RegionalAddrs(region string) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []string
 	for _, r := range c.Regions[region].Replicas {
-		out = append(out, r.Daemon.GRPCAddr())
+		out = append(out, r.addr)
 	}
 	return out
 }
@@ -300,12 +591,4 @@ func (c *Cluster) Stop() {
 		os.RemoveAll(c.tmpDir)
 		c.tmpDir = ""
 	}
-}
-
-// Kill ends the replica as a crash would: its etcd connection goes first,
-// so it cannot resign, and its leadership lapses only when its session
-// expires; then its server stops.
-func (g *GlobalReplica) Kill() {
-	g.etcd.Close()
-	g.Daemon.Stop()
 }

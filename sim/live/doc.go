@@ -3,8 +3,10 @@
 // embedded Redis with a warning when none is installed), two regional
 // daemons per region (one leads it), two global allocator daemons (leader
 // and standby) and one lease client per instance, all talking gRPC on
-// loopback. The same traffic plan, fault schedule and oracle as virtual mode
-// judge the run.
+// loopback. The deployment is internal/devcluster's, the one development
+// mode runs, on the scenario's config as a static config. The run starts
+// from runner.NewSetup, as a virtual run does: the same traffic plan, fault
+// schedule and oracle judge it.
 //
 // # Time scale
 //

@@ -70,22 +70,16 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 		}
 		label = fmt.Sprintf("%s ×%d", label, f.Count)
 	case scenario.FaultGlobalLeaderLoss:
-		for _, g := range d.globals {
-			g.mu.Lock()
-			dm := g.d
-			g.mu.Unlock()
+		for _, g := range d.c.Global {
+			dm := g.Daemon()
 			if dm == nil || !dm.IsLeader() {
 				continue
 			}
-			label += " " + g.addr
-			dm.Stop()
-			g.mu.Lock()
-			g.d = nil
-			g.mu.Unlock()
+			label += " " + g.Addr()
+			g.Stop()
 			if ra := time.Duration(f.RestartAfter); ra > 0 {
-				ttl := sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale)
 				d.after(ctx, ra, func() {
-					if err := d.startGlobal(context.Background(), g, ttl); err != nil {
+					if err := g.Restart(context.Background()); err != nil {
 						fmt.Fprintf(d.log, "live: restarting the global replica: %v\n", err)
 					}
 				})
@@ -98,28 +92,28 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 			label += " (no replica was leading)"
 			break
 		}
-		label += " " + rep.addr
-		stopReplica(rep, true)
+		label += " " + rep.Addr()
+		rep.Kill()
 		// A replacement starts where the old one ran (a new pod behind the
 		// same Service); it campaigns behind the surviving replica.
 		d.faultJobs.Add(1)
 		go func() {
 			defer d.faultJobs.Done()
-			if err := d.startReplica(ctx, r, rep); err != nil && ctx.Err() == nil {
+			if err := r.restartReplica(ctx, rep); err != nil && ctx.Err() == nil {
 				fmt.Fprintf(d.log, "live: replacing the region leader of %s: %v\n", r.name, err)
 			}
 		}()
 	case scenario.FaultEtcdDown:
-		d.stopEtcd()
+		d.c.StopEtcd()
 		d.after(ctx, lasting, func() {
-			if err := d.startEtcd(); err != nil {
+			if err := d.c.RestartEtcd(); err != nil {
 				fmt.Fprintf(d.log, "live: restarting etcd: %v\n", err)
 			}
 		})
 		until = lasting
 	case scenario.FaultPartition:
-		r.tier.set(func(t *faultyTier) { t.partitioned = true })
-		d.after(ctx, lasting, func() { r.tier.set(func(t *faultyTier) { t.partitioned = false }) })
+		r.faults.set(func(t *tierFaults) { t.partitioned = true })
+		d.after(ctx, lasting, func() { r.faults.set(func(t *tierFaults) { t.partitioned = false }) })
 		until = lasting
 	case scenario.FaultLatency, scenario.FaultLoss:
 		if f.Kind == scenario.FaultLatency && f.Peer != scenario.GlobalPeer {
@@ -131,7 +125,7 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 			regions = []*liveRegion{r}
 		}
 		for _, x := range regions {
-			x.tier.set(func(t *faultyTier) {
+			x.faults.set(func(t *tierFaults) {
 				if f.Kind == scenario.FaultLatency {
 					t.delay = time.Duration(float64(f.Latency) / d.scale)
 				} else {
@@ -139,7 +133,7 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 				}
 			})
 			if lasting > 0 {
-				d.after(ctx, lasting, func() { x.tier.set(func(t *faultyTier) { t.delay, t.loss = 0, 0 }) })
+				d.after(ctx, lasting, func() { x.faults.set(func(t *tierFaults) { t.delay, t.loss = 0, 0 }) })
 			}
 		}
 		if f.Kind == scenario.FaultLoss {

@@ -8,22 +8,16 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
-	"os"
 	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/redisproc"
-	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
@@ -34,7 +28,6 @@ import (
 	"github.com/sluicehq/sluice/sim/runner"
 	"github.com/sluicehq/sluice/sim/scenario"
 	"github.com/sluicehq/sluice/sim/traffic"
-	"github.com/sluicehq/sluice/sim/world"
 )
 
 // DefaultScale is how many scenario seconds one wall second plays.
@@ -72,22 +65,11 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	if o.DaemonLog == nil {
 		o.DaemonLog = io.Discard
 	}
-	sc, seed, err := runner.Prepare(sc, o.Options)
+	setup, err := runner.NewSetup(sc, o.Options)
 	if err != nil {
 		return nil, err
 	}
-	plan, err := traffic.Build(sc, seed)
-	if err != nil {
-		return nil, err
-	}
-	setup, err := world.OracleSetup(sc, plan)
-	if err != nil {
-		return nil, err
-	}
-	orc, err := oracle.New(setup)
-	if err != nil {
-		return nil, err
-	}
+	sc, seed, plan, orc := setup.Scenario, setup.Seed, setup.Plan, setup.Oracle
 	cfg, err := scaleConfig(sc.Config, scale)
 	if err != nil {
 		return nil, fmt.Errorf("live: %w", err)
@@ -111,9 +93,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	d.countRPCs()
 	var res *oracle.Result
 	d.rec.do(func(o *oracle.Oracle, _ time.Duration) { res = o.Finish(time.Duration(sc.Duration)) })
-	out := &runner.Outcome{Scenario: sc, Seed: seed, Mode: "live", Result: res,
-		Instances: runner.Instances(sc), Tenants: runner.Tenants(plan)}
-	out.Checks = runner.Evaluate(sc, res)
+	out := setup.Outcome("live", res)
 	out.Counters.Events = uint64(d.decisions.Load())
 	out.Wall = time.Since(wallStart)
 	return out, nil
@@ -135,15 +115,8 @@ type deployment struct {
 	grantMu sync.Mutex            // guards rec while it is nil, and early
 	early   map[[2]int]earlyGrant // grants applied before recording began
 
-	etcdDir      string
-	etcdAddr     string // fixed, so a restarted etcd is where clients dial
-	etcdPeerAddr string
-	etcdMu       sync.Mutex // guards etcd
-	etcd         *embed.Etcd
-	cli          *clientv3.Client // the global replicas' etcd client
-	globals      []*globalReplica
-	acli         *allocator.Client
-	regions      []*liveRegion
+	c       *devcluster.Cluster
+	regions []*liveRegion
 
 	decisions atomic.Int64
 	workers   sync.WaitGroup
@@ -152,20 +125,14 @@ type deployment struct {
 	faultJobs sync.WaitGroup
 }
 
-type globalReplica struct {
-	addr string
-	mu   sync.Mutex // guards d
-	d    *allocator.Daemon
-}
-
 type liveRegion struct {
-	idx   int
-	name  string
-	redis *redisproc.Proc
-	rdb   *redis.Client // for reading grants
-	tier  *faultyTier
+	idx    int
+	name   string
+	redis  *redisproc.Proc
+	rdb    *redis.Client // for reading grants
+	faults *tierFaults   // between the region and the global tier
 	// replicas serve the region; instances dial them all, round robin.
-	replicas []*regionReplica
+	replicas []*devcluster.RegionalReplica
 
 	mu      sync.Mutex         // guards daemons, insts, all, vers, nextNum
 	daemons []*regional.Daemon // every one started, for their metrics
@@ -214,90 +181,60 @@ type request struct {
 	cost int64
 }
 
+// start brings the deployment up on internal/devcluster — etcd, the
+// global replicas (a standby when the scenario has one), a Redis and
+// replicasPerRegion regional replicas per region, all on the scaled config
+// — then the instances.
 func (d *deployment) start(ctx context.Context) error {
-	var err error
-	if d.etcdDir, err = os.MkdirTemp("", "sluice-sim-etcd-"); err != nil {
-		return fmt.Errorf("etcd dir: %w", err)
+	globals := 1
+	if d.sc.Topology.Global.Standby != "" {
+		globals = 2
 	}
-	if d.etcdAddr, err = loopbackAddr(); err != nil {
-		return err
-	}
-	if d.etcdPeerAddr, err = loopbackAddr(); err != nil {
-		return err
-	}
-	if err := d.startEtcd(); err != nil {
-		return err
-	}
-	if d.cli, err = d.etcdClient(); err != nil {
-		return err
-	}
-	ttl := sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale)
-	spec := d.sc.Topology.Global
-	replicas := 1
-	if spec.Standby != "" {
-		replicas = 2
-	}
-	var addrs []string
-	for i := 0; i < replicas; i++ {
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		g := &globalReplica{addr: "127.0.0.1:" + strconv.Itoa(port)}
-		if err := d.startGlobal(ctx, g, ttl); err != nil {
-			return err
-		}
-		d.globals = append(d.globals, g)
-		addrs = append(addrs, g.addr)
-	}
-	if d.acli, err = allocator.NewClient(addrs, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-		return err
-	}
-	warned := false
+	var names []string
+	idx := map[string]int{}
+	faults := map[string]*tierFaults{}
 	for i, rs := range d.sc.Topology.Regions {
-		proc, err := redisproc.Start(true)
-		if err != nil {
-			return fmt.Errorf("region %s: %w", rs.Name, err)
-		}
-		if proc.Embedded() && !warned {
+		names = append(names, rs.Name)
+		idx[rs.Name] = i
+		faults[rs.Name] = &tierFaults{rng: engine.NewStream(d.seed, "live-tier/"+rs.Name)}
+	}
+	c, err := devcluster.Start(ctx, devcluster.Options{
+		Config: d.cfg, Regions: names, ReplicasPerRegion: replicasPerRegion, GlobalReplicas: globals,
+		SessionTTL: sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale), Prefix: etcdPrefix,
+		StaticConfig: true, ConservativeColdStart: d.sc.Topology.ColdStart == "conservative",
+		AllowEmbeddedRedis: true, Logger: d.logger,
+		WrapGlobal: func(region string, next regional.GlobalTier) regional.GlobalTier {
+			return &faultyTier{next: next, f: faults[region]}
+		},
+		OnApplied: func(region string, k quota.Key, rate, burst float64, expiryUS int64) {
+			if key, ok := d.keyID[k]; ok {
+				d.grantApplied(idx[region], key, rate, burst, expiryUS)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	d.c = c
+	warned := false
+	for i, name := range names {
+		cr := c.Regions[name]
+		if cr.Redis.Embedded() && !warned {
 			fmt.Fprintln(d.log, "live: WARNING: redis-server is not installed; using an embedded Redis (miniredis), which is not the production server")
 			warned = true
 		}
-		r := &liveRegion{idx: i, name: rs.Name, redis: proc,
-			tier: &faultyTier{next: d.acli, rng: engine.NewStream(d.seed, "live-tier/"+rs.Name)},
-			rdb:  redis.NewClient(&redis.Options{Addr: proc.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})}
-		d.regions = append(d.regions, r)
-		for range replicasPerRegion {
-			addr, err := loopbackAddr()
-			if err != nil {
-				return err
-			}
-			rep := &regionReplica{addr: addr}
-			r.replicas = append(r.replicas, rep)
-			if err := d.startReplica(ctx, r, rep); err != nil {
-				return err
-			}
+		r := &liveRegion{idx: i, name: name, redis: cr.Redis, faults: faults[name], replicas: cr.Replicas,
+			rdb: redis.NewClient(&redis.Options{Addr: cr.Redis.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})}
+		for _, rep := range cr.Replicas {
+			r.daemons = append(r.daemons, rep.Daemon())
 		}
-		for j := 0; j < rs.Instances; j++ {
+		d.regions = append(d.regions, r)
+		for j := 0; j < d.sc.Topology.Regions[i].Instances; j++ {
 			if _, err := d.startInstance(r); err != nil {
 				return err
 			}
 		}
 	}
-	return nil
-}
-
-func (d *deployment) startGlobal(ctx context.Context, g *globalReplica, ttl time.Duration) error {
-	dm, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
-		GRPCAddr: g.addr, HTTPAddr: "off", Etcd: d.cli, Prefix: etcdPrefix, SessionTTL: ttl,
-		Config: allocator.StaticConfig{C: d.cfg}, Logger: d.logger,
-	})
-	if err != nil {
-		return fmt.Errorf("global allocator %s: %w", g.addr, err)
-	}
-	g.mu.Lock()
-	g.d = dm
-	g.mu.Unlock()
 	return nil
 }
 
@@ -579,31 +516,10 @@ func (d *deployment) close() {
 			ccancel()
 			in.conn.Close()
 		}
-		for _, rep := range r.replicas {
-			stopReplica(rep, false)
-		}
 		r.rdb.Close()
 	}
-	for _, g := range d.globals {
-		g.mu.Lock()
-		if g.d != nil {
-			g.d.Stop()
-			g.d = nil
-		}
-		g.mu.Unlock()
-	}
-	if d.acli != nil {
-		d.acli.Close()
-	}
-	if d.cli != nil {
-		d.cli.Close()
-	}
-	d.stopEtcd()
-	for _, r := range d.regions {
-		r.redis.Stop()
-	}
-	if d.etcdDir != "" {
-		os.RemoveAll(d.etcdDir)
+	if d.c != nil {
+		d.c.Stop()
 	}
 }
 
@@ -649,13 +565,4 @@ func (d *deployment) countRPCs() {
 			o.RPC(oracle.Tier(t), int(n))
 		}
 	})
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -2,22 +2,14 @@ package live
 
 import (
 	"context"
-	"fmt"
-	"strconv"
-	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
-	"github.com/sluicehq/sluice/internal/embedetcd"
-	"github.com/sluicehq/sluice/pkg/configstore"
-	"github.com/sluicehq/sluice/pkg/quota"
-	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/sim/oracle"
 )
 
@@ -26,79 +18,26 @@ import (
 // the leadership and keeps serving leases.
 const replicasPerRegion = 2
 
-// regionReplica is one regional daemon of a region at a fixed address, so
-// a replacement comes back where the instances already dial.
-type regionReplica struct {
-	addr string
-
-	mu  sync.Mutex       // guards d and cli
-	d   *regional.Daemon // nil while down
-	cli *clientv3.Client // its own etcd client, so a crash cuts only its session
-}
-
-// startReplica runs (or reruns) a regional daemon at rep.addr.
-func (d *deployment) startReplica(ctx context.Context, r *liveRegion, rep *regionReplica) error {
-	cli, err := d.etcdClient()
-	if err != nil {
-		return err
+// leadingReplica is the replica leading r now, or nil.
+func (r *liveRegion) leadingReplica() *devcluster.RegionalReplica {
+	for _, rep := range r.replicas {
+		if rep.IsLeading() {
+			return rep
+		}
 	}
-	cold := regional.ColdStartFull
-	if d.sc.Topology.ColdStart == "conservative" {
-		cold = regional.ColdStartConservative
-	}
-	dm, err := regional.StartDaemon(ctx, regional.DaemonOptions{
-		Region: r.name, GRPCAddr: rep.addr, HTTPAddr: "off", RedisAddr: r.redis.Addr(),
-		Config: regional.StaticConfig{C: d.cfg}, ColdStart: cold, Logger: d.logger,
-		Leader: &regional.LeaderOptions{
-			Etcd: cli, ElectionPrefix: configstore.NewStore(cli, etcdPrefix).ElectionPrefix(),
-			Global: r.tier, SessionTTL: sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale),
-			OnApplied: func(k quota.Key, rate, burst float64, expiryUS int64) {
-				if key, ok := d.keyID[k]; ok {
-					d.grantApplied(r.idx, key, rate, burst, expiryUS)
-				}
-			},
-		},
-	})
-	if err != nil {
-		cli.Close()
-		return fmt.Errorf("region %s replica %s: %w", r.name, rep.addr, err)
-	}
-	rep.mu.Lock()
-	rep.d, rep.cli = dm, cli
-	rep.mu.Unlock()
-	r.mu.Lock()
-	r.daemons = append(r.daemons, dm)
-	r.mu.Unlock()
 	return nil
 }
 
-// stopReplica stops rep's daemon. A crash first closes its etcd client,
-// so its session is neither kept alive nor resigned: another replica is
-// elected only once the session's TTL lapses, as after a real crash.
-func stopReplica(rep *regionReplica, crash bool) {
-	rep.mu.Lock()
-	dm, cli := rep.d, rep.cli
-	rep.d, rep.cli = nil, nil
-	rep.mu.Unlock()
-	if dm == nil {
-		return
+// restartReplica starts rep again at its address (a new pod behind the
+// same Service) and keeps its daemon for the metrics.
+func (r *liveRegion) restartReplica(ctx context.Context, rep *devcluster.RegionalReplica) error {
+	if err := rep.Restart(ctx); err != nil {
+		return err
 	}
-	if crash {
-		cli.Close()
-	}
-	dm.Stop()
-	cli.Close()
-}
-
-// leadingReplica is the replica leading r now, or nil.
-func (r *liveRegion) leadingReplica() *regionReplica {
-	for _, rep := range r.replicas {
-		rep.mu.Lock()
-		dm := rep.d
-		rep.mu.Unlock()
-		if dm != nil && dm.Leader != nil && dm.Leader.IsLeading() {
-			return rep
-		}
+	if dm := rep.Daemon(); dm != nil {
+		r.mu.Lock()
+		r.daemons = append(r.daemons, dm)
+		r.mu.Unlock()
 	}
 	return nil
 }
@@ -110,57 +49,12 @@ func dialRegion(r *liveRegion) (*grpc.ClientConn, error) {
 	res := manual.NewBuilderWithScheme("sluice-sim")
 	var addrs []resolver.Address
 	for _, rep := range r.replicas {
-		addrs = append(addrs, resolver.Address{Addr: rep.addr})
+		addrs = append(addrs, resolver.Address{Addr: rep.Addr()})
 	}
 	res.InitialState(resolver.State{Addresses: addrs})
 	return grpc.NewClient(res.Scheme()+":///"+r.name, grpc.WithResolvers(res),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
-}
-
-// etcdClient is a new client of the embedded etcd's fixed endpoint.
-func (d *deployment) etcdClient() (*clientv3.Client, error) {
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: []string{d.etcdAddr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("etcd client: %w", err)
-	}
-	return cli, nil
-}
-
-// startEtcd runs (or reruns) the embedded etcd on its fixed addresses and
-// data dir.
-func (d *deployment) startEtcd() error {
-	e, err := embedetcd.StartAt("sluice-sim", d.etcdDir, d.etcdAddr, d.etcdPeerAddr, nil)
-	if err != nil {
-		return err
-	}
-	d.etcdMu.Lock()
-	d.etcd = e
-	d.etcdMu.Unlock()
-	return nil
-}
-
-// stopEtcd shuts the embedded etcd down; every client loses it until
-// startEtcd.
-func (d *deployment) stopEtcd() {
-	d.etcdMu.Lock()
-	e := d.etcd
-	d.etcd = nil
-	d.etcdMu.Unlock()
-	if e != nil {
-		e.Close()
-	}
-}
-
-// loopbackAddr is a free loopback host:port.
-func loopbackAddr() (string, error) {
-	port, err := freePort()
-	if err != nil {
-		return "", err
-	}
-	return "127.0.0.1:" + strconv.Itoa(port), nil
 }
 
 // earlyGrant is a grant a region applied before recording began.

@@ -13,11 +13,9 @@ import (
 
 var errInjected = errors.New("injected fault: the global tier is unreachable from this region")
 
-// faultyTier is a region leader's way to the global tier with injectable
-// partitions, extra latency and loss. Safe for concurrent use.
-type faultyTier struct {
-	next regional.GlobalTier
-
+// tierFaults are the faults injected between one region and the global
+// tier: partitions, extra latency and loss. Safe for concurrent use.
+type tierFaults struct {
 	mu          sync.Mutex // guards the fields below
 	partitioned bool
 	delay       time.Duration // extra one-way latency
@@ -25,7 +23,15 @@ type faultyTier struct {
 	rng         *rand.Rand
 }
 
-func (f *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+// faultyTier is one region leader's way to the global tier, subject to its
+// region's faults.
+type faultyTier struct {
+	next regional.GlobalTier
+	f    *tierFaults
+}
+
+func (ft *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	f := ft.f
 	f.mu.Lock()
 	cut, delay := f.partitioned, f.delay
 	lost := f.loss > 0 && f.rng.Float64() < f.loss
@@ -43,7 +49,7 @@ func (f *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluic
 		case <-t.C:
 		}
 	}
-	g, err := f.next.Sync(ctx, r)
+	g, err := ft.next.Sync(ctx, r)
 	if err != nil || delay == 0 {
 		return g, err
 	}
@@ -57,7 +63,7 @@ func (f *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluic
 	}
 }
 
-func (f *faultyTier) set(fn func(f *faultyTier)) {
+func (f *tierFaults) set(fn func(f *tierFaults)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fn(f)
