@@ -16,9 +16,20 @@ const (
 	// MinEpoch is the shortest allowed epoch: below it the allocation loop
 	// would spend its time on RPC round trips.
 	MinEpoch = 10 * time.Millisecond
-	// MaxBurst is the largest burst: bursts are whole tokens stored in
-	// float64 here and int64 downstream, exact up to 2^53.
-	MaxBurst = 1 << 53
+	// MaxBurst is the largest burst (tokens): the regional scripts hold
+	// tokens at micro-token resolution (see quota.MaxBurst).
+	MaxBurst = quota.MaxBurst
+	// MaxRate is the largest rate (tokens/s; see quota.MaxRate).
+	MaxRate = quota.MaxRate
+	// MaxInterval bounds epoch, grant_validity, lease_ttl and refresh, so
+	// a rate times any of them stays below 2^53 tokens (exact in float64).
+	MaxInterval = 24 * time.Hour
+	// MaxFill bounds how long a region takes to refill a key's whole burst
+	// at its static share of the rate (the least-weighted region's is the
+	// longest). A key's Redis TTL is two such refills plus the grant
+	// validity, so this keeps every TTL far inside what PEXPIRE accepts;
+	// longer is a rate in the wrong unit, not a limit.
+	MaxFill = 10 * 365 * 24 * time.Hour
 	// shareSumSlack absorbs float rounding when min_share fractions such as
 	// 0.1 + 0.2 + 0.7 are summed.
 	shareSumSlack = 1e-9
@@ -57,6 +68,7 @@ func (c *Config) problems() []error {
 	c.validateTiers(&p)
 	c.validateTenants(&p)
 	c.validateEnvoy(&p)
+	c.validateDerived(&p)
 	return p
 }
 
@@ -149,17 +161,6 @@ func (c *Config) validateClasses(p *problems) {
 		default:
 			p.add(path+".reclaim", "must be reported or none, got %q", cl.Reclaim)
 		}
-		if cl.MaxCost < 0 || cl.MaxCost > quota.MaxCost {
-			p.add(path+".max_cost", "must be in 1..%d (0 or left out means 1), got %d", quota.MaxCost, cl.MaxCost)
-		}
-	}
-}
-
-// checkUnit refuses a burst below its class's max_cost: a request of that
-// cost could never be admitted.
-func checkUnit(p *problems, path string, cl Class, l LimitSpec) {
-	if l.Burst >= 1 && l.Burst < cl.Unit() {
-		p.add(path+".burst", "%v is below the class's max_cost %d: such a request could never be admitted", l.Burst, cl.MaxCost)
 	}
 }
 
@@ -183,7 +184,6 @@ func (c *Config) validateTiers(p *problems) {
 				continue
 			}
 			checkLimit(p, path+"."+class, tier[class])
-			checkUnit(p, path+"."+class, c.Classes[class], tier[class])
 		}
 	}
 	switch {
@@ -214,7 +214,6 @@ func (c *Config) validateTenants(p *problems) {
 				continue
 			}
 			checkLimit(p, opath, t.Overrides[class])
-			checkUnit(p, opath, c.Classes[class], t.Overrides[class])
 		}
 	}
 }
@@ -265,9 +264,11 @@ func checkDescriptorField(p *problems, path, v string, required bool) {
 func checkLimit(p *problems, path string, l LimitSpec) {
 	if !(l.Rate > 0) || math.IsInf(float64(l.Rate), 0) {
 		p.add(path+".rate", "must be > 0, got %q", l.Rate.String())
+	} else if l.Rate > MaxRate {
+		p.add(path+".rate", "must be at most %d/s, got %q", MaxRate, l.Rate.String())
 	}
 	if !(l.Burst >= 1) || l.Burst > MaxBurst || l.Burst != math.Trunc(l.Burst) {
-		p.add(path+".burst", "must be a whole number of tokens in [1, 2^53], got %v", l.Burst)
+		p.add(path+".burst", "must be a whole number of tokens in [1, %d], got %v", MaxBurst, l.Burst)
 	}
 }
 
@@ -299,4 +300,56 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// validateDerived bounds the durations from above and what the regional
+// scripts derive from the limits (a key's TTL, rate x time, tokens in
+// micro-tokens, with checkLimit's bounds), so no accepted config can make
+// a script fail or a derived value overflow.
+func (c *Config) validateDerived(p *problems) {
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"epoch", c.Epoch}, {"grant_validity", c.GrantValidity}, {"lease_ttl", c.LeaseTTL}, {"refresh", c.Refresh}} {
+		if time.Duration(d.v) > MaxInterval {
+			p.add(d.name, "must be at most %v, got %v", MaxInterval, time.Duration(d.v))
+		}
+	}
+	least, sum := "", 0.0
+	for _, name := range sortedKeys(c.Regions) {
+		w := c.Regions[name].Weight
+		if !(w > 0) || math.IsInf(w, 0) {
+			return // reported by validateRegions
+		}
+		sum += w
+		if least == "" || w < c.Regions[least].Weight {
+			least = name
+		}
+	}
+	if least == "" {
+		return
+	}
+	check := func(path string, l LimitSpec) {
+		if !(l.Rate > 0) || float64(l.Rate) > MaxRate || !(l.Burst >= 1) || l.Burst > MaxBurst {
+			return // reported by checkLimit
+		}
+		share, _, err := c.StaticShare(least, float64(l.Rate), 0)
+		if err != nil {
+			return
+		}
+		if fill := l.Burst / share; !(fill <= MaxFill.Seconds()) {
+			p.add(path+".rate", "%q is too slow for burst %v: region %s (weight %v of %v) would take %.3g s to refill it at its static share, more than %v",
+				l.Rate.String(), l.Burst, least, c.Regions[least].Weight, sum, fill, MaxFill)
+		}
+	}
+	for _, tier := range sortedKeys(c.Tiers) {
+		for _, class := range sortedKeys(c.Tiers[tier]) {
+			check("tiers."+tier+"."+class, c.Tiers[tier][class])
+		}
+	}
+	for _, id := range sortedKeys(c.Tenants) {
+		for _, class := range sortedKeys(c.Tenants[id].Overrides) {
+			check("tenants."+id+".overrides."+class, c.Tenants[id].Overrides[class])
+		}
+	}
 }

@@ -20,6 +20,13 @@ const (
 	MaxCost = 1 << 20
 	// MaxWant is the largest batch an instance may ask for in one lease.
 	MaxWant = 1 << 30
+	// MaxBurst is the largest burst of a key (tokens). The regional scripts
+	// keep a bucket's tokens in whole micro-tokens in a float64, exact up
+	// to 2^30 tokens, so every sum of them rounds back to the right one.
+	MaxBurst = 1_000_000_000
+	// MaxRate is the largest rate of a key (tokens/s): a second of refill
+	// is at most 10^15 micro-tokens, below 2^53.
+	MaxRate = 1_000_000_000
 )
 
 // Key identifies one limited quantity: a tenant's traffic of one route
