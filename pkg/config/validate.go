@@ -161,6 +161,17 @@ func (c *Config) validateClasses(p *problems) {
 		default:
 			p.add(path+".reclaim", "must be reported or none, got %q", cl.Reclaim)
 		}
+		if cl.MaxCost < 0 || cl.MaxCost > quota.MaxCost {
+			p.add(path+".max_cost", "must be in 1..%d (0 or left out means 1), got %d", quota.MaxCost, cl.MaxCost)
+		}
+	}
+}
+
+// checkUnit refuses a burst below its class's max_cost: a request of that
+// cost could never be admitted.
+func checkUnit(p *problems, path string, cl Class, l LimitSpec) {
+	if l.Burst >= 1 && l.Burst < cl.Unit() {
+		p.add(path+".burst", "%v is below the class's max_cost %d: such a request could never be admitted", l.Burst, cl.MaxCost)
 	}
 }
 
@@ -184,6 +195,7 @@ func (c *Config) validateTiers(p *problems) {
 				continue
 			}
 			checkLimit(p, path+"."+class, tier[class])
+			checkUnit(p, path+"."+class, c.Classes[class], tier[class])
 		}
 	}
 	switch {
@@ -214,6 +226,7 @@ func (c *Config) validateTenants(p *problems) {
 				continue
 			}
 			checkLimit(p, opath, t.Overrides[class])
+			checkUnit(p, opath, c.Classes[class], t.Overrides[class])
 		}
 	}
 }
