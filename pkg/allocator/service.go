@@ -23,9 +23,9 @@ import (
 
 // ConfigSource hands out the live config; it is called from several
 // goroutines, so implementations must be safe for concurrent use, and the
-// configs they return are never modified. config.Watcher implements it; so
+// configs they return are never modified. configstore.Watcher implements it; so
 // does StaticConfig. When the source also has Subscribe (as
-// config.Watcher does) changes are applied as soon as they are published,
+// configstore.Watcher does) changes are applied as soon as they are published,
 // otherwise at the next epoch or Sync; when it has Revision, Status reports
 // it.
 type ConfigSource interface {

@@ -30,7 +30,7 @@ type GlobalTier interface {
 type LeaderOptions struct {
 	// Etcd elects one leader per region. Required.
 	Etcd *clientv3.Client
-	// ElectionPrefix is where election keys live (config.Store's
+	// ElectionPrefix is where election keys live (configstore.Store's
 	// ElectionPrefix, "<prefix>/election/"). Required.
 	ElectionPrefix string
 	// Global is the global tier. Required.

@@ -19,7 +19,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// ConfigSource hands out the live config. config.Watcher implements it;
+// ConfigSource hands out the live config. configstore.Watcher implements it;
 // StaticConfig wraps a fixed one.
 type ConfigSource interface {
 	Current() *config.Config
