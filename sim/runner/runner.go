@@ -82,20 +82,38 @@ func Prepare(sc *scenario.Scenario, opts Options) (*scenario.Scenario, uint64, e
 // Run simulates sc in virtual time.
 func Run(sc *scenario.Scenario, opts Options) (*Outcome, error) {
 	start := time.Now()
-	s, err := NewSetup(sc, opts)
+	sc, seed, err := Prepare(sc, opts)
 	if err != nil {
 		return nil, err
 	}
-	w, err := world.New(s.Scenario, s.Seed, s.Oracle, s.Plan)
+	plan, err := traffic.Build(sc, seed)
+	if err != nil {
+		return nil, fmt.Errorf("traffic: %w", err)
+	}
+	setup, err := world.OracleSetup(sc, plan)
+	if err != nil {
+		return nil, err
+	}
+	orc, err := oracle.New(setup)
+	if err != nil {
+		return nil, err
+	}
+	w, err := world.New(sc, seed, orc, plan)
 	if err != nil {
 		return nil, err
 	}
 	counters := w.Run()
-	out := s.Outcome("virtual", s.Oracle.Finish(time.Duration(s.Scenario.Duration)))
-	out.Counters = counters
+	res := orc.Finish(time.Duration(sc.Duration))
+	out := &Outcome{Scenario: sc, Seed: seed, Mode: "virtual", Result: res, Counters: counters,
+		Instances: Instances(sc), Tenants: Tenants(plan)}
+	out.Checks = Evaluate(sc, res)
 	if counters.InvalidDecisions > 0 || counters.AllocatorErrors > 0 {
 		out.Checks = append(out.Checks, Check{Name: "simulator sanity", Target: "0 errors",
 			Value: fmt.Sprintf("%d invalid decisions, %d allocator errors", counters.InvalidDecisions, counters.AllocatorErrors)})
+	}
+	if counters.ReplayMismatches > 0 {
+		out.Checks = append(out.Checks, Check{Name: "5 region report retries", Target: "0", Invariant: true,
+			Value: fmt.Sprintf("%d of %d replays answered differently", counters.ReplayMismatches, counters.Replays)})
 	}
 	out.Wall = time.Since(start)
 	return out, nil
@@ -150,10 +168,23 @@ func Evaluate(sc *scenario.Scenario, r *oracle.Result) []Check {
 		}
 		return v
 	}
+	if conf.ClosedAdmitted > 0 {
+		v1 += fmt.Sprintf("; %.0f tokens of classes failing closed admitted in degraded mode", conf.ClosedAdmitted)
+	}
+	region := func(c oracle.RegionCheck) string {
+		v := fmt.Sprintf("%d violations in %d checks", c.Violations, c.Checks)
+		if c.Violations > 0 {
+			v += fmt.Sprintf("; first %s in %s at %v: %s", c.FirstKey, c.FirstRegion, c.FirstAt.Round(time.Millisecond), c.FirstDetail)
+		}
+		return v
+	}
 	checks := []Check{
 		{Name: "1 conformance (GCRA, every key)", Value: v1, Target: fmt.Sprintf("<= %d", c1), Pass: conf.Violations <= c1, Invariant: true},
 		{Name: "2 Σ regional rates <= r", Value: sum(r.Rates), Target: fmt.Sprintf("<= %d", c2), Pass: r.Rates.Violations <= c2, Invariant: true},
 		{Name: "3 Σ regional caps <= b", Value: sum(r.Bursts), Target: fmt.Sprintf("<= %d", c3), Pass: r.Bursts.Violations <= c3, Invariant: true},
+		{Name: "3 each region holds <= its cap", Value: region(r.Holding), Target: "<= 0", Pass: r.Holding.Violations == 0, Invariant: true},
+		{Name: "5 exactly-once counters", Value: region(r.Books), Target: "<= 0", Pass: r.Books.Violations == 0, Invariant: true},
+		{Name: "2 grants applied in order", Value: region(r.GrantOrder), Target: "<= 0", Pass: r.GrantOrder.Violations == 0, Invariant: true},
 	}
 	if p := e.Utilization60sMin; p != nil {
 		checks = append(checks, Check{Name: "utilization, worst 60 s window", Value: pct(r.Util60sMin),

@@ -25,6 +25,7 @@ var testDuration = map[string]time.Duration{
 	"redis-outage":     3 * time.Minute,
 	"etcd-outage":      3 * time.Minute,
 	"rolling-restart":  3 * time.Minute,
+	"retries":          3*time.Minute + 20*time.Second,
 	"chaos":            150 * time.Second, // with its faults compressed, see below
 }
 

@@ -248,10 +248,20 @@ const (
 	FaultEtcdDown         = "etcd-down"
 	FaultLatency          = "latency"
 	FaultLoss             = "loss"
+	// Replays, lost answers and stale grants.
+	FaultReplyLoss          = "reply-loss"
+	FaultReportReplay       = "report-replay"
+	FaultRegionReportReplay = "region-report-replay"
+	FaultStaleLeader        = "stale-leader"
 )
 
 // FaultKinds lists every fault kind.
 func FaultKinds() []string {
+	return append(ChaosKinds(), FaultReplyLoss, FaultReportReplay, FaultRegionReportReplay, FaultStaleLeader)
+}
+
+// ChaosKinds are the kinds chaos draws from by default.
+func ChaosKinds() []string {
 	return []string{FaultInstanceCrash, FaultInstanceStop, FaultRegionLeaderLoss, FaultGlobalLeaderLoss,
 		FaultPartition, FaultRedisRestart, FaultEtcdDown, FaultLatency, FaultLoss}
 }
@@ -276,6 +286,19 @@ func FaultKinds() []string {
 //	                    runs) is Latency for For (0: for the rest of the run).
 //	loss                Messages between regions are lost with probability
 //	                    Loss for For.
+//	reply-loss          For For, each answer of Region's service to an
+//	                    instance is lost with probability Loss after the
+//	                    request was applied: the instance times out and
+//	                    retries.
+//	report-replay       For For, each lease report (Acquire, Sync,
+//	                    Release) of Region's instances is delivered again
+//	                    with probability Loss, up to two refreshes later.
+//	region-report-replay  For For, every report of Region's leader to the
+//	                    global tier is delivered twice.
+//	stale-leader        Region's leader pauses for For: another replica is
+//	                    elected, and the old one, waking up, installs the
+//	                    last answer it had (grants reach Redis out of
+//	                    order).
 type Fault struct {
 	// At is when the fault starts. Required.
 	At Duration `yaml:"at"`
@@ -296,7 +319,8 @@ type Fault struct {
 	RestartAfter Duration `yaml:"restart_after,omitempty"`
 	// Latency is the new one-way latency of a latency fault.
 	Latency Duration `yaml:"latency,omitempty"`
-	// Loss is the loss probability of a loss fault, in (0, 1].
+	// Loss is the probability of a loss, reply-loss or report-replay
+	// fault, in (0, 1].
 	Loss float64 `yaml:"loss,omitempty"`
 }
 

@@ -64,6 +64,13 @@ func (s *Scenario) chaosFaults(c *Chaos, seed uint64) []Fault {
 		case FaultLoss:
 			f.Loss = 0.05 + 0.45*rng.Float64()
 			f.For = lasting
+		case FaultReplyLoss, FaultReportReplay:
+			f.Region = pick()
+			f.Loss = 0.05 + 0.45*rng.Float64()
+			f.For = lasting
+		case FaultRegionReportReplay, FaultStaleLeader:
+			f.Region = pick()
+			f.For = lasting
 		}
 		out = append(out, f)
 	}

@@ -186,7 +186,7 @@ func (s *Scenario) applyDefaults() {
 			c.End = Duration(time.Duration(s.Duration) - time.Duration(c.MaxFor) - time.Minute)
 		}
 		if len(c.Kinds) == 0 {
-			c.Kinds = FaultKinds()
+			c.Kinds = ChaosKinds()
 		}
 	}
 	if s.Expect.ConvergenceTolerance == 0 {
@@ -437,6 +437,7 @@ func validateFault(p *problems, path string, f *Fault, regions []string, dur tim
 	needRegion := map[string]bool{
 		FaultInstanceCrash: true, FaultInstanceStop: true, FaultRegionLeaderLoss: true,
 		FaultPartition: true, FaultRedisRestart: true, FaultLatency: true,
+		FaultReplyLoss: true, FaultReportReplay: true, FaultRegionReportReplay: true, FaultStaleLeader: true,
 	}
 	if needRegion[f.Kind] && !isRegion(regions, f.Region) {
 		p.add(path+".region", "%q is not a topology region", f.Region)
@@ -444,7 +445,8 @@ func validateFault(p *problems, path string, f *Fault, regions []string, dur tim
 	if !needRegion[f.Kind] && f.Region != "" {
 		p.add(path+".region", "a %s fault takes no region", f.Kind)
 	}
-	needFor := f.Kind == FaultPartition || f.Kind == FaultRedisRestart || f.Kind == FaultEtcdDown || f.Kind == FaultLoss
+	needFor := f.Kind == FaultPartition || f.Kind == FaultRedisRestart || f.Kind == FaultEtcdDown || f.Kind == FaultLoss ||
+		needRegion[f.Kind] && (f.Kind == FaultReplyLoss || f.Kind == FaultReportReplay || f.Kind == FaultRegionReportReplay || f.Kind == FaultStaleLeader)
 	if needFor && f.For <= 0 {
 		p.add(path+".for", "is required for a %s fault", f.Kind)
 	}
@@ -459,7 +461,7 @@ func validateFault(p *problems, path string, f *Fault, regions []string, dur tim
 		if f.Latency <= 0 {
 			p.add(path+".latency", "is required for a latency fault")
 		}
-	case FaultLoss:
+	case FaultLoss, FaultReplyLoss, FaultReportReplay:
 		if !(f.Loss > 0 && f.Loss <= 1) {
 			p.add(path+".loss", "must be in (0, 1], got %v", f.Loss)
 		}

@@ -4,7 +4,12 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 	"github.com/sluicehq/sluice/sim/engine"
+	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/scenario"
 )
 
@@ -98,6 +103,22 @@ func (w *World) inject(f scenario.Fault) {
 		if d == 0 {
 			until = time.Duration(w.sc.Duration)
 		}
+	case scenario.FaultReplyLoss, scenario.FaultReportReplay:
+		r := w.regionByName(f.Region)
+		v := w.net.replyLoss
+		if f.Kind == scenario.FaultReportReplay {
+			v = w.net.replay
+		}
+		prev := v[r.idx]
+		v[r.idx] = f.Loss
+		label = fmt.Sprintf("%s %s %.0f%%", f.Kind, f.Region, 100*f.Loss)
+		w.eng.After(d, func() { v[r.idx] = prev })
+	case scenario.FaultRegionReportReplay:
+		r := w.regionByName(f.Region)
+		w.net.reportReplay[r.idx] = true
+		w.eng.After(d, func() { w.net.reportReplay[r.idx] = false })
+	case scenario.FaultStaleLeader:
+		w.staleLeader(w.regionByName(f.Region), d)
 	case scenario.FaultLoss:
 		prev := w.net.lossOverride
 		w.net.lossOverride = f.Loss
@@ -105,4 +126,74 @@ func (w *World) inject(f scenario.Fault) {
 		w.eng.After(d, func() { w.net.lossOverride = prev })
 	}
 	w.orc.Fault(now, until, label)
+}
+
+// --- Replays, lost answers and stale grants. ---
+
+// installRec is the last answer a region leader installed, kept for a
+// stale-leader fault.
+type installRec struct {
+	answer *sluicev1.RegionGrants
+	sendUS int64
+	held   regionsync.Held
+}
+
+// installed remembers the answer a region leader just installed.
+func (r *Region) installed(answer *sluicev1.RegionGrants, sendUS int64, held regionsync.Held) {
+	r.w.net.lastInstall[r.idx] = &installRec{answer: answer, sendUS: sendUS, held: held}
+}
+
+// replayLease delivers an instance's lease request (Acquire, Sync or
+// Release) to its region again, later, under a report-replay fault: the
+// network or a proxy delivering it twice, possibly after newer reports.
+// The answer goes nowhere. Reports carry (instance, seq), so the replay
+// must change nothing.
+func (in *Instance) replayLease(reports []*sluicev1.KeyReport, op func(reports []*sluicev1.KeyReport)) {
+	w := in.w
+	r := in.region
+	if p := w.net.replay[r.idx]; !(p > 0) || w.net.rng.Float64() >= p {
+		return
+	}
+	dup := make([]*sluicev1.KeyReport, len(reports))
+	for i, rep := range reports {
+		dup[i] = proto.Clone(rep).(*sluicev1.KeyReport)
+	}
+	delay := time.Duration(w.net.rng.Int64N(int64(2*w.refresh))) + w.net.localDelay()
+	w.eng.After(delay, func() {
+		w.orc.RPC(oracle.TierInstance, 1)
+		w.counters.Replays++
+		op(dup)
+	})
+}
+
+// replayReport delivers a region report to the global leader a second
+// time under a region-report-replay fault: the allocator must answer a
+// retry with its previous answer and change nothing.
+func (r *Region) replayReport(node *GlobalNode, rep *sluicev1.RegionReport, answer *sluicev1.RegionGrants) {
+	w := r.w
+	if !w.net.reportReplay[r.idx] || answer == nil {
+		return
+	}
+	w.orc.RPC(oracle.TierGlobal, 1)
+	w.counters.Replays++
+	again, ok := node.serve(rep)
+	if !ok || !proto.Equal(again, answer) {
+		w.counters.ReplayMismatches++
+	}
+}
+
+// staleLeader pauses region r's leader (a long GC pause or a frozen VM):
+// its session lapses and another replica is elected; when it wakes up,
+// after d, it installs the last answer it had, from before the new
+// leader's. Each Redis must refuse a grant older than one it applied.
+func (w *World) staleLeader(r *Region, d time.Duration) {
+	rec := w.net.lastInstall[r.idx]
+	r.loseLeader(w.sessionExpiry(3))
+	if rec == nil {
+		return
+	}
+	w.eng.After(d, func() {
+		w.counters.Replays++
+		r.install(rec.answer, rec.sendUS, rec.held)
+	})
 }

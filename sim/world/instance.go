@@ -280,7 +280,7 @@ func (in *Instance) rpc(timeout time.Duration, serve func() bool, onReply, onFai
 	w.orc.RPC(oracle.TierInstance, 1)
 	w.exchange(
 		func() (time.Duration, bool) { return w.net.localDelay(), false },
-		func() (time.Duration, bool) { return w.net.localDelay(), false },
+		func() (time.Duration, bool) { return w.net.localReply(in.region.idx) },
 		timeout,
 		func() bool { return in.gen == gen && (in.alive || in.stopping) },
 		serve, onReply, onFail,
@@ -303,6 +303,10 @@ func (in *Instance) acquire(g *group, b *lease.Batch) {
 		func() bool {
 			var ok bool
 			grants, ok = in.region.leaseOp(in.id, b.Reports, !useSync)
+			in.replayLease(b.Reports, func(reps []*sluicev1.KeyReport) {
+				g, _ := in.region.leaseOp(in.id, reps, !useSync)
+				in.w.recycle(g)
+			})
 			return ok
 		},
 		func() {
@@ -511,6 +515,10 @@ func (in *Instance) sendSync(b *lease.Batch, done func(failed bool)) {
 		func() bool {
 			var ok bool
 			grants, ok = in.region.leaseOp(in.id, b.Reports, false)
+			in.replayLease(b.Reports, func(reps []*sluicev1.KeyReport) {
+				g, _ := in.region.leaseOp(in.id, reps, false)
+				in.w.recycle(g)
+			})
 			return ok
 		},
 		func() {
@@ -533,7 +541,10 @@ func (in *Instance) sendSync(b *lease.Batch, done func(failed bool)) {
 
 func (in *Instance) sendRelease(b *lease.Batch, done func(failed bool)) {
 	in.rpc(in.w.refresh/2,
-		func() bool { return in.region.release(in.id, b.Reports) },
+		func() bool {
+			in.replayLease(b.Reports, func(reps []*sluicev1.KeyReport) { in.region.release(in.id, reps) })
+			return in.region.release(in.id, b.Reports)
+		},
 		func() { in.brk.Success(); done(false) },
 		func() { in.brk.Failure(in.now()); done(true) })
 }

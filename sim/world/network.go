@@ -21,6 +21,13 @@ type Network struct {
 	globalOverride map[int]time.Duration    // latency faults between a region and the global tier
 	lossOverride   float64                  // loss fault; < 0 when none
 	partitioned    []bool                   // region cut off from the global tier
+
+	// Faults on the instance↔region link and of the region's reports
+	// (faults.go), per region.
+	replyLoss    []float64 // probability an answer to an instance is lost (the request applied)
+	replay       []float64 // probability an instance's lease report is delivered again later
+	reportReplay []bool    // every region report to the global tier is delivered twice
+	lastInstall  []*installRec
 }
 
 func newNetwork(w *World) *Network {
@@ -29,6 +36,8 @@ func newNetwork(w *World) *Network {
 		w: w, rng: w.eng.Stream("network"), local: time.Duration(l.Local), jitter: *l.Jitter, loss: l.Loss,
 		pairOverride: map[[2]int]time.Duration{}, globalOverride: map[int]time.Duration{},
 		lossOverride: -1, partitioned: make([]bool, len(w.regions)),
+		replyLoss: make([]float64, len(w.regions)), replay: make([]float64, len(w.regions)),
+		reportReplay: make([]bool, len(w.regions)), lastInstall: make([]*installRec, len(w.regions)),
 	}
 	idx := map[string]int{}
 	for i, r := range w.regions {
@@ -62,6 +71,15 @@ func (n *Network) jittered(d time.Duration) time.Duration {
 
 // localDelay is one instance <-> regional service hop.
 func (n *Network) localDelay() time.Duration { return n.jittered(n.local) }
+
+// localReply is the hop of an answer from region r's service to an
+// instance; lost under a reply-loss fault (the request was applied).
+func (n *Network) localReply(r int) (time.Duration, bool) {
+	if p := n.replyLoss[r]; p > 0 && n.rng.Float64() < p {
+		return 0, true
+	}
+	return n.localDelay(), false
+}
 
 func pairKey(a, b int) [2]int {
 	if a > b {

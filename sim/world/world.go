@@ -86,6 +86,8 @@ type Counters struct {
 	AllocatorErrors  int64 // region reports the allocator refused
 	ApplyErrors      int64 // grants the lease table refused
 	UnservedTokens   int64 // requests that found no live instance
+	Replays          int64 // requests and reports delivered again by faults
+	ReplayMismatches int64 // replayed region reports the allocator answered differently (must stay 0)
 }
 
 // New builds the deployment of sc with the given seed, reporting to orc.
