@@ -7,8 +7,11 @@ import (
 	"log/slog"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/pkg/config"
 )
 
 // ColdStart says how a regional service treats a Redis with no Sluice
@@ -65,8 +68,28 @@ func NewRestartGuard(prefix string, mode ColdStart, logger *slog.Logger) *Restar
 	return &RestartGuard{key: prefix + "born", mode: mode, logger: logger}
 }
 
-// BornUS is the born value to pass to the scripts.
+// BornUS is when the current Redis data set was born (µs, Redis time); 0
+// means new buckets may start full.
 func (g *RestartGuard) BornUS() int64 { return g.born.Load() }
+
+// WarmBornUS is the born value to pass to the scripts (ARGV born) under
+// cfg. The scripts start a bucket missing after a data loss empty until
+// born + lease TTL; that is not enough when grant_validity is longer: the
+// lost bucket may have held a grant below the region's static share whose
+// donated capacity another region still uses until the grant ends (at
+// most grant_validity after its report was sent, before the loss), so
+// the wait must be max(lease TTL, grant validity + one epoch of clock
+// margin). The value passed is shifted so born + lease TTL in the scripts
+// is born + that wait.
+func (g *RestartGuard) WarmBornUS(cfg *config.Config) int64 {
+	born := g.born.Load()
+	if born == 0 {
+		return 0
+	}
+	ttl := time.Duration(cfg.LeaseTTL)
+	wait := max(ttl, time.Duration(cfg.GrantValidity)+time.Duration(cfg.Epoch))
+	return born + (wait - ttl).Microseconds()
+}
 
 // Restarts counts the data losses this guard noticed.
 func (g *RestartGuard) Restarts() int64 { return g.restarts.Load() }
@@ -97,7 +120,7 @@ func (g *RestartGuard) Check(ctx context.Context, c redis.Cmdable) error {
 		}
 		if !first {
 			g.restarts.Add(1)
-			g.logger.Warn("redis lost its data (sentinel missing): new buckets start empty for one lease TTL",
+			g.logger.Warn("redis lost its data (sentinel missing): new buckets start empty for the longer of one lease TTL and one grant validity",
 				"sentinel", g.key, "born_us", v)
 		}
 	} else if err != nil {

@@ -173,7 +173,7 @@ func (s *Server) common(cfg *config.Config, res config.Resolved) (luascripts.Com
 		StaticBurst:  burst,
 		LeaseTTL:     time.Duration(cfg.LeaseTTL),
 		Reclaim:      res.Class.Reclaim != config.ReclaimNone,
-		BornUS:       s.guard.BornUS(),
+		BornUS:       s.guard.WarmBornUS(cfg),
 		ReapBudget:   s.opts.ReapBudget,
 		DemandWindow: cfg.DemandWindow(),
 	}, nil
