@@ -20,11 +20,13 @@
 //
 // # Tolerances
 //
-// Grants are stored exactly, but buckets store tokens with six decimals
-// ('%.6f'), so a bucket may gain up to 5e-7 tokens per write, and the
-// static shares and grants are float products. Invariants 2 and 3 allow
-// 1e-9 relative plus 1e-6 per region; invariant 1 allows 0.001 token plus
-// 1e-6 of the whole allowance b + r·t.
+// Invariant 1 is exact: tokens in integer nanotokens, times in
+// nanoseconds, the key's float64 rate taken exactly (exact.go); the
+// refill since the virtual bucket was last empty is rounded up to a whole
+// nanotoken, so the check is lenient by under 1e-9 token over any run.
+// Static shares and grants are float products: invariants 2 and 3 allow
+// 1e-9 relative plus 1e-6 per region. The per-region checks of
+// BucketObserved allow the tokens' storage rounding, 1e-6 per call.
 //
 // # Measures
 //
