@@ -397,6 +397,7 @@ func (a *Allocator) RemoveKey(key quota.Key) {
 	}
 	a.freeKeys = append(a.freeKeys, k)
 	a.rankDirty = true
+	a.compactLocked()
 }
 
 // SetRegions replaces the region list (config reload). Regions are matched
@@ -670,6 +671,7 @@ func (a *Allocator) Allocate(now time.Time) {
 		a.blockContended[b] = true
 		a.active = append(a.active, k)
 	}
+	a.compactLocked()
 }
 
 // retarget recomputes a contended key's targets from the demand estimates

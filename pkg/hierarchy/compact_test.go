@@ -1,0 +1,158 @@
+package hierarchy
+
+import (
+	"fmt"
+	"reflect"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+func heapAlloc() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+func noiseKeys(n int) []quota.Key {
+	keys := make([]quota.Key, n)
+	for i := range keys {
+		keys[i] = quota.Key{Tenant: fmt.Sprintf("n%07d", i), Class: "w"}
+	}
+	return keys
+}
+
+// churn drives a: every key in busy reports demand above its static share
+// from region a (so it is contended and gets fencing state) for the given
+// epochs, starting at epoch from; returns the grants answered.
+func churn(t *testing.T, a *Allocator, busy []quota.Key, from, epochs int) [][]Grant {
+	t.Helper()
+	var out [][]Grant
+	for e := from; e < from+epochs; e++ {
+		now := testStart.Add(time.Duration(e) * time.Second)
+		for _, region := range []string{"a", "b"} {
+			rep := Report{Region: region, Seq: uint64(e + 1)}
+			for i, k := range busy {
+				kd := KeyDemand{Key: k, Window: time.Second}
+				if region == "a" {
+					kd.Admitted = float64(8 + i%5)
+				}
+				rep.Keys = append(rep.Keys, kd)
+			}
+			g, err := a.Report(now, rep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, g)
+		}
+		a.Allocate(now)
+	}
+	return out
+}
+
+// TestForgottenKeysGiveMemoryBack: 200,000 keys get demand, contention
+// and grants, then fall silent; once their grants expired (now advanced)
+// and they are removed, the Allocator's memory is back to where it was.
+func TestForgottenKeysGiveMemoryBack(t *testing.T) {
+	n := 200_000
+	if testing.Short() {
+		n = 20_000
+	}
+	a := mustAllocator(t, twoRegions())
+	base := heapAlloc()
+	keys := noiseKeys(n)
+	for _, k := range keys {
+		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// After learning (one validity), two epochs of demand: every key is
+	// contended and region a holds grants above its share.
+	grants := churn(t, a, keys, 6, 2)
+	if len(grants[len(grants)-2]) != n {
+		t.Fatalf("region a got %d grants, want one for each of the %d keys", len(grants[len(grants)-2]), n)
+	}
+	// Silence for longer than a validity: the grants expire, the demand
+	// decays, Allocate frees the fencing state.
+	churn(t, a, nil, 8, 8)
+	if v := a.View(testStart.Add(16 * time.Second)); countActive(v) != 0 {
+		t.Fatalf("%d keys still active after their grants expired", countActive(v))
+	}
+	for _, k := range keys {
+		a.RemoveKey(k)
+	}
+	keys = nil
+	if len(a.keys) >= compactMin || len(a.blockKey) >= compactMin || len(a.keyIndex) != 0 {
+		t.Fatalf("after removing every key: %d slots, %d blocks, %d indexed", len(a.keys), len(a.blockKey), len(a.keyIndex))
+	}
+	left := heapAlloc() - base
+	t.Logf("heap %+.1f MiB from the baseline", float64(left)/(1<<20))
+	if left > 4<<20 {
+		t.Fatalf("heap %.1f MiB above the baseline after every key was removed", float64(left)/(1<<20))
+	}
+	runtime.KeepAlive(a)
+}
+
+func countActive(v View) int {
+	n := 0
+	for _, k := range v.Keys {
+		if k.Active {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCompactionChangesNoOutput: two Allocators see the same calls; one
+// renumbers its slots and blocks when most keys are removed, the other
+// never does. Every later answer and view is the same.
+func TestCompactionChangesNoOutput(t *testing.T) {
+	noiseN := 3 * compactMin
+	run := func(compact bool) ([][]Grant, View, int) {
+		if !compact {
+			old := compactMin
+			compactMin = 1 << 30
+			defer func() { compactMin = old }()
+		}
+		a := mustAllocator(t, twoRegions())
+		stay := []quota.Key{{Tenant: "s1", Class: "w"}, {Tenant: "s2", Class: "w"}, {Tenant: "zz", Class: "w"}}
+		noise := noiseKeys(noiseN)
+		all := append(append([]quota.Key{}, stay[:2]...), noise...)
+		all = append(all, stay[2])
+		for _, k := range all {
+			if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		churn(t, a, all, 6, 3)
+		churn(t, a, stay, 9, 2)
+		for _, k := range noise {
+			a.RemoveKey(k)
+		}
+		out := churn(t, a, stay, 11, 8)
+		v := a.View(testStart.Add(19 * time.Second))
+		return out, v, len(a.keys)
+	}
+	gotC, viewC, slotsC := run(true)
+	gotN, viewN, slotsN := run(false)
+	if slotsC >= compactMin || slotsN < compactMin {
+		t.Fatalf("slots %d with compaction, %d without: the test does not compare what it means to", slotsC, slotsN)
+	}
+	granted := 0
+	for _, g := range gotC {
+		granted += len(g)
+	}
+	if granted == 0 {
+		t.Fatal("no grants after the removal: nothing to compare")
+	}
+	if !reflect.DeepEqual(gotC, gotN) {
+		t.Fatalf("answers differ after compaction:\n%v\nwithout:\n%v", gotC, gotN)
+	}
+	if !reflect.DeepEqual(viewC, viewN) {
+		t.Fatalf("views differ after compaction:\n%+v\nwithout:\n%+v", viewC, viewN)
+	}
+}
