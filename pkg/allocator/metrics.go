@@ -73,6 +73,9 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 				}
 				return float64(n)
 			}),
+			gauge("sluice_global_keys", "Keys the allocator tracks: named by a report or an answer within two grant validities and two epochs.", func() float64 {
+				return float64(s.trackedKeys())
+			}),
 			&reportAgeCollector{s: s, desc: prometheus.NewDesc("sluice_global_region_report_age_seconds",
 				"Seconds since the region's last accepted report to this leader (absent when never or not leading).",
 				[]string{"region"}, nil)},

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/shrink"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -106,6 +107,7 @@ type Service struct {
 	timing     timing                  // guarded by mu: alloc's epoch and validity
 	learnFloor time.Time               // guarded by mu: learning lasts at least until then
 	keys       map[quota.Key]time.Time // guarded by mu: last time a report or an answer named the key
+	keysPeak   shrink.Peak             // guarded by mu: keys' high-water mark
 	lastReport map[string]time.Time    // guarded by mu: region -> its last accepted report
 
 	lmu  sync.Mutex // guards lead; taken after mu when both are held
@@ -256,12 +258,21 @@ func (s *Service) forgetIdleKeysLocked(now time.Time) {
 	if now.Before(s.learnFloor) {
 		return
 	}
+	s.keysPeak.Note(len(s.keys))
 	for k, seen := range s.keys {
 		if now.Sub(seen) > horizon {
 			s.alloc.RemoveKey(k)
 			delete(s.keys, k)
 		}
 	}
+	s.keys = shrink.Map(s.keys, &s.keysPeak)
+}
+
+// trackedKeys is how many keys the service tracks (for the keys gauge).
+func (s *Service) trackedKeys() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.keys)
 }
 
 // promote makes this replica the leader for term until deadline, in

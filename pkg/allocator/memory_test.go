@@ -1,0 +1,86 @@
+package allocator
+
+import (
+	"fmt"
+	"log/slog"
+	"runtime"
+	"testing"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+)
+
+func heapAlloc() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// memoryConfig has a horizon (two validities and two epochs) far longer
+// than the reports take to send.
+const memoryConfig = `
+epoch: 10s
+grant_validity: 60s
+regions:
+  a: {weight: 1}
+  b: {weight: 1}
+classes:
+  write: {}
+tiers:
+  free: {write: {rate: 100/s, burst: 100}}
+default_tier: free
+`
+
+// TestIdleKeysForgotten: a region reports 200,000 distinct keys once; two
+// grant validities and two epochs later (now advanced) the leader has
+// forgotten them all, in its own map and in the allocator, and the memory
+// they took is back.
+func TestIdleKeysForgotten(t *testing.T) {
+	n := 200_000
+	if testing.Short() {
+		n = 20_000
+	}
+	s, err := newService(serviceOptions{config: &memConfig{cfg: parseConfig(t, memoryConfig)}, advertise: "self:7500",
+		logger: slog.New(slog.DiscardHandler)}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.promote(1, time.Now().Add(time.Hour)) {
+		t.Fatal("promote refused")
+	}
+	base := heapAlloc()
+	seq := uint64(1)
+	for from := 0; from < n; from += DefaultMaxKeysPerReport {
+		rep := &sluicev1.RegionReport{Region: "a", Seq: seq}
+		seq++
+		for i := from; i < min(from+DefaultMaxKeysPerReport, n); i++ {
+			rep.Keys = append(rep.Keys, &sluicev1.KeyDemand{
+				Key: &sluicev1.QuotaKey{Tenant: fmt.Sprintf("t%07d", i), Class: "write"}, Admitted: 1, WindowMs: 100,
+			})
+		}
+		if _, err := s.Sync(t.Context(), rep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.trackedKeys(); got != n {
+		t.Fatalf("tracking %d keys after the reports, want %d", got, n)
+	}
+	last := time.Now()
+	horizon := 2*s.timing.validity + 2*s.timing.epoch
+	s.step(last.Add(horizon / 2))
+	if got := s.trackedKeys(); got != n {
+		t.Fatalf("tracking %d keys before the horizon, want all %d", got, n)
+	}
+	s.step(last.Add(horizon + time.Millisecond))
+	if got, v := s.trackedKeys(), s.View(last.Add(horizon)); got != 0 || len(v.Keys) != 0 {
+		t.Fatalf("after the horizon: tracking %d keys, allocator viewing %d; want none", got, len(v.Keys))
+	}
+	left := heapAlloc() - base
+	t.Logf("heap %+.1f MiB from the baseline", float64(left)/(1<<20))
+	if left > 4<<20 {
+		t.Fatalf("heap %.1f MiB above the baseline after every key was forgotten", float64(left)/(1<<20))
+	}
+	runtime.KeepAlive(s)
+}
