@@ -78,6 +78,9 @@ type crashLease struct {
 	pendRet  float64 // its returned tokens
 	reclaim  bool
 	last     luascripts.LeaseRecord
+	// stale: a script call ran on the key after the lease expired and did
+	// not reap it (its reap budget went to others).
+	stale bool
 }
 
 // settleCrashed checks the crashed leases of k against the Model: one
@@ -91,6 +94,9 @@ func (r *Region) settleCrashed(k *keyInfo) {
 	for _, cl := range ls {
 		if l, ok := r.model.PeekLease(k.rkeys, cl.instance); ok {
 			cl.last = l
+			if r.redisNowUS() >= l.ExpiryUS {
+				cl.stale = true
+			}
 			keep = append(keep, cl)
 			continue
 		}
@@ -109,7 +115,15 @@ func (r *Region) settleCrashed(k *keyInfo) {
 			}
 			cl.crash.tokens += unspent
 		}
-		r.crashDone(cl)
+		// The tokens were stranded from the lease's expiry until the first
+		// script call that reaped them; time in which no call came (nobody
+		// asked for the key here) does not count: the first one reaps
+		// before it reads the bucket.
+		at := r.w.dur()
+		if !cl.stale {
+			at = min(at, max(cl.crash.at, trueTimeOf(cl.last.ExpiryUS, r.offset)))
+		}
+		r.crashDoneAt(cl, at)
 	}
 	if len(keep) == 0 {
 		delete(r.crashed, k.id)
@@ -118,10 +132,12 @@ func (r *Region) settleCrashed(k *keyInfo) {
 	r.crashed[k.id] = keep
 }
 
-func (r *Region) crashDone(cl *crashLease) {
+func (r *Region) crashDone(cl *crashLease) { r.crashDoneAt(cl, r.w.dur()) }
+
+func (r *Region) crashDoneAt(cl *crashLease, at time.Duration) {
 	c := cl.crash
 	c.pending--
-	c.last = max(c.last, r.w.dur())
+	c.last = max(c.last, at)
 	if c.pending == 0 {
 		c.w.orc.Reclaimed(c.at, c.last, c.tokens)
 	}
