@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional/reply"
 )
 
 // ConfigSource hands out the live config. configstore.Watcher implements it;
@@ -216,36 +217,17 @@ func validateReport(r *sluicev1.KeyReport, field string) error {
 }
 
 func toReport(instance string, r *sluicev1.KeyReport) luascripts.Report {
-	return luascripts.Report{
-		Instance: instance, Seq: r.GetSeq(), Used: r.GetUsed(), Denied: r.GetDenied(),
-		Returned: r.GetReturned(), Want: r.GetWant(), Min: r.GetMin(),
-	}
+	return reply.Report(instance, r)
 }
 
 func (s *Server) grant(p keyPlan, seq uint64, lr luascripts.LeaseReply) *sluicev1.Grant {
-	return &sluicev1.Grant{
-		Key:           &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class},
-		Seq:           seq,
-		Granted:       lr.Granted,
-		TtlMs:         lr.TTL.Milliseconds(),
-		Remaining:     max(lr.Remaining, 0),
-		RetryAfterMs:  lr.RetryAfter.Milliseconds(),
-		RegionRate:    lr.Rate,
-		RegionBurst:   lr.Cap,
-		LiveInstances: lr.Live,
-		Limit:         p.res.Limit.Burst,
-		ResetMs:       lr.Reset.Milliseconds(),
-		Shadow:        p.res.Shadow,
-		Mode:          string(p.res.Class.Mode),
-		OnFailure:     string(p.res.Class.OnFailure),
-		Tier:          p.res.Tier,
-	}
+	return reply.Grant(new(sluicev1.Grant), &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class}, p.res, seq, lr)
 }
 
 // strictGrant answers a lease request for a strict class: no tokens, and
 // the mode tells the caller to use Check.
 func (s *Server) strictGrant(p keyPlan, seq uint64) *sluicev1.Grant {
-	return s.grant(p, seq, luascripts.LeaseReply{Rate: p.common.StaticRate, Cap: p.common.StaticBurst})
+	return s.grant(p, seq, reply.Strict(p.common))
 }
 
 func (s *Server) observeLease(p keyPlan, want int64, lr luascripts.LeaseReply) {
@@ -439,14 +421,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 		}
 	}
 	s.metrics.decisions.WithLabelValues(p.key.Class, p.res.Tier, result).Inc()
-	return &sluicev1.CheckResponse{
-		Allowed:      cr.Allowed,
-		Limit:        p.res.Limit.Burst,
-		Remaining:    max(cr.Remaining, 0),
-		RetryAfterMs: cr.RetryAfter.Milliseconds(),
-		ResetMs:      cr.Reset.Milliseconds(),
-		Shadow:       p.res.Shadow,
-	}, nil
+	return reply.Check(p.res, cr), nil
 }
 
 func (s *Server) observe(method string, start time.Time, err *error) {

@@ -8,6 +8,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional/reply"
 	"github.com/sluicehq/sluice/pkg/regionsync"
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/scenario"
@@ -205,16 +206,9 @@ func (r *Region) keyOf(qk *sluicev1.QuotaKey) *keyInfo {
 	return r.w.keyByQK[quota.Key{Tenant: qk.GetTenant(), Class: qk.GetClass()}]
 }
 
-func toReport(instance string, rep *sluicev1.KeyReport) luascripts.Report {
-	return luascripts.Report{
-		Instance: instance, Seq: rep.GetSeq(), Used: rep.GetUsed(), Denied: rep.GetDenied(),
-		Returned: rep.GetReturned(), Want: rep.GetWant(), Min: rep.GetMin(),
-	}
-}
-
-// grant builds a reply the way Server.grant does. Grants come from a free
-// list: the lease table copies what it needs in Apply, after which the
-// instance hands them back (recycle).
+// grant is the reply Server.grant sends (reply.Grant). Grants come from a
+// free list: the lease table copies what it needs in Apply, after which
+// the instance hands them back (recycle).
 func (r *Region) grant(k *keyInfo, seq uint64, lr luascripts.LeaseReply) *sluicev1.Grant {
 	var g *sluicev1.Grant
 	if n := len(r.w.freeGrants); n > 0 {
@@ -223,22 +217,7 @@ func (r *Region) grant(k *keyInfo, seq uint64, lr luascripts.LeaseReply) *sluice
 	} else {
 		g = new(sluicev1.Grant)
 	}
-	g.Key = k.wire
-	g.Seq = seq
-	g.Granted = lr.Granted
-	g.TtlMs = lr.TTL.Milliseconds()
-	g.Remaining = max(lr.Remaining, 0)
-	g.RetryAfterMs = lr.RetryAfter.Milliseconds()
-	g.RegionRate = lr.Rate
-	g.RegionBurst = lr.Cap
-	g.LiveInstances = lr.Live
-	g.Limit = k.res.Limit.Burst
-	g.ResetMs = lr.Reset.Milliseconds()
-	g.Shadow = k.res.Shadow
-	g.Mode = string(k.res.Class.Mode)
-	g.OnFailure = string(k.res.Class.OnFailure)
-	g.Tier = k.res.Tier
-	return g
+	return reply.Grant(g, k.wire, k.res, seq, lr)
 }
 
 // recycle returns applied grants to the free list.
@@ -247,8 +226,7 @@ func (w *World) recycle(grants []*sluicev1.Grant) {
 }
 
 func (r *Region) strictGrant(k *keyInfo, seq uint64) *sluicev1.Grant {
-	c := k.common[r.idx]
-	return r.grant(k, seq, luascripts.LeaseReply{Rate: c.StaticRate, Cap: c.StaticBurst})
+	return r.grant(k, seq, reply.Strict(k.common[r.idx]))
 }
 
 // leaseOp serves Acquire and Sync reports; ok false means Redis is down
@@ -268,9 +246,9 @@ func (r *Region) leaseOp(instance string, reports []*sluicev1.KeyReport, acquire
 		r.op()
 		var lr luascripts.LeaseReply
 		if acquire {
-			lr = r.model.Acquire(now, k.rkeys, r.common(k), toReport(instance, rep))
+			lr = r.model.Acquire(now, k.rkeys, r.common(k), reply.Report(instance, rep))
 		} else {
-			lr = r.model.Sync(now, k.rkeys, r.common(k), toReport(instance, rep))
+			lr = r.model.Sync(now, k.rkeys, r.common(k), reply.Report(instance, rep))
 		}
 		r.observe(k)
 		r.touch(k)
@@ -290,7 +268,7 @@ func (r *Region) release(instance string, reports []*sluicev1.KeyReport) bool {
 			continue
 		}
 		r.op()
-		r.model.Release(now, k.rkeys, r.common(k), toReport(instance, rep))
+		r.model.Release(now, k.rkeys, r.common(k), reply.Report(instance, rep))
 		r.observe(k)
 		r.touch(k)
 	}
@@ -307,10 +285,7 @@ func (r *Region) check(k *keyInfo, cost int64) (*sluicev1.CheckResponse, bool) {
 	r.w.orc.RegionPending(r.idx, k.id, cost) // until the instance records it
 	r.observe(k)
 	r.touch(k)
-	return &sluicev1.CheckResponse{
-		Allowed: cr.Allowed, Limit: k.res.Limit.Burst, Remaining: max(cr.Remaining, 0),
-		RetryAfterMs: cr.RetryAfter.Milliseconds(), ResetMs: cr.Reset.Milliseconds(), Shadow: k.res.Shadow,
-	}, true
+	return reply.Check(k.res, cr), true
 }
 
 // --- Redis outage. ---
