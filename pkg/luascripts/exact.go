@@ -13,9 +13,10 @@ const (
 	shave = 0x1p-50
 	// split is Veltkamp's constant for doubles, 2^27 + 1.
 	split = 134217729
-	// maxMS bounds every TTL and wait the scripts compute (ms): PEXPIRE
-	// accepts it and it fits a time.Duration. A longer wait is "never".
-	maxMS = 1 << 53
+	// maxMS bounds every TTL and wait the scripts compute (ms; 2^43, 278
+	// years): PEXPIRE accepts it and it fits a time.Duration. A longer
+	// wait is "never".
+	maxMS = 1 << 43
 )
 
 // twoProd returns p = a·b rounded and e with p + e = a·b exactly (Dekker).

@@ -21,6 +21,10 @@ import (
 type Model struct {
 	buckets map[string]*modelBucket // by Keys.Bucket
 	leases  map[string]*modelLeases // by Keys.Leases (the hash and its zset)
+	// refilled is the bucket's tokens right after the last operation's
+	// refill, before the operation itself (for tests checking refill
+	// against exact arithmetic).
+	refilled float64
 }
 
 // modelBucket mirrors the bucket hash; every field a float64 as in Lua.
@@ -93,6 +97,7 @@ func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
 		o.ls = &modelLeases{byID: map[string]*modelLease{}}
 	}
 	o.refill()
+	m.refilled = o.b.tk
 	o.ttl = o.bucketTTL(o.b.gb, o.b.ge)
 	return o
 }

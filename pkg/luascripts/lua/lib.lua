@@ -107,9 +107,9 @@ local function cap_now() if grant_valid(NOW) then return B.gb end return SB end
 local TWO53 = 9007199254740992   -- 2^53
 local SHAVE = 1 / 1125899906842624  -- 2^-50
 local SPLIT = 134217729  -- 2^27 + 1
--- MAXMS bounds every TTL and wait in ms (2^53: PEXPIRE accepts it, and it
--- fits Go's time.Duration); a wait beyond it is 'never'.
-local MAXMS = 9007199254740992
+-- MAXMS bounds every TTL and wait in ms (2^43, 278 years: PEXPIRE accepts
+-- it, and it fits Go's time.Duration); a wait beyond it is 'never'.
+local MAXMS = 8796093022208
 
 local function snap(x) return tonumber(f6(x)) end
 

@@ -1,0 +1,316 @@
+package luascripts
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Values the fuzz target draws from: the extremes the edges accept next to
+// ordinary ones.
+var (
+	fuzzRates      = []float64{3e-9, 0.151, 1, 1.0 / 3, 66.666666666, 0.7, 1e6, quota.MaxRate}
+	fuzzBursts     = []float64{0, 0.5, 1 - 1e-12, 1, 7, 1000, quota.MaxBurst}
+	fuzzGrantRates = []float64{0, 5e-324, 1e-10, 0.25, 1.0 / 3, 40, quota.MaxRate}
+	fuzzGrantCaps  = []float64{0, 2.0 / 3, 1, 100, quota.MaxBurst}
+	fuzzSteps      = []int64{0, 1, 10, 999, 50_000, 1_000_000, -1, -1_000_000, 3_600_000_000, 31_536_000_000_000}
+	fuzzCosts      = []int64{1, 2, 7, 1000, quota.MaxCost}
+	fuzzWants      = []int64{0, 1, 5, 300, quota.MaxWant}
+)
+
+// fuzzInput reads a fuzz input as a stream of small choices; a drained
+// input reads as zeros.
+type fuzzInput struct {
+	b []byte
+	i int
+}
+
+func (in *fuzzInput) next() int {
+	if in.i >= len(in.b) {
+		return 0
+	}
+	in.i++
+	return int(in.b[in.i-1])
+}
+
+func (in *fuzzInput) done() bool    { return in.i >= len(in.b) }
+func (in *fuzzInput) pick(n int) int { return in.next() % n }
+
+func pickOf[T any](in *fuzzInput, xs []T) T { return xs[in.pick(len(xs))] }
+
+// FuzzScriptsMatchModel runs random operation sequences on one key through
+// the Lua scripts on a real redis-server and through Model, on a virtual
+// Redis clock that also jumps back, and requires after every step:
+// identical replies, identical stored state and TTLs; tk ≤ max(0, cap −
+// out) (to the storage's half micro-token at a cap off the micro-token
+// grid); and conformance in exact arithmetic: the region's holdings (tk +
+// out) never exceed a shadow bucket that refills at exactly the rate in
+// force (granted while valid, static after) up to the cap and loses what
+// each operation consumed, so what the key admits never exceeds
+// b + ∫ rate dt.
+func FuzzScriptsMatchModel(f *testing.F) {
+	srv := redistest.Start(f)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sc := newVirtual()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if err := rdb.FlushDB(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		in := &fuzzInput{b: data}
+		c := Common{
+			StaticRate: pickOf(in, fuzzRates), StaticBurst: pickOf(in, fuzzBursts),
+			LeaseTTL: time.Duration(1+in.pick(5)) * time.Second, Reclaim: in.pick(2) == 0,
+			ReapBudget: in.pick(4), DemandWindow: 500 * time.Millisecond,
+		}
+		now := int64(1_700_000_000_000_000)
+		if in.pick(4) == 0 {
+			c.BornUS = now - int64(in.next())*100_000
+		}
+		runFuzzOps(t, ctx, rdb, sc, c, now, in)
+	})
+}
+
+// half is the storage's resolution at a cap: half a micro-token.
+var half = big.NewRat(1, 2_000_000)
+
+func ratF(x float64) *big.Rat { return new(big.Rat).SetFloat64(x) }
+
+func ratS(t *testing.T, s string) *big.Rat {
+	r, ok := new(big.Rat).SetString(s)
+	if !ok {
+		t.Fatalf("stored number %q", s)
+	}
+	return r
+}
+
+func minRat(a, b *big.Rat) *big.Rat {
+	if a.Cmp(b) <= 0 {
+		return a
+	}
+	return new(big.Rat).Set(b)
+}
+
+func maxRat(a, b *big.Rat) *big.Rat {
+	if a.Cmp(b) >= 0 {
+		return a
+	}
+	return new(big.Rat).Set(b)
+}
+
+// credit is r tokens/s over dt µs, exactly.
+func creditRat(r float64, dt int64) *big.Rat {
+	x := ratF(r)
+	return x.Mul(x, new(big.Rat).SetFrac64(dt, 1_000_000))
+}
+
+func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Scripts, c Common, now int64, in *fuzzInput) {
+	if err := c.Validate(); err != nil {
+		t.Fatalf("fuzz config: %v", err)
+	}
+	m := NewModel()
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "fz", Class: "read"})
+	type view struct {
+		seq, used, denied, returned int64
+		last                        Report
+	}
+	views := map[string]*view{}
+
+	var shadow *big.Rat  // exact holdings bound; nil until the key exists
+	var shadowT int64    // the shadow's refill time (latest Redis time seen)
+	prev := map[string]string{}
+	for step := 0; step < 64 && !in.done(); step++ {
+		now += pickOf(in, fuzzSteps)
+		if gone := m.ExpireDue(now); len(gone) > 0 {
+			if err := rdb.Del(ctx, gone...).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, existed := m.buckets[k.Bucket]
+		sc.setNow(now)
+		inst := "i-" + strconv.Itoa(in.pick(3))
+		v := views[inst]
+		if v == nil {
+			v = &view{}
+			views[inst] = v
+		}
+		report := func(withReturn bool) Report {
+			if v.seq > 0 && in.pick(5) == 0 {
+				return v.last // a retry
+			}
+			v.seq++
+			v.used += int64(in.next())
+			v.denied += int64(in.pick(8))
+			if withReturn {
+				v.returned += int64(in.pick(16))
+			}
+			v.last = Report{Instance: inst, Seq: uint64(v.seq), Used: v.used, Denied: v.denied, Returned: v.returned,
+				Want: pickOf(in, fuzzWants), Min: int64(in.pick(4))}
+			if v.last.Min > v.last.Want {
+				v.last.Min = v.last.Want
+			}
+			return v.last
+		}
+		var got, want any
+		var err error
+		var what string
+		switch opn := in.pick(7); opn {
+		case 0:
+			what = "acquire"
+			r := report(false)
+			want = m.Acquire(now, k, c, r)
+			got, err = sc.Acquire(ctx, rdb, k, c, r)
+		case 1:
+			what = "sync"
+			r := report(true)
+			want = m.Sync(now, k, c, r)
+			got, err = sc.Sync(ctx, rdb, k, c, r)
+		case 2:
+			what = "release"
+			r := report(true)
+			want = m.Release(now, k, c, r)
+			got, err = sc.Release(ctx, rdb, k, c, r)
+			delete(views, inst)
+		case 3:
+			what = "check"
+			cost := pickOf(in, fuzzCosts)
+			want = m.Check(now, k, c, cost)
+			got, err = sc.Check(ctx, rdb, k, c, cost)
+		case 4:
+			what = "reap"
+			want = m.Reap(now, k, c)
+			got, err = sc.Reap(ctx, rdb, k, c)
+		case 5:
+			what = "set_rate"
+			rate, burst := pickOf(in, fuzzGrantRates), pickOf(in, fuzzGrantCaps)
+			exp := now + int64(in.next()-64)*100_000
+			issued := now - int64(in.pick(64))*100_000
+			want = m.SetRate(now, k, c, rate, burst, exp, issued)
+			got, err = sc.SetRate(ctx, rdb, k, c, rate, burst, exp, issued)
+		case 6:
+			what = "state"
+			want = m.State(now, k, c)
+			got, err = sc.State(ctx, rdb, k, c)
+		}
+		where := fmt.Sprintf("step %d (%s at %+dµs)", step, what, now-1_700_000_000_000_000)
+		if err != nil {
+			t.Fatalf("%s: script error: %v", where, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: reply differs\n lua:   %+v\n model: %+v", where, got, want)
+		}
+		state := redisState(ctx, t, rdb)
+		if ms := m.Snapshot(); !reflect.DeepEqual(state, ms) {
+			t.Fatalf("%s: state differs\n redis: %v\n model: %v", where, state, ms)
+		}
+		for name := range state {
+			wantTTL, _ := m.LastTTL(name)
+			gotTTL, err := rdb.PTTL(ctx, name).Result()
+			if err != nil || gotTTL <= 0 || gotTTL > wantTTL || gotTTL < wantTTL-2*time.Second {
+				t.Fatalf("%s: %s PTTL %v (%v), model says %v", where, name, gotTTL, err, wantTTL)
+			}
+		}
+		b := state[k.Bucket]
+
+		// tk ≤ max(0, cap(now) − out), to half a micro-token.
+		tk, out := ratS(t, b["tk"]), ratS(t, b["out"])
+		capNow := ratF(c.StaticBurst)
+		if ge, _ := strconv.ParseInt(b["ge"], 10, 64); ge > now {
+			capNow = ratS(t, b["gb"])
+		}
+		room := maxRat(new(big.Rat), new(big.Rat).Sub(capNow, out))
+		if tk.Cmp(new(big.Rat).Add(room, half)) > 0 {
+			t.Fatalf("%s: tk %s above max(0, cap %s − out %s)", where, b["tk"], capNow.FloatString(9), b["out"])
+		}
+
+		// The shadow bucket, refilled exactly over [shadowT, now] by the
+		// grant stored before this step, then at the static rate.
+		outBefore := new(big.Rat)
+		if !existed {
+			if shadow == nil {
+				// A first bucket: empty since born + lease TTL, refilled
+				// at the static rate up to the static cap.
+				shadow = new(big.Rat)
+				shadowT = c.BornUS + c.LeaseTTL.Microseconds()
+				if c.BornUS == 0 {
+					shadow = ratF(c.StaticBurst)
+					shadowT = now
+				}
+				if shadowT > now {
+					shadowT = now
+				}
+			}
+			// A bucket that expired: its leases' unspent tokens went with
+			// it (they had all expired).
+			if o, ok := prev["out"]; ok {
+				shadow.Sub(shadow, ratS(t, o))
+			}
+			prev = map[string]string{"gr": "0", "gb": "0", "ge": "0", "out": "0"}
+		} else {
+			outBefore = ratS(t, prev["out"])
+		}
+		if now > shadowT {
+			ts := shadowT
+			if ge, _ := strconv.ParseInt(prev["ge"], 10, 64); ge > ts {
+				e := min(ge, now)
+				gr, _ := strconv.ParseFloat(prev["gr"], 64)
+				shadow.Add(shadow, creditRat(gr, e-ts))
+				shadow = minRat(shadow, maxRat(new(big.Rat).Set(outBefore), ratS(t, prev["gb"])))
+				ts = e
+			}
+			if now > ts {
+				shadow.Add(shadow, creditRat(c.StaticRate, now-ts))
+			}
+			shadowT = now
+		}
+		capBefore := ratF(c.StaticBurst)
+		if ge, _ := strconv.ParseInt(prev["ge"], 10, 64); ge > now {
+			capBefore = ratS(t, prev["gb"])
+		}
+		shadow = minRat(shadow, maxRat(new(big.Rat).Set(outBefore), capBefore))
+		held := new(big.Rat).Add(ratF(m.refilled), outBefore)
+		if held.Cmp(new(big.Rat).Add(shadow, half)) > 0 {
+			t.Fatalf("%s: refill made the region hold %s tokens where b + ∫ rate dt allows %s",
+				where, held.FloatString(9), shadow.FloatString(9))
+		}
+		after := new(big.Rat).Add(tk, out)
+		if after.Cmp(new(big.Rat).Add(held, half)) > 0 {
+			t.Fatalf("%s: the operation created tokens: holdings %s after refill, %s after", where, held.FloatString(9), after.FloatString(9))
+		}
+		shadow.Sub(shadow, new(big.Rat).Sub(held, after))
+		prev = b
+	}
+}
+
+// redisState renders every key as the Model's Snapshot does.
+func redisState(ctx context.Context, t *testing.T, rdb *redis.Client) map[string]map[string]string {
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string]string{}
+	for _, k := range keys {
+		switch typ := rdb.Type(ctx, k).Val(); typ {
+		case "hash":
+			out[k] = rdb.HGetAll(ctx, k).Val()
+		case "zset":
+			z := map[string]string{}
+			for _, m := range rdb.ZRangeWithScores(ctx, k, 0, -1).Val() {
+				z[m.Member.(string)] = strconv.FormatFloat(m.Score, 'f', 0, 64)
+			}
+			out[k] = z
+		default:
+			t.Fatalf("unexpected key %s of type %s", k, typ)
+		}
+	}
+	return out
+}
