@@ -42,7 +42,7 @@ func (in *fuzzInput) next() int {
 	return int(in.b[in.i-1])
 }
 
-func (in *fuzzInput) done() bool    { return in.i >= len(in.b) }
+func (in *fuzzInput) done() bool     { return in.i >= len(in.b) }
 func (in *fuzzInput) pick(n int) int { return in.next() % n }
 
 func pickOf[T any](in *fuzzInput, xs []T) T { return xs[in.pick(len(xs))] }
@@ -125,8 +125,8 @@ func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Script
 	}
 	views := map[string]*view{}
 
-	var shadow *big.Rat  // exact holdings bound; nil until the key exists
-	var shadowT int64    // the shadow's refill time (latest Redis time seen)
+	var shadow *big.Rat // exact holdings bound; nil until the key exists
+	var shadowT int64   // the shadow's refill time (latest Redis time seen)
 	prev := map[string]string{}
 	for step := 0; step < 64 && !in.done(); step++ {
 		now += pickOf(in, fuzzSteps)
