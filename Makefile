@@ -4,7 +4,7 @@ PKGS      ?= ./...
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 export PATH := $(PATH):$(shell $(GO) env GOPATH)/bin
 
-.PHONY: all build test deps bench proto vet fmt soak clean
+.PHONY: all build test deps bench proto vet fmt soak clean fuzz
 
 all: build
 
@@ -22,6 +22,17 @@ test: deps
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem $(BENCH_FLAGS) $(PKGS)
+
+# fuzz runs every Fuzz target in the repository for FUZZTIME each (make test
+# runs their seed corpora only).
+FUZZTIME ?= 30s
+fuzz: deps
+	@for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+	  for f in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$dir/*_test.go); do \
+	    echo "fuzz $$dir $$f ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) $$dir || exit 1; \
+	  done; \
+	done
 
 # soak runs the long chaos and soak runs (not part of make test).
 soak: deps
