@@ -147,12 +147,10 @@ func (o *op) loadBucket() {
 		o.b = *b
 		return
 	}
-	// Empty since born + lease TTL; refill credits the time since.
-	b := modelBucket{ts: float64(o.c.BornUS) + o.lttl()*1000}
-	if b.ts > o.now {
-		b.ts = o.now
-	}
-	o.b = b
+	// Empty since born + lease TTL; refill credits the time since. Inside
+	// the restart wait ts stays in the future: nothing is credited until
+	// the wait ends.
+	o.b = modelBucket{ts: float64(o.c.BornUS) + o.lttl()*1000}
 }
 
 func (o *op) credit(dt, r float64) {
@@ -315,6 +313,12 @@ func (o *op) waitMS(need float64) float64 {
 	}
 	if n, _ := accrue(w*1000, r, o.b.rm); n < math.Floor(float64(short*1000000)+0.5) {
 		w = w + 1
+	}
+	if o.b.ts > o.now {
+		w = w + math.Ceil((o.b.ts-o.now)/1000)
+	}
+	if !(w < maxMS) {
+		return -1
 	}
 	return w
 }

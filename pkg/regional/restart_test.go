@@ -68,3 +68,76 @@ func TestRestartWaitsOutGrantValidity(t *testing.T) {
 		t.Fatalf("7s after a data loss (past grant validity + one epoch) a new bucket admitted nothing")
 	}
 }
+
+// TestRestartNewBucketEarnsNothingDuringTheWait: a bucket created inside
+// the wait after a Redis data loss starts empty and earns nothing until
+// the wait ends (born + max(lease TTL, grant validity + one epoch)), then
+// refills at the static rate: over [restart, restart + wait + t] it admits
+// at most static rate × t, every instant measured on Redis time. (The
+// scripts once refilled such a bucket from its creation.)
+func TestRestartNewBucketEarnsNothingDuringTheWait(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, shortLeases)
+	ctx := context.Background()
+	wait := max(time.Duration(cfg.LeaseTTL), time.Duration(cfg.GrantValidity)+time.Duration(cfg.Epoch))
+	const rate = 50.0 // the only region's static rate
+	// margin is how long the wait still runs when the bucket is created;
+	// doubled when the test was starved past all of it before its first
+	// check.
+	for margin := time.Second; ; margin *= 2 {
+		setup := regiontest.StartOn(t, rs, cfg, "local")
+		now := setup.RedisNow(t)
+		if err := setup.RDB.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		born := now.Add(margin - wait)
+		if err := setup.RDB.Set(ctx, luascripts.DefaultPrefix+"born", strconv.FormatInt(born.UnixMicro(), 10), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartConservative, nil)
+		if err := g.Check(ctx, setup.RDB); err != nil {
+			t.Fatal(err)
+		}
+		reg := regiontest.StartOn(t, rs, cfg, "local", func(o *regional.Options) { o.Guard = g })
+		lc := sluicev1.NewLeaseServiceClient(reg.Dial(t))
+		warmEnd := born.Add(wait)
+		end := warmEnd.Add(500 * time.Millisecond)
+		var during, admitted int
+		var last time.Time
+		for last.Before(end) {
+			resp, err := lc.Check(ctx, &sluicev1.CheckRequest{Key: qk("acme", "export"), Cost: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			last = reg.RedisNow(t) // the check ran before this instant
+			if last.Before(warmEnd) {
+				during++
+				if resp.GetAllowed() {
+					t.Fatalf("a bucket created %v before the end of the restart wait admitted %v before it ended",
+						margin, warmEnd.Sub(last))
+				}
+				if ra := time.Duration(resp.GetRetryAfterMs()) * time.Millisecond; ra < warmEnd.Sub(last) {
+					t.Fatalf("denied %v before the end of the restart wait with Retry-After %v", warmEnd.Sub(last), ra)
+				}
+			}
+			if resp.GetAllowed() {
+				admitted++
+			}
+		}
+		if during == 0 {
+			if margin >= 16*time.Second {
+				t.Fatalf("starved past a %v margin: no check ran inside the restart wait", margin)
+			}
+			continue
+		}
+		after := last.Sub(warmEnd)
+		if bound := int(rate * after.Seconds()); admitted > bound {
+			t.Fatalf("admitted %d over [restart, restart + wait + %v], more than the static rate allows after the wait: %d",
+				admitted, after, bound)
+		}
+		if admitted == 0 {
+			t.Fatalf("nothing admitted in the %v after the restart wait", after)
+		}
+		return
+	}
+}

@@ -177,10 +177,12 @@ local function load_bucket()
     -- it is as if the bucket had been empty since born + lease TTL and had
     -- refilled at the static rate (refill credits it). A key that merely
     -- idled out is always full (its TTL is at least 2 x burst / rate).
+    -- Created before born + lease TTL (inside the restart wait), it starts
+    -- empty and earns nothing until the wait ends: ts stays there, in the
+    -- future, and refill credits nothing while NOW < ts.
     B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd = 0, 0, 0, 0, 0, 0, 0, 0, 0
     B.tk, B.rm = 0, 0
     B.ts = BORN + LTTL * 1000
-    if B.ts > NOW then B.ts = NOW end
     return
   end
   B.tk = tonumber(raw[1])
@@ -349,6 +351,9 @@ local function wait_ms(need)
   local w = math.ceil(short * 1000 / r)
   if not (w < MAXMS) then return -1 end
   if accrue(w * 1000, r, B.rm) < math.floor(short * 1000000 + 0.5) then w = w + 1 end
+  -- Refill starts at ts: after a data loss, the end of the restart wait.
+  if B.ts > NOW then w = w + math.ceil((B.ts - NOW) / 1000) end
+  if not (w < MAXMS) then return -1 end
   return w
 end
 
