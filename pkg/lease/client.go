@@ -471,6 +471,7 @@ func (c *Client) refill() {
 // refuses as invalid is split to find the refused keys, which are
 // forgotten. Returns the transport error, if any.
 func (c *Client) sendSync(parent context.Context, b *Batch) error {
+	c.table.ExpireFor(time.Now(), c.opts.SyncTimeout)
 	ctx, cancel := context.WithTimeout(parent, c.opts.SyncTimeout)
 	start := time.Now()
 	resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.opts.InstanceID, Reports: b.Reports})
@@ -503,6 +504,7 @@ func (c *Client) sendSync(parent context.Context, b *Batch) error {
 }
 
 func (c *Client) sendRelease(parent context.Context, b *Batch) error {
+	c.table.ExpireFor(time.Now(), c.opts.SyncTimeout)
 	ctx, cancel := context.WithTimeout(parent, c.opts.SyncTimeout)
 	defer cancel()
 	start := time.Now()

@@ -57,8 +57,11 @@
 //     checkClock is unset, and the owner loop sets checkClock half a TTL
 //     before the deadline (Expire returns when to run next), after which
 //     every decision on the key goes through Table.Allow with the clock.
-//     The bound holds unless the owner loop wakes more than half a TTL
-//     late.
+//     Before each blocking background RPC the owner sets checkClock for
+//     every key whose guard time falls within the RPC's timeout
+//     (ExpireFor), so a region that stops answering cannot keep the owner
+//     away from a deadline. The bound holds unless the owner loop is
+//     starved of CPU for more than half a TTL.
 //   - A report is resent unchanged (same seq, same numbers) until it is
 //     acknowledged, and newer usage waits for the next seq (DESIGN
 //     invariant 5); seqs come from one counter per Table, so they rise per

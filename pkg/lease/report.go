@@ -397,7 +397,7 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	}
 	target := t.targetFor(&e.st, e.sizingRate)
 	e.st.lowWater = t.lowWaterFor(e.sizingRate, target)
-	e.st.checkClock = e.st.hasLease && e.st.deadline.Sub(now) < e.guard
+	e.st.checkClock = e.st.hasLease && e.st.deadline.Sub(t.ownerHorizon(now)) < e.guard
 	// Publish the deadline before the tokens it covers.
 	e.publishLocked()
 	if g.Granted > 0 {
@@ -497,7 +497,17 @@ func (t *Table) expireLocked(now time.Time, e *entry) {
 // the clock with the deadline. An owner that calls Expire at the returned
 // times therefore never lets a token be spent at or after its deadline,
 // unless its own wake-up is late by more than the guard (half the TTL).
-func (t *Table) Expire(now time.Time) time.Time {
+func (t *Table) Expire(now time.Time) time.Time { return t.ExpireFor(now, 0) }
+
+// ExpireFor is Expire for an owner about to be busy for up to busy (a
+// blocking RPC) before it can call Expire again: every key whose guard
+// time falls before now + busy gets checkClock at once, and grants applied
+// meanwhile set it against that horizon too. So however the RPC timeout
+// compares with the lease TTL, the clock-free hot path never serves a key
+// past its deadline while the owner is blocked.
+func (t *Table) ExpireFor(now time.Time, busy time.Duration) time.Time {
+	horizon := now.Add(max(busy, 0))
+	t.ownerDue.Store(horizon.UnixNano())
 	var next time.Time
 	earliest := func(at time.Time) {
 		if next.IsZero() || at.Before(next) {
@@ -509,7 +519,7 @@ func (t *Table) Expire(now time.Time) time.Time {
 		t.expireLocked(now, e)
 		if e.st.hasLease {
 			if !e.st.checkClock {
-				if w := e.st.deadline.Add(-e.guard); now.Before(w) {
+				if w := e.st.deadline.Add(-e.guard); horizon.Before(w) {
 					earliest(w)
 				} else {
 					e.st.checkClock = true

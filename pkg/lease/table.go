@@ -36,6 +36,7 @@ type Table struct {
 	seq          atomic.Uint64 // last seq handed out
 	degradedKeys atomic.Int64
 	closed       atomic.Bool
+	ownerDue     atomic.Int64 // ns since 1970: the owner calls Expire again by then (see ExpireFor)
 
 	mu  sync.Mutex
 	rtt time.Duration // guarded by mu: smoothed round trip of lease RPCs
@@ -130,6 +131,15 @@ func NewTable(opts TableOptions) (*Table, error) {
 func (t *Table) Options() TableOptions { return t.opts }
 
 func (e *entry) tokens() int64 { return int64(e.word.Load() & poolMask) }
+
+// ownerHorizon is when the owner will next enforce deadlines at the
+// latest: now, or later while it is busy (ExpireFor).
+func (t *Table) ownerHorizon(now time.Time) time.Time {
+	if due := time.Unix(0, t.ownerDue.Load()); due.After(now) {
+		return due
+	}
+	return now
+}
 
 // take spends cost tokens if the pool holds them. crossed reports that this
 // spend took the pool from above low to at or below it.
