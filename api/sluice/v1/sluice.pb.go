@@ -1312,10 +1312,16 @@ type RegionReport struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
 	// Per-region sequence number; (region, seq) makes retries idempotent.
-	Seq           uint64       `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
-	Keys          []*KeyDemand `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Seq  uint64       `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Keys []*KeyDemand `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The config revisions (etcd mod revisions, oldest first; a static
+	// config is revision 0) whose static shares the region still honours:
+	// the last one the global tier confirmed to it and every one adopted
+	// since, the last being the config it runs. It uses the smallest static
+	// share among them (see regionsync.Chain). At most 8.
+	ConfigRevisions []int64 `protobuf:"varint,4,rep,packed,name=config_revisions,json=configRevisions,proto3" json:"config_revisions,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RegionReport) Reset() {
@@ -1365,6 +1371,13 @@ func (x *RegionReport) GetSeq() uint64 {
 func (x *RegionReport) GetKeys() []*KeyDemand {
 	if x != nil {
 		return x.Keys
+	}
+	return nil
+}
+
+func (x *RegionReport) GetConfigRevisions() []int64 {
+	if x != nil {
+		return x.ConfigRevisions
 	}
 	return nil
 }
@@ -1455,8 +1468,14 @@ type RegionGrants struct {
 	// this many milliseconds, once their next reports are in, gets the rest
 	// before the next epoch. 0: report at the next epoch.
 	ReportAgainMs int64 `protobuf:"varint,6,opt,name=report_again_ms,json=reportAgainMs,proto3" json:"report_again_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The newest config revision that every configured region reported
+	// among its config_revisions (confirmed_known false: none yet). A region
+	// holding it drops the older revisions it honours, so a static share
+	// rises only once every region has adopted the change.
+	ConfirmedRevision int64 `protobuf:"varint,7,opt,name=confirmed_revision,json=confirmedRevision,proto3" json:"confirmed_revision,omitempty"`
+	ConfirmedKnown    bool  `protobuf:"varint,8,opt,name=confirmed_known,json=confirmedKnown,proto3" json:"confirmed_known,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RegionGrants) Reset() {
@@ -1529,6 +1548,20 @@ func (x *RegionGrants) GetReportAgainMs() int64 {
 		return x.ReportAgainMs
 	}
 	return 0
+}
+
+func (x *RegionGrants) GetConfirmedRevision() int64 {
+	if x != nil {
+		return x.ConfirmedRevision
+	}
+	return 0
+}
+
+func (x *RegionGrants) GetConfirmedKnown() bool {
+	if x != nil {
+		return x.ConfirmedKnown
+	}
+	return false
 }
 
 var File_sluice_proto protoreflect.FileDescriptor
@@ -1638,23 +1671,26 @@ const file_sluice_proto_rawDesc = "" +
 	"\aholding\x18\b \x01(\x01R\aholding\x12$\n" +
 	"\vdemand_rate\x18\t \x01(\x01H\x00R\n" +
 	"demandRate\x88\x01\x01B\x0e\n" +
-	"\f_demand_rate\"b\n" +
+	"\f_demand_rate\"\x8d\x01\n" +
 	"\fRegionReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12(\n" +
-	"\x04keys\x18\x03 \x03(\v2\x14.sluice.v1.KeyDemandR\x04keys\"v\n" +
+	"\x04keys\x18\x03 \x03(\v2\x14.sluice.v1.KeyDemandR\x04keys\x12)\n" +
+	"\x10config_revisions\x18\x04 \x03(\x03R\x0fconfigRevisions\"v\n" +
 	"\bKeyGrant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x14\n" +
 	"\x05burst\x18\x03 \x01(\x01R\x05burst\x12\x19\n" +
-	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\xbf\x01\n" +
+	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\x97\x02\n" +
 	"\fRegionGrants\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12+\n" +
 	"\x06grants\x18\x03 \x03(\v2\x13.sluice.v1.KeyGrantR\x06grants\x12\x1a\n" +
 	"\blearning\x18\x04 \x01(\bR\blearning\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12&\n" +
-	"\x0freport_again_ms\x18\x06 \x01(\x03R\rreportAgainMs2\x87\x02\n" +
+	"\x0freport_again_ms\x18\x06 \x01(\x03R\rreportAgainMs\x12-\n" +
+	"\x12confirmed_revision\x18\a \x01(\x03R\x11confirmedRevision\x12'\n" +
+	"\x0fconfirmed_known\x18\b \x01(\bR\x0econfirmedKnown2\x87\x02\n" +
 	"\fLeaseService\x12@\n" +
 	"\aAcquire\x12\x19.sluice.v1.AcquireRequest\x1a\x1a.sluice.v1.AcquireResponse\x127\n" +
 	"\x04Sync\x12\x16.sluice.v1.SyncRequest\x1a\x17.sluice.v1.SyncResponse\x12@\n" +
