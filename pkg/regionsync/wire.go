@@ -25,6 +25,14 @@ func DecodeReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int) (
 	if _, ok := cfg.Regions[region]; !ok {
 		return hierarchy.Report{}, nil, fmt.Errorf("%w: region %q is not configured", quota.ErrInvalid, region)
 	}
+	if revs := req.GetConfigRevisions(); len(revs) > MaxConfigs {
+		return hierarchy.Report{}, nil, fmt.Errorf("%w: config_revisions has %d entries, the limit is %d", quota.ErrInvalid, len(revs), MaxConfigs)
+	}
+	for i, rev := range req.GetConfigRevisions() {
+		if rev < 0 {
+			return hierarchy.Report{}, nil, fmt.Errorf("%w: config_revisions[%d] %d is negative", quota.ErrInvalid, i, rev)
+		}
+	}
 	keys := req.GetKeys()
 	if len(keys) > maxKeys {
 		return hierarchy.Report{}, nil, fmt.Errorf("%w: keys has %d entries, the limit is %d", quota.ErrInvalid, len(keys), maxKeys)

@@ -1,0 +1,315 @@
+package regionsync
+
+import (
+	"math"
+	"slices"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// MaxConfigs bounds the configs a Chain keeps (the confirmed one and those
+// adopted since), and so the config_revisions of a report.
+const MaxConfigs = 8
+
+// Revision is one config and the etcd mod revision it came from (0 for a
+// static config).
+type Revision struct {
+	Rev int64
+	Cfg *config.Config
+}
+
+// Chain is the make-before-break discipline of static shares on a region's
+// side. A weight or limit change reaches regions at different times (a
+// region cut off from etcd keeps the old config), so a region must not
+// raise a static share before every region applies the decreases that pay
+// for it. A Chain holds the config the global tier last confirmed to the
+// region and every config adopted since, in adoption order; the static
+// share the region hands its scripts is the smallest share among them
+// (Share). A decrease thus applies at once, an increase only once the
+// global tier confirms a revision every region reported (Confirm).
+//
+// Why that is safe: the global tier confirms X only when X is among the
+// reported revisions of every region, and a region drops a reported
+// revision only when told of a confirmed one adopted after it. So the
+// newest revision ever confirmed is at every instant still in every
+// region's chain, every region's share is at most its share under that one
+// config, and those sum to at most the key's rate and burst. Exact matching
+// of revisions (not "at most X") keeps this true when a region skipped a
+// revision the others ran (a watch resumed after a compaction).
+//
+// A Chain is a value: its methods return a new Chain and never change the
+// receiver, so an adapter may publish it through an atomic pointer. Safe
+// for concurrent use as long as no one modifies its configs.
+type Chain struct {
+	entries []chainEntry // [0] confirmed; the rest adopted since, oldest first
+	// unlisted is the config run when the chain is full: it counts in
+	// Share but is not reported (and so never confirmed) until room frees.
+	unlisted *Revision
+}
+
+type chainEntry struct {
+	Revision
+	reported bool
+}
+
+// NewChain is a region's chain at start: the config it runs counts as
+// confirmed, since a process with no history cannot know better (see the
+// residual gap in docs/architecture.md).
+func NewChain(rev int64, cfg *config.Config) Chain {
+	return Chain{entries: []chainEntry{{Revision: Revision{Rev: rev, Cfg: cfg}}}}
+}
+
+// Current is the config the region runs (the newest adopted).
+func (c Chain) Current() Revision {
+	if c.unlisted != nil {
+		return *c.unlisted
+	}
+	if len(c.entries) == 0 {
+		return Revision{}
+	}
+	return c.entries[len(c.entries)-1].Revision
+}
+
+// Confirmed is the revision of the config last confirmed to the region.
+func (c Chain) Confirmed() int64 {
+	if len(c.entries) == 0 {
+		return 0
+	}
+	return c.entries[0].Rev
+}
+
+// Len is how many configs count in Share.
+func (c Chain) Len() int {
+	n := len(c.entries)
+	if c.unlisted != nil {
+		n++
+	}
+	return n
+}
+
+// Adopt is c after the region adopted cfg at rev (the config watcher made
+// it live). The same revision again changes nothing. When the chain is
+// full, cfg replaces the newest config if that one was never reported
+// (nobody can confirm it), or else runs unlisted: it still counts in Share
+// but is not reported until a confirmation frees room. A reported
+// revision is never dropped before a confirmation passes it.
+func (c Chain) Adopt(rev int64, cfg *config.Config) Chain {
+	if cur := c.Current(); cur.Cfg != nil && cur.Rev == rev {
+		return c
+	}
+	e := chainEntry{Revision: Revision{Rev: rev, Cfg: cfg}}
+	out := Chain{entries: slices.Clone(c.entries)}
+	if len(out.entries) < MaxConfigs {
+		out.entries = append(out.entries, e)
+		return out
+	}
+	if last := &out.entries[len(out.entries)-1]; len(out.entries) > 1 && !last.reported {
+		*last = e
+		return out
+	}
+	out.unlisted = &e.Revision
+	return out
+}
+
+// Reported is c with every listed revision marked as reported, and the
+// revisions to send (oldest first): call it for each report, and publish
+// the returned chain before the report leaves.
+func (c Chain) Reported() (Chain, []int64) {
+	out := Chain{entries: slices.Clone(c.entries), unlisted: c.unlisted}
+	revs := make([]int64, len(out.entries))
+	for i := range out.entries {
+		out.entries[i].reported = true
+		revs[i] = out.entries[i].Rev
+	}
+	return out, revs
+}
+
+// Confirm is c after the global tier confirmed rev: when rev is one of the
+// listed revisions, the older ones are dropped and rev becomes the
+// confirmed config (an unlisted config is listed if room freed). A
+// revision not listed (older than the confirmed one, or one this process
+// never ran) changes nothing.
+func (c Chain) Confirm(rev int64) Chain {
+	at := -1
+	for i, e := range c.entries {
+		if e.Rev == rev && e.Cfg != nil {
+			at = i
+		}
+	}
+	if at <= 0 {
+		return c
+	}
+	out := Chain{entries: slices.Clone(c.entries[at:])}
+	out.entries[0].reported = true
+	if c.unlisted != nil {
+		out = out.Adopt(c.unlisted.Rev, c.unlisted.Cfg)
+	}
+	return out
+}
+
+// Share is the static rate and burst the region may use for a key: the
+// smallest share among cfg (the config a request is served under, res the
+// key resolved there) and the chain's configs, the key resolved under each.
+// A config under which the key does not resolve, or which lacks the
+// region, counts as a share of 0 (regions still running it serve nothing
+// there, but no other config bounds what they may run later).
+func (c Chain) Share(region string, k quota.Key, cfg *config.Config, res config.Resolved) (rate, burst float64, err error) {
+	rate, burst, err = cfg.StaticShareOf(region, res)
+	if err != nil {
+		return 0, 0, err
+	}
+	visit := func(e Revision) {
+		if e.Cfg == cfg {
+			return
+		}
+		r, b := ShareUnder(e.Cfg, region, k)
+		rate, burst = math.Min(rate, r), math.Min(burst, b)
+	}
+	for _, e := range c.entries {
+		visit(e.Revision)
+	}
+	if c.unlisted != nil {
+		visit(*c.unlisted)
+	}
+	return rate, burst, nil
+}
+
+// ShareUnder is region's static rate and burst for k under cfg, 0 when k
+// does not resolve there or the region is not in it.
+func ShareUnder(cfg *config.Config, region string, k quota.Key) (rate, burst float64) {
+	if cfg == nil {
+		return 0, 0
+	}
+	res, err := cfg.Resolve(k)
+	if err != nil {
+		return 0, 0
+	}
+	r, b, err := cfg.StaticShareOf(region, res)
+	if err != nil {
+		return 0, 0
+	}
+	return r, b
+}
+
+// Confirmations is the global tier's side: the revisions each region last
+// reported, and the confirmed revision they make. Not safe for concurrent
+// use.
+type Confirmations struct {
+	reported  map[string][]int64 // region -> its latest report's config_revisions
+	confirmed int64
+	known     bool
+}
+
+// NewConfirmations starts with nothing confirmed.
+func NewConfirmations() *Confirmations {
+	return &Confirmations{reported: map[string][]int64{}}
+}
+
+// Observe records region's latest config_revisions (at most MaxConfigs;
+// longer lists are cut to their newest MaxConfigs). It reports whether
+// they changed.
+func (c *Confirmations) Observe(region string, revs []int64) bool {
+	if len(revs) > MaxConfigs {
+		revs = revs[len(revs)-MaxConfigs:]
+	}
+	if slices.Equal(c.reported[region], revs) {
+		if _, ok := c.reported[region]; ok {
+			return false
+		}
+	}
+	c.reported[region] = slices.Clone(revs)
+	return true
+}
+
+// Forget drops a region's reports (it left the config).
+func (c *Confirmations) Forget(region string) { delete(c.reported, region) }
+
+// Reported is region's latest config_revisions (nil, false when it never
+// reported).
+func (c *Confirmations) Reported(region string) ([]int64, bool) {
+	r, ok := c.reported[region]
+	return r, ok
+}
+
+// Counted says whether a configured region must have reported a revision
+// before it is confirmed. Every configured region counts, heard from or
+// not: a region never heard from may run anything. Once regions can be
+// declared dead (their static share a lease that lapsed), this is where
+// they stop counting.
+func Counted(region string) bool { return true }
+
+// Confirm is the confirmed revision for the configured regions: the
+// newest revision every counted region has among its latest reported
+// revisions, never older than one confirmed before (ok false while there
+// is none: some counted region never reported, or they share no revision).
+func (c *Confirmations) Confirm(regions []string) (rev int64, ok bool) {
+	var common []int64
+	first := true
+	for _, r := range regions {
+		if !Counted(r) {
+			continue
+		}
+		revs, heard := c.reported[r]
+		if !heard {
+			return c.confirmed, c.known
+		}
+		if first {
+			common, first = slices.Clone(revs), false
+			continue
+		}
+		common = slices.DeleteFunc(common, func(x int64) bool { return !slices.Contains(revs, x) })
+	}
+	if first || len(common) == 0 {
+		return c.confirmed, c.known
+	}
+	best := slices.Max(common)
+	if !c.known || best > c.confirmed {
+		c.confirmed, c.known = best, true
+	}
+	return c.confirmed, c.known
+}
+
+// Reserve is what the global tier must assume a region may use as its
+// static share of k: the smallest share under the region's reported
+// revisions from the confirmed one on (it keeps them all until a later
+// confirmation), taking only revisions whose config cfgs holds. A region
+// never heard from, or none of whose revisions are held, may run any
+// config: the largest share under any held config. cfgs must hold at
+// least one config.
+func (c *Confirmations) Reserve(cfgs map[int64]*config.Config, region string, k quota.Key) (rate, burst float64) {
+	revs, heard := c.reported[region]
+	found := false
+	if heard {
+		for _, rev := range revs {
+			cfg, held := cfgs[rev]
+			if !held || (c.known && rev < c.confirmed) {
+				continue
+			}
+			r, b := ShareUnder(cfg, region, k)
+			if !found {
+				rate, burst, found = r, b, true
+			} else {
+				rate, burst = math.Min(rate, r), math.Min(burst, b)
+			}
+		}
+	}
+	if found {
+		return rate, burst
+	}
+	for _, cfg := range cfgs {
+		r, b := ShareUnder(cfg, region, k)
+		rate, burst = math.Max(rate, r), math.Max(burst, b)
+	}
+	return rate, burst
+}
+
+// Answered is c after the global tier's answer g (its confirmed revision,
+// when it has one).
+func (c Chain) Answered(g *sluicev1.RegionGrants) Chain {
+	if !g.GetConfirmedKnown() {
+		return c
+	}
+	return c.Confirm(g.GetConfirmedRevision())
+}
