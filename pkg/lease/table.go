@@ -444,6 +444,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		e.results[slot(ResultShadowDenied, false)].Add(1)
 	default:
 		d.RetryAfter = time.Duration(max(0, resp.RetryAfterMs)) * time.Millisecond
+		d.RetryNever = resp.RetryAfterMs < 0 // the region says no wait will do
 		e.results[slot(ResultDenied, false)].Add(1)
 	}
 	return d, nil

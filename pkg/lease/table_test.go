@@ -568,6 +568,7 @@ func TestStrictClasses(t *testing.T) {
 		{&sluicev1.CheckResponse{Allowed: true, Limit: 5, Remaining: 4}, true, false, ResultAllowed},
 		{&sluicev1.CheckResponse{Limit: 5, RetryAfterMs: 250}, false, true, ResultDenied},
 		{&sluicev1.CheckResponse{Limit: 5, Shadow: true}, true, true, ResultShadowDenied},
+		{&sluicev1.CheckResponse{Limit: 5, RetryAfterMs: -1}, false, true, ResultDenied},
 	} {
 		d, err := tb.ApplyCheck(t0, kExp, 1, tc.resp)
 		if err != nil {
@@ -576,7 +577,10 @@ func TestStrictClasses(t *testing.T) {
 		if d.Allowed != tc.allowed || d.WouldDeny != tc.deny || d.Limit != 5 {
 			t.Errorf("check %+v: decision %+v", tc.resp, d)
 		}
-		if !tc.allowed && d.RetryAfter != 250*time.Millisecond {
+		if never := tc.resp.RetryAfterMs < 0; d.RetryNever != never {
+			t.Errorf("check %+v: RetryNever %v, want %v", tc.resp, d.RetryNever, never)
+		}
+		if !tc.allowed && !d.RetryNever && d.RetryAfter != 250*time.Millisecond {
 			t.Errorf("retry after %v, want 250ms", d.RetryAfter)
 		}
 	}

@@ -1,6 +1,9 @@
 package luascripts
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // The refill arithmetic shared by Model and lib.lua (accrue there): exact
 // over any call pattern. Every product and sum below is rounded to float64
@@ -18,6 +21,16 @@ const (
 	// wait is "never".
 	maxMS = 1 << 43
 )
+
+// WireMS renders a script's wait (RetryAfter, Reset) for the wire: whole
+// milliseconds, or -1 for "never" (the scripts' -1: what is asked exceeds
+// what the bucket can ever hold at its current cap, or the rate is zero).
+func WireMS(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return d.Milliseconds()
+}
 
 // twoProd returns p = a·b rounded and e with p + e = a·b exactly (Dekker).
 func twoProd(a, b float64) (p, e float64) {

@@ -129,8 +129,13 @@ type Decision struct {
 	// ResetAt is when the tokens will be back to Limit.
 	ResetAt time.Time
 	// RetryAfter is how long to wait before retrying a denied request; zero
-	// when allowed.
+	// when allowed, and when RetryNever is set.
 	RetryAfter time.Duration
+	// RetryNever is set on a denial no wait can cure while the region's
+	// cap and rate stay as they are: the cost exceeds what the region's
+	// bucket can ever hold (its cap less the tokens out in leases), or its
+	// rate is zero. No Retry-After is promised then.
+	RetryNever bool
 	// Degraded is set when the decision came from the class's on_failure
 	// policy because the regional service could not be reached.
 	Degraded bool

@@ -27,7 +27,7 @@ func Grant(g *sluicev1.Grant, key *sluicev1.QuotaKey, res config.Resolved, seq u
 	g.Granted = lr.Granted
 	g.TtlMs = lr.TTL.Milliseconds()
 	g.Remaining = max(lr.Remaining, 0)
-	g.RetryAfterMs = lr.RetryAfter.Milliseconds()
+	g.RetryAfterMs = luascripts.WireMS(lr.RetryAfter)
 	g.RegionRate = lr.Rate
 	g.RegionBurst = lr.Cap
 	g.LiveInstances = lr.Live
@@ -53,7 +53,7 @@ func Check(res config.Resolved, cr luascripts.CheckReply) *sluicev1.CheckRespons
 		Allowed:      cr.Allowed,
 		Limit:        res.Limit.Burst,
 		Remaining:    max(cr.Remaining, 0),
-		RetryAfterMs: cr.RetryAfter.Milliseconds(),
+		RetryAfterMs: luascripts.WireMS(cr.RetryAfter),
 		ResetMs:      cr.Reset.Milliseconds(),
 		Shadow:       res.Shadow,
 	}
