@@ -59,17 +59,6 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-const (
-	defaultRefresh         = time.Second
-	defaultBreakerTimeout  = 50 * time.Millisecond
-	defaultBreakerFailures = 3
-	defaultBreakerCooldown = time.Second
-	// A request makes at most this many synchronous acquires before it is
-	// denied (the batch it fetched went to concurrent requests).
-	maxSyncAcquires = 2
-	maxSlowRounds   = 6
-)
-
 var errBreakerOpen = errors.New("circuit breaker open")
 
 func (o Options) withDefaults() (Options, error) {
@@ -88,9 +77,9 @@ func (o Options) withDefaults() (Options, error) {
 		v    *time.Duration
 		def  time.Duration
 	}{
-		{"Refresh", &o.Refresh, defaultRefresh},
-		{"BreakerTimeout", &o.BreakerTimeout, defaultBreakerTimeout},
-		{"BreakerCooldown", &o.BreakerCooldown, defaultBreakerCooldown},
+		{"Refresh", &o.Refresh, DefaultRefresh},
+		{"BreakerTimeout", &o.BreakerTimeout, DefaultBreakerTimeout},
+		{"BreakerCooldown", &o.BreakerCooldown, DefaultBreakerCooldown},
 		{"SyncTimeout", &o.SyncTimeout, 0},
 		{"IdleTimeout", &o.IdleTimeout, 0},
 	}
@@ -103,13 +92,13 @@ func (o Options) withDefaults() (Options, error) {
 		}
 	}
 	if o.SyncTimeout == 0 {
-		o.SyncTimeout = o.Refresh / 2
+		o.SyncTimeout = DefaultSyncTimeout(o.Refresh)
 	}
 	if o.BreakerFailures < 0 {
 		return o, fmt.Errorf("%w: lease client option BreakerFailures %d is negative", quota.ErrInvalid, o.BreakerFailures)
 	}
 	if o.BreakerFailures == 0 {
-		o.BreakerFailures = defaultBreakerFailures
+		o.BreakerFailures = DefaultBreakerFailures
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -258,7 +247,7 @@ func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quot
 		case ActCheck:
 			return c.check(ctx, now, key, cost)
 		}
-		if acquires >= maxSyncAcquires || round >= maxSlowRounds {
+		if GiveUp(acquires, round) {
 			return c.table.Exhausted(now, key, cost)
 		}
 		if !c.breaker.Ready(now) {
@@ -409,7 +398,7 @@ func (c *Client) loop() {
 	defer expiry.Stop()
 	// Early refills are batched: after one, further kicks wait a short
 	// spacing so a burst of keys crossing their marks shares one RPC.
-	spacing := max(c.opts.Refresh/20, 5*time.Millisecond)
+	spacing := RefillSpacing(c.opts.Refresh)
 	kick := (<-chan struct{})(c.kick)
 	var hold <-chan time.Time
 	for {

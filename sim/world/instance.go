@@ -70,7 +70,7 @@ func newInstance(r *Region, num int) *Instance {
 	}
 	in.offset += r.offset
 	t, err := lease.NewTable(lease.TableOptions{
-		Refresh: w.refresh, Classes: w.classes, MaxReportsPerSync: maxReportsPerSync,
+		Refresh: w.refresh, Classes: w.classes,
 		// The Client starts seqs at its start time in µs, so a reused id
 		// never reports below its previous life.
 		SeqBase: uint64(w.clockAt(in.offset).UnixMicro()),
@@ -173,7 +173,7 @@ func (in *Instance) serve(g *group) {
 			in.check(g)
 			return
 		}
-		if g.acquires >= maxSyncAcquires || g.rounds >= maxSlowRounds {
+		if lease.GiveUp(g.acquires, g.rounds) {
 			d, _ := in.table.Exhausted(now, g.qk, g.cost)
 			in.record(&t, d, g.cost, false)
 			g.n--
@@ -498,7 +498,7 @@ func (in *Instance) syncAll() {
 
 func (in *Instance) refill() {
 	now := in.now()
-	in.holdUntil = in.w.eng.Now().Add(max(in.w.refresh/20, 5*time.Millisecond))
+	in.holdUntil = in.w.eng.Now().Add(lease.RefillSpacing(in.w.refresh))
 	b := in.table.PrepareRefill(now)
 	if b == nil {
 		in.loopDone()
@@ -511,7 +511,7 @@ func (in *Instance) refill() {
 // sendSync sends a Sync batch already counted in flight.
 func (in *Instance) sendSync(b *lease.Batch, done func(failed bool)) {
 	var grants []*sluicev1.Grant
-	in.rpc(in.w.refresh/2,
+	in.rpc(lease.DefaultSyncTimeout(in.w.refresh),
 		func() bool {
 			var ok bool
 			grants, ok = in.region.leaseOp(in.id, b.Reports, false)
@@ -540,7 +540,7 @@ func (in *Instance) sendSync(b *lease.Batch, done func(failed bool)) {
 }
 
 func (in *Instance) sendRelease(b *lease.Batch, done func(failed bool)) {
-	in.rpc(in.w.refresh/2,
+	in.rpc(lease.DefaultSyncTimeout(in.w.refresh),
 		func() bool {
 			in.replayLease(b.Reports, func(reps []*sluicev1.KeyReport) { in.region.release(in.id, reps) })
 			return in.region.release(in.id, b.Reports)

@@ -21,17 +21,11 @@ import (
 // origin + t + its offset.
 func origin() time.Time { return time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC) }
 
-// Client-side constants mirrored from pkg/lease's Client.
+// The client's defaults and rules come from pkg/lease (decide.go).
 const (
-	defaultBreakerTimeout  = 50 * time.Millisecond
-	defaultBreakerFailures = 3
-	defaultBreakerCooldown = time.Second
-	maxSyncAcquires        = 2
-	maxSlowRounds          = 6
-	maxReportsPerSync      = 10000
-	reapBudget             = 8
-	expirySweep            = 10 // epochs between the Model's TTL sweeps
-	redisPrefix            = luascripts.DefaultPrefix
+	reapBudget  = 8
+	expirySweep = 10 // epochs between the Model's TTL sweeps
+	redisPrefix = luascripts.DefaultPrefix
 )
 
 // keyInfo is everything fixed about one driven key.
@@ -98,9 +92,9 @@ func New(sc *scenario.Scenario, seed uint64, orc *oracle.Oracle, plan *traffic.P
 		epoch: time.Duration(cfg.Epoch), refresh: time.Duration(cfg.Refresh),
 		leaseTTL: time.Duration(cfg.LeaseTTL), validity: time.Duration(cfg.GrantValidity),
 		sessionTTL:      time.Duration(sc.Topology.SessionTTL),
-		breakerTimeout:  defaultBreakerTimeout,
-		breakerFailures: defaultBreakerFailures,
-		breakerCooldown: defaultBreakerCooldown,
+		breakerTimeout:  lease.DefaultBreakerTimeout,
+		breakerFailures: lease.DefaultBreakerFailures,
+		breakerCooldown: lease.DefaultBreakerCooldown,
 		keyByQK:         map[quota.Key]*keyInfo{},
 		classes:         map[string]lease.ClassPolicy{},
 	}

@@ -1,0 +1,43 @@
+package lease
+
+import "time"
+
+// The Client's defaults and the rules of its request path and owner loop
+// that are not in the Table. The simulator (sim/world) drives a Table with
+// exactly these; a rule written anywhere else is a bug.
+const (
+	// DefaultRefresh is the period of the background Sync.
+	DefaultRefresh = time.Second
+	// DefaultBreakerTimeout bounds a synchronous Acquire or Check, and a
+	// request's wait for a refill already in flight.
+	DefaultBreakerTimeout = 50 * time.Millisecond
+	// DefaultBreakerFailures consecutive failed RPCs open the breaker.
+	DefaultBreakerFailures = 3
+	// DefaultBreakerCooldown is how long the open breaker skips
+	// synchronous RPCs before letting one probe through.
+	DefaultBreakerCooldown = time.Second
+	// MaxSyncAcquires is how many synchronous acquires a request makes at
+	// most before it is decided from what is left (the batch it fetched
+	// went to concurrent requests).
+	MaxSyncAcquires = 2
+	// MaxSlowRounds bounds a request's rounds on the slow path.
+	MaxSlowRounds = 6
+)
+
+// GiveUp reports whether a request on the slow path that made acquires
+// synchronous acquires in rounds rounds is decided now with
+// Table.Exhausted.
+func GiveUp(acquires, rounds int) bool {
+	return acquires >= MaxSyncAcquires || rounds >= MaxSlowRounds
+}
+
+// RefillSpacing is how long the owner loop lets further early-refill
+// kicks wait after one, so a burst of keys crossing their low-water marks
+// shares one RPC.
+func RefillSpacing(refresh time.Duration) time.Duration {
+	return max(refresh/20, 5*time.Millisecond)
+}
+
+// DefaultSyncTimeout bounds one background Sync or Release RPC unless
+// configured.
+func DefaultSyncTimeout(refresh time.Duration) time.Duration { return refresh / 2 }
