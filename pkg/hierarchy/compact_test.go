@@ -55,8 +55,9 @@ func churn(t *testing.T, a *Allocator, busy []quota.Key, from, epochs int) [][]G
 }
 
 // TestForgottenKeysGiveMemoryBack: 200,000 keys get demand, contention
-// and grants, then fall silent; once their grants expired (now advanced)
-// and they are removed, the Allocator's memory is back to where it was.
+// and fencing state, then are removed; the Allocator's memory is back to
+// where it was. (TestCompactionChangesNoOutput takes keys through grants
+// and their expiry, now advanced, before removing them.)
 func TestForgottenKeysGiveMemoryBack(t *testing.T) {
 	n := 200_000
 	if testing.Short() {
@@ -70,17 +71,18 @@ func TestForgottenKeysGiveMemoryBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// After learning (one validity), two epochs of demand: every key is
-	// contended and region a holds grants above its share.
-	grants := churn(t, a, keys, 6, 2)
-	if len(grants[len(grants)-2]) != n {
-		t.Fatalf("region a got %d grants, want one for each of the %d keys", len(grants[len(grants)-2]), n)
+	rep := Report{Region: "a", Seq: 1, Keys: make([]KeyDemand, n)}
+	for i, k := range keys {
+		rep.Keys[i] = KeyDemand{Key: k, Admitted: 8, Window: time.Second}
 	}
-	// Silence for longer than a validity: the grants expire, the demand
-	// decays, Allocate frees the fencing state.
-	churn(t, a, nil, 8, 8)
-	if v := a.View(testStart.Add(16 * time.Second)); countActive(v) != 0 {
-		t.Fatalf("%d keys still active after their grants expired", countActive(v))
+	now := testStart.Add(6 * time.Second)
+	if _, err := a.Report(now, rep); err != nil {
+		t.Fatal(err)
+	}
+	rep = Report{}
+	a.Allocate(now)
+	if len(a.active) != n {
+		t.Fatalf("%d keys active after demand above the static share, want %d", len(a.active), n)
 	}
 	for _, k := range keys {
 		a.RemoveKey(k)
@@ -107,9 +109,11 @@ func countActive(v View) int {
 	return n
 }
 
-// TestCompactionChangesNoOutput: two Allocators see the same calls; one
-// renumbers its slots and blocks when most keys are removed, the other
-// never does. Every later answer and view is the same.
+// TestCompactionChangesNoOutput: two Allocators see the same calls (keys
+// with demand and grants, most of them then silent past their grants'
+// expiry and removed); one renumbers its slots and blocks when most keys
+// are removed, the other never does. Every later answer and view is the
+// same.
 func TestCompactionChangesNoOutput(t *testing.T) {
 	noiseN := 3 * compactMin
 	run := func(compact bool) ([][]Grant, View, int) {
@@ -135,12 +139,12 @@ func TestCompactionChangesNoOutput(t *testing.T) {
 		}
 		out := churn(t, a, stay, 11, 8)
 		v := a.View(testStart.Add(19 * time.Second))
-		return out, v, len(a.keys)
+		return out, v, len(a.keys) + len(a.blockKey)
 	}
 	gotC, viewC, slotsC := run(true)
 	gotN, viewN, slotsN := run(false)
-	if slotsC >= compactMin || slotsN < compactMin {
-		t.Fatalf("slots %d with compaction, %d without: the test does not compare what it means to", slotsC, slotsN)
+	if slotsC > 2*compactMin || slotsN < 2*slotsC {
+		t.Fatalf("slots and blocks %d with compaction, %d without: the test does not compare what it means to", slotsC, slotsN)
 	}
 	granted := 0
 	for _, g := range gotC {
