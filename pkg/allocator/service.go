@@ -43,6 +43,12 @@ type configRevision interface {
 	Revision() int64
 }
 
+// configLive is the optional config and its revision read together (as
+// configstore.Watcher has it).
+type configLive interface {
+	Live() (*config.Config, int64)
+}
+
 // StaticConfig is a ConfigSource that never changes. Safe for concurrent
 // use as long as C is not modified.
 type StaticConfig struct{ C *config.Config }
@@ -104,11 +110,18 @@ type Service struct {
 	mu         sync.Mutex
 	alloc      *hierarchy.Allocator    // guarded by mu
 	applied    *config.Config          // guarded by mu: the config alloc was last brought in line with
+	appliedRev int64                   // guarded by mu: applied's revision
 	timing     timing                  // guarded by mu: alloc's epoch and validity
 	learnFloor time.Time               // guarded by mu: learning lasts at least until then
 	keys       map[quota.Key]time.Time // guarded by mu: last time a report or an answer named the key
 	keysPeak   shrink.Peak             // guarded by mu: keys' high-water mark
 	lastReport map[string]time.Time    // guarded by mu: region -> its last accepted report
+	// conf tracks the config revisions regions report and the revision
+	// confirmed to them (regionsync's make-before-break of static shares);
+	// held are the configs of revisions still in play, by revision, the
+	// live one included. Both guarded by mu.
+	conf *regionsync.Confirmations
+	held map[int64]*config.Config
 
 	lmu  sync.Mutex // guards lead; taken after mu when both are held
 	lead leadState  // guarded by lmu
@@ -143,9 +156,12 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 		log:        o.logger,
 		alloc:      a,
 		applied:    cfg,
+		appliedRev: revisionOf(o.config, cfg),
 		timing:     timing{epoch: opts.Epoch, validity: opts.Validity, alpha: opts.DemandAlpha},
 		keys:       make(map[quota.Key]time.Time),
 		lastReport: make(map[string]time.Time),
+		conf:       regionsync.NewConfirmations(),
+		held:       map[int64]*config.Config{revisionOf(o.config, cfg): cfg},
 	}, nil
 }
 
@@ -175,15 +191,25 @@ func allocatorOptions(cfg *config.Config) hierarchy.Options {
 // allocator when the epoch or the validity changed. s.mu is held.
 func (s *Service) applyConfigLocked(now time.Time) {
 	cfg := s.src.Current()
+	rev := int64(0)
+	if l, ok := s.src.(configLive); ok {
+		cfg, rev = l.Live()
+	} else if r, ok := s.src.(configRevision); ok {
+		rev = r.Revision()
+	}
 	if cfg == nil || cfg == s.applied {
 		return
 	}
 	old := s.applied
 	s.applied = cfg
+	s.appliedRev = rev
+	s.held[rev] = cfg
+	s.pruneHeldLocked()
 	opts := allocatorOptions(cfg)
 	for name := range old.Regions {
 		if _, kept := cfg.Regions[name]; !kept {
 			delete(s.lastReport, name)
+			s.conf.Forget(name)
 			s.m.forgetRegion(name)
 			s.log.Warn("region removed from the config; its grants are forgotten", "region", name)
 		}
@@ -209,17 +235,112 @@ func (s *Service) applyConfigLocked(now time.Time) {
 			s.log.Info("regions changed", "regions", len(opts.Regions))
 		}
 	}
+	s.setLimitsLocked()
+}
+
+// setLimitsLocked sets every tracked key's limit under the live config,
+// with the static shares regions may run on while they run different
+// revisions. s.mu is held.
+func (s *Service) setLimitsLocked() {
 	for k := range s.keys {
-		res, err := cfg.Resolve(k)
+		res, err := s.applied.Resolve(k)
 		if err != nil {
 			// The key's class is gone: the old limit stays until the key
 			// is forgotten, since regions may still hold grants for it.
 			continue
 		}
-		if err := s.alloc.SetLimit(k, hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst), Unit: res.Class.Unit()}); err != nil {
+		l := s.limitLocked(k, hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst), Unit: res.Class.Unit()})
+		if err := s.alloc.SetLimit(k, l); err != nil {
 			s.log.Error("limit from the new config refused by the allocator; keeping the old one", "key", k, "error", err)
 		}
 	}
+}
+
+// limitLocked is l with the static share the allocator must assume for each
+// region while more than one config is in play (regionsync.Confirmations.
+// Reserve): a region may still run a share under an older revision it
+// reported, or under a config this replica never saw. With one config in
+// play, l unchanged. s.mu is held.
+func (s *Service) limitLocked(k quota.Key, l hierarchy.KeyLimit) hierarchy.KeyLimit {
+	if len(s.held) <= 1 {
+		return l
+	}
+	names := configRegions(s.applied)
+	l.StaticRate, l.StaticBurst = make([]float64, len(names)), make([]float64, len(names))
+	for i, name := range names {
+		l.StaticRate[i], l.StaticBurst[i] = s.conf.Reserve(s.held, name, k)
+	}
+	return l
+}
+
+// maxHeldConfigs bounds the configs kept for regions still running them.
+// A region reporting only revisions past this bound is reserved the
+// largest share under any kept config.
+const maxHeldConfigs = 2 * regionsync.MaxConfigs
+
+// pruneHeldLocked keeps the live config and those of revisions some region
+// still reports from the confirmed one on, at most maxHeldConfigs (the
+// newest). s.mu is held.
+func (s *Service) pruneHeldLocked() {
+	confirmed, known := s.conf.Confirm(configRegions(s.applied))
+	inPlay := func(rev int64) bool {
+		if rev == s.appliedRev {
+			return true
+		}
+		if known && rev < confirmed {
+			return false
+		}
+		for name := range s.applied.Regions {
+			if revs, _ := s.conf.Reported(name); slices.Contains(revs, rev) {
+				return true
+			}
+		}
+		// Regions not heard from since this replica led may run it.
+		for name := range s.applied.Regions {
+			if _, heard := s.conf.Reported(name); !heard {
+				return true
+			}
+		}
+		return false
+	}
+	var revs []int64
+	for rev := range s.held {
+		if !inPlay(rev) {
+			delete(s.held, rev)
+		} else {
+			revs = append(revs, rev)
+		}
+	}
+	slices.Sort(revs)
+	for len(revs) > maxHeldConfigs {
+		if revs[0] != s.appliedRev {
+			delete(s.held, revs[0])
+		}
+		revs = revs[1:]
+	}
+}
+
+// configRegions is cfg's regions in name order (the allocator's order).
+func configRegions(cfg *config.Config) []string {
+	names := make([]string, 0, len(cfg.Regions))
+	for name := range cfg.Regions {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// revisionOf is src's revision of cfg, 0 when it has none.
+func revisionOf(src ConfigSource, cfg *config.Config) int64 {
+	if l, ok := src.(configLive); ok {
+		if c, rev := l.Live(); c == cfg {
+			return rev
+		}
+	}
+	if r, ok := src.(configRevision); ok {
+		return r.Revision()
+	}
+	return 0
 }
 
 func sameRegions(a, b *config.Config) bool {
@@ -287,6 +408,11 @@ func (s *Service) promote(term uint64, deadline time.Time) bool {
 	s.applyConfigLocked(now)
 	s.alloc.BecomeLeader(now)
 	clear(s.lastReport)
+	// What regions reported to an earlier term may predate confirmations
+	// another leader issued since.
+	s.conf = regionsync.NewConfirmations()
+	s.pruneHeldLocked()
+	s.setLimitsLocked()
 	s.lmu.Lock()
 	s.lead.leading = true
 	s.lead.term = term
@@ -393,7 +519,21 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 		return nil, notLeaderError(addr)
 	}
 	s.ensureLearningLocked(now)
+	before, beforeKnown := s.conf.Confirm(configRegions(cfg))
+	if s.conf.Observe(rep.Region, req.GetConfigRevisions()) {
+		if after, known := s.conf.Confirm(configRegions(cfg)); after != before || known != beforeKnown {
+			s.log.Info("config revision confirmed to the regions", "revision", after)
+		}
+		nHeld := len(s.held)
+		s.pruneHeldLocked()
+		if nHeld > 1 || len(s.held) > 1 {
+			// Reserves depend on every region's revisions: bring every
+			// key's static shares in line.
+			s.setLimitsLocked()
+		}
+	}
 	for i := range rep.Keys {
+		limits[i] = s.limitLocked(rep.Keys[i].Key, limits[i])
 		if err := s.alloc.SetLimit(rep.Keys[i].Key, limits[i]); err != nil {
 			// DecodeReport checked the limits, so this is a bug.
 			s.m.report(label, "error")
@@ -417,6 +557,7 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 	}
 	s.lastReport[rep.Region] = now
 	out := regionsync.EncodeGrants(rep, grants, s.alloc.Learning(now), s.alloc.Epoch(), s.alloc.ReportAgain(rep.Region))
+	out.ConfirmedRevision, out.ConfirmedKnown = s.conf.Confirm(configRegions(cfg))
 	var sum float64
 	for _, g := range grants {
 		s.keys[g.Key] = now

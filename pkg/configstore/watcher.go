@@ -102,6 +102,13 @@ func (w *Watcher) Current() *config.Config { return w.live.Load().cfg }
 // Revision is the etcd mod revision of the live config, 0 for the fallback.
 func (w *Watcher) Revision() int64 { return w.live.Load().rev }
 
+// Live is the live config and its etcd mod revision (0 for the fallback),
+// read together. Lock-free. The caller must not modify the config.
+func (w *Watcher) Live() (*config.Config, int64) {
+	a := w.live.Load()
+	return a.cfg, a.rev
+}
+
 // Subscribe returns a channel that receives every config made live from
 // now on, and a function ending the subscription. The channel holds one
 // config: when the subscriber falls behind, an undelivered older config is

@@ -34,6 +34,13 @@ type KeyLimit struct {
 	// among regions are whole units (see StaticBursts), so a region that
 	// holds any of the burst can admit such a request.
 	Unit float64
+	// StaticRate and StaticBurst are optional: what each region (in the
+	// allocator's region order) may run on without a grant, when that is
+	// not the key's share under the allocator's weights — while regions run
+	// different config revisions (see regionsync.Confirmations.Reserve).
+	// Each is nil or has one finite value >= 0 per region; nil means
+	// Rate·w_r/Σw and StaticBursts. Not kept across SetRegions.
+	StaticRate, StaticBurst []float64
 }
 
 func (l KeyLimit) unit() float64 {
@@ -340,6 +347,20 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 	if !finite(l.Unit) || l.Unit < 0 {
 		return fmt.Errorf("hierarchy: set limit %s: %w: unit %v must be a finite number > 0 (0 means 1)", key, quota.ErrInvalid, l.Unit)
 	}
+	for _, v := range [][]float64{l.StaticRate, l.StaticBurst} {
+		if v == nil {
+			continue
+		}
+		if len(v) != len(a.regions) {
+			return fmt.Errorf("hierarchy: set limit %s: %w: %d static shares for %d regions", key, quota.ErrInvalid, len(v), len(a.regions))
+		}
+		for _, x := range v {
+			if !finite(x) || x < 0 {
+				return fmt.Errorf("hierarchy: set limit %s: %w: static share %v must be a finite number >= 0", key, quota.ErrInvalid, x)
+			}
+		}
+	}
+	l.StaticRate, l.StaticBurst = slices.Clone(l.StaticRate), slices.Clone(l.StaticBurst)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if k, ok := a.keyIndex[key]; ok {
@@ -445,6 +466,7 @@ func (a *Allocator) SetRegions(regions []Region) error {
 	a.demand = relayoutF(a.demand, oldNR)
 	a.sburst = make([]float64, len(a.keys)*nr)
 	for k := range a.keys {
+		a.limits[k].StaticRate, a.limits[k].StaticBurst = nil, nil
 		a.setStaticBursts(int32(k))
 	}
 	lastObs := make([]uint32, len(a.keys)*nr)
@@ -493,6 +515,10 @@ func (a *Allocator) setStaticBursts(k int32) {
 		a.regs[i] = a.regions[i].Region
 	}
 	l := a.limits[k]
+	if l.StaticBurst != nil {
+		copy(a.sburst[base:base+a.nr], l.StaticBurst)
+		return
+	}
 	StaticBursts(l.Burst, l.unit(), a.regs[:a.nr], a.sburst[base:base+a.nr])
 }
 
@@ -505,6 +531,9 @@ func growRegions(s []Region, n int) []Region {
 
 // static is region i's static rate and burst cap for key slot k.
 func (a *Allocator) static(k int32, i int) (float64, float64) {
+	if sr := a.limits[k].StaticRate; sr != nil {
+		return sr[i], a.sburst[int(k)*a.nr+i]
+	}
 	return a.limits[k].Rate * a.regions[i].frac, a.sburst[int(k)*a.nr+i]
 }
 
