@@ -80,6 +80,12 @@ func NewLeader(s *Server, o LeaderOptions) (*Leader, error) {
 // not leader keep serving leases; only the leader talks to the global tier.
 func (l *Leader) Run(ctx context.Context) error {
 	key := l.opts.ElectionPrefix + "region/" + l.s.opts.Region
+	// Every replica applies the confirmed config revision the leader
+	// stores, whoever leads.
+	follow := make(chan struct{})
+	fctx, stop := context.WithCancel(ctx)
+	go func() { defer close(follow); l.s.followConfirmations(fctx) }()
+	defer func() { stop(); <-follow }()
 	for ctx.Err() == nil {
 		if err := l.lead(ctx, key); err != nil && ctx.Err() == nil {
 			l.s.log.Warn("region leadership lost; campaigning again", "region", l.s.opts.Region, "err", err)
@@ -208,6 +214,10 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 	if err != nil {
 		return regionsync.Answer{}, err
 	}
+	// The config revisions whose static shares the region honours: marked
+	// reported before the report leaves, so none is dropped before a
+	// confirmation passes it.
+	report.ConfigRevisions = s.reportedChain()
 	s.metrics.reports.WithLabelValues(kind.String()).Inc()
 	grants, err := l.opts.Global.Sync(ctx, report)
 	if err != nil {
@@ -218,6 +228,7 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 		return regionsync.Answer{}, errors.New("leadership lost before the grants were installed")
 	default:
 	}
+	s.answered(ctx, grants)
 	return l.install(ctx, cfg, grants, plans, held, sendUS)
 }
 

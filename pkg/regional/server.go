@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional/reply"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // ConfigSource hands out the live config. configstore.Watcher implements it;
@@ -76,6 +79,10 @@ type Server struct {
 	opts    Options
 	scripts *luascripts.Scripts
 	guard   *RestartGuard
+	// chain is the configs whose static shares the replica honours
+	// (regionsync.Chain); chainMu serializes its updates.
+	chain   atomic.Pointer[regionsync.Chain]
+	chainMu sync.Mutex
 	active  *activeKeys
 	batch   *batcher
 	metrics *metrics
@@ -124,6 +131,11 @@ func New(opts Options) (*Server, error) {
 	if s.guard == nil {
 		s.guard = &RestartGuard{} // born 0: new buckets start full
 	}
+	// A process with no history counts the config it starts on as
+	// confirmed (see docs/architecture.md, invariant 2).
+	cfg, rev := live(opts.Config)
+	c := regionsync.NewChain(rev, cfg)
+	s.chain.Store(&c)
 	s.metrics = newMetrics(opts.Registerer, s)
 	s.batch = newBatcher(opts.Redis, s.scripts, 4, 64, opts.RedisTimeout)
 	return s, nil
@@ -156,7 +168,7 @@ func (s *Server) plan(cfg *config.Config, pk *sluicev1.QuotaKey, field string) (
 	if err != nil {
 		return keyPlan{}, fmt.Errorf("%s: %w", field, err)
 	}
-	c, err := s.common(cfg, res)
+	c, err := s.common(cfg, k, res)
 	if err != nil {
 		return keyPlan{}, fmt.Errorf("%s: %w", field, err)
 	}
@@ -164,8 +176,10 @@ func (s *Server) plan(cfg *config.Config, pk *sluicev1.QuotaKey, field string) (
 }
 
 // Common derives the script settings of a resolved key in this region.
-func (s *Server) common(cfg *config.Config, res config.Resolved) (luascripts.Common, error) {
-	rate, burst, err := cfg.StaticShareOf(s.opts.Region, res)
+func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (luascripts.Common, error) {
+	// The static share is the smallest under every config not yet
+	// confirmed past: a raise waits until every region adopted it.
+	rate, burst, err := s.staticChain().Share(s.opts.Region, k, cfg, res)
 	if err != nil {
 		return luascripts.Common{}, err
 	}

@@ -1,0 +1,155 @@
+package regional_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/allocator"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// revSource is a config source whose config and etcd revision the test
+// sets: one per process, so a region can be left behind on an old config
+// (cut off from etcd) while the others adopt a new one.
+type revSource struct {
+	mu  sync.Mutex
+	cfg *config.Config
+	rev int64
+}
+
+func (s *revSource) set(cfg *config.Config, rev int64) {
+	s.mu.Lock()
+	s.cfg, s.rev = cfg, rev
+	s.mu.Unlock()
+}
+
+func (s *revSource) Current() *config.Config { c, _ := s.Live(); return c }
+func (s *revSource) Revision() int64         { _, r := s.Live(); return r }
+func (s *revSource) Live() (*config.Config, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg, s.rev
+}
+
+// serviceTier hands region reports to the allocator daemon's Service in
+// process.
+type serviceTier struct{ s *allocator.Service }
+
+func (g serviceTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	return g.s.Sync(ctx, r)
+}
+
+func weightsConfig(t *testing.T, eu, us float64) *config.Config {
+	t.Helper()
+	c, err := config.Parse(fmt.Appendf(nil, `
+regions: {eu: {weight: %g}, us: {weight: %g}}
+classes: {write: {mode: lease}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`, eu, us))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestWeightRaiseWaitsForEveryRegion: eu adopts a larger weight while us,
+// cut off from etcd, keeps the old one. eu's static share must not rise
+// until the global tier confirms that every region runs the new revision;
+// us's smaller share applies the moment it adopts it. Real Redis per
+// region, the real allocator daemon, the real region leader's reports.
+func TestWeightRaiseWaitsForEveryRegion(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	old, grown := weightsConfig(t, 1, 1), weightsConfig(t, 3, 1) // eu 50/s → 75/s, us 50/s → 25/s
+	globalSrc := &revSource{cfg: old, rev: 10}
+	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: cli, Prefix: "/cc", SessionTTL: time.Second,
+		Config: globalSrc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	// The daemon campaigns at once on an empty election: it leads within
+	// a few session TTLs.
+	for deadline := time.Now().Add(10 * time.Second); !d.IsLeader(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the allocator daemon never became leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	type region struct {
+		src    *revSource
+		srv    *regional.Server
+		leader *regional.Leader
+	}
+	regions := map[string]*region{}
+	for _, name := range []string{"eu", "us"} {
+		src := &revSource{cfg: old, rev: 10}
+		srv, err := regional.New(regional.Options{Region: name, Redis: redistest.Start(t).Client(), Config: src})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		l, err := regional.NewLeader(srv, regional.LeaderOptions{
+			Etcd: cli, ElectionPrefix: "/cc/election/", Global: serviceTier{d.Service}, Identity: name,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		regions[name] = &region{src: src, srv: srv, leader: l}
+	}
+	key := quota.Key{Tenant: "acme", Class: "write"}
+	static := func(name string) float64 {
+		r := regions[name]
+		_, c, _, err := r.srv.CommonFor(r.src.Current(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.StaticRate
+	}
+	sync := func(name string) {
+		if err := regions[name].leader.SyncOnce(ctx, nil); err != nil {
+			t.Fatalf("%s: sync: %v", name, err)
+		}
+	}
+	check := func(step string, wantEU, wantUS float64) {
+		t.Helper()
+		eu, us := static("eu"), static("us")
+		if eu+us > 100*(1+1e-9) {
+			t.Errorf("%s: static rates eu %v + us %v exceed r = 100", step, eu, us)
+		}
+		if !near(eu, wantEU) || !near(us, wantUS) {
+			t.Errorf("%s: static rates eu %v us %v, want %v and %v", step, eu, us, wantEU, wantUS)
+		}
+	}
+	sync("eu")
+	sync("us")
+	check("both on the old weights", 50, 50)
+
+	globalSrc.set(grown, 20)
+	regions["eu"].src.set(grown, 20) // us is cut off from etcd
+	check("eu adopted the larger weight", 50, 50)
+	sync("eu")
+	sync("us")
+	sync("eu")
+	check("global heard eu on the new revision and us on the old one", 50, 50)
+
+	regions["us"].src.set(grown, 20)
+	check("us adopted its smaller weight", 50, 25)
+	sync("us") // every region has reported revision 20 now
+	sync("eu")
+	check("the global tier confirmed revision 20", 75, 25)
+}
+
+func near(a, b float64) bool { return a >= b*(1-1e-9)-1e-9 && a <= b*(1+1e-9)+1e-9 }
