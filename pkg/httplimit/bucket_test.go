@@ -41,6 +41,10 @@ type tokenBuckets struct {
 	clock  *testClock
 	limits map[string]quota.Limit // by class; read-only after construction
 	shadow bool                   // report would-be denials as allowed
+	// caps holds, by class, a bucket capacity below the class's burst (a
+	// region's share of a small burst); a cost above it can never be
+	// admitted and is answered RetryNever.
+	caps map[string]int
 
 	mu      sync.Mutex
 	buckets map[quota.Key]*rate.Limiter // guarded by mu
@@ -58,7 +62,11 @@ func (b *tokenBuckets) bucket(key quota.Key) (*rate.Limiter, quota.Limit, error)
 	}
 	bk, ok := b.buckets[key]
 	if !ok {
-		bk = rate.NewLimiter(rate.Limit(lim.Rate), int(lim.Burst))
+		burst := int(lim.Burst)
+		if c, ok := b.caps[key.Class]; ok {
+			burst = c
+		}
+		bk = rate.NewLimiter(rate.Limit(lim.Rate), burst)
 		b.buckets[key] = bk
 	}
 	return bk, lim, nil
@@ -86,9 +94,13 @@ func (b *tokenBuckets) Allow(_ context.Context, key quota.Key, cost int64) (quot
 		WouldDeny: !allowed,
 		Limit:     lim.Burst,
 		Remaining: int64(math.Floor(tokens)),
-		ResetAt:   now.Add(secondsUp((float64(lim.Burst) - tokens) / lim.Rate)),
+		ResetAt:   now.Add(secondsUp((float64(bk.Burst()) - tokens) / lim.Rate)),
 	}
-	if !allowed {
+	switch {
+	case !allowed && cost > int64(bk.Burst()):
+		d.RetryNever = true
+		d.Allowed = b.shadow
+	case !allowed:
 		d.RetryAfter = secondsUp((float64(cost) - tokens) / lim.Rate)
 		d.Allowed = b.shadow
 	}

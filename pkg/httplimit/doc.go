@@ -21,7 +21,12 @@
 //  5. passes the request on when Decision.Allowed is true — including shadow
 //     mode, where WouldDeny is also true and the fields show the real,
 //     exhausted numbers — and otherwise answers 429 with Retry-After and a
-//     short text body, without calling the next handler.
+//     short text body, without calling the next handler. A denial with
+//     Decision.RetryNever (no wait can cure it while the limits stay as
+//     they are, e.g. the cost exceeds what the region's bucket can ever
+//     hold) is a 429 with no Retry-After and no t in RateLimit: the
+//     middleware never promises a time after which the request still
+//     could not be admitted.
 //
 // Over quota is a response (429), never an error passed to OnError.
 //
@@ -34,7 +39,8 @@
 //	X-RateLimit-Reset      Decision.ResetAt as absolute Unix epoch seconds,
 //	                       rounded up
 //	Retry-After            only on 429: Decision.RetryAfter in whole
-//	                       seconds, rounded up, at least 1
+//	                       seconds, rounded up, at least 1; absent when
+//	                       Decision.RetryNever
 //
 // IETF fields, in the structured-field form of
 // draft-ietf-httpapi-ratelimit-headers-10 (September 2025; the working
@@ -50,7 +56,8 @@
 // until ResetAt on an allowed request; on a 429 it equals Retry-After,
 // because the draft asks that Retry-After never point earlier than t and a
 // token bucket has enough tokens for the retried request well before it is
-// full again.
+// full again. On a 429 with Decision.RetryNever, t is left out (the draft
+// makes it optional), like Retry-After.
 //
 // # Why Reset is absolute and Retry-After relative
 //
@@ -73,6 +80,9 @@
 //     is already full, or the limiter did not say.
 //   - A negative Limit is reported as 0.
 //   - In shadow mode there is no Retry-After, since the request was served.
+//   - A "never" denial (Decision.RetryNever) has no Retry-After and no t;
+//     its body says the request cannot be admitted while the limits stay
+//     as they are. X-RateLimit-Reset is still written.
 //
 // Units: costs, limits and remaining counts are whole tokens; every field
 // value is whole seconds, rounded up.

@@ -176,6 +176,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.WriteHeader(http.StatusTooManyRequests)
+		if fields.never {
+			fmt.Fprintf(w, "rate limit exceeded for class %s; a request of cost %d cannot be admitted while the limits stay as they are, so no retry time is given\n", key.Class, cost)
+			return
+		}
 		fmt.Fprintf(w, "rate limit exceeded for class %s; retry after %d s\n", key.Class, fields.retryAfter)
 		return
 	}
@@ -210,7 +214,8 @@ type fields struct {
 	resetEpoch       int64 // absolute Unix seconds, rounded up
 	resetIn          int64 // t: seconds from now, rounded up
 	denied           bool
-	retryAfter       int64 // whole seconds >= 1; only when denied
+	retryAfter       int64 // whole seconds >= 1; only when denied and not never
+	never            bool  // denied, and no wait will do (Decision.RetryNever)
 }
 
 func computeFields(d quota.Decision, now time.Time) fields {
@@ -225,7 +230,11 @@ func computeFields(d quota.Decision, now time.Time) fields {
 		resetIn:    ceilSeconds(resetAt.Sub(now)),
 		denied:     !d.Allowed,
 	}
-	if f.denied {
+	switch {
+	case f.denied && d.RetryNever:
+		// No wait cures this denial: promise no time to retry at.
+		f.never = true
+	case f.denied:
 		f.retryAfter = max(ceilSeconds(d.RetryAfter), 1)
 		f.resetIn = f.retryAfter
 	}
@@ -243,9 +252,13 @@ func (f fields) write(h http.Header, policy string, window int64) {
 		p += ";w=" + strconv.FormatInt(window, 10)
 	}
 	h.Set("RateLimit-Policy", p)
-	h.Set("RateLimit", name+";r="+strconv.FormatInt(f.remaining, 10)+";t="+strconv.FormatInt(f.resetIn, 10))
+	rl := name + ";r=" + strconv.FormatInt(f.remaining, 10)
+	if !f.never {
+		rl += ";t=" + strconv.FormatInt(f.resetIn, 10)
+	}
+	h.Set("RateLimit", rl)
 
-	if f.denied {
+	if f.denied && !f.never {
 		h.Set("Retry-After", strconv.FormatInt(f.retryAfter, 10))
 	}
 }

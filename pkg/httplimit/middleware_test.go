@@ -527,3 +527,32 @@ func TestFieldsReachAClientOverTheWire(t *testing.T) {
 		}
 	}
 }
+
+// TestNeverDenialPromisesNoRetryTime: a region whose share of a small burst
+// is below a request's cost can never admit it (Decision.RetryNever). The
+// 429 must not carry a Retry-After (nor a t in RateLimit) after which the
+// request would still be refused; waiting any time changes nothing.
+func TestNeverDenialPromisesNoRetryTime(t *testing.T) {
+	limits := map[string]quota.Limit{"read": {Rate: 0.1, Burst: 1}}
+	f := newFixture(t, limits, nil)
+	f.buckets.caps = map[string]int{"read": 0}
+	for i := range 2 {
+		// The bucket holds all it can ever hold: full now.
+		rec := f.do(http.MethodGet, "acme", nil)
+		check(t, rec, want{
+			status:    http.StatusTooManyRequests,
+			limit:     "1",
+			remaining: "0",
+			reset:     epoch(1 + int64(i)*3600),
+			policy:    `"read";q=1;w=10`,
+			rateLimit: `"read";r=0`,
+		})
+		if body := rec.Body.String(); strings.Contains(body, "retry after") || !strings.Contains(body, "cannot be admitted") {
+			t.Errorf("429 body %q promises a retry time or does not say the request cannot be admitted", body)
+		}
+		f.clock.Advance(time.Hour)
+	}
+	if got := f.served.Load(); got != 0 {
+		t.Errorf("handler served %d requests, want 0", got)
+	}
+}
