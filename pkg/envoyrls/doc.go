@@ -99,7 +99,10 @@
 //     may be lower than what the region as a whole could still admit.
 //   - duration_until_reset: time until the region's bucket is full again,
 //     as last reported by the region, and never before the retry delay of
-//     an over-limit descriptor.
+//     an over-limit descriptor. Unset on an over-limit descriptor that no
+//     wait can cure (Decision.RetryNever: the cost exceeds what this
+//     region's bucket can ever hold while its cap stays as it is), so
+//     Envoy is promised no time after which it would still be refused.
 //
 // # Response headers
 //
@@ -111,10 +114,13 @@
 //	                       and as quota policy the seconds an empty bucket
 //	                       takes to refill (burst / rate, rounded up)
 //	x-ratelimit-remaining  limit_remaining, in tokens
-//	x-ratelimit-reset      duration_until_reset in whole seconds, rounded up
+//	x-ratelimit-reset      duration_until_reset in whole seconds, rounded
+//	                       up; absent when the descriptor has none
 //	retry-after            only on OVER_LIMIT: the longest retry delay of
 //	                       the over-limit descriptors, whole seconds rounded
-//	                       up, at least 1
+//	                       up, at least 1; absent when any of them is a
+//	                       RetryNever denial (no wait would admit the
+//	                       request)
 //
 // They describe one descriptor, the one closest to exhaustion: an
 // over-limit one if any, else the one with the fewest tokens remaining

@@ -125,6 +125,9 @@ type decided struct {
 	remaining uint32
 	reset     time.Duration // until the bucket is full again, >= retry
 	retry     time.Duration // > 0 only when over limit
+	// never: over limit, and no wait cures it (Decision.RetryNever); no
+	// reset or retry time is promised then.
+	never bool
 }
 
 func newDecided(now time.Time, limit quota.Limit, r result, d quota.Decision) decided {
@@ -133,7 +136,10 @@ func newDecided(now time.Time, limit quota.Limit, r result, d quota.Decision) de
 	if !d.ResetAt.IsZero() {
 		out.reset = max(d.ResetAt.Sub(now), 0)
 	}
-	if r == resultOverLimit {
+	switch {
+	case r == resultOverLimit && d.RetryNever:
+		out.never, out.reset = true, 0
+	case r == resultOverLimit:
 		out.retry = max(d.RetryAfter, 0)
 		out.reset = max(out.reset, out.retry)
 	}
@@ -146,12 +152,15 @@ func (dd decided) status(className string) *rlsv3.RateLimitResponse_DescriptorSt
 		code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	n, unit := perUnit(dd.limit.Rate)
-	return &rlsv3.RateLimitResponse_DescriptorStatus{
-		Code:               code,
-		CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{Name: className, RequestsPerUnit: n, Unit: unit},
-		LimitRemaining:     dd.remaining,
-		DurationUntilReset: durationpb.New(dd.reset),
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{
+		Code:           code,
+		CurrentLimit:   &rlsv3.RateLimitResponse_RateLimit{Name: className, RequestsPerUnit: n, Unit: unit},
+		LimitRemaining: dd.remaining,
 	}
+	if !dd.never {
+		st.DurationUntilReset = durationpb.New(dd.reset)
+	}
+	return st
 }
 
 // closerToExhaustion reports whether a should be the descriptor the
@@ -165,15 +174,19 @@ func closerToExhaustion(a, b decided) bool {
 }
 
 // headers builds the x-ratelimit-* fields for the descriptor shown, and
-// retry-after when the request is over limit (retry > 0).
-func headers(shown decided, overLimit bool, retry time.Duration) []*corev3.HeaderValue {
+// retry-after when the request is over limit, unless never: no wait can
+// admit some over-limit descriptor. x-ratelimit-reset is left out
+// when the descriptor shown is such a one (it has no duration_until_reset).
+func headers(shown decided, overLimit, never bool, retry time.Duration) []*corev3.HeaderValue {
 	limit := strconv.FormatInt(shown.limit.Burst, 10)
 	h := []*corev3.HeaderValue{
 		{Key: HeaderLimit, Value: limit + ", " + limit + ";w=" + strconv.FormatInt(refillWindow(shown.limit), 10)},
 		{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(shown.remaining), 10)},
-		{Key: HeaderReset, Value: strconv.FormatInt(ceilSeconds(shown.reset), 10)},
 	}
-	if overLimit {
+	if !shown.never {
+		h = append(h, &corev3.HeaderValue{Key: HeaderReset, Value: strconv.FormatInt(ceilSeconds(shown.reset), 10)})
+	}
+	if overLimit && !never {
 		h = append(h, &corev3.HeaderValue{Key: HeaderRetryAfter, Value: strconv.FormatInt(max(ceilSeconds(retry), 1), 10)})
 	}
 	return h

@@ -122,7 +122,7 @@ func TestHeaders(t *testing.T) {
 		t.Error("among allowed descriptors the one with fewer tokens left is shown, the first on ties")
 	}
 	got := map[string]string{}
-	for _, h := range headers(over, true, 400*time.Millisecond) {
+	for _, h := range headers(over, true, false, 400*time.Millisecond) {
 		got[h.GetKey()] = h.GetValue()
 	}
 	want := map[string]string{HeaderLimit: "5, 5;w=3", HeaderRemaining: "0", HeaderReset: "2", HeaderRetryAfter: "1"}
@@ -134,9 +134,34 @@ func TestHeaders(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
 		}
 	}
-	for _, h := range headers(ok, false, 0) {
+	for _, h := range headers(ok, false, false, 0) {
 		if h.GetKey() == HeaderRetryAfter {
 			t.Error("retry-after on an allowed request")
+		}
+	}
+}
+
+// TestNeverPromisesNoTime: an over-limit descriptor no wait can cure
+// (Decision.RetryNever) gets no duration_until_reset, and the response no
+// retry-after (nor an x-ratelimit-reset for it), even beside a descriptor
+// that could pass after a wait.
+func TestNeverPromisesNoTime(t *testing.T) {
+	now := time.Unix(1000, 0)
+	lim := quota.Limit{Rate: 0.1, Burst: 1}
+	never := newDecided(now, lim, resultOverLimit, quota.Decision{Limit: 1, ResetAt: now.Add(5 * time.Second), RetryNever: true})
+	if !never.never || never.retry != 0 || never.reset != 0 {
+		t.Errorf("never: %+v; want never, no retry, no reset", never)
+	}
+	if st := never.status("export"); st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetDurationUntilReset() != nil {
+		t.Errorf("never status %v: want OVER_LIMIT without duration_until_reset", st)
+	}
+	wait := newDecided(now, lim, resultOverLimit, quota.Decision{Limit: 1, RetryAfter: 3 * time.Second})
+	if st := wait.status("export"); st.GetDurationUntilReset().AsDuration() != 3*time.Second {
+		t.Errorf("waiting status %v: want duration_until_reset 3s", st)
+	}
+	for _, h := range headers(never, true, true, wait.retry) {
+		if k := h.GetKey(); k == HeaderRetryAfter || k == HeaderReset {
+			t.Errorf("%s = %q on a never answer", k, h.GetValue())
 		}
 	}
 }

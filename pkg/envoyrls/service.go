@@ -191,6 +191,7 @@ func (s *Service) respond(targets []target, decisions []decided) (*rlsv3.RateLim
 	out := outcomeOK
 	shown, haveShown := decided{}, false
 	var retry time.Duration
+	never := false // some descriptor over limit can never pass: no retry-after
 	for i, t := range targets {
 		if !t.matched {
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
@@ -202,13 +203,14 @@ func (s *Service) respond(targets []target, decisions []decided) (*rlsv3.RateLim
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			out = outcomeOverLimit
 			retry = max(retry, dd.retry)
+			never = never || dd.never
 		}
 		if !haveShown || closerToExhaustion(dd, shown) {
 			shown, haveShown = dd, true
 		}
 	}
 	if s.headers && haveShown {
-		resp.ResponseHeadersToAdd = headers(shown, out == outcomeOverLimit, retry)
+		resp.ResponseHeadersToAdd = headers(shown, out == outcomeOverLimit, never, retry)
 	}
 	return resp, out, nil
 }

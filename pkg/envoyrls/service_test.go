@@ -655,3 +655,46 @@ func TestMetricsCarryNoTenant(t *testing.T) {
 		t.Error("New without Config succeeded")
 	}
 }
+
+// TestNeverAnswerPromisesNoTime: with a burst of 1 split over two regions,
+// this region's cap is below one token, so a strict check of cost 1 can
+// never pass here (the region answers -1, Decision.RetryNever). Envoy is
+// told OVER_LIMIT with no duration_until_reset and no retry-after: no time
+// is promised after which the request still could not be admitted.
+func TestNeverAnswerPromisesNoTime(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, `
+lease_ttl: 5s
+refresh: 1s
+regions: {local: {weight: 1}, far: {weight: 3}}
+classes:
+  export: {mode: strict}
+tiers:
+  std:
+    export: {rate: 6/m, burst: 1}
+default_tier: std
+envoy:
+  descriptors:
+    - {domain: sluice, tenant_key: tenant, class_key: class}
+`)
+	p := startProcess(t, rs, cfg, "envoy-never", true)
+	for i := range 2 {
+		resp := ask(t, p.rls, request("sluice", 0, desc("tenant", "acme", "class", "export")))
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("request %d: %v, want OVER_LIMIT", i+1, resp)
+		}
+		if st.GetDurationUntilReset() != nil {
+			t.Errorf("request %d: duration_until_reset %v promises a time", i+1, st.GetDurationUntilReset().AsDuration())
+		}
+		h := headerMap(resp)
+		for _, k := range []string{envoyrls.HeaderRetryAfter, envoyrls.HeaderReset} {
+			if v, ok := h[k]; ok {
+				t.Errorf("request %d: %s = %q promises a time", i+1, k, v)
+			}
+		}
+		if h[envoyrls.HeaderLimit] == "" || h[envoyrls.HeaderRemaining] != "0" {
+			t.Errorf("request %d: headers %v, want limit and remaining 0", i+1, h)
+		}
+	}
+}
