@@ -22,9 +22,12 @@ import (
 
 // Options configures a Client.
 type Options struct {
-	// InstanceID names this process to the region for its lifetime
-	// (optional, default "inst-" and 16 random hex digits). 1-128 bytes of
-	// [A-Za-z0-9._:@-]; must not be shared by two live processes.
+	// InstanceID names this process to the region (optional, default
+	// "inst-" and 16 random hex digits; UniqueID makes one from a prefix).
+	// 1-128 bytes of [A-Za-z0-9._:@-]; must not be shared by two live
+	// processes. If it is, the region refuses the reports that conflict
+	// (ABORTED, forfeiting the lease they hit) and the client takes a new
+	// identity: InstanceID plus a random suffix.
 	InstanceID string
 	// Refresh is the period of the background Sync (optional, default 1s).
 	// The region's lease TTL must exceed 2 × Refresh.
@@ -127,6 +130,12 @@ type Client struct {
 
 	closed   atomic.Bool
 	degraded atomic.Bool // last logged degraded state
+
+	// id is the instance id reports go out under: opts.InstanceID until a
+	// conflict makes the client take a new one. incarnation is drawn once.
+	id          atomic.Pointer[string]
+	incarnation uint64
+	conflicted  atomic.Bool // a report conflicted; the loop re-identifies
 }
 
 // Client is what pkg/httplimit's middleware needs of a limiter.
@@ -173,14 +182,20 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
+
+		incarnation: newIncarnation(),
 	}
+	c.id.Store(&o.InstanceID)
 	c.bg, c.cancelBg = context.WithCancel(context.Background())
 	go c.loop()
 	return c, nil
 }
 
-// InstanceID is the id this client reports as.
-func (c *Client) InstanceID() string { return c.opts.InstanceID }
+// InstanceID is the id this client reports as now.
+func (c *Client) InstanceID() string { return *c.id.Load() }
+
+// Incarnation is the random number this client's requests carry.
+func (c *Client) Incarnation() uint64 { return c.incarnation }
 
 // Table exposes the client's state machine (read-only use: State, Counts,
 // DegradedKeys, HeldTokens).
@@ -300,11 +315,11 @@ func (c *Client) acquire(ctx context.Context, key quota.Key, cost int64, b *Batc
 	if b.UseSync() {
 		method = "Sync"
 		var resp *sluicev1.SyncResponse
-		resp, err = c.rpc.Sync(rctx, &sluicev1.SyncRequest{InstanceId: c.opts.InstanceID, Reports: b.Reports})
+		resp, err = c.rpc.Sync(rctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports})
 		grants = resp.GetGrants()
 	} else {
 		var resp *sluicev1.AcquireResponse
-		resp, err = c.rpc.Acquire(rctx, &sluicev1.AcquireRequest{InstanceId: c.opts.InstanceID, Report: b.Reports[0]})
+		resp, err = c.rpc.Acquire(rctx, &sluicev1.AcquireRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Report: b.Reports[0]})
 		grants = []*sluicev1.Grant{resp.GetGrant()}
 	}
 	c.m.observeRPC(method, start, err)
@@ -316,6 +331,10 @@ func (c *Client) acquire(ctx context.Context, key quota.Key, cost int64, b *Batc
 			return quota.Decision{}, true, fmt.Errorf("lease: region refused key %s: %w: %s", key, quota.ErrInvalid, status.Convert(err).Message())
 		}
 		c.table.Failed(now, b)
+		if c.noteConflict(err) {
+			d, err := c.fallback(now, key, cost, err)
+			return d, true, err
+		}
 		c.rpcFailed(ctx, now)
 		d, err := c.fallback(now, key, cost, err)
 		return d, true, err
@@ -414,6 +433,9 @@ func (c *Client) loop() {
 			kick, hold = c.kick, nil
 		case <-expiry.C:
 		}
+		if c.conflicted.CompareAndSwap(true, false) {
+			c.reidentify()
+		}
 		now := time.Now()
 		wait := c.opts.Refresh
 		if next := c.table.Expire(now); !next.IsZero() {
@@ -463,7 +485,7 @@ func (c *Client) sendSync(parent context.Context, b *Batch) error {
 	c.table.ExpireFor(time.Now(), c.opts.SyncTimeout)
 	ctx, cancel := context.WithTimeout(parent, c.opts.SyncTimeout)
 	start := time.Now()
-	resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.opts.InstanceID, Reports: b.Reports})
+	resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports})
 	cancel()
 	c.m.observeRPC("Sync", start, err)
 	now := time.Now()
@@ -488,17 +510,60 @@ func (c *Client) sendSync(parent context.Context, b *Batch) error {
 	default:
 		c.breaker.Failure(now)
 		c.table.Failed(now, b)
+		if c.noteConflict(err) {
+			return nil
+		}
 		return err
 	}
 }
 
+// noteConflict reports whether err is the region's answer to a report
+// that conflicts with another process's under the same instance id; the
+// owner loop then takes a new identity.
+func (c *Client) noteConflict(err error) bool {
+	if status.Code(err) != codes.Aborted {
+		return false
+	}
+	c.breaker.Success() // the region answered
+	if c.conflicted.CompareAndSwap(false, true) {
+		c.log.Error("lease: another process reports under this instance id; taking a new one",
+			"instance_id", c.InstanceID(), "err", err)
+		c.kickLoop()
+	}
+	return true
+}
+
+// reidentify gives the client a new instance id after a conflict: every
+// lease held under the old id ends (one Release under the old id with
+// their final reports; a lease the other process also reported on was
+// forfeited by the region already), and every key starts a new lease
+// under the new id.
+func (c *Client) reidentify() {
+	old := c.InstanceID()
+	fresh := joinID(c.opts.InstanceID, randomHex(4))
+	c.id.Store(&fresh)
+	if b := c.table.PrepareRebase(time.Now()); b != nil {
+		if err := c.sendReleaseAs(c.bg, old, b); err != nil {
+			c.log.Warn("lease: releasing the leases of the old instance id failed; they will expire", "err", err)
+		}
+	}
+	c.log.Warn("lease: new instance id", "old", old, "new", fresh)
+}
+
 func (c *Client) sendRelease(parent context.Context, b *Batch) error {
+	return c.sendReleaseAs(parent, c.InstanceID(), b)
+}
+
+func (c *Client) sendReleaseAs(parent context.Context, id string, b *Batch) error {
 	c.table.ExpireFor(time.Now(), c.opts.SyncTimeout)
 	ctx, cancel := context.WithTimeout(parent, c.opts.SyncTimeout)
 	defer cancel()
 	start := time.Now()
-	_, err := c.rpc.Release(ctx, &sluicev1.ReleaseRequest{InstanceId: c.opts.InstanceID, Reports: b.Reports})
+	_, err := c.rpc.Release(ctx, &sluicev1.ReleaseRequest{InstanceId: id, Incarnation: c.incarnation, Reports: b.Reports})
 	c.m.observeRPC("Release", start, err)
+	if c.noteConflict(err) {
+		return fmt.Errorf("lease: release of %d keys: %w", len(b.Reports), err)
+	}
 	if err != nil {
 		c.breaker.Failure(time.Now())
 		return fmt.Errorf("lease: release of %d keys: %w", len(b.Reports), err)

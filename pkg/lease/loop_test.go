@@ -185,8 +185,8 @@ func TestLoopResendsFailedSyncUnchanged(t *testing.T) {
 		if !proto.Equal(got[0], sent) {
 			t.Fatalf("resent %v, want unchanged %v", got[0], sent)
 		}
-		if got[1].Seq <= sent.Seq || got[1].Used != 1 {
-			t.Fatalf("next report %v; want a higher seq carrying the 1 token used meanwhile", got[1])
+		if got[1].Seq <= sent.Seq || got[1].Used != sent.Used+1 {
+			t.Fatalf("next report %v; want a higher seq whose total adds the 1 token used meanwhile", got[1])
 		}
 		closeClient(t, c)
 		if st := e.regionState(t, acmeRead); st.Admitted != 5 {

@@ -53,27 +53,57 @@ func wireKey(k quota.Key) *sluicev1.QuotaKey {
 	return &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}
 }
 
-// newReportLocked builds the key's next report: usage since the last report
-// taken, and (when withReturn) every token waiting to go back. The report
-// becomes the pending one, resent unchanged until acknowledged.
+// newReportLocked builds the key's next report: the lease's cumulative
+// totals (used, denied, and returned including, when withReturn, every
+// token waiting to go back). The region books what they add to the totals
+// it applied last, so a report that supersedes one that never arrived
+// carries its usage too. The report becomes the pending one, resent
+// unchanged until acknowledged.
 func (t *Table) newReportLocked(e *entry, want, minBatch int64, withReturn bool) *sluicev1.KeyReport {
-	spent, denied := e.spentLocked(), e.deniedTokens.Load()
 	want = min(max(want, 0), quota.MaxWant)
-	r := &sluicev1.KeyReport{
-		Key:    wireKey(e.key),
-		Seq:    t.seq.Add(1),
-		Used:   spent - e.reportedSpent,
-		Denied: denied - e.reportedDenied,
-		Want:   want,
-		Min:    min(max(minBatch, 0), want),
+	seq := t.seq.Add(1)
+	if e.lease == 0 {
+		e.lease = seq
 	}
 	if withReturn {
-		r.Returned = e.toReturn
+		e.returnedTotal += e.toReturn
 		e.toReturn = 0
 	}
-	e.reportedSpent, e.reportedDenied = spent, denied
+	used, denied, returned := e.totalsLocked()
+	r := &sluicev1.KeyReport{
+		Key:      wireKey(e.key),
+		Seq:      seq,
+		Lease:    e.lease,
+		Used:     used,
+		Denied:   denied,
+		Returned: returned,
+		Want:     want,
+		Min:      min(max(minBatch, 0), want),
+	}
 	e.pending = r
 	return r
+}
+
+// totalsLocked is the current lease's used, denied and returned totals.
+func (e *entry) totalsLocked() (used, denied, returned int64) {
+	return e.spentLocked() - e.base[0], e.deniedTokens.Load() - e.base[1], e.returnedTotal - e.base[2]
+}
+
+// newLeaseLocked forgets the key's lease: the pool is emptied and its
+// tokens abandoned (neither spent nor returned: the region's record of the
+// old lease keeps them), and the next report starts a new lease from zero
+// totals.
+func (e *entry) newLeaseLocked() {
+	e.drainLocked(maxPool)
+	e.toReturn = 0
+	e.pending = nil
+	e.granted = false
+	e.lease = 0
+	e.rebase = false
+	e.st.hasLease, e.st.checkClock = false, false
+	e.st.negUntil = time.Time{}
+	e.base[0], e.base[1], e.base[2] = e.spentLocked(), e.deniedTokens.Load(), e.returnedTotal
+	e.publishLocked()
 }
 
 func (e *entry) beginLocked() { e.inflight = make(chan struct{}) }
@@ -139,7 +169,11 @@ func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 		// it is, unless the region holds no lease for it: then that report
 		// only counts demand, and a region unreachable for long must not
 		// make every key seen meanwhile stay in memory.
-		if (e.pending == nil || !e.granted) && t.idleLocked(now, e) {
+		// A key whose class became strict while it held a lease is
+		// forgotten too, once its reports are acknowledged: its lease ends
+		// exactly.
+		strictLease := e.pending == nil && e.granted && e.st.mode == ModeStrict
+		if ((e.pending == nil || !e.granted) && t.idleLocked(now, e)) || strictLease {
 			if r := t.finalReportLocked(e); r != nil {
 				if release == nil {
 					release = &Batch{sentAt: now}
@@ -309,15 +343,43 @@ func (t *Table) PrepareRelease(now time.Time) *Batch {
 
 // finalReportLocked empties the pool and returns the report that closes
 // the key's lease, or nil when the region holds no lease record for it
-// (never granted, or strict).
-// A pending report is not resent: if the region never applied it, its
-// usage goes unreported, which only under-counts.
+// (never granted). Whatever the class's mode now: a lease issued before a
+// change to strict ends exactly too. A pending report need not be resent:
+// the final report's totals include its usage.
 func (t *Table) finalReportLocked(e *entry) *sluicev1.KeyReport {
 	e.toReturn += e.drainLocked(maxPool)
-	if !e.granted || e.st.mode == ModeStrict {
+	if !e.granted {
 		return nil
 	}
 	return t.newReportLocked(e, 0, 0, true)
+}
+
+// PrepareRebase starts a new lease on every key, for an instance that
+// takes a new identity (its reports conflicted with another process's
+// under the same id). It returns the final reports of the leases the
+// region holds, to send with Release under the old identity (nil when
+// none); keys with a report in flight start their new lease when it ends.
+func (t *Table) PrepareRebase(now time.Time) *Batch {
+	var b *Batch
+	for _, e := range t.keys.entries() {
+		e.mu.Lock()
+		switch {
+		case e.removed.Load():
+		case e.inflight != nil:
+			e.rebase = true
+		default:
+			if r := t.finalReportLocked(e); r != nil {
+				if b == nil {
+					b = &Batch{sentAt: now}
+				}
+				b.Reports = append(b.Reports, r)
+				b.entries = append(b.entries, e)
+			}
+			e.newLeaseLocked()
+		}
+		e.mu.Unlock()
+	}
+	return b
 }
 
 // Apply acknowledges a batch with the region's grants (one per report, in
@@ -366,8 +428,16 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	if e.pending == r {
 		e.pending = nil
 	}
-	e.granted = true
 	t.learnLocked(now, e, g)
+	if e.rebase {
+		e.newLeaseLocked()
+		return
+	}
+	if e.st.mode == ModeLease {
+		// A strict class opens no lease: only one issued before the class
+		// changed is booked (and e.granted already says so).
+		e.granted = true
+	}
 	t.expireLocked(now, e)
 	t.clearDegradedLocked(e)
 
@@ -439,6 +509,9 @@ func (t *Table) Failed(now time.Time, b *Batch) {
 	for _, e := range b.entries {
 		e.mu.Lock()
 		e.finishLocked()
+		if e.rebase {
+			e.newLeaseLocked()
+		}
 		e.mu.Unlock()
 	}
 }

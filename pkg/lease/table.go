@@ -82,26 +82,28 @@ type entry struct {
 	checkTokens    atomic.Int64 // asked of the strict path
 	results        [resultSlots]atomic.Uint64
 
-	mu             sync.Mutex
-	st             keyInfo             // guarded by mu: the owner's copy of info
-	credited       int64               // guarded by mu: tokens ever put in the pool
-	drained        int64               // guarded by mu: tokens ever taken out unspent
-	reportedSpent  int64               // guarded by mu: spent tokens already in a report
-	reportedDenied int64               // guarded by mu
-	toReturn       int64               // guarded by mu: removed from the pool, not yet reported
-	pending        *sluicev1.KeyReport // guarded by mu: sent, not acknowledged
-	inflight       chan struct{}       // guarded by mu: closed when the report in flight ends
-	granted        bool                // guarded by mu: the region holds a lease record for us
-	guard          time.Duration       // guarded by mu: checkClock is set this long before deadline
-	rate           float64             // guarded by mu: EWMA of demand, tokens/s
-	haveRate       bool                // guarded by mu
-	sizingRate     float64             // guarded by mu: rate the last batch was sized with
-	sampleAt       time.Time           // guarded by mu: start of the current demand window
-	sampleDemand   int64               // guarded by mu: demand at sampleAt
-	lastActive     time.Time           // guarded by mu
-	activityMark   int64               // guarded by mu
-	degraded       bool                // guarded by mu
-	limiter        *rate.Limiter       // guarded by mu: the local on_failure limiter
+	mu            sync.Mutex
+	st            keyInfo             // guarded by mu: the owner's copy of info
+	credited      int64               // guarded by mu: tokens ever put in the pool
+	drained       int64               // guarded by mu: tokens ever taken out unspent
+	returnedTotal int64               // guarded by mu: tokens ever handed back in a report
+	toReturn      int64               // guarded by mu: removed from the pool, not yet reported
+	lease         uint64              // guarded by mu: the seq of the current lease's first report (0: none yet)
+	base          [3]int64            // guarded by mu: spent, denied, returned totals when the lease began
+	rebase        bool                // guarded by mu: start a new lease when the report in flight ends
+	pending       *sluicev1.KeyReport // guarded by mu: sent, not acknowledged
+	inflight      chan struct{}       // guarded by mu: closed when the report in flight ends
+	granted       bool                // guarded by mu: the region holds a lease record for us
+	guard         time.Duration       // guarded by mu: checkClock is set this long before deadline
+	rate          float64             // guarded by mu: EWMA of demand, tokens/s
+	haveRate      bool                // guarded by mu
+	sizingRate    float64             // guarded by mu: rate the last batch was sized with
+	sampleAt      time.Time           // guarded by mu: start of the current demand window
+	sampleDemand  int64               // guarded by mu: demand at sampleAt
+	lastActive    time.Time           // guarded by mu
+	activityMark  int64               // guarded by mu
+	degraded      bool                // guarded by mu
+	limiter       *rate.Limiter       // guarded by mu: the local on_failure limiter
 
 	foldedAdmitted uint32              // guarded by Table.statsMu
 	folded         [resultSlots]uint64 // guarded by Table.statsMu

@@ -235,8 +235,8 @@ func TestRetryResendsSameReport(t *testing.T) {
 	}
 	syncs, _ = tb.PrepareSync(t0.Add(3 * time.Second))
 	next := syncs[0].Reports[0]
-	if next.Seq <= sent.Seq || next.Used != 2 {
-		t.Fatalf("after ack: seq %d used %d; want seq > %d and used 2", next.Seq, next.Used, sent.Seq)
+	if next.Seq <= sent.Seq || next.Used != sent.Used+2 {
+		t.Fatalf("after ack: seq %d used %d; want seq > %d and used %d (cumulative)", next.Seq, next.Used, sent.Seq, sent.Used+2)
 	}
 }
 

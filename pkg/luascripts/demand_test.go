@@ -30,9 +30,15 @@ func TestLeaseDemandReading(t *testing.T) {
 	t0 := int64(1_800_000_000_000_000)
 	at := func(d time.Duration) { sc.setNow(t0 + d.Microseconds()) }
 	seq := map[string]uint64{}
+	totals := map[string][2]int64{}
+	// report adds used and denied to the instance's cumulative totals.
 	report := func(inst string, used, denied int64) Report {
 		seq[inst]++
-		return Report{Instance: inst, Seq: seq[inst], Used: used, Denied: denied, Want: 100, Min: 1}
+		tot := totals[inst]
+		tot[0] += used
+		tot[1] += denied
+		totals[inst] = tot
+		return Report{Instance: inst, Incarnation: 42, Lease: 1, Seq: seq[inst], Used: tot[0], Denied: tot[1], Want: 100, Min: 1}
 	}
 	reading := func(want float64, strict int64) {
 		t.Helper()
@@ -92,8 +98,9 @@ func TestLeaseDemandReading(t *testing.T) {
 	at(7*time.Second + time.Microsecond)
 	reading(0, 3005)
 
-	// A lease record written by older scripts (six fields) reads as a lease
-	// with no window open: its next report opens one.
+	// A lease record written by older scripts (six fields) has no
+	// fingerprint: a report on it is a conflict and forfeits it; the next
+	// report opens a lease, and a window, of its own.
 	at(8 * time.Second)
 	exp := t0 + (12 * time.Second).Microseconds()
 	if err := rdb.HSet(ctx, k.Leases, "i-old", "10 0 0 1 "+itoa(exp)+" 10").Err(); err != nil {
@@ -104,14 +111,20 @@ func TestLeaseDemandReading(t *testing.T) {
 	}
 	seq["i-old"] = 1
 	at(9 * time.Second)
+	if lr, err := sc.Sync(ctx, rdb, k, c, report("i-old", 10, 0)); err != nil || !lr.Conflict || lr.Granted != 0 {
+		t.Fatalf("report on an older record: %+v, %v; want a conflict granting nothing", lr, err)
+	}
+	if st, err := sc.State(ctx, rdb, k, c); err != nil || st.Outstanding != 0 {
+		t.Fatalf("forfeited record still outstanding: %+v, %v", st, err)
+	}
 	must(sc.Sync(ctx, rdb, k, c, report("i-old", 10, 0)))
 	reading(0, 3005)
 	rec, err := rdb.HGet(ctx, k.Leases, "i-old").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := strings.Fields(rec); len(f) != 9 || f[6] != itoa(t0+(9*time.Second).Microseconds()) {
-		t.Fatalf("rewritten record %q: want nine fields with the window opened at the report", rec)
+	if f := strings.Fields(rec); len(f) != 14 || f[6] != itoa(t0+(9*time.Second).Microseconds()) {
+		t.Fatalf("new record %q: want fourteen fields with the window opened at the report", rec)
 	}
 	at(10 * time.Second)
 	must(sc.Sync(ctx, rdb, k, c, report("i-old", 25, 0)))
@@ -133,6 +146,11 @@ func TestParseLeaseRecord(t *testing.T) {
 		WindowStartUS: 1800000004000000, WindowDemand: 12, DemandRate: 81.714}
 	if l != want || l.Unspent() != 40 {
 		t.Fatalf("got %+v (unspent %v), want %+v", l, l.Unspent(), want)
+	}
+	l, err = ParseLeaseRecord("120 70 10 4 1800000005000000 30 1800000004000000 12 81714 75 3 10 2 18446744073709551615")
+	if err != nil || !l.Fingerprint || l.AppliedUsed != 75 || l.AppliedDenied != 3 || l.AppliedReturned != 10 || l.Lease != 2 ||
+		l.Incarnation != "18446744073709551615" {
+		t.Fatalf("fourteen-field record: %+v %v", l, err)
 	}
 	if l, err := ParseLeaseRecord("10 0 0 1 99 10"); err != nil || l.Granted != 10 || l.WindowStartUS != 0 || l.DemandRate != 0 {
 		t.Fatalf("six-field record: %+v %v", l, err)

@@ -56,7 +56,14 @@ func TestLuaMatchesModel(t *testing.T) {
 			kcs[i] = keyCase{KeysFor(DefaultPrefix, quota.Key{Tenant: "t" + strconv.Itoa(i), Class: "read"}), c}
 		}
 		instances := []string{"i-a", "i-b", "i-c"}
-		seqs := map[string]uint64{}
+		// Per (instance, key): the instance's own view of its lease, as a
+		// client keeps it (cumulative totals, lease number), and its last
+		// report for retries.
+		type view struct {
+			seq, lease             uint64
+			used, denied, returned int64
+		}
+		views := map[string]*view{}
 		last := map[string]Report{}
 
 		steps := rapid.IntRange(1, 60).Draw(rt, "steps")
@@ -72,21 +79,51 @@ func TestLuaMatchesModel(t *testing.T) {
 			inst := rapid.SampledFrom(instances).Draw(rt, "instance")
 			lk := inst + kc.keys.Bucket
 			report := func(withReturn bool) Report {
-				if rapid.IntRange(0, 4).Draw(rt, "retry") == 0 {
+				switch rapid.IntRange(0, 9).Draw(rt, "kind") {
+				case 0, 1:
 					if r, ok := last[lk]; ok {
 						return r // a retried message: same seq, same numbers
 					}
+				case 2:
+					if r, ok := last[lk]; ok && r.Seq > 1 {
+						r.Seq-- // a stale or conflicting message
+						return r
+					}
+				case 3:
+					if r, ok := last[lk]; ok {
+						// another process under the same id, or one that
+						// went back in its totals
+						if rapid.Bool().Draw(rt, "other_incarnation") {
+							r.Incarnation++
+						} else {
+							r.Used = max(0, r.Used-1)
+						}
+						r.Seq++
+						return r
+					}
 				}
-				seqs[lk]++
-				r := Report{
-					Instance: inst, Seq: seqs[lk],
-					Used:   rapid.Int64Range(0, 300).Draw(rt, "used"),
-					Denied: rapid.Int64Range(0, 50).Draw(rt, "denied"),
-					Want:   rapid.Int64Range(0, 300).Draw(rt, "want"),
-					Min:    rapid.Int64Range(0, 20).Draw(rt, "min"),
+				v := views[lk]
+				if v == nil {
+					v = &view{}
+					views[lk] = v
 				}
+				v.seq++
+				if v.lease == 0 || rapid.IntRange(0, 9).Draw(rt, "new_lease") == 0 {
+					v.lease, v.used, v.denied, v.returned = v.seq, 0, 0, 0
+				}
+				v.used += rapid.Int64Range(0, 300).Draw(rt, "used")
+				v.denied += rapid.Int64Range(0, 50).Draw(rt, "denied")
 				if withReturn {
-					r.Returned = rapid.Int64Range(0, 100).Draw(rt, "returned")
+					v.returned += rapid.Int64Range(0, 100).Draw(rt, "returned")
+				}
+				r := Report{
+					Instance: inst, Incarnation: 1 << 63, Lease: v.lease, Seq: v.seq,
+					Used: v.used, Denied: v.denied, Returned: v.returned,
+					Want: rapid.Int64Range(0, 300).Draw(rt, "want"),
+					Min:  rapid.Int64Range(0, 20).Draw(rt, "min"),
+				}
+				if rapid.IntRange(0, 5).Draw(rt, "book_only") == 0 {
+					r.BookOnly, r.Want, r.Min = true, 0, 0
 				}
 				last[lk] = r
 				return r

@@ -35,7 +35,11 @@ type modelBucket struct {
 	ttlMS                                         float64 // the TTL last set (PEXPIRE argument)
 }
 
-type modelLease struct{ g, u, r, seq, exp, lg, lt, pd, dr float64 }
+type modelLease struct {
+	g, u, r, seq, exp, lg, lt, pd, dr float64
+	au, ad, ar, le                    float64 // fingerprint: totals of the last applied report, lease number
+	inc                               string  // incarnation that wrote it
+}
 
 type modelLeases struct {
 	byID     map[string]*modelLease
@@ -387,19 +391,65 @@ func msDur(ms float64) time.Duration {
 	return time.Duration(ms) * time.Millisecond
 }
 
-func (o *op) leaseOp(id string, seq, used, denied, returned, want, min float64) LeaseReply {
+// reportKind mirrors lib.lua's report_kind.
+func reportKind(l *modelLease, inc string, le, seq, tu, td, tr float64) string {
+	switch {
+	case l.inc != inc:
+		return "conflict"
+	case le > l.le:
+		return "supersede"
+	case le < l.le:
+		return "stale"
+	case seq > l.seq:
+		if tu < l.au || td < l.ad || tr < l.ar {
+			return "conflict"
+		}
+		return "new"
+	case seq == l.seq:
+		if tu == l.au && td == l.ad && tr == l.ar {
+			return "retry"
+		}
+		return "conflict"
+	case tu <= l.au && td <= l.ad && tr <= l.ar:
+		return "stale"
+	}
+	return "conflict"
+}
+
+func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 	o.reap(o.c.ReapBudget)
 	l := o.ownLease(id)
-	granted, ttl, retry, dup := 0.0, o.lttl(), 0.0, false
-	if l != nil && seq <= l.seq {
+	inc := strconv.FormatUint(r.Incarnation, 10)
+	le, seq := float64(r.Lease), float64(r.Seq)
+	tu, td, tr := float64(r.Used), float64(r.Denied), returned
+	want, min := float64(r.Want), float64(r.Min)
+	granted, ttl, retry, dup, conflict := 0.0, o.lttl(), 0.0, false, false
+	kind := "new"
+	if l != nil {
+		kind = reportKind(l, inc, le, seq, tu, td, tr)
+	}
+	if kind == "supersede" {
+		o.dropLease(id, l, false)
+		l, kind = nil, "new"
+	}
+	switch {
+	case kind == "conflict":
+		o.dropLease(id, l, false)
+		conflict, ttl = true, 0
+	case kind == "retry" || kind == "stale":
 		dup = true
-		granted = l.lg
-		ttl = math.Floor((l.exp - o.now) / 1000)
-	} else {
-		if l == nil {
-			l = &modelLease{}
+		if kind == "retry" {
+			granted = l.lg
 		}
-		o.applyUsage(l, used, denied, returned)
+		ttl = math.Floor((l.exp - o.now) / 1000)
+	case l != nil || !r.BookOnly:
+		if l != nil {
+			o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar)
+		} else {
+			l = &modelLease{}
+			o.applyUsage(l, 0, 0, 0)
+		}
+		l.au, l.ad, l.ar, l.le, l.inc = tu, td, tr, le, inc
 		if want > 0 {
 			if min < 1 {
 				min = 1
@@ -422,9 +472,13 @@ func (o *op) leaseOp(id string, seq, used, denied, returned, want, min float64) 
 		l.lg = granted
 		o.ls.byID[id] = l
 		o.leases = true
+	default:
+		ttl = 0
 	}
 	o.save()
-	return o.leaseReply(granted, ttl, retry, dup)
+	rep := o.leaseReply(granted, ttl, retry, dup)
+	rep.Conflict = conflict
+	return rep
 }
 
 // The exported operations mirror the Scripts methods one to one; nowUS is
@@ -433,13 +487,13 @@ func (o *op) leaseOp(id string, seq, used, denied, returned, want, min float64) 
 // Acquire mirrors Scripts.Acquire.
 func (m *Model) Acquire(nowUS int64, k Keys, c Common, r Report) LeaseReply {
 	o := m.begin(nowUS, k, c)
-	return o.leaseOp(r.Instance, float64(r.Seq), float64(r.Used), float64(r.Denied), 0, float64(r.Want), float64(r.Min))
+	return o.leaseOp(r.Instance, r, float64(r.Returned))
 }
 
 // Sync mirrors Scripts.Sync.
 func (m *Model) Sync(nowUS int64, k Keys, c Common, r Report) LeaseReply {
 	o := m.begin(nowUS, k, c)
-	return o.leaseOp(r.Instance, float64(r.Seq), float64(r.Used), float64(r.Denied), float64(r.Returned), float64(r.Want), float64(r.Min))
+	return o.leaseOp(r.Instance, r, float64(r.Returned))
 }
 
 // Release mirrors Scripts.Release.
@@ -447,18 +501,25 @@ func (m *Model) Release(nowUS int64, k Keys, c Common, r Report) ReleaseReply {
 	o := m.begin(nowUS, k, c)
 	o.reap(c.ReapBudget)
 	l := o.ownLease(r.Instance)
-	back := 0.0
+	back, conflict := 0.0, false
 	if l != nil {
-		if float64(r.Seq) > l.seq {
-			back = o.applyUsage(l, float64(r.Used), float64(r.Denied), float64(r.Returned))
+		tu, td, tr := float64(r.Used), float64(r.Denied), float64(r.Returned)
+		switch reportKind(l, strconv.FormatUint(r.Incarnation, 10), float64(r.Lease), float64(r.Seq), tu, td, tr) {
+		case "conflict":
+			o.dropLease(r.Instance, l, false)
+			conflict = true
+		case "supersede":
+			o.dropLease(r.Instance, l, false)
+		case "stale":
+		case "new":
+			back = o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar)
+			back += o.dropLease(r.Instance, l, true)
+		default: // retry
+			back += o.dropLease(r.Instance, l, true)
 		}
-		back += o.dropLease(r.Instance, l, true)
-	} else {
-		o.b.adm += float64(r.Used)
-		o.b.den += float64(r.Denied)
 	}
 	o.save()
-	return ReleaseReply{Returned: int64(back), NowUS: nowUS}
+	return ReleaseReply{Returned: int64(back), NowUS: nowUS, Conflict: conflict}
 }
 
 // Check mirrors Scripts.Check.
@@ -542,7 +603,8 @@ func (m *Model) Snapshot() map[string]map[string]string {
 		h, z := map[string]string{}, map[string]string{}
 		for id, l := range ls.byID {
 			h[id] = i0(l.g) + " " + i0(l.u) + " " + i0(l.r) + " " + i0(l.seq) + " " + i0(l.exp) + " " + i0(l.lg) +
-				" " + i0(l.lt) + " " + i0(l.pd) + " " + i0(l.dr)
+				" " + i0(l.lt) + " " + i0(l.pd) + " " + i0(l.dr) + " " + i0(l.au) + " " + i0(l.ad) + " " + i0(l.ar) +
+				" " + i0(l.le) + " " + l.inc
 			z[id] = i0(l.exp)
 		}
 		out[name] = h

@@ -40,5 +40,8 @@ func (m *Model) PeekLease(k Keys, instance string) (LeaseRecord, bool) {
 	if !ok {
 		return LeaseRecord{}, false
 	}
-	return LeaseRecord{Granted: l.g, Used: l.u, Returned: l.r, Seq: uint64(l.seq), ExpiryUS: int64(l.exp), LastGrant: l.lg}, true
+	return LeaseRecord{Granted: l.g, Used: l.u, Returned: l.r, Seq: uint64(l.seq), ExpiryUS: int64(l.exp), LastGrant: l.lg,
+		WindowStartUS: int64(l.lt), WindowDemand: l.pd, DemandRate: l.dr / 1000,
+		AppliedUsed: l.au, AppliedDenied: l.ad, AppliedReturned: l.ar, Lease: uint64(l.le), Incarnation: l.inc,
+		Fingerprint: true}, true
 }

@@ -42,7 +42,7 @@ func (s *Scripts) QueueCheck(ctx context.Context, p redis.Pipeliner, k Keys, cm 
 
 // QueueAcquire adds acquire.lua to p.
 func (s *Scripts) QueueAcquire(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, r Report) *Queued {
-	return queue(ctx, p, s.acquire, k.list(), s.args(cm, r.Instance, r.Seq, r.Used, r.Denied, r.Want, r.Min))
+	return queue(ctx, p, s.acquire, k.list(), s.args(cm, r.opArgs()...))
 }
 
 // ParseCheck reads a queued check's reply.

@@ -79,14 +79,38 @@ func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', 17, 64) }
 func isInf(f float64) bool { return f > 1e300 || f < -1e300 }
 
 // Report is an instance's report for one key (see the KeyReport message).
+// Used, Denied and Returned are the lease's cumulative totals: the scripts
+// book what they add to the totals of the last applied report.
 type Report struct {
 	Instance string
+	// Incarnation tells apart processes that report under the same
+	// Instance: a report of another incarnation than the lease's is a
+	// conflict.
+	Incarnation uint64
+	// Lease is the instance's lease number on the key: the seq of the
+	// lease's first report.
+	Lease    uint64
 	Seq      uint64
 	Used     int64
 	Denied   int64
 	Returned int64
 	Want     int64
 	Min      int64
+	// BookOnly books the report against a lease the instance already
+	// holds and opens none (the key's class is strict now). Want must be 0.
+	BookOnly bool
+}
+
+func (r Report) leaseArgs() []any {
+	return []any{r.Instance, strconv.FormatUint(r.Incarnation, 10), r.Lease, r.Seq, r.Used, r.Denied, r.Returned}
+}
+
+func (r Report) opArgs() []any {
+	open := "1"
+	if r.BookOnly {
+		open = "0"
+	}
+	return append(r.leaseArgs(), r.Want, r.Min, open)
 }
 
 // LeaseReply is the answer of acquire and sync.
@@ -100,8 +124,12 @@ type LeaseReply struct {
 	Live       int64         // live leases on the key
 	Reset      time.Duration // until the bucket is full again
 	NowUS      int64         // Redis time the script ran at
-	Duplicate  bool          // the report was a retry of an applied one
+	Duplicate  bool          // the report was a retry of an applied one, or stale
 	Reclaimed  int64         // tokens this call returned from expired leases
+	// Conflict: the report was not the lease's next one nor a retry of an
+	// applied one (another process reports under the same instance id).
+	// Nothing was granted and the lease was forfeited.
+	Conflict bool
 }
 
 // CheckReply is the answer of check.
@@ -119,6 +147,7 @@ type CheckReply struct {
 type ReleaseReply struct {
 	Returned int64
 	NowUS    int64
+	Conflict bool // see LeaseReply.Conflict
 }
 
 // ReapReply is the answer of reap.
@@ -222,9 +251,9 @@ func (s *Scripts) all() []*redis.Script {
 // bug or a foreign key in Redis, never bad user input.
 var ErrReply = errors.New("unexpected script reply")
 
-// Acquire runs acquire.lua. r.Returned is ignored.
+// Acquire runs acquire.lua.
 func (s *Scripts) Acquire(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (LeaseReply, error) {
-	res, err := s.acquire.Run(ctx, c, k.list(), s.args(cm, r.Instance, r.Seq, r.Used, r.Denied, r.Want, r.Min)...).Slice()
+	res, err := s.acquire.Run(ctx, c, k.list(), s.args(cm, r.opArgs()...)...).Slice()
 	if err != nil {
 		return LeaseReply{}, fmt.Errorf("acquire %s: %w", k.Bucket, err)
 	}
@@ -241,7 +270,7 @@ func (s *Scripts) Sync(ctx context.Context, c redis.Scripter, k Keys, cm Common,
 }
 
 func (s *Scripts) syncArgs(cm Common, r Report) []any {
-	return s.args(cm, r.Instance, r.Seq, r.Used, r.Denied, r.Returned, r.Want, r.Min)
+	return s.args(cm, r.opArgs()...)
 }
 
 // SyncItem is one key of a pipelined SyncMany.
@@ -282,13 +311,13 @@ func (s *Scripts) SyncMany(ctx context.Context, c interface {
 
 // Release runs release.lua.
 func (s *Scripts) Release(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (ReleaseReply, error) {
-	res, err := s.release.Run(ctx, c, k.list(), s.args(cm, r.Instance, r.Seq, r.Used, r.Denied, r.Returned)...).Slice()
+	res, err := s.release.Run(ctx, c, k.list(), s.args(cm, r.leaseArgs()...)...).Slice()
 	if err != nil {
 		return ReleaseReply{}, fmt.Errorf("release %s: %w", k.Bucket, err)
 	}
 	p := parser{res: res}
-	rr := ReleaseReply{Returned: p.int(0), NowUS: p.int(1)}
-	return rr, p.err(2)
+	rr := ReleaseReply{Returned: p.int(0), NowUS: p.int(1), Conflict: p.int(2) == 1}
+	return rr, p.err(3)
 }
 
 // Check runs check.lua.
@@ -357,9 +386,9 @@ func parseLease(res []any) (LeaseReply, error) {
 	lr := LeaseReply{
 		Granted: p.int(0), TTL: p.ms(1), Remaining: p.int(2), RetryAfter: p.ms(3),
 		Rate: p.float(4), Cap: p.float(5), Live: p.int(6), Reset: p.ms(7), NowUS: p.int(8),
-		Duplicate: p.int(9) == 1, Reclaimed: p.int(10),
+		Duplicate: p.int(9) == 1, Reclaimed: p.int(10), Conflict: p.int(11) == 1,
 	}
-	return lr, p.err(11)
+	return lr, p.err(12)
 }
 
 // parser reads a script's reply array, remembering the first problem.
@@ -464,19 +493,30 @@ type LeaseRecord struct {
 	WindowDemand  float64
 	// DemandRate is the rate of the last closed window (tokens/s).
 	DemandRate float64
+	// AppliedUsed, AppliedDenied and AppliedReturned are the totals of the
+	// last applied report; Lease and Incarnation those of its instance.
+	// Fingerprint is false for a record older scripts wrote (none of these).
+	AppliedUsed, AppliedDenied, AppliedReturned float64
+	Lease                                       uint64
+	Incarnation                                 string
+	Fingerprint                                 bool
 }
 
 // Unspent is what the lease still holds by the region's books.
 func (l LeaseRecord) Unspent() float64 { return l.Granted - l.Used - l.Returned }
 
-// ParseLeaseRecord reads a lease hash value: nine fields, or the first six
-// alone as older scripts wrote them.
+// ParseLeaseRecord reads a lease hash value: fourteen fields, or the first
+// nine or six alone as older scripts wrote them.
 func ParseLeaseRecord(v string) (LeaseRecord, error) {
 	f := strings.Fields(v)
-	if len(f) != 9 && len(f) != 6 {
-		return LeaseRecord{}, fmt.Errorf("%w: lease record %q has %d fields, want 9 or 6", ErrReply, v, len(f))
+	if len(f) != 14 && len(f) != 9 && len(f) != 6 {
+		return LeaseRecord{}, fmt.Errorf("%w: lease record %q has %d fields, want 14, 9 or 6", ErrReply, v, len(f))
 	}
-	n := make([]float64, 9)
+	var inc string
+	if len(f) == 14 {
+		inc, f = f[13], f[:13]
+	}
+	n := make([]float64, 13)
 	for i, s := range f {
 		x, err := strconv.ParseFloat(s, 64)
 		if err != nil {
@@ -487,5 +527,7 @@ func ParseLeaseRecord(v string) (LeaseRecord, error) {
 	return LeaseRecord{
 		Granted: n[0], Used: n[1], Returned: n[2], Seq: uint64(n[3]), ExpiryUS: int64(n[4]), LastGrant: n[5],
 		WindowStartUS: int64(n[6]), WindowDemand: n[7], DemandRate: n[8] / 1000,
+		AppliedUsed: n[9], AppliedDenied: n[10], AppliedReturned: n[11], Lease: uint64(n[12]),
+		Incarnation: inc, Fingerprint: inc != "",
 	}, nil
 }

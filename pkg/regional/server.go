@@ -210,15 +210,22 @@ func validateReport(r *sluicev1.KeyReport, field string) error {
 	if r.GetSeq() > 1<<53 {
 		return fmt.Errorf("%w: %s.seq %d exceeds 2^53", quota.ErrInvalid, field, r.GetSeq())
 	}
+	if r.GetLease() > r.GetSeq() {
+		return fmt.Errorf("%w: %s.lease %d is above its seq %d", quota.ErrInvalid, field, r.GetLease(), r.GetSeq())
+	}
+	// used, denied and returned are a lease's cumulative totals: exact in
+	// the scripts' doubles up to 2^53.
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"used", r.GetUsed()}, {"denied", r.GetDenied()}, {"returned", r.GetReturned()}, {"min", r.GetMin()}} {
+		max  int64
+	}{{"used", r.GetUsed(), maxTotal}, {"denied", r.GetDenied(), maxTotal}, {"returned", r.GetReturned(), maxTotal},
+		{"min", r.GetMin(), quota.MaxWant}} {
 		if f.v < 0 {
 			return fmt.Errorf("%w: %s.%s %d is negative", quota.ErrInvalid, field, f.name, f.v)
 		}
-		if f.v > quota.MaxWant {
-			return fmt.Errorf("%w: %s.%s %d exceeds the maximum %d", quota.ErrInvalid, field, f.name, f.v, quota.MaxWant)
+		if f.v > f.max {
+			return fmt.Errorf("%w: %s.%s %d exceeds the maximum %d", quota.ErrInvalid, field, f.name, f.v, f.max)
 		}
 	}
 	if err := quota.ValidateWant(r.GetWant()); err != nil {
@@ -230,18 +237,21 @@ func validateReport(r *sluicev1.KeyReport, field string) error {
 	return nil
 }
 
-func toReport(instance string, r *sluicev1.KeyReport) luascripts.Report {
-	return reply.Report(instance, r)
+// maxTotal bounds a report's cumulative totals (exact in a Lua number).
+const maxTotal = 1 << 53
+
+// errConflict: a report was neither the lease's next one nor a retry of an
+// applied one; another process reports under the same instance id. The
+// lease was forfeited. Mapped to ABORTED: the instance must re-identify.
+var errConflict = errors.New("report conflicts with the lease's record: another process reports under this instance id")
+
+// toReport: see reply.Report.
+func toReport(instance string, incarnation uint64, r *sluicev1.KeyReport, strict bool) luascripts.Report {
+	return reply.Report(instance, incarnation, r, strict)
 }
 
 func (s *Server) grant(p keyPlan, seq uint64, lr luascripts.LeaseReply) *sluicev1.Grant {
 	return reply.Grant(new(sluicev1.Grant), &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class}, p.res, seq, lr)
-}
-
-// strictGrant answers a lease request for a strict class: no tokens, and
-// the mode tells the caller to use Check.
-func (s *Server) strictGrant(p keyPlan, seq uint64) *sluicev1.Grant {
-	return s.grant(p, seq, reply.Strict(p.common))
 }
 
 func (s *Server) observeLease(p keyPlan, want int64, lr luascripts.LeaseReply) {
@@ -270,19 +280,14 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	if err := validateReport(r, "report"); err != nil {
 		return nil, toStatus(err)
 	}
-	if r.GetReturned() != 0 {
-		return nil, toStatus(fmt.Errorf("%w: report.returned must be 0 in Acquire (return tokens with Sync)", quota.ErrInvalid))
-	}
 	p, err := s.plan(s.opts.Config.Current(), r.GetKey(), "report.key")
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if p.res.Class.Mode == config.ModeStrict {
-		return &sluicev1.AcquireResponse{Grant: s.strictGrant(p, r.GetSeq())}, nil
-	}
+	rep := toReport(req.GetInstanceId(), req.GetIncarnation(), r, p.res.Class.Mode == config.ModeStrict)
 	start := time.Now()
 	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
-		return s.scripts.QueueAcquire(ctx, pipe, p.keys, p.common, toReport(req.GetInstanceId(), r))
+		return s.scripts.QueueAcquire(ctx, pipe, p.keys, p.common, rep)
 	})
 	var lr luascripts.LeaseReply
 	if err == nil {
@@ -292,7 +297,10 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	s.observeLease(p, r.GetWant(), lr)
+	if lr.Conflict {
+		return nil, toStatus(fmt.Errorf("key %s: %w", p.key, errConflict))
+	}
+	s.observeLease(p, rep.Want, lr)
 	return &sluicev1.AcquireResponse{Grant: s.grant(p, r.GetSeq(), lr)}, nil
 }
 
@@ -305,16 +313,10 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 		return nil, toStatus(err)
 	}
 	grants := make([]*sluicev1.Grant, len(plans))
-	var items []luascripts.SyncItem
-	var itemIdx []int
+	items := make([]luascripts.SyncItem, len(plans))
 	for i, p := range plans {
-		r := req.GetReports()[i]
-		if p.res.Class.Mode == config.ModeStrict {
-			grants[i] = s.strictGrant(p, r.GetSeq())
-			continue
-		}
-		items = append(items, luascripts.SyncItem{Keys: p.keys, Common: p.common, Report: toReport(req.GetInstanceId(), r)})
-		itemIdx = append(itemIdx, i)
+		rep := toReport(req.GetInstanceId(), req.GetIncarnation(), req.GetReports()[i], p.res.Class.Mode == config.ModeStrict)
+		items[i] = luascripts.SyncItem{Keys: p.keys, Common: p.common, Report: rep}
 	}
 	if len(items) > 0 {
 		start := time.Now()
@@ -332,10 +334,18 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 			// whole Sync with the same seqs and gets their grants again.
 			return nil, toStatus(err)
 		}
-		for j, res := range results {
-			i := itemIdx[j]
-			s.observeLease(plans[i], items[j].Report.Want, res.Reply)
-			grants[i] = s.grant(plans[i], items[j].Report.Seq, res.Reply)
+		var conflicts []string
+		for i, res := range results {
+			if res.Reply.Conflict {
+				conflicts = append(conflicts, plans[i].key.String())
+				continue
+			}
+			s.observeLease(plans[i], items[i].Report.Want, res.Reply)
+			grants[i] = s.grant(plans[i], items[i].Report.Seq, res.Reply)
+		}
+		if len(conflicts) > 0 {
+			// The other keys are applied; a retry is answered as a retry.
+			return nil, toStatus(fmt.Errorf("keys %v: %w", conflicts, errConflict))
 		}
 	}
 	return &sluicev1.SyncResponse{Grants: grants}, nil
@@ -379,20 +389,27 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 		return nil, toStatus(err)
 	}
 	var total int64
+	var conflicts []string
 	for i, p := range plans {
-		if p.res.Class.Mode == config.ModeStrict {
-			continue
-		}
+		// Whatever the class's mode now: a lease issued before a change to
+		// strict ends exactly.
 		start := time.Now()
-		rr, err := s.scripts.Release(ctx, s.opts.Redis, p.keys, p.common, toReport(req.GetInstanceId(), req.GetReports()[i]))
+		rep := toReport(req.GetInstanceId(), req.GetIncarnation(), req.GetReports()[i], false)
+		rr, err := s.scripts.Release(ctx, s.opts.Redis, p.keys, p.common, rep)
 		s.observeScript("release", start, err)
 		if err != nil {
 			return nil, toStatus(err)
+		}
+		if rr.Conflict {
+			conflicts = append(conflicts, p.key.String())
 		}
 		s.active.release(p.key)
 		total += rr.Returned
 	}
 	s.metrics.released.Add(float64(total))
+	if len(conflicts) > 0 {
+		return nil, toStatus(fmt.Errorf("keys %v: %w", conflicts, errConflict))
+	}
 	return &sluicev1.ReleaseResponse{Returned: total}, nil
 }
 
@@ -458,6 +475,8 @@ func toStatus(err error) error {
 		return nil
 	case errors.Is(err, quota.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, errConflict):
+		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):

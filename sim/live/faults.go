@@ -204,7 +204,8 @@ func (d *deployment) crash(in *liveInstance) {
 		held := float64(st.Tokens + st.ToReturn)
 		if p := st.Pending; p != nil {
 			if p.GetSeq() > l.Seq {
-				held += float64(p.GetReturned())
+				// the tokens its returned total adds were not spent
+				held += max(float64(p.GetReturned())-l.AppliedReturned, 0)
 			} else {
 				held += l.LastGrant
 			}

@@ -75,7 +75,7 @@ type crashLease struct {
 	instance string
 	held     float64 // pool + tokens to return
 	pendSeq  uint64  // report in flight at the crash (0: none)
-	pendRet  float64 // its returned tokens
+	pendRet  float64 // its returned total (cumulative over the lease)
 	reclaim  bool
 	last     luascripts.LeaseRecord
 	// stale: a script call ran on the key after the lease expired and did
@@ -105,7 +105,9 @@ func (r *Region) settleCrashed(k *keyInfo) {
 			held := cl.held
 			if cl.pendSeq > 0 {
 				if cl.pendSeq > cl.last.Seq {
-					held += cl.pendRet // never applied: those tokens were not spent
+					// never applied: the tokens its returned total adds
+					// were not spent
+					held += max(cl.pendRet-cl.last.AppliedReturned, 0)
 				} else {
 					held += cl.last.LastGrant // applied, its grant never reached the instance
 				}

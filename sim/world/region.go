@@ -225,10 +225,6 @@ func (w *World) recycle(grants []*sluicev1.Grant) {
 	w.freeGrants = append(w.freeGrants, grants...)
 }
 
-func (r *Region) strictGrant(k *keyInfo, seq uint64) *sluicev1.Grant {
-	return r.grant(k, seq, reply.Strict(k.common[r.idx]))
-}
-
 // leaseOp serves Acquire and Sync reports; ok false means Redis is down
 // (the RPC fails Unavailable).
 func (r *Region) leaseOp(instance string, reports []*sluicev1.KeyReport, acquire bool) ([]*sluicev1.Grant, bool) {
@@ -239,16 +235,15 @@ func (r *Region) leaseOp(instance string, reports []*sluicev1.KeyReport, acquire
 	grants := make([]*sluicev1.Grant, len(reports))
 	for i, rep := range reports {
 		k := r.keyOf(rep.GetKey())
-		if k.res.Class.Mode == config.ModeStrict {
-			grants[i] = r.strictGrant(k, rep.GetSeq())
-			continue
-		}
+		// A strict class still books a lease issued before it became
+		// strict, as the regional server does (reply.Report).
+		strict := k.res.Class.Mode == config.ModeStrict
 		r.op()
 		var lr luascripts.LeaseReply
 		if acquire {
-			lr = r.model.Acquire(now, k.rkeys, r.common(k), reply.Report(instance, rep))
+			lr = r.model.Acquire(now, k.rkeys, r.common(k), reply.Report(instance, 0, rep, strict))
 		} else {
-			lr = r.model.Sync(now, k.rkeys, r.common(k), reply.Report(instance, rep))
+			lr = r.model.Sync(now, k.rkeys, r.common(k), reply.Report(instance, 0, rep, strict))
 		}
 		r.observe(k)
 		r.touch(k)
@@ -264,11 +259,8 @@ func (r *Region) release(instance string, reports []*sluicev1.KeyReport) bool {
 	now := r.redisNowUS()
 	for _, rep := range reports {
 		k := r.keyOf(rep.GetKey())
-		if k.res.Class.Mode == config.ModeStrict {
-			continue
-		}
 		r.op()
-		r.model.Release(now, k.rkeys, r.common(k), reply.Report(instance, rep))
+		r.model.Release(now, k.rkeys, r.common(k), reply.Report(instance, 0, rep, false))
 		r.observe(k)
 		r.touch(k)
 	}

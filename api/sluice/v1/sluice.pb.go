@@ -91,21 +91,35 @@ func (x *QuotaKey) GetClass() string {
 type KeyReport struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   *QuotaKey              `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// Per (instance, key) sequence number, strictly increasing. A report whose
-	// seq is not above the last applied one is a retry: it changes nothing and
-	// is answered with the reply already given.
+	// Per (instance, key) sequence number, strictly increasing. A report
+	// identical to the last applied one (same seq, same totals) is a retry: it
+	// changes nothing and is answered with the grant already given. An older
+	// report of the same incarnation changes nothing and gets no tokens. Any
+	// other report at or below the last applied seq, or one whose totals are
+	// below the applied ones, is a conflict (another process reports under
+	// this instance id): the call fails with ABORTED and the lease is
+	// forfeited (its unspent tokens never return to the bucket).
 	Seq uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
-	// Tokens admitted locally since the last acknowledged report.
-	Used int64 `protobuf:"varint,3,opt,name=used,proto3" json:"used,omitempty"`
-	// Tokens denied locally since the last acknowledged report (demand signal).
-	Denied int64 `protobuf:"varint,4,opt,name=denied,proto3" json:"denied,omitempty"`
-	// Unused tokens the instance gives back (already removed from its pool).
+	// used, denied and returned are cumulative totals of this lease (since
+	// its first report, lease): tokens admitted locally, tokens denied
+	// locally (demand signal), and unused tokens given back (already removed
+	// from the pool). The region books what they add to the totals it last
+	// applied, so every report is exact whether or not an earlier one
+	// arrived. At most 2^53.
+	Used     int64 `protobuf:"varint,3,opt,name=used,proto3" json:"used,omitempty"`
+	Denied   int64 `protobuf:"varint,4,opt,name=denied,proto3" json:"denied,omitempty"`
 	Returned int64 `protobuf:"varint,5,opt,name=returned,proto3" json:"returned,omitempty"`
 	// Tokens wanted in the new batch (0 = none).
 	Want int64 `protobuf:"varint,6,opt,name=want,proto3" json:"want,omitempty"`
 	// Smallest batch worth taking; when the bucket holds less, nothing is
 	// granted and retry_after_ms says when min will be there. 0 means 1.
-	Min           int64 `protobuf:"varint,7,opt,name=min,proto3" json:"min,omitempty"`
+	Min int64 `protobuf:"varint,7,opt,name=min,proto3" json:"min,omitempty"`
+	// The instance's lease number on this key: the seq of the lease's first
+	// report (at most seq; 0 for a client with one lease per key for its
+	// life). A report of a later lease than the region's record
+	// ends that record (its unspent tokens are forfeited: the earlier
+	// lease's final report never arrived) and opens a new one.
+	Lease         uint64 `protobuf:"varint,8,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -185,6 +199,13 @@ func (x *KeyReport) GetWant() int64 {
 func (x *KeyReport) GetMin() int64 {
 	if x != nil {
 		return x.Min
+	}
+	return 0
+}
+
+func (x *KeyReport) GetLease() uint64 {
+	if x != nil {
+		return x.Lease
 	}
 	return 0
 }
@@ -366,10 +387,13 @@ func (x *Grant) GetTier() string {
 
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Stable id of the calling process for its lifetime (1-128 bytes, same
-	// charset as a tenant).
-	InstanceId    string     `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
-	Report        *KeyReport `protobuf:"bytes,2,opt,name=report,proto3" json:"report,omitempty"`
+	// Id of the calling process for its lifetime, unique per process
+	// incarnation (1-128 bytes, same charset as a tenant).
+	InstanceId string     `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	Report     *KeyReport `protobuf:"bytes,2,opt,name=report,proto3" json:"report,omitempty"`
+	// Random number drawn once per process: two processes that report under
+	// the same instance_id are told apart by it (ABORTED).
+	Incarnation   uint64 `protobuf:"fixed64,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -416,6 +440,13 @@ func (x *AcquireRequest) GetReport() *KeyReport {
 		return x.Report
 	}
 	return nil
+}
+
+func (x *AcquireRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type AcquireResponse struct {
@@ -466,7 +497,9 @@ type SyncRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	// At most one report per key.
-	Reports       []*KeyReport `protobuf:"bytes,2,rep,name=reports,proto3" json:"reports,omitempty"`
+	Reports []*KeyReport `protobuf:"bytes,2,rep,name=reports,proto3" json:"reports,omitempty"`
+	// As in AcquireRequest.
+	Incarnation   uint64 `protobuf:"fixed64,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -513,6 +546,13 @@ func (x *SyncRequest) GetReports() []*KeyReport {
 		return x.Reports
 	}
 	return nil
+}
+
+func (x *SyncRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type SyncResponse struct {
@@ -563,9 +603,11 @@ func (x *SyncResponse) GetGrants() []*Grant {
 type ReleaseRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
-	// Final reports: used/denied since the last one, returned = every unspent
-	// token, want = 0. Keys not listed keep their leases until they expire.
-	Reports       []*KeyReport `protobuf:"bytes,2,rep,name=reports,proto3" json:"reports,omitempty"`
+	// Final reports: totals including every unspent token returned, want =
+	// 0. Keys not listed keep their leases until they expire.
+	Reports []*KeyReport `protobuf:"bytes,2,rep,name=reports,proto3" json:"reports,omitempty"`
+	// As in AcquireRequest.
+	Incarnation   uint64 `protobuf:"fixed64,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -612,6 +654,13 @@ func (x *ReleaseRequest) GetReports() []*KeyReport {
 		return x.Reports
 	}
 	return nil
+}
+
+func (x *ReleaseRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type ReleaseResponse struct {
@@ -1571,7 +1620,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\fsluice.proto\x12\tsluice.v1\"8\n" +
 	"\bQuotaKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
-	"\x05class\x18\x02 \x01(\tR\x05class\"\xb2\x01\n" +
+	"\x05class\x18\x02 \x01(\tR\x05class\"\xc8\x01\n" +
 	"\tKeyReport\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
@@ -1579,7 +1628,8 @@ const file_sluice_proto_rawDesc = "" +
 	"\x06denied\x18\x04 \x01(\x03R\x06denied\x12\x1a\n" +
 	"\breturned\x18\x05 \x01(\x03R\breturned\x12\x12\n" +
 	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x10\n" +
-	"\x03min\x18\a \x01(\x03R\x03min\"\xb0\x03\n" +
+	"\x03min\x18\a \x01(\x03R\x03min\x12\x14\n" +
+	"\x05lease\x18\b \x01(\x04R\x05lease\"\xb0\x03\n" +
 	"\x05Grant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
@@ -1598,23 +1648,26 @@ const file_sluice_proto_rawDesc = "" +
 	"\x04mode\x18\r \x01(\tR\x04mode\x12\x1d\n" +
 	"\n" +
 	"on_failure\x18\x0e \x01(\tR\tonFailure\x12\x12\n" +
-	"\x04tier\x18\x0f \x01(\tR\x04tier\"_\n" +
+	"\x04tier\x18\x0f \x01(\tR\x04tier\"\x81\x01\n" +
 	"\x0eAcquireRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12,\n" +
-	"\x06report\x18\x02 \x01(\v2\x14.sluice.v1.KeyReportR\x06report\"9\n" +
+	"\x06report\x18\x02 \x01(\v2\x14.sluice.v1.KeyReportR\x06report\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"9\n" +
 	"\x0fAcquireResponse\x12&\n" +
-	"\x05grant\x18\x01 \x01(\v2\x10.sluice.v1.GrantR\x05grant\"^\n" +
+	"\x05grant\x18\x01 \x01(\v2\x10.sluice.v1.GrantR\x05grant\"\x80\x01\n" +
 	"\vSyncRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12.\n" +
-	"\areports\x18\x02 \x03(\v2\x14.sluice.v1.KeyReportR\areports\"8\n" +
+	"\areports\x18\x02 \x03(\v2\x14.sluice.v1.KeyReportR\areports\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"8\n" +
 	"\fSyncResponse\x12(\n" +
-	"\x06grants\x18\x01 \x03(\v2\x10.sluice.v1.GrantR\x06grants\"a\n" +
+	"\x06grants\x18\x01 \x03(\v2\x10.sluice.v1.GrantR\x06grants\"\x83\x01\n" +
 	"\x0eReleaseRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12.\n" +
-	"\areports\x18\x02 \x03(\v2\x14.sluice.v1.KeyReportR\areports\"-\n" +
+	"\areports\x18\x02 \x03(\v2\x14.sluice.v1.KeyReportR\areports\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
 	"\breturned\x18\x01 \x01(\x03R\breturned\"I\n" +
 	"\fCheckRequest\x12%\n" +

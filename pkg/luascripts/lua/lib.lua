@@ -22,15 +22,22 @@
 --                                 sd  tokens decided by the strict path
 --                                     (cumulative counter)
 -- KEYS[2]  lease hash    field = instance id, value =
---                                 "g u r seq exp lg lt pd dr": granted,
---                                 used, returned (cumulative tokens), last
---                                 applied seq, expiry (µs), last grant,
---                                 start of the open demand window (µs),
---                                 demand reported in it (tokens), demand
---                                 rate of the last closed one (milli-
---                                 tokens/s); a record of the first six
---                                 fields alone (older scripts) reads as a
---                                 lease with no window open
+--                                 "g u r seq exp lg lt pd dr au ad ar le
+--                                 inc": granted, used, returned (cumulative
+--                                 tokens booked), last applied seq, expiry
+--                                 (µs), last grant, start of the open
+--                                 demand window (µs), demand reported in
+--                                 it (tokens), demand rate of the last
+--                                 closed one (milli-tokens/s), the used,
+--                                 denied and returned totals of the last
+--                                 applied report, the instance's lease
+--                                 number and the incarnation that wrote it
+--                                 (a decimal string). seq and the totals
+--                                 are the fingerprint of the last applied
+--                                 report. A record of the first nine or six
+--                                 fields alone (older scripts) has no
+--                                 fingerprint: any report on it is a
+--                                 conflict (see report_kind)
 -- KEYS[3]  expiry zset   member = instance id, score = lease expiry (µs)
 -- All three share one hash tag, so every script works on Redis Cluster.
 --
@@ -226,20 +233,26 @@ local function refill()
   B.tk = snap(B.tk)
 end
 
+-- parse_lease reads a record; au, ad, ar and inc are nil in an older
+-- record (no fingerprint).
 local function parse_lease(rec)
-  local g, u, r, seq, exp, lg, lt, pd, dr = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  local g, u, r, seq, exp, lg, lt, pd, dr, au, ad, ar, le, inc = string.match(rec,
+    '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if not g then
+    g, u, r, seq, exp, lg, lt, pd, dr = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  end
   if not g then
     g, u, r, seq, exp, lg = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
     lt, pd, dr = 0, 0, 0
   end
   return { g = tonumber(g), u = tonumber(u), r = tonumber(r), seq = tonumber(seq), exp = tonumber(exp), lg = tonumber(lg),
-    lt = tonumber(lt), pd = tonumber(pd), dr = tonumber(dr) }
+    lt = tonumber(lt), pd = tonumber(pd), dr = tonumber(dr), au = tonumber(au), ad = tonumber(ad), ar = tonumber(ar), le = tonumber(le), inc = inc }
 end
 
 local function save_lease(id, L)
   LEASES = true
   redis.call('HSET', KEYS[2], id, i0(L.g) .. ' ' .. i0(L.u) .. ' ' .. i0(L.r) .. ' ' .. i0(L.seq) .. ' ' .. i0(L.exp) .. ' ' .. i0(L.lg)
-    .. ' ' .. i0(L.lt) .. ' ' .. i0(L.pd) .. ' ' .. i0(L.dr))
+    .. ' ' .. i0(L.lt) .. ' ' .. i0(L.pd) .. ' ' .. i0(L.dr) .. ' ' .. i0(L.au) .. ' ' .. i0(L.ad) .. ' ' .. i0(L.ar) .. ' ' .. i0(L.le) .. ' ' .. L.inc)
   redis.call('ZADD', KEYS[3], L.exp, id)
 end
 
@@ -405,25 +418,85 @@ load_bucket()
 refill()
 TTL = bucket_ttl(B.gb, B.ge)
 
--- lease_op applies one instance's report for this key and takes a new batch.
--- A report whose seq is not above the lease's last applied seq is a retry:
--- nothing changes and the original grant is repeated, with the lease's
--- remaining validity (not a fresh TTL) so the instance's deadline, measured
--- from the retry's send time, still ends before the lease does.
+-- A report carries the instance's incarnation (a decimal string), its
+-- lease number on the key (le: the seq of the lease's first report), its
+-- seq, and the cumulative totals of the lease: tokens used, denied and
+-- returned since the lease began. The record keeps the totals of the last
+-- applied report, so each report books exactly what it adds to them,
+-- whether or not an earlier report arrived.
+--
+-- report_kind classifies a report against the record L:
+--   'new'       the lease's next report: book totals - applied totals
+--   'retry'     the report last applied (same seq, same totals)
+--   'stale'     an older report of this incarnation, superseded by the
+--               one applied (or of an earlier lease than the record's)
+--   'supersede' a later lease of this incarnation: the record is left over
+--               from its earlier lease, whose final report never arrived
+--   'conflict'  none of these: another process reports under this id (or
+--               the record has no fingerprint); never answered with the
+--               record's grant
+local function report_kind(L, inc, le, seq, tu, td, tr)
+  if L.inc == nil or L.inc ~= inc then return 'conflict' end
+  if le > L.le then return 'supersede' end
+  if le < L.le then return 'stale' end
+  if seq > L.seq then
+    if tu < L.au or td < L.ad or tr < L.ar then return 'conflict' end
+    return 'new'
+  end
+  if seq == L.seq then
+    if tu == L.au and td == L.ad and tr == L.ar then return 'retry' end
+    return 'conflict'
+  end
+  if tu <= L.au and td <= L.ad and tr <= L.ar then return 'stale' end
+  return 'conflict'
+end
+
+-- forfeit ends a lease whose holder cannot be trusted to report exactly
+-- (a conflict, or a record its own instance has left behind): its unspent
+-- tokens count as spent and never return to the bucket (under-admission,
+-- never over-admission).
+local function forfeit(id, L)
+  drop_lease(id, L, false)
+end
+
+-- lease_op applies one instance's report for this key and takes a new batch
+-- (only when create is true may a lease record be opened: a strict class
+-- keeps booking the leases it already has, and opens none).
+-- A retry is answered with the original grant and the lease's remaining
+-- validity (not a fresh TTL), so the instance's deadline, measured from the
+-- retry's send time, still ends before the lease does; a stale report gets
+-- nothing; a conflict forfeits the lease and grants nothing.
 -- Reply: { granted, ttl_ms, remaining, retry_ms, rate, cap, live, reset_ms,
---          now_us, duplicate(0|1), reclaimed }; rate and cap as '%.6f'
---          strings; reclaimed = tokens returned from expired leases.
-local function lease_op(id, seq, used, denied, returned, want, min)
+--          now_us, duplicate(0|1), reclaimed, conflict(0|1) }; rate and cap
+--          as '%.17g' strings; reclaimed = tokens returned from expired
+--          leases.
+local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create)
   reap(REAPMAX)
   local L = own_lease(id)
-  local granted, ttl, retry, dup = 0, LTTL, 0, 0
-  if L and seq <= L.seq then
+  local granted, ttl, retry, dup, conflict = 0, LTTL, 0, 0, 0
+  local kind = 'new'
+  if L then kind = report_kind(L, inc, le, seq, tu, td, tr) end
+  if kind == 'supersede' then
+    forfeit(id, L)
+    L = nil
+    kind = 'new'
+  end
+  if kind == 'conflict' then
+    forfeit(id, L)
+    conflict, ttl = 1, 0
+  elseif kind == 'retry' or kind == 'stale' then
     dup = 1
-    granted = L.lg
+    if kind == 'retry' then granted = L.lg end
     ttl = math.floor((L.exp - NOW) / 1000)
-  else
-    if not L then L = { g = 0, u = 0, r = 0, seq = 0, exp = 0, lg = 0, lt = 0, pd = 0, dr = 0 } end
-    apply_usage(L, used, denied, returned)
+  elseif L or create then
+    if L then
+      apply_usage(L, tu - L.au, td - L.ad, tr - L.ar)
+    else
+      -- A new lease starts from the report's totals: nothing to book yet.
+      L = { g = 0, u = 0, r = 0, seq = 0, exp = 0, lg = 0, lt = 0, pd = 0, dr = 0 }
+      apply_usage(L, 0, 0, 0)
+    end
+    L.au, L.ad, L.ar, L.le, L.inc = tu, td, tr, le, inc
     if want > 0 then
       if min < 1 then min = 1 end
       local avail = math.floor(B.tk)
@@ -441,8 +514,10 @@ local function lease_op(id, seq, used, denied, returned, want, min)
     L.exp = NOW + LTTL * 1000
     L.lg = granted
     save_lease(id, L)
+  else
+    ttl = 0
   end
   save_bucket()
   local live = redis.call('HLEN', KEYS[2])
-  return { granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED }
+  return { granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED, conflict }
 end

@@ -1,28 +1,33 @@
--- release.lua: an instance stops gracefully. Applies its final report (if
--- not a retry), then puts every token the lease still shows unspent back in
--- the bucket, whatever the reclaim policy (the instance said it is done),
--- and deletes the lease.
+-- release.lua: an instance ends its lease gracefully. Books its final
+-- report's cumulative totals (exactly once: a report that did not arrive
+-- before is included in them), then puts every token the lease still shows
+-- unspent back in the bucket, whatever the reclaim policy (the instance
+-- said it is done), and deletes the lease. A conflicting report (see
+-- report_kind) forfeits the lease instead; a stale one changes nothing.
 --
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
 -- ARGV[1..7]  common (see lib.lua)
--- ARGV[8]     instance id
--- ARGV[9]     seq
--- ARGV[10]    used since the last report (tokens)
--- ARGV[11]    denied since the last report (tokens)
--- ARGV[12]    returned (tokens)
--- Reply: { tokens put back, now_us }
+-- ARGV[8..14] as sync.lua (instance id, incarnation, lease number, seq,
+--             used, denied, returned)
+-- Reply: { tokens put back, now_us, conflict(0|1) }
 reap(REAPMAX)
-local id, seq = ARGV[8], tonumber(ARGV[9])
+local id, inc, le, seq = ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
+local tu, td, tr = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local L = own_lease(id)
-local back = 0
+local back, conflict = 0, 0
 if L then
-  if seq > L.seq then
-    back = apply_usage(L, tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]))
+  local kind = report_kind(L, inc, le, seq, tu, td, tr)
+  if kind == 'conflict' then
+    forfeit(id, L)
+    conflict = 1
+  elseif kind == 'supersede' then
+    forfeit(id, L)
+  elseif kind ~= 'stale' then
+    if kind == 'new' then
+      back = apply_usage(L, tu - L.au, td - L.ad, tr - L.ar)
+    end
+    back = back + drop_lease(id, L, true)
   end
-  back = back + drop_lease(id, L, true)
-else
-  B.adm = B.adm + tonumber(ARGV[10])
-  B.den = B.den + tonumber(ARGV[11])
 end
 save_bucket()
-return { back, NOW }
+return { back, NOW, conflict }

@@ -1,16 +1,22 @@
--- sync.lua: one key of an instance's periodic Sync. Applies the usage report
--- idempotently by seq, takes back the tokens the instance returns, debits a
--- new batch and extends the lease by a full TTL.
+-- sync.lua: one key of an instance's periodic Sync. Books the report's
+-- cumulative totals against the lease (exactly once, see lib.lua), takes
+-- back the tokens the instance returned, debits a new batch and extends the
+-- lease by a full TTL.
 --
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
 -- ARGV[1..7]  common (see lib.lua)
 -- ARGV[8]     instance id
--- ARGV[9]     seq
--- ARGV[10]    used since the last report (tokens)
--- ARGV[11]    denied since the last report (tokens)
--- ARGV[12]    returned: unused tokens the instance gives back
--- ARGV[13]    want (tokens)
--- ARGV[14]    min (tokens)
--- Reply: as acquire.lua
-return lease_op(ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]),
-  tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14]))
+-- ARGV[9]     incarnation (decimal string)
+-- ARGV[10]    lease number (the seq of the lease's first report)
+-- ARGV[11]    seq
+-- ARGV[12]    used: tokens admitted since the lease began (cumulative)
+-- ARGV[13]    denied since the lease began (cumulative)
+-- ARGV[14]    returned: unused tokens given back since the lease began
+--             (cumulative)
+-- ARGV[15]    want (tokens)
+-- ARGV[16]    min (tokens)
+-- ARGV[17]    create: '1' may open a lease; '0' only books an existing one
+--             (a class that is strict now)
+-- Reply: as lease_op (lib.lua)
+return lease_op(ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]),
+  tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), ARGV[17] == '1')

@@ -11,12 +11,19 @@ import (
 	"github.com/sluicehq/sluice/pkg/luascripts"
 )
 
-// Report is a key report of instance as the scripts take it.
-func Report(instance string, r *sluicev1.KeyReport) luascripts.Report {
-	return luascripts.Report{
-		Instance: instance, Seq: r.GetSeq(), Used: r.GetUsed(), Denied: r.GetDenied(),
-		Returned: r.GetReturned(), Want: r.GetWant(), Min: r.GetMin(),
+// Report is a key report of instance (incarnation) as the scripts take it.
+// A key whose class is strict now only books the lease the instance
+// already has: it opens none and grants nothing, but the usage and returns
+// of a lease issued before a mode change are still applied exactly.
+func Report(instance string, incarnation uint64, r *sluicev1.KeyReport, strict bool) luascripts.Report {
+	rep := luascripts.Report{
+		Instance: instance, Incarnation: incarnation, Lease: r.GetLease(), Seq: r.GetSeq(), Used: r.GetUsed(),
+		Denied: r.GetDenied(), Returned: r.GetReturned(), Want: r.GetWant(), Min: r.GetMin(),
 	}
+	if strict {
+		rep.BookOnly, rep.Want, rep.Min = true, 0, 0
+	}
+	return rep
 }
 
 // Grant fills g, the answer to the report with seq on key (resolved as
