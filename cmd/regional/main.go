@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -35,8 +34,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
-	"github.com/sluicehq/sluice/internal/devcluster"
 
+	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -199,7 +198,10 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	// The Envoy endpoint decides from leases this process holds itself: a
 	// lease client of its own LeaseService.
 	loop, err := envoyrls.DialLoopback(d.GRPCAddr(), peerCredsFor(serverTLS, peerCreds), lease.Options{
-		InstanceID: "envoy-" + strings.NewReplacer(":", "-", "[", "", "]", "").Replace(d.GRPCAddr()),
+		// Unique per process incarnation: replicas run with the same
+		// listen address, and a restarted process must not take over its
+		// former life's leases.
+		InstanceID: lease.UniqueID("envoy"),
 		Logger:     logger, Registerer: reg,
 	})
 	if err != nil {

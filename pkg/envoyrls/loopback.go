@@ -25,7 +25,8 @@ type Loopback struct {
 // DialLoopback connects a lease client to the LeaseService at addr (for a
 // regional daemon: Daemon.GRPCAddr(), after StartDaemon returned). creds
 // must match the server's (nil means plaintext, for a daemon without
-// ServerTLS). opts are the lease client's; give it a stable InstanceID
+// ServerTLS). opts are the lease client's; give it an InstanceID unique to
+// this process (lease.UniqueID),
 // and the daemon's Registerer to see its sluice_client_* metrics. Set
 // opts.BreakerTimeout (default 50ms) below the timeout of Envoy's filter
 // (default 20ms) so that, while the region is slow, Envoy gets the class's
