@@ -153,3 +153,69 @@ func KeyCount(t testing.TB, addr string) int64 {
 	}
 	return n
 }
+
+// Image is one key as DUMP serialises it (type, encoding and value,
+// byte for byte) and its PTTL in ms (-1 when it has none).
+type Image struct {
+	Dump string
+	PTTL int64
+}
+
+// Snapshot returns every key of the server as DUMP bytes and PTTL, for
+// tests that must show an operation changed nothing byte for byte: compare
+// two snapshots with Unchanged.
+func Snapshot(ctx context.Context, c *redis.Client) (map[string]Image, error) {
+	out := map[string]Image{}
+	iter := c.Scan(ctx, 0, "*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		d, err := c.Dump(ctx, k).Result()
+		if err == redis.Nil {
+			continue // expired between SCAN and DUMP
+		}
+		if err != nil {
+			return nil, err
+		}
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			return nil, err
+		}
+		ms := int64(-1)
+		if ttl >= 0 {
+			ms = ttl.Milliseconds()
+		}
+		out[k] = Image{Dump: d, PTTL: ms}
+	}
+	return out, iter.Err()
+}
+
+// Unchanged returns nil when after holds the same keys as before with the
+// same bytes, and every TTL only ticked down (none set, extended or
+// removed); otherwise an error naming the first key that differs.
+func Unchanged(before, after map[string]Image) error {
+	keys := make([]string, 0, len(before)+len(after))
+	for k := range before {
+		keys = append(keys, k)
+	}
+	for k := range after {
+		if _, ok := before[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sortStrings(keys)
+	for _, k := range keys {
+		b, inB := before[k]
+		a, inA := after[k]
+		switch {
+		case !inA:
+			return fmt.Errorf("key %q was removed", k)
+		case !inB:
+			return fmt.Errorf("key %q was created", k)
+		case a.Dump != b.Dump:
+			return fmt.Errorf("key %q changed: %q -> %q", k, b.Dump, a.Dump)
+		case (a.PTTL < 0) != (b.PTTL < 0) || a.PTTL > b.PTTL:
+			return fmt.Errorf("key %q TTL changed: %d ms -> %d ms", k, b.PTTL, a.PTTL)
+		}
+	}
+	return nil
+}

@@ -53,6 +53,7 @@ func StartOn(t testing.TB, rs *redistest.Server, cfg *config.Config, region stri
 	if err != nil {
 		t.Fatalf("regional.New: %v", err)
 	}
+	t.Cleanup(srv.Close) // after g.Stop (cleanups run last first): no RPC is left
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listen: %v", err)
