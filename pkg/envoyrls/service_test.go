@@ -657,18 +657,25 @@ func TestMetricsCarryNoTenant(t *testing.T) {
 }
 
 // TestNeverAnswerPromisesNoTime: with a burst of 1 split over two regions,
-// this region's cap is below one token, so a strict check of cost 1 can
-// never pass here (the region answers -1, Decision.RetryNever). Envoy is
-// told OVER_LIMIT with no duration_until_reset and no retry-after: no time
-// is promised after which the request still could not be admitted.
+// this region's cap is below one token, so a request of cost 1 can never
+// pass here, neither by a strict check nor by a lease (the region answers
+// -1, Decision.RetryNever). Envoy is told OVER_LIMIT with no
+// duration_until_reset and no retry-after: no time is promised after
+// which the request still could not be admitted.
 func TestNeverAnswerPromisesNoTime(t *testing.T) {
+	for _, mode := range []string{"strict", "lease"} {
+		t.Run(mode, func(t *testing.T) { testNeverAnswer(t, mode) })
+	}
+}
+
+func testNeverAnswer(t *testing.T, mode string) {
 	rs := redistest.Start(t)
 	cfg := regiontest.MustConfig(t, `
 lease_ttl: 5s
 refresh: 1s
 regions: {local: {weight: 1}, far: {weight: 3}}
 classes:
-  export: {mode: strict}
+  export: {mode: `+mode+`}
 tiers:
   std:
     export: {rate: 6/m, burst: 1}
@@ -677,7 +684,7 @@ envoy:
   descriptors:
     - {domain: sluice, tenant_key: tenant, class_key: class}
 `)
-	p := startProcess(t, rs, cfg, "envoy-never", true)
+	p := startProcess(t, rs, cfg, "envoy-never-"+mode, true)
 	for i := range 2 {
 		resp := ask(t, p.rls, request("sluice", 0, desc("tenant", "acme", "class", "export")))
 		st := resp.GetStatuses()[0]

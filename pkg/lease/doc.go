@@ -27,7 +27,9 @@
 //
 //	Allow      pool ≥ cost and lease valid → spend (CAS), allowed;
 //	           crossing the low-water mark → ActRefill.
-//	           Otherwise: negUntil in the future → denied with RetryAfter;
+//	           Otherwise: negUntil in the future → denied with RetryAfter,
+//	           or with RetryNever when the region answered "never" (-1)
+//	           for a need no larger than this request's;
 //	           strict → ActCheck; else ActAcquire.
 //	PrepareAcquire / PrepareSync / PrepareRefill
 //	           build a report and mark the key in flight (one report per

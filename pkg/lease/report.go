@@ -457,11 +457,16 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	}
 	switch {
 	case g.Granted > 0:
-		e.st.negUntil = time.Time{}
+		e.st.negUntil, e.st.negNeed = time.Time{}, 0
 	case r.Want > 0 && g.RetryAfterMs != 0:
 		wait := time.Duration(g.RetryAfterMs) * time.Millisecond
-		if g.RetryAfterMs < 0 { // the region refills at rate zero: ask again next refresh
+		e.st.negNeed = 0
+		if g.RetryAfterMs < 0 {
+			// Never (min exceeds what the region's bucket can hold at its
+			// cap, or its rate is zero): requests needing min are denied
+			// with RetryNever; ask again next refresh, in case the cap grew.
 			wait = t.opts.Refresh
+			e.st.negNeed = max(r.Min, 1)
 		}
 		e.st.negUntil = now.Add(wait)
 	}

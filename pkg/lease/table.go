@@ -66,6 +66,10 @@ type keyInfo struct {
 	checkClock bool
 	lowWater   int64
 	negUntil   time.Time // no synchronous acquire before this
+	// negNeed, while negUntil holds, is the need (tokens beyond the pool)
+	// the region answered "never" (-1) for: a request needing at least as
+	// much is denied with RetryNever. 0: the region named a wait.
+	negNeed int64
 }
 
 // entry is one key. The pool word and info are read and written without
@@ -273,6 +277,14 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 		}
 	}
 	if now.Before(in.negUntil) {
+		if in.negNeed > 0 && cost-e.tokens() >= in.negNeed {
+			// The region said no wait will bring this many tokens while
+			// its cap and the leases out stay as they are: promise no
+			// time (the owner still asks again after negUntil).
+			d := t.deny(e, in, cost, 0)
+			d.RetryNever = !d.Allowed
+			return d, ActNone, nil
+		}
 		return t.deny(e, in, cost, in.negUntil.Sub(now)), ActNone, nil
 	}
 	return quota.Decision{}, ActAcquire, nil
