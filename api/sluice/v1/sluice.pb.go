@@ -222,7 +222,12 @@ type Grant struct {
 	TtlMs int64 `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
 	// Tokens left in the regional bucket after this operation (floor, >= 0).
 	Remaining int64 `protobuf:"varint,5,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	// When granted is 0: how long until min tokens are available.
+	// When granted is 0: how long until min tokens are available, or -1 for
+	// never: min exceeds what the regional bucket can ever hold at its
+	// current cap (the cap less the tokens out in leases), or the region's
+	// rate is zero. No wait will do while these stay as they are; callers
+	// must not turn -1 into a retry time (the client denies with
+	// Decision.RetryNever and asks again at its next refresh).
 	RetryAfterMs int64 `protobuf:"varint,6,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// The rate the region currently refills this key at (tokens/s).
 	RegionRate float64 `protobuf:"fixed64,7,opt,name=region_rate,json=regionRate,proto3" json:"region_rate,omitempty"`
@@ -768,7 +773,11 @@ type CheckResponse struct {
 	Limit int64 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
 	// Tokens left in the regional bucket (floor, >= 0).
 	Remaining int64 `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	// When denied: how long until cost tokens are available.
+	// When denied: how long until cost tokens are available, or -1 for never:
+	// cost exceeds what the regional bucket can ever hold at its current cap
+	// (the cap less the tokens out in leases), or the region's rate is zero.
+	// No wait will do while these stay as they are: the client answers
+	// Decision.RetryNever and promises no Retry-After.
 	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// How long until the regional bucket is full again.
 	ResetMs       int64 `protobuf:"varint,5,opt,name=reset_ms,json=resetMs,proto3" json:"reset_ms,omitempty"`
