@@ -7,15 +7,15 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/lease"
-	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/sim/engine"
 	"github.com/sluicehq/sluice/sim/oracle"
 )
 
 // Instance is one application process embedding the lease client: the real
-// lease.Table and lease.Breaker driven by a mirror of the Client's request
-// path (allowSlow) and owner loop. Like everything in a World it is used
-// only by the goroutine running the World.
+// lease.Table, lease.Breaker and lease.Core (every decision of the Client's
+// request path and owner loop) pumped on simulated links and virtual time,
+// as Client pumps them on gRPC and the real clock. Like everything in a
+// World it is used only by the goroutine running the World.
 type Instance struct {
 	w      *World
 	region *Region
@@ -23,7 +23,7 @@ type Instance struct {
 	id     string
 	offset time.Duration
 	table  *lease.Table
-	brk    *lease.Breaker
+	core   *lease.Core
 
 	alive    bool // running (false once crashed or stopped)
 	stopping bool // draining for a graceful stop
@@ -32,35 +32,32 @@ type Instance struct {
 	used    []bool // key ids this instance ever used
 	usedIDs []int
 
-	// Owner loop state (the Client's loop goroutine, serialised).
+	// Owner loop pump state (the Client's loop goroutine, serialised).
 	busy        bool
 	pendTick    bool
 	pendKick    bool
 	pendExpiry  bool
 	holdUntil   engine.Time
 	expiryToken int
-	inflight    int // batches marked in flight in the table
 	waiters     map[int][]*group
 	afterIdle   func() // graceful stop continuation once nothing is in flight
 }
 
 // group is requests of one key and cost on one instance that arrived
-// together and are decided together, in order.
+// together; the first is pumped through lease.Slow, the others follow it
+// in order.
 type group struct {
-	k        *keyInfo
-	qk       quota.Key
-	cost     int64
-	n        int64
-	acquires int
-	rounds   int
-	waitTok  int
+	k       *keyInfo
+	slow    lease.Slow
+	cost    int64
+	n       int64
+	waitTok int
 }
 
 func newInstance(r *Region, num int) *Instance {
 	w := r.w
 	in := &Instance{
 		w: w, region: r, num: num, id: fmt.Sprintf("%s-%d", r.name, num),
-		brk:     lease.NewBreaker(w.breakerFailures, w.breakerCooldown),
 		alive:   true,
 		used:    make([]bool, len(w.keys)),
 		waiters: map[int][]*group{},
@@ -79,6 +76,7 @@ func newInstance(r *Region, num int) *Instance {
 		panic("sim: lease table options refused: " + err.Error())
 	}
 	in.table = t
+	in.core = lease.NewCore(t, lease.NewBreaker(w.breakerFailures, w.breakerCooldown), 0)
 	return in
 }
 
@@ -101,7 +99,7 @@ func (in *Instance) start() {
 	in.armExpiry(w.refresh)
 }
 
-// --- Request path (Client.allowSlow). ---
+// --- Request path (the pump of Client.allowSlow). ---
 
 // handle decides n requests of key at the current instant.
 func (in *Instance) handle(k *keyInfo, n, cost int64) {
@@ -109,13 +107,17 @@ func (in *Instance) handle(k *keyInfo, n, cost int64) {
 		in.used[k.id] = true
 		in.usedIDs = append(in.usedIDs, k.id)
 	}
-	in.serve(&group{k: k, qk: k.key, cost: cost, n: n})
+	in.serve(&group{k: k, slow: in.core.Slow(k.key, cost), cost: cost, n: n})
 }
 
 type tally struct{ lease, strict, degraded, shadow, denied int64 }
 
-func (in *Instance) record(t *tally, d quota.Decision, cost int64, strict bool) {
+func (in *Instance) record(t *tally, st lease.Step, cost int64, strict bool) {
+	d := st.Decision
 	switch {
+	case st.Err != nil:
+		in.w.counters.InvalidDecisions++
+		t.denied += cost
 	case d.Allowed && d.WouldDeny:
 		t.shadow += cost
 	case !d.Allowed:
@@ -148,70 +150,45 @@ func (in *Instance) flush(k *keyInfo, t *tally) {
 	}
 }
 
-func (in *Instance) serve(g *group) {
+func (in *Instance) serve(g *group) { in.run(g, g.slow.Next(in.now())) }
+
+// run carries out the group's steps from st, deciding its requests one
+// after another, until one must wait for simulated I/O.
+func (in *Instance) run(g *group, st lease.Step) {
 	var t tally
 	defer in.flush(g.k, &t)
-	now := in.now()
 	for g.n > 0 {
-		d, act, err := in.table.Allow(now, g.qk, g.cost)
-		if err != nil {
-			in.w.counters.InvalidDecisions += g.n
-			t.denied += g.n * g.cost
-			g.n = 0
-			return
+		if st.ApplyErr != nil {
+			in.w.counters.ApplyErrors++
 		}
-		switch act {
-		case lease.ActNone, lease.ActRefill:
-			in.record(&t, d, g.cost, false)
-			g.n--
-			g.acquires, g.rounds = 0, 0
-			if act == lease.ActRefill {
-				in.kick()
-			}
-			continue
-		case lease.ActCheck:
+		if st.Ended != nil {
+			in.batchDone(st.Ended)
+		}
+		switch st.Do {
+		case lease.DoCheck:
 			in.check(g)
 			return
-		}
-		if lease.GiveUp(g.acquires, g.rounds) {
-			d, _ := in.table.Exhausted(now, g.qk, g.cost)
-			in.record(&t, d, g.cost, false)
-			g.n--
-			g.acquires, g.rounds = 0, 0
-			continue
-		}
-		g.rounds++
-		if !in.brk.Ready(now) {
-			in.fallbackAll(&t, g, now)
-			return
-		}
-		b, wait := in.table.PrepareAcquire(now, g.qk, g.cost)
-		switch {
-		case wait != nil:
+		case lease.DoWait:
 			in.park(g)
 			return
-		case b != nil:
-			g.acquires++
-			in.acquire(g, b)
+		case lease.DoAcquire:
+			in.acquire(g, st.Batch)
 			return
 		}
-	}
-}
-
-func (in *Instance) fallbackAll(t *tally, g *group, now time.Time) {
-	for ; g.n > 0; g.n-- {
-		d, err := in.table.Fallback(now, g.qk, g.cost)
-		if err != nil {
-			in.w.counters.InvalidDecisions++
-			t.denied += g.cost
-			continue
+		in.record(&t, st, g.cost, false)
+		g.n--
+		if st.Kick {
+			in.kick()
 		}
-		in.record(t, d, g.cost, false)
+		if g.n > 0 {
+			st = g.slow.Next(in.now())
+		}
 	}
 }
 
 // park waits for the report in flight on the group's key, for at most the
-// breaker timeout (Client.waitFor).
+// breaker timeout (Client.waitFor); then every request of the group that
+// waited is decided by Slow.WaitFailed.
 func (in *Instance) park(g *group) {
 	in.waiters[g.k.id] = append(in.waiters[g.k.id], g)
 	g.waitTok++
@@ -224,7 +201,10 @@ func (in *Instance) park(g *group) {
 			return
 		}
 		var t tally
-		in.fallbackAll(&t, g, in.now())
+		now := in.now()
+		for ; g.n > 0; g.n-- {
+			in.record(&t, g.slow.WaitFailed(now), g.cost, false)
+		}
 		in.flush(g.k, &t)
 	})
 }
@@ -243,10 +223,10 @@ func (in *Instance) unpark(g *group) bool {
 	return false
 }
 
-// batchDone ends a batch that was marked in flight: waiters on its keys
-// try again, and a graceful stop proceeds once nothing is in flight.
+// batchDone is called once a batch has ended in the table (applied or
+// failed): waiters on its keys try again, and a graceful stop proceeds
+// once nothing is in flight.
 func (in *Instance) batchDone(b *lease.Batch) {
-	in.inflight--
 	if len(in.waiters) > 0 {
 		// A batch lists its keys in the table's map order: wake waiters in
 		// key order so the run does not depend on it.
@@ -266,7 +246,7 @@ func (in *Instance) batchDone(b *lease.Batch) {
 			}
 		}
 	}
-	if in.inflight == 0 && in.afterIdle != nil {
+	if in.afterIdle != nil && len(in.table.InFlight()) == 0 {
 		f := in.afterIdle
 		in.afterIdle = nil
 		f()
@@ -287,16 +267,9 @@ func (in *Instance) rpc(timeout time.Duration, serve func() bool, onReply, onFai
 	)
 }
 
-// acquire is Client.acquire: a synchronous Acquire (or a one-report Sync).
+// acquire sends the synchronous Acquire (or one-report Sync) the group's
+// first request stepped to, and goes on with the step that follows.
 func (in *Instance) acquire(g *group, b *lease.Batch) {
-	now := b.SentAt()
-	in.inflight++
-	if !in.brk.Allow(now) {
-		in.table.Failed(now, b)
-		in.batchDone(b)
-		in.fallbackOne(g)
-		return
-	}
 	var grants []*sluicev1.Grant
 	useSync := b.UseSync()
 	in.rpc(in.w.breakerTimeout,
@@ -310,55 +283,23 @@ func (in *Instance) acquire(g *group, b *lease.Batch) {
 			return ok
 		},
 		func() {
-			in.brk.Success()
-			if err := in.table.Apply(in.now(), b, grants); err != nil {
-				in.w.counters.ApplyErrors++
-			}
+			st := g.slow.AcquireDone(in.now(), grants, lease.Answered)
 			in.w.recycle(grants)
 			in.batchDone(b)
-			in.serve(g)
+			in.run(g, st)
 		},
 		func() {
-			now := in.now()
-			in.table.Failed(now, b)
-			in.brk.Failure(now)
+			st := g.slow.AcquireDone(in.now(), nil, lease.Unreachable)
 			in.batchDone(b)
-			in.fallbackOne(g)
+			in.run(g, st)
 		})
 }
 
-// fallbackOne decides the group's first request with the on_failure policy
-// (the request whose RPC failed) and goes on with the rest.
-func (in *Instance) fallbackOne(g *group) {
-	if g.n == 0 {
-		return
-	}
-	var t tally
-	now := in.now()
-	if d, err := in.table.Fallback(now, g.qk, g.cost); err == nil {
-		in.record(&t, d, g.cost, false)
-	} else {
-		in.w.counters.InvalidDecisions++
-		t.denied += g.cost
-	}
-	g.n--
-	g.acquires, g.rounds = 0, 0
-	in.flush(g.k, &t)
-	in.serve(g)
-}
-
-// check is the strict path: one Check RPC per request.
+// check sends the strict Checks of the group's requests (n concurrent
+// Checks; the first stepped to it and claimed the breaker).
 func (in *Instance) check(g *group) {
-	now := in.now()
 	n := g.n
 	g.n = 0
-	if !in.brk.Allow(now) {
-		var t tally
-		g.n = n
-		in.fallbackAll(&t, g, now)
-		in.flush(g.k, &t)
-		return
-	}
 	var resps []*sluicev1.CheckResponse
 	for i := int64(1); i < n; i++ {
 		in.w.orc.RPC(oracle.TierInstance, 1) // the others of the n concurrent Checks
@@ -376,33 +317,27 @@ func (in *Instance) check(g *group) {
 			return true
 		},
 		func() {
-			in.brk.Success()
 			// The region counted these decisions when it made them.
 			in.w.orc.RegionPending(in.region.idx, g.k.id, -int64(len(resps))*g.cost)
 			var t tally
 			now := in.now()
 			for _, r := range resps {
-				d, err := in.table.ApplyCheck(now, g.qk, g.cost, r)
-				if err != nil {
-					in.w.counters.InvalidDecisions++
-					t.denied += g.cost
-					continue
-				}
-				in.record(&t, d, g.cost, true)
+				in.record(&t, g.slow.CheckDone(now, r, lease.Answered), g.cost, true)
 			}
 			in.flush(g.k, &t)
 		},
 		func() {
-			now := in.now()
-			in.brk.Failure(now)
 			var t tally
-			g.n = n
-			in.fallbackAll(&t, g, now)
+			now := in.now()
+			in.record(&t, g.slow.CheckDone(now, nil, lease.Unreachable), g.cost, false)
+			for i := int64(1); i < n; i++ {
+				in.record(&t, g.slow.Fallback(now), g.cost, false)
+			}
 			in.flush(g.k, &t)
 		})
 }
 
-// --- Owner loop (Client.loop). ---
+// --- Owner loop (the pump of Client.loop). ---
 
 func (in *Instance) kick() {
 	in.pendKick = true
@@ -458,58 +393,62 @@ func (in *Instance) loopDone() {
 	if !in.alive || in.stopping {
 		return
 	}
-	now := in.now()
-	wait := in.w.refresh
-	if next := in.table.Expire(now); !next.IsZero() {
-		wait = next.Sub(now)
-	}
-	in.armExpiry(wait)
+	in.armExpiry(in.core.Expire(in.now()))
 	in.wake()
 }
 
 func (in *Instance) syncAll() {
-	now := in.now()
-	syncs, release := in.table.PrepareSync(now)
-	in.inflight += len(syncs)
-	var next func(i int)
-	next = func(i int) {
-		if i == len(syncs) {
-			if release != nil {
-				in.sendRelease(release, func(bool) { in.loopDone() })
-				return
-			}
+	round := in.core.PrepareSync(in.now())
+	var next func()
+	next = func() {
+		b, release := round.Next(in.now())
+		switch {
+		case b == nil:
 			in.loopDone()
-			return
-		}
-		in.sendSync(syncs[i], func(failed bool) {
-			if failed {
-				for _, rest := range syncs[i+1:] {
-					in.table.Failed(now, rest)
+		case release:
+			in.sendRelease(b, next)
+		default:
+			in.sendSync(b, func(out lease.Outcome, grants []*sluicev1.Grant) {
+				_, skipped, err := round.Sent(in.now(), b, grants, out)
+				if err != nil {
+					in.w.counters.ApplyErrors++
+				}
+				in.batchDone(b)
+				for _, rest := range skipped {
 					in.batchDone(rest)
 				}
-				next(len(syncs))
-				return
-			}
-			next(i + 1)
-		})
+				next()
+			})
+		}
 	}
-	next(0)
+	next()
 }
 
 func (in *Instance) refill() {
-	now := in.now()
-	in.holdUntil = in.w.eng.Now().Add(lease.RefillSpacing(in.w.refresh))
-	b := in.table.PrepareRefill(now)
+	b, hold := in.core.PrepareRefill(in.now())
+	in.holdUntil = in.w.eng.Now().Add(hold)
 	if b == nil {
 		in.loopDone()
 		return
 	}
-	in.inflight++
-	in.sendSync(b, func(bool) { in.loopDone() })
+	in.syncOnce(b, in.loopDone)
 }
 
-// sendSync sends a Sync batch already counted in flight.
-func (in *Instance) sendSync(b *lease.Batch, done func(failed bool)) {
+// syncOnce sends one Sync batch outside a round and ends it.
+func (in *Instance) syncOnce(b *lease.Batch, then func()) {
+	in.sendSync(b, func(out lease.Outcome, grants []*sluicev1.Grant) {
+		if _, err := in.core.SyncDone(in.now(), b, grants, out); err != nil {
+			in.w.counters.ApplyErrors++
+		}
+		in.batchDone(b)
+		then()
+	})
+}
+
+// sendSync sends a Sync batch (the simulated region never refuses one);
+// done gets how it ended and the grants, valid until done returns.
+func (in *Instance) sendSync(b *lease.Batch, done func(lease.Outcome, []*sluicev1.Grant)) {
+	in.core.BeforeSend(in.now())
 	var grants []*sluicev1.Grant
 	in.rpc(lease.DefaultSyncTimeout(in.w.refresh),
 		func() bool {
@@ -522,31 +461,21 @@ func (in *Instance) sendSync(b *lease.Batch, done func(failed bool)) {
 			return ok
 		},
 		func() {
-			in.brk.Success()
-			if err := in.table.Apply(in.now(), b, grants); err != nil {
-				in.w.counters.ApplyErrors++
-			}
+			done(lease.Answered, grants)
 			in.w.recycle(grants)
-			in.batchDone(b)
-			done(false)
 		},
-		func() {
-			now := in.now()
-			in.brk.Failure(now)
-			in.table.Failed(now, b)
-			in.batchDone(b)
-			done(true)
-		})
+		func() { done(lease.Unreachable, nil) })
 }
 
-func (in *Instance) sendRelease(b *lease.Batch, done func(failed bool)) {
+func (in *Instance) sendRelease(b *lease.Batch, done func()) {
+	in.core.BeforeSend(in.now())
 	in.rpc(lease.DefaultSyncTimeout(in.w.refresh),
 		func() bool {
 			in.replayLease(b.Reports, func(reps []*sluicev1.KeyReport) { in.region.release(in.id, reps) })
 			return in.region.release(in.id, b.Reports)
 		},
-		func() { in.brk.Success(); done(false) },
-		func() { in.brk.Failure(in.now()); done(true) })
+		func() { in.core.ReleaseDone(in.now(), lease.Answered); done() },
+		func() { in.core.ReleaseDone(in.now(), lease.Unreachable); done() })
 }
 
 // --- Failures. ---
@@ -606,20 +535,19 @@ func (in *Instance) stop() {
 	}
 	release := func() {
 		if b := in.table.PrepareRelease(in.now()); b != nil {
-			in.sendRelease(b, func(bool) { finish() })
+			in.sendRelease(b, finish)
 			return
 		}
 		finish()
 	}
 	proceed := func() {
 		if b := in.table.PreparePending(in.now()); b != nil {
-			in.inflight++
-			in.sendSync(b, func(bool) { release() })
+			in.syncOnce(b, release)
 			return
 		}
 		release()
 	}
-	if in.inflight == 0 {
+	if len(in.table.InFlight()) == 0 {
 		proceed()
 		return
 	}

@@ -1,0 +1,356 @@
+package lease
+
+import (
+	"fmt"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// Core is every decision of the instance client that is not in the Table:
+// the request path's rounds (acquire, wait, check, give up, fall back) and
+// the owner loop's (the periodic Sync round, refills, what an RPC's outcome
+// does to the table and the breaker, when to enforce deadlines next). It
+// never reads the clock and never does I/O: each step takes now and says
+// what to send or to wait for, and the caller reports how the send ended.
+// Client is a pump around it on gRPC and real time; the simulator
+// (sim/world) is a pump around it on simulated links and virtual time.
+// Safe for concurrent use as far as the Table and Breaker are: request
+// steps on any goroutines, owner steps on one.
+type Core struct {
+	table       *Table
+	brk         *Breaker
+	syncTimeout time.Duration
+}
+
+// NewCore returns the decisions over table and brk. syncTimeout bounds one
+// background Sync or Release (0: DefaultSyncTimeout of the table's
+// Refresh); the owner enforces deadlines against it before each send.
+func NewCore(table *Table, brk *Breaker, syncTimeout time.Duration) *Core {
+	if syncTimeout <= 0 {
+		syncTimeout = DefaultSyncTimeout(table.opts.Refresh)
+	}
+	return &Core{table: table, brk: brk, syncTimeout: syncTimeout}
+}
+
+// Table is the core's table.
+func (c *Core) Table() *Table { return c.table }
+
+// Breaker is the core's circuit breaker.
+func (c *Core) Breaker() *Breaker { return c.brk }
+
+// Outcome is how one RPC to the region ended, as the decisions see it.
+type Outcome uint8
+
+const (
+	// Answered: the region answered (grants, or a check response).
+	Answered Outcome = iota
+	// Refused: the region refused the request as invalid input.
+	Refused
+	// Conflict: the region refused a report that conflicts with another
+	// process's under the same instance id (the region answered).
+	Conflict
+	// Unreachable: no answer (timeout, transport error, region down).
+	Unreachable
+	// Abandoned: the caller gave up before an answer (its own context
+	// ended); no verdict on the region for the breaker.
+	Abandoned
+)
+
+// --- Request path. ---
+
+// Do is what a request on the slow path does next.
+type Do uint8
+
+const (
+	// DoDecided: Step.Decision (or Step.Err) is final.
+	DoDecided Do = iota
+	// DoCheck: the key is strict; send one Check for the request (the
+	// breaker let it through), then call Slow.CheckDone.
+	DoCheck
+	// DoWait: a report for the key is in flight; wait for Step.Wait to
+	// close for at most the breaker timeout, then call Slow.Next, or
+	// Slow.WaitFailed when the wait ended otherwise.
+	DoWait
+	// DoAcquire: send Step.Batch (a Sync with its one report when
+	// Batch.UseSync, else an Acquire) within the breaker timeout, then
+	// call Slow.AcquireDone.
+	DoAcquire
+)
+
+// Step is one step of a request on the slow path.
+type Step struct {
+	Do       Do
+	Decision quota.Decision
+	// Err (DoDecided): bad input, ErrClosed, or the region refused the
+	// request as invalid (Refused).
+	Err error
+	// Kick (DoDecided): the key's pool crossed its low-water mark; wake
+	// the owner loop to refill.
+	Kick bool
+	// Degraded (DoDecided): the key's on_failure policy decided, since the
+	// region could not be asked or did not answer.
+	Degraded bool
+	// Refused (DoDecided): the region refused the request as invalid.
+	Refused bool
+	Batch   *Batch          // DoAcquire
+	Wait    <-chan struct{} // DoWait
+	// Ended is a batch prepared and ended unsent (the breaker refused
+	// it): its key is no longer in flight.
+	Ended *Batch
+	// ApplyErr is set when the region's grants did not match the reports
+	// (those keys' reports stay pending and are resent).
+	ApplyErr error
+}
+
+// Slow is one request of cost tokens on key past the hot path.
+type Slow struct {
+	c        *Core
+	key      quota.Key
+	cost     int64
+	acquires int
+	rounds   int
+	batch    *Batch
+}
+
+// Slow starts the slow path of a request. The Slow may be reused for
+// further requests of the same key and cost once one is decided.
+func (c *Core) Slow(key quota.Key, cost int64) Slow {
+	return Slow{c: c, key: key, cost: cost}
+}
+
+func (s *Slow) decided(d quota.Decision, err error) Step {
+	s.acquires, s.rounds, s.batch = 0, 0, nil
+	return Step{Do: DoDecided, Decision: d, Err: err}
+}
+
+// Next is the request's next step at now.
+func (s *Slow) Next(now time.Time) Step {
+	t, brk := s.c.table, s.c.brk
+	for {
+		d, act, err := t.Allow(now, s.key, s.cost)
+		if err != nil {
+			return s.decided(d, err)
+		}
+		switch act {
+		case ActNone:
+			return s.decided(d, nil)
+		case ActRefill:
+			st := s.decided(d, nil)
+			st.Kick = true
+			return st
+		case ActCheck:
+			if !brk.Allow(now) {
+				return s.Fallback(now)
+			}
+			return Step{Do: DoCheck}
+		}
+		if GiveUp(s.acquires, s.rounds) {
+			return s.decided(t.Exhausted(now, s.key, s.cost))
+		}
+		s.rounds++
+		if !brk.Ready(now) {
+			return s.Fallback(now)
+		}
+		b, wait := t.PrepareAcquire(now, s.key, s.cost)
+		switch {
+		case wait != nil:
+			return Step{Do: DoWait, Wait: wait}
+		case b != nil:
+			s.acquires++
+			if !brk.Allow(b.SentAt()) {
+				t.Failed(b.SentAt(), b)
+				st := s.Fallback(now)
+				st.Ended = b
+				return st
+			}
+			s.batch = b
+			return Step{Do: DoAcquire, Batch: b}
+		}
+		// Neither: the key changed meanwhile; look again.
+	}
+}
+
+// Fallback decides the request at now with the key's on_failure policy.
+func (s *Slow) Fallback(now time.Time) Step {
+	st := s.decided(s.c.table.Fallback(now, s.key, s.cost))
+	st.Degraded = true
+	return st
+}
+
+// WaitFailed is the step after a wait that ended without the report in
+// flight ending (timeout, or the caller gave up): the policy decides.
+func (s *Slow) WaitFailed(now time.Time) Step { return s.Fallback(now) }
+
+func (s *Slow) refused(what string) Step {
+	st := s.decided(quota.Decision{}, fmt.Errorf("lease: region refused %s on key %s: %w", what, s.key, quota.ErrInvalid))
+	st.Refused = true
+	return st
+}
+
+// AcquireDone ends the acquire Next asked for at now, with the region's
+// grants when it answered, and returns the next step: on an answer the
+// request looks at its pool again; otherwise the policy decides.
+func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome) Step {
+	t, brk := s.c.table, s.c.brk
+	b := s.batch
+	s.batch = nil
+	if b == nil {
+		panic("lease: AcquireDone without an acquire in flight")
+	}
+	switch out {
+	case Answered:
+		brk.Success()
+		applyErr := t.Apply(now, b, grants)
+		st := s.Next(now)
+		st.ApplyErr = applyErr
+		return st
+	case Refused:
+		brk.Success()
+		t.Reject(now, b)
+		return s.refused("acquire")
+	case Conflict:
+		t.Failed(now, b)
+		brk.Success()
+	case Abandoned:
+		t.Failed(now, b)
+		brk.Abandon()
+	default:
+		t.Failed(now, b)
+		brk.Failure(now)
+	}
+	return s.Fallback(now)
+}
+
+// CheckDone ends the Check Next asked for at now, with the region's
+// response when it answered, and decides the request.
+func (s *Slow) CheckDone(now time.Time, resp *sluicev1.CheckResponse, out Outcome) Step {
+	t, brk := s.c.table, s.c.brk
+	switch out {
+	case Answered:
+		brk.Success()
+		return s.decided(t.ApplyCheck(now, s.key, s.cost, resp))
+	case Refused:
+		brk.Success()
+		t.Forget(s.key)
+		return s.refused("check")
+	case Abandoned:
+		brk.Abandon()
+	default:
+		brk.Failure(now)
+	}
+	return s.Fallback(now)
+}
+
+// --- Owner loop. ---
+
+// Expire enforces lease deadlines at now and returns how long the owner
+// may wait before it must run again (Table.Expire; Refresh when no key
+// holds a lease).
+func (c *Core) Expire(now time.Time) time.Duration {
+	if next := c.table.Expire(now); !next.IsZero() {
+		return next.Sub(now)
+	}
+	return c.table.opts.Refresh
+}
+
+// BeforeSend is called by the owner right before a background Sync or
+// Release at now: it will be busy up to the sync timeout, so deadlines are
+// enforced against that horizon (Table.ExpireFor).
+func (c *Core) BeforeSend(now time.Time) { c.table.ExpireFor(now, c.syncTimeout) }
+
+// SyncDone ends a background Sync batch (periodic, refill, or resending
+// pending reports) at now, with the region's grants when it answered.
+// A batch of several reports refused as invalid is split: send each part
+// (BeforeSend, then SyncDone) to find the refused keys, which are
+// forgotten. applyErr is set when grants did not match the reports (those
+// reports stay pending).
+func (c *Core) SyncDone(now time.Time, b *Batch, grants []*sluicev1.Grant, out Outcome) (split []*Batch, applyErr error) {
+	switch out {
+	case Answered:
+		c.brk.Success()
+		return nil, c.table.Apply(now, b, grants)
+	case Refused:
+		c.brk.Success()
+		if len(b.Reports) > 1 {
+			return b.Split(now), nil
+		}
+		c.table.Reject(now, b)
+		return nil, nil
+	case Conflict:
+		c.brk.Success()
+	default:
+		c.brk.Failure(now)
+	}
+	c.table.Failed(now, b)
+	return nil, nil
+}
+
+// ReleaseDone ends a Release at now. Its keys are forgotten already; a
+// Release that got no answer leaves their leases to expire.
+func (c *Core) ReleaseDone(now time.Time, out Outcome) {
+	switch out {
+	case Answered, Refused, Conflict:
+		c.brk.Success()
+	default:
+		c.brk.Failure(now)
+	}
+}
+
+// SyncRound is one periodic Sync of the owner loop: its batches go out one
+// after another, and once one finds the region unreachable the others are
+// not sent (the region would only time them out too; their reports stay
+// pending); the Release of the keys forgotten as idle goes last.
+type SyncRound struct {
+	c       *Core
+	syncs   []*Batch
+	release *Batch
+	next    int
+}
+
+// PrepareSync starts the periodic Sync round at now (Table.PrepareSync).
+func (c *Core) PrepareSync(now time.Time) *SyncRound {
+	syncs, release := c.table.PrepareSync(now)
+	return &SyncRound{c: c, syncs: syncs, release: release}
+}
+
+// Next returns the round's next batch to send at now, nil when the round
+// is over: a Sync (then Sent), or last, when release, the Release of the
+// idle keys (then ReleaseDone). It enforces deadlines first (BeforeSend).
+func (r *SyncRound) Next(now time.Time) (b *Batch, release bool) {
+	switch {
+	case r.next < len(r.syncs):
+		b = r.syncs[r.next]
+	case r.next == len(r.syncs) && r.release != nil:
+		b, release = r.release, true
+	default:
+		return nil, false
+	}
+	r.next++
+	r.c.BeforeSend(now)
+	return b, release
+}
+
+// Sent ends the Sync batch Next returned last (see Core.SyncDone) and
+// returns what to send of its split parts, and the batches of the round
+// that will not be sent because the region is unreachable (they are ended
+// already: their keys are no longer in flight).
+func (r *SyncRound) Sent(now time.Time, b *Batch, grants []*sluicev1.Grant, out Outcome) (split []*Batch, skipped []*Batch, applyErr error) {
+	split, applyErr = r.c.SyncDone(now, b, grants, out)
+	if (out == Unreachable || out == Abandoned) && r.next < len(r.syncs) {
+		skipped = r.syncs[r.next:]
+		for _, rest := range skipped {
+			r.c.table.Failed(now, rest)
+		}
+		r.next = len(r.syncs)
+	}
+	return split, skipped, applyErr
+}
+
+// PrepareRefill builds the owner loop's early refill at now (nil when no
+// key is at its low-water mark), and how long further kicks wait so that a
+// burst of keys crossing their marks shares one RPC.
+func (c *Core) PrepareRefill(now time.Time) (b *Batch, hold time.Duration) {
+	return c.table.PrepareRefill(now), RefillSpacing(c.table.opts.Refresh)
+}
