@@ -117,6 +117,7 @@ func (o Options) withDefaults() (Options, error) {
 type Client struct {
 	opts    Options
 	table   *Table
+	core    *Core // every decision around the table; the Client is its pump
 	rpc     sluicev1.LeaseServiceClient
 	breaker *Breaker
 	log     *slog.Logger
@@ -185,6 +186,7 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 
 		incarnation: newIncarnation(),
 	}
+	c.core = NewCore(table, c.breaker, o.SyncTimeout)
 	c.id.Store(&o.InstanceID)
 	c.bg, c.cancelBg = context.WithCancel(context.Background())
 	go c.loop()
@@ -242,43 +244,41 @@ func (c *Client) kickLoop() {
 	}
 }
 
+// allowSlow pumps the request through Core's steps.
 func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quota.Decision, error) {
 	if c.closed.Load() {
 		return quota.Decision{}, ErrClosed
 	}
-	acquires := 0
-	for round := 0; ; round++ {
-		now := time.Now()
-		d, act, err := c.table.Allow(now, key, cost)
+	s := c.core.Slow(key, cost)
+	st := s.Next(time.Now())
+	cause := errBreakerOpen // why the policy decides, unless an RPC or a wait says more
+	for {
+		if st.ApplyErr != nil {
+			c.log.Warn("lease: region sent grants that do not match the reports; they will be resent", "err", st.ApplyErr)
+		}
+		var err error
+		switch st.Do {
+		case DoWait:
+			if err = c.waitFor(ctx, st.Wait); err != nil {
+				st = s.WaitFailed(time.Now())
+			} else {
+				st = s.Next(time.Now())
+			}
+		case DoAcquire:
+			st, err = c.acquire(ctx, &s, st.Batch)
+		case DoCheck:
+			st, err = c.check(ctx, &s, key, cost)
+		default:
+			if st.Kick {
+				c.kickLoop()
+			}
+			if st.Degraded {
+				c.noteDegraded(cause)
+			}
+			return st.Decision, st.Err
+		}
 		if err != nil {
-			return d, err
-		}
-		switch act {
-		case ActNone:
-			return d, nil
-		case ActRefill:
-			c.kickLoop()
-			return d, nil
-		case ActCheck:
-			return c.check(ctx, now, key, cost)
-		}
-		if GiveUp(acquires, round) {
-			return c.table.Exhausted(now, key, cost)
-		}
-		if !c.breaker.Ready(now) {
-			return c.fallback(now, key, cost, errBreakerOpen)
-		}
-		b, wait := c.table.PrepareAcquire(now, key, cost)
-		switch {
-		case wait != nil:
-			if err := c.waitFor(ctx, wait); err != nil {
-				return c.fallback(time.Now(), key, cost, err)
-			}
-		case b != nil:
-			acquires++
-			if d, done, err := c.acquire(ctx, key, cost, b); done {
-				return d, err
-			}
+			cause = err
 		}
 	}
 }
@@ -296,16 +296,32 @@ func (c *Client) waitFor(ctx context.Context, ch <-chan struct{}) error {
 	}
 }
 
-// acquire sends a synchronous acquire. done means the request is decided
-// (by the policy, or refused as invalid); otherwise the grant was applied
-// and the caller tries the pool again.
-func (c *Client) acquire(ctx context.Context, key quota.Key, cost int64, b *Batch) (quota.Decision, bool, error) {
-	now := b.SentAt()
-	if !c.breaker.Allow(now) {
-		c.table.Failed(now, b)
-		d, err := c.fallback(now, key, cost, errBreakerOpen)
-		return d, true, err
+// outcome is how an RPC that ended with err went, for Core.
+func outcome(ctx context.Context, err error) Outcome {
+	switch {
+	case err == nil:
+		return Answered
+	case status.Code(err) == codes.InvalidArgument:
+		return Refused
+	case status.Code(err) == codes.Aborted:
+		return Conflict
+	case ctx.Err() != nil:
+		return Abandoned
 	}
+	return Unreachable
+}
+
+// refusal adds the region's reason to a refused step's error.
+func refusal(st Step, err error) Step {
+	if st.Refused {
+		st.Err = fmt.Errorf("%w: %s", st.Err, status.Convert(err).Message())
+	}
+	return st
+}
+
+// acquire sends the synchronous acquire s stepped to and returns its next
+// step, with the RPC's error.
+func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
 	rctx, cancel := context.WithTimeout(ctx, c.opts.BreakerTimeout)
 	defer cancel()
 	start := time.Now()
@@ -323,69 +339,31 @@ func (c *Client) acquire(ctx context.Context, key quota.Key, cost int64, b *Batc
 		grants = []*sluicev1.Grant{resp.GetGrant()}
 	}
 	c.m.observeRPC(method, start, err)
-	now = time.Now()
-	if err != nil {
-		if status.Code(err) == codes.InvalidArgument {
-			c.breaker.Success() // the region answered
-			c.table.Reject(now, b)
-			return quota.Decision{}, true, fmt.Errorf("lease: region refused key %s: %w: %s", key, quota.ErrInvalid, status.Convert(err).Message())
-		}
-		c.table.Failed(now, b)
-		if c.noteConflict(err) {
-			d, err := c.fallback(now, key, cost, err)
-			return d, true, err
-		}
-		c.rpcFailed(ctx, now)
-		d, err := c.fallback(now, key, cost, err)
-		return d, true, err
+	out := outcome(ctx, err)
+	st := refusal(s.AcquireDone(time.Now(), grants, out), err)
+	switch out {
+	case Answered:
+		c.noteDegraded(nil)
+	case Conflict:
+		c.noteConflict(err)
 	}
-	c.breaker.Success()
-	if err := c.table.Apply(now, b, grants); err != nil {
-		c.log.Warn("lease: region sent grants that do not match the reports; they will be resent", "err", err)
-	}
-	c.noteDegraded(nil)
-	return quota.Decision{}, false, nil
+	return st, err
 }
 
-// rpcFailed feeds a failed synchronous RPC to the breaker, unless the
-// caller's own context ended it.
-func (c *Client) rpcFailed(ctx context.Context, now time.Time) {
-	if ctx.Err() != nil {
-		c.breaker.Abandon()
-		return
-	}
-	c.breaker.Failure(now)
-}
-
-func (c *Client) check(ctx context.Context, now time.Time, key quota.Key, cost int64) (quota.Decision, error) {
-	if !c.breaker.Allow(now) {
-		return c.fallback(now, key, cost, errBreakerOpen)
-	}
+// check sends the strict Check s stepped to and returns the decided step,
+// with the RPC's error.
+func (c *Client) check(ctx context.Context, s *Slow, key quota.Key, cost int64) (Step, error) {
 	rctx, cancel := context.WithTimeout(ctx, c.opts.BreakerTimeout)
 	defer cancel()
 	start := time.Now()
 	resp, err := c.rpc.Check(rctx, &sluicev1.CheckRequest{Key: wireKey(key), Cost: cost})
 	c.m.observeRPC("Check", start, err)
-	now = time.Now()
-	if err != nil {
-		if status.Code(err) == codes.InvalidArgument {
-			c.breaker.Success()
-			c.table.Forget(key)
-			return quota.Decision{}, fmt.Errorf("lease: region refused check on key %s: %w: %s", key, quota.ErrInvalid, status.Convert(err).Message())
-		}
-		c.rpcFailed(ctx, now)
-		return c.fallback(now, key, cost, err)
+	out := outcome(ctx, err)
+	st := refusal(s.CheckDone(time.Now(), resp, out), err)
+	if out == Answered {
+		c.noteDegraded(nil)
 	}
-	c.breaker.Success()
-	d, err := c.table.ApplyCheck(now, key, cost, resp)
-	c.noteDegraded(nil)
-	return d, err
-}
-
-func (c *Client) fallback(now time.Time, key quota.Key, cost int64, cause error) (quota.Decision, error) {
-	d, err := c.table.Fallback(now, key, cost)
-	c.noteDegraded(cause)
-	return d, err
+	return st, err
 }
 
 // noteDegraded logs the transitions of the client's degraded state (some
@@ -417,7 +395,6 @@ func (c *Client) loop() {
 	defer expiry.Stop()
 	// Early refills are batched: after one, further kicks wait a short
 	// spacing so a burst of keys crossing their marks shares one RPC.
-	spacing := RefillSpacing(c.opts.Refresh)
 	kick := (<-chan struct{})(c.kick)
 	var hold <-chan time.Time
 	for {
@@ -427,8 +404,7 @@ func (c *Client) loop() {
 		case <-tick.C:
 			c.syncAll()
 		case <-kick:
-			c.refill()
-			kick, hold = nil, time.After(spacing)
+			kick, hold = nil, time.After(c.refill())
 		case <-hold:
 			kick, hold = c.kick, nil
 		case <-expiry.C:
@@ -436,85 +412,76 @@ func (c *Client) loop() {
 		if c.conflicted.CompareAndSwap(true, false) {
 			c.reidentify()
 		}
-		now := time.Now()
-		wait := c.opts.Refresh
-		if next := c.table.Expire(now); !next.IsZero() {
-			wait = next.Sub(now)
-		}
-		expiry.Reset(wait)
+		expiry.Reset(c.core.Expire(time.Now()))
 	}
 }
 
 func (c *Client) syncAll() {
-	now := time.Now()
-	syncs, release := c.table.PrepareSync(now)
-	for i, b := range syncs {
-		if i > 0 {
-			// Batches go out one after another; keep enforcing deadlines
-			// meanwhile, since the loop is busy here.
-			c.table.Expire(time.Now())
-		}
-		if err := c.sendSync(c.bg, b); err != nil {
-			// The region is unreachable: the other batches would only wait
-			// out their timeouts too. Their reports stay pending.
-			for _, rest := range syncs[i+1:] {
-				c.table.Failed(now, rest)
-			}
+	round := c.core.PrepareSync(time.Now())
+	sent := func(now time.Time, b *Batch, grants []*sluicev1.Grant, out Outcome) ([]*Batch, error) {
+		split, _, err := round.Sent(now, b, grants, out)
+		return split, err
+	}
+	for {
+		b, release := round.Next()
+		if b == nil {
 			break
 		}
-	}
-	if release != nil {
-		if err := c.sendRelease(c.bg, release); err != nil {
+		if !release {
+			c.syncWith(c.bg, b, sent)
+		} else if err := c.sendRelease(c.bg, b); err != nil {
 			c.log.Debug("lease: releasing idle keys failed; their leases will expire", "err", err)
 		}
 	}
 	c.noteDegraded(nil)
 }
 
-func (c *Client) refill() {
-	if b := c.table.PrepareRefill(time.Now()); b != nil {
+// refill sends the early refill, if any key needs one, and returns how
+// long further kicks wait.
+func (c *Client) refill() time.Duration {
+	b, hold := c.core.PrepareRefill(time.Now())
+	if b != nil {
 		c.sendSync(c.bg, b)
 		c.noteDegraded(nil)
 	}
+	return hold
 }
 
-// sendSync sends a Sync batch and applies or fails it. A batch the region
-// refuses as invalid is split to find the refused keys, which are
-// forgotten. Returns the transport error, if any.
+// sendSync sends a Sync batch and ends it (Core.SyncDone). Returns the
+// transport error, if any.
 func (c *Client) sendSync(parent context.Context, b *Batch) error {
-	c.table.ExpireFor(time.Now(), c.opts.SyncTimeout)
+	return c.syncWith(parent, b, c.core.SyncDone)
+}
+
+// syncWith sends a Sync batch and ends it with end; the parts of a batch
+// the region refused as invalid are sent one by one to find the refused
+// keys, which are forgotten. Returns the transport error, if any.
+func (c *Client) syncWith(parent context.Context, b *Batch, end func(time.Time, *Batch, []*sluicev1.Grant, Outcome) ([]*Batch, error)) error {
+	c.core.BeforeSend(time.Now())
 	ctx, cancel := context.WithTimeout(parent, c.opts.SyncTimeout)
 	start := time.Now()
 	resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports})
 	cancel()
 	c.m.observeRPC("Sync", start, err)
-	now := time.Now()
-	switch {
-	case err == nil:
-		c.breaker.Success()
-		if err := c.table.Apply(now, b, resp.GetGrants()); err != nil {
-			c.log.Warn("lease: region sent grants that do not match the reports; they will be resent", "err", err)
+	out := outcome(parent, err)
+	split, applyErr := end(time.Now(), b, resp.GetGrants(), out)
+	if applyErr != nil {
+		c.log.Warn("lease: region sent grants that do not match the reports; they will be resent", "err", applyErr)
+	}
+	switch out {
+	case Refused:
+		if len(split) == 0 {
+			c.log.Warn("lease: region refused a key; forgetting it", "key", b.Keys()[0].String(), "err", err)
 		}
-		return nil
-	case status.Code(err) == codes.InvalidArgument:
-		c.breaker.Success()
-		if len(b.Reports) > 1 {
-			for _, one := range b.Split(now) {
-				c.sendSync(parent, one)
-			}
-			return nil
+		for _, part := range split {
+			c.sendSync(parent, part)
 		}
-		c.log.Warn("lease: region refused a key; forgetting it", "key", b.entries[0].key.String(), "err", err)
-		c.table.Reject(now, b)
-		return nil
-	default:
-		c.breaker.Failure(now)
-		c.table.Failed(now, b)
-		if c.noteConflict(err) {
-			return nil
-		}
+	case Conflict:
+		c.noteConflict(err)
+	case Unreachable, Abandoned:
 		return err
 	}
+	return nil
 }
 
 // noteConflict reports whether err is the region's answer to a report
@@ -524,7 +491,6 @@ func (c *Client) noteConflict(err error) bool {
 	if status.Code(err) != codes.Aborted {
 		return false
 	}
-	c.breaker.Success() // the region answered
 	if c.conflicted.CompareAndSwap(false, true) {
 		c.log.Error("lease: another process reports under this instance id; taking a new one",
 			"instance_id", c.InstanceID(), "err", err)
@@ -555,20 +521,20 @@ func (c *Client) sendRelease(parent context.Context, b *Batch) error {
 }
 
 func (c *Client) sendReleaseAs(parent context.Context, id string, b *Batch) error {
-	c.table.ExpireFor(time.Now(), c.opts.SyncTimeout)
+	c.core.BeforeSend(time.Now())
 	ctx, cancel := context.WithTimeout(parent, c.opts.SyncTimeout)
 	defer cancel()
 	start := time.Now()
 	_, err := c.rpc.Release(ctx, &sluicev1.ReleaseRequest{InstanceId: id, Incarnation: c.incarnation, Reports: b.Reports})
 	c.m.observeRPC("Release", start, err)
-	if c.noteConflict(err) {
-		return fmt.Errorf("lease: release of %d keys: %w", len(b.Reports), err)
+	out := outcome(parent, err)
+	c.core.ReleaseDone(time.Now(), out)
+	if out == Conflict {
+		c.noteConflict(err)
 	}
 	if err != nil {
-		c.breaker.Failure(time.Now())
 		return fmt.Errorf("lease: release of %d keys: %w", len(b.Reports), err)
 	}
-	c.breaker.Success()
 	return nil
 }
 

@@ -255,9 +255,9 @@ func (c *Core) Expire(now time.Time) time.Duration {
 	return c.table.opts.Refresh
 }
 
-// BeforeSend is called by the owner right before a background Sync or
-// Release at now: it will be busy up to the sync timeout, so deadlines are
-// enforced against that horizon (Table.ExpireFor).
+// BeforeSend is called by the owner right before it sends any background
+// Sync or Release at now: it will be busy up to the sync timeout, so
+// deadlines are enforced against that horizon (Table.ExpireFor).
 func (c *Core) BeforeSend(now time.Time) { c.table.ExpireFor(now, c.syncTimeout) }
 
 // SyncDone ends a background Sync batch (periodic, refill, or resending
@@ -315,10 +315,10 @@ func (c *Core) PrepareSync(now time.Time) *SyncRound {
 	return &SyncRound{c: c, syncs: syncs, release: release}
 }
 
-// Next returns the round's next batch to send at now, nil when the round
-// is over: a Sync (then Sent), or last, when release, the Release of the
-// idle keys (then ReleaseDone). It enforces deadlines first (BeforeSend).
-func (r *SyncRound) Next(now time.Time) (b *Batch, release bool) {
+// Next returns the round's next batch to send, nil when the round is
+// over: a Sync (then Sent), or last, when release, the Release of the idle
+// keys (then ReleaseDone).
+func (r *SyncRound) Next() (b *Batch, release bool) {
 	switch {
 	case r.next < len(r.syncs):
 		b = r.syncs[r.next]
@@ -328,7 +328,6 @@ func (r *SyncRound) Next(now time.Time) (b *Batch, release bool) {
 		return nil, false
 	}
 	r.next++
-	r.c.BeforeSend(now)
 	return b, release
 }
 

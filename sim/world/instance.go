@@ -401,7 +401,7 @@ func (in *Instance) syncAll() {
 	round := in.core.PrepareSync(in.now())
 	var next func()
 	next = func() {
-		b, release := round.Next(in.now())
+		b, release := round.Next()
 		switch {
 		case b == nil:
 			in.loopDone()
