@@ -371,17 +371,13 @@ func (s *Service) ensureLearningLocked(now time.Time) {
 }
 
 // forgetIdleKeysLocked removes keys no report and no answer named for
-// long enough that no region can hold a grant for them any more: every
-// grant is valid for at most one validity from the answer that carried
-// it. s.mu is held.
+// long enough that no region can hold a grant for them any more
+// (hierarchy.Forgettable, the rule the simulator's global tier runs too).
+// s.mu is held.
 func (s *Service) forgetIdleKeysLocked(now time.Time) {
-	horizon := 2*s.timing.validity + 2*s.timing.epoch
-	if now.Before(s.learnFloor) {
-		return
-	}
 	s.keysPeak.Note(len(s.keys))
 	for k, seen := range s.keys {
-		if now.Sub(seen) > horizon {
+		if hierarchy.Forgettable(now, seen, s.learnFloor, s.timing.epoch, s.timing.validity) {
 			s.alloc.RemoveKey(k)
 			delete(s.keys, k)
 		}

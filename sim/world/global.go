@@ -47,9 +47,12 @@ type GlobalNode struct {
 	paused  bool // leads, but its lease refresh lapsed: not granting
 	gen     int
 	alloc   *hierarchy.Allocator
-	known   []bool // key ids with a limit set in alloc
-	seen    []time.Duration
-	tracked []int // key ids in alloc, in first-report order
+	known   []bool      // key ids with a limit set in alloc
+	seen    []time.Time // when each key was last named, on the node's clock
+	tracked []int       // key ids in alloc, in first-report order
+	// learnFloor is Service.learnFloor: set only when the epoch, validity
+	// or demand alpha change, which a run never does, so it stays zero.
+	learnFloor time.Time
 }
 
 func newGlobal(w *World) *Global {
@@ -96,7 +99,7 @@ func (n *GlobalNode) boot() {
 	}
 	n.alloc = a
 	n.known = make([]bool, len(w.keys))
-	n.seen = make([]time.Duration, len(w.keys))
+	n.seen = make([]time.Time, len(w.keys))
 	n.tracked = nil
 }
 
@@ -157,15 +160,14 @@ func (n *GlobalNode) becomeLeader() {
 }
 
 // step is Service.step: one allocation, then forget keys nobody named for
-// longer than any grant can live.
+// longer than any grant can live (hierarchy.Forgettable, as the service).
 func (n *GlobalNode) step() {
 	w := n.g.w
-	n.alloc.Allocate(n.now())
-	horizon := 2*w.validity + 2*w.epoch
-	now := w.dur()
+	now := n.now()
+	n.alloc.Allocate(now)
 	keep := n.tracked[:0]
 	for _, id := range n.tracked {
-		if now-n.seen[id] > horizon {
+		if hierarchy.Forgettable(now, n.seen[id], n.learnFloor, w.epoch, w.validity) {
 			n.alloc.RemoveKey(w.keys[id].key)
 			n.known[id] = false
 			continue
@@ -208,11 +210,10 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 		w.counters.AllocatorErrors++
 		return nil, false
 	}
-	now := w.dur()
-	for i, kd := range rep.Keys {
-		n.track(w.keyByQK[kd.Key], limits[i], now)
-	}
 	at := n.now()
+	for i, kd := range rep.Keys {
+		n.track(w.keyByQK[kd.Key], limits[i], at)
+	}
 	grants, err := n.alloc.Report(at, rep)
 	if err != nil {
 		w.counters.AllocatorErrors++
@@ -220,13 +221,13 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 	}
 	for _, gr := range grants {
 		if k := w.keyByQK[gr.Key]; k != nil {
-			n.seen[k.id] = now
+			n.seen[k.id] = at
 		}
 	}
 	return regionsync.EncodeGrants(rep, grants, n.alloc.Learning(at), n.alloc.Epoch(), n.alloc.ReportAgain(rep.Region)), true
 }
 
-func (n *GlobalNode) track(k *keyInfo, limit hierarchy.KeyLimit, now time.Duration) {
+func (n *GlobalNode) track(k *keyInfo, limit hierarchy.KeyLimit, now time.Time) {
 	if !n.known[k.id] {
 		if err := n.alloc.SetLimit(k.key, limit); err != nil {
 			panic("sim: a configured limit was refused: " + err.Error())
