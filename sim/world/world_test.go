@@ -36,7 +36,13 @@ type harness struct {
 
 func build(t *testing.T, extra string) *harness {
 	t.Helper()
-	sc, err := scenario.Parse([]byte(base + extra))
+	return buildFrom(t, base+extra)
+}
+
+// buildFrom builds a world from a whole scenario.
+func buildFrom(t *testing.T, text string) *harness {
+	t.Helper()
+	sc, err := scenario.Parse([]byte(text))
 	if err != nil {
 		t.Fatal(err)
 	}
