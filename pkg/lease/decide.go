@@ -2,9 +2,9 @@ package lease
 
 import "time"
 
-// The Client's defaults and the rules of its request path and owner loop
-// that are not in the Table. The simulator (sim/world) drives a Table with
-// exactly these; a rule written anywhere else is a bug.
+// The Client's defaults and the small rules Core applies (Core is the one
+// place the Client and the simulator take their decisions from; a rule
+// written anywhere else is a bug).
 const (
 	// DefaultRefresh is the period of the background Sync.
 	DefaultRefresh = time.Second

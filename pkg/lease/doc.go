@@ -2,11 +2,16 @@
 // library application processes embed to decide Allow(key, cost) from
 // tokens leased from their region, without a round trip per request.
 //
-// It has two layers. Table is the pure state machine: it never reads the
-// clock and never does I/O, every time-dependent method takes now, and it
-// builds and consumes protobuf messages without sending them, so the
-// simulator drives it on virtual time. Client wraps a Table with gRPC, a
-// circuit breaker, a background loop and metrics.
+// It has three layers. Table is the pure state machine of the keys: it
+// never reads the clock and never does I/O, every time-dependent method
+// takes now, and it builds and consumes protobuf messages without sending
+// them. Core holds every other decision, as clock-free steps over a Table
+// and a Breaker: a request's rounds past the hot path (acquire, wait for a
+// refill in flight, strict check, give up, on_failure fallback), the owner
+// loop's periodic Sync round, refills and next wake-up, and what each RPC
+// outcome does to the table and the breaker. Client is only a pump of Core
+// over gRPC and the real clock (plus metrics, logs and instance identity);
+// the simulator (sim/world) pumps the same Core on virtual time.
 //
 // # State of one key
 //
