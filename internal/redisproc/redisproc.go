@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -106,11 +107,24 @@ func (p *Proc) Restart() error {
 	return p.start()
 }
 
+// inheritNothing marks, once, the descriptors this process inherited
+// close-on-exec (Go opens its own that way). A go fuzz worker inherits its
+// pipes to the fuzzing coordinator; a redis-server holding them would keep
+// the coordinator waiting for them to close after the worker is gone.
+var inheritNothing sync.Once
+
+func closeInheritedOnExec() {
+	for fd := 3; fd < 256; fd++ {
+		syscall.CloseOnExec(fd)
+	}
+}
+
 func (p *Proc) start() error {
 	args := append([]string{
 		"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--protected-mode", "no",
 		"--loglevel", "warning"}, p.extra...)
+	inheritNothing.Do(closeInheritedOnExec)
 	cmd := exec.Command("redis-server", args...)
 	out := new(bytes.Buffer)
 	cmd.Stdout, cmd.Stderr = out, out
