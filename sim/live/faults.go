@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/scenario"
@@ -32,6 +33,30 @@ func (d *deployment) after(ctx context.Context, v time.Duration, f func()) {
 			f()
 		}
 	}()
+}
+
+// awaitLeader returns the replica leading r, waiting for one while the
+// region has none: at the start of a run, or after a starved leader's
+// session lapsed, the replicas are still campaigning, and a fault on "the
+// leader" means the one the election is about to pick. The wait ends at
+// ctx or once several session TTLs passed without any leader (time enough
+// for a dead holder's session to expire and a campaign to win many times
+// over); it polls once per epoch. nil means no replica led in that time.
+func (d *deployment) awaitLeader(ctx context.Context, r *liveRegion) *devcluster.RegionalReplica {
+	ttl := sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale)
+	deadline := time.Now().Add(10 * ttl)
+	tick := time.NewTicker(time.Duration(d.cfg.Epoch))
+	defer tick.Stop()
+	for {
+		if rep := r.leadingReplica(); rep != nil || !time.Now().Before(deadline) {
+			return rep
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }
 
 // inject applies one fault to the real daemons.
@@ -87,7 +112,7 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 			break
 		}
 	case scenario.FaultRegionLeaderLoss:
-		rep := r.leadingReplica()
+		rep := d.awaitLeader(ctx, r)
 		if rep == nil {
 			label += " (no replica was leading)"
 			break
