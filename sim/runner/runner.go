@@ -82,31 +82,17 @@ func Prepare(sc *scenario.Scenario, opts Options) (*scenario.Scenario, uint64, e
 // Run simulates sc in virtual time.
 func Run(sc *scenario.Scenario, opts Options) (*Outcome, error) {
 	start := time.Now()
-	sc, seed, err := Prepare(sc, opts)
+	s, err := NewSetup(sc, opts)
 	if err != nil {
 		return nil, err
 	}
-	plan, err := traffic.Build(sc, seed)
-	if err != nil {
-		return nil, fmt.Errorf("traffic: %w", err)
-	}
-	setup, err := world.OracleSetup(sc, plan)
-	if err != nil {
-		return nil, err
-	}
-	orc, err := oracle.New(setup)
-	if err != nil {
-		return nil, err
-	}
-	w, err := world.New(sc, seed, orc, plan)
+	w, err := world.New(s.Scenario, s.Seed, s.Oracle, s.Plan)
 	if err != nil {
 		return nil, err
 	}
 	counters := w.Run()
-	res := orc.Finish(time.Duration(sc.Duration))
-	out := &Outcome{Scenario: sc, Seed: seed, Mode: "virtual", Result: res, Counters: counters,
-		Instances: Instances(sc), Tenants: Tenants(plan)}
-	out.Checks = Evaluate(sc, res)
+	out := s.Outcome("virtual", s.Oracle.Finish(time.Duration(s.Scenario.Duration)))
+	out.Counters = counters
 	if counters.InvalidDecisions > 0 || counters.AllocatorErrors > 0 {
 		out.Checks = append(out.Checks, Check{Name: "simulator sanity", Target: "0 errors",
 			Value: fmt.Sprintf("%d invalid decisions, %d allocator errors", counters.InvalidDecisions, counters.AllocatorErrors)})
