@@ -8,15 +8,8 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/memtest"
 )
-
-func heapAlloc() int64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
-}
 
 // memoryConfig has a horizon (two validities and two epochs) far longer
 // than the reports take to send.
@@ -50,7 +43,7 @@ func TestIdleKeysForgotten(t *testing.T) {
 	if !s.promote(1, time.Now().Add(time.Hour)) {
 		t.Fatal("promote refused")
 	}
-	base := heapAlloc()
+	base := memtest.HeapAlloc()
 	seq := uint64(1)
 	for from := 0; from < n; from += DefaultMaxKeysPerReport {
 		rep := &sluicev1.RegionReport{Region: "a", Seq: seq}
@@ -77,7 +70,7 @@ func TestIdleKeysForgotten(t *testing.T) {
 	if got, v := s.trackedKeys(), s.View(last.Add(horizon)); got != 0 || len(v.Keys) != 0 {
 		t.Fatalf("after the horizon: tracking %d keys, allocator viewing %d; want none", got, len(v.Keys))
 	}
-	left := heapAlloc() - base
+	left := memtest.HeapAlloc() - base
 	t.Logf("heap %+.1f MiB from the baseline", float64(left)/(1<<20))
 	if left > 4<<20 {
 		t.Fatalf("heap %.1f MiB above the baseline after every key was forgotten", float64(left)/(1<<20))

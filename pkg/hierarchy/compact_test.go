@@ -7,16 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/memtest"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
-
-func heapAlloc() int64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
-}
 
 func noiseKeys(n int) []quota.Key {
 	keys := make([]quota.Key, n)
@@ -64,7 +57,7 @@ func TestForgottenKeysGiveMemoryBack(t *testing.T) {
 		n = 20_000
 	}
 	a := mustAllocator(t, twoRegions())
-	base := heapAlloc()
+	base := memtest.HeapAlloc()
 	keys := noiseKeys(n)
 	for _, k := range keys {
 		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
@@ -91,7 +84,7 @@ func TestForgottenKeysGiveMemoryBack(t *testing.T) {
 	if len(a.keys) >= compactMin || len(a.blockKey) >= compactMin || len(a.keyIndex) != 0 {
 		t.Fatalf("after removing every key: %d slots, %d blocks, %d indexed", len(a.keys), len(a.blockKey), len(a.keyIndex))
 	}
-	left := heapAlloc() - base
+	left := memtest.HeapAlloc() - base
 	t.Logf("heap %+.1f MiB from the baseline", float64(left)/(1<<20))
 	if left > 4<<20 {
 		t.Fatalf("heap %.1f MiB above the baseline after every key was removed", float64(left)/(1<<20))

@@ -7,20 +7,13 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/memtest"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-func heapAlloc() int64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
-}
-
 func heapReturned(t *testing.T, base, slack int64, what string) {
 	t.Helper()
-	now := heapAlloc()
+	now := memtest.HeapAlloc()
 	t.Logf("%s: heap %+.1f MiB from the baseline", what, float64(now-base)/(1<<20))
 	if now-base > slack {
 		t.Fatalf("%s: heap is %.1f MiB above the baseline, want at most %.1f MiB", what,
@@ -77,7 +70,7 @@ func syncUntilIdle(t *testing.T, tb *Table, from time.Time, step time.Duration, 
 func TestKeyMapGivesMemoryBack(t *testing.T) {
 	const idle = time.Second
 	tb := newTestTable(t, func(o *TableOptions) { o.IdleTimeout = idle })
-	base := heapAlloc()
+	base := memtest.HeapAlloc()
 	keys := memoryKeys(t, 200_000)
 	for _, k := range keys {
 		if _, act := allow(t, tb, t0, k, 1); act != ActAcquire {
@@ -102,7 +95,7 @@ func TestKeyMapGivesMemoryBack(t *testing.T) {
 func TestIdleKeysGiveMemoryBack(t *testing.T) {
 	const idle = time.Second
 	tb := newTestTable(t, func(o *TableOptions) { o.IdleTimeout = idle })
-	base := heapAlloc()
+	base := memtest.HeapAlloc()
 	keys := memoryKeys(t, 20_000)
 	for _, k := range keys {
 		acquire(t, tb, t0, t0, k, 1, 2)
@@ -134,7 +127,7 @@ func TestIdleKeysForgottenWhileRegionUnreachable(t *testing.T) {
 	tb := newTestTable(t, func(o *TableOptions) { o.IdleTimeout = idle })
 	acquire(t, tb, t0, t0, kR, 1, 5) // leased before the outage
 	allow(t, tb, t0, kR, 1)
-	base := heapAlloc()
+	base := memtest.HeapAlloc()
 	keys := memoryKeys(t, 20_000)
 	for _, k := range keys {
 		if _, act := allow(t, tb, t0, k, 1); act != ActAcquire {

@@ -12,23 +12,16 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/memtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-func heapAlloc() int64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
-}
-
 // heapReturned fails the test when the heap is more than slack above base.
 func heapReturned(t *testing.T, base int64, slack int64, what string) {
 	t.Helper()
-	now := heapAlloc()
+	now := memtest.HeapAlloc()
 	t.Logf("%s: heap %+.1f MiB from the baseline", what, float64(now-base)/(1<<20))
 	if now-base > slack {
 		t.Fatalf("%s: heap is %.1f MiB above the baseline, want at most %.1f MiB", what,
@@ -57,7 +50,7 @@ func TestActiveIndexHoldsOnlyLiveKeys(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	ctx := context.Background()
 	const ttl = time.Second
-	base := heapAlloc()
+	base := memtest.HeapAlloc()
 	keys := manyKeys(n)
 	a := newActiveKeys()
 	now := time.Unix(1000, 0)
@@ -236,7 +229,7 @@ func TestReplicaForgetsReleasedAndExpiredLeases(t *testing.T) {
 	ctx := context.Background()
 	// Warm up the scripts and the connection pool before the baseline.
 	leaseMany(t, s, manyKeys(64))
-	base := heapAlloc()
+	base := memtest.HeapAlloc()
 
 	keys := manyKeys(n)
 	released := leaseMany(t, s, keys)

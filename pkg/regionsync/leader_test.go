@@ -2,11 +2,11 @@ package regionsync
 
 import (
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/memtest"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -128,14 +128,6 @@ func TestRound(t *testing.T) {
 	}
 }
 
-func heapAlloc() int64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
-}
-
 // TestLeaderForgetsIdleBaselines: the region leader keeps a demand
 // baseline only for the keys of its latest epoch report, and the memory of
 // the others comes back.
@@ -144,7 +136,7 @@ func TestLeaderForgetsIdleBaselines(t *testing.T) {
 	if testing.Short() {
 		n = 20_000
 	}
-	base := heapAlloc()
+	base := memtest.HeapAlloc()
 	l := NewLeader()
 	reads := make([]KeyRead, n)
 	for i := range reads {
@@ -165,7 +157,7 @@ func TestLeaderForgetsIdleBaselines(t *testing.T) {
 	if _, ok := l.last[keyA]; l.Baselines() != 1 || !ok {
 		t.Fatalf("%d baselines after an epoch report naming one key, want only that key", l.Baselines())
 	}
-	now := heapAlloc()
+	now := memtest.HeapAlloc()
 	t.Logf("heap %+.1f MiB from the baseline", float64(now-base)/(1<<20))
 	if slack := int64(4 << 20); now-base > slack {
 		t.Fatalf("heap is %.1f MiB above the baseline with one baseline left, want at most %.1f MiB",
