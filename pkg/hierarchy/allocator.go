@@ -179,9 +179,10 @@ type Allocator struct {
 	w, lo, hi, dem, out []float64
 	silent              []bool
 	reportIdx           []int32
-	regs                []Region // scratch for StaticBursts
-	order               []int    // scratch for splitUnits
-	sbs                 []float64
+	regs                []Region  // scratch for StaticBursts
+	order               []int     // scratch for splitUnits
+	sbs, sts            []float64 // scratch: static bursts and rates of reporting regions
+	bw, bout, udem      []float64 // scratch for splitBurst
 	role                []int8
 }
 
@@ -722,7 +723,9 @@ func (a *Allocator) retarget(t int64, k, b int32) {
 // with silent regions frozen at what they may be using (max of their
 // grant and static share), and splits the burst in proportion to the
 // rates, in whole units (splitUnits): regions with demand but no unit come
-// first, so a small burst is where the requests are.
+// first, so a small burst is where the requests are, and when only regions
+// gaining rate could spare one, one of them is held a hair below its
+// static rate instead (unitDonor).
 func (a *Allocator) computeTargets(t int64, k, b int32) {
 	nr := a.nr
 	l := a.limits[k]
@@ -811,16 +814,59 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 			j++
 		}
 	}
-	fairShare(capacity, a.w[:n], a.lo[:n], a.hi[:n], a.dem[:n], a.out[:n], &a.fs)
-	var sumA float64
+	a.sts = growFloats(a.sts, n)
+	j = 0
+	for i := 0; i < nr; i++ {
+		if !a.silent[i] {
+			a.sts[j], _ = a.static(k, i)
+			j++
+		}
+	}
+	a.bw = growFloats(a.bw, n)
+	a.bout = growFloats(a.bout, n)
+	a.udem = growFloats(a.udem, n)
+	a.order = growInts(a.order, n)
+	// A region can give up units only while below its static rate
+	// (splitUnits: a region gaining rate has a short grant, and a unit
+	// lent on it would have to come back before the borrower's grant
+	// could end), so when a region with demand is left without one, the
+	// region that can spare the most units is held a hair below its
+	// static rate and the rate is filled again. Each round caps one more
+	// region, so this ends within n rounds.
+	for round := 0; ; round++ {
+		fairShare(capacity, a.w[:n], a.lo[:n], a.hi[:n], a.dem[:n], a.out[:n], &a.fs)
+		a.splitBurst(pool, l.unit(), unitDemandFloor*l.Rate, n)
+		if !spare || wanting == 0 || round >= n {
+			break
+		}
+		c, capTo := a.unitDonor(l, n, capacity, sumHi)
+		if c < 0 {
+			break
+		}
+		sumHi -= a.hi[c] - capTo
+		a.hi[c] = capTo
+	}
 	j = 0
 	for i := 0; i < nr; i++ {
 		if a.silent[i] {
 			continue
 		}
+		a.targetRate[base+i] = a.out[j]
+		a.targetBurst[base+i] = a.bout[j]
+		j++
+	}
+}
+
+// splitBurst sets the roles of the n reporting regions from their rates
+// (a.out) against their static rates (a.sts) and splits the burst pool
+// among them into a.bout (splitUnits), weighted by the rates, or by the
+// region weights when no rate is assigned. Demand at or below floor counts
+// as none.
+func (a *Allocator) splitBurst(pool, unit, floor float64, n int) {
+	var sumA float64
+	for j := 0; j < n; j++ {
 		sumA += a.out[j]
-		s, _ := a.static(k, i)
-		switch {
+		switch s := a.sts[j]; {
 		case nearStatic(a.out[j], s):
 			a.role[j] = 0
 		case a.out[j] > s:
@@ -828,29 +874,64 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 		default:
 			a.role[j] = -1
 		}
-		j++
 	}
-	// Burst weights: the rates, or the region weights when no rate is
-	// assigned; a.lo and a.hi are free scratch by now.
-	bw, bout := a.lo[:n], a.hi[:n]
 	for j := 0; j < n; j++ {
 		if sumA > 0 {
-			bw[j] = a.out[j]
+			a.bw[j] = a.out[j]
 		} else {
-			bw[j] = a.w[j]
+			a.bw[j] = a.w[j]
 		}
 	}
-	a.order = growInts(a.order, n)
-	splitUnits(pool, l.unit(), bw, a.sbs[:n], a.dem[:n], a.role[:n], bout, a.order)
-	j = 0
-	for i := 0; i < nr; i++ {
-		if a.silent[i] {
+	// Demand below the floor is none: such a region keeps no unit for
+	// itself and is not served one.
+	for j := 0; j < n; j++ {
+		a.udem[j] = a.dem[j]
+		if !(a.dem[j] > floor) {
+			a.udem[j] = 0
+		}
+	}
+	splitUnits(pool, unit, a.bw[:n], a.sbs[:n], a.udem[:n], a.role[:n], a.bout[:n], a.order)
+}
+
+// unitDonor returns the region to hold a hair below its static rate (and
+// that rate) so that it may give a unit to a region with demand that
+// splitBurst left without one, or -1 when none is left without one or no
+// region can be made a donor. A region left without a unit counts if it
+// may hold one: its rate is above its static rate (it may receive), or its
+// static burst holds one (it keeps its own, but may have lost it to others
+// served first). A candidate is at or above its static rate, holds a
+// static unit more than it needs itself (one when it has demand), has no
+// floor that keeps it at its static rate, and the others can still take
+// the whole capacity without it; the one with the most units to spare goes
+// first, then the one that gives up the least rate, then the first.
+func (a *Allocator) unitDonor(l KeyLimit, n int, capacity, sumHi float64) (int, float64) {
+	unit, floor := l.unit(), unitDemandFloor*l.Rate
+	short := false
+	for j := 0; j < n && !short; j++ {
+		short = a.dem[j] > floor && a.bout[j] < unit*(1-1e-12) && (a.role[j] > 0 || a.sbs[j] >= unit)
+	}
+	if !short {
+		return -1, 0
+	}
+	best, bestTo, bestSpare, bestLoss := -1, 0.0, 0.0, 0.0
+	for j := 0; j < n; j++ {
+		if a.role[j] < 0 {
 			continue
 		}
-		a.targetRate[base+i] = a.out[j]
-		a.targetBurst[base+i] = bout[j]
-		j++
+		spareUnits := math.Floor(a.sbs[j] / unit)
+		if a.dem[j] > floor {
+			spareUnits--
+		}
+		capTo := max(a.lo[j], min(a.hi[j], a.sts[j]*(1-1e-9)))
+		if spareUnits < 1 || capTo >= a.sts[j] || sumHi-(a.hi[j]-capTo) < capacity {
+			continue
+		}
+		loss := a.out[j] - capTo
+		if best < 0 || spareUnits > bestSpare || (spareUnits == bestSpare && loss < bestLoss) {
+			best, bestTo, bestSpare, bestLoss = j, capTo, spareUnits, loss
+		}
 	}
+	return best, bestTo
 }
 
 func growInts(s []int, n int) []int {

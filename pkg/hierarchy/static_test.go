@@ -147,3 +147,92 @@ func TestRegionWithoutUnitGetsOneFromGlobal(t *testing.T) {
 		t.Fatalf("eu-west has demand but never got a whole token of burst: holds %+v", hold)
 	}
 }
+
+// A region with demand and no static unit gets one even when the only
+// region that can spare a unit is gaining rate: b = 3 over weights 1:1:3
+// is 1/0/2 units; a (demand 0.125) gives rate away and holds its one unit,
+// c (demand 1) takes what a leaves. A region may not give up burst while
+// getting more rate, so c used to keep both its units and b none, forever.
+// c is held a hair below its static rate so that it can give one, and in
+// steady state every region holds a unit, the rates are stable and the
+// whole rate is assigned; caps and rates never add up to more than the
+// limit at any report.
+func TestUnitForRegionWhenOnlyRateRecipientCanSpare(t *testing.T) {
+	regions := []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 3}}
+	a := mustAllocator(t, regions)
+	key := quota.Key{Tenant: "t1", Class: "write"}
+	lim := KeyLimit{Rate: 1, Burst: 3}
+	if err := a.SetLimit(key, lim); err != nil {
+		t.Fatal(err)
+	}
+	staticR, staticB := make([]float64, 3), make([]float64, 3)
+	StaticShares(lim.Rate, regions, staticR)
+	StaticBursts(lim.Burst, lim.Unit, regions, staticB)
+	if staticB[0] != 1 || staticB[1] != 0 || staticB[2] != 2 {
+		t.Fatalf("static bursts %v, want [1 0 2]", staticB)
+	}
+	type held struct {
+		rate, burst float64
+		expiry      time.Time
+	}
+	hold := make([]held, 3)
+	usable := func(r int, now time.Time) (float64, float64) {
+		if now.Before(hold[r].expiry) {
+			return hold[r].rate, hold[r].burst
+		}
+		return staticR[r], staticB[r]
+	}
+	demand := []float64{0.125, 0.0625, 1}
+	var seq uint64
+	const epochs, steady = 60, 20
+	var last [3][2]float64
+	for e := 1; e <= epochs; e++ {
+		now := testStart.Add(5*time.Second + time.Duration(e)*time.Second)
+		a.Allocate(now)
+		// Every region reports at the same instant, a then b then c: the
+		// order in which b sees c's older grants.
+		at := now.Add(6 * time.Millisecond)
+		for r := range regions {
+			seq++
+			kd := KeyDemand{Key: key, Window: time.Second}
+			kd.SetDemandRate(demand[r])
+			if at.Before(hold[r].expiry) {
+				kd.HeldRate, kd.HeldBurst, kd.HeldValid = hold[r].rate, hold[r].burst, hold[r].expiry.Sub(at).Truncate(time.Millisecond)
+			}
+			grants, err := a.Report(at, Report{Region: regions[r].Name, Seq: seq, Keys: []KeyDemand{kd}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range grants {
+				hold[r] = held{g.Rate, g.Burst, at.Add(g.Valid)}
+			}
+			var sumR, sumB float64
+			for y := range regions {
+				rate, burst := usable(y, at)
+				sumR += rate
+				sumB += burst
+			}
+			if sumR > lim.Rate*(1+1e-9) || sumB > lim.Burst*(1+1e-9) {
+				t.Fatalf("epoch %d: regions may use rate %v and burst %v, above %v and %v", e, sumR, sumB, lim.Rate, lim.Burst)
+			}
+		}
+		if e <= epochs-steady {
+			continue
+		}
+		var sumR float64
+		for r := range regions {
+			rate, burst := usable(r, at)
+			sumR += rate
+			if burst < 1 {
+				t.Fatalf("epoch %d: region %s has demand %v and a burst cap %v below one unit (holds %+v)", e, regions[r].Name, demand[r], burst, hold)
+			}
+			if e > epochs-steady+1 && math.Abs(rate-last[r][0]) > 1e-9 {
+				t.Fatalf("epoch %d: region %s rate moved from %v to %v in steady state", e, regions[r].Name, last[r][0], rate)
+			}
+			last[r] = [2]float64{rate, burst}
+		}
+		if math.Abs(sumR-lim.Rate) > 1e-6 {
+			t.Fatalf("epoch %d: %v of the rate %v assigned in steady state (holds %+v)", e, sumR, lim.Rate, hold)
+		}
+	}
+}

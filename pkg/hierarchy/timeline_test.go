@@ -537,9 +537,17 @@ func (s *sim) checkSteadyState() {
 					}
 				}
 				capOK := wanting > 0 && sumHi-cut >= l.Rate
+				var sumLo float64
 				for r := range regions {
-					if demand[r] > 1e-3*l.Rate && s.staticB[k][r] < l.unit() {
-						regions[r].MinShare = max(regions[r].MinShare, min(regions[r].maxShare(), s.static[k][r]*(1+1e-9)/l.Rate))
+					sumLo += regions[r].MinShare * l.Rate
+				}
+				for r := range regions {
+					// Raised only where the floors still fit in the rate
+					// (in region order).
+					if f := min(regions[r].maxShare()*l.Rate, s.static[k][r]*(1+1e-9)); demand[r] > 1e-3*l.Rate && s.staticB[k][r] < l.unit() &&
+						f > regions[r].MinShare*l.Rate && sumLo+f-regions[r].MinShare*l.Rate <= l.Rate {
+						sumLo += f - regions[r].MinShare*l.Rate
+						regions[r].MinShare = f / l.Rate
 					}
 					if capOK && !(demand[r] > 1e-3*l.Rate) && s.staticB[k][r] >= l.unit() {
 						regions[r].MaxShare = max(regions[r].MinShare, min(regions[r].maxShare(), s.static[k][r]*(1-1e-9)/l.Rate))
@@ -547,6 +555,55 @@ func (s *sim) checkSteadyState() {
 				}
 			}
 			expect = refWaterFill(l.Rate, regions, demand)
+			// A region can give a unit away only at or below its static
+			// rate: while a region with demand and above its static rate
+			// has no unit and the regions below theirs cannot spare one,
+			// the region with the most units to spare (then the one losing
+			// the least rate) is held a hair below its static rate.
+			for round := 0; round < nr && wanting > 0 && float64(wanting) <= math.Floor(l.Burst/l.unit()); round++ {
+				need, supply, sumHi := 0, 0.0, 0.0
+				for r := range regions {
+					sumHi += regions[r].maxShare() * l.Rate
+					spare := math.Floor(s.staticB[k][r] / l.unit())
+					if demand[r] > 1e-3*l.Rate {
+						spare--
+					}
+					above := expect[r] > s.static[k][r] && !nearStatic(expect[r], s.static[k][r])
+					below := expect[r] < s.static[k][r] && !nearStatic(expect[r], s.static[k][r])
+					if demand[r] > 1e-3*l.Rate && s.staticB[k][r] < l.unit() && above {
+						need++
+					}
+					if below {
+						supply += max(0, spare)
+					}
+				}
+				if float64(need) <= supply {
+					break
+				}
+				best, bestTo, bestSpare, bestLoss := -1, 0.0, 0.0, 0.0
+				for r := range regions {
+					if expect[r] < s.static[k][r] && !nearStatic(expect[r], s.static[k][r]) {
+						continue
+					}
+					spare := math.Floor(s.staticB[k][r] / l.unit())
+					if demand[r] > 1e-3*l.Rate {
+						spare--
+					}
+					hi := regions[r].maxShare() * l.Rate
+					capTo := max(regions[r].MinShare*l.Rate, min(hi, s.static[k][r]*(1-1e-9)))
+					if spare < 1 || capTo >= s.static[k][r] || sumHi-(hi-capTo) < l.Rate {
+						continue
+					}
+					if loss := expect[r] - capTo; best < 0 || spare > bestSpare || (spare == bestSpare && loss < bestLoss) {
+						best, bestTo, bestSpare, bestLoss = r, capTo, spare, loss
+					}
+				}
+				if best < 0 {
+					break
+				}
+				regions[best].MaxShare = bestTo / l.Rate
+				expect = refWaterFill(l.Rate, regions, demand)
+			}
 		}
 		var sum float64
 		units, hungry, pinned := math.Floor(l.Burst/l.unit()), 0, false
