@@ -38,8 +38,12 @@ func qk(tenant, class string) *sluicev1.QuotaKey {
 }
 
 // TestStrictAdmitsExactly: many goroutines Check one strict key at once for
-// a while; the region admits exactly b + floor(r*t) (±1 for timing), t
-// bracketed by Redis TIME read before the first and after the last call.
+// a while; the region admits exactly b + floor(r*t) (±1 for rounding). t is
+// the Redis time the requests actually spanned, read from the bucket's own
+// refill timestamp: after a first Check that takes the whole burst (so the
+// bucket starts the window empty and a starved worker pool cannot let it
+// sit at its cap) and after the last decision. Idle time before the first
+// or after the last request is not counted.
 func TestStrictAdmitsExactly(t *testing.T) {
 	reg := regiontest.Start(t, regiontest.MustConfig(t, oneRegion), "local")
 	client := sluicev1.NewLeaseServiceClient(reg.Dial(t))
@@ -50,10 +54,30 @@ func TestStrictAdmitsExactly(t *testing.T) {
 
 	const workers = 16
 	const r, b = 50.0, 20.0
+	key := qk("acme", "export")
+	keys, _, _, err := reg.Server.CommonFor(reg.Server.ConfigForTest(), quota.Key{Tenant: "acme", Class: "export"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// refilledTo is the bucket's refill timestamp: the Redis time of the
+	// last script call on the key. A plain read: it changes nothing.
+	refilledTo := func() time.Time {
+		t.Helper()
+		v, err := reg.RDB.HGet(ctx, keys.Bucket, "ts").Int64()
+		if err != nil {
+			t.Fatalf("bucket ts: %v", err)
+		}
+		return time.UnixMicro(v)
+	}
+	first, err := client.Check(ctx, &sluicev1.CheckRequest{Key: key, Cost: int64(b)})
+	if err != nil || !first.Allowed || first.Remaining != 0 {
+		t.Fatalf("first check (the whole burst): %v %v", first, err)
+	}
+	start := refilledTo()
 	var admitted, denied atomic.Int64
+	admitted.Add(int64(b))
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	start := reg.RedisNow(t)
 	for range workers {
 		wg.Add(1)
 		go func() {
@@ -64,7 +88,7 @@ func TestStrictAdmitsExactly(t *testing.T) {
 					return
 				default:
 				}
-				resp, err := client.Check(ctx, &sluicev1.CheckRequest{Key: qk("acme", "export"), Cost: 1})
+				resp, err := client.Check(ctx, &sluicev1.CheckRequest{Key: key, Cost: 1})
 				if err != nil {
 					t.Errorf("check: %v", err)
 					return
@@ -78,18 +102,22 @@ func TestStrictAdmitsExactly(t *testing.T) {
 		}()
 	}
 	// Run for a bounded while: until enough decisions were made.
-	deadline := time.After(1500 * time.Millisecond)
-	<-deadline
+	<-time.After(1500 * time.Millisecond)
 	close(stop)
 	wg.Wait()
-	end := reg.RedisNow(t)
+	end := refilledTo()
 
 	elapsed := end.Sub(start).Seconds()
 	want := int64(b) + int64(r*elapsed)
 	got := admitted.Load()
-	t.Logf("admitted %d, denied %d over %.3fs; b + floor(r t) = %d", got, denied.Load(), elapsed, want)
+	st := bucketState(t, reg, quota.Key{Tenant: "acme", Class: "export"})
+	t.Logf("admitted %d, denied %d over %.6fs of Redis time; b + floor(r t) = %d; the bucket counted %d admitted",
+		got, denied.Load(), elapsed, want, st.Admitted)
 	if got > want+1 || got < want-1 {
 		t.Fatalf("admitted %d, want %d ± 1", got, want)
+	}
+	if st.Admitted != got {
+		t.Fatalf("the bucket counted %d admitted, the clients saw %d", st.Admitted, got)
 	}
 	if denied.Load() == 0 {
 		t.Fatalf("no request was denied: the test did not saturate the key")
