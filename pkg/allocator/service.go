@@ -514,6 +514,13 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 		s.m.report(label, "not_leader")
 		return nil, notLeaderError(addr)
 	}
+	// A stale report is refused before it touches anything: the limits,
+	// tracked keys and observed config revisions below outlive a refusal.
+	if last, ok := s.alloc.LastSeq(rep.Region); ok && rep.Seq < last {
+		s.m.report(label, "stale")
+		return nil, status.Errorf(codes.Aborted, "allocator: sync: hierarchy: report from %q: %v: seq %d is below the last seen %d",
+			rep.Region, hierarchy.ErrStaleReport, rep.Seq, last)
+	}
 	s.ensureLearningLocked(now)
 	before, beforeKnown := s.conf.Confirm(configRegions(cfg))
 	if s.conf.Observe(rep.Region, req.GetConfigRevisions()) {
