@@ -165,8 +165,9 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 			label = fmt.Sprintf("loss %.0f%%", 100*f.Loss)
 		}
 		until = lasting
-	case scenario.FaultReplyLoss, scenario.FaultReportReplay, scenario.FaultRegionReportReplay, scenario.FaultStaleLeader:
-		label += " (skipped: the virtual simulator injects replays, lost answers and stale leaders)"
+	case scenario.FaultReplyLoss, scenario.FaultReportReplay, scenario.FaultRegionReportReplay, scenario.FaultStaleLeader,
+		scenario.FaultInstanceIsolate:
+		label += " (skipped: the virtual simulator injects replays, lost answers, stale leaders and isolated instances)"
 	case scenario.FaultRedisRestart:
 		r.redis.Stop()
 		d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisDown(now, r.idx) })

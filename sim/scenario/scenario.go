@@ -253,11 +253,13 @@ const (
 	FaultReportReplay       = "report-replay"
 	FaultRegionReportReplay = "region-report-replay"
 	FaultStaleLeader        = "stale-leader"
+	FaultInstanceIsolate    = "instance-isolate"
 )
 
 // FaultKinds lists every fault kind.
 func FaultKinds() []string {
-	return append(ChaosKinds(), FaultReplyLoss, FaultReportReplay, FaultRegionReportReplay, FaultStaleLeader)
+	return append(ChaosKinds(), FaultReplyLoss, FaultReportReplay, FaultRegionReportReplay, FaultStaleLeader,
+		FaultInstanceIsolate)
 }
 
 // ChaosKinds are the kinds chaos draws from by default.
@@ -272,6 +274,12 @@ func ChaosKinds() []string {
 //	                    replacements start RestartAfter later (if set).
 //	instance-stop       Count instances of Region shut down gracefully
 //	                    (release everything); replacements as above.
+//	instance-isolate    Count instances of Region lose their link to the
+//	                    region's service for For: their Syncs and Acquires
+//	                    time out; they serve from their leases until the
+//	                    deadlines, then by their classes' on_failure. A
+//	                    lease the region reaps meanwhile gives back tokens
+//	                    the instance spent but could not report: ε.
 //	region-leader-loss  Region's leader replica dies; another replica is
 //	                    elected once its etcd session expires.
 //	global-leader-loss  The global leader dies; the standby takes over once

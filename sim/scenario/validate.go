@@ -438,6 +438,7 @@ func validateFault(p *problems, path string, f *Fault, regions []string, dur tim
 		FaultInstanceCrash: true, FaultInstanceStop: true, FaultRegionLeaderLoss: true,
 		FaultPartition: true, FaultRedisRestart: true, FaultLatency: true,
 		FaultReplyLoss: true, FaultReportReplay: true, FaultRegionReportReplay: true, FaultStaleLeader: true,
+		FaultInstanceIsolate: true,
 	}
 	if needRegion[f.Kind] && !isRegion(regions, f.Region) {
 		p.add(path+".region", "%q is not a topology region", f.Region)
@@ -446,7 +447,7 @@ func validateFault(p *problems, path string, f *Fault, regions []string, dur tim
 		p.add(path+".region", "a %s fault takes no region", f.Kind)
 	}
 	needFor := f.Kind == FaultPartition || f.Kind == FaultRedisRestart || f.Kind == FaultEtcdDown || f.Kind == FaultLoss ||
-		needRegion[f.Kind] && (f.Kind == FaultReplyLoss || f.Kind == FaultReportReplay || f.Kind == FaultRegionReportReplay || f.Kind == FaultStaleLeader)
+		needRegion[f.Kind] && (f.Kind == FaultReplyLoss || f.Kind == FaultReportReplay || f.Kind == FaultRegionReportReplay || f.Kind == FaultStaleLeader || f.Kind == FaultInstanceIsolate)
 	if needFor && f.For <= 0 {
 		p.add(path+".for", "is required for a %s fault", f.Kind)
 	}

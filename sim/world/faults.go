@@ -50,6 +50,21 @@ func (w *World) inject(f scenario.Fault) {
 		}
 		label = fmt.Sprintf("%s ×%d", label, f.Count)
 		until = now
+	case scenario.FaultInstanceIsolate:
+		r := w.regionByName(f.Region)
+		var free []*Instance
+		for _, in := range r.insts {
+			if !in.isolated {
+				free = append(free, in)
+			}
+		}
+		for i := 0; i < f.Count && len(free) > 0; i++ {
+			// Deterministic victim: drawn from the routing stream.
+			j := w.rngRoute.IntN(len(free))
+			free[j].isolate(d)
+			free = append(free[:j], free[j+1:]...)
+		}
+		label = fmt.Sprintf("%s ×%d", label, f.Count)
 	case scenario.FaultRegionLeaderLoss:
 		r := w.regionByName(f.Region)
 		r.loseLeader(w.sessionExpiry(3))

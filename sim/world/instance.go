@@ -27,6 +27,7 @@ type Instance struct {
 
 	alive    bool // running (false once crashed or stopped)
 	stopping bool // draining for a graceful stop
+	isolated bool // cut off from its region's service (instance-isolate)
 	gen      int
 
 	used    []bool // key ids this instance ever used
@@ -259,8 +260,11 @@ func (in *Instance) rpc(timeout time.Duration, serve func() bool, onReply, onFai
 	gen := in.gen
 	w.orc.RPC(oracle.TierInstance, 1)
 	w.exchange(
-		func() (time.Duration, bool) { return w.net.localDelay(), false },
-		func() (time.Duration, bool) { return w.net.localReply(in.region.idx) },
+		func() (time.Duration, bool) { return w.net.localDelay(), in.isolated },
+		func() (time.Duration, bool) {
+			d, lost := w.net.localReply(in.region.idx)
+			return d, lost || in.isolated
+		},
 		timeout,
 		func() bool { return in.gen == gen && (in.alive || in.stopping) },
 		serve, onReply, onFail,

@@ -31,6 +31,9 @@ func (r *Region) observe(k *keyInfo) {
 	if len(r.crashed[k.id]) > 0 {
 		r.settleCrashed(k)
 	}
+	if len(r.isolated[k.id]) > 0 {
+		r.settleIsolated(k)
+	}
 }
 
 // expired tells the oracle which buckets Redis expired (their counters
@@ -46,6 +49,9 @@ func (r *Region) expired(names []string) {
 	for _, k := range r.w.keys {
 		if gone[k.rkeys.Bucket] {
 			r.w.orc.BucketGone(r.idx, k.id)
+		}
+		if gone[k.rkeys.Leases] {
+			delete(r.isolated, k.id) // gone with the key's TTL: nothing handed out again
 		}
 		if ls := r.crashed[k.id]; len(ls) > 0 && gone[k.rkeys.Leases] {
 			// Gone with the key's TTL, not reaped: nothing handed out again.

@@ -54,6 +54,9 @@ type Region struct {
 	// Leases of crashed instances, by key id, until the Model reaps them
 	// (observe.go).
 	crashed map[int][]*crashLease
+	// Leases of isolated instances, by key id, until the Model reaps them
+	// or a report after the isolation reaches them (isolate.go).
+	isolated map[int][]*isoLease
 }
 
 func newRegion(w *World, idx int, rs scenario.RegionSpec) *Region {
@@ -61,6 +64,7 @@ func newRegion(w *World, idx int, rs scenario.RegionSpec) *Region {
 		w: w, idx: idx, name: rs.Name, offset: time.Duration(rs.ClockOffset),
 		model: luascripts.NewModel(), redisUp: true,
 		leader: regionsync.NewLeader(), crashed: map[int][]*crashLease{},
+		isolated: map[int][]*isoLease{},
 	}
 }
 
@@ -305,6 +309,7 @@ func (r *Region) redisBack() {
 	}
 	r.indexList = r.indexList[:0]
 	r.crashesLost()
+	clear(r.isolated)
 	r.w.orc.RedisUp(r.w.dur(), r.idx)
 }
 

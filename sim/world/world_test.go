@@ -228,3 +228,58 @@ func TestPartitionedRegionRunsOnStaticShareAfterItsGrantExpires(t *testing.T) {
 		t.Fatalf("partition broke an invariant: %+v %+v", r.Conformance, r.Rates)
 	}
 }
+
+func TestIsolatedInstanceLeasesReapedCountAsCrashError(t *testing.T) {
+	// One instance of a is cut off from its region for 15 s, three lease
+	// TTLs: it stays alive, the region reaps its leases, and what it spent
+	// without reporting is handed out again: ε, on the read key only
+	// (write is reclaim: none). Then it reaches its region again.
+	h := build(t, "faults: [{at: 30500ms, kind: instance-isolate, region: a, for: 15s}]\n")
+	h.start()
+	h.until(30 * time.Second)
+	a := h.w.regions[0]
+	before := append([]*Instance(nil), a.insts...)
+	h.until(45 * time.Second)
+	var victim *Instance
+	for _, in := range before {
+		if in.isolated {
+			victim = in
+		}
+	}
+	if victim == nil || !victim.alive {
+		t.Fatal("no instance of a is isolated and alive during the fault")
+	}
+	for _, k := range h.w.keys {
+		if l, ok := a.model.PeekLease(k.rkeys, victim.id); ok && l.ExpiryUS <= a.redisNowUS() {
+			// Expired but not yet reaped is allowed only without a
+			// script call since; traffic runs on both keys.
+			t.Fatalf("%s: lease of the isolated %s expired and not reaped", k.key, victim.id)
+		}
+	}
+	h.until(2 * time.Minute)
+	if victim.isolated || !victim.alive {
+		t.Fatalf("%s still isolated (or dead) after the fault", victim.id)
+	}
+	r := h.orc.Finish(2 * time.Minute)
+	if !r.Pass() {
+		t.Fatalf("invariants: %+v %+v %+v", r.Conformance, r.Rates, r.Bursts)
+	}
+	if r.Conformance.CrashKeys != 1 || r.Conformance.CrashError <= 0 {
+		t.Fatalf("ε %v over %d keys, want > 0 on the read key only", r.Conformance.CrashError, r.Conformance.CrashKeys)
+	}
+	if r.Reclaim.Crashes != 0 {
+		t.Fatalf("an isolation counted as %d crashes", r.Reclaim.Crashes)
+	}
+	if n := len(a.isolated); n != 0 {
+		t.Fatalf("%d keys still watched after the isolation ended and the leases were reaped", n)
+	}
+	held := 0
+	for _, k := range h.w.keys {
+		if _, ok := a.model.PeekLease(k.rkeys, victim.id); ok {
+			held++
+		}
+	}
+	if held == 0 {
+		t.Fatalf("%s holds no lease after its link came back", victim.id)
+	}
+}
