@@ -21,14 +21,15 @@ import (
 // load drives saturating demand for one key from one instance per region
 // and counts admissions. Demand is switched per region.
 type load struct {
-	t       *testing.T
-	key     quota.Key
-	clients map[string]*lease.Client
-	on      map[string]*atomic.Bool
-	adm     map[string]*atomic.Int64
-	total   atomic.Int64
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	t        *testing.T
+	key      quota.Key
+	clients  map[string]*lease.Client
+	on       map[string]*atomic.Bool
+	adm      map[string]*atomic.Int64
+	total    atomic.Int64
+	attempts atomic.Int64
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
 
 func startLoad(t *testing.T, c *devcluster.Cluster, key quota.Key, refresh time.Duration, workers int) *load {
@@ -79,6 +80,7 @@ func (l *load) work(region string, c *lease.Client) {
 			}
 			continue
 		}
+		l.attempts.Add(1)
 		d, err := c.Allow(context.Background(), l.key, 1)
 		if err != nil {
 			l.t.Errorf("%s: allow: %v", region, err)
