@@ -13,19 +13,22 @@ import (
 )
 
 // TestLiveCrashPassesTheOracle plays 100 s of the instance-crash scenario
-// against the real daemons at six times real speed: instances
+// against the real daemons at three times real speed: instances
 // crash (their leases expire, ε is measured), and the oracle must find the
 // invariants held, as in virtual mode. The scenario's targets (utilization,
 // reclaim time) depend on wall-clock timing here, which a loaded or
 // race-instrumented machine distorts; they are logged, and checked by
-// `go run ./sim -live`.
+// `go run ./sim -live`. Three times real speed, not more: a grant is valid
+// for grant_validity/scale of wall time, and at six times real speed a
+// busy, race-instrumented 2-core machine now and then applied no grant in
+// the whole run (each round trip to the global tier had to fit in 0.83 s).
 func TestLiveCrashPassesTheOracle(t *testing.T) {
 	sc, err := scenarios.Load("instance-crash")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var log strings.Builder
-	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 100 * time.Second}, Scale: 6, Log: &log})
+	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 100 * time.Second}, Scale: 3, Log: &log})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
@@ -54,7 +57,7 @@ func TestLiveCrashPassesTheOracle(t *testing.T) {
 // TestLiveLeaderLossAndEtcdOutage crashes the region leaders of two
 // regions (the other replica takes over once the crashed one's session
 // lapses, and a replacement starts) and then takes etcd down for 20 s,
-// against the real daemons at six times real speed. The oracle must find
+// against the real daemons at three times real speed. The oracle must find
 // the invariants held throughout, and every fault must have acted.
 func TestLiveLeaderLossAndEtcdOutage(t *testing.T) {
 	src, err := scenarios.Source("etcd-outage")
@@ -73,7 +76,7 @@ func TestLiveLeaderLossAndEtcdOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log strings.Builder
-	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 150 * time.Second}, Scale: 6, Log: &log})
+	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 150 * time.Second}, Scale: 3, Log: &log})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
