@@ -105,17 +105,18 @@ func TestDemandShiftsBetweenRegions(t *testing.T) {
 		l.set(region)
 		seen, _ := waitDemandSeen(t, c, region, key, r, 20*epoch)
 		cv := waitConverged(t, c, region, key, 0.95*r)
-		t.Logf("%s: the global tier saw the demand %v after the shift; %d allocator epochs and %d of the region's report rounds later the grant reached 95%% of r, %d rounds after the allocator's target for it last rose there",
+		t.Logf("%s: the global tier saw the demand %v after the shift; %d allocator epochs and %d of the region's reports later the grant reached 95%% of r, %d of its epochs after the allocator's target for it last rose there",
 			region, seen, cv.epochs, cv.rounds, cv.roundsFromTarget)
 		// Once the allocator targets all of r for the region, moving the
 		// capacity takes the donors' next reports (answered from their new
 		// demand, each acknowledged at once by an extra report) and the
 		// recipient's next report, early when it was told a raise is
-		// pending. Counted in the recipient's own report rounds (any kind):
-		// two, and one more because the report that raised the target may
-		// be counted before the poll saw the target.
+		// pending. Counted in the recipient's own epochs (its epoch
+		// reports; donors report on the same period): two, and one more
+		// because the report that raised the target may be counted before
+		// the poll saw the target.
 		if cv.roundsFromTarget > 3 {
-			t.Errorf("%s: grant took %d of the region's report rounds after the allocator targeted r, want <= 3", region, cv.roundsFromTarget)
+			t.Errorf("%s: grant took %d of the region's epochs after the allocator targeted r, want <= 3", region, cv.roundsFromTarget)
 		}
 		// Steady state: admitted over a window against the demand offered
 		// in it (each Allow call is one token asked for), up to r.
@@ -156,13 +157,17 @@ func TestDemandShiftsBetweenRegions(t *testing.T) {
 	}
 }
 
-// regionReports is how many reports region's replicas (whichever leads)
-// have sent the global tier, of any kind: the region's own report rounds.
-func regionReports(t *testing.T, c *devcluster.Cluster, region string) int64 {
+// regionReports is how many reports of the given kinds (epoch, ack,
+// catch_up; all when none is named) region's replicas, whichever leads,
+// have sent the global tier.
+func regionReports(t *testing.T, c *devcluster.Cluster, region string, kinds ...string) int64 {
 	t.Helper()
+	if len(kinds) == 0 {
+		kinds = []string{"epoch", "ack", "catch_up"}
+	}
 	var n float64
 	for _, rep := range c.Regions[region].Replicas {
-		for _, kind := range []string{"epoch", "ack", "catch_up"} {
+		for _, kind := range kinds {
 			n += counterWithLabel(t, rep.Daemon(), "sluice_regional_global_reports_total", "kind", kind)
 		}
 	}
@@ -172,8 +177,8 @@ func regionReports(t *testing.T, c *devcluster.Cluster, region string) int64 {
 // converged is how long a grant took, counted in the system's own events.
 type converged struct {
 	epochs           uint64 // allocator epochs run since the wait began
-	rounds           int64  // the region's report rounds since the wait began
-	roundsFromTarget int64  // its report rounds since the allocator's target for it last reached want
+	rounds           int64  // the region's reports of any kind since the wait began
+	roundsFromTarget int64  // its epoch reports since the allocator's target for it last reached want
 }
 
 // waitConverged polls until region's bucket refills at >= want tokens/s.
@@ -189,6 +194,11 @@ func waitConverged(t *testing.T, c *devcluster.Cluster, region string, key quota
 	for {
 		st := leaderStatus(t, c)
 		rounds := regionReports(t, c, region)
+		// The region's own epochs: while a raise is pending it also sends
+		// catch-up reports every third of an epoch, and acknowledgements,
+		// which would make any count of reports of all kinds run ahead of
+		// the donors' reports that actually free the capacity.
+		epochs := regionReports(t, c, region, "epoch")
 		if st != nil {
 			target := 0.0
 			for _, ks := range st.Keys {
@@ -205,11 +215,11 @@ func waitConverged(t *testing.T, c *devcluster.Cluster, region string, key quota
 			case target < want:
 				targetAt = -1
 			case targetAt < 0:
-				targetAt = rounds
+				targetAt = epochs
 			}
 		}
 		if regionRate(t, c, region, key).Rate >= want {
-			cv := converged{epochs: allocatorEpoch(t, c) - epoch0, rounds: rounds - rounds0, roundsFromTarget: rounds - targetAt}
+			cv := converged{epochs: allocatorEpoch(t, c) - epoch0, rounds: rounds - rounds0, roundsFromTarget: epochs - targetAt}
 			if targetAt < 0 { // raised before the poll saw the target
 				cv.roundsFromTarget = 0
 			}
