@@ -177,7 +177,13 @@ func TestLuaMatchesModel(t *testing.T) {
 	})
 }
 
-func snapshot(ctx context.Context, t *rapid.T, rdb *redis.Client) map[string]map[string]string {
+// fataler is what snapshot needs of a test: both *testing.T and *rapid.T.
+type fataler interface {
+	Fatalf(format string, args ...any)
+}
+
+// snapshot renders every key in Redis as the Model's Snapshot does.
+func snapshot(ctx context.Context, t fataler, rdb *redis.Client) map[string]map[string]string {
 	keys, err := rdb.Keys(ctx, "*").Result()
 	if err != nil {
 		t.Fatalf("keys: %v", err)

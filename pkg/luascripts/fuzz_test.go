@@ -208,7 +208,7 @@ func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Script
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("%s: reply differs\n lua:   %+v\n model: %+v", where, got, want)
 		}
-		state := redisState(ctx, t, rdb)
+		state := snapshot(ctx, t, rdb)
 		if ms := m.Snapshot(); !reflect.DeepEqual(state, ms) {
 			t.Fatalf("%s: state differs\n redis: %v\n model: %v", where, state, ms)
 		}
@@ -289,28 +289,4 @@ func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Script
 		shadow.Sub(shadow, new(big.Rat).Sub(held, after))
 		prev = b
 	}
-}
-
-// redisState renders every key as the Model's Snapshot does.
-func redisState(ctx context.Context, t *testing.T, rdb *redis.Client) map[string]map[string]string {
-	keys, err := rdb.Keys(ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]map[string]string{}
-	for _, k := range keys {
-		switch typ := rdb.Type(ctx, k).Val(); typ {
-		case "hash":
-			out[k] = rdb.HGetAll(ctx, k).Val()
-		case "zset":
-			z := map[string]string{}
-			for _, m := range rdb.ZRangeWithScores(ctx, k, 0, -1).Val() {
-				z[m.Member.(string)] = strconv.FormatFloat(m.Score, 'f', 0, 64)
-			}
-			out[k] = z
-		default:
-			t.Fatalf("unexpected key %s of type %s", k, typ)
-		}
-	}
-	return out
 }
