@@ -24,6 +24,15 @@ const (
 	DefaultGrantValidityEpochs = 5
 	// DefaultPrefix is the etcd key prefix used when configstore.NewStore gets "".
 	DefaultPrefix = "/sluice"
+	// DefaultRegionLease is the region_lease used when it is left out: a
+	// partition or global-tier outage shorter than a minute (12 default
+	// grant validities) changes nothing, and a dead region's share returns
+	// to the others about region_lease + grant_validity + margin after its
+	// last report (66 s with the defaults).
+	DefaultRegionLease = time.Minute
+	// MaxRegionLease bounds region_lease: 2 × MaxInterval, so every
+	// accepted grant_validity has a region_lease to go with it.
+	MaxRegionLease = 2 * MaxInterval
 )
 
 // Config is the whole operator configuration. Not safe for concurrent
@@ -45,6 +54,15 @@ type Config struct {
 	// Refresh is the instance Sync period. Optional, default 1s; must be
 	// below LeaseTTL/2 so one lost Sync never lets a lease lapse.
 	Refresh Duration `yaml:"refresh,omitempty"`
+	// RegionLease is how long a region may run on its static shares after
+	// its last answered report (the global tier confers this static lease
+	// in every answer). Past it the region runs on its floor (each class's
+	// partition_share of its static share), and the global tier, once it
+	// has not heard the region for RegionLease + GrantValidity + a clock
+	// margin, reserves only that floor and re-divides the rest. Optional,
+	// default 1m (or 2 × GrantValidity when that is longer); at least
+	// 2 × GrantValidity and at most MaxRegionLease.
+	RegionLease Duration `yaml:"region_lease,omitempty"`
 	// Regions by name. Required, at least one.
 	Regions map[string]Region `yaml:"regions"`
 	// Classes by name. Required, at least one.
@@ -70,6 +88,11 @@ type Region struct {
 	// MaxShare caps the fraction of a key's global rate the region may be
 	// granted. Optional, in (0, 1]; 0 (left out) means 1.
 	MaxShare float64 `yaml:"max_share,omitempty"`
+	// Drained makes the region's static share of every key its floor (the
+	// class's partition_share of what it would be); the other regions'
+	// static shares do not change: capacity moves to them by grants.
+	// Optional, default false; at least one region must not be drained.
+	Drained bool `yaml:"drained,omitempty"`
 }
 
 // MarshalYAML leaves out a MaxShare of 1, the value it gets when left out.
@@ -101,6 +124,27 @@ type Class struct {
 	// larger costs. Optional, default 1; in 1..quota.MaxCost and at most
 	// every burst configured for the class.
 	MaxCost int64 `yaml:"max_cost,omitempty"`
+	// PartitionShare is the fraction of its static share (rate and burst)
+	// a region keeps for the class once its static lease has lapsed (or
+	// while it is drained): its floor, which the global tier keeps
+	// reserving for it. Optional, in [0, 1]; left out it is 1 for
+	// on_failure open (availability first: a partitioned region keeps its
+	// whole static share and the global tier never re-divides it) and 0
+	// for local and closed (a region cut off for longer than region_lease
+	// admits nothing more of the class, and its share goes to the others).
+	PartitionShare *float64 `yaml:"partition_share,omitempty"`
+}
+
+// PartitionFraction is the class's partition_share, or its default by
+// on_failure when left out (1 for open, 0 otherwise).
+func (c Class) PartitionFraction() float64 {
+	if c.PartitionShare != nil {
+		return *c.PartitionShare
+	}
+	if c.OnFailure == OnFailureOpen {
+		return 1
+	}
+	return 0
 }
 
 // Unit is the class's MaxCost as the burst unit, 1 when left out.
@@ -261,6 +305,9 @@ func (c *Config) ApplyDefaults() {
 	}
 	if c.Refresh == 0 {
 		c.Refresh = Duration(DefaultRefresh)
+	}
+	if c.RegionLease == 0 {
+		c.RegionLease = max(Duration(DefaultRegionLease), 2*c.GrantValidity)
 	}
 	for name, r := range c.Regions {
 		if r.MaxShare == 0 {

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/pkg/hierarchy"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 func readTestdata(t *testing.T, name string) []byte {
@@ -93,6 +96,112 @@ default_tier: t1
 	}
 	if got := c.Classes["c1"]; got != (Class{Mode: ModeLease, OnFailure: OnFailureLocal, Reclaim: ReclaimReported}) {
 		t.Errorf("class defaults = %+v", got)
+	}
+}
+
+func TestRegionLeaseDefaults(t *testing.T) {
+	base := `
+regions: {r1: {weight: 1}}
+classes: {c1: {}}
+tiers: {t1: {c1: {rate: 1, burst: 1}}}
+default_tier: t1
+`
+	for _, tc := range []struct {
+		name, head string
+		want       time.Duration
+	}{
+		{"left out", "", DefaultRegionLease},
+		{"left out with a long grant validity", "grant_validity: 45s\n", 90 * time.Second},
+		{"set", "region_lease: 10m\n", 10 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.head + base))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := time.Duration(c.RegionLease); got != tc.want {
+				t.Fatalf("region_lease = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if _, err := Parse([]byte("region_lease: 5s\n" + base)); err == nil ||
+		!strings.Contains(err.Error(), "region_lease: must be at least 2 × grant_validity (10s), got 5s") {
+		t.Fatalf("region_lease below 2 × grant_validity: err = %v", err)
+	}
+}
+
+func TestPartitionShareDefaultsByOnFailure(t *testing.T) {
+	c, err := Parse([]byte(`
+regions: {r1: {weight: 1}}
+classes:
+  open:   {on_failure: open}
+  local:  {on_failure: local}
+  closed: {on_failure: closed}
+  half:   {on_failure: open, partition_share: 0.5}
+  zero:   {on_failure: open, partition_share: 0}
+tiers: {t1: {open: {rate: 1, burst: 1}, local: {rate: 1, burst: 1}, closed: {rate: 1, burst: 1}, half: {rate: 1, burst: 1}, zero: {rate: 1, burst: 1}}}
+default_tier: t1
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for class, want := range map[string]float64{"open": 1, "local": 0, "closed": 0, "half": 0.5, "zero": 0, "unknown": 0} {
+		if got := c.PartitionShareOf(class); got != want {
+			t.Errorf("PartitionShareOf(%q) = %v, want %v", class, got, want)
+		}
+	}
+	// Left out stays left out: changing on_failure later changes the default.
+	if c.Classes["open"].PartitionShare != nil {
+		t.Errorf("a left-out partition_share was filled in: %v", *c.Classes["open"].PartitionShare)
+	}
+	out, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(out, []byte("partition_share: 0\n")) || bytes.Count(out, []byte("partition_share")) != 2 {
+		t.Errorf("marshaled partition_share wrong (want exactly the two set ones):\n%s", out)
+	}
+}
+
+func TestDrainedRegionStaticShareIsItsFloor(t *testing.T) {
+	c, err := Parse(sampleWith(t, "eu-west:  {weight: 1}", "eu-west:  {weight: 1, drained: true}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	undrained := Default()
+	for _, tc := range []struct {
+		class     string
+		share     float64
+		onFailure OnFailure
+	}{{"read", 0, OnFailureLocal}, {"half", 0.5, OnFailureOpen}, {"open", 1, OnFailureOpen}} {
+		cl := Class{Mode: ModeLease, OnFailure: tc.onFailure, Reclaim: ReclaimReported, MaxCost: 2}
+		if tc.class == "half" {
+			cl.PartitionShare = ptr(0.5)
+		}
+		res := Resolved{Limit: quota.Limit{Rate: 400, Burst: 41}, Class: cl, ClassName: tc.class}
+		full, fullBurst, err := undrained.StaticShareOf("eu-west", res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantRate, wantBurst := hierarchy.Floor(full, fullBurst, tc.share, 2)
+		rate, burst, err := c.StaticShareOf("eu-west", res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rate != wantRate || burst != wantBurst {
+			t.Errorf("%s: drained eu-west static share = %v, %v; want the floor %v, %v (of %v, %v)", tc.class, rate, burst, wantRate, wantBurst, full, fullBurst)
+		}
+		if fr, fb, _ := undrained.FloorOf("eu-west", res); fr != wantRate || fb != wantBurst {
+			t.Errorf("%s: FloorOf = %v, %v; want %v, %v", tc.class, fr, fb, wantRate, wantBurst)
+		}
+		// The other regions' static shares do not change.
+		for _, other := range []string{"us-east", "ap-south"} {
+			r1, b1, _ := undrained.StaticShareOf(other, res)
+			r2, b2, _ := c.StaticShareOf(other, res)
+			if r1 != r2 || b1 != b2 {
+				t.Errorf("%s: %s static share moved from %v, %v to %v, %v", tc.class, other, r1, b1, r2, b2)
+			}
+		}
 	}
 }
 
@@ -263,6 +372,27 @@ func TestValidateRules(t *testing.T) {
 		}, `envoy.descriptors[0].class: class "bogus" is not configured under classes`},
 		{"envoy class key equals tenant key", func(c *Config) { c.Envoy.Descriptors[0].ClassKey = "tenant" },
 			`envoy.descriptors[0].class_key: must differ from tenant_key "tenant"`},
+		{"region lease below two grant validities", func(c *Config) { c.RegionLease = Duration(9 * time.Second) },
+			"region_lease: must be at least 2 × grant_validity (10s), got 9s"},
+		{"region lease zero", func(c *Config) { c.RegionLease = 0 }, "region_lease: must be > 0, got 0s"},
+		{"region lease negative", func(c *Config) { c.RegionLease = Duration(-time.Minute) }, "region_lease: must be > 0, got -1m0s"},
+		{"region lease above two days", func(c *Config) { c.RegionLease = Duration(49 * time.Hour) },
+			"region_lease: must be at most 48h0m0s, got 49h0m0s"},
+		{"partition share above 1", func(c *Config) {
+			setClass(c, "export", Class{Mode: ModeStrict, OnFailure: OnFailureClosed, Reclaim: ReclaimNone, PartitionShare: ptr(1.5)})
+		}, "classes.export.partition_share: must be in [0, 1] (a fraction of the static share), got 1.5"},
+		{"partition share negative", func(c *Config) {
+			setClass(c, "export", Class{Mode: ModeStrict, OnFailure: OnFailureClosed, Reclaim: ReclaimNone, PartitionShare: ptr(-0.1)})
+		}, "classes.export.partition_share: must be in [0, 1] (a fraction of the static share), got -0.1"},
+		{"partition share NaN", func(c *Config) {
+			setClass(c, "export", Class{Mode: ModeStrict, OnFailure: OnFailureClosed, Reclaim: ReclaimNone, PartitionShare: ptr(math.NaN())})
+		}, "classes.export.partition_share: must be in [0, 1] (a fraction of the static share), got NaN"},
+		{"every region drained", func(c *Config) {
+			for name, r := range c.Regions {
+				r.Drained = true
+				c.Regions[name] = r
+			}
+		}, "regions: every region is drained: at least one must serve"},
 		{"envoy duplicate descriptor", func(c *Config) {
 			c.Envoy.Descriptors = append(c.Envoy.Descriptors, c.Envoy.Descriptors[0])
 		}, "envoy.descriptors[1]: duplicates envoy.descriptors[0]"},
@@ -290,6 +420,8 @@ func TestValidateRules(t *testing.T) {
 }
 
 func setRegion(c *Config, name string, r Region) { c.Regions[name] = r }
+
+func ptr[T any](v T) *T { return &v }
 
 // setClass adds or replaces a class and gives every tier a limit for it,
 // so the class is the only thing wrong.

@@ -22,7 +22,7 @@ func TestDiffShowsAChangedRate(t *testing.T) {
 	new.Tenants["acme"].Overrides["write"] = LimitSpec{Rate: 900, Burst: 1600}
 	want := `--- current
 +++ proposed
-@@ -49,7 +49,7 @@
+@@ -50,7 +50,7 @@
      tier: pro
      overrides:
        write:

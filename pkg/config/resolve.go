@@ -63,11 +63,42 @@ func (c *Config) Resolve(k quota.Key) (Resolved, error) {
 	}, nil
 }
 
-// StaticShareOf is region's safe fallback share of a resolved key: its
-// rate share rate·w_r/Σw and its burst split in whole units of the class's
-// MaxCost (see StaticShare).
+// StaticShareOf is region's safe fallback share of a resolved key while
+// it holds a static lease: its rate share rate·w_r/Σw and its burst split
+// in whole units of the class's MaxCost (see StaticShare). For a drained
+// region it is the floor of that (FloorOf): the other regions' shares do
+// not grow, so a drain frees capacity only through grants.
 func (c *Config) StaticShareOf(region string, res Resolved) (rateShare, burstShare float64, err error) {
-	return c.staticShare(region, res.Limit.Rate, float64(res.Limit.Burst), res.Class.Unit())
+	rate, burst, err := c.staticShare(region, res.Limit.Rate, float64(res.Limit.Burst), res.Class.Unit())
+	if err != nil || !c.Regions[region].Drained {
+		return rate, burst, err
+	}
+	rate, burst = hierarchy.Floor(rate, burst, res.Class.PartitionFraction(), res.Class.Unit())
+	return rate, burst, nil
+}
+
+// FloorOf is what region runs a resolved key on without a static lease:
+// the class's partition_share of its undrained static share
+// (hierarchy.Floor). A drained region's StaticShareOf equals it.
+func (c *Config) FloorOf(region string, res Resolved) (rateShare, burstShare float64, err error) {
+	rate, burst, err := c.staticShare(region, res.Limit.Rate, float64(res.Limit.Burst), res.Class.Unit())
+	if err != nil {
+		return 0, 0, err
+	}
+	rate, burst = hierarchy.Floor(rate, burst, res.Class.PartitionFraction(), res.Class.Unit())
+	return rate, burst, nil
+}
+
+// PartitionShareOf is the fraction of its static share a region keeps for
+// class once its static lease has lapsed: the class's partition_share, by
+// default 1 for on_failure open and 0 otherwise. An unknown class gets 0,
+// the conservative floor.
+func (c *Config) PartitionShareOf(class string) float64 {
+	cl, ok := c.Classes[class]
+	if !ok {
+		return 0
+	}
+	return cl.PartitionFraction()
 }
 
 // StaticShare is region's safe fallback share of a key with the given

@@ -102,6 +102,16 @@ func (c *Config) validateDurations(p *problems) {
 	case ttl > 0 && refresh >= ttl/2:
 		p.add("refresh", "must be less than lease_ttl / 2 (%v), got %v", ttl/2, refresh)
 	}
+	switch regionLease := time.Duration(c.RegionLease); {
+	case regionLease <= 0:
+		p.add("region_lease", "must be > 0, got %v", regionLease)
+	case validity > 0 && regionLease < 2*validity:
+		// Shorter, and a region would lose its static share in a
+		// partition barely longer than one grant.
+		p.add("region_lease", "must be at least 2 × grant_validity (%v), got %v", 2*validity, regionLease)
+	case regionLease > MaxRegionLease:
+		p.add("region_lease", "must be at most %v, got %v", MaxRegionLease, regionLease)
+	}
 }
 
 func (c *Config) validateRegions(p *problems) {
@@ -110,6 +120,7 @@ func (c *Config) validateRegions(p *problems) {
 		return
 	}
 	var minSum float64
+	drained := 0
 	for _, name := range sortedKeys(c.Regions) {
 		r := c.Regions[name]
 		path := "regions." + name
@@ -131,6 +142,12 @@ func (c *Config) validateRegions(p *problems) {
 		if minOK {
 			minSum += r.MinShare
 		}
+		if r.Drained {
+			drained++
+		}
+	}
+	if drained == len(c.Regions) {
+		p.add("regions", "every region is drained: at least one must serve (restore one first)")
 	}
 	if minSum > 1+shareSumSlack {
 		p.add("regions", "min_share of all regions sums to %.6g, must be at most 1", minSum)
@@ -163,6 +180,9 @@ func (c *Config) validateClasses(p *problems) {
 		}
 		if cl.MaxCost < 0 || cl.MaxCost > quota.MaxCost {
 			p.add(path+".max_cost", "must be in 1..%d (0 or left out means 1), got %d", quota.MaxCost, cl.MaxCost)
+		}
+		if s := cl.PartitionShare; s != nil && !(*s >= 0 && *s <= 1) {
+			p.add(path+".partition_share", "must be in [0, 1] (a fraction of the static share), got %v", *s)
 		}
 	}
 }

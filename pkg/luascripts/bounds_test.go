@@ -21,6 +21,7 @@ func extremeConfig(t *testing.T) *config.Config {
 	c := config.Default()
 	c.Epoch = config.Duration(config.MaxInterval / 4)
 	c.GrantValidity = config.Duration(config.MaxInterval)
+	c.RegionLease = config.Duration(config.MaxRegionLease)
 	c.LeaseTTL = config.Duration(config.MaxInterval)
 	c.Refresh = config.Duration(config.MaxInterval/2 - time.Millisecond)
 	// The least-weighted region's share of the rate must refill the burst

@@ -910,10 +910,23 @@ type RegionStatus struct {
 	LastReportAgeMs int64 `protobuf:"varint,2,opt,name=last_report_age_ms,json=lastReportAgeMs,proto3" json:"last_report_age_ms,omitempty"`
 	// The region has not reported within the silence timeout: the allocator
 	// counts it at max(last grant, static share).
-	Silent        bool   `protobuf:"varint,3,opt,name=silent,proto3" json:"silent,omitempty"`
-	LastSeq       uint64 `protobuf:"varint,4,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Silent  bool   `protobuf:"varint,3,opt,name=silent,proto3" json:"silent,omitempty"`
+	LastSeq uint64 `protobuf:"varint,4,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	// One of live, silent (no report within the silence timeout, static
+	// lease still running), lapsed (its static lease has lapsed: the global
+	// tier reserves only its floor), returning (reporting again after a
+	// lapse; its static lease is conferred once the grants issued before its
+	// return have expired), drained (config drains it).
+	State string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	// What the allocator believes remains of the region's static lease
+	// (0: none, the region runs on its floor).
+	StaticLeaseMs int64 `protobuf:"varint,6,opt,name=static_lease_ms,json=staticLeaseMs,proto3" json:"static_lease_ms,omitempty"`
+	// The fraction of the region's static share the global tier currently
+	// reserves for it without a grant: 1 live, the floor fraction when
+	// lapsed or drained (per class; the largest is shown).
+	ReservedFraction float64 `protobuf:"fixed64,7,opt,name=reserved_fraction,json=reservedFraction,proto3" json:"reserved_fraction,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RegionStatus) Reset() {
@@ -970,6 +983,27 @@ func (x *RegionStatus) GetSilent() bool {
 func (x *RegionStatus) GetLastSeq() uint64 {
 	if x != nil {
 		return x.LastSeq
+	}
+	return 0
+}
+
+func (x *RegionStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *RegionStatus) GetStaticLeaseMs() int64 {
+	if x != nil {
+		return x.StaticLeaseMs
+	}
+	return 0
+}
+
+func (x *RegionStatus) GetReservedFraction() float64 {
+	if x != nil {
+		return x.ReservedFraction
 	}
 	return 0
 }
@@ -1378,8 +1412,11 @@ type RegionReport struct {
 	// since, the last being the config it runs. It uses the smallest static
 	// share among them (see regionsync.Chain). At most 8.
 	ConfigRevisions []int64 `protobuf:"varint,4,rep,packed,name=config_revisions,json=configRevisions,proto3" json:"config_revisions,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Remaining validity (milliseconds, on the region's Redis clock at send
+	// time) of the region's static lease; 0: it runs on its floor.
+	StaticValidMs int64 `protobuf:"varint,5,opt,name=static_valid_ms,json=staticValidMs,proto3" json:"static_valid_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegionReport) Reset() {
@@ -1438,6 +1475,13 @@ func (x *RegionReport) GetConfigRevisions() []int64 {
 		return x.ConfigRevisions
 	}
 	return nil
+}
+
+func (x *RegionReport) GetStaticValidMs() int64 {
+	if x != nil {
+		return x.StaticValidMs
+	}
+	return 0
 }
 
 // KeyGrant is a lease on a share of one key's global rate.
@@ -1532,8 +1576,12 @@ type RegionGrants struct {
 	// rises only once every region has adopted the change.
 	ConfirmedRevision int64 `protobuf:"varint,7,opt,name=confirmed_revision,json=confirmedRevision,proto3" json:"confirmed_revision,omitempty"`
 	ConfirmedKnown    bool  `protobuf:"varint,8,opt,name=confirmed_known,json=confirmedKnown,proto3" json:"confirmed_known,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// When > 0: the region may run on its static shares until (send time of
+	// the report this answers) + static_lease_ms, on its own clock. 0: no
+	// static lease conferred (keep what is held; never extend it).
+	StaticLeaseMs int64 `protobuf:"varint,9,opt,name=static_lease_ms,json=staticLeaseMs,proto3" json:"static_lease_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegionGrants) Reset() {
@@ -1622,6 +1670,13 @@ func (x *RegionGrants) GetConfirmedKnown() bool {
 	return false
 }
 
+func (x *RegionGrants) GetStaticLeaseMs() int64 {
+	if x != nil {
+		return x.StaticLeaseMs
+	}
+	return 0
+}
+
 var File_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_proto_rawDesc = "" +
@@ -1690,12 +1745,15 @@ const file_sluice_proto_rawDesc = "" +
 	"\breset_ms\x18\x05 \x01(\x03R\aresetMs\x12\x16\n" +
 	"\x06shadow\x18\x06 \x01(\bR\x06shadow\"*\n" +
 	"\rStatusRequest\x12\x19\n" +
-	"\btop_keys\x18\x01 \x01(\x05R\atopKeys\"\x86\x01\n" +
+	"\btop_keys\x18\x01 \x01(\x05R\atopKeys\"\xf1\x01\n" +
 	"\fRegionStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12+\n" +
 	"\x12last_report_age_ms\x18\x02 \x01(\x03R\x0flastReportAgeMs\x12\x16\n" +
 	"\x06silent\x18\x03 \x01(\bR\x06silent\x12\x19\n" +
-	"\blast_seq\x18\x04 \x01(\x04R\alastSeq\"\xdd\x01\n" +
+	"\blast_seq\x18\x04 \x01(\x04R\alastSeq\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x12&\n" +
+	"\x0fstatic_lease_ms\x18\x06 \x01(\x03R\rstaticLeaseMs\x12+\n" +
+	"\x11reserved_fraction\x18\a \x01(\x01R\x10reservedFraction\"\xdd\x01\n" +
 	"\x0fKeyRegionStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06demand\x18\x02 \x01(\x01R\x06demand\x12\x16\n" +
@@ -1733,17 +1791,18 @@ const file_sluice_proto_rawDesc = "" +
 	"\aholding\x18\b \x01(\x01R\aholding\x12$\n" +
 	"\vdemand_rate\x18\t \x01(\x01H\x00R\n" +
 	"demandRate\x88\x01\x01B\x0e\n" +
-	"\f_demand_rate\"\x8d\x01\n" +
+	"\f_demand_rate\"\xb5\x01\n" +
 	"\fRegionReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12(\n" +
 	"\x04keys\x18\x03 \x03(\v2\x14.sluice.v1.KeyDemandR\x04keys\x12)\n" +
-	"\x10config_revisions\x18\x04 \x03(\x03R\x0fconfigRevisions\"v\n" +
+	"\x10config_revisions\x18\x04 \x03(\x03R\x0fconfigRevisions\x12&\n" +
+	"\x0fstatic_valid_ms\x18\x05 \x01(\x03R\rstaticValidMs\"v\n" +
 	"\bKeyGrant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x14\n" +
 	"\x05burst\x18\x03 \x01(\x01R\x05burst\x12\x19\n" +
-	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\x97\x02\n" +
+	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\xbf\x02\n" +
 	"\fRegionGrants\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12+\n" +
@@ -1752,7 +1811,8 @@ const file_sluice_proto_rawDesc = "" +
 	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12&\n" +
 	"\x0freport_again_ms\x18\x06 \x01(\x03R\rreportAgainMs\x12-\n" +
 	"\x12confirmed_revision\x18\a \x01(\x03R\x11confirmedRevision\x12'\n" +
-	"\x0fconfirmed_known\x18\b \x01(\bR\x0econfirmedKnown2\x87\x02\n" +
+	"\x0fconfirmed_known\x18\b \x01(\bR\x0econfirmedKnown\x12&\n" +
+	"\x0fstatic_lease_ms\x18\t \x01(\x03R\rstaticLeaseMs2\x87\x02\n" +
 	"\fLeaseService\x12@\n" +
 	"\aAcquire\x12\x19.sluice.v1.AcquireRequest\x1a\x1a.sluice.v1.AcquireResponse\x127\n" +
 	"\x04Sync\x12\x16.sluice.v1.SyncRequest\x1a\x17.sluice.v1.SyncResponse\x12@\n" +
