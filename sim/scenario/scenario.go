@@ -51,6 +51,11 @@ type Scenario struct {
 	Faults []Fault `yaml:"faults,omitempty"`
 	// Chaos adds random faults drawn from the seed. Optional.
 	Chaos *Chaos `yaml:"chaos,omitempty"`
+	// Failovers move a region's users elsewhere at given times. Optional.
+	Failovers []Failover `yaml:"failovers,omitempty"`
+	// Events are operator actions at given times (config changes).
+	// Optional.
+	Events []Event `yaml:"events,omitempty"`
 	// Expect are the targets the run must meet. Optional; the three
 	// invariants are always required to hold.
 	Expect Expect `yaml:"expect,omitempty"`
@@ -254,12 +259,14 @@ const (
 	FaultRegionReportReplay = "region-report-replay"
 	FaultStaleLeader        = "stale-leader"
 	FaultInstanceIsolate    = "instance-isolate"
+	// Whole-region failure.
+	FaultRegionDown = "region-down"
 )
 
 // FaultKinds lists every fault kind.
 func FaultKinds() []string {
 	return append(ChaosKinds(), FaultReplyLoss, FaultReportReplay, FaultRegionReportReplay, FaultStaleLeader,
-		FaultInstanceIsolate)
+		FaultInstanceIsolate, FaultRegionDown)
 }
 
 // ChaosKinds are the kinds chaos draws from by default.
@@ -307,6 +314,13 @@ func ChaosKinds() []string {
 //	                    elected, and the old one, waking up, installs the
 //	                    last answer it had (grants reach Redis out of
 //	                    order).
+//	region-down         Region dies whole: every instance crashes, its
+//	                    regional service (leader and replicas) stops, the
+//	                    global tier replicas running there crash, and its
+//	                    link to the global tier is gone. With RestartAfter
+//	                    it comes back that much later (instances, service,
+//	                    a new region leader) with its Redis as it was, or
+//	                    empty with RedisLost; without, it stays dead.
 type Fault struct {
 	// At is when the fault starts. Required.
 	At Duration `yaml:"at"`
@@ -330,6 +344,48 @@ type Fault struct {
 	// Loss is the probability of a loss, reply-loss or report-replay
 	// fault, in (0, 1].
 	Loss float64 `yaml:"loss,omitempty"`
+	// RedisLost: a region-down region comes back with an empty Redis
+	// (its data lost with the region). Optional, default false (Redis
+	// as it was: persisted, or only unreachable). Needs RestartAfter.
+	RedisLost bool `yaml:"redis_lost,omitempty"`
+}
+
+// Failover moves a region's users to other regions: from At on, the
+// traffic every workload offers in From arrives in To instead, split over
+// To by region weight (each moved stream keeps its own shape, as its users'
+// habits do not change with the region serving them). With For, the users
+// move back For later.
+type Failover struct {
+	// At is when the users move. Required.
+	At Duration `yaml:"at"`
+	// From is the region they leave. Required.
+	From string `yaml:"from"`
+	// To are the regions taking them. Required, at least one, not From.
+	To []string `yaml:"to"`
+	// For is how long until they move back. Optional, default for the
+	// rest of the run.
+	For Duration `yaml:"for,omitempty"`
+}
+
+// Event kinds.
+const (
+	// EventDrain sets regions.<Region>.drained in the Sluice config.
+	EventDrain = "drain"
+	// EventRestore clears it.
+	EventRestore = "restore"
+)
+
+// Event is an operator's config change at a given time: a new config
+// revision written to etcd, which every region adopts when its watch
+// delivers it (not while etcd is unreachable to it or the region is
+// down) and the global tier when its leader next reads it.
+type Event struct {
+	// At is when the change is written. Required.
+	At Duration `yaml:"at"`
+	// Kind is drain or restore. Required.
+	Kind string `yaml:"kind"`
+	// Region is the region drained or restored. Required.
+	Region string `yaml:"region"`
 }
 
 // Chaos draws random faults from the seed: starting at Start, gaps between
@@ -385,6 +441,17 @@ type Expect struct {
 	// CrashErrorMax bounds ε, the tokens crashed instances spent but never
 	// reported, as a fraction of admitted tokens.
 	CrashErrorMax *float64 `yaml:"crash_error_max,omitempty"`
+	// Recovery is the time the system is given after every change (a
+	// fault's start and end, a failover, an event) before the recovered
+	// measures count again. Required by the two targets below.
+	Recovery Duration `yaml:"recovery,omitempty"`
+	// RecoveredVsIdealMin is the lowest allowed ratio of admitted tokens to
+	// what an ideal central bucket admits of the same arrivals, over the
+	// time after warmup outside every change's recovery window.
+	RecoveredVsIdealMin *float64 `yaml:"recovered_vs_ideal_min,omitempty"`
+	// RecoveredFalseRejectsMax bounds false rejects (fraction of offered
+	// tokens) over the same time.
+	RecoveredFalseRejectsMax *float64 `yaml:"recovered_false_rejects_max,omitempty"`
 }
 
 // SignedDuration is a duration that may be negative ("-120ms").
@@ -457,6 +524,18 @@ func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 	for _, f := range s.Faults {
 		if time.Duration(f.At) < d {
 			c.Faults = append(c.Faults, f)
+		}
+	}
+	c.Failovers = nil
+	for _, f := range s.Failovers {
+		if time.Duration(f.At) < d {
+			c.Failovers = append(c.Failovers, f)
+		}
+	}
+	c.Events = nil
+	for _, e := range s.Events {
+		if time.Duration(e.At) < d {
+			c.Events = append(c.Events, e)
 		}
 	}
 	if s.Chaos != nil {

@@ -80,6 +80,8 @@ func (s *Scenario) Validate() error {
 		validateFault(&p, fmt.Sprintf("faults[%d]", i), &s.Faults[i], regions, dur)
 	}
 	s.validateChaos(&p, dur)
+	s.validateFailovers(&p, cfg, regions, dur)
+	s.validateEvents(&p, cfg, regions, dur)
 	s.validateExpect(&p)
 	for i, f := range s.Focus {
 		k, ok := ParseKey(f)
@@ -438,7 +440,7 @@ func validateFault(p *problems, path string, f *Fault, regions []string, dur tim
 		FaultInstanceCrash: true, FaultInstanceStop: true, FaultRegionLeaderLoss: true,
 		FaultPartition: true, FaultRedisRestart: true, FaultLatency: true,
 		FaultReplyLoss: true, FaultReportReplay: true, FaultRegionReportReplay: true, FaultStaleLeader: true,
-		FaultInstanceIsolate: true,
+		FaultInstanceIsolate: true, FaultRegionDown: true,
 	}
 	if needRegion[f.Kind] && !isRegion(regions, f.Region) {
 		p.add(path+".region", "%q is not a topology region", f.Region)
@@ -465,6 +467,79 @@ func validateFault(p *problems, path string, f *Fault, regions []string, dur tim
 	case FaultLoss, FaultReplyLoss, FaultReportReplay:
 		if !(f.Loss > 0 && f.Loss <= 1) {
 			p.add(path+".loss", "must be in (0, 1], got %v", f.Loss)
+		}
+	}
+	if f.RedisLost && (f.Kind != FaultRegionDown || f.RestartAfter <= 0) {
+		p.add(path+".redis_lost", "applies only to a region-down fault with restart_after")
+	}
+	if f.RestartAfter < 0 {
+		p.add(path+".restart_after", "must not be negative")
+	}
+}
+
+func (s *Scenario) validateFailovers(p *problems, cfg *config.Config, regions []string, dur time.Duration) {
+	for i, f := range s.Failovers {
+		path := fmt.Sprintf("failovers[%d]", i)
+		if dur > 0 && (f.At < 0 || time.Duration(f.At) >= dur) {
+			p.add(path+".at", "%v is not within the run (%v)", time.Duration(f.At), dur)
+		}
+		if !slices.Contains(regions, f.From) {
+			p.add(path+".from", "%q is not a topology region", f.From)
+		}
+		if len(f.To) == 0 {
+			p.add(path+".to", "at least one region is required")
+		}
+		for j, to := range f.To {
+			switch {
+			case !slices.Contains(regions, to):
+				p.add(fmt.Sprintf("%s.to[%d]", path, j), "%q is not a topology region", to)
+			case to == f.From:
+				p.add(fmt.Sprintf("%s.to[%d]", path, j), "users cannot fail over to the region they leave")
+			case slices.Contains(f.To[:j], to):
+				p.add(fmt.Sprintf("%s.to[%d]", path, j), "%q is listed twice", to)
+			}
+		}
+		if f.For < 0 {
+			p.add(path+".for", "must not be negative")
+		}
+	}
+}
+
+// validateEvents checks every event and that no moment of the run has
+// every region drained (the config would be refused).
+func (s *Scenario) validateEvents(p *problems, cfg *config.Config, regions []string, dur time.Duration) {
+	drained := map[string]bool{}
+	if cfg != nil {
+		for name, r := range cfg.Regions {
+			drained[name] = r.Drained
+		}
+	}
+	order := make([]int, len(s.Events))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return s.Events[order[a]].At < s.Events[order[b]].At })
+	for _, i := range order {
+		e := s.Events[i]
+		path := fmt.Sprintf("events[%d]", i)
+		if dur > 0 && (e.At < 0 || time.Duration(e.At) >= dur) {
+			p.add(path+".at", "%v is not within the run (%v)", time.Duration(e.At), dur)
+		}
+		if e.Kind != EventDrain && e.Kind != EventRestore {
+			p.add(path+".kind", "must be %s or %s, got %q", EventDrain, EventRestore, e.Kind)
+			continue
+		}
+		if !slices.Contains(regions, e.Region) {
+			p.add(path+".region", "%q is not a topology region", e.Region)
+			continue
+		}
+		drained[e.Region] = e.Kind == EventDrain
+		all := len(drained) > 0
+		for _, d := range drained {
+			all = all && d
+		}
+		if all {
+			p.add(path, "drains the last serving region (the config would be refused)")
 		}
 	}
 }
@@ -505,13 +580,20 @@ func (s *Scenario) validateExpect(p *problems) {
 		name string
 		v    *float64
 	}{{"utilization_60s_min", e.Utilization60sMin}, {"utilization_1s_mean_min", e.Utilization1sMeanMin},
-		{"false_rejects_max", e.FalseRejectsMax}, {"fairness_error_max", e.FairnessErrorMax}, {"crash_error_max", e.CrashErrorMax}} {
+		{"false_rejects_max", e.FalseRejectsMax}, {"fairness_error_max", e.FairnessErrorMax}, {"crash_error_max", e.CrashErrorMax},
+		{"recovered_vs_ideal_min", e.RecoveredVsIdealMin}, {"recovered_false_rejects_max", e.RecoveredFalseRejectsMax}} {
 		if f.v != nil && !(*f.v >= 0 && *f.v <= 1) {
 			p.add("expect."+f.name, "must be a fraction in [0, 1], got %v", *f.v)
 		}
 	}
 	if v := e.ConvergenceEpochsMax; v != nil && !(*v >= 0) {
 		p.add("expect.convergence_epochs_max", "must not be negative, got %v", *v)
+	}
+	if (e.RecoveredVsIdealMin != nil || e.RecoveredFalseRejectsMax != nil) && e.Recovery <= 0 {
+		p.add("expect.recovery", "is required by the recovered_* targets")
+	}
+	if e.Recovery < 0 {
+		p.add("expect.recovery", "must not be negative")
 	}
 	if !(e.ConvergenceTolerance > 0 && e.ConvergenceTolerance < 1) {
 		p.add("expect.convergence_tolerance", "must be in (0, 1), got %v", e.ConvergenceTolerance)
