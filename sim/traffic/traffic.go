@@ -32,8 +32,13 @@ type Stream struct {
 	// spreads the stream over another (0: all instances share it).
 	PerInstance float64
 
+	// Home is the region whose shapes the stream follows: its own, or, for
+	// users who failed over, the region they came from.
+	Home int
+
 	poisson bool
 	shapes  []shape
+	gates   []gate
 	breaks  []time.Duration // sorted breakpoints of the rate
 	rng     *rand.Rand
 	carry   float64 // constant process: fractional requests carried over
@@ -109,7 +114,7 @@ func Build(s *scenario.Scenario, seed uint64) (*Plan, error) {
 					continue
 				}
 				st := &Stream{
-					Key: k, Region: r, Base: t.rates[r], Cost: w.Cost, PerInstance: float64(w.PerInstance),
+					Key: k, Region: r, Home: r, Base: t.rates[r], Cost: w.Cost, PerInstance: float64(w.PerInstance),
 					poisson: w.Process == "poisson",
 					rng:     engine.NewStream(seed, fmt.Sprintf("arrivals/%s/%d", k, r)),
 				}
@@ -130,6 +135,12 @@ func Build(s *scenario.Scenario, seed uint64) (*Plan, error) {
 			}
 		}
 	}
+	p.failover(s, seed, regionIdx, weights, func(k quota.Key, at time.Duration) {
+		if shiftSet[k] == nil {
+			shiftSet[k] = map[time.Duration]bool{}
+		}
+		shiftSet[k][at] = true
+	})
 	for _, k := range p.Keys {
 		for at := range shiftSet[k] {
 			p.Shifts = append(p.Shifts, Shift{At: at, Key: k})
@@ -226,11 +237,89 @@ func split(rng *rand.Rand, size, homeShare float64, n int, weights []float64) []
 	return out
 }
 
+// gate is a factor in on the interval [from, until) and out outside it:
+// how failovers switch streams off and their moved twins on.
+type gate struct {
+	from, until time.Duration
+	in, out     float64
+}
+
+func (g gate) factor(t time.Duration) float64 {
+	if t >= g.from && t < g.until {
+		return g.in
+	}
+	return g.out
+}
+
+// failover applies the scenario's failovers in time order: every stream
+// offered in the region users leave (including streams moved there by an
+// earlier failover) is switched off for the failover's span, and a twin in
+// each target region, following the same shapes and carrying its share by
+// region weight, switched on for it. shift is told of every key whose
+// demand jumps, and when.
+func (p *Plan) failover(s *scenario.Scenario, seed uint64, regionIdx map[string]int, weights []float64,
+	shift func(quota.Key, time.Duration)) {
+	order := make([]int, len(s.Failovers))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return s.Failovers[order[a]].At < s.Failovers[order[b]].At })
+	end := time.Duration(s.Duration)
+	for _, fi := range order {
+		f := s.Failovers[fi]
+		from, at := regionIdx[f.From], time.Duration(f.At)
+		until := end
+		if f.For > 0 && at+time.Duration(f.For) < end {
+			until = at + time.Duration(f.For)
+		}
+		var total float64
+		for _, to := range f.To {
+			total += weights[regionIdx[to]]
+		}
+		var moved []*Stream
+		for _, st := range p.Streams {
+			if st.Region != from {
+				continue
+			}
+			st.gates = append(st.gates, gate{from: at, until: until, in: 0, out: 1})
+			st.addBreaks(at, until, end)
+			shift(st.Key, at)
+			if until < end {
+				shift(st.Key, until)
+			}
+			for _, to := range f.To {
+				r := regionIdx[to]
+				tw := &Stream{
+					Key: st.Key, Region: r, Home: st.Home, Base: st.Base, Cost: st.Cost, PerInstance: st.PerInstance,
+					poisson: st.poisson, shapes: st.shapes, breaks: append([]time.Duration(nil), st.breaks...),
+					gates: append(append([]gate(nil), st.gates[:len(st.gates)-1]...),
+						gate{from: at, until: until, in: weights[r] / total, out: 0}),
+					rng: engine.NewStream(seed, fmt.Sprintf("arrivals/%s/%d/failover%d/%d", st.Key, r, fi, st.Home)),
+				}
+				moved = append(moved, tw)
+			}
+		}
+		p.Streams = append(p.Streams, moved...)
+	}
+}
+
+// addBreaks adds the rate's breakpoints at and until (before end).
+func (st *Stream) addBreaks(at, until, end time.Duration) {
+	st.breaks = append(st.breaks, at)
+	if until < end {
+		st.breaks = append(st.breaks, until)
+	}
+	sort.Slice(st.breaks, func(i, j int) bool { return st.breaks[i] < st.breaks[j] })
+}
+
 // Rate is the expected request rate at t (requests/s).
 func (st *Stream) Rate(t time.Duration) float64 {
 	r := st.Base
 	for _, sh := range st.shapes {
-		r *= sh.factor(st.Region, t)
+		r *= sh.factor(st.Home, t)
+	}
+	for _, g := range st.gates {
+		r *= g.factor(t)
 	}
 	return r
 }

@@ -203,3 +203,79 @@ func TestGroupSizesAreHeavyTailedAndReproducible(t *testing.T) {
 		t.Fatalf("tenant id %q", p1.Keys[0].Tenant)
 	}
 }
+
+func TestFailoverMovesARegionsUsersByWeight(t *testing.T) {
+	s := parse(t, `  - {tenant: acme, class: read, rate: {a: 100/s, b: 10/s}, shape: [{kind: step, regions: [a], at: 5m, factor: 2}]}
+  - {tenant: beta, class: read, rate: {b: 7/s}}
+failovers:
+  - {at: 1m, from: a, to: [b, c], for: 8m}
+`)
+	p, err := Build(s, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := func(key string, region int, at time.Duration) float64 {
+		var sum float64
+		for _, st := range p.Streams {
+			if st.Key.Tenant == key && st.Region == region {
+				sum += st.Rate(at)
+			}
+		}
+		return sum
+	}
+	for _, c := range []struct {
+		at      time.Duration
+		a, b, c float64
+	}{
+		{30 * time.Second, 100, 10, 0},
+		// a's users split 1:2 over b and c (their weights).
+		{2 * time.Minute, 0, 10 + 100.0/3, 200.0 / 3},
+		// The moved users keep a's shape: it doubles at 5m wherever they are.
+		{6 * time.Minute, 0, 10 + 200.0/3, 400.0 / 3},
+		// Back home at 9m.
+		{9*time.Minute + time.Second, 200, 10, 0},
+	} {
+		got := []float64{rate("acme", 0, c.at), rate("acme", 1, c.at), rate("acme", 2, c.at)}
+		for i, want := range []float64{c.a, c.b, c.c} {
+			if math.Abs(got[i]-want) > 1e-9 {
+				t.Errorf("at %v: acme rates %v, want [%v %v %v]", c.at, got, c.a, c.b, c.c)
+				break
+			}
+		}
+	}
+	if got := rate("beta", 1, 2*time.Minute); got != 7 {
+		t.Errorf("beta, never in a, changed: %v", got)
+	}
+	var shifts []time.Duration
+	for _, sh := range p.Shifts {
+		if sh.Key.Tenant == "acme" {
+			shifts = append(shifts, sh.At)
+		}
+	}
+	want := []time.Duration{time.Minute, 5 * time.Minute, 9 * time.Minute}
+	if len(shifts) != len(want) {
+		t.Fatalf("acme shifts %v, want %v", shifts, want)
+	}
+	for i := range want {
+		if shifts[i] != want[i] {
+			t.Fatalf("acme shifts %v, want %v", shifts, want)
+		}
+	}
+	// Arrivals follow: nothing arrives in a while its users are away, and
+	// b and c get theirs.
+	for _, st := range p.Streams {
+		if st.Key.Tenant != "acme" {
+			continue
+		}
+		var n int64
+		for t0 := time.Minute; t0 < 2*time.Minute; {
+			end, k := st.Next(t0)
+			n += k
+			t0 = end
+		}
+		want := st.Rate(90*time.Second) * 60
+		if math.Abs(float64(n)-want) > 5*math.Sqrt(want+1) {
+			t.Errorf("stream %s in %d: %d arrivals in [1m, 2m), want about %.0f", st.Key, st.Region, n, want)
+		}
+	}
+}
