@@ -53,6 +53,10 @@ type Key struct {
 	Key                     quota.Key
 	Rate, Burst             float64
 	StaticRate, StaticBurst []float64
+	// FloorRate and FloorBurst are what each region runs on once its
+	// static lease lapsed (hierarchy.Floor of the static share). Optional
+	// (nil: the static share, a region's static lease never lapsing).
+	FloorRate, FloorBurst []float64
 	// Closed: the key's class fails closed (on_failure: closed), so it
 	// must never admit in degraded mode.
 	Closed bool
@@ -93,6 +97,23 @@ type Setup struct {
 	// Step is the time-series resolution. Optional, default
 	// max(1s, Duration/720) rounded to whole seconds.
 	Step time.Duration
+	// Changes are the instants the system is disturbed (a fault's start
+	// and end, a failover, an operator's event), for the recovered
+	// measures. Optional.
+	Changes []Change
+	// Recovery is the time given after each change before the recovered
+	// measures count again. Optional (0: every second after warmup
+	// counts).
+	Recovery time.Duration
+	// RecoveredLevel is the admitted/ideal ratio a change's recovery time
+	// is measured against. Optional, default 0.97.
+	RecoveredLevel float64
+}
+
+// Change is one disturbance, for the recovered measures.
+type Change struct {
+	At    time.Duration
+	Label string
 }
 
 // Fault is an injected failure, for the report.
@@ -133,19 +154,25 @@ type keyState struct {
 	issued        []int64      // per region: issue time (µs, region clock) of the last grant applied
 	nextExpiry    time.Duration
 	expiryPending bool
+	// Per region, what the region runs on without a grant, while its
+	// static lease holds and after (config changes move them).
+	static, floor []grantState
 }
 
 // Oracle checks the invariants and computes the measures of one run. Not
 // safe for concurrent use (see the package documentation).
 type Oracle struct {
-	s      Setup
-	nr     int
-	keys   []keyState
-	down   []bool // region's Redis unreachable
-	now    time.Duration
-	timers timerHeap
-	seq    uint64
-	fill   []float64 // scratch for water-fills
+	s    Setup
+	nr   int
+	keys []keyState
+	down []bool // region's Redis unreachable
+	// staticUntil is, per region, the true time until which it may run on
+	// its static shares (its static lease); after it, its floors.
+	staticUntil []time.Duration
+	now         time.Duration
+	timers      timerHeap
+	seq         uint64
+	fill        []float64 // scratch for water-fills
 
 	// Per (key, region), index key*nr+region: what the instances decided
 	// and what the region's bucket counts.
@@ -165,6 +192,10 @@ type Oracle struct {
 	offeredAfterWU  float64
 	idealAdmitted60 float64
 	sluiceAdmitted  float64
+
+	// Per whole second of the run, fleet totals after warmup (the
+	// recovered measures).
+	secAdm, secIdeal, secOff, secFalse []float64
 }
 
 // New prepares an oracle. Invalid setups are errors.
@@ -184,7 +215,15 @@ func New(s Setup) (*Oracle, error) {
 	if !(s.DemandAlpha > 0 && s.DemandAlpha <= 1) {
 		return nil, fmt.Errorf("oracle: demand alpha %v must be in (0, 1]", s.DemandAlpha)
 	}
-	o := &Oracle{s: s, nr: len(s.Regions), down: make([]bool, len(s.Regions))}
+	if s.RecoveredLevel == 0 {
+		s.RecoveredLevel = 0.97
+	}
+	o := &Oracle{s: s, nr: len(s.Regions), down: make([]bool, len(s.Regions)), staticUntil: make([]time.Duration, len(s.Regions))}
+	for r := range o.staticUntil {
+		o.staticUntil[r] = math.MaxInt64
+	}
+	secs := int((s.Duration + time.Second - 1) / time.Second)
+	o.secAdm, o.secIdeal, o.secOff, o.secFalse = make([]float64, secs), make([]float64, secs), make([]float64, secs), make([]float64, secs)
 	for _, r := range s.Regions {
 		if !(r.Weight > 0) || math.IsInf(r.Weight, 0) || !(r.MinShare >= 0 && r.MinShare <= 1) ||
 			!(r.MaxShare >= 0 && r.MaxShare <= 1) || (r.MaxShare > 0 && r.MinShare > r.MaxShare) {
@@ -193,10 +232,23 @@ func New(s Setup) (*Oracle, error) {
 	}
 	o.keys = make([]keyState, len(s.Keys))
 	for i, k := range s.Keys {
-		if !(k.Rate > 0) || math.IsInf(k.Rate, 0) || !(k.Burst > 0) || len(k.StaticRate) != o.nr || len(k.StaticBurst) != o.nr {
-			return nil, fmt.Errorf("oracle: key %s: bad limit or static shares", k.Key)
+		if !(k.Rate > 0) || math.IsInf(k.Rate, 0) || !(k.Burst > 0) || len(k.StaticRate) != o.nr || len(k.StaticBurst) != o.nr ||
+			(k.FloorRate != nil && len(k.FloorRate) != o.nr) || (k.FloorBurst != nil && len(k.FloorBurst) != o.nr) {
+			return nil, fmt.Errorf("oracle: key %s: bad limit, static shares or floors", k.Key)
 		}
 		o.keys[i].grants = make([]grantState, o.nr)
+		o.keys[i].static = make([]grantState, o.nr)
+		o.keys[i].floor = make([]grantState, o.nr)
+		for r := 0; r < o.nr; r++ {
+			o.keys[i].static[r] = grantState{rate: k.StaticRate[r], burst: k.StaticBurst[r]}
+			o.keys[i].floor[r] = o.keys[i].static[r]
+			if k.FloorRate != nil {
+				o.keys[i].floor[r].rate = k.FloorRate[r]
+			}
+			if k.FloorBurst != nil {
+				o.keys[i].floor[r].burst = k.FloorBurst[r]
+			}
+		}
 		o.keys[i].idealTokens = k.Burst
 		o.keys[i].rate = exactRate(k.Rate)
 		o.keys[i].burst = floatNT(k.Burst)
@@ -289,11 +341,41 @@ func (o *Oracle) rateAt(k, r int, t time.Duration) (rate, burst float64) {
 	if o.down[r] {
 		return 0, 0
 	}
-	g := &o.keys[k].grants[r]
+	ks := &o.keys[k]
+	g := &ks.grants[r]
 	if g.has && t < g.expiry {
 		return g.rate, g.burst
 	}
-	return o.s.Keys[k].StaticRate[r], o.s.Keys[k].StaticBurst[r]
+	if t < o.staticUntil[r] {
+		return ks.static[r].rate, ks.static[r].burst
+	}
+	return ks.floor[r].rate, ks.floor[r].burst
+}
+
+// StaticLease records that region may run on its static shares until
+// until (true time), on its floors after. A region's static lease holds
+// for ever until the first call. Invariants 2 and 3 are checked at once
+// for every key (the lease may have been extended).
+func (o *Oracle) StaticLease(t time.Duration, region int, until time.Duration) {
+	o.Advance(t)
+	if o.staticUntil[region] == until {
+		return
+	}
+	o.staticUntil[region] = until
+	for k := range o.keys {
+		o.checkKey(k)
+	}
+}
+
+// StaticShares records that region's static share of key and its floor
+// are now rate and burst, floorRate and floorBurst (the region adopted
+// another config), and checks invariants 2 and 3 for the key.
+func (o *Oracle) StaticShares(t time.Duration, region, key int, rate, burst, floorRate, floorBurst float64) {
+	o.Advance(t)
+	ks := &o.keys[key]
+	ks.static[region] = grantState{rate: rate, burst: burst}
+	ks.floor[region] = grantState{rate: floorRate, burst: floorBurst}
+	o.checkKey(key)
 }
 
 func (o *Oracle) checkKey(k int) {
@@ -563,13 +645,24 @@ func (o *Oracle) onWindow1(start time.Duration, w *window) {
 	if !o.measured(start, w) {
 		return
 	}
-	num, den, _, _ := o.utilization(w)
+	num, den, idealAdm, adm := o.utilization(w)
 	if den > 0 {
 		o.util1.add(num / den)
 	}
+	sec := int(start / time.Second)
+	falseBefore := o.falseTok
+	defer func() {
+		if sec < len(o.secAdm) {
+			o.secAdm[sec], o.secIdeal[sec] = adm, idealAdm
+			o.secFalse[sec] = o.falseTok - falseBefore
+		}
+	}()
 	secs := w.size.Seconds()
 	for _, k := range w.dirty {
 		o.offeredAfterWU += w.keyOff[k]
+		if sec < len(o.secOff) {
+			o.secOff[sec] += w.keyOff[k]
+		}
 		base := k * o.nr
 		anyDenied := false
 		for r := 0; r < o.nr; r++ {
@@ -776,6 +869,7 @@ func (o *Oracle) Finish(end time.Duration) *Result {
 		r.Convergence.P50 = epochs[len(epochs)/2]
 	}
 	r.Series = o.series.result()
+	o.recovered(r)
 	return r
 }
 

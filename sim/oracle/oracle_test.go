@@ -241,3 +241,76 @@ func TestBadSetupRefused(t *testing.T) {
 		t.Fatal("zero rate accepted")
 	}
 }
+
+// TestStaticLeaseLapseCountsTheFloor: once a region's static lease has
+// lapsed, invariant 2 counts its floor, so the other region may be granted
+// the rest; a grant beyond that while the lease still holds is a violation.
+func TestStaticLeaseLapseCountsTheFloor(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) {
+		s.Keys[0].FloorRate, s.Keys[0].FloorBurst = []float64{10, 10}, []float64{20, 20}
+	})
+	o.StaticLease(sec, 1, 30*sec)
+	// While b's lease holds, a may not go beyond 50.
+	o.GrantApplied(10*sec, 0, 0, 90, 180, 15*sec)
+	if o.res.Rates.Violations != 1 || o.res.Bursts.Violations != 1 {
+		t.Fatalf("grant beyond the static share of a live lease: rate %d burst %d violations", o.res.Rates.Violations, o.res.Bursts.Violations)
+	}
+	// After it lapsed, b counts its floor: 90 + 10 fits.
+	o.GrantApplied(31*sec, 0, 0, 90, 180, 40*sec)
+	if o.res.Rates.Violations != 1 || o.res.Bursts.Violations != 1 {
+		t.Fatalf("grant within the floor of a lapsed lease flagged: %+v", o.res.Rates)
+	}
+	// Conferred again: b's static share is back and 90 + 50 is too much.
+	o.StaticLease(32*sec, 1, 60*sec)
+	if o.res.Rates.Violations != 2 {
+		t.Fatalf("a static lease conferred on top of the grant not flagged: %+v", o.res.Rates)
+	}
+	// A config change lowering b's static share to its floor (drained).
+	o.StaticShares(33*sec, 1, 0, 10, 20, 10, 20)
+	o.GrantApplied(34*sec, 0, 0, 90, 180, 50*sec)
+	if o.res.Rates.Violations != 2 {
+		t.Fatalf("grant within a drained region's floor flagged: %+v", o.res.Rates)
+	}
+}
+
+// TestRecoveredMeasuresLeaveOutTheRecoveryWindows: admitted vs ideal and
+// false rejects count only outside [change, change + recovery), and each
+// change's recovery time is when admissions stay at the level.
+func TestRecoveredMeasuresLeaveOutTheRecoveryWindows(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) {
+		s.Duration = 60 * sec
+		s.Changes = []Change{{At: 20 * sec, Label: "x"}}
+		s.Recovery = 10 * sec
+	})
+	for i := 0; i < 60; i++ {
+		at := time.Duration(i)*sec + sec/2
+		o.Offered(at, 0, 0, 100, 1)
+		switch {
+		case i >= 20 && i < 27: // down for 7 s after the change
+			o.Decided(at, 0, 0, 100, SourceDenied)
+		case i >= 40 && i < 41: // one bad second, inside no recovery window
+			o.Decided(at, 0, 0, 50, SourceLease)
+			o.Decided(at, 0, 0, 50, SourceDenied)
+		default:
+			o.Decided(at, 0, 0, 100, SourceLease)
+		}
+	}
+	r := o.Finish(60 * sec)
+	rc := r.Recovered
+	if rc.Seconds != 50 {
+		t.Fatalf("measured %d s, want 50 (60 less the 10 s after the change)", rc.Seconds)
+	}
+	// 49 full seconds and one at half: the ideal bucket admits 100 every
+	// second but the first (its burst covers more).
+	if rc.VsIdeal > 0.995 || rc.VsIdeal < 0.985 {
+		t.Fatalf("vs ideal %v, want about 0.99", rc.VsIdeal)
+	}
+	if rc.FalseRejects <= 0 || rc.FalseRejects > 0.011 {
+		t.Fatalf("false rejects %v, want about 1%%", rc.FalseRejects)
+	}
+	// The outage ends at 27 s; the dip at 40 s is a 5 s window at 90%,
+	// below 97%: recovered only once that window passed (45 s).
+	if len(rc.Each) != 1 || rc.Each[0].Took != 25*sec {
+		t.Fatalf("recovery times %+v, want 25s", rc.Each)
+	}
+}

@@ -53,7 +53,9 @@ type Result struct {
 
 	Convergence Convergence
 	Reclaim     Reclaim
-	RPC         [numTiers]int64
+	// Recovered are the measures outside every change's recovery window.
+	Recovered Recovered
+	RPC       [numTiers]int64
 
 	Faults []Fault
 	Notes  []Note
