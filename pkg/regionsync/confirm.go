@@ -160,20 +160,24 @@ func (c Chain) Share(region string, k quota.Key, cfg *config.Config, res config.
 	if err != nil {
 		return 0, 0, err
 	}
-	visit := func(e Revision) {
+	c.each(func(e Revision) {
 		if e.Cfg == cfg {
 			return
 		}
 		r, b := ShareUnder(e.Cfg, region, k)
 		rate, burst = math.Min(rate, r), math.Min(burst, b)
-	}
+	})
+	return rate, burst, nil
+}
+
+// each calls f for every config that counts in Share.
+func (c Chain) each(f func(Revision)) {
 	for _, e := range c.entries {
-		visit(e.Revision)
+		f(e.Revision)
 	}
 	if c.unlisted != nil {
-		visit(*c.unlisted)
+		f(*c.unlisted)
 	}
-	return rate, burst, nil
 }
 
 // ShareUnder is region's static rate and burst for k under cfg, 0 when k

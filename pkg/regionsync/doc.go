@@ -8,7 +8,11 @@
 // held at send time), Installs turns the global tier's answer into the
 // set_rate calls to make (expiry = send time + validity) and Round decides
 // what follows an answer (an acknowledgement when a grant was lowered,
-// catch-up reports while a raise is pending). The global side: DecodeReport
+// catch-up reports while a raise is pending), and StaticLease (static.go)
+// decides how long the region may run on its static shares: from the
+// answers' static_lease_ms and, with no global leader elected, from etcd;
+// each replica then chooses per key its static share or its floor
+// (Chain.Leased). The global side: DecodeReport
 // checks a wire report and converts it for pkg/hierarchy, EncodeGrants
 // writes the answer.
 //

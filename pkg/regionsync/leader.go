@@ -75,15 +75,52 @@ type Leader struct {
 	seq      uint64
 	last     map[quota.Key]luascripts.State // each key's state at the previous epoch report
 	lastPeak shrink.Peak                    // last's high-water mark
+	// static is the region's static lease as this leadership knows it:
+	// what it read from the region's Redis (Load) and what answers and
+	// the etcd rule added since.
+	static StaticLease
 }
 
 // NewLeader returns a leader with no baselines.
 func NewLeader() *Leader { return &Leader{last: map[quota.Key]luascripts.State{}} }
 
 // Elected starts a new leadership: the demand baseline starts afresh, so
-// the first report of a key after a leader change carries no counts. The
-// seq only ever grows.
-func (l *Leader) Elected() { clear(l.last) }
+// the first report of a key after a leader change carries no counts, and
+// the static lease is what the region's Redis holds (Load it before the
+// first report; until then it is none). The seq only ever grows.
+func (l *Leader) Elected() {
+	clear(l.last)
+	l.static = StaticLease{}
+}
+
+// Load merges the static lease read from the region's Redis (a new leader
+// takes over its predecessor's; a lost key leaves the region on its
+// floor until the global tier confers a lease again).
+func (l *Leader) Load(s StaticLease) { l.static = l.static.Merge(s) }
+
+// Static is the region's static lease as the leader holds it.
+func (l *Leader) Static() StaticLease { return l.static }
+
+// StaticAnswered applies the static lease the answer g to the report sent
+// at sendUS confers (StaticLease.Answered). grew says the lease now runs
+// longer: the caller stores it in the region's Redis for the replicas and
+// the next leader. A refused static_lease_ms changes nothing.
+func (l *Leader) StaticAnswered(g *sluicev1.RegionGrants, sendUS int64) (grew bool, err error) {
+	s, err := l.static.Answered(g, sendUS)
+	grew = s.UntilUS > l.static.UntilUS
+	l.static = s
+	return grew, err
+}
+
+// NoGlobalLeader applies the etcd rule (StaticLease.NoGlobalLeader): the
+// leader read that no global leader was elected, the read sent at Redis
+// time fromUS and answered at toUS. grew as for StaticAnswered.
+func (l *Leader) NoGlobalLeader(fromUS, toUS int64, regionLease time.Duration) (grew bool) {
+	s := l.static.NoGlobalLeader(fromUS, toUS, regionLease)
+	grew = s.UntilUS > l.static.UntilUS
+	l.static = s
+	return grew
+}
 
 // Held is the rate each reported key held when its report was sent (its
 // grant's, or the static share when no grant was valid).
@@ -100,10 +137,12 @@ type Held map[quota.Key]float64
 // replica served it and the region held no grant for it for the index's
 // window, so it is idle, and should it come back its first report is a
 // baseline again, as after an election. The baselines are thus bounded by
-// the keys of one report.
+// the keys of one report. static_valid_ms is the static lease's remaining
+// validity at sendUS.
 func (l *Leader) Report(region string, sendUS int64, kind Kind, reads []KeyRead) (*sluicev1.RegionReport, Held) {
 	l.seq = max(l.seq+1, uint64(sendUS))
-	rep := &sluicev1.RegionReport{Region: region, Seq: l.seq, Keys: make([]*sluicev1.KeyDemand, 0, len(reads))}
+	rep := &sluicev1.RegionReport{Region: region, Seq: l.seq, Keys: make([]*sluicev1.KeyDemand, 0, len(reads)),
+		StaticValidMs: l.static.ValidMs(sendUS)}
 	held := make(Held, len(reads))
 	for _, r := range reads {
 		st := r.State

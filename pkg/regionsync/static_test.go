@@ -1,0 +1,237 @@
+package regionsync
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+const sec = int64(time.Second / time.Microsecond)
+
+func conferred(ms int64) *sluicev1.RegionGrants { return &sluicev1.RegionGrants{StaticLeaseMs: ms} }
+
+// TestStaticLeaseRunsFromTheSendTime: an answer conferring a static lease
+// makes it run until the report's send time plus static_lease_ms; the
+// report's static_valid_ms is what remains, rounded down, 0 once it ended.
+func TestStaticLeaseRunsFromTheSendTime(t *testing.T) {
+	var s StaticLease
+	if s.Valid(0) || s.ValidMs(0) != 0 {
+		t.Fatalf("the zero lease is valid: %+v", s)
+	}
+	s, err := s.Answered(conferred(60_000), 100*sec)
+	if err != nil || s.UntilUS != 160*sec {
+		t.Fatalf("lease %+v, %v; want until 160 s", s, err)
+	}
+	if got := s.ValidMs(100*sec + 1); got != 59_999 {
+		t.Errorf("static_valid_ms %d just after sending, want 59999 (rounded down)", got)
+	}
+	if !s.Valid(160*sec-1) || s.Valid(160*sec) || s.ValidMs(160*sec) != 0 || s.ValidMs(200*sec) != 0 {
+		t.Errorf("lease %+v: must run until 160 s exactly, and report 0 after", s)
+	}
+}
+
+// TestStaticLeaseNeverExtendedWithoutConferral: an answer with
+// static_lease_ms 0 neither extends nor shortens the lease, whatever its
+// grants.
+func TestStaticLeaseNeverExtendedWithoutConferral(t *testing.T) {
+	s := StaticLease{UntilUS: 70 * sec}
+	g := &sluicev1.RegionGrants{Grants: []*sluicev1.KeyGrant{{Key: &sluicev1.QuotaKey{Tenant: "a", Class: "b"}, Rate: 1, ValidMs: 5000}}}
+	for _, send := range []int64{10 * sec, 69 * sec, 100 * sec} {
+		got, err := s.Answered(g, send)
+		if err != nil || got != s {
+			t.Fatalf("answer without static_lease_ms at %d µs changed the lease to %+v (%v)", send, got, err)
+		}
+	}
+}
+
+// TestStaticLeaseAnswersOrderedLikeGrants: an answer to an older report
+// (delivered late) never shortens the lease a newer answer conferred.
+func TestStaticLeaseAnswersOrderedLikeGrants(t *testing.T) {
+	s, _ := StaticLease{}.Answered(conferred(60_000), 20*sec) // newer report first
+	late, err := s.Answered(conferred(60_000), 10*sec)
+	if err != nil || late.UntilUS != 80*sec {
+		t.Fatalf("a late answer to an older report gave %+v (%v); want until 80 s kept", late, err)
+	}
+	shorter, _ := s.Answered(conferred(1000), 30*sec)
+	if shorter.UntilUS != 80*sec {
+		t.Fatalf("a shorter conferral shortened the lease: %+v", shorter)
+	}
+}
+
+// TestStaticLeaseRefusesBadInput: a negative or oversized static_lease_ms
+// is an error and changes nothing.
+func TestStaticLeaseRefusesBadInput(t *testing.T) {
+	s := StaticLease{UntilUS: 50 * sec}
+	for _, ms := range []int64{-1, math.MinInt64, MaxWireMillis + 1, math.MaxInt64} {
+		got, err := s.Answered(conferred(ms), 10*sec)
+		if !errors.Is(err, quota.ErrInvalid) || got != s {
+			t.Errorf("static_lease_ms %d: lease %+v, err %v; want unchanged and ErrInvalid", ms, got, err)
+		}
+	}
+	if got, err := s.Answered(conferred(MaxWireMillis), math.MaxInt64-10); err == nil || got != s {
+		t.Errorf("an overflowing lease end was accepted: %+v", got)
+	}
+}
+
+// TestNoGlobalLeaderExtendsOnlyARunningLease: with no global leader
+// elected, a lease still running at the end of the etcd read is extended
+// to the read's start + region_lease; an expired or absent lease is never
+// revived, and the rule never shortens a lease.
+func TestNoGlobalLeaderExtendsOnlyARunningLease(t *testing.T) {
+	const lease = time.Minute
+	running := StaticLease{UntilUS: 30 * sec}
+	if got := running.NoGlobalLeader(20*sec, 21*sec, lease); got.UntilUS != 80*sec {
+		t.Errorf("running lease extended to %d µs, want 80 s (read start + region_lease)", got.UntilUS)
+	}
+	if got := running.NoGlobalLeader(29*sec, 30*sec, lease); got != running {
+		t.Errorf("a lease ending before the read answered was extended: %+v", got)
+	}
+	if got := (StaticLease{}).NoGlobalLeader(20*sec, 21*sec, lease); got.UntilUS != 0 {
+		t.Errorf("an empty Redis (no lease) was given one: %+v", got)
+	}
+	long := StaticLease{UntilUS: 500 * sec}
+	if got := long.NoGlobalLeader(20*sec, 21*sec, lease); got != long {
+		t.Errorf("the rule shortened a longer lease: %+v", got)
+	}
+	if got := running.NoGlobalLeader(21*sec, 20*sec, lease); got != running {
+		t.Errorf("a read answered before it was sent extended the lease: %+v", got)
+	}
+	if got := running.NoGlobalLeader(20*sec, 21*sec, 0); got != running {
+		t.Errorf("region_lease 0 extended the lease: %+v", got)
+	}
+}
+
+// TestReplicaChoosesStaticOrFloor: a replica hands its scripts the static
+// share while its conservative Redis-time estimate plus the margin is
+// before the lease's end, else the floor; before any reading of Redis
+// time it knows no lease to be valid.
+func TestReplicaChoosesStaticOrFloor(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	clock := RedisClock{RedisUS: 50 * sec, Sent: t0}
+	if got := clock.Estimate(t0.Add(3 * time.Second)); got != 53*sec {
+		t.Fatalf("estimate %d, want 53 s", got)
+	}
+	if got := clock.Estimate(t0.Add(-time.Second)); got != 50*sec {
+		t.Fatalf("estimate before the reading %d, want the reading itself", got)
+	}
+	if got := (RedisClock{}).Estimate(t0); got != math.MaxInt64 {
+		t.Fatalf("no reading estimates %d, want the far future", got)
+	}
+	static, floor := Share{Rate: 10, Burst: 20}, Share{Rate: 2, Burst: 4}
+	lease := StaticLease{UntilUS: 60 * sec}
+	margin := time.Second
+	for _, c := range []struct {
+		at   time.Duration
+		want Share
+	}{{0, static}, {8*time.Second + 999*time.Millisecond, static}, {9 * time.Second, floor}, {20 * time.Second, floor}} {
+		if got := Choose(clock.Estimate(t0.Add(c.at)), lease, margin, static, floor); got != c.want {
+			t.Errorf("at +%v: %v, want %v", c.at, got, c.want)
+		}
+	}
+	if got := Choose((RedisClock{}).Estimate(t0), lease, margin, static, floor); got != floor {
+		t.Errorf("without a reading: %v, want the floor", got)
+	}
+	if got := Choose(50*sec, StaticLease{}, margin, static, floor); got != floor {
+		t.Errorf("without a lease: %v, want the floor", got)
+	}
+}
+
+// partitionConfig has a write class with the given partition_share (nil:
+// left out, on_failure local).
+func partitionConfig(t *testing.T, w [3]float64, share string, unit int) *config.Config {
+	t.Helper()
+	ps := ""
+	if share != "" {
+		ps = ", partition_share: " + share
+	}
+	y := fmt.Sprintf(`
+regions: {ap: {weight: %g}, eu: {weight: %g}, us: {weight: %g}}
+classes: {write: {mode: lease, max_cost: %d%s}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`, w[0], w[1], w[2], unit, ps)
+	c, err := config.Parse([]byte(y))
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	return c
+}
+
+// TestChainFloorIsTheSmallestAndLeasedPicks: the floor is partition_share
+// of the static share (burst rounded down to whole units), the smallest
+// among the chain's configs; Leased picks the static share while on lease,
+// else the floor; a class left without partition_share (on_failure local)
+// has floor 0.
+func TestChainFloorIsTheSmallestAndLeasedPicks(t *testing.T) {
+	half := partitionConfig(t, [3]float64{1, 1, 2}, "0.5", 3) // eu: 25/s, burst 24 (whole units of 3)
+	quarter := partitionConfig(t, [3]float64{1, 1, 2}, "0.25", 3)
+	c := NewChain(1, half)
+	res, err := half.Resolve(chainKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr, sb, _ := c.Share("eu", chainKey, half, res)
+	r, b, err := c.Floor("eu", chainKey, half, res)
+	if err != nil || r != sr/2 || b != math.Floor(sb/2/3)*3 {
+		t.Fatalf("floor %v/%v (%v), want half of %v/%v with the burst in whole units of 3", r, b, err, sr, sb)
+	}
+	c = c.Adopt(2, quarter)
+	if r2, _, _ := c.Floor("eu", chainKey, half, res); r2 != sr/4 {
+		t.Fatalf("floor %v under a chain holding partition_share 0.25, want %v", r2, sr/4)
+	}
+	lease := StaticLease{UntilUS: 100 * sec}
+	if r, _, _ := c.Leased("eu", chainKey, half, res, 10*sec, lease, time.Second); r != sr {
+		t.Errorf("on lease: rate %v, want the static share %v", r, sr)
+	}
+	if r, _, _ := c.Leased("eu", chainKey, half, res, 99*sec, lease, time.Second); r != sr/4 {
+		t.Errorf("lease ending within the margin: rate %v, want the floor %v", r, sr/4)
+	}
+	local := partitionConfig(t, [3]float64{1, 1, 2}, "", 1)
+	lres, _ := local.Resolve(chainKey)
+	if r, b, _ := NewChain(1, local).Floor("eu", chainKey, local, lres); r != 0 || b != 0 {
+		t.Errorf("on_failure local without partition_share: floor %v/%v, want 0", r, b)
+	}
+	if f := FloorOf(Share{Rate: sr, Burst: sb}, res); f.Rate != sr/2 || f.Burst != math.Floor(sb/2/3)*3 {
+		t.Errorf("FloorOf %v, want the config's floor", f)
+	}
+}
+
+// TestLeaderCarriesTheStaticLease: the leader's reports carry the lease's
+// remaining validity; answers and the etcd rule say when it grew (to be
+// stored); a new leadership holds only what it loads from Redis.
+func TestLeaderCarriesTheStaticLease(t *testing.T) {
+	l := NewLeader()
+	read := []KeyRead{{Key: keyA, State: luascripts.State{NowUS: 10 * sec}}}
+	if rep, _ := l.Report("eu", 10*sec, Epoch, read); rep.GetStaticValidMs() != 0 {
+		t.Fatalf("a leader with no lease reports %d ms", rep.GetStaticValidMs())
+	}
+	grew, err := l.StaticAnswered(conferred(60_000), 10*sec)
+	if !grew || err != nil {
+		t.Fatalf("conferral: grew %v, %v", grew, err)
+	}
+	if grew, _ := l.StaticAnswered(conferred(60_000), 5*sec); grew {
+		t.Fatalf("an older answer grew the lease")
+	}
+	if rep, _ := l.Report("eu", 20*sec, Epoch, read); rep.GetStaticValidMs() != 50_000 {
+		t.Fatalf("static_valid_ms %d, want 50000", rep.GetStaticValidMs())
+	}
+	if !l.NoGlobalLeader(30*sec, 31*sec, time.Minute) || l.Static().UntilUS != 90*sec {
+		t.Fatalf("etcd rule: lease %+v, want until 90 s", l.Static())
+	}
+	l.Elected()
+	if l.Static().UntilUS != 0 {
+		t.Fatalf("a new leadership kept the old lease %+v before loading it", l.Static())
+	}
+	l.Load(StaticLease{UntilUS: 90 * sec})
+	l.Load(StaticLease{UntilUS: 40 * sec})
+	if l.Static().UntilUS != 90*sec {
+		t.Fatalf("loaded lease %+v, want the longer, 90 s", l.Static())
+	}
+}
