@@ -546,7 +546,8 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 		// again once idle.
 		s.keys[rep.Keys[i].Key] = now
 	}
-	grants, err := s.alloc.Report(now, rep)
+	ans, err := s.alloc.Report(now, rep)
+	grants := ans.Grants
 	switch {
 	case errors.Is(err, hierarchy.ErrStaleReport):
 		s.m.report(label, "stale")
@@ -560,6 +561,7 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 	}
 	s.lastReport[rep.Region] = now
 	out := regionsync.EncodeGrants(rep, grants, s.alloc.Learning(now), s.alloc.Epoch(), s.alloc.ReportAgain(rep.Region))
+	out.StaticLeaseMs = ans.StaticLease.Milliseconds()
 	out.ConfirmedRevision, out.ConfirmedKnown = s.conf.Confirm(configRegions(cfg))
 	var sum float64
 	for _, g := range grants {

@@ -39,8 +39,21 @@ type KeyLimit struct {
 	// not the key's share under the allocator's weights — while regions run
 	// different config revisions (see regionsync.Confirmations.Reserve).
 	// Each is nil or has one finite value >= 0 per region; nil means
-	// Rate·w_r/Σw and StaticBursts. Not kept across SetRegions.
+	// Rate·w_r/Σw and StaticBursts (for a drained region, their floor).
+	// Not kept across SetRegions.
 	StaticRate, StaticBurst []float64
+	// FloorShare is optional: the fraction of its static share (in [0, 1])
+	// a region runs the key on without a static lease, and the one a
+	// drained region runs it on (Floor). 0 means none.
+	FloorShare float64
+	// FloorRate and FloorBurst are optional: each region's floor when it is
+	// not Floor of Rate·w_r/Σw and StaticBursts (while regions run
+	// different config revisions). Each is nil or has one finite value >= 0
+	// per region. When StaticRate (StaticBurst) is given and FloorRate
+	// (FloorBurst) is not, the floor is taken to be the static share: a
+	// lapsed region's share is then not re-divided. Not kept across
+	// SetRegions.
+	FloorRate, FloorBurst []float64
 }
 
 func (l KeyLimit) unit() float64 {
@@ -69,6 +82,16 @@ type Options struct {
 	// DemandAlpha is optional: EWMA weight in (0, 1] of one Epoch's worth
 	// of observation. Default DefaultDemandAlpha.
 	DemandAlpha float64
+	// RegionLease is optional: the static lease conferred in every answer
+	// (see Answer.StaticLease), and with it when a silent region lapses.
+	// Whole milliseconds (truncated), at least Validity. Default
+	// max(1 minute, 2·Validity).
+	RegionLease time.Duration
+	// Lapsed is optional: the durable lapsed set (regions whose static
+	// lease a previous leader may have found lapsed; see LapseDurable).
+	// None of them is conferred a static lease while learning. Unknown
+	// names are ignored.
+	Lapsed []string
 }
 
 // KeyDemand is one key's part of a region report (mirror of the wire
@@ -96,6 +119,18 @@ type KeyDemand struct {
 // carries: rate × Window as Admitted, no Denied. Set Window first.
 func (kd *KeyDemand) SetDemandRate(rate float64) {
 	kd.Admitted, kd.Denied = rate*kd.Window.Seconds(), 0
+}
+
+// Answer is the Allocator's answer to one region report.
+type Answer struct {
+	// Grants, in the order Report documents. Kept to answer a retry:
+	// callers must not modify them.
+	Grants []Grant
+	// StaticLease, when > 0, confers a static lease: the region may run on
+	// its static shares until the send time of the report this answers +
+	// StaticLease, on its own clock. 0: none conferred (the region keeps
+	// what it holds and never extends it). Whole milliseconds.
+	StaticLease time.Duration
 }
 
 // Report is one region's report for one epoch (mirror of the wire
@@ -138,6 +173,8 @@ type Allocator struct {
 	alphaValue     float64 // cache: its alpha
 	learnUntil     int64
 	epochs         uint64
+	regionLease    int64 // static lease conferred, ns (whole ms)
+	lapseAfter     int64 // silence after which a region's static lease surely lapsed
 
 	regions     []regionState
 	regionIndex map[string]int
@@ -205,6 +242,7 @@ type regionState struct {
 	unknown      []quota.Key // unknown keys in its latest report, sorted, at most maxUnknownShown
 	unknownN     int
 	prevOrder    []int32 // key slots in the order of its latest report
+	lapseState
 }
 
 const maxUnknownShown = 16
@@ -246,6 +284,13 @@ func NewAllocator(opts Options, now time.Time) (*Allocator, error) {
 	if !finite(alpha) || alpha <= 0 || alpha > 1 {
 		return nil, fmt.Errorf("hierarchy: options: %w: demand alpha %v must be in (0, 1]", quota.ErrInvalid, opts.DemandAlpha)
 	}
+	regionLease := opts.RegionLease.Truncate(time.Millisecond)
+	if opts.RegionLease == 0 {
+		regionLease = max(time.Minute, 2*validity)
+	}
+	if regionLease < validity {
+		return nil, fmt.Errorf("hierarchy: options: %w: region lease %v must be at least the validity %v", quota.ErrInvalid, opts.RegionLease, validity)
+	}
 	a := &Allocator{
 		origin:         now,
 		epochNS:        int64(opts.Epoch),
@@ -257,9 +302,12 @@ func NewAllocator(opts Options, now time.Time) (*Allocator, error) {
 		alphaWindow:    int64(opts.Epoch),
 		alphaValue:     alpha,
 		keyIndex:       make(map[quota.Key]int32),
+		regionLease:    int64(regionLease),
+		lapseAfter:     int64(regionLease) + int64(validity) + LapseMargin(opts.Epoch, regionLease),
 	}
 	a.learnUntil = a.validity
 	a.installRegions(opts.Regions)
+	a.markLapsedSet(opts.Lapsed)
 	a.fences = make([][]fence, a.nr)
 	return a, nil
 }
@@ -273,7 +321,7 @@ func (a *Allocator) installRegions(regions []Region) {
 		sum += r.Weight
 	}
 	for i, r := range regions {
-		a.regions[i] = regionState{Region: r, frac: r.Weight / sum, sendLB: negInf, lastAnswerAt: negInf}
+		a.regions[i] = regionState{Region: r, frac: r.Weight / sum, sendLB: negInf, lastAnswerAt: negInf, lapseState: a.freshLapseState()}
 		a.regionIndex[r.Name] = i
 	}
 	a.silent = make([]bool, a.nr)
@@ -312,8 +360,11 @@ func (a *Allocator) Epoch() uint64 {
 // BecomeLeader forgets every grant, demand and report and restarts
 // learning mode until now+Validity, keeping regions and limits. Call it
 // when this process (re)gains leadership: while it was not leader another
-// one may have issued grants it knows nothing about.
-func (a *Allocator) BecomeLeader(now time.Time) {
+// one may have issued grants it knows nothing about. lapsed is the durable
+// lapsed set as read from the store (see LapseDurable): none of those
+// regions is conferred a static lease while learning, and each counts as
+// not heard from since now.
+func (a *Allocator) BecomeLeader(now time.Time, lapsed ...string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	t := a.tick(now)
@@ -328,8 +379,9 @@ func (a *Allocator) BecomeLeader(now time.Time) {
 	clear(a.lastObs)
 	for i := range a.regions {
 		r := a.regions[i].Region
-		a.regions[i] = regionState{Region: r, frac: a.regions[i].frac, sendLB: negInf, lastAnswerAt: negInf}
+		a.regions[i] = regionState{Region: r, frac: a.regions[i].frac, sendLB: negInf, lastAnswerAt: negInf, lapseState: a.freshLapseState()}
 	}
+	a.markLapsedSet(lapsed)
 }
 
 // SetLimit sets or changes a key's global limit. A new limit applies to
@@ -348,7 +400,10 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 	if !finite(l.Unit) || l.Unit < 0 {
 		return fmt.Errorf("hierarchy: set limit %s: %w: unit %v must be a finite number > 0 (0 means 1)", key, quota.ErrInvalid, l.Unit)
 	}
-	for _, v := range [][]float64{l.StaticRate, l.StaticBurst} {
+	if !finite(l.FloorShare) || l.FloorShare < 0 || l.FloorShare > 1 {
+		return fmt.Errorf("hierarchy: set limit %s: %w: floor share %v must be in [0, 1]", key, quota.ErrInvalid, l.FloorShare)
+	}
+	for _, v := range [][]float64{l.StaticRate, l.StaticBurst, l.FloorRate, l.FloorBurst} {
 		if v == nil {
 			continue
 		}
@@ -362,6 +417,7 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 		}
 	}
 	l.StaticRate, l.StaticBurst = slices.Clone(l.StaticRate), slices.Clone(l.StaticBurst)
+	l.FloorRate, l.FloorBurst = slices.Clone(l.FloorRate), slices.Clone(l.FloorBurst)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if k, ok := a.keyIndex[key]; ok {
@@ -468,6 +524,7 @@ func (a *Allocator) SetRegions(regions []Region) error {
 	a.sburst = make([]float64, len(a.keys)*nr)
 	for k := range a.keys {
 		a.limits[k].StaticRate, a.limits[k].StaticBurst = nil, nil
+		a.limits[k].FloorRate, a.limits[k].FloorBurst = nil, nil
 		a.setStaticBursts(int32(k))
 	}
 	lastObs := make([]uint32, len(a.keys)*nr)
@@ -499,7 +556,7 @@ func (a *Allocator) SetRegions(regions []Region) error {
 		k := a.blockKey[b]
 		for i, j := range from {
 			if j < 0 {
-				a.targetRate[b*nr+i], a.targetBurst[b*nr+i] = a.static(k, i)
+				a.targetRate[b*nr+i], a.targetBurst[b*nr+i] = a.fallback(k, i)
 			}
 		}
 		a.resummarize(int32(b))
@@ -530,20 +587,115 @@ func growRegions(s []Region, n int) []Region {
 	return s[:n]
 }
 
-// static is region i's static rate and burst cap for key slot k.
+// static is region i's static rate and burst cap for key slot k: what it
+// may run on without a grant while it holds a static lease (a drained
+// region's is its floor).
 func (a *Allocator) static(k int32, i int) (float64, float64) {
-	if sr := a.limits[k].StaticRate; sr != nil {
-		return sr[i], a.sburst[int(k)*a.nr+i]
+	l := &a.limits[k]
+	s, sb := l.Rate*a.regions[i].frac, a.sburst[int(k)*a.nr+i]
+	if a.regions[i].Drained {
+		fr, fb := Floor(s, sb, l.FloorShare, l.unit())
+		if l.StaticRate == nil {
+			s = fr
+		}
+		if l.StaticBurst == nil {
+			sb = fb
+		}
 	}
-	return a.limits[k].Rate * a.regions[i].frac, a.sburst[int(k)*a.nr+i]
+	if l.StaticRate != nil {
+		s = l.StaticRate[i]
+	}
+	return s, sb
+}
+
+// floorOf is region i's floor for key slot k: what it runs on without a
+// static lease (see KeyLimit.FloorShare).
+func (a *Allocator) floorOf(k int32, i int) (float64, float64) {
+	l := &a.limits[k]
+	s, sb := a.static(k, i)
+	fr, fb := Floor(l.Rate*a.regions[i].frac, a.sburst[int(k)*a.nr+i], l.FloorShare, l.unit())
+	switch {
+	case l.FloorRate != nil:
+		fr = l.FloorRate[i]
+	case l.StaticRate != nil:
+		fr = s
+	}
+	switch {
+	case l.FloorBurst != nil:
+		fb = l.FloorBurst[i]
+	case l.StaticBurst != nil:
+		fb = sb
+	}
+	return fr, fb
+}
+
+// fallback is what region i may run key slot k on once its grants expired,
+// as far as its own grants are concerned: its floor while it may hold no
+// static lease (lapsed, or returning and not yet conferred one), else its
+// static share.
+func (a *Allocator) fallback(k int32, i int) (float64, float64) {
+	if rs := &a.regions[i]; rs.lapsed || rs.returning {
+		return a.floorOf(k, i)
+	}
+	return a.static(k, i)
+}
+
+// counted is what the other regions' grants assume region i may run key
+// slot k on without a grant: its floor once its lapse is durable, else its
+// static share (a returning region counts at its static share from its
+// first report on, so that its static lease can be conferred once the
+// grants issued before are gone).
+func (a *Allocator) counted(k int32, i int) (float64, float64) {
+	if a.regions[i].lapsed {
+		return a.floorOf(k, i)
+	}
+	return a.static(k, i)
+}
+
+// freed is what key slot k's static shares leave of its rate and burst
+// (drained regions, or shares under several config revisions), plus what
+// the regions counted below their static share (lapsed) leave, as seen
+// from region x: the headroom a grant to x may use on top of the one-step
+// summaries. Float rounding of the static shares (below 1e-9 of the
+// limit) counts as none.
+func (a *Allocator) freed(k int32, x int) (rate, burst float64) {
+	l := &a.limits[k]
+	var sumS, sumB, adjR, adjB float64
+	for y := 0; y < a.nr; y++ {
+		s, sb := a.static(k, y)
+		sumS += s
+		sumB += sb
+		if y != x && a.regions[y].lapsed {
+			c, cb := a.counted(k, y)
+			adjR += s - c
+			adjB += sb - cb
+		}
+	}
+	if d := l.Rate - sumS; math.Abs(d) > 1e-9*l.Rate {
+		adjR += d
+	}
+	if d := l.Burst - sumB; math.Abs(d) > 1e-9*l.Burst {
+		adjB += d
+	}
+	return adjR, adjB
 }
 
 func (a *Allocator) resummarize(b int32) {
 	k := a.blockKey[b]
 	for i := 0; i < a.nr; i++ {
 		j := int(b)*a.nr + i
-		s, sb := a.static(k, i)
+		s, sb := a.counted(k, i)
 		a.summaries[j] = a.fences[i][b].summarize(a.clock, s, sb)
+	}
+}
+
+// resummarizeAll recomputes every block's summaries, after a region's
+// counted static share changed.
+func (a *Allocator) resummarizeAll() {
+	for b := range a.blockKey {
+		if a.blockKey[b] >= 0 {
+			a.resummarize(int32(b))
+		}
 	}
 }
 
@@ -569,10 +721,10 @@ func (a *Allocator) newBlock(k int32) int32 {
 	a.blockOf[k] = b
 	for i := 0; i < a.nr; i++ {
 		j := int(b)*a.nr + i
-		s, sb := a.static(k, i)
+		s, sb := a.counted(k, i)
 		a.fences[i][b] = fence{}
 		a.summaries[j] = a.fences[i][b].summarize(a.clock, s, sb)
-		a.targetRate[j], a.targetBurst[j] = s, sb
+		a.targetRate[j], a.targetBurst[j] = a.fallback(k, i)
 	}
 	return b
 }
@@ -655,7 +807,7 @@ func (a *Allocator) Allocate(now time.Time) {
 	nr := a.nr
 	for i := range a.regions {
 		rs := &a.regions[i]
-		a.silent[i] = !rs.reported || t-rs.lastAt > a.silence
+		a.silent[i] = !rs.reported || t-rs.lastAt > a.silence || rs.lapsed
 	}
 	a.dem = growFloats(a.dem, nr)
 	a.active = a.active[:0]
@@ -665,7 +817,7 @@ func (a *Allocator) Allocate(now time.Time) {
 		for i := 0; i < nr; i++ {
 			d := a.effectiveDemand(k, i)
 			a.dem[i] = d
-			s, sb := a.static(k, i)
+			s, sb := a.fallback(k, i)
 			if !a.silent[i] && (d > s || (sb < l.unit() && d > unitDemandFloor*l.Rate)) {
 				// Above its static share, or it has demand but its
 				// static burst holds no whole unit: only a grant can
@@ -680,7 +832,7 @@ func (a *Allocator) Allocate(now time.Time) {
 			}
 			nonStatic := false
 			for i := 0; i < nr && !nonStatic; i++ {
-				s, sb := a.static(k, i)
+				s, sb := a.fallback(k, i)
 				nonStatic = a.fences[i][b].hasNonStatic(t, s, sb)
 			}
 			if !nonStatic {
@@ -688,7 +840,7 @@ func (a *Allocator) Allocate(now time.Time) {
 				continue
 			}
 			for i := 0; i < nr; i++ {
-				a.targetRate[int(b)*nr+i], a.targetBurst[int(b)*nr+i] = a.static(k, i)
+				a.targetRate[int(b)*nr+i], a.targetBurst[int(b)*nr+i] = a.fallback(k, i)
 			}
 			a.blockContended[b] = false
 			a.active = append(a.active, k)
@@ -740,7 +892,7 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 		rg := &a.regions[i]
 		if a.silent[i] {
 			f := &a.summaries[base+i]
-			s, sb := a.static(k, i)
+			s, sb := a.counted(k, i)
 			fr, fb := s, sb
 			if f.rateT > t {
 				fr = max(f.rateV, s)
@@ -756,6 +908,12 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 		a.w[n] = rg.Weight
 		a.lo[n] = rg.MinShare * l.Rate
 		a.hi[n] = rg.maxShare() * l.Rate
+		if rg.Drained {
+			// Its share goes to the others: it is served up to its floor.
+			s, _ := a.static(k, i)
+			a.hi[n] = min(a.hi[n], s)
+			a.lo[n] = min(a.lo[n], a.hi[n])
+		}
 		a.dem[n] = a.dem[i]
 		n++
 	}
@@ -787,7 +945,7 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 		if a.silent[i] {
 			continue
 		}
-		s, sb := a.static(k, i)
+		s, sb := a.fallback(k, i)
 		a.sbs[j] = sb
 		if spare && sb < l.unit() && a.dem[j] > unitDemandFloor*l.Rate {
 			if f := min(a.hi[j], s*(1+1e-9)); f > a.lo[j] && sumLo+f-a.lo[j] <= capacity {
@@ -808,7 +966,7 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 			if a.silent[i] {
 				continue
 			}
-			if s, sb := a.static(k, i); sb >= l.unit() && !(a.dem[j] > unitDemandFloor*l.Rate) {
+			if s, sb := a.fallback(k, i); sb >= l.unit() && !(a.dem[j] > unitDemandFloor*l.Rate) {
 				a.hi[j] = max(a.lo[j], min(a.hi[j], s*(1-1e-9)))
 			}
 			j++
@@ -818,7 +976,7 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 	j = 0
 	for i := 0; i < nr; i++ {
 		if !a.silent[i] {
-			a.sts[j], _ = a.static(k, i)
+			a.sts[j], _ = a.fallback(k, i)
 			j++
 		}
 	}
@@ -944,31 +1102,35 @@ func growInts(s []int, n int) []int {
 func badNumber(x float64) bool { return !finite(x) || x < 0 }
 
 // Report ingests one region report received at now and returns that
-// region's grants: one for each key in the report that needs one, in
-// report order, then one for each other key that needs one, in key order.
-// A key without a grant runs on whatever the region holds until it
-// expires, then on its static share.
+// region's answer: grants, one for each key in the report that needs one,
+// in report order, then one for each other key that needs one, in key
+// order, and the static lease conferred (see Answer). A key without a
+// grant runs on whatever the region holds until it expires, then on its
+// static share (its floor without a static lease).
 //
 // A retry (same Seq as the region's previous report) gets the previous
-// answer again and changes nothing. A lower Seq is refused with
-// ErrStaleReport. Invalid input is refused with an error wrapping
-// quota.ErrInvalid and changes nothing. Keys without a limit are skipped
-// and listed in the View. The returned slice is kept to answer a retry:
-// callers must not modify it (a retry gets a copy).
-func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
+// grants again; it counts as hearing from the region, and its static lease
+// is decided anew. A lower Seq is refused with ErrStaleReport. Invalid
+// input is refused with an error wrapping quota.ErrInvalid and changes
+// nothing. Keys without a limit are skipped and listed in the View. The
+// returned grants are kept to answer a retry: callers must not modify them
+// (a retry gets a copy).
+func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ri, ok := a.regionIndex[rep.Region]
 	if !ok {
-		return nil, fmt.Errorf("hierarchy: report: %w: unknown region %q", quota.ErrInvalid, rep.Region)
+		return Answer{}, fmt.Errorf("hierarchy: report: %w: unknown region %q", quota.ErrInvalid, rep.Region)
 	}
 	rs := &a.regions[ri]
 	if rs.reported {
 		if rep.Seq == rs.lastSeq {
-			return slices.Clone(rs.answer), nil
+			t := a.tick(now)
+			a.heard(t, ri)
+			return Answer{Grants: slices.Clone(rs.answer), StaticLease: a.confer(t, ri)}, nil
 		}
 		if rep.Seq < rs.lastSeq {
-			return nil, fmt.Errorf("hierarchy: report from %q: %w: seq %d is below the last seen %d", rep.Region, ErrStaleReport, rep.Seq, rs.lastSeq)
+			return Answer{}, fmt.Errorf("hierarchy: report from %q: %w: seq %d is below the last seen %d", rep.Region, ErrStaleReport, rep.Seq, rs.lastSeq)
 		}
 	}
 	nr := a.nr
@@ -1003,14 +1165,14 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 			}
 		}
 		if err := a.validateKeyDemand(j, kd, k >= 0); err != nil {
-			return nil, fmt.Errorf("hierarchy: report from %q: %w", rep.Region, err)
+			return Answer{}, fmt.Errorf("hierarchy: report from %q: %w", rep.Region, err)
 		}
 		if k < 0 {
 			if unknownAt == nil {
 				unknownAt = make(map[quota.Key]int)
 			}
 			if first, dup := unknownAt[kd.Key]; dup {
-				return nil, fmt.Errorf("hierarchy: report from %q: %w: keys[%d] %s duplicates keys[%d]", rep.Region, quota.ErrInvalid, j, kd.Key, first)
+				return Answer{}, fmt.Errorf("hierarchy: report from %q: %w: keys[%d] %s duplicates keys[%d]", rep.Region, quota.ErrInvalid, j, kd.Key, first)
 			}
 			unknownAt[kd.Key] = j
 			unknown = append(unknown, kd.Key)
@@ -1018,7 +1180,7 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 			continue
 		}
 		if a.seenStamp[k] == stamp {
-			return nil, fmt.Errorf("hierarchy: report from %q: %w: keys[%d] %s duplicates keys[%d]", rep.Region, quota.ErrInvalid, j, kd.Key, a.seenPos[k])
+			return Answer{}, fmt.Errorf("hierarchy: report from %q: %w: keys[%d] %s duplicates keys[%d]", rep.Region, quota.ErrInvalid, j, kd.Key, a.seenPos[k])
 		}
 		a.seenStamp[k] = stamp
 		a.seenPos[k] = int32(j)
@@ -1038,6 +1200,7 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 	rs.reported = true
 	rs.lastSeq = rep.Seq
 	rs.lastAt = t
+	a.heard(t, ri)
 	rs.nReports++
 	rs.sendLB = sendLB
 	rs.unknownN = len(unknown)
@@ -1061,7 +1224,8 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 		kd := &rep.Keys[j]
 		a.observe(k, ri, kd)
 		held := heldOf(kd)
-		s, sb := a.static(k, ri)
+		s, sb := a.fallback(k, ri)
+		cr, cb := a.counted(k, ri)
 		b := a.blockOf[k]
 		if b < 0 {
 			if held.valid <= 0 || (nearStatic(held.rate, s) && nearStatic(held.burst, sb)) {
@@ -1075,7 +1239,7 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 			sendLB = f.recs[m].at
 			rs.sendLB = sendLB
 		}
-		f.acknowledge(t, held, m, sb, learning)
+		f.acknowledge(t, held, m, cb, learning)
 		var g Grant
 		issued := false
 		if learning {
@@ -1086,7 +1250,7 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 			}
 			g, issued = a.fencedGrant(t, b, ri, sendLB)
 		}
-		a.summaries[int(b)*nr+ri] = f.summarize(t, s, sb)
+		a.summaries[int(b)*nr+ri] = f.summarize(t, cr, cb)
 		if issued {
 			answer = append(answer, g)
 		}
@@ -1103,8 +1267,8 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 			f := &a.fences[ri][b]
 			f.prune(t)
 			g, issued := a.fencedGrant(t, b, ri, sendLB)
-			s, sb := a.static(k, ri)
-			a.summaries[int(b)*nr+ri] = f.summarize(t, s, sb)
+			cr, cb := a.counted(k, ri)
+			a.summaries[int(b)*nr+ri] = f.summarize(t, cr, cb)
 			if issued {
 				answer = append(answer, g)
 			}
@@ -1113,7 +1277,7 @@ func (a *Allocator) Report(now time.Time, rep Report) ([]Grant, error) {
 	rs.prevOrder = append(rs.prevOrder[:0], idx...)
 	rs.answer = answer
 	rs.lastAnswerAt = t
-	return answer, nil
+	return Answer{Grants: answer, StaticLease: a.confer(t, ri)}, nil
 }
 
 // ReportAgain is how soon region should report again, 0 meaning at its
@@ -1232,18 +1396,7 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, 
 		return Grant{}, false
 	}
 	rl, bl := &a.rateLane, &a.burstLane
-	s, sb := a.static(k, ri)
-	rl.reset(s)
-	bl.reset(sb)
-	for y := 0; y < nr; y++ {
-		if y == ri {
-			continue
-		}
-		fy := &a.summaries[base+y]
-		sy, sby := a.static(k, y)
-		rl.addOther(t, fy.rateV, fy.rateT, sy)
-		bl.addOther(t, fy.burstV, fy.burstT, sby)
-	}
+	a.lanesFor(t, b, ri)
 	end := t + a.validity
 	wantRate, wantBurst := a.targetRate[base+ri], a.targetBurst[base+ri]
 	rate := max(0, min(wantRate, rl.minHeadroom(t, t+a.minValidity)))
@@ -1265,6 +1418,35 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, 
 	rate, burst = f.distinct(rate, burst)
 	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})
 	return Grant{Key: a.keys[k], Rate: rate, Burst: burst, Valid: time.Duration(valid)}, true
+}
+
+// lanesFor sets the rate and burst lanes to the headroom the other regions
+// leave region ri for block b: ri's fallback is its own (its floor while
+// it may hold no static lease), the others are taken at their summaries
+// over what they are counted at, and what the static shares and the
+// lapsed regions leave of the limit is added (freed).
+func (a *Allocator) lanesFor(t int64, b int32, ri int) {
+	k := a.blockKey[b]
+	base := int(b) * a.nr
+	rl, bl := &a.rateLane, &a.burstLane
+	fr, fb := a.fallback(k, ri)
+	s, sb := a.static(k, ri)
+	rl.reset(fr)
+	bl.reset(fb)
+	rl.base, bl.base = s, sb
+	for y := 0; y < a.nr; y++ {
+		if y == ri {
+			continue
+		}
+		fy := &a.summaries[base+y]
+		cy, cby := a.counted(k, y)
+		rl.addOther(t, fy.rateV, fy.rateT, cy)
+		bl.addOther(t, fy.burstV, fy.burstT, cby)
+	}
+	if dr, db := a.freed(k, ri); dr != 0 || db != 0 {
+		rl.base += dr
+		bl.base += db
+	}
 }
 
 // shortGrantSafe checks the other side of a grant shorter than Validity:

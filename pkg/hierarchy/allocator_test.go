@@ -103,7 +103,7 @@ func drive(t *testing.T, a *Allocator, seed uint64, epochs int, keys []quota.Key
 				}
 				rep.Keys = append(rep.Keys, kd)
 			}
-			grants, err := a.Report(sent, rep)
+			grants, err := grantsOf(a.Report(sent, rep))
 			if err != nil {
 				t.Fatalf("report: %v", err)
 			}
@@ -203,8 +203,8 @@ func TestBadReportChangesNothing(t *testing.T) {
 			}
 			// Same future on both.
 			good := Report{Region: "a", Seq: 1000, Keys: []KeyDemand{{Key: key, Admitted: 300, Window: time.Second}}}
-			g1, err1 := a1.Report(ms(12_600), good)
-			g2, err2 := a2.Report(ms(12_600), good)
+			g1, err1 := grantsOf(a1.Report(ms(12_600), good))
+			g2, err2 := grantsOf(a2.Report(ms(12_600), good))
 			if err1 != nil || err2 != nil || !reflect.DeepEqual(g1, g2) {
 				t.Fatalf("after a refused report the allocator answers differently: %v %v / %v %v", g1, err1, g2, err2)
 			}
@@ -316,7 +316,7 @@ func TestRemoveKeyAndSetRegions(t *testing.T) {
 		}
 	}
 	rep := Report{Region: "a", Seq: 1000, Keys: []KeyDemand{{Key: keys[0], Admitted: 500, Window: time.Second}}}
-	grants, err := a.Report(ms(15_100), rep)
+	grants, err := grantsOf(a.Report(ms(15_100), rep))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,3 +376,6 @@ func TestBecomeLeaderForgetsGrants(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// grantsOf is the grants of a Report answer.
+func grantsOf(ans Answer, err error) ([]Grant, error) { return ans.Grants, err }

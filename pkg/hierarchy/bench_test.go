@@ -68,7 +68,7 @@ func (w *benchWorld) epoch(tb testing.TB, timed func(bool)) int {
 		rep.Seq++
 		sendAt := w.now.Add(time.Duration(r+1) * 10 * time.Millisecond)
 		timed(true)
-		grants, err := w.alloc.Report(sendAt, *rep)
+		grants, err := grantsOf(w.alloc.Report(sendAt, *rep))
 		timed(false)
 		if err != nil {
 			tb.Fatal(err)

@@ -36,7 +36,7 @@ func churn(t *testing.T, a *Allocator, busy []quota.Key, from, epochs int) [][]G
 				}
 				rep.Keys = append(rep.Keys, kd)
 			}
-			g, err := a.Report(now, rep)
+			g, err := grantsOf(a.Report(now, rep))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -63,7 +63,7 @@ func (s *script) report(region string, sentMs int, tokensPerSec, holding float64
 		}
 	}
 	s.seq[region]++
-	grants, err := s.a.Report(s.at(sentMs), Report{Region: region, Seq: s.seq[region], Keys: []KeyDemand{s.demand(region, tokensPerSec, holding, sentMs)}})
+	grants, err := grantsOf(s.a.Report(s.at(sentMs), Report{Region: region, Seq: s.seq[region], Keys: []KeyDemand{s.demand(region, tokensPerSec, holding, sentMs)}}))
 	if err != nil {
 		s.t.Fatalf("report from %s at %dms: %v", region, sentMs, err)
 	}
@@ -208,7 +208,7 @@ func TestDemandShiftMovesGrantsBeforeTheNextAllocate(t *testing.T) {
 	s.seq["a"]++
 	kd := s.demand("a", 0, 10, 9400)
 	kd.Window = 100 * time.Millisecond
-	grants, err := s.a.Report(s.at(9400), Report{Region: "a", Seq: s.seq["a"], Keys: []KeyDemand{kd}})
+	grants, err := grantsOf(s.a.Report(s.at(9400), Report{Region: "a", Seq: s.seq["a"], Keys: []KeyDemand{kd}}))
 	if err != nil || len(grants) != 1 || !near(grants[0].Rate, 40) {
 		t.Fatalf("a's acknowledging report got %+v, %v; want 40", grants, err)
 	}
@@ -293,13 +293,13 @@ func TestRetriesAreIdempotentAndStaleReportsRefused(t *testing.T) {
 	s.report("b", 6200, 10, 0)
 	s.a.Allocate(s.at(7000))
 	rep := Report{Region: "a", Seq: 10, Keys: []KeyDemand{s.demand("a", 150, 0, 7100)}}
-	first, err := s.a.Report(s.at(7100), rep)
+	first, err := grantsOf(s.a.Report(s.at(7100), rep))
 	if err != nil || len(first) != 1 {
 		t.Fatalf("report: %v %v", first, err)
 	}
 	before := s.a.View(s.at(7100))
 	rep.Keys[0].Admitted = 999 // a retry carries the same seq; its content is not looked at again
-	again, err := s.a.Report(s.at(7500), rep)
+	again, err := grantsOf(s.a.Report(s.at(7500), rep))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestRetriesAreIdempotentAndStaleReportsRefused(t *testing.T) {
 		t.Fatalf("retry got %+v, first answer was %+v", again, first)
 	}
 	again[0].Rate = -1 // the copy is the caller's
-	third, _ := s.a.Report(s.at(7600), rep)
+	third, _ := grantsOf(s.a.Report(s.at(7600), rep))
 	if third[0] != first[0] {
 		t.Fatal("modifying a retry's answer changed the stored answer")
 	}

@@ -126,7 +126,7 @@ func TestRegionWithoutUnitGetsOneFromGlobal(t *testing.T) {
 			if at.Before(hold[r].expiry) {
 				kd.HeldRate, kd.HeldBurst, kd.HeldValid = hold[r].rate, hold[r].burst, hold[r].expiry.Sub(at).Truncate(time.Millisecond)
 			}
-			grants, err := a.Report(at, Report{Region: regions[r].Name, Seq: seq, Keys: []KeyDemand{kd}})
+			grants, err := grantsOf(a.Report(at, Report{Region: regions[r].Name, Seq: seq, Keys: []KeyDemand{kd}}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,7 +199,7 @@ func TestUnitForRegionWhenOnlyRateRecipientCanSpare(t *testing.T) {
 			if at.Before(hold[r].expiry) {
 				kd.HeldRate, kd.HeldBurst, kd.HeldValid = hold[r].rate, hold[r].burst, hold[r].expiry.Sub(at).Truncate(time.Millisecond)
 			}
-			grants, err := a.Report(at, Report{Region: regions[r].Name, Seq: seq, Keys: []KeyDemand{kd}})
+			grants, err := grantsOf(a.Report(at, Report{Region: regions[r].Name, Seq: seq, Keys: []KeyDemand{kd}}))
 			if err != nil {
 				t.Fatal(err)
 			}

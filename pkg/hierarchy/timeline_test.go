@@ -271,7 +271,7 @@ func (s *sim) step() {
 			}
 		}
 	case evDeliver:
-		grants, err := s.alloc.Report(s.wall(s.now), e.report)
+		grants, err := grantsOf(s.alloc.Report(s.wall(s.now), e.report))
 		if err != nil {
 			if !errorsIsStale(err) {
 				s.t.Fatalf("Report: %v", err)

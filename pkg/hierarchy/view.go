@@ -36,6 +36,15 @@ type RegionView struct {
 	// first few, sorted); UnknownKeyCount counts all of them.
 	UnknownKeys     []quota.Key
 	UnknownKeyCount int
+	// State is what the allocator knows about the region's static lease.
+	State RegionState
+	// StaticLease is what the allocator believes remains of the region's
+	// static lease (an upper bound: the region counts it from the send
+	// time of the report it last conferred it to); 0 when none.
+	StaticLease time.Duration
+	// Floored: the allocator reserves only the region's floor for it
+	// without a grant (lapsed or drained).
+	Floored bool
 }
 
 // KeyView is one key's allocation.
@@ -68,6 +77,9 @@ type KeyRegionView struct {
 	// ReservedRate and ReservedBurst are the most the fencing assumes the
 	// region may use from now on: what nobody else can be given.
 	ReservedRate, ReservedBurst float64
+	// FloorRate and FloorBurst are what the region runs on without a
+	// static lease.
+	FloorRate, FloorBurst float64
 }
 
 // View returns a snapshot at now.
@@ -92,6 +104,11 @@ func (a *Allocator) View(now time.Time) View {
 			Silent:          !rs.reported || t-rs.lastAt > a.silence,
 			UnknownKeys:     append([]quota.Key(nil), rs.unknown...),
 			UnknownKeyCount: rs.unknownN,
+			State:           a.regionStateAt(t, i),
+			Floored:         rs.lapsed || rs.Drained,
+		}
+		if rs.conferredAt != negInf && !rs.lapsed && !rs.returning {
+			rv.StaticLease = max(0, time.Duration(rs.conferredAt+a.regionLease-t))
 		}
 		if rs.reported {
 			rv.LastReport = a.wall(rs.lastAt)
@@ -116,11 +133,15 @@ func (a *Allocator) View(now time.Time) View {
 		}
 		for i := range a.regions {
 			s, sb := a.static(k, i)
+			fr, fb := a.fallback(k, i)
+			cr, cb := a.counted(k, i)
+			flr, flb := a.floorOf(k, i)
 			rv := KeyRegionView{
 				Demand:     a.effectiveDemand(k, i),
 				StaticRate: s, StaticBurst: sb,
-				TargetRate: s, TargetBurst: sb,
-				ReservedRate: s, ReservedBurst: sb,
+				TargetRate: fr, TargetBurst: fb,
+				ReservedRate: cr, ReservedBurst: cb,
+				FloorRate: flr, FloorBurst: flb,
 			}
 			if b >= 0 {
 				f := &a.fences[i][b]
@@ -136,10 +157,10 @@ func (a *Allocator) View(now time.Time) View {
 				}
 				sm := &a.summaries[int(b)*a.nr+i]
 				if sm.rateT > t {
-					rv.ReservedRate = max(sm.rateV, s)
+					rv.ReservedRate = max(sm.rateV, cr)
 				}
 				if sm.burstT > t {
-					rv.ReservedBurst = max(sm.burstV, sb)
+					rv.ReservedBurst = max(sm.burstV, cb)
 				}
 			}
 			kv.Regions[i] = rv

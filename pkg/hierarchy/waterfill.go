@@ -24,6 +24,10 @@ type Region struct {
 	// [MinShare, 1]; 0 means 1. The ceilings must add up to at least 1, so
 	// the whole rate can always be assigned.
 	MaxShare float64
+	// Drained is optional: the region's static share is its floor (see
+	// KeyLimit.FloorShare), what it would have is re-divided among the
+	// others, and it is granted no more than its floor.
+	Drained bool
 }
 
 // MaxRegions is the most regions an Allocator takes: a bound that keeps

@@ -214,17 +214,19 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 	for i, kd := range rep.Keys {
 		n.track(w.keyByQK[kd.Key], limits[i], at)
 	}
-	grants, err := n.alloc.Report(at, rep)
+	ans, err := n.alloc.Report(at, rep)
 	if err != nil {
 		w.counters.AllocatorErrors++
 		return nil, false
 	}
-	for _, gr := range grants {
+	for _, gr := range ans.Grants {
 		if k := w.keyByQK[gr.Key]; k != nil {
 			n.seen[k.id] = at
 		}
 	}
-	return regionsync.EncodeGrants(rep, grants, n.alloc.Learning(at), n.alloc.Epoch(), n.alloc.ReportAgain(rep.Region)), true
+	out := regionsync.EncodeGrants(rep, ans.Grants, n.alloc.Learning(at), n.alloc.Epoch(), n.alloc.ReportAgain(rep.Region))
+	out.StaticLeaseMs = ans.StaticLease.Milliseconds()
+	return out, true
 }
 
 func (n *GlobalNode) track(k *keyInfo, limit hierarchy.KeyLimit, now time.Time) {
