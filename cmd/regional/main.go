@@ -37,6 +37,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
@@ -48,6 +49,9 @@ import (
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the usage went to stderr
+		}
 		fmt.Fprintln(os.Stderr, "regional:", err)
 		os.Exit(1)
 	}
@@ -63,10 +67,11 @@ type flags struct {
 	etcdEndpoints, etcdPrefix           string
 	globalAddrs                         string
 	sessionTTL                          time.Duration
-	envoyHeaders                        bool
+	envoyHeaders, unleased              bool
 	tlsCert, tlsKey, tlsClientCA, tlsCA string
 	etcdCA, etcdCert, etcdKey           string
 	etcdUsername, etcdPassword          string
+	version                             bool
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -85,6 +90,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "", "etcd endpoints, comma separated (config from etcd, region leader election); empty = no etcd")
 	fs.StringVar(&f.etcdPrefix, "etcd-prefix", config.DefaultPrefix, "etcd key prefix of the config and elections")
 	fs.StringVar(&f.globalAddrs, "global-addr", "", "global allocator address(es), comma separated; with etcd, makes this replica a candidate for region leader")
+	fs.BoolVar(&f.unleased, "unleased", false, "a region with no global tier at all: run on the static shares unconditionally (refused with -global-addr); without it a region whose leader holds no static lease from the global tier runs on its floor")
 	fs.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Second, "etcd session TTL of the region leader election")
 	fs.BoolVar(&f.envoyHeaders, "envoy-headers", true, "add x-ratelimit-* headers to Envoy rate limit answers")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "server certificate (PEM) for gRPC; enables TLS (also the client certificate towards the global tier)")
@@ -96,6 +102,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.etcdKey, "etcd-key", "", "client private key (PEM) for etcd")
 	fs.StringVar(&f.etcdUsername, "etcd-username", "", "etcd user")
 	fs.StringVar(&f.etcdPassword, "etcd-password", "", "etcd password")
+	fs.BoolVar(&f.version, flagenv.VersionFlag, false, "print the version and exit")
 	flagenv.Usage(fs, "SLUICE")
 	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
 		return nil, err
@@ -110,6 +117,10 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	f, err := parseFlags(args)
 	if err != nil {
 		return err
+	}
+	if f.version {
+		fmt.Fprintln(stdout, version.String("regional"))
+		return nil
 	}
 	logger, err := flagenv.Logger(f.logLevel)
 	if err != nil {
@@ -171,11 +182,19 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 			defer gc.Close()
 			leaderOpts = &regional.LeaderOptions{Etcd: cli, ElectionPrefix: store.ElectionPrefix(),
 				Global: gc, SessionTTL: f.sessionTTL}
-		} else {
-			logger.Warn("no -global-addr: this region runs on static shares only")
+		} else if !f.unleased {
+			logger.Warn("no -global-addr: this replica never leads; the region runs on the static lease another replica's leader stores in Redis, else on its floor (-unleased for a region with no global tier)")
 		}
 	} else if f.globalAddrs != "" {
 		return errors.New("-global-addr needs -etcd-endpoints (the region leader is elected in etcd)")
+	}
+	if f.unleased && leaderOpts != nil {
+		return errors.New("-unleased is for a region with no global tier; it cannot be used with -global-addr")
+	}
+	if f.unleased {
+		logger.Warn("-unleased: static shares are unconditional; never run it beside a global tier")
+	} else if leaderOpts == nil && f.etcdEndpoints == "" {
+		logger.Warn("no global tier: the region runs on its floor (partition_share of its static shares); -unleased runs a region with no global tier on its static shares")
 	}
 
 	envoy, err := envoyrls.New(envoyrls.Options{Config: source, Registerer: reg, Logger: logger, Headers: &f.envoyHeaders})
@@ -186,7 +205,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		Region: f.region, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RedisAddr: f.redisAddr, RedisCluster: f.redisCluster, RedisPassword: f.redisPassword,
 		Config: source, ColdStart: cs, ServerTLS: serverTLS, Registry: reg, Logger: logger,
-		Leader: leaderOpts,
+		Leader: leaderOpts, Unleased: f.unleased,
 		Extra: []func(*grpc.Server){
 			func(g *grpc.Server) { envoyrls.Register(g, envoy) },
 			func(g *grpc.Server) { reflection.Register(g) },

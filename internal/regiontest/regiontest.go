@@ -45,7 +45,10 @@ func StartOn(t testing.TB, rs *redistest.Server, cfg *config.Config, region stri
 		ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 1,
 	})
 	t.Cleanup(func() { rdb.Close() })
-	o := regional.Options{Region: region, Redis: rdb, Config: regional.StaticConfig{C: cfg}}
+	// No global tier runs here: the static shares are unconditional
+	// (regional.Options.Unleased), as the regional tier alone behaves. A
+	// test of the static lease sets it back to false with an Option.
+	o := regional.Options{Region: region, Redis: rdb, Config: regional.StaticConfig{C: cfg}, Unleased: true}
 	for _, f := range opts {
 		f(&o)
 	}

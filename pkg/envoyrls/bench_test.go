@@ -124,8 +124,9 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
 		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull,
-		Logger: slog.New(slog.DiscardHandler),
-		Extra:  []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, svc) }},
+		Unleased: true, // one region, no global tier: static shares unconditional
+		Logger:   slog.New(slog.DiscardHandler),
+		Extra:    []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, svc) }},
 	})
 	if err != nil {
 		b.Fatal(err)

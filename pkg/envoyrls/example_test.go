@@ -23,7 +23,8 @@ func ExampleRegister() {
 	}
 	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "us-east", RedisAddr: "127.0.0.1:6379", Config: cfg,
-		Extra: []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, svc) }},
+		Unleased: true, // a single region with no global tier
+		Extra:    []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, svc) }},
 	})
 	if err != nil {
 		log.Fatal(err)

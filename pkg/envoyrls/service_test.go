@@ -83,8 +83,9 @@ func startProcess(t *testing.T, rs *redistest.Server, cfg *config.Config, id str
 	p.daemon, err = regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
 		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull,
-		Logger: slog.New(slog.DiscardHandler),
-		Extra:  []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, p.svc) }},
+		Unleased: true, // one region, no global tier: static shares unconditional
+		Logger:   slog.New(slog.DiscardHandler),
+		Extra:    []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, p.svc) }},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -65,8 +65,13 @@ type DaemonOptions struct {
 	// Leader, when set, makes this replica a candidate for its region's
 	// leadership: the leader reports demand to the global tier every epoch
 	// and installs the grants. Identity defaults to the bound gRPC address.
-	// Optional: without it the region runs on static shares.
+	// Optional: without it no replica of this process reports, and unless
+	// Unleased the region runs on the static lease another process's
+	// leader stores in Redis, else on its floor.
 	Leader *LeaderOptions
+	// Unleased runs the static shares unconditionally (Options.Unleased):
+	// only for a region with no global tier. Refused together with Leader.
+	Unleased bool
 	// Background runs alongside the daemon until it stops. Optional.
 	Background []func(ctx context.Context, d *Daemon) error
 }
@@ -105,6 +110,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if o.Config == nil {
 		return nil, errors.New("regional: Config is required")
 	}
+	if o.Unleased && o.Leader != nil {
+		return nil, errors.New("regional: Unleased is for a region with no global tier; it cannot have a Leader")
+	}
 	ep, err := endpoint.Listen(endpoint.Options{
 		Name: "regional", GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, ServerTLS: o.ServerTLS,
 		Registry: o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger,
@@ -131,7 +139,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	rdb := redis.NewUniversalClient(ropts)
 	srv, err := New(Options{
 		Region: o.Region, Redis: rdb, Config: o.Config, Guard: guard,
-		Logger: o.Logger, Registerer: ep.Registry,
+		Logger: o.Logger, Registerer: ep.Registry, Unleased: o.Unleased,
 	})
 	if err != nil {
 		ep.Close()

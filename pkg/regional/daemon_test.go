@@ -26,6 +26,7 @@ func TestDaemonServesHealthMetricsAndDrains(t *testing.T) {
 	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RedisAddr: rs.Addr(),
 		Config: regional.StaticConfig{C: regiontest.MustConfig(t, oneRegion)}, ColdStart: regional.ColdStartFull,
+		Unleased: true, // no global tier: static shares unconditional
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,13 @@
 //     InvalidArgument with a message that names the field.
 //   - Redis state is changed only by the scripts of package luascripts;
 //     this package never reads a clock for bucket maths.
+//   - The static share is a lease (static.go): the region leader stores its
+//     end in Redis ({static}:lease) from the global tier's answers; every
+//     replica hands its scripts the static share only while its estimate
+//     of Redis time (its last TIME reading plus the local time elapsed
+//     since it sent that read, an upper bound) is a margin before that
+//     end, else each key's floor. Options.Unleased, for a region with no
+//     global tier, keeps static shares unconditional.
 //   - A bucket created after Redis lost its data is not handed a free burst:
 //     RestartGuard stamps every data set with the Redis time it was born and
 //     the scripts refill new buckets from born + lease TTL (see luascripts).

@@ -1,6 +1,14 @@
 package regional
 
-import "github.com/sluicehq/sluice/pkg/config"
+import (
+	"context"
+
+	"github.com/sluicehq/sluice/pkg/config"
+)
 
 // ConfigForTest exposes the live config to the external tests.
 func (s *Server) ConfigForTest() *config.Config { return s.opts.Config.Current() }
+
+// RefreshStaticForTest reads the stored static lease and Redis TIME into
+// s's view at once (as its background loop does every quarter epoch).
+func RefreshStaticForTest(ctx context.Context, s *Server) error { return s.refreshStatic(ctx) }

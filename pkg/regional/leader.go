@@ -122,25 +122,40 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	epoch := time.Duration(l.s.opts.Config.Current().Epoch)
 	t := time.NewTicker(epoch)
 	defer t.Stop()
+	// The first round goes at once: a region whose Redis holds no static
+	// lease runs on its floor until an answer confers one.
+	first := make(chan time.Time, 1)
+	first <- time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-sess.Done():
 			return errors.New("etcd session expired")
+		case <-first:
+			l.round(ctx, sess.Done())
 		case <-t.C:
-			if err := l.SyncOnce(ctx, sess.Done()); err != nil {
-				l.s.metrics.globalSyncs.WithLabelValues("error").Inc()
-				l.s.log.Warn("region sync with the global tier failed; running on current grants", "err", err)
-			} else {
-				l.s.metrics.globalSyncs.WithLabelValues("ok").Inc()
-			}
+			l.round(ctx, sess.Done())
 			if e := time.Duration(l.s.opts.Config.Current().Epoch); e != epoch {
 				epoch = e
 				t.Reset(epoch)
 			}
 		}
 	}
+}
+
+// round is one epoch's sync; after a failure the etcd rule of the static
+// lease (NoGlobalLeader) is tried.
+func (l *Leader) round(ctx context.Context, lost <-chan struct{}) {
+	if err := l.SyncOnce(ctx, lost); err != nil {
+		l.s.metrics.globalSyncs.WithLabelValues("error").Inc()
+		l.s.log.Warn("region sync with the global tier failed; running on current grants", "err", err)
+		if _, err := l.NoGlobalLeader(ctx); err != nil {
+			l.s.log.Debug("static lease: the global election could not be read", "err", err)
+		}
+		return
+	}
+	l.s.metrics.globalSyncs.WithLabelValues("ok").Inc()
 }
 
 func (l *Leader) setLeading(v bool) {
@@ -201,11 +216,15 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 	epoch := time.Duration(cfg.Epoch)
 	ctx, cancel := context.WithTimeout(ctx, epoch)
 	defer cancel()
-	sendTime, err := s.opts.Redis.Time(ctx).Result()
+	// Redis TIME and the stored static lease in one round trip: a new
+	// leader takes over its predecessor's lease before its first report.
+	stored, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix)
 	if err != nil {
-		return regionsync.Answer{}, fmt.Errorf("redis time: %w", err)
+		return regionsync.Answer{}, err
 	}
-	sendUS := sendTime.UnixMicro()
+	l.sync.Load(stored)
+	s.noteStatic(l.sync.Static(), clock)
+	sendUS := clock.RedisUS
 	keys, err := ActiveKeys(ctx, s.opts.Redis, s.opts.Prefix, regionsync.ActiveSince(sendUS, epoch))
 	if err != nil {
 		return regionsync.Answer{}, err
@@ -229,7 +248,75 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 	default:
 	}
 	s.answered(ctx, grants)
+	l.staticAnswered(ctx, grants, sendUS)
 	return l.install(ctx, cfg, grants, plans, held, sendUS)
+}
+
+// staticAnswered applies the static lease the answer confers and stores
+// it for the region's replicas and the next leader.
+func (l *Leader) staticAnswered(ctx context.Context, g *sluicev1.RegionGrants, sendUS int64) {
+	grew, err := l.sync.StaticAnswered(g, sendUS)
+	if err != nil {
+		l.s.log.Warn("global tier sent an invalid static lease; ignored", "err", err)
+	}
+	if grew {
+		l.storeStatic(ctx)
+	}
+}
+
+// storeStatic publishes the leader's static lease to this process's
+// replica view and to the region's Redis (never lowering it there). A
+// failed write leaves the other replicas on what they read before: at
+// worst their floor.
+func (l *Leader) storeStatic(ctx context.Context) {
+	lease := l.sync.Static()
+	l.s.noteStatic(lease, regionsync.RedisClock{})
+	if err := storeStatic(ctx, l.s.opts.Redis, l.s.opts.Prefix, lease); err != nil {
+		l.s.log.Warn("storing the static lease failed; other replicas may run on their floor until the next answer", "err", err)
+	}
+}
+
+// globalElection is where the global allocator replicas campaign
+// (pkg/allocator's elector: the store's election prefix + "global", its
+// candidates' keys under it + "/").
+func (l *Leader) globalElection() string { return l.opts.ElectionPrefix + "global/" }
+
+// NoGlobalLeader applies the etcd rule of the static lease: it reads,
+// linearizably, whether any global allocator replica holds an election key,
+// between two readings of Redis TIME; when none does, regionsync may extend
+// a still running static lease (regionsync.StaticLease.NoGlobalLeader). The
+// leader calls it after a failed sync: when the global tier is down rather
+// than cut off, the region keeps its static shares. It reports whether the
+// lease grew.
+func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
+	s := l.s
+	cfg := s.opts.Config.Current()
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(cfg.Epoch))
+	defer cancel()
+	stored, from, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix)
+	if err != nil {
+		return false, err
+	}
+	l.sync.Load(stored)
+	s.noteStatic(l.sync.Static(), from)
+	resp, err := l.opts.Etcd.Get(ctx, l.globalElection(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return false, fmt.Errorf("etcd: read the global election: %w", err)
+	}
+	if resp.Count > 0 {
+		return false, nil
+	}
+	to, err := s.opts.Redis.Time(ctx).Result()
+	if err != nil {
+		return false, fmt.Errorf("redis time: %w", err)
+	}
+	if !l.sync.NoGlobalLeader(from.RedisUS, to.UnixMicro(), time.Duration(cfg.RegionLease)) {
+		return false, nil
+	}
+	s.log.Info("no global leader elected: static lease extended", "region", s.opts.Region,
+		"static_valid", time.Duration(l.sync.Static().ValidMs(to.UnixMicro()))*time.Millisecond)
+	l.storeStatic(ctx)
+	return true, nil
 }
 
 // buildReport reads every key's state at nowUS and has regionsync build the

@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,8 @@ type metrics struct {
 	globalSyncs   *prometheus.CounterVec // result: ok, error
 	reports       *prometheus.CounterVec // kind: epoch, ack, catch_up
 	grantsApplied prometheus.Counter
+	staticLeft    prometheus.GaugeFunc // remaining static lease, seconds
+	onFloor       prometheus.GaugeFunc // 1 while the replica hands its scripts the floor
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -81,10 +84,29 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "sluice_regional_active_keys",
 		Help: "Keys this replica keeps in memory: served since its last flush to the region's index, or holding live leases.",
 	}, func() float64 { return float64(s.active.size()) })
+	m.staticLeft = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_regional_static_lease_seconds",
+		Help: "What remains of the region's static lease on this replica's conservative estimate of Redis time (0: lapsed or none; +Inf when the server runs unleased).",
+	}, func() float64 {
+		if s.opts.Unleased {
+			return math.Inf(1)
+		}
+		_, left := s.onStatic(time.Now())
+		return left.Seconds()
+	})
+	m.onFloor = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_regional_on_floor",
+		Help: "1 while this replica hands its scripts each key's floor (partition_share of the static share) because the static lease is not known valid; 0 on static shares.",
+	}, func() float64 {
+		if on, _ := s.onStatic(time.Now()); on {
+			return 0
+		}
+		return 1
+	})
 	if reg != nil {
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.restarts, m.activeLeases, m.activeKeys,
-			m.leader, m.globalSyncs, m.reports, m.grantsApplied)
+			m.leader, m.globalSyncs, m.reports, m.grantsApplied, m.staticLeft, m.onFloor)
 	}
 	return m
 }

@@ -70,6 +70,19 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the server's metrics. Optional (no metrics).
 	Registerer prometheus.Registerer
+	// Unleased makes the static shares unconditional, as they were before
+	// static leases: the region never drops to its floor. Only for a
+	// region with no global tier at all (tests of the regional tier alone,
+	// a single-region process). With a global tier it is unsafe: the
+	// global tier re-divides a region's share once its static lease
+	// lapsed, and an unleased region would keep running on it. Default
+	// false: the region runs on its static shares only while the static
+	// lease its leader stores in Redis is known valid, else on its floor
+	// (each class's partition_share of the static share); a region whose
+	// Redis holds no lease (a fresh or emptied Redis) starts on its floor.
+	// cmd/regional and internal/devcluster set it only when asked to run
+	// with no global tier.
+	Unleased bool
 }
 
 // Server implements sluicev1.LeaseServiceServer. Safe for concurrent use.
@@ -83,10 +96,14 @@ type Server struct {
 	// (regionsync.Chain); chainMu serializes its updates.
 	chain   atomic.Pointer[regionsync.Chain]
 	chainMu sync.Mutex
-	active  *activeKeys
-	batch   *batcher
-	metrics *metrics
-	log     *slog.Logger
+	// static is the replica's view of the static lease (static.go);
+	// staticMu serializes its updates.
+	static   atomic.Pointer[staticView]
+	staticMu sync.Mutex
+	active   *activeKeys
+	batch    *batcher
+	metrics  *metrics
+	log      *slog.Logger
 }
 
 // New validates opts and returns a Server.
@@ -136,6 +153,7 @@ func New(opts Options) (*Server, error) {
 	cfg, rev := live(opts.Config)
 	c := regionsync.NewChain(rev, cfg)
 	s.chain.Store(&c)
+	s.static.Store(&staticView{}) // no lease known: the floor until the first reading
 	s.metrics = newMetrics(opts.Registerer, s)
 	s.batch = newBatcher(opts.Redis, s.scripts, 4, 64, opts.RedisTimeout)
 	return s, nil
@@ -178,8 +196,18 @@ func (s *Server) plan(cfg *config.Config, pk *sluicev1.QuotaKey, field string) (
 // Common derives the script settings of a resolved key in this region.
 func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (luascripts.Common, error) {
 	// The static share is the smallest under every config not yet
-	// confirmed past: a raise waits until every region adopted it.
-	rate, burst, err := s.staticChain().Share(s.opts.Region, k, cfg, res)
+	// confirmed past: a raise waits until every region adopted it; and it
+	// is the floor once the static lease is not known valid.
+	chain := s.staticChain()
+	var rate, burst float64
+	var err error
+	if s.opts.Unleased {
+		rate, burst, err = chain.Share(s.opts.Region, k, cfg, res)
+	} else {
+		v := s.static.Load()
+		rate, burst, err = chain.Leased(s.opts.Region, k, cfg, res, v.clock.Estimate(time.Now()), v.lease,
+			regionsync.StaticMargin(time.Duration(cfg.Epoch)))
+	}
 	if err != nil {
 		return luascripts.Common{}, err
 	}
@@ -220,6 +248,7 @@ func validateReport(r *sluicev1.KeyReport, field string) error {
 		v    int64
 		max  int64
 	}{{"used", r.GetUsed(), maxTotal}, {"denied", r.GetDenied(), maxTotal}, {"returned", r.GetReturned(), maxTotal},
+		{"built_us", r.GetBuiltUs(), maxTotal},
 		{"min", r.GetMin(), quota.MaxWant}} {
 		if f.v < 0 {
 			return fmt.Errorf("%w: %s.%s %d is negative", quota.ErrInvalid, field, f.name, f.v)
@@ -492,7 +521,15 @@ func (s *Server) Close() { s.batch.close() }
 // Run does the replica's background work until ctx ends: it flushes the
 // keys it served into the region's active-key index every interval, and
 // re-reads the restart sentinel. interval is usually the config's epoch.
+// Unless Unleased, it also reads the static lease and Redis TIME every
+// quarter epoch.
 func (s *Server) Run(ctx context.Context, interval time.Duration) error {
+	if !s.opts.Unleased {
+		done := make(chan struct{})
+		sctx, stop := context.WithCancel(ctx)
+		go func() { defer close(done); s.followStatic(sctx) }()
+		defer func() { stop(); <-done }()
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
