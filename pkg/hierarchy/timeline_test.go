@@ -4,6 +4,8 @@ import (
 	"container/heap"
 	"fmt"
 	"math"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,9 +16,11 @@ import (
 
 // The timeline test runs allocators against model regions on a virtual
 // clock, with lost, delayed, duplicated and reordered messages, silent
-// regions and a leader change, and checks the invariants at every instant
-// from the regions' side: what each region may actually use, given the
-// grants it actually received and their expiry on its own clock.
+// regions (some for longer than the region lease, so that they lapse and
+// come back), drained regions, lapsed sets whose durable write fails, and
+// a leader change, and checks the invariants at every instant from the
+// regions' side: what each region may actually use, given the grants and
+// static leases it actually received and their expiry on its own clock.
 
 var simBase = time.Unix(1_700_000_000, 0)
 
@@ -40,6 +44,7 @@ type simEvent struct {
 	report Report
 	sentAt int64
 	grants []Grant
+	lease  time.Duration // the answer's static lease
 }
 
 type eventQueue []*simEvent
@@ -74,6 +79,9 @@ type simRegion struct {
 	lastSend int64
 	held     []heldGrant // per key
 	demand   []float64   // per key, tokens/s
+	// staticUntil ends its static lease (its clock): it runs on its static
+	// shares before, on its floors from then on.
+	staticUntil int64
 }
 
 // faults says what may go wrong in a phase.
@@ -81,6 +89,8 @@ type faults struct {
 	loseReport, loseAnswer, duplicate float64 // probabilities
 	maxDelay                          time.Duration
 	silence                           float64 // probability a region skips an epoch's report
+	longSilence                       float64 // probability a silence outlasts the region lease
+	persistFail                       float64 // probability the lapsed set's durable write fails
 }
 
 type sim struct {
@@ -88,9 +98,15 @@ type sim struct {
 	opts    Options
 	keys    []quota.Key
 	limits  []KeyLimit
-	static  [][]float64 // key -> region rate shares
+	static  [][]float64 // key -> region rate shares (with a static lease)
 	staticB [][]float64 // key -> region burst shares
+	floor   [][]float64 // key -> region rate floors (without one)
+	floorB  [][]float64 // key -> region burst floors
 	alloc   *Allocator
+	// store is the durable lapsed set, as the etcd key a new leader reads.
+	store   []string
+	lapses  int // LapseDurable calls that lapsed a region
+	returns int // regions conferred a static lease after a lapse
 	regions []simRegion
 	q       eventQueue
 	order   int64
@@ -110,7 +126,9 @@ func (s *sim) push(e *simEvent) {
 func (s *sim) wall(t int64) time.Time { return simBase.Add(time.Duration(t)) }
 
 func (s *sim) newAllocator(at int64) {
-	a, err := NewAllocator(s.opts, s.wall(at))
+	opts := s.opts
+	opts.Lapsed = s.store
+	a, err := NewAllocator(opts, s.wall(at))
 	if err != nil {
 		s.t.Fatalf("NewAllocator: %v", err)
 	}
@@ -143,13 +161,53 @@ func (s *sim) delay(label string) int64 {
 	return rapid.Int64Range(0, maxMs).Draw(s.t, label) * int64(time.Millisecond)
 }
 
-// usable returns what region r may use for key k at time t.
+// usable returns what region r may use for key k at time t: its grant
+// while valid, else its static share while its static lease is, else its
+// floor.
 func (s *sim) usable(r, k int, t int64) (rate, burst float64) {
 	h := &s.regions[r].held[k]
 	if h.ok && t < h.expiry {
 		return h.rate, h.burst
 	}
-	return s.static[k][r], s.staticB[k][r]
+	if t < s.regions[r].staticUntil {
+		return s.static[k][r], s.staticB[k][r]
+	}
+	return s.floor[k][r], s.floorB[k][r]
+}
+
+// persist is the daemon's side of a lapse: the pending lapses are written
+// to the store with the rest of the lapsed set (unless the write fails),
+// and only then made durable in the allocator. Now and then the set is
+// rewritten without pending lapses, dropping regions conferred a lease
+// since (removal is lazy).
+func (s *sim) persist() {
+	now := s.wall(s.now)
+	pending := s.alloc.PendingLapses(now)
+	if len(pending) == 0 {
+		if s.chance(0.2, "rewriteSet") {
+			s.store = s.alloc.LapsedSet()
+		}
+		return
+	}
+	if s.chance(s.faults.persistFail, "persistFail") {
+		return
+	}
+	set := s.alloc.LapsedSet()
+	for _, name := range pending {
+		if !slices.Contains(set, name) {
+			set = append(set, name)
+		}
+	}
+	s.store = set
+	for _, name := range pending {
+		ok, err := s.alloc.LapseDurable(now, name)
+		if err != nil {
+			s.t.Fatalf("LapseDurable(%s): %v", name, err)
+		}
+		if ok {
+			s.lapses++
+		}
+	}
 }
 
 func (s *sim) checkInvariant() {
@@ -181,8 +239,8 @@ func (s *sim) describe(k int) string {
 	for r := range s.regions {
 		h := s.regions[r].held[k]
 		rate, burst := s.usable(r, k, s.now)
-		out += fmt.Sprintf("[%s uses %v/%v held=%v exp=%v seq=%d static=%v] ", s.opts.Regions[r].Name, rate, burst,
-			h.ok, time.Duration(h.expiry), h.seq, s.static[k][r])
+		out += fmt.Sprintf("[%s uses %v/%v held=%v exp=%v seq=%d static=%v lease=%v floor=%v] ", s.opts.Regions[r].Name, rate, burst,
+			h.ok, time.Duration(h.expiry), h.seq, s.static[k][r], time.Duration(s.regions[r].staticUntil), s.floor[k][r])
 	}
 	return out
 }
@@ -261,6 +319,7 @@ func (s *sim) step() {
 	switch e.kind {
 	case evAllocate:
 		s.alloc.Allocate(s.wall(s.now))
+		s.persist()
 		s.epochs++
 	case evSend:
 		rep := s.report(e.region)
@@ -271,25 +330,38 @@ func (s *sim) step() {
 			}
 		}
 	case evDeliver:
-		grants, err := grantsOf(s.alloc.Report(s.wall(s.now), e.report))
+		before := s.alloc.View(s.wall(s.now)).Regions[e.region].State
+		ans, err := s.alloc.Report(s.wall(s.now), e.report)
 		if err != nil {
 			if !errorsIsStale(err) {
 				s.t.Fatalf("Report: %v", err)
 			}
 			return
 		}
+		if ans.StaticLease != 0 && ans.StaticLease != s.alloc.RegionLease() {
+			s.t.Fatalf("static lease %v conferred, want 0 or the region lease %v", ans.StaticLease, s.alloc.RegionLease())
+		}
+		if before == StateReturning && ans.StaticLease > 0 {
+			s.returns++
+		}
 		if !s.chance(s.faults.loseAnswer, "loseAnswer") {
-			s.push(&simEvent{at: s.now + s.delay("d2"), kind: evAnswer, region: e.region, report: e.report, sentAt: e.sentAt, grants: grants})
+			s.push(&simEvent{at: s.now + s.delay("d2"), kind: evAnswer, region: e.region, report: e.report, sentAt: e.sentAt, grants: ans.Grants, lease: ans.StaticLease})
 		}
 	case evAnswer:
 		s.apply(e.region, e.sentAt, e.report.Seq, e.grants)
+		if e.lease > 0 {
+			// The region's side of the contract: measured from the send
+			// time of the report the answer is to, never shortened.
+			reg := &s.regions[e.region]
+			reg.staticUntil = max(reg.staticUntil, e.sentAt+int64(e.lease))
+		}
 	case evLeader:
 		// Either a standby with no state takes over, or this process
 		// regains leadership and must forget what it knew.
 		if rapid.Bool().Draw(s.t, "freshLeader") {
 			s.newAllocator(s.now)
 		} else {
-			s.alloc.BecomeLeader(s.wall(s.now))
+			s.alloc.BecomeLeader(s.wall(s.now), s.store...)
 		}
 	}
 	// Check once every event at this instant has been applied: grants
@@ -335,6 +407,9 @@ func errorsIsStale(err error) bool {
 // after need rare combinations of loss, silence and leader change.
 const timelineRounds = 40
 
+// How many lapses and returns the timeline runs saw (to show they happen).
+var timelineLapses, timelineReturns atomic.Int64
+
 func TestTimelineNeverOversubscribes(t *testing.T) {
 	rounds := timelineRounds
 	if testing.Short() {
@@ -346,22 +421,36 @@ func TestTimelineNeverOversubscribes(t *testing.T) {
 			return
 		}
 	}
+	t.Logf("%d regions lapsed and %d were conferred a static lease again", timelineLapses.Load(), timelineReturns.Load())
 }
 
 func timeline(t *rapid.T) {
 	epoch := time.Second
 	vEpochs := rapid.SampledFrom([]int{1, 2, 3, 5, 5, 6, 8}).Draw(t, "validityEpochs")
+	leaseEpochs := rapid.IntRange(vEpochs, 3*vEpochs).Draw(t, "regionLeaseEpochs")
 	s := &sim{t: t, opts: Options{
-		Regions:  genRegions(t, 4),
-		Epoch:    epoch,
-		Validity: time.Duration(vEpochs) * epoch,
+		Regions:     genRegions(t, 4),
+		Epoch:       epoch,
+		Validity:    time.Duration(vEpochs) * epoch,
+		RegionLease: time.Duration(leaseEpochs) * epoch,
 	}}
+	// Epochs of silence after which a region lapses, for silences that
+	// outlast it.
+	lapseEpochs := int((time.Duration(leaseEpochs+vEpochs)*epoch+time.Duration(LapseMargin(epoch, s.opts.RegionLease)))/epoch) + 1
+	drained := 0
+	for i := range s.opts.Regions {
+		if drained+1 < len(s.opts.Regions) && rapid.IntRange(0, 5).Draw(t, "drained") == 0 {
+			s.opts.Regions[i].Drained = true
+			drained++
+		}
+	}
 	nKeys := rapid.IntRange(1, 3).Draw(t, "keys")
 	for k := 0; k < nKeys; k++ {
 		s.keys = append(s.keys, quota.Key{Tenant: fmt.Sprintf("t%d", k), Class: "write"})
 		l := KeyLimit{
-			Rate:  rapid.Float64Range(1, 1000).Draw(t, "rate"),
-			Burst: rapid.Float64Range(1, 1000).Draw(t, "burst"),
+			Rate:       rapid.Float64Range(1, 1000).Draw(t, "rate"),
+			Burst:      rapid.Float64Range(1, 1000).Draw(t, "burst"),
+			FloorShare: rapid.SampledFrom([]float64{0, 0, 0.5, 1, 0.3}).Draw(t, "floorShare"),
 		}
 		if rapid.Bool().Draw(t, "smallBurst") {
 			// Small whole bursts, split among regions in whole units
@@ -375,13 +464,27 @@ func timeline(t *rapid.T) {
 	nr := len(s.opts.Regions)
 	for k := range s.keys {
 		sr, sb := make([]float64, nr), make([]float64, nr)
+		fr, fb := make([]float64, nr), make([]float64, nr)
 		StaticShares(s.limits[k].Rate, s.opts.Regions, sr)
 		StaticBursts(s.limits[k].Burst, s.limits[k].Unit, s.opts.Regions, sb)
+		for r := range sr {
+			// The floor is the share of the undrained static share; a
+			// drained region's static share is its floor.
+			fr[r], fb[r] = Floor(sr[r], sb[r], s.limits[k].FloorShare, s.limits[k].unit())
+			if s.opts.Regions[r].Drained {
+				sr[r], sb[r] = fr[r], fb[r]
+			}
+		}
 		s.static = append(s.static, sr)
 		s.staticB = append(s.staticB, sb)
+		s.floor = append(s.floor, fr)
+		s.floorB = append(s.floorB, fb)
 	}
 	s.regions = make([]simRegion, nr)
 	for r := range s.regions {
+		// Regions start out holding a static lease from before (the
+		// allocator counts them as heard from at its start).
+		s.regions[r].staticUntil = int64(s.opts.RegionLease)
 		s.regions[r].held = make([]heldGrant, nKeys)
 		s.regions[r].demand = make([]float64, nKeys)
 		for k := range s.keys {
@@ -399,6 +502,14 @@ func timeline(t *rapid.T) {
 		silence:    rapid.Float64Range(0, 0.4).Draw(t, "silence"),
 	}
 	chaos := rapid.IntRange(5, 30).Draw(t, "chaosEpochs")
+	if rapid.IntRange(0, 2).Draw(t, "lapses") == 0 {
+		// Some silences outlast the region lease: the chaos phase is long
+		// enough for them to lapse; they come back in it or in the quiet
+		// phase.
+		s.faults.longSilence = rapid.Float64Range(0.05, 0.5).Draw(t, "longSilence")
+		s.faults.persistFail = rapid.Float64Range(0, 0.5).Draw(t, "persistFail")
+		chaos += lapseEpochs
+	}
 	leaderAt := rapid.IntRange(-1, chaos-1).Draw(t, "leaderChangeEpoch")
 	silentLeft := make([]int, nr)
 	for e := 0; e < chaos; e++ {
@@ -408,6 +519,9 @@ func timeline(t *rapid.T) {
 			offsets[r] = int64(rapid.IntRange(1, 999).Draw(t, "offsetMs")) * int64(time.Millisecond)
 			if silentLeft[r] == 0 && s.chance(s.faults.silence, "goSilent") {
 				silentLeft[r] = rapid.IntRange(1, 8).Draw(t, "silentEpochs")
+				if s.chance(s.faults.longSilence, "goLong") {
+					silentLeft[r] = lapseEpochs + rapid.IntRange(0, 4).Draw(t, "lapsedEpochs")
+				}
 			}
 			if silentLeft[r] > 0 {
 				silent[r] = true
@@ -456,8 +570,15 @@ func timeline(t *rapid.T) {
 			t.Fatalf("contention verdicts still changing after 300 quiet epochs: %s", verdict)
 		}
 	}
-	if vEpochs >= 5 {
+	if vEpochs >= 5 && drained == 0 {
 		s.checkSteadyState()
+	}
+	timelineLapses.Add(int64(s.lapses))
+	timelineReturns.Add(int64(s.returns))
+	for _, rv := range s.alloc.View(s.wall(s.now)).Regions {
+		if want := StateLive; rv.State != want && !rv.Drained {
+			t.Fatalf("region %s ends the quiet phase %s, want %s", rv.Name, rv.State, want)
+		}
 	}
 }
 

@@ -1,0 +1,360 @@
+package hierarchy
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// leaseScript drives an Allocator with two regions a and b (weight 1
+// each) and one key (rate 100, burst 100, floor share 0: static shares 50
+// each, floors 0) by hand, the regions keeping their grants and static
+// leases as the region contract says. Epoch 1s, validity 5s, region lease
+// 10s: a region lapses after 10s + 5s + 1s (LapseMargin) of silence.
+type leaseScript struct {
+	t     *testing.T
+	a     *Allocator
+	start time.Time
+	key   quota.Key
+	seq   map[string]uint64
+	held  map[string]scriptHeld
+	until map[string]time.Time // end of each region's static lease
+}
+
+const (
+	leaseRate   = 100.0
+	leaseStatic = 50.0
+)
+
+func newLeaseScript(t *testing.T, lapsed ...string) *leaseScript {
+	t.Helper()
+	start := time.Unix(1_700_000_000, 0)
+	a, err := NewAllocator(Options{
+		Regions: []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}},
+		Epoch:   time.Second, Validity: 5 * time.Second, RegionLease: 10 * time.Second,
+		Lapsed: lapsed,
+	}, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := quota.Key{Tenant: "acme", Class: "write"}
+	if err := a.SetLimit(key, KeyLimit{Rate: leaseRate, Burst: 100}); err != nil {
+		t.Fatal(err)
+	}
+	s := &leaseScript{t: t, a: a, start: start, key: key, seq: map[string]uint64{}, held: map[string]scriptHeld{}, until: map[string]time.Time{}}
+	// Both start with a static lease from an earlier leader's answer.
+	s.until["a"], s.until["b"] = start.Add(10*time.Second), start.Add(10*time.Second)
+	return s
+}
+
+func (s *leaseScript) at(ms int) time.Time { return s.start.Add(time.Duration(ms) * time.Millisecond) }
+
+// report sends region's report at ms (received at once), applies the
+// answer and returns it.
+func (s *leaseScript) report(region string, ms int, demand float64) Answer {
+	s.t.Helper()
+	now := s.at(ms)
+	kd := KeyDemand{Key: s.key, Admitted: demand, Window: time.Second}
+	if h, ok := s.held[region]; ok && h.expiry.After(now) {
+		kd.HeldRate, kd.HeldBurst = h.rate, h.burst
+		kd.HeldValid = h.expiry.Sub(now).Truncate(time.Millisecond)
+	}
+	s.seq[region]++
+	ans, err := s.a.Report(now, Report{Region: region, Seq: s.seq[region], Keys: []KeyDemand{kd}})
+	if err != nil {
+		s.t.Fatalf("report from %s at %dms: %v", region, ms, err)
+	}
+	for _, g := range ans.Grants {
+		s.held[region] = scriptHeld{rate: g.Rate, burst: g.Burst, expiry: now.Add(g.Valid)}
+	}
+	if ans.StaticLease > 0 && now.Add(ans.StaticLease).After(s.until[region]) {
+		s.until[region] = now.Add(ans.StaticLease)
+	}
+	s.check(ms)
+	return ans
+}
+
+// usable is the rate region may refill at, at ms: its grant, else its
+// static share while its static lease runs, else its floor (0).
+func (s *leaseScript) usable(region string, ms int) float64 {
+	now := s.at(ms)
+	if h, ok := s.held[region]; ok && now.Before(h.expiry) {
+		return h.rate
+	}
+	if now.Before(s.until[region]) {
+		return leaseStatic
+	}
+	return 0
+}
+
+func (s *leaseScript) check(ms int) {
+	s.t.Helper()
+	if sum := s.usable("a", ms) + s.usable("b", ms); sum > leaseRate*(1+1e-12) {
+		s.t.Fatalf("at %dms the regions may refill at %v in total (a %v, b %v), above %v", ms, sum, s.usable("a", ms), s.usable("b", ms), leaseRate)
+	}
+}
+
+func (s *leaseScript) state(region string, ms int) RegionState {
+	for _, r := range s.a.View(s.at(ms)).Regions {
+		if r.Name == region {
+			return r.State
+		}
+	}
+	s.t.Fatalf("no region %s", region)
+	return ""
+}
+
+// persist is the daemon: pending lapses are made durable.
+func (s *leaseScript) persist(ms int) []string {
+	s.t.Helper()
+	var lapsed []string
+	for _, name := range s.a.PendingLapses(s.at(ms)) {
+		ok, err := s.a.LapseDurable(s.at(ms), name)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if ok {
+			lapsed = append(lapsed, name)
+		}
+	}
+	return lapsed
+}
+
+// lapseA runs both regions until a, silent after its report at 500ms,
+// has lapsed (durably) and b, which wants everything, holds the whole
+// rate. It returns the time (ms) of b's last report.
+func (s *leaseScript) lapseA() int {
+	s.t.Helper()
+	s.report("a", 500, 0)
+	ms := 1000
+	for ; ms <= 30_000; ms += 1000 {
+		s.a.Allocate(s.at(ms))
+		pending := s.a.PendingLapses(s.at(ms))
+		if ms <= 16_500 && len(pending) > 0 {
+			s.t.Fatalf("at %dms %v pending, before region_lease + validity + margin of silence", ms, pending)
+		}
+		if len(pending) > 0 && s.usable("b", ms) > leaseStatic*(1+1e-9) {
+			s.t.Fatalf("at %dms b may use %v before a's lapse is durable", ms, s.usable("b", ms))
+		}
+		if slices.Contains(pending, "a") {
+			if got := s.persist(ms); !slices.Equal(got, []string{"a"}) {
+				s.t.Fatalf("LapseDurable lapsed %v, want [a]", got)
+			}
+			if st := s.state("a", ms); st != StateLapsed {
+				s.t.Fatalf("a is %s after its lapse is durable", st)
+			}
+		}
+		s.report("b", ms+100, 2*leaseRate)
+		if s.state("a", ms) == StateLapsed && s.usable("b", ms+100) > leaseRate*(1-1e-9) {
+			return ms + 100
+		}
+	}
+	s.t.Fatalf("b never got a's share: it may use %v", s.usable("b", ms))
+	return 0
+}
+
+// TestSilentRegionGivesItsShareAway: a region silent for longer than
+// region_lease + validity + margin lapses once that is durable, and its
+// share above its floor goes to the region that wants it.
+func TestSilentRegionGivesItsShareAway(t *testing.T) {
+	s := newLeaseScript(t)
+	last := s.lapseA()
+	if s.usable("a", last) != 0 {
+		t.Fatalf("a may still use %v", s.usable("a", last))
+	}
+	if set := s.a.LapsedSet(); !slices.Equal(set, []string{"a"}) {
+		t.Fatalf("LapsedSet = %v, want [a]", set)
+	}
+	v := s.a.View(s.at(last))
+	if r := v.Regions[0]; !r.Floored || r.StaticLease != 0 {
+		t.Fatalf("a's view: %+v", r)
+	}
+}
+
+// TestReturningRegionStartsAtItsFloor: a lapsed region that reports again
+// gets no static lease while the grants that counted it at its floor may
+// be in force; it is counted at its static share from its first report,
+// and conferred the lease once that is safe.
+func TestReturningRegionStartsAtItsFloor(t *testing.T) {
+	for _, bReports := range []bool{true, false} {
+		name := "b keeps reporting"
+		if !bReports {
+			name = "b goes silent"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := newLeaseScript(t)
+			ms := s.lapseA() + 900
+			bExpiry := s.held["b"].expiry
+			back := ms
+			ans := s.report("a", back, 0)
+			if ans.StaticLease != 0 {
+				t.Fatalf("a's first report after its lapse was conferred a static lease of %v", ans.StaticLease)
+			}
+			if st := s.state("a", back); st != StateReturning {
+				t.Fatalf("a is %s after reporting again", st)
+			}
+			conferred := false
+			for ms = back + 100; ms <= back+6000; ms += 100 {
+				s.check(ms)
+				if ms%1000 == 0 {
+					s.a.Allocate(s.at(ms))
+				}
+				if bReports && ms%1000 == 200 {
+					s.report("b", ms, 2*leaseRate)
+					// Above its static share, b's grant may only borrow
+					// what a's own grant leaves (a holds it before its
+					// static share), never a's static share itself.
+					if hb, ha := s.held["b"], s.held["a"]; hb.expiry.After(bExpiry) && hb.rate > leaseStatic*(1+1e-9) && hb.expiry.After(ha.expiry) {
+						t.Fatalf("at %dms b was granted %v until %v, after a's grant ends (%v): a must count at its static share",
+							ms, hb.rate, hb.expiry.Sub(s.start), ha.expiry.Sub(s.start))
+					}
+				}
+				if ms%500 != 0 {
+					continue
+				}
+				// No demand of its own: a grant counting a at its floor
+				// would give b everything.
+				ans := s.report("a", ms, 0)
+				bMay := max(leaseStatic, 0.0)
+				if h := s.held["b"]; s.at(ms).Before(h.expiry) {
+					bMay = max(bMay, h.rate)
+				}
+				if ans.StaticLease > 0 && !conferred {
+					conferred = true
+					// a runs on its own grant until that ends, then on its
+					// static share: b's grant above its own static share
+					// must end by then.
+					if ha := s.held["a"]; bMay+leaseStatic > leaseRate*(1+1e-12) && s.held["b"].expiry.After(ha.expiry) {
+						t.Fatalf("at %dms a was conferred its static lease while b may use %v until %v, after a's grant ends (%v)",
+							ms, bMay, s.held["b"].expiry.Sub(s.start), ha.expiry.Sub(s.start))
+					}
+					if ms > back+5000 || (!bReports && ms >= back+5000) {
+						// b silent: its grant that counted a at its floor
+						// ends before the validity, and the fence shows it.
+						t.Fatalf("a conferred its lease only at %dms (returned at %dms, b's grant ended at %v)", ms, back, bExpiry.Sub(s.start))
+					}
+					if st := s.state("a", ms); st != StateLive {
+						t.Fatalf("a is %s once conferred its lease", st)
+					}
+					if set := s.a.LapsedSet(); len(set) != 0 {
+						t.Fatalf("LapsedSet = %v after a was conferred its lease", set)
+					}
+				}
+			}
+			if !conferred {
+				t.Fatal("a never got its static lease back")
+			}
+		})
+	}
+}
+
+// TestLearningLeaderWithDurableLapsedSet: a new leader given the durable
+// lapsed set confers no static lease to those regions while learning
+// (the previous leader's grants may count them at their floor), does to
+// the others, and counts none at its floor on the set's word alone.
+func TestLearningLeaderWithDurableLapsedSet(t *testing.T) {
+	s := newLeaseScript(t, "a")
+	if !s.a.Learning(s.at(100)) {
+		t.Fatal("a new allocator is not learning")
+	}
+	if ans := s.report("b", 100, 2*leaseRate); ans.StaticLease != 10*time.Second {
+		t.Fatalf("b (not in the lapsed set) got static lease %v while learning, want 10s", ans.StaticLease)
+	}
+	for ms := 200; ms < 5000; ms += 700 {
+		if ans := s.report("a", ms, leaseRate); ans.StaticLease != 0 {
+			t.Fatalf("a (in the durable lapsed set) got static lease %v at %dms while learning", ans.StaticLease, ms)
+		}
+		if st := s.state("a", ms); st != StateReturning {
+			t.Fatalf("a is %s at %dms", st, ms)
+		}
+	}
+	if set := s.a.LapsedSet(); !slices.Equal(set, []string{"a"}) {
+		t.Fatalf("LapsedSet = %v while a may still be counted at its floor elsewhere", set)
+	}
+	// Never heard a is still counted at its static share by this leader.
+	s.a.Allocate(s.at(5000))
+	if r := s.a.View(s.at(5000)).Keys[0].Regions[0]; r.ReservedRate < leaseStatic {
+		t.Fatalf("a reserved %v, want at least its static share %v", r.ReservedRate, leaseStatic)
+	}
+	if s.a.Learning(s.at(5100)) {
+		t.Fatal("still learning after the validity")
+	}
+	if ans := s.report("a", 5100, leaseRate); ans.StaticLease != 10*time.Second {
+		t.Fatalf("a got static lease %v once learning ended, want 10s", ans.StaticLease)
+	}
+	if set := s.a.LapsedSet(); len(set) != 0 {
+		t.Fatalf("LapsedSet = %v after a was conferred its lease", set)
+	}
+}
+
+// TestBecomeLeaderTakesTheLapsedSet: BecomeLeader with the set behaves as
+// a new allocator does, and a region in it that never reports is found
+// lapsed again only after a whole lapse period of this leader.
+func TestBecomeLeaderTakesTheLapsedSet(t *testing.T) {
+	s := newLeaseScript(t)
+	s.lapseA()
+	s.a.BecomeLeader(s.at(40_000), s.a.LapsedSet()...)
+	if st := s.state("a", 40_000); st != StateSilent {
+		t.Fatalf("a is %s after BecomeLeader: a new leader must not count it at its floor on the set's word", st)
+	}
+	if p := s.a.PendingLapses(s.at(56_000)); len(p) != 0 {
+		t.Fatalf("pending %v before a lapse period since BecomeLeader", p)
+	}
+	if p := s.a.PendingLapses(s.at(56_100)); !slices.Equal(p, []string{"a", "b"}) {
+		t.Fatalf("pending %v a lapse period after BecomeLeader, want [a b]", p)
+	}
+	if ok, err := s.a.LapseDurable(s.at(56_100), "nowhere"); ok || err == nil {
+		t.Fatalf("LapseDurable of an unknown region: %v, %v", ok, err)
+	}
+}
+
+// TestDrainedRegionRunsOnItsFloor: a drained region's static share is its
+// floor, the rest goes to the others, and it is granted no more.
+func TestDrainedRegionRunsOnItsFloor(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	a, err := NewAllocator(Options{
+		Regions: []Region{{Name: "a", Weight: 1, Drained: true}, {Name: "b", Weight: 1}},
+		Epoch:   time.Second, Validity: 5 * time.Second,
+	}, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := quota.Key{Tenant: "acme", Class: "write"}
+	if err := a.SetLimit(key, KeyLimit{Rate: 100, Burst: 100, FloorShare: 0.2}); err != nil {
+		t.Fatal(err)
+	}
+	var got Grant
+	var seq uint64
+	for ms := 0; ms < 20_000; ms += 1000 {
+		now := start.Add(time.Duration(ms) * time.Millisecond)
+		a.Allocate(now)
+		seq++
+		for _, r := range []string{"a", "b"} {
+			kd := KeyDemand{Key: key, Admitted: 200, Window: time.Second}
+			if r == "b" && got.Valid > 0 {
+				kd.HeldRate, kd.HeldBurst, kd.HeldValid = got.Rate, got.Burst, got.Valid-100*time.Millisecond
+			}
+			ans, err := a.Report(now.Add(100*time.Millisecond), Report{Region: r, Seq: seq, Keys: []KeyDemand{kd}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range ans.Grants {
+				if r == "a" && (g.Rate > 10*(1+1e-9) || g.Burst > 10) {
+					t.Fatalf("drained a granted %v/%v, above its floor 10/10", g.Rate, g.Burst)
+				}
+				if r == "b" {
+					got = g
+				}
+			}
+		}
+	}
+	if got.Rate < 90*(1-1e-9) || got.Burst < 90 {
+		t.Fatalf("b holds %v/%v, want a's share above its floor (90/90)", got.Rate, got.Burst)
+	}
+	v := a.View(start.Add(20 * time.Second))
+	if st := v.Regions[0].State; st != StateDrained || !v.Regions[0].Floored {
+		t.Fatalf("a's view %+v", v.Regions[0])
+	}
+}
