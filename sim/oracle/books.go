@@ -84,7 +84,9 @@ func (o *Oracle) BucketObserved(t time.Duration, region, key int, b Bucket) {
 			if bk.last.GrantExpiryUS > bk.last.NowUS {
 				rate = max(rate, bk.last.GrantRate)
 			}
-			if grow := prev + rate*float64(dt)/1e6; hold > grow+holdTol {
+			// Both readings are rounded: the growth between them may
+			// show up to one rounding more than the refill.
+			if grow := prev + rate*float64(dt)/1e6; hold > grow+2*holdTol {
 				o.res.Holding.note(t, kd.Key, name, hold-grow, fmt.Sprintf(
 					"holds %.6f, held %.6f %dµs earlier at rate ≤ %v", hold, prev, dt, rate))
 			}
