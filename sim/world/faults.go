@@ -45,7 +45,11 @@ func (w *World) inject(f scenario.Fault) {
 				in.stop()
 			}
 			if ra := time.Duration(f.RestartAfter); ra > 0 {
-				w.eng.After(ra, func() { r.startInstance() })
+				w.eng.After(ra, func() {
+					if !w.net.down[r.idx] { // a dead region starts its own when it comes back
+						r.startInstance()
+					}
+				})
 			}
 		}
 		label = fmt.Sprintf("%s ×%d", label, f.Count)
@@ -75,6 +79,17 @@ func (w *World) inject(f scenario.Fault) {
 			label += " " + l.name
 		}
 		until = now
+	case scenario.FaultRegionDown:
+		r := w.regionByName(f.Region)
+		ra := time.Duration(f.RestartAfter)
+		w.regionDown(r, ra, f.RedisLost)
+		until = time.Duration(w.sc.Duration)
+		if ra > 0 {
+			until = min(until, now+ra)
+			if f.RedisLost {
+				label += " (Redis lost)"
+			}
+		}
 	case scenario.FaultPartition:
 		r := w.regionByName(f.Region)
 		w.net.partitioned[r.idx] = true
@@ -141,6 +156,67 @@ func (w *World) inject(f scenario.Fault) {
 		w.eng.After(d, func() { w.net.lossOverride = prev })
 	}
 	w.orc.Fault(now, until, label)
+}
+
+// --- Whole-region failure. ---
+
+// regionDown kills region r whole: its instances crash (their leases are
+// followed until reaped, as any crash's), its region leader and replicas
+// stop (no election), the global tier replicas running there crash (back
+// with the region, as fresh processes), and its link to the global tier is
+// gone. Its Redis is unreachable meanwhile. After restart (if > 0) the
+// region comes back: Redis as it was, or empty when lost (the restart
+// guard then applies); the topology's instances start again and a new
+// region leader is elected at once (the old session expired long ago).
+func (w *World) regionDown(r *Region, restart time.Duration, lost bool) {
+	if w.net.down[r.idx] {
+		return
+	}
+	w.net.down[r.idx] = true
+	for _, in := range append([]*Instance(nil), r.insts...) {
+		in.crash()
+	}
+	r.loseLeader(-1)
+	for _, n := range w.global.nodes {
+		if n.region == r.idx {
+			n.crash(restart)
+		}
+	}
+	// Nothing reaches the region's Redis while it is dead. Lost, the
+	// oracle counts nothing there until it is back empty; kept, the bucket
+	// refills lazily over the outage when it is next touched, so the
+	// oracle keeps counting the region's grant, then its static share or
+	// floor.
+	redisWasUp := r.redisUp
+	if lost {
+		r.redisDown()
+	} else {
+		r.redisUp = false
+	}
+	if restart <= 0 {
+		return
+	}
+	n := 0
+	for _, rs := range w.sc.Topology.Regions {
+		if rs.Name == r.name {
+			n = rs.Instances
+		}
+	}
+	w.eng.After(restart, func() {
+		w.net.down[r.idx] = false
+		switch {
+		case lost:
+			r.redisBack()
+		case redisWasUp:
+			r.redisUp = true
+		}
+		for i := 0; i < n; i++ {
+			r.startInstance()
+		}
+		w.restartedConfigs(r)
+		r.electLeader(0)
+		w.orc.Note(w.dur(), "region back: "+r.name)
+	})
 }
 
 // --- Replays, lost answers and stale grants. ---

@@ -211,8 +211,10 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 		return nil, false
 	}
 	at := n.now()
+	n.configBefore(req, rep)
 	for i, kd := range rep.Keys {
 		n.track(w.keyByQK[kd.Key], limits[i], at)
+		n.configTrack(w.keyByQK[kd.Key], limits[i])
 	}
 	ans, err := n.alloc.Report(at, rep)
 	if err != nil {
@@ -226,6 +228,7 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 	}
 	out := regionsync.EncodeGrants(rep, ans.Grants, n.alloc.Learning(at), n.alloc.Epoch(), n.alloc.ReportAgain(rep.Region))
 	out.StaticLeaseMs = ans.StaticLease.Milliseconds()
+	n.configAnswer(out)
 	return out, true
 }
 

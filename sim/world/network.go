@@ -21,6 +21,7 @@ type Network struct {
 	globalOverride map[int]time.Duration    // latency faults between a region and the global tier
 	lossOverride   float64                  // loss fault; < 0 when none
 	partitioned    []bool                   // region cut off from the global tier
+	down           []bool                   // region dead (region-down fault): no link at all
 
 	// Faults on the instance↔region link and of the region's reports
 	// (faults.go), per region.
@@ -35,7 +36,7 @@ func newNetwork(w *World) *Network {
 	n := &Network{
 		w: w, rng: w.eng.Stream("network"), local: time.Duration(l.Local), jitter: *l.Jitter, loss: l.Loss,
 		pairOverride: map[[2]int]time.Duration{}, globalOverride: map[int]time.Duration{},
-		lossOverride: -1, partitioned: make([]bool, len(w.regions)),
+		lossOverride: -1, partitioned: make([]bool, len(w.regions)), down: make([]bool, len(w.regions)),
 		replyLoss: make([]float64, len(w.regions)), replay: make([]float64, len(w.regions)),
 		reportReplay: make([]bool, len(w.regions)), lastInstall: make([]*installRec, len(w.regions)),
 	}
@@ -91,7 +92,7 @@ func pairKey(a, b int) [2]int {
 // globalDelay is one hop between region r and the global node running in
 // region site; lost reports the message dropped.
 func (n *Network) globalDelay(r, site int) (time.Duration, bool) {
-	if n.partitioned[r] {
+	if n.partitioned[r] || n.down[r] || n.down[site] {
 		return 0, true
 	}
 	loss := n.loss

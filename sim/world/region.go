@@ -387,6 +387,7 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 		r.observe(k)
 	}
 	rep, held := r.leader.Report(r.name, sendUS, kind, reads)
+	w.reportConfigs(r, rep)
 	node := w.global.leaderForClients()
 	if node == nil {
 		return false // the allocator client finds no leader: the sync fails
@@ -407,6 +408,7 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 			return ok
 		},
 		func() {
+			w.answeredConfigs(r, answer)
 			a, ok := r.install(answer, sendUS, held)
 			if !ok {
 				r.syncDone(gen) // the installs failed: the round ends

@@ -70,6 +70,8 @@ type World struct {
 
 	freeGrants []*sluicev1.Grant // see Region.grant
 
+	configs configState // config revisions and every view of them (configs.go)
+
 	counters Counters
 }
 
@@ -132,6 +134,7 @@ func New(sc *scenario.Scenario, seed uint64, orc *oracle.Oracle, plan *traffic.P
 		}
 	}
 	w.net = newNetwork(w)
+	w.initConfigs()
 	w.global = newGlobal(w)
 	for _, st := range plan.Streams {
 		w.streams = append(w.streams, &streamState{st: st, key: w.keyByQK[st.Key]})
@@ -149,7 +152,7 @@ func (w *World) addKey(k quota.Key) (*keyInfo, error) {
 		wire: &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class},
 	}
 	for _, r := range w.regions {
-		rate, burst, err := w.cfg.StaticShare(r.name, res.Limit.Rate, float64(res.Limit.Burst))
+		rate, burst, err := w.cfg.StaticShareOf(r.name, res)
 		if err != nil {
 			return nil, fmt.Errorf("key %s: %w", k, err)
 		}
@@ -170,6 +173,10 @@ func OracleSetup(sc *scenario.Scenario, plan *traffic.Plan) (oracle.Setup, error
 	s := oracle.Setup{
 		Epoch: time.Duration(cfg.Epoch), Duration: time.Duration(sc.Duration), Warmup: time.Duration(sc.Warmup),
 		ConvergenceTolerance: sc.Expect.ConvergenceTolerance, DemandAlpha: cfg.DemandAlpha,
+		Recovery: time.Duration(sc.Expect.Recovery),
+	}
+	if v := sc.Expect.RecoveredVsIdealMin; v != nil {
+		s.RecoveredLevel = *v
 	}
 	for _, r := range sc.Topology.Regions {
 		s.Regions = append(s.Regions, oracle.Region{Name: r.Name, Weight: cfg.Regions[r.Name].Weight,
@@ -184,12 +191,18 @@ func OracleSetup(sc *scenario.Scenario, plan *traffic.Plan) (oracle.Setup, error
 		ok := oracle.Key{Key: k, Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst),
 			Closed: res.Class.OnFailure == config.OnFailureClosed}
 		for _, r := range sc.Topology.Regions {
-			rate, burst, err := cfg.StaticShare(r.Name, res.Limit.Rate, float64(res.Limit.Burst))
+			rate, burst, err := cfg.StaticShareOf(r.Name, res)
+			if err != nil {
+				return s, err
+			}
+			floorRate, floorBurst, err := cfg.FloorOf(r.Name, res)
 			if err != nil {
 				return s, err
 			}
 			ok.StaticRate = append(ok.StaticRate, rate)
 			ok.StaticBurst = append(ok.StaticBurst, burst)
+			ok.FloorRate = append(ok.FloorRate, floorRate)
+			ok.FloorBurst = append(ok.FloorBurst, floorBurst)
 		}
 		s.Keys = append(s.Keys, ok)
 		idx[k] = i
@@ -256,6 +269,7 @@ func (w *World) Run() Counters {
 		f := w.faults[i]
 		w.eng.At(engine.At(time.Duration(f.At)), func() { w.inject(f) })
 	}
+	w.scheduleEvents()
 	// Grant expiries and other timers of the oracle need a clock even when
 	// nothing happens: tick it every epoch.
 	var tick func()
