@@ -10,8 +10,9 @@ import (
 )
 
 // Charts are the report's charts as standalone SVG documents, keyed by a
-// file-name-safe id: "fleet", then "<key>-global" and "<key>-<region>" for
-// every focus key.
+// file-name-safe id: "fleet", "regions" (admitted per region), then
+// "<key>-shares" (every region's refill rate: how the key's rate is
+// divided), "<key>-global" and "<key>-<region>" for every focus key.
 func Charts(o *runner.Outcome) (ids []string, svgs map[string]string) {
 	svgs = map[string]string{}
 	add := func(id string, c *chart) {
@@ -25,8 +26,19 @@ func Charts(o *runner.Outcome) (ids []string, svgs map[string]string) {
 		{name: "ideal bucket", color: colIdeal, ys: s.Ideal, dash: true},
 		{name: "admitted", color: colAdmitted, ys: s.Admitted},
 	}})
+	var perRegion []line
+	for i, name := range r.Regions {
+		perRegion = append(perRegion, line{name: name, color: regionColor(i), ys: s.RegionAdmitted[i]})
+	}
+	add("regions", &chart{title: "Fleet: admitted per region", xs: s.Times, faults: r.Faults, lines: perRegion})
 	for _, f := range s.Focus {
 		slug := strings.NewReplacer("/", "-", ":", "-", "@", "-").Replace(f.Key)
+		var shares []line
+		for i, rg := range f.Regions {
+			shares = append(shares, line{name: r.Regions[i], color: regionColor(i), ys: rg.Rate})
+		}
+		add(slug+"-shares", &chart{title: fmt.Sprintf("%s: what each region may refill at (grant, else static share or floor)", f.Key),
+			xs: s.Times, limit: f.Rate, faults: r.Faults, lines: shares})
 		add(slug+"-global", &chart{title: fmt.Sprintf("%s: all regions against the global limit", f.Key), xs: s.Times,
 			limit: f.Rate, faults: r.Faults, lines: []line{
 				{name: "offered", color: colDemand, ys: f.Offered},

@@ -72,6 +72,19 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 	} else {
 		row("reclaim after instance crash", "n/a (no crash)")
 	}
+	if rc := r.Recovered; rc.Recovery > 0 || len(rc.Each) > 0 {
+		if rc.Recovery > 0 {
+			row("recovered (after "+rc.Recovery.String()+")", "admitted vs ideal %s, false rejects %s, over %d s",
+				pct(rc.VsIdeal), pct(rc.FalseRejects), rc.Seconds)
+		}
+		for _, ch := range rc.Each {
+			took := "not within the time to the next change"
+			if ch.Took >= 0 {
+				took = ch.Took.String()
+			}
+			row("recovery to "+pct(rc.Level)+" of ideal", "%v after %s at %v", took, ch.Label, ch.At.Round(time.Millisecond))
+		}
+	}
 	c := r.Conformance
 	row("crash error ε", "%.0f tokens over %d keys (max excess over b: %.1f tokens)", c.CrashError, c.CrashKeys, c.MaxExcessRaw)
 	row("degraded-mode admissions", "%.0f tokens (max excess over b with them: %.1f)", r.Degraded, math.Max(0, c.MaxExcessWithDegraded))

@@ -170,3 +170,8 @@ const (
 	colGrant    = "#e37400"
 	colDenied   = "#d93025"
 )
+
+// regionPalette tells regions apart in charts with one line per region.
+var regionPalette = []string{"#1a73e8", "#e37400", "#188038", "#9334e6", "#d93025", "#12b5cb", "#795548", "#f538a0"}
+
+func regionColor(i int) string { return regionPalette[i%len(regionPalette)] }

@@ -193,6 +193,16 @@ func Evaluate(sc *scenario.Scenario, r *oracle.Result) []Check {
 		checks = append(checks, Check{Name: "false rejects (share of offered)", Value: pct(r.FalseRejects),
 			Target: "<= " + pct(*p), Pass: r.FalseRejects <= *p})
 	}
+	if p := e.RecoveredVsIdealMin; p != nil {
+		rc := r.Recovered
+		checks = append(checks, Check{Name: "admitted vs ideal, recovered", Value: fmt.Sprintf("%s over %d s (%v after each change left out)", pct(rc.VsIdeal), rc.Seconds, rc.Recovery),
+			Target: ">= " + pct(*p), Pass: rc.Seconds > 0 && rc.VsIdeal >= *p})
+	}
+	if p := e.RecoveredFalseRejectsMax; p != nil {
+		rc := r.Recovered
+		checks = append(checks, Check{Name: "false rejects, recovered", Value: fmt.Sprintf("%s of offered over %d s", pct(rc.FalseRejects), rc.Seconds),
+			Target: "<= " + pct(*p), Pass: rc.Seconds > 0 && rc.FalseRejects <= *p})
+	}
 	if p := e.FairnessErrorMax; p != nil {
 		worst := 0.0
 		for _, f := range r.Fairness {

@@ -2,6 +2,9 @@ package runner
 
 import (
 	"fmt"
+	"sort"
+	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/scenario"
@@ -37,11 +40,60 @@ func NewSetup(sc *scenario.Scenario, opts Options) (*Setup, error) {
 	if err != nil {
 		return nil, err
 	}
+	os.Changes = Changes(sc, seed)
 	orc, err := oracle.New(os)
 	if err != nil {
 		return nil, err
 	}
 	return &Setup{Scenario: sc, Seed: seed, Plan: plan, Oracle: orc}, nil
+}
+
+// Changes are the disturbances of a run with the given seed, for the
+// oracle's recovered measures: every fault's start, its end (For) and its
+// restart (RestartAfter), every failover and its return, every event.
+func Changes(sc *scenario.Scenario, seed uint64) []oracle.Change {
+	var out []oracle.Change
+	end := time.Duration(sc.Duration)
+	add := func(at time.Duration, label string) {
+		if at < end {
+			out = append(out, oracle.Change{At: at, Label: label})
+		}
+	}
+	for _, f := range sc.Schedule(seed) {
+		label := f.Kind
+		if f.Region != "" {
+			label += " " + f.Region
+		}
+		at := time.Duration(f.At)
+		add(at, label)
+		if f.For > 0 {
+			add(at+time.Duration(f.For), label+" ends")
+		}
+		if f.RestartAfter > 0 {
+			add(at+time.Duration(f.RestartAfter), label+" restarts")
+		}
+	}
+	for _, f := range sc.Failovers {
+		label := fmt.Sprintf("failover %s → %s", f.From, strings.Join(f.To, ", "))
+		add(time.Duration(f.At), label)
+		if f.For > 0 {
+			add(time.Duration(f.At+f.For), label+" back")
+		}
+	}
+	for _, e := range sc.Events {
+		add(time.Duration(e.At), e.Kind+" "+e.Region)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
+	// Changes at one instant are one disturbance.
+	merged := out[:0]
+	for _, c := range out {
+		if n := len(merged); n > 0 && merged[n-1].At == c.At {
+			merged[n-1].Label += "; " + c.Label
+			continue
+		}
+		merged = append(merged, c)
+	}
+	return merged
 }
 
 // Outcome is the run's outcome in mode ("virtual" or "live"), judged from
