@@ -22,6 +22,7 @@ var testDuration = map[string]time.Duration{
 	"instance-crash":   3 * time.Minute,
 	"global-failover":  3 * time.Minute,
 	"region-partition": 3*time.Minute + 10*time.Second,
+	"region-drain":     3*time.Minute + 20*time.Second,
 	"redis-outage":     3 * time.Minute,
 	"etcd-outage":      3 * time.Minute,
 	"rolling-restart":  3 * time.Minute,
