@@ -59,7 +59,8 @@ type DaemonOptions struct {
 	// and closes it (after Stop).
 	Etcd *clientv3.Client
 	// Prefix is the etcd key prefix. Optional, default config.DefaultPrefix
-	// ("/sluice"); the election key is <prefix>/election/global.
+	// ("/sluice"); the election key is <prefix>/election/global, the
+	// durable lapsed set <prefix>/global/lapsed.
 	Prefix string
 	// SessionTTL is the etcd lease TTL behind the leadership. Optional,
 	// default DefaultSessionTTL; whole seconds, at least 1s. etcd may
@@ -163,8 +164,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	d.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.Health.SetServingStatus(sluicev1.AllocatorService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 
+	store := configstore.NewStore(o.Etcd, o.Prefix)
 	d.elector = &elector{
-		cli: o.Etcd, pfx: configstore.NewStore(o.Etcd, o.Prefix).ElectionPrefix() + "global",
+		cli: o.Etcd, pfx: store.ElectionPrefix() + "global", lapsedKey: LapsedKey(store.Prefix()),
 		addr: advertise, ttl: o.SessionTTL, svc: svc, log: o.Logger,
 	}
 	runCtx, cancel := context.WithCancel(context.Background())

@@ -30,6 +30,8 @@ const (
 type elector struct {
 	cli  *clientv3.Client
 	pfx  string        // election prefix; candidates' keys live under pfx + "/"
+	// lapsedKey holds the durable lapsed set (see lapsed.go).
+	lapsedKey string
 	addr string        // advertised gRPC address, the value of this replica's key
 	ttl  time.Duration // requested session TTL, whole seconds
 	svc  *Service
@@ -125,10 +127,20 @@ func (e *elector) session(ctx context.Context) (led bool, err error) {
 	if len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) != lease.ID {
 		return false, errors.New("election key lost while campaigning")
 	}
-	if !e.svc.promote(term, ka.deadline()) {
+	// Read after winning: a previous leader's last write of the set either
+	// landed before (read here) or found its election key gone (refused).
+	rctx, cancel := context.WithTimeout(sctx, e.ttl)
+	lapsed, err := ReadLapsed(rctx, e.cli, e.lapsedKey)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	if !e.svc.promote(term, ka.deadline(), lapsed) {
 		return false, errors.New("session lease not confirmed recently enough to lead")
 	}
-	e.log.Info("leading the global tier", "advertise", e.addr, "lease", fmt.Sprintf("%x", lease.ID), "ttl", ka.ttl)
+	electionKey, electionRev := el.Key(), el.Rev()
+	wg.Go(func() { e.persistLapses(sctx, electionKey, electionRev) })
+	e.log.Info("leading the global tier", "advertise", e.addr, "lease", fmt.Sprintf("%x", lease.ID), "ttl", ka.ttl, "lapsed", lapsed)
 	reason := "shutting down"
 	select {
 	case <-ctx.Done():

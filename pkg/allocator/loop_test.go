@@ -145,7 +145,7 @@ func TestAllocationLoop(t *testing.T) {
 		// Elected until start+1s: one allocation per epoch, learning for
 		// one validity (500ms).
 		start := time.Now()
-		if !s.promote(1, start.Add(time.Second)) {
+		if !s.promote(1, start.Add(time.Second), nil) {
 			t.Fatal("promote refused with a future deadline")
 		}
 		if g := gauge(t, reg, "sluice_global_learning"); g != 1 {
@@ -192,7 +192,7 @@ func TestAllocationLoop(t *testing.T) {
 		}
 
 		// A published config applies at once, without waiting for a tick.
-		s.promote(3, time.Now().Add(time.Hour))
+		s.promote(3, time.Now().Add(time.Hour), nil)
 		time.Sleep(epoch / 2)
 		src.set(parseConfig(t, strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1}\n  c: {weight: 2}", 1)))
 		synctest.Wait()

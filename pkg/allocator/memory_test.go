@@ -40,7 +40,7 @@ func TestIdleKeysForgotten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !s.promote(1, time.Now().Add(time.Hour)) {
+	if !s.promote(1, time.Now().Add(time.Hour), nil) {
 		t.Fatal("promote refused")
 	}
 	base := memtest.HeapAlloc()

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/pkg/hierarchy"
 )
 
 // metrics are the global tier's Prometheus series. Labels carry region
@@ -79,6 +81,9 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 			&reportAgeCollector{s: s, desc: prometheus.NewDesc("sluice_global_region_report_age_seconds",
 				"Seconds since the region's last accepted report to this leader (absent when never or not leading).",
 				[]string{"region"}, nil)},
+			&regionStateCollector{s: s, desc: prometheus.NewDesc("sluice_global_region_state",
+				"1 for the state each region is in as this leader sees it (live, silent, lapsed, returning, drained), 0 for the others (absent when not leading).",
+				[]string{"region", "state"}, nil)},
 		)
 	}
 	s.m = m
@@ -145,5 +150,30 @@ func (c *reportAgeCollector) Collect(ch chan<- prometheus.Metric) {
 	c.s.mu.Unlock()
 	for region, age := range ages {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, age, region)
+	}
+}
+
+// regionStates are the values of sluice_global_region_state's state label.
+var regionStates = []hierarchy.RegionState{
+	hierarchy.StateLive, hierarchy.StateSilent, hierarchy.StateLapsed, hierarchy.StateReturning, hierarchy.StateDrained,
+}
+
+// regionStateCollector reads the regions' states at scrape time.
+type regionStateCollector struct {
+	s    *Service
+	desc *prometheus.Desc
+}
+
+func (c *regionStateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *regionStateCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	if ok, _ := c.s.leaderAt(now); !ok {
+		return
+	}
+	for _, r := range c.s.View(now).Regions {
+		for _, st := range regionStates {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, boolGauge(r.State == st), r.Name, string(st))
+		}
 	}
 }

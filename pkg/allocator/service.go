@@ -77,6 +77,7 @@ type serviceOptions struct {
 type timing struct {
 	epoch, validity time.Duration
 	alpha           float64
+	regionLease     time.Duration
 }
 
 // leadState is this replica's view of the election.
@@ -111,7 +112,7 @@ type Service struct {
 	alloc      *hierarchy.Allocator    // guarded by mu
 	applied    *config.Config          // guarded by mu: the config alloc was last brought in line with
 	appliedRev int64                   // guarded by mu: applied's revision
-	timing     timing                  // guarded by mu: alloc's epoch and validity
+	timing     timing                  // guarded by mu: alloc's epoch, validity, alpha and region lease
 	learnFloor time.Time               // guarded by mu: learning lasts at least until then
 	keys       map[quota.Key]time.Time // guarded by mu: last time a report or an answer named the key
 	keysPeak   shrink.Peak             // guarded by mu: keys' high-water mark
@@ -122,6 +123,9 @@ type Service struct {
 	// live one included. Both guarded by mu.
 	conf *regionsync.Confirmations
 	held map[int64]*config.Config
+	// stored is the durable lapsed set as this replica last read or wrote
+	// it (see lapsed.go). Guarded by mu.
+	stored []string
 
 	lmu  sync.Mutex // guards lead; taken after mu when both are held
 	lead leadState  // guarded by lmu
@@ -157,7 +161,7 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 		alloc:      a,
 		applied:    cfg,
 		appliedRev: revisionOf(o.config, cfg),
-		timing:     timing{epoch: opts.Epoch, validity: opts.Validity, alpha: opts.DemandAlpha},
+		timing:     timing{epoch: opts.Epoch, validity: opts.Validity, alpha: opts.DemandAlpha, regionLease: opts.RegionLease},
 		keys:       make(map[quota.Key]time.Time),
 		lastReport: make(map[string]time.Time),
 		conf:       regionsync.NewConfirmations(),
@@ -176,13 +180,23 @@ func allocatorOptions(cfg *config.Config) hierarchy.Options {
 	regions := make([]hierarchy.Region, len(names))
 	for i, name := range names {
 		r := cfg.Regions[name]
-		regions[i] = hierarchy.Region{Name: name, Weight: r.Weight, MinShare: r.MinShare, MaxShare: r.MaxShare}
+		regions[i] = hierarchy.Region{Name: name, Weight: r.Weight, MinShare: r.MinShare, MaxShare: r.MaxShare, Drained: r.Drained}
 	}
 	return hierarchy.Options{
 		Regions:     regions,
 		Epoch:       time.Duration(cfg.Epoch),
 		Validity:    time.Duration(cfg.GrantValidity),
 		DemandAlpha: cfg.DemandAlpha,
+		RegionLease: time.Duration(cfg.RegionLease),
+	}
+}
+
+// keyLimit is a resolved key's limit for the allocator: its rate, burst,
+// unit and floor share.
+func keyLimit(res config.Resolved) hierarchy.KeyLimit {
+	return hierarchy.KeyLimit{
+		Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst), Unit: res.Class.Unit(),
+		FloorShare: res.Class.PartitionFraction(),
 	}
 }
 
@@ -214,7 +228,10 @@ func (s *Service) applyConfigLocked(now time.Time) {
 			s.log.Warn("region removed from the config; its grants are forgotten", "region", name)
 		}
 	}
-	if t := (timing{opts.Epoch, opts.Validity, opts.DemandAlpha}); t != s.timing {
+	if t := (timing{opts.Epoch, opts.Validity, opts.DemandAlpha, opts.RegionLease}); t != s.timing {
+		// Regions the old allocator counted (or may have) at their floor
+		// get no static lease from the new one while it learns.
+		opts.Lapsed = s.lapsedSetLocked()
 		a, err := hierarchy.NewAllocator(opts, now)
 		if err != nil {
 			s.log.Error("config change refused by the allocator; keeping the previous timing and regions", "error", err)
@@ -224,7 +241,7 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		// allocator's own learning period; one old epoch more covers a
 		// previous leader that saw the change later than this replica.
 		s.learnFloor = later(s.learnFloor, now.Add(s.timing.validity+s.timing.epoch))
-		s.log.Info("epoch, grant validity or demand alpha changed; allocator rebuilt in learning mode",
+		s.log.Info("epoch, grant validity, demand alpha or region lease changed; allocator rebuilt in learning mode",
 			"epoch", opts.Epoch, "grant_validity", opts.Validity, "learning_until_at_least", s.learnFloor)
 		s.alloc = a
 		s.timing = t
@@ -249,7 +266,7 @@ func (s *Service) setLimitsLocked() {
 			// is forgotten, since regions may still hold grants for it.
 			continue
 		}
-		l := s.limitLocked(k, hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst), Unit: res.Class.Unit()})
+		l := s.limitLocked(k, keyLimit(res))
 		if err := s.alloc.SetLimit(k, l); err != nil {
 			s.log.Error("limit from the new config refused by the allocator; keeping the old one", "key", k, "error", err)
 		}
@@ -267,10 +284,73 @@ func (s *Service) limitLocked(k quota.Key, l hierarchy.KeyLimit) hierarchy.KeyLi
 	}
 	names := configRegions(s.applied)
 	l.StaticRate, l.StaticBurst = make([]float64, len(names)), make([]float64, len(names))
+	l.FloorRate, l.FloorBurst = make([]float64, len(names)), make([]float64, len(names))
+	confirmed, known := s.conf.Confirm(names)
 	for i, name := range names {
 		l.StaticRate[i], l.StaticBurst[i] = s.conf.Reserve(s.held, name, k)
+		l.FloorRate[i], l.FloorBurst[i] = s.floorReserveLocked(name, k, confirmed, known)
 	}
 	return l
+}
+
+// floorReserveLocked is what the global tier must assume region runs k on
+// without a static lease while more than one config is in play: the
+// region's floor is the smallest under the configs it honours (see
+// regionsync's Chain), so, as Confirmations.Reserve does for the static
+// share, the smallest floor under its reported revisions from the
+// confirmed one on, or, when none of them is held, the largest under any
+// held config. s.mu is held.
+func (s *Service) floorReserveLocked(region string, k quota.Key, confirmed int64, known bool) (rate, burst float64) {
+	found := false
+	if revs, heard := s.conf.Reported(region); heard {
+		for _, rev := range revs {
+			cfg, held := s.held[rev]
+			if !held || (known && rev < confirmed) {
+				continue
+			}
+			r, b := floorUnder(cfg, region, k)
+			if !found {
+				rate, burst, found = r, b, true
+			} else {
+				rate, burst = min(rate, r), min(burst, b)
+			}
+		}
+	}
+	if found {
+		return rate, burst
+	}
+	for _, cfg := range s.held {
+		r, b := floorUnder(cfg, region, k)
+		rate, burst = max(rate, r), max(burst, b)
+	}
+	return rate, burst
+}
+
+// floorUnder is region's floor for k under cfg (config.FloorOf), 0 when k
+// does not resolve there or the region is not in it.
+func floorUnder(cfg *config.Config, region string, k quota.Key) (rate, burst float64) {
+	res, err := cfg.Resolve(k)
+	if err != nil {
+		return 0, 0
+	}
+	r, b, err := cfg.FloorOf(region, res)
+	if err != nil {
+		return 0, 0
+	}
+	return r, b
+}
+
+// lapsedSetLocked is the durable lapsed set a new allocator must be given:
+// what the store holds and what the current allocator keeps. s.mu is held.
+func (s *Service) lapsedSetLocked() []string {
+	set := slices.Clone(s.stored)
+	for _, r := range s.alloc.LapsedSet() {
+		if !slices.Contains(set, r) {
+			set = append(set, r)
+		}
+	}
+	slices.Sort(set)
+	return set
 }
 
 // maxHeldConfigs bounds the configs kept for regions still running them.
@@ -366,7 +446,7 @@ func later(a, b time.Time) time.Time {
 // s.mu is held.
 func (s *Service) ensureLearningLocked(now time.Time) {
 	if now.Before(s.learnFloor) && !s.alloc.Learning(now) {
-		s.alloc.BecomeLeader(now)
+		s.alloc.BecomeLeader(now, s.lapsedSetLocked()...)
 	}
 }
 
@@ -393,8 +473,9 @@ func (s *Service) trackedKeys() int {
 }
 
 // promote makes this replica the leader for term until deadline, in
-// learning mode. It refuses (false) when deadline has already passed.
-func (s *Service) promote(term uint64, deadline time.Time) bool {
+// learning mode, with the durable lapsed set read after winning. It
+// refuses (false) when deadline has already passed.
+func (s *Service) promote(term uint64, deadline time.Time, lapsed []string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -402,7 +483,8 @@ func (s *Service) promote(term uint64, deadline time.Time) bool {
 		return false
 	}
 	s.applyConfigLocked(now)
-	s.alloc.BecomeLeader(now)
+	s.stored = slices.Clone(lapsed)
+	s.alloc.BecomeLeader(now, lapsed...)
 	clear(s.lastReport)
 	// What regions reported to an earlier term may predate confirmations
 	// another leader issued since.
@@ -536,6 +618,7 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 		}
 	}
 	for i := range rep.Keys {
+		limits[i].FloorShare = cfg.PartitionShareOf(rep.Keys[i].Key.Class)
 		limits[i] = s.limitLocked(rep.Keys[i].Key, limits[i])
 		if err := s.alloc.SetLimit(rep.Keys[i].Key, limits[i]); err != nil {
 			// DecodeReport checked the limits, so this is a bug.
@@ -605,17 +688,41 @@ func (s *Service) Status(ctx context.Context, req *sluicev1.StatusRequest) (*slu
 	v := a.View(now)
 	out.Learning = v.Learning
 	out.Epoch = v.Epoch
+	floor := floorFraction(s.currentConfig())
 	for _, r := range v.Regions {
 		age := int64(-1)
 		if r.Reported {
 			age = r.LastReportAge.Milliseconds()
 		}
+		reserved := 1.0
+		if r.Floored {
+			reserved = floor
+		}
 		out.Regions = append(out.Regions, &sluicev1.RegionStatus{
 			Region: r.Name, LastReportAgeMs: age, Silent: r.Silent, LastSeq: r.LastSeq,
+			State: string(r.State), StaticLeaseMs: r.StaticLease.Milliseconds(), ReservedFraction: reserved,
 		})
 	}
 	out.Keys, out.ContendedKeys = topKeys(v, n)
 	return out, nil
+}
+
+// currentConfig is the config the allocator was last brought in line with.
+func (s *Service) currentConfig() *config.Config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applied
+}
+
+// floorFraction is the fraction of its static share the global tier
+// reserves for a lapsed or drained region: the largest partition_share of
+// any class (each class's own is what applies to its keys).
+func floorFraction(cfg *config.Config) float64 {
+	var f float64
+	for name := range cfg.Classes {
+		f = max(f, cfg.PartitionShareOf(name))
+	}
+	return f
 }
 
 func (s *Service) configRevision() int64 {

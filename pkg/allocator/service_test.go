@@ -31,7 +31,7 @@ func TestBadReportsChangeNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx := t.Context()
-		s.promote(1, time.Now().Add(time.Hour))
+		s.promote(1, time.Now().Add(time.Hour), nil)
 		key := &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}
 		for seq := uint64(1); seq <= 10; seq++ {
 			for _, r := range []struct {
@@ -102,7 +102,7 @@ func TestIdleKeysAreForgotten(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.promote(1, time.Now().Add(time.Hour))
+		s.promote(1, time.Now().Add(time.Hour), nil)
 		key := &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}
 		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: 1, Keys: []*sluicev1.KeyDemand{{
 			Key: key, Admitted: 100, WindowMs: 100,
@@ -136,7 +136,7 @@ func TestDemandRateIsTheReading(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.promote(1, time.Now().Add(time.Hour))
+		s.promote(1, time.Now().Add(time.Hour), nil)
 		key := &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}
 		// Both regions count 8 tokens in 100ms (80/s); a reads its demand
 		// as 30/s and says so.
