@@ -30,12 +30,12 @@ const (
 type elector struct {
 	cli  *clientv3.Client
 	pfx  string        // election prefix; candidates' keys live under pfx + "/"
-	// lapsedKey holds the durable lapsed set (see lapsed.go).
-	lapsedKey string
 	addr string        // advertised gRPC address, the value of this replica's key
 	ttl  time.Duration // requested session TTL, whole seconds
 	svc  *Service
 	log  *slog.Logger
+	// lapsedKey holds the durable lapsed set (see lapsed.go).
+	lapsedKey string
 
 	terms uint64 // sessions started; touched only by run's goroutine
 }
