@@ -34,6 +34,9 @@ type Global struct {
 	etcdUp   bool
 	etcdBack time.Duration // when etcd last came back
 	waitEtcd []func()      // elections waiting for etcd
+	// lapsed is the durable lapsed set in etcd (pkg/allocator's lapsed.go):
+	// written by the leader while etcd is up, read by every new leader.
+	lapsed []string
 }
 
 // GlobalNode is one allocator replica (pkg/allocator's Service). See
@@ -93,7 +96,10 @@ func (n *GlobalNode) boot() {
 		}
 		return 0
 	})
-	a, err := hierarchy.NewAllocator(hierarchy.Options{Regions: regions, Epoch: w.epoch, Validity: w.validity, DemandAlpha: w.cfg.DemandAlpha}, n.now())
+	a, err := hierarchy.NewAllocator(hierarchy.Options{
+		Regions: regions, Epoch: w.epoch, Validity: w.validity, DemandAlpha: w.cfg.DemandAlpha,
+		RegionLease: time.Duration(w.cfg.RegionLease),
+	}, n.now())
 	if err != nil {
 		panic("sim: allocator options from a validated config were refused: " + err.Error())
 	}
@@ -142,7 +148,8 @@ func (n *GlobalNode) becomeLeader() {
 	n.leading, n.paused = true, false
 	n.gen++
 	n.g.leader = n
-	n.alloc.BecomeLeader(n.now())
+	// pkg/allocator's elector reads the lapsed set once it has won.
+	n.alloc.BecomeLeader(n.now(), n.g.lapsed...)
 	gen := n.gen
 	var tick func()
 	tick = func() {
@@ -165,6 +172,7 @@ func (n *GlobalNode) step() {
 	w := n.g.w
 	now := n.now()
 	n.alloc.Allocate(now)
+	n.persistLapses(now)
 	keep := n.tracked[:0]
 	for _, id := range n.tracked {
 		if hierarchy.Forgettable(now, n.seen[id], n.learnFloor, w.epoch, w.validity) {
@@ -175,6 +183,34 @@ func (n *GlobalNode) step() {
 		keep = append(keep, id)
 	}
 	n.tracked = keep
+}
+
+// persistLapses is pkg/allocator's persistLapses: pending lapses are
+// written to etcd with the rest of the lapsed set (at once, when etcd is
+// up: the simulator has no write latency), and only then counted at the
+// regions' floors; the set shrinks lazily with a later write.
+func (n *GlobalNode) persistLapses(now time.Time) {
+	g := n.g
+	if !g.etcdUp {
+		return
+	}
+	pending := n.alloc.PendingLapses(now)
+	set := n.alloc.LapsedSet()
+	for _, r := range pending {
+		if !slices.Contains(set, r) {
+			set = append(set, r)
+		}
+	}
+	slices.Sort(set)
+	if len(pending) == 0 && (len(set) >= len(g.lapsed) || slices.Equal(set, g.lapsed)) {
+		return
+	}
+	g.lapsed = set
+	for _, r := range pending {
+		if ok, err := n.alloc.LapseDurable(now, r); err == nil && ok {
+			g.w.orc.Note(g.w.dur(), "global tier: region "+r+"'s static lease lapsed; its share above its floor is re-divided")
+		}
+	}
 }
 
 func (n *GlobalNode) stepDown() {
@@ -212,6 +248,10 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 	}
 	at := n.now()
 	n.configBefore(req, rep)
+	applied := n.configView().applied
+	for i, kd := range rep.Keys {
+		limits[i].FloorShare = applied.PartitionShareOf(kd.Key.Class)
+	}
 	for i, kd := range rep.Keys {
 		n.track(w.keyByQK[kd.Key], limits[i], at)
 		n.configTrack(w.keyByQK[kd.Key], limits[i])
