@@ -437,11 +437,13 @@ func (o *Oracle) RedisDown(t time.Duration, region int) {
 	o.down[region] = true
 }
 
-// RedisUp records that region's Redis is back, empty: every grant is gone
-// and buckets refill at the static shares.
+// RedisUp records that region's Redis is back, empty: every grant is gone,
+// and so is the region's static lease: buckets refill at the floors until
+// the region stores a new one (StaticLease).
 func (o *Oracle) RedisUp(t time.Duration, region int) {
 	o.Advance(t)
 	o.down[region] = false
+	o.staticUntil[region] = 0
 	for k := range o.keys {
 		o.keys[k].grants[region] = grantState{}
 		if o.keys[k].issued != nil {
