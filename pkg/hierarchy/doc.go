@@ -16,9 +16,11 @@
 //	ValidateRegions(regions) error
 //	NewAllocator(opts, now) (*Allocator, error)    starts in learning mode
 //	(*Allocator).SetLimit(key, limit) error / RemoveKey(key) / SetRegions(regions) error
-//	(*Allocator).Report(now, report) ([]Grant, error)
+//	(*Allocator).Report(now, report) (Answer, error)  grants and the static lease conferred
 //	(*Allocator).Allocate(now)                     once per epoch
-//	(*Allocator).BecomeLeader(now)                 on (re)gaining leadership
+//	(*Allocator).BecomeLeader(now, lapsed...)      on (re)gaining leadership, with the durable lapsed set
+//	(*Allocator).PendingLapses(now) / LapseDurable(now, region) / LapsedSet()
+//	Floor(staticRate, staticBurst, share, unit)    what a region runs on without a static lease
 //	(*Allocator).Learning(now) bool / Epoch() uint64 / View(now) View
 //
 // # Allocation
@@ -69,8 +71,9 @@
 // At every instant and for every key, Σ_r (rate region r may refill at)
 // <= r, where a region may refill at the rate of the newest grant it
 // received while that grant is unexpired on its own clock (expiry = send
-// time of the report it answered + Valid), else at s_r. The same holds for
-// burst caps: Σ_r cap_r <= b. Both up to float rounding.
+// time of the report it answered + Valid), else at s_r while it holds a
+// static lease (see lapse.go), else at its floor. The same holds for burst
+// caps: Σ_r cap_r <= b. Both up to float rounding.
 //
 // It holds under message loss, duplication, reordering and arbitrary
 // delays, silent regions and a change of leader, given the region contract
