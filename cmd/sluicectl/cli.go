@@ -48,21 +48,27 @@ commands:
   tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...]
                  [-remove-override class ...] [-yes] [-dry-run]
   shadow set (class NAME | tenant NAME) on|off [-yes] [-dry-run]
+  region drain NAME [-yes] [-dry-run]
+                                    run the region on its floor and give its share
+                                    to the other regions (regions.NAME.drained)
+  region restore NAME [-yes] [-dry-run]
+                                    undo a drain: the region's share comes back
   lease -addr HOST:PORT -tenant T [-class C] [-want N] [-keep]
                                     take (and release) one lease from a regional service
   check -addr HOST:PORT -tenant T [-class C] [-cost N]
                                     one strict decision from a regional service
 
-Changes (apply, tenant set, shadow set) are validated, shown as a diff and
-written in one etcd transaction guarded by the revision they were computed
-from. Without -yes they ask "apply? [y/N]" on a terminal and refuse otherwise.
+Changes (apply, tenant set, shadow set, region drain/restore) are
+validated, shown as a diff and written in one etcd transaction guarded by
+the revision they were computed from. Without -yes they ask "apply? [y/N]"
+on a terminal and refuse otherwise.
 
 exit codes:
   0  success (including "no changes")
   1  invalid input or config, or a change declined at the prompt
   2  usage error
   3  conflict: the config in etcd changed between read and write
-  4  not found: no config in etcd, or no such tenant or class
+  4  not found: no config in etcd, or no such tenant, class or region
   5  unreachable: etcd or the global allocator could not be reached
 
 global flags (also accepted after the command; each also read from the
@@ -158,6 +164,8 @@ func (a *app) commands() []command {
 		{"tenant get", "tenant get NAME", a.tenantGetCmd},
 		{"tenant set", "tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...] [-remove-override class ...] [-yes] [-dry-run]", a.tenantSetCmd},
 		{"shadow set", "shadow set (class NAME | tenant NAME) on|off [-yes] [-dry-run]", a.shadowSetCmd},
+		{"region drain", "region drain NAME [-yes] [-dry-run]", a.regionDrainCmd},
+		{"region restore", "region restore NAME [-yes] [-dry-run]", a.regionRestoreCmd},
 		{"lease", "lease -addr HOST:PORT -tenant T [-class C] [-want N] [-keep]", a.leaseCmd},
 		{"check", "check -addr HOST:PORT -tenant T [-class C] [-cost N]", a.checkCmd},
 	}

@@ -11,6 +11,8 @@
 //	tenant get NAME                  a tenant's tier, overrides and limits
 //	tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...]
 //	shadow set (class NAME | tenant NAME) on|off
+//	region drain NAME                run the region on its floor, its share to the others
+//	region restore NAME              undo a drain
 //
 // Global flags may also come after the command. Each global flag can be set
 // from the environment: -etcd-endpoints from SLUICE_ETCD_ENDPOINTS,
@@ -23,13 +25,15 @@
 //	1  invalid input or config, or a change declined at the prompt
 //	2  usage error
 //	3  conflict: the config in etcd changed between read and write
-//	4  not found: no config in etcd, or no such tenant or class
+//	4  not found: no config in etcd, or no such tenant, class or region
 //	5  unreachable: etcd or the global allocator could not be reached
 //
 // Invariant: every write is one etcd transaction guarded by the revision
 // the change was computed from (configstore.Store.Apply), made only after the
 // new config validated and its diff was shown; an invalid config, a lost
-// race or a declined prompt writes nothing.
+// race or a declined prompt writes nothing. region drain/restore of a
+// region already in that state writes nothing and succeeds; draining the
+// last region not drained is refused.
 //
 // Units: rates are tokens per second, written like "10/s", "6/m" or
 // "1000/h"; bursts are whole tokens; ages and validities are shown as

@@ -54,6 +54,8 @@ type regionLeaderView struct {
 	// Configured is false for a region that holds an election but is not
 	// in the config in etcd.
 	Configured bool `json:"configured"`
+	// Drained: the config in etcd drains the region.
+	Drained bool `json:"drained,omitempty"`
 }
 
 type globalView struct {
@@ -76,6 +78,20 @@ type regionView struct {
 	LastReportAgeMs int64  `json:"last_report_age_ms"`
 	Silent          bool   `json:"silent"`
 	LastSeq         uint64 `json:"last_seq"`
+	// State is the allocator's view of the region's static lease: live,
+	// silent, lapsed, returning or drained; empty from an allocator that
+	// does not report it.
+	State string `json:"state,omitempty"`
+	// SilentSince is when the region was last heard from (this machine's
+	// clock minus the report age), set while it is silent or lapsed.
+	SilentSince *time.Time `json:"silent_since,omitempty"`
+	// StaticLeaseMs is what the allocator believes remains of the region's
+	// static lease; 0 when it runs on its floor.
+	StaticLeaseMs int64 `json:"static_lease_ms"`
+	// ReservedFraction is the fraction of its static share the global tier
+	// reserves for the region without a grant (1 live, its floor fraction
+	// when lapsed or drained).
+	ReservedFraction float64 `json:"reserved_fraction"`
 }
 
 type keyView struct {
@@ -197,7 +213,11 @@ func (a *app) readEtcdStatus(ctx context.Context, rep *statusReport) error {
 		}
 	}
 	for _, r := range sortedNames(names) {
-		rep.RegionLeaders = append(rep.RegionLeaders, regionLeaderView{Region: r, Leader: regions[r], Configured: names[r]})
+		v := regionLeaderView{Region: r, Leader: regions[r], Configured: names[r]}
+		if cfg != nil {
+			v.Drained = cfg.Regions[r].Drained
+		}
+		rep.RegionLeaders = append(rep.RegionLeaders, v)
 	}
 	return nil
 }
@@ -258,11 +278,22 @@ func (a *app) askGlobal(ctx context.Context, addr string, top int32, rep *status
 		rep.GlobalError = fmt.Sprintf("cannot get status from the global allocator at %s: %v\n%s", addr, err, hint)
 		return nil
 	}
-	rep.Global = newGlobalView(resp)
+	rep.Global = newGlobalView(resp, time.Now())
 	return nil
 }
 
-func newGlobalView(resp *sluicev1.StatusResponse) *globalView {
+// Region states as the allocator reports them (RegionStatus.state).
+const (
+	stateLive      = "live"
+	stateSilent    = "silent"
+	stateLapsed    = "lapsed"
+	stateReturning = "returning"
+	stateDrained   = "drained"
+)
+
+// newGlobalView turns the allocator's answer, received at now, into the
+// report's view.
+func newGlobalView(resp *sluicev1.StatusResponse, now time.Time) *globalView {
 	g := &globalView{
 		AnsweredByLeader: resp.GetLeader(),
 		LeaderAddr:       resp.GetLeaderAddr(),
@@ -275,9 +306,15 @@ func newGlobalView(resp *sluicev1.StatusResponse) *globalView {
 		Keys:             []keyView{},
 	}
 	for _, r := range resp.GetRegions() {
-		g.Regions = append(g.Regions, regionView{
+		rv := regionView{
 			Region: r.GetRegion(), LastReportAgeMs: r.GetLastReportAgeMs(), Silent: r.GetSilent(), LastSeq: r.GetLastSeq(),
-		})
+			State: r.GetState(), StaticLeaseMs: r.GetStaticLeaseMs(), ReservedFraction: r.GetReservedFraction(),
+		}
+		if (rv.Silent || rv.State == stateLapsed) && rv.LastReportAgeMs >= 0 {
+			since := now.Add(-time.Duration(rv.LastReportAgeMs) * time.Millisecond).Truncate(time.Millisecond)
+			rv.SilentSince = &since
+		}
+		g.Regions = append(g.Regions, rv)
 		if r.GetSilent() {
 			g.Degraded = append(g.Degraded, r.GetRegion())
 		}
@@ -332,6 +369,9 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 			if !r.Configured {
 				note = "not in the config in etcd"
 			}
+			if r.Drained {
+				note = "drained in the config (sluicectl region restore " + r.Region + " undoes it)"
+			}
 			fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", r.Region, addr, n, note)
 		}
 	}
@@ -368,18 +408,22 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 	fmt.Fprintf(w, "config revision:\t%s\n", rev)
 	fmt.Fprintf(w, "contended keys:\t%d\n", g.ContendedKeys)
 	if len(g.Degraded) > 0 {
-		fmt.Fprintf(w, "degraded:\t%s\t(silent: counted at max(last grant, static share))\n", strings.Join(g.Degraded, ", "))
+		fmt.Fprintf(w, "degraded:\t%s\t(silent: counted at max(last grant, static share) until the static lease lapses, then at the floor)\n", strings.Join(g.Degraded, ", "))
 	} else {
 		fmt.Fprintf(w, "degraded:\tnone\n")
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "REGION\tLAST REPORT\tSEQ\tSTATE")
+	fmt.Fprintln(w, "REGION\tLAST REPORT\tSEQ\tSTATIC LEASE\tRESERVED\tSTATE")
 	for _, r := range g.Regions {
-		state := "ok"
-		if r.Silent {
-			state = "DEGRADED (silent)"
+		lease, reserved := "-", "-"
+		if r.State != "" {
+			lease = validity(r.StaticLeaseMs)
+			if r.StaticLeaseMs <= 0 {
+				lease = "none"
+			}
+			reserved = num(100*r.ReservedFraction) + "%"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", r.Region, age(r.LastReportAgeMs), r.LastSeq, state)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Region, age(r.LastReportAgeMs), r.LastSeq, lease, reserved, regionState(r))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -409,6 +453,38 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 		}
 	}
 	return w.Flush()
+}
+
+// regionState explains a region's state in a few words. RESERVED is the
+// share of its static share the global tier holds back for it without a
+// grant; the rest goes to the other regions.
+func regionState(r regionView) string {
+	since := ""
+	if r.SilentSince != nil {
+		since = " since " + r.SilentSince.Local().Format("15:04:05.000")
+	}
+	switch r.State {
+	case "":
+		// An allocator that does not report static leases.
+		if r.Silent {
+			return "DEGRADED (silent)"
+		}
+		return "ok"
+	case stateLive:
+		return "live"
+	case stateSilent:
+		if r.LastReportAgeMs < 0 {
+			return "SILENT (never heard; static lease still counted)"
+		}
+		return "SILENT" + since + " (static lease still counted)"
+	case stateLapsed:
+		return "LEASE EXPIRED" + since + " (lapsed: on its floor, its share re-divided)"
+	case stateReturning:
+		return "RETURNING (on its floor until its static lease is conferred again)"
+	case stateDrained:
+		return "DRAINED (config: on its floor, its share re-divided)"
+	}
+	return strings.ToUpper(r.State)
 }
 
 func candidates(n int) string {

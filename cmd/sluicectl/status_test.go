@@ -125,7 +125,7 @@ func TestStatusTextShowsAllocationAndDegradedRegions(t *testing.T) {
 			},
 		}},
 	}
-	rep := statusReport{EtcdPrefix: "/sluice", GlobalAddr: "10.0.0.1:7500", Global: newGlobalView(resp)}
+	rep := statusReport{EtcdPrefix: "/sluice", GlobalAddr: "10.0.0.1:7500", Global: newGlobalView(resp, time.Now())}
 	var out bytes.Buffer
 	if err := writeStatusText(&out, &rep); err != nil {
 		t.Fatal(err)
@@ -134,9 +134,10 @@ func TestStatusTextShowsAllocationAndDegradedRegions(t *testing.T) {
 	wantContains(t, "status", text,
 		"(standby; leader is 10.0.0.2:7500)", "learning:", "yes", "4242", "config revision:", "19",
 		"degraded:", "ap-south, eu-west")
-	wantRow(t, text, "us-east", "250ms", "ago", "99", "ok")
-	wantRow(t, text, "eu-west", "12s", "ago", "40", "DEGRADED", "(silent)")
-	wantRow(t, text, "ap-south", "never", "0", "DEGRADED", "(silent)")
+	// An allocator that reports no static-lease state: the old states.
+	wantRow(t, text, "us-east", "250ms", "ago", "99", "-", "-", "ok")
+	wantRow(t, text, "eu-west", "12s", "ago", "40", "-", "-", "DEGRADED", "(silent)")
+	wantRow(t, text, "ap-south", "never", "0", "-", "-", "DEGRADED", "(silent)")
 	wantRow(t, text, "acme/write", "800", "1600", "all", "1234.57", "800", "720", "1440", "-", "600")
 
 	// The key table is aligned: every cell of a column starts where its
@@ -188,4 +189,54 @@ func wantRow(t *testing.T, out, first string, cells ...string) {
 		}
 	}
 	t.Fatalf("no row %q followed by %q in:\n%s", first, strings.Join(cells, " "), out)
+}
+
+// TestStatusTextShowsRegionStates: each region's static-lease state, what
+// remains of its static lease and what the global tier reserves for it.
+func TestStatusTextShowsRegionStates(t *testing.T) {
+	now := time.Date(2026, 3, 4, 10, 20, 30, 0, time.UTC)
+	resp := &sluicev1.StatusResponse{
+		Leader: true, Epoch: 7,
+		Regions: []*sluicev1.RegionStatus{
+			{Region: "us-east", LastReportAgeMs: 150, LastSeq: 9, State: "live", StaticLeaseMs: 59850, ReservedFraction: 1},
+			{Region: "eu-west", LastReportAgeMs: 5000, Silent: true, LastSeq: 8, State: "silent", StaticLeaseMs: 55000, ReservedFraction: 1},
+			{Region: "ap-south", LastReportAgeMs: 90000, Silent: true, LastSeq: 7, State: "lapsed", ReservedFraction: 0},
+			{Region: "sa-east", LastReportAgeMs: 100, LastSeq: 6, State: "returning", ReservedFraction: 0.25},
+			{Region: "af-south", LastReportAgeMs: 100, LastSeq: 5, State: "drained", StaticLeaseMs: 60000, ReservedFraction: 0.5},
+			{Region: "me-central", LastReportAgeMs: -1, Silent: true, State: "silent", StaticLeaseMs: 0, ReservedFraction: 1},
+		},
+	}
+	rep := statusReport{EtcdPrefix: "/sluice", GlobalAddr: "10.0.0.1:7500", Global: newGlobalView(resp, now)}
+	var out bytes.Buffer
+	if err := writeStatusText(&out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	clock := func(age time.Duration) string { return now.Add(-age).Local().Format("15:04:05.000") }
+	wantContains(t, "status", text, "STATIC LEASE", "RESERVED")
+	wantRow(t, text, "us-east", "150ms", "ago", "9", "59.85s", "100%", "live")
+	wantRow(t, text, "eu-west", "5s", "ago", "8", "55s", "100%", "SILENT", "since", clock(5*time.Second), "(static", "lease", "still", "counted)")
+	wantRow(t, text, "ap-south", "1m30s", "ago", "7", "none", "0%", "LEASE", "EXPIRED", "since", clock(90*time.Second), "(lapsed:")
+	wantRow(t, text, "sa-east", "100ms", "ago", "6", "none", "25%", "RETURNING")
+	wantRow(t, text, "af-south", "100ms", "ago", "5", "1m0s", "50%", "DRAINED")
+	wantRow(t, text, "me-central", "never", "0", "none", "100%", "SILENT", "(never", "heard;")
+
+	data, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back statusReport
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]regionView{}
+	for _, r := range back.Global.Regions {
+		byName[r.Region] = r
+	}
+	if ap := byName["ap-south"]; ap.State != "lapsed" || ap.SilentSince == nil || !ap.SilentSince.Equal(now.Add(-90*time.Second)) || ap.ReservedFraction != 0 {
+		t.Fatalf("ap-south in JSON = %+v", ap)
+	}
+	if us := byName["us-east"]; us.State != "live" || us.SilentSince != nil || us.StaticLeaseMs != 59850 || us.ReservedFraction != 1 {
+		t.Fatalf("us-east in JSON = %+v", us)
+	}
 }

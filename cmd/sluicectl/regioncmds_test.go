@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// drainedRegions is the set of drained regions in the config in etcd.
+func (c *cluster) drainedRegions(t *testing.T) map[string]bool {
+	t.Helper()
+	cfg, _ := c.config(t)
+	out := map[string]bool{}
+	for name, r := range cfg.Regions {
+		if r.Drained {
+			out[name] = true
+		}
+	}
+	return out
+}
+
+// wantUnwritten checks that etcd did not move from before.
+func (c *cluster) wantUnwritten(t *testing.T, before int64, what string) {
+	t.Helper()
+	if after := c.revision(t); after != before {
+		t.Fatalf("%s moved etcd from revision %d to %d", what, before, after)
+	}
+}
+
+func TestRegionDrainAndRestoreWriteThroughTheDiff(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+
+	// The diff comes first, and -dry-run stops there.
+	before := c.revision(t)
+	r := sluicectl(t, "", c.args("region", "drain", "eu-west", "-dry-run")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "--- current", "+++ proposed", "   eu-west:", "+    drained: true")
+	wantContains(t, "stderr", r.stderr, "dry run: nothing written")
+	c.wantUnwritten(t, before, "region drain -dry-run")
+
+	// Without -yes and no terminal it refuses, as apply does.
+	r = sluicectl(t, "", c.args("region", "drain", "eu-west")...)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, "pass -yes")
+	c.wantUnwritten(t, before, "an unconfirmed region drain")
+
+	r = sluicectl(t, "", c.args("region", "drain", "eu-west", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "drained: true", "applied: revision", "eu-west runs on its floor", "grant_validity + 2 × epoch")
+	if got := c.drainedRegions(t); len(got) != 1 || !got["eu-west"] {
+		t.Fatalf("drained after drain = %v, want eu-west only", got)
+	}
+
+	// Draining again is a no-op that says so and succeeds.
+	before = c.revision(t)
+	r = sluicectl(t, "", c.args("region", "drain", "eu-west", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "region eu-west is already drained; nothing to write")
+	if strings.Contains(r.stdout, "proposed") || strings.Contains(r.stdout, "applied") {
+		t.Fatalf("a repeated drain showed a diff or wrote:\n%s", r)
+	}
+	c.wantUnwritten(t, before, "a repeated drain")
+
+	// Restore clears the field (the diff shows the line going away).
+	r = sluicectl(t, "", c.args("region", "restore", "eu-west", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "-    drained: true", "applied: revision", "eu-west's static share rises once every region has adopted")
+	if got := c.drainedRegions(t); len(got) != 0 {
+		t.Fatalf("drained after restore = %v, want none", got)
+	}
+	before = c.revision(t)
+	r = sluicectl(t, "", c.args("region", "restore", "eu-west", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "region eu-west is not drained; nothing to write")
+	c.wantUnwritten(t, before, "restoring a region that is not drained")
+}
+
+func TestRegionDrainRefusesUnknownAndLastServingRegion(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	before := c.revision(t)
+
+	for _, verb := range []string{"drain", "restore"} {
+		r := sluicectl(t, "", c.args("region", verb, "mars", "-yes")...)
+		wantCode(t, r, exitNotFound)
+		wantContains(t, "stderr", r.stderr, `region "mars" is not configured`, "ap-south, eu-west, us-east", "nothing was written")
+	}
+	c.wantUnwritten(t, before, "draining or restoring an unknown region")
+
+	for _, name := range []string{"us-east", "eu-west"} {
+		wantCode(t, sluicectl(t, "", c.args("region", "drain", name, "-yes")...), exitOK)
+	}
+	before = c.revision(t)
+	r := sluicectl(t, "", c.args("region", "drain", "ap-south", "-yes")...)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "cannot drain ap-south: it is the last region not drained", "restore another region first", "nothing was written")
+	c.wantUnwritten(t, before, "draining the last serving region")
+	if got := c.drainedRegions(t); len(got) != 2 || got["ap-south"] {
+		t.Fatalf("drained = %v, want us-east and eu-west", got)
+	}
+
+	// Usage errors: no region, two regions, a bare "region".
+	for _, args := range [][]string{{"region", "drain"}, {"region", "restore", "eu-west", "us-east"}, {"region"}} {
+		wantCode(t, sluicectl(t, "", c.args(args...)...), exitUsage)
+	}
+	c.wantUnwritten(t, before, "usage errors")
+
+	// Help of the new subcommands is not an error.
+	for _, verb := range []string{"drain", "restore"} {
+		r := sluicectl(t, "", "region", verb, "-h")
+		wantCode(t, r, exitOK)
+		wantContains(t, "stderr", r.stderr, "usage: sluicectl region "+verb+" NAME", "-dry-run", "-yes")
+		r = sluicectl(t, "", "region", verb, "--help")
+		wantCode(t, r, exitOK)
+	}
+	wantContains(t, "usage", sluicectl(t, "", "-h").stderr, "region drain NAME", "region restore NAME")
+}
+
+// TestRegionDrainLosingARaceIsAConflict: the drain is written in the same
+// revision-guarded transaction as apply: a change that lands between the
+// read and the write wins, and the drain writes nothing.
+func TestRegionDrainLosingARaceIsAConflict(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	current, readRev := c.config(t)
+	theirs, err := cloneConfig(current)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs.DefaultTier = "pro"
+	var theirRev int64
+	a := &app{beforeWrite: func() {
+		if theirRev, err = c.store.Apply(context.Background(), theirs, readRev); err != nil {
+			t.Errorf("concurrent apply: %v", err)
+		}
+	}}
+	r := runApp(t, a, c.args("region", "drain", "eu-west", "-yes")...)
+	wantCode(t, r, exitConflict)
+	wantContains(t, "stderr", r.stderr, "changed after it was read", "nothing was written")
+	stored, rev := c.config(t)
+	if rev != theirRev || stored.DefaultTier != "pro" || stored.Regions["eu-west"].Drained {
+		t.Fatalf("etcd holds revision %d (theirs %d), default_tier %q, eu-west drained %t: the losing drain landed",
+			rev, theirRev, stored.DefaultTier, stored.Regions["eu-west"].Drained)
+	}
+}
+
+func TestRegionDrainWithoutConfigIsNotFound(t *testing.T) {
+	c := newCluster(t)
+	r := sluicectl(t, "", c.args("region", "drain", "eu-west", "-yes")...)
+	wantCode(t, r, exitNotFound)
+	wantContains(t, "stderr", r.stderr, "no config in etcd")
+}
