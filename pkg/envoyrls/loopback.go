@@ -50,6 +50,10 @@ func DialLoopback(addr string, creds credentials.TransportCredentials, opts leas
 		conn.Close()
 		return nil, fmt.Errorf("envoyrls: loopback lease client: %w", err)
 	}
+	// Connect now rather than on the first request: the first Envoy call
+	// on a key would otherwise wait for the connection too, and the
+	// region's bucket, full at its cap, refills nothing meanwhile.
+	conn.Connect()
 	return &Loopback{conn: conn, client: client}, nil
 }
 

@@ -55,6 +55,12 @@ func (t *Table) rateLocked(now time.Time, e *entry) float64 {
 	return rate
 }
 
+// windowRateLocked is the demand rate of the current, still open window
+// at now (no EWMA, no side effects): what an instance asks right now.
+func (t *Table) windowRateLocked(now time.Time, e *entry) float64 {
+	return float64(e.demandLocked()-e.sampleDemand) / max(now.Sub(e.sampleAt), t.minSampleWindow()).Seconds()
+}
+
 // batchCap is the largest batch one instance should hold of a key.
 func (t *Table) batchCap(in *keyInfo) int64 {
 	if !(in.regionBurst > 0) {
@@ -77,6 +83,56 @@ func (t *Table) targetFor(in *keyInfo, rate float64) int64 {
 func (t *Table) lowWaterFor(rate float64, target int64) int64 {
 	lead := max(2*t.RTT(), t.opts.Refresh/4)
 	return min(ceilTokens(rate*lead.Seconds()), target/2)
+}
+
+// capHeldSteps is how many reports per region burst an instance sends
+// while its unreported spending holds the region's bucket at its cap.
+const capHeldSteps = 16
+
+// capHeldWater is the low-water mark for a pool of pool tokens just
+// credited by a grant after which the region's bucket held remaining
+// tokens (0 when the usual mark applies).
+//
+// The region refills its bucket only up to its cap less the tokens out in
+// leases as last reported (DESIGN invariant 3), so while the bucket and
+// this instance's pool together fill the cap, every token the instance
+// spends without reporting it is a token of refill the region loses. That
+// is the case when a key starts (the bucket starts full and the first
+// large batch takes most of it) and whenever one instance holds most of a
+// region's burst. When this instance's demand drains the region
+// (drainsRegion), it reports once it spent the room the bucket had left
+// (at least 1/capHeldSteps of the region's burst) instead of at the usual
+// mark, before the bucket can fill it, which hands the region room to
+// refill again; the owner loop's refill spacing bounds how often
+// (RefillSpacing).
+func (t *Table) capHeldWater(in *keyInfo, rate float64, pool, remaining int64) int64 {
+	// The rate a batch was sized with lags a demand that just rose (it
+	// was measured while requests waited for the batch), so the mark is
+	// set for half the region's rate, and the early report is sent only
+	// if the demand measured when the mark is reached drains the region.
+	if !(in.regionBurst > 0) || remaining < 0 || !t.drainsRegion(in, rate, 2) {
+		return 0
+	}
+	// The room the bucket has left to refill into, which it fills in
+	// room / region rate; an instance draining the region spends room
+	// tokens at least as fast, so it reports by then.
+	room := int64(math.Floor(in.regionBurst)) - remaining - pool
+	spend := max(1, int64(in.regionBurst/capHeldSteps), room)
+	if spend >= pool {
+		return 0
+	}
+	return pool - spend
+}
+
+// drainsRegion reports whether an instance with demand rate (tokens/s),
+// with the key's other live instances demanding as much, asks at least
+// the region's rate divided by slack. A region rate not learned yet counts
+// as not drained.
+func (t *Table) drainsRegion(in *keyInfo, rate, slack float64) bool {
+	if !(in.regionRate > 0) {
+		return false
+	}
+	return slack*rate*float64(max(1, in.live)) >= in.regionRate
 }
 
 func ceilTokens(x float64) int64 {

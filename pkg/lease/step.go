@@ -349,7 +349,12 @@ func (r *SyncRound) Sent(now time.Time, b *Batch, grants []*sluicev1.Grant, out 
 
 // PrepareRefill builds the owner loop's early refill at now (nil when no
 // key is at its low-water mark), and how long further kicks wait so that a
-// burst of keys crossing their marks shares one RPC.
+// burst of keys crossing their marks shares one RPC: no time when nothing
+// was sent (a key that crossed its mark while its report was in flight
+// must not wait a spacing for an RPC that never happened).
 func (c *Core) PrepareRefill(now time.Time) (b *Batch, hold time.Duration) {
-	return c.table.PrepareRefill(now), RefillSpacing(c.table.opts.Refresh)
+	if b = c.table.PrepareRefill(now); b == nil {
+		return nil, 0
+	}
+	return b, RefillSpacing(c.table.opts.Refresh)
 }

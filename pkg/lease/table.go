@@ -65,6 +65,10 @@ type keyInfo struct {
 	// path is not allowed to skip reading the clock (see doc.go).
 	checkClock bool
 	lowWater   int64
+	// usualWater is the low-water mark sizing alone sets; lowWater is
+	// above it while the region's bucket is held at its cap by this
+	// instance's unreported spending (capHeldWater).
+	usualWater int64
 	negUntil   time.Time // no synchronous acquire before this
 	// negNeed, while negUntil holds, is the need (tokens beyond the pool)
 	// the region answered "never" (-1) for: a request needing at least as
