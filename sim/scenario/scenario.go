@@ -336,8 +336,9 @@ type Fault struct {
 	// For is how long the fault lasts. Required for partition,
 	// redis-restart, etcd-down and loss; optional for latency.
 	For Duration `yaml:"for,omitempty"`
-	// RestartAfter starts replacements (instance faults) or brings the old
-	// global leader back as standby. Optional.
+	// RestartAfter starts replacements (instance faults), brings the old
+	// global leader back as standby, or brings a region-down region back.
+	// Optional.
 	RestartAfter Duration `yaml:"restart_after,omitempty"`
 	// Latency is the new one-way latency of a latency fault.
 	Latency Duration `yaml:"latency,omitempty"`
