@@ -58,8 +58,10 @@ func wireKey(k quota.Key) *sluicev1.QuotaKey {
 // token waiting to go back). The region books what they add to the totals
 // it applied last, so a report that supersedes one that never arrived
 // carries its usage too. The report becomes the pending one, resent
-// unchanged until acknowledged.
-func (t *Table) newReportLocked(e *entry, want, minBatch int64, withReturn bool) *sluicev1.KeyReport {
+// unchanged until acknowledged. It says when it was built (now, on the
+// table's clock: builtUS), so the region measures the instance's demand
+// over the time its totals were read at, not over their arrival times.
+func (t *Table) newReportLocked(now time.Time, e *entry, want, minBatch int64, withReturn bool) *sluicev1.KeyReport {
 	want = min(max(want, 0), quota.MaxWant)
 	seq := t.seq.Add(1)
 	if e.lease == 0 {
@@ -79,6 +81,7 @@ func (t *Table) newReportLocked(e *entry, want, minBatch int64, withReturn bool)
 		Returned: returned,
 		Want:     want,
 		Min:      min(max(minBatch, 0), want),
+		BuiltUs:  t.builtUS(now),
 	}
 	e.pending = r
 	return r
@@ -125,7 +128,7 @@ func (t *Table) syncReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 	if e.st.mode == ModeStrict {
 		// No lease: the report only keeps what the region says about the
 		// key (mode, tier, limit) current.
-		return t.newReportLocked(e, 0, 0, true)
+		return t.newReportLocked(now, e, 0, 0, true)
 	}
 	t.expireLocked(now, e)
 	target := t.targetFor(&e.st, t.rateLocked(now, e))
@@ -137,7 +140,7 @@ func (t *Table) syncReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 	case have < target:
 		want = target - have
 	}
-	return t.newReportLocked(e, want, 1, true)
+	return t.newReportLocked(now, e, want, 1, true)
 }
 
 // idleLocked reports whether the key saw no demand for IdleTimeout.
@@ -174,7 +177,7 @@ func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 		// exactly.
 		strictLease := e.pending == nil && e.granted && e.st.mode == ModeStrict
 		if ((e.pending == nil || !e.granted) && t.idleLocked(now, e)) || strictLease {
-			if r := t.finalReportLocked(e); r != nil {
+			if r := t.finalReportLocked(now, e); r != nil {
 				if release == nil {
 					release = &Batch{sentAt: now}
 				}
@@ -272,7 +275,7 @@ func (t *Table) PrepareAcquire(now time.Time, key quota.Key, cost int64) (b *Bat
 		need := cost - have
 		target := t.targetFor(&e.st, t.rateLocked(now, e))
 		// Acquire carries no returned tokens: they wait for the next Sync.
-		r = t.newReportLocked(e, max(target-have, need), need, false)
+		r = t.newReportLocked(now, e, max(target-have, need), need, false)
 	}
 	e.beginLocked()
 	return &Batch{Reports: []*sluicev1.KeyReport{r}, entries: []*entry{e}, sentAt: now, useSync: r.Returned > 0}, nil
@@ -336,7 +339,7 @@ func (t *Table) PrepareRelease(now time.Time) *Batch {
 			e.mu.Unlock()
 			continue
 		}
-		if r := t.finalReportLocked(e); r != nil {
+		if r := t.finalReportLocked(now, e); r != nil {
 			if b == nil {
 				b = &Batch{sentAt: now}
 			}
@@ -355,12 +358,12 @@ func (t *Table) PrepareRelease(now time.Time) *Batch {
 // (never granted). Whatever the class's mode now: a lease issued before a
 // change to strict ends exactly too. A pending report need not be resent:
 // the final report's totals include its usage.
-func (t *Table) finalReportLocked(e *entry) *sluicev1.KeyReport {
+func (t *Table) finalReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 	e.toReturn += e.drainLocked(maxPool)
 	if !e.granted {
 		return nil
 	}
-	return t.newReportLocked(e, 0, 0, true)
+	return t.newReportLocked(now, e, 0, 0, true)
 }
 
 // PrepareRebase starts a new lease on every key, for an instance that
@@ -377,7 +380,7 @@ func (t *Table) PrepareRebase(now time.Time) *Batch {
 		case e.inflight != nil:
 			e.rebase = true
 		default:
-			if r := t.finalReportLocked(e); r != nil {
+			if r := t.finalReportLocked(now, e); r != nil {
 				if b == nil {
 					b = &Batch{sentAt: now}
 				}

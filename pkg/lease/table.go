@@ -41,6 +41,9 @@ type Table struct {
 	mu  sync.Mutex
 	rtt time.Duration // guarded by mu: smoothed round trip of lease RPCs
 
+	originOnce sync.Once
+	origin     time.Time // set once by originOnce: the zero of builtUS
+
 	statsMu sync.Mutex
 	totals  map[statsLabels]*[resultSlots]uint64 // guarded by statsMu
 }

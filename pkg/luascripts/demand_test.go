@@ -161,3 +161,48 @@ func TestParseLeaseRecord(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseDemandOnBuildTimes: a lease's demand windows are measured on
+// the times the instance built its reports, not on their arrival. An
+// instance decides 100 tokens each 100ms of its own time; its reports
+// arrive after transit delays of 10ms, 400ms, 20ms and 10ms. Measured at
+// arrival, the report built 100ms after its predecessor but arriving
+// 480ms after it would read as 100 tokens over 480ms (208/s), and the next
+// as 100 over 20ms (5000/s); on the build times every window reads 1000/s.
+// The Go model agrees.
+func TestLeaseDemandOnBuildTimes(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sc := newVirtual()
+	m := NewModel()
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 100000, StaticBurst: 100000, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8,
+		DemandWindow: 50 * time.Millisecond}
+	t0 := int64(1_800_000_000_000_000)
+	delays := []time.Duration{10 * time.Millisecond, 400 * time.Millisecond, 20 * time.Millisecond, 10 * time.Millisecond}
+	for i, delay := range delays {
+		built := time.Duration(i) * 100 * time.Millisecond
+		arrive := t0 + (built + delay).Microseconds()
+		sc.setNow(arrive)
+		r := Report{Instance: "i-a", Incarnation: 7, Lease: 1, Seq: uint64(i + 1), Used: int64(i) * 100, Want: 100, Min: 1,
+			BuiltUS: built.Microseconds() + 1}
+		if _, err := sc.Sync(ctx, rdb, k, c, r); err != nil {
+			t.Fatal(err)
+		}
+		m.Sync(arrive, k, c, r)
+		st, err := sc.State(ctx, rdb, k, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mst := m.State(arrive, k, c)
+		want := 1000.0
+		if i == 0 {
+			want = 0 // the first report opens the window
+		}
+		if st.LeaseDemand != want || mst.LeaseDemand != want {
+			t.Fatalf("report %d (built at %v, arrived %v later): lease demand %v/s (model %v/s), want %v/s",
+				i, built, delay, st.LeaseDemand, mst.LeaseDemand, want)
+		}
+	}
+}

@@ -254,7 +254,7 @@ func (o *op) ownLease(id string) *modelLease {
 	return l
 }
 
-func (o *op) applyUsage(l *modelLease, used, denied, returned float64) float64 {
+func (o *op) applyUsage(l *modelLease, used, denied, returned, built float64) float64 {
 	unspent := l.g - l.u - l.r
 	ue := used
 	if ue > unspent {
@@ -279,17 +279,21 @@ func (o *op) applyUsage(l *modelLease, used, denied, returned float64) float64 {
 	}
 	o.b.adm = o.b.adm + used
 	o.b.den = o.b.den + denied
-	if l.lt <= 0 || o.now < l.lt {
-		l.lt, l.pd = o.now, 0
+	at := o.now
+	if built > 0 {
+		at = built
+	}
+	if l.lt <= 0 || at < l.lt {
+		l.lt, l.pd = at, 0
 	} else {
 		l.pd = l.pd + used + denied
-		if o.now-l.lt >= float64(o.c.DemandWindow.Milliseconds())*1000 {
-			dr := math.Floor(l.pd*1000000000/(o.now-l.lt) + 0.5)
+		if at-l.lt >= float64(o.c.DemandWindow.Milliseconds())*1000 {
+			dr := math.Floor(l.pd*1000000000/(at-l.lt) + 0.5)
 			o.b.dr = o.b.dr + dr - l.dr
 			if o.b.dr < 0 {
 				o.b.dr = 0
 			}
-			l.dr, l.lt, l.pd = dr, o.now, 0
+			l.dr, l.lt, l.pd = dr, at, 0
 		}
 	}
 	if re > 0 {
@@ -444,10 +448,10 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 		ttl = math.Floor((l.exp - o.now) / 1000)
 	case l != nil || !r.BookOnly:
 		if l != nil {
-			o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar)
+			o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar, float64(max(r.BuiltUS, 0)))
 		} else {
 			l = &modelLease{}
-			o.applyUsage(l, 0, 0, 0)
+			o.applyUsage(l, 0, 0, 0, float64(max(r.BuiltUS, 0)))
 		}
 		l.au, l.ad, l.ar, l.le, l.inc = tu, td, tr, le, inc
 		if want > 0 {
@@ -512,7 +516,7 @@ func (m *Model) Release(nowUS int64, k Keys, c Common, r Report) ReleaseReply {
 			o.dropLease(r.Instance, l, false)
 		case "stale":
 		case "new":
-			back = o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar)
+			back = o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar, float64(max(r.BuiltUS, 0)))
 			back += o.dropLease(r.Instance, l, true)
 		default: // retry
 			back += o.dropLease(r.Instance, l, true)

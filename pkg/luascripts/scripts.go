@@ -99,18 +99,24 @@ type Report struct {
 	// BookOnly books the report against a lease the instance already
 	// holds and opens none (the key's class is strict now). Want must be 0.
 	BookOnly bool
+	// BuiltUS is when the instance built the report, in µs on its own
+	// monotonic clock (0 = not given: the scripts use Redis time at
+	// arrival). The lease's demand windows are measured on it.
+	BuiltUS int64
 }
 
 func (r Report) leaseArgs() []any {
 	return []any{r.Instance, strconv.FormatUint(r.Incarnation, 10), r.Lease, r.Seq, r.Used, r.Denied, r.Returned}
 }
 
+func (r Report) releaseArgs() []any { return append(r.leaseArgs(), max(r.BuiltUS, 0)) }
+
 func (r Report) opArgs() []any {
 	open := "1"
 	if r.BookOnly {
 		open = "0"
 	}
-	return append(r.leaseArgs(), r.Want, r.Min, open)
+	return append(r.leaseArgs(), r.Want, r.Min, open, max(r.BuiltUS, 0))
 }
 
 // LeaseReply is the answer of acquire and sync.
@@ -311,7 +317,7 @@ func (s *Scripts) SyncMany(ctx context.Context, c interface {
 
 // Release runs release.lua.
 func (s *Scripts) Release(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (ReleaseReply, error) {
-	res, err := s.release.Run(ctx, c, k.list(), s.args(cm, r.leaseArgs()...)...).Slice()
+	res, err := s.release.Run(ctx, c, k.list(), s.args(cm, r.releaseArgs()...)...).Slice()
 	if err != nil {
 		return ReleaseReply{}, fmt.Errorf("release %s: %w", k.Bucket, err)
 	}

@@ -248,6 +248,7 @@ func validateReport(r *sluicev1.KeyReport, field string) error {
 		v    int64
 		max  int64
 	}{{"used", r.GetUsed(), maxTotal}, {"denied", r.GetDenied(), maxTotal}, {"returned", r.GetReturned(), maxTotal},
+		{"built_us", r.GetBuiltUs(), maxTotal},
 		{"min", r.GetMin(), quota.MaxWant}} {
 		if f.v < 0 {
 			return fmt.Errorf("%w: %s.%s %d is negative", quota.ErrInvalid, field, f.name, f.v)

@@ -119,7 +119,13 @@ type KeyReport struct {
 	// life). A report of a later lease than the region's record
 	// ends that record (its unspent tokens are forfeited: the earlier
 	// lease's final report never arrived) and opens a new one.
-	Lease         uint64 `protobuf:"varint,8,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease uint64 `protobuf:"varint,8,opt,name=lease,proto3" json:"lease,omitempty"`
+	// When the instance built this report, on its own monotonic clock: µs
+	// since its client started, at least 1 (0 = not given). The region
+	// measures the instance's demand (used + denied) over these times, the
+	// clock the totals were read on, so a report's time in transit does not
+	// move demand between windows. At most 2^53.
+	BuiltUs       int64 `protobuf:"varint,9,opt,name=built_us,json=builtUs,proto3" json:"built_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -206,6 +212,13 @@ func (x *KeyReport) GetMin() int64 {
 func (x *KeyReport) GetLease() uint64 {
 	if x != nil {
 		return x.Lease
+	}
+	return 0
+}
+
+func (x *KeyReport) GetBuiltUs() int64 {
+	if x != nil {
+		return x.BuiltUs
 	}
 	return 0
 }
@@ -1684,7 +1697,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\fsluice.proto\x12\tsluice.v1\"8\n" +
 	"\bQuotaKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
-	"\x05class\x18\x02 \x01(\tR\x05class\"\xc8\x01\n" +
+	"\x05class\x18\x02 \x01(\tR\x05class\"\xe3\x01\n" +
 	"\tKeyReport\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
@@ -1693,7 +1706,8 @@ const file_sluice_proto_rawDesc = "" +
 	"\breturned\x18\x05 \x01(\x03R\breturned\x12\x12\n" +
 	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x10\n" +
 	"\x03min\x18\a \x01(\x03R\x03min\x12\x14\n" +
-	"\x05lease\x18\b \x01(\x04R\x05lease\"\xb0\x03\n" +
+	"\x05lease\x18\b \x01(\x04R\x05lease\x12\x19\n" +
+	"\bbuilt_us\x18\t \x01(\x03R\abuiltUs\"\xb0\x03\n" +
 	"\x05Grant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +

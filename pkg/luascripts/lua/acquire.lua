@@ -6,7 +6,7 @@
 --
 -- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
 -- ARGV[1..7]  common (see lib.lua)
--- ARGV[8..17] as sync.lua
+-- ARGV[8..18] as sync.lua
 -- Reply: as lease_op (lib.lua)
 return lease_op(ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]),
-  tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), ARGV[17] == '1')
+  tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), ARGV[17] == '1', tonumber(ARGV[18]))

@@ -26,7 +26,9 @@
 --                                 inc": granted, used, returned (cumulative
 --                                 tokens booked), last applied seq, expiry
 --                                 (µs), last grant, start of the open
---                                 demand window (µs), demand reported in
+--                                 demand window (µs, on the clock of the
+--                                 lease's reports: see apply_usage),
+--                                 demand reported in
 --                                 it (tokens), demand rate of the last
 --                                 closed one (milli-tokens/s), the used,
 --                                 denied and returned totals of the last
@@ -68,8 +70,14 @@
 --
 -- Demand reading. The region leader reports each key's demand as dr/1000
 -- plus the strict path's sd per second. Each lease measures its instance's
--- demand (used + denied) over windows of its own reports, on Redis time,
--- closing a window at the first report at least ARGV[7] after it opened.
+-- demand (used + denied) over windows of its own reports, on the clock the
+-- totals were read on: the instance's, as each report says when it was
+-- built (Redis time at arrival for a report that does not say), closing a
+-- window at the first report at least ARGV[7] after it opened. Measured at
+-- arrival, a report's time in transit would move its demand between
+-- windows: a report built just after the previous one but delayed reads
+-- as a window of almost no demand, the next as one of several times the
+-- demand, and a region leader reading between them reports a collapse.
 -- A count of what reports brought in over the leader's epoch would be as
 -- lumpy as the reports are (an instance's refresh landing just before or
 -- just after the leader reads moves a whole refresh of its demand between
@@ -311,9 +319,10 @@ end
 -- apply_usage books a report's used and returned tokens against the lease.
 -- An instance cannot use or return more than the lease shows unspent (it
 -- may report use from a lease already reaped): the excess only feeds the
--- demand counters and the lease's demand window. Returns the tokens
--- actually put back.
-local function apply_usage(L, used, denied, returned)
+-- demand counters and the lease's demand window. built is when the
+-- instance built the report on its own clock (µs; 0 = not given: NOW
+-- stands in). Returns the tokens actually put back.
+local function apply_usage(L, used, denied, returned, built)
   local unspent = L.g - L.u - L.r
   local ue = used
   if ue > unspent then ue = unspent end
@@ -328,17 +337,19 @@ local function apply_usage(L, used, denied, returned)
   if B.out < 0 then B.out = 0 end
   B.adm = B.adm + used
   B.den = B.den + denied
-  if L.lt <= 0 or NOW < L.lt then
+  local at = NOW
+  if built > 0 then at = built end
+  if L.lt <= 0 or at < L.lt then
     -- No window open (a new lease, an older record) or a clock that went
     -- back: open one now; what this report brings covers an unknown time.
-    L.lt, L.pd = NOW, 0
+    L.lt, L.pd = at, 0
   else
     L.pd = L.pd + used + denied
-    if NOW - L.lt >= DWIN then
-      local dr = math.floor(L.pd * 1000000000 / (NOW - L.lt) + 0.5)
+    if at - L.lt >= DWIN then
+      local dr = math.floor(L.pd * 1000000000 / (at - L.lt) + 0.5)
       B.dr = B.dr + dr - L.dr
       if B.dr < 0 then B.dr = 0 end
-      L.dr, L.lt, L.pd = dr, NOW, 0
+      L.dr, L.lt, L.pd = dr, at, 0
     end
   end
   if re > 0 then
@@ -470,7 +481,7 @@ end
 --          now_us, duplicate(0|1), reclaimed, conflict(0|1) }; rate and cap
 --          as '%.17g' strings; reclaimed = tokens returned from expired
 --          leases.
-local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create)
+local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
   reap(REAPMAX)
   local L = own_lease(id)
   local granted, ttl, retry, dup, conflict = 0, LTTL, 0, 0, 0
@@ -490,11 +501,11 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create)
     ttl = math.floor((L.exp - NOW) / 1000)
   elseif L or create then
     if L then
-      apply_usage(L, tu - L.au, td - L.ad, tr - L.ar)
+      apply_usage(L, tu - L.au, td - L.ad, tr - L.ar, built)
     else
       -- A new lease starts from the report's totals: nothing to book yet.
       L = { g = 0, u = 0, r = 0, seq = 0, exp = 0, lg = 0, lt = 0, pd = 0, dr = 0 }
-      apply_usage(L, 0, 0, 0)
+      apply_usage(L, 0, 0, 0, built)
     end
     L.au, L.ad, L.ar, L.le, L.inc = tu, td, tr, le, inc
     if want > 0 then

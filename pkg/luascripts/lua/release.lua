@@ -9,6 +9,7 @@
 -- ARGV[1..7]  common (see lib.lua)
 -- ARGV[8..14] as sync.lua (instance id, incarnation, lease number, seq,
 --             used, denied, returned)
+-- ARGV[15]    built, as sync.lua's ARGV[18]
 -- Reply: { tokens put back, now_us, conflict(0|1) }
 reap(REAPMAX)
 local id, inc, le, seq = ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
@@ -24,7 +25,7 @@ if L then
     forfeit(id, L)
   elseif kind ~= 'stale' then
     if kind == 'new' then
-      back = apply_usage(L, tu - L.au, td - L.ad, tr - L.ar)
+      back = apply_usage(L, tu - L.au, td - L.ad, tr - L.ar, tonumber(ARGV[15]))
     end
     back = back + drop_lease(id, L, true)
   end

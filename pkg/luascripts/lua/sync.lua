@@ -17,6 +17,8 @@
 -- ARGV[16]    min (tokens)
 -- ARGV[17]    create: '1' may open a lease; '0' only books an existing one
 --             (a class that is strict now)
+-- ARGV[18]    built: when the instance built the report, µs on its own
+--             clock ('0' = not given; see apply_usage)
 -- Reply: as lease_op (lib.lua)
 return lease_op(ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]),
-  tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), ARGV[17] == '1')
+  tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), ARGV[17] == '1', tonumber(ARGV[18]))

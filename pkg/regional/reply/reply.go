@@ -18,7 +18,7 @@ import (
 func Report(instance string, incarnation uint64, r *sluicev1.KeyReport, strict bool) luascripts.Report {
 	rep := luascripts.Report{
 		Instance: instance, Incarnation: incarnation, Lease: r.GetLease(), Seq: r.GetSeq(), Used: r.GetUsed(),
-		Denied: r.GetDenied(), Returned: r.GetReturned(), Want: r.GetWant(), Min: r.GetMin(),
+		Denied: r.GetDenied(), Returned: r.GetReturned(), Want: r.GetWant(), Min: r.GetMin(), BuiltUS: r.GetBuiltUs(),
 	}
 	if strict {
 		rep.BookOnly, rep.Want, rep.Min = true, 0, 0

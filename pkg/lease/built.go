@@ -1,0 +1,17 @@
+package lease
+
+import "time"
+
+// maxBuiltUS bounds a report's build time (exact in the region's Lua
+// numbers; the region refuses more).
+const maxBuiltUS = 1 << 53
+
+// builtUS is now on the table's own clock, for a report built at now: µs
+// since the first report the table built, plus 1 (0 on the wire means not
+// given). With the clock readings the client passes (time.Now) it is
+// monotonic; reports of one lease are built in seq order, so their times
+// never decrease.
+func (t *Table) builtUS(now time.Time) int64 {
+	t.originOnce.Do(func() { t.origin = now })
+	return min(max(now.Sub(t.origin).Microseconds(), 0)+1, maxBuiltUS)
+}
