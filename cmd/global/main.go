@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
@@ -41,6 +42,9 @@ const etcdTimeout = 10 * time.Second
 
 func main() {
 	if err := run(context.Background(), os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the usage went to stderr
+		}
 		fmt.Fprintln(os.Stderr, "global:", err)
 		os.Exit(1)
 	}
@@ -64,9 +68,14 @@ func run(ctx context.Context, args []string) error {
 	etcdKey := fs.String("etcd-key", "", "client private key (PEM) for etcd")
 	etcdUser := fs.String("etcd-username", "", "etcd user")
 	etcdPassword := fs.String("etcd-password", "", "etcd password")
+	showVersion := fs.Bool(flagenv.VersionFlag, false, "print the version and exit")
 	flagenv.Usage(fs, "SLUICE")
 	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
 		return err
+	}
+	if *showVersion {
+		fmt.Println(version.String("global"))
+		return nil
 	}
 	logger, err := flagenv.Logger(*logLevel)
 	if err != nil {

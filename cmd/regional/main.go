@@ -37,6 +37,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
@@ -48,6 +49,9 @@ import (
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the usage went to stderr
+		}
 		fmt.Fprintln(os.Stderr, "regional:", err)
 		os.Exit(1)
 	}
@@ -67,6 +71,7 @@ type flags struct {
 	tlsCert, tlsKey, tlsClientCA, tlsCA string
 	etcdCA, etcdCert, etcdKey           string
 	etcdUsername, etcdPassword          string
+	version                             bool
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -97,6 +102,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.etcdKey, "etcd-key", "", "client private key (PEM) for etcd")
 	fs.StringVar(&f.etcdUsername, "etcd-username", "", "etcd user")
 	fs.StringVar(&f.etcdPassword, "etcd-password", "", "etcd password")
+	fs.BoolVar(&f.version, flagenv.VersionFlag, false, "print the version and exit")
 	flagenv.Usage(fs, "SLUICE")
 	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
 		return nil, err
@@ -111,6 +117,10 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	f, err := parseFlags(args)
 	if err != nil {
 		return err
+	}
+	if f.version {
+		fmt.Fprintln(stdout, version.String("regional"))
+		return nil
 	}
 	logger, err := flagenv.Logger(f.logLevel)
 	if err != nil {

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/sluicehq/sluice/internal/version"
 )
 
 func main() {
@@ -19,6 +22,10 @@ func main() {
 // flags not given on the command line are read from the process
 // environment.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 1 && (args[0] == "-version" || args[0] == "--version") {
+		fmt.Fprintln(stdout, version.String("sluicectl"))
+		return exitOK
+	}
 	a := &app{
 		stdin:           stdin,
 		stdout:          stdout,

@@ -16,8 +16,14 @@ func EnvName(prefix, name string) string {
 	return prefix + "_" + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(name))
 }
 
+// VersionFlag is the flag every command prints its version with. It is
+// never read from the environment: a SLUICE_VERSION set for another reason
+// (an image or release tag) must not turn a daemon into a version printer.
+const VersionFlag = "version"
+
 // Parse parses args into fs, then applies environment overrides for every
-// flag not set on the command line. getenv is usually os.Getenv.
+// flag not set on the command line (but VersionFlag). getenv is usually
+// os.Getenv.
 func Parse(fs *flag.FlagSet, prefix string, args []string, getenv func(string) string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -29,7 +35,7 @@ func Parse(fs *flag.FlagSet, prefix string, args []string, getenv func(string) s
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || err != nil {
+		if set[f.Name] || err != nil || f.Name == VersionFlag {
 			return
 		}
 		env := EnvName(prefix, f.Name)
@@ -42,9 +48,13 @@ func Parse(fs *flag.FlagSet, prefix string, args []string, getenv func(string) s
 	return err
 }
 
-// Usage appends the environment variable to every flag's usage text.
+// Usage appends the environment variable to every flag's usage text (but
+// VersionFlag's).
 func Usage(fs *flag.FlagSet, prefix string) {
 	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == VersionFlag {
+			return
+		}
 		f.Usage += " (env " + EnvName(prefix, f.Name) + ")"
 	})
 }
