@@ -4,12 +4,21 @@ PKGS      ?= ./...
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 export PATH := $(PATH):$(shell $(GO) env GOPATH)/bin
 
-.PHONY: all build test deps bench proto vet fmt soak clean fuzz
+.PHONY: all build test deps bench proto vet fmt soak clean fuzz image
 
 all: build
 
 build:
 	$(GO) build -o bin/ ./cmd/...
+
+# image writes Sluice's container image (every command, static, non-root,
+# CA certificates) as a tar for `docker load` / `podman load`, without a
+# container daemon; it prints how to load, push and deploy it.
+IMAGE     ?= sluicehq/sluice
+IMAGE_TAG ?=
+IMAGE_TAR ?= bin/sluice-image.tar
+image:
+	$(GO) run ./scripts/imagebuild -o $(IMAGE_TAR) -image $(IMAGE) $(if $(IMAGE_TAG),-tag $(IMAGE_TAG))
 
 # deps installs the system packages the tests talk to (a real redis-server).
 deps:
