@@ -330,7 +330,7 @@ func (s *sim) step() {
 			}
 		}
 	case evDeliver:
-		before := s.alloc.View(s.wall(s.now)).Regions[e.region].State
+		wasLapsed := slices.Contains(s.alloc.LapsedSet(), s.opts.Regions[e.region].Name)
 		ans, err := s.alloc.Report(s.wall(s.now), e.report)
 		if err != nil {
 			if !errorsIsStale(err) {
@@ -341,7 +341,7 @@ func (s *sim) step() {
 		if ans.StaticLease != 0 && ans.StaticLease != s.alloc.RegionLease() {
 			s.t.Fatalf("static lease %v conferred, want 0 or the region lease %v", ans.StaticLease, s.alloc.RegionLease())
 		}
-		if before == StateReturning && ans.StaticLease > 0 {
+		if wasLapsed && ans.StaticLease > 0 {
 			s.returns++
 		}
 		if !s.chance(s.faults.loseAnswer, "loseAnswer") {
