@@ -19,7 +19,7 @@ func (r *Region) observe(k *keyInfo) {
 	if !ok {
 		return
 	}
-	c := k.common[r.idx]
+	c := r.common(k) // the static share, or the floor off lease
 	rate, capNow := c.StaticRate, c.StaticBurst
 	if p.GrantExpiryUS > p.NowUS {
 		rate, capNow = p.GrantRate, p.GrantBurst

@@ -27,6 +27,11 @@ type Region struct {
 	model   *luascripts.Model
 	redisUp bool
 	bornUS  int64
+	// staticUS is the end of the region's static lease as its Redis holds
+	// it (pkg/regional's {static}:lease key; 0 = none, lost with the
+	// data). The regional service reads it on every call (a replica's
+	// periodic read, without its lag).
+	staticUS int64
 
 	insts    []*Instance // live and serving, in start order
 	all      []*Instance // every instance ever started
@@ -123,9 +128,17 @@ func (r *Region) removeInstance(in *Instance) {
 	}
 }
 
+// common is what the regional service hands the scripts for k (Server.
+// common): the static share while the static lease is known valid, else
+// the floor (regionsync.Choose, on the Redis clock: the twin's replica
+// reads it exactly).
 func (r *Region) common(k *keyInfo) luascripts.Common {
 	c := k.common[r.idx]
 	c.BornUS = r.bornUS
+	static := regionsync.Share{Rate: c.StaticRate, Burst: c.StaticBurst}
+	sh := regionsync.Choose(r.redisNowUS(), regionsync.StaticLease{UntilUS: r.staticUS},
+		regionsync.StaticMargin(r.w.epoch), static, regionsync.FloorOf(static, k.res))
+	c.StaticRate, c.StaticBurst = sh.Rate, sh.Burst
 	return c
 }
 
@@ -304,6 +317,7 @@ func (r *Region) redisBack() {
 	r.model = luascripts.NewModel()
 	r.redisUp = true
 	r.bornUS = r.redisNowUS()
+	r.staticUS = 0 // the static lease went with the data: the floor
 	for _, id := range r.indexList {
 		r.index[id] = 0
 	}
@@ -343,7 +357,15 @@ func (r *Region) electLeader(delay time.Duration) {
 			}
 			r.w.eng.After(r.w.epoch, tick)
 		}
-		// The loop's ticker starts at the election: any phase.
+		// The first round goes at once (Leader.lead; after the events
+		// already due now, such as a global election at the same
+		// instant), then the loop's ticker, started at the election: any
+		// phase.
+		r.w.eng.After(0, func() {
+			if r.leaderUp && r.leaderGen == gen && !r.busy {
+				r.epochSync(gen)
+			}
+		})
 		r.w.eng.After(time.Duration(r.w.rngEtcd.Int64N(int64(r.w.epoch)))+1, tick)
 	})
 }
@@ -361,10 +383,41 @@ func (r *Region) loseLeader(newAfter time.Duration) {
 	}
 }
 
-// epochSync is Leader.SyncOnce: an epoch's round of reports.
+// epochSync is Leader.round: an epoch's round of reports (SyncOnce); when
+// it fails at once, the etcd rule of the static lease.
 func (r *Region) epochSync(gen int) {
 	r.round = regionsync.NewRound(r.w.epoch)
-	r.syncOnce(gen, regionsync.Epoch)
+	if !r.syncOnce(gen, regionsync.Epoch) {
+		r.noGlobalLeader()
+	}
+}
+
+// noGlobalLeader is Leader.NoGlobalLeader: with etcd reachable and no
+// global allocator replica's election key in it, regionsync may extend a
+// still running static lease; the leader stores it.
+func (r *Region) noGlobalLeader() {
+	if !r.redisUp || !r.w.global.etcdUp || !globalElectionEmpty(r.w.global) {
+		return
+	}
+	r.leader.Load(regionsync.StaticLease{UntilUS: r.staticUS})
+	now := r.redisNowUS()
+	if r.leader.NoGlobalLeader(now, now, time.Duration(r.w.cfg.RegionLease)) {
+		r.storeStatic()
+	}
+}
+
+// globalElectionEmpty says whether etcd holds no global replica's election
+// key. The model does not yet tell a crashed leader's key (kept until its
+// session lease runs out) from none, so it answers false: the region
+// never extends its lease on this rule in the simulator, which is safe and
+// only less available.
+func globalElectionEmpty(*Global) bool { return false }
+
+// storeStatic is Leader.storeStatic: the leader's lease raised into Redis.
+func (r *Region) storeStatic() {
+	if r.redisUp {
+		r.staticUS = max(r.staticUS, r.leader.Static().UntilUS)
+	}
 }
 
 // syncOnce is Leader.syncOnce: report every active key (regionsync builds
@@ -378,6 +431,7 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 	}
 	w := r.w
 	sendUS := r.redisNowUS()
+	r.leader.Load(regionsync.StaticLease{UntilUS: r.staticUS}) // read with Redis TIME
 	keys := r.activeKeys(regionsync.ActiveSince(sendUS, w.epoch))
 	reads := make([]regionsync.KeyRead, len(keys))
 	for i, k := range keys {
@@ -408,6 +462,10 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 			return ok
 		},
 		func() {
+			// Leader.staticAnswered, before the installs.
+			if grew, _ := r.leader.StaticAnswered(answer, sendUS); grew {
+				r.storeStatic()
+			}
 			w.answeredConfigs(r, answer)
 			a, ok := r.install(answer, sendUS, held)
 			if !ok {
@@ -430,7 +488,12 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 				})
 			}
 		},
-		func() { r.syncDone(gen) },
+		func() {
+			if r.leaderUp && r.leaderGen == gen {
+				r.noGlobalLeader() // Leader.round after a failed SyncOnce
+			}
+			r.syncDone(gen)
+		},
 	)
 	return true
 }
