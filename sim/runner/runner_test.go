@@ -3,9 +3,12 @@ package runner_test
 import (
 	"bytes"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/report"
 	"github.com/sluicehq/sluice/sim/runner"
 	"github.com/sluicehq/sluice/sim/scenario"
@@ -23,11 +26,15 @@ var testDuration = map[string]time.Duration{
 	"global-failover":  3 * time.Minute,
 	"region-partition": 3*time.Minute + 10*time.Second,
 	"region-drain":     3*time.Minute + 20*time.Second,
-	"redis-outage":     3 * time.Minute,
-	"etcd-outage":      3 * time.Minute,
-	"rolling-restart":  3 * time.Minute,
-	"retries":          3*time.Minute + 20*time.Second,
-	"chaos":            150 * time.Second, // with its faults compressed, see below
+	// Death at 1m, 30 s to recover, 90 s measured after.
+	"region-outage": 3 * time.Minute,
+	// Healed at 1m30s, 30 s to recover, 60 s measured after.
+	"region-long-partition": 3 * time.Minute,
+	"redis-outage":          3 * time.Minute,
+	"etcd-outage":           3 * time.Minute,
+	"rolling-restart":       3 * time.Minute,
+	"retries":               3*time.Minute + 20*time.Second,
+	"chaos":                 150 * time.Second, // with its faults compressed, see below
 }
 
 func TestShippedScenariosHoldTheInvariantsAndMeetTheirTargets(t *testing.T) {
@@ -80,7 +87,7 @@ func TestSameSeedSameBytes(t *testing.T) {
 		name      string
 		d         time.Duration
 		otherSeed bool
-	}{{"instance-crash", 95 * time.Second, true}, {"follow-the-sun", 125 * time.Second, false}} {
+	}{{"instance-crash", 95 * time.Second, true}, {"follow-the-sun", 125 * time.Second, false}, {"region-drain", 100 * time.Second, false}} {
 		sc, err := scenarios.Load(c.name)
 		if err != nil {
 			t.Fatal(err)
@@ -166,6 +173,48 @@ func BenchmarkSteady(b *testing.B) {
 	for b.Loop() {
 		if _, err := runner.Run(sc, runner.Options{}); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestRegionOutageShowsTheDeadRegionsShareMoving: in the region-outage
+// scenario the report's share chart of acme/read shows eu-west's share
+// going to its floor and us-east taking it beyond its static share.
+func TestRegionOutageShowsTheDeadRegionsShareMoving(t *testing.T) {
+	t.Parallel()
+	sc, err := scenarios.Load("region-outage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := runner.Run(sc, runner.Options{Duration: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, svgs := report.Charts(out)
+	if !slices.Contains(ids, "acme-read-shares") || !strings.Contains(svgs["acme-read-shares"], "eu-west") {
+		t.Fatalf("no share chart of acme/read with eu-west in %v", ids)
+	}
+	s := out.Result.Series
+	var f *oracle.FocusSeries
+	for i := range s.Focus {
+		if s.Focus[i].Key == "acme/read" {
+			f = &s.Focus[i]
+		}
+	}
+	if f == nil {
+		t.Fatal("acme/read is not charted")
+	}
+	at := func(sec float64) int { return slices.Index(s.Times, sec) }
+	usEast, euWest := f.Regions[0].Rate, f.Regions[1].Rate
+	// Before: eu-west holds at least its static share (500 of 2000);
+	// after recovery: nothing (partition_share 0), us-east beyond its
+	// static 1000.
+	if before := euWest[at(55)]; before < 499 {
+		t.Errorf("eu-west's refill rate before the outage %v, want >= its static share 500", before)
+	}
+	for _, sec := range []float64{100, 110, 119} {
+		if euWest[at(sec)] != 0 || usEast[at(sec)] <= 1000 {
+			t.Errorf("at %vs: eu-west %v (want 0), us-east %v (want > 1000)", sec, euWest[at(sec)], usEast[at(sec)])
 		}
 	}
 }

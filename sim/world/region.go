@@ -417,6 +417,7 @@ func globalElectionEmpty(*Global) bool { return false }
 func (r *Region) storeStatic() {
 	if r.redisUp {
 		r.staticUS = max(r.staticUS, r.leader.Static().UntilUS)
+		r.w.staticStored(r, r.staticUS)
 	}
 }
 
