@@ -37,61 +37,157 @@ const (
 
 // Config is the whole operator configuration. Not safe for concurrent
 // modification; concurrent reads are fine.
+//
+// Every field's comment ends in a list that docs/config.md is generated
+// from (go generate ./pkg/config): Required or Default, Unit where the type
+// does not say it, Rule, Example, and Key for maps. A test fails when one
+// is missing or the file is stale.
 type Config struct {
-	// Epoch is the global allocation period P. Optional, default 1s,
-	// at least 10ms.
+	// Epoch is the global allocation period P: each region's leader
+	// reports demand once per epoch and the global tier re-divides every
+	// contended key. Shorter follows demand shifts between regions faster
+	// at the cost of one report per region per epoch. A change rebuilds the
+	// allocator in learning mode for one grant validity.
+	//
+	//   - Default: 1s
+	//   - Rule: at least 10ms, at most 24h
+	//   - Example: 500ms
 	Epoch Duration `yaml:"epoch,omitempty"`
-	// GrantValidity is how long a region grant stays valid (V). Optional,
-	// default 5 × Epoch, at least 4 × Epoch.
+	// GrantValidity is how long a region grant stays valid (V): how long a
+	// region keeps a share above its static one without hearing from the
+	// global tier, and how long capacity stays reserved for a region that
+	// went silent. A change rebuilds the allocator in learning mode.
+	//
+	//   - Default: 5 × epoch
+	//   - Rule: at least 4 × epoch (above-share grants end up to 3 epochs
+	//     before V), at most 24h
+	//   - Example: 10s
 	GrantValidity Duration `yaml:"grant_validity,omitempty"`
 	// DemandAlpha is the weight of the newest epoch in the global tier's
-	// moving average of each region's demand. Optional, default 1: follow
-	// demand within an epoch, so capacity moves a few epochs after a shift;
-	// lower values in (0, 1) smooth noisy demand and move capacity slower.
+	// moving average of each region's demand. 1 follows demand within an
+	// epoch, so capacity moves a few epochs after a shift; lower values
+	// smooth noisy demand and move capacity slower.
+	//
+	//   - Default: 1
+	//   - Unit: weight of the newest epoch (a fraction)
+	//   - Rule: in (0, 1]
+	//   - Example: 0.5
 	DemandAlpha float64 `yaml:"demand_alpha,omitempty"`
-	// LeaseTTL is how long an instance lease lives. Optional, default 5s.
+	// LeaseTTL is how long an instance lease lives: how long a dead
+	// instance's tokens stay stranded (and its demand counted) before they
+	// return to the region's bucket.
+	//
+	//   - Default: 5s
+	//   - Rule: more than 2 × refresh, at most 24h
+	//   - Example: 10s
 	LeaseTTL Duration `yaml:"lease_ttl,omitempty"`
-	// Refresh is the instance Sync period. Optional, default 1s; must be
-	// below LeaseTTL/2 so one lost Sync never lets a lease lapse.
+	// Refresh is the instance Sync period: usage reporting granularity and
+	// batch size (instances size batches to their rate × 1.5 × refresh)
+	// against RPC load (one Sync per instance per refresh). Demand rates
+	// are measured over windows of at least refresh / 2.
+	//
+	//   - Default: 1s
+	//   - Rule: less than lease_ttl / 2, so one lost Sync never lets a
+	//     lease lapse; at most 24h
+	//   - Example: 500ms
 	Refresh Duration `yaml:"refresh,omitempty"`
 	// RegionLease is how long a region may run on its static shares after
 	// its last answered report (the global tier confers this static lease
 	// in every answer). Past it the region runs on its floor (each class's
 	// partition_share of its static share), and the global tier, once it
-	// has not heard the region for RegionLease + GrantValidity + a clock
-	// margin, reserves only that floor and re-divides the rest. Optional,
-	// default 1m (or 2 × GrantValidity when that is longer); at least
-	// 2 × GrantValidity and at most MaxRegionLease.
+	// has not heard the region for region_lease + grant_validity +
+	// max(epoch, 1% of region_lease), reserves only that floor and
+	// re-divides the rest. Longer rides out longer partitions but leaves a
+	// dead region's share idle longer (66 s with the defaults). A change
+	// rebuilds the allocator in learning mode.
+	//
+	//   - Default: 1m, or 2 × grant_validity when that is longer
+	//   - Rule: at least 2 × grant_validity, at most 48h
+	//   - Example: 5m
 	RegionLease Duration `yaml:"region_lease,omitempty"`
-	// Regions by name. Required, at least one.
+	// Regions maps each region's name to its share of every key's global
+	// rate. List every region that runs a regional service.
+	//
+	//   - Required
+	//   - Key: region (e.g. us-east)
+	//   - Rule: at least one; names are 1-128 bytes of letters, digits
+	//     and . _ : @ -
 	Regions map[string]Region `yaml:"regions"`
-	// Classes by name. Required, at least one.
+	// Classes maps each route class's name to how the class is enforced.
+	//
+	//   - Required
+	//   - Key: class (e.g. write)
+	//   - Rule: at least one; names are 1-64 bytes of letters, digits and
+	//     . _ : @ -
 	Classes map[string]Class `yaml:"classes"`
-	// Tiers by name. Required, at least one; each sets a limit for every class.
+	// Tiers maps each tier's name to its limit for every class.
+	//
+	//   - Required
+	//   - Key: tier (e.g. free)
+	//   - Rule: at least one; names are 1-128 bytes of letters, digits and
+	//     . _ : @ -; each tier names every configured class and no other
 	Tiers map[string]Tier `yaml:"tiers"`
-	// Tenants by id. Optional; tenants not listed get DefaultTier.
+	// Tenants maps tenant ids to what is particular about them: a tier
+	// other than default_tier, limit overrides or shadow mode.
+	//
+	//   - Default: none; tenants not listed get default_tier
+	//   - Key: tenant (e.g. acme)
+	//   - Rule: ids are 1-128 bytes of letters, digits and . _ : @ -
 	Tenants map[string]Tenant `yaml:"tenants,omitempty"`
-	// DefaultTier is the tier of unlisted tenants. Required; must name a tier.
+	// DefaultTier is the tier of tenants not listed under tenants.
+	//
+	//   - Required
+	//   - Rule: must name a tier under tiers
+	//   - Example: free
 	DefaultTier string `yaml:"default_tier"`
-	// Envoy maps Envoy rate-limit descriptors to quota keys. Optional.
+	// Envoy maps Envoy rate-limit descriptors to quota keys.
+	//
+	//   - Default: no descriptors: every descriptor Envoy sends is unmatched,
+	//     answered OK and charged to no key
 	Envoy Envoy `yaml:"envoy,omitempty"`
 }
 
 // Region is one region's share of every key's global rate.
 type Region struct {
-	// Weight sets the static share w_r / Σw. Required, > 0.
+	// Weight sets the region's static share of every key: rate × w_r / Σw
+	// (and the burst split in whole multiples of the class's max_cost by
+	// largest remainder), what the region gets without the global tier.
+	// Set it to the region's usual share of traffic: keys whose demand
+	// fits inside the static shares never reach the global tier.
+	//
+	//   - Required
+	//   - Unit: relative weight (only ratios between regions matter)
+	//   - Rule: a finite number > 0
+	//   - Example: 2
 	Weight float64 `yaml:"weight"`
 	// MinShare is the fraction of a key's global rate the allocator keeps
-	// for the region even without demand. Optional, default 0, in [0, 1];
-	// the regions' MinShares sum to at most 1.
+	// for the region even without demand, at the cost of idling it
+	// elsewhere. A drained region does not get it.
+	//
+	//   - Default: 0
+	//   - Unit: fraction of a key's global rate
+	//   - Rule: in [0, 1], at most max_share; the regions' min_shares sum
+	//     to at most 1
+	//   - Example: 0.1
 	MinShare float64 `yaml:"min_share,omitempty"`
 	// MaxShare caps the fraction of a key's global rate the region may be
-	// granted. Optional, in (0, 1]; 0 (left out) means 1.
+	// granted, so one region cannot take everything.
+	//
+	//   - Default: 1 (no cap)
+	//   - Unit: fraction of a key's global rate
+	//   - Rule: in (0, 1] and at least min_share; an explicit 0 is refused
+	//     (leave it out for no cap)
+	//   - Example: 0.8
 	MaxShare float64 `yaml:"max_share,omitempty"`
 	// Drained makes the region's static share of every key its floor (the
 	// class's partition_share of what it would be); the other regions'
-	// static shares do not change: capacity moves to them by grants.
-	// Optional, default false; at least one region must not be drained.
+	// static shares do not change: capacity moves to them by grants as the
+	// drained region's grants expire. Use it before taking a region down;
+	// a restore raises the static share once every region adopted it.
+	//
+	//   - Default: false
+	//   - Rule: at least one region must not be drained
+	//   - Example: true
 	Drained bool `yaml:"drained,omitempty"`
 }
 
@@ -107,31 +203,56 @@ func (r Region) MarshalYAML() (any, error) {
 
 // Class is how one route class is enforced.
 type Class struct {
-	// Mode is lease or strict. Optional, default lease.
+	// Mode is how the class is enforced.
+	//
+	//   - Default: lease
+	//   - Example: strict
 	Mode Mode `yaml:"mode,omitempty"`
-	// OnFailure is local, open or closed. Optional, default local.
+	// OnFailure is what an instance does while the regional service is
+	// unreachable.
+	//
+	//   - Default: local
+	//   - Example: closed
 	OnFailure OnFailure `yaml:"on_failure,omitempty"`
-	// Reclaim is reported or none. Optional, default reported.
+	// Reclaim is what happens to the unused tokens of an expired lease.
+	//
+	//   - Default: reported
+	//   - Example: none
 	Reclaim Reclaim `yaml:"reclaim,omitempty"`
 	// Shadow makes every decision of the class an allow, reporting the real
-	// verdict in Decision.WouldDeny. Optional, default false.
+	// verdict in Decision.WouldDeny (counted as shadow_denied; Envoy is
+	// answered OK): for rolling out a new limit.
+	//
+	//   - Default: false
+	//   - Example: true
 	Shadow bool `yaml:"shadow,omitempty"`
 	// MaxCost is the largest cost one request of the class is expected to
 	// carry. Static bursts are split among regions in whole multiples of it
 	// (largest remainder by weight), so a region that holds any of a key's
 	// burst can admit such a request, and a region holding none obtains a
 	// unit from the global tier when it has demand. It does not refuse
-	// larger costs. Optional, default 1; in 1..quota.MaxCost and at most
-	// every burst configured for the class.
+	// larger costs.
+	//
+	//   - Default: 1
+	//   - Unit: tokens
+	//   - Rule: a whole number in 1..1048576 (quota.MaxCost), at most every
+	//     burst configured for the class
+	//   - Example: 10
 	MaxCost int64 `yaml:"max_cost,omitempty"`
 	// PartitionShare is the fraction of its static share (rate and burst)
 	// a region keeps for the class once its static lease has lapsed (or
 	// while it is drained): its floor, which the global tier keeps
-	// reserving for it. Optional, in [0, 1]; left out it is 1 for
-	// on_failure open (availability first: a partitioned region keeps its
-	// whole static share and the global tier never re-divides it) and 0
-	// for local and closed (a region cut off for longer than region_lease
-	// admits nothing more of the class, and its share goes to the others).
+	// reserving for it. 1 is availability first (a partitioned region keeps
+	// its whole static share and the global tier never re-divides it); 0
+	// means a region cut off for longer than region_lease admits nothing
+	// more of the class and its share goes to the others; a fraction in
+	// between keeps some service there at the cost of that much capacity
+	// everywhere else.
+	//
+	//   - Default: 1 for on_failure open, 0 for local and closed
+	//   - Unit: fraction of the region's static share
+	//   - Rule: in [0, 1]
+	//   - Example: 0.25
 	PartitionShare *float64 `yaml:"partition_share,omitempty"`
 }
 
@@ -156,45 +277,94 @@ func (c Class) Unit() float64 {
 }
 
 // Tier maps every configured class name to its limit.
+//
+//   - Key: class (e.g. write)
 type Tier map[string]LimitSpec
 
-// LimitSpec is the rate and burst of one key.
+// LimitSpec is the rate and burst of one key: a token bucket that holds
+// up to burst tokens and refills at rate, shared by every region.
 type LimitSpec struct {
-	// Rate in tokens per second. Required, > 0.
+	// Rate is the key's global refill rate, summed over every region.
+	//
+	//   - Required
+	//   - Rule: > 0, at most 1e9/s (quota.MaxRate); slow enough rates are
+	//     refused when the least-weighted region would take more than ten
+	//     years to refill the burst at its static share
+	//   - Example: 100/s
 	Rate Rate `yaml:"rate"`
-	// Burst in tokens. Required, a whole number >= 1.
+	// Burst is the most tokens the key's bucket holds, summed over every
+	// region: what a tenant can spend at once after being idle.
+	//
+	//   - Required
+	//   - Unit: tokens
+	//   - Rule: a whole number in [1, 1e9] (quota.MaxBurst), at least the
+	//     class's max_cost
+	//   - Example: 200
 	Burst float64 `yaml:"burst"`
 }
 
 // Tenant is one listed tenant.
 type Tenant struct {
-	// Tier names the tenant's tier. Required; must exist.
+	// Tier names the tenant's tier.
+	//
+	//   - Required
+	//   - Rule: must name a tier under tiers
+	//   - Example: pro
 	Tier string `yaml:"tier"`
-	// Overrides replace the tier's limit for some classes. Optional; each
-	// class must exist.
+	// Overrides replace the tier's limit for some classes.
+	//
+	//   - Default: none (every class has its tier's limit)
+	//   - Key: class (e.g. write)
+	//   - Rule: each class must be configured under classes
 	Overrides map[string]LimitSpec `yaml:"overrides,omitempty"`
-	// Shadow puts all of the tenant's traffic in shadow mode. Optional.
+	// Shadow puts all of the tenant's traffic in shadow mode: every
+	// decision is an allow, the real verdict is counted as shadow_denied.
+	//
+	//   - Default: false
+	//   - Example: true
 	Shadow bool `yaml:"shadow,omitempty"`
 }
 
 // Envoy configures the Envoy rate-limit service endpoint.
 type Envoy struct {
-	// Descriptors, tried in order. Optional.
+	// Descriptors map Envoy descriptors to quota keys, tried in order; the
+	// first that matches a descriptor decides it. A descriptor no mapping
+	// matches is answered OK and charged to no key.
+	//
+	//   - Default: none
+	//   - Rule: no two equal
 	Descriptors []EnvoyDescriptor `yaml:"descriptors,omitempty"`
 }
 
 // EnvoyDescriptor maps descriptors of one Envoy domain to (tenant, class).
 type EnvoyDescriptor struct {
-	// Domain is the Envoy rate-limit domain. Required.
+	// Domain is the Envoy rate-limit domain (the domain of the
+	// envoy.filters.http.ratelimit filter).
+	//
+	//   - Required
+	//   - Rule: no spaces or control characters
+	//   - Example: sluice
 	Domain string `yaml:"domain"`
 	// TenantKey is the descriptor entry key whose value is the tenant id.
-	// Required.
+	//
+	//   - Required
+	//   - Rule: no spaces or control characters
+	//   - Example: tenant
 	TenantKey string `yaml:"tenant_key"`
 	// ClassKey is the descriptor entry key whose value is the class.
-	// Exactly one of ClassKey and Class is set.
+	//
+	//   - Default: none; then class must be set
+	//   - Rule: exactly one of class_key and class is set; differs from
+	//     tenant_key; no spaces or control characters
+	//   - Example: class
 	ClassKey string `yaml:"class_key,omitempty"`
-	// Class is the fixed class of matching descriptors when ClassKey is
-	// empty; it must exist.
+	// Class is the fixed class of matching descriptors when class_key is
+	// not set.
+	//
+	//   - Default: none; then class_key must be set
+	//   - Rule: exactly one of class_key and class is set; must name a
+	//     class under classes
+	//   - Example: write
 	Class string `yaml:"class,omitempty"`
 }
 

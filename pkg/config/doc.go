@@ -17,3 +17,7 @@
 // shared between goroutines (as configstore.Watcher shares them) must never
 // be modified.
 package config
+
+// The configuration reference, docs/config.md, is generated from the doc
+// comments of the schema's fields (see internal/configdoc).
+//go:generate go run ./internal/configdoc -dir . -o ../../docs/config.md
