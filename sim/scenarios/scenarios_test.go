@@ -9,7 +9,7 @@ import (
 func TestEveryShippedScenarioValidates(t *testing.T) {
 	names := Names()
 	for _, want := range []string{"steady", "follow-the-sun", "flash-crowd", "instance-crash", "global-failover",
-		"region-partition", "redis-outage", "chaos"} {
+		"region-partition", "redis-outage", "chaos", "region-outage", "region-long-partition", "region-drain"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("scenario %s is not shipped", want)
 		}
