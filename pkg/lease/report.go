@@ -221,7 +221,7 @@ func (t *Table) PrepareRefill(now time.Time) *Batch {
 			e.mu.Unlock()
 			continue
 		}
-		if e.tokens() > e.st.usualWater && !t.drainsRegion(&e.st, t.windowRateLocked(now, e), 1) {
+		if e.tokens() > e.st.usualWater && !t.drainsRegion(&e.st, t.windowRateLocked(now, e)) {
 			// An early report for a region held at its cap, but the
 			// demand since the batch came says this instance does not
 			// drain the region: its refill is not what requests wait for.
@@ -486,7 +486,7 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	e.st.lowWater = t.lowWaterFor(e.sizingRate, target)
 	e.st.usualWater = e.st.lowWater
 	if g.Granted > 0 && !dead && e.st.hasLease {
-		e.st.lowWater = max(e.st.lowWater, t.capHeldWater(&e.st, e.sizingRate, e.tokens()+g.Granted, g.Remaining))
+		e.st.lowWater = max(e.st.lowWater, t.capHeldWater(&e.st, e.tokens()+g.Granted, g.Remaining))
 	}
 	e.st.checkClock = e.st.hasLease && e.st.deadline.Sub(t.ownerHorizon(now)) < e.guard
 	// Publish the deadline before the tokens it covers.

@@ -105,12 +105,13 @@ const capHeldSteps = 16
 // mark, before the bucket can fill it, which hands the region room to
 // refill again; the owner loop's refill spacing bounds how often
 // (RefillSpacing).
-func (t *Table) capHeldWater(in *keyInfo, rate float64, pool, remaining int64) int64 {
+func (t *Table) capHeldWater(in *keyInfo, pool, remaining int64) int64 {
 	// The rate a batch was sized with lags a demand that just rose (it
 	// was measured while requests waited for the batch), so the mark is
-	// set for half the region's rate, and the early report is sent only
-	// if the demand measured when the mark is reached drains the region.
-	if !(in.regionBurst > 0) || remaining < 0 || !t.drainsRegion(in, rate, 2) {
+	// set whatever it says, and the early report is sent only if the
+	// demand measured when the mark is reached drains the region
+	// (PrepareRefill); otherwise the usual mark is back at no RPC.
+	if !(in.regionBurst > 0) || remaining < 0 {
 		return 0
 	}
 	// The room the bucket has left to refill into, which it fills in
@@ -126,13 +127,12 @@ func (t *Table) capHeldWater(in *keyInfo, rate float64, pool, remaining int64) i
 
 // drainsRegion reports whether an instance with demand rate (tokens/s),
 // with the key's other live instances demanding as much, asks at least
-// the region's rate divided by slack. A region rate not learned yet counts
-// as not drained.
-func (t *Table) drainsRegion(in *keyInfo, rate, slack float64) bool {
+// the region's rate. A region rate not learned yet counts as not drained.
+func (t *Table) drainsRegion(in *keyInfo, rate float64) bool {
 	if !(in.regionRate > 0) {
 		return false
 	}
-	return slack*rate*float64(max(1, in.live)) >= in.regionRate
+	return rate*float64(max(1, in.live)) >= in.regionRate
 }
 
 func ceilTokens(x float64) int64 {
