@@ -291,7 +291,9 @@ func (l *Leader) globalElection() string { return l.opts.ElectionPrefix + "globa
 func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 	s := l.s
 	cfg := s.opts.Config.Current()
-	ctx, cancel := context.WithTimeout(ctx, time.Duration(cfg.Epoch))
+	// However long the reads take, the extension counts from before the
+	// etcd read and needs the lease still running after it.
+	ctx, cancel := context.WithTimeout(ctx, max(time.Duration(cfg.Epoch), s.opts.RedisTimeout))
 	defer cancel()
 	stored, from, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix)
 	if err != nil {

@@ -1,0 +1,502 @@
+package regional_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/protobuf/proto"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/allocator"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/pkg/regionsync"
+)
+
+// leaseConfig: two regions of weight 1, acme/write 100/s burst 100, so eu's
+// static share is 50/s burst 50 and, with partition_share 0.5, its floor
+// 25/s burst 25. Short epochs so region_lease (8 × validity) passes in
+// two seconds.
+func leaseConfig(t *testing.T) *config.Config {
+	t.Helper()
+	c, err := config.Parse([]byte(`
+epoch: 50ms
+grant_validity: 250ms
+region_lease: 2s
+regions: {eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease, partition_share: 0.5}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+var leaseKey = quota.Key{Tenant: "acme", Class: "write"}
+
+const (
+	staticRate, floorRate = 50.0, 25.0
+	staticKey             = "sl:{static}:lease"
+)
+
+// tierSwitch is a fault injector on the link to the real allocator: cut,
+// every report fails as on a partition; strip, answers arrive without
+// their static lease. It records the last report sent.
+type tierSwitch struct {
+	inner       regional.GlobalTier
+	cut, strip  atomic.Bool
+	lastReport  atomic.Pointer[sluicev1.RegionReport]
+	conferredMs atomic.Int64
+}
+
+func (s *tierSwitch) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	s.lastReport.Store(proto.Clone(r).(*sluicev1.RegionReport))
+	if s.cut.Load() {
+		return nil, errors.New("partitioned from the global tier")
+	}
+	g, err := s.inner.Sync(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if s.strip.Load() {
+		g = proto.Clone(g).(*sluicev1.RegionGrants)
+		g.StaticLeaseMs = 0
+	}
+	s.conferredMs.Store(g.GetStaticLeaseMs())
+	return g, nil
+}
+
+// leaseRig is a real allocator daemon (embedded etcd) and region eu's
+// regional server and leader on a real redis-server, the server enforcing
+// the static lease.
+type leaseRig struct {
+	t      *testing.T
+	cfg    *config.Config
+	cli    *clientv3.Client
+	alloc  *allocator.Daemon
+	rs     *redistest.Server
+	rdb    *redis.Client
+	srv    *regional.Server
+	leader *regional.Leader
+	tier   *tierSwitch
+	reg    *prometheus.Registry
+}
+
+func newLeaseRig(t *testing.T) *leaseRig {
+	t.Helper()
+	ctx := context.Background()
+	r := &leaseRig{t: t, cfg: leaseConfig(t), tier: &tierSwitch{}, reg: prometheus.NewRegistry()}
+	etcd := etcdtest.Start(t)
+	r.cli = etcd.Client(t)
+	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: r.cli, Prefix: "/sl", SessionTTL: time.Second,
+		Config: regional.StaticConfig{C: r.cfg},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	r.alloc = d
+	for deadline := time.Now().Add(10 * time.Second); !d.IsLeader(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the allocator daemon never became leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.tier.inner = serviceTier{d.Service}
+	r.rs = redistest.Start(t)
+	r.rdb = r.rs.Client()
+	r.srv, r.leader = r.replica("eu-1")
+	return r
+}
+
+// replica starts one more enforcing replica of eu (server and leader) on
+// the rig's Redis.
+func (r *leaseRig) replica(identity string) (*regional.Server, *regional.Leader) {
+	r.t.Helper()
+	var reg prometheus.Registerer
+	if identity == "eu-1" {
+		reg = r.reg
+	}
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: r.rdb, Config: regional.StaticConfig{C: r.cfg}, Registerer: reg})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(srv.Close)
+	l, err := regional.NewLeader(srv, regional.LeaderOptions{
+		Etcd: r.cli, ElectionPrefix: "/sl/election/", Global: r.tier, Identity: identity,
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return srv, l
+}
+
+// static is the static rate srv hands its scripts for the key now.
+func (r *leaseRig) static(srv *regional.Server) float64 {
+	r.t.Helper()
+	_, c, _, err := srv.CommonFor(r.cfg, leaseKey)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return c.StaticRate
+}
+
+func (r *leaseRig) redisUS() int64 {
+	r.t.Helper()
+	now, err := r.rdb.Time(context.Background()).Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return now.UnixMicro()
+}
+
+// stored is the lease end in Redis (0: none).
+func (r *leaseRig) stored() int64 {
+	r.t.Helper()
+	v, err := r.rdb.Get(context.Background(), staticKey).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return v
+}
+
+func (r *leaseRig) gauge(name string) float64 {
+	r.t.Helper()
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	r.t.Fatalf("metric %s not registered", name)
+	return 0
+}
+
+// runUntilFloor polls srv until it hands its scripts the floor, checking
+// at every sample that it never runs on its static share within the
+// margin of the lease's end (Redis time read before the decision: the
+// replica's estimate is at least that). each runs first in every round.
+// It returns the Redis time of the first sample on the floor.
+func (r *leaseRig) runUntilFloor(srv *regional.Server, each func()) int64 {
+	r.t.Helper()
+	margin := regionsync.StaticMargin(time.Duration(r.cfg.Epoch)).Microseconds()
+	until := r.stored()
+	wait := time.Duration(r.cfg.RegionLease) + 10*time.Second
+	for deadline := time.Now().Add(wait); ; {
+		if each != nil {
+			each()
+		}
+		before := r.redisUS()
+		rate := r.static(srv)
+		if near(rate, floorRate) {
+			return before
+		}
+		if !near(rate, staticRate) {
+			r.t.Fatalf("static rate %v, want the static share %v or the floor %v", rate, staticRate, floorRate)
+		}
+		if stored := r.stored(); stored > until {
+			until = stored
+		}
+		if before+margin >= until {
+			r.t.Fatalf("on the static share at Redis time %d, within the margin %d µs of the lease's end %d", before, margin, until)
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("still on the static share %v after the lease's end", wait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRegionRunsOnItsFloorOnceAnswersStop: a region whose Redis holds no
+// static lease starts on its floor; the global tier's answer confers a
+// lease of region_lease from the report's send time; once answers stop
+// (the global leader is elected but unreachable, so the etcd rule does not
+// apply) the region runs on its static share until the lease ends, then
+// on its floor, and its bucket refills at the floor's rate on Redis time.
+func TestRegionRunsOnItsFloorOnceAnswersStop(t *testing.T) {
+	ctx := context.Background()
+	r := newLeaseRig(t)
+	if got := r.static(r.srv); !near(got, floorRate) {
+		t.Fatalf("empty Redis: static rate %v, want the floor %v", got, floorRate)
+	}
+	if r.gauge("sluice_regional_on_floor") != 1 {
+		t.Fatal("sluice_regional_on_floor is not 1 on an empty Redis")
+	}
+	if err := r.leader.SyncOnce(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	rep := r.tier.lastReport.Load()
+	if rep.GetStaticValidMs() != 0 {
+		t.Fatalf("first report carries static_valid_ms %d with no lease", rep.GetStaticValidMs())
+	}
+	lease := time.Duration(r.cfg.RegionLease)
+	if got := r.tier.conferredMs.Load(); got != lease.Milliseconds() {
+		t.Fatalf("the allocator conferred static_lease_ms %d, want region_lease %v", got, lease)
+	}
+	until := r.stored()
+	if want := int64(rep.GetSeq()) + lease.Microseconds(); until != want {
+		t.Fatalf("stored lease end %d, want send time %d + region_lease = %d", until, rep.GetSeq(), want)
+	}
+	if got := r.static(r.srv); !near(got, staticRate) {
+		t.Fatalf("with a lease: static rate %v, want %v", got, staticRate)
+	}
+	if r.gauge("sluice_regional_on_floor") != 0 || r.gauge("sluice_regional_static_lease_seconds") <= 0 {
+		t.Fatal("metrics do not show the lease")
+	}
+	// Use the bucket on the static share, then cut the link.
+	drain(t, r.srv)
+	r.tier.cut.Store(true)
+	floorAt := r.runUntilFloor(r.srv, func() {
+		if err := r.leader.SyncOnce(ctx, nil); err == nil {
+			t.Fatal("a sync succeeded through the cut link")
+		}
+		if grew, err := r.leader.NoGlobalLeader(ctx); grew || err != nil {
+			t.Fatalf("NoGlobalLeader with a global leader elected: grew %v, err %v", grew, err)
+		}
+	})
+	if got := r.stored(); got != until {
+		t.Fatalf("lease end moved from %d to %d without an answer", until, got)
+	}
+	if floorAt < until-regionsync.StaticMargin(time.Duration(r.cfg.Epoch)).Microseconds() {
+		t.Fatalf("on the floor at %d, before the lease's end %d minus the margin", floorAt, until)
+	}
+	if r.gauge("sluice_regional_on_floor") != 1 || r.gauge("sluice_regional_static_lease_seconds") > regionsync.StaticMargin(time.Duration(r.cfg.Epoch)).Seconds() {
+		t.Fatalf("metrics do not show the floor: on_floor %v, static lease %v s",
+			r.gauge("sluice_regional_on_floor"), r.gauge("sluice_regional_static_lease_seconds"))
+	}
+	// The bucket now refills at the floor's rate on Redis time.
+	drain(t, r.srv)
+	keys, common, _, err := r.srv.CommonFor(r.cfg, leaseKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st1, err := r.srv.Scripts().State(ctx, r.rdb, keys, common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.redisUS() < st1.NowUS+(4*time.Duration(r.cfg.Epoch)).Microseconds() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	st2, err := r.srv.Scripts().State(ctx, r.rdb, keys, common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(st2.Rate, floorRate) || st2.Cap != floorRate {
+		t.Fatalf("bucket rate %v cap %v, want the floor 25/s burst 25", st2.Rate, st2.Cap)
+	}
+	want := floorRate * float64(st2.NowUS-st1.NowUS) / 1e6
+	if got := st2.Tokens - st1.Tokens; math.Abs(got-want) > 0.01 {
+		t.Fatalf("refilled %v tokens over %d µs of Redis time, want %v at the floor's rate", got, st2.NowUS-st1.NowUS, want)
+	}
+}
+
+// drain spends every token of the key's bucket through Check.
+func drain(t *testing.T, srv *regional.Server) {
+	t.Helper()
+	for i := 0; ; i++ {
+		resp, err := srv.Check(context.Background(), &sluicev1.CheckRequest{Key: &sluicev1.QuotaKey{Tenant: leaseKey.Tenant, Class: leaseKey.Class}, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !resp.GetAllowed() {
+			return
+		}
+		if i > 1000 {
+			t.Fatal("the bucket never ran dry")
+		}
+	}
+}
+
+// TestAnswersWithoutStaticLeaseNeverExtendIt: answers that confer no
+// static lease (static_lease_ms 0) neither give an empty region one nor
+// extend the one it holds: it reaches its floor while answers still come.
+func TestAnswersWithoutStaticLeaseNeverExtendIt(t *testing.T) {
+	ctx := context.Background()
+	r := newLeaseRig(t)
+	r.tier.strip.Store(true)
+	for range 3 {
+		if err := r.leader.SyncOnce(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r.stored() != 0 || !near(r.static(r.srv), floorRate) {
+		t.Fatalf("answers without a static lease gave one: stored %d, static rate %v", r.stored(), r.static(r.srv))
+	}
+	r.tier.strip.Store(false)
+	if err := r.leader.SyncOnce(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	until := r.stored()
+	if until == 0 {
+		t.Fatal("no lease stored after a conferring answer")
+	}
+	r.tier.strip.Store(true)
+	r.runUntilFloor(r.srv, func() {
+		if err := r.leader.SyncOnce(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if got := r.stored(); got != until {
+		t.Fatalf("answers without a static lease moved its end from %d to %d", until, got)
+	}
+}
+
+// TestNewLeaderTakesOverTheStoredLease: a new region leader (another
+// replica, a fresh process) reads the lease its predecessor stored before
+// its first report, and reports what remains of it; a replica reads it on
+// its own.
+func TestNewLeaderTakesOverTheStoredLease(t *testing.T) {
+	ctx := context.Background()
+	r := newLeaseRig(t)
+	if err := r.leader.SyncOnce(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	until := r.stored()
+	srv2, leader2 := r.replica("eu-2")
+	if got := r.static(srv2); !near(got, floorRate) {
+		t.Fatalf("a replica that never read the lease runs on %v, want the floor", got)
+	}
+	r.tier.cut.Store(true) // the new leader gets no answer: only what Redis holds counts
+	if err := leader2.SyncOnce(ctx, nil); err == nil {
+		t.Fatal("sync through a cut link succeeded")
+	}
+	rep := r.tier.lastReport.Load()
+	if want := (until - int64(rep.GetSeq())) / 1000; rep.GetStaticValidMs() != want || want <= 0 {
+		t.Fatalf("new leader reports static_valid_ms %d, want %d (the stored lease's end %d minus its send time %d)",
+			rep.GetStaticValidMs(), want, until, rep.GetSeq())
+	}
+	if got := r.static(srv2); !near(got, staticRate) {
+		t.Fatalf("new leader's replica runs on %v after reading the lease, want the static share", got)
+	}
+	srv3, _ := r.replica("eu-3")
+	if err := regional.RefreshStaticForTest(ctx, srv3); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.static(srv3); !near(got, staticRate) {
+		t.Fatalf("a replica that read the stored lease runs on %v, want the static share", got)
+	}
+}
+
+// TestNoGlobalLeaderKeepsTheStaticShare: when the global tier is down (no
+// allocator replica holds an election key in etcd) the region leader
+// extends its running lease and keeps its static share past the end of
+// the lease last conferred; once a global leader is elected again but
+// does not answer, the extensions stop.
+func TestNoGlobalLeaderKeepsTheStaticShare(t *testing.T) {
+	ctx := context.Background()
+	r := newLeaseRig(t)
+	if err := r.leader.SyncOnce(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	conferred := r.stored()
+	r.alloc.Stop() // resigns: the election is empty
+	lease := time.Duration(r.cfg.RegionLease).Microseconds()
+	// Past the end of the conferred lease, the region still runs on its
+	// static share, every lease it holds extended by the etcd rule.
+	for r.redisUS() < conferred+lease/2 {
+		if err := r.leader.SyncOnce(ctx, nil); err == nil {
+			t.Fatal("a sync succeeded with the allocator stopped")
+		}
+		before := r.redisUS()
+		grew, err := r.leader.NoGlobalLeader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !grew {
+			resp, _ := r.cli.Get(ctx, "/sl/election/", clientv3.WithPrefix())
+			t.Fatalf("no global leader elected, yet the lease was not extended (stored %d, now %d, keys %v)", r.stored(), r.redisUS(), resp.Kvs)
+		}
+		if got := r.stored(); got < before+lease || got > r.redisUS()+lease {
+			t.Fatalf("extended lease ends at %d, want about Redis time %d + region_lease", got, before)
+		}
+		if got := r.static(r.srv); !near(got, staticRate) {
+			t.Fatalf("static rate %v with no global leader elected, want the static share", got)
+		}
+		time.Sleep(time.Duration(r.cfg.Epoch))
+	}
+	// A global leader is elected again (a candidate's key in the
+	// allocator's election) but never answers: no more extensions.
+	sess, err := concurrency.NewSession(r.cli, concurrency.WithTTL(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	if err := concurrency.NewElection(sess, "/sl/election/global").Campaign(ctx, "unreachable"); err != nil {
+		t.Fatal(err)
+	}
+	last := r.stored()
+	r.runUntilFloor(r.srv, func() {
+		if grew, err := r.leader.NoGlobalLeader(ctx); grew || err != nil {
+			t.Fatalf("extended with a global leader elected: %v %v", grew, err)
+		}
+	})
+	if got := r.stored(); got != last {
+		t.Fatalf("lease end moved from %d to %d with a global leader elected", last, got)
+	}
+}
+
+// TestNoGlobalLeaderNeverRevivesALapsedLease: an empty Redis, or a lease
+// that already ended, is not extended by the etcd rule: a dead global
+// leader may have given the region's share away.
+func TestNoGlobalLeaderNeverRevivesALapsedLease(t *testing.T) {
+	ctx := context.Background()
+	r := newLeaseRig(t)
+	r.alloc.Stop()
+	if grew, err := r.leader.NoGlobalLeader(ctx); grew || err != nil || r.stored() != 0 {
+		t.Fatalf("empty Redis: grew %v, err %v, stored %d; want no lease", grew, err, r.stored())
+	}
+	// A lease that ended: stored by an earlier leader, expired now.
+	past := r.redisUS() - 1
+	if err := r.rdb.Set(ctx, staticKey, fmt.Sprint(past), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if grew, err := r.leader.NoGlobalLeader(ctx); grew || err != nil || r.stored() != past {
+		t.Fatalf("lapsed lease: grew %v, err %v, stored %d; want it left at %d", grew, err, r.stored(), past)
+	}
+	if got := r.static(r.srv); !near(got, floorRate) {
+		t.Fatalf("static rate %v, want the floor", got)
+	}
+}
+
+// TestUnleasedServerKeepsItsStaticShare: a server explicitly run with no
+// global tier (Options.Unleased) runs on its static share on an empty
+// Redis, as before static leases.
+func TestUnleasedServerKeepsItsStaticShare(t *testing.T) {
+	cfg := leaseConfig(t)
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: redistest.Start(t).Client(), Config: regional.StaticConfig{C: cfg}, Unleased: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	_, c, _, err := srv.CommonFor(cfg, leaseKey)
+	if err != nil || !near(c.StaticRate, staticRate) {
+		t.Fatalf("unleased: static rate %v (%v), want %v", c.StaticRate, err, staticRate)
+	}
+	if _, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
+		Region: "eu", RedisAddr: "127.0.0.1:1", Config: regional.StaticConfig{C: cfg}, Unleased: true,
+		Leader: &regional.LeaderOptions{},
+	}); err == nil {
+		t.Fatal("StartDaemon accepted Unleased with a Leader")
+	}
+}
