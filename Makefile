@@ -20,7 +20,8 @@ IMAGE_TAR ?= bin/sluice-image.tar
 image:
 	$(GO) run ./scripts/imagebuild -o $(IMAGE_TAR) -image $(IMAGE) $(if $(IMAGE_TAG),-tag $(IMAGE_TAG))
 
-# deps installs the system packages the tests talk to (a real redis-server).
+# deps installs the system packages the tests talk to: a real redis-server,
+# and promtool (Debian package prometheus) for the alert unit tests.
 deps:
 	@scripts/install-deps.sh
 
@@ -28,6 +29,7 @@ test: deps
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || (echo "gofmt would change:"; gofmt -l .; exit 1)
 	$(GO) test $(TEST_FLAGS) $(PKGS)
+	cd deploy/observability/promql && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem $(BENCH_FLAGS) $(PKGS)

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Installs what Sluice's tests need on a Debian machine: a real redis-server.
+# Installs what Sluice's tests need on a Debian machine: a real redis-server
+# and promtool (Debian package prometheus) for the alert unit tests.
+# Quiet and idempotent: it does nothing when both are present.
 set -euo pipefail
-if command -v redis-server >/dev/null 2>&1; then
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
-  echo "redis-server is missing; run as root or: sudo apt-get install -y redis-server" >&2
+  echo "missing: ${missing[*]}; run as root or: sudo apt-get install -y ${missing[*]}" >&2
   exit 1
 fi
-echo "installing redis-server (Debian package)..."
+echo "installing ${missing[*]} (Debian packages)..."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq redis-server >/dev/null
-# The package starts a system instance; tests start their own on free ports.
-(systemctl stop redis-server || service redis-server stop || true) >/dev/null 2>&1
-command -v redis-server
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The packages start system services; tests start their own processes on
+# free ports (and only promtool is used from prometheus).
+for svc in redis-server prometheus; do
+  (systemctl stop "$svc" || service "$svc" stop || true) >/dev/null 2>&1
+done
+command -v redis-server promtool

@@ -1028,7 +1028,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 			r.Expr = `rate(sluice_client_degraded[5m]) > 0`
 		}, "not a counter"},
 		{"unknown function", func(r *rule) { r.Expr = strings.Replace(r.Expr, "rate(", "rat(", 1) }, "unknown function"},
-		{"unbalanced parenthesis", func(r *rule) { r.Expr += ")" }, "unbalanced"},
+		{"unbalanced parenthesis", func(r *rule) { r.Expr += ")" }, "unexpected right parenthesis"},
 		{"unterminated string", func(r *rule) { r.Expr = strings.Replace(r.Expr, `"check"`, `"check`, 1) }, "unterminated"},
 		{"missing severity", func(r *rule) { r.Labels = nil }, "severity"},
 		{"missing summary", func(r *rule) { delete(r.Annotations, "summary") }, "summary is missing"},
@@ -1109,7 +1109,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 func TestParseFindsSelectorsAndGrouping(t *testing.T) {
 	p, err := parse(`histogram_quantile(0.99, sum by (script, le) (rate(a_bucket{x="sluice_not_a_metric", y=~"$v"}[$__rate_interval])))
 		/ on (script) group_left sum without (pod) (b) # c_in_a_comment
-		and max(d offset 1h) > bool 2 unless e[1h:5m] or topk(3, f)`)
+		and max(d offset 1h) > bool 2 unless max_over_time(e[1h:5m]) or topk(3, f)`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1117,14 +1117,16 @@ func TestParseFindsSelectorsAndGrouping(t *testing.T) {
 	for _, s := range p.selectors {
 		got = append(got, fmt.Sprintf("%s%v@%s", s.name, s.matchers, s.fn))
 	}
-	want := []string{"a_bucket[{x = sluice_not_a_metric} {y =~ $v}]@rate", "b[]@sum", "d[]@max", "e[]@", "f[]@topk"}
+	want := []string{"a_bucket[{x = sluice_not_a_metric} {y =~ $v}]@rate", "b[]@sum", "d[]@max", "e[]@max_over_time", "f[]@topk"}
 	if !slices.Equal(got, want) {
 		t.Errorf("selectors %q, want %q", got, want)
 	}
-	if !slices.Equal(p.grouping, []string{"script", "le", "script", "pod"}) {
+	grouping := slices.Clone(p.grouping)
+	slices.Sort(grouping)
+	if !slices.Equal(grouping, []string{"le", "pod", "script", "script"}) {
 		t.Errorf("grouping %q", p.grouping)
 	}
-	for _, bad := range []string{``, `{job="x"}`, `sum(x`, `x}`, `rate(x[5m]`, `x[5m`, `sum by (a`, `x{a=}`, `x{="b"}`, `sum by (a)`, `"x`} {
+	for _, bad := range []string{``, `{job="x"}`, `sum(x`, `x and y[5m]`, `rate(x)`, `x}`, `rate(x[5m]`, `x[5m`, `sum by (a`, `x{a=}`, `x{="b"}`, `sum by (a)`, `"x`} {
 		if _, err := parse(bad); err == nil {
 			t.Errorf("parse(%q) accepted", bad)
 		}

@@ -1,185 +1,30 @@
 package observability
 
 import (
+	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 )
 
-// This file holds a small PromQL reader: enough of the language to find
-// every series name an expression selects, the label names it matches and
-// groups on, and the function each selector is an argument of. It is no
-// evaluator; it refuses what it does not understand instead of guessing,
-// so an expression it cannot read fails the tests rather than passing them
-// unchecked.
-
-type tokenKind int
-
-const (
-	tokIdent    tokenKind = iota // metric, label, function or keyword
-	tokNumber                    // number or duration outside brackets
-	tokString                    // quoted string (text without quotes)
-	tokVariable                  // Grafana variable: $name or ${name...}
-	tokRange                     // [ ... ] (range or subquery), text between brackets
-	tokPunct                     // ( ) { } ,
-	tokOperator                  // arithmetic, comparison and matcher operators
-)
-
-type lexeme struct {
-	kind tokenKind
-	text string
-	pos  int // byte offset in the expression
-}
-
-// operators longest first so "==" wins over "=".
-var operators = []string{"==", "!=", "=~", "!~", ">=", "<=", ">", "<", "=", "+", "-", "*", "/", "%", "^", "@"}
-
-func isIdentStart(c byte) bool {
-	return c == '_' || c == ':' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
-}
-
-func isIdentPart(c byte) bool { return isIdentStart(c) || (c >= '0' && c <= '9') }
-
-func isDigit(c byte) bool { return c >= '0' && c <= '9' }
-
-// lex splits a PromQL expression (possibly holding Grafana variables) into
-// tokens. Comments (# to the end of the line) are dropped.
-func lex(expr string) ([]lexeme, error) {
-	var toks []lexeme
-	for i := 0; i < len(expr); {
-		c := expr[i]
-		switch {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
-			i++
-		case c == '#':
-			for i < len(expr) && expr[i] != '\n' {
-				i++
-			}
-		case c == '"' || c == '\'':
-			j := i + 1
-			for ; j < len(expr) && expr[j] != c; j++ {
-				if expr[j] == '\\' {
-					j++
-				}
-			}
-			if j >= len(expr) {
-				return nil, fmt.Errorf("offset %d: unterminated string", i)
-			}
-			toks = append(toks, lexeme{tokString, expr[i+1 : j], i})
-			i = j + 1
-		case c == '`':
-			j := strings.IndexByte(expr[i+1:], '`')
-			if j < 0 {
-				return nil, fmt.Errorf("offset %d: unterminated raw string", i)
-			}
-			toks = append(toks, lexeme{tokString, expr[i+1 : i+1+j], i})
-			i += j + 2
-		case c == '[':
-			j := strings.IndexByte(expr[i+1:], ']')
-			if j < 0 {
-				return nil, fmt.Errorf("offset %d: unterminated [", i)
-			}
-			body := strings.TrimSpace(expr[i+1 : i+1+j])
-			if body == "" || strings.ContainsAny(body, "[(){}\"'") {
-				return nil, fmt.Errorf("offset %d: [%s] is not a range or subquery", i, body)
-			}
-			toks = append(toks, lexeme{tokRange, body, i})
-			i += j + 2
-		case c == ']':
-			return nil, fmt.Errorf("offset %d: unexpected ]", i)
-		case c == '$':
-			j := i + 1
-			if j < len(expr) && expr[j] == '{' {
-				k := strings.IndexByte(expr[j:], '}')
-				if k < 0 {
-					return nil, fmt.Errorf("offset %d: unterminated ${", i)
-				}
-				j += k + 1
-			} else {
-				for j < len(expr) && isIdentPart(expr[j]) {
-					j++
-				}
-			}
-			if j == i+1 {
-				return nil, fmt.Errorf("offset %d: lone $", i)
-			}
-			toks = append(toks, lexeme{tokVariable, expr[i:j], i})
-			i = j
-		case isDigit(c) || (c == '.' && i+1 < len(expr) && isDigit(expr[i+1])):
-			// Numbers, durations (5m, 1h30m) and exponents (1e3): a run of
-			// digits, dots and letters. A sign after an exponent is lexed
-			// as an operator, which does not matter for name extraction.
-			j := i
-			for j < len(expr) && (isIdentPart(expr[j]) && expr[j] != ':' || expr[j] == '.') {
-				j++
-			}
-			toks = append(toks, lexeme{tokNumber, expr[i:j], i})
-			i = j
-		case isIdentStart(c):
-			j := i
-			for j < len(expr) && isIdentPart(expr[j]) {
-				j++
-			}
-			toks = append(toks, lexeme{tokIdent, expr[i:j], i})
-			i = j
-		case strings.IndexByte("(){},", c) >= 0:
-			toks = append(toks, lexeme{tokPunct, string(c), i})
-			i++
-		default:
-			op := ""
-			for _, o := range operators {
-				if strings.HasPrefix(expr[i:], o) {
-					op = o
-					break
-				}
-			}
-			if op == "" {
-				return nil, fmt.Errorf("offset %d: unexpected character %q", i, c)
-			}
-			toks = append(toks, lexeme{tokOperator, op, i})
-			i += len(op)
-		}
-	}
-	return toks, nil
-}
-
-// functions are the PromQL functions this repository may call; a name
-// outside the list is refused, so a typo cannot pass as a function.
-var functions = map[string]bool{
-	"abs": true, "absent": true, "absent_over_time": true, "avg_over_time": true,
-	"ceil": true, "changes": true, "clamp": true, "clamp_max": true, "clamp_min": true,
-	"count_over_time": true, "delta": true, "deriv": true, "exp": true, "floor": true,
-	"histogram_quantile": true, "idelta": true, "increase": true, "irate": true,
-	"last_over_time": true, "max_over_time": true, "min_over_time": true,
-	"predict_linear": true, "present_over_time": true, "quantile_over_time": true,
-	"rate": true, "resets": true, "round": true, "scalar": true, "sgn": true,
-	"sort": true, "sort_desc": true, "sqrt": true, "stddev_over_time": true,
-	"sum_over_time": true, "time": true, "timestamp": true, "vector": true,
-}
-
-// aggregations may carry a by/without clause before their parenthesis.
-var aggregations = map[string]bool{
-	"sum": true, "min": true, "max": true, "avg": true, "group": true, "count": true,
-	"stddev": true, "stdvar": true, "topk": true, "bottomk": true, "quantile": true,
-	"count_values": true,
-}
-
-// counterFunctions only make sense on counters (and the counter series of
-// histograms).
-var counterFunctions = map[string]bool{"rate": true, "irate": true, "increase": true, "resets": true}
-
-// labelListKeywords are followed by a parenthesised list of label names.
-var labelListKeywords = map[string]bool{
-	"by": true, "without": true, "on": true, "ignoring": true, "group_left": true, "group_right": true,
-}
-
-// binaryKeywords are the word operators and modifiers that are not names.
-var binaryKeywords = map[string]bool{"and": true, "or": true, "unless": true, "bool": true, "offset": true, "atan2": true}
+// PromQL is read by Prometheus's own parser
+// (github.com/prometheus/prometheus/promql/parser), run by the small
+// program in ./promql: a module of its own, so that the Prometheus module's
+// requirements (a newer Go, newer versions of modules Sluice uses) stay out
+// of Sluice's go.mod. The tests build it once and send it every expression;
+// it answers with the selectors (name, matchers, the functions around them)
+// and the grouping labels. An expression it cannot parse fails the tests.
 
 // selector is one series selector of an expression.
 type selector struct {
@@ -187,8 +32,11 @@ type selector struct {
 	// matchers are its label matchers, in order.
 	matchers []matcher
 	// fn is the innermost function or aggregation it is an argument of ("" at top level).
-	fn  string
-	pos int
+	fn string
+	// enclosing are all the functions and aggregations it is an argument
+	// of, outermost first.
+	enclosing []string
+	pos       int
 }
 
 // matcher is one label matcher of a selector: label op "value".
@@ -203,139 +51,157 @@ type parsed struct {
 	grouping []string
 }
 
-type frame struct {
-	fn        string // function or aggregation this parenthesis belongs to; "" for grouping
-	hasBucket bool   // a _bucket series was selected inside (for histogram_quantile)
-}
+// functions around a selector that only make sense on counters (and the
+// counter series of histograms).
+var counterFunctions = map[string]bool{"rate": true, "irate": true, "increase": true, "resets": true}
 
-// parse reads expr into its selectors and grouping labels, checking that
-// brackets balance, that every function is known, that every selector has
-// a metric name, and that histogram_quantile is given a _bucket series.
+// parse reads expr into its selectors and grouping labels with the real
+// PromQL parser, checking that every selector has a metric name, that
+// histogram_quantile is given only _bucket series, and that it selects
+// something. Grafana variables outside strings ($__rate_interval in a
+// range) are read as a duration.
 func parse(expr string) (parsed, error) {
-	toks, err := lex(expr)
+	r, err := promqlReader()
 	if err != nil {
 		return parsed{}, err
 	}
-	if len(toks) == 0 {
-		return parsed{}, errors.New("empty expression")
+	ans, err := r.read(withoutVariables(expr))
+	if err != nil {
+		return parsed{}, err
 	}
-	var (
-		out     parsed
-		stack   []frame
-		pending string // aggregation waiting for its ( after a by/without clause
-	)
-	peek := func(i int) lexeme {
-		if i < len(toks) {
-			return toks[i]
+	if ans.Error != "" {
+		return parsed{}, errors.New(ans.Error)
+	}
+	var out parsed
+	for _, s := range ans.Selectors {
+		if s.Name == "" {
+			return out, fmt.Errorf("offset %d: selector without a metric name", s.Pos)
 		}
-		return lexeme{kind: tokPunct, text: "", pos: len(expr)}
-	}
-	innermost := func() string {
-		for k := len(stack) - 1; k >= 0; k-- {
-			if stack[k].fn != "" {
-				return stack[k].fn
-			}
+		sel := selector{name: s.Name, pos: s.Pos, enclosing: s.Enclosing}
+		if n := len(s.Enclosing); n > 0 {
+			sel.fn = s.Enclosing[n-1]
 		}
-		return ""
-	}
-	for i := 0; i < len(toks); i++ {
-		t := toks[i]
-		switch t.kind {
-		case tokIdent:
-			next := peek(i + 1)
-			switch {
-			case labelListKeywords[t.text]:
-				if next.text != "(" {
-					if t.text == "group_left" || t.text == "group_right" {
-						continue
-					}
-					return out, fmt.Errorf("offset %d: %s needs a label list", t.pos, t.text)
-				}
-				j := i + 2
-				for ; j < len(toks) && toks[j].text != ")"; j++ {
-					switch {
-					case toks[j].kind == tokIdent:
-						out.grouping = append(out.grouping, toks[j].text)
-					case toks[j].text == ",":
-					default:
-						return out, fmt.Errorf("offset %d: %q in the label list of %s", toks[j].pos, toks[j].text, t.text)
-					}
-				}
-				if j >= len(toks) {
-					return out, fmt.Errorf("offset %d: unclosed label list of %s", t.pos, t.text)
-				}
-				i = j
-			case binaryKeywords[t.text]:
-			case next.kind == tokPunct && next.text == "(":
-				if !functions[t.text] && !aggregations[t.text] {
-					return out, fmt.Errorf("offset %d: unknown function %q", t.pos, t.text)
-				}
-				stack = append(stack, frame{fn: t.text})
-				i++
-			case aggregations[t.text] && (next.text == "by" || next.text == "without"):
-				pending = t.text
-			case functions[t.text] || aggregations[t.text]:
-				return out, fmt.Errorf("offset %d: function %q without arguments", t.pos, t.text)
-			default:
-				sel := selector{name: t.text, fn: innermost(), pos: t.pos}
-				if next.text == "{" {
-					j := i + 2
-					for ; j < len(toks) && toks[j].text != "}"; j++ {
-						if toks[j].text == "," {
-							continue
-						}
-						if j+2 >= len(toks) || toks[j].kind != tokIdent || toks[j+1].kind != tokOperator ||
-							!slices.Contains([]string{"=", "!=", "=~", "!~"}, toks[j+1].text) ||
-							(toks[j+2].kind != tokString) {
-							return out, fmt.Errorf("offset %d: malformed matcher in the selector of %s", toks[j].pos, t.text)
-						}
-						sel.matchers = append(sel.matchers, matcher{toks[j].text, toks[j+1].text, toks[j+2].text})
-						j += 2
-					}
-					if j >= len(toks) {
-						return out, fmt.Errorf("offset %d: unclosed selector of %s", t.pos, t.text)
-					}
-					i = j
-				}
-				if strings.HasSuffix(sel.name, "_bucket") {
-					for k := range stack {
-						stack[k].hasBucket = true
-					}
-				}
-				out.selectors = append(out.selectors, sel)
-			}
-		case tokPunct:
-			switch t.text {
-			case "(":
-				stack = append(stack, frame{fn: pending})
-				pending = ""
-			case ")":
-				if len(stack) == 0 {
-					return out, fmt.Errorf("offset %d: unbalanced )", t.pos)
-				}
-				top := stack[len(stack)-1]
-				stack = stack[:len(stack)-1]
-				if top.fn == "histogram_quantile" && !top.hasBucket {
-					return out, fmt.Errorf("offset %d: histogram_quantile without a _bucket series", t.pos)
-				}
-			case "{":
-				return out, fmt.Errorf("offset %d: selector without a metric name", t.pos)
-			case "}":
-				return out, fmt.Errorf("offset %d: unbalanced }", t.pos)
-			}
+		for _, m := range s.Matchers {
+			sel.matchers = append(sel.matchers, matcher{m.Label, m.Op, m.Value})
 		}
+		if slices.Contains(s.Enclosing, "histogram_quantile") && !strings.HasSuffix(s.Name, "_bucket") {
+			return out, fmt.Errorf("offset %d: histogram_quantile without a _bucket series (given %s)", s.Pos, s.Name)
+		}
+		out.selectors = append(out.selectors, sel)
 	}
-	if len(stack) > 0 {
-		return out, errors.New("unbalanced (: missing )")
-	}
-	if pending != "" {
-		return out, fmt.Errorf("aggregation %s has no argument", pending)
-	}
+	out.grouping = ans.Grouping
 	if len(out.selectors) == 0 {
 		return out, errors.New("selects no series")
 	}
 	return out, nil
 }
+
+// variableRefRE matches a Grafana variable: $name or ${name...}.
+var variableRefRE = regexp.MustCompile(`^\$(\{[^}]*\}|[A-Za-z0-9_]+)`)
+
+// withoutVariables replaces every Grafana variable outside a string with
+// the duration 5m (they stand for ranges: [$__rate_interval]); variables
+// inside strings are label values and stay.
+func withoutVariables(expr string) string {
+	var b strings.Builder
+	var quote byte
+	for i := 0; i < len(expr); i++ {
+		c := expr[i]
+		switch {
+		case quote != 0:
+			b.WriteByte(c)
+			if c == '\\' && quote != '`' && i+1 < len(expr) {
+				i++
+				b.WriteByte(expr[i])
+			} else if c == quote {
+				quote = 0
+			}
+		case c == '"' || c == '\'' || c == '`':
+			quote = c
+			b.WriteByte(c)
+		case c == '$':
+			if m := variableRefRE.FindString(expr[i:]); m != "" {
+				b.WriteString("5m")
+				i += len(m) - 1
+				continue
+			}
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// promqlAnswer is the reader's answer for one expression (see ./promql).
+type promqlAnswer struct {
+	Selectors []struct {
+		Name     string `json:"name"`
+		Matchers []struct {
+			Label string `json:"label"`
+			Op    string `json:"op"`
+			Value string `json:"value"`
+		} `json:"matchers"`
+		Enclosing []string `json:"enclosing"`
+		Pos       int      `json:"pos"`
+	} `json:"selectors"`
+	Grouping []string `json:"grouping"`
+	Error    string   `json:"error"`
+}
+
+// promqlProc is the running reader. Safe for concurrent use.
+type promqlProc struct {
+	mu  sync.Mutex
+	in  io.Writer
+	out *json.Decoder
+}
+
+func (p *promqlProc) read(expr string) (promqlAnswer, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	req, err := json.Marshal(map[string]string{"expr": expr})
+	if err != nil {
+		return promqlAnswer{}, err
+	}
+	if _, err := p.in.Write(append(req, '\n')); err != nil {
+		return promqlAnswer{}, fmt.Errorf("PromQL reader: %w", err)
+	}
+	var ans promqlAnswer
+	if err := p.out.Decode(&ans); err != nil {
+		return promqlAnswer{}, fmt.Errorf("PromQL reader: %w", err)
+	}
+	return ans, nil
+}
+
+// promqlReader builds ./promql once and starts it; it runs until the test
+// binary exits (its stdin closes).
+var promqlReader = sync.OnceValues(func() (*promqlProc, error) {
+	dir, err := os.MkdirTemp("", "sluice-promql-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir) // a started program runs on without its file
+	bin := filepath.Join(dir, "promql")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = "promql"
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("building the PromQL reader (deploy/observability/promql): %w\n%s", err, out)
+	}
+	cmd := exec.Command(bin)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &promqlProc{in: in, out: json.NewDecoder(bufio.NewReader(out))}, nil
+})
 
 // family is one metric family a component exports.
 type family struct {
