@@ -30,8 +30,11 @@ func TestStatusAgainstRealDaemons(t *testing.T) {
 		code := run(context.Background(), []string{"-etcd-endpoints", endpoint, "-global-addr", c.GlobalAddrs()[0], "status"},
 			strings.NewReader(""), &stdout, &stderr)
 		out = stdout.String()
-		// Ready once the region leader has reported to the global leader.
-		if code == exitOK && strings.Contains(out, "(leader)") && regexpLine(out, "us-east", "ago") {
+		// Ready once the region leader has reported to the global leader
+		// and etcd shows it elected (its election key can lag its first
+		// report, or be lost and won again on a starved machine).
+		if code == exitOK && strings.Contains(out, "(leader)") && regexpLine(out, "us-east", "ago") &&
+			strings.Contains(out, c.RegionalAddrs("us-east")[0]) {
 			break
 		}
 		if time.Now().After(deadline) {
