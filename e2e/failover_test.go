@@ -179,7 +179,7 @@ func TestConfigChangesThroughSluicectl(t *testing.T) {
 	cfgText = strings.Replace(cfgText, "grant_validity: 1s", "grant_validity: 5s", 1)
 	c := startCluster(t, devcluster.Options{Config: mustConfig(t, cfgText)})
 	bin := filepath.Join(t.TempDir(), "sluicectl")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/sluicectl").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", bin, "../cmd/sluicectl")...).CombinedOutput(); err != nil {
 		t.Fatalf("build sluicectl: %v\n%s", err, out)
 	}
 	endpoint := c.EtcdAddr()

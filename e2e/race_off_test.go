@@ -1,0 +1,6 @@
+//go:build !race
+
+package e2e
+
+// buildFlags: see race_on_test.go.
+var buildFlags []string
