@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -404,14 +405,21 @@ func errorsIsStale(err error) bool {
 }
 
 // timelineRounds multiplies rapid's checks for this test: the bugs it is
-// after need rare combinations of loss, silence and leader change.
-const timelineRounds = 40
+// after need rare combinations of loss, silence and leader change. make
+// test runs timelineRounds; SLUICE_SOAK=1 runs timelineSoakRounds.
+const (
+	timelineRounds     = 8
+	timelineSoakRounds = 40
+)
 
 // How many lapses and returns the timeline runs saw (to show they happen).
 var timelineLapses, timelineReturns atomic.Int64
 
 func TestTimelineNeverOversubscribes(t *testing.T) {
 	rounds := timelineRounds
+	if os.Getenv("SLUICE_SOAK") != "" {
+		rounds = timelineSoakRounds
+	}
 	if testing.Short() {
 		rounds = 1
 	}
