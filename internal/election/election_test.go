@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
@@ -32,13 +33,28 @@ func TestCampaignReturnsWhenEtcdIsGone(t *testing.T) {
 
 	wctx, stopWaiting := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- Campaign(wctx, concurrency.NewElection(session(), "/election-test"), "b") }()
+	second := concurrency.NewElection(session(), "/election-test")
+	go func() { done <- Campaign(wctx, second, "b") }()
+	// Wait until the second candidate is queued behind the leader (its
+	// key is in etcd): only then is etcd's going away what it waits on.
+	for {
+		resp, err := srv.Client(t).Get(ctx, "/election-test", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count >= 2 {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the second candidate returned %v while the first leads", err)
+		case <-time.After(10 * time.Millisecond): // polling etcd; the deadline is ctx's
+		}
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("the second candidate returned %v while the first leads", err)
-	case <-time.After(100 * time.Millisecond):
-		// Still waiting behind the leader, as it should: this bounds how
-		// long the test looks, not a condition it waits for.
+	default:
 	}
 	srv.Stop()
 	stopWaiting()
