@@ -407,11 +407,12 @@ func (r *Region) noGlobalLeader() {
 }
 
 // globalElectionEmpty says whether etcd holds no global replica's election
-// key. The model does not yet tell a crashed leader's key (kept until its
-// session lease runs out) from none, so it answers false: the region
-// never extends its lease on this rule in the simulator, which is safe and
-// only less available.
-func globalElectionEmpty(*Global) bool { return false }
+// key: no replica leads. The model drops a crashed leader at once, while
+// etcd keeps its key until its session lease runs out (at most a session
+// TTL): in that window the simulated region may extend where a real one
+// waits. That is still safe: the dead leader decides nothing more, and
+// whoever is elected next counts the region's silence from its election.
+func globalElectionEmpty(g *Global) bool { return g.leader == nil }
 
 // storeStatic is Leader.storeStatic: the leader's lease raised into Redis.
 func (r *Region) storeStatic() {

@@ -72,3 +72,46 @@ faults: [{at: 30s, kind: partition, region: a, for: 40s}]
 		t.Fatalf("a partition longer than region_lease broke an invariant: %+v %+v", r.Conformance, r.Rates)
 	}
 }
+
+// TestNoGlobalLeaderKeepsTheRegionOnItsStaticShare: the only global
+// replica dies for longer than region_lease; with no leader in etcd the
+// region leaders extend their running leases (regionsync's etcd rule) and
+// keep their static shares; the invariants hold throughout.
+func TestNoGlobalLeaderKeepsTheRegionOnItsStaticShare(t *testing.T) {
+	h := buildFrom(t, `
+name: w
+duration: 2m
+warmup: 10s
+sluice:
+  region_lease: 20s
+  regions: {a: {weight: 1}, b: {weight: 1}}
+  classes: {read: {partition_share: 0.5}}
+  tiers: {t: {read: {rate: 100/s, burst: 200}}}
+  default_tier: t
+topology:
+  regions: [{name: a, instances: 2}, {name: b, instances: 2, clock_offset: 400ms}]
+  global: {primary: b}
+workload:
+  - {tenant: x, class: read, rate: {a: 40/s, b: 40/s}}
+faults: [{at: 30s, kind: global-leader-loss, restart_after: 50s}]
+`)
+	h.start()
+	k := h.w.keys[0]
+	h.until(30 * time.Second)
+	first := h.w.regions[0].staticUS
+	for step := 30 * time.Second; step < 80*time.Second; step += 500 * time.Millisecond {
+		h.until(step)
+		for i, r := range h.w.regions {
+			if got := r.common(k).StaticRate; got != k.common[i].StaticRate {
+				t.Fatalf("at %v region %s runs on %v with no global leader, want its static share %v", step, r.name, got, k.common[i].StaticRate)
+			}
+		}
+	}
+	if a := h.w.regions[0]; a.staticUS <= first+(30*time.Second).Microseconds() {
+		t.Fatalf("a's lease end moved from %d to %d only: not extended while no global leader was elected", first, a.staticUS)
+	}
+	h.until(2 * time.Minute)
+	if r := h.orc.Finish(2 * time.Minute); !r.Pass() {
+		t.Fatalf("a global outage longer than region_lease broke an invariant: %+v %+v", r.Conformance, r.Rates)
+	}
+}
