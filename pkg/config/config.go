@@ -395,7 +395,7 @@ func Parse(data []byte) (*Config, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%w: the document is empty", ErrInvalidConfig)
 		}
-		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return nil, yamlProblems(err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -406,7 +406,7 @@ func Parse(data []byte) (*Config, error) {
 	strict := yaml.NewDecoder(bytes.NewReader(data))
 	strict.KnownFields(true)
 	if err := strict.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return nil, yamlProblems(err)
 	}
 	// Zero MaxShare means "left out" in Go, so an explicit zero must be
 	// caught in the document, where it can still be told apart.

@@ -1,0 +1,95 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// yamlProblems turns a YAML decoding error into one error per problem, each
+// wrapping ErrInvalidConfig and worded for the person editing the file: the
+// decoder's messages name Go types ("field epochh not found in type
+// config.Config"), which mean nothing to them.
+func yamlProblems(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return &yamlError{yamlMessage(strings.TrimPrefix(err.Error(), "yaml: "))}
+	}
+	var out []error
+	for _, m := range te.Errors {
+		out = append(out, &yamlError{yamlMessage(m)})
+	}
+	return errors.Join(out...)
+}
+
+// yamlError is one problem found while decoding, before any field could be
+// validated. It wraps ErrInvalidConfig.
+type yamlError struct{ msg string }
+
+func (e *yamlError) Error() string { return e.msg }
+
+// Unwrap makes errors.Is(err, ErrInvalidConfig) hold.
+func (e *yamlError) Unwrap() error { return ErrInvalidConfig }
+
+var (
+	unknownFieldRE = regexp.MustCompile(`^line (\d+): field (.+) not found in type \S+$`)
+	unmarshalRE    = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+)(?: `(.*)`)? into (.+)$")
+	lineRE         = regexp.MustCompile(`^line (\d+): (.+)$`)
+)
+
+// yamlMessage rewrites one of the decoder's messages into "what is wrong
+// (line N)"; those that name no Go type (Rate's, Duration's) keep their words.
+func yamlMessage(m string) string {
+	if g := unknownFieldRE.FindStringSubmatch(m); g != nil {
+		return fmt.Sprintf("unknown field %q (line %s)", g[2], g[1])
+	}
+	if g := unmarshalRE.FindStringSubmatch(m); g != nil {
+		got := yamlKind(g[2])
+		if g[3] != "" {
+			got = fmt.Sprintf("%q", g[3])
+		}
+		return fmt.Sprintf("%s is not %s (line %s)", got, goTypeName(g[4]), g[1])
+	}
+	if g := lineRE.FindStringSubmatch(m); g != nil {
+		return fmt.Sprintf("%s (line %s)", g[2], g[1])
+	}
+	return m
+}
+
+// yamlKind names a YAML tag's kind of node.
+func yamlKind(tag string) string {
+	switch tag {
+	case "map":
+		return "a mapping"
+	case "seq":
+		return "a list"
+	case "null":
+		return "an empty value"
+	}
+	return "a " + tag
+}
+
+// goTypeName says what a Go type accepts, in YAML words.
+func goTypeName(t string) string {
+	switch {
+	case strings.HasPrefix(t, "map["), t == "config.Config", t == "config.Region", t == "config.Class",
+		t == "config.LimitSpec", t == "config.Tenant", t == "config.Envoy", t == "config.EnvoyDescriptor":
+		return "a mapping"
+	case strings.HasPrefix(t, "config."):
+		return "a string"
+	case strings.HasPrefix(t, "[]"):
+		return "a list"
+	case t == "bool":
+		return "true or false"
+	case t == "string":
+		return "a string"
+	case strings.HasPrefix(t, "float"):
+		return "a number"
+	case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"):
+		return "a whole number"
+	}
+	return "valid here"
+}
