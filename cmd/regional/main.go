@@ -92,7 +92,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.globalAddrs, "global-addr", "", "global allocator address(es), comma separated; with etcd, makes this replica a candidate for region leader")
 	fs.BoolVar(&f.unleased, "unleased", false, "a region with no global tier at all: run on the static shares unconditionally (refused with -global-addr); without it a region whose leader holds no static lease from the global tier runs on its floor")
 	fs.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Second, "etcd session TTL of the region leader election")
-	fs.BoolVar(&f.envoyHeaders, "envoy-headers", true, "add x-ratelimit-* headers to Envoy rate limit answers")
+	fs.BoolVar(&f.envoyHeaders, "envoy-headers", true, "add x-ratelimit-*, ratelimit, ratelimit-policy and retry-after headers to Envoy rate limit answers")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "server certificate (PEM) for gRPC; enables TLS (also the client certificate towards the global tier)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "server private key (PEM)")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA bundle (PEM) client certificates must chain to; enables mutual TLS")

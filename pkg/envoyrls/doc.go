@@ -94,9 +94,10 @@
 //     the longest unit whose count fits in 32 bits. The rate, not the burst,
 //     because it is the number operators write and the long-run admission
 //     rate Envoy dashboards should show. name is the class.
-//   - limit_remaining: tokens this regional process still holds for the key
-//     after the decision (its lease, not the whole region's bucket), so it
-//     may be lower than what the region as a whole could still admit.
+//   - limit_remaining: what this caller can expect to spend now after the
+//     decision (Decision.Remaining): the tokens this process holds for the
+//     key plus what the region's bucket held at its last answer, at most
+//     the region's cap for the key and below the cost when over limit.
 //   - duration_until_reset: time until the region's bucket is full again,
 //     as last reported by the region, and never before the retry delay of
 //     an over-limit descriptor. Unset on an over-limit descriptor that no
@@ -106,28 +107,39 @@
 //
 // # Response headers
 //
-// With Options.Headers (default true) the response asks Envoy to add, in
-// the draft-03 form of the IETF rate-limit header fields that Envoy's own
-// x-ratelimit headers use:
+// With Options.Headers (default true) the response asks Envoy to add the
+// x-ratelimit fields in the draft-03 form Envoy's own x-ratelimit headers
+// use, and the IETF draft's RateLimit and RateLimit-Policy structured
+// fields, with the meanings pkg/httplimit gives them (docs/operations.md,
+// "Rate-limit headers"): the policy is the key's configured limit, the
+// rest is what this caller can currently expect in its region.
 //
-//	x-ratelimit-limit      "<burst>, <burst>;w=<window>": the key's burst,
-//	                       and as quota policy the seconds an empty bucket
-//	                       takes to refill (burst / rate, rounded up)
-//	x-ratelimit-remaining  limit_remaining, in tokens
-//	x-ratelimit-reset      duration_until_reset in whole seconds, rounded
-//	                       up; absent when the descriptor has none
-//	retry-after            only on OVER_LIMIT: the longest retry delay of
-//	                       the over-limit descriptors, whole seconds rounded
-//	                       up, at least 1; absent when any of them is a
-//	                       RetryNever denial (no wait would admit the
-//	                       request)
+//	x-ratelimit-limit      "<cap>, <burst>;w=<window>": the key's burst cap
+//	                       in this region now (Decision.Cap, at most the
+//	                       burst), then the policy: the configured burst
+//	                       and the seconds an empty bucket takes to refill
+//	                       it (burst / rate, rounded up)
+//	x-ratelimit-remaining  limit_remaining: what this caller can expect to
+//	                       spend now, at most the cap
+//	ratelimit-policy       "<class>";q=<burst>;w=<window>
+//	ratelimit              "<class>";r=<remaining>;t=<t>
+//	x-ratelimit-reset      t, in seconds (relative, as Envoy's service
+//	                       writes it; pkg/httplimit's is absolute)
+//	retry-after            only on OVER_LIMIT: t
+//
+// t is one number of whole seconds, rounded up: on OVER_LIMIT the longest
+// retry delay of the over-limit descriptors, at least 1 (the IETF draft
+// asks that Retry-After not point earlier than t); otherwise the shown
+// descriptor's duration_until_reset. When any over-limit descriptor is a
+// RetryNever denial (no wait would admit the request) no time is promised:
+// there is no t, x-ratelimit-reset or retry-after.
 //
 // They describe one descriptor, the one closest to exhaustion: an
 // over-limit one if any, else the one with the fewest tokens remaining
 // (the first on ties). Envoy adds response_headers_to_add to the response
 // whether it is rate limited or not. When Envoy's filter is configured with
-// enable_x_ratelimit_headers: DRAFT_VERSION_03 it writes these fields
-// itself; set Options.Headers to false then, to avoid duplicates.
+// enable_x_ratelimit_headers: DRAFT_VERSION_03 it writes the x-ratelimit
+// fields itself; set Options.Headers to false then, to avoid duplicates.
 //
 // # Errors
 //

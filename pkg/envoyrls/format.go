@@ -18,6 +18,10 @@ const (
 	HeaderRemaining  = "x-ratelimit-remaining"
 	HeaderReset      = "x-ratelimit-reset"
 	HeaderRetryAfter = "retry-after"
+	// HeaderRateLimit and HeaderRateLimitPolicy are the IETF draft's
+	// structured fields (see the package doc).
+	HeaderRateLimit       = "ratelimit"
+	HeaderRateLimitPolicy = "ratelimit-policy"
 )
 
 // result is how one descriptor was decided, and a metric label value.
@@ -120,9 +124,12 @@ func ceilSeconds(d time.Duration) int64 {
 
 // decided is one matched descriptor after its decision.
 type decided struct {
-	limit     quota.Limit
-	result    result
-	remaining uint32
+	limit  quota.Limit
+	result result
+	// cap is what this caller can currently expect at once: the region's
+	// cap for the key (Decision.Cap), at most limit.Burst.
+	cap       int64
+	remaining uint32        // at most cap
 	reset     time.Duration // until the bucket is full again, >= retry
 	retry     time.Duration // > 0 only when over limit
 	// never: over limit, and no wait cures it (Decision.RetryNever); no
@@ -131,8 +138,11 @@ type decided struct {
 }
 
 func newDecided(now time.Time, limit quota.Limit, r result, d quota.Decision) decided {
-	out := decided{limit: limit, result: r}
-	out.remaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
+	out := decided{limit: limit, result: r, cap: max(limit.Burst, 0)}
+	if d.CapKnown {
+		out.cap = min(max(d.Cap, 0), out.cap)
+	}
+	out.remaining = uint32(min(max(d.Remaining, 0), out.cap, math.MaxUint32))
 	if !d.ResetAt.IsZero() {
 		out.reset = max(d.ResetAt.Sub(now), 0)
 	}
@@ -173,21 +183,59 @@ func closerToExhaustion(a, b decided) bool {
 	return a.remaining < b.remaining
 }
 
-// headers builds the x-ratelimit-* fields for the descriptor shown, and
-// retry-after when the request is over limit, unless never: no wait can
-// admit some over-limit descriptor. x-ratelimit-reset is left out
-// when the descriptor shown is such a one (it has no duration_until_reset).
-func headers(shown decided, overLimit, never bool, retry time.Duration) []*corev3.HeaderValue {
-	limit := strconv.FormatInt(shown.limit.Burst, 10)
+// headers builds the response fields for the descriptor shown. Every
+// time field is one number of whole seconds, t: on OVER_LIMIT the longest
+// retry delay of the over-limit descriptors (at least 1), otherwise until
+// the shown descriptor's Remaining is back to its cap; x-ratelimit-reset,
+// RateLimit's t and retry-after all carry it. When some over-limit
+// descriptor is a never denial no time is promised: none of the three is
+// written.
+func headers(shown decided, className string, overLimit, never bool, retry time.Duration) []*corev3.HeaderValue {
+	burst := strconv.FormatInt(shown.limit.Burst, 10)
+	window := strconv.FormatInt(refillWindow(shown.limit), 10)
+	remaining := strconv.FormatUint(uint64(shown.remaining), 10)
+	name := sfString(className)
 	h := []*corev3.HeaderValue{
-		{Key: HeaderLimit, Value: limit + ", " + limit + ";w=" + strconv.FormatInt(refillWindow(shown.limit), 10)},
-		{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(shown.remaining), 10)},
+		{Key: HeaderLimit, Value: strconv.FormatInt(shown.cap, 10) + ", " + burst + ";w=" + window},
+		{Key: HeaderRemaining, Value: remaining},
+		{Key: HeaderRateLimitPolicy, Value: name + ";q=" + burst + ";w=" + window},
 	}
-	if !shown.never {
-		h = append(h, &corev3.HeaderValue{Key: HeaderReset, Value: strconv.FormatInt(ceilSeconds(shown.reset), 10)})
+	var t int64
+	switch {
+	case overLimit && never, !overLimit && shown.never:
+		h = append(h, &corev3.HeaderValue{Key: HeaderRateLimit, Value: name + ";r=" + remaining})
+		return h
+	case overLimit:
+		t = max(ceilSeconds(retry), 1)
+	default:
+		t = ceilSeconds(shown.reset)
 	}
-	if overLimit && !never {
-		h = append(h, &corev3.HeaderValue{Key: HeaderRetryAfter, Value: strconv.FormatInt(max(ceilSeconds(retry), 1), 10)})
+	ts := strconv.FormatInt(t, 10)
+	h = append(h,
+		&corev3.HeaderValue{Key: HeaderRateLimit, Value: name + ";r=" + remaining + ";t=" + ts},
+		&corev3.HeaderValue{Key: HeaderReset, Value: ts})
+	if overLimit {
+		h = append(h, &corev3.HeaderValue{Key: HeaderRetryAfter, Value: ts})
 	}
 	return h
+}
+
+// sfString serialises s as a structured-field String (RFC 8941 §4.1.6),
+// replacing what a String cannot hold (class names are letters, digits and
+// . _ : @ -, so nothing is replaced for a configured class).
+func sfString(s string) string {
+	b := make([]byte, 0, len(s)+2)
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '?')
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(append(b, '"'))
 }

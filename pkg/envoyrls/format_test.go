@@ -2,6 +2,7 @@ package envoyrls
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,8 +103,16 @@ func TestNewDecided(t *testing.T) {
 		t.Errorf("over limit: %+v; want remaining 0, retry 2s, reset raised to the retry", d)
 	}
 	d = newDecided(now, lim, resultOK, quota.Decision{Allowed: true, Remaining: 1 << 40, ResetAt: now.Add(-time.Second), RetryAfter: time.Second})
-	if d.remaining != math.MaxUint32 || d.retry != 0 || d.reset != 0 {
-		t.Errorf("allowed: %+v; want remaining clamped, no retry, a past reset as 0", d)
+	if d.remaining != 20 || d.cap != 20 || d.retry != 0 || d.reset != 0 {
+		t.Errorf("allowed: %+v; want remaining clamped to the burst, no retry, a past reset as 0", d)
+	}
+	// The region's cap (what this caller can expect) bounds Remaining.
+	d = newDecided(now, lim, resultOK, quota.Decision{Allowed: true, Remaining: 15, Cap: 7, CapKnown: true})
+	if d.cap != 7 || d.remaining != 7 {
+		t.Errorf("region cap 7: %+v; want cap 7 and remaining 7", d)
+	}
+	if d := newDecided(now, lim, resultOK, quota.Decision{Allowed: true, Remaining: 1 << 40, Cap: 1 << 40, CapKnown: true}); d.cap != 20 || d.remaining != 20 {
+		t.Errorf("cap above the burst: %+v; want both at the burst", d)
 	}
 	if d := newDecided(now, lim, resultOK, quota.Decision{Allowed: true}); d.reset != 0 {
 		t.Errorf("no reset time: reset %v, want 0", d.reset)
@@ -111,7 +120,7 @@ func TestNewDecided(t *testing.T) {
 }
 
 func TestHeaders(t *testing.T) {
-	over := decided{limit: quota.Limit{Rate: 2, Burst: 5}, result: resultOverLimit, remaining: 0, reset: 1500 * time.Millisecond, retry: 400 * time.Millisecond}
+	over := decided{limit: quota.Limit{Rate: 2, Burst: 5}, cap: 3, result: resultOverLimit, remaining: 0, reset: 1500 * time.Millisecond, retry: 400 * time.Millisecond}
 	ok := decided{limit: quota.Limit{Rate: 100, Burst: 100}, result: resultOK, remaining: 0, reset: 0}
 	if !closerToExhaustion(over, ok) || closerToExhaustion(ok, over) {
 		t.Error("an over-limit descriptor must be shown before an allowed one")
@@ -122,10 +131,15 @@ func TestHeaders(t *testing.T) {
 		t.Error("among allowed descriptors the one with fewer tokens left is shown, the first on ties")
 	}
 	got := map[string]string{}
-	for _, h := range headers(over, true, false, 400*time.Millisecond) {
+	for _, h := range headers(over, "write", true, false, 400*time.Millisecond) {
 		got[h.GetKey()] = h.GetValue()
 	}
-	want := map[string]string{HeaderLimit: "5, 5;w=3", HeaderRemaining: "0", HeaderReset: "2", HeaderRetryAfter: "1"}
+	// The region's cap 3 first, then the policy (burst 5 refilled in 3 s);
+	// every time field is the retry delay rounded up.
+	want := map[string]string{
+		HeaderLimit: "3, 5;w=3", HeaderRemaining: "0", HeaderReset: "1", HeaderRetryAfter: "1",
+		HeaderRateLimitPolicy: `"write";q=5;w=3`, HeaderRateLimit: `"write";r=0;t=1`,
+	}
 	if len(got) != len(want) {
 		t.Errorf("headers %v, want %v", got, want)
 	}
@@ -134,7 +148,7 @@ func TestHeaders(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
 		}
 	}
-	for _, h := range headers(ok, false, false, 0) {
+	for _, h := range headers(ok, "read", false, false, 0) {
 		if h.GetKey() == HeaderRetryAfter {
 			t.Error("retry-after on an allowed request")
 		}
@@ -159,8 +173,8 @@ func TestNeverPromisesNoTime(t *testing.T) {
 	if st := wait.status("export"); st.GetDurationUntilReset().AsDuration() != 3*time.Second {
 		t.Errorf("waiting status %v: want duration_until_reset 3s", st)
 	}
-	for _, h := range headers(never, true, true, wait.retry) {
-		if k := h.GetKey(); k == HeaderRetryAfter || k == HeaderReset {
+	for _, h := range headers(never, "export", true, true, wait.retry) {
+		if k := h.GetKey(); k == HeaderRetryAfter || k == HeaderReset || (k == HeaderRateLimit && strings.Contains(h.GetValue(), "t=")) {
 			t.Errorf("%s = %q on a never answer", k, h.GetValue())
 		}
 	}

@@ -51,8 +51,9 @@ type Options struct {
 	// (warn). Optional, default discards.
 	Logger *slog.Logger
 	// Headers adds x-ratelimit-limit, x-ratelimit-remaining,
-	// x-ratelimit-reset and, on OVER_LIMIT, retry-after to Envoy's
-	// response. Optional, default true (nil).
+	// x-ratelimit-reset, ratelimit, ratelimit-policy and, on OVER_LIMIT,
+	// retry-after to Envoy's response (see the package doc). Optional,
+	// default true (nil).
 	Headers *bool
 }
 
@@ -189,7 +190,7 @@ func (s *Service) respond(targets []target, decisions []decided) (*rlsv3.RateLim
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(targets)),
 	}
 	out := outcomeOK
-	shown, haveShown := decided{}, false
+	shown, haveShown, shownClass := decided{}, false, ""
 	var retry time.Duration
 	never := false // some descriptor over limit can never pass: no retry-after
 	for i, t := range targets {
@@ -206,11 +207,11 @@ func (s *Service) respond(targets []target, decisions []decided) (*rlsv3.RateLim
 			never = never || dd.never
 		}
 		if !haveShown || closerToExhaustion(dd, shown) {
-			shown, haveShown = dd, true
+			shown, haveShown, shownClass = dd, true, t.res.ClassName
 		}
 	}
 	if s.headers && haveShown {
-		resp.ResponseHeadersToAdd = headers(shown, out == outcomeOverLimit, never, retry)
+		resp.ResponseHeadersToAdd = headers(shown, shownClass, out == outcomeOverLimit, never, retry)
 	}
 	return resp, out, nil
 }

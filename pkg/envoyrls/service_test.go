@@ -180,28 +180,30 @@ func checkStatus(st *rlsv3.RateLimitResponse_DescriptorStatus, want limitSpec, m
 	return nil
 }
 
-// checkHeaders returns what is wrong with the headers describing st.
+// checkHeaders returns what is wrong with the headers describing st: the
+// families must agree (checkFields), name the key's burst and window as
+// the policy, and the region's cap (the whole burst: one region) as what
+// the caller can expect, with st's remaining; the time fields are
+// duration_until_reset unless over limit, where they are the retry delay.
 func checkHeaders(resp *rlsv3.RateLimitResponse, st *rlsv3.RateLimitResponse_DescriptorStatus, want limitSpec) error {
-	h := headerMap(resp)
-	burst := strconv.FormatInt(want.burst, 10)
-	if got, w := h[envoyrls.HeaderLimit], burst+", "+burst+";w="+strconv.FormatInt(want.window, 10); got != w {
-		return fmt.Errorf("%s %q, want %q", envoyrls.HeaderLimit, got, w)
+	s, err := checkFields(resp)
+	if err != nil {
+		return err
 	}
-	if got, w := h[envoyrls.HeaderRemaining], strconv.FormatUint(uint64(st.GetLimitRemaining()), 10); got != w {
-		return fmt.Errorf("%s %q, want %q", envoyrls.HeaderRemaining, got, w)
+	if s.q != want.burst || s.w != want.window || s.cap != want.burst {
+		return fmt.Errorf("cap %d, q=%d, w=%d; want %d, %d, %d", s.cap, s.q, s.w, want.burst, want.burst, want.window)
 	}
-	reset := st.GetDurationUntilReset().AsDuration()
-	if got, w := h[envoyrls.HeaderReset], strconv.FormatInt(int64(math.Ceil(reset.Seconds())), 10); got != w {
-		return fmt.Errorf("%s %q, want %q (duration_until_reset %v)", envoyrls.HeaderReset, got, w, reset)
+	if s.remaining != int64(st.GetLimitRemaining()) {
+		return fmt.Errorf("remaining %d, limit_remaining %d", s.remaining, st.GetLimitRemaining())
 	}
-	retry, hasRetry := h[envoyrls.HeaderRetryAfter]
-	if over := resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT; over != hasRetry {
-		return fmt.Errorf("over limit %v but retry-after present %v", over, hasRetry)
-	}
-	if hasRetry {
-		if n, err := strconv.Atoi(retry); err != nil || n < 1 {
-			return fmt.Errorf("retry-after %q is not a whole number of seconds >= 1", retry)
+	over := resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT
+	if !over {
+		reset := st.GetDurationUntilReset().AsDuration()
+		if !s.hasT || s.t != int64(math.Ceil(reset.Seconds())) {
+			return fmt.Errorf("t=%d (present %v), want duration_until_reset %v rounded up", s.t, s.hasT, reset)
 		}
+	} else if !s.hasT || s.t < 1 {
+		return fmt.Errorf("over limit: t=%d (present %v), want a retry delay >= 1", s.t, s.hasT)
 	}
 	return nil
 }

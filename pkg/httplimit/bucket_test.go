@@ -93,6 +93,8 @@ func (b *tokenBuckets) Allow(_ context.Context, key quota.Key, cost int64) (quot
 		Allowed:   allowed,
 		WouldDeny: !allowed,
 		Limit:     lim.Burst,
+		Cap:       int64(bk.Burst()), // below Limit when caps holds a region's share
+		CapKnown:  true,
 		Remaining: int64(math.Floor(tokens)),
 		ResetAt:   now.Add(secondsUp((float64(bk.Burst()) - tokens) / lim.Rate)),
 	}

@@ -24,65 +24,74 @@
 //     short text body, without calling the next handler. A denial with
 //     Decision.RetryNever (no wait can cure it while the limits stay as
 //     they are, e.g. the cost exceeds what the region's bucket can ever
-//     hold) is a 429 with no Retry-After and no t in RateLimit: the
-//     middleware never promises a time after which the request still
-//     could not be admitted.
+//     hold) is a 429 with no Retry-After, no X-RateLimit-Reset and no t in
+//     RateLimit: the middleware never promises a time after which the
+//     request still could not be admitted.
 //
 // Over quota is a response (429), never an error passed to OnError.
 //
 // # Fields
 //
-// Legacy fields, kept because most clients in the wild read them:
+// In a leased, multi-region system the configured limit (the policy) and
+// what one caller can get right now differ: each region runs on its share
+// of the key's bucket, and the instance decides from tokens it leased. The
+// fields say which is which (docs/operations.md, "Rate-limit headers"):
 //
-//	X-RateLimit-Limit      Decision.Limit (the key's burst), in tokens
-//	X-RateLimit-Remaining  Decision.Remaining clamped to >= 0, in tokens
-//	X-RateLimit-Reset      Decision.ResetAt as absolute Unix epoch seconds,
-//	                       rounded up
-//	Retry-After            only on 429: Decision.RetryAfter in whole
-//	                       seconds, rounded up, at least 1; absent when
-//	                       Decision.RetryNever
+//	RateLimit-Policy       "<policy>";q=<Decision.Limit>[;w=<window>]: the
+//	                       key's configured burst (the same everywhere and
+//	                       on every response) and its refill window
+//	X-RateLimit-Limit      Decision.Cap: the most this caller can currently
+//	                       expect at once, the key's burst cap in its region
+//	                       now (Decision.Limit unless Decision.CapKnown);
+//	                       at most q
+//	X-RateLimit-Remaining  Decision.Remaining: what this caller can expect
+//	                       to spend now without waiting, clamped to
+//	                       [0, X-RateLimit-Limit]
+//	RateLimit              "<policy>";r=<X-RateLimit-Remaining>;t=<seconds>
+//	X-RateLimit-Reset      Date + t, as absolute Unix epoch seconds
+//	Retry-After            only on 429: t, at least 1
+//	Date                   the middleware's clock (Options.Now), so the
+//	                       three time fields can be checked against it
 //
-// IETF fields, in the structured-field form of
+// t names one instant for all of them, a whole second of the Date clock at
+// or after the moment it stands for: on an admitted request when
+// Remaining will be back to X-RateLimit-Limit if nobody spends
+// (Decision.ResetAt; 0 when it already is), on a 429 when the request can
+// be retried (Decision.RetryAfter). So X-RateLimit-Reset - Date = t, and
+// on a 429 Retry-After = t: the IETF draft asks that Retry-After not point
+// earlier than the end of the window t describes. A client that waits t
+// seconds from receiving the response, or until X-RateLimit-Reset by a
+// synchronised clock, never arrives before the tokens; rounding to Date's
+// second costs it less than a second more than the exact wait.
+//
+// The IETF fields are in the structured-field form of
 // draft-ietf-httpapi-ratelimit-headers-10 (September 2025; the working
-// group's later editor's copy keeps the same syntax):
-//
-//	RateLimit-Policy: "<policy>";q=<limit>;w=<window seconds>
-//	RateLimit:        "<policy>";r=<remaining>;t=<seconds>
-//
-// The policy name is Options.Policy, or the key's class when that is empty,
-// so read and write traffic advertise distinct policies. w is present only
-// when Options.Window is set; for a token bucket it is the time an empty
-// bucket takes to refill to the limit (see RefillWindow). t is the seconds
-// until ResetAt on an allowed request; on a 429 it equals Retry-After,
-// because the draft asks that Retry-After never point earlier than t and a
-// token bucket has enough tokens for the retried request well before it is
-// full again. On a 429 with Decision.RetryNever, t is left out (the draft
-// makes it optional), like Retry-After.
+// group's later editor's copy keeps the same syntax). The policy name is
+// Options.Policy, or the key's class when that is empty, so read and write
+// traffic advertise distinct policies. w is present only when
+// Options.Window is set; for a token bucket it is the time an empty bucket
+// takes to refill to q (see RefillWindow).
 //
 // # Why Reset is absolute and Retry-After relative
 //
-// The two answer different questions and have different readers.
-// X-RateLimit-Reset says when the bucket will be full again; clients compare
-// it with their own clock to plan a batch, so it is an instant, and it is
-// rounded up because a client that wakes at the announced second must not
-// arrive before the tokens do. Retry-After (RFC 9110 §10.2.3) says how long
-// this client must wait before retrying this request; as delay-seconds it
-// survives clock skew between client and server, and it is at least 1
-// because "0" invites an immediate retry loop against a bucket that refills
-// in, say, 100 ms. Mixing them up — an absolute time in Retry-After, or a
-// delay in Reset — makes clients retry decades late or at once.
+// X-RateLimit-Reset is read by clients that plan a batch with their own
+// clock, so it is an instant; Retry-After (RFC 9110 §10.2.3) is a delay,
+// which survives clock skew between client and server, and it is at least
+// 1 because "0" invites an immediate retry loop. Both name the same
+// second here.
 //
 // # Edge cases
 //
-//   - Remaining is clamped at 0: a bucket in debt (tokens reserved ahead by
-//     a queued job) has a negative balance that clients cannot act on.
-//   - A zero or past ResetAt reports the current second and t=0: the bucket
-//     is already full, or the limiter did not say.
+//   - Remaining is clamped to [0, X-RateLimit-Limit]: a bucket in debt has
+//     a negative balance that clients cannot act on.
+//   - A zero or past ResetAt on an admitted request gives t=0 and
+//     X-RateLimit-Reset = Date: nothing to wait for, or the limiter did not
+//     say.
 //   - A negative Limit is reported as 0.
 //   - In shadow mode there is no Retry-After, since the request was served.
-//   - A "never" denial (Decision.RetryNever) has no Retry-After and no t;
-//     its body says the request cannot be admitted while the limits stay
-//     as they are. X-RateLimit-Reset is still written.
+//   - A "never" denial (Decision.RetryNever) has no Retry-After, no t and
+//     no X-RateLimit-Reset; its body says the request cannot be admitted
+//     while the limits stay as they are.
 //
 // Units: costs, limits and remaining counts are whole tokens; every field
 // value is whole seconds, rounded up.

@@ -210,51 +210,67 @@ func DefaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 
 // fields are one decision's numbers, already rounded for the wire.
 type fields struct {
-	limit, remaining int64
-	resetEpoch       int64 // absolute Unix seconds, rounded up
-	resetIn          int64 // t: seconds from now, rounded up
-	denied           bool
-	retryAfter       int64 // whole seconds >= 1; only when denied and not never
-	never            bool  // denied, and no wait will do (Decision.RetryNever)
+	policy     int64 // q: the key's configured burst
+	limit      int64 // what this caller can currently expect at once (Cap)
+	remaining  int64 // at most limit
+	date       int64 // now as Unix seconds, rounded down: the Date field
+	reset      int64 // t: seconds from date; X-RateLimit-Reset is date + t
+	denied     bool
+	retryAfter int64 // == reset; only when denied and not never
+	never      bool  // denied, and no wait will do (Decision.RetryNever)
 }
 
+// computeFields turns a decision into the fields' numbers. Every time
+// field names one instant, a whole second of the Date clock at or after
+// the moment it stands for: t is counted from Date's second,
+// X-RateLimit-Reset is Date + t, and on a 429 Retry-After equals t. So a
+// client that waits t from receiving the response, or until
+// X-RateLimit-Reset by a synchronised clock, never arrives early.
 func computeFields(d quota.Decision, now time.Time) fields {
-	resetAt := d.ResetAt
-	if resetAt.Before(now) {
-		resetAt = now
+	limit := max(d.Limit, 0)
+	if d.CapKnown {
+		limit = max(d.Cap, 0)
+		if d.Limit > 0 {
+			limit = min(limit, d.Limit)
+		}
 	}
 	f := fields{
-		limit:      max(d.Limit, 0),
-		remaining:  max(d.Remaining, 0),
-		resetEpoch: ceilUnix(resetAt),
-		resetIn:    ceilSeconds(resetAt.Sub(now)),
-		denied:     !d.Allowed,
+		policy:    max(d.Limit, limit),
+		limit:     limit,
+		remaining: min(max(d.Remaining, 0), limit),
+		date:      now.Unix(),
+		denied:    !d.Allowed,
 	}
 	switch {
 	case f.denied && d.RetryNever:
 		// No wait cures this denial: promise no time to retry at.
 		f.never = true
 	case f.denied:
-		f.retryAfter = max(ceilSeconds(d.RetryAfter), 1)
-		f.resetIn = f.retryAfter
+		f.reset = max(ceilUnix(now.Add(max(d.RetryAfter, 0)))-f.date, 1)
+		f.retryAfter = f.reset
+	case d.ResetAt.After(now):
+		f.reset = ceilUnix(d.ResetAt) - f.date
 	}
 	return f
 }
 
 func (f fields) write(h http.Header, policy string, window int64) {
+	h.Set("Date", time.Unix(f.date, 0).UTC().Format(http.TimeFormat))
 	h.Set("X-RateLimit-Limit", strconv.FormatInt(f.limit, 10))
 	h.Set("X-RateLimit-Remaining", strconv.FormatInt(f.remaining, 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(f.resetEpoch, 10))
+	if !f.never {
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(f.date+f.reset, 10))
+	}
 
 	name := sfString(policy)
-	p := name + ";q=" + strconv.FormatInt(f.limit, 10)
+	p := name + ";q=" + strconv.FormatInt(f.policy, 10)
 	if window > 0 {
 		p += ";w=" + strconv.FormatInt(window, 10)
 	}
 	h.Set("RateLimit-Policy", p)
 	rl := name + ";r=" + strconv.FormatInt(f.remaining, 10)
 	if !f.never {
-		rl += ";t=" + strconv.FormatInt(f.resetIn, 10)
+		rl += ";t=" + strconv.FormatInt(f.reset, 10)
 	}
 	h.Set("RateLimit", rl)
 

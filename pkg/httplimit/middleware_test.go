@@ -18,7 +18,9 @@ import (
 )
 
 // start is deliberately a quarter past a whole second, so that rounding the
-// reset instant down instead of up shows in X-RateLimit-Reset.
+// reset instant down instead of up shows in X-RateLimit-Reset, and every
+// time field is counted from Date's second (start rounded down): t and
+// Retry-After equal X-RateLimit-Reset - Date.
 var start = time.Unix(1_700_000_000, 250_000_000)
 
 const tenantHeader = "X-Tenant-ID"
@@ -114,7 +116,7 @@ func TestAllowedAndDeniedResponsesCarryExactFields(t *testing.T) {
 
 	// Burst 5 at 1 token/s: after k requests the bucket is k tokens short,
 	// full again k seconds after start, i.e. at 1_700_000_000 + k + 0.25,
-	// announced as the next whole second.
+	// announced as the next whole second, k + 1 after Date.
 	for k := int64(1); k <= 5; k++ {
 		rec := f.do(http.MethodGet, "acme", nil)
 		check(t, rec, want{
@@ -123,47 +125,48 @@ func TestAllowedAndDeniedResponsesCarryExactFields(t *testing.T) {
 			remaining: strconv.FormatInt(5-k, 10),
 			reset:     epoch(k + 1),
 			policy:    `"read";q=5;w=5`,
-			rateLimit: fmt.Sprintf(`"read";r=%d;t=%d`, 5-k, k),
+			rateLimit: fmt.Sprintf(`"read";r=%d;t=%d`, 5-k, k+1),
 		})
 	}
 	if got := f.served.Load(); got != 5 {
 		t.Fatalf("handler served %d requests, want 5", got)
 	}
 
-	// The sixth finds an empty bucket: one token arrives in 1 s.
+	// The sixth finds an empty bucket: one token arrives in 1 s, at
+	// start + 1.25 s: the second 2 after Date, which all three name.
 	rec := f.do(http.MethodGet, "acme", nil)
 	check(t, rec, want{
 		status:     http.StatusTooManyRequests,
 		limit:      "5",
 		remaining:  "0",
-		reset:      epoch(6),
+		reset:      epoch(2),
 		policy:     `"read";q=5;w=5`,
-		rateLimit:  `"read";r=0;t=1`,
-		retryAfter: "1",
+		rateLimit:  `"read";r=0;t=2`,
+		retryAfter: "2",
 	})
 	if got := f.served.Load(); got != 5 {
 		t.Errorf("denied request reached the handler (served %d)", got)
 	}
-	if body := rec.Body.String(); !strings.Contains(body, "retry after 1 s") || !strings.Contains(body, "read") {
+	if body := rec.Body.String(); !strings.Contains(body, "retry after 2 s") || !strings.Contains(body, "read") {
 		t.Errorf("429 body %q does not say what was exceeded and when to retry", body)
 	}
 
 	// Another tenant has its own bucket.
 	check(t, f.do(http.MethodGet, "globex", nil), want{
 		status: http.StatusOK, limit: "5", remaining: "4", reset: epoch(2),
-		policy: `"read";q=5;w=5`, rateLimit: `"read";r=4;t=1`,
+		policy: `"read";q=5;w=5`, rateLimit: `"read";r=4;t=2`,
 	})
 }
 
-func TestRetryAfterIsWholeSecondsRoundedUpAndAtLeastOne(t *testing.T) {
+func TestRetryAfterIsWholeSecondsFromDateRoundedUpAndAtLeastOne(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		rate       float64
-		retryAfter string // one token at this rate, seconds rounded up
+		retryAfter string // one token at this rate from start (Date + 0.25 s), seconds from Date rounded up
 	}{
 		{"100ms wait", 10, "1"},
-		{"exactly 1s", 1, "1"},
-		{"exactly 2s", 0.5, "2"},
+		{"exactly 1s", 1, "2"},
+		{"exactly 2s", 0.5, "3"},
 		{"2.5s wait", 0.4, "3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,7 +182,8 @@ func TestRetryAfterIsWholeSecondsRoundedUpAndAtLeastOne(t *testing.T) {
 			if got := rec.Header().Get("Retry-After"); got != tc.retryAfter {
 				t.Errorf("Retry-After %q, want %q", got, tc.retryAfter)
 			}
-			// The draft asks that Retry-After not point earlier than t.
+			// The draft asks that Retry-After not point earlier than
+			// the end of the window t describes: they are equal.
 			if got, want := rec.Header().Get("RateLimit"), `"read";r=0;t=`+tc.retryAfter; got != want {
 				t.Errorf("RateLimit %q, want %q", got, want)
 			}
@@ -197,7 +201,7 @@ func TestRetryAfterIsWholeSecondsRoundedUpAndAtLeastOne(t *testing.T) {
 func TestSubSecondResetIsAnnouncedAtTheNextWholeSecond(t *testing.T) {
 	f := newFixture(t, testLimits, nil)
 	// write: burst 2 at 10/s. One POST leaves the bucket 100 ms from full:
-	// start+0.35 s, announced as start's second + 1; t rounds 0.1 s up to 1.
+	// start+0.35 s, announced as start's second + 1, and t = 1 from Date.
 	check(t, f.do(http.MethodPost, "acme", nil), want{
 		status: http.StatusOK, limit: "2", remaining: "1", reset: epoch(1),
 		policy: `"write";q=2;w=1`, rateLimit: `"write";r=1;t=1`,
@@ -226,15 +230,15 @@ func TestRemainingIsNeverNegative(t *testing.T) {
 	if err != nil || d.Allowed || d.Remaining != -3 {
 		t.Fatalf("limiter precondition: decision %+v, err %v; want denied with Remaining -3", d, err)
 	}
-	// Denied: 4 tokens short of one at 1/s; 8 short of full.
+	// Denied: 4 tokens short of one at 1/s, so retry at start + 4.25 s.
 	check(t, f.do(http.MethodGet, "acme", nil), want{
 		status:     http.StatusTooManyRequests,
 		limit:      "5",
 		remaining:  "0",
-		reset:      epoch(9),
+		reset:      epoch(5),
 		policy:     `"read";q=5;w=5`,
-		rateLimit:  `"read";r=0;t=4`,
-		retryAfter: "4",
+		rateLimit:  `"read";r=0;t=5`,
+		retryAfter: "5",
 	})
 }
 
@@ -252,12 +256,13 @@ func TestCostFunctionIsCharged(t *testing.T) {
 
 	check(t, f.do(http.MethodGet, "acme", batch("3")), want{
 		status: http.StatusOK, limit: "5", remaining: "2", reset: epoch(4),
-		policy: `"read";q=5;w=5`, rateLimit: `"read";r=2;t=3`,
+		policy: `"read";q=5;w=5`, rateLimit: `"read";r=2;t=4`,
 	})
-	// 4 tokens wanted, 2 held: 2 s at 1/s, although the bucket is not empty.
+	// 4 tokens wanted, 2 held: 2 s at 1/s (start + 2.25 s), although the
+	// bucket is not empty.
 	check(t, f.do(http.MethodGet, "acme", batch("4")), want{
-		status: http.StatusTooManyRequests, limit: "5", remaining: "2", reset: epoch(4),
-		policy: `"read";q=5;w=5`, rateLimit: `"read";r=2;t=2`, retryAfter: "2",
+		status: http.StatusTooManyRequests, limit: "5", remaining: "2", reset: epoch(3),
+		policy: `"read";q=5;w=5`, rateLimit: `"read";r=2;t=3`, retryAfter: "3",
 	})
 
 	for _, bad := range []string{"0", "-1", strconv.Itoa(quota.MaxCost + 1), "lots"} {
@@ -413,7 +418,7 @@ func TestShadowModeServesDeniedRequests(t *testing.T) {
 	rec := f.do(http.MethodGet, "acme", nil)
 	check(t, rec, want{
 		status: http.StatusOK, limit: "5", remaining: "0", reset: epoch(6),
-		policy: `"read";q=5;w=5`, rateLimit: `"read";r=0;t=5`,
+		policy: `"read";q=5;w=5`, rateLimit: `"read";r=0;t=6`,
 	})
 	if f.served.Load() != 1 {
 		t.Error("shadow-mode request did not reach the handler")
@@ -428,7 +433,7 @@ func TestPolicyNameAndWindowOptions(t *testing.T) {
 	check(t, f.do(http.MethodGet, "acme", nil), want{
 		status: http.StatusOK, limit: "5", remaining: "4", reset: epoch(2),
 		policy:    `"tier \"pro\" \\ read";q=5`,
-		rateLimit: `"tier \"pro\" \\ read";r=4;t=1`,
+		rateLimit: `"tier \"pro\" \\ read";r=4;t=2`,
 	})
 }
 
@@ -536,14 +541,15 @@ func TestNeverDenialPromisesNoRetryTime(t *testing.T) {
 	limits := map[string]quota.Limit{"read": {Rate: 0.1, Burst: 1}}
 	f := newFixture(t, limits, nil)
 	f.buckets.caps = map[string]int{"read": 0}
-	for i := range 2 {
-		// The bucket holds all it can ever hold: full now.
+	for range 2 {
+		// The region's bucket can hold none of the burst of 1: this caller
+		// can expect nothing (X-RateLimit-Limit 0) under a policy of 1, and
+		// no time is named.
 		rec := f.do(http.MethodGet, "acme", nil)
 		check(t, rec, want{
 			status:    http.StatusTooManyRequests,
-			limit:     "1",
+			limit:     "0",
 			remaining: "0",
-			reset:     epoch(1 + int64(i)*3600),
 			policy:    `"read";q=1;w=10`,
 			rateLimit: `"read";r=0`,
 		})

@@ -227,7 +227,7 @@ func (c *Client) Allow(ctx context.Context, key quota.Key, cost int64) (quota.De
 		if sampled {
 			c.m.fast.Observe(time.Since(start).Seconds())
 		}
-		return quota.Decision{Allowed: true, Limit: in.limit, Remaining: remaining, ResetAt: in.resetAt}, nil
+		return admitted(in, remaining), nil
 	}
 	if !sampled {
 		start = time.Now()

@@ -522,6 +522,8 @@ func (t *Table) learnLocked(now time.Time, e *entry, g *sluicev1.Grant) {
 		e.st.live = g.LiveInstances
 	}
 	e.st.resetAt = now.Add(time.Duration(max(0, g.ResetMs)) * time.Millisecond)
+	e.st.regionLeft = max(0, g.Remaining)
+	e.st.cap = wholeCap(e.st.regionBurst, e.st.limit)
 }
 
 // Failed ends a batch that got no answer: the reports stay pending and are

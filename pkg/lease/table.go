@@ -61,6 +61,12 @@ type keyInfo struct {
 	regionBurst float64
 	live        int64
 	resetAt     time.Time
+	// regionLeft is the tokens the region's bucket held at its last
+	// answer; cap is the region's burst cap for the key in whole tokens,
+	// at most limit (0 until learned). They make Decision.Remaining and
+	// Decision.Cap what this caller can expect (see expected).
+	regionLeft int64
+	cap        int64
 
 	hasLease bool
 	deadline time.Time // no token of the lease may be spent at or after it
@@ -319,13 +325,39 @@ func (t *Table) allowFast(key quota.Key, cost int64) (in *keyInfo, remaining int
 }
 
 func admitted(in *keyInfo, remaining int64) quota.Decision {
-	return quota.Decision{Allowed: true, Limit: in.limit, Remaining: remaining, ResetAt: in.resetAt}
+	return quota.Decision{Allowed: true, Limit: in.limit, Cap: in.cap, CapKnown: in.limit > 0, Remaining: in.expected(remaining), ResetAt: in.resetAt}
+}
+
+// expected is what this caller can expect to spend now, with pool tokens
+// left in the instance: those plus what the region's bucket held at its
+// last answer, at most the region's cap.
+func (in *keyInfo) expected(pool int64) int64 {
+	r := max(pool, 0) + in.regionLeft
+	if in.limit > 0 {
+		r = min(r, in.cap)
+	}
+	return r
+}
+
+// wholeCap is the region's burst cap in whole tokens, at most the
+// configured limit; 0 while the limit is unknown.
+func wholeCap(regionBurst float64, limit int64) int64 {
+	if limit <= 0 || !(regionBurst >= 0) {
+		return 0
+	}
+	// A cap is a whole number of tokens unless a static share splits a
+	// small burst; the tolerance keeps float error from losing a token.
+	c := int64(math.Floor(regionBurst + 1e-9))
+	return min(max(c, 0), limit)
 }
 
 // deny records a lease-path denial and builds its decision.
 func (t *Table) deny(e *entry, in *keyInfo, cost int64, retry time.Duration) quota.Decision {
 	e.deniedTokens.Add(cost)
-	d := quota.Decision{WouldDeny: true, Limit: in.limit, Remaining: e.tokens(), ResetAt: in.resetAt, RetryAfter: retry}
+	// A denial says fewer than cost tokens can be had now, whatever the
+	// region's bucket held at its last answer.
+	rem := min(in.expected(e.tokens()), cost-1)
+	d := quota.Decision{WouldDeny: true, Limit: in.limit, Cap: in.cap, CapKnown: in.limit > 0, Remaining: rem, ResetAt: in.resetAt, RetryAfter: retry}
 	if in.shadow {
 		d.Allowed = true
 		e.results[slot(ResultShadowDenied, false)].Add(1)
@@ -375,6 +407,8 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 		if d.Limit == 0 {
 			d.Limit = int64(lim.Burst())
 		}
+		// Degraded, this instance can expect its local bucket only.
+		d.Cap, d.CapKnown = min(int64(lim.Burst()), d.Limit), true
 		d.Allowed = lim.AllowN(now, int(cost))
 		have := lim.TokensAt(now)
 		d.Remaining = max(0, int64(math.Floor(have)))
@@ -445,6 +479,9 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 	}
 	e.st.shadow = resp.Shadow
 	e.st.resetAt = now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond)
+	e.st.regionLeft = max(0, resp.Remaining)
+	e.st.cap = wholeCap(e.st.regionBurst, e.st.limit)
+	capped, capKnown := e.st.cap, e.st.limit > 0
 	t.clearDegradedLocked(e)
 	e.publishLocked()
 	e.mu.Unlock()
@@ -454,8 +491,13 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		Allowed:   resp.Allowed,
 		WouldDeny: !resp.Allowed,
 		Limit:     resp.Limit,
+		Cap:       capped,
+		CapKnown:  capKnown,
 		Remaining: max(0, resp.Remaining),
 		ResetAt:   now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond),
+	}
+	if capKnown {
+		d.Remaining = min(d.Remaining, capped)
 	}
 	switch {
 	case resp.Allowed:
@@ -466,6 +508,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 	default:
 		d.RetryAfter = time.Duration(max(0, resp.RetryAfterMs)) * time.Millisecond
 		d.RetryNever = resp.RetryAfterMs < 0 // the region says no wait will do
+		d.Remaining = min(d.Remaining, cost-1)
 		e.results[slot(ResultDenied, false)].Add(1)
 	}
 	return d, nil

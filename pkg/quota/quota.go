@@ -122,11 +122,27 @@ type Decision struct {
 	// WouldDeny is set when the limiter would have denied the request; it is
 	// the real verdict in shadow mode and equals !Allowed otherwise.
 	WouldDeny bool
-	// Limit is the key's burst, for X-RateLimit-Limit.
+	// Limit is the key's configured burst: the policy, the same in every
+	// region and on every decision (RateLimit-Policy's q).
 	Limit int64
-	// Remaining is the tokens left after this decision; never negative.
+	// Cap is the most tokens this caller can currently expect to spend at
+	// once: the key's burst cap in the caller's region now (its static
+	// share plus what the global tier grants it, in whole tokens), or this
+	// instance's local bucket while degraded; at most Limit
+	// (X-RateLimit-Limit). Read it only when CapKnown.
+	Cap int64
+	// CapKnown says Cap is set; a limiter that does not know it leaves
+	// both zero, and readers show Limit instead.
+	CapKnown bool
+	// Remaining is the tokens this caller can expect to spend now, without
+	// waiting, after this decision: never negative, at most Cap (when
+	// known), and below the cost on a denial. A leased decision counts the
+	// instance's tokens plus what the region's bucket held at its last
+	// answer, so concurrent spending elsewhere in the region since then
+	// can make it an overestimate by up to one refresh of that spending.
 	Remaining int64
-	// ResetAt is when the tokens will be back to Limit.
+	// ResetAt is when this caller's Remaining will be back to Cap if
+	// nobody spends (the region's bucket full again); zero when unknown.
 	ResetAt time.Time
 	// RetryAfter is how long to wait before retrying a denied request; zero
 	// when allowed, and when RetryNever is set.

@@ -1,0 +1,40 @@
+package lease
+
+import (
+	"testing"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestDecisionSaysWhatTheCallerCanExpect: a region holding 2.5 of a key's
+// burst of 5 (a static share split by weight) grants 1 token and keeps 1.
+// Decisions carry the policy (Limit 5), the region's whole-token cap
+// (Cap 2) and, as Remaining, the instance's pool plus the region's bucket
+// at its answer, never above the cap and below the cost on a denial.
+func TestDecisionSaysWhatTheCallerCanExpect(t *testing.T) {
+	tb := newTestTable(t)
+	key := quota.Key{Tenant: "newcomer", Class: "write"}
+	region := func(g *sluicev1.Grant) { g.Limit, g.RegionBurst, g.RegionRate, g.Remaining = 5, 2.5, 1, 1 }
+	acquire(t, tb, t0, t0, key, 1, 1, region)
+
+	d, _ := allow(t, tb, t0, key, 1)
+	if !d.Allowed || d.Limit != 5 || !d.CapKnown || d.Cap != 2 || d.Remaining != 1 {
+		t.Fatalf("first decision %+v: want allowed, Limit 5 (policy), Cap 2 (region), Remaining 1 (0 held + 1 in the region)", d)
+	}
+	// The pool is empty: the next request acquires; the region has 1 left.
+	acquire(t, tb, t0, t0, key, 1, 1, func(g *sluicev1.Grant) { region(g); g.Remaining = 0 })
+	if d, _ := allow(t, tb, t0, key, 1); !d.Allowed || d.Remaining != 0 || d.Cap != 2 {
+		t.Fatalf("second decision %+v: want allowed with nothing left of the cap 2", d)
+	}
+	// A region that reports more than its cap (a stale answer) is capped.
+	acquire(t, tb, t0, t0, key, 1, 1, func(g *sluicev1.Grant) { region(g); g.Remaining = 40 })
+	if d, _ := allow(t, tb, t0, key, 1); d.Remaining != 2 {
+		t.Fatalf("decision %+v: Remaining must not exceed the cap 2", d)
+	}
+	// A denial says fewer than the cost remain.
+	d = tb.deny(tb.keys.load(key), tb.keys.load(key).info.Load(), 2, 0)
+	if d.Allowed || d.Remaining >= 2 {
+		t.Fatalf("denial %+v: want Remaining below the cost 2", d)
+	}
+}
