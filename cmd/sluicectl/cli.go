@@ -32,6 +32,7 @@ const (
 	exitConflict    = 3
 	exitNotFound    = 4
 	exitUnreachable = 5
+	exitDenied      = 6
 )
 
 // envPrefix names the environment variables of global flags.
@@ -69,7 +70,9 @@ exit codes:
   2  usage error
   3  conflict: the config in etcd changed between read and write
   4  not found: no config in etcd, or no such tenant, class or region
-  5  unreachable: etcd or the global allocator could not be reached
+  5  unreachable: etcd, the global allocator or the regional service could
+     not be reached
+  6  denied: check answered over quota (a result, not a failure)
 
 global flags (also accepted after the command; each also read from the
 environment variable named beside it, the command line wins):
@@ -211,6 +214,19 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 		top.Usage()
 		return nil
 	}
+	if group := a.group(rest[0]); len(group) > 0 {
+		if len(rest) == 1 || isHelp(rest[1]) {
+			fmt.Fprintf(a.stderr, "usage:\n")
+			for _, c := range group {
+				fmt.Fprintf(a.stderr, "  sluicectl %s\n", c.usage)
+			}
+			fmt.Fprintf(a.stderr, "each subcommand's flags: sluicectl %s SUBCOMMAND -h\n", rest[0])
+			if len(rest) == 1 {
+				return exitf(exitUsage, "%s needs a subcommand; see the usage above", rest[0])
+			}
+			return nil
+		}
+	}
 	var cmd *command
 	for _, c := range a.commands() {
 		words := strings.Fields(c.name)
@@ -244,6 +260,27 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 		return err
 	}
 	return exec(ctx, positional)
+}
+
+// group lists the subcommands of a command word such as "tenant", or
+// nothing when word is not the first word of several-word commands.
+func (a *app) group(word string) []command {
+	var out []command
+	for _, c := range a.commands() {
+		if words := strings.Fields(c.name); len(words) > 1 && words[0] == word {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// isHelp says whether arg asks for help.
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "help":
+		return true
+	}
+	return false
 }
 
 // usageFailure turns a flag parsing error into exit code 2; the flag

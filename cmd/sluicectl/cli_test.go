@@ -292,7 +292,10 @@ func TestApplyAsksForConfirmation(t *testing.T) {
 	// No terminal and no -yes: refuse.
 	r := sluicectl(t, "", c.args("apply", "-f", sample(t))...)
 	wantCode(t, r, exitUsage)
-	wantContains(t, "stderr", r.stderr, "pass -yes")
+	wantContains(t, "stderr", r.stderr, "pass --yes")
+	if strings.Contains(r.stderr, "[y/N]") {
+		t.Fatalf("refused without a terminal but printed the prompt first:\n%s", r)
+	}
 	// The config on stdin cannot also answer the prompt.
 	r = runApp(t, &app{stdin: strings.NewReader(string(config.SampleYAML())), stdinIsTerminal: func() bool { return true }},
 		c.args("apply", "-f", "-")...)
@@ -477,7 +480,43 @@ func TestUnreachableEtcdAndUsageErrors(t *testing.T) {
 	wantContains(t, "stderr", r.stderr, "SLUICE_ETCD_ENDPOINTS")
 	r = sluicectl(t, "", "-h")
 	wantCode(t, r, exitOK)
-	wantContains(t, "stderr", r.stderr, "exit codes:", "3  conflict", "5  unreachable")
+	wantContains(t, "stderr", r.stderr, "exit codes:", "3  conflict", "5  unreachable", "6  denied")
+}
+
+// TestEveryCommandAndGroupPrintsHelp: -h, -help and --help on every command
+// and on every group of commands (tenant, shadow, region) print its usage
+// and exit 0; a group without a subcommand lists them and exits 2.
+func TestEveryCommandAndGroupPrintsHelp(t *testing.T) {
+	groups := map[string]bool{}
+	for _, c := range (&app{}).commands() {
+		words := strings.Fields(c.name)
+		if len(words) > 1 {
+			groups[words[0]] = true
+		}
+		for _, h := range []string{"-h", "-help", "--help"} {
+			r := sluicectl(t, "", append(words, h)...)
+			wantCode(t, r, exitOK)
+			wantContains(t, "stderr", r.stderr, "usage: sluicectl "+c.name)
+		}
+	}
+	for g := range groups {
+		for _, h := range []string{"-h", "--help", "help"} {
+			r := sluicectl(t, "", g, h)
+			wantCode(t, r, exitOK)
+			wantContains(t, "stderr", r.stderr, "sluicectl "+g+" ")
+			if strings.Contains(r.stderr, "unknown command") {
+				t.Fatalf("%s %s: %s", g, h, r)
+			}
+		}
+		r := sluicectl(t, "", g)
+		wantCode(t, r, exitUsage)
+		wantContains(t, "stderr", r.stderr, g+" needs a subcommand")
+	}
+	for _, g := range []string{"tenant", "shadow", "region"} {
+		if !groups[g] {
+			t.Errorf("no command group %q", g)
+		}
+	}
 }
 
 // wantLimit finds the class's row in tenant get output and checks its cells.

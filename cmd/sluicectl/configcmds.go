@@ -129,7 +129,7 @@ func (a *app) commit(ctx context.Context, store *configstore.Store, current *con
 	}
 	if !change.yes {
 		if stdinUsed || !a.stdinIsTerminal() {
-			return exitf(exitUsage, "not applied: stdin is not a terminal, so confirmation cannot be asked; pass -yes to write without asking (or -dry-run to only see the diff)")
+			return exitf(exitUsage, "not applied: stdin is not a terminal, so confirmation cannot be asked; pass --yes to write without asking (or --dry-run to only see the diff)")
 		}
 		fmt.Fprint(a.stderr, "apply? [y/N] ")
 		answer, _ := bufio.NewReader(a.stdin).ReadString('\n')

@@ -13,6 +13,10 @@
 //	shadow set (class NAME | tenant NAME) on|off
 //	region drain NAME                run the region on its floor, its share to the others
 //	region restore NAME              undo a drain
+//	lease -tenant T [-class C]       take and release one lease from a regional service
+//	check -tenant T [-class C]       one strict decision (exit 6 when denied)
+//
+// "sluicectl tenant -h" (shadow, region) lists a group's subcommands.
 //
 // Global flags may also come after the command. Each global flag can be set
 // from the environment: -etcd-endpoints from SLUICE_ETCD_ENDPOINTS,
@@ -26,7 +30,8 @@
 //	2  usage error
 //	3  conflict: the config in etcd changed between read and write
 //	4  not found: no config in etcd, or no such tenant, class or region
-//	5  unreachable: etcd or the global allocator could not be reached
+//	5  unreachable: etcd, the global allocator or the regional service could not be reached
+//	6  denied: check answered over quota (a result, not a failure)
 //
 // Invariant: every write is one etcd transaction guarded by the revision
 // the change was computed from (configstore.Store.Apply), made only after the

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
 )
 
 // leaseCmd takes one lease from a regional service and prints the grant:
@@ -45,6 +46,10 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 			return rpcFailure("acquire", *addr, err)
 		}
 		g := resp.GetGrant()
+		if g.GetMode() == string(config.ModeStrict) {
+			return exitf(exitInvalid, "class %q is strict: it grants no leases, every request is decided in the region's Redis; use: sluicectl check -addr %s -tenant %s -class %s",
+				*class, *addr, *tenant, *class)
+		}
 		fmt.Fprintf(a.stdout, "granted %d of %d tokens for %s/%s (lease valid %dms; region refills at %.6g/s, burst cap %.6g; %d tokens left in the bucket; limit %d; mode %s, on_failure %s, tier %s)\n",
 			g.GetGranted(), *want, *tenant, *class, g.GetTtlMs(), g.GetRegionRate(), g.GetRegionBurst(), g.GetRemaining(),
 			g.GetLimit(), g.GetMode(), g.GetOnFailure(), g.GetTier())
@@ -64,7 +69,8 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 	}
 }
 
-// checkCmd makes one strict, cost-weighted decision.
+// checkCmd makes one strict, cost-weighted decision. A denial exits with
+// exitDenied, so scripts can tell it from success and from failures.
 func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 	addr := fs.String("addr", "127.0.0.1:7400", "regional service host:port")
 	tenant := fs.String("tenant", "", "tenant id (required)")
@@ -92,6 +98,9 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		}
 		fmt.Fprintf(a.stdout, "%s: %s/%s cost %d; limit %d, remaining %d, full again in %dms\n",
 			verdict, *tenant, *class, *cost, resp.GetLimit(), resp.GetRemaining(), resp.GetResetMs())
+		if !resp.GetAllowed() {
+			return &exitError{code: exitDenied}
+		}
 		return nil
 	}
 }
