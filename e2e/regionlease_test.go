@@ -576,6 +576,7 @@ func TestLongPartitionHealsWithoutOverAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e0 := leaderEpoch(t, c)
 	// eu-west's own static lease ends region_lease after the send time of
 	// its last answered report (before the cut), its grants validity after
 	// it: from then on it runs on its floor.
@@ -583,7 +584,6 @@ func TestLongPartitionHealsWithoutOverAdmission(t *testing.T) {
 	at, _ := waitRates(t, c, key, "us-east", cut.Add(lt.regionLease+lt.validity+3*lt.epoch), "eu-west on its floor",
 		func(m map[string]float64) bool { return m["eu-west"] <= floor+zeroRate }, "eu-west")
 	t.Logf("eu-west on its floor (%.1f/s) %v after the cut", floor, at.Sub(cut))
-	e0 := leaderEpoch(t, c)
 	moveBudget := lt.regionLease + lt.validity + 3*lt.epoch
 	at, rs := waitRates(t, c, key, "us-east", cut.Add(3*moveBudget), "the others take eu-west's share",
 		func(m map[string]float64) bool { return sum(m) >= 0.97*(r-floor) }, "us-east", "ap-south")
