@@ -118,6 +118,12 @@ func (g *RestartGuard) Check(ctx context.Context, c redis.Cmdable) error {
 		if v, err = c.Get(ctx, g.key).Result(); err != nil {
 			return fmt.Errorf("read sentinel %s: %w", g.key, err)
 		}
+		if first && born != 0 && v == strconv.FormatInt(born, 10) {
+			// This process found Redis empty and set its birth: say once
+			// why the first requests are denied.
+			g.logger.Warn("redis holds no Sluice data (cold start, -cold-start conservative): new buckets start empty and earn tokens only after the longer of one lease TTL and one grant validity plus one epoch, so requests are denied until then; use -cold-start full for a fresh deployment whose Redis never held leases",
+				"sentinel", g.key, "born_us", v)
+		}
 		if !first {
 			g.restarts.Add(1)
 			g.logger.Warn("redis lost its data (sentinel missing): new buckets start empty for the longer of one lease TTL and one grant validity",
