@@ -42,7 +42,7 @@ func TestRegionDrainAndRestoreWriteThroughTheDiff(t *testing.T) {
 	// Without -yes and no terminal it refuses, as apply does.
 	r = sluicectl(t, "", c.args("region", "drain", "eu-west")...)
 	wantCode(t, r, exitUsage)
-	wantContains(t, "stderr", r.stderr, "pass -yes")
+	wantContains(t, "stderr", r.stderr, "yes to write without asking")
 	c.wantUnwritten(t, before, "an unconfirmed region drain")
 
 	r = sluicectl(t, "", c.args("region", "drain", "eu-west", "-yes")...)
@@ -115,6 +115,9 @@ func TestRegionDrainRefusesUnknownAndLastServingRegion(t *testing.T) {
 		wantCode(t, r, exitOK)
 	}
 	wantContains(t, "usage", sluicectl(t, "", "-h").stderr, "region drain NAME", "region restore NAME")
+	r = sluicectl(t, "", "region", "-h")
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, "region drain NAME", "region restore NAME")
 }
 
 // TestRegionDrainLosingARaceIsAConflict: the drain is written in the same
