@@ -794,6 +794,15 @@ func (a *Allocator) effectiveDemand(k int32, i int) float64 {
 	return a.demand[j] * a.decay(a.regions[i].nReports-last)
 }
 
+// aboveStatic reports whether region i's demand for key slot k needs a
+// grant: it is above the region's fallback rate s, or the region has
+// demand but its fallback burst sb holds no whole unit (only a grant can
+// give it one).
+func (a *Allocator) aboveStatic(k int32, i int, s, sb float64) bool {
+	d := a.effectiveDemand(k, i)
+	return d > s || (sb < a.limits[k].unit() && d > unitDemandFloor*a.limits[k].Rate)
+}
+
 // Allocate runs one epoch: it recomputes the targets of every key from the
 // current demand estimates and decides which keys need grants. Call it
 // every Epoch. Keys whose demand fits in the static shares everywhere get
@@ -805,23 +814,15 @@ func (a *Allocator) Allocate(now time.Time) {
 	a.epochs++
 	a.refreshRank()
 	nr := a.nr
-	for i := range a.regions {
-		rs := &a.regions[i]
-		a.silent[i] = !rs.reported || t-rs.lastAt > a.silence || rs.lapsed
-	}
+	a.markSilent(t)
 	a.dem = growFloats(a.dem, nr)
 	a.active = a.active[:0]
 	for _, k := range a.byRank {
-		l := a.limits[k]
 		contended := false
 		for i := 0; i < nr; i++ {
-			d := a.effectiveDemand(k, i)
-			a.dem[i] = d
+			a.dem[i] = a.effectiveDemand(k, i)
 			s, sb := a.fallback(k, i)
-			if !a.silent[i] && (d > s || (sb < l.unit() && d > unitDemandFloor*l.Rate)) {
-				// Above its static share, or it has demand but its
-				// static burst holds no whole unit: only a grant can
-				// give it one.
+			if !a.silent[i] && a.aboveStatic(k, i, s, sb) {
 				contended = true
 			}
 		}
@@ -856,14 +857,27 @@ func (a *Allocator) Allocate(now time.Time) {
 	a.compactLocked()
 }
 
+// markSilent sets a.silent: a region is silent at t when it never
+// reported, its last report is older than the silence timeout, or its
+// static lease lapsed.
+func (a *Allocator) markSilent(t int64) {
+	for i := range a.regions {
+		rs := &a.regions[i]
+		a.silent[i] = !rs.reported || t-rs.lastAt > a.silence || rs.lapsed
+	}
+}
+
 // retarget recomputes a contended key's targets from the demand estimates
 // as they are now, so a region's report is answered from its own newest
 // demand instead of the one the last Allocate saw: a donor gets its
 // smaller grant, and a recipient what headroom there is, one allocation
-// period earlier after a demand shift. Targets never affect safety (every
-// grant is fenced), only which of the safe grants is chosen. Contention
-// itself still changes only in Allocate.
+// period earlier after a demand shift. Which regions are silent is decided
+// anew too: a region that reported since the last Allocate (the first
+// report of a new key's donors) is not frozen at its static share. Targets
+// never affect safety (every grant is fenced), only which of the safe
+// grants is chosen.
 func (a *Allocator) retarget(t int64, k, b int32) {
+	a.markSilent(t)
 	a.dem = growFloats(a.dem, a.nr)
 	for i := 0; i < a.nr; i++ {
 		a.dem[i] = a.effectiveDemand(k, i)
@@ -1109,7 +1123,7 @@ func badNumber(x float64) bool { return !finite(x) || x < 0 }
 // static share (its floor without a static lease).
 //
 // A retry (same Seq as the region's previous report) gets the previous
-// grants again; it counts as hearing from the region, and its static lease
+// grants again (less any for keys removed since); it counts as hearing from the region, and its static lease
 // is decided anew. A lower Seq is refused with ErrStaleReport. Invalid
 // input is refused with an error wrapping quota.ErrInvalid and changes
 // nothing. Keys without a limit are skipped and listed in the View. The
@@ -1227,10 +1241,19 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		s, sb := a.fallback(k, ri)
 		cr, cb := a.counted(k, ri)
 		b := a.blockOf[k]
-		if b < 0 {
-			if held.valid <= 0 || (nearStatic(held.rate, s) && nearStatic(held.burst, sb)) {
-				continue
-			}
+		switch {
+		case b >= 0:
+		case !learning && a.aboveStatic(k, ri, s, sb):
+			// The key is contended from this report on, not from the
+			// next Allocate: its targets now, and the other regions'
+			// next reports get their grants for it (the fence decides
+			// what is safe, whatever the targets).
+			b = a.newBlock(k)
+			a.blockContended[b] = true
+			a.active = append(a.active, k)
+		case held.valid <= 0 || (nearStatic(held.rate, s) && nearStatic(held.burst, sb)):
+			continue
+		default:
 			b = a.newBlock(k)
 		}
 		f := &a.fences[ri][b]

@@ -82,6 +82,34 @@ func (a *Allocator) compactKeys() {
 	}
 	a.byRank, a.rankDirty = nil, true
 	a.reportIdx = nil
+	a.dropRemovedGrants()
+}
+
+// dropRemovedGrants takes the grants for removed keys out of the answers
+// kept for retries, into new slices, so a region that stopped reporting
+// does not keep every key it was ever granted alive. A retry answered
+// without such a grant is still safe: a region that applied it keeps it
+// until it expires, and one that never received it runs on what it held.
+func (a *Allocator) dropRemovedGrants() {
+	for i := range a.regions {
+		rs := &a.regions[i]
+		n := 0
+		for _, g := range rs.answer {
+			if _, ok := a.keyIndex[g.Key]; ok {
+				n++
+			}
+		}
+		if n == len(rs.answer) {
+			continue
+		}
+		kept := make([]Grant, 0, n)
+		for _, g := range rs.answer {
+			if _, ok := a.keyIndex[g.Key]; ok {
+				kept = append(kept, g)
+			}
+		}
+		rs.answer = kept
+	}
 }
 
 // compactBlocks gives the blocks in use numbers 0..n-1 in their current

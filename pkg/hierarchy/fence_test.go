@@ -88,40 +88,40 @@ func TestRateMovesOnlyAfterTheDonorAcknowledges(t *testing.T) {
 	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 100})
 	// Learning mode lasts until 5s; nobody holds anything.
 	s.a.Allocate(s.at(6000))
-	if g := s.report("a", 6100, 150, -1); g != nil {
-		t.Fatalf("uncontended so far, got grant %+v", g)
-	}
-	if g := s.report("b", 6200, 10, -1); g != nil {
-		t.Fatalf("uncontended so far, got grant %+v", g)
-	}
-
-	s.a.Allocate(s.at(7000)) // a wants 150, b 10: targets a 90, b 10
-	g := s.report("a", 7100, 150, -1)
+	// a's report shows demand above its share: the key is contended from
+	// this report on, not from the next Allocate. b never reported, so it
+	// may be at its static share: a's target is its own static 50.
+	g := s.report("a", 6100, 150, -1)
 	if g == nil || !near(g.Rate, 50) || g.Valid != 5*time.Second {
 		t.Fatalf("a's first grant = %+v, want its static 50 for 5s: b may still be at its static share", g)
+	}
+	if s.a.ReportAgain("a") != 0 {
+		t.Fatal("a got its target (b is frozen at its share), yet a raise is pending")
+	}
+	// b's first report makes it a reporting region: targets a 90, b 10.
+	g = s.report("b", 6200, 10, -1)
+	if g == nil || !near(g.Rate, 10) || !near(g.Burst, 10) || g.Valid != 5*time.Second {
+		t.Fatalf("b's first grant = %+v, want 10/10 for 5s", g)
+	}
+
+	s.a.Allocate(s.at(7000))
+	g = s.report("a", 7100, 150, -1)
+	if g.Rate > 50 {
+		t.Fatalf("a got %v before b acknowledged its smaller grant", g.Rate)
 	}
 	if s.a.ReportAgain("a") != 333*time.Millisecond {
 		t.Fatal("a got 50 of its 90 for want of b's acknowledgement, and was not told a raise is pending")
 	}
-	g = s.report("b", 7200, 10, -1)
-	if g == nil || !near(g.Rate, 10) || !near(g.Burst, 10) || g.Valid != 5*time.Second {
-		t.Fatalf("b's first grant = %+v, want 10/10 for 5s", g)
-	}
-	if s.a.ReportAgain("b") != 0 || s.a.ReportAgain("a") == 0 || s.a.ReportAgain("nowhere") != 0 {
+	if s.a.ReportAgain("b") != 0 || s.a.ReportAgain("nowhere") != 0 {
 		t.Fatal("raise pending: want it for a only")
 	}
+	// b's report acknowledges 10: its grant answered at 6.2s had 4s left
+	// when b sent the report, so it runs below its share until at least
+	// 10.2s.
+	s.report("b", 7200, 10, -1)
 
 	s.a.Allocate(s.at(8000))
 	g = s.report("a", 8100, 150, -1)
-	if g.Rate > 50 {
-		t.Fatalf("a got %v before b acknowledged its smaller grant", g.Rate)
-	}
-	// b's report acknowledges 10: its grant answered at 7.2s has 4s left,
-	// so it runs below its share until at least 11.2s.
-	s.report("b", 8200, 10, -1)
-
-	s.a.Allocate(s.at(9000))
-	g = s.report("a", 9100, 150, -1)
 	if !near(g.Rate, 90) || !near(g.Burst, 90) {
 		t.Fatalf("after b's acknowledgement a got %+v, want 90/90", g)
 	}
@@ -129,17 +129,17 @@ func TestRateMovesOnlyAfterTheDonorAcknowledges(t *testing.T) {
 		t.Fatal("a has its target, yet a raise is pending")
 	}
 	// The above-share grant must end when b may fall back to its share.
-	if end := s.at(9100).Add(g.Valid); end.After(s.at(11200)) {
-		t.Fatalf("a's grant runs until %v, after b may fall back at 11.2s", end.Sub(s.start))
+	if end := s.at(8100).Add(g.Valid); end.After(s.at(10200)) {
+		t.Fatalf("a's grant runs until %v, after b may fall back at 10.2s", end.Sub(s.start))
 	}
 	if g.Valid != 2100*time.Millisecond {
 		t.Fatalf("a's grant valid %v, want 2.1s", g.Valid)
 	}
 	// The allocator bounds a's expiry by its answer time + Valid (a sent
 	// its report no later than that), and b's from its acknowledgement.
-	v := s.a.View(s.at(9100))
-	if got := v.Keys[0].Regions[0].GrantExpiry; !got.Equal(s.at(11200)) {
-		t.Fatalf("a's grant expiry as the allocator sees it: %v, want 11.2s", got.Sub(s.start))
+	v := s.a.View(s.at(8100))
+	if got := v.Keys[0].Regions[0].GrantExpiry; !got.Equal(s.at(10200)) {
+		t.Fatalf("a's grant expiry as the allocator sees it: %v, want 10.2s", got.Sub(s.start))
 	}
 	if got := v.Keys[0].Regions[1].ReservedRate; !near(got, 50) {
 		t.Fatalf("b is reserved %v, want its static share: it falls back to it eventually", got)
@@ -147,17 +147,17 @@ func TestRateMovesOnlyAfterTheDonorAcknowledges(t *testing.T) {
 
 	// b goes silent. a keeps what fits until b's bound, then returns to its
 	// static share: b is counted at its share again.
+	s.a.Allocate(s.at(9000))
+	g = s.report("a", 9100, 150, -1)
+	if !near(g.Rate, 90) || g.Valid != 1100*time.Millisecond {
+		t.Fatalf("a at 9.1s got %+v, want 90 for 1.1s", g)
+	}
 	s.a.Allocate(s.at(10000))
 	g = s.report("a", 10100, 150, -1)
-	if !near(g.Rate, 90) || g.Valid != 1100*time.Millisecond {
-		t.Fatalf("a at 10.1s got %+v, want 90 for 1.1s", g)
-	}
-	s.a.Allocate(s.at(11000))
-	g = s.report("a", 11100, 150, -1)
 	if !near(g.Rate, 50) || g.Valid != 5*time.Second {
-		t.Fatalf("a at 11.1s got %+v, want its static 50 for 5s", g)
+		t.Fatalf("a at 10.1s got %+v, want its static 50 for 5s", g)
 	}
-	v = s.a.View(s.at(11100))
+	v = s.a.View(s.at(10100))
 	if !v.Regions[1].Silent || !near(v.Keys[0].Regions[1].TargetRate, 50) {
 		t.Fatalf("silent b should be frozen at its share: %+v", v.Regions[1])
 	}
@@ -231,26 +231,23 @@ func TestBurstMovesOnlyWhenTheDonorHoldsNoMore(t *testing.T) {
 	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 200})
 	s.a.Allocate(s.at(6000))
 	s.report("a", 6100, 150, 0)
-	s.report("b", 6200, 10, 0)
+	s.report("b", 6200, 10, 0) // cap 20 (10% of the rate, 10% of the burst)
 	s.a.Allocate(s.at(7000))
 	s.report("a", 7100, 150, 0)
-	s.report("b", 7200, 10, 0) // cap 20 (10% of the rate, 10% of the burst)
-	s.a.Allocate(s.at(8000))
-	s.report("a", 8100, 150, 0)
 	// b acknowledges its 20-token cap but still holds 70 tokens from its
 	// static-share days.
-	s.report("b", 8200, 10, 70)
-	s.a.Allocate(s.at(9000))
-	g := s.report("a", 9100, 150, 0)
+	s.report("b", 7200, 10, 70)
+	s.a.Allocate(s.at(8000))
+	g := s.report("a", 8100, 150, 0)
 	if !near(g.Rate, 90) {
 		t.Fatalf("rate should have moved: %+v", g)
 	}
 	if !near(g.Burst, 130) {
 		t.Fatalf("a's cap = %v, want 200-70 = 130 while b holds 70", g.Burst)
 	}
-	s.report("b", 9200, 10, 15) // now within its cap
-	s.a.Allocate(s.at(10000))
-	g = s.report("a", 10100, 150, 0)
+	s.report("b", 8200, 10, 15) // now within its cap
+	s.a.Allocate(s.at(9000))
+	g = s.report("a", 9100, 150, 0)
 	if !near(g.Burst, 180) {
 		t.Fatalf("a's cap = %v, want 180 once b holds no more than its cap", g.Burst)
 	}
