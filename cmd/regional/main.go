@@ -22,8 +22,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -52,9 +55,19 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			return // -h: the usage went to stderr
 		}
-		fmt.Fprintln(os.Stderr, "regional:", err)
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
 	}
+}
+
+// errorLine is the message of a failed run, prefixed with the command's
+// name once (errors from pkg/regional already carry it).
+func errorLine(err error) string {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "regional: ") {
+		msg = "regional: " + msg
+	}
+	return msg
 }
 
 // flags are the command's settings; see register for their meaning.
@@ -134,6 +147,14 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	defer stop()
 	if f.dev {
 		return devcluster.RunDev(ctx, devcluster.DevOptions{Config: cfg, Region: f.region, Logger: logger, Out: stdout})
+	}
+	if f.configFile == "" {
+		tenants := strings.Join(slices.Sorted(maps.Keys(cfg.Tenants)), ",")
+		if f.etcdEndpoints == "" {
+			logger.Warn("no -config and no -etcd-endpoints: serving the built-in sample config and its sample tenants; pass -config FILE (or -etcd-endpoints) for your own", "tenants", tenants)
+		} else {
+			logger.Warn("no -config: if etcd holds no config, the built-in sample config and its sample tenants are served and written to etcd; pass -config FILE to bootstrap your own", "tenants", tenants)
+		}
 	}
 	cs, err := regional.ParseColdStart(f.coldStart)
 	if err != nil {
