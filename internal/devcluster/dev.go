@@ -5,8 +5,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/pkg/config"
 )
@@ -15,34 +22,37 @@ import (
 type DevOptions struct {
 	// Config is the deployment's config. Required.
 	Config *config.Config
-	// Region is the one region to run; it must be in Config. Required.
+	// Region is the region the printed examples call; it must be in
+	// Config. Every region of Config runs. Required.
 	Region string
+	// Listen fixes Region's gRPC and HTTP addresses. Optional, default
+	// free loopback ports.
+	Listen ListenAddrs
 	// Logger receives the daemons' logs. Optional, default discards.
 	Logger *slog.Logger
-	// Out receives where everything is and an example call. Optional,
-	// default discards.
+	// Out receives what runs where and one example call per API.
+	// Optional, default discards.
 	Out io.Writer
 }
 
 // RunDev is development mode (`regional -dev`): a whole deployment in this
-// process — embedded etcd holding the config, the region's Redis
-// (redis-server when installed, embedded otherwise), a global allocator
-// and the region's regional service with its region leader. It prints
-// where everything is and a ready-to-paste example call, serves until ctx
-// ends, then stops everything. A region not in the config is an error and
-// starts nothing.
+// process — embedded etcd holding the config, a global allocator and every
+// region of the config, each with its own Redis (redis-server when
+// installed, embedded otherwise) and a regional service that leads its
+// region, serving the LeaseService, the Envoy rate limit service and gRPC
+// reflection. Regions run under the static lease of the global tier, as in
+// production: RunDev waits (a bounded time) for every region to hold one
+// before it prints what runs where and one ready-to-paste example per API,
+// then serves until ctx ends and stops everything. A region not in the
+// config is an error and starts nothing.
 func RunDev(ctx context.Context, o DevOptions) error {
 	cfg := o.Config
 	if cfg == nil {
 		return fmt.Errorf("devcluster: dev mode needs a config")
 	}
+	regions := sortedKeys(cfg.Regions)
 	if _, ok := cfg.Regions[o.Region]; !ok {
-		var names []string
-		for r := range cfg.Regions {
-			names = append(names, r)
-		}
-		slices.Sort(names)
-		return fmt.Errorf("-region %q is not in the config (regions: %v)", o.Region, names)
+		return fmt.Errorf("-region %q is not in the config (regions: %v)", o.Region, regions)
 	}
 	out := o.Out
 	if out == nil {
@@ -50,54 +60,229 @@ func RunDev(ctx context.Context, o DevOptions) error {
 	}
 	start := time.Now()
 	c, err := Start(ctx, Options{
-		Config: cfg, Regions: []string{o.Region}, GlobalReplicas: 1,
-		AllowEmbeddedRedis: true, Logger: o.Logger,
+		Config: cfg, Regions: regions, GlobalReplicas: 1,
+		AllowEmbeddedRedis: true, Envoy: true, Logger: o.Logger,
+		Listen: map[string]ListenAddrs{o.Region: o.Listen},
 	})
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
-	reg := c.Regions[o.Region]
-	rep := reg.Replicas[0].Daemon()
-	redisKind := "redis-server"
-	if reg.Redis.Embedded() {
-		redisKind = "embedded Redis (redis-server not installed)"
+	// The leaders' first rounds go at once after their elections: a few
+	// epochs at most on a quiet machine.
+	floor := c.waitStatic(ctx, 20*time.Duration(cfg.Epoch))
+	if ctx.Err() != nil {
+		return nil
 	}
-	tenant := "acme"
-	if _, ok := cfg.Tenants[tenant]; !ok {
-		tenant = "demo"
+	printBanner(out, c, cfg, o.Region, time.Since(start), floor)
+	if c.waitLearned(ctx) {
+		fmt.Fprintf(out, "The global allocator has learned (%v after start): a key's rate now follows its demand across regions.\n",
+			time.Since(start).Round(time.Millisecond))
 	}
-	class := "read"
-	if _, ok := cfg.Classes[class]; !ok {
-		var names []string
-		for name := range cfg.Classes {
-			names = append(names, name)
-		}
-		slices.Sort(names)
-		if len(names) > 0 {
-			class = names[0]
-		}
-	}
-	global := c.GlobalAddrs()[0]
-	fmt.Fprintf(out, `Sluice dev mode is up (%v)
-  region %-10s LeaseService + health  %s
-                    metrics                 http://%s/metrics
-  global allocator  AllocatorService        %s
-  etcd              %s
-  redis             %s (%s)
-
-Take a lease (ready to paste):
-  go run ./cmd/sluicectl lease -addr %s -tenant %s -class %s -want 10
-
-See the allocation:
-  go run ./cmd/sluicectl -etcd-endpoints %s -global-addr %s status
-
-Ctrl-C stops everything.
-`, time.Since(start).Round(time.Millisecond), o.Region, rep.GRPCAddr(), rep.HTTPAddr(), global,
-		c.EtcdAddr(), reg.Redis.Addr(), redisKind,
-		rep.GRPCAddr(), tenant, class,
-		c.EtcdAddr(), global)
 	<-ctx.Done()
 	fmt.Fprintln(out, "stopping")
 	return nil
+}
+
+// waitLearned polls the global allocator until it leads out of learning
+// mode, or ctx ends (false).
+func (c *Cluster) waitLearned(ctx context.Context) bool {
+	for {
+		if g := c.Global[0].Daemon(); g != nil && g.Service.IsLeader() && gaugeValue(g.Registry, "sluice_global_learning") == 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// waitStatic polls, until every region's first replica hands its scripts
+// the static shares or max has passed, each replica's own
+// sluice_regional_on_floor. It returns the regions still on their floor.
+func (c *Cluster) waitStatic(ctx context.Context, max time.Duration) []string {
+	deadline := time.Now().Add(max)
+	for {
+		var floor []string
+		for _, name := range sortedKeys(c.Regions) {
+			d := c.Regions[name].Replicas[0].Daemon()
+			if d == nil || gaugeValue(d.Registry, "sluice_regional_on_floor") != 0 {
+				floor = append(floor, name)
+			}
+		}
+		if len(floor) == 0 || time.Now().After(deadline) {
+			return floor
+		}
+		select {
+		case <-ctx.Done():
+			return floor
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// gaugeValue is the value of the unlabelled gauge name in reg; -1 when
+// absent.
+func gaugeValue(reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return -1
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+func printBanner(out io.Writer, c *Cluster, cfg *config.Config, region string, took time.Duration, floor []string) {
+	regions := sortedKeys(c.Regions)
+	global := c.GlobalAddrs()[0]
+	fmt.Fprintf(out, "Sluice dev mode is up (%v): %d regions, a global allocator and etcd, in this process\n",
+		took.Round(time.Millisecond), len(regions))
+	for _, name := range regions {
+		reg := c.Regions[name]
+		d := reg.Replicas[0].Daemon()
+		redisKind := "redis-server"
+		if reg.Redis.Embedded() {
+			redisKind = "embedded Redis: redis-server is not installed"
+		}
+		fmt.Fprintf(out, "  region %-10s %-21s gRPC: LeaseService, Envoy RateLimitService, reflection, health\n", name, d.GRPCAddr())
+		fmt.Fprintf(out, "                    %-21s HTTP: /metrics, /healthz, /livez\n", d.HTTPAddr())
+		fmt.Fprintf(out, "                    %-21s Redis (%s)\n", reg.Redis.Addr(), redisKind)
+	}
+	fmt.Fprintf(out, "  global allocator  %-21s gRPC: AllocatorService (region leaders report every %v)\n", global, time.Duration(cfg.Epoch))
+	fmt.Fprintf(out, "  etcd              %-21s config, elections\n", c.EtcdAddr())
+	if len(floor) > 0 {
+		fmt.Fprintf(out, "  not yet holding a static lease from the global tier (on the floor): %v\n", floor)
+	}
+	fmt.Fprintf(out, `Each region holds its static share of every key (rate × weight / Σ weights)
+under a static lease from the global allocator. Once the allocator has
+learned (one grant_validity, %v, after its election; said below), it moves
+a key's rate to the regions that use it: together they admit the key's limit.
+
+`, time.Duration(cfg.GrantValidity))
+	ex := c.Regions[region].Replicas[0].Daemon()
+	addr, httpAddr := ex.GRPCAddr(), ex.HTTPAddr()
+	tenant := exampleTenant(cfg)
+	class, strict := exampleClasses(cfg)
+	envoyExample := "  (the config maps no Envoy descriptors: see envoy.descriptors)"
+	if ds := cfg.Envoy.Descriptors; len(ds) > 0 {
+		entries := fmt.Sprintf(`{"key":"%s","value":"%s"}`, ds[0].TenantKey, tenant)
+		if ds[0].ClassKey != "" {
+			entries += fmt.Sprintf(`,{"key":"%s","value":"%s"}`, ds[0].ClassKey, class)
+		}
+		envoyExample = fmt.Sprintf(`  grpcurl -plaintext -d '{"domain":"%s","descriptors":[{"entries":[%s]}]}' %s envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
+			ds[0].Domain, entries, addr)
+	}
+	ctl := sluicectlCommand()
+	fmt.Fprintf(out, `Take a lease (LeaseService):
+  %s lease -addr %s -tenant %s -class %s -want 10
+Check one request (LeaseService, a %s class):
+  %s check -addr %s -tenant %s -class %s
+See the allocation (every region, its leader and shares):
+  %s -etcd-endpoints %s -global-addr %s status
+The LeaseService with grpcurl (reflection is on):
+  grpcurl -plaintext -d '{"key":{"tenant":"%s","class":"%s"},"cost":1}' %s sluice.v1.LeaseService/Check
+The Envoy rate limit service with grpcurl:
+%s
+Metrics with curl:
+  curl -s http://%s/metrics | grep -E '^sluice_regional_(granted_tokens_total|on_floor|leader)'
+
+Ctrl-C stops everything.
+`, ctl, addr, tenant, class,
+		strictWord(cfg, strict), ctl, addr, tenant, strict,
+		ctl, c.EtcdAddr(), global,
+		tenant, strict, addr,
+		envoyExample,
+		httpAddr)
+}
+
+func strictWord(cfg *config.Config, class string) string {
+	return string(cfg.Classes[class].Mode)
+}
+
+// exampleTenant is acme when configured, else the first configured
+// tenant, else one that gets the default tier.
+func exampleTenant(cfg *config.Config) string {
+	if _, ok := cfg.Tenants["acme"]; ok {
+		return "acme"
+	}
+	if names := sortedKeys(cfg.Tenants); len(names) > 0 {
+		return names[0]
+	}
+	return "demo"
+}
+
+// exampleClasses are the class the lease and Envoy examples use (read when
+// configured, else the first lease class) and the one the check examples
+// use (the first strict class, else the same).
+func exampleClasses(cfg *config.Config) (lease, strict string) {
+	names := sortedKeys(cfg.Classes)
+	for _, n := range names {
+		if cfg.Classes[n].Mode == config.ModeStrict && strict == "" {
+			strict = n
+		}
+		if cfg.Classes[n].Mode != config.ModeStrict && lease == "" {
+			lease = n
+		}
+	}
+	if _, ok := cfg.Classes["read"]; ok && cfg.Classes["read"].Mode != config.ModeStrict {
+		lease = "read"
+	}
+	if lease == "" && len(names) > 0 {
+		lease = names[0]
+	}
+	if strict == "" {
+		strict = lease
+	}
+	return lease, strict
+}
+
+// sluicectlCommand is how to run sluicectl from any directory: the binary
+// beside this one (make build puts them together), else the one on PATH,
+// else `go -C <module root> run ./cmd/sluicectl` when this binary was built
+// from a source tree that is still there, else plain sluicectl.
+func sluicectlCommand() string {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "sluicectl")
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return shellQuote(p)
+		}
+	}
+	if p, err := exec.LookPath("sluicectl"); err == nil {
+		if abs, err := filepath.Abs(p); err == nil {
+			return shellQuote(abs)
+		}
+	}
+	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
+		root := filepath.Dir(filepath.Dir(filepath.Dir(file))) // internal/devcluster/dev.go
+		if mod, err := os.ReadFile(filepath.Join(root, "go.mod")); err == nil &&
+			strings.HasPrefix(string(mod), "module github.com/sluicehq/sluice\n") {
+			return "go -C " + shellQuote(root) + " run ./cmd/sluicectl"
+		}
+	}
+	return "sluicectl"
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+:@", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	var names []string
+	for k := range m {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return names
 }

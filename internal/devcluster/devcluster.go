@@ -34,12 +34,15 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/sluicehq/sluice/internal/embedetcd"
 	"github.com/sluicehq/sluice/internal/redisproc"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
+	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
@@ -88,8 +91,23 @@ type Options struct {
 	// regional.LeaderOptions.OnApplied, told its region. It must not
 	// block. Optional.
 	OnApplied func(region string, k quota.Key, rate, burst float64, expiryUS int64)
+	// Listen fixes the addresses of a region's first replica (dev mode:
+	// the region the banner's examples call). Optional; by default, and
+	// for every other replica, free loopback ports.
+	Listen map[string]ListenAddrs
+	// Envoy serves, on every regional replica's gRPC listener, the Envoy
+	// rate limit service (deciding from a loopback lease client of the
+	// replica's own LeaseService, as cmd/regional does) and gRPC server
+	// reflection. Optional.
+	Envoy bool
 	// Logger. Optional, default discards.
 	Logger *slog.Logger
+}
+
+// ListenAddrs are a regional replica's listen addresses (host:port; port
+// 0 picks a free one, empty means 127.0.0.1:0).
+type ListenAddrs struct {
+	GRPC, HTTP string
 }
 
 // Cluster is a running deployment. Safe for concurrent use.
@@ -405,15 +423,17 @@ func (c *Cluster) GlobalAddrs() []string {
 // its config watcher, its own etcd client and its client of the global
 // tier.
 type RegionalReplica struct {
-	c      *Cluster
-	region string
-	redis  string
-	addr   string
+	c        *Cluster
+	region   string
+	redis    string
+	addr     string
+	httpAddr string // free port at each start unless Options.Listen fixes it
 
-	mu sync.Mutex // guards d, p and gc
-	d  *regional.Daemon
-	p  *process
-	gc *allocator.Client
+	mu   sync.Mutex // guards d, p, gc and loop
+	d    *regional.Daemon
+	p    *process
+	gc   *allocator.Client
+	loop *envoyrls.Loopback // nil without Options.Envoy
 }
 
 // AddRegional starts one more regional replica of region.
@@ -424,7 +444,18 @@ func (c *Cluster) AddRegional(ctx context.Context, region string) (*RegionalRepl
 	if reg == nil {
 		return nil, fmt.Errorf("devcluster: no region %q", region)
 	}
-	r := &RegionalReplica{c: c, region: region, redis: reg.Redis.Addr(), addr: "127.0.0.1:0"}
+	r := &RegionalReplica{c: c, region: region, redis: reg.Redis.Addr(), addr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
+	c.mu.Lock()
+	first := len(reg.Replicas) == 0
+	c.mu.Unlock()
+	if l, ok := c.opts.Listen[region]; ok && first {
+		if l.GRPC != "" {
+			r.addr = l.GRPC
+		}
+		if l.HTTP != "" {
+			r.httpAddr = l.HTTP
+		}
+	}
 	if err := r.start(ctx); err != nil {
 		return nil, err
 	}
@@ -473,9 +504,25 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 	if c.opts.ConservativeColdStart {
 		cold = regional.ColdStartConservative
 	}
+	var envoy *envoyrls.Service
+	var extra []func(*grpc.Server)
+	if c.opts.Envoy {
+		if envoy, err = envoyrls.New(envoyrls.Options{Config: source, Registerer: p.registry, Logger: c.opts.Logger}); err != nil {
+			if gc != nil {
+				gc.Close()
+			}
+			p.end()
+			return err
+		}
+		extra = []func(*grpc.Server){
+			func(g *grpc.Server) { envoyrls.Register(g, envoy) },
+			func(g *grpc.Server) { reflection.Register(g) },
+		}
+	}
 	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
-		Region: r.region, GRPCAddr: r.addr, HTTPAddr: "127.0.0.1:0", RedisAddr: r.redis,
+		Region: r.region, GRPCAddr: r.addr, HTTPAddr: r.httpAddr, RedisAddr: r.redis,
 		Config: source, ColdStart: cold, Leader: lo, Registry: p.registry, Logger: c.opts.Logger,
+		Extra: extra,
 	})
 	if err != nil {
 		if gc != nil {
@@ -484,8 +531,25 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 		p.end()
 		return fmt.Errorf("devcluster: region %s replica %s: %w", r.region, r.addr, err)
 	}
+	var loop *envoyrls.Loopback
+	if envoy != nil {
+		// Unique per incarnation: a restarted replica must not take over
+		// its former life's leases.
+		loop, err = envoyrls.DialLoopback(d.GRPCAddr(), insecure.NewCredentials(), lease.Options{
+			InstanceID: lease.UniqueID("envoy-" + r.region), Logger: c.opts.Logger, Registerer: p.registry,
+		})
+		if err != nil {
+			d.Stop()
+			if gc != nil {
+				gc.Close()
+			}
+			p.end()
+			return err
+		}
+		envoy.SetLimiter(loop)
+	}
 	r.mu.Lock()
-	r.d, r.p, r.gc = d, p, gc
+	r.d, r.p, r.gc, r.loop = d, p, gc, loop
 	r.mu.Unlock()
 	return nil
 }
@@ -520,8 +584,15 @@ func (r *RegionalReplica) IsLeading() bool {
 func (r *RegionalReplica) take() (*regional.Daemon, *process, *allocator.Client) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	d, p, gc := r.d, r.p, r.gc
-	r.d, r.p, r.gc = nil, nil, nil
+	d, p, gc, loop := r.d, r.p, r.gc, r.loop
+	r.d, r.p, r.gc, r.loop = nil, nil, nil, nil
+	if loop != nil {
+		// Before the daemon stops, so its unspent tokens go back to the
+		// region (bounded: a killed replica's release may fail).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		loop.Close(ctx)
+		cancel()
+	}
 	return d, p, gc
 }
 
