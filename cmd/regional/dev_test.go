@@ -2,31 +2,246 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// TestDevModeServesTheExampleCall builds the command, starts `regional
-// -dev` as a subprocess, waits (at most 10 s) for it to say it is up, runs
-// the example call it prints — with a freshly built sluicectl — and
-// requires a lease to be granted. Then SIGTERM must stop it cleanly.
+// devConfig is the sample deployment (three regions, weights 2:1:1) plus a
+// tenant held to 100/s of read, the one the load drives.
+const devConfig = `
+epoch: 1s
+grant_validity: 5s
+lease_ttl: 5s
+refresh: 1s
+regions:
+  us-east:  {weight: 2}
+  eu-west:  {weight: 1}
+  ap-south: {weight: 1}
+classes:
+  read:   {mode: lease,  on_failure: local}
+  export: {mode: strict, on_failure: closed}
+tiers:
+  free:    {read: {rate: 10/s, burst: 20}, export: {rate: 6/m, burst: 1}}
+  pro:     {read: {rate: 2000/s, burst: 4000}, export: {rate: 1/s, burst: 5}}
+  hundred: {read: {rate: 100/s, burst: 100}, export: {rate: 1/s, burst: 5}}
+tenants:
+  acme:  {tier: pro}
+  small: {tier: hundred}
+default_tier: free
+envoy:
+  descriptors:
+    - {domain: sluice, tenant_key: tenant, class_key: class}
+`
+
+// devMode is a running `regional -dev` and what its banner says.
+type devMode struct {
+	cmd     *exec.Cmd
+	lines   chan string
+	banner  []string
+	grpc    map[string]string // region → LeaseService/RLS address
+	metrics map[string]string // region → /metrics URL
+}
+
+// TestDevModeServesTheExampleCall builds the commands once, starts
+// `regional -dev` as a subprocess on a three-region config and requires:
+// the banner names every region; its sluicectl examples work pasted into a
+// shell in another directory; status shows every region live; reflection
+// lists the services; the Envoy RLS answers OK; a tenant held to 100/s,
+// driven through one region's RLS, is admitted near its whole limit (not
+// that region's static share), never above b + r·t, on the daemon's own
+// counters; SIGTERM stops it cleanly.
 func TestDevModeServesTheExampleCall(t *testing.T) {
 	dir := t.TempDir()
 	regionalBin := filepath.Join(dir, "regional")
-	ctlBin := filepath.Join(dir, "sluicectl")
 	// One go build for both binaries, with the test's own flags (see
-	// buildFlags): its packages come from the build cache.
+	// buildFlags): its packages come from the build cache. sluicectl lands
+	// beside regional, where dev mode finds it for its examples.
 	build := append(append([]string{"build"}, buildFlags...), "-o", dir+string(filepath.Separator), ".", "../sluicectl")
 	if out, err := exec.Command("go", build...).CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	cfgFile := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfgFile, []byte(devConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]byte(devConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
 
-	cmd := exec.Command(regionalBin, "-dev", "-log-level", "warn")
+	d := startDev(t, regionalBin, "-dev", "-config", cfgFile, "-log-level", "warn",
+		"-listen", "127.0.0.1:0", "-metrics-listen", "127.0.0.1:0")
+	for r := range cfg.Regions {
+		if d.grpc[r] == "" || d.metrics[r] == "" {
+			t.Fatalf("banner does not name region %s's addresses:\n%s", r, strings.Join(d.banner, "\n"))
+		}
+	}
+
+	// The printed sluicectl examples, pasted into a shell elsewhere.
+	elsewhere := t.TempDir()
+	out := d.paste(t, elsewhere, "sluicectl lease ")
+	if !strings.Contains(out, "granted 10 of 10 tokens") {
+		t.Fatalf("lease example did not get a lease:\n%s", out)
+	}
+	out = d.paste(t, elsewhere, " status")
+	for r := range cfg.Regions {
+		if !regexp.MustCompile(`(?m)^` + r + `\s.*\blive\s*$`).MatchString(out) {
+			t.Fatalf("status does not show region %s live:\n%s", r, out)
+		}
+	}
+	if strings.Contains(out, "silent") || strings.Contains(out, "DEGRADED") {
+		t.Fatalf("status shows a region silent:\n%s", out)
+	}
+
+	addr := d.grpc["us-east"]
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Reflection lists the services the banner names.
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.CloseSend()
+	var services []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		services = append(services, s.GetName())
+	}
+	for _, want := range []string{"sluice.v1.LeaseService", "envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health"} {
+		if !slices.Contains(services, want) {
+			t.Fatalf("reflection lists %v, not %s", services, want)
+		}
+	}
+
+	// The Envoy RLS answers OK for a configured key.
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	req := func(tenant string) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "sluice", HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: tenant}, {Key: "class", Value: "read"}},
+		}}}
+	}
+	if r, err := rls.ShouldRateLimit(ctx, req("acme")); err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("ShouldRateLimit = %v, %v; want OK", r, err)
+	}
+
+	// Once the allocator has learned (it says so), the 100/s tenant
+	// through us-east's RLS for a few epochs: the allocator moves the idle
+	// regions' shares to us-east. Admissions are read from every region's
+	// own counters of OK answers.
+	learned := time.After(2*time.Duration(cfg.GrantValidity) + 20*time.Second)
+	for waiting := true; waiting; {
+		select {
+		case l, ok := <-d.lines:
+			if !ok {
+				t.Fatal("dev mode exited before the allocator learned")
+			}
+			waiting = !strings.Contains(l, "global allocator has learned")
+		case <-learned:
+			t.Fatal("dev mode never said the global allocator has learned")
+		}
+	}
+	res, err := cfg.Resolve(quota.Key{Tenant: "small", Class: "read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate, burst := res.Limit.Rate, float64(res.Limit.Burst)
+	epoch := time.Duration(cfg.Epoch)
+	// Capacity moves one to two epochs after the allocator sees the shift
+	// (docs/architecture.md), which sees it at a report an epoch after the
+	// demand rose, with lease sizing following the demand over a few
+	// epochs more: judged over the last window of the drive.
+	drive, window := 10*epoch, 3*epoch
+	var weights float64
+	for _, r := range cfg.Regions {
+		weights += float64(r.Weight)
+	}
+	share := float64(cfg.Regions["us-east"].Weight) / weights
+	before := d.admitted(t)
+	var sent atomic.Int64
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for time.Since(t0) < drive {
+				if _, err := rls.ShouldRateLimit(ctx, req("small")); err != nil {
+					t.Errorf("ShouldRateLimit: %v", err)
+					return
+				}
+				sent.Add(1)
+			}
+		})
+	}
+	time.Sleep(drive - window) // the measurement window, not a wait for an event
+	w0, mid := time.Now(), d.admitted(t)
+	wg.Wait()
+	end := d.admitted(t)
+	elapsed, inWindow := time.Since(t0), time.Since(w0)
+	admitted, late := end-before, end-mid
+	// Over the whole drive: never above b + r·t. Over the window: near the
+	// whole rate, well above what us-east could admit on its static share
+	// (its share of the burst and of the rate).
+	upper := burst + rate*elapsed.Seconds()
+	alone := share * (burst + rate*inWindow.Seconds())
+	lower := 0.85 * rate * inWindow.Seconds()
+	t.Logf("admitted %.0f of %d requests in %v (b + r·t = %.0f); %.0f in the last %v (us-east's static share alone <= %.0f, required >= %.0f)",
+		admitted, sent.Load(), elapsed.Round(time.Millisecond), upper, late, inWindow.Round(time.Millisecond), alone, lower)
+	if lower <= alone {
+		t.Fatalf("the window cannot tell the whole limit (>= %.0f) from one region's share (<= %.0f)", lower, alone)
+	}
+	if admitted > upper {
+		t.Fatalf("admitted %.0f > b + r·t = %.0f", admitted, upper)
+	}
+	if late < lower {
+		t.Fatalf("admitted %.0f in the last %v < %.0f: the key ran on one region's share", late, inWindow.Round(time.Millisecond), lower)
+	}
+
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	for range d.lines { // drain until the process closes stdout
+	}
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("dev mode did not stop cleanly on SIGTERM: %v", err)
+	}
+}
+
+// startDev starts the binary and reads its banner (at most 20 s).
+func startDev(t *testing.T, bin string, args ...string) *devMode {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -36,46 +251,84 @@ func TestDevModeServesTheExampleCall(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
-
-	lines := make(chan string)
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	d := &devMode{cmd: cmd, lines: make(chan string), grpc: map[string]string{}, metrics: map[string]string{}}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			lines <- sc.Text()
+			d.lines <- sc.Text()
 		}
-		close(lines)
+		close(d.lines)
 	}()
-	var example string
-	ready := time.After(10 * time.Second)
-	for example == "" {
+	regionLine := regexp.MustCompile(`^\s+region (\S+)\s+(\S+)\s`)
+	metricsLine := regexp.MustCompile(`^\s+(\S+)\s+HTTP: /metrics`)
+	ready := time.After(20 * time.Second)
+	region := ""
+	for {
 		select {
-		case l, ok := <-lines:
+		case l, ok := <-d.lines:
 			if !ok {
-				t.Fatal("dev mode exited before printing the example call")
+				t.Fatalf("dev mode exited before its banner ended:\n%s", strings.Join(d.banner, "\n"))
 			}
-			if strings.Contains(l, "sluicectl lease ") {
-				example = strings.TrimSpace(l)
+			d.banner = append(d.banner, l)
+			if m := regionLine.FindStringSubmatch(l); m != nil {
+				region = m[1]
+				d.grpc[region] = m[2]
+			} else if m := metricsLine.FindStringSubmatch(l); m != nil && region != "" {
+				d.metrics[region] = "http://" + m[1] + "/metrics"
+			}
+			if strings.HasPrefix(l, "Ctrl-C stops everything") {
+				t.Logf("dev mode up in %v:\n%s", time.Since(started).Round(time.Millisecond), strings.Join(d.banner, "\n"))
+				return d
 			}
 		case <-ready:
-			t.Fatal("dev mode did not print its example call within 10s")
+			t.Fatalf("dev mode did not print its banner within 20s:\n%s", strings.Join(d.banner, "\n"))
 		}
 	}
-	t.Logf("dev mode up in %v; example: %s", time.Since(started).Round(time.Millisecond), example)
+}
 
-	args := strings.Fields(strings.TrimPrefix(example, "go run ./cmd/sluicectl"))
-	out, err := exec.Command(ctlBin, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("example call failed: %v\n%s", err, out)
+// paste runs the banner's example containing marker with sh in dir.
+func (d *devMode) paste(t *testing.T, dir, marker string) string {
+	t.Helper()
+	for _, l := range d.banner {
+		if strings.Contains(l, "sluicectl") && strings.Contains(l, marker) {
+			cmd := exec.Command("sh", "-c", strings.TrimSpace(l))
+			cmd.Dir = dir
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("example %q failed in %s: %v\n%s", strings.TrimSpace(l), dir, err, out)
+			}
+			return string(out)
+		}
 	}
-	if !strings.Contains(string(out), "granted 10 of 10 tokens") {
-		t.Fatalf("example call did not get a lease:\n%s", out)
-	}
+	t.Fatalf("banner has no example with %q:\n%s", marker, strings.Join(d.banner, "\n"))
+	return ""
+}
 
-	cmd.Process.Signal(syscall.SIGTERM)
-	for range lines { // drain until the process closes stdout
+// admitted is the sum over regions of the RLS answers OK, from each
+// region's /metrics.
+func (d *devMode) admitted(t *testing.T) float64 {
+	t.Helper()
+	var sum float64
+	for region, url := range d.metrics {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatalf("%s metrics: %v", region, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(body), "\n") {
+			if rest, ok := strings.CutPrefix(l, `sluice_envoy_request_duration_seconds_count{result="ok"} `); ok {
+				v, err := strconv.ParseFloat(rest, 64)
+				if err != nil {
+					t.Fatal(fmt.Errorf("%s: %q: %w", region, l, err))
+				}
+				sum += v
+			}
+		}
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("dev mode did not stop cleanly on SIGTERM: %v", err)
-	}
+	return sum
 }

@@ -10,7 +10,9 @@
 // when neither is given.
 //
 // -dev runs a whole self-contained deployment in this process instead:
-// embedded etcd and Redis, a global allocator and this region.
+// embedded etcd, a global allocator and every region of the config, each
+// with its own Redis, serving the LeaseService, the Envoy rate limit
+// service and reflection; it prints what runs where and an example per API.
 //
 // Every flag can also be set from the environment: -redis-addr from
 // SLUICE_REDIS_ADDR, and so on (the command line wins).
@@ -90,7 +92,7 @@ type flags struct {
 func parseFlags(args []string) (*flags, error) {
 	f := &flags{}
 	fs := flag.NewFlagSet("regional", flag.ContinueOnError)
-	fs.BoolVar(&f.dev, "dev", false, "run a self-contained deployment in this process (embedded etcd and Redis, a global allocator, this region) and print an example call")
+	fs.BoolVar(&f.dev, "dev", false, "run a self-contained deployment in this process (embedded etcd, a global allocator, every region of the config with its own Redis; -listen and -metrics-listen place the -region region) and print what runs where with an example call per API")
 	fs.StringVar(&f.region, "region", "us-east", "region this service serves (must be in the config)")
 	fs.StringVar(&f.grpcAddr, "listen", "127.0.0.1:7400", "gRPC listen address (LeaseService, Envoy RateLimitService, health)")
 	fs.StringVar(&f.httpAddr, "metrics-listen", "127.0.0.1:7401", `HTTP listen address for /metrics, /healthz and /livez ("off" disables)`)
@@ -146,7 +148,14 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if f.dev {
-		return devcluster.RunDev(ctx, devcluster.DevOptions{Config: cfg, Region: f.region, Logger: logger, Out: stdout})
+		// -listen and -metrics-listen place the -region region, the one
+		// the printed examples call; the other regions take free ports.
+		httpAddr := f.httpAddr
+		if httpAddr == "off" {
+			httpAddr = ""
+		}
+		return devcluster.RunDev(ctx, devcluster.DevOptions{Config: cfg, Region: f.region, Logger: logger, Out: stdout,
+			Listen: devcluster.ListenAddrs{GRPC: f.grpcAddr, HTTP: httpAddr}})
 	}
 	if f.configFile == "" {
 		tenants := strings.Join(slices.Sorted(maps.Keys(cfg.Tenants)), ",")
