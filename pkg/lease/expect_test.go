@@ -38,3 +38,26 @@ func TestDecisionSaysWhatTheCallerCanExpect(t *testing.T) {
 		t.Fatalf("denial %+v: want Remaining below the cost 2", d)
 	}
 }
+
+// TestStrictCheckWithoutAGrantKnowsNoCap: a strict class configured up
+// front never gets a grant, so the region's burst is unknown; its checks
+// must not claim a cap of 0 (X-RateLimit-Limit would say nothing can be
+// had while requests are admitted): Cap is not known and Limit is shown.
+func TestStrictCheckWithoutAGrantKnowsNoCap(t *testing.T) {
+	tb := newTestTable(t)
+	key := quota.Key{Tenant: "acme", Class: "export"}
+	d, err := tb.ApplyCheck(t0, key, 1, &sluicev1.CheckResponse{Allowed: true, Limit: 3, Remaining: 2, ResetMs: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Allowed || d.CapKnown || d.Limit != 3 || d.Remaining != 2 {
+		t.Fatalf("decision %+v: want allowed, Limit 3, Remaining 2, no cap known", d)
+	}
+	d, err = tb.ApplyCheck(t0, key, 3, &sluicev1.CheckResponse{Limit: 3, Remaining: 2, RetryAfterMs: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Remaining != 2 || d.RetryAfter <= 0 {
+		t.Fatalf("denial %+v: want Remaining 2 (below the cost 3) and a retry time", d)
+	}
+}

@@ -524,6 +524,7 @@ func (t *Table) learnLocked(now time.Time, e *entry, g *sluicev1.Grant) {
 	e.st.resetAt = now.Add(time.Duration(max(0, g.ResetMs)) * time.Millisecond)
 	e.st.regionLeft = max(0, g.Remaining)
 	e.st.cap = wholeCap(e.st.regionBurst, e.st.limit)
+	e.st.capKnown = e.st.limit > 0 && (e.st.capKnown || (g.RegionRate >= 0 && g.RegionBurst >= 0))
 }
 
 // Failed ends a batch that got no answer: the reports stay pending and are

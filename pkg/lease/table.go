@@ -63,10 +63,12 @@ type keyInfo struct {
 	resetAt     time.Time
 	// regionLeft is the tokens the region's bucket held at its last
 	// answer; cap is the region's burst cap for the key in whole tokens,
-	// at most limit (0 until learned). They make Decision.Remaining and
+	// at most limit, valid when capKnown (a grant told the region's burst
+	// and the limit is known). They make Decision.Remaining and
 	// Decision.Cap what this caller can expect (see expected).
 	regionLeft int64
 	cap        int64
+	capKnown   bool
 
 	hasLease bool
 	deadline time.Time // no token of the lease may be spent at or after it
@@ -325,7 +327,7 @@ func (t *Table) allowFast(key quota.Key, cost int64) (in *keyInfo, remaining int
 }
 
 func admitted(in *keyInfo, remaining int64) quota.Decision {
-	return quota.Decision{Allowed: true, Limit: in.limit, Cap: in.cap, CapKnown: in.limit > 0, Remaining: in.expected(remaining), ResetAt: in.resetAt}
+	return quota.Decision{Allowed: true, Limit: in.limit, Cap: in.cap, CapKnown: in.capKnown, Remaining: in.expected(remaining), ResetAt: in.resetAt}
 }
 
 // expected is what this caller can expect to spend now, with pool tokens
@@ -333,7 +335,7 @@ func admitted(in *keyInfo, remaining int64) quota.Decision {
 // last answer, at most the region's cap.
 func (in *keyInfo) expected(pool int64) int64 {
 	r := max(pool, 0) + in.regionLeft
-	if in.limit > 0 {
+	if in.capKnown {
 		r = min(r, in.cap)
 	}
 	return r
@@ -357,7 +359,7 @@ func (t *Table) deny(e *entry, in *keyInfo, cost int64, retry time.Duration) quo
 	// A denial says fewer than cost tokens can be had now, whatever the
 	// region's bucket held at its last answer.
 	rem := min(in.expected(e.tokens()), cost-1)
-	d := quota.Decision{WouldDeny: true, Limit: in.limit, Cap: in.cap, CapKnown: in.limit > 0, Remaining: rem, ResetAt: in.resetAt, RetryAfter: retry}
+	d := quota.Decision{WouldDeny: true, Limit: in.limit, Cap: in.cap, CapKnown: in.capKnown, Remaining: rem, ResetAt: in.resetAt, RetryAfter: retry}
 	if in.shadow {
 		d.Allowed = true
 		e.results[slot(ResultShadowDenied, false)].Add(1)
@@ -480,8 +482,12 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 	e.st.shadow = resp.Shadow
 	e.st.resetAt = now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond)
 	e.st.regionLeft = max(0, resp.Remaining)
-	e.st.cap = wholeCap(e.st.regionBurst, e.st.limit)
-	capped, capKnown := e.st.cap, e.st.limit > 0
+	if e.st.capKnown {
+		// The limit may have changed; the region's burst is the last
+		// grant's (a check does not carry it).
+		e.st.cap = wholeCap(e.st.regionBurst, e.st.limit)
+	}
+	capped, capKnown := e.st.cap, e.st.capKnown
 	t.clearDegradedLocked(e)
 	e.publishLocked()
 	e.mu.Unlock()
