@@ -32,7 +32,7 @@ func TestGlobalLeaderFailover(t *testing.T) {
 	l := startLoad(t, c, key, 100*time.Millisecond, 3)
 	conf := watchConformance(t, l, r, b, start, 50*time.Millisecond)
 	l.set("us-east")
-	waitGrant(t, c, "us-east", key, 0.95*r, 20*epoch)
+	waitGrantRounds(t, c, "us-east", key, 0.95*r, 20)
 
 	var leader, standby *devcluster.GlobalReplica
 	for _, g := range c.Global {
@@ -136,7 +136,7 @@ func TestRegionPartitionedFromGlobal(t *testing.T) {
 	l := startLoad(t, c, key, 100*time.Millisecond, 3)
 	conf := watchConformance(t, l, r, b, start, 50*time.Millisecond)
 	l.set("us-east")
-	waitGrant(t, c, "us-east", key, 0.95*r, 20*epoch)
+	waitGrantRounds(t, c, "us-east", key, 0.95*r, 20)
 
 	p.set("us-east", true)
 	l.set("us-east", "eu-west")

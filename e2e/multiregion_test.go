@@ -81,6 +81,25 @@ func waitGrant(t *testing.T, c *devcluster.Cluster, region string, key quota.Key
 	}
 }
 
+// waitGrantRounds is waitGrant with its deadline in maxRounds of the
+// region's epoch reports (its own epochs, which a starved process runs
+// fewer of than the wall clock's).
+func waitGrantRounds(t *testing.T, c *devcluster.Cluster, region string, key quota.Key, want float64, maxRounds int64) time.Duration {
+	t.Helper()
+	start, rounds0 := time.Now(), regionReports(t, c, region, "epoch")
+	for {
+		st := regionRate(t, c, region, key)
+		if st.Rate >= want {
+			return time.Since(start)
+		}
+		if n := regionReports(t, c, region, "epoch") - rounds0; n > maxRounds {
+			dumpStatus(t, c)
+			t.Fatalf("%s: rate %.1f after %d of the region's epoch reports (%v), want >= %.1f", region, st.Rate, n, time.Since(start), want)
+		}
+		time.Sleep(10 * time.Millisecond) // polling Redis state with a deadline in the region's epochs
+	}
+}
+
 // TestDemandShiftsBetweenRegions: a tenant's saturating demand moves from
 // us-east to eu-west. Globally admitted never exceeds b + r·t; the
 // demanding region's grant reaches its weighted max-min share (all of r)
