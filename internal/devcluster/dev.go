@@ -2,6 +2,7 @@ package devcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,6 +66,10 @@ func RunDev(ctx context.Context, o DevOptions) error {
 		AllowEmbeddedRedis: true, Envoy: true, Logger: o.Logger,
 		Listen: map[string]ListenAddrs{o.Region: o.Listen},
 	})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%w (region %s listens on -listen %q and -metrics-listen %q; 127.0.0.1:0 picks free ports)",
+			err, o.Region, o.Listen.GRPC, o.Listen.HTTP)
+	}
 	if err != nil {
 		return err
 	}

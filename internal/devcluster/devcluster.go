@@ -173,9 +173,10 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	c = &Cluster{opts: o, Regions: map[string]*Region{}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	started := c // the error returns below set c to nil
 	defer func() {
 		if err != nil {
-			c.Stop()
+			started.Stop()
 		}
 	}()
 
