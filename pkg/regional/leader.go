@@ -350,7 +350,7 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 		}
 		reads[i] = regionsync.KeyRead{Key: p.key, State: st, StaticRate: p.common.StaticRate}
 	}
-	rep, held := l.sync.Report(s.opts.Region, nowUS, kind, reads)
+	rep, held := l.sync.Report(s.opts.Region, nowUS, time.Duration(cfg.Epoch), kind, reads)
 	return rep, plans, held, nil
 }
 

@@ -127,9 +127,13 @@ func (l *Leader) NoGlobalLeader(fromUS, toUS int64, regionLease time.Duration) (
 type Held map[quota.Key]float64
 
 // Report builds the report of kind sent at sendUS (Redis time) from the
-// keys' states. Seq is Redis time, so it grows across leader changes
-// without storing anything. A key's first sight is a baseline: a 1 ms
-// window with no counts, too short to count as demand. A held grant is
+// keys' states; epoch is the allocation period. Seq is Redis time, so it
+// grows across leader changes without storing anything. A key's first
+// sight is a baseline for the counters, and its demand is what the live
+// leases ask for (State.LeaseDemand) over a window of one epoch: the
+// allocator sees a new hot key's demand in the report that first names
+// it, not one epoch later. Without live lease demand the first sight is a
+// 1 ms window with no counts, too short to count as demand. A held grant is
 // echoed exactly as the scripts store it (the allocator's region contract
 // needs it bit for bit), with its remaining validity in whole milliseconds.
 // Acknowledgements and catch-ups keep the demand baseline where it was.
@@ -139,7 +143,7 @@ type Held map[quota.Key]float64
 // baseline again, as after an election. The baselines are thus bounded by
 // the keys of one report. static_valid_ms is the static lease's remaining
 // validity at sendUS.
-func (l *Leader) Report(region string, sendUS int64, kind Kind, reads []KeyRead) (*sluicev1.RegionReport, Held) {
+func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind Kind, reads []KeyRead) (*sluicev1.RegionReport, Held) {
 	l.seq = max(l.seq+1, uint64(sendUS))
 	rep := &sluicev1.RegionReport{Region: region, Seq: l.seq, Keys: make([]*sluicev1.KeyDemand, 0, len(reads)),
 		StaticValidMs: l.static.ValidMs(sendUS)}
@@ -155,10 +159,14 @@ func (l *Leader) Report(region string, sendUS int64, kind Kind, reads []KeyRead)
 			Holding:  st.Holding(),
 			WindowMs: 1,
 		}
-		if seen && st.NowUS > prev.NowUS {
+		switch {
+		case seen && st.NowUS > prev.NowUS:
 			d := st.Since(prev)
 			kd.Admitted, kd.Denied, kd.WindowMs = d.Admitted, d.Denied, d.Window.Milliseconds()
 			kd.DemandRate = proto.Float64(d.DemandRate)
+		case !seen && st.LeaseDemand > 0 && epoch >= time.Millisecond:
+			kd.WindowMs = epoch.Milliseconds()
+			kd.DemandRate = proto.Float64(st.LeaseDemand)
 		}
 		held[r.Key] = r.StaticRate
 		if st.GrantExpiryUS > 0 {

@@ -22,7 +22,7 @@ var (
 func TestReportEchoesTheHeldGrantExactly(t *testing.T) {
 	l := NewLeader()
 	const now = 5_000_000_000
-	rep, held := l.Report("eu", now, Epoch, []KeyRead{
+	rep, held := l.Report("eu", now, time.Second, Epoch, []KeyRead{
 		{Key: keyA, StaticRate: 3, State: luascripts.State{Rate: 7.1, Cap: 9.3, GrantExpiryUS: now + 2_500_700, Tokens: 2, Outstanding: 4, NowUS: now}},
 		{Key: keyB, StaticRate: 3, State: luascripts.State{Rate: 3, Cap: 4, Tokens: 1, NowUS: now}},
 	})
@@ -54,20 +54,20 @@ func TestReportBaselinesAndSeq(t *testing.T) {
 	st := func(us, admitted int64) []KeyRead {
 		return []KeyRead{{Key: keyA, State: luascripts.State{Admitted: admitted, NowUS: us}}}
 	}
-	r1, _ := l.Report("eu", 1_000_000, Epoch, st(1_000_000, 10))
-	r2, _ := l.Report("eu", 1_000_000, Ack, st(1_500_000, 30))
+	r1, _ := l.Report("eu", 1_000_000, time.Second, Epoch, st(1_000_000, 10))
+	r2, _ := l.Report("eu", 1_000_000, time.Second, Ack, st(1_500_000, 30))
 	if r2.GetSeq() <= r1.GetSeq() {
 		t.Fatalf("seq %d after %d", r2.GetSeq(), r1.GetSeq())
 	}
 	if kd := r2.GetKeys()[0]; kd.GetAdmitted() != 20 || kd.GetWindowMs() != 500 {
 		t.Fatalf("ack report %v, want 20 admitted over 500 ms", kd)
 	}
-	r3, _ := l.Report("eu", 2_000_000, Epoch, st(2_000_000, 50))
+	r3, _ := l.Report("eu", 2_000_000, time.Second, Epoch, st(2_000_000, 50))
 	if kd := r3.GetKeys()[0]; kd.GetAdmitted() != 40 || kd.GetWindowMs() != 1000 {
 		t.Fatalf("the ack moved the baseline: %v", kd)
 	}
 	l.Elected()
-	r4, _ := l.Report("eu", 3_000_000, Epoch, st(3_000_000, 70))
+	r4, _ := l.Report("eu", 3_000_000, time.Second, Epoch, st(3_000_000, 70))
 	if kd := r4.GetKeys()[0]; kd.GetWindowMs() != 1 || kd.GetAdmitted() != 0 {
 		t.Fatalf("a new leader's first report is not a baseline: %v", kd)
 	}
@@ -142,18 +142,18 @@ func TestLeaderForgetsIdleBaselines(t *testing.T) {
 	for i := range reads {
 		reads[i] = KeyRead{Key: quota.Key{Tenant: fmt.Sprintf("t%07d", i), Class: "read"}, State: luascripts.State{NowUS: 1}}
 	}
-	l.Report("eu", 1, Epoch, reads)
+	l.Report("eu", 1, time.Second, Epoch, reads)
 	reads = nil
 	if l.Baselines() != n {
 		t.Fatalf("%d baselines after an epoch report of %d keys", l.Baselines(), n)
 	}
 	live := []KeyRead{{Key: keyA, State: luascripts.State{NowUS: 2}}}
 	// An acknowledgement keeps the baselines as they are.
-	l.Report("eu", 2, Ack, live)
+	l.Report("eu", 2, time.Second, Ack, live)
 	if l.Baselines() != n {
 		t.Fatalf("an acknowledgement changed the baselines: %d, want %d", l.Baselines(), n)
 	}
-	l.Report("eu", 3, Epoch, live)
+	l.Report("eu", 3, time.Second, Epoch, live)
 	if _, ok := l.last[keyA]; l.Baselines() != 1 || !ok {
 		t.Fatalf("%d baselines after an epoch report naming one key, want only that key", l.Baselines())
 	}
@@ -162,5 +162,25 @@ func TestLeaderForgetsIdleBaselines(t *testing.T) {
 	if slack := int64(4 << 20); now-base > slack {
 		t.Fatalf("heap is %.1f MiB above the baseline with one baseline left, want at most %.1f MiB",
 			float64(now-base)/(1<<20), float64(slack)/(1<<20))
+	}
+}
+
+// TestFirstSightCarriesTheLeasesDemand: a key the leader has no baseline
+// for is reported with what its live leases ask for, over one epoch, so
+// the allocator sees a new hot key's demand in the report that first names
+// it; its counters are the baseline of the next report.
+func TestFirstSightCarriesTheLeasesDemand(t *testing.T) {
+	l := NewLeader()
+	read := func(us, admitted int64, leaseDemand float64) []KeyRead {
+		return []KeyRead{{Key: keyA, StaticRate: 3, State: luascripts.State{Admitted: admitted, LeaseDemand: leaseDemand, NowUS: us}}}
+	}
+	rep, _ := l.Report("eu", 1_000_000, 2*time.Second, Epoch, read(1_000_000, 500, 700))
+	kd := rep.GetKeys()[0]
+	if kd.GetWindowMs() != 2000 || kd.DemandRate == nil || kd.GetDemandRate() != 700 || kd.GetAdmitted() != 0 || kd.GetDenied() != 0 {
+		t.Fatalf("first sight %v, want the leases' 700/s over one epoch (2000 ms) and no counts", kd)
+	}
+	rep, _ = l.Report("eu", 3_000_000, 2*time.Second, Epoch, read(3_000_000, 900, 650))
+	if kd := rep.GetKeys()[0]; kd.GetAdmitted() != 400 || kd.GetWindowMs() != 2000 {
+		t.Fatalf("second report %v, want the 400 admitted since the first", kd)
 	}
 }

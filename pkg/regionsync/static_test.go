@@ -209,7 +209,7 @@ func TestChainFloorIsTheSmallestAndLeasedPicks(t *testing.T) {
 func TestLeaderCarriesTheStaticLease(t *testing.T) {
 	l := NewLeader()
 	read := []KeyRead{{Key: keyA, State: luascripts.State{NowUS: 10 * sec}}}
-	if rep, _ := l.Report("eu", 10*sec, Epoch, read); rep.GetStaticValidMs() != 0 {
+	if rep, _ := l.Report("eu", 10*sec, time.Second, Epoch, read); rep.GetStaticValidMs() != 0 {
 		t.Fatalf("a leader with no lease reports %d ms", rep.GetStaticValidMs())
 	}
 	grew, err := l.StaticAnswered(conferred(60_000), 10*sec)
@@ -219,7 +219,7 @@ func TestLeaderCarriesTheStaticLease(t *testing.T) {
 	if grew, _ := l.StaticAnswered(conferred(60_000), 5*sec); grew {
 		t.Fatalf("an older answer grew the lease")
 	}
-	if rep, _ := l.Report("eu", 20*sec, Epoch, read); rep.GetStaticValidMs() != 50_000 {
+	if rep, _ := l.Report("eu", 20*sec, time.Second, Epoch, read); rep.GetStaticValidMs() != 50_000 {
 		t.Fatalf("static_valid_ms %d, want 50000", rep.GetStaticValidMs())
 	}
 	if !l.NoGlobalLeader(30*sec, 31*sec, time.Minute) || l.Static().UntilUS != 90*sec {

@@ -442,7 +442,7 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 		reads[i] = regionsync.KeyRead{Key: k.key, State: r.model.State(sendUS, k.rkeys, c), StaticRate: c.StaticRate}
 		r.observe(k)
 	}
-	rep, held := r.leader.Report(r.name, sendUS, kind, reads)
+	rep, held := r.leader.Report(r.name, sendUS, r.w.epoch, kind, reads)
 	w.reportConfigs(r, rep)
 	node := w.global.leaderForClients()
 	if node == nil {
