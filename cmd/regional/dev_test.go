@@ -24,7 +24,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/protobuf/encoding/protojson"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -106,6 +108,16 @@ func TestDevModeServesTheExampleCall(t *testing.T) {
 	if !strings.Contains(out, "granted 10 of 10 tokens") {
 		t.Fatalf("lease example did not get a lease:\n%s", out)
 	}
+	out = d.paste(t, elsewhere, "sluicectl check ")
+	if !strings.Contains(out, "allowed") {
+		t.Fatalf("check example was not allowed:\n%s", out)
+	}
+	if _, err := exec.LookPath("curl"); err == nil {
+		out = d.paste(t, elsewhere, "curl ")
+		if !strings.Contains(out, "sluice_regional_leader 1") {
+			t.Fatalf("curl example does not show the region leader:\n%s", out)
+		}
+	}
 	out = d.paste(t, elsewhere, " status")
 	for r := range cfg.Regions {
 		if !regexp.MustCompile(`(?m)^` + r + `\s.*\blive\s*$`).MatchString(out) {
@@ -157,6 +169,44 @@ func TestDevModeServesTheExampleCall(t *testing.T) {
 	}
 	if r, err := rls.ShouldRateLimit(ctx, req("acme")); err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("ShouldRateLimit = %v, %v; want OK", r, err)
+	}
+	// The grpcurl examples' requests, as grpcurl would send them.
+	grpcurlLine := regexp.MustCompile(`^\s*grpcurl -plaintext -d '(.*)' (\S+) (\S+)$`)
+	var calls int
+	for _, l := range d.banner {
+		m := grpcurlLine.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		calls++
+		ex, err := grpc.NewClient(m[2], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m[3] {
+		case "sluice.v1.LeaseService/Check":
+			var in sluicev1.CheckRequest
+			if err := protojson.Unmarshal([]byte(m[1]), &in); err != nil {
+				t.Fatalf("%s: %v", l, err)
+			}
+			if _, err := sluicev1.NewLeaseServiceClient(ex).Check(ctx, &in); err != nil {
+				t.Fatalf("%s: %v", l, err)
+			}
+		case "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit":
+			var in rlsv3.RateLimitRequest
+			if err := protojson.Unmarshal([]byte(m[1]), &in); err != nil {
+				t.Fatalf("%s: %v", l, err)
+			}
+			if r, err := rlsv3.NewRateLimitServiceClient(ex).ShouldRateLimit(ctx, &in); err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("%s: %v, %v; want OK", l, r, err)
+			}
+		default:
+			t.Fatalf("unexpected grpcurl example: %s", l)
+		}
+		ex.Close()
+	}
+	if calls != 2 {
+		t.Fatalf("banner has %d grpcurl examples, want 2 (LeaseService, RLS)", calls)
 	}
 
 	// Once the allocator has learned (it says so), the 100/s tenant
@@ -292,7 +342,7 @@ func startDev(t *testing.T, bin string, args ...string) *devMode {
 func (d *devMode) paste(t *testing.T, dir, marker string) string {
 	t.Helper()
 	for _, l := range d.banner {
-		if strings.Contains(l, "sluicectl") && strings.Contains(l, marker) {
+		if strings.Contains(l, marker) && !strings.Contains(l, "grpcurl") {
 			cmd := exec.Command("sh", "-c", strings.TrimSpace(l))
 			cmd.Dir = dir
 			out, err := cmd.CombinedOutput()
