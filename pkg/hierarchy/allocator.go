@@ -207,7 +207,8 @@ type Allocator struct {
 	blockContended []bool
 	freeBlocks     []int32
 
-	// active lists the keys that get grants, in key order (set by Allocate).
+	// active lists the keys that get grants: in key order as Allocate set
+	// it, then the keys reports made contended since.
 	active []int32
 
 	// Scratch, reused across calls.
@@ -1118,7 +1119,8 @@ func badNumber(x float64) bool { return !finite(x) || x < 0 }
 // Report ingests one region report received at now and returns that
 // region's answer: grants, one for each key in the report that needs one,
 // in report order, then one for each other key that needs one, in key
-// order, and the static lease conferred (see Answer). A key without a
+// order (keys made contended by reports since the last Allocate last),
+// and the static lease conferred (see Answer). A key without a
 // grant runs on whatever the region holds until it expires, then on its
 // static share (its floor without a static lease).
 //
@@ -1283,6 +1285,10 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 			if a.seenStamp[k] == stamp {
 				continue
 			}
+			// At most one grant per key: a slot freed by RemoveKey and
+			// reused by a key made contended at a report may be listed
+			// twice until the next Allocate.
+			a.seenStamp[k] = stamp
 			b := a.blockOf[k]
 			if b < 0 {
 				continue

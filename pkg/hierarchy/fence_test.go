@@ -385,3 +385,32 @@ func TestUncontendedKeysNeedNoGrants(t *testing.T) {
 		t.Fatalf("view: %+v", v.Keys)
 	}
 }
+
+// TestOneGrantPerKeyAfterASlotIsReused: a removed key's slot reused by a
+// key that a report makes contended before the next Allocate is listed
+// twice among the active keys; another region's answer still carries one
+// grant for it.
+func TestOneGrantPerKeyAfterASlotIsReused(t *testing.T) {
+	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 100})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 150, -1)
+	s.report("b", 6200, 10, -1)
+	s.a.Allocate(s.at(7000))
+	s.a.RemoveKey(s.key)
+	other := quota.Key{Tenant: "beta", Class: "write"}
+	if err := s.a.SetLimit(other, KeyLimit{Rate: 100, Burst: 100}); err != nil {
+		t.Fatal(err)
+	}
+	s.seq["a"]++
+	if _, err := s.a.Report(s.at(7100), Report{Region: "a", Seq: s.seq["a"], Keys: []KeyDemand{{Key: other, Admitted: 150, Window: time.Second}}}); err != nil {
+		t.Fatal(err)
+	}
+	s.seq["b"]++
+	grants, err := grantsOf(s.a.Report(s.at(7200), Report{Region: "b", Seq: s.seq["b"]}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(grants) != 1 || grants[0].Key != other {
+		t.Fatalf("b's answer %+v, want one grant, for %s", grants, other)
+	}
+}
