@@ -12,7 +12,8 @@ import (
 // Charts are the report's charts as standalone SVG documents, keyed by a
 // file-name-safe id: "fleet", "regions" (admitted per region), then
 // "<key>-shares" (every region's refill rate: how the key's rate is
-// divided), "<key>-global" and "<key>-<region>" for every focus key.
+// divided), "<key>-global" and "<key>-<region>" for every focus key. The
+// ideal bucket is drawn last, over the admitted line it is compared with.
 func Charts(o *runner.Outcome) (ids []string, svgs map[string]string) {
 	svgs = map[string]string{}
 	add := func(id string, c *chart) {
@@ -23,8 +24,8 @@ func Charts(o *runner.Outcome) (ids []string, svgs map[string]string) {
 	s := r.Series
 	add("fleet", &chart{title: "Fleet: every key, all regions", xs: s.Times, faults: r.Faults, lines: []line{
 		{name: "offered", color: colDemand, ys: s.Offered},
-		{name: "ideal bucket", color: colIdeal, ys: s.Ideal, dash: true},
 		{name: "admitted", color: colAdmitted, ys: s.Admitted},
+		{name: "ideal bucket", color: colIdeal, ys: s.Ideal, dash: true, top: true},
 	}})
 	var perRegion []line
 	for i, name := range r.Regions {
@@ -42,8 +43,8 @@ func Charts(o *runner.Outcome) (ids []string, svgs map[string]string) {
 		add(slug+"-global", &chart{title: fmt.Sprintf("%s: all regions against the global limit", f.Key), xs: s.Times,
 			limit: f.Rate, faults: r.Faults, lines: []line{
 				{name: "offered", color: colDemand, ys: f.Offered},
-				{name: "ideal bucket", color: colIdeal, ys: f.Ideal, dash: true},
 				{name: "admitted", color: colAdmitted, ys: f.Admitted},
+				{name: "ideal bucket", color: colIdeal, ys: f.Ideal, dash: true, top: true},
 			}})
 		for i, rg := range f.Regions {
 			add(slug+"-"+r.Regions[i], &chart{title: fmt.Sprintf("%s in %s", f.Key, r.Regions[i]), xs: s.Times,
@@ -65,11 +66,17 @@ func WriteHTML(w io.Writer, o *runner.Outcome) error {
 	esc := html.EscapeString
 	sc, r := o.Scenario, o.Result
 	p("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Sluice simulation: %s</title>\n", esc(sc.Name))
-	p("<style>body{font-family:sans-serif;margin:24px;color:#202124;max-width:960px}" +
+	p("<style>body{font-family:sans-serif;margin:24px;color:#202124}" +
 		"table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #dadce0;padding:4px 8px;text-align:left;vertical-align:top;font-size:13px}" +
 		"th{background:#f1f3f4}.pass{color:#188038;font-weight:bold}.fail{color:#d93025;font-weight:bold}" +
-		"pre{background:#f8f9fa;padding:12px;font-size:12px;overflow-x:auto}h2{margin-top:28px}svg{display:block;margin:8px 0}</style>\n")
+		"pre{background:#f8f9fa;padding:12px;font-size:12px;overflow-x:auto}h2{margin-top:28px}svg{display:block;margin:8px 0;width:100%%;height:auto}" +
+		".answer{font-size:16px;border-left:4px solid #1a73e8;padding:4px 12px}</style>\n")
 	p("</head><body>\n<h1>Sluice simulation: %s</h1>\n", esc(sc.Name))
+	if q := Question(sc.Description); q != "" {
+		p("<p class=\"answer\"><strong>%s</strong><br>%s</p>\n", esc(q), esc(Answer(o)))
+	} else {
+		p("<p class=\"answer\">%s</p>\n", esc(Answer(o)))
+	}
 	if d := strings.TrimSpace(sc.Description); d != "" {
 		p("<p>%s</p>\n", esc(d))
 	}
@@ -82,15 +89,21 @@ func WriteHTML(w io.Writer, o *runner.Outcome) error {
 	}
 	p("<p>%s mode, seed %d, %v simulated, %d regions, %d instances, %d tenants, %d keys. Result: <span class=\"%s\">%s</span></p>\n",
 		esc(o.Mode), o.Seed, r.Duration, len(r.Regions), o.Instances, o.Tenants, r.Keys, cls, esc(verdict))
-	p("<h2>Invariants and targets</h2>\n<table><tr><th>Check</th><th>Result</th><th>Target</th><th>Value</th></tr>\n")
+	p("<h2>Invariants and targets</h2>\n<table><tr><th>Check</th><th>What it means</th><th>Result</th><th>Target</th><th>Value</th></tr>\n")
 	for _, c := range o.Checks {
 		res, cl := "PASS", "pass"
 		if !c.Pass {
 			res, cl = "FAIL", "fail"
 		}
-		p("<tr><td>%s</td><td class=\"%s\">%s</td><td>%s</td><td>%s</td></tr>\n", esc(c.Name), cl, res, esc(c.Target), esc(c.Value))
+		p("<tr><td>%s</td><td>%s</td><td class=\"%s\">%s</td><td>%s</td><td>%s</td></tr>\n",
+			esc(c.Name), esc(CheckMeaning(c.Name)), cl, res, esc(c.Target), esc(c.Value))
 	}
-	p("</table>\n<h2>Summary</h2>\n<pre>%s</pre>\n", esc(Summary(o)))
+	// The measures and faults; the checks are the table above.
+	measures := Summary(o)
+	if i := strings.Index(measures, "  Measures"); i >= 0 {
+		measures = measures[i:]
+	}
+	p("</table>\n<h2>Measures</h2>\n<pre>%s</pre>\n", esc(measures))
 	ids, svgs := Charts(o)
 	p("<h2>Charts</h2>\n<p>Shaded bands and dashed red lines mark faults (hover for their names). Rates are averaged over %v.</p>\n", r.Series.Step)
 	for _, id := range ids {

@@ -37,6 +37,74 @@ func TestRendering(t *testing.T) {
 	t.Run("html", func(t *testing.T) { htmlIsSelfContained(t, o) })
 	t.Run("svg", func(t *testing.T) { chartsAreWellFormedSVG(t, o) })
 	t.Run("csv", func(t *testing.T) { csvHasEverySeriesAtEveryStep(t, o) })
+	t.Run("page reads well", func(t *testing.T) { pageReadsWell(t, o) })
+}
+
+// pageReadsWell: the page uses the full width, answers the scenario's
+// question in a sentence before anything else, explains each check in a
+// line, lists the checks once (not again as text) and draws the ideal
+// bucket over the admitted line.
+func pageReadsWell(t *testing.T, o *runner.Outcome) {
+	var b bytes.Buffer
+	if err := report.WriteHTML(&b, o); err != nil {
+		t.Fatal(err)
+	}
+	page := b.String()
+	if strings.Contains(page, "max-width") {
+		t.Error("the page is narrower than the window (max-width)")
+	}
+	answer := strings.Index(page, `<p class="answer">`)
+	if answer < 0 || answer > strings.Index(page, "<h2>") ||
+		!strings.Contains(page, report.Question(o.Scenario.Description)) || report.Question(o.Scenario.Description) == "" {
+		t.Errorf("the scenario's question is not answered at the top:\n%.600s", page)
+	}
+	want := "Yes: "
+	switch {
+	case !o.InvariantsHold():
+		want = "No: "
+	case !o.Pass():
+		want = "Partly: "
+	}
+	if got := report.Answer(o); !strings.HasPrefix(got, want) || !strings.Contains(page, got) {
+		t.Errorf("answer %q, want it to start %q and be on the page", got, want)
+	}
+	pre := page[strings.Index(page, "<pre>"):]
+	if strings.Contains(pre, "Result Target") {
+		t.Error("the checks table is repeated as text below it")
+	}
+	for _, c := range o.Checks {
+		if report.CheckMeaning(c.Name) == "" {
+			t.Errorf("check %q is not explained", c.Name)
+		}
+		for _, l := range strings.Split(pre, "\n") {
+			if strings.Contains(l, c.Name) && (strings.Contains(l, " PASS ") || strings.Contains(l, " FAIL ")) {
+				t.Errorf("check %q is repeated as text below the table: %q", c.Name, l)
+			}
+		}
+	}
+	for _, w := range []string{"GCRA (the generic cell rate", "ε:", "sum (Σ)"} {
+		if !strings.Contains(page, w) {
+			t.Errorf("page does not explain %q", w)
+		}
+	}
+	_, svgs := report.Charts(o)
+	fleet := svgs["fleet"]
+	admitted, ideal := strings.Index(fleet, `<polyline fill="none" stroke="`+report.ColorAdmitted), strings.Index(fleet, `<polyline fill="none" stroke="`+report.ColorIdeal)
+	if admitted < 0 || ideal < admitted {
+		t.Errorf("the ideal bucket (at %d) is not drawn over the admitted line (at %d)", ideal, admitted)
+	}
+}
+
+func TestQuestionAndAnswer(t *testing.T) {
+	for in, want := range map[string]string{
+		"Load. The question: does the\n fleet admit what a bucket would? More.": "Does the fleet admit what a bucket would?",
+		"Outage. The question: no split brain, no oversubscription.":            "No split brain, no oversubscription.",
+		"No question here.": "",
+	} {
+		if got := report.Question(in); got != want {
+			t.Errorf("Question(%q) = %q, want %q", in, got, want)
+		}
+	}
 }
 
 func summaryNamesEveryCheckAndMeasure(t *testing.T, o *runner.Outcome) {

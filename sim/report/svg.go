@@ -15,6 +15,9 @@ type line struct {
 	color string
 	ys    []float64
 	dash  bool
+	// top is a reference line drawn over the others (listed last) and
+	// thicker, so it stays visible where they coincide.
+	top bool
 }
 
 // chart is a line chart over time with fault bands.
@@ -147,7 +150,11 @@ func (c *chart) svg() string {
 		if l.dash {
 			dash = ` stroke-dasharray="4,3"`
 		}
-		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.6"%s points="%s"/>`, l.color, dash, strings.TrimSpace(pts.String()))
+		width := 1.6
+		if l.top {
+			width = 2.4
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="%.1f"%s points="%s"/>`, l.color, width, dash, strings.TrimSpace(pts.String()))
 	}
 	lx := float64(w - padR)
 	for i := len(c.lines) - 1; i >= 0; i-- {
