@@ -43,7 +43,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	out := fs.String("out", "sim-out", "directory for report.html, summary.txt, timeseries.csv and the charts (\"\": none)")
 	list := fs.Bool("list", false, "list the shipped scenarios and exit")
 	liveMode := fs.Bool("live", false, "play the scenario against real daemons (embedded etcd, redis-server or an embedded Redis, gRPC on loopback)")
-	scale := fs.Float64("scale", live.DefaultScale, "live mode: virtual seconds per wall second")
+	scale := fs.Float64("scale", live.DefaultScale, "live mode: virtual seconds per wall second (refused without -live)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -53,6 +53,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if *duration < 0 {
 		fmt.Fprintf(stderr, "sim: -duration %v must not be negative (0 runs the scenario's own)\n", *duration)
+		return exitUsage
+	}
+	scaleSet := false
+	fs.Visit(func(f *flag.Flag) { scaleSet = scaleSet || f.Name == "scale" })
+	if scaleSet && !*liveMode {
+		fmt.Fprintf(stderr, "sim: -scale only applies to -live (virtual mode runs as fast as it can); add -live or drop -scale\n")
 		return exitUsage
 	}
 	if !(*scale > 0) {

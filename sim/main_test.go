@@ -32,7 +32,7 @@ func TestListShowsEveryShippedScenario(t *testing.T) {
 }
 
 func TestBadUsageExitsTwo(t *testing.T) {
-	for _, args := range [][]string{{"-nope"}, {"-scenario", "atlantis"}, {"extra"}, {"-duration", "-5s"}} {
+	for _, args := range [][]string{{"-nope"}, {"-scenario", "atlantis"}, {"extra"}, {"-duration", "-5s"}, {"-scale", "4"}} {
 		if code, _, stderr := runArgs(t, args...); code != exitUsage || stderr == "" {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
 		}
