@@ -92,7 +92,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	}
 	d.countRPCs()
 	var res *oracle.Result
-	d.rec.do(func(o *oracle.Oracle, _ time.Duration) { res = o.Finish(time.Duration(sc.Duration)) })
+	d.rec.finish(func(o *oracle.Oracle, _ time.Duration) { res = o.Finish(time.Duration(sc.Duration)) })
 	out := setup.Outcome("live", res)
 	out.Counters.Events = uint64(d.decisions.Load())
 	out.Wall = time.Since(wallStart)
