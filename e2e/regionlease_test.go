@@ -553,16 +553,7 @@ func TestLongPartitionHealsWithoutOverAdmission(t *testing.T) {
 	c := startCluster(t, devcluster.Options{Config: cfg, GlobalReplicas: 2, DialGlobal: p.dial})
 	key := quota.Key{Tenant: "acme", Class: "write"}
 	const r, b = 400.0, 200.0
-	// Weighted max-min with every region saturating: 200 / 100 / 100.
-	share := map[string]float64{"us-east": 200, "eu-west": 100, "ap-south": 100}
-	converged := func(m map[string]float64) bool {
-		for name, v := range m {
-			if !near(v, share[name], 0.05) {
-				return false
-			}
-		}
-		return true
-	}
+	converged := atSaturatedSplit
 
 	t0 := minTime(t, c, leaseRegions...)
 	l := startLoad(t, c, key, 100*time.Millisecond, 3)
@@ -646,15 +637,7 @@ func TestDrainAndRestoreThroughSluicectl(t *testing.T) {
 	}
 	key := quota.Key{Tenant: "acme", Class: "write"}
 	const r, b = 400.0, 200.0
-	share := map[string]float64{"us-east": 200, "eu-west": 100, "ap-south": 100}
-	converged := func(m map[string]float64) bool {
-		for name, v := range m {
-			if !near(v, share[name], 0.05) {
-				return false
-			}
-		}
-		return true
-	}
+	converged := atSaturatedSplit
 
 	t0 := minTime(t, c, leaseRegions...)
 	l := startLoad(t, c, key, 100*time.Millisecond, 3)
@@ -733,4 +716,17 @@ func TestDrainAndRestoreThroughSluicectl(t *testing.T) {
 	t.Logf("restored: %v %v after the write", rs, at.Sub(restored))
 	l.halt()
 	w.finish()
+}
+
+// atSaturatedSplit says whether the regions' rates are at the weighted
+// max-min split of leaseConfig's 400/s key with every region saturating
+// (200 / 100 / 100), within 5%.
+func atSaturatedSplit(m map[string]float64) bool {
+	share := map[string]float64{"us-east": 200, "eu-west": 100, "ap-south": 100}
+	for name, v := range m {
+		if !near(v, share[name], 0.05) {
+			return false
+		}
+	}
+	return true
 }
