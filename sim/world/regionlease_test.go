@@ -13,23 +13,7 @@ import (
 // send times and never extended without one; after the partition heals an
 // answer confers it again.
 func TestRegionLeaseRunsOutInAPartition(t *testing.T) {
-	h := buildFrom(t, `
-name: w
-duration: 2m
-warmup: 10s
-sluice:
-  region_lease: 20s
-  regions: {a: {weight: 1}, b: {weight: 1}}
-  classes: {read: {partition_share: 0.5}}
-  tiers: {t: {read: {rate: 100/s, burst: 200}}}
-  default_tier: t
-topology:
-  regions: [{name: a, instances: 2}, {name: b, instances: 2, clock_offset: 400ms}]
-  global: {primary: b}
-workload:
-  - {tenant: x, class: read, rate: {a: 40/s, b: 40/s}}
-faults: [{at: 30s, kind: partition, region: a, for: 40s}]
-`)
+	h := buildFrom(t, leaseScenario("faults: [{at: 30s, kind: partition, region: a, for: 40s}]"))
 	h.start()
 	a := h.w.regions[0]
 	k := h.w.keys[0]
@@ -78,23 +62,7 @@ faults: [{at: 30s, kind: partition, region: a, for: 40s}]
 // region leaders extend their running leases (regionsync's etcd rule) and
 // keep their static shares; the invariants hold throughout.
 func TestNoGlobalLeaderKeepsTheRegionOnItsStaticShare(t *testing.T) {
-	h := buildFrom(t, `
-name: w
-duration: 2m
-warmup: 10s
-sluice:
-  region_lease: 20s
-  regions: {a: {weight: 1}, b: {weight: 1}}
-  classes: {read: {partition_share: 0.5}}
-  tiers: {t: {read: {rate: 100/s, burst: 200}}}
-  default_tier: t
-topology:
-  regions: [{name: a, instances: 2}, {name: b, instances: 2, clock_offset: 400ms}]
-  global: {primary: b}
-workload:
-  - {tenant: x, class: read, rate: {a: 40/s, b: 40/s}}
-faults: [{at: 30s, kind: global-leader-loss, restart_after: 50s}]
-`)
+	h := buildFrom(t, leaseScenario("faults: [{at: 30s, kind: global-leader-loss, restart_after: 50s}]"))
 	h.start()
 	k := h.w.keys[0]
 	h.until(30 * time.Second)
@@ -114,4 +82,26 @@ faults: [{at: 30s, kind: global-leader-loss, restart_after: 50s}]
 	if r := h.orc.Finish(2 * time.Minute); !r.Pass() {
 		t.Fatalf("a global outage longer than region_lease broke an invariant: %+v %+v", r.Conformance, r.Rates)
 	}
+}
+
+// leaseScenario is two regions of equal weight on one 100/s key, each
+// offering 40/s, with region_lease 20s and partition_share 0.5, b's clock
+// 400ms ahead, and faults (one YAML line).
+func leaseScenario(faults string) string {
+	return `
+name: w
+duration: 2m
+warmup: 10s
+sluice:
+  region_lease: 20s
+  regions: {a: {weight: 1}, b: {weight: 1}}
+  classes: {read: {partition_share: 0.5}}
+  tiers: {t: {read: {rate: 100/s, burst: 200}}}
+  default_tier: t
+topology:
+  regions: [{name: a, instances: 2}, {name: b, instances: 2, clock_offset: 400ms}]
+  global: {primary: b}
+workload:
+  - {tenant: x, class: read, rate: {a: 40/s, b: 40/s}}
+` + faults + "\n"
 }
