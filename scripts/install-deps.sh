@@ -16,10 +16,16 @@ fi
 echo "installing ${missing[*]} (Debian packages)..."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+  # redis-server is required; promtool only runs the alert unit tests,
+  # which skip with a message without it.
+  apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+  echo "warning: prometheus (promtool) could not be installed; the alert unit tests will skip" >&2
+fi
 # The packages start system services; tests start their own processes on
 # free ports (and only promtool is used from prometheus).
 for svc in redis-server prometheus; do
   (systemctl stop "$svc" || service "$svc" stop || true) >/dev/null 2>&1
 done
-command -v redis-server promtool
+command -v redis-server
+command -v promtool || true
