@@ -11,20 +11,33 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// target is one descriptor of a request after validation: either a quota
-// key to charge, or unmatched.
-type target struct {
-	matched bool
-	key     quota.Key
-	cost    int64
-	res     config.Resolved
+// Target is one descriptor of a request after resolution: either a quota
+// key to charge, or unmatched (answered OK, charged to no key).
+type Target struct {
+	// Matched is false for a descriptor no envoy.descriptors mapping
+	// matches; the other fields are then zero.
+	Matched bool
+	// Key is the quota key the descriptor charges.
+	Key quota.Key
+	// Cost is the tokens the descriptor charges: its own hits_addend, else
+	// the request's, else 1.
+	Cost int64
+	// Resolved is Key's limit and class from the config.
+	Resolved config.Resolved
+	// Shadow means the descriptor is never refused: its verdict is
+	// counted, and the answer is OK.
+	Shadow bool
+	// Unlimited means the descriptor is always answered OK and charges
+	// nothing (Key and Resolved are zero).
+	Unlimited bool
 }
 
-// resolveRequest validates the whole request and maps each descriptor to
-// its target, without side effects, so that a request with any bad part
-// can be refused before anything is charged. Every error wraps
-// quota.ErrInvalid and names the field.
-func resolveRequest(cfg *config.Config, req *rlsv3.RateLimitRequest) ([]target, error) {
+// Resolve validates the whole request and maps each descriptor to its
+// Target, in the request's order, without side effects, so that a request
+// with any bad part can be refused before anything is charged. It is a
+// pure function of its arguments. Every error wraps quota.ErrInvalid and
+// names the field.
+func Resolve(cfg *config.Config, req *rlsv3.RateLimitRequest) ([]Target, error) {
 	domain := req.GetDomain()
 	if domain == "" {
 		return nil, fmt.Errorf("%w: domain is empty", quota.ErrInvalid)
@@ -40,21 +53,22 @@ func resolveRequest(cfg *config.Config, req *rlsv3.RateLimitRequest) ([]target, 
 	if err := quota.ValidateCost(requestCost); err != nil {
 		return nil, fmt.Errorf("hits_addend: %w", err)
 	}
-	targets := make([]target, len(descs))
+	targets := make([]Target, len(descs))
 	for i, d := range descs {
 		t, err := resolveDescriptor(cfg.Envoy.Descriptors, domain, d, requestCost)
 		if err != nil {
 			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
 		}
-		if t.matched {
-			if t.res, err = cfg.Resolve(t.key); err != nil {
-				return nil, fmt.Errorf("descriptors[%d] (tenant %q, class %q): %w", i, t.key.Tenant, t.key.Class, err)
+		if t.Matched {
+			if t.Resolved, err = cfg.Resolve(t.Key); err != nil {
+				return nil, fmt.Errorf("descriptors[%d] (tenant %q, class %q): %w", i, t.Key.Tenant, t.Key.Class, err)
 			}
+			t.Shadow = t.Resolved.Shadow
 			// The limiter refuses such a cost too, but only when its turn
 			// comes, after earlier descriptors were charged.
-			if t.cost > t.res.Limit.Burst {
+			if t.Cost > t.Resolved.Limit.Burst {
 				return nil, fmt.Errorf("descriptors[%d] (tenant %q, class %q): %w: cost %d exceeds the key's burst %d, so it can never be admitted",
-					i, t.key.Tenant, t.key.Class, quota.ErrInvalid, t.cost, t.res.Limit.Burst)
+					i, t.Key.Tenant, t.Key.Class, quota.ErrInvalid, t.Cost, t.Resolved.Limit.Burst)
 			}
 		}
 		targets[i] = t
@@ -66,10 +80,10 @@ func resolveRequest(cfg *config.Config, req *rlsv3.RateLimitRequest) ([]target, 
 // checks the parts of d that Sluice acts on. Descriptors that match no
 // mapping are returned unmatched and their other fields are not examined:
 // they may be meant for limits Sluice does not own.
-func resolveDescriptor(mappings []config.EnvoyDescriptor, domain string, d *ratelimitv3.RateLimitDescriptor, requestCost int64) (target, error) {
+func resolveDescriptor(mappings []config.EnvoyDescriptor, domain string, d *ratelimitv3.RateLimitDescriptor, requestCost int64) (Target, error) {
 	entries := d.GetEntries()
 	if len(entries) == 0 {
-		return target{}, fmt.Errorf("%w: entries: the descriptor has none", quota.ErrInvalid)
+		return Target{}, fmt.Errorf("%w: entries: the descriptor has none", quota.ErrInvalid)
 	}
 	for _, m := range mappings {
 		if m.Domain != domain {
@@ -77,7 +91,7 @@ func resolveDescriptor(mappings []config.EnvoyDescriptor, domain string, d *rate
 		}
 		tenant, ok, err := entryValue(entries, m.TenantKey)
 		if err != nil {
-			return target{}, err
+			return Target{}, err
 		}
 		if !ok {
 			continue
@@ -85,7 +99,7 @@ func resolveDescriptor(mappings []config.EnvoyDescriptor, domain string, d *rate
 		class := m.Class
 		if m.ClassKey != "" {
 			if class, ok, err = entryValue(entries, m.ClassKey); err != nil {
-				return target{}, err
+				return Target{}, err
 			}
 			if !ok {
 				continue
@@ -93,15 +107,15 @@ func resolveDescriptor(mappings []config.EnvoyDescriptor, domain string, d *rate
 		}
 		key := quota.Key{Tenant: tenant, Class: class}
 		if err := key.Validate(); err != nil {
-			return target{}, fmt.Errorf("%s: %w", mappingFields(m), err)
+			return Target{}, fmt.Errorf("%s: %w", mappingFields(m), err)
 		}
 		cost, err := descriptorCost(d, requestCost)
 		if err != nil {
-			return target{}, err
+			return Target{}, err
 		}
-		return target{matched: true, key: key, cost: cost}, nil
+		return Target{Matched: true, Key: key, Cost: cost}, nil
 	}
-	return target{}, nil
+	return Target{}, nil
 }
 
 // entryValue is the value of the entry with key k. The same key twice with

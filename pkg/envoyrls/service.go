@@ -140,7 +140,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if cfg == nil {
 		return nil, outcomeError, status.Error(codes.Unavailable, "envoyrls: no config loaded yet")
 	}
-	targets, err := resolveRequest(cfg, req)
+	targets, err := Resolve(cfg, req)
 	if err != nil {
 		s.log.Debug("envoy rate-limit request refused", "domain", req.GetDomain(), "err", err)
 		return nil, outcomeInvalid, status.Error(codes.InvalidArgument, err.Error())
@@ -152,39 +152,39 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 
 	decisions := make([]decided, len(targets))
 	for i, t := range targets {
-		if !t.matched {
+		if !t.Matched {
 			s.m.unmatched.Inc()
 			continue
 		}
-		d, err := box.Allow(ctx, t.key, t.cost)
+		d, err := box.Allow(ctx, t.Key, t.Cost)
 		if err != nil {
 			out, err := s.failed(ctx, i, t, err)
 			return nil, out, err
 		}
-		r := classify(d, t.res.Shadow)
-		s.m.decisions.WithLabelValues(t.res.ClassName, t.res.Tier, r.String()).Inc()
+		r := classify(d, t.Shadow)
+		s.m.decisions.WithLabelValues(t.Resolved.ClassName, t.Resolved.Tier, r.String()).Inc()
 		if d.Degraded {
-			s.m.degraded.WithLabelValues(t.res.ClassName, t.res.Tier).Inc()
+			s.m.degraded.WithLabelValues(t.Resolved.ClassName, t.Resolved.Tier).Inc()
 		}
-		decisions[i] = newDecided(time.Now(), t.res.Limit, r, d)
+		decisions[i] = newDecided(time.Now(), t.Resolved.Limit, r, d)
 	}
 	return s.respond(targets, decisions)
 }
 
 // failed maps a Limiter error to a gRPC status. Tokens taken for earlier
 // descriptors of the request stay spent, which only under-admits.
-func (s *Service) failed(ctx context.Context, i int, t target, err error) (outcome, error) {
+func (s *Service) failed(ctx context.Context, i int, t Target, err error) (outcome, error) {
 	switch {
 	case errors.Is(err, quota.ErrInvalid):
-		return outcomeInvalid, status.Errorf(codes.InvalidArgument, "descriptors[%d] (tenant %q, class %q): %v", i, t.key.Tenant, t.key.Class, err)
+		return outcomeInvalid, status.Errorf(codes.InvalidArgument, "descriptors[%d] (tenant %q, class %q): %v", i, t.Key.Tenant, t.Key.Class, err)
 	case ctx.Err() != nil:
 		return outcomeError, status.FromContextError(ctx.Err()).Err()
 	}
-	s.log.Warn("envoy rate-limit decision failed", "class", t.key.Class, "err", err)
+	s.log.Warn("envoy rate-limit decision failed", "class", t.Key.Class, "err", err)
 	return outcomeError, status.Errorf(codes.Unavailable, "envoyrls: deciding descriptors[%d]: %v", i, err)
 }
 
-func (s *Service) respond(targets []target, decisions []decided) (*rlsv3.RateLimitResponse, outcome, error) {
+func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLimitResponse, outcome, error) {
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(targets)),
@@ -194,12 +194,12 @@ func (s *Service) respond(targets []target, decisions []decided) (*rlsv3.RateLim
 	var retry time.Duration
 	never := false // some descriptor over limit can never pass: no retry-after
 	for i, t := range targets {
-		if !t.matched {
+		if !t.Matched {
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 			continue
 		}
 		dd := decisions[i]
-		resp.Statuses[i] = dd.status(t.res.ClassName)
+		resp.Statuses[i] = dd.status(t.Resolved.ClassName)
 		if dd.result == resultOverLimit {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			out = outcomeOverLimit
@@ -207,7 +207,7 @@ func (s *Service) respond(targets []target, decisions []decided) (*rlsv3.RateLim
 			never = never || dd.never
 		}
 		if !haveShown || closerToExhaustion(dd, shown) {
-			shown, haveShown, shownClass = dd, true, t.res.ClassName
+			shown, haveShown, shownClass = dd, true, t.Resolved.ClassName
 		}
 	}
 	if s.headers && haveShown {
