@@ -145,6 +145,12 @@ type Config struct {
 	//   - Default: no descriptors: every descriptor Envoy sends is unmatched,
 	//     answered OK and charged to no key
 	Envoy Envoy `yaml:"envoy,omitempty"`
+	// Auth maps client certificate identities to roles; read only when
+	// the daemons serve mutual TLS.
+	//
+	//   - Default: no identities: with mutual TLS every call but health
+	//     checks is refused
+	Auth Auth `yaml:"auth,omitempty"`
 }
 
 // Region is one region's share of every key's global rate.

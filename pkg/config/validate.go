@@ -68,6 +68,7 @@ func (c *Config) problems() []error {
 	c.validateTiers(&p)
 	c.validateTenants(&p)
 	c.validateEnvoy(&p)
+	c.validateAuth(&p)
 	c.validateDerived(&p)
 	return p
 }
