@@ -140,9 +140,11 @@ type Config struct {
 	//   - Rule: must name a tier under tiers
 	//   - Example: free
 	DefaultTier string `yaml:"default_tier"`
-	// Envoy maps Envoy rate-limit descriptors to quota keys.
+	// Envoy maps Envoy rate-limit descriptors to quota keys: by entry
+	// keys naming the tenant and class (descriptors), or by descriptor
+	// trees in the shape of envoyproxy/ratelimit configs (domains).
 	//
-	//   - Default: no descriptors: every descriptor Envoy sends is unmatched,
+	//   - Default: no mappings: every descriptor Envoy sends is unmatched,
 	//     answered OK and charged to no key
 	Envoy Envoy `yaml:"envoy,omitempty"`
 	// Auth maps client certificate identities to roles; read only when
@@ -335,11 +337,21 @@ type Tenant struct {
 type Envoy struct {
 	// Descriptors map Envoy descriptors to quota keys, tried in order; the
 	// first that matches a descriptor decides it. A descriptor no mapping
-	// matches is answered OK and charged to no key.
+	// matches goes to its domain's tree under domains, if any; else it is
+	// answered OK and charged to no key.
 	//
 	//   - Default: none
 	//   - Rule: no two equal
 	Descriptors []EnvoyDescriptor `yaml:"descriptors,omitempty"`
+	// Domains are descriptor trees, one per Envoy domain, in the shape of
+	// envoyproxy/ratelimit config files: nested key/value nodes whose
+	// leaves name a class (the limit), unlimited or shadow_mode (see
+	// EnvoyNode for the matching rules). They decide the descriptors no
+	// entry of descriptors matches.
+	//
+	//   - Default: none
+	//   - Rule: each domain at most once
+	Domains []EnvoyDomain `yaml:"domains,omitempty"`
 }
 
 // EnvoyDescriptor maps descriptors of one Envoy domain to (tenant, class).

@@ -9,7 +9,7 @@
 // (tiers.free.write.rate) and wrapping ErrInvalidConfig.
 //
 // Units: rates are tokens per second (float64; written "10/s", "6/m",
-// "1000/h" or a bare number meaning per second); bursts are whole tokens;
+// "1000/h", "5/d" or a bare number meaning per second); bursts are whole tokens;
 // durations are time.Duration (written "1s", "250ms"); region shares are
 // fractions of a key's global rate in [0, 1].
 //

@@ -11,8 +11,8 @@ import (
 )
 
 // Rate is a refill rate in tokens per second. In YAML it is written with a
-// unit, "10/s", "6/m" or "1000/h", or as a bare number meaning per second,
-// and it is written back in the shortest form that parses to the same
+// unit, "10/s", "6/m", "1000/h" or "5/d", or as a bare number meaning per
+// second, and it is written back in the shortest form that parses to the same
 // float64 exactly.
 type Rate float64
 
@@ -24,9 +24,10 @@ type rateUnit struct {
 
 // rateUnits are the accepted units, in the order ties are broken when
 // choosing how to write a rate.
-func rateUnits() [3]rateUnit { return [3]rateUnit{{"s", 1}, {"m", 60}, {"h", 3600}} }
+func rateUnits() [4]rateUnit { return [4]rateUnit{{"s", 1}, {"m", 60}, {"h", 3600}, {"d", 86400}} }
 
-// ParseRate parses "10/s", "6/m", "1000/h", "2.5/s" or "7" (per second).
+// ParseRate parses "10/s", "6/m", "1000/h", "5/d", "2.5/s" or "7" (per
+// second).
 // The sign is accepted so that Validate can report a non-positive rate with
 // its field path; infinities, NaN, hex and other number forms are refused.
 func ParseRate(s string) (Rate, error) {
@@ -41,15 +42,15 @@ func ParseRate(s string) (Rate, error) {
 			}
 		}
 		if !found {
-			return 0, fmt.Errorf("rate %q has unit %q; use /s, /m or /h", s, unit)
+			return 0, fmt.Errorf("rate %q has unit %q; use /s, /m, /h or /d", s, unit)
 		}
 	}
 	if num == "" || strings.Trim(num, "0123456789.eE+-") != "" {
-		return 0, fmt.Errorf("rate %q is not a number optionally followed by /s, /m or /h", s)
+		return 0, fmt.Errorf("rate %q is not a number optionally followed by /s, /m, /h or /d", s)
 	}
 	n, err := strconv.ParseFloat(num, 64)
 	if err != nil || math.IsInf(n, 0) || math.IsNaN(n) {
-		return 0, fmt.Errorf("rate %q is not a finite number optionally followed by /s, /m or /h", s)
+		return 0, fmt.Errorf("rate %q is not a finite number optionally followed by /s, /m, /h or /d", s)
 	}
 	return Rate(n / seconds), nil
 }

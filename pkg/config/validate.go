@@ -278,6 +278,7 @@ func (c *Config) validateEnvoy(p *problems) {
 			seen[d] = i
 		}
 	}
+	c.validateEnvoyDomains(p)
 }
 
 func checkDescriptorField(p *problems, path, v string, required bool) {

@@ -34,7 +34,7 @@ var knownItems = []string{itemRequired, itemDefault, itemUnit, itemRule, itemExa
 // names them and their unit when the type says it.
 var scalarTypes = map[string]struct{ name, unit string }{
 	"Duration": {"duration", "Go duration: `250ms`, `1s`, `1m30s`, `1h`"},
-	"Rate":     {"rate", "tokens per second, written `10/s`, `6/m`, `1000/h`, or a bare number meaning per second"},
+	"Rate":     {"rate", "tokens per second, written `10/s`, `6/m`, `1000/h`, `5/d`, or a bare number meaning per second"},
 	"float64":  {"number", ""},
 	"int64":    {"integer", ""},
 	"bool":     {"boolean", "—"},
@@ -151,6 +151,9 @@ type walker struct {
 	s      *schema
 	fields []field
 	errs   []error
+	// walking maps each struct type being walked to its path, so a
+	// recursive type (EnvoyNode) is documented once and referred to.
+	walking map[string]string
 }
 
 func (w *walker) errorf(format string, args ...any) {
@@ -164,6 +167,11 @@ func (w *walker) walkStruct(name, prefix string, ctx []string) {
 		w.errorf("%s is not a struct type of package config", name)
 		return
 	}
+	if w.walking == nil {
+		w.walking = map[string]string{}
+	}
+	w.walking[name] = prefix
+	defer delete(w.walking, name)
 	for _, f := range st.Fields.List {
 		if len(f.Names) != 1 {
 			w.errorf("%s: embedded or grouped fields are not supported by the reference", name)
@@ -240,6 +248,13 @@ func (w *walker) field(goName, prefix string, ctx []string, yamlName string, f *
 		w.walkValue(path+".<"+name+">", append(ctx, ex), t.Value)
 	case *ast.ArrayType:
 		fd.typ = "list of " + w.valueName(t.Elt) + "s"
+		if id, ok := t.Elt.(*ast.Ident); ok {
+			if at, nested := w.walking[id.Name]; nested {
+				fd.typ += ", each with the fields of `" + at + "`"
+				w.fields = append(w.fields, fd)
+				return
+			}
+		}
 		w.fields = append(w.fields, fd)
 		w.walkValue(path+"[]", append(ctx, "-"), t.Elt)
 	case *ast.Ident:
