@@ -216,6 +216,9 @@ type Allocator struct {
 	rateLane, burstLane lane
 	w, lo, hi, dem, out []float64
 	silent              []bool
+	// nudge marks the regions that should report now (nudge.go); TakeNudges
+	// drains it. Indexed by region.
+	nudge []bool
 	reportIdx           []int32
 	regs                []Region  // scratch for StaticBursts
 	order               []int     // scratch for splitUnits
@@ -326,6 +329,7 @@ func (a *Allocator) installRegions(regions []Region) {
 		a.regionIndex[r.Name] = i
 	}
 	a.silent = make([]bool, a.nr)
+	a.nudge = make([]bool, a.nr)
 }
 
 // tick converts now to internal time, never moving backwards.
@@ -1232,6 +1236,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 	rs.unknown = unknown
 	learning := t < a.learnUntil
 	answer := make([]Grant, 0, len(a.active)+8)
+	freed := false // some key counts ri lower than before this report
 	for j := range rep.Keys {
 		k := idx[j]
 		if k < 0 {
@@ -1264,6 +1269,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 			sendLB = f.recs[m].at
 			rs.sendLB = sendLB
 		}
+		before := a.summaries[int(b)*nr+ri]
 		f.acknowledge(t, held, m, cb, learning)
 		var g Grant
 		issued := false
@@ -1275,10 +1281,22 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 			}
 			g, issued = a.fencedGrant(t, b, ri, sendLB)
 		}
-		a.summaries[int(b)*nr+ri] = f.summarize(t, cr, cb)
+		after := f.summarize(t, cr, cb)
+		a.summaries[int(b)*nr+ri] = after
+		if !freed {
+			// Compared over the same horizon: did this report lower what
+			// ri may use of the key (an acknowledgement)?
+			r0, b0 := a.peakUse(t, before, cr, cb)
+			r1, b1 := a.peakUse(t, after, cr, cb)
+			l := &a.limits[k]
+			freed = r1 < r0-1e-9*l.Rate || b1 < b0-1e-9*l.Burst
+		}
 		if issued {
 			answer = append(answer, g)
 		}
+	}
+	if freed && !learning {
+		a.nudgeWaiting(ri)
 	}
 	if !learning {
 		for _, k := range a.active {
@@ -1443,6 +1461,7 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, 
 		// sqrt(wantRate/epoch)): the donors' acknowledgements will free
 		// the rest before the next epoch.
 		a.regions[ri].raisePending = true
+		a.nudgeDonors(t, b, ri)
 	}
 	rate, burst = f.distinct(rate, burst)
 	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})
