@@ -218,13 +218,13 @@ type Allocator struct {
 	silent              []bool
 	// nudge marks the regions that should report now (nudge.go); TakeNudges
 	// drains it. Indexed by region.
-	nudge []bool
-	reportIdx           []int32
-	regs                []Region  // scratch for StaticBursts
-	order               []int     // scratch for splitUnits
-	sbs, sts            []float64 // scratch: static bursts and rates of reporting regions
-	bw, bout, udem      []float64 // scratch for splitBurst
-	role                []int8
+	nudge          []bool
+	reportIdx      []int32
+	regs           []Region  // scratch for StaticBursts
+	order          []int     // scratch for splitUnits
+	sbs, sts       []float64 // scratch: static bursts and rates of reporting regions
+	bw, bout, udem []float64 // scratch for splitBurst
+	role           []int8
 }
 
 type regionState struct {
