@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"context"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -405,32 +406,83 @@ func SampleYAML() []byte { return bytes.Clone(sampleYAML) }
 
 // Parse reads one YAML document strictly (unknown fields are errors naming
 // the field and line), applies defaults and validates. Every error wraps
-// ErrInvalidConfig.
-func Parse(data []byte) (*Config, error) {
+// ErrInvalidConfig. It is ParseContext without a deadline.
+func Parse(data []byte) (*Config, error) { return ParseContext(context.Background(), data) }
+
+// ParseContext is Parse that stops when ctx is done (returning an error
+// wrapping ctx's). Time and memory are linear in the document's size; a
+// document over MaxConfigBytes, or over any other documented maximum, is
+// refused with a *LimitError naming the limit.
+func ParseContext(ctx context.Context, data []byte) (*Config, error) {
+	if len(data) > MaxConfigBytes {
+		return nil, &LimitError{Limit: "config.MaxConfigBytes", Max: MaxConfigBytes, Got: int64(len(data)), What: "bytes"}
+	}
+	block, found, split := findTenantBlock(data)
+	var (
+		tenants    map[string]Tenant
+		tenantMsgs []string
+	)
+	if found && split {
+		var err error
+		tenants, tenantMsgs, split, err = readTenantBlock(ctx, data, block)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if !split {
+		block.rest = data // read the document whole
+	}
 	var root yaml.Node
-	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec := yaml.NewDecoder(bytes.NewReader(block.rest))
 	if err := dec.Decode(&root); err != nil {
-		if errors.Is(err, io.EOF) {
+		if !errors.Is(err, io.EOF) {
+			return nil, yamlProblems(err)
+		}
+		if !found {
 			return nil, fmt.Errorf("%w: the document is empty", ErrInvalidConfig)
 		}
-		return nil, yamlProblems(err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: line %d: want exactly one YAML document", ErrInvalidConfig, extra.Line)
 	}
+	if !split {
+		if n := countInlineTenants(&root); n > MaxInlineTenants {
+			return nil, &LimitError{Limit: "config.MaxInlineTenants", Max: MaxInlineTenants, Got: int64(n),
+				What: "tenants not written in block style (one entry per tenant under a top-level \"tenants:\" line)"}
+		}
+	}
+	if err := canceled(ctx); err != nil {
+		return nil, err
+	}
 
 	var c Config
-	strict := yaml.NewDecoder(bytes.NewReader(data))
-	strict.KnownFields(true)
-	if err := strict.Decode(&c); err != nil {
-		return nil, yamlProblems(err)
+	if root.Kind != 0 {
+		strict := yaml.NewDecoder(bytes.NewReader(block.rest))
+		strict.KnownFields(true)
+		if err := strict.Decode(&c); err != nil {
+			var te *yaml.TypeError
+			if len(tenantMsgs) > 0 && errors.As(err, &te) {
+				err = &yaml.TypeError{Errors: append(te.Errors, tenantMsgs...)}
+			}
+			return nil, yamlProblems(err)
+		}
+	}
+	if len(tenantMsgs) > 0 {
+		return nil, yamlProblems(&yaml.TypeError{Errors: tenantMsgs})
+	}
+	if split && len(tenants) > 0 {
+		c.Tenants = tenants
 	}
 	// Zero MaxShare means "left out" in Go, so an explicit zero must be
 	// caught in the document, where it can still be told apart.
 	errs := explicitZeroMaxShares(&root)
 	c.ApplyDefaults()
-	if err := errors.Join(append(errs, c.problems()...)...); err != nil {
+	more, err := c.problemsContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := errors.Join(capProblems(append(errs, more...))...); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -522,13 +574,8 @@ func (c *Config) ApplyDefaults() {
 // a config that passed Parse.
 func (c *Config) Marshal() ([]byte, error) {
 	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(c); err != nil {
-		return nil, fmt.Errorf("config: encode YAML: %w", err)
-	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("config: encode YAML: %w", err)
+	if err := c.WriteYAML(&buf); err != nil {
+		return nil, err
 	}
 	return buf.Bytes(), nil
 }

@@ -17,7 +17,19 @@ const (
 // Diff is a unified line diff from old's YAML rendering to new's, for
 // reviewing a change before applying it. It is deterministic and empty
 // when both render the same. A nil config renders as nothing.
+//
+// When the two configs list more than DiffWholeTenants tenants together,
+// the tenants are left out of the line diff and listed after it instead,
+// one line per added, changed or removed tenant (at most
+// DiffTenantLines), so the diff takes time linear in the configs.
 func Diff(old, new *Config) string {
+	if tenantCount(old)+tenantCount(new) > DiffWholeTenants {
+		return diffTenantsApart(old, new)
+	}
+	return diffLines(old, new)
+}
+
+func diffLines(old, new *Config) string {
 	a, b := renderLines(old), renderLines(new)
 	edits := lineEdits(a, b)
 	changed := false

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -56,21 +57,42 @@ func (p *problems) add(path, format string, args ...any) {
 }
 
 // Validate checks every rule and returns all problems joined (errors.Join),
-// each a *FieldError naming its field path, or nil. It does not apply
-// defaults: a zero duration is reported as missing.
-func (c *Config) Validate() error { return errors.Join(c.problems()...) }
+// each a *FieldError naming its field path (at most MaxProblems, then a
+// count of the rest), or nil. It does not apply defaults: a zero duration
+// is reported as missing.
+func (c *Config) Validate() error { return errors.Join(capProblems(c.problems())...) }
+
+// ValidateContext is Validate that stops when ctx is done, returning an
+// error wrapping ctx's.
+func (c *Config) ValidateContext(ctx context.Context) error {
+	p, err := c.problemsContext(ctx)
+	if err != nil {
+		return err
+	}
+	return errors.Join(capProblems(p)...)
+}
 
 func (c *Config) problems() []error {
+	p, _ := c.problemsContext(context.Background())
+	return p
+}
+
+// problemsContext collects every problem; the work is linear in the
+// number of tenants and stops when ctx is done.
+func (c *Config) problemsContext(ctx context.Context) ([]error, error) {
 	var p problems
+	c.validateCounts(&p)
 	c.validateDurations(&p)
 	c.validateRegions(&p)
 	c.validateClasses(&p)
 	c.validateTiers(&p)
-	c.validateTenants(&p)
+	if err := c.validateTenants(ctx, &p); err != nil {
+		return nil, err
+	}
 	c.validateEnvoy(&p)
 	c.validateAuth(&p)
 	c.validateDerived(&p)
-	return p
+	return p, nil
 }
 
 func (c *Config) validateDurations(p *problems) {
@@ -227,31 +249,6 @@ func (c *Config) validateTiers(p *problems) {
 	}
 }
 
-func (c *Config) validateTenants(p *problems) {
-	for _, id := range sortedKeys(c.Tenants) {
-		t := c.Tenants[id]
-		path := "tenants." + id
-		if err := quota.ValidateID("tenant id", id); err != nil {
-			p.add(path, "%s", quotaMessage(err))
-		}
-		switch {
-		case t.Tier == "":
-			p.add(path+".tier", "is required")
-		case c.Tiers[t.Tier] == nil:
-			p.add(path+".tier", "tier %q is not configured under tiers", t.Tier)
-		}
-		for _, class := range sortedKeys(t.Overrides) {
-			opath := path + ".overrides." + class
-			if _, ok := c.Classes[class]; !ok {
-				p.add(opath, "class %q is not configured under classes", class)
-				continue
-			}
-			checkLimit(p, opath, t.Overrides[class])
-			checkUnit(p, opath, c.Classes[class], t.Overrides[class])
-		}
-	}
-}
-
 func (c *Config) validateEnvoy(p *problems) {
 	seen := make(map[EnvoyDescriptor]int, len(c.Envoy.Descriptors))
 	for i, d := range c.Envoy.Descriptors {
@@ -350,41 +347,15 @@ func (c *Config) validateDerived(p *problems) {
 			p.add(d.name, "must be at most %v, got %v", MaxInterval, time.Duration(d.v))
 		}
 	}
-	least, sum := "", 0.0
-	for _, name := range sortedKeys(c.Regions) {
-		w := c.Regions[name].Weight
-		if !(w > 0) || math.IsInf(w, 0) {
-			return // reported by validateRegions
-		}
-		sum += w
-		if least == "" || w < c.Regions[least].Weight {
-			least = name
-		}
+	fill := c.fillChecker()
+	if fill == nil {
+		return // bad weights are reported by validateRegions
 	}
-	if least == "" {
-		return
-	}
-	check := func(path string, l LimitSpec) {
-		if !(l.Rate > 0) || float64(l.Rate) > MaxRate || !(l.Burst >= 1) || l.Burst > MaxBurst {
-			return // reported by checkLimit
-		}
-		share, _, err := c.StaticShare(least, float64(l.Rate), 0)
-		if err != nil {
-			return
-		}
-		if fill := l.Burst / share; !(fill <= MaxFill.Seconds()) {
-			p.add(path+".rate", "%q is too slow for burst %v: region %s (weight %v of %v) would take %.3g s to refill it at its static share, more than %v",
-				l.Rate.String(), l.Burst, least, c.Regions[least].Weight, sum, fill, MaxFill)
-		}
-	}
+	check := func(path string, l LimitSpec) { fill(p, path, l) }
 	for _, tier := range sortedKeys(c.Tiers) {
 		for _, class := range sortedKeys(c.Tiers[tier]) {
 			check("tiers."+tier+"."+class, c.Tiers[tier][class])
 		}
 	}
-	for _, id := range sortedKeys(c.Tenants) {
-		for _, class := range sortedKeys(c.Tenants[id].Overrides) {
-			check("tenants."+id+".overrides."+class, c.Tenants[id].Overrides[class])
-		}
-	}
+	// Tenants' overrides are checked by validateTenants (checkFill).
 }
