@@ -1,0 +1,217 @@
+// Command agent is the local Sluice agent, run as a sidecar beside an
+// application or as one pod per node: it embeds the lease client, leases
+// tokens from the region's regional service (-region-addr), and answers on
+// localhost from those tokens in memory, with no network hop per request:
+//
+//   - Envoy's rate limit service (gRPC, -listen), for Envoy sidecars;
+//   - POST /v1/allow (HTTP/JSON, -http-listen), for services in any
+//     language;
+//   - /metrics, /healthz and /livez (-metrics-listen).
+//
+// Config: from etcd (-etcd-endpoints; hot-reloaded, as the regional
+// service reads it) or from a file (-config). The agent only reads the
+// config; it needs the same one as its region.
+//
+// Every flag can also be set from the environment: -region-addr from
+// SLUICE_REGION_ADDR, and so on (the command line wins). SIGTERM stops
+// answering, lets requests in flight finish and releases the unspent
+// tokens to the region.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/internal/version"
+	"github.com/sluicehq/sluice/pkg/agent"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/tlsconfig"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the usage went to stderr
+		}
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "agent: ") {
+			msg = "agent: " + msg
+		}
+		fmt.Fprintln(os.Stderr, msg)
+		os.Exit(1)
+	}
+}
+
+// flags are the command's settings; see parseFlags for their meaning.
+type flags struct {
+	regionAddr                       string
+	grpcAddr, httpAddr, metricsAddr  string
+	configFile, logLevel             string
+	etcdEndpoints, etcdPrefix        string
+	etcdCA, etcdCert, etcdKey        string
+	etcdUsername, etcdPassword       string
+	tlsCA, tlsCert, tlsKey, instance string
+	breakerTimeout, configWait       time.Duration
+	envoyHeaders, version            bool
+}
+
+func parseFlags(args []string) (*flags, error) {
+	f := &flags{}
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.StringVar(&f.regionAddr, "region-addr", "", "the region's regional service (LeaseService): host:port or a gRPC target such as dns:///sluice-regional.sluice:7400 (required)")
+	fs.StringVar(&f.grpcAddr, "listen", agent.DefaultGRPCAddr, "gRPC listen address (Envoy RateLimitService, health, reflection)")
+	fs.StringVar(&f.httpAddr, "http-listen", agent.DefaultHTTPAddr, `HTTP listen address of POST /v1/allow ("off" disables)`)
+	fs.StringVar(&f.metricsAddr, "metrics-listen", agent.DefaultMetricsAddr, `HTTP listen address for /metrics, /healthz and /livez ("off" disables)`)
+	fs.StringVar(&f.configFile, "config", "", "config file (YAML), for an agent without etcd; the region's config")
+	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "", "etcd endpoints, comma separated: the config from etcd, hot-reloaded (instead of -config)")
+	fs.StringVar(&f.etcdPrefix, "etcd-prefix", config.DefaultPrefix, "etcd key prefix of the config")
+	fs.DurationVar(&f.configWait, "config-wait", 5*time.Second, "with etcd: how long to wait at start for the config before serving anyway (answering 503 until it comes)")
+	fs.StringVar(&f.instance, "instance-id", "", "id this agent reports to the region under (default agent-<host>-<pid>-<random>); must not be shared by two live processes")
+	fs.DurationVar(&f.breakerTimeout, "breaker-timeout", lease.DefaultBreakerTimeout, "bound on a decision's wait for the region (a key without tokens); keep it below Envoy's filter timeout (20ms by default)")
+	fs.BoolVar(&f.envoyHeaders, "envoy-headers", true, "add x-ratelimit-*, ratelimit, ratelimit-policy and retry-after headers to Envoy rate limit answers")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the regional service with; enables TLS to it")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate (PEM) towards the regional service (mutual TLS)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "client private key (PEM)")
+	fs.StringVar(&f.etcdCA, "etcd-ca", "", "CA bundle (PEM) to verify etcd with; enables TLS to etcd")
+	fs.StringVar(&f.etcdCert, "etcd-cert", "", "client certificate (PEM) for etcd")
+	fs.StringVar(&f.etcdKey, "etcd-key", "", "client private key (PEM) for etcd")
+	fs.StringVar(&f.etcdUsername, "etcd-username", "", "etcd user")
+	fs.StringVar(&f.etcdPassword, "etcd-password", "", "etcd password")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&f.version, flagenv.VersionFlag, false, "print the version and exit")
+	flagenv.Usage(fs, "SLUICE")
+	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return f, nil
+}
+
+func run(ctx context.Context, args []string, stdout *os.File) error {
+	f, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	if f.version {
+		fmt.Fprintln(stdout, version.String("agent"))
+		return nil
+	}
+	logger, err := flagenv.Logger(f.logLevel)
+	if err != nil {
+		return err
+	}
+	if f.regionAddr == "" {
+		return errors.New("-region-addr is required: the address of the region's regional service")
+	}
+	eps := flagenv.List(f.etcdEndpoints)
+	switch {
+	case len(eps) == 0 && f.configFile == "":
+		return errors.New("no config: pass -etcd-endpoints (the config from etcd) or -config FILE")
+	case len(eps) > 0 && f.configFile != "":
+		return errors.New("-config and -etcd-endpoints are exclusive: the config comes from one place")
+	}
+	tlsCfg, err := tlsconfig.Client(f.tlsCA, f.tlsCert, f.tlsKey, "")
+	if err != nil {
+		return fmt.Errorf("region TLS: %w", err)
+	}
+	var creds credentials.TransportCredentials
+	if tlsCfg != nil {
+		creds = credentials.NewTLS(tlsCfg)
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	reg := prometheus.NewRegistry()
+	var source agent.ConfigSource
+	if f.configFile != "" {
+		cfg, err := loadConfig(f.configFile)
+		if err != nil {
+			return err
+		}
+		source = agent.StaticConfig{C: cfg}
+	} else {
+		etcdTLS, err := tlsconfig.Client(f.etcdCA, f.etcdCert, f.etcdKey, "")
+		if err != nil {
+			return fmt.Errorf("etcd: %w", err)
+		}
+		cli, err := clientv3.New(clientv3.Config{
+			Endpoints: eps, DialTimeout: 10 * time.Second, TLS: etcdTLS,
+			Username: f.etcdUsername, Password: f.etcdPassword, Logger: zap.NewNop(),
+		})
+		if err != nil {
+			return fmt.Errorf("etcd client: %w", err)
+		}
+		defer cli.Close()
+		watcher := configstore.NewWatcher(configstore.NewStore(cli, f.etcdPrefix), nil, logger, reg)
+		watchCtx, stopWatch := context.WithCancel(context.Background())
+		watchDone := make(chan struct{})
+		go func() { watcher.Run(watchCtx); close(watchDone) }()
+		defer func() { stopWatch(); <-watchDone }()
+		source = agent.Watched{W: watcher}
+		waitConfig(ctx, watcher, f.configWait, logger)
+	}
+
+	a, err := agent.Start(agent.Options{
+		RegionAddr: f.regionAddr, RegionCreds: creds,
+		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, MetricsAddr: f.metricsAddr,
+		Config: source, EnvoyHeaders: &f.envoyHeaders, Registry: reg, Logger: logger,
+		Lease: lease.Options{InstanceID: f.instance, BreakerTimeout: f.breakerTimeout},
+	})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	logger.Info("shutting down: draining, then releasing leased tokens")
+	a.Stop()
+	return nil
+}
+
+// waitConfig waits up to max for the watcher's first config from etcd,
+// so the lease client starts with the config's refresh and classes.
+func waitConfig(ctx context.Context, w *configstore.Watcher, max time.Duration, logger *slog.Logger) {
+	updates, cancel := w.Subscribe()
+	defer cancel()
+	if w.Revision() > 0 {
+		return
+	}
+	timer := time.NewTimer(max)
+	defer timer.Stop()
+	select {
+	case <-updates:
+	case <-ctx.Done():
+	case <-timer.C:
+		logger.Warn("no config in etcd yet: serving anyway, answering 503 (HTTP) and UNAVAILABLE (gRPC) until one is applied with sluicectl",
+			"waited", max)
+	}
+}
+
+func loadConfig(file string) (*config.Config, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := config.Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", file, err)
+	}
+	return cfg, nil
+}

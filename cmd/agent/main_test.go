@@ -1,0 +1,180 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/agent"
+)
+
+// mainEnv makes the test binary run main, so tests can run the command as
+// a process without building it.
+const mainEnv = "SLUICE_TEST_RUN_AGENT_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+const agentConfig = `
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease}}
+tiers: {std: {read: {rate: 100/s, burst: 50}}}
+default_tier: std
+envoy: {descriptors: [{domain: sluice, tenant_key: tenant, class_key: class}]}
+`
+
+// freeAddr is a loopback address free at the time of the call.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return lis.Addr().String()
+}
+
+// command is the test binary set up to run main with args.
+func command(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), exe, args...)
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	return cmd
+}
+
+func TestVersionAndHelpExitZero(t *testing.T) {
+	out, err := command(t, "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "agent ") {
+		t.Errorf("--version: %q, %v; want a line starting with \"agent \"", out, err)
+	}
+	if err := command(t, "-h").Run(); err != nil {
+		t.Errorf("-h: %v; want exit 0", err)
+	}
+}
+
+func TestMissingSettingsAreNamed(t *testing.T) {
+	cfgFile := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfgFile, []byte(agentConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"-config", cfgFile}, "agent: -region-addr is required"},
+		{[]string{"-region-addr", "127.0.0.1:1"}, "agent: no config: pass -etcd-endpoints"},
+		{[]string{"-region-addr", "127.0.0.1:1", "-config", cfgFile, "-etcd-endpoints", "127.0.0.1:2"}, "exclusive"},
+		{[]string{"-region-addr", "127.0.0.1:1", "-config", filepath.Join(t.TempDir(), "none.yaml")}, "no such file"},
+		{[]string{"-log-level", "loud"}, "log level loud"},
+	} {
+		var stderr bytes.Buffer
+		cmd := command(t, tc.args...)
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(stderr.String(), tc.says) {
+			t.Errorf("%v: %v, stderr %q; want exit 1 saying %q", tc.args, err, stderr.String(), tc.says)
+		}
+		if strings.Count(stderr.String(), "agent: ") > 1 {
+			t.Errorf("%v: stderr %q names the command more than once", tc.args, stderr.String())
+		}
+	}
+}
+
+// TestServesUntilSIGTERM runs the command as a process beside a real
+// regional service: it answers POST /v1/allow and /metrics on the ports
+// its flags name, and SIGTERM ends it with exit 0 after it released its
+// tokens.
+func TestServesUntilSIGTERM(t *testing.T) {
+	cfgFile := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfgFile, []byte(agentConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := regiontest.Start(t, regiontest.MustConfig(t, agentConfig), "local")
+	httpAddr, metricsAddr := freeAddr(t), freeAddr(t)
+	var stderr bytes.Buffer
+	cmd := command(t, "-region-addr", r.Addr, "-config", cfgFile, "-listen", freeAddr(t),
+		"-http-listen", httpAddr, "-metrics-listen", metricsAddr, "-log-level", "info")
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	web := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	// The process needs a moment to listen: retry the connection until it
+	// answers or exits.
+	var resp *http.Response
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		resp, err = web.Post("http://"+httpAddr+"/v1/allow", "application/json", strings.NewReader(`{"tenant":"acme","class":"read","cost":5}`))
+		if err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("agent exited before serving: %v\n%s", err, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent not answering: %v\n%s", err, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var out agent.AllowResponse
+	err := json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || !out.Allowed || out.Limit != 50 {
+		t.Errorf("POST /v1/allow: %d %+v %v; want 200, allowed, limit 50", resp.StatusCode, out, err)
+	}
+	m, err := web.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body bytes.Buffer
+	body.ReadFrom(m.Body)
+	m.Body.Close()
+	for _, name := range []string{"sluice_agent_http_requests_total", "sluice_client_tokens_held", "sluice_envoy_request_duration_seconds", "go_goroutines"} {
+		if !strings.Contains(body.String(), name) {
+			t.Errorf("/metrics has no %s", name)
+		}
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("after SIGTERM: %v; want exit 0\n%s", err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("still running 30s after SIGTERM\n%s", stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "agent stopped") || strings.Contains(stderr.String(), "releasing leased tokens failed") {
+		t.Errorf("log after SIGTERM:\n%s\nwant a clean stop with the tokens released", stderr.String())
+	}
+}

@@ -1,0 +1,304 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// MaxBodyBytes is the largest /v1/allow request body accepted.
+const MaxBodyBytes = 64 << 10
+
+// Limiter decides one request on one quota key (*lease.Client).
+type Limiter interface {
+	Allow(ctx context.Context, key quota.Key, cost int64) (quota.Decision, error)
+}
+
+// AllowRequest is the body of POST /v1/allow.
+type AllowRequest struct {
+	Tenant string `json:"tenant"`
+	Class  string `json:"class"`
+	// Cost is optional, default 1.
+	Cost *int64 `json:"cost,omitempty"`
+}
+
+// AllowResponse is the answer to a decided POST /v1/allow (see the
+// package doc for each field).
+type AllowResponse struct {
+	Allowed      bool  `json:"allowed"`
+	WouldDeny    bool  `json:"would_deny"`
+	Limit        int64 `json:"limit"`
+	Cap          int64 `json:"cap"`
+	Remaining    int64 `json:"remaining"`
+	ResetMS      int64 `json:"reset_ms"`
+	RetryAfterMS int64 `json:"retry_after_ms"`
+	RetryNever   bool  `json:"retry_never"`
+	Degraded     bool  `json:"degraded"`
+}
+
+// ErrorResponse is the body of every /v1/allow error.
+type ErrorResponse struct {
+	Error string `json:"error"`
+	// Field names the request field at fault, when one is.
+	Field string `json:"field,omitempty"`
+}
+
+// Outcomes of /v1/allow requests (the outcome label of
+// sluice_agent_http_requests_total).
+const (
+	outcomeOK           = "ok"
+	outcomeOverLimit    = "over_limit"
+	outcomeShadowDenied = "shadow_denied"
+	outcomeInvalid      = "invalid"
+	outcomeUnavailable  = "unavailable"
+)
+
+// api serves POST /v1/allow.
+type api struct {
+	config  ConfigSource
+	limiter Limiter // set once before serving
+
+	requests map[string]prometheus.Counter // by outcome; fixed at construction
+	duration prometheus.Histogram
+}
+
+func newAPI(cfg ConfigSource, reg prometheus.Registerer) (*api, error) {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_agent_http_requests_total",
+		Help: "POST /v1/allow requests by outcome (ok, over_limit, shadow_denied, invalid, unavailable).",
+	}, []string{"outcome"})
+	a := &api{config: cfg, requests: map[string]prometheus.Counter{},
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_agent_http_request_duration_seconds",
+			Help:    "Time to answer one POST /v1/allow, from the request's headers to its answer written.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
+		})}
+	for _, o := range []string{outcomeOK, outcomeOverLimit, outcomeShadowDenied, outcomeInvalid, outcomeUnavailable} {
+		a.requests[o] = vec.WithLabelValues(o)
+	}
+	if reg != nil {
+		if err := reg.Register(vec); err != nil {
+			return nil, fmt.Errorf("agent: registering metrics: %w", err)
+		}
+		if err := reg.Register(a.duration); err != nil {
+			return nil, fmt.Errorf("agent: registering metrics: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// badRequest is a refused request: its message and the field at fault.
+type badRequest struct {
+	status int
+	field  string
+	msg    string
+}
+
+func (e *badRequest) Error() string { return e.msg }
+
+func refuse(field, format string, args ...any) *badRequest {
+	return &badRequest{status: http.StatusBadRequest, field: field, msg: fmt.Sprintf(format, args...)}
+}
+
+func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	out := a.serve(w, r)
+	a.requests[out].Inc()
+	a.duration.Observe(time.Since(start).Seconds())
+}
+
+func (a *api) serve(w http.ResponseWriter, r *http.Request) string {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, &badRequest{status: http.StatusMethodNotAllowed, msg: "method " + r.Method + " is not allowed: POST a JSON body"})
+		return outcomeInvalid
+	}
+	req, berr := decode(w, r)
+	if berr != nil {
+		writeError(w, berr)
+		return outcomeInvalid
+	}
+	cfg := a.config.Current()
+	if cfg == nil {
+		writeError(w, &badRequest{status: http.StatusServiceUnavailable, msg: "no config loaded yet"})
+		return outcomeUnavailable
+	}
+	key, cost, res, berr := validate(cfg, req)
+	if berr != nil {
+		writeError(w, berr)
+		return outcomeInvalid
+	}
+	d, err := a.limiter.Allow(r.Context(), key, cost)
+	if err != nil {
+		if errors.Is(err, quota.ErrInvalid) {
+			writeError(w, refuse("", "tenant %q, class %q: %s", key.Tenant, key.Class, plain(err)))
+			return outcomeInvalid
+		}
+		writeError(w, &badRequest{status: http.StatusServiceUnavailable, msg: "deciding: " + err.Error()})
+		return outcomeUnavailable
+	}
+	resp, out := answer(time.Now(), d, res)
+	writeJSON(w, http.StatusOK, resp)
+	return out
+}
+
+// decode reads the body as exactly one JSON object of AllowRequest's
+// fields.
+func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) {
+	var req AllowRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return req, &badRequest{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)}
+		}
+		return req, refuse("", "reading the body: %v", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return req, refuse("", `body is empty: send a JSON object such as {"tenant":"acme","class":"read","cost":1}`)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, jsonError(err)
+	}
+	if dec.More() {
+		return req, refuse("", "body holds more than one JSON value")
+	}
+	return req, nil
+}
+
+// jsonError names the field a decoding error is about.
+func jsonError(err error) *badRequest {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr) && typeErr.Field == "cost":
+		return refuse("cost", "cost must be a whole number of tokens from 1 to %d (got a JSON %s)", quota.MaxCost, typeErr.Value)
+	case errors.As(err, &typeErr) && typeErr.Field != "":
+		return refuse(typeErr.Field, "%s must be a JSON string (got a JSON %s)", typeErr.Field, typeErr.Value)
+	case errors.As(err, &typeErr):
+		return refuse("", "body must be a JSON object (got a JSON %s)", typeErr.Value)
+	case errors.As(err, &syntaxErr), errors.Is(err, io.ErrUnexpectedEOF):
+		return refuse("", "body is not valid JSON: %v", err)
+	}
+	// The decoder's unknown-field error has no type of its own.
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		field, _ := strconv.Unquote(name)
+		return refuse(field, "unknown field %s (the fields are tenant, class and cost)", name)
+	}
+	return refuse("", "body is not a valid request: %v", err)
+}
+
+// validate checks the request against cfg, naming the field at fault.
+func validate(cfg *config.Config, req AllowRequest) (quota.Key, int64, config.Resolved, *badRequest) {
+	key := quota.Key{Tenant: req.Tenant, Class: req.Class}
+	var res config.Resolved
+	if err := quota.ValidateID("tenant", key.Tenant); err != nil {
+		return key, 0, res, refuse("tenant", "%s", plain(err))
+	}
+	if err := key.Validate(); err != nil {
+		return key, 0, res, refuse("class", "%s", plain(err))
+	}
+	cost := int64(1)
+	if req.Cost != nil {
+		cost = *req.Cost
+	}
+	if err := quota.ValidateCost(cost); err != nil {
+		return key, 0, res, refuse("cost", "%s", plain(err))
+	}
+	res, err := cfg.Resolve(key)
+	if err != nil {
+		return key, 0, res, refuse("class", "%s", plain(err))
+	}
+	// The limiter would deny it forever: refuse it as the Envoy endpoint
+	// does.
+	if cost > res.Limit.Burst {
+		return key, 0, res, refuse("cost", "cost %d exceeds the burst %d of tenant %q, class %q, so it can never be admitted",
+			cost, res.Limit.Burst, key.Tenant, key.Class)
+	}
+	return key, cost, res, nil
+}
+
+// plain drops the "invalid argument: " prefix quota.ErrInvalid adds: the
+// status already says it.
+func plain(err error) string {
+	msg := err.Error()
+	if rest, ok := strings.CutPrefix(msg, quota.ErrInvalid.Error()+": "); ok {
+		return rest
+	}
+	return msg
+}
+
+// answer turns a Decision into the response; a key in shadow mode (by the
+// config) is never refused, whatever produced the decision.
+func answer(now time.Time, d quota.Decision, res config.Resolved) (AllowResponse, string) {
+	limit := res.Limit.Burst
+	capacity := limit
+	if d.CapKnown {
+		capacity = min(max(d.Cap, 0), limit)
+	}
+	allowed := d.Allowed || res.Shadow
+	resp := AllowResponse{
+		Allowed:    allowed,
+		WouldDeny:  d.WouldDeny || !d.Allowed,
+		Limit:      limit,
+		Cap:        capacity,
+		Remaining:  min(max(d.Remaining, 0), capacity),
+		RetryNever: !allowed && d.RetryNever,
+		Degraded:   d.Degraded,
+	}
+	if !d.ResetAt.IsZero() {
+		resp.ResetMS = ceilMS(d.ResetAt.Sub(now))
+	}
+	switch {
+	case resp.RetryNever:
+		resp.ResetMS = 0
+	case !allowed:
+		resp.RetryAfterMS = max(ceilMS(d.RetryAfter), 1)
+		resp.ResetMS = max(resp.ResetMS, resp.RetryAfterMS)
+	}
+	switch {
+	case !resp.Allowed:
+		return resp, outcomeOverLimit
+	case resp.WouldDeny:
+		return resp, outcomeShadowDenied
+	}
+	return resp, outcomeOK
+}
+
+// ceilMS rounds d up to whole milliseconds (0 for d <= 0).
+func ceilMS(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+func writeError(w http.ResponseWriter, e *badRequest) {
+	writeJSON(w, e.status, ErrorResponse{Error: e.msg, Field: e.field})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil { // the response types always marshal
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(status)
+	w.Write(append(body, '\n'))
+}
