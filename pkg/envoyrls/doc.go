@@ -62,10 +62,39 @@
 // (class, read). Envoy sends no descriptor at all when the header is
 // missing, so such requests are not limited by this rule.
 //
-// A descriptor that matches no mapping, or any descriptor of a domain no
-// mapping names, is answered OK with no current_limit and counted in
-// sluice_envoy_unmatched_descriptors_total: Envoy may send descriptors meant
-// for other limits, and refusing them would fail the whole request.
+// A descriptor no envoy.descriptors mapping matches goes to its domain's
+// tree under envoy.domains, the shape of an envoyproxy/ratelimit config
+// (sluicectl import envoy-ratelimit writes it from one):
+//
+//	envoy:
+//	  domains:
+//	    - domain: messaging
+//	      descriptors:
+//	        - key: message_type
+//	          value: marketing
+//	          descriptors:
+//	            - {key: to_number, class: marketing}   # any number, one bucket each
+//	        - {key: to_number, class: per_number}
+//	        - {key: to_number, value: "911", unlimited: true}
+//
+// A descriptor of n entries walks n levels, one entry each: the node with
+// the entry's key and exactly its value, else the first node whose value
+// ends in * and prefixes it, else the node with the key and no value; no
+// other branch is tried. The node the last entry reaches decides: its
+// class is charged as the key (tenant, class), where the tenant is the
+// values of the entries matched by nodes without an exact value, joined
+// by ":" ("_" when every node named its value), so each distinct value has
+// its own bucket, as in envoyproxy/ratelimit. Resolve does this mapping
+// as a pure function, for other front ends.
+//
+// A descriptor that matches no mapping and no tree node with a class, or
+// any descriptor of a domain nothing names, is answered OK with no
+// current_limit and counted in sluice_envoy_unmatched_descriptors_total:
+// Envoy may send descriptors meant for other limits, and refusing them
+// would fail the whole request. A descriptor a node with unlimited: true
+// decides is answered OK with limit_remaining 2^32-1 and no current_limit,
+// charges nothing and is counted in
+// sluice_envoy_unlimited_descriptors_total.
 //
 // # Cost
 //
@@ -85,8 +114,10 @@
 //
 //   - code: OK or OVER_LIMIT. A decision with Allowed and WouldDeny (shadow
 //     mode) is OK and counted as result "shadow_denied". When the config
-//     puts the class or tenant in shadow mode, a denial from any source
-//     (also a degraded, on_failure: closed one) is answered OK likewise.
+//     puts the class or tenant in shadow mode, or the envoy.domains node
+//     that decided the descriptor says shadow_mode, a denial from any
+//     source (also a degraded, on_failure: closed one) is answered OK
+//     likewise; tokens it was allowed are charged as usual.
 //   - current_limit: the key's configured rate, expressed exactly per
 //     SECOND, MINUTE, HOUR or DAY — the shortest unit in which the rate is
 //     a whole number of tokens (10/s → 10 per SECOND, 6/m → 6 per MINUTE,
@@ -149,7 +180,8 @@
 //
 //   - codes.InvalidArgument: empty domain; no descriptors; a descriptor
 //     with no entries; for a matched descriptor, a tenant or class with
-//     forbidden bytes or bad length (quota.Key rules), a class not in the
+//     forbidden bytes or bad length (quota.Key rules; for a tree, the
+//     values that make the tenant), a class not in the
 //     config, a tenant or class entry given twice with different values, a
 //     cost out of range (see Cost), is_negative_hits (Sluice does not refund), or a
 //     per-descriptor limit override (limits come from the Sluice config).
@@ -167,7 +199,8 @@
 //
 //	sluice_envoy_decisions_total{class,tier,result}       result: ok, over_limit, shadow_denied
 //	sluice_envoy_degraded_decisions_total{class,tier}     decisions from the class's on_failure policy
-//	sluice_envoy_unmatched_descriptors_total              descriptors no mapping matched
+//	sluice_envoy_unmatched_descriptors_total              descriptors no mapping or tree matched
+//	sluice_envoy_unlimited_descriptors_total              descriptors an unlimited node decided
 //	sluice_envoy_request_duration_seconds{result}         per ShouldRateLimit call; result: ok,
 //	                                                      over_limit, invalid_argument, error
 //

@@ -3,6 +3,7 @@ package envoyrls
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -11,11 +12,14 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// Target is one descriptor of a request after resolution: either a quota
-// key to charge, or unmatched (answered OK, charged to no key).
+// Target is one descriptor of a request after resolution: a quota key to
+// charge (Matched), an unlimited descriptor, or unmatched; the last two
+// are answered OK and charge nothing.
 type Target struct {
-	// Matched is false for a descriptor no envoy.descriptors mapping
-	// matches; the other fields are then zero.
+	// Matched says the descriptor charges Key. It is false for a
+	// descriptor no envoy.descriptors mapping or envoy.domains tree
+	// matches and for an Unlimited one; Key, Cost and Resolved are then
+	// zero.
 	Matched bool
 	// Key is the quota key the descriptor charges.
 	Key quota.Key
@@ -25,10 +29,12 @@ type Target struct {
 	// Resolved is Key's limit and class from the config.
 	Resolved config.Resolved
 	// Shadow means the descriptor is never refused: its verdict is
-	// counted, and the answer is OK.
+	// counted, and the answer is OK. Set when the tree node says
+	// shadow_mode or the class or tenant is in shadow mode.
 	Shadow bool
-	// Unlimited means the descriptor is always answered OK and charges
-	// nothing (Key and Resolved are zero).
+	// Unlimited means an envoy.domains node with unlimited: true decided
+	// the descriptor: it is answered OK and charges nothing (Matched is
+	// false).
 	Unlimited bool
 }
 
@@ -54,8 +60,12 @@ func Resolve(cfg *config.Config, req *rlsv3.RateLimitRequest) ([]Target, error) 
 		return nil, fmt.Errorf("hits_addend: %w", err)
 	}
 	targets := make([]Target, len(descs))
+	tree := cfg.EnvoyTree(domain)
 	for i, d := range descs {
 		t, err := resolveDescriptor(cfg.Envoy.Descriptors, domain, d, requestCost)
+		if err == nil && !t.Matched && tree != nil {
+			t, err = resolveTree(tree, d, requestCost)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
 		}
@@ -63,7 +73,7 @@ func Resolve(cfg *config.Config, req *rlsv3.RateLimitRequest) ([]Target, error) 
 			if t.Resolved, err = cfg.Resolve(t.Key); err != nil {
 				return nil, fmt.Errorf("descriptors[%d] (tenant %q, class %q): %w", i, t.Key.Tenant, t.Key.Class, err)
 			}
-			t.Shadow = t.Resolved.Shadow
+			t.Shadow = t.Shadow || t.Resolved.Shadow
 			// The limiter refuses such a cost too, but only when its turn
 			// comes, after earlier descriptors were charged.
 			if t.Cost > t.Resolved.Limit.Burst {
@@ -116,6 +126,80 @@ func resolveDescriptor(mappings []config.EnvoyDescriptor, domain string, d *rate
 		return Target{Matched: true, Key: key, Cost: cost}, nil
 	}
 	return Target{}, nil
+}
+
+// resolveTree walks the domain's tree with d's entries, one level per
+// entry (see config.EnvoyNode): exact value first, then the first prefix
+// (value ending in *) that matches, then the node without a value; no
+// other branch is tried. The node the last entry reaches decides.
+func resolveTree(tree *config.EnvoyDomain, d *ratelimitv3.RateLimitDescriptor, requestCost int64) (Target, error) {
+	entries := d.GetEntries()
+	if len(entries) == 0 {
+		return Target{}, fmt.Errorf("%w: entries: the descriptor has none", quota.ErrInvalid)
+	}
+	nodes := tree.Descriptors
+	var node *config.EnvoyNode
+	tenant, wild := "", 0 // the values of the entries no exact node matched
+	for i, e := range entries {
+		node = matchNode(nodes, e.GetKey(), e.GetValue())
+		if node == nil {
+			return Target{}, nil
+		}
+		if !node.Exact() {
+			if wild > 0 {
+				tenant += ":"
+			}
+			tenant += e.GetValue()
+			wild++
+		}
+		if i < len(entries)-1 {
+			nodes = node.Descriptors
+		}
+	}
+	switch {
+	case node.Unlimited:
+		return Target{Unlimited: true}, nil
+	case node.Class == "":
+		return Target{}, nil
+	}
+	if wild == 0 {
+		tenant = config.EnvoyTenantShared
+	}
+	key := quota.Key{Tenant: tenant, Class: node.Class}
+	if err := key.Validate(); err != nil {
+		return Target{}, fmt.Errorf("the values of the entries matched by a node without an exact value make the tenant: %w", err)
+	}
+	cost, err := descriptorCost(d, requestCost)
+	if err != nil {
+		return Target{}, err
+	}
+	return Target{Matched: true, Key: key, Cost: cost, Shadow: node.ShadowMode}, nil
+}
+
+// matchNode picks the node of one level for an entry: exact value, else
+// the first matching prefix, else the node without a value.
+func matchNode(nodes []config.EnvoyNode, key, value string) *config.EnvoyNode {
+	var prefix, any *config.EnvoyNode
+	for i := range nodes {
+		n := &nodes[i]
+		if n.Key != key {
+			continue
+		}
+		switch {
+		case n.Value == "":
+			any = n
+		case n.Exact():
+			if n.Value == value {
+				return n
+			}
+		case prefix == nil && strings.HasPrefix(value, n.Value[:len(n.Value)-1]):
+			prefix = n
+		}
+	}
+	if prefix != nil {
+		return prefix
+	}
+	return any
 }
 
 // entryValue is the value of the entry with key k. The same key twice with

@@ -35,6 +35,7 @@ type metrics struct {
 	decisions *prometheus.CounterVec   // class, tier, result
 	degraded  *prometheus.CounterVec   // class, tier
 	unmatched prometheus.Counter       //
+	unlimited prometheus.Counter       //
 	duration  *prometheus.HistogramVec // result (an outcome)
 	byOutcome [numOutcomes]prometheus.Observer
 }
@@ -51,7 +52,11 @@ func newMetrics() *metrics {
 		}, []string{"class", "tier"}),
 		unmatched: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_envoy_unmatched_descriptors_total",
-			Help: "Envoy descriptors that matched no envoy.descriptors mapping (answered OK, unlimited).",
+			Help: "Envoy descriptors that matched no envoy.descriptors mapping or envoy.domains tree (answered OK, charged nothing).",
+		}),
+		unlimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_envoy_unlimited_descriptors_total",
+			Help: "Envoy descriptors an envoy.domains node with unlimited: true decided (answered OK, charged nothing).",
 		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_envoy_request_duration_seconds",
@@ -67,7 +72,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.decisions, m.degraded, m.unmatched, m.duration}
+	return []prometheus.Collector{m.decisions, m.degraded, m.unmatched, m.unlimited, m.duration}
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {

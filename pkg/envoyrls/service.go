@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -152,7 +153,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 
 	decisions := make([]decided, len(targets))
 	for i, t := range targets {
-		if !t.Matched {
+		switch {
+		case t.Unlimited:
+			s.m.unlimited.Inc()
+			continue
+		case !t.Matched:
 			s.m.unmatched.Inc()
 			continue
 		}
@@ -194,7 +199,12 @@ func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLim
 	var retry time.Duration
 	never := false // some descriptor over limit can never pass: no retry-after
 	for i, t := range targets {
-		if !t.Matched {
+		switch {
+		case t.Unlimited:
+			// As envoyproxy/ratelimit answers it: OK, nothing counts down.
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+			continue
+		case !t.Matched:
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 			continue
 		}

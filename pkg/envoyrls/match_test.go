@@ -1,0 +1,137 @@
+package envoyrls_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// treeConfig has flat mappings and trees for the same domain, in the
+// shapes of envoyproxy/ratelimit's documented examples.
+const treeConfig = `
+regions: {local: {weight: 1}}
+classes:
+  read: {}
+  marketing: {}
+  per_number: {}
+  per_ip: {}
+  users_db: {}
+  user_a: {}
+  user_b: {}
+  api: {}
+tiers:
+  std:
+    read: {rate: 10/s, burst: 10}
+    marketing: {rate: 5/d, burst: 5}
+    per_number: {rate: 100/d, burst: 100}
+    per_ip: {rate: 10/s, burst: 10}
+    users_db: {rate: 500/s, burst: 500}
+    user_a: {rate: 10/s, burst: 10}
+    user_b: {rate: 20/s, burst: 20}
+    api: {rate: 1/s, burst: 1}
+default_tier: std
+envoy:
+  descriptors:
+    - {domain: edge, tenant_key: tenant, class: read}
+  domains:
+    - domain: edge
+      descriptors:
+        - key: message_type
+          value: marketing
+          descriptors:
+            - {key: to_number, class: marketing}
+        - {key: to_number, class: per_number}
+        - {key: remote_address, class: per_ip}
+        - {key: remote_address, value: 10.0.0.9, unlimited: true}
+        - key: database
+          value: users
+          class: users_db
+        - key: service
+          descriptors:
+            - {key: user, value: user-a, class: user_a, shadow_mode: true}
+            - {key: user, value: user-b, class: user_b}
+        - {key: path, value: "/api/*", class: api}
+        - key: remote_address
+          value: "10.1.*"
+          descriptors:
+            - {key: path, class: api}
+`
+
+func TestResolveTrees(t *testing.T) {
+	cfg := regiontest.MustConfig(t, treeConfig)
+	cases := []struct {
+		name      string
+		d         []string
+		matched   bool
+		tenant    string
+		class     string
+		shadow    bool
+		unlimited bool
+	}{
+		{"flat mapping first", []string{"tenant", "acme", "remote_address", "1.2.3.4"}, true, "acme", "read", false, false},
+		{"nested, any value", []string{"message_type", "marketing", "to_number", "2061111111"}, true, "2061111111", "marketing", false, false},
+		{"top level, any value", []string{"to_number", "2061111111"}, true, "2061111111", "per_number", false, false},
+		{"exact value wins over any value", []string{"remote_address", "10.0.0.9"}, false, "", "", false, true},
+		{"any value", []string{"remote_address", "10.0.0.8"}, true, "10.0.0.8", "per_ip", false, false},
+		{"every value named: one shared bucket", []string{"database", "users"}, true, "_", "users_db", false, false},
+		{"value not configured", []string{"database", "orders"}, false, "", "", false, false},
+		{"shadow node", []string{"service", "auth", "user", "user-a"}, true, "auth", "user_a", true, false},
+		{"sibling without shadow", []string{"service", "auth", "user", "user-b"}, true, "auth", "user_b", false, false},
+		{"prefix", []string{"path", "/api/v1"}, false, "", "", false, false}, // "/" is not a tenant byte: refused below
+		{"two levels without exact values", []string{"remote_address", "10.1.2.3", "path", "x"}, true, "10.1.2.3:x", "api", false, false},
+		{"deeper than the tree", []string{"remote_address", "10.0.0.8", "path", "x"}, false, "", "", false, false},
+		{"shorter than the tree: the node has no limit", []string{"message_type", "marketing"}, false, "", "", false, false},
+		{"unknown key", []string{"other", "x"}, false, "", "", false, false},
+	}
+	for _, c := range cases {
+		if c.name == "prefix" {
+			continue
+		}
+		targets, err := envoyrls.Resolve(cfg, request("edge", 0, desc(c.d...)))
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		got := targets[0]
+		if got.Matched != c.matched || got.Unlimited != c.unlimited || got.Shadow != c.shadow ||
+			got.Key != (quota.Key{Tenant: c.tenant, Class: c.class}) {
+			t.Errorf("%s: %+v, want matched %v tenant %q class %q shadow %v unlimited %v",
+				c.name, got, c.matched, c.tenant, c.class, c.shadow, c.unlimited)
+		}
+		if got.Matched && (got.Cost != 1 || got.Resolved.ClassName != c.class) {
+			t.Errorf("%s: cost %d, resolved %+v", c.name, got.Cost, got.Resolved)
+		}
+	}
+
+	// A prefix node makes each value its own tenant; a value that is not
+	// a valid tenant id refuses the request, naming why.
+	cfg.Envoy.Domains[0].Descriptors[6].Value = "user-*"
+	cfg.Envoy.Domains[0].Descriptors[6].Key = "uid"
+	targets, err := envoyrls.Resolve(cfg, request("edge", 0, desc("uid", "user-42")))
+	if err != nil || targets[0].Key != (quota.Key{Tenant: "user-42", Class: "api"}) {
+		t.Fatalf("prefix: %+v, %v", targets, err)
+	}
+	_, err = envoyrls.Resolve(cfg, request("edge", 0, desc("uid", "user-4/2")))
+	if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "make the tenant") {
+		t.Fatalf("prefix with a bad tenant byte: %v", err)
+	}
+
+	// hits_addend: the request's, and a descriptor's own.
+	targets, err = envoyrls.Resolve(cfg, request("edge", 3, desc("to_number", "1"), withHits(desc("to_number", "2"), 7)))
+	if err != nil || targets[0].Cost != 3 || targets[1].Cost != 7 {
+		t.Fatalf("costs: %+v, %v", targets, err)
+	}
+	// An unlimited descriptor is not examined further, as no cost is charged.
+	if _, err := envoyrls.Resolve(cfg, request("edge", 0, withHits(desc("remote_address", "10.0.0.9"), 1<<30))); err != nil {
+		t.Errorf("unlimited with a huge hits_addend: %v", err)
+	}
+	// A cost above the node's class burst can never pass.
+	if _, err := envoyrls.Resolve(cfg, request("edge", 2, desc("path", "x"), desc("uid", "user-1"))); err == nil ||
+		!strings.Contains(err.Error(), "descriptors[1]") || !strings.Contains(err.Error(), "exceeds the key's burst 1") {
+		t.Errorf("cost above the burst: %v", err)
+	}
+}
