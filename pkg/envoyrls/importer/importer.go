@@ -1,0 +1,374 @@
+// Package importer turns envoyproxy/ratelimit config files (a domain and
+// its nested descriptors, as that service loads them from a directory)
+// into the equivalent Sluice config: one envoy.domains tree per domain,
+// node for node, and one class per rate limit, so Envoy can be pointed at
+// Sluice's RateLimitService without changing its rate_limits actions.
+//
+// # Mapping
+//
+//   - A descriptor with rate_limit {requests_per_unit: n, unit: u} becomes
+//     a node naming a new class "<domain>.<name>" (name: the rate limit's
+//     name, else the descriptor's path as envoyproxy/ratelimit writes it in
+//     its stats, key_value joined by "."; bytes a class name cannot hold
+//     become "_"), limited in every tier to rate n/u and burst n. A token
+//     bucket of burst n refilling n per unit admits at most 2n in any
+//     window of one unit, the same bound as the fixed windows of
+//     envoyproxy/ratelimit, and never more than n at once.
+//   - rate_limit {unlimited: true} becomes unlimited: true, and so does a
+//     descriptor with neither a rate limit nor nested descriptors (for
+//     envoyproxy/ratelimit such a descriptor has no limit but still takes
+//     precedence over a sibling without a value).
+//   - shadow_mode carries over on limited descriptors; on others it does
+//     nothing in either service and is dropped with a note.
+//   - detailed_metric is dropped with a note: Sluice's metrics never carry
+//     descriptor values.
+//   - replaces, and requests_per_unit 0 (a block list), have no Sluice
+//     equivalent and are refused.
+//
+// Class settings of a class the base config already has are kept (a
+// re-import updates only its limits); new classes get the defaults. A
+// domain already under envoy.domains is replaced.
+package importer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// ErrInvalid is wrapped by every error about the files' content.
+var ErrInvalid = errors.New("invalid envoy ratelimit config")
+
+// File is one envoyproxy/ratelimit config file.
+type File struct {
+	// Name is where the file came from, for messages.
+	Name        string
+	Domain      string       `yaml:"domain"`
+	Descriptors []Descriptor `yaml:"descriptors"`
+}
+
+// Descriptor is one descriptor of an envoyproxy/ratelimit config.
+type Descriptor struct {
+	Key            string       `yaml:"key"`
+	Value          string       `yaml:"value"`
+	RateLimit      *RateLimit   `yaml:"rate_limit"`
+	ShadowMode     bool         `yaml:"shadow_mode"`
+	DetailedMetric bool         `yaml:"detailed_metric"`
+	Descriptors    []Descriptor `yaml:"descriptors"`
+}
+
+// RateLimit is a descriptor's rate_limit block.
+type RateLimit struct {
+	Unit            string    `yaml:"unit"`
+	RequestsPerUnit *int64    `yaml:"requests_per_unit"`
+	Unlimited       bool      `yaml:"unlimited"`
+	Name            string    `yaml:"name"`
+	Replaces        []Replace `yaml:"replaces"`
+}
+
+// Replace is one entry of rate_limit.replaces.
+type Replace struct {
+	Name string `yaml:"name"`
+}
+
+var unitSeconds = map[string]float64{"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+// ReadDir reads every *.yaml and *.yml file directly in dir (not in
+// subdirectories; names starting with "." are skipped), in name order.
+func ReadDir(dir string) ([]File, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var files []File
+	for _, e := range entries {
+		name := e.Name()
+		ext := filepath.Ext(name)
+		if e.IsDir() || strings.HasPrefix(name, ".") || (ext != ".yaml" && ext != ".yml") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		f, err := Parse(name, data)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("%w: %s holds no .yaml or .yml file", ErrInvalid, dir)
+	}
+	return files, nil
+}
+
+var unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type \S+`)
+
+// Parse reads one file strictly: a field envoyproxy/ratelimit does not
+// know is an error naming it and its line.
+func Parse(name string, data []byte) (File, error) {
+	f := File{Name: name}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return File{}, fmt.Errorf("%w: %s: the file is empty", ErrInvalid, name)
+		}
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			msg = strings.Join(te.Errors, "; ")
+		}
+		msg = unknownField.ReplaceAllString(msg, `unknown field $2 (line $1)`)
+		return File{}, fmt.Errorf("%w: %s: %s", ErrInvalid, name, msg)
+	}
+	f.Name = name
+	return f, nil
+}
+
+// Result is a conversion: the new config and what the reader should know.
+type Result struct {
+	Config *config.Config
+	// Notes say what was dropped or left alone, one sentence each.
+	Notes []string
+}
+
+// Convert merges files into a copy of base (which must be valid; it is
+// not changed) and validates the result. Every problem of every file is
+// reported at once, each naming the file and the descriptor's path.
+func Convert(base *config.Config, files []File) (Result, error) {
+	next, err := clone(base)
+	if err != nil {
+		return Result{}, fmt.Errorf("the base config: %w", err)
+	}
+	c := converter{cfg: next, used: map[string]bool{}}
+	domains := map[string]string{}
+	for _, f := range files {
+		if f.Domain == "" {
+			c.fail("%s: domain: is required", f.Name)
+			continue
+		}
+		if other, dup := domains[f.Domain]; dup {
+			c.fail("%s: domain %q is also the domain of %s (merge the files into one)", f.Name, f.Domain, other)
+			continue
+		}
+		domains[f.Domain] = f.Name
+		if len(f.Descriptors) == 0 {
+			c.fail("%s: descriptors: the file has none", f.Name)
+			continue
+		}
+		for _, m := range next.Envoy.Descriptors {
+			if m.Domain == f.Domain {
+				c.note("domain %q also has an envoy.descriptors mapping (tenant_key %q); it is tried before the imported tree", f.Domain, m.TenantKey)
+				break
+			}
+		}
+		tree := config.EnvoyDomain{Domain: f.Domain}
+		tree.Descriptors = c.nodes(f.Name, f.Domain, "descriptors", "", f.Descriptors)
+		old := next.EnvoyTree(f.Domain)
+		if old != nil {
+			*old = tree
+		} else {
+			next.Envoy.Domains = append(next.Envoy.Domains, tree)
+		}
+	}
+	if len(c.errs) > 0 {
+		return Result{}, errors.Join(c.errs...)
+	}
+	for _, name := range unreferenced(base, next) {
+		c.note("class %q is no longer named by envoy.domains; remove it if nothing else uses it", name)
+	}
+	// Marshal and Parse apply the defaults of the new classes and check
+	// every rule, as sluicectl apply would.
+	data, err := next.Marshal()
+	if err != nil {
+		return Result{}, err
+	}
+	out, err := config.Parse(data)
+	if err != nil {
+		return Result{}, fmt.Errorf("the imported config does not validate: %w", err)
+	}
+	return Result{Config: out, Notes: c.notes}, nil
+}
+
+type converter struct {
+	cfg   *config.Config
+	used  map[string]bool // class names given out by this import
+	errs  []error
+	notes []string
+}
+
+func (c *converter) fail(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...))
+}
+
+func (c *converter) note(format string, args ...any) {
+	c.notes = append(c.notes, fmt.Sprintf(format, args...))
+}
+
+// nodes converts one descriptor list; path names it in messages, stat is
+// the parent's envoyproxy/ratelimit stats name.
+func (c *converter) nodes(file, domain, path, stat string, ds []Descriptor) []config.EnvoyNode {
+	out := make([]config.EnvoyNode, 0, len(ds))
+	for i, d := range ds {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		where := fmt.Sprintf("%s: %s (key %q)", file, p, d.Key)
+		if d.Key == "" {
+			c.fail("%s: %s.key: is required", file, p)
+			continue
+		}
+		name := d.Key
+		if d.Value != "" {
+			name += "_" + d.Value
+		}
+		if stat != "" {
+			name = stat + "." + name
+		}
+		n := config.EnvoyNode{Key: d.Key, Value: d.Value}
+		if d.DetailedMetric {
+			c.note("%s: detailed_metric dropped: Sluice's metrics never carry descriptor values", where)
+		}
+		rl := d.RateLimit
+		switch {
+		case rl != nil && len(rl.Replaces) > 0:
+			c.fail("%s: rate_limit.replaces has no Sluice equivalent (every matching descriptor is charged); give the descriptors distinct limits instead", where)
+		case rl != nil && rl.Unlimited:
+			if rl.Unit != "" || rl.RequestsPerUnit != nil {
+				c.fail("%s: rate_limit: unlimited takes no unit or requests_per_unit", where)
+			}
+			n.Unlimited = true
+		case rl != nil:
+			c.limit(&n, where, domain, name, rl)
+			n.ShadowMode = d.ShadowMode && n.Class != ""
+		case len(d.Descriptors) == 0:
+			// No limit: envoyproxy/ratelimit answers OK, and the node still
+			// wins over a sibling without a value.
+			n.Unlimited = true
+		}
+		if d.ShadowMode && !n.ShadowMode && (rl == nil || rl.Unlimited) {
+			c.note("%s: shadow_mode dropped: the descriptor has no limit to shadow", where)
+		}
+		n.Descriptors = c.nodes(file, domain, p+".descriptors", name, d.Descriptors)
+		out = append(out, n)
+	}
+	return out
+}
+
+func (c *converter) limit(n *config.EnvoyNode, where, domain, stat string, rl *RateLimit) {
+	seconds, ok := unitSeconds[strings.ToLower(rl.Unit)]
+	switch {
+	case !ok:
+		c.fail("%s: rate_limit.unit %q: want second, minute, hour or day", where, rl.Unit)
+		return
+	case rl.RequestsPerUnit == nil:
+		c.fail("%s: rate_limit.requests_per_unit: is required", where)
+		return
+	case *rl.RequestsPerUnit == 0:
+		c.fail("%s: rate_limit.requests_per_unit 0 (refuse every request) has no Sluice equivalent: Sluice limits have a rate > 0; block such requests in Envoy (e.g. an RBAC filter)", where)
+		return
+	case *rl.RequestsPerUnit < 0 || *rl.RequestsPerUnit > 1<<32-1:
+		c.fail("%s: rate_limit.requests_per_unit %d: want a whole number in 1..4294967295", where, *rl.RequestsPerUnit)
+		return
+	}
+	if rl.Name != "" {
+		stat = rl.Name
+	}
+	class := c.className(domain + "." + stat)
+	perUnit := *rl.RequestsPerUnit
+	spec := config.LimitSpec{Rate: config.Rate(float64(perUnit) / seconds), Burst: float64(perUnit)}
+	if c.cfg.Classes == nil {
+		c.cfg.Classes = map[string]config.Class{}
+	}
+	if _, ok := c.cfg.Classes[class]; !ok {
+		c.cfg.Classes[class] = config.Class{}
+	}
+	for _, tier := range c.cfg.Tiers {
+		tier[class] = spec
+	}
+	n.Class = class
+}
+
+// className makes a class name unique in this import from s: bytes a
+// class cannot hold become "_", and a name too long keeps its start and a
+// hash of the whole.
+func (c *converter) className(s string) string {
+	b := []byte(s)
+	for i, ch := range b {
+		if !validByte(ch) {
+			b[i] = '_'
+		}
+	}
+	name := fit(string(b), s)
+	for i := 2; c.used[name]; i++ {
+		name = fit(fmt.Sprintf("%s.%d", b, i), fmt.Sprintf("%s.%d", s, i))
+	}
+	c.used[name] = true
+	return name
+}
+
+// fit shortens name to quota.MaxClassLen, ending it in a hash of whole
+// when it is longer.
+func fit(name, whole string) string {
+	if len(name) <= quota.MaxClassLen {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(whole))
+	suffix := fmt.Sprintf("-%08x", h.Sum32())
+	return name[:quota.MaxClassLen-len(suffix)] + suffix
+}
+
+func validByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+		c == '.' || c == '_' || c == ':' || c == '@' || c == '-'
+}
+
+// unreferenced lists the classes base's trees named that next's trees no
+// longer name.
+func unreferenced(base, next *config.Config) []string {
+	was, is := map[string]bool{}, map[string]bool{}
+	for _, d := range base.Envoy.Domains {
+		collect(d.Descriptors, was)
+	}
+	for _, d := range next.Envoy.Domains {
+		collect(d.Descriptors, is)
+	}
+	var out []string
+	for name := range was {
+		if !is[name] {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func collect(nodes []config.EnvoyNode, into map[string]bool) {
+	for _, n := range nodes {
+		if n.Class != "" {
+			into[n.Class] = true
+		}
+		collect(n.Descriptors, into)
+	}
+}
+
+func clone(c *config.Config) (*config.Config, error) {
+	data, err := c.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	return config.Parse(data)
+}

@@ -1,0 +1,302 @@
+package importer_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
+	"github.com/sluicehq/sluice/pkg/envoyrls/importer"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// base is a small valid Sluice config the imports are merged into: two
+// tiers, so every imported class must reach both.
+const base = `
+regions: {us: {weight: 1}, eu: {weight: 1}}
+classes: {read: {}}
+tiers:
+  free: {read: {rate: 10/s, burst: 10}}
+  pro: {read: {rate: 100/s, burst: 100}}
+default_tier: free
+envoy:
+  descriptors:
+    - {domain: sluice, tenant_key: tenant, class: read}
+`
+
+func mustBase(t *testing.T) *config.Config {
+	t.Helper()
+	c, err := config.Parse([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func importDocs(t *testing.T) (importer.Result, []importer.File) {
+	t.Helper()
+	files, err := importer.ReadDir("testdata/docs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := importer.Convert(mustBase(t), files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, files
+}
+
+// TestImportDocs imports every documented shape, checks the result
+// validates, survives a round trip through YAML, keeps the base, and says
+// what it dropped.
+func TestImportDocs(t *testing.T) {
+	res, files := importDocs(t)
+	if len(files) != 9 {
+		t.Fatalf("read %d files, want the 9 .yaml/.yml ones (README.txt skipped)", len(files))
+	}
+	cfg := res.Config
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := cfg.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := config.Parse(data)
+	if err != nil {
+		t.Fatalf("the imported config does not parse back: %v\n%s", err, data)
+	}
+	if d := config.Diff(cfg, again); d != "" {
+		t.Errorf("round trip changed it:\n%s", d)
+	}
+	if len(cfg.Envoy.Domains) != 9 || len(cfg.Envoy.Descriptors) != 1 || cfg.Tiers["pro"]["read"].Rate != 100 {
+		t.Errorf("domains %d, mappings %d, pro read %v: the base was not kept", len(cfg.Envoy.Domains), len(cfg.Envoy.Descriptors), cfg.Tiers["pro"]["read"])
+	}
+	want := map[string]config.LimitSpec{
+		"messaging.message_type_marketing.to_number": {Rate: config.Rate(5.0 / 86400), Burst: 5},
+		"messaging.to_number":                        {Rate: config.Rate(100.0 / 86400), Burst: 100},
+		"mongo_cps.database_users":                   {Rate: 500, Burst: 500},
+		"rl.foo.baz_shady":                           {Rate: config.Rate(1.0 / 60), Burst: 1},
+		"example9.key1_value_":                       {Rate: config.Rate(20.0 / 60), Burst: 20},
+	}
+	for class, spec := range want {
+		for _, tier := range []string{"free", "pro"} {
+			if got, ok := cfg.Tiers[tier][class]; !ok || got != spec {
+				t.Errorf("tiers.%s.%s = %v (%v), want %v", tier, class, got, ok, spec)
+			}
+		}
+		if cl := cfg.Classes[class]; cl.Mode != config.ModeLease {
+			t.Errorf("class %s: %+v, want the defaults", class, cl)
+		}
+	}
+	notes := strings.Join(res.Notes, "\n")
+	for _, n := range []string{"detailed_metric dropped", "example8.yaml"} {
+		if !strings.Contains(notes, n) {
+			t.Errorf("notes lack %q:\n%s", n, notes)
+		}
+	}
+	// A re-import changes nothing.
+	twice, err := importer.Convert(cfg, files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := config.Diff(cfg, twice.Config); d != "" {
+		t.Errorf("a second import changed the config:\n%s", d)
+	}
+}
+
+// TestImportRefusals: what has no Sluice equivalent is refused, naming the
+// file, the descriptor and why.
+func TestImportRefusals(t *testing.T) {
+	cases := map[string]string{
+		"replaces":         "example7.yaml: descriptors[1].descriptors[0] (key \"user\"): rate_limit.replaces has no Sluice equivalent",
+		"blocklist":        "edge.yaml: descriptors[1] (key \"remote_address\"): rate_limit.requests_per_unit 0 (refuse every request) has no Sluice equivalent",
+		"unknown_field":    "a.yaml: unknown field rate_limits (line 4)",
+		"bad_unit":         `a.yaml: descriptors[0] (key "k"): rate_limit.unit "week": want second, minute, hour or day`,
+		"duplicate_domain": `b.yaml: domain "same" is also the domain of a.yaml`,
+	}
+	for dir, want := range cases {
+		t.Run(dir, func(t *testing.T) {
+			files, err := importer.ReadDir("testdata/refused/" + dir)
+			if err == nil {
+				b := mustBase(t)
+				before, _ := b.Marshal()
+				_, err = importer.Convert(b, files)
+				after, _ := b.Marshal()
+				if string(before) != string(after) {
+					t.Error("a refused import changed the base config")
+				}
+			}
+			if !errors.Is(err, importer.ErrInvalid) || !strings.Contains(err.Error(), want) {
+				t.Errorf("got %v\nwant an ErrInvalid saying %q", err, want)
+			}
+		})
+	}
+	if _, err := importer.ReadDir("testdata"); err == nil || !strings.Contains(err.Error(), "no .yaml or .yml file") {
+		t.Errorf("a directory without config files: %v", err)
+	}
+	// A limit Sluice cannot hold is refused by validation, naming the field.
+	f, err := importer.Parse("big.yaml", []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 4000000000}}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := importer.Convert(mustBase(t), []importer.File{f}); err == nil || !strings.Contains(err.Error(), "tiers.free.d.k.burst") {
+		t.Errorf("4e9 per second: %v", err)
+	}
+}
+
+// limit is what envoyproxy/ratelimit decides for one descriptor.
+type limit struct {
+	perUnit   int64
+	seconds   float64
+	unlimited bool
+	shadow    bool
+	node      *importer.Descriptor // whose counter
+}
+
+var seconds = map[string]float64{"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+// envoyLimit is envoyproxy/ratelimit's lookup as its README describes it:
+// per entry, key_value first, then a value ending in * that prefixes the
+// entry's value, then the key alone; the rate limit of the node the last
+// entry reaches applies; nil when there is none.
+func envoyLimit(files []importer.File, domain string, entries [][2]string) *limit {
+	var level []importer.Descriptor
+	for _, f := range files {
+		if f.Domain == domain {
+			level = f.Descriptors
+		}
+	}
+	var out *limit
+	for i, e := range entries {
+		var next *importer.Descriptor
+		for j := range level {
+			if d := &level[j]; d.Key == e[0] && d.Value == e[1] && d.Value != "" {
+				next = d
+			}
+		}
+		for j := range level {
+			d := &level[j]
+			if next == nil && d.Key == e[0] && strings.HasSuffix(d.Value, "*") && strings.HasPrefix(e[1], strings.TrimSuffix(d.Value, "*")) {
+				next = d
+			}
+		}
+		for j := range level {
+			if d := &level[j]; next == nil && d.Key == e[0] && d.Value == "" {
+				next = d
+			}
+		}
+		if next == nil {
+			return out
+		}
+		if rl := next.RateLimit; rl != nil && i == len(entries)-1 {
+			out = &limit{unlimited: rl.Unlimited, shadow: next.ShadowMode, node: next}
+			if !rl.Unlimited {
+				out.perUnit, out.seconds = *rl.RequestsPerUnit, seconds[rl.Unit]
+			}
+		}
+		if len(next.Descriptors) == 0 {
+			return out
+		}
+		level = next.Descriptors
+	}
+	return out
+}
+
+// samples builds descriptors from every path of the files: the configured
+// values, other values, values under each prefix, and one entry more and
+// less than each path.
+func samples(files []importer.File) map[string][][][2]string {
+	out := map[string][][][2]string{}
+	var walk func(domain string, prefix [][2]string, ds []importer.Descriptor)
+	walk = func(domain string, prefix [][2]string, ds []importer.Descriptor) {
+		for _, d := range ds {
+			values := []string{"other", "v1", "v2"}
+			switch {
+			case strings.HasSuffix(d.Value, "*"):
+				p := strings.TrimSuffix(d.Value, "*")
+				values = append(values, p, p+"x", p+"y")
+			case d.Value != "":
+				values = append(values, d.Value)
+			}
+			for _, v := range values {
+				path := append(append([][2]string{}, prefix...), [2]string{d.Key, v})
+				out[domain] = append(out[domain], path, append(append([][2]string{}, path...), [2]string{"extra", "x"}))
+				if len(path) > 1 {
+					out[domain] = append(out[domain], path[1:])
+				}
+				if v == d.Value || v == "v1" || v == "v2" {
+					walk(domain, path, d.Descriptors)
+				}
+			}
+		}
+	}
+	for _, f := range files {
+		walk(f.Domain, nil, f.Descriptors)
+		out[f.Domain] = append(out[f.Domain], [][2]string{{"unknown", "x"}})
+	}
+	return out
+}
+
+// TestImportedAnswersAsEnvoyRatelimit compares, for descriptors built from
+// every path of the documented shapes, what envoyproxy/ratelimit would
+// apply with what the imported config makes Sluice apply: the same rate
+// per unit (burst requests_per_unit), the same unlimited and unlimited-by-
+// absence answers, the same shadow mode, and the same counters: two
+// descriptors share a Sluice bucket exactly when they share a counter.
+func TestImportedAnswersAsEnvoyRatelimit(t *testing.T) {
+	res, files := importDocs(t)
+	cfg := res.Config
+	n := 0
+	for domain, descs := range samples(files) {
+		counters := map[string]quota.Key{} // envoy counter → Sluice key
+		keys := map[quota.Key]string{}
+		for _, entries := range descs {
+			d := &ratelimitv3.RateLimitDescriptor{}
+			for _, e := range entries {
+				d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: e[0], Value: e[1]})
+			}
+			name := fmt.Sprintf("%s %v", domain, entries)
+			targets, err := envoyrls.Resolve(cfg, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+				continue
+			}
+			got, want := targets[0], envoyLimit(files, domain, entries)
+			n++
+			if want == nil || want.unlimited {
+				if got.Matched {
+					t.Errorf("%s: Sluice charges %v; envoyproxy/ratelimit applies no limit", name, got.Key)
+				}
+				continue
+			}
+			if !got.Matched {
+				t.Errorf("%s: unmatched in Sluice; envoyproxy/ratelimit applies %d per %vs", name, want.perUnit, want.seconds)
+				continue
+			}
+			wantRate := float64(want.perUnit) / want.seconds
+			if got.Resolved.Limit.Rate != wantRate || got.Resolved.Limit.Burst != want.perUnit || got.Shadow != want.shadow {
+				t.Errorf("%s: Sluice %+v shadow %v; envoyproxy/ratelimit %d per %vs shadow %v",
+					name, got.Resolved.Limit, got.Shadow, want.perUnit, want.seconds, want.shadow)
+			}
+			// envoyproxy/ratelimit counts per node and full descriptor.
+			counter := fmt.Sprintf("%p %v", want.node, entries)
+			if k, seen := counters[counter]; seen && k != got.Key {
+				t.Errorf("%s: one envoy counter, two Sluice keys %v and %v", name, k, got.Key)
+			}
+			counters[counter] = got.Key
+			if c, seen := keys[got.Key]; seen && c != counter {
+				t.Errorf("%s: Sluice key %v shared by envoy counters %s and %s", name, got.Key, c, counter)
+			}
+			keys[got.Key] = counter
+		}
+	}
+	if n < 100 {
+		t.Errorf("only %d descriptors compared", n)
+	}
+}
