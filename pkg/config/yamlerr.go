@@ -76,7 +76,8 @@ func yamlKind(tag string) string {
 func goTypeName(t string) string {
 	switch {
 	case strings.HasPrefix(t, "map["), t == "config.Config", t == "config.Region", t == "config.Class",
-		t == "config.LimitSpec", t == "config.Tenant", t == "config.Envoy", t == "config.EnvoyDescriptor":
+		t == "config.LimitSpec", t == "config.Tenant", t == "config.Envoy", t == "config.EnvoyDescriptor",
+		t == "config.EnvoyDomain", t == "config.EnvoyNode":
 		return "a mapping"
 	case strings.HasPrefix(t, "config."):
 		return "a string"
