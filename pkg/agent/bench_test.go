@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,9 +49,10 @@ import (
 // from held tokens. Each sub-benchmark reports req/s, the p50 and p99
 // latency of one call, and the server's CPU time per request
 // (getrusage(RUSAGE_SELF) of the server process around the run); the
-// parent logs each Sluice endpoint's ratios to the stateless server.
+// parent logs each Sluice endpoint's ratios to the stateless server, per
+// round and their median.
 //
-//	go test -run '^$' -bench BenchmarkRLS -benchtime 20000x -count 3 ./pkg/agent/
+//	go test -run '^$' -bench BenchmarkRLS -benchtime 20000x -v ./pkg/agent/
 func BenchmarkRLS(b *testing.B) {
 	cfg := regiontest.MustConfig(b, benchConfig)
 	rs := redistest.Start(b)
@@ -60,40 +63,67 @@ func BenchmarkRLS(b *testing.B) {
 		"stateless": startBenchServer(b, "stateless", ""),
 	}
 	req := envoyRequest("sluice", 0, "tenant", "acme", "class", "read")
-	results := map[string]benchResult{}
-	for _, name := range []string{"stateless", "agent", "regional"} {
-		s := servers[name]
-		conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	order := []string{"stateless", "agent", "regional"}
+	clients := map[string]rlsv3.RateLimitServiceClient{}
+	for _, name := range order {
+		conn, err := grpc.NewClient(servers[name].addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer conn.Close()
-		client := rlsv3.NewRateLimitServiceClient(conn)
+		clients[name] = rlsv3.NewRateLimitServiceClient(conn)
 		// The first call connects and, for Sluice, takes the key's first
 		// lease.
-		if resp, err := client.ShouldRateLimit(context.Background(), req); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		if resp, err := clients[name].ShouldRateLimit(context.Background(), req); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 			b.Fatalf("%s: first call: %v, %v", name, resp, err)
 		}
-		b.Run(name, func(b *testing.B) {
-			results[name] = runRLS(b, s, func(ctx context.Context) error {
-				resp, err := client.ShouldRateLimit(ctx, req)
-				if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-					err = fmt.Errorf("answer %v; the key's limit is never reached", resp)
-				}
-				return err
-			})
-		})
 	}
-	base, ok := results["stateless"]
-	if !ok || base.reqPerSec == 0 {
-		return
+	// Rounds interleave the three servers, so that a change in the load
+	// of a shared machine falls on all of them; each round's ratios are
+	// between runs a few seconds apart.
+	var rounds []map[string]benchResult
+	for range benchRounds {
+		results := map[string]benchResult{}
+		for _, name := range order {
+			client := clients[name]
+			b.Run(name, func(b *testing.B) {
+				results[name] = runRLS(b, servers[name], func(ctx context.Context) error {
+					resp, err := client.ShouldRateLimit(ctx, req)
+					if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+						err = fmt.Errorf("answer %v; the key's limit is never reached", resp)
+					}
+					return err
+				})
+			})
+		}
+		rounds = append(rounds, results)
 	}
 	for _, name := range []string{"agent", "regional"} {
-		r := results[name]
-		b.Logf("%-8s vs stateless: req/s %.3f×  p99 %.2f×  server CPU/request %.2f× (%.1fµs vs %.1fµs)",
-			name, r.reqPerSec/base.reqPerSec, r.p99/base.p99, r.cpuPerReq/base.cpuPerReq,
-			r.cpuPerReq/1e3, base.cpuPerReq/1e3)
+		var rps, p99, cpu []float64
+		for i, results := range rounds {
+			r, base := results[name], results["stateless"]
+			if base.reqPerSec == 0 || r.reqPerSec == 0 {
+				return // a sub-benchmark was filtered out or failed
+			}
+			rps = append(rps, r.reqPerSec/base.reqPerSec)
+			p99 = append(p99, r.p99/base.p99)
+			cpu = append(cpu, r.cpuPerReq/base.cpuPerReq)
+			b.Logf("round %d %-8s vs stateless: req/s %.2f×  p99 %.2f×  server CPU/request %.2f× (%.1fµs vs %.1fµs)",
+				i+1, name, rps[i], p99[i], cpu[i], r.cpuPerReq/1e3, base.cpuPerReq/1e3)
+		}
+		b.Logf("median   %-8s vs stateless: req/s %.2f×  p99 %.2f×  server CPU/request %.2f×", name, median(rps), median(p99), median(cpu))
 	}
+}
+
+// benchRounds is how many times each server is measured, interleaved.
+const benchRounds = 3
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 const benchConfig = `
@@ -233,6 +263,14 @@ func serveBench(kind, arg string) int {
 		return 1
 	}
 	defer stop()
+	// SLUICE_AGENT_BENCH_CPUPROFILE=DIR writes each server's CPU profile
+	// to DIR/<kind>.pprof.
+	if dir := os.Getenv("SLUICE_AGENT_BENCH_CPUPROFILE"); dir != "" {
+		f, err := os.Create(filepath.Join(dir, kind+".pprof"))
+		if err == nil && pprof.StartCPUProfile(f) == nil {
+			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		}
+	}
 	fmt.Printf("addr %s\n", addr)
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
