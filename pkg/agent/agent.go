@@ -42,8 +42,9 @@ type ConfigSource interface {
 // them directly.
 type Options struct {
 	// RegionAddr is the gRPC target of the region's LeaseService:
-	// host:port, or any gRPC target (dns:///sluice-regional.sluice:7400
-	// with a round_robin service config spreads over replicas). Required.
+	// host:port, or any gRPC target; a dns:/// target naming every
+	// replica (a headless Service) spreads the lease RPCs over them
+	// round-robin. Required.
 	RegionAddr string
 	// RegionCreds are the transport credentials towards the region.
 	// Optional, default plaintext.
@@ -188,7 +189,12 @@ func Start(o Options) (*Agent, error) {
 	if a.api, err = newAPI(o.Config, ep.Registry); err != nil {
 		return fail(err)
 	}
-	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(o.RegionCreds)}, o.DialOptions...)
+	// round_robin spreads the lease RPCs over every replica a dns:///
+	// target resolves to (the replicas share all state through Redis).
+	dial := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(o.RegionCreds),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+	}, o.DialOptions...)
 	if a.conn, err = grpc.NewClient(o.RegionAddr, dial...); err != nil {
 		return fail(fmt.Errorf("agent: region address %s: %w", o.RegionAddr, err))
 	}
