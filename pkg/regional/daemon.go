@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/internal/endpoint"
+	"github.com/sluicehq/sluice/pkg/rpcguard"
 )
 
 // DaemonOptions configure a whole regional process: listeners, Redis and
@@ -74,6 +75,10 @@ type DaemonOptions struct {
 	Unleased bool
 	// Background runs alongside the daemon until it stops. Optional.
 	Background []func(ctx context.Context, d *Daemon) error
+	// PerConnection and PerIdentity cap the units of work (keys named)
+	// in flight per connection and per authenticated identity; calls
+	// beyond wait their turn (rpcguard). Optional, rpcguard's defaults.
+	PerConnection, PerIdentity int
 }
 
 // Daemon is a running regional process. Safe for concurrent use.
@@ -113,9 +118,23 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if o.Unleased && o.Leader != nil {
 		return nil, errors.New("regional: Unleased is for a region with no global tier; it cannot have a Leader")
 	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	// Every call is authorized (with mutual TLS) and bounded before its
+	// handler, so before any Redis call.
+	edge, err := rpcguard.ServerOptions(rpcguard.EdgeOptions{
+		Name: "regional", Config: o.Config, ServerTLS: o.ServerTLS, Policy: Policy(), Rules: GuardRules(),
+		PerConnection: o.PerConnection, PerIdentity: o.PerIdentity,
+		MaxMessageBytes: MaxMessageBytes, MaxStreams: MaxStreamsPerConnection,
+		Registerer: o.Registry, Logger: o.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
 	ep, err := endpoint.Listen(endpoint.Options{
 		Name: "regional", GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, ServerTLS: o.ServerTLS,
-		Registry: o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger,
+		GRPCOptions: edge, Registry: o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger,
 	})
 	if err != nil {
 		return nil, err

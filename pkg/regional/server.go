@@ -61,7 +61,7 @@ type Options struct {
 	// Optional, default 8.
 	ReapBudget int
 	// MaxKeysPerSync bounds the reports in one Sync or Release. Optional,
-	// default 10000.
+	// default MaxReportsPerCall.
 	MaxKeysPerSync int
 	// RedisTimeout bounds one pipelined batch of script calls. Optional,
 	// default 1s.
@@ -130,7 +130,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("regional: ReapBudget %d must not be negative", opts.ReapBudget)
 	}
 	if opts.MaxKeysPerSync == 0 {
-		opts.MaxKeysPerSync = 10000
+		opts.MaxKeysPerSync = MaxReportsPerCall
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -387,7 +387,7 @@ func (s *Server) planReports(instance string, reports []*sluicev1.KeyReport) ([]
 		return nil, err
 	}
 	if len(reports) > s.opts.MaxKeysPerSync {
-		return nil, fmt.Errorf("%w: %d reports exceed the maximum %d per call", quota.ErrInvalid, len(reports), s.opts.MaxKeysPerSync)
+		return nil, fmt.Errorf("%w: %d reports exceed the bound reports_per_sync=%d; split the call", quota.ErrInvalid, len(reports), s.opts.MaxKeysPerSync)
 	}
 	cfg := s.opts.Config.Current()
 	plans := make([]keyPlan, len(reports))
