@@ -166,7 +166,7 @@ func TestDescriptorsResolveToConfiguredKeys(t *testing.T) {
 		{request{"POST", "/api/orders", map[string]string{"x-tenant-id": "acme"}}, []quota.Key{{Tenant: "acme", Class: "write"}}},
 		{request{"DELETE", "/api/orders/7", map[string]string{"x-tenant-id": "beta"}}, []quota.Key{{Tenant: "beta", Class: "write"}}},
 		{request{"POST", "/api/export/orders", map[string]string{"x-tenant-id": "acme"}}, []quota.Key{{Tenant: "acme", Class: "export"}}},
-		{request{"GET", "/api/orders", nil}, nil},                                     // no tenant: not limited
+		{request{"GET", "/api/orders", nil}, nil},                                   // no tenant: not limited
 		{request{"GET", "/healthz", map[string]string{"x-tenant-id": "acme"}}, nil}, // outside /api/
 	}
 	for _, c := range cases {
