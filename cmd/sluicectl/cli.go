@@ -58,8 +58,11 @@ commands:
                                     take (and release) one lease from a regional service
   check -addr HOST:PORT -tenant T [-class C] [-cost N]
                                     one strict decision from a regional service
+  import envoy-ratelimit DIR [-yes] [-dry-run] [-o FILE|- -base FILE]
+                                    turn envoyproxy/ratelimit config files into
+                                    envoy.domains trees and classes (etcd, or a file)
 
-Changes (apply, tenant set, shadow set, region drain/restore) are
+Changes (apply, tenant set, shadow set, region drain/restore, import) are
 validated, shown as a diff and written in one etcd transaction guarded by
 the revision they were computed from. Without -yes they ask "apply? [y/N]"
 on a terminal and refuse otherwise.
@@ -171,6 +174,7 @@ func (a *app) commands() []command {
 		{"region restore", "region restore NAME [-yes] [-dry-run]", a.regionRestoreCmd},
 		{"lease", "lease -addr HOST:PORT -tenant T [-class C] [-want N] [-keep]", a.leaseCmd},
 		{"check", "check -addr HOST:PORT -tenant T [-class C] [-cost N]", a.checkCmd},
+		{"import envoy-ratelimit", "import envoy-ratelimit DIR [-yes] [-dry-run] [-o FILE|- -base FILE]", a.importEnvoyCmd},
 	}
 }
 

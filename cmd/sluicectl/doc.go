@@ -15,8 +15,10 @@
 //	region restore NAME              undo a drain
 //	lease -tenant T [-class C]       take and release one lease from a regional service
 //	check -tenant T [-class C]       one strict decision (exit 6 when denied)
+//	import envoy-ratelimit DIR       envoyproxy/ratelimit config files into the config
+//	                                 (in etcd, or -base FILE -o FILE|- without etcd)
 //
-// "sluicectl tenant -h" (shadow, region) lists a group's subcommands.
+// "sluicectl tenant -h" (shadow, region, import) lists a group's subcommands.
 //
 // Global flags may also come after the command. Each global flag can be set
 // from the environment: -etcd-endpoints from SLUICE_ETCD_ENDPOINTS,
@@ -40,7 +42,7 @@
 // region already in that state writes nothing and succeeds; draining the
 // last region not drained is refused.
 //
-// Units: rates are tokens per second, written like "10/s", "6/m" or
-// "1000/h"; bursts are whole tokens; ages and validities are shown as
+// Units: rates are tokens per second, written like "10/s", "6/m",
+// "1000/h" or "5/d"; bursts are whole tokens; ages and validities are shown as
 // durations; -timeout bounds each etcd or gRPC step, not the prompt.
 package main
