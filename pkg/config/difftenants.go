@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
@@ -81,6 +82,24 @@ func diffTenantsApart(old, new *Config) string {
 	} else {
 		out.WriteString(base)
 	}
+	writeTenantChanges(&out, changes, len(oldT), len(newT))
+	return out.String()
+}
+
+// DiffTenants is Diff's form for tenant changes alone (before and after
+// are the numbers of tenants listed, or -1 when not known), for a change
+// that touches only tenants: it needs neither whole config.
+func DiffTenants(changes []TenantChange, before, after int) string {
+	if len(changes) == 0 {
+		return ""
+	}
+	var out strings.Builder
+	out.WriteString("--- current\n+++ proposed\n")
+	writeTenantChanges(&out, changes, before, after)
+	return out.String()
+}
+
+func writeTenantChanges(out *strings.Builder, changes []TenantChange, before, after int) {
 	added, changed, removed := 0, 0, 0
 	for _, ch := range changes {
 		switch {
@@ -92,27 +111,34 @@ func diffTenantsApart(old, new *Config) string {
 			changed++
 		}
 	}
-	fmt.Fprintf(&out, "@@ tenants: %d added, %d changed, %d removed (%d listed before, %d after) @@\n",
-		added, changed, removed, len(oldT), len(newT))
+	if before >= 0 && after >= 0 {
+		fmt.Fprintf(out, "@@ tenants: %d added, %d changed, %d removed (%d listed before, %d after) @@\n",
+			added, changed, removed, before, after)
+	} else {
+		fmt.Fprintf(out, "@@ tenants: %d added, %d changed, %d removed @@\n", added, changed, removed)
+	}
+	var block bytes.Buffer
+	lines := func(op byte, name string, t Tenant) {
+		block.Reset()
+		if err := renderTenant(&block, name, t); err != nil {
+			fmt.Fprintf(out, "%c  # %s: cannot render: %v\n", op, name, err)
+			return
+		}
+		for line := range bytes.Lines(block.Bytes()) {
+			out.WriteByte(op)
+			out.Write(line)
+		}
+	}
 	for i, ch := range changes {
 		if i == DiffTenantLines {
-			fmt.Fprintf(&out, "# and %d more tenant changes not shown\n", len(changes)-i)
+			fmt.Fprintf(out, "# and %d more tenant changes not shown\n", len(changes)-i)
 			break
 		}
 		if ch.Old != nil {
-			fmt.Fprintf(&out, "-  %s: %s\n", quoteScalar(ch.Name), tenantLine(*ch.Old))
+			lines('-', ch.Name, *ch.Old)
 		}
 		if ch.New != nil {
-			fmt.Fprintf(&out, "+  %s: %s\n", quoteScalar(ch.Name), tenantLine(*ch.New))
+			lines('+', ch.Name, *ch.New)
 		}
 	}
-	return out.String()
-}
-
-func tenantLine(t Tenant) string {
-	b, err := MarshalTenant(t)
-	if err != nil {
-		return "# cannot render: " + err.Error()
-	}
-	return string(b)
 }

@@ -3,10 +3,11 @@ package config
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
+	"math"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -330,6 +331,9 @@ func countInlineTenants(root *yaml.Node) int {
 // on its own (package configstore keeps one etcd key per tenant). It does
 // not validate it against a config: see Config.TenantProblems.
 func ParseTenant(data []byte) (Tenant, error) {
+	if t, ok := parseTenantJSON(data); ok {
+		return t, nil
+	}
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
@@ -349,32 +353,59 @@ func ParseTenant(data []byte) (Tenant, error) {
 	return t, nil
 }
 
-// MarshalTenant writes one tenant as compact single-line YAML (a flow
-// mapping, which is also JSON-like), the form package configstore stores.
+// MarshalTenant writes one tenant as compact JSON (which is also YAML),
+// the form package configstore stores: fields tier, overrides (class to
+// {rate, burst}, the rate written as in YAML, "800/s") and shadow, the
+// last two left out when empty.
 func MarshalTenant(t Tenant) ([]byte, error) {
-	var b bytes.Buffer
-	b.WriteString("{tier: ")
-	b.WriteString(quoteScalar(t.Tier))
+	out := jsonTenant{Tier: t.Tier, Shadow: t.Shadow}
 	if len(t.Overrides) > 0 {
-		b.WriteString(", overrides: {")
-		for i, class := range sortedKeys(t.Overrides) {
-			if i > 0 {
-				b.WriteString(", ")
+		out.Overrides = make(map[string]jsonLimit, len(t.Overrides))
+		for class, l := range t.Overrides {
+			if math.IsInf(float64(l.Rate), 0) || math.IsNaN(float64(l.Rate)) || math.IsInf(l.Burst, 0) || math.IsNaN(l.Burst) {
+				return nil, fmt.Errorf("config: tenant override %s: rate %v or burst %v is not finite", class, float64(l.Rate), l.Burst)
 			}
-			l := t.Overrides[class]
-			rate, err := l.Rate.MarshalYAML()
-			if err != nil {
-				return nil, fmt.Errorf("config: tenant override %s: %w", class, err)
-			}
-			fmt.Fprintf(&b, "%s: {rate: %s, burst: %s}", quoteScalar(class), rate, formatFloat(l.Burst))
+			out.Overrides[class] = jsonLimit{Rate: l.Rate.String(), Burst: l.Burst}
 		}
-		b.WriteString("}")
 	}
-	if t.Shadow {
-		b.WriteString(", shadow: true")
+	return json.Marshal(out)
+}
+
+type jsonTenant struct {
+	Tier      string               `json:"tier"`
+	Overrides map[string]jsonLimit `json:"overrides,omitempty"`
+	Shadow    bool                 `json:"shadow,omitempty"`
+}
+
+type jsonLimit struct {
+	Rate  string  `json:"rate"`
+	Burst float64 `json:"burst"`
+}
+
+// parseTenantJSON reads MarshalTenant's form quickly; ok is false for
+// anything else, which ParseTenant then reads as YAML.
+func parseTenantJSON(data []byte) (Tenant, bool) {
+	if len(data) == 0 || data[0] != '{' {
+		return Tenant{}, false
 	}
-	b.WriteString("}")
-	return b.Bytes(), nil
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var in jsonTenant
+	if dec.Decode(&in) != nil || dec.More() {
+		return Tenant{}, false
+	}
+	t := Tenant{Tier: in.Tier, Shadow: in.Shadow}
+	if len(in.Overrides) > 0 {
+		t.Overrides = make(map[string]LimitSpec, len(in.Overrides))
+		for class, l := range in.Overrides {
+			r, err := ParseRate(l.Rate)
+			if err != nil {
+				return Tenant{}, false
+			}
+			t.Overrides[class] = LimitSpec{Rate: r, Burst: l.Burst}
+		}
+	}
+	return t, true
 }
 
 // TenantEqual says whether a and b say the same.
@@ -389,25 +420,3 @@ func TenantEqual(a, b Tenant) bool {
 	}
 	return true
 }
-
-// quoteScalar writes s as a plain YAML scalar when that reads back as the
-// same string, else double-quoted.
-func quoteScalar(s string) string {
-	plain := s != ""
-	for i, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || i > 0 && (r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.')) {
-			plain = false
-			break
-		}
-	}
-	switch strings.ToLower(s) {
-	case "true", "false", "null", "yes", "no", "on", "off", "y", "n":
-		plain = false
-	}
-	if plain {
-		return s
-	}
-	return strconv.Quote(s)
-}
-
-func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }

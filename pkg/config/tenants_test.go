@@ -222,7 +222,7 @@ func TestDiffListsTenantsApartWhenThereAreMany(t *testing.T) {
 	for _, want := range []string{
 		"-default_tier: free\n+default_tier: pro\n",
 		"@@ tenants: 1 added, 1 changed, 1 removed (2000 listed before, 2000 after) @@\n",
-		"-  t0000001: {tier: free}\n-  t0000002: {tier: free}\n+  t0000002: {tier: pro}\n+  zeta: {tier: free, shadow: true}\n",
+		"-  t0000001:\n-    tier: free\n-  t0000002:\n-    tier: free\n+  t0000002:\n+    tier: pro\n+  zeta:\n+    tier: free\n+    shadow: true\n",
 	} {
 		if !strings.Contains(d, want) {
 			t.Errorf("diff lacks %q:\n%s", want, d)

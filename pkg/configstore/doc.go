@@ -1,6 +1,8 @@
 // Package configstore keeps Sluice's config (package config) in etcd: a
-// Store reads and writes it as one key, <prefix>/config, holding the YAML
-// document, and a Watcher hot-reloads it into a running daemon. It is the
+// Store reads and writes it as the YAML document without its tenants in
+// <prefix>/config and one key per tenant under <prefix>/config/tenants/
+// (see Store), and a Watcher hot-reloads it into a running daemon,
+// checking a change of some tenants against the document alone. It is the
 // only config code that links etcd; the schema and validation stay in
 // package config, which the simulator and offline tools use alone.
 //
@@ -8,10 +10,13 @@
 // has passed config.Validate; a config that fails it is never written by
 // Store.Apply nor made live by a Watcher, which keeps the last good config
 // through invalid writes and etcd outages. Store.Apply writes only if the
-// key is still at the revision the change was computed from, else it
-// fails with ErrConflict and writes nothing.
+// document key is still at the revision the change was computed from,
+// else it fails with ErrConflict and writes nothing. A Watcher makes a
+// change live only at a revision that wrote the document and while no
+// batched apply is in progress, so the tenants of a batched apply become
+// live together, at its commit, in every daemon.
 //
-// Units: revisions are etcd mod revisions (0: the key is absent, or the
+// Units: revisions are etcd mod revisions of the document key (0: it is absent, or the
 // Watcher is on its fallback); the Watcher's retry pauses are
 // time.Duration, growing from 50ms to 5s after each failed read.
 //

@@ -230,6 +230,8 @@ type runningWatcher struct {
 	finished chan struct{} // closed when Run has returned
 	runErr   error         // Run's result; read after finished is closed
 	awaited  bool          // the test checked Run's result itself
+	// patience, when longer than waitFor, bounds awaitRevision instead.
+	patience time.Duration
 }
 
 // startWatcher runs a Watcher until the test ends (or stop is called).

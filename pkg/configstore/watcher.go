@@ -1,10 +1,13 @@
 package configstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +49,8 @@ type Watcher struct {
 	// re-read after a watch error never counts a refusal twice. Touched only
 	// by the Run goroutine.
 	seenRev int64
+	// st is the config range as last seen. Touched only by the Run goroutine.
+	st watchState
 
 	mu      sync.Mutex // guards subs and updates
 	subs    map[chan *config.Config]struct{}
@@ -201,54 +206,123 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 }
 
-// load reads the config key, considers its value, and returns the store
-// revision the watch must continue after.
+// watchState is the config range as the Run goroutine last saw it: the
+// document and every tenant key, with what changed since the last config
+// made live. Touched only by the Run goroutine.
+type watchState struct {
+	doc    []byte
+	docRev int64
+	// docCfg is doc parsed, nil until it parsed; needFull is set while the
+	// document changed since the last config made live, so the next one is
+	// validated whole.
+	docCfg   *config.Config
+	needFull bool
+	// applying is set while a batched apply's marker exists: its writes are
+	// held until its commit.
+	applying bool
+	// commit is set when the document was written since the last attempt.
+	commit bool
+	// tenants are the tenant keys that parse; shared is set while the live
+	// config uses the map itself, which must then be copied before a change.
+	tenants map[string]config.Tenant
+	shared  bool
+	// bad are tenant keys that do not parse; dirty the tenants changed
+	// since the last config made live.
+	bad   map[string]error
+	dirty map[string]struct{}
+}
+
+func newWatchState() watchState {
+	return watchState{tenants: map[string]config.Tenant{}, bad: map[string]error{}, dirty: map[string]struct{}{}}
+}
+
+func (st *watchState) setTenant(id string, value []byte, deleted bool) {
+	if st.shared {
+		st.tenants = maps.Clone(st.tenants)
+		st.shared = false
+	}
+	st.dirty[id] = struct{}{}
+	delete(st.bad, id)
+	if deleted {
+		delete(st.tenants, id)
+		return
+	}
+	t, err := config.ParseTenant(value)
+	if err != nil {
+		delete(st.tenants, id)
+		st.bad[id] = err
+		return
+	}
+	st.tenants[id] = t
+}
+
+// load reads the config range and makes it live if it is new and valid,
+// and returns the store revision the watch must continue after. While a
+// batched apply is in progress it reads the range as it was before the
+// apply began, and the watch replays the apply from there.
 func (w *Watcher) load(ctx context.Context) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, watchRequestTimeout)
 	defer cancel()
 	// A closed client would otherwise keep the read in its retry loop.
 	defer context.AfterFunc(w.store.cli.Ctx(), cancel)()
-	resp, err := w.store.cli.Get(rctx, w.store.key)
+	fence, err := w.store.readFence(rctx)
 	if err != nil {
 		return 0, fmt.Errorf("read %s: %w", w.store.key, err)
 	}
-	if resp.Header.Revision < w.seenRev {
+	if fence.rev < w.seenRev {
 		// etcd's history went backwards (restored from a backup): revisions
 		// seen before mean nothing now.
 		w.logger.Warn("etcd revision went backwards; forgetting revisions seen before",
-			"key", w.store.key, "etcd_revision", resp.Header.Revision, "seen_revision", w.seenRev)
+			"key", w.store.key, "etcd_revision", fence.rev, "seen_revision", w.seenRev)
 		w.seenRev = 0
 	}
-	if len(resp.Kvs) == 0 {
+	at := int64(0)
+	if fence.applying != nil {
+		at = fence.applying.Created - 1
+		w.logger.Info("a batched config apply is in progress; reading the config committed before it",
+			"key", w.store.key, "marker", fence.applying.String())
+	}
+	// Reading a million tenants takes longer than one request: the whole
+	// read is bounded by the context, each page by etcd.
+	r, err := w.store.readRaw(ctx, at)
+	if err != nil {
+		return 0, err
+	}
+	st := newWatchState()
+	for id, v := range r.tenants {
+		st.setTenant(id, v, false)
+	}
+	st.dirty = map[string]struct{}{}
+	st.needFull = true
+	w.st = st
+	if r.doc == nil {
 		if w.Revision() == 0 {
 			w.logger.Info("no config in etcd; running on the built-in fallback", "key", w.store.key)
 		} else {
 			w.logger.Warn("config key is gone from etcd; keeping the last good config",
 				"key", w.store.key, "live_revision", w.Revision())
 		}
-		return resp.Header.Revision, nil
+		return r.rev, nil
 	}
-	kv := resp.Kvs[0]
-	w.consider(kv.Value, kv.ModRevision)
-	return resp.Header.Revision, nil
+	w.st.doc, w.st.docRev = r.doc.Value, r.doc.ModRevision
+	w.commit(ctx)
+	return r.rev, nil
 }
 
-// follow watches the key from rev+1 until the watch ends, which is always
-// an error (or ctx ending).
+// follow watches the config range from rev+1 until the watch ends, which
+// is always an error (or ctx ending). Changes are gathered per revision;
+// a revision that wrote the document commits them.
 func (w *Watcher) follow(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for resp := range w.store.cli.Watch(wctx, w.store.key, clientv3.WithRev(rev+1)) {
+	for resp := range w.store.cli.Watch(wctx, w.store.key, clientv3.WithRange(w.store.rangeEnd()), clientv3.WithRev(rev+1)) {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("watch %s from revision %d: %w", w.store.key, rev+1, err)
 		}
-		for _, ev := range resp.Events {
-			switch ev.Type {
-			case clientv3.EventTypePut:
-				w.consider(ev.Kv.Value, ev.Kv.ModRevision)
-			case clientv3.EventTypeDelete:
-				w.logger.Warn("config key deleted from etcd; keeping the last good config",
-					"key", w.store.key, "revision", ev.Kv.ModRevision, "live_revision", w.Revision())
+		for i, ev := range resp.Events {
+			w.event(ev)
+			if i+1 == len(resp.Events) || resp.Events[i+1].Kv.ModRevision != ev.Kv.ModRevision {
+				w.commit(ctx)
 			}
 		}
 		rev = resp.Header.Revision
@@ -256,24 +330,124 @@ func (w *Watcher) follow(ctx context.Context, rev int64) error {
 	return errors.New("watch channel closed")
 }
 
-// consider applies a config value found at rev if it is new and valid.
-func (w *Watcher) consider(value []byte, rev int64) {
+// event records one change of the config range.
+func (w *Watcher) event(ev *clientv3.Event) {
+	st := &w.st
+	kind, id := w.store.classify(string(ev.Kv.Key))
+	deleted := ev.Type == clientv3.EventTypeDelete
+	switch kind {
+	case kindDocument:
+		if deleted {
+			w.logger.Warn("config key deleted from etcd; keeping the last good config",
+				"key", w.store.key, "revision", ev.Kv.ModRevision, "live_revision", w.Revision())
+			return
+		}
+		if !bytes.Equal(st.doc, ev.Kv.Value) {
+			// Every commit writes the document; only a new one is parsed
+			// and makes the next config validated whole.
+			st.docCfg, st.needFull = nil, true
+		}
+		st.doc, st.docRev, st.commit = ev.Kv.Value, ev.Kv.ModRevision, true
+	case kindApplying:
+		if !deleted && !st.applying {
+			w.logger.Info("a batched config apply began; its changes wait for its commit",
+				"key", w.store.ApplyingKey(), "revision", ev.Kv.ModRevision, "live_revision", w.Revision())
+		}
+		st.applying = !deleted
+	case kindTenant:
+		st.setTenant(id, ev.Kv.Value, deleted)
+	}
+}
+
+// commit makes the gathered changes live when the document was written
+// and no batched apply is in progress, and they are valid: the document
+// and all tenants when the document changed, else only the tenants that
+// changed. Otherwise the last good config stays live.
+func (w *Watcher) commit(ctx context.Context) {
+	st := &w.st
+	if !st.commit && st.docCfg != nil || st.applying || st.doc == nil {
+		return
+	}
+	st.commit = false
+	rev := st.docRev
 	if rev <= w.seenRev {
 		return
 	}
 	w.seenRev = rev
-	cfg, err := config.Parse(value)
-	if err != nil {
+	refuse := func(err error) {
 		// Log before counting: whoever sees the counter move can rely on
 		// the line that explains it being there already.
 		w.logger.Error("refused invalid config from etcd; the last good config stays live",
 			"key", w.store.key, "revision", rev, "live_revision", w.Revision(), "error", err)
 		w.rejected.Inc()
+	}
+	if len(st.bad) > 0 {
+		var errs []error
+		for _, id := range slices.Sorted(maps.Keys(st.bad))[:min(len(st.bad), 5)] {
+			errs = append(errs, fmt.Errorf("%s: %w", w.store.TenantKey(id), st.bad[id]))
+		}
+		if len(st.bad) > 5 {
+			errs = append(errs, fmt.Errorf("and %d more tenant keys that do not parse", len(st.bad)-5))
+		}
+		refuse(errors.Join(errs...))
 		return
 	}
+	if st.docCfg == nil {
+		cfg, err := config.ParseContext(ctx, st.doc)
+		if err != nil {
+			if ctx.Err() == nil {
+				refuse(err)
+			}
+			return
+		}
+		st.docCfg = cfg
+	}
+	next := *st.docCfg
+	switch {
+	case len(st.docCfg.Tenants) > 0:
+		// A document written before tenants had keys: its tenants, with the
+		// keys winning.
+		next.Tenants = maps.Clone(st.docCfg.Tenants)
+		maps.Copy(next.Tenants, st.tenants)
+	case len(st.tenants) > 0:
+		next.Tenants = st.tenants
+	default:
+		next.Tenants = nil
+	}
+	var err error
+	if st.needFull {
+		err = next.ValidateContext(ctx)
+	} else {
+		var errs []error
+		for id := range st.dirty {
+			if t, ok := next.Tenants[id]; ok {
+				if e := next.TenantProblems(id, t); e != nil {
+					errs = append(errs, e)
+				}
+			}
+		}
+		err = errors.Join(errs...)
+	}
+	if ctx.Err() != nil {
+		w.seenRev = rev - 1 // not judged: the next load judges it
+		return
+	}
+	if err != nil {
+		refuse(err)
+		return
+	}
+	if len(st.docCfg.Tenants) == 0 && len(st.tenants) > 0 {
+		st.shared = true
+	}
+	changed := len(st.dirty)
+	st.dirty = map[string]struct{}{}
+	full := st.needFull
+	st.needFull = false
+	cfg := &next
 	w.live.Store(&applied{cfg: cfg, rev: rev})
 	w.revision.Set(float64(rev))
 	w.appliedN.Inc()
-	w.logger.Info("applied config from etcd", "key", w.store.key, "revision", rev)
+	w.logger.Info("applied config from etcd", "key", w.store.key, "revision", rev,
+		"tenants", len(cfg.Tenants), "tenants_changed", changed, "validated_whole", full)
 	w.publish(cfg)
 }
