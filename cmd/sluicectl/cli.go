@@ -33,6 +33,8 @@ const (
 	exitNotFound    = 4
 	exitUnreachable = 5
 	exitDenied      = 6
+	// exitInterrupted is 128 + SIGINT, as shells report it.
+	exitInterrupted = 130
 )
 
 // envPrefix names the environment variables of global flags.
@@ -42,12 +44,17 @@ const usageText = `usage: sluicectl [global flags] <command> [flags] [args]
 
 commands:
   validate -f FILE                  check a config file offline ("-f -" reads stdin)
-  apply -f FILE [-yes] [-dry-run]   validate, show the diff against etcd, write it
+  apply -f FILE [-yes] [-dry-run] [-takeover]
+                                    validate, show the diff against etcd, write it
   get [-o yaml|json]                print the config in etcd (its revision on stderr)
   status [-top N] [-o text|json]    leaders from etcd and the global allocation
   tenant get NAME                   a tenant's tier, overrides, shadow and limits
   tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...]
                  [-remove-override class ...] [-yes] [-dry-run]
+  tenant delete NAME [-yes] [-dry-run]
+                                    stop listing a tenant (it gets default_tier)
+  tenant list [-prefix P] [-limit N]
+                                    stored tenants, one per line
   shadow set (class NAME | tenant NAME) on|off [-yes] [-dry-run]
   region drain NAME [-yes] [-dry-run]
                                     run the region on its floor and give its share
@@ -76,6 +83,9 @@ exit codes:
   5  unreachable: etcd, the global allocator or the regional service could
      not be reached
   6  denied: check answered over quota (a result, not a failure)
+  130 interrupted by SIGINT or SIGTERM: nothing was written, except by an
+     apply stopped while writing tenants in batches, which the daemons do
+     not see until the same apply is run again with -takeover
 
 global flags (also accepted after the command; each also read from the
 environment variable named beside it, the command line wins):
@@ -164,11 +174,13 @@ type command struct {
 func (a *app) commands() []command {
 	return []command{
 		{"validate", "validate -f FILE", a.validateCmd},
-		{"apply", "apply -f FILE [-yes] [-dry-run]", a.applyCmd},
+		{"apply", "apply -f FILE [-yes] [-dry-run] [-takeover]", a.applyCmd},
 		{"get", "get [-o yaml|json]", a.getCmd},
 		{"status", "status [-top N] [-o text|json]", a.statusCmd},
 		{"tenant get", "tenant get NAME", a.tenantGetCmd},
 		{"tenant set", "tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...] [-remove-override class ...] [-yes] [-dry-run]", a.tenantSetCmd},
+		{"tenant delete", "tenant delete NAME [-yes] [-dry-run]", a.tenantDeleteCmd},
+		{"tenant list", "tenant list [-prefix P] [-limit N]", a.tenantListCmd},
 		{"shadow set", "shadow set (class NAME | tenant NAME) on|off [-yes] [-dry-run]", a.shadowSetCmd},
 		{"region drain", "region drain NAME [-yes] [-dry-run]", a.regionDrainCmd},
 		{"region restore", "region restore NAME [-yes] [-dry-run]", a.regionRestoreCmd},

@@ -8,9 +8,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"strings"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/pkg/config"
@@ -19,8 +21,19 @@ import (
 
 // readConfigFile parses and validates a config file ("-" is stdin).
 func (a *app) readConfigFile(file string) (*config.Config, error) {
+	return a.readConfigFileContext(context.Background(), file)
+}
+
+// readConfigFileContext is readConfigFile that stops when ctx is done (on
+// SIGINT or SIGTERM). A file over config.MaxConfigBytes is refused before
+// it is read.
+func (a *app) readConfigFileContext(ctx context.Context, file string) (*config.Config, error) {
 	if file == "" {
 		return nil, exitf(exitUsage, "no config file: give -f FILE (or -f - for stdin)")
+	}
+	tooBig := func(n int64) error {
+		return invalidConfig("config "+file, &config.LimitError{Limit: "config.MaxConfigBytes", Max: config.MaxConfigBytes, Got: n, What: "bytes"},
+			"split the tenants off or raise nothing: the limit is fixed; nothing was written")
 	}
 	var (
 		data []byte
@@ -28,28 +41,57 @@ func (a *app) readConfigFile(file string) (*config.Config, error) {
 		name = file
 	)
 	if file == "-" {
-		data, err = io.ReadAll(a.stdin)
+		data, err = io.ReadAll(io.LimitReader(a.stdin, config.MaxConfigBytes+1))
 		name = "stdin"
 	} else {
-		data, err = os.ReadFile(file)
+		var st os.FileInfo
+		if st, err = os.Stat(file); err == nil && st.Size() > config.MaxConfigBytes {
+			return nil, tooBig(st.Size())
+		}
+		if err == nil {
+			data, err = os.ReadFile(file)
+		}
 	}
 	if err != nil {
 		return nil, exitf(exitInvalid, "cannot read config: %v", err)
 	}
-	cfg, err := config.Parse(data)
+	if len(data) > config.MaxConfigBytes {
+		return nil, tooBig(int64(len(data)))
+	}
+	cfg, err := config.ParseContext(ctx, data)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, interrupted(ctx, "reading config "+name+"; nothing was written")
+		}
 		return nil, invalidConfig("config "+name, err, "fix the problems above and run again; nothing was written")
 	}
 	return cfg, nil
 }
 
+// interrupted ends a command stopped by SIGINT or SIGTERM.
+func interrupted(ctx context.Context, what string) error {
+	return exitf(exitInterrupted, "interrupted (%v) while %s", context.Cause(ctx), what)
+}
+
+// store connects to etcd for a config command: each etcd request is
+// bounded by -timeout, the whole command only by ctx, since a config of a
+// million tenants takes many requests.
+func (a *app) store() (*clientv3.Client, *configstore.Store, error) {
+	cli, store, err := a.etcd()
+	if err != nil {
+		return nil, nil, err
+	}
+	store.SetRequestTimeout(a.g.timeout)
+	return cli, store, nil
+}
+
 func (a *app) validateCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 	file := fs.String("f", "", `config file to check ("-" reads stdin)`)
-	return func(_ context.Context, args []string) error {
+	return func(ctx context.Context, args []string) error {
 		if err := noPositional(args); err != nil {
 			return err
 		}
-		cfg, err := a.readConfigFile(*file)
+		cfg, err := a.readConfigFileContext(ctx, *file)
 		if err != nil {
 			return err
 		}
@@ -65,6 +107,8 @@ type changeFlags struct {
 	yes bool
 	// dryRun shows the diff and writes nothing.
 	dryRun bool
+	// takeover finishes an interrupted batched apply (apply only).
+	takeover bool
 }
 
 func (c *changeFlags) register(fs *flag.FlagSet) {
@@ -76,23 +120,24 @@ func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 	file := fs.String("f", "", `config file to apply ("-" reads stdin)`)
 	var change changeFlags
 	change.register(fs)
+	fs.BoolVar(&change.takeover, "takeover", false, "finish an apply that was interrupted while writing its tenants in batches")
 	return func(ctx context.Context, args []string) error {
 		if err := noPositional(args); err != nil {
 			return err
 		}
-		next, err := a.readConfigFile(*file)
+		next, err := a.readConfigFileContext(ctx, *file)
 		if err != nil {
 			return err
 		}
-		cli, store, err := a.etcd()
+		cli, store, err := a.store()
 		if err != nil {
 			return err
 		}
 		defer cli.Close()
-		stepCtx, cancel := a.step(ctx)
-		current, rev, err := store.Get(stepCtx)
-		cancel()
+		current, rev, err := store.Get(ctx)
 		switch {
+		case ctx.Err() != nil:
+			return interrupted(ctx, "reading the config in etcd; nothing was written")
 		case errors.Is(err, config.ErrInvalidConfig):
 			// The stored config is unusable anyway; replacing it is what apply
 			// is for. The daemons keep running on their last good config.
@@ -114,42 +159,78 @@ func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 // so it cannot answer a prompt.
 func (a *app) commit(ctx context.Context, store *configstore.Store, current *config.Config, rev int64,
 	next *config.Config, change changeFlags, stdinUsed bool) error {
-	if err := next.Validate(); err != nil {
+	if err := next.ValidateContext(ctx); err != nil {
+		if ctx.Err() != nil {
+			return interrupted(ctx, "validating; nothing was written")
+		}
 		return invalidConfig("the changed config", err, "nothing was written")
 	}
 	diff := config.Diff(current, next)
-	if diff == "" {
+	if diff == "" && !change.takeover {
 		fmt.Fprintf(a.stdout, "no changes (etcd is at revision %d)\n", rev)
 		return nil
 	}
 	fmt.Fprint(a.stdout, diff)
-	if change.dryRun {
-		fmt.Fprintln(a.stderr, "dry run: nothing written")
-		return nil
-	}
-	if !change.yes {
-		if stdinUsed || !a.stdinIsTerminal() {
-			return exitf(exitUsage, "not applied: stdin is not a terminal, so confirmation cannot be asked; pass --yes to write without asking (or --dry-run to only see the diff)")
-		}
-		fmt.Fprint(a.stderr, "apply? [y/N] ")
-		answer, _ := bufio.NewReader(a.stdin).ReadString('\n')
-		switch strings.ToLower(strings.TrimSpace(answer)) {
-		case "y", "yes":
-		default:
-			return exitf(exitInvalid, "not applied: declined; nothing was written")
-		}
+	if ok, err := a.confirm(change, stdinUsed); !ok {
+		return err
 	}
 	if a.beforeWrite != nil {
 		a.beforeWrite()
 	}
-	stepCtx, cancel := a.step(ctx)
-	newRev, err := store.Apply(stepCtx, next, rev)
-	cancel()
+	opts := configstore.ApplyOptions{Takeover: change.takeover, Progress: a.progress()}
+	newRev, err := store.ApplyWith(ctx, next, rev, opts)
+	return a.written(ctx, newRev, rev, err)
+}
+
+// confirm says whether to write: -dry-run never (nil error), -yes always,
+// else the answer to a prompt on a terminal.
+func (a *app) confirm(change changeFlags, stdinUsed bool) (bool, error) {
+	if change.dryRun {
+		fmt.Fprintln(a.stderr, "dry run: nothing written")
+		return false, nil
+	}
+	if change.yes {
+		return true, nil
+	}
+	if stdinUsed || !a.stdinIsTerminal() {
+		return false, exitf(exitUsage, "not applied: stdin is not a terminal, so confirmation cannot be asked; pass --yes to write without asking (or --dry-run to only see the diff)")
+	}
+	fmt.Fprint(a.stderr, "apply? [y/N] ")
+	answer, _ := bufio.NewReader(a.stdin).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return true, nil
+	}
+	return false, exitf(exitInvalid, "not applied: declined; nothing was written")
+}
+
+// progress reports a batched apply's tenant writes on stderr, about every
+// tenth of them.
+func (a *app) progress() func(done, total int) {
+	last := 0
+	return func(done, total int) {
+		if done == total || done-last >= max(total/10, 1) {
+			fmt.Fprintf(a.stderr, "wrote %d of %d tenant changes\n", done, total)
+			last = done
+		}
+	}
+}
+
+// written reports the outcome of a write computed from revision rev.
+func (a *app) written(ctx context.Context, newRev, rev int64, err error) error {
 	switch {
+	case errors.Is(err, configstore.ErrApplyInProgress):
+		return exitf(exitConflict, "not applied: %v; nothing was written", err)
 	case errors.Is(err, configstore.ErrConflict):
 		return exitf(exitConflict, "not applied: the config in etcd changed after it was read at revision %d (%v); nothing was written; run the command again to see the diff against the new config", rev, err)
 	case errors.Is(err, config.ErrInvalidConfig):
 		return invalidConfig("the changed config", err, "nothing was written")
+	case errors.Is(err, configstore.ErrInterrupted) && ctx.Err() != nil:
+		return interrupted(ctx, fmt.Sprintf("writing: %v; run the same apply with -takeover to finish it", err))
+	case errors.Is(err, configstore.ErrInterrupted):
+		return exitf(exitUnreachable, "%v; run the same apply with -takeover to finish it", err)
+	case ctx.Err() != nil:
+		return interrupted(ctx, "writing; nothing was written")
 	case err != nil:
 		return a.etcdFailure(fmt.Errorf("write: %w", err))
 	}
@@ -171,6 +252,16 @@ func (a *app) getCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 			return err
 		}
 		defer done()
+		if *format == "yaml" {
+			fmt.Fprintf(a.stderr, "revision %d\n", rev)
+			if err := cfg.WriteYAMLContext(ctx, a.stdout); err != nil {
+				if ctx.Err() != nil {
+					return interrupted(ctx, "printing the config")
+				}
+				return exitf(exitInvalid, "render config: %v", err)
+			}
+			return nil
+		}
 		data, err := cfg.Marshal()
 		if err != nil {
 			return exitf(exitInvalid, "render config: %v", err)
@@ -189,7 +280,7 @@ func (a *app) getCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 // openConfig connects to etcd and reads the config for a command that
 // needs one; the caller calls done when finished with the store.
 func (a *app) openConfig(ctx context.Context) (store *configstore.Store, cfg *config.Config, rev int64, done func(), err error) {
-	cli, store, err := a.etcd()
+	cli, store, err := a.store()
 	if err != nil {
 		return nil, nil, 0, nil, err
 	}
@@ -203,10 +294,11 @@ func (a *app) openConfig(ctx context.Context) (store *configstore.Store, cfg *co
 // currentConfig reads the config from etcd for a command that needs one:
 // absent is exit 4, unparsable exit 1.
 func (a *app) currentConfig(ctx context.Context, store *configstore.Store) (*config.Config, int64, error) {
-	stepCtx, cancel := a.step(ctx)
-	cfg, rev, err := store.Get(stepCtx)
-	cancel()
+	store.SetRequestTimeout(a.g.timeout)
+	cfg, rev, err := store.Get(ctx)
 	switch {
+	case ctx.Err() != nil:
+		return nil, 0, interrupted(ctx, "reading the config in etcd")
 	case errors.Is(err, config.ErrInvalidConfig):
 		return nil, rev, invalidConfig(fmt.Sprintf("the config in etcd (%s, revision %d)", store.Key(), rev), err,
 			"replace it with: sluicectl apply -f FILE")
@@ -233,11 +325,20 @@ func yamlToJSON(data []byte) ([]byte, error) {
 }
 
 // cloneConfig returns a deep copy of cfg, for read-modify-write: the copy
-// is changed while the original is kept for the diff.
+// is changed while the original is kept for the diff. Everything but the
+// tenants is copied through its YAML form; the tenants map is copied, not
+// the tenants in it, which read-modify-write never changes in place.
 func cloneConfig(cfg *config.Config) (*config.Config, error) {
-	data, err := cfg.Marshal()
+	base := *cfg
+	base.Tenants = nil
+	data, err := base.Marshal()
 	if err != nil {
 		return nil, err
 	}
-	return config.Parse(data)
+	out, err := config.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	out.Tenants = maps.Clone(cfg.Tenants)
+	return out, nil
 }

@@ -5,11 +5,14 @@
 //	sluicectl [global flags] <command> [flags] [args]
 //
 //	validate -f FILE                 check a config offline
-//	apply -f FILE [-yes] [-dry-run]  show the diff and write the config
+//	apply -f FILE [-yes] [-dry-run] [-takeover]
+//	                                 show the diff and write the config
 //	get [-o yaml|json]               print the config in etcd
 //	status [-top N] [-o text|json]   leaders and the global allocation
 //	tenant get NAME                  a tenant's tier, overrides and limits
 //	tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...]
+//	tenant delete NAME               stop listing a tenant
+//	tenant list [-prefix P]          stored tenants, one per line
 //	shadow set (class NAME | tenant NAME) on|off
 //	region drain NAME                run the region on its floor, its share to the others
 //	region restore NAME              undo a drain
@@ -34,11 +37,16 @@
 //	4  not found: no config in etcd, or no such tenant, class or region
 //	5  unreachable: etcd, the global allocator or the regional service could not be reached
 //	6  denied: check answered over quota (a result, not a failure)
+//	130 interrupted by SIGINT or SIGTERM
 //
-// Invariant: every write is one etcd transaction guarded by the revision
-// the change was computed from (configstore.Store.Apply), made only after the
-// new config validated and its diff was shown; an invalid config, a lost
-// race or a declined prompt writes nothing. region drain/restore of a
+// Invariant: every write is guarded by the revision the change was
+// computed from (configstore.Store.ApplyWith), made only after the new
+// config validated and its diff was shown; an invalid config, a lost race
+// or a declined prompt writes nothing. A write is one etcd transaction,
+// except an apply of more tenant changes than one transaction holds, which
+// writes them in batches that no daemon sees before the last transaction
+// commits them all (an interrupted one is finished by apply -takeover).
+// Tenant commands read and write one tenant's key, not the whole config. region drain/restore of a
 // region already in that state writes nothing and succeeds; draining the
 // last region not drained is refused.
 //

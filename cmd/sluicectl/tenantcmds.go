@@ -1,14 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -17,13 +21,53 @@ func (a *app) tenantGetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 		if len(args) != 1 {
 			return exitf(exitUsage, "tenant get takes one tenant name, got %d arguments", len(args))
 		}
-		_, cfg, rev, done, err := a.openConfig(ctx)
+		if err := quota.ValidateID("tenant id", args[0]); err != nil {
+			return exitf(exitInvalid, "%v", err)
+		}
+		_, view, done, err := a.openTenant(ctx, args[0])
 		if err != nil {
 			return err
 		}
 		defer done()
-		return writeTenant(a, cfg, rev, args[0])
+		cfg := view.Config
+		if view.Tenant != nil {
+			// Resolve sees the tenant as it is stored, apart from the others.
+			cfg.Tenants = map[string]config.Tenant{args[0]: *view.Tenant}
+		} else {
+			cfg.Tenants = nil
+		}
+		return writeTenant(a, cfg, view.Revision, args[0])
 	}
+}
+
+// openTenant connects to etcd and reads one tenant with the committed
+// config document, without reading the other tenants; done closes the
+// connection.
+func (a *app) openTenant(ctx context.Context, id string) (*configstore.Store, *configstore.TenantView, func(), error) {
+	cli, store, err := a.store()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	view, err := store.Tenant(ctx, id)
+	switch {
+	case ctx.Err() != nil:
+		err = interrupted(ctx, "reading the config in etcd")
+	case errors.Is(err, config.ErrInvalidConfig) && view != nil && view.Config == nil:
+		err = invalidConfig(fmt.Sprintf("the config in etcd (%s, revision %d)", store.Key(), view.Revision), err,
+			"replace it with: sluicectl apply -f FILE")
+	case errors.Is(err, config.ErrInvalidConfig):
+		err = invalidConfig(fmt.Sprintf("tenant %s in etcd (%s)", id, store.TenantKey(id)), err,
+			"replace it with: sluicectl tenant set "+id+" -tier TIER, or sluicectl tenant delete "+id)
+	case err != nil:
+		err = a.etcdFailure(err)
+	case view.Config == nil:
+		err = exitf(exitNotFound, "no config in etcd (daemons run on their bootstrap config) at %s; write one with: sluicectl apply -f FILE", store.Key())
+	}
+	if err != nil {
+		cli.Close()
+		return nil, nil, nil, err
+	}
+	return store, view, func() { cli.Close() }, nil
 }
 
 // writeTenant prints what the config says about one tenant, including the
@@ -132,10 +176,15 @@ func (a *app) tenantSetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 				return exitf(exitUsage, "class %q is both in -override and -remove-override", class)
 			}
 		}
-		return a.readModifyWrite(ctx, change, func(cfg *config.Config) error {
-			t, listed := cfg.Tenants[name]
+		return a.changeTenant(ctx, change, name, func(view *configstore.TenantView) (*config.Tenant, error) {
+			var t config.Tenant
+			listed := view.Tenant != nil
+			if listed {
+				t = *view.Tenant
+				t.Overrides = maps.Clone(t.Overrides)
+			}
 			if !listed && *tier == "" {
-				return exitf(exitUsage, "tenant %q is not listed yet: give its -tier (tiers: %s)", name, strings.Join(sortedNames(cfg.Tiers), ", "))
+				return nil, exitf(exitUsage, "tenant %q is not listed yet: give its -tier (tiers: %s)", name, strings.Join(sortedNames(view.Config.Tiers), ", "))
 			}
 			if *tier != "" {
 				t.Tier = *tier
@@ -145,26 +194,134 @@ func (a *app) tenantSetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 			}
 			for _, class := range removals {
 				if _, ok := t.Overrides[class]; !ok {
-					return exitf(exitNotFound, "tenant %q has no override for class %q; nothing was written", name, class)
+					return nil, exitf(exitNotFound, "tenant %q has no override for class %q; nothing was written", name, class)
 				}
 				delete(t.Overrides, class)
 			}
 			if len(overrides) > 0 && t.Overrides == nil {
 				t.Overrides = map[string]config.LimitSpec{}
 			}
-			for class, spec := range overrides {
-				t.Overrides[class] = spec
-			}
+			maps.Copy(t.Overrides, overrides)
 			if len(t.Overrides) == 0 {
 				t.Overrides = nil
 			}
-			if cfg.Tenants == nil {
-				cfg.Tenants = map[string]config.Tenant{}
-			}
-			cfg.Tenants[name] = t
-			return nil
+			return &t, nil
 		})
 	}
+}
+
+func (a *app) tenantDeleteCmd(fs *flag.FlagSet) func(context.Context, []string) error {
+	var change changeFlags
+	change.register(fs)
+	return func(ctx context.Context, args []string) error {
+		if len(args) != 1 {
+			return exitf(exitUsage, "tenant delete takes one tenant name; see -h")
+		}
+		name := args[0]
+		return a.changeTenant(ctx, change, name, func(view *configstore.TenantView) (*config.Tenant, error) {
+			if view.Tenant == nil {
+				return nil, exitf(exitNotFound, "tenant %q is not listed (it gets default_tier %s); nothing was written", name, view.Config.DefaultTier)
+			}
+			return nil, nil
+		})
+	}
+}
+
+func (a *app) tenantListCmd(fs *flag.FlagSet) func(context.Context, []string) error {
+	prefix := fs.String("prefix", "", "list only tenants whose id starts with this")
+	limit := fs.Int("limit", 0, "list at most this many tenants (0: all)")
+	return func(ctx context.Context, args []string) error {
+		if err := noPositional(args); err != nil {
+			return err
+		}
+		if *limit < 0 {
+			return exitf(exitUsage, "-limit must be >= 0, got %d", *limit)
+		}
+		cli, store, err := a.store()
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		// One line per tenant, written as read: a million tenants are never
+		// all in memory.
+		w := bufio.NewWriter(a.stdout)
+		defer w.Flush()
+		fmt.Fprintln(w, "TENANT\tTIER\tSHADOW\tOVERRIDES")
+		n, bad := 0, 0
+		rev, err := store.ListTenants(ctx, *prefix, func(e configstore.TenantEntry) bool {
+			if e.Err != nil {
+				bad++
+				fmt.Fprintf(w, "%s\t# does not parse: %v\n", e.ID, strings.ReplaceAll(e.Err.Error(), "\n", "; "))
+			} else {
+				fmt.Fprintf(w, "%s\t%s\t%t\t%s\n", e.ID, e.Tenant.Tier, e.Tenant.Shadow, overrideFlag(e.Tenant.Overrides))
+			}
+			n++
+			return (*limit == 0 || n < *limit) && ctx.Err() == nil
+		})
+		switch {
+		case ctx.Err() != nil:
+			return interrupted(ctx, "listing tenants")
+		case err != nil:
+			return a.etcdFailure(err)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stderr, "%d tenants listed at config revision %d\n", n, rev)
+		if bad > 0 {
+			return exitf(exitInvalid, "%d stored tenants do not parse; fix them with sluicectl tenant set or delete", bad)
+		}
+		return nil
+	}
+}
+
+// changeTenant reads one tenant with the config document, lets change
+// compute its new value (nil deletes it), shows the diff, asks, and writes
+// it in one transaction fenced on the revision read, checking it against
+// the document alone.
+func (a *app) changeTenant(ctx context.Context, flags changeFlags, name string,
+	change func(*configstore.TenantView) (*config.Tenant, error)) error {
+	if err := quota.ValidateID("tenant id", name); err != nil {
+		return exitf(exitInvalid, "%v", err)
+	}
+	store, view, done, err := a.openTenant(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	next, err := change(view)
+	if err != nil {
+		return err
+	}
+	if next != nil {
+		if err := view.Config.TenantProblems(name, *next); err != nil {
+			return invalidConfig("the changed config", err, "nothing was written")
+		}
+	}
+	var changes []config.TenantChange
+	if view.Tenant != nil || next != nil {
+		changes = config.TenantChanges(tenantMap(name, view.Tenant), tenantMap(name, next))
+	}
+	if len(changes) == 0 {
+		fmt.Fprintf(a.stdout, "no changes (etcd is at revision %d)\n", view.Revision)
+		return nil
+	}
+	fmt.Fprint(a.stdout, config.DiffTenants(changes, -1, -1))
+	if ok, err := a.confirm(flags, false); !ok {
+		return err
+	}
+	if a.beforeWrite != nil {
+		a.beforeWrite()
+	}
+	newRev, err := store.SetTenants(ctx, map[string]*config.Tenant{name: next}, view.Revision)
+	return a.written(ctx, newRev, view.Revision, err)
+}
+
+func tenantMap(name string, t *config.Tenant) map[string]config.Tenant {
+	if t == nil {
+		return nil
+	}
+	return map[string]config.Tenant{name: *t}
 }
 
 func (a *app) shadowSetCmd(fs *flag.FlagSet) func(context.Context, []string) error {
@@ -183,22 +340,23 @@ func (a *app) shadowSetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 		default:
 			return exitf(exitUsage, "shadow set: want on or off, got %q", args[2])
 		}
-		return a.readModifyWrite(ctx, change, func(cfg *config.Config) error {
-			if kind == "class" {
-				cl, ok := cfg.Classes[name]
-				if !ok {
-					return exitf(exitNotFound, "class %q is not configured (classes: %s); nothing was written", name, strings.Join(sortedNames(cfg.Classes), ", "))
+		if kind == "tenant" {
+			return a.changeTenant(ctx, change, name, func(view *configstore.TenantView) (*config.Tenant, error) {
+				if view.Tenant == nil {
+					return nil, exitf(exitNotFound, "tenant %q is not listed under tenants; add it first with: sluicectl tenant set %s -tier TIER -shadow=%t", name, name, on)
 				}
-				cl.Shadow = on
-				cfg.Classes[name] = cl
-				return nil
-			}
-			t, ok := cfg.Tenants[name]
+				t := *view.Tenant
+				t.Shadow = on
+				return &t, nil
+			})
+		}
+		return a.readModifyWrite(ctx, change, func(cfg *config.Config) error {
+			cl, ok := cfg.Classes[name]
 			if !ok {
-				return exitf(exitNotFound, "tenant %q is not listed under tenants; add it first with: sluicectl tenant set %s -tier TIER -shadow=%t", name, name, on)
+				return exitf(exitNotFound, "class %q is not configured (classes: %s); nothing was written", name, strings.Join(sortedNames(cfg.Classes), ", "))
 			}
-			t.Shadow = on
-			cfg.Tenants[name] = t
+			cl.Shadow = on
+			cfg.Classes[name] = cl
 			return nil
 		})
 	}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
+)
+
+// sampleWithTenants is the sample config file with n more tenants.
+func sampleWithTenants(t *testing.T, n int) string {
+	t.Helper()
+	sample := string(config.SampleYAML())
+	i := strings.Index(sample, "default_tier:")
+	var b strings.Builder
+	b.WriteString(sample[:i])
+	for k := range n {
+		fmt.Fprintf(&b, "  t%06d: {tier: free}\n", k)
+	}
+	b.WriteString(sample[i:])
+	return writeFile(t, fmt.Sprintf("tenants-%d.yaml", n), b.String())
+}
+
+// TestValidateAndApplyStopWhenInterrupted: a SIGINT or SIGTERM (the
+// context sluicectl runs under ends) stops validate and apply with exit
+// 130 and nothing written.
+func TestValidateAndApplyStopWhenInterrupted(t *testing.T) {
+	c := newCluster(t)
+	file := sampleWithTenants(t, 2000)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, args := range [][]string{{"validate", "-f", file}, c.args("apply", "-f", file, "-yes")} {
+		var out, errOut bytes.Buffer
+		code := run(ctx, args, strings.NewReader(""), &out, &errOut)
+		if code != exitInterrupted || !strings.Contains(errOut.String(), "interrupted") {
+			t.Fatalf("%s with its context ended: exit %d\n%s%s", args[len(args)-3], code, out.String(), errOut.String())
+		}
+	}
+	if cfg, _ := c.config(t); cfg != nil {
+		t.Fatal("an interrupted apply wrote a config")
+	}
+}
+
+func TestValidateRefusesAFileOverTheSizeLimit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "huge.yaml")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sparse: the size is checked before anything is read.
+	if err := f.Truncate(config.MaxConfigBytes + 1); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	r := sluicectl(t, "", "validate", "-f", path)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "config.MaxConfigBytes", fmt.Sprint(config.MaxConfigBytes+1))
+}
+
+// TestTenantCommandsWriteTenantKeys: tenant set, delete and list go
+// through the per-tenant keys, never rewriting the other tenants.
+func TestTenantCommandsWriteTenantKeys(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	r := sluicectl(t, "", c.args("tenant", "set", "bob", "-tier", "pro", "-override", "read=3000/s,6000", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "@@ tenants: 1 added, 0 changed, 0 removed @@", "+  bob:", "+    tier: pro")
+	key, err := c.cli.Get(t.Context(), c.store.TenantKey("bob"))
+	if err != nil || len(key.Kvs) != 1 || !strings.Contains(string(key.Kvs[0].Value), `"tier":"pro"`) {
+		t.Fatalf("tenant key of bob: %v, %v", key, err)
+	}
+	acme, _ := c.cli.Get(t.Context(), c.store.TenantKey("acme"))
+	if acme.Kvs[0].ModRevision >= key.Kvs[0].ModRevision {
+		t.Fatal("tenant set rewrote acme's key")
+	}
+
+	r = sluicectl(t, "", c.args("tenant", "list")...)
+	wantCode(t, r, exitOK)
+	if want := "TENANT\tTIER\tSHADOW\tOVERRIDES\nacme\tpro\tfalse\twrite=800/s,1600\nbob\tpro\tfalse\tread=3000/s,6000\n"; r.stdout != want {
+		t.Fatalf("tenant list =\n%s\nwant\n%s", r.stdout, want)
+	}
+	r = sluicectl(t, "", c.args("tenant", "list", "-prefix", "b")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, "1 tenants listed")
+
+	r = sluicectl(t, "", c.args("tenant", "delete", "bob", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "0 added, 0 changed, 1 removed", "-  bob:")
+	if cfg, _ := c.config(t); len(cfg.Tenants) != 1 {
+		t.Fatalf("after delete etcd lists %v", cfg.Tenants)
+	}
+	wantCode(t, sluicectl(t, "", c.args("tenant", "delete", "bob", "-yes")...), exitNotFound)
+}
+
+// TestApplyOfManyTenantsWritesThemInBatches applies a file with more
+// tenants than one etcd transaction holds, then a change that loses a race
+// to a tenant write.
+func TestApplyOfManyTenantsWritesThemInBatches(t *testing.T) {
+	c := newCluster(t)
+	n := 3 * configstore.TxnOps
+	r := sluicectl(t, "", c.args("apply", "-f", sampleWithTenants(t, n), "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, fmt.Sprintf("wrote %d of %d tenant changes", n+1, n+1))
+	cfg, rev := c.config(t)
+	if len(cfg.Tenants) != n+1 {
+		t.Fatalf("etcd lists %d tenants, want %d", len(cfg.Tenants), n+1)
+	}
+	keys, err := c.cli.Get(t.Context(), c.store.TenantPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || keys.Count != int64(n+1) {
+		t.Fatalf("%d tenant keys, want %d (%v)", keys.Count, n+1, err)
+	}
+
+	// A tenant write lands between the read and the write of an apply.
+	a := &app{beforeWrite: func() {
+		pro := config.Tenant{Tier: "pro"}
+		if _, err := c.store.SetTenants(context.Background(), map[string]*config.Tenant{"t000001": &pro}, rev); err != nil {
+			t.Errorf("concurrent tenant set: %v", err)
+		}
+	}}
+	mine := strings.Replace(string(config.SampleYAML()), "lease_ttl: 5s", "lease_ttl: 6s", 1)
+	r = runApp(t, a, c.args("apply", "-f", writeFile(t, "mine.yaml", mine), "-yes")...)
+	wantCode(t, r, exitConflict)
+	if got, _ := c.config(t); got.Tenants["t000001"].Tier != "pro" || len(got.Tenants) != n+1 {
+		t.Fatalf("the losing apply landed: %d tenants, t000001 = %+v", len(got.Tenants), got.Tenants["t000001"])
+	}
+}
