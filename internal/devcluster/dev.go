@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/pkg/agent"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -43,8 +44,9 @@ type DevOptions struct {
 // installed, embedded otherwise) and a regional service that leads its
 // region, serving the LeaseService, the Envoy rate limit service and gRPC
 // reflection. Regions run under the static lease of the global tier, as in
-// production: RunDev waits (a bounded time) for every region to hold one
-// before it prints what runs where and one ready-to-paste example per API,
+// production: RunDev waits (a bounded time) for every region to hold one,
+// starts a local agent (pkg/agent) of Region, then prints what runs where
+// and one ready-to-paste example per API,
 // then serves until ctx ends and stops everything. A region not in the
 // config is an error and starts nothing.
 func RunDev(ctx context.Context, o DevOptions) error {
@@ -80,7 +82,12 @@ func RunDev(ctx context.Context, o DevOptions) error {
 	if ctx.Err() != nil {
 		return nil
 	}
+	ag, err := c.StartAgent(o.Region)
+	if err != nil {
+		return err
+	}
 	printBanner(out, c, cfg, o.Region, time.Since(start), floor)
+	printAgent(out, ag, cfg, o.Region)
 	if c.waitLearned(ctx) {
 		fmt.Fprintf(out, "The global allocator has learned (%v after start): a key's rate now follows its demand across regions.\n",
 			time.Since(start).Round(time.Millisecond))
@@ -197,14 +204,27 @@ The Envoy rate limit service with grpcurl:
 %s
 Metrics with curl:
   curl -s http://%s/metrics | grep -E '^sluice_regional_(granted_tokens_total|on_floor|leader)'
-
-Ctrl-C stops everything.
 `, ctl, addr, tenant, class,
 		strictWord(cfg, strict), ctl, addr, tenant, strict,
 		ctl, c.EtcdAddr(), global,
 		tenant, strict, addr,
 		envoyExample,
 		httpAddr)
+}
+
+// printAgent says where the local agent answers, with one example per
+// API, and ends the banner.
+func printAgent(out io.Writer, a *agent.Agent, cfg *config.Config, region string) {
+	tenant := exampleTenant(cfg)
+	class, _ := exampleClasses(cfg)
+	fmt.Fprintf(out, `The local agent (cmd/agent) of region %s, deciding in memory from its own leases:
+  agent             %-21s gRPC: Envoy RateLimitService, reflection, health
+                    %-21s HTTP: POST /v1/allow
+                    %-21s HTTP operations: /metrics, /healthz, /livez
+  curl -s -X POST http://%s/v1/allow -d '{"tenant":"%s","class":"%s","cost":1}'
+
+Ctrl-C stops everything.
+`, region, a.GRPCAddr(), a.HTTPAddr(), a.MetricsAddr(), a.HTTPAddr(), tenant, class)
 }
 
 func strictWord(cfg *config.Config, class string) string {
