@@ -43,6 +43,16 @@ envoy:
   descriptors:
     - {domain: sluice, tenant_key: tenant, class_key: class}
     - {domain: edge, tenant_key: customer, class: read}
+  domains:
+    - domain: tree
+      descriptors:
+        - key: service
+          descriptors:
+            - {key: user, value: "vip-*", unlimited: true}
+            - {key: user, class: write}
+            - {key: user, value: bob, class: audit, shadow_mode: true}
+        - {key: ip, class: read}
+        - {key: ip, value: 10.0.0.1, unlimited: true}
 `
 
 // rlsSeeds are valid requests and every kind of refused one: the fuzzer
@@ -70,6 +80,10 @@ func rlsSeeds() []*rlsv3.RateLimitRequest {
 		request("sluice", 2, valid, desc("tenant", "acme", "class", "read")),
 		request("sluice", 5, valid),
 		request("sluice", 3, desc("tenant", "acme", "class", "export")),
+		request("tree", 2, desc("service", "s1", "user", "u1"), desc("ip", "10.0.0.2"), desc("ip", "10.0.0.1")),
+		request("tree", 0, desc("service", "s1", "user", "vip-7"), desc("service", "s1", "user", "bob"), desc("service", "s1")),
+		request("tree", 0, desc("service", "s/1", "user", "u1")),
+		request("tree", 0, withHits(desc("ip", "10.0.0.3"), 2)),
 	}
 }
 
