@@ -111,29 +111,37 @@ type Config struct {
 	//
 	//   - Required
 	//   - Key: region (e.g. us-east)
-	//   - Rule: at least one; names are 1-128 bytes of letters, digits
-	//     and . _ : @ -
+	//   - Rule: at least one and at most 64 (MaxRegions); names are 1-128
+	//     bytes of letters, digits and . _ : @ -
 	Regions map[string]Region `yaml:"regions"`
 	// Classes maps each route class's name to how the class is enforced.
 	//
 	//   - Required
 	//   - Key: class (e.g. write)
-	//   - Rule: at least one; names are 1-64 bytes of letters, digits and
-	//     . _ : @ -
+	//   - Rule: at least one and at most 256 (MaxClasses); names are 1-64
+	//     bytes of letters, digits and . _ : @ -
 	Classes map[string]Class `yaml:"classes"`
 	// Tiers maps each tier's name to its limit for every class.
 	//
 	//   - Required
 	//   - Key: tier (e.g. free)
-	//   - Rule: at least one; names are 1-128 bytes of letters, digits and
-	//     . _ : @ -; each tier names every configured class and no other
+	//   - Rule: at least one and at most 1024 (MaxTiers); names are 1-128
+	//     bytes of letters, digits and . _ : @ -; each tier names every
+	//     configured class and no other
 	Tiers map[string]Tier `yaml:"tiers"`
 	// Tenants maps tenant ids to what is particular about them: a tier
-	// other than default_tier, limit overrides or shadow mode.
+	// other than default_tier, limit overrides or shadow mode. In etcd
+	// each tenant is a key of its own (see docs/operations.md, "Many
+	// tenants"); in a file, write one entry per tenant under a top-level
+	// "tenants:" line (block style), which is read in time linear in the
+	// file.
 	//
 	//   - Default: none; tenants not listed get default_tier
 	//   - Key: tenant (e.g. acme)
-	//   - Rule: ids are 1-128 bytes of letters, digits and . _ : @ -
+	//   - Rule: at most 2,000,000 (MaxTenants), at most 10,000 when not
+	//     written in block style (MaxInlineTenants, e.g. one flow mapping
+	//     "tenants: {a: ...}"); ids are 1-128 bytes of letters, digits and
+	//     . _ : @ -
 	Tenants map[string]Tenant `yaml:"tenants,omitempty"`
 	// DefaultTier is the tier of tenants not listed under tenants.
 	//
