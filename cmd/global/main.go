@@ -33,6 +33,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
+	"github.com/sluicehq/sluice/pkg/rpcguard"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
@@ -68,6 +69,8 @@ func run(ctx context.Context, args []string) error {
 	etcdKey := fs.String("etcd-key", "", "client private key (PEM) for etcd")
 	etcdUser := fs.String("etcd-username", "", "etcd user")
 	etcdPassword := fs.String("etcd-password", "", "etcd password")
+	perConnection := fs.Int("max-inflight-per-connection", rpcguard.DefaultPerConnection, "units of work (keys named by the calls) served at once per client connection, at least the keys of one report; more wait their turn (docs/operations.md, Request bounds)")
+	perIdentity := fs.Int("max-inflight-per-identity", rpcguard.DefaultPerIdentity, "units of work served at once per client certificate identity (mutual TLS only)")
 	showVersion := fs.Bool(flagenv.VersionFlag, false, "print the version and exit")
 	flagenv.Usage(fs, "SLUICE")
 	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
@@ -137,6 +140,7 @@ func run(ctx context.Context, args []string) error {
 		GRPCAddr: *grpcAddr, HTTPAddr: *httpAddr, Advertise: *advertise,
 		Etcd: cli, Prefix: *prefix, SessionTTL: *sessionTTL, Config: watcher,
 		ServerTLS: serverTLS, Registry: reg, Logger: logger,
+		PerConnection: *perConnection, PerIdentity: *perIdentity,
 	})
 	if err != nil {
 		return err

@@ -49,6 +49,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/pkg/rpcguard"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
@@ -86,6 +87,7 @@ type flags struct {
 	tlsCert, tlsKey, tlsClientCA, tlsCA string
 	etcdCA, etcdCert, etcdKey           string
 	etcdUsername, etcdPassword          string
+	perConnection, perIdentity          int
 	version                             bool
 }
 
@@ -117,6 +119,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.etcdKey, "etcd-key", "", "client private key (PEM) for etcd")
 	fs.StringVar(&f.etcdUsername, "etcd-username", "", "etcd user")
 	fs.StringVar(&f.etcdPassword, "etcd-password", "", "etcd password")
+	fs.IntVar(&f.perConnection, "max-inflight-per-connection", rpcguard.DefaultPerConnection, "units of work (keys named by the calls) served at once per client connection; more wait their turn (docs/operations.md, Request bounds)")
+	fs.IntVar(&f.perIdentity, "max-inflight-per-identity", rpcguard.DefaultPerIdentity, "units of work served at once per client certificate identity over all its connections (mutual TLS only)")
 	fs.BoolVar(&f.version, flagenv.VersionFlag, false, "print the version and exit")
 	flagenv.Usage(fs, "SLUICE")
 	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
@@ -236,6 +240,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		RedisAddr: f.redisAddr, RedisCluster: f.redisCluster, RedisPassword: f.redisPassword,
 		Config: source, ColdStart: cs, ServerTLS: serverTLS, Registry: reg, Logger: logger,
 		Leader: leaderOpts, Unleased: f.unleased,
+		PerConnection: f.perConnection, PerIdentity: f.perIdentity,
 		Extra: []func(*grpc.Server){
 			func(g *grpc.Server) { envoyrls.Register(g, envoy) },
 			func(g *grpc.Server) { reflection.Register(g) },

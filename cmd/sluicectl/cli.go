@@ -65,6 +65,10 @@ commands:
                                     take (and release) one lease from a regional service
   check -addr HOST:PORT -tenant T [-class C] [-cost N]
                                     one strict decision from a regional service
+  certs -dir DIR [-domain D] [-regions R1,R2] [-server-names N1,N2]
+                                    write a CA, the daemons' and clients' mutual
+                                    TLS certificates and the auth section giving
+                                    them their roles (offline)
   import envoy-ratelimit DIR [-yes] [-dry-run] [-o FILE|- -base FILE]
                                     turn envoyproxy/ratelimit config files into
                                     envoy.domains trees and classes (etcd, or a file)
@@ -186,6 +190,7 @@ func (a *app) commands() []command {
 		{"region restore", "region restore NAME [-yes] [-dry-run]", a.regionRestoreCmd},
 		{"lease", "lease -addr HOST:PORT -tenant T [-class C] [-want N] [-keep]", a.leaseCmd},
 		{"check", "check -addr HOST:PORT -tenant T [-class C] [-cost N]", a.checkCmd},
+		{"certs", "certs -dir DIR [-domain D] [-regions R1,R2] [-server-names N1,N2] [-validity D]", a.certsCmd},
 		{"import envoy-ratelimit", "import envoy-ratelimit DIR [-yes] [-dry-run] [-o FILE|- -base FILE]", a.importEnvoyCmd},
 	}
 }

@@ -17,7 +17,10 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/endpoint"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
+	"github.com/sluicehq/sluice/pkg/rpcauth"
+	"github.com/sluicehq/sluice/pkg/rpcguard"
 )
 
 const (
@@ -84,7 +87,37 @@ type DaemonOptions struct {
 	// MaxKeysPerReport bounds the keys of one RegionReport. Optional,
 	// default DefaultMaxKeysPerReport.
 	MaxKeysPerReport int
+	// PerConnection and PerIdentity cap the units of work (keys named)
+	// in flight per connection and per authenticated identity; calls
+	// beyond wait their turn (rpcguard). Optional, default rpcguard's, and
+	// at least MaxKeysPerReport.
+	PerConnection, PerIdentity int
 }
+
+// Policy is who may call what on the global tier under mutual TLS: a
+// region's leader (role region:NAME) that region's reports and no other
+// region's, operators Status and reflection, everyone authenticated health
+// checks.
+func Policy() rpcauth.Policy {
+	return rpcauth.Policy{
+		methodSync: {Scope: func(req any) string {
+			r, ok := req.(*sluicev1.RegionReport)
+			if !ok {
+				return ""
+			}
+			return config.RoleRegionPrefix + r.GetRegion()
+		}},
+		methodStatus:              {Role: config.RoleOperator},
+		rpcauth.HealthService:     {Any: true},
+		rpcauth.ReflectionV1:      {Role: config.RoleOperator},
+		rpcauth.ReflectionV1Alpha: {Role: config.RoleOperator},
+	}
+}
+
+const (
+	methodSync   = "/sluice.v1.AllocatorService/Sync"
+	methodStatus = "/sluice.v1.AllocatorService/Status"
+)
 
 // Daemon is a running global-tier replica. Safe for concurrent use.
 type Daemon struct {
@@ -135,9 +168,30 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{opts: o, elecDone: make(chan struct{})}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	maxKeys := o.MaxKeysPerReport
+	if maxKeys == 0 {
+		maxKeys = DefaultMaxKeysPerReport
+	}
+	// Every call is authorized (with mutual TLS: a report only from its
+	// own region) and bounded before its handler.
+	edge, err := rpcguard.ServerOptions(rpcguard.EdgeOptions{
+		Name: "global allocator", Config: o.Config, ServerTLS: o.ServerTLS, Policy: Policy(),
+		Rules: map[string]rpcguard.Rule{methodSync: {Units: func(req any) int {
+			r, _ := req.(*sluicev1.RegionReport)
+			return len(r.GetKeys())
+		}, Max: maxKeys, Bound: "keys_per_report"}},
+		PerConnection: max(o.PerConnection, maxKeys), PerIdentity: max(o.PerIdentity, maxKeys, rpcguard.DefaultPerIdentity),
+		MaxMessageBytes: maxMessageBytes, Registerer: o.Registry, Logger: o.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
 	ep, err := endpoint.Listen(endpoint.Options{
 		Name: "global allocator", GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, ServerTLS: o.ServerTLS,
-		GRPCOptions: []grpc.ServerOption{grpc.MaxRecvMsgSize(maxMessageBytes), grpc.MaxSendMsgSize(maxMessageBytes)},
+		GRPCOptions: append(edge, grpc.MaxSendMsgSize(maxMessageBytes)),
 		Registry:    o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger, HealthzNote: d.role,
 	})
 	if err != nil {

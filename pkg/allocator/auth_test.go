@@ -1,0 +1,144 @@
+package allocator_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/pkg/allocator"
+	"github.com/sluicehq/sluice/pkg/tlsconfig"
+)
+
+const authRegions = twoRegions + `
+auth:
+  identities:
+    - {match: spiffe://sluice.test/region/a, roles: "region:a"}
+    - {match: spiffe://sluice.test/region/b, roles: "region:b"}
+    - {match: spiffe://sluice.test/instance, roles: instance}
+    - {match: spiffe://sluice.test/operator, roles: operator}
+`
+
+// mtlsDir writes a CA, a server certificate for 127.0.0.1 and one client
+// certificate per name (SAN URI spiffe://sluice.test/<name>) into a
+// temporary directory.
+func mtlsDir(t *testing.T, clients ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	now := time.Now()
+	ca, err := tlsconfig.NewCA("sluice test CA", now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.WriteCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.WriteLeaf(dir, tlsconfig.Leaf{Name: "server", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}, now, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range clients {
+		leaf := tlsconfig.Leaf{Name: strings.ReplaceAll(c, "/", "-"), URIs: []string{"spiffe://sluice.test/" + c}, Client: true}
+		if err := ca.WriteLeaf(dir, leaf, now, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func dialAs(t *testing.T, dir, addr, name string) sluicev1.AllocatorServiceClient {
+	t.Helper()
+	f := filepath.Join(dir, strings.ReplaceAll(name, "/", "-"))
+	cfg, err := tlsconfig.Client(filepath.Join(dir, "ca.crt"), f+".crt", f+".key", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return sluicev1.NewAllocatorServiceClient(conn)
+}
+
+// TestCallersOnlyDoWhatTheirRoleAllows runs the global tier with mutual
+// TLS: a region's certificate reporting for another region is refused with
+// PermissionDenied and nothing moves (the other region stays unheard, the
+// caller's own region keeps its grant); an instance certificate may call
+// nothing on the AllocatorService; the operator may read Status.
+func TestCallersOnlyDoWhatTheirRoleAllows(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := mtlsDir(t, "region/a", "instance", "operator")
+	serverTLS, err := tlsconfig.Server(filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key"), filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := allocator.StartDaemon(context.Background(), allocator.DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: srv.Client(t), Prefix: "/test",
+		SessionTTL: testTTL, Config: allocator.StaticConfig{C: mustConfig(t, authRegions)},
+		ServerTLS: serverTLS, DrainTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&testWriter{t: t}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	waitFor(t, 10*time.Second, "the replica leads", d.IsLeader)
+
+	a := dialAs(t, dir, d.GRPCAddr(), "region/a")
+	first, err := a.Sync(rpcCtx(t), report("a", 1, demand("acme", 10)))
+	if err != nil {
+		t.Fatalf("region a's own report: %v", err)
+	}
+	// a claims to be b.
+	_, err = a.Sync(rpcCtx(t), report("b", 1, demand("acme", 1000)))
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `needs role "region:b"`) {
+		t.Fatalf("region a reporting for b: %v, want PermissionDenied naming region:b", err)
+	}
+	op := dialAs(t, dir, d.GRPCAddr(), "operator")
+	st, err := op.Status(rpcCtx(t), &sluicev1.StatusRequest{})
+	if err != nil {
+		t.Fatalf("operator status: %v", err)
+	}
+	for _, r := range st.Regions {
+		if r.Region == "b" && (r.LastSeq != 0 || r.LastReportAgeMs != -1) {
+			t.Errorf("the refused report moved region b: %+v", r)
+		}
+	}
+	again, err := a.Sync(rpcCtx(t), report("a", 2, demand("acme", 10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.String() == "" || len(again.GetGrants()) != len(first.GetGrants()) {
+		t.Errorf("region a's grants changed after the refused report: %v then %v", first.GetGrants(), again.GetGrants())
+	}
+
+	inst := dialAs(t, dir, d.GRPCAddr(), "instance")
+	if _, err := inst.Sync(rpcCtx(t), report("a", 3, demand("acme", 10))); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("instance certificate sending a report: %v, want PermissionDenied", err)
+	}
+	if _, err := inst.Status(rpcCtx(t), &sluicev1.StatusRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("instance certificate reading status: %v, want PermissionDenied", err)
+	}
+	if _, err := a.Status(rpcCtx(t), &sluicev1.StatusRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("region certificate reading status: %v, want PermissionDenied", err)
+	}
+	m := scrape(t, d)
+	for _, want := range []string{
+		`sluice_rpc_denied_total{method="/sluice.v1.AllocatorService/Sync",needs="scoped"} 2`,
+		`sluice_rpc_denied_total{method="/sluice.v1.AllocatorService/Status",needs="operator"} 2`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
