@@ -44,6 +44,8 @@ import (
 //	           daemon's loopback lease client, on a real redis-server
 //	stateless  a server that answers OK to everything without looking:
 //	           the ceiling of the gRPC hop on this machine
+//	agent-noheaders  the agent with -envoy-headers=false: its answers
+//	           carry no x-ratelimit-*/ratelimit headers (what they cost)
 //
 // The key's limit is never reached, so every Sluice decision is an allow
 // from held tokens. Each sub-benchmark reports req/s, the p50 and p99
@@ -61,9 +63,12 @@ func BenchmarkRLS(b *testing.B) {
 		"agent":     startBenchServer(b, "agent", region.Addr),
 		"regional":  startBenchServer(b, "regional", rs.Addr()),
 		"stateless": startBenchServer(b, "stateless", ""),
+		// The agent without the rate-limit headers in its answers: what
+		// the headers cost.
+		"agent-noheaders": startBenchServer(b, "agent-noheaders", region.Addr),
 	}
 	req := envoyRequest("sluice", 0, "tenant", "acme", "class", "read")
-	order := []string{"stateless", "agent", "regional"}
+	order := []string{"stateless", "agent", "regional", "agent-noheaders"}
 	clients := map[string]rlsv3.RateLimitServiceClient{}
 	for _, name := range order {
 		conn, err := grpc.NewClient(servers[name].addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -98,7 +103,7 @@ func BenchmarkRLS(b *testing.B) {
 		}
 		rounds = append(rounds, results)
 	}
-	for _, name := range []string{"agent", "regional"} {
+	for _, name := range order[1:] {
 		var rps, p99, cpu []float64
 		for i, results := range rounds {
 			r, base := results[name], results["stateless"]
@@ -291,9 +296,10 @@ func serveBench(kind, arg string) int {
 func startKind(kind, arg string, cfg *config.Config) (string, func(), error) {
 	quiet := slog.New(slog.DiscardHandler)
 	switch kind {
-	case "agent":
+	case "agent", "agent-noheaders":
+		headers := kind == "agent"
 		a, err := agent.Start(agent.Options{
-			RegionAddr: arg, Config: agent.StaticConfig{C: cfg},
+			RegionAddr: arg, Config: agent.StaticConfig{C: cfg}, EnvoyHeaders: &headers,
 			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", Logger: quiet,
 		})
 		if err != nil {
