@@ -1161,9 +1161,18 @@ configMapGenerator:
 		for _, msg := range fp {
 			t.Error(msg)
 		}
+		// The regional certificate is also its client certificate towards
+		// the global tier (-tls-ca verifies the global tier's); the global
+		// allocator has its own.
 		want := map[string]string{
-			"tls-cert": "sluice-tls", "tls-key": "sluice-tls", "tls-client-ca": "sluice-tls",
+			"tls-cert": "sluice-tls", "tls-key": "sluice-tls", "tls-client-ca": "sluice-tls", "tls-ca": "sluice-tls",
 			"etcd-cert": "sluice-etcd-tls", "etcd-key": "sluice-etcd-tls", "etcd-ca": "sluice-etcd-tls",
+		}
+		if name == globalName {
+			want = map[string]string{
+				"tls-cert": "sluice-global-tls", "tls-key": "sluice-global-tls", "tls-client-ca": "sluice-global-tls",
+				"etcd-cert": "sluice-etcd-tls", "etcd-key": "sluice-etcd-tls", "etcd-ca": "sluice-etcd-tls",
+			}
 		}
 		for f, secret := range want {
 			v, _, ok := mountedFile(d.Spec.Template.Spec, c, flags[f])
