@@ -212,8 +212,9 @@ Metrics with curl:
 		httpAddr)
 }
 
-// printAgent says where the local agent answers, with one example per
-// API, and ends the banner.
+// printAgent says where the local agent answers, with a /v1/allow
+// example (its Envoy endpoint answers as the regions' do), and ends the
+// banner.
 func printAgent(out io.Writer, a *agent.Agent, cfg *config.Config, region string) {
 	tenant := exampleTenant(cfg)
 	class, _ := exampleClasses(cfg)
