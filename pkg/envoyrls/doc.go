@@ -167,7 +167,8 @@
 //
 // They describe one descriptor, the one closest to exhaustion: an
 // over-limit one if any, else the one with the fewest tokens remaining
-// (the first on ties). Envoy adds response_headers_to_add to the response
+// (the first on ties). A descriptor in shadow mode limits nobody, so it
+// is described only when every matched descriptor is in shadow mode. Envoy adds response_headers_to_add to the response
 // whether it is rate limited or not. When Envoy's filter is configured with
 // enable_x_ratelimit_headers: DRAFT_VERSION_03 it writes the x-ratelimit
 // fields itself; set Options.Headers to false then, to avoid duplicates.

@@ -195,7 +195,7 @@ func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLim
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(targets)),
 	}
 	out := outcomeOK
-	shown, haveShown, shownClass := decided{}, false, ""
+	shown, haveShown, shownClass, shownShadow := decided{}, false, "", false
 	var retry time.Duration
 	never := false // some descriptor over limit can never pass: no retry-after
 	for i, t := range targets {
@@ -216,8 +216,10 @@ func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLim
 			retry = max(retry, dd.retry)
 			never = never || dd.never
 		}
-		if !haveShown || closerToExhaustion(dd, shown) {
-			shown, haveShown, shownClass = dd, true, t.Resolved.ClassName
+		// A descriptor in shadow mode never limits the caller, so the
+		// headers describe it only when every matched descriptor is.
+		if !haveShown || (shownShadow && !t.Shadow) || (shownShadow == t.Shadow && closerToExhaustion(dd, shown)) {
+			shown, haveShown, shownClass, shownShadow = dd, true, t.Resolved.ClassName, t.Shadow
 		}
 	}
 	if s.headers && haveShown {

@@ -122,5 +122,16 @@ func TestTreeAnswers(t *testing.T) {
 		if over := counter(t, p.reg, "sluice_envoy_decisions_total", with(labels, "result", "over_limit")); over != 0 {
 			t.Errorf("%v over_limit decisions for a shadow node", over)
 		}
+		// Beside a descriptor that limits the caller, the exhausted shadow
+		// one is not what the headers describe: it limits nobody.
+		resp := ask(t, p.rls, request("messaging", 0, desc("service", "auth", "user", "user-a"), desc("to_number", "555")))
+		st := resp.GetStatuses()
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st[0].GetLimitRemaining() != 0 {
+			t.Fatalf("shadow and per_number: %v, want OK with the shadow descriptor exhausted", resp)
+		}
+		perNumber := limitSpec{"per_number", 100, rlsv3.RateLimitResponse_RateLimit_DAY, 100, 86400}
+		if err := checkHeaders(resp, st[1], perNumber); err != nil {
+			t.Errorf("headers: %v (want them to describe per_number)", err)
+		}
 	})
 }
