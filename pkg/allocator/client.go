@@ -183,3 +183,73 @@ func (c *Client) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Watch keeps a Watch stream open to the leader of the replicas for region
+// and calls nudge (from Watch's goroutine; it must not block) for every
+// nudge received, until ctx ends; then it returns. It starts with the
+// replica Sync last reached, follows "not leader" redirects (also when an
+// open stream ends with one, as when that replica stops leading), and
+// after a round in which no replica held a stream open it waits retry
+// before the next. A replica that does not serve Watch (an older release)
+// is retried only every ten retries. Nudges only hasten reports, so a
+// region whose stream is down loses speed, never safety.
+func (c *Client) Watch(ctx context.Context, region string, retry time.Duration, nudge func()) {
+	for ctx.Err() == nil {
+		opened := false
+		unimplemented := false
+		tried := map[string]bool{}
+		queue := c.order()
+		for len(queue) > 0 && ctx.Err() == nil {
+			addr := queue[0]
+			queue = queue[1:]
+			if tried[addr] {
+				continue
+			}
+			tried[addr] = true
+			ok, err := c.watchOnce(ctx, addr, region, nudge)
+			opened = opened || ok
+			if status.Code(err) == codes.Unimplemented {
+				unimplemented = true
+			}
+			if target, isRedirect := NotLeaderAddr(err); isRedirect && target != "" && !tried[target] {
+				queue = append([]string{target}, queue...)
+			}
+		}
+		if opened {
+			continue // a leader's stream ended: look for the next one at once
+		}
+		wait := retry
+		if unimplemented {
+			wait = 10 * retry
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// watchOnce runs one Watch stream on addr until it fails or ctx ends;
+// opened says whether a nudge came on it.
+func (c *Client) watchOnce(ctx context.Context, addr, region string, nudge func()) (opened bool, err error) {
+	conn, err := c.conn(addr)
+	if err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := sluicev1.NewAllocatorServiceClient(conn).Watch(ctx, &sluicev1.WatchRequest{Region: region})
+	if err != nil {
+		return false, err
+	}
+	// A server-streaming call reports a refusal at the first Recv.
+	for {
+		if _, err := stream.Recv(); err != nil {
+			return opened, err
+		}
+		opened = true
+		nudge()
+	}
+}

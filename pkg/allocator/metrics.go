@@ -15,6 +15,7 @@ type metrics struct {
 	grants      *prometheus.CounterVec // region
 	grantedRate *prometheus.GaugeVec   // region
 	reports     *prometheus.CounterVec // region, result
+	nudges      *prometheus.CounterVec // region
 }
 
 // newMetrics registers the series of s on reg (when not nil) and attaches
@@ -37,12 +38,19 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 			Name: "sluice_global_reports_total",
 			Help: "Region reports by result: ok, invalid, not_leader, stale or error.",
 		}, []string{"region", "result"}),
+		nudges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_global_nudges_total",
+			Help: "Nudges sent on regions' Watch streams: requests to report now because capacity is moving (see docs/architecture.md, \"Nudges\").",
+		}, []string{"region"}),
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	if reg != nil {
-		reg.MustRegister(m.allocation, m.grants, m.grantedRate, m.reports,
+		reg.MustRegister(m.allocation, m.grants, m.grantedRate, m.reports, m.nudges,
+			gauge("sluice_global_watch_streams", "Open Watch streams (region leaders waiting for nudges).", func() float64 {
+				return float64(s.hub.watchers())
+			}),
 			gauge("sluice_global_leader", "1 while this replica answers Sync as leader.", func() float64 {
 				return boolGauge(s.IsLeader())
 			}),
@@ -111,6 +119,13 @@ func (m *metrics) answered(region string, grants int, rateSum float64) {
 	m.reports.WithLabelValues(region, "ok").Inc()
 	m.grants.WithLabelValues(region).Add(float64(grants))
 	m.grantedRate.WithLabelValues(region).Set(rateSum)
+}
+
+func (m *metrics) nudgeSent(region string) {
+	if m == nil {
+		return
+	}
+	m.nudges.WithLabelValues(region).Inc()
 }
 
 func (m *metrics) allocated(d time.Duration) {

@@ -129,6 +129,9 @@ type Service struct {
 
 	lmu  sync.Mutex // guards lead; taken after mu when both are held
 	lead leadState  // guarded by lmu
+
+	// hub delivers nudges to the regions' Watch streams (watch.go).
+	hub nudgeHub
 }
 
 func newService(o serviceOptions, now time.Time) (*Service, error) {
@@ -643,6 +646,9 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 		return nil, status.Error(codes.Internal, "allocator: sync: "+err.Error())
 	}
 	s.lastReport[rep.Region] = now
+	// Nudges go out before the answer: a donor asked to report now may
+	// acknowledge before the recipient's catch-up report.
+	s.hub.nudge(s.alloc.TakeNudges())
 	out := regionsync.EncodeGrants(rep, grants, s.alloc.Learning(now), s.alloc.Epoch(), s.alloc.ReportAgain(rep.Region))
 	out.StaticLeaseMs = ans.StaticLease.Milliseconds()
 	out.ConfirmedRevision, out.ConfirmedKnown = s.conf.Confirm(configRegions(cfg))

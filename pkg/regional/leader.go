@@ -26,6 +26,15 @@ type GlobalTier interface {
 	Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error)
 }
 
+// Nudger is a GlobalTier that can also deliver the global leader's nudges
+// (allocator.Client): Watch calls nudge for each until ctx ends, retrying
+// a lost stream after retry. A region leader whose GlobalTier is not a
+// Nudger reports once per epoch (and for acknowledgements and catch-ups)
+// only.
+type Nudger interface {
+	Watch(ctx context.Context, region string, retry time.Duration, nudge func())
+}
+
 // LeaderOptions configure the region leader loop.
 type LeaderOptions struct {
 	// Etcd elects one leader per region. Required.
@@ -122,6 +131,25 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	epoch := time.Duration(l.s.opts.Config.Current().Epoch)
 	t := time.NewTicker(epoch)
 	defer t.Stop()
+	// Nudges from the global leader start a round between epochs, at most
+	// one per regionsync.NudgeSpacing (a nudge sooner waits for it).
+	nudges := make(chan struct{}, 1)
+	if n, ok := l.opts.Global.(Nudger); ok {
+		wctx, stopWatch := context.WithCancel(ctx)
+		watching := make(chan struct{})
+		go func() {
+			defer close(watching)
+			n.Watch(wctx, l.s.opts.Region, epoch/2, func() {
+				select {
+				case nudges <- struct{}{}:
+				default: // one is pending already
+				}
+			})
+		}()
+		defer func() { stopWatch(); <-watching }()
+	}
+	var lastStart time.Time
+	var deferred <-chan time.Time // a nudge waiting for the spacing
 	// The first round goes at once: a region whose Redis holds no static
 	// lease runs on its floor until an answer confers one.
 	first := make(chan time.Time, 1)
@@ -133,21 +161,38 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 		case <-sess.Done():
 			return errors.New("etcd session expired")
 		case <-first:
-			l.round(ctx, sess.Done())
+			lastStart = time.Now()
+			l.round(ctx, sess.Done(), regionsync.Epoch)
 		case <-t.C:
-			l.round(ctx, sess.Done())
+			lastStart = time.Now()
+			l.round(ctx, sess.Done(), regionsync.Epoch)
 			if e := time.Duration(l.s.opts.Config.Current().Epoch); e != epoch {
 				epoch = e
 				t.Reset(epoch)
 			}
+		case <-nudges:
+			if deferred != nil {
+				continue
+			}
+			if wait := regionsync.NudgeWait(lastStart, time.Now(), epoch); wait > 0 {
+				deferred = time.After(wait)
+				continue
+			}
+			lastStart = time.Now()
+			l.round(ctx, sess.Done(), regionsync.Nudged)
+		case <-deferred:
+			deferred = nil
+			lastStart = time.Now()
+			l.round(ctx, sess.Done(), regionsync.Nudged)
 		}
 	}
 }
 
-// round is one epoch's sync; after a failure the etcd rule of the static
-// lease (NoGlobalLeader) is tried.
-func (l *Leader) round(ctx context.Context, lost <-chan struct{}) {
-	if err := l.SyncOnce(ctx, lost); err != nil {
+// round is one round of reports starting with one of the given kind
+// (Epoch or Nudged); after a failure the etcd rule of the static lease
+// (NoGlobalLeader) is tried.
+func (l *Leader) round(ctx context.Context, lost <-chan struct{}, kind regionsync.Kind) {
+	if err := l.syncRound(ctx, lost, kind); err != nil {
 		l.s.metrics.globalSyncs.WithLabelValues("error").Inc()
 		l.s.log.Warn("region sync with the global tier failed; running on current grants", "err", err)
 		if _, err := l.NoGlobalLeader(ctx); err != nil {
@@ -182,8 +227,16 @@ func (l *Leader) setLeading(v bool) {
 // than the allocator's. lost, when it closes, means leadership ended:
 // nothing more is written.
 func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
-	round := regionsync.NewRound(time.Duration(l.s.opts.Config.Current().Epoch))
-	kind := regionsync.Epoch
+	return l.syncRound(ctx, lost, regionsync.Epoch)
+}
+
+// syncRound is SyncOnce starting with a report of the given kind.
+func (l *Leader) syncRound(ctx context.Context, lost <-chan struct{}, kind regionsync.Kind) error {
+	epoch := time.Duration(l.s.opts.Config.Current().Epoch)
+	round := regionsync.NewRound(epoch)
+	if kind == regionsync.Nudged {
+		round = regionsync.NewNudgedRound(epoch)
+	}
 	for {
 		a, err := l.syncOnce(ctx, lost, kind)
 		if err != nil {

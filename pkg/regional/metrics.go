@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}, []string{"result"})
 	m.reports = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_regional_global_reports_total",
-		Help: "Reports the region leader sent the global tier by kind: epoch (one per epoch), ack (at once, for a lowered grant), catch_up (for a pending raise).",
+		Help: "Reports the region leader sent the global tier by kind: epoch (one per epoch), ack (at once, for a lowered grant), catch_up (for a pending raise), nudged (the global leader asked for it between epochs).",
 	}, []string{"kind"})
 	m.grantsApplied = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_regional_grants_applied_total", Help: "Grants from the global tier installed in Redis by the region leader.",

@@ -26,6 +26,11 @@ const (
 	// CatchUp is a report after report_again_ms, while a raise waits on
 	// other regions' acknowledgements.
 	CatchUp
+	// Nudged is a report the global leader asked for between epochs
+	// (AllocatorService.Watch): it starts a round of its own, so its
+	// answer may need an acknowledgement and catch-ups like an epoch
+	// report's, but it does not move the demand baseline.
+	Nudged
 )
 
 // String is the kind's metric label.
@@ -37,6 +42,8 @@ func (k Kind) String() string {
 		return "ack"
 	case CatchUp:
 		return "catch_up"
+	case Nudged:
+		return "nudged"
 	}
 	return "unknown"
 }
@@ -44,6 +51,19 @@ func (k Kind) String() string {
 // MaxCatchUps bounds the catch-up reports one epoch makes for a pending
 // raise.
 const MaxCatchUps = 2
+
+// NudgeSpacing is the least time between the start of a region's last
+// round and a round a nudge starts: a nudge that comes sooner waits until
+// then (nudges are coalesced, one pending at most). It bounds what nudges
+// cost a region at eight extra rounds per epoch, and in practice they come
+// only while capacity moves towards or away from it.
+func NudgeSpacing(epoch time.Duration) time.Duration { return epoch / 8 }
+
+// NudgeWait is how long a nudge received at now waits before it starts a
+// round, the region's last round having started at lastStart.
+func NudgeWait(lastStart, now time.Time, epoch time.Duration) time.Duration {
+	return max(0, lastStart.Add(NudgeSpacing(epoch)).Sub(now))
+}
 
 // ActiveHorizon is how far back (in epochs) a key's last sight in the
 // active-key index makes it part of a report.
@@ -265,8 +285,9 @@ func Outcome(g *sluicev1.RegionGrants, installs []Install, applied []bool) Answe
 
 // Round is the sequence of reports of one epoch: the epoch report, an
 // acknowledgement when its answer lowered a grant, then up to MaxCatchUps
-// catch-up reports while an answer says a raise is pending. An extra
-// report never triggers an acknowledgement of its own. With many keys some
+// catch-up reports while an answer says a raise is pending. A nudged
+// report starts a round like an epoch report; an acknowledgement or a
+// catch-up never triggers an acknowledgement of its own. With many keys some
 // grant falls in most epochs, so expect close to two reports per epoch,
 // and up to two more while capacity moves towards the region.
 type Round struct {
@@ -278,11 +299,14 @@ type Round struct {
 // NewRound starts an epoch's round; its first report is an Epoch report.
 func NewRound(epoch time.Duration) *Round { return &Round{epoch: epoch, last: Epoch} }
 
+// NewNudgedRound starts a round whose first report is a Nudged one.
+func NewNudgedRound(epoch time.Duration) *Round { return &Round{epoch: epoch, last: Nudged} }
+
 // Next is what follows the answer a to the round's last report: the next
 // report's kind and how long to wait before sending it, or more false when
 // the round is over.
 func (r *Round) Next(a Answer) (kind Kind, wait time.Duration, more bool) {
-	if r.last == Epoch && a.Lowered {
+	if (r.last == Epoch || r.last == Nudged) && a.Lowered {
 		r.last = Ack
 		return Ack, 0, true
 	}

@@ -68,3 +68,21 @@ func (f *tierFaults) set(fn func(f *tierFaults)) {
 	defer f.mu.Unlock()
 	fn(f)
 }
+
+// Watch passes the global leader's nudges through, except while the region
+// is cut off or when the link loses them (a nudge only hastens a report).
+func (ft *faultyTier) Watch(ctx context.Context, region string, retry time.Duration, nudge func()) {
+	n, ok := ft.next.(regional.Nudger)
+	if !ok {
+		return
+	}
+	n.Watch(ctx, region, retry, func() {
+		f := ft.f
+		f.mu.Lock()
+		drop := f.partitioned || (f.loss > 0 && f.rng.Float64() < f.loss)
+		f.mu.Unlock()
+		if !drop {
+			nudge()
+		}
+	})
+}

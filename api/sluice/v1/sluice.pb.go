@@ -871,6 +871,97 @@ func (x *CheckResponse) GetShadow() bool {
 	return false
 }
 
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The region whose leader watches (a configured region name).
+	Region        string `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_sluice_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WatchRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+// Nudge asks the region leader for a report now.
+type Nudge struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The allocator's epoch counter when the nudge was sent (for logs).
+	Epoch         uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Nudge) Reset() {
+	*x = Nudge{}
+	mi := &file_sluice_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Nudge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Nudge) ProtoMessage() {}
+
+func (x *Nudge) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Nudge.ProtoReflect.Descriptor instead.
+func (*Nudge) Descriptor() ([]byte, []int) {
+	return file_sluice_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Nudge) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How many of the most contended keys to list (default 10, max 1000).
@@ -881,7 +972,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sluice_proto_msgTypes[11]
+	mi := &file_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +984,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[11]
+	mi := &file_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +997,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatusRequest) GetTopKeys() int32 {
@@ -944,7 +1035,7 @@ type RegionStatus struct {
 
 func (x *RegionStatus) Reset() {
 	*x = RegionStatus{}
-	mi := &file_sluice_proto_msgTypes[12]
+	mi := &file_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1047,7 @@ func (x *RegionStatus) String() string {
 func (*RegionStatus) ProtoMessage() {}
 
 func (x *RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[12]
+	mi := &file_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1060,7 @@ func (x *RegionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
 func (*RegionStatus) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RegionStatus) GetRegion() string {
@@ -1036,7 +1127,7 @@ type KeyRegionStatus struct {
 
 func (x *KeyRegionStatus) Reset() {
 	*x = KeyRegionStatus{}
-	mi := &file_sluice_proto_msgTypes[13]
+	mi := &file_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1139,7 @@ func (x *KeyRegionStatus) String() string {
 func (*KeyRegionStatus) ProtoMessage() {}
 
 func (x *KeyRegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[13]
+	mi := &file_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1152,7 @@ func (x *KeyRegionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRegionStatus.ProtoReflect.Descriptor instead.
 func (*KeyRegionStatus) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KeyRegionStatus) GetRegion() string {
@@ -1126,7 +1217,7 @@ type KeyStatus struct {
 
 func (x *KeyStatus) Reset() {
 	*x = KeyStatus{}
-	mi := &file_sluice_proto_msgTypes[14]
+	mi := &file_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1229,7 @@ func (x *KeyStatus) String() string {
 func (*KeyStatus) ProtoMessage() {}
 
 func (x *KeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[14]
+	mi := &file_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1242,7 @@ func (x *KeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyStatus.ProtoReflect.Descriptor instead.
 func (*KeyStatus) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KeyStatus) GetKey() *QuotaKey {
@@ -1207,7 +1298,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sluice_proto_msgTypes[15]
+	mi := &file_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1310,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[15]
+	mi := &file_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1323,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StatusResponse) GetLeader() bool {
@@ -1322,7 +1413,7 @@ type KeyDemand struct {
 
 func (x *KeyDemand) Reset() {
 	*x = KeyDemand{}
-	mi := &file_sluice_proto_msgTypes[16]
+	mi := &file_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1425,7 @@ func (x *KeyDemand) String() string {
 func (*KeyDemand) ProtoMessage() {}
 
 func (x *KeyDemand) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[16]
+	mi := &file_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1438,7 @@ func (x *KeyDemand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyDemand.ProtoReflect.Descriptor instead.
 func (*KeyDemand) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KeyDemand) GetKey() *QuotaKey {
@@ -1434,7 +1525,7 @@ type RegionReport struct {
 
 func (x *RegionReport) Reset() {
 	*x = RegionReport{}
-	mi := &file_sluice_proto_msgTypes[17]
+	mi := &file_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1537,7 @@ func (x *RegionReport) String() string {
 func (*RegionReport) ProtoMessage() {}
 
 func (x *RegionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[17]
+	mi := &file_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1550,7 @@ func (x *RegionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionReport.ProtoReflect.Descriptor instead.
 func (*RegionReport) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RegionReport) GetRegion() string {
@@ -1513,7 +1604,7 @@ type KeyGrant struct {
 
 func (x *KeyGrant) Reset() {
 	*x = KeyGrant{}
-	mi := &file_sluice_proto_msgTypes[18]
+	mi := &file_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1525,7 +1616,7 @@ func (x *KeyGrant) String() string {
 func (*KeyGrant) ProtoMessage() {}
 
 func (x *KeyGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[18]
+	mi := &file_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1538,7 +1629,7 @@ func (x *KeyGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyGrant.ProtoReflect.Descriptor instead.
 func (*KeyGrant) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *KeyGrant) GetKey() *QuotaKey {
@@ -1599,7 +1690,7 @@ type RegionGrants struct {
 
 func (x *RegionGrants) Reset() {
 	*x = RegionGrants{}
-	mi := &file_sluice_proto_msgTypes[19]
+	mi := &file_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1702,7 @@ func (x *RegionGrants) String() string {
 func (*RegionGrants) ProtoMessage() {}
 
 func (x *RegionGrants) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[19]
+	mi := &file_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1715,7 @@ func (x *RegionGrants) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrants.ProtoReflect.Descriptor instead.
 func (*RegionGrants) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RegionGrants) GetRegion() string {
@@ -1757,7 +1848,11 @@ const file_sluice_proto_rawDesc = "" +
 	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12\x19\n" +
 	"\breset_ms\x18\x05 \x01(\x03R\aresetMs\x12\x16\n" +
-	"\x06shadow\x18\x06 \x01(\bR\x06shadow\"*\n" +
+	"\x06shadow\x18\x06 \x01(\bR\x06shadow\"&\n" +
+	"\fWatchRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\"\x1d\n" +
+	"\x05Nudge\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"*\n" +
 	"\rStatusRequest\x12\x19\n" +
 	"\btop_keys\x18\x01 \x01(\x05R\atopKeys\"\xf1\x01\n" +
 	"\fRegionStatus\x12\x16\n" +
@@ -1831,10 +1926,11 @@ const file_sluice_proto_rawDesc = "" +
 	"\aAcquire\x12\x19.sluice.v1.AcquireRequest\x1a\x1a.sluice.v1.AcquireResponse\x127\n" +
 	"\x04Sync\x12\x16.sluice.v1.SyncRequest\x1a\x17.sluice.v1.SyncResponse\x12@\n" +
 	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12:\n" +
-	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\x8b\x01\n" +
+	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\xc1\x01\n" +
 	"\x10AllocatorService\x128\n" +
 	"\x04Sync\x12\x17.sluice.v1.RegionReport\x1a\x17.sluice.v1.RegionGrants\x12=\n" +
-	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponseB3Z1github.com/sluicehq/sluice/api/sluice/v1;sluicev1b\x06proto3"
+	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse\x124\n" +
+	"\x05Watch\x12\x17.sluice.v1.WatchRequest\x1a\x10.sluice.v1.Nudge0\x01B3Z1github.com/sluicehq/sluice/api/sluice/v1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_proto_rawDescOnce sync.Once
@@ -1848,7 +1944,7 @@ func file_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_proto_rawDescData
 }
 
-var file_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_sluice_proto_goTypes = []any{
 	(*QuotaKey)(nil),        // 0: sluice.v1.QuotaKey
 	(*KeyReport)(nil),       // 1: sluice.v1.KeyReport
@@ -1861,15 +1957,17 @@ var file_sluice_proto_goTypes = []any{
 	(*ReleaseResponse)(nil), // 8: sluice.v1.ReleaseResponse
 	(*CheckRequest)(nil),    // 9: sluice.v1.CheckRequest
 	(*CheckResponse)(nil),   // 10: sluice.v1.CheckResponse
-	(*StatusRequest)(nil),   // 11: sluice.v1.StatusRequest
-	(*RegionStatus)(nil),    // 12: sluice.v1.RegionStatus
-	(*KeyRegionStatus)(nil), // 13: sluice.v1.KeyRegionStatus
-	(*KeyStatus)(nil),       // 14: sluice.v1.KeyStatus
-	(*StatusResponse)(nil),  // 15: sluice.v1.StatusResponse
-	(*KeyDemand)(nil),       // 16: sluice.v1.KeyDemand
-	(*RegionReport)(nil),    // 17: sluice.v1.RegionReport
-	(*KeyGrant)(nil),        // 18: sluice.v1.KeyGrant
-	(*RegionGrants)(nil),    // 19: sluice.v1.RegionGrants
+	(*WatchRequest)(nil),    // 11: sluice.v1.WatchRequest
+	(*Nudge)(nil),           // 12: sluice.v1.Nudge
+	(*StatusRequest)(nil),   // 13: sluice.v1.StatusRequest
+	(*RegionStatus)(nil),    // 14: sluice.v1.RegionStatus
+	(*KeyRegionStatus)(nil), // 15: sluice.v1.KeyRegionStatus
+	(*KeyStatus)(nil),       // 16: sluice.v1.KeyStatus
+	(*StatusResponse)(nil),  // 17: sluice.v1.StatusResponse
+	(*KeyDemand)(nil),       // 18: sluice.v1.KeyDemand
+	(*RegionReport)(nil),    // 19: sluice.v1.RegionReport
+	(*KeyGrant)(nil),        // 20: sluice.v1.KeyGrant
+	(*RegionGrants)(nil),    // 21: sluice.v1.RegionGrants
 }
 var file_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.KeyReport.key:type_name -> sluice.v1.QuotaKey
@@ -1881,27 +1979,29 @@ var file_sluice_proto_depIdxs = []int32{
 	1,  // 6: sluice.v1.ReleaseRequest.reports:type_name -> sluice.v1.KeyReport
 	0,  // 7: sluice.v1.CheckRequest.key:type_name -> sluice.v1.QuotaKey
 	0,  // 8: sluice.v1.KeyStatus.key:type_name -> sluice.v1.QuotaKey
-	13, // 9: sluice.v1.KeyStatus.regions:type_name -> sluice.v1.KeyRegionStatus
-	12, // 10: sluice.v1.StatusResponse.regions:type_name -> sluice.v1.RegionStatus
-	14, // 11: sluice.v1.StatusResponse.keys:type_name -> sluice.v1.KeyStatus
+	15, // 9: sluice.v1.KeyStatus.regions:type_name -> sluice.v1.KeyRegionStatus
+	14, // 10: sluice.v1.StatusResponse.regions:type_name -> sluice.v1.RegionStatus
+	16, // 11: sluice.v1.StatusResponse.keys:type_name -> sluice.v1.KeyStatus
 	0,  // 12: sluice.v1.KeyDemand.key:type_name -> sluice.v1.QuotaKey
-	16, // 13: sluice.v1.RegionReport.keys:type_name -> sluice.v1.KeyDemand
+	18, // 13: sluice.v1.RegionReport.keys:type_name -> sluice.v1.KeyDemand
 	0,  // 14: sluice.v1.KeyGrant.key:type_name -> sluice.v1.QuotaKey
-	18, // 15: sluice.v1.RegionGrants.grants:type_name -> sluice.v1.KeyGrant
+	20, // 15: sluice.v1.RegionGrants.grants:type_name -> sluice.v1.KeyGrant
 	3,  // 16: sluice.v1.LeaseService.Acquire:input_type -> sluice.v1.AcquireRequest
 	5,  // 17: sluice.v1.LeaseService.Sync:input_type -> sluice.v1.SyncRequest
 	7,  // 18: sluice.v1.LeaseService.Release:input_type -> sluice.v1.ReleaseRequest
 	9,  // 19: sluice.v1.LeaseService.Check:input_type -> sluice.v1.CheckRequest
-	17, // 20: sluice.v1.AllocatorService.Sync:input_type -> sluice.v1.RegionReport
-	11, // 21: sluice.v1.AllocatorService.Status:input_type -> sluice.v1.StatusRequest
-	4,  // 22: sluice.v1.LeaseService.Acquire:output_type -> sluice.v1.AcquireResponse
-	6,  // 23: sluice.v1.LeaseService.Sync:output_type -> sluice.v1.SyncResponse
-	8,  // 24: sluice.v1.LeaseService.Release:output_type -> sluice.v1.ReleaseResponse
-	10, // 25: sluice.v1.LeaseService.Check:output_type -> sluice.v1.CheckResponse
-	19, // 26: sluice.v1.AllocatorService.Sync:output_type -> sluice.v1.RegionGrants
-	15, // 27: sluice.v1.AllocatorService.Status:output_type -> sluice.v1.StatusResponse
-	22, // [22:28] is the sub-list for method output_type
-	16, // [16:22] is the sub-list for method input_type
+	19, // 20: sluice.v1.AllocatorService.Sync:input_type -> sluice.v1.RegionReport
+	13, // 21: sluice.v1.AllocatorService.Status:input_type -> sluice.v1.StatusRequest
+	11, // 22: sluice.v1.AllocatorService.Watch:input_type -> sluice.v1.WatchRequest
+	4,  // 23: sluice.v1.LeaseService.Acquire:output_type -> sluice.v1.AcquireResponse
+	6,  // 24: sluice.v1.LeaseService.Sync:output_type -> sluice.v1.SyncResponse
+	8,  // 25: sluice.v1.LeaseService.Release:output_type -> sluice.v1.ReleaseResponse
+	10, // 26: sluice.v1.LeaseService.Check:output_type -> sluice.v1.CheckResponse
+	21, // 27: sluice.v1.AllocatorService.Sync:output_type -> sluice.v1.RegionGrants
+	17, // 28: sluice.v1.AllocatorService.Status:output_type -> sluice.v1.StatusResponse
+	12, // 29: sluice.v1.AllocatorService.Watch:output_type -> sluice.v1.Nudge
+	23, // [23:30] is the sub-list for method output_type
+	16, // [16:23] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -1912,14 +2012,14 @@ func file_sluice_proto_init() {
 	if File_sluice_proto != nil {
 		return
 	}
-	file_sluice_proto_msgTypes[16].OneofWrappers = []any{}
+	file_sluice_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_proto_rawDesc), len(file_sluice_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

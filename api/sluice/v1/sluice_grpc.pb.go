@@ -264,6 +264,7 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 const (
 	AllocatorService_Sync_FullMethodName   = "/sluice.v1.AllocatorService/Sync"
 	AllocatorService_Status_FullMethodName = "/sluice.v1.AllocatorService/Status"
+	AllocatorService_Watch_FullMethodName  = "/sluice.v1.AllocatorService/Watch"
 )
 
 // AllocatorServiceClient is the client API for AllocatorService service.
@@ -279,6 +280,14 @@ type AllocatorServiceClient interface {
 	// Status is a read-only view for operators (sluicectl status). Any
 	// replica answers; a non-leader says so and names the leader.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Watch streams nudges to one region's leader: the global leader sends
+	// one when it needs that region's next report now rather than at its
+	// next epoch (a donor whose acknowledgement another region waits on, or
+	// a region whose pending raise a donor just freed). A nudge carries no
+	// decision; the region answers it with an ordinary report. A non-leader
+	// answers FailedPrecondition like Sync; the stream ends when this
+	// replica stops leading. See docs/architecture.md, "Nudges".
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Nudge], error)
 }
 
 type allocatorServiceClient struct {
@@ -309,6 +318,25 @@ func (c *allocatorServiceClient) Status(ctx context.Context, in *StatusRequest, 
 	return out, nil
 }
 
+func (c *allocatorServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Nudge], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AllocatorService_ServiceDesc.Streams[0], AllocatorService_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, Nudge]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AllocatorService_WatchClient = grpc.ServerStreamingClient[Nudge]
+
 // AllocatorServiceServer is the server API for AllocatorService service.
 // All implementations must embed UnimplementedAllocatorServiceServer
 // for forward compatibility.
@@ -322,6 +350,14 @@ type AllocatorServiceServer interface {
 	// Status is a read-only view for operators (sluicectl status). Any
 	// replica answers; a non-leader says so and names the leader.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Watch streams nudges to one region's leader: the global leader sends
+	// one when it needs that region's next report now rather than at its
+	// next epoch (a donor whose acknowledgement another region waits on, or
+	// a region whose pending raise a donor just freed). A nudge carries no
+	// decision; the region answers it with an ordinary report. A non-leader
+	// answers FailedPrecondition like Sync; the stream ends when this
+	// replica stops leading. See docs/architecture.md, "Nudges".
+	Watch(*WatchRequest, grpc.ServerStreamingServer[Nudge]) error
 	mustEmbedUnimplementedAllocatorServiceServer()
 }
 
@@ -337,6 +373,9 @@ func (UnimplementedAllocatorServiceServer) Sync(context.Context, *RegionReport) 
 }
 func (UnimplementedAllocatorServiceServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedAllocatorServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Nudge]) error {
+	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedAllocatorServiceServer) mustEmbedUnimplementedAllocatorServiceServer() {}
 func (UnimplementedAllocatorServiceServer) testEmbeddedByValue()                          {}
@@ -395,6 +434,17 @@ func _AllocatorService_Status_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AllocatorService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AllocatorServiceServer).Watch(m, &grpc.GenericServerStream[WatchRequest, Nudge]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AllocatorService_WatchServer = grpc.ServerStreamingServer[Nudge]
+
 // AllocatorService_ServiceDesc is the grpc.ServiceDesc for AllocatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -411,6 +461,12 @@ var AllocatorService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AllocatorService_Status_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _AllocatorService_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "sluice.proto",
 }
