@@ -223,7 +223,7 @@ func TestImageArchive(t *testing.T) {
 
 	files := extract(t, img)
 	phase("extracted the file system")
-	for _, p := range []string{"usr/local/bin/global", "usr/local/bin/regional", "usr/local/bin/sluicectl"} {
+	for _, p := range []string{"usr/local/bin/agent", "usr/local/bin/global", "usr/local/bin/regional", "usr/local/bin/sluicectl"} {
 		if f, ok := files[p]; !ok || f.mode&0o111 == 0 {
 			t.Errorf("image lacks the executable /%s", p)
 		}
@@ -240,7 +240,7 @@ func TestImageArchive(t *testing.T) {
 
 	// Run the commands taken out of the image.
 	out := t.TempDir()
-	for _, cmd := range []string{"global", "regional", "sluicectl"} {
+	for _, cmd := range []string{"agent", "global", "regional", "sluicectl"} {
 		p := filepath.Join(out, cmd)
 		if err := os.WriteFile(p, files["usr/local/bin/"+cmd].data, 0o755); err != nil {
 			t.Fatal(err)
