@@ -837,7 +837,7 @@ func (s *Store) writeBatches(ctx context.Context, mine *Marker, batches [][]clie
 	for range min(batchesInFlight, len(batches)) {
 		wg.Go(func() {
 			for batch := range next {
-				resp, err := s.txn(bctx).If(s.markerCmp(mine)).Then(batch...).Commit()
+				resp, err := s.writeBatch(bctx, mine, batch)
 				switch {
 				case err != nil:
 					mu.Lock()
@@ -875,4 +875,27 @@ feed:
 		first = &batchError{done: done, err: ctx.Err()}
 	}
 	return first
+}
+
+// batchAttempts is how many times a batch is sent when etcd fails it (a
+// request timed out on an overloaded etcd): the batch's writes are
+// idempotent and fenced on the marker, so sending it again is safe.
+const batchAttempts = 5
+
+func (s *Store) writeBatch(ctx context.Context, mine *Marker, batch []clientv3.Op) (*clientv3.TxnResponse, error) {
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		resp, err := s.txn(ctx).If(s.markerCmp(mine)).Then(batch...).Commit()
+		if err == nil || ctx.Err() != nil || attempt == batchAttempts {
+			return resp, err
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, err
+		case <-timer.C:
+		}
+		wait *= 2
+	}
 }
