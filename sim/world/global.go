@@ -261,6 +261,7 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 		w.counters.AllocatorErrors++
 		return nil, false
 	}
+	n.nudge(n.alloc.TakeNudges()) // Service.Sync: before the answer
 	for _, gr := range ans.Grants {
 		if k := w.keyByQK[gr.Key]; k != nil {
 			n.seen[k.id] = at
@@ -359,4 +360,24 @@ func (g *Global) etcdDown(d time.Duration) {
 			g.elect(w.sessionTTL)
 		}
 	})
+}
+
+// nudge is the Watch streams of Service.Sync: each region named gets a
+// nudge over its link to this node, unless the link drops it (a nudge
+// only hastens a report).
+func (n *GlobalNode) nudge(regions []string) {
+	w := n.g.w
+	for _, name := range regions {
+		for _, r := range w.regions {
+			if r.name != name {
+				continue
+			}
+			d, lost := w.net.globalDelay(r.idx, n.region)
+			if lost {
+				continue
+			}
+			w.counters.Nudges++
+			w.eng.After(d, r.nudged)
+		}
+	}
 }

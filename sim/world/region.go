@@ -26,7 +26,13 @@ type Region struct {
 
 	model   *luascripts.Model
 	redisUp bool
-	bornUS  int64
+	// trustedUntilUS: the region's processes restarted on an empty Redis
+	// under cold_start full and trusted it to start full (the documented
+	// opt-out): until the restart wait from then, every bucket's holdings
+	// when first seen in that data set are counted as crash error ε;
+	// trustedSeen marks the keys counted.
+	trustedUntilUS int64
+	trustedSeen    map[int]bool
 	// staticUS is the end of the region's static lease as its Redis holds
 	// it (pkg/regional's {static}:lease key; 0 = none, lost with the
 	// data). The regional service reads it on every call (a replica's
@@ -55,6 +61,10 @@ type Region struct {
 	// is out waits for its answer or timeout, as a time.Ticker's buffered
 	// tick does.
 	busy, tickWaiting bool
+	// Nudges (Leader.lead): when the last round started, a nudge that
+	// came while a round was out, and a nudge waiting for the spacing.
+	roundStart               time.Duration
+	nudgeWaiting, nudgeTimed bool
 
 	// Leases of crashed instances, by key id, until the Model reaps them
 	// (observe.go).
@@ -76,10 +86,18 @@ func newRegion(w *World, idx int, rs scenario.RegionSpec) *Region {
 // redisNowUS is the region's Redis TIME.
 func (r *Region) redisNowUS() int64 { return r.w.clockAt(r.offset).UnixMicro() }
 
+// bornKey is the born sentinel of the region's Redis (one data set).
+func (r *Region) bornKey() string { return luascripts.BornKeys(redisPrefix, false)[0] }
+
+// stampBorn is the restart guard's stamp (regional.RestartGuard.Check):
+// on a process's first look under cold_start full a missing sentinel is
+// written as 0 (buckets start full), else as now.
+func (r *Region) stampBorn(firstLook bool) {
+	r.model.StampBorn(r.redisNowUS(), r.bornKey(), firstLook && r.w.sc.Topology.ColdStart == "full")
+}
+
 func (r *Region) start() {
-	if r.w.sc.Topology.ColdStart == "conservative" {
-		r.bornUS = r.redisNowUS()
-	}
+	r.stampBorn(true)
 	n := 0
 	for _, rs := range r.w.sc.Topology.Regions {
 		if rs.Name == r.name {
@@ -99,6 +117,9 @@ func (r *Region) start() {
 	var tick func()
 	tick = func() {
 		r.flushActive()
+		if r.redisUp {
+			r.stampBorn(false) // the guard's check every epoch
+		}
 		if ticks++; r.redisUp && ticks%expirySweep == 0 {
 			r.expired(r.model.ExpireDue(r.redisNowUS()))
 		}
@@ -134,7 +155,6 @@ func (r *Region) removeInstance(in *Instance) {
 // reads it exactly).
 func (r *Region) common(k *keyInfo) luascripts.Common {
 	c := k.common[r.idx]
-	c.BornUS = r.bornUS
 	static := regionsync.Share{Rate: c.StaticRate, Burst: c.StaticBurst}
 	sh := regionsync.Choose(r.redisNowUS(), regionsync.StaticLease{UntilUS: r.staticUS},
 		regionsync.StaticMargin(r.w.epoch), static, regionsync.FloorOf(static, k.res))
@@ -307,16 +327,17 @@ func (r *Region) redisDown() {
 	r.w.orc.RedisDown(r.w.dur(), r.idx)
 }
 
-// redisBack brings Redis back empty: every bucket, lease, grant and the
-// active-key index are gone; the restart guard stamps the new data set's
-// birth so buckets are re-created conservatively.
+// redisBack brings Redis back empty: every bucket, lease, grant, the born
+// sentinel and the active-key index are gone. The first script that
+// creates a bucket in the new data set, or the guard's next check, dates
+// it, so buckets are re-created conservatively.
 func (r *Region) redisBack() {
 	if r.redisUp {
 		return
 	}
 	r.model = luascripts.NewModel()
 	r.redisUp = true
-	r.bornUS = r.redisNowUS()
+	r.trustedUntilUS, r.trustedSeen = 0, nil
 	r.staticUS = 0 // the static lease went with the data: the floor
 	for _, id := range r.indexList {
 		r.index[id] = 0
@@ -343,6 +364,7 @@ func (r *Region) electLeader(delay time.Duration) {
 		r.leaderUp = true
 		r.leaderGen++
 		r.busy, r.tickWaiting = false, false
+		r.nudgeWaiting, r.nudgeTimed = false, false
 		r.leader.Elected()
 		gen := r.leaderGen
 		var tick func()
@@ -386,8 +408,41 @@ func (r *Region) loseLeader(newAfter time.Duration) {
 // epochSync is Leader.round: an epoch's round of reports (SyncOnce); when
 // it fails at once, the etcd rule of the static lease.
 func (r *Region) epochSync(gen int) {
+	r.roundStart = r.w.dur()
 	r.round = regionsync.NewRound(r.w.epoch)
 	if !r.syncOnce(gen, regionsync.Epoch) {
+		r.noGlobalLeader()
+	}
+}
+
+// nudged is a nudge from the global leader reaching the region leader's
+// loop: a round now, or once the loop is free and the spacing since the
+// last round's start (regionsync.NudgeWait) has passed.
+func (r *Region) nudged() {
+	if !r.leaderUp || r.nudgeTimed {
+		return
+	}
+	if r.busy {
+		r.nudgeWaiting = true
+		return
+	}
+	gen := r.leaderGen
+	now := r.w.dur()
+	wait := regionsync.NudgeWait(time.Unix(0, int64(r.roundStart)), time.Unix(0, int64(now)), r.w.epoch)
+	if wait > 0 {
+		r.nudgeTimed = true
+		r.w.eng.After(wait, func() {
+			if r.leaderGen != gen {
+				return
+			}
+			r.nudgeTimed = false
+			r.nudged()
+		})
+		return
+	}
+	r.roundStart = now
+	r.round = regionsync.NewNudgedRound(r.w.epoch)
+	if !r.syncOnce(gen, regionsync.Nudged) {
 		r.noGlobalLeader()
 	}
 }
@@ -508,6 +563,12 @@ func (r *Region) syncDone(gen int) {
 		r.tickWaiting = false
 		if r.leaderUp && r.leaderGen == gen {
 			r.epochSync(gen)
+		}
+	}
+	if r.nudgeWaiting && !r.busy {
+		r.nudgeWaiting = false
+		if r.leaderUp && r.leaderGen == gen {
+			r.nudged()
 		}
 	}
 }

@@ -36,7 +36,7 @@ type keyInfo struct {
 	rkeys  luascripts.Keys
 	member string              // "tenant|class", the active-key index member
 	wire   *sluicev1.QuotaKey  // shared, never modified
-	common []luascripts.Common // per region, BornUS filled at call time
+	common []luascripts.Common // per region, the static share chosen at call time
 }
 
 // World is one simulated deployment. Not safe for concurrent use: it runs
@@ -84,6 +84,7 @@ type Counters struct {
 	UnservedTokens   int64 // requests that found no live instance
 	Replays          int64 // requests and reports delivered again by faults
 	ReplayMismatches int64 // replayed region reports the allocator answered differently (must stay 0)
+	Nudges           int64 // nudges the global leader sent that the links delivered
 }
 
 // New builds the deployment of sc with the given seed, reporting to orc.
@@ -160,6 +161,8 @@ func (w *World) addKey(k quota.Key) (*keyInfo, error) {
 			StaticRate: rate, StaticBurst: burst, LeaseTTL: w.leaseTTL,
 			Reclaim: res.Class.Reclaim != config.ReclaimNone, ReapBudget: reapBudget,
 			DemandWindow: w.cfg.DemandWindow(),
+			// The regional service always runs with its restart guard.
+			RestartWait: luascripts.RestartWait(w.leaseTTL, w.validity, w.epoch),
 		})
 	}
 	w.keys = append(w.keys, ki)
