@@ -167,7 +167,7 @@ func TestDecisionsAfterTheFirstLeaseMakeNoRegionalRPC(t *testing.T) {
 	// Warm up until a grant sized to the demand leaves the pool well above
 	// its low-water mark, and no report is out.
 	ctx := context.Background()
-	deadline := time.Now().Add(time.Duration(cfg.LeaseTTL))
+	deadline := time.Now().Add(time.Duration(cfg.Refresh))
 	for {
 		for range 1000 {
 			if d, err := a.Client().Allow(ctx, key, 1); err != nil || !d.Allowed {
@@ -179,12 +179,15 @@ func TestDecisionsAfterTheFirstLeaseMakeNoRegionalRPC(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no lease with %d tokens above the low-water mark within the lease TTL: %+v", 2*n, st)
+			t.Fatalf("no lease with %d tokens above the low-water mark within a refresh: %+v", 2*n, st)
 		}
 	}
 	before, _ := a.Client().Table().State(key)
 	rpcs := counterSum(t, regMetrics, "sluice_regional_requests_total")
 	clientRPCs := counterSum(t, a.Registry(), "sluice_client_rpc_duration_seconds")
+	if rpcs == 0 || clientRPCs == 0 {
+		t.Fatalf("the warm-up's leases were not counted (region %v, client %v RPCs): the counts below would prove nothing", rpcs, clientRPCs)
+	}
 
 	client, web := rls(t, a), httpClient(t)
 	req := envoyRequest("sluice", 0, "tenant", key.Tenant, "class", key.Class)
