@@ -122,6 +122,24 @@ func TestCallersOnlyDoWhatTheirRoleAllows(t *testing.T) {
 		t.Errorf("region a's grants changed after the refused report: %v then %v", first.GetGrants(), again.GetGrants())
 	}
 
+	// Watching: a's own nudges, not b's.
+	watch := func(c sluicev1.AllocatorServiceClient, region string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*testEpoch)
+		defer cancel()
+		stream, err := c.Watch(ctx, &sluicev1.WatchRequest{Region: region})
+		if err != nil {
+			return err
+		}
+		_, err = stream.Recv()
+		return err
+	}
+	if err := watch(a, "b"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `needs role "region:b"`) {
+		t.Fatalf("region a watching b's nudges: %v, want PermissionDenied naming region:b", err)
+	}
+	if err := watch(a, "a"); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("region a watching its own nudges: %v, want the stream held open until the caller's deadline", err)
+	}
+
 	inst := dialAs(t, dir, d.GRPCAddr(), "instance")
 	if _, err := inst.Sync(rpcCtx(t), report("a", 3, demand("acme", 10))); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("instance certificate sending a report: %v, want PermissionDenied", err)

@@ -95,13 +95,21 @@ type DaemonOptions struct {
 }
 
 // Policy is who may call what on the global tier under mutual TLS: a
-// region's leader (role region:NAME) that region's reports and no other
-// region's, operators Status and reflection, everyone authenticated health
+// region's leader (role region:NAME) that region's reports and nudges and
+// no other region's, operators Status and reflection, everyone authenticated health
 // checks.
 func Policy() rpcauth.Policy {
 	return rpcauth.Policy{
 		methodSync: {Scope: func(req any) string {
 			r, ok := req.(*sluicev1.RegionReport)
+			if !ok {
+				return ""
+			}
+			return config.RoleRegionPrefix + r.GetRegion()
+		}},
+		// A region's leader watches for its own region's nudges only.
+		methodWatch: {Scope: func(req any) string {
+			r, ok := req.(*sluicev1.WatchRequest)
 			if !ok {
 				return ""
 			}
@@ -116,6 +124,7 @@ func Policy() rpcauth.Policy {
 
 const (
 	methodSync   = "/sluice.v1.AllocatorService/Sync"
+	methodWatch  = "/sluice.v1.AllocatorService/Watch"
 	methodStatus = "/sluice.v1.AllocatorService/Status"
 )
 

@@ -274,16 +274,59 @@ func (a *Authorizer) Unary() grpc.UnaryServerInterceptor {
 	}
 }
 
-// Stream is the stream server interceptor. Scoped rules need a request
-// and refuse streams.
+// Stream is the stream server interceptor. A scoped rule needs the
+// request: the stream's first message is authorized as it is received,
+// before the handler sees it (a server-streaming call's only message, such
+// as a Watch naming its region), and nothing is sent before that.
 func (a *Authorizer) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if r, ok := a.o.Policy.rule(info.FullMethod); ok && r.Scope != nil && !r.Any {
+			return h(srv, &scopedStream{ServerStream: ss, authorize: func(req any) (context.Context, error) {
+				return a.authorize(ss.Context(), info.FullMethod, req, false)
+			}})
+		}
 		ctx, err := a.authorize(ss.Context(), info.FullMethod, nil, true)
 		if err != nil {
 			return err
 		}
 		return h(srv, &wrapped{ServerStream: ss, ctx: ctx})
 	}
+}
+
+// scopedStream authorizes its first received message with a scoped rule.
+// Used by one handler goroutine, as grpc-go's streams are.
+type scopedStream struct {
+	grpc.ServerStream
+	authorize func(req any) (context.Context, error)
+	ctx       context.Context // set once the first message passed
+}
+
+func (s *scopedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if s.ctx == nil {
+		ctx, err := s.authorize(m)
+		if err != nil {
+			return err
+		}
+		s.ctx = ctx
+	}
+	return nil
+}
+
+func (s *scopedStream) SendMsg(m any) error {
+	if s.ctx == nil {
+		return status.Error(codes.PermissionDenied, "nothing is sent on a scoped stream before its request is authorized")
+	}
+	return s.ServerStream.SendMsg(m)
+}
+
+func (s *scopedStream) Context() context.Context {
+	if s.ctx != nil {
+		return s.ctx
+	}
+	return s.ServerStream.Context()
 }
 
 type wrapped struct {
