@@ -88,6 +88,7 @@ type flags struct {
 	etcdCA, etcdCert, etcdKey           string
 	etcdUsername, etcdPassword          string
 	perConnection, perIdentity          int
+	globalTLSName                       string
 	version                             bool
 }
 
@@ -114,6 +115,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.tlsKey, "tls-key", "", "server private key (PEM)")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA bundle (PEM) client certificates must chain to; enables mutual TLS")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the global tier and this service's own certificate")
+	fs.StringVar(&f.globalTLSName, "global-tls-name", "", "name the global tier's certificate must carry (default: the dialed host; set it when the leader's address is an IP, as -advertise=$(POD_IP):7500 makes it)")
 	fs.StringVar(&f.etcdCA, "etcd-ca", "", "CA bundle (PEM) to verify etcd with; enables TLS to etcd")
 	fs.StringVar(&f.etcdCert, "etcd-cert", "", "client certificate (PEM) for etcd")
 	fs.StringVar(&f.etcdKey, "etcd-key", "", "client private key (PEM) for etcd")
@@ -177,7 +179,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	if err != nil {
 		return err
 	}
-	peerTLS, err := tlsconfig.Client(f.tlsCA, f.tlsCert, f.tlsKey, "")
+	peerTLS, err := tlsconfig.Client(f.tlsCA, f.tlsCert, f.tlsKey, f.globalTLSName)
 	if err != nil {
 		return fmt.Errorf("peer TLS: %w", err)
 	}
@@ -251,7 +253,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	}
 	// The Envoy endpoint decides from leases this process holds itself: a
 	// lease client of its own LeaseService.
-	loop, err := envoyrls.DialLoopback(d.GRPCAddr(), peerCredsFor(serverTLS, peerCreds), lease.Options{
+	loop, err := envoyrls.DialLoopback(d.GRPCAddr(), peerCredsFor(serverTLS, peerTLS), lease.Options{
 		// Unique per process incarnation: replicas run with the same
 		// listen address, and a restarted process must not take over its
 		// former life's leases.
@@ -274,12 +276,19 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 }
 
 // peerCredsFor are the credentials of the loopback lease client: plaintext
-// when the server is, else the peer TLS settings.
-func peerCredsFor(serverTLS *tls.Config, peer credentials.TransportCredentials) credentials.TransportCredentials {
-	if serverTLS == nil {
+// when the server is, else the peer TLS settings expecting this service's
+// own certificate (by its first DNS name: the loopback dials the listen
+// address, often a wildcard IP no certificate carries). It presents the
+// service's certificate, whose identity needs the instance role.
+func peerCredsFor(serverTLS *tls.Config, peer *tls.Config) credentials.TransportCredentials {
+	if serverTLS == nil || peer == nil {
 		return insecure.NewCredentials()
 	}
-	return peer
+	c := peer.Clone()
+	if certs := serverTLS.Certificates; len(certs) > 0 && certs[0].Leaf != nil && len(certs[0].Leaf.DNSNames) > 0 {
+		c.ServerName = certs[0].Leaf.DNSNames[0]
+	}
+	return credentials.NewTLS(c)
 }
 
 func loadConfig(file string) (*config.Config, error) {

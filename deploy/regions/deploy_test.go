@@ -43,12 +43,14 @@ const (
 func regionalFlags() []string {
 	return []string{"region", "listen", "metrics-listen", "redis-addr", "redis-cluster", "redis-password", "config",
 		"etcd-endpoints", "etcd-prefix", "global-addr", "session-ttl", "cold-start", "log-level", "envoy-headers",
-		"tls-cert", "tls-key", "tls-client-ca", "tls-ca", "etcd-cert", "etcd-key", "etcd-ca", "etcd-username", "etcd-password"}
+		"tls-cert", "tls-key", "tls-client-ca", "tls-ca", "global-tls-name", "etcd-cert", "etcd-key", "etcd-ca", "etcd-username", "etcd-password",
+		"max-inflight-per-connection", "max-inflight-per-identity"}
 }
 
 func globalFlags() []string {
 	return []string{"listen", "metrics-listen", "advertise", "etcd-endpoints", "etcd-prefix", "config", "log-level",
-		"tls-cert", "tls-key", "tls-client-ca", "etcd-cert", "etcd-key", "etcd-ca", "etcd-username", "etcd-password"}
+		"tls-cert", "tls-key", "tls-client-ca", "etcd-cert", "etcd-key", "etcd-ca", "etcd-username", "etcd-password",
+		"max-inflight-per-connection", "max-inflight-per-identity"}
 }
 
 // ---- rendering and decoding ----
