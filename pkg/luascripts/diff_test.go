@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,11 +51,39 @@ func TestLuaMatchesModel(t *testing.T) {
 				ReapBudget:   rapid.IntRange(0, 3).Draw(rt, "reap"),
 				DemandWindow: time.Duration(rapid.SampledFrom([]int{1, 300, 500}).Draw(rt, "demand_window_ms")) * time.Millisecond,
 			}
-			if rapid.Bool().Draw(rt, "reborn") {
-				c.BornUS = now - rapid.Int64Range(0, 10e6).Draw(rt, "born_ago")
+			if rapid.Bool().Draw(rt, "guarded") {
+				c.RestartWait = time.Duration(rapid.IntRange(1, 10_000).Draw(rt, "restart_wait_ms")) * time.Millisecond
 			}
-			kcs[i] = keyCase{KeysFor(DefaultPrefix, quota.Key{Tenant: "t" + strconv.Itoa(i), Class: "read"}), c}
+			k := quota.Key{Tenant: "t" + strconv.Itoa(i), Class: "read"}
+			ks := KeysFor(DefaultPrefix, k)
+			if rapid.Bool().Draw(rt, "cluster_keys") {
+				ks = ClusterKeysFor(DefaultPrefix, k)
+			}
+			kcs[i] = keyCase{ks, c}
 		}
+		// The data set's birth: missing (the scripts date it), long ago
+		// or recent (a Redis that lost its data), or trusted full.
+		stamp := func() {
+			switch rapid.IntRange(0, 3).Draw(rt, "born") {
+			case 1:
+				born := now - rapid.Int64Range(0, 10e6).Draw(rt, "born_ago")
+				for _, kc := range kcs {
+					sc.setNow(born)
+					m.StampBorn(born, kc.keys.Born, false)
+					if _, err := sc.StampBorn(ctx, rdb, []string{kc.keys.Born}, false); err != nil {
+						rt.Fatalf("stamp: %v", err)
+					}
+				}
+			case 2:
+				for _, kc := range kcs {
+					m.StampBorn(now, kc.keys.Born, true)
+					if _, err := sc.StampBorn(ctx, rdb, []string{kc.keys.Born}, true); err != nil {
+						rt.Fatalf("stamp: %v", err)
+					}
+				}
+			}
+		}
+		stamp()
 		instances := []string{"i-a", "i-b", "i-c"}
 		// Per (instance, key): the instance's own view of its lease, as a
 		// client keeps it (cumulative totals, lease number), and its last
@@ -131,7 +160,16 @@ func TestLuaMatchesModel(t *testing.T) {
 
 			var got, want any
 			var err error
-			switch opn := rapid.IntRange(0, 6).Draw(rt, "op"); opn {
+			switch opn := rapid.IntRange(0, 7).Draw(rt, "op"); opn {
+			case 7:
+				// Redis restarts empty: every key and sentinel is gone
+				// while the instances keep their views.
+				if err := rdb.FlushDB(ctx).Err(); err != nil {
+					rt.Fatalf("flushdb: %v", err)
+				}
+				m = NewModel()
+				stamp()
+				got, want = 0, 0
 			case 0:
 				r := report(false)
 				want = m.Acquire(now, kc.keys, kc.c, r)
@@ -200,6 +238,8 @@ func snapshot(ctx context.Context, t fataler, rdb *redis.Client) map[string]map[
 				z[m.Member.(string)] = strconv.FormatFloat(m.Score, 'f', 0, 64)
 			}
 			out[k] = z
+		case "string":
+			out[k] = map[string]string{"": rdb.Get(ctx, k).Val()}
 		default:
 			t.Fatalf("unexpected key %s of type %s", k, typ)
 		}
@@ -211,6 +251,12 @@ func snapshot(ctx context.Context, t fataler, rdb *redis.Client) map[string]map[
 // (PTTL counts down in real time, so allow the real time a run takes).
 func checkTTLs(ctx context.Context, t *rapid.T, rdb *redis.Client, m *Model) {
 	for name := range m.Snapshot() {
+		if _, ok := m.BornOf(name); ok {
+			if got := rdb.PTTL(ctx, name).Val(); got != -1 {
+				t.Fatalf("born sentinel %s has PTTL %v, want none", name, got)
+			}
+			continue
+		}
 		want, ok := m.LastTTL(name)
 		if !ok {
 			t.Fatalf("model has no TTL for %s", name)
@@ -231,5 +277,41 @@ func TestKeysShareHashTag(t *testing.T) {
 		if got := fmt.Sprint(name[len(DefaultPrefix) : len(DefaultPrefix)+len("{acme|write}")]); got != "{acme|write}" {
 			t.Errorf("%s does not start with the hash tag {acme|write}", name)
 		}
+	}
+}
+
+// TestBornKeysShareTheirSlot: on a cluster every key a script touches,
+// the born sentinel included, hashes to the quota key's slot, as real
+// Redis computes slots (CLUSTER KEYSLOT), and every slot has its own
+// sentinel.
+func TestBornKeysShareTheirSlot(t *testing.T) {
+	rdb := redistest.Start(t).Client()
+	ctx := context.Background()
+	for _, s := range []string{"foo", "acme|write", "born-0"} {
+		if want := rdb.Do(ctx, "CLUSTER", "KEYSLOT", s).Val(); want != nil && int64(Slot(s)) != want.(int64) {
+			t.Fatalf("Slot(%q) = %d, redis says %v", s, Slot(s), want)
+		}
+	}
+	if Slot("foo") != 12182 {
+		t.Fatalf("Slot(foo) = %d, want 12182", Slot("foo"))
+	}
+	for i := range 50 {
+		k := ClusterKeysFor(DefaultPrefix, quota.Key{Tenant: "t" + strconv.Itoa(i*7919), Class: "write"})
+		want := Slot(k.Bucket[len(DefaultPrefix)+1 : strings.Index(k.Bucket, "}")])
+		born := k.Born[strings.Index(k.Born, "{")+1 : strings.Index(k.Born, "}")]
+		if Slot(born) != want {
+			t.Fatalf("%s hashes to slot %d, its keys to %d", k.Born, Slot(born), want)
+		}
+	}
+	all := BornKeys(DefaultPrefix, true)
+	seen := map[string]bool{}
+	for s, name := range all {
+		if seen[name] {
+			t.Fatalf("slot %d shares its sentinel %s", s, name)
+		}
+		seen[name] = true
+	}
+	if one := BornKeys(DefaultPrefix, false); len(one) != 1 || one[0] != KeysFor(DefaultPrefix, quota.Key{Tenant: "a", Class: "b"}).Born {
+		t.Fatalf("single Redis sentinels %v", one)
 	}
 }

@@ -73,10 +73,15 @@ func FuzzScriptsMatchModel(f *testing.F) {
 			ReapBudget: in.pick(4), DemandWindow: 500 * time.Millisecond,
 		}
 		now := int64(1_700_000_000_000_000)
-		if in.pick(4) == 0 {
-			c.BornUS = now - int64(in.next())*100_000
+		born := int64(-1) // no sentinel
+		switch in.pick(4) {
+		case 0: // a data set born a while ago (Redis lost its data)
+			c.RestartWait = c.LeaseTTL
+			born = now - int64(in.next())*100_000
+		case 1: // guarded, no sentinel yet: the scripts date the data set
+			c.RestartWait = c.LeaseTTL
 		}
-		runFuzzOps(t, ctx, rdb, sc, c, now, in)
+		runFuzzOps(t, ctx, rdb, sc, c, now, born, in)
 	})
 }
 
@@ -113,12 +118,19 @@ func creditRat(r float64, dt int64) *big.Rat {
 	return x.Mul(x, new(big.Rat).SetFrac64(dt, 1_000_000))
 }
 
-func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Scripts, c Common, now int64, in *fuzzInput) {
+func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Scripts, c Common, now, born int64, in *fuzzInput) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("fuzz config: %v", err)
 	}
 	m := NewModel()
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "fz", Class: "read"})
+	if born >= 0 {
+		m.StampBorn(born, k.Born, false)
+		sc.setNow(born)
+		if _, err := sc.StampBorn(ctx, rdb, []string{k.Born}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
 	type view struct {
 		seq, used, denied, returned int64
 		last                        Report
@@ -213,13 +225,28 @@ func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Script
 			t.Fatalf("%s: state differs\n redis: %v\n model: %v", where, state, ms)
 		}
 		for name := range state {
+			if name == k.Born {
+				if got := rdb.PTTL(ctx, name).Val(); got != -1 {
+					t.Fatalf("%s: born sentinel PTTL %v, want none", where, got)
+				}
+				continue
+			}
 			wantTTL, _ := m.LastTTL(name)
 			gotTTL, err := rdb.PTTL(ctx, name).Result()
 			if err != nil || gotTTL <= 0 || gotTTL > wantTTL || gotTTL < wantTTL-2*time.Second {
 				t.Fatalf("%s: %s PTTL %v (%v), model says %v", where, name, gotTTL, err, wantTTL)
 			}
 		}
-		b := state[k.Bucket]
+		b, ok := state[k.Bucket]
+		if !ok {
+			// A call that can only undo (a release, a reap, a report of an
+			// unknown lease asking for nothing) on a key with no bucket
+			// created none.
+			if existed {
+				t.Fatalf("%s: the bucket vanished", where)
+			}
+			continue
+		}
 
 		// tk ≤ max(0, cap(now) − out), to half a micro-token.
 		tk, out := ratS(t, b["tk"]), ratS(t, b["out"])
@@ -239,11 +266,15 @@ func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Script
 			if shadow == nil {
 				// A first bucket: empty since born + lease TTL, refilled
 				// at the static rate up to the static cap.
-				shadow = new(big.Rat)
-				shadowT = c.BornUS + c.LeaseTTL.Microseconds()
-				if c.BornUS == 0 {
-					shadow = ratF(c.StaticBurst)
-					shadowT = now
+				shadow = ratF(c.StaticBurst)
+				shadowT = now
+				if c.RestartWait > 0 {
+					bornUS, ok := m.BornOf(k.Born)
+					if !ok {
+						t.Fatalf("%s: a bucket was created and the data set has no born sentinel", where)
+					}
+					shadow = new(big.Rat)
+					shadowT = bornUS + c.RestartWait.Microseconds()
 				}
 				if shadowT > now {
 					shadowT = now

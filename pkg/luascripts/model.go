@@ -21,6 +21,7 @@ import (
 type Model struct {
 	buckets map[string]*modelBucket // by Keys.Bucket
 	leases  map[string]*modelLeases // by Keys.Leases (the hash and its zset)
+	born    map[string]float64      // born sentinels, by Keys.Born (no TTL)
 	// refilled is the bucket's tokens right after the last operation's
 	// refill, before the operation itself (for tests checking refill
 	// against exact arithmetic).
@@ -49,7 +50,27 @@ type modelLeases struct {
 
 // NewModel returns an empty model (an empty Redis).
 func NewModel() *Model {
-	return &Model{buckets: map[string]*modelBucket{}, leases: map[string]*modelLeases{}}
+	return &Model{buckets: map[string]*modelBucket{}, leases: map[string]*modelLeases{}, born: map[string]float64{}}
+}
+
+// StampBorn mirrors Scripts.StampBorn for one sentinel: it writes a
+// missing one (0 when trustFull, else nowUS) and returns its value.
+func (m *Model) StampBorn(nowUS int64, name string, trustFull bool) Born {
+	if v, ok := m.born[name]; ok {
+		return Born{BornUS: int64(v)}
+	}
+	v := float64(nowUS)
+	if trustFull {
+		v = 0
+	}
+	m.born[name] = v
+	return Born{BornUS: int64(v), Written: true}
+}
+
+// BornOf returns a sentinel's value, false when it is missing.
+func (m *Model) BornOf(name string) (int64, bool) {
+	v, ok := m.born[name]
+	return int64(v), ok
 }
 
 // ExpireDue drops every key whose TTL ran out at or before nowUS, as Redis
@@ -84,6 +105,9 @@ type op struct {
 	now float64
 	b   modelBucket  // working copy: the script's unrounded locals
 	ls  *modelLeases // the lease hash and zset, changed in place
+	// missing: the bucket did not exist when the operation began; stamp:
+	// the born sentinel was missing too (STAMP: written with the bucket).
+	missing, stamp bool
 
 	reclaimed float64 // RECLAIMED: tokens returned from expired leases
 	leases    bool    // LEASES: the lease hash or expiry set was written
@@ -151,10 +175,20 @@ func (o *op) loadBucket() {
 		o.b = *b
 		return
 	}
-	// Empty since born + lease TTL; refill credits the time since. Inside
-	// the restart wait ts stays in the future: nothing is credited until
-	// the wait ends.
-	o.b = modelBucket{ts: float64(o.c.BornUS) + o.lttl()*1000}
+	// Empty since born + restart wait; refill credits the time since.
+	// Inside the wait ts stays in the future: nothing is credited until
+	// the wait ends. The birth is the sentinel's, read in the same call.
+	o.missing = true
+	wait := float64(o.c.RestartWait.Milliseconds())
+	born := 0.0
+	if wait > 0 {
+		v, ok := o.m.born[o.k.Born]
+		if !ok {
+			v, o.stamp = o.now, true
+		}
+		born = v
+	}
+	o.b = modelBucket{ts: born + wait*1000}
 }
 
 func (o *op) credit(dt, r float64) {
@@ -357,6 +391,10 @@ func (o *op) bucketTTL(gb, ge float64) float64 {
 // save writes the bucket back (rounded as Redis storage rounds it) and sets
 // every key's TTL as save_bucket does.
 func (o *op) save() {
+	if o.stamp {
+		o.m.born[o.k.Born] = o.now
+		o.stamp = false
+	}
 	b := &o.b
 	ttl := o.ttl
 	b.expireAt = o.now + ttl*1000
@@ -446,7 +484,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 			granted = l.lg
 		}
 		ttl = math.Floor((l.exp - o.now) / 1000)
-	case l != nil || !r.BookOnly:
+	case l != nil || (!r.BookOnly && want > 0):
 		if l != nil {
 			o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar, float64(max(r.BuiltUS, 0)))
 		} else {
@@ -477,9 +515,11 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 		o.ls.byID[id] = l
 		o.leases = true
 	default:
+		// A report of a lease the region does not know that asks for
+		// nothing opens no record; on a missing bucket it writes nothing.
 		ttl = 0
 	}
-	o.save()
+	o.saveUnlessUndoOnly(l != nil)
 	rep := o.leaseReply(granted, ttl, retry, dup)
 	rep.Conflict = conflict
 	return rep
@@ -487,6 +527,15 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 
 // The exported operations mirror the Scripts methods one to one; nowUS is
 // the Redis time the script would have read.
+
+// saveUnlessUndoOnly saves, except after a call that only could undo
+// (kept: no lease was involved) on a bucket that did not exist and wrote
+// no lease: lib.lua's `if L or not B.missing or LEASES`.
+func (o *op) saveUnlessUndoOnly(kept bool) {
+	if kept || !o.missing || o.leases {
+		o.save()
+	}
+}
 
 // Acquire mirrors Scripts.Acquire.
 func (m *Model) Acquire(nowUS int64, k Keys, c Common, r Report) LeaseReply {
@@ -522,7 +571,7 @@ func (m *Model) Release(nowUS int64, k Keys, c Common, r Report) ReleaseReply {
 			back += o.dropLease(r.Instance, l, true)
 		}
 	}
-	o.save()
+	o.saveUnlessUndoOnly(l != nil)
 	return ReleaseReply{Returned: int64(back), NowUS: nowUS, Conflict: conflict}
 }
 
@@ -554,7 +603,7 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 func (m *Model) Reap(nowUS int64, k Keys, c Common) ReapReply {
 	o := m.begin(nowUS, k, c)
 	n, back := o.reap(c.ReapBudget)
-	o.save()
+	o.saveUnlessUndoOnly(false)
 	return ReapReply{Reaped: n, Returned: int64(back), Live: int64(len(o.ls.byID)), NowUS: nowUS}
 }
 
@@ -592,7 +641,8 @@ func (m *Model) State(nowUS int64, k Keys, c Common) State {
 }
 
 // Snapshot renders the model's keys as Redis would show them: hash fields
-// as stored strings, sorted-set members with their scores. It is what the
+// as stored strings, sorted-set members with their scores, a string (the
+// born sentinels) as its value under the field "". It is what the
 // differential test compares against a real server.
 func (m *Model) Snapshot() map[string]map[string]string {
 	out := map[string]map[string]string{}
@@ -602,6 +652,9 @@ func (m *Model) Snapshot() map[string]map[string]string {
 			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den), "gs": i0(b.gs),
 			"dr": i0(b.dr), "sd": i0(b.sd), "rm": f17(b.rm),
 		}
+	}
+	for name, v := range m.born {
+		out[name] = map[string]string{"": i0(v)}
 	}
 	for name, ls := range m.leases {
 		h, z := map[string]string{}, map[string]string{}

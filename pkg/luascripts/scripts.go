@@ -30,10 +30,15 @@ type Common struct {
 	// Reclaim returns an expired lease's unspent tokens to the bucket when
 	// true ("reclaim: reported"); they are forfeited when false ("none").
 	Reclaim bool
-	// BornUS is the Redis time (µs) at which this data set was born, when
-	// the regional service suspects Redis restarted empty; 0 otherwise. A
-	// bucket created less than LeaseTTL after it starts empty.
-	BornUS int64
+	// RestartWait is how long after the birth of a data set (its born
+	// sentinel, Keys.Born) a bucket missing from it starts empty and earns
+	// nothing (RestartWait gives the regional service's value; whole
+	// milliseconds). The scripts read the sentinel themselves, in the call
+	// that creates the bucket, and write it when it is missing: a Redis
+	// that restarted empty is dated from the first call that noticed, never
+	// from what a caller read before the restart. 0: no restart guard, a
+	// missing bucket is full (tests, development).
+	RestartWait time.Duration
 	// ReapBudget bounds how many expired leases one call reaps (>= 0).
 	ReapBudget int
 	// DemandWindow is the shortest window over which a lease measures its
@@ -49,7 +54,7 @@ func (c Common) args(extra ...any) []any {
 		reclaim = "1"
 	}
 	a := make([]any, 0, 7+len(extra)+1)
-	a = append(a, fmtFloat(c.StaticRate), fmtFloat(c.StaticBurst), c.LeaseTTL.Milliseconds(), reclaim, c.BornUS, c.ReapBudget,
+	a = append(a, fmtFloat(c.StaticRate), fmtFloat(c.StaticBurst), c.LeaseTTL.Milliseconds(), reclaim, c.RestartWait.Milliseconds(), c.ReapBudget,
 		c.DemandWindow.Milliseconds())
 	return append(a, extra...)
 }
@@ -63,8 +68,8 @@ func (c Common) Validate() error {
 		return fmt.Errorf("static burst %v must be a non-negative number", c.StaticBurst)
 	case c.LeaseTTL < time.Millisecond:
 		return fmt.Errorf("lease TTL %v must be at least 1ms", c.LeaseTTL)
-	case c.BornUS < 0:
-		return fmt.Errorf("born %d must not be negative", c.BornUS)
+	case c.RestartWait < 0:
+		return fmt.Errorf("restart wait %v must not be negative", c.RestartWait)
 	case c.ReapBudget < 0:
 		return fmt.Errorf("reap budget %d must not be negative", c.ReapBudget)
 	case c.DemandWindow < time.Millisecond:
@@ -191,7 +196,7 @@ func (s State) Holding() float64 { return s.Tokens + float64(s.Outstanding) }
 
 // Scripts runs the embedded scripts. Safe for concurrent use.
 type Scripts struct {
-	acquire, sync, release, check, reap, setRate, state *redis.Script
+	acquire, sync, release, check, reap, setRate, state, born *redis.Script
 
 	// virtualNow is the time (µs) scripts built with a virtual clock read
 	// from their last ARGV; nil for production scripts, which read TIME.
@@ -214,6 +219,7 @@ func build(virtual bool) *Scripts {
 	sc := &Scripts{
 		acquire: s("acquire.lua"), sync: s("sync.lua"), release: s("release.lua"),
 		check: s("check.lua"), reap: s("reap.lua"), setRate: s("set_rate.lua"), state: s("state.lua"),
+		born: redis.NewScript(clock + "\n" + mustRead("born.lua")),
 	}
 	if virtual {
 		sc.virtualNow = new(atomic.Int64)
@@ -250,7 +256,53 @@ func (s *Scripts) Load(ctx context.Context, c redis.Scripter) error {
 }
 
 func (s *Scripts) all() []*redis.Script {
-	return []*redis.Script{s.acquire, s.sync, s.release, s.check, s.reap, s.setRate, s.state}
+	return []*redis.Script{s.acquire, s.sync, s.release, s.check, s.reap, s.setRate, s.state, s.born}
+}
+
+// Born is a born sentinel after StampBorn: the data set's birth (µs, Redis
+// time; 0 = trusted to have started full) and whether this call wrote it.
+type Born struct {
+	BornUS  int64
+	Written bool
+}
+
+// StampBorn writes each missing sentinel (BornKeys) on the clock of the
+// node holding it, as 0 when trustFull (a new deployment whose Redis never
+// held leases), else as that node's now, in one pipeline (one round trip
+// per node), and returns every sentinel's value afterwards. A sentinel
+// holding something other than a time is replaced.
+func (s *Scripts) StampBorn(ctx context.Context, c interface {
+	redis.Cmdable
+	redis.Scripter
+}, keys []string, trustFull bool) ([]Born, error) {
+	full := "0"
+	if trustFull {
+		full = "1"
+	}
+	qs := RunQueued(ctx, c, func(p redis.Pipeliner) []*Queued {
+		out := make([]*Queued, len(keys))
+		for i, k := range keys {
+			a := []any{full}
+			if s.virtualNow != nil {
+				a = append(a, s.virtualNow.Load())
+			}
+			out[i] = queue(ctx, p, s.born, []string{k}, a)
+		}
+		return out
+	})
+	out := make([]Born, len(qs))
+	for i, q := range qs {
+		res, err := q.Cmd.Slice()
+		if err != nil {
+			return nil, fmt.Errorf("stamp %s: %w", keys[i], err)
+		}
+		p := parser{res: res}
+		out[i] = Born{BornUS: p.int(0), Written: p.int(1) == 1}
+		if err := p.err(2); err != nil {
+			return nil, fmt.Errorf("stamp %s: %w", keys[i], err)
+		}
+	}
+	return out, nil
 }
 
 // ErrReply means a script answered something the wrapper cannot parse: a

@@ -6,9 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
@@ -55,5 +59,80 @@ func TestRedisCluster(t *testing.T) {
 		if n == 0 {
 			t.Errorf("node %s holds no key: the test did not exercise the cluster", a)
 		}
+	}
+}
+
+// TestRedisClusterNodeLossStartsItsBucketsEmpty: on a three-node Redis
+// Cluster, one node loses its data while an instance holds the whole burst
+// of a key on it. Each hash slot has its own born sentinel, lost with the
+// node's buckets, and the scripts read it in the call that recreates a
+// bucket: the key on that node comes back empty (no second burst), while a
+// key on a node that kept its data is untouched. (The sentinel once lived
+// on one node and was read by the process once per epoch: a bucket
+// recreated on another node started full.)
+func TestRedisClusterNodeLossStartsItsBucketsEmpty(t *testing.T) {
+	addrs := redistest.StartCluster(t, 3)
+	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
+		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: strings.Join(addrs, ","),
+		Config: regional.StaticConfig{C: regiontest.MustConfig(t, oneRegion)}, ColdStart: regional.ColdStartFull,
+		Unleased: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	client := sluicev1.NewLeaseServiceClient((&regiontest.Region{Addr: d.GRPCAddr()}).Dial(t))
+	ctx := context.Background()
+	nodes := make([]*redis.Client, len(addrs))
+	for i, a := range addrs {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: a})
+		defer nodes[i].Close()
+	}
+	// nodeOf is the node serving a key (the others answer MOVED).
+	nodeOf := func(name string) int {
+		for i, n := range nodes {
+			if v, err := n.Exists(ctx, name).Result(); err == nil && v == 1 {
+				return i
+			}
+		}
+		t.Fatalf("no node holds %s", name)
+		return -1
+	}
+	acquire := func(inst, tenant string) int64 {
+		resp, err := client.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: inst,
+			Report: &sluicev1.KeyReport{Key: qk(tenant, "read"), Seq: 1, Lease: 1, Want: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetGrant().GetGranted()
+	}
+	// Two keys on different nodes, each handed out whole (burst 100).
+	lost := "tenant-0"
+	if g := acquire("i-1", lost); g != 100 {
+		t.Fatalf("first lease on %s granted %d, want the burst 100", lost, g)
+	}
+	lostNode := nodeOf(luascripts.KeysFor(luascripts.DefaultPrefix, quota.Key{Tenant: lost, Class: "read"}).Bucket)
+	kept := ""
+	for i := 1; kept == ""; i++ {
+		name := fmt.Sprintf("tenant-%d", i)
+		if g := acquire("i-1", name); g != 100 {
+			t.Fatalf("first lease on %s granted %d, want the burst 100", name, g)
+		}
+		if nodeOf(luascripts.KeysFor(luascripts.DefaultPrefix, quota.Key{Tenant: name, Class: "read"}).Bucket) != lostNode {
+			kept = name
+		}
+	}
+	// The node loses its data (a restart without persistence).
+	if err := nodes[lostNode].FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Another instance asks at once: the recreated bucket must be empty,
+	// since i-1 may still spend the 100 it holds.
+	if g := acquire("i-2", lost); g != 0 {
+		t.Fatalf("after its node lost its data, %s granted %d more: the recreated bucket was handed a burst", lost, g)
+	}
+	// The other node's key kept its state: its burst is out, not renewed.
+	if g := acquire("i-2", kept); g != 0 {
+		t.Fatalf("%s on a node that kept its data granted %d: its bucket was not kept", kept, g)
 	}
 }

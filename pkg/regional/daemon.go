@@ -148,13 +148,6 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		DialTimeout: o.RedisTimeout, ReadTimeout: o.RedisTimeout, WriteTimeout: o.RedisTimeout,
 		MaxRetries: 1,
 	}
-	if !cluster {
-		// Every new connection (a restarted Redis only has new ones) reads
-		// the sentinel before it is used. On a cluster the sentinel lives on
-		// one node, which a connection to another cannot read: there the
-		// guard is checked every epoch instead (see Server.Run).
-		ropts.OnConnect = guard.OnConnect
-	}
 	rdb := redis.NewUniversalClient(ropts)
 	srv, err := New(Options{
 		Region: o.Region, Redis: rdb, Config: o.Config, Guard: guard,

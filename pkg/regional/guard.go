@@ -2,16 +2,16 @@ package regional
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/luascripts"
 )
 
 // ColdStart says how a regional service treats a Redis with no Sluice
@@ -21,11 +21,15 @@ type ColdStart int
 const (
 	// ColdStartConservative (the default) assumes the empty Redis may have
 	// restarted and lost buckets that instances still hold leases against:
-	// new buckets start empty and refill from born + lease TTL.
+	// new buckets start empty and refill from born + the restart wait.
 	ColdStartConservative ColdStart = iota
 	// ColdStartFull trusts an empty Redis seen at process start to be a
-	// fresh deployment: new buckets start full. A sentinel that disappears
-	// later is always treated conservatively.
+	// fresh deployment: new buckets start full. It is an explicit opt-out
+	// of invariant 1 for one case only: a process started on a Redis that
+	// lost its data while leases it had issued were still out (Redis and
+	// every replica restarted together). A Redis that loses its data while
+	// the process runs is always treated conservatively: the scripts date
+	// the new data set themselves.
 	ColdStartFull
 )
 
@@ -40,103 +44,136 @@ func ParseColdStart(s string) (ColdStart, error) {
 	return 0, fmt.Errorf("cold start %q: want conservative or full", s)
 }
 
-// RestartGuard detects a Redis that lost its data (restarted without
-// persistence) and tells the scripts when the data set was born.
+// RestartGuard dates every Redis data set and notices one that was lost
+// (Redis, or one node of a Redis Cluster, restarted without persistence).
 //
-// Redis keeps a sentinel key with no TTL whose value is the Redis time (µs)
-// at which the current data set was born. Plug OnConnect into the go-redis
-// options: every new connection (and a restarted Redis only has new ones)
-// reads the sentinel before the connection is used, so no script runs with
-// a stale born value after a restart.
+// Every data set holds a born sentinel with no TTL whose value is the Redis
+// time (µs) it was born (luascripts.Keys.Born): one key on a single Redis,
+// one per hash slot on a cluster, so each node's buckets and their
+// sentinels are lost together. The scripts read the sentinel in the same
+// atomic call that creates a bucket, and write it when it is missing, so a
+// bucket created after a loss starts empty until born + the restart wait
+// whatever the caller knew. The guard adds three things: it stamps every
+// missing sentinel when the process starts (as 0 under ColdStartFull on
+// its first look: buckets start full), it stamps them again on the Redis
+// clock whenever it finds one missing or changed (so keys first used long
+// after a loss are not held to a late birth), and it counts and logs the
+// losses it notices.
 //
 // Safe for concurrent use.
 type RestartGuard struct {
-	key    string
-	mode   ColdStart
-	logger *slog.Logger
+	prefix  string
+	mode    ColdStart
+	logger  *slog.Logger
+	scripts *luascripts.Scripts
 
-	born     atomic.Int64 // µs; 0 = buckets may start full
-	seen     atomic.Bool  // a sentinel was read or written by this process
+	mu   sync.Mutex       // guards last
+	last map[string]int64 // guarded by mu: every sentinel's last seen value
+
+	seen     atomic.Bool  // a first look was made (stamped or read)
 	restarts atomic.Int64 // data losses noticed
 }
 
-// NewRestartGuard returns a guard for the sentinel key prefix+"born".
+// NewRestartGuard returns a guard for the sentinels under prefix.
 func NewRestartGuard(prefix string, mode ColdStart, logger *slog.Logger) *RestartGuard {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &RestartGuard{key: prefix + "born", mode: mode, logger: logger}
+	return &RestartGuard{prefix: prefix, mode: mode, logger: logger, scripts: luascripts.New(), last: map[string]int64{}}
 }
 
-// BornUS is when the current Redis data set was born (µs, Redis time); 0
-// means new buckets may start full.
-func (g *RestartGuard) BornUS() int64 { return g.born.Load() }
-
-// WarmBornUS is the born value to pass to the scripts (ARGV born) under
-// cfg. The scripts start a bucket missing after a data loss empty until
-// born + lease TTL; that is not enough when grant_validity is longer: the
-// lost bucket may have held a grant below the region's static share whose
-// donated capacity another region still uses until the grant ends (at
-// most grant_validity after its report was sent, before the loss), so
-// the wait must be max(lease TTL, grant validity + one epoch of clock
-// margin). The value passed is shifted so born + lease TTL in the scripts
-// is born + that wait.
-func (g *RestartGuard) WarmBornUS(cfg *config.Config) int64 {
-	born := g.born.Load()
-	if born == 0 {
+// RestartWait is what the scripts wait after a data set's birth before a
+// new bucket earns tokens under cfg (luascripts.RestartWait); 0 on a nil
+// guard (no guard: a missing bucket is full).
+func (g *RestartGuard) RestartWait(cfg *config.Config) time.Duration {
+	if g == nil {
 		return 0
 	}
-	ttl := time.Duration(cfg.LeaseTTL)
-	wait := max(ttl, time.Duration(cfg.GrantValidity)+time.Duration(cfg.Epoch))
-	return born + (wait - ttl).Microseconds()
+	return luascripts.RestartWait(time.Duration(cfg.LeaseTTL), time.Duration(cfg.GrantValidity), time.Duration(cfg.Epoch))
 }
 
 // Restarts counts the data losses this guard noticed.
-func (g *RestartGuard) Restarts() int64 { return g.restarts.Load() }
-
-// OnConnect is a go-redis OnConnect hook.
-func (g *RestartGuard) OnConnect(ctx context.Context, cn *redis.Conn) error {
-	return g.Check(ctx, cn)
+func (g *RestartGuard) Restarts() int64 {
+	if g == nil {
+		return 0
+	}
+	return g.restarts.Load()
 }
 
-// Check reads (or creates) the sentinel through c.
-func (g *RestartGuard) Check(ctx context.Context, c redis.Cmdable) error {
-	v, err := c.Get(ctx, g.key).Result()
-	if errors.Is(err, redis.Nil) {
-		first := !g.seen.Load()
-		born := int64(0)
-		if !(first && g.mode == ColdStartFull) {
-			t, err := c.Time(ctx).Result()
-			if err != nil {
-				return fmt.Errorf("read redis time: %w", err)
+// Check stamps the missing sentinels and notices losses. On a single
+// Redis it stamps the one sentinel (one script call); on a cluster it
+// probes the sentinel of the first slot each node serves and stamps all
+// of them once one is missing or changed, and on the first look.
+func (g *RestartGuard) Check(ctx context.Context, c Redis) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return g.checkCluster(ctx, cc)
+	}
+	return g.stamp(ctx, c, luascripts.BornKeys(g.prefix, false))
+}
+
+func (g *RestartGuard) checkCluster(ctx context.Context, c *redis.ClusterClient) error {
+	if g.seen.Load() {
+		slots, err := c.ClusterSlots(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("read cluster slots: %w", err)
+		}
+		probe := make([]string, 0, len(slots))
+		for _, s := range slots {
+			probe = append(probe, luascripts.BornKey(g.prefix, int(s.Start)))
+		}
+		bs, err := g.scripts.StampBorn(ctx, c, probe, false)
+		if err != nil {
+			return err
+		}
+		g.mu.Lock()
+		same := true
+		for i, b := range bs {
+			if v, ok := g.last[probe[i]]; b.Written || !ok || v != b.BornUS {
+				same = false
 			}
-			born = t.UnixMicro()
 		}
-		if err := c.SetNX(ctx, g.key, born, 0).Err(); err != nil {
-			return fmt.Errorf("write sentinel %s: %w", g.key, err)
+		g.mu.Unlock()
+		if same {
+			return nil
 		}
-		if v, err = c.Get(ctx, g.key).Result(); err != nil {
-			return fmt.Errorf("read sentinel %s: %w", g.key, err)
-		}
-		if first && born != 0 && v == strconv.FormatInt(born, 10) {
-			// This process found Redis empty and set its birth: say once
-			// why the first requests are denied.
-			g.logger.Warn("redis holds no Sluice data (cold start, -cold-start conservative): new buckets start empty and earn tokens only after the longer of one lease TTL and one grant validity plus one epoch, so requests are denied until then; use -cold-start full for a fresh deployment whose Redis never held leases",
-				"sentinel", g.key, "born_us", v)
-		}
-		if !first {
-			g.restarts.Add(1)
-			g.logger.Warn("redis lost its data (sentinel missing): new buckets start empty for the longer of one lease TTL and one grant validity",
-				"sentinel", g.key, "born_us", v)
-		}
-	} else if err != nil {
-		return fmt.Errorf("read sentinel %s: %w", g.key, err)
 	}
-	born, err := strconv.ParseInt(v, 10, 64)
+	return g.stamp(ctx, c, luascripts.BornKeys(g.prefix, true))
+}
+
+// stamp writes the missing sentinels among keys and compares every value
+// with the last one seen.
+func (g *RestartGuard) stamp(ctx context.Context, c Redis, keys []string) error {
+	first := !g.seen.Load()
+	full := first && g.mode == ColdStartFull
+	bs, err := g.scripts.StampBorn(ctx, c, keys, full)
 	if err != nil {
-		return fmt.Errorf("sentinel %s holds %q, not a time: %w", g.key, v, err)
+		return err
 	}
-	g.born.Store(born)
+	g.mu.Lock()
+	lost, wrote := 0, 0
+	var bornUS int64
+	for i, b := range bs {
+		if b.Written {
+			wrote++
+		}
+		if v, ok := g.last[keys[i]]; ok && (b.Written || v != b.BornUS) {
+			lost++
+			bornUS = b.BornUS
+		}
+		g.last[keys[i]] = b.BornUS
+	}
+	g.mu.Unlock()
 	g.seen.Store(true)
+	switch {
+	case lost > 0:
+		g.restarts.Add(1)
+		g.logger.Warn("redis lost its data (born sentinel missing or renewed): buckets created from now on start empty and earn tokens only after the longer of one lease TTL and one grant validity plus one epoch",
+			"sentinels", lost, "of", len(keys), "born_us", bornUS)
+	case first && !full && wrote == len(keys):
+		// This process found Redis empty and set its birth: say once why
+		// the first requests are denied.
+		g.logger.Warn("redis holds no Sluice data (cold start, -cold-start conservative): new buckets start empty and earn tokens only after the longer of one lease TTL and one grant validity plus one epoch, so requests are denied until then; use -cold-start full for a fresh deployment whose Redis never held leases",
+			"sentinel", keys[0], "born_us", bs[0].BornUS)
+	}
 	return nil
 }

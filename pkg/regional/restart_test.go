@@ -2,14 +2,19 @@ package regional_test
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
@@ -139,5 +144,166 @@ func TestRestartNewBucketEarnsNothingDuringTheWait(t *testing.T) {
 			t.Fatalf("nothing admitted in the %v after the restart wait", after)
 		}
 		return
+	}
+}
+
+// restartUnderLeases: a key of 20/s, burst 40 in one region (its static
+// share is the whole limit); the class fails closed, so every admission is
+// one the region backed, and expired leases are forfeited, so no crash
+// error ε enters the bound (an instance starved past its lease TTL is a
+// crash to the region). The restart wait is max(lease TTL 2s, grant
+// validity 5s + epoch 1s) = 6s.
+const restartUnderLeases = `
+epoch: 1s
+grant_validity: 5s
+lease_ttl: 2s
+refresh: 500ms
+regions: {local: {weight: 1}}
+classes:
+  closed: {mode: lease, on_failure: closed, reclaim: none}
+tiers:
+  free: {closed: {rate: 20/s, burst: 40}}
+default_tier: free
+`
+
+// admission is one admitted token: its decision ran between from and to.
+type admission struct{ from, to time.Time }
+
+// worstExcess is the most a stream of admissions certainly exceeds b + r·t
+// over some interval: for every pair of admissions, the ones whose
+// decision ran wholly within [from_i, to_j] were admitted within that
+// interval, whatever the scheduling delays around each call, so
+// count − b − r·(to_j − from_i) is a real excess when positive.
+func worstExcess(adm []admission, r, b float64) float64 {
+	worst := math.Inf(-1)
+	for _, i := range adm {
+		for _, j := range adm {
+			if j.to.Before(i.from) {
+				continue
+			}
+			n := 0
+			for _, k := range adm {
+				if !k.from.Before(i.from) && !k.to.After(j.to) {
+					n++
+				}
+			}
+			if e := float64(n) - b - r*j.to.Sub(i.from).Seconds(); e > worst {
+				worst = e
+			}
+		}
+	}
+	return worst
+}
+
+// TestRedisRestartedEmptyUnderLeasesHandsOutNoBurst: a real regional
+// daemon and real redis-server; three instances spend one key flat out
+// and hold leases on it; Redis is killed and restarted empty on the same
+// address. The buckets the scripts create in the new data set must start
+// empty (the scripts read and write the data set's born sentinel in the
+// same call; a caller's earlier reading of it counts for nothing), so over
+// every interval the instances admit at most b + r·t: the tokens they
+// still hold were debited before the restart, and nothing is handed out
+// again. Under -cold-start full as well: a Redis that loses its data while
+// the process runs is never trusted to start full. (The sentinel was once
+// read by the process on each new connection and passed to the scripts,
+// so the first calls after the restart, planned with the old birth,
+// recreated the bucket full: a whole burst more.)
+func TestRedisRestartedEmptyUnderLeasesHandsOutNoBurst(t *testing.T) {
+	for _, mode := range []regional.ColdStart{regional.ColdStartConservative, regional.ColdStartFull} {
+		t.Run(map[regional.ColdStart]string{regional.ColdStartConservative: "conservative", regional.ColdStartFull: "full"}[mode], func(t *testing.T) {
+			rs := redistest.Start(t)
+			cfg := regiontest.MustConfig(t, restartUnderLeases)
+			// A Redis in service long before the test: its data set is old
+			// (trusted full), so the load starts on a full bucket.
+			if err := rs.Client().Set(context.Background(), luascripts.DefaultPrefix+"born", "0", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
+				Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
+				Config: regional.StaticConfig{C: cfg}, ColdStart: mode, Unleased: true,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(d.Stop)
+			reg := &regiontest.Region{Addr: d.GRPCAddr()}
+			key := quota.Key{Tenant: "acme", Class: "closed"}
+			const r, b = 20.0, 40.0
+
+			var mu sync.Mutex
+			var admitted []admission // guarded by mu
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range 3 {
+				// The class fails closed from the first request on, before
+				// the region has described the key.
+				c := newClient(t, reg, fmt.Sprintf("i-%d", i), lease.Options{
+					Classes: map[string]lease.ClassPolicy{"closed": {Mode: lease.ModeLease, OnFailure: lease.PolicyClosed}},
+				})
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						from := time.Now()
+						dec, err := c.Allow(context.Background(), key, 1)
+						if err != nil {
+							t.Errorf("allow: %v", err)
+							return
+						}
+						if dec.Allowed && dec.Degraded {
+							t.Errorf("a class failing closed admitted a degraded decision")
+						}
+						if dec.Allowed {
+							to := time.Now()
+							mu.Lock()
+							admitted = append(admitted, admission{from, to})
+							mu.Unlock()
+							continue
+						}
+						// A real caller answers 429; pace the loop.
+						select {
+						case <-stop:
+							return
+						case <-time.After(2 * time.Millisecond):
+						}
+					}
+				}()
+			}
+			count := func() int { mu.Lock(); defer mu.Unlock(); return len(admitted) }
+			// Saturate: the burst is gone and the instances hold leases.
+			deadline := time.Now().Add(20 * time.Second)
+			for count() < int(b)+10 {
+				if time.Now().After(deadline) {
+					t.Fatalf("only %d admitted in 20s", count())
+				}
+				time.Sleep(5 * time.Millisecond) // polling the load's progress with a deadline
+			}
+			rs.Restart()
+			restarted := time.Now()
+			// Run on for one lease TTL after the restart: every lease
+			// issued before it has ended by then, so all the instances
+			// held was spent or dropped.
+			<-time.After(time.Duration(cfg.LeaseTTL) + 500*time.Millisecond)
+			close(stop)
+			wg.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			var after int
+			for _, a := range admitted {
+				if a.from.After(restarted) {
+					after++
+				}
+			}
+			excess := worstExcess(admitted, r, b)
+			t.Logf("admitted %d, %d after the restart; worst interval exceeds b + r·t by %.1f tokens", len(admitted), after, excess)
+			if excess > 0 {
+				t.Fatalf("over some interval the instances admitted %.1f tokens more than b + r·t: the empty Redis handed out a burst", excess)
+			}
+		})
 	}
 }

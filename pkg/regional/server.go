@@ -51,8 +51,9 @@ type Options struct {
 	Redis Redis
 	// Config is the live config. Required.
 	Config ConfigSource
-	// Guard supplies the born value for new buckets; its OnConnect should be
-	// installed in the Redis client's options. Optional: without one, new
+	// Guard dates Redis data sets (see RestartGuard): with one, a bucket
+	// created after a data loss starts empty for the restart wait; the
+	// server checks it every interval of Run. Optional: without one, new
 	// buckets always start full (tests, development).
 	Guard *RestartGuard
 	// Prefix starts every Redis key. Optional, default luascripts.DefaultPrefix.
@@ -145,9 +146,6 @@ func New(opts Options) (*Server, error) {
 		active:  newActiveKeys(),
 		log:     opts.Logger,
 	}
-	if s.guard == nil {
-		s.guard = &RestartGuard{} // born 0: new buckets start full
-	}
 	// A process with no history counts the config it starts on as
 	// confirmed (see docs/architecture.md, invariant 2).
 	cfg, rev := live(opts.Config)
@@ -190,7 +188,16 @@ func (s *Server) plan(cfg *config.Config, pk *sluicev1.QuotaKey, field string) (
 	if err != nil {
 		return keyPlan{}, fmt.Errorf("%s: %w", field, err)
 	}
-	return keyPlan{key: k, res: res, keys: luascripts.KeysFor(s.opts.Prefix, k), common: c}, nil
+	return keyPlan{key: k, res: res, keys: s.keysFor(k), common: c}, nil
+}
+
+// keysFor names k's Redis keys; on a cluster its born sentinel is its
+// hash slot's.
+func (s *Server) keysFor(k quota.Key) luascripts.Keys {
+	if _, ok := s.opts.Redis.(*redis.ClusterClient); ok {
+		return luascripts.ClusterKeysFor(s.opts.Prefix, k)
+	}
+	return luascripts.KeysFor(s.opts.Prefix, k)
 }
 
 // Common derives the script settings of a resolved key in this region.
@@ -216,7 +223,7 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		StaticBurst:  burst,
 		LeaseTTL:     time.Duration(cfg.LeaseTTL),
 		Reclaim:      res.Class.Reclaim != config.ReclaimNone,
-		BornUS:       s.guard.WarmBornUS(cfg),
+		RestartWait:  s.guard.RestartWait(cfg),
 		ReapBudget:   s.opts.ReapBudget,
 		DemandWindow: cfg.DemandWindow(),
 	}, nil

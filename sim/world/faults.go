@@ -207,6 +207,20 @@ func (w *World) regionDown(r *Region, restart time.Duration, lost bool) {
 		switch {
 		case lost:
 			r.redisBack()
+			// The region's processes start again on the empty Redis: their
+			// guard's first look. Under cold_start full they trust it to
+			// be a fresh deployment (buckets start full): the documented
+			// opt-out, whose free bursts the oracle counts as ε.
+			r.stampBorn(true)
+			if r.w.sc.Topology.ColdStart == "full" {
+				k := r.w.keys
+				wait := time.Duration(0)
+				if len(k) > 0 {
+					wait = k[0].common[r.idx].RestartWait
+				}
+				r.trustedUntilUS = r.redisNowUS() + wait.Microseconds()
+				r.trustedSeen = map[int]bool{}
+			}
 		case redisWasUp:
 			r.redisUp = true
 		}

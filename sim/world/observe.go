@@ -19,6 +19,12 @@ func (r *Region) observe(k *keyInfo) {
 	if !ok {
 		return
 	}
+	if r.trustedSeen != nil && !r.trustedSeen[k.id] && r.redisNowUS() < r.trustedUntilUS {
+		// A bucket first seen in a data set trusted to start full after
+		// a loss (cold_start full): what it holds may be a free burst.
+		r.trustedSeen[k.id] = true
+		r.w.orc.CrashError(r.w.dur(), k.id, p.Tokens+p.Outstanding)
+	}
 	c := r.common(k) // the static share, or the floor off lease
 	rate, capNow := c.StaticRate, c.StaticBurst
 	if p.GrantExpiryUS > p.NowUS {

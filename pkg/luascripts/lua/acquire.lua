@@ -4,7 +4,7 @@
 -- totals (exactly once, see lib.lua), and debits min(want, available) when
 -- at least min tokens are available.
 --
--- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
+-- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
 -- ARGV[1..7]  common (see lib.lua)
 -- ARGV[8..18] as sync.lua
 -- Reply: as lease_op (lib.lua)

@@ -41,15 +41,26 @@
 --                                 fingerprint: any report on it is a
 --                                 conflict (see report_kind)
 -- KEYS[3]  expiry zset   member = instance id, score = lease expiry (µs)
--- All three share one hash tag, so every script works on Redis Cluster.
+-- KEYS[4]  born sentinel string: the Redis time (µs) the data set holding
+--                        these keys was born ('0': trusted to have
+--                        started full); no TTL. One per Redis, or on a
+--                        cluster one per hash slot, in this key's slot.
+--                        Missing = the data set is new: the first script
+--                        that creates a bucket in it writes NOW.
+-- The first three share one hash tag and the fourth hashes to their slot,
+-- so every script works on Redis Cluster.
 --
 -- Common ARGV (every script but set_rate):
 --   ARGV[1] static rate s_r      tokens/s, used when no grant is valid
 --   ARGV[2] static burst cap     tokens
 --   ARGV[3] lease TTL            ms
 --   ARGV[4] reclaim              '1' = reported, '0' = none
---   ARGV[5] born                 µs: when this Redis data set was (re)born;
---                                '0' = trust a missing bucket to be full
+--   ARGV[5] restart wait         ms: a bucket missing from a data set born
+--                                at B starts empty and earns nothing before
+--                                B + wait (leases issued before B may still
+--                                be spent until then); '0' = no restart
+--                                guard: a missing bucket is full and
+--                                KEYS[4] is not read
 --   ARGV[6] reap budget          expired leases reaped per call (bounded work)
 --   ARGV[7] demand window        ms: the shortest window a lease's demand
 --                                rate is measured over
@@ -88,7 +99,7 @@ local SR = tonumber(ARGV[1])
 local SB = tonumber(ARGV[2])
 local LTTL = tonumber(ARGV[3])
 local RECLAIM = ARGV[4] == '1'
-local BORN = tonumber(ARGV[5])
+local WAIT = tonumber(ARGV[5])
 local REAPMAX = tonumber(ARGV[6])
 local DWIN = tonumber(ARGV[7]) * 1000
 local NOW = clock()
@@ -101,6 +112,9 @@ local B = {}
 -- RECLAIMED counts tokens this call returned to the bucket from expired
 -- leases (for the regional service's reclaimed-tokens metric).
 local RECLAIMED = 0
+-- STAMP is set when the born sentinel is missing: this call's NOW is the
+-- data set's birth, written with the first bucket the call saves.
+local STAMP = false
 -- LEASES is set when this call wrote the lease hash or the expiry set: only
 -- then, or while leases hold unspent tokens, do their TTLs need refreshing
 -- (a strict check touches the bucket alone).
@@ -187,17 +201,31 @@ local function clamp() clamp_to(room()) end
 local function load_bucket()
   local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm')
   if not raw[2] then
-    -- A missing bucket is trusted to be full only when the data set is old
-    -- enough that every lease issued before it was born has expired: then
-    -- it is as if the bucket had been empty since born + lease TTL and had
-    -- refilled at the static rate (refill credits it). A key that merely
-    -- idled out is always full (its TTL is at least 2 x burst / rate).
-    -- Created before born + lease TTL (inside the restart wait), it starts
-    -- empty and earns nothing until the wait ends: ts stays there, in the
-    -- future, and refill credits nothing while NOW < ts.
+    -- A missing bucket is trusted to be full only when its data set is old
+    -- enough that every lease issued before the data set was born has
+    -- ended: then it is as if the bucket had been empty since born + wait
+    -- and had refilled at the static rate (refill credits it). A key that
+    -- merely idled out is always full (its TTL is at least 2 x burst /
+    -- rate). Created before born + wait (inside the restart wait), it
+    -- starts empty and earns nothing until the wait ends: ts stays there,
+    -- in the future, and refill credits nothing while NOW < ts.
+    -- The birth is read here, in the same atomic call, from the data set
+    -- the bucket will live in: a Redis (or a cluster node) that restarted
+    -- empty has lost its sentinel with the buckets, so the first bucket
+    -- created in it dates the data set from NOW, whatever the caller
+    -- believed before the restart.
+    B.missing = true
     B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd = 0, 0, 0, 0, 0, 0, 0, 0, 0
     B.tk, B.rm = 0, 0
-    B.ts = BORN + LTTL * 1000
+    local born = 0
+    if WAIT > 0 then
+      born = tonumber(redis.call('GET', KEYS[4]))
+      if not born then
+        born = NOW
+        STAMP = true
+      end
+    end
+    B.ts = born + WAIT * 1000
     return
   end
   B.tk = tonumber(raw[1])
@@ -415,6 +443,10 @@ end
 local TTL
 local function save_bucket(ttl)
   ttl = ttl or TTL
+  if STAMP then
+    redis.call('SET', KEYS[4], i0(NOW))
+    STAMP = false
+  end
   redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f17(B.gr), 'gb', f17(B.gb),
     'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs),
     'dr', i0(B.dr), 'sd', i0(B.sd), 'rm', f17(B.rm))
@@ -499,7 +531,7 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     dup = 1
     if kind == 'retry' then granted = L.lg end
     ttl = math.floor((L.exp - NOW) / 1000)
-  elseif L or create then
+  elseif L or (create and want > 0) then
     if L then
       apply_usage(L, tu - L.au, td - L.ad, tr - L.ar, built)
     else
@@ -526,9 +558,12 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     L.lg = granted
     save_lease(id, L)
   else
+    -- No lease to book against and nothing asked for: a report of a lease
+    -- the region does not know (reaped, or never issued) can only undo,
+    -- so it opens no record, and on a missing bucket writes nothing.
     ttl = 0
   end
-  save_bucket()
+  if L or not B.missing or LEASES then save_bucket() end
   local live = redis.call('HLEN', KEYS[2])
   return { granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED, conflict }
 end

@@ -3,9 +3,10 @@
 -- 'none'. Bounded: at most ARGV[6] leases per call; the other scripts reap
 -- the same way on every call, so this one only serves idle keys.
 --
--- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
+-- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
 -- ARGV[1..7]  common (see lib.lua)
 -- Reply: { leases reaped, tokens given back, leases left, now_us }
 local n, back = reap(REAPMAX)
-save_bucket()
+-- Reaping can only undo: a key with no bucket stays without one.
+if not B.missing or LEASES then save_bucket() end
 return { n, back, redis.call('HLEN', KEYS[2]), NOW }

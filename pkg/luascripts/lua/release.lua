@@ -4,8 +4,10 @@
 -- unspent back in the bucket, whatever the reclaim policy (the instance
 -- said it is done), and deletes the lease. A conflicting report (see
 -- report_kind) forfeits the lease instead; a stale one changes nothing.
+-- A release can only undo: one for a key with no bucket (never used, or
+-- gone) writes nothing.
 --
--- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
+-- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
 -- ARGV[1..7]  common (see lib.lua)
 -- ARGV[8..14] as sync.lua (instance id, incarnation, lease number, seq,
 --             used, denied, returned)
@@ -30,5 +32,5 @@ if L then
     back = back + drop_lease(id, L, true)
   end
 end
-save_bucket()
+if L or not B.missing or LEASES then save_bucket() end
 return { back, NOW, conflict }

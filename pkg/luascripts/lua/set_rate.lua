@@ -6,7 +6,7 @@
 -- and is ignored, even when it expires later. After expiry the scripts fall
 -- back to the static share by themselves.
 --
--- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
+-- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
 -- ARGV[1..7]  common (see lib.lua)
 -- ARGV[8]     granted rate (tokens/s, >= 0)
 -- ARGV[9]     granted burst cap (tokens, >= 0)

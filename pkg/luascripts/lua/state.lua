@@ -2,7 +2,7 @@
 -- global tier: demand counters and what the region holds, brought up to now
 -- (refill and reaping applied) so holdings are never under-reported.
 --
--- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
+-- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
 -- ARGV[1..7]  common (see lib.lua)
 -- Reply: { admitted, denied, rate, cap, grant_expiry_us, tokens, outstanding,
 --          now_us, lease_demand_mtps, strict_demand }  rate and cap as

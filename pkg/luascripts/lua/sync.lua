@@ -3,7 +3,7 @@
 -- back the tokens the instance returned, debits a new batch and extends the
 -- lease by a full TTL.
 --
--- KEYS[1..3]  bucket hash, lease hash, expiry zset (see lib.lua)
+-- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
 -- ARGV[1..7]  common (see lib.lua)
 -- ARGV[8]     instance id
 -- ARGV[9]     incarnation (decimal string)
