@@ -19,7 +19,7 @@ import (
 )
 
 const (
-	// watchRequestTimeout bounds one read of the config key.
+	// watchRequestTimeout bounds one request of a read of the config.
 	watchRequestTimeout = 5 * time.Second
 	// watchRetryMin and watchRetryMax bound the wait between attempts after
 	// etcd failed; the wait doubles per failure and resets on success.
@@ -261,11 +261,17 @@ func (st *watchState) setTenant(id string, value []byte, deleted bool) {
 // batched apply is in progress it reads the range as it was before the
 // apply began, and the watch replays the apply from there.
 func (w *Watcher) load(ctx context.Context) (int64, error) {
-	rctx, cancel := context.WithTimeout(ctx, watchRequestTimeout)
+	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// A closed client would otherwise keep the read in its retry loop.
 	defer context.AfterFunc(w.store.cli.Ctx(), cancel)()
-	fence, err := w.store.readFence(rctx)
+	// Each request is bounded, not the whole read: a million tenants take
+	// many pages.
+	store := *w.store
+	if store.requestTimeout <= 0 {
+		store.requestTimeout = watchRequestTimeout
+	}
+	fence, err := store.readFence(rctx)
 	if err != nil {
 		return 0, fmt.Errorf("read %s: %w", w.store.key, err)
 	}
@@ -282,9 +288,7 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 		w.logger.Info("a batched config apply is in progress; reading the config committed before it",
 			"key", w.store.key, "marker", fence.applying.String())
 	}
-	// Reading a million tenants takes longer than one request: the whole
-	// read is bounded by the context, each page by etcd.
-	r, err := w.store.readRaw(ctx, at)
+	r, err := store.readRaw(rctx, at)
 	if err != nil {
 		return 0, err
 	}
