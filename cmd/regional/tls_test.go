@@ -97,24 +97,22 @@ auth:
 		return rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(rctx, &rlsv3.RateLimitRequest{Domain: "sluice",
 			Descriptors: []*corev3.RateLimitDescriptor{{Entries: []*corev3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}}}}})
 	}
-	// The service starts in the background: poll until it decides.
+	// The service starts in the background: poll until it decides from a
+	// lease, which puts the key's bucket in Redis (a loopback that cannot
+	// reach the service decides by on_failure alone, and never does).
+	rdb := rs.Client()
+	defer rdb.Close()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := ask("envoy")
-		if err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OK {
+		keys, kerr := rdb.Keys(context.Background(), "*acme*").Result()
+		if err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OK && kerr == nil && len(keys) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the Envoy certificate's request was never decided: %v %v", resp, err)
+			t.Fatalf("the Envoy certificate's request was never decided from a lease: %v %v, acme's Redis keys %v %v", resp, err, keys, kerr)
 		}
 		time.Sleep(50 * time.Millisecond) // polling start-up with a deadline
-	}
-	// Decided from a lease: the key's bucket is in Redis (a loopback that
-	// could not reach the service would have decided by on_failure alone).
-	rdb := rs.Client()
-	defer rdb.Close()
-	if keys, err := rdb.Keys(context.Background(), "*acme*").Result(); err != nil || len(keys) == 0 {
-		t.Errorf("no Redis key of tenant acme after the decision (%v): the loopback lease client did not reach the service", err)
 	}
 	if _, err := ask("instance"); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("instance certificate on the Envoy endpoint: %v, want PermissionDenied", err)
