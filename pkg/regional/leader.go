@@ -148,6 +148,10 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 		}()
 		defer func() { stopWatch(); <-watching }()
 	}
+	// Between epochs the leader watches its contended keys for demand
+	// rises (regionsync.Leader.Risen) and nudges itself.
+	rise := time.NewTicker(regionsync.NudgeSpacing(epoch))
+	defer rise.Stop()
 	var lastStart time.Time
 	var deferred <-chan time.Time // a nudge waiting for the spacing
 	// The first round goes at once: a region whose Redis holds no static
@@ -169,6 +173,15 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 			if e := time.Duration(l.s.opts.Config.Current().Epoch); e != epoch {
 				epoch = e
 				t.Reset(epoch)
+				rise.Reset(regionsync.NudgeSpacing(epoch))
+			}
+		case <-rise.C:
+			if l.risen(ctx) {
+				l.s.metrics.rises.Inc()
+				select {
+				case nudges <- struct{}{}:
+				default:
+				}
 			}
 		case <-nudges:
 			if deferred != nil {
@@ -377,6 +390,34 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 // buildReport reads every key's state at nowUS and has regionsync build the
 // report; it returns the keys' plans and the rate each held alongside.
 func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quota.Key, nowUS int64, kind regionsync.Kind) (*sluicev1.RegionReport, map[quota.Key]keyPlan, regionsync.Held, error) {
+	plans, reads, err := l.readKeys(ctx, cfg, keys)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rep, held := l.sync.Report(l.s.opts.Region, nowUS, time.Duration(cfg.Epoch), kind, reads)
+	return rep, plans, held, nil
+}
+
+// risen reads the watched keys' states and says whether one rose enough
+// to report now (regionsync.Leader.Risen).
+func (l *Leader) risen(ctx context.Context) bool {
+	keys := l.sync.Watched()
+	if len(keys) == 0 {
+		return false
+	}
+	cfg := l.s.opts.Config.Current()
+	ctx, cancel := context.WithTimeout(ctx, regionsync.NudgeSpacing(time.Duration(cfg.Epoch)))
+	defer cancel()
+	_, reads, err := l.readKeys(ctx, cfg, keys)
+	if err != nil {
+		return false // the next epoch reports anyway
+	}
+	return l.sync.Risen(time.Duration(cfg.Epoch), reads)
+}
+
+// readKeys reads the state of keys (those of a class still configured) in
+// one pipeline.
+func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.Key) (map[quota.Key]keyPlan, []regionsync.KeyRead, error) {
 	s := l.s
 	plans := make(map[quota.Key]keyPlan, len(keys))
 	var ordered []keyPlan
@@ -399,12 +440,11 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 	for i, p := range ordered {
 		st, err := luascripts.ParseState(qs[i])
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 		reads[i] = regionsync.KeyRead{Key: p.key, State: st, StaticRate: p.common.StaticRate}
 	}
-	rep, held := l.sync.Report(s.opts.Region, nowUS, time.Duration(cfg.Epoch), kind, reads)
-	return rep, plans, held, nil
+	return plans, reads, nil
 }
 
 // install runs the set_rate calls regionsync derives from the answer.

@@ -23,7 +23,8 @@ type metrics struct {
 	activeKeys    prometheus.GaugeFunc
 	leader        prometheus.Gauge       // this replica leads its region
 	globalSyncs   *prometheus.CounterVec // result: ok, error
-	reports       *prometheus.CounterVec // kind: epoch, ack, catch_up
+	reports       *prometheus.CounterVec // kind: epoch, ack, catch_up, nudged
+	rises         prometheus.Counter
 	grantsApplied prometheus.Counter
 	staticLeft    prometheus.GaugeFunc // remaining static lease, seconds
 	onFloor       prometheus.GaugeFunc // 1 while the replica hands its scripts the floor
@@ -66,8 +67,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}, []string{"result"})
 	m.reports = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_regional_global_reports_total",
-		Help: "Reports the region leader sent the global tier by kind: epoch (one per epoch), ack (at once, for a lowered grant), catch_up (for a pending raise), nudged (the global leader asked for it between epochs).",
+		Help: "Reports the region leader sent the global tier by kind: epoch (one per epoch), ack (at once, for a lowered grant), catch_up (for a pending raise), nudged (the global leader asked for it, or the region's own demand rose, between epochs).",
 	}, []string{"kind"})
+	m.rises = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_regional_demand_rises_total",
+		Help: "Times the region leader found a watched key's demand risen between epochs and reported at once (docs/architecture.md, \"Nudges\").",
+	})
 	m.grantsApplied = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_regional_grants_applied_total", Help: "Grants from the global tier installed in Redis by the region leader.",
 	})
@@ -106,7 +111,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.restarts, m.activeLeases, m.activeKeys,
-			m.leader, m.globalSyncs, m.reports, m.grantsApplied, m.staticLeft, m.onFloor)
+			m.leader, m.globalSyncs, m.reports, m.rises, m.grantsApplied, m.staticLeft, m.onFloor)
 	}
 	return m
 }

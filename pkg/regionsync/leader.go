@@ -99,6 +99,8 @@ type Leader struct {
 	// what it read from the region's Redis (Load) and what answers and
 	// the etcd rule added since.
 	static StaticLease
+	// watch is the keys to read between epochs for rises (rise.go).
+	watch []watched
 }
 
 // NewLeader returns a leader with no baselines.
@@ -110,6 +112,7 @@ func NewLeader() *Leader { return &Leader{last: map[quota.Key]luascripts.State{}
 // first report; until then it is none). The seq only ever grows.
 func (l *Leader) Elected() {
 	clear(l.last)
+	l.watch = l.watch[:0]
 	l.static = StaticLease{}
 }
 
@@ -168,7 +171,8 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 	rep := &sluicev1.RegionReport{Region: region, Seq: l.seq, Keys: make([]*sluicev1.KeyDemand, 0, len(reads)),
 		StaticValidMs: l.static.ValidMs(sendUS)}
 	held := make(Held, len(reads))
-	for _, r := range reads {
+	demand := make([]float64, len(reads))
+	for i, r := range reads {
 		st := r.State
 		prev, seen := l.last[r.Key]
 		if kind == Epoch {
@@ -188,6 +192,11 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 			kd.WindowMs = epoch.Milliseconds()
 			kd.DemandRate = proto.Float64(st.LeaseDemand)
 		}
+		if kd.DemandRate != nil {
+			demand[i] = kd.GetDemandRate()
+		} else if kd.WindowMs > 0 {
+			demand[i] = float64(kd.Admitted+kd.Denied) / (float64(kd.WindowMs) / 1000)
+		}
 		held[r.Key] = r.StaticRate
 		if st.GrantExpiryUS > 0 {
 			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
@@ -205,6 +214,7 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 	}
 	l.lastPeak.Note(len(l.last))
 	l.last = shrink.Map(l.last, &l.lastPeak)
+	l.noteWatched(reads, demand)
 	return rep, held
 }
 

@@ -35,6 +35,7 @@ var testDuration = map[string]time.Duration{
 	"rolling-restart":       3 * time.Minute,
 	"retries":               3*time.Minute + 20*time.Second,
 	"chaos":                 150 * time.Second, // with its faults compressed, see below
+	"demand-shift":          90 * time.Second,  // the whole scenario
 }
 
 func TestShippedScenariosHoldTheInvariantsAndMeetTheirTargets(t *testing.T) {

@@ -389,7 +389,46 @@ func (r *Region) electLeader(delay time.Duration) {
 			}
 		})
 		r.w.eng.After(time.Duration(r.w.rngEtcd.Int64N(int64(r.w.epoch)))+1, tick)
+		// Leader.lead's rise ticker: the watched keys' states between
+		// epochs; a rise nudges the loop itself.
+		spacing := regionsync.NudgeSpacing(r.w.epoch)
+		var rise func()
+		rise = func() {
+			if !r.leaderUp || r.leaderGen != gen {
+				return
+			}
+			if !r.busy && r.risen() {
+				r.nudged()
+			}
+			r.w.eng.After(spacing, rise)
+		}
+		r.w.eng.After(spacing, rise)
 	})
+}
+
+// risen is Leader.risen: the watched keys' states from the Model, judged
+// by regionsync.
+func (r *Region) risen() bool {
+	if !r.redisUp {
+		return false
+	}
+	keys := r.leader.Watched()
+	if len(keys) == 0 {
+		return false
+	}
+	now := r.redisNowUS()
+	reads := make([]regionsync.KeyRead, 0, len(keys))
+	for _, qk := range keys {
+		k := r.w.keyByQK[qk]
+		if k == nil {
+			continue
+		}
+		r.op()
+		c := r.common(k)
+		reads = append(reads, regionsync.KeyRead{Key: qk, State: r.model.State(now, k.rkeys, c), StaticRate: c.StaticRate})
+		r.observe(k)
+	}
+	return r.leader.Risen(r.w.epoch, reads)
 }
 
 // loseLeader ends the current leader's loop (crash, or its session
