@@ -11,16 +11,65 @@ import (
 // the key's on_failure policy at once instead of waiting for a timeout).
 // When the cooldown has passed, one call at a time is let through as a
 // probe: success closes the breaker, failure opens it for another cooldown.
-// Any success (a background Sync too) closes it. Safe for concurrent use.
+// Any success (a background Sync too) closes it.
+//
+// A failure must be evidence, not a hiccup: an error, or no answer within
+// Timeout, which is the configured breaker timeout or, when the region's
+// recent answers were slow (a healthy region on a loaded machine), their
+// smoothed round trip plus four deviations (as TCP's retransmission
+// timeout, RFC 6298), whichever is longer. A slow but healthy region
+// therefore neither opens the breaker nor sends requests to their
+// on_failure policy, while a region that stops answering after answering
+// fast is given up on within the configured timeout.
+//
+// Safe for concurrent use.
 type Breaker struct {
 	threshold int
 	cooldown  time.Duration
 
 	mu        sync.Mutex
-	failures  int       // guarded by mu: consecutive failures
-	open      bool      // guarded by mu
-	openUntil time.Time // guarded by mu
-	probing   bool      // guarded by mu: a half-open probe is in flight
+	failures  int           // guarded by mu: consecutive failures
+	open      bool          // guarded by mu
+	openUntil time.Time     // guarded by mu
+	probing   bool          // guarded by mu: a half-open probe is in flight
+	srtt      time.Duration // guarded by mu: smoothed round trip of answered calls (0: none yet)
+	rttvar    time.Duration // guarded by mu: its smoothed mean deviation
+}
+
+// ObserveRTT records the round trip of a call the region answered. Calls
+// that got no answer are not samples: a region that stops answering must
+// not lengthen the wait for it.
+func (b *Breaker) ObserveRTT(rtt time.Duration) {
+	if rtt < 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.srtt == 0 {
+		b.srtt, b.rttvar = rtt, rtt/2
+		return
+	}
+	d := b.srtt - rtt
+	if d < 0 {
+		d = -d
+	}
+	b.rttvar = (3*b.rttvar + d) / 4
+	b.srtt = (7*b.srtt + rtt) / 8
+}
+
+// Timeout is how long a synchronous call waits for the region before the
+// caller gives up on it (a failure) and its on_failure policy decides:
+// base, or the recent round trip plus four deviations when that is
+// longer, never more than limit (when limit > base).
+func (b *Breaker) Timeout(base, limit time.Duration) time.Duration {
+	b.mu.Lock()
+	rto := b.srtt + 4*b.rttvar
+	b.mu.Unlock()
+	t := max(base, rto)
+	if limit > base {
+		t = min(t, limit)
+	}
+	return t
 }
 
 // NewBreaker returns a closed breaker. threshold < 1 counts as 1.

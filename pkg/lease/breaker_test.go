@@ -46,3 +46,42 @@ func TestBreaker(t *testing.T) {
 		t.Fatal("successful probe did not close the breaker")
 	}
 }
+
+// TestBreakerTimeoutFollowsSlowAnswers: the wait before a failure is the
+// breaker timeout while the region answers fast, follows the region's
+// recent round trips (smoothed + 4 deviations) when they are slow, never
+// beyond the limit, and is not lengthened by calls that got no answer.
+func TestBreakerTimeoutFollowsSlowAnswers(t *testing.T) {
+	const base, limit = 50 * time.Millisecond, 500 * time.Millisecond
+	b := NewBreaker(3, time.Second)
+	if got := b.Timeout(base, limit); got != base {
+		t.Fatalf("no answer seen yet: timeout %v, want %v", got, base)
+	}
+	for range 20 {
+		b.ObserveRTT(time.Millisecond)
+	}
+	if got := b.Timeout(base, limit); got != base {
+		t.Fatalf("fast answers: timeout %v, want %v", got, base)
+	}
+	b.Failure(t0)
+	b.Failure(t0)
+	if got := b.Timeout(base, limit); got != base {
+		t.Fatalf("failures changed the timeout to %v", got)
+	}
+	for range 20 {
+		b.ObserveRTT(120 * time.Millisecond)
+	}
+	if got := b.Timeout(base, limit); got <= 120*time.Millisecond || got > limit {
+		t.Fatalf("answers in 120ms: timeout %v, want above 120ms and at most %v", got, limit)
+	}
+	for range 20 {
+		b.ObserveRTT(10 * time.Second)
+	}
+	if got := b.Timeout(base, limit); got != limit {
+		t.Fatalf("answers in 10s: timeout %v, want the limit %v", got, limit)
+	}
+	// A configured timeout above the limit is kept as it is.
+	if got := NewBreaker(3, time.Second).Timeout(time.Second, limit); got != time.Second {
+		t.Fatalf("base above the limit: %v", got)
+	}
+}

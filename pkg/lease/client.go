@@ -36,7 +36,11 @@ type Options struct {
 	// default Refresh/2).
 	SyncTimeout time.Duration
 	// BreakerTimeout bounds a synchronous Acquire or Check, and a request's
-	// wait for a refill already in flight (optional, default 50ms).
+	// wait for a refill already in flight (optional, default 50ms), while
+	// the region answers fast; while its recent answers were slow (a
+	// loaded machine), the bound follows them, up to SyncTimeout (see
+	// Breaker.Timeout), so a slow but healthy region is not taken for an
+	// outage.
 	BreakerTimeout time.Duration
 	// BreakerFailures is how many consecutive failed RPCs open the circuit
 	// breaker (optional, default 3).
@@ -284,13 +288,14 @@ func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quot
 }
 
 func (c *Client) waitFor(ctx context.Context, ch <-chan struct{}) error {
-	t := time.NewTimer(c.opts.BreakerTimeout)
+	wait := c.core.RequestTimeout(c.opts.BreakerTimeout)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-ch:
 		return nil
 	case <-t.C:
-		return fmt.Errorf("refill in flight for longer than %v", c.opts.BreakerTimeout)
+		return fmt.Errorf("refill in flight for longer than %v", wait)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -322,7 +327,7 @@ func refusal(st Step, err error) Step {
 // acquire sends the synchronous acquire s stepped to and returns its next
 // step, with the RPC's error.
 func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
-	rctx, cancel := context.WithTimeout(ctx, c.opts.BreakerTimeout)
+	rctx, cancel := context.WithTimeout(ctx, c.core.RequestTimeout(c.opts.BreakerTimeout))
 	defer cancel()
 	start := time.Now()
 	var grants []*sluicev1.Grant
@@ -353,7 +358,7 @@ func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
 // check sends the strict Check s stepped to and returns the decided step,
 // with the RPC's error.
 func (c *Client) check(ctx context.Context, s *Slow, key quota.Key, cost int64) (Step, error) {
-	rctx, cancel := context.WithTimeout(ctx, c.opts.BreakerTimeout)
+	rctx, cancel := context.WithTimeout(ctx, c.core.RequestTimeout(c.opts.BreakerTimeout))
 	defer cancel()
 	start := time.Now()
 	resp, err := c.rpc.Check(rctx, &sluicev1.CheckRequest{Key: wireKey(key), Cost: cost})

@@ -39,7 +39,11 @@ const (
 	healthy     fault = iota
 	unreachable       // fails at once with Unavailable
 	hanging           // never answers; the caller's deadline ends the call
+	slow              // answers after slowBy (bubble time): healthy but slow
 )
+
+// slowBy is how late a slow region answers.
+const slowBy = 120 * time.Millisecond
 
 type servedCall struct {
 	method string
@@ -113,6 +117,12 @@ func (c *regionConn) Invoke(ctx context.Context, method string, args, reply any,
 	case hanging:
 		<-ctx.Done()
 		return status.FromContextError(ctx.Err()).Err()
+	case slow:
+		select {
+		case <-time.After(slowBy):
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
 	}
 	pc := <-c.free
 	pc.method, pc.req = name, proto.Clone(args.(proto.Message))

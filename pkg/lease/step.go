@@ -40,6 +40,15 @@ func (c *Core) Table() *Table { return c.table }
 // Breaker is the core's circuit breaker.
 func (c *Core) Breaker() *Breaker { return c.brk }
 
+// RequestTimeout is how long a request's synchronous wait for the region
+// (an acquire, a check, a refill in flight) lasts before its on_failure
+// policy decides: the breaker timeout base, or longer while the region's
+// recent answers were slow (Breaker.Timeout), never longer than a
+// background Sync's timeout.
+func (c *Core) RequestTimeout(base time.Duration) time.Duration {
+	return c.brk.Timeout(base, c.syncTimeout)
+}
+
 // Outcome is how one RPC to the region ended, as the decisions see it.
 type Outcome uint8
 
@@ -112,6 +121,7 @@ type Slow struct {
 	acquires int
 	rounds   int
 	batch    *Batch
+	checkAt  time.Time // when the Check in flight was stepped to
 }
 
 // Slow starts the slow path of a request. The Slow may be reused for
@@ -144,6 +154,7 @@ func (s *Slow) Next(now time.Time) Step {
 			if !brk.Allow(now) {
 				return s.Fallback(now)
 			}
+			s.checkAt = now
 			return Step{Do: DoCheck}
 		}
 		if GiveUp(s.acquires, s.rounds) {
@@ -199,6 +210,9 @@ func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome)
 	if b == nil {
 		panic("lease: AcquireDone without an acquire in flight")
 	}
+	if out == Answered || out == Refused || out == Conflict {
+		brk.ObserveRTT(now.Sub(b.SentAt()))
+	}
 	switch out {
 	case Answered:
 		brk.Success()
@@ -227,6 +241,9 @@ func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome)
 // response when it answered, and decides the request.
 func (s *Slow) CheckDone(now time.Time, resp *sluicev1.CheckResponse, out Outcome) Step {
 	t, brk := s.c.table, s.c.brk
+	if out == Answered || out == Refused {
+		brk.ObserveRTT(now.Sub(s.checkAt))
+	}
 	switch out {
 	case Answered:
 		brk.Success()
@@ -267,6 +284,9 @@ func (c *Core) BeforeSend(now time.Time) { c.table.ExpireFor(now, c.syncTimeout)
 // forgotten. applyErr is set when grants did not match the reports (those
 // reports stay pending).
 func (c *Core) SyncDone(now time.Time, b *Batch, grants []*sluicev1.Grant, out Outcome) (split []*Batch, applyErr error) {
+	if out == Answered || out == Refused || out == Conflict {
+		c.brk.ObserveRTT(now.Sub(b.SentAt()))
+	}
 	switch out {
 	case Answered:
 		c.brk.Success()

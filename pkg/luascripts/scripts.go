@@ -378,6 +378,39 @@ func (s *Scripts) Release(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 	return rr, p.err(3)
 }
 
+// ReleaseMany runs release.lua for many keys in one pipeline (one round
+// trip per node), as SyncMany does sync.lua; results are per key.
+func (s *Scripts) ReleaseMany(ctx context.Context, c interface {
+	redis.Cmdable
+	redis.Scripter
+}, items []SyncItem) []ReleaseResult {
+	qs := RunQueued(ctx, c, func(p redis.Pipeliner) []*Queued {
+		out := make([]*Queued, len(items))
+		for i, it := range items {
+			out[i] = queue(ctx, p, s.release, it.Keys.list(), s.args(it.Common, it.Report.releaseArgs()...))
+		}
+		return out
+	})
+	out := make([]ReleaseResult, len(items))
+	for i, q := range qs {
+		res, err := q.Cmd.Slice()
+		if err != nil {
+			out[i].Err = fmt.Errorf("release %s: %w", items[i].Keys.Bucket, err)
+			continue
+		}
+		p := parser{res: res}
+		out[i].Reply = ReleaseReply{Returned: p.int(0), NowUS: p.int(1), Conflict: p.int(2) == 1}
+		out[i].Err = p.err(3)
+	}
+	return out
+}
+
+// ReleaseResult is one key's outcome of ReleaseMany.
+type ReleaseResult struct {
+	Reply ReleaseReply
+	Err   error
+}
+
 // Check runs check.lua.
 func (s *Scripts) Check(ctx context.Context, c redis.Scripter, k Keys, cm Common, cost int64) (CheckReply, error) {
 	res, err := s.check.Run(ctx, c, k.list(), s.args(cm, cost)...).Slice()

@@ -424,23 +424,41 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	var total int64
-	var conflicts []string
+	// Every key in one pipeline (one round trip per node): an instance
+	// releasing many idle keys at once is answered well within its Sync
+	// timeout.
+	items := make([]luascripts.SyncItem, len(plans))
 	for i, p := range plans {
 		// Whatever the class's mode now: a lease issued before a change to
 		// strict ends exactly.
+		items[i] = luascripts.SyncItem{Keys: p.keys, Common: p.common,
+			Report: toReport(req.GetInstanceId(), req.GetIncarnation(), req.GetReports()[i], false)}
+	}
+	var total int64
+	var conflicts []string
+	if len(items) > 0 {
 		start := time.Now()
-		rep := toReport(req.GetInstanceId(), req.GetIncarnation(), req.GetReports()[i], false)
-		rr, err := s.scripts.Release(ctx, s.opts.Redis, p.keys, p.common, rep)
+		results := s.scripts.ReleaseMany(ctx, s.opts.Redis, items)
+		var err error
+		for _, r := range results {
+			if r.Err != nil {
+				err = r.Err
+				break
+			}
+		}
 		s.observeScript("release", start, err)
 		if err != nil {
+			// Keys that did succeed are released; a retry with the same
+			// reports finds nothing more to do for them.
 			return nil, toStatus(err)
 		}
-		if rr.Conflict {
-			conflicts = append(conflicts, p.key.String())
+		for i, r := range results {
+			if r.Reply.Conflict {
+				conflicts = append(conflicts, plans[i].key.String())
+			}
+			s.active.release(plans[i].key)
+			total += r.Reply.Returned
 		}
-		s.active.release(p.key)
-		total += rr.Returned
 	}
 	s.metrics.released.Add(float64(total))
 	if len(conflicts) > 0 {
@@ -498,7 +516,15 @@ func (s *Server) observe(method string, start time.Time, err *error) {
 
 func (s *Server) observeScript(script string, start time.Time, err error) {
 	s.metrics.scriptSeconds.WithLabelValues(script).Observe(time.Since(start).Seconds())
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		// The caller gave up (its deadline, or it went away) before Redis
+		// answered: no evidence that Redis failed, and routine when an
+		// instance's own timeout is short; Redis's own timeouts are
+		// network errors and still count.
+		s.log.Debug("caller gave up before redis answered", "script", script, "err", err)
+	default:
 		s.metrics.redisErrors.WithLabelValues(script).Inc()
 		s.log.Warn("redis script failed", "script", script, "err", err)
 	}

@@ -188,13 +188,13 @@ func (in *Instance) run(g *group, st lease.Step) {
 }
 
 // park waits for the report in flight on the group's key, for at most the
-// breaker timeout (Client.waitFor); then every request of the group that
+// request timeout (Client.waitFor: Core.RequestTimeout); then every request of the group that
 // waited is decided by Slow.WaitFailed.
 func (in *Instance) park(g *group) {
 	in.waiters[g.k.id] = append(in.waiters[g.k.id], g)
 	g.waitTok++
 	tok, gen := g.waitTok, in.gen
-	in.w.eng.After(in.w.breakerTimeout, func() {
+	in.w.eng.After(in.core.RequestTimeout(in.w.breakerTimeout), func() {
 		if !in.alive || in.gen != gen || g.waitTok != tok {
 			return
 		}
@@ -276,7 +276,7 @@ func (in *Instance) rpc(timeout time.Duration, serve func() bool, onReply, onFai
 func (in *Instance) acquire(g *group, b *lease.Batch) {
 	var grants []*sluicev1.Grant
 	useSync := b.UseSync()
-	in.rpc(in.w.breakerTimeout,
+	in.rpc(in.core.RequestTimeout(in.w.breakerTimeout),
 		func() bool {
 			var ok bool
 			grants, ok = in.region.leaseOp(in.id, b.Reports, !useSync)
@@ -308,7 +308,7 @@ func (in *Instance) check(g *group) {
 	for i := int64(1); i < n; i++ {
 		in.w.orc.RPC(oracle.TierInstance, 1) // the others of the n concurrent Checks
 	}
-	in.rpc(in.w.breakerTimeout,
+	in.rpc(in.core.RequestTimeout(in.w.breakerTimeout),
 		func() bool {
 			resps = resps[:0]
 			for i := int64(0); i < n; i++ {
