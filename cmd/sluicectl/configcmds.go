@@ -35,22 +35,43 @@ func (a *app) readConfigFileContext(ctx context.Context, file string) (*config.C
 		return invalidConfig("config "+file, &config.LimitError{Limit: "config.MaxConfigBytes", Max: config.MaxConfigBytes, Got: n, What: "bytes"},
 			"split the tenants off or raise nothing: the limit is fixed; nothing was written")
 	}
-	var (
-		data []byte
-		err  error
-		name = file
-	)
+	name := file
+	var src io.Reader
 	if file == "-" {
-		data, err = io.ReadAll(io.LimitReader(a.stdin, config.MaxConfigBytes+1))
-		name = "stdin"
+		src, name = a.stdin, "stdin"
 	} else {
-		var st os.FileInfo
-		if st, err = os.Stat(file); err == nil && st.Size() > config.MaxConfigBytes {
+		st, err := os.Stat(file)
+		if err != nil {
+			return nil, exitf(exitInvalid, "cannot read config: %v", err)
+		}
+		if st.Size() > config.MaxConfigBytes {
 			return nil, tooBig(st.Size())
 		}
-		if err == nil {
-			data, err = os.ReadFile(file)
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, exitf(exitInvalid, "cannot read config: %v", err)
 		}
+		defer f.Close()
+		src = f
+	}
+	// A read blocks in the kernel (a pipe, a slow disk), where ctx cannot
+	// reach it: it runs aside, and an interrupted command returns without it.
+	type read struct {
+		data []byte
+		err  error
+	}
+	done := make(chan read, 1)
+	go func() {
+		data, err := io.ReadAll(io.LimitReader(src, config.MaxConfigBytes+1))
+		done <- read{data, err}
+	}()
+	var data []byte
+	var err error
+	select {
+	case r := <-done:
+		data, err = r.data, r.err
+	case <-ctx.Done():
+		return nil, interrupted(ctx, "reading config "+name+"; nothing was written")
 	}
 	if err != nil {
 		return nil, exitf(exitInvalid, "cannot read config: %v", err)
@@ -138,6 +159,15 @@ func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		switch {
 		case ctx.Err() != nil:
 			return interrupted(ctx, "reading the config in etcd; nothing was written")
+		case errors.Is(err, configstore.ErrApplyInProgress) && change.takeover:
+			// The config committed before the interrupted apply is compacted
+			// away: the diff is shown against nothing, and the fence is the
+			// document's current revision.
+			fmt.Fprintf(a.stderr, "warning: %v; the diff below is against an empty config\n", err)
+			if rev, err = store.Revision(ctx); err != nil {
+				return a.etcdFailure(err)
+			}
+			current = nil
 		case errors.Is(err, config.ErrInvalidConfig):
 			// The stored config is unusable anyway; replacing it is what apply
 			// is for. The daemons keep running on their last good config.

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -131,4 +133,68 @@ func TestApplyOfManyTenantsWritesThemInBatches(t *testing.T) {
 	if got, _ := c.config(t); got.Tenants["t000001"].Tier != "pro" || len(got.Tenants) != n+1 {
 		t.Fatalf("the losing apply landed: %d tenants, t000001 = %+v", len(got.Tenants), got.Tenants["t000001"])
 	}
+}
+
+// TestValidateStopsWhileReadingStdin: a SIGINT or SIGTERM ends validate
+// even while it waits for the rest of its input.
+func TestValidateStopsWhileReadingStdin(t *testing.T) {
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	code := make(chan int, 1)
+	var out, errOut bytes.Buffer
+	go func() { code <- run(ctx, []string{"validate", "-f", "-"}, pr, &out, &errOut) }()
+	if _, err := pw.Write(config.SampleYAML()[:100]); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case c := <-code:
+		if c != exitInterrupted || !strings.Contains(errOut.String(), "interrupted") {
+			t.Fatalf("exit %d\n%s%s", c, out.String(), errOut.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("validate still waits for stdin 20s after its context ended")
+	}
+}
+
+// TestApplyTakeoverFinishesAnInterruptedApply: after a batched apply
+// stopped half way, apply is refused naming -takeover, and -takeover
+// finishes it, also when etcd compacted the config committed before it.
+func TestApplyTakeoverFinishesAnInterruptedApply(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	_, rev := c.config(t)
+	want, err := config.Parse(mustRead(t, sampleWithTenants(t, 20*configstore.TxnOps)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(t.Context())
+	if _, err := c.store.ApplyWith(ctx, want, rev, configstore.ApplyOptions{Progress: func(int, int) { stop() }}); err == nil {
+		t.Fatal("the apply was not interrupted")
+	}
+	file := sampleWithTenants(t, 20*configstore.TxnOps)
+	r := sluicectl(t, "", c.args("apply", "-f", file, "-yes")...)
+	wantCode(t, r, exitConflict)
+	wantContains(t, "stderr", r.stderr, "another apply is in progress", "-takeover")
+
+	// Compact away the config committed before the marker.
+	if _, err := c.cli.Compact(t.Context(), c.revision(t)); err != nil {
+		t.Fatal(err)
+	}
+	r = sluicectl(t, "", c.args("apply", "-f", file, "-yes", "-takeover")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, "diff below is against an empty config")
+	if got, _ := c.config(t); len(got.Tenants) != len(want.Tenants) {
+		t.Fatalf("after the takeover etcd lists %d tenants, want %d", len(got.Tenants), len(want.Tenants))
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }

@@ -257,8 +257,8 @@ func (s *Store) readCommitted(ctx context.Context) (*raw, error) {
 	}
 	before, err := s.readRaw(ctx, r.applying.Created-1)
 	if err != nil {
-		return nil, fmt.Errorf("config: an apply is in progress (%v) and the config committed before it cannot be read: %w",
-			r.applying, err)
+		return nil, fmt.Errorf("config: an apply is in progress (%v) and the config committed before it cannot be read: %w: %w",
+			r.applying, ErrApplyInProgress, err)
 	}
 	before.applying = r.applying
 	return before, nil
@@ -323,6 +323,16 @@ func (s *Store) Get(ctx context.Context) (*config.Config, int64, error) {
 		return nil, r.doc.ModRevision, fmt.Errorf("config: %s at revision %d: %w", s.key, r.doc.ModRevision, err)
 	}
 	return c, r.doc.ModRevision, nil
+}
+
+// Revision is the config revision: the document key's mod revision (0:
+// none).
+func (s *Store) Revision(ctx context.Context) (int64, error) {
+	fence, err := s.readFence(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("config: read %s: %w", s.key, err)
+	}
+	return docRev(fence), nil
 }
 
 // Applying is the marker of a batched apply in progress or interrupted, or
