@@ -114,7 +114,10 @@ func expectOK(b *testing.B, resp *rlsv3.RateLimitResponse, err error) bool {
 	return true
 }
 
-func BenchmarkShouldRateLimit(b *testing.B) {
+// startBenchService starts one regional daemon on a real redis-server
+// serving svc, with svc deciding from the daemon's loopback lease client,
+// and returns the daemon's gRPC address.
+func startBenchService(b *testing.B) (*envoyrls.Service, string) {
 	rs := redistest.Start(b)
 	cfg := regiontest.MustConfig(b, benchConfig)
 	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: cfg}})
@@ -138,7 +141,12 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	}
 	b.Cleanup(func() { lim.Close(context.Background()) })
 	svc.SetLimiter(lim)
-	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return svc, d.GRPCAddr()
+}
+
+func BenchmarkShouldRateLimit(b *testing.B) {
+	svc, addr := startBenchService(b)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -162,6 +170,29 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			return expectOK(b, resp, err)
 		})
 	})
+}
+
+// BenchmarkShouldRateLimitHandler is the handler alone, called from one
+// goroutine, no transport: a request resolved, decided from a held lease
+// (the real lease client), counted and answered with its headers. Its
+// allocs/op is what every answer costs the garbage collector.
+//
+//	go test -run '^$' -bench ShouldRateLimitHandler -benchmem ./pkg/envoyrls/
+func BenchmarkShouldRateLimitHandler(b *testing.B) {
+	svc, _ := startBenchService(b)
+	req := benchRequest()
+	ctx := context.Background()
+	if resp, err := svc.ShouldRateLimit(ctx, req); !expectOK(b, resp, err) {
+		b.FailNow()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		resp, err := svc.ShouldRateLimit(ctx, req)
+		if !expectOK(b, resp, err) {
+			b.FailNow()
+		}
+	}
 }
 
 // evalShaService is the baseline rate-limit service: one check.lua

@@ -156,21 +156,35 @@ func newDecided(now time.Time, limit quota.Limit, r result, d quota.Decision) de
 	return out
 }
 
-func (dd decided) status(className string) *rlsv3.RateLimitResponse_DescriptorStatus {
+// statusBlock holds one descriptor's status and the messages it points
+// to, so that they are allocated together.
+type statusBlock struct {
+	st  rlsv3.RateLimitResponse_DescriptorStatus
+	lim rlsv3.RateLimitResponse_RateLimit
+	dur durationpb.Duration
+}
+
+// fill writes dd's status into b and returns it.
+func (b *statusBlock) fill(dd decided, className string) *rlsv3.RateLimitResponse_DescriptorStatus {
 	code := rlsv3.RateLimitResponse_OK
 	if dd.result == resultOverLimit {
 		code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	n, unit := perUnit(dd.limit.Rate)
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{
-		Code:           code,
-		CurrentLimit:   &rlsv3.RateLimitResponse_RateLimit{Name: className, RequestsPerUnit: n, Unit: unit},
-		LimitRemaining: dd.remaining,
-	}
+	b.lim.Name, b.lim.RequestsPerUnit, b.lim.Unit = className, n, unit
+	b.st.Code, b.st.CurrentLimit, b.st.LimitRemaining = code, &b.lim, dd.remaining
 	if !dd.never {
-		st.DurationUntilReset = durationpb.New(dd.reset)
+		// As durationpb.New.
+		nanos := dd.reset.Nanoseconds()
+		secs := nanos / 1e9
+		b.dur.Seconds, b.dur.Nanos = secs, int32(nanos-secs*1e9)
+		b.st.DurationUntilReset = &b.dur
 	}
-	return st
+	return &b.st
+}
+
+func (dd decided) status(className string) *rlsv3.RateLimitResponse_DescriptorStatus {
+	return new(statusBlock).fill(dd, className)
 }
 
 // closerToExhaustion reports whether a should be the descriptor the
@@ -183,6 +197,15 @@ func closerToExhaustion(a, b decided) bool {
 	return a.remaining < b.remaining
 }
 
+// maxHeaders is how many headers an answer carries at most.
+const maxHeaders = 6
+
+// headerBlock holds an answer's headers, allocated together.
+type headerBlock struct {
+	hv   [maxHeaders]corev3.HeaderValue
+	ptrs [maxHeaders]*corev3.HeaderValue
+}
+
 // headers builds the response fields for the descriptor shown. Every
 // time field is one number of whole seconds, t: on OVER_LIMIT the longest
 // retry delay of the over-limit descriptors (at least 1), otherwise until
@@ -191,40 +214,77 @@ func closerToExhaustion(a, b decided) bool {
 // descriptor is a never denial no time is promised: none of the three is
 // written.
 func headers(shown decided, className string, overLimit, never bool, retry time.Duration) []*corev3.HeaderValue {
-	burst := strconv.FormatInt(shown.limit.Burst, 10)
-	window := strconv.FormatInt(refillWindow(shown.limit), 10)
-	remaining := strconv.FormatUint(uint64(shown.remaining), 10)
-	name := sfString(className)
-	h := []*corev3.HeaderValue{
-		{Key: HeaderLimit, Value: strconv.FormatInt(shown.cap, 10) + ", " + burst + ";w=" + window},
-		{Key: HeaderRemaining, Value: remaining},
-		{Key: HeaderRateLimitPolicy, Value: name + ";q=" + burst + ";w=" + window},
-	}
+	return new(headerBlock).build(shown, className, overLimit, never, retry)
+}
+
+// build writes the headers (see headers) into hb and returns them. Their
+// values are substrings of one string built without fmt.
+func (hb *headerBlock) build(shown decided, className string, overLimit, never bool, retry time.Duration) []*corev3.HeaderValue {
 	var t int64
+	timed := true
 	switch {
 	case overLimit && never, !overLimit && shown.never:
-		h = append(h, &corev3.HeaderValue{Key: HeaderRateLimit, Value: name + ";r=" + remaining})
-		return h
+		timed = false
 	case overLimit:
 		t = max(ceilSeconds(retry), 1)
 	default:
 		t = ceilSeconds(shown.reset)
 	}
-	ts := strconv.FormatInt(t, 10)
-	h = append(h,
-		&corev3.HeaderValue{Key: HeaderRateLimit, Value: name + ";r=" + remaining + ";t=" + ts},
-		&corev3.HeaderValue{Key: HeaderReset, Value: ts})
-	if overLimit {
-		h = append(h, &corev3.HeaderValue{Key: HeaderRetryAfter, Value: ts})
+	// One buffer holds every value, each header's a substring of it:
+	// limit | remaining | policy | RateLimit (whose last digits are t).
+	var scratch [160]byte
+	buf := strconv.AppendInt(scratch[:0], shown.cap, 10)
+	buf = append(buf, ", "...)
+	policyAt := len(buf) // "BURST;w=WINDOW", repeated in the policy
+	buf = strconv.AppendInt(buf, shown.limit.Burst, 10)
+	buf = append(buf, ";w="...)
+	buf = strconv.AppendInt(buf, refillWindow(shown.limit), 10)
+	limitEnd := len(buf)
+	buf = strconv.AppendUint(buf, uint64(shown.remaining), 10)
+	remainingEnd := len(buf)
+	buf = appendSFString(buf, className)
+	buf = append(buf, ";q="...)
+	buf = append(buf, buf[policyAt:limitEnd]...)
+	policyEnd := len(buf)
+	buf = appendSFString(buf, className)
+	buf = append(buf, ";r="...)
+	buf = append(buf, buf[limitEnd:remainingEnd]...)
+	tAt := len(buf)
+	if timed {
+		buf = append(buf, ";t="...)
+		tAt = len(buf)
+		buf = strconv.AppendInt(buf, t, 10)
 	}
-	return h
+	all := string(buf)
+
+	n := 0
+	add := func(key, value string) {
+		hb.hv[n].Key, hb.hv[n].Value = key, value
+		hb.ptrs[n] = &hb.hv[n]
+		n++
+	}
+	add(HeaderLimit, all[:limitEnd])
+	add(HeaderRemaining, all[limitEnd:remainingEnd])
+	add(HeaderRateLimitPolicy, all[remainingEnd:policyEnd])
+	add(HeaderRateLimit, all[policyEnd:])
+	if timed {
+		ts := all[tAt:]
+		add(HeaderReset, ts)
+		if overLimit {
+			add(HeaderRetryAfter, ts)
+		}
+	}
+	return hb.ptrs[:n:n]
 }
 
 // sfString serialises s as a structured-field String (RFC 8941 §4.1.6),
 // replacing what a String cannot hold (class names are letters, digits and
 // . _ : @ -, so nothing is replaced for a configured class).
 func sfString(s string) string {
-	b := make([]byte, 0, len(s)+2)
+	return string(appendSFString(make([]byte, 0, len(s)+2), s))
+}
+
+func appendSFString(b []byte, s string) []byte {
 	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -237,5 +297,5 @@ func sfString(s string) string {
 			b = append(b, c)
 		}
 	}
-	return string(append(b, '"'))
+	return append(b, '"')
 }

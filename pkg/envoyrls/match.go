@@ -44,6 +44,12 @@ type Target struct {
 // pure function of its arguments. Every error wraps quota.ErrInvalid and
 // names the field.
 func Resolve(cfg *config.Config, req *rlsv3.RateLimitRequest) ([]Target, error) {
+	return resolveInto(nil, cfg, req)
+}
+
+// resolveInto is Resolve appending to dst[:0] (whose room it uses when
+// there is enough).
+func resolveInto(dst []Target, cfg *config.Config, req *rlsv3.RateLimitRequest) ([]Target, error) {
 	domain := req.GetDomain()
 	if domain == "" {
 		return nil, fmt.Errorf("%w: domain is empty", quota.ErrInvalid)
@@ -59,7 +65,11 @@ func Resolve(cfg *config.Config, req *rlsv3.RateLimitRequest) ([]Target, error) 
 	if err := quota.ValidateCost(requestCost); err != nil {
 		return nil, fmt.Errorf("hits_addend: %w", err)
 	}
-	targets := make([]Target, len(descs))
+	targets := dst[:0]
+	if cap(targets) < len(descs) {
+		targets = make([]Target, 0, len(descs))
+	}
+	targets = targets[:len(descs)]
 	tree := cfg.EnvoyTree(domain)
 	for i, d := range descs {
 		t, err := resolveDescriptor(cfg.Envoy.Descriptors, domain, d, requestCost)

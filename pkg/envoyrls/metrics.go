@@ -3,6 +3,8 @@ package envoyrls
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -38,6 +40,70 @@ type metrics struct {
 	unlimited prometheus.Counter       //
 	duration  *prometheus.HistogramVec // result (an outcome)
 	byOutcome [numOutcomes]prometheus.Observer
+
+	// children caches the counters of each (class, tier) so that a
+	// decision counts without a label lookup: copied on write under mu,
+	// read without a lock. It holds the label sets the vectors hold.
+	children atomic.Pointer[map[classTier]*classCounters]
+	mu       sync.Mutex
+}
+
+type classTier struct{ class, tier string }
+
+// classCounters are one (class, tier)'s counters, each looked up in its
+// vector on its first use (so that a series appears once counted, as
+// before the cache): slot r is result r, slot numResults degraded.
+type classCounters struct {
+	class, tier string
+	slots       [numResults + 1]atomic.Pointer[counterBox]
+}
+
+type counterBox struct{ prometheus.Counter }
+
+const slotDegraded = int(numResults)
+
+// inc adds one to c's counter in slot.
+func (m *metrics) inc(c *classCounters, slot int) {
+	b := c.slots[slot].Load()
+	if b == nil {
+		// Racing callers get the same child from the vector.
+		if slot == slotDegraded {
+			b = &counterBox{m.degraded.WithLabelValues(c.class, c.tier)}
+		} else {
+			b = &counterBox{m.decisions.WithLabelValues(c.class, c.tier, result(slot).String())}
+		}
+		c.slots[slot].Store(b)
+	}
+	b.Inc()
+}
+
+// of returns the counters of class and tier.
+func (m *metrics) of(class, tier string) *classCounters {
+	k := classTier{class, tier}
+	if p := m.children.Load(); p != nil {
+		if c, ok := (*p)[k]; ok {
+			return c
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.children.Load()
+	if old != nil {
+		if c, ok := (*old)[k]; ok {
+			return c
+		}
+	}
+	next := make(map[classTier]*classCounters, 1)
+	if old != nil {
+		next = make(map[classTier]*classCounters, len(*old)+1)
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	c := &classCounters{class: class, tier: tier}
+	next[k] = c
+	m.children.Store(&next)
+	return c
 }
 
 func newMetrics() *metrics {

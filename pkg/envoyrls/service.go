@@ -141,7 +141,10 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if cfg == nil {
 		return nil, outcomeError, status.Error(codes.Unavailable, "envoyrls: no config loaded yet")
 	}
-	targets, err := Resolve(cfg, req)
+	// A request has one descriptor or a few: their targets and decisions
+	// stay on the stack.
+	var targetBuf [2]Target
+	targets, err := resolveInto(targetBuf[:0], cfg, req)
 	if err != nil {
 		s.log.Debug("envoy rate-limit request refused", "domain", req.GetDomain(), "err", err)
 		return nil, outcomeInvalid, status.Error(codes.InvalidArgument, err.Error())
@@ -151,7 +154,13 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		return nil, outcomeError, status.Error(codes.Unavailable, "envoyrls: not ready: no limiter attached yet")
 	}
 
-	decisions := make([]decided, len(targets))
+	var decidedBuf [2]decided
+	decisions := decidedBuf[:0]
+	if len(targets) <= len(decidedBuf) {
+		decisions = decidedBuf[:len(targets)]
+	} else {
+		decisions = make([]decided, len(targets))
+	}
 	for i, t := range targets {
 		switch {
 		case t.Unlimited:
@@ -167,9 +176,10 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 			return nil, out, err
 		}
 		r := classify(d, t.Shadow)
-		s.m.decisions.WithLabelValues(t.Resolved.ClassName, t.Resolved.Tier, r.String()).Inc()
+		c := s.m.of(t.Resolved.ClassName, t.Resolved.Tier)
+		s.m.inc(c, int(r))
 		if d.Degraded {
-			s.m.degraded.WithLabelValues(t.Resolved.ClassName, t.Resolved.Tier).Inc()
+			s.m.inc(c, slotDegraded)
 		}
 		decisions[i] = newDecided(time.Now(), t.Resolved.Limit, r, d)
 	}
@@ -189,27 +199,57 @@ func (s *Service) failed(ctx context.Context, i int, t Target, err error) (outco
 	return outcomeError, status.Errorf(codes.Unavailable, "envoyrls: deciding descriptors[%d]: %v", i, err)
 }
 
+// bareAnswer is a response with one descriptor's status, allocated
+// together: the common request has one descriptor.
+type bareAnswer struct {
+	resp rlsv3.RateLimitResponse
+	ptr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	one  [1]statusBlock
+}
+
+// answer is a bareAnswer with room for its headers.
+type answer struct {
+	bareAnswer
+	headers headerBlock
+}
+
 func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLimitResponse, outcome, error) {
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(targets)),
+	var ba *bareAnswer
+	var hb *headerBlock
+	if s.headers {
+		a := new(answer)
+		ba, hb = &a.bareAnswer, &a.headers
+	} else {
+		ba = new(bareAnswer)
+	}
+	resp := &ba.resp
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	var blocks []statusBlock
+	if len(targets) == 1 {
+		resp.Statuses, blocks = ba.ptr[:], ba.one[:]
+	} else {
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(targets))
+		blocks = make([]statusBlock, len(targets))
 	}
 	out := outcomeOK
 	shown, haveShown, shownClass, shownShadow := decided{}, false, "", false
 	var retry time.Duration
 	never := false // some descriptor over limit can never pass: no retry-after
 	for i, t := range targets {
+		b := &blocks[i]
 		switch {
 		case t.Unlimited:
 			// As envoyproxy/ratelimit answers it: OK, nothing counts down.
-			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+			b.st.Code, b.st.LimitRemaining = rlsv3.RateLimitResponse_OK, math.MaxUint32
+			resp.Statuses[i] = &b.st
 			continue
 		case !t.Matched:
-			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+			b.st.Code = rlsv3.RateLimitResponse_OK
+			resp.Statuses[i] = &b.st
 			continue
 		}
 		dd := decisions[i]
-		resp.Statuses[i] = dd.status(t.Resolved.ClassName)
+		resp.Statuses[i] = b.fill(dd, t.Resolved.ClassName)
 		if dd.result == resultOverLimit {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			out = outcomeOverLimit
@@ -222,8 +262,8 @@ func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLim
 			shown, haveShown, shownClass, shownShadow = dd, true, t.Resolved.ClassName, t.Shadow
 		}
 	}
-	if s.headers && haveShown {
-		resp.ResponseHeadersToAdd = headers(shown, shownClass, out == outcomeOverLimit, never, retry)
+	if hb != nil && haveShown {
+		resp.ResponseHeadersToAdd = hb.build(shown, shownClass, out == outcomeOverLimit, never, retry)
 	}
 	return resp, out, nil
 }
