@@ -91,6 +91,23 @@ func (p *Proc) Stop() {
 	p.cmd = nil
 }
 
+// Pause stops the server's process (SIGSTOP), as a hung or descheduled
+// Redis: connections stay open and nothing is answered until Resume. Not
+// for the embedded server.
+func (p *Proc) Pause() error { return p.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (p *Proc) Resume() error { return p.signal(syscall.SIGCONT) }
+
+func (p *Proc) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.embedded || p.cmd == nil {
+		return errors.New("redisproc: no redis-server process to signal")
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
 // Restart starts an empty server on the same port.
 func (p *Proc) Restart() error {
 	p.Stop()

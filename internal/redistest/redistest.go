@@ -51,6 +51,22 @@ func (s *Server) Client() *redis.Client {
 // Stop kills the server (as a crash would: no save, no goodbye). Idempotent.
 func (s *Server) Stop() { s.p.Stop() }
 
+// Pause stops the server (SIGSTOP): it answers nothing until Resume.
+func (s *Server) Pause() {
+	s.t.Helper()
+	if err := s.p.Pause(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() {
+	s.t.Helper()
+	if err := s.p.Resume(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
 // Restart starts an empty server on the same port again.
 func (s *Server) Restart() {
 	s.t.Helper()

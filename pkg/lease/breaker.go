@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -15,9 +16,8 @@ import (
 //
 // A failure must be evidence, not a hiccup: an error, or no answer within
 // Timeout, which is the configured breaker timeout or, when the region's
-// recent answers were slow (a healthy region on a loaded machine), their
-// smoothed round trip plus four deviations (as TCP's retransmission
-// timeout, RFC 6298), whichever is longer. A slow but healthy region
+// recent answers were slow (a healthy region on a loaded machine), four
+// times their median, whichever is longer. A slow but healthy region
 // therefore neither opens the breaker nor sends requests to their
 // on_failure policy, while a region that stops answering after answering
 // fast is given up on within the configured timeout.
@@ -28,44 +28,51 @@ type Breaker struct {
 	cooldown  time.Duration
 
 	mu        sync.Mutex
-	failures  int           // guarded by mu: consecutive failures
-	open      bool          // guarded by mu
-	openUntil time.Time     // guarded by mu
-	probing   bool          // guarded by mu: a half-open probe is in flight
-	srtt      time.Duration // guarded by mu: smoothed round trip of answered calls (0: none yet)
-	rttvar    time.Duration // guarded by mu: its smoothed mean deviation
+	failures  int                       // guarded by mu: consecutive failures
+	open      bool                      // guarded by mu
+	openUntil time.Time                 // guarded by mu
+	probing   bool                      // guarded by mu: a half-open probe is in flight
+	rtts      [rttSamples]time.Duration // guarded by mu: the last answered round trips, a ring
+	nrtt      int                       // guarded by mu: answered round trips seen
 }
 
-// ObserveRTT records the round trip of a call the region answered. Calls
-// that got no answer are not samples: a region that stops answering must
-// not lengthen the wait for it.
-func (b *Breaker) ObserveRTT(rtt time.Duration) {
+// rttSamples is how many recent answered round trips Timeout looks at.
+const rttSamples = 16
+
+// ObserveRTT records the round trip of a call sent at sent and answered at
+// now. Calls that got no answer are not samples: a region that stops
+// answering must not lengthen the wait for it.
+func (b *Breaker) ObserveRTT(sent, now time.Time) {
+	rtt := now.Sub(sent)
 	if rtt < 0 {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.srtt == 0 {
-		b.srtt, b.rttvar = rtt, rtt/2
-		return
-	}
-	d := b.srtt - rtt
-	if d < 0 {
-		d = -d
-	}
-	b.rttvar = (3*b.rttvar + d) / 4
-	b.srtt = (7*b.srtt + rtt) / 8
+	b.rtts[b.nrtt%rttSamples] = rtt
+	b.nrtt++
 }
 
 // Timeout is how long a synchronous call waits for the region before the
 // caller gives up on it (a failure) and its on_failure policy decides:
-// base, or the recent round trip plus four deviations when that is
-// longer, never more than limit (when limit > base).
+// base, or four times the median of the last 16 answered round trips when
+// that is longer, never more than limit (when limit > base). The median
+// follows a region that became slow within 8 answers, and ignores the few
+// answers that waited out an outage's backlog when it ended (they say
+// nothing of the region's speed; a mean would keep the wait long for the
+// next outage).
 func (b *Breaker) Timeout(base, limit time.Duration) time.Duration {
 	b.mu.Lock()
-	rto := b.srtt + 4*b.rttvar
+	n := min(b.nrtt, rttSamples)
+	var buf [rttSamples]time.Duration
+	copy(buf[:], b.rtts[:n])
 	b.mu.Unlock()
-	t := max(base, rto)
+	t := base
+	if n > 0 {
+		xs := buf[:n]
+		slices.Sort(xs)
+		t = max(base, 4*xs[n/2])
+	}
 	if limit > base {
 		t = min(t, limit)
 	}

@@ -49,16 +49,22 @@ func TestBreaker(t *testing.T) {
 
 // TestBreakerTimeoutFollowsSlowAnswers: the wait before a failure is the
 // breaker timeout while the region answers fast, follows the region's
-// recent round trips (smoothed + 4 deviations) when they are slow, never
-// beyond the limit, and is not lengthened by calls that got no answer.
+// recent round trips (4 × their median) when they are slow, never beyond
+// the limit, and is lengthened neither by calls that got no answer nor by
+// a few answers delayed by an outage.
 func TestBreakerTimeoutFollowsSlowAnswers(t *testing.T) {
 	const base, limit = 50 * time.Millisecond, 500 * time.Millisecond
 	b := NewBreaker(3, time.Second)
 	if got := b.Timeout(base, limit); got != base {
 		t.Fatalf("no answer seen yet: timeout %v, want %v", got, base)
 	}
+	at := t0
+	rtt := func(d time.Duration) {
+		b.ObserveRTT(at, at.Add(d))
+		at = at.Add(time.Second)
+	}
 	for range 20 {
-		b.ObserveRTT(time.Millisecond)
+		rtt(time.Millisecond)
 	}
 	if got := b.Timeout(base, limit); got != base {
 		t.Fatalf("fast answers: timeout %v, want %v", got, base)
@@ -68,14 +74,21 @@ func TestBreakerTimeoutFollowsSlowAnswers(t *testing.T) {
 	if got := b.Timeout(base, limit); got != base {
 		t.Fatalf("failures changed the timeout to %v", got)
 	}
+	// A few answers that waited out an outage do not lengthen the wait.
+	for range 3 {
+		rtt(2 * time.Second)
+	}
+	if got := b.Timeout(base, limit); got != base {
+		t.Fatalf("three answers delayed by an outage changed the timeout to %v", got)
+	}
 	for range 20 {
-		b.ObserveRTT(120 * time.Millisecond)
+		rtt(120 * time.Millisecond)
 	}
 	if got := b.Timeout(base, limit); got <= 120*time.Millisecond || got > limit {
 		t.Fatalf("answers in 120ms: timeout %v, want above 120ms and at most %v", got, limit)
 	}
 	for range 20 {
-		b.ObserveRTT(10 * time.Second)
+		rtt(10 * time.Second)
 	}
 	if got := b.Timeout(base, limit); got != limit {
 		t.Fatalf("answers in 10s: timeout %v, want the limit %v", got, limit)

@@ -38,9 +38,9 @@ type Options struct {
 	// BreakerTimeout bounds a synchronous Acquire or Check, and a request's
 	// wait for a refill already in flight (optional, default 50ms), while
 	// the region answers fast; while its recent answers were slow (a
-	// loaded machine), the bound follows them, up to SyncTimeout (see
-	// Breaker.Timeout), so a slow but healthy region is not taken for an
-	// outage.
+	// loaded machine), the bound follows them (4 × their median), up to
+	// SyncTimeout (see Breaker.Timeout), so a slow but healthy region is
+	// not taken for an outage. One request waits one such bound in all.
 	BreakerTimeout time.Duration
 	// BreakerFailures is how many consecutive failed RPCs open the circuit
 	// breaker (optional, default 3).
@@ -190,7 +190,7 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 
 		incarnation: newIncarnation(),
 	}
-	c.core = NewCore(table, c.breaker, o.SyncTimeout)
+	c.core = NewCore(table, c.breaker, o.SyncTimeout).WithBreakerTimeout(o.BreakerTimeout)
 	c.id.Store(&o.InstanceID)
 	c.bg, c.cancelBg = context.WithCancel(context.Background())
 	go c.loop()
@@ -263,7 +263,7 @@ func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quot
 		var err error
 		switch st.Do {
 		case DoWait:
-			if err = c.waitFor(ctx, st.Wait); err != nil {
+			if err = c.waitFor(ctx, st.Wait, s.Budget(time.Now(), c.opts.BreakerTimeout)); err != nil {
 				st = s.WaitFailed(time.Now())
 			} else {
 				st = s.Next(time.Now())
@@ -287,8 +287,7 @@ func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quot
 	}
 }
 
-func (c *Client) waitFor(ctx context.Context, ch <-chan struct{}) error {
-	wait := c.core.RequestTimeout(c.opts.BreakerTimeout)
+func (c *Client) waitFor(ctx context.Context, ch <-chan struct{}, wait time.Duration) error {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -327,7 +326,7 @@ func refusal(st Step, err error) Step {
 // acquire sends the synchronous acquire s stepped to and returns its next
 // step, with the RPC's error.
 func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
-	rctx, cancel := context.WithTimeout(ctx, c.core.RequestTimeout(c.opts.BreakerTimeout))
+	rctx, cancel := context.WithTimeout(ctx, s.Budget(time.Now(), c.opts.BreakerTimeout))
 	defer cancel()
 	start := time.Now()
 	var grants []*sluicev1.Grant
@@ -358,7 +357,7 @@ func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
 // check sends the strict Check s stepped to and returns the decided step,
 // with the RPC's error.
 func (c *Client) check(ctx context.Context, s *Slow, key quota.Key, cost int64) (Step, error) {
-	rctx, cancel := context.WithTimeout(ctx, c.core.RequestTimeout(c.opts.BreakerTimeout))
+	rctx, cancel := context.WithTimeout(ctx, s.Budget(time.Now(), c.opts.BreakerTimeout))
 	defer cancel()
 	start := time.Now()
 	resp, err := c.rpc.Check(rctx, &sluicev1.CheckRequest{Key: wireKey(key), Cost: cost})

@@ -22,6 +22,34 @@ type Core struct {
 	table       *Table
 	brk         *Breaker
 	syncTimeout time.Duration
+	// breakerTimeout is the base of a request's synchronous wait
+	// (RequestTimeout); 0 until WithBreakerTimeout: no bound across rounds.
+	breakerTimeout time.Duration
+}
+
+// WithBreakerTimeout sets the breaker timeout a request's synchronous wait
+// is based on (RequestTimeout): a request stops asking the region once its
+// rounds together took that long, so one decision waits one timeout, not
+// one per round (a request that waited for another's refill, which then
+// failed, used to start its own acquire and wait a second timeout).
+// Returns c. Call before use.
+func (c *Core) WithBreakerTimeout(d time.Duration) *Core {
+	c.breakerTimeout = d
+	return c
+}
+
+// Budget is what remains at now of the synchronous wait of the request s
+// is on: RequestTimeout(base) from its first round (base when the core
+// has none set).
+func (s *Slow) Budget(now time.Time, base time.Duration) time.Duration {
+	if s.c.breakerTimeout > 0 {
+		base = s.c.breakerTimeout
+	}
+	t := s.c.RequestTimeout(base)
+	if s.began.IsZero() {
+		return t
+	}
+	return t - now.Sub(s.began)
 }
 
 // NewCore returns the decisions over table and brk. syncTimeout bounds one
@@ -122,6 +150,7 @@ type Slow struct {
 	rounds   int
 	batch    *Batch
 	checkAt  time.Time // when the Check in flight was stepped to
+	began    time.Time // when the request first waited for the region
 }
 
 // Slow starts the slow path of a request. The Slow may be reused for
@@ -131,7 +160,7 @@ func (c *Core) Slow(key quota.Key, cost int64) Slow {
 }
 
 func (s *Slow) decided(d quota.Decision, err error) Step {
-	s.acquires, s.rounds, s.batch = 0, 0, nil
+	s.acquires, s.rounds, s.batch, s.began = 0, 0, nil, time.Time{}
 	return Step{Do: DoDecided, Decision: d, Err: err}
 }
 
@@ -164,11 +193,21 @@ func (s *Slow) Next(now time.Time) Step {
 		if !brk.Ready(now) {
 			return s.Fallback(now)
 		}
+		if s.c.breakerTimeout > 0 && !s.began.IsZero() && s.Budget(now, 0) <= 0 {
+			// Its earlier rounds used up the request's wait.
+			return s.Fallback(now)
+		}
 		b, wait := t.PrepareAcquire(now, s.key, s.cost)
 		switch {
 		case wait != nil:
+			if s.began.IsZero() {
+				s.began = now
+			}
 			return Step{Do: DoWait, Wait: wait}
 		case b != nil:
+			if s.began.IsZero() {
+				s.began = now
+			}
 			s.acquires++
 			if !brk.Allow(b.SentAt()) {
 				t.Failed(b.SentAt(), b)
@@ -211,7 +250,7 @@ func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome)
 		panic("lease: AcquireDone without an acquire in flight")
 	}
 	if out == Answered || out == Refused || out == Conflict {
-		brk.ObserveRTT(now.Sub(b.SentAt()))
+		brk.ObserveRTT(b.SentAt(), now)
 	}
 	switch out {
 	case Answered:
@@ -242,7 +281,7 @@ func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome)
 func (s *Slow) CheckDone(now time.Time, resp *sluicev1.CheckResponse, out Outcome) Step {
 	t, brk := s.c.table, s.c.brk
 	if out == Answered || out == Refused {
-		brk.ObserveRTT(now.Sub(s.checkAt))
+		brk.ObserveRTT(s.checkAt, now)
 	}
 	switch out {
 	case Answered:
@@ -285,7 +324,7 @@ func (c *Core) BeforeSend(now time.Time) { c.table.ExpireFor(now, c.syncTimeout)
 // reports stay pending).
 func (c *Core) SyncDone(now time.Time, b *Batch, grants []*sluicev1.Grant, out Outcome) (split []*Batch, applyErr error) {
 	if out == Answered || out == Refused || out == Conflict {
-		c.brk.ObserveRTT(now.Sub(b.SentAt()))
+		c.brk.ObserveRTT(b.SentAt(), now)
 	}
 	switch out {
 	case Answered:

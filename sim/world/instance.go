@@ -77,7 +77,7 @@ func newInstance(r *Region, num int) *Instance {
 		panic("sim: lease table options refused: " + err.Error())
 	}
 	in.table = t
-	in.core = lease.NewCore(t, lease.NewBreaker(w.breakerFailures, w.breakerCooldown), 0)
+	in.core = lease.NewCore(t, lease.NewBreaker(w.breakerFailures, w.breakerCooldown), 0).WithBreakerTimeout(w.breakerTimeout)
 	return in
 }
 
