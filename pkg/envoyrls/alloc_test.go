@@ -26,6 +26,12 @@ func TestAnswerMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	classes := []string{"read", "a", "write.bulk:x@y-z_1", `we"ird\cl` + "\x01ass\u00e9", ""}
 	durations := []time.Duration{0, 1, time.Millisecond, 999 * time.Millisecond, time.Second, 1500 * time.Millisecond, 3 * time.Hour, -time.Second}
+	// Answers about one class share parts while its limit stays the
+	// same; the random limits change it often.
+	caches := map[string]*classCounters{}
+	for _, c := range classes {
+		caches[c] = &classCounters{class: c}
+	}
 	for i := range 20000 {
 		dd := decided{
 			limit:     quota.Limit{Rate: []float64{0, 0.1, 1, 2.5, 100, 1e9, 5e9}[r.IntN(7)], Burst: []int64{0, 1, 5, 100, 1e9, math.MaxInt64}[r.IntN(6)]},
@@ -37,6 +43,9 @@ func TestAnswerMatchesReference(t *testing.T) {
 			never:     r.IntN(4) == 0,
 		}
 		class := classes[r.IntN(len(classes))]
+		if r.IntN(8) != 0 {
+			dd.cache = caches[class]
+		}
 		if got, want := dd.status(class), referenceStatus(dd, class); !proto.Equal(got, want) {
 			t.Fatalf("case %d: status %v, want %v", i, got, want)
 		}
@@ -54,12 +63,16 @@ func TestAnswerMatchesReference(t *testing.T) {
 	}
 }
 
-// TestHeadersAllocateOnce: the headers of an answer cost two allocations
-// (their block and their values' one string) whatever their number.
+// TestHeadersAllocateOnce: once the class's limit is cached, the headers
+// of an answer cost two allocations (their block and their own values'
+// one string) whatever their number, and its status one.
 func TestHeadersAllocateOnce(t *testing.T) {
-	dd := decided{limit: quota.Limit{Rate: 100, Burst: 200}, cap: 150, remaining: 7, reset: time.Second}
+	dd := decided{limit: quota.Limit{Rate: 100, Burst: 200}, cap: 150, remaining: 7, reset: time.Second, cache: &classCounters{class: "read"}}
 	if n := testing.AllocsPerRun(100, func() { headers(dd, "read", true, false, time.Second) }); n != 2 {
 		t.Errorf("headers: %v allocations, want 2", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { dd.status("read") }); n != 1 {
+		t.Errorf("status: %v allocations, want 1", n)
 	}
 }
 
@@ -165,4 +178,41 @@ func seriesCount(c prometheus.Collector) int {
 		n++
 	}
 	return n
+}
+
+// TestSharedPartsConcurrently: answers built and marshalled at once from
+// many goroutines share a class's parts while its limit changes under
+// them (run with -race), and each answer still carries its own limit.
+func TestSharedPartsConcurrently(t *testing.T) {
+	cache := &classCounters{class: "read"}
+	limits := []quota.Limit{{Rate: 100, Burst: 200}, {Rate: 5, Burst: 10}}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 500 {
+				lim := limits[(g+i)%2]
+				dd := decided{limit: lim, cap: lim.Burst, remaining: uint32(i), reset: time.Second, cache: cache}
+				resp := &rlsv3.RateLimitResponse{
+					Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{dd.status("read")},
+					ResponseHeadersToAdd: headers(dd, "read", false, false, 0),
+				}
+				b, err := proto.Marshal(resp)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				var back rlsv3.RateLimitResponse
+				if err := proto.Unmarshal(b, &back); err != nil {
+					t.Error(err)
+					return
+				}
+				want := strconv.FormatInt(lim.Burst, 10) + ", " + strconv.FormatInt(lim.Burst, 10) + ";w=2"
+				if got := back.GetResponseHeadersToAdd()[0].GetValue(); got != want {
+					t.Errorf("x-ratelimit-limit %q, want %q", got, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -3,6 +3,7 @@ package envoyrls
 import (
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -135,6 +136,9 @@ type decided struct {
 	// never: over limit, and no wait cures it (Decision.RetryNever); no
 	// reset or retry time is promised then.
 	never bool
+	// cache keeps the answer parts shared by every answer about the same
+	// limit of the class (optional).
+	cache *classCounters
 }
 
 func newDecided(now time.Time, limit quota.Limit, r result, d quota.Decision) decided {
@@ -156,23 +160,67 @@ func newDecided(now time.Time, limit quota.Limit, r result, d quota.Decision) de
 	return out
 }
 
+// shared is what every answer about one limit of one class carries
+// alike: its current_limit and the x-ratelimit-limit and
+// ratelimit-policy headers. Answers point to it and never change it.
+type shared struct {
+	className string
+	limit     quota.Limit
+	cap       int64
+	rl        rlsv3.RateLimitResponse_RateLimit
+	hLimit    corev3.HeaderValue
+	hPolicy   corev3.HeaderValue
+}
+
+func newShared(className string, limit quota.Limit, capacity int64) *shared {
+	sh := &shared{className: className, limit: limit, cap: capacity}
+	n, unit := perUnit(limit.Rate)
+	sh.rl.Name, sh.rl.RequestsPerUnit, sh.rl.Unit = className, n, unit
+	var scratch [96]byte
+	buf := strconv.AppendInt(scratch[:0], capacity, 10)
+	buf = append(buf, ", "...)
+	policyAt := len(buf) // "BURST;w=WINDOW", repeated in the policy
+	buf = strconv.AppendInt(buf, limit.Burst, 10)
+	buf = append(buf, ";w="...)
+	buf = strconv.AppendInt(buf, refillWindow(limit), 10)
+	limitEnd := len(buf)
+	buf = appendSFString(buf, className)
+	buf = append(buf, ";q="...)
+	buf = append(buf, buf[policyAt:limitEnd]...)
+	all := string(buf)
+	sh.hLimit.Key, sh.hLimit.Value = HeaderLimit, all[:limitEnd]
+	sh.hPolicy.Key, sh.hPolicy.Value = HeaderRateLimitPolicy, all[limitEnd:]
+	return sh
+}
+
+// sharedFor returns the shared parts of dd's answer, from dd.cache when
+// they are the same limit's (built and kept there when not).
+func sharedFor(dd decided, className string) *shared {
+	if dd.cache == nil || dd.cache.class != className {
+		return newShared(className, dd.limit, dd.cap)
+	}
+	sh := dd.cache.shared.Load()
+	if sh == nil || sh.limit != dd.limit || sh.cap != dd.cap {
+		sh = newShared(className, dd.limit, dd.cap)
+		dd.cache.shared.Store(sh)
+	}
+	return sh
+}
+
 // statusBlock holds one descriptor's status and the messages it points
 // to, so that they are allocated together.
 type statusBlock struct {
 	st  rlsv3.RateLimitResponse_DescriptorStatus
-	lim rlsv3.RateLimitResponse_RateLimit
 	dur durationpb.Duration
 }
 
 // fill writes dd's status into b and returns it.
-func (b *statusBlock) fill(dd decided, className string) *rlsv3.RateLimitResponse_DescriptorStatus {
+func (b *statusBlock) fill(dd decided, sh *shared) *rlsv3.RateLimitResponse_DescriptorStatus {
 	code := rlsv3.RateLimitResponse_OK
 	if dd.result == resultOverLimit {
 		code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	n, unit := perUnit(dd.limit.Rate)
-	b.lim.Name, b.lim.RequestsPerUnit, b.lim.Unit = className, n, unit
-	b.st.Code, b.st.CurrentLimit, b.st.LimitRemaining = code, &b.lim, dd.remaining
+	b.st.Code, b.st.CurrentLimit, b.st.LimitRemaining = code, &sh.rl, dd.remaining
 	if !dd.never {
 		// As durationpb.New.
 		nanos := dd.reset.Nanoseconds()
@@ -184,7 +232,7 @@ func (b *statusBlock) fill(dd decided, className string) *rlsv3.RateLimitRespons
 }
 
 func (dd decided) status(className string) *rlsv3.RateLimitResponse_DescriptorStatus {
-	return new(statusBlock).fill(dd, className)
+	return new(statusBlock).fill(dd, sharedFor(dd, className))
 }
 
 // closerToExhaustion reports whether a should be the descriptor the
@@ -200,10 +248,23 @@ func closerToExhaustion(a, b decided) bool {
 // maxHeaders is how many headers an answer carries at most.
 const maxHeaders = 6
 
-// headerBlock holds an answer's headers, allocated together.
+// headerBlock holds the headers of an answer its own: the rest are
+// shared (x-ratelimit-limit, ratelimit-policy, and the time fields for
+// the first few seconds).
 type headerBlock struct {
-	hv   [maxHeaders]corev3.HeaderValue
-	ptrs [maxHeaders]*corev3.HeaderValue
+	remaining, rateLimit corev3.HeaderValue
+	ptrs                 [maxHeaders]*corev3.HeaderValue
+}
+
+// timeHeaders are x-ratelimit-reset and retry-after for t = 0, 1, ….
+var timeHeaders [121][2]corev3.HeaderValue
+
+func init() {
+	for t := range timeHeaders {
+		v := strconv.Itoa(t)
+		timeHeaders[t][0].Key, timeHeaders[t][0].Value = HeaderReset, v
+		timeHeaders[t][1].Key, timeHeaders[t][1].Value = HeaderRetryAfter, v
+	}
 }
 
 // headers builds the response fields for the descriptor shown. Every
@@ -214,12 +275,12 @@ type headerBlock struct {
 // descriptor is a never denial no time is promised: none of the three is
 // written.
 func headers(shown decided, className string, overLimit, never bool, retry time.Duration) []*corev3.HeaderValue {
-	return new(headerBlock).build(shown, className, overLimit, never, retry)
+	return new(headerBlock).build(shown, sharedFor(shown, className), overLimit, never, retry)
 }
 
-// build writes the headers (see headers) into hb and returns them. Their
-// values are substrings of one string built without fmt.
-func (hb *headerBlock) build(shown decided, className string, overLimit, never bool, retry time.Duration) []*corev3.HeaderValue {
+// build writes the headers (see headers) into hb and returns them. The
+// values of its own are substrings of one string built without fmt.
+func (hb *headerBlock) build(shown decided, sh *shared, overLimit, never bool, retry time.Duration) []*corev3.HeaderValue {
 	var t int64
 	timed := true
 	switch {
@@ -230,51 +291,40 @@ func (hb *headerBlock) build(shown decided, className string, overLimit, never b
 	default:
 		t = ceilSeconds(shown.reset)
 	}
-	// One buffer holds every value, each header's a substring of it:
-	// limit | remaining | policy | RateLimit (whose last digits are t).
-	var scratch [160]byte
-	buf := strconv.AppendInt(scratch[:0], shown.cap, 10)
-	buf = append(buf, ", "...)
-	policyAt := len(buf) // "BURST;w=WINDOW", repeated in the policy
-	buf = strconv.AppendInt(buf, shown.limit.Burst, 10)
-	buf = append(buf, ";w="...)
-	buf = strconv.AppendInt(buf, refillWindow(shown.limit), 10)
-	limitEnd := len(buf)
-	buf = strconv.AppendUint(buf, uint64(shown.remaining), 10)
+	// remaining | RateLimit (whose last digits are t).
+	var scratch [96]byte
+	buf := strconv.AppendUint(scratch[:0], uint64(shown.remaining), 10)
 	remainingEnd := len(buf)
-	buf = appendSFString(buf, className)
-	buf = append(buf, ";q="...)
-	buf = append(buf, buf[policyAt:limitEnd]...)
-	policyEnd := len(buf)
-	buf = appendSFString(buf, className)
+	buf = appendSFString(buf, sh.className)
 	buf = append(buf, ";r="...)
-	buf = append(buf, buf[limitEnd:remainingEnd]...)
-	tAt := len(buf)
+	buf = append(buf, buf[:remainingEnd]...)
 	if timed {
 		buf = append(buf, ";t="...)
-		tAt = len(buf)
 		buf = strconv.AppendInt(buf, t, 10)
 	}
 	all := string(buf)
-
-	n := 0
-	add := func(key, value string) {
-		hb.hv[n].Key, hb.hv[n].Value = key, value
-		hb.ptrs[n] = &hb.hv[n]
-		n++
+	hb.remaining.Key, hb.remaining.Value = HeaderRemaining, all[:remainingEnd]
+	hb.rateLimit.Key, hb.rateLimit.Value = HeaderRateLimit, all[remainingEnd:]
+	hb.ptrs[0], hb.ptrs[1], hb.ptrs[2], hb.ptrs[3] = &sh.hLimit, &hb.remaining, &sh.hPolicy, &hb.rateLimit
+	if !timed {
+		return hb.ptrs[:4:4]
 	}
-	add(HeaderLimit, all[:limitEnd])
-	add(HeaderRemaining, all[limitEnd:remainingEnd])
-	add(HeaderRateLimitPolicy, all[remainingEnd:policyEnd])
-	add(HeaderRateLimit, all[policyEnd:])
-	if timed {
-		ts := all[tAt:]
-		add(HeaderReset, ts)
+	var reset, retryAfter *corev3.HeaderValue
+	if t < int64(len(timeHeaders)) {
+		reset, retryAfter = &timeHeaders[t][0], &timeHeaders[t][1]
+	} else {
+		ts := all[strings.LastIndexByte(all, '=')+1:] // RateLimit's t
+		reset = &corev3.HeaderValue{Key: HeaderReset, Value: ts}
 		if overLimit {
-			add(HeaderRetryAfter, ts)
+			retryAfter = &corev3.HeaderValue{Key: HeaderRetryAfter, Value: ts}
 		}
 	}
-	return hb.ptrs[:n:n]
+	hb.ptrs[4] = reset
+	if !overLimit {
+		return hb.ptrs[:5:5]
+	}
+	hb.ptrs[5] = retryAfter
+	return hb.ptrs[:6:6]
 }
 
 // sfString serialises s as a structured-field String (RFC 8941 §4.1.6),

@@ -56,6 +56,8 @@ type classTier struct{ class, tier string }
 type classCounters struct {
 	class, tier string
 	slots       [numResults + 1]atomic.Pointer[counterBox]
+	// shared is the answer parts of the class's last limit (see shared).
+	shared atomic.Pointer[shared]
 }
 
 type counterBox struct{ prometheus.Counter }

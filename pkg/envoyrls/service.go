@@ -182,6 +182,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 			s.m.inc(c, slotDegraded)
 		}
 		decisions[i] = newDecided(time.Now(), t.Resolved.Limit, r, d)
+		decisions[i].cache = c
 	}
 	return s.respond(targets, decisions)
 }
@@ -249,7 +250,7 @@ func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLim
 			continue
 		}
 		dd := decisions[i]
-		resp.Statuses[i] = b.fill(dd, t.Resolved.ClassName)
+		resp.Statuses[i] = b.fill(dd, sharedFor(dd, t.Resolved.ClassName))
 		if dd.result == resultOverLimit {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			out = outcomeOverLimit
@@ -263,7 +264,7 @@ func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLim
 		}
 	}
 	if hb != nil && haveShown {
-		resp.ResponseHeadersToAdd = hb.build(shown, shownClass, out == outcomeOverLimit, never, retry)
+		resp.ResponseHeadersToAdd = hb.build(shown, sharedFor(shown, shownClass), out == outcomeOverLimit, never, retry)
 	}
 	return resp, out, nil
 }
