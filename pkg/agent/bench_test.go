@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -275,6 +276,22 @@ func serveBench(kind, arg string) int {
 		if err == nil && pprof.StartCPUProfile(f) == nil {
 			defer func() { pprof.StopCPUProfile(); f.Close() }()
 		}
+	}
+	// SLUICE_AGENT_BENCH_MEMPROFILE=DIR writes each server's heap profile
+	// (live objects after a collection, and every allocation) to
+	// DIR/<kind>.heap.pprof when it stops, and logs its collections.
+	if dir := os.Getenv("SLUICE_AGENT_BENCH_MEMPROFILE"); dir != "" {
+		defer func() {
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			fmt.Fprintf(os.Stderr, "%s: %d collections, %d MB allocated, %.1f MB live heap\n",
+				kind, ms.NumGC, ms.TotalAlloc>>20, float64(ms.HeapAlloc)/(1<<20))
+			if f, err := os.Create(filepath.Join(dir, kind+".heap.pprof")); err == nil {
+				pprof.WriteHeapProfile(f)
+				f.Close()
+			}
+		}()
 	}
 	fmt.Printf("addr %s\n", addr)
 	in := bufio.NewScanner(os.Stdin)
