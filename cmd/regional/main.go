@@ -103,7 +103,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "treat a single -redis-addr as a Redis Cluster endpoint")
 	fs.StringVar(&f.redisPassword, "redis-password", "", "Redis password")
 	fs.StringVar(&f.configFile, "config", "", "config file (YAML): the config without etcd, the bootstrap written to etcd when it holds none; empty = the built-in sample")
-	fs.StringVar(&f.coldStart, "cold-start", "conservative", `how an empty Redis is treated at start: "conservative" (new buckets start empty for one lease TTL) or "full"`)
+	fs.StringVar(&f.coldStart, "cold-start", "conservative", `how a Redis with no Sluice data is treated at this process's start: "conservative" (new buckets start empty for the longer of one lease TTL and one grant validity plus one epoch) or "full" (a fresh deployment whose Redis never held leases: buckets start full); a Redis that loses its data while the process runs is always treated conservatively`)
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "", "etcd endpoints, comma separated (config from etcd, region leader election); empty = no etcd")
 	fs.StringVar(&f.etcdPrefix, "etcd-prefix", config.DefaultPrefix, "etcd key prefix of the config and elections")
