@@ -18,7 +18,12 @@
 //   - Tokens appear only by refill at the current rate over elapsed time
 //     (the granted rate while a grant is valid, the static share after) or
 //     by reclaiming a lease's unspent tokens; a bucket recreated after a
-//     Redis restart is not handed a free burst (see the born argument).
+//     Redis restart is not handed a free burst: every script reads the
+//     born sentinel of the key's data set (Keys.Born: one per Redis, one
+//     per hash slot on a cluster) in the call that creates a bucket, and
+//     writes it when it is missing (Common.RestartWait).
+//   - Calls that can only undo (release, reap, a report of an unknown
+//     lease asking for nothing) create no bucket and no lease record.
 //   - A usage report is applied at most once per (instance, key, seq).
 //   - Every key carries a TTL of at least the grant's remaining validity
 //     plus 2 x cap / static rate, and at least 2 x lease TTL, so idle keys

@@ -17,9 +17,12 @@
 //     since it sent that read, an upper bound) is a margin before that
 //     end, else each key's floor. Options.Unleased, for a region with no
 //     global tier, keeps static shares unconditional.
-//   - A bucket created after Redis lost its data is not handed a free burst:
-//     RestartGuard stamps every data set with the Redis time it was born and
-//     the scripts refill new buckets from born + lease TTL (see luascripts).
+//   - A bucket created after Redis (or one cluster node) lost its data is
+//     not handed a free burst: the scripts read the born sentinel of the
+//     bucket's data set in the call that creates it (writing it when it is
+//     missing) and refill new buckets only from born + the restart wait;
+//     RestartGuard stamps missing sentinels at start and every epoch and
+//     counts the losses (see luascripts).
 //
 // # Units
 //
