@@ -31,10 +31,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/sluicehq/sluice/internal/etcdflags"
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/pkg/agent"
@@ -64,8 +63,7 @@ type flags struct {
 	grpcAddr, httpAddr, metricsAddr  string
 	configFile, logLevel             string
 	etcdEndpoints, etcdPrefix        string
-	etcdCA, etcdCert, etcdKey        string
-	etcdUsername, etcdPassword       string
+	etcd                             etcdflags.Access
 	tlsCA, tlsCert, tlsKey, instance string
 	breakerTimeout, configWait       time.Duration
 	envoyHeaders, version            bool
@@ -88,11 +86,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the regional service with; enables TLS to it")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate (PEM) towards the regional service (mutual TLS)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "client private key (PEM)")
-	fs.StringVar(&f.etcdCA, "etcd-ca", "", "CA bundle (PEM) to verify etcd with; enables TLS to etcd")
-	fs.StringVar(&f.etcdCert, "etcd-cert", "", "client certificate (PEM) for etcd")
-	fs.StringVar(&f.etcdKey, "etcd-key", "", "client private key (PEM) for etcd")
-	fs.StringVar(&f.etcdUsername, "etcd-username", "", "etcd user")
-	fs.StringVar(&f.etcdPassword, "etcd-password", "", "etcd password")
+	f.etcd.Register(fs)
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&f.version, flagenv.VersionFlag, false, "print the version and exit")
 	flagenv.Usage(fs, "SLUICE")
@@ -149,16 +143,9 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		}
 		source = agent.StaticConfig{C: cfg}
 	} else {
-		etcdTLS, err := tlsconfig.Client(f.etcdCA, f.etcdCert, f.etcdKey, "")
+		cli, err := f.etcd.Client(eps)
 		if err != nil {
-			return fmt.Errorf("etcd: %w", err)
-		}
-		cli, err := clientv3.New(clientv3.Config{
-			Endpoints: eps, DialTimeout: 10 * time.Second, TLS: etcdTLS,
-			Username: f.etcdUsername, Password: f.etcdPassword, Logger: zap.NewNop(),
-		})
-		if err != nil {
-			return fmt.Errorf("etcd client: %w", err)
+			return err
 		}
 		defer cli.Close()
 		watcher := configstore.NewWatcher(configstore.NewStore(cli, f.etcdPrefix), nil, logger, reg)

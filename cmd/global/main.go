@@ -25,9 +25,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
+	"github.com/sluicehq/sluice/internal/etcdflags"
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/pkg/allocator"
@@ -37,8 +36,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
-// etcdTimeout bounds connecting to etcd and one attempt at reading or
-// writing the config.
+// etcdTimeout bounds one attempt at reading or writing the config.
 const etcdTimeout = 10 * time.Second
 
 func main() {
@@ -64,11 +62,8 @@ func run(ctx context.Context, args []string) error {
 	tlsCert := fs.String("tls-cert", "", "server certificate (PEM) for gRPC; enables TLS")
 	tlsKey := fs.String("tls-key", "", "server private key (PEM)")
 	tlsClientCA := fs.String("tls-client-ca", "", "CA bundle (PEM) client certificates must chain to; enables mutual TLS")
-	etcdCA := fs.String("etcd-ca", "", "CA bundle (PEM) to verify etcd with; enables TLS to etcd")
-	etcdCert := fs.String("etcd-cert", "", "client certificate (PEM) for etcd")
-	etcdKey := fs.String("etcd-key", "", "client private key (PEM) for etcd")
-	etcdUser := fs.String("etcd-username", "", "etcd user")
-	etcdPassword := fs.String("etcd-password", "", "etcd password")
+	var etcdAccess etcdflags.Access
+	etcdAccess.Register(fs)
 	perConnection := fs.Int("max-inflight-per-connection", rpcguard.DefaultPerConnection, "units of work (keys named by the calls) served at once per client connection, at least the keys of one report; more wait their turn (docs/operations.md, Request bounds)")
 	perIdentity := fs.Int("max-inflight-per-identity", rpcguard.DefaultPerIdentity, "units of work served at once per client certificate identity (mutual TLS only)")
 	showVersion := fs.Bool(flagenv.VersionFlag, false, "print the version and exit")
@@ -92,10 +87,6 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	etcdTLS, err := tlsconfig.Client(*etcdCA, *etcdCert, *etcdKey, "")
-	if err != nil {
-		return fmt.Errorf("etcd: %w", err)
-	}
 	fallback := config.Default()
 	var bootstrap *config.Config
 	if *configFile != "" {
@@ -109,12 +100,9 @@ func run(ctx context.Context, args []string) error {
 		fallback = bootstrap
 	}
 
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: eps, DialTimeout: etcdTimeout, TLS: etcdTLS,
-		Username: *etcdUser, Password: *etcdPassword, Logger: zap.NewNop(),
-	})
+	cli, err := etcdAccess.Client(eps)
 	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
+		return err
 	}
 	defer cli.Close()
 

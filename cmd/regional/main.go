@@ -33,14 +33,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
+	"github.com/sluicehq/sluice/internal/etcdflags"
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/pkg/allocator"
@@ -85,8 +84,7 @@ type flags struct {
 	sessionTTL                          time.Duration
 	envoyHeaders, unleased              bool
 	tlsCert, tlsKey, tlsClientCA, tlsCA string
-	etcdCA, etcdCert, etcdKey           string
-	etcdUsername, etcdPassword          string
+	etcd                                etcdflags.Access
 	perConnection, perIdentity          int
 	globalTLSName                       string
 	version                             bool
@@ -116,11 +114,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA bundle (PEM) client certificates must chain to; enables mutual TLS")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the global tier and this service's own certificate")
 	fs.StringVar(&f.globalTLSName, "global-tls-name", "", "name the global tier's certificate must carry (default: the dialed host; set it when the leader's address is an IP, as -advertise=$(POD_IP):7500 makes it)")
-	fs.StringVar(&f.etcdCA, "etcd-ca", "", "CA bundle (PEM) to verify etcd with; enables TLS to etcd")
-	fs.StringVar(&f.etcdCert, "etcd-cert", "", "client certificate (PEM) for etcd")
-	fs.StringVar(&f.etcdKey, "etcd-key", "", "client private key (PEM) for etcd")
-	fs.StringVar(&f.etcdUsername, "etcd-username", "", "etcd user")
-	fs.StringVar(&f.etcdPassword, "etcd-password", "", "etcd password")
+	f.etcd.Register(fs)
 	fs.IntVar(&f.perConnection, "max-inflight-per-connection", rpcguard.DefaultPerConnection, "units of work (keys named by the calls) served at once per client connection; more wait their turn (docs/operations.md, Request bounds)")
 	fs.IntVar(&f.perIdentity, "max-inflight-per-identity", rpcguard.DefaultPerIdentity, "units of work served at once per client certificate identity over all its connections (mutual TLS only)")
 	fs.BoolVar(&f.version, flagenv.VersionFlag, false, "print the version and exit")
@@ -192,16 +186,9 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	var source regional.ConfigSource = regional.StaticConfig{C: cfg}
 	var leaderOpts *regional.LeaderOptions
 	if eps := flagenv.List(f.etcdEndpoints); len(eps) > 0 {
-		etcdTLS, err := tlsconfig.Client(f.etcdCA, f.etcdCert, f.etcdKey, "")
+		cli, err := f.etcd.Client(eps)
 		if err != nil {
-			return fmt.Errorf("etcd: %w", err)
-		}
-		cli, err := clientv3.New(clientv3.Config{
-			Endpoints: eps, DialTimeout: 10 * time.Second, TLS: etcdTLS,
-			Username: f.etcdUsername, Password: f.etcdPassword, Logger: zap.NewNop(),
-		})
-		if err != nil {
-			return fmt.Errorf("etcd client: %w", err)
+			return err
 		}
 		defer cli.Close()
 		store := configstore.NewStore(cli, f.etcdPrefix)
