@@ -25,10 +25,17 @@ image:
 deps:
 	@scripts/install-deps.sh
 
+# NORACE are packages with no concurrency of their own (the virtual-time
+# simulator's runner: one goroutine per world), tested without the race
+# detector, which multiplies their run time by four and made them the
+# longest test of the suite.
+NORACE ?= github.com/sluicehq/sluice/sim/runner
+
 test: deps
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || (echo "gofmt would change:"; gofmt -l .; exit 1)
-	$(GO) test $(TEST_FLAGS) $(PKGS)
+	$(GO) test $(TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v -x -F $(addprefix -e ,$(NORACE)))
+	$(GO) test $(filter-out -race,$(TEST_FLAGS)) $(NORACE)
 	cd deploy/observability/promql && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 bench: deps
