@@ -218,9 +218,7 @@ type Allocator struct {
 	silent              []bool
 	// nudge marks the regions that should report now (nudge.go); TakeNudges
 	// drains it. Indexed by region.
-	nudge []bool
-	// frozen is scratch for computeTargets.
-	frozen         []bool
+	nudge          []bool
 	reportIdx      []int32
 	regs           []Region  // scratch for StaticBursts
 	order          []int     // scratch for splitUnits
@@ -792,20 +790,6 @@ func (a *Allocator) alphaFor(window int64) float64 {
 	return v
 }
 
-// unreadDemand marks, in demand, a key a region has named without ever
-// giving a demand reading for it.
-const unreadDemand = -1
-
-// unread says whether region i named key slot k but gave no demand reading
-// for it yet: its targets freeze it like a silent region, at what it may be
-// using, instead of taking an unknown demand for none (a region nudged just
-// after its first lease on the key would otherwise be cut to nothing until
-// its next report).
-func (a *Allocator) unread(k int32, i int) bool {
-	j := int(k)*a.nr + i
-	return a.lastObs[j] == 0 && a.demand[j] == unreadDemand
-}
-
 func (a *Allocator) effectiveDemand(k int32, i int) float64 {
 	j := int(k)*a.nr + i
 	last := a.lastObs[j]
@@ -922,17 +906,10 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 	a.hi = growFloats(a.hi, nr)
 	a.out = growFloats(a.out, nr)
 	capacity, pool := l.Rate, l.Burst
-	// Silent regions, and regions whose demand for k is unknown (unread),
-	// are frozen at what they may be using.
-	a.frozen = slices.Grow(a.frozen[:0], nr)[:nr]
-	frozen := a.frozen
-	for i := range frozen {
-		frozen[i] = a.silent[i] || a.unread(k, i)
-	}
 	n := 0
 	for i := 0; i < nr; i++ {
 		rg := &a.regions[i]
-		if frozen[i] {
+		if a.silent[i] {
 			f := &a.summaries[base+i]
 			s, sb := a.counted(k, i)
 			fr, fb := s, sb
@@ -984,7 +961,7 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 	spare := float64(wanting) <= math.Floor(pool/l.unit())
 	j := 0
 	for i := 0; i < nr; i++ {
-		if frozen[i] {
+		if a.silent[i] {
 			continue
 		}
 		s, sb := a.fallback(k, i)
@@ -1005,7 +982,7 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 		// below their static rate, when the others can take the rest.
 		j = 0
 		for i := 0; i < nr; i++ {
-			if frozen[i] {
+			if a.silent[i] {
 				continue
 			}
 			if s, sb := a.fallback(k, i); sb >= l.unit() && !(a.dem[j] > unitDemandFloor*l.Rate) {
@@ -1017,7 +994,7 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 	a.sts = growFloats(a.sts, n)
 	j = 0
 	for i := 0; i < nr; i++ {
-		if !frozen[i] {
+		if !a.silent[i] {
 			a.sts[j], _ = a.fallback(k, i)
 			j++
 		}
@@ -1048,7 +1025,7 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 	}
 	j = 0
 	for i := 0; i < nr; i++ {
-		if frozen[i] {
+		if a.silent[i] {
 			continue
 		}
 		a.targetRate[base+i] = a.out[j]
@@ -1408,14 +1385,10 @@ func (a *Allocator) observe(k int32, ri int, kd *KeyDemand) {
 		// An acknowledgement sent right after the previous report: it
 		// only acknowledges grants (a count over so short a window would
 		// be noise), and the estimate stays as it was, current as of this
-		// report. A key the region names before it has any reading (its
-		// leases' first demand windows are still open) is unread: its
-		// demand is unknown, not zero (see unread).
+		// report.
 		if last != 0 {
 			a.demand[j] *= a.decay(n - 1 - last)
 			a.lastObs[j] = n
-		} else {
-			a.demand[j] = unreadDemand
 		}
 		return
 	}

@@ -3,7 +3,6 @@ package hierarchy
 import (
 	"slices"
 	"testing"
-	"time"
 )
 
 // TestNudgesMoveCapacityBetweenEpochs follows one shift: the recipient's
@@ -64,37 +63,5 @@ func TestLearningLeaderNudgesNobody(t *testing.T) {
 	s.report("a", 300, 150, -1)
 	if got := s.a.TakeNudges(); len(got) != 0 {
 		t.Fatalf("learning leader nudged %q", got)
-	}
-}
-
-// TestUnreadRegionIsFrozenNotEmpty: a region that names a key before any
-// demand reading for it (its leases' first windows are still open, as when
-// a nudge asks for its report just after its first lease) keeps what it
-// may be using in the targets; its first reading, not its silence about
-// demand, moves its share.
-func TestUnreadRegionIsFrozenNotEmpty(t *testing.T) {
-	s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 100})
-	s.a.Allocate(s.at(6000))
-	s.report("a", 6100, 150, -1)
-	s.seq["b"]++
-	if _, err := s.a.Report(s.at(6200), Report{Region: "b", Seq: s.seq["b"],
-		Keys: []KeyDemand{{Key: s.key, Window: time.Millisecond}}}); err != nil {
-		t.Fatal(err)
-	}
-	v := s.a.View(s.at(6200))
-	if len(v.Keys) != 1 {
-		t.Fatalf("view has %d keys, want 1", len(v.Keys))
-	}
-	if b := v.Keys[0].Regions[1]; b.TargetRate < 50 {
-		t.Fatalf("b named the key without a reading and its target fell to %v: unknown demand taken for none", b.TargetRate)
-	}
-	var g *Grant
-	for e := 7; e <= 9; e++ {
-		s.a.Allocate(s.at(e * 1000))
-		g = s.report("a", e*1000+100, 150, -1)
-		s.report("b", e*1000+200, 10, -1)
-	}
-	if g == nil || g.Rate <= 50 {
-		t.Fatalf("after b's readings a got %+v, want more than its static 50", g)
 	}
 }

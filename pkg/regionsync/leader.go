@@ -187,15 +187,7 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 		case seen && st.NowUS > prev.NowUS:
 			d := st.Since(prev)
 			kd.Admitted, kd.Denied, kd.WindowMs = d.Admitted, d.Denied, d.Window.Milliseconds()
-			rate := d.DemandRate
-			if st.LeaseDemand == 0 && d.Admitted+d.Denied > 0 {
-				// Tokens were asked for, yet no lease has a reading: their
-				// first demand windows are still open (new leases, or
-				// instances that restarted). The counts are the only
-				// measure; zero would read as no demand at all.
-				rate = max(rate, float64(d.Admitted+d.Denied)/d.Window.Seconds())
-			}
-			kd.DemandRate = proto.Float64(rate)
+			kd.DemandRate = proto.Float64(d.DemandRate)
 		case !seen && st.LeaseDemand > 0 && epoch >= time.Millisecond:
 			kd.WindowMs = epoch.Milliseconds()
 			kd.DemandRate = proto.Float64(st.LeaseDemand)

@@ -55,24 +55,3 @@ func TestRisenWatchesContendedKeysOnly(t *testing.T) {
 		t.Fatal("a new leadership watches keys it never reported")
 	}
 }
-
-// TestOpenWindowsReportTheCounts: a key whose leases have no demand reading
-// yet (LeaseDemand 0) but whose counters moved reports the counts' rate,
-// not zero; a key with readings reports its leases' rates.
-func TestOpenWindowsReportTheCounts(t *testing.T) {
-	k := quota.Key{Tenant: "acme", Class: "write"}
-	l := NewLeader()
-	now := int64(1_700_000_000_000_000)
-	at := func(us int64, adm int64, lease float64) []KeyRead {
-		return []KeyRead{{Key: k, StaticRate: 333, State: luascripts.State{Admitted: adm, LeaseDemand: lease, NowUS: us, Rate: 333, Cap: 333}}}
-	}
-	l.Report("eu", now, time.Second, Epoch, at(now, 0, 0))
-	rep, _ := l.Report("eu", now+1_000_000, time.Second, Epoch, at(now+1_000_000, 300, 0))
-	if got := rep.Keys[0].GetDemandRate(); got != 300 {
-		t.Fatalf("open windows, 300 admitted in 1s: demand %v, want 300", got)
-	}
-	rep, _ = l.Report("eu", now+2_000_000, time.Second, Epoch, at(now+2_000_000, 600, 280))
-	if got := rep.Keys[0].GetDemandRate(); got != 280 {
-		t.Fatalf("with a reading: demand %v, want the leases' 280", got)
-	}
-}
