@@ -17,8 +17,8 @@ import (
 // make the leader queue anything, and nothing is lost but timing when one
 // is dropped. Safe for concurrent use.
 type nudgeHub struct {
-	mu   sync.Mutex                          // guards subs
-	subs map[string]map[chan struct{}]string // region -> pending-nudge channels
+	mu   sync.Mutex                            // guards subs
+	subs map[string]map[chan struct{}]struct{} // region -> pending-nudge channels
 }
 
 // subscribe registers a stream of region; cancel unregisters it.
@@ -26,12 +26,12 @@ func (h *nudgeHub) subscribe(region string) (ch chan struct{}, cancel func()) {
 	ch = make(chan struct{}, 1)
 	h.mu.Lock()
 	if h.subs == nil {
-		h.subs = map[string]map[chan struct{}]string{}
+		h.subs = map[string]map[chan struct{}]struct{}{}
 	}
 	if h.subs[region] == nil {
-		h.subs[region] = map[chan struct{}]string{}
+		h.subs[region] = map[chan struct{}]struct{}{}
 	}
-	h.subs[region][ch] = region
+	h.subs[region][ch] = struct{}{}
 	h.mu.Unlock()
 	return ch, func() {
 		h.mu.Lock()

@@ -68,16 +68,13 @@ func (l *Leader) Watched() []quota.Key {
 // epoch): worth a report now.
 func (l *Leader) Risen(epoch time.Duration, reads []KeyRead) bool {
 	half := max(epoch.Seconds()/2, 1e-3)
+	reported := make(map[quota.Key]float64, len(l.watch))
+	for _, w := range l.watch {
+		reported[w.key] = w.reported
+	}
 	for _, r := range reads {
-		var reported float64
-		for _, w := range l.watch {
-			if w.key == r.Key {
-				reported = w.reported
-				break
-			}
-		}
 		d := r.State.LeaseDemand
-		base := max(reported, r.State.Rate)
+		base := max(reported[r.Key], r.State.Rate)
 		if d > base+max(riseShare*r.StaticRate, 3*math.Sqrt(d/half)) {
 			return true
 		}
