@@ -50,6 +50,7 @@ func TestLuaMatchesModel(t *testing.T) {
 				Reclaim:      rapid.Bool().Draw(rt, "reclaim"),
 				ReapBudget:   rapid.IntRange(0, 3).Draw(rt, "reap"),
 				DemandWindow: time.Duration(rapid.SampledFrom([]int{1, 300, 500}).Draw(rt, "demand_window_ms")) * time.Millisecond,
+				MarkEvery:    time.Duration(rapid.SampledFrom([]int{0, 1, 250, 2000}).Draw(rt, "mark_every_ms")) * time.Millisecond,
 			}
 			if rapid.Bool().Draw(rt, "guarded") {
 				c.RestartWait = time.Duration(rapid.IntRange(1, 10_000).Draw(rt, "restart_wait_ms")) * time.Millisecond
@@ -160,7 +161,15 @@ func TestLuaMatchesModel(t *testing.T) {
 
 			var got, want any
 			var err error
-			switch opn := rapid.IntRange(0, 7).Draw(rt, "op"); opn {
+			switch opn := rapid.IntRange(0, 8).Draw(rt, "op"); opn {
+			case 8:
+				// The region leader trims the candidate set.
+				below := now - rapid.Int64Range(0, 10e6).Draw(rt, "trim_ago")
+				m.TrimCandidates(kc.keys.Cand, below)
+				if err := rdb.ZRemRangeByScore(ctx, kc.keys.Cand, "-inf", "("+strconv.FormatInt(below, 10)).Err(); err != nil {
+					rt.Fatalf("trim: %v", err)
+				}
+				got, want = 0, 0
 			case 7:
 				// Redis restarts empty: every key and sentinel is gone
 				// while the instances keep their views.
@@ -251,9 +260,9 @@ func snapshot(ctx context.Context, t fataler, rdb *redis.Client) map[string]map[
 // (PTTL counts down in real time, so allow the real time a run takes).
 func checkTTLs(ctx context.Context, t *rapid.T, rdb *redis.Client, m *Model) {
 	for name := range m.Snapshot() {
-		if _, ok := m.BornOf(name); ok {
+		if _, ok := m.BornOf(name); ok || strings.HasSuffix(name, "cand") {
 			if got := rdb.PTTL(ctx, name).Val(); got != -1 {
-				t.Fatalf("born sentinel %s has PTTL %v, want none", name, got)
+				t.Fatalf("born sentinel or candidate set %s has PTTL %v, want none", name, got)
 			}
 			continue
 		}

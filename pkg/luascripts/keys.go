@@ -21,13 +21,19 @@ type Keys struct {
 	// Born is the sentinel: prefix+"born" on a single Redis, one key per
 	// hash slot on a cluster (BornKey).
 	Born string
+	// Cand is the candidate set the scripts mark the key into when it
+	// needs the global tier (see lib.lua, KEYS[5]): prefix+"cand" on a
+	// single Redis, one per hash slot on a cluster (CandKey). Member is
+	// the key's member in it, "tenant|class".
+	Cand, Member string
 }
 
 // KeysFor names the Redis keys of k under prefix on a single Redis (one
 // data set, one sentinel). k must be valid.
 func KeysFor(prefix string, k quota.Key) Keys {
 	tag := prefix + "{" + k.Tenant + "|" + k.Class + "}:"
-	return Keys{Bucket: tag + "b", Leases: tag + "l", Expiry: tag + "x", Born: prefix + "born"}
+	return Keys{Bucket: tag + "b", Leases: tag + "l", Expiry: tag + "x", Born: prefix + "born",
+		Cand: prefix + "cand", Member: k.Tenant + "|" + k.Class}
 }
 
 // ClusterKeysFor names the Redis keys of k under prefix on a Redis
@@ -36,8 +42,27 @@ func KeysFor(prefix string, k quota.Key) Keys {
 // that migrates takes its sentinel along. k must be valid.
 func ClusterKeysFor(prefix string, k quota.Key) Keys {
 	ks := KeysFor(prefix, k)
-	ks.Born = BornKey(prefix, Slot(k.Tenant+"|"+k.Class))
+	slot := Slot(k.Tenant + "|" + k.Class)
+	ks.Born = BornKey(prefix, slot)
+	ks.Cand = CandKey(prefix, slot)
 	return ks
+}
+
+// CandKey is the candidate set of hash slot slot (0 ≤ slot < SlotCount)
+// under prefix: the slot's born sentinel's name (its hash tag) + ":cand".
+func CandKey(prefix string, slot int) string { return BornKey(prefix, slot) + ":cand" }
+
+// CandKeys lists every candidate set the region leader reads: the single
+// Redis's one, or every slot's on a cluster.
+func CandKeys(prefix string, cluster bool) []string {
+	if !cluster {
+		return []string{prefix + "cand"}
+	}
+	out := make([]string, SlotCount)
+	for s := range out {
+		out[s] = CandKey(prefix, s)
+	}
+	return out
 }
 
 // SlotCount is the number of hash slots of a Redis Cluster.
@@ -111,4 +136,4 @@ func RestartWait(leaseTTL, grantValidity, epoch time.Duration) time.Duration {
 	return max(leaseTTL, grantValidity+epoch)
 }
 
-func (k Keys) list() []string { return []string{k.Bucket, k.Leases, k.Expiry, k.Born} }
+func (k Keys) list() []string { return []string{k.Bucket, k.Leases, k.Expiry, k.Born, k.Cand} }

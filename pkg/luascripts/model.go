@@ -22,6 +22,8 @@ type Model struct {
 	buckets map[string]*modelBucket // by Keys.Bucket
 	leases  map[string]*modelLeases // by Keys.Leases (the hash and its zset)
 	born    map[string]float64      // born sentinels, by Keys.Born (no TTL)
+	// cands are the candidate sets, by Keys.Cand: member → score (no TTL).
+	cands map[string]map[string]float64
 	// refilled is the bucket's tokens right after the last operation's
 	// refill, before the operation itself (for tests checking refill
 	// against exact arithmetic).
@@ -34,6 +36,10 @@ type modelBucket struct {
 	rm                                            float64 // refill earned but not yet in tk (micro-tokens)
 	expireAt                                      float64 // µs, the key's TTL deadline
 	ttlMS                                         float64 // the TTL last set (PEXPIRE argument)
+	// cw and cs are the candidate mark window's fields (lib.lua's
+	// cand_check); hasCW: they were written.
+	cw, cs float64
+	hasCW  bool
 }
 
 type modelLease struct {
@@ -50,7 +56,8 @@ type modelLeases struct {
 
 // NewModel returns an empty model (an empty Redis).
 func NewModel() *Model {
-	return &Model{buckets: map[string]*modelBucket{}, leases: map[string]*modelLeases{}, born: map[string]float64{}}
+	return &Model{buckets: map[string]*modelBucket{}, leases: map[string]*modelLeases{}, born: map[string]float64{},
+		cands: map[string]map[string]float64{}}
 }
 
 // StampBorn mirrors Scripts.StampBorn for one sentinel: it writes a
@@ -525,6 +532,73 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 	return rep
 }
 
+// candMark mirrors lib.lua's cand_mark: ZADD GT.
+func (o *op) candMark(score float64) {
+	set := o.m.cands[o.k.Cand]
+	if set == nil {
+		set = map[string]float64{}
+		o.m.cands[o.k.Cand] = set
+	}
+	if old, ok := set[o.k.Member]; !ok || score > old {
+		set[o.k.Member] = score
+	}
+}
+
+// candCheck mirrors lib.lua's cand_check.
+func (o *op) candCheck() {
+	every := float64(o.c.MarkEvery.Milliseconds()) * 1000
+	if every <= 0 {
+		return
+	}
+	b := &o.b
+	if b.sd == 0 && b.dr/1000 < o.sr()/2 && !(b.ge > o.now) {
+		return
+	}
+	if o.now-b.cw < every {
+		return
+	}
+	strict := 0.0
+	if b.sd > b.cs {
+		strict = (b.sd - b.cs) * 1000000 / (o.now - b.cw)
+	}
+	b.cw, b.cs, b.hasCW = o.now, b.sd, true
+	if b.ge > o.now {
+		o.candMark(b.ge)
+	} else if b.dr/1000+strict >= o.sr()/2 {
+		o.candMark(o.now)
+	}
+}
+
+// candGranted mirrors lib.lua's cand_granted.
+func (o *op) candGranted(exp float64) {
+	if o.c.MarkEvery.Milliseconds() <= 0 {
+		return
+	}
+	o.candMark(max(exp, o.now))
+}
+
+// Candidates returns the candidate set named cand (member → score, µs).
+func (m *Model) Candidates(cand string) map[string]int64 {
+	out := map[string]int64{}
+	for mem, sc := range m.cands[cand] {
+		out[mem] = int64(sc)
+	}
+	return out
+}
+
+// TrimCandidates mirrors the region leader's trim of a candidate set:
+// ZREMRANGEBYSCORE cand -inf (belowUS (scores below belowUS go).
+func (m *Model) TrimCandidates(cand string, belowUS int64) {
+	for mem, sc := range m.cands[cand] {
+		if sc < float64(belowUS) {
+			delete(m.cands[cand], mem)
+		}
+	}
+	if len(m.cands[cand]) == 0 {
+		delete(m.cands, cand)
+	}
+}
+
 // The exported operations mirror the Scripts methods one to one; nowUS is
 // the Redis time the script would have read.
 
@@ -533,6 +607,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 // no lease: lib.lua's `if L or not B.missing or LEASES`.
 func (o *op) saveUnlessUndoOnly(kept bool) {
 	if kept || !o.missing || o.leases {
+		o.candCheck()
 		o.save()
 	}
 }
@@ -592,6 +667,7 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 		o.b.den = o.b.den + fc
 		retry = o.waitMS(fc)
 	}
+	o.candCheck()
 	o.save()
 	return CheckReply{
 		Allowed: allowed, Remaining: int64(math.Floor(o.b.tk)), RetryAfter: msDur(retry), Reset: msDur(o.resetMS()),
@@ -603,7 +679,10 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 func (m *Model) Reap(nowUS int64, k Keys, c Common) ReapReply {
 	o := m.begin(nowUS, k, c)
 	n, back := o.reap(c.ReapBudget)
-	o.saveUnlessUndoOnly(false)
+	// Reaping can only undo, and marks nothing.
+	if !o.missing || o.leases {
+		o.save()
+	}
 	return ReapReply{Reaped: n, Returned: int64(back), Live: int64(len(o.ls.byID)), NowUS: nowUS}
 }
 
@@ -619,6 +698,7 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 	if applied {
 		o.b.gr, o.b.gb, o.b.ge, o.b.gs = rate, burst, exp, float64(issuedUS)
 		o.clamp()
+		o.candGranted(exp)
 	}
 	o.save()
 	return SetRateReply{Applied: applied, Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS}
@@ -652,6 +732,16 @@ func (m *Model) Snapshot() map[string]map[string]string {
 			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den), "gs": i0(b.gs),
 			"dr": i0(b.dr), "sd": i0(b.sd), "rm": f17(b.rm),
 		}
+		if b.hasCW {
+			out[name]["cw"], out[name]["cs"] = i0(b.cw), i0(b.cs)
+		}
+	}
+	for name, set := range m.cands {
+		z := map[string]string{}
+		for mem, sc := range set {
+			z[mem] = i0(sc)
+		}
+		out[name] = z
 	}
 	for name, v := range m.born {
 		out[name] = map[string]string{"": i0(v)}

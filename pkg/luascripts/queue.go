@@ -37,12 +37,12 @@ func queue(ctx context.Context, p redis.Pipeliner, sc *redis.Script, keys []stri
 
 // QueueCheck adds check.lua to p.
 func (s *Scripts) QueueCheck(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, cost int64) *Queued {
-	return queue(ctx, p, s.check, k.list(), s.args(cm, cost))
+	return queue(ctx, p, s.check, k.list(), s.args(k, cm, cost))
 }
 
 // QueueAcquire adds acquire.lua to p.
 func (s *Scripts) QueueAcquire(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, r Report) *Queued {
-	return queue(ctx, p, s.acquire, k.list(), s.args(cm, r.opArgs()...))
+	return queue(ctx, p, s.acquire, k.list(), s.args(k, cm, r.opArgs()...))
 }
 
 // ParseCheck reads a queued check's reply.
@@ -65,7 +65,7 @@ func ParseLease(q *Queued) (LeaseReply, error) {
 
 // QueueState adds state.lua to p.
 func (s *Scripts) QueueState(ctx context.Context, p redis.Pipeliner, k Keys, cm Common) *Queued {
-	return queue(ctx, p, s.state, k.list(), s.args(cm))
+	return queue(ctx, p, s.state, k.list(), s.args(k, cm))
 }
 
 // ParseState reads a queued state's reply.
@@ -80,7 +80,7 @@ func ParseState(q *Queued) (State, error) {
 // QueueSetRate adds set_rate.lua to p. The caller validated rate and burst
 // (finite, >= 0).
 func (s *Scripts) QueueSetRate(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, rate, burst float64, expiryUS, issuedUS int64) *Queued {
-	return queue(ctx, p, s.setRate, k.list(), s.args(cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS))
+	return queue(ctx, p, s.setRate, k.list(), s.args(k, cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS))
 }
 
 // ParseSetRate reads a queued set_rate's reply.

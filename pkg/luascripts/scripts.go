@@ -46,6 +46,11 @@ type Common struct {
 	// service passes half the instances' refresh, so a window closes at
 	// about every Sync and a refill report in between rarely ends one.
 	DemandWindow time.Duration
+	// MarkEvery is how often at most a script reads the key's demand to
+	// mark it into its candidate set (Keys.Cand; whole milliseconds): the
+	// regional service passes a quarter epoch. 0: the scripts never mark
+	// (a region with no global tier).
+	MarkEvery time.Duration
 }
 
 func (c Common) args(extra ...any) []any {
@@ -74,6 +79,8 @@ func (c Common) Validate() error {
 		return fmt.Errorf("reap budget %d must not be negative", c.ReapBudget)
 	case c.DemandWindow < time.Millisecond:
 		return fmt.Errorf("demand window %v must be at least 1ms", c.DemandWindow)
+	case c.MarkEvery < 0:
+		return fmt.Errorf("mark interval %v must not be negative", c.MarkEvery)
 	}
 	return nil
 }
@@ -212,7 +219,7 @@ func build(virtual bool) *Scripts {
 		// The test twin reads now (µs) from the last ARGV instead of TIME:
 		// the only difference from production, so the differential test
 		// can drive both sides through the same instants.
-		clock = "local function clock() return tonumber(ARGV[#ARGV]) end\n"
+		clock = "local function clock() return tonumber(ARGV[#ARGV]) end\nlocal ARGC = #ARGV - 1\n"
 	}
 	prelude := clock + "\n" + mustRead("lib.lua") + "\n"
 	s := func(name string) *redis.Script { return redis.NewScript(prelude + mustRead(name)) }
@@ -227,9 +234,11 @@ func build(virtual bool) *Scripts {
 	return sc
 }
 
-// args is cm.args plus, for a virtual clock, the current virtual now.
-func (s *Scripts) args(cm Common, extra ...any) []any {
-	a := cm.args(extra...)
+// args is cm.args, the candidate arguments of k (the member and the mark
+// interval: the last two, see lib.lua) and, for a virtual clock, the
+// current virtual now.
+func (s *Scripts) args(k Keys, cm Common, extra ...any) []any {
+	a := append(cm.args(extra...), k.Member, cm.MarkEvery.Milliseconds())
 	if s.virtualNow != nil {
 		a = append(a, s.virtualNow.Load())
 	}
@@ -311,7 +320,7 @@ var ErrReply = errors.New("unexpected script reply")
 
 // Acquire runs acquire.lua.
 func (s *Scripts) Acquire(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (LeaseReply, error) {
-	res, err := s.acquire.Run(ctx, c, k.list(), s.args(cm, r.opArgs()...)...).Slice()
+	res, err := s.acquire.Run(ctx, c, k.list(), s.args(k, cm, r.opArgs()...)...).Slice()
 	if err != nil {
 		return LeaseReply{}, fmt.Errorf("acquire %s: %w", k.Bucket, err)
 	}
@@ -320,15 +329,15 @@ func (s *Scripts) Acquire(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 
 // Sync runs sync.lua.
 func (s *Scripts) Sync(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (LeaseReply, error) {
-	res, err := s.sync.Run(ctx, c, k.list(), s.syncArgs(cm, r)...).Slice()
+	res, err := s.sync.Run(ctx, c, k.list(), s.syncArgs(k, cm, r)...).Slice()
 	if err != nil {
 		return LeaseReply{}, fmt.Errorf("sync %s: %w", k.Bucket, err)
 	}
 	return parseLease(res)
 }
 
-func (s *Scripts) syncArgs(cm Common, r Report) []any {
-	return s.args(cm, r.opArgs()...)
+func (s *Scripts) syncArgs(k Keys, cm Common, r Report) []any {
+	return s.args(k, cm, r.opArgs()...)
 }
 
 // SyncItem is one key of a pipelined SyncMany.
@@ -356,7 +365,7 @@ func (s *Scripts) SyncMany(ctx context.Context, c interface {
 	qs := RunQueued(ctx, c, func(p redis.Pipeliner) []*Queued {
 		out := make([]*Queued, len(items))
 		for i, it := range items {
-			out[i] = queue(ctx, p, s.sync, it.Keys.list(), s.syncArgs(it.Common, it.Report))
+			out[i] = queue(ctx, p, s.sync, it.Keys.list(), s.syncArgs(it.Keys, it.Common, it.Report))
 		}
 		return out
 	})
@@ -369,7 +378,7 @@ func (s *Scripts) SyncMany(ctx context.Context, c interface {
 
 // Release runs release.lua.
 func (s *Scripts) Release(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (ReleaseReply, error) {
-	res, err := s.release.Run(ctx, c, k.list(), s.args(cm, r.releaseArgs()...)...).Slice()
+	res, err := s.release.Run(ctx, c, k.list(), s.args(k, cm, r.releaseArgs()...)...).Slice()
 	if err != nil {
 		return ReleaseReply{}, fmt.Errorf("release %s: %w", k.Bucket, err)
 	}
@@ -387,7 +396,7 @@ func (s *Scripts) ReleaseMany(ctx context.Context, c interface {
 	qs := RunQueued(ctx, c, func(p redis.Pipeliner) []*Queued {
 		out := make([]*Queued, len(items))
 		for i, it := range items {
-			out[i] = queue(ctx, p, s.release, it.Keys.list(), s.args(it.Common, it.Report.releaseArgs()...))
+			out[i] = queue(ctx, p, s.release, it.Keys.list(), s.args(it.Keys, it.Common, it.Report.releaseArgs()...))
 		}
 		return out
 	})
@@ -413,7 +422,7 @@ type ReleaseResult struct {
 
 // Check runs check.lua.
 func (s *Scripts) Check(ctx context.Context, c redis.Scripter, k Keys, cm Common, cost int64) (CheckReply, error) {
-	res, err := s.check.Run(ctx, c, k.list(), s.args(cm, cost)...).Slice()
+	res, err := s.check.Run(ctx, c, k.list(), s.args(k, cm, cost)...).Slice()
 	if err != nil {
 		return CheckReply{}, fmt.Errorf("check %s: %w", k.Bucket, err)
 	}
@@ -431,7 +440,7 @@ func parseCheck(res []any) (CheckReply, error) {
 
 // Reap runs reap.lua.
 func (s *Scripts) Reap(ctx context.Context, c redis.Scripter, k Keys, cm Common) (ReapReply, error) {
-	res, err := s.reap.Run(ctx, c, k.list(), s.args(cm)...).Slice()
+	res, err := s.reap.Run(ctx, c, k.list(), s.args(k, cm)...).Slice()
 	if err != nil {
 		return ReapReply{}, fmt.Errorf("reap %s: %w", k.Bucket, err)
 	}
@@ -446,7 +455,7 @@ func (s *Scripts) SetRate(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 	if !(rate >= 0) || !(burst >= 0) || isInf(rate) || isInf(burst) {
 		return SetRateReply{}, fmt.Errorf("set_rate %s: rate %v and burst %v must be non-negative numbers", k.Bucket, rate, burst)
 	}
-	res, err := s.setRate.Run(ctx, c, k.list(), s.args(cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS)...).Slice()
+	res, err := s.setRate.Run(ctx, c, k.list(), s.args(k, cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS)...).Slice()
 	if err != nil {
 		return SetRateReply{}, fmt.Errorf("set_rate %s: %w", k.Bucket, err)
 	}
@@ -455,7 +464,7 @@ func (s *Scripts) SetRate(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 
 // State runs state.lua.
 func (s *Scripts) State(ctx context.Context, c redis.Scripter, k Keys, cm Common) (State, error) {
-	res, err := s.state.Run(ctx, c, k.list(), s.args(cm)...).Slice()
+	res, err := s.state.Run(ctx, c, k.list(), s.args(k, cm)...).Slice()
 	if err != nil {
 		return State{}, fmt.Errorf("state %s: %w", k.Bucket, err)
 	}

@@ -4,8 +4,10 @@
 -- adds cost to the strict-demand counter sd, the region leader's reading
 -- of demand that no lease carries.
 --
--- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
--- ARGV[1..7]  common (see lib.lua)
+-- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
+--             interval (see lib.lua)
 -- ARGV[8]     cost (tokens, >= 1)
 -- Reply: { allowed(0|1), remaining, retry_ms, reset_ms, rate, cap, now_us,
 --          reclaimed }
@@ -25,5 +27,6 @@ else
   B.den = B.den + cost
   retry = wait_ms(cost)
 end
+cand_check()
 save_bucket()
 return { allowed, math.floor(B.tk), retry, reset_ms(), f17(rate_now()), f17(cap_now()), NOW, RECLAIMED }

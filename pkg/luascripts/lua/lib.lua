@@ -47,8 +47,14 @@
 --                        cluster one per hash slot, in this key's slot.
 --                        Missing = the data set is new: the first script
 --                        that creates a bucket in it writes NOW.
--- The first three share one hash tag and the fourth hashes to their slot,
--- so every script works on Redis Cluster.
+-- KEYS[5]  candidate set  zset: member = 'tenant|class' (the next-to-last
+--                        ARGV), score = Redis time (µs) until which the
+--                        key needs the global tier; no TTL (the region
+--                        leader trims it). One per Redis, or on a cluster
+--                        one per hash slot, named with the slot's born
+--                        sentinel's hash tag. See "Candidates" below.
+-- The first three share one hash tag and the fourth and fifth hash to
+-- their slot, so every script works on Redis Cluster.
 --
 -- Common ARGV (every script but set_rate):
 --   ARGV[1] static rate s_r      tokens/s, used when no grant is valid
@@ -64,7 +70,9 @@
 --   ARGV[6] reap budget          expired leases reaped per call (bounded work)
 --   ARGV[7] demand window        ms: the shortest window a lease's demand
 --                                rate is measured over
--- Script-specific ARGV start at 8.
+-- Script-specific ARGV start at 8. The last two ARGV (ARGC - 1, ARGC: see
+-- clock.lua) are the candidate member and the mark interval (ms; '0' =
+-- never mark), for every script but born.
 --
 -- Invariants kept by every script:
 --   tk <= max(0, cap(now) - out)   (a region never holds more than its cap,
@@ -457,6 +465,66 @@ local function save_bucket(ttl)
   end
 end
 
+-- Candidates. The region leader reports to the global tier only the keys
+-- that need it, and never scans the key space to find them: the scripts
+-- that apply demand or grants mark such a key into its slot's candidate
+-- set (KEYS[5]) and the leader reads that set each epoch. A key needs the
+-- global tier when its demand reading reaches half the region's static
+-- share (the global tier can only be needed once some region's demand
+-- exceeds its share; half leaves room for demand to double between two
+-- readings before the allocator hears of it), or while it holds a grant
+-- (the allocator needs the region's echo of it to move capacity), and for
+-- the leader's horizon after the grant ends. The demand reading is the
+-- live leases' dr plus the strict path's decisions per second over the
+-- last mark window. The work is O(1): nothing for a key served by leases
+-- alone below half its share; else one HMGET of two bucket fields per
+-- call, and, at most once per mark interval (a fraction of an epoch), one
+-- HSET of them and at most one ZADD. Fields of the bucket hash (only on
+-- keys the strict path served or that were hot or granted):
+--   cw  start of the current mark window (µs; missing = 0)
+--   cs  sd at cw (missing = 0)
+-- The score is when the key stops needing the global tier: now for a
+-- demand mark, the grant's expiry for a granted key; ZADD GT never lowers
+-- it, so a demand mark never shortens a grant's.
+local CAND_MEMBER = ARGV[ARGC - 1]
+local MARKEVERY = (tonumber(ARGV[ARGC]) or 0) * 1000
+
+-- cand_mark marks the key as a candidate until score (µs).
+local function cand_mark(score)
+  redis.call('ZADD', KEYS[5], 'GT', i0(score), CAND_MEMBER)
+end
+
+-- cand_check is called by the scripts that apply demand (acquire, sync,
+-- release, check) right before they save the bucket: at most once per
+-- mark interval it reads the key's demand and marks the key when it needs
+-- the global tier.
+local function cand_check()
+  if MARKEVERY <= 0 then return end
+  -- A key served by leases alone (sd = 0) whose leases ask for less than
+  -- half its share and that holds no grant reads and writes nothing more.
+  if B.sd == 0 and B.dr / 1000 < SR / 2 and not (B.ge > NOW) then return end
+  local c = redis.call('HMGET', KEYS[1], 'cw', 'cs')
+  local cw, cs = tonumber(c[1]) or 0, tonumber(c[2]) or 0
+  if NOW - cw < MARKEVERY then return end
+  local strict = 0
+  if B.sd > cs then strict = (B.sd - cs) * 1000000 / (NOW - cw) end
+  redis.call('HSET', KEYS[1], 'cw', i0(NOW), 'cs', i0(B.sd))
+  if B.ge > NOW then
+    cand_mark(B.ge)
+  elseif B.dr / 1000 + strict >= SR / 2 then
+    cand_mark(NOW)
+  end
+end
+
+-- cand_granted marks a key whose grant set_rate just installed (valid
+-- until exp): the allocator is owed an acknowledgement, and the region
+-- reports the key while the grant lasts.
+local function cand_granted(exp)
+  if MARKEVERY <= 0 then return end
+  if exp < NOW then exp = NOW end
+  cand_mark(exp)
+end
+
 load_bucket()
 refill()
 TTL = bucket_ttl(B.gb, B.ge)
@@ -563,7 +631,11 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     -- so it opens no record, and on a missing bucket writes nothing.
     ttl = 0
   end
-  if L or not B.missing or LEASES then save_bucket() end
+  if L or not B.missing or LEASES then
+    cand_check()
+    save_bucket()
+  end
   local live = redis.call('HLEN', KEYS[2])
   return { granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED, conflict }
 end
+

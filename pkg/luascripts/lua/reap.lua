@@ -3,8 +3,10 @@
 -- 'none'. Bounded: at most ARGV[6] leases per call; the other scripts reap
 -- the same way on every call, so this one only serves idle keys.
 --
--- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
--- ARGV[1..7]  common (see lib.lua)
+-- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
+--             interval (see lib.lua)
 -- Reply: { leases reaped, tokens given back, leases left, now_us }
 local n, back = reap(REAPMAX)
 -- Reaping can only undo: a key with no bucket stays without one.

@@ -7,8 +7,10 @@
 -- A release can only undo: one for a key with no bucket (never used, or
 -- gone) writes nothing.
 --
--- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
--- ARGV[1..7]  common (see lib.lua)
+-- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
+--             interval (see lib.lua)
 -- ARGV[8..14] as sync.lua (instance id, incarnation, lease number, seq,
 --             used, denied, returned)
 -- ARGV[15]    built, as sync.lua's ARGV[18]
@@ -32,5 +34,8 @@ if L then
     back = back + drop_lease(id, L, true)
   end
 end
-if L or not B.missing or LEASES then save_bucket() end
+if L or not B.missing or LEASES then
+  cand_check()
+  save_bucket()
+end
 return { back, NOW, conflict }

@@ -6,8 +6,10 @@
 -- and is ignored, even when it expires later. After expiry the scripts fall
 -- back to the static share by themselves.
 --
--- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
--- ARGV[1..7]  common (see lib.lua)
+-- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
+--             interval (see lib.lua)
 -- ARGV[8]     granted rate (tokens/s, >= 0)
 -- ARGV[9]     granted burst cap (tokens, >= 0)
 -- ARGV[10]    grant expiry (µs, Redis clock)
@@ -27,6 +29,7 @@ if applied == 1 then
   B.ge = exp
   B.gs = issued
   clamp()
+  cand_granted(exp)
 end
 save_bucket(ttl)
 return { applied, f6(B.tk), B.out, NOW }

@@ -2,8 +2,10 @@
 -- global tier: demand counters and what the region holds, brought up to now
 -- (refill and reaping applied) so holdings are never under-reported.
 --
--- KEYS[1..4]  bucket hash, lease hash, expiry zset, born sentinel (see lib.lua)
--- ARGV[1..7]  common (see lib.lua)
+-- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
+--             interval (see lib.lua)
 -- Reply: { admitted, denied, rate, cap, grant_expiry_us, tokens, outstanding,
 --          now_us, lease_demand_mtps, strict_demand }  rate and cap as
 --          '%.17g' (exact), tokens as '%.6f'; admitted, denied and
