@@ -101,17 +101,26 @@ type Leader struct {
 	static StaticLease
 	// watch is the keys to read between epochs for rises (rise.go).
 	watch []watched
+	// sel is the keys reported without a fresh candidate mark
+	// (select.go).
+	sel     map[quota.Key]selected
+	selPeak shrink.Peak // sel's high-water mark
 }
 
 // NewLeader returns a leader with no baselines.
-func NewLeader() *Leader { return &Leader{last: map[quota.Key]luascripts.State{}} }
+func NewLeader() *Leader {
+	return &Leader{last: map[quota.Key]luascripts.State{}, sel: map[quota.Key]selected{}}
+}
 
 // Elected starts a new leadership: the demand baseline starts afresh, so
 // the first report of a key after a leader change carries no counts, and
 // the static lease is what the region's Redis holds (Load it before the
-// first report; until then it is none). The seq only ever grows.
+// first report; until then it is none), and the keys to report are the
+// candidates the scripts marked (granted keys among them until their
+// grants end). The seq only ever grows.
 func (l *Leader) Elected() {
 	clear(l.last)
+	clear(l.sel)
 	l.watch = l.watch[:0]
 	l.static = StaticLease{}
 }
@@ -160,10 +169,10 @@ type Held map[quota.Key]float64
 // echoed exactly as the scripts store it (the allocator's region contract
 // needs it bit for bit), with its remaining validity in whole milliseconds.
 // Acknowledgements and catch-ups keep the demand baseline where it was.
-// An epoch report forgets the baseline of every key it leaves out: no
-// replica served it and the region held no grant for it for the index's
-// window, so it is idle, and should it come back its first report is a
-// baseline again, as after an election. The baselines are thus bounded by
+// An epoch report forgets the baseline of every key it leaves out: the
+// key no longer needs the global tier (select.go), and should it come back
+// its first report is a baseline again, as after an election. The report
+// also updates which keys stay selected (select.go). The baselines are thus bounded by
 // the keys of one report. static_valid_ms is the static lease's remaining
 // validity at sendUS.
 func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind Kind, reads []KeyRead) (*sluicev1.RegionReport, Held) {
@@ -215,6 +224,7 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 	l.lastPeak.Note(len(l.last))
 	l.last = shrink.Map(l.last, &l.lastPeak)
 	l.noteWatched(reads, demand)
+	l.noteSelected(kind, reads, demand)
 	return rep, held
 }
 
