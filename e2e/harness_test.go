@@ -33,6 +33,7 @@ type load struct {
 	clients  map[string]*lease.Client
 	on       map[string]*atomic.Bool
 	adm      map[string]*atomic.Int64
+	att      map[string]*atomic.Int64 // per region, as attempts
 	total    atomic.Int64
 	degraded atomic.Int64
 	attempts atomic.Int64
@@ -43,7 +44,7 @@ type load struct {
 func startLoad(t *testing.T, c *devcluster.Cluster, key quota.Key, refresh time.Duration, workers int) *load {
 	t.Helper()
 	l := &load{t: t, key: key, clients: map[string]*lease.Client{}, on: map[string]*atomic.Bool{},
-		adm: map[string]*atomic.Int64{}, stop: make(chan struct{})}
+		adm: map[string]*atomic.Int64{}, att: map[string]*atomic.Int64{}, stop: make(chan struct{})}
 	for name := range c.Regions {
 		conn, err := grpc.NewClient(c.RegionalAddrs(name)[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -58,6 +59,7 @@ func startLoad(t *testing.T, c *devcluster.Cluster, key quota.Key, refresh time.
 		l.clients[name] = cl
 		l.on[name] = new(atomic.Bool)
 		l.adm[name] = new(atomic.Int64)
+		l.att[name] = new(atomic.Int64)
 	}
 	// The maps are complete before any worker reads them.
 	for name, cl := range l.clients {
@@ -101,6 +103,7 @@ func (l *load) work(region string, c *lease.Client) {
 			}
 		} else {
 			l.attempts.Add(1)
+			l.att[region].Add(1)
 		}
 		if d.Allowed {
 			l.adm[region].Add(1)
