@@ -15,3 +15,12 @@ func (t *Table) builtUS(now time.Time) int64 {
 	t.originOnce.Do(func() { t.origin = now })
 	return min(max(now.Sub(t.origin).Microseconds(), 0)+1, maxBuiltUS)
 }
+
+// at is now as the owner side stores it per key: the time since the first
+// instant the table stored (a duration is a third of a time.Time). The
+// difference of two is the difference of the instants, on the monotonic
+// clock when both readings carry it, as time.Time.Sub is.
+func (t *Table) at(now time.Time) time.Duration {
+	t.zeroOnce.Do(func() { t.zero = now })
+	return now.Sub(t.zero)
+}

@@ -159,3 +159,47 @@ func TestIdleKeysForgottenWhileRegionUnreachable(t *testing.T) {
 		t.Fatalf("after the outage: %d keys held, %d released; want 0 and 1", tb.Len(), released)
 	}
 }
+
+// heldKeys is how many keys TestMemoryPerHeldKey holds: 100,000 (10,000
+// under -short).
+func heldKeys(t *testing.T) int {
+	if testing.Short() {
+		return 10_000
+	}
+	return 100_000
+}
+
+// maxHeldKeyBytes bounds the heap per held key: its entry (256 B), its
+// published info (176 B) and its share of the key map and name come to
+// about 510 B (911 B before the info was kept once, the decision counts
+// made on demand and the small fields packed).
+const maxHeldKeyBytes = 600
+
+// TestMemoryPerHeldKey: the heap an instance spends per key it holds a
+// lease on (acquired, answered, spent from), its name included, measured
+// as the live-heap increase over heldKeys keys. BENCHMARKS.md ("Memory
+// per key") records the figure.
+func TestMemoryPerHeldKey(t *testing.T) {
+	tb := newTestTable(t)
+	n := heldKeys(t)
+	base := memtest.HeapAlloc()
+	for i := range n {
+		k := quota.Key{Tenant: fmt.Sprintf("t%07d", i), Class: "write"}
+		acquire(t, tb, t0, t0, k, 1, 20)
+		if _, act := allow(t, tb, t0, k, 1); act != ActNone && act != ActRefill {
+			t.Fatalf("spending from a fresh lease on %s: action %v", k, act)
+		}
+	}
+	// Reads of keys the published snapshot lacks publish it: the steady
+	// state, with one map.
+	tb.keys.publish()
+	per := float64(memtest.HeapAlloc()-base) / float64(n)
+	t.Logf("%d held keys: %.1f B per held key", n, per)
+	if per > maxHeldKeyBytes {
+		t.Errorf("%.1f B per held key, want at most %d", per, maxHeldKeyBytes)
+	}
+	if tb.Len() != n {
+		t.Fatalf("table holds %d keys, want %d", tb.Len(), n)
+	}
+	runtime.KeepAlive(tb)
+}

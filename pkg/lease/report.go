@@ -103,8 +103,8 @@ func (e *entry) newLeaseLocked() {
 	e.granted = false
 	e.lease = 0
 	e.rebase = false
-	e.st.hasLease, e.st.checkClock = false, false
-	e.st.negUntil = time.Time{}
+	e.own().hasLease, e.own().checkClock = false, false
+	e.own().negUntil = time.Time{}
 	e.base[0], e.base[1], e.base[2] = e.spentLocked(), e.deniedTokens.Load(), e.returnedTotal
 	e.publishLocked()
 }
@@ -125,13 +125,13 @@ func (t *Table) syncReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 	if e.pending != nil {
 		return e.pending
 	}
-	if e.st.mode == ModeStrict {
+	if e.view().mode == ModeStrict {
 		// No lease: the report only keeps what the region says about the
 		// key (mode, tier, limit) current.
 		return t.newReportLocked(now, e, 0, 0, true)
 	}
 	t.expireLocked(now, e)
-	target := t.targetFor(&e.st, t.rateLocked(now, e))
+	target := t.targetFor(e.view(), t.rateLocked(now, e))
 	have := e.tokens()
 	var want int64
 	switch {
@@ -146,10 +146,10 @@ func (t *Table) syncReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 // idleLocked reports whether the key saw no demand for IdleTimeout.
 func (t *Table) idleLocked(now time.Time, e *entry) bool {
 	if a := e.demandLocked(); a != e.activityMark {
-		e.activityMark, e.lastActive = a, now
+		e.activityMark, e.lastActive = a, t.at(now)
 		return false
 	}
-	return now.Sub(e.lastActive) >= t.opts.IdleTimeout
+	return t.at(now)-e.lastActive >= t.opts.IdleTimeout
 }
 
 // PrepareSync builds the periodic Sync at now: one report for every key not
@@ -175,7 +175,7 @@ func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 		// A key whose class became strict while it held a lease is
 		// forgotten too, once its reports are acknowledged: its lease ends
 		// exactly.
-		strictLease := e.pending == nil && e.granted && e.st.mode == ModeStrict
+		strictLease := e.pending == nil && e.granted && e.view().mode == ModeStrict
 		if ((e.pending == nil || !e.granted) && t.idleLocked(now, e)) || strictLease {
 			if r := t.finalReportLocked(now, e); r != nil {
 				if release == nil {
@@ -217,15 +217,15 @@ func (t *Table) PrepareRefill(now time.Time) *Batch {
 			continue
 		}
 		e.mu.Lock()
-		if e.removed.Load() || e.inflight != nil || !e.st.hasLease || e.tokens() > e.st.lowWater {
+		if e.removed.Load() || e.inflight != nil || !e.view().hasLease || e.tokens() > e.view().lowWater {
 			e.mu.Unlock()
 			continue
 		}
-		if e.tokens() > e.st.usualWater && !t.drainsRegion(&e.st, t.windowRateLocked(now, e)) {
+		if e.tokens() > e.view().usualWater && !t.drainsRegion(e.view(), t.windowRateLocked(now, e)) {
 			// An early report for a region held at its cap, but the
 			// demand since the batch came says this instance does not
 			// drain the region: its refill is not what requests wait for.
-			e.st.lowWater = e.st.usualWater
+			e.own().lowWater = e.view().usualWater
 			e.publishLocked()
 			e.mu.Unlock()
 			continue
@@ -269,11 +269,11 @@ func (t *Table) PrepareAcquire(now time.Time, key quota.Key, cost int64) (b *Bat
 	r := e.pending
 	if r == nil {
 		have := e.tokens()
-		if e.st.hasLease && have >= cost {
+		if e.view().hasLease && have >= cost {
 			return nil, nil
 		}
 		need := cost - have
-		target := t.targetFor(&e.st, t.rateLocked(now, e))
+		target := t.targetFor(e.view(), t.rateLocked(now, e))
 		// Acquire carries no returned tokens: they wait for the next Sync.
 		r = t.newReportLocked(now, e, max(target-have, need), need, false)
 	}
@@ -445,7 +445,7 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 		e.newLeaseLocked()
 		return
 	}
-	if e.st.mode == ModeLease {
+	if e.view().mode == ModeLease {
 		// A strict class opens no lease: only one issued before the class
 		// changed is booked (and e.granted already says so).
 		e.granted = true
@@ -453,46 +453,46 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	t.expireLocked(now, e)
 	t.clearDegradedLocked(e)
 
-	dead := e.removed.Load() || t.closed.Load() || e.st.mode == ModeStrict
-	if e.st.mode == ModeStrict {
+	dead := e.removed.Load() || t.closed.Load() || e.view().mode == ModeStrict
+	if e.view().mode == ModeStrict {
 		e.toReturn += e.drainLocked(maxPool)
-		e.st.hasLease, e.st.checkClock = false, false
+		e.own().hasLease, e.own().checkClock = false, false
 	} else if g.TtlMs > 0 {
 		ttl := time.Duration(g.TtlMs) * time.Millisecond
 		if d := sentAt.Add(ttl); d.After(now) {
-			if !e.st.hasLease || d.After(e.st.deadline) {
-				e.st.deadline = d
+			if !e.view().hasLease || d.After(e.view().deadline) {
+				e.own().deadline = d
 			}
-			e.st.hasLease = true
+			e.own().hasLease = true
 			e.guard = ttl / 2
 		}
 	}
 	switch {
 	case g.Granted > 0:
-		e.st.negUntil, e.st.negNeed = time.Time{}, 0
+		e.own().negUntil, e.own().negNeed = time.Time{}, 0
 	case r.Want > 0 && g.RetryAfterMs != 0:
 		wait := time.Duration(g.RetryAfterMs) * time.Millisecond
-		e.st.negNeed = 0
+		e.own().negNeed = 0
 		if g.RetryAfterMs < 0 {
 			// Never (min exceeds what the region's bucket can hold at its
 			// cap, or its rate is zero): requests needing min are denied
 			// with RetryNever; ask again next refresh, in case the cap grew.
 			wait = t.opts.Refresh
-			e.st.negNeed = max(r.Min, 1)
+			e.own().negNeed = max(r.Min, 1)
 		}
-		e.st.negUntil = now.Add(wait)
+		e.own().negUntil = now.Add(wait)
 	}
-	target := t.targetFor(&e.st, e.sizingRate)
-	e.st.lowWater = t.lowWaterFor(e.sizingRate, target)
-	e.st.usualWater = e.st.lowWater
-	if g.Granted > 0 && !dead && e.st.hasLease {
-		e.st.lowWater = max(e.st.lowWater, t.capHeldWater(&e.st, e.tokens()+g.Granted, g.Remaining))
+	target := t.targetFor(e.view(), e.sizingRate)
+	e.own().lowWater = t.lowWaterFor(e.sizingRate, target)
+	e.own().usualWater = e.view().lowWater
+	if g.Granted > 0 && !dead && e.view().hasLease {
+		e.own().lowWater = max(e.view().lowWater, t.capHeldWater(e.view(), e.tokens()+g.Granted, g.Remaining))
 	}
-	e.st.checkClock = e.st.hasLease && e.st.deadline.Sub(t.ownerHorizon(now)) < e.guard
+	e.own().checkClock = e.view().hasLease && e.view().deadline.Sub(t.ownerHorizon(now)) < e.guard
 	// Publish the deadline before the tokens it covers.
 	e.publishLocked()
 	if g.Granted > 0 {
-		if dead || !e.st.hasLease {
+		if dead || !e.view().hasLease {
 			e.toReturn += g.Granted
 		} else {
 			e.toReturn += e.creditLocked(g.Granted)
@@ -503,28 +503,28 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 // learnLocked copies what the region says about the key.
 func (t *Table) learnLocked(now time.Time, e *entry, g *sluicev1.Grant) {
 	if m, err := ParseMode(g.Mode); err == nil {
-		e.st.mode = m
+		e.own().mode = m
 	}
 	if p, err := ParsePolicy(g.OnFailure); err == nil {
-		e.st.onFailure = p
+		e.own().onFailure = p
 	}
-	e.st.shadow = g.Shadow
+	e.own().shadow = g.Shadow
 	if g.Tier != "" {
-		e.st.tier = g.Tier
+		e.own().tier = g.Tier
 	}
 	if g.Limit > 0 {
-		e.st.limit = g.Limit
+		e.own().limit = g.Limit
 	}
 	if g.RegionRate >= 0 && g.RegionBurst >= 0 {
-		e.st.regionRate, e.st.regionBurst = g.RegionRate, g.RegionBurst
+		e.own().regionRate, e.own().regionBurst = g.RegionRate, g.RegionBurst
 	}
 	if g.LiveInstances > 0 {
-		e.st.live = g.LiveInstances
+		e.own().live = g.LiveInstances
 	}
-	e.st.resetAt = now.Add(time.Duration(max(0, g.ResetMs)) * time.Millisecond)
-	e.st.regionLeft = max(0, g.Remaining)
-	e.st.cap = wholeCap(e.st.regionBurst, e.st.limit)
-	e.st.capKnown = e.st.limit > 0 && (e.st.capKnown || (g.RegionRate >= 0 && g.RegionBurst >= 0))
+	e.own().resetAt = now.Add(time.Duration(max(0, g.ResetMs)) * time.Millisecond)
+	e.own().regionLeft = max(0, g.Remaining)
+	e.own().cap = wholeCap(e.view().regionBurst, e.view().limit)
+	e.own().capKnown = e.view().limit > 0 && (e.view().capKnown || (g.RegionRate >= 0 && g.RegionBurst >= 0))
 }
 
 // Failed ends a batch that got no answer: the reports stay pending and are
@@ -579,11 +579,11 @@ func (t *Table) Forget(key quota.Key) {
 // the pool is emptied (those tokens go back in the next report; the region
 // caps what it takes back at what the lease still shows unspent).
 func (t *Table) expireLocked(now time.Time, e *entry) {
-	if !e.st.hasLease || now.Before(e.st.deadline) {
+	if !e.view().hasLease || now.Before(e.view().deadline) {
 		return
 	}
 	e.toReturn += e.drainLocked(maxPool)
-	e.st.hasLease, e.st.checkClock = false, false
+	e.own().hasLease, e.own().checkClock = false, false
 	e.publishLocked()
 }
 
@@ -614,17 +614,17 @@ func (t *Table) ExpireFor(now time.Time, busy time.Duration) time.Time {
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
 		t.expireLocked(now, e)
-		if e.st.hasLease {
-			if !e.st.checkClock {
-				if w := e.st.deadline.Add(-e.guard); horizon.Before(w) {
+		if e.view().hasLease {
+			if !e.view().checkClock {
+				if w := e.view().deadline.Add(-e.guard); horizon.Before(w) {
 					earliest(w)
 				} else {
-					e.st.checkClock = true
+					e.own().checkClock = true
 					e.publishLocked()
 				}
 			}
-			if e.st.checkClock {
-				earliest(e.st.deadline)
+			if e.view().checkClock {
+				earliest(e.view().deadline)
 			}
 		}
 		e.mu.Unlock()

@@ -35,7 +35,7 @@ func (t *Table) minSampleWindow() time.Duration {
 // window is long enough, and returns the rate to size batches with.
 func (t *Table) rateLocked(now time.Time, e *entry) float64 {
 	demand := e.demandLocked()
-	dt := now.Sub(e.sampleAt)
+	dt := t.at(now) - e.sampleAt
 	window := t.minSampleWindow()
 	r := float64(demand-e.sampleDemand) / max(dt, window).Seconds()
 	if dt >= window {
@@ -45,7 +45,7 @@ func (t *Table) rateLocked(now time.Time, e *entry) float64 {
 		} else {
 			e.rate, e.haveRate = r, true
 		}
-		e.sampleAt, e.sampleDemand = now, demand
+		e.sampleAt, e.sampleDemand = t.at(now), demand
 	}
 	rate := r
 	if e.haveRate && e.rate > rate {
@@ -58,7 +58,7 @@ func (t *Table) rateLocked(now time.Time, e *entry) float64 {
 // windowRateLocked is the demand rate of the current, still open window
 // at now (no EWMA, no side effects): what an instance asks right now.
 func (t *Table) windowRateLocked(now time.Time, e *entry) float64 {
-	return float64(e.demandLocked()-e.sampleDemand) / max(now.Sub(e.sampleAt), t.minSampleWindow()).Seconds()
+	return float64(e.demandLocked()-e.sampleDemand) / max(t.at(now)-e.sampleAt, t.minSampleWindow()).Seconds()
 }
 
 // batchCap is the largest batch one instance should hold of a key.

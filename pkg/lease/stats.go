@@ -45,10 +45,12 @@ func (t *Table) foldLocked(e *entry) {
 	adm := uint32(e.word.Load() >> 32)
 	add(slot(ResultAllowed, false), uint64(adm-e.foldedAdmitted))
 	e.foldedAdmitted = adm
-	for i := range e.results {
-		v := e.results[i].Load()
-		add(i, v-e.folded[i])
-		e.folded[i] = v
+	if c := e.counts.Load(); c != nil {
+		for i := range c.results {
+			v := c.results[i].Load()
+			add(i, v-c.folded[i])
+			c.folded[i] = v
+		}
 	}
 }
 

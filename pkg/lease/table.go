@@ -44,6 +44,9 @@ type Table struct {
 	originOnce sync.Once
 	origin     time.Time // set once by originOnce: the zero of builtUS
 
+	zeroOnce sync.Once
+	zero     time.Time // set once by zeroOnce: the zero of the keys' owner-side times (at)
+
 	statsMu sync.Mutex
 	totals  map[statsLabels]*[resultSlots]uint64 // guarded by statsMu
 }
@@ -71,10 +74,10 @@ type keyInfo struct {
 	capKnown   bool
 
 	hasLease bool
-	deadline time.Time // no token of the lease may be spent at or after it
 	// checkClock is set once the deadline is near: from then on the hot
 	// path is not allowed to skip reading the clock (see doc.go).
 	checkClock bool
+	deadline   time.Time // no token of the lease may be spent at or after it
 	lowWater   int64
 	// usualWater is the low-water mark sizing alone sets; lowWater is
 	// above it while the region's bucket is held at its cap by this
@@ -89,43 +92,65 @@ type keyInfo struct {
 
 // entry is one key. The pool word and info are read and written without
 // locks; everything else belongs to the owner side and is guarded by mu.
+// Fields are ordered so that small ones share words: every held key pays
+// for the padding (see TestMemoryPerHeldKey).
 type entry struct {
 	word    atomic.Uint64 // tokens (low 32 bits) | admitted requests (high 32 bits)
 	info    atomic.Pointer[keyInfo]
 	removed atomic.Bool
-	key     quota.Key
+
+	foldedAdmitted uint32 // guarded by Table.statsMu
+
+	key quota.Key
 
 	// Cumulative counters written by slow paths.
 	deniedTokens   atomic.Int64 // denied by the lease path (reported as denied)
 	degradedTokens atomic.Int64 // asked of the on_failure policy
 	checkTokens    atomic.Int64 // asked of the strict path
-	results        [resultSlots]atomic.Uint64
+	counts         atomic.Pointer[counts]
 
 	mu            sync.Mutex
-	st            keyInfo             // guarded by mu: the owner's copy of info
+	rebase        bool                // guarded by mu: start a new lease when the report in flight ends
+	granted       bool                // guarded by mu: the region holds a lease record for us
+	haveRate      bool                // guarded by mu
+	degraded      bool                // guarded by mu
+	draft         *keyInfo            // guarded by mu: the owner's changes to info not yet published (nil: none)
 	credited      int64               // guarded by mu: tokens ever put in the pool
 	drained       int64               // guarded by mu: tokens ever taken out unspent
 	returnedTotal int64               // guarded by mu: tokens ever handed back in a report
 	toReturn      int64               // guarded by mu: removed from the pool, not yet reported
 	lease         uint64              // guarded by mu: the seq of the current lease's first report (0: none yet)
 	base          [3]int64            // guarded by mu: spent, denied, returned totals when the lease began
-	rebase        bool                // guarded by mu: start a new lease when the report in flight ends
 	pending       *sluicev1.KeyReport // guarded by mu: sent, not acknowledged
 	inflight      chan struct{}       // guarded by mu: closed when the report in flight ends
-	granted       bool                // guarded by mu: the region holds a lease record for us
 	guard         time.Duration       // guarded by mu: checkClock is set this long before deadline
 	rate          float64             // guarded by mu: EWMA of demand, tokens/s
-	haveRate      bool                // guarded by mu
 	sizingRate    float64             // guarded by mu: rate the last batch was sized with
-	sampleAt      time.Time           // guarded by mu: start of the current demand window
+	sampleAt      time.Duration       // guarded by mu: start of the current demand window (Table.at)
 	sampleDemand  int64               // guarded by mu: demand at sampleAt
-	lastActive    time.Time           // guarded by mu
+	lastActive    time.Duration       // guarded by mu: Table.at
 	activityMark  int64               // guarded by mu
-	degraded      bool                // guarded by mu
 	limiter       *rate.Limiter       // guarded by mu: the local on_failure limiter
+}
 
-	foldedAdmitted uint32              // guarded by Table.statsMu
-	folded         [resultSlots]uint64 // guarded by Table.statsMu
+// counts are a key's decision counts but the lease path's admissions,
+// which ride in the pool word: made on the key's first other decision, as
+// most held keys only ever admit from their lease.
+type counts struct {
+	results [resultSlots]atomic.Uint64
+	folded  [resultSlots]uint64 // guarded by Table.statsMu
+}
+
+// count adds one decision to slot i of the key's counts.
+func (e *entry) count(i int) {
+	c := e.counts.Load()
+	if c == nil {
+		c = new(counts)
+		if !e.counts.CompareAndSwap(nil, c) {
+			c = e.counts.Load()
+		}
+	}
+	c.results[i].Add(1)
 }
 
 const resultSlots = int(numResults) * 2 // × degraded or not
@@ -216,17 +241,41 @@ func (e *entry) demandLocked() int64 {
 	return e.spentLocked() + e.deniedTokens.Load() + e.degradedTokens.Load() + e.checkTokens.Load()
 }
 
+// view is the owner's view of the key's info: its unpublished changes,
+// else the published snapshot. Read only: changes go through own.
+func (e *entry) view() *keyInfo {
+	if e.draft != nil {
+		return e.draft
+	}
+	return e.info.Load()
+}
+
+// own returns the owner's draft of the key's info to change, copying the
+// published snapshot when no draft is open. A key keeps one copy of its
+// info between changes, not two: published snapshots are never written.
+func (e *entry) own() *keyInfo {
+	if e.draft == nil {
+		cp := *e.info.Load()
+		e.draft = &cp
+	}
+	return e.draft
+}
+
+// publishLocked makes the owner's changes visible to the hot path.
 func (e *entry) publishLocked() {
-	cp := e.st
-	e.info.Store(&cp)
+	if e.draft != nil {
+		e.info.Store(e.draft)
+		e.draft = nil
+	}
 }
 
 func (t *Table) newEntry(now time.Time, key quota.Key) *entry {
-	e := &entry{key: key, sampleAt: now, lastActive: now, guard: t.opts.Refresh}
+	e := &entry{key: key, sampleAt: t.at(now), lastActive: t.at(now), guard: t.opts.Refresh}
+	in := &keyInfo{}
 	if p, ok := t.opts.Classes[key.Class]; ok {
-		e.st.mode, e.st.onFailure = p.Mode, p.OnFailure
+		in.mode, in.onFailure = p.Mode, p.OnFailure
 	}
-	e.publishLocked()
+	e.info.Store(in)
 	return e
 }
 
@@ -362,9 +411,9 @@ func (t *Table) deny(e *entry, in *keyInfo, cost int64, retry time.Duration) quo
 	d := quota.Decision{WouldDeny: true, Limit: in.limit, Cap: in.cap, CapKnown: in.capKnown, Remaining: rem, ResetAt: in.resetAt, RetryAfter: retry}
 	if in.shadow {
 		d.Allowed = true
-		e.results[slot(ResultShadowDenied, false)].Add(1)
+		e.count(slot(ResultShadowDenied, false))
 	} else {
-		e.results[slot(ResultDenied, false)].Add(1)
+		e.count(slot(ResultDenied, false))
 	}
 	return d
 }
@@ -397,7 +446,7 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 		return quota.Decision{}, err
 	}
 	e.mu.Lock()
-	in := e.st
+	in := *e.view()
 	d := quota.Decision{Degraded: true, Limit: in.limit, ResetAt: now}
 	switch in.onFailure {
 	case PolicyOpen:
@@ -431,12 +480,12 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 	d.WouldDeny = !d.Allowed
 	switch {
 	case d.Allowed:
-		e.results[slot(ResultAllowed, true)].Add(1)
+		e.count(slot(ResultAllowed, true))
 	case in.shadow:
 		d.Allowed = true
-		e.results[slot(ResultShadowDenied, true)].Add(1)
+		e.count(slot(ResultShadowDenied, true))
 	default:
-		e.results[slot(ResultDenied, true)].Add(1)
+		e.count(slot(ResultDenied, true))
 	}
 	return d, nil
 }
@@ -445,9 +494,9 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 // instance's share of what the region last said, or FallbackLimit.
 func (t *Table) localLimiterLocked(now time.Time, e *entry) *rate.Limiter {
 	lim := t.opts.FallbackLimit
-	if e.st.regionRate > 0 && e.st.regionBurst > 0 {
-		live := float64(max(1, e.st.live))
-		lim = quota.Limit{Rate: e.st.regionRate / live, Burst: max(1, int64(e.st.regionBurst/live))}
+	if e.view().regionRate > 0 && e.view().regionBurst > 0 {
+		live := float64(max(1, e.view().live))
+		lim = quota.Limit{Rate: e.view().regionRate / live, Burst: max(1, int64(e.view().regionBurst/live))}
 	}
 	if e.limiter == nil {
 		e.limiter = rate.NewLimiter(rate.Limit(lim.Rate), int(lim.Burst))
@@ -476,18 +525,18 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		return quota.Decision{}, err
 	}
 	e.mu.Lock()
-	if resp.Limit > 0 && resp.Limit != e.st.limit {
-		e.st.limit = resp.Limit
+	if resp.Limit > 0 && resp.Limit != e.view().limit {
+		e.own().limit = resp.Limit
 	}
-	e.st.shadow = resp.Shadow
-	e.st.resetAt = now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond)
-	e.st.regionLeft = max(0, resp.Remaining)
-	if e.st.capKnown {
+	e.own().shadow = resp.Shadow
+	e.own().resetAt = now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond)
+	e.own().regionLeft = max(0, resp.Remaining)
+	if e.view().capKnown {
 		// The limit may have changed; the region's burst is the last
 		// grant's (a check does not carry it).
-		e.st.cap = wholeCap(e.st.regionBurst, e.st.limit)
+		e.own().cap = wholeCap(e.view().regionBurst, e.view().limit)
 	}
-	capped, capKnown := e.st.cap, e.st.capKnown
+	capped, capKnown := e.view().cap, e.view().capKnown
 	t.clearDegradedLocked(e)
 	e.publishLocked()
 	e.mu.Unlock()
@@ -507,15 +556,15 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 	}
 	switch {
 	case resp.Allowed:
-		e.results[slot(ResultAllowed, false)].Add(1)
+		e.count(slot(ResultAllowed, false))
 	case resp.Shadow:
 		d.Allowed = true
-		e.results[slot(ResultShadowDenied, false)].Add(1)
+		e.count(slot(ResultShadowDenied, false))
 	default:
 		d.RetryAfter = time.Duration(max(0, resp.RetryAfterMs)) * time.Millisecond
 		d.RetryNever = resp.RetryAfterMs < 0 // the region says no wait will do
 		d.Remaining = min(d.Remaining, cost-1)
-		e.results[slot(ResultDenied, false)].Add(1)
+		e.count(slot(ResultDenied, false))
 	}
 	return d, nil
 }
@@ -611,10 +660,10 @@ func (t *Table) State(key quota.Key) (KeyState, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return KeyState{
-		Tokens: e.tokens(), HasLease: e.st.hasLease, Deadline: e.st.deadline, CheckClock: e.st.checkClock,
-		LowWater: e.st.lowWater, NegUntil: e.st.negUntil, Mode: e.st.mode, OnFailure: e.st.onFailure,
-		Shadow: e.st.shadow, Tier: e.st.tier, Limit: e.st.limit, RegionRate: e.st.regionRate,
-		RegionBurst: e.st.regionBurst, Live: e.st.live, Pending: e.pending, InFlight: e.inflight != nil,
+		Tokens: e.tokens(), HasLease: e.view().hasLease, Deadline: e.view().deadline, CheckClock: e.view().checkClock,
+		LowWater: e.view().lowWater, NegUntil: e.view().negUntil, Mode: e.view().mode, OnFailure: e.view().onFailure,
+		Shadow: e.view().shadow, Tier: e.view().tier, Limit: e.view().limit, RegionRate: e.view().regionRate,
+		RegionBurst: e.view().regionBurst, Live: e.view().live, Pending: e.pending, InFlight: e.inflight != nil,
 		Degraded: e.degraded, ToReturn: e.toReturn, Spent: e.spentLocked(), Rate: e.rate,
 	}, true
 }
