@@ -38,17 +38,15 @@ func manyKeys(n int) []quota.Key {
 }
 
 // TestActiveIndexHoldsOnlyLiveKeys drives 200,000 keys through the index:
-// half are released, half keep their leases until they expire. Once
-// flushed, the released keys are forgotten at once, the others one lease
-// TTL after their last reply, the live-lease count follows, and the memory
-// comes back.
+// half are released, half keep their leases until they expire. A key
+// served since the last prune is kept; after that the released keys are
+// forgotten at once, the others one lease TTL after their last reply, the
+// live-lease count follows, and the memory comes back.
 func TestActiveIndexHoldsOnlyLiveKeys(t *testing.T) {
 	n := 200_000
 	if testing.Short() {
 		n = 20_000
 	}
-	rdb := redistest.Start(t).Client()
-	ctx := context.Background()
 	const ttl = time.Second
 	base := memtest.HeapAlloc()
 	keys := manyKeys(n)
@@ -66,17 +64,11 @@ func TestActiveIndexHoldsOnlyLiveKeys(t *testing.T) {
 	}
 	a.prune(now, ttl)
 	if got := a.size(); got != n {
-		t.Fatalf("prune before the flush left %d keys, want all %d: the leader has not seen them yet", got, n)
-	}
-	if err := a.flush(ctx, rdb, "active", now.UnixMicro(), time.Minute.Microseconds()); err != nil {
-		t.Fatal(err)
-	}
-	if got := rdb.ZCard(ctx, "active").Val(); got != int64(n) {
-		t.Fatalf("index in Redis holds %d keys, want %d", got, n)
+		t.Fatalf("the first prune left %d keys, want all %d served since the last", got, n)
 	}
 	a.prune(now.Add(ttl/2), ttl)
 	if got := a.size(); got != n/2 {
-		t.Fatalf("after the flush %d keys are kept, want the %d with live leases", got, n/2)
+		t.Fatalf("the next prune kept %d keys, want the %d with live leases", got, n/2)
 	}
 	if got := a.leases(now.Add(ttl/2), ttl); got != int64(n) {
 		t.Fatalf("%d live leases half a TTL later, want %d", got, n)
@@ -91,44 +83,6 @@ func TestActiveIndexHoldsOnlyLiveKeys(t *testing.T) {
 	keys = nil
 	heapReturned(t, base, 4<<20, "index emptied")
 	runtime.KeepAlive(a)
-}
-
-// TestActiveIndexKeepsUnflushedKeys: a flush that fails keeps its keys for
-// the next one, so the leader still learns of them.
-func TestActiveIndexKeepsUnflushedKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	ctx := context.Background()
-	a := newActiveKeys()
-	now := time.Unix(1000, 0)
-	k := quota.Key{Tenant: "acme", Class: "read"}
-	a.mark(k)
-	srv.Stop()
-	if err := a.flush(ctx, rdb, "active", now.UnixMicro(), time.Minute.Microseconds()); err == nil {
-		t.Fatal("flush to a stopped Redis succeeded")
-	}
-	a.prune(now, time.Second)
-	if a.size() != 1 {
-		t.Fatal("a key whose flush failed was forgotten")
-	}
-	srv.Restart()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := a.flush(ctx, rdb, "active", now.UnixMicro(), time.Minute.Microseconds())
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("flush after the restart: %v", err)
-		}
-	}
-	if got := rdb.ZScore(ctx, "active", "acme|read").Val(); got != float64(now.UnixMicro()) {
-		t.Fatalf("key flushed at score %v, want %v", got, now.UnixMicro())
-	}
-	a.prune(now, time.Second)
-	if a.size() != 0 {
-		t.Fatal("a flushed key without leases was kept")
-	}
 }
 
 func leaseConfig(t *testing.T, ttl string) *config.Config {

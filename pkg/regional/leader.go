@@ -231,7 +231,8 @@ func (l *Leader) setLeading(v bool) {
 }
 
 // SyncOnce is one epoch's round of reports (regionsync.Round): a report
-// for every active key, its grants installed, then an acknowledgement at
+// of the keys that need the global tier (candidates.go), its grants
+// installed, then an acknowledgement at
 // once when the answer lowered a key's rate below what the region held,
 // and catch-up reports while the answer says a raise waits on other
 // regions (at most regionsync.MaxCatchUps). The grants' validity is
@@ -291,7 +292,7 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 	l.sync.Load(stored)
 	s.noteStatic(l.sync.Static(), clock)
 	sendUS := clock.RedisUS
-	keys, err := ActiveKeys(ctx, s.opts.Redis, s.opts.Prefix, regionsync.ActiveSince(sendUS, epoch))
+	keys, err := l.candidates(ctx, sendUS, epoch, kind)
 	if err != nil {
 		return regionsync.Answer{}, err
 	}
@@ -387,7 +388,7 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// buildReport reads every key's state at nowUS and has regionsync build the
+// buildReport reads the keys' states at nowUS and has regionsync build the
 // report; it returns the keys' plans and the rate each held alongside.
 func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quota.Key, nowUS int64, kind regionsync.Kind) (*sluicev1.RegionReport, map[quota.Key]keyPlan, regionsync.Held, error) {
 	plans, reads, err := l.readKeys(ctx, cfg, keys)
@@ -395,6 +396,9 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 		return nil, nil, nil, err
 	}
 	rep, held := l.sync.Report(l.s.opts.Region, nowUS, time.Duration(cfg.Epoch), kind, reads)
+	if kind == regionsync.Epoch {
+		l.s.metrics.reportKeys.Set(float64(len(rep.GetKeys())))
+	}
 	return rep, plans, held, nil
 }
 
@@ -470,19 +474,14 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 		}
 		items = append(items, item{p: p, in: i})
 	}
+	// set_rate marks each granted key a candidate until its grant ends:
+	// the allocator needs the region to acknowledge what it holds before
+	// it moves capacity elsewhere, even without local traffic.
 	qs := luascripts.RunQueued(ctx, s.opts.Redis, func(pipe redis.Pipeliner) []*luascripts.Queued {
 		out := make([]*luascripts.Queued, len(items))
-		granted := make([]redis.Z, len(items))
 		for i, it := range items {
 			in := installs[it.in]
 			out[i] = s.scripts.QueueSetRate(ctx, pipe, it.p.keys, it.p.common, in.Rate, in.Burst, in.ExpiryUS, in.FenceUS)
-			granted[i] = redis.Z{Score: float64(in.FenceUS), Member: it.p.key.Tenant + "|" + it.p.key.Class}
-		}
-		// A granted key is reported in the next epochs even without local
-		// traffic: the allocator needs the region to acknowledge what it
-		// holds before it moves capacity elsewhere.
-		if len(granted) > 0 {
-			pipe.ZAdd(ctx, s.opts.Prefix+"active", granted...)
 		}
 		return out
 	})
@@ -502,6 +501,7 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 			}
 		}
 	}
+	l.sync.Installed(installs, applied)
 	return regionsync.Outcome(g, installs, applied), firstErr
 }
 

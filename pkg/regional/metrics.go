@@ -25,6 +25,8 @@ type metrics struct {
 	globalSyncs   *prometheus.CounterVec // result: ok, error
 	reports       *prometheus.CounterVec // kind: epoch, ack, catch_up, nudged
 	rises         prometheus.Counter
+	reportKeys    prometheus.Gauge // keys in the last epoch report
+	candidates    prometheus.Gauge // keys marked in the candidate sets, as the last report read them
 	grantsApplied prometheus.Counter
 	staticLeft    prometheus.GaugeFunc // remaining static lease, seconds
 	onFloor       prometheus.GaugeFunc // 1 while the replica hands its scripts the floor
@@ -73,6 +75,14 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "sluice_regional_demand_rises_total",
 		Help: "Times the region leader found a watched key's demand risen between epochs and reported at once (docs/architecture.md, \"Nudges\").",
 	})
+	m.reportKeys = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_regional_report_keys",
+		Help: "Keys in the region leader's last epoch report to the global tier: the keys that need it (demand at half the static share, a grant, an acknowledgement owed) and those still within their hysteresis.",
+	})
+	m.candidates = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_regional_candidates",
+		Help: "Keys the scripts marked in the region's candidate sets within the horizon, as the region leader's last report read them.",
+	})
 	m.grantsApplied = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_regional_grants_applied_total", Help: "Grants from the global tier installed in Redis by the region leader.",
 	})
@@ -87,7 +97,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	})
 	m.activeKeys = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_regional_active_keys",
-		Help: "Keys this replica keeps in memory: served since its last flush to the region's index, or holding live leases.",
+		Help: "Keys this replica keeps in memory: served since its last housekeeping tick, or holding live leases.",
 	}, func() float64 { return float64(s.active.size()) })
 	m.staticLeft = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_regional_static_lease_seconds",
@@ -111,7 +121,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.restarts, m.activeLeases, m.activeKeys,
-			m.leader, m.globalSyncs, m.reports, m.rises, m.grantsApplied, m.staticLeft, m.onFloor)
+			m.leader, m.globalSyncs, m.reports, m.rises, m.reportKeys, m.candidates, m.grantsApplied, m.staticLeft, m.onFloor)
 	}
 	return m
 }

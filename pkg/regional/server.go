@@ -226,7 +226,17 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		RestartWait:  s.guard.RestartWait(cfg),
 		ReapBudget:   s.opts.ReapBudget,
 		DemandWindow: cfg.DemandWindow(),
+		MarkEvery:    s.markEvery(cfg),
 	}, nil
+}
+
+// markEvery is the scripts' candidate mark interval: a quarter epoch, or
+// none for a region with no global tier (Unleased).
+func (s *Server) markEvery(cfg *config.Config) time.Duration {
+	if s.opts.Unleased {
+		return 0
+	}
+	return regionsync.MarkEvery(time.Duration(cfg.Epoch))
 }
 
 // CommonFor is common for a key, for the region leader.
@@ -551,9 +561,9 @@ func toStatus(err error) error {
 // Close stops the server's Redis batching workers. In-flight calls finish.
 func (s *Server) Close() { s.batch.close() }
 
-// Run does the replica's background work until ctx ends: it flushes the
-// keys it served into the region's active-key index every interval, and
-// re-reads the restart sentinel. interval is usually the config's epoch.
+// Run does the replica's background work until ctx ends: every interval
+// it forgets the keys it no longer serves (its in-memory index, for its
+// lease gauges) and re-reads the restart sentinel. interval is usually the config's epoch.
 // Unless Unleased, it also reads the static lease and Redis TIME every
 // quarter epoch.
 func (s *Server) Run(ctx context.Context, interval time.Duration) error {
@@ -576,21 +586,12 @@ func (s *Server) Run(ctx context.Context, interval time.Duration) error {
 }
 
 func (s *Server) tick(ctx context.Context, interval time.Duration) {
-	// Whatever Redis says, keys with no live lease left are forgotten once
-	// flushed: the index holds live keys only.
+	// Keys not served since the last tick with no live lease left are
+	// forgotten: the index holds live keys only.
 	defer s.active.prune(time.Now(), time.Duration(s.opts.Config.Current().LeaseTTL))
 	if s.opts.Guard != nil {
 		if err := s.opts.Guard.Check(ctx, s.opts.Redis); err != nil {
 			s.log.Warn("restart sentinel check failed", "err", err)
 		}
-	}
-	now, err := s.opts.Redis.Time(ctx).Result()
-	if err != nil {
-		s.log.Warn("read redis time", "err", err)
-		return
-	}
-	keep := 10 * interval
-	if err := s.active.flush(ctx, s.opts.Redis, s.opts.Prefix+"active", now.UnixMicro(), keep.Microseconds()); err != nil {
-		s.log.Warn("flush active keys", "err", err)
 	}
 }
