@@ -1,0 +1,212 @@
+package luascripts
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// memKeys is how many quota keys TestMemoryPerKey fills each server with:
+// SLUICE_MEMKEYS, default 20,000 (1,000,000 for the BENCHMARKS numbers).
+func memKeys(t *testing.T) int {
+	n := 20_000
+	if v := os.Getenv("SLUICE_MEMKEYS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("SLUICE_MEMKEYS=%q: want a positive number of keys", v)
+		}
+	}
+	return n
+}
+
+// memLayout is one way of filling a fresh redis-server with n keys.
+type memLayout struct {
+	name string
+	fill func(ctx context.Context, t *testing.T, rdb *redis.Client, n int)
+}
+
+// usedMemory reads INFO memory's used_memory (bytes).
+func usedMemory(ctx context.Context, t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		t.Fatalf("info memory: %v", err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("used_memory %q: %v", v, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no used_memory in INFO memory")
+	return 0
+}
+
+// memChunk is how many script calls go into one pipeline.
+const memChunk = 1000
+
+// memTenant names the i-th tenant, the same in every layout.
+func memTenant(i int) string { return fmt.Sprintf("t%07d", i) }
+
+// memCommon are production-like settings (candidate marks every quarter
+// of a 1s epoch), with a lease TTL long enough that nothing expires while
+// a million keys are filled.
+var memCommon = Common{
+	StaticRate: 100, StaticBurst: 200, LeaseTTL: time.Hour, Reclaim: true,
+	RestartWait: 15 * time.Second, ReapBudget: 4, DemandWindow: 500 * time.Millisecond, MarkEvery: 250 * time.Millisecond,
+}
+
+// memInstances are instance ids shaped as lease.UniqueID makes them.
+var memInstances = []string{"api-7f9c4d5b8-x2k4q-1.9f3a61c2", "api-7f9c4d5b8-m8t2z-1.04be7d19", "api-7f9c4d5b8-q5w7n-1.c2d81e70"}
+
+// memLeases fills n keys, each leased by the first leases instances, then,
+// when release is set, releases every lease again.
+func memLeases(leases int, release bool) func(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
+	return func(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
+		sc := New()
+		base := uint64(time.Now().UnixMicro())
+		for from := 0; from < n; from += memChunk {
+			to := min(from+memChunk, n)
+			for l := range leases {
+				items := make([]SyncItem, 0, to-from)
+				for i := from; i < to; i++ {
+					items = append(items, SyncItem{
+						Keys: KeysFor(DefaultPrefix, quota.Key{Tenant: memTenant(i), Class: "write"}), Common: memCommon,
+						Report: Report{Instance: memInstances[l], Incarnation: 0xd1ce_5eed_0000_0000 + uint64(l), Lease: base + uint64(i),
+							Seq: base + uint64(i), Want: 20, Min: 1, BuiltUS: int64(base)},
+					})
+				}
+				for i, r := range sc.SyncMany(ctx, rdb, items) {
+					if r.Err != nil || r.Reply.Granted != 20 {
+						t.Fatalf("lease %d on %s: %+v, %v", l, items[i].Keys.Bucket, r.Reply, r.Err)
+					}
+				}
+				if !release {
+					continue
+				}
+				for i := range items {
+					items[i].Report.Seq++
+					items[i].Report.Used = 7
+					items[i].Report.Returned = 13
+				}
+				for i, r := range sc.ReleaseMany(ctx, rdb, items) {
+					if r.Err != nil {
+						t.Fatalf("release %d on %s: %v", l, items[i].Keys.Bucket, r.Err)
+					}
+				}
+			}
+		}
+	}
+}
+
+// memStrict fills n keys through the strict path (one check each).
+func memStrict(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
+	sc := New()
+	for from := 0; from < n; from += memChunk {
+		to := min(from+memChunk, n)
+		qs := RunQueued(ctx, rdb, func(p redis.Pipeliner) []*Queued {
+			out := make([]*Queued, 0, to-from)
+			for i := from; i < to; i++ {
+				out = append(out, sc.QueueCheck(ctx, p, KeysFor(DefaultPrefix, quota.Key{Tenant: memTenant(i), Class: "write"}), memCommon, 1))
+			}
+			return out
+		})
+		for _, q := range qs {
+			if r, err := ParseCheck(q); err != nil || !r.Allowed {
+				t.Fatalf("check: %+v, %v", r, err)
+			}
+		}
+	}
+}
+
+// memIndex adds n members to the region's active index, as replicas
+// flush it (member "tenant|class", score Redis time in µs).
+func memIndex(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
+	now := float64(time.Now().UnixMicro())
+	for from := 0; from < n; from += memChunk {
+		to := min(from+memChunk, n)
+		ms := make([]redis.Z, 0, to-from)
+		for i := from; i < to; i++ {
+			ms = append(ms, redis.Z{Score: now + float64(i), Member: memTenant(i) + "|write"})
+		}
+		if err := rdb.ZAdd(ctx, DefaultPrefix+"active", ms...).Err(); err != nil {
+			t.Fatalf("zadd: %v", err)
+		}
+	}
+}
+
+// memEnvoy is envoy ratelimit's layout: one string counter per key and
+// window, INCRBY then EXPIRE, named domain_descriptors_windowstart.
+func memEnvoy(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
+	window := time.Now().Unix() / 60 * 60
+	for from := 0; from < n; from += memChunk {
+		to := min(from+memChunk, n)
+		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := from; i < to; i++ {
+				k := "sluice_tenant_" + memTenant(i) + "_class_write_" + strconv.FormatInt(window, 10)
+				p.IncrBy(ctx, k, 1)
+				p.Expire(ctx, k, time.Hour)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("envoy layout: %v", err)
+		}
+	}
+}
+
+// TestMemoryPerKey fills a fresh redis-server per layout with memKeys
+// quota keys through the real scripts (pipelined) and reports Redis's
+// used_memory increase per key, next to envoy ratelimit's layout on the
+// same build as the baseline. SLUICE_MEMKEYS=1000000 gives the numbers
+// in BENCHMARKS.md ("Memory per key").
+func TestMemoryPerKey(t *testing.T) {
+	ctx := context.Background()
+	n := memKeys(t)
+	layouts := []memLayout{
+		{"envoy ratelimit (string counter + TTL)", memEnvoy},
+		{"one live lease", memLeases(1, false)},
+		{"three live leases", memLeases(3, false)},
+		{"after release", memLeases(1, true)},
+		{"strict path", memStrict},
+		{"active index entry", memIndex},
+	}
+	per := map[string]float64{}
+	for _, l := range layouts {
+		srv := redistest.Start(t)
+		// A million pipelined calls on a loaded machine: no read timeout.
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: -1, WriteTimeout: -1})
+		sc := New()
+		if err := sc.Load(ctx, rdb); err != nil {
+			t.Fatal(err)
+		}
+		// A data set trusted to have started full: new buckets are full.
+		if _, err := sc.StampBorn(ctx, rdb, BornKeys(DefaultPrefix, false), true); err != nil {
+			t.Fatal(err)
+		}
+		before := usedMemory(ctx, t, rdb)
+		l.fill(ctx, t, rdb, n)
+		after := usedMemory(ctx, t, rdb)
+		keys, err := rdb.DBSize(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		per[l.name] = float64(after-before) / float64(n)
+		rdb.Close()
+		srv.Stop()
+		envoy := per[layouts[0].name]
+		t.Logf("%-40s %8.1f B/key  %5.2f x envoy  (%d quota keys, %d Redis keys)", l.name, per[l.name], per[l.name]/envoy, n, keys)
+	}
+}
