@@ -85,7 +85,9 @@ func TestLuaMatchesModel(t *testing.T) {
 			}
 		}
 		stamp()
-		instances := []string{"i-a", "i-b", "i-c"}
+		// More instances than a key keeps without an expiry set
+		// (fewLeases), so both ways of reaping run.
+		instances := []string{"i-a", "i-b", "i-c", "i-d", "i-e", "i-f", "i-g"}
 		// Per (instance, key): the instance's own view of its lease, as a
 		// client keeps it (cumulative totals, lease number), and its last
 		// report for retries.

@@ -150,7 +150,7 @@ func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Script
 		}
 		_, existed := m.buckets[k.Bucket]
 		sc.setNow(now)
-		inst := "i-" + strconv.Itoa(in.pick(3))
+		inst := "i-" + strconv.Itoa(in.pick(fewLeases+3)) // both ways of reaping (see fewLeases)
 		v := views[inst]
 		if v == nil {
 			v = &view{}

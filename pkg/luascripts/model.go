@@ -103,6 +103,12 @@ func (m *Model) ExpireDue(nowUS int64) []string {
 
 func expiryName(leasesKey string) string { return strings.TrimSuffix(leasesKey, "l") + "x" }
 
+// fewLeases mirrors lib.lua's FEWLEASES: a key with at most this many
+// leases has no expiry set (reaping reads its records), one with more has
+// one holding every record's expiry. Reaping takes expired leases in the
+// same order either way.
+const fewLeases = 4
+
 // op is one script execution against one quota key: the Go rendering of
 // lib.lua's locals and functions.
 type op struct {
@@ -755,7 +761,9 @@ func (m *Model) Snapshot() map[string]map[string]string {
 			z[id] = i0(l.exp)
 		}
 		out[name] = h
-		out[expiryName(name)] = z
+		if len(ls.byID) > fewLeases {
+			out[expiryName(name)] = z
+		}
 	}
 	return out
 }

@@ -40,7 +40,9 @@
 --                                 fields alone (older scripts) has no
 --                                 fingerprint: any report on it is a
 --                                 conflict (see report_kind)
--- KEYS[3]  expiry zset   member = instance id, score = lease expiry (µs)
+-- KEYS[3]  expiry zset   member = instance id, score = lease expiry (µs);
+--                        only while the key has more than FEWLEASES
+--                        leases (see reap)
 -- KEYS[4]  born sentinel string: the Redis time (µs) the data set holding
 --                        these keys was born ('0': trusted to have
 --                        started full); no TTL. One per Redis, or on a
@@ -293,11 +295,53 @@ local function parse_lease(rec)
     lt = tonumber(lt), pd = tonumber(pd), dr = tonumber(dr), au = tonumber(au), ad = tonumber(ad), ar = tonumber(ar), le = tonumber(le), inc = inc }
 end
 
+-- The expiry set. A key with at most FEWLEASES leases keeps none: reaping
+-- reads its few records (bounded work), and the set's key, which costs
+-- more memory than the records it would index, does not exist. With more,
+-- KEYS[3] holds every record's expiry, so reaping reads only expired ones.
+-- The set is made from the records when a record is added beyond
+-- FEWLEASES, and deleted when a drop leaves FEWLEASES or fewer. A set that
+-- does not hold exactly the records while there are more (one that older
+-- scripts, which kept a set however few the leases, wrote during a rolling
+-- upgrade) is rebuilt from them before it is trusted: O(leases) once, then
+-- O(1) again.
+local FEWLEASES = 4
+
+-- reindex rebuilds the expiry set from the lease records.
+local function reindex()
+  LEASES = true
+  redis.call('DEL', KEYS[3])
+  local all = redis.call('HGETALL', KEYS[2])
+  for i = 1, #all, 2 do
+    redis.call('ZADD', KEYS[3], parse_lease(all[i + 1]).exp, all[i])
+  end
+end
+
+-- index files the expiry of the record just saved for id.
+local function index(id, exp)
+  local n = redis.call('HLEN', KEYS[2])
+  if n <= FEWLEASES then
+    redis.call('DEL', KEYS[3])
+    return
+  end
+  redis.call('ZADD', KEYS[3], exp, id)
+  if redis.call('ZCARD', KEYS[3]) ~= n then reindex() end
+end
+
+-- unindex takes id's record, just deleted, out of the expiry set.
+local function unindex(id)
+  if redis.call('HLEN', KEYS[2]) <= FEWLEASES then
+    redis.call('DEL', KEYS[3])
+  else
+    redis.call('ZREM', KEYS[3], id)
+  end
+end
+
 local function save_lease(id, L)
   LEASES = true
   redis.call('HSET', KEYS[2], id, i0(L.g) .. ' ' .. i0(L.u) .. ' ' .. i0(L.r) .. ' ' .. i0(L.seq) .. ' ' .. i0(L.exp) .. ' ' .. i0(L.lg)
     .. ' ' .. i0(L.lt) .. ' ' .. i0(L.pd) .. ' ' .. i0(L.dr) .. ' ' .. i0(L.au) .. ' ' .. i0(L.ad) .. ' ' .. i0(L.ar) .. ' ' .. i0(L.le) .. ' ' .. L.inc)
-  redis.call('ZADD', KEYS[3], L.exp, id)
+  index(id, L.exp)
 end
 
 -- drop_lease removes a lease; its unspent tokens go back to the bucket when
@@ -310,7 +354,7 @@ local function drop_lease(id, L, give_back)
   B.dr = B.dr - L.dr
   if B.dr < 0 then B.dr = 0 end
   redis.call('HDEL', KEYS[2], id)
-  redis.call('ZREM', KEYS[3], id)
+  unindex(id)
   LEASES = true
   if give_back and unspent > 0 then
     B.tk = B.tk + unspent
@@ -320,11 +364,46 @@ local function drop_lease(id, L, give_back)
   return 0
 end
 
+-- id_less orders instance ids byte by byte, as a sorted set orders its
+-- members (Lua's own string order follows the server's locale).
+local function id_less(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- expired_few lists the ids of at most max expired leases of a key with
+-- few (see FEWLEASES), read from the records, in the expiry set's order.
+local function expired_few(max)
+  local all = redis.call('HGETALL', KEYS[2])
+  local due = {}
+  for i = 1, #all, 2 do
+    local exp = parse_lease(all[i + 1]).exp
+    if exp <= NOW then due[#due + 1] = { id = all[i], exp = exp } end
+  end
+  table.sort(due, function(a, b)
+    if a.exp ~= b.exp then return a.exp < b.exp end
+    return id_less(a.id, b.id)
+  end)
+  local ids = {}
+  for i = 1, math.min(max, #due) do ids[i] = due[i].id end
+  return ids
+end
+
 -- reap drops at most max expired leases, oldest first (ties by id, as the
 -- sorted set orders them). Returns leases reaped and tokens given back.
 local function reap(max)
   if max <= 0 then return 0, 0 end
-  local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', NOW, 'LIMIT', 0, max)
+  local ids
+  local n = redis.call('HLEN', KEYS[2])
+  if n <= FEWLEASES then
+    ids = expired_few(max)
+  else
+    if redis.call('ZCARD', KEYS[3]) ~= n then reindex() end
+    ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', NOW, 'LIMIT', 0, max)
+  end
   local back = 0
   for _, id in ipairs(ids) do
     local rec = redis.call('HGET', KEYS[2], id)
