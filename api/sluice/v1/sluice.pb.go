@@ -1519,6 +1519,18 @@ type RegionReport struct {
 	// Remaining validity (milliseconds, on the region's Redis clock at send
 	// time) of the region's static lease; 0: it runs on its floor.
 	StaticValidMs int64 `protobuf:"varint,5,opt,name=static_valid_ms,json=staticValidMs,proto3" json:"static_valid_ms,omitempty"`
+	// Paging (SyncPage): the report of this seq is split into pages messages
+	// (0 or 1: this message is the whole report, as sent to Sync), this is
+	// page number page (0..pages-1). Every page carries region, seq and
+	// pages; config_revisions and static_valid_ms are read from page 0. The
+	// keys of all pages together are the report: a key may appear in one
+	// page only, keys absent from every page count as zero demand.
+	Page  uint32 `protobuf:"varint,6,opt,name=page,proto3" json:"page,omitempty"`
+	Pages uint32 `protobuf:"varint,7,opt,name=pages,proto3" json:"pages,omitempty"`
+	// When > 0 (SyncPage only): a request for page answer_page of the answer
+	// the leader gave to this region's complete report of seq, which must
+	// be its latest; the message carries no keys and changes nothing.
+	AnswerPage    uint32 `protobuf:"varint,8,opt,name=answer_page,json=answerPage,proto3" json:"answer_page,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1584,6 +1596,27 @@ func (x *RegionReport) GetConfigRevisions() []int64 {
 func (x *RegionReport) GetStaticValidMs() int64 {
 	if x != nil {
 		return x.StaticValidMs
+	}
+	return 0
+}
+
+func (x *RegionReport) GetPage() uint32 {
+	if x != nil {
+		return x.Page
+	}
+	return 0
+}
+
+func (x *RegionReport) GetPages() uint32 {
+	if x != nil {
+		return x.Pages
+	}
+	return 0
+}
+
+func (x *RegionReport) GetAnswerPage() uint32 {
+	if x != nil {
+		return x.AnswerPage
 	}
 	return 0
 }
@@ -1684,6 +1717,16 @@ type RegionGrants struct {
 	// the report this answers) + static_lease_ms, on its own clock. 0: no
 	// static lease conferred (keep what is held; never extend it).
 	StaticLeaseMs int64 `protobuf:"varint,9,opt,name=static_lease_ms,json=staticLeaseMs,proto3" json:"static_lease_ms,omitempty"`
+	// Paging of the answer to a paged report (SyncPage): the grants are
+	// split into pages messages (0 or 1: this message holds them all), this
+	// is page number page. Every page repeats the fields above; only grants
+	// differ. The answer's grants are the grants of all its pages.
+	Page  uint32 `protobuf:"varint,10,opt,name=page,proto3" json:"page,omitempty"`
+	Pages uint32 `protobuf:"varint,11,opt,name=pages,proto3" json:"pages,omitempty"`
+	// The answer to a page that is not the last of its report: how many
+	// pages of seq the leader holds (page + 1). Such an answer carries only
+	// region, seq and pages_received.
+	PagesReceived uint32 `protobuf:"varint,12,opt,name=pages_received,json=pagesReceived,proto3" json:"pages_received,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1777,6 +1820,27 @@ func (x *RegionGrants) GetConfirmedKnown() bool {
 func (x *RegionGrants) GetStaticLeaseMs() int64 {
 	if x != nil {
 		return x.StaticLeaseMs
+	}
+	return 0
+}
+
+func (x *RegionGrants) GetPage() uint32 {
+	if x != nil {
+		return x.Page
+	}
+	return 0
+}
+
+func (x *RegionGrants) GetPages() uint32 {
+	if x != nil {
+		return x.Pages
+	}
+	return 0
+}
+
+func (x *RegionGrants) GetPagesReceived() uint32 {
+	if x != nil {
+		return x.PagesReceived
 	}
 	return 0
 }
@@ -1900,18 +1964,22 @@ const file_sluice_proto_rawDesc = "" +
 	"\aholding\x18\b \x01(\x01R\aholding\x12$\n" +
 	"\vdemand_rate\x18\t \x01(\x01H\x00R\n" +
 	"demandRate\x88\x01\x01B\x0e\n" +
-	"\f_demand_rate\"\xb5\x01\n" +
+	"\f_demand_rate\"\x80\x02\n" +
 	"\fRegionReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12(\n" +
 	"\x04keys\x18\x03 \x03(\v2\x14.sluice.v1.KeyDemandR\x04keys\x12)\n" +
 	"\x10config_revisions\x18\x04 \x03(\x03R\x0fconfigRevisions\x12&\n" +
-	"\x0fstatic_valid_ms\x18\x05 \x01(\x03R\rstaticValidMs\"v\n" +
+	"\x0fstatic_valid_ms\x18\x05 \x01(\x03R\rstaticValidMs\x12\x12\n" +
+	"\x04page\x18\x06 \x01(\rR\x04page\x12\x14\n" +
+	"\x05pages\x18\a \x01(\rR\x05pages\x12\x1f\n" +
+	"\vanswer_page\x18\b \x01(\rR\n" +
+	"answerPage\"v\n" +
 	"\bKeyGrant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x14\n" +
 	"\x05burst\x18\x03 \x01(\x01R\x05burst\x12\x19\n" +
-	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\xbf\x02\n" +
+	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\x90\x03\n" +
 	"\fRegionGrants\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12+\n" +
@@ -1921,14 +1989,19 @@ const file_sluice_proto_rawDesc = "" +
 	"\x0freport_again_ms\x18\x06 \x01(\x03R\rreportAgainMs\x12-\n" +
 	"\x12confirmed_revision\x18\a \x01(\x03R\x11confirmedRevision\x12'\n" +
 	"\x0fconfirmed_known\x18\b \x01(\bR\x0econfirmedKnown\x12&\n" +
-	"\x0fstatic_lease_ms\x18\t \x01(\x03R\rstaticLeaseMs2\x87\x02\n" +
+	"\x0fstatic_lease_ms\x18\t \x01(\x03R\rstaticLeaseMs\x12\x12\n" +
+	"\x04page\x18\n" +
+	" \x01(\rR\x04page\x12\x14\n" +
+	"\x05pages\x18\v \x01(\rR\x05pages\x12%\n" +
+	"\x0epages_received\x18\f \x01(\rR\rpagesReceived2\x87\x02\n" +
 	"\fLeaseService\x12@\n" +
 	"\aAcquire\x12\x19.sluice.v1.AcquireRequest\x1a\x1a.sluice.v1.AcquireResponse\x127\n" +
 	"\x04Sync\x12\x16.sluice.v1.SyncRequest\x1a\x17.sluice.v1.SyncResponse\x12@\n" +
 	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12:\n" +
-	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\xc1\x01\n" +
+	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\xff\x01\n" +
 	"\x10AllocatorService\x128\n" +
-	"\x04Sync\x12\x17.sluice.v1.RegionReport\x1a\x17.sluice.v1.RegionGrants\x12=\n" +
+	"\x04Sync\x12\x17.sluice.v1.RegionReport\x1a\x17.sluice.v1.RegionGrants\x12<\n" +
+	"\bSyncPage\x12\x17.sluice.v1.RegionReport\x1a\x17.sluice.v1.RegionGrants\x12=\n" +
 	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse\x124\n" +
 	"\x05Watch\x12\x17.sluice.v1.WatchRequest\x1a\x10.sluice.v1.Nudge0\x01B3Z1github.com/sluicehq/sluice/api/sluice/v1;sluicev1b\x06proto3"
 
@@ -1991,17 +2064,19 @@ var file_sluice_proto_depIdxs = []int32{
 	7,  // 18: sluice.v1.LeaseService.Release:input_type -> sluice.v1.ReleaseRequest
 	9,  // 19: sluice.v1.LeaseService.Check:input_type -> sluice.v1.CheckRequest
 	19, // 20: sluice.v1.AllocatorService.Sync:input_type -> sluice.v1.RegionReport
-	13, // 21: sluice.v1.AllocatorService.Status:input_type -> sluice.v1.StatusRequest
-	11, // 22: sluice.v1.AllocatorService.Watch:input_type -> sluice.v1.WatchRequest
-	4,  // 23: sluice.v1.LeaseService.Acquire:output_type -> sluice.v1.AcquireResponse
-	6,  // 24: sluice.v1.LeaseService.Sync:output_type -> sluice.v1.SyncResponse
-	8,  // 25: sluice.v1.LeaseService.Release:output_type -> sluice.v1.ReleaseResponse
-	10, // 26: sluice.v1.LeaseService.Check:output_type -> sluice.v1.CheckResponse
-	21, // 27: sluice.v1.AllocatorService.Sync:output_type -> sluice.v1.RegionGrants
-	17, // 28: sluice.v1.AllocatorService.Status:output_type -> sluice.v1.StatusResponse
-	12, // 29: sluice.v1.AllocatorService.Watch:output_type -> sluice.v1.Nudge
-	23, // [23:30] is the sub-list for method output_type
-	16, // [16:23] is the sub-list for method input_type
+	19, // 21: sluice.v1.AllocatorService.SyncPage:input_type -> sluice.v1.RegionReport
+	13, // 22: sluice.v1.AllocatorService.Status:input_type -> sluice.v1.StatusRequest
+	11, // 23: sluice.v1.AllocatorService.Watch:input_type -> sluice.v1.WatchRequest
+	4,  // 24: sluice.v1.LeaseService.Acquire:output_type -> sluice.v1.AcquireResponse
+	6,  // 25: sluice.v1.LeaseService.Sync:output_type -> sluice.v1.SyncResponse
+	8,  // 26: sluice.v1.LeaseService.Release:output_type -> sluice.v1.ReleaseResponse
+	10, // 27: sluice.v1.LeaseService.Check:output_type -> sluice.v1.CheckResponse
+	21, // 28: sluice.v1.AllocatorService.Sync:output_type -> sluice.v1.RegionGrants
+	21, // 29: sluice.v1.AllocatorService.SyncPage:output_type -> sluice.v1.RegionGrants
+	17, // 30: sluice.v1.AllocatorService.Status:output_type -> sluice.v1.StatusResponse
+	12, // 31: sluice.v1.AllocatorService.Watch:output_type -> sluice.v1.Nudge
+	24, // [24:32] is the sub-list for method output_type
+	16, // [16:24] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name

@@ -262,9 +262,10 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AllocatorService_Sync_FullMethodName   = "/sluice.v1.AllocatorService/Sync"
-	AllocatorService_Status_FullMethodName = "/sluice.v1.AllocatorService/Status"
-	AllocatorService_Watch_FullMethodName  = "/sluice.v1.AllocatorService/Watch"
+	AllocatorService_Sync_FullMethodName     = "/sluice.v1.AllocatorService/Sync"
+	AllocatorService_SyncPage_FullMethodName = "/sluice.v1.AllocatorService/SyncPage"
+	AllocatorService_Status_FullMethodName   = "/sluice.v1.AllocatorService/Status"
+	AllocatorService_Watch_FullMethodName    = "/sluice.v1.AllocatorService/Watch"
 )
 
 // AllocatorServiceClient is the client API for AllocatorService service.
@@ -276,7 +277,25 @@ const (
 type AllocatorServiceClient interface {
 	// Sync sends one region's report. A non-leader answers FailedPrecondition
 	// with the leader's address in the status message ("leader=HOST:PORT").
+	// A report split into pages (RegionReport.pages > 1) is refused here
+	// (InvalidArgument): its pages go to SyncPage.
 	Sync(ctx context.Context, in *RegionReport, opts ...grpc.CallOption) (*RegionGrants, error)
+	// SyncPage sends one page of a region report too large for one message
+	// (RegionReport.page, pages), or asks for one page of the answer to a
+	// paged report (RegionReport.answer_page). The pages of one seq go to one
+	// replica, in order (0, 1, ..., pages-1); the leader keeps them until the
+	// last arrives, then answers the whole report as Sync answers one
+	// message: that answer is the first page of the grants, and when
+	// RegionGrants.pages > 1 the others are fetched with answer_page. A page
+	// that is not the last is answered with pages_received only. A page out
+	// of order, of a seq the leader holds no earlier pages of (a leader
+	// change, a page lost) or arriving after a config change is refused with
+	// Aborted and changes nothing: the region sends the report again from
+	// page 0 (page 0 always starts over, discarding what the leader held for
+	// the region). A separate method so that a replica that cannot assemble
+	// pages answers Unimplemented instead of taking one page for the whole
+	// report.
+	SyncPage(ctx context.Context, in *RegionReport, opts ...grpc.CallOption) (*RegionGrants, error)
 	// Status is a read-only view for operators (sluicectl status). Any
 	// replica answers; a non-leader says so and names the leader.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
@@ -302,6 +321,16 @@ func (c *allocatorServiceClient) Sync(ctx context.Context, in *RegionReport, opt
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RegionGrants)
 	err := c.cc.Invoke(ctx, AllocatorService_Sync_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *allocatorServiceClient) SyncPage(ctx context.Context, in *RegionReport, opts ...grpc.CallOption) (*RegionGrants, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegionGrants)
+	err := c.cc.Invoke(ctx, AllocatorService_SyncPage_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +375,25 @@ type AllocatorService_WatchClient = grpc.ServerStreamingClient[Nudge]
 type AllocatorServiceServer interface {
 	// Sync sends one region's report. A non-leader answers FailedPrecondition
 	// with the leader's address in the status message ("leader=HOST:PORT").
+	// A report split into pages (RegionReport.pages > 1) is refused here
+	// (InvalidArgument): its pages go to SyncPage.
 	Sync(context.Context, *RegionReport) (*RegionGrants, error)
+	// SyncPage sends one page of a region report too large for one message
+	// (RegionReport.page, pages), or asks for one page of the answer to a
+	// paged report (RegionReport.answer_page). The pages of one seq go to one
+	// replica, in order (0, 1, ..., pages-1); the leader keeps them until the
+	// last arrives, then answers the whole report as Sync answers one
+	// message: that answer is the first page of the grants, and when
+	// RegionGrants.pages > 1 the others are fetched with answer_page. A page
+	// that is not the last is answered with pages_received only. A page out
+	// of order, of a seq the leader holds no earlier pages of (a leader
+	// change, a page lost) or arriving after a config change is refused with
+	// Aborted and changes nothing: the region sends the report again from
+	// page 0 (page 0 always starts over, discarding what the leader held for
+	// the region). A separate method so that a replica that cannot assemble
+	// pages answers Unimplemented instead of taking one page for the whole
+	// report.
+	SyncPage(context.Context, *RegionReport) (*RegionGrants, error)
 	// Status is a read-only view for operators (sluicectl status). Any
 	// replica answers; a non-leader says so and names the leader.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
@@ -370,6 +417,9 @@ type UnimplementedAllocatorServiceServer struct{}
 
 func (UnimplementedAllocatorServiceServer) Sync(context.Context, *RegionReport) (*RegionGrants, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Sync not implemented")
+}
+func (UnimplementedAllocatorServiceServer) SyncPage(context.Context, *RegionReport) (*RegionGrants, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SyncPage not implemented")
 }
 func (UnimplementedAllocatorServiceServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Status not implemented")
@@ -416,6 +466,24 @@ func _AllocatorService_Sync_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AllocatorService_SyncPage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegionReport)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllocatorServiceServer).SyncPage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AllocatorService_SyncPage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllocatorServiceServer).SyncPage(ctx, req.(*RegionReport))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AllocatorService_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatusRequest)
 	if err := dec(in); err != nil {
@@ -455,6 +523,10 @@ var AllocatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Sync",
 			Handler:    _AllocatorService_Sync_Handler,
+		},
+		{
+			MethodName: "SyncPage",
+			Handler:    _AllocatorService_SyncPage_Handler,
 		},
 		{
 			MethodName: "Status",
