@@ -16,38 +16,71 @@ const MaxWireMillis = math.MaxInt64 / int64(time.Millisecond)
 
 // DecodeReport checks every field of req against cfg and converts it for
 // the allocator, returning each key's limit alongside. At most maxKeys
-// keys are accepted. It changes nothing; errors wrap quota.ErrInvalid.
+// keys are accepted: the bound of one message (a report split into pages
+// is decoded page by page with CheckReportHeader and DecodeKeys). It
+// changes nothing; errors wrap quota.ErrInvalid.
 func DecodeReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int) (hierarchy.Report, []hierarchy.KeyLimit, error) {
-	region := req.GetRegion()
-	if err := quota.ValidateID("region", region); err != nil {
+	if err := CheckReportHeader(cfg, req); err != nil {
 		return hierarchy.Report{}, nil, err
-	}
-	if _, ok := cfg.Regions[region]; !ok {
-		return hierarchy.Report{}, nil, fmt.Errorf("%w: region %q is not configured", quota.ErrInvalid, region)
-	}
-	if revs := req.GetConfigRevisions(); len(revs) > MaxConfigs {
-		return hierarchy.Report{}, nil, fmt.Errorf("%w: config_revisions has %d entries, the limit is %d", quota.ErrInvalid, len(revs), MaxConfigs)
-	}
-	for i, rev := range req.GetConfigRevisions() {
-		if rev < 0 {
-			return hierarchy.Report{}, nil, fmt.Errorf("%w: config_revisions[%d] %d is negative", quota.ErrInvalid, i, rev)
-		}
 	}
 	keys := req.GetKeys()
 	if len(keys) > maxKeys {
 		return hierarchy.Report{}, nil, fmt.Errorf("%w: keys has %d entries, the limit is %d", quota.ErrInvalid, len(keys), maxKeys)
 	}
-	rep := hierarchy.Report{Region: region, Seq: req.GetSeq(), Keys: make([]hierarchy.KeyDemand, len(keys))}
-	limits := make([]hierarchy.KeyLimit, len(keys))
-	seen := make(map[quota.Key]int, len(keys))
-	for i, kd := range keys {
-		kd, l, err := decodeKey(cfg, kd, i, seen)
-		if err != nil {
-			return hierarchy.Report{}, nil, err
-		}
-		rep.Keys[i], limits[i] = kd, l
+	kds, limits, err := DecodeKeys(cfg, keys, 0, make(map[quota.Key]int, len(keys)))
+	if err != nil {
+		return hierarchy.Report{}, nil, err
 	}
-	return rep, limits, nil
+	return hierarchy.Report{Region: req.GetRegion(), Seq: req.GetSeq(), Keys: kds}, limits, nil
+}
+
+// CheckReportHeader checks the fields of req other than its keys and its
+// paging: the region (configured in cfg) and the config revisions. Errors
+// wrap quota.ErrInvalid.
+func CheckReportHeader(cfg *config.Config, req *sluicev1.RegionReport) error {
+	region := req.GetRegion()
+	if err := quota.ValidateID("region", region); err != nil {
+		return err
+	}
+	if _, ok := cfg.Regions[region]; !ok {
+		return fmt.Errorf("%w: region %q is not configured", quota.ErrInvalid, region)
+	}
+	if revs := req.GetConfigRevisions(); len(revs) > MaxConfigs {
+		return fmt.Errorf("%w: config_revisions has %d entries, the limit is %d", quota.ErrInvalid, len(revs), MaxConfigs)
+	}
+	for i, rev := range req.GetConfigRevisions() {
+		if rev < 0 {
+			return fmt.Errorf("%w: config_revisions[%d] %d is negative", quota.ErrInvalid, i, rev)
+		}
+	}
+	return nil
+}
+
+// DecodeKeys checks keys against cfg and converts them for the allocator,
+// with each key's limit. keys[i] is named keys[first+i] in errors (its
+// place in the whole report when keys is one page of it); seen maps every
+// key decoded before (of earlier pages) to its place, and a key found
+// there is a duplicate. On success seen holds keys too; on an error seen
+// is as it was. Errors wrap quota.ErrInvalid.
+func DecodeKeys(cfg *config.Config, keys []*sluicev1.KeyDemand, first int, seen map[quota.Key]int) ([]hierarchy.KeyDemand, []hierarchy.KeyLimit, error) {
+	kds := make([]hierarchy.KeyDemand, len(keys))
+	limits := make([]hierarchy.KeyLimit, len(keys))
+	for i, kd := range keys {
+		var err error
+		kds[i], limits[i], err = decodeKey(cfg, kd, first+i, seen)
+		if err != nil {
+			// Forget the keys this call added: those placed at first or
+			// later.
+			for _, kd := range keys[:i+1] {
+				k := quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}
+				if at, ok := seen[k]; ok && at >= first {
+					delete(seen, k)
+				}
+			}
+			return nil, nil, err
+		}
+	}
+	return kds, limits, nil
 }
 
 // decodeKey is DecodeReport for keys[i]; the field's name is only built
@@ -159,6 +192,8 @@ func EncodeGrants(rep hierarchy.Report, grants []hierarchy.Grant, learning bool,
 	return out
 }
 
-// DefaultMaxKeys bounds the keys of one region report unless the global
-// tier is configured otherwise.
+// DefaultMaxKeys bounds the keys of one region report message (a whole
+// report, or one page of a report split into pages) unless the global
+// tier is configured otherwise. A report has no bound on its keys; the
+// global tier bounds the bytes of the pages it holds for one region.
 const DefaultMaxKeys = 100000
