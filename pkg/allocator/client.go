@@ -22,11 +22,12 @@ type Client struct {
 	addrs    []string
 	dialOpts []grpc.DialOption
 
-	mu     sync.Mutex // guards every field below
-	conns  map[string]*grpc.ClientConn
-	leader string // address that answered last; tried first
-	next   int    // index in addrs to start from when leader is unknown
-	closed bool
+	mu       sync.Mutex // guards every field below
+	conns    map[string]*grpc.ClientConn
+	leader   string // address that answered last; tried first
+	next     int    // index in addrs to start from when leader is unknown
+	closed   bool
+	pageKeys int // keys per report message; 0: DefaultMaxKeysPerPage
 }
 
 // NewClient makes a client for the replicas at addrs (host:port, at least
@@ -47,14 +48,30 @@ func NewClient(addrs []string, dialOpts ...grpc.DialOption) (*Client, error) {
 	return &Client{addrs: slices.Clone(addrs), dialOpts: opts, conns: make(map[string]*grpc.ClientConn)}, nil
 }
 
-// Sync sends rep to the leader. It tries the replica that answered last,
-// then the others in order; a replica answering "not leader; leader=X"
-// sends it to X once (not further). A refusal that another replica would
-// repeat (InvalidArgument, Aborted for a stale seq) is returned at once.
-// When ctx has a deadline and more replicas remain, one attempt gets at
-// most half of the time left, so a replica that does not answer cannot
-// use it all.
+// Sync sends rep to the leader and returns its answer. A report of more
+// keys than one page (SetPageKeys, default DefaultMaxKeysPerPage) is sent
+// in pages and its answer assembled (syncPaged); it returns the same
+// RegionGrants a report of one message gets. The leader is found as
+// leaderCall finds it.
 func (c *Client) Sync(ctx context.Context, rep *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	if len(rep.GetKeys()) > c.pageSize() {
+		return c.syncPaged(ctx, rep)
+	}
+	resp, _, err := c.leaderCall(ctx, "sync", func(ctx context.Context, api sluicev1.AllocatorServiceClient) (*sluicev1.RegionGrants, error) {
+		return api.Sync(ctx, rep)
+	})
+	return resp, err
+}
+
+// leaderCall makes call on the leader and says which replica answered. It
+// tries the replica that answered last, then the others in order; a
+// replica answering "not leader; leader=X" sends it to X once (not
+// further). A refusal that another replica would repeat (InvalidArgument,
+// Aborted for a stale seq) is returned at once. When ctx has a deadline
+// and more replicas remain, one attempt gets at most half of the time
+// left, so a replica that does not answer cannot use it all. what names
+// the call in errors.
+func (c *Client) leaderCall(ctx context.Context, what string, call regionCall) (*sluicev1.RegionGrants, string, error) {
 	var errs []error
 	order := c.order()
 	tried := make(map[string]bool, len(order))
@@ -71,31 +88,34 @@ func (c *Client) Sync(ctx context.Context, rep *sluicev1.RegionReport) (*sluicev
 			continue
 		}
 		tried[addr] = true
-		resp, err := c.attempt(ctx, addr, rep, untried())
+		resp, err := c.attempt(ctx, addr, call, untried())
 		if err == nil {
 			c.answered(addr)
-			return resp, nil
+			return resp, addr, nil
 		}
 		if final(err) || ctx.Err() != nil {
-			return nil, fmt.Errorf("allocator client: sync via %s: %w", addr, err)
+			return nil, "", fmt.Errorf("allocator client: %s via %s: %w", what, addr, err)
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 		if target, ok := NotLeaderAddr(err); ok && target != "" && !tried[target] {
 			tried[target] = true
-			resp, err := c.attempt(ctx, target, rep, untried())
+			resp, err := c.attempt(ctx, target, call, untried())
 			if err == nil {
 				c.answered(target)
-				return resp, nil
+				return resp, target, nil
 			}
 			if final(err) || ctx.Err() != nil {
-				return nil, fmt.Errorf("allocator client: sync via %s (redirected from %s): %w", target, addr, err)
+				return nil, "", fmt.Errorf("allocator client: %s via %s (redirected from %s): %w", what, target, addr, err)
 			}
 			errs = append(errs, fmt.Errorf("%s (redirected from %s): %w", target, addr, err))
 		}
 		c.failed(addr)
 	}
-	return nil, fmt.Errorf("allocator client: sync: no replica answered as leader: %w", errors.Join(errs...))
+	return nil, "", fmt.Errorf("allocator client: %s: no replica answered as leader: %w", what, errors.Join(errs...))
 }
+
+// regionCall is one AllocatorService call answered with RegionGrants.
+type regionCall func(ctx context.Context, api sluicev1.AllocatorServiceClient) (*sluicev1.RegionGrants, error)
 
 // final errors would be the same from every replica.
 func final(err error) bool {
@@ -139,7 +159,7 @@ func (c *Client) failed(addr string) {
 	}
 }
 
-func (c *Client) attempt(ctx context.Context, addr string, rep *sluicev1.RegionReport, more bool) (*sluicev1.RegionGrants, error) {
+func (c *Client) attempt(ctx context.Context, addr string, call regionCall, more bool) (*sluicev1.RegionGrants, error) {
 	conn, err := c.conn(addr)
 	if err != nil {
 		return nil, err
@@ -149,7 +169,7 @@ func (c *Client) attempt(ctx context.Context, addr string, rep *sluicev1.RegionR
 		ctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
 		defer cancel()
 	}
-	return sluicev1.NewAllocatorServiceClient(conn).Sync(ctx, rep)
+	return call(ctx, sluicev1.NewAllocatorServiceClient(conn))
 }
 
 func (c *Client) conn(addr string) (*grpc.ClientConn, error) {

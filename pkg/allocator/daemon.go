@@ -39,8 +39,8 @@ const (
 	DefaultSessionTTL = 5 * time.Second
 	// DefaultDrainTimeout bounds graceful shutdown.
 	DefaultDrainTimeout = 10 * time.Second
-	// maxMessageBytes lets one RegionReport carry DefaultMaxKeysPerReport
-	// keys with long tenant ids.
+	// maxMessageBytes bounds one message: a RegionReport page of
+	// DefaultMaxKeysPerPage keys at MaxReportBytesPerKey is 28 MB.
 	maxMessageBytes = 64 << 20
 )
 
@@ -84,13 +84,22 @@ type DaemonOptions struct {
 	// DrainTimeout bounds graceful shutdown. Optional, default
 	// DefaultDrainTimeout.
 	DrainTimeout time.Duration
-	// MaxKeysPerReport bounds the keys of one RegionReport. Optional,
-	// default DefaultMaxKeysPerReport.
+	// MaxKeysPerPage bounds the keys of one RegionReport message (a whole
+	// report, or one page of a paged one) and the grants of one answer
+	// page. Optional, default DefaultMaxKeysPerPage.
+	MaxKeysPerPage int
+	// MaxKeysPerReport is MaxKeysPerPage, read when that is 0.
+	//
+	// Deprecated: the bound is per message (page); use MaxKeysPerPage.
 	MaxKeysPerReport int
+	// MaxReportBytes bounds the wire bytes of the pages held for one
+	// region's paged report in progress; a report beyond it is refused.
+	// Optional, default DefaultMaxReportBytes.
+	MaxReportBytes int
 	// PerConnection and PerIdentity cap the units of work (keys named)
 	// in flight per connection and per authenticated identity; calls
 	// beyond wait their turn (rpcguard). Optional, default rpcguard's, and
-	// at least MaxKeysPerReport.
+	// at least MaxKeysPerPage.
 	PerConnection, PerIdentity int
 }
 
@@ -100,13 +109,8 @@ type DaemonOptions struct {
 // checks.
 func Policy() rpcauth.Policy {
 	return rpcauth.Policy{
-		methodSync: {Scope: func(req any) string {
-			r, ok := req.(*sluicev1.RegionReport)
-			if !ok {
-				return ""
-			}
-			return config.RoleRegionPrefix + r.GetRegion()
-		}},
+		methodSync:     {Scope: reportScope},
+		methodSyncPage: {Scope: reportScope},
 		// A region's leader watches for its own region's nudges only.
 		methodWatch: {Scope: func(req any) string {
 			r, ok := req.(*sluicev1.WatchRequest)
@@ -122,10 +126,21 @@ func Policy() rpcauth.Policy {
 	}
 }
 
+// reportScope is the role a RegionReport (whole, a page, or a request for
+// an answer page) needs: its own region's.
+func reportScope(req any) string {
+	r, ok := req.(*sluicev1.RegionReport)
+	if !ok {
+		return ""
+	}
+	return config.RoleRegionPrefix + r.GetRegion()
+}
+
 const (
-	methodSync   = "/sluice.v1.AllocatorService/Sync"
-	methodWatch  = "/sluice.v1.AllocatorService/Watch"
-	methodStatus = "/sluice.v1.AllocatorService/Status"
+	methodSync     = "/sluice.v1.AllocatorService/Sync"
+	methodSyncPage = "/sluice.v1.AllocatorService/SyncPage"
+	methodWatch    = "/sluice.v1.AllocatorService/Watch"
+	methodStatus   = "/sluice.v1.AllocatorService/Status"
 )
 
 // Daemon is a running global-tier replica. Safe for concurrent use.
@@ -180,18 +195,23 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
-	maxKeys := o.MaxKeysPerReport
+	if o.MaxKeysPerPage == 0 {
+		o.MaxKeysPerPage = o.MaxKeysPerReport
+	}
+	maxKeys := o.MaxKeysPerPage
 	if maxKeys == 0 {
-		maxKeys = DefaultMaxKeysPerReport
+		maxKeys = DefaultMaxKeysPerPage
 	}
 	// Every call is authorized (with mutual TLS: a report only from its
-	// own region) and bounded before its handler.
+	// own region) and bounded before its handler; each page of a paged
+	// report is one call, bounded as a whole report is.
+	reportKeys := rpcguard.Rule{Units: func(req any) int {
+		r, _ := req.(*sluicev1.RegionReport)
+		return len(r.GetKeys())
+	}, Max: maxKeys, Bound: "keys_per_report"}
 	edge, err := rpcguard.ServerOptions(rpcguard.EdgeOptions{
 		Name: "global allocator", Config: o.Config, ServerTLS: o.ServerTLS, Policy: Policy(),
-		Rules: map[string]rpcguard.Rule{methodSync: {Units: func(req any) int {
-			r, _ := req.(*sluicev1.RegionReport)
-			return len(r.GetKeys())
-		}, Max: maxKeys, Bound: "keys_per_report"}},
+		Rules:         map[string]rpcguard.Rule{methodSync: reportKeys, methodSyncPage: reportKeys},
 		PerConnection: max(o.PerConnection, maxKeys), PerIdentity: max(o.PerIdentity, maxKeys, rpcguard.DefaultPerIdentity),
 		MaxMessageBytes: maxMessageBytes, Registerer: o.Registry, Logger: o.Logger,
 	})
@@ -212,7 +232,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		advertise = ep.GRPCAddr()
 	}
 	svc, err := newService(serviceOptions{
-		config: o.Config, advertise: advertise, maxKeys: o.MaxKeysPerReport, logger: o.Logger,
+		config: o.Config, advertise: advertise, maxKeys: o.MaxKeysPerPage, maxBytes: o.MaxReportBytes, logger: o.Logger,
 	}, time.Now())
 	if err != nil {
 		ep.Close()

@@ -111,7 +111,7 @@ func FuzzAllocatorSync(f *testing.F) {
 	d, err := StartDaemon(context.Background(), DaemonOptions{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(f), Prefix: "/fuzz",
 		SessionTTL: 60 * time.Second, Config: StaticConfig{C: cfg}, DrainTimeout: 2 * time.Second,
-		MaxKeysPerReport: 64, Logger: slog.New(slog.DiscardHandler),
+		MaxKeysPerPage: 64, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		f.Fatal(err)

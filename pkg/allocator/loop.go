@@ -55,8 +55,10 @@ func (s *Service) step(now time.Time) {
 	defer s.mu.Unlock()
 	s.applyConfigLocked(now)
 	if ok, _ := s.leaderAt(now); !ok {
+		s.pages.clear()
 		return
 	}
+	s.pages.dropStale(now, s.timing.validity)
 	s.ensureLearningLocked(now)
 	start := time.Now()
 	s.alloc.Allocate(now)

@@ -26,10 +26,10 @@ tiers:
 default_tier: free
 `
 
-// TestIdleKeysForgotten: a region reports 200,000 distinct keys once; two
-// grant validities and two epochs later (now advanced) the leader has
-// forgotten them all, in its own map and in the allocator, and the memory
-// they took is back.
+// TestIdleKeysForgotten: a region reports 200,000 distinct keys once, in
+// pages of DefaultMaxKeysPerPage; two grant validities and two epochs
+// later (now advanced) the leader has forgotten them all, in its own map
+// and in the allocator, and the memory they and the pages took is back.
 func TestIdleKeysForgotten(t *testing.T) {
 	n := 200_000
 	if testing.Short() {
@@ -44,19 +44,18 @@ func TestIdleKeysForgotten(t *testing.T) {
 		t.Fatal("promote refused")
 	}
 	base := memtest.HeapAlloc()
-	seq := uint64(1)
-	for from := 0; from < n; from += DefaultMaxKeysPerReport {
-		rep := &sluicev1.RegionReport{Region: "a", Seq: seq}
-		seq++
-		for i := from; i < min(from+DefaultMaxKeysPerReport, n); i++ {
-			rep.Keys = append(rep.Keys, &sluicev1.KeyDemand{
-				Key: &sluicev1.QuotaKey{Tenant: fmt.Sprintf("t%07d", i), Class: "write"}, Admitted: 1, WindowMs: 100,
-			})
-		}
-		if _, err := s.Sync(t.Context(), rep); err != nil {
+	rep := &sluicev1.RegionReport{Region: "a", Seq: 1}
+	for i := range n {
+		rep.Keys = append(rep.Keys, &sluicev1.KeyDemand{
+			Key: &sluicev1.QuotaKey{Tenant: fmt.Sprintf("t%07d", i), Class: "write"}, Admitted: 1, WindowMs: 100,
+		})
+	}
+	for _, p := range splitReport(rep, DefaultMaxKeysPerPage) {
+		if _, err := s.SyncPage(t.Context(), p); err != nil {
 			t.Fatal(err)
 		}
 	}
+	rep = nil
 	if got := s.trackedKeys(); got != n {
 		t.Fatalf("tracking %d keys after the reports, want %d", got, n)
 	}

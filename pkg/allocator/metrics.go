@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 		}, []string{"region"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_global_reports_total",
-			Help: "Region reports by result: ok, invalid, not_leader, stale or error.",
+			Help: "Region reports by result: ok, invalid, not_leader, stale or error; pages of paged reports also by page (taken, not the last) or page_out_of_order (refused: the region sends its report again from page 0).",
 		}, []string{"region", "result"}),
 		nudges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_global_nudges_total",
@@ -82,6 +82,11 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 					}
 				}
 				return float64(n)
+			}),
+			gauge("sluice_global_report_pages_bytes", "Wire bytes of the pages of paged region reports this replica holds until their last page arrives.", func() float64 {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return float64(s.pages.heldBytes())
 			}),
 			gauge("sluice_global_keys", "Keys the allocator tracks: named by a report or an answer within two grant validities and two epochs.", func() float64 {
 				return float64(s.trackedKeys())

@@ -57,8 +57,15 @@ type StaticConfig struct{ C *config.Config }
 func (s StaticConfig) Current() *config.Config { return s.C }
 
 const (
-	// DefaultMaxKeysPerReport bounds the keys in one RegionReport.
-	DefaultMaxKeysPerReport = regionsync.DefaultMaxKeys
+	// DefaultMaxKeysPerPage bounds the keys of one RegionReport message:
+	// a whole report, or one page of a report split into pages (a report
+	// has no bound on its keys, see SyncPage). An answer's pages hold as
+	// many grants at most.
+	DefaultMaxKeysPerPage = regionsync.DefaultMaxKeys
+	// DefaultMaxKeysPerReport is DefaultMaxKeysPerPage.
+	//
+	// Deprecated: the bound is per message (page); use DefaultMaxKeysPerPage.
+	DefaultMaxKeysPerReport = DefaultMaxKeysPerPage
 	// DefaultStatusKeys is how many keys Status lists when asked for 0.
 	DefaultStatusKeys = 10
 	// MaxStatusKeys is the most keys Status lists.
@@ -69,7 +76,8 @@ const (
 type serviceOptions struct {
 	config    ConfigSource // required
 	advertise string       // this replica's advertised gRPC address
-	maxKeys   int          // default DefaultMaxKeysPerReport
+	maxKeys   int          // keys per message (page); default DefaultMaxKeysPerPage
+	maxBytes  int          // bytes of pages held per region; default DefaultMaxReportBytes
 	logger    *slog.Logger // default slog.Default()
 }
 
@@ -99,11 +107,12 @@ type leadState struct {
 type Service struct {
 	sluicev1.UnimplementedAllocatorServiceServer
 
-	src       ConfigSource
-	advertise string
-	maxKeys   int
-	log       *slog.Logger
-	m         *metrics // set once by the daemon before serving; nil means none
+	src            ConfigSource
+	advertise      string
+	maxKeys        int // keys per message (page)
+	maxReportBytes int // bytes of pages held per region
+	log            *slog.Logger
+	m              *metrics // set once by the daemon before serving; nil means none
 
 	// mu serializes everything that touches the allocator, so a Sync's
 	// SetLimit calls and its Report are one step, and the allocator can
@@ -132,6 +141,10 @@ type Service struct {
 
 	// hub delivers nudges to the regions' Watch streams (watch.go).
 	hub nudgeHub
+
+	// pages holds the paged reports in progress and their answers
+	// (pages.go). Guarded by mu.
+	pages pageBook
 }
 
 func newService(o serviceOptions, now time.Time) (*Service, error) {
@@ -143,10 +156,16 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 		return nil, errors.New("allocator: the ConfigSource has no config")
 	}
 	if o.maxKeys == 0 {
-		o.maxKeys = DefaultMaxKeysPerReport
+		o.maxKeys = DefaultMaxKeysPerPage
 	}
 	if o.maxKeys < 0 {
-		return nil, fmt.Errorf("allocator: max keys per report %d is negative", o.maxKeys)
+		return nil, fmt.Errorf("allocator: max keys per page %d is negative", o.maxKeys)
+	}
+	if o.maxBytes == 0 {
+		o.maxBytes = DefaultMaxReportBytes
+	}
+	if o.maxBytes < 0 {
+		return nil, fmt.Errorf("allocator: max report bytes %d is negative", o.maxBytes)
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
@@ -157,18 +176,19 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
 	return &Service{
-		src:        o.config,
-		advertise:  o.advertise,
-		maxKeys:    o.maxKeys,
-		log:        o.logger,
-		alloc:      a,
-		applied:    cfg,
-		appliedRev: revisionOf(o.config, cfg),
-		timing:     timing{epoch: opts.Epoch, validity: opts.Validity, alpha: opts.DemandAlpha, regionLease: opts.RegionLease},
-		keys:       make(map[quota.Key]time.Time),
-		lastReport: make(map[string]time.Time),
-		conf:       regionsync.NewConfirmations(),
-		held:       map[int64]*config.Config{revisionOf(o.config, cfg): cfg},
+		src:            o.config,
+		advertise:      o.advertise,
+		maxKeys:        o.maxKeys,
+		maxReportBytes: o.maxBytes,
+		log:            o.logger,
+		alloc:          a,
+		applied:        cfg,
+		appliedRev:     revisionOf(o.config, cfg),
+		timing:         timing{epoch: opts.Epoch, validity: opts.Validity, alpha: opts.DemandAlpha, regionLease: opts.RegionLease},
+		keys:           make(map[quota.Key]time.Time),
+		lastReport:     make(map[string]time.Time),
+		conf:           regionsync.NewConfirmations(),
+		held:           map[int64]*config.Config{revisionOf(o.config, cfg): cfg},
 	}, nil
 }
 
@@ -489,6 +509,7 @@ func (s *Service) promote(term uint64, deadline time.Time, lapsed []string) bool
 	s.stored = slices.Clone(lapsed)
 	s.alloc.BecomeLeader(now, lapsed...)
 	clear(s.lastReport)
+	s.pages.clear()
 	// What regions reported to an earlier term may predate confirmations
 	// another leader issued since.
 	s.conf = regionsync.NewConfirmations()
@@ -582,12 +603,23 @@ func NotLeaderAddr(err error) (addr string, ok bool) {
 	return addr, true
 }
 
-// Sync ingests one region report and answers with its grants.
+// Sync ingests one region report and answers with its grants. A report
+// split into pages goes to SyncPage (pages.go).
 func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	if req.GetPages() > 1 || req.GetAnswerPage() > 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "allocator: sync: page %d of %d pages (answer_page %d): the pages of a report go to SyncPage",
+			req.GetPage(), req.GetPages(), req.GetAnswerPage())
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	s.applyConfigLocked(now)
+	return s.syncWholeLocked(now, req)
+}
+
+// syncWholeLocked answers a report that is one message. s.mu is held and
+// the config applied.
+func (s *Service) syncWholeLocked(now time.Time, req *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
 	cfg := s.applied
 	label := regionLabel(cfg, req.GetRegion())
 	rep, limits, err := regionsync.DecodeReport(cfg, req, s.maxKeys)
@@ -595,6 +627,15 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 		s.m.report(label, "invalid")
 		return nil, status.Error(codes.InvalidArgument, "allocator: sync: "+err.Error())
 	}
+	return s.reportLocked(now, label, rep, limits, req.GetConfigRevisions())
+}
+
+// reportLocked runs one whole decoded report (one message, or the pages
+// of one seq assembled) through the allocator and answers with all its
+// grants. s.mu is held and the config applied; rep and limits were
+// decoded under s.applied.
+func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report, limits []hierarchy.KeyLimit, revisions []int64) (*sluicev1.RegionGrants, error) {
+	cfg := s.applied
 	if ok, addr := s.leaderAt(now); !ok {
 		s.m.report(label, "not_leader")
 		return nil, notLeaderError(addr)
@@ -608,7 +649,7 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 	}
 	s.ensureLearningLocked(now)
 	before, beforeKnown := s.conf.Confirm(configRegions(cfg))
-	if s.conf.Observe(rep.Region, req.GetConfigRevisions()) {
+	if s.conf.Observe(rep.Region, revisions) {
 		if after, known := s.conf.Confirm(configRegions(cfg)); after != before || known != beforeKnown {
 			s.log.Info("config revision confirmed to the regions", "revision", after)
 		}
