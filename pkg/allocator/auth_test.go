@@ -104,6 +104,20 @@ func TestCallersOnlyDoWhatTheirRoleAllows(t *testing.T) {
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `needs role "region:b"`) {
 		t.Fatalf("region a reporting for b: %v, want PermissionDenied naming region:b", err)
 	}
+	// A page of a paged report, or a request for a page of its answer,
+	// is scoped the same way.
+	for _, p := range []*sluicev1.RegionReport{
+		{Region: "b", Seq: 1, Page: 0, Pages: 2, Keys: []*sluicev1.KeyDemand{demand("acme", 1000)}},
+		{Region: "b", Seq: 1, AnswerPage: 1},
+	} {
+		_, err = a.SyncPage(rpcCtx(t), p)
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `needs role "region:b"`) {
+			t.Fatalf("region a sending b's page %v: %v, want PermissionDenied naming region:b", p, err)
+		}
+	}
+	if _, err := a.SyncPage(rpcCtx(t), &sluicev1.RegionReport{Region: "a", Seq: 2, Pages: 2, Keys: []*sluicev1.KeyDemand{demand("acme", 10)}}); err != nil {
+		t.Fatalf("region a's own page: %v", err)
+	}
 	op := dialAs(t, dir, d.GRPCAddr(), "operator")
 	st, err := op.Status(rpcCtx(t), &sluicev1.StatusRequest{})
 	if err != nil {
