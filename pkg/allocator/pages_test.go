@@ -320,7 +320,10 @@ func TestPagedReportSurvivesFailover(t *testing.T) {
 	}
 	defer c.Close()
 	c.SetPageKeys(2)
-	ans, err := c.Sync(callCtx(t), &sluicev1.RegionReport{Region: "a", Seq: 2, Keys: heldKeys(5)})
+	// Long enough for the stop and the election the interceptor waits for.
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	ans, err := c.Sync(ctx, &sluicev1.RegionReport{Region: "a", Seq: 2, Keys: heldKeys(5)})
 	if err != nil {
 		t.Fatalf("paged report across the failover: %v", err)
 	}
@@ -330,7 +333,7 @@ func TestPagedReportSurvivesFailover(t *testing.T) {
 	if len(ans.Grants) != 5 || ans.Seq != 2 || !ans.Learning {
 		t.Fatalf("answer from the new leader: %d grants, seq %d, learning %v; want 5, 2, true", len(ans.Grants), ans.Seq, ans.Learning)
 	}
-	if !tracked(third, 4) || tracked(third, 0) == false {
+	if !tracked(third, 0) || !tracked(third, 4) {
 		t.Fatal("the new leader does not track the report's keys")
 	}
 }
