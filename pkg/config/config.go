@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // ErrInvalidConfig is wrapped by every error that means "this config must
@@ -106,6 +108,19 @@ type Config struct {
 	//   - Rule: at least 2 × grant_validity, at most 48h
 	//   - Example: 5m
 	RegionLease Duration `yaml:"region_lease,omitempty"`
+	// GlobalShards is how many allocator shards the global tier runs: each
+	// owns a range of the key hash space (pkg/shard) with its own election
+	// and leader, and each region reports every key to its owner. A change
+	// is made before it breaks: every shard only re-issues what regions
+	// hold until every region runs the new count and one grant validity
+	// has passed (docs/architecture.md, The sharded global tier). Start a
+	// shard's replicas before raising the count to include it.
+	//
+	//   - Unit: allocator shards
+	//   - Default: 1
+	//   - Rule: 1..256 (shard.MaxShards)
+	//   - Example: 4
+	GlobalShards int64 `yaml:"global_shards,omitempty"`
 	// Regions maps each region's name to its share of every key's global
 	// rate. List every region that runs a regional service.
 	//
@@ -586,4 +601,15 @@ func (c *Config) Marshal() ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// ShardMap is the global tier's shard map under c: global_shards ranges of
+// the key hash space (one when left out or invalid; Validate refuses an
+// invalid count).
+func (c *Config) ShardMap() shard.Map {
+	m, err := shard.New(int(c.GlobalShards))
+	if c.GlobalShards == 0 || err != nil {
+		return shard.Map{}
+	}
+	return m
 }

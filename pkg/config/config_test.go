@@ -378,6 +378,8 @@ func TestValidateRules(t *testing.T) {
 		{"region lease negative", func(c *Config) { c.RegionLease = Duration(-time.Minute) }, "region_lease: must be > 0, got -1m0s"},
 		{"region lease above two days", func(c *Config) { c.RegionLease = Duration(49 * time.Hour) },
 			"region_lease: must be at most 48h0m0s, got 49h0m0s"},
+		{"global shards above the bound", func(c *Config) { c.GlobalShards = 257 }, "global_shards: must be in 1..256, got 257"},
+		{"global shards negative", func(c *Config) { c.GlobalShards = -1 }, "global_shards: must be in 1..256, got -1"},
 		{"partition share above 1", func(c *Config) {
 			setClass(c, "export", Class{Mode: ModeStrict, OnFailure: OnFailureClosed, Reclaim: ReclaimNone, PartitionShare: ptr(1.5)})
 		}, "classes.export.partition_share: must be in [0, 1] (a fraction of the static share), got 1.5"},

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 const (
@@ -134,6 +135,9 @@ func (c *Config) validateDurations(p *problems) {
 		p.add("region_lease", "must be at least 2 × grant_validity (%v), got %v", 2*validity, regionLease)
 	case regionLease > MaxRegionLease:
 		p.add("region_lease", "must be at most %v, got %v", MaxRegionLease, regionLease)
+	}
+	if n := c.GlobalShards; n != 0 && (n < 1 || n > shard.MaxShards) {
+		p.add("global_shards", "must be in 1..%d, got %d", shard.MaxShards, n)
 	}
 }
 

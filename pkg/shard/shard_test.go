@@ -1,0 +1,109 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// The hash is part of the wire contract between regions and shards: a
+// change would send keys to shards that refuse them.
+func TestHashIsPinned(t *testing.T) {
+	got := fmt.Sprintf("%#x %#x %#x", Hash(quota.Key{Tenant: "acme", Class: "write"}),
+		Hash(quota.Key{Tenant: "a", Class: "bc"}), Hash(quota.Key{Tenant: "ab", Class: "c"}))
+	const want = "0x663a905b17a39c40 0x79da3d653c671ba8 0x7f7664c711b06b0"
+	if got != want {
+		t.Fatalf("hashes = %s, want %s", got, want)
+	}
+}
+
+func TestOneShardOwnsEverything(t *testing.T) {
+	for _, m := range []Map{{}, mustNew(t, 1)} {
+		for i := range 1000 {
+			k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "write"}
+			if m.Of(k) != 0 || m.N() != 1 {
+				t.Fatalf("%v: key %v owned by %d", m, k, m.Of(k))
+			}
+		}
+	}
+}
+
+func TestRangesCoverTheHashSpaceEvenly(t *testing.T) {
+	for _, n := range []int{2, 3, 4, 7, MaxShards} {
+		m := mustNew(t, n)
+		if m.OfHash(0) != 0 || m.OfHash(math.MaxUint64) != n-1 {
+			t.Fatalf("%d shards: ends owned by %d and %d", n, m.OfHash(0), m.OfHash(math.MaxUint64))
+		}
+		// Ranges are contiguous: the owner never decreases along the space.
+		prev := 0
+		for i := range uint64(4096) {
+			o := m.OfHash(i * (math.MaxUint64 / 4096))
+			if o < prev || o >= n {
+				t.Fatalf("%d shards: owner %d after %d", n, o, prev)
+			}
+			prev = o
+		}
+		counts := make([]int, n)
+		const keys = 200000
+		for i := range keys {
+			counts[m.Of(quota.Key{Tenant: fmt.Sprintf("tenant-%d", i), Class: "read"})]++
+		}
+		for i, c := range counts {
+			want := float64(keys) / float64(n)
+			if math.Abs(float64(c)-want) > 6*math.Sqrt(want)+1 {
+				t.Fatalf("%d shards: shard %d owns %d keys, want about %.0f", n, i, c, want)
+			}
+		}
+	}
+}
+
+func TestBadCountsAreRefused(t *testing.T) {
+	for _, n := range []int{0, -1, MaxShards + 1} {
+		_, err := New(n)
+		if !errors.Is(err, quota.ErrInvalid) {
+			t.Fatalf("New(%d) = %v, want ErrInvalid", n, err)
+		}
+	}
+}
+
+func TestNames(t *testing.T) {
+	if ElectionName(0) != "global" || LapsedName(0) != "lapsed" {
+		t.Fatal("shard 0 must keep the unsharded global tier's names")
+	}
+	if ElectionName(3) != "global-shard-3" || LapsedName(3) != "lapsed-shard-3" {
+		t.Fatalf("shard 3: %s %s", ElectionName(3), LapsedName(3))
+	}
+}
+
+func TestSplitKeepsOrder(t *testing.T) {
+	m := mustNew(t, 3)
+	var keys []quota.Key
+	for i := range 50 {
+		keys = append(keys, quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "c"})
+	}
+	parts := m.Split(keys)
+	seen := 0
+	for i, p := range parts {
+		for j, x := range p {
+			if m.Of(keys[x]) != i || (j > 0 && p[j-1] >= x) {
+				t.Fatalf("part %d: %v", i, p)
+			}
+			seen++
+		}
+	}
+	if seen != len(keys) {
+		t.Fatalf("split %d keys into %d", len(keys), seen)
+	}
+}
+
+func mustNew(t *testing.T, n int) Map {
+	t.Helper()
+	m, err := New(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
