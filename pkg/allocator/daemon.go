@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/rpcauth"
 	"github.com/sluicehq/sluice/pkg/rpcguard"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 const (
@@ -69,6 +70,13 @@ type DaemonOptions struct {
 	// default DefaultSessionTTL; whole seconds, at least 1s. etcd may
 	// raise it to its minimum lease TTL.
 	SessionTTL time.Duration
+	// Shard is the allocator shard this replica serves (pkg/shard), in
+	// 0..shard.MaxShards-1. Optional, default 0: with global_shards 1
+	// (the default) shard 0 is the whole global tier. Shard 0 campaigns
+	// under <prefix>/election/global and keeps <prefix>/global/lapsed;
+	// shard I > 0 under <prefix>/election/global-shard-I and
+	// <prefix>/global/lapsed-shard-I.
+	Shard int
 	// Config is the live config. Required. The replica campaigns at once,
 	// so give it a source that already serves the config etcd holds
 	// (cmd/global waits for its configstore.Watcher to load it first).
@@ -185,6 +193,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if o.SessionTTL < time.Second || o.SessionTTL%time.Second != 0 {
 		return nil, fmt.Errorf("allocator: SessionTTL %v must be whole seconds, at least 1s", o.SessionTTL)
 	}
+	if o.Shard < 0 || o.Shard >= shard.MaxShards {
+		return nil, fmt.Errorf("allocator: Shard %d must be in 0..%d", o.Shard, shard.MaxShards-1)
+	}
 	if o.DrainTimeout < 0 {
 		return nil, fmt.Errorf("allocator: DrainTimeout %v is negative", o.DrainTimeout)
 	}
@@ -238,6 +249,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		ep.Close()
 		return nil, err
 	}
+	svc.sh.index = o.Shard
 	newMetrics(ep.Registry, svc)
 	d.Service = svc
 
@@ -249,7 +261,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 
 	store := configstore.NewStore(o.Etcd, o.Prefix)
 	d.elector = &elector{
-		cli: o.Etcd, pfx: store.ElectionPrefix() + "global", lapsedKey: LapsedKey(store.Prefix()),
+		cli: o.Etcd, pfx: store.ElectionPrefix() + shard.ElectionName(o.Shard), lapsedKey: LapsedKeyOf(store.Prefix(), o.Shard),
 		addr: advertise, ttl: o.SessionTTL, svc: svc, log: o.Logger,
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -266,7 +278,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		d.elector.run(elecCtx)
 	}()
 	o.Logger.Info("global allocator started", "grpc", d.GRPCAddr(), "http", d.HTTPAddr(),
-		"advertise", advertise, "election", d.elector.pfx, "session_ttl", o.SessionTTL)
+		"advertise", advertise, "shard", o.Shard, "election", d.elector.pfx, "session_ttl", o.SessionTTL)
 	return d, nil
 }
 

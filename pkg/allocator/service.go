@@ -142,6 +142,10 @@ type Service struct {
 	// hub delivers nudges to the regions' Watch streams (watch.go).
 	hub nudgeHub
 
+	// sh is this replica's shard and the shard map's changes (shard.go).
+	// Guarded by mu.
+	sh shardState
+
 	// pages holds the paged reports in progress and their answers
 	// (pages.go). Guarded by mu.
 	pages pageBook
@@ -465,9 +469,10 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// ensureLearningLocked keeps the allocator learning until learnFloor.
-// s.mu is held.
+// ensureLearningLocked keeps the allocator learning until learnFloor,
+// which keys moving between shards extend (shard.go). s.mu is held.
 func (s *Service) ensureLearningLocked(now time.Time) {
+	s.reshardLearningLocked(now)
 	if now.Before(s.learnFloor) && !s.alloc.Learning(now) {
 		s.alloc.BecomeLeader(now, s.lapsedSetLocked()...)
 	}
@@ -640,6 +645,11 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 		s.m.report(label, "not_leader")
 		return nil, notLeaderError(addr)
 	}
+	// A key another shard owns is refused before it touches anything.
+	if err := s.ownedLocked(rep); err != nil {
+		s.m.report(label, "invalid")
+		return nil, err
+	}
 	// A stale report is refused before it touches anything: the limits,
 	// tracked keys and observed config revisions below outlive a refusal.
 	if last, ok := s.alloc.LastSeq(rep.Region); ok && rep.Seq < last {
@@ -660,6 +670,8 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 			// key's static shares in line.
 			s.setLimitsLocked()
 		}
+		// A region running an older shard map keeps this shard learning.
+		s.ensureLearningLocked(now)
 	}
 	for i := range rep.Keys {
 		limits[i].FloorShare = cfg.PartitionShareOf(rep.Keys[i].Key.Class)
