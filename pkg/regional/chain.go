@@ -52,12 +52,14 @@ func (s *Server) reportedChain() []int64 {
 	return revs
 }
 
-// confirm applies a revision the global tier confirmed.
+// confirm applies a revision the global tier confirmed. A shard map the
+// chain drops starts its retention at once (shardMaps).
 func (s *Server) confirm(rev int64) {
 	s.chainMu.Lock()
-	defer s.chainMu.Unlock()
 	c := s.chain.Load().Confirm(rev)
 	s.chain.Store(&c)
+	s.chainMu.Unlock()
+	s.shardMaps()
 }
 
 // answered applies the global tier's answer to the chain and stores its
@@ -67,6 +69,7 @@ func (s *Server) answered(ctx context.Context, g *sluicev1.RegionGrants) {
 	c := s.chain.Load().Answered(g)
 	s.chain.Store(&c)
 	s.chainMu.Unlock()
+	s.shardMaps()
 	if g.GetConfirmedKnown() {
 		if err := s.opts.Redis.Set(ctx, s.confirmedKey(), g.GetConfirmedRevision(), 0).Err(); err != nil {
 			s.log.Warn("storing the confirmed config revision failed; other replicas keep the smaller static shares", "err", err)

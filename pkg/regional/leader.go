@@ -42,8 +42,15 @@ type LeaderOptions struct {
 	// ElectionPrefix is where election keys live (configstore.Store's
 	// ElectionPrefix, "<prefix>/election/"). Required.
 	ElectionPrefix string
-	// Global is the global tier. Required.
+	// Global is the global tier. Required; with Shards set it is only
+	// checked, Shards(0) serves shard 0.
 	Global GlobalTier
+	// Shards, optional, is each global-tier shard's tier (an
+	// allocator.Client per shard), called with 0..global_shards-1 of the
+	// config the region runs. Without it Global is shard 0 and a config
+	// with more shards leaves the others' keys unreported (on their floor
+	// once those shards' static leases end).
+	Shards func(shard int) (GlobalTier, error)
 	// Identity is this replica's value in the election (its address).
 	// Required.
 	Identity string
@@ -71,6 +78,9 @@ type Leader struct {
 	leading chan bool
 	// isLeading is set while this replica leads its region.
 	isLeading atomic.Bool
+	// leases is the region's static lease from each global-tier shard as
+	// this leadership knows it (shards.go). Only Run's goroutine uses it.
+	leases regionsync.ShardLeases
 }
 
 // NewLeader prepares the region leader loop of s.
@@ -123,6 +133,7 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	// A new leader starts its demand baseline afresh: the first report of
 	// a key after a leader change carries no admitted/denied counts.
 	l.sync.Elected()
+	l.leases = nil
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		el.Resign(rctx)
@@ -134,18 +145,10 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	// Nudges from the global leader start a round between epochs, at most
 	// one per regionsync.NudgeSpacing (a nudge sooner waits for it).
 	nudges := make(chan struct{}, 1)
-	if n, ok := l.opts.Global.(Nudger); ok {
+	{
 		wctx, stopWatch := context.WithCancel(ctx)
 		watching := make(chan struct{})
-		go func() {
-			defer close(watching)
-			n.Watch(wctx, l.s.opts.Region, epoch/2, func() {
-				select {
-				case nudges <- struct{}{}:
-				default: // one is pending already
-				}
-			})
-		}()
+		go func() { defer close(watching); l.watchShards(wctx, epoch/2, nudges) }()
 		defer func() { stopWatch(); <-watching }()
 	}
 	// Between epochs the leader watches its contended keys for demand
@@ -285,12 +288,10 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 	defer cancel()
 	// Redis TIME and the stored static lease in one round trip: a new
 	// leader takes over its predecessor's lease before its first report.
-	stored, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix)
+	clock, err := l.loadStatic(ctx)
 	if err != nil {
 		return regionsync.Answer{}, err
 	}
-	l.sync.Load(stored)
-	s.noteStatic(l.sync.Static(), clock)
 	sendUS := clock.RedisUS
 	keys, err := l.candidates(ctx, sendUS, epoch, kind)
 	if err != nil {
@@ -305,87 +306,7 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 	// confirmation passes it.
 	report.ConfigRevisions = s.reportedChain()
 	s.metrics.reports.WithLabelValues(kind.String()).Inc()
-	grants, err := l.opts.Global.Sync(ctx, report)
-	if err != nil {
-		return regionsync.Answer{}, fmt.Errorf("global sync: %w", err)
-	}
-	select {
-	case <-lost:
-		return regionsync.Answer{}, errors.New("leadership lost before the grants were installed")
-	default:
-	}
-	s.answered(ctx, grants)
-	l.staticAnswered(ctx, grants, sendUS)
-	return l.install(ctx, cfg, grants, plans, held, sendUS)
-}
-
-// staticAnswered applies the static lease the answer confers and stores
-// it for the region's replicas and the next leader.
-func (l *Leader) staticAnswered(ctx context.Context, g *sluicev1.RegionGrants, sendUS int64) {
-	grew, err := l.sync.StaticAnswered(g, sendUS)
-	if err != nil {
-		l.s.log.Warn("global tier sent an invalid static lease; ignored", "err", err)
-	}
-	if grew {
-		l.storeStatic(ctx)
-	}
-}
-
-// storeStatic publishes the leader's static lease to this process's
-// replica view and to the region's Redis (never lowering it there). A
-// failed write leaves the other replicas on what they read before: at
-// worst their floor.
-func (l *Leader) storeStatic(ctx context.Context) {
-	lease := l.sync.Static()
-	l.s.noteStatic(lease, regionsync.RedisClock{})
-	if err := storeStatic(ctx, l.s.opts.Redis, l.s.opts.Prefix, lease); err != nil {
-		l.s.log.Warn("storing the static lease failed; other replicas may run on their floor until the next answer", "err", err)
-	}
-}
-
-// globalElection is where the global allocator replicas campaign
-// (pkg/allocator's elector: the store's election prefix + "global", its
-// candidates' keys under it + "/").
-func (l *Leader) globalElection() string { return l.opts.ElectionPrefix + "global/" }
-
-// NoGlobalLeader applies the etcd rule of the static lease: it reads,
-// linearizably, whether any global allocator replica holds an election key,
-// between two readings of Redis TIME; when none does, regionsync may extend
-// a still running static lease (regionsync.StaticLease.NoGlobalLeader). The
-// leader calls it after a failed sync: when the global tier is down rather
-// than cut off, the region keeps its static shares. It reports whether the
-// lease grew.
-func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
-	s := l.s
-	cfg := s.opts.Config.Current()
-	// However long the reads take, the extension counts from before the
-	// etcd read and needs the lease still running after it.
-	ctx, cancel := context.WithTimeout(ctx, max(time.Duration(cfg.Epoch), s.opts.RedisTimeout))
-	defer cancel()
-	stored, from, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix)
-	if err != nil {
-		return false, err
-	}
-	l.sync.Load(stored)
-	s.noteStatic(l.sync.Static(), from)
-	resp, err := l.opts.Etcd.Get(ctx, l.globalElection(), clientv3.WithPrefix(), clientv3.WithCountOnly())
-	if err != nil {
-		return false, fmt.Errorf("etcd: read the global election: %w", err)
-	}
-	if resp.Count > 0 {
-		return false, nil
-	}
-	to, err := s.opts.Redis.Time(ctx).Result()
-	if err != nil {
-		return false, fmt.Errorf("redis time: %w", err)
-	}
-	if !l.sync.NoGlobalLeader(from.RedisUS, to.UnixMicro(), time.Duration(cfg.RegionLease)) {
-		return false, nil
-	}
-	s.log.Info("no global leader elected: static lease extended", "region", s.opts.Region,
-		"static_valid", time.Duration(l.sync.Static().ValidMs(to.UnixMicro()))*time.Millisecond)
-	l.storeStatic(ctx)
-	return true, nil
+	return l.syncShards(ctx, lost, cfg, report, plans, held, sendUS)
 }
 
 // buildReport reads the keys' states at nowUS and has regionsync build the

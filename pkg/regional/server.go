@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional/reply"
 	"github.com/sluicehq/sluice/pkg/regionsync"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // ConfigSource hands out the live config. configstore.Watcher implements it;
@@ -101,6 +102,14 @@ type Server struct {
 	// staticMu serializes its updates.
 	static   atomic.Pointer[staticView]
 	staticMu sync.Mutex
+	// maps is the global tier's shard maps the replica's keys are leased
+	// under (shards.go); mapsMu serializes its updates and guards retired
+	// (dropped maps and until when they still count) and lastMaps (the
+	// chain's maps last seen).
+	maps     atomic.Pointer[mapsView]
+	mapsMu   sync.Mutex
+	retired  map[int]time.Time
+	lastMaps []shard.Map
 	active   *activeKeys
 	batch    *batcher
 	metrics  *metrics
@@ -212,7 +221,7 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		rate, burst, err = chain.Share(s.opts.Region, k, cfg, res)
 	} else {
 		v := s.static.Load()
-		rate, burst, err = chain.Leased(s.opts.Region, k, cfg, res, v.clock.Estimate(time.Now()), v.lease,
+		rate, burst, err = chain.Leased(s.opts.Region, k, cfg, res, v.clock.Estimate(time.Now()), s.keyLease(k, v),
 			regionsync.StaticMargin(time.Duration(cfg.Epoch)))
 	}
 	if err != nil {

@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,18 +14,29 @@ import (
 	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
-// The static lease on the region's side. The region leader holds it
-// (regionsync.Leader) and stores its end in the region's Redis under one
-// key; every replica reads that key and Redis TIME every quarter epoch and
-// hands its scripts, per key, the static share while its conservative
-// estimate of Redis time is before the lease's end (minus
-// regionsync.StaticMargin), else the floor (regionsync.Chain.Leased).
+// The static leases on the region's side, one per global-tier shard
+// (shards.go). The region leader holds them (regional.Leader's leases) and
+// stores each one's end in the region's Redis under its own key; every
+// replica reads those keys and Redis TIME every quarter epoch and hands its
+// scripts, per key, the static share while its conservative estimate of
+// Redis time is before the end of the key's lease (regionsync.KeyLease,
+// minus regionsync.StaticMargin), else the floor (regionsync.Chain.Leased).
 
-// staticKey holds the end of the region's static lease (Redis time, µs, a
-// decimal string); missing means none: the region runs on its floor. The
-// hash tag keeps it alone in its slot on Redis Cluster: no script that
-// touches a bucket ever names it.
+// staticKey holds the end of the region's static lease from global-tier
+// shard 0 (the whole global tier when it is not sharded) (Redis time, µs,
+// a decimal string); missing means none: the region runs that shard's keys
+// on their floor. The hash tag keeps it alone in its slot on Redis
+// Cluster: no script that touches a bucket ever names it.
 func staticKey(prefix string) string { return prefix + "{static}:lease" }
+
+// shardStaticKey holds the static lease from shard i: staticKey for shard
+// 0, staticKey + ":I" for the others (same slot).
+func shardStaticKey(prefix string, i int) string {
+	if i == 0 {
+		return staticKey(prefix)
+	}
+	return staticKey(prefix) + ":" + strconv.Itoa(i)
+}
 
 // raiseStatic sets the key to ARGV[1] unless it already holds a later end:
 // the lease only ever grows, so a deposed leader's late write is harmless.
@@ -38,68 +50,81 @@ end
 return 0
 `)
 
-// staticView is what a replica knows of the static lease: its end as last
-// read (or as this process's leader set it) and its latest Redis TIME
-// reading.
+// staticView is what a replica knows of the static leases: their ends as
+// last read (or as this process's leader set them), one per shard, and its
+// latest Redis TIME reading.
 type staticView struct {
-	lease regionsync.StaticLease
-	clock regionsync.RedisClock
+	leases regionsync.ShardLeases
+	clock  regionsync.RedisClock
 }
 
-// readStatic reads the stored lease end and Redis TIME in one round trip.
-// sent is the local time before the request (regionsync.RedisClock).
-func readStatic(ctx context.Context, rdb Redis, prefix string) (regionsync.StaticLease, regionsync.RedisClock, error) {
+// readStatic reads the stored lease ends of shards 0..n-1 and Redis TIME
+// in one round trip. sent is the local time before the request
+// (regionsync.RedisClock). A shard whose key does not hold a time counts
+// as holding none (its floor), and the first such error is returned with
+// the others' leases.
+func readStatic(ctx context.Context, rdb Redis, prefix string, n int) (regionsync.ShardLeases, regionsync.RedisClock, error) {
+	n = max(n, 1)
 	sent := time.Now()
 	var tcmd *redis.TimeCmd
-	var gcmd *redis.StringCmd
+	gcmds := make([]*redis.StringCmd, n)
 	// Each command's own error is checked below.
 	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		tcmd = p.Time(ctx)
-		gcmd = p.Get(ctx, staticKey(prefix))
+		for i := range gcmds {
+			gcmds[i] = p.Get(ctx, shardStaticKey(prefix, i))
+		}
 		return nil
 	})
 	now, err := tcmd.Result()
 	if err != nil {
-		return regionsync.StaticLease{}, regionsync.RedisClock{}, fmt.Errorf("redis time: %w", err)
+		return nil, regionsync.RedisClock{}, fmt.Errorf("redis time: %w", err)
 	}
 	clock := regionsync.RedisClock{RedisUS: now.UnixMicro(), Sent: sent}
-	v, err := gcmd.Result()
-	if errors.Is(err, redis.Nil) {
-		return regionsync.StaticLease{}, clock, nil
+	leases := make(regionsync.ShardLeases, n)
+	var firstErr error
+	for i, g := range gcmds {
+		v, err := g.Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			firstErr = cmp.Or(firstErr, fmt.Errorf("read %s: %w", shardStaticKey(prefix, i), err))
+			continue
+		}
+		until, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			// Not a lease the leader wrote: count it as none (the floor).
+			firstErr = cmp.Or(firstErr, fmt.Errorf("%s holds %q, not a time: %w", shardStaticKey(prefix, i), v, err))
+			continue
+		}
+		leases[i] = regionsync.StaticLease{UntilUS: until}
 	}
-	if err != nil {
-		return regionsync.StaticLease{}, clock, fmt.Errorf("read %s: %w", staticKey(prefix), err)
-	}
-	until, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		// Not a lease the leader wrote: count it as none (the floor).
-		return regionsync.StaticLease{}, clock, fmt.Errorf("%s holds %q, not a time: %w", staticKey(prefix), v, err)
-	}
-	return regionsync.StaticLease{UntilUS: until}, clock, nil
+	return leases, clock, firstErr
 }
 
-// storeStatic raises the stored lease end to s (never lowers it).
-func storeStatic(ctx context.Context, rdb Redis, prefix string, s regionsync.StaticLease) error {
-	return raiseStatic.Run(ctx, rdb, []string{staticKey(prefix)}, s.UntilUS).Err()
+// storeStatic raises shard i's stored lease end to s (never lowers it).
+func storeStatic(ctx context.Context, rdb Redis, prefix string, i int, s regionsync.StaticLease) error {
+	return raiseStatic.Run(ctx, rdb, []string{shardStaticKey(prefix, i)}, s.UntilUS).Err()
 }
 
-// noteStatic updates the replica's view: the lease only grows, the Redis
-// clock reading is replaced by a newer one (zero clock: kept).
-func (s *Server) noteStatic(lease regionsync.StaticLease, clock regionsync.RedisClock) {
+// noteStatic updates the replica's view: each shard's lease only grows,
+// the Redis clock reading is replaced by a newer one (zero clock: kept).
+func (s *Server) noteStatic(leases regionsync.ShardLeases, clock regionsync.RedisClock) {
 	s.staticMu.Lock()
 	defer s.staticMu.Unlock()
 	v := *s.static.Load()
-	v.lease = v.lease.Merge(lease)
+	v.leases = v.leases.Merge(leases)
 	if !clock.Sent.IsZero() && !clock.Sent.Before(v.clock.Sent) {
 		v.clock = clock
 	}
 	s.static.Store(&v)
 }
 
-// refreshStatic reads the stored lease and Redis TIME into the view.
+// refreshStatic reads the stored leases and Redis TIME into the view.
 func (s *Server) refreshStatic(ctx context.Context) error {
-	lease, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix)
-	s.noteStatic(lease, clock) // a failed read of the key still moves the clock
+	leases, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
+	s.noteStatic(leases, clock) // a failed read of a key still moves the clock
 	return err
 }
 
@@ -125,20 +150,28 @@ func (s *Server) followStatic(ctx context.Context) {
 	}
 }
 
-// onStatic says whether the replica hands its scripts static shares now,
-// and the lease's remaining time on its estimate of Redis time (for the
-// metrics; Server.common decides through regionsync.Chain.Leased).
+// onStatic says whether the replica hands its scripts static shares now
+// for the keys of every shard of the config it runs, and the least that
+// remains of those shards' leases on its estimate of Redis time (for the
+// metrics; Server.common decides per key through regionsync.KeyLease and
+// regionsync.Chain.Leased).
 func (s *Server) onStatic(now time.Time) (bool, time.Duration) {
 	if s.opts.Unleased {
 		return true, time.Duration(math.MaxInt64)
 	}
 	v := s.static.Load()
 	est := v.clock.Estimate(now)
-	epoch := time.Duration(s.opts.Config.Current().Epoch)
-	on := regionsync.OnStatic(est, v.lease, regionsync.StaticMargin(epoch))
-	left := time.Duration(0)
-	if est < v.lease.UntilUS {
-		left = time.Duration(v.lease.UntilUS-est) * time.Microsecond
+	cfg := s.opts.Config.Current()
+	epoch := time.Duration(cfg.Epoch)
+	on, left := true, time.Duration(math.MaxInt64)
+	for i := range cfg.ShardMap().N() {
+		lease := v.leases.Of(i)
+		on = on && regionsync.OnStatic(est, lease, regionsync.StaticMargin(epoch))
+		l := time.Duration(0)
+		if est < lease.UntilUS {
+			l = time.Duration(lease.UntilUS-est) * time.Microsecond
+		}
+		left = min(left, l)
 	}
 	return on, left
 }

@@ -1,0 +1,528 @@
+package regional_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/allocator"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// liveConfig is a config source with etcd-like revisions, shared by the
+// allocator shards and the regions, that a test changes while they run.
+type liveConfig struct {
+	mu  sync.Mutex
+	cfg *config.Config
+	rev int64
+}
+
+func (c *liveConfig) Current() *config.Config { cfg, _ := c.Live(); return cfg }
+
+func (c *liveConfig) Live() (*config.Config, int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cfg, c.rev
+}
+
+func (c *liveConfig) Revision() int64 { _, rev := c.Live(); return rev }
+
+func (c *liveConfig) set(cfg *config.Config) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cfg = cfg
+	c.rev++
+}
+
+func shardedConfig(t *testing.T, shards int) *config.Config {
+	t.Helper()
+	c, err := config.Parse(fmt.Appendf(nil, `
+epoch: 50ms
+grant_validity: 250ms
+region_lease: 2s
+lease_ttl: 1s
+refresh: 100ms
+global_shards: %d
+regions: {eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease, partition_share: 0.5}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`, shards))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// shardLink is one region's link to one shard: an allocator.Client over
+// the shard's replicas, recording what went each way.
+type shardLink struct {
+	shard int
+	rig   *shardRig
+	gc    *allocator.Client
+}
+
+func (l *shardLink) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	cfg := l.rig.src.Current()
+	for _, kd := range r.GetKeys() {
+		k := quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}
+		if o := cfg.ShardMap().Of(k); o != l.shard && !l.rig.resharding.Load() {
+			l.rig.fail("region %s sent %v to shard %d, owned by shard %d", r.GetRegion(), k, l.shard, o)
+		}
+	}
+	g, err := l.gc.Sync(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	l.rig.answered(l.shard, r.GetRegion(), g)
+	return g, nil
+}
+
+// shardRig: embedded etcd; allocator shards (shard 1 with two replicas);
+// regions eu and us, each its own redis-server, server and region leader
+// with one link per shard; an instance per region keeping demand on every
+// key, eu far above its static share, us well below.
+type shardRig struct {
+	t    *testing.T
+	src  *liveConfig
+	cli  *clientv3.Client
+	keys []quota.Key
+
+	mu       sync.Mutex
+	daemons  map[int][]*allocator.Daemon
+	granted  map[int]map[quota.Key]int // shard -> key -> grants answered
+	learning map[int]int               // shard -> answers given while learning
+	raised   map[int]map[quota.Key]int // shard -> key -> grants above eu's static share outside learning
+	applied  map[string]map[quota.Key]appliedGrant
+	failures []string
+
+	resharding atomic.Bool
+	phase      atomic.Value // string: what the test is doing, for failures
+	regions    map[string]*shardRegion
+}
+
+type appliedGrant struct {
+	rate, burst float64
+	expiryUS    int64
+}
+
+type shardRegion struct {
+	name string
+	rdb  *redis.Client
+	srv  *regional.Server
+}
+
+func (r *shardRig) fail(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.failures) < 20 {
+		r.failures = append(r.failures, fmt.Sprintf(format, args...))
+	}
+}
+
+func (r *shardRig) answered(shard int, region string, g *sluicev1.RegionGrants) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g.GetLearning() {
+		r.learning[shard]++
+	}
+	for _, kg := range g.GetGrants() {
+		k := quota.Key{Tenant: kg.GetKey().GetTenant(), Class: kg.GetKey().GetClass()}
+		if r.granted[shard] == nil {
+			r.granted[shard] = map[quota.Key]int{}
+			r.raised[shard] = map[quota.Key]int{}
+		}
+		r.granted[shard][k]++
+		if region == "eu" && !g.GetLearning() && kg.GetRate() > 60 {
+			r.raised[shard][k]++
+		}
+	}
+}
+
+func (r *shardRig) startShard(ctx context.Context, shard int) *allocator.Daemon {
+	r.t.Helper()
+	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: r.cli, Prefix: "/sh", SessionTTL: time.Second,
+		Shard: shard, Config: r.src,
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(d.Stop)
+	r.mu.Lock()
+	r.daemons[shard] = append(r.daemons[shard], d)
+	r.mu.Unlock()
+	return d
+}
+
+// link is region's allocator client for shard, over the replicas started
+// for it so far.
+func (r *shardRig) link(shard int) (regional.GlobalTier, error) {
+	r.mu.Lock()
+	var addrs []string
+	for _, d := range r.daemons[shard] {
+		addrs = append(addrs, d.GRPCAddr())
+	}
+	r.mu.Unlock()
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("no replica of shard %d", shard)
+	}
+	gc, err := allocator.NewClient(addrs, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	r.t.Cleanup(func() { gc.Close() })
+	return &shardLink{shard: shard, rig: r, gc: gc}, nil
+}
+
+func (r *shardRig) startRegion(ctx context.Context, name string) {
+	r.t.Helper()
+	rs := redistest.Start(r.t)
+	reg := &shardRegion{name: name, rdb: rs.Client()}
+	srv, err := regional.New(regional.Options{Region: name, Redis: reg.rdb, Config: r.src})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(srv.Close)
+	reg.srv = srv
+	links := map[int]regional.GlobalTier{}
+	var linksMu sync.Mutex
+	l, err := regional.NewLeader(srv, regional.LeaderOptions{
+		Etcd: r.cli, ElectionPrefix: "/sh/election/", Identity: name + "-1",
+		Global: &shardLink{}, // checked only; Shards serves every shard
+		Shards: func(shard int) (regional.GlobalTier, error) {
+			linksMu.Lock()
+			defer linksMu.Unlock()
+			if g, ok := links[shard]; ok {
+				return g, nil
+			}
+			g, err := r.link(shard)
+			if err == nil {
+				links[shard] = g
+			}
+			return g, err
+		},
+		OnApplied: func(k quota.Key, rate, burst float64, expiryUS int64) {
+			r.mu.Lock()
+			r.applied[name][k] = appliedGrant{rate, burst, expiryUS}
+			r.mu.Unlock()
+		},
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.mu.Lock()
+	r.applied[name] = map[quota.Key]appliedGrant{}
+	r.regions[name] = reg
+	r.mu.Unlock()
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(lctx) }()
+	r.t.Cleanup(func() { cancel(); <-done })
+}
+
+// demand keeps an instance of region on every key, reporting perKey
+// denied tokens every refresh: a demand of perKey/refresh per key.
+func (r *shardRig) demand(ctx context.Context, region string, perKey int64) {
+	reg := r.regions[region]
+	refresh := time.Duration(r.src.Current().Refresh)
+	go func() {
+		var seq uint64
+		var denied int64
+		t := time.NewTicker(refresh)
+		defer t.Stop()
+		for ctx.Err() == nil {
+			seq++
+			denied += perKey
+			req := &sluicev1.SyncRequest{InstanceId: region + "-app"}
+			for _, k := range r.keys {
+				req.Reports = append(req.Reports, &sluicev1.KeyReport{Key: qk(k.Tenant, k.Class), Seq: seq, Lease: 1,
+					Denied: denied, Want: 1})
+			}
+			if _, err := reg.srv.Sync(ctx, req); err != nil && ctx.Err() == nil {
+				r.fail("%s instance sync: %v", region, err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// checkpoint checks, for every key, that the rates and caps the regions
+// may use at one instant sum to at most the key's limit: a region's
+// applied grant while it is valid at that instant, else what its replica
+// hands its scripts (static share or floor, read just before). Every
+// region's redis-server runs on this machine's clock, so one TIME reading
+// is the instant for all.
+func (r *shardRig) checkpoint(ctx context.Context) {
+	type use struct {
+		rate, burst float64
+		note        string
+	}
+	statics := map[string]map[quota.Key]use{}
+	var rdb *redis.Client
+	for name, reg := range r.regions {
+		statics[name] = map[quota.Key]use{}
+		for _, k := range r.keys {
+			_, c, _, err := reg.srv.CommonFor(r.src.Current(), k)
+			if err != nil {
+				r.fail("%s: common %v: %v", name, k, err)
+				return
+			}
+			statics[name][k] = use{c.StaticRate, c.StaticBurst, "static"}
+		}
+		rdb = reg.rdb
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return
+	}
+	at := now.UnixMicro()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range r.keys {
+		var rate, burst float64
+		var uses []use
+		for name := range r.regions {
+			u := statics[name][k]
+			g, ok := r.applied[name][k]
+			if ok && at < g.expiryUS {
+				u = use{g.rate, g.burst, "grant"}
+			}
+			u.note = fmt.Sprintf("%s %s (last grant %+v)", name, u.note, g)
+			rate += u.rate
+			burst += u.burst
+			uses = append(uses, u)
+		}
+		if (rate > 100*(1+1e-9)+2e-6 || burst > 100*(1+1e-9)+2e-6) && len(r.failures) < 20 {
+			r.failures = append(r.failures, fmt.Sprintf("%s: key %v at %d: regions may use %.6f/s and a burst of %.6f (limit 100/s, 100): %v",
+				r.phase.Load(), k, at, rate, burst, uses))
+		}
+	}
+}
+
+func (r *shardRig) check() {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.failures) > 0 {
+		r.t.Fatalf("%d failures, first: %v", len(r.failures), r.failures)
+	}
+}
+
+// grantedBy is how many grants shard answered for k so far.
+func (r *shardRig) grantedBy(shard int, k quota.Key) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.granted[shard][k]
+}
+
+func (r *shardRig) waitFor(what string, limit time.Duration, cond func() bool) {
+	r.t.Helper()
+	for deadline := time.Now().Add(limit); !cond(); {
+		r.check()
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.check()
+}
+
+// TestShardedGlobalTier: three allocator shards on real embedded etcd and
+// two real regions (real redis-servers, real region leaders over
+// allocator.Client). Every key is reported to and granted by its owner
+// only; killing shard 1's leader pauses only shard 1's keys, its standby
+// takes over in learning mode and grants them again; raising the shard
+// count to 4 while the instances' demand runs moves keys between shards
+// without the regions ever being able to use more than a key's rate or
+// burst together (checked at checkpoints all along).
+func TestShardedGlobalTier(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	etcd := etcdtest.Start(t)
+	r := &shardRig{t: t, src: &liveConfig{}, cli: etcd.Client(t), daemons: map[int][]*allocator.Daemon{},
+		granted: map[int]map[quota.Key]int{}, learning: map[int]int{}, raised: map[int]map[quota.Key]int{}, applied: map[string]map[quota.Key]appliedGrant{},
+		regions: map[string]*shardRegion{}}
+	r.src.set(shardedConfig(t, 3))
+	for i := range 12 {
+		r.keys = append(r.keys, quota.Key{Tenant: fmt.Sprintf("tenant-%d", i), Class: "write"})
+	}
+	owners := map[int]int{}
+	for _, k := range r.keys {
+		owners[r.src.Current().ShardMap().Of(k)]++
+	}
+	for i := range 3 {
+		if owners[i] == 0 {
+			t.Fatalf("shard %d owns none of the test keys: %v", i, owners)
+		}
+	}
+	r.phase.Store("3 shards")
+	for i := range 3 {
+		r.startShard(ctx, i)
+	}
+	r.startShard(ctx, 1) // shard 1's standby
+	for _, name := range []string{"eu", "us"} {
+		r.startRegion(ctx, name)
+	}
+	r.demand(ctx, "eu", 40) // 400/s per key: far above eu's static 50/s
+	r.demand(ctx, "us", 1)  // 10/s per key
+	checking := make(chan struct{})
+	var checkpoints atomic.Int64
+	cctx, stopChecks := context.WithCancel(ctx)
+	go func() {
+		defer close(checking)
+		for cctx.Err() == nil {
+			r.checkpoint(cctx)
+			checkpoints.Add(1)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	defer func() { stopChecks(); <-checking }()
+
+	validity := time.Duration(r.src.Current().GrantValidity)
+	// Every key is granted by its owner, and no shard grants a key it
+	// does not own.
+	r.waitFor("every key granted by its owner", 40*validity, func() bool {
+		m := r.src.Current().ShardMap()
+		for _, k := range r.keys {
+			if r.grantedBy(m.Of(k), k) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	// eu holds more than its static share of every key (the checkpoints
+	// below check something).
+	r.waitFor("eu holds more than its static share of every key", 40*validity, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, k := range r.keys {
+			if r.applied["eu"][k].rate <= 60 {
+				return false
+			}
+		}
+		return true
+	})
+	r.mu.Lock()
+	for shard, keys := range r.granted {
+		for k := range keys {
+			if o := r.src.cfg.ShardMap().Of(k); o != shard {
+				t.Errorf("shard %d granted %v, owned by shard %d", shard, k, o)
+			}
+		}
+	}
+	r.mu.Unlock()
+
+	// Kill shard 1's leader: only its keys pause; its standby takes over
+	// in learning mode (fenced: it re-issues only what regions hold).
+	var leader *allocator.Daemon
+	r.waitFor("shard 1 elected a leader", 10*time.Second, func() bool {
+		for _, d := range r.daemons[1] {
+			if d.IsLeader() {
+				leader = d
+				return true
+			}
+		}
+		return false
+	})
+	r.mu.Lock()
+	learningBefore := r.learning[1]
+	r.mu.Unlock()
+	others := func() int {
+		n := 0
+		for _, k := range r.keys {
+			if o := r.src.Current().ShardMap().Of(k); o != 1 {
+				n += r.grantedBy(o, k)
+			}
+		}
+		return n
+	}
+	before := others()
+	r.phase.Store("shard 1's leader stopped")
+	leader.Stop()
+	r.waitFor("shard 1's standby leads", 10*time.Second, func() bool {
+		for _, d := range r.daemons[1] {
+			if d != leader && d.IsLeader() {
+				return true
+			}
+		}
+		return false
+	})
+	r.waitFor("shard 1's standby answers in learning mode", 20*validity, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.learning[1] > learningBefore
+	})
+	r.waitFor("shards 0 and 2 keep granting across shard 1's change of leader", 20*validity, func() bool { return others() > before })
+	shard1 := map[quota.Key]int{}
+	for _, k := range r.keys {
+		if r.src.Current().ShardMap().Of(k) == 1 {
+			shard1[k] = r.grantedBy(1, k)
+		}
+	}
+	r.waitFor("shard 1's keys granted again", 40*validity, func() bool {
+		for k, n := range shard1 {
+			if r.grantedBy(1, k) <= n {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Reshard 3 -> 4 while the demand runs: shard 3 starts first, then
+	// the config raises the count.
+	r.phase.Store("resharding")
+	r.startShard(ctx, 3)
+	r.resharding.Store(true)
+	r.src.set(shardedConfig(t, 4))
+	moved := 0
+	m4 := r.src.Current().ShardMap()
+	for _, k := range r.keys {
+		if m4.Of(k) == 3 {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no test key moves to shard 3")
+	}
+	r.waitFor("shard 3 grants its keys", 80*validity, func() bool {
+		for _, k := range r.keys {
+			if m4.Of(k) == 3 && r.grantedBy(3, k) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	// Until shard 3 learned and gave eu more than its static share of
+	// its keys: the moved keys' capacity moves again, under the new map.
+	r.waitFor("shard 3 raises eu above its static share of its keys", 80*validity, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, k := range r.keys {
+			if m4.Of(k) == 3 && r.raised[3][k] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	start := checkpoints.Load()
+	r.waitFor("checkpoints under the new map", 20*validity, func() bool { return checkpoints.Load() > start+50 })
+	r.check()
+	t.Logf("%d checkpoints; shard 1 answered %d times while learning", checkpoints.Load(), r.learning[1])
+}
