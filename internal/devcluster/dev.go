@@ -97,11 +97,17 @@ func RunDev(ctx context.Context, o DevOptions) error {
 	return nil
 }
 
-// waitLearned polls the global allocator until it leads out of learning
-// mode, or ctx ends (false).
+// waitLearned polls the global allocator until every shard's leader leads
+// out of learning mode, or ctx ends (false).
 func (c *Cluster) waitLearned(ctx context.Context) bool {
 	for {
-		if g := c.Global[0].Daemon(); g != nil && g.Service.IsLeader() && gaugeValue(g.Registry, "sluice_global_learning") == 0 {
+		learned := map[int]bool{}
+		for _, r := range c.Global {
+			if g := r.Daemon(); g != nil && g.Service.IsLeader() && gaugeValue(g.Registry, "sluice_global_learning") == 0 {
+				learned[r.Shard()] = true
+			}
+		}
+		if len(learned) == c.opts.Config.ShardMap().N() {
 			return true
 		}
 		select {
@@ -168,6 +174,11 @@ func printBanner(out io.Writer, c *Cluster, cfg *config.Config, region string, t
 		fmt.Fprintf(out, "                    %-21s Redis (%s)\n", reg.Redis.Addr(), redisKind)
 	}
 	fmt.Fprintf(out, "  global allocator  %-21s gRPC: AllocatorService (region leaders report every %v)\n", global, time.Duration(cfg.Epoch))
+	for sh := 1; sh < cfg.ShardMap().N(); sh++ {
+		if addrs := c.GlobalShardAddrs(sh); len(addrs) > 0 {
+			fmt.Fprintf(out, "    shard %-10d %-21s gRPC: AllocatorService of the keys shard %d owns (global_shards %d)\n", sh, addrs[0], sh, cfg.ShardMap().N())
+		}
+	}
 	fmt.Fprintf(out, "  etcd              %-21s config, elections\n", c.EtcdAddr())
 	if len(floor) > 0 {
 		fmt.Fprintf(out, "  not yet holding a static lease from the global tier (on the floor): %v\n", floor)

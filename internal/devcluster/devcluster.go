@@ -57,8 +57,9 @@ type Options struct {
 	// ReplicasPerRegion is the regional services per region. Optional,
 	// default 1.
 	ReplicasPerRegion int
-	// GlobalReplicas is the global allocator replicas. Optional, default 1;
-	// -1 runs none (regions stay on static shares).
+	// GlobalReplicas is the global allocator replicas of each shard of the
+	// config (global_shards, pkg/shard). Optional, default 1; -1 runs none
+	// (regions stay on static shares).
 	GlobalReplicas int
 	// SessionTTL of every election. Optional, default 2s.
 	SessionTTL time.Duration
@@ -202,9 +203,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if _, err := c.Store.Apply(ctx, o.Config, 0); err != nil {
 		return nil, fmt.Errorf("devcluster: write config: %w", err)
 	}
-	for i := 0; i < o.GlobalReplicas; i++ {
-		if _, err := c.AddGlobal(ctx); err != nil {
-			return nil, err
+	for sh := range o.Config.ShardMap().N() {
+		for i := 0; i < o.GlobalReplicas; i++ {
+			if _, err := c.AddGlobalShard(ctx, sh); err != nil {
+				return nil, err
+			}
 		}
 	}
 	for _, name := range o.Regions {
@@ -287,6 +290,7 @@ func (c *Cluster) etcdClient() (*clientv3.Client, error) {
 // crash cuts only its session), and its config source — a Watcher of
 // etcd, or the static config.
 type process struct {
+	closers   []func() // run by end, first
 	etcd      *clientv3.Client
 	watcher   *configstore.Watcher // nil with Options.StaticConfig
 	stopWatch context.CancelFunc
@@ -310,23 +314,32 @@ func (c *Cluster) startProcess() (*process, error) {
 
 // end stops the watcher and closes the etcd client.
 func (p *process) end() {
+	for _, f := range p.closers {
+		f()
+	}
 	p.stopWatch()
 	p.etcd.Close()
 }
 
 // GlobalReplica is one global allocator process at a fixed address.
 type GlobalReplica struct {
-	c    *Cluster
-	addr string
+	c     *Cluster
+	addr  string
+	shard int
 
 	mu sync.Mutex // guards d and p
 	d  *allocator.Daemon
 	p  *process
 }
 
-// AddGlobal starts one more global allocator replica.
+// AddGlobal starts one more global allocator replica of shard 0.
 func (c *Cluster) AddGlobal(ctx context.Context) (*GlobalReplica, error) {
-	g := &GlobalReplica{c: c, addr: "127.0.0.1:0"}
+	return c.AddGlobalShard(ctx, 0)
+}
+
+// AddGlobalShard starts one more global allocator replica of shard.
+func (c *Cluster) AddGlobalShard(ctx context.Context, shard int) (*GlobalReplica, error) {
+	g := &GlobalReplica{c: c, addr: "127.0.0.1:0", shard: shard}
 	if err := g.start(ctx); err != nil {
 		return nil, err
 	}
@@ -349,7 +362,7 @@ func (g *GlobalReplica) start(ctx context.Context) error {
 		source = p.watcher
 	}
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
-		GRPCAddr: g.addr, HTTPAddr: "127.0.0.1:0", Etcd: p.etcd, Prefix: c.opts.Prefix,
+		GRPCAddr: g.addr, HTTPAddr: "127.0.0.1:0", Etcd: p.etcd, Prefix: c.opts.Prefix, Shard: g.shard,
 		SessionTTL: c.opts.SessionTTL, Config: source, Registry: p.registry, Logger: c.opts.Logger,
 	})
 	if err != nil {
@@ -364,6 +377,9 @@ func (g *GlobalReplica) start(ctx context.Context) error {
 
 // Addr is the replica's gRPC address, the same across restarts.
 func (g *GlobalReplica) Addr() string { return g.addr }
+
+// Shard is the global-tier shard the replica serves.
+func (g *GlobalReplica) Shard() int { return g.shard }
 
 // Daemon is the running daemon, nil while the replica is down.
 func (g *GlobalReplica) Daemon() *allocator.Daemon {
@@ -408,14 +424,20 @@ func (g *GlobalReplica) Restart(ctx context.Context) error {
 	return g.start(ctx)
 }
 
-// GlobalAddrs are the gRPC addresses of every global replica, running or
-// not.
-func (c *Cluster) GlobalAddrs() []string {
+// GlobalAddrs are the gRPC addresses of every replica of global-tier
+// shard 0 (the whole global tier unless it is sharded), running or not.
+func (c *Cluster) GlobalAddrs() []string { return c.GlobalShardAddrs(0) }
+
+// GlobalShardAddrs are the gRPC addresses of every replica of shard,
+// running or not.
+func (c *Cluster) GlobalShardAddrs(shard int) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []string
 	for _, g := range c.Global {
-		out = append(out, g.addr)
+		if g.shard == shard {
+			out = append(out, g.addr)
+		}
 	}
 	return out
 }
@@ -496,7 +518,7 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 			tier = c.opts.WrapGlobal(r.region, gc)
 		}
 		lo = &regional.LeaderOptions{Etcd: p.etcd, ElectionPrefix: configstore.NewStore(p.etcd, c.opts.Prefix).ElectionPrefix(),
-			Global: tier, SessionTTL: c.opts.SessionTTL}
+			Global: tier, Shards: c.shardTiers(p, r.region, tier, dial), SessionTTL: c.opts.SessionTTL}
 		if on := c.opts.OnApplied; on != nil {
 			lo.OnApplied = func(k quota.Key, rate, burst float64, expiryUS int64) { on(r.region, k, rate, burst, expiryUS) }
 		}
@@ -662,5 +684,45 @@ func (c *Cluster) Stop() {
 	if c.tmpDir != "" {
 		os.RemoveAll(c.tmpDir)
 		c.tmpDir = ""
+	}
+}
+
+// shardTiers is a region leader's way to each global-tier shard: shard0
+// for shard 0, and for the others an allocator.Client over the shard's
+// replicas made at first use (wrapped as shard 0's is), closed when p
+// ends.
+func (c *Cluster) shardTiers(p *process, region string, shard0 regional.GlobalTier, dial []grpc.DialOption) func(int) (regional.GlobalTier, error) {
+	var mu sync.Mutex
+	tiers := map[int]regional.GlobalTier{0: shard0}
+	var clients []*allocator.Client
+	p.closers = append(p.closers, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, gc := range clients {
+			gc.Close()
+		}
+		clients = nil
+	})
+	return func(shard int) (regional.GlobalTier, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if t, ok := tiers[shard]; ok {
+			return t, nil
+		}
+		addrs := c.GlobalShardAddrs(shard)
+		if len(addrs) == 0 {
+			return nil, fmt.Errorf("devcluster: no global replica serves shard %d", shard)
+		}
+		gc, err := allocator.NewClient(addrs, dial...)
+		if err != nil {
+			return nil, err
+		}
+		clients = append(clients, gc)
+		var t regional.GlobalTier = gc
+		if c.opts.WrapGlobal != nil {
+			t = c.opts.WrapGlobal(region, gc)
+		}
+		tiers[shard] = t
+		return t, nil
 	}
 }
