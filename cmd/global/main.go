@@ -21,6 +21,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,6 +35,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/rpcguard"
+	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
@@ -57,6 +60,7 @@ func run(ctx context.Context, args []string) error {
 	endpoints := fs.String("etcd-endpoints", "", "etcd endpoints, comma separated host:port (required)")
 	prefix := fs.String("etcd-prefix", config.DefaultPrefix, "etcd key prefix for the config and the election")
 	configFile := fs.String("config", "", "bootstrap config (YAML) written to etcd only when etcd holds no config; empty = the built-in sample as fallback")
+	shardFlag := fs.String("shard", "0", `the global-tier shard this replica serves (0..global_shards-1, pkg/shard), or "ordinal": the number ending the host name, as a StatefulSet pod's (sluice-global-2 serves shard 2)`)
 	sessionTTL := fs.Duration("session-ttl", allocator.DefaultSessionTTL, "etcd session TTL behind the leadership (whole seconds); a leader stops granting half of it after losing etcd")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tlsCert := fs.String("tls-cert", "", "server certificate (PEM) for gRPC; enables TLS")
@@ -77,6 +81,10 @@ func run(ctx context.Context, args []string) error {
 		return nil
 	}
 	logger, err := flagenv.Logger(*logLevel)
+	if err != nil {
+		return err
+	}
+	shardIndex, err := parseShard(*shardFlag, os.Hostname)
 	if err != nil {
 		return err
 	}
@@ -127,7 +135,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
 		GRPCAddr: *grpcAddr, HTTPAddr: *httpAddr, Advertise: *advertise,
-		Etcd: cli, Prefix: *prefix, SessionTTL: *sessionTTL, Config: watcher,
+		Etcd: cli, Prefix: *prefix, Shard: shardIndex, SessionTTL: *sessionTTL, Config: watcher,
 		ServerTLS: serverTLS, Registry: reg, Logger: logger,
 		PerConnection: *perConnection, PerIdentity: *perIdentity, MaxReportBytes: *maxReportBytes,
 	})
@@ -206,4 +214,26 @@ func bootstrapAndRead(ctx context.Context, store *configstore.Store, bootstrap *
 		return 0, nil
 	}
 	return rev, nil
+}
+
+// parseShard is the -shard flag's shard: a number, or "ordinal" for the
+// number ending the host name (a StatefulSet pod's ordinal).
+func parseShard(v string, hostname func() (string, error)) (int, error) {
+	if v == "ordinal" {
+		host, err := hostname()
+		if err != nil {
+			return 0, fmt.Errorf("-shard ordinal: %w", err)
+		}
+		i := strings.LastIndexByte(host, '-')
+		n, err := strconv.Atoi(host[i+1:])
+		if i < 0 || err != nil || n < 0 || n >= shard.MaxShards {
+			return 0, fmt.Errorf("-shard ordinal: host name %q does not end in -N with N in 0..%d (a StatefulSet pod's name does)", host, shard.MaxShards-1)
+		}
+		return n, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n >= shard.MaxShards {
+		return 0, fmt.Errorf("-shard %q: want a shard in 0..%d or \"ordinal\"", v, shard.MaxShards-1)
+	}
+	return n, nil
 }

@@ -135,10 +135,27 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-tls-cert", "x.pem"}, "a certificate file and a key file are both required"},
 		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-log-level", "loud"}, "log level loud"},
 		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-config", missing}, missing},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-shard", "256"}, `-shard "256": want a shard in 0..255 or "ordinal"`},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-shard", "-1"}, `-shard "-1"`},
 	} {
 		err := run(context.Background(), c.args)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("run %v: %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+}
+
+func TestShardFromOrdinal(t *testing.T) {
+	host := func(name string) func() (string, error) { return func() (string, error) { return name, nil } }
+	if n, err := parseShard("ordinal", host("sluice-global-3")); n != 3 || err != nil {
+		t.Fatalf("sluice-global-3: %d, %v", n, err)
+	}
+	if n, err := parseShard("2", host("x")); n != 2 || err != nil {
+		t.Fatalf("2: %d, %v", n, err)
+	}
+	for _, name := range []string{"sluice-global", "global-x", "global-300"} {
+		if _, err := parseShard("ordinal", host(name)); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v, want an error naming it", name, err)
 		}
 	}
 }

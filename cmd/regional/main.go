@@ -42,7 +42,6 @@ import (
 	"github.com/sluicehq/sluice/internal/etcdflags"
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/internal/version"
-	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
@@ -105,7 +104,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "", "etcd endpoints, comma separated (config from etcd, region leader election); empty = no etcd")
 	fs.StringVar(&f.etcdPrefix, "etcd-prefix", config.DefaultPrefix, "etcd key prefix of the config and elections")
-	fs.StringVar(&f.globalAddrs, "global-addr", "", "global allocator address(es), comma separated; with etcd, makes this replica a candidate for region leader")
+	fs.StringVar(&f.globalAddrs, "global-addr", "", "global allocator address(es), comma separated; with etcd, makes this replica a candidate for region leader. With global_shards above 1, \"{shard}\" in an address stands for the shard's number (sluice-global-{shard}:7500), one client per shard; without it every address serves shard 0 only")
 	fs.BoolVar(&f.unleased, "unleased", false, "a region with no global tier at all: run on the static shares unconditionally (refused with -global-addr); without it a region whose leader holds no static lease from the global tier runs on its floor")
 	fs.DurationVar(&f.sessionTTL, "session-ttl", 5*time.Second, "etcd session TTL of the region leader election")
 	fs.BoolVar(&f.envoyHeaders, "envoy-headers", true, "add x-ratelimit-*, ratelimit, ratelimit-policy and retry-after headers to Envoy rate limit answers")
@@ -198,13 +197,14 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		go watcher.Run(watchCtx)
 		source = watcher
 		if addrs := flagenv.List(f.globalAddrs); len(addrs) > 0 {
-			gc, err := allocator.NewClient(addrs, grpc.WithTransportCredentials(peerCreds))
+			tiers := newShardClients(addrs, grpc.WithTransportCredentials(peerCreds))
+			defer tiers.Close()
+			gc, err := tiers.tier(0)
 			if err != nil {
 				return err
 			}
-			defer gc.Close()
 			leaderOpts = &regional.LeaderOptions{Etcd: cli, ElectionPrefix: store.ElectionPrefix(),
-				Global: gc, SessionTTL: f.sessionTTL}
+				Global: gc, Shards: tiers.tier, SessionTTL: f.sessionTTL}
 		} else if !f.unleased {
 			logger.Warn("no -global-addr: this replica never leads; the region runs on the static lease another replica's leader stores in Redis, else on its floor (-unleased for a region with no global tier)")
 		}
