@@ -1,7 +1,6 @@
 package world
 
 import (
-	"sort"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -43,13 +42,6 @@ type Region struct {
 	all      []*Instance // every instance ever started
 	nextNum  int
 	instVers int // bumped whenever insts changes (routing caches)
-
-	// The active-key index: keys served since the last flush, and the
-	// index in Redis (key id -> flush time µs; 0 = absent).
-	seen      []bool
-	seenList  []int
-	index     []int64
-	indexList []int
 
 	// Region leader loop: the pump around regionsync's decisions.
 	leaderUp  bool
@@ -107,8 +99,8 @@ func (r *Region) start() {
 	for i := 0; i < n; i++ {
 		r.startInstance()
 	}
-	// The regional service's background tick (Server.Run): flush the
-	// active-key index every epoch. Redis expires idle keys by their TTLs;
+	// The regional service's background tick (Server.Run): the restart
+	// guard's check every epoch. Redis expires idle keys by their TTLs;
 	// the Model does when asked, here every expirySweep epochs. A key is
 	// only ever idle past its TTL when its bucket is full and its leases
 	// long expired, so the sweep's lateness changes no decision.
@@ -116,7 +108,6 @@ func (r *Region) start() {
 	ticks := 0
 	var tick func()
 	tick = func() {
-		r.flushActive()
 		if r.redisUp {
 			r.stampBorn(false) // the guard's check every epoch
 		}
@@ -165,74 +156,33 @@ func (r *Region) common(k *keyInfo) luascripts.Common {
 // op counts one script call.
 func (r *Region) op() { r.w.orc.RPC(oracle.TierRedis, 1) }
 
-func (r *Region) touch(k *keyInfo) {
-	if r.seen == nil {
-		r.seen = make([]bool, len(r.w.keys))
-		r.index = make([]int64, len(r.w.keys))
-	}
-	if !r.seen[k.id] {
-		r.seen[k.id] = true
-		r.seenList = append(r.seenList, k.id)
-	}
-}
-
-// flushActive mirrors activeKeys.flush: keys seen since the last flush get
-// the current Redis time as score; entries older than regionsync.IndexKeep
-// epochs go.
-func (r *Region) flushActive() {
-	if !r.redisUp {
-		return
-	}
-	now := r.redisNowUS()
-	for _, id := range r.seenList {
-		r.seen[id] = false
-		r.indexAt(id, now)
-	}
-	r.seenList = r.seenList[:0]
-	keep := r.indexList[:0]
-	horizon := now - (regionsync.IndexKeep * r.w.epoch).Microseconds()
-	for _, id := range r.indexList {
-		if r.index[id] < horizon {
-			r.index[id] = 0
-			continue
-		}
-		keep = append(keep, id)
-	}
-	r.indexList = keep
-}
-
-// indexAt sets a key's score in the active-key index (ZADD).
-func (r *Region) indexAt(id int, us int64) {
-	if r.index == nil {
-		r.seen = make([]bool, len(r.w.keys))
-		r.index = make([]int64, len(r.w.keys))
-	}
-	if r.index[id] == 0 {
-		r.indexList = append(r.indexList, id)
-	}
-	r.index[id] = us
-}
-
-// activeKeys mirrors regional.ActiveKeys: keys with a score at or after
-// since, in ZRANGEBYSCORE order (score, then member).
-func (r *Region) activeKeys(sinceUS int64) []*keyInfo {
-	var ids []int
-	for _, id := range r.indexList {
-		if r.index[id] >= sinceUS {
-			ids = append(ids, id)
+// candidates is Leader.candidates: the keys the scripts marked in the
+// region's candidate set (one Redis, one set) since the horizon, an epoch
+// report trimming older marks, and the keys the leader selected before
+// (regionsync.Leader.Select), in the order regionsync gives.
+func (r *Region) candidates(sendUS int64, kind regionsync.Kind) []*keyInfo {
+	w := r.w
+	set := luascripts.CandKeys(redisPrefix, false)[0]
+	since := regionsync.CandidatesSince(sendUS, w.epoch)
+	r.op() // ZRANGEBYSCORE
+	var marked []quota.Key
+	for member, score := range r.model.Candidates(set) {
+		if score >= since {
+			if k := w.keyByMember[member]; k != nil {
+				marked = append(marked, k.key)
+			}
 		}
 	}
-	keys := r.w.keys
-	sort.Slice(ids, func(i, j int) bool {
-		a, b := ids[i], ids[j]
-		if r.index[a] != r.index[b] {
-			return r.index[a] < r.index[b]
+	if kind == regionsync.Epoch {
+		r.op() // ZREMRANGEBYSCORE
+		r.model.TrimCandidates(set, since)
+	}
+	keys := r.leader.Select(marked)
+	out := make([]*keyInfo, 0, len(keys))
+	for _, k := range keys {
+		if ki := w.keyByQK[k]; ki != nil {
+			out = append(out, ki)
 		}
-		return keys[a].member < keys[b].member
-	})
-	out := make([]*keyInfo, len(ids))
-	for i, id := range ids {
-		out[i] = r.w.keys[id]
 	}
 	return out
 }
@@ -283,7 +233,6 @@ func (r *Region) leaseOp(instance string, reports []*sluicev1.KeyReport, acquire
 			lr = r.model.Sync(now, k.rkeys, r.common(k), reply.Report(instance, 0, rep, strict))
 		}
 		r.observe(k)
-		r.touch(k)
 		grants[i] = r.grant(k, rep.GetSeq(), lr)
 	}
 	return grants, true
@@ -299,7 +248,6 @@ func (r *Region) release(instance string, reports []*sluicev1.KeyReport) bool {
 		r.op()
 		r.model.Release(now, k.rkeys, r.common(k), reply.Report(instance, 0, rep, false))
 		r.observe(k)
-		r.touch(k)
 	}
 	return true
 }
@@ -313,7 +261,6 @@ func (r *Region) check(k *keyInfo, cost int64) (*sluicev1.CheckResponse, bool) {
 	cr := r.model.Check(now, k.rkeys, r.common(k), cost)
 	r.w.orc.RegionPending(r.idx, k.id, cost) // until the instance records it
 	r.observe(k)
-	r.touch(k)
 	return reply.Check(k.res, cr), true
 }
 
@@ -328,7 +275,7 @@ func (r *Region) redisDown() {
 }
 
 // redisBack brings Redis back empty: every bucket, lease, grant, the born
-// sentinel and the active-key index are gone. The first script that
+// sentinel and the candidate set are gone. The first script that
 // creates a bucket in the new data set, or the guard's next check, dates
 // it, so buckets are re-created conservatively.
 func (r *Region) redisBack() {
@@ -339,10 +286,6 @@ func (r *Region) redisBack() {
 	r.redisUp = true
 	r.trustedUntilUS, r.trustedSeen = 0, nil
 	r.staticUS = 0 // the static lease went with the data: the floor
-	for _, id := range r.indexList {
-		r.index[id] = 0
-	}
-	r.indexList = r.indexList[:0]
 	r.crashesLost()
 	clear(r.isolated)
 	r.w.orc.RedisUp(r.w.dur(), r.idx)
@@ -516,7 +459,7 @@ func (r *Region) storeStatic() {
 	}
 }
 
-// syncOnce is Leader.syncOnce: report every active key (regionsync builds
+// syncOnce is Leader.syncOnce: report the candidates (regionsync builds
 // the report from the states read from the Model at the send time), send
 // it to the global leader, install the answer; the round then says what
 // follows. It reports whether a report went out (the loop is busy until
@@ -528,7 +471,7 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 	w := r.w
 	sendUS := r.redisNowUS()
 	r.leader.Load(regionsync.StaticLease{UntilUS: r.staticUS}) // read with Redis TIME
-	keys := r.activeKeys(regionsync.ActiveSince(sendUS, w.epoch))
+	keys := r.candidates(sendUS, kind)
 	reads := make([]regionsync.KeyRead, len(keys))
 	for i, k := range keys {
 		r.op()
@@ -630,14 +573,12 @@ func (r *Region) install(g *sluicev1.RegionGrants, sendUS int64, held regionsync
 		r.op()
 		sr := r.model.SetRate(now, k.rkeys, r.common(k), in.Rate, in.Burst, in.ExpiryUS, in.FenceUS)
 		r.observe(k)
-		// A granted key stays in the active index (reported next epochs)
-		// even without local traffic.
-		r.indexAt(k.id, in.FenceUS)
 		if sr.Applied {
 			applied[i] = true
 			r.w.orc.GrantApplied(r.w.dur(), r.idx, k.id, in.Rate, in.Burst, trueTimeOf(in.ExpiryUS, r.offset))
 			r.w.orc.GrantIssued(r.w.dur(), r.idx, k.id, in.FenceUS)
 		}
 	}
+	r.leader.Installed(installs, applied)
 	return regionsync.Outcome(g, installs, applied), true
 }

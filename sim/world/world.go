@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 	"github.com/sluicehq/sluice/sim/engine"
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/scenario"
@@ -58,6 +59,8 @@ type World struct {
 
 	keys    []*keyInfo
 	keyByQK map[quota.Key]*keyInfo
+	// keyByMember finds a key by its candidate-set member.
+	keyByMember map[string]*keyInfo
 
 	regions []*Region
 	global  *Global
@@ -99,6 +102,7 @@ func New(sc *scenario.Scenario, seed uint64, orc *oracle.Oracle, plan *traffic.P
 		breakerFailures: lease.DefaultBreakerFailures,
 		breakerCooldown: lease.DefaultBreakerCooldown,
 		keyByQK:         map[quota.Key]*keyInfo{},
+		keyByMember:     map[string]*keyInfo{},
 		classes:         map[string]lease.ClassPolicy{},
 	}
 	if v := time.Duration(sc.Client.BreakerTimeout); v > 0 {
@@ -161,12 +165,14 @@ func (w *World) addKey(k quota.Key) (*keyInfo, error) {
 			StaticRate: rate, StaticBurst: burst, LeaseTTL: w.leaseTTL,
 			Reclaim: res.Class.Reclaim != config.ReclaimNone, ReapBudget: reapBudget,
 			DemandWindow: w.cfg.DemandWindow(),
+			MarkEvery:    regionsync.MarkEvery(w.epoch),
 			// The regional service always runs with its restart guard.
 			RestartWait: luascripts.RestartWait(w.leaseTTL, w.validity, w.epoch),
 		})
 	}
 	w.keys = append(w.keys, ki)
 	w.keyByQK[k] = ki
+	w.keyByMember[ki.member] = ki
 	return ki, nil
 }
 
