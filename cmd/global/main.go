@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string) error {
 	etcdAccess.Register(fs)
 	perConnection := fs.Int("max-inflight-per-connection", rpcguard.DefaultPerConnection, "units of work (keys named by the calls) served at once per client connection, at least the keys of one report; more wait their turn (docs/operations.md, Request bounds)")
 	perIdentity := fs.Int("max-inflight-per-identity", rpcguard.DefaultPerIdentity, "units of work served at once per client certificate identity (mutual TLS only)")
-	maxReportBytes := fs.Int("max-report-bytes", allocator.DefaultMaxReportBytes, "wire bytes of a region's paged report the leader holds until its last page arrives; a larger report is refused (docs/operations.md, Request bounds)")
+	maxReportBytes := fs.Int("max-report-bytes", allocator.DefaultMaxReportBytes, "bytes the leader holds of a region's paged report until its last page arrives (its pages' wire bytes and 384 per key); a larger report is refused (docs/operations.md, Request bounds)")
 	showVersion := fs.Bool(flagenv.VersionFlag, false, "print the version and exit")
 	flagenv.Usage(fs, "SLUICE")
 	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {

@@ -83,7 +83,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 				}
 				return float64(n)
 			}),
-			gauge("sluice_global_report_pages_bytes", "Wire bytes of the pages of paged region reports this replica holds until their last page arrives.", func() float64 {
+			gauge("sluice_global_report_pages_bytes", "Bytes counted against -max-report-bytes for the paged region reports this replica holds until their last page arrives: the pages' wire bytes and 384 per key.", func() float64 {
 				s.mu.Lock()
 				defer s.mu.Unlock()
 				return float64(s.pages.heldBytes())

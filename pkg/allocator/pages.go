@@ -25,10 +25,16 @@ import (
 // docs/architecture.md, "Paged reports".
 
 const (
-	// DefaultMaxReportBytes bounds the wire bytes of the pages the leader
-	// holds for one region's report in progress: about 975,000 keys at
-	// MaxReportBytesPerKey, several million with names of usual length.
-	DefaultMaxReportBytes = 256 << 20
+	// DefaultMaxReportBytes bounds the bytes the leader holds for one
+	// region's report in progress (assembly.charge): about 800,000 keys
+	// at MaxReportBytesPerKey, 1,100,000 with names of usual length.
+	DefaultMaxReportBytes = 512 << 20
+	// heldBytesPerKey is what the leader counts for each key it has room
+	// for in a report in progress, beside the wire bytes of its pages:
+	// the key's decoded demand and limit and its slot in the index of the
+	// report's keys. TestHeldBytesBoundTheHeap checks that the count
+	// exceeds the heap the pages take.
+	heldBytesPerKey = 384
 	// MaxReportBytesPerKey is the most wire bytes one key adds to a
 	// RegionReport (a KeyDemand: tenant and class at their length limits,
 	// every number at its widest), MaxGrantBytesPerKey to RegionGrants (a
@@ -44,7 +50,7 @@ type assembly struct {
 	next      uint32 // pages 0..next-1 are held
 	cfg       *config.Config
 	started   time.Time
-	bytes     int     // wire bytes of the pages held
+	wire      int     // wire bytes of the pages held
 	revisions []int64 // page 0's config_revisions
 	keys      []hierarchy.KeyDemand
 	limits    []hierarchy.KeyLimit
@@ -88,11 +94,36 @@ func (b *pageBook) dropStale(now time.Time, maxAge time.Duration) {
 	}
 }
 
-// heldBytes is the wire bytes of every page held (for the metric).
+// charge is what the assembly counts against MaxReportBytes: the wire
+// bytes of its pages and heldBytesPerKey for each key it has room for.
+func (a *assembly) charge() int {
+	return a.wire + heldBytesPerKey*cap(a.keys)
+}
+
+// room is the keys a, holding its keys and adding more, has room for: its
+// capacity, or when that is short, twice it (at least enough), but no
+// more than limit.
+func (a *assembly) room(more, limit int) int {
+	need := len(a.keys) + more
+	if need <= cap(a.keys) {
+		return cap(a.keys)
+	}
+	return max(need, min(2*cap(a.keys), limit))
+}
+
+// resized is s with capacity n (at least len(s)).
+func resized[T any](s []T, n int) []T {
+	out := make([]T, len(s), n)
+	copy(out, s)
+	return out
+}
+
+// heldBytes is the bytes counted for every report in progress (for the
+// metric).
 func (b *pageBook) heldBytes() int {
 	n := 0
 	for _, a := range b.inProgress {
-		n += a.bytes
+		n += a.charge()
 	}
 	return n
 }
@@ -149,21 +180,24 @@ func (s *Service) pageLocked(now time.Time, req *sluicev1.RegionReport) (*sluice
 	if err != nil || ack != nil {
 		return ack, err
 	}
-	size := proto.Size(req)
-	if a.bytes+size > s.maxReportBytes {
+	wire, room := proto.Size(req), a.room(len(req.GetKeys()), s.maxReportBytes/heldBytesPerKey)
+	if charge := a.wire + wire + heldBytesPerKey*room; charge > s.maxReportBytes {
 		// The report can never be taken whole: what is held goes.
 		delete(s.pages.inProgress, region)
 		s.m.report(label, "invalid")
 		return nil, status.Errorf(codes.InvalidArgument,
-			"allocator: sync page: report of seq %d from %q: page %d brings the pages held to %d bytes, more than the bound report_bytes=%d a region's report may take; raise -max-report-bytes or report fewer keys",
-			seq, region, page, a.bytes+size, s.maxReportBytes)
+			"allocator: sync page: report of seq %d from %q: page %d brings what is held of it to %d bytes (its pages' wire bytes and %d per key), more than the bound report_bytes=%d a region's report may take; raise -max-report-bytes or report fewer keys",
+			seq, region, page, charge, heldBytesPerKey, s.maxReportBytes)
 	}
 	keys, limits, err := regionsync.DecodeKeys(cfg, req.GetKeys(), len(a.keys), a.seen)
 	if err != nil {
 		return nil, invalid("page %d: %v", page, err)
 	}
+	if room > cap(a.keys) {
+		a.keys, a.limits = resized(a.keys, room), resized(a.limits, room)
+	}
 	a.keys, a.limits = append(a.keys, keys...), append(a.limits, limits...)
-	a.bytes += size
+	a.wire += wire
 	a.next = page + 1
 	if s.pages.inProgress == nil {
 		s.pages.inProgress = make(map[string]*assembly)
@@ -195,9 +229,12 @@ func (s *Service) nextAssemblyLocked(now time.Time, req *sluicev1.RegionReport) 
 	if page == 0 {
 		delete(s.pages.inProgress, region)
 		delete(s.pages.answers, region)
+		// Room for every page as full as this one, as far as the bound
+		// lets a report go.
+		n := min(int(pages)*len(req.GetKeys()), s.maxReportBytes/heldBytesPerKey)
 		return &assembly{
-			seq: seq, pages: pages, cfg: s.applied, started: now,
-			revisions: req.GetConfigRevisions(), seen: make(map[quota.Key]int),
+			seq: seq, pages: pages, cfg: s.applied, started: now, revisions: req.GetConfigRevisions(),
+			keys: make([]hierarchy.KeyDemand, 0, n), limits: make([]hierarchy.KeyLimit, 0, n), seen: make(map[quota.Key]int, n),
 		}, nil, nil
 	}
 	restart := func(why string) error {

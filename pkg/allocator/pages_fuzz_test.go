@@ -58,7 +58,7 @@ func FuzzPageAssembly(f *testing.F) {
 		f.Add(seed)
 	}
 	s, err := newService(serviceOptions{config: StaticConfig{C: parseFuzzConfig(f)}, advertise: "self:7500",
-		maxKeys: 3, maxBytes: 300, logger: slog.New(slog.DiscardHandler)}, time.Now())
+		maxKeys: 3, maxBytes: 2000, logger: slog.New(slog.DiscardHandler)}, time.Now())
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestWireBytesPerKey(t *testing.T) {
 	if n := DefaultMaxKeysPerPage*MaxGrantBytesPerKey + proto.Size(grantsHeader); n > maxMessageBytes {
 		t.Fatalf("a full answer page takes up to %d bytes, over the message bound %d", n, maxMessageBytes)
 	}
-	if DefaultMaxReportBytes < DefaultMaxKeysPerPage*MaxReportBytesPerKey {
+	if DefaultMaxReportBytes < DefaultMaxKeysPerPage*(MaxReportBytesPerKey+heldBytesPerKey) {
 		t.Fatalf("DefaultMaxReportBytes %d does not hold one full page", DefaultMaxReportBytes)
 	}
 }

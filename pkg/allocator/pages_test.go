@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/memtest"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -184,16 +186,68 @@ func TestPagesAssembleOrRefuse(t *testing.T) {
 // dropped; a report within the bound is taken.
 func TestPagedReportOverTheByteBound(t *testing.T) {
 	srv := etcdtest.Start(t)
-	p0, p1 := page(1, 0, 2, pkey(0), pkey(1)), page(1, 1, 2, pkey(2), pkey(3))
-	bound := proto.Size(p0) + proto.Size(p1) - 1
-	d, api := pagingDaemon(t, srv, DaemonOptions{MaxKeysPerPage: 2, MaxReportBytes: bound})
+	// Page 0 (one key of two pages) makes room for two keys; page 1's
+	// three keys need room for four, one byte over the bound.
+	p0, p1 := page(1, 0, 2, pkey(0)), page(1, 1, 2, pkey(1), pkey(2), pkey(3))
+	bound := proto.Size(p0) + proto.Size(p1) + 4*heldBytesPerKey - 1
+	d, api := pagingDaemon(t, srv, DaemonOptions{MaxKeysPerPage: 3, MaxReportBytes: bound})
 	runPageSteps(t, d, api, []pageStep{
 		{name: "page 0", req: p0, acked: 1},
 		{name: "page 1 over the bound", req: p1, code: codes.InvalidArgument, want: fmt.Sprintf("more than the bound report_bytes=%d", bound)},
 		{name: "page 1 again: page 0 was dropped", req: p1, code: codes.Aborted, want: "no earlier page of it is held here"},
-		{name: "within the bound", req: page(1, 0, 2, pkey(0)), acked: 1},
+		{name: "within the bound", req: p0, acked: 1},
 		{name: "within the bound, last page", req: page(1, 1, 2, pkey(2)), changes: true},
 	})
+}
+
+// TestHeldBytesBoundTheHeap: what the leader counts against
+// MaxReportBytes for the pages of a report in progress (heldBytes) is at
+// least the heap they take: 40,000 keys held in pages of 10,000, all but
+// the last sent.
+func TestHeldBytesBoundTheHeap(t *testing.T) {
+	n, perPage := 40_000, 10_000
+	s, err := newService(serviceOptions{config: StaticConfig{C: parseConfig(t, fuzzConfig)}, advertise: "self:7500",
+		maxKeys: perPage, logger: slog.New(slog.DiscardHandler)}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.promote(1, time.Now().Add(time.Hour), nil) {
+		t.Fatal("promote refused")
+	}
+	rep := &sluicev1.RegionReport{Region: "a", Seq: 1}
+	for i := range n {
+		rep.Keys = append(rep.Keys, &sluicev1.KeyDemand{
+			Key: &sluicev1.QuotaKey{Tenant: fmt.Sprintf("t%07d", i), Class: "write"}, Admitted: 1, WindowMs: 100,
+		})
+	}
+	pages := splitReport(rep, perPage)
+	pages = append(pages, pages[len(pages)-1]) // held: all but the last
+	base := memtest.HeapAlloc()
+	for _, p := range pages[:len(pages)-2] {
+		// Each page as the server gets it: decoded from its own bytes.
+		b, err := proto.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got sluicev1.RegionReport
+		if err := proto.Unmarshal(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		if ack, err := s.SyncPage(t.Context(), &got); err != nil || ack.PagesReceived != got.Page+1 {
+			t.Fatalf("page %d: %v, %v", got.Page, ack, err)
+		}
+	}
+	heap := memtest.HeapAlloc() - base
+	s.mu.Lock()
+	held := s.pages.heldBytes()
+	s.mu.Unlock()
+	keys := n - perPage
+	t.Logf("%d keys held: heap %+d bytes (%d per key), counted %d (%d per key)", keys, heap, heap/int64(keys), held, held/keys)
+	if int64(held) < heap {
+		t.Fatalf("the pages held take %d bytes of heap, more than the %d counted against the bound", heap, held)
+	}
+	runtime.KeepAlive(rep)
+	runtime.KeepAlive(pages)
 }
 
 // TestPagedReportAfterConfigChange: a config change between two pages
