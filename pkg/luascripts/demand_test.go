@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -123,8 +122,8 @@ func TestLeaseDemandReading(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := strings.Fields(rec); len(f) != 14 || f[6] != itoa(t0+(9*time.Second).Microseconds()) {
-		t.Fatalf("new record %q: want fourteen fields with the window opened at the report", rec)
+	if l, err := ParseLeaseRecord(rec); err != nil || !l.Fingerprint || l.WindowStartUS != t0+(9*time.Second).Microseconds() {
+		t.Fatalf("new record %q (%+v, %v): want a fingerprint and the window opened at the report", rec, l, err)
 	}
 	at(10 * time.Second)
 	must(sc.Sync(ctx, rdb, k, c, report("i-old", 25, 0)))

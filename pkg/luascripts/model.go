@@ -755,9 +755,7 @@ func (m *Model) Snapshot() map[string]map[string]string {
 	for name, ls := range m.leases {
 		h, z := map[string]string{}, map[string]string{}
 		for id, l := range ls.byID {
-			h[id] = i0(l.g) + " " + i0(l.u) + " " + i0(l.r) + " " + i0(l.seq) + " " + i0(l.exp) + " " + i0(l.lg) +
-				" " + i0(l.lt) + " " + i0(l.pd) + " " + i0(l.dr) + " " + i0(l.au) + " " + i0(l.ad) + " " + i0(l.ar) +
-				" " + i0(l.le) + " " + l.inc
+			h[id] = leaseRecord(l)
 			z[id] = i0(l.exp)
 		}
 		out[name] = h

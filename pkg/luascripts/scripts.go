@@ -605,9 +605,13 @@ type LeaseRecord struct {
 // Unspent is what the lease still holds by the region's books.
 func (l LeaseRecord) Unspent() float64 { return l.Granted - l.Used - l.Returned }
 
-// ParseLeaseRecord reads a lease hash value: fourteen fields, or the first
-// nine or six alone as older scripts wrote them.
+// ParseLeaseRecord reads a lease hash value: compact (see lib.lua,
+// lease_record), or as text of fourteen fields, or of the first nine or
+// six alone as older scripts wrote them.
 func ParseLeaseRecord(v string) (LeaseRecord, error) {
+	if len(v) > 0 && v[0] == compactMark {
+		return parseCompact(v)
+	}
 	f := strings.Fields(v)
 	if len(f) != 14 && len(f) != 9 && len(f) != 6 {
 		return LeaseRecord{}, fmt.Errorf("%w: lease record %q has %d fields, want 14, 9 or 6", ErrReply, v, len(f))

@@ -40,6 +40,8 @@
 --                                 fields alone (older scripts) has no
 --                                 fingerprint: any report on it is a
 --                                 conflict (see report_kind)
+--                        Written compact (binary varints, see
+--                        lease_record), so the hash stays a listpack.
 -- KEYS[3]  expiry zset   member = instance id, score = lease expiry (µs);
 --                        only while the key has more than FEWLEASES
 --                        leases (see reap)
@@ -279,9 +281,97 @@ local function refill()
   B.tk = snap(B.tk)
 end
 
+-- Lease records are written compact: '~', then the thirteen numbers g u r
+-- seq exp lg lt pd dr au ad ar le and the incarnation's high and low ten
+-- decimal digits, each an unsigned base-128 varint (low group first, high
+-- bit = more follows). A typical record is about 45 bytes, so a lease hash
+-- stays a listpack (values of at most 64 bytes) instead of a hash table.
+-- A record whose numbers are not all whole, non-negative and below 2^53,
+-- or whose incarnation is not a canonical decimal of at most 20 digits, is
+-- written as text (the fourteen decimals, space-separated); records of
+-- older scripts are text too. parse_lease reads every form.
+local COMPACT = 126 -- '~'
+
+local function compactable(x) return x >= 0 and x < TWO53 and x == math.floor(x) end
+
+-- put_uv appends x's varint bytes to t.
+local function put_uv(t, x)
+  while x >= 128 do
+    local q = math.floor(x / 128)
+    t[#t + 1] = 128 + x - q * 128
+    x = q
+  end
+  t[#t + 1] = x
+end
+
+-- lease_record renders L for the lease hash.
+local function lease_record(L)
+  local nums = { L.g, L.u, L.r, L.seq, L.exp, L.lg, L.lt, L.pd, L.dr, L.au, L.ad, L.ar, L.le }
+  local inc = L.inc
+  local ok = #inc <= 20 and (inc == '0' or string.match(inc, '^[1-9]%d*$') ~= nil)
+  for i = 1, 13 do
+    if not ok then break end
+    ok = compactable(nums[i])
+  end
+  if not ok then
+    return i0(L.g) .. ' ' .. i0(L.u) .. ' ' .. i0(L.r) .. ' ' .. i0(L.seq) .. ' ' .. i0(L.exp) .. ' ' .. i0(L.lg)
+      .. ' ' .. i0(L.lt) .. ' ' .. i0(L.pd) .. ' ' .. i0(L.dr) .. ' ' .. i0(L.au) .. ' ' .. i0(L.ad) .. ' ' .. i0(L.ar) .. ' ' .. i0(L.le) .. ' ' .. inc
+  end
+  local t = { COMPACT }
+  for i = 1, 13 do put_uv(t, nums[i]) end
+  if #inc > 10 then
+    put_uv(t, tonumber(string.sub(inc, 1, #inc - 10)))
+    put_uv(t, tonumber(string.sub(inc, -10)))
+  else
+    put_uv(t, 0)
+    put_uv(t, tonumber(inc))
+  end
+  return string.char(unpack(t))
+end
+
+-- parse_compact reads a compact record.
+local function parse_compact(rec)
+  local v, x, m = {}, 0, 1
+  local bytes = { string.byte(rec, 2, -1) }
+  for i = 1, #bytes do
+    local b = bytes[i]
+    if b >= 128 then
+      x = x + (b - 128) * m
+      m = m * 128
+    else
+      v[#v + 1] = x + b * m
+      x, m = 0, 1
+    end
+  end
+  local inc = i0(v[15])
+  if v[14] > 0 then inc = i0(v[14]) .. string.format('%010.0f', v[15]) end
+  return { g = v[1], u = v[2], r = v[3], seq = v[4], exp = v[5], lg = v[6], lt = v[7], pd = v[8], dr = v[9],
+    au = v[10], ad = v[11], ar = v[12], le = v[13], inc = inc }
+end
+
+-- lease_exp reads only a record's expiry (its fifth number).
+local function lease_exp(rec)
+  if string.byte(rec, 1) ~= COMPACT then return tonumber(string.match(rec, '^%S+ %S+ %S+ %S+ (%S+)')) end
+  local bytes = { string.byte(rec, 2, 48) }
+  local n, x, m = 0, 0, 1
+  for i = 1, #bytes do
+    local b = bytes[i]
+    if b >= 128 then
+      x = x + (b - 128) * m
+      m = m * 128
+    else
+      n = n + 1
+      if n == 5 then return x + b * m end
+      x, m = 0, 1
+    end
+  end
+  return parse_compact(rec).exp
+end
+
 -- parse_lease reads a record; au, ad, ar and inc are nil in an older
 -- record (no fingerprint).
 local function parse_lease(rec)
+  if string.byte(rec, 1) == COMPACT then return parse_compact(rec) end
   local g, u, r, seq, exp, lg, lt, pd, dr, au, ad, ar, le, inc = string.match(rec,
     '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
   if not g then
@@ -313,7 +403,7 @@ local function reindex()
   redis.call('DEL', KEYS[3])
   local all = redis.call('HGETALL', KEYS[2])
   for i = 1, #all, 2 do
-    redis.call('ZADD', KEYS[3], parse_lease(all[i + 1]).exp, all[i])
+    redis.call('ZADD', KEYS[3], lease_exp(all[i + 1]), all[i])
   end
 end
 
@@ -339,8 +429,7 @@ end
 
 local function save_lease(id, L)
   LEASES = true
-  redis.call('HSET', KEYS[2], id, i0(L.g) .. ' ' .. i0(L.u) .. ' ' .. i0(L.r) .. ' ' .. i0(L.seq) .. ' ' .. i0(L.exp) .. ' ' .. i0(L.lg)
-    .. ' ' .. i0(L.lt) .. ' ' .. i0(L.pd) .. ' ' .. i0(L.dr) .. ' ' .. i0(L.au) .. ' ' .. i0(L.ad) .. ' ' .. i0(L.ar) .. ' ' .. i0(L.le) .. ' ' .. L.inc)
+  redis.call('HSET', KEYS[2], id, lease_record(L))
   index(id, L.exp)
 end
 
@@ -380,7 +469,7 @@ local function expired_few(max)
   local all = redis.call('HGETALL', KEYS[2])
   local due = {}
   for i = 1, #all, 2 do
-    local exp = parse_lease(all[i + 1]).exp
+    local exp = lease_exp(all[i + 1])
     if exp <= NOW then due[#due + 1] = { id = all[i], exp = exp } end
   end
   table.sort(due, function(a, b)

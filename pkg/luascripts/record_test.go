@@ -1,0 +1,92 @@
+package luascripts
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestLeaseRecordsStayListpack: production-shaped leases (a wall-clock seq,
+// a random 64-bit incarnation, a long instance id) are written compact,
+// within Redis's 64-byte listpack value limit, so a key's lease hash stays
+// a listpack with one lease and with three; the records read back exactly.
+func TestLeaseRecordsStayListpack(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	sc := New()
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "t0000001", Class: "write"})
+	seq := uint64(time.Now().UnixMicro())
+	incs := []uint64{18446744073709551615, 10000000000, 7}
+	for i, id := range []string{"api-7f9c4d5b8-x2k4q-1.9f3a61c2", "api-7f9c4d5b8-m8t2z-1.04be7d19", "api-7f9c4d5b8-q5w7n-1.c2d81e70"} {
+		r := Report{Instance: id, Incarnation: incs[i], Lease: seq, Seq: seq + 3, Used: 0, Want: 20, Min: 1, BuiltUS: 86_400_000_000}
+		if lr, err := sc.Sync(ctx, rdb, k, expiryCommon, r); err != nil || lr.Granted != 20 {
+			t.Fatalf("lease %s: %+v, %v", id, lr, err)
+		}
+		if enc := rdb.ObjectEncoding(ctx, k.Leases).Val(); enc != "listpack" {
+			t.Fatalf("%d leases: lease hash encoded %q, want listpack", i+1, enc)
+		}
+		rec := rdb.HGet(ctx, k.Leases, id).Val()
+		if len(rec) > 64 {
+			t.Fatalf("record %q is %d bytes, want at most 64", rec, len(rec))
+		}
+		l, err := ParseLeaseRecord(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Granted != 20 || l.Seq != seq+3 || l.Lease != seq || l.LastGrant != 20 || l.WindowStartUS != 86_400_000_000 ||
+			!l.Fingerprint || l.Incarnation != r.incString() || l.ExpiryUS <= 0 {
+			t.Fatalf("record of %s reads back as %+v", id, l)
+		}
+	}
+}
+
+func (r Report) incString() string { return r.leaseArgs()[1].(string) }
+
+// TestLeaseRecordForms: numbers a compact record cannot carry (negative
+// ones here) are written as text, by the scripts and the Model alike; a
+// text record written by older scripts is read, continued and rewritten
+// compact.
+func TestLeaseRecordForms(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	sc := newVirtual()
+	m := NewModel()
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	now := int64(1_800_000_000_000_000)
+	sc.setNow(now)
+	r := Report{Instance: "i-a", Incarnation: 9, Lease: 1, Seq: 1, Used: -5, Want: 10, Min: 1}
+	want := m.Sync(now, k, expiryCommon, r)
+	got, err := sc.Sync(ctx, rdb, k, expiryCommon, r)
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("sync: lua %+v, %v; model %+v", got, err, want)
+	}
+	rec := rdb.HGet(ctx, k.Leases, "i-a").Val()
+	if ms := m.Snapshot()[k.Leases]["i-a"]; rec != ms || len(strings.Fields(rec)) != 14 {
+		t.Fatalf("record %q, model %q: want the same fourteen text fields", rec, ms)
+	}
+
+	// Older scripts' text record of a live lease: granted 10, used 4,
+	// seq 1, expiring in 500ms, fingerprint (used 4) of incarnation 9.
+	exp := itoa(now + 500_000)
+	old := "10 4 0 1 " + exp + " 10 " + itoa(now) + " 0 0 4 0 0 1 9"
+	if err := rdb.HSet(ctx, k.Leases, "i-b", old).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HIncrBy(ctx, k.Bucket, "out", 6).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := sc.Sync(ctx, rdb, k, expiryCommon, Report{Instance: "i-b", Incarnation: 9, Lease: 1, Seq: 2, Used: 10, Want: 5, Min: 1})
+	if err != nil || lr.Conflict || lr.Duplicate || lr.Granted != 5 {
+		t.Fatalf("continuing an older record: %+v, %v", lr, err)
+	}
+	rec = rdb.HGet(ctx, k.Leases, "i-b").Val()
+	l, err := ParseLeaseRecord(rec)
+	if err != nil || rec[0] != compactMark || l.Granted != 15 || l.Used != 10 || l.Seq != 2 || l.AppliedUsed != 10 || l.Incarnation != "9" {
+		t.Fatalf("rewritten record %q: %+v, %v; want compact, granted 15, used 10, seq 2", rec, l, err)
+	}
+}
