@@ -65,20 +65,6 @@ func NudgeWait(lastStart, now time.Time, epoch time.Duration) time.Duration {
 	return max(0, lastStart.Add(NudgeSpacing(epoch)).Sub(now))
 }
 
-// ActiveHorizon is how far back (in epochs) a key's last sight in the
-// active-key index makes it part of a report.
-const ActiveHorizon = 3
-
-// IndexKeep is how long (in epochs) an entry stays in the active-key index
-// after its last sight.
-const IndexKeep = 10
-
-// ActiveSince is the oldest index score (Redis time, µs) that puts a key
-// in a report sent at sendUS.
-func ActiveSince(sendUS int64, epoch time.Duration) int64 {
-	return sendUS - (ActiveHorizon * epoch).Microseconds()
-}
-
 // KeyRead is one key's state as the region leader read it for a report.
 type KeyRead struct {
 	Key quota.Key
