@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,6 +39,19 @@ type statusReport struct {
 	// GlobalError says why the global tier could not be asked.
 	GlobalError string      `json:"global_error,omitempty"`
 	Global      *globalView `json:"global,omitempty"`
+	// Shards are the global tier's shards past shard 0 (global_shards >
+	// 1), each asked at the leader etcd names; Global then counts
+	// contended keys, learning and degraded regions across all shards and
+	// lists the most contended keys of all.
+	Shards []shardView `json:"shards,omitempty"`
+}
+
+// shardView is one global-tier shard past shard 0.
+type shardView struct {
+	Shard  int         `json:"shard"`
+	Leader *leaderView `json:"leader"`
+	Error  string      `json:"error,omitempty"`
+	Global *globalView `json:"global,omitempty"`
 }
 
 // leaderView is the holder of one election: the candidate whose key was
@@ -154,6 +168,9 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 		} else if err := a.askGlobal(ctx, rep.GlobalAddr, int32(*top), &rep); err != nil {
 			return err
 		}
+		if err := a.askShards(ctx, int32(*top), &rep); err != nil {
+			return err
+		}
 
 		if *format == "json" {
 			out, err := json.MarshalIndent(rep, "", "  ")
@@ -203,6 +220,17 @@ func (a *app) readEtcdStatus(ctx context.Context, rep *statusReport) error {
 	cfg, _, _ := store.Get(stepCtx)
 	global, regions := electionLeaders(store.ElectionPrefix(), resp.Kvs)
 	rep.GlobalLeader = global
+	shards := shardLeaders(store.ElectionPrefix(), resp.Kvs)
+	n := 1
+	if cfg != nil {
+		n = cfg.ShardMap().N()
+	}
+	for i := range shards {
+		n = max(n, i+1)
+	}
+	for i := 1; i < n; i++ {
+		rep.Shards = append(rep.Shards, shardView{Shard: i, Leader: shards[i]})
+	}
 	names := map[string]bool{}
 	for r := range regions {
 		names[r] = false
@@ -257,6 +285,89 @@ func electionLeaders(electionPrefix string, kvs []*mvccpb.KeyValue) (*leaderView
 		}
 	}
 	return global, regions
+}
+
+// shardLeaders finds the holder of each shard's election past shard 0
+// (<electionPrefix>global-shard-I/<lease>), by shard.
+func shardLeaders(electionPrefix string, kvs []*mvccpb.KeyValue) map[int]*leaderView {
+	out := map[int]*leaderView{}
+	revs := map[int]int64{}
+	for _, item := range kvs {
+		rest, ok := strings.CutPrefix(string(item.Key), electionPrefix+"global-shard-")
+		if !ok {
+			continue
+		}
+		num, _, ok := strings.Cut(rest, "/")
+		i, err := strconv.Atoi(num)
+		if !ok || err != nil || i < 1 {
+			continue
+		}
+		cur := out[i]
+		if cur == nil {
+			out[i], revs[i] = &leaderView{Addr: string(item.Value), Key: string(item.Key), Candidates: 1}, item.CreateRevision
+			continue
+		}
+		cur.Candidates++
+		if item.CreateRevision < revs[i] {
+			cur.Addr, cur.Key, revs[i] = string(item.Value), string(item.Key), item.CreateRevision
+		}
+	}
+	return out
+}
+
+// askShards asks every shard past shard 0 whose leader etcd names, and
+// folds their answers into rep.Global: contended keys summed, learning if
+// any shard learns, degraded regions of any shard, and the top keys of
+// all. A shard that cannot be asked is an error of the report.
+func (a *app) askShards(ctx context.Context, top int32, rep *statusReport) error {
+	for i := range rep.Shards {
+		sh := &rep.Shards[i]
+		if sh.Leader == nil {
+			sh.Error = fmt.Sprintf("shard %d: no leader (no replica holds its election)", sh.Shard)
+			continue
+		}
+		var one statusReport
+		if err := a.askGlobal(ctx, sh.Leader.Addr, top, &one); err != nil {
+			return err
+		}
+		sh.Error, sh.Global = one.GlobalError, one.Global
+		if sh.Global == nil || rep.Global == nil {
+			continue
+		}
+		g := rep.Global
+		g.ContendedKeys += sh.Global.ContendedKeys
+		g.Learning = g.Learning || sh.Global.Learning
+		for _, d := range sh.Global.Degraded {
+			if !slices.Contains(g.Degraded, d) {
+				g.Degraded = append(g.Degraded, d)
+			}
+		}
+		sort.Strings(g.Degraded)
+		g.Keys = append(g.Keys, sh.Global.Keys...)
+	}
+	if rep.Global != nil && len(rep.Shards) > 0 {
+		keys := rep.Global.Keys
+		sort.SliceStable(keys, func(i, j int) bool { return pressure(keys[i]) > pressure(keys[j]) })
+		rep.Global.Keys = keys[:min(len(keys), int(top))]
+	}
+	var errs []string
+	for _, sh := range rep.Shards {
+		if sh.Error != "" {
+			errs = append(errs, sh.Error)
+		}
+	}
+	if len(errs) > 0 && rep.GlobalError == "" {
+		rep.GlobalError = strings.Join(errs, "\n")
+	}
+	return nil
+}
+
+// pressure is a key's demand over its rate (how Status ranks keys).
+func pressure(k keyView) float64 {
+	if k.Rate <= 0 {
+		return 0
+	}
+	return k.Demand / k.Rate
 }
 
 // askGlobal calls AllocatorService.Status on addr. Failures to reach it
@@ -407,6 +518,18 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 	}
 	fmt.Fprintf(w, "config revision:\t%s\n", rev)
 	fmt.Fprintf(w, "contended keys:\t%d\n", g.ContendedKeys)
+	for _, sh := range rep.Shards {
+		switch {
+		case sh.Global != nil:
+			l := "no"
+			if sh.Global.Learning {
+				l = "yes"
+			}
+			fmt.Fprintf(w, "shard %d:\t%s\t(learning: %s, contended keys: %d)\n", sh.Shard, sh.Leader.Addr, l, sh.Global.ContendedKeys)
+		default:
+			fmt.Fprintf(w, "shard %d:\tunreachable\t(see below)\n", sh.Shard)
+		}
+	}
 	if len(g.Degraded) > 0 {
 		fmt.Fprintf(w, "degraded:\t%s\t(silent: counted at max(last grant, static share) until the static lease lapses, then at the floor)\n", strings.Join(g.Degraded, ", "))
 	} else {

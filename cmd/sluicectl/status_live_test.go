@@ -62,3 +62,33 @@ func regexpLine(text, a, b string) bool {
 	}
 	return false
 }
+
+// TestStatusAcrossShards: with global_shards 2, status names both shards'
+// leaders (shard 1's from its own election) and asks both.
+func TestStatusAcrossShards(t *testing.T) {
+	cfg := config.Default()
+	cfg.GlobalShards = 2
+	c, err := devcluster.Start(context.Background(), devcluster.Options{
+		Config: cfg, Regions: []string{"us-east"}, SessionTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	shard1 := c.GlobalShardAddrs(1)[0]
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), []string{"-etcd-endpoints", c.EtcdAddr(), "status"},
+			strings.NewReader(""), &stdout, &stderr)
+		out := stdout.String()
+		if code == exitOK && regexpLine(out, "shard 1:", shard1) && regexpLine(out, "shard 1:", "contended keys") &&
+			strings.Contains(out, "global leader:  "+c.GlobalAddrs()[0]) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never showed both shards answering (exit %d):\n%s\n%s", code, out, stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
+	}
+}
