@@ -28,8 +28,10 @@ deps:
 # NORACE are packages with no concurrency of their own (the virtual-time
 # simulator's runner: one goroutine per world), tested without the race
 # detector, which multiplies their run time by four and made them the
-# longest test of the suite.
-NORACE ?= github.com/sluicehq/sluice/sim/runner
+# longest test of the suite; and the scale simulator, whose only
+# concurrency is per-region and per-shard work on disjoint state
+# (go test -race -run TestDeterministic ./sim/scale/ checks it).
+NORACE ?= github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim/scale
 
 test: deps
 	$(GO) vet ./...

@@ -10,6 +10,7 @@
 //	go run ./sim -scenario flash-crowd -seed 7 -duration 2m -out sim-out
 //	go run ./sim -scenario my.yaml       # a scenario file
 //	go run ./sim -live -scenario steady  # the same against real daemons
+//	go run ./sim -scenario scale-10m     # 10,000,000 keys at epoch granularity (sim/scale)
 //
 // The summary goes to stdout; report.html, summary.txt, timeseries.csv and
 // one SVG per chart go to -out. The same scenario and seed always give the

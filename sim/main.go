@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/sim/live"
 	"github.com/sluicehq/sluice/sim/report"
 	"github.com/sluicehq/sluice/sim/runner"
+	scalesim "github.com/sluicehq/sluice/sim/scale"
 	"github.com/sluicehq/sluice/sim/scenario"
 	"github.com/sluicehq/sluice/sim/scenarios"
 )
@@ -66,6 +67,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if *list {
+		for _, n := range scalesim.Names() {
+			sp, err := scalesim.Load(n)
+			if err != nil {
+				fmt.Fprintf(stderr, "sim: %v\n", err)
+				return exitUsage
+			}
+			fmt.Fprintf(stdout, "%-18s %8v  %s\n", n, time.Duration(sp.Duration), firstSentence(sp.Description))
+		}
 		for _, n := range scenarios.Names() {
 			sc, err := scenarios.Load(n)
 			if err != nil {
@@ -75,6 +84,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "%-18s %8v  %s\n", n, time.Duration(sc.Duration), firstSentence(sc.Description))
 		}
 		return exitOK
+	}
+	if isScale(*name) {
+		if *liveMode {
+			fmt.Fprintf(stderr, "sim: %s is a scale scenario, which runs in virtual mode only; drop -live\n", *name)
+			return exitUsage
+		}
+		return runScale(*name, *seed, *duration, *out, stdout, stderr)
 	}
 	sc, err := loadScenario(*name)
 	if err != nil {
@@ -115,6 +131,62 @@ func exitCode(o *runner.Outcome) int {
 		return exitViolation
 	case !o.Pass():
 		return exitMissed
+	}
+	return exitOK
+}
+
+// isScale says whether name is a scale scenario: a shipped one, or a file
+// whose kind is scale.
+func isScale(name string) bool {
+	if strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml") || strings.ContainsRune(name, os.PathSeparator) {
+		return scalesim.IsScaleFile(name)
+	}
+	return scalesim.Shipped(name)
+}
+
+// runScale runs a scale scenario (package sim/scale) and writes its
+// summary.txt and scale.csv to out.
+func runScale(name string, seed uint64, duration time.Duration, out string, stdout, stderr io.Writer) int {
+	spec, err := scalesim.Load(name)
+	if err != nil {
+		fmt.Fprintf(stderr, "sim: %v\n", err)
+		return exitUsage
+	}
+	if seed != 0 {
+		spec.Seed = seed
+	}
+	res, err := scalesim.Run(spec, scalesim.Options{Duration: duration})
+	if err != nil {
+		fmt.Fprintf(stderr, "sim: %v\n", err)
+		return exitUsage
+	}
+	summary := res.Summary()
+	fmt.Fprint(stdout, summary)
+	if out != "" {
+		if err := os.MkdirAll(out, 0o755); err != nil {
+			fmt.Fprintf(stderr, "sim: output directory: %v\n", err)
+			return exitUsage
+		}
+		if err := os.WriteFile(filepath.Join(out, "summary.txt"), []byte(summary), 0o644); err != nil {
+			fmt.Fprintf(stderr, "sim: %v\n", err)
+			return exitUsage
+		}
+		f, err := os.Create(filepath.Join(out, "scale.csv"))
+		if err == nil {
+			err = res.WriteCSV(f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "sim: write scale.csv: %v\n", err)
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "sim: summary and CSV in %s\n", out)
+	}
+	fmt.Fprintf(stderr, "sim: %s", res.WallSummary())
+	if !res.Oracle.Holds() {
+		return exitViolation
 	}
 	return exitOK
 }

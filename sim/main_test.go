@@ -92,3 +92,25 @@ func TestViolationExitsOne(t *testing.T) {
 		t.Fatalf("exit %d for a clean run", c)
 	}
 }
+
+func TestScaleScenarioRunsAndWritesItsSummary(t *testing.T) {
+	dir := t.TempDir()
+	code, out, stderr := runArgs(t, "-scenario", "scale-small", "-duration", "10s", "-out", dir)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(out, "Sluice scale simulation: scale-small") || !strings.Contains(out, "Result: PASS") {
+		t.Errorf("summary:\n%s", out)
+	}
+	for _, f := range []string{"summary.txt", "scale.csv"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	if code, _, stderr := runArgs(t, "-live", "-scenario", "scale-small"); code != exitUsage || !strings.Contains(stderr, "virtual mode only") {
+		t.Errorf("-live on a scale scenario: exit %d, stderr %q", code, stderr)
+	}
+	if _, out, _ := runArgs(t, "-list"); !strings.Contains(out, "scale-10m") {
+		t.Errorf("-list misses scale-10m:\n%s", out)
+	}
+}

@@ -1,0 +1,204 @@
+package scale
+
+import (
+	"errors"
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func small(t *testing.T) *Spec {
+	t.Helper()
+	spec, err := Load("scale-small")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+// The small scale scenario (100,000 keys, 3 regions, 2 shards, a region
+// and a shard leader lost) passes its oracle, and every contended key was
+// modeled and reported.
+func TestSmallScenarioPassesItsOracle(t *testing.T) {
+	res, err := Run(small(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Oracle.Holds() {
+		t.Fatalf("the oracle failed:\n%s", res.Summary())
+	}
+	if res.ContendedKeys != 500 || res.ContendedAll != 500 {
+		t.Errorf("contended keys = %d (all %d), want 500", res.ContendedKeys, res.ContendedAll)
+	}
+	if u := res.Oracle.Utilization(); !(u > 0.9 && u <= 1.0001) {
+		t.Errorf("utilization on contended keys = %.4f, want in (0.9, 1]", u)
+	}
+	for _, rg := range res.Regions {
+		if rg.Reports == 0 || rg.BytesUp == 0 || rg.ControlCalls == 0 {
+			t.Errorf("%s sent nothing: %+v", rg.Name, rg)
+		}
+	}
+	for _, sh := range res.Shards {
+		if sh.Grants == 0 {
+			t.Errorf("shard %d granted nothing", sh.Shard)
+		}
+	}
+	if len(res.Notes) != 2 {
+		t.Errorf("notes %q, want the two faults", res.Notes)
+	}
+	var csv strings.Builder
+	if err := res.WriteCSV(&csv); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(csv.String(), "\n"); n != 1+3+3*2+2 {
+		t.Errorf("CSV has %d lines, want %d", n, 1+3+3*2+2)
+	}
+}
+
+// A region that ignores the allocator's answer, or keeps grants past
+// their validity (unfenced), oversubscribes contended keys: the oracle
+// must say so.
+func TestBrokenVariantsFailTheOracle(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		m    Mutation
+		d    time.Duration // long enough for capacity to move
+	}{{"answer ignored", IgnoreAnswer, 30 * time.Second}, {"grants unfenced", Unfenced, time.Minute}} {
+		t.Run(c.name, func(t *testing.T) {
+			res, err := Run(small(t), Options{Duration: c.d, Mutate: c.m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Oracle.Holds() {
+				t.Fatalf("the oracle passed a broken region:\n%s", res.Summary())
+			}
+			t.Logf("rate violations %d, cap violations %d, conformance %d", res.Oracle.RateViolations,
+				res.Oracle.CapViolations, res.Oracle.ConformViolations)
+		})
+	}
+}
+
+// The same spec and seed give the same result.
+func TestDeterministic(t *testing.T) {
+	spec := small(t)
+	a, err := Run(spec, Options{Duration: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Run(spec, Options{Duration: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Summary() != b.Summary() {
+		t.Fatalf("two runs differ:\n%s\n%s", a.Summary(), b.Summary())
+	}
+}
+
+// The calibration puts exactly the contended fraction above a static
+// share, models every key that comes near one, and leaves every other
+// key below the scripts' marking threshold at its peak in every region.
+func TestPopulationCalibration(t *testing.T) {
+	spec := small(t)
+	p, tracked := newPopulation(spec)
+	in := map[int]bool{}
+	for _, i := range tracked {
+		in[i] = true
+	}
+	contended := 0
+	for i := range p.n {
+		peak := 0.0
+		for g := range p.regions {
+			peak = max(peak, p.raw(i)*p.scale*p.regionShare(i, g)/(p.limit(i)/float64(p.regions)))
+		}
+		if got := p.pressure(i) * p.scale; math.Abs(got-peak) > 1e-9*peak {
+			t.Fatalf("key %d: pressure %v, peak share %v", i, got, peak)
+		}
+		if peak > 1 {
+			contended++
+		}
+		if !in[i] && peak >= 0.5 {
+			t.Fatalf("key %d peaks at %.3f of a static share but is not modeled", i, peak)
+		}
+	}
+	if contended != 500 {
+		t.Errorf("%d contended keys, want 500", contended)
+	}
+	sum := 0.0
+	for g := range p.regions {
+		sum += p.regionShare(7, g)
+	}
+	if math.Abs(sum-1) > 1e-12 {
+		t.Errorf("key 7's regional shares sum to %v", sum)
+	}
+}
+
+// The binned data-plane count matches the count key by key.
+func TestColdHistogramsMatchKeyByKey(t *testing.T) {
+	spec := small(t)
+	p, tracked := newPopulation(spec)
+	in := map[int]bool{}
+	for _, i := range tracked {
+		in[i] = true
+	}
+	hs := p.coldHists(tracked)
+	for g := range p.regions {
+		for _, c := range []float64{0.3, 1} {
+			wantOff, wantCalls := 0.0, 0.0
+			for i := range p.n {
+				if in[i] {
+					continue
+				}
+				d := p.raw(i) * p.scale * p.regionShare(i, g) * c
+				wantOff += d
+				wantCalls += holders(d, 20, leaseTTL) / refresh.Seconds()
+			}
+			off, calls := hs[g].coldLoad(c, 20, leaseTTL, refresh)
+			if math.Abs(off-wantOff) > 1e-6*wantOff || math.Abs(calls-wantCalls) > 0.01*wantCalls {
+				t.Errorf("region %d at %.1f: binned offered %.1f calls %.1f, key by key %.1f and %.1f", g, c, off, calls, wantOff, wantCalls)
+			}
+		}
+	}
+}
+
+func TestBadSpecsAreRefused(t *testing.T) {
+	spec := small(t)
+	spec.Keys = 10
+	spec.Shards = 0
+	spec.Faults = append(spec.Faults, Fault{Kind: "meteor"})
+	err := spec.Validate()
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("err = %v, want ErrInvalid", err)
+	}
+	for _, want := range []string{"keys 10", "shards 0", "faults[2].kind"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	if _, err := Parse([]byte("kind: scale\nname: x\nbogus: 1\n")); !errors.Is(err, ErrInvalid) {
+		t.Errorf("an unknown field: err = %v", err)
+	}
+	if _, err := Run(spec, Options{}); err == nil {
+		t.Error("Run accepted a bad spec")
+	}
+}
+
+// The full scale scenario (10,000,000 keys): SLUICE_SOAK=1 (make soak).
+func TestScaleSoak(t *testing.T) {
+	if os.Getenv("SLUICE_SOAK") == "" {
+		t.Skip("SLUICE_SOAK not set: the 10,000,000-key run takes minutes")
+	}
+	spec, err := Load("scale-10m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + res.Summary() + res.WallSummary())
+	if !res.Oracle.Holds() {
+		t.Fatal("the oracle failed")
+	}
+}
