@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -29,11 +30,10 @@ const (
 	// region's report in progress (assembly.charge): about 800,000 keys
 	// at MaxReportBytesPerKey, 1,100,000 with names of usual length.
 	DefaultMaxReportBytes = 512 << 20
-	// heldBytesPerKey is what the leader counts for each key it has room
-	// for in a report in progress, beside the wire bytes of its pages:
-	// the key's decoded demand and limit and its slot in the index of the
-	// report's keys. TestHeldBytesBoundTheHeap checks that the count
-	// exceeds the heap the pages take.
+	// heldBytesPerKey is what the leader counts for each key it holds of
+	// a report in progress, beside the wire bytes of its pages: the key's
+	// decoded demand and limit. TestHeldBytesBoundTheHeap checks that the
+	// count exceeds the heap the pages take.
 	heldBytesPerKey = 384
 	// MaxReportBytesPerKey is the most wire bytes one key adds to a
 	// RegionReport (a KeyDemand: tenant and class at their length limits,
@@ -52,9 +52,11 @@ type assembly struct {
 	started   time.Time
 	wire      int     // wire bytes of the pages held
 	revisions []int64 // page 0's config_revisions
-	keys      []hierarchy.KeyDemand
-	limits    []hierarchy.KeyLimit
-	seen      map[quota.Key]int // key -> its place in the report
+	// The pages' keys decoded, page by page (so that none is copied
+	// before the last page), and their number.
+	keys   [][]hierarchy.KeyDemand
+	limits [][]hierarchy.KeyLimit
+	nkeys  int
 }
 
 // pagedAnswer is the whole answer to a region's latest paged report, kept
@@ -95,27 +97,24 @@ func (b *pageBook) dropStale(now time.Time, maxAge time.Duration) {
 }
 
 // charge is what the assembly counts against MaxReportBytes: the wire
-// bytes of its pages and heldBytesPerKey for each key it has room for.
+// bytes of its pages and heldBytesPerKey for each key.
 func (a *assembly) charge() int {
-	return a.wire + heldBytesPerKey*cap(a.keys)
+	return a.wire + heldBytesPerKey*a.nkeys
 }
 
-// room is the keys a, holding its keys and adding more, has room for: its
-// capacity, or when that is short, twice it (at least enough), but no
-// more than limit.
-func (a *assembly) room(more, limit int) int {
-	need := len(a.keys) + more
-	if need <= cap(a.keys) {
-		return cap(a.keys)
+// report is the whole report the pages make, with each key's limit; a key
+// in two pages is refused (quota.ErrInvalid).
+func (a *assembly) report(region string) (hierarchy.Report, []hierarchy.KeyLimit, error) {
+	keys, limits := slices.Concat(a.keys...), slices.Concat(a.limits...)
+	seen := make(map[quota.Key]int, len(keys))
+	for i := range keys {
+		k := keys[i].Key
+		if j, dup := seen[k]; dup {
+			return hierarchy.Report{}, nil, fmt.Errorf("%w: keys[%d].key %s duplicates keys[%d]", quota.ErrInvalid, i, k, j)
+		}
+		seen[k] = i
 	}
-	return max(need, min(2*cap(a.keys), limit))
-}
-
-// resized is s with capacity n (at least len(s)).
-func resized[T any](s []T, n int) []T {
-	out := make([]T, len(s), n)
-	copy(out, s)
-	return out
+	return hierarchy.Report{Region: region, Seq: a.seq, Keys: keys}, limits, nil
 }
 
 // heldBytes is the bytes counted for every report in progress (for the
@@ -180,8 +179,8 @@ func (s *Service) pageLocked(now time.Time, req *sluicev1.RegionReport) (*sluice
 	if err != nil || ack != nil {
 		return ack, err
 	}
-	wire, room := proto.Size(req), a.room(len(req.GetKeys()), s.maxReportBytes/heldBytesPerKey)
-	if charge := a.wire + wire + heldBytesPerKey*room; charge > s.maxReportBytes {
+	wire := proto.Size(req)
+	if charge := a.charge() + wire + heldBytesPerKey*len(req.GetKeys()); charge > s.maxReportBytes {
 		// The report can never be taken whole: what is held goes.
 		delete(s.pages.inProgress, region)
 		s.m.report(label, "invalid")
@@ -189,14 +188,14 @@ func (s *Service) pageLocked(now time.Time, req *sluicev1.RegionReport) (*sluice
 			"allocator: sync page: report of seq %d from %q: page %d brings what is held of it to %d bytes (its pages' wire bytes and %d per key), more than the bound report_bytes=%d a region's report may take; raise -max-report-bytes or report fewer keys",
 			seq, region, page, charge, heldBytesPerKey, s.maxReportBytes)
 	}
-	keys, limits, err := regionsync.DecodeKeys(cfg, req.GetKeys(), len(a.keys), a.seen)
+	// Duplicates within the page are found here, across pages once the
+	// last one is in.
+	keys, limits, err := regionsync.DecodeKeys(cfg, req.GetKeys(), a.nkeys, make(map[quota.Key]int, len(req.GetKeys())))
 	if err != nil {
 		return nil, invalid("page %d: %v", page, err)
 	}
-	if room > cap(a.keys) {
-		a.keys, a.limits = resized(a.keys, room), resized(a.limits, room)
-	}
-	a.keys, a.limits = append(a.keys, keys...), append(a.limits, limits...)
+	a.keys, a.limits = append(a.keys, keys), append(a.limits, limits)
+	a.nkeys += len(keys)
 	a.wire += wire
 	a.next = page + 1
 	if s.pages.inProgress == nil {
@@ -208,7 +207,11 @@ func (s *Service) pageLocked(now time.Time, req *sluicev1.RegionReport) (*sluice
 		return &sluicev1.RegionGrants{Region: region, Seq: seq, PagesReceived: a.next}, nil
 	}
 	delete(s.pages.inProgress, region)
-	out, err := s.reportLocked(now, label, hierarchy.Report{Region: region, Seq: seq, Keys: a.keys}, a.limits, a.revisions)
+	rep, limits, err := a.report(region)
+	if err != nil {
+		return nil, invalid("report of seq %d (%d pages): %v", seq, pages, err)
+	}
+	out, err := s.reportLocked(now, label, rep, limits, a.revisions)
 	if err != nil {
 		return nil, err
 	}
@@ -229,13 +232,7 @@ func (s *Service) nextAssemblyLocked(now time.Time, req *sluicev1.RegionReport) 
 	if page == 0 {
 		delete(s.pages.inProgress, region)
 		delete(s.pages.answers, region)
-		// Room for every page as full as this one, as far as the bound
-		// lets a report go.
-		n := min(int(pages)*len(req.GetKeys()), s.maxReportBytes/heldBytesPerKey)
-		return &assembly{
-			seq: seq, pages: pages, cfg: s.applied, started: now, revisions: req.GetConfigRevisions(),
-			keys: make([]hierarchy.KeyDemand, 0, n), limits: make([]hierarchy.KeyLimit, 0, n), seen: make(map[quota.Key]int, n),
-		}, nil, nil
+		return &assembly{seq: seq, pages: pages, cfg: s.applied, started: now, revisions: req.GetConfigRevisions()}, nil, nil
 	}
 	restart := func(why string) error {
 		s.m.report(label, "page_out_of_order")

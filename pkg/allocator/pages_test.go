@@ -156,7 +156,7 @@ func TestPagesAssembleOrRefuse(t *testing.T) {
 		{name: "page 0", req: page(1, 0, 3, pkey(0), pkey(1)), acked: 1},
 		{name: "page 2 before 1", req: page(1, 2, 3, pkey(4)), code: codes.Aborted, want: "page 1 is the next one expected; " + restart},
 		{name: "another page count", req: page(1, 1, 4, pkey(2), pkey(3)), code: codes.InvalidArgument, want: "says 4 pages, page 0 said 3"},
-		{name: "key of page 0 again", req: page(1, 1, 3, pkey(2), pkey(0)), code: codes.InvalidArgument, want: "page 1: invalid argument: keys[3].key p0/write duplicates keys[0]"},
+		{name: "a key twice in a page", req: page(1, 1, 3, pkey(2), pkey(2)), code: codes.InvalidArgument, want: "page 1: invalid argument: keys[3].key p2/write duplicates keys[2]"},
 		{name: "bad key", req: page(1, 1, 3, pkey(2), bad), code: codes.InvalidArgument, want: "keys[3].key: invalid argument: tenant"},
 		{name: "too many keys", req: page(1, 1, 3, pkey(2), pkey(3), pkey(4)), code: codes.InvalidArgument, want: "keys_per_report=2"},
 		{name: "another seq mid-way", req: page(2, 1, 3, pkey(2), pkey(3)), code: codes.Aborted, want: "the report held here is seq 1; " + restart},
@@ -178,6 +178,16 @@ func TestPagesAssembleOrRefuse(t *testing.T) {
 			t.Errorf("key p%d tracked %v, want %v", i, !want, want)
 		}
 	}
+	// A key of page 0 again in page 1: the report is refused at its last
+	// page, whole, and changes nothing.
+	runPageSteps(t, d, api, []pageStep{
+		{name: "page 0", req: page(4, 0, 2, pkey(10), pkey(11)), acked: 1},
+		{name: "a key of page 0 again", req: page(4, 1, 2, pkey(12), pkey(10)), code: codes.InvalidArgument, want: "report of seq 4 (2 pages): invalid argument: keys[3].key p10/write duplicates keys[0]"},
+		{name: "the report is gone", req: page(4, 1, 2, pkey(12)), code: codes.Aborted, want: "no earlier page of it is held here"},
+	})
+	if tracked(d, 10) || tracked(d, 12) {
+		t.Error("a refused report's keys are tracked")
+	}
 }
 
 // TestPagedReportOverTheByteBound: pages that would bring what the leader
@@ -186,8 +196,7 @@ func TestPagesAssembleOrRefuse(t *testing.T) {
 // dropped; a report within the bound is taken.
 func TestPagedReportOverTheByteBound(t *testing.T) {
 	srv := etcdtest.Start(t)
-	// Page 0 (one key of two pages) makes room for two keys; page 1's
-	// three keys need room for four, one byte over the bound.
+	// Page 1 brings what is held to one byte over the bound.
 	p0, p1 := page(1, 0, 2, pkey(0)), page(1, 1, 2, pkey(1), pkey(2), pkey(3))
 	bound := proto.Size(p0) + proto.Size(p1) + 4*heldBytesPerKey - 1
 	d, api := pagingDaemon(t, srv, DaemonOptions{MaxKeysPerPage: 3, MaxReportBytes: bound})
