@@ -65,8 +65,9 @@ default_tier: free
 	if err != nil {
 		t.Fatal(err)
 	}
-	// eu serves the key a little: it is in eu's reports, with a small
-	// demand.
+	// eu serves the key a little, below half its static share: eu does
+	// not report it until the allocator grants it the key (a donor
+	// grant), after which the key is marked and reported.
 	if _, err := srv.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: "eu-app", Report: &sluicev1.KeyReport{
 		Key: &sluicev1.QuotaKey{Tenant: leaseKey.Tenant, Class: leaseKey.Class}, Seq: 1, Want: 1,
 	}}); err != nil {
