@@ -209,6 +209,15 @@ func TestMemoryPerKey(t *testing.T) {
 		envoy := per[layouts[0].name]
 		t.Logf("%-40s %8.1f B/key  %5.2f x envoy  (%d quota keys, %d Redis keys)", l.name, per[l.name], per[l.name]/envoy, n, keys)
 	}
+	// The layout's ceilings, as multiples of the same run's envoy key (the
+	// compact records and the expiry set kept only for many leases: about
+	// 3x and 4.5x; 5.3x and 8x before).
+	envoy := per[layouts[0].name]
+	for name, most := range map[string]float64{"one live lease": 3.5, "three live leases": 5} {
+		if per[name] > most*envoy {
+			t.Errorf("%s: %.1f B/key is %.2f x envoy, want at most %.1f x", name, per[name], per[name]/envoy, most)
+		}
+	}
 }
 
 // BenchmarkSyncThreeLeases: one renewal of one of three live leases per
