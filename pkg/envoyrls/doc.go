@@ -205,6 +205,16 @@
 //	sluice_envoy_request_duration_seconds{result}         per ShouldRateLimit call; result: ok,
 //	                                                      over_limit, invalid_argument, error
 //
+// # Serving
+//
+// Register serves a Service on any gRPC server. RegisterEncoded, on a
+// server built with ServerOptions (cmd/agent's), answers the same bytes
+// but writes them itself from the decisions, with the parts every answer
+// about one limit shares (current_limit, x-ratelimit-limit,
+// ratelimit-policy, and the reset and retry-after headers of the first
+// two minutes) encoded once: an answer is then one allocation of its bytes
+// instead of a message for gRPC to walk and encode.
+//
 // # Units
 //
 // Costs, limits and remaining counts are whole tokens; rates tokens per

@@ -170,6 +170,9 @@ type shared struct {
 	rl        rlsv3.RateLimitResponse_RateLimit
 	hLimit    corev3.HeaderValue
 	hPolicy   corev3.HeaderValue
+	// The same in wire form, each a whole field: current_limit of a
+	// DescriptorStatus, and response_headers_to_add entries.
+	rlWire, hLimitWire, hPolicyWire []byte
 }
 
 func newShared(className string, limit quota.Limit, capacity int64) *shared {
@@ -190,6 +193,12 @@ func newShared(className string, limit quota.Limit, capacity int64) *shared {
 	all := string(buf)
 	sh.hLimit.Key, sh.hLimit.Value = HeaderLimit, all[:limitEnd]
 	sh.hPolicy.Key, sh.hPolicy.Value = HeaderRateLimitPolicy, all[limitEnd:]
+	wire := appendRateLimitField(nil, &sh.rl)
+	rlEnd := len(wire)
+	wire = appendHeaderField(wire, sh.hLimit.Key, sh.hLimit.Value)
+	limitWireEnd := len(wire)
+	wire = appendHeaderField(wire, sh.hPolicy.Key, sh.hPolicy.Value)
+	sh.rlWire, sh.hLimitWire, sh.hPolicyWire = wire[:rlEnd:rlEnd], wire[rlEnd:limitWireEnd:limitWireEnd], wire[limitWireEnd:]
 	return sh
 }
 
@@ -256,14 +265,20 @@ type headerBlock struct {
 	ptrs                 [maxHeaders]*corev3.HeaderValue
 }
 
-// timeHeaders are x-ratelimit-reset and retry-after for t = 0, 1, ….
-var timeHeaders [121][2]corev3.HeaderValue
+// timeHeaders are x-ratelimit-reset and retry-after for t = 0, 1, …, and
+// timeHeadersWire the same as response_headers_to_add fields.
+var (
+	timeHeaders     [121][2]corev3.HeaderValue
+	timeHeadersWire [121][2][]byte
+)
 
 func init() {
 	for t := range timeHeaders {
 		v := strconv.Itoa(t)
 		timeHeaders[t][0].Key, timeHeaders[t][0].Value = HeaderReset, v
 		timeHeaders[t][1].Key, timeHeaders[t][1].Value = HeaderRetryAfter, v
+		timeHeadersWire[t][0] = appendHeaderField(nil, HeaderReset, v)
+		timeHeadersWire[t][1] = appendHeaderField(nil, HeaderRetryAfter, v)
 	}
 }
 
@@ -281,27 +296,9 @@ func headers(shown decided, className string, overLimit, never bool, retry time.
 // build writes the headers (see headers) into hb and returns them. The
 // values of its own are substrings of one string built without fmt.
 func (hb *headerBlock) build(shown decided, sh *shared, overLimit, never bool, retry time.Duration) []*corev3.HeaderValue {
-	var t int64
-	timed := true
-	switch {
-	case overLimit && never, !overLimit && shown.never:
-		timed = false
-	case overLimit:
-		t = max(ceilSeconds(retry), 1)
-	default:
-		t = ceilSeconds(shown.reset)
-	}
-	// remaining | RateLimit (whose last digits are t).
+	t, timed := headerTime(shown, overLimit, never, retry)
 	var scratch [96]byte
-	buf := strconv.AppendUint(scratch[:0], uint64(shown.remaining), 10)
-	remainingEnd := len(buf)
-	buf = appendSFString(buf, sh.className)
-	buf = append(buf, ";r="...)
-	buf = append(buf, buf[:remainingEnd]...)
-	if timed {
-		buf = append(buf, ";t="...)
-		buf = strconv.AppendInt(buf, t, 10)
-	}
+	buf, remainingEnd := appendOwnValues(scratch[:0], shown, sh, t, timed)
 	all := string(buf)
 	hb.remaining.Key, hb.remaining.Value = HeaderRemaining, all[:remainingEnd]
 	hb.rateLimit.Key, hb.rateLimit.Value = HeaderRateLimit, all[remainingEnd:]
@@ -325,6 +322,35 @@ func (hb *headerBlock) build(shown decided, sh *shared, overLimit, never bool, r
 	}
 	hb.ptrs[5] = retryAfter
 	return hb.ptrs[:6:6]
+}
+
+// headerTime is the time fields' value t and whether they are written
+// (see headers).
+func headerTime(shown decided, overLimit, never bool, retry time.Duration) (t int64, timed bool) {
+	switch {
+	case overLimit && never, !overLimit && shown.never:
+		return 0, false
+	case overLimit:
+		return max(ceilSeconds(retry), 1), true
+	}
+	return ceilSeconds(shown.reset), true
+}
+
+// appendOwnValues appends the values of an answer's own headers to b:
+// x-ratelimit-remaining, then RateLimit (whose last digits are t when
+// timed); remainingEnd is where the first ends.
+func appendOwnValues(b []byte, shown decided, sh *shared, t int64, timed bool) (_ []byte, remainingEnd int) {
+	start := len(b)
+	b = strconv.AppendUint(b, uint64(shown.remaining), 10)
+	remainingEnd = len(b)
+	b = appendSFString(b, sh.className)
+	b = append(b, ";r="...)
+	b = append(b, b[start:remainingEnd]...)
+	if timed {
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, t, 10)
+	}
+	return b, remainingEnd
 }
 
 // sfString serialises s as a structured-field String (RFC 8941 §4.1.6),

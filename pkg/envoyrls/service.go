@@ -108,7 +108,8 @@ func (s *Service) SetLimiter(l Limiter) {
 
 // Register serves svc on g as envoy.service.ratelimit.v3.RateLimitService.
 // Call it before g serves (for a regional daemon: from
-// DaemonOptions.Extra).
+// DaemonOptions.Extra). RegisterEncoded answers for less on a server
+// built with ServerOptions.
 func Register(g *grpc.Server, svc *Service) {
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 }
@@ -131,33 +132,57 @@ func (s *Service) Collect(ch chan<- prometheus.Metric) {
 // for the mapping, the answer and the error codes).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
-	resp, out, err := s.decide(ctx, req)
+	var sc scratch
+	targets, decisions, out, err := s.decide(ctx, req, &sc)
+	var resp *rlsv3.RateLimitResponse
+	if err == nil {
+		resp, out = s.respond(targets, decisions)
+	}
 	s.m.byOutcome[out].Observe(time.Since(start).Seconds())
 	return resp, err
 }
 
-func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, outcome, error) {
+// shouldRateLimitEncoded is ShouldRateLimit answering in wire form (see
+// RegisterEncoded).
+func (s *Service) shouldRateLimitEncoded(ctx context.Context, req *rlsv3.RateLimitRequest) (wireAnswer, error) {
+	start := time.Now()
+	var sc scratch
+	targets, decisions, out, err := s.decide(ctx, req, &sc)
+	var resp wireAnswer
+	if err == nil {
+		resp, out = s.respondWire(targets, decisions)
+	}
+	s.m.byOutcome[out].Observe(time.Since(start).Seconds())
+	return resp, err
+}
+
+// scratch holds the targets and decisions of a request of up to two
+// descriptors (the common request has one) on the caller's stack.
+type scratch struct {
+	targets [2]Target
+	decided [2]decided
+}
+
+// decide resolves req and decides each of its matched descriptors. The
+// slices it returns live in sc when they fit.
+func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, sc *scratch) ([]Target, []decided, outcome, error) {
 	cfg := s.config.Current()
 	if cfg == nil {
-		return nil, outcomeError, status.Error(codes.Unavailable, "envoyrls: no config loaded yet")
+		return nil, nil, outcomeError, status.Error(codes.Unavailable, "envoyrls: no config loaded yet")
 	}
-	// A request has one descriptor or a few: their targets and decisions
-	// stay on the stack.
-	var targetBuf [2]Target
-	targets, err := resolveInto(targetBuf[:0], cfg, req)
+	targets, err := resolveInto(sc.targets[:0], cfg, req)
 	if err != nil {
 		s.log.Debug("envoy rate-limit request refused", "domain", req.GetDomain(), "err", err)
-		return nil, outcomeInvalid, status.Error(codes.InvalidArgument, err.Error())
+		return nil, nil, outcomeInvalid, status.Error(codes.InvalidArgument, err.Error())
 	}
 	box := s.limiter.Load()
 	if box == nil {
-		return nil, outcomeError, status.Error(codes.Unavailable, "envoyrls: not ready: no limiter attached yet")
+		return nil, nil, outcomeError, status.Error(codes.Unavailable, "envoyrls: not ready: no limiter attached yet")
 	}
 
-	var decidedBuf [2]decided
-	decisions := decidedBuf[:0]
-	if len(targets) <= len(decidedBuf) {
-		decisions = decidedBuf[:len(targets)]
+	var decisions []decided
+	if len(targets) <= len(sc.decided) {
+		decisions = sc.decided[:len(targets)]
 	} else {
 		decisions = make([]decided, len(targets))
 	}
@@ -173,7 +198,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		d, err := box.Allow(ctx, t.Key, t.Cost)
 		if err != nil {
 			out, err := s.failed(ctx, i, t, err)
-			return nil, out, err
+			return nil, nil, out, err
 		}
 		r := classify(d, t.Shadow)
 		c := s.m.of(t.Resolved.ClassName, t.Resolved.Tier)
@@ -184,7 +209,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		decisions[i] = newDecided(time.Now(), t.Resolved.Limit, r, d)
 		decisions[i].cache = c
 	}
-	return s.respond(targets, decisions)
+	return targets, decisions, outcomeOK, nil
 }
 
 // failed maps a Limiter error to a gRPC status. Tokens taken for earlier
@@ -214,7 +239,51 @@ type answer struct {
 	headers headerBlock
 }
 
-func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLimitResponse, outcome, error) {
+// verdict is what an answer says beyond its statuses: its overall code
+// and which descriptor its headers describe.
+type verdict struct {
+	out outcome
+	// retry is the longest retry delay of the over-limit descriptors;
+	// never says some over-limit descriptor can never pass (no
+	// retry-after then).
+	retry time.Duration
+	never bool
+	// shown is the descriptor the headers describe, when haveShown.
+	shown      decided
+	shownClass string
+	haveShown  bool
+}
+
+func judge(targets []Target, decisions []decided) verdict {
+	v := verdict{out: outcomeOK}
+	shownShadow := false
+	for i, t := range targets {
+		if t.Unlimited || !t.Matched {
+			continue
+		}
+		dd := decisions[i]
+		if dd.result == resultOverLimit {
+			v.out = outcomeOverLimit
+			v.retry = max(v.retry, dd.retry)
+			v.never = v.never || dd.never
+		}
+		// A descriptor in shadow mode never limits the caller, so the
+		// headers describe it only when every matched descriptor is.
+		if !v.haveShown || (shownShadow && !t.Shadow) || (shownShadow == t.Shadow && closerToExhaustion(dd, v.shown)) {
+			v.shown, v.haveShown, v.shownClass, shownShadow = dd, true, t.Resolved.ClassName, t.Shadow
+		}
+	}
+	return v
+}
+
+func (v verdict) code() rlsv3.RateLimitResponse_Code {
+	if v.out == outcomeOverLimit {
+		return rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	return rlsv3.RateLimitResponse_OK
+}
+
+func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLimitResponse, outcome) {
 	var ba *bareAnswer
 	var hb *headerBlock
 	if s.headers {
@@ -223,8 +292,9 @@ func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLim
 	} else {
 		ba = new(bareAnswer)
 	}
+	v := judge(targets, decisions)
 	resp := &ba.resp
-	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	resp.OverallCode = v.code()
 	var blocks []statusBlock
 	if len(targets) == 1 {
 		resp.Statuses, blocks = ba.ptr[:], ba.one[:]
@@ -232,10 +302,6 @@ func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLim
 		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(targets))
 		blocks = make([]statusBlock, len(targets))
 	}
-	out := outcomeOK
-	shown, haveShown, shownClass, shownShadow := decided{}, false, "", false
-	var retry time.Duration
-	never := false // some descriptor over limit can never pass: no retry-after
 	for i, t := range targets {
 		b := &blocks[i]
 		switch {
@@ -243,28 +309,15 @@ func (s *Service) respond(targets []Target, decisions []decided) (*rlsv3.RateLim
 			// As envoyproxy/ratelimit answers it: OK, nothing counts down.
 			b.st.Code, b.st.LimitRemaining = rlsv3.RateLimitResponse_OK, math.MaxUint32
 			resp.Statuses[i] = &b.st
-			continue
 		case !t.Matched:
 			b.st.Code = rlsv3.RateLimitResponse_OK
 			resp.Statuses[i] = &b.st
-			continue
-		}
-		dd := decisions[i]
-		resp.Statuses[i] = b.fill(dd, sharedFor(dd, t.Resolved.ClassName))
-		if dd.result == resultOverLimit {
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-			out = outcomeOverLimit
-			retry = max(retry, dd.retry)
-			never = never || dd.never
-		}
-		// A descriptor in shadow mode never limits the caller, so the
-		// headers describe it only when every matched descriptor is.
-		if !haveShown || (shownShadow && !t.Shadow) || (shownShadow == t.Shadow && closerToExhaustion(dd, shown)) {
-			shown, haveShown, shownClass, shownShadow = dd, true, t.Resolved.ClassName, t.Shadow
+		default:
+			resp.Statuses[i] = b.fill(decisions[i], sharedFor(decisions[i], t.Resolved.ClassName))
 		}
 	}
-	if hb != nil && haveShown {
-		resp.ResponseHeadersToAdd = hb.build(shown, sharedFor(shown, shownClass), out == outcomeOverLimit, never, retry)
+	if hb != nil && v.haveShown {
+		resp.ResponseHeadersToAdd = hb.build(v.shown, sharedFor(v.shown, v.shownClass), v.out == outcomeOverLimit, v.never, v.retry)
 	}
-	return resp, out, nil
+	return resp, v.out
 }

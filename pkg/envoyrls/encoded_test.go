@@ -1,0 +1,98 @@
+package envoyrls_test
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
+)
+
+// serveEncoded serves svc with RegisterEncoded on a server of its own
+// built with ServerOptions (and opts).
+func serveEncoded(t *testing.T, svc *envoyrls.Service, opts ...grpc.ServerOption) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(append(envoyrls.ServerOptions(), opts...)...)
+	envoyrls.RegisterEncoded(g, svc)
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
+// TestEncodedAnswersOverGRPC: a Service served with RegisterEncoded
+// answers over gRPC as TestAnswers checks the answers of Register: a key
+// walked past its limit gets statuses and headers that agree with the
+// limit and with each other, an unmatched descriptor an OK status; a
+// unary interceptor on the server is given the answer as a message.
+func TestEncodedAnswersOverGRPC(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	p := startProcess(t, rs, cfg, "envoy-encoded", true)
+	tinyWrite := limitSpec{"write", 1, rlsv3.RateLimitResponse_RateLimit_MINUTE, 3, 180}
+	var intercepted atomic.Int64
+	for _, tc := range []struct {
+		name   string
+		tenant string
+		opts   []grpc.ServerOption
+	}{
+		{"plain", "small", nil},
+		{"intercepted", "small2", []grpc.ServerOption{grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			resp, err := h(ctx, req)
+			if _, ok := resp.(*rlsv3.RateLimitResponse); ok {
+				intercepted.Add(1)
+			}
+			return resp, err
+		})}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			encoded := serveEncoded(t, p.svc, tc.opts...)
+			for i := range 4 {
+				resp := ask(t, encoded, request("sluice", 0, desc("tenant", tc.tenant, "class", "write"), desc("nobody", "x")))
+				want := rlsv3.RateLimitResponse_OK
+				if i == 3 {
+					want = rlsv3.RateLimitResponse_OVER_LIMIT
+				}
+				if len(resp.GetStatuses()) != 2 {
+					t.Fatalf("request %d: %d statuses, want 2: %v", i+1, len(resp.GetStatuses()), resp)
+				}
+				st, other := resp.GetStatuses()[0], resp.GetStatuses()[1]
+				if resp.GetOverallCode() != want || st.GetCode() != want {
+					t.Fatalf("request %d: %v, want %v", i+1, resp, want)
+				}
+				if !proto.Equal(other, &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}) {
+					t.Errorf("request %d: unmatched descriptor answered %v, want a bare OK", i+1, other)
+				}
+				if err := checkStatus(st, tinyWrite, 3*time.Minute); err != nil {
+					t.Fatalf("request %d: %v", i+1, err)
+				}
+				if err := checkHeaders(resp, st, tinyWrite); err != nil {
+					t.Fatalf("request %d: %v", i+1, err)
+				}
+				if _, err := checkFields(resp); err != nil {
+					t.Fatalf("request %d: %v", i+1, err)
+				}
+			}
+		})
+	}
+	if n := intercepted.Load(); n != 4 {
+		t.Errorf("the interceptor saw %d answers as messages, want 4", n)
+	}
+}

@@ -1,0 +1,243 @@
+package envoyrls
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec answerCodec defers to
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// ServerOptions are the options of a gRPC server that serves a Service
+// with RegisterEncoded: its codec sends the answers the handler encoded
+// itself, and reads and writes every other message with gRPC's own
+// "proto" codec.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ForceServerCodecV2(newAnswerCodec())}
+}
+
+// RegisterEncoded serves svc on g like Register, but answers in wire
+// form: the handler writes the RateLimitResponse's bytes straight from
+// its decisions, with the parts shared by every answer about a limit
+// encoded once, instead of building the message for gRPC to encode. The
+// bytes are the ones proto.Marshal writes for the message ShouldRateLimit
+// returns (TestEncodedAnswerIsTheMessage). g must have been built with
+// ServerOptions. With a unary interceptor on g, the interceptor is given
+// the request and the answer as messages, as Register does.
+func RegisterEncoded(g *grpc.Server, svc *Service) {
+	g.RegisterService(&encodedServiceDesc, svc)
+}
+
+var encodedServiceDesc = grpc.ServiceDesc{
+	ServiceName: rlsv3.RateLimitService_ServiceDesc.ServiceName,
+	HandlerType: (*rlsv3.RateLimitServiceServer)(nil),
+	Methods:     []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: shouldRateLimitEncoded}},
+	Streams:     []grpc.StreamDesc{},
+	Metadata:    rlsv3.RateLimitService_ServiceDesc.Metadata,
+}
+
+func shouldRateLimitEncoded(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	in := new(rlsv3.RateLimitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	s := srv.(*Service)
+	if interceptor != nil {
+		info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+		return interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
+			return s.ShouldRateLimit(ctx, req.(*rlsv3.RateLimitRequest))
+		})
+	}
+	resp, err := s.shouldRateLimitEncoded(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// wireAnswer is an answer in wire form: a RateLimitResponse's bytes.
+type wireAnswer []byte
+
+// answerCodec is gRPC's proto codec that also sends wireAnswers.
+type answerCodec struct{ proto encoding.CodecV2 }
+
+func newAnswerCodec() answerCodec {
+	c := encoding.GetCodecV2("proto")
+	if c == nil {
+		panic("envoyrls: gRPC's proto codec is not registered")
+	}
+	return answerCodec{proto: c}
+}
+
+func (c answerCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if w, ok := v.(wireAnswer); ok {
+		return mem.BufferSlice{mem.SliceBuffer(w)}, nil
+	}
+	return c.proto.Marshal(v)
+}
+
+func (c answerCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return c.proto.Unmarshal(data, v)
+}
+
+func (c answerCodec) Name() string { return c.proto.Name() }
+
+// respondWire is respond in wire form: the same message, encoded as
+// proto.Marshal encodes it (fields in number order, zero scalars and
+// empty strings left out, a set message written even when empty).
+func (s *Service) respondWire(targets []Target, decisions []decided) (wireAnswer, outcome) {
+	v := judge(targets, decisions)
+	var scratch [512]byte
+	b := appendEnum(scratch[:0], 1, int32(v.code()))
+	for i, t := range targets {
+		switch {
+		case t.Unlimited:
+			b = appendPlainStatus(b, math.MaxUint32)
+		case !t.Matched:
+			b = appendPlainStatus(b, 0)
+		default:
+			b = appendDecidedStatus(b, decisions[i], sharedFor(decisions[i], t.Resolved.ClassName))
+		}
+	}
+	if s.headers && v.haveShown {
+		b = appendHeaders(b, v.shown, sharedFor(v.shown, v.shownClass), v.out == outcomeOverLimit, v.never, v.retry)
+	}
+	return wireAnswer(append([]byte(nil), b...)), v.out
+}
+
+// appendPlainStatus appends a statuses entry that is OK with remaining
+// and nothing else (an unlimited or unmatched descriptor's).
+func appendPlainStatus(b []byte, remaining uint32) []byte {
+	ok := int32(rlsv3.RateLimitResponse_OK)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(enumSize(ok)+uintSize(uint64(remaining))))
+	b = appendEnum(b, 1, ok)
+	return appendUint(b, 3, uint64(remaining))
+}
+
+// appendDecidedStatus appends the statuses entry statusBlock.fill makes.
+func appendDecidedStatus(b []byte, dd decided, sh *shared) []byte {
+	code := int32(rlsv3.RateLimitResponse_OK)
+	if dd.result == resultOverLimit {
+		code = int32(rlsv3.RateLimitResponse_OVER_LIMIT)
+	}
+	size := enumSize(code) + len(sh.rlWire) + uintSize(uint64(dd.remaining))
+	var secs int64
+	var nanos int32
+	durSize := 0
+	if !dd.never {
+		// As durationpb.New.
+		n := dd.reset.Nanoseconds()
+		secs = n / 1e9
+		nanos = int32(n - secs*1e9)
+		durSize = uintSize(uint64(secs)) + enumSize(nanos)
+		size += 1 + protowire.SizeVarint(uint64(durSize)) + durSize
+	}
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(size))
+	b = appendEnum(b, 1, code)
+	b = append(b, sh.rlWire...)
+	b = appendUint(b, 3, uint64(dd.remaining))
+	if !dd.never {
+		b = protowire.AppendTag(b, 4, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(durSize))
+		b = appendUint(b, 1, uint64(secs))
+		b = appendEnum(b, 2, nanos)
+	}
+	return b
+}
+
+// appendHeaders appends the response_headers_to_add entries
+// headerBlock.build makes, in its order.
+func appendHeaders(b []byte, shown decided, sh *shared, overLimit, never bool, retry time.Duration) []byte {
+	t, timed := headerTime(shown, overLimit, never, retry)
+	var scratch [96]byte
+	own, remainingEnd := appendOwnValues(scratch[:0], shown, sh, t, timed)
+	b = append(b, sh.hLimitWire...)
+	b = appendHeaderField(b, HeaderRemaining, own[:remainingEnd])
+	b = append(b, sh.hPolicyWire...)
+	b = appendHeaderField(b, HeaderRateLimit, own[remainingEnd:])
+	if !timed {
+		return b
+	}
+	if t < int64(len(timeHeadersWire)) {
+		b = append(b, timeHeadersWire[t][0]...)
+		if overLimit {
+			b = append(b, timeHeadersWire[t][1]...)
+		}
+		return b
+	}
+	ts := own[bytes.LastIndexByte(own, '=')+1:] // RateLimit's t
+	b = appendHeaderField(b, HeaderReset, ts)
+	if overLimit {
+		b = appendHeaderField(b, HeaderRetryAfter, ts)
+	}
+	return b
+}
+
+// appendRateLimitField appends rl as a DescriptorStatus's current_limit.
+func appendRateLimitField(b []byte, rl *rlsv3.RateLimitResponse_RateLimit) []byte {
+	size := uintSize(uint64(rl.RequestsPerUnit)) + enumSize(int32(rl.Unit)) + stringSize(rl.Name)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(size))
+	b = appendUint(b, 1, uint64(rl.RequestsPerUnit))
+	b = appendEnum(b, 2, int32(rl.Unit))
+	return appendString(b, 3, rl.Name)
+}
+
+// appendHeaderField appends a HeaderValue of key and value as a
+// response_headers_to_add entry.
+func appendHeaderField[V string | []byte](b []byte, key string, value V) []byte {
+	b = protowire.AppendTag(b, 3, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(stringSize(key)+stringSize(value)))
+	b = appendString(b, 1, key)
+	return appendString(b, 2, value)
+}
+
+// A tag is one byte: every field number written here is below 16.
+const tagSize = 1
+
+func uintSize(v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return tagSize + protowire.SizeVarint(v)
+}
+
+// enumSize is also int32's: a negative value is sign-extended to ten
+// bytes.
+func enumSize(v int32) int { return uintSize(uint64(int64(v))) }
+
+func stringSize[V string | []byte](s V) int {
+	if len(s) == 0 {
+		return 0
+	}
+	return tagSize + protowire.SizeBytes(len(s))
+}
+
+func appendUint(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+func appendEnum(b []byte, num protowire.Number, v int32) []byte {
+	return appendUint(b, num, uint64(int64(v)))
+}
+
+func appendString[V string | []byte](b []byte, num protowire.Number, s V) []byte {
+	if len(s) == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(len(s)))
+	return append(b, s...)
+}

@@ -1,0 +1,152 @@
+package envoyrls
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// randomRequest is the targets and decisions of a request of one to
+// three descriptors, matched (over limit or not, shadow or not, never or
+// not), unlimited or unmatched, over random limits and class names.
+func randomRequest(r *rand.Rand, caches map[string]*classCounters) ([]Target, []decided) {
+	classes := []string{"read", "a", "write.bulk:x@y-z_1", `we"ird\cl` + "\x01ass\u00e9", ""}
+	durations := []time.Duration{0, 1, time.Millisecond, 999 * time.Millisecond, time.Second, 1500 * time.Millisecond,
+		119 * time.Second, 121 * time.Second, 3 * time.Hour, -time.Second, 1 << 62}
+	n := 1 + r.IntN(3)
+	targets, decisions := make([]Target, n), make([]decided, n)
+	for i := range n {
+		switch r.IntN(6) {
+		case 0:
+			targets[i] = Target{Unlimited: true}
+			continue
+		case 1:
+			continue // unmatched
+		}
+		class := classes[r.IntN(len(classes))]
+		targets[i] = Target{Matched: true, Shadow: r.IntN(4) == 0, Resolved: config.Resolved{ClassName: class}}
+		dd := decided{
+			limit:     quota.Limit{Rate: []float64{0, 0.1, 1, 2.5, 100, 1e9, 5e9}[r.IntN(7)], Burst: []int64{0, 1, 5, 100, 1e9, math.MaxInt64}[r.IntN(6)]},
+			result:    result(r.IntN(int(numResults))),
+			cap:       []int64{0, 3, 1e9, math.MaxInt64}[r.IntN(4)],
+			remaining: []uint32{0, 1, 99, 128, math.MaxUint32}[r.IntN(5)],
+			reset:     durations[r.IntN(len(durations))],
+			retry:     durations[r.IntN(len(durations))],
+			never:     r.IntN(5) == 0,
+		}
+		if r.IntN(8) != 0 {
+			dd.cache = caches[class]
+		}
+		decisions[i] = dd
+	}
+	return targets, decisions
+}
+
+// TestEncodedAnswerIsTheMessage: over random requests, with and without
+// headers, the answer the handler encodes itself is byte for byte
+// proto.Marshal of the message ShouldRateLimit answers with, and the
+// codec sends it as it is.
+func TestEncodedAnswerIsTheMessage(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	caches := map[string]*classCounters{}
+	for _, c := range []string{"read", "a", "write.bulk:x@y-z_1", `we"ird\cl` + "\x01ass\u00e9", ""} {
+		caches[c] = &classCounters{class: c}
+	}
+	codec := newAnswerCodec()
+	for i := range 30000 {
+		s := &Service{headers: i%4 != 0}
+		targets, decisions := randomRequest(r, caches)
+		resp, out := s.respond(targets, decisions)
+		want, err := proto.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, wireOut := s.respondWire(targets, decisions)
+		if !bytes.Equal(got, want) || wireOut != out {
+			var back rlsv3.RateLimitResponse
+			err := proto.Unmarshal(got, &back)
+			t.Fatalf("case %d: outcome %v, want %v\nencoded %v (%v)\nwant    %v\n% x\n% x", i, wireOut, out, &back, err, resp, []byte(got), want)
+		}
+		data, err := codec.Marshal(got)
+		if err != nil || !bytes.Equal(data.Materialize(), want) {
+			t.Fatalf("case %d: the codec sent % x (%v), want % x", i, data.Materialize(), err, want)
+		}
+	}
+}
+
+// TestAnswerCodecDefers: every message other than an encoded answer is
+// read and written by gRPC's proto codec.
+func TestAnswerCodecDefers(t *testing.T) {
+	c := newAnswerCodec()
+	req := &rlsv3.RateLimitRequest{Domain: "d", HitsAddend: 3}
+	data, err := c.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := proto.Marshal(req)
+	if !bytes.Equal(data.Materialize(), want) {
+		t.Errorf("encoded % x, want % x", data.Materialize(), want)
+	}
+	var back rlsv3.RateLimitRequest
+	if err := c.Unmarshal(data, &back); err != nil || !proto.Equal(&back, req) {
+		t.Errorf("read back %v (%v), want %v", &back, err, req)
+	}
+	if _, err := c.Marshal("not a message"); err == nil {
+		t.Error("a value that is no message was encoded")
+	}
+	if c.Name() != "proto" {
+		t.Errorf("codec name %q, want proto", c.Name())
+	}
+}
+
+// TestEncodedAnswerAllocatesOnce: an answer in wire form is one
+// allocation (its bytes) once its class's shared parts are built, against
+// the message's two.
+func TestEncodedAnswerAllocatesOnce(t *testing.T) {
+	s := &Service{headers: true}
+	targets := []Target{{Matched: true, Resolved: config.Resolved{ClassName: "read"}}}
+	decisions := []decided{{limit: quota.Limit{Rate: 100, Burst: 200}, cap: 150, remaining: 7, reset: time.Second, cache: &classCounters{class: "read"}}}
+	s.respondWire(targets, decisions)
+	if n := testing.AllocsPerRun(100, func() { s.respondWire(targets, decisions) }); n != 1 {
+		t.Errorf("respondWire: %v allocations, want 1", n)
+	}
+}
+
+// BenchmarkAnswer: one answer with its headers built as a message and
+// encoded by gRPC's proto codec, and encoded by the handler itself.
+func BenchmarkAnswer(b *testing.B) {
+	s := &Service{headers: true}
+	targets := []Target{{Matched: true, Resolved: config.Resolved{ClassName: "read"}}}
+	decisions := []decided{{limit: quota.Limit{Rate: 100, Burst: 200}, cap: 150, remaining: 7, reset: time.Second, cache: &classCounters{class: "read"}}}
+	codec := newAnswerCodec()
+	b.Run("message", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			resp, _ := s.respond(targets, decisions)
+			data, err := codec.Marshal(resp)
+			if err != nil {
+				b.Fatal(err)
+			}
+			data.Free()
+		}
+	})
+	b.Run("encoded", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			w, _ := s.respondWire(targets, decisions)
+			data, err := codec.Marshal(w)
+			if err != nil {
+				b.Fatal(err)
+			}
+			data.Free()
+		}
+	})
+}
