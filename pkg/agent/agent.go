@@ -157,6 +157,7 @@ func Start(o Options) (*Agent, error) {
 	ep, err := endpoint.Listen(endpoint.Options{
 		Name: "agent", GRPCAddr: o.GRPCAddr, HTTPAddr: o.MetricsAddr,
 		Registry: o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger,
+		GRPCOptions: envoyrls.ServerOptions(),
 	})
 	if err != nil {
 		return nil, err
@@ -206,7 +207,9 @@ func Start(o Options) (*Agent, error) {
 	a.conn.Connect()
 	a.rls.SetLimiter(a.client)
 	a.api.limiter = a.client
-	envoyrls.Register(ep.GRPC, a.rls)
+	// The endpoint's server has envoyrls.ServerOptions: answers go out as
+	// the handler encoded them.
+	envoyrls.RegisterEncoded(ep.GRPC, a.rls)
 	reflection.Register(ep.GRPC)
 
 	ep.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
