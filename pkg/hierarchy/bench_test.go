@@ -20,6 +20,16 @@ type benchWorld struct {
 }
 
 func newBenchWorld(tb testing.TB, nKeys int) *benchWorld {
+	keys := make([]quota.Key, nKeys)
+	for k := range keys {
+		keys[k] = quota.Key{Tenant: fmt.Sprintf("tenant-%06d", k), Class: "write"}
+	}
+	return newBenchWorldOf(tb, keys)
+}
+
+// newBenchWorldOf is newBenchWorld over the given keys.
+func newBenchWorldOf(tb testing.TB, keys []quota.Key) *benchWorld {
+	nKeys := len(keys)
 	regions := []Region{
 		{Name: "us-east", Weight: 2}, {Name: "us-west", Weight: 1}, {Name: "eu-west", Weight: 1},
 		{Name: "ap-south", Weight: 1}, {Name: "sa-east", Weight: 1},
@@ -30,9 +40,7 @@ func newBenchWorld(tb testing.TB, nKeys int) *benchWorld {
 		tb.Fatal(err)
 	}
 	w := &benchWorld{alloc: a, regions: regions, slot: make(map[quota.Key]int, nKeys), now: start}
-	keys := make([]quota.Key, nKeys)
 	for k := range keys {
-		keys[k] = quota.Key{Tenant: fmt.Sprintf("tenant-%06d", k), Class: "write"}
 		w.slot[keys[k]] = k
 		if err := a.SetLimit(keys[k], KeyLimit{Rate: 1000, Burst: 2000}); err != nil {
 			tb.Fatal(err)
