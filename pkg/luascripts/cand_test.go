@@ -30,6 +30,11 @@ func TestScriptsMarkCandidates(t *testing.T) {
 	strict := KeysFor(DefaultPrefix, quota.Key{Tenant: "strict", Class: "read"})
 	granted := KeysFor(DefaultPrefix, quota.Key{Tenant: "granted", Class: "read"})
 	off := KeysFor(DefaultPrefix, quota.Key{Tenant: "off", Class: "read"})
+	// A region on its floor may run a key at a share of 0: only demand
+	// above nothing marks it.
+	floor := KeysFor(DefaultPrefix, quota.Key{Tenant: "floor", Class: "read"})
+	floorc := c
+	floorc.StaticRate, floorc.StaticBurst = 0, 0
 	t0 := int64(1_800_000_000_000_000)
 	now := t0
 	at := func(d time.Duration) { now = t0 + d.Microseconds(); sc.setNow(now) }
@@ -83,6 +88,10 @@ func TestScriptsMarkCandidates(t *testing.T) {
 	lease(idle, c, 0)
 	lease(hot, c, 0)
 	lease(off, offc, 0)
+	lease(floor, floorc, 0)
+	cands(map[string]int64{})
+	at(500 * time.Millisecond)
+	lease(floor, floorc, 0)
 	cands(map[string]int64{})
 	// One second later: idle asks 40/s (< 50 = s_r/2), hot 60/s, off 60/s
 	// with marking off.
@@ -90,14 +99,15 @@ func TestScriptsMarkCandidates(t *testing.T) {
 	lease(idle, c, 40)
 	lease(hot, c, 60)
 	lease(off, offc, 60)
-	cands(map[string]int64{"hot|read": us(time.Second)})
+	lease(floor, floorc, 1)
+	cands(map[string]int64{"hot|read": us(time.Second), "floor|read": us(time.Second)})
 	// Within the mark interval nothing is read again.
 	at(time.Second + 100*time.Millisecond)
 	lease(hot, c, 6)
-	cands(map[string]int64{"hot|read": us(time.Second)})
+	cands(map[string]int64{"hot|read": us(time.Second), "floor|read": us(time.Second)})
 	at(time.Second + 300*time.Millisecond)
 	lease(hot, c, 18)
-	cands(map[string]int64{"hot|read": us(time.Second + 300*time.Millisecond)})
+	cands(map[string]int64{"hot|read": us(time.Second + 300*time.Millisecond), "floor|read": us(time.Second)})
 
 	// The strict path: 10 tokens per 100ms is 100/s ≥ 50; 2 per 100ms is
 	// 20/s, not.
@@ -130,7 +140,7 @@ func TestScriptsMarkCandidates(t *testing.T) {
 	if got := m.Candidates(DefaultPrefix + "cand")["granted|read"]; got != exp {
 		t.Fatalf("granted key's mark %d, want its expiry %d", got, exp)
 	}
-	cands(map[string]int64{"hot|read": us(time.Second + 300*time.Millisecond),
+	cands(map[string]int64{"hot|read": us(time.Second + 300*time.Millisecond), "floor|read": us(time.Second),
 		"strict|read": m.Candidates(DefaultPrefix + "cand")["strict|read"], "granted|read": exp})
 	// The leader's trim removes what ended before its horizon.
 	m.TrimCandidates(DefaultPrefix+"cand", us(3*time.Second))

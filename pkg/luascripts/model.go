@@ -557,7 +557,7 @@ func (o *op) candCheck() {
 		return
 	}
 	b := &o.b
-	if b.sd == 0 && b.dr/1000 < o.sr()/2 && !(b.ge > o.now) {
+	if b.sd == 0 && !(b.dr > 0 && b.dr/1000 >= o.sr()/2) && !(b.ge > o.now) {
 		return
 	}
 	if o.now-b.cw < every {
@@ -570,7 +570,7 @@ func (o *op) candCheck() {
 	b.cw, b.cs, b.hasCW = o.now, b.sd, true
 	if b.ge > o.now {
 		o.candMark(b.ge)
-	} else if b.dr/1000+strict >= o.sr()/2 {
+	} else if d := b.dr/1000 + strict; d > 0 && d >= o.sr()/2 {
 		o.candMark(o.now)
 	}
 }

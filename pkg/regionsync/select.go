@@ -124,7 +124,9 @@ func (l *Leader) noteSelected(kind Kind, reads []KeyRead, demand []float64) {
 	}
 	for i, r := range reads {
 		e := l.sel[r.Key]
-		needed := demand[i] >= LowShare*r.StaticRate || r.State.GrantExpiryUS > 0 || e.ack
+		// Demand counts when there is some: on its floor a region's share
+		// may be 0.
+		needed := (demand[i] > 0 && demand[i] >= LowShare*r.StaticRate) || r.State.GrantExpiryUS > 0 || e.ack
 		e.ack = false
 		switch {
 		case needed:

@@ -110,6 +110,19 @@ func TestGrantedKeyStaysSelected(t *testing.T) {
 	}
 }
 
+// TestKeyOnAZeroShareLeaves: on its floor a region's share of a key may
+// be 0; a key with no demand still leaves after LowEpochs.
+func TestKeyOnAZeroShareLeaves(t *testing.T) {
+	l := NewLeader()
+	for i := range LowEpochs {
+		now := int64(i+1) * 1_000_000
+		l.Report("eu", now, time.Second, Epoch, []KeyRead{{Key: keyA, StaticRate: 0, State: luascripts.State{NowUS: now}}})
+	}
+	if l.Selected() != 0 {
+		t.Fatal("a key with no demand on a zero share stays selected")
+	}
+}
+
 // TestSelectedKeyNotReadLeaves: a selected key an epoch report did not
 // read (its class left the config) is forgotten.
 func TestSelectedKeyNotReadLeaves(t *testing.T) {

@@ -668,9 +668,11 @@ end
 -- the global tier.
 local function cand_check()
   if MARKEVERY <= 0 then return end
-  -- A key served by leases alone (sd = 0) whose leases ask for less than
-  -- half its share and that holds no grant reads and writes nothing more.
-  if B.sd == 0 and B.dr / 1000 < SR / 2 and not (B.ge > NOW) then return end
+  -- A key served by leases alone (sd = 0) whose leases ask for nothing or
+  -- less than half its share and that holds no grant reads and writes
+  -- nothing more. (On its floor a region's share may be 0: only demand
+  -- above nothing counts.)
+  if B.sd == 0 and not (B.dr > 0 and B.dr / 1000 >= SR / 2) and not (B.ge > NOW) then return end
   local c = redis.call('HMGET', KEYS[1], 'cw', 'cs')
   local cw, cs = tonumber(c[1]) or 0, tonumber(c[2]) or 0
   if NOW - cw < MARKEVERY then return end
@@ -679,7 +681,7 @@ local function cand_check()
   redis.call('HSET', KEYS[1], 'cw', i0(NOW), 'cs', i0(B.sd))
   if B.ge > NOW then
     cand_mark(B.ge)
-  elseif B.dr / 1000 + strict >= SR / 2 then
+  elseif B.dr / 1000 + strict > 0 and B.dr / 1000 + strict >= SR / 2 then
     cand_mark(NOW)
   end
 end
