@@ -46,7 +46,12 @@ func Validate(n int) error {
 func (m Map) N() int { return max(m.n, 1) }
 
 // Of is the shard owning k: the range of the hash space its hash falls in.
-func (m Map) Of(k quota.Key) int { return m.OfHash(Hash(k)) }
+func (m Map) Of(k quota.Key) int {
+	if m.N() == 1 {
+		return 0 // no hash on the unsharded path
+	}
+	return m.OfHash(Hash(k))
+}
 
 // OfHash is the shard owning the hash h: shard i owns
 // [i·2⁶⁴/N, (i+1)·2⁶⁴/N).
