@@ -132,8 +132,9 @@ func memStrict(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
 	}
 }
 
-// memIndex adds n members to the region's active index, as replicas
-// flush it (member "tenant|class", score Redis time in µs).
+// memIndex adds n members to the region's candidate set, as the scripts
+// mark a key that needs the global tier (member "tenant|class", score
+// Redis time in µs). Only such keys have an entry: an idle key has none.
 func memIndex(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
 	now := float64(time.Now().UnixMicro())
 	for from := 0; from < n; from += memChunk {
@@ -142,7 +143,7 @@ func memIndex(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
 		for i := from; i < to; i++ {
 			ms = append(ms, redis.Z{Score: now + float64(i), Member: memTenant(i) + "|write"})
 		}
-		if err := rdb.ZAdd(ctx, DefaultPrefix+"active", ms...).Err(); err != nil {
+		if err := rdb.ZAdd(ctx, DefaultPrefix+"cand", ms...).Err(); err != nil {
 			t.Fatalf("zadd: %v", err)
 		}
 	}
@@ -183,7 +184,7 @@ func TestMemoryPerKey(t *testing.T) {
 		{"three live leases", memLeases(3, false)},
 		{"after release", memLeases(1, true)},
 		{"strict path", memStrict},
-		{"active index entry", memIndex},
+		{"candidate-set entry", memIndex},
 	}
 	per := map[string]float64{}
 	only := os.Getenv("SLUICE_MEMONLY") // comma-separated layout names; the envoy baseline always runs
