@@ -139,7 +139,14 @@ func TestCloseReturnsUnusedTokens(t *testing.T) {
 	key := quota.Key{Tenant: "acme", Class: "read"}
 	c := newClient(t, reg, "i-1", lease.Options{})
 	d, err := c.Allow(context.Background(), key, 1)
-	if err != nil || !d.Allowed {
+	// On a busy machine the first acquire may outlive the breaker's wait:
+	// that decision is the class's on_failure (Degraded) while the acquire
+	// completes, and the lease it brings decides the next ones.
+	for deadline := time.Now().Add(30 * time.Second); err == nil && d.Degraded && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // polling for the lease with a deadline
+		d, err = c.Allow(context.Background(), key, 1)
+	}
+	if err != nil || !d.Allowed || d.Degraded {
 		t.Fatalf("allow: %+v %v", d, err)
 	}
 	st := bucketState(t, reg, key)
@@ -153,7 +160,8 @@ func TestCloseReturnsUnusedTokens(t *testing.T) {
 	if st.Outstanding != 0 {
 		t.Fatalf("after Close %d tokens still outstanding", st.Outstanding)
 	}
-	// One token was spent; everything else is back (the bucket was full).
+	// One token was spent through the lease; everything else is back (the
+	// bucket was full, and degraded decisions spend none of it).
 	if st.Tokens < 198.9 {
 		t.Fatalf("bucket holds %.2f tokens after Close, want ~199", st.Tokens)
 	}
