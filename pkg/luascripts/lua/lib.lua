@@ -329,10 +329,11 @@ local function lease_record(L)
   return string.char(unpack(t))
 end
 
--- parse_compact reads a compact record.
-local function parse_compact(rec)
+-- varints reads the unsigned varints of a compact record (after its
+-- marker, up to byte last), stopping after count numbers.
+local function varints(rec, last, count)
   local v, x, m = {}, 0, 1
-  local bytes = { string.byte(rec, 2, -1) }
+  local bytes = { string.byte(rec, 2, last) }
   for i = 1, #bytes do
     local b = bytes[i]
     if b >= 128 then
@@ -340,9 +341,16 @@ local function parse_compact(rec)
       m = m * 128
     else
       v[#v + 1] = x + b * m
+      if #v == count then return v end
       x, m = 0, 1
     end
   end
+  return v
+end
+
+-- parse_compact reads a compact record.
+local function parse_compact(rec)
+  local v = varints(rec, -1, 15)
   local inc = i0(v[15])
   if v[14] > 0 then inc = i0(v[14]) .. string.format('%010.0f', v[15]) end
   return { g = v[1], u = v[2], r = v[3], seq = v[4], exp = v[5], lg = v[6], lt = v[7], pd = v[8], dr = v[9],
@@ -352,19 +360,8 @@ end
 -- lease_exp reads only a record's expiry (its fifth number).
 local function lease_exp(rec)
   if string.byte(rec, 1) ~= COMPACT then return tonumber(string.match(rec, '^%S+ %S+ %S+ %S+ (%S+)')) end
-  local bytes = { string.byte(rec, 2, 48) }
-  local n, x, m = 0, 0, 1
-  for i = 1, #bytes do
-    local b = bytes[i]
-    if b >= 128 then
-      x = x + (b - 128) * m
-      m = m * 128
-    else
-      n = n + 1
-      if n == 5 then return x + b * m end
-      x, m = 0, 1
-    end
-  end
+  local v = varints(rec, 48, 5)
+  if #v == 5 then return v[5] end
   return parse_compact(rec).exp
 end
 
