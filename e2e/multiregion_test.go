@@ -312,17 +312,7 @@ func waitConverged(t *testing.T, c *devcluster.Cluster, region string, key quota
 		// the donors' reports that actually free the capacity.
 		epochs := regionReports(t, c, region, "epoch")
 		if st != nil {
-			target := 0.0
-			for _, ks := range st.Keys {
-				if ks.Key.Tenant != key.Tenant || ks.Key.Class != key.Class {
-					continue
-				}
-				for _, rs := range ks.Regions {
-					if rs.Region == region {
-						target = rs.Target
-					}
-				}
-			}
+			target := keyRegionStatus(st, region, key).GetTarget()
 			switch {
 			case target < want:
 				targetAt = -1
@@ -409,17 +399,8 @@ func waitDemandSeen(t *testing.T, c *devcluster.Cluster, region string, key quot
 	rounds0 := regionReports(t, c, region, "epoch")
 	for {
 		rounds := regionReports(t, c, region, "epoch") - rounds0
-		if st := leaderStatus(t, c); st != nil {
-			for _, ks := range st.Keys {
-				if ks.Key.Tenant != key.Tenant || ks.Key.Class != key.Class {
-					continue
-				}
-				for _, rs := range ks.Regions {
-					if rs.Region == region && rs.Demand > rs.StaticRate {
-						return rounds
-					}
-				}
-			}
+		if rs := keyRegionStatus(leaderStatus(t, c), region, key); rs != nil && rs.GetDemand() > rs.GetStaticRate() {
+			return rounds
 		}
 		if rounds > maxRounds {
 			dumpStatus(t, c)
@@ -462,20 +443,26 @@ func waitDemandReaches(t *testing.T, c *devcluster.Cluster, l *load, region stri
 // (tokens/s); -1 when no leader answers or it does not know the key.
 func globalDemand(t *testing.T, c *devcluster.Cluster, region string, key quota.Key) float64 {
 	t.Helper()
-	demand := -1.0
-	if st := leaderStatus(t, c); st != nil {
-		for _, ks := range st.Keys {
-			if ks.Key.Tenant != key.Tenant || ks.Key.Class != key.Class {
-				continue
-			}
-			for _, rs := range ks.Regions {
-				if rs.Region == region {
-					demand = rs.Demand
-				}
+	if rs := keyRegionStatus(leaderStatus(t, c), region, key); rs != nil {
+		return rs.GetDemand()
+	}
+	return -1
+}
+
+// keyRegionStatus is what st says of key in region; nil when st is nil or
+// does not name them.
+func keyRegionStatus(st *sluicev1.StatusResponse, region string, key quota.Key) *sluicev1.KeyRegionStatus {
+	for _, ks := range st.GetKeys() {
+		if ks.GetKey().GetTenant() != key.Tenant || ks.GetKey().GetClass() != key.Class {
+			continue
+		}
+		for _, rs := range ks.GetRegions() {
+			if rs.GetRegion() == region {
+				return rs
 			}
 		}
 	}
-	return demand
+	return nil
 }
 
 // sample is one line of the steady-state window's timeline, logged when
