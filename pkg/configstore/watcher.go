@@ -448,9 +448,11 @@ func (w *Watcher) commit(ctx context.Context) {
 	full := st.needFull
 	st.needFull = false
 	cfg := &next
-	w.live.Store(&applied{cfg: cfg, rev: rev})
+	// The metrics move first: whoever sees this config live (Live, a
+	// subscriber) also sees it counted.
 	w.revision.Set(float64(rev))
 	w.appliedN.Inc()
+	w.live.Store(&applied{cfg: cfg, rev: rev})
 	w.logger.Info("applied config from etcd", "key", w.store.key, "revision", rev,
 		"tenants", len(cfg.Tenants), "tenants_changed", changed, "validated_whole", full)
 	w.publish(cfg)
