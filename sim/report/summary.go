@@ -24,7 +24,7 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	p("Sluice simulation: scenario %s (%s mode), seed %d\n", sc.Name, o.Mode, o.Seed)
 	if d := strings.TrimSpace(sc.Description); d != "" {
-		for _, line := range wrap(d, 76) {
+		for _, line := range Wrap(d, 76) {
 			p("  %s\n", line)
 		}
 	}
@@ -121,7 +121,9 @@ func pct(v float64) string {
 	return fmt.Sprintf("%.2f%%", 100*v)
 }
 
-func wrap(s string, width int) []string {
+// Wrap breaks s into lines of at most width bytes at spaces (a word
+// longer than width stands alone on its line).
+func Wrap(s string, width int) []string {
 	var lines []string
 	cur := ""
 	for _, word := range strings.Fields(s) {

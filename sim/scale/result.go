@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/sim/report"
 )
 
 // Result is what a run measured. Everything but the wall times is a
@@ -122,7 +124,7 @@ func (r *Result) Summary() string {
 	s := r.Spec
 	secs := r.Duration.Seconds()
 	fmt.Fprintf(&b, "Sluice scale simulation: %s, seed %d\n", s.Name, s.Seed)
-	for _, l := range wrap(s.Description, 76) {
+	for _, l := range report.Wrap(s.Description, 76) {
 		fmt.Fprintf(&b, "  %s\n", l)
 	}
 	fmt.Fprintf(&b, "  %v simulated (day %v, warmup %v) · %d keys · %d contended (%.2f%%) · %d near a share · %d regions · %d instances · %d shards\n",
@@ -214,24 +216,4 @@ func (r *Result) WriteCSV(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-func wrap(s string, width int) []string {
-	var out []string
-	line := ""
-	for _, w := range strings.Fields(s) {
-		if line != "" && len(line)+1+len(w) > width {
-			out = append(out, line)
-			line = w
-			continue
-		}
-		if line != "" {
-			line += " "
-		}
-		line += w
-	}
-	if line != "" {
-		out = append(out, line)
-	}
-	return out
 }
