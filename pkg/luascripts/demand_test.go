@@ -130,6 +130,78 @@ func TestLeaseDemandReading(t *testing.T) {
 	reading(25, 3005)
 }
 
+// TestDemandReadingCarriesAcrossANewLease: an instance that starts a new
+// lease on a key while the region still holds its earlier one (the earlier
+// lease's final report never arrived) keeps its demand in the key's
+// reading. The superseded record is forfeited, and the new lease starts
+// from its rate until its own first window closes; before, the reading
+// fell to nothing for that window, and the region reported the key idle.
+func TestDemandReadingCarriesAcrossANewLease(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sc := newVirtual()
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 1000, StaticBurst: 2000, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8,
+		DemandWindow: 500 * time.Millisecond}
+	t0 := int64(1_800_000_000_000_000)
+	at := func(d time.Duration) { sc.setNow(t0 + d.Microseconds()) }
+	state := func() State {
+		t.Helper()
+		st, err := sc.State(ctx, rdb, k, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	sync := func(r Report) LeaseReply {
+		t.Helper()
+		lr, err := sc.Sync(ctx, rdb, k, c, r)
+		if err != nil || lr.Conflict {
+			t.Fatalf("sync %+v: %+v, %v", r, lr, err)
+		}
+		return lr
+	}
+	rep := func(inst string, lease, seq uint64, used, denied int64) Report {
+		return Report{Instance: inst, Incarnation: 42, Lease: lease, Seq: seq, Used: used, Denied: denied, Want: 100, Min: 1}
+	}
+
+	at(0)
+	sync(rep("i-a", 1, 1, 0, 0))
+	sync(rep("i-b", 2, 2, 0, 0))
+	at(time.Second)
+	sync(rep("i-a", 1, 3, 90, 10))
+	sync(rep("i-b", 2, 4, 20, 0))
+	if st := state(); st.LeaseDemand != 120 {
+		t.Fatalf("reading %v/s, want 120", st.LeaseDemand)
+	}
+
+	// i-a starts lease 5 while the region still holds lease 1 (200 tokens
+	// out, of which 90 spent): lease 1 is forfeited (its 110 unspent tokens
+	// never return to the bucket) and its 100/s stays in the reading.
+	at(1200 * time.Millisecond)
+	if lr := sync(rep("i-a", 5, 5, 0, 0)); lr.Granted != 100 {
+		t.Fatalf("new lease granted %d, want 100", lr.Granted)
+	}
+	if st := state(); st.LeaseDemand != 120 || st.Outstanding != 280 {
+		t.Fatalf("after the new lease: reading %v/s, outstanding %d; want 120/s, 280 (i-b's 180 and the new lease's 100)",
+			st.LeaseDemand, st.Outstanding)
+	}
+	// Its first window (opened at 1.2s) closes and replaces the carried rate.
+	at(2200 * time.Millisecond)
+	sync(rep("i-a", 5, 6, 30, 0))
+	if st := state(); st.LeaseDemand != 50 {
+		t.Fatalf("after the new lease's first window: reading %v/s, want 30 + 20", st.LeaseDemand)
+	}
+	// Its rate leaves the reading when it is released.
+	if _, err := sc.Release(ctx, rdb, k, c, rep("i-a", 5, 7, 30, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(); st.LeaseDemand != 20 {
+		t.Fatalf("after the release: reading %v/s, want 20", st.LeaseDemand)
+	}
+}
+
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 
 func redisZ(score int64, member string) redis.Z {

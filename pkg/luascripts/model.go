@@ -439,6 +439,15 @@ func (o *op) leaseReply(granted, ttl, retry float64, dup bool) LeaseReply {
 	}
 }
 
+// leaseCarry mirrors lib.lua's lease_carry.
+func (o *op) leaseCarry(l *modelLease, dr float64) {
+	if dr <= 0 {
+		return
+	}
+	l.dr = dr
+	o.b.dr = o.b.dr + dr
+}
+
 func msDur(ms float64) time.Duration {
 	if ms < 0 {
 		return -1
@@ -483,7 +492,9 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 	if l != nil {
 		kind = reportKind(l, inc, le, seq, tu, td, tr)
 	}
+	carry := 0.0
 	if kind == "supersede" {
+		carry = l.dr
 		o.dropLease(id, l, false)
 		l, kind = nil, "new"
 	}
@@ -503,6 +514,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 		} else {
 			l = &modelLease{}
 			o.applyUsage(l, 0, 0, 0, float64(max(r.BuiltUS, 0)))
+			o.leaseCarry(l, carry)
 		}
 		l.au, l.ad, l.ar, l.le, l.inc = tu, td, tr, le, inc
 		if want > 0 {

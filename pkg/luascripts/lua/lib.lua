@@ -106,6 +106,9 @@
 -- just after the leader reads moves a whole refresh of its demand between
 -- epochs); a sum of per-instance rates is not. A lease's rate leaves the
 -- sum when the lease ends: at release, or when it is reaped after expiry.
+-- A lease that supersedes a record of the same instance starts from that
+-- record's rate (lease_carry), so the reading does not fall to nothing
+-- while the new lease's first window is open.
 
 local SR = tonumber(ARGV[1])
 local SB = tonumber(ARGV[2])
@@ -737,6 +740,19 @@ local function forfeit(id, L)
   drop_lease(id, L, false)
 end
 
+-- lease_carry gives a new lease the demand rate dr (milli-tokens/s) of the
+-- record of the same instance it supersedes: the instance's demand did not
+-- stop when its lease number changed, so the key's reading does not drop
+-- to nothing until the new lease's first window closes. The new lease's
+-- window opens at its first report as any new lease's does (the old
+-- window's tail, in a final report that never arrived, is unknown), and
+-- its first closed window replaces the carried rate.
+local function lease_carry(L, dr)
+  if dr <= 0 then return end
+  L.dr = dr
+  B.dr = B.dr + dr
+end
+
 -- lease_op applies one instance's report for this key and takes a new batch
 -- (only when create is true may a lease record be opened: a strict class
 -- keeps booking the leases it already has, and opens none).
@@ -754,7 +770,11 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
   local granted, ttl, retry, dup, conflict = 0, LTTL, 0, 0, 0
   local kind = 'new'
   if L then kind = report_kind(L, inc, le, seq, tu, td, tr) end
+  -- carry: the demand rate a superseded record leaves to the lease that
+  -- follows it (see lease_carry).
+  local carry = 0
   if kind == 'supersede' then
+    carry = L.dr
     forfeit(id, L)
     L = nil
     kind = 'new'
@@ -773,6 +793,7 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
       -- A new lease starts from the report's totals: nothing to book yet.
       L = { g = 0, u = 0, r = 0, seq = 0, exp = 0, lg = 0, lt = 0, pd = 0, dr = 0 }
       apply_usage(L, 0, 0, 0, built)
+      lease_carry(L, carry)
     end
     L.au, L.ad, L.ar, L.le, L.inc = tu, td, tr, le, inc
     if want > 0 then
