@@ -176,7 +176,10 @@ func TestDemandShiftsBetweenRegions(t *testing.T) {
 	for _, region := range []string{"us-east", "eu-west"} {
 		l.set(region)
 		seen := waitDemandSeen(t, c, region, key, 20)
-		cv := waitConverged(t, c, region, key, 0.95*r)
+		cv, ok := waitConverged(t, c, l, region, key, 0.95*r)
+		if !ok {
+			continue
+		}
 		t.Logf("%s: the global tier saw the demand %d of the region's epoch reports after the shift; %d of its epoch reports and %d reports of any kind later the grant reached 95%% of r, %d of its epochs after the allocator's target for it last rose there",
 			region, seen, cv.epochs, cv.rounds, cv.roundsFromTarget)
 		// Once the allocator targets all of r for the region, moving the
@@ -297,12 +300,16 @@ type converged struct {
 // region rises to >= want, and forgets it when the target falls below
 // (the demand estimate fell: the load generator could not offer it). The
 // deadline is counted in the region's epoch reports (the allocator's
-// epoch counter starts again at a global leader change).
-func waitConverged(t *testing.T, c *devcluster.Cluster, region string, key quota.Key, want float64) converged {
+// epoch counter starts again at a global leader change). It returns false,
+// logging why, when the deadline passes while the load offered the region
+// less than want: a demand that was never offered is not a convergence
+// the test can judge. Offered and not granted fails the test.
+func waitConverged(t *testing.T, c *devcluster.Cluster, l *load, region string, key quota.Key, want float64) (converged, bool) {
 	t.Helper()
 	const maxEpochs = 100
 	epochs0, rounds0 := regionReports(t, c, region, "epoch"), regionReports(t, c, region)
 	targetAt := int64(-1)
+	m := &offeredMeter{l: l, region: region}
 	for {
 		st := leaderStatus(t, c)
 		rounds := regionReports(t, c, region)
@@ -320,14 +327,23 @@ func waitConverged(t *testing.T, c *devcluster.Cluster, region string, key quota
 				targetAt = epochs
 			}
 		}
-		if regionRate(t, c, region, key).Rate >= want {
+		rs := regionRate(t, c, region, key)
+		m.note(rs.NowUS)
+		if rs.Rate >= want {
 			cv := converged{epochs: epochs - epochs0, rounds: rounds - rounds0, roundsFromTarget: epochs - targetAt}
 			if targetAt < 0 { // raised before the poll saw the target
 				cv.roundsFromTarget = 0
 			}
-			return cv
+			return cv, true
 		}
 		if epochs-epochs0 > maxEpochs {
+			// A load generator starved of CPU that cannot offer want makes
+			// no demand for the allocator to follow: nothing to judge.
+			if offered := m.rate(offeredSpan); offered < want {
+				t.Logf("%s: the load offered %.0f/s over the region's last %v, below %.0f/s, and the grant is %.1f/s after %d of the region's epoch reports: not saturated, convergence not judged",
+					region, offered, offeredSpan, want, rs.Rate, maxEpochs)
+				return converged{}, false
+			}
 			dumpStatus(t, c)
 			t.Fatalf("%s: grant below %.1f after %d of the region's epoch reports (%d reports of any kind)", region, want, maxEpochs, rounds-rounds0)
 		}

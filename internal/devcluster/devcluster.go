@@ -235,6 +235,10 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 // the same across StopEtcd and RestartEtcd.
 func (c *Cluster) EtcdAddr() string { return c.etcdAddr }
 
+// SessionTTL is the etcd session TTL of every election in the cluster (the
+// option, or its default).
+func (c *Cluster) SessionTTL() time.Duration { return c.opts.SessionTTL }
+
 // StopEtcd shuts the embedded etcd down: every client loses it until
 // RestartEtcd. Idempotent.
 func (c *Cluster) StopEtcd() {
@@ -538,14 +542,13 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 			return err
 		}
 		extra = []func(*grpc.Server){
-			func(g *grpc.Server) { envoyrls.Register(g, envoy) },
 			func(g *grpc.Server) { reflection.Register(g) },
 		}
 	}
 	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
 		Region: r.region, GRPCAddr: r.addr, HTTPAddr: r.httpAddr, RedisAddr: r.redis,
 		Config: source, ColdStart: cold, Leader: lo, Registry: p.registry, Logger: c.opts.Logger,
-		Extra: extra,
+		Envoy: envoy, Extra: extra,
 	})
 	if err != nil {
 		if gc != nil {
