@@ -24,7 +24,9 @@ package rpcguard
 import (
 	"context"
 	"fmt"
+	"net"
 	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -84,11 +86,14 @@ type Options struct {
 // Guard enforces Options. Safe for concurrent use.
 type Guard struct {
 	o       Options
-	conns   pool
-	ids     pool
+	conns   pool[any]    // by connKey
+	ids     pool[string] // by identity
 	refused *prometheus.CounterVec
 	waits   *prometheus.CounterVec
 	bounds  *prometheus.GaugeVec
+	// The waits counters, resolved once: a call that waits counts
+	// without a label lookup.
+	onConnWait, onIDWait func()
 }
 
 // New validates o and returns a Guard.
@@ -117,8 +122,8 @@ func New(o Options) (*Guard, error) {
 		}
 	}
 	g := &Guard{o: o}
-	g.conns = pool{cap: o.PerConnection, queue: o.QueueFactor * o.PerConnection, m: map[string]*sem{}}
-	g.ids = pool{cap: o.PerIdentity, queue: o.QueueFactor * o.PerIdentity, m: map[string]*sem{}}
+	g.conns = pool[any]{cap: o.PerConnection, queue: o.QueueFactor * o.PerConnection, m: map[any]*sem{}}
+	g.ids = pool[string]{cap: o.PerIdentity, queue: o.QueueFactor * o.PerIdentity, m: map[string]*sem{}}
 	g.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_rpc_refused_total",
 		Help: "Calls refused before their handler ran because they exceed a bound on the work of one request (InvalidArgument) or on the work queued for one connection or identity (ResourceExhausted), by method and bound.",
@@ -127,6 +132,8 @@ func New(o Options) (*Guard, error) {
 		Name: "sluice_rpc_waits_total",
 		Help: "Calls that waited for a turn because their connection or identity had its cap of work in flight, by scope (connection, identity).",
 	}, []string{"scope"})
+	g.onConnWait = g.waits.WithLabelValues("connection").Inc
+	g.onIDWait = g.waits.WithLabelValues("identity").Inc
 	g.bounds = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "sluice_rpc_bound",
 		Help: "The bounds on the work of calls: units (keys named) per request of a method, in flight per connection and per identity, queued per connection and per identity.",
@@ -163,8 +170,35 @@ func (g *Guard) rule(method string) Rule {
 }
 
 // Admit weighs a request, waits for its turn and returns the function
-// that ends it, or the refusal (a gRPC status error).
+// that ends it (once, however often it is called), or the refusal (a gRPC
+// status error).
 func (g *Guard) Admit(ctx context.Context, method string, req any) (done func(), err error) {
+	t, err := g.admit(ctx, method, req)
+	if err != nil {
+		return nil, err
+	}
+	var once sync.Once
+	return func() { once.Do(t.end) }, nil
+}
+
+// turn is an admitted call's hold on its connection's and, when it has
+// one, its identity's semaphores.
+type turn struct {
+	conn hold[any]
+	id   hold[string] // id.p is nil without an identity
+}
+
+// end ends the turn. Call it exactly once.
+func (t turn) end() {
+	if t.id.p != nil {
+		t.id.release()
+	}
+	t.conn.release()
+}
+
+// admit is Admit without allocating: the interceptors end the turn they
+// were given exactly once.
+func (g *Guard) admit(ctx context.Context, method string, req any) (turn, error) {
 	r := g.rule(method)
 	n := 1
 	if r.Units != nil && req != nil {
@@ -172,36 +206,55 @@ func (g *Guard) Admit(ctx context.Context, method string, req any) (done func(),
 	}
 	if r.Max > 0 && n > r.Max {
 		g.refused.WithLabelValues(method, r.Bound).Inc()
-		return nil, status.Errorf(codes.InvalidArgument, "%s: the request names %d keys, more than the bound %s=%d; split it",
+		return turn{}, status.Errorf(codes.InvalidArgument, "%s: the request names %d keys, more than the bound %s=%d; split it",
 			method, n, r.Bound, r.Max)
 	}
 	if r.Check != nil && req != nil {
 		if bound, why := r.Check(req); bound != "" {
 			g.refused.WithLabelValues(method, bound).Inc()
-			return nil, status.Errorf(codes.InvalidArgument, "%s: %s (bound %s)", method, why, bound)
+			return turn{}, status.Errorf(codes.InvalidArgument, "%s: %s (bound %s)", method, why, bound)
 		}
-	}
-	conn := ""
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		conn = p.Addr.String()
 	}
 	id := ""
 	if g.o.Identity != nil {
 		id = g.o.Identity(ctx)
 	}
-	releaseConn, err := g.conns.acquire(ctx, conn, n, func() { g.waits.WithLabelValues("connection").Inc() })
-	if err != nil {
-		return nil, g.refuse(method, "connection", g.o.PerConnection, g.conns.queue, err)
+	var t turn
+	var err error
+	if t.conn, err = g.conns.acquire(ctx, connKey(ctx), n, g.onConnWait); err != nil {
+		return turn{}, g.refuse(method, "connection", g.o.PerConnection, g.conns.queue, err)
 	}
 	if id == "" {
-		return releaseConn, nil
+		return t, nil
 	}
-	releaseID, err := g.ids.acquire(ctx, id, n, func() { g.waits.WithLabelValues("identity").Inc() })
-	if err != nil {
-		releaseConn()
-		return nil, g.refuse(method, "identity", g.o.PerIdentity, g.ids.queue, err)
+	if t.id, err = g.ids.acquire(ctx, id, n, g.onIDWait); err != nil {
+		t.conn.release()
+		return turn{}, g.refuse(method, "identity", g.o.PerIdentity, g.ids.queue, err)
 	}
-	return func() { releaseID(); releaseConn() }, nil
+	return t, nil
+}
+
+// connKey names the call's connection among the pool's keys: its remote
+// address. gRPC's transport reads a connection's address once, so a TCP
+// or Unix address is one value per connection and serves as the key
+// itself, without formatting it per call; any other address is keyed by
+// its text, as is a call without one ("").
+func connKey(ctx context.Context) any {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	switch a := p.Addr.(type) {
+	case *net.TCPAddr:
+		if a != nil {
+			return a
+		}
+	case *net.UnixAddr:
+		if a != nil {
+			return a
+		}
+	}
+	return p.Addr.String()
 }
 
 func (g *Guard) refuse(method, scope string, capUnits, queue int, err error) error {
@@ -217,11 +270,11 @@ func (g *Guard) refuse(method, scope string, capUnits, queue int, err error) err
 // Unary is the unary server interceptor.
 func (g *Guard) Unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		done, err := g.Admit(ctx, info.FullMethod, req)
+		t, err := g.admit(ctx, info.FullMethod, req)
 		if err != nil {
 			return nil, err
 		}
-		defer done()
+		defer t.end()
 		return h(ctx, req)
 	}
 }
@@ -230,11 +283,11 @@ func (g *Guard) Unary() grpc.UnaryServerInterceptor {
 // its whole life.
 func (g *Guard) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		done, err := g.Admit(ss.Context(), info.FullMethod, nil)
+		t, err := g.admit(ss.Context(), info.FullMethod, nil)
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer t.end()
 		return h(srv, ss)
 	}
 }

@@ -3,15 +3,18 @@ package rpcguard
 import (
 	"context"
 	"errors"
+	"net"
 	"runtime"
 	"testing"
+
+	"google.golang.org/grpc/peer"
 )
 
 // TestPoolIsFirstComeAndBounded: a call that does not fit waits behind
 // earlier waiters, the queue refuses past its cap, a waiter that gives up
 // lets the next ones in, and a key's state is gone once nothing holds it.
 func TestPoolIsFirstComeAndBounded(t *testing.T) {
-	p := pool{cap: 10, queue: 10, m: map[string]*sem{}}
+	p := pool[string]{cap: 10, queue: 10, m: map[string]*sem{}}
 	ctx := context.Background()
 	waits := 0
 	onWait := func() { waits++ }
@@ -21,7 +24,7 @@ func TestPoolIsFirstComeAndBounded(t *testing.T) {
 	}
 	// 5 does not fit beside 8: it waits; then 2 would fit but must not
 	// pass the waiter.
-	big := make(chan func())
+	big := make(chan hold[string])
 	go func() {
 		r, err := p.acquire(ctx, "c", 5, func() {})
 		if err != nil {
@@ -45,22 +48,21 @@ func TestPoolIsFirstComeAndBounded(t *testing.T) {
 	if err := <-small; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled waiter: %v", err)
 	}
-	r1()
+	r1.release()
 	r2 := <-big
-	r2()
+	r2.release()
 	// Units are clamped to the cap: a call as large as the whole cap runs.
 	r3, err := p.acquire(ctx, "c", 50, onWait)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r3()
-	r3() // idempotent
+	r3.release()
 	if len(p.m) != 0 {
 		t.Fatalf("state left behind: %v", p.m)
 	}
 }
 
-func waitFor(t *testing.T, p *pool, key string, waiting int) {
+func waitFor(t *testing.T, p *pool[string], key string, waiting int) {
 	t.Helper()
 	for {
 		p.mu.Lock()
@@ -77,5 +79,85 @@ func waitFor(t *testing.T, p *pool, key string, waiting int) {
 		default:
 		}
 		runtime.Gosched()
+	}
+}
+
+// TestAdmitEndsOnce: the function Admit returns ends the call's turn once
+// however often it is called, so a second call cannot hand the turn of a
+// semaphore reused for another connection back.
+func TestAdmitEndsOnce(t *testing.T) {
+	g, err := New(Options{PerConnection: 2, Identity: func(context.Context) string { return "id" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}})
+	done, err := g.Admit(ctx, "/s/m", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2}})
+	done()
+	held, err := g.admit(other, "/s/m", nil) // may reuse the first one's semaphores
+	if err != nil {
+		t.Fatal(err)
+	}
+	done()
+	if s := g.conns.m[connKey(other)]; s == nil || s.used != 1 {
+		t.Fatalf("the second connection's semaphore after the first's done ran twice: %+v, want 1 unit used", s)
+	}
+	if s := g.ids.m["id"]; s == nil || s.used != 1 {
+		t.Fatalf("the identity's semaphore after the first's done ran twice: %+v, want 1 unit used", s)
+	}
+	held.end()
+	if len(g.conns.m) != 0 || len(g.ids.m) != 0 {
+		t.Fatalf("state left behind: %v %v", g.conns.m, g.ids.m)
+	}
+}
+
+// TestConnectionKey: a TCP connection is keyed by its address value (one
+// per connection in gRPC's transport), so two connections from equal
+// address text are still two; other addresses are keyed by their text.
+func TestConnectionKey(t *testing.T) {
+	a := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5000}
+	b := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5000}
+	on := func(addr net.Addr) context.Context {
+		return peer.NewContext(context.Background(), &peer.Peer{Addr: addr})
+	}
+	if connKey(on(a)) != connKey(on(a)) || connKey(on(a)) == connKey(on(b)) {
+		t.Error("a TCP connection's key is not its address value")
+	}
+	if k := connKey(on(dummyAddr("x"))); k != "x" {
+		t.Errorf("key %v of another address, want its text", k)
+	}
+	if k := connKey(context.Background()); k != "" {
+		t.Errorf("key %v without a peer, want \"\"", k)
+	}
+}
+
+type dummyAddr string
+
+func (d dummyAddr) Network() string { return "dummy" }
+func (d dummyAddr) String() string  { return string(d) }
+
+// TestAdmittedCallAllocatesNothing: what the interceptors do per call
+// (weigh it, take and end its connection's and identity's turns)
+// allocates nothing once the semaphores exist.
+func TestAdmittedCallAllocatesNothing(t *testing.T) {
+	g, err := New(Options{Identity: func(context.Context) string { return "id" }, Rules: map[string]Rule{
+		"/s/m": {Units: func(req any) int { return 1 }, Max: 10, Bound: "b"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}})
+	n := testing.AllocsPerRun(200, func() {
+		tr, err := g.admit(ctx, "/s/m", ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.end()
+	})
+	if n != 0 {
+		t.Errorf("%v allocations per admitted call, want 0", n)
 	}
 }
