@@ -230,8 +230,8 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		Config: source, ColdStart: cs, ServerTLS: serverTLS, Registry: reg, Logger: logger,
 		Leader: leaderOpts, Unleased: f.unleased,
 		PerConnection: f.perConnection, PerIdentity: f.perIdentity,
+		Envoy: envoy,
 		Extra: []func(*grpc.Server){
-			func(g *grpc.Server) { envoyrls.Register(g, envoy) },
 			func(g *grpc.Server) { reflection.Register(g) },
 		},
 	})

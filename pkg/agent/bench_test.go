@@ -42,7 +42,9 @@ import (
 //	           region (a regional service on a real redis-server) runs in
 //	           the benchmark's process and is hardly ever called
 //	regional   cmd/regional's endpoint: pkg/envoyrls deciding from the
-//	           daemon's loopback lease client, on a real redis-server
+//	           daemon's loopback lease client, on a real redis-server,
+//	           behind the daemon's bounds (rpcguard), answering in wire
+//	           form
 //	stateless  a server that answers OK to everything without looking:
 //	           the ceiling of the gRPC hop on this machine
 //	agent-noheaders  the agent with -envoy-headers=false: its answers
@@ -332,8 +334,7 @@ func startKind(kind, arg string, cfg *config.Config) (string, func(), error) {
 		d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 			Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RedisAddr: arg,
 			Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true,
-			Registry: reg, Logger: quiet,
-			Extra: []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, svc) }},
+			Registry: reg, Logger: quiet, Envoy: svc, // as cmd/regional serves it
 		})
 		if err != nil {
 			return "", nil, err

@@ -129,7 +129,7 @@ func startBenchService(b *testing.B) (*envoyrls.Service, string) {
 		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull,
 		Unleased: true, // one region, no global tier: static shares unconditional
 		Logger:   slog.New(slog.DiscardHandler),
-		Extra:    []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, svc) }},
+		Envoy:    svc,
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -208,12 +208,16 @@
 // # Serving
 //
 // Register serves a Service on any gRPC server. RegisterEncoded, on a
-// server built with ServerOptions (cmd/agent's), answers the same bytes
-// but writes them itself from the decisions, with the parts every answer
-// about one limit shares (current_limit, x-ratelimit-limit,
+// server built with ServerOptions (cmd/agent's, and cmd/regional's, whose
+// daemon serves the Service given as DaemonOptions.Envoy so), answers the
+// same bytes but writes them itself from the decisions, with the parts
+// every answer about one limit shares (current_limit, x-ratelimit-limit,
 // ratelimit-policy, and the reset and retry-after headers of the first
 // two minutes) encoded once: an answer is then one allocation of its bytes
-// instead of a message for gRPC to walk and encode.
+// instead of a message for gRPC to walk and encode. The server's unary
+// interceptors (cmd/regional's authorization and bounds) still see every
+// request as a message and may refuse it; the answer passes them in wire
+// form.
 //
 // # Units
 //

@@ -9,7 +9,9 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -40,8 +42,9 @@ func serveEncoded(t *testing.T, svc *envoyrls.Service, opts ...grpc.ServerOption
 // TestEncodedAnswersOverGRPC: a Service served with RegisterEncoded
 // answers over gRPC as TestAnswers checks the answers of Register: a key
 // walked past its limit gets statuses and headers that agree with the
-// limit and with each other, an unmatched descriptor an OK status; a
-// unary interceptor on the server is given the answer as a message.
+// limit and with each other, an unmatched descriptor an OK status. A
+// unary interceptor on the server runs on every call and is given the
+// request as a message, and the answer in wire form, which it passes on.
 func TestEncodedAnswersOverGRPC(t *testing.T) {
 	rs := redistest.Start(t)
 	cfg := regiontest.MustConfig(t, testConfig)
@@ -55,10 +58,14 @@ func TestEncodedAnswersOverGRPC(t *testing.T) {
 	}{
 		{"plain", "small", nil},
 		{"intercepted", "small2", []grpc.ServerOption{grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			resp, err := h(ctx, req)
-			if _, ok := resp.(*rlsv3.RateLimitResponse); ok {
-				intercepted.Add(1)
+			if _, ok := req.(*rlsv3.RateLimitRequest); !ok {
+				t.Errorf("the interceptor was given a request of type %T", req)
 			}
+			resp, err := h(ctx, req)
+			if _, ok := resp.(proto.Message); ok {
+				t.Errorf("the interceptor was given the answer as a message %T, want wire form", resp)
+			}
+			intercepted.Add(1)
 			return resp, err
 		})}},
 	} {
@@ -93,6 +100,41 @@ func TestEncodedAnswersOverGRPC(t *testing.T) {
 		})
 	}
 	if n := intercepted.Load(); n != 4 {
-		t.Errorf("the interceptor saw %d answers as messages, want 4", n)
+		t.Errorf("the interceptor saw %d calls, want 4", n)
+	}
+}
+
+// TestEncodedInterceptorsDecide: on a server that answers in wire form, a
+// unary interceptor still decides the call: its refusal reaches the
+// caller and the handler never runs, and an answer of its own (a
+// message) is sent as it is.
+func TestEncodedInterceptorsDecide(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	p := startProcess(t, rs, cfg, "envoy-intercepted", true)
+	own := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT}
+	var handled atomic.Int64
+	encoded := serveEncoded(t, p.svc, grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		switch req.(*rlsv3.RateLimitRequest).GetDomain() {
+		case "refused":
+			return nil, status.Error(codes.PermissionDenied, "not you")
+		case "own":
+			return own, nil
+		}
+		handled.Add(1)
+		return h(ctx, req)
+	}))
+	ctx := t.Context()
+	if _, err := encoded.ShouldRateLimit(ctx, request("refused", 0, desc("tenant", "small3", "class", "write"))); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("refused by the interceptor: %v, want PermissionDenied", err)
+	}
+	if resp, err := encoded.ShouldRateLimit(ctx, request("own", 0, desc("tenant", "small3", "class", "write"))); err != nil || !proto.Equal(resp, own) {
+		t.Errorf("the interceptor's own answer arrived as %v (%v), want %v", resp, err, own)
+	}
+	if resp := ask(t, encoded, request("sluice", 0, desc("tenant", "small3", "class", "write"))); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("answer %v, want OK", resp)
+	}
+	if n := handled.Load(); n != 1 {
+		t.Errorf("the handler ran for %d calls, want 1", n)
 	}
 }

@@ -4,18 +4,18 @@ import (
 	"context"
 	"log"
 
-	"google.golang.org/grpc"
-
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
-// The regional daemon serves the Envoy endpoint on its own gRPC server. The
-// Service is registered before the daemon starts; the lease client that
-// decides for it can only dial the daemon's address after the start.
-func ExampleRegister() {
+// The regional daemon serves the Envoy endpoint on its own gRPC server,
+// behind its authorization and bounds, answering in wire form
+// (RegisterEncoded). The Service is given to the daemon at its start; the
+// lease client that decides for it can only dial the daemon's address
+// after the start.
+func ExampleRegisterEncoded() {
 	cfg := regional.StaticConfig{C: config.Default()}
 	svc, err := envoyrls.New(envoyrls.Options{Config: cfg})
 	if err != nil {
@@ -24,7 +24,7 @@ func ExampleRegister() {
 	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "us-east", RedisAddr: "127.0.0.1:6379", Config: cfg,
 		Unleased: true, // a single region with no global tier
-		Extra:    []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, svc) }},
+		Envoy:    svc,
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -68,6 +68,10 @@ type Service struct {
 	headers bool
 	log     *slog.Logger
 	m       *metrics
+	encoded encodedCall
+	// now is the clock of decisions (nil: time.Now); tests fix it to
+	// compare answers of the same decisions.
+	now func() time.Time
 }
 
 // limiterBox lets an interface value live in an atomic.Pointer.
@@ -79,6 +83,7 @@ func New(o Options) (*Service, error) {
 		return nil, fmt.Errorf("%w: envoyrls: Options.Config is required", quota.ErrInvalid)
 	}
 	s := &Service{config: o.Config, headers: true, log: o.Logger, m: newMetrics()}
+	s.initEncoded()
 	if o.Headers != nil {
 		s.headers = *o.Headers
 	}
@@ -107,9 +112,9 @@ func (s *Service) SetLimiter(l Limiter) {
 }
 
 // Register serves svc on g as envoy.service.ratelimit.v3.RateLimitService.
-// Call it before g serves (for a regional daemon: from
-// DaemonOptions.Extra). RegisterEncoded answers for less on a server
-// built with ServerOptions.
+// Call it before g serves. RegisterEncoded answers for less on a server
+// built with ServerOptions (a regional daemon serves the Service given as
+// its DaemonOptions.Envoy so).
 func Register(g *grpc.Server, svc *Service) {
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 }
@@ -206,10 +211,17 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, sc *s
 		if d.Degraded {
 			s.m.inc(c, slotDegraded)
 		}
-		decisions[i] = newDecided(time.Now(), t.Resolved.Limit, r, d)
+		decisions[i] = newDecided(s.clock(), t.Resolved.Limit, r, d)
 		decisions[i].cache = c
 	}
 	return targets, decisions, outcomeOK, nil
+}
+
+func (s *Service) clock() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
 }
 
 // failed maps a Limiter error to a gRPC status. Tokens taken for earlier

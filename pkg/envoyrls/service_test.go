@@ -85,7 +85,7 @@ func startProcess(t *testing.T, rs *redistest.Server, cfg *config.Config, id str
 		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull,
 		Unleased: true, // one region, no global tier: static shares unconditional
 		Logger:   slog.New(slog.DiscardHandler),
-		Extra:    []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, p.svc) }},
+		Envoy:    p.svc, // as cmd/regional serves it
 	})
 	if err != nil {
 		t.Fatal(err)

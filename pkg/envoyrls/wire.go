@@ -28,8 +28,13 @@ func ServerOptions() []grpc.ServerOption {
 // encoded once, instead of building the message for gRPC to encode. The
 // bytes are the ones proto.Marshal writes for the message ShouldRateLimit
 // returns (TestEncodedAnswerIsTheMessage). g must have been built with
-// ServerOptions. With a unary interceptor on g, the interceptor is given
-// the request and the answer as messages, as Register does.
+// ServerOptions.
+//
+// Unary interceptors on g (authorization, bounds) run as with Register:
+// they are given the request as a message and may refuse it, or answer
+// with a message of their own. The answer they get from the handler is
+// its wire form, a value they must pass on as it is: use Register on a
+// server whose interceptors read answers.
 func RegisterEncoded(g *grpc.Server, svc *Service) {
 	g.RegisterService(&encodedServiceDesc, svc)
 }
@@ -49,12 +54,29 @@ func shouldRateLimitEncoded(srv any, ctx context.Context, dec func(any) error, i
 	}
 	s := srv.(*Service)
 	if interceptor != nil {
-		info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
-		return interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
-			return s.ShouldRateLimit(ctx, req.(*rlsv3.RateLimitRequest))
-		})
+		return interceptor(ctx, in, s.encoded.info, s.encoded.handler)
 	}
-	resp, err := s.shouldRateLimitEncoded(ctx, in)
+	return s.answerEncoded(ctx, in)
+}
+
+// encodedCall is what shouldRateLimitEncoded hands a server's
+// interceptors, built once per Service rather than per call.
+type encodedCall struct {
+	info    *grpc.UnaryServerInfo
+	handler grpc.UnaryHandler
+}
+
+func (s *Service) initEncoded() {
+	s.encoded.info = &grpc.UnaryServerInfo{Server: s, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+	s.encoded.handler = func(ctx context.Context, req any) (any, error) {
+		return s.answerEncoded(ctx, req.(*rlsv3.RateLimitRequest))
+	}
+}
+
+// answerEncoded is shouldRateLimitEncoded's answer as a handler returns
+// it: nil with an error.
+func (s *Service) answerEncoded(ctx context.Context, req *rlsv3.RateLimitRequest) (any, error) {
+	resp, err := s.shouldRateLimitEncoded(ctx, req)
 	if err != nil {
 		return nil, err
 	}

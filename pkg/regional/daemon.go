@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/internal/endpoint"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/rpcguard"
 )
 
@@ -60,8 +61,14 @@ type DaemonOptions struct {
 	Registry *prometheus.Registry
 	// Logger. Optional, default slog.Default().
 	Logger *slog.Logger
-	// Extra registers more gRPC services on the daemon's server (the Envoy
-	// endpoint). Optional.
+	// Envoy, when set, is served as Envoy's rate limit service on the
+	// daemon's server, behind the same authorization and bounds as every
+	// call, answering in wire form (envoyrls.RegisterEncoded: the server
+	// gets envoyrls.ServerOptions, which leave every other message to
+	// gRPC's proto codec). Optional.
+	Envoy *envoyrls.Service
+	// Extra registers more gRPC services on the daemon's server
+	// (reflection). Optional.
 	Extra []func(*grpc.Server)
 	// Leader, when set, makes this replica a candidate for its region's
 	// leadership: the leader reports demand to the global tier every epoch
@@ -132,6 +139,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Envoy != nil {
+		edge = append(edge, envoyrls.ServerOptions()...)
+	}
 	ep, err := endpoint.Listen(endpoint.Options{
 		Name: "regional", GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, ServerTLS: o.ServerTLS,
 		GRPCOptions: edge, Registry: o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger,
@@ -160,6 +170,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	}
 	d := &Daemon{opts: o, Server: srv, Redis: rdb, Registry: ep.Registry, Health: ep.Health, ep: ep}
 	srv.Register(ep.GRPC)
+	if o.Envoy != nil {
+		envoyrls.RegisterEncoded(ep.GRPC, o.Envoy)
+	}
 	for _, f := range o.Extra {
 		f(ep.GRPC)
 	}

@@ -54,7 +54,7 @@ func edgeDaemon(t *testing.T, rs *redistest.Server, cfg *config.Config) (*region
 	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RedisAddr: rs.Addr(),
 		Config: src, ColdStart: regional.ColdStartFull, Unleased: true,
-		Extra: []func(*grpc.Server){func(g *grpc.Server) { envoyrls.Register(g, envoy) }},
+		Envoy: envoy,
 	})
 	if err != nil {
 		t.Fatal(err)
