@@ -98,8 +98,14 @@ type leaseRig struct {
 
 func newLeaseRig(t *testing.T) *leaseRig {
 	t.Helper()
+	return newLeaseRigWith(t, leaseConfig(t))
+}
+
+// newLeaseRigWith is newLeaseRig running cfg (regions eu and us).
+func newLeaseRigWith(t *testing.T, cfg *config.Config) *leaseRig {
+	t.Helper()
 	ctx := context.Background()
-	r := &leaseRig{t: t, cfg: leaseConfig(t), tier: &tierSwitch{}, reg: prometheus.NewRegistry()}
+	r := &leaseRig{t: t, cfg: cfg, tier: &tierSwitch{}, reg: prometheus.NewRegistry()}
 	etcd := etcdtest.Start(t)
 	r.cli = etcd.Client(t)
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{

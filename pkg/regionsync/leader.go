@@ -20,8 +20,8 @@ const (
 	// Epoch is the report every epoch.
 	Epoch Kind = iota
 	// Ack acknowledges at once an answer that lowered a key's rate below
-	// what the region held: the allocator gives the difference to other
-	// regions only once the donor acknowledged the smaller grant.
+	// what the region held (Lowers): the allocator gives the difference to
+	// other regions only once the donor acknowledged the smaller grant.
 	Ack
 	// CatchUp is a report after report_again_ms, while a raise waits on
 	// other regions' acknowledgements.
@@ -230,9 +230,37 @@ type Install struct {
 	// holds (the send time of the report it answers).
 	FenceUS int64
 	// Lowers is true when the key was reported and the grant's rate is
-	// below what the region held when it sent the report.
+	// materially below what the region held when it sent the report
+	// (Lowers): an acknowledgement is owed for it.
 	Lowers bool
 }
+
+// LowerTolerance is the fraction of the held rate by which a grant must
+// be below it to lower it (Lowers).
+//
+// The allocator makes every grant it issues distinct from the ones it may
+// still count the region at, by nudging its values down a few float steps
+// (about 1e-16 of the rate): the region echoes what it holds, and only
+// distinct values say which grant that is. So nearly every answer's grant
+// of a contended key is a few steps below the one held, whether or not
+// capacity moved. Such a grant frees nothing: the allocator counts a
+// report as freeing capacity of a key (and lets it go to other regions
+// sooner, nudging them) only when what the region may use falls by more
+// than 1e-9 of the key's rate, and a region's held rate never exceeds the
+// key's rate, so a fall of at most 1e-9 of the held rate is never such a
+// fall. An acknowledgement for it would cost a whole report (every
+// selected key's state read again, every grant installed again) and
+// change nothing; the next epoch report acknowledges it as any report
+// does. Safety never rests on an acknowledgement: the allocator's fence
+// counts the region at every grant it may hold until a report echoes one
+// (invariants 2 and 3), so an acknowledgement only makes a donor's real
+// cut reach the recipient sooner.
+const LowerTolerance = 1e-9
+
+// Lowers says whether a grant of rate lowers held, the rate the region
+// held for the key when it sent the report the grant answers: whether it
+// is below held by more than LowerTolerance of held.
+func Lowers(rate, held float64) bool { return rate < held-LowerTolerance*held }
 
 // Refused is a grant of the answer that is not installed, and why.
 type Refused struct {
@@ -262,7 +290,7 @@ func Installs(g *sluicev1.RegionGrants, sendUS int64, held Held) ([]Install, []R
 		out = append(out, Install{
 			Key: k, Wire: kg.GetKey(), Rate: rate, Burst: burst,
 			ExpiryUS: sendUS + kg.GetValidMs()*1000, FenceUS: sendUS,
-			Lowers: reported && rate < h,
+			Lowers: reported && Lowers(rate, h),
 		})
 	}
 	return out, refused
@@ -293,9 +321,11 @@ func Outcome(g *sluicev1.RegionGrants, installs []Install, applied []bool) Answe
 // acknowledgement when its answer lowered a grant, then up to MaxCatchUps
 // catch-up reports while an answer says a raise is pending. A nudged
 // report starts a round like an epoch report; an acknowledgement or a
-// catch-up never triggers an acknowledgement of its own. With many keys some
-// grant falls in most epochs, so expect close to two reports per epoch,
-// and up to two more while capacity moves towards the region.
+// catch-up never triggers an acknowledgement of its own. A grant lowers
+// only when it falls by more than LowerTolerance (the allocator's float
+// nudges do not), so a region whose grants hold steady sends one report per
+// epoch; expect two while capacity moves away from it, and up to two more
+// while capacity moves towards it.
 type Round struct {
 	epoch    time.Duration
 	last     Kind

@@ -2,6 +2,7 @@ package regionsync
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -103,6 +104,50 @@ func TestInstallsExpireFromTheSendTime(t *testing.T) {
 	}
 	if a := Outcome(g, ins, []bool{true, true, true}); !a.Lowered {
 		t.Errorf("an applied lowering grant does not count: %+v", a)
+	}
+}
+
+// TestNudgedGrantOwesNoAcknowledgement: the allocator nudges every new
+// grant a few float steps below the ones it may still count, so a grant
+// that only differs by such steps from the held one lowers nothing and
+// starts no acknowledgement report (the region reports once per epoch
+// while its grants hold steady); a real cut, however small beyond
+// LowerTolerance, still does, and a raise never does.
+func TestNudgedGrantOwesNoAcknowledgement(t *testing.T) {
+	const held = 37.5
+	nudged := held
+	for range 8 {
+		nudged = math.Nextafter(nudged, 0)
+	}
+	for _, c := range []struct {
+		rate  float64
+		lower bool
+	}{
+		{math.Nextafter(held, 0), false},
+		{nudged, false},
+		{held * (1 - LowerTolerance/2), false},
+		{held, false},
+		{held * 2, false},
+		{held * (1 - 2*LowerTolerance), true},
+		{held / 2, true},
+		{0, true},
+	} {
+		g := &sluicev1.RegionGrants{Grants: []*sluicev1.KeyGrant{
+			{Key: &sluicev1.QuotaKey{Tenant: keyA.Tenant, Class: keyA.Class}, Rate: c.rate, Burst: 5, ValidMs: 3000},
+		}}
+		ins, _ := Installs(g, 1_000_000, Held{keyA: held})
+		if len(ins) != 1 || ins[0].Lowers != c.lower {
+			t.Errorf("grant %.17g against %v held: lowers %v, want %v", c.rate, held, ins[0].Lowers, c.lower)
+			continue
+		}
+		_, _, more := NewRound(time.Second).Next(Outcome(g, ins, []bool{true}))
+		if more != c.lower {
+			t.Errorf("grant %.17g against %v held: another report %v, want %v", c.rate, held, more, c.lower)
+		}
+	}
+	// Held at nothing (a region on a floor of 0): nothing lowers it.
+	if Lowers(0, 0) || Lowers(math.SmallestNonzeroFloat64, 0) {
+		t.Error("a grant lowers a held rate of 0")
 	}
 }
 
