@@ -341,6 +341,23 @@ func leaderEpoch(t *testing.T, c *devcluster.Cluster) allocEpoch {
 	return allocEpoch{leader: st.LeaderAddr, epoch: st.Epoch}
 }
 
+// lastReport is how long ago the global leader last heard from region,
+// and the leader's epoch when it answered; ok is false when there is no
+// leader or the region never reported.
+func lastReport(t *testing.T, c *devcluster.Cluster, region string) (ago time.Duration, at allocEpoch, ok bool) {
+	t.Helper()
+	st := leaderStatus(t, c)
+	if st == nil {
+		return 0, allocEpoch{}, false
+	}
+	for _, rg := range st.Regions {
+		if rg.Region == region && rg.LastReportAgeMs >= 0 {
+			return time.Duration(rg.LastReportAgeMs) * time.Millisecond, allocEpoch{leader: st.LeaderAddr, epoch: st.Epoch}, true
+		}
+	}
+	return 0, allocEpoch{}, false
+}
+
 // epochsSince is how many epochs the allocator ran since from; ok is false
 // when the leader changed (a new leader counts from its own start).
 func epochsSince(t *testing.T, c *devcluster.Cluster, from allocEpoch) (n uint64, ok bool) {
@@ -506,6 +523,19 @@ func TestRegionDownSurvivorsTakeItsShare(t *testing.T) {
 	kills.Wait()
 	if gone, err := redisClock(context.Background(), c, "us-east"); err == nil {
 		t.Logf("killing eu-west's %d replicas took %v", len(c.Regions["eu-west"].Replicas), gone.Sub(death))
+		// The lapse counts region_lease of silence from eu-west's last
+		// report, which a starved replica still sends while it is being
+		// killed: the budget starts there, as the global leader saw it
+		// (its clock read after ours, so the start is never late), and
+		// the epochs count from the allocator's epoch then (its age in
+		// whole epochs back from now: never fewer epochs than it ran).
+		if last, at, ok := lastReport(t, c, "eu-west"); ok && gone.Add(-last).After(death) {
+			t.Logf("eu-west's last report reached the global leader %v after the kill began", gone.Add(-last).Sub(death))
+			death = gone.Add(-last)
+			if at.leader == e0.leader && at.epoch >= e0.epoch+uint64(last/lt.epoch) {
+				e0.epoch = at.epoch - uint64(last/lt.epoch)
+			}
+		}
 	}
 	// The budget: region_lease + grant_validity + 3 epochs of the death,
 	// on the clock or in the allocator's epochs (judgeBudget). A lapse
