@@ -320,7 +320,17 @@ func TestTwoProcessesShareOneLimit(t *testing.T) {
 			}
 		}()
 	}
+	// The traffic runs for run, and on until both processes have answered
+	// both ways: a load generator starved of CPU offers about r and may
+	// meet no denial within run. The wait is for that event, bounded by
+	// ten runs.
 	<-time.After(run)
+	for deadline := time.Now().Add(10 * run); time.Now().Before(deadline); {
+		if ok[0].Load() > 0 && ok[1].Load() > 0 && over[0].Load() > 0 && over[1].Load() > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // polling the answer counts, with a deadline
+	}
 	close(stop)
 	wg.Wait()
 	// Tokens the processes still hold were debited from the bucket too:
