@@ -129,13 +129,24 @@ func TestRegionDrainRestoreAndLapseAgainstRealDaemons(t *testing.T) {
 	if v.ReservedFraction != 0.5 || v.StaticLeaseMs != 0 {
 		t.Errorf("lapsed eu-west: %+v, want its floor (0.5) reserved and no static lease", v)
 	}
-	if !strings.Contains(text, "LEASE EXPIRED since") {
-		t.Errorf("status text does not say LEASE EXPIRED:\n%s", text)
-	}
-	// On the allocator's own clock: it declares the lapse only after
-	// region_lease + grant_validity + margin without a report.
-	if silent := time.Duration(v.LastReportAgeMs) * time.Millisecond; silent < lapse-time.Millisecond {
-		t.Errorf("eu-west lapsed after %v without a report, before region_lease + grant_validity + margin = %v", silent, lapse)
+	// eu-west reported before it died, so a global leader that never
+	// heard from it began a new term since (a starved replica's etcd
+	// session can expire and be won again): its allocator counts the
+	// silence from its own start, and cannot say since when.
+	if v.LastReportAgeMs < 0 {
+		t.Logf("the global leader began a new term after eu-west's last report: the lapse counts from the term's start, not judged against the last report")
+		if !strings.Contains(text, "LEASE EXPIRED (") {
+			t.Errorf("status text does not say LEASE EXPIRED:\n%s", text)
+		}
+	} else {
+		if !strings.Contains(text, "LEASE EXPIRED since") {
+			t.Errorf("status text does not say LEASE EXPIRED:\n%s", text)
+		}
+		// On the allocator's own clock: it declares the lapse only after
+		// region_lease + grant_validity + margin without a report.
+		if silent := time.Duration(v.LastReportAgeMs) * time.Millisecond; silent < lapse-time.Millisecond {
+			t.Errorf("eu-west lapsed after %v without a report, before region_lease + grant_validity + margin = %v", silent, lapse)
+		}
 	}
 
 	if err := c.Regions["eu-west"].Replicas[0].Restart(context.Background()); err != nil {
