@@ -220,8 +220,9 @@ type Allocator struct {
 	// drains it. Indexed by region.
 	nudge          []bool
 	reportIdx      []int32
-	regs           []Region  // scratch for StaticBursts
-	order          []int     // scratch for splitUnits
+	regs           []Region // scratch for StaticBursts
+	us             unitScratch
+	sh             shares    // loadShares
 	sbs, sts       []float64 // scratch: static bursts and rates of reporting regions
 	bw, bout, udem []float64 // scratch for splitBurst
 	role           []int8
@@ -657,30 +658,72 @@ func (a *Allocator) counted(k int32, i int) (float64, float64) {
 	return a.static(k, i)
 }
 
+// shares is one key's static, fallback and counted rate and burst in
+// every region (static, fallback, counted), worked out once for the
+// decisions one call makes about the key: they change only with its limit
+// and with the regions' config and lease states, and none of those
+// changes while a key is being decided.
+type shares struct {
+	sR, sB, fR, fB, cR, cB [MaxRegions]float64
+	// sumR, sumB: Σ static shares in region order; freedR, freedB: what
+	// they leave of the limit (0 within float rounding), for freed.
+	sumR, sumB     float64
+	freedR, freedB float64
+	lapsed         bool // some region is lapsed
+}
+
+// loadShares computes a.sh for key slot k and returns it.
+func (a *Allocator) loadShares(k int32) *shares {
+	sh := &a.sh
+	sh.lapsed = false
+	var sumR, sumB float64
+	for i := 0; i < a.nr; i++ {
+		s, sb := a.static(k, i)
+		sh.sR[i], sh.sB[i] = s, sb
+		sumR += s
+		sumB += sb
+		fr, fb := s, sb
+		if rs := &a.regions[i]; rs.lapsed || rs.returning {
+			fr, fb = a.floorOf(k, i)
+		}
+		sh.fR[i], sh.fB[i] = fr, fb
+		sh.cR[i], sh.cB[i] = s, sb
+		if a.regions[i].lapsed {
+			sh.cR[i], sh.cB[i] = fr, fb
+			sh.lapsed = true
+		}
+	}
+	sh.sumR, sh.sumB = sumR, sumB
+	l := &a.limits[k]
+	sh.freedR, sh.freedB = 0, 0
+	if d := l.Rate - sumR; math.Abs(d) > 1e-9*l.Rate {
+		sh.freedR = d
+	}
+	if d := l.Burst - sumB; math.Abs(d) > 1e-9*l.Burst {
+		sh.freedB = d
+	}
+	return sh
+}
+
 // freed is what key slot k's static shares leave of its rate and burst
 // (drained regions, or shares under several config revisions), plus what
 // the regions counted below their static share (lapsed) leave, as seen
 // from region x: the headroom a grant to x may use on top of the one-step
 // summaries. Float rounding of the static shares (below 1e-9 of the
 // limit) counts as none.
-func (a *Allocator) freed(k int32, x int) (rate, burst float64) {
-	l := &a.limits[k]
-	var sumS, sumB, adjR, adjB float64
-	for y := 0; y < a.nr; y++ {
-		s, sb := a.static(k, y)
-		sumS += s
-		sumB += sb
+func (a *Allocator) freed(x int, sh *shares) (rate, burst float64) {
+	var adjR, adjB float64
+	for y := 0; y < a.nr && sh.lapsed; y++ {
 		if y != x && a.regions[y].lapsed {
-			c, cb := a.counted(k, y)
-			adjR += s - c
-			adjB += sb - cb
+			adjR += sh.sR[y] - sh.cR[y]
+			adjB += sh.sB[y] - sh.cB[y]
 		}
 	}
-	if d := l.Rate - sumS; math.Abs(d) > 1e-9*l.Rate {
-		adjR += d
+	if sh.freedR != 0 {
+		adjR += sh.freedR
 	}
-	if d := l.Burst - sumB; math.Abs(d) > 1e-9*l.Burst {
-		adjB += d
+	if sh.freedB != 0 {
+		adjB += sh.freedB
 	}
 	return adjR, adjB
 }
@@ -804,8 +847,12 @@ func (a *Allocator) effectiveDemand(k int32, i int) float64 {
 // demand but its fallback burst sb holds no whole unit (only a grant can
 // give it one).
 func (a *Allocator) aboveStatic(k int32, i int, s, sb float64) bool {
-	d := a.effectiveDemand(k, i)
-	return d > s || (sb < a.limits[k].unit() && d > unitDemandFloor*a.limits[k].Rate)
+	return needsGrant(a.effectiveDemand(k, i), s, sb, &a.limits[k])
+}
+
+// needsGrant is aboveStatic for demand d of a key limited by l.
+func needsGrant(d, s, sb float64, l *KeyLimit) bool {
+	return d > s || (sb < l.unit() && d > unitDemandFloor*l.Rate)
 }
 
 // Allocate runs one epoch: it recomputes the targets of every key from the
@@ -823,11 +870,13 @@ func (a *Allocator) Allocate(now time.Time) {
 	a.dem = growFloats(a.dem, nr)
 	a.active = a.active[:0]
 	for _, k := range a.byRank {
+		sh := a.loadShares(k)
+		l := &a.limits[k]
 		contended := false
 		for i := 0; i < nr; i++ {
-			a.dem[i] = a.effectiveDemand(k, i)
-			s, sb := a.fallback(k, i)
-			if !a.silent[i] && a.aboveStatic(k, i, s, sb) {
+			d := a.effectiveDemand(k, i)
+			a.dem[i] = d
+			if !a.silent[i] && needsGrant(d, sh.fR[i], sh.fB[i], l) {
 				contended = true
 			}
 		}
@@ -838,15 +887,14 @@ func (a *Allocator) Allocate(now time.Time) {
 			}
 			nonStatic := false
 			for i := 0; i < nr && !nonStatic; i++ {
-				s, sb := a.fallback(k, i)
-				nonStatic = a.fences[i][b].hasNonStatic(t, s, sb)
+				nonStatic = a.fences[i][b].hasNonStatic(t, sh.fR[i], sh.fB[i])
 			}
 			if !nonStatic {
 				a.freeBlock(b)
 				continue
 			}
 			for i := 0; i < nr; i++ {
-				a.targetRate[int(b)*nr+i], a.targetBurst[int(b)*nr+i] = a.fallback(k, i)
+				a.targetRate[int(b)*nr+i], a.targetBurst[int(b)*nr+i] = sh.fR[i], sh.fB[i]
 			}
 			a.blockContended[b] = false
 			a.active = append(a.active, k)
@@ -855,7 +903,7 @@ func (a *Allocator) Allocate(now time.Time) {
 		if b < 0 {
 			b = a.newBlock(k)
 		}
-		a.computeTargets(t, k, b)
+		a.computeTargets(t, k, b, sh)
 		a.blockContended[b] = true
 		a.active = append(a.active, k)
 	}
@@ -877,17 +925,16 @@ func (a *Allocator) markSilent(t int64) {
 // demand instead of the one the last Allocate saw: a donor gets its
 // smaller grant, and a recipient what headroom there is, one allocation
 // period earlier after a demand shift. Which regions are silent is decided
-// anew too: a region that reported since the last Allocate (the first
-// report of a new key's donors) is not frozen at its static share. Targets
-// never affect safety (every grant is fenced), only which of the safe
-// grants is chosen.
-func (a *Allocator) retarget(t int64, k, b int32) {
-	a.markSilent(t)
+// anew too (the caller ran markSilent at t): a region that reported since
+// the last Allocate (the first report of a new key's donors) is not frozen
+// at its static share. Targets never affect safety (every grant is
+// fenced), only which of the safe grants is chosen.
+func (a *Allocator) retarget(t int64, k, b int32, sh *shares) {
 	a.dem = growFloats(a.dem, a.nr)
 	for i := 0; i < a.nr; i++ {
 		a.dem[i] = a.effectiveDemand(k, i)
 	}
-	a.computeTargets(t, k, b)
+	a.computeTargets(t, k, b, sh)
 }
 
 // computeTargets water-fills key k's rate over the regions that report,
@@ -897,21 +944,30 @@ func (a *Allocator) retarget(t int64, k, b int32) {
 // first, so a small burst is where the requests are, and when only regions
 // gaining rate could spare one, one of them is held a hair below its
 // static rate instead (unitDonor).
-func (a *Allocator) computeTargets(t int64, k, b int32) {
+func (a *Allocator) computeTargets(t int64, k, b int32, sh *shares) {
 	nr := a.nr
-	l := a.limits[k]
+	l := &a.limits[k]
+	unit, demandFloor := l.unit(), unitDemandFloor*l.Rate
 	base := int(b) * nr
 	a.w = growFloats(a.w, nr)
 	a.lo = growFloats(a.lo, nr)
 	a.hi = growFloats(a.hi, nr)
 	a.out = growFloats(a.out, nr)
+	a.sbs = growFloats(a.sbs, nr)
+	a.sts = growFloats(a.sts, nr)
+	w, lo, hi, dem, sbs, sts := a.w[:nr], a.lo[:nr], a.hi[:nr], a.dem[:nr], a.sbs[:nr], a.sts[:nr]
 	capacity, pool := l.Rate, l.Burst
+	// The reporting regions, packed to 0..n-1: weights, floors, ceilings,
+	// demands, fallback rates and bursts, and the sums over them (in
+	// region order, as every sum below).
+	var sumLo, sumHi float64
+	wanting := 0
 	n := 0
 	for i := 0; i < nr; i++ {
 		rg := &a.regions[i]
 		if a.silent[i] {
 			f := &a.summaries[base+i]
-			s, sb := a.counted(k, i)
+			s, sb := sh.cR[i], sh.cB[i]
 			fr, fb := s, sb
 			if f.rateT > t {
 				fr = max(f.rateV, s)
@@ -924,21 +980,28 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 			pool -= fb
 			continue
 		}
-		a.w[n] = rg.Weight
-		a.lo[n] = rg.MinShare * l.Rate
-		a.hi[n] = rg.maxShare() * l.Rate
+		w[n] = rg.Weight
+		lo[n] = rg.MinShare * l.Rate
+		hi[n] = rg.maxShare() * l.Rate
 		if rg.Drained {
 			// Its share goes to the others: it is served up to its floor.
-			s, _ := a.static(k, i)
-			a.hi[n] = min(a.hi[n], s)
-			a.lo[n] = min(a.lo[n], a.hi[n])
+			s := sh.sR[i]
+			hi[n] = min(hi[n], s)
+			lo[n] = min(lo[n], hi[n])
 		}
-		a.dem[n] = a.dem[i]
+		dem[n] = dem[i]
+		sts[n], sbs[n] = sh.fR[i], sh.fB[i]
+		sumLo += lo[n]
+		sumHi += hi[n]
+		if dem[n] > demandFloor {
+			wanting++
+		}
 		n++
 	}
 	if n == 0 {
 		return
 	}
+	w, lo, hi, dem, sbs, sts = w[:n], lo[:n], hi[:n], dem[:n], sbs[:n], sts[:n]
 	capacity = max(capacity, 0)
 	pool = max(pool, 0)
 	// A region with demand whose static burst holds no whole unit can
@@ -947,62 +1010,38 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 	// such a region gets at least a hair above its static rate, where it
 	// fits, when the pool has a unit for every region with demand (else
 	// units would only move between regions that all want them).
-	a.sbs = growFloats(a.sbs, n)
 	a.role = slices.Grow(a.role[:0], n)[:n]
-	var sumLo, sumHi, cut float64
-	wanting := 0
-	for j := 0; j < n; j++ {
-		sumLo += a.lo[j]
-		sumHi += a.hi[j]
-		if a.dem[j] > unitDemandFloor*l.Rate {
-			wanting++
-		}
-	}
-	spare := float64(wanting) <= math.Floor(pool/l.unit())
-	j := 0
-	for i := 0; i < nr; i++ {
-		if a.silent[i] {
-			continue
-		}
-		s, sb := a.fallback(k, i)
-		a.sbs[j] = sb
-		if spare && sb < l.unit() && a.dem[j] > unitDemandFloor*l.Rate {
-			if f := min(a.hi[j], s*(1+1e-9)); f > a.lo[j] && sumLo+f-a.lo[j] <= capacity {
-				sumLo += f - a.lo[j]
-				a.lo[j] = f
+	spare := float64(wanting) <= math.Floor(pool/unit)
+	if spare {
+		var cut float64
+		hasCut := false // some region without demand may give units away
+		for j := 0; j < n; j++ {
+			s, sb := sts[j], sbs[j]
+			has := dem[j] > demandFloor
+			if sb < unit && has {
+				if f := min(hi[j], s*(1+1e-9)); f > lo[j] && sumLo+f-lo[j] <= capacity {
+					sumLo += f - lo[j]
+					lo[j] = f
+				}
+			}
+			if sb >= unit && !has {
+				cut += hi[j] - max(lo[j], min(hi[j], s*(1-1e-9)))
+				hasCut = true
 			}
 		}
-		if spare && sb >= l.unit() && !(a.dem[j] > unitDemandFloor*l.Rate) {
-			cut += a.hi[j] - max(a.lo[j], min(a.hi[j], s*(1-1e-9)))
-		}
-		j++
-	}
-	if spare && wanting > 0 && sumHi-cut >= capacity {
-		// Regions without demand may give their units away: a hair
-		// below their static rate, when the others can take the rest.
-		j = 0
-		for i := 0; i < nr; i++ {
-			if a.silent[i] {
-				continue
+		if hasCut && wanting > 0 && sumHi-cut >= capacity {
+			// Regions without demand may give their units away: a hair
+			// below their static rate, when the others can take the rest.
+			for j := 0; j < n; j++ {
+				if sbs[j] >= unit && !(dem[j] > demandFloor) {
+					hi[j] = max(lo[j], min(hi[j], sts[j]*(1-1e-9)))
+				}
 			}
-			if s, sb := a.fallback(k, i); sb >= l.unit() && !(a.dem[j] > unitDemandFloor*l.Rate) {
-				a.hi[j] = max(a.lo[j], min(a.hi[j], s*(1-1e-9)))
-			}
-			j++
-		}
-	}
-	a.sts = growFloats(a.sts, n)
-	j = 0
-	for i := 0; i < nr; i++ {
-		if !a.silent[i] {
-			a.sts[j], _ = a.fallback(k, i)
-			j++
 		}
 	}
 	a.bw = growFloats(a.bw, n)
 	a.bout = growFloats(a.bout, n)
 	a.udem = growFloats(a.udem, n)
-	a.order = growInts(a.order, n)
 	// A region can give up units only while below its static rate
 	// (splitUnits: a region gaining rate has a short grant, and a unit
 	// lent on it would have to come back before the borrower's grant
@@ -1011,8 +1050,8 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 	// static rate and the rate is filled again. Each round caps one more
 	// region, so this ends within n rounds.
 	for round := 0; ; round++ {
-		fairShare(capacity, a.w[:n], a.lo[:n], a.hi[:n], a.dem[:n], a.out[:n], &a.fs)
-		a.splitBurst(pool, l.unit(), unitDemandFloor*l.Rate, n)
+		fairShare(capacity, w, lo, hi, dem, a.out[:n], &a.fs)
+		a.splitBurst(pool, unit, demandFloor, n)
 		if !spare || wanting == 0 || round >= n {
 			break
 		}
@@ -1020,10 +1059,10 @@ func (a *Allocator) computeTargets(t int64, k, b int32) {
 		if c < 0 {
 			break
 		}
-		sumHi -= a.hi[c] - capTo
-		a.hi[c] = capTo
+		sumHi -= hi[c] - capTo
+		hi[c] = capTo
 	}
-	j = 0
+	j := 0
 	for i := 0; i < nr; i++ {
 		if a.silent[i] {
 			continue
@@ -1067,7 +1106,7 @@ func (a *Allocator) splitBurst(pool, unit, floor float64, n int) {
 			a.udem[j] = 0
 		}
 	}
-	splitUnits(pool, unit, a.bw[:n], a.sbs[:n], a.udem[:n], a.role[:n], a.bout[:n], a.order)
+	splitUnits(pool, unit, a.bw[:n], a.sbs[:n], a.udem[:n], a.role[:n], a.bout[:n], &a.us)
 }
 
 // unitDonor returns the region to hold a hair below its static rate (and
@@ -1081,7 +1120,7 @@ func (a *Allocator) splitBurst(pool, unit, floor float64, n int) {
 // floor that keeps it at its static rate, and the others can still take
 // the whole capacity without it; the one with the most units to spare goes
 // first, then the one that gives up the least rate, then the first.
-func (a *Allocator) unitDonor(l KeyLimit, n int, capacity, sumHi float64) (int, float64) {
+func (a *Allocator) unitDonor(l *KeyLimit, n int, capacity, sumHi float64) (int, float64) {
 	unit, floor := l.unit(), unitDemandFloor*l.Rate
 	short := false
 	for j := 0; j < n && !short; j++ {
@@ -1109,13 +1148,6 @@ func (a *Allocator) unitDonor(l KeyLimit, n int, capacity, sumHi float64) (int, 
 		}
 	}
 	return best, bestTo
-}
-
-func growInts(s []int, n int) []int {
-	if cap(s) < n {
-		return make([]int, n)
-	}
-	return s[:n]
 }
 
 func badNumber(x float64) bool { return !finite(x) || x < 0 }
@@ -1235,6 +1267,11 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 	}
 	rs.unknown = unknown
 	learning := t < a.learnUntil
+	if !learning {
+		// Which regions are silent is decided anew for retarget (see
+		// there); nothing below changes it.
+		a.markSilent(t)
+	}
 	answer := make([]Grant, 0, len(a.active)+8)
 	freed := false // some key counts ri lower than before this report
 	for j := range rep.Keys {
@@ -1276,10 +1313,11 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		if learning {
 			g, issued = a.reissue(t, f, k, held, s, sb, sendLB)
 		} else {
+			sh := a.loadShares(k)
 			if a.blockContended[b] {
-				a.retarget(t, k, b)
+				a.retarget(t, k, b, sh)
 			}
-			g, issued = a.fencedGrant(t, b, ri, sendLB)
+			g, issued = a.fencedGrant(t, b, ri, sendLB, sh)
 		}
 		after := f.summarize(t, cr, cb)
 		a.summaries[int(b)*nr+ri] = after
@@ -1313,8 +1351,9 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 			}
 			f := &a.fences[ri][b]
 			f.prune(t)
-			g, issued := a.fencedGrant(t, b, ri, sendLB)
-			cr, cb := a.counted(k, ri)
+			sh := a.loadShares(k)
+			g, issued := a.fencedGrant(t, b, ri, sendLB, sh)
+			cr, cb := sh.cR[ri], sh.cB[ri]
 			a.summaries[int(b)*nr+ri] = f.summarize(t, cr, cb)
 			if issued {
 				answer = append(answer, g)
@@ -1433,17 +1472,17 @@ func (a *Allocator) reissue(t int64, f *fence, k int32, held heldReport, s, sb f
 // may fall back before then; if that is not safe, the grant is what fits
 // for the whole Validity, which always is safe (its fallback is never
 // earlier than the region's current one).
-func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, bool) {
+func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shares) (Grant, bool) {
 	nr := a.nr
 	k := a.blockKey[b]
-	l := a.limits[k]
+	l := &a.limits[k]
 	base := int(b) * nr
 	f := &a.fences[ri][b]
 	if f.full() {
 		return Grant{}, false
 	}
 	rl, bl := &a.rateLane, &a.burstLane
-	a.lanesFor(t, b, ri)
+	a.lanesFor(t, b, ri, sh)
 	end := t + a.validity
 	wantRate, wantBurst := a.targetRate[base+ri], a.targetBurst[base+ri]
 	rate := max(0, min(wantRate, rl.minHeadroom(t, t+a.minValidity)))
@@ -1461,7 +1500,7 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, 
 		// sqrt(wantRate/epoch)): the donors' acknowledgements will free
 		// the rest before the next epoch.
 		a.regions[ri].raisePending = true
-		a.nudgeDonors(t, b, ri)
+		a.nudgeDonors(t, b, ri, sh)
 	}
 	rate, burst = f.distinct(rate, burst)
 	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})
@@ -1473,12 +1512,11 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64) (Grant, 
 // it may hold no static lease), the others are taken at their summaries
 // over what they are counted at, and what the static shares and the
 // lapsed regions leave of the limit is added (freed).
-func (a *Allocator) lanesFor(t int64, b int32, ri int) {
-	k := a.blockKey[b]
+func (a *Allocator) lanesFor(t int64, b int32, ri int, sh *shares) {
 	base := int(b) * a.nr
 	rl, bl := &a.rateLane, &a.burstLane
-	fr, fb := a.fallback(k, ri)
-	s, sb := a.static(k, ri)
+	fr, fb := sh.fR[ri], sh.fB[ri]
+	s, sb := sh.sR[ri], sh.sB[ri]
 	rl.reset(fr)
 	bl.reset(fb)
 	rl.base, bl.base = s, sb
@@ -1487,11 +1525,10 @@ func (a *Allocator) lanesFor(t int64, b int32, ri int) {
 			continue
 		}
 		fy := &a.summaries[base+y]
-		cy, cby := a.counted(k, y)
-		rl.addOther(t, fy.rateV, fy.rateT, cy)
-		bl.addOther(t, fy.burstV, fy.burstT, cby)
+		rl.addOther(t, fy.rateV, fy.rateT, sh.cR[y])
+		bl.addOther(t, fy.burstV, fy.burstT, sh.cB[y])
 	}
-	if dr, db := a.freed(k, ri); dr != 0 || db != 0 {
+	if dr, db := a.freed(ri, sh); dr != 0 || db != 0 {
 		rl.base += dr
 		bl.base += db
 	}

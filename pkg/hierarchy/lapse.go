@@ -141,8 +141,9 @@ func (a *Allocator) returnSafe(t int64, ri int) bool {
 		if k < 0 {
 			continue
 		}
-		a.lanesFor(t, int32(b), ri)
-		s, sb := a.static(k, ri)
+		sh := a.loadShares(k)
+		a.lanesFor(t, int32(b), ri, sh)
+		s, sb := sh.sR[ri], sh.sB[ri]
 		rl, bl := &a.rateLane, &a.burstLane
 		// The slack forgives the last-bit differences rounding leaves
 		// between a share and the headroom it equals (as shortGrantSafe).

@@ -52,15 +52,15 @@ func (a *Allocator) peakUse(t int64, sm summary, cr, cb float64) (rate, burst fl
 // nudgeDonors marks the regions other than ri that block b counts above
 // their targets (peakUse): they hold, or may fall back to, the capacity ri
 // waits for.
-func (a *Allocator) nudgeDonors(t int64, b int32, ri int) {
+func (a *Allocator) nudgeDonors(t int64, b int32, ri int, sh *shares) {
 	k := a.blockKey[b]
 	base := int(b) * a.nr
-	l := a.limits[k]
+	l := &a.limits[k]
 	for j := 0; j < a.nr; j++ {
 		if j == ri {
 			continue
 		}
-		cr, cb := a.counted(k, j)
+		cr, cb := sh.cR[j], sh.cB[j]
 		pr, pb := a.peakUse(t, a.summaries[base+j], cr, cb)
 		if pr > a.targetRate[base+j]+1e-9*l.Rate || pb > a.targetBurst[base+j]+1e-9*l.Burst {
 			a.markNudge(j)

@@ -104,17 +104,22 @@ func StaticBursts(burst, unit float64, regions []Region, out []float64) {
 // then the largest remainders; a region with demand and still no unit may
 // take one from a region without demand, or with more than one. Σ out <= pool up to float
 // rounding; ties go by index, so the result is deterministic.
-func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, out []float64, order []int) {
+func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, out []float64, us *unitScratch) {
 	n := len(out)
 	if n == 0 {
 		return
 	}
+	// Whole static units, each region's quota of the pool and its bounds,
+	// computed once: every comparison below reads them.
+	us.grow(n)
+	whole, quota, lower, upper, order := us.whole[:n], us.quota[:n], us.lower[:n], us.upper[:n], us.order[:n]
 	// Recipients and regions at their share keep the fraction of a unit
 	// their static cap may carry; donors give it up.
 	var kept float64
 	for j := range n {
+		whole[j] = math.Floor(sb[j] / unit)
 		if role[j] >= 0 {
-			kept += sb[j] - math.Floor(sb[j]/unit)*unit
+			kept += sb[j] - whole[j]*unit
 		}
 	}
 	units := math.Floor(max(0, pool-kept) / unit)
@@ -122,49 +127,45 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 	for _, w := range weight[:n] {
 		sumW += w
 	}
-	quota := func(j int) float64 {
-		if sumW > 0 {
-			return units * weight[j] / sumW
-		}
-		return units / float64(n)
-	}
-	lower := func(j int) float64 {
-		if role[j] >= 0 {
-			return math.Floor(sb[j] / unit)
-		}
-		return 0
-	}
-	upper := func(j int) float64 {
-		if role[j] <= 0 {
-			return math.Floor(sb[j] / unit)
-		}
-		return units
-	}
 	var given float64
 	for j := range n {
-		out[j] = min(max(math.Floor(quota(j)), lower(j)), upper(j))
+		if sumW > 0 {
+			quota[j] = units * weight[j] / sumW
+		} else {
+			quota[j] = units / float64(n)
+		}
+		lower[j], upper[j] = 0, units
+		if role[j] >= 0 {
+			lower[j] = whole[j]
+		}
+		if role[j] <= 0 {
+			upper[j] = whole[j]
+		}
+		out[j] = min(max(math.Floor(quota[j]), lower[j]), upper[j])
 		given += out[j]
 	}
-	order = order[:n]
-	hungry := func(j int) bool { return demand[j] > 0 && out[j] == 0 }
-	sortOrder := func(cmpJ func(x, y int) int) {
+	// sortOrder sorts the regions stably by before (by insertion: n is
+	// small), ties by index.
+	sortOrder := func(before func(x, y int32) bool) {
 		for j := range order {
-			order[j] = j
+			order[j] = int32(j)
+			for i := j; i > 0 && before(order[i], order[i-1]); i-- {
+				order[i], order[i-1] = order[i-1], order[i]
+			}
 		}
-		slices.SortStableFunc(order, cmpJ)
 	}
 	// Too many: take from the most over-served first (down to their lower
 	// bound, then, when other regions hold more than the pool leaves,
 	// below it).
 	for pass := 0; given > units && pass < 2; pass++ {
-		sortOrder(func(x, y int) int { return cmpFloat(quota(x)-out[x], quota(y)-out[y]) })
+		sortOrder(func(x, y int32) bool { return quota[x]-out[x] < quota[y]-out[y] })
 		for progress := true; given > units && progress; {
 			progress = false
 			for _, j := range order {
 				if given <= units {
 					break
 				}
-				if out[j] > 0 && (pass == 1 || out[j] > lower(j)) {
+				if out[j] > 0 && (pass == 1 || out[j] > lower[j]) {
 					out[j]--
 					given--
 					progress = true
@@ -173,18 +174,27 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 		}
 	}
 	// Too few: regions with demand and no unit first (most demand first),
-	// then the largest remainders.
-	sortOrder(func(x, y int) int {
-		if hx, hy := hungry(x), hungry(y); hx != hy {
-			if hx {
-				return -1
-			}
-			return 1
+	// then the largest remainders. The order also says who takes a unit
+	// from a donor below; it is needed only when a unit is left to give
+	// or some region with demand has none (the order is the same whether
+	// it is set here or there: nothing changes out in between).
+	needOrder := given < units
+	for j := 0; j < n && !needOrder; j++ {
+		needOrder = demand[j] > 0 && out[j] == 0 && upper[j] >= 1
+	}
+	if !needOrder {
+		scaleUnits(unit, sb, whole, role, out)
+		return
+	}
+	sortOrder(func(x, y int32) bool {
+		hx, hy := demand[x] > 0 && out[x] == 0, demand[y] > 0 && out[y] == 0
+		if hx != hy {
+			return hx
 		}
-		if hungry(x) && demand[x] != demand[y] {
-			return -cmpFloat(demand[x], demand[y])
+		if hx && demand[x] != demand[y] {
+			return demand[x] > demand[y]
 		}
-		return -cmpFloat(quota(x)-out[x], quota(y)-out[y])
+		return quota[x]-out[x] > quota[y]-out[y]
 	})
 	for progress := true; given < units && progress; {
 		progress = false
@@ -192,7 +202,7 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 			if given >= units {
 				break
 			}
-			if out[j] < upper(j) {
+			if out[j] < upper[j] {
 				out[j]++
 				given++
 				progress = true
@@ -203,7 +213,7 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 	// above its lower bound that has no demand, or else more than one unit
 	// (the most first).
 	for _, j := range order {
-		if !(demand[j] > 0) || out[j] > 0 || upper(j) < 1 {
+		if !(demand[j] > 0) || out[j] > 0 || upper[j] < 1 {
 			continue
 		}
 		donor := -1
@@ -217,7 +227,7 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 			return out[d] > out[donor]
 		}
 		for d := range n {
-			keep := lower(d)
+			keep := lower[d]
 			if demand[d] > 0 {
 				keep = max(keep, 1)
 			}
@@ -231,11 +241,32 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 		out[donor]--
 		out[j]++
 	}
-	for j := range n {
+	scaleUnits(unit, sb, whole, role, out)
+}
+
+// scaleUnits turns splitUnits' counts of units into bursts: recipients
+// and regions at their share that keep their static units also keep the
+// fraction of a unit their static cap carries.
+func scaleUnits(unit float64, sb, whole []float64, role []int8, out []float64) {
+	for j := range out {
 		out[j] *= unit
-		if role[j] >= 0 && out[j] >= math.Floor(sb[j]/unit)*unit {
-			out[j] += sb[j] - math.Floor(sb[j]/unit)*unit
+		if role[j] >= 0 && out[j] >= whole[j]*unit {
+			out[j] += sb[j] - whole[j]*unit
 		}
+	}
+}
+
+// unitScratch holds splitUnits' per-region buffers, reused across calls.
+type unitScratch struct {
+	whole, quota, lower, upper []float64
+	order                      []int32
+}
+
+func (us *unitScratch) grow(n int) {
+	if cap(us.order) < n {
+		us.whole, us.quota = make([]float64, n), make([]float64, n)
+		us.lower, us.upper = make([]float64, n), make([]float64, n)
+		us.order = make([]int32, n)
 	}
 }
 

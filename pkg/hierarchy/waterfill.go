@@ -1,6 +1,7 @@
 package hierarchy
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -182,29 +183,45 @@ func growFloats(s []float64, n int) []float64 {
 	return s[:n]
 }
 
+func growInt32s(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	return s[:n]
+}
+
 // fillScratch holds buffers reused across calls so the allocation loop
 // does not allocate per key.
 type fillScratch struct {
 	want, room, zero []float64
-	ev               []levelEvent
+	// The water levels where each region starts to rise (its floor is
+	// reached) and stops (its ceiling is), and the regions in the order
+	// of each.
+	startAt, stopAt []float64
+	starts, stops   []int32
 }
 
-// levelEvent is a point on the water level λ where one region starts to
-// rise with the water (its floor is reached) or stops (its ceiling is).
-type levelEvent struct {
-	level  float64
-	region int32
-	start  bool
-}
-
-func eventLess(a, b levelEvent) bool {
-	if a.level != b.level {
-		return a.level < b.level
+// sortByLevel fills order with 0..n-1 sorted by level, ties by index.
+func sortByLevel(level []float64, order []int32) {
+	n := len(order)
+	if n <= 16 {
+		for j := range order {
+			order[j] = int32(j)
+			for i := j; i > 0 && level[order[i]] < level[order[i-1]]; i-- {
+				order[i], order[i-1] = order[i-1], order[i]
+			}
+		}
+		return
 	}
-	if a.region != b.region {
-		return a.region < b.region
+	for j := range order {
+		order[j] = int32(j)
 	}
-	return a.start && !b.start
+	slices.SortFunc(order, func(x, y int32) int {
+		if c := cmpFloat(level[x], level[y]); c != 0 {
+			return c
+		}
+		return cmp.Compare(x, y)
+	})
 }
 
 // waterLevel finds λ with Σ clamp(λ·w_i, lo_i, hi_i) = capacity and writes
@@ -233,45 +250,52 @@ func waterLevel(capacity float64, w, lo, hi, out []float64, fs *fillScratch) {
 		}
 		return
 	}
-	ev := fs.ev[:0]
+	// The sweep visits the events (a region starting or stopping to rise
+	// with the water) by level, then region, a start before a stop: the
+	// starts and the stops sorted apart, then merged.
+	fs.startAt, fs.stopAt = growFloats(fs.startAt, n), growFloats(fs.stopAt, n)
+	fs.starts, fs.stops = growInt32s(fs.starts, n), growInt32s(fs.stops, n)
+	startAt, stopAt, starts, stops := fs.startAt, fs.stopAt, fs.starts, fs.stops
 	for i := 0; i < n; i++ {
-		ev = append(ev,
-			levelEvent{level: lo[i] / w[i], region: int32(i), start: true},
-			levelEvent{level: hi[i] / w[i], region: int32(i), start: false})
-	}
-	fs.ev = ev
-	if len(ev) <= 24 {
-		for i := 1; i < len(ev); i++ {
-			for j := i; j > 0 && eventLess(ev[j], ev[j-1]); j-- {
-				ev[j], ev[j-1] = ev[j-1], ev[j]
-			}
+		startAt[i] = lo[i] // lo/w when lo is ±0 (w > 0), without dividing
+		if lo[i] != 0 {
+			startAt[i] = lo[i] / w[i]
 		}
-	} else {
-		slices.SortFunc(ev, func(a, b levelEvent) int {
-			if eventLess(a, b) {
-				return -1
-			}
-			if eventLess(b, a) {
-				return 1
-			}
-			return 0
-		})
+		stopAt[i] = hi[i] / w[i]
 	}
+	sortByLevel(startAt, starts)
+	sortByLevel(stopAt, stops)
 	// Below the first event every region sits at its floor. Between events
 	// the filled amount is fixed + λ·slope.
 	fixed, slope := sumLo, 0.0
 	level := -1.0
-	for _, e := range ev {
-		if slope > 0 && fixed+slope*e.level >= capacity {
+	for si, ei := 0, 0; si < n || ei < n; {
+		start := ei == n
+		if !start && si < n {
+			s, e := starts[si], stops[ei]
+			start = startAt[s] < stopAt[e] || startAt[s] == stopAt[e] && s <= e
+		}
+		var r int32
+		var at float64
+		if start {
+			r = starts[si]
+			at = startAt[r]
+			si++
+		} else {
+			r = stops[ei]
+			at = stopAt[r]
+			ei++
+		}
+		if slope > 0 && fixed+slope*at >= capacity {
 			level = (capacity - fixed) / slope
 			break
 		}
-		if e.start {
-			fixed -= lo[e.region]
-			slope += w[e.region]
+		if start {
+			fixed -= lo[r]
+			slope += w[r]
 		} else {
-			fixed += hi[e.region]
-			slope -= w[e.region]
+			fixed += hi[r]
+			slope -= w[r]
 		}
 	}
 	if level < 0 {
