@@ -268,6 +268,14 @@ func waitRates(t *testing.T, c *devcluster.Cluster, key quota.Key, clock string,
 	ok func(map[string]float64) bool, regions ...string) (time.Time, map[string]float64) {
 	t.Helper()
 	for {
+		// The clock read on both sides of the rates: reached is judged
+		// at the later reading, missed only when the rates were read
+		// after the deadline (a test process starved between a read
+		// before it and the clock read after it proves nothing).
+		before, err := redisClock(context.Background(), c, clock)
+		if err != nil {
+			t.Fatal(err)
+		}
 		rs := rates(t, c, key, regions...)
 		now, err := redisClock(context.Background(), c, clock)
 		if err != nil {
@@ -276,7 +284,7 @@ func waitRates(t *testing.T, c *devcluster.Cluster, key quota.Key, clock string,
 		if ok(rs) {
 			return now, rs
 		}
-		if now.After(deadline) {
+		if before.After(deadline) {
 			dumpStatus(t, c)
 			t.Fatalf("%s: not reached by the deadline; rates %v", what, rs)
 		}
