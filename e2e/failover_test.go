@@ -46,19 +46,23 @@ func TestGlobalLeaderFailover(t *testing.T) {
 			standby = g
 		}
 	}
+	// The failover runs in this process (embedded etcd, both replicas):
+	// wall time it was denied the CPU, as its timers measure it, is
+	// added to the budget, so a starved run is judged on the time it
+	// had and a quiet one exactly as before.
+	stalls := meterStalls(t)
 	killed := time.Now()
 	leader.Kill()
-	deadline := killed.Add(ttl + epoch + 2*time.Second)
 	for !standby.Daemon().IsLeader() {
-		if time.Now().After(deadline) {
-			t.Fatalf("standby not leading %v after the leader died", time.Since(killed))
+		if time.Since(killed) > ttl+epoch+2*time.Second+stalls.total() {
+			t.Fatalf("standby not leading %v after the leader died (%v of it stalled)", time.Since(killed), stalls.total())
 		}
 		time.Sleep(10 * time.Millisecond) // polling leadership with a deadline
 	}
-	took := time.Since(killed)
-	t.Logf("standby leads %v after the kill (session TTL %v + epoch %v)", took, ttl, epoch)
-	if took > ttl+epoch+time.Second {
-		t.Errorf("failover took %v, want within TTL + epoch (+1s: etcd checks lease expiry every 500ms, and scheduling)", took)
+	took, stalled := time.Since(killed), stalls.stop()
+	t.Logf("standby leads %v after the kill (session TTL %v + epoch %v; this process stalled %v meanwhile)", took, ttl, epoch, stalled)
+	if took > ttl+epoch+time.Second+stalled {
+		t.Errorf("failover took %v, want within TTL + epoch (+1s: etcd checks lease expiry every 500ms, and scheduling; +%v this process stalled)", took, stalled)
 	}
 	// Keep the load through learning mode and after.
 	<-time.After(3 * time.Second)
@@ -250,6 +254,9 @@ func TestConfigChangesThroughSluicectl(t *testing.T) {
 	if out, err := apply(good); err != nil {
 		t.Fatalf("valid apply failed: %v\n%s", err, out)
 	}
+	// Two epochs of 1s, and the wall time this process (etcd and every
+	// region's watcher run in it) was denied the CPU meanwhile.
+	stalls := meterStalls(t)
 	applied := time.Now()
 	var moved atomic.Bool
 	for !moved.Load() {
@@ -261,10 +268,10 @@ func TestConfigChangesThroughSluicectl(t *testing.T) {
 			moved.Store(true)
 			break
 		}
-		if time.Since(applied) > 2*time.Second { // two epochs of 1s
-			t.Fatalf("tenant move not live everywhere within two epochs: %v", tierEverywhere())
+		if time.Since(applied) > 2*time.Second+stalls.total() {
+			t.Fatalf("tenant move not live everywhere within two epochs (and the %v this process stalled): %v", stalls.total(), tierEverywhere())
 		}
 		time.Sleep(10 * time.Millisecond) // polling the live config with a deadline
 	}
-	t.Logf("tenant move live in every region %v after apply", time.Since(applied))
+	t.Logf("tenant move live in every region %v after apply (this process stalled %v)", time.Since(applied), stalls.stop())
 }

@@ -239,3 +239,77 @@ func startCluster(t *testing.T, o devcluster.Options) *devcluster.Cluster {
 	}
 	return c
 }
+
+// stallMeter measures how much wall time this process was denied the CPU:
+// a timer that wakes every stallTick notes how late each wake came. The
+// daemons of a devcluster run in the test's process, so on a machine
+// short of CPU their timers and goroutines were late by about as much.
+type stallMeter struct {
+	mu    sync.Mutex
+	late  []stall
+	halt  chan struct{}
+	done  chan struct{}
+	ended bool
+}
+
+// stall is a wake that came late: the process lost (at-late, at].
+type stall struct {
+	at   time.Time
+	late time.Duration
+}
+
+const stallTick = 5 * time.Millisecond
+
+func meterStalls(t *testing.T) *stallMeter {
+	m := &stallMeter{halt: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		last := time.Now()
+		for {
+			select {
+			case <-m.halt:
+				return
+			case <-time.After(stallTick):
+			}
+			now := time.Now()
+			if late := now.Sub(last) - stallTick; late > 0 {
+				m.mu.Lock()
+				m.late = append(m.late, stall{now, late})
+				m.mu.Unlock()
+			}
+			last = now
+		}
+	}()
+	t.Cleanup(func() { m.stop() })
+	return m
+}
+
+// since is the stall measured after from (the part of a stall before
+// from is not counted).
+func (m *stallMeter) since(from time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var sum time.Duration
+	for _, s := range m.late {
+		if d := s.at.Sub(from); d > 0 {
+			sum += min(s.late, d)
+		}
+	}
+	return sum
+}
+
+// total is the stall measured so far.
+func (m *stallMeter) total() time.Duration { return m.since(time.Time{}) }
+
+// stop ends the measurement and returns the total; it may be called more
+// than once.
+func (m *stallMeter) stop() time.Duration {
+	m.mu.Lock()
+	if !m.ended {
+		m.ended = true
+		close(m.halt)
+	}
+	m.mu.Unlock()
+	<-m.done
+	return m.total()
+}

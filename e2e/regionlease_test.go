@@ -386,20 +386,26 @@ func epochsSince(t *testing.T, c *devcluster.Cluster, from allocEpoch) (n uint64
 // leader changed meanwhile (a starved leader's etcd session can expire),
 // the budget also has the failover the docs promise: the old leader's
 // session TTL, then the new leader's one validity of learning
-// (docs/architecture.md) and an epoch.
-func judgeBudget(t *testing.T, c *devcluster.Cluster, lt leaseTimes, what string, took time.Duration, epochs uint64, counted bool, budget time.Duration) {
+// (docs/architecture.md) and an epoch. On the clock, the wall time this
+// process (every daemon of the deployment) was denied the CPU meanwhile,
+// stalled, is added: the allocator's epochs do not show a region leader
+// or a load generator starved while the allocator ran.
+func judgeBudget(t *testing.T, c *devcluster.Cluster, lt leaseTimes, what string, took time.Duration, epochs uint64, counted bool, budget, stalled time.Duration) {
 	t.Helper()
 	epoch := lt.epoch
-	if took <= budget || (counted && epochs <= uint64(budget/epoch)+1) {
-		return
-	}
-	if !counted {
-		if failover := budget + c.SessionTTL() + lt.validity + epoch; took > failover {
-			t.Errorf("%s took %v (the global leader changed meanwhile), want within %v (%v, and a failover's %v)", what, took, failover, budget, failover-budget)
+	if took <= budget+stalled || (counted && epochs <= uint64(budget/epoch)+1) {
+		if took > budget {
+			t.Logf("%s took %v, over its %v budget by less than the %v this process stalled meanwhile", what, took, budget, stalled)
 		}
 		return
 	}
-	t.Errorf("%s took %v and %d allocator epochs, want within %v (%d epochs)", what, took, epochs, budget, uint64(budget/epoch))
+	if !counted {
+		if failover := budget + c.SessionTTL() + lt.validity + epoch + stalled; took > failover {
+			t.Errorf("%s took %v (the global leader changed meanwhile), want within %v (%v, a failover's %v, and %v this process stalled)", what, took, failover, budget, failover-budget-stalled, stalled)
+		}
+		return
+	}
+	t.Errorf("%s took %v and %d allocator epochs, want within %v (%d epochs; on the clock, +%v this process stalled)", what, took, epochs, budget, uint64(budget/epoch), stalled)
 }
 
 // keyStatus is the global leader's view of key, in one line.
@@ -523,7 +529,7 @@ func TestRegionDownSurvivorsTakeItsShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e0 := leaderEpoch(t, c)
+	e0, stalls := leaderEpoch(t, c), meterStalls(t)
 	var kills sync.WaitGroup
 	for _, rep := range c.Regions["eu-west"].Replicas {
 		kills.Go(rep.Kill)
@@ -557,7 +563,7 @@ func TestRegionDownSurvivorsTakeItsShare(t *testing.T) {
 	epochs, counted := epochsSince(t, c, e0)
 	t.Logf("survivors at %.1f/s (%v) %v and %d allocator epochs after eu-west died (budget %v = %d epochs; lapse after %v of silence)",
 		sum(rs), rs, recovered, epochs, budget, budgetEpochs, lt.lapse)
-	judgeBudget(t, c, lt, "survivors reaching 97% of r after the death", recovered, epochs, counted, budget)
+	judgeBudget(t, c, lt, "survivors reaching 97% of r after the death", recovered, epochs, counted, budget, stalls.since(death))
 	if st := leaderStatus(t, c); st != nil {
 		for _, rg := range st.Regions {
 			if rg.Region == "eu-west" {
@@ -612,7 +618,7 @@ func TestLongPartitionHealsWithoutOverAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e0 := leaderEpoch(t, c)
+	e0, stalls := leaderEpoch(t, c), meterStalls(t)
 	// eu-west's own static lease ends region_lease after the send time of
 	// its last answered report (before the cut), its grants validity after
 	// it: from then on it runs on its floor.
@@ -625,7 +631,7 @@ func TestLongPartitionHealsWithoutOverAdmission(t *testing.T) {
 		func(m map[string]float64) bool { return sum(m) >= 0.97*(r-floor) }, "us-east", "ap-south")
 	epochs, counted := epochsSince(t, c, e0)
 	t.Logf("us-east + ap-south at %.1f/s (%v) %v and %d allocator epochs after the cut", sum(rs), rs, at.Sub(cut), epochs)
-	judgeBudget(t, c, lt, "the others taking eu-west's share after the cut", at.Sub(cut), epochs, counted, moveBudget)
+	judgeBudget(t, c, lt, "the others taking eu-west's share after the cut", at.Sub(cut), epochs, counted, moveBudget, stalls.since(cut))
 	if st := leaderStatus(t, c); st != nil {
 		for _, rg := range st.Regions {
 			if rg.Region == "eu-west" && rg.State != "lapsed" {
@@ -702,7 +708,7 @@ func TestDrainAndRestoreThroughSluicectl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e0 := leaderEpoch(t, c)
+	e0, stalls := leaderEpoch(t, c), meterStalls(t)
 	floor := floorRate(t, cfg, "eu-west", key)
 	// The drained region is granted at most its floor from the global
 	// tier's next answer; the others get its share once its grants
@@ -714,7 +720,7 @@ func TestDrainAndRestoreThroughSluicectl(t *testing.T) {
 		}, leaseRegions...)
 	epochs, counted := epochsSince(t, c, e0)
 	t.Logf("drained: %v %v and %d allocator epochs after the write (budget %v)", rs, at.Sub(drained), epochs, budget)
-	judgeBudget(t, c, lt, "eu-west's share going to the others after the drain", at.Sub(drained), epochs, counted, budget)
+	judgeBudget(t, c, lt, "eu-west's share going to the others after the drain", at.Sub(drained), epochs, counted, budget, stalls.since(drained))
 	// eu-west stays on its floor, though its users keep asking, past the
 	// expiry of every grant issued before the drain. (What the others use
 	// meanwhile follows their demand readings, which a starved load
