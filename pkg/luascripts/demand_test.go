@@ -13,21 +13,28 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
+// demandT0 is the virtual Redis time (µs) the demand tests start at.
+const demandT0 = int64(1_800_000_000_000_000)
+
+// demandRig is a real redis-server, scripts on a virtual clock, and one
+// key with a half-second demand window.
+func demandRig(t *testing.T) (*redis.Client, *Scripts, Keys, Common) {
+	t.Helper()
+	rdb := redistest.Start(t).Client()
+	c := Common{StaticRate: 1000, StaticBurst: 2000, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8,
+		DemandWindow: 500 * time.Millisecond}
+	return rdb, newVirtual(), KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"}), c
+}
+
 // TestLeaseDemandReading follows the per-lease demand windows on a real
 // redis-server: a window closes at the first report at least DemandWindow
 // after it opened, the key's reading is the sum of its leases' last rates,
 // retries change nothing, and a lease's rate leaves the sum when the lease
 // is released or reaped. The strict path counts into its own counter.
 func TestLeaseDemandReading(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
+	rdb, sc, k, c := demandRig(t)
 	ctx := context.Background()
-	sc := newVirtual()
-	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
-	c := Common{StaticRate: 1000, StaticBurst: 2000, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8,
-		DemandWindow: 500 * time.Millisecond}
-	t0 := int64(1_800_000_000_000_000)
-	at := func(d time.Duration) { sc.setNow(t0 + d.Microseconds()) }
+	at := func(d time.Duration) { sc.setNow(demandT0 + d.Microseconds()) }
 	seq := map[string]uint64{}
 	totals := map[string][2]int64{}
 	// report adds used and denied to the instance's cumulative totals.
@@ -101,7 +108,7 @@ func TestLeaseDemandReading(t *testing.T) {
 	// fingerprint: a report on it is a conflict and forfeits it; the next
 	// report opens a lease, and a window, of its own.
 	at(8 * time.Second)
-	exp := t0 + (12 * time.Second).Microseconds()
+	exp := demandT0 + (12 * time.Second).Microseconds()
 	if err := rdb.HSet(ctx, k.Leases, "i-old", "10 0 0 1 "+itoa(exp)+" 10").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +129,7 @@ func TestLeaseDemandReading(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, err := ParseLeaseRecord(rec); err != nil || !l.Fingerprint || l.WindowStartUS != t0+(9*time.Second).Microseconds() {
+	if l, err := ParseLeaseRecord(rec); err != nil || !l.Fingerprint || l.WindowStartUS != demandT0+(9*time.Second).Microseconds() {
 		t.Fatalf("new record %q (%+v, %v): want a fingerprint and the window opened at the report", rec, l, err)
 	}
 	at(10 * time.Second)
@@ -137,15 +144,9 @@ func TestLeaseDemandReading(t *testing.T) {
 // from its rate until its own first window closes; before, the reading
 // fell to nothing for that window, and the region reported the key idle.
 func TestDemandReadingCarriesAcrossANewLease(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
+	rdb, sc, k, c := demandRig(t)
 	ctx := context.Background()
-	sc := newVirtual()
-	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
-	c := Common{StaticRate: 1000, StaticBurst: 2000, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8,
-		DemandWindow: 500 * time.Millisecond}
-	t0 := int64(1_800_000_000_000_000)
-	at := func(d time.Duration) { sc.setNow(t0 + d.Microseconds()) }
+	at := func(d time.Duration) { sc.setNow(demandT0 + d.Microseconds()) }
 	state := func() State {
 		t.Helper()
 		st, err := sc.State(ctx, rdb, k, c)

@@ -233,17 +233,4 @@ default_tier: free
 }
 
 // counter is the value of the rig's counter name.
-func (r *leaseRig) counter(name string) float64 {
-	r.t.Helper()
-	mfs, err := r.reg.Gather()
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	r.t.Fatalf("metric %s not registered", name)
-	return 0
-}
+func (r *leaseRig) counter(name string) float64 { return r.metric(name).GetCounter().GetValue() }

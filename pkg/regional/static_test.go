@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -206,7 +207,8 @@ func (r *leaseRig) stored() int64 {
 	return v
 }
 
-func (r *leaseRig) gauge(name string) float64 {
+// metric is the first series of the rig's metric name.
+func (r *leaseRig) metric(name string) *dto.Metric {
 	r.t.Helper()
 	mfs, err := r.reg.Gather()
 	if err != nil {
@@ -214,12 +216,14 @@ func (r *leaseRig) gauge(name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
+			return mf.GetMetric()[0]
 		}
 	}
 	r.t.Fatalf("metric %s not registered", name)
-	return 0
+	return nil
 }
+
+func (r *leaseRig) gauge(name string) float64 { return r.metric(name).GetGauge().GetValue() }
 
 // runUntilFloor polls srv until it hands its scripts the floor, checking
 // at every sample that it never runs on its static share within the
