@@ -21,14 +21,29 @@ import (
 
 // serveEncoded serves svc with RegisterEncoded on a server of its own
 // built with ServerOptions (and opts).
-func serveEncoded(t *testing.T, svc *envoyrls.Service, opts ...grpc.ServerOption) rlsv3.RateLimitServiceClient {
+func serveEncoded(t testing.TB, svc *envoyrls.Service, opts ...grpc.ServerOption) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	g := grpc.NewServer(append(envoyrls.ServerOptions(), opts...)...)
+	envoyrls.RegisterEncoded(g, svc)
+	return serveOn(t, g)
+}
+
+// serveRegistered serves svc with Register on a plain server of its own.
+func serveRegistered(t testing.TB, svc *envoyrls.Service) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	g := grpc.NewServer()
+	envoyrls.Register(g, svc)
+	return serveOn(t, g)
+}
+
+// serveOn serves g on a loopback port until the test ends and returns a
+// client of it.
+func serveOn(t testing.TB, g *grpc.Server) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer(append(envoyrls.ServerOptions(), opts...)...)
-	envoyrls.RegisterEncoded(g, svc)
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

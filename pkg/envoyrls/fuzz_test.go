@@ -2,15 +2,12 @@ package envoyrls_test
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -108,20 +105,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		f.Fatal(err)
-	}
-	g := grpc.NewServer()
-	envoyrls.Register(g, svc)
-	go g.Serve(lis)
-	f.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { conn.Close() })
-	rls := rlsv3.NewRateLimitServiceClient(conn)
+	rls := serveRegistered(f, svc)
 
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		req := &rlsv3.RateLimitRequest{}

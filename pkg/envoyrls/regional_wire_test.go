@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -100,24 +99,13 @@ auth:
 		t.Fatal(err)
 	}
 	envoyrls.SetClock(reference, clock)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	plain := serveRegistered(t, reference)
+	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(clientCreds))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
-	envoyrls.Register(g, reference)
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-
-	dial := func(addr string, creds credentials.TransportCredentials) rlsv3.RateLimitServiceClient {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return rlsv3.NewRateLimitServiceClient(conn)
-	}
-	daemon, plain := dial(d.GRPCAddr(), clientCreds), dial(lis.Addr().String(), insecure.NewCredentials())
+	t.Cleanup(func() { conn.Close() })
+	daemon := rlsv3.NewRateLimitServiceClient(conn)
 
 	r := rand.New(rand.NewPCG(11, 12))
 	codes := map[rlsv3.RateLimitResponse_Code]int{}
