@@ -468,17 +468,7 @@ func globalDemand(t *testing.T, c *devcluster.Cluster, region string, key quota.
 // keyRegionStatus is what st says of key in region; nil when st is nil or
 // does not name them.
 func keyRegionStatus(st *sluicev1.StatusResponse, region string, key quota.Key) *sluicev1.KeyRegionStatus {
-	for _, ks := range st.GetKeys() {
-		if ks.GetKey().GetTenant() != key.Tenant || ks.GetKey().GetClass() != key.Class {
-			continue
-		}
-		for _, rs := range ks.GetRegions() {
-			if rs.GetRegion() == region {
-				return rs
-			}
-		}
-	}
-	return nil
+	return st.KeyRegion(key.Tenant, key.Class, region)
 }
 
 // sample is one line of the steady-state window's timeline, logged when

@@ -504,15 +504,5 @@ func (d *devMode) keyStatus(t *testing.T, region string, key quota.Key) *sluicev
 	if err != nil || !st.GetLeader() {
 		return nil
 	}
-	for _, ks := range st.GetKeys() {
-		if ks.GetKey().GetTenant() != key.Tenant || ks.GetKey().GetClass() != key.Class {
-			continue
-		}
-		for _, rs := range ks.GetRegions() {
-			if rs.GetRegion() == region {
-				return rs
-			}
-		}
-	}
-	return nil
+	return st.KeyRegion(key.Tenant, key.Class, region)
 }
