@@ -48,7 +48,7 @@ func regionalFlags() []string {
 }
 
 func globalFlags() []string {
-	return []string{"listen", "metrics-listen", "advertise", "etcd-endpoints", "etcd-prefix", "config", "log-level",
+	return []string{"listen", "metrics-listen", "advertise", "shard", "etcd-endpoints", "etcd-prefix", "config", "log-level",
 		"tls-cert", "tls-key", "tls-client-ca", "etcd-cert", "etcd-key", "etcd-ca", "etcd-username", "etcd-password",
 		"max-inflight-per-connection", "max-inflight-per-identity"}
 }
@@ -1121,33 +1121,8 @@ func TestOverlays(t *testing.T) {
 // TestTLSComponent renders us-east with the TLS component and https etcd
 // endpoints, as the README tells production to do.
 func TestTLSComponent(t *testing.T) {
-	dir := t.TempDir()
-	here, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// kustomize refuses absolute paths, so point at the tree relatively.
-	rel, err := filepath.Rel(dir, here)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kust := fmt.Sprintf(`resources:
-  - %[1]s/us-east
-components:
-  - %[1]s/base/tls
-configMapGenerator:
-  - name: sluice-env
-    behavior: merge
-    literals:
-      - etcd-endpoints=https://etcd-0.etcd.example:2379,https://etcd-1.etcd.example:2379
-`, filepath.ToSlash(rel))
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r, err := decode(kustomize(t, dir))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := renderWith(t, "us-east", []string{"tls"},
+		"etcd-endpoints=https://etcd-0.etcd.example:2379,https://etcd-1.etcd.example:2379")
 	_, p := checkOverlay(r, "us-east")
 	for _, msg := range p {
 		t.Error(msg)
@@ -1302,4 +1277,169 @@ func TestChecksCatchMistakes(t *testing.T) {
 			}
 		}
 	})
+}
+
+// renderWith renders a copy of region's overlay with more components of
+// base listed next to its own and sluice-env literals replaced (key=value),
+// as the README tells an operator to edit the overlay.
+func renderWith(t *testing.T, region string, components []string, literals ...string) *rendered {
+	t.Helper()
+	dir := t.TempDir()
+	here, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// kustomize refuses absolute paths, so point at the tree relatively.
+	rel, err := filepath.Rel(dir, here)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.ToSlash(rel) + "/base"
+	files, err := os.ReadDir(region)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(region, f.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		if f.Name() == "kustomization.yaml" {
+			text = strings.ReplaceAll(text, "../base", base)
+			var more strings.Builder
+			for _, c := range components {
+				fmt.Fprintf(&more, "  - %s/%s\n", base, c)
+			}
+			// After the overlay's own components: a component patches
+			// only what the ones before it added (base/tls patches
+			// every shard's Deployment).
+			own := "components:\n"
+			for _, line := range strings.SplitAfter(text[strings.Index(text, own)+len(own):], "\n") {
+				if !strings.HasPrefix(line, "  - ") {
+					break
+				}
+				own += line
+			}
+			text = strings.Replace(text, own, own+more.String(), 1)
+			for _, kv := range literals {
+				key, _, _ := strings.Cut(kv, "=")
+				i := strings.Index(text, "      - "+key+"=")
+				if i < 0 {
+					t.Fatalf("%s/kustomization.yaml has no %s literal", region, key)
+				}
+				j := i + strings.IndexByte(text[i:], '\n')
+				text = text[:i] + "      - " + kv + text[j:]
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, f.Name()), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := decode(kustomize(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestShardComponent renders the overlay that runs the global tier with
+// base/global-shard-1, as the README's sharded global tier does (regions
+// dial sluice-global-shard-{shard}), plain and with the TLS component:
+// shard 1 is a global Deployment like shard 0's but for -shard=1, every
+// shard's Service name the address template gives selects exactly that
+// shard's pods, and under TLS shard 1 serves and dials etcd with the same
+// certificates as shard 0.
+func TestShardComponent(t *testing.T) {
+	const shardName = "sluice-global-shard-1"
+	template := "global-addr=sluice-global-shard-{shard}.sluice-us-east.svc:7500"
+	for _, tc := range []struct {
+		name       string
+		components []string
+		env        []string
+	}{
+		{"plain", []string{"global-shard-1"}, []string{template}},
+		{"tls", []string{"global-shard-1", "tls"}, []string{template,
+			"etcd-endpoints=https://etcd-0.etcd.example:2379,https://etcd-1.etcd.example:2379"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := renderWith(t, "us-east", tc.components, tc.env...)
+			_, p := checkOverlay(r, "us-east")
+			for _, msg := range p {
+				t.Error(msg)
+			}
+			gd, sd := r.deployment(globalName), r.deployment(shardName)
+			if gd == nil || sd == nil {
+				t.Fatalf("Deployments %s and %s must both render (got %v, %v)", globalName, shardName, gd != nil, sd != nil)
+			}
+			var sp problems
+			sflags, scfg := checkPod(r, sd, podWant{
+				component: "global-shard-1", binary: "global", grpcPort: globalGRPC, metricsPort: globalHTTP, knownFlags: globalFlags(),
+			}, &sp)
+			for _, msg := range sp {
+				t.Error(msg)
+			}
+			var gp problems
+			gflags, gcfg := checkPod(r, gd, podWant{
+				component: "global", binary: "global", grpcPort: globalGRPC, metricsPort: globalHTTP, knownFlags: globalFlags(),
+			}, &gp)
+			if sflags["shard"] != "1" {
+				t.Errorf("Deployment %s: -shard %q, want 1", shardName, sflags["shard"])
+			}
+			if v, ok := gflags["shard"]; ok && v != "0" {
+				t.Errorf("Deployment %s: -shard %q, want 0 (or unset)", globalName, v)
+			}
+			// Apart from the shard, shard 1 runs as shard 0 does: the same
+			// config, etcd, prefix and (under TLS) certificates.
+			for f, v := range gflags {
+				if f != "shard" && sflags[f] != v {
+					t.Errorf("Deployment %s: -%s %q, but %s runs with %q", shardName, f, sflags[f], globalName, v)
+				}
+			}
+			for f := range sflags {
+				if _, ok := gflags[f]; !ok && f != "shard" {
+					t.Errorf("Deployment %s: -%s is set only on shard 1", shardName, f)
+				}
+			}
+			if scfg != gcfg {
+				t.Errorf("Deployment %s runs a different bootstrap config from %s", shardName, globalName)
+			}
+			if sd.Spec.Replicas == nil || *sd.Spec.Replicas != globalReplica {
+				t.Errorf("Deployment %s: replicas %v, want %d (a leader and two standbys)", shardName, deref(sd.Spec.Replicas), globalReplica)
+			}
+
+			// The regions' address template names one Service per shard,
+			// each selecting that shard's pods and no other shard's.
+			rd := r.deployment(regionalName)
+			var rp problems
+			addr := podFlags(r, rd.Spec.Template.Spec.Containers[0], &rp)["global-addr"]
+			if !strings.Contains(addr, "{shard}") {
+				t.Fatalf("the regional service's -global-addr %q has no {shard}: the merge did not reach it", addr)
+			}
+			pods := map[string]map[string]string{
+				"0": gd.Spec.Template.Metadata.Labels,
+				"1": sd.Spec.Template.Metadata.Labels,
+			}
+			for shard := range pods {
+				host, _, err := net.SplitHostPort(strings.ReplaceAll(addr, "{shard}", shard))
+				if err != nil {
+					t.Fatalf("-global-addr %q: %v", addr, err)
+				}
+				name, ns, _ := strings.Cut(host, ".")
+				if want := "sluice-us-east"; !strings.HasPrefix(ns, want+".") {
+					t.Errorf("shard %s's address %s is not in namespace %s", shard, host, want)
+				}
+				svc := r.service(name)
+				if svc == nil {
+					t.Errorf("shard %s: -global-addr names Service %s, which is not rendered", shard, name)
+					continue
+				}
+				for other, labels := range pods {
+					if got := (labelSelector{MatchLabels: svc.Spec.Selector}).selects(labels); got != (other == shard) {
+						t.Errorf("Service %s (shard %s) selects shard %s's pods: %v", name, shard, other, got)
+					}
+				}
+			}
+		})
+	}
 }
