@@ -207,6 +207,17 @@ type Allocator struct {
 	blockContended []bool
 	freeBlocks     []int32
 
+	// Target memos (memo.go): per block, the inputs its targets were
+	// computed from.
+	memo      []targetMemo
+	memoIn    []float64 // block*memoStride(): capacity, pool, demands
+	targetGen uint64    // bumped whenever a region's config or lapse state changes
+	memoOff   bool      // tests and benchmarks: always recompute
+	// plainRegions: no region is drained, lapsed or returning (kept by
+	// sharesChanged), so loadShares may take its short way.
+	plainRegions bool
+	memoCheck    *memoCheck
+
 	// active lists the keys that get grants: in key order as Allocate set
 	// it, then the keys reports made contended since.
 	active []int32
@@ -331,6 +342,7 @@ func (a *Allocator) installRegions(regions []Region) {
 	}
 	a.silent = make([]bool, a.nr)
 	a.nudge = make([]bool, a.nr)
+	a.resetMemo(len(a.blockKey))
 }
 
 // tick converts now to internal time, never moving backwards.
@@ -388,6 +400,7 @@ func (a *Allocator) BecomeLeader(now time.Time, lapsed ...string) {
 		a.regions[i] = regionState{Region: r, frac: a.regions[i].frac, sendLB: negInf, lastAnswerAt: negInf, lapseState: a.freshLapseState()}
 	}
 	a.markLapsedSet(lapsed)
+	a.sharesChanged()
 }
 
 // SetLimit sets or changes a key's global limit. A new limit applies to
@@ -430,6 +443,7 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 		a.limits[k] = l
 		a.setStaticBursts(k)
 		if b := a.blockOf[k]; b >= 0 {
+			a.forgetTargets(b)
 			a.resummarize(b)
 		}
 		return nil
@@ -567,6 +581,7 @@ func (a *Allocator) SetRegions(regions []Region) error {
 		}
 		a.resummarize(int32(b))
 	}
+	a.sharesChanged() // the kept regions' lapse states are back
 	return nil
 }
 
@@ -677,6 +692,30 @@ func (a *Allocator) loadShares(k int32) *shares {
 	sh := &a.sh
 	sh.lapsed = false
 	var sumR, sumB float64
+	l := &a.limits[k]
+	if a.plainRegions && l.StaticRate == nil && l.StaticBurst == nil {
+		// What static, fallback and counted come to when no region is
+		// drained, lapsed or returning and the key has no per-region
+		// static shares: Rate·w_r/Σw and the static burst, everywhere.
+		sb := a.sburst[int(k)*a.nr : int(k)*a.nr+a.nr]
+		for i := range sb {
+			s, b := l.Rate*a.regions[i].frac, sb[i]
+			sh.sR[i], sh.sB[i] = s, b
+			sh.fR[i], sh.fB[i] = s, b
+			sh.cR[i], sh.cB[i] = s, b
+			sumR += s
+			sumB += b
+		}
+		sh.sumR, sh.sumB = sumR, sumB
+		sh.freedR, sh.freedB = 0, 0
+		if d := l.Rate - sumR; math.Abs(d) > 1e-9*l.Rate {
+			sh.freedR = d
+		}
+		if d := l.Burst - sumB; math.Abs(d) > 1e-9*l.Burst {
+			sh.freedB = d
+		}
+		return sh
+	}
 	for i := 0; i < a.nr; i++ {
 		s, sb := a.static(k, i)
 		sh.sR[i], sh.sB[i] = s, sb
@@ -694,7 +733,6 @@ func (a *Allocator) loadShares(k int32) *shares {
 		}
 	}
 	sh.sumR, sh.sumB = sumR, sumB
-	l := &a.limits[k]
 	sh.freedR, sh.freedB = 0, 0
 	if d := l.Rate - sumR; math.Abs(d) > 1e-9*l.Rate {
 		sh.freedR = d
@@ -763,7 +801,9 @@ func (a *Allocator) newBlock(k int32) int32 {
 		a.summaries = append(a.summaries, make([]summary, a.nr)...)
 		a.targetRate = append(a.targetRate, make([]float64, a.nr)...)
 		a.targetBurst = append(a.targetBurst, make([]float64, a.nr)...)
+		a.growMemo(len(a.blockKey))
 	}
+	a.forgetTargets(b)
 	a.blockKey[b] = k
 	a.blockContended[b] = false
 	a.blockOf[k] = b
@@ -784,6 +824,7 @@ func (a *Allocator) freeBlock(b int32) {
 	}
 	a.blockKey[b] = -1
 	a.blockContended[b] = false
+	a.forgetTargets(b)
 	for i := range a.fences {
 		a.fences[i][b] = fence{}
 	}
@@ -839,7 +880,11 @@ func (a *Allocator) effectiveDemand(k int32, i int) float64 {
 	if last == 0 {
 		return 0
 	}
-	return a.demand[j] * a.decay(a.regions[i].nReports-last)
+	n := a.regions[i].nReports - last
+	if n == 0 {
+		return a.demand[j] // × decay(0) = 1
+	}
+	return a.demand[j] * a.decay(n)
 }
 
 // aboveStatic reports whether region i's demand for key slot k needs a
@@ -896,6 +941,7 @@ func (a *Allocator) Allocate(now time.Time) {
 			for i := 0; i < nr; i++ {
 				a.targetRate[int(b)*nr+i], a.targetBurst[int(b)*nr+i] = sh.fR[i], sh.fB[i]
 			}
+			a.forgetTargets(b)
 			a.blockContended[b] = false
 			a.active = append(a.active, k)
 			continue
@@ -947,63 +993,93 @@ func (a *Allocator) retarget(t int64, k, b int32, sh *shares) {
 func (a *Allocator) computeTargets(t int64, k, b int32, sh *shares) {
 	nr := a.nr
 	l := &a.limits[k]
-	unit, demandFloor := l.unit(), unitDemandFloor*l.Rate
 	base := int(b) * nr
+	dem := a.dem[:nr]
+	capacity, pool := l.Rate, l.Burst
+	// The silent regions' targets, what they leave, and the reporting
+	// regions' demands packed to 0..n-1: all that may change from one
+	// call to the next without the generation (see targetMemo).
+	var silent uint64
+	n := 0
+	for i := 0; i < nr; i++ {
+		if !a.silent[i] {
+			dem[n] = dem[i]
+			n++
+			continue
+		}
+		silent |= 1 << i
+		f := &a.summaries[base+i]
+		s, sb := sh.cR[i], sh.cB[i]
+		fr, fb := s, sb
+		if f.rateT > t {
+			fr = max(f.rateV, s)
+		}
+		if f.burstT > t {
+			fb = max(f.burstV, sb)
+		}
+		a.targetRate[base+i], a.targetBurst[base+i] = fr, fb
+		capacity -= fr
+		pool -= fb
+	}
+	if n == 0 {
+		return
+	}
+	capacity = max(capacity, 0)
+	pool = max(pool, 0)
+	if a.targetsCurrent(b, silent, capacity, pool, dem[:n]) {
+		if a.memoCheck != nil {
+			a.memoCheck.verify(a, k, b, func() { a.fillTargets(l, sh, base, n, capacity, pool) })
+		}
+		return
+	}
+	a.fillTargets(l, sh, base, n, capacity, pool)
+	a.rememberTargets(b, silent, capacity, pool, dem[:n])
+}
+
+// fillTargets is computeTargets' water-fill and burst split over the n
+// reporting regions, whose demands computeTargets packed into a.dem,
+// writing their targets into block base/nr's. Besides those demands,
+// capacity and pool it reads only the key's limit and shares and the
+// regions' config: nothing that can change without changing what
+// targetsCurrent compares.
+func (a *Allocator) fillTargets(l *KeyLimit, sh *shares, base, n int, capacity, pool float64) {
+	nr := a.nr
+	unit, demandFloor := l.unit(), unitDemandFloor*l.Rate
 	a.w = growFloats(a.w, nr)
 	a.lo = growFloats(a.lo, nr)
 	a.hi = growFloats(a.hi, nr)
 	a.out = growFloats(a.out, nr)
 	a.sbs = growFloats(a.sbs, nr)
 	a.sts = growFloats(a.sts, nr)
-	w, lo, hi, dem, sbs, sts := a.w[:nr], a.lo[:nr], a.hi[:nr], a.dem[:nr], a.sbs[:nr], a.sts[:nr]
-	capacity, pool := l.Rate, l.Burst
-	// The reporting regions, packed to 0..n-1: weights, floors, ceilings,
-	// demands, fallback rates and bursts, and the sums over them (in
-	// region order, as every sum below).
+	w, lo, hi, dem, sbs, sts := a.w[:n], a.lo[:n], a.hi[:n], a.dem[:n], a.sbs[:n], a.sts[:n]
+	// The reporting regions, packed to 0..n-1 as their demands: weights,
+	// floors, ceilings, fallback rates and bursts, and the sums over them
+	// (in region order, as every sum below).
 	var sumLo, sumHi float64
 	wanting := 0
-	n := 0
+	j := 0
 	for i := 0; i < nr; i++ {
-		rg := &a.regions[i]
 		if a.silent[i] {
-			f := &a.summaries[base+i]
-			s, sb := sh.cR[i], sh.cB[i]
-			fr, fb := s, sb
-			if f.rateT > t {
-				fr = max(f.rateV, s)
-			}
-			if f.burstT > t {
-				fb = max(f.burstV, sb)
-			}
-			a.targetRate[base+i], a.targetBurst[base+i] = fr, fb
-			capacity -= fr
-			pool -= fb
 			continue
 		}
-		w[n] = rg.Weight
-		lo[n] = rg.MinShare * l.Rate
-		hi[n] = rg.maxShare() * l.Rate
+		rg := &a.regions[i]
+		w[j] = rg.Weight
+		lo[j] = rg.MinShare * l.Rate
+		hi[j] = rg.maxShare() * l.Rate
 		if rg.Drained {
 			// Its share goes to the others: it is served up to its floor.
 			s := sh.sR[i]
-			hi[n] = min(hi[n], s)
-			lo[n] = min(lo[n], hi[n])
+			hi[j] = min(hi[j], s)
+			lo[j] = min(lo[j], hi[j])
 		}
-		dem[n] = dem[i]
-		sts[n], sbs[n] = sh.fR[i], sh.fB[i]
-		sumLo += lo[n]
-		sumHi += hi[n]
-		if dem[n] > demandFloor {
+		sts[j], sbs[j] = sh.fR[i], sh.fB[i]
+		sumLo += lo[j]
+		sumHi += hi[j]
+		if dem[j] > demandFloor {
 			wanting++
 		}
-		n++
+		j++
 	}
-	if n == 0 {
-		return
-	}
-	w, lo, hi, dem, sbs, sts = w[:n], lo[:n], hi[:n], dem[:n], sbs[:n], sts[:n]
-	capacity = max(capacity, 0)
-	pool = max(pool, 0)
 	// A region with demand whose static burst holds no whole unit can
 	// only admit once a grant gives it one, and a grant can raise its
 	// burst only while it is not below its static rate (see splitUnits):
@@ -1062,7 +1138,7 @@ func (a *Allocator) computeTargets(t int64, k, b int32, sh *shares) {
 		sumHi -= hi[c] - capTo
 		hi[c] = capTo
 	}
-	j := 0
+	j = 0
 	for i := 0; i < nr; i++ {
 		if a.silent[i] {
 			continue
@@ -1282,8 +1358,12 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		kd := &rep.Keys[j]
 		a.observe(k, ri, kd)
 		held := heldOf(kd)
-		s, sb := a.fallback(k, ri)
-		cr, cb := a.counted(k, ri)
+		// The key's shares, for this report's decisions about it: its
+		// limit and the regions' states stay as they are until the
+		// report is answered.
+		sh := a.loadShares(k)
+		s, sb := sh.fR[ri], sh.fB[ri]
+		cr, cb := sh.cR[ri], sh.cB[ri]
 		b := a.blockOf[k]
 		switch {
 		case b >= 0:
@@ -1313,7 +1393,6 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		if learning {
 			g, issued = a.reissue(t, f, k, held, s, sb, sendLB)
 		} else {
-			sh := a.loadShares(k)
 			if a.blockContended[b] {
 				a.retarget(t, k, b, sh)
 			}

@@ -2,6 +2,9 @@ package hierarchy
 
 import (
 	"fmt"
+	"os"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -17,6 +20,12 @@ type benchWorld struct {
 	slot    map[quota.Key]int
 	now     time.Time
 	sent    [][]time.Time // per region per key: send time of the report its grant answered
+	// noise, when set, makes every report read each key's demand within
+	// ±10% of its level, differently every time (a deterministic
+	// sequence), instead of exactly.
+	noise bool
+	level [][]float64 // per region per key: the demand level
+	rnd   uint64
 }
 
 func newBenchWorld(tb testing.TB, nKeys int) *benchWorld {
@@ -47,7 +56,9 @@ func newBenchWorldOf(tb testing.TB, keys []quota.Key) *benchWorld {
 		}
 	}
 	w.reports = make([]Report, len(regions))
+	w.level = make([][]float64, len(regions))
 	for r := range regions {
+		w.level[r] = make([]float64, nKeys)
 		rep := Report{Region: regions[r].Name, Keys: make([]KeyDemand, nKeys)}
 		for k := range keys {
 			// Every key has two hot regions (well above their static share)
@@ -57,6 +68,7 @@ func newBenchWorldOf(tb testing.TB, keys []quota.Key) *benchWorld {
 				demand = 900
 			}
 			rep.Keys[k] = KeyDemand{Key: keys[k], Admitted: demand, Window: time.Second}
+			w.level[r][k] = demand
 		}
 		w.reports[r] = rep
 	}
@@ -74,6 +86,13 @@ func (w *benchWorld) epoch(tb testing.TB, timed func(bool)) int {
 	for r := range w.reports {
 		rep := &w.reports[r]
 		rep.Seq++
+		if w.noise {
+			for j := range rep.Keys {
+				w.rnd = w.rnd*6364136223846793005 + 1442695040888963407
+				f := 0.9 + 0.2*float64(w.rnd>>11)/(1<<53)
+				rep.Keys[j].Admitted = w.level[r][w.slot[rep.Keys[j].Key]] * f
+			}
+		}
 		sendAt := w.now.Add(time.Duration(r+1) * 10 * time.Millisecond)
 		timed(true)
 		grants, err := grantsOf(w.alloc.Report(sendAt, *rep))
@@ -96,25 +115,71 @@ func (w *benchWorld) epoch(tb testing.TB, timed func(bool)) int {
 	return n
 }
 
-func BenchmarkAllocateEpoch(b *testing.B) {
-	w := newBenchWorld(b, 100_000)
+// benchEpochKeys is BenchmarkAllocateEpoch's contended keys:
+// SLUICE_EPOCH_BENCH_KEYS, default 100,000.
+func benchEpochKeys(b *testing.B) int {
+	v := os.Getenv("SLUICE_EPOCH_BENCH_KEYS")
+	if v == "" {
+		return 100_000
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("SLUICE_EPOCH_BENCH_KEYS=%q: want a count of at least 1", v)
+	}
+	return n
+}
+
+// BenchmarkAllocateEpoch is one allocation epoch (Allocate, then one
+// Report per region) over SLUICE_EPOCH_BENCH_KEYS contended keys × 5
+// regions, every region reading the same demand every epoch. Besides the
+// wall time it reports the CPU time of the thread that ran the epochs
+// (thread-cpu-ms/epoch, Linux only; the garbage collector's own threads
+// are not in it), which the machine's other load changes less.
+func BenchmarkAllocateEpoch(b *testing.B) { benchAllocateEpoch(b, false) }
+
+// BenchmarkAllocateEpochNoisy is BenchmarkAllocateEpoch with every demand
+// reading differing from the last (within ±10%): each report moves its
+// region's demand estimate of every key, so a key's targets are worked
+// out anew for every region's answer.
+func BenchmarkAllocateEpochNoisy(b *testing.B) { benchAllocateEpoch(b, true) }
+
+func benchAllocateEpoch(b *testing.B, noise bool) {
+	w := newBenchWorld(b, benchEpochKeys(b))
+	w.noise = noise
 	noop := func(bool) {}
 	for i := 0; i < 8; i++ { // past learning mode, into steady state
 		w.epoch(b, noop)
 	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var cpu time.Duration
+	var from time.Duration
 	timed := func(on bool) {
 		if on {
+			from = threadCPU()
 			b.StartTimer()
 		} else {
 			b.StopTimer()
+			cpu += threadCPU() - from
 		}
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.StopTimer()
+	grants := timedEpochs(b, w, timed)
+	b.ReportMetric(float64(grants)/float64(b.N), "grants/epoch")
+	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "thread-cpu-ms/epoch")
+}
+
+// timedEpochs runs the b.N timed epochs and returns the grants issued (a
+// function of its own so that an instruction count can be limited to it:
+// valgrind --tool=callgrind --toggle-collect='*timedEpochs*').
+//
+//go:noinline
+func timedEpochs(b *testing.B, w *benchWorld, timed func(bool)) int {
 	grants := 0
 	for i := 0; i < b.N; i++ {
 		grants += w.epoch(b, timed)
 	}
-	b.ReportMetric(float64(grants)/float64(b.N), "grants/epoch")
+	return grants
 }

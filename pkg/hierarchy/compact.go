@@ -144,4 +144,5 @@ func (a *Allocator) compactBlocks() {
 	a.summaries, a.targetRate, a.targetBurst = summaries, targetRate, targetBurst
 	a.fences = fences
 	a.freeBlocks = nil
+	a.resetMemo(len(a.blockKey))
 }

@@ -132,6 +132,9 @@ type goldenWorld struct {
 	nextKey int
 	n       int // epochs run
 	buf     []byte
+	// steady: regions read their demand exactly (no noise), so the inputs
+	// of a key's targets often repeat (TestTargetMemoMatchesRecomputation).
+	steady bool
 }
 
 func newGoldenWorld(tb testing.TB, seed uint64, h hash.Hash) *goldenWorld {
@@ -407,9 +410,14 @@ func (g *goldenWorld) report(ri int, window int64) int {
 		}
 		kd := KeyDemand{Key: k, Window: time.Duration(window)}
 		d := st.demand[k] * (0.8 + 0.4*g.r.float())
+		if g.steady {
+			d = st.demand[k]
+		}
 		kd.Admitted = d * time.Duration(window).Seconds()
 		if g.r.chance(0.2) {
-			kd.Denied = kd.Admitted * 0.3 * g.r.float()
+			if denied := kd.Admitted * 0.3 * g.r.float(); !g.steady {
+				kd.Denied = denied
+			}
 		}
 		if h, ok := st.held[k]; ok && h.expiry > sendAt {
 			kd.HeldRate, kd.HeldBurst = h.rate, h.burst
@@ -498,41 +506,46 @@ func (g *goldenWorld) maybeChange() {
 		}
 	case g.r.chance(0.01):
 		nr := 1 + g.r.intn(6)
-		regions := g.randomRegions(nr, g.regions)
-		err := g.a.SetRegions(regions)
-		g.out("regions", err)
-		if err != nil {
-			return
-		}
-		old := map[string]*goldenRegion{}
-		for _, st := range g.state {
-			old[st.name] = st
-		}
-		g.regions, g.state = regions, nil
-		for _, r := range regions {
-			st := old[r.Name]
-			if st == nil {
-				st = &goldenRegion{name: r.Name, held: map[quota.Key]goldenHeld{}, demand: map[quota.Key]float64{}}
-				for _, k := range g.keys {
-					st.demand[k] = g.randomDemand(g.limits[k])
-				}
-			}
-			g.state = append(g.state, st)
-		}
-		// Limits with per-region shares are dropped by SetRegions; set
-		// them again without.
-		for _, k := range g.keys {
-			l := g.limits[k]
-			if l.StaticRate != nil || l.StaticBurst != nil || l.FloorRate != nil || l.FloorBurst != nil {
-				l.StaticRate, l.StaticBurst, l.FloorRate, l.FloorBurst = nil, nil, nil, nil
-				g.limits[k] = l
-				g.out("reset", g.a.SetLimit(k, l))
-			}
-		}
+		g.setRegions(g.randomRegions(nr, g.regions))
 	case g.r.chance(0.01):
 		lapsed := g.a.LapsedSet()
 		g.a.BecomeLeader(g.wall(g.now), lapsed...)
 		g.out("leader", lapsed)
+	}
+}
+
+// setRegions reconfigures the regions, keeping the model regions of the
+// names kept.
+func (g *goldenWorld) setRegions(regions []Region) {
+	err := g.a.SetRegions(regions)
+	g.out("regions", err)
+	if err != nil {
+		return
+	}
+	old := map[string]*goldenRegion{}
+	for _, st := range g.state {
+		old[st.name] = st
+	}
+	g.regions, g.state = regions, nil
+	for _, r := range regions {
+		st := old[r.Name]
+		if st == nil {
+			st = &goldenRegion{name: r.Name, held: map[quota.Key]goldenHeld{}, demand: map[quota.Key]float64{}}
+			for _, k := range g.keys {
+				st.demand[k] = g.randomDemand(g.limits[k])
+			}
+		}
+		g.state = append(g.state, st)
+	}
+	// Limits with per-region shares are dropped by SetRegions; set
+	// them again without.
+	for _, k := range g.keys {
+		l := g.limits[k]
+		if l.StaticRate != nil || l.StaticBurst != nil || l.FloorRate != nil || l.FloorBurst != nil {
+			l.StaticRate, l.StaticBurst, l.FloorRate, l.FloorBurst = nil, nil, nil, nil
+			g.limits[k] = l
+			g.out("reset", g.a.SetLimit(k, l))
+		}
 	}
 }
 

@@ -106,12 +106,14 @@ func (a *Allocator) heard(t int64, ri int) {
 	case rs.lapsed:
 		rs.lapsed, rs.returning = false, true
 		rs.confirmAt = t + a.validity
+		a.sharesChanged()
 		a.resummarizeAll()
 	case rs.inSet && !rs.returning:
 		// A previous leader's grants may count it at its floor until
 		// learning ends; this leader never has.
 		rs.returning = true
 		rs.confirmAt = a.learnUntil
+		a.sharesChanged()
 	}
 }
 
@@ -126,6 +128,7 @@ func (a *Allocator) confer(t int64, ri int) time.Duration {
 			return 0
 		}
 		rs.returning, rs.inSet = false, false
+		a.sharesChanged()
 	}
 	rs.conferredAt = t
 	return time.Duration(a.regionLease)
@@ -189,6 +192,7 @@ func (a *Allocator) LapseDurable(now time.Time, region string) (bool, error) {
 		return false, nil
 	}
 	rs.lapsed, rs.returning = true, false
+	a.sharesChanged()
 	a.resummarizeAll()
 	return true, nil
 }

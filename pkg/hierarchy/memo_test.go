@@ -1,0 +1,102 @@
+package hierarchy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"testing"
+)
+
+// TestTargetMemoMatchesRecomputation runs random worlds whose regions read
+// their demand exactly, so that a key's targets are often asked for again
+// with the inputs of the last time (the memo is used), among reports in
+// random order, lost answers and retries, early reports, silences, lapses
+// and returns, leader changes, keys added, removed and renumbered, limits
+// and regions changed, some of those keeping every rate and burst as it
+// was (only the memo's generation tells them apart). Every time the memo
+// is used the targets are recomputed, and they must be the remembered ones
+// to the bit.
+func TestTargetMemoMatchesRecomputation(t *testing.T) {
+	const worlds, epochs = 16, 120
+	var hits, mismatches int
+	var first string
+	for w := range worlds {
+		g := newGoldenWorld(t, 1000+uint64(w), sha256.New())
+		g.steady = true
+		chk := &memoCheck{}
+		g.a.memoCheck = chk
+		r := goldenRand{s: 7919 * (uint64(w) + 1)}
+		for range epochs {
+			g.sameLimitsChange(&r)
+			g.epoch()
+		}
+		hits += chk.hits
+		if chk.mismatches > 0 && mismatches == 0 {
+			first = chk.first
+		}
+		mismatches += chk.mismatches
+	}
+	t.Logf("%d memo hits, %d of them differ from a recomputation", hits, mismatches)
+	if mismatches > 0 {
+		t.Fatalf("%d remembered targets differ from a recomputation; the first: %s", mismatches, first)
+	}
+	if hits < 10_000 {
+		t.Fatalf("only %d memo hits: the worlds no longer repeat a key's inputs", hits)
+	}
+}
+
+// TestTargetMemoDecidesAsRecomputing runs the worlds of
+// TestTargetMemoMatchesRecomputation twice, remembering targets and
+// always recomputing them, and compares every output of the two runs
+// (each answer's grants to the bit, static leases, nudges, lapses, views).
+func TestTargetMemoDecidesAsRecomputing(t *testing.T) {
+	const worlds, epochs = 8, 120
+	for w := range worlds {
+		var digests [2][]byte
+		for run, off := range []bool{true, false} {
+			h := sha256.New()
+			g := newGoldenWorld(t, 2000+uint64(w), h)
+			g.steady = true
+			g.a.memoOff = off
+			r := goldenRand{s: 104729 * (uint64(w) + 1)}
+			for range epochs {
+				g.sameLimitsChange(&r)
+				g.epoch()
+			}
+			digests[run] = h.Sum(nil)
+		}
+		if !bytes.Equal(digests[0], digests[1]) {
+			t.Fatalf("world %d: the outputs with remembered targets differ from those recomputing every time", w)
+		}
+	}
+}
+
+// sameLimitsChange makes, now and then, a change that leaves every key's
+// rate and burst and every region's name as they were: a key's unit and
+// floor share, or one region's weight, floor or drain. What the silent
+// regions leave of the limit may be the same before and after, so only
+// the memo's generation forgets the targets computed before.
+func (g *goldenWorld) sameLimitsChange(r *goldenRand) {
+	switch {
+	case r.chance(0.06) && len(g.keys) > 0:
+		k := g.keys[r.intn(len(g.keys))]
+		l := g.limits[k]
+		l.Unit = []float64{0, 1, 2.5, 10, 0.5}[r.intn(5)]
+		l.FloorShare = []float64{0, 0.5, 1, 0.25}[r.intn(4)]
+		g.out("same", g.a.SetLimit(k, l))
+		g.limits[k] = l
+	case r.chance(0.04):
+		regions := append([]Region(nil), g.regions...)
+		i := r.intn(len(regions))
+		switch r.intn(3) {
+		case 0:
+			regions[i].Weight = []float64{0.5, 1, 2, 3}[r.intn(4)]
+		case 1:
+			regions[i].Drained = !regions[i].Drained
+		default:
+			regions[i].MinShare = 0.1 * r.float()
+		}
+		if ValidateRegions(regions) == nil {
+			g.setRegions(regions)
+		}
+	}
+}
