@@ -36,7 +36,7 @@ func TestLuaMatchesModel(t *testing.T) {
 		m := NewModel()
 		now := int64(1_700_000_000_000_000) + rapid.Int64Range(0, 1e9).Draw(rt, "start")
 
-		nKeys := rapid.IntRange(1, 2).Draw(rt, "keys")
+		nKeys := rapid.IntRange(1, 3).Draw(rt, "keys")
 		type keyCase struct {
 			keys Keys
 			c    Common
@@ -205,9 +205,43 @@ func TestLuaMatchesModel(t *testing.T) {
 				burst := rapid.SampledFrom([]float64{0, 1, 7.5, 100, 2.0 / 3}).Draw(rt, "grant_burst")
 				exp := now + rapid.Int64Range(-2e6, 10e6).Draw(rt, "grant_valid")
 				issued := now - rapid.Int64Range(0, 3e6).Draw(rt, "issued_ago")
+				if rapid.Bool().Draw(rt, "batched") {
+					// The leader's batch: the grant on every key, in
+					// one call per slot, as one call per key would.
+					var items []SetRateItem
+					var ws, gs []any
+					for _, kc := range kcs {
+						ws = append(ws, m.SetRate(now, kc.keys, kc.c, rate, burst, exp, issued))
+						items = append(items, SetRateItem{Keys: kc.keys, Common: kc.c, Rate: rate, Burst: burst, ExpiryUS: exp, IssuedUS: issued})
+					}
+					for _, r := range sc.SetRateMany(ctx, rdb, items) {
+						gs = append(gs, r.Reply)
+						if r.Err != nil && err == nil {
+							err = r.Err
+						}
+					}
+					got, want = gs, ws
+					break
+				}
 				want = m.SetRate(now, kc.keys, kc.c, rate, burst, exp, issued)
 				got, err = sc.SetRate(ctx, rdb, kc.keys, kc.c, rate, burst, exp, issued)
 			case 6:
+				if rapid.Bool().Draw(rt, "batched") {
+					var items []KeyCommon
+					var ws, gs []any
+					for _, kc := range kcs {
+						ws = append(ws, m.State(now, kc.keys, kc.c))
+						items = append(items, KeyCommon{Keys: kc.keys, Common: kc.c})
+					}
+					for _, r := range sc.StateMany(ctx, rdb, items) {
+						gs = append(gs, r.State)
+						if r.Err != nil && err == nil {
+							err = r.Err
+						}
+					}
+					got, want = gs, ws
+					break
+				}
 				want = m.State(now, kc.keys, kc.c)
 				got, err = sc.State(ctx, rdb, kc.keys, kc.c)
 			}

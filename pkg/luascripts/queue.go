@@ -63,32 +63,16 @@ func ParseLease(q *Queued) (LeaseReply, error) {
 	return parseLease(res)
 }
 
-// QueueState adds state.lua to p.
-func (s *Scripts) QueueState(ctx context.Context, p redis.Pipeliner, k Keys, cm Common) *Queued {
-	return queue(ctx, p, s.state, k.list(), s.args(k, cm))
-}
-
-// ParseState reads a queued state's reply.
-func ParseState(q *Queued) (State, error) {
-	res, err := q.Cmd.Slice()
-	if err != nil {
-		return State{}, fmt.Errorf("state %s: %w", q.keys[0], err)
-	}
-	return parseState(res)
-}
-
-// QueueSetRate adds set_rate.lua to p. The caller validated rate and burst
-// (finite, >= 0).
-func (s *Scripts) QueueSetRate(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, rate, burst float64, expiryUS, issuedUS int64) *Queued {
-	return queue(ctx, p, s.setRate, k.list(), s.args(k, cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS))
-}
-
 // ParseSetRate reads a queued set_rate's reply.
 func ParseSetRate(q *Queued) (SetRateReply, error) {
 	res, err := q.Cmd.Slice()
 	if err != nil {
 		return SetRateReply{}, fmt.Errorf("set_rate %s: %w", q.keys[0], err)
 	}
+	return parseSetRate(res)
+}
+
+func parseSetRate(res []any) (SetRateReply, error) {
 	p := parser{res: res}
 	sr := SetRateReply{Applied: p.int(0) == 1, Tokens: p.float(1), Outstanding: p.int(2), NowUS: p.int(3)}
 	return sr, p.err(4)

@@ -204,6 +204,9 @@ func (s State) Holding() float64 { return s.Tokens + float64(s.Outstanding) }
 // Scripts runs the embedded scripts. Safe for concurrent use.
 type Scripts struct {
 	acquire, sync, release, check, reap, setRate, state, born *redis.Script
+	// setRateBatch and stateBatch run set_rate and state for many keys
+	// of one hash slot in one call (batch.lua).
+	setRateBatch, stateBatch *redis.Script
 
 	// virtualNow is the time (µs) scripts built with a virtual clock read
 	// from their last ARGV; nil for production scripts, which read TIME.
@@ -219,14 +222,23 @@ func build(virtual bool) *Scripts {
 		// The test twin reads now (µs) from the last ARGV instead of TIME:
 		// the only difference from production, so the differential test
 		// can drive both sides through the same instants.
-		clock = "local function clock() return tonumber(ARGV[#ARGV]) end\nlocal ARGC = #ARGV - 1\n"
+		clock = "local KEYS, ARGV = KEYS, ARGV\nlocal function clock() return tonumber(ARGV[#ARGV]) end\n" +
+			"local function argc() return #ARGV - 1 end\nlocal ARGC = argc()\n"
 	}
 	prelude := clock + "\n" + mustRead("lib.lua") + "\n"
-	s := func(name string) *redis.Script { return redis.NewScript(prelude + mustRead(name)) }
+	// A script is the prelude and its body for the key of its KEYS and
+	// ARGV; a batch runs the same body once per key (batch.lua).
+	s := func(name string) *redis.Script {
+		return redis.NewScript(prelude + "begin(KEYS, ARGV)\n" + mustRead(name))
+	}
+	batch := func(name string) *redis.Script {
+		return redis.NewScript(prelude + "local function one()\n" + mustRead(name) + "\nend\n" + mustRead("batch.lua"))
+	}
 	sc := &Scripts{
 		acquire: s("acquire.lua"), sync: s("sync.lua"), release: s("release.lua"),
 		check: s("check.lua"), reap: s("reap.lua"), setRate: s("set_rate.lua"), state: s("state.lua"),
-		born: redis.NewScript(clock + "\n" + mustRead("born.lua")),
+		born:         redis.NewScript(clock + "\n" + mustRead("born.lua")),
+		setRateBatch: batch("set_rate.lua"), stateBatch: batch("state.lua"),
 	}
 	if virtual {
 		sc.virtualNow = new(atomic.Int64)
@@ -265,7 +277,7 @@ func (s *Scripts) Load(ctx context.Context, c redis.Scripter) error {
 }
 
 func (s *Scripts) all() []*redis.Script {
-	return []*redis.Script{s.acquire, s.sync, s.release, s.check, s.reap, s.setRate, s.state, s.born}
+	return []*redis.Script{s.acquire, s.sync, s.release, s.check, s.reap, s.setRate, s.state, s.born, s.setRateBatch, s.stateBatch}
 }
 
 // Born is a born sentinel after StampBorn: the data set's birth (µs, Redis

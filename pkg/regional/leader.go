@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -354,20 +353,19 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 		plans[k] = p
 		ordered = append(ordered, p)
 	}
-	qs := luascripts.RunQueued(ctx, s.opts.Redis, func(pipe redis.Pipeliner) []*luascripts.Queued {
-		out := make([]*luascripts.Queued, len(ordered))
-		for i, p := range ordered {
-			out[i] = s.scripts.QueueState(ctx, pipe, p.keys, p.common)
-		}
-		return out
-	})
+	// Batched: one script call per up to luascripts.BatchKeys keys of a
+	// slot, so the script's fixed cost is paid per batch, not per key.
+	items := make([]luascripts.KeyCommon, len(ordered))
+	for i, p := range ordered {
+		items[i] = luascripts.KeyCommon{Keys: p.keys, Common: p.common}
+	}
+	res := s.scripts.StateMany(ctx, s.opts.Redis, items)
 	reads := make([]regionsync.KeyRead, len(ordered))
 	for i, p := range ordered {
-		st, err := luascripts.ParseState(qs[i])
-		if err != nil {
-			return nil, nil, err
+		if res[i].Err != nil {
+			return nil, nil, res[i].Err
 		}
-		reads[i] = regionsync.KeyRead{Key: p.key, State: st, StaticRate: p.common.StaticRate}
+		reads[i] = regionsync.KeyRead{Key: p.key, State: res[i].State, StaticRate: p.common.StaticRate}
 	}
 	return plans, reads, nil
 }
@@ -398,18 +396,18 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 	// set_rate marks each granted key a candidate until its grant ends:
 	// the allocator needs the region to acknowledge what it holds before
 	// it moves capacity elsewhere, even without local traffic.
-	qs := luascripts.RunQueued(ctx, s.opts.Redis, func(pipe redis.Pipeliner) []*luascripts.Queued {
-		out := make([]*luascripts.Queued, len(items))
-		for i, it := range items {
-			in := installs[it.in]
-			out[i] = s.scripts.QueueSetRate(ctx, pipe, it.p.keys, it.p.common, in.Rate, in.Burst, in.ExpiryUS, in.FenceUS)
-		}
-		return out
-	})
+	// Batched as the state reads are.
+	batch := make([]luascripts.SetRateItem, len(items))
+	for i, it := range items {
+		in := installs[it.in]
+		batch[i] = luascripts.SetRateItem{Keys: it.p.keys, Common: it.p.common, Rate: in.Rate, Burst: in.Burst,
+			ExpiryUS: in.ExpiryUS, IssuedUS: in.FenceUS}
+	}
+	res := s.scripts.SetRateMany(ctx, s.opts.Redis, batch)
 	var firstErr error
 	applied := make([]bool, len(installs))
-	for i, q := range qs {
-		sr, err := luascripts.ParseSetRate(q)
+	for i, r := range res {
+		sr, err := r.Reply, r.Err
 		if err != nil && firstErr == nil {
 			firstErr = err
 		}

@@ -1,4 +1,7 @@
 -- clock.lua: the only clock the scripts read.
+-- KEYS and ARGV are those of the key a call works on: the script's own,
+-- or one key's share of a batch's (lib.lua's begin sets them per key).
+local KEYS, ARGV = KEYS, ARGV
 -- Redis TIME (server wall clock, microseconds). Every instance and replica
 -- of the regional service shares this clock, so client clock skew never
 -- enters the bucket maths.
@@ -6,7 +9,8 @@ local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
--- ARGC is how many arguments the caller passed (the test twin appends its
--- virtual clock after them): the candidate arguments (lib.lua) are the
--- last two.
-local ARGC = #ARGV
+-- argc is how many arguments the caller passed for the key (the test twin
+-- appends its virtual clock after them): the candidate arguments (lib.lua)
+-- are the last two.
+local function argc() return #ARGV end
+local ARGC = argc()

@@ -1,5 +1,6 @@
 -- lib.lua: shared state model of one quota key's regional bucket. Prepended
--- (after clock.lua) to every script but set_rate's body.
+-- (after clock.lua) to every script but born's; a script's body runs after
+-- begin(KEYS, ARGV), a batch's once per key (see batch.lua).
 --
 -- KEYS[1]  bucket hash   fields: tk  tokens in the bucket (whole micro-
 --                                     tokens, %.6f)
@@ -110,30 +111,28 @@
 -- record's rate (lease_carry), so the reading does not fall to nothing
 -- while the new lease's first window is open.
 
-local SR = tonumber(ARGV[1])
-local SB = tonumber(ARGV[2])
-local LTTL = tonumber(ARGV[3])
-local RECLAIM = ARGV[4] == '1'
-local WAIT = tonumber(ARGV[5])
-local REAPMAX = tonumber(ARGV[6])
-local DWIN = tonumber(ARGV[7]) * 1000
-local NOW = clock()
+-- The call's settings and state. begin (below) sets them from a key's
+-- KEYS and ARGV at the start of each key's call: once per script, or once
+-- per key of a batch (see batch.lua); nothing of one key's call is left
+-- for the next.
+local SR, SB, LTTL, RECLAIM, WAIT, REAPMAX, DWIN, NOW
 
 local function f6(x) return string.format('%.6f', x) end
 local function f17(x) return string.format('%.17g', x) end
 local function i0(x) return string.format('%.0f', x) end
 
-local B = {}
+-- B is the key's bucket, read by load_bucket.
+local B
 -- RECLAIMED counts tokens this call returned to the bucket from expired
 -- leases (for the regional service's reclaimed-tokens metric).
-local RECLAIMED = 0
+local RECLAIMED
 -- STAMP is set when the born sentinel is missing: this call's NOW is the
 -- data set's birth, written with the first bucket the call saves.
-local STAMP = false
+local STAMP
 -- LEASES is set when this call wrote the lease hash or the expiry set: only
 -- then, or while leases hold unspent tokens, do their TTLs need refreshing
 -- (a strict check touches the bucket alone).
-local LEASES = false
+local LEASES
 
 local function grant_valid(t) return B.ge > t end
 local function rate_now() if grant_valid(NOW) then return B.gr end return SR end
@@ -654,8 +653,7 @@ end
 -- The score is when the key stops needing the global tier: now for a
 -- demand mark, the grant's expiry for a granted key; ZADD GT never lowers
 -- it, so a demand mark never shortens a grant's.
-local CAND_MEMBER = ARGV[ARGC - 1]
-local MARKEVERY = (tonumber(ARGV[ARGC]) or 0) * 1000
+local CAND_MEMBER, MARKEVERY
 
 -- cand_mark marks the key as a candidate until score (µs).
 local function cand_mark(score)
@@ -695,9 +693,29 @@ local function cand_granted(exp)
   cand_mark(exp)
 end
 
-load_bucket()
-refill()
-TTL = bucket_ttl(B.gb, B.ge)
+-- begin starts one key's call: its KEYS and ARGV (see the top of this
+-- file), the call's state reset, the bucket loaded and brought up to now.
+local function begin(keys, argv)
+  KEYS, ARGV = keys, argv
+  ARGC = argc()
+  SR = tonumber(ARGV[1])
+  SB = tonumber(ARGV[2])
+  LTTL = tonumber(ARGV[3])
+  RECLAIM = ARGV[4] == '1'
+  WAIT = tonumber(ARGV[5])
+  REAPMAX = tonumber(ARGV[6])
+  DWIN = tonumber(ARGV[7]) * 1000
+  NOW = clock()
+  B = {}
+  RECLAIMED = 0
+  STAMP = false
+  LEASES = false
+  CAND_MEMBER = ARGV[ARGC - 1]
+  MARKEVERY = (tonumber(ARGV[ARGC]) or 0) * 1000
+  load_bucket()
+  refill()
+  TTL = bucket_ttl(B.gb, B.ge)
+end
 
 -- A report carries the instance's incarnation (a decimal string), its
 -- lease number on the key (le: the seq of the lease's first report), its

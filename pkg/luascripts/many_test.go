@@ -1,0 +1,199 @@
+package luascripts
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// manyCommon are the settings of the batch tests' keys.
+var manyCommon = Common{StaticRate: 10, StaticBurst: 20, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 2,
+	DemandWindow: 300 * time.Millisecond, MarkEvery: 250 * time.Millisecond}
+
+// TestManyMatchesModel runs the region leader's batches (StateMany,
+// SetRateMany) over more keys than one call carries, of one slot and of
+// many (cluster keys), and requires every key's reply and the whole stored
+// state to be what the Model gives for one call per key, in order.
+func TestManyMatchesModel(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	sc := newVirtual()
+	m := NewModel()
+	now := int64(1_700_000_000_000_000)
+	var keys []Keys
+	for i := range 2*BatchKeys + 30 {
+		k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}
+		if i%3 == 0 {
+			keys = append(keys, ClusterKeysFor(DefaultPrefix, k))
+		} else {
+			keys = append(keys, KeysFor(DefaultPrefix, k))
+		}
+	}
+	check := func(what string, got, want any) {
+		t.Helper()
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: reply differs\n lua:   %+v\n model: %+v", what, got, want)
+		}
+		if rs, ms := snapshot(ctx, t, rdb), m.Snapshot(); !reflect.DeepEqual(rs, ms) {
+			t.Fatalf("%s: state differs\n redis: %v\n model: %v", what, rs, ms)
+		}
+	}
+	for i, k := range keys {
+		sc.setNow(now)
+		r := Report{Instance: "i", Incarnation: 1, Lease: 1, Seq: 1, Want: int64(1 + i%7), Min: 1, BuiltUS: 1_000_000}
+		got, err := sc.Acquire(ctx, rdb, k, manyCommon, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := m.Acquire(now, k, manyCommon, r); got != want {
+			t.Fatalf("acquire %d: %+v, model %+v", i, got, want)
+		}
+	}
+	for round := range 3 {
+		now += 1_300_000
+		sc.setNow(now)
+		var items []SetRateItem
+		var want []SetRateResult
+		for i, k := range keys {
+			it := SetRateItem{Keys: k, Common: manyCommon, Rate: float64(i%5) * 7.5, Burst: float64(i % 40),
+				ExpiryUS: now + int64(1+i%4)*1_000_000, IssuedUS: now - int64(round)}
+			items = append(items, it)
+			want = append(want, SetRateResult{Reply: m.SetRate(now, k, manyCommon, it.Rate, it.Burst, it.ExpiryUS, it.IssuedUS)})
+		}
+		check(fmt.Sprintf("round %d: set_rate", round), sc.SetRateMany(ctx, rdb, items), want)
+		now += 700_000
+		sc.setNow(now)
+		var reads []KeyCommon
+		var states []StateResult
+		for _, k := range keys {
+			reads = append(reads, KeyCommon{Keys: k, Common: manyCommon})
+			states = append(states, StateResult{State: m.State(now, k, manyCommon)})
+		}
+		check(fmt.Sprintf("round %d: state", round), sc.StateMany(ctx, rdb, reads), states)
+	}
+}
+
+// TestManyKeyFailureIsItsOwn: a key whose call fails (here its bucket is
+// not a hash) fails alone; the keys after it in the same call are read and
+// granted exactly as without it.
+func TestManyKeyFailureIsItsOwn(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	sc := newVirtual()
+	m := NewModel()
+	now := int64(1_700_000_000_000_000)
+	sc.setNow(now)
+	var keys []Keys
+	for i := range 3 {
+		keys = append(keys, KeysFor(DefaultPrefix, quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}))
+	}
+	if err := rdb.Set(ctx, keys[1].Bucket, "not a bucket", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var items []SetRateItem
+	for _, k := range keys {
+		items = append(items, SetRateItem{Keys: k, Common: manyCommon, Rate: 5, Burst: 9, ExpiryUS: now + 3e6, IssuedUS: now})
+	}
+	res := sc.SetRateMany(ctx, rdb, items)
+	if err := res[1].Err; err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("set_rate on a key that is not a bucket: err %v, want WRONGTYPE", err)
+	}
+	for _, i := range []int{0, 2} {
+		want := m.SetRate(now, keys[i], manyCommon, 5, 9, now+3e6, now)
+		if res[i].Err != nil || res[i].Reply != want {
+			t.Fatalf("key %d beside the failing one: %+v, %v; want %+v", i, res[i].Reply, res[i].Err, want)
+		}
+	}
+	st := sc.StateMany(ctx, rdb, []KeyCommon{{keys[0], manyCommon}, {keys[1], manyCommon}, {keys[2], manyCommon}})
+	if st[1].Err == nil {
+		t.Fatal("state of a key that is not a bucket: no error")
+	}
+	for _, i := range []int{0, 2} {
+		if want := m.State(now, keys[i], manyCommon); st[i].Err != nil || st[i].State != want {
+			t.Fatalf("state of key %d beside the failing one: %+v, %v; want %+v", i, st[i].State, st[i].Err, want)
+		}
+	}
+}
+
+// TestManyOnRedisCluster runs the batches on a real Redis Cluster: keys of
+// one slot go in one call (with its slot's born sentinel and candidate
+// set), keys of other slots in calls of their own, each to its node.
+func TestManyOnRedisCluster(t *testing.T) {
+	ctx := context.Background()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.StartCluster(t, 3)})
+	t.Cleanup(func() { rdb.Close() })
+	sc := New()
+	// Three keys that share a slot, and keys spread over others.
+	var keys []Keys
+	bySlot := map[int][]quota.Key{}
+	for i := 0; len(keys) < 3; i++ {
+		k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}
+		s := Slot(k.Tenant + "|" + k.Class)
+		bySlot[s] = append(bySlot[s], k)
+		if len(bySlot[s]) == 3 {
+			for _, k := range bySlot[s] {
+				keys = append(keys, ClusterKeysFor(DefaultPrefix, k))
+			}
+		}
+	}
+	for i := range 20 {
+		keys = append(keys, ClusterKeysFor(DefaultPrefix, quota.Key{Tenant: fmt.Sprintf("u%d", i), Class: "read"}))
+	}
+	for _, k := range keys {
+		if _, err := sc.Acquire(ctx, rdb, k, manyCommon, Report{Instance: "i", Incarnation: 1, Lease: 1, Seq: 1, Want: 3, Min: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nowUS := time.Now().UnixMicro()
+	var items []SetRateItem
+	var reads []KeyCommon
+	for _, k := range keys {
+		items = append(items, SetRateItem{Keys: k, Common: manyCommon, Rate: 40, Burst: 60, ExpiryUS: nowUS + 60e6, IssuedUS: nowUS})
+		reads = append(reads, KeyCommon{Keys: k, Common: manyCommon})
+	}
+	for i, r := range sc.SetRateMany(ctx, rdb, items) {
+		if r.Err != nil || !r.Reply.Applied {
+			t.Fatalf("set_rate %d: %+v, %v", i, r.Reply, r.Err)
+		}
+	}
+	for i, r := range sc.StateMany(ctx, rdb, reads) {
+		if r.Err != nil || r.State.Rate != 40 || r.State.Cap != 60 || r.State.Outstanding != 3 {
+			t.Fatalf("state %d after its grant: %+v, %v", i, r.State, r.Err)
+		}
+	}
+}
+
+// TestManyAfterScriptFlush: a batch whose script Redis no longer knows
+// (SCRIPT FLUSH, a restart) loads it again and answers as before.
+func TestManyAfterScriptFlush(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	sc := newVirtual()
+	m := NewModel()
+	now := int64(1_700_000_000_000_000)
+	sc.setNow(now)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "t", Class: "read"})
+	for round := range 2 {
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		now += 1_000_000
+		sc.setNow(now)
+		res := sc.SetRateMany(ctx, rdb, []SetRateItem{{Keys: k, Common: manyCommon, Rate: 3, Burst: 4, ExpiryUS: now + 5e6, IssuedUS: now}})
+		if want := m.SetRate(now, k, manyCommon, 3, 4, now+5e6, now); res[0].Err != nil || res[0].Reply != want {
+			t.Fatalf("round %d: set_rate after SCRIPT FLUSH: %+v, %v; want %+v", round, res[0].Reply, res[0].Err, want)
+		}
+		st := sc.StateMany(ctx, rdb, []KeyCommon{{k, manyCommon}})
+		if want := m.State(now, k, manyCommon); st[0].Err != nil || st[0].State != want {
+			t.Fatalf("round %d: state after SCRIPT FLUSH: %+v, %v; want %+v", round, st[0].State, st[0].Err, want)
+		}
+	}
+}
