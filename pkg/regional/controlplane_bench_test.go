@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,9 +48,12 @@ import (
 // the leader's wall time without the allocator's (leader_ms), Redis
 // commands (INFO commandstats delta, commands run inside scripts
 // included) and report bytes (proto.Size), for the big region and the
-// small one and as big/small ratios; then (sub-benchmark instances)
-// instance Sync throughput on the big region's Redis with the leader
-// syncing every epoch against without (thr_ratio, alternating phases).
+// small one and as big/small ratios, and the Redis time of the leader's
+// script calls (redis_ms: INFO commandstats usec); then (sub-benchmark
+// instances) instance Sync throughput on the big region's Redis with the
+// leader syncing every epoch against without (thr_ratio, alternating
+// phases), with what each kind of phase used: the big Redis's CPU and µs
+// per script call, and this process's CPU.
 func BenchmarkControlPlaneCost(b *testing.B) {
 	total := 20_000
 	if v := os.Getenv("SLUICE_BENCH_ACTIVE_KEYS"); v != "" {
@@ -96,22 +100,103 @@ func BenchmarkControlPlaneCost(b *testing.B) {
 	// once; the framework's later runs of the sub-benchmark report it
 	// again.
 	var with, without float64
+	var useWith, useWithout phaseUse
 	b.Run("instances", func(b *testing.B) {
 		if without == 0 {
 			for phase := range 8 {
 				leading := phase%4 == 0 || phase%4 == 3
+				before := readUse(b, big.rdb)
 				ops := big.load(ctx, b, time.Duration(big.cfg.Epoch), leading)
+				use := readUse(b, big.rdb).since(before)
 				if leading {
 					with += ops
+					useWith = useWith.plus(use)
 				} else {
 					without += ops
+					useWithout = useWithout.plus(use)
 				}
 			}
 		}
 		b.ReportMetric(without/4, "syncs/s_alone")
 		b.ReportMetric(with/4, "syncs/s_leader")
 		b.ReportMetric(with/without, "thr_ratio")
+		// Where the time went in each kind of phase: the big Redis's
+		// CPU (cores), its µs per script call (INFO commandstats:
+		// EVALSHA, EVAL and FCALL together) and this process's CPU
+		// (cores: the regional server, the leader and both allocators).
+		b.ReportMetric(useWithout.redisCores(), "redis_cores_alone")
+		b.ReportMetric(useWith.redisCores(), "redis_cores_leader")
+		b.ReportMetric(useWithout.perScript(), "script_us_alone")
+		b.ReportMetric(useWith.perScript(), "script_us_leader")
+		b.ReportMetric(useWithout.goCores(), "go_cores_alone")
+		b.ReportMetric(useWith.goCores(), "go_cores_leader")
 	})
+}
+
+// phaseUse is what a load phase used: the Redis's CPU seconds, its script
+// calls and their µs (INFO), this process's CPU seconds and the wall time.
+type phaseUse struct {
+	redisCPU, scriptCalls, scriptUS, goCPU float64
+	wall                                   time.Duration
+	at                                     time.Time
+}
+
+func (u phaseUse) since(before phaseUse) phaseUse {
+	return phaseUse{
+		redisCPU: u.redisCPU - before.redisCPU, scriptCalls: u.scriptCalls - before.scriptCalls,
+		scriptUS: u.scriptUS - before.scriptUS, goCPU: u.goCPU - before.goCPU, wall: u.at.Sub(before.at),
+	}
+}
+
+func (u phaseUse) plus(v phaseUse) phaseUse {
+	return phaseUse{
+		redisCPU: u.redisCPU + v.redisCPU, scriptCalls: u.scriptCalls + v.scriptCalls,
+		scriptUS: u.scriptUS + v.scriptUS, goCPU: u.goCPU + v.goCPU, wall: u.wall + v.wall,
+	}
+}
+
+func (u phaseUse) redisCores() float64 { return u.redisCPU / u.wall.Seconds() }
+func (u phaseUse) goCores() float64    { return u.goCPU / u.wall.Seconds() }
+func (u phaseUse) perScript() float64  { return u.scriptUS / max(1, u.scriptCalls) }
+
+// readUse reads the counters phaseUse is made of.
+func readUse(b *testing.B, rdb *redis.Client) phaseUse {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "cpu", "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	u := phaseUse{at: time.Now()}
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		name, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "used_cpu_user", "used_cpu_sys":
+			f, _ := strconv.ParseFloat(v, 64)
+			u.redisCPU += f
+		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall":
+			for _, kv := range strings.Split(v, ",") {
+				k, x, _ := strings.Cut(kv, "=")
+				f, _ := strconv.ParseFloat(x, 64)
+				switch k {
+				case "calls":
+					u.scriptCalls += f
+				case "usec":
+					u.scriptUS += f
+				}
+			}
+		}
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	u.goCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	return u
 }
 
 // costEpochs runs b.N epochs of each region, alternating which goes first,
@@ -137,6 +222,9 @@ func costEpochs(b *testing.B, big, small *costRig) {
 	b.ReportMetric(float64(bt)/n/1e6, "big_leader_ms/epoch")
 	b.ReportMetric(float64(st)/n/1e6, "small_leader_ms/epoch")
 	b.ReportMetric(float64(bt)/float64(st), "time_ratio")
+	// The Redis time of the leader's scripts (state reads, installs).
+	b.ReportMetric(float64(big.scriptUS.Load())/n/1e3, "big_redis_ms/epoch")
+	b.ReportMetric(float64(small.scriptUS.Load())/n/1e3, "small_redis_ms/epoch")
 	b.ReportMetric(float64(bc)/n, "big_cmds/epoch")
 	b.ReportMetric(float64(sc)/n, "small_cmds/epoch")
 	b.ReportMetric(float64(bc)/float64(sc), "cmds_ratio")
@@ -166,6 +254,7 @@ type costRig struct {
 
 	leaderNS, cmds, bytes, keys atomic.Int64
 	failed                      atomic.Int64 // rounds that failed (outlasted their epoch)
+	scriptUS                    atomic.Int64 // Redis µs in script calls (INFO commandstats)
 	reports                     atomic.Int64
 	globalNS                    atomic.Int64
 }
@@ -299,6 +388,7 @@ func (r *costRig) reset() {
 	r.keys.Store(0)
 	r.reports.Store(0)
 	r.failed.Store(0)
+	r.scriptUS.Store(0)
 }
 
 // settle is one leader round, not counted; a failure is logged.
@@ -312,6 +402,7 @@ func (r *costRig) settle(b *testing.B) {
 func (r *costRig) epoch(b *testing.B) {
 	ctx := context.Background()
 	before := commandCalls(b, r.rdb)
+	use := readUse(b, r.rdb)
 	g0 := r.globalNS.Load()
 	start := time.Now()
 	if err := r.leader.SyncOnce(ctx, nil); err != nil {
@@ -323,6 +414,7 @@ func (r *costRig) epoch(b *testing.B) {
 	el := time.Since(start)
 	r.leaderNS.Add(int64(el) - (r.globalNS.Load() - g0))
 	r.cmds.Add(commandCalls(b, r.rdb) - before - 1) // less the INFO itself
+	r.scriptUS.Add(int64(readUse(b, r.rdb).since(use).scriptUS))
 }
 
 // commandCalls is the sum of every command's calls in INFO commandstats.
