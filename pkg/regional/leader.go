@@ -144,12 +144,10 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	// Nudges from the global leader start a round between epochs, at most
 	// one per regionsync.NudgeSpacing (a nudge sooner waits for it).
 	nudges := make(chan struct{}, 1)
-	{
-		wctx, stopWatch := context.WithCancel(ctx)
-		watching := make(chan struct{})
-		go func() { defer close(watching); l.watchShards(wctx, epoch/2, nudges) }()
-		defer func() { stopWatch(); <-watching }()
-	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	watch := l.newShardWatch(wctx, epoch/2, nudges)
+	defer func() { stopWatch(); watch.wait() }()
+	watch.openAll()
 	// Between epochs the leader watches its contended keys for demand
 	// rises (regionsync.Leader.Risen) and nudges itself.
 	rise := time.NewTicker(regionsync.NudgeSpacing(epoch))
@@ -170,6 +168,7 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 			lastStart = time.Now()
 			l.round(ctx, sess.Done(), regionsync.Epoch)
 		case <-t.C:
+			watch.openAll() // shards added to the config since the last epoch
 			lastStart = time.Now()
 			l.round(ctx, sess.Done(), regionsync.Epoch)
 			if e := time.Duration(l.s.opts.Config.Current().Epoch); e != epoch {

@@ -109,6 +109,11 @@ type shardRig struct {
 	applied  map[string]map[quota.Key]appliedGrant
 	failures []string
 
+	// nudging: links deliver the shards' nudges (regional.Nudger), and
+	// watches counts the nudge streams region leaders opened per shard.
+	nudging bool
+	watches map[int]int
+
 	resharding atomic.Bool
 	phase      atomic.Value // string: what the test is doing, for failures
 	regions    map[string]*shardRegion
@@ -123,6 +128,16 @@ type shardRegion struct {
 	name string
 	rdb  *redis.Client
 	srv  *regional.Server
+}
+
+// newShardRig is a rig on etcd whose config starts with the given number
+// of shards; nothing runs yet.
+func newShardRig(t *testing.T, etcd *etcdtest.Server, shards int) *shardRig {
+	r := &shardRig{t: t, src: &liveConfig{}, cli: etcd.Client(t), daemons: map[int][]*allocator.Daemon{},
+		granted: map[int]map[quota.Key]int{}, learning: map[int]int{}, raised: map[int]map[quota.Key]int{}, applied: map[string]map[quota.Key]appliedGrant{},
+		regions: map[string]*shardRegion{}, watches: map[int]int{}}
+	r.src.set(shardedConfig(t, shards))
+	return r
 }
 
 func (r *shardRig) fail(format string, args ...any) {
@@ -185,7 +200,51 @@ func (r *shardRig) link(shard int) (regional.GlobalTier, error) {
 		return nil, err
 	}
 	r.t.Cleanup(func() { gc.Close() })
-	return &shardLink{shard: shard, rig: r, gc: gc}, nil
+	link := &shardLink{shard: shard, rig: r, gc: gc}
+	if r.nudging {
+		return nudgingLink{link}, nil
+	}
+	return link, nil
+}
+
+// nudgingLink is a shardLink over which the region leader also watches
+// for the shard's nudges.
+type nudgingLink struct{ *shardLink }
+
+func (l nudgingLink) Watch(ctx context.Context, region string, retry time.Duration, nudge func()) {
+	l.rig.mu.Lock()
+	l.rig.watches[l.shard]++
+	l.rig.mu.Unlock()
+	l.gc.Watch(ctx, region, retry, nudge)
+}
+
+func (r *shardRig) watching(shard int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.watches[shard] > 0
+}
+
+// TestLeaderWatchesShardsAddedWhileLeading: a region leader elected while
+// the config names one shard watches shard 1 for nudges once global_shards
+// rises to 2, without waiting for a new election (which would otherwise
+// come only with a lost session).
+func TestLeaderWatchesShardsAddedWhileLeading(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := newShardRig(t, etcdtest.Start(t), 1)
+	r.nudging = true
+	r.startShard(ctx, 0)
+	r.startShard(ctx, 1)
+	r.startRegion(ctx, "eu")
+	// Both waits are for the leader's first epochs after an event: the
+	// election (shard 0) and the config change (shard 1).
+	validity := time.Duration(r.src.Current().GrantValidity)
+	r.waitFor("eu's leader watches shard 0", 40*validity, func() bool { return r.watching(0) })
+	if r.watching(1) {
+		t.Fatal("eu's leader watches shard 1, which the config does not name")
+	}
+	r.src.set(shardedConfig(t, 2))
+	r.waitFor("eu's leader watches shard 1 after global_shards rose to 2", 40*validity, func() bool { return r.watching(1) })
 }
 
 func (r *shardRig) startRegion(ctx context.Context, name string) {
@@ -356,10 +415,7 @@ func TestShardedGlobalTier(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	etcd := etcdtest.Start(t)
-	r := &shardRig{t: t, src: &liveConfig{}, cli: etcd.Client(t), daemons: map[int][]*allocator.Daemon{},
-		granted: map[int]map[quota.Key]int{}, learning: map[int]int{}, raised: map[int]map[quota.Key]int{}, applied: map[string]map[quota.Key]appliedGrant{},
-		regions: map[string]*shardRegion{}}
-	r.src.set(shardedConfig(t, 3))
+	r := newShardRig(t, etcd, 3)
 	for i := range 12 {
 		r.keys = append(r.keys, quota.Key{Tenant: fmt.Sprintf("tenant-%d", i), Class: "write"})
 	}

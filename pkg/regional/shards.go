@@ -304,30 +304,52 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 	return grew, nil
 }
 
-// watchShards keeps a nudge stream open to every shard of the config the
+// shardWatch keeps a nudge stream open to every shard of the config the
 // region runs whose tier can deliver nudges (Nudger), sending to nudges
-// (never blocking) for each, until ctx ends; it returns when all streams
-// ended. A shard added to the config later is watched from the next
-// election: nudges only hasten reports.
-func (l *Leader) watchShards(ctx context.Context, retry time.Duration, nudges chan<- struct{}) {
-	var wg sync.WaitGroup
-	for i := range l.s.opts.Config.Current().ShardMap().N() {
-		tier, err := l.tier(i)
+// (never blocking) for each, until ctx ends. The leader calls open at its
+// election and on every epoch, so a shard added to the config while it
+// leads is watched from the next epoch on; a stream to a shard the config
+// no longer names stays open until the leader steps down (nudges only
+// hasten reports). Used by the leader's goroutine only.
+type shardWatch struct {
+	l      *Leader
+	ctx    context.Context
+	retry  time.Duration
+	nudges chan<- struct{}
+	open   map[int]bool // shards with a stream (or a tier that cannot nudge)
+	wg     sync.WaitGroup
+}
+
+func (l *Leader) newShardWatch(ctx context.Context, retry time.Duration, nudges chan<- struct{}) *shardWatch {
+	return &shardWatch{l: l, ctx: ctx, retry: retry, nudges: nudges, open: map[int]bool{}}
+}
+
+// openAll opens a stream to each shard of the current config that has
+// none; a shard whose tier cannot be had now is tried again next time.
+func (w *shardWatch) openAll() {
+	for i := range w.l.s.opts.Config.Current().ShardMap().N() {
+		if w.open[i] {
+			continue
+		}
+		tier, err := w.l.tier(i)
 		if err != nil {
 			continue
 		}
+		w.open[i] = true
 		n, ok := tier.(Nudger)
 		if !ok {
 			continue
 		}
-		wg.Go(func() {
-			n.Watch(ctx, l.s.opts.Region, retry, func() {
+		w.wg.Go(func() {
+			n.Watch(w.ctx, w.l.s.opts.Region, w.retry, func() {
 				select {
-				case nudges <- struct{}{}:
+				case w.nudges <- struct{}{}:
 				default: // one is pending already
 				}
 			})
 		})
 	}
-	wg.Wait()
 }
+
+// wait returns when every stream ended (after ctx ended).
+func (w *shardWatch) wait() { w.wg.Wait() }
