@@ -229,14 +229,14 @@ type Allocator struct {
 	silent              []bool
 	// nudge marks the regions that should report now (nudge.go); TakeNudges
 	// drains it. Indexed by region.
-	nudge          []bool
-	reportIdx      []int32
-	regs           []Region // scratch for StaticBursts
-	us             unitScratch
-	sh             shares    // loadShares
-	sbs, sts       []float64 // scratch: static bursts and rates of reporting regions
-	bw, bout, udem []float64 // scratch for splitBurst
-	role           []int8
+	nudge      []bool
+	reportIdx  []int32
+	regs       []Region // scratch for StaticBursts
+	us         unitScratch
+	sh         shares    // loadShares
+	sbs, sts   []float64 // scratch: static bursts and rates of reporting regions
+	bout, udem []float64 // scratch for splitBurst
+	role       []int8
 }
 
 type regionState struct {
@@ -1115,7 +1115,6 @@ func (a *Allocator) fillTargets(l *KeyLimit, sh *shares, base, n int, capacity, 
 			}
 		}
 	}
-	a.bw = growFloats(a.bw, n)
 	a.bout = growFloats(a.bout, n)
 	a.udem = growFloats(a.udem, n)
 	// A region can give up units only while below its static rate
@@ -1155,34 +1154,31 @@ func (a *Allocator) fillTargets(l *KeyLimit, sh *shares, base, n int, capacity, 
 // region weights when no rate is assigned. Demand at or below floor counts
 // as none.
 func (a *Allocator) splitBurst(pool, unit, floor float64, n int) {
+	out, sts, role, dem, udem := a.out[:n], a.sts[:n], a.role[:n], a.dem[:n], a.udem[:n]
 	var sumA float64
-	for j := 0; j < n; j++ {
-		sumA += a.out[j]
-		switch s := a.sts[j]; {
-		case nearStatic(a.out[j], s):
-			a.role[j] = 0
-		case a.out[j] > s:
-			a.role[j] = 1
+	for j := range out {
+		o := out[j]
+		sumA += o
+		switch s := sts[j]; {
+		case nearStatic(o, s):
+			role[j] = 0
+		case o > s:
+			role[j] = 1
 		default:
-			a.role[j] = -1
+			role[j] = -1
+		}
+		// Demand below the floor is none: such a region keeps no unit
+		// for itself and is not served one.
+		udem[j] = dem[j]
+		if !(dem[j] > floor) {
+			udem[j] = 0
 		}
 	}
-	for j := 0; j < n; j++ {
-		if sumA > 0 {
-			a.bw[j] = a.out[j]
-		} else {
-			a.bw[j] = a.w[j]
-		}
+	bw := a.out[:n]
+	if !(sumA > 0) {
+		bw = a.w[:n]
 	}
-	// Demand below the floor is none: such a region keeps no unit for
-	// itself and is not served one.
-	for j := 0; j < n; j++ {
-		a.udem[j] = a.dem[j]
-		if !(a.dem[j] > floor) {
-			a.udem[j] = 0
-		}
-	}
-	splitUnits(pool, unit, a.bw[:n], a.sbs[:n], a.udem[:n], a.role[:n], a.bout[:n], &a.us)
+	splitUnits(pool, unit, bw, a.sbs[:n], udem, role, a.bout[:n], &a.us)
 }
 
 // unitDonor returns the region to hold a hair below its static rate (and

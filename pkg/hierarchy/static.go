@@ -113,6 +113,7 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 	// computed once: every comparison below reads them.
 	us.grow(n)
 	whole, quota, lower, upper, order := us.whole[:n], us.quota[:n], us.lower[:n], us.upper[:n], us.order[:n]
+	weight, sb, demand, role = weight[:n], sb[:n], demand[:n], role[:n]
 	// Recipients and regions at their share keep the fraction of a unit
 	// their static cap may carry; donors give it up.
 	var kept float64
@@ -144,21 +145,18 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 		out[j] = min(max(math.Floor(quota[j]), lower[j]), upper[j])
 		given += out[j]
 	}
-	// sortOrder sorts the regions stably by before (by insertion: n is
-	// small), ties by index.
-	sortOrder := func(before func(x, y int32) bool) {
-		for j := range order {
-			order[j] = int32(j)
-			for i := j; i > 0 && before(order[i], order[i-1]); i-- {
-				order[i], order[i-1] = order[i-1], order[i]
-			}
-		}
-	}
+	// The regions are sorted stably (by insertion: n is small), ties by
+	// index, on each region's remainder quota-out (rem) and, when a unit
+	// is short, whether it has demand and no unit (need).
+	rem, need := us.rem[:n], us.need[:n]
 	// Too many: take from the most over-served first (down to their lower
 	// bound, then, when other regions hold more than the pool leaves,
 	// below it).
 	for pass := 0; given > units && pass < 2; pass++ {
-		sortOrder(func(x, y int32) bool { return quota[x]-out[x] < quota[y]-out[y] })
+		for j := range n {
+			rem[j] = quota[j] - out[j]
+		}
+		sortLeastRem(order, rem)
 		for progress := true; given > units && progress; {
 			progress = false
 			for _, j := range order {
@@ -186,16 +184,11 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 		scaleUnits(unit, sb, whole, role, out)
 		return
 	}
-	sortOrder(func(x, y int32) bool {
-		hx, hy := demand[x] > 0 && out[x] == 0, demand[y] > 0 && out[y] == 0
-		if hx != hy {
-			return hx
-		}
-		if hx && demand[x] != demand[y] {
-			return demand[x] > demand[y]
-		}
-		return quota[x]-out[x] > quota[y]-out[y]
-	})
+	for j := range n {
+		rem[j] = quota[j] - out[j]
+		need[j] = demand[j] > 0 && out[j] == 0
+	}
+	sortNeedFirst(order, need, demand[:n], rem)
 	for progress := true; given < units && progress; {
 		progress = false
 		for _, j := range order {
@@ -244,6 +237,49 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 	scaleUnits(unit, sb, whole, role, out)
 }
 
+// sortLeastRem fills order with 0..n-1 sorted stably (by insertion) by
+// rem, smallest first.
+func sortLeastRem(order []int32, rem []float64) {
+	rem = rem[:len(order)]
+	for j := range order {
+		order[j] = int32(j)
+		for i := j; i > 0; i-- {
+			x, y := order[i], order[i-1]
+			if !(rem[x] < rem[y]) {
+				break
+			}
+			order[i], order[i-1] = y, x
+		}
+	}
+}
+
+// sortNeedFirst fills order with 0..n-1 sorted stably (by insertion):
+// regions in need first, most demand first among them, then by rem,
+// largest first.
+func sortNeedFirst(order []int32, need []bool, demand, rem []float64) {
+	n := len(order)
+	need, demand, rem = need[:n], demand[:n], rem[:n]
+	for j := range order {
+		order[j] = int32(j)
+		for i := j; i > 0; i-- {
+			x, y := order[i], order[i-1]
+			var before bool
+			switch hx := need[x]; {
+			case hx != need[y]:
+				before = hx
+			case hx && demand[x] != demand[y]:
+				before = demand[x] > demand[y]
+			default:
+				before = rem[x] > rem[y]
+			}
+			if !before {
+				break
+			}
+			order[i], order[i-1] = y, x
+		}
+	}
+}
+
 // scaleUnits turns splitUnits' counts of units into bursts: recipients
 // and regions at their share that keep their static units also keep the
 // fraction of a unit their static cap carries.
@@ -258,8 +294,9 @@ func scaleUnits(unit float64, sb, whole []float64, role []int8, out []float64) {
 
 // unitScratch holds splitUnits' per-region buffers, reused across calls.
 type unitScratch struct {
-	whole, quota, lower, upper []float64
-	order                      []int32
+	whole, quota, lower, upper, rem []float64
+	need                            []bool
+	order                           []int32
 }
 
 func (us *unitScratch) grow(n int) {
@@ -267,6 +304,7 @@ func (us *unitScratch) grow(n int) {
 		us.whole, us.quota = make([]float64, n), make([]float64, n)
 		us.lower, us.upper = make([]float64, n), make([]float64, n)
 		us.order = make([]int32, n)
+		us.rem, us.need = make([]float64, n), make([]bool, n)
 	}
 }
 

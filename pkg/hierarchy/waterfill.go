@@ -155,23 +155,23 @@ func fairShare(capacity float64, w, lo, hi, demand, out []float64, fs *fillScrat
 	n := len(w)
 	fs.want = growFloats(fs.want, n)
 	fs.room = growFloats(fs.room, n)
-	fs.zero = growFloats(fs.zero, n)
-	want, room, zero := fs.want, fs.room, fs.zero
+	fs.zero = growFloats(fs.zero, n) // only ever zeros
+	want, room, zero := fs.want[:n], fs.room[:n], fs.zero[:n]
+	lo, hi, demand, out = lo[:n], hi[:n], demand[:n], out[:n]
 	var sumWant float64
-	for i := 0; i < n; i++ {
+	for i := range want {
 		want[i] = min(max(demand[i], lo[i]), hi[i])
 		sumWant += want[i]
-		zero[i] = 0
 	}
 	if sumWant >= capacity {
 		waterLevel(capacity, w, lo, want, out, fs)
 		return
 	}
-	for i := 0; i < n; i++ {
+	for i := range room {
 		room[i] = hi[i] - want[i]
 	}
 	waterLevel(capacity-sumWant, w, zero, room, out, fs)
-	for i := 0; i < n; i++ {
+	for i := range out {
 		out[i] += want[i]
 	}
 }
@@ -231,8 +231,9 @@ func sortByLevel(level []float64, order []int32) {
 // silent region's fixed share may crowd out the others' floors).
 func waterLevel(capacity float64, w, lo, hi, out []float64, fs *fillScratch) {
 	n := len(w)
+	lo, hi, out = lo[:n], hi[:n], out[:n]
 	var sumLo, sumHi float64
-	for i := 0; i < n; i++ {
+	for i := range lo {
 		sumLo += lo[i]
 		sumHi += hi[i]
 	}
@@ -255,8 +256,8 @@ func waterLevel(capacity float64, w, lo, hi, out []float64, fs *fillScratch) {
 	// starts and the stops sorted apart, then merged.
 	fs.startAt, fs.stopAt = growFloats(fs.startAt, n), growFloats(fs.stopAt, n)
 	fs.starts, fs.stops = growInt32s(fs.starts, n), growInt32s(fs.stops, n)
-	startAt, stopAt, starts, stops := fs.startAt, fs.stopAt, fs.starts, fs.stops
-	for i := 0; i < n; i++ {
+	startAt, stopAt, starts, stops := fs.startAt[:n], fs.stopAt[:n], fs.starts[:n], fs.stops[:n]
+	for i := range startAt {
 		startAt[i] = lo[i] // lo/w when lo is ±0 (w > 0), without dividing
 		if lo[i] != 0 {
 			startAt[i] = lo[i] / w[i]
@@ -304,7 +305,7 @@ func waterLevel(capacity float64, w, lo, hi, out []float64, fs *fillScratch) {
 		copy(out, hi[:n])
 		return
 	}
-	for i := 0; i < n; i++ {
+	for i := range out {
 		out[i] = min(max(level*w[i], lo[i]), hi[i])
 	}
 }
