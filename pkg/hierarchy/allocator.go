@@ -976,7 +976,7 @@ func (a *Allocator) markSilent(t int64) {
 // at its static share. Targets never affect safety (every grant is
 // fenced), only which of the safe grants is chosen.
 func (a *Allocator) retarget(t int64, k, b int32, sh *shares) {
-	a.dem = growFloats(a.dem, a.nr)
+	ensure(&a.dem, a.nr)
 	for i := 0; i < a.nr; i++ {
 		a.dem[i] = a.effectiveDemand(k, i)
 	}
@@ -1045,12 +1045,12 @@ func (a *Allocator) computeTargets(t int64, k, b int32, sh *shares) {
 func (a *Allocator) fillTargets(l *KeyLimit, sh *shares, base, n int, capacity, pool float64) {
 	nr := a.nr
 	unit, demandFloor := l.unit(), unitDemandFloor*l.Rate
-	a.w = growFloats(a.w, nr)
-	a.lo = growFloats(a.lo, nr)
-	a.hi = growFloats(a.hi, nr)
-	a.out = growFloats(a.out, nr)
-	a.sbs = growFloats(a.sbs, nr)
-	a.sts = growFloats(a.sts, nr)
+	ensure(&a.w, nr)
+	ensure(&a.lo, nr)
+	ensure(&a.hi, nr)
+	ensure(&a.out, nr)
+	ensure(&a.sbs, nr)
+	ensure(&a.sts, nr)
 	w, lo, hi, dem, sbs, sts := a.w[:n], a.lo[:n], a.hi[:n], a.dem[:n], a.sbs[:n], a.sts[:n]
 	// The reporting regions, packed to 0..n-1 as their demands: weights,
 	// floors, ceilings, fallback rates and bursts, and the sums over them
@@ -1086,7 +1086,7 @@ func (a *Allocator) fillTargets(l *KeyLimit, sh *shares, base, n int, capacity, 
 	// such a region gets at least a hair above its static rate, where it
 	// fits, when the pool has a unit for every region with demand (else
 	// units would only move between regions that all want them).
-	a.role = slices.Grow(a.role[:0], n)[:n]
+	ensure(&a.role, n)
 	spare := float64(wanting) <= math.Floor(pool/unit)
 	if spare {
 		var cut float64
@@ -1115,8 +1115,8 @@ func (a *Allocator) fillTargets(l *KeyLimit, sh *shares, base, n int, capacity, 
 			}
 		}
 	}
-	a.bout = growFloats(a.bout, n)
-	a.udem = growFloats(a.udem, n)
+	ensure(&a.bout, n)
+	ensure(&a.udem, n)
 	// A region can give up units only while below its static rate
 	// (splitUnits: a region gaining rate has a short grant, and a unit
 	// lent on it would have to come back before the borrower's grant

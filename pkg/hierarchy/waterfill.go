@@ -153,9 +153,9 @@ func WaterFill(rate float64, regions []Region, demand []float64, out []float64) 
 // out and uses fs as scratch. Inputs are trusted.
 func fairShare(capacity float64, w, lo, hi, demand, out []float64, fs *fillScratch) {
 	n := len(w)
-	fs.want = growFloats(fs.want, n)
-	fs.room = growFloats(fs.room, n)
-	fs.zero = growFloats(fs.zero, n) // only ever zeros
+	ensure(&fs.want, n)
+	ensure(&fs.room, n)
+	ensure(&fs.zero, n) // only ever zeros
 	want, room, zero := fs.want[:n], fs.room[:n], fs.zero[:n]
 	lo, hi, demand, out = lo[:n], hi[:n], demand[:n], out[:n]
 	var sumWant float64
@@ -183,11 +183,13 @@ func growFloats(s []float64, n int) []float64 {
 	return s[:n]
 }
 
-func growInt32s(s []int32, n int) []int32 {
-	if cap(s) < n {
-		return make([]int32, n)
+// ensure makes *s hold at least n elements (len = cap), storing to *s
+// only when it must grow: the scratch of a hot loop, sliced to the
+// length each use needs.
+func ensure[T any](s *[]T, n int) {
+	if cap(*s) < n {
+		*s = make([]T, n)
 	}
-	return s[:n]
 }
 
 // fillScratch holds buffers reused across calls so the allocation loop
@@ -254,8 +256,10 @@ func waterLevel(capacity float64, w, lo, hi, out []float64, fs *fillScratch) {
 	// The sweep visits the events (a region starting or stopping to rise
 	// with the water) by level, then region, a start before a stop: the
 	// starts and the stops sorted apart, then merged.
-	fs.startAt, fs.stopAt = growFloats(fs.startAt, n), growFloats(fs.stopAt, n)
-	fs.starts, fs.stops = growInt32s(fs.starts, n), growInt32s(fs.stops, n)
+	ensure(&fs.startAt, n)
+	ensure(&fs.stopAt, n)
+	ensure(&fs.starts, n)
+	ensure(&fs.stops, n)
 	startAt, stopAt, starts, stops := fs.startAt[:n], fs.stopAt[:n], fs.starts[:n], fs.stops[:n]
 	for i := range startAt {
 		startAt[i] = lo[i] // lo/w when lo is ±0 (w > 0), without dividing
