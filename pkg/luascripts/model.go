@@ -425,6 +425,17 @@ func (o *op) save() {
 	o.m.leases[o.k.Leases] = o.ls
 }
 
+// keep mirrors lib.lua's keep_bucket: the stored bucket stays as it was
+// (the refill is not written back); only the keys' TTLs are renewed, as
+// save renews them.
+func (o *op) keep() {
+	b := o.m.buckets[o.k.Bucket]
+	b.expireAt, b.ttlMS = o.now+o.ttl*1000, o.ttl
+	if ls, ok := o.m.leases[o.k.Leases]; ok && o.b.out > 0 {
+		ls.expireAt, ls.ttlMS = b.expireAt, o.ttl
+	}
+}
+
 func round6(x float64) float64 {
 	f, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'f', 6, 64), 64)
 	return f
@@ -726,7 +737,11 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 func (m *Model) State(nowUS int64, k Keys, c Common) State {
 	o := m.begin(nowUS, k, c)
 	o.reap(c.ReapBudget)
-	o.save()
+	if o.stamp || o.leases {
+		o.save()
+	} else if !o.missing {
+		o.keep()
+	}
 	ge := o.b.ge
 	if ge <= o.now {
 		ge = 0

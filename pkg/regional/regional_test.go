@@ -60,7 +60,8 @@ func TestStrictAdmitsExactly(t *testing.T) {
 		t.Fatal(err)
 	}
 	// refilledTo is the bucket's refill timestamp: the Redis time of the
-	// last script call on the key. A plain read: it changes nothing.
+	// last script call that wrote the key (a leader's state read that reaps
+	// nothing does not). A plain read: it changes nothing.
 	refilledTo := func() time.Time {
 		t.Helper()
 		v, err := reg.RDB.HGet(ctx, keys.Bucket, "ts").Int64()

@@ -632,6 +632,19 @@ local function save_bucket(ttl)
   end
 end
 
+-- keep_bucket renews the keys' TTLs exactly as save_bucket would and
+-- writes nothing else: the region leader's state read of a key on which
+-- it changed nothing but the refill (see state.lua). The stored bucket
+-- stays as it was, so the next call refills from the stored ts, exactly as
+-- if the read had not happened.
+local function keep_bucket()
+  redis.call('PEXPIRE', KEYS[1], TTL)
+  if B.out > 0 then
+    redis.call('PEXPIRE', KEYS[2], TTL)
+    redis.call('PEXPIRE', KEYS[3], TTL)
+  end
+end
+
 -- Candidates. The region leader reports to the global tier only the keys
 -- that need it, and never scans the key space to find them: the scripts
 -- that apply demand or grants mark such a key into its slot's candidate

@@ -11,8 +11,23 @@
 --          '%.17g' (exact), tokens as '%.6f'; admitted, denied and
 --          strict_demand cumulative tokens; lease_demand_mtps the sum of the
 --          live leases' demand rates (milli-tokens/s)
+--
+-- A read that reaped nothing (wrote no lease hash or expiry set) and need
+-- not date the data set (STAMP) changed nothing but the refill: it writes
+-- no bucket. An existing bucket only has its TTLs renewed (keep_bucket),
+-- as a writing read renews them, so a key the leader keeps reading lives
+-- exactly as long as before; a missing one stays missing. The stored
+-- state is then exactly what it was before the read, so every later call
+-- does what it would have done had the leader not read the key at this
+-- instant (a history the leader's timing already allows: refill is only
+-- ever brought up to the moment of a call), and the reply is the same as
+-- a writing read's.
 reap(REAPMAX)
-save_bucket()
+if STAMP or LEASES then
+  save_bucket()
+elseif not B.missing then
+  keep_bucket()
+end
 local ge = B.ge
 if ge <= NOW then ge = 0 end
 return { B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW, B.dr, B.sd }
