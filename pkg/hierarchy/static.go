@@ -142,7 +142,7 @@ func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, o
 		if role[j] <= 0 {
 			upper[j] = whole[j]
 		}
-		out[j] = min(max(math.Floor(quota[j]), lower[j]), upper[j])
+		out[j] = clamp(math.Floor(quota[j]), lower[j], upper[j])
 		given += out[j]
 	}
 	// The regions are sorted stably (by insertion: n is small), ties by

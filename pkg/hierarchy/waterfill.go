@@ -160,7 +160,7 @@ func fairShare(capacity float64, w, lo, hi, demand, out []float64, fs *fillScrat
 	lo, hi, demand, out = lo[:n], hi[:n], demand[:n], out[:n]
 	var sumWant float64
 	for i := range want {
-		want[i] = min(max(demand[i], lo[i]), hi[i])
+		want[i] = clamp(demand[i], lo[i], hi[i])
 		sumWant += want[i]
 	}
 	if sumWant >= capacity {
@@ -181,6 +181,16 @@ func growFloats(s []float64, n int) []float64 {
 		return make([]float64, n)
 	}
 	return s[:n]
+}
+
+// clamp is min(max(x, lo), hi) to the bit, NaNs and signed zeros
+// included, without their general handling when x lies strictly between
+// the bounds (then both give x).
+func clamp(x, lo, hi float64) float64 {
+	if lo < x && x < hi {
+		return x
+	}
+	return min(max(x, lo), hi)
 }
 
 // ensure makes *s hold at least n elements (len = cap), storing to *s
@@ -310,6 +320,6 @@ func waterLevel(capacity float64, w, lo, hi, out []float64, fs *fillScratch) {
 		return
 	}
 	for i := range out {
-		out[i] = min(max(level*w[i], lo[i]), hi[i])
+		out[i] = clamp(level*w[i], lo[i], hi[i])
 	}
 }

@@ -257,3 +257,21 @@ func TestStaticShares(t *testing.T) {
 		t.Fatalf("got %v, want [40 20 60]", out)
 	}
 }
+
+// TestClampIsMinMax checks clamp against min(max(x, lo), hi) to the bit
+// over every combination of values that stress it: signed zeros, NaN,
+// infinities, equal and crossed bounds.
+func TestClampIsMinMax(t *testing.T) {
+	negZero := math.Copysign(0, -1)
+	vals := []float64{negZero, 0, math.NaN(), math.Inf(-1), math.Inf(1), -1, 1, 0.5, 2, math.SmallestNonzeroFloat64}
+	for _, x := range vals {
+		for _, lo := range vals {
+			for _, hi := range vals {
+				got, want := clamp(x, lo, hi), min(max(x, lo), hi)
+				if math.Float64bits(got) != math.Float64bits(want) && !(math.IsNaN(got) && math.IsNaN(want)) {
+					t.Errorf("clamp(%v, %v, %v) = %v, min(max()) = %v", x, lo, hi, got, want)
+				}
+			}
+		}
+	}
+}
