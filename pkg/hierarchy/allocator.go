@@ -706,15 +706,7 @@ func (a *Allocator) loadShares(k int32) *shares {
 			sumR += s
 			sumB += b
 		}
-		sh.sumR, sh.sumB = sumR, sumB
-		sh.freedR, sh.freedB = 0, 0
-		if d := l.Rate - sumR; math.Abs(d) > 1e-9*l.Rate {
-			sh.freedR = d
-		}
-		if d := l.Burst - sumB; math.Abs(d) > 1e-9*l.Burst {
-			sh.freedB = d
-		}
-		return sh
+		return sh.summed(l, sumR, sumB)
 	}
 	for i := 0; i < a.nr; i++ {
 		s, sb := a.static(k, i)
@@ -732,6 +724,12 @@ func (a *Allocator) loadShares(k int32) *shares {
 			sh.lapsed = true
 		}
 	}
+	return sh.summed(l, sumR, sumB)
+}
+
+// summed records the sums of the static shares (in region order) and what
+// they leave of l, and returns sh.
+func (sh *shares) summed(l *KeyLimit, sumR, sumB float64) *shares {
 	sh.sumR, sh.sumB = sumR, sumB
 	sh.freedR, sh.freedB = 0, 0
 	if d := l.Rate - sumR; math.Abs(d) > 1e-9*l.Rate {
