@@ -33,11 +33,8 @@ func (s *Scripts) StateMany(ctx context.Context, c interface {
 	redis.Scripter
 }, items []KeyCommon) []StateResult {
 	out := make([]StateResult, len(items))
-	keys := make([]Keys, len(items))
-	for i, it := range items {
-		keys[i] = it.Keys
-	}
-	s.runMany(ctx, c, s.stateBatch, keys, func(i int) []any { return s.args(items[i].Keys, items[i].Common) },
+	s.runMany(ctx, c, s.stateBatch, len(items), func(i int) Keys { return items[i].Keys },
+		func(i int) []any { return s.args(items[i].Keys, items[i].Common) },
 		func(i int, res []any, err error) {
 			if err != nil {
 				out[i].Err = fmt.Errorf("state %s: %w", items[i].Keys.Bucket, err)
@@ -70,11 +67,7 @@ func (s *Scripts) SetRateMany(ctx context.Context, c interface {
 	redis.Scripter
 }, items []SetRateItem) []SetRateResult {
 	out := make([]SetRateResult, len(items))
-	keys := make([]Keys, len(items))
-	for i, it := range items {
-		keys[i] = it.Keys
-	}
-	s.runMany(ctx, c, s.setRateBatch, keys, func(i int) []any {
+	s.runMany(ctx, c, s.setRateBatch, len(items), func(i int) Keys { return items[i].Keys }, func(i int) []any {
 		it := items[i]
 		return s.args(it.Keys, it.Common, fmtFloat(it.Rate), fmtFloat(it.Burst), it.ExpiryUS, it.IssuedUS)
 	}, func(i int, res []any, err error) {
@@ -87,21 +80,23 @@ func (s *Scripts) SetRateMany(ctx context.Context, c interface {
 	return out
 }
 
-// runMany groups keys by born sentinel (one per hash slot on a cluster,
-// one per Redis otherwise) into calls of sc of up to BatchKeys keys, runs
-// them in one pipeline and hands each key's reply (or error) to done.
+// runMany groups the n keys (key i is keyOf(i)) by born sentinel (one per
+// hash slot on a cluster, one per Redis otherwise) into calls of sc of up
+// to BatchKeys keys, runs them in one pipeline and hands each key's reply
+// (or error) to done.
 func (s *Scripts) runMany(ctx context.Context, c interface {
 	redis.Cmdable
 	redis.Scripter
-}, sc *redis.Script, keys []Keys, args func(i int) []any, done func(i int, res []any, err error)) {
+}, sc *redis.Script, n int, keyOf func(i int) Keys, args func(i int) []any, done func(i int, res []any, err error)) {
 	var calls [][]int
 	open := map[string]int{} // born sentinel -> its call still taking keys
-	for i, k := range keys {
-		ci, ok := open[k.Born]
+	for i := range n {
+		born := keyOf(i).Born
+		ci, ok := open[born]
 		if !ok || len(calls[ci]) == BatchKeys {
 			ci = len(calls)
-			calls = append(calls, make([]int, 0, min(BatchKeys, len(keys)-i)))
-			open[k.Born] = ci
+			calls = append(calls, make([]int, 0, min(BatchKeys, n-i)))
+			open[born] = ci
 		}
 		calls[ci] = append(calls[ci], i)
 	}
@@ -116,7 +111,7 @@ func (s *Scripts) runMany(ctx context.Context, c interface {
 					as = make([]any, 0, 1+len(a)*len(call))
 					as = append(as, len(a))
 				}
-				ks = append(ks, keys[i].list()...)
+				ks = append(ks, keyOf(i).list()...)
 				as = append(as, a...)
 			}
 			out[ci] = queue(ctx, p, sc, ks, as)

@@ -425,7 +425,7 @@ func (o *op) save() {
 	o.m.leases[o.k.Leases] = o.ls
 }
 
-// keep mirrors lib.lua's keep_bucket: the stored bucket stays as it was
+// keep mirrors state.lua's renew_ttls alone: the stored bucket stays as it was
 // (the refill is not written back); only the keys' TTLs are renewed, as
 // save renews them.
 func (o *op) keep() {

@@ -612,10 +612,24 @@ local function bucket_ttl(gb, ge)
   return i0(ttl)
 end
 
+-- renew_ttls sets the keys' TTLs to ttl: the bucket's, and the lease
+-- keys' when this call wrote them or leases hold unspent tokens. Alone
+-- (ttl = TTL), it is the region leader's state read of a key on which it
+-- changed nothing but the refill (see state.lua): the stored bucket stays
+-- as it was, so the next call refills from the stored ts, exactly as if
+-- the read had not happened.
+local TTL
+local function renew_ttls(ttl)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  if LEASES or B.out > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    redis.call('PEXPIRE', KEYS[3], ttl)
+  end
+end
+
 -- save_bucket writes the bucket and sets the keys' TTLs. ttl defaults to
 -- TTL, computed before the script's first write (Redis does not roll a
 -- script back: nothing a write needs may fail after another write).
-local TTL
 local function save_bucket(ttl)
   ttl = ttl or TTL
   if STAMP then
@@ -625,24 +639,7 @@ local function save_bucket(ttl)
   redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f17(B.gr), 'gb', f17(B.gb),
     'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs),
     'dr', i0(B.dr), 'sd', i0(B.sd), 'rm', f17(B.rm))
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  if LEASES or B.out > 0 then
-    redis.call('PEXPIRE', KEYS[2], ttl)
-    redis.call('PEXPIRE', KEYS[3], ttl)
-  end
-end
-
--- keep_bucket renews the keys' TTLs exactly as save_bucket would and
--- writes nothing else: the region leader's state read of a key on which
--- it changed nothing but the refill (see state.lua). The stored bucket
--- stays as it was, so the next call refills from the stored ts, exactly as
--- if the read had not happened.
-local function keep_bucket()
-  redis.call('PEXPIRE', KEYS[1], TTL)
-  if B.out > 0 then
-    redis.call('PEXPIRE', KEYS[2], TTL)
-    redis.call('PEXPIRE', KEYS[3], TTL)
-  end
+  renew_ttls(ttl)
 end
 
 -- Candidates. The region leader reports to the global tier only the keys

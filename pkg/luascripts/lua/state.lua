@@ -14,7 +14,7 @@
 --
 -- A read that reaped nothing (wrote no lease hash or expiry set) and need
 -- not date the data set (STAMP) changed nothing but the refill: it writes
--- no bucket. An existing bucket only has its TTLs renewed (keep_bucket),
+-- no bucket. An existing bucket only has its TTLs renewed (renew_ttls),
 -- as a writing read renews them, so a key the leader keeps reading lives
 -- exactly as long as before; a missing one stays missing. The stored
 -- state is then exactly what it was before the read, so every later call
@@ -26,7 +26,7 @@ reap(REAPMAX)
 if STAMP or LEASES then
   save_bucket()
 elseif not B.missing then
-  keep_bucket()
+  renew_ttls(TTL)
 end
 local ge = B.ge
 if ge <= NOW then ge = 0 end
