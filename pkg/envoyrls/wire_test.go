@@ -150,3 +150,37 @@ func BenchmarkAnswer(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkDecodeAnswer is what reading an answer costs its caller (Envoy,
+// or a Go client such as BenchmarkRLS's load generator): an answer with
+// the rate-limit headers, one without, and the stateless server's bare OK.
+func BenchmarkDecodeAnswer(b *testing.B) {
+	targets := []Target{{Matched: true, Resolved: config.Resolved{ClassName: "read"}}}
+	decisions := []decided{{limit: quota.Limit{Rate: 100, Burst: 200}, cap: 150, remaining: 7, reset: time.Second, cache: &classCounters{class: "read"}}}
+	answer := func(headers bool) []byte {
+		resp, _ := (&Service{headers: headers}).respond(targets, decisions)
+		data, err := proto.Marshal(resp)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return data
+	}
+	bare, err := proto.Marshal(&rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		data []byte
+	}{{"headers", answer(true)}, {"noheaders", answer(false)}, {"stateless", bare}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(c.data)))
+			for range b.N {
+				if err := proto.Unmarshal(c.data, new(rlsv3.RateLimitResponse)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -32,7 +32,7 @@ func memKeys(t *testing.T) int {
 // memLayout is one way of filling a fresh redis-server with n keys.
 type memLayout struct {
 	name string
-	fill func(ctx context.Context, t *testing.T, rdb *redis.Client, n int)
+	fill func(ctx context.Context, t testing.TB, rdb *redis.Client, n int)
 }
 
 // usedMemory reads INFO memory's used_memory (bytes).
@@ -74,8 +74,8 @@ var memInstances = []string{"api-7f9c4d5b8-x2k4q-1.9f3a61c2", "api-7f9c4d5b8-m8t
 
 // memLeases fills n keys, each leased by the first leases instances, then,
 // when release is set, releases every lease again.
-func memLeases(leases int, release bool) func(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
-	return func(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
+func memLeases(leases int, release bool) func(ctx context.Context, t testing.TB, rdb *redis.Client, n int) {
+	return func(ctx context.Context, t testing.TB, rdb *redis.Client, n int) {
 		sc := New()
 		base := uint64(time.Now().UnixMicro())
 		for from := 0; from < n; from += memChunk {
@@ -113,7 +113,7 @@ func memLeases(leases int, release bool) func(ctx context.Context, t *testing.T,
 }
 
 // memStrict fills n keys through the strict path (one check each).
-func memStrict(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
+func memStrict(ctx context.Context, t testing.TB, rdb *redis.Client, n int) {
 	sc := New()
 	for from := 0; from < n; from += memChunk {
 		to := min(from+memChunk, n)
@@ -135,7 +135,7 @@ func memStrict(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
 // memIndex adds n members to the region's candidate set, as the scripts
 // mark a key that needs the global tier (member "tenant|class", score
 // Redis time in µs). Only such keys have an entry: an idle key has none.
-func memIndex(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
+func memIndex(ctx context.Context, t testing.TB, rdb *redis.Client, n int) {
 	now := float64(time.Now().UnixMicro())
 	for from := 0; from < n; from += memChunk {
 		to := min(from+memChunk, n)
@@ -151,7 +151,7 @@ func memIndex(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
 
 // memEnvoy is envoy ratelimit's layout: one string counter per key and
 // window, INCRBY then EXPIRE, named domain_descriptors_windowstart.
-func memEnvoy(ctx context.Context, t *testing.T, rdb *redis.Client, n int) {
+func memEnvoy(ctx context.Context, t testing.TB, rdb *redis.Client, n int) {
 	window := time.Now().Unix() / 60 * 60
 	for from := 0; from < n; from += memChunk {
 		to := min(from+memChunk, n)
@@ -298,4 +298,43 @@ func evalUsecPerCall(ctx context.Context, b *testing.B, rdb *redis.Client) float
 	}
 	b.Fatal("no cmdstat_evalsha in INFO commandstats")
 	return 0
+}
+
+// BenchmarkStateMany: Redis's own time per key of the region leader's
+// batched state read (StateMany, BatchKeys keys per call), on keys of the
+// strict path (a bucket alone) and on keys with two live leases, filled as
+// TestMemoryPerKey fills them. Metric redis-µs/key: INFO commandstats'
+// time per EVALSHA divided by the keys of a call.
+func BenchmarkStateMany(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		fill func(ctx context.Context, t testing.TB, rdb *redis.Client, n int)
+	}{{"strict", memStrict}, {"two-leases", memLeases(2, false)}} {
+		b.Run(c.name, func(b *testing.B) {
+			ctx := context.Background()
+			rdb := redistest.Start(b).Client()
+			sc := New()
+			// A data set trusted to have started full, as TestMemoryPerKey's.
+			if _, err := sc.StampBorn(ctx, rdb, BornKeys(DefaultPrefix, false), true); err != nil {
+				b.Fatal(err)
+			}
+			c.fill(ctx, b, rdb, BatchKeys)
+			items := make([]KeyCommon, BatchKeys)
+			for i := range items {
+				items[i] = KeyCommon{Keys: KeysFor(DefaultPrefix, quota.Key{Tenant: memTenant(i), Class: "write"}), Common: memCommon}
+			}
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for n := 0; n < b.N; n += BatchKeys {
+				for i, r := range sc.StateMany(ctx, rdb, items) {
+					if r.Err != nil {
+						b.Fatalf("state %s: %v", items[i].Keys.Bucket, r.Err)
+					}
+				}
+			}
+			b.ReportMetric(evalUsecPerCall(ctx, b, rdb)/BatchKeys, "redis-µs/key")
+		})
+	}
 }
