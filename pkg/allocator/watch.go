@@ -90,7 +90,10 @@ func (s *Service) Watch(req *sluicev1.WatchRequest, stream grpc.ServerStreamingS
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			// The caller's deadline or cancel ended the stream: say so
+			// (a nil would end it as if it had completed, an EOF at the
+			// caller whenever the server sees the deadline first).
+			return status.FromContextError(ctx.Err()).Err()
 		case <-check.C:
 			if ok, addr := s.leaderAt(time.Now()); !ok {
 				return notLeaderError(addr)
