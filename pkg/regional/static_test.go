@@ -285,6 +285,13 @@ func TestRegionRunsOnItsFloorOnceAnswersStop(t *testing.T) {
 		t.Fatalf("the allocator conferred static_lease_ms %d, want region_lease %v", got, lease)
 	}
 	until := r.stored()
+	for i := 0; until == 0 && i < 20; i++ {
+		// The answer came but storing its lease outlived the round's
+		// deadline on a starved machine (logged; the leader keeps the
+		// lease, and the next answer stores it): report again.
+		r.syncOnce(ctx, r.leader)
+		rep, until = r.tier.lastReport.Load(), r.stored()
+	}
 	if want := int64(rep.GetSeq()) + lease.Microseconds(); until != want {
 		t.Fatalf("stored lease end %d, want send time %d + region_lease = %d", until, rep.GetSeq(), want)
 	}
