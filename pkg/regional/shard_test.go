@@ -113,6 +113,7 @@ type shardRig struct {
 	// watches counts the nudge streams region leaders opened per shard.
 	nudging bool
 	watches map[int]int
+	answers map[string]int // region -> answers it got from any shard
 
 	resharding atomic.Bool
 	phase      atomic.Value // string: what the test is doing, for failures
@@ -135,7 +136,7 @@ type shardRegion struct {
 func newShardRig(t *testing.T, etcd *etcdtest.Server, shards int) *shardRig {
 	r := &shardRig{t: t, src: &liveConfig{}, cli: etcd.Client(t), daemons: map[int][]*allocator.Daemon{},
 		granted: map[int]map[quota.Key]int{}, learning: map[int]int{}, raised: map[int]map[quota.Key]int{}, applied: map[string]map[quota.Key]appliedGrant{},
-		regions: map[string]*shardRegion{}, watches: map[int]int{}}
+		regions: map[string]*shardRegion{}, watches: map[int]int{}, answers: map[string]int{}}
 	r.src.set(shardedConfig(t, shards))
 	return r
 }
@@ -151,6 +152,7 @@ func (r *shardRig) fail(format string, args ...any) {
 func (r *shardRig) answered(shard int, region string, g *sluicev1.RegionGrants) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.answers[region]++
 	if g.GetLearning() {
 		r.learning[shard]++
 	}
@@ -391,16 +393,30 @@ func (r *shardRig) grantedBy(shard int, k quota.Key) int {
 	return r.granted[shard][k]
 }
 
+// waitFor polls cond until it holds. Liveness is judged on the rounds the
+// system ran, not on the wall clock alone: the wait fails once limit has
+// passed and eu has had as many answers since the wait began as a region
+// that keeps up gets in limit (one per epoch), or at 10 × limit whatever
+// ran (a machine too starved to run rounds at all).
 func (r *shardRig) waitFor(what string, limit time.Duration, cond func() bool) {
 	r.t.Helper()
-	for deadline := time.Now().Add(limit); !cond(); {
+	rounds := int(limit / time.Duration(r.src.Current().Epoch))
+	from := r.answersTo("eu")
+	start := time.Now()
+	for !cond() {
 		r.check()
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%s: not within %v", what, limit)
+		if waited := time.Since(start); waited > limit && (r.answersTo("eu")-from >= rounds || waited > 10*limit) {
+			r.t.Fatalf("%s: not within %v (eu answered %d times, %d rounds' worth)", what, waited.Round(time.Millisecond), r.answersTo("eu")-from, rounds)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
 	r.check()
+}
+
+func (r *shardRig) answersTo(region string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.answers[region]
 }
 
 // TestShardedGlobalTier: three allocator shards on real embedded etcd and
