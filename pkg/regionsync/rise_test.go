@@ -1,6 +1,9 @@
 package regionsync
 
 import (
+	"fmt"
+	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -53,5 +56,69 @@ func TestRisenWatchesContendedKeysOnly(t *testing.T) {
 	l.Elected()
 	if len(l.Watched()) != 0 {
 		t.Fatal("a new leadership watches keys it never reported")
+	}
+}
+
+// TestWatchedAtHalfTheShareAndBounded: a key is watched from exactly half
+// the region's static share of demand (a hair below is not), and at most
+// MaxWatched keys are watched, the first of the report's order.
+func TestWatchedAtHalfTheShareAndBounded(t *testing.T) {
+	now := int64(1_700_000_000_000_000)
+	at := func(k quota.Key, demand float64) KeyRead {
+		return KeyRead{Key: k, StaticRate: 300, State: luascripts.State{Rate: 300, Cap: 300, LeaseDemand: demand, NowUS: now}}
+	}
+	half := quota.Key{Tenant: "acme", Class: "write"}
+	below := quota.Key{Tenant: "globex", Class: "write"}
+	third := quota.Key{Tenant: "initech", Class: "write"}
+	l := NewLeader()
+	l.Report("ap", now, time.Second, Epoch, []KeyRead{at(half, 150), at(below, math.Nextafter(150, 0)), at(third, 100)})
+	if got := l.Watched(); !slices.Equal(got, []quota.Key{half}) {
+		t.Fatalf("watched %v, want only %v (demand exactly half the share)", got, half)
+	}
+	reads := make([]KeyRead, MaxWatched+10)
+	for i := range reads {
+		reads[i] = at(quota.Key{Tenant: fmt.Sprintf("t%04d", i), Class: "write"}, 1000)
+	}
+	l.Report("ap", now+1_000_000, time.Second, Epoch, reads)
+	got := l.Watched()
+	if len(got) != MaxWatched || got[0] != reads[0].Key || got[MaxWatched-1] != reads[MaxWatched-1].Key {
+		t.Fatalf("watched %d keys (%v … ), want the first %d", len(got), got[:min(len(got), 2)], MaxWatched)
+	}
+}
+
+// TestRisenAtItsThresholds: a rise must exceed both the rate held and
+// the demand last reported by more than a tenth of the static share and
+// by more than three standard deviations of a Poisson count over half an
+// epoch (3·√(d/(epoch/2))); exactly at either threshold is no rise.
+func TestRisenAtItsThresholds(t *testing.T) {
+	k := quota.Key{Tenant: "acme", Class: "write"}
+	now := int64(1_700_000_000_000_000)
+	const epoch = time.Second // half an epoch: 0.5 s
+	for _, c := range []struct {
+		name                      string
+		static, reported, rate, d float64
+		want                      bool
+	}{
+		// A tenth of the share (1000) is above the noise (3·√2000 ≈ 134).
+		{"exactly a tenth of the share above", 10_000, 0, 0, 1000, false},
+		{"just over a tenth of the share above", 10_000, 0, 0, 1001, true},
+		{"a tenth above the rate held", 10_000, 0, 500, 1500, false},
+		{"over a tenth above the rate held", 10_000, 0, 500, 1501, true},
+		{"a tenth above what was reported", 10_000, 500, 0, 1500, false},
+		{"over a tenth above what was reported", 10_000, 500, 0, 1501, true},
+		// The noise (3·√(200/0.5) = 60) is above a tenth of the share (10).
+		{"exactly the noise above", 100, 140, 0, 200, false},
+		{"just over the noise above", 100, 139, 0, 200, true},
+		{"over the noise above the rate but not the report", 100, 140, 139, 200, false},
+	} {
+		l := NewLeader()
+		l.Report("ap", now, epoch, Epoch, []KeyRead{{Key: k, StaticRate: c.static,
+			State: luascripts.State{Rate: c.rate, Cap: c.rate, LeaseDemand: c.reported, GrantExpiryUS: now + 5_000_000, NowUS: now}}})
+		read := KeyRead{Key: k, StaticRate: c.static,
+			State: luascripts.State{Rate: c.rate, Cap: c.rate, LeaseDemand: c.d, GrantExpiryUS: now + 5_000_000, NowUS: now + 100_000}}
+		if got := l.Risen(epoch, []KeyRead{read}); got != c.want {
+			t.Errorf("%s: demand %v against reported %v and rate %v (share %v): risen %v, want %v",
+				c.name, c.d, c.reported, c.rate, c.static, got, c.want)
+		}
 	}
 }

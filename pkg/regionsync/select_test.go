@@ -1,6 +1,7 @@
 package regionsync
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -151,5 +152,67 @@ func TestCandidateTimes(t *testing.T) {
 	}
 	if got := MarkEvery(time.Millisecond); got != time.Millisecond {
 		t.Fatalf("MarkEvery(1ms) = %v", got)
+	}
+}
+
+// TestSelectionAtTheLowShare: demand of exactly LowShare of the static
+// share keeps a key selected, a hair below it does not, and any demand
+// counts on a share below one token per second (only no demand at all is
+// low there); a valid grant keeps an idle key whatever its share.
+func TestSelectionAtTheLowShare(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		static, demand float64
+		granted        bool
+		stays          bool
+	}{
+		{"exactly a quarter", 100, 25, false, true},
+		{"a hair below a quarter", 100, math.Nextafter(25, 0), false, false},
+		{"half a token on a share of one", 1, 0.5, false, true},
+		{"a thousandth of a token on a share of a thousandth", 0.001, 0.001, false, true},
+		{"an idle granted key on a share of 0", 0, 0, true, true},
+	} {
+		l := NewLeader()
+		now := int64(1_000_000)
+		for range LowEpochs {
+			now += 1_000_000
+			st := luascripts.State{LeaseDemand: c.demand, NowUS: now}
+			if c.granted {
+				st.GrantExpiryUS = now + 1
+			}
+			l.Report("eu", now, time.Second, Epoch, []KeyRead{{Key: keyA, StaticRate: c.static, State: st}})
+		}
+		if got := l.Selected() == 1; got != c.stays {
+			t.Errorf("%s: selected after %d epoch reports %v, want %v", c.name, LowEpochs, got, c.stays)
+		}
+	}
+}
+
+// TestSelectOrdersByTenantThenClass: the keys to read come in tenant
+// order, class breaking ties only between equal tenants, whatever order
+// the candidates and the selected keys came in.
+func TestSelectOrdersByTenantThenClass(t *testing.T) {
+	want := []quota.Key{
+		{Tenant: "acme", Class: "read"}, {Tenant: "acme", Class: "write"},
+		{Tenant: "beta", Class: "alpha"}, {Tenant: "beta", Class: "read"}, {Tenant: "gamma", Class: "a"},
+	}
+	for rot := range want {
+		cands := append(slices.Clone(want[rot:]), want[:rot]...)
+		rev := slices.Clone(cands)
+		slices.Reverse(rev)
+		for _, in := range [][]quota.Key{cands, rev} {
+			if got := NewLeader().Select(in); !slices.Equal(got, want) {
+				t.Errorf("Select(%v) = %v, want %v", in, got, want)
+			}
+		}
+	}
+	// Selected before (reported) and new candidates mix in the same order.
+	l := NewLeader()
+	l.Report("eu", 1_000_000, time.Second, Epoch, []KeyRead{
+		{Key: want[1], StaticRate: 10, State: luascripts.State{LeaseDemand: 9, NowUS: 1_000_000}},
+		{Key: want[4], StaticRate: 10, State: luascripts.State{LeaseDemand: 9, NowUS: 1_000_000}},
+	})
+	if got := l.Select([]quota.Key{want[3], want[0], want[2], want[1]}); !slices.Equal(got, want) {
+		t.Errorf("Select with %v selected = %v, want %v", []quota.Key{want[1], want[4]}, got, want)
 	}
 }
