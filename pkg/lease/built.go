@@ -24,3 +24,16 @@ func (t *Table) at(now time.Time) time.Duration {
 	t.zeroOnce.Do(func() { t.zero = now })
 	return now.Sub(t.zero)
 }
+
+// instant is now as keyInfo stores it (see at).
+func (t *Table) instant(now time.Time) instant { return instant(t.at(now)) }
+
+// timeOf is the time an instant was made of (time.Time{} for never). Its
+// wall reading is the table's zero's plus the instant, so it equals the
+// original's where the two clocks agree.
+func (t *Table) timeOf(i instant) time.Time {
+	if i == never {
+		return time.Time{}
+	}
+	return t.zero.Add(time.Duration(i))
+}

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 
@@ -15,31 +16,99 @@ import (
 // may linger in the snapshot until the next publish; readers check
 // entry.removed and fall back to lookupFresh. Safe for concurrent use.
 type keyMap struct {
-	read atomic.Pointer[map[quota.Key]*entry] // never mutated once stored
+	read atomic.Pointer[keyIndex] // never mutated once stored
+	seed [2]maphash.Seed          // of the tenant's and the class's hash
 
 	mu     sync.Mutex
-	dirty  map[quota.Key]*entry // guarded by mu; nil when read is current
-	misses int                  // guarded by mu
-	peak   shrink.Peak          // guarded by mu: dirty's high-water mark
+	dirty  *keyIndex   // guarded by mu; nil when read is current
+	misses int         // guarded by mu
+	peak   shrink.Peak // guarded by mu: dirty's high-water mark
+}
+
+// keyIndex finds an entry by its key's 64-bit hash and compares the key
+// the entry holds, so each key is stored once, in its entry: a slot costs
+// the hash and a pointer instead of the key's two string headers and a
+// pointer. A key whose hash another key holds (about never with 64 bits
+// and a random seed) is kept in clash.
+type keyIndex struct {
+	byHash map[uint64]*entry
+	clash  map[quota.Key]*entry // nil while empty
+}
+
+func (x *keyIndex) get(h uint64, k quota.Key) *entry {
+	if e := x.byHash[h]; e != nil && e.key == k {
+		return e
+	}
+	if x.clash == nil {
+		return nil
+	}
+	return x.clash[k]
+}
+
+// put stores e, whose key is not in x, under its key's hash h.
+func (x *keyIndex) put(h uint64, e *entry) {
+	if x.byHash[h] == nil {
+		x.byHash[h] = e
+		return
+	}
+	if x.clash == nil {
+		x.clash = map[quota.Key]*entry{}
+	}
+	x.clash[e.key] = e
+}
+
+// del removes e, stored under its key's hash h.
+func (x *keyIndex) del(h uint64, e *entry) {
+	if x.byHash[h] == e {
+		delete(x.byHash, h)
+		return
+	}
+	if x.clash != nil {
+		delete(x.clash, e.key)
+		if len(x.clash) == 0 {
+			x.clash = nil
+		}
+	}
+}
+
+func (x *keyIndex) len() int { return len(x.byHash) + len(x.clash) }
+
+// clone is a copy of x with room for one more key.
+func (x *keyIndex) clone() *keyIndex {
+	c := &keyIndex{byHash: make(map[uint64]*entry, len(x.byHash)+1)}
+	for h, e := range x.byHash {
+		c.byHash[h] = e
+	}
+	if x.clash != nil {
+		c.clash = make(map[quota.Key]*entry, len(x.clash))
+		for k, e := range x.clash {
+			c.clash[k] = e
+		}
+	}
+	return c
+}
+
+func (m *keyMap) hash(k quota.Key) uint64 {
+	return maphash.String(m.seed[0], k.Tenant) ^ maphash.String(m.seed[1], k.Class)
 }
 
 func newKeyMap() *keyMap {
-	m := &keyMap{}
-	empty := map[quota.Key]*entry{}
-	m.read.Store(&empty)
+	m := &keyMap{seed: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
+	m.read.Store(&keyIndex{byHash: map[uint64]*entry{}})
 	return m
 }
 
 // load is the hot-path lookup: no locks, no allocation. It may return an
 // entry that was removed since the snapshot was published.
 func (m *keyMap) load(k quota.Key) *entry {
-	return (*m.read.Load())[k]
+	return m.read.Load().get(m.hash(k), k)
 }
 
 // lookupFresh returns the current entry for k, consulting the private copy
 // when the snapshot is stale. Counts a miss towards the next publish.
 func (m *keyMap) lookupFresh(k quota.Key) *entry {
-	if e := m.load(k); e != nil && !e.removed.Load() {
+	h := m.hash(k)
+	if e := m.read.Load().get(h, k); e != nil && !e.removed.Load() {
 		return e
 	}
 	m.mu.Lock()
@@ -47,39 +116,45 @@ func (m *keyMap) lookupFresh(k quota.Key) *entry {
 	if m.dirty == nil {
 		return nil
 	}
-	e := m.dirty[k]
+	e := m.dirty.get(h, k)
 	m.misses++
-	if m.misses >= len(m.dirty) {
+	if m.misses >= m.dirty.len() {
 		m.publishLocked()
 	}
 	return e
 }
 
 // loadOrStore returns the current entry for k, or stores and returns
-// fresh() when there is none. fresh runs under the map lock.
+// fresh() (an entry whose key is k) when there is none. fresh runs under
+// the map lock.
 func (m *keyMap) loadOrStore(k quota.Key, fresh func() *entry) (e *entry, created bool) {
+	h := m.hash(k)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	cur := m.currentLocked()
-	if e := cur[k]; e != nil && !e.removed.Load() {
+	if e := cur.get(h, k); e != nil && !e.removed.Load() {
 		return e, false
 	}
 	m.ensureDirtyLocked()
+	if old := m.dirty.get(h, k); old != nil {
+		m.dirty.del(h, old) // removed: replaced
+	}
 	e = fresh()
-	m.dirty[k] = e
-	m.peak.Note(len(m.dirty))
+	m.dirty.put(h, e)
+	m.peak.Note(m.dirty.len())
 	return e, true
 }
 
 // delete removes k if it still maps to e.
 func (m *keyMap) delete(k quota.Key, e *entry) {
+	h := m.hash(k)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.currentLocked()[k] != e {
+	if m.currentLocked().get(h, k) != e {
 		return
 	}
 	m.ensureDirtyLocked()
-	delete(m.dirty, k)
+	m.dirty.del(h, e)
 }
 
 // publish makes every change visible to load; used after removing a batch
@@ -97,8 +172,11 @@ func (m *keyMap) entries() []*entry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	cur := m.currentLocked()
-	out := make([]*entry, 0, len(cur))
-	for _, e := range cur {
+	out := make([]*entry, 0, cur.len())
+	for _, e := range cur.byHash {
+		out = append(out, e)
+	}
+	for _, e := range cur.clash {
 		out = append(out, e)
 	}
 	return out
@@ -107,34 +185,30 @@ func (m *keyMap) entries() []*entry {
 func (m *keyMap) len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.currentLocked())
+	return m.currentLocked().len()
 }
 
-func (m *keyMap) currentLocked() map[quota.Key]*entry {
+func (m *keyMap) currentLocked() *keyIndex {
 	if m.dirty != nil {
 		return m.dirty
 	}
-	return *m.read.Load()
+	return m.read.Load()
 }
 
 func (m *keyMap) ensureDirtyLocked() {
 	if m.dirty != nil {
 		return
 	}
-	src := *m.read.Load()
-	m.dirty = make(map[quota.Key]*entry, len(src)+1)
-	for k, e := range src {
-		m.dirty[k] = e
-	}
-	m.peak.Reset(len(m.dirty))
+	m.dirty = m.read.Load().clone()
+	m.peak.Reset(m.dirty.len())
 }
 
 // publishLocked publishes dirty, right-sized if most of its keys were
 // removed since it was made (Go maps never shrink), so the room of
 // forgotten keys is given back.
 func (m *keyMap) publishLocked() {
-	d := shrink.Map(m.dirty, &m.peak)
-	m.read.Store(&d)
+	m.dirty.byHash = shrink.Map(m.dirty.byHash, &m.peak)
+	m.read.Store(m.dirty)
 	m.dirty = nil
 	m.misses = 0
 }

@@ -67,3 +67,32 @@ func TestKeyMapConcurrent(t *testing.T) {
 		t.Fatal("stale delete removed the fresh entry")
 	}
 }
+
+// Keys whose hashes are equal are told apart by the keys their entries
+// hold: each is found, and removing one leaves the other.
+func TestKeyIndexSharedHash(t *testing.T) {
+	const h = 42
+	a := &entry{key: quota.Key{Tenant: "a", Class: "c"}}
+	b := &entry{key: quota.Key{Tenant: "b", Class: "c"}}
+	c := quota.Key{Tenant: "c", Class: "c"}
+	x := &keyIndex{byHash: map[uint64]*entry{}}
+	x.put(h, a)
+	x.put(h, b)
+	if x.len() != 2 || x.get(h, a.key) != a || x.get(h, b.key) != b || x.get(h, c) != nil {
+		t.Fatalf("after two keys under one hash: len %d, a %v, b %v, c %v", x.len(), x.get(h, a.key), x.get(h, b.key), x.get(h, c))
+	}
+	y := x.clone()
+	x.del(h, a)
+	if x.len() != 1 || x.get(h, a.key) != nil || x.get(h, b.key) != b {
+		t.Fatalf("after removing the first: len %d, a %v, b %v", x.len(), x.get(h, a.key), x.get(h, b.key))
+	}
+	x.put(h, a)
+	x.del(h, b)
+	x.del(h, a)
+	if x.len() != 0 || x.clash != nil {
+		t.Fatalf("after removing both: len %d, clash %v", x.len(), x.clash)
+	}
+	if y.len() != 2 || y.get(h, a.key) != a || y.get(h, b.key) != b {
+		t.Fatal("a copy changed with its original")
+	}
+}

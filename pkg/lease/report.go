@@ -3,6 +3,7 @@ package lease
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -68,7 +69,7 @@ func (t *Table) newReportLocked(now time.Time, e *entry, want, minBatch int64, w
 		e.lease = seq
 	}
 	if withReturn {
-		e.returnedTotal += e.toReturn
+		e.returned += e.toReturn
 		e.toReturn = 0
 	}
 	used, denied, returned := e.totalsLocked()
@@ -89,7 +90,11 @@ func (t *Table) newReportLocked(now time.Time, e *entry, want, minBatch int64, w
 
 // totalsLocked is the current lease's used, denied and returned totals.
 func (e *entry) totalsLocked() (used, denied, returned int64) {
-	return e.spentLocked() - e.base[0], e.deniedTokens.Load() - e.base[1], e.returnedTotal - e.base[2]
+	denied = e.deniedTokens()
+	if r := e.rare.Load(); r != nil {
+		denied -= r.baseDenied
+	}
+	return e.spentLocked() - e.baseSpent, denied, e.returned
 }
 
 // newLeaseLocked forgets the key's lease: the pool is emptied and its
@@ -104,17 +109,34 @@ func (e *entry) newLeaseLocked() {
 	e.lease = 0
 	e.rebase = false
 	e.own().hasLease, e.own().checkClock = false, false
-	e.own().negUntil = time.Time{}
-	e.base[0], e.base[1], e.base[2] = e.spentLocked(), e.deniedTokens.Load(), e.returnedTotal
+	e.own().negUntil = never
+	e.baseSpent, e.returned = e.spentLocked(), 0
+	if r := e.rare.Load(); r != nil {
+		r.baseDenied = r.denied.Load()
+	}
 	e.publishLocked()
 }
 
-func (e *entry) beginLocked() { e.inflight = make(chan struct{}) }
+func (e *entry) beginLocked() { e.inflight = true }
+
+// doneLocked is the channel closed when the report in flight ends, made
+// for the first who waits for it.
+func (e *entry) doneLocked() <-chan struct{} {
+	r := e.rareFor()
+	if r.done == nil {
+		r.done = make(chan struct{})
+	}
+	return r.done
+}
 
 func (e *entry) finishLocked() {
-	if e.inflight != nil {
-		close(e.inflight)
-		e.inflight = nil
+	if !e.inflight {
+		return
+	}
+	e.inflight = false
+	if r := e.rare.Load(); r != nil && r.done != nil {
+		close(r.done)
+		r.done = nil
 	}
 }
 
@@ -164,7 +186,7 @@ func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 	forgot := false
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
-		if e.removed.Load() || e.inflight != nil {
+		if e.removed.Load() || e.inflight {
 			e.mu.Unlock()
 			continue
 		}
@@ -213,15 +235,15 @@ func (t *Table) PrepareRefill(now time.Time) *Batch {
 	var b *Batch
 	for _, e := range t.keys.entries() {
 		in := e.info.Load()
-		if in.mode != ModeLease || !in.hasLease || e.tokens() > in.lowWater || now.Before(in.negUntil) {
+		if in.mode != ModeLease || !in.hasLease || e.tokens() > int64(in.lowWater) || t.instant(now) < in.negUntil {
 			continue
 		}
 		e.mu.Lock()
-		if e.removed.Load() || e.inflight != nil || !e.view().hasLease || e.tokens() > e.view().lowWater {
+		if e.removed.Load() || e.inflight || !e.view().hasLease || e.tokens() > int64(e.view().lowWater) {
 			e.mu.Unlock()
 			continue
 		}
-		if e.tokens() > e.view().usualWater && !t.drainsRegion(e.view(), t.windowRateLocked(now, e)) {
+		if e.tokens() > int64(e.view().usualWater) && !t.drainsRegion(e.view(), t.windowRateLocked(now, e)) {
 			// An early report for a region held at its cap, but the
 			// demand since the batch came says this instance does not
 			// drain the region: its refill is not what requests wait for.
@@ -262,8 +284,8 @@ func (t *Table) PrepareAcquire(now time.Time, key quota.Key, cost int64) (b *Bat
 	if e.removed.Load() || t.closed.Load() {
 		return nil, nil
 	}
-	if e.inflight != nil {
-		return nil, e.inflight
+	if e.inflight {
+		return nil, e.doneLocked()
 	}
 	t.expireLocked(now, e)
 	r := e.pending
@@ -287,7 +309,7 @@ func (t *Table) PreparePending(now time.Time) *Batch {
 	var b *Batch
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
-		if e.pending != nil && e.inflight == nil && !e.removed.Load() {
+		if e.pending != nil && !e.inflight && !e.removed.Load() {
 			if b == nil {
 				b = &Batch{sentAt: now}
 			}
@@ -306,8 +328,8 @@ func (t *Table) InFlight() []<-chan struct{} {
 	var out []<-chan struct{}
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
-		if e.inflight != nil {
-			out = append(out, e.inflight)
+		if e.inflight {
+			out = append(out, e.doneLocked())
 		}
 		e.mu.Unlock()
 	}
@@ -335,7 +357,7 @@ func (t *Table) PrepareRelease(now time.Time) *Batch {
 	var b *Batch
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
-		if e.inflight != nil {
+		if e.inflight {
 			e.mu.Unlock()
 			continue
 		}
@@ -377,7 +399,7 @@ func (t *Table) PrepareRebase(now time.Time) *Batch {
 		e.mu.Lock()
 		switch {
 		case e.removed.Load():
-		case e.inflight != nil:
+		case e.inflight:
 			e.rebase = true
 		default:
 			if r := t.finalReportLocked(now, e); r != nil {
@@ -459,8 +481,8 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 		e.own().hasLease, e.own().checkClock = false, false
 	} else if g.TtlMs > 0 {
 		ttl := time.Duration(g.TtlMs) * time.Millisecond
-		if d := sentAt.Add(ttl); d.After(now) {
-			if !e.view().hasLease || d.After(e.view().deadline) {
+		if d := t.instant(sentAt.Add(ttl)); d > t.instant(now) {
+			if !e.view().hasLease || d > e.view().deadline {
 				e.own().deadline = d
 			}
 			e.own().hasLease = true
@@ -469,7 +491,7 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	}
 	switch {
 	case g.Granted > 0:
-		e.own().negUntil, e.own().negNeed = time.Time{}, 0
+		e.own().negUntil, e.own().negNeed = never, 0
 	case r.Want > 0 && g.RetryAfterMs != 0:
 		wait := time.Duration(g.RetryAfterMs) * time.Millisecond
 		e.own().negNeed = 0
@@ -478,17 +500,17 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 			// cap, or its rate is zero): requests needing min are denied
 			// with RetryNever; ask again next refresh, in case the cap grew.
 			wait = t.opts.Refresh
-			e.own().negNeed = max(r.Min, 1)
+			e.own().negNeed = int32(min(max(r.Min, 1), quota.MaxWant))
 		}
-		e.own().negUntil = now.Add(wait)
+		e.own().negUntil = t.instant(now.Add(wait))
 	}
 	target := t.targetFor(e.view(), e.sizingRate)
-	e.own().lowWater = t.lowWaterFor(e.sizingRate, target)
+	e.own().lowWater = clampWater(t.lowWaterFor(e.sizingRate, target))
 	e.own().usualWater = e.view().lowWater
 	if g.Granted > 0 && !dead && e.view().hasLease {
-		e.own().lowWater = max(e.view().lowWater, t.capHeldWater(e.view(), e.tokens()+g.Granted, g.Remaining))
+		e.own().lowWater = max(e.view().lowWater, clampWater(t.capHeldWater(e.view(), e.tokens()+g.Granted, g.Remaining)))
 	}
-	e.own().checkClock = e.view().hasLease && e.view().deadline.Sub(t.ownerHorizon(now)) < e.guard
+	e.own().checkClock = e.view().hasLease && time.Duration(e.view().deadline-t.ownerHorizon(now)) < e.guard
 	// Publish the deadline before the tokens it covers.
 	e.publishLocked()
 	if g.Granted > 0 {
@@ -510,7 +532,7 @@ func (t *Table) learnLocked(now time.Time, e *entry, g *sluicev1.Grant) {
 	}
 	e.own().shadow = g.Shadow
 	if g.Tier != "" {
-		e.own().tier = g.Tier
+		e.own().setTier(g.Tier)
 	}
 	if g.Limit > 0 {
 		e.own().limit = g.Limit
@@ -519,7 +541,7 @@ func (t *Table) learnLocked(now time.Time, e *entry, g *sluicev1.Grant) {
 		e.own().regionRate, e.own().regionBurst = g.RegionRate, g.RegionBurst
 	}
 	if g.LiveInstances > 0 {
-		e.own().live = g.LiveInstances
+		e.own().live = int32(min(g.LiveInstances, math.MaxInt32))
 	}
 	e.own().resetAt = now.Add(time.Duration(max(0, g.ResetMs)) * time.Millisecond)
 	e.own().regionLeft = max(0, g.Remaining)
@@ -569,7 +591,7 @@ func (t *Table) Forget(key quota.Key) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.inflight != nil || e.granted || e.tokens() != 0 {
+	if e.inflight || e.granted || e.tokens() != 0 {
 		return
 	}
 	t.removeLocked(e)
@@ -579,7 +601,7 @@ func (t *Table) Forget(key quota.Key) {
 // the pool is emptied (those tokens go back in the next report; the region
 // caps what it takes back at what the lease still shows unspent).
 func (t *Table) expireLocked(now time.Time, e *entry) {
-	if !e.view().hasLease || now.Before(e.view().deadline) {
+	if !e.view().hasLease || t.instant(now) < e.view().deadline {
 		return
 	}
 	e.toReturn += e.drainLocked(maxPool)
@@ -603,11 +625,11 @@ func (t *Table) Expire(now time.Time) time.Time { return t.ExpireFor(now, 0) }
 // compares with the lease TTL, the clock-free hot path never serves a key
 // past its deadline while the owner is blocked.
 func (t *Table) ExpireFor(now time.Time, busy time.Duration) time.Time {
-	horizon := now.Add(max(busy, 0))
-	t.ownerDue.Store(horizon.UnixNano())
-	var next time.Time
-	earliest := func(at time.Time) {
-		if next.IsZero() || at.Before(next) {
+	horizon := t.instant(now.Add(max(busy, 0)))
+	t.ownerDue.Store(int64(horizon))
+	next := never
+	earliest := func(at instant) {
+		if next == never || at < next {
 			next = at
 		}
 	}
@@ -616,7 +638,7 @@ func (t *Table) ExpireFor(now time.Time, busy time.Duration) time.Time {
 		t.expireLocked(now, e)
 		if e.view().hasLease {
 			if !e.view().checkClock {
-				if w := e.view().deadline.Add(-e.guard); horizon.Before(w) {
+				if w := e.view().deadline - instant(e.guard); horizon < w {
 					earliest(w)
 				} else {
 					e.own().checkClock = true
@@ -629,5 +651,5 @@ func (t *Table) ExpireFor(now time.Time, busy time.Duration) time.Time {
 		}
 		e.mu.Unlock()
 	}
-	return next
+	return t.timeOf(next)
 }

@@ -26,7 +26,7 @@ const unknownTier = "unknown"
 // foldLocked adds e's counts since its last fold to the totals. Caller
 // holds statsMu.
 func (t *Table) foldLocked(e *entry) {
-	tier := e.info.Load().tier
+	tier := e.info.Load().tierName()
 	if tier == "" {
 		tier = unknownTier
 	}
@@ -45,7 +45,7 @@ func (t *Table) foldLocked(e *entry) {
 	adm := uint32(e.word.Load() >> 32)
 	add(slot(ResultAllowed, false), uint64(adm-e.foldedAdmitted))
 	e.foldedAdmitted = adm
-	if c := e.counts.Load(); c != nil {
+	if c := e.rare.Load(); c != nil {
 		for i := range c.results {
 			v := c.results[i].Load()
 			add(i, v-c.folded[i])

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unique"
 
 	"golang.org/x/time/rate"
 
@@ -36,7 +37,7 @@ type Table struct {
 	seq          atomic.Uint64 // last seq handed out
 	degradedKeys atomic.Int64
 	closed       atomic.Bool
-	ownerDue     atomic.Int64 // ns since 1970: the owner calls Expire again by then (see ExpireFor)
+	ownerDue     atomic.Int64 // an instant (Table.at): the owner calls Expire again by then (see ExpireFor)
 
 	mu  sync.Mutex
 	rtt time.Duration // guarded by mu: smoothed round trip of lease RPCs
@@ -51,18 +52,48 @@ type Table struct {
 	totals  map[statsLabels]*[resultSlots]uint64 // guarded by statsMu
 }
 
+// instant is a time as the table stores it per key: nanoseconds since
+// the table's zero (see Table.at), 8 bytes instead of a time.Time's 24.
+// The difference of two is the difference of the instants they were made
+// of, on the monotonic clock when both readings carry it.
+type instant int64
+
+// never is the instant no time is before (none set).
+const never instant = math.MinInt64
+
 // keyInfo is what one key's hot path reads: an immutable snapshot published
-// by the owner side whenever it changes.
+// by the owner side whenever it changes. Every held key has one, so its
+// fields are packed (see TestMemoryPerHeldKey).
 type keyInfo struct {
 	mode      Mode
 	onFailure Policy
 	shadow    bool
-	tier      string
-	limit     int64 // configured global burst; 0 until learned
+	// capKnown: cap is valid (see regionLeft).
+	capKnown bool
+	hasLease bool
+	// checkClock is set once the deadline is near: from then on the hot
+	// path is not allowed to skip reading the clock (see doc.go).
+	checkClock bool
+	// usualWater is the low-water mark sizing alone sets (at most
+	// quota.MaxWant); lowWater is above it while the region's bucket is
+	// held at its cap by this instance's unreported spending
+	// (capHeldWater).
+	usualWater int32
+	// negNeed, while negUntil holds, is the need (tokens beyond the pool,
+	// a report's min: at most quota.MaxWant) the region answered "never"
+	// (-1) for: a request needing at least as much is denied with
+	// RetryNever. 0: the region named a wait.
+	negNeed int32
+	// lowWater is at most maxPool: a pool never holds more, so a higher
+	// mark would act the same.
+	lowWater int32
+	live     int32 // learned from the last grant, at most math.MaxInt32
+
+	tier  unique.Handle[string] // zero: not learned yet (see tierName)
+	limit int64                 // configured global burst; 0 until learned
 	// Learned from the last grant.
 	regionRate  float64
 	regionBurst float64
-	live        int64
 	resetAt     time.Time
 	// regionLeft is the tokens the region's bucket held at its last
 	// answer; cap is the region's burst cap for the key in whole tokens,
@@ -71,29 +102,35 @@ type keyInfo struct {
 	// Decision.Cap what this caller can expect (see expected).
 	regionLeft int64
 	cap        int64
-	capKnown   bool
 
-	hasLease bool
-	// checkClock is set once the deadline is near: from then on the hot
-	// path is not allowed to skip reading the clock (see doc.go).
-	checkClock bool
-	deadline   time.Time // no token of the lease may be spent at or after it
-	lowWater   int64
-	// usualWater is the low-water mark sizing alone sets; lowWater is
-	// above it while the region's bucket is held at its cap by this
-	// instance's unreported spending (capHeldWater).
-	usualWater int64
-	negUntil   time.Time // no synchronous acquire before this
-	// negNeed, while negUntil holds, is the need (tokens beyond the pool)
-	// the region answered "never" (-1) for: a request needing at least as
-	// much is denied with RetryNever. 0: the region named a wait.
-	negNeed int64
+	deadline instant // no token of the lease may be spent at or after it
+	negUntil instant // no synchronous acquire before this (never: none)
 }
+
+// tierName is the key's tier as the region named it ("" until then).
+func (in *keyInfo) tierName() string {
+	if in.tier == (unique.Handle[string]{}) {
+		return ""
+	}
+	return in.tier.Value()
+}
+
+// setTier names the key's tier; tier names are interned, so keys of one
+// tier share one copy.
+func (in *keyInfo) setTier(tier string) {
+	if tier != in.tierName() {
+		in.tier = unique.Make(tier)
+	}
+}
+
+// clampWater is a low-water mark as keyInfo stores it: at most maxPool.
+func clampWater(w int64) int32 { return int32(min(w, maxPool)) }
 
 // entry is one key. The pool word and info are read and written without
 // locks; everything else belongs to the owner side and is guarded by mu.
-// Fields are ordered so that small ones share words: every held key pays
-// for the padding (see TestMemoryPerHeldKey).
+// Every held key has one: what only the paths other than the lease's
+// admissions need is in rare, made on first use, and fields are ordered so
+// that small ones share words (see TestMemoryPerHeldKey).
 type entry struct {
 	word    atomic.Uint64 // tokens (low 32 bits) | admitted requests (high 32 bits)
 	info    atomic.Pointer[keyInfo]
@@ -101,56 +138,84 @@ type entry struct {
 
 	foldedAdmitted uint32 // guarded by Table.statsMu
 
-	key quota.Key
+	key  quota.Key
+	rare atomic.Pointer[rare] // nil until the key's first decision or wait the lease path does not cover
 
-	// Cumulative counters written by slow paths.
-	deniedTokens   atomic.Int64 // denied by the lease path (reported as denied)
-	degradedTokens atomic.Int64 // asked of the on_failure policy
-	checkTokens    atomic.Int64 // asked of the strict path
-	counts         atomic.Pointer[counts]
+	mu       sync.Mutex
+	rebase   bool // guarded by mu: start a new lease when the report in flight ends
+	granted  bool // guarded by mu: the region holds a lease record for us
+	haveRate bool // guarded by mu
+	degraded bool // guarded by mu
+	inflight bool // guarded by mu: a report is in flight (see rare.done)
 
-	mu            sync.Mutex
-	rebase        bool                // guarded by mu: start a new lease when the report in flight ends
-	granted       bool                // guarded by mu: the region holds a lease record for us
-	haveRate      bool                // guarded by mu
-	degraded      bool                // guarded by mu
-	draft         *keyInfo            // guarded by mu: the owner's changes to info not yet published (nil: none)
-	credited      int64               // guarded by mu: tokens ever put in the pool
-	drained       int64               // guarded by mu: tokens ever taken out unspent
-	returnedTotal int64               // guarded by mu: tokens ever handed back in a report
-	toReturn      int64               // guarded by mu: removed from the pool, not yet reported
-	lease         uint64              // guarded by mu: the seq of the current lease's first report (0: none yet)
-	base          [3]int64            // guarded by mu: spent, denied, returned totals when the lease began
-	pending       *sluicev1.KeyReport // guarded by mu: sent, not acknowledged
-	inflight      chan struct{}       // guarded by mu: closed when the report in flight ends
-	guard         time.Duration       // guarded by mu: checkClock is set this long before deadline
-	rate          float64             // guarded by mu: EWMA of demand, tokens/s
-	sizingRate    float64             // guarded by mu: rate the last batch was sized with
-	sampleAt      time.Duration       // guarded by mu: start of the current demand window (Table.at)
-	sampleDemand  int64               // guarded by mu: demand at sampleAt
-	lastActive    time.Duration       // guarded by mu: Table.at
-	activityMark  int64               // guarded by mu
-	limiter       *rate.Limiter       // guarded by mu: the local on_failure limiter
+	draft *keyInfo // guarded by mu: the owner's changes to info not yet published (nil: none)
+	// net is every token ever put in the pool less those taken out
+	// unspent, so the pool and net give the tokens ever spent (spentLocked).
+	net          int64               // guarded by mu
+	returned     int64               // guarded by mu: tokens handed back in the current lease's reports
+	toReturn     int64               // guarded by mu: removed from the pool, not yet reported
+	lease        uint64              // guarded by mu: the seq of the current lease's first report (0: none yet)
+	baseSpent    int64               // guarded by mu: the spent total when the lease began
+	pending      *sluicev1.KeyReport // guarded by mu: sent, not acknowledged
+	guard        time.Duration       // guarded by mu: checkClock is set this long before deadline
+	rate         float64             // guarded by mu: EWMA of demand, tokens/s
+	sizingRate   float64             // guarded by mu: rate the last batch was sized with
+	sampleAt     time.Duration       // guarded by mu: start of the current demand window (Table.at)
+	sampleDemand int64               // guarded by mu: demand at sampleAt
+	lastActive   time.Duration       // guarded by mu: Table.at
+	activityMark int64               // guarded by mu
 }
 
-// counts are a key's decision counts but the lease path's admissions,
-// which ride in the pool word: made on the key's first other decision, as
-// most held keys only ever admit from their lease.
-type counts struct {
+// rare is what a key keeps for the paths other than the lease's
+// admissions (which ride in the pool word): decision counts, the tokens
+// those paths were asked for, the on_failure limiter and the channel
+// requests wait on for a report in flight. It is made on the key's first
+// such decision or wait, as most held keys only ever admit from their
+// lease.
+type rare struct {
 	results [resultSlots]atomic.Uint64
 	folded  [resultSlots]uint64 // guarded by Table.statsMu
+
+	// Cumulative tokens.
+	denied   atomic.Int64 // denied by the lease path (reported as denied)
+	degraded atomic.Int64 // asked of the on_failure policy
+	check    atomic.Int64 // asked of the strict path
+
+	baseDenied int64         // guarded by entry.mu: denied when the lease began
+	limiter    *rate.Limiter // guarded by entry.mu: the local on_failure limiter
+	done       chan struct{} // guarded by entry.mu: closed when the report in flight ends (nil: nobody waits)
+}
+
+// rareFor returns the key's rare state, making it on first use.
+func (e *entry) rareFor() *rare {
+	r := e.rare.Load()
+	if r == nil {
+		r = new(rare)
+		if !e.rare.CompareAndSwap(nil, r) {
+			r = e.rare.Load()
+		}
+	}
+	return r
 }
 
 // count adds one decision to slot i of the key's counts.
-func (e *entry) count(i int) {
-	c := e.counts.Load()
-	if c == nil {
-		c = new(counts)
-		if !e.counts.CompareAndSwap(nil, c) {
-			c = e.counts.Load()
-		}
+func (e *entry) count(i int) { e.rareFor().results[i].Add(1) }
+
+// deniedTokens, degradedTokens and checkTokens are the tokens the lease
+// path denied, and those asked of the on_failure policy and the strict
+// path.
+func (e *entry) deniedTokens() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.denied.Load()
 	}
-	c.results[i].Add(1)
+	return 0
+}
+
+func (e *entry) otherTokens() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.denied.Load() + r.degraded.Load() + r.check.Load()
+	}
+	return 0
 }
 
 const resultSlots = int(numResults) * 2 // × degraded or not
@@ -170,6 +235,7 @@ func NewTable(opts TableOptions) (*Table, error) {
 	}
 	t := &Table{opts: o, keys: newKeyMap(), totals: map[statsLabels]*[resultSlots]uint64{}}
 	t.seq.Store(o.SeqBase)
+	t.ownerDue.Store(int64(never))
 	return t, nil
 }
 
@@ -180,11 +246,8 @@ func (e *entry) tokens() int64 { return int64(e.word.Load() & poolMask) }
 
 // ownerHorizon is when the owner will next enforce deadlines at the
 // latest: now, or later while it is busy (ExpireFor).
-func (t *Table) ownerHorizon(now time.Time) time.Time {
-	if due := time.Unix(0, t.ownerDue.Load()); due.After(now) {
-		return due
-	}
-	return now
+func (t *Table) ownerHorizon(now time.Time) instant {
+	return max(t.instant(now), instant(t.ownerDue.Load()))
 }
 
 // take spends cost tokens if the pool holds them. crossed reports that this
@@ -213,7 +276,7 @@ func (e *entry) drainLocked(max int64) int64 {
 			return 0
 		}
 		if e.word.CompareAndSwap(old, old-uint64(n)) {
-			e.drained += n
+			e.net -= n
 			return n
 		}
 	}
@@ -228,17 +291,17 @@ func (e *entry) creditLocked(n int64) (overflow int64) {
 	}
 	if n > 0 {
 		e.word.Add(uint64(n))
-		e.credited += n
+		e.net += n
 	}
 	return overflow
 }
 
 // spentLocked is every token ever admitted from the pool: the hot path only
 // ever decrements it, and the owner books every other change.
-func (e *entry) spentLocked() int64 { return e.credited - e.drained - e.tokens() }
+func (e *entry) spentLocked() int64 { return e.net - e.tokens() }
 
 func (e *entry) demandLocked() int64 {
-	return e.spentLocked() + e.deniedTokens.Load() + e.degradedTokens.Load() + e.checkTokens.Load()
+	return e.spentLocked() + e.otherTokens()
 }
 
 // view is the owner's view of the key's info: its unpublished changes,
@@ -271,7 +334,7 @@ func (e *entry) publishLocked() {
 
 func (t *Table) newEntry(now time.Time, key quota.Key) *entry {
 	e := &entry{key: key, sampleAt: t.at(now), lastActive: t.at(now), guard: t.opts.Refresh}
-	in := &keyInfo{}
+	in := &keyInfo{deadline: never, negUntil: never}
 	if p, ok := t.opts.Classes[key.Class]; ok {
 		in.mode, in.onFailure = p.Mode, p.OnFailure
 	}
@@ -326,22 +389,22 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 	if in.mode == ModeStrict {
 		return quota.Decision{}, ActCheck, nil
 	}
-	if in.hasLease && !now.Before(in.deadline) {
+	if in.hasLease && t.instant(now) >= in.deadline {
 		e.mu.Lock()
 		t.expireLocked(now, e)
 		e.mu.Unlock()
 		in = e.info.Load()
 	}
 	if in.hasLease {
-		if rem, crossed, ok := e.take(cost, in.lowWater); ok {
+		if rem, crossed, ok := e.take(cost, int64(in.lowWater)); ok {
 			if crossed {
 				return admitted(in, rem), ActRefill, nil
 			}
 			return admitted(in, rem), ActNone, nil
 		}
 	}
-	if now.Before(in.negUntil) {
-		if in.negNeed > 0 && cost-e.tokens() >= in.negNeed {
+	if at := t.instant(now); at < in.negUntil {
+		if in.negNeed > 0 && cost-e.tokens() >= int64(in.negNeed) {
 			// The region said no wait will bring this many tokens while
 			// its cap and the leases out stay as they are: promise no
 			// time (the owner still asks again after negUntil).
@@ -349,7 +412,7 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 			d.RetryNever = !d.Allowed
 			return d, ActNone, nil
 		}
-		return t.deny(e, in, cost, in.negUntil.Sub(now)), ActNone, nil
+		return t.deny(e, in, cost, time.Duration(in.negUntil-at)), ActNone, nil
 	}
 	return quota.Decision{}, ActAcquire, nil
 }
@@ -371,7 +434,7 @@ func (t *Table) allowFast(key quota.Key, cost int64) (in *keyInfo, remaining int
 	if in.checkClock || (in.limit > 0 && cost > in.limit) {
 		return nil, 0, false, false
 	}
-	remaining, refill, ok = e.take(cost, in.lowWater)
+	remaining, refill, ok = e.take(cost, int64(in.lowWater))
 	return in, remaining, refill, ok
 }
 
@@ -404,7 +467,7 @@ func wholeCap(regionBurst float64, limit int64) int64 {
 
 // deny records a lease-path denial and builds its decision.
 func (t *Table) deny(e *entry, in *keyInfo, cost int64, retry time.Duration) quota.Decision {
-	e.deniedTokens.Add(cost)
+	e.rareFor().denied.Add(cost)
 	// A denial says fewer than cost tokens can be had now, whatever the
 	// region's bucket held at its last answer.
 	rem := min(in.expected(e.tokens()), cost-1)
@@ -476,7 +539,7 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 	}
 	e.mu.Unlock()
 
-	e.degradedTokens.Add(cost)
+	e.rareFor().degraded.Add(cost)
 	d.WouldDeny = !d.Allowed
 	switch {
 	case d.Allowed:
@@ -498,17 +561,18 @@ func (t *Table) localLimiterLocked(now time.Time, e *entry) *rate.Limiter {
 		live := float64(max(1, e.view().live))
 		lim = quota.Limit{Rate: e.view().regionRate / live, Burst: max(1, int64(e.view().regionBurst/live))}
 	}
-	if e.limiter == nil {
-		e.limiter = rate.NewLimiter(rate.Limit(lim.Rate), int(lim.Burst))
-		return e.limiter
+	r := e.rareFor()
+	if r.limiter == nil {
+		r.limiter = rate.NewLimiter(rate.Limit(lim.Rate), int(lim.Burst))
+		return r.limiter
 	}
-	if e.limiter.Limit() != rate.Limit(lim.Rate) {
-		e.limiter.SetLimitAt(now, rate.Limit(lim.Rate))
+	if r.limiter.Limit() != rate.Limit(lim.Rate) {
+		r.limiter.SetLimitAt(now, rate.Limit(lim.Rate))
 	}
-	if e.limiter.Burst() != int(lim.Burst) {
-		e.limiter.SetBurstAt(now, int(lim.Burst))
+	if r.limiter.Burst() != int(lim.Burst) {
+		r.limiter.SetBurstAt(now, int(lim.Burst))
 	}
-	return e.limiter
+	return r.limiter
 }
 
 // ApplyCheck turns the region's answer to a strict Check into a decision
@@ -541,7 +605,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 	e.publishLocked()
 	e.mu.Unlock()
 
-	e.checkTokens.Add(cost)
+	e.rareFor().check.Add(cost)
 	d := quota.Decision{
 		Allowed:   resp.Allowed,
 		WouldDeny: !resp.Allowed,
@@ -660,10 +724,10 @@ func (t *Table) State(key quota.Key) (KeyState, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return KeyState{
-		Tokens: e.tokens(), HasLease: e.view().hasLease, Deadline: e.view().deadline, CheckClock: e.view().checkClock,
-		LowWater: e.view().lowWater, NegUntil: e.view().negUntil, Mode: e.view().mode, OnFailure: e.view().onFailure,
-		Shadow: e.view().shadow, Tier: e.view().tier, Limit: e.view().limit, RegionRate: e.view().regionRate,
-		RegionBurst: e.view().regionBurst, Live: e.view().live, Pending: e.pending, InFlight: e.inflight != nil,
+		Tokens: e.tokens(), HasLease: e.view().hasLease, Deadline: t.timeOf(e.view().deadline), CheckClock: e.view().checkClock,
+		LowWater: int64(e.view().lowWater), NegUntil: t.timeOf(e.view().negUntil), Mode: e.view().mode, OnFailure: e.view().onFailure,
+		Shadow: e.view().shadow, Tier: e.view().tierName(), Limit: e.view().limit, RegionRate: e.view().regionRate,
+		RegionBurst: e.view().regionBurst, Live: int64(e.view().live), Pending: e.pending, InFlight: e.inflight,
 		Degraded: e.degraded, ToReturn: e.toReturn, Spent: e.spentLocked(), Rate: e.rate,
 	}, true
 }

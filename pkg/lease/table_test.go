@@ -340,7 +340,7 @@ func TestBatchCap(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		rate, burst float64
-		live        int64
+		live        int32
 		want        int64
 	}{
 		{"nothing learned", 0, 0, 0, quota.MaxWant},
