@@ -229,3 +229,118 @@ func TestFirstSightCarriesTheLeasesDemand(t *testing.T) {
 		t.Fatalf("second report %v, want the 400 admitted since the first", kd)
 	}
 }
+
+// TestSeqIsTheSendTimeWheneverItMoved: seq is the report's send time
+// (Redis time) whenever that is past the last seq, and the last seq plus
+// one otherwise, so it never runs ahead of Redis time for longer than
+// Redis time stands still.
+func TestSeqIsTheSendTimeWheneverItMoved(t *testing.T) {
+	l := NewLeader()
+	read := []KeyRead{{Key: keyA, State: luascripts.State{NowUS: 1}}}
+	for _, c := range []struct{ send, seq uint64 }{
+		{1_000_000, 1_000_000}, {1_000_000, 1_000_001}, {999_000, 1_000_002}, {1_000_003, 1_000_003}, {1_000_005, 1_000_005},
+	} {
+		if rep, _ := l.Report("eu", int64(c.send), time.Second, Ack, read); rep.GetSeq() != c.seq {
+			t.Fatalf("sent at %d: seq %d, want %d", c.send, rep.GetSeq(), c.seq)
+		}
+	}
+}
+
+// TestReadingNeedsRedisTimeToAdvance: a key read again at the same Redis
+// time as its baseline, or earlier (a failover to a Redis whose clock is
+// behind), gives no reading: a 1 ms window with no counts and no demand
+// rate, whatever its counters and live leases say.
+func TestReadingNeedsRedisTimeToAdvance(t *testing.T) {
+	for _, at := range []int64{5_000_000, 4_000_000} {
+		l := NewLeader()
+		l.Report("eu", 5_000_000, time.Second, Epoch, []KeyRead{{Key: keyA, StaticRate: 10,
+			State: luascripts.State{Admitted: 10, NowUS: 5_000_000}}})
+		rep, _ := l.Report("eu", 6_000_000, time.Second, Ack, []KeyRead{{Key: keyA, StaticRate: 10,
+			State: luascripts.State{Admitted: 30, Denied: 4, LeaseDemand: 50, NowUS: at}}})
+		if kd := rep.GetKeys()[0]; kd.GetWindowMs() != 1 || kd.GetAdmitted() != 0 || kd.GetDenied() != 0 || kd.DemandRate != nil {
+			t.Errorf("read at %d µs after a baseline at 5000000 µs: %v, want no reading", at, kd)
+		}
+	}
+}
+
+// TestFirstSightAtItsEdges: any live lease demand, even below one token
+// per second, is a first sight's demand over one epoch, and an epoch of
+// exactly 1 ms is long enough for it; no demand at all is a baseline.
+func TestFirstSightAtItsEdges(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		epoch  time.Duration
+		demand float64
+		window int64 // 1 with no demand rate: a baseline only
+	}{
+		{"half a token per second", time.Second, 0.5, 1000},
+		{"an epoch of one millisecond", time.Millisecond, 7, 1},
+		{"no live demand", time.Second, 0, 1},
+	} {
+		rep, _ := NewLeader().Report("eu", 1_000_000, c.epoch, Epoch, []KeyRead{{Key: keyA, StaticRate: 10,
+			State: luascripts.State{LeaseDemand: c.demand, NowUS: 1_000_000}}})
+		kd := rep.GetKeys()[0]
+		wantRate := c.demand > 0
+		if kd.GetWindowMs() != c.window || (kd.DemandRate != nil) != wantRate || kd.GetDemandRate() != c.demand {
+			t.Errorf("%s: first sight %v, want window %d ms and demand rate %v (set %v)", c.name, kd, c.window, c.demand, wantRate)
+		}
+	}
+}
+
+// TestInstallsRefuseOnlyUnusableGrants: a grant of 0 tokens at rate 0
+// (over quota) or with a validity of 1 ms is installed; an infinite or
+// NaN rate or burst, alone, is refused.
+func TestInstallsRefuseOnlyUnusableGrants(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		rate, burst float64
+		validMs     int64
+		ok          bool
+	}{
+		{"nothing", 0, 0, 3000, true},
+		{"one millisecond", 5, 5, 1, true},
+		{"a burst below one token", 5, 0.5, 3000, true},
+		{"an infinite rate", math.Inf(1), 5, 3000, false},
+		{"an infinite burst", 5, math.Inf(1), 3000, false},
+		{"a NaN rate", math.NaN(), 5, 3000, false},
+		{"a NaN burst", 5, math.NaN(), 3000, false},
+		{"a negative burst", 5, -1, 3000, false},
+		{"a negative validity", 5, 5, -1, false},
+	} {
+		g := &sluicev1.RegionGrants{Grants: []*sluicev1.KeyGrant{
+			{Key: &sluicev1.QuotaKey{Tenant: keyA.Tenant, Class: keyA.Class}, Rate: c.rate, Burst: c.burst, ValidMs: c.validMs},
+		}}
+		ins, refused := Installs(g, 1_000_000, Held{keyA: 10})
+		if got := len(ins) == 1 && len(refused) == 0; got != c.ok {
+			t.Errorf("%s: installs %v, refused %v; want installed %v", c.name, ins, refused, c.ok)
+			continue
+		}
+		if c.ok && (ins[0].Rate != c.rate || ins[0].Burst != c.burst || ins[0].ExpiryUS != 1_000_000+c.validMs*1000) {
+			t.Errorf("%s: install %+v", c.name, ins[0])
+		}
+	}
+	// Exactly LowerTolerance of the held rate below it does not lower it.
+	const held = 37.5
+	if Lowers(held-LowerTolerance*held, held) {
+		t.Error("a grant exactly LowerTolerance below the held rate lowers it")
+	}
+}
+
+// TestLeaderEtcdRuleSaysWhenTheLeaseGrew: the etcd rule reports growth
+// only when the lease now runs longer, so the caller stores it only then.
+func TestLeaderEtcdRuleSaysWhenTheLeaseGrew(t *testing.T) {
+	l := NewLeader()
+	if l.NoGlobalLeader(10*sec, 11*sec, time.Minute) {
+		t.Fatal("the etcd rule grew an absent lease")
+	}
+	l.Load(StaticLease{UntilUS: 100 * sec})
+	if l.NoGlobalLeader(10*sec, 11*sec, time.Minute) || l.Static().UntilUS != 100*sec {
+		t.Fatalf("the etcd rule grew a lease running past its extension: %+v", l.Static())
+	}
+	if !l.NoGlobalLeader(50*sec, 51*sec, time.Minute) || l.Static().UntilUS != 110*sec {
+		t.Fatalf("the etcd rule did not grow a running lease: %+v", l.Static())
+	}
+	if l.NoGlobalLeader(50*sec, 51*sec, time.Minute) {
+		t.Fatal("the same extension again says it grew")
+	}
+}

@@ -235,3 +235,108 @@ func TestLeaderCarriesTheStaticLease(t *testing.T) {
 		t.Fatalf("loaded lease %+v, want the longer, 90 s", l.Static())
 	}
 }
+
+// TestStaticLeaseAtItsBounds: the lease's arithmetic at its exact edges.
+// The largest static_lease_ms (MaxWireMillis) is accepted, as is a lease
+// ending exactly at the largest Redis time; one microsecond further would
+// overflow and is refused. The etcd rule extends a lease still running at
+// the read's answer even when the read took no time (answered at the
+// instant it was sent), and never one ending at that instant.
+func TestStaticLeaseAtItsBounds(t *testing.T) {
+	s := StaticLease{UntilUS: 50 * sec}
+	edge := int64(math.MaxInt64) - MaxWireMillis*1000
+	for _, c := range []struct {
+		name  string
+		ms    int64
+		send  int64
+		until int64 // 0: refused, the lease unchanged
+	}{
+		{"one millisecond", 1, 60 * sec, 60*sec + 1000},
+		{"the largest static_lease_ms", MaxWireMillis, 10 * sec, 10*sec + MaxWireMillis*1000},
+		{"ending at the largest Redis time", MaxWireMillis, edge, math.MaxInt64},
+		{"one microsecond past it", MaxWireMillis, edge + 1, 0},
+		{"one second ending at the largest Redis time", 1000, math.MaxInt64 - sec, math.MaxInt64},
+		{"one second ending past it", 1000, math.MaxInt64 - sec + 1, 0},
+	} {
+		got, err := s.Answered(conferred(c.ms), c.send)
+		switch {
+		case c.until == 0 && (err == nil || got != s):
+			t.Errorf("%s: lease %+v, err %v; want refused and unchanged", c.name, got, err)
+		case c.until != 0 && (err != nil || got.UntilUS != c.until):
+			t.Errorf("%s: lease %+v, err %v; want until %d", c.name, got, err, c.until)
+		}
+	}
+	const lease = time.Minute
+	running := StaticLease{UntilUS: 30 * sec}
+	for _, c := range []struct {
+		name     string
+		from, to int64
+		until    int64
+	}{
+		{"a read that took no time", 20 * sec, 20 * sec, 80 * sec},
+		{"answered one microsecond before the end", 29 * sec, 30*sec - 1, 89 * sec},
+		{"answered at the end", 29 * sec, 30 * sec, 30 * sec},
+		{"answered one microsecond after the end", 29 * sec, 30*sec + 1, 30 * sec},
+		{"answered one microsecond before it was sent", 20 * sec, 20*sec - 1, 30 * sec},
+	} {
+		if got := running.NoGlobalLeader(c.from, c.to, lease); got.UntilUS != c.until {
+			t.Errorf("%s: lease until %d, want %d", c.name, got.UntilUS, c.until)
+		}
+	}
+}
+
+// TestUnresolvedCountsAsNothing: a config under which a key does not
+// resolve, that lacks the region, or that is absent gives the region a
+// static share and a floor of 0 for it, and a chain holding such a config
+// runs the key on 0; a region the serving config lacks is an error that
+// gives nothing.
+func TestUnresolvedCountsAsNothing(t *testing.T) {
+	cfg := partitionConfig(t, [3]float64{1, 1, 2}, "0.5", 1)
+	other := quota.Key{Tenant: "acme", Class: "unknown"}
+	for _, c := range []struct {
+		name   string
+		cfg    *config.Config
+		region string
+		k      quota.Key
+	}{
+		{"no config", nil, "eu", chainKey},
+		{"a region not configured", cfg, "mars", chainKey},
+		{"a class not configured", cfg, "eu", other},
+	} {
+		if r, b := ShareUnder(c.cfg, c.region, c.k); r != 0 || b != 0 {
+			t.Errorf("%s: share %v/%v, want 0", c.name, r, b)
+		}
+		if r, b := FloorUnder(c.cfg, c.region, c.k); r != 0 || b != 0 {
+			t.Errorf("%s: floor %v/%v, want 0", c.name, r, b)
+		}
+	}
+	res, err := cfg.Resolve(chainKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr, wb, _ := cfg.FloorOf("eu", res)
+	if r, b := FloorUnder(cfg, "eu", chainKey); r != wr || b != wb || r < 12 || b != 12 {
+		t.Fatalf("eu's floor %v/%v, want the config's %v/%v (about half of 25/25)", r, b, wr, wb)
+	}
+	for _, c := range []struct {
+		name  string
+		chain Chain
+	}{
+		{"a chain holding no config", NewChain(1, nil).Adopt(2, cfg)},
+		{"a chain holding a config without the class", NewChain(1, config.Default()).Adopt(2, cfg)},
+	} {
+		if r, b, err := c.chain.Floor("eu", chainKey, cfg, res); err != nil || r != 0 || b != 0 {
+			t.Errorf("%s: floor %v/%v (%v), want 0", c.name, r, b, err)
+		}
+		if r, b, err := c.chain.Share("eu", chainKey, cfg, res); err != nil || r != 0 || b != 0 {
+			t.Errorf("%s: share %v/%v (%v), want 0", c.name, r, b, err)
+		}
+	}
+	c := NewChain(1, cfg)
+	if r, b, err := c.Floor("mars", chainKey, cfg, res); err == nil || r != 0 || b != 0 {
+		t.Errorf("floor of an unconfigured region %v/%v (%v), want 0 and an error", r, b, err)
+	}
+	if r, b, err := c.Leased("mars", chainKey, cfg, res, 0, StaticLease{UntilUS: 100 * sec}, time.Second); err == nil || r != 0 || b != 0 {
+		t.Errorf("leased share of an unconfigured region %v/%v (%v), want 0 and an error", r, b, err)
+	}
+}
