@@ -90,8 +90,10 @@
 //
 // # Hot path
 //
-// Client.Allow on a key with tokens is a lock-free map read, one atomic
-// load of the key's published info and one compare-and-swap that both
+// Client.Allow on a key with tokens is a lock-free map read (the key's
+// 64-bit hash in the published index, then the key its entry holds
+// compared), one atomic load of the key's published info and one
+// compare-and-swap that both
 // spends the tokens and counts the admission; no clock read, no
 // allocation, no Prometheus call (metrics are folded from the per-key
 // atomics at scrape time, and one decision in 1024 is timed).

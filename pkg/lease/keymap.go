@@ -36,7 +36,7 @@ type keyIndex struct {
 }
 
 func (x *keyIndex) get(h uint64, k quota.Key) *entry {
-	if e := x.byHash[h]; e != nil && e.key == k {
+	if e := x.byHash[h]; e != nil && e.is(k) {
 		return e
 	}
 	if x.clash == nil {
@@ -54,7 +54,7 @@ func (x *keyIndex) put(h uint64, e *entry) {
 	if x.clash == nil {
 		x.clash = map[quota.Key]*entry{}
 	}
-	x.clash[e.key] = e
+	x.clash[e.key()] = e
 }
 
 // del removes e, stored under its key's hash h.
@@ -64,7 +64,7 @@ func (x *keyIndex) del(h uint64, e *entry) {
 		return
 	}
 	if x.clash != nil {
-		delete(x.clash, e.key)
+		delete(x.clash, e.key())
 		if len(x.clash) == 0 {
 			x.clash = nil
 		}
@@ -108,7 +108,7 @@ func (m *keyMap) load(k quota.Key) *entry {
 // when the snapshot is stale. Counts a miss towards the next publish.
 func (m *keyMap) lookupFresh(k quota.Key) *entry {
 	h := m.hash(k)
-	if e := m.read.Load().get(h, k); e != nil && !e.removed.Load() {
+	if e := m.read.Load().get(h, k); e != nil && !e.has(removedFlag) {
 		return e
 	}
 	m.mu.Lock()
@@ -132,7 +132,7 @@ func (m *keyMap) loadOrStore(k quota.Key, fresh func() *entry) (e *entry, create
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	cur := m.currentLocked()
-	if e := cur.get(h, k); e != nil && !e.removed.Load() {
+	if e := cur.get(h, k); e != nil && !e.has(removedFlag) {
 		return e, false
 	}
 	m.ensureDirtyLocked()

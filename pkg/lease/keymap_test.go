@@ -22,7 +22,7 @@ func TestKeyMapConcurrent(t *testing.T) {
 		defer close(stored)
 		for i := 0; i < n; i++ {
 			k := key(i)
-			m.loadOrStore(k, func() *entry { return &entry{key: k} })
+			m.loadOrStore(k, func() *entry { return newKeyEntry(k) })
 			stored <- i
 		}
 	}()
@@ -31,7 +31,7 @@ func TestKeyMapConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range stored {
-				if e := m.lookupFresh(key(i)); e == nil || e.key != key(i) {
+				if e := m.lookupFresh(key(i)); e == nil || !e.is(key(i)) {
 					t.Errorf("key %d stored but not found", i)
 				}
 			}
@@ -43,7 +43,7 @@ func TestKeyMapConcurrent(t *testing.T) {
 	}
 	for i := 0; i < n; i += 2 {
 		e := m.lookupFresh(key(i))
-		e.removed.Store(true)
+		e.set(removedFlag, true)
 		m.delete(key(i), e)
 	}
 	m.publish()
@@ -56,9 +56,9 @@ func TestKeyMapConcurrent(t *testing.T) {
 	// A replaced key is not deleted by a stale delete.
 	k := key(1)
 	old := m.lookupFresh(k)
-	old.removed.Store(true)
+	old.set(removedFlag, true)
 	m.delete(k, old)
-	fresh, created := m.loadOrStore(k, func() *entry { return &entry{key: k} })
+	fresh, created := m.loadOrStore(k, func() *entry { return newKeyEntry(k) })
 	if !created {
 		t.Fatal("removed key not re-created")
 	}
@@ -72,19 +72,19 @@ func TestKeyMapConcurrent(t *testing.T) {
 // hold: each is found, and removing one leaves the other.
 func TestKeyIndexSharedHash(t *testing.T) {
 	const h = 42
-	a := &entry{key: quota.Key{Tenant: "a", Class: "c"}}
-	b := &entry{key: quota.Key{Tenant: "b", Class: "c"}}
+	a := newKeyEntry(quota.Key{Tenant: "a", Class: "c"})
+	b := newKeyEntry(quota.Key{Tenant: "b", Class: "c"})
 	c := quota.Key{Tenant: "c", Class: "c"}
 	x := &keyIndex{byHash: map[uint64]*entry{}}
 	x.put(h, a)
 	x.put(h, b)
-	if x.len() != 2 || x.get(h, a.key) != a || x.get(h, b.key) != b || x.get(h, c) != nil {
-		t.Fatalf("after two keys under one hash: len %d, a %v, b %v, c %v", x.len(), x.get(h, a.key), x.get(h, b.key), x.get(h, c))
+	if x.len() != 2 || x.get(h, a.key()) != a || x.get(h, b.key()) != b || x.get(h, c) != nil {
+		t.Fatalf("after two keys under one hash: len %d, a %v, b %v, c %v", x.len(), x.get(h, a.key()), x.get(h, b.key()), x.get(h, c))
 	}
 	y := x.clone()
 	x.del(h, a)
-	if x.len() != 1 || x.get(h, a.key) != nil || x.get(h, b.key) != b {
-		t.Fatalf("after removing the first: len %d, a %v, b %v", x.len(), x.get(h, a.key), x.get(h, b.key))
+	if x.len() != 1 || x.get(h, a.key()) != nil || x.get(h, b.key()) != b {
+		t.Fatalf("after removing the first: len %d, a %v, b %v", x.len(), x.get(h, a.key()), x.get(h, b.key()))
 	}
 	x.put(h, a)
 	x.del(h, b)
@@ -92,7 +92,7 @@ func TestKeyIndexSharedHash(t *testing.T) {
 	if x.len() != 0 || x.clash != nil {
 		t.Fatalf("after removing both: len %d, clash %v", x.len(), x.clash)
 	}
-	if y.len() != 2 || y.get(h, a.key) != a || y.get(h, b.key) != b {
+	if y.len() != 2 || y.get(h, a.key()) != a || y.get(h, b.key()) != b {
 		t.Fatal("a copy changed with its original")
 	}
 }

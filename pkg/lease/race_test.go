@@ -312,7 +312,7 @@ func TestKeyMapRacesCreateAndForget(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			if cur := tb.keys.lookupFresh(k); cur != nil && cur != e && !e.removed.Load() && !cur.removed.Load() {
+			if cur := tb.keys.lookupFresh(k); cur != nil && cur != e && !e.has(removedFlag) && !cur.has(removedFlag) {
 				dupes.Add(1)
 			}
 			if _, _, _, ok := tb.allowFast(k, 1); ok {

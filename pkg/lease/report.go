@@ -35,7 +35,7 @@ func (b *Batch) UseSync() bool { return b.useSync }
 func (b *Batch) Keys() []quota.Key {
 	out := make([]quota.Key, len(b.entries))
 	for i, e := range b.entries {
-		out[i] = e.key
+		out[i] = e.key()
 	}
 	return out
 }
@@ -74,7 +74,7 @@ func (t *Table) newReportLocked(now time.Time, e *entry, want, minBatch int64, w
 	}
 	used, denied, returned := e.totalsLocked()
 	r := &sluicev1.KeyReport{
-		Key:      wireKey(e.key),
+		Key:      wireKey(e.key()),
 		Seq:      seq,
 		Lease:    e.lease,
 		Used:     used,
@@ -105,9 +105,9 @@ func (e *entry) newLeaseLocked() {
 	e.drainLocked(maxPool)
 	e.toReturn = 0
 	e.pending = nil
-	e.granted = false
+	e.set(grantedFlag, false)
 	e.lease = 0
-	e.rebase = false
+	e.set(rebaseFlag, false)
 	e.own().hasLease, e.own().checkClock = false, false
 	e.own().negUntil = never
 	e.baseSpent, e.returned = e.spentLocked(), 0
@@ -117,7 +117,7 @@ func (e *entry) newLeaseLocked() {
 	e.publishLocked()
 }
 
-func (e *entry) beginLocked() { e.inflight = true }
+func (e *entry) beginLocked() { e.set(inflightFlag, true) }
 
 // doneLocked is the channel closed when the report in flight ends, made
 // for the first who waits for it.
@@ -130,10 +130,10 @@ func (e *entry) doneLocked() <-chan struct{} {
 }
 
 func (e *entry) finishLocked() {
-	if !e.inflight {
+	if !e.has(inflightFlag) {
 		return
 	}
-	e.inflight = false
+	e.set(inflightFlag, false)
 	if r := e.rare.Load(); r != nil && r.done != nil {
 		close(r.done)
 		r.done = nil
@@ -186,7 +186,7 @@ func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 	forgot := false
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
-		if e.removed.Load() || e.inflight {
+		if e.has(removedFlag) || e.has(inflightFlag) {
 			e.mu.Unlock()
 			continue
 		}
@@ -197,8 +197,8 @@ func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 		// A key whose class became strict while it held a lease is
 		// forgotten too, once its reports are acknowledged: its lease ends
 		// exactly.
-		strictLease := e.pending == nil && e.granted && e.view().mode == ModeStrict
-		if ((e.pending == nil || !e.granted) && t.idleLocked(now, e)) || strictLease {
+		strictLease := e.pending == nil && e.has(grantedFlag) && e.view().mode == ModeStrict
+		if ((e.pending == nil || !e.has(grantedFlag)) && t.idleLocked(now, e)) || strictLease {
 			if r := t.finalReportLocked(now, e); r != nil {
 				if release == nil {
 					release = &Batch{sentAt: now}
@@ -239,7 +239,7 @@ func (t *Table) PrepareRefill(now time.Time) *Batch {
 			continue
 		}
 		e.mu.Lock()
-		if e.removed.Load() || e.inflight || !e.view().hasLease || e.tokens() > int64(e.view().lowWater) {
+		if e.has(removedFlag) || e.has(inflightFlag) || !e.view().hasLease || e.tokens() > int64(e.view().lowWater) {
 			e.mu.Unlock()
 			continue
 		}
@@ -281,10 +281,10 @@ func (t *Table) PrepareAcquire(now time.Time, key quota.Key, cost int64) (b *Bat
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.removed.Load() || t.closed.Load() {
+	if e.has(removedFlag) || t.closed.Load() {
 		return nil, nil
 	}
-	if e.inflight {
+	if e.has(inflightFlag) {
 		return nil, e.doneLocked()
 	}
 	t.expireLocked(now, e)
@@ -309,7 +309,7 @@ func (t *Table) PreparePending(now time.Time) *Batch {
 	var b *Batch
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
-		if e.pending != nil && !e.inflight && !e.removed.Load() {
+		if e.pending != nil && !e.has(inflightFlag) && !e.has(removedFlag) {
 			if b == nil {
 				b = &Batch{sentAt: now}
 			}
@@ -328,7 +328,7 @@ func (t *Table) InFlight() []<-chan struct{} {
 	var out []<-chan struct{}
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
-		if e.inflight {
+		if e.has(inflightFlag) {
 			out = append(out, e.doneLocked())
 		}
 		e.mu.Unlock()
@@ -357,7 +357,7 @@ func (t *Table) PrepareRelease(now time.Time) *Batch {
 	var b *Batch
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
-		if e.inflight {
+		if e.has(inflightFlag) {
 			e.mu.Unlock()
 			continue
 		}
@@ -382,7 +382,7 @@ func (t *Table) PrepareRelease(now time.Time) *Batch {
 // the final report's totals include its usage.
 func (t *Table) finalReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 	e.toReturn += e.drainLocked(maxPool)
-	if !e.granted {
+	if !e.has(grantedFlag) {
 		return nil
 	}
 	return t.newReportLocked(now, e, 0, 0, true)
@@ -398,9 +398,9 @@ func (t *Table) PrepareRebase(now time.Time) *Batch {
 	for _, e := range t.keys.entries() {
 		e.mu.Lock()
 		switch {
-		case e.removed.Load():
-		case e.inflight:
-			e.rebase = true
+		case e.has(removedFlag):
+		case e.has(inflightFlag):
+			e.set(rebaseFlag, true)
 		default:
 			if r := t.finalReportLocked(now, e); r != nil {
 				if b == nil {
@@ -433,7 +433,7 @@ func (t *Table) Apply(now time.Time, b *Batch, grants []*sluicev1.Grant) error {
 			e.mu.Lock()
 			e.finishLocked()
 			e.mu.Unlock()
-			errs = append(errs, fmt.Errorf("lease: key %s: %w", e.key, err))
+			errs = append(errs, fmt.Errorf("lease: key %s: %w", e.key(), err))
 			continue
 		}
 		t.applyGrant(now, b.sentAt, e, b.Reports[i], grants[i])
@@ -463,19 +463,19 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 		e.pending = nil
 	}
 	t.learnLocked(now, e, g)
-	if e.rebase {
+	if e.has(rebaseFlag) {
 		e.newLeaseLocked()
 		return
 	}
 	if e.view().mode == ModeLease {
 		// A strict class opens no lease: only one issued before the class
-		// changed is booked (and e.granted already says so).
-		e.granted = true
+		// changed is booked (and grantedFlag already says so).
+		e.set(grantedFlag, true)
 	}
 	t.expireLocked(now, e)
 	t.clearDegradedLocked(e)
 
-	dead := e.removed.Load() || t.closed.Load() || e.view().mode == ModeStrict
+	dead := e.has(removedFlag) || t.closed.Load() || e.view().mode == ModeStrict
 	if e.view().mode == ModeStrict {
 		e.toReturn += e.drainLocked(maxPool)
 		e.own().hasLease, e.own().checkClock = false, false
@@ -555,7 +555,7 @@ func (t *Table) Failed(now time.Time, b *Batch) {
 	for _, e := range b.entries {
 		e.mu.Lock()
 		e.finishLocked()
-		if e.rebase {
+		if e.has(rebaseFlag) {
 			e.newLeaseLocked()
 		}
 		e.mu.Unlock()
@@ -591,7 +591,7 @@ func (t *Table) Forget(key quota.Key) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.inflight || e.granted || e.tokens() != 0 {
+	if e.has(inflightFlag) || e.has(grantedFlag) || e.tokens() != 0 {
 		return
 	}
 	t.removeLocked(e)

@@ -39,16 +39,17 @@ func (t *Table) rateLocked(now time.Time, e *entry) float64 {
 	window := t.minSampleWindow()
 	r := float64(demand-e.sampleDemand) / max(dt, window).Seconds()
 	if dt >= window {
-		if e.haveRate {
+		if e.has(haveRateFlag) {
 			alpha := 1 - math.Exp(-dt.Seconds()/(2*t.opts.Refresh.Seconds()))
 			e.rate += alpha * (r - e.rate)
 		} else {
-			e.rate, e.haveRate = r, true
+			e.rate = r
+			e.set(haveRateFlag, true)
 		}
 		e.sampleAt, e.sampleDemand = t.at(now), demand
 	}
 	rate := r
-	if e.haveRate && e.rate > rate {
+	if e.has(haveRateFlag) && e.rate > rate {
 		rate = e.rate
 	}
 	e.sizingRate = rate

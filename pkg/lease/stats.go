@@ -30,7 +30,7 @@ func (t *Table) foldLocked(e *entry) {
 	if tier == "" {
 		tier = unknownTier
 	}
-	lbl := statsLabels{class: e.key.Class, tier: tier}
+	lbl := statsLabels{class: e.class.Value(), tier: tier}
 	tot := t.totals[lbl]
 	add := func(i int, n uint64) {
 		if n == 0 {
@@ -59,7 +59,7 @@ func (t *Table) foldAll() {
 	t.statsMu.Lock()
 	defer t.statsMu.Unlock()
 	for _, e := range entries {
-		if !e.removed.Load() {
+		if !e.has(removedFlag) {
 			t.foldLocked(e)
 		}
 	}

@@ -132,22 +132,17 @@ func clampWater(w int64) int32 { return int32(min(w, maxPool)) }
 // admissions need is in rare, made on first use, and fields are ordered so
 // that small ones share words (see TestMemoryPerHeldKey).
 type entry struct {
-	word    atomic.Uint64 // tokens (low 32 bits) | admitted requests (high 32 bits)
-	info    atomic.Pointer[keyInfo]
-	removed atomic.Bool
+	word  atomic.Uint64 // tokens (low 32 bits) | admitted requests (high 32 bits)
+	info  atomic.Pointer[keyInfo]
+	flags atomic.Uint32 // removedFlag, read without locks, and the owner's flags (see has, set)
 
 	foldedAdmitted uint32 // guarded by Table.statsMu
 
-	key  quota.Key
-	rare atomic.Pointer[rare] // nil until the key's first decision or wait the lease path does not cover
+	tenant string
+	class  unique.Handle[string] // interned: the keys of a class share its name
+	rare   atomic.Pointer[rare]  // nil until the key's first decision or wait the lease path does not cover
 
-	mu       sync.Mutex
-	rebase   bool // guarded by mu: start a new lease when the report in flight ends
-	granted  bool // guarded by mu: the region holds a lease record for us
-	haveRate bool // guarded by mu
-	degraded bool // guarded by mu
-	inflight bool // guarded by mu: a report is in flight (see rare.done)
-
+	mu    sync.Mutex
 	draft *keyInfo // guarded by mu: the owner's changes to info not yet published (nil: none)
 	// net is every token ever put in the pool less those taken out
 	// unspent, so the pool and net give the tokens ever spent (spentLocked).
@@ -165,6 +160,36 @@ type entry struct {
 	lastActive   time.Duration       // guarded by mu: Table.at
 	activityMark int64               // guarded by mu
 }
+
+// A key's flags (entry.flags). removedFlag is read without locks; the
+// others are read and written under entry.mu only.
+const (
+	removedFlag  uint32 = 1 << iota // forgotten: a later lookup makes a fresh entry
+	rebaseFlag                      // start a new lease when the report in flight ends
+	grantedFlag                     // the region holds a lease record for us
+	haveRateFlag                    // the demand EWMA (rate) has a first sample
+	degradedFlag                    // last decided by the on_failure policy, not answered since
+	inflightFlag                    // a report is in flight (see rare.done)
+)
+
+func (e *entry) has(f uint32) bool { return e.flags.Load()&f != 0 }
+
+func (e *entry) set(f uint32, on bool) {
+	if on {
+		e.flags.Or(f)
+	} else {
+		e.flags.And(^f)
+	}
+}
+
+// newKeyEntry returns an entry for key k with nothing else set.
+func newKeyEntry(k quota.Key) *entry { return &entry{tenant: k.Tenant, class: unique.Make(k.Class)} }
+
+// key is the entry's key.
+func (e *entry) key() quota.Key { return quota.Key{Tenant: e.tenant, Class: e.class.Value()} }
+
+// is reports whether the entry's key is k.
+func (e *entry) is(k quota.Key) bool { return e.tenant == k.Tenant && e.class.Value() == k.Class }
 
 // rare is what a key keeps for the paths other than the lease's
 // admissions (which ride in the pool word): decision counts, the tokens
@@ -333,7 +358,8 @@ func (e *entry) publishLocked() {
 }
 
 func (t *Table) newEntry(now time.Time, key quota.Key) *entry {
-	e := &entry{key: key, sampleAt: t.at(now), lastActive: t.at(now), guard: t.opts.Refresh}
+	e := newKeyEntry(key)
+	e.sampleAt, e.lastActive, e.guard = t.at(now), t.at(now), t.opts.Refresh
 	in := &keyInfo{deadline: never, negUntil: never}
 	if p, ok := t.opts.Classes[key.Class]; ok {
 		in.mode, in.onFailure = p.Mode, p.OnFailure
@@ -533,8 +559,8 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 			d.ResetAt = now.Add(time.Duration((float64(lim.Burst()) - have) / r * float64(time.Second)))
 		}
 	}
-	if !e.degraded {
-		e.degraded = true
+	if !e.has(degradedFlag) {
+		e.set(degradedFlag, true)
 		t.degradedKeys.Add(1)
 	}
 	e.mu.Unlock()
@@ -634,19 +660,19 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 }
 
 func (t *Table) clearDegradedLocked(e *entry) {
-	if e.degraded {
-		e.degraded = false
+	if e.has(degradedFlag) {
+		e.set(degradedFlag, false)
 		t.degradedKeys.Add(-1)
 	}
 }
 
 // removeLocked forgets e: later lookups create a fresh entry.
 func (t *Table) removeLocked(e *entry) {
-	if e.removed.Load() {
+	if e.has(removedFlag) {
 		return
 	}
-	e.removed.Store(true)
-	t.keys.delete(e.key, e)
+	e.set(removedFlag, true)
+	t.keys.delete(e.key(), e)
 	t.clearDegradedLocked(e)
 	t.statsMu.Lock()
 	t.foldLocked(e)
@@ -727,7 +753,7 @@ func (t *Table) State(key quota.Key) (KeyState, bool) {
 		Tokens: e.tokens(), HasLease: e.view().hasLease, Deadline: t.timeOf(e.view().deadline), CheckClock: e.view().checkClock,
 		LowWater: int64(e.view().lowWater), NegUntil: t.timeOf(e.view().negUntil), Mode: e.view().mode, OnFailure: e.view().onFailure,
 		Shadow: e.view().shadow, Tier: e.view().tierName(), Limit: e.view().limit, RegionRate: e.view().regionRate,
-		RegionBurst: e.view().regionBurst, Live: int64(e.view().live), Pending: e.pending, InFlight: e.inflight,
-		Degraded: e.degraded, ToReturn: e.toReturn, Spent: e.spentLocked(), Rate: e.rate,
+		RegionBurst: e.view().regionBurst, Live: int64(e.view().live), Pending: e.pending, InFlight: e.has(inflightFlag),
+		Degraded: e.has(degradedFlag), ToReturn: e.toReturn, Spent: e.spentLocked(), Rate: e.rate,
 	}, true
 }
