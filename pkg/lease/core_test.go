@@ -1,0 +1,439 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// newTestCore is a Core over a fresh test table (Refresh 1s, so a Sync
+// timeout of 500ms by default) and a breaker opening after 3 failures for
+// 1s; breakerTimeout 0 leaves the core without one.
+func newTestCore(t *testing.T, syncTimeout, breakerTimeout time.Duration, mod ...func(*TableOptions)) (*Core, *Table, *Breaker) {
+	t.Helper()
+	tb := newTestTable(t, mod...)
+	brk := NewBreaker(DefaultBreakerFailures, DefaultBreakerCooldown)
+	c := NewCore(tb, brk, syncTimeout)
+	if breakerTimeout > 0 {
+		c.WithBreakerTimeout(breakerTimeout)
+	}
+	return c, tb, brk
+}
+
+// stepTo fails unless st asks for do.
+func stepTo(t *testing.T, what string, st Step, do Do) Step {
+	t.Helper()
+	if st.Do != do {
+		t.Fatalf("%s: step %+v, want Do %d", what, st, do)
+	}
+	return st
+}
+
+// grantBatch answers every report of b with granted tokens.
+func grantBatch(b *Batch, granted int64) []*sluicev1.Grant {
+	gs := make([]*sluicev1.Grant, len(b.Reports))
+	for i, r := range b.Reports {
+		gs[i] = regionGrant(r, granted)
+	}
+	return gs
+}
+
+// fastAnswers records n round trips of 1ms in brk.
+func fastAnswers(brk *Breaker, n int) {
+	for i := range n {
+		at := t0.Add(-time.Hour + time.Duration(i)*time.Second)
+		brk.ObserveRTT(at, at.Add(time.Millisecond))
+	}
+}
+
+// TestCoreRequestBudget: a request's wait is the core's breaker timeout
+// (or the caller's base when the core has none), counted from its first
+// round, however small the configured timeout.
+func TestCoreRequestBudget(t *testing.T) {
+	c, _, _ := newTestCore(t, 0, 0)
+	s := c.Slow(kW, 1)
+	if got := s.Budget(t0, 50*time.Millisecond); got != 50*time.Millisecond {
+		t.Fatalf("core without a breaker timeout: budget %v, want the caller's base 50ms", got)
+	}
+	for _, bt := range []time.Duration{time.Nanosecond, 50 * time.Millisecond} {
+		c, _, _ := newTestCore(t, 0, bt)
+		s := c.Slow(kW, 1)
+		if got := s.Budget(t0, 0); got != bt {
+			t.Fatalf("breaker timeout %v: budget before the first round %v", bt, got)
+		}
+	}
+	c, _, _ = newTestCore(t, 0, 50*time.Millisecond)
+	s = c.Slow(kW, 1)
+	stepTo(t, "first round", s.Next(t0), DoAcquire)
+	if got := s.Budget(t0.Add(20*time.Millisecond), 0); got != 30*time.Millisecond {
+		t.Fatalf("20ms after the first round: budget %v, want 30ms", got)
+	}
+}
+
+// TestCoreWaitsAreBoundedBySyncTimeout: a request's wait grows with slow
+// answers up to the Sync timeout: the configured one however small, else
+// half the refresh.
+func TestCoreWaitsAreBoundedBySyncTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		sync, base, want time.Duration
+	}{
+		{sync: 0, base: 50 * time.Millisecond, want: 500 * time.Millisecond},
+		{sync: 200 * time.Millisecond, base: 50 * time.Millisecond, want: 200 * time.Millisecond},
+		{sync: time.Nanosecond, base: 0, want: time.Nanosecond},
+	} {
+		c, _, brk := newTestCore(t, tc.sync, 0)
+		brk.ObserveRTT(t0, t0.Add(10*time.Second))
+		if got := c.RequestTimeout(tc.base); got != tc.want {
+			t.Errorf("sync timeout %v, answers in 10s: request timeout %v, want %v", tc.sync, got, tc.want)
+		}
+	}
+}
+
+// TestCoreBeforeSendEnforcesAgainstSyncTimeout: before a background send
+// the owner stops the clock-free path on every key whose guard time falls
+// within the Sync timeout it may then be blocked for, and on no other.
+func TestCoreBeforeSendEnforcesAgainstSyncTimeout(t *testing.T) {
+	// Acquired at t0 with a 5s TTL: the guard time is t0+2.5s.
+	at := t0.Add(2200 * time.Millisecond)
+	for _, tc := range []struct {
+		sync  time.Duration
+		check bool
+	}{
+		{sync: 0, check: true}, // 500ms
+		{sync: 100 * time.Millisecond, check: false},
+		{sync: time.Nanosecond, check: false},
+	} {
+		c, tb, _ := newTestCore(t, tc.sync, 0)
+		acquire(t, tb, t0, t0, kW, 10, 10)
+		c.BeforeSend(at)
+		if got := state(t, tb, kW).CheckClock; got != tc.check {
+			t.Errorf("sync timeout %v, 300ms before the guard time: checkClock %v, want %v", tc.sync, got, tc.check)
+		}
+	}
+}
+
+// TestCoreRequestGivesUpAfterTwoAcquires: a request whose acquires keep
+// bringing fewer tokens than it costs is denied (not degraded) after
+// MaxSyncAcquires of them; the same Slow reused for the next request
+// starts counting again.
+func TestCoreRequestGivesUpAfterTwoAcquires(t *testing.T) {
+	c, _, _ := newTestCore(t, 0, 0)
+	s := c.Slow(kW, 3)
+	for req := range 2 {
+		st := s.Next(t0)
+		for i := range MaxSyncAcquires {
+			st = stepTo(t, "acquire", st, DoAcquire)
+			// Other requests' share: the region grants 1 of the 3 asked.
+			if req == 1 {
+				st = s.AcquireDone(t0, grantBatch(st.Batch, 0), Answered)
+			} else {
+				st = s.AcquireDone(t0, grantBatch(st.Batch, 1), Answered)
+			}
+			if i < MaxSyncAcquires-1 && st.Do != DoAcquire {
+				t.Fatalf("request %d: after acquire %d: step %+v, want another acquire", req, i+1, st)
+			}
+		}
+		st = stepTo(t, "after the last acquire", st, DoDecided)
+		if st.Decision.Allowed || st.Degraded || st.Err != nil || st.Decision.RetryAfter <= 0 {
+			t.Fatalf("request %d: decision %+v degraded %v err %v: want denied with a retry time, not degraded", req, st.Decision, st.Degraded, st.Err)
+		}
+	}
+}
+
+// TestCoreRequestWaitsAtMostMaxSlowRounds: a request waiting for another
+// one's report in flight looks again at most MaxSlowRounds times, then is
+// denied; the same Slow reused for the next request waits as long again.
+// Without a breaker timeout set, time alone does not end the wait.
+func TestCoreRequestWaitsAtMostMaxSlowRounds(t *testing.T) {
+	c, _, _ := newTestCore(t, 0, 0)
+	first := c.Slow(kW, 1)
+	stepTo(t, "first request", first.Next(t0), DoAcquire)
+	s := c.Slow(kW, 1)
+	for req := range 2 {
+		waits := 0
+		st := s.Next(t0)
+		for st.Do == DoWait && waits <= 2*MaxSlowRounds {
+			waits++
+			st = s.Next(t0.Add(time.Duration(waits) * time.Second))
+		}
+		if waits != MaxSlowRounds || st.Do != DoDecided || st.Degraded || st.Decision.Allowed {
+			t.Fatalf("request %d: %d waits then %+v; want %d waits then a denial", req, waits, st, MaxSlowRounds)
+		}
+	}
+}
+
+// TestCoreWaitEndsAtTheBreakerTimeout: a request that waits for another
+// one's report in flight is decided by its on_failure policy once its
+// breaker timeout has passed since it began waiting, not a nanosecond
+// earlier, however short the timeout.
+func TestCoreWaitEndsAtTheBreakerTimeout(t *testing.T) {
+	for _, bt := range []time.Duration{time.Nanosecond, 50 * time.Millisecond} {
+		c, _, _ := newTestCore(t, 0, bt)
+		first := c.Slow(kW, 1)
+		stepTo(t, "first request", first.Next(t0), DoAcquire)
+		s := c.Slow(kW, 1)
+		stepTo(t, "second request", s.Next(t0), DoWait)
+		stepTo(t, "wait, last instant", s.Next(t0.Add(bt-time.Nanosecond)), DoWait)
+		st := stepTo(t, "wait at the timeout", s.Next(t0.Add(bt)), DoDecided)
+		if !st.Degraded {
+			t.Fatalf("breaker timeout %v, at it: %+v, want the on_failure policy's decision", bt, st)
+		}
+	}
+}
+
+// TestCoreAcquireAnsweredLateEndsTheWait: an acquire answered after the
+// request's breaker timeout (the region's recent answers fast) with too
+// few tokens does not start another acquire: the policy decides.
+func TestCoreAcquireAnsweredLateEndsTheWait(t *testing.T) {
+	const bt = 50 * time.Millisecond
+	c, _, brk := newTestCore(t, 0, bt)
+	fastAnswers(brk, rttSamples)
+	s := c.Slow(kW, 3)
+	st := stepTo(t, "acquire", s.Next(t0), DoAcquire)
+	st = s.AcquireDone(t0.Add(60*time.Millisecond), grantBatch(st.Batch, 1), Answered)
+	if st.Do != DoDecided || !st.Degraded {
+		t.Fatalf("acquire answered after 60ms with 1 of 3 tokens: %+v, want the on_failure policy's decision", st)
+	}
+}
+
+// TestCoreOpenBreakerDecidesAtOnce: while the breaker is open a request
+// that would ask the region (acquire or check) is decided by the key's
+// on_failure policy without a round trip, and its key is not in flight;
+// a closed breaker lets them ask.
+func TestCoreOpenBreakerDecidesAtOnce(t *testing.T) {
+	for _, key := range []quota.Key{kW, kExp} {
+		c, tb, brk := newTestCore(t, 0, 50*time.Millisecond)
+		s := c.Slow(key, 1)
+		want := DoAcquire
+		if key == kExp {
+			want = DoCheck
+		}
+		st := stepTo(t, key.String()+" closed breaker", s.Next(t0), want)
+		if want == DoAcquire {
+			s.AcquireDone(t0, nil, Unreachable)
+		} else {
+			s.CheckDone(t0, nil, Unreachable)
+		}
+		for range DefaultBreakerFailures - 1 {
+			brk.Failure(t0)
+		}
+		if !brk.Open() {
+			t.Fatal("breaker not open")
+		}
+		st = stepTo(t, key.String()+" open breaker", s.Next(t0.Add(time.Millisecond)), DoDecided)
+		if !st.Degraded || st.Batch != nil {
+			t.Fatalf("%s, open breaker: %+v, want degraded without a batch", key, st)
+		}
+		if ks, ok := tb.State(key); ok && ks.InFlight {
+			t.Fatalf("%s in flight while the breaker is open", key)
+		}
+	}
+}
+
+// TestCoreLearnsRoundTripsOfAnswersOnly: every answer (grants, a refusal,
+// a conflict) lengthens a request's wait after slow round trips; an RPC
+// that got no answer, or that its caller abandoned, does not.
+func TestCoreLearnsRoundTripsOfAnswersOnly(t *testing.T) {
+	const bt, slowRTT = 50 * time.Millisecond, 100 * time.Millisecond
+	const longer = 4 * slowRTT
+	outcomes := []struct {
+		out  Outcome
+		want time.Duration
+	}{
+		{Answered, longer}, {Refused, longer}, {Conflict, longer}, {Unreachable, bt}, {Abandoned, bt},
+	}
+	for _, o := range outcomes {
+		// A request's acquire.
+		c, _, _ := newTestCore(t, 0, bt)
+		s := c.Slow(kW, 1)
+		st := stepTo(t, "acquire", s.Next(t0), DoAcquire)
+		var gs []*sluicev1.Grant
+		if o.out == Answered {
+			gs = grantBatch(st.Batch, 1)
+		}
+		s.AcquireDone(t0.Add(slowRTT), gs, o.out)
+		if got := c.RequestTimeout(bt); got != o.want {
+			t.Errorf("acquire ended %d after %v: request timeout %v, want %v", o.out, slowRTT, got, o.want)
+		}
+
+		// A background Sync.
+		c, tb, _ := newTestCore(t, 0, bt)
+		acquire(t, tb, t0, t0, kW, 1, 1)
+		round := c.PrepareSync(t0.Add(time.Second))
+		b, _ := round.Next()
+		gs = nil
+		if o.out == Answered {
+			gs = grantBatch(b, 0)
+		}
+		round.Sent(t0.Add(time.Second+slowRTT), b, gs, o.out)
+		if got := c.RequestTimeout(bt); got != o.want {
+			t.Errorf("sync ended %d after %v: request timeout %v, want %v", o.out, slowRTT, got, o.want)
+		}
+	}
+	// A strict key's check: the region answers or refuses, or not.
+	for _, o := range outcomes {
+		if o.out == Conflict {
+			continue // checks carry no report to conflict
+		}
+		c, _, _ := newTestCore(t, 0, bt)
+		s := c.Slow(kExp, 1)
+		stepTo(t, "check", s.Next(t0), DoCheck)
+		var resp *sluicev1.CheckResponse
+		if o.out == Answered {
+			resp = &sluicev1.CheckResponse{Allowed: true, Limit: 10, Remaining: 9}
+		}
+		s.CheckDone(t0.Add(slowRTT), resp, o.out)
+		if got := c.RequestTimeout(bt); got != o.want {
+			t.Errorf("check ended %d after %v: request timeout %v, want %v", o.out, slowRTT, got, o.want)
+		}
+	}
+}
+
+// TestCoreExpireWakeups: the owner sleeps a refresh when no key holds a
+// lease, else until the next key's guard time.
+func TestCoreExpireWakeups(t *testing.T) {
+	c, tb, _ := newTestCore(t, 0, 0)
+	if got := c.Expire(t0); got != time.Second {
+		t.Fatalf("no lease: owner waits %v, want the refresh", got)
+	}
+	acquire(t, tb, t0, t0, kW, 10, 10)
+	if got := c.Expire(t0.Add(time.Second)); got != 1500*time.Millisecond {
+		t.Fatalf("lease to t0+5s, at t0+1s: owner waits %v, want 1.5s (until deadline − ttl/2)", got)
+	}
+}
+
+// TestCoreRefusedSyncIsolatesTheRefusedKey: a Sync of one report refused
+// as invalid forgets that key; a Sync of several is split into one batch
+// per report to find it.
+func TestCoreRefusedSyncIsolatesTheRefusedKey(t *testing.T) {
+	for _, keys := range [][]quota.Key{{kW}, {kW, kR}} {
+		c, tb, _ := newTestCore(t, 0, 0)
+		for _, k := range keys {
+			acquire(t, tb, t0, t0, k, 1, 1)
+		}
+		round := c.PrepareSync(t0.Add(time.Second))
+		b, _ := round.Next()
+		split, _, _ := round.Sent(t0.Add(time.Second), b, nil, Refused)
+		if len(keys) == 1 {
+			if split != nil {
+				t.Fatalf("one refused report split into %d batches", len(split))
+			}
+			if _, ok := tb.State(kW); ok {
+				t.Fatal("the key of a refused report is still held")
+			}
+			continue
+		}
+		if len(split) != len(keys) {
+			t.Fatalf("%d refused reports split into %d batches, want one each", len(keys), len(split))
+		}
+		for i, p := range split {
+			if len(p.Reports) != 1 || p.Keys()[0] != b.Keys()[i] {
+				t.Fatalf("split part %d: keys %v, want [%s]", i, p.Keys(), b.Keys()[i])
+			}
+		}
+	}
+}
+
+// TestCoreSyncRoundOrder: a Sync round sends its batches in order, then
+// the Release of the keys forgotten as idle, then is over; an answered
+// or conflicting batch lets the others go, while one that found the region
+// unreachable (or was abandoned) ends the round's other Syncs unsent, with
+// their keys no longer in flight.
+func TestCoreSyncRoundOrder(t *testing.T) {
+	keys := []quota.Key{kW, kR, {Tenant: "acme", Class: "open"}}
+	idle := quota.Key{Tenant: "idle", Class: "write"}
+	setup := func(withIdle bool) (*Core, *Table, *SyncRound) {
+		c, tb, _ := newTestCore(t, 0, 0, func(o *TableOptions) { o.MaxReportsPerSync = 1; o.IdleTimeout = 3 * time.Second })
+		if withIdle {
+			acquire(t, tb, t0, t0, idle, 1, 1)
+		}
+		for _, k := range keys {
+			acquire(t, tb, t0.Add(4*time.Second), t0.Add(4*time.Second), k, 1, 1)
+		}
+		return c, tb, c.PrepareSync(t0.Add(4 * time.Second))
+	}
+
+	_, _, round := setup(true)
+	synced := map[quota.Key]bool{}
+	for i := range keys {
+		b, release := round.Next()
+		if b == nil || release || b.Keys()[0] == idle || synced[b.Keys()[0]] {
+			t.Fatalf("batch %d: %v release %v (synced before: %v), want the Sync of another busy key", i, b, release, synced)
+		}
+		synced[b.Keys()[0]] = true
+		round.Sent(t0.Add(4*time.Second), b, grantBatch(b, 0), Answered)
+	}
+	if b, release := round.Next(); b == nil || !release || b.Keys()[0] != idle {
+		t.Fatalf("after the Syncs: %v release %v, want the Release of the idle key", b, release)
+	}
+	if b, release := round.Next(); b != nil || release {
+		t.Fatalf("after the Release: %v release %v, want the round over", b, release)
+	}
+
+	for _, out := range []Outcome{Conflict, Unreachable, Abandoned} {
+		_, tb, round := setup(false)
+		b, _ := round.Next()
+		_, skipped, _ := round.Sent(t0.Add(4*time.Second), b, nil, out)
+		next, _ := round.Next()
+		if out == Conflict {
+			if len(skipped) != 0 || next == nil || next.Keys()[0] == b.Keys()[0] {
+				t.Fatalf("after a conflict: skipped %d, next %v; want the next Sync", len(skipped), next)
+			}
+			continue
+		}
+		if len(skipped) != len(keys)-1 || next != nil {
+			t.Fatalf("outcome %d: skipped %d batches, next %v; want the other %d skipped and the round over", out, len(skipped), next, len(keys)-1)
+		}
+		for _, k := range keys {
+			if state(t, tb, k).InFlight {
+				t.Fatalf("outcome %d: %s still in flight", out, k)
+			}
+		}
+	}
+}
+
+// TestCoreRefillHold: an early refill holds further kicks for the refill
+// spacing; when no key is at its low-water mark nothing is sent and
+// nothing held.
+func TestCoreRefillHold(t *testing.T) {
+	c, tb, _ := newTestCore(t, 0, 0)
+	if b, hold := c.PrepareRefill(t0); b != nil || hold != 0 {
+		t.Fatalf("no key: refill %v hold %v, want none", b, hold)
+	}
+	acquire(t, tb, t0, t0, kW, 1, 1)
+	allow(t, tb, t0, kW, 1)
+	if b, hold := c.PrepareRefill(t0); b == nil || hold != RefillSpacing(time.Second) {
+		t.Fatalf("empty pool: refill %v hold %v, want a batch and %v", b, hold, RefillSpacing(time.Second))
+	}
+}
+
+// TestDecideRules pins the small rules the Client and the simulator share:
+// when a request gives up, how far apart refills go, the default Sync
+// timeout.
+func TestDecideRules(t *testing.T) {
+	for _, tc := range []struct {
+		acquires, rounds int
+		want             bool
+	}{
+		{0, 0, false}, {1, 5, false}, {2, 0, true}, {0, 6, true}, {3, 7, true},
+	} {
+		if got := GiveUp(tc.acquires, tc.rounds); got != tc.want {
+			t.Errorf("GiveUp(%d acquires, %d rounds) = %v, want %v", tc.acquires, tc.rounds, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ refresh, want time.Duration }{
+		{time.Second, 50 * time.Millisecond},
+		{200 * time.Millisecond, 10 * time.Millisecond},
+		{50 * time.Millisecond, 5 * time.Millisecond},
+		{10 * time.Millisecond, 5 * time.Millisecond},
+	} {
+		if got := RefillSpacing(tc.refresh); got != tc.want {
+			t.Errorf("RefillSpacing(%v) = %v, want %v", tc.refresh, got, tc.want)
+		}
+	}
+	if got := DefaultSyncTimeout(time.Second); got != 500*time.Millisecond {
+		t.Errorf("DefaultSyncTimeout(1s) = %v, want 500ms", got)
+	}
+}
