@@ -1,0 +1,144 @@
+package lease
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestSizingMeasuresDemandOverAMinimumWindow: demand is measured over at
+// least max(Refresh/20, 10ms), so a burst in a key's first milliseconds
+// sizes its batch at that rate, not at an absurd one; a window that long
+// is folded into the demand EWMA, a shorter one is not yet.
+func TestSizingMeasuresDemandOverAMinimumWindow(t *testing.T) {
+	kOpen := quota.Key{Tenant: "acme", Class: "open"}
+	for _, tc := range []struct {
+		refresh, after time.Duration
+		want           int64   // the acquire's want: 1.5 refreshes at the measured rate
+		rate           float64 // the demand EWMA afterwards
+	}{
+		{refresh: time.Second, after: 10 * time.Millisecond, want: 150},            // 5 tokens / 50ms
+		{refresh: time.Second, after: 50 * time.Millisecond, want: 150, rate: 100}, // a whole window
+		{refresh: 100 * time.Millisecond, after: 5 * time.Millisecond, want: 75},   // 5 tokens / 10ms
+		{refresh: 100 * time.Millisecond, after: 10 * time.Millisecond, want: 75, rate: 500},
+	} {
+		tb := newTestTable(t, func(o *TableOptions) { o.Refresh = tc.refresh })
+		// Five tokens of demand while the region was unreachable.
+		if _, err := tb.Fallback(t0, kOpen, 5); err != nil {
+			t.Fatal(err)
+		}
+		at := t0.Add(tc.after)
+		if _, act := allow(t, tb, at, kOpen, 1); act != ActAcquire {
+			t.Fatalf("action %v, want acquire", act)
+		}
+		b, _ := tb.PrepareAcquire(at, kOpen, 1)
+		if got := b.Reports[0].Want; got != tc.want {
+			t.Errorf("refresh %v, 5 tokens then an acquire %v later: want %d, expected %d", tc.refresh, tc.after, got, tc.want)
+		}
+		if got := state(t, tb, kOpen).Rate; got != tc.rate {
+			t.Errorf("refresh %v, acquire %v later: demand EWMA %v, want %v", tc.refresh, tc.after, got, tc.rate)
+		}
+	}
+}
+
+// TestSizingEWMATimeConstant: the demand EWMA decays with a time constant
+// of two refreshes: after an idle window of dt it keeps exp(−dt/2Refresh)
+// of its value.
+func TestSizingEWMATimeConstant(t *testing.T) {
+	tb := newTestTable(t)
+	allow(t, tb, t0, kW, 1)
+	b, _ := tb.PrepareAcquire(t0, kW, 1000)
+	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(b.Reports[0], 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		allow(t, tb, t0.Add(time.Duration(i)*time.Millisecond), kW, 1)
+	}
+	sync := func(at time.Time) float64 {
+		t.Helper()
+		syncs, _ := tb.PrepareSync(at)
+		if err := tb.Apply(at, syncs[0], []*sluicev1.Grant{regionGrant(syncs[0].Reports[0], 0)}); err != nil {
+			t.Fatal(err)
+		}
+		return state(t, tb, kW).Rate
+	}
+	if got := sync(t0.Add(time.Second)); got != 100 {
+		t.Fatalf("100 tokens in the first second: rate %v, want 100", got)
+	}
+	for _, tc := range []struct {
+		at   time.Duration
+		want float64
+	}{
+		{2 * time.Second, 100 * math.Exp(-0.5)}, // idle for 1s
+		{4 * time.Second, 100 * math.Exp(-1.5)}, // then idle for 2s
+	} {
+		if got := sync(t0.Add(tc.at)); math.Abs(got-tc.want) > 1e-9 {
+			t.Fatalf("idle until %v: rate %v, want %v", tc.at, got, tc.want)
+		}
+	}
+}
+
+// TestSizingBatchCap: a lone instance's batch never exceeds the region's
+// whole burst (one token of a burst below one), and each of two live
+// instances gets at most half of it.
+func TestSizingBatchCap(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		burst, rate float64
+		live        int64
+		want        int64
+	}{
+		{"lone instance, burst 0.5", 0.5, 1000, 1, 1},
+		{"two instances, burst 400", 400, 100, 2, 200},
+	} {
+		tb := newTestTable(t)
+		region := func(g *sluicev1.Grant) { g.RegionBurst, g.RegionRate, g.LiveInstances = tc.burst, tc.rate, tc.live }
+		acquire(t, tb, t0, t0, kW, 10, 10, region)
+		for range 10 {
+			allow(t, tb, t0, kW, 1)
+		}
+		// 10 tokens in the first 10ms: 200/s, a batch of 300 uncapped.
+		at := t0.Add(10 * time.Millisecond)
+		allow(t, tb, at, kW, 1)
+		b, _ := tb.PrepareAcquire(at, kW, 1)
+		if got := b.Reports[0].Want; got != tc.want {
+			t.Errorf("%s: want %d, expected the cap %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestSizingLowWaterLead: the low-water mark is the demand of
+// max(2 × RTT, Refresh/4), so a refill started there arrives before the
+// pool runs dry, but at most half the target batch.
+func TestSizingLowWaterLead(t *testing.T) {
+	for _, tc := range []struct {
+		rtt  time.Duration
+		want int64
+	}{
+		{rtt: 0, want: 50},                       // 200/s × 250ms
+		{rtt: 300 * time.Millisecond, want: 120}, // 200/s × 600ms
+		{rtt: time.Second, want: 150},            // 200/s × 2s, capped at 300/2
+	} {
+		tb := newTestTable(t)
+		allow(t, tb, t0, kW, 1)
+		b, _ := tb.PrepareAcquire(t0, kW, 1000)
+		if err := tb.Apply(t0.Add(tc.rtt), b, []*sluicev1.Grant{regionGrant(b.Reports[0], 1000)}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 400 {
+			allow(t, tb, t0.Add(tc.rtt+time.Duration(i)*time.Millisecond), kW, 1)
+		}
+		// 400 tokens in 2s: 200/s, a target batch of 300.
+		at := t0.Add(2 * time.Second)
+		syncs, _ := tb.PrepareSync(at)
+		if err := tb.Apply(at.Add(tc.rtt), syncs[0], []*sluicev1.Grant{regionGrant(syncs[0].Reports[0], 0)}); err != nil {
+			t.Fatal(err)
+		}
+		if st := state(t, tb, kW); st.LowWater != tc.want {
+			t.Errorf("round trips of %v at 200 tokens/s: low water %d, want %d", tc.rtt, st.LowWater, tc.want)
+		}
+	}
+}
