@@ -98,3 +98,75 @@ func TestBreakerTimeoutFollowsSlowAnswers(t *testing.T) {
 		t.Fatalf("base above the limit: %v", got)
 	}
 }
+
+// TestBreakerTimeoutIsFourTimesTheMedian: after slow answers the wait is
+// exactly four times the median of the last 16 answered round trips,
+// from the first answer on; the median is the upper one, so a region that
+// turned slow is followed once 8 of the 16 were slow, not at 7; answers in
+// no time (same instant) are fast answers too.
+func TestBreakerTimeoutIsFourTimesTheMedian(t *testing.T) {
+	const base, limit = 50 * time.Millisecond, 10 * time.Second
+	const slow = 100 * time.Millisecond
+	at := t0
+	rtt := func(b *Breaker, d time.Duration) {
+		b.ObserveRTT(at, at.Add(d))
+		at = at.Add(time.Second)
+	}
+	b := NewBreaker(3, time.Second)
+	rtt(b, slow)
+	if got := b.Timeout(base, limit); got != 4*slow {
+		t.Fatalf("one answer in %v: timeout %v, want %v", slow, got, 4*slow)
+	}
+
+	b = NewBreaker(3, time.Second)
+	for range rttSamples {
+		rtt(b, time.Millisecond)
+	}
+	for i := 1; i <= rttSamples/2; i++ {
+		rtt(b, slow)
+		want := base
+		if i == rttSamples/2 {
+			want = 4 * slow
+		}
+		if got := b.Timeout(base, limit); got != want {
+			t.Fatalf("%d of the last %d answers in %v: timeout %v, want %v", i, rttSamples, slow, got, want)
+		}
+	}
+
+	b = NewBreaker(3, time.Second)
+	for range rttSamples/2 + 1 {
+		rtt(b, 0)
+	}
+	for range rttSamples/2 - 1 {
+		rtt(b, slow)
+	}
+	if got := b.Timeout(base, limit); got != base {
+		t.Fatalf("9 answers in no time, 7 in %v: timeout %v, want %v", slow, got, base)
+	}
+}
+
+// TestBreakerThresholdBelowOneCountsAsOne: a breaker configured with a
+// threshold below 1 opens at the first failure.
+func TestBreakerThresholdBelowOneCountsAsOne(t *testing.T) {
+	for _, threshold := range []int{0, -2} {
+		b := NewBreaker(threshold, time.Second)
+		b.Failure(t0)
+		if !b.Open() || b.Allow(t0) {
+			t.Fatalf("threshold %d: not open after one failure", threshold)
+		}
+	}
+}
+
+// TestBreakerFailuresWhileOpenKeepItsCooldown: failures reported while the
+// breaker is open and no probe is out (background Syncs keep failing) do
+// not push the probe back: it goes out one cooldown after the opening.
+func TestBreakerFailuresWhileOpenKeepItsCooldown(t *testing.T) {
+	b := NewBreaker(3, time.Second)
+	for range 3 {
+		b.Failure(t0)
+	}
+	b.Failure(t0.Add(500 * time.Millisecond))
+	if !b.Ready(t0.Add(time.Second)) || !b.Allow(t0.Add(time.Second)) {
+		t.Fatal("a failure during the cooldown delayed the probe")
+	}
+}
