@@ -1,0 +1,165 @@
+package luascripts
+
+import (
+	"context"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// twin runs every operation through the scripts on a real redis-server
+// and through Model at the same Redis instant, and fails on the first
+// reply or stored state that differs. The edge tests below drive it onto
+// the exact boundaries (an instant equal to an expiry, a value equal to a
+// threshold) that random sequences reach only by chance, and pin what the
+// key does there.
+type twin struct {
+	t   *testing.T
+	ctx context.Context
+	rdb *redis.Client
+	sc  *Scripts
+	m   *Model
+	now int64
+}
+
+func newTwin(t *testing.T) *twin {
+	w := &twin{t: t, ctx: context.Background(), rdb: redistest.Start(t).Client(), sc: newVirtual(), m: NewModel()}
+	w.at(1_800_000_000_000_000)
+	return w
+}
+
+func (w *twin) at(us int64) { w.now = us; w.sc.setNow(us) }
+
+func (w *twin) same(what string, got, want any, err error) {
+	w.t.Helper()
+	if err != nil {
+		w.t.Fatalf("%s: script error: %v", what, err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		w.t.Fatalf("%s: reply differs\n lua:   %+v\n model: %+v", what, got, want)
+	}
+	if rs, ms := snapshot(w.ctx, w.t, w.rdb), w.m.Snapshot(); !reflect.DeepEqual(rs, ms) {
+		w.t.Fatalf("%s: state differs\n redis: %v\n model: %v", what, rs, ms)
+	}
+}
+
+func (w *twin) sync(k Keys, c Common, r Report) LeaseReply {
+	w.t.Helper()
+	want := w.m.Sync(w.now, k, c, r)
+	got, err := w.sc.Sync(w.ctx, w.rdb, k, c, r)
+	w.same("sync "+r.Instance, got, want, err)
+	return got
+}
+
+func (w *twin) release(k Keys, c Common, r Report) ReleaseReply {
+	w.t.Helper()
+	want := w.m.Release(w.now, k, c, r)
+	got, err := w.sc.Release(w.ctx, w.rdb, k, c, r)
+	w.same("release "+r.Instance, got, want, err)
+	return got
+}
+
+func (w *twin) check(k Keys, c Common, cost int64) CheckReply {
+	w.t.Helper()
+	want := w.m.Check(w.now, k, c, cost)
+	got, err := w.sc.Check(w.ctx, w.rdb, k, c, cost)
+	w.same("check", got, want, err)
+	return got
+}
+
+func (w *twin) setRate(k Keys, c Common, rate, burst float64, exp, issued int64) SetRateReply {
+	w.t.Helper()
+	want := w.m.SetRate(w.now, k, c, rate, burst, exp, issued)
+	got, err := w.sc.SetRate(w.ctx, w.rdb, k, c, rate, burst, exp, issued)
+	w.same("set_rate", got, want, err)
+	return got
+}
+
+func (w *twin) state(k Keys, c Common) State {
+	w.t.Helper()
+	want := w.m.State(w.now, k, c)
+	got, err := w.sc.State(w.ctx, w.rdb, k, c)
+	w.same("state", got, want, err)
+	return got
+}
+
+// TestLeaseEndsAtItsExpiry: a lease is live strictly before its expiry and
+// over at it. A report arriving one microsecond before renews the lease and
+// reclaims nothing; one arriving exactly at the (renewed) expiry finds the
+// lease over even when no reaping runs (reap budget 0): its unspent tokens
+// come back (reclaim: reported) and the report opens a new lease.
+func TestLeaseEndsAtItsExpiry(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 1, StaticBurst: 100, LeaseTTL: time.Second, Reclaim: true, ReapBudget: 0,
+		DemandWindow: 500 * time.Millisecond}
+	t0 := w.now
+	w.at(t0)
+	if r := w.sync(k, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 30, Min: 1}); r.Granted != 30 {
+		t.Fatalf("first lease granted %d, want 30", r.Granted)
+	}
+	w.at(t0 + 1_000_000 - 1)
+	r := w.sync(k, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Used: 5, Want: 10, Min: 1})
+	if r.Reclaimed != 0 || r.Granted != 10 || r.Live != 1 {
+		t.Fatalf("a report 1µs before the lease's expiry: %+v, want the lease renewed (granted 10, nothing reclaimed)", r)
+	}
+	// Now 40 granted, 5 used: 35 unspent until t0 + 2s - 1.
+	w.at(t0 + 2_000_000 - 1)
+	r = w.sync(k, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 3, Used: 7, Want: 10, Min: 1})
+	if r.Reclaimed != 35 || r.Granted != 10 || r.Live != 1 {
+		t.Fatalf("a report at the lease's expiry: %+v, want its 35 unspent tokens reclaimed and a new lease of 10", r)
+	}
+}
+
+// TestWaitAtTheSmallestRate: a rate of one billionth of a token per second
+// still refills, so an empty bucket's wait for a token is finite (about
+// 10^12 ms); below it the scripts answer never (-1, RetryNever), so a
+// caller is not promised a wait no clock reaches.
+func TestWaitAtTheSmallestRate(t *testing.T) {
+	w := newTwin(t)
+	c := Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	for i, tc := range []struct {
+		rate  float64
+		never bool
+	}{
+		{1e-9, false},
+		{0.999999999e-9, true},
+	} {
+		k := KeysFor(DefaultPrefix, quota.Key{Tenant: "slow", Class: string(rune('a' + i))})
+		w.setRate(k, c, tc.rate, 5, w.now+100_000_000, w.now)
+		if r := w.check(k, c, 5); !r.Allowed {
+			t.Fatalf("rate %g: a full bucket of 5 denied 5: %+v", tc.rate, r)
+		}
+		r := w.check(k, c, 1)
+		if r.Allowed || (r.RetryAfter < 0) != tc.never || (!tc.never && r.RetryAfter < 999_999_999_999*time.Millisecond) {
+			t.Fatalf("rate %g: empty bucket answered %+v, want denied with never=%v (else a wait of 10^12 ms)", tc.rate, r, tc.never)
+		}
+	}
+}
+
+// TestModelExpiresKeysAtTheirDeadline: the Model drops a key at the instant
+// its TTL runs out, not before (as ExpireDue documents), so the harnesses
+// that replay Redis expiry on virtual time never keep a key past it.
+func TestModelExpiresKeysAtTheirDeadline(t *testing.T) {
+	m := NewModel()
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 10, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	t0 := int64(1_800_000_000_000_000)
+	m.Sync(t0, k, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 5, Min: 1})
+	ttl, ok := m.LastTTL(k.Bucket)
+	if lt, lok := m.LastTTL(k.Leases); !ok || !lok || ttl <= 0 || lt != ttl {
+		t.Fatalf("bucket TTL %v, %v; lease hash TTL %v, %v", ttl, ok, lt, lok)
+	}
+	deadline := t0 + ttl.Microseconds()
+	if gone := m.ExpireDue(deadline - 1); len(gone) != 0 {
+		t.Fatalf("expired %v 1µs before the deadline", gone)
+	}
+	if gone := m.ExpireDue(deadline); !reflect.DeepEqual(gone, []string{k.Bucket, k.Leases, k.Expiry}) {
+		t.Fatalf("at the deadline expired %v, want the bucket, the lease hash and its expiry set", gone)
+	}
+}
