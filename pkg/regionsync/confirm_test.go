@@ -2,6 +2,7 @@ package regionsync
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -213,4 +214,117 @@ func TestChainNeverOversubscribes(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestChainWhenFull: a chain lists at most MaxConfigs configs; a config
+// adopted when it is full replaces the newest one if that was never
+// reported, else runs unlisted (counted in Share and Len, the current
+// config, never reported) until a confirmation frees room. The zero
+// Chain runs nothing.
+func TestChainWhenFull(t *testing.T) {
+	if z := (Chain{}); z.Current() != (Revision{}) || z.Confirmed() != 0 || z.Len() != 0 {
+		t.Fatalf("zero chain: current %+v, confirmed %d, len %d", z.Current(), z.Confirmed(), z.Len())
+	}
+	cfg := func(rev int64) *config.Config { return chainConfig(t, [3]float64{1, float64(rev), 1}, 100, 100) }
+	small := chainConfig(t, [3]float64{1, 1, 8}, 100, 100) // eu 10/s
+	revs := func(c Chain) []int64 { _, r := c.Reported(); return r }
+	c := NewChain(1, cfg(1))
+	for rev := int64(2); rev <= MaxConfigs; rev++ {
+		c = c.Adopt(rev, cfg(rev))
+	}
+	if c.Len() != MaxConfigs || c.Current().Rev != MaxConfigs {
+		t.Fatalf("len %d current %d, want %d", c.Len(), c.Current().Rev, MaxConfigs)
+	}
+	c = c.Adopt(20, cfg(20)) // the newest (8) was never reported: replaced
+	if got, want := revs(c), []int64{1, 2, 3, 4, 5, 6, 7, 20}; !slices.Equal(got, want) || c.Len() != MaxConfigs {
+		t.Fatalf("after replacing an unreported config: %v (len %d), want %v", got, c.Len(), want)
+	}
+	c, _ = c.Reported()
+	if c.Adopt(20, cfg(1)).Current().Cfg != c.Current().Cfg {
+		t.Fatal("adopting the current revision again changed the chain")
+	}
+	c = c.Adopt(30, small) // all reported: runs unlisted
+	if got, want := revs(c), []int64{1, 2, 3, 4, 5, 6, 7, 20}; !slices.Equal(got, want) {
+		t.Fatalf("an unlisted config was reported: %v", got)
+	}
+	if c.Len() != MaxConfigs+1 || c.Current().Rev != 30 || c.Confirmed() != 1 {
+		t.Fatalf("unlisted: len %d, current %d, confirmed %d; want %d, 30, 1", c.Len(), c.Current().Rev, c.Confirmed(), MaxConfigs+1)
+	}
+	if r, _ := share(t, c, "eu"); r > 10.0001 {
+		t.Fatalf("eu's share %v with an unlisted config giving it 10/s", r)
+	}
+	if c3 := c.Confirm(3); !slices.Equal(revs(c3), []int64{3, 4, 5, 6, 7, 20, 30}) || c3.Len() != 7 {
+		t.Fatalf("confirming 3 listed %v (len %d), want the unlisted 30 listed after 20", revs(c3), c3.Len())
+	}
+	c = c.Confirm(20)
+	if got := revs(c); !slices.Equal(got, []int64{20, 30}) || c.Len() != 2 || c.Confirmed() != 20 {
+		t.Fatalf("after confirming 20: %v (len %d, confirmed %d), want [20 30]", got, c.Len(), c.Confirmed())
+	}
+	if r, _ := share(t, c, "eu"); r > 10.0001 {
+		t.Fatalf("eu's share %v after the unlisted config was listed, want at most 10", r)
+	}
+	if c2 := c.Confirm(20); !slices.Equal(revs(c2), []int64{20, 30}) {
+		t.Fatalf("confirming the confirmed revision again changed the chain: %v", revs(c2))
+	}
+}
+
+// TestConfirmationsObserveAndReserve: Observe says whether a region's
+// revisions changed (a first report always does) and keeps the newest
+// MaxConfigs; the confirmed revision never goes back; Reserve is the
+// smallest share under the region's held revisions from the confirmed
+// one on, and the largest under any held config for a region never heard
+// from or reporting none held.
+func TestConfirmationsObserveAndReserve(t *testing.T) {
+	conf := NewConfirmations()
+	for _, c := range []struct {
+		region string
+		revs   []int64
+		change bool
+	}{
+		{"eu", []int64{10}, true}, {"eu", []int64{10}, false}, {"eu", []int64{10, 20}, true},
+		{"ap", nil, true}, {"ap", nil, false}, {"ap", []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, true},
+	} {
+		if got := conf.Observe(c.region, c.revs); got != c.change {
+			t.Errorf("Observe(%s, %v) = %v, want %v", c.region, c.revs, got, c.change)
+		}
+	}
+	if got, _ := conf.Reported("ap"); !slices.Equal(got, []int64{3, 4, 5, 6, 7, 8, 9, 10}) {
+		t.Errorf("a long list kept as %v, want its newest %d", got, MaxConfigs)
+	}
+	if _, heard := conf.Reported("us"); heard {
+		t.Error("a region never heard from has reported")
+	}
+	cfgs := map[int64]*config.Config{
+		10: chainConfig(t, [3]float64{1, 1, 2}, 100, 100), // eu 25/s
+		20: chainConfig(t, [3]float64{1, 2, 1}, 100, 100), // eu 50/s
+		30: chainConfig(t, [3]float64{1, 3, 1}, 100, 100), // eu 60/s
+	}
+	under := func(rev int64, region ...string) float64 {
+		r, _ := ShareUnder(cfgs[rev], append(region, "eu")[0], chainKey)
+		return r
+	}
+	conf = NewConfirmations()
+	conf.Observe("eu", []int64{10, 20, 40})
+	if r, _ := conf.Reserve(cfgs, "eu", chainKey); r != under(10) {
+		t.Errorf("reserve %v with nothing confirmed, want the smallest held, %v", r, under(10))
+	}
+	if r, _ := conf.Reserve(cfgs, "us", chainKey); r != max(under(10, "us"), under(20, "us"), under(30, "us")) || r != under(10, "us") {
+		t.Errorf("reserve %v for a region never heard from, want the largest share of any held config", r)
+	}
+	conf.Observe("us", []int64{10, 20})
+	conf.Observe("ap", []int64{20})
+	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 20 {
+		t.Fatalf("confirmed %d %v, want 20", rev, ok)
+	}
+	if r, _ := conf.Reserve(cfgs, "eu", chainKey); r != under(20) {
+		t.Errorf("reserve %v once 20 is confirmed, want its share %v (10 dropped, 20 counted)", r, under(20))
+	}
+	conf.Observe("ap", []int64{40})
+	if r, _ := conf.Reserve(cfgs, "ap", chainKey); r != max(under(10, "ap"), under(20, "ap"), under(30, "ap")) || r != under(10, "ap") {
+		t.Errorf("reserve %v for a region running only a config not held, want the largest", r)
+	}
+	conf.Observe("ap", []int64{10})
+	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 20 {
+		t.Fatalf("confirmed %d %v after the regions share only an older revision, want 20 kept", rev, ok)
+	}
 }
