@@ -358,3 +358,80 @@ func TestDrainedRegionRunsOnItsFloor(t *testing.T) {
 		t.Fatalf("a's view %+v", v.Regions[0])
 	}
 }
+
+// TestLapseMarginIsTheLongerOfEpochAndOnePercent pins the clock margin a
+// silent region's lapse waits for beyond RegionLease + Validity.
+func TestLapseMarginIsTheLongerOfEpochAndOnePercent(t *testing.T) {
+	for _, tc := range []struct {
+		epoch, lease, want time.Duration
+	}{
+		{time.Second, 10 * time.Second, time.Second},
+		{time.Second, 100 * time.Second, time.Second},
+		{time.Second, 250 * time.Second, 2500 * time.Millisecond},
+		{200 * time.Millisecond, time.Hour, 36 * time.Second},
+	} {
+		if got := LapseMargin(tc.epoch, tc.lease); got != int64(tc.want) {
+			t.Errorf("LapseMargin(%v, %v) = %v, want %v", tc.epoch, tc.lease, time.Duration(got), tc.want)
+		}
+	}
+}
+
+// TestLapseOnlyAfterTheWholeLapsePeriod: a region last heard at T may
+// still run on its static lease (and its grants) until T + RegionLease +
+// Validity + LapseMargin, so at that very instant it is neither pending
+// nor lapsed by LapseDurable; a nanosecond later it is both.
+func TestLapseOnlyAfterTheWholeLapsePeriod(t *testing.T) {
+	s := newLeaseScript(t)
+	s.report("a", 500, 0)
+	s.report("b", 500, 0)
+	edge := s.at(500).Add(16 * time.Second) // 10s lease + 5s validity + 1s margin
+	if p := s.a.PendingLapses(edge); len(p) != 0 {
+		t.Fatalf("pending %v exactly a lapse period after the last report", p)
+	}
+	if ok, err := s.a.LapseDurable(edge, "a"); ok || err != nil {
+		t.Fatalf("LapseDurable exactly a lapse period after a's last report: %v, %v; want false", ok, err)
+	}
+	if st := s.state("a", 16_500); st == StateLapsed {
+		t.Fatal("a lapsed exactly a lapse period after its last report")
+	}
+	after := edge.Add(time.Nanosecond)
+	if p := s.a.PendingLapses(after); !slices.Equal(p, []string{"a", "b"}) {
+		t.Fatalf("pending %v just after the lapse period, want [a b]", p)
+	}
+	if ok, err := s.a.LapseDurable(after, "a"); !ok || err != nil {
+		t.Fatalf("LapseDurable just after the lapse period: %v, %v; want true", ok, err)
+	}
+	if ok, err := s.a.LapseDurable(after, "a"); ok || err != nil {
+		t.Fatalf("LapseDurable of a lapsed region: %v, %v; want false (nothing changes)", ok, err)
+	}
+}
+
+// TestRegionIsSilentOnlyAfterTheSilenceTimeout: the View calls a region
+// silent once more than SilenceTimeout (default two epochs) passed since
+// its last report, not at that instant.
+func TestRegionIsSilentOnlyAfterTheSilenceTimeout(t *testing.T) {
+	s := newLeaseScript(t)
+	s.report("a", 500, 0)
+	if st := s.state("a", 2500); st != StateLive {
+		t.Fatalf("a is %s exactly two epochs after its report, want live", st)
+	}
+	for _, r := range s.a.View(s.at(500).Add(2*time.Second + time.Nanosecond)).Regions {
+		if r.Name == "a" && r.State != StateSilent {
+			t.Fatalf("a is %s just after two epochs without a report, want silent", r.State)
+		}
+	}
+}
+
+// TestLapsedSetRegionGetsItsLeaseWhenLearningEnds: a region in the durable
+// lapsed set reporting to a new leader gets no static lease before the
+// leader's learning ends (the previous leader's grants may count it at its
+// floor until then), and gets it at that very instant.
+func TestLapsedSetRegionGetsItsLeaseWhenLearningEnds(t *testing.T) {
+	s := newLeaseScript(t, "a")
+	if ans := s.report("a", 4999, leaseRate); ans.StaticLease != 0 {
+		t.Fatalf("a got static lease %v 1ms before learning ends", ans.StaticLease)
+	}
+	if ans := s.report("a", 5000, leaseRate); ans.StaticLease != 10*time.Second {
+		t.Fatalf("a got static lease %v when learning ended, want 10s", ans.StaticLease)
+	}
+}

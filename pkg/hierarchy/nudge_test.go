@@ -3,6 +3,7 @@ package hierarchy
 import (
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestNudgesMoveCapacityBetweenEpochs follows one shift: the recipient's
@@ -63,5 +64,69 @@ func TestLearningLeaderNudgesNobody(t *testing.T) {
 	s.report("a", 300, 150, -1)
 	if got := s.a.TakeNudges(); len(got) != 0 {
 		t.Fatalf("learning leader nudged %q", got)
+	}
+}
+
+// TestOnlyRegionsAboveTheirTargetAreNudged: when a's answer falls short,
+// only the regions that may use more than their targets are asked to
+// report; c, held at its ceiling which is also its static share, already
+// holds exactly its target and is left alone.
+func TestOnlyRegionsAboveTheirTargetAreNudged(t *testing.T) {
+	regions := []Region{{Name: "a", Weight: 2}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1, MaxShare: 0.25}}
+	s := newScript(t, regions, KeyLimit{Rate: 1000, Burst: 1000})
+	takes := func(when string, want ...string) {
+		t.Helper()
+		if got := s.a.TakeNudges(); !slices.Equal(got, want) {
+			t.Fatalf("%s: nudges %q, want %q", when, got, want)
+		}
+	}
+	s.a.Allocate(s.at(6000))
+	if g := s.report("a", 6100, 2000, -1); g == nil || !near(g.Rate, 500) {
+		t.Fatalf("a's first grant = %+v, want its static 500", g)
+	}
+	if g := s.report("c", 6150, 2000, -1); g == nil || !near(g.Rate, 250) || !near(g.Burst, 250) {
+		t.Fatalf("c's first grant = %+v, want its ceiling 250/250", g)
+	}
+	if g := s.report("b", 6200, 10, -1); g == nil || !near(g.Rate, 10) {
+		t.Fatalf("b's first grant = %+v, want 10", g)
+	}
+	takes("nobody is short yet")
+	if g := s.report("a", 6300, 2000, -1); g == nil || g.Rate > 500 {
+		t.Fatalf("a got %+v before b acknowledged", g)
+	}
+	takes("a is short for want of b's acknowledgement", "b")
+}
+
+// TestPeakUseAtTheEdges pins what a region is counted at when deciding
+// whom to nudge: its summary's value while that runs (until T, exclusive),
+// and what it is counted at without a grant once T falls inside the
+// shortest validity from now (a summary ending exactly then no longer
+// matters).
+func TestPeakUseAtTheEdges(t *testing.T) {
+	a := mustAllocator(t, twoRegions()) // shortest validity: the 1s epoch
+	const now = int64(10 * time.Second)
+	for _, tc := range []struct {
+		name         string
+		until        int64
+		wantR, wantB float64
+	}{
+		{"summary ended before now", now - 1, 250, 25},
+		{"summary ends exactly now", now, 250, 25},
+		{"summary runs past now, ends within the validity", now + 1, 300, 30},
+		{"summary ends just before the horizon", now + int64(time.Second) - 1, 300, 30},
+		{"summary ends exactly at the horizon", now + int64(time.Second), 300, 30},
+	} {
+		sm := summary{rateV: 300, burstV: 30, rateT: tc.until, burstT: tc.until}
+		if r, b := a.peakUse(now, sm, 250, 25); r != tc.wantR || b != tc.wantB {
+			t.Errorf("%s: peak use %v/%v, want %v/%v", tc.name, r, b, tc.wantR, tc.wantB)
+		}
+		sm = summary{rateV: 100, burstV: 10, rateT: tc.until, burstT: tc.until}
+		wantR, wantB := 250.0, 25.0
+		if tc.until >= now+int64(time.Second) {
+			wantR, wantB = 100, 10
+		}
+		if r, b := a.peakUse(now, sm, 250, 25); r != wantR || b != wantB {
+			t.Errorf("%s, below the fallback: peak use %v/%v, want %v/%v", tc.name, r, b, wantR, wantB)
+		}
 	}
 }

@@ -236,3 +236,101 @@ func TestUnitForRegionWhenOnlyRateRecipientCanSpare(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitUnitsProperties checks the burst split's promises on random
+// pools, weights, static caps, demands and roles: Σ out <= pool (or the
+// fractions of a unit kept, when they are more); whole
+// units each (recipients and regions at their share keep the fraction of
+// a unit their static cap carries once they hold their static units); a
+// donor (role < 0) gets at most its static units and, when the pool covers
+// the static caps of the others, a region at its share exactly its static
+// cap and a recipient at least its static cap; no unit is left over while
+// some region may take one; and a region with demand is left without a
+// unit only when no region could give it one.
+func TestSplitUnitsProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 5).Draw(t, "regions")
+		unit := rapid.SampledFrom([]float64{1, 2.5}).Draw(t, "unit")
+		weight, sb, demand := make([]float64, n), make([]float64, n), make([]float64, n)
+		role := make([]int8, n)
+		var sumSb float64
+		for j := range n {
+			weight[j] = float64(rapid.IntRange(0, 5).Draw(t, "weight"))
+			sb[j] = float64(rapid.IntRange(0, 3).Draw(t, "staticUnits")) * unit
+			if rapid.IntRange(0, 3).Draw(t, "fraction") == 0 {
+				sb[j] += unit / 2
+			}
+			sumSb += sb[j]
+			demand[j] = float64(rapid.IntRange(0, 2).Draw(t, "demand"))
+			role[j] = int8(rapid.IntRange(-1, 1).Draw(t, "role"))
+		}
+		pool := float64(rapid.IntRange(0, int(sumSb/unit)+3).Draw(t, "poolUnits")) * unit
+		if rapid.Bool().Draw(t, "poolFraction") {
+			pool += unit / 2
+		}
+		out := make([]float64, n)
+		var us unitScratch
+		splitUnits(pool, unit, weight, sb, demand, role, out, &us)
+		var sum, kept, keepers float64
+		for j := range n {
+			sum += out[j]
+			if role[j] >= 0 {
+				kept += sb[j] - math.Floor(sb[j]/unit)*unit
+				keepers += sb[j]
+			}
+		}
+		// The fractions of a unit that static caps carry are kept even
+		// when the pool cannot hold them (a silent region may be counted
+		// above its static cap); the fence caps every grant anyway.
+		if sum > max(pool, kept)+1e-9 {
+			t.Fatalf("split %v adds up to %v, above the pool %v", out, sum, pool)
+		}
+		units := math.Floor(max(0, pool-kept) / unit)
+		var given float64
+		for j := range n {
+			whole := math.Floor(sb[j] / unit)
+			u := out[j] / unit
+			if role[j] >= 0 && out[j] >= whole*unit && out[j] > 0 {
+				u = (out[j] - (sb[j] - whole*unit)) / unit
+			}
+			if u != math.Floor(u) || u < 0 {
+				t.Fatalf("region %d (role %d, static %v) got %v: not whole units of %v; split %v", j, role[j], sb[j], out[j], unit, out)
+			}
+			given += u
+			if role[j] < 0 && out[j] > whole*unit {
+				t.Fatalf("donor %d got %v, above its static units %v; split %v", j, out[j], whole*unit, out)
+			}
+			if keepers <= pool && role[j] == 0 && out[j] != sb[j] {
+				t.Fatalf("region %d at its share got %v, want its static cap %v (pool %v covers them); split %v", j, out[j], sb[j], pool, out)
+			}
+			if keepers <= pool && role[j] > 0 && out[j] < sb[j] {
+				t.Fatalf("recipient %d got %v, below its static cap %v (pool %v covers them); split %v", j, out[j], sb[j], pool, out)
+			}
+		}
+		if given < units {
+			for j := range n {
+				if role[j] > 0 {
+					t.Fatalf("%v of %v units given, yet recipient %d could take more; split %v", given, units, j, out)
+				}
+			}
+		}
+		for j := range n {
+			if !(demand[j] > 0) || out[j] > 0 || (role[j] <= 0 && sb[j] < unit) {
+				continue
+			}
+			for d := range n {
+				keep := 0.0
+				if role[d] >= 0 {
+					keep = math.Floor(sb[d] / unit)
+				}
+				if demand[d] > 0 {
+					keep = max(keep, 1)
+				}
+				if d != j && out[d] > keep*unit+(sb[d]-math.Floor(sb[d]/unit)*unit)*float64(max(0, min(1, role[d]+1))) {
+					t.Fatalf("region %d has demand and no unit while region %d holds %v it could give; split %v (weights %v, static %v, demand %v, roles %v, pool %v)",
+						j, d, out[d], out, weight, sb, demand, role, pool)
+				}
+			}
+		}
+	})
+}

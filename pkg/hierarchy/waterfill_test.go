@@ -275,3 +275,34 @@ func TestClampIsMinMax(t *testing.T) {
 		}
 	}
 }
+
+// TestFairShareWithLittleOrNoCapacity: inside the allocator the capacity
+// left for the reporting regions may be 0 (silent regions frozen at what
+// they may use hold the whole rate) or below their floors. Then nobody
+// gets anything, never a NaN, or the floors are scaled down in proportion.
+func TestFairShareWithLittleOrNoCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		capacity float64
+		lo, hi   []float64
+		demand   []float64
+		want     []float64
+	}{
+		{"no capacity, no floors", 0, []float64{0, 0}, []float64{100, 100}, []float64{30, 60}, []float64{0, 0}},
+		{"no capacity, no demand", 0, []float64{0, 0}, []float64{100, 100}, []float64{0, 0}, []float64{0, 0}},
+		{"no capacity, floors", 0, []float64{20, 10}, []float64{100, 100}, []float64{30, 60}, []float64{0, 0}},
+		{"floors above capacity are scaled", 15, []float64{20, 10}, []float64{100, 100}, []float64{30, 60}, []float64{10, 5}},
+		{"small floors above capacity are scaled", 0.375, []float64{0.5, 0.25}, []float64{1, 1}, []float64{1, 1}, []float64{0.25, 0.125}},
+		{"floors exactly the capacity", 30, []float64{20, 10}, []float64{100, 100}, []float64{30, 60}, []float64{20, 10}},
+	} {
+		out := make([]float64, len(tc.lo))
+		var fs fillScratch
+		fairShare(tc.capacity, []float64{1, 1}, tc.lo, tc.hi, tc.demand, out, &fs)
+		for i := range out {
+			if out[i] != tc.want[i] {
+				t.Errorf("%s: got %v, want %v", tc.name, out, tc.want)
+				break
+			}
+		}
+	}
+}
