@@ -328,3 +328,22 @@ func TestConfirmationsObserveAndReserve(t *testing.T) {
 		t.Fatalf("confirmed %d %v after the regions share only an older revision, want 20 kept", rev, ok)
 	}
 }
+
+// TestConfirmationsOfAStaticConfig: a static config's revision 0 is
+// confirmed once every region reports it, and a later revision every
+// region reports replaces it.
+func TestConfirmationsOfAStaticConfig(t *testing.T) {
+	conf := NewConfirmations()
+	for _, r := range chainRegions {
+		conf.Observe(r, []int64{0})
+	}
+	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 0 {
+		t.Fatalf("confirmed %d %v, want revision 0", rev, ok)
+	}
+	for _, r := range chainRegions {
+		conf.Observe(r, []int64{0, 5})
+	}
+	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 5 {
+		t.Fatalf("confirmed %d %v, want 5", rev, ok)
+	}
+}
