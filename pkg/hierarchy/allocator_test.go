@@ -379,3 +379,20 @@ func TestBecomeLeaderForgetsGrants(t *testing.T) {
 
 // grantsOf is the grants of a Report answer.
 func grantsOf(ans Answer, err error) ([]Grant, error) { return ans.Grants, err }
+
+// TestDemandAtTheStaticShareNeedsNoGrant: a key is contended only when a
+// region's demand exceeds its static share, or it has demand and its
+// static burst holds no whole unit. Demand exactly at the static rate, with
+// exactly one unit of static burst, gets no grant epoch after epoch.
+func TestDemandAtTheStaticShareNeedsNoGrant(t *testing.T) {
+	s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 2})
+	for ms := 6000; ms < 12000; ms += 1000 {
+		s.a.Allocate(s.at(ms))
+		if ga, gb := s.report("a", ms+100, 50, 0), s.report("b", ms+200, 1, 0); ga != nil || gb != nil {
+			t.Fatalf("at %dms demand at the static rate 50 (and 1) with one unit of static burst each got grants %+v %+v", ms, ga, gb)
+		}
+	}
+	if v := s.a.View(s.at(12000)); len(v.Keys) != 1 || v.Keys[0].Contended || v.Keys[0].Active {
+		t.Fatalf("view: %+v", v.Keys)
+	}
+}

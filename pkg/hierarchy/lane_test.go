@@ -233,3 +233,80 @@ func TestDistinctStepsBelowEveryCandidate(t *testing.T) {
 		}
 	}
 }
+
+// TestAcknowledgeEdges pins the acknowledgement rules at their equalities:
+// a held burst whose bound is now no longer counts; an unplaceable held
+// grant that some candidate covers (values and expiry at least as large,
+// equal included) adds no record; a region holding no grant and no more
+// than its static cap leaves nothing held above it.
+func TestAcknowledgeEdges(t *testing.T) {
+	const now = 1000
+	t.Run("held burst expiring now", func(t *testing.T) {
+		var f fence
+		f.add(grantRec{rate: 10, burst: 20, ue: now + 50, le: now + 40, at: now - 10})
+		f.add(grantRec{rate: 5, burst: 8, ue: now + 60, le: now + 55, at: now - 5})
+		f.heldKnown = true
+		f.holdBurst, f.holdUntil = 30, now
+		h := heldReport{rate: 5, burst: 8, valid: 50, holding: 25}
+		f.acknowledge(now, h, f.match(h), 10, false)
+		if f.holdBurst != 20 || f.holdUntil != now+50 {
+			t.Fatalf("held burst %v until %d, want the older cap 20 until %d (the one expiring now is gone)", f.holdBurst, f.holdUntil, now+50)
+		}
+	})
+	for _, tc := range []struct {
+		name        string
+		rate, burst float64
+		ue          int64
+	}{
+		{"equal rate", 10, 12, now + 50 + heldValidSlack},
+		{"equal burst", 12, 9, now + 50 + heldValidSlack},
+		{"equal expiry", 12, 12, now + 50 + heldValidSlack},
+	} {
+		t.Run("covered by "+tc.name, func(t *testing.T) {
+			var f fence
+			f.add(grantRec{rate: tc.rate, burst: tc.burst, ue: tc.ue, le: now, at: now - 10})
+			f.heldKnown = true
+			h := heldReport{rate: 10, burst: 9, valid: 50, holding: 0}
+			if m := f.match(h); m >= 0 {
+				t.Fatalf("held %+v matches candidate %d", h, m)
+			}
+			f.acknowledge(now, h, -1, 10, false)
+			if f.n != 1 {
+				t.Fatalf("%d records after an unplaceable grant a candidate covers, want 1: %+v", f.n, f.recs)
+			}
+		})
+	}
+	t.Run("holding exactly the static cap", func(t *testing.T) {
+		var f fence
+		f.holdBurst, f.holdUntil = 5, now+100
+		f.acknowledge(now, heldReport{holding: 10}, -1, 10, false)
+		if f.holdUntil != negInf || f.hasNonStatic(now, 50, 10) {
+			t.Fatalf("held burst %v until %d after a report holding exactly the static cap, want none", f.holdBurst, f.holdUntil)
+		}
+	})
+}
+
+// TestHasNonStaticAtExactExpiry: a held burst or candidate whose bound is
+// now no longer keeps the region off its static share; one a nanosecond
+// later does.
+func TestHasNonStaticAtExactExpiry(t *testing.T) {
+	const now = 100
+	var f fence
+	f.holdBurst, f.holdUntil = 12, now
+	if f.hasNonStatic(now, 2, 2) {
+		t.Fatal("a held burst whose bound is now still counts")
+	}
+	f.holdUntil = now + 1
+	if !f.hasNonStatic(now, 2, 2) {
+		t.Fatal("a held burst above the static cap until a nanosecond later does not count")
+	}
+	f.holdUntil = negInf
+	f.add(grantRec{rate: 9, burst: 2, ue: now, le: now, at: 0})
+	if f.hasNonStatic(now, 2, 2) {
+		t.Fatal("a candidate expiring now still counts")
+	}
+	f.recs[0].ue = now + 1
+	if !f.hasNonStatic(now, 2, 2) {
+		t.Fatal("a candidate above the static rate until a nanosecond later does not count")
+	}
+}
