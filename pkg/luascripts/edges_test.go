@@ -163,3 +163,106 @@ func TestModelExpiresKeysAtTheirDeadline(t *testing.T) {
 		t.Fatalf("at the deadline expired %v, want the bucket, the lease hash and its expiry set", gone)
 	}
 }
+
+// cands reads a candidate set from Redis and requires the Model's to match.
+func (w *twin) cands(name string) map[string]int64 {
+	w.t.Helper()
+	zs, err := w.rdb.ZRangeWithScores(w.ctx, name, 0, -1).Result()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, z := range zs {
+		got[z.Member.(string)] = int64(z.Score)
+	}
+	if mc := w.m.Candidates(name); !reflect.DeepEqual(mc, got) {
+		w.t.Fatalf("candidates: redis %v, model %v", got, mc)
+	}
+	return got
+}
+
+// trim is the region leader's trim of a candidate set (ZREMRANGEBYSCORE
+// -inf (below) on both sides.
+func (w *twin) trim(name string, below int64) {
+	w.t.Helper()
+	w.m.TrimCandidates(name, below)
+	if err := w.rdb.ZRemRangeByScore(w.ctx, name, "-inf", "("+itoa(below)).Err(); err != nil {
+		w.t.Fatal(err)
+	}
+	w.cands(name)
+}
+
+// TestCandidateMarksAtExactThresholds: a key whose lease demand reads
+// exactly half its static share needs the global tier and is marked; a
+// grant is valid strictly before its expiry, so a key served by leases
+// alone whose grant ends at this very instant reads and writes nothing
+// for candidates (no mark window is opened); a mark window closes exactly
+// one mark interval after it opened; on a share of 0 only demand above
+// nothing marks; a trim keeps a mark whose score equals its bound.
+func TestCandidateMarksAtExactThresholds(t *testing.T) {
+	w := newTwin(t)
+	c := Common{StaticRate: 100, StaticBurst: 200, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8,
+		DemandWindow: 500 * time.Millisecond, MarkEvery: 250 * time.Millisecond}
+	t0 := w.now
+
+	// 25 tokens over the 500ms window: 50 tokens/s, half of 100.
+	half := KeysFor(DefaultPrefix, quota.Key{Tenant: "half", Class: "read"})
+	w.sync(half, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 100, Min: 1})
+	if got := w.cands(half.Cand); len(got) != 0 {
+		t.Fatalf("marked %v before any demand was read", got)
+	}
+	w.at(t0 + 500_000)
+	w.sync(half, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Used: 25, Want: 100, Min: 1})
+	if st := w.state(half, c); st.LeaseDemand != 50 {
+		t.Fatalf("lease demand %v, want exactly 50 tokens/s", st.LeaseDemand)
+	}
+	if got := w.cands(half.Cand); got[half.Member] != t0+500_000 {
+		t.Fatalf("candidates %v: a demand of exactly half the share not marked at the reading", got)
+	}
+
+	// A grant valid until t1, a lease without demand reporting at t1.
+	ended := KeysFor(DefaultPrefix, quota.Key{Tenant: "ended", Class: "read"})
+	t1 := t0 + 2_000_000
+	w.sync(ended, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 5, Min: 1})
+	w.setRate(ended, c, 10, 10, t1, w.now)
+	w.at(t1)
+	w.sync(ended, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Want: 5, Min: 1})
+	if w.rdb.HExists(w.ctx, ended.Bucket, "cw").Val() {
+		t.Fatal("a key whose grant ended at this instant opened a mark window")
+	}
+	if st := w.state(ended, c); st.GrantExpiryUS != 0 || st.Rate != c.StaticRate {
+		t.Fatalf("state at the grant's expiry %+v, want the static rate and no grant", st)
+	}
+
+	// A strict key: its first decision opens a window and marks it; the
+	// next window opens exactly 250ms later, when 20 tokens in it read
+	// 80 tokens/s.
+	strict := KeysFor(DefaultPrefix, quota.Key{Tenant: "strict", Class: "read"})
+	w.at(t0)
+	w.check(strict, c, 20)
+	w.at(t0 + 250_000)
+	w.check(strict, c, 20)
+	if got := w.cands(strict.Cand); got[strict.Member] != t0+250_000 {
+		t.Fatalf("candidates %v: the window one mark interval old was not read", got)
+	}
+	w.trim(strict.Cand, t0+250_000)
+	if got := w.cands(strict.Cand); got[strict.Member] != t0+250_000 {
+		t.Fatalf("candidates %v: a trim below the mark's own score removed it", got)
+	}
+
+	// A key on a share of 0, strict-checked once (marked), then read by a
+	// lease report without demand a window later: nothing to mark.
+	floor := KeysFor(DefaultPrefix, quota.Key{Tenant: "floor", Class: "read"})
+	fc := c
+	fc.StaticRate, fc.StaticBurst = 0, 0
+	w.at(t0)
+	w.check(floor, fc, 1)
+	if got := w.cands(floor.Cand); got[floor.Member] != t0 {
+		t.Fatalf("candidates %v: a strict decision on a share of 0 not marked", got)
+	}
+	w.at(t0 + 1_000_000)
+	w.sync(floor, fc, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 1, Min: 1})
+	if got := w.cands(floor.Cand); got[floor.Member] != t0 {
+		t.Fatalf("candidates %v: no demand in the window moved the mark of a key on a share of 0", got)
+	}
+}
