@@ -334,3 +334,14 @@ func TestSplitUnitsProperties(t *testing.T) {
 		}
 	})
 }
+
+// TestSplitUnitsWithoutWeights: with no weight at all (no rate assigned)
+// the units are shared equally, the one left over to the first region.
+func TestSplitUnitsWithoutWeights(t *testing.T) {
+	out := make([]float64, 3)
+	var us unitScratch
+	splitUnits(4, 1, []float64{0, 0, 0}, []float64{0, 0, 0}, []float64{0, 0, 0}, []int8{1, 1, 1}, out, &us)
+	if want := []float64{2, 1, 1}; fmt.Sprint(out) != fmt.Sprint(want) {
+		t.Fatalf("4 units over 3 regions without weights = %v, want %v", out, want)
+	}
+}
