@@ -266,3 +266,26 @@ func TestCandidateMarksAtExactThresholds(t *testing.T) {
 		t.Fatalf("candidates %v: no demand in the window moved the mark of a key on a share of 0", got)
 	}
 }
+
+// TestGrantOfTheSameReportApplies: grants are ordered by when their report
+// was sent, and one sent at the same instant as the grant in force
+// replaces it (the leader installs every answer to a report, the same
+// grant again or a corrected one); only an older one is refused.
+func TestGrantOfTheSameReportApplies(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	issued := w.now - 1_000
+	if r := w.setRate(k, c, 5, 50, w.now+10_000_000, issued); !r.Applied {
+		t.Fatalf("first grant not applied: %+v", r)
+	}
+	if r := w.setRate(k, c, 7, 70, w.now+20_000_000, issued); !r.Applied {
+		t.Fatalf("a grant of the same report refused: %+v", r)
+	}
+	if r := w.setRate(k, c, 9, 90, w.now+30_000_000, issued-1); r.Applied {
+		t.Fatalf("an older grant applied: %+v", r)
+	}
+	if st := w.state(k, c); st.Rate != 7 || st.Cap != 70 || st.GrantExpiryUS != w.now+20_000_000 {
+		t.Fatalf("state %+v, want the second grant (7/s, cap 70) in force", st)
+	}
+}
