@@ -60,7 +60,9 @@ func TestDecodeReportAtItsBounds(t *testing.T) {
 		{"MaxConfigs revisions", func(r *sluicev1.RegionReport) { r.ConfigRevisions = make([]int64, MaxConfigs) }, ""},
 		{"one revision too many", func(r *sluicev1.RegionReport) { r.ConfigRevisions = make([]int64, MaxConfigs+1) }, "config_revisions"},
 		{"a negative revision", func(r *sluicev1.RegionReport) { r.ConfigRevisions[1] = -1 }, "config_revisions[1]"},
-		{"one key too many", func(r *sluicev1.RegionReport) { r.Keys = append(r.Keys, &sluicev1.KeyDemand{Key: wireKey("d"), WindowMs: 1}) }, "keys has 4"},
+		{"one key too many", func(r *sluicev1.RegionReport) {
+			r.Keys = append(r.Keys, &sluicev1.KeyDemand{Key: wireKey("d"), WindowMs: 1})
+		}, "keys has 4"},
 		{"a key missing", func(r *sluicev1.RegionReport) { r.Keys[2].Key = nil }, "keys[2].key"},
 		{"an invalid key", func(r *sluicev1.RegionReport) { r.Keys[2].Key.Tenant = "" }, "keys[2].key"},
 		{"a key of an unconfigured class", func(r *sluicev1.RegionReport) { r.Keys[2].Key.Class = "read" }, "keys[2].key"},
