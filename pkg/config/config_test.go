@@ -572,3 +572,111 @@ func TestParseAcceptsRateForms(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateAcceptsEveryBound sets one field to exactly a bound the
+// rules allow, starting from the valid sample: every bound is inclusive
+// where the message says "at least", "at most" or "in [...]", and the
+// cross-field rules accept their edge (grant_validity = 4 × epoch,
+// region_lease = 2 × grant_validity, min_share = max_share, min shares
+// summing to 1, burst = max_cost, one region left serving).
+func TestValidateAcceptsEveryBound(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(c *Config)
+	}{
+		{"epoch of MinEpoch", func(c *Config) { c.Epoch = Duration(MinEpoch) }},
+		{"grant validity of 4 epochs", func(c *Config) { c.GrantValidity = Duration(4 * time.Second) }},
+		{"refresh just below half the ttl", func(c *Config) { c.Refresh = Duration(2500*time.Millisecond - 1) }},
+		{"region lease of 2 grant validities", func(c *Config) { c.RegionLease = Duration(10 * time.Second) }},
+		{"region lease of MaxRegionLease", func(c *Config) { c.RegionLease = Duration(MaxRegionLease) }},
+		{"intervals of MaxInterval", func(c *Config) {
+			c.GrantValidity, c.LeaseTTL, c.RegionLease = Duration(MaxInterval), Duration(MaxInterval), Duration(MaxRegionLease)
+		}},
+		{"one global shard", func(c *Config) { c.GlobalShards = 1 }},
+		{"the most global shards", func(c *Config) { c.GlobalShards = 256 }},
+		{"demand alpha 1", func(c *Config) { c.DemandAlpha = 1 }},
+		{"demand alpha small", func(c *Config) { c.DemandAlpha = 1e-9 }},
+		{"min share 1, the others 0", func(c *Config) { setRegion(c, "eu-west", Region{Weight: 1, MinShare: 1, MaxShare: 1}) }},
+		{"min share equal to max share", func(c *Config) { setRegion(c, "eu-west", Region{Weight: 1, MinShare: 0.3, MaxShare: 0.3}) }},
+		{"min shares summing to 1 in float", func(c *Config) {
+			setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.7, MaxShare: 1})
+			setRegion(c, "eu-west", Region{Weight: 1, MinShare: 0.2, MaxShare: 1})
+			setRegion(c, "ap-south", Region{Weight: 1, MinShare: 0.1, MaxShare: 1})
+		}},
+		{"all regions but one drained", func(c *Config) {
+			for _, name := range []string{"eu-west", "ap-south"} {
+				r := c.Regions[name]
+				r.Drained = true
+				c.Regions[name] = r
+			}
+		}},
+		{"partition share 1", func(c *Config) {
+			setClass(c, "export", Class{Mode: ModeStrict, OnFailure: OnFailureClosed, Reclaim: ReclaimNone, PartitionShare: ptr(1.0)})
+		}},
+		{"max_cost of quota.MaxCost, burst equal to it", func(c *Config) {
+			c.Classes["bulk"] = Class{Mode: ModeLease, OnFailure: OnFailureLocal, Reclaim: ReclaimNone, MaxCost: quota.MaxCost}
+			for _, tier := range c.Tiers {
+				tier["bulk"] = LimitSpec{Rate: 1e6, Burst: quota.MaxCost}
+			}
+		}},
+		{"rate and burst at their maxima", func(c *Config) { c.Tiers["free"]["write"] = LimitSpec{Rate: MaxRate, Burst: MaxBurst} }},
+		{"envoy mapping with a fixed class and printable keys", func(c *Config) {
+			c.Envoy.Descriptors = append(c.Envoy.Descriptors, EnvoyDescriptor{Domain: "edge~1", TenantKey: "!customer~", Class: "read"})
+		}},
+	}
+	for _, tc := range cases {
+		c := Default()
+		tc.mutate(c)
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: refused: %v", tc.name, err)
+		}
+	}
+}
+
+// TestValidateRefusesPastEveryBound: one step past the bounds that
+// TestValidateRules does not reach is refused, naming the field.
+func TestValidateRefusesPastEveryBound(t *testing.T) {
+	bulk := func(maxCost int64, burst float64) func(c *Config) {
+		return func(c *Config) {
+			c.Classes["bulk"] = Class{Mode: ModeLease, OnFailure: OnFailureLocal, Reclaim: ReclaimNone, MaxCost: maxCost}
+			for _, tier := range c.Tiers {
+				tier["bulk"] = LimitSpec{Rate: 1e6, Burst: burst}
+			}
+		}
+	}
+	cases := []struct {
+		name   string
+		mutate func(c *Config)
+		want   string
+	}{
+		{"demand alpha above 1", func(c *Config) { c.DemandAlpha = 1.5 }, "demand_alpha: must be in (0, 1], got 1.5"},
+		{"demand alpha negative", func(c *Config) { c.DemandAlpha = -0.5 }, "demand_alpha: must be in (0, 1], got -0.5"},
+		{"max share 0", func(c *Config) { setRegion(c, "eu-west", Region{Weight: 1, MaxShare: 0}) },
+			"regions.eu-west.max_share: must be in (0, 1], got 0"},
+		{"max_cost above quota.MaxCost", bulk(quota.MaxCost+1, quota.MaxCost+1), "classes.bulk.max_cost: must be in 1..1048576"},
+		{"max_cost negative", bulk(-1, 5), "classes.bulk.max_cost: must be in 1..1048576 (0 or left out means 1), got -1"},
+		{"burst one below max_cost", bulk(10, 9), "tiers.free.bulk.burst: 9 is below the class's max_cost 10"},
+		{"grant validity just below 4 epochs", func(c *Config) { c.GrantValidity = Duration(4*time.Second - 1) },
+			"grant_validity: must be at least 4 × epoch"},
+		{"region lease just below 2 grant validities", func(c *Config) { c.RegionLease = Duration(10*time.Second - 1) },
+			"region_lease: must be at least 2 × grant_validity"},
+		{"envoy key with DEL", func(c *Config) { c.Envoy.Descriptors[0].TenantKey = "ten\x7fant" },
+			`envoy.descriptors[0].tenant_key: "ten\x7fant" has a space or control character at offset 3`},
+		{"epoch just below MinEpoch", func(c *Config) { c.Epoch = Duration(MinEpoch - 1) }, "epoch: must be at least 10ms"},
+		{"rate just above MaxRate", func(c *Config) { c.Tiers["pro"]["read"] = LimitSpec{Rate: MaxRate * (1 + 1e-12), Burst: 4000} },
+			"tiers.pro.read.rate: must be at most"},
+		{"burst just above MaxBurst", func(c *Config) { c.Tiers["pro"]["read"] = LimitSpec{Rate: MaxRate, Burst: MaxBurst + 1} },
+			"tiers.pro.read.burst: must be a whole number"},
+		{"min shares summing just above 1", func(c *Config) {
+			setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.5, MaxShare: 1})
+			setRegion(c, "eu-west", Region{Weight: 1, MinShare: 0.5 + 1e-6, MaxShare: 1})
+		}, "regions: min_share of all regions sums to"},
+	}
+	for _, tc := range cases {
+		c := Default()
+		tc.mutate(c)
+		if err := c.Validate(); err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}
