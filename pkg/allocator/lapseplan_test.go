@@ -1,0 +1,106 @@
+package allocator
+
+import (
+	"log/slog"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+)
+
+// TestLapsedKeyTrimsThePrefix: the lapsed set's key is the prefix (the
+// default one when empty) without trailing slashes, then /global/lapsed.
+func TestLapsedKeyTrimsThePrefix(t *testing.T) {
+	for prefix, want := range map[string]string{
+		"":       "/sluice/global/lapsed",
+		"/x":     "/x/global/lapsed",
+		"/x/":    "/x/global/lapsed",
+		"/x//":   "/x/global/lapsed",
+		"/a/b/":  "/a/b/global/lapsed",
+		"/":      "/global/lapsed",
+		"x/y":    "x/y/global/lapsed",
+		"/x/y//": "/x/y/global/lapsed",
+	} {
+		if got := LapsedKey(prefix); got != want {
+			t.Errorf("LapsedKey(%q) = %q, want %q", prefix, got, want)
+		}
+	}
+}
+
+// TestLapsePlanWritesOnlyWhatChanged: a leader plans a write of the
+// lapsed set when a region has been silent for longer than region_lease +
+// validity + margin (that region pending, the set what the allocator
+// keeps plus it, each region once); once written, the region is counted at
+// its floor and nothing more is written while the set is as stored; once
+// the region is conferred a lease again the set without it is written. A
+// replica that does not lead plans nothing.
+func TestLapsePlanWritesOnlyWhatChanged(t *testing.T) {
+	for _, stored := range [][]string{nil, {"a"}} {
+		synctest.Test(t, func(t *testing.T) {
+			cfg := parseConfig(t, loopConfig+"region_lease: 2s\n")
+			s, err := newService(serviceOptions{config: StaticConfig{C: cfg}, advertise: "self:7500",
+				logger: slog.New(slog.DiscardHandler)}, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plan := s.planLapses(time.Now()); plan.write || plan.pending != nil || plan.set != nil {
+				t.Fatalf("stored %v: a replica not leading plans %+v", stored, plan)
+			}
+			s.promote(1, time.Now().Add(time.Hour), stored)
+			s.mu.Lock()
+			after := s.lapseAfterLocked()
+			s.mu.Unlock()
+			epoch := 100 * time.Millisecond
+			start := time.Now()
+			seq := uint64(0)
+			// b reports every epoch; a stays silent.
+			for time.Since(start) <= after+epoch {
+				seq++
+				if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "b", Seq: seq}); err != nil {
+					t.Fatal(err)
+				}
+				if time.Since(start) < after {
+					if plan := s.planLapses(time.Now()); plan.write || len(plan.pending) != 0 || !slices.Equal(plan.set, stored) {
+						t.Fatalf("stored %v: planned %+v after %v of silence (lapse after %v)", stored, plan, time.Since(start), after)
+					}
+				}
+				time.Sleep(epoch)
+			}
+			plan := s.planLapses(time.Now())
+			if !plan.write || !slices.Equal(plan.pending, []string{"a"}) || !slices.Equal(plan.set, []string{"a"}) {
+				t.Fatalf("stored %v: a silent for %v planned %+v, want a pending and the set [a] written", stored, time.Since(start), plan)
+			}
+			s.lapsesWritten(time.Now(), plan)
+			if st := s.alloc.LapsedSet(); !slices.Equal(st, []string{"a"}) {
+				t.Fatalf("stored %v: lapsed set %v after the write, want [a]", stored, st)
+			}
+			if plan := s.planLapses(time.Now()); plan.write || len(plan.pending) != 0 {
+				t.Fatalf("stored %v: planned %+v with the set as stored", stored, plan)
+			}
+			// a reports again: returning, it is conferred a lease at the
+			// latest once every grant issued while it was lapsed has expired
+			// (at once here: no key has a fence), and leaves the set with the
+			// next write.
+			back := time.Now()
+			for {
+				seq++
+				g, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: seq})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if g.GetStaticLeaseMs() > 0 {
+					break
+				}
+				if time.Since(back) > 500*time.Millisecond+epoch { // the grant validity and an epoch
+					t.Fatalf("stored %v: a not conferred a lease %v after it came back", stored, time.Since(back))
+				}
+				time.Sleep(epoch)
+			}
+			if plan := s.planLapses(time.Now()); !plan.write || len(plan.pending) != 0 || len(plan.set) != 0 {
+				t.Fatalf("stored %v: planned %+v once a was conferred a lease, want the empty set written", stored, plan)
+			}
+		})
+	}
+}
