@@ -179,3 +179,144 @@ func TestNeverPromisesNoTime(t *testing.T) {
 		}
 	}
 }
+
+// TestPerUnitEdges: a rate of exactly one per unit is named in that unit
+// (the shortest whole one), and a rate whole in no unit is rounded in the
+// longest unit whose count still fits in 32 bits, the minute when hours
+// overflow.
+func TestPerUnitEdges(t *testing.T) {
+	cases := []struct {
+		rate float64
+		n    uint32
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{1, 1, rlsv3.RateLimitResponse_RateLimit_SECOND},
+		{1.0 / 60, 1, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+		{1.0 / 3600, 1, rlsv3.RateLimitResponse_RateLimit_HOUR},
+		{1.0 / 86400, 1, rlsv3.RateLimitResponse_RateLimit_DAY},
+		{2e6 + 1.0/7, 120000009, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+	}
+	for _, c := range cases {
+		if n, unit := perUnit(c.rate); n != c.n || unit != c.unit {
+			t.Errorf("perUnit(%v) = %d per %v, want %d per %v", c.rate, n, unit, c.n, c.unit)
+		}
+	}
+}
+
+// TestRefillWindowEdges: a burst of one token takes 1/rate to refill,
+// and a key without a rate gets the 1 s window rather than an unbounded
+// one.
+func TestRefillWindowEdges(t *testing.T) {
+	cases := []struct {
+		l    quota.Limit
+		want int64
+	}{
+		{quota.Limit{Rate: 0.1, Burst: 1}, 10},
+		{quota.Limit{Rate: 0, Burst: 5}, 1},
+		{quota.Limit{Rate: 0.25, Burst: 1}, 4},
+	}
+	for _, c := range cases {
+		if got := refillWindow(c.l); got != c.want {
+			t.Errorf("refillWindow(%+v) = %d, want %d", c.l, got, c.want)
+		}
+	}
+}
+
+// TestCeilSeconds: durations round up to whole seconds; an exact second
+// stays itself and nothing left is 0.
+func TestCeilSeconds(t *testing.T) {
+	cases := []struct {
+		d    time.Duration
+		want int64
+	}{
+		{-time.Second, 0}, {0, 0}, {time.Nanosecond, 1}, {time.Second, 1},
+		{time.Second + time.Nanosecond, 2}, {1500 * time.Millisecond, 2}, {3 * time.Second, 3},
+	}
+	for _, c := range cases {
+		if got := ceilSeconds(c.d); got != c.want {
+			t.Errorf("ceilSeconds(%v) = %d, want %d", c.d, got, c.want)
+		}
+	}
+}
+
+// TestNewDecidedEdges: a region cap of 0 means nothing can be expected
+// now (cap and remaining 0), and an over-limit decision without a retry
+// time promises none (retry and reset 0).
+func TestNewDecidedEdges(t *testing.T) {
+	now := time.Unix(1000, 0)
+	lim := quota.Limit{Rate: 10, Burst: 20}
+	if d := newDecided(now, lim, resultOK, quota.Decision{Allowed: true, Remaining: 5, Cap: 0, CapKnown: true}); d.cap != 0 || d.remaining != 0 {
+		t.Errorf("region cap 0: %+v; want cap 0 and remaining 0", d)
+	}
+	if d := newDecided(now, lim, resultOverLimit, quota.Decision{}); d.retry != 0 || d.reset != 0 || d.never {
+		t.Errorf("over limit without a retry time: %+v; want retry 0, reset 0", d)
+	}
+}
+
+// TestHeaderTimes: over limit, every time field is the retry delay
+// rounded up and at least 1, past the precomputed values too; allowed,
+// x-ratelimit-reset is the time until the shown key is full again and
+// there is no retry-after.
+func TestHeaderTimes(t *testing.T) {
+	lim := quota.Limit{Rate: 0.01, Burst: 5}
+	cases := []struct {
+		name      string
+		dd        decided
+		overLimit bool
+		retry     time.Duration
+		want      map[string]string
+	}{
+		{"over, retry 2.5s", decided{limit: lim, cap: 5, result: resultOverLimit}, true, 2500 * time.Millisecond,
+			map[string]string{HeaderReset: "3", HeaderRetryAfter: "3", HeaderRateLimit: `"c";r=0;t=3`}},
+		{"over, no retry time", decided{limit: lim, cap: 5, result: resultOverLimit}, true, 0,
+			map[string]string{HeaderReset: "1", HeaderRetryAfter: "1", HeaderRateLimit: `"c";r=0;t=1`}},
+		{"over, retry 120s", decided{limit: lim, cap: 5, result: resultOverLimit}, true, 120 * time.Second,
+			map[string]string{HeaderReset: "120", HeaderRetryAfter: "120", HeaderRateLimit: `"c";r=0;t=120`}},
+		{"over, retry 121s", decided{limit: lim, cap: 5, result: resultOverLimit}, true, 121 * time.Second,
+			map[string]string{HeaderReset: "121", HeaderRetryAfter: "121", HeaderRateLimit: `"c";r=0;t=121`}},
+		{"over, retry 500s", decided{limit: lim, cap: 5, result: resultOverLimit}, true, 500 * time.Second,
+			map[string]string{HeaderReset: "500", HeaderRetryAfter: "500", HeaderRateLimit: `"c";r=0;t=500`}},
+		{"allowed, full in 121s", decided{limit: lim, cap: 5, remaining: 3, reset: 121 * time.Second}, false, 0,
+			map[string]string{HeaderReset: "121", HeaderRemaining: "3", HeaderRateLimit: `"c";r=3;t=121`}},
+		{"allowed, full in 1234s", decided{limit: lim, cap: 5, remaining: 4, reset: 1234 * time.Second}, false, 0,
+			map[string]string{HeaderReset: "1234", HeaderRemaining: "4", HeaderRateLimit: `"c";r=4;t=1234`}},
+	}
+	for _, c := range cases {
+		got := map[string]string{}
+		hs := headers(c.dd, "c", c.overLimit, false, c.retry)
+		for _, h := range hs {
+			got[h.GetKey()] = h.GetValue()
+		}
+		wantN := 5
+		if c.overLimit {
+			wantN = 6
+		}
+		if len(hs) != wantN || len(got) != wantN {
+			t.Errorf("%s: %d headers %v, want %d", c.name, len(hs), got, wantN)
+		}
+		if _, ok := got[HeaderRetryAfter]; ok != c.overLimit {
+			t.Errorf("%s: retry-after present %v, want %v", c.name, ok, c.overLimit)
+		}
+		for k, v := range c.want {
+			if got[k] != v {
+				t.Errorf("%s: %s = %q, want %q", c.name, k, got[k], v)
+			}
+		}
+	}
+}
+
+// TestSharedPartsFollowTheCap: the cached limit header of a class
+// follows the region's cap when it changes and the limit does not.
+func TestSharedPartsFollowTheCap(t *testing.T) {
+	cache := &classCounters{class: "read"}
+	lim := quota.Limit{Rate: 100, Burst: 200}
+	for _, c := range []struct {
+		cap  int64
+		want string
+	}{{200, "200, 200;w=2"}, {150, "150, 200;w=2"}, {150, "150, 200;w=2"}, {200, "200, 200;w=2"}} {
+		dd := decided{limit: lim, cap: c.cap, cache: cache}
+		if got := headers(dd, "read", false, false, 0)[0]; got.GetKey() != HeaderLimit || got.GetValue() != c.want {
+			t.Errorf("cap %d: %s = %q, want %q", c.cap, got.GetKey(), got.GetValue(), c.want)
+		}
+	}
+}

@@ -2,8 +2,12 @@ package envoyrls_test
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
@@ -133,5 +137,125 @@ func TestResolveTrees(t *testing.T) {
 	if _, err := envoyrls.Resolve(cfg, request("edge", 2, desc("path", "x"), desc("uid", "user-1"))); err == nil ||
 		!strings.Contains(err.Error(), "descriptors[1]") || !strings.Contains(err.Error(), "exceeds the key's burst 1") {
 		t.Errorf("cost above the burst: %v", err)
+	}
+}
+
+// edgesConfig: flat mappings for two domains (a class_key one first, then
+// a fixed class as fallback), and a tree whose prefixes overlap.
+const edgesConfig = `
+regions: {local: {weight: 1}}
+classes:
+  read: {}
+  write: {}
+  other: {}
+  per_ip: {}
+  net10: {}
+  net101: {}
+  big: {}
+tiers:
+  std:
+    read: {rate: 10/s, burst: 10}
+    write: {rate: 10/s, burst: 10}
+    other: {rate: 10/s, burst: 10}
+    per_ip: {rate: 10/s, burst: 10}
+    net10: {rate: 10/s, burst: 10}
+    net101: {rate: 10/s, burst: 10}
+    big: {rate: 1048576/s, burst: 1048576}
+default_tier: std
+envoy:
+  descriptors:
+    - {domain: other, tenant_key: user, class: other}
+    - {domain: flat, tenant_key: tenant, class_key: class}
+    - {domain: flat, tenant_key: tenant, class: read}
+    - {domain: flat, tenant_key: bulk, class: big}
+  domains:
+    - domain: flat
+      descriptors:
+        - {key: user, class: per_ip}
+    - domain: tree
+      descriptors:
+        - {key: ip, value: "10.*", class: net10}
+        - {key: ip, value: "10.1.*", class: net101}
+        - {key: ip, class: per_ip}
+        - {key: addr, value: "10.1.*", descriptors: [{key: path, class: net101}]}
+        - {key: addr, class: per_ip}
+`
+
+// TestResolveEdges pins how descriptors map to keys at the edges: a
+// mapping serves only its own domain; a class_key mapping whose class
+// entry is missing gives way to the next mapping; a key repeated with the
+// same value is not ambiguous; the first matching prefix wins and a
+// prefix is the value up to its '*', no shorter; a descriptor's
+// hits_addend of 1 and of exactly quota.MaxCost are costs.
+func TestResolveEdges(t *testing.T) {
+	cfg := regiontest.MustConfig(t, edgesConfig)
+	cases := []struct {
+		name    string
+		req     *rlsv3.RateLimitRequest
+		matched bool
+		key     quota.Key
+		cost    int64
+	}{
+		{"another domain's mapping is not used", request("flat", 0, desc("user", "u1")), true, quota.Key{Tenant: "u1", Class: "per_ip"}, 1},
+		{"class_key mapping", request("flat", 0, desc("tenant", "acme", "class", "write")), true, quota.Key{Tenant: "acme", Class: "write"}, 1},
+		{"no class entry: the next mapping", request("flat", 0, desc("tenant", "acme")), true, quota.Key{Tenant: "acme", Class: "read"}, 1},
+		{"same key, same value twice", request("flat", 0, desc("tenant", "acme", "class", "write", "tenant", "acme")), true, quota.Key{Tenant: "acme", Class: "write"}, 1},
+		{"first matching prefix", request("tree", 0, desc("ip", "10.1.2.3")), true, quota.Key{Tenant: "10.1.2.3", Class: "net10"}, 1},
+		{"prefix is the whole value before *", request("tree", 0, desc("addr", "10.10.0.1")), true, quota.Key{Tenant: "10.10.0.1", Class: "per_ip"}, 1},
+		{"descriptor hits_addend 1", request("flat", 5, withHits(desc("tenant", "acme"), 1)), true, quota.Key{Tenant: "acme", Class: "read"}, 1},
+		{"descriptor hits_addend at the maximum", request("flat", 0, withHits(desc("bulk", "b1"), quota.MaxCost)), true, quota.Key{Tenant: "b1", Class: "big"}, quota.MaxCost},
+		{"request hits_addend at the maximum", request("flat", quota.MaxCost, desc("bulk", "b1")), true, quota.Key{Tenant: "b1", Class: "big"}, quota.MaxCost},
+	}
+	for _, c := range cases {
+		targets, err := envoyrls.Resolve(cfg, c.req)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if got := targets[0]; got.Matched != c.matched || got.Key != c.key || got.Cost != c.cost {
+			t.Errorf("%s: %+v, want matched %v key %v cost %d", c.name, got, c.matched, c.key, c.cost)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		msg  string
+	}{
+		{"same key, another value", request("flat", 0, desc("tenant", "acme", "class", "write", "tenant", "acme2")), "appears again"},
+		{"descriptor hits_addend above the maximum", request("flat", 0, withHits(desc("bulk", "b1"), quota.MaxCost+1)), "exceeds the maximum cost"},
+		{"request hits_addend above the maximum", request("flat", quota.MaxCost+1, desc("bulk", "b1")), "exceeds the maximum"},
+	} {
+		if _, err := envoyrls.Resolve(cfg, c.req); !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%s: %v, want ErrInvalid mentioning %q", c.name, err, c.msg)
+		}
+	}
+}
+
+// TestGuardRuleBounds: a request may carry MaxDescriptors descriptors of
+// MaxEntries entries each; one entry more is refused naming
+// entries_per_descriptor and the descriptor.
+func TestGuardRuleBounds(t *testing.T) {
+	rule := envoyrls.GuardRule()
+	entries := func(n int) *ratelimitv3.RateLimitDescriptor {
+		kv := make([]string, 0, 2*n)
+		for i := range n {
+			kv = append(kv, "k"+strconv.Itoa(i), "v")
+		}
+		return desc(kv...)
+	}
+	full := make([]*ratelimitv3.RateLimitDescriptor, envoyrls.MaxDescriptors)
+	for i := range full {
+		full[i] = entries(envoyrls.MaxEntries)
+	}
+	req := request("d", 0, full...)
+	if n := rule.Units(req); n != envoyrls.MaxDescriptors || rule.Max != envoyrls.MaxDescriptors {
+		t.Errorf("units %d, max %d; want both %d", n, rule.Max, envoyrls.MaxDescriptors)
+	}
+	if bound, why := rule.Check(req); bound != "" {
+		t.Errorf("%d descriptors of %d entries: refused %s: %s", envoyrls.MaxDescriptors, envoyrls.MaxEntries, bound, why)
+	}
+	req = request("d", 0, entries(1), entries(envoyrls.MaxEntries+1))
+	if bound, why := rule.Check(req); bound != "entries_per_descriptor" || !strings.Contains(why, "descriptors[1]") {
+		t.Errorf("%d entries: %q, %q; want entries_per_descriptor naming descriptors[1]", envoyrls.MaxEntries+1, bound, why)
 	}
 }
