@@ -142,3 +142,80 @@ func TestSizingLowWaterLead(t *testing.T) {
 		}
 	}
 }
+
+// TestSizingCapHeldMark: after a grant that left the region's bucket and
+// the pool filling the region's burst, the low-water mark sits the room
+// the bucket had left below the pool (at least a sixteenth of the burst,
+// at least one token); a bucket left empty (remaining 0) is such a grant
+// too. A grant that left room for the whole pool, a region that did not
+// say its burst or its remaining tokens (negative) keep the usual mark.
+func TestSizingCapHeldMark(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		burst            float64
+		remaining, grant int64
+		want             int64
+	}{
+		{"burst 8, bucket emptied", 8, 0, 8, 7},
+		{"burst 1000, bucket emptied", 1000, 0, 1000, 1000 - 62},
+		{"burst 1000, room for the pool", 1000, 0, 10, 0},
+		{"burst not said", 0, 0, 10, 0},
+		{"remaining not said", 1000, -1, 1000, 0},
+	} {
+		tb := newTestTable(t)
+		region := func(g *sluicev1.Grant) {
+			g.RegionRate, g.RegionBurst, g.Limit, g.Remaining = 1000, tc.burst, 1000, tc.remaining
+		}
+		// The first acquire: no demand measured yet, so the usual mark is 0.
+		acquire(t, tb, t0, t0, kW, tc.grant, tc.grant, region)
+		if st := state(t, tb, kW); st.Tokens != tc.grant || st.LowWater != tc.want {
+			t.Errorf("%s: pool %d, low water %d; want %d and %d", tc.name, st.Tokens, st.LowWater, tc.grant, tc.want)
+		}
+	}
+}
+
+// TestSizingEarlyReportOnlyWhenDrainingTheRegion: at the cap-held mark an
+// early report goes out only when this instance's demand since its batch
+// came, times the key's live instances, reaches the region's rate (equal
+// counts; a region rate not said counts as not drained).
+func TestSizingEarlyReportOnlyWhenDrainingTheRegion(t *testing.T) {
+	const fast = 1500 * time.Microsecond // 667 tokens/s
+	for _, tc := range []struct {
+		rate  float64
+		live  int64
+		every time.Duration
+		early bool
+	}{
+		{rate: 1000, live: 1, every: fast, early: false},
+		{rate: 1000, live: 2, every: fast, early: true},
+		{rate: 1, live: 1, every: fast, early: true},
+		{rate: 0, live: 1, every: fast, early: false},
+		{rate: 500, live: 1, every: 2 * time.Millisecond, early: true}, // exactly 500/s
+	} {
+		tb := newTestTable(t)
+		region := func(remaining int64) func(*sluicev1.Grant) {
+			return func(g *sluicev1.Grant) {
+				g.RegionRate, g.RegionBurst, g.Limit, g.LiveInstances, g.Remaining = tc.rate, 2000, 2000, tc.live, remaining
+			}
+		}
+		acquire(t, tb, t0, t0, kW, 1, 100, region(1900))
+		for i := range 100 {
+			allow(t, tb, t0.Add(time.Duration(i)*500*time.Microsecond), kW, 1)
+		}
+		now := t0.Add(50 * time.Millisecond)
+		// The bucket keeps 1100 and the pool gets 900: they fill the burst,
+		// so the mark is a sixteenth of it (125) below the pool.
+		acquire(t, tb, now, now, kW, 1, 900, region(1100))
+		if st := state(t, tb, kW); st.LowWater != 900-125 {
+			t.Fatalf("rate %v live %d: low water %d, want %d", tc.rate, tc.live, st.LowWater, 900-125)
+		}
+		for range 125 {
+			now = now.Add(tc.every)
+			allow(t, tb, now, kW, 1)
+		}
+		b := tb.PrepareRefill(now)
+		if got := b != nil; got != tc.early {
+			t.Errorf("region rate %v, %d live, a token every %v here: early report %v, want %v", tc.rate, tc.live, tc.every, got, tc.early)
+		}
+	}
+}
