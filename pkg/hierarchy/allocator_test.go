@@ -396,3 +396,61 @@ func TestDemandAtTheStaticShareNeedsNoGrant(t *testing.T) {
 		t.Fatalf("view: %+v", v.Keys)
 	}
 }
+
+// TestDemandAtTheUnitFloorNeedsNoGrant: a region whose static burst holds
+// no whole unit makes a key contended only with demand above 0.1% of the
+// rate (a decaying estimate never reaches zero); at exactly that it gets
+// no grant.
+func TestDemandAtTheUnitFloorNeedsNoGrant(t *testing.T) {
+	s := newScript(t, twoRegions(), KeyLimit{Rate: 1000, Burst: 1}) // static bursts 1 and 0
+	for ms := 6000; ms < 10000; ms += 1000 {
+		s.a.Allocate(s.at(ms))
+		if ga, gb := s.report("a", ms+100, 0, 0), s.report("b", ms+200, 1, 0); ga != nil || gb != nil {
+			t.Fatalf("at %dms b's demand of exactly 0.1%% of the rate got grants %+v %+v", ms, ga, gb)
+		}
+	}
+}
+
+// TestUnitDonorGivesUpTheLeastRate: among regions that could each spare
+// as many units to a region left without one, the donor held a hair below
+// its static rate is the one that loses the least rate by it; demand at
+// exactly the unit floor (0.1% of the rate) keeps no unit for itself.
+func TestUnitDonorGivesUpTheLeastRate(t *testing.T) {
+	a := mustAllocator(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}})
+	l := &KeyLimit{Rate: 1000, Burst: 10, Unit: 1}
+	a.role = []int8{1, 0, 1}
+	a.sbs = []float64{0, 2, 2}
+	a.dem = []float64{50, 0, 0}
+	a.bout = []float64{0, 2, 2}
+	a.lo = []float64{0, 0, 0}
+	a.hi = []float64{1000, 1000, 1000}
+	a.sts = []float64{100, 100, 100}
+	a.out = []float64{750, 100, 150}
+	if c, to := a.unitDonor(l, 3, 1000, 3000); c != 1 || to != 100*(1-1e-9) {
+		t.Fatalf("donor %d capped to %v, want b (it loses %v of rate, c %v) capped to %v", c, to, 100-100*(1-1e-9), 150-100*(1-1e-9), 100*(1-1e-9))
+	}
+	// Demand of exactly 0.1% of the rate is none: b may give its only
+	// unit (c, below its static rate, cannot give any).
+	a.role[2], a.dem[1], a.sbs[1] = -1, 1, 1
+	if c, _ := a.unitDonor(l, 3, 1000, 3000); c != 1 {
+		t.Fatalf("donor %d, want b: its demand at the floor counts as none", c)
+	}
+}
+
+// TestLearningReissuesNothingWithLessThanAMillisecondLeft: a new leader
+// re-issues an above-share grant only with its own expiry in whole
+// milliseconds, so one with less than a millisecond left is not re-issued
+// at all (a grant valid for 0 would be no grant).
+func TestLearningReissuesNothingWithLessThanAMillisecondLeft(t *testing.T) {
+	s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 100})
+	kd := KeyDemand{Key: s.key, Admitted: 150, Window: time.Second, HeldRate: 80, HeldBurst: 80, HeldValid: 500 * time.Microsecond}
+	ans, err := s.a.Report(s.at(1000), Report{Region: "a", Seq: 1, Keys: []KeyDemand{kd}})
+	if err != nil || len(ans.Grants) != 0 {
+		t.Fatalf("a holding 80 (above its share 50) for 0.5ms more got %+v, %v; want no grant", ans.Grants, err)
+	}
+	kd.HeldValid = time.Millisecond + 500*time.Microsecond
+	ans, err = s.a.Report(s.at(1000), Report{Region: "a", Seq: 2, Keys: []KeyDemand{kd}})
+	if err != nil || len(ans.Grants) != 1 || ans.Grants[0].Valid != time.Millisecond || ans.Grants[0].Rate > 80 || !near(ans.Grants[0].Rate, 80) {
+		t.Fatalf("a holding 80 for 1.5ms more got %+v, %v; want 80 for 1ms", ans.Grants, err)
+	}
+}
