@@ -3,6 +3,7 @@ package luascripts
 import (
 	"context"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -288,4 +289,67 @@ func TestGrantOfTheSameReportApplies(t *testing.T) {
 	if st := w.state(k, c); st.Rate != 7 || st.Cap != 70 || st.GrantExpiryUS != w.now+20_000_000 {
 		t.Fatalf("state %+v, want the second grant (7/s, cap 70) in force", st)
 	}
+}
+
+// TestLeaseRecordVarintBoundaries: compact lease records carry numbers at
+// every varint group boundary (127, 128, 2^14 - 1, 2^14, 2^21) and
+// incarnations of every width the split into high and low ten digits
+// treats apart (1, 10, 11, 19 and 20 digits) exactly: the scripts write
+// the bytes the Model writes, a record reads back as written, and the
+// lease's next report continues it (no conflict, no duplicate).
+func TestLeaseRecordVarintBoundaries(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 1000, StaticBurst: 3_000_000, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	cases := []struct {
+		want int64
+		inc  uint64
+	}{
+		{127, 7},
+		{128, 1_234_567_890},
+		{16383, 12_345_678_901},
+		{16384, 1 << 63},
+		{1 << 21, 18_446_744_073_709_551_615},
+	}
+	for i, tc := range cases {
+		id := "i-" + itoa(int64(i))
+		r := Report{Instance: id, Incarnation: tc.inc, Lease: 128, Seq: 128, Want: tc.want, Min: 1}
+		if g := w.sync(k, c, r); g.Granted != tc.want || g.Conflict || g.Duplicate {
+			t.Fatalf("lease of %d for incarnation %d: %+v", tc.want, tc.inc, g)
+		}
+		rec := w.rdb.HGet(w.ctx, k.Leases, id).Val()
+		l, err := ParseLeaseRecord(rec)
+		if err != nil || rec[0] != compactMark || l.Granted != float64(tc.want) || l.Seq != 128 || l.Lease != 128 ||
+			l.Incarnation != strconv.FormatUint(tc.inc, 10) {
+			t.Fatalf("record %q reads back as %+v, %v; want compact, granted %d, seq 128, incarnation %d", rec, l, err, tc.want, tc.inc)
+		}
+		r.Seq, r.Used, r.Want = 129, 128, 0
+		if g := w.sync(k, c, r); g.Conflict || g.Duplicate {
+			t.Fatalf("the next report on incarnation %d's record: %+v", tc.inc, g)
+		}
+	}
+}
+
+// TestExpirySetGoesAtFewLeases: the expiry set exists exactly while a key
+// has more than fewLeases leases: the fifth lease makes it, a release
+// that leaves four deletes it at once, and the next fifth makes it again.
+func TestExpirySetGoesAtFewLeases(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	set := func(what string, want bool) {
+		t.Helper()
+		if got := w.rdb.Exists(w.ctx, k.Expiry).Val() == 1; got != want {
+			t.Fatalf("%s: expiry set present %v, want %v", what, got, want)
+		}
+	}
+	for i := 0; i <= fewLeases; i++ {
+		w.sync(k, expiryCommon, expiryLease("i-"+itoa(int64(i)), 1))
+		set("lease "+itoa(int64(i+1)), i+1 > fewLeases)
+	}
+	r := expiryLease("i-0", 2)
+	r.Want = 0
+	w.release(k, expiryCommon, r)
+	set("a release leaving four leases", false)
+	w.sync(k, expiryCommon, expiryLease("i-0", 3))
+	set("a fifth lease again", true)
 }
