@@ -347,3 +347,28 @@ func TestConfirmationsOfAStaticConfig(t *testing.T) {
 		t.Fatalf("confirmed %d %v, want 5", rev, ok)
 	}
 }
+
+// TestConfirmationsWithNoCommonRevision: regions that all reported but
+// share no revision confirm nothing new: the last confirmed revision
+// stays, and with none there is none.
+func TestConfirmationsWithNoCommonRevision(t *testing.T) {
+	conf := NewConfirmations()
+	for i, r := range chainRegions {
+		conf.Observe(r, []int64{int64(i + 1)})
+	}
+	if rev, ok := conf.Confirm(chainRegions); ok || rev != 0 {
+		t.Fatalf("confirmed %d %v with no revision in common, want none", rev, ok)
+	}
+	for _, r := range chainRegions {
+		conf.Observe(r, []int64{4})
+	}
+	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 4 {
+		t.Fatalf("confirmed %d %v, want 4", rev, ok)
+	}
+	for i, r := range chainRegions {
+		conf.Observe(r, []int64{int64(i + 5)})
+	}
+	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 4 {
+		t.Fatalf("confirmed %d %v with no revision in common, want 4 kept", rev, ok)
+	}
+}
