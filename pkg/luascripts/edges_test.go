@@ -332,7 +332,8 @@ func TestLeaseRecordVarintBoundaries(t *testing.T) {
 
 // TestExpirySetGoesAtFewLeases: the expiry set exists exactly while a key
 // has more than fewLeases leases: the fifth lease makes it, a release
-// that leaves four deletes it at once, and the next fifth makes it again.
+// that leaves four deletes it at once, reaping four leases reads their
+// records without making one, and the next fifth lease makes it again.
 func TestExpirySetGoesAtFewLeases(t *testing.T) {
 	w := newTwin(t)
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
@@ -350,6 +351,8 @@ func TestExpirySetGoesAtFewLeases(t *testing.T) {
 	r.Want = 0
 	w.release(k, expiryCommon, r)
 	set("a release leaving four leases", false)
+	w.state(k, expiryCommon)
+	set("reaping four leases", false)
 	w.sync(k, expiryCommon, expiryLease("i-0", 3))
 	set("a fifth lease again", true)
 }
