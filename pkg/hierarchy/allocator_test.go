@@ -454,3 +454,27 @@ func TestLearningReissuesNothingWithLessThanAMillisecondLeft(t *testing.T) {
 		t.Fatalf("a holding 80 for 1.5ms more got %+v, %v; want 80 for 1ms", ans.Grants, err)
 	}
 }
+
+// TestRaisePendingOnlyAboveTheShortfall: an answer short of its target
+// asks for an early report only when the shortfall exceeds 5% of the rate
+// (and a demand reading's noise); exactly 5% waits for the next epoch.
+func TestRaisePendingOnlyAboveTheShortfall(t *testing.T) {
+	for _, tc := range []struct {
+		bDemand float64
+		want    time.Duration
+	}{
+		{45000, 0},                      // a's target 55000, granted its static 50000: short by exactly 5%
+		{44000, 333 * time.Millisecond}, // short by 6%
+	} {
+		s := newScript(t, twoRegions(), KeyLimit{Rate: 100000, Burst: 100000})
+		s.a.Allocate(s.at(6000))
+		s.report("a", 6100, 200000, -1)
+		s.report("b", 6200, tc.bDemand, -1)
+		if g := s.report("a", 6300, 200000, -1); g == nil || !near(g.Rate, 50000) {
+			t.Fatalf("b demands %v: a got %+v before b acknowledged, want its static 50000", tc.bDemand, g)
+		}
+		if got := s.a.ReportAgain("a"); got != tc.want {
+			t.Fatalf("b demands %v: ReportAgain(a) = %v, want %v", tc.bDemand, got, tc.want)
+		}
+	}
+}
