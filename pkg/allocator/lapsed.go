@@ -111,9 +111,11 @@ func (s *Service) planLapses(now time.Time) lapsePlan {
 			set = append(set, r)
 		}
 	}
-	// Regions the store names that this allocator no longer tracks (a
-	// rebuilt allocator, or a region removed from the config) stay until
-	// a write has something to say anyway.
+	// The set written is what the allocator holds lapsed now: a region
+	// the store names that it no longer holds (conferred a lease again, or
+	// removed from the config) is left out, and a set that would shrink is
+	// written even with nothing pending, so that a successor does not keep
+	// a region that came back at its floor.
 	slices.Sort(set)
 	shrink := !slices.Equal(set, s.stored) && len(set) < len(s.stored)
 	return lapsePlan{pending: pending, set: set, write: len(pending) > 0 || shrink}
