@@ -107,3 +107,30 @@ func mustNew(t *testing.T, n int) Map {
 	}
 	return m
 }
+
+// TestOwnsIsTheOwner: shard i owns a key exactly when Of names it, so no
+// key is served by two shards or by none.
+func TestOwnsIsTheOwner(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		m := mustNew(t, n)
+		for j := range 100 {
+			k := quota.Key{Tenant: fmt.Sprintf("t%d", j), Class: "write"}
+			owners := 0
+			for i := range n {
+				if m.Owns(i, k) {
+					owners++
+					if i != m.Of(k) {
+						t.Fatalf("%v: shard %d owns %v, Of says %d", m, i, k, m.Of(k))
+					}
+				}
+			}
+			if owners != 1 {
+				t.Fatalf("%v: %v has %d owners", m, k, owners)
+			}
+		}
+	}
+	var zero Map
+	if zero.String() != "1 shard" || mustNew(t, 1).String() != "1 shard" || mustNew(t, 3).String() != "3 shards" {
+		t.Fatalf("names: %q %q %q", zero.String(), mustNew(t, 1).String(), mustNew(t, 3).String())
+	}
+}
