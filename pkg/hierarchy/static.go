@@ -103,7 +103,10 @@ func StaticBursts(burst, unit float64, regions []Region, out []float64) {
 // cap. Within those bounds regions with demand but no unit come first,
 // then the largest remainders; a region with demand and still no unit may
 // take one from a region without demand, or with more than one. Σ out <= pool up to float
-// rounding; ties go by index, so the result is deterministic.
+// rounding, except when the static caps the roles keep add up to more than
+// the pool (a silent region counted above its static cap): then they are
+// kept and the caller's fence bounds what is granted. Ties go by index, so
+// the result is deterministic.
 func splitUnits(pool, unit float64, weight, sb, demand []float64, role []int8, out []float64, us *unitScratch) {
 	n := len(out)
 	if n == 0 {
