@@ -356,3 +356,22 @@ func TestExpirySetGoesAtFewLeases(t *testing.T) {
 	w.sync(k, expiryCommon, expiryLease("i-0", 3))
 	set("a fifth lease again", true)
 }
+
+// TestUnreadableBornSentinelIsRestamped: a born sentinel that does not
+// read as a number counts as missing, as the scripts that create buckets
+// count it: stamping dates the data set from now (conservative: no bucket
+// is trusted full on it).
+func TestUnreadableBornSentinelIsRestamped(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	if err := w.rdb.Set(w.ctx, k.Born, "garbage", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := w.sc.StampBorn(w.ctx, w.rdb, []string{k.Born}, false)
+	if err != nil || len(got) != 1 || !got[0].Written || got[0].BornUS != w.now {
+		t.Fatalf("stamping an unreadable sentinel: %+v, %v; want it written with now (%d)", got, err, w.now)
+	}
+	if v := w.rdb.Get(w.ctx, k.Born).Val(); v != itoa(w.now) {
+		t.Fatalf("sentinel %q after stamping, want %d", v, w.now)
+	}
+}
