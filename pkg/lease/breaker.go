@@ -56,7 +56,8 @@ func (b *Breaker) ObserveRTT(sent, now time.Time) {
 // Timeout is how long a synchronous call waits for the region before the
 // caller gives up on it (a failure) and its on_failure policy decides:
 // base, or four times the median of the last 16 answered round trips when
-// that is longer, never more than limit (when limit > base). The median
+// that is longer, never more than limit; a base at or above limit is the
+// wait whatever the answers (it is never cut, and has no room to grow). The median
 // follows a region that became slow within 8 answers, and ignores the few
 // answers that waited out an outage's backlog when it ended (they say
 // nothing of the region's speed; a mean would keep the wait long for the
@@ -73,10 +74,7 @@ func (b *Breaker) Timeout(base, limit time.Duration) time.Duration {
 		slices.Sort(xs)
 		t = max(base, 4*xs[n/2])
 	}
-	if limit > base {
-		t = min(t, limit)
-	}
-	return t
+	return min(t, max(base, limit))
 }
 
 // NewBreaker returns a closed breaker. threshold < 1 counts as 1.

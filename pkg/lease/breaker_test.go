@@ -93,9 +93,16 @@ func TestBreakerTimeoutFollowsSlowAnswers(t *testing.T) {
 	if got := b.Timeout(base, limit); got != limit {
 		t.Fatalf("answers in 10s: timeout %v, want the limit %v", got, limit)
 	}
-	// A configured timeout above the limit is kept as it is.
+	// A configured timeout above the limit is kept as it is, and slow
+	// answers do not lengthen it: the limit leaves no room to grow.
 	if got := NewBreaker(3, time.Second).Timeout(time.Second, limit); got != time.Second {
 		t.Fatalf("base above the limit: %v", got)
+	}
+	if got := b.Timeout(time.Second, limit); got != time.Second {
+		t.Fatalf("base above the limit, answers in 10s: timeout %v, want the base %v", got, time.Second)
+	}
+	if got := b.Timeout(limit, limit); got != limit {
+		t.Fatalf("base equal to the limit, answers in 10s: timeout %v, want %v", got, limit)
 	}
 }
 

@@ -72,7 +72,7 @@ func (c *Core) Breaker() *Breaker { return c.brk }
 // (an acquire, a check, a refill in flight) lasts before its on_failure
 // policy decides: the breaker timeout base, or longer while the region's
 // recent answers were slow (Breaker.Timeout), never longer than a
-// background Sync's timeout.
+// background Sync's timeout or base, whichever is longer.
 func (c *Core) RequestTimeout(base time.Duration) time.Duration {
 	return c.brk.Timeout(base, c.syncTimeout)
 }
