@@ -13,44 +13,38 @@ import (
 // between. Once the shift is done nothing nudges anyone.
 func TestNudgesMoveCapacityBetweenEpochs(t *testing.T) {
 	s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 100})
-	takes := func(when string, want ...string) {
-		t.Helper()
-		if got := s.a.TakeNudges(); !slices.Equal(got, want) {
-			t.Fatalf("%s: nudges %q, want %q", when, got, want)
-		}
-	}
 	s.a.Allocate(s.at(6000))
 	if g := s.report("a", 6100, 150, -1); g == nil || !near(g.Rate, 50) {
 		t.Fatalf("a's first grant = %+v, want its static 50", g)
 	}
-	takes("a got its target (b may be at its share)")
+	s.takesNudges("a got its target (b may be at its share)")
 	if g := s.report("b", 6200, 10, -1); g == nil || !near(g.Rate, 10) {
 		t.Fatalf("b's first grant = %+v, want 10", g)
 	}
-	takes("b got its smaller grant; nobody waits")
+	s.takesNudges("b got its smaller grant; nobody waits")
 
 	// a now wants 90, but b may still run at 50 until it acknowledges 10.
 	if g := s.report("a", 6300, 150, -1); g == nil || g.Rate > 50 {
 		t.Fatalf("a got %+v before b acknowledged", g)
 	}
-	takes("a is short for want of b's acknowledgement", "b")
-	takes("nudges are handed out once")
+	s.takesNudges("a is short for want of b's acknowledgement", "b")
+	s.takesNudges("nudges are handed out once")
 
 	// b answers the nudge: its report acknowledges 10, which frees what a
 	// waits for.
 	s.report("b", 6310, 10, -1)
-	takes("b acknowledged", "a")
+	s.takesNudges("b acknowledged", "a")
 	if g := s.report("a", 6320, 150, -1); g == nil || !near(g.Rate, 90) {
 		t.Fatalf("a after b's acknowledgement = %+v, want 90", g)
 	}
-	takes("a has its target")
+	s.takesNudges("a has its target")
 
 	// Steady state: epochs of unchanged demand nudge nobody.
 	for e := 7; e < 10; e++ {
 		s.a.Allocate(s.at(e * 1000))
 		s.report("a", e*1000+100, 150, -1)
 		s.report("b", e*1000+200, 10, -1)
-		takes("steady state")
+		s.takesNudges("steady state")
 	}
 }
 
@@ -74,12 +68,6 @@ func TestLearningLeaderNudgesNobody(t *testing.T) {
 func TestOnlyRegionsAboveTheirTargetAreNudged(t *testing.T) {
 	regions := []Region{{Name: "a", Weight: 2}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1, MaxShare: 0.25}}
 	s := newScript(t, regions, KeyLimit{Rate: 1000, Burst: 1000})
-	takes := func(when string, want ...string) {
-		t.Helper()
-		if got := s.a.TakeNudges(); !slices.Equal(got, want) {
-			t.Fatalf("%s: nudges %q, want %q", when, got, want)
-		}
-	}
 	s.a.Allocate(s.at(6000))
 	if g := s.report("a", 6100, 2000, -1); g == nil || !near(g.Rate, 500) {
 		t.Fatalf("a's first grant = %+v, want its static 500", g)
@@ -90,11 +78,11 @@ func TestOnlyRegionsAboveTheirTargetAreNudged(t *testing.T) {
 	if g := s.report("b", 6200, 10, -1); g == nil || !near(g.Rate, 10) {
 		t.Fatalf("b's first grant = %+v, want 10", g)
 	}
-	takes("nobody is short yet")
+	s.takesNudges("nobody is short yet")
 	if g := s.report("a", 6300, 2000, -1); g == nil || g.Rate > 500 {
 		t.Fatalf("a got %+v before b acknowledged", g)
 	}
-	takes("a is short for want of b's acknowledgement", "b")
+	s.takesNudges("a is short for want of b's acknowledgement", "b")
 }
 
 // TestPeakUseAtTheEdges pins what a region is counted at when deciding
@@ -128,5 +116,13 @@ func TestPeakUseAtTheEdges(t *testing.T) {
 		if r, b := a.peakUse(now, sm, 250, 25); r != wantR || b != wantB {
 			t.Errorf("%s, below the fallback: peak use %v/%v, want %v/%v", tc.name, r, b, wantR, wantB)
 		}
+	}
+}
+
+// takesNudges takes the allocator's nudges and fails unless they are want.
+func (s *script) takesNudges(when string, want ...string) {
+	s.t.Helper()
+	if got := s.a.TakeNudges(); !slices.Equal(got, want) {
+		s.t.Fatalf("%s: nudges %q, want %q", when, got, want)
 	}
 }
