@@ -112,15 +112,18 @@ func TestSizingBatchCap(t *testing.T) {
 
 // TestSizingLowWaterLead: the low-water mark is the demand of
 // max(2 × RTT, Refresh/4), so a refill started there arrives before the
-// pool runs dry, but at most half the target batch.
+// pool runs dry, but at most half the target batch; a mark of less than a
+// token is one token.
 func TestSizingLowWaterLead(t *testing.T) {
 	for _, tc := range []struct {
-		rtt  time.Duration
-		want int64
+		rtt    time.Duration
+		tokens int // spent in 2 s
+		want   int64
 	}{
-		{rtt: 0, want: 50},                       // 200/s × 250ms
-		{rtt: 300 * time.Millisecond, want: 120}, // 200/s × 600ms
-		{rtt: time.Second, want: 150},            // 200/s × 2s, capped at 300/2
+		{rtt: 0, tokens: 400, want: 50},                       // 200/s × 250ms
+		{rtt: 300 * time.Millisecond, tokens: 400, want: 120}, // 200/s × 600ms
+		{rtt: time.Second, tokens: 400, want: 150},            // 200/s × 2s, capped at 300/2
+		{rtt: 0, tokens: 4, want: 1},                          // 2/s × 250ms = half a token; a target of 3
 	} {
 		tb := newTestTable(t)
 		allow(t, tb, t0, kW, 1)
@@ -128,17 +131,17 @@ func TestSizingLowWaterLead(t *testing.T) {
 		if err := tb.Apply(t0.Add(tc.rtt), b, []*sluicev1.Grant{regionGrant(b.Reports[0], 1000)}); err != nil {
 			t.Fatal(err)
 		}
-		for i := range 400 {
-			allow(t, tb, t0.Add(tc.rtt+time.Duration(i)*time.Millisecond), kW, 1)
+		for i := range tc.tokens {
+			allow(t, tb, t0.Add(tc.rtt+time.Duration(i*400/tc.tokens)*time.Millisecond), kW, 1)
 		}
-		// 400 tokens in 2s: 200/s, a target batch of 300.
+		// tokens in 2s: 400 are 200/s, a target batch of 300.
 		at := t0.Add(2 * time.Second)
 		syncs, _ := tb.PrepareSync(at)
 		if err := tb.Apply(at.Add(tc.rtt), syncs[0], []*sluicev1.Grant{regionGrant(syncs[0].Reports[0], 0)}); err != nil {
 			t.Fatal(err)
 		}
 		if st := state(t, tb, kW); st.LowWater != tc.want {
-			t.Errorf("round trips of %v at 200 tokens/s: low water %d, want %d", tc.rtt, st.LowWater, tc.want)
+			t.Errorf("round trips of %v at %d tokens/s: low water %d, want %d", tc.rtt, tc.tokens/2, st.LowWater, tc.want)
 		}
 	}
 }
@@ -191,6 +194,9 @@ func TestSizingEarlyReportOnlyWhenDrainingTheRegion(t *testing.T) {
 		{rate: 1, live: 1, every: fast, early: true},
 		{rate: 0, live: 1, every: fast, early: false},
 		{rate: 500, live: 1, every: 2 * time.Millisecond, early: true}, // exactly 500/s
+		// A region that did not say how many instances are live counts as one.
+		{rate: 1000, live: 0, every: fast, early: false},
+		{rate: 600, live: 0, every: fast, early: true},
 	} {
 		tb := newTestTable(t)
 		region := func(remaining int64) func(*sluicev1.Grant) {
