@@ -1,0 +1,84 @@
+package lease
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSyncReturnsOnlyAPoolAboveTwiceItsTarget: a periodic Sync gives back
+// the excess of a pool only when it holds more than twice its target (here
+// 1 token: no demand measured), and then keeps exactly the target; a pool
+// of up to twice the target is kept whole and asks for nothing, and an
+// empty one asks for the target.
+func TestSyncReturnsOnlyAPoolAboveTwiceItsTarget(t *testing.T) {
+	for _, tc := range []struct {
+		pool                   int64
+		wantWant, wantReturned int64
+		wantTokens             int64
+	}{
+		{pool: 0, wantWant: 1},
+		{pool: 1, wantTokens: 1},
+		{pool: 2, wantTokens: 2}, // exactly twice the target: kept
+		{pool: 3, wantReturned: 2, wantTokens: 1},
+		{pool: 6, wantReturned: 5, wantTokens: 1},
+	} {
+		tb := newTestTable(t)
+		acquire(t, tb, t0, t0, kW, 1, tc.pool)
+		syncs, _ := tb.PrepareSync(t0.Add(time.Second))
+		if len(syncs) != 1 || len(syncs[0].Reports) != 1 {
+			t.Fatalf("pool %d: syncs %v, want one report", tc.pool, syncs)
+		}
+		r := syncs[0].Reports[0]
+		st := state(t, tb, kW)
+		if r.Want != tc.wantWant || r.Returned != tc.wantReturned || st.Tokens != tc.wantTokens {
+			t.Errorf("pool %d: want %d returned %d, pool left %d; want %d, %d, %d",
+				tc.pool, r.Want, r.Returned, st.Tokens, tc.wantWant, tc.wantReturned, tc.wantTokens)
+		}
+	}
+}
+
+// TestGrantAnsweredAtItsDeadlineOpensNoLease: a grant whose lease
+// (send time + TTL) ends at or before the time it is applied opens no
+// lease; its tokens go back to the region instead of into the pool.
+func TestGrantAnsweredAtItsDeadlineOpensNoLease(t *testing.T) {
+	for _, tc := range []struct {
+		recv      time.Duration
+		wantLease bool
+	}{
+		{recv: testTTL - time.Millisecond, wantLease: true},
+		{recv: testTTL},
+		{recv: testTTL + time.Millisecond},
+	} {
+		tb := newTestTable(t)
+		acquire(t, tb, t0, t0.Add(tc.recv), kW, 3, 3)
+		st := state(t, tb, kW)
+		wantTokens, wantReturn := int64(0), int64(3)
+		if tc.wantLease {
+			wantTokens, wantReturn = 3, 0
+		}
+		if st.HasLease != tc.wantLease || st.Tokens != wantTokens || st.ToReturn != wantReturn {
+			t.Errorf("answered at send+%v: lease %v, pool %d, to return %d; want %v, %d, %d",
+				tc.recv, st.HasLease, st.Tokens, st.ToReturn, tc.wantLease, wantTokens, wantReturn)
+		}
+	}
+}
+
+// TestGrantSetsCheckClockWithinHalfTheTTL: a lease applied with at most
+// half its TTL left (the guard) is served only with the clock compared to
+// its deadline; with more than half left the clock-free path serves it.
+func TestGrantSetsCheckClockWithinHalfTheTTL(t *testing.T) {
+	for _, tc := range []struct {
+		recv      time.Duration
+		wantCheck bool
+	}{
+		{recv: testTTL/2 - 100*time.Millisecond},
+		{recv: testTTL / 2},
+		{recv: testTTL/2 + time.Millisecond, wantCheck: true},
+	} {
+		tb := newTestTable(t)
+		acquire(t, tb, t0, t0.Add(tc.recv), kW, 3, 3)
+		if st := state(t, tb, kW); !st.HasLease || st.CheckClock != tc.wantCheck {
+			t.Errorf("answered at send+%v: lease %v, check clock %v; want true, %v", tc.recv, st.HasLease, st.CheckClock, tc.wantCheck)
+		}
+	}
+}
