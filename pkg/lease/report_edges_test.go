@@ -3,6 +3,8 @@ package lease
 import (
 	"testing"
 	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 )
 
 // TestSyncReturnsOnlyAPoolAboveTwiceItsTarget: a periodic Sync gives back
@@ -80,5 +82,60 @@ func TestGrantSetsCheckClockWithinHalfTheTTL(t *testing.T) {
 		if st := state(t, tb, kW); !st.HasLease || st.CheckClock != tc.wantCheck {
 			t.Errorf("answered at send+%v: lease %v, check clock %v; want true, %v", tc.recv, st.HasLease, st.CheckClock, tc.wantCheck)
 		}
+	}
+}
+
+// TestRefillWaitsUntilTheRegionsRetryTime: a key the region told to wait
+// (nothing granted, retry after 200ms) gets no early report before that
+// time and gets one from that time on.
+func TestRefillWaitsUntilTheRegionsRetryTime(t *testing.T) {
+	for _, tc := range []struct {
+		at     time.Duration
+		wantRe bool
+	}{
+		{at: 199 * time.Millisecond},
+		{at: 200 * time.Millisecond, wantRe: true},
+	} {
+		tb := newTestTable(t)
+		acquire(t, tb, t0, t0, kW, 1, 0, func(g *sluicev1.Grant) { g.RetryAfterMs = 200 })
+		if st := state(t, tb, kW); !st.HasLease || st.Tokens != 0 || !st.NegUntil.Equal(t0.Add(200*time.Millisecond)) {
+			t.Fatalf("after the wait answer: lease %v, pool %d, wait until %v", st.HasLease, st.Tokens, st.NegUntil.Sub(t0))
+		}
+		if b := tb.PrepareRefill(t0.Add(tc.at)); (b != nil) != tc.wantRe {
+			t.Errorf("at %v: early report %v, want %v", tc.at, b != nil, tc.wantRe)
+		}
+	}
+}
+
+// TestAcquireNotNeededWhenThePoolCoversTheCost: a leased pool holding
+// exactly the request's cost needs no acquire; one token more does.
+func TestAcquireNotNeededWhenThePoolCoversTheCost(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 3, 3)
+	if b, wait := tb.PrepareAcquire(t0, kW, 3); b != nil || wait != nil {
+		t.Errorf("cost 3 from a pool of 3: batch %v wait %v, want neither", b, wait)
+	}
+	if b, wait := tb.PrepareAcquire(t0, kW, 4); b == nil || wait != nil {
+		t.Errorf("cost 4 from a pool of 3: batch %v wait %v, want a batch", b, wait)
+	}
+}
+
+// TestWaitAnswerToAReportWantingNothingSetsNoWait: a retry time on the
+// answer to a report that asked for no tokens does not hold back the key's
+// next acquire.
+func TestWaitAnswerToAReportWantingNothingSetsNoWait(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 1)
+	syncs, _ := tb.PrepareSync(t0.Add(time.Second))
+	r := syncs[0].Reports[0]
+	if r.Want != 0 {
+		t.Fatalf("sync report wants %d, want 0", r.Want)
+	}
+	g := regionGrant(r, 0, func(g *sluicev1.Grant) { g.RetryAfterMs = 500 })
+	if err := tb.Apply(t0.Add(time.Second), syncs[0], []*sluicev1.Grant{g}); err != nil {
+		t.Fatal(err)
+	}
+	if _, act := allow(t, tb, t0.Add(time.Second), kW, 2); act != ActAcquire {
+		t.Errorf("cost 2 from a pool of 1 after the answer: action %v, want acquire", act)
 	}
 }
