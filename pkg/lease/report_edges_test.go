@@ -139,3 +139,22 @@ func TestWaitAnswerToAReportWantingNothingSetsNoWait(t *testing.T) {
 		t.Errorf("cost 2 from a pool of 1 after the answer: action %v, want acquire", act)
 	}
 }
+
+// TestNeverAnswerToAReportWithoutMinDeniesOneToken: a "never" answer to a
+// report that named no minimum counts as never for a need of one token, so
+// the next request is denied with RetryNever rather than a retry time.
+func TestNeverAnswerToAReportWithoutMinDeniesOneToken(t *testing.T) {
+	tb := newTestTable(t)
+	allow(t, tb, t0, kW, 1)
+	b, _ := tb.PrepareAcquire(t0, kW, 0)
+	if b == nil || b.Reports[0].Min != 0 || b.Reports[0].Want <= 0 {
+		t.Fatalf("acquire for cost 0: batch %v, want one report with min 0 and want > 0", b)
+	}
+	g := regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs = -1 })
+	if err := tb.Apply(t0, b, []*sluicev1.Grant{g}); err != nil {
+		t.Fatal(err)
+	}
+	if d, act := allow(t, tb, t0, kW, 1); d.Allowed || !d.RetryNever || act != ActNone {
+		t.Errorf("cost 1 after never: allowed %v, retry never %v, action %v; want denied, never, none", d.Allowed, d.RetryNever, act)
+	}
+}
