@@ -46,6 +46,14 @@ func TestPerUnit(t *testing.T) {
 		{1e8 + 0.5, 100000001, sec},   // only seconds fit in 32 bits
 		{5e9, math.MaxUint32, sec},    // beyond 32 bits: clamped
 		{0, 0, rlsv3.RateLimitResponse_RateLimit_UNKNOWN},
+		// Exactly one per unit is named in that unit (the shortest whole
+		// one); a rate whole in no unit whose hours overflow 32 bits is
+		// rounded per minute.
+		{1, 1, sec},
+		{1.0 / 60, 1, min_},
+		{1.0 / 3600, 1, hour},
+		{1.0 / 86400, 1, day},
+		{2e6 + 1.0/7, 120000009, min_},
 	}
 	for _, c := range cases {
 		n, unit := perUnit(c.rate)
@@ -66,6 +74,11 @@ func TestRefillWindow(t *testing.T) {
 		{quota.Limit{Rate: 2000, Burst: 10}, 1},
 		{quota.Limit{Rate: 1e-12, Burst: 1 << 40}, math.MaxInt32},
 		{quota.Limit{}, 1},
+		// A burst of one token takes 1/rate to refill; a key without a
+		// rate gets the 1 s window rather than an unbounded one.
+		{quota.Limit{Rate: 0.1, Burst: 1}, 10},
+		{quota.Limit{Rate: 0, Burst: 5}, 1},
+		{quota.Limit{Rate: 0.25, Burst: 1}, 4},
 	}
 	for _, c := range cases {
 		if got := refillWindow(c.l); got != c.want {
@@ -176,48 +189,6 @@ func TestNeverPromisesNoTime(t *testing.T) {
 	for _, h := range headers(never, "export", true, true, wait.retry) {
 		if k := h.GetKey(); k == HeaderRetryAfter || k == HeaderReset || (k == HeaderRateLimit && strings.Contains(h.GetValue(), "t=")) {
 			t.Errorf("%s = %q on a never answer", k, h.GetValue())
-		}
-	}
-}
-
-// TestPerUnitEdges: a rate of exactly one per unit is named in that unit
-// (the shortest whole one), and a rate whole in no unit is rounded in the
-// longest unit whose count still fits in 32 bits, the minute when hours
-// overflow.
-func TestPerUnitEdges(t *testing.T) {
-	cases := []struct {
-		rate float64
-		n    uint32
-		unit rlsv3.RateLimitResponse_RateLimit_Unit
-	}{
-		{1, 1, rlsv3.RateLimitResponse_RateLimit_SECOND},
-		{1.0 / 60, 1, rlsv3.RateLimitResponse_RateLimit_MINUTE},
-		{1.0 / 3600, 1, rlsv3.RateLimitResponse_RateLimit_HOUR},
-		{1.0 / 86400, 1, rlsv3.RateLimitResponse_RateLimit_DAY},
-		{2e6 + 1.0/7, 120000009, rlsv3.RateLimitResponse_RateLimit_MINUTE},
-	}
-	for _, c := range cases {
-		if n, unit := perUnit(c.rate); n != c.n || unit != c.unit {
-			t.Errorf("perUnit(%v) = %d per %v, want %d per %v", c.rate, n, unit, c.n, c.unit)
-		}
-	}
-}
-
-// TestRefillWindowEdges: a burst of one token takes 1/rate to refill,
-// and a key without a rate gets the 1 s window rather than an unbounded
-// one.
-func TestRefillWindowEdges(t *testing.T) {
-	cases := []struct {
-		l    quota.Limit
-		want int64
-	}{
-		{quota.Limit{Rate: 0.1, Burst: 1}, 10},
-		{quota.Limit{Rate: 0, Burst: 5}, 1},
-		{quota.Limit{Rate: 0.25, Burst: 1}, 4},
-	}
-	for _, c := range cases {
-		if got := refillWindow(c.l); got != c.want {
-			t.Errorf("refillWindow(%+v) = %d, want %d", c.l, got, c.want)
 		}
 	}
 }
