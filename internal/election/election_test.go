@@ -12,15 +12,18 @@ import (
 	"github.com/sluicehq/sluice/internal/etcdtest"
 )
 
-// TestCampaignReturnsWhenEtcdIsGone waits behind a leader, takes etcd
-// down, and cancels: Campaign returns at once, where etcd's own would
-// wait for the unreachable server to take its resignation.
+// TestCampaignReturnsWhenEtcdIsGone waits behind a leader, makes etcd
+// unreachable, and cancels: Campaign returns at once, where etcd's own
+// would wait for the unreachable server to take its resignation. etcd
+// hangs rather than stops: a stopped etcd resets the connections, and the
+// waiting candidate could then return etcd's error before the cancel.
 func TestCampaignReturnsWhenEtcdIsGone(t *testing.T) {
 	srv := etcdtest.Start(t)
+	link := srv.Link(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	session := func() *concurrency.Session {
-		s, err := concurrency.NewSession(srv.Client(t), concurrency.WithTTL(5))
+		s, err := concurrency.NewSession(link.Client(t), concurrency.WithTTL(5))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,7 +59,7 @@ func TestCampaignReturnsWhenEtcdIsGone(t *testing.T) {
 		t.Fatalf("the second candidate returned %v while the first leads", err)
 	default:
 	}
-	srv.Stop()
+	link.Hang()
 	stopWaiting()
 	select {
 	case err := <-done:
@@ -64,6 +67,6 @@ func TestCampaignReturnsWhenEtcdIsGone(t *testing.T) {
 			t.Fatalf("Campaign returned %v, want context.Canceled", err)
 		}
 	case <-ctx.Done():
-		t.Fatal("Campaign did not return after its context ended while etcd was down")
+		t.Fatal("Campaign did not return after its context ended while etcd was unreachable")
 	}
 }

@@ -2,7 +2,6 @@ package etcdtest
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"sync"
@@ -37,7 +36,7 @@ type Server struct {
 	life sync.Mutex // serialises Stop and Restart; guards etcd
 	etcd *embed.Etcd
 
-	mu      sync.Mutex // guards backend, gen, links and every Link's cut, closed and conns
+	mu      sync.Mutex // guards backend, gen, links and every Link's cut, closed, conns and hold
 	backend string     // host:port of the running etcd's client listener; "" while stopped
 	gen     uint64     // bumped by every Stop, so a connection dialed to a stopped etcd is dropped
 	links   []*Link
@@ -148,6 +147,9 @@ type Link struct {
 	cut    bool
 	closed bool
 	conns  map[net.Conn]struct{}
+	// hold is non-nil while the link hangs: forwarding waits for it to
+	// close before it passes on another byte.
+	hold chan struct{}
 }
 
 // Link opens an extra path to the server with its own endpoint, closed at
@@ -211,6 +213,7 @@ func (l *Link) Cut() {
 	s := l.srv
 	s.mu.Lock()
 	l.cut = true
+	l.releaseLocked()
 	conns := l.takeConnsLocked(nil)
 	s.mu.Unlock()
 	for _, c := range conns {
@@ -218,11 +221,63 @@ func (l *Link) Cut() {
 	}
 }
 
-// Mend lets connections through the link again.
+// Hang keeps every connection through the link open but lets no byte pass
+// until Mend, like an etcd stopped by SIGSTOP or a network that drops
+// packets without resetting connections: callers wait instead of failing.
+// New connections are accepted and hang too.
+func (l *Link) Hang() {
+	l.srv.mu.Lock()
+	if l.hold == nil {
+		l.hold = make(chan struct{})
+	}
+	l.srv.mu.Unlock()
+}
+
+// Mend lets connections through the link again, after Cut or Hang.
 func (l *Link) Mend() {
 	l.srv.mu.Lock()
 	l.cut = false
+	l.releaseLocked()
 	l.srv.mu.Unlock()
+}
+
+// releaseLocked ends a Hang. The caller holds srv.mu.
+func (l *Link) releaseLocked() {
+	if l.hold != nil {
+		close(l.hold)
+		l.hold = nil
+	}
+}
+
+// waitFlowing returns once the link does not hang.
+func (l *Link) waitFlowing() {
+	for {
+		l.srv.mu.Lock()
+		hold := l.hold
+		l.srv.mu.Unlock()
+		if hold == nil {
+			return
+		}
+		<-hold
+	}
+}
+
+// pump copies src to dst like io.Copy, holding each chunk while the link
+// hangs.
+func (l *Link) pump(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			l.waitFlowing()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // takeConnsLocked appends the link's open connections to dst and forgets
@@ -243,6 +298,7 @@ func (l *Link) close() {
 		return
 	}
 	l.closed = true
+	l.releaseLocked()
 	conns := l.takeConnsLocked(nil)
 	for i, other := range s.links {
 		if other == l {
@@ -298,8 +354,8 @@ func (l *Link) forward(client net.Conn) {
 	s.mu.Unlock()
 
 	done := make(chan struct{}, 2)
-	go func() { io.Copy(server, client); done <- struct{}{} }()
-	go func() { io.Copy(client, server); done <- struct{}{} }()
+	go func() { l.pump(server, client); done <- struct{}{} }()
+	go func() { l.pump(client, server); done <- struct{}{} }()
 	<-done
 	client.Close()
 	server.Close()

@@ -99,3 +99,45 @@ func TestLinkCutIsolatesOnlyItsClients(t *testing.T) {
 		t.Fatalf("after mend get returned %v, want 2", resp.Kvs)
 	}
 }
+
+func TestLinkHangHoldsRequestsUntilMend(t *testing.T) {
+	srv := Start(t)
+	link := srv.Link(t)
+	viaLink := link.Client(t)
+	direct := srv.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := viaLink.Put(ctx, "/k", "1"); err != nil {
+		t.Fatalf("put through link: %v", err)
+	}
+
+	link.Hang()
+	got := make(chan *clientv3.GetResponse, 1)
+	go func() {
+		resp, err := viaLink.Get(ctx, "/k")
+		if err != nil {
+			t.Errorf("get through a hung link failed instead of waiting: %v", err)
+		}
+		got <- resp
+	}()
+	// The main endpoint still serves, and the held Get reaches etcd only
+	// after this write: it reads the new value once the link mends.
+	if _, err := direct.Put(ctx, "/k", "2"); err != nil {
+		t.Fatalf("put on the main endpoint while the link hangs: %v", err)
+	}
+	select {
+	case <-got:
+		t.Fatal("get through a hung link returned before Mend")
+	default:
+	}
+
+	link.Mend()
+	select {
+	case resp := <-got:
+		if resp == nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "2" {
+			t.Fatalf("after mend the held get returned %v, want 2", resp)
+		}
+	case <-ctx.Done():
+		t.Fatal("the held get did not return after Mend")
+	}
+}
