@@ -111,9 +111,7 @@ default_tier: free
 	round := func() []map[quota.Key]float64 {
 		t.Helper()
 		n := len(log.sent())
-		if err := r.leader.SyncOnce(ctx, nil); err != nil {
-			t.Fatal(err)
-		}
+		r.syncOnce(ctx, r.leader)
 		return log.sent()[n:]
 	}
 	granted := func(h map[quota.Key]float64) bool {

@@ -2,7 +2,9 @@ package regional_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -64,9 +66,7 @@ func (d *demandDriver) demand(rate float64, keys ...quota.Key) {
 // reported syncs the rig's leader once and returns the keys of its report.
 func (r *leaseRig) reported() []quota.Key {
 	r.t.Helper()
-	if err := r.leader.SyncOnce(context.Background(), nil); err != nil {
-		r.t.Fatal(err)
-	}
+	r.syncOnce(context.Background(), r.leader)
 	var keys []quota.Key
 	for _, kd := range r.tier.lastReport.Load().GetKeys() {
 		keys = append(keys, quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()})
@@ -165,7 +165,10 @@ func TestGrantedIdleKeyReportedUntilItsGrantEnds(t *testing.T) {
 		} else {
 			us(0)
 		}
-		if err := r.leader.SyncOnce(ctx, nil); err != nil {
+		// A round that outlived its epoch on a starved machine is a
+		// missed round, as in the leader's loop: the reports that did
+		// leave are judged all the same, and the deadline bounds them.
+		if err := r.leader.SyncOnce(ctx, nil); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatal(err)
 		}
 		rep := r.tier.lastReport.Load()
