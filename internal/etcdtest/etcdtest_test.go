@@ -72,16 +72,23 @@ func TestRestartKeepsDataAndEndpoints(t *testing.T) {
 	}
 }
 
-func TestLinkCutIsolatesOnlyItsClients(t *testing.T) {
+// linked starts a server and a link to it, with a client through the link
+// (which has written /k = 1) and one on the main endpoint.
+func linked(t *testing.T, ctx context.Context) (link *Link, viaLink, direct *clientv3.Client) {
+	t.Helper()
 	srv := Start(t)
-	link := srv.Link(t)
-	viaLink := link.Client(t)
-	direct := srv.Client(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	link = srv.Link(t)
+	viaLink, direct = link.Client(t), srv.Client(t)
 	if _, err := viaLink.Put(ctx, "/k", "1"); err != nil {
 		t.Fatalf("put through link: %v", err)
 	}
+	return link, viaLink, direct
+}
+
+func TestLinkCutIsolatesOnlyItsClients(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	link, viaLink, direct := linked(t, ctx)
 
 	link.Cut()
 	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -101,15 +108,9 @@ func TestLinkCutIsolatesOnlyItsClients(t *testing.T) {
 }
 
 func TestLinkHangHoldsRequestsUntilMend(t *testing.T) {
-	srv := Start(t)
-	link := srv.Link(t)
-	viaLink := link.Client(t)
-	direct := srv.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := viaLink.Put(ctx, "/k", "1"); err != nil {
-		t.Fatalf("put through link: %v", err)
-	}
+	link, viaLink, direct := linked(t, ctx)
 
 	link.Hang()
 	got := make(chan *clientv3.GetResponse, 1)
