@@ -2,6 +2,9 @@ package regional_test
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,15 +40,37 @@ func qk(tenant, class string) *sluicev1.QuotaKey {
 	return &sluicev1.QuotaKey{Tenant: tenant, Class: class}
 }
 
-// TestStrictAdmitsExactly: many goroutines Check one strict key at once for
-// a while; the region admits exactly b + floor(r*t) (±1 for rounding). t is
-// the Redis time the requests actually spanned, read from the bucket's own
-// refill timestamp: after a first Check that takes the whole burst (so the
-// bucket starts the window empty and a starved worker pool cannot let it
-// sit at its cap) and after the last decision. Idle time before the first
-// or after the last request is not counted.
+// strictRegion is a single region with one strict key whose burst is
+// 10 s of its rate: an empty bucket reaches its cap only after 10 s
+// without a single decision.
+const strictRegion = `
+regions: {local: {weight: 1}}
+classes:
+  export: {mode: strict, on_failure: closed}
+tiers:
+  free: {export: {rate: 10/s, burst: 100}}
+default_tier: free
+`
+
+// TestStrictAdmitsExactly: many goroutines Check one strict key at once
+// until it is saturated; the region gives out exactly b + r·t: what it
+// admitted plus what the bucket still holds is b + r·t (±1 for rounding).
+// t is the Redis time the requests actually spanned, read from the
+// bucket's own refill timestamp, with the tokens it holds then, in one
+// read: after a first Check that takes the whole burst (so the bucket
+// starts the window empty) and after the last decision. Idle time before
+// the first or after the last request is not counted.
+//
+// The count is exact while the bucket stays below its cap (refill it
+// cannot hold is lost, as it should be), and the tokens it holds at the
+// end are counted: with a burst of 20 at 50/s and a fixed 1.5 s, a worker
+// pool starved of CPU on a loaded machine let the bucket fill (81
+// admitted where b + floor(r t) was 113), or never emptied it again (583
+// admitted and none denied where 644 were given out). The burst here is
+// 10 s of refill, no stall the run survives reaches it, and the run lasts
+// until the key was seen saturated.
 func TestStrictAdmitsExactly(t *testing.T) {
-	reg := regiontest.Start(t, regiontest.MustConfig(t, oneRegion), "local")
+	reg := regiontest.Start(t, regiontest.MustConfig(t, strictRegion), "local")
 	client := sluicev1.NewLeaseServiceClient(reg.Dial(t))
 	ctx := context.Background()
 	if _, err := client.Check(ctx, &sluicev1.CheckRequest{Key: qk("warm", "export"), Cost: 1}); err != nil {
@@ -53,28 +78,34 @@ func TestStrictAdmitsExactly(t *testing.T) {
 	}
 
 	const workers = 16
-	const r, b = 50.0, 20.0
+	const r, b = 10.0, 100.0
 	key := qk("acme", "export")
 	keys, _, _, err := reg.Server.CommonFor(reg.Server.ConfigForTest(), quota.Key{Tenant: "acme", Class: "export"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// refilledTo is the bucket's refill timestamp: the Redis time of the
-	// last script call that wrote the key (a leader's state read that reaps
-	// nothing does not). A plain read: it changes nothing.
-	refilledTo := func() time.Time {
+	// bucketAt is the bucket's refill timestamp (the Redis time of the
+	// last script call that wrote the key; a leader's state read that
+	// reaps nothing does not) and the tokens it held then. A plain read:
+	// it changes nothing.
+	bucketAt := func() (time.Time, float64) {
 		t.Helper()
-		v, err := reg.RDB.HGet(ctx, keys.Bucket, "ts").Int64()
+		v, err := reg.RDB.HMGet(ctx, keys.Bucket, "ts", "tk").Result()
 		if err != nil {
-			t.Fatalf("bucket ts: %v", err)
+			t.Fatalf("bucket ts, tk: %v", err)
 		}
-		return time.UnixMicro(v)
+		ts, err1 := strconv.ParseInt(fmt.Sprint(v[0]), 10, 64)
+		tk, err2 := strconv.ParseFloat(fmt.Sprint(v[1]), 64)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("bucket ts %v, tk %v", v[0], v[1])
+		}
+		return time.UnixMicro(ts), tk
 	}
 	first, err := client.Check(ctx, &sluicev1.CheckRequest{Key: key, Cost: int64(b)})
 	if err != nil || !first.Allowed || first.Remaining != 0 {
 		t.Fatalf("first check (the whole burst): %v %v", first, err)
 	}
-	start := refilledTo()
+	start, _ := bucketAt()
 	var admitted, denied atomic.Int64
 	admitted.Add(int64(b))
 	stop := make(chan struct{})
@@ -102,26 +133,32 @@ func TestStrictAdmitsExactly(t *testing.T) {
 			}
 		}()
 	}
-	// Run for a bounded while: until enough decisions were made.
-	<-time.After(1500 * time.Millisecond)
+	// Run for a bounded while: at least 1.5 s, and until the key was
+	// denied a request per worker (it was saturated).
+	began := time.Now()
+	for time.Since(began) < 1500*time.Millisecond || denied.Load() < workers {
+		if time.Since(began) > 30*time.Second {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("%d workers were denied %d requests in 30 s: the key was never saturated", workers, denied.Load())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the denials with a deadline
+	}
 	close(stop)
 	wg.Wait()
-	end := refilledTo()
+	end, left := bucketAt()
 
 	elapsed := end.Sub(start).Seconds()
-	want := int64(b) + int64(r*elapsed)
+	want := b + r*elapsed
 	got := admitted.Load()
 	st := bucketState(t, reg, quota.Key{Tenant: "acme", Class: "export"})
-	t.Logf("admitted %d, denied %d over %.6fs of Redis time; b + floor(r t) = %d; the bucket counted %d admitted",
-		got, denied.Load(), elapsed, want, st.Admitted)
-	if got > want+1 || got < want-1 {
-		t.Fatalf("admitted %d, want %d ± 1", got, want)
+	t.Logf("admitted %d, denied %d over %.6fs of Redis time, %.6f tokens left; b + r t = %.6f; the bucket counted %d admitted",
+		got, denied.Load(), elapsed, left, want, st.Admitted)
+	if gave := float64(got) + left; math.Abs(gave-want) > 1 {
+		t.Fatalf("admitted %d + %.6f left = %.6f, want b + r t = %.6f ± 1", got, left, gave, want)
 	}
 	if st.Admitted != got {
 		t.Fatalf("the bucket counted %d admitted, the clients saw %d", st.Admitted, got)
-	}
-	if denied.Load() == 0 {
-		t.Fatalf("no request was denied: the test did not saturate the key")
 	}
 }
 
