@@ -110,8 +110,13 @@ func newLeaseRigWith(t *testing.T, cfg *config.Config) *leaseRig {
 	r := &leaseRig{t: t, cfg: cfg, tier: &tierSwitch{}, reg: prometheus.NewRegistry()}
 	etcd := etcdtest.Start(t)
 	r.cli = etcd.Client(t)
+	// The allocator leads for the whole test: its tests stop it (it
+	// resigns) when they want no global leader. With a session of 1 s it
+	// stopped granting after half a second without a confirmed refresh,
+	// which a starved machine reached, and a test then saw no global
+	// leader elected ("not leader; leader=") where it had put one.
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: r.cli, Prefix: "/sl", SessionTTL: time.Second,
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: r.cli, Prefix: "/sl", SessionTTL: 10 * time.Second,
 		Config: regional.StaticConfig{C: r.cfg},
 	})
 	if err != nil {
