@@ -173,9 +173,30 @@ func (r *leaseRig) syncOnce(ctx context.Context, l *regional.Leader) {
 		if err == nil {
 			return
 		}
-		timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
-		if i >= 20 || !timedOut || r.tier.lastReport.Load() != sent {
+		if i >= 20 || !timedOut(err) || r.tier.lastReport.Load() != sent {
 			r.t.Fatal(err)
+		}
+	}
+}
+
+// timedOut reports whether err is a round's deadline (one epoch) running
+// out, as it does on a machine starved of CPU.
+func timedOut(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// syncStored runs report rounds of l until the answer's static lease is
+// stored in Redis, and returns the stored end and the report it answered.
+// Storing the lease is bounded by the round's deadline: on a machine
+// starved of CPU it may outlive it (logged; the leader keeps the lease and
+// the next answer stores it), so the test reports again a bounded number
+// of times instead of reading no lease.
+func (r *leaseRig) syncStored(ctx context.Context, l *regional.Leader) (int64, *sluicev1.RegionReport) {
+	r.t.Helper()
+	for i := 0; ; i++ {
+		r.syncOnce(ctx, l)
+		if until := r.stored(); until != 0 || i >= 20 {
+			return until, r.tier.lastReport.Load()
 		}
 	}
 }
@@ -290,12 +311,8 @@ func TestRegionRunsOnItsFloorOnceAnswersStop(t *testing.T) {
 		t.Fatalf("the allocator conferred static_lease_ms %d, want region_lease %v", got, lease)
 	}
 	until := r.stored()
-	for i := 0; until == 0 && i < 20; i++ {
-		// The answer came but storing its lease outlived the round's
-		// deadline on a starved machine (logged; the leader keeps the
-		// lease, and the next answer stores it): report again.
-		r.syncOnce(ctx, r.leader)
-		rep, until = r.tier.lastReport.Load(), r.stored()
+	if until == 0 {
+		until, rep = r.syncStored(ctx, r.leader)
 	}
 	if want := int64(rep.GetSeq()) + lease.Microseconds(); until != want {
 		t.Fatalf("stored lease end %d, want send time %d + region_lease = %d", until, rep.GetSeq(), want)
@@ -389,8 +406,7 @@ func TestAnswersWithoutStaticLeaseNeverExtendIt(t *testing.T) {
 		t.Fatalf("answers without a static lease gave one: stored %d, static rate %v", r.stored(), r.static(r.srv))
 	}
 	r.tier.strip.Store(false)
-	r.syncOnce(ctx, r.leader)
-	until := r.stored()
+	until, _ := r.syncStored(ctx, r.leader)
 	if until == 0 {
 		t.Fatal("no lease stored after a conferring answer")
 	}
@@ -410,8 +426,10 @@ func TestAnswersWithoutStaticLeaseNeverExtendIt(t *testing.T) {
 func TestNewLeaderTakesOverTheStoredLease(t *testing.T) {
 	ctx := context.Background()
 	r := newLeaseRig(t)
-	r.syncOnce(ctx, r.leader)
-	until := r.stored()
+	until, _ := r.syncStored(ctx, r.leader)
+	if until == 0 {
+		t.Fatal("no lease stored after conferring answers")
+	}
 	srv2, leader2 := r.replica("eu-2")
 	if got := r.static(srv2); !near(got, floorRate) {
 		t.Fatalf("a replica that never read the lease runs on %v, want the floor", got)
@@ -445,8 +463,10 @@ func TestNewLeaderTakesOverTheStoredLease(t *testing.T) {
 func TestNoGlobalLeaderKeepsTheStaticShare(t *testing.T) {
 	ctx := context.Background()
 	r := newLeaseRig(t)
-	r.syncOnce(ctx, r.leader)
-	conferred := r.stored()
+	conferred, _ := r.syncStored(ctx, r.leader)
+	if conferred == 0 {
+		t.Fatal("no lease stored after conferring answers")
+	}
 	r.alloc.Stop() // resigns: the election is empty
 	lease := time.Duration(r.cfg.RegionLease).Microseconds()
 	// Past the end of the conferred lease, the region still runs on its
