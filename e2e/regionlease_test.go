@@ -267,6 +267,16 @@ func sum(m map[string]float64) float64 {
 func waitRates(t *testing.T, c *devcluster.Cluster, key quota.Key, clock string, deadline time.Time, what string,
 	ok func(map[string]float64) bool, regions ...string) (time.Time, map[string]float64) {
 	t.Helper()
+	return waitRatesStalled(t, c, key, clock, deadline, nil, time.Time{}, what, ok, regions...)
+}
+
+// waitRatesStalled is waitRates with the deadline moved by the wall time
+// this process (every daemon of the deployment) was denied the CPU since
+// from, as stalls measures it: a deadline that guards against a change
+// that never comes, for a change judgeBudget judges with the same stalls.
+func waitRatesStalled(t *testing.T, c *devcluster.Cluster, key quota.Key, clock string, deadline time.Time, stalls *stallMeter, from time.Time, what string,
+	ok func(map[string]float64) bool, regions ...string) (time.Time, map[string]float64) {
+	t.Helper()
 	for {
 		// The clock read on both sides of the rates: reached is judged
 		// at the later reading, missed only when the rates were read
@@ -284,9 +294,13 @@ func waitRates(t *testing.T, c *devcluster.Cluster, key quota.Key, clock string,
 		if ok(rs) {
 			return now, rs
 		}
-		if before.After(deadline) {
+		var stalled time.Duration
+		if stalls != nil {
+			stalled = stalls.since(from)
+		}
+		if before.After(deadline.Add(stalled)) {
 			dumpStatus(t, c)
-			t.Fatalf("%s: not reached by the deadline; rates %v", what, rs)
+			t.Fatalf("%s: not reached by the deadline (+%v this process stalled); rates %v", what, stalled, rs)
 		}
 		time.Sleep(10 * time.Millisecond) // polling Redis state with a deadline
 	}
@@ -557,7 +571,7 @@ func TestRegionDownSurvivorsTakeItsShare(t *testing.T) {
 	budget := lt.regionLease + lt.validity + 3*lt.epoch
 	budgetEpochs := uint64(budget / lt.epoch)
 	survivors := []string{"us-east", "ap-south"}
-	at, rs := waitRates(t, c, key, "us-east", death.Add(3*budget), fmt.Sprintf("survivors' rates >= 97%% of r within three budgets (budget: region_lease + grant_validity + 3 epochs = %v) of the death", budget),
+	at, rs := waitRatesStalled(t, c, key, "us-east", death.Add(3*budget), stalls, death, fmt.Sprintf("survivors' rates >= 97%% of r within three budgets (budget: region_lease + grant_validity + 3 epochs = %v) of the death", budget),
 		func(m map[string]float64) bool { return sum(m) >= 0.97*r }, survivors...)
 	recovered := at.Sub(death)
 	epochs, counted := epochsSince(t, c, e0)
@@ -627,7 +641,7 @@ func TestLongPartitionHealsWithoutOverAdmission(t *testing.T) {
 		func(m map[string]float64) bool { return m["eu-west"] <= floor+zeroRate }, "eu-west")
 	t.Logf("eu-west on its floor (%.1f/s) %v after the cut", floor, at.Sub(cut))
 	moveBudget := lt.regionLease + lt.validity + 3*lt.epoch
-	at, rs := waitRates(t, c, key, "us-east", cut.Add(3*moveBudget), "the others take eu-west's share",
+	at, rs := waitRatesStalled(t, c, key, "us-east", cut.Add(3*moveBudget), stalls, cut, "the others take eu-west's share",
 		func(m map[string]float64) bool { return sum(m) >= 0.97*(r-floor) }, "us-east", "ap-south")
 	epochs, counted := epochsSince(t, c, e0)
 	t.Logf("us-east + ap-south at %.1f/s (%v) %v and %d allocator epochs after the cut", sum(rs), rs, at.Sub(cut), epochs)
@@ -714,7 +728,7 @@ func TestDrainAndRestoreThroughSluicectl(t *testing.T) {
 	// tier's next answer; the others get its share once its grants
 	// expired: within grant_validity and a few epochs of the write.
 	budget := lt.validity + 3*lt.epoch
-	at, rs := waitRates(t, c, key, "us-east", drained.Add(3*budget), fmt.Sprintf("eu-west's share to the others within three budgets (grant_validity + 3 epochs = %v)", budget),
+	at, rs := waitRatesStalled(t, c, key, "us-east", drained.Add(3*budget), stalls, drained, fmt.Sprintf("eu-west's share to the others within three budgets (grant_validity + 3 epochs = %v)", budget),
 		func(m map[string]float64) bool {
 			return m["eu-west"] <= floor+zeroRate && m["us-east"]+m["ap-south"] >= 0.97*(r-floor)
 		}, leaseRegions...)
