@@ -72,8 +72,11 @@ func TestWeightRaiseWaitsForEveryRegion(t *testing.T) {
 	cli := etcd.Client(t)
 	old, grown := weightsConfig(t, 1, 1), weightsConfig(t, 3, 1) // eu 50/s → 75/s, us 50/s → 25/s
 	globalSrc := &revSource{cfg: old, rev: 10}
+	// The allocator leads throughout: with a session of 1 s it stopped
+	// leading on a starved machine ("session lease refresh lapsed") and
+	// the regions' reports were refused.
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: cli, Prefix: "/cc", SessionTTL: time.Second,
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: cli, Prefix: "/cc", SessionTTL: 10 * time.Second,
 		Config: globalSrc,
 	})
 	if err != nil {
