@@ -154,6 +154,11 @@ func TestStrictAdmitsExactly(t *testing.T) {
 	st := bucketState(t, reg, quota.Key{Tenant: "acme", Class: "export"})
 	t.Logf("admitted %d, denied %d over %.6fs of Redis time, %.6f tokens left; b + r t = %.6f; the bucket counted %d admitted",
 		got, denied.Load(), elapsed, left, want, st.Admitted)
+	// A bucket never holds less than nothing: admitting on too few
+	// tokens would leave the sum right and the bucket in debt.
+	if left < 0 {
+		t.Fatalf("the bucket holds %.6f tokens after %d admitted: it admitted on credit", left, got)
+	}
 	if gave := float64(got) + left; math.Abs(gave-want) > 1 {
 		t.Fatalf("admitted %d + %.6f left = %.6f, want b + r t = %.6f ± 1", got, left, gave, want)
 	}
