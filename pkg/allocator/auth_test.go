@@ -84,7 +84,10 @@ func TestCallersOnlyDoWhatTheirRoleAllows(t *testing.T) {
 	}
 	d, err := allocator.StartDaemon(context.Background(), allocator.DaemonOptions{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: srv.Client(t), Prefix: "/test",
-		SessionTTL: testTTL, Config: allocator.StaticConfig{C: mustConfig(t, authRegions)},
+		// One replica leads throughout (its Stop resigns): with a session
+		// of 1 s it lost the leadership on a starved machine and region a
+		// was told "not leader; leader=" where its role was judged.
+		SessionTTL: 60 * time.Second, Config: allocator.StaticConfig{C: mustConfig(t, authRegions)},
 		ServerTLS: serverTLS, DrainTimeout: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(&testWriter{t: t}, nil)),
 	})
