@@ -68,19 +68,54 @@ func TestReportsSpendingThatHoldsTheRegionAtItsCap(t *testing.T) {
 
 // TestNoEarlyReportWithoutDemand: the mark is set with the rate the batch
 // was sized with; when the demand measured on reaching it no longer
-// drains the region, no report goes out and the usual mark is back.
+// drains the region, no report goes out and the usual mark (2000/s × a
+// quarter refresh = 500) is back. A pool already down to the usual mark
+// gets its report whatever the demand.
 func TestNoEarlyReportWithoutDemand(t *testing.T) {
+	for _, tc := range []struct {
+		spent  int
+		report bool
+	}{
+		{spent: 62},
+		{spent: 429},               // pool 501: above the usual mark
+		{spent: 430, report: true}, // pool 500: at it
+	} {
+		tb := newTestTable(t)
+		now := startDraining(t, tb)
+		// A token every 10 ms: about 100/s, a tenth of the region's rate.
+		for range tc.spent {
+			now = now.Add(10 * time.Millisecond)
+			allow(t, tb, now, kW, 1)
+		}
+		b := tb.PrepareRefill(now)
+		if got := b != nil; got != tc.report {
+			t.Errorf("%d spent at 100/s: early report %v, want %v", tc.spent, got, tc.report)
+			continue
+		}
+		if st := state(t, tb, kW); !tc.report && st.LowWater != 500 {
+			t.Errorf("%d spent at 100/s: low water %d with %d tokens, want the usual 500 back", tc.spent, st.LowWater, st.Tokens)
+		}
+	}
+}
+
+// TestAnswerGrantingNothingPutsTheUsualMarkBack: the cap-held mark is for
+// a pool just credited by a grant. An answer that grants nothing puts the
+// usual mark back, even while the pool and the region's bucket still fill
+// the cap: here a Sync asking to top the pool of 930 up to its target of
+// 1000, answered with nothing from a bucket left empty, leaves the mark at
+// 2000/s × a quarter refresh = 500 (the cap-held mark would be 930 − 70).
+func TestAnswerGrantingNothingPutsTheUsualMarkBack(t *testing.T) {
 	tb := newTestTable(t)
 	now := startDraining(t, tb)
-	// 62 tokens over 600 ms: about 100/s, a tenth of the region's rate.
-	for range 62 {
-		now = now.Add(10 * time.Millisecond)
-		allow(t, tb, now, kW, 1)
+	syncs, _ := tb.PrepareSync(now)
+	if len(syncs) != 1 || len(syncs[0].Reports) != 1 || syncs[0].Reports[0].Want != 70 {
+		t.Fatalf("syncs %v, want one report asking for 70", syncs)
 	}
-	if b := tb.PrepareRefill(now); b != nil {
-		t.Fatalf("early refill %v for an instance far below the region's rate", b.Keys())
+	g := regionGrant(syncs[0].Reports[0], 0, capHeldGrant(0))
+	if err := tb.Apply(now, syncs[0], []*sluicev1.Grant{g}); err != nil {
+		t.Fatal(err)
 	}
-	if st := state(t, tb, kW); st.LowWater >= st.Tokens {
-		t.Fatalf("low water %d with %d tokens: the usual mark is not back", st.LowWater, st.Tokens)
+	if st := state(t, tb, kW); st.Tokens != 930 || st.LowWater != 500 {
+		t.Fatalf("after an answer granting nothing: pool %d, low water %d; want 930 and the usual 500", st.Tokens, st.LowWater)
 	}
 }
