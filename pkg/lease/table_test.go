@@ -603,8 +603,8 @@ func TestStrictClasses(t *testing.T) {
 	if _, act := allow(t, tb, t0.Add(time.Second), kW, 1); act != ActCheck {
 		t.Fatalf("after mode change: action %v, want check", act)
 	}
-	if st := state(t, tb, kW); st.Tokens != 0 || st.ToReturn != 1 {
-		t.Fatalf("tokens %d toReturn %d after becoming strict", st.Tokens, st.ToReturn)
+	if st := state(t, tb, kW); st.Tokens != 0 || st.ToReturn != 1 || st.HasLease {
+		t.Fatalf("tokens %d toReturn %d lease %v after becoming strict; want 0, 1, no lease", st.Tokens, st.ToReturn, st.HasLease)
 	}
 }
 
@@ -616,7 +616,8 @@ func TestIdleKeysForgotten(t *testing.T) {
 	allow(t, tb, t0, kW, 2)
 	var lastSeq uint64
 	var release *Batch
-	for s := 1; s <= 5 && release == nil; s++ {
+	s := 1
+	for ; s <= 5 && release == nil; s++ {
 		now := t0.Add(time.Duration(s) * time.Second)
 		var syncs []*Batch
 		syncs, release = tb.PrepareSync(now)
@@ -627,6 +628,11 @@ func TestIdleKeysForgotten(t *testing.T) {
 	}
 	if release == nil || tb.Len() != 0 {
 		t.Fatalf("idle key not forgotten (len %d)", tb.Len())
+	}
+	// The Sync at 1s saw the demand; the one at 4s, exactly IdleTimeout
+	// later, forgets the key.
+	if s-1 != 4 {
+		t.Fatalf("idle key forgotten by the Sync at %ds, want 4s", s-1)
 	}
 	fr := release.Reports[0]
 	if fr.Want != 0 || fr.Returned != 4 || fr.Seq <= lastSeq || fr.Seq <= r.Seq {
@@ -665,6 +671,16 @@ func TestApplyRefusesMismatchedGrants(t *testing.T) {
 	b, _ := tb.PrepareAcquire(t0, kW, 1)
 	if err := tb.Apply(t0, b, nil); err == nil {
 		t.Error("applied zero grants to one report")
+	}
+	// A grant that names no seq (0) answers the report it comes with.
+	tb = newTestTable(t)
+	allow(t, tb, t0, kW, 1)
+	b, _ = tb.PrepareAcquire(t0, kW, 1)
+	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(b.Reports[0], 1, func(g *sluicev1.Grant) { g.Seq = 0 })}); err != nil {
+		t.Errorf("grant without a seq: %v", err)
+	}
+	if st := state(t, tb, kW); st.Tokens != 1 || st.Pending != nil {
+		t.Errorf("after a grant without a seq: pool %d pending %v; want 1 and none", st.Tokens, st.Pending)
 	}
 }
 
@@ -705,6 +721,10 @@ func TestDrainBlocksCredit(t *testing.T) {
 	tb.Drain()
 	if _, act := allow(t, tb, t0, kW, 1); act == ActNone || act == ActRefill {
 		t.Fatal("spent after Drain")
+	}
+	// A drained table acquires nothing and has the caller wait for nothing.
+	if b2, wait := tb.PrepareAcquire(t0, kW, 1); b2 != nil || wait != nil {
+		t.Fatalf("acquire after Drain: batch %v wait %v, want neither", b2, wait)
 	}
 	tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(b.Reports[0], b.Reports[0].Want)})
 	st := state(t, tb, kW)
