@@ -5,6 +5,7 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // TestSyncReturnsOnlyAPoolAboveTwiceItsTarget: a periodic Sync gives back
@@ -32,9 +33,11 @@ func TestSyncReturnsOnlyAPoolAboveTwiceItsTarget(t *testing.T) {
 		}
 		r := syncs[0].Reports[0]
 		st := state(t, tb, kW)
-		if r.Want != tc.wantWant || r.Returned != tc.wantReturned || st.Tokens != tc.wantTokens {
-			t.Errorf("pool %d: want %d returned %d, pool left %d; want %d, %d, %d",
-				tc.pool, r.Want, r.Returned, st.Tokens, tc.wantWant, tc.wantReturned, tc.wantTokens)
+		// A Sync that asks for tokens needs at least one; one that asks
+		// for none needs none.
+		if r.Want != tc.wantWant || r.Min != min(tc.wantWant, 1) || r.Returned != tc.wantReturned || st.Tokens != tc.wantTokens {
+			t.Errorf("pool %d: want %d min %d returned %d, pool left %d; want %d, %d, %d, %d",
+				tc.pool, r.Want, r.Min, r.Returned, st.Tokens, tc.wantWant, min(tc.wantWant, 1), tc.wantReturned, tc.wantTokens)
 		}
 	}
 }
@@ -108,15 +111,21 @@ func TestRefillWaitsUntilTheRegionsRetryTime(t *testing.T) {
 }
 
 // TestAcquireNotNeededWhenThePoolCoversTheCost: a leased pool holding
-// exactly the request's cost needs no acquire; one token more does.
+// exactly the request's cost needs no acquire; one token more does, and
+// asks for what the pool lacks.
 func TestAcquireNotNeededWhenThePoolCoversTheCost(t *testing.T) {
 	tb := newTestTable(t)
 	acquire(t, tb, t0, t0, kW, 3, 3)
 	if b, wait := tb.PrepareAcquire(t0, kW, 3); b != nil || wait != nil {
 		t.Errorf("cost 3 from a pool of 3: batch %v wait %v, want neither", b, wait)
 	}
+	// The acquire asks for the larger of what the request lacks (1) and
+	// what tops the pool up to its target (1 with no demand measured: less
+	// than the pool), and needs the 1 the request lacks.
 	if b, wait := tb.PrepareAcquire(t0, kW, 4); b == nil || wait != nil {
 		t.Errorf("cost 4 from a pool of 3: batch %v wait %v, want a batch", b, wait)
+	} else if r := b.Reports[0]; r.Want != 1 || r.Min != 1 {
+		t.Errorf("cost 4 from a pool of 3: want %d min %d, want 1 and 1", r.Want, r.Min)
 	}
 }
 
@@ -156,5 +165,94 @@ func TestNeverAnswerToAReportWithoutMinDeniesOneToken(t *testing.T) {
 	}
 	if d, act := allow(t, tb, t0, kW, 1); d.Allowed || !d.RetryNever || act != ActNone {
 		t.Errorf("cost 1 after never: allowed %v, retry never %v, action %v; want denied, never, none", d.Allowed, d.RetryNever, act)
+	}
+}
+
+// TestAcquireLeavesReturnsForTheNextSync: an acquire carries no returned
+// tokens (Acquire has no field for them), so a key whose lease expired
+// with tokens in its pool acquires without them, as an Acquire; the next
+// Sync returns them.
+func TestAcquireLeavesReturnsForTheNextSync(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 1)
+	if _, act := allow(t, tb, t0.Add(testTTL), kW, 1); act != ActAcquire {
+		t.Fatalf("at the deadline: action %v, want acquire", act)
+	}
+	b, _ := tb.PrepareAcquire(t0.Add(testTTL), kW, 1)
+	if b == nil || b.UseSync() || b.Reports[0].Returned != 0 {
+		t.Fatalf("acquire after expiry: batch %v, want an Acquire returning nothing", b)
+	}
+	if st := state(t, tb, kW); st.ToReturn != 1 {
+		t.Fatalf("to return %d while the acquire is in flight, want 1", st.ToReturn)
+	}
+	if err := tb.Apply(t0.Add(testTTL), b, []*sluicev1.Grant{regionGrant(b.Reports[0], 1)}); err != nil {
+		t.Fatal(err)
+	}
+	syncs, _ := tb.PrepareSync(t0.Add(testTTL + time.Second))
+	if len(syncs) != 1 || syncs[0].Reports[0].Returned != 1 {
+		t.Fatalf("next Sync %v, want one report returning the expired token", syncs)
+	}
+}
+
+// TestRefillBatchIsCapped: an early refill carries at most
+// MaxReportsPerSync reports; the keys left out go in the next one.
+func TestRefillBatchIsCapped(t *testing.T) {
+	tb := newTestTable(t, func(o *TableOptions) { o.MaxReportsPerSync = 2 })
+	for _, k := range []quota.Key{kW, kR, {Tenant: "acme", Class: "open"}} {
+		// Leased with an empty pool and no demand: at its low-water mark 0.
+		acquire(t, tb, t0, t0, k, 1, 0)
+	}
+	var sizes []int
+	for range 3 {
+		if b := tb.PrepareRefill(t0); b != nil {
+			sizes = append(sizes, len(b.Reports))
+		}
+	}
+	if len(sizes) != 2 || sizes[0] != 2 || sizes[1] != 1 {
+		t.Fatalf("refill batch sizes %v, want [2 1]", sizes)
+	}
+}
+
+// TestReportsNameTheLeaseByItsFirstSeq: a lease is named by the seq of
+// its first report; every later report of the lease carries that name
+// under a higher seq of its own, and a new lease (after a rebase) takes
+// the seq of its own first report.
+func TestReportsNameTheLeaseByItsFirstSeq(t *testing.T) {
+	tb := newTestTable(t)
+	first := acquire(t, tb, t0, t0, kW, 1, 1)
+	if first.Lease != first.Seq {
+		t.Fatalf("first report: lease %d seq %d, want the lease named by its seq", first.Lease, first.Seq)
+	}
+	syncs, _ := tb.PrepareSync(t0.Add(time.Second))
+	r := syncs[0].Reports[0]
+	if r.Lease != first.Seq || r.Seq <= first.Seq {
+		t.Fatalf("next report: lease %d seq %d, want lease %d under a higher seq", r.Lease, r.Seq, first.Seq)
+	}
+	if err := tb.Apply(t0.Add(time.Second), syncs[0], []*sluicev1.Grant{regionGrant(r, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	final := tb.PrepareRebase(t0.Add(time.Second))
+	if final == nil || final.Reports[0].Lease != first.Seq {
+		t.Fatalf("final report of the old lease %v, want it named %d", final, first.Seq)
+	}
+	again := acquire(t, tb, t0.Add(2*time.Second), t0.Add(2*time.Second), kW, 1, 1)
+	if again.Lease != again.Seq || again.Seq <= final.Reports[0].Seq {
+		t.Fatalf("new lease's first report: lease %d seq %d, want a new lease named by its seq above %d", again.Lease, again.Seq, final.Reports[0].Seq)
+	}
+}
+
+// TestGrantWithAStrictAnswerGoesBack: tokens granted by an answer that
+// says the class is strict are not credited (a strict class opens no
+// lease) and go back in the key's next report, a strict one asking for
+// nothing.
+func TestGrantWithAStrictAnswerGoesBack(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 2, 2, func(g *sluicev1.Grant) { g.Mode = "strict" })
+	if st := state(t, tb, kW); st.Tokens != 0 || st.HasLease || st.ToReturn != 2 {
+		t.Fatalf("after a strict answer granting 2: pool %d lease %v to return %d; want 0, none, 2", st.Tokens, st.HasLease, st.ToReturn)
+	}
+	syncs, _ := tb.PrepareSync(t0.Add(time.Second))
+	if len(syncs) != 1 || syncs[0].Reports[0].Returned != 2 || syncs[0].Reports[0].Want != 0 {
+		t.Fatalf("next Sync %v, want one report returning 2 and asking for nothing", syncs)
 	}
 }
