@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -254,5 +255,81 @@ func TestGrantWithAStrictAnswerGoesBack(t *testing.T) {
 	syncs, _ := tb.PrepareSync(t0.Add(time.Second))
 	if len(syncs) != 1 || syncs[0].Reports[0].Returned != 2 || syncs[0].Reports[0].Want != 0 {
 		t.Fatalf("next Sync %v, want one report returning 2 and asking for nothing", syncs)
+	}
+}
+
+// TestAnswerFactsAtTheirBounds: what an answer says about the region is
+// kept within bounds. The reset time counts from the answer's arrival and
+// is never before it; a live-instance count above the int32 range is the
+// largest int32; a negative remaining (not said) adds nothing to what a
+// decision says the caller can expect (its pool plus the region's bucket,
+// at most the region's cap); the cap is known once the answer says the
+// limit and the region's rate and burst, 0 included, and unknown while
+// the limit is not said.
+func TestAnswerFactsAtTheirBounds(t *testing.T) {
+	const recv = 10 * time.Millisecond
+	const reset = recv + 100*time.Millisecond
+	for _, tc := range []struct {
+		name                    string
+		mod                     func(*sluicev1.Grant)
+		wantReset               time.Duration
+		wantLive, wantRemaining int64
+		wantCapKnown            bool
+		wantCap                 int64
+	}{
+		{"as said", nil, reset, 3, 2 + 5, true, 10000},
+		{"reset in the past", func(g *sluicev1.Grant) { g.ResetMs = -50 }, recv, 3, 2 + 5, true, 10000},
+		{"more live instances than int32 holds", func(g *sluicev1.Grant) { g.LiveInstances = 1<<32 + 5 }, reset, math.MaxInt32, 2 + 5, true, 10000},
+		{"remaining not said", func(g *sluicev1.Grant) { g.Remaining = -1 }, reset, 3, 2, true, 10000},
+		{"limit not said", func(g *sluicev1.Grant) { g.Limit = 0 }, reset, 3, 2 + 5, false, 0},
+		{"region rate 0", func(g *sluicev1.Grant) { g.RegionRate = 0 }, reset, 3, 2 + 5, true, 10000},
+		{"region burst 0", func(g *sluicev1.Grant) { g.RegionBurst = 0 }, reset, 3, 0, true, 0},
+	} {
+		tb := newTestTable(t)
+		acquire(t, tb, t0, t0.Add(recv), kW, 3, 3, func(g *sluicev1.Grant) {
+			g.ResetMs, g.LiveInstances, g.Remaining = 100, 3, 5
+			if tc.mod != nil {
+				tc.mod(g)
+			}
+		})
+		d, _ := allow(t, tb, t0.Add(recv), kW, 1)
+		if !d.Allowed || !d.ResetAt.Equal(t0.Add(tc.wantReset)) || d.Remaining != tc.wantRemaining || d.CapKnown != tc.wantCapKnown || d.Cap != tc.wantCap {
+			t.Errorf("%s: decision %+v; want allowed, reset at %v, remaining %d, cap known %v, cap %d",
+				tc.name, d, tc.wantReset, tc.wantRemaining, tc.wantCapKnown, tc.wantCap)
+		}
+		if st := state(t, tb, kW); st.Live != tc.wantLive {
+			t.Errorf("%s: %d live instances, want %d", tc.name, st.Live, tc.wantLive)
+		}
+	}
+}
+
+// TestForgetDropsOnlyKeysTheRegionHoldsNothingFor: Forget (after the region
+// refused a request) drops a key that never got a lease and has no report
+// in flight; it keeps a key with a report in flight and one the region
+// granted a lease, even with its pool spent.
+func TestForgetDropsOnlyKeysTheRegionHoldsNothingFor(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(*Table)
+		kept  bool
+	}{
+		{"never leased", func(tb *Table) { allow(t, tb, t0, kW, 1) }, false},
+		{"report in flight", func(tb *Table) {
+			allow(t, tb, t0, kW, 1)
+			if b, _ := tb.PrepareAcquire(t0, kW, 1); b == nil {
+				t.Fatal("no acquire batch")
+			}
+		}, true},
+		{"leased, pool spent", func(tb *Table) {
+			acquire(t, tb, t0, t0, kW, 1, 1)
+			allow(t, tb, t0, kW, 1)
+		}, true},
+	} {
+		tb := newTestTable(t)
+		tc.setup(tb)
+		tb.Forget(kW)
+		if _, kept := tb.State(kW); kept != tc.kept {
+			t.Errorf("%s: kept %v after Forget, want %v", tc.name, kept, tc.kept)
+		}
 	}
 }
