@@ -47,7 +47,8 @@ func TestTargetMemoMatchesRecomputation(t *testing.T) {
 // TestTargetMemoDecidesAsRecomputing runs the worlds of
 // TestTargetMemoMatchesRecomputation twice, remembering targets and
 // always recomputing them, and compares every output of the two runs
-// (each answer's grants to the bit, static leases, nudges, lapses, views).
+// (each answer's grants to the bit, static leases, nudges, lapses, views);
+// the run that always recomputes uses the memo not once.
 func TestTargetMemoDecidesAsRecomputing(t *testing.T) {
 	const worlds, epochs = 8, 120
 	for w := range worlds {
@@ -57,12 +58,19 @@ func TestTargetMemoDecidesAsRecomputing(t *testing.T) {
 			g := newGoldenWorld(t, 2000+uint64(w), h)
 			g.steady = true
 			g.a.memoOff = off
+			chk := &memoCheck{}
+			g.a.memoCheck = chk
 			r := goldenRand{s: 104729 * (uint64(w) + 1)}
 			for range epochs {
 				g.sameLimitsChange(&r)
 				g.epoch()
 			}
 			digests[run] = h.Sum(nil)
+			// The run that always recomputes must never use the memo, or
+			// the comparison would compare the memo with itself.
+			if off && chk.hits != 0 || !off && chk.hits == 0 {
+				t.Fatalf("world %d: memoOff %v, %d memo hits", w, off, chk.hits)
+			}
 		}
 		if !bytes.Equal(digests[0], digests[1]) {
 			t.Fatalf("world %d: the outputs with remembered targets differ from those recomputing every time", w)
