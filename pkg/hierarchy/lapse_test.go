@@ -408,16 +408,29 @@ func TestLapseOnlyAfterTheWholeLapsePeriod(t *testing.T) {
 
 // TestRegionIsSilentOnlyAfterTheSilenceTimeout: the View calls a region
 // silent once more than SilenceTimeout (default two epochs) passed since
-// its last report, not at that instant.
+// its last report, not at that instant; it shows the report's age and
+// what is left of the static lease conferred with its answer.
 func TestRegionIsSilentOnlyAfterTheSilenceTimeout(t *testing.T) {
 	s := newLeaseScript(t)
 	s.report("a", 500, 0)
-	if st := s.state("a", 2500); st != StateLive {
-		t.Fatalf("a is %s exactly two epochs after its report, want live", st)
-	}
-	for _, r := range s.a.View(s.at(500).Add(2*time.Second + time.Nanosecond)).Regions {
-		if r.Name == "a" && r.State != StateSilent {
-			t.Fatalf("a is %s just after two epochs without a report, want silent", r.State)
+	for _, tc := range []struct {
+		at     time.Time
+		silent bool
+		state  RegionState
+	}{
+		{s.at(2500), false, StateLive},
+		{s.at(2500).Add(time.Nanosecond), true, StateSilent},
+	} {
+		var r RegionView
+		for _, rv := range s.a.View(tc.at).Regions {
+			if rv.Name == "a" {
+				r = rv
+			}
+		}
+		age := tc.at.Sub(s.at(500))
+		if r.Silent != tc.silent || r.State != tc.state || !r.LastReport.Equal(s.at(500)) || r.LastReportAge != age || r.StaticLease != 10*time.Second-age {
+			t.Fatalf("a %v after its report: silent %v, %s, last report %v ago at %v, static lease %v left; want silent %v, %s, %v ago at %v, %v left",
+				age, r.Silent, r.State, r.LastReportAge, r.LastReport, r.StaticLease, tc.silent, tc.state, age, s.at(500), 10*time.Second-age)
 		}
 	}
 }
