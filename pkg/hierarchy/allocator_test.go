@@ -363,6 +363,13 @@ func TestBecomeLeaderForgetsGrants(t *testing.T) {
 	if !v.Learning || !v.LearningUntil.Equal(ms(20_000)) {
 		t.Fatalf("learning: %v until %v", v.Learning, v.LearningUntil)
 	}
+	// Learning ends at that instant: a nanosecond before it still learns.
+	for _, at := range []time.Time{ms(20_000).Add(-time.Nanosecond), ms(20_000)} {
+		want := at.Before(ms(20_000))
+		if got, vl := a.Learning(at), a.View(at).Learning; got != want || vl != want {
+			t.Fatalf("at %v: Learning %v, View.Learning %v, want %v", at.Sub(ms(15_000)), got, vl, want)
+		}
+	}
 	for _, kv := range v.Keys {
 		t.Fatalf("key %v kept state across BecomeLeader", kv.Key)
 	}
