@@ -283,6 +283,70 @@ func TestLearningReissuesOnlyWhatIsHeld(t *testing.T) {
 	}
 }
 
+// TestViewShowsAHeldGrantWithoutDemand: a key a region only reports
+// holding a grant for (an acknowledgement, too short a window to read
+// demand from) has fencing state but no demand; the View lists it with
+// the grant until the instant it expires, and reserves what a reported
+// holding until the instant that surely expired, then its static share.
+func TestViewShowsAHeldGrantWithoutDemand(t *testing.T) {
+	s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 100})
+	kd := KeyDemand{Key: s.key, Window: 100 * time.Millisecond, HeldRate: 60, HeldBurst: 70, HeldValid: 3 * time.Second, Holding: 10}
+	ans, err := s.a.Report(s.at(1100), Report{Region: "a", Seq: 1, Keys: []KeyDemand{kd}})
+	if err != nil || len(ans.Grants) != 1 || ans.Grants[0].Rate > 60 || !near(ans.Grants[0].Rate, 60) || ans.Grants[0].Valid != 3*time.Second {
+		t.Fatalf("learning: a holding 60/70 for 3s got %+v, %v; want it again for 3s", ans.Grants, err)
+	}
+	g := ans.Grants[0]
+	for _, tc := range []struct {
+		ms                     int
+		granted, grantedBurst  float64
+		expiry                 time.Time
+		reserved, reservedBurs float64
+	}{
+		{1100, g.Rate, g.Burst, s.at(4100), 60, 70},
+		{4099, g.Rate, g.Burst, s.at(4100), 60, 70},
+		{4100, 0, 0, time.Time{}, 60, 70}, // what a reports holding counts 1ms longer (held_valid is truncated)
+		{4101, 0, 0, time.Time{}, 50, 50},
+	} {
+		v := s.a.View(s.at(tc.ms))
+		if len(v.Keys) != 1 || !v.Keys[0].Active || v.Keys[0].Contended {
+			t.Fatalf("at %dms the view lists %+v, want the key active, not contended", tc.ms, v.Keys)
+		}
+		r := v.Keys[0].Regions[0]
+		if r.Demand != 0 || r.GrantedRate != tc.granted || r.GrantedBurst != tc.grantedBurst || !r.GrantExpiry.Equal(tc.expiry) ||
+			r.ReservedRate != tc.reserved || r.ReservedBurst != tc.reservedBurs {
+			t.Fatalf("at %dms a shows demand %v, grant %v/%v until %v, reserved %v/%v; want 0, %v/%v until %v, %v/%v",
+				tc.ms, r.Demand, r.GrantedRate, r.GrantedBurst, r.GrantExpiry, r.ReservedRate, r.ReservedBurst,
+				tc.granted, tc.grantedBurst, tc.expiry, tc.reserved, tc.reservedBurs)
+		}
+	}
+}
+
+// TestViewShowsTheNewestGrant: the View's grant is the newest one issued
+// (the region may not have received it yet), also when it is the only
+// one.
+func TestViewShowsTheNewestGrant(t *testing.T) {
+	s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 100})
+	s.a.Allocate(s.at(6000))
+	var grants []Grant
+	for i, ms := range []int{6100, 6200} {
+		// The first answer is lost: the second report holds nothing.
+		kd := KeyDemand{Key: s.key, Admitted: 150, Window: time.Second}
+		ans, err := s.a.Report(s.at(ms), Report{Region: "a", Seq: uint64(i + 1), Keys: []KeyDemand{kd}})
+		if err != nil || len(ans.Grants) != 1 {
+			t.Fatalf("a's report at %dms: %+v, %v; want a grant", ms, ans.Grants, err)
+		}
+		g := ans.Grants[0]
+		grants = append(grants, g)
+		r := s.a.View(s.at(ms)).Keys[0].Regions[0]
+		if r.GrantedRate != g.Rate || r.GrantedBurst != g.Burst || !r.GrantExpiry.Equal(s.at(ms).Add(g.Valid)) {
+			t.Fatalf("at %dms the view shows %v/%v until %v, want the grant just issued %+v", ms, r.GrantedRate, r.GrantedBurst, r.GrantExpiry, g)
+		}
+	}
+	if grants[0] == grants[1] {
+		t.Fatalf("both grants are %+v: the view's choice between them is not seen", grants[0])
+	}
+}
+
 func TestRetriesAreIdempotentAndStaleReportsRefused(t *testing.T) {
 	s := newScript(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, KeyLimit{Rate: 100, Burst: 100})
 	s.a.Allocate(s.at(6000))
