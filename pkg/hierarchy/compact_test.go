@@ -106,7 +106,7 @@ func countActive(v View) int {
 // with demand and grants, most of them then silent past their grants'
 // expiry and removed); one renumbers its slots and blocks when most keys
 // are removed, the other never does. Every later answer and view is the
-// same.
+// same, beginning with one to a report naming none of the keys left.
 func TestCompactionChangesNoOutput(t *testing.T) {
 	noiseN := 3 * compactMin
 	run := func(compact bool) ([][]Grant, View, int) {
@@ -130,7 +130,13 @@ func TestCompactionChangesNoOutput(t *testing.T) {
 		for _, k := range noise {
 			a.RemoveKey(k)
 		}
-		out := churn(t, a, stay, 11, 8)
+		// A report naming no key gets a grant for each contended key,
+		// wherever compaction renumbered it.
+		g, err := grantsOf(a.Report(testStart.Add(11*time.Second), Report{Region: "b", Seq: 12}))
+		if err != nil || len(g) != len(stay) {
+			t.Fatalf("b's report naming no key got %v, %v; want a grant for each of %v", g, err, stay)
+		}
+		out := append([][]Grant{g}, churn(t, a, stay, 12, 7)...)
 		v := a.View(testStart.Add(19 * time.Second))
 		return out, v, len(a.keys) + len(a.blockKey)
 	}
@@ -151,5 +157,39 @@ func TestCompactionChangesNoOutput(t *testing.T) {
 	}
 	if !reflect.DeepEqual(viewC, viewN) {
 		t.Fatalf("views differ after compaction:\n%+v\nwithout:\n%+v", viewC, viewN)
+	}
+}
+
+// TestCompactionThresholds: key slots and blocks are renumbered once
+// fewer than a quarter of them are in use, and only when there are at
+// least compactMin of them: with exactly compactMin, a quarter in use
+// keeps them, one fewer renumbers; with one less than compactMin they are
+// kept whatever is in use.
+func TestCompactionThresholds(t *testing.T) {
+	old := compactMin
+	compactMin = 8
+	defer func() { compactMin = old }()
+	for _, n := range []int{7, 8} {
+		a := mustAllocator(t, twoRegions())
+		keys := noiseKeys(n)
+		for _, k := range keys {
+			if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		churn(t, a, keys, 6, 1) // every key contended: a block each
+		if len(a.keys) != n || len(a.blockKey) != n {
+			t.Fatalf("%d keys: %d slots, %d blocks; want a slot and a block each", n, len(a.keys), len(a.blockKey))
+		}
+		for i, k := range keys[:n-1] {
+			a.RemoveKey(k)
+			live, want := n-1-i, n
+			if n >= compactMin && live < n/4 {
+				want = live
+			}
+			if len(a.keys) != want || len(a.blockKey) != want {
+				t.Fatalf("%d keys, %d left: %d slots, %d blocks; want %d", n, live, len(a.keys), len(a.blockKey), want)
+			}
+		}
 	}
 }
