@@ -461,6 +461,12 @@ func TestOneGrantPerKeyAfterASlotIsReused(t *testing.T) {
 	s.report("b", 6200, 10, -1)
 	s.a.Allocate(s.at(7000))
 	s.a.RemoveKey(s.key)
+	// Until the next Allocate the removed key is still listed active: it
+	// gets no grant all the same.
+	s.seq["b"]++
+	if grants, err := grantsOf(s.a.Report(s.at(7050), Report{Region: "b", Seq: s.seq["b"]})); err != nil || len(grants) != 0 {
+		t.Fatalf("b's answer right after the key's removal %+v, %v; want none", grants, err)
+	}
 	other := quota.Key{Tenant: "beta", Class: "write"}
 	if err := s.a.SetLimit(other, KeyLimit{Rate: 100, Burst: 100}); err != nil {
 		t.Fatal(err)
