@@ -464,24 +464,28 @@ func TestLearningReissuesNothingWithLessThanAMillisecondLeft(t *testing.T) {
 
 // TestRaisePendingOnlyAboveTheShortfall: an answer short of its target
 // asks for an early report only when the shortfall exceeds 5% of the rate
-// (and a demand reading's noise); exactly 5% waits for the next epoch.
+// and a demand reading's noise (three standard deviations of one epoch's
+// Poisson count: short² > 9·target per epoch); exactly either waits for
+// the next epoch.
 func TestRaisePendingOnlyAboveTheShortfall(t *testing.T) {
 	for _, tc := range []struct {
-		bDemand float64
-		want    time.Duration
+		rate, bDemand float64
+		want          time.Duration
 	}{
-		{45000, 0},                      // a's target 55000, granted its static 50000: short by exactly 5%
-		{44000, 333 * time.Millisecond}, // short by 6%
+		{100000, 45000, 0},                      // a's target 55000, granted its static 50000: short by exactly 5%
+		{100000, 44000, 333 * time.Millisecond}, // short by 6%
+		{140, 40, 0},                            // target 100, granted 70: short by 30, and 30² = 9·100
+		{140, 39, 333 * time.Millisecond},       // target 101, short by 31: 31² > 9·101
 	} {
-		s := newScript(t, twoRegions(), KeyLimit{Rate: 100000, Burst: 100000})
+		s := newScript(t, twoRegions(), KeyLimit{Rate: tc.rate, Burst: tc.rate})
 		s.a.Allocate(s.at(6000))
-		s.report("a", 6100, 200000, -1)
+		s.report("a", 6100, 2*tc.rate, -1)
 		s.report("b", 6200, tc.bDemand, -1)
-		if g := s.report("a", 6300, 200000, -1); g == nil || !near(g.Rate, 50000) {
-			t.Fatalf("b demands %v: a got %+v before b acknowledged, want its static 50000", tc.bDemand, g)
+		if g := s.report("a", 6300, 2*tc.rate, -1); g == nil || !near(g.Rate, tc.rate/2) {
+			t.Fatalf("rate %v, b demands %v: a got %+v before b acknowledged, want its static %v", tc.rate, tc.bDemand, g, tc.rate/2)
 		}
 		if got := s.a.ReportAgain("a"); got != tc.want {
-			t.Fatalf("b demands %v: ReportAgain(a) = %v, want %v", tc.bDemand, got, tc.want)
+			t.Fatalf("rate %v, b demands %v: ReportAgain(a) = %v, want %v", tc.rate, tc.bDemand, got, tc.want)
 		}
 	}
 }
