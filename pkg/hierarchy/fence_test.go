@@ -283,6 +283,35 @@ func TestLearningReissuesOnlyWhatIsHeld(t *testing.T) {
 	}
 }
 
+// TestLearningReissueValidity: while learning, a held grant at or below
+// both static shares (equal to one of them included) is re-issued for the
+// full Validity; one above either keeps its own expiry, truncated to whole
+// milliseconds and never beyond Validity (a previous leader's may have
+// been longer).
+func TestLearningReissueValidity(t *testing.T) {
+	for _, tc := range []struct {
+		rate, burst float64
+		held, want  time.Duration
+	}{
+		{50, 10, 2 * time.Second, 5 * time.Second}, // the static rate exactly
+		{10, 50, 2 * time.Second, 5 * time.Second}, // the static burst exactly
+		{50.5, 10, 2 * time.Second, 2 * time.Second},
+		{10, 51, 2 * time.Second, 2 * time.Second},
+		{60, 60, 2*time.Second + 700*time.Microsecond, 2 * time.Second},
+		{60, 60, 7 * time.Second, 5 * time.Second},
+	} {
+		s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 100}) // static shares 50/50
+		kd := KeyDemand{Key: s.key, Admitted: 100, Window: time.Second, HeldRate: tc.rate, HeldBurst: tc.burst, HeldValid: tc.held}
+		ans, err := s.a.Report(s.at(1000), Report{Region: "a", Seq: 1, Keys: []KeyDemand{kd}})
+		if err != nil || len(ans.Grants) != 1 {
+			t.Fatalf("a holding %v/%v for %v got %+v, %v; want it again", tc.rate, tc.burst, tc.held, ans.Grants, err)
+		}
+		if g := ans.Grants[0]; g.Valid != tc.want || g.Rate > tc.rate || !near(g.Rate, tc.rate) || g.Burst > tc.burst || !near(g.Burst, tc.burst) {
+			t.Fatalf("a holding %v/%v for %v got %+v, want it again for %v", tc.rate, tc.burst, tc.held, g, tc.want)
+		}
+	}
+}
+
 // TestViewShowsAHeldGrantWithoutDemand: a key a region only reports
 // holding a grant for (an acknowledgement, too short a window to read
 // demand from) has fencing state but no demand; the View lists it with
