@@ -164,7 +164,7 @@ func TestCompactionChangesNoOutput(t *testing.T) {
 // fewer than a quarter of them are in use, and only when there are at
 // least compactMin of them: with exactly compactMin, a quarter in use
 // keeps them, one fewer renumbers; with one less than compactMin they are
-// kept whatever is in use.
+// kept whatever is in use; when none is in use, none is kept.
 func TestCompactionThresholds(t *testing.T) {
 	old := compactMin
 	compactMin = 8
@@ -191,5 +191,32 @@ func TestCompactionThresholds(t *testing.T) {
 				t.Fatalf("%d keys, %d left: %d slots, %d blocks; want %d", n, live, len(a.keys), len(a.blockKey), want)
 			}
 		}
+	}
+	// Four slots, all freed: none is left, and a region's next report,
+	// naming the keys in the order of its last, finds them unknown.
+	compactMin = 4
+	a := mustAllocator(t, twoRegions())
+	keys := noiseKeys(4)
+	for _, k := range keys {
+		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	churn(t, a, keys, 6, 1)
+	for _, k := range keys {
+		a.RemoveKey(k)
+	}
+	if len(a.keys) != 0 || len(a.blockKey) != 0 {
+		t.Fatalf("every key removed: %d slots, %d blocks; want none", len(a.keys), len(a.blockKey))
+	}
+	rep := Report{Region: "a", Seq: 8}
+	for _, k := range keys {
+		rep.Keys = append(rep.Keys, KeyDemand{Key: k, Admitted: 8, Window: time.Second})
+	}
+	if ans, err := a.Report(testStart.Add(7*time.Second), rep); err != nil || len(ans.Grants) != 0 {
+		t.Fatalf("a report naming the removed keys got %+v, %v; want no grant", ans.Grants, err)
+	}
+	if v := a.View(testStart.Add(7 * time.Second)); v.Regions[0].UnknownKeyCount != len(keys) {
+		t.Fatalf("a report naming the removed keys: %d unknown, want %d", v.Regions[0].UnknownKeyCount, len(keys))
 	}
 }
