@@ -301,6 +301,12 @@ func TestDemandEstimate(t *testing.T) {
 	if d := demandOf(k1); !near(d, 40) {
 		t.Fatalf("after a zero report following a short one %v, want 40", d)
 	}
+	// A window of exactly half an epoch is an observation, weighing
+	// 1-(1-0.5)^0.5.
+	report(7, KeyDemand{Key: k1, Admitted: 50, Window: 500 * time.Millisecond})
+	if d, want := demandOf(k1), 40+(1-math.Sqrt(0.5))*(100-40); !near(d, want) {
+		t.Fatalf("after a half-epoch window %v, want %v", d, want)
+	}
 }
 
 func TestRemoveKeyAndSetRegions(t *testing.T) {
