@@ -209,6 +209,11 @@ func TestCompactionThresholds(t *testing.T) {
 	if len(a.keys) != 0 || len(a.blockKey) != 0 {
 		t.Fatalf("every key removed: %d slots, %d blocks; want none", len(a.keys), len(a.blockKey))
 	}
+	// The answer kept for a retry loses the grants for the removed keys,
+	// all of them here.
+	if ans, err := a.Report(testStart.Add(7*time.Second), Report{Region: "a", Seq: 7}); err != nil || len(ans.Grants) != 0 {
+		t.Fatalf("a retry of a's last report got %+v, %v; want no grant for the removed keys", ans.Grants, err)
+	}
 	rep := Report{Region: "a", Seq: 8}
 	for _, k := range keys {
 		rep.Keys = append(rep.Keys, KeyDemand{Key: k, Admitted: 8, Window: time.Second})
