@@ -495,3 +495,28 @@ func TestRaisePendingOnlyAboveTheShortfall(t *testing.T) {
 		}
 	}
 }
+
+// TestReportStampWraps: the per-report stamp that finds duplicate keys
+// wraps around after 2³² reports; the report that wraps it forgets every
+// older stamp, so a key no report named before is no duplicate, and a key
+// named twice still is.
+func TestReportStampWraps(t *testing.T) {
+	a := mustAllocator(t, twoRegions())
+	keys := []quota.Key{{Tenant: "k1", Class: "w"}, {Tenant: "k2", Class: "w"}, {Tenant: "k3", Class: "w"}}
+	for _, k := range keys {
+		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.stamp = math.MaxUint32 - 1
+	kd := func(k quota.Key) KeyDemand { return KeyDemand{Key: k, Admitted: 1, Window: time.Second} }
+	if _, err := a.Report(ms(100), Report{Region: "a", Seq: 1, Keys: []KeyDemand{kd(keys[0]), kd(keys[1])}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Report(ms(200), Report{Region: "a", Seq: 2, Keys: []KeyDemand{kd(keys[2]), kd(keys[0])}}); err != nil || a.stamp != 1 {
+		t.Fatalf("the report wrapping the stamp: %v, stamp %d; want no error, stamp 1", err, a.stamp)
+	}
+	if _, err := a.Report(ms(300), Report{Region: "a", Seq: 3, Keys: []KeyDemand{kd(keys[1]), kd(keys[1])}}); !errors.Is(err, quota.ErrInvalid) {
+		t.Fatalf("a key named twice after the wrap: %v, want ErrInvalid", err)
+	}
+}
