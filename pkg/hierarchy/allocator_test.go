@@ -426,27 +426,59 @@ func TestDemandAtTheUnitFloorNeedsNoGrant(t *testing.T) {
 
 // TestUnitDonorGivesUpTheLeastRate: among regions that could each spare
 // as many units to a region left without one, the donor held a hair below
-// its static rate is the one that loses the least rate by it; demand at
-// exactly the unit floor (0.1% of the rate) keeps no unit for itself.
+// its static rate is the one that loses the least rate by it (the first
+// of equals); demand at exactly the unit floor (0.1% of the rate) keeps no
+// unit for itself and asks for none. Each case edits the same start: a
+// (gaining rate, no static unit) wants a unit, b and c (at and above their
+// static rate 100) have two static units each and no demand.
 func TestUnitDonorGivesUpTheLeastRate(t *testing.T) {
-	a := mustAllocator(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}})
-	l := &KeyLimit{Rate: 1000, Burst: 10, Unit: 1}
-	a.role = []int8{1, 0, 1}
-	a.sbs = []float64{0, 2, 2}
-	a.dem = []float64{50, 0, 0}
-	a.bout = []float64{0, 2, 2}
-	a.lo = []float64{0, 0, 0}
-	a.hi = []float64{1000, 1000, 1000}
-	a.sts = []float64{100, 100, 100}
-	a.out = []float64{750, 100, 150}
-	if c, to := a.unitDonor(l, 3, 1000, 3000); c != 1 || to != 100*(1-1e-9) {
-		t.Fatalf("donor %d capped to %v, want b (it loses %v of rate, c %v) capped to %v", c, to, 100-100*(1-1e-9), 150-100*(1-1e-9), 100*(1-1e-9))
-	}
-	// Demand of exactly 0.1% of the rate is none: b may give its only
-	// unit (c, below its static rate, cannot give any).
-	a.role[2], a.dem[1], a.sbs[1] = -1, 1, 1
-	if c, _ := a.unitDonor(l, 3, 1000, 3000); c != 1 {
-		t.Fatalf("donor %d, want b: its demand at the floor counts as none", c)
+	capTo := 100 * (1 - 1e-9)
+	for _, tc := range []struct {
+		name      string
+		edit      func(a *Allocator, capacity *float64)
+		want      int
+		wantCapTo float64
+	}{
+		{"b loses the least rate", func(*Allocator, *float64) {}, 1, capTo},
+		{"b's demand at the floor is none, c is below its static rate", func(a *Allocator, _ *float64) {
+			a.role[2], a.dem[1], a.sbs[1] = -1, 1, 1
+		}, 1, capTo},
+		{"a's demand at the floor wants no unit", func(a *Allocator, _ *float64) { a.dem[0] = 1 }, -1, 0},
+		{"a holds a unit within the rounding", func(a *Allocator, _ *float64) { a.bout[0] = 1 - 1e-12 }, -1, 0},
+		{"a keeps its own static unit", func(a *Allocator, _ *float64) { a.role[0], a.sbs[0] = 0, 1 }, 1, capTo},
+		{"b's floor is its static rate", func(a *Allocator, _ *float64) { a.lo[1] = 100 }, 2, capTo},
+		{"one static unit each to spare", func(a *Allocator, _ *float64) { a.sbs[1], a.sbs[2] = 1, 1 }, 1, capTo},
+		{"the others take exactly the capacity without the donor", func(a *Allocator, capacity *float64) {
+			*capacity = 3000 - (a.hi[1] - capTo)
+		}, 1, capTo},
+		{"equal losses: the first", func(a *Allocator, _ *float64) { a.out[2] = 100 }, 1, capTo},
+		{"a at its static rate without a static unit cannot receive one", func(a *Allocator, _ *float64) { a.role[0] = 0 }, -1, 0},
+		{"the most units to spare go first, whatever the loss", func(a *Allocator, _ *float64) {
+			a.sbs[1], a.out[1], a.out[2] = 3, 150, 100
+		}, 1, capTo},
+		{"the first region is the donor", func(a *Allocator, _ *float64) {
+			a.role = []int8{0, 0, 1}
+			a.sbs = []float64{2, 2, 0}
+			a.dem = []float64{0, 0, 50}
+			a.bout = []float64{2, 2, 0}
+			a.out = []float64{100, 150, 750}
+		}, 0, capTo},
+	} {
+		a := mustAllocator(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}})
+		l := &KeyLimit{Rate: 1000, Burst: 10, Unit: 1}
+		a.role = []int8{1, 0, 1}
+		a.sbs = []float64{0, 2, 2}
+		a.dem = []float64{50, 0, 0}
+		a.bout = []float64{0, 2, 2}
+		a.lo = []float64{0, 0, 0}
+		a.hi = []float64{1000, 1000, 1000}
+		a.sts = []float64{100, 100, 100}
+		a.out = []float64{750, 100, 150}
+		capacity := 1000.0
+		tc.edit(a, &capacity)
+		if c, to := a.unitDonor(l, 3, capacity, 3000); c != tc.want || to != tc.wantCapTo {
+			t.Errorf("%s: donor %d capped to %v, want %d capped to %v", tc.name, c, to, tc.want, tc.wantCapTo)
+		}
 	}
 }
 
