@@ -64,6 +64,14 @@ func TestSetLimitValidates(t *testing.T) {
 		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 0, Burst: 1}},
 		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: math.Inf(1), Burst: 1}},
 		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: math.NaN()}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: 0}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: 1, Unit: -1}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: 1, FloorShare: -0.1}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: 1, FloorShare: 1.5}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: 1, FloorShare: math.NaN()}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: 1, StaticRate: []float64{1}}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: 1, FloorBurst: []float64{1, -1}}},
+		{quota.Key{Tenant: "t", Class: "w"}, KeyLimit{Rate: 1, Burst: 1, StaticBurst: []float64{1, math.Inf(1)}}},
 	} {
 		if err := a.SetLimit(tc.key, tc.l); !errors.Is(err, quota.ErrInvalid) {
 			t.Errorf("SetLimit(%v, %+v) = %v, want ErrInvalid", tc.key, tc.l, err)
@@ -71,6 +79,29 @@ func TestSetLimitValidates(t *testing.T) {
 	}
 	if v := a.View(ms(0)); len(v.Keys) != 0 {
 		t.Fatalf("rejected limits left keys behind: %+v", v.Keys)
+	}
+	// The bounds themselves are valid: a floor share of 0 and 1, static
+	// and floor shares of 0.
+	for _, l := range []KeyLimit{
+		{Rate: 1, Burst: 1, FloorShare: 1},
+		{Rate: 1, Burst: 1, StaticRate: []float64{0, 1}, StaticBurst: []float64{1, 0}, FloorRate: []float64{0, 0}, FloorBurst: []float64{0, 0}},
+	} {
+		if err := a.SetLimit(quota.Key{Tenant: "t", Class: "w"}, l); err != nil {
+			t.Errorf("SetLimit(%+v) = %v, want it accepted", l, err)
+		}
+	}
+}
+
+// TestNewAllocatorAcceptsTheBounds: an epoch of exactly 1ms, a validity
+// of exactly one epoch, a region lease of exactly the validity and a
+// demand alpha of exactly 1 are valid.
+func TestNewAllocatorAcceptsTheBounds(t *testing.T) {
+	a, err := NewAllocator(Options{Regions: twoRegions(), Epoch: time.Millisecond, Validity: time.Millisecond, RegionLease: time.Millisecond, DemandAlpha: 1}, testStart)
+	if err != nil {
+		t.Fatalf("NewAllocator at the bounds: %v", err)
+	}
+	if a.RegionLease() != time.Millisecond || a.Learning(testStart.Add(time.Millisecond)) {
+		t.Fatalf("region lease %v, learning after 1ms %v; want 1ms, false", a.RegionLease(), a.Learning(testStart.Add(time.Millisecond)))
 	}
 }
 
