@@ -3,7 +3,11 @@ package hierarchy
 import (
 	"bytes"
 	"crypto/sha256"
+	"slices"
 	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // TestTargetMemoMatchesRecomputation runs random worlds whose regions read
@@ -105,6 +109,40 @@ func (g *goldenWorld) sameLimitsChange(r *goldenRand) {
 		}
 		if ValidateRegions(regions) == nil {
 			g.setRegions(regions)
+		}
+	}
+}
+
+// TestSilentRegionFrozenUntilItsSummaryEnds: a silent region's targets
+// are what it may be using, its summary's rate and burst, until the
+// instant each ends, then its static share; the reporting regions share
+// what is left, the burst by their weights when they get no rate.
+func TestSilentRegionFrozenUntilItsSummaryEnds(t *testing.T) {
+	a := mustAllocator(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 2}})
+	key := quota.Key{Tenant: "acme", Class: "write"}
+	if err := a.SetLimit(key, KeyLimit{Rate: 100, Burst: 100}); err != nil { // static shares 25, 25, 50
+		t.Fatal(err)
+	}
+	k := a.keyIndex[key]
+	b := a.newBlock(k)
+	const rateT, burstT = int64(5 * time.Second), int64(6 * time.Second)
+	a.summaries[int(b)*3+1] = summary{rateV: 100, burstV: 40, rateT: rateT, burstT: burstT}
+	for _, tc := range []struct {
+		at          int64
+		rate, burst []float64
+	}{
+		{rateT - 1, []float64{0, 100, 0}, []float64{20, 40, 40}},
+		{rateT, []float64{25, 25, 50}, []float64{18, 40, 42}}, // the burst left split in whole units, by the rates
+		{burstT, []float64{25, 25, 50}, []float64{25, 25, 50}},
+	} {
+		sh := a.loadShares(k)
+		a.silent = []bool{false, true, false}
+		ensure(&a.dem, 3)
+		a.dem[0], a.dem[1], a.dem[2] = 80, 0, 80
+		a.computeTargets(tc.at, k, b, sh)
+		rate, burst := a.targetRate[int(b)*3:int(b)*3+3], a.targetBurst[int(b)*3:int(b)*3+3]
+		if !slices.Equal(rate, tc.rate) || !slices.Equal(burst, tc.burst) {
+			t.Fatalf("at %v: targets %v/%v, want %v/%v", time.Duration(tc.at), rate, burst, tc.rate, tc.burst)
 		}
 	}
 }
