@@ -283,6 +283,20 @@ func TestLearningReissuesOnlyWhatIsHeld(t *testing.T) {
 	}
 }
 
+// TestLearningEndsForReportsAtValidity: a report received at exactly
+// NewAllocator + Validity is answered outside learning: a region holding
+// nothing whose demand is above its static share gets a fenced grant (the
+// other region, never heard from, frozen at its static share).
+func TestLearningEndsForReportsAtValidity(t *testing.T) {
+	s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 100})
+	if g := s.report("a", 4999, 150, 0); g != nil {
+		t.Fatalf("a holding nothing got %+v while learning, want nothing", g)
+	}
+	if g := s.report("a", 5000, 150, 0); g == nil || g.Rate != 50 || g.Valid != 5*time.Second {
+		t.Fatalf("a got %+v when learning ended, want its static 50 for 5s", g)
+	}
+}
+
 // TestLearningReissueValidity: while learning, a held grant at or below
 // both static shares (equal to one of them included) is re-issued for the
 // full Validity; one above either keeps its own expiry, truncated to whole
