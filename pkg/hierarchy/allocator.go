@@ -745,7 +745,7 @@ func (sh *shares) summed(l *KeyLimit, sumR, sumB float64) *shares {
 // (drained regions, or shares under several config revisions), plus what
 // the regions counted below their static share (lapsed) leave, as seen
 // from region x: the headroom a grant to x may use on top of the one-step
-// summaries. Float rounding of the static shares (below 1e-9 of the
+// summaries. Float rounding of the static shares (up to 1e-9 of the
 // limit) counts as none.
 func (a *Allocator) freed(x int, sh *shares) (rate, burst float64) {
 	var adjR, adjB float64
@@ -1231,8 +1231,10 @@ func badNumber(x float64) bool { return !finite(x) || x < 0 }
 // static share (its floor without a static lease).
 //
 // A retry (same Seq as the region's previous report) gets the previous
-// grants again (less any for keys removed since); it counts as hearing from the region, and its static lease
-// is decided anew. A lower Seq is refused with ErrStaleReport. Invalid
+// grants again, as they were issued and counted; a grant for a key
+// removed since is left out only once the key table was renumbered (see
+// compactLocked), which is safe either way. It counts as hearing from the
+// region, and its static lease is decided anew. A lower Seq is refused with ErrStaleReport. Invalid
 // input is refused with an error wrapping quota.ErrInvalid and changes
 // nothing. Keys without a limit are skipped and listed in the View. The
 // returned grants are kept to answer a retry: callers must not modify them
