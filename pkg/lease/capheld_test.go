@@ -99,23 +99,34 @@ func TestNoEarlyReportWithoutDemand(t *testing.T) {
 }
 
 // TestAnswerGrantingNothingPutsTheUsualMarkBack: the cap-held mark is for
-// a pool just credited by a grant. An answer that grants nothing puts the
-// usual mark back, even while the pool and the region's bucket still fill
-// the cap: here a Sync asking to top the pool of 930 up to its target of
-// 1000, answered with nothing from a bucket left empty, leaves the mark at
-// 2000/s × a quarter refresh = 500 (the cap-held mark would be 930 − 70).
+// a pool just credited by a grant after which the region's bucket is
+// known to hold too little. An answer that grants nothing puts the usual
+// mark back, even while the pool and the bucket still fill the cap, and so
+// does a grant after which the region does not say what its bucket holds.
+// Here a Sync asks to top the pool of 930 up to its target of 1000; the
+// usual mark is 2000/s × a quarter refresh = 500 (with nothing granted
+// from a bucket left empty, the cap-held mark would be 930 − 70).
 func TestAnswerGrantingNothingPutsTheUsualMarkBack(t *testing.T) {
-	tb := newTestTable(t)
-	now := startDraining(t, tb)
-	syncs, _ := tb.PrepareSync(now)
-	if len(syncs) != 1 || len(syncs[0].Reports) != 1 || syncs[0].Reports[0].Want != 70 {
-		t.Fatalf("syncs %v, want one report asking for 70", syncs)
-	}
-	g := regionGrant(syncs[0].Reports[0], 0, capHeldGrant(0))
-	if err := tb.Apply(now, syncs[0], []*sluicev1.Grant{g}); err != nil {
-		t.Fatal(err)
-	}
-	if st := state(t, tb, kW); st.Tokens != 930 || st.LowWater != 500 {
-		t.Fatalf("after an answer granting nothing: pool %d, low water %d; want 930 and the usual 500", st.Tokens, st.LowWater)
+	for _, tc := range []struct {
+		granted, remaining int64
+		wantPool           int64
+	}{
+		{granted: 0, remaining: 0, wantPool: 930},
+		{granted: 70, remaining: -1, wantPool: 1000},
+	} {
+		tb := newTestTable(t)
+		now := startDraining(t, tb)
+		syncs, _ := tb.PrepareSync(now)
+		if len(syncs) != 1 || len(syncs[0].Reports) != 1 || syncs[0].Reports[0].Want != 70 {
+			t.Fatalf("syncs %v, want one report asking for 70", syncs)
+		}
+		g := regionGrant(syncs[0].Reports[0], tc.granted, capHeldGrant(tc.remaining))
+		if err := tb.Apply(now, syncs[0], []*sluicev1.Grant{g}); err != nil {
+			t.Fatal(err)
+		}
+		if st := state(t, tb, kW); st.Tokens != tc.wantPool || st.LowWater != 500 {
+			t.Errorf("granted %d, remaining %d: pool %d, low water %d; want %d and the usual 500",
+				tc.granted, tc.remaining, st.Tokens, st.LowWater, tc.wantPool)
+		}
 	}
 }
