@@ -333,3 +333,21 @@ func TestForgetDropsOnlyKeysTheRegionHoldsNothingFor(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantAboveTheLargestPoolIsReturned: a key's pool holds at most
+// 2^31−1 tokens; what a grant brings above that goes back in the next
+// report instead of being credited.
+func TestGrantAboveTheLargestPoolIsReturned(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1<<30, 1<<30)
+	b, _ := tb.PrepareAcquire(t0, kW, 1<<31)
+	if b == nil || b.Reports[0].Want != 1<<30 {
+		t.Fatalf("acquire for 2^31 from a pool of 2^30: batch %v, want one asking for 2^30", b)
+	}
+	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(b.Reports[0], 1<<30)}); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, tb, kW); st.Tokens != math.MaxInt32 || st.ToReturn != 1 {
+		t.Fatalf("pool %d, to return %d; want 2^31−1 and the 1 token above it", st.Tokens, st.ToReturn)
+	}
+}
