@@ -16,14 +16,11 @@ import (
 // demandT0 is the virtual Redis time (µs) the demand tests start at.
 const demandT0 = int64(1_800_000_000_000_000)
 
-// demandRig is a real redis-server, scripts on a virtual clock, and one
-// key with a half-second demand window.
-func demandRig(t *testing.T) (*redis.Client, *Scripts, Keys, Common) {
-	t.Helper()
-	rdb := redistest.Start(t).Client()
+// demandKey is one key with a half-second demand window.
+func demandKey() (Keys, Common) {
 	c := Common{StaticRate: 1000, StaticBurst: 2000, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 8,
 		DemandWindow: 500 * time.Millisecond}
-	return rdb, newVirtual(), KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"}), c
+	return KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"}), c
 }
 
 // TestLeaseDemandReading follows the per-lease demand windows on a real
@@ -32,9 +29,10 @@ func demandRig(t *testing.T) (*redis.Client, *Scripts, Keys, Common) {
 // retries change nothing, and a lease's rate leaves the sum when the lease
 // is released or reaped. The strict path counts into its own counter.
 func TestLeaseDemandReading(t *testing.T) {
-	rdb, sc, k, c := demandRig(t)
-	ctx := context.Background()
-	at := func(d time.Duration) { sc.setNow(demandT0 + d.Microseconds()) }
+	w := newTwin(t)
+	k, c := demandKey()
+	rdb, sc, ctx := w.rdb, w.sc, w.ctx
+	at := func(d time.Duration) { w.at(demandT0 + d.Microseconds()) }
 	seq := map[string]uint64{}
 	totals := map[string][2]int64{}
 	// report adds used and denied to the instance's cumulative totals.
@@ -46,7 +44,63 @@ func TestLeaseDemandReading(t *testing.T) {
 		totals[inst] = tot
 		return Report{Instance: inst, Incarnation: 42, Lease: 1, Seq: seq[inst], Used: tot[0], Denied: tot[1], Want: 100, Min: 1}
 	}
+	// Until the older record below, the Model is driven alongside and
+	// must read the same.
 	reading := func(want float64, strict int64) {
+		t.Helper()
+		if st := w.state(k, c); st.LeaseDemand != want || st.StrictDemand != strict {
+			t.Fatalf("lease demand %v/s, strict %d; want %v/s, %d", st.LeaseDemand, st.StrictDemand, want, strict)
+		}
+	}
+
+	at(0)
+	w.acquire(k, c, report("i-a", 0, 0))
+	w.acquire(k, c, report("i-b", 7, 0)) // what a first report brings covers no known window
+	reading(0, 0)
+
+	at(time.Second)
+	w.sync(k, c, report("i-a", 80, 20))
+	w.sync(k, c, report("i-b", 50, 0))
+	reading(150, 0)
+
+	// A refill 200ms into the next window is too soon to close it: its
+	// usage waits for the next report.
+	at(1200 * time.Millisecond)
+	refill := report("i-a", 30, 0)
+	w.acquire(k, c, refill)
+	reading(150, 0)
+	w.acquire(k, c, refill) // a retry books nothing
+	at(1600 * time.Millisecond)
+	w.acquire(k, c, refill)
+	reading(150, 0)
+
+	at(2 * time.Second)
+	w.sync(k, c, report("i-a", 50, 0))
+	reading(80+50, 0) // i-a: 80 tokens over 1s; i-b unchanged
+
+	// i-b's window opened at 1s: 3 tokens over 1.75s, kept to a thousandth.
+	at(2750 * time.Millisecond)
+	w.sync(k, c, report("i-b", 1, 2))
+	reading(81.714, 0)
+
+	w.check(k, c, 5)
+	w.check(k, c, 3000) // denied, still demand
+	reading(81.714, 3005)
+
+	w.release(k, c, report("i-b", 0, 0))
+	reading(80, 3005)
+
+	// i-a's lease expires 5s after its last grant (at 2s) and is reaped.
+	at(7*time.Second + time.Microsecond)
+	reading(0, 3005)
+
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	reading = func(want float64, strict int64) {
 		t.Helper()
 		st, err := sc.State(ctx, rdb, k, c)
 		if err != nil {
@@ -56,54 +110,6 @@ func TestLeaseDemandReading(t *testing.T) {
 			t.Fatalf("lease demand %v/s, strict %d; want %v/s, %d", st.LeaseDemand, st.StrictDemand, want, strict)
 		}
 	}
-	must := func(_ any, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	at(0)
-	must(sc.Acquire(ctx, rdb, k, c, report("i-a", 0, 0)))
-	must(sc.Acquire(ctx, rdb, k, c, report("i-b", 7, 0))) // what a first report brings covers no known window
-	reading(0, 0)
-
-	at(time.Second)
-	must(sc.Sync(ctx, rdb, k, c, report("i-a", 80, 20)))
-	must(sc.Sync(ctx, rdb, k, c, report("i-b", 50, 0)))
-	reading(150, 0)
-
-	// A refill 200ms into the next window is too soon to close it: its
-	// usage waits for the next report.
-	at(1200 * time.Millisecond)
-	refill := report("i-a", 30, 0)
-	must(sc.Acquire(ctx, rdb, k, c, refill))
-	reading(150, 0)
-	must(sc.Acquire(ctx, rdb, k, c, refill)) // a retry books nothing
-	at(1600 * time.Millisecond)
-	must(sc.Acquire(ctx, rdb, k, c, refill))
-	reading(150, 0)
-
-	at(2 * time.Second)
-	must(sc.Sync(ctx, rdb, k, c, report("i-a", 50, 0)))
-	reading(80+50, 0) // i-a: 80 tokens over 1s; i-b unchanged
-
-	// i-b's window opened at 1s: 3 tokens over 1.75s, kept to a thousandth.
-	at(2750 * time.Millisecond)
-	must(sc.Sync(ctx, rdb, k, c, report("i-b", 1, 2)))
-	reading(81.714, 0)
-
-	must(sc.Check(ctx, rdb, k, c, 5))
-	must(sc.Check(ctx, rdb, k, c, 3000)) // denied, still demand
-	reading(81.714, 3005)
-
-	must(sc.Release(ctx, rdb, k, c, report("i-b", 0, 0)))
-	reading(80, 3005)
-
-	// i-a's lease expires 5s after its last grant (at 2s) and is reaped.
-	at(7*time.Second + time.Microsecond)
-	reading(0, 3005)
-
 	// A lease record written by older scripts (six fields) has no
 	// fingerprint: a report on it is a conflict and forfeits it; the next
 	// report opens a lease, and a window, of its own.
@@ -144,22 +150,14 @@ func TestLeaseDemandReading(t *testing.T) {
 // from its rate until its own first window closes; before, the reading
 // fell to nothing for that window, and the region reported the key idle.
 func TestDemandReadingCarriesAcrossANewLease(t *testing.T) {
-	rdb, sc, k, c := demandRig(t)
-	ctx := context.Background()
-	at := func(d time.Duration) { sc.setNow(demandT0 + d.Microseconds()) }
-	state := func() State {
-		t.Helper()
-		st, err := sc.State(ctx, rdb, k, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	w := newTwin(t)
+	k, c := demandKey()
+	at := func(d time.Duration) { w.at(demandT0 + d.Microseconds()) }
 	sync := func(r Report) LeaseReply {
 		t.Helper()
-		lr, err := sc.Sync(ctx, rdb, k, c, r)
-		if err != nil || lr.Conflict {
-			t.Fatalf("sync %+v: %+v, %v", r, lr, err)
+		lr := w.sync(k, c, r)
+		if lr.Conflict {
+			t.Fatalf("sync %+v: %+v", r, lr)
 		}
 		return lr
 	}
@@ -173,7 +171,7 @@ func TestDemandReadingCarriesAcrossANewLease(t *testing.T) {
 	at(time.Second)
 	sync(rep("i-a", 1, 3, 90, 10))
 	sync(rep("i-b", 2, 4, 20, 0))
-	if st := state(); st.LeaseDemand != 120 {
+	if st := w.state(k, c); st.LeaseDemand != 120 {
 		t.Fatalf("reading %v/s, want 120", st.LeaseDemand)
 	}
 
@@ -184,21 +182,19 @@ func TestDemandReadingCarriesAcrossANewLease(t *testing.T) {
 	if lr := sync(rep("i-a", 5, 5, 0, 0)); lr.Granted != 100 {
 		t.Fatalf("new lease granted %d, want 100", lr.Granted)
 	}
-	if st := state(); st.LeaseDemand != 120 || st.Outstanding != 280 {
+	if st := w.state(k, c); st.LeaseDemand != 120 || st.Outstanding != 280 {
 		t.Fatalf("after the new lease: reading %v/s, outstanding %d; want 120/s, 280 (i-b's 180 and the new lease's 100)",
 			st.LeaseDemand, st.Outstanding)
 	}
 	// Its first window (opened at 1.2s) closes and replaces the carried rate.
 	at(2200 * time.Millisecond)
 	sync(rep("i-a", 5, 6, 30, 0))
-	if st := state(); st.LeaseDemand != 50 {
+	if st := w.state(k, c); st.LeaseDemand != 50 {
 		t.Fatalf("after the new lease's first window: reading %v/s, want 30 + 20", st.LeaseDemand)
 	}
 	// Its rate leaves the reading when it is released.
-	if _, err := sc.Release(ctx, rdb, k, c, rep("i-a", 5, 7, 30, 0)); err != nil {
-		t.Fatal(err)
-	}
-	if st := state(); st.LeaseDemand != 20 {
+	w.release(k, c, rep("i-a", 5, 7, 30, 0))
+	if st := w.state(k, c); st.LeaseDemand != 20 {
 		t.Fatalf("after the release: reading %v/s, want 20", st.LeaseDemand)
 	}
 }

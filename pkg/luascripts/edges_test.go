@@ -57,6 +57,14 @@ func (w *twin) sync(k Keys, c Common, r Report) LeaseReply {
 	return got
 }
 
+func (w *twin) acquire(k Keys, c Common, r Report) LeaseReply {
+	w.t.Helper()
+	want := w.m.Acquire(w.now, k, c, r)
+	got, err := w.sc.Acquire(w.ctx, w.rdb, k, c, r)
+	w.same("acquire "+r.Instance, got, want, err)
+	return got
+}
+
 func (w *twin) release(k Keys, c Common, r Report) ReleaseReply {
 	w.t.Helper()
 	want := w.m.Release(w.now, k, c, r)
@@ -373,5 +381,51 @@ func TestUnreadableBornSentinelIsRestamped(t *testing.T) {
 	}
 	if v := w.rdb.Get(w.ctx, k.Born).Val(); v != itoa(w.now) {
 		t.Fatalf("sentinel %q after stamping, want %d", v, w.now)
+	}
+}
+
+// lease reads instance's lease record from Redis and requires the Model's
+// to be the same.
+func (w *twin) lease(k Keys, instance string) LeaseRecord {
+	w.t.Helper()
+	rec, err := w.rdb.HGet(w.ctx, k.Leases, instance).Result()
+	if err != nil {
+		w.t.Fatalf("lease %s: %v", instance, err)
+	}
+	l, err := ParseLeaseRecord(rec)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if ml, ok := w.m.PeekLease(k, instance); !ok || !reflect.DeepEqual(ml, l) {
+		w.t.Fatalf("lease %s: redis %+v, model %+v (%v)", instance, l, ml, ok)
+	}
+	return l
+}
+
+// TestReportsBeyondTheLeaseAreCapped: a report's new usage counts against
+// what the lease still holds (granted less used less returned), and its
+// returned tokens against what is left after that usage; the excess is
+// booked as admitted but takes nothing more from the bucket's books, and
+// returned tokens within the lease go back to the bucket at once.
+func TestReportsBeyondTheLeaseAreCapped(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 1, StaticBurst: 100, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 10, Min: 1}
+	if g := w.sync(k, c, r); g.Granted != 10 || g.Remaining != 90 {
+		t.Fatalf("lease of 10 from a full bucket of 100: %+v", g)
+	}
+	// 2 used, 3 returned: 5 left in the lease, the 3 back in the bucket.
+	r.Seq, r.Used, r.Returned, r.Want = 2, 2, 3, 0
+	w.sync(k, c, r)
+	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 93 || st.Outstanding != 5 || l.Used != 2 || l.Returned != 3 {
+		t.Fatalf("after 2 used and 3 returned: bucket %+v, lease %+v; want 93 tokens, 5 out, 2 used, 3 returned", st, l)
+	}
+	// 6 more used (of 5 left) and 2 more returned (of none left).
+	r.Seq, r.Used, r.Returned = 3, 8, 5
+	w.sync(k, c, r)
+	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 93 || st.Outstanding != 0 || st.Admitted != 8 ||
+		l.Used != 7 || l.Returned != 3 {
+		t.Fatalf("after usage beyond the lease: bucket %+v, lease %+v; want 93 tokens, none out, 8 admitted, 7 used, 3 returned", st, l)
 	}
 }
