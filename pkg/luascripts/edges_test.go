@@ -415,17 +415,75 @@ func TestReportsBeyondTheLeaseAreCapped(t *testing.T) {
 	if g := w.sync(k, c, r); g.Granted != 10 || g.Remaining != 90 {
 		t.Fatalf("lease of 10 from a full bucket of 100: %+v", g)
 	}
-	// 2 used, 3 returned: 5 left in the lease, the 3 back in the bucket.
-	r.Seq, r.Used, r.Returned, r.Want = 2, 2, 3, 0
+	// 2 used, 1 returned: 7 left in the lease, the 1 back in the bucket.
+	r.Seq, r.Used, r.Returned, r.Want = 2, 2, 1, 0
 	w.sync(k, c, r)
-	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 93 || st.Outstanding != 5 || l.Used != 2 || l.Returned != 3 {
-		t.Fatalf("after 2 used and 3 returned: bucket %+v, lease %+v; want 93 tokens, 5 out, 2 used, 3 returned", st, l)
+	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 91 || st.Outstanding != 7 || l.Used != 2 || l.Returned != 1 {
+		t.Fatalf("after 2 used and 1 returned: bucket %+v, lease %+v; want 91 tokens, 7 out, 2 used, 1 returned", st, l)
 	}
-	// 6 more used (of 5 left) and 2 more returned (of none left).
-	r.Seq, r.Used, r.Returned = 3, 8, 5
+	// 8 more used (of 7 left) and 2 more returned (of none left).
+	r.Seq, r.Used, r.Returned = 3, 10, 3
 	w.sync(k, c, r)
-	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 93 || st.Outstanding != 0 || st.Admitted != 8 ||
-		l.Used != 7 || l.Returned != 3 {
-		t.Fatalf("after usage beyond the lease: bucket %+v, lease %+v; want 93 tokens, none out, 8 admitted, 7 used, 3 returned", st, l)
+	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 91 || st.Outstanding != 0 || st.Admitted != 10 ||
+		l.Used != 9 || l.Returned != 1 {
+		t.Fatalf("after usage beyond the lease: bucket %+v, lease %+v; want 91 tokens, none out, 10 admitted, 9 used, 1 returned", st, l)
+	}
+}
+
+// expire deletes from Redis the keys the Model says are due at the twin's
+// now (Redis itself expires on its own clock, not the virtual one) and
+// returns them.
+func (w *twin) expire() []string {
+	w.t.Helper()
+	gone := w.m.ExpireDue(w.now)
+	if len(gone) > 0 {
+		if err := w.rdb.Del(w.ctx, gone...).Err(); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	return gone
+}
+
+// TestLeaseOutlivesItsBucket: the lease keys' TTL is renewed only when
+// leases are written or tokens are out, so a grant that ends (shortening
+// the bucket's TTL) can leave a key's bucket to expire before its lease
+// hash. The lease found there later is dropped from a fresh bucket: its
+// demand (a reading of a million tokens per second, kept exactly) leaves
+// the fresh bucket's reading at nothing, not below.
+func TestLeaseOutlivesItsBucket(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 1000, StaticBurst: 1000, LeaseTTL: time.Second, Reclaim: true, ReapBudget: 8,
+		DemandWindow: time.Millisecond}
+	t0 := w.now
+	w.setRate(k, c, 1000, 1000, t0+100_000_000, t0)
+	r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 1000, Min: 1}
+	if g := w.sync(k, c, r); g.Granted != 1000 {
+		t.Fatalf("lease of the whole bucket: %+v", g)
+	}
+	w.at(t0 + 1_000)
+	r.Seq, r.Used, r.Want = 2, 1000, 0
+	w.sync(k, c, r)
+	if st := w.state(k, c); st.LeaseDemand != 1_000_000 || st.Outstanding != 0 {
+		t.Fatalf("after 1000 tokens in 1ms: %+v, want a reading of exactly 1e6/s and nothing out", st)
+	}
+	// A grant ending at once: the bucket's TTL falls to 3s, the lease
+	// hash keeps the 103s its last write gave it.
+	w.at(t0 + 2_000)
+	w.setRate(k, c, 1000, 1000, w.now, w.now)
+	bt, _ := w.m.LastTTL(k.Bucket)
+	lt, _ := w.m.LastTTL(k.Leases)
+	if bt != 3*time.Second || lt != 102_999*time.Millisecond {
+		t.Fatalf("TTLs: bucket %v, lease hash %v; want 3s and 102.999s", bt, lt)
+	}
+	w.at(t0 + 2_000 + bt.Microseconds())
+	if gone := w.expire(); !reflect.DeepEqual(gone, []string{k.Bucket}) {
+		t.Fatalf("expired %v, want the bucket alone", gone)
+	}
+	if st := w.state(k, c); st.LeaseDemand != 0 || st.Outstanding != 0 || st.Tokens != 1000 {
+		t.Fatalf("fresh bucket after dropping the old lease: %+v, want no demand, nothing out, full", st)
+	}
+	if n := w.rdb.Exists(w.ctx, k.Leases).Val(); n != 0 {
+		t.Fatal("the expired lease's record was kept")
 	}
 }
