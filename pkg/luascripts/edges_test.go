@@ -3,6 +3,7 @@ package luascripts
 import (
 	"context"
 	"reflect"
+	"sort"
 	"strconv"
 	"testing"
 	"time"
@@ -485,5 +486,124 @@ func TestLeaseOutlivesItsBucket(t *testing.T) {
 	}
 	if n := w.rdb.Exists(w.ctx, k.Leases).Val(); n != 0 {
 		t.Fatal("the expired lease's record was kept")
+	}
+}
+
+// TestStateReadRenewsTTLs: a read of a key (state.lua writing nothing)
+// renews the bucket's TTL to bucket_ttl at the read's instant, and the
+// lease keys' only while tokens are out, as a writing call would; the
+// Model sets the same TTLs and expires the keys at exactly their deadline.
+// Under a grant the TTL shrinks as the grant runs down, so a renewed TTL
+// and a kept one differ on the real server too.
+func TestStateReadRenewsTTLs(t *testing.T) {
+	w := newTwin(t)
+	c := Common{StaticRate: 10, StaticBurst: 100, LeaseTTL: time.Minute, ReapBudget: 8, DemandWindow: time.Millisecond}
+	t0 := w.now
+	spent := KeysFor(DefaultPrefix, quota.Key{Tenant: "spent", Class: "read"}) // its lease used up
+	holds := KeysFor(DefaultPrefix, quota.Key{Tenant: "holds", Class: "read"}) // 5 tokens still out
+	for _, k := range []Keys{spent, holds} {
+		w.at(t0)
+		w.setRate(k, c, 10, 100, t0+1000_000_000, t0)
+		w.sync(k, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 10, Min: 1})
+	}
+	// At 1s the TTL is the grant's 999s left + 2 x 100 / 10 s + 1s.
+	w.at(t0 + 1_000_000)
+	w.sync(spent, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Used: 10})
+	w.sync(holds, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Used: 5})
+	// At 50s it is 971s.
+	w.at(t0 + 50_000_000)
+	w.state(spent, c)
+	w.state(holds, c)
+	for _, tc := range []struct {
+		key  string
+		want time.Duration
+	}{
+		{spent.Bucket, 971 * time.Second},
+		{spent.Leases, 1020 * time.Second},
+		{holds.Bucket, 971 * time.Second},
+		{holds.Leases, 971 * time.Second},
+	} {
+		m, _ := w.m.LastTTL(tc.key)
+		r, err := w.rdb.PTTL(w.ctx, tc.key).Result()
+		if err != nil || m != tc.want || r > tc.want || r < tc.want-10*time.Second {
+			t.Fatalf("%s: TTL %v in redis (%v), %v in the model; want %v", tc.key, r, err, m, tc.want)
+		}
+	}
+	// Every key's deadline is t0 + 1021s.
+	w.at(t0 + 1021_000_000 - 1)
+	if gone := w.expire(); len(gone) != 0 {
+		t.Fatalf("expired %v 1µs before the deadline", gone)
+	}
+	w.at(t0 + 1021_000_000)
+	want := []string{holds.Bucket, holds.Leases, holds.Expiry, spent.Bucket, spent.Leases, spent.Expiry}
+	sort.Strings(want)
+	if gone := w.expire(); !reflect.DeepEqual(gone, want) {
+		t.Fatalf("at the deadline expired %v, want %v", gone, want)
+	}
+}
+
+// TestReportKinds: a report on a live lease is told apart by its
+// incarnation, lease number, sequence number and cumulative totals, at
+// every boundary: the same message again is a retry (answered with the
+// grant it had); a later one whose totals went back is a conflict (the
+// lease is forfeited); an earlier one is stale (answered with nothing)
+// unless its totals exceed what was applied; one of an older lease is
+// stale whatever its totals; one of a newer lease replaces the record.
+func TestReportKinds(t *testing.T) {
+	w := newTwin(t)
+	c := Common{StaticRate: 1, StaticBurst: 100, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	first := Report{Instance: "i-a", Incarnation: 1, Lease: 2, Seq: 5, Used: 10, Denied: 4, Returned: 2, Want: 20, Min: 1}
+	type kind int
+	const (
+		retry kind = iota
+		fresh
+		stale
+		conflict
+	)
+	for i, tc := range []struct {
+		name                   string
+		inc, lease, seq        uint64
+		used, denied, returned int64
+		want                   kind
+	}{
+		{"retry", 1, 2, 5, 10, 4, 2, retry},
+		{"same seq, more used", 1, 2, 5, 11, 4, 2, conflict},
+		{"same seq, more denied", 1, 2, 5, 10, 5, 2, conflict},
+		{"same seq, more returned", 1, 2, 5, 10, 4, 3, conflict},
+		{"next seq, same totals", 1, 2, 6, 10, 4, 2, fresh},
+		{"next seq, less used", 1, 2, 6, 9, 4, 2, conflict},
+		{"next seq, less denied", 1, 2, 6, 10, 3, 2, conflict},
+		{"next seq, less returned", 1, 2, 6, 10, 4, 1, conflict},
+		{"earlier seq, same totals", 1, 2, 4, 10, 4, 2, stale},
+		{"earlier seq, less used", 1, 2, 4, 9, 4, 2, stale},
+		{"earlier seq, less denied", 1, 2, 4, 10, 3, 2, stale},
+		{"earlier seq, less returned", 1, 2, 4, 10, 4, 1, stale},
+		{"earlier seq, more used", 1, 2, 4, 11, 4, 2, conflict},
+		{"earlier seq, more denied", 1, 2, 4, 10, 5, 2, conflict},
+		{"earlier seq, more returned", 1, 2, 4, 10, 4, 3, conflict},
+		{"older lease, later seq, more used", 1, 1, 6, 100, 4, 2, stale},
+		{"newer lease", 1, 3, 6, 0, 0, 0, fresh},
+		{"other incarnation", 2, 2, 6, 10, 4, 2, conflict},
+	} {
+		k := KeysFor(DefaultPrefix, quota.Key{Tenant: "t" + itoa(int64(i)), Class: "read"})
+		if g := w.sync(k, c, first); g.Granted != 20 {
+			t.Fatalf("%s: first lease %+v, want 20 granted", tc.name, g)
+		}
+		g := w.sync(k, c, Report{Instance: "i-a", Incarnation: tc.inc, Lease: tc.lease, Seq: tc.seq,
+			Used: tc.used, Denied: tc.denied, Returned: tc.returned, Want: 7, Min: 1})
+		var ok bool
+		switch tc.want {
+		case retry:
+			ok = g.Duplicate && !g.Conflict && g.Granted == 20 && g.Live == 1
+		case fresh:
+			ok = !g.Duplicate && !g.Conflict && g.Granted == 7 && g.Live == 1
+		case stale:
+			ok = g.Duplicate && !g.Conflict && g.Granted == 0 && g.Live == 1
+		case conflict:
+			ok = !g.Duplicate && g.Conflict && g.Granted == 0 && g.Live == 0
+		}
+		if !ok {
+			t.Fatalf("%s: %+v, want kind %d", tc.name, g, tc.want)
+		}
 	}
 }
