@@ -260,6 +260,36 @@ func TestCandidateMarksAtExactThresholds(t *testing.T) {
 		t.Fatalf("candidates %v: a trim below the mark's own score removed it", got)
 	}
 
+	// Strict demand a hair below half (50 tokens over 1.000001s) does not
+	// mark; exactly half (50 over the next 1s) does.
+	hair := KeysFor(DefaultPrefix, quota.Key{Tenant: "hair", Class: "read"})
+	w.at(t0)
+	w.check(hair, c, 1)
+	w.at(t0 + 1_000_001)
+	w.check(hair, c, 50)
+	if got := w.cands(hair.Cand); got[hair.Member] != 0 {
+		t.Fatalf("candidates %v: strict demand just below half marked", got)
+	}
+	w.at(t0 + 2_000_001)
+	w.check(hair, c, 50)
+	if got := w.cands(hair.Cand); got[hair.Member] != t0+2_000_001 {
+		t.Fatalf("candidates %v: strict demand of exactly half not marked", got)
+	}
+
+	// Lease demand (10/s) and strict demand together below half: no mark.
+	mixed := KeysFor(DefaultPrefix, quota.Key{Tenant: "mixed", Class: "read"})
+	w.at(t0)
+	w.sync(mixed, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 100, Min: 1})
+	w.at(t0 + 500_000)
+	w.sync(mixed, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Used: 5, Want: 100, Min: 1})
+	w.check(mixed, c, 1)
+	if st := w.state(mixed, c); st.LeaseDemand != 10 {
+		t.Fatalf("lease demand %v/s, want 10", st.LeaseDemand)
+	}
+	if got := w.cands(mixed.Cand); got[mixed.Member] != 0 {
+		t.Fatalf("candidates %v: lease and strict demand below half marked", got)
+	}
+
 	// A key on a share of 0, strict-checked once (marked), then read by a
 	// lease report without demand a window later: nothing to mark.
 	floor := KeysFor(DefaultPrefix, quota.Key{Tenant: "floor", Class: "read"})
@@ -274,6 +304,22 @@ func TestCandidateMarksAtExactThresholds(t *testing.T) {
 	w.sync(floor, fc, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 1, Min: 1})
 	if got := w.cands(floor.Cand); got[floor.Member] != t0 {
 		t.Fatalf("candidates %v: no demand in the window moved the mark of a key on a share of 0", got)
+	}
+
+	// On a share of 0 the smallest lease reading there is, a thousandth of
+	// a token per second (one token denied over 1000s), marks.
+	trickle := KeysFor(DefaultPrefix, quota.Key{Tenant: "trickle", Class: "read"})
+	tc := fc
+	tc.LeaseTTL = 2000 * time.Second
+	w.at(t0)
+	w.sync(trickle, tc, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 1, Min: 1})
+	w.at(t0 + 1000_000_000)
+	w.sync(trickle, tc, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Denied: 1, Want: 1, Min: 1})
+	if st := w.state(trickle, tc); st.LeaseDemand != 0.001 {
+		t.Fatalf("lease demand %v/s, want 0.001", st.LeaseDemand)
+	}
+	if got := w.cands(trickle.Cand); got[trickle.Member] != t0+1000_000_000 {
+		t.Fatalf("candidates %v: a reading of 0.001/s on a share of 0 not marked", got)
 	}
 }
 
@@ -422,12 +468,18 @@ func TestReportsBeyondTheLeaseAreCapped(t *testing.T) {
 	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 91 || st.Outstanding != 7 || l.Used != 2 || l.Returned != 1 {
 		t.Fatalf("after 2 used and 1 returned: bucket %+v, lease %+v; want 91 tokens, 7 out, 2 used, 1 returned", st, l)
 	}
-	// 8 more used (of 7 left) and 2 more returned (of none left).
-	r.Seq, r.Used, r.Returned = 3, 10, 3
+	// 1 more returned: 6 left.
+	r.Seq, r.Returned = 3, 2
 	w.sync(k, c, r)
-	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 91 || st.Outstanding != 0 || st.Admitted != 10 ||
-		l.Used != 9 || l.Returned != 1 {
-		t.Fatalf("after usage beyond the lease: bucket %+v, lease %+v; want 91 tokens, none out, 10 admitted, 9 used, 1 returned", st, l)
+	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 92 || st.Outstanding != 6 || l.Returned != 2 {
+		t.Fatalf("after 1 more returned: bucket %+v, lease %+v; want 92 tokens, 6 out, 2 returned", st, l)
+	}
+	// 8 more used (of 6 left) and 1 more returned (of none left).
+	r.Seq, r.Used, r.Returned = 4, 10, 3
+	w.sync(k, c, r)
+	if st, l := w.state(k, c), w.lease(k, "i-a"); st.Tokens != 92 || st.Outstanding != 0 || st.Admitted != 10 ||
+		l.Used != 8 || l.Returned != 2 {
+		t.Fatalf("after usage beyond the lease: bucket %+v, lease %+v; want 92 tokens, none out, 10 admitted, 8 used, 2 returned", st, l)
 	}
 }
 
