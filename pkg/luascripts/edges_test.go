@@ -321,6 +321,11 @@ func TestCandidateMarksAtExactThresholds(t *testing.T) {
 	if got := w.cands(trickle.Cand); got[trickle.Member] != t0+1000_000_000 {
 		t.Fatalf("candidates %v: a reading of 0.001/s on a share of 0 not marked", got)
 	}
+	// A new lease of the instance carries that reading.
+	w.sync(trickle, tc, Report{Instance: "i-a", Incarnation: 1, Lease: 3, Seq: 3, Want: 1, Min: 1})
+	if st := w.state(trickle, tc); st.LeaseDemand != 0.001 {
+		t.Fatalf("lease demand %v/s after a new lease, want the 0.001 carried", st.LeaseDemand)
+	}
 }
 
 // TestGrantOfTheSameReportApplies: grants are ordered by when their report
@@ -657,5 +662,32 @@ func TestReportKinds(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s: %+v, want kind %d", tc.name, g, tc.want)
 		}
+	}
+}
+
+// TestCheckReapsWhileTokensAreOut: a strict check reaps expired leases
+// when any token is out, a single one included (it comes back with
+// Reclaim), and leaves a spent lease's record to the lease calls.
+func TestCheckReapsWhileTokensAreOut(t *testing.T) {
+	w := newTwin(t)
+	c := Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Second, Reclaim: true, ReapBudget: 8, DemandWindow: time.Millisecond}
+	t0 := w.now
+	one := KeysFor(DefaultPrefix, quota.Key{Tenant: "one", Class: "read"})
+	spent := KeysFor(DefaultPrefix, quota.Key{Tenant: "spent", Class: "read"})
+	w.sync(one, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 1, Min: 1})
+	w.sync(spent, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 1, Min: 1})
+	w.sync(spent, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Used: 1})
+	w.at(t0 + 1_000_000)
+	if r := w.check(one, c, 1); r.Reclaimed != 1 || !r.Allowed || r.Remaining != 9 {
+		t.Fatalf("check after a one-token lease expired: %+v, want its token reclaimed (9 left after 1)", r)
+	}
+	if n := w.rdb.HLen(w.ctx, one.Leases).Val(); n != 0 {
+		t.Fatalf("%d lease records left after reaping", n)
+	}
+	if r := w.check(spent, c, 1); r.Reclaimed != 0 || !r.Allowed {
+		t.Fatalf("check on a key with nothing out: %+v", r)
+	}
+	if n := w.rdb.HLen(w.ctx, spent.Leases).Val(); n != 1 {
+		t.Fatalf("%d lease records after a check with nothing out, want the spent lease's record kept", n)
 	}
 }
