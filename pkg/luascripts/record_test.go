@@ -70,6 +70,26 @@ func TestLeaseRecordForms(t *testing.T) {
 		t.Fatalf("record %q, model %q: want the same fourteen text fields", rec, ms)
 	}
 
+	// Numbers below 2^53 are written compact, exactly (the low byte of
+	// one within 128 of 2^53 used to be rounded: a wrong byte, or an
+	// invalid one failing the script), 2^53 itself as text.
+	for _, tc := range []struct {
+		seq     uint64
+		compact bool
+	}{{1<<53 - 129, true}, {1<<53 - 3, true}, {1<<53 - 1, true}, {1 << 53, false}} {
+		id := "i-seq-" + itoa(int64(tc.seq))
+		r := Report{Instance: id, Incarnation: 9, Lease: 1, Seq: tc.seq, Want: 1, Min: 1}
+		want := m.Sync(now, k, expiryCommon, r)
+		got, err := sc.Sync(ctx, rdb, k, expiryCommon, r)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("sync seq %d: lua %+v, %v; model %+v", tc.seq, got, err, want)
+		}
+		rec := rdb.HGet(ctx, k.Leases, id).Val()
+		if ms := m.Snapshot()[k.Leases][id]; rec != ms || (rec[0] == compactMark) != tc.compact {
+			t.Fatalf("seq %d: record %q, model %q; want the same, compact %v", tc.seq, rec, ms, tc.compact)
+		}
+	}
+
 	// Older scripts' text record of a live lease: granted 10, used 4,
 	// seq 1, expiring in 500ms, fingerprint (used 4) of incarnation 9.
 	exp := itoa(now + 500_000)

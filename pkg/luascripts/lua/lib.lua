@@ -300,7 +300,7 @@ local function compactable(x) return x >= 0 and x < TWO53 and x == math.floor(x)
 local function put_uv(t, x)
   while x >= 128 do
     local q = math.floor(x / 128)
-    t[#t + 1] = 128 + x - q * 128
+    t[#t + 1] = 128 + (x - q * 128)
     x = q
   end
   t[#t + 1] = x
