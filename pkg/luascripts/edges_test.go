@@ -525,6 +525,9 @@ func TestLeaseOutlivesItsBucket(t *testing.T) {
 	if st := w.state(k, c); st.LeaseDemand != 1_000_000 || st.Outstanding != 0 {
 		t.Fatalf("after 1000 tokens in 1ms: %+v, want a reading of exactly 1e6/s and nothing out", st)
 	}
+	if l := w.lease(k, "i-a"); l.DemandRate != 1_000_000 || l.WindowStartUS != t0+1_000 || l.AppliedUsed != 1000 {
+		t.Fatalf("lease record %+v, want the reading of 1e6/s, a window opened at the report", l)
+	}
 	// A grant ending at once: the bucket's TTL falls to 3s, the lease
 	// hash keeps the 103s its last write gave it.
 	w.at(t0 + 2_000)

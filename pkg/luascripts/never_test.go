@@ -60,3 +60,16 @@ func TestRetryAfterNeverWhenCostExceedsCap(t *testing.T) {
 		t.Errorf("after the promised wait: %+v, %v, want admitted", cr, err)
 	}
 }
+
+// TestWireMS: a wait goes on the wire as whole milliseconds (no wait is
+// 0), and only "never" as -1.
+func TestWireMS(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want int64
+	}{{-1, -1}, {0, 0}, {999 * time.Microsecond, 0}, {time.Millisecond, 1}, {1500 * time.Millisecond, 1500}} {
+		if got := WireMS(tc.d); got != tc.want {
+			t.Errorf("WireMS(%v) = %d, want %d", tc.d, got, tc.want)
+		}
+	}
+}
