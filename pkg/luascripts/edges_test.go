@@ -486,6 +486,13 @@ func TestReportsBeyondTheLeaseAreCapped(t *testing.T) {
 		l.Used != 8 || l.Returned != 2 {
 		t.Fatalf("after usage beyond the lease: bucket %+v, lease %+v; want 92 tokens, none out, 10 admitted, 8 used, 2 returned", st, l)
 	}
+	// The simulator's oracle reads the same bucket without a script.
+	if p, ok := w.m.PeekBucket(k); !ok || p.Tokens != 92 || p.Outstanding != 0 || p.Admitted != 10 || p.NowUS != w.now {
+		t.Fatalf("peek %+v, %v; want the stored bucket", p, ok)
+	}
+	if _, ok := w.m.PeekBucket(KeysFor(DefaultPrefix, quota.Key{Tenant: "none", Class: "read"})); ok {
+		t.Fatal("peek found a bucket that was never written")
+	}
 }
 
 // expire deletes from Redis the keys the Model says are due at the twin's

@@ -197,3 +197,41 @@ func TestManyAfterScriptFlush(t *testing.T) {
 		}
 	}
 }
+
+// TestQueuedMatchesModel: checks and lease calls added to one pipeline
+// after SCRIPT FLUSH are run again on their own (NOSCRIPT) and answer as
+// the Model does; a call failing otherwise (its bucket is not a hash) is
+// not rerun and fails alone, naming its key.
+func TestQueuedMatchesModel(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	sc := newVirtual()
+	m := NewModel()
+	now := int64(1_700_000_000_000_000)
+	sc.setNow(now)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "t", Class: "read"})
+	bad := KeysFor(DefaultPrefix, quota.Key{Tenant: "bad", Class: "read"})
+	if err := rdb.Set(ctx, bad.Bucket, "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 3, Min: 1}
+	qs := RunQueued(ctx, rdb, func(p redis.Pipeliner) []*Queued {
+		return []*Queued{sc.QueueCheck(ctx, p, k, manyCommon, 2), sc.QueueAcquire(ctx, p, k, manyCommon, r), sc.QueueCheck(ctx, p, bad, manyCommon, 1),
+			sc.QueueAcquire(ctx, p, bad, manyCommon, r)}
+	})
+	if cr, err := ParseCheck(qs[0]); err != nil || cr != m.Check(now, k, manyCommon, 2) {
+		t.Fatalf("queued check: %+v, %v; want the Model's", cr, err)
+	}
+	if lr, err := ParseLease(qs[1]); err != nil || lr != m.Acquire(now, k, manyCommon, r) {
+		t.Fatalf("queued acquire: %+v, %v; want the Model's", lr, err)
+	}
+	if _, err := ParseCheck(qs[2]); err == nil || qs[2].NoScript() || !strings.Contains(err.Error(), bad.Bucket) {
+		t.Fatalf("queued check on a bucket that is not a hash: %v (NOSCRIPT %v), want its own error naming %s", err, qs[2].NoScript(), bad.Bucket)
+	}
+	if _, err := ParseLease(qs[3]); err == nil || !strings.Contains(err.Error(), bad.Bucket) {
+		t.Fatalf("queued acquire on a bucket that is not a hash: %v, want its own error naming %s", err, bad.Bucket)
+	}
+}
