@@ -701,3 +701,30 @@ func TestCheckReapsWhileTokensAreOut(t *testing.T) {
 		t.Fatalf("%d lease records after a check with nothing out, want the spent lease's record kept", n)
 	}
 }
+
+// TestClockIsRedisTime: the scripts' clock is Redis TIME in microseconds:
+// a call's now lies between the server's TIME read before and after it.
+func TestClockIsRedisTime(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	sc := New()
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	for i := range 3 {
+		before, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := sc.Check(ctx, rdb, k, c, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.NowUS < before.UnixMicro() || r.NowUS > after.UnixMicro() {
+			t.Fatalf("call %d: now %d µs, want between the server's TIME before (%d) and after (%d)", i, r.NowUS, before.UnixMicro(), after.UnixMicro())
+		}
+	}
+}
