@@ -18,16 +18,22 @@ import (
 var manyCommon = Common{StaticRate: 10, StaticBurst: 20, LeaseTTL: 5 * time.Second, Reclaim: true, ReapBudget: 2,
 	DemandWindow: 300 * time.Millisecond, MarkEvery: 250 * time.Millisecond}
 
+// manyRig starts a redis-server and gives the batch tests a client of it,
+// scripts on a virtual clock set to now, and a Model.
+func manyRig(t *testing.T) (ctx context.Context, rdb *redis.Client, sc *Scripts, m *Model, now int64) {
+	t.Helper()
+	now = 1_700_000_000_000_000
+	sc = newVirtual()
+	sc.setNow(now)
+	return context.Background(), redistest.Start(t).Client(), sc, NewModel(), now
+}
+
 // TestManyMatchesModel runs the region leader's batches (StateMany,
 // SetRateMany) over more keys than one call carries, of one slot and of
 // many (cluster keys), and requires every key's reply and the whole stored
 // state to be what the Model gives for one call per key, in order.
 func TestManyMatchesModel(t *testing.T) {
-	ctx := context.Background()
-	rdb := redistest.Start(t).Client()
-	sc := newVirtual()
-	m := NewModel()
-	now := int64(1_700_000_000_000_000)
+	ctx, rdb, sc, m, now := manyRig(t)
 	var keys []Keys
 	for i := range 2*BatchKeys + 30 {
 		k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}
@@ -85,12 +91,7 @@ func TestManyMatchesModel(t *testing.T) {
 // not a hash) fails alone; the keys after it in the same call are read and
 // granted exactly as without it.
 func TestManyKeyFailureIsItsOwn(t *testing.T) {
-	ctx := context.Background()
-	rdb := redistest.Start(t).Client()
-	sc := newVirtual()
-	m := NewModel()
-	now := int64(1_700_000_000_000_000)
-	sc.setNow(now)
+	ctx, rdb, sc, m, now := manyRig(t)
 	var keys []Keys
 	for i := range 3 {
 		keys = append(keys, KeysFor(DefaultPrefix, quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}))
@@ -174,12 +175,7 @@ func TestManyOnRedisCluster(t *testing.T) {
 // TestManyAfterScriptFlush: a batch whose script Redis no longer knows
 // (SCRIPT FLUSH, a restart) loads it again and answers as before.
 func TestManyAfterScriptFlush(t *testing.T) {
-	ctx := context.Background()
-	rdb := redistest.Start(t).Client()
-	sc := newVirtual()
-	m := NewModel()
-	now := int64(1_700_000_000_000_000)
-	sc.setNow(now)
+	ctx, rdb, sc, m, now := manyRig(t)
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "t", Class: "read"})
 	for round := range 2 {
 		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
@@ -203,12 +199,7 @@ func TestManyAfterScriptFlush(t *testing.T) {
 // the Model does; a call failing otherwise (its bucket is not a hash) is
 // not rerun and fails alone, naming its key.
 func TestQueuedMatchesModel(t *testing.T) {
-	ctx := context.Background()
-	rdb := redistest.Start(t).Client()
-	sc := newVirtual()
-	m := NewModel()
-	now := int64(1_700_000_000_000_000)
-	sc.setNow(now)
+	ctx, rdb, sc, m, now := manyRig(t)
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "t", Class: "read"})
 	bad := KeysFor(DefaultPrefix, quota.Key{Tenant: "bad", Class: "read"})
 	if err := rdb.Set(ctx, bad.Bucket, "x", 0).Err(); err != nil {
