@@ -96,3 +96,30 @@ func TestKeyIndexSharedHash(t *testing.T) {
 		t.Fatal("a copy changed with its original")
 	}
 }
+
+// A stale delete (of an entry already removed and replaced) leaves the
+// fresh entry of the key, also when the key shares its hash with another
+// (here every key whose tenant and class are equal hashes to 0).
+func TestKeyMapStaleDeleteOfASharedHash(t *testing.T) {
+	m := newKeyMap()
+	m.seed[1] = m.seed[0]
+	a, b := quota.Key{Tenant: "x", Class: "x"}, quota.Key{Tenant: "y", Class: "y"}
+	if m.hash(a) != m.hash(b) {
+		t.Fatal("keys do not share their hash")
+	}
+	ea, _ := m.loadOrStore(a, func() *entry { return newKeyEntry(a) })
+	old, _ := m.loadOrStore(b, func() *entry { return newKeyEntry(b) })
+	old.set(removedFlag, true)
+	m.delete(b, old)
+	fresh, created := m.loadOrStore(b, func() *entry { return newKeyEntry(b) })
+	if !created {
+		t.Fatal("removed key not re-created")
+	}
+	m.delete(b, old)
+	if got := m.lookupFresh(b); got != fresh {
+		t.Fatalf("after a stale delete: entry %p, want the fresh %p", got, fresh)
+	}
+	if got := m.lookupFresh(a); got != ea || m.len() != 2 {
+		t.Fatalf("after a stale delete: other key's entry %p (want %p), %d keys (want 2)", got, ea, m.len())
+	}
+}
