@@ -2,6 +2,8 @@ package config
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -140,4 +142,143 @@ func TestLineEditsFallBackWhenTooDifferent(t *testing.T) {
 			t.Fatalf("edit %d is %q, want %q", i, e.op, want)
 		}
 	}
+}
+
+// TestHunksApplyAndKeepTheirContext checks writeHunks against a reader of
+// unified diffs: applying the hunks to old gives new, every header counts
+// its lines, each hunk has diffContext kept lines before its first change
+// and after its last (fewer only at either end of the file), a hunk holds
+// no run of more than 2×diffContext kept lines, and consecutive hunks
+// leave at least one line out between them.
+func TestHunksApplyAndKeepTheirContext(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		alphabet := []string{"a\n", "b\n", "c\n", "d\n", "e\n", "f\n"}
+		a := rapid.SliceOfN(rapid.SampledFrom(alphabet), 0, 40).Draw(t, "a")
+		b := slices.Clone(a)
+		for range rapid.IntRange(0, 4).Draw(t, "changes") {
+			i := rapid.IntRange(0, len(b)).Draw(t, "at")
+			switch rapid.IntRange(0, 2).Draw(t, "op") {
+			case 0:
+				b = slices.Insert(b, i, rapid.SampledFrom(alphabet).Draw(t, "line"))
+			case 1:
+				if i < len(b) {
+					b = slices.Delete(b, i, i+1)
+				}
+			case 2:
+				if i < len(b) {
+					b[i] = rapid.SampledFrom(alphabet).Draw(t, "line")
+				}
+			}
+		}
+		if len(b) > 0 && rapid.Bool().Draw(t, "no final newline") {
+			b[len(b)-1] = strings.TrimSuffix(b[len(b)-1], "\n")
+		}
+		var out strings.Builder
+		writeHunks(&out, lineEdits(a, b))
+		text := out.String()
+		if slices.Equal(a, b) {
+			if text != "" {
+				t.Fatalf("hunks for equal files:\n%s", text)
+			}
+			return
+		}
+		lines := strings.SplitAfter(text, "\n")
+		lines = lines[:len(lines)-1] // the empty string after the last \n
+		var got []string
+		pos, prevEnd := 0, -1
+		for i := 0; i < len(lines); {
+			var aStart, aCount, bStart, bCount int
+			if _, err := fmt.Sscanf(lines[i], "@@ -%s +%s @@\n", new(string), new(string)); err != nil {
+				t.Fatalf("line %d: %q is not a hunk header:\n%s", i, lines[i], text)
+			}
+			f := strings.Fields(lines[i])
+			aStart, aCount = hunkStart(t, f[1][1:])
+			bStart, bCount = hunkStart(t, f[2][1:])
+			i++
+			var body []string
+			for i < len(lines) && !strings.HasPrefix(lines[i], "@@ ") {
+				if lines[i] == "\\ No newline at end of file\n" {
+					body[len(body)-1] = strings.TrimSuffix(body[len(body)-1], "\n")
+				} else {
+					body = append(body, lines[i])
+				}
+				i++
+			}
+			if aStart <= prevEnd {
+				t.Fatalf("a hunk starting at old line %d follows one ending at %d with no line between:\n%s", aStart, prevEnd, text)
+			}
+			got = append(got, a[pos:aStart]...)
+			pos = aStart
+			if len(got) != bStart {
+				t.Fatalf("hunk header says new line %d, it is %d:\n%s", bStart, len(got), text)
+			}
+			kept, na, nb, first, last := 0, 0, 0, -1, -1
+			for j, l := range body {
+				op, line := l[0], l[1:]
+				if op != ' ' {
+					if first < 0 {
+						first = j
+					}
+					last, kept = j, 0
+				}
+				switch op {
+				case ' ':
+					kept++
+					if first >= 0 && kept > 2*diffContext && j < len(body)-1 {
+						t.Fatalf("a hunk holds %d kept lines in a row:\n%s", kept, text)
+					}
+					if a[pos] != line {
+						t.Fatalf("kept line %q is %q in old:\n%s", line, a[pos], text)
+					}
+					got, pos, na, nb = append(got, line), pos+1, na+1, nb+1
+				case '-':
+					if a[pos] != line {
+						t.Fatalf("removed line %q is %q in old:\n%s", line, a[pos], text)
+					}
+					pos, na = pos+1, na+1
+				case '+':
+					got, nb = append(got, line), nb+1
+				default:
+					t.Fatalf("bad op %q:\n%s", op, text)
+				}
+			}
+			if na != aCount || nb != bCount {
+				t.Fatalf("header counts %d,%d, the hunk has %d,%d:\n%s", aCount, bCount, na, nb, text)
+			}
+			if first < 0 {
+				t.Fatalf("a hunk without a change:\n%s", text)
+			}
+			if first != diffContext && !(aStart == 0 && bStart == 0 && first < diffContext) {
+				t.Fatalf("%d kept lines before the first change of a hunk at old line %d:\n%s", first, aStart, text)
+			}
+			if after := len(body) - 1 - last; after != diffContext && pos != len(a) {
+				t.Fatalf("%d kept lines after the last change of a hunk ending at old line %d of %d:\n%s", after, pos, len(a), text)
+			}
+			prevEnd = pos
+		}
+		got = append(got, a[pos:]...)
+		if !slices.Equal(got, b) {
+			t.Fatalf("the hunks turn %q into %q, want %q:\n%s", a, got, b, text)
+		}
+	})
+}
+
+// hunkStart reads a unified diff range "start,count" or "start" (count 1)
+// as the 0-based line it starts at and its count.
+func hunkStart(t *rapid.T, r string) (start, count int) {
+	s, c, ok := strings.Cut(r, ",")
+	var err error
+	if start, err = strconv.Atoi(s); err != nil {
+		t.Fatalf("range %q: %v", r, err)
+	}
+	count = 1
+	if ok {
+		if count, err = strconv.Atoi(c); err != nil {
+			t.Fatalf("range %q: %v", r, err)
+		}
+	}
+	if count == 0 {
+		return start, 0 // an empty range names the line before it
+	}
+	return start - 1, count
 }
