@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
+	"pgregory.net/rapid"
 )
 
 // manyTenants is the sample with n tenants in block style: every third
@@ -267,4 +270,144 @@ func BenchmarkDiffTenants(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestTenantEqualComparesEveryField: tenants differing in their tier,
+// shadow mode, number of overrides, an override's class or its limit are
+// not equal; equal ones are, however their maps were built.
+func TestTenantEqualComparesEveryField(t *testing.T) {
+	base := func() Tenant {
+		return Tenant{Tier: "pro", Shadow: true, Overrides: map[string]LimitSpec{"write": {Rate: 10, Burst: 20}}}
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(*Tenant)
+		equal  bool
+	}{
+		{"unchanged", func(*Tenant) {}, true},
+		{"tier", func(t *Tenant) { t.Tier = "free" }, false},
+		{"shadow", func(t *Tenant) { t.Shadow = false }, false},
+		{"an override more", func(t *Tenant) { t.Overrides["read"] = LimitSpec{Rate: 1, Burst: 1} }, false},
+		{"no overrides", func(t *Tenant) { t.Overrides = nil }, false},
+		{"another class", func(t *Tenant) { t.Overrides = map[string]LimitSpec{"read": {Rate: 10, Burst: 20}} }, false},
+		{"another rate", func(t *Tenant) { t.Overrides["write"] = LimitSpec{Rate: 11, Burst: 20} }, false},
+		{"another burst", func(t *Tenant) { t.Overrides["write"] = LimitSpec{Rate: 10, Burst: 21} }, false},
+	} {
+		a, b := base(), base()
+		tc.change(&b)
+		if got := TenantEqual(a, b); got != tc.equal {
+			t.Errorf("%s: TenantEqual = %v, want %v", tc.name, got, tc.equal)
+		}
+		if got := TenantEqual(b, a); got != tc.equal {
+			t.Errorf("%s, swapped: TenantEqual = %v, want %v", tc.name, got, tc.equal)
+		}
+	}
+	if !TenantEqual(Tenant{Tier: "free"}, Tenant{Tier: "free", Overrides: map[string]LimitSpec{}}) {
+		t.Error("no overrides and an empty map differ")
+	}
+}
+
+// TestTenantBlockReadsAsTheWholeDocument checks the block reader against
+// the YAML decoder reading the whole document: block-style tenants of any
+// indentation, with comments and blank lines anywhere, one-line or nested
+// entries, the block first, in the middle or last, read to the same
+// tenants; and an unknown field in any entry is reported at its line.
+func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
+	sample := string(SampleYAML())
+	i := strings.Index(sample, "tenants:\n")
+	j := strings.Index(sample, "default_tier:")
+	head, tail := sample[:i], sample[j:]
+	rapid.Check(t, func(t *rapid.T) {
+		indent := strings.Repeat(" ", rapid.IntRange(1, 4).Draw(t, "indent"))
+		var lines []string
+		noise := func() {
+			switch rapid.IntRange(0, 5).Draw(t, "noise") {
+			case 0:
+				lines = append(lines, "")
+			case 1:
+				lines = append(lines, "# a comment at the margin")
+			case 2:
+				lines = append(lines, strings.Repeat(" ", rapid.IntRange(1, 9).Draw(t, "comment indent"))+"# an indented comment")
+			}
+		}
+		header := "tenants:"
+		if rapid.Bool().Draw(t, "header comment") {
+			header += "   # listed tenants"
+		}
+		lines = append(lines, header)
+		n := rapid.IntRange(0, 12).Draw(t, "tenants")
+		bad := rapid.IntRange(-1, n-1).Draw(t, "bad entry")
+		badLine := 0
+		for k := range n {
+			noise()
+			name := fmt.Sprintf("t%d", k)
+			tier := rapid.SampledFrom([]string{"free", "pro"}).Draw(t, "tier")
+			field := "tier"
+			if k == bad {
+				field = "tierr"
+			}
+			switch rapid.IntRange(0, 2).Draw(t, "form") {
+			case 0:
+				if k == bad {
+					badLine = len(lines) + 1
+				}
+				lines = append(lines, fmt.Sprintf("%s%s: {%s: %s}", indent, name, field, tier))
+			case 1:
+				lines = append(lines, indent+name+":")
+				noise()
+				if k == bad {
+					badLine = len(lines) + 1
+				}
+				lines = append(lines, fmt.Sprintf("%s%s%s: %s", indent, indent, field, tier))
+				noise()
+				lines = append(lines, indent+indent+"shadow: true")
+			case 2:
+				lines = append(lines, indent+name+":")
+				if k == bad {
+					badLine = len(lines) + 1
+				}
+				lines = append(lines, fmt.Sprintf("%s  %s: %s", indent, field, tier),
+					indent+"  overrides:", indent+"    write:", indent+"      rate: 800/s", indent+"      burst: 1600")
+			}
+		}
+		noise()
+		block := strings.Join(lines, "\n") + "\n"
+		var doc string
+		offset := 0 // lines before the block
+		switch rapid.IntRange(0, 2).Draw(t, "place") {
+		case 0:
+			doc = head + block + tail
+			offset = strings.Count(head, "\n")
+		case 1:
+			doc = block + head + tail
+		case 2:
+			doc = head + tail + block
+			offset = strings.Count(head+tail, "\n")
+		}
+		c, err := Parse([]byte(doc))
+		if bad >= 0 {
+			want := fmt.Sprintf(`unknown field "tierr" (line %d)`, offset+badLine)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("Parse: %v, want %q in:\n%s", err, want, doc)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("Parse: %v\n%s", err, doc)
+		}
+		var whole struct {
+			Tenants map[string]Tenant `yaml:"tenants"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &whole); err != nil {
+			t.Fatal(err)
+		}
+		if len(c.Tenants) != len(whole.Tenants) {
+			t.Fatalf("%d tenants, the decoder reads %d:\n%s", len(c.Tenants), len(whole.Tenants), doc)
+		}
+		for name, want := range whole.Tenants {
+			if got, ok := c.Tenants[name]; !ok || !TenantEqual(got, want) {
+				t.Fatalf("tenant %s = %+v, the decoder reads %+v:\n%s", name, got, want, doc)
+			}
+		}
+	})
 }
