@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -515,11 +516,19 @@ func TestPolicyRuleOfAMethodWithoutService(t *testing.T) {
 	}
 }
 
-// TestContextWithoutACall: a context that is no call's has no verified
-// certificate, no caller and no identity.
+// TestContextWithoutACall: a context that is no call's, or a call's
+// whose TLS state holds no verified chain with a certificate, has no
+// verified certificate; one that is no call's has no caller and no
+// identity.
 func TestContextWithoutACall(t *testing.T) {
 	if leaf, ok := Leaf(context.Background()); ok || leaf != nil {
 		t.Errorf("Leaf = %v, %v; want none", leaf, ok)
+	}
+	for _, chains := range [][][]*x509.Certificate{nil, {}, {{}}} {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: chains}}})
+		if leaf, ok := Leaf(ctx); ok || leaf != nil {
+			t.Errorf("Leaf of verified chains %v = %v, %v; want none", chains, leaf, ok)
+		}
 	}
 	if c, ok := CallerOf(context.Background()); ok || c != nil {
 		t.Errorf("CallerOf = %v, %v; want none", c, ok)
