@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"strconv"
 	"testing"
 
 	"google.golang.org/grpc/peer"
@@ -159,5 +160,108 @@ func TestAdmittedCallAllocatesNothing(t *testing.T) {
 	})
 	if n != 0 {
 		t.Errorf("%v allocations per admitted call, want 0", n)
+	}
+}
+
+// TestPoolGrantsWhatFitsAtOnce: a release or a waiter giving up grants
+// every waiter at the head of the queue that fits, exactly up to the cap,
+// before it returns; idle semaphores are kept for reuse up to maxFree,
+// clean.
+func TestPoolGrantsWhatFitsAtOnce(t *testing.T) {
+	p := pool[string]{cap: 10, queue: 20, m: map[string]*sem{}}
+	ctx := context.Background()
+	acquired := func(n int) hold[string] {
+		t.Helper()
+		h, err := p.acquire(ctx, "c", n, func() { t.Errorf("%d units waited beside %d of 10", n, p.m["c"].used) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	r1, r2 := acquired(5), acquired(5) // exactly the cap
+	type result struct {
+		h   hold[string]
+		err error
+	}
+	wait := func(ctx context.Context, n int) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			h, err := p.acquire(ctx, "c", n, func() {})
+			ch <- result{h, err}
+		}()
+		return ch
+	}
+	state := func() (used, waiting int) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.m["c"].used, p.m["c"].waiting
+	}
+	// A large waiter heads the queue, a small one waits behind it.
+	bigCtx, giveUp := context.WithCancel(ctx)
+	big := wait(bigCtx, 8)
+	waitFor(t, &p, "c", 8)
+	small := wait(ctx, 5)
+	waitFor(t, &p, "c", 13)
+	// Releasing 5 lets the small one fit exactly, but it may not pass the
+	// large one; when the large one gives up, the small one is granted
+	// before the large one's call returns.
+	r1.release()
+	if used, waiting := state(); used != 5 || waiting != 13 {
+		t.Fatalf("after a release behind a large head: %d used, %d waiting; want 5, 13", used, waiting)
+	}
+	giveUp()
+	if r := <-big; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("the large waiter: %v, want context.Canceled", r.err)
+	}
+	if used, waiting := state(); used != 10 || waiting != 0 {
+		t.Fatalf("after the head gave up: %d used, %d waiting; want 10, 0", used, waiting)
+	}
+	r3 := <-small
+	if r3.err != nil {
+		t.Fatal(r3.err)
+	}
+	// A release grants a waiter that fits exactly up to the cap at once.
+	next := wait(ctx, 5)
+	waitFor(t, &p, "c", 5)
+	r2.release()
+	select {
+	case r := <-next:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		r.h.release()
+	default:
+		if used, waiting := state(); used != 10 || waiting != 0 {
+			t.Fatalf("after a release: %d used, %d waiting; want the waiter of 5 granted", used, waiting)
+		}
+		(<-next).h.release()
+	}
+	r3.h.release()
+	if len(p.m) != 0 || len(p.free) != 1 {
+		t.Fatalf("after every turn ended: %d semaphores, %d kept free; want 0, 1", len(p.m), len(p.free))
+	}
+
+	// Idle semaphores are kept up to maxFree, clean, and reused.
+	var holds []hold[string]
+	for i := range maxFree + 2 {
+		h, err := p.acquire(ctx, strconv.Itoa(i), 1, func() {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		holds = append(holds, h)
+	}
+	if len(p.free) != 0 {
+		t.Fatalf("%d semaphores kept free while every one is in use", len(p.free))
+	}
+	for _, h := range holds {
+		h.release()
+	}
+	if len(p.m) != 0 || len(p.free) != maxFree {
+		t.Fatalf("%d semaphores, %d kept free; want 0, %d", len(p.m), len(p.free), maxFree)
+	}
+	for _, s := range p.free {
+		if s.used != 0 || s.waiting != 0 || s.refs != 0 || len(s.waiters) != 0 {
+			t.Fatalf("a semaphore kept free is not clean: %+v", s)
+		}
 	}
 }
