@@ -399,7 +399,8 @@ type Chaos struct {
 	// End of the last possible fault start. Optional, default Duration -
 	// MaxFor - 1m.
 	End Duration `yaml:"end,omitempty"`
-	// MeanGap between fault starts. Required.
+	// MeanGap between fault starts. Required; at least 1ms, and at most
+	// MaxChaosFaults on average between Start and End.
 	MeanGap Duration `yaml:"mean_gap"`
 	// Kinds to draw from. Optional, default every kind.
 	Kinds []string `yaml:"kinds,omitempty"`

@@ -140,3 +140,28 @@ func TestChaosScheduleIsDeterministicPerSeed(t *testing.T) {
 		}
 	}
 }
+
+// TestChaosGapBounded: a chaos block whose gap would draw more faults
+// than the schedule may hold, or start them closer than the schedule's
+// millisecond, is refused naming mean_gap; at the bound it is accepted
+// and draws about that many faults.
+func TestChaosGapBounded(t *testing.T) {
+	doc := func(gap string) []byte {
+		// chaos from 20s (the warmup) to 3h - 1m - 1m.
+		return []byte(strings.Replace(minimal, "duration: 2m", "duration: 3h", 1) + "chaos: {mean_gap: " + gap + "}\n")
+	}
+	for _, gap := range []string{"90ns", "999us", "100ms"} {
+		_, err := Parse(doc(gap))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "chaos.mean_gap") {
+			t.Errorf("mean_gap %s: got %v, want a refusal naming chaos.mean_gap", gap, err)
+		}
+	}
+	// (3h - 2m - 20s) / 106.6ms is just under 100,000 faults.
+	s, err := Parse(doc("106600us"))
+	if err != nil {
+		t.Fatalf("a gap at the bound: %v", err)
+	}
+	if n := len(s.Schedule(1)); n < MaxChaosFaults*9/10 || n > MaxChaosFaults*11/10 {
+		t.Fatalf("a gap at the bound drew %d faults, want about %d", n, MaxChaosFaults)
+	}
+}

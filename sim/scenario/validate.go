@@ -34,6 +34,10 @@ const (
 	GlobalPeer = "global"
 	// maxGroupCount bounds generated tenants.
 	maxGroupCount = 100000
+	// MaxChaosFaults bounds the faults a chaos block draws on average,
+	// (end - start) / mean_gap: the schedule is built in memory before
+	// the run, so the bound keeps a typo (90ns for 90s) from exhausting it.
+	MaxChaosFaults = 100000
 )
 
 // FieldError is one validation problem, naming its field path. It wraps
@@ -549,8 +553,16 @@ func (s *Scenario) validateChaos(p *problems, dur time.Duration) {
 	if c == nil {
 		return
 	}
-	if c.MeanGap <= 0 {
+	switch span := time.Duration(c.End - c.Start); {
+	case c.MeanGap <= 0:
 		p.add("chaos.mean_gap", "is required")
+	case time.Duration(c.MeanGap) < time.Millisecond:
+		// Fault starts are whole milliseconds: a shorter gap would
+		// draw faults that all start at the same instant.
+		p.add("chaos.mean_gap", "must be at least 1ms, got %v", time.Duration(c.MeanGap))
+	case span > 0 && span/time.Duration(c.MeanGap) > MaxChaosFaults:
+		p.add("chaos.mean_gap", "%v draws about %d faults between start %v and end %v; at most %d",
+			time.Duration(c.MeanGap), span/time.Duration(c.MeanGap), time.Duration(c.Start), time.Duration(c.End), MaxChaosFaults)
 	}
 	for i, k := range c.Kinds {
 		if !slices.Contains(FaultKinds(), k) {
