@@ -108,3 +108,99 @@ func TestValidateEdgeCases(t *testing.T) {
 		})
 	}
 }
+
+// TestDefaultsOfLeftOutFields: a class's burst unit is its max_cost, 1
+// when left out (or not positive); its partition share is the one set,
+// else 1 for on_failure open and 0 otherwise; the shard map has
+// global_shards shards, one when left out or out of bounds.
+func TestDefaultsOfLeftOutFields(t *testing.T) {
+	for _, tc := range []struct {
+		maxCost int64
+		want    float64
+	}{{0, 1}, {-1, 1}, {1, 1}, {2, 2}, {1 << 20, 1 << 20}} {
+		if got := (Class{MaxCost: tc.maxCost}).Unit(); got != tc.want {
+			t.Errorf("Unit of max_cost %d = %v, want %v", tc.maxCost, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		c    Class
+		want float64
+	}{
+		{Class{OnFailure: OnFailureOpen}, 1},
+		{Class{OnFailure: OnFailureLocal}, 0},
+		{Class{OnFailure: OnFailureClosed}, 0},
+		{Class{OnFailure: OnFailureOpen, PartitionShare: ptr(0.25)}, 0.25},
+		{Class{OnFailure: OnFailureClosed, PartitionShare: ptr(0.5)}, 0.5},
+		{Class{OnFailure: OnFailureOpen, PartitionShare: ptr(0.0)}, 0},
+	} {
+		if got := tc.c.PartitionFraction(); got != tc.want {
+			t.Errorf("PartitionFraction of %+v = %v, want %v", tc.c, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		shards int64
+		want   int
+	}{{0, 1}, {1, 1}, {4, 4}, {256, 256}, {257, 1}, {-1, 1}} {
+		if got := (&Config{GlobalShards: tc.shards}).ShardMap().N(); got != tc.want {
+			t.Errorf("ShardMap of global_shards %d has %d shards, want %d", tc.shards, got, tc.want)
+		}
+	}
+}
+
+// TestParseTakesADocumentOfMaxConfigBytes: a document of exactly
+// MaxConfigBytes is read (here it is not YAML), not refused for its size.
+func TestParseTakesADocumentOfMaxConfigBytes(t *testing.T) {
+	_, err := Parse(make([]byte, MaxConfigBytes))
+	var le *LimitError
+	if err == nil || errors.As(err, &le) || !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("Parse of %d NUL bytes: %v, want a YAML error", MaxConfigBytes, err)
+	}
+}
+
+// TestParseDocumentsAroundTheTenantBlock: a document of only a tenants
+// block is read (and found to lack the rest), not called empty; problems in
+// the tenant block and in the rest are reported together; an empty block
+// lists no tenants; an explicit zero max_share is caught in any form of
+// zero.
+func TestParseDocumentsAroundTheTenantBlock(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		doc  []byte
+		want []string
+		not  []string
+	}{
+		{"only tenants", []byte("tenants:\n  acme: {tier: pro}\n"),
+			[]string{"regions: at least one region is required", "tiers: at least one tier is required"}, []string{"empty"}},
+		{"problems in and out of the block", sampleWith(t, "tenants:\n  acme: {tier: pro,", "epoc: 1s\ntenants:\n  acme: {tierr: pro,"),
+			[]string{`unknown field "epoc" (line 17)`, `unknown field "tierr" (line 19)`}, nil},
+		{"a problem in the block only", sampleWith(t, "  acme: {tier: pro,", "  acme: {tierr: pro,"),
+			[]string{`unknown field "tierr" (line 18)`}, nil},
+		{"explicit max_share 0.0", sampleWith(t, "eu-west:  {weight: 1}", "eu-west:  {weight: 1, max_share: 0.0}"),
+			[]string{"regions.eu-west.max_share: must be in (0, 1], got 0 at line 8"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse(tc.doc)
+			if err == nil || c != nil || !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("Parse: %v, %v; want an invalid config", c, err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(err.Error(), w) {
+					t.Errorf("error says %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+	c, err := Parse(sampleWith(t, "tenants:\n  acme: {tier: pro, overrides: {write: {rate: 800/s, burst: 1600}}}\n", "tenants:\n# none yet\n"))
+	if err != nil || len(c.Tenants) != 0 {
+		t.Fatalf("an empty tenant block: %v, %v", c, err)
+	}
+	c, err = Parse(sampleWith(t, "eu-west:  {weight: 1}", "eu-west:  {weight: 1, max_share: 1}"))
+	if err != nil || c.Regions["eu-west"].MaxShare != 1 {
+		t.Fatalf("an explicit max_share of 1: %v, %v", c, err)
+	}
+}
