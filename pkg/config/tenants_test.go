@@ -310,8 +310,9 @@ func TestTenantEqualComparesEveryField(t *testing.T) {
 // TestTenantBlockReadsAsTheWholeDocument checks the block reader against
 // the YAML decoder reading the whole document: block-style tenants of any
 // indentation, with comments and blank lines anywhere, one-line or nested
-// entries, the block first, in the middle or last, read to the same
-// tenants; and an unknown field in any entry is reported at its line.
+// entries, the block first, in the middle or last, lines ending in LF or
+// CRLF, read to the same tenants; and an unknown field in any entry is
+// reported at its line.
 func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 	sample := string(SampleYAML())
 	i := strings.Index(sample, "tenants:\n")
@@ -384,6 +385,9 @@ func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 			doc = head + tail + block
 			offset = strings.Count(head+tail, "\n")
 		}
+		if rapid.Bool().Draw(t, "CRLF") {
+			doc = strings.ReplaceAll(doc, "\n", "\r\n")
+		}
 		c, err := Parse([]byte(doc))
 		if bad >= 0 {
 			want := fmt.Sprintf(`unknown field "tierr" (line %d)`, offset+badLine)
@@ -410,4 +414,18 @@ func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestParseReadsMoreBlockTenantsThanInline: block-style tenants past
+// MaxInlineTenants are read by the block reader, so a document the whole
+// reader would refuse parses.
+func TestParseReadsMoreBlockTenantsThanInline(t *testing.T) {
+	const n = MaxInlineTenants + 1
+	c, err := Parse(manyTenants(t, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Tenants) != n {
+		t.Fatalf("parsed %d tenants, want %d", len(c.Tenants), n)
+	}
 }
