@@ -133,7 +133,7 @@ func waiting[K comparable](t *testing.T, p *pool[K], key K, n int, done <-chan e
 // refused with InvalidArgument naming the bound; a rule without a Max
 // refuses nothing by size; a service's "/*" rule covers its methods; a
 // Check's refusal names its bound; each refusal is counted by method and
-// bound.
+// bound. A method name without a service has no rule.
 func TestRequestsAreWeighedAgainstTheirRule(t *testing.T) {
 	units := func(req any) int { return req.(int) }
 	shape := func(req any) (string, string) {
@@ -147,6 +147,7 @@ func TestRequestsAreWeighedAgainstTheirRule(t *testing.T) {
 		"/s/unbounded": {Units: units},
 		"/s/plain":     {},
 		"/w/*":         {Units: units, Max: 2, Bound: "per_w", Check: shape},
+		"/*":           {Units: units, Max: 1, Bound: "no_service"},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -170,6 +171,7 @@ func TestRequestsAreWeighedAgainstTheirRule(t *testing.T) {
 		{"/w/x", 3, 0, "per_w"},
 		{"/w/x", 7, 0, "per_w"},
 		{"/w/y", 1, 1, ""},
+		{"/top", 5, 1, ""}, // names no service: no rule
 	} {
 		ctx := on("c")
 		done, err := g.Admit(ctx, tc.method, tc.req)
