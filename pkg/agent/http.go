@@ -284,7 +284,13 @@ func ceilMS(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	// Not (d + unit - 1) / unit: that overflows for d near the largest
+	// Duration and would promise a wait of almost nothing.
+	n := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		n++
+	}
+	return n
 }
 
 func writeError(w http.ResponseWriter, e *badRequest) {

@@ -120,7 +120,13 @@ func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	// Not (d + unit - 1) / unit: that overflows for d near the largest
+	// Duration and would promise a wait of almost nothing.
+	n := int64(d / time.Second)
+	if d%time.Second != 0 {
+		n++
+	}
+	return n
 }
 
 // decided is one matched descriptor after its decision.

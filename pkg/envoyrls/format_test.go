@@ -194,7 +194,8 @@ func TestNeverPromisesNoTime(t *testing.T) {
 }
 
 // TestCeilSeconds: durations round up to whole seconds; an exact second
-// stays itself and nothing left is 0.
+// stays itself, nothing left is 0, and the largest Duration does not
+// overflow into a wait of nothing.
 func TestCeilSeconds(t *testing.T) {
 	cases := []struct {
 		d    time.Duration
@@ -202,6 +203,7 @@ func TestCeilSeconds(t *testing.T) {
 	}{
 		{-time.Second, 0}, {0, 0}, {time.Nanosecond, 1}, {time.Second, 1},
 		{time.Second + time.Nanosecond, 2}, {1500 * time.Millisecond, 2}, {3 * time.Second, 3},
+		{math.MaxInt64, math.MaxInt64/int64(time.Second) + 1},
 	}
 	for _, c := range cases {
 		if got := ceilSeconds(c.d); got != c.want {
