@@ -89,6 +89,11 @@ func TestValidateEdgeCases(t *testing.T) {
 			setRegion(c, "eu-west", Region{Weight: 1, MinShare: 0.56, MaxShare: 1})
 			setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.1, MaxShare: 1})
 		}, nil},
+		{"min shares summing to exactly 1 + 1e-9", func(c *Config) {
+			sum := 1 + shareSumSlack // in float64, at run time
+			setRegion(c, "eu-west", Region{Weight: 1, MinShare: sum - 0.5, MaxShare: 1})
+			setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.5, MaxShare: 1})
+		}, nil},
 		{"min shares summing to 1 + 1.5e-9", func(c *Config) {
 			setRegion(c, "eu-west", Region{Weight: 1, MinShare: 0.5 + 1.5e-9, MaxShare: 1})
 			setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.5, MaxShare: 1})
@@ -159,7 +164,8 @@ func TestParseTakesADocumentOfMaxConfigBytes(t *testing.T) {
 
 // TestParseDocumentsAroundTheTenantBlock: a document of only a tenants
 // block is read (and found to lack the rest), not called empty; problems in
-// the tenant block and in the rest are reported together; an empty block
+// the tenant block and in the rest are reported together, and a second
+// tenants key is refused wherever it is; an empty block
 // lists no tenants; an explicit zero max_share is caught in any form of
 // zero.
 func TestParseDocumentsAroundTheTenantBlock(t *testing.T) {
@@ -175,6 +181,10 @@ func TestParseDocumentsAroundTheTenantBlock(t *testing.T) {
 			[]string{`unknown field "epoc" (line 17)`, `unknown field "tierr" (line 19)`}, nil},
 		{"a problem in the block only", sampleWith(t, "  acme: {tier: pro,", "  acme: {tierr: pro,"),
 			[]string{`unknown field "tierr" (line 18)`}, nil},
+		{"a second tenants block right after the first", sampleWith(t, "default_tier:", "tenants:\n  beta: {tier: free}\ndefault_tier:"),
+			[]string{`mapping key "tenants" already defined`}, nil},
+		{"a second tenants block further down", append(SampleYAML(), "tenants:\n  beta: {tier: free}\n"...),
+			[]string{`mapping key "tenants" already defined`}, nil},
 		{"explicit max_share 0.0", sampleWith(t, "eu-west:  {weight: 1}", "eu-west:  {weight: 1, max_share: 0.0}"),
 			[]string{"regions.eu-west.max_share: must be in (0, 1], got 0 at line 8"}, nil},
 	} {
