@@ -282,3 +282,30 @@ func hunkStart(t *rapid.T, r string) (start, count int) {
 	}
 	return start - 1, count
 }
+
+// TestDiffListsTenantsApartPastDiffWholeTenants: up to DiffWholeTenants
+// tenants in the two configs together are diffed inside the rendering;
+// one more and they are listed apart.
+func TestDiffListsTenantsApartPastDiffWholeTenants(t *testing.T) {
+	withTenants := func(n int) *Config {
+		c := Default()
+		c.Tenants = map[string]Tenant{}
+		for i := range n {
+			c.Tenants[fmt.Sprintf("t%05d", i)] = Tenant{Tier: "free"}
+		}
+		return c
+	}
+	old := withTenants(DiffWholeTenants / 2)
+	at := withTenants(DiffWholeTenants / 2)
+	at.Tenants["t00000"] = Tenant{Tier: "pro"}
+	d := Diff(old, at)
+	if strings.Contains(d, "@@ tenants:") || !strings.Contains(d, "-    tier: free\n+    tier: pro\n") {
+		t.Errorf("%d tenants together: not one line diff:\n%s", DiffWholeTenants, d)
+	}
+	past := withTenants(DiffWholeTenants/2 + 1)
+	past.Tenants["t00000"] = Tenant{Tier: "pro"}
+	d = Diff(old, past)
+	if want := fmt.Sprintf("--- current\n+++ proposed\n@@ tenants: 1 added, 1 changed, 0 removed (%d listed before, %d after) @@\n", DiffWholeTenants/2, DiffWholeTenants/2+1); !strings.HasPrefix(d, want) {
+		t.Errorf("%d tenants together: diff starts\n%s\nwant\n%s", DiffWholeTenants+1, d[:min(len(d), 300)], want)
+	}
+}
