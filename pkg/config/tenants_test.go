@@ -310,9 +310,10 @@ func TestTenantEqualComparesEveryField(t *testing.T) {
 // TestTenantBlockReadsAsTheWholeDocument checks the block reader against
 // the YAML decoder reading the whole document: block-style tenants of any
 // indentation, with comments and blank lines anywhere, one-line or nested
-// entries, the block first, in the middle or last, lines ending in LF or
-// CRLF, read to the same tenants; and an unknown field in any entry is
-// reported at its line.
+// entries, anchors and merge keys (one source or several, the entry's own
+// fields winning), the block first, in the middle or last, lines ending in
+// LF or CRLF, read to the same tenants; and an unknown field in any entry
+// is reported at its line.
 func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 	sample := string(SampleYAML())
 	i := strings.Index(sample, "tenants:\n")
@@ -339,6 +340,7 @@ func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 		n := rapid.IntRange(0, 12).Draw(t, "tenants")
 		bad := rapid.IntRange(-1, n-1).Draw(t, "bad entry")
 		badLine := 0
+		var anchors []string
 		for k := range n {
 			noise()
 			name := fmt.Sprintf("t%d", k)
@@ -347,12 +349,34 @@ func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 			if k == bad {
 				field = "tierr"
 			}
-			switch rapid.IntRange(0, 2).Draw(t, "form") {
+			form := rapid.IntRange(0, 5).Draw(t, "form")
+			if len(anchors) == 0 && form >= 4 {
+				form = 3
+			}
+			switch form {
 			case 0:
 				if k == bad {
 					badLine = len(lines) + 1
 				}
 				lines = append(lines, fmt.Sprintf("%s%s: {%s: %s}", indent, name, field, tier))
+			case 3: // an anchor
+				if k == bad {
+					badLine = len(lines) + 1
+				}
+				anchor := fmt.Sprintf("a%d", k)
+				anchors = append(anchors, anchor)
+				lines = append(lines, fmt.Sprintf("%s%s: &%s {%s: %s, shadow: true, overrides: {read: {rate: 1/s, burst: 2}}}", indent, name, anchor, field, tier))
+			case 4: // merged from an anchor, its own fields first
+				if k == bad {
+					badLine = len(lines) + 1
+				}
+				from := rapid.SampledFrom(anchors).Draw(t, "from")
+				lines = append(lines, fmt.Sprintf("%s%s: {%s: %s, <<: *%s, shadow: false}", indent, name, field, tier, from))
+			case 5: // merged from several anchors, the first winning
+				if k == bad {
+					badLine = len(lines) + 1
+				}
+				lines = append(lines, fmt.Sprintf("%s%s: {<<: [*%s, *%s], %s: %s}", indent, name, anchors[len(anchors)-1], anchors[0], field, tier))
 			case 1:
 				lines = append(lines, indent+name+":")
 				noise()
@@ -417,15 +441,20 @@ func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 }
 
 // TestParseReadsMoreBlockTenantsThanInline: block-style tenants past
-// MaxInlineTenants are read by the block reader, so a document the whole
-// reader would refuse parses.
+// MaxInlineTenants are read by the block reader wherever the block is, so
+// a document the whole reader would refuse parses.
 func TestParseReadsMoreBlockTenantsThanInline(t *testing.T) {
 	const n = MaxInlineTenants + 1
-	c, err := Parse(manyTenants(t, n))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(c.Tenants) != n {
-		t.Fatalf("parsed %d tenants, want %d", len(c.Tenants), n)
+	doc := string(manyTenants(t, n))
+	i, j := strings.Index(doc, "tenants:\n"), strings.Index(doc, "default_tier:")
+	rest, block := doc[:i]+doc[j:], doc[i:j]
+	for place, doc := range map[string]string{"middle": doc, "first": block + rest, "last": rest + block} {
+		c, err := Parse([]byte(doc))
+		if err != nil {
+			t.Fatalf("block %s: %v", place, err)
+		}
+		if len(c.Tenants) != n {
+			t.Fatalf("block %s: parsed %d tenants, want %d", place, len(c.Tenants), n)
+		}
 	}
 }
