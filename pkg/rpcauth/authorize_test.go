@@ -69,6 +69,7 @@ var probeService = grpc.ServiceDesc{
 		{StreamName: "Watch", Handler: probeWatch, ServerStreams: true},
 		{StreamName: "Sub", Handler: probeWatch, ServerStreams: true},
 		{StreamName: "Push", Handler: probePush, ServerStreams: true, ClientStreams: true},
+		{StreamName: "Greet", Handler: probeGreet, ServerStreams: true, ClientStreams: true},
 	},
 }
 
@@ -117,6 +118,14 @@ func probePush(_ any, ss grpc.ServerStream) error {
 	return ss.SendMsg(wrapperspb.String("before: " + before + "; after: " + who(ss.Context())))
 }
 
+// probeGreet answers before it receives anything.
+func probeGreet(_ any, ss grpc.ServerStream) error {
+	if err := ss.SendMsg(wrapperspb.String("hello " + who(ss.Context()))); err != nil {
+		return err
+	}
+	return ss.RecvMsg(new(wrapperspb.StringValue))
+}
+
 // scopeOf derives region:<value> from a request, "" from anything else.
 func scopeOf(req any) string {
 	if r, ok := req.(*wrapperspb.StringValue); ok {
@@ -132,6 +141,7 @@ var probePolicy = Policy{
 	"/probe.S/Watch":  {Scope: scopeOf},
 	"/probe.S/Sub":    {Role: config.RoleInstance},
 	"/probe.S/Push":   {Scope: scopeOf},
+	"/probe.S/Greet":  {Any: true, Scope: scopeOf},
 	"/probe.T/*":      {Role: config.RoleEnvoy},
 }
 
@@ -216,7 +226,7 @@ func (p *pki) client(t *testing.T, addr string, l tlsconfig.Leaf) *grpc.ClientCo
 func call(ctx context.Context, conn *grpc.ClientConn, method, arg string) (string, error) {
 	out := new(wrapperspb.StringValue)
 	switch method {
-	case "/probe.S/Watch", "/probe.S/Sub", "/probe.S/Push":
+	case "/probe.S/Watch", "/probe.S/Sub", "/probe.S/Push", "/probe.S/Greet":
 		cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, method)
 		if err != nil {
 			return "", err
@@ -301,6 +311,7 @@ func TestCallersOnlyCallWhatTheirRolesAllow(t *testing.T) {
 		{"a scoped stream for another region is refused", region, "/probe.S/Watch", "eu", "", codes.PermissionDenied, `needs role "region:eu"`},
 		{"a stream with a role is authorized before its handler", region, "/probe.S/Sub", "", "spiffe://probe/region/us-1 roles=instance,region:us sans=spiffe://probe/region/us-1", codes.OK, ""},
 		{"a stream without the role is refused", operator, "/probe.S/Sub", "", "", codes.PermissionDenied, `needs role "instance"`},
+		{"a stream any caller may call is not held as a scoped one", bare, "/probe.S/Greet", "", "hello CN=bare roles= sans=", codes.OK, ""},
 		{"a scoped stream sends nothing before its request passed", region, "/probe.S/Push", "us",
 			"before: anonymous; after: spiffe://probe/region/us-1 roles=instance,region:us sans=spiffe://probe/region/us-1", codes.OK, ""},
 	} {
