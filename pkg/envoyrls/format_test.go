@@ -54,6 +54,9 @@ func TestPerUnit(t *testing.T) {
 		{1.0 / 3600, 1, hour},
 		{1.0 / 86400, 1, day},
 		{2e6 + 1.0/7, 120000009, min_},
+		// The tolerance for float error grows with the count: 1000000/m
+		// is stored as 16666.666…/s, and times 60 is 1e6 plus about 1e-10.
+		{parse("1000000/m"), 1000000, min_},
 	}
 	for _, c := range cases {
 		n, unit := perUnit(c.rate)
@@ -79,6 +82,8 @@ func TestRefillWindow(t *testing.T) {
 		{quota.Limit{Rate: 0.1, Burst: 1}, 10},
 		{quota.Limit{Rate: 0, Burst: 5}, 1},
 		{quota.Limit{Rate: 0.25, Burst: 1}, 4},
+		// An infinite rate refills at once: still the 1 s window.
+		{quota.Limit{Rate: math.Inf(1), Burst: 5}, 1},
 	}
 	for _, c := range cases {
 		if got := refillWindow(c.l); got != c.want {
@@ -201,7 +206,7 @@ func TestCeilSeconds(t *testing.T) {
 		d    time.Duration
 		want int64
 	}{
-		{-time.Second, 0}, {0, 0}, {time.Nanosecond, 1}, {time.Second, 1},
+		{-2 * time.Second, 0}, {-time.Second, 0}, {0, 0}, {time.Nanosecond, 1}, {time.Second, 1},
 		{time.Second + time.Nanosecond, 2}, {1500 * time.Millisecond, 2}, {3 * time.Second, 3},
 		{math.MaxInt64, math.MaxInt64/int64(time.Second) + 1},
 	}
@@ -290,6 +295,87 @@ func TestSharedPartsFollowTheCap(t *testing.T) {
 		dd := decided{limit: lim, cap: c.cap, cache: cache}
 		if got := headers(dd, "read", false, false, 0)[0]; got.GetKey() != HeaderLimit || got.GetValue() != c.want {
 			t.Errorf("cap %d: %s = %q, want %q", c.cap, got.GetKey(), got.GetValue(), c.want)
+		}
+	}
+}
+
+// TestNewDecidedTimesAndBounds pins newDecided's reset, retry and cap at
+// their edges: an allowed decision's reset is the time until ResetAt; an
+// over-limit one's is the later of that and the retry delay; a negative
+// retry delay is none; a shadow answer of a never denial is not a never
+// answer (it keeps its reset); a negative region cap or burst is 0.
+func TestNewDecidedTimesAndBounds(t *testing.T) {
+	now := time.Unix(1000, 0)
+	lim := quota.Limit{Rate: 10, Burst: 20}
+	cases := []struct {
+		name         string
+		limit        quota.Limit
+		r            result
+		d            quota.Decision
+		cap          int64
+		remaining    uint32
+		reset, retry time.Duration
+		never        bool
+	}{
+		{"allowed, full in 1.5s", lim, resultOK,
+			quota.Decision{Allowed: true, Remaining: 5, ResetAt: now.Add(1500 * time.Millisecond)},
+			20, 5, 1500 * time.Millisecond, 0, false},
+		{"over limit, full after the retry", lim, resultOverLimit,
+			quota.Decision{ResetAt: now.Add(5 * time.Second), RetryAfter: time.Second},
+			20, 0, 5 * time.Second, time.Second, false},
+		{"over limit, negative retry", lim, resultOverLimit,
+			quota.Decision{ResetAt: now.Add(2 * time.Second), RetryAfter: -time.Second},
+			20, 0, 2 * time.Second, 0, false},
+		{"shadow answer of a never denial", lim, resultShadowDenied,
+			quota.Decision{Remaining: 0, ResetAt: now.Add(3 * time.Second), RetryNever: true},
+			20, 0, 3 * time.Second, 0, false},
+		{"negative region cap", lim, resultOK,
+			quota.Decision{Allowed: true, Remaining: 5, Cap: -3, CapKnown: true},
+			0, 0, 0, 0, false},
+		{"zero burst", quota.Limit{Rate: 10}, resultOK,
+			quota.Decision{Allowed: true, Remaining: 5},
+			0, 0, 0, 0, false},
+		{"negative burst", quota.Limit{Rate: 10, Burst: -1}, resultOK,
+			quota.Decision{Allowed: true, Remaining: 5},
+			0, 0, 0, 0, false},
+	}
+	for _, c := range cases {
+		d := newDecided(now, c.limit, c.r, c.d)
+		if d.cap != c.cap || d.remaining != c.remaining || d.reset != c.reset || d.retry != c.retry || d.never != c.never {
+			t.Errorf("%s: cap %d, remaining %d, reset %v, retry %v, never %v; want %d, %d, %v, %v, %v",
+				c.name, d.cap, d.remaining, d.reset, d.retry, d.never, c.cap, c.remaining, c.reset, c.retry, c.never)
+		}
+	}
+}
+
+// TestSFString: a structured-field String escapes '"' and '\' and
+// replaces every byte outside 0x20..0x7E, keeping both ends of the range.
+func TestSFString(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"read", `"read"`},
+		{"", `""`},
+		{`a"b`, `"a\"b"`},
+		{`a\b`, `"a\\b"`},
+		{"a b~", `"a b~"`},
+		{"a\x1fb\x7fc", `"a?b?c"`},
+		{"\x00é", `"???"`},
+	}
+	for _, c := range cases {
+		if got := sfString(c.in); got != c.want {
+			t.Errorf("sfString(%q) = %s, want %s", c.in, got, c.want)
+		}
+	}
+}
+
+// TestSharedPartsOfAnotherClass: a decision whose cache belongs to
+// another class is described under the class asked for.
+func TestSharedPartsOfAnotherClass(t *testing.T) {
+	lim := quota.Limit{Rate: 100, Burst: 200}
+	cache := &classCounters{class: "read"}
+	headers(decided{limit: lim, cap: 200, cache: cache}, "read", false, false, 0) // fills the cache
+	for _, h := range headers(decided{limit: lim, cap: 200, cache: cache}, "write", false, false, 0) {
+		if h.GetKey() == HeaderRateLimitPolicy && h.GetValue() != `"write";q=200;w=2` {
+			t.Errorf("%s = %q, want the class write", h.GetKey(), h.GetValue())
 		}
 	}
 }
