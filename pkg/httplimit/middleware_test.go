@@ -562,3 +562,35 @@ func TestNeverDenialPromisesNoRetryTime(t *testing.T) {
 		t.Errorf("handler served %d requests, want 0", got)
 	}
 }
+
+// TestPolicyNameBounds: Options.Policy is accepted up to exactly 64 bytes
+// of printable ASCII (0x20 to 0x7E inclusive) and refused one byte longer
+// or with the byte just outside that range.
+func TestPolicyNameBounds(t *testing.T) {
+	if httplimit.MaxPolicyLen != 64 {
+		t.Errorf("MaxPolicyLen = %d, want 64", httplimit.MaxPolicyLen)
+	}
+	key := httplimit.HeaderKey(tenantHeader, "read")
+	lim := newTokenBuckets(newTestClock(start), testLimits)
+	for _, tc := range []struct {
+		policy string
+		ok     bool
+	}{
+		{strings.Repeat("p", 64), true},
+		{strings.Repeat("p", 65), false},
+		{"a b", true},     // 0x20
+		{"a~b", true},     // 0x7E
+		{"a\x1fb", false}, // one below 0x20
+		{"a\x7fb", false}, // one above 0x7E
+		{"\x7f", false},   // the first byte is checked too
+		{"ab\x1f", false}, // and the last
+	} {
+		_, err := httplimit.New(lim, httplimit.Options{Key: key, Policy: tc.policy})
+		if (err == nil) != tc.ok {
+			t.Errorf("Policy %q (%d bytes): error %v, want accepted %v", tc.policy, len(tc.policy), err, tc.ok)
+		}
+		if err != nil && !errors.Is(err, quota.ErrInvalid) {
+			t.Errorf("Policy %q: error %v does not wrap quota.ErrInvalid", tc.policy, err)
+		}
+	}
+}
