@@ -449,6 +449,11 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 	if resp := ask(t, p.rls, request("sluice", 0, valid)); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("valid request after the refusals: %v", resp)
 	}
+	// SetLimiter(nil) detaches it: valid requests are Unavailable again.
+	p.svc.SetLimiter(nil)
+	if _, err := p.rls.ShouldRateLimit(ctx, request("sluice", 0, valid)); status.Code(err) != codes.Unavailable {
+		t.Errorf("after SetLimiter(nil): %v, want Unavailable", err)
+	}
 }
 
 func withHits(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLimitDescriptor {
@@ -726,5 +731,71 @@ envoy:
 		if h[envoyrls.HeaderLimit] == "" || h[envoyrls.HeaderRemaining] != "0" {
 			t.Errorf("request %d: headers %v, want limit and remaining 0", i+1, h)
 		}
+	}
+}
+
+// TestNoConfigIsUnavailable: a Service whose config source has no config
+// yet answers a valid request codes.Unavailable, never a verdict.
+func TestNoConfigIsUnavailable(t *testing.T) {
+	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := svc.ShouldRateLimit(context.Background(), request("sluice", 0, desc("tenant", "acme", "class", "write")))
+	if status.Code(err) != codes.Unavailable || resp != nil {
+		t.Errorf("answer %v, error %v; want Unavailable", resp, err)
+	}
+}
+
+// TestLimiterErrorsAreNotVerdicts: a request the Limiter fails to decide
+// is answered with a gRPC error, never a verdict: InvalidArgument when the
+// region refuses the key (a class the Service's config has and the
+// region's lacks), Unavailable when the Limiter is closed, and the
+// context's own code when Envoy gave up by then.
+func TestLimiterErrorsAreNotVerdicts(t *testing.T) {
+	const region = `
+lease_ttl: 5s
+refresh: 1s
+regions: {local: {weight: 1}}
+classes:
+  write: {mode: lease}
+tiers:
+  std:
+    write: {rate: 100/s, burst: 100}
+default_tier: std
+`
+	reg := regiontest.Start(t, regiontest.MustConfig(t, region), "local")
+	svcCfg := regiontest.MustConfig(t, strings.NewReplacer(
+		"  write: {mode: lease}\n", "  write: {mode: lease}\n  extra: {mode: lease}\n",
+		"    write: {rate: 100/s, burst: 100}\n", "    write: {rate: 100/s, burst: 100}\n    extra: {rate: 100/s, burst: 100}\n",
+	).Replace(region)+`
+envoy:
+  descriptors:
+    - {domain: sluice, tenant_key: tenant, class_key: class}
+`)
+	lim, err := envoyrls.DialLoopback(reg.Addr, nil, lease.Options{InstanceID: "envoy-errors", BreakerTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: svcCfg}, Limiter: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	resp, err := svc.ShouldRateLimit(ctx, request("sluice", 0, desc("tenant", "acme", "class", "extra")))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), `descriptors[0] (tenant "acme", class "extra")`) || resp != nil {
+		t.Errorf("a class the region refuses: answer %v, error %v; want InvalidArgument naming the descriptor", resp, err)
+	}
+	if err := lim.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	write := request("sluice", 0, desc("tenant", "acme", "class", "write"))
+	if resp, err := svc.ShouldRateLimit(ctx, write); status.Code(err) != codes.Unavailable || resp != nil {
+		t.Errorf("closed Limiter: answer %v, error %v; want Unavailable", resp, err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if resp, err := svc.ShouldRateLimit(gone, write); status.Code(err) != codes.Canceled || resp != nil {
+		t.Errorf("closed Limiter, Envoy gone: answer %v, error %v; want Canceled", resp, err)
 	}
 }
