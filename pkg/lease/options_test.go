@@ -1,0 +1,67 @@
+package lease
+
+import (
+	"errors"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestClientOptionsDefaults: every option left zero gets its default (the
+// Sync timeout half the refresh, whatever the refresh), and every option
+// set is kept as given, the smallest positive values included.
+func TestClientOptionsDefaults(t *testing.T) {
+	o, err := Options{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^inst-[0-9a-f]{16}$`).MatchString(o.InstanceID) {
+		t.Errorf("default instance id %q, want inst- and 16 hex digits", o.InstanceID)
+	}
+	if o.Refresh != DefaultRefresh || o.BreakerTimeout != DefaultBreakerTimeout || o.BreakerCooldown != DefaultBreakerCooldown ||
+		o.SyncTimeout != DefaultSyncTimeout(DefaultRefresh) || o.IdleTimeout != 0 || o.BreakerFailures != DefaultBreakerFailures || o.Logger == nil {
+		t.Errorf("defaults %+v", o)
+	}
+	if o, _ := (Options{Refresh: 300 * time.Millisecond}).withDefaults(); o.SyncTimeout != 150*time.Millisecond {
+		t.Errorf("refresh 300ms: sync timeout %v, want 150ms", o.SyncTimeout)
+	}
+
+	for _, v := range []time.Duration{time.Nanosecond, 7 * time.Second} {
+		set := Options{
+			InstanceID: "given", Refresh: v, BreakerTimeout: v, BreakerCooldown: v, SyncTimeout: v, IdleTimeout: v,
+			BreakerFailures: 1,
+		}
+		o, err := set.withDefaults()
+		if err != nil {
+			t.Fatalf("options %+v: %v", set, err)
+		}
+		if o.InstanceID != "given" || o.Refresh != v || o.BreakerTimeout != v || o.BreakerCooldown != v || o.SyncTimeout != v ||
+			o.IdleTimeout != v || o.BreakerFailures != 1 {
+			t.Errorf("set to %v and 1 failure: got %+v", v, o)
+		}
+	}
+}
+
+// TestClientOptionsInvalid: a negative duration or failure count, or an
+// instance id the region would refuse, is invalid input, as is a nil
+// connection.
+func TestClientOptionsInvalid(t *testing.T) {
+	for name, o := range map[string]Options{
+		"Refresh":         {Refresh: -time.Nanosecond},
+		"BreakerTimeout":  {BreakerTimeout: -time.Nanosecond},
+		"BreakerCooldown": {BreakerCooldown: -time.Nanosecond},
+		"SyncTimeout":     {SyncTimeout: -time.Nanosecond},
+		"IdleTimeout":     {IdleTimeout: -time.Nanosecond},
+		"BreakerFailures": {BreakerFailures: -1},
+		"InstanceID":      {InstanceID: "bad id"},
+	} {
+		if _, err := o.withDefaults(); !errors.Is(err, quota.ErrInvalid) {
+			t.Errorf("%s %+v: err %v, want quota.ErrInvalid", name, o, err)
+		}
+	}
+	if _, err := NewClient(nil, Options{}); !errors.Is(err, quota.ErrInvalid) {
+		t.Errorf("nil connection: err %v, want quota.ErrInvalid", err)
+	}
+}
