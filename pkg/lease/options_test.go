@@ -1,10 +1,15 @@
 package lease
 
 import (
+	"context"
 	"errors"
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -63,5 +68,45 @@ func TestClientOptionsInvalid(t *testing.T) {
 	}
 	if _, err := NewClient(nil, Options{}); !errors.Is(err, quota.ErrInvalid) {
 		t.Errorf("nil connection: err %v, want quota.ErrInvalid", err)
+	}
+}
+
+// TestNewClientRefusesWhatItCannotRun: NewClient fails, starting nothing,
+// on invalid options, on classes or a fallback limit its table refuses,
+// and on metrics that another client registered already. (The connection
+// is never used: the client fails before it would send anything, or holds
+// no key.)
+func TestNewClientRefusesWhatItCannotRun(t *testing.T) {
+	conn, err := grpc.NewClient("passthrough:///unused", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	for name, o := range map[string]Options{
+		"negative refresh":      {Refresh: -time.Second},
+		"bad instance id":       {InstanceID: "bad id"},
+		"negative failures":     {BreakerFailures: -1},
+		"bad class":             {Classes: map[string]ClassPolicy{"bad class": {}}},
+		"fallback without rate": {FallbackLimit: quota.Limit{Burst: 3}},
+	} {
+		c, err := NewClient(conn, o)
+		if !errors.Is(err, quota.ErrInvalid) {
+			t.Errorf("%s: err %v, want quota.ErrInvalid", name, err)
+		}
+		if c != nil {
+			t.Errorf("%s: a client was started", name)
+			c.Close(context.Background())
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	first, err := NewClient(conn, Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { first.Close(context.Background()) })
+	if c, err := NewClient(conn, Options{Registerer: reg}); err == nil {
+		c.Close(context.Background())
+		t.Fatal("a second client registered the same metrics")
 	}
 }
