@@ -316,14 +316,18 @@ func TestClientShadowMode(t *testing.T) {
 	}
 }
 
-// A class the region does not know is bad input: an error, and nothing
-// is left behind.
+// A class the region does not know is bad input: an error carrying the
+// region's reason, and nothing is left behind.
 func TestClientUnknownClassIsInvalid(t *testing.T) {
 	e := startRegion(t)
 	c, _, _ := newClient(t, e)
 	_, err := c.Allow(context.Background(), quota.Key{Tenant: "acme", Class: "nope"}, 1)
 	if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "nope") {
 		t.Fatalf("unknown class: %v", err)
+	}
+	// The region's reason comes with it.
+	if !strings.Contains(err.Error(), "is not configured") {
+		t.Fatalf("unknown class: %v, want the region's reason (the class is not configured)", err)
 	}
 	if _, err := c.Allow(context.Background(), quota.Key{Tenant: "bad tenant", Class: "read"}, 1); !errors.Is(err, quota.ErrInvalid) {
 		t.Fatalf("bad tenant: %v", err)
