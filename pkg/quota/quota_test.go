@@ -102,3 +102,56 @@ func TestKeyString(t *testing.T) {
 		t.Fatalf("String() = %q, want acme/write", got)
 	}
 }
+
+// TestBoundsAreTheDocumented pins the bounds docs/config.md and the wire
+// contract state, in numbers rather than through the constants: a tenant
+// or id of 128 bytes and a class of 64, a cost of 1..1048576, a want of
+// 0..2^30, and bursts and rates up to 1e9 (a burst in micro-tokens and a
+// second of refill at the largest rate stay exact in a float64).
+func TestBoundsAreTheDocumented(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		err      error
+		accepted bool
+	}{
+		{"tenant of 128 bytes", Key{Tenant: strings.Repeat("t", 128), Class: "c"}.Validate(), true},
+		{"tenant of 129 bytes", Key{Tenant: strings.Repeat("t", 129), Class: "c"}.Validate(), false},
+		{"class of 64 bytes", Key{Tenant: "t", Class: strings.Repeat("c", 64)}.Validate(), true},
+		{"class of 65 bytes", Key{Tenant: "t", Class: strings.Repeat("c", 65)}.Validate(), false},
+		{"id of 128 bytes", ValidateID("region", strings.Repeat("r", 128)), true},
+		{"id of 129 bytes", ValidateID("region", strings.Repeat("r", 129)), false},
+		{"cost 1048576", ValidateCost(1048576), true},
+		{"cost 1048577", ValidateCost(1048577), false},
+		{"want 1073741824", ValidateWant(1073741824), true},
+		{"want 1073741825", ValidateWant(1073741825), false},
+	} {
+		if tc.accepted != (tc.err == nil) || (tc.err != nil && !errors.Is(tc.err, ErrInvalid)) {
+			t.Errorf("%s: %v, want accepted=%v", tc.name, tc.err, tc.accepted)
+		}
+	}
+	if MaxBurst != 1e9 || MaxRate != 1e9 {
+		t.Fatalf("MaxBurst = %d, MaxRate = %d, want 1e9 each", MaxBurst, MaxRate)
+	}
+	const twoTo53 = 1 << 53
+	if float64(MaxBurst)*1e6 >= twoTo53 || float64(MaxRate)*1e6 >= twoTo53 {
+		t.Fatalf("%d tokens or %d tokens/s in micro-tokens is not below 2^53", MaxBurst, MaxRate)
+	}
+}
+
+// TestRefusalsQuoteTheNameCutTo40Bytes: a refused name is quoted whole up
+// to 40 bytes and cut to its first 40 bytes and "..." past that, so an
+// error line stays short whatever the caller sent.
+func TestRefusalsQuoteTheNameCutTo40Bytes(t *testing.T) {
+	for _, tc := range []struct {
+		name, quoted string
+	}{
+		{strings.Repeat("a", 39) + "/", `"` + strings.Repeat("a", 39) + `/"`},
+		{strings.Repeat("a", 40) + "/", `"` + strings.Repeat("a", 40) + `..."`},
+		{"/" + strings.Repeat("a", 40), `"/` + strings.Repeat("a", 39) + `..."`},
+	} {
+		err := ValidateID("instance", tc.name)
+		if err == nil || !strings.Contains(err.Error(), "instance "+tc.quoted+" has byte") {
+			t.Errorf("ValidateID(%q) = %v, want it to quote %s", tc.name, err, tc.quoted)
+		}
+	}
+}
