@@ -134,3 +134,21 @@ func TestOwnsIsTheOwner(t *testing.T) {
 		t.Fatalf("names: %q %q %q", zero.String(), mustNew(t, 1).String(), mustNew(t, 3).String())
 	}
 }
+
+// TestCountsOneTo256: the documented range of global_shards, in numbers:
+// 1 and 256 are accepted (and make maps of that many shards), 0 and 257
+// are refused.
+func TestCountsOneTo256(t *testing.T) {
+	for _, tc := range []struct {
+		n  int
+		ok bool
+	}{{0, false}, {1, true}, {2, true}, {255, true}, {256, true}, {257, false}} {
+		m, err := New(tc.n)
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, quota.ErrInvalid)) {
+			t.Fatalf("New(%d) = %v, want ok=%v", tc.n, err, tc.ok)
+		}
+		if tc.ok && m.N() != tc.n {
+			t.Fatalf("New(%d).N() = %d", tc.n, m.N())
+		}
+	}
+}
