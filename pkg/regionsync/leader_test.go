@@ -265,24 +265,27 @@ func TestReadingNeedsRedisTimeToAdvance(t *testing.T) {
 
 // TestFirstSightAtItsEdges: any live lease demand, even below one token
 // per second, is a first sight's demand over one epoch, and an epoch of
-// exactly 1 ms is long enough for it; no demand at all is a baseline.
+// exactly 1 ms is long enough for it; no demand at all, or an epoch
+// shorter than 1 ms (no whole millisecond to report it over), is a
+// baseline.
 func TestFirstSightAtItsEdges(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		epoch  time.Duration
 		demand float64
 		window int64 // 1 with no demand rate: a baseline only
+		rated  bool
 	}{
-		{"half a token per second", time.Second, 0.5, 1000},
-		{"an epoch of one millisecond", time.Millisecond, 7, 1},
-		{"no live demand", time.Second, 0, 1},
+		{"half a token per second", time.Second, 0.5, 1000, true},
+		{"an epoch of one millisecond", time.Millisecond, 7, 1, true},
+		{"an epoch under a millisecond", time.Millisecond - time.Microsecond, 7, 1, false},
+		{"no live demand", time.Second, 0, 1, false},
 	} {
 		rep, _ := NewLeader().Report("eu", 1_000_000, c.epoch, Epoch, []KeyRead{{Key: keyA, StaticRate: 10,
 			State: luascripts.State{LeaseDemand: c.demand, NowUS: 1_000_000}}})
 		kd := rep.GetKeys()[0]
-		wantRate := c.demand > 0
-		if kd.GetWindowMs() != c.window || (kd.DemandRate != nil) != wantRate || kd.GetDemandRate() != c.demand {
-			t.Errorf("%s: first sight %v, want window %d ms and demand rate %v (set %v)", c.name, kd, c.window, c.demand, wantRate)
+		if kd.GetWindowMs() != c.window || (kd.DemandRate != nil) != c.rated || (c.rated && kd.GetDemandRate() != c.demand) {
+			t.Errorf("%s: first sight %v, want window %d ms and demand rate %v (set %v)", c.name, kd, c.window, c.demand, c.rated)
 		}
 	}
 }
@@ -342,5 +345,41 @@ func TestLeaderEtcdRuleSaysWhenTheLeaseGrew(t *testing.T) {
 	}
 	if l.NoGlobalLeader(50*sec, 51*sec, time.Minute) {
 		t.Fatal("the same extension again says it grew")
+	}
+}
+
+// TestAnyGrantExpiryIsAHeldGrant: the scripts report GrantExpiryUS 0 when
+// no grant is valid and the grant's end otherwise, so the smallest end, 1
+// µs, is a held grant like any other: echoed with the rate and cap held
+// (its validity rounded down to 0 ms), watched for rises, and kept
+// selected while idle; 0 is none of these.
+func TestAnyGrantExpiryIsAHeldGrant(t *testing.T) {
+	for _, c := range []struct {
+		expiryUS int64
+		granted  bool
+	}{{0, false}, {1, true}, {1001, true}} {
+		l := NewLeader()
+		var rep *sluicev1.RegionReport
+		var held Held
+		for i := range LowEpochs {
+			rep, held = l.Report("eu", int64(i)+1, time.Second, Epoch, []KeyRead{{Key: keyA, StaticRate: 10,
+				State: luascripts.State{Rate: 4.5, Cap: 6.5, GrantExpiryUS: c.expiryUS}}})
+			if i == 0 && (len(l.Watched()) == 1) != c.granted {
+				t.Errorf("grant expiry %d µs: watched %v, want %v", c.expiryUS, l.Watched(), c.granted)
+			}
+		}
+		kd := rep.GetKeys()[0]
+		if got := kd.GetHeldRate() == 4.5 && kd.GetHeldBurst() == 6.5 && held[keyA] == 4.5; got != c.granted {
+			t.Errorf("grant expiry %d µs: report %v, held %v; want the grant echoed %v", c.expiryUS, kd, held, c.granted)
+		}
+		if c.granted && kd.GetHeldValidMs() != c.expiryUS/1000 {
+			t.Errorf("grant expiry %d µs: held_valid_ms %d, want %d", c.expiryUS, kd.GetHeldValidMs(), c.expiryUS/1000)
+		}
+		if !c.granted && held[keyA] != 10 {
+			t.Errorf("no grant: held %v, want the static share 10", held[keyA])
+		}
+		if got := l.Selected() == 1; got != c.granted {
+			t.Errorf("grant expiry %d µs, idle: selected after %d epoch reports %v, want %v", c.expiryUS, LowEpochs, got, c.granted)
+		}
 	}
 }
