@@ -2,6 +2,8 @@ package regionsync
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"testing"
 
 	"github.com/sluicehq/sluice/pkg/config"
@@ -59,5 +61,40 @@ func TestChainShardMaps(t *testing.T) {
 	}
 	if c = c.Confirm(3); len(c.ShardMaps()) != 1 {
 		t.Fatalf("after confirming the newest: %v", c.ShardMaps())
+	}
+}
+
+// TestShardLeasesKeepEveryShard: Of gives no lease for a shard outside the
+// slice, negative ones included; With and Merge keep every shard either
+// side holds (the result is as long as the longer, and never shorter than
+// the shard written), each the longer of the two leases.
+func TestShardLeasesKeepEveryShard(t *testing.T) {
+	s := ShardLeases{{UntilUS: 100}, {UntilUS: 200}, {UntilUS: 300}}
+	for _, i := range []int{-1, math.MinInt, 3, 1000} {
+		if got := s.Of(i); got != (StaticLease{}) {
+			t.Errorf("Of(%d) = %+v, want no lease", i, got)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		got  ShardLeases
+		want ShardLeases
+	}{
+		{"With on the first shard", s.With(0, StaticLease{UntilUS: 150}), ShardLeases{{UntilUS: 150}, {UntilUS: 200}, {UntilUS: 300}}},
+		{"With on the last shard", s.With(2, StaticLease{UntilUS: 250}), ShardLeases{{UntilUS: 100}, {UntilUS: 200}, {UntilUS: 300}}},
+		{"With one past the end", s.With(3, StaticLease{UntilUS: 50}), ShardLeases{{UntilUS: 100}, {UntilUS: 200}, {UntilUS: 300}, {UntilUS: 50}}},
+		{"With two past the end", s.With(4, StaticLease{UntilUS: 50}), ShardLeases{{UntilUS: 100}, {UntilUS: 200}, {UntilUS: 300}, {}, {UntilUS: 50}}},
+		{"With on none", ShardLeases(nil).With(0, StaticLease{UntilUS: 7}), ShardLeases{{UntilUS: 7}}},
+		{"Merge of a shorter", s.Merge(ShardLeases{{UntilUS: 400}}), ShardLeases{{UntilUS: 400}, {UntilUS: 200}, {UntilUS: 300}}},
+		{"Merge into a shorter", ShardLeases{{UntilUS: 400}}.Merge(s), ShardLeases{{UntilUS: 400}, {UntilUS: 200}, {UntilUS: 300}}},
+		{"Merge of none", s.Merge(nil), s},
+		{"Merge into none", ShardLeases(nil).Merge(s), s},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if !slices.Equal(s, ShardLeases{{UntilUS: 100}, {UntilUS: 200}, {UntilUS: 300}}) {
+		t.Fatalf("With or Merge changed the receiver: %v", s)
 	}
 }
