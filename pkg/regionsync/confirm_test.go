@@ -372,3 +372,72 @@ func TestConfirmationsWithNoCommonRevision(t *testing.T) {
 		t.Fatalf("confirmed %d %v with no revision in common, want 4 kept", rev, ok)
 	}
 }
+
+// TestChainAdoptsOntoNoConfig: adopting the revision the chain's current
+// entry carries changes nothing only when that entry holds a config; a
+// chain running no config (the zero Chain, or one started on none) adopts
+// a config at the same revision and runs it.
+func TestChainAdoptsOntoNoConfig(t *testing.T) {
+	cfg := chainConfig(t, [3]float64{1, 1, 2}, 100, 100)
+	for _, c := range []struct {
+		name  string
+		chain Chain
+		len   int
+	}{
+		{"the zero chain", Chain{}.Adopt(0, cfg), 1},
+		{"a chain started on no config", NewChain(5, nil).Adopt(5, cfg), 2},
+	} {
+		if cur := c.chain.Current(); cur.Cfg != cfg || c.chain.Len() != c.len {
+			t.Errorf("%s: current %+v, len %d; want the adopted config, len %d", c.name, cur, c.chain.Len(), c.len)
+		}
+	}
+	if c := NewChain(5, cfg).Adopt(5, chainConfig(t, [3]float64{1, 2, 1}, 100, 100)); c.Current().Cfg != cfg || c.Len() != 1 {
+		t.Errorf("adopting the running revision again: current %+v, len %d; want unchanged", c.Current(), c.Len())
+	}
+}
+
+// TestChainConfirmsOnlyARevisionItRan: a listed revision without a config
+// (adopted as none) is never confirmed: the chain keeps its confirmed
+// revision and every config adopted since.
+func TestChainConfirmsOnlyARevisionItRan(t *testing.T) {
+	a := chainConfig(t, [3]float64{1, 1, 2}, 100, 100)
+	b := chainConfig(t, [3]float64{1, 2, 1}, 100, 100)
+	c := NewChain(1, a).Adopt(2, nil).Adopt(3, b)
+	got := c.Confirm(2)
+	_, revs := got.Reported()
+	if got.Confirmed() != 1 || !slices.Equal(revs, []int64{1, 2, 3}) {
+		t.Fatalf("confirming a revision held without a config: confirmed %d, revisions %v; want 1 and [1 2 3]", got.Confirmed(), revs)
+	}
+	if got := c.Confirm(3); got.Confirmed() != 3 || got.Len() != 1 {
+		t.Fatalf("confirming 3: confirmed %d, len %d; want 3, 1", got.Confirmed(), got.Len())
+	}
+}
+
+// TestUnlistedConfigBoundsRequestsUnderOthers: a config running unlisted
+// (the chain full) bounds the share and the floor of a request served
+// under any other config the chain holds, not only under itself.
+func TestUnlistedConfigBoundsRequestsUnderOthers(t *testing.T) {
+	big := partitionConfig(t, [3]float64{1, 1, 2}, "0.5", 1)   // eu 25/s
+	small := partitionConfig(t, [3]float64{1, 1, 8}, "0.5", 1) // eu 10/s
+	c := NewChain(1, big)
+	for rev := int64(2); rev <= MaxConfigs; rev++ {
+		c = c.Adopt(rev, big)
+	}
+	c, _ = c.Reported()
+	c = c.Adopt(30, small)
+	if c.Current().Rev != 30 || c.Len() != MaxConfigs+1 {
+		t.Fatalf("current %d, len %d: want 30 running unlisted", c.Current().Rev, c.Len())
+	}
+	res, err := big.Resolve(chainKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRate, wantBurst := ShareUnder(small, "eu", chainKey)
+	if r, b, err := c.Share("eu", chainKey, big, res); err != nil || r != wantRate || b != wantBurst {
+		t.Errorf("share under a listed config %v/%v (%v), want the unlisted one's %v/%v", r, b, err, wantRate, wantBurst)
+	}
+	wantRate, wantBurst = FloorUnder(small, "eu", chainKey)
+	if r, b, err := c.Floor("eu", chainKey, big, res); err != nil || r != wantRate || b != wantBurst {
+		t.Errorf("floor under a listed config %v/%v (%v), want the unlisted one's %v/%v", r, b, err, wantRate, wantBurst)
+	}
+}
