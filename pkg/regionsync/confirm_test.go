@@ -7,6 +7,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -439,5 +440,43 @@ func TestUnlistedConfigBoundsRequestsUnderOthers(t *testing.T) {
 	wantRate, wantBurst = FloorUnder(small, "eu", chainKey)
 	if r, b, err := c.Floor("eu", chainKey, big, res); err != nil || r != wantRate || b != wantBurst {
 		t.Errorf("floor under a listed config %v/%v (%v), want the unlisted one's %v/%v", r, b, err, wantRate, wantBurst)
+	}
+}
+
+// TestReserveTakesRateAndBurstEachOnTheirOwn: the reserve's rate and burst
+// are each the smallest under a region's held revisions (and each the
+// largest under any held config for a region never heard from), even when
+// the smallest rate and the smallest burst come from different configs.
+func TestReserveTakesRateAndBurstEachOnTheirOwn(t *testing.T) {
+	cfgs := map[int64]*config.Config{
+		10: chainConfig(t, [3]float64{1, 1, 2}, 100, 40), // eu 25/s, burst 10
+		20: chainConfig(t, [3]float64{1, 1, 2}, 40, 100), // eu 10/s, burst 25
+	}
+	r10, b10 := ShareUnder(cfgs[10], "eu", chainKey)
+	r20, b20 := ShareUnder(cfgs[20], "eu", chainKey)
+	if !(r20 < r10 && b10 < b20) {
+		t.Fatalf("eu's shares 10: %v/%v, 20: %v/%v; want the smaller rate under 20 and the smaller burst under 10", r10, b10, r20, b20)
+	}
+	conf := NewConfirmations()
+	conf.Observe("eu", []int64{10, 20})
+	if r, b := conf.Reserve(cfgs, "eu", chainKey); r != r20 || b != b10 {
+		t.Errorf("reserve of a region holding both: %v/%v, want %v/%v (the smallest of each)", r, b, r20, b10)
+	}
+	if r, b := conf.Reserve(cfgs, "ap", chainKey); r != r10 || b != b20 {
+		t.Errorf("reserve of a region never heard from: %v/%v, want %v/%v (the largest of each)", r, b, r10, b20)
+	}
+}
+
+// TestChainAnsweredConfirmsOnlyAKnownRevision: an answer changes the chain
+// only when it says a revision is confirmed (confirmed_known); a revision
+// number alone confirms nothing.
+func TestChainAnsweredConfirmsOnlyAKnownRevision(t *testing.T) {
+	c := NewChain(1, chainConfig(t, [3]float64{1, 1, 2}, 100, 100)).Adopt(2, chainConfig(t, [3]float64{1, 2, 1}, 100, 100))
+	c, _ = c.Reported()
+	if got := c.Answered(&sluicev1.RegionGrants{ConfirmedRevision: 2}); got.Confirmed() != 1 || got.Len() != 2 {
+		t.Errorf("an answer with revision 2 not known: confirmed %d, len %d; want 1, 2", got.Confirmed(), got.Len())
+	}
+	if got := c.Answered(&sluicev1.RegionGrants{ConfirmedRevision: 2, ConfirmedKnown: true}); got.Confirmed() != 2 || got.Len() != 1 {
+		t.Errorf("an answer confirming 2: confirmed %d, len %d; want 2, 1", got.Confirmed(), got.Len())
 	}
 }
