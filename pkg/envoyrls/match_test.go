@@ -259,3 +259,34 @@ func TestGuardRuleBounds(t *testing.T) {
 		t.Errorf("%d entries: %q, %q; want entries_per_descriptor naming descriptors[1]", envoyrls.MaxEntries+1, bound, why)
 	}
 }
+
+// TestResolveShadow: a descriptor is in shadow mode when its class is
+// (the config's shadow: true) or its tree node says shadow_mode, and not
+// otherwise.
+func TestResolveShadow(t *testing.T) {
+	flat := regiontest.MustConfig(t, testConfig)
+	tree := regiontest.MustConfig(t, treeConfig)
+	for _, c := range []struct {
+		name   string
+		cfg    string
+		req    *rlsv3.RateLimitRequest
+		shadow bool
+	}{
+		{"class in shadow mode", "flat", request("sluice", 0, desc("tenant", "acme", "class", "audit")), true},
+		{"class not in shadow mode", "flat", request("sluice", 0, desc("tenant", "acme", "class", "write")), false},
+		{"tree node in shadow mode", "tree", request("edge", 0, desc("service", "s", "user", "user-a")), true},
+		{"tree node not in shadow mode", "tree", request("edge", 0, desc("service", "s", "user", "user-b")), false},
+	} {
+		cfg := flat
+		if c.cfg == "tree" {
+			cfg = tree
+		}
+		targets, err := envoyrls.Resolve(cfg, c.req)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := targets[0]; !got.Matched || got.Shadow != c.shadow {
+			t.Errorf("%s: %+v, want matched with shadow %v", c.name, got, c.shadow)
+		}
+	}
+}
