@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -797,5 +798,40 @@ envoy:
 	cancel()
 	if resp, err := svc.ShouldRateLimit(gone, write); status.Code(err) != codes.Canceled || resp != nil {
 		t.Errorf("closed Limiter, Envoy gone: answer %v, error %v; want Canceled", resp, err)
+	}
+}
+
+// TestDegradedDecisionsCounted: a decision the class's on_failure policy
+// made because the region could not be reached is answered and counted in
+// sluice_envoy_degraded_decisions_total.
+func TestDegradedDecisionsCounted(t *testing.T) {
+	cfg := regiontest.MustConfig(t, testConfig)
+	// An address nothing listens on: every call to the region fails.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	lim, err := envoyrls.DialLoopback(addr, nil, lease.Options{InstanceID: "envoy-degraded", BreakerTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close(context.Background()) })
+	reg := prometheus.NewRegistry()
+	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: cfg}, Limiter: lim, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := svc.ShouldRateLimit(context.Background(), request("sluice", 0, desc("tenant", "acme", "class", "write")))
+	if err != nil || len(resp.GetStatuses()) != 1 {
+		t.Fatalf("answer %v, error %v; want a decision by the on_failure policy", resp, err)
+	}
+	labels := map[string]string{"class": "write", "tier": "std"}
+	if n := counter(t, reg, "sluice_envoy_degraded_decisions_total", labels); n != 1 {
+		t.Errorf("degraded decisions %v, want 1", n)
+	}
+	if n := counter(t, reg, "sluice_envoy_decisions_total", labels); n != 1 {
+		t.Errorf("decisions %v, want 1", n)
 	}
 }
