@@ -224,6 +224,9 @@ func TestResolveEdges(t *testing.T) {
 		{"same key, another value", request("flat", 0, desc("tenant", "acme", "class", "write", "tenant", "acme2")), "appears again"},
 		{"descriptor hits_addend above the maximum", request("flat", 0, withHits(desc("bulk", "b1"), quota.MaxCost+1)), "exceeds the maximum cost"},
 		{"request hits_addend above the maximum", request("flat", quota.MaxCost+1, desc("bulk", "b1")), "exceeds the maximum"},
+		{"class key, another value", request("flat", 0, desc("tenant", "acme", "class", "write", "class", "read")), `key "class" appears again`},
+		{"tree descriptor, negative hits", request("tree", 0, negative(desc("ip", "192.0.2.1"))), "is_negative_hits"},
+		{"tree descriptor, hits_addend 0", request("tree", 0, withHits(desc("ip", "192.0.2.1"), 0)), "hits_addend is 0"},
 	} {
 		if _, err := envoyrls.Resolve(cfg, c.req); !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), c.msg) {
 			t.Errorf("%s: %v, want ErrInvalid mentioning %q", c.name, err, c.msg)
@@ -235,6 +238,10 @@ func TestResolveEdges(t *testing.T) {
 // MaxEntries entries each; one entry more is refused naming
 // entries_per_descriptor and the descriptor.
 func TestGuardRuleBounds(t *testing.T) {
+	// The documented bounds: 64 descriptors of 32 entries each.
+	if envoyrls.MaxDescriptors != 64 || envoyrls.MaxEntries != 32 {
+		t.Errorf("MaxDescriptors %d, MaxEntries %d; want 64 and 32", envoyrls.MaxDescriptors, envoyrls.MaxEntries)
+	}
 	rule := envoyrls.GuardRule()
 	entries := func(n int) *ratelimitv3.RateLimitDescriptor {
 		kv := make([]string, 0, 2*n)
