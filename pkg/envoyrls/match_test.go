@@ -224,6 +224,7 @@ func TestResolveEdges(t *testing.T) {
 		{"same key, another value", request("flat", 0, desc("tenant", "acme", "class", "write", "tenant", "acme2")), "appears again"},
 		{"descriptor hits_addend above the maximum", request("flat", 0, withHits(desc("bulk", "b1"), quota.MaxCost+1)), "exceeds the maximum cost"},
 		{"request hits_addend above the maximum", request("flat", quota.MaxCost+1, desc("bulk", "b1")), "exceeds the maximum"},
+		{"class_key mapping, bad tenant", request("flat", 0, desc("tenant", "ac me", "class", "write")), `entries "tenant" and "class"`},
 		{"class key, another value", request("flat", 0, desc("tenant", "acme", "class", "write", "class", "read")), `key "class" appears again`},
 		{"tree descriptor, negative hits", request("tree", 0, negative(desc("ip", "192.0.2.1"))), "is_negative_hits"},
 		{"tree descriptor, hits_addend 0", request("tree", 0, withHits(desc("ip", "192.0.2.1"), 0)), "hits_addend is 0"},

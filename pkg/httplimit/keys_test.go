@@ -86,6 +86,10 @@ func TestRefillWindow(t *testing.T) {
 		{quota.Limit{Rate: math.NaN(), Burst: 5}, 0},
 		{quota.Limit{Rate: 1, Burst: 0}, 0},
 		{quota.Limit{Rate: 1e-12, Burst: 1 << 40}, time.Duration(math.MaxInt64)},
+		{quota.Limit{Rate: 1, Burst: -1}, 0},
+		// 2^40 tokens at 1953125/2^14 per second take exactly 2^63 ns,
+		// one more than the longest Duration: it saturates too.
+		{quota.Limit{Rate: 1953125.0 / 16384, Burst: 1 << 40}, time.Duration(math.MaxInt64)},
 	} {
 		if got := httplimit.RefillWindow(tc.limit); got != tc.want {
 			t.Errorf("RefillWindow(%+v) = %v, want %v", tc.limit, got, tc.want)
