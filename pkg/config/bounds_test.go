@@ -179,6 +179,8 @@ func TestParseDocumentsAroundTheTenantBlock(t *testing.T) {
 			[]string{"regions: at least one region is required", "tiers: at least one tier is required"}, []string{"empty"}},
 		{"problems in and out of the block", sampleWith(t, "tenants:\n  acme: {tier: pro,", "epoc: 1s\ntenants:\n  acme: {tierr: pro,"),
 			[]string{`unknown field "epoc" (line 17)`, `unknown field "tierr" (line 19)`}, nil},
+		{"a problem after the block keeps its line", sampleWith(t, "default_tier: free", "default_tierr: free"),
+			[]string{`unknown field "default_tierr" (line 19)`}, nil},
 		{"a problem in the block only", sampleWith(t, "  acme: {tier: pro,", "  acme: {tierr: pro,"),
 			[]string{`unknown field "tierr" (line 18)`}, nil},
 		{"a second tenants block right after the first", sampleWith(t, "default_tier:", "tenants:\n  beta: {tier: free}\ndefault_tier:"),
