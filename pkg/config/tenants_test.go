@@ -312,8 +312,8 @@ func TestTenantEqualComparesEveryField(t *testing.T) {
 // indentation, with comments and blank lines anywhere, one-line or nested
 // entries, anchors and merge keys (one source or several, the entry's own
 // fields winning), the block first, in the middle or last, lines ending in
-// LF or CRLF, read to the same tenants; and an unknown field in any entry
-// is reported at its line.
+// LF or CRLF, are read apart from the rest of the document, to the same
+// tenants; and an unknown field in any entry is reported at its line.
 func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 	sample := string(SampleYAML())
 	i := strings.Index(sample, "tenants:\n")
@@ -412,6 +412,16 @@ func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 		if rapid.Bool().Draw(t, "CRLF") {
 			doc = strings.ReplaceAll(doc, "\n", "\r\n")
 		}
+		// The block is read apart, not with the whole document (which
+		// would take time quadratic in the tenants, and refuse more than
+		// MaxInlineTenants).
+		b, found, split := findTenantBlock([]byte(doc))
+		if !found || !split || len(b.entries)-1 != n {
+			t.Fatalf("findTenantBlock: found %v, split %v, %d entries; want a block of %d:\n%s", found, split, len(b.entries)-1, n, doc)
+		}
+		if _, _, ok, err := readTenantBlock(context.Background(), []byte(doc), b); !ok || err != nil {
+			t.Fatalf("readTenantBlock: ok %v, %v; want it read apart:\n%s", ok, err, doc)
+		}
 		c, err := Parse([]byte(doc))
 		if bad >= 0 {
 			want := fmt.Sprintf(`unknown field "tierr" (line %d)`, offset+badLine)
@@ -438,23 +448,4 @@ func TestTenantBlockReadsAsTheWholeDocument(t *testing.T) {
 			}
 		}
 	})
-}
-
-// TestParseReadsMoreBlockTenantsThanInline: block-style tenants past
-// MaxInlineTenants are read by the block reader wherever the block is, so
-// a document the whole reader would refuse parses.
-func TestParseReadsMoreBlockTenantsThanInline(t *testing.T) {
-	const n = MaxInlineTenants + 1
-	doc := string(manyTenants(t, n))
-	i, j := strings.Index(doc, "tenants:\n"), strings.Index(doc, "default_tier:")
-	rest, block := doc[:i]+doc[j:], doc[i:j]
-	for place, doc := range map[string]string{"middle": doc, "first": block + rest, "last": rest + block} {
-		c, err := Parse([]byte(doc))
-		if err != nil {
-			t.Fatalf("block %s: %v", place, err)
-		}
-		if len(c.Tenants) != n {
-			t.Fatalf("block %s: parsed %d tenants, want %d", place, len(c.Tenants), n)
-		}
-	}
 }
