@@ -263,8 +263,8 @@ func TestHunksApplyAndKeepTheirContext(t *testing.T) {
 	})
 }
 
-// hunkStart reads a unified diff range "start,count" or "start" (count 1)
-// as the 0-based line it starts at and its count.
+// hunkStart reads a unified diff range "start,count" or "start" (count 1,
+// always written so) as the 0-based line it starts at and its count.
 func hunkStart(t *rapid.T, r string) (start, count int) {
 	s, c, ok := strings.Cut(r, ",")
 	var err error
@@ -275,6 +275,9 @@ func hunkStart(t *rapid.T, r string) (start, count int) {
 	if ok {
 		if count, err = strconv.Atoi(c); err != nil {
 			t.Fatalf("range %q: %v", r, err)
+		}
+		if count == 1 {
+			t.Fatalf("range %q: a range of one line is written without its count", r)
 		}
 	}
 	if count == 0 {
