@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"strconv"
@@ -55,7 +57,8 @@ func who(ctx context.Context) string {
 // probeService is a gRPC service whose handlers answer with who called
 // them. Watch receives one message then answers; Push tries to answer
 // before it received anything, then receives and answers with what it saw
-// before and after.
+// before and after (FailedPrecondition when the stream ended first);
+// Greet and Hello answer first, then receive.
 var probeService = grpc.ServiceDesc{
 	ServiceName: "probe.S",
 	HandlerType: (*any)(nil),
@@ -70,6 +73,7 @@ var probeService = grpc.ServiceDesc{
 		{StreamName: "Sub", Handler: probeWatch, ServerStreams: true},
 		{StreamName: "Push", Handler: probePush, ServerStreams: true, ClientStreams: true},
 		{StreamName: "Greet", Handler: probeGreet, ServerStreams: true, ClientStreams: true},
+		{StreamName: "Hello", Handler: probeGreet, ServerStreams: true, ClientStreams: true},
 	},
 }
 
@@ -112,7 +116,9 @@ func probePush(_ any, ss grpc.ServerStream) error {
 	}
 	before := who(ss.Context())
 	in := new(wrapperspb.StringValue)
-	if err := ss.RecvMsg(in); err != nil {
+	if err := ss.RecvMsg(in); errors.Is(err, io.EOF) {
+		return status.Error(codes.FailedPrecondition, "the stream ended before its request")
+	} else if err != nil {
 		return err
 	}
 	return ss.SendMsg(wrapperspb.String("before: " + before + "; after: " + who(ss.Context())))
@@ -142,6 +148,7 @@ var probePolicy = Policy{
 	"/probe.S/Sub":    {Role: config.RoleInstance},
 	"/probe.S/Push":   {Scope: scopeOf},
 	"/probe.S/Greet":  {Any: true, Scope: scopeOf},
+	"/probe.S/Hello":  {Role: config.RoleInstance},
 	"/probe.T/*":      {Role: config.RoleEnvoy},
 }
 
@@ -226,7 +233,7 @@ func (p *pki) client(t *testing.T, addr string, l tlsconfig.Leaf) *grpc.ClientCo
 func call(ctx context.Context, conn *grpc.ClientConn, method, arg string) (string, error) {
 	out := new(wrapperspb.StringValue)
 	switch method {
-	case "/probe.S/Watch", "/probe.S/Sub", "/probe.S/Push", "/probe.S/Greet":
+	case "/probe.S/Watch", "/probe.S/Sub", "/probe.S/Push", "/probe.S/Greet", "/probe.S/Hello":
 		cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, method)
 		if err != nil {
 			return "", err
@@ -312,6 +319,8 @@ func TestCallersOnlyCallWhatTheirRolesAllow(t *testing.T) {
 		{"a stream with a role is authorized before its handler", region, "/probe.S/Sub", "", "spiffe://probe/region/us-1 roles=instance,region:us sans=spiffe://probe/region/us-1", codes.OK, ""},
 		{"a stream without the role is refused", operator, "/probe.S/Sub", "", "", codes.PermissionDenied, `needs role "instance"`},
 		{"a stream any caller may call is not held as a scoped one", bare, "/probe.S/Greet", "", "hello CN=bare roles= sans=", codes.OK, ""},
+		{"a stream with a role may answer before it receives", region, "/probe.S/Hello", "",
+			"hello spiffe://probe/region/us-1 roles=instance,region:us sans=spiffe://probe/region/us-1", codes.OK, ""},
 		{"a scoped stream sends nothing before its request passed", region, "/probe.S/Push", "us",
 			"before: anonymous; after: spiffe://probe/region/us-1 roles=instance,region:us sans=spiffe://probe/region/us-1", codes.OK, ""},
 	} {
@@ -330,6 +339,18 @@ func TestCallersOnlyCallWhatTheirRolesAllow(t *testing.T) {
 				t.Errorf("served as %q, want %q", got, tc.want)
 			}
 		})
+	}
+	// A scoped stream that ends before its request is not authorized on
+	// nothing: its handler sees the end.
+	cs, err := region.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, "/probe.S/Push")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RecvMsg(new(wrapperspb.StringValue)); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a scoped stream without a request: %v, want the handler's FailedPrecondition", err)
 	}
 	for _, m := range []struct {
 		method, needs string
