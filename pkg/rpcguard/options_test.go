@@ -306,3 +306,12 @@ func TestConnectionQueueRefusalNamesTheConnection(t *testing.T) {
 	}
 	d()
 }
+
+// TestDefaultsAreTheDocumented: the defaults are the bounds docs/operations.md
+// ("Request bounds") documents: 2048 units in flight per connection, 16,384
+// per identity, 16 times that queued.
+func TestDefaultsAreTheDocumented(t *testing.T) {
+	if DefaultPerConnection != 2048 || DefaultPerIdentity != 16384 || DefaultQueueFactor != 16 {
+		t.Errorf("defaults %d, %d, %d; documented 2048, 16384, 16", DefaultPerConnection, DefaultPerIdentity, DefaultQueueFactor)
+	}
+}
