@@ -356,3 +356,34 @@ func TestKeyMapRacesCreateAndForget(t *testing.T) {
 		t.Fatalf("forgot %d keys, admitted %d: the race never happened", forgotten.Load(), admitted.Load())
 	}
 }
+
+// TestFirstDecisionsOfAKeyAreAllCounted: goroutines denied at once on a
+// key none was denied on before (its counts are made on first use) are all
+// counted, and all their tokens reported as denied.
+func TestFirstDecisionsOfAKeyAreAllCounted(t *testing.T) {
+	moreThreads(t)
+	tb := newTestTable(t)
+	const rounds = 5000
+	n := hammers()
+	for i := range rounds {
+		key := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "write"}
+		allow(t, tb, t0, key, 1) // makes the key, not its counts
+		startTogether(n, func(int) { tb.Exhausted(t0, key, 1) })
+	}
+	want := uint64(rounds * n)
+	var counted uint64
+	for _, c := range tb.Counts() {
+		counted += c.N
+	}
+	var reported int64
+	syncs, _ := tb.PrepareSync(t0.Add(time.Second))
+	for _, b := range syncs {
+		for _, r := range b.Reports {
+			reported += r.Denied
+		}
+	}
+	if counted != want || reported != int64(want) {
+		t.Fatalf("%d rounds of %d goroutines denied at once on a new key: %d denials counted, %d tokens reported denied; want %d",
+			rounds, n, counted, reported, want)
+	}
+}
