@@ -216,3 +216,20 @@ func TestParseDocumentsAroundTheTenantBlock(t *testing.T) {
 		t.Fatalf("an explicit max_share of 1: %v, %v", c, err)
 	}
 }
+
+// TestParseNamesTheKindOfAMisplacedValue: a rate or duration written as a
+// mapping or a sequence is refused naming what was found, at its line.
+func TestParseNamesTheKindOfAMisplacedValue(t *testing.T) {
+	for _, tc := range []struct {
+		old, new, want string
+	}{
+		{"epoch: 1s", "epoch: {seconds: 1}", "a duration must be a scalar like 1s or 250ms, got a mapping (line 2)"},
+		{"epoch: 1s", "epoch: [1s]", "a duration must be a scalar like 1s or 250ms, got a sequence (line 2)"},
+		{"rate: 10/s", "rate: [10/s]", "a rate must be a scalar like 10/s, got a sequence (line 15)"},
+	} {
+		_, err := Parse(sampleWith(t, tc.old, tc.new))
+		if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.new, err, tc.want)
+		}
+	}
+}
