@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -112,4 +113,57 @@ func waiting(t *testing.T, reg *prometheus.Registry) float64 {
 		}
 	}
 	return 0
+}
+
+// TestStreamsAreBoundedForTheirWholeLife serves health Watch streams
+// through the guard: an open stream holds its unit until it ends, the next
+// waits its turn, the one past the queue is refused ResourceExhausted
+// before its handler, and the waiting one starts when the first ends.
+func TestStreamsAreBoundedForTheirWholeLife(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g, err := rpcguard.New(rpcguard.Options{PerConnection: 1, QueueFactor: 1, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(g.Stream()))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := healthpb.NewHealthClient(conn)
+
+	firstCtx, endFirst := context.WithCancel(t.Context())
+	first, err := c.Watch(firstCtx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Recv(); err != nil {
+		t.Fatalf("the first stream: %v", err)
+	}
+	second, err := c.Watch(t.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for waiting(t, reg) < 1 {
+		runtime.Gosched() // the second stream reaches the server's queue
+	}
+	third, err := c.Watch(t.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := third.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a stream past the queue: %v, want ResourceExhausted", err)
+	}
+	endFirst()
+	if _, err := second.Recv(); err != nil {
+		t.Fatalf("the waiting stream after the first ended: %v", err)
+	}
 }

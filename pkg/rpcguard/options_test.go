@@ -2,6 +2,7 @@ package rpcguard
 
 import (
 	"context"
+	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -313,5 +314,26 @@ func TestConnectionQueueRefusalNamesTheConnection(t *testing.T) {
 func TestDefaultsAreTheDocumented(t *testing.T) {
 	if DefaultPerConnection != 2048 || DefaultPerIdentity != 16384 || DefaultQueueFactor != 16 {
 		t.Errorf("defaults %d, %d, %d; documented 2048, 16384, 16", DefaultPerConnection, DefaultPerIdentity, DefaultQueueFactor)
+	}
+}
+
+// TestConnectionKeyWithoutAnAddress: a call whose peer has no address is
+// keyed as one without a peer.
+func TestConnectionKeyWithoutAnAddress(t *testing.T) {
+	if k := connKey(peer.NewContext(context.Background(), &peer.Peer{})); k != "" {
+		t.Errorf("key %v of a peer without an address, want \"\"", k)
+	}
+}
+
+// TestUnixConnectionsAreKeyedByAddressValue: like TCP connections, Unix
+// socket connections are keyed by their address value, so two connections
+// from equal address text are two.
+func TestUnixConnectionsAreKeyedByAddressValue(t *testing.T) {
+	a, b := &net.UnixAddr{Name: "@", Net: "unix"}, &net.UnixAddr{Name: "@", Net: "unix"}
+	on := func(addr net.Addr) context.Context {
+		return peer.NewContext(context.Background(), &peer.Peer{Addr: addr})
+	}
+	if connKey(on(a)) != connKey(on(a)) || connKey(on(a)) == connKey(on(b)) {
+		t.Error("a Unix connection's key is not its address value")
 	}
 }
