@@ -1,6 +1,7 @@
 package config
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -231,5 +232,61 @@ func TestParseNamesTheKindOfAMisplacedValue(t *testing.T) {
 		if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.new, err, tc.want)
 		}
+	}
+}
+
+// TestParseContextStopsWhenDone: a context already done stops Parse of a
+// document without tenants too, with an error wrapping the context's.
+func TestParseContextStopsWhenDone(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	doc := sampleWith(t, "tenants:\n  acme: {tier: pro, overrides: {write: {rate: 800/s, burst: 1600}}}\n", "")
+	if c, err := ParseContext(ctx, doc); !errors.Is(err, context.Canceled) || c != nil {
+		t.Fatalf("ParseContext with a done context: %v, %v; want context.Canceled", c, err)
+	}
+	if _, err := ParseContext(context.Background(), doc); err != nil {
+		t.Fatalf("the same document: %v", err)
+	}
+}
+
+// TestTenantsWrittenEmpty: a tenant or its overrides left empty (null) in
+// a block are read as empty, as the decoder reads them: the tenant then
+// lacks its tier.
+func TestTenantsWrittenEmpty(t *testing.T) {
+	for _, block := range []string{"  beta:\n", "  beta: ~\n", "  beta: null\n"} {
+		_, err := Parse(sampleWith(t, "  acme:", block+"  acme:"))
+		if err == nil || !strings.Contains(err.Error(), "tenants.beta.tier: is required") || strings.Contains(err.Error(), "is not") {
+			t.Errorf("%q: %v, want only its tier missing", block, err)
+		}
+	}
+	c, err := Parse(sampleWith(t, "  acme:", "  beta:\n    tier: free\n    overrides:\n  acme:"))
+	if err != nil || c.Tenants["beta"].Tier != "free" || len(c.Tenants["beta"].Overrides) != 0 {
+		t.Fatalf("a tenant with empty overrides: %+v, %v", c.Tenants["beta"], err)
+	}
+}
+
+// TestParseTenantForms: ParseTenant reads the stored JSON form, one
+// override included, merges only on a plain << key, and refuses an empty
+// tenant as empty.
+func TestParseTenantForms(t *testing.T) {
+	got, err := ParseTenant([]byte(`{"tier":"pro","overrides":{"write":{"rate":"800/s","burst":1600}}}`))
+	want := Tenant{Tier: "pro", Overrides: map[string]LimitSpec{"write": {Rate: 800, Burst: 1600}}}
+	if err != nil || !TenantEqual(got, want) {
+		t.Errorf("one override: %+v, %v; want %+v", got, err, want)
+	}
+	for _, empty := range []string{"", "# nothing\n"} {
+		if _, err := ParseTenant([]byte(empty)); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "the tenant is empty") {
+			t.Errorf("ParseTenant(%q): %v, want the tenant is empty", empty, err)
+		}
+	}
+	// Only a plain << merges; a quoted one is a key like any other.
+	if got, err := ParseTenant([]byte(`{"<<": {tier: pro}}`)); err == nil || !strings.Contains(err.Error(), `unknown field "<<"`) {
+		t.Errorf("a quoted << key: %+v, %v; want it refused as an unknown field", got, err)
+	}
+	if got, err := ParseTenant([]byte("{<<: {tier: pro}}")); err != nil || got.Tier != "pro" {
+		t.Errorf("a merge key: %+v, %v", got, err)
+	}
+	if _, err := ParseTenant([]byte("{tier: [")); err == nil || strings.Contains(err.Error(), "empty") {
+		t.Errorf("ParseTenant of bad YAML: %v, want a syntax error", err)
 	}
 }
