@@ -265,3 +265,47 @@ func TestPoolGrantsWhatFitsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestWaiterGivingUpLeavesTheQueue: a waiter behind the head that gives
+// up takes nothing from the units in use and leaves the queue, whose room
+// it frees.
+func TestWaiterGivingUpLeavesTheQueue(t *testing.T) {
+	p := pool[string]{cap: 10, queue: 10, m: map[string]*sem{}}
+	ctx := context.Background()
+	held, err := p.acquire(ctx, "c", 8, func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := make(chan hold[string], 1)
+	go func() {
+		h, err := p.acquire(ctx, "c", 5, func() {})
+		if err != nil {
+			t.Error(err)
+		}
+		head <- h
+	}()
+	waitFor(t, &p, "c", 5)
+	behindCtx, giveUp := context.WithCancel(ctx)
+	behind := make(chan error, 1)
+	go func() {
+		_, err := p.acquire(behindCtx, "c", 2, func() {})
+		behind <- err
+	}()
+	waitFor(t, &p, "c", 7)
+	giveUp()
+	if err := <-behind; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the waiter that gave up: %v", err)
+	}
+	p.mu.Lock()
+	s := p.m["c"]
+	used, waiting, waiters := s.used, s.waiting, len(s.waiters)
+	p.mu.Unlock()
+	if used != 8 || waiting != 5 || waiters != 1 {
+		t.Fatalf("after a waiter gave up: %d used, %d waiting in %d waiters; want 8, 5 in 1", used, waiting, waiters)
+	}
+	held.release()
+	(<-head).release()
+	if len(p.m) != 0 {
+		t.Fatalf("state left behind: %v", p.m)
+	}
+}
