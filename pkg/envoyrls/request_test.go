@@ -183,3 +183,72 @@ func FuzzReadRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestReadRequestKnownFieldOtherType: a request of the shape Envoy sends
+// (with is_negative_hits too) is read by read itself; a known field number
+// with another wire type than its own (the domain or descriptors as a
+// varint, hits_addend as bytes, a descriptor's entries or
+// is_negative_hits, an entry's key) or bytes cut short inside a
+// descriptor or an entry is not: read leaves such a request to
+// proto.Unmarshal, and the codec's message or error is proto.Unmarshal's.
+func TestReadRequestKnownFieldOtherType(t *testing.T) {
+	// The fields of another type carry a varint of 0 or empty bytes, which
+	// a reader that ignored the wire type would take for its own type.
+	tagged := func(num protowire.Number, typ protowire.Type, v []byte) []byte {
+		b := protowire.AppendTag(nil, num, typ)
+		if typ == protowire.VarintType {
+			return protowire.AppendVarint(b, uint64(len(v)))
+		}
+		return protowire.AppendBytes(b, v)
+	}
+	one := []byte{1} // a varint of 1
+	cat := func(parts ...[]byte) []byte {
+		var b []byte
+		for _, p := range parts {
+			b = append(b, p...)
+		}
+		return b
+	}
+	entry := cat(tagged(1, protowire.BytesType, []byte("tenant")), tagged(2, protowire.BytesType, []byte("acme")))
+	desc := tagged(1, protowire.BytesType, entry)
+	domain := tagged(1, protowire.BytesType, []byte("sluice"))
+	descs := func(payload []byte) []byte { return cat(domain, tagged(2, protowire.BytesType, payload)) }
+	c := newAnswerCodec()
+	for _, tc := range []struct {
+		name     string
+		data     []byte
+		readable bool
+	}{
+		{"as Envoy sends it", cat(descs(desc), tagged(3, protowire.VarintType, one)), true},
+		{"with is_negative_hits", descs(cat(desc, tagged(4, protowire.VarintType, one))), true},
+		{"the domain as a varint", cat(tagged(1, protowire.VarintType, nil), tagged(2, protowire.BytesType, desc)), false},
+		{"descriptors as a varint", cat(domain, tagged(2, protowire.VarintType, nil)), false},
+		{"hits_addend as bytes", cat(domain, tagged(3, protowire.BytesType, desc)), false},
+		{"descriptor's entries as a varint", descs(tagged(1, protowire.VarintType, nil)), false},
+		{"is_negative_hits as bytes", descs(cat(desc, tagged(4, protowire.BytesType, nil))), false},
+		{"an entry's key as a varint", descs(tagged(1, protowire.BytesType, tagged(1, protowire.VarintType, nil))), false},
+		{"a descriptor's tag cut short", descs([]byte{0x80}), false},
+		{"a descriptor's last byte stray", descs(cat(desc, []byte{0x08})), false},
+		{"is_negative_hits cut short", descs(cat(desc, []byte{0x20})), false},
+		{"an entry cut short", descs(cat([]byte{0x0a, 0x05}, entry[:2])), false},
+		{"an entry's last byte stray", descs(tagged(1, protowire.BytesType, cat(entry, []byte{0x0a}))), false},
+	} {
+		want := new(rlsv3.RateLimitRequest)
+		wantErr := proto.Unmarshal(tc.data, want)
+		if tc.readable && wantErr != nil {
+			t.Fatalf("%s: proto.Unmarshal: %v", tc.name, wantErr)
+		}
+		own := new(requestBlock)
+		switch ok := own.read(tc.data); {
+		case ok != tc.readable:
+			t.Errorf("%s: read says %v, want %v (read %v; proto.Unmarshal makes %v, error %v)", tc.name, ok, tc.readable, &own.req, want, wantErr)
+		case ok && !proto.Equal(&own.req, want):
+			t.Errorf("%s: read %v, proto.Unmarshal %v", tc.name, &own.req, want)
+		}
+		rb := new(requestBlock)
+		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(tc.data)}, rb)
+		if (err != nil) != (wantErr != nil) || (err == nil && !proto.Equal(&rb.req, want)) {
+			t.Errorf("%s: codec read %v (error %v), proto.Unmarshal %v (error %v)", tc.name, &rb.req, err, want, wantErr)
+		}
+	}
+}
