@@ -774,7 +774,9 @@ envoy:
   descriptors:
     - {domain: sluice, tenant_key: tenant, class_key: class}
 `)
-	lim, err := envoyrls.DialLoopback(reg.Addr, nil, lease.Options{InstanceID: "envoy-errors", BreakerTimeout: 5 * time.Second})
+	// A breaker timeout far beyond the region's answer, so that even a
+	// starved machine hears the refusal instead of deciding by on_failure.
+	lim, err := envoyrls.DialLoopback(reg.Addr, nil, lease.Options{InstanceID: "envoy-errors", BreakerTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
