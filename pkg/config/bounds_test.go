@@ -188,6 +188,8 @@ func TestParseDocumentsAroundTheTenantBlock(t *testing.T) {
 			[]string{`mapping key "tenants" already defined`}, nil},
 		{"a second tenants block further down", append(SampleYAML(), "tenants:\n  beta: {tier: free}\n"...),
 			[]string{`mapping key "tenants" already defined`}, nil},
+		{"explicit max_share 0 on the last region", sampleWith(t, "ap-south: {weight: 1}", "ap-south: {weight: 1, max_share: 0}"),
+			[]string{"regions.ap-south.max_share: must be in (0, 1], got 0 at line 9"}, nil},
 		{"explicit max_share 0.0", sampleWith(t, "eu-west:  {weight: 1}", "eu-west:  {weight: 1, max_share: 0.0}"),
 			[]string{"regions.eu-west.max_share: must be in (0, 1], got 0 at line 8"}, nil},
 	} {
