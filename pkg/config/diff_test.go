@@ -312,3 +312,29 @@ func TestDiffListsTenantsApartPastDiffWholeTenants(t *testing.T) {
 		t.Errorf("%d tenants together: diff starts\n%s\nwant\n%s", DiffWholeTenants+1, d[:min(len(d), 300)], want)
 	}
 }
+
+// TestLineEditsFindAScriptOfExactlyMaxDiffEdits: a middle that takes
+// exactly maxDiffEdits changes still gets the minimal script, keeping the
+// line the two sides share, rather than the fallback.
+func TestLineEditsFindAScriptOfExactlyMaxDiffEdits(t *testing.T) {
+	var a, b []string
+	for i := range maxDiffEdits / 2 {
+		a = append(a, fmt.Sprintf("old %d\n", i))
+	}
+	a = append(a, "shared\n")
+	b = append(b, "shared\n")
+	for i := range maxDiffEdits / 2 {
+		b = append(b, fmt.Sprintf("new %d\n", i))
+	}
+	kept, changes := 0, 0
+	for _, e := range lineEdits(a, b) {
+		if e.op == ' ' {
+			kept++
+		} else {
+			changes++
+		}
+	}
+	if kept != 1 || changes != maxDiffEdits {
+		t.Fatalf("%d kept lines, %d changes; want 1, %d", kept, changes, maxDiffEdits)
+	}
+}
