@@ -67,6 +67,7 @@ func TestBoundsAreExported(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	_, err := New(Options{PerConnection: 4, PerIdentity: 8, QueueFactor: 3, Registerer: reg, Rules: map[string]Rule{
 		"/s/a": {Max: 2, Bound: "a_per_call"},
+		"/s/c": {Max: 1, Bound: "c_per_call"},
 		"/s/b": {Bound: "unbounded"},
 	}})
 	if err != nil {
@@ -87,7 +88,7 @@ func TestBoundsAreExported(t *testing.T) {
 	}
 	want := map[string]float64{
 		"inflight_per_connection": 4, "inflight_per_identity": 8,
-		"queued_per_connection": 12, "queued_per_identity": 24, "a_per_call": 2,
+		"queued_per_connection": 12, "queued_per_identity": 24, "a_per_call": 2, "c_per_call": 1,
 	}
 	if len(got) != len(want) {
 		t.Errorf("bounds %v, want %v", got, want)
@@ -149,6 +150,7 @@ func TestRequestsAreWeighedAgainstTheirRule(t *testing.T) {
 		"/s/plain":     {},
 		"/w/*":         {Units: units, Max: 2, Bound: "per_w", Check: shape},
 		"/*":           {Units: units, Max: 1, Bound: "no_service"},
+		"//*":          {Units: units, Max: 1, Bound: "empty_service"},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -173,6 +175,7 @@ func TestRequestsAreWeighedAgainstTheirRule(t *testing.T) {
 		{"/w/x", 7, 0, "per_w"},
 		{"/w/y", 1, 1, ""},
 		{"/top", 5, 1, ""}, // names no service: no rule
+		{"//x", 2, 0, "empty_service"},
 	} {
 		ctx := on("c")
 		done, err := g.Admit(ctx, tc.method, tc.req)
