@@ -123,3 +123,34 @@ func TestKeyMapStaleDeleteOfASharedHash(t *testing.T) {
 		t.Fatalf("after a stale delete: other key's entry %p (want %p), %d keys (want 2)", got, ea, m.len())
 	}
 }
+
+// A key being forgotten (marked removed, its delete not yet done) is made
+// afresh by the next loadOrStore, which finds the fresh entry from then on,
+// also after the late delete of the removed one; a key that is not being
+// forgotten is found, not made again.
+func TestKeyMapRemakesAKeyBeingForgotten(t *testing.T) {
+	m := newKeyMap()
+	k := quota.Key{Tenant: "t", Class: "c"}
+	old, created := m.loadOrStore(k, func() *entry { return newKeyEntry(k) })
+	if !created {
+		t.Fatal("first loadOrStore made nothing")
+	}
+	if again, created := m.loadOrStore(k, func() *entry { return newKeyEntry(k) }); created || again != old {
+		t.Fatalf("loadOrStore of a held key: created %v, same entry %v; want the held one", created, again == old)
+	}
+	old.set(removedFlag, true)
+	fresh, created := m.loadOrStore(k, func() *entry { return newKeyEntry(k) })
+	if !created || fresh == old {
+		t.Fatalf("loadOrStore of a key being forgotten: created %v, same entry %v; want a fresh one", created, fresh == old)
+	}
+	for _, when := range []string{"before", "after"} {
+		if got := m.lookupFresh(k); got != fresh {
+			t.Fatalf("%s the late delete: lookupFresh found the fresh entry %v", when, got == fresh)
+		}
+		m.delete(k, old)
+	}
+	m.publish()
+	if got := m.load(k); got != fresh || m.len() != 1 {
+		t.Fatalf("after publishing: load found the fresh entry %v, %d keys; want it and 1", got == fresh, m.len())
+	}
+}
