@@ -9,19 +9,21 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// TestCostAtItsBoundsIsServed: a request costing exactly the key's burst,
-// or exactly quota.MaxCost, is admitted from the pool by both paths, and
-// the clock-free path serves a key whose burst is not known yet; one token
-// above the burst is invalid.
+// TestCostAtItsBoundsIsServed: a request costing exactly the key's burst
+// (1 included), or exactly quota.MaxCost, is admitted from the pool by both
+// paths, and the clock-free path serves a key whose burst is not known yet;
+// one token above the burst is invalid. The decision's cap is the key's
+// burst when the region's is larger.
 func TestCostAtItsBoundsIsServed(t *testing.T) {
 	for _, tc := range []struct {
-		name         string
-		limit, cost  int64
-		wantInvalid  bool
-		wantFastOnly bool // the clock-free path alone is asked
+		name        string
+		limit, cost int64
+		wantInvalid bool
 	}{
 		{name: "cost equal to the burst", limit: 5, cost: 5},
 		{name: "cost one above the burst", limit: 5, cost: 6, wantInvalid: true},
+		{name: "cost equal to a burst of 1", limit: 1, cost: 1},
+		{name: "cost one above a burst of 1", limit: 1, cost: 2, wantInvalid: true},
 		{name: "burst unknown", limit: 0, cost: 5},
 		{name: "cost quota.MaxCost, burst unknown", limit: 0, cost: quota.MaxCost},
 		{name: "cost quota.MaxCost equal to the burst", limit: quota.MaxCost, cost: quota.MaxCost},
@@ -45,6 +47,11 @@ func TestCostAtItsBoundsIsServed(t *testing.T) {
 			}
 			if err != nil || !d.Allowed || act == ActAcquire || act == ActCheck {
 				t.Errorf("%s: decision %+v action %v err %v; want admitted", tc.name, d, act, err)
+			}
+			// The region's burst is 10000: the cap is the smaller of it and
+			// the key's burst, unknown while the key's burst is.
+			if wantCap := min(tc.limit, 10000); d.CapKnown != (tc.limit > 0) || d.Cap != wantCap {
+				t.Errorf("%s: cap %d known %v, want %d known %v", tc.name, d.Cap, d.CapKnown, wantCap, tc.limit > 0)
 			}
 		}
 	}
@@ -146,6 +153,7 @@ func TestLocalPolicyFollowsTheRegionsShare(t *testing.T) {
 		wantRetryNext time.Duration // after the burst is spent
 	}{
 		{name: "region share", rate: 40, burst: 80, wantCap: 20, wantRetryNext: 100 * time.Millisecond},
+		{name: "region share of 1/s", rate: 4, burst: 8, wantCap: 2, wantRetryNext: time.Second},
 		{name: "no region rate", rate: 0, burst: 80, wantCap: 4, wantRetryNext: 500 * time.Millisecond},
 		{name: "no region burst", rate: 40, burst: 0, wantCap: 4, wantRetryNext: 500 * time.Millisecond},
 	} {
@@ -158,8 +166,8 @@ func TestLocalPolicyFollowsTheRegionsShare(t *testing.T) {
 		for d.Allowed {
 			d, _ = tb.Fallback(t0, kW, 1)
 		}
-		if d.RetryAfter != tc.wantRetryNext {
-			t.Errorf("%s: retry after %v once the burst is spent, want %v", tc.name, d.RetryAfter, tc.wantRetryNext)
+		if d.RetryAfter != tc.wantRetryNext || d.Remaining != 0 {
+			t.Errorf("%s: retry after %v, remaining %d once the burst is spent; want %v and 0", tc.name, d.RetryAfter, d.Remaining, tc.wantRetryNext)
 		}
 	}
 
