@@ -141,31 +141,34 @@ func TestLocalPolicyDecisionFields(t *testing.T) {
 // leaves it at FallbackLimit.
 func TestLocalPolicyFollowsTheRegionsShare(t *testing.T) {
 	fallback := quota.Limit{Rate: 2, Burst: 4}
-	region := func(rate, burst float64) func(*sluicev1.Grant) {
+	region := func(rate, burst float64, live int64) func(*sluicev1.Grant) {
 		return func(g *sluicev1.Grant) {
-			g.RegionRate, g.RegionBurst, g.LiveInstances, g.RetryAfterMs = rate, burst, 4, 0
+			g.RegionRate, g.RegionBurst, g.LiveInstances, g.RetryAfterMs = rate, burst, live, 0
 		}
 	}
 	for _, tc := range []struct {
 		name          string
 		rate, burst   float64
+		live          int64
 		wantCap       int64
 		wantRetryNext time.Duration // after the burst is spent
 	}{
-		{name: "region share", rate: 40, burst: 80, wantCap: 20, wantRetryNext: 100 * time.Millisecond},
-		{name: "region share of 1/s", rate: 4, burst: 8, wantCap: 2, wantRetryNext: time.Second},
-		{name: "no region rate", rate: 0, burst: 80, wantCap: 4, wantRetryNext: 500 * time.Millisecond},
-		{name: "no region burst", rate: 40, burst: 0, wantCap: 4, wantRetryNext: 500 * time.Millisecond},
+		{name: "region share", rate: 40, burst: 80, live: 4, wantCap: 20, wantRetryNext: 100 * time.Millisecond},
+		{name: "region share of 1/s", rate: 4, burst: 8, live: 4, wantCap: 2, wantRetryNext: time.Second},
+		{name: "lone instance", rate: 10, burst: 20, live: 1, wantCap: 20, wantRetryNext: 100 * time.Millisecond},
+		{name: "region of 1/s and one token", rate: 1, burst: 1, live: 1, wantCap: 1, wantRetryNext: time.Second},
+		{name: "instances not said: as if alone", rate: 10, burst: 20, live: 0, wantCap: 20, wantRetryNext: 100 * time.Millisecond},
+		{name: "share of the burst below a token", rate: 40, burst: 2, live: 4, wantCap: 1, wantRetryNext: 100 * time.Millisecond},
+		{name: "no region rate", rate: 0, burst: 80, live: 4, wantCap: 4, wantRetryNext: 500 * time.Millisecond},
+		{name: "no region burst", rate: 40, burst: 0, live: 4, wantCap: 4, wantRetryNext: 500 * time.Millisecond},
 	} {
 		tb := newTestTable(t, func(o *TableOptions) { o.FallbackLimit = fallback })
-		acquire(t, tb, t0, t0, kW, 1, 0, region(tc.rate, tc.burst))
+		acquire(t, tb, t0, t0, kW, 1, 0, region(tc.rate, tc.burst, tc.live))
 		d, _ := tb.Fallback(t0, kW, 1)
 		if d.Cap != tc.wantCap {
 			t.Errorf("%s: Cap %d, want %d", tc.name, d.Cap, tc.wantCap)
 		}
-		for d.Allowed {
-			d, _ = tb.Fallback(t0, kW, 1)
-		}
+		d = spendLocalBucket(t, tb, t0, d)
 		if d.RetryAfter != tc.wantRetryNext || d.Remaining != 0 {
 			t.Errorf("%s: retry after %v, remaining %d once the burst is spent; want %v and 0", tc.name, d.RetryAfter, d.Remaining, tc.wantRetryNext)
 		}
@@ -173,19 +176,31 @@ func TestLocalPolicyFollowsTheRegionsShare(t *testing.T) {
 
 	// The region's share changes: rate 80/s, burst 40 over 4 instances.
 	tb := newTestTable(t, func(o *TableOptions) { o.FallbackLimit = fallback })
-	acquire(t, tb, t0, t0, kW, 1, 0, region(40, 80))
+	acquire(t, tb, t0, t0, kW, 1, 0, region(40, 80, 4))
 	tb.Fallback(t0, kW, 1)
-	acquire(t, tb, t0.Add(time.Second), t0.Add(time.Second), kW, 1, 0, region(80, 40))
+	acquire(t, tb, t0.Add(time.Second), t0.Add(time.Second), kW, 1, 0, region(80, 40, 4))
 	d, _ := tb.Fallback(t0.Add(time.Second), kW, 1)
 	if d.Cap != 10 {
 		t.Fatalf("after the region's burst fell to 40: Cap %d, want 10", d.Cap)
 	}
-	for d.Allowed {
-		d, _ = tb.Fallback(t0.Add(time.Second), kW, 1)
-	}
+	d = spendLocalBucket(t, tb, t0.Add(time.Second), d)
 	if d.RetryAfter != 50*time.Millisecond {
 		t.Fatalf("after the region's rate rose to 80/s: retry after %v, want 50ms (20/s here)", d.RetryAfter)
 	}
+}
+
+// spendLocalBucket decides requests of one token on kW with the local
+// policy at now, from d on, until one is denied, which it returns.
+func spendLocalBucket(t *testing.T, tb *Table, now time.Time, d quota.Decision) quota.Decision {
+	t.Helper()
+	for range 1000 {
+		if !d.Allowed {
+			return d
+		}
+		d, _ = tb.Fallback(now, kW, 1)
+	}
+	t.Fatalf("the local bucket admitted 1000 requests at one instant: %+v", d)
+	return d
 }
 
 // TestDegradedDenialsAreCountedAsSuch: decisions of the on_failure policy
