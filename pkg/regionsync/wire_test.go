@@ -55,7 +55,7 @@ func TestDecodeReportAtItsBounds(t *testing.T) {
 		field string // "" accepted; else the refusal names it
 	}{
 		{"valid", func(*sluicev1.RegionReport) {}, ""},
-		{"no region", func(r *sluicev1.RegionReport) { r.Region = "" }, "region"},
+		{"no region", func(r *sluicev1.RegionReport) { r.Region = "" }, "region is empty"},
 		{"an unconfigured region", func(r *sluicev1.RegionReport) { r.Region = "mars" }, "mars"},
 		{"MaxConfigs revisions", func(r *sluicev1.RegionReport) { r.ConfigRevisions = make([]int64, MaxConfigs) }, ""},
 		{"one revision too many", func(r *sluicev1.RegionReport) { r.ConfigRevisions = make([]int64, MaxConfigs+1) }, "config_revisions"},
@@ -63,9 +63,9 @@ func TestDecodeReportAtItsBounds(t *testing.T) {
 		{"one key too many", func(r *sluicev1.RegionReport) {
 			r.Keys = append(r.Keys, &sluicev1.KeyDemand{Key: wireKey("d"), WindowMs: 1})
 		}, "keys has 4"},
-		{"a key missing", func(r *sluicev1.RegionReport) { r.Keys[2].Key = nil }, "keys[2].key"},
-		{"an invalid key", func(r *sluicev1.RegionReport) { r.Keys[2].Key.Tenant = "" }, "keys[2].key"},
-		{"a key of an unconfigured class", func(r *sluicev1.RegionReport) { r.Keys[2].Key.Class = "read" }, "keys[2].key"},
+		{"a key missing", func(r *sluicev1.RegionReport) { r.Keys[2].Key = nil }, "keys[2].key is missing"},
+		{"an invalid key", func(r *sluicev1.RegionReport) { r.Keys[2].Key.Tenant = "" }, "keys[2].key: "},
+		{"a key of an unconfigured class", func(r *sluicev1.RegionReport) { r.Keys[2].Key.Class = "read" }, "not configured"},
 		{"a duplicate key", func(r *sluicev1.RegionReport) { r.Keys[2].Key = wireKey("acme") }, "duplicates keys[0]"},
 		{"negative admitted", func(r *sluicev1.RegionReport) { r.Keys[1].Admitted = -1 }, "keys[1].admitted"},
 		{"negative denied", func(r *sluicev1.RegionReport) { r.Keys[1].Denied = -1 }, "keys[1].denied"},
@@ -124,6 +124,32 @@ func TestDecodeReportAtItsBounds(t *testing.T) {
 	req.Keys[2].Admitted, req.Keys[2].Denied = 100, 50
 	if rep, _, err := DecodeReport(cfg, req, 3); err != nil || rep.Keys[2].Admitted != 6 || rep.Keys[2].Denied != 0 {
 		t.Errorf("a demand rate of 3/s over 2 s decoded as %+v (%v), want 6 admitted and none denied", rep.Keys[2], err)
+	}
+}
+
+// TestDecodeReportRefusesAConfigWithoutALimit: a config that skipped
+// validation may give a key a rate or burst that is not positive and
+// finite; a report naming it is refused with ErrInvalid, naming the key,
+// before anything is decoded.
+func TestDecodeReportRefusesAConfigWithoutALimit(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		rate, burst float64
+	}{
+		{"rate 0", 0, 1},
+		{"a negative rate", -0.5, 1},
+		{"an infinite rate", math.Inf(1), 1},
+		{"a NaN rate", math.NaN(), 1},
+		{"burst 0", 0.5, 0},
+		{"a negative burst", 0.5, -1},
+	} {
+		cfg := wireConfig(t)
+		cfg.Tiers["free"]["write"] = config.LimitSpec{Rate: config.Rate(c.rate), Burst: c.burst}
+		req := &sluicev1.RegionReport{Region: "eu", Keys: []*sluicev1.KeyDemand{{Key: wireKey("acme"), WindowMs: 1}}}
+		rep, limits, err := DecodeReport(cfg, req, 1)
+		if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "keys[0].key acme/write: the config gives it") || len(rep.Keys) != 0 || limits != nil {
+			t.Errorf("%s: %v (%d keys), want ErrInvalid naming keys[0] and nothing decoded", c.name, err, len(rep.Keys))
+		}
 	}
 }
 
