@@ -129,6 +129,8 @@ func TestNudgedGrantOwesNoAcknowledgement(t *testing.T) {
 		{held, false},
 		{held * 2, false},
 		{held * (1 - 2*LowerTolerance), true},
+		{held * (1 - 1.5e-9), true}, // the tolerance is 1e-9 of the held rate
+		{held * (1 - 0.5e-9), false},
 		{held / 2, true},
 		{0, true},
 	} {
@@ -380,6 +382,27 @@ func TestAnyGrantExpiryIsAHeldGrant(t *testing.T) {
 		}
 		if got := l.Selected() == 1; got != c.granted {
 			t.Errorf("grant expiry %d µs, idle: selected after %d epoch reports %v, want %v", c.expiryUS, LowEpochs, got, c.granted)
+		}
+	}
+}
+
+// TestRoundCatchesUpAfterAnyWait: any positive report_again, however
+// short, asks for a catch-up after exactly that wait; a round that is over
+// names no report and no wait.
+func TestRoundCatchesUpAfterAnyWait(t *testing.T) {
+	r := NewRound(time.Second)
+	if k, w, more := r.Next(Answer{Again: time.Nanosecond}); !more || k != CatchUp || w != time.Nanosecond {
+		t.Fatalf("after an answer asking again in 1ns: %v after %v (more %v), want a catch-up after 1ns", k, w, more)
+	}
+	for _, a := range []Answer{{}, {Again: time.Nanosecond}} {
+		r := NewRound(time.Second)
+		if a.Again > 0 {
+			for range MaxCatchUps {
+				r.Next(a)
+			}
+		}
+		if k, w, more := r.Next(a); more || k != 0 || w != 0 {
+			t.Errorf("a round over after %+v: %v after %v (more %v), want nothing", a, k, w, more)
 		}
 	}
 }

@@ -122,3 +122,40 @@ func TestRisenAtItsThresholds(t *testing.T) {
 		}
 	}
 }
+
+// TestRisenNoiseOverAtLeastAMillisecond: the noise of a demand reading is
+// taken over half an epoch but never less than 1 ms, so with an epoch
+// under 2 ms the bound is 3·√(d/0.001): 9000/s exactly at it, and a
+// demand either side of it judged as such.
+func TestRisenNoiseOverAtLeastAMillisecond(t *testing.T) {
+	k := quota.Key{Tenant: "acme", Class: "write"}
+	now := int64(1_700_000_000_000_000)
+	for _, epoch := range []time.Duration{0, time.Millisecond} {
+		for _, c := range []struct {
+			d    float64
+			want bool
+		}{{6000, false}, {9000, false}, {12000, true}} {
+			l := NewLeader()
+			l.Report("ap", now, epoch, Epoch, []KeyRead{{Key: k, State: luascripts.State{NowUS: now}}})
+			read := KeyRead{Key: k, State: luascripts.State{LeaseDemand: c.d, NowUS: now + 1000}}
+			if got := l.Risen(epoch, []KeyRead{read}); got != c.want {
+				t.Errorf("epoch %v, demand %v from nothing: risen %v, want %v", epoch, c.d, got, c.want)
+			}
+		}
+	}
+}
+
+// TestWatchesAtMost256Keys: the documented bound of the rise watch.
+func TestWatchesAtMost256Keys(t *testing.T) {
+	now := int64(1_700_000_000_000_000)
+	reads := make([]KeyRead, 300)
+	for i := range reads {
+		reads[i] = KeyRead{Key: quota.Key{Tenant: fmt.Sprintf("t%04d", i), Class: "write"}, StaticRate: 10,
+			State: luascripts.State{LeaseDemand: 10, NowUS: now}}
+	}
+	l := NewLeader()
+	l.Report("ap", now, time.Second, Epoch, reads)
+	if got := l.Watched(); len(got) != 256 || got[255] != reads[255].Key {
+		t.Fatalf("watched %d keys, want the first 256", len(got))
+	}
+}

@@ -199,3 +199,11 @@ func TestEncodeGrants(t *testing.T) {
 		t.Fatalf("grant %v", kg)
 	}
 }
+
+// TestDefaultMaxKeysIsTheDocumentedPage: a report message holds at most
+// 100,000 keys unless configured otherwise.
+func TestDefaultMaxKeysIsTheDocumentedPage(t *testing.T) {
+	if DefaultMaxKeys != 100_000 {
+		t.Fatalf("DefaultMaxKeys = %d, want 100000", DefaultMaxKeys)
+	}
+}
