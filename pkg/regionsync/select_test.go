@@ -216,3 +216,17 @@ func TestSelectOrdersByTenantThenClass(t *testing.T) {
 		t.Errorf("Select with %v selected = %v, want %v", []quota.Key{want[1], want[4]}, got, want)
 	}
 }
+
+// TestIdleKeyLeavesAtTheThirdLowEpoch: the documented hysteresis in
+// numbers: an idle key is still reported after two low epoch reports in a
+// row and leaves with the third.
+func TestIdleKeyLeavesAtTheThirdLowEpoch(t *testing.T) {
+	l := NewLeader()
+	for i, stays := range []bool{true, true, false} {
+		now := int64(i+1) * 1_000_000
+		l.Report("eu", now, time.Second, Epoch, []KeyRead{{Key: keyA, StaticRate: 100, State: luascripts.State{NowUS: now}}})
+		if got := l.Selected() == 1; got != stays {
+			t.Fatalf("after %d low epoch reports: selected %v, want %v", i+1, got, stays)
+		}
+	}
+}
