@@ -162,6 +162,9 @@ func TestSizingCapHeldMark(t *testing.T) {
 		{"burst 8, bucket emptied", 8, 0, 8, 7},
 		{"burst 1000, bucket emptied", 1000, 0, 1000, 1000 - 62},
 		{"burst 1000, room for the pool", 1000, 0, 10, 0},
+		// A burst of one token (a cap the global tier lowered under a
+		// pool it had filled): report after the first token spent.
+		{"burst 1, pool above it", 1, 0, 3, 2},
 		{"burst not said", 0, 0, 10, 0},
 		{"remaining not said", 1000, -1, 1000, 0},
 	} {
