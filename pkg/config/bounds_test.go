@@ -210,7 +210,12 @@ func TestParseDocumentsAroundTheTenantBlock(t *testing.T) {
 			}
 		})
 	}
-	c, err := Parse(sampleWith(t, "tenants:\n  acme: {tier: pro, overrides: {write: {rate: 800/s, burst: 1600}}}\n", "tenants:\n# none yet\n"))
+	// A merge key among the tenants is read by the whole reader, merging.
+	c, err := Parse(sampleWith(t, "  acme:", "  <<: {beta: {tier: free}}\n  acme:"))
+	if err != nil || c.Tenants["beta"].Tier != "free" || c.Tenants["acme"].Tier != "pro" {
+		t.Fatalf("tenants merged into the block: %v, %v", c, err)
+	}
+	c, err = Parse(sampleWith(t, "tenants:\n  acme: {tier: pro, overrides: {write: {rate: 800/s, burst: 1600}}}\n", "tenants:\n# none yet\n"))
 	if err != nil || len(c.Tenants) != 0 {
 		t.Fatalf("an empty tenant block: %v, %v", c, err)
 	}
