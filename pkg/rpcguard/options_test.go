@@ -174,7 +174,8 @@ func TestRequestsAreWeighedAgainstTheirRule(t *testing.T) {
 		{"/w/x", 3, 0, "per_w"},
 		{"/w/x", 7, 0, "per_w"},
 		{"/w/y", 1, 1, ""},
-		{"/top", 5, 1, ""}, // names no service: no rule
+		{"/w/y", nil, 1, ""}, // no request (a stream): its Check does not apply
+		{"/top", 5, 1, ""},   // names no service: no rule
 		{"//x", 2, 0, "empty_service"},
 	} {
 		ctx := on("c")
