@@ -362,3 +362,29 @@ func TestPoolTakeReportsCrossingOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckAnswerAtItsSmallest: a check denied with nothing left, no wait
+// and no reset time, for a key whose burst is 1, says so: Remaining 0, no
+// RetryAfter, ResetAt now, Limit 1 learned. A check admitted with nothing
+// left says Remaining 0, and a later lease-path denial expects nothing from
+// the region either.
+func TestCheckAnswerAtItsSmallest(t *testing.T) {
+	tb := newTestTable(t)
+	d, err := tb.ApplyCheck(t0, kExp, 1, &sluicev1.CheckResponse{Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Remaining != 0 || d.RetryAfter != 0 || d.RetryNever || !d.ResetAt.Equal(t0) || d.Limit != 1 {
+		t.Fatalf("check answered with zeros and Limit 1: %+v; want denied, Remaining 0, no wait, ResetAt now, Limit 1", d)
+	}
+	if st := state(t, tb, kExp); st.Limit != 1 {
+		t.Fatalf("limit %d learned from a check saying 1", st.Limit)
+	}
+	d, _ = tb.ApplyCheck(t0, kExp, 1, &sluicev1.CheckResponse{Allowed: true, Limit: 2})
+	if !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("check admitted with nothing left: %+v; want allowed, Remaining 0", d)
+	}
+	if d, _ := tb.Exhausted(t0, kExp, 2); d.Remaining != 0 || !d.ResetAt.Equal(t0) {
+		t.Fatalf("denial after the check: Remaining %d ResetAt %v after; want 0 and now", d.Remaining, d.ResetAt.Sub(t0))
+	}
+}
