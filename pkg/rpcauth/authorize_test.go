@@ -176,11 +176,7 @@ func newPKI(t *testing.T) *pki {
 
 func (p *pki) issue(t *testing.T, l tlsconfig.Leaf) tls.Certificate {
 	t.Helper()
-	c, k, err := p.ca.Issue(l, time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := tls.X509KeyPair(c, k)
+	pair, err := p.ca.IssueCertificate(l, time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,11 +99,7 @@ func TestServerOptionsWithMutualTLSAuthorize(t *testing.T) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca.CertPEM())
 	issue := func(l tlsconfig.Leaf) tls.Certificate {
-		c, k, err := ca.Issue(l, now, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pair, err := tls.X509KeyPair(c, k)
+		pair, err := ca.IssueCertificate(l, now, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -138,6 +139,16 @@ func (ca *CA) Issue(l Leaf, now time.Time, validity time.Duration) (certPEM, key
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), nil
+}
+
+// IssueCertificate is Issue as a tls.Certificate, for a process that
+// serves or dials with the leaf itself instead of writing it to files.
+func (ca *CA) IssueCertificate(l Leaf, now time.Time, validity time.Duration) (tls.Certificate, error) {
+	certPEM, keyPEM, err := ca.Issue(l, now, validity)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.X509KeyPair(certPEM, keyPEM)
 }
 
 // WriteCA writes ca.crt and ca.key (mode 0600) into dir.

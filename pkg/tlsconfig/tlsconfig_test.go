@@ -251,3 +251,33 @@ func TestErrorsNameTheFile(t *testing.T) {
 		}
 	}
 }
+
+// TestIssueCertificate: the certificate Issue signs, as a tls.Certificate:
+// its leaf names l, carries its usages and verifies against the CA; a leaf
+// with no usage is refused.
+func TestIssueCertificate(t *testing.T) {
+	now := time.Now()
+	ca, err := tlsconfig.NewCA("test-ca", now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.IssueCertificate(tlsconfig.Leaf{Name: "svc", URIs: []string{"spiffe://test/svc"}, Client: true}, now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.CertPEM())
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("the leaf does not verify as a client of the CA: %v", err)
+	}
+	if leaf.Subject.CommonName != "svc" || len(leaf.URIs) != 1 || leaf.URIs[0].String() != "spiffe://test/svc" {
+		t.Errorf("leaf names %q, URIs %v", leaf.Subject.CommonName, leaf.URIs)
+	}
+	if _, err := ca.IssueCertificate(tlsconfig.Leaf{Name: "nothing"}, now, time.Hour); err == nil {
+		t.Error("a leaf with neither server nor client usage was issued")
+	}
+}
