@@ -167,8 +167,7 @@ func newPKI(t *testing.T) *pki {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca.CertPEM())
+	pool := ca.Pool()
 	p := &pki{ca: ca, pool: pool}
 	p.server = p.issue(t, tlsconfig.Leaf{Name: "server", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true})
 	return p

@@ -3,7 +3,6 @@ package rpcguard_test
 import (
 	"bytes"
 	"crypto/tls"
-	"crypto/x509"
 	"log/slog"
 	"net"
 	"strings"
@@ -96,8 +95,7 @@ func TestServerOptionsWithMutualTLSAuthorize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca.CertPEM())
+	pool := ca.Pool()
 	issue := func(l tlsconfig.Leaf) tls.Certificate {
 		pair, err := ca.IssueCertificate(l, now, time.Hour)
 		if err != nil {

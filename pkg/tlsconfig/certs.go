@@ -141,6 +141,14 @@ func (ca *CA) Issue(l Leaf, now time.Time, validity time.Duration) (certPEM, key
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), nil
 }
 
+// Pool is a certificate pool holding only the CA: what a peer verifies
+// the leaves it issued against.
+func (ca *CA) Pool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	return pool
+}
+
 // IssueCertificate is Issue as a tls.Certificate, for a process that
 // serves or dials with the leaf itself instead of writing it to files.
 func (ca *CA) IssueCertificate(l Leaf, now time.Time, validity time.Duration) (tls.Certificate, error) {

@@ -253,7 +253,7 @@ func TestErrorsNameTheFile(t *testing.T) {
 }
 
 // TestIssueCertificate: the certificate Issue signs, as a tls.Certificate:
-// its leaf names l, carries its usages and verifies against the CA; a leaf
+// its leaf names l, carries its usages and verifies against the CA's Pool; a leaf
 // with no usage is refused.
 func TestIssueCertificate(t *testing.T) {
 	now := time.Now()
@@ -269,8 +269,7 @@ func TestIssueCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca.CertPEM())
+	pool := ca.Pool()
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Errorf("the leaf does not verify as a client of the CA: %v", err)
 	}
