@@ -88,7 +88,7 @@ func TestServerOptionsWithoutMutualTLSServeEveryCaller(t *testing.T) {
 // TestServerOptionsWithMutualTLSAuthorize: with mutual TLS the options
 // authorize every call by the caller's roles, warning when the config
 // lists no identities; a bad Policy or bound fails naming the daemon; a
-// MaxStreams adds its option.
+// MaxStreams (1 included) adds its option.
 func TestServerOptionsWithMutualTLSAuthorize(t *testing.T) {
 	now := time.Now()
 	ca, err := tlsconfig.NewCA("probe CA", now, time.Hour)
@@ -149,11 +149,13 @@ func TestServerOptionsWithMutualTLSAuthorize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	with, err := edge(cfg, operatorOnly, 0, 8, &logs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(with) != len(without)+1 {
-		t.Errorf("%d options with MaxStreams, %d without: want one more", len(with), len(without))
+	for _, streams := range []uint32{1, 8} {
+		with, err := edge(cfg, operatorOnly, 0, streams, &logs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(with) != len(without)+1 {
+			t.Errorf("%d options with MaxStreams %d, %d without: want one more", len(with), streams, len(without))
+		}
 	}
 }
