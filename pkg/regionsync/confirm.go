@@ -9,9 +9,16 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// MaxConfigs bounds the configs a Chain keeps (the confirmed one and those
-// adopted since), and so the config_revisions of a report.
+// MaxConfigs bounds the config_revisions of a report: the confirmed
+// revision and the newest MaxConfigs-1 adopted since.
 const MaxConfigs = 8
+
+// MaxChain bounds the configs a Chain lists (the confirmed one and those
+// adopted since). It is larger than a report, so that a region whose
+// listed configs the other regions never ran (they skipped those
+// revisions) still reports the config it runs, and that one can be
+// confirmed: a revision leaves the reports before it leaves the chain.
+const MaxChain = 2 * MaxConfigs
 
 // Revision is one config and the etcd mod revision it came from (0 for a
 // static config).
@@ -32,7 +39,10 @@ type Revision struct {
 //
 // Why that is safe: the global tier confirms X only when X is among the
 // reported revisions of every region, and a region drops a reported
-// revision only when told of a confirmed one adopted after it. So the
+// revision only when told of a confirmed one adopted after it (a report
+// leaves out the listed revisions between the confirmed one and the newest
+// MaxConfigs-1, which are still held: they can still be confirmed on an
+// earlier report, and they still bound Share). So the
 // newest revision ever confirmed is at every instant still in every
 // region's chain, every region's share is at most its share under that one
 // config, and those sum to at most the key's rate and burst. Exact matching
@@ -43,7 +53,7 @@ type Revision struct {
 // receiver, so an adapter may publish it through an atomic pointer. Safe
 // for concurrent use as long as no one modifies its configs.
 type Chain struct {
-	entries []chainEntry // [0] confirmed; the rest adopted since, oldest first
+	entries []chainEntry // [0] confirmed; the rest adopted since, oldest first; at most MaxChain
 	// unlisted is the config run when the chain is full: it counts in
 	// Share but is not reported (and so never confirmed) until room frees.
 	unlisted *Revision
@@ -51,7 +61,7 @@ type Chain struct {
 
 type chainEntry struct {
 	Revision
-	reported bool
+	reported bool // it went out in some report: it stays until a confirmation passes it
 }
 
 // NewChain is a region's chain at start: the config it runs counts as
@@ -91,9 +101,9 @@ func (c Chain) Len() int {
 
 // Adopt is c after the region adopted cfg at rev (the config watcher made
 // it live). The same revision again changes nothing. When the chain is
-// full, cfg replaces the newest config if that one was never reported
-// (nobody can confirm it), or else runs unlisted: it still counts in Share
-// but is not reported until a confirmation frees room. A reported
+// full (MaxChain), cfg replaces the newest config if that one was never
+// reported (nobody can confirm it), or else runs unlisted: it still counts
+// in Share but is not reported until a confirmation frees room. A reported
 // revision is never dropped before a confirmation passes it.
 func (c Chain) Adopt(rev int64, cfg *config.Config) Chain {
 	if cur := c.Current(); cur.Cfg != nil && cur.Rev == rev {
@@ -101,7 +111,7 @@ func (c Chain) Adopt(rev int64, cfg *config.Config) Chain {
 	}
 	e := chainEntry{Revision: Revision{Rev: rev, Cfg: cfg}}
 	out := Chain{entries: slices.Clone(c.entries)}
-	if len(out.entries) < MaxConfigs {
+	if len(out.entries) < MaxChain {
 		out.entries = append(out.entries, e)
 		return out
 	}
@@ -113,15 +123,21 @@ func (c Chain) Adopt(rev int64, cfg *config.Config) Chain {
 	return out
 }
 
-// Reported is c with every listed revision marked as reported, and the
-// revisions to send (oldest first): call it for each report, and publish
-// the returned chain before the report leaves.
+// Reported is the revisions to send (oldest first), at most MaxConfigs:
+// the confirmed one and the newest MaxConfigs-1 listed, the config the
+// region runs among them whenever it is listed; and c with those marked as
+// reported. Call it for each report, and publish the returned chain before
+// the report leaves.
 func (c Chain) Reported() (Chain, []int64) {
 	out := Chain{entries: slices.Clone(c.entries), unlisted: c.unlisted}
-	revs := make([]int64, len(out.entries))
+	n := len(out.entries)
+	revs := make([]int64, 0, min(n, MaxConfigs))
 	for i := range out.entries {
+		if i > 0 && i < n-(MaxConfigs-1) {
+			continue // held, and still bounding Share, but not sent
+		}
 		out.entries[i].reported = true
-		revs[i] = out.entries[i].Rev
+		revs = append(revs, out.entries[i].Rev)
 	}
 	return out, revs
 }

@@ -217,11 +217,11 @@ func TestChainNeverOversubscribes(t *testing.T) {
 	})
 }
 
-// TestChainWhenFull: a chain lists at most MaxConfigs configs; a config
-// adopted when it is full replaces the newest one if that was never
-// reported, else runs unlisted (counted in Share and Len, the current
-// config, never reported) until a confirmation frees room. The zero
-// Chain runs nothing.
+// TestChainWhenFull: a chain lists at most MaxChain configs and reports
+// the confirmed one and the newest MaxConfigs-1 of them; a config adopted
+// when it is full replaces the newest one if that was never reported, else
+// runs unlisted (counted in Share and Len, the current config, never
+// reported) until a confirmation frees room. The zero Chain runs nothing.
 func TestChainWhenFull(t *testing.T) {
 	if z := (Chain{}); z.Current() != (Revision{}) || z.Confirmed() != 0 || z.Len() != 0 {
 		t.Fatalf("zero chain: current %+v, confirmed %d, len %d", z.Current(), z.Confirmed(), z.Len())
@@ -230,32 +230,32 @@ func TestChainWhenFull(t *testing.T) {
 	small := chainConfig(t, [3]float64{1, 1, 8}, 100, 100) // eu 10/s
 	revs := func(c Chain) []int64 { _, r := c.Reported(); return r }
 	c := NewChain(1, cfg(1))
-	for rev := int64(2); rev <= MaxConfigs; rev++ {
+	for rev := int64(2); rev <= MaxChain; rev++ {
 		c = c.Adopt(rev, cfg(rev))
 	}
-	if c.Len() != MaxConfigs || c.Current().Rev != MaxConfigs {
-		t.Fatalf("len %d current %d, want %d", c.Len(), c.Current().Rev, MaxConfigs)
+	if c.Len() != MaxChain || c.Current().Rev != MaxChain {
+		t.Fatalf("len %d current %d, want %d", c.Len(), c.Current().Rev, MaxChain)
 	}
-	c = c.Adopt(20, cfg(20)) // the newest (8) was never reported: replaced
-	if got, want := revs(c), []int64{1, 2, 3, 4, 5, 6, 7, 20}; !slices.Equal(got, want) || c.Len() != MaxConfigs {
+	c = c.Adopt(20, cfg(20)) // the newest (16) was never reported: replaced
+	if got, want := revs(c), []int64{1, 10, 11, 12, 13, 14, 15, 20}; !slices.Equal(got, want) || c.Len() != MaxChain {
 		t.Fatalf("after replacing an unreported config: %v (len %d), want %v", got, c.Len(), want)
 	}
 	c, _ = c.Reported()
 	if c.Adopt(20, cfg(1)).Current().Cfg != c.Current().Cfg {
 		t.Fatal("adopting the current revision again changed the chain")
 	}
-	c = c.Adopt(30, small) // all reported: runs unlisted
-	if got, want := revs(c), []int64{1, 2, 3, 4, 5, 6, 7, 20}; !slices.Equal(got, want) {
+	c = c.Adopt(30, small) // the newest reported: runs unlisted
+	if got, want := revs(c), []int64{1, 10, 11, 12, 13, 14, 15, 20}; !slices.Equal(got, want) {
 		t.Fatalf("an unlisted config was reported: %v", got)
 	}
-	if c.Len() != MaxConfigs+1 || c.Current().Rev != 30 || c.Confirmed() != 1 {
-		t.Fatalf("unlisted: len %d, current %d, confirmed %d; want %d, 30, 1", c.Len(), c.Current().Rev, c.Confirmed(), MaxConfigs+1)
+	if c.Len() != MaxChain+1 || c.Current().Rev != 30 || c.Confirmed() != 1 {
+		t.Fatalf("unlisted: len %d, current %d, confirmed %d; want %d, 30, 1", c.Len(), c.Current().Rev, c.Confirmed(), MaxChain+1)
 	}
 	if r, _ := share(t, c, "eu"); r > 10.0001 {
 		t.Fatalf("eu's share %v with an unlisted config giving it 10/s", r)
 	}
-	if c3 := c.Confirm(3); !slices.Equal(revs(c3), []int64{3, 4, 5, 6, 7, 20, 30}) || c3.Len() != 7 {
-		t.Fatalf("confirming 3 listed %v (len %d), want the unlisted 30 listed after 20", revs(c3), c3.Len())
+	if c3 := c.Confirm(3); !slices.Equal(revs(c3), []int64{3, 11, 12, 13, 14, 15, 20, 30}) || c3.Len() != 15 {
+		t.Fatalf("confirming 3 reports %v (len %d), want the unlisted 30 listed after 20", revs(c3), c3.Len())
 	}
 	c = c.Confirm(20)
 	if got := revs(c); !slices.Equal(got, []int64{20, 30}) || c.Len() != 2 || c.Confirmed() != 20 {
@@ -266,6 +266,68 @@ func TestChainWhenFull(t *testing.T) {
 	}
 	if c2 := c.Confirm(20); !slices.Equal(revs(c2), []int64{20, 30}) {
 		t.Fatalf("confirming the confirmed revision again changed the chain: %v", revs(c2))
+	}
+}
+
+// TestRevisionsLeftOutOfReportsAreStillHeld: past MaxConfigs listed
+// configs, a report leaves out the oldest adopted ones, but the chain
+// keeps them: one of them confirmed on an earlier report is still found,
+// and a small share under one still bounds the region's.
+func TestRevisionsLeftOutOfReportsAreStillHeld(t *testing.T) {
+	big := chainConfig(t, [3]float64{1, 2, 1}, 100, 100)   // eu 50/s
+	small := chainConfig(t, [3]float64{1, 1, 8}, 100, 100) // eu 10/s
+	c := NewChain(1, big).Adopt(2, small)
+	c, first := c.Reported()
+	if !slices.Equal(first, []int64{1, 2}) {
+		t.Fatalf("first report %v, want [1 2]", first)
+	}
+	for rev := int64(3); rev <= MaxConfigs+2; rev++ {
+		c = c.Adopt(rev, big)
+		c, _ = c.Reported()
+	}
+	_, later := c.Reported()
+	if slices.Contains(later, 2) || len(later) != MaxConfigs || later[0] != 1 || later[len(later)-1] != MaxConfigs+2 {
+		t.Fatalf("report %v, want the confirmed 1 and the newest %d, 2 left out", later, MaxConfigs-1)
+	}
+	if r, _ := share(t, c, "eu"); r > 10.0001 {
+		t.Fatalf("eu's share %v, want at most 10/s: revision 2 is held though not reported", r)
+	}
+	if c2 := c.Confirm(2); c2.Confirmed() != 2 || c2.Len() != c.Len()-1 {
+		t.Fatalf("confirming 2 (on the first report): confirmed %d, len %d; want 2, %d", c2.Confirmed(), c2.Len(), c.Len()-1)
+	}
+}
+
+// TestChainFullOfSkippedRevisionsConfirmsTheNewest: a region that adopted
+// and reported seven revisions the other regions skipped still reports
+// the config every region then runs, so that one is confirmed and the
+// region's chain shrinks to it.
+func TestChainFullOfSkippedRevisionsConfirmsTheNewest(t *testing.T) {
+	cfgs := map[int64]*config.Config{}
+	for rev := int64(1); rev <= 12; rev++ {
+		cfgs[rev] = chainConfig(t, [3]float64{1, float64(rev%3 + 1), 1}, 100, 30)
+	}
+	eu := NewChain(1, cfgs[1])
+	for _, rev := range []int64{2, 3, 4, 5, 6, 7, 10} {
+		eu = eu.Adopt(rev, cfgs[rev])
+		eu, _ = eu.Reported()
+	}
+	ap := NewChain(1, cfgs[1]).Adopt(3, cfgs[3])
+	us := NewChain(1, cfgs[1])
+	conf := NewConfirmations()
+	chains := map[string]*Chain{"ap": &ap, "eu": &eu, "us": &us}
+	for range 2 {
+		for _, name := range chainRegions {
+			c, revs := chains[name].Adopt(12, cfgs[12]).Reported()
+			*chains[name] = c
+			conf.Observe(name, revs)
+		}
+		rev, _ := conf.Confirm(chainRegions)
+		for _, name := range chainRegions {
+			*chains[name] = chains[name].Confirm(rev)
+		}
+	}
+	if rev, _ := conf.Confirm(chainRegions); rev != 12 || eu.Len() != 1 || eu.Confirmed() != 12 {
+		t.Fatalf("every region runs revision 12: confirmed %d, eu's chain %d configs from %d", rev, eu.Len(), eu.Confirmed())
 	}
 }
 
@@ -421,12 +483,12 @@ func TestUnlistedConfigBoundsRequestsUnderOthers(t *testing.T) {
 	big := partitionConfig(t, [3]float64{1, 1, 2}, "0.5", 1)   // eu 25/s
 	small := partitionConfig(t, [3]float64{1, 1, 8}, "0.5", 1) // eu 10/s
 	c := NewChain(1, big)
-	for rev := int64(2); rev <= MaxConfigs; rev++ {
+	for rev := int64(2); rev <= MaxChain; rev++ {
 		c = c.Adopt(rev, big)
 	}
 	c, _ = c.Reported()
 	c = c.Adopt(30, small)
-	if c.Current().Rev != 30 || c.Len() != MaxConfigs+1 {
+	if c.Current().Rev != 30 || c.Len() != MaxChain+1 {
 		t.Fatalf("current %d, len %d: want 30 running unlisted", c.Current().Rev, c.Len())
 	}
 	res, err := big.Resolve(chainKey)

@@ -1512,9 +1512,10 @@ type RegionReport struct {
 	Keys []*KeyDemand `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
 	// The config revisions (etcd mod revisions, oldest first; a static
 	// config is revision 0) whose static shares the region still honours:
-	// the last one the global tier confirmed to it and every one adopted
+	// the last one the global tier confirmed to it and the newest 7 adopted
 	// since, the last being the config it runs. It uses the smallest static
-	// share among them (see regionsync.Chain). At most 8.
+	// share among them and among older ones it adopted and still holds (see
+	// regionsync.Chain). At most 8.
 	ConfigRevisions []int64 `protobuf:"varint,4,rep,packed,name=config_revisions,json=configRevisions,proto3" json:"config_revisions,omitempty"`
 	// Remaining validity (milliseconds, on the region's Redis clock at send
 	// time) of the region's static lease; 0: it runs on its floor.
