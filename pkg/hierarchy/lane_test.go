@@ -223,6 +223,7 @@ func TestDistinctStepsBelowEveryCandidate(t *testing.T) {
 		{"a zero grant without a clash stays zero", [][2]float64{{5, 5}}, 0, 0, 0, 0},
 		{"zero grant becomes the smallest rate", [][2]float64{{0, 0}}, 0, 0, tiny, 0},
 		{"then its multiples", [][2]float64{{0, 0}, {tiny, 0}, {2 * tiny, 0}}, 0, 0, 3 * tiny, 0},
+		{"a rate stepped down to zero climbs back past every candidate", [][2]float64{{2 * tiny, 0}, {tiny, 0}, {0, 0}}, 2 * tiny, 0, 3 * tiny, 0},
 	} {
 		var f fence
 		for _, r := range tc.recs {
