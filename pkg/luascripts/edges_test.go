@@ -556,6 +556,64 @@ func TestLeaseOutlivesItsBucket(t *testing.T) {
 	}
 }
 
+// TestLeaseWithTokensOutlivesItsBucket: while tokens are out the lease
+// keys share the bucket's TTL, so a bucket lost on its own (evicted under
+// memory pressure) is the one way a lease holding an unspent token and a
+// demand reading of 0.001/s meets a fresh bucket. Releasing the lease
+// there, or reporting its last token used, subtracts the token and the
+// reading (dropped, or replaced by a smaller one) from zero: the fresh
+// bucket keeps nothing out and no demand, not below zero and not above,
+// and stays full.
+func TestLeaseWithTokensOutlivesItsBucket(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(w *twin, k Keys, c Common, r Report)
+	}{
+		{"release", func(w *twin, k Keys, c Common, r Report) {
+			if rel := w.release(k, c, r); rel.Returned != 1 || rel.Conflict {
+				w.t.Fatalf("release on a fresh bucket: %+v, want the unspent token back", rel)
+			}
+		}},
+		{"last token used", func(w *twin, k Keys, c Common, r Report) {
+			// The last token over 3000s more: a reading of 0 (1/3000 per
+			// second rounds to nothing) replacing the lease's 0.001/s.
+			r.Used, r.BuiltUS = 2, 1+4_000_000_000
+			if g := w.sync(k, c, r); g.Conflict || g.Duplicate {
+				w.t.Fatalf("report on a fresh bucket: %+v, want it applied", g)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newTwin(t)
+			k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+			c := Common{StaticRate: 1000, StaticBurst: 1000, LeaseTTL: time.Second, Reclaim: true, ReapBudget: 8,
+				DemandWindow: time.Millisecond}
+			t0 := w.now
+			r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 2, Min: 1, BuiltUS: 1}
+			if g := w.sync(k, c, r); g.Granted != 2 {
+				t.Fatalf("lease of two tokens: %+v", g)
+			}
+			// One token used over 1000s of build time: 1/1000 per second.
+			w.at(t0 + 1_000)
+			r.Seq, r.Used, r.Want, r.BuiltUS = 2, 1, 0, 1+1_000_000_000
+			w.sync(k, c, r)
+			if st := w.state(k, c); st.LeaseDemand != 0.001 || st.Outstanding != 1 {
+				t.Fatalf("after one of two tokens used: %+v, want a reading of 0.001/s and one token out", st)
+			}
+			if err := w.rdb.Del(w.ctx, k.Bucket).Err(); err != nil {
+				t.Fatal(err)
+			}
+			delete(w.m.buckets, k.Bucket)
+			w.at(t0 + 2_000)
+			r.Seq = 3
+			tc.end(w, k, c, r)
+			if st := w.state(k, c); st.LeaseDemand != 0 || st.Outstanding != 0 || st.Tokens != 1000 {
+				t.Fatalf("fresh bucket after the old lease's last report: %+v, want no demand, nothing out, full", st)
+			}
+		})
+	}
+}
+
 // TestStateReadRenewsTTLs: a read of a key (state.lua writing nothing)
 // renews the bucket's TTL to bucket_ttl at the read's instant, and the
 // lease keys' only while tokens are out, as a writing call would; the
