@@ -290,6 +290,31 @@ func TestCandidateMarksAtExactThresholds(t *testing.T) {
 		t.Fatalf("candidates %v: lease and strict demand below half marked", got)
 	}
 
+	// Lease demand a hair below half (4999 tokens over 100s of build time:
+	// 49.99/s) is no candidate: without strict demand it opens no mark
+	// window either.
+	below := KeysFor(DefaultPrefix, quota.Key{Tenant: "below", Class: "read"})
+	w.at(t0)
+	w.sync(below, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 100, Min: 1, BuiltUS: 1})
+	w.at(t0 + 1_000)
+	w.sync(below, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Used: 4999, Want: 100, Min: 1,
+		BuiltUS: 1 + 100_000_000})
+	if st := w.state(below, c); st.LeaseDemand != 49.99 {
+		t.Fatalf("lease demand %v/s, want 49.99", st.LeaseDemand)
+	}
+	if w.rdb.HExists(w.ctx, below.Bucket, "cw").Val() {
+		t.Fatal("lease demand just below half opened a mark window")
+	}
+	if got := w.cands(below.Cand); got[below.Member] != 0 {
+		t.Fatalf("candidates %v: lease demand just below half marked", got)
+	}
+	// A strict decision opens the window; the reading it adds (one token
+	// since the epoch) leaves the sum below half: still no mark.
+	w.check(below, c, 1)
+	if got := w.cands(below.Cand); got[below.Member] != 0 {
+		t.Fatalf("candidates %v: lease demand just below half and a trickle of strict demand marked", got)
+	}
+
 	// A key on a share of 0, strict-checked once (marked), then read by a
 	// lease report without demand a window later: nothing to mark.
 	floor := KeysFor(DefaultPrefix, quota.Key{Tenant: "floor", Class: "read"})
