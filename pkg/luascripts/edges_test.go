@@ -152,6 +152,22 @@ func TestWaitAtTheSmallestRate(t *testing.T) {
 	}
 }
 
+// TestFreshBucketRefillsFromTheEpoch: without a restart wait a missing
+// bucket counts as empty since Redis time 0 and the refill credits it up
+// to its cap; at the smallest rate that is not the cap but 1.8 tokens at
+// 1.8e15µs, remainder and all, so the first decision sees exactly them.
+func TestFreshBucketRefillsFromTheEpoch(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "epoch", Class: "read"})
+	c := Common{StaticRate: 1e-9, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	if r := w.check(k, c, 1); !r.Allowed || r.Remaining != 0 {
+		t.Fatalf("first check at %dus: %+v, want allowed with nothing whole left", w.now, r)
+	}
+	if st := w.state(k, c); st.Tokens != 0.8 {
+		t.Fatalf("tokens %v, want 0.8 (1.8 refilled since the epoch, 1 taken)", st.Tokens)
+	}
+}
+
 // TestModelExpiresKeysAtTheirDeadline: the Model drops a key at the instant
 // its TTL runs out, not before (as ExpireDue documents), so the harnesses
 // that replay Redis expiry on virtual time never keep a key past it.
