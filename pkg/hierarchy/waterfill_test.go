@@ -2,6 +2,7 @@ package hierarchy
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -304,5 +305,69 @@ func TestFairShareWithLittleOrNoCapacity(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// TestValidateRegionsBounds pins every region check at its bound: at most
+// MaxRegions regions, weights above 0, min and max shares in [0, 1] (a
+// max share of 0 means 1) with the min share at most the max share, min
+// shares adding up to at most 1 and max shares to at least 1, both within
+// shareTolerance.
+func TestValidateRegionsBounds(t *testing.T) {
+	many := func(n int) []Region {
+		rs := make([]Region, n)
+		for i := range rs {
+			rs[i] = Region{Name: fmt.Sprintf("r%d", i), Weight: 1}
+		}
+		return rs
+	}
+	one := func(r Region) []Region {
+		r.Name = "a"
+		return []Region{r}
+	}
+	two := func(a, b Region) []Region {
+		a.Name, b.Name = "a", "b"
+		return []Region{a, b}
+	}
+	above1 := math.Nextafter(1, 2)
+	for _, tc := range []struct {
+		name    string
+		regions []Region
+		ok      bool
+	}{
+		{"MaxRegions regions", many(MaxRegions), true},
+		{"one region more than MaxRegions", many(MaxRegions + 1), false},
+		{"the smallest positive weight", one(Region{Weight: math.SmallestNonzeroFloat64}), true},
+		{"a negative weight", one(Region{Weight: -1}), false},
+		{"an infinite weight", one(Region{Weight: math.Inf(1)}), false},
+		{"min share exactly 1", one(Region{Weight: 1, MinShare: 1}), true},
+		{"min share just above 1", one(Region{Weight: 1, MinShare: above1}), false},
+		{"a negative min share", one(Region{Weight: 1, MinShare: -0.1}), false},
+		{"a NaN min share", one(Region{Weight: 1, MinShare: math.NaN()}), false},
+		{"max share exactly 1", one(Region{Weight: 1, MaxShare: 1}), true},
+		{"max share just above 1", one(Region{Weight: 1, MaxShare: above1}), false},
+		{"a negative max share", one(Region{Weight: 1, MaxShare: -0.1}), false},
+		{"an infinite max share", one(Region{Weight: 1, MaxShare: math.Inf(1)}), false},
+		{"a NaN max share", one(Region{Weight: 1, MaxShare: math.NaN()}), false},
+		{"min share equal to max share", two(Region{Weight: 1, MinShare: 0.5, MaxShare: 0.5}, Region{Weight: 1}), true},
+		{"min share above a max share of 0 (1)", one(Region{Weight: 1, MinShare: 1, MaxShare: 0}), true},
+		{"min shares adding up to exactly 1", two(Region{Weight: 1, MinShare: 0.5}, Region{Weight: 1, MinShare: 0.5}), true},
+		{"min shares adding up to exactly 1+shareTolerance", two(Region{Weight: 1, MinShare: 0.5}, Region{Weight: 1, MinShare: 0.5 + shareTolerance}), true},
+		{"min shares within tolerance above 1", two(Region{Weight: 1, MinShare: 0.5 + shareTolerance/2}, Region{Weight: 1, MinShare: 0.5}), true},
+		{"min shares beyond tolerance above 1", two(Region{Weight: 1, MinShare: 0.5 + 2*shareTolerance}, Region{Weight: 1, MinShare: 0.5}), false},
+		{"max shares adding up to exactly 1", two(Region{Weight: 1, MaxShare: 0.5}, Region{Weight: 1, MaxShare: 0.5}), true},
+		{"max shares adding up to exactly 1-shareTolerance", one(Region{Weight: 1, MaxShare: 1 - shareTolerance}), true},
+		{"max shares within tolerance below 1", two(Region{Weight: 1, MaxShare: 0.5 - shareTolerance/2}, Region{Weight: 1, MaxShare: 0.5}), true},
+		{"max shares beyond tolerance below 1", two(Region{Weight: 1, MaxShare: 0.5 - 2*shareTolerance}, Region{Weight: 1, MaxShare: 0.5}), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateRegions(tc.regions)
+			if tc.ok && err != nil {
+				t.Fatalf("got %v, want valid", err)
+			}
+			if !tc.ok && !errors.Is(err, quota.ErrInvalid) {
+				t.Fatalf("got %v, want an error wrapping quota.ErrInvalid", err)
+			}
+		})
 	}
 }
