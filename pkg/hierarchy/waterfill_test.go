@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -369,5 +370,41 @@ func TestValidateRegionsBounds(t *testing.T) {
 				t.Fatalf("got %v, want an error wrapping quota.ErrInvalid", err)
 			}
 		})
+	}
+}
+
+// TestFairShareFloorsExactlyTheCapacityUnderWeights: when the floors add
+// up to exactly the capacity, every region gets its floor to the bit,
+// whatever the weights (levels computed as floor/weight would round).
+func TestFairShareFloorsExactlyTheCapacityUnderWeights(t *testing.T) {
+	w := []float64{3, 1, 5, 6}
+	lo := []float64{0.7, 0.1, 0.5, 0.6}
+	hi := []float64{1.7, 1.1, 1.5, 1.6}
+	var capacity float64
+	for _, l := range lo {
+		capacity += l
+	}
+	out := make([]float64, len(w))
+	var fs fillScratch
+	fairShare(capacity, w, lo, hi, hi, out, &fs)
+	if !slices.Equal(out, lo) {
+		t.Fatalf("got %v, want the floors %v", out, lo)
+	}
+}
+
+// TestWaterLevelSweepEndingShortOfCapacityGivesTheCeilings: ceilings
+// adding up to one float step above the capacity, where rounding keeps
+// the sweep from crossing it after the last event, give every region its
+// ceiling.
+func TestWaterLevelSweepEndingShortOfCapacityGivesTheCeilings(t *testing.T) {
+	w := []float64{0.4, 0.5, 1}
+	lo := []float64{0, 0, 0}
+	hi := []float64{35.333333333333336, 70.85714285714286, 6}
+	capacity := math.Nextafter(hi[0]+hi[1]+hi[2], 0)
+	out := make([]float64, len(w))
+	var fs fillScratch
+	waterLevel(capacity, w, lo, hi, out, &fs)
+	if !slices.Equal(out, hi) {
+		t.Fatalf("got %v, want the ceilings %v", out, hi)
 	}
 }
