@@ -345,3 +345,29 @@ func TestSplitUnitsWithoutWeights(t *testing.T) {
 		t.Fatalf("4 units over 3 regions without weights = %v, want %v", out, want)
 	}
 }
+
+// TestStaticBurstsWithoutRegionsWritesNothing: no regions, no caps (and
+// no panic).
+func TestStaticBurstsWithoutRegionsWritesNothing(t *testing.T) {
+	StaticBursts(10, 1, nil, nil)
+	out := []float64{7}
+	StaticBursts(10, 1, []Region{}, out[:0])
+	if out[0] != 7 {
+		t.Fatalf("wrote %v past zero regions", out[0])
+	}
+}
+
+// TestStaticBurstsDoesNotAllocate: the split runs on every limit and
+// region change; up to MaxRegions regions it allocates nothing.
+func TestStaticBurstsDoesNotAllocate(t *testing.T) {
+	for _, n := range []int{1, MaxRegions} {
+		regions := make([]Region, n)
+		for i := range regions {
+			regions[i] = Region{Name: fmt.Sprintf("r%02d", i), Weight: float64(1 + i%3)}
+		}
+		out := make([]float64, n)
+		if a := testing.AllocsPerRun(20, func() { StaticBursts(1000, 1, regions, out) }); a != 0 {
+			t.Fatalf("%d regions: %v allocations per split, want 0", n, a)
+		}
+	}
+}
