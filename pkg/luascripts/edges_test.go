@@ -170,7 +170,8 @@ func TestFreshBucketRefillsFromTheEpoch(t *testing.T) {
 
 // TestModelExpiresKeysAtTheirDeadline: the Model drops a key at the instant
 // its TTL runs out, not before (as ExpireDue documents), so the harnesses
-// that replay Redis expiry on virtual time never keep a key past it.
+// that replay Redis expiry on virtual time never keep a key past it; a
+// dropped key has no TTL left.
 func TestModelExpiresKeysAtTheirDeadline(t *testing.T) {
 	m := NewModel()
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
@@ -187,6 +188,11 @@ func TestModelExpiresKeysAtTheirDeadline(t *testing.T) {
 	}
 	if gone := m.ExpireDue(deadline); !reflect.DeepEqual(gone, []string{k.Bucket, k.Leases, k.Expiry}) {
 		t.Fatalf("at the deadline expired %v, want the bucket, the lease hash and its expiry set", gone)
+	}
+	for _, name := range []string{k.Bucket, k.Leases, k.Expiry} {
+		if ttl, ok := m.LastTTL(name); ok || ttl != 0 {
+			t.Fatalf("%s after its expiry: TTL %v, %v; want none (0, false)", name, ttl, ok)
+		}
 	}
 }
 
