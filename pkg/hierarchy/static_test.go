@@ -371,3 +371,16 @@ func TestStaticBurstsDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitUnitsReusesItsScratch: once the scratch holds n regions, a
+// split of n regions allocates nothing.
+func TestSplitUnitsReusesItsScratch(t *testing.T) {
+	weight, sb, demand := []float64{1, 2, 3}, []float64{1, 1, 1}, []float64{1, 0, 2}
+	role := []int8{1, 0, -1}
+	out := make([]float64, 3)
+	var us unitScratch
+	splitUnits(5, 1, weight, sb, demand, role, out, &us)
+	if a := testing.AllocsPerRun(20, func() { splitUnits(5, 1, weight, sb, demand, role, out, &us) }); a != 0 {
+		t.Fatalf("%v allocations per split with a grown scratch, want 0", a)
+	}
+}
