@@ -13,6 +13,7 @@ func TestFloor(t *testing.T) {
 	}{
 		{"whole share keeps everything", 250, 7.5, 1, 3, 250, 7.5},
 		{"zero share keeps nothing", 250, 500, 0, 1, 0, 0},
+		{"zero share keeps nothing of an unbounded static share", math.Inf(1), math.Inf(1), 0, 1, 0, 0},
 		{"burst rounds down to tokens", 100, 7, 0.5, 0, 50, 3},
 		{"burst rounds down to units", 100, 20, 0.5, 4, 50, 8},
 		{"less than one unit is none", 100, 5, 0.5, 4, 50, 0},
