@@ -408,3 +408,24 @@ func TestWaterLevelSweepEndingShortOfCapacityGivesTheCeilings(t *testing.T) {
 		t.Fatalf("got %v, want the ceilings %v", out, hi)
 	}
 }
+
+// TestWaterFillRejectsAShortOutput: an output slice of the wrong length
+// is refused even when the demands match the regions.
+func TestWaterFillRejectsAShortOutput(t *testing.T) {
+	regions := []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
+	if err := WaterFill(10, regions, []float64{1, 1}, make([]float64, 1)); !errors.Is(err, quota.ErrInvalid) {
+		t.Fatalf("got %v, want an error wrapping quota.ErrInvalid", err)
+	}
+}
+
+// TestFairShareReusesItsScratch: once the scratch holds n regions, a
+// fill of n regions (through the sweep) allocates nothing.
+func TestFairShareReusesItsScratch(t *testing.T) {
+	w, lo, hi := []float64{1, 2, 3}, []float64{0, 1, 0}, []float64{10, 10, 10}
+	demand, out := []float64{5, 9, 7}, make([]float64, 3)
+	var fs fillScratch
+	fairShare(12, w, lo, hi, demand, out, &fs)
+	if a := testing.AllocsPerRun(20, func() { fairShare(12, w, lo, hi, demand, out, &fs) }); a != 0 {
+		t.Fatalf("%v allocations per fill with a grown scratch, want 0", a)
+	}
+}
