@@ -280,18 +280,7 @@ func answer(now time.Time, d quota.Decision, res config.Resolved) (AllowResponse
 }
 
 // ceilMS rounds d up to whole milliseconds (0 for d <= 0).
-func ceilMS(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	// Not (d + unit - 1) / unit: that overflows for d near the largest
-	// Duration and would promise a wait of almost nothing.
-	n := int64(d / time.Millisecond)
-	if d%time.Millisecond != 0 {
-		n++
-	}
-	return n
-}
+func ceilMS(d time.Duration) int64 { return quota.WholeUnits(d, time.Millisecond) }
 
 func writeError(w http.ResponseWriter, e *badRequest) {
 	writeJSON(w, e.status, ErrorResponse{Error: e.msg, Field: e.field})

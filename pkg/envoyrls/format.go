@@ -116,18 +116,7 @@ func refillWindow(l quota.Limit) int64 {
 }
 
 // ceilSeconds rounds d up to whole seconds (0 for d <= 0).
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	// Not (d + unit - 1) / unit: that overflows for d near the largest
-	// Duration and would promise a wait of almost nothing.
-	n := int64(d / time.Second)
-	if d%time.Second != 0 {
-		n++
-	}
-	return n
-}
+func ceilSeconds(d time.Duration) int64 { return quota.WholeUnits(d, time.Second) }
 
 // decided is one matched descriptor after its decision.
 type decided struct {

@@ -294,16 +294,7 @@ func sfString(s string) string {
 }
 
 // ceilSeconds rounds d up to whole seconds; zero or negative gives 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
-}
+func ceilSeconds(d time.Duration) int64 { return quota.WholeUnits(d, time.Second) }
 
 // ceilUnix is t as Unix seconds, rounded up to the next whole second.
 func ceilUnix(t time.Time) int64 {

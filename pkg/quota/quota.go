@@ -106,6 +106,21 @@ func ValidateWant(want int64) error {
 	return nil
 }
 
+// WholeUnits is d rounded up to whole units (the seconds or milliseconds
+// of a Retry-After, a reset or a JSON wait), 0 for d <= 0. It never
+// overflows: the largest Duration rounds up to one unit more than it holds
+// whole, not to a wait of nothing.
+func WholeUnits(d, unit time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	n := int64(d / unit)
+	if d%unit != 0 {
+		n++
+	}
+	return n
+}
+
 // Limit is the rate and burst of one key.
 type Limit struct {
 	// Rate in tokens per second; > 0.

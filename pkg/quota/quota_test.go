@@ -2,8 +2,10 @@ package quota
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestValidateAcceptsExactlyTheNameAlphabet pins the Key invariant the
@@ -152,6 +154,25 @@ func TestRefusalsQuoteTheNameCutTo40Bytes(t *testing.T) {
 		err := ValidateID("instance", tc.name)
 		if err == nil || !strings.Contains(err.Error(), "instance "+tc.quoted+" has byte") {
 			t.Errorf("ValidateID(%q) = %v, want it to quote %s", tc.name, err, tc.quoted)
+		}
+	}
+}
+
+// TestWholeUnits: a duration rounds up to whole units; an exact unit stays
+// itself, nothing left is 0, and the largest Duration does not overflow.
+func TestWholeUnits(t *testing.T) {
+	for _, c := range []struct {
+		d, unit time.Duration
+		want    int64
+	}{
+		{-time.Second, time.Second, 0}, {0, time.Millisecond, 0}, {time.Nanosecond, time.Second, 1},
+		{time.Second, time.Second, 1}, {time.Second + time.Nanosecond, time.Second, 2},
+		{1500 * time.Microsecond, time.Millisecond, 2}, {3 * time.Millisecond, time.Millisecond, 3},
+		{math.MaxInt64, time.Second, math.MaxInt64/int64(time.Second) + 1},
+		{math.MaxInt64, time.Millisecond, math.MaxInt64/int64(time.Millisecond) + 1},
+	} {
+		if got := WholeUnits(c.d, c.unit); got != c.want {
+			t.Errorf("WholeUnits(%v, %v) = %d, want %d", c.d, c.unit, got, c.want)
 		}
 	}
 }
