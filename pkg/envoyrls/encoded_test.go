@@ -2,7 +2,6 @@ package envoyrls_test
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
@@ -40,13 +40,7 @@ func serveRegistered(t testing.TB, svc *envoyrls.Service) rlsv3.RateLimitService
 // client of it.
 func serveOn(t testing.TB, g *grpc.Server) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(grpctest.Serve(t, g), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
@@ -193,13 +194,7 @@ func serve(t *testing.T, a *Authorizer, serverTLS *tls.Config) string {
 	srv := grpc.NewServer(opts...)
 	srv.RegisterService(&probeService, struct{}{})
 	srv.RegisterService(&otherService, struct{}{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
-	return ln.Addr().String()
+	return grpctest.Serve(t, srv)
 }
 
 func (p *pki) mutualTLS() *tls.Config {

@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/rpcauth"
 	"github.com/sluicehq/sluice/pkg/rpcguard"
@@ -33,13 +34,7 @@ func serveHealth(t *testing.T, opts []grpc.ServerOption) string {
 	t.Helper()
 	srv := grpc.NewServer(opts...)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
-	return ln.Addr().String()
+	return grpctest.Serve(t, srv)
 }
 
 func healthClient(t *testing.T, addr string, creds credentials.TransportCredentials) healthpb.HealthClient {
