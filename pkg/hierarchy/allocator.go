@@ -179,6 +179,7 @@ type Allocator struct {
 	regions     []regionState
 	regionIndex map[string]int
 	nr          int
+	fracs       []float64 // regions[i].frac, in a slice of their own for loadShares
 
 	// Keys, indexed by key slot.
 	keyIndex  map[quota.Key]int32
@@ -336,8 +337,10 @@ func (a *Allocator) installRegions(regions []Region) {
 	for _, r := range regions {
 		sum += r.Weight
 	}
+	a.fracs = make([]float64, len(regions))
 	for i, r := range regions {
 		a.regions[i] = regionState{Region: r, frac: r.Weight / sum, sendLB: negInf, lastAnswerAt: negInf, lapseState: a.freshLapseState()}
+		a.fracs[i] = a.regions[i].frac
 		a.regionIndex[r.Name] = i
 	}
 	a.silent = make([]bool, a.nr)
@@ -697,12 +700,17 @@ func (a *Allocator) loadShares(k int32) *shares {
 		// What static, fallback and counted come to when no region is
 		// drained, lapsed or returning and the key has no per-region
 		// static shares: Rate·w_r/Σw and the static burst, everywhere.
+		// (Every slice is cut to the regions first, so that the loop
+		// checks no index.)
 		sb := a.sburst[int(k)*a.nr : int(k)*a.nr+a.nr]
-		for i := range sb {
-			s, b := l.Rate*a.regions[i].frac, sb[i]
-			sh.sR[i], sh.sB[i] = s, b
-			sh.fR[i], sh.fB[i] = s, b
-			sh.cR[i], sh.cB[i] = s, b
+		fracs := a.fracs[:len(sb)]
+		sR, sB, fR, fB := sh.sR[:len(sb)], sh.sB[:len(sb)], sh.fR[:len(sb)], sh.fB[:len(sb)]
+		cR, cB := sh.cR[:len(sb)], sh.cB[:len(sb)]
+		for i, b := range sb {
+			s := l.Rate * fracs[i]
+			sR[i], sB[i] = s, b
+			fR[i], fB[i] = s, b
+			cR[i], cB[i] = s, b
 			sumR += s
 			sumB += b
 		}
@@ -874,15 +882,32 @@ func (a *Allocator) alphaFor(window int64) float64 {
 
 func (a *Allocator) effectiveDemand(k int32, i int) float64 {
 	j := int(k)*a.nr + i
-	last := a.lastObs[j]
+	return a.decayed(a.demand[j], a.lastObs[j], a.regions[i].nReports)
+}
+
+// decayed is an estimate d last observed at report count last (0: never)
+// of a region now at report count n: d less what the reports since that
+// did not mention the key took away.
+func (a *Allocator) decayed(d float64, last, n uint32) float64 {
 	if last == 0 {
 		return 0
 	}
-	n := a.regions[i].nReports - last
-	if n == 0 {
-		return a.demand[j] // × decay(0) = 1
+	if n == last {
+		return d // × decay(0) = 1
 	}
-	return a.demand[j] * a.decay(n)
+	return d * a.decay(n-last)
+}
+
+// effectiveDemands writes effectiveDemand(k, i) of every region i into
+// dem[i], reading the key's row of estimates in one pass.
+func (a *Allocator) effectiveDemands(k int32, dem []float64) {
+	row := int(k) * a.nr
+	demand, lastObs := a.demand[row:row+a.nr], a.lastObs[row:row+a.nr]
+	regions := a.regions[:a.nr]
+	dem = dem[:a.nr]
+	for i := range dem {
+		dem[i] = a.decayed(demand[i], lastObs[i], regions[i].nReports)
+	}
 }
 
 // aboveStatic reports whether region i's demand for key slot k needs a
@@ -916,10 +941,9 @@ func (a *Allocator) Allocate(now time.Time) {
 		sh := a.loadShares(k)
 		l := &a.limits[k]
 		contended := false
+		a.effectiveDemands(k, a.dem)
 		for i := 0; i < nr; i++ {
-			d := a.effectiveDemand(k, i)
-			a.dem[i] = d
-			if !a.silent[i] && needsGrant(d, sh.fR[i], sh.fB[i], l) {
+			if !a.silent[i] && needsGrant(a.dem[i], sh.fR[i], sh.fB[i], l) {
 				contended = true
 			}
 		}
@@ -975,9 +999,7 @@ func (a *Allocator) markSilent(t int64) {
 // fenced), only which of the safe grants is chosen.
 func (a *Allocator) retarget(t int64, k, b int32, sh *shares) {
 	ensure(&a.dem, a.nr)
-	for i := 0; i < a.nr; i++ {
-		a.dem[i] = a.effectiveDemand(k, i)
-	}
+	a.effectiveDemands(k, a.dem)
 	a.computeTargets(t, k, b, sh)
 }
 
@@ -996,28 +1018,33 @@ func (a *Allocator) computeTargets(t int64, k, b int32, sh *shares) {
 	capacity, pool := l.Rate, l.Burst
 	// The silent regions' targets, what they leave, and the reporting
 	// regions' demands packed to 0..n-1: all that may change from one
-	// call to the next without the generation (see targetMemo).
+	// call to the next without the generation (see targetMemo). With no
+	// region silent (the usual case) the demands are packed already and
+	// the limit is left whole.
 	var silent uint64
-	n := 0
-	for i := 0; i < nr; i++ {
-		if !a.silent[i] {
-			dem[n] = dem[i]
-			n++
-			continue
+	n := nr
+	if slices.Contains(a.silent[:nr], true) {
+		n = 0
+		for i := 0; i < nr; i++ {
+			if !a.silent[i] {
+				dem[n] = dem[i]
+				n++
+				continue
+			}
+			silent |= 1 << i
+			f := &a.summaries[base+i]
+			s, sb := sh.cR[i], sh.cB[i]
+			fr, fb := s, sb
+			if f.rateT > t {
+				fr = max(f.rateV, s)
+			}
+			if f.burstT > t {
+				fb = max(f.burstV, sb)
+			}
+			a.targetRate[base+i], a.targetBurst[base+i] = fr, fb
+			capacity -= fr
+			pool -= fb
 		}
-		silent |= 1 << i
-		f := &a.summaries[base+i]
-		s, sb := sh.cR[i], sh.cB[i]
-		fr, fb := s, sb
-		if f.rateT > t {
-			fr = max(f.rateV, s)
-		}
-		if f.burstT > t {
-			fb = max(f.burstV, sb)
-		}
-		a.targetRate[base+i], a.targetBurst[base+i] = fr, fb
-		capacity -= fr
-		pool -= fb
 	}
 	if n == 0 {
 		return
@@ -1220,7 +1247,10 @@ func (a *Allocator) unitDonor(l *KeyLimit, n int, capacity, sumHi float64) (int,
 	return best, bestTo
 }
 
-func badNumber(x float64) bool { return !finite(x) || x < 0 }
+// badNumber reports whether x is not a finite number >= 0. It is
+// !finite(x) || x < 0 in one range test (NaN fails both comparisons, -0
+// passes both), since Report runs it five times per key.
+func badNumber(x float64) bool { return !(x >= 0 && x <= math.MaxFloat64) }
 
 // Report ingests one region report received at now and returns that
 // region's answer: grants, one for each key in the report that needs one,
@@ -1405,7 +1435,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 			freed = r1 < r0-1e-9*l.Rate || b1 < b0-1e-9*l.Burst
 		}
 		if issued {
-			answer = append(answer, g)
+			answer = appendGrant(answer, &g)
 		}
 	}
 	if freed && !learning {
@@ -1431,7 +1461,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 			cr, cb := sh.cR[ri], sh.cB[ri]
 			a.summaries[int(b)*nr+ri] = f.summarize(t, cr, cb)
 			if issued {
-				answer = append(answer, g)
+				answer = appendGrant(answer, &g)
 			}
 		}
 	}
@@ -1457,6 +1487,23 @@ func (a *Allocator) ReportAgain(region string) time.Duration {
 		return 0
 	}
 	return max(time.Millisecond, (time.Duration(a.epochNS) / 3).Truncate(time.Millisecond))
+}
+
+// appendGrant is append(answer, *g), copying field by field: a Grant is
+// too large to be copied in registers, so append would copy it with the
+// runtime's generic typed copy, which while the collector marks runs a
+// bulk write barrier over the type's pointer map; the key's two strings
+// stored as fields take two plain write barriers instead.
+func appendGrant(answer []Grant, g *Grant) []Grant {
+	n := len(answer)
+	if n == cap(answer) {
+		return append(answer, *g)
+	}
+	answer = answer[:n+1]
+	p := &answer[n]
+	p.Key = g.Key
+	p.Rate, p.Burst, p.Valid = g.Rate, g.Burst, g.Valid
+	return answer
 }
 
 func heldOf(kd *KeyDemand) heldReport {

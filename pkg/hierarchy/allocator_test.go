@@ -583,3 +583,35 @@ func TestReportStampWraps(t *testing.T) {
 		t.Fatalf("a key named twice after the wrap: %v, want ErrInvalid", err)
 	}
 }
+
+// TestBadNumberIsNotFiniteOrNonNegative: Report's one-comparison test of
+// a reading refuses exactly what !finite(x) || x < 0 refuses, at every
+// float edge (negative zero passes, NaN and both infinities do not).
+func TestBadNumberIsNotFiniteOrNonNegative(t *testing.T) {
+	for _, x := range []float64{
+		0, math.Copysign(0, -1), math.SmallestNonzeroFloat64, -math.SmallestNonzeroFloat64,
+		1, -1, math.MaxFloat64, -math.MaxFloat64, math.Inf(1), math.Inf(-1), math.NaN(),
+	} {
+		if got, want := badNumber(x), !finite(x) || x < 0; got != want {
+			t.Errorf("badNumber(%v) = %v, want %v", x, got, want)
+		}
+	}
+}
+
+// TestAppendGrantIsAppend: the answer's field-by-field append gives what
+// append gives, with room in the slice and without (it grows then).
+func TestAppendGrantIsAppend(t *testing.T) {
+	g := Grant{Key: quota.Key{Tenant: "t", Class: "c"}, Rate: 1.5, Burst: 2.5, Valid: 3 * time.Second}
+	prev := Grant{Key: quota.Key{Tenant: "p", Class: "q"}, Rate: 1, Burst: 2, Valid: time.Second}
+	for _, room := range []int{0, 1, 4} {
+		answer := make([]Grant, 1, 1+room)
+		answer[0] = prev
+		got := appendGrant(answer, &g)
+		if want := []Grant{prev, g}; !reflect.DeepEqual(got, want) {
+			t.Errorf("room %d: appendGrant = %+v, want %+v", room, got, want)
+		}
+		if room > 0 && &got[0] != &answer[0] {
+			t.Errorf("room %d: appendGrant moved the answer instead of using its room", room)
+		}
+	}
+}

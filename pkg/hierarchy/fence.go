@@ -54,9 +54,14 @@ const maxRecs = 3
 // region may have fallen back to it: always when heldKnown is false (it
 // may hold nothing), else from P = min le over candidates on. Burst caps
 // are the same, plus holdBurst.
+//
+// The fields every report reads come first and the records after them, in
+// age order: in steady state a region holds one grant and gets the next,
+// so the records in use (recs[:n], n <= 2) and the fields before them are
+// the first 120 of the fence's 168 bytes; the last record is touched only
+// while answers are being lost.
 type fence struct {
-	recs [maxRecs]grantRec
-	n    uint8
+	n uint8
 	// heldKnown: the region provably received the oldest candidate, so it
 	// holds one of the candidates until at least P.
 	heldKnown bool
@@ -68,6 +73,7 @@ type fence struct {
 	// static share) or until a report shows the holding within the cap.
 	holdBurst float64
 	holdUntil int64
+	recs      [maxRecs]grantRec
 }
 
 func (f *fence) fallbackAt() int64 {
