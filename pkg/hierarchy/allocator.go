@@ -1642,13 +1642,16 @@ func (a *Allocator) lanesFor(t int64, b int32, ri int, sh *shares) {
 	rl.reset(fr)
 	bl.reset(fb)
 	rl.base, bl.base = s, sb
-	for y := 0; y < a.nr; y++ {
+	// Cut to the regions first, so that the loop checks no index.
+	sums := a.summaries[base : base+a.nr]
+	cR, cB := sh.cR[:len(sums)], sh.cB[:len(sums)]
+	for y := range sums {
 		if y == ri {
 			continue
 		}
-		fy := &a.summaries[base+y]
-		rl.addOther(t, fy.rateV, fy.rateT, sh.cR[y])
-		bl.addOther(t, fy.burstV, fy.burstT, sh.cB[y])
+		fy := &sums[y]
+		rl.addOther(t, fy.rateV, fy.rateT, cR[y])
+		bl.addOther(t, fy.burstV, fy.burstT, cB[y])
 	}
 	if dr, db := a.freed(ri, sh); dr != 0 || db != 0 {
 		rl.base += dr

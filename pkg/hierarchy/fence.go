@@ -101,8 +101,11 @@ type summary struct {
 func (f *fence) summarize(now int64, static, staticBurst float64) summary {
 	var aHi, bHi float64
 	aUntil, bUntil := negInf, negInf
+	// p is fallbackAt, worked out in the same pass over the records.
+	p := posInf
 	for i := 0; i < int(f.n); i++ {
 		r := &f.recs[i]
+		p = min(p, r.le)
 		if r.ue <= now {
 			continue
 		}
@@ -110,12 +113,14 @@ func (f *fence) summarize(now int64, static, staticBurst float64) summary {
 		bHi = max(bHi, r.burst)
 		aUntil = max(aUntil, r.ue)
 	}
+	if !f.heldKnown || f.n == 0 {
+		p = negInf
+	}
 	bUntil = aUntil
 	if f.holdUntil > now {
 		bHi = max(bHi, f.holdBurst)
 		bUntil = max(bUntil, f.holdUntil)
 	}
-	p := f.fallbackAt()
 	var sm summary
 	sm.rateV, sm.rateT = laneSummary(aHi, aUntil, p, static)
 	sm.burstV, sm.burstT = laneSummary(bHi, bUntil, p, staticBurst)
@@ -177,7 +182,11 @@ func (f *fence) mergeOldest() {
 
 // dropOldest removes the m oldest records.
 func (f *fence) dropOldest(m int) {
-	copy(f.recs[:], f.recs[m:f.n])
+	// A loop rather than copy: at most maxRecs records, which a call of
+	// the runtime's memmove costs more than moving.
+	for i := m; i < int(f.n); i++ {
+		f.recs[i-m] = f.recs[i]
+	}
 	for i := int(f.n) - m; i < int(f.n); i++ {
 		f.recs[i] = grantRec{}
 	}
@@ -448,13 +457,13 @@ func (l *lane) fitsUntil(level float64, from, limit int64) int64 {
 		return from
 	}
 	h := l.base
-	for j := 0; j < l.n; j++ {
-		u := l.until[j]
+	until, delta := l.until[:l.n], l.delta[:l.n]
+	for j, u := range until {
 		if u >= limit {
 			break
 		}
-		h += l.delta[j]
-		if u > from && (j+1 == l.n || l.until[j+1] != u) && h < level {
+		h += delta[j]
+		if u > from && (j+1 == len(until) || until[j+1] != u) && h < level {
 			return u
 		}
 	}
