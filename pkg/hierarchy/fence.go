@@ -425,8 +425,12 @@ func (l *lane) addOther(now int64, v float64, t int64, s float64) {
 // minus what they may hold above theirs.
 func (l *lane) headroom(t int64) float64 {
 	h := l.base
-	for j := 0; j < l.n && l.until[j] <= t; j++ {
-		h += l.delta[j]
+	until, delta := l.until[:l.n], l.delta[:l.n]
+	for j, u := range until {
+		if u > t {
+			break
+		}
+		h += delta[j]
 	}
 	return h
 }
