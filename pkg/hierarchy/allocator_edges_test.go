@@ -1,0 +1,175 @@
+package hierarchy
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestRegionLeaseDefaultAndBound: without a RegionLease the static lease
+// is the longer of a minute and twice the validity, and a region lease
+// shorter than the validity, by a millisecond, is refused.
+func TestRegionLeaseDefaultAndBound(t *testing.T) {
+	for _, tc := range []struct {
+		validity, lease, want time.Duration
+	}{
+		{20 * time.Second, 0, time.Minute},
+		{30 * time.Second, 0, time.Minute},
+		{40 * time.Second, 0, 80 * time.Second},
+		{5 * time.Second, 5 * time.Second, 5 * time.Second},
+		{5 * time.Second, 7*time.Second + 900*time.Microsecond, 7 * time.Second},
+	} {
+		a, err := NewAllocator(Options{Regions: twoRegions(), Epoch: time.Second, Validity: tc.validity, RegionLease: tc.lease}, testStart)
+		if err != nil {
+			t.Fatalf("validity %v, region lease %v: %v", tc.validity, tc.lease, err)
+		}
+		if got := a.RegionLease(); got != tc.want {
+			t.Errorf("validity %v, region lease %v: RegionLease() = %v, want %v", tc.validity, tc.lease, got, tc.want)
+		}
+	}
+	_, err := NewAllocator(Options{Regions: twoRegions(), Epoch: time.Second, Validity: 5 * time.Second, RegionLease: 5*time.Second - time.Millisecond}, testStart)
+	if !errors.Is(err, quota.ErrInvalid) {
+		t.Fatalf("a region lease a millisecond below the validity: %v, want ErrInvalid", err)
+	}
+}
+
+// TestRemoveKeyOfAnUnknownKeyChangesNothing: removing a key that has no
+// limit leaves every other key, its demand and its grants as they were.
+func TestRemoveKeyOfAnUnknownKeyChangesNothing(t *testing.T) {
+	a1, a2 := mustAllocator(t, threeRegions()), mustAllocator(t, threeRegions())
+	keys := someKeys(t, a1, 4)
+	someKeys(t, a2, 4)
+	drive(t, a1, 11, 8, keys)
+	drive(t, a2, 11, 8, keys)
+	a1.RemoveKey(quota.Key{Tenant: "never", Class: "set"})
+	if v1, v2 := a1.View(ms(8000)), a2.View(ms(8000)); !viewsEqual(v1, v2) || len(v1.Keys) != len(keys) {
+		t.Fatalf("removing an unknown key changed the view: %d keys, want %d", len(v1.Keys), len(keys))
+	}
+	for ri, r := range []string{"a", "b", "c"} {
+		var kds []KeyDemand
+		for i, k := range keys {
+			kds = append(kds, KeyDemand{Key: k, Admitted: float64(60 * (i + ri)), Window: time.Second})
+		}
+		rep := Report{Region: r, Seq: 1000, Keys: kds}
+		g1, err1 := grantsOf(a1.Report(ms(8100+100*ri), rep))
+		g2, err2 := grantsOf(a2.Report(ms(8100+100*ri), rep))
+		if err1 != nil || err2 != nil || !reflect.DeepEqual(g1, g2) {
+			t.Fatalf("%s's report after removing an unknown key: %+v, %v; want %+v, %v", r, g1, err1, g2, err2)
+		}
+	}
+	a1.Allocate(ms(9000))
+	a2.Allocate(ms(9000))
+	if !reflect.DeepEqual(a1.View(ms(9000)), a2.View(ms(9000))) {
+		t.Fatal("after removing an unknown key the allocator diverges")
+	}
+}
+
+// TestSetRegionsGivesANewRegionItsFallbackTargets: a region added while
+// keys are contended has its fallback (its static share) as its target in
+// every one of them until the next allocation, and the kept regions keep
+// their targets.
+func TestSetRegionsGivesANewRegionItsFallbackTargets(t *testing.T) {
+	a := mustAllocator(t, twoRegions())
+	keys := []quota.Key{{Tenant: "k1", Class: "w"}, {Tenant: "k2", Class: "w"}, {Tenant: "k3", Class: "w"}}
+	for i, k := range keys {
+		if err := a.SetLimit(k, KeyLimit{Rate: 100 * float64(i+1), Burst: 40 * float64(i+1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Allocate(ms(6000))
+	for ri, r := range []string{"a", "b"} {
+		var kds []KeyDemand
+		for i, k := range keys {
+			d := 150 * float64(i+1) // a wants 1.5 times the rate, b a tenth of it
+			if r == "b" {
+				d = 10 * float64(i+1)
+			}
+			kds = append(kds, KeyDemand{Key: k, Admitted: d, Window: time.Second})
+		}
+		if _, err := a.Report(ms(6100+100*ri), Report{Region: r, Seq: 1, Keys: kds}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Allocate(ms(7000))
+	before := a.View(ms(7000))
+	if len(before.Keys) != len(keys) {
+		t.Fatalf("%d keys in view, want %d", len(before.Keys), len(keys))
+	}
+	for _, kv := range before.Keys {
+		if !kv.Contended || kv.Regions[0].TargetRate <= kv.Regions[0].StaticRate {
+			t.Fatalf("key %v before the reload: %+v, want it contended with a above its static rate", kv.Key, kv)
+		}
+	}
+	if err := a.SetRegions([]Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	after := a.View(ms(7000))
+	for i, kv := range after.Keys {
+		for ri := 0; ri < 2; ri++ {
+			was, got := before.Keys[i].Regions[ri], kv.Regions[ri]
+			if got.TargetRate != was.TargetRate || got.TargetBurst != was.TargetBurst {
+				t.Errorf("key %v region %d: targets %v/%v after the reload, want them kept at %v/%v", kv.Key, ri, got.TargetRate, got.TargetBurst, was.TargetRate, was.TargetBurst)
+			}
+		}
+		c := kv.Regions[2]
+		if c.StaticRate != kv.Limit.Rate/2 || c.StaticBurst <= 0 || c.TargetRate != c.StaticRate || c.TargetBurst != c.StaticBurst {
+			t.Errorf("key %v new region c: targets %v/%v, static %v/%v; want its static share, half the rate", kv.Key, c.TargetRate, c.TargetBurst, c.StaticRate, c.StaticBurst)
+		}
+	}
+}
+
+// TestStaticSharesShortByRoundingFreeNothing: what per-region static
+// shares leave of the limit is headroom a grant may use, except up to
+// 1e-9 of the limit, which is float rounding and frees nothing. Region b
+// never reports (frozen at its static share 0); a's grant is its static
+// share plus what is freed.
+func TestStaticSharesShortByRoundingFreeNothing(t *testing.T) {
+	const limit = 1e9 // 1e-9 of it is exactly 1
+	for _, tc := range []struct {
+		name               string
+		shortRate, shortBy float64
+		wantRate, wantBst  float64
+	}{
+		{"both short by exactly 1e-9 of the limit", 1, 1, limit - 1, limit - 1},
+		{"both short by half that", 0.5, 0.5, limit - 0.5, limit - 0.5},
+		{"both short by twice that", 2, 2, limit, limit},
+		{"rate short by twice that, burst by exactly it", 2, 1, limit, limit - 1},
+		{"burst short by twice that, rate by half it", 0.5, 2, limit - 0.5, limit},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := KeyLimit{Rate: limit, Burst: limit, StaticRate: []float64{limit - tc.shortRate, 0}, StaticBurst: []float64{limit - tc.shortBy, 0}}
+			s := newScript(t, twoRegions(), l)
+			s.a.Allocate(s.at(6000))
+			g := s.report("a", 6100, 2*limit, 0)
+			if g == nil || g.Rate != tc.wantRate || g.Burst != tc.wantBst {
+				t.Fatalf("a's grant %+v, want rate %v and burst %v", g, tc.wantRate, tc.wantBst)
+			}
+		})
+	}
+}
+
+// TestAnEpochLongWindowWeighsExactlyAlpha: a report covering exactly one
+// epoch moves the demand estimate by DemandAlpha of the difference, to
+// the bit (1-(1-α)^1 may round differently).
+func TestAnEpochLongWindowWeighsExactlyAlpha(t *testing.T) {
+	a, err := NewAllocator(Options{Regions: twoRegions(), Epoch: time.Second, Validity: 5 * time.Second, DemandAlpha: 0.3}, testStart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := quota.Key{Tenant: "k", Class: "w"}
+	if err := a.SetLimit(key, KeyLimit{Rate: 1000, Burst: 10}); err != nil {
+		t.Fatal(err)
+	}
+	for seq, admitted := range []float64{1, 4} {
+		if _, err := a.Report(ms(1000*(seq+1)), Report{Region: "a", Seq: uint64(seq + 1), Keys: []KeyDemand{{Key: key, Admitted: admitted, Window: time.Second}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := a.View(ms(2000))
+	if len(v.Keys) != 1 || v.Keys[0].Regions[0].Demand != 1+0.3*(4-1) {
+		t.Fatalf("demand after readings 1 and 4: %+v, want exactly %v", v.Keys, 1+0.3*(4-1))
+	}
+}
