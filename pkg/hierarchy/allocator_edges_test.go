@@ -173,3 +173,104 @@ func TestAnEpochLongWindowWeighsExactlyAlpha(t *testing.T) {
 		t.Fatalf("demand after readings 1 and 4: %+v, want exactly %v", v.Keys, 1+0.3*(4-1))
 	}
 }
+
+// targetRatesFor has each region report demands[i] (tokens/s, one
+// reading each) for one key limited by l, then allocates, and returns the
+// key's target rates and the view of it.
+func targetRatesFor(t *testing.T, regions []Region, l KeyLimit, demands []float64) ([]float64, KeyView) {
+	t.Helper()
+	a := mustAllocator(t, regions)
+	key := quota.Key{Tenant: "k", Class: "w"}
+	if err := a.SetLimit(key, l); err != nil {
+		t.Fatal(err)
+	}
+	a.Allocate(ms(6000))
+	for i, r := range regions {
+		rep := Report{Region: r.Name, Seq: 1, Keys: []KeyDemand{{Key: key, Admitted: demands[i], Window: time.Second}}}
+		if _, err := a.Report(ms(6100+100*i), rep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Allocate(ms(7000))
+	v := a.View(ms(7000))
+	if len(v.Keys) != 1 || !v.Keys[0].Contended {
+		t.Fatalf("view %+v, want the key contended", v.Keys)
+	}
+	var out []float64
+	for _, rv := range v.Keys[0].Regions {
+		out = append(out, rv.TargetRate)
+	}
+	return out, v.Keys[0]
+}
+
+// TestUnitWantRaisesTheFloorToTheStaticRate pins who gets a hair above
+// its static rate (so that a grant can give it a unit) and who a hair
+// below (so that it can give one away): only regions with demand above
+// the unit floor (0.1% of the rate) count as wanting a unit, and a
+// raised floor is taken only while the floors fit in the capacity,
+// exactly filling it included.
+func TestUnitWantRaisesTheFloorToTheStaticRate(t *testing.T) {
+	const hair = 1e-9
+	for _, tc := range []struct {
+		name    string
+		regions []Region
+		l       KeyLimit
+		demands []float64
+		want    []float64
+	}{
+		{
+			// a's demand is exactly the floor: it wants no unit and gets
+			// what it demands; b takes the rest.
+			name:    "demand at the unit floor is no want",
+			regions: twoRegions(),
+			l:       KeyLimit{Rate: 1000, Burst: 2, StaticBurst: []float64{0, 2}},
+			demands: []float64{1, 2000},
+			want:    []float64{1, 999},
+		},
+		{
+			// Just above the floor a is raised a hair above its static
+			// rate 500.
+			name:    "demand above the unit floor is a want",
+			regions: twoRegions(),
+			l:       KeyLimit{Rate: 1000, Burst: 2, StaticBurst: []float64{0, 2}},
+			demands: []float64{2, 2000},
+			want:    []float64{500 * (1 + hair), 1000 - 500*(1+hair)},
+		},
+		{
+			// Nobody wants a unit (a's demand is at the floor, drained c's
+			// below it): b, with units and no demand, is not held below
+			// its static rate 1000/3; past a's demand a and b fill evenly.
+			name:    "no want holds nobody below its static rate",
+			regions: []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1, Drained: true}},
+			l:       KeyLimit{Rate: 1000, Burst: 2, StaticBurst: []float64{0, 2, 0}},
+			demands: []float64{1, 0, 0.5},
+			want:    []float64{500.5, 499.5, 0},
+		},
+		{
+			// b's floor and a's raised floor fill the capacity exactly.
+			name:    "raised floors exactly filling the capacity",
+			regions: []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1, MinShare: 0.4999999995}},
+			l:       KeyLimit{Rate: 1000, Burst: 2, StaticBurst: []float64{0, 2}},
+			demands: []float64{2, 2000},
+			want:    []float64{500 * (1 + hair), 1000 * 0.4999999995},
+		},
+		{
+			// a's floor 90 is raised to its static rate 300 first, then
+			// b's 0 to 300: 870 of 900 in floors (c's 270 included).
+			name:    "two floors raised",
+			regions: []Region{{Name: "a", Weight: 1, MinShare: 0.1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1, MinShare: 0.3}},
+			l:       KeyLimit{Rate: 900, Burst: 3, StaticBurst: []float64{0, 0, 3}},
+			demands: []float64{2, 2, 5000},
+			want:    []float64{300 * (1 + hair), 300 * (1 + hair), 900 - 600*(1+hair)},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, kv := targetRatesFor(t, tc.regions, tc.l, tc.demands)
+			for i := range got {
+				if !near(got[i], tc.want[i]) {
+					t.Fatalf("target rates %v, want %v (view %+v)", got, tc.want, kv.Regions)
+				}
+			}
+		})
+	}
+}
