@@ -274,3 +274,117 @@ func TestUnitWantRaisesTheFloorToTheStaticRate(t *testing.T) {
 		})
 	}
 }
+
+// TestUnitsGoWhereTheDemandIs pins the burst split's units at the demand
+// edges and the donor rounds: a region whose demand is exactly the unit
+// floor (0.1% of the rate) is served no unit before the largest
+// remainder, and keeps none from a region that wants one; a region with
+// units and demand at the floor, which is none, is held a hair below its
+// static rate so it can give them away; when regions gaining rate are
+// left without a unit, one donor after another is held a hair below its
+// static rate while the others can take the rest of the capacity.
+func TestUnitsGoWhereTheDemandIs(t *testing.T) {
+	const hair = 1e-9
+	for _, tc := range []struct {
+		name          string
+		regions       []Region
+		l             KeyLimit
+		demands       []float64
+		rates, bursts []float64
+	}{
+		{
+			// a's demand is exactly the floor: the unit left after d's
+			// first goes by remainder, to d, not to a as to a region with
+			// demand and no unit.
+			name:    "demand at the unit floor is served no unit",
+			regions: []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "d", Weight: 1}},
+			l:       KeyLimit{Rate: 1000, Burst: 2, StaticBurst: []float64{1, 1, 0}},
+			demands: []float64{1, 0, 5000},
+			rates:   []float64{1, 0, 999},
+			bursts:  []float64{0, 0, 2},
+		},
+		{
+			// b's demand is exactly the floor, which is none: it is held
+			// a hair below its static rate 600, and c, with room below its
+			// ceiling, takes the rest; a, at its static rate 200 (its
+			// ceiling), cannot receive a unit.
+			name:    "demand at the unit floor gives its units away",
+			regions: []Region{{Name: "a", Weight: 1, MaxShare: 0.2}, {Name: "b", Weight: 3}, {Name: "c", Weight: 1}},
+			l:       KeyLimit{Rate: 1000, Burst: 2, StaticBurst: []float64{0, 2, 0}},
+			demands: []float64{2, 1, 0},
+			rates:   []float64{200, 600 * (1 - hair), 200 + 600*hair},
+			bursts:  []float64{0, 1, 1},
+		},
+		{
+			// Drained e frees its share: c and d gain rate past their
+			// static 200 and keep their units; a and b, raised a hair
+			// above theirs, have none. c is held below its static rate
+			// first, then d, each giving a unit; the others' ceilings of
+			// 400 still take the capacity.
+			name: "two donor rounds",
+			regions: []Region{{Name: "a", Weight: 1, MaxShare: 0.4}, {Name: "b", Weight: 1, MaxShare: 0.4},
+				{Name: "c", Weight: 1, MaxShare: 0.4}, {Name: "d", Weight: 1, MaxShare: 0.4}, {Name: "e", Weight: 1, Drained: true}},
+			l:       KeyLimit{Rate: 1000, Burst: 4, StaticBurst: []float64{0, 0, 2, 2, 0}},
+			demands: []float64{2, 2, 1000, 1000, 0},
+			rates:   []float64{300 + 200*hair, 300 + 200*hair, 200 * (1 - hair), 200 * (1 - hair), 0},
+			bursts:  []float64{1, 1, 1, 1, 0},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, kv := targetRatesFor(t, tc.regions, tc.l, tc.demands)
+			for i := range got {
+				if rv := kv.Regions[i]; !near(got[i], tc.rates[i]) || rv.TargetBurst != tc.bursts[i] {
+					t.Fatalf("region %d: target %v/%v, want %v/%v (view %+v)", i, got[i], rv.TargetBurst, tc.rates[i], tc.bursts[i], kv.Regions)
+				}
+			}
+		})
+	}
+}
+
+// TestUnitDonorPrefersMoreUnitsToSpare: a later region with more units
+// to spare is the donor even when it gives up more rate.
+func TestUnitDonorPrefersMoreUnitsToSpare(t *testing.T) {
+	a := mustAllocator(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}})
+	l := &KeyLimit{Rate: 1000, Burst: 10, Unit: 1}
+	a.role = []int8{1, 0, 1}
+	a.sbs = []float64{0, 2, 3}
+	a.dem = []float64{50, 0, 0}
+	a.bout = []float64{0, 2, 3}
+	a.lo = []float64{0, 0, 0}
+	a.hi = []float64{1000, 1000, 1000}
+	a.sts = []float64{100, 100, 100}
+	a.out = []float64{650, 100, 250}
+	if c, to := a.unitDonor(l, 3, 1000, 3000); c != 2 || to != 100*(1-1e-9) {
+		t.Fatalf("donor %d capped to %v, want c (three units to spare, b two) capped to %v", c, to, 100*(1-1e-9))
+	}
+}
+
+// TestAcknowledgingLessThanTheRoundingFreesNothing: an acknowledgement
+// that lowers what a region is counted at by no more than 1e-9 of the
+// limit frees nothing and nudges no waiting region (here c's demand
+// estimate, and with it its target, fell by exactly 1 of 1e9 tokens/s,
+// and its burst by one whole unit, 1 of 1e9); one that lowers it by more
+// does.
+func TestAcknowledgingLessThanTheRoundingFreesNothing(t *testing.T) {
+	regions := []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}}
+	s := newScript(t, regions, KeyLimit{Rate: 1e9, Burst: 1e9})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 2e9, -1)
+	s.report("b", 6200, 1e8, -1)
+	c1 := s.report("c", 6250, 3e8, -1)
+	if c1 == nil || !near(c1.Rate, 3e8) {
+		t.Fatalf("c's first grant %+v, want 3e8", c1)
+	}
+	s.report("a", 6300, 2e9, -1)
+	s.takesNudges("a is short for want of b's and c's acknowledgements", "b", "c")
+	c2 := s.report("c", 6310, 3e8-2, -1)
+	s.takesNudges("c acknowledged its smaller grant", "a")
+	if c2 == nil || c1.Rate-c2.Rate != 1 || c1.Burst-c2.Burst != 1 {
+		t.Fatalf("c's grant after its demand estimate fell by 1: %+v, want both 1 below %v/%v", c2, c1.Rate, c1.Burst)
+	}
+	c3 := s.report("c", 6320, 3e8-2, -1)
+	if c3 == nil || c3.Rate > c2.Rate {
+		t.Fatalf("c's grant %+v, want at most %v", c3, c2.Rate)
+	}
+	s.takesNudges("c acknowledged a grant 1 below the one before")
+}
