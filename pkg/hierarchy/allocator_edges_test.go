@@ -388,3 +388,42 @@ func TestAcknowledgingLessThanTheRoundingFreesNothing(t *testing.T) {
 	}
 	s.takesNudges("c acknowledged a grant 1 below the one before")
 }
+
+// TestEveryGrantOfAnAnswerTakesTheReportsSendTimeBound: a report's send
+// time is bounded below by the answer time of any grant it acknowledges,
+// whichever key it is listed under; every grant answering it expires no
+// earlier than that bound plus its validity, on the region's clock, the
+// grants for keys listed before the acknowledging one included.
+func TestEveryGrantOfAnAnswerTakesTheReportsSendTimeBound(t *testing.T) {
+	a := mustAllocator(t, twoRegions())
+	x, y := quota.Key{Tenant: "x", Class: "w"}, quota.Key{Tenant: "y", Class: "w"}
+	for _, k := range []quota.Key{x, y} {
+		if err := a.SetLimit(k, KeyLimit{Rate: 100, Burst: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Allocate(ms(6000))
+	// y is made contended first (fencing block 0), then x.
+	if _, err := a.Report(ms(6100), Report{Region: "a", Seq: 1, Keys: []KeyDemand{{Key: y, Admitted: 150, Window: time.Second}}}); err != nil {
+		t.Fatal(err)
+	}
+	ans, err := a.Report(ms(6200), Report{Region: "a", Seq: 2, Keys: []KeyDemand{{Key: x, Admitted: 150, Window: time.Second}}})
+	if err != nil || len(ans.Grants) != 2 || ans.Grants[1].Key != y {
+		t.Fatalf("answer at 6.2s: %+v, %v; want grants for x and y", ans, err)
+	}
+	gy := ans.Grants[1]
+	// x is listed first and acknowledges nothing; y acknowledges the grant
+	// answered at 6.2s, 100ms before.
+	ans, err = a.Report(ms(6300), Report{Region: "a", Seq: 3, Keys: []KeyDemand{
+		{Key: x, Admitted: 150, Window: time.Second},
+		{Key: y, Admitted: 150, Window: time.Second, HeldRate: gy.Rate, HeldBurst: gy.Burst, HeldValid: gy.Valid - 100*time.Millisecond},
+	}})
+	if err != nil || len(ans.Grants) != 2 || ans.Grants[0].Key != x {
+		t.Fatalf("answer at 6.3s: %+v, %v; want grants for x and y", ans, err)
+	}
+	f := &a.fences[0][a.blockOf[a.keyIndex[x]]]
+	rec := f.recs[f.n-1]
+	if want := int64(6200*time.Millisecond + ans.Grants[0].Valid); rec.at != int64(6300*time.Millisecond) || rec.le != want {
+		t.Fatalf("x's grant at 6.3s: answered at %v, expiry bounded below by %v; want by %v", time.Duration(rec.at), time.Duration(rec.le), time.Duration(want))
+	}
+}
