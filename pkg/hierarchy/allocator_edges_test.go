@@ -427,3 +427,224 @@ func TestEveryGrantOfAnAnswerTakesTheReportsSendTimeBound(t *testing.T) {
 		t.Fatalf("x's grant at 6.3s: answered at %v, expiry bounded below by %v; want by %v", time.Duration(rec.at), time.Duration(rec.le), time.Duration(want))
 	}
 }
+
+// TestUnitDonorShortOfAUnitBeyondTheRounding: a region holding a unit
+// less 1e-12 of one holds it (rounding); one holding a unit less 5e-12 of
+// one is short of it and gets a donor.
+func TestUnitDonorShortOfAUnitBeyondTheRounding(t *testing.T) {
+	for _, tc := range []struct {
+		held float64
+		want int
+	}{
+		{1 - 1e-12, -1},
+		{1 - 5e-12, 1},
+	} {
+		a := mustAllocator(t, []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}})
+		l := &KeyLimit{Rate: 1000, Burst: 10, Unit: 1}
+		a.role = []int8{1, 0, 1}
+		a.sbs = []float64{0, 2, 2}
+		a.dem = []float64{50, 0, 0}
+		a.bout = []float64{tc.held, 2, 2}
+		a.lo = []float64{0, 0, 0}
+		a.hi = []float64{1000, 1000, 1000}
+		a.sts = []float64{100, 100, 100}
+		a.out = []float64{750, 100, 150}
+		if c, _ := a.unitDonor(l, 3, 1000, 3000); c != tc.want {
+			t.Errorf("a holding %v of a unit: donor %d, want %d", tc.held, c, tc.want)
+		}
+	}
+}
+
+// TestReportAgainIsAThirdOfATinyEpochAtLeastAMillisecond: an early
+// report is asked for a third of an epoch later in whole milliseconds,
+// and never sooner than a millisecond: 1ms for epochs of 1ms and 3ms, 2ms
+// for one of 6ms.
+func TestReportAgainIsAThirdOfATinyEpochAtLeastAMillisecond(t *testing.T) {
+	for _, tc := range []struct {
+		epoch, want time.Duration
+	}{
+		{time.Millisecond, time.Millisecond},
+		{3 * time.Millisecond, time.Millisecond},
+		{6 * time.Millisecond, 2 * time.Millisecond},
+	} {
+		e := tc.epoch
+		a, err := NewAllocator(Options{Regions: twoRegions(), Epoch: e, Validity: 5 * e}, testStart)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := quota.Key{Tenant: "k", Class: "w"}
+		if err := a.SetLimit(key, KeyLimit{Rate: 100000, Burst: 100000}); err != nil {
+			t.Fatal(err)
+		}
+		at := func(epochs float64) time.Time { return testStart.Add(time.Duration(epochs * float64(e))) }
+		a.Allocate(at(6))
+		report := func(region string, seq uint64, when, demand float64) {
+			t.Helper()
+			if _, err := a.Report(at(when), Report{Region: region, Seq: seq, Keys: []KeyDemand{{Key: key, Admitted: demand * e.Seconds(), Window: e}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// a wants all of it, b a tenth; a's second answer falls short of
+		// its target 90000 until b acknowledges its smaller grant.
+		report("a", 1, 6.1, 200000)
+		report("b", 1, 6.2, 10000)
+		report("a", 2, 6.3, 200000)
+		if got := a.ReportAgain("a"); got != tc.want {
+			t.Errorf("epoch %v: ReportAgain(a) = %v, want %v", e, got, tc.want)
+		}
+	}
+}
+
+// TestWindowJustUnderHalfAnEpochIsNoObservation: a report whose window
+// is a nanosecond short of half an epoch leaves the demand estimate as it
+// was (see TestDemandEstimate for exactly half an epoch).
+func TestWindowJustUnderHalfAnEpochIsNoObservation(t *testing.T) {
+	a := mustAllocator(t, twoRegions()) // 1s epoch
+	key := quota.Key{Tenant: "k", Class: "w"}
+	if err := a.SetLimit(key, KeyLimit{Rate: 1000, Burst: 10}); err != nil {
+		t.Fatal(err)
+	}
+	for seq, kd := range []KeyDemand{
+		{Key: key, Admitted: 80, Window: time.Second},
+		{Key: key, Admitted: 0, Window: 500*time.Millisecond - 1},
+		{Key: key, Admitted: 0, Window: 400 * time.Millisecond},
+	} {
+		if _, err := a.Report(ms(1000*(seq+1)), Report{Region: "a", Seq: uint64(seq + 1), Keys: []KeyDemand{kd}}); err != nil {
+			t.Fatal(err)
+		}
+		if v := a.View(ms(1000 * (seq + 1))); len(v.Keys) != 1 || v.Keys[0].Regions[0].Demand != 80 {
+			t.Fatalf("after a window of %v: %+v, want the demand 80 unchanged", kd.Window, v.Keys)
+		}
+	}
+}
+
+// TestShortGrantSafeForgivesOnlyLastBits: a short grant's earlier
+// fallback is safe when the static share fits the headroom there up to
+// 1e-12 of it (rounding), not when it is 5e-12 of it short, for the rate
+// and for the burst.
+func TestShortGrantSafeForgivesOnlyLastBits(t *testing.T) {
+	a := mustAllocator(t, twoRegions()) // shortest validity 1s
+	const sec = int64(time.Second)
+	for _, tc := range []struct {
+		name       string
+		rate, bst  float64 // the headroom when the grant would end, static 100 and 10
+		wantSafety bool
+	}{
+		{"both fit", 100, 10, true},
+		{"rate short by 5e-13 of it", 100 * (1 - 5e-13), 10, true},
+		{"rate short by 5e-12 of it", 100 * (1 - 5e-12), 10, false},
+		{"burst short by 5e-13 of it", 100, 10 * (1 - 5e-13), true},
+		{"burst short by 5e-12 of it", 100, 10 * (1 - 5e-12), false},
+	} {
+		a.rateLane.reset(100)
+		a.burstLane.reset(10)
+		a.rateLane.base, a.burstLane.base = tc.rate, tc.bst
+		// A 1s grant answered at 0 for a report sent at 0: the region may
+		// fall back at 1s instead of 2s.
+		if got := a.shortGrantSafe(0, sec, 0, 2*sec, 0, 0); got != tc.wantSafety {
+			t.Errorf("%s: safe %v, want %v", tc.name, got, tc.wantSafety)
+		}
+	}
+}
+
+// TestCompactionEdges: key slots are renumbered only from compactMin
+// (1024) of them on, once fewer than a quarter are in use; fencing blocks
+// once fewer than a quarter of them are (of 12 blocks: at 2 in use, not
+// at 3).
+func TestCompactionEdges(t *testing.T) {
+	for _, n := range []int{1023, 1024} {
+		a := mustAllocator(t, twoRegions())
+		keys := noiseKeys(n)
+		for _, k := range keys {
+			if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A quarter in use keeps the slots; one fewer renumbers them, from
+		// 1024 slots on.
+		for _, k := range keys[:n-n/4] {
+			a.RemoveKey(k)
+		}
+		if got := len(a.keys); got != n {
+			t.Fatalf("%d keys, %d left: %d slots, want %d", n, n/4, got, n)
+		}
+		a.RemoveKey(keys[n-n/4])
+		want := n
+		if n >= 1024 {
+			want = n/4 - 1
+		}
+		if got := len(a.keys); got != want {
+			t.Fatalf("%d keys, %d left: %d slots, want %d", n, n/4-1, got, want)
+		}
+	}
+
+	old := compactMin
+	compactMin = 12
+	defer func() { compactMin = old }()
+	a := mustAllocator(t, twoRegions())
+	keys := noiseKeys(12)
+	for _, k := range keys {
+		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	churn(t, a, keys, 6, 1) // a block each
+	for i, k := range keys[:11] {
+		a.RemoveKey(k)
+		live, want := 11-i, 12
+		if live < 3 {
+			want = 2 // renumbered at 2 in use, then below compactMin
+		}
+		if len(a.blockKey) != want {
+			t.Fatalf("12 blocks, %d in use: %d blocks, want %d", live, len(a.blockKey), want)
+		}
+	}
+}
+
+// TestAllocateGivesFreedBlocksBack: fencing blocks that Allocate frees,
+// once no region may hold a grant for their keys, are renumbered there
+// and then, not at the next RemoveKey.
+func TestAllocateGivesFreedBlocksBack(t *testing.T) {
+	old := compactMin
+	compactMin = 8
+	defer func() { compactMin = old }()
+	a := mustAllocator(t, twoRegions())
+	keys := noiseKeys(8)
+	for _, k := range keys {
+		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	churn(t, a, keys, 6, 1) // a block each
+	if len(a.blockKey) != 8 {
+		t.Fatalf("%d blocks, want one for each of the 8 keys", len(a.blockKey))
+	}
+	// Both regions fall silent; their grants expire by 12s.
+	a.Allocate(ms(20000))
+	if v := a.View(ms(20000)); countActive(v) != 0 || len(a.blockKey) != 0 {
+		t.Fatalf("after every grant expired: %d active keys, %d blocks; want none", countActive(v), len(a.blockKey))
+	}
+}
+
+// TestHoldingFallingBeyondTheRoundingFreesBurst: a region that holds more
+// tokens than its new cap is counted at what it holds; when a report
+// shows it holding 5 tokens fewer (of a 1e9 burst: above 1e-9 of it,
+// below 1e-8), that frees burst and the waiting region is nudged, though
+// its rate did not move.
+func TestHoldingFallingBeyondTheRoundingFreesBurst(t *testing.T) {
+	regions := []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}}
+	s := newScript(t, regions, KeyLimit{Rate: 1e9, Burst: 1e9})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 2e9, -1)
+	s.report("b", 6200, 1e8, -1)
+	if c1 := s.report("c", 6250, 3e8, -1); c1 == nil || !near(c1.Burst, 3e8) {
+		t.Fatalf("c's first grant %+v, want a burst of 3e8", c1)
+	}
+	s.report("a", 6300, 2e9, -1)
+	s.takesNudges("a is short for want of b's and c's acknowledgements", "b", "c")
+	// c acknowledges its 3e8 cap still holding 3.2e8 tokens.
+	s.report("c", 6310, 3e8, 3.2e8)
+	s.takesNudges("c acknowledged its smaller grant", "a")
+	s.report("c", 6320, 3e8, 3.2e8-5)
+	s.takesNudges("c holds 5 tokens fewer", "a")
+}
