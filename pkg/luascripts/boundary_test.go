@@ -75,3 +75,48 @@ func TestFirstMarkWindowOpensAtTimeZero(t *testing.T) {
 		}
 	}
 }
+
+// TestNeverIsMinusOneOnTheWire: every way a wait can be "never" reaches the
+// wire as exactly -1 (the scripts' reply contract), for a check and for a
+// lease request alike: a cost above the cap, a rate of nothing, a wait
+// beyond the largest one a clock holds, and a wait that fits until the
+// restart wait still ahead is added to it.
+func TestNeverIsMinusOneOnTheWire(t *testing.T) {
+	slow := Common{StaticRate: 1e-9, StaticBurst: 100, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	for _, tc := range []struct {
+		name string
+		c    Common
+		prep func(w *twin, k Keys, c Common)
+		cost int64
+	}{
+		{"cost above the cap", Common{StaticRate: 1, StaticBurst: 0.5, LeaseTTL: time.Second, ReapBudget: 8,
+			DemandWindow: time.Millisecond}, func(*twin, Keys, Common) {}, 1},
+		{"a granted rate of nothing", Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8,
+			DemandWindow: time.Millisecond}, func(w *twin, k Keys, c Common) {
+			w.setRate(k, c, 0, 10, w.now+1_000_000_000, w.now)
+			w.check(k, c, 10)
+		}, 1},
+		// Created at Redis time 1.8e15µs, refilled from 0: 1.8 tokens.
+		{"a wait beyond any clock", slow, func(*twin, Keys, Common) {}, 100},
+		{"a wait beyond any clock after the restart wait", func() Common {
+			c := slow
+			c.RestartWait = 800_000_000_000 * time.Millisecond
+			return c
+		}(), func(*twin, Keys, Common) {}, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newTwin(t)
+			k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+			tc.prep(w, k, tc.c)
+			res, err := w.sc.check.Run(w.ctx, w.rdb, k.list(), w.sc.args(k, tc.c, tc.cost)...).Slice()
+			if err != nil || len(res) != 8 || res[0] != int64(0) || res[2] != int64(-1) {
+				t.Fatalf("check of %d: reply %v, %v; want denied with retry -1", tc.cost, res, err)
+			}
+			r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: tc.cost, Min: tc.cost}
+			res, err = w.sc.acquire.Run(w.ctx, w.rdb, k.list(), w.sc.args(k, tc.c, r.opArgs()...)...).Slice()
+			if err != nil || len(res) != 12 || res[0] != int64(0) || res[3] != int64(-1) {
+				t.Fatalf("lease of %d: reply %v, %v; want nothing granted, retry -1", tc.cost, res, err)
+			}
+		})
+	}
+}
