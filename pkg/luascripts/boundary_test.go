@@ -1,6 +1,11 @@
 package luascripts
 
 import (
+	"bufio"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -116,6 +121,131 @@ func TestNeverIsMinusOneOnTheWire(t *testing.T) {
 			res, err = w.sc.acquire.Run(w.ctx, w.rdb, k.list(), w.sc.args(k, tc.c, r.opArgs()...)...).Slice()
 			if err != nil || len(res) != 12 || res[0] != int64(0) || res[3] != int64(-1) {
 				t.Fatalf("lease of %d: reply %v, %v; want nothing granted, retry -1", tc.cost, res, err)
+			}
+		})
+	}
+}
+
+// TestWaitOfTheLargestClockIsNever: a wait of exactly maxMS (2^43 ms, the
+// largest a clock holds) is never (-1), and one millisecond less is
+// answered as it is. The wait here is the refill of one token at 1/s
+// (1000ms) after the restart wait still ahead of a bucket created inside it.
+func TestWaitOfTheLargestClockIsNever(t *testing.T) {
+	const maxMS = 1 << 43
+	for _, tc := range []struct {
+		wait time.Duration
+		want time.Duration
+	}{
+		{(maxMS - 1001) * time.Millisecond, (maxMS - 1) * time.Millisecond},
+		{(maxMS - 1000) * time.Millisecond, -1},
+	} {
+		w := newTwin(t)
+		w.at(1_000_000)
+		k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+		c := Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Second, RestartWait: tc.wait, ReapBudget: 8,
+			DemandWindow: time.Millisecond}
+		if r := w.check(k, c, 1); r.Allowed || r.RetryAfter != tc.want {
+			t.Fatalf("restart wait %v: check %+v, want denied with retry %v", tc.wait, r, tc.want)
+		}
+	}
+}
+
+var pexpireRE = regexp.MustCompile(`"PEXPIRE" "([^"]*)" "(-?[0-9]+)"`)
+
+// pexpires runs call and returns the TTL (ms) each key was last given by
+// a PEXPIRE during it, read from the server's MONITOR feed: the exact
+// argument, where PTTL would count down in real time.
+func (w *twin) pexpires(call func()) map[string]int64 {
+	w.t.Helper()
+	conn, err := net.Dial("tcp", w.rdb.Options().Addr)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer conn.Close()
+	// A guard against a feed that never shows the end mark, not a bound
+	// the test relies on.
+	if err := conn.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+		w.t.Fatal(err)
+	}
+	rd := bufio.NewReader(conn)
+	if _, err := fmt.Fprint(conn, "MONITOR\r\n"); err != nil {
+		w.t.Fatal(err)
+	}
+	if line, err := rd.ReadString('\n'); err != nil || line != "+OK\r\n" {
+		w.t.Fatalf("MONITOR: %q, %v", line, err)
+	}
+	call()
+	const end = "pexpires-end"
+	endRE := regexp.MustCompile(`"(?i:echo)" "` + end + `"`)
+	if err := w.rdb.Echo(w.ctx, end).Err(); err != nil {
+		w.t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			w.t.Fatalf("MONITOR feed: %v", err)
+		}
+		if m := pexpireRE.FindStringSubmatch(line); m != nil {
+			got[m[1]], _ = strconv.ParseInt(m[2], 10, 64)
+		}
+		if endRE.MatchString(line) {
+			return got
+		}
+	}
+}
+
+// TestBucketTTLIsExact: the TTL a call gives a key is, to the millisecond,
+// the grant's remaining validity (ms, rounded up, while it is valid) plus
+// two refills of the larger of the static and the granted cap at the
+// static rate (rounded up), at least twice the lease TTL, plus a second;
+// at most 2^43 ms. A grant ending at this very instant adds nothing.
+func TestBucketTTLIsExact(t *testing.T) {
+	c := func(rate, burst float64, lease time.Duration) Common {
+		return Common{StaticRate: rate, StaticBurst: burst, LeaseTTL: lease, ReapBudget: 8, DemandWindow: time.Millisecond}
+	}
+	type grant struct {
+		rate, burst float64
+		in          int64 // µs from now to the grant's expiry
+	}
+	for _, tc := range []struct {
+		name  string
+		c     Common
+		grant *grant
+		later int64 // µs after the grant at which a check runs (0: no check)
+		want  int64
+	}{
+		{"two refills", c(1, 10, time.Second), nil, 0, 20_000 + 1000},
+		{"two refills rounded up", c(3, 10, time.Second), nil, 0, 6667 + 1000},
+		{"twice the lease TTL", c(100, 10, 5*time.Second), nil, 0, 10_000 + 1000},
+		{"twice the lease TTL above one refill", c(1, 3, 5*time.Second), nil, 0, 10_000 + 1000},
+		{"two refills a little above twice the lease TTL", c(1, 6, 5*time.Second), nil, 0, 12_000 + 1000},
+		{"the largest TTL", c(1e-9, 1e9, time.Second), nil, 0, 1 << 43},
+		{"a grant's larger cap and validity", c(1, 10, time.Second), &grant{2, 50, 3_000_500}, 0, 3001 + 100_000 + 1000},
+		{"a grant's smaller cap", c(1, 10, time.Second), &grant{2, 5, 3_000_500}, 0, 3001 + 20_000 + 1000},
+		{"a grant ending now", c(1, 10, time.Second), &grant{2, 50, 0}, 0, 20_000 + 1000},
+		{"a stored grant later", c(1, 10, time.Second), &grant{2, 50, 3_000_500}, 1_000_000, 2001 + 100_000 + 1000},
+		{"a stored grant at its expiry", c(1, 10, time.Second), &grant{2, 50, 3_000_500}, 3_000_500, 20_000 + 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newTwin(t)
+			k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+			got := w.pexpires(func() {
+				if tc.grant == nil {
+					w.check(k, tc.c, 1)
+					return
+				}
+				w.setRate(k, tc.c, tc.grant.rate, tc.grant.burst, w.now+tc.grant.in, w.now)
+				if tc.later > 0 {
+					w.at(w.now + tc.later)
+					w.check(k, tc.c, 1)
+				}
+			})
+			if got[k.Bucket] != tc.want {
+				t.Fatalf("bucket TTL %dms, want %dms (all: %v)", got[k.Bucket], tc.want, got)
+			}
+			if mt, ok := w.m.LastTTL(k.Bucket); !ok || mt != time.Duration(tc.want)*time.Millisecond {
+				t.Fatalf("model TTL %v, %v; want %dms", mt, ok, tc.want)
 			}
 		})
 	}
