@@ -1,0 +1,122 @@
+package regional_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// TestEachBoundTakesItsEdgeAndRefusesOnePast: every number a LeaseService
+// request carries is served exactly at its bound (a seq of 2^53, a lease
+// equal to its seq, cumulative totals of 2^53, min equal to want or at
+// MaxWant, a min with no want, a cost equal to the burst, a Sync of
+// exactly reports_per_sync reports) and refused one past it with
+// InvalidArgument naming the field, Redis left as it was.
+func TestEachBoundTakesItsEdgeAndRefusesOnePast(t *testing.T) {
+	const perSync = 3
+	reg := regiontest.Start(t, regiontest.MustConfig(t, oneRegion), "local",
+		func(o *regional.Options) { o.MaxKeysPerSync = perSync })
+	client := sluicev1.NewLeaseServiceClient(reg.Dial(t))
+	ctx := context.Background()
+	const top = 1 << 53
+	acquire := func(instance string, r *sluicev1.KeyReport) func() error {
+		return func() error {
+			if r.Key == nil {
+				r.Key = qk("acme", "read")
+			}
+			_, err := client.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: instance, Report: r})
+			return err
+		}
+	}
+	check := func(cost int64) func() error {
+		return func() error {
+			_, err := client.Check(ctx, &sluicev1.CheckRequest{Key: qk("acme", "export"), Cost: cost})
+			return err
+		}
+	}
+	syncOf := func(instance string, n int) func() error {
+		return func() error {
+			req := &sluicev1.SyncRequest{InstanceId: instance}
+			for i := range n {
+				req.Reports = append(req.Reports, &sluicev1.KeyReport{Key: qk(fmt.Sprintf("t%d", i), "read"), Seq: 1, Want: 1})
+			}
+			_, err := client.Sync(ctx, req)
+			return err
+		}
+	}
+	release := func(instance string, r *sluicev1.KeyReport) func() error {
+		return func() error {
+			r.Key = qk("acme", "read")
+			_, err := client.Release(ctx, &sluicev1.ReleaseRequest{InstanceId: instance, Reports: []*sluicev1.KeyReport{r}})
+			return err
+		}
+	}
+
+	// Served at the bound. Each case runs under its own instance, so no
+	// case's lease record meets another's.
+	served := []struct {
+		name string
+		call func() error
+	}{
+		{"seq 2^53", acquire("e1", &sluicev1.KeyReport{Seq: top, Want: 1})},
+		{"lease equal to its seq", acquire("e2", &sluicev1.KeyReport{Seq: 7, Lease: 7, Want: 1})},
+		{"used 2^53", acquire("e3", &sluicev1.KeyReport{Seq: 1, Used: top})},
+		{"denied 2^53", acquire("e4", &sluicev1.KeyReport{Seq: 1, Denied: top})},
+		{"returned 2^53", release("e5", &sluicev1.KeyReport{Seq: 1, Returned: top})},
+		{"built_us 2^53", acquire("e6", &sluicev1.KeyReport{Seq: 1, BuiltUs: top, Want: 1})},
+		{"min equal to want", acquire("e7", &sluicev1.KeyReport{Seq: 1, Want: 5, Min: 5})},
+		{"min and want at MaxWant", acquire("e8", &sluicev1.KeyReport{Seq: 1, Want: quota.MaxWant, Min: quota.MaxWant})},
+		{"min without want", acquire("e9", &sluicev1.KeyReport{Seq: 1, Want: 0, Min: 5})},
+		{"cost equal to the burst", check(20)},
+		{"reports_per_sync reports", syncOf("e10", perSync)},
+	}
+	for _, tc := range served {
+		if err := tc.call(); err != nil {
+			t.Errorf("%s: %v, want it served", tc.name, err)
+		}
+	}
+
+	before := dump(t, reg)
+	refused := []struct {
+		name    string
+		call    func() error
+		message string
+	}{
+		{"seq 2^53+1", acquire("r1", &sluicev1.KeyReport{Seq: top + 1, Want: 1}), "report.seq 9007199254740993 exceeds 2^53"},
+		{"lease one above its seq", acquire("r2", &sluicev1.KeyReport{Seq: 7, Lease: 8, Want: 1}), "report.lease 8 is above its seq 7"},
+		{"used 2^53+1", acquire("r3", &sluicev1.KeyReport{Seq: 1, Used: top + 1}), "report.used 9007199254740993 exceeds the maximum 9007199254740992"},
+		{"denied 2^53+1", acquire("r4", &sluicev1.KeyReport{Seq: 1, Denied: top + 1}), "report.denied 9007199254740993 exceeds the maximum"},
+		{"returned 2^53+1", release("r5", &sluicev1.KeyReport{Seq: 1, Returned: top + 1}), "reports[0].returned 9007199254740993 exceeds the maximum"},
+		{"built_us 2^53+1", acquire("r6", &sluicev1.KeyReport{Seq: 1, BuiltUs: top + 1}), "report.built_us 9007199254740993 exceeds the maximum"},
+		{"denied -1", acquire("r7", &sluicev1.KeyReport{Seq: 1, Denied: -1}), "report.denied -1 is negative"},
+		{"built_us -1", acquire("r8", &sluicev1.KeyReport{Seq: 1, BuiltUs: -1}), "report.built_us -1 is negative"},
+		{"min -1", acquire("r9", &sluicev1.KeyReport{Seq: 1, Min: -1}), "report.min -1 is negative"},
+		{"min one above MaxWant", acquire("r10", &sluicev1.KeyReport{Seq: 1, Want: quota.MaxWant, Min: quota.MaxWant + 1}), "report.min 1073741825 exceeds the maximum 1073741824"},
+		{"min one above want", acquire("r11", &sluicev1.KeyReport{Seq: 1, Want: 5, Min: 6}), "report.min 6 exceeds want 5"},
+		{"cost one above the burst", check(21), "cost 21 exceeds the burst 20"},
+		{"one report over reports_per_sync", syncOf("r12", perSync+1), "4 reports exceed the bound reports_per_sync=3"},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("got %v, want InvalidArgument", err)
+			}
+			if !strings.Contains(status.Convert(err).Message(), tc.message) {
+				t.Fatalf("message %q does not say %q", status.Convert(err).Message(), tc.message)
+			}
+			if after := dump(t, reg); after != before {
+				t.Fatalf("redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
+	}
+}
