@@ -538,7 +538,8 @@ func TestNoGlobalLeaderNeverRevivesALapsedLease(t *testing.T) {
 
 // TestUnleasedServerKeepsItsStaticShare: a server explicitly run with no
 // global tier (Options.Unleased) runs on its static share on an empty
-// Redis, as before static leases.
+// Redis, as before static leases, and has its scripts mark no candidates
+// (an enforcing server marks every quarter epoch).
 func TestUnleasedServerKeepsItsStaticShare(t *testing.T) {
 	cfg := leaseConfig(t)
 	srv, err := regional.New(regional.Options{Region: "eu", Redis: redistest.Start(t).Client(), Config: regional.StaticConfig{C: cfg}, Unleased: true})
@@ -549,6 +550,18 @@ func TestUnleasedServerKeepsItsStaticShare(t *testing.T) {
 	_, c, _, err := srv.CommonFor(cfg, leaseKey)
 	if err != nil || !near(c.StaticRate, staticRate) {
 		t.Fatalf("unleased: static rate %v (%v), want %v", c.StaticRate, err, staticRate)
+	}
+	// No region leader reads its candidate marks: the scripts make none.
+	if c.MarkEvery != 0 {
+		t.Fatalf("unleased: candidate mark interval %v, want none", c.MarkEvery)
+	}
+	leased, err := regional.New(regional.Options{Region: "eu", Redis: redistest.Start(t).Client(), Config: regional.StaticConfig{C: cfg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leased.Close()
+	if _, c, _, err := leased.CommonFor(cfg, leaseKey); err != nil || c.MarkEvery != regionsync.MarkEvery(time.Duration(cfg.Epoch)) {
+		t.Fatalf("leased: candidate mark interval %v (%v), want a quarter epoch", c.MarkEvery, err)
 	}
 	if _, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "eu", RedisAddr: "127.0.0.1:1", Config: regional.StaticConfig{C: cfg}, Unleased: true,
