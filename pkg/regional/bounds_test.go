@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -118,5 +120,41 @@ func TestEachBoundTakesItsEdgeAndRefusesOnePast(t *testing.T) {
 				t.Fatalf("redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
 			}
 		})
+	}
+}
+
+// TestNewLeaderNeedsEveryRequiredOption: NewLeader refuses options that
+// lack any one of Etcd, Global, ElectionPrefix and Identity, and takes
+// them all.
+func TestNewLeaderNeedsEveryRequiredOption(t *testing.T) {
+	cfg := regiontest.MustConfig(t, oneRegion)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	srv, err := regional.New(regional.Options{Region: "local", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Unleased: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	full := func() regional.LeaderOptions {
+		return regional.LeaderOptions{Etcd: &clientv3.Client{}, ElectionPrefix: "/sl/election/",
+			Global: serviceTier{}, Identity: "local-1"}
+	}
+	for _, c := range []struct {
+		name string
+		drop func(*regional.LeaderOptions)
+	}{
+		{"Etcd", func(o *regional.LeaderOptions) { o.Etcd = nil }},
+		{"Global", func(o *regional.LeaderOptions) { o.Global = nil }},
+		{"ElectionPrefix", func(o *regional.LeaderOptions) { o.ElectionPrefix = "" }},
+		{"Identity", func(o *regional.LeaderOptions) { o.Identity = "" }},
+	} {
+		o := full()
+		c.drop(&o)
+		if _, err := regional.NewLeader(srv, o); err == nil {
+			t.Errorf("NewLeader without %s: no error", c.name)
+		}
+	}
+	if _, err := regional.NewLeader(srv, full()); err != nil {
+		t.Fatalf("NewLeader with every required option: %v", err)
 	}
 }
