@@ -25,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 	"github.com/sluicehq/sluice/pkg/regionsync"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // leaseConfig: two regions of weight 1, acme/write 100/s burst 100, so eu's
@@ -568,5 +569,58 @@ func TestUnleasedServerKeepsItsStaticShare(t *testing.T) {
 		Leader: &regional.LeaderOptions{},
 	}); err == nil {
 		t.Fatal("StartDaemon accepted Unleased with a Leader")
+	}
+}
+
+// TestReplicaReadsEveryShardsStoredLease: a replica of a config of two
+// global-tier shards reads each shard's stored lease: a key runs on its
+// static share while its owner's lease is stored and running, on its
+// floor while only the other shard's is.
+func TestReplicaReadsEveryShardsStoredLease(t *testing.T) {
+	ctx := context.Background()
+	cfg := shardedConfig(t, 2)
+	rdb := redistest.Start(t).Client()
+	defer rdb.Close()
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	m, err := shard.New(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var owned [2]quota.Key // a key of each shard
+	for i := 0; owned[0].Tenant == "" || owned[1].Tenant == ""; i++ {
+		k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "write"}
+		owned[m.Of(k)] = k
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := fmt.Sprint(now.Add(time.Hour).UnixMicro())
+	static := func(k quota.Key) float64 {
+		t.Helper()
+		if err := regional.RefreshStaticForTest(ctx, srv); err != nil {
+			t.Fatal(err)
+		}
+		_, c, _, err := srv.CommonFor(cfg, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.StaticRate
+	}
+	if err := rdb.Set(ctx, staticKey, until, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got0, got1 := static(owned[0]), static(owned[1]); !near(got0, staticRate) || !near(got1, floorRate) {
+		t.Fatalf("shard 0's lease alone: shard 0's key on %v, shard 1's on %v; want %v and the floor %v", got0, got1, staticRate, floorRate)
+	}
+	if err := rdb.Set(ctx, staticKey+":1", until, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got0, got1 := static(owned[0]), static(owned[1]); !near(got0, staticRate) || !near(got1, staticRate) {
+		t.Fatalf("both leases: shard 0's key on %v, shard 1's on %v; want %v for both", got0, got1, staticRate)
 	}
 }
