@@ -2,6 +2,7 @@ package hierarchy
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"testing"
 	"time"
@@ -647,4 +648,46 @@ func TestHoldingFallingBeyondTheRoundingFreesBurst(t *testing.T) {
 	s.takesNudges("c acknowledged its smaller grant", "a")
 	s.report("c", 6320, 3e8, 3.2e8-5)
 	s.takesNudges("c holds 5 tokens fewer", "a")
+}
+
+// TestReportNumbersAtTheirBounds: every count a report carries may be any
+// finite number >= 0, the largest float and a negative zero included, and
+// is refused a step beyond: +Inf, NaN, or the smallest negative float.
+// (The key has no limit: the report is validated, then the key skipped.)
+func TestReportNumbersAtTheirBounds(t *testing.T) {
+	fields := []struct {
+		name string
+		set  func(kd *KeyDemand, v float64)
+	}{
+		{"admitted", func(kd *KeyDemand, v float64) { kd.Admitted = v }},
+		{"denied", func(kd *KeyDemand, v float64) { kd.Denied = v }},
+		{"held rate", func(kd *KeyDemand, v float64) { kd.HeldRate = v }},
+		{"held burst", func(kd *KeyDemand, v float64) { kd.HeldBurst = v }},
+		{"holding", func(kd *KeyDemand, v float64) { kd.Holding = v }},
+	}
+	for _, f := range fields {
+		for _, tc := range []struct {
+			v  float64
+			ok bool
+		}{
+			{math.MaxFloat64, true},
+			{math.Copysign(0, -1), true},
+			{math.SmallestNonzeroFloat64, true},
+			{math.Inf(1), false},
+			{math.NaN(), false},
+			{-math.SmallestNonzeroFloat64, false},
+			{math.Inf(-1), false},
+		} {
+			a := mustAllocator(t, twoRegions())
+			kd := KeyDemand{Key: quota.Key{Tenant: "nolimit", Class: "w"}, Window: time.Second}
+			f.set(&kd, tc.v)
+			_, err := a.Report(ms(100), Report{Region: "a", Seq: 1, Keys: []KeyDemand{kd}})
+			if tc.ok && err != nil {
+				t.Errorf("%s %v: %v, want it accepted", f.name, tc.v, err)
+			}
+			if !tc.ok && !errors.Is(err, quota.ErrInvalid) {
+				t.Errorf("%s %v: %v, want ErrInvalid", f.name, tc.v, err)
+			}
+		}
+	}
 }
