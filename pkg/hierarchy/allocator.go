@@ -1630,18 +1630,23 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 }
 
 // lanesFor sets the rate and burst lanes to the headroom the other regions
-// leave region ri for block b: ri's fallback is its own (its floor while
-// it may hold no static lease), the others are taken at their summaries
+// leave region ri for block b: the others are taken at their summaries
 // over what they are counted at, and what the static shares and the
 // lapsed regions leave of the limit is added (freed).
+//
+// The share ri falls back to, which shortGrantSafe checks, is its static
+// share even while ri is returning and runs on its floor: its static lease
+// may be conferred (confer) before a grant decided now ends, and from then
+// on it falls back to the static share, at the fallback time this grant
+// sets. The other regions' grants counted it at its static share only from
+// the fallback time it had when they were decided, so a grant that moves
+// that time earlier must leave room for the static share, not the floor.
 func (a *Allocator) lanesFor(t int64, b int32, ri int, sh *shares) {
 	base := int(b) * a.nr
 	rl, bl := &a.rateLane, &a.burstLane
-	fr, fb := sh.fR[ri], sh.fB[ri]
 	s, sb := sh.sR[ri], sh.sB[ri]
-	rl.reset(fr)
-	bl.reset(fb)
-	rl.base, bl.base = s, sb
+	rl.reset(s)
+	bl.reset(sb)
 	// Cut to the regions first, so that the loop checks no index.
 	sums := a.summaries[base : base+a.nr]
 	cR, cB := sh.cR[:len(sums)], sh.cB[:len(sums)]

@@ -448,3 +448,37 @@ func TestLapsedSetRegionGetsItsLeaseWhenLearningEnds(t *testing.T) {
 		t.Fatalf("a got static lease %v when learning ended, want 10s", ans.StaticLease)
 	}
 }
+
+// TestReturningRegionsShortGrantMakesRoomForItsStaticShare: a short grant
+// to a returning region is checked against its static share, not the floor
+// it runs on: its static lease may be conferred (in the same answer, or a
+// later one) before the grant ends, and it then falls back to its static
+// share at the earlier fallback time the short grant sets, which the
+// others' grants never counted on. TestTimelineNeverOversubscribes/round6
+// replays a run where checking the floor let three regions refill at
+// 0.505 of a 0.5 limit.
+func TestReturningRegionsShortGrantMakesRoomForItsStaticShare(t *testing.T) {
+	s := newLeaseScript(t)
+	ms := s.lapseA() + 900
+	s.report("a", ms, 0)
+	if st := s.state("a", ms); st != StateReturning {
+		t.Fatalf("a is %s after reporting again", st)
+	}
+	k := s.a.keyIndex[s.key]
+	b := s.a.blockOf[k]
+	if b < 0 {
+		t.Fatal("the key has no fencing block")
+	}
+	ri := s.a.regionIndex["a"]
+	sh := s.a.loadShares(k)
+	if sh.fR[ri] != 0 || sh.sR[ri] != leaseStatic {
+		t.Fatalf("a returning: fallback %v, static %v; want its floor 0 and static %v", sh.fR[ri], sh.sR[ri], leaseStatic)
+	}
+	s.a.lanesFor(s.a.clock, b, ri, sh)
+	if got := s.a.rateLane.static; got != leaseStatic {
+		t.Fatalf("a short grant to the returning region is checked against %v, want its static share %v", got, leaseStatic)
+	}
+	if got := s.a.burstLane.static; got != sh.sB[ri] {
+		t.Fatalf("a short grant's burst is checked against %v, want the static burst %v", got, sh.sB[ri])
+	}
+}
