@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"reflect"
 	"regexp"
 	"strconv"
 	"testing"
@@ -37,6 +38,10 @@ func TestStampBornKeepsAWrittenSentinel(t *testing.T) {
 			got, err = w.sc.StampBorn(w.ctx, w.rdb, []string{k.Born}, tc.second)
 			if want := tc.wantBorn(t0); err != nil || len(got) != 1 || got[0].Written || got[0].BornUS != want {
 				t.Fatalf("second stamp: %+v, %v; want the stored %d, not written", got, err, want)
+			}
+			res, err := w.sc.born.Run(w.ctx, w.rdb, []string{k.Born}, "0", w.now).Slice()
+			if want := []any{tc.wantBorn(t0), int64(0)}; err != nil || !reflect.DeepEqual(res, want) {
+				t.Fatalf("born script on a stored sentinel: %v, %v; want %v (the birth, not written)", res, err, want)
 			}
 			if v := w.rdb.Get(w.ctx, k.Born).Val(); v != itoa(tc.wantBorn(t0)) {
 				t.Fatalf("sentinel %q after the second stamp, want %d", v, tc.wantBorn(t0))
@@ -119,8 +124,8 @@ func TestNeverIsMinusOneOnTheWire(t *testing.T) {
 			}
 			r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: tc.cost, Min: tc.cost}
 			res, err = w.sc.acquire.Run(w.ctx, w.rdb, k.list(), w.sc.args(k, tc.c, r.opArgs()...)...).Slice()
-			if err != nil || len(res) != 12 || res[0] != int64(0) || res[3] != int64(-1) {
-				t.Fatalf("lease of %d: reply %v, %v; want nothing granted, retry -1", tc.cost, res, err)
+			if err != nil || len(res) != 12 || res[0] != int64(0) || res[3] != int64(-1) || res[9] != int64(0) || res[11] != int64(0) {
+				t.Fatalf("lease of %d: reply %v, %v; want nothing granted, retry -1, no duplicate (0), no conflict (0)", tc.cost, res, err)
 			}
 		})
 	}
@@ -248,5 +253,94 @@ func TestBucketTTLIsExact(t *testing.T) {
 				t.Fatalf("model TTL %v, %v; want %dms", mt, ok, tc.want)
 			}
 		})
+	}
+}
+
+// TestGrantEndingNowMarksNothing: a grant is valid strictly before its
+// expiry, so a strict decision at the very instant it ends, with demand
+// far below half the static share, closes the mark window without marking
+// the key (the grant's own mark, up to its expiry, already trimmed).
+func TestGrantEndingNowMarksNothing(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 100, StaticBurst: 200, LeaseTTL: 5 * time.Second, ReapBudget: 8,
+		DemandWindow: 500 * time.Millisecond, MarkEvery: 250 * time.Millisecond}
+	end := w.now + 1_000_000
+	w.setRate(k, c, 10, 10, end, w.now)
+	if got := w.cands(k.Cand); got[k.Member] != end {
+		t.Fatalf("candidates %v after the grant, want marked until its expiry %d", got, end)
+	}
+	w.at(end)
+	w.trim(k.Cand, end+1)
+	if r := w.check(k, c, 1); !r.Allowed {
+		t.Fatalf("a check of 1: %+v", r)
+	}
+	if got := w.cands(k.Cand); len(got) != 0 {
+		t.Fatalf("candidates %v after a check at the grant's expiry with no demand, want none", got)
+	}
+	if cw := w.rdb.HGet(w.ctx, k.Bucket, "cw").Val(); cw != itoa(end) {
+		t.Fatalf("mark window start %q, want %d (closed by the check)", cw, end)
+	}
+}
+
+// TestStateReadRebuildsAnOlderExpirySet: a key with more than fewLeases
+// leases whose expiry set does not hold every record (one written by
+// older scripts) has the set rebuilt from the records by the next call
+// that reaps, a state read included, even when no lease has expired.
+func TestStateReadRebuildsAnOlderExpirySet(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	want := map[string]int64{}
+	for i := 0; i <= fewLeases; i++ {
+		id := "i-" + itoa(int64(i))
+		w.sync(k, expiryCommon, expiryLease(id, 1))
+		want[id] = w.now + expiryCommon.LeaseTTL.Microseconds()
+		w.at(w.now + 1000)
+	}
+	if err := w.rdb.ZRem(w.ctx, k.Expiry, "i-0", "i-1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.sc.State(w.ctx, w.rdb, k, expiryCommon); err != nil {
+		t.Fatal(err)
+	}
+	zs, err := w.rdb.ZRangeWithScores(w.ctx, k.Expiry, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, z := range zs {
+		got[z.Member.(string)] = int64(z.Score)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("expiry set after a state read %v, want every lease's expiry %v", got, want)
+	}
+}
+
+// TestBatchRepliesOncePerKey: a batched call answers exactly one entry per
+// key, whatever the number of keys.
+func TestBatchRepliesOncePerKey(t *testing.T) {
+	w := newTwin(t)
+	c := Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	for n := 1; n <= 6; n++ {
+		var ks []string
+		var as []any
+		for i := range n {
+			k := KeysFor(DefaultPrefix, quota.Key{Tenant: "t" + itoa(int64(i)), Class: "read"})
+			a := w.sc.args(k, c)
+			if i == 0 {
+				as = append(as, len(a))
+			}
+			ks = append(ks, k.list()...)
+			as = append(as, a...)
+		}
+		res, err := w.sc.stateBatch.Run(w.ctx, w.rdb, ks, as...).Slice()
+		if err != nil || len(res) != n {
+			t.Fatalf("a batch of %d keys: %d entries (%v), %v; want %d", n, len(res), res, err, n)
+		}
+		for i, r := range res {
+			if _, ok := r.([]any); !ok {
+				t.Fatalf("a batch of %d keys: entry %d is %T (%v), want a state reply", n, i, r, r)
+			}
+		}
 	}
 }
