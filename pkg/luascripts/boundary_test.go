@@ -344,3 +344,28 @@ func TestBatchRepliesOncePerKey(t *testing.T) {
 		}
 	}
 }
+
+// TestDemandWindowClosesAtItsLength: a lease's demand window closes at the
+// first report at least the demand window after it opened: a report one
+// microsecond short of it adds to the open window and the reading stays
+// at nothing; the next, exactly at it, closes the window over all it
+// counted (10 + 5 tokens over 500ms: 30/s).
+func TestDemandWindowClosesAtItsLength(t *testing.T) {
+	w := newTwin(t)
+	k, c := demandKey()
+	t0 := w.now
+	r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 100, Min: 1}
+	w.sync(k, c, r)
+	w.at(t0 + c.DemandWindow.Microseconds() - 1)
+	r.Seq, r.Used = 2, 10
+	w.sync(k, c, r)
+	if st := w.state(k, c); st.LeaseDemand != 0 {
+		t.Fatalf("reading %v/s one microsecond before the window's end, want 0 (still open)", st.LeaseDemand)
+	}
+	w.at(t0 + c.DemandWindow.Microseconds())
+	r.Seq, r.Denied = 3, 5
+	w.sync(k, c, r)
+	if st := w.state(k, c); st.LeaseDemand != 30 {
+		t.Fatalf("reading %v/s at the window's end, want 30 (15 tokens over 500ms)", st.LeaseDemand)
+	}
+}
