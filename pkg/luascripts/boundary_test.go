@@ -369,3 +369,25 @@ func TestDemandWindowClosesAtItsLength(t *testing.T) {
 		t.Fatalf("reading %v/s at the window's end, want 30 (15 tokens over 500ms)", st.LeaseDemand)
 	}
 }
+
+// TestRefillCarriesFractionsOfAMicroToken: refill below a micro-token per
+// call is carried, not dropped: at 0.75 tokens/s an empty bucket earns
+// 0.75 micro-tokens a microsecond, so two strict decisions a microsecond
+// apart leave it one whole micro-token, and a third one more.
+func TestRefillCarriesFractionsOfAMicroToken(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 0.75, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	if r := w.check(k, c, 10); !r.Allowed {
+		t.Fatalf("a check of the full bucket: %+v", r)
+	}
+	for i, want := range []float64{0, 0.000001, 0.000002} {
+		w.at(w.now + 1)
+		if r := w.check(k, c, 1); r.Allowed {
+			t.Fatalf("step %d: a check of 1 on an empty bucket admitted: %+v", i, r)
+		}
+		if st := w.state(k, c); st.Tokens != want {
+			t.Fatalf("step %d: %v tokens, want %v", i, st.Tokens, want)
+		}
+	}
+}
