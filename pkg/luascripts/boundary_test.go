@@ -391,3 +391,34 @@ func TestRefillCarriesFractionsOfAMicroToken(t *testing.T) {
 		}
 	}
 }
+
+// TestReapDropsAnExpiryWithoutARecord: an expiry set of as many members
+// as there are records but naming an instance with no record (left by
+// older scripts) is read as it is; its due member without a record is
+// taken out of the set and nothing else changes.
+func TestReapDropsAnExpiryWithoutARecord(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	for i := 0; i <= fewLeases; i++ {
+		w.sync(k, expiryCommon, expiryLease("i-"+itoa(int64(i)), 1))
+	}
+	if err := w.rdb.ZRem(w.ctx, k.Expiry, "i-0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.rdb.ZAdd(w.ctx, k.Expiry, redisZ(w.now-1, "gone")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := w.sc.State(w.ctx, w.rdb, k, expiryCommon)
+	if err != nil {
+		t.Fatalf("a state read over an expiry without a record: %v", err)
+	}
+	if want := int64(fewLeases+1) * 10; st.Outstanding != want {
+		t.Fatalf("outstanding %d, want %d (no lease reaped)", st.Outstanding, want)
+	}
+	if w.rdb.ZScore(w.ctx, k.Expiry, "gone").Err() == nil {
+		t.Fatal("the expiry without a record is still in the set")
+	}
+	if n := w.rdb.HLen(w.ctx, k.Leases).Val(); n != fewLeases+1 {
+		t.Fatalf("%d leases, want %d", n, fewLeases+1)
+	}
+}
