@@ -68,6 +68,10 @@ func TestLapsePlanWritesOnlyWhatChanged(t *testing.T) {
 				}
 				time.Sleep(epoch)
 			}
+			// Past its leadership's deadline it plans nothing, a pending.
+			if plan := s.planLapses(time.Now().Add(time.Hour)); plan.write || plan.pending != nil || plan.set != nil {
+				t.Fatalf("stored %v: past its deadline the replica planned %+v", stored, plan)
+			}
 			plan := s.planLapses(time.Now())
 			if !plan.write || !slices.Equal(plan.pending, []string{"a"}) || !slices.Equal(plan.set, []string{"a"}) {
 				t.Fatalf("stored %v: a silent for %v planned %+v, want a pending and the set [a] written", stored, time.Since(start), plan)
