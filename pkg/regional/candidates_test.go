@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -193,5 +195,16 @@ func TestGrantedIdleKeyReportedUntilItsGrantEnds(t *testing.T) {
 			}
 		}
 		time.Sleep(epoch / 2) // the reports' period, not a wait for an event
+	}
+	// Every grant went to the keys of the key it names, the one never
+	// reported included: nothing in eu's Redis lies outside its prefix.
+	all, err := r.rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range all {
+		if !strings.HasPrefix(k, luascripts.DefaultPrefix) {
+			t.Fatalf("eu's Redis holds %q, outside its prefix %q", k, luascripts.DefaultPrefix)
+		}
 	}
 }
