@@ -3,6 +3,7 @@ package allocator
 import (
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
 )
 
 // newEdgeService is a Service of loopConfig (regions a and b) advertising
@@ -191,6 +193,100 @@ func TestPageBoundsAtTheirEdge(t *testing.T) {
 		}
 		if _, err := s.SyncPage(t.Context(), p1); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "report_bytes") {
 			t.Fatalf("last page one byte over report_bytes=%d: %v, want InvalidArgument", exact-1, err)
+		}
+	})
+}
+
+// revSource is a ConfigSource whose config has an etcd revision (Live),
+// as configstore.Watcher's has.
+type revSource struct {
+	mu  sync.Mutex
+	cfg *config.Config
+	rev int64
+}
+
+func (r *revSource) Current() *config.Config { c, _ := r.Live(); return c }
+
+func (r *revSource) Live() (*config.Config, int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cfg, r.rev
+}
+
+func (r *revSource) set(cfg *config.Config, rev int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cfg, r.rev = cfg, rev
+}
+
+// TestReshardLearningEndsOnceEveryRegionRunsTheCount: a shard whose
+// regions all report the revision its shard count took effect at stops
+// learning once its election's learning is over; after the count changes
+// it learns until every region reports the new revision, then one grant
+// validity and one epoch more, and no longer.
+func TestReshardLearningEndsOnceEveryRegionRunsTheCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &revSource{cfg: parseConfig(t, loopConfig), rev: 5}
+		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		const epoch, validity = 100 * time.Millisecond, 500 * time.Millisecond
+		seq := uint64(0)
+		// report has both regions report rev and says whether the answer
+		// was learning.
+		report := func(rev int64) bool {
+			seq++
+			learning := false
+			for _, region := range []string{"a", "b"} {
+				g, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: region, Seq: seq, ConfigRevisions: []int64{rev}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				learning = g.GetLearning()
+			}
+			return learning
+		}
+		// learnsFor reports rev every epoch until an answer is not
+		// learning, and returns how long that took.
+		learnsFor := func(rev int64) time.Duration {
+			start := time.Now()
+			for report(rev) {
+				if time.Since(start) > 10*(validity+epoch) {
+					t.Fatalf("still learning %v after every region reported revision %d", time.Since(start), rev)
+				}
+				time.Sleep(epoch)
+			}
+			return time.Since(start)
+		}
+		if took := learnsFor(5); took > validity {
+			t.Fatalf("regions running the count's own revision kept the shard learning %v, past its election's %v", took, validity)
+		}
+		// global_shards 1 -> 2 at revision 6: learning while the regions
+		// still run revision 5.
+		src.set(parseConfig(t, loopConfig+"global_shards: 2\n"), 6)
+		for range 3 {
+			if !report(5) {
+				t.Fatal("not learning while the regions run the old shard count")
+			}
+			time.Sleep(epoch)
+		}
+		if took := learnsFor(6); took < validity || took > validity+2*epoch {
+			t.Fatalf("learning ended %v after every region reported the new count's revision, want one validity and one epoch (%v)", took, validity+epoch)
+		}
+		// A later revision that keeps the count, run by every region (and
+		// a report naming no revision): nothing moves, nothing learns.
+		src.set(parseConfig(t, strings.Replace(loopConfig, "rate: 100/s", "rate: 200/s", 1)+"global_shards: 2\n"), 7)
+		seq++
+		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: seq}); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if report(7) {
+				t.Fatal("learning after a change that keeps the shard count, every region running it")
+			}
+			time.Sleep(epoch)
 		}
 	})
 }
