@@ -400,3 +400,32 @@ func TestPagedReportSurvivesFailover(t *testing.T) {
 		t.Fatal("the new leader does not track the report's keys")
 	}
 }
+
+// TestPagedReportRefusedIsNotSentAgain: a paged report whose later page
+// the leader refuses as invalid fails at once, after one try: Client
+// sends a report again from page 0 only when the replica could not
+// continue it, never when it refused what was sent.
+func TestPagedReportRefusedIsNotSentAgain(t *testing.T) {
+	srv := etcdtest.Start(t)
+	d, _ := pagingDaemon(t, srv, DaemonOptions{MaxKeysPerPage: 2})
+	c, err := NewClient([]string{d.GRPCAddr()}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetPageKeys(2)
+	bad := &sluicev1.KeyDemand{Key: &sluicev1.QuotaKey{Tenant: "p 9", Class: "write"}, WindowMs: 100}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Sync(callCtx(t), &sluicev1.RegionReport{Region: "a", Seq: 1, Keys: []*sluicev1.KeyDemand{pkey(0), pkey(1), bad}})
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute): // one round trip on a working replica
+		t.Fatal("Client still sending a report the leader refused")
+	}
+	if err == nil || !strings.Contains(err.Error(), "(1 tries)") || !strings.Contains(err.Error(), "InvalidArgument") {
+		t.Fatalf("a report whose page 1 is invalid: %v, want InvalidArgument after 1 try", err)
+	}
+}
