@@ -158,3 +158,41 @@ func TestNewLeaderNeedsEveryRequiredOption(t *testing.T) {
 		t.Fatalf("NewLeader with every required option: %v", err)
 	}
 }
+
+// TestAnotherProcessUnderTheSameInstanceIsAborted: a report under an
+// instance id whose lease another process (another incarnation) holds is
+// refused with Aborted by Acquire, Sync and Release alike.
+func TestAnotherProcessUnderTheSameInstanceIsAborted(t *testing.T) {
+	reg := regiontest.Start(t, regiontest.MustConfig(t, oneRegion), "local")
+	client := sluicev1.NewLeaseServiceClient(reg.Dial(t))
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		call func(instance string) error
+	}{
+		{"Acquire", func(instance string) error {
+			_, err := client.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: instance, Incarnation: 2,
+				Report: &sluicev1.KeyReport{Key: qk("acme", "read"), Seq: 2, Lease: 1, Want: 1}})
+			return err
+		}},
+		{"Sync", func(instance string) error {
+			_, err := client.Sync(ctx, &sluicev1.SyncRequest{InstanceId: instance, Incarnation: 2,
+				Reports: []*sluicev1.KeyReport{{Key: qk("acme", "read"), Seq: 2, Lease: 1, Want: 1}}})
+			return err
+		}},
+		{"Release", func(instance string) error {
+			_, err := client.Release(ctx, &sluicev1.ReleaseRequest{InstanceId: instance, Incarnation: 2,
+				Reports: []*sluicev1.KeyReport{{Key: qk("acme", "read"), Seq: 2, Lease: 1}}})
+			return err
+		}},
+	} {
+		instance := "shared-" + c.name
+		if _, err := client.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: instance, Incarnation: 1,
+			Report: &sluicev1.KeyReport{Key: qk("acme", "read"), Seq: 1, Lease: 1, Want: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.call(instance); status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "another process") {
+			t.Errorf("%s by another process: %v, want Aborted", c.name, err)
+		}
+	}
+}
