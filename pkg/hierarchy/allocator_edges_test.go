@@ -579,9 +579,7 @@ func TestCompactionEdges(t *testing.T) {
 		}
 	}
 
-	old := compactMin
-	compactMin = 12
-	defer func() { compactMin = old }()
+	setCompactMin(t, 12)
 	a := mustAllocator(t, twoRegions())
 	keys := noiseKeys(12)
 	for _, k := range keys {
@@ -606,9 +604,7 @@ func TestCompactionEdges(t *testing.T) {
 // once no region may hold a grant for their keys, are renumbered there
 // and then, not at the next RemoveKey.
 func TestAllocateGivesFreedBlocksBack(t *testing.T) {
-	old := compactMin
-	compactMin = 8
-	defer func() { compactMin = old }()
+	setCompactMin(t, 8)
 	a := mustAllocator(t, twoRegions())
 	keys := noiseKeys(8)
 	for _, k := range keys {

@@ -166,9 +166,7 @@ func TestCompactionChangesNoOutput(t *testing.T) {
 // keeps them, one fewer renumbers; with one less than compactMin they are
 // kept whatever is in use; when none is in use, none is kept.
 func TestCompactionThresholds(t *testing.T) {
-	old := compactMin
-	compactMin = 8
-	defer func() { compactMin = old }()
+	setCompactMin(t, 8)
 	for _, n := range []int{7, 8} {
 		a := mustAllocator(t, twoRegions())
 		keys := noiseKeys(n)
@@ -224,4 +222,12 @@ func TestCompactionThresholds(t *testing.T) {
 	if v := a.View(testStart.Add(7 * time.Second)); v.Regions[0].UnknownKeyCount != len(keys) {
 		t.Fatalf("a report naming the removed keys: %d unknown, want %d", v.Regions[0].UnknownKeyCount, len(keys))
 	}
+}
+
+// setCompactMin sets compactMin for the rest of test t.
+func setCompactMin(t *testing.T, n int) {
+	t.Helper()
+	old := compactMin
+	compactMin = n
+	t.Cleanup(func() { compactMin = old })
 }

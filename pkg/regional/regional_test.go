@@ -323,17 +323,23 @@ func TestBadInputChangesNothing(t *testing.T) {
 	before := dump(t, reg)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.call()
-			if status.Code(err) != codes.InvalidArgument {
-				t.Fatalf("got %v, want InvalidArgument", err)
-			}
-			if !strings.Contains(status.Convert(err).Message(), tc.message) {
-				t.Fatalf("message %q does not say %q", status.Convert(err).Message(), tc.message)
-			}
-			if after := dump(t, reg); after != before {
-				t.Fatalf("redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
-			}
+			refusedChangingNothing(t, reg, before, tc.call(), tc.message)
 		})
+	}
+}
+
+// refusedChangingNothing fails t unless err is InvalidArgument saying
+// message and reg's Redis still reads as before.
+func refusedChangingNothing(t *testing.T, reg *regiontest.Region, before string, err error, message string) {
+	t.Helper()
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("got %v, want InvalidArgument", err)
+	}
+	if !strings.Contains(status.Convert(err).Message(), message) {
+		t.Fatalf("message %q does not say %q", status.Convert(err).Message(), message)
+	}
+	if after := dump(t, reg); after != before {
+		t.Fatalf("redis changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 }
 
