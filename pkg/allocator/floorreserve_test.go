@@ -1,0 +1,72 @@
+package allocator
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestFloorReserveFromTheConfirmedRevisionOn: while several configs are in
+// play, the floor the global tier assumes for a region is the smallest
+// under the held revisions it reports from the confirmed one on, the
+// confirmed one included: a reports 6 and 7 (floors 25/s and 40/s), b
+// reports 6 and 8 (floors 25/s and 10/s), so 6 is confirmed and a's floor
+// is 25/s, b's 10/s.
+func TestFloorReserveFromTheConfirmedRevisionOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfgOf := func(share float64) string {
+			return strings.Replace(loopConfig, "write: {}", fmt.Sprintf("write: {partition_share: %g}", share), 1)
+		}
+		src := &revSource{cfg: parseConfig(t, cfgOf(0.1)), rev: 5}
+		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		// Static shares are 50/s for each region; the floor is the
+		// partition_share of it.
+		for _, c := range []struct {
+			rev   int64
+			share float64
+		}{{6, 0.5}, {7, 0.8}, {8, 0.2}} {
+			src.set(parseConfig(t, cfgOf(c.share)), c.rev)
+			s.step(time.Now())
+		}
+		k := quota.Key{Tenant: "t", Class: "write"}
+		for _, r := range []struct {
+			region string
+			revs   []int64
+		}{{"a", []int64{6, 7}}, {"b", []int64{6, 8}}} {
+			if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r.region, Seq: 1, ConfigRevisions: r.revs,
+				Keys: []*sluicev1.KeyDemand{{Key: &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}, Admitted: 10, WindowMs: 100}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rev, known := s.conf.Confirm(configRegions(s.applied)); !known || rev != 6 {
+			t.Fatalf("confirmed revision %d (known %v), want 6", rev, known)
+		}
+		v := s.View(time.Now())
+		var got []float64
+		for _, kv := range v.Keys {
+			if kv.Key == k {
+				got = kv.Limit.FloorRate
+			}
+		}
+		want := []float64{25, 10}
+		if len(got) != len(want) {
+			t.Fatalf("floor rates of a and b %v, want %v", got, want)
+		}
+		for i := range want {
+			if math.Abs(got[i]-want[i]) > 1e-6 {
+				t.Fatalf("floor rates of a and b %v, want %v", got, want)
+			}
+		}
+	})
+}
