@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -206,5 +208,25 @@ func TestGrantedIdleKeyReportedUntilItsGrantEnds(t *testing.T) {
 		if !strings.HasPrefix(k, luascripts.DefaultPrefix) {
 			t.Fatalf("eu's Redis holds %q, outside its prefix %q", k, luascripts.DefaultPrefix)
 		}
+	}
+}
+
+// TestEpochReportTrimsMarksPastTheHorizon: an epoch report removes from
+// the candidate set the marks older than its horizon (two epochs before
+// it was sent), in the same round trip, and leaves the later ones.
+func TestEpochReportTrimsMarksPastTheHorizon(t *testing.T) {
+	ctx := context.Background()
+	r := newLeaseRig(t)
+	set := luascripts.CandKeys(luascripts.DefaultPrefix, false)[0] // the rig's one Redis
+	later := r.redisUS() + time.Hour.Microseconds()
+	if err := r.rdb.ZAdd(ctx, set, redis.Z{Score: 1, Member: "stale|write"}, redis.Z{Score: float64(later), Member: "later|write"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r.syncOnce(ctx, r.leader)
+	if err := r.rdb.ZScore(ctx, set, "stale|write").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("a mark older than the horizon is still in %s after an epoch report (err %v)", set, err)
+	}
+	if got, err := r.rdb.ZScore(ctx, set, "later|write").Result(); err != nil || got != float64(later) {
+		t.Fatalf("a mark past the horizon: score %v, err %v; want %d kept", got, err, later)
 	}
 }
