@@ -2,16 +2,20 @@ package regional_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
@@ -156,3 +160,91 @@ func TestWeightRaiseWaitsForEveryRegion(t *testing.T) {
 }
 
 func near(a, b float64) bool { return a >= b*(1-1e-9)-1e-9 && a <= b*(1+1e-9)+1e-9 }
+
+// TestLeaderStoresTheConfirmedRevisionForItsReplicas: the region leader
+// stores in the region's Redis each config revision the global tier
+// confirms to it, for the region's other replicas to apply: none before a
+// confirmation, then revision 10 once every region reported it, then 20.
+func TestLeaderStoresTheConfirmedRevisionForItsReplicas(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	old, grown := weightsConfig(t, 1, 1), weightsConfig(t, 3, 1)
+	globalSrc := &revSource{cfg: old, rev: 10}
+	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: cli, Prefix: "/cs", SessionTTL: 10 * time.Second,
+		Config: globalSrc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	for deadline := time.Now().Add(10 * time.Second); !d.IsLeader(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the allocator daemon never became leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	type region struct {
+		src    *revSource
+		rdb    *redis.Client
+		leader *regional.Leader
+	}
+	regions := map[string]*region{}
+	for _, name := range []string{"eu", "us"} {
+		src := &revSource{cfg: old, rev: 10}
+		rdb := redistest.Start(t).Client()
+		srv, err := regional.New(regional.Options{Region: name, Redis: rdb, Config: src})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		l, err := regional.NewLeader(srv, regional.LeaderOptions{
+			Etcd: cli, ElectionPrefix: "/cs/election/", Global: serviceTier{d.Service}, Identity: name,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		regions[name] = &region{src: src, rdb: rdb, leader: l}
+	}
+	sync := func(name string) {
+		t.Helper()
+		if err := regions[name].leader.SyncOnce(ctx, nil); err != nil {
+			t.Fatalf("%s: sync: %v", name, err)
+		}
+	}
+	stored := func(name string) string {
+		t.Helper()
+		v, err := regions[name].rdb.Get(ctx, luascripts.DefaultPrefix+"confirmed").Result()
+		if errors.Is(err, redis.Nil) {
+			return "none"
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	sync("eu") // us never heard: nothing is confirmed yet
+	if got := stored("eu"); got != "none" {
+		t.Fatalf("eu stored confirmed revision %s before us ever reported, want none", got)
+	}
+	sync("us")
+	sync("eu")
+	for _, name := range []string{"eu", "us"} {
+		if got := stored(name); got != "10" {
+			t.Fatalf("%s stored confirmed revision %s, want 10", name, got)
+		}
+	}
+	globalSrc.set(grown, 20)
+	for _, name := range []string{"eu", "us"} {
+		regions[name].src.set(grown, 20)
+	}
+	sync("eu")
+	sync("us")
+	sync("eu")
+	for _, name := range []string{"eu", "us"} {
+		if got := stored(name); got != "20" {
+			t.Fatalf("%s stored confirmed revision %s, want 20", name, got)
+		}
+	}
+}
