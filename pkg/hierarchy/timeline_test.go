@@ -632,12 +632,14 @@ func (s *sim) checkSteadyState() {
 				contended = true // demand where the static burst holds no whole unit
 			}
 		}
-		// A demand within rounding of the static share may be taken either
-		// way; the allocator's own verdict decides then.
+		// A demand within rounding of the static share, or of the unit
+		// floor where the static burst holds no whole unit, may be taken
+		// either way; the allocator's own verdict decides then.
 		if kv != nil && kv.Contended != contended {
 			near := false
 			for r := range s.regions {
 				near = near || math.Abs(demand[r]-s.static[k][r]) <= 1e-6*l.Rate
+				near = near || (s.staticB[k][r] < l.unit() && math.Abs(demand[r]-1e-3*l.Rate) <= 1e-6*l.Rate)
 			}
 			if !near {
 				s.t.Fatalf("key %s: allocator says contended=%v, demands %v against static shares %v", key, kv.Contended, demand, s.static[k])
