@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/allocator"
@@ -20,27 +21,29 @@ import (
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
-// revSource is a config source whose config and etcd revision the test
-// sets: one per process, so a region can be left behind on an old config
-// (cut off from etcd) while the others adopt a new one.
-type revSource struct {
-	mu  sync.Mutex
-	cfg *config.Config
-	rev int64
-}
-
-func (s *revSource) set(cfg *config.Config, rev int64) {
-	s.mu.Lock()
-	s.cfg, s.rev = cfg, rev
-	s.mu.Unlock()
-}
-
-func (s *revSource) Current() *config.Config { c, _ := s.Live(); return c }
-func (s *revSource) Revision() int64         { _, r := s.Live(); return r }
-func (s *revSource) Live() (*config.Config, int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg, s.rev
+// startLeadingAllocator starts an allocator daemon on loopback ports under
+// prefix, serving src's config, and returns once it leads. Its session of
+// 10 s keeps it leading throughout: with 1 s it stopped leading on a
+// starved machine ("session lease refresh lapsed") and the regions'
+// reports were refused. It campaigns at once on an empty election, so it
+// leads within a few session TTLs.
+func startLeadingAllocator(ctx context.Context, t *testing.T, cli *clientv3.Client, prefix string, src *configtest.Source) *allocator.Daemon {
+	t.Helper()
+	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: cli, Prefix: prefix, SessionTTL: 10 * time.Second,
+		Config: src,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	for deadline := time.Now().Add(10 * time.Second); !d.IsLeader(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the allocator daemon never became leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return d
 }
 
 // serviceTier hands region reports to the allocator daemon's Service in
@@ -75,34 +78,16 @@ func TestWeightRaiseWaitsForEveryRegion(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	old, grown := weightsConfig(t, 1, 1), weightsConfig(t, 3, 1) // eu 50/s → 75/s, us 50/s → 25/s
-	globalSrc := &revSource{cfg: old, rev: 10}
-	// The allocator leads throughout: with a session of 1 s it stopped
-	// leading on a starved machine ("session lease refresh lapsed") and
-	// the regions' reports were refused.
-	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: cli, Prefix: "/cc", SessionTTL: 10 * time.Second,
-		Config: globalSrc,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
-	// The daemon campaigns at once on an empty election: it leads within
-	// a few session TTLs.
-	for deadline := time.Now().Add(10 * time.Second); !d.IsLeader(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the allocator daemon never became leader")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	globalSrc := configtest.NewSource(old, 10)
+	d := startLeadingAllocator(ctx, t, cli, "/cc", globalSrc)
 	type region struct {
-		src    *revSource
+		src    *configtest.Source
 		srv    *regional.Server
 		leader *regional.Leader
 	}
 	regions := map[string]*region{}
 	for _, name := range []string{"eu", "us"} {
-		src := &revSource{cfg: old, rev: 10}
+		src := configtest.NewSource(old, 10)
 		srv, err := regional.New(regional.Options{Region: name, Redis: redistest.Start(t).Client(), Config: src})
 		if err != nil {
 			t.Fatal(err)
@@ -144,15 +129,15 @@ func TestWeightRaiseWaitsForEveryRegion(t *testing.T) {
 	sync("us")
 	check("both on the old weights", 50, 50)
 
-	globalSrc.set(grown, 20)
-	regions["eu"].src.set(grown, 20) // us is cut off from etcd
+	globalSrc.Set(grown, 20)
+	regions["eu"].src.Set(grown, 20) // us is cut off from etcd
 	check("eu adopted the larger weight", 50, 50)
 	sync("eu")
 	sync("us")
 	sync("eu")
 	check("global heard eu on the new revision and us on the old one", 50, 50)
 
-	regions["us"].src.set(grown, 20)
+	regions["us"].src.Set(grown, 20)
 	check("us adopted its smaller weight", 50, 25)
 	sync("us") // every region has reported revision 20 now
 	sync("eu")
@@ -170,29 +155,16 @@ func TestLeaderStoresTheConfirmedRevisionForItsReplicas(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	old, grown := weightsConfig(t, 1, 1), weightsConfig(t, 3, 1)
-	globalSrc := &revSource{cfg: old, rev: 10}
-	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: cli, Prefix: "/cs", SessionTTL: 10 * time.Second,
-		Config: globalSrc,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
-	for deadline := time.Now().Add(10 * time.Second); !d.IsLeader(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the allocator daemon never became leader")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	globalSrc := configtest.NewSource(old, 10)
+	d := startLeadingAllocator(ctx, t, cli, "/cs", globalSrc)
 	type region struct {
-		src    *revSource
+		src    *configtest.Source
 		rdb    *redis.Client
 		leader *regional.Leader
 	}
 	regions := map[string]*region{}
 	for _, name := range []string{"eu", "us"} {
-		src := &revSource{cfg: old, rev: 10}
+		src := configtest.NewSource(old, 10)
 		rdb := redistest.Start(t).Client()
 		srv, err := regional.New(regional.Options{Region: name, Redis: rdb, Config: src})
 		if err != nil {
@@ -235,9 +207,9 @@ func TestLeaderStoresTheConfirmedRevisionForItsReplicas(t *testing.T) {
 			t.Fatalf("%s stored confirmed revision %s, want 10", name, got)
 		}
 	}
-	globalSrc.set(grown, 20)
+	globalSrc.Set(grown, 20)
 	for _, name := range []string{"eu", "us"} {
-		regions[name].src.set(grown, 20)
+		regions[name].src.Set(grown, 20)
 	}
 	sync("eu")
 	sync("us")

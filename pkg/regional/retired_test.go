@@ -3,37 +3,15 @@ package regional
 import (
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
-
-// revConfig is a ConfigSource whose config has an etcd revision (Live),
-// as configstore.Watcher's has.
-type revConfig struct {
-	mu  sync.Mutex
-	cfg *config.Config
-	rev int64
-}
-
-func (r *revConfig) Current() *config.Config { c, _ := r.Live(); return c }
-
-func (r *revConfig) Live() (*config.Config, int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cfg, r.rev
-}
-
-func (r *revConfig) set(cfg *config.Config, rev int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cfg, r.rev = cfg, rev
-}
 
 // TestRetiredShardMapKeptOneValidityAndOneEpoch: a shard map the chain
 // drops (the count's change confirmed) stays in play, its shards' leases
@@ -56,7 +34,7 @@ default_tier: free
 			}
 			return c
 		}
-		src := &revConfig{cfg: parse(3), rev: 1}
+		src := configtest.NewSource(parse(3), 1)
 		rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 		defer rdb.Close()
 		s, err := New(Options{Region: "eu", Redis: rdb, Config: src, Logger: slog.New(slog.DiscardHandler)})
@@ -73,7 +51,7 @@ default_tier: free
 		}
 		// 3 -> 2 shards at revision 2: both maps in play while the region
 		// runs both configs.
-		src.set(parse(2), 2)
+		src.Set(parse(2), 2)
 		s.staticChain()
 		if got := fmt.Sprint(counts()); got != "[2 3]" {
 			t.Fatalf("maps in play while both configs run: %s, want [2 3]", got)

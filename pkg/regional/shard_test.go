@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/allocator"
@@ -21,31 +22,6 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
-
-// liveConfig is a config source with etcd-like revisions, shared by the
-// allocator shards and the regions, that a test changes while they run.
-type liveConfig struct {
-	mu  sync.Mutex
-	cfg *config.Config
-	rev int64
-}
-
-func (c *liveConfig) Current() *config.Config { cfg, _ := c.Live(); return cfg }
-
-func (c *liveConfig) Live() (*config.Config, int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cfg, c.rev
-}
-
-func (c *liveConfig) Revision() int64 { _, rev := c.Live(); return rev }
-
-func (c *liveConfig) set(cfg *config.Config) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.cfg = cfg
-	c.rev++
-}
 
 func shardedConfig(t *testing.T, shards int) *config.Config {
 	t.Helper()
@@ -97,7 +73,7 @@ func (l *shardLink) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluice
 // key, eu far above its static share, us well below.
 type shardRig struct {
 	t    *testing.T
-	src  *liveConfig
+	src  *configtest.Source
 	cli  *clientv3.Client
 	keys []quota.Key
 
@@ -134,10 +110,10 @@ type shardRegion struct {
 // newShardRig is a rig on etcd whose config starts with the given number
 // of shards; nothing runs yet.
 func newShardRig(t *testing.T, etcd *etcdtest.Server, shards int) *shardRig {
-	r := &shardRig{t: t, src: &liveConfig{}, cli: etcd.Client(t), daemons: map[int][]*allocator.Daemon{},
+	r := &shardRig{t: t, src: &configtest.Source{}, cli: etcd.Client(t), daemons: map[int][]*allocator.Daemon{},
 		granted: map[int]map[quota.Key]int{}, learning: map[int]int{}, raised: map[int]map[quota.Key]int{}, applied: map[string]map[quota.Key]appliedGrant{},
 		regions: map[string]*shardRegion{}, watches: map[int]int{}, answers: map[string]int{}}
-	r.src.set(shardedConfig(t, shards))
+	r.src.Next(shardedConfig(t, shards))
 	return r
 }
 
@@ -245,7 +221,7 @@ func TestLeaderWatchesShardsAddedWhileLeading(t *testing.T) {
 	if r.watching(1) {
 		t.Fatal("eu's leader watches shard 1, which the config does not name")
 	}
-	r.src.set(shardedConfig(t, 2))
+	r.src.Next(shardedConfig(t, 2))
 	r.waitFor("eu's leader watches shard 1 after global_shards rose to 2", 40*validity, func() bool { return r.watching(1) })
 }
 
@@ -494,7 +470,7 @@ func TestShardedGlobalTier(t *testing.T) {
 	r.mu.Lock()
 	for shard, keys := range r.granted {
 		for k := range keys {
-			if o := r.src.cfg.ShardMap().Of(k); o != shard {
+			if o := r.src.Current().ShardMap().Of(k); o != shard {
 				t.Errorf("shard %d granted %v, owned by shard %d", shard, k, o)
 			}
 		}
@@ -562,7 +538,7 @@ func TestShardedGlobalTier(t *testing.T) {
 	r.phase.Store("resharding")
 	r.startShard(ctx, 3)
 	r.resharding.Store(true)
-	r.src.set(shardedConfig(t, 4))
+	r.src.Next(shardedConfig(t, 4))
 	moved := 0
 	m4 := r.src.Current().ShardMap()
 	for _, k := range r.keys {
