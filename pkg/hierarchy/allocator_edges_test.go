@@ -580,14 +580,7 @@ func TestCompactionEdges(t *testing.T) {
 	}
 
 	setCompactMin(t, 12)
-	a := mustAllocator(t, twoRegions())
-	keys := noiseKeys(12)
-	for _, k := range keys {
-		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	churn(t, a, keys, 6, 1) // a block each
+	a, keys := contendedKeys(t, 12)
 	for i, k := range keys[:11] {
 		a.RemoveKey(k)
 		live, want := 11-i, 12
@@ -605,14 +598,7 @@ func TestCompactionEdges(t *testing.T) {
 // and then, not at the next RemoveKey.
 func TestAllocateGivesFreedBlocksBack(t *testing.T) {
 	setCompactMin(t, 8)
-	a := mustAllocator(t, twoRegions())
-	keys := noiseKeys(8)
-	for _, k := range keys {
-		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	churn(t, a, keys, 6, 1) // a block each
+	a, _ := contendedKeys(t, 8)
 	if len(a.blockKey) != 8 {
 		t.Fatalf("%d blocks, want one for each of the 8 keys", len(a.blockKey))
 	}

@@ -168,14 +168,7 @@ func TestCompactionChangesNoOutput(t *testing.T) {
 func TestCompactionThresholds(t *testing.T) {
 	setCompactMin(t, 8)
 	for _, n := range []int{7, 8} {
-		a := mustAllocator(t, twoRegions())
-		keys := noiseKeys(n)
-		for _, k := range keys {
-			if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		churn(t, a, keys, 6, 1) // every key contended: a block each
+		a, keys := contendedKeys(t, n)
 		if len(a.keys) != n || len(a.blockKey) != n {
 			t.Fatalf("%d keys: %d slots, %d blocks; want a slot and a block each", n, len(a.keys), len(a.blockKey))
 		}
@@ -193,14 +186,7 @@ func TestCompactionThresholds(t *testing.T) {
 	// Four slots, all freed: none is left, and a region's next report,
 	// naming the keys in the order of its last, finds them unknown.
 	compactMin = 4
-	a := mustAllocator(t, twoRegions())
-	keys := noiseKeys(4)
-	for _, k := range keys {
-		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	churn(t, a, keys, 6, 1)
+	a, keys := contendedKeys(t, 4)
 	for _, k := range keys {
 		a.RemoveKey(k)
 	}
@@ -230,4 +216,19 @@ func setCompactMin(t *testing.T, n int) {
 	old := compactMin
 	compactMin = n
 	t.Cleanup(func() { compactMin = old })
+}
+
+// contendedKeys returns an allocator of two regions holding n keys (10/s,
+// burst 10) that are all contended, so each has a fencing block.
+func contendedKeys(t *testing.T, n int) (*Allocator, []quota.Key) {
+	t.Helper()
+	a := mustAllocator(t, twoRegions())
+	keys := noiseKeys(n)
+	for _, k := range keys {
+		if err := a.SetLimit(k, KeyLimit{Rate: 10, Burst: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	churn(t, a, keys, 6, 1)
+	return a, keys
 }
