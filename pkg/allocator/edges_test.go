@@ -3,7 +3,6 @@ package allocator
 import (
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -13,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/internal/configtest"
 )
 
 // newEdgeService is a Service of loopConfig (regions a and b) advertising
@@ -197,28 +196,6 @@ func TestPageBoundsAtTheirEdge(t *testing.T) {
 	})
 }
 
-// revSource is a ConfigSource whose config has an etcd revision (Live),
-// as configstore.Watcher's has.
-type revSource struct {
-	mu  sync.Mutex
-	cfg *config.Config
-	rev int64
-}
-
-func (r *revSource) Current() *config.Config { c, _ := r.Live(); return c }
-
-func (r *revSource) Live() (*config.Config, int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cfg, r.rev
-}
-
-func (r *revSource) set(cfg *config.Config, rev int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cfg, r.rev = cfg, rev
-}
-
 // TestReshardLearningEndsOnceEveryRegionRunsTheCount: a shard whose
 // regions all report the revision its shard count took effect at stops
 // learning once its election's learning is over; after the count changes
@@ -226,7 +203,7 @@ func (r *revSource) set(cfg *config.Config, rev int64) {
 // validity and one epoch more, and no longer.
 func TestReshardLearningEndsOnceEveryRegionRunsTheCount(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		src := &revSource{cfg: parseConfig(t, loopConfig), rev: 5}
+		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
 		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
 		if err != nil {
 			t.Fatal(err)
@@ -265,7 +242,7 @@ func TestReshardLearningEndsOnceEveryRegionRunsTheCount(t *testing.T) {
 		}
 		// global_shards 1 -> 2 at revision 6: learning while the regions
 		// still run revision 5.
-		src.set(parseConfig(t, loopConfig+"global_shards: 2\n"), 6)
+		src.Set(parseConfig(t, loopConfig+"global_shards: 2\n"), 6)
 		for range 3 {
 			if !report(5) {
 				t.Fatal("not learning while the regions run the old shard count")
@@ -277,7 +254,7 @@ func TestReshardLearningEndsOnceEveryRegionRunsTheCount(t *testing.T) {
 		}
 		// A later revision that keeps the count, run by every region (and
 		// a report naming no revision): nothing moves, nothing learns.
-		src.set(parseConfig(t, strings.Replace(loopConfig, "rate: 100/s", "rate: 200/s", 1)+"global_shards: 2\n"), 7)
+		src.Set(parseConfig(t, strings.Replace(loopConfig, "rate: 100/s", "rate: 200/s", 1)+"global_shards: 2\n"), 7)
 		seq++
 		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: seq}); err != nil {
 			t.Fatal(err)

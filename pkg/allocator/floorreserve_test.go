@@ -10,6 +10,7 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -24,7 +25,7 @@ func TestFloorReserveFromTheConfirmedRevisionOn(t *testing.T) {
 		cfgOf := func(share float64) string {
 			return strings.Replace(loopConfig, "write: {}", fmt.Sprintf("write: {partition_share: %g}", share), 1)
 		}
-		src := &revSource{cfg: parseConfig(t, cfgOf(0.1)), rev: 5}
+		src := configtest.NewSource(parseConfig(t, cfgOf(0.1)), 5)
 		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
 		if err != nil {
 			t.Fatal(err)
@@ -36,7 +37,7 @@ func TestFloorReserveFromTheConfirmedRevisionOn(t *testing.T) {
 			rev   int64
 			share float64
 		}{{6, 0.5}, {7, 0.8}, {8, 0.2}} {
-			src.set(parseConfig(t, cfgOf(c.share)), c.rev)
+			src.Set(parseConfig(t, cfgOf(c.share)), c.rev)
 			s.step(time.Now())
 		}
 		k := quota.Key{Tenant: "t", Class: "write"}

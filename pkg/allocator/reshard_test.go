@@ -8,6 +8,7 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -128,11 +129,11 @@ func TestReshardLearningWithoutRevisionsWaitsForEveryRegion(t *testing.T) {
 func TestReshardLearningWhileARegionMayRunAnOlderCount(t *testing.T) {
 	t.Run("held config of another count", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			src := &revSource{cfg: parseConfig(t, loopConfig), rev: 5}
+			src := configtest.NewSource(parseConfig(t, loopConfig), 5)
 			r := newReshardRig(t, src)
 			// Standing by, the replica applies revision 6, which raises
 			// the count, then leads.
-			src.set(parseConfig(t, loopConfig+"global_shards: 2\n"), 6)
+			src.Set(parseConfig(t, loopConfig+"global_shards: 2\n"), 6)
 			r.s.step(time.Now())
 			r.s.promote(1, time.Now().Add(time.Hour), nil)
 			r.keepsLearning("leading with revisions 5 and 6 held, b never reporting", "a", 5, 6)
@@ -142,7 +143,7 @@ func TestReshardLearningWhileARegionMayRunAnOlderCount(t *testing.T) {
 	})
 	t.Run("region reporting only an older revision", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			src := &revSource{cfg: parseConfig(t, loopConfig+"global_shards: 2\n"), rev: 6}
+			src := configtest.NewSource(parseConfig(t, loopConfig+"global_shards: 2\n"), 6)
 			r := newReshardRig(t, src)
 			r.s.promote(1, time.Now().Add(time.Hour), nil)
 			r.report("b", 6)
