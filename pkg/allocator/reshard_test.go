@@ -152,3 +152,23 @@ func TestReshardLearningWhileARegionMayRunAnOlderCount(t *testing.T) {
 		})
 	})
 }
+
+// TestReshardLearningEndsOneValidityAndOneEpochAfter: when every region
+// already runs the config of the new count (no revisions: each has
+// reported since this leader leads), learning ends one validity and one
+// epoch after the leader sees global_shards change, as the failure table
+// says, not a validity later: the learning the change starts is extended,
+// not started again when the allocator's own validity of learning ends.
+func TestReshardLearningEndsOneValidityAndOneEpochAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &plainSource{cfg: parseConfig(t, loopConfig)}
+		r := newReshardRig(t, src)
+		r.s.promote(1, time.Now().Add(time.Hour), nil)
+		r.report("b", 0)
+		r.learnsFor("a", 0)
+		src.set(parseConfig(t, loopConfig+"global_shards: 2\n"))
+		r.endsWithin("global_shards changed with every region heard", "a", 0)
+		src.set(parseConfig(t, loopConfig+"global_shards: 3\n"))
+		r.endsWithin("global_shards changed again", "a", 0)
+	})
+}

@@ -471,10 +471,20 @@ func later(a, b time.Time) time.Time {
 
 // ensureLearningLocked keeps the allocator learning until learnFloor,
 // which keys moving between shards extend (shard.go). s.mu is held.
+//
+// Learning that is on is extended to learnFloor, not restarted when it
+// ends: a restart would forget what was learnt and last a whole grant
+// validity more, so learning would end up to a validity after learnFloor
+// instead of at it (docs/architecture.md, failure table: "global tier
+// resharded").
 func (s *Service) ensureLearningLocked(now time.Time) {
 	s.reshardLearningLocked(now)
-	if now.Before(s.learnFloor) && !s.alloc.Learning(now) {
+	if !now.Before(s.learnFloor) {
+		return
+	}
+	if !s.alloc.ExtendLearning(now, s.learnFloor) {
 		s.alloc.BecomeLeader(now, s.lapsedSetLocked()...)
+		s.alloc.ExtendLearning(now, s.learnFloor)
 	}
 }
 

@@ -406,6 +406,40 @@ func (a *Allocator) BecomeLeader(now time.Time, lapsed ...string) {
 	a.sharesChanged()
 }
 
+// ExtendLearning keeps learning mode on until at least until, forgetting
+// nothing, and reports whether it did: only an Allocator learning at now
+// can extend (one that is not may have issued grants beyond what regions
+// hold, so it must BecomeLeader first). It never shortens learning.
+//
+// A caller that must learn for longer than one Validity (grants issued
+// under an older shard map or an older timing may outlive this
+// Allocator's own learning) extends instead of calling BecomeLeader again
+// when learning ends: that would forget the demand estimates and the
+// grants re-issued so far and learn a whole Validity more.
+//
+// A region of the durable lapsed set that reported (returning) waits for
+// the new end as it would have had it reported after it: a previous
+// leader's grants may count it at its floor until learning ends.
+func (a *Allocator) ExtendLearning(now, until time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.tick(now)
+	if t >= a.learnUntil {
+		return false
+	}
+	end := int64(until.Sub(a.origin))
+	if end <= a.learnUntil {
+		return true
+	}
+	a.learnUntil = end
+	for i := range a.regions {
+		if rs := &a.regions[i]; rs.inSet && rs.returning {
+			rs.confirmAt = max(rs.confirmAt, end)
+		}
+	}
+	return true
+}
+
 // SetLimit sets or changes a key's global limit. A new limit applies to
 // grants issued from now on; grants already issued stay valid until they
 // expire (at most Validity).

@@ -482,3 +482,56 @@ func TestReturningRegionsShortGrantMakesRoomForItsStaticShare(t *testing.T) {
 		t.Fatalf("a short grant's burst is checked against %v, want the static burst %v", got, sh.sB[ri])
 	}
 }
+
+// TestExtendLearningKeepsWhatWasLearnt: learning that is on is extended
+// to the given end and no further back, keeping the demand estimates and
+// re-issued grants it has (BecomeLeader would forget them); an Allocator
+// no longer learning refuses, and stays so. A region of the durable
+// lapsed set that returned while learning gets its static lease only at
+// the extended end, as if it had returned after it.
+func TestExtendLearningKeepsWhatWasLearnt(t *testing.T) {
+	s := newLeaseScript(t, "a")
+	s.report("a", 100, leaseRate)
+	s.report("b", 200, 2*leaseRate)
+	demand := func(ms int) float64 {
+		t.Helper()
+		v := s.a.View(s.at(ms))
+		if len(v.Keys) != 1 {
+			t.Fatalf("view at %dms holds %d keys", ms, len(v.Keys))
+		}
+		return v.Keys[0].Regions[1].Demand
+	}
+	before := demand(300)
+	if before <= 0 {
+		t.Fatalf("b's demand estimate %v after its report", before)
+	}
+	if !s.a.ExtendLearning(s.at(300), s.at(8000)) {
+		t.Fatal("a learning allocator refused to extend")
+	}
+	if got := demand(300); got != before {
+		t.Fatalf("extending changed b's demand estimate %v -> %v", before, got)
+	}
+	if !s.a.ExtendLearning(s.at(400), s.at(6000)) {
+		t.Fatal("a learning allocator refused an earlier end")
+	}
+	for _, c := range []struct {
+		ms       int
+		learning bool
+	}{{4999, true}, {5000, true}, {7999, true}, {8000, false}} {
+		if got := s.a.Learning(s.at(c.ms)); got != c.learning {
+			t.Fatalf("Learning at %dms = %v, want %v (extended to 8000ms, then asked for 6000ms)", c.ms, got, c.learning)
+		}
+	}
+	if ans := s.report("a", 7999, leaseRate); ans.StaticLease != 0 {
+		t.Fatalf("a (returning from the lapsed set) got static lease %v at 7999ms, before the extended end", ans.StaticLease)
+	}
+	if ans := s.report("a", 8000, leaseRate); ans.StaticLease != 10*time.Second {
+		t.Fatalf("a got static lease %v when the extended learning ended, want 10s", ans.StaticLease)
+	}
+	if s.a.ExtendLearning(s.at(8100), s.at(20_000)) {
+		t.Fatal("an allocator no longer learning extended learning")
+	}
+	if s.a.Learning(s.at(8200)) {
+		t.Fatal("learning again after a refused extension")
+	}
+}
