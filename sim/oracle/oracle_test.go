@@ -302,10 +302,10 @@ func TestRecoveredMeasuresLeaveOutTheRecoveryWindows(t *testing.T) {
 	}
 	// 49 full seconds and one at half: the ideal bucket admits 100 every
 	// second but the first (its burst covers more).
-	if rc.VsIdeal > 0.995 || rc.VsIdeal < 0.985 {
+	if !(rc.VsIdeal <= 0.995 && rc.VsIdeal >= 0.985) {
 		t.Fatalf("vs ideal %v, want about 0.99", rc.VsIdeal)
 	}
-	if rc.FalseRejects <= 0 || rc.FalseRejects > 0.011 {
+	if !(rc.FalseRejects > 0 && rc.FalseRejects <= 0.011) {
 		t.Fatalf("false rejects %v, want about 1%%", rc.FalseRejects)
 	}
 	// The outage ends at 27 s; the dip at 40 s is a 5 s window at 90%,
