@@ -16,9 +16,9 @@ func (a u128) big() *big.Int {
 
 var two128 = new(big.Int).Lsh(big.NewInt(1), 128)
 
-// TestU128Helpers pins the 128-bit helpers on values whose high words
+// TestU128Arithmetic pins the 128-bit operations on values whose high words
 // differ from their low words' order.
-func TestU128Helpers(t *testing.T) {
+func TestU128Arithmetic(t *testing.T) {
 	small, big := u128{0, math.MaxUint64}, u128{1, 0}
 	for _, c := range []struct {
 		a, b u128
