@@ -273,4 +273,13 @@ func TestLapsedSetWriteIsFencedOnTheElection(t *testing.T) {
 			t.Fatalf("ReadLapsed of %q = %v, want an error", bad, set)
 		}
 	}
+	// A read or a write that etcd does not answer is an error.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if set, err := allocator.ReadLapsed(done, cli, key); err == nil || !strings.Contains(err.Error(), "read the lapsed set") {
+		t.Fatalf("ReadLapsed with its context done = %v, %v; want an error", set, err)
+	}
+	if err := won(done, cli, key, nil); err == nil || !strings.Contains(err.Error(), "write the lapsed set") {
+		t.Fatalf("a write with its context done: %v, want an error", err)
+	}
 }
