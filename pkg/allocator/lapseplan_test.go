@@ -108,3 +108,28 @@ func TestLapsePlanWritesOnlyWhatChanged(t *testing.T) {
 		})
 	}
 }
+
+// TestLapsePlanIgnoresTheStoredOrder: a stored set that names the regions
+// the allocator holds lapsed, in another order, is as stored: nothing is
+// planned; a stored set naming a region the allocator does not hold is
+// written without it.
+func TestLapsePlanIgnoresTheStoredOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, c := range []struct {
+			stored []string
+			write  bool
+			set    []string
+		}{
+			{[]string{"b", "a"}, false, []string{"a", "b"}},
+			{[]string{"a", "b"}, false, []string{"a", "b"}},
+			{[]string{"b", "gone", "a"}, true, []string{"a", "b"}},
+		} {
+			s := newEdgeService(t)
+			s.promote(1, time.Now().Add(time.Hour), c.stored)
+			plan := s.planLapses(time.Now())
+			if plan.write != c.write || len(plan.pending) != 0 || !slices.Equal(plan.set, c.set) {
+				t.Errorf("stored %v: planned %+v, want write %v of %v", c.stored, plan, c.write, c.set)
+			}
+		}
+	})
+}
