@@ -118,6 +118,15 @@ func lapseRegionA(t *testing.T, r *replica, cli *clientv3.Client, b *regionDrive
 			if lapsedSeen {
 				t.Fatalf("a went from lapsed to %q without reporting", st.State)
 			}
+			// Nothing is written while no region lapses: the key is
+			// absent, or holds a on its way to lapsing.
+			resp, err := cli.Get(rpcCtx(t), allocator.LapsedKey("/test"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Kvs) > 0 && !strings.Contains(string(resp.Kvs[0].Value), `"a"`) {
+				t.Fatalf("the lapsed set was written as %s before a lapsed", resp.Kvs[0].Value)
+			}
 			continue
 		}
 		if !lapsedSeen {
