@@ -429,3 +429,39 @@ func TestPagedReportRefusedIsNotSentAgain(t *testing.T) {
 		t.Fatalf("a report whose page 1 is invalid: %v, want InvalidArgument after 1 try", err)
 	}
 }
+
+// TestPagedReportGivesUpAfterThreeTries: a paged report whose later page
+// the leader can never continue (it arrives as another seq's: Aborted) is
+// sent from page 0 three times in all, then fails naming the tries and
+// the leader's refusal.
+func TestPagedReportGivesUpAfterThreeTries(t *testing.T) {
+	srv := etcdtest.Start(t)
+	d, _ := pagingDaemon(t, srv, DaemonOptions{MaxKeysPerPage: 2})
+	var page0s int
+	otherSeq := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*sluicev1.RegionReport); ok && strings.HasSuffix(method, "/SyncPage") && r.GetAnswerPage() == 0 {
+			switch r.GetPage() {
+			case 0:
+				page0s++
+			case 1:
+				r = proto.Clone(r).(*sluicev1.RegionReport)
+				r.Seq++
+				req = r
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c, err := NewClient([]string{d.GRPCAddr()}, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(otherSeq))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetPageKeys(2)
+	_, err = c.Sync(callCtx(t), &sluicev1.RegionReport{Region: "a", Seq: 1, Keys: heldKeys(3)})
+	if err == nil || !strings.Contains(err.Error(), "(3 tries)") || !strings.Contains(err.Error(), "the report held here is seq 1") {
+		t.Fatalf("a report whose page 1 the leader can never continue: %v, want Aborted after 3 tries", err)
+	}
+	if page0s != 3 {
+		t.Fatalf("page 0 sent %d times, want 3", page0s)
+	}
+}
