@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -84,4 +85,126 @@ func TestOneShardTakesEveryKey(t *testing.T) {
 	if LapsedKeyOf("/sl", 0) != "/sl/global/lapsed" || LapsedKeyOf("/sl", 2) != "/sl/global/lapsed-shard-2" {
 		t.Fatalf("lapsed keys: %s %s", LapsedKeyOf("/sl", 0), LapsedKeyOf("/sl", 2))
 	}
+}
+
+// TestShardTakesKeysItOwnsUnderAnyConfigInPlay: while a region may still
+// run the config of another shard count, shard 1 takes a key it owns under
+// either count and refuses one it owns under neither; once every region
+// runs the new count the old one is out of play and a key shard 1 owned
+// only under it is refused.
+func TestShardTakesKeysItOwnsUnderAnyConfigInPlay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		three, two := parseConfig(t, loopConfig+"global_shards: 3\n"), parseConfig(t, loopConfig+"global_shards: 2\n")
+		src := configtest.NewSource(three, 5)
+		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.sh.index = 1
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		src.Set(two, 6)
+		// onlyOld is shard 1's under 3 shards only, onlyNew under 2 only,
+		// neither under neither.
+		var onlyOld, onlyNew, neither *sluicev1.QuotaKey
+		for i := 0; onlyOld == nil || onlyNew == nil || neither == nil; i++ {
+			k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "write"}
+			qk := &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}
+			switch inOld, inNew := three.ShardMap().Of(k) == 1, two.ShardMap().Of(k) == 1; {
+			case inOld && !inNew:
+				onlyOld = qk
+			case inNew && !inOld:
+				onlyNew = qk
+			case !inOld && !inNew:
+				neither = qk
+			}
+		}
+		seq := map[string]uint64{}
+		sync := func(region string, revs []int64, keys ...*sluicev1.QuotaKey) error {
+			seq[region]++
+			rep := &sluicev1.RegionReport{Region: region, Seq: seq[region], ConfigRevisions: revs}
+			for _, k := range keys {
+				rep.Keys = append(rep.Keys, &sluicev1.KeyDemand{Key: k, Admitted: 5, WindowMs: 100})
+			}
+			_, err := s.Sync(t.Context(), rep)
+			return err
+		}
+		// b has not reported: it may run revision 5.
+		if err := sync("a", []int64{6}, onlyOld, onlyNew); err != nil {
+			t.Fatalf("keys shard 1 owns under one of the counts in play: %v", err)
+		}
+		if err := sync("a", []int64{6}, onlyNew, neither); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "keys[1]") {
+			t.Fatalf("a key shard 1 owns under neither count: %v, want InvalidArgument naming keys[1]", err)
+		}
+		// Every region runs revision 6: 3 shards are out of play.
+		if err := sync("b", []int64{6}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sync("a", []int64{6}, onlyNew, onlyOld); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "keys[1]") {
+			t.Fatalf("a key shard 1 owns only under the count out of play: %v, want InvalidArgument naming keys[1]", err)
+		}
+	})
+}
+
+// TestShardOwnsOnlyItsRange: shard 0 of 3 refuses a key shard 1 owns (it
+// is not the whole global tier); shard 1 under a config of one shard
+// refuses every key; and shard 1, while a region may still run
+// a config of one shard, refuses a key shard 0 owns under both counts, on
+// every try (whatever order it looks at the configs in).
+func TestShardOwnsOnlyItsRange(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		one, three := parseConfig(t, loopConfig), parseConfig(t, loopConfig+"global_shards: 3\n")
+		var ofZero, ofOne *sluicev1.QuotaKey
+		for i := 0; ofZero == nil || ofOne == nil; i++ {
+			k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "write"}
+			switch three.ShardMap().Of(k) {
+			case 0:
+				ofZero = &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}
+			case 1:
+				ofOne = &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}
+			}
+		}
+		report := func(seq uint64, k *sluicev1.QuotaKey) *sluicev1.RegionReport {
+			return &sluicev1.RegionReport{Region: "a", Seq: seq, Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 5, WindowMs: 100}}}
+		}
+		zero, err := newService(serviceOptions{config: StaticConfig{C: three}, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		zero.promote(1, time.Now().Add(time.Hour), nil)
+		if _, err := zero.Sync(t.Context(), report(1, ofZero)); err != nil {
+			t.Fatalf("shard 0 of 3, its own key: %v", err)
+		}
+		if _, err := zero.Sync(t.Context(), report(2, ofOne)); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("shard 0 of 3, a key of shard 1: %v, want InvalidArgument", err)
+		}
+
+		// A replica serving shard 1 under a config of one shard owns
+		// nothing.
+		lone, err := newService(serviceOptions{config: StaticConfig{C: one}, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		lone.sh.index = 1
+		lone.promote(1, time.Now().Add(time.Hour), nil)
+		if _, err := lone.Sync(t.Context(), report(1, ofOne)); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("shard 1 under a config of one shard: %v, want InvalidArgument", err)
+		}
+
+		src := configtest.NewSource(one, 5)
+		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.sh.index = 1
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		src.Set(three, 6)
+		if _, err := s.Sync(t.Context(), report(1, ofOne)); err != nil {
+			t.Fatalf("shard 1, its own key under 3 shards: %v", err)
+		}
+		for range 20 {
+			if _, err := s.Sync(t.Context(), report(2, ofZero)); status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("shard 1 with configs of 1 and 3 shards in play, a key of shard 0 under both: %v, want InvalidArgument", err)
+			}
+		}
+	})
 }
