@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -40,4 +41,41 @@ func TestDropStaleKeepsWhatIsExactlyMaxAgeOld(t *testing.T) {
 	if got, want := b.heldBytes(), 110+5*heldBytesPerKey; got != want {
 		t.Errorf("held bytes %d after dropping, want %d", got, want)
 	}
+}
+
+// TestStepDropsPagesOlderThanAValidity: an epoch of the leader keeps the
+// pages of a report started exactly one grant validity before and drops
+// them once they are older; an epoch of a replica that does not lead
+// drops every page held.
+func TestStepDropsPagesOlderThanAValidity(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newEdgeService(t)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		held := func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.pages.inProgress["a"] != nil
+		}
+		start := time.Now()
+		if _, err := s.SyncPage(t.Context(), page(1, 0, 2, pkey(0))); err != nil {
+			t.Fatal(err)
+		}
+		validity := 500 * time.Millisecond // loopConfig's grant_validity
+		s.step(start.Add(validity))
+		if !held() {
+			t.Fatal("pages exactly one validity old dropped")
+		}
+		s.step(start.Add(validity + time.Nanosecond))
+		if held() {
+			t.Fatal("pages older than a validity kept")
+		}
+		if _, err := s.SyncPage(t.Context(), page(2, 0, 2, pkey(0))); err != nil {
+			t.Fatal(err)
+		}
+		s.demote(1)
+		s.step(time.Now())
+		if held() {
+			t.Fatal("a replica that no longer leads kept the pages")
+		}
+	})
 }
