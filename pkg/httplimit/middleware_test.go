@@ -437,6 +437,16 @@ func TestPolicyNameAndWindowOptions(t *testing.T) {
 	})
 }
 
+// TestOneBytePolicyName: the shortest policy name, one byte, is written
+// as a quoted String like any other.
+func TestOneBytePolicyName(t *testing.T) {
+	f := newFixture(t, testLimits, func(o *httplimit.Options) { o.Policy = "p" })
+	check(t, f.do(http.MethodGet, "acme", nil), want{
+		status: http.StatusOK, limit: "5", remaining: "4", reset: epoch(2),
+		policy: `"p";q=5;w=5`, rateLimit: `"p";r=4;t=2`,
+	})
+}
+
 func TestNewRejectsBadOptions(t *testing.T) {
 	clock := newTestClock(start)
 	lim := newTokenBuckets(clock, testLimits)
