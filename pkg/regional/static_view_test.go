@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -50,5 +51,63 @@ default_tier: free
 	s.noteStatic(nil, same)
 	if v := s.static.Load(); v.clock != same {
 		t.Fatalf("clock %+v, want %+v", v.clock, same)
+	}
+}
+
+// TestOnStaticNeedsEveryShardsLeaseAMarginAhead pins what the on-floor and
+// static-lease gauges read: the replica is on static shares only while
+// its estimate of Redis time plus the margin (one epoch) is before the end
+// of every shard's lease, and what remains is the least of the shards'
+// leases on that estimate, 0 once one has ended.
+func TestOnStaticNeedsEveryShardsLeaseAMarginAhead(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+epoch: 100ms
+global_shards: 2
+regions: {eu: {weight: 1}}
+classes: {write: {mode: lease}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const readUS = 10_000_000 // Redis time of the replica's reading
+	margin := regionsync.StaticMargin(time.Duration(cfg.Epoch))
+	sec := time.Second.Microseconds()
+	for _, tc := range []struct {
+		name     string
+		unleased bool
+		ends     [2]int64      // each shard's lease end, Redis µs
+		after    time.Duration // local time since the reading was sent
+		on       bool
+		left     time.Duration
+	}{
+		{name: "both leases ahead: the shorter remains", ends: [2]int64{readUS + 5*sec, readUS + 3*sec}, on: true, left: 3 * time.Second},
+		{name: "the estimate moves with local time", ends: [2]int64{readUS + 5*sec, readUS + 3*sec}, after: time.Second, on: true, left: 2 * time.Second},
+		{name: "shard 0 the shorter", ends: [2]int64{readUS + 2*sec, readUS + 3*sec}, on: true, left: 2 * time.Second},
+		{name: "one microsecond more than the margin", ends: [2]int64{readUS + 5*sec, readUS + 3*sec}, after: 3*time.Second - margin - time.Microsecond, on: true, left: margin + time.Microsecond},
+		{name: "exactly the margin left is the floor", ends: [2]int64{readUS + 5*sec, readUS + 3*sec}, after: 3*time.Second - margin, on: false, left: margin},
+		{name: "a lease at its end leaves nothing", ends: [2]int64{readUS + 5*sec, readUS + 3*sec}, after: 3 * time.Second, on: false, left: 0},
+		{name: "a lease past its end leaves nothing", ends: [2]int64{readUS + 5*sec, readUS + 3*sec}, after: 4 * time.Second, on: false, left: 0},
+		{name: "shard 0 lapsed, shard 1 running", ends: [2]int64{readUS - sec, readUS + 3*sec}, on: false, left: 0},
+		{name: "shard 1 never leased", ends: [2]int64{readUS + 3*sec, 0}, on: false, left: 0},
+		{name: "unleased runs static shares with no end", unleased: true, ends: [2]int64{0, 0}, on: true, left: time.Duration(math.MaxInt64)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+			defer rdb.Close()
+			s, err := New(Options{Region: "eu", Redis: rdb, Config: StaticConfig{C: cfg}, Unleased: tc.unleased})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			sent := time.Now()
+			s.noteStatic(regionsync.ShardLeases{{UntilUS: tc.ends[0]}, {UntilUS: tc.ends[1]}},
+				regionsync.RedisClock{RedisUS: readUS, Sent: sent})
+			on, left := s.onStatic(sent.Add(tc.after))
+			if on != tc.on || left != tc.left {
+				t.Fatalf("onStatic %v after the reading = (%v, %v), want (%v, %v)", tc.after, on, left, tc.on, tc.left)
+			}
+		})
 	}
 }
