@@ -1,0 +1,130 @@
+package regional_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluicehq/sluice/internal/configtest"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// gathered is the value of the gauge name in reg.
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not registered", name)
+	return 0
+}
+
+// TestRegionLeadershipPassesWhenTheLeaderStops: of two replicas of a
+// region the first to run leads (Leading says true, IsLeading and the
+// sluice_regional_leader gauge follow) on an etcd session of the default
+// 5 s; when it stops it says false, and only that (Leading holds the
+// latest value alone), its gauge reads 0, and the other replica leads.
+func TestRegionLeadershipPassesWhenTheLeaderStops(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	cfg := weightsConfig(t, 1, 1)
+	d := startLeadingAllocator(ctx, t, cli, "/lp", configtest.NewSource(cfg, 1))
+	rdb := redistest.Start(t).Client()
+	type replica struct {
+		l    *regional.Leader
+		reg  *prometheus.Registry
+		stop func()
+	}
+	start := func(identity string) *replica {
+		reg := prometheus.NewRegistry()
+		srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Registerer: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		l, err := regional.NewLeader(srv, regional.LeaderOptions{
+			Etcd: cli, ElectionPrefix: "/lp/election/", Global: serviceTier{d.Service}, Identity: identity,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); l.Run(rctx) }()
+		r := &replica{l: l, reg: reg, stop: func() { cancel(); <-done }}
+		t.Cleanup(r.stop)
+		return r
+	}
+	// Elections take a few session TTLs at most, however starved.
+	const sessionTTL = 5 * time.Second
+	waitLeading := func(r *replica, want bool) {
+		t.Helper()
+		select {
+		case got := <-r.l.Leading():
+			if got != want {
+				t.Fatalf("Leading said %v, want %v", got, want)
+			}
+		case <-time.After(10 * sessionTTL):
+			t.Fatalf("Leading said nothing in %v, want %v", 10*sessionTTL, want)
+		}
+	}
+
+	a := start("eu-a")
+	waitLeading(a, true)
+	if !a.l.IsLeading() || gathered(t, a.reg, "sluice_regional_leader") != 1 {
+		t.Fatalf("the elected replica: IsLeading %v, sluice_regional_leader %v; want true and 1",
+			a.l.IsLeading(), gathered(t, a.reg, "sluice_regional_leader"))
+	}
+	// The leader campaigns under its own session, of the default TTL.
+	leases, err := cli.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ttls []int64
+	for _, ls := range leases.Leases {
+		ttl, err := cli.TimeToLive(ctx, ls.ID, clientv3.WithAttachedKeys())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range ttl.Keys {
+			if strings.HasPrefix(string(k), "/lp/election/region/eu/") {
+				ttls = append(ttls, ttl.GrantedTTL)
+			}
+		}
+	}
+	if len(ttls) != 1 || ttls[0] != int64(sessionTTL/time.Second) {
+		t.Fatalf("sessions holding eu's election keys have TTLs %v s, want one of %v", ttls, sessionTTL)
+	}
+
+	b := start("eu-b")
+	a.stop()
+	// Leading holds only the latest value: false, nothing after it.
+	waitLeading(a, false)
+	select {
+	case v := <-a.l.Leading():
+		t.Fatalf("Leading held %v after false", v)
+	default:
+	}
+	if a.l.IsLeading() || gathered(t, a.reg, "sluice_regional_leader") != 0 {
+		t.Fatalf("the stopped replica: IsLeading %v, sluice_regional_leader %v; want false and 0",
+			a.l.IsLeading(), gathered(t, a.reg, "sluice_regional_leader"))
+	}
+	waitLeading(b, true)
+	if !b.l.IsLeading() || gathered(t, b.reg, "sluice_regional_leader") != 1 {
+		t.Fatalf("the next leader: IsLeading %v, sluice_regional_leader %v; want true and 1",
+			b.l.IsLeading(), gathered(t, b.reg, "sluice_regional_leader"))
+	}
+}
