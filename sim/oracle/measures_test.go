@@ -19,8 +19,9 @@ func TestIdealBucketAdmitsWholeRequests(t *testing.T) {
 	o.Offered(sec, 0, 0, 10, 3)                    // 50 held: 10 requests
 	o.Offered(1200*time.Millisecond, 0, 0, 100, 1) // 20 + 20
 	o.Offered(100*sec, 0, 0, 1000, 1)              // the burst again, not more
-	r := o.Finish(101 * sec)
-	if r.IdealAdmitted != 200+50+30+40+200 || r.Offered != 300+100+30+30+100+1000 {
+	o.Offered(101*sec, 0, 0, 100, 3)               // 100 held: 33 requests
+	r := o.Finish(102 * sec)
+	if r.IdealAdmitted != 200+50+30+40+200+99 || r.Offered != 300+100+30+30+100+1000+300 {
 		t.Fatalf("ideal admitted %v of %v", r.IdealAdmitted, r.Offered)
 	}
 	for _, c := range []struct {
