@@ -202,3 +202,14 @@ func TestReclaimTakesTheLongest(t *testing.T) {
 		t.Fatalf("reclaim %+v", r)
 	}
 }
+
+// TestWorstKeyIsTheFirstWithTheLargestExcess: a later key only as far
+// over does not take the worst key's place.
+func TestWorstKeyIsTheFirstWithTheLargestExcess(t *testing.T) {
+	o := twoByTwo(t)
+	o.Decided(0, 1, 1, 21, SourceLease)
+	o.Decided(0, 0, 0, 201, SourceLease)
+	if c := o.Finish(sec).Conformance; c.Violations != 2 || c.MaxExcess != 1 || c.WorstKey != "v/c" {
+		t.Fatalf("worst key: %+v", c)
+	}
+}
