@@ -174,8 +174,10 @@ func (o *op) roomOf(cap float64) float64 {
 
 func (o *op) room() float64 { return o.roomOf(o.capNow()) }
 
+// clampTo caps tk at c; a bucket at its cap, reached exactly too, carries
+// no fraction (lib.lua clamp_to).
 func (o *op) clampTo(c float64) {
-	if o.b.tk > c {
+	if o.b.tk >= c {
 		o.b.tk = c
 		o.b.rm = 0
 	}

@@ -3,6 +3,7 @@ package luascripts
 import (
 	"context"
 	"math/big"
+	"reflect"
 	"strconv"
 	"testing"
 	"time"
@@ -100,6 +101,60 @@ func TestAccrueIsExactFloor(t *testing.T) {
 		if sum.Cmp(exact) > 0 || rest < 0 || rest >= 1 {
 			t.Errorf("accrue(%v, %v, %v): carries %v, above the exact rest or outside [0, 1)", tc.dt, tc.r, tc.rm, rest)
 		}
+	}
+}
+
+// TestFullBucketCarriesNoFraction: a bucket that refills to its cap
+// exactly drops the fraction of a micro-token it earned on the way, as one
+// that would pass the cap does: earned while full, it was never earned.
+// Carried, it was credited after the next spend, so a bucket spent empty
+// held a micro-token more than r·t a second later (found by
+// FuzzScriptsMatchModel; once per filling, so unbounded over a key's
+// life). A key of burst 2 at 1/3 token/s: a lease of one token leaves the
+// new bucket at its cap (1 of room 2 − 1); a check 3 µs later earns
+// 3 × 1/3 micro-tokens there (a hair under one: floor 0, the rest
+// carried) and spends the token.
+func TestFullBucketCarriesNoFraction(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sc := newVirtual()
+	m := NewModel()
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "full", Class: "read"})
+	c := Common{StaticRate: 1.0 / 3, StaticBurst: 2, LeaseTTL: time.Minute, DemandWindow: time.Millisecond}
+	t0 := int64(1_700_000_000_000_000)
+	sc.setNow(t0)
+	r := Report{Instance: "i-1", Seq: 1, Want: 1, Min: 1}
+	got, err := sc.Acquire(ctx, rdb, k, c, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := m.Acquire(t0, k, c, r); !reflect.DeepEqual(got, want) || got.Granted != 1 || got.Remaining != 1 {
+		t.Fatalf("acquire: lua %+v, model %+v, want 1 granted and 1 remaining", got, want)
+	}
+	check := func(now int64) CheckReply {
+		t.Helper()
+		sc.setNow(now)
+		got, err := sc.Check(ctx, rdb, k, c, 1)
+		if err != nil {
+			t.Fatalf("check at +%dµs: %v", now-t0, err)
+		}
+		if want := m.Check(now, k, c, 1); got != want {
+			t.Fatalf("check at +%dµs: lua %+v, model %+v", now-t0, got, want)
+		}
+		return got
+	}
+	if d := check(t0 + 3); !d.Allowed {
+		t.Fatalf("a bucket at its cap denied its token: %+v", d)
+	}
+	if rm := rdb.HGet(ctx, k.Bucket, "rm").Val(); rm != "0" {
+		t.Fatalf("the bucket spent from at its cap carries a fraction rm=%q, want 0", rm)
+	}
+	const second = 1_000_000
+	check(t0 + 3 + second) // denied: refills and stores the bucket
+	tk := ratS(t, rdb.HGet(ctx, k.Bucket, "tk").Val())
+	if lim := bound(0, c.StaticRate, second); tk.Cmp(lim) > 0 {
+		t.Fatalf("a bucket spent empty holds %s tokens a second later, above r·t = %s", tk.FloatString(9), lim.FloatString(9))
 	}
 }
 

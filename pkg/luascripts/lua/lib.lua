@@ -203,9 +203,12 @@ local function room_of(cap)
 end
 local function room() return room_of(cap_now()) end
 
--- clamp caps tk at room(); a bucket at its cap carries no fraction.
+-- clamp caps tk at room(); a bucket at its cap carries no fraction, also
+-- when it reached the cap exactly: a fraction earned while full was never
+-- earned, and carried it would be credited once the bucket is spent from
+-- (up to a micro-token more than b + r x t each time the bucket fills).
 local function clamp_to(c)
-  if B.tk > c then
+  if B.tk >= c then
     B.tk = c
     B.rm = 0
   end
