@@ -3,8 +3,10 @@ package allocator
 import (
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -101,4 +103,41 @@ default_tier: free
 	if f := floorFraction(cfg); f != 0.5 {
 		t.Fatalf("floor fraction %v, want 0.5", f)
 	}
+}
+
+// TestStatusRegionLines: the leader's Status gives each region the age of
+// its last report (-1 before its first), its seq and its whole static
+// share reserved while live; a replica that does not lead names the
+// leader and shows nothing of its allocator.
+func TestStatusRegionLines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newEdgeService(t)
+		s.observeLeader("other:7500")
+		st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
+		if err != nil || st.GetLeader() || st.GetLeaderAddr() != "other:7500" || len(st.GetRegions()) != 0 || len(st.GetKeys()) != 0 {
+			t.Fatalf("status of a replica not leading: %v, %v; want the leader named and nothing else", st, err)
+		}
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: 7, Keys: []*sluicev1.KeyDemand{
+			{Key: &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}, Admitted: 5, WindowMs: 100}}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(30 * time.Millisecond)
+		st, err = s.Status(t.Context(), &sluicev1.StatusRequest{})
+		if err != nil || !st.GetLeader() || st.GetLeaderAddr() != "self:7500" || len(st.GetRegions()) != 2 || len(st.GetKeys()) != 1 {
+			t.Fatalf("the leader's status: %v, %v", st, err)
+		}
+		for _, r := range st.GetRegions() {
+			want := struct {
+				age int64
+				seq uint64
+			}{-1, 0}
+			if r.GetRegion() == "a" {
+				want.age, want.seq = 30, 7
+			}
+			if r.GetLastReportAgeMs() != want.age || r.GetLastSeq() != want.seq || r.GetReservedFraction() != 1 {
+				t.Errorf("region %s: %v, want last report age %dms, seq %d, reserved fraction 1", r.GetRegion(), r, want.age, want.seq)
+			}
+		}
+	})
 }
