@@ -1,11 +1,18 @@
 package allocator
 
 import (
+	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 )
 
 // TestDropStaleKeepsWhatIsExactlyMaxAgeOld: an epoch forgets the reports
@@ -76,6 +83,51 @@ func TestStepDropsPagesOlderThanAValidity(t *testing.T) {
 		s.step(time.Now())
 		if held() {
 			t.Fatal("a replica that no longer leads kept the pages")
+		}
+	})
+}
+
+// TestAnswerPagesCount: an answer of grants for twice the keys of a page
+// comes in exactly two pages, one of a page and a key in three, the last
+// holding the rest; each page carries its index, the count and the
+// answer's seq, and a page past the last is refused.
+func TestAnswerPagesCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, err := newService(serviceOptions{config: StaticConfig{C: parseConfig(t, fuzzConfig)}, advertise: "self:7500",
+			maxKeys: 2, logger: slog.New(slog.DiscardHandler)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		for _, c := range []struct {
+			seq   uint64
+			keys  int
+			sizes []int
+		}{{1, 4, []int{2, 2}}, {2, 5, []int{2, 2, 1}}} {
+			keys := heldKeys(c.keys)
+			var ans *sluicev1.RegionGrants
+			for p := 0; p*2 < c.keys; p++ {
+				if ans, err = s.SyncPage(t.Context(), page(c.seq, uint32(p), uint32(len(c.sizes)), keys[2*p:min(2*p+2, c.keys)]...)); err != nil {
+					t.Fatalf("seq %d page %d: %v", c.seq, p, err)
+				}
+			}
+			for p, size := range c.sizes {
+				if p > 0 {
+					if ans, err = s.SyncPage(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: c.seq, AnswerPage: uint32(p)}); err != nil {
+						t.Fatalf("seq %d answer page %d: %v", c.seq, p, err)
+					}
+				}
+				if ans.GetSeq() != c.seq || ans.GetPage() != uint32(p) || ans.GetPages() != uint32(len(c.sizes)) || len(ans.GetGrants()) != size {
+					t.Fatalf("seq %d answer page %d: page %d of %d, seq %d, %d grants; want page %d of %d, %d grants",
+						c.seq, p, ans.GetPage(), ans.GetPages(), ans.GetSeq(), len(ans.GetGrants()), p, len(c.sizes), size)
+				}
+				if want := fmt.Sprintf("p%d", 2*p); ans.GetGrants()[0].GetKey().GetTenant() != want {
+					t.Fatalf("seq %d answer page %d starts with %v, want %s", c.seq, p, ans.GetGrants()[0].GetKey(), want)
+				}
+			}
+			if _, err := s.SyncPage(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: c.seq, AnswerPage: uint32(len(c.sizes))}); status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("seq %d answer page %d, past the last: %v, want InvalidArgument", c.seq, len(c.sizes), err)
+			}
 		}
 	})
 }
