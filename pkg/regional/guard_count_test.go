@@ -156,9 +156,9 @@ func TestParseColdStart(t *testing.T) {
 
 // TestRestartGuardCountsANodeLossOnACluster: on a three-node Redis
 // Cluster the guard's probe of each node's first slot notices a node that
-// lost its data: one restart is counted, every missing sentinel of that
-// node is stamped again, and looks that find the probes as the guard left
-// them count nothing.
+// lost its data, or all of them at once: one restart is counted for each,
+// every missing sentinel of that node is stamped again, and looks that
+// find the probes as the guard left them count nothing.
 func TestRestartGuardCountsANodeLossOnACluster(t *testing.T) {
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
@@ -191,4 +191,16 @@ func TestRestartGuardCountsANodeLossOnACluster(t *testing.T) {
 		t.Fatalf("the lost node's last sentinel: exists %d, %v; want it stamped again", n, err)
 	}
 	check(1)
+	// Every node loses its data at once: every probe finds its sentinel
+	// missing, one restart more.
+	for _, a := range addrs {
+		n := redis.NewClient(&redis.Options{Addr: a})
+		err := n.FlushAll(ctx).Err()
+		n.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(2)
+	check(2)
 }
