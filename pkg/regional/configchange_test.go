@@ -218,5 +218,9 @@ func TestLeaderStoresTheConfirmedRevisionForItsReplicas(t *testing.T) {
 		if got := stored(name); got != "20" {
 			t.Fatalf("%s stored confirmed revision %s, want 20", name, got)
 		}
+		// Kept until the next confirmation: replicas read it once an epoch.
+		if ttl, err := regions[name].rdb.PTTL(ctx, luascripts.DefaultPrefix+"confirmed").Result(); err != nil || ttl != -1 {
+			t.Fatalf("%s's stored confirmed revision has TTL %v (%v), want none", name, ttl, err)
+		}
 	}
 }
