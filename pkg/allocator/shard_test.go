@@ -15,6 +15,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/configtest"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -145,8 +146,8 @@ func TestShardTakesKeysItOwnsUnderAnyConfigInPlay(t *testing.T) {
 	})
 }
 
-// TestShardOwnsOnlyItsRange: shard 0 of 3 refuses a key shard 1 owns (it
-// is not the whole global tier); shard 1 under a config of one shard
+// TestShardOwnsOnlyItsRange: shard 0 of 2 or 3 refuses a key another
+// shard owns (it is not the whole global tier); shard 1 under a config of one shard
 // refuses every key; and shard 1, while a region may still run
 // a config of one shard, refuses a key shard 0 owns under both counts, on
 // every try (whatever order it looks at the configs in).
@@ -166,16 +167,27 @@ func TestShardOwnsOnlyItsRange(t *testing.T) {
 		report := func(seq uint64, k *sluicev1.QuotaKey) *sluicev1.RegionReport {
 			return &sluicev1.RegionReport{Region: "a", Seq: seq, Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 5, WindowMs: 100}}}
 		}
-		zero, err := newService(serviceOptions{config: StaticConfig{C: three}, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		zero.promote(1, time.Now().Add(time.Hour), nil)
-		if _, err := zero.Sync(t.Context(), report(1, ofZero)); err != nil {
-			t.Fatalf("shard 0 of 3, its own key: %v", err)
-		}
-		if _, err := zero.Sync(t.Context(), report(2, ofOne)); status.Code(err) != codes.InvalidArgument {
-			t.Fatalf("shard 0 of 3, a key of shard 1: %v, want InvalidArgument", err)
+		for n, cfg := range map[int]*config.Config{2: parseConfig(t, loopConfig+"global_shards: 2\n"), 3: three} {
+			var own, other *sluicev1.QuotaKey
+			for i := 0; own == nil || other == nil; i++ {
+				k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "write"}
+				if qk := (&sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}); cfg.ShardMap().Of(k) == 0 {
+					own = qk
+				} else {
+					other = qk
+				}
+			}
+			zero, err := newService(serviceOptions{config: StaticConfig{C: cfg}, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			zero.promote(1, time.Now().Add(time.Hour), nil)
+			if _, err := zero.Sync(t.Context(), report(1, own)); err != nil {
+				t.Fatalf("shard 0 of %d, its own key: %v", n, err)
+			}
+			if _, err := zero.Sync(t.Context(), report(2, other)); status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("shard 0 of %d, a key of another shard: %v, want InvalidArgument", n, err)
+			}
 		}
 
 		// A replica serving shard 1 under a config of one shard owns
