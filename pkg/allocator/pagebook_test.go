@@ -131,3 +131,24 @@ func TestAnswerPagesCount(t *testing.T) {
 		}
 	})
 }
+
+// TestSyncPageRefusesAPagePastAOnePageReport: SyncPage takes page 0 of
+// one page (or of none) as a whole report and refuses page 1 of one page
+// with InvalidArgument, taking nothing.
+func TestSyncPageRefusesAPagePastAOnePageReport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newEdgeService(t)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		for seq, pages := range []uint32{0, 1} {
+			if g, err := s.SyncPage(t.Context(), page(uint64(seq+1), 0, pages, pkey(0))); err != nil || g.GetSeq() != uint64(seq+1) || g.GetPagesReceived() != 0 {
+				t.Fatalf("page 0 of %d pages: %v, %v; want it answered whole", pages, g, err)
+			}
+		}
+		if _, err := s.SyncPage(t.Context(), page(3, 1, 1, pkey(0))); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("page 1 of 1 page: %v, want InvalidArgument", err)
+		}
+		if last, _ := s.alloc.LastSeq("a"); last != 2 {
+			t.Fatalf("last seq %d after the refusal, want 2", last)
+		}
+	})
+}
