@@ -3,7 +3,6 @@ package luascripts
 import (
 	"context"
 	"math/big"
-	"reflect"
 	"strconv"
 	"testing"
 	"time"
@@ -115,44 +114,24 @@ func TestAccrueIsExactFloor(t *testing.T) {
 // 3 × 1/3 micro-tokens there (a hair under one: floor 0, the rest
 // carried) and spends the token.
 func TestFullBucketCarriesNoFraction(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	ctx := context.Background()
-	sc := newVirtual()
-	m := NewModel()
+	w := newTwin(t)
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "full", Class: "read"})
 	c := Common{StaticRate: 1.0 / 3, StaticBurst: 2, LeaseTTL: time.Minute, DemandWindow: time.Millisecond}
-	t0 := int64(1_700_000_000_000_000)
-	sc.setNow(t0)
-	r := Report{Instance: "i-1", Seq: 1, Want: 1, Min: 1}
-	got, err := sc.Acquire(ctx, rdb, k, c, r)
-	if err != nil {
-		t.Fatal(err)
+	t0 := w.now
+	if got := w.acquire(k, c, Report{Instance: "i-1", Seq: 1, Want: 1, Min: 1}); got.Granted != 1 || got.Remaining != 1 {
+		t.Fatalf("acquire: %+v, want 1 granted and 1 remaining", got)
 	}
-	if want := m.Acquire(t0, k, c, r); !reflect.DeepEqual(got, want) || got.Granted != 1 || got.Remaining != 1 {
-		t.Fatalf("acquire: lua %+v, model %+v, want 1 granted and 1 remaining", got, want)
-	}
-	check := func(now int64) CheckReply {
-		t.Helper()
-		sc.setNow(now)
-		got, err := sc.Check(ctx, rdb, k, c, 1)
-		if err != nil {
-			t.Fatalf("check at +%dµs: %v", now-t0, err)
-		}
-		if want := m.Check(now, k, c, 1); got != want {
-			t.Fatalf("check at +%dµs: lua %+v, model %+v", now-t0, got, want)
-		}
-		return got
-	}
-	if d := check(t0 + 3); !d.Allowed {
+	w.at(t0 + 3)
+	if d := w.check(k, c, 1); !d.Allowed {
 		t.Fatalf("a bucket at its cap denied its token: %+v", d)
 	}
-	if rm := rdb.HGet(ctx, k.Bucket, "rm").Val(); rm != "0" {
+	if rm := w.rdb.HGet(w.ctx, k.Bucket, "rm").Val(); rm != "0" {
 		t.Fatalf("the bucket spent from at its cap carries a fraction rm=%q, want 0", rm)
 	}
 	const second = 1_000_000
-	check(t0 + 3 + second) // denied: refills and stores the bucket
-	tk := ratS(t, rdb.HGet(ctx, k.Bucket, "tk").Val())
+	w.at(t0 + 3 + second)
+	w.check(k, c, 1) // denied: refills and stores the bucket
+	tk := ratS(t, w.rdb.HGet(w.ctx, k.Bucket, "tk").Val())
 	if lim := bound(0, c.StaticRate, second); tk.Cmp(lim) > 0 {
 		t.Fatalf("a bucket spent empty holds %s tokens a second later, above r·t = %s", tk.FloatString(9), lim.FloatString(9))
 	}
