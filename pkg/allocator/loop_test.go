@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -79,21 +80,6 @@ func (m *memConfig) set(c *config.Config) {
 	}
 }
 
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("metric %s not found", name)
-	return 0
-}
-
 func writeReport(region string, seq uint64) *sluicev1.RegionReport {
 	return &sluicev1.RegionReport{Region: region, Seq: seq, Keys: []*sluicev1.KeyDemand{{
 		Key: &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}, Admitted: 100, WindowMs: 100,
@@ -138,7 +124,7 @@ func TestAllocationLoop(t *testing.T) {
 		if st, _ := status.FromError(err); st.Code() != codes.FailedPrecondition || st.Message() != "not leader; leader=other:7500" {
 			t.Fatalf("follower Sync: %v", err)
 		}
-		if g := gauge(t, reg, "sluice_global_leader"); g != 0 {
+		if g := metrictest.Gauge(t, reg, "sluice_global_leader"); g != 0 {
 			t.Fatalf("leader gauge %v on a follower", g)
 		}
 
@@ -148,7 +134,7 @@ func TestAllocationLoop(t *testing.T) {
 		if !s.promote(1, start.Add(time.Second), nil) {
 			t.Fatal("promote refused with a future deadline")
 		}
-		if g := gauge(t, reg, "sluice_global_learning"); g != 1 {
+		if g := metrictest.Gauge(t, reg, "sluice_global_learning"); g != 1 {
 			t.Fatalf("learning gauge %v right after winning", g)
 		}
 		resp, err := s.Sync(ctx, writeReport("a", 1))
@@ -162,10 +148,10 @@ func TestAllocationLoop(t *testing.T) {
 			t.Fatalf("%d epochs in 3 epochs of leading, want 3", n)
 		}
 		time.Sleep(start.Add(500 * time.Millisecond).Sub(time.Now()))
-		if g := gauge(t, reg, "sluice_global_learning"); g != 0 {
+		if g := metrictest.Gauge(t, reg, "sluice_global_learning"); g != 0 {
 			t.Fatalf("learning gauge %v after one validity", g)
 		}
-		if g := gauge(t, reg, "sluice_global_leader"); g != 1 {
+		if g := metrictest.Gauge(t, reg, "sluice_global_leader"); g != 1 {
 			t.Fatalf("leader gauge %v while leading", g)
 		}
 

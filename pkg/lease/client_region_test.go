@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
@@ -132,21 +133,6 @@ func mustAllow(t *testing.T, c *lease.Client, key quota.Key, cost int64) quota.D
 		t.Fatalf("Allow(%s, %d): %v", key, cost, err)
 	}
 	return d
-}
-
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("metric %s not gathered", name)
-	return 0
 }
 
 // counter sums the samples of a counter family whose labels include want.
@@ -358,7 +344,7 @@ func TestClientDegradedWhileRedisDown(t *testing.T) {
 	}
 	e.reg.Redis.Stop()
 	waitFor(t, "a degraded decision", func() bool { return mustAllow(t, c, acmeRead, 1).Degraded })
-	if got := gauge(t, reg, "sluice_client_degraded"); got != 1 {
+	if got := metrictest.Gauge(t, reg, "sluice_client_degraded"); got != 1 {
 		t.Fatalf("degraded gauge %v while Redis is down", got)
 	}
 	// The line may come from the background refresh that noticed first.
@@ -373,7 +359,7 @@ func TestClientDegradedWhileRedisDown(t *testing.T) {
 	if d := mustAllow(t, c, acmeRead, 1); !d.Allowed || d.Degraded {
 		t.Fatalf("after recovery: %+v", d)
 	}
-	if got := gauge(t, reg, "sluice_client_degraded"); got != 0 {
+	if got := metrictest.Gauge(t, reg, "sluice_client_degraded"); got != 0 {
 		t.Fatalf("degraded gauge %v after recovery", got)
 	}
 	waitFor(t, "a log line on leaving degraded mode", func() bool { return strings.Contains(logs.String(), "degraded mode over") })

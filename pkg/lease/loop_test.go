@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -215,7 +216,7 @@ func TestBreakerOpensAndProbes(t *testing.T) {
 				t.Fatalf("request %d: %+v after %v; want degraded after the 50ms breaker timeout", i, d, time.Since(start))
 			}
 		}
-		if got := gauge(t, reg, "sluice_client_degraded"); got != 1 {
+		if got := metrictest.Gauge(t, reg, "sluice_client_degraded"); got != 1 {
 			t.Fatalf("degraded gauge %v", got)
 		}
 		start := time.Now()
@@ -235,7 +236,7 @@ func TestBreakerOpensAndProbes(t *testing.T) {
 			t.Fatalf("probe after the cooldown: %+v, want a leased allow", d)
 		}
 		synctest.Wait()
-		if got := gauge(t, reg, "sluice_client_degraded"); got != 0 {
+		if got := metrictest.Gauge(t, reg, "sluice_client_degraded"); got != 0 {
 			t.Fatalf("degraded gauge %v after recovery", got)
 		}
 		if s := logs.String(); !strings.Contains(s, "degraded mode)") || !strings.Contains(s, "degraded mode over") {
@@ -258,13 +259,13 @@ func TestBackgroundSyncEndsDegradedMode(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if got := gauge(t, reg, "sluice_client_degraded"); got != 1 {
+		if got := metrictest.Gauge(t, reg, "sluice_client_degraded"); got != 1 {
 			t.Fatalf("degraded gauge %v while the region is down", got)
 		}
 		conn.setFault("*", healthy)
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if got := gauge(t, reg, "sluice_client_degraded"); got != 0 {
+		if got := metrictest.Gauge(t, reg, "sluice_client_degraded"); got != 0 {
 			t.Fatalf("degraded gauge %v after a successful Sync", got)
 		}
 		if st, _ := c.Table().State(smallRead); !st.HasLease || st.Tokens == 0 {

@@ -11,25 +11,10 @@ import (
 
 	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
-
-// gathered is the value of the gauge name in reg.
-func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("metric %s not registered", name)
-	return 0
-}
 
 // TestRegionLeadershipPassesWhenTheLeaderStops: of two replicas of a
 // region the first to run leads (Leading says true, IsLeading and the
@@ -84,9 +69,9 @@ func TestRegionLeadershipPassesWhenTheLeaderStops(t *testing.T) {
 
 	a := start("eu-a")
 	waitLeading(a, true)
-	if !a.l.IsLeading() || gathered(t, a.reg, "sluice_regional_leader") != 1 {
+	if !a.l.IsLeading() || metrictest.Gauge(t, a.reg, "sluice_regional_leader") != 1 {
 		t.Fatalf("the elected replica: IsLeading %v, sluice_regional_leader %v; want true and 1",
-			a.l.IsLeading(), gathered(t, a.reg, "sluice_regional_leader"))
+			a.l.IsLeading(), metrictest.Gauge(t, a.reg, "sluice_regional_leader"))
 	}
 	// The leader campaigns under its own session, of the default TTL.
 	leases, err := cli.Leases(ctx)
@@ -118,13 +103,13 @@ func TestRegionLeadershipPassesWhenTheLeaderStops(t *testing.T) {
 		t.Fatalf("Leading held %v after false", v)
 	default:
 	}
-	if a.l.IsLeading() || gathered(t, a.reg, "sluice_regional_leader") != 0 {
+	if a.l.IsLeading() || metrictest.Gauge(t, a.reg, "sluice_regional_leader") != 0 {
 		t.Fatalf("the stopped replica: IsLeading %v, sluice_regional_leader %v; want false and 0",
-			a.l.IsLeading(), gathered(t, a.reg, "sluice_regional_leader"))
+			a.l.IsLeading(), metrictest.Gauge(t, a.reg, "sluice_regional_leader"))
 	}
 	waitLeading(b, true)
-	if !b.l.IsLeading() || gathered(t, b.reg, "sluice_regional_leader") != 1 {
+	if !b.l.IsLeading() || metrictest.Gauge(t, b.reg, "sluice_regional_leader") != 1 {
 		t.Fatalf("the next leader: IsLeading %v, sluice_regional_leader %v; want true and 1",
-			b.l.IsLeading(), gathered(t, b.reg, "sluice_regional_leader"))
+			b.l.IsLeading(), metrictest.Gauge(t, b.reg, "sluice_regional_leader"))
 	}
 }

@@ -1,0 +1,32 @@
+// Package metrictest reads metrics back from a daemon's own Prometheus
+// registry in tests, so a test checks the value an operator's scrape would
+// see.
+package metrictest
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Gauge returns the value of the gauge name in reg, which must hold it as
+// exactly one series (no labels, or one label set); anything else fails
+// the test.
+func Gauge(t testing.TB, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		if n := len(mf.GetMetric()); n != 1 || mf.GetMetric()[0].GetGauge() == nil {
+			t.Fatalf("metric %s: %d series of type %v, want one gauge", name, n, mf.GetType())
+		}
+		return mf.GetMetric()[0].GetGauge().GetValue()
+	}
+	t.Fatalf("metric %s not registered", name)
+	return 0
+}
