@@ -119,11 +119,16 @@ default_tier: std
 }
 
 // TestStartRefusesARegistryHoldingItsMetrics: a registry that already
-// holds a metric of the /v1/allow API under the same name cannot take the
-// agent's, and Start fails rather than serving uncounted.
+// holds a metric of the agent (its /v1/allow API's, the Envoy service's or
+// the lease client's) under the same name cannot take the agent's, and
+// Start fails naming it rather than serving uncounted, leaving nothing
+// running (TestMain checks for leaked goroutines).
 func TestStartRefusesARegistryHoldingItsMetrics(t *testing.T) {
 	cfg := regiontest.MustConfig(t, conformanceConfig)
-	for _, name := range []string{"sluice_agent_http_requests_total", "sluice_agent_http_request_duration_seconds"} {
+	for _, name := range []string{
+		"sluice_agent_http_requests_total", "sluice_agent_http_request_duration_seconds",
+		"sluice_envoy_decisions_total", "sluice_client_rpc_duration_seconds",
+	} {
 		t.Run(name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: "taken"}))
@@ -136,7 +141,7 @@ func TestStartRefusesARegistryHoldingItsMetrics(t *testing.T) {
 				a.Stop()
 				t.Fatalf("Start with %s taken: no error", name)
 			}
-			if !strings.Contains(err.Error(), "registering metrics") {
+			if !strings.Contains(err.Error(), name) {
 				t.Errorf("Start with %s taken: %v; want a registration error", name, err)
 			}
 		})

@@ -1,0 +1,153 @@
+package agent_test
+
+import (
+	"errors"
+	"log/slog"
+	"maps"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/agent"
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestStartRefusesBadOptions: a missing region address or config, or a
+// negative drain or release timeout (each alone), is refused by Start with
+// quota.ErrInvalid.
+func TestStartRefusesBadOptions(t *testing.T) {
+	cfg := regiontest.MustConfig(t, conformanceConfig)
+	valid := func() agent.Options {
+		return agent.Options{
+			RegionAddr: "127.0.0.1:1", Config: agent.StaticConfig{C: cfg},
+			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+			Logger: slog.New(slog.DiscardHandler),
+		}
+	}
+	for _, c := range []struct {
+		name string
+		edit func(*agent.Options)
+		says string
+	}{
+		{"no region address", func(o *agent.Options) { o.RegionAddr = "" }, "region's address"},
+		{"no config", func(o *agent.Options) { o.Config = nil }, "Options.Config"},
+		{"negative drain timeout", func(o *agent.Options) { o.DrainTimeout = -time.Nanosecond }, "must not be negative"},
+		{"negative release timeout", func(o *agent.Options) { o.ReleaseTimeout = -time.Nanosecond }, "must not be negative"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := valid()
+			c.edit(&o)
+			a, err := agent.Start(o)
+			if err == nil {
+				a.Stop()
+			}
+			if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
+				t.Errorf("Start: %v; want an error wrapping %v that says %q", err, quota.ErrInvalid, c.says)
+			}
+		})
+	}
+}
+
+// TestStartWithListenersOff: "off" serves neither /v1/allow nor
+// /metrics, and their addresses are empty; the Envoy listener still
+// serves, the lease client is named after the agent, and an agent
+// without a Logger starts and stops with the default one.
+func TestStartWithListenersOff(t *testing.T) {
+	cfg := regiontest.MustConfig(t, conformanceConfig)
+	a, err := agent.Start(agent.Options{
+		RegionAddr: "127.0.0.1:1", Config: agent.StaticConfig{C: cfg},
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", MetricsAddr: "off",
+		// No Logger: slog.Default() is used.
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Stop()
+	if a.HTTPAddr() != "" || a.MetricsAddr() != "" || a.GRPCAddr() == "" {
+		t.Errorf("addresses: http %q, metrics %q, grpc %q; want the first two empty", a.HTTPAddr(), a.MetricsAddr(), a.GRPCAddr())
+	}
+	if id := a.Client().InstanceID(); !strings.HasPrefix(id, "agent-") {
+		t.Errorf("instance id %q; want one made for an agent", id)
+	}
+}
+
+// TestClassPoliciesApplyBeforeTheRegionAnswers: with the region out of
+// reach from the start, the first decision on a key already follows its
+// class's on_failure from the config the agent started with: closed
+// denies, open admits, both degraded.
+func TestClassPoliciesApplyBeforeTheRegionAnswers(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease, on_failure: closed}, write: {mode: lease, on_failure: open}}
+tiers: {std: {read: {rate: 1000/s, burst: 1000}, write: {rate: 1000/s, burst: 1000}}}
+default_tier: std
+`)
+	// A port nobody listens on: every RPC to the region fails.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	a := startAgent(t, addr, agent.StaticConfig{C: cfg})
+	web := httpClient(t)
+	if out := allow(t, web, a, `{"tenant":"acme","class":"read"}`); out.Allowed || !out.Degraded {
+		t.Errorf("read (on_failure: closed) with no region: %+v; want denied, degraded", out)
+	}
+	if out := allow(t, web, a, `{"tenant":"acme","class":"write","cost":50}`); !out.Allowed || !out.Degraded {
+		t.Errorf("write (on_failure: open) with no region: %+v; want allowed, degraded", out)
+	}
+}
+
+// TestLeaseOptionsComeFromTheConfigAtStart: the lease client's Sync period
+// and class policies default to the config loaded at Start; options the
+// caller set are kept; with no config loaded yet the lease package's
+// defaults apply.
+func TestLeaseOptionsComeFromTheConfigAtStart(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+refresh: 300ms
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease, on_failure: closed}, write: {mode: strict, on_failure: open}, bulk: {mode: lease}}
+tiers: {std: {read: {rate: 1/s, burst: 1}, write: {rate: 1/s, burst: 1}, bulk: {rate: 1/s, burst: 1}}}
+default_tier: std
+`)
+	fromConfig := map[string]lease.ClassPolicy{
+		"read":  {Mode: lease.ModeLease, OnFailure: lease.PolicyClosed},
+		"write": {Mode: lease.ModeStrict, OnFailure: lease.PolicyOpen},
+		"bulk":  {Mode: lease.ModeLease, OnFailure: lease.PolicyLocal},
+	}
+	given := map[string]lease.ClassPolicy{"other": {Mode: lease.ModeStrict, OnFailure: lease.PolicyClosed}}
+	for _, c := range []struct {
+		name    string
+		src     agent.ConfigSource
+		lease   lease.Options
+		refresh time.Duration
+		classes map[string]lease.ClassPolicy
+	}{
+		{"from the config", agent.StaticConfig{C: cfg}, lease.Options{}, 300 * time.Millisecond, fromConfig},
+		{"set by the caller", agent.StaticConfig{C: cfg}, lease.Options{InstanceID: "edge-7", Refresh: 700 * time.Millisecond, Classes: given}, 700 * time.Millisecond, given},
+		{"no config yet", agent.StaticConfig{}, lease.Options{}, lease.DefaultRefresh, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, err := agent.Start(agent.Options{
+				RegionAddr: "127.0.0.1:1", Config: c.src, Lease: c.lease,
+				GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", MetricsAddr: "off",
+				Logger: slog.New(slog.DiscardHandler),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Stop()
+			o := a.Client().Table().Options()
+			if o.Refresh != c.refresh || !maps.Equal(o.Classes, c.classes) {
+				t.Errorf("lease client Refresh %v, Classes %v; want %v, %v", o.Refresh, o.Classes, c.refresh, c.classes)
+			}
+			if id := a.Client().InstanceID(); c.lease.InstanceID != "" && id != c.lease.InstanceID {
+				t.Errorf("instance id %q; want the one given, %q", id, c.lease.InstanceID)
+			}
+		})
+	}
+}
