@@ -204,10 +204,7 @@ func TestPageBoundsAtTheirEdge(t *testing.T) {
 func TestReshardLearningEndsOnceEveryRegionRunsTheCount(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := quietService(t, src)
 		s.promote(1, time.Now().Add(time.Hour), nil)
 		const epoch, validity = 100 * time.Millisecond, 500 * time.Millisecond
 		seq := uint64(0)

@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"fmt"
-	"log/slog"
 	"math"
 	"strings"
 	"testing"
@@ -26,10 +25,7 @@ func TestFloorReserveFromTheConfirmedRevisionOn(t *testing.T) {
 			return strings.Replace(loopConfig, "write: {}", fmt.Sprintf("write: {partition_share: %g}", share), 1)
 		}
 		src := configtest.NewSource(parseConfig(t, cfgOf(0.1)), 5)
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := quietService(t, src)
 		s.promote(1, time.Now().Add(time.Hour), nil)
 		// Static shares are 50/s for each region; the floor is the
 		// partition_share of it.

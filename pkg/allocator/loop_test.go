@@ -41,6 +41,17 @@ func parseConfig(t *testing.T, yaml string) *config.Config {
 	return c
 }
 
+// quietService is a Service on src, created now, that logs nothing and
+// runs no loop: the test steps, promotes and syncs it by hand.
+func quietService(t *testing.T, src ConfigSource) *Service {
+	t.Helper()
+	s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // memConfig is an in-memory ConfigSource that publishes like
 // configstore.Watcher, for code that must run without etcd (a synctest bubble).
 type memConfig struct {
@@ -101,10 +112,7 @@ func regionNames(s *Service) []string {
 func TestAllocationLoop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := &memConfig{cfg: parseConfig(t, loopConfig)}
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := quietService(t, src)
 		reg := prometheus.NewRegistry()
 		newMetrics(reg, s)
 		ctx, cancel := context.WithCancel(t.Context())
@@ -120,7 +128,7 @@ func TestAllocationLoop(t *testing.T) {
 		if n := s.View(time.Now()).Epoch; n != 0 {
 			t.Fatalf("a replica that does not lead ran %d epochs", n)
 		}
-		_, err = s.Sync(ctx, writeReport("a", 1))
+		_, err := s.Sync(ctx, writeReport("a", 1))
 		if st, _ := status.FromError(err); st.Code() != codes.FailedPrecondition || st.Message() != "not leader; leader=other:7500" {
 			t.Fatalf("follower Sync: %v", err)
 		}

@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -20,10 +19,7 @@ import (
 func TestRegionChangeReachesTheAllocator(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := configtest.NewSource(parseConfig(t, loopConfig), 1)
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := quietService(t, src)
 		s.promote(1, time.Now().Add(time.Hour), nil)
 		regions := func() string {
 			s.step(time.Now())
@@ -59,10 +55,7 @@ func TestRegionChangeReachesTheAllocator(t *testing.T) {
 func TestReservesEndWithTheOldConfig(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := configtest.NewSource(parseConfig(t, loopConfig), 1)
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := quietService(t, src)
 		s.promote(1, time.Now().Add(time.Hour), nil)
 		src.Set(parseConfig(t, strings.Replace(loopConfig, "rate: 100/s", "rate: 200/s", 1)), 2)
 		limit := func() hierarchy.KeyLimit {

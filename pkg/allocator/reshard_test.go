@@ -1,7 +1,6 @@
 package allocator
 
 import (
-	"log/slog"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -92,10 +91,7 @@ func (r *reshardRig) endsWithin(why, region string, revs ...int64) {
 }
 
 func newReshardRig(t *testing.T, src ConfigSource) *reshardRig {
-	s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := quietService(t, src)
 	return &reshardRig{t: t, s: s, seq: map[string]uint64{}}
 }
 

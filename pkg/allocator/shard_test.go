@@ -97,10 +97,7 @@ func TestShardTakesKeysItOwnsUnderAnyConfigInPlay(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		three, two := parseConfig(t, loopConfig+"global_shards: 3\n"), parseConfig(t, loopConfig+"global_shards: 2\n")
 		src := configtest.NewSource(three, 5)
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := quietService(t, src)
 		s.sh.index = 1
 		s.promote(1, time.Now().Add(time.Hour), nil)
 		src.Set(two, 6)
@@ -177,10 +174,7 @@ func TestShardOwnsOnlyItsRange(t *testing.T) {
 					other = qk
 				}
 			}
-			zero, err := newService(serviceOptions{config: StaticConfig{C: cfg}, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-			if err != nil {
-				t.Fatal(err)
-			}
+			zero := quietService(t, StaticConfig{C: cfg})
 			zero.promote(1, time.Now().Add(time.Hour), nil)
 			if _, err := zero.Sync(t.Context(), report(1, own)); err != nil {
 				t.Fatalf("shard 0 of %d, its own key: %v", n, err)
@@ -192,10 +186,7 @@ func TestShardOwnsOnlyItsRange(t *testing.T) {
 
 		// A replica serving shard 1 under a config of one shard owns
 		// nothing.
-		lone, err := newService(serviceOptions{config: StaticConfig{C: one}, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		lone := quietService(t, StaticConfig{C: one})
 		lone.sh.index = 1
 		lone.promote(1, time.Now().Add(time.Hour), nil)
 		if _, err := lone.Sync(t.Context(), report(1, ofOne)); status.Code(err) != codes.InvalidArgument {
@@ -203,10 +194,7 @@ func TestShardOwnsOnlyItsRange(t *testing.T) {
 		}
 
 		src := configtest.NewSource(one, 5)
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := quietService(t, src)
 		s.sh.index = 1
 		s.promote(1, time.Now().Add(time.Hour), nil)
 		src.Set(three, 6)
