@@ -52,6 +52,23 @@ func TestSumCheckFiguresAndExpiryChecks(t *testing.T) {
 	}
 }
 
+// TestExpiryCheckedOnceWhenAnEarlierOneIsArmedLater: a grant ending
+// earlier than the expiry already armed is applied after it; each instant
+// is still checked once (the timer of the later expiry, left queued, does
+// not check it a second time beside the one armed again after the
+// earlier expiry).
+func TestExpiryCheckedOnceWhenAnEarlierOneIsArmedLater(t *testing.T) {
+	o := twoRegions(t, nil)
+	o.GrantApplied(sec, 0, 0, 70, 100, 9*sec)    // check 1: 120 (b at its static 50): over; 9 s armed
+	o.GrantApplied(2*sec, 1, 0, 30, 100, 5*sec)  // 2: 100; 5 s armed, the 9 s timer left queued
+	o.GrantApplied(3*sec, 1, 0, 30, 100, 12*sec) // 3: 100
+	// 4 (5 s): 100, and 9 s armed again. 5 (9 s): a back at 50: 80.
+	r := o.Finish(20 * sec) // 6 (12 s): 100
+	if r.Rates.Checks != 6 || r.Rates.Violations != 1 || r.Rates.FirstAt != sec {
+		t.Fatalf("rates %+v: want 6 checks and the one violation at 1s", r.Rates)
+	}
+}
+
 // TestRedisOutageAndRestart: a region whose Redis is down refills at
 // nothing, so the others may use the whole rate; back empty, it has lost
 // its grants and its static lease and runs on its floors until a static

@@ -324,7 +324,16 @@ func (o *Oracle) Advance(t time.Duration) {
 		o.now = tm.at
 		switch tm.kind {
 		case timerExpiry:
-			o.keys[tm.a].expiryPending = false
+			// A timer armed for a later expiry stays queued when an
+			// earlier one is armed before it, and the key's check after
+			// that earlier expiry arms the later one again: only the
+			// timer of the expiry now armed checks, so no instant is
+			// checked (or its violation counted) twice.
+			ks := &o.keys[tm.a]
+			if !ks.expiryPending || ks.nextExpiry != tm.at {
+				continue
+			}
+			ks.expiryPending = false
 			o.checkKey(tm.a)
 			o.armExpiry(tm.a)
 		case timerConv:
