@@ -1,0 +1,82 @@
+package agent_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/agent"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestStopWithDefaultTimeoutsReturnsLeasedTokens: an agent started with
+// no DrainTimeout or ReleaseTimeout holds a lease with unspent tokens; by
+// the time Stop returns, the region's Redis shows them back: the bucket
+// has nothing out in leases and the agent's lease record is gone. Fails on
+// a Start that leaves either timeout at zero (Stop's release would then
+// give up at once, leaving the tokens out until the lease expires, which
+// a long lease TTL keeps beyond the test).
+func TestStopWithDefaultTimeoutsReturnsLeasedTokens(t *testing.T) {
+	cfg := regiontest.MustConfig(t, quietConfig)
+	r, _ := region(t, cfg)
+	a := startAgent(t, r.Addr, agent.StaticConfig{C: cfg})
+	key := quota.Key{Tenant: "acme", Class: "read"}
+	keys := luascripts.KeysFor(luascripts.DefaultPrefix, key)
+	id := a.Client().InstanceID()
+	ctx := context.Background()
+
+	// outstanding is the bucket's tokens out in leases (0 when the field
+	// or the bucket is absent) and whether the agent's lease record exists.
+	outstanding := func() (int64, bool) {
+		t.Helper()
+		s, err := r.RDB.HGet(ctx, keys.Bucket, "out").Result()
+		var out int64
+		switch {
+		case err == redis.Nil:
+		case err != nil:
+			t.Fatalf("HGET %s out: %v", keys.Bucket, err)
+		default:
+			if out, err = strconv.ParseInt(s, 10, 64); err != nil {
+				t.Fatalf("bucket out %q: %v", s, err)
+			}
+		}
+		held, err := r.RDB.HExists(ctx, keys.Leases, id).Result()
+		if err != nil {
+			t.Fatalf("HEXISTS %s %s: %v", keys.Leases, id, err)
+		}
+		return out, held
+	}
+
+	// Demand until the agent holds a lease with tokens it has not spent,
+	// and no report is out (the region's record then matches the pool).
+	// The lease lasts lease_ttl; the first grant comes within a refresh.
+	web := httpClient(t)
+	deadline := time.Now().Add(time.Duration(cfg.Refresh))
+	for {
+		if out := allow(t, web, a, `{"tenant":"acme","class":"read"}`); !out.Allowed || out.Degraded {
+			t.Fatalf("decision while warming up: %+v", out)
+		}
+		st, _ := a.Client().Table().State(key)
+		if st.HasLease && st.Tokens > 0 && !st.InFlight && st.Pending == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no lease with unspent tokens within a refresh: %+v", st)
+		}
+	}
+	st, _ := a.Client().Table().State(key)
+	out, held := outstanding()
+	if !held || out < st.Tokens {
+		t.Fatalf("before Stop: bucket out %d, lease record %v; want the record and at least the pool's %d unspent tokens out", out, held, st.Tokens)
+	}
+
+	a.Stop()
+	if out, held := outstanding(); out != 0 || held {
+		t.Errorf("after Stop: bucket out %d, lease record %v; want 0 out and no record (the pool's %d unspent tokens released)", out, held, st.Tokens)
+	}
+}
