@@ -2,16 +2,23 @@ package agent_test
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 // TestStopWithDefaultTimeoutsReturnsLeasedTokens: an agent started with
@@ -78,5 +85,87 @@ func TestStopWithDefaultTimeoutsReturnsLeasedTokens(t *testing.T) {
 	a.Stop()
 	if out, held := outstanding(); out != 0 || held {
 		t.Errorf("after Stop: bucket out %d, lease record %v; want 0 out and no record (the pool's %d unspent tokens released)", out, held, st.Tokens)
+	}
+}
+
+// TestStopWithDefaultTimeoutsLetsARequestInFlightFinish: a POST /v1/allow
+// waiting on the region (its Redis holds writes: CLIENT PAUSE WRITE) when
+// Stop begins still gets its answer once the region answers: Stop's drain
+// of the HTTP API waits for it. Fails on a Start that leaves DrainTimeout
+// at zero (the drain would give up at once and close the connection).
+func TestStopWithDefaultTimeoutsLetsARequestInFlightFinish(t *testing.T) {
+	cfg := regiontest.MustConfig(t, quietConfig)
+	rs := redistest.Start(t)
+	// No read timeout: the region's scripts wait out the pause rather than
+	// fail, so the request stays in flight until the test lifts it.
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), ReadTimeout: -1, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	r := regiontest.StartOn(t, rs, cfg, "local", func(o *regional.Options) { o.Redis = rdb })
+	a := startAgent(t, r.Addr, agent.StaticConfig{C: cfg})
+	key := quota.Key{Tenant: "acme", Class: "read"}
+	ctx := context.Background()
+
+	// The pause lasts longer than the test may; lifted below, and at
+	// cleanup before the region stops.
+	if err := r.RDB.Do(ctx, "CLIENT", "PAUSE", "600000", "WRITE").Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE: %v", err)
+	}
+	unpause := func() {
+		if err := r.RDB.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+			t.Errorf("CLIENT UNPAUSE: %v", err)
+		}
+	}
+	t.Cleanup(unpause)
+
+	type answer struct {
+		code int
+		body []byte
+		err  error
+	}
+	done := make(chan answer, 1)
+	web := httpClient(t)
+	go func() {
+		resp, err := web.Post("http://"+a.HTTPAddr()+"/v1/allow", "application/json", strings.NewReader(`{"tenant":"acme","class":"read"}`))
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		done <- answer{code: resp.StatusCode, body: body, err: err}
+	}()
+	// The request is in flight once its acquire is (the lease client's
+	// BreakerTimeout, 10s in startAgent, bounds that wait).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, ok := a.Client().Table().State(key); ok && st.InFlight {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request's acquire was not in flight within the breaker timeout")
+		}
+		runtime.Gosched()
+	}
+
+	stopped := make(chan struct{})
+	go func() { a.Stop(); close(stopped) }()
+	// Stop has begun draining the HTTP API once its listener refuses
+	// connections.
+	for {
+		c, err := net.Dial("tcp", a.HTTPAddr())
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("Stop did not close the HTTP listener")
+		}
+		runtime.Gosched()
+	}
+	unpause()
+	got := <-done
+	<-stopped
+	if got.err != nil || got.code != http.StatusOK {
+		t.Fatalf("request in flight at Stop: status %d, %q, %v; want its answer (200)", got.code, got.body, got.err)
 	}
 }
