@@ -11,7 +11,7 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 	"github.com/sluicehq/sluice/pkg/regionsync"
@@ -82,17 +82,14 @@ func TestSteadyGrantsCostOneReportPerRound(t *testing.T) {
 	ctx := context.Background()
 	// Rounds of 20 keys fit in an epoch on a busy machine with the race
 	// detector on; the lease outlives the test, so demand holds steady.
-	cfg, err := config.Parse([]byte(`
+	cfg := regiontest.MustConfig(t, `
 epoch: 300ms
 lease_ttl: 1m
 regions: {eu: {weight: 1}, us: {weight: 1}}
 classes: {write: {mode: lease}}
 tiers: {free: {write: {rate: 100/s, burst: 100}}}
 default_tier: free
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	r := newLeaseRigWith(t, cfg)
 	log := &reportLog{inner: r.tier.inner}
 	r.tier.inner = log

@@ -12,8 +12,8 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/allocator"
-	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
@@ -26,17 +26,14 @@ import (
 func TestDonorReportsWhenNudged(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg, err := config.Parse([]byte(`
+	cfg := regiontest.MustConfig(t, `
 epoch: 1s
 grant_validity: 4s
 regions: {eu: {weight: 1}, us: {weight: 1}}
 classes: {write: {mode: lease}}
 tiers: {free: {write: {rate: 10000/s, burst: 10000}}}
 default_tier: free
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	epoch := time.Duration(cfg.Epoch)
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)

@@ -20,6 +20,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -34,7 +35,7 @@ import (
 // two seconds.
 func leaseConfig(t *testing.T) *config.Config {
 	t.Helper()
-	c, err := config.Parse([]byte(`
+	c := regiontest.MustConfig(t, `
 epoch: 50ms
 grant_validity: 250ms
 region_lease: 2s
@@ -42,10 +43,7 @@ regions: {eu: {weight: 1}, us: {weight: 1}}
 classes: {write: {mode: lease, partition_share: 0.5}}
 tiers: {free: {write: {rate: 100/s, burst: 100}}}
 default_tier: free
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	return c
 }
 
