@@ -482,10 +482,10 @@ func (s *Service) ensureLearningLocked(now time.Time) {
 	if !now.Before(s.learnFloor) {
 		return
 	}
-	if !s.alloc.ExtendLearning(now, s.learnFloor) {
+	if !s.alloc.Learning(now) {
 		s.alloc.BecomeLeader(now, s.lapsedSetLocked()...)
-		s.alloc.ExtendLearning(now, s.learnFloor)
 	}
+	s.alloc.ExtendLearning(now, s.learnFloor)
 }
 
 // forgetIdleKeysLocked removes keys no report and no answer named for
