@@ -11,12 +11,11 @@ import (
 	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
-// TestStaticViewOnlyMovesForward: a replica's view of the static lease
-// keeps the newest Redis TIME reading (by when it was sent): an older
-// reading that arrives late, or none (a leader's own update), leaves it;
-// and each shard's lease end only grows.
-func TestStaticViewOnlyMovesForward(t *testing.T) {
-	cfg, err := config.Parse([]byte(`
+// euWriteConfig is one region, eu, with one lease class at 100/s, and
+// extra (YAML lines) before it.
+func euWriteConfig(t *testing.T, extra string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(extra + `
 regions: {eu: {weight: 1}}
 classes: {write: {mode: lease}}
 tiers: {free: {write: {rate: 100/s, burst: 100}}}
@@ -25,6 +24,15 @@ default_tier: free
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg
+}
+
+// TestStaticViewOnlyMovesForward: a replica's view of the static lease
+// keeps the newest Redis TIME reading (by when it was sent): an older
+// reading that arrives late, or none (a leader's own update), leaves it;
+// and each shard's lease end only grows.
+func TestStaticViewOnlyMovesForward(t *testing.T) {
+	cfg := euWriteConfig(t, "")
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	defer rdb.Close()
 	s, err := New(Options{Region: "eu", Redis: rdb, Config: StaticConfig{C: cfg}})
@@ -60,17 +68,7 @@ default_tier: free
 // of every shard's lease, and what remains is the least of the shards'
 // leases on that estimate, 0 once one has ended.
 func TestOnStaticNeedsEveryShardsLeaseAMarginAhead(t *testing.T) {
-	cfg, err := config.Parse([]byte(`
-epoch: 100ms
-global_shards: 2
-regions: {eu: {weight: 1}}
-classes: {write: {mode: lease}}
-tiers: {free: {write: {rate: 100/s, burst: 100}}}
-default_tier: free
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := euWriteConfig(t, "epoch: 100ms\nglobal_shards: 2\n")
 	const readUS = 10_000_000 // Redis time of the replica's reading
 	margin := regionsync.StaticMargin(time.Duration(cfg.Epoch))
 	sec := time.Second.Microseconds()
