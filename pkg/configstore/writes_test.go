@@ -1,0 +1,227 @@
+package configstore
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// applyInBatches applies cfg at expectRev and returns the new revision,
+// the tenant writes Progress reported in all, and the writes of each
+// batch, smallest first (batches run concurrently, in no fixed order).
+func applyInBatches(t *testing.T, store *Store, cfg *config.Config, expectRev int64) (int64, int, []int) {
+	t.Helper()
+	var (
+		mu    sync.Mutex // guards sizes, last and total
+		sizes []int
+		last  int
+		total int
+	)
+	rev, err := store.ApplyWith(testContext(t), cfg, expectRev, ApplyOptions{Progress: func(done, all int) {
+		mu.Lock()
+		defer mu.Unlock()
+		sizes = append(sizes, done-last)
+		last, total = done, all
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(sizes)
+	return rev, total, sizes
+}
+
+// withMore is cfg with more tenants named prefix000.. of tier free.
+func withMore(cfg *config.Config, prefix string, n int) *config.Config {
+	c := *cfg
+	c.Tenants = maps.Clone(cfg.Tenants)
+	for i := range n {
+		c.Tenants[fmt.Sprintf("%s%03d", prefix, i)] = config.Tenant{Tier: "free"}
+	}
+	return &c
+}
+
+// TestStoreApplyWritesFewerThan120KeysInOneTransaction: a change of fewer
+// than 120 tenant keys (the number docs/architecture.md gives) is one
+// transaction, one revision, however many tenants stay as they are; a
+// change of 120 keys or more writes the applying marker, the keys in
+// batches of at most 120, then commits: a revision each.
+func TestStoreApplyWritesFewerThan120KeysInOneTransaction(t *testing.T) {
+	const perTxn = 120
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	rev, err := store.Apply(ctx, config.Default(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := withMore(config.Default(), "a", perTxn-1)
+	next, err := store.Apply(ctx, cfg, rev)
+	if err != nil || next != rev+1 {
+		t.Fatalf("%d new tenants: revision %d after %d, %v; want one transaction", perTxn-1, next, rev, err)
+	}
+	rev = next
+
+	// One tenant changes among perTxn+1 that do not.
+	cfg.Tenants["a000"] = config.Tenant{Tier: "pro"}
+	next, err = store.Apply(ctx, cfg, rev)
+	if err != nil || next != rev+1 {
+		t.Fatalf("one changed tenant among %d: revision %d after %d, %v; want one transaction", len(cfg.Tenants), next, rev, err)
+	}
+	rev = next
+
+	for _, step := range []struct {
+		prefix string
+		n      int
+		sizes  []int
+	}{
+		{"b", perTxn, []int{perTxn}},
+		{"c", 2*perTxn + 1, []int{1, perTxn, perTxn}},
+	} {
+		cfg = withMore(cfg, step.prefix, step.n)
+		next, total, sizes := applyInBatches(t, store, cfg, rev)
+		if total != step.n || !reflect.DeepEqual(sizes, step.sizes) {
+			t.Fatalf("%d new tenants: %d writes in batches of %v, want %d in %v", step.n, total, sizes, step.n, step.sizes)
+		}
+		// The marker, each batch, the commit.
+		if want := rev + int64(len(step.sizes)) + 2; next != want {
+			t.Fatalf("%d new tenants: revision %d after %d, want %d", step.n, next, rev, want)
+		}
+		rev = next
+	}
+	got, gotRev, err := store.Get(ctx)
+	if err != nil || gotRev != rev || !reflect.DeepEqual(got, cfg) {
+		t.Fatalf("Get = revision %d (want %d), %v", gotRev, rev, err)
+	}
+}
+
+// withBigTenants is the sample with 110 more classes and, instead of its
+// tenant, n tenants whose keys and values are exactly size bytes together.
+func withBigTenants(t *testing.T, n, size int) *config.Config {
+	t.Helper()
+	c := config.Default()
+	for i := range 110 {
+		name := fmt.Sprintf("class-%054d", i)
+		c.Classes[name] = c.Classes["read"]
+		for _, tier := range c.Tiers {
+			tier[name] = config.LimitSpec{Rate: 10, Burst: 20}
+		}
+	}
+	big := config.Tenant{Tier: "pro", Overrides: map[string]config.LimitSpec{}}
+	store := NewStore(nil, "")
+	idLen := 0
+	for _, class := range slices.Sorted(maps.Keys(c.Classes)) {
+		big.Overrides[class] = config.LimitSpec{Rate: 5, Burst: 10}
+		v, err := config.MarshalTenant(big)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if idLen = size - len(store.TenantKey("")) - len(v); idLen <= 100 {
+			break
+		}
+	}
+	if idLen < 4 {
+		t.Fatalf("tenant ids of %d bytes", idLen)
+	}
+	c.Tenants = map[string]config.Tenant{}
+	for i := range n {
+		c.Tenants[fmt.Sprintf("t%0*d", idLen-1, i)] = big
+	}
+	return c
+}
+
+// TestStoreApplyBatchesHoldAtMostHalfAMebibyte: a batch takes tenant
+// writes while they hold less than 512 KiB (docs/architecture.md), so a
+// first tenant of 8 KiB - 1 byte and 64 of 8 KiB (1 byte short) go in one
+// batch with one more, and 64 of 8 KiB (exactly 512 KiB) fill the next.
+func TestStoreApplyBatchesHoldAtMostHalfAMebibyte(t *testing.T) {
+	srv := etcdtest.Start(t)
+	store := NewStore(srv.Client(t), "")
+	cfg := withBigTenants(t, 130, 8<<10)
+	first := slices.Min(slices.Collect(maps.Keys(cfg.Tenants)))
+	// One byte shorter, and still first in key order.
+	cfg.Tenants["s"+first[2:]] = cfg.Tenants[first]
+	delete(cfg.Tenants, first)
+	_, total, sizes := applyInBatches(t, store, cfg, 0)
+	if want := []int{1, 64, 65}; total != 130 || !reflect.DeepEqual(sizes, want) {
+		t.Fatalf("130 tenant writes of 8 KiB went %d in batches of %v, want %v", total, sizes, want)
+	}
+}
+
+// TestStoreApplyRefusesANegativeRevision: a negative expected revision is
+// a caller's mistake, not a conflict, and writes nothing.
+func TestStoreApplyRefusesANegativeRevision(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	_, err := store.Apply(testContext(t), config.Default(), -1)
+	if err == nil || errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "negative") {
+		t.Fatalf("Apply at revision -1: %v, want an error naming the negative revision, not a conflict", err)
+	}
+	if all, _ := snapshot(t, cli, config.DefaultPrefix); all != "" {
+		t.Fatalf("a refused apply wrote:\n%s", all)
+	}
+}
+
+// TestSetTenantsAtARevisionNotYetWrittenIsAConflict: an expected revision
+// past the config's is a stale read like any other, refused before any
+// read at that revision.
+func TestSetTenantsAtARevisionNotYetWrittenIsAConflict(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	rev, err := store.Apply(ctx, config.Default(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, beforeRev := snapshot(t, cli, config.DefaultPrefix)
+	pro := config.Tenant{Tier: "pro"}
+	if _, err := store.SetTenants(ctx, map[string]*config.Tenant{"beta": &pro}, rev+1000); !errors.Is(err, ErrConflict) {
+		t.Fatalf("SetTenants at a revision not yet written: %v, want ErrConflict", err)
+	}
+	if after, afterRev := snapshot(t, cli, config.DefaultPrefix); after != before || afterRev != beforeRev {
+		t.Fatal("a refused tenant write changed etcd")
+	}
+}
+
+// TestStoreGetNamesATenantKeyThatDoesNotParse: Get of a config with a
+// tenant key that does not parse fails naming that key, with the
+// revision, so the config can be overwritten.
+func TestStoreGetNamesATenantKeyThatDoesNotParse(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	if _, err := store.Apply(ctx, config.Default(), 0); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := cli.Get(ctx, store.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Txn(ctx).Then(clientv3.OpPut(store.TenantKey("acme"), `{"tier": "pro", "sahdow": true}`),
+		clientv3.OpPut(store.Key(), string(doc.Kvs[0].Value))).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, rev, err := store.Get(ctx)
+	if c != nil || rev != resp.Header.Revision || !errors.Is(err, config.ErrInvalidConfig) ||
+		!strings.Contains(err.Error(), "tenant key acme") || !strings.Contains(err.Error(), `unknown field "sahdow"`) {
+		t.Fatalf("Get with a garbled tenant key = %v, revision %d (want %d), %v", c, rev, resp.Header.Revision, err)
+	}
+	if _, err := store.Apply(ctx, config.Default(), rev); err != nil {
+		t.Fatal(err)
+	}
+}
