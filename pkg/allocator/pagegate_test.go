@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // TestSyncPageChecksRegionAndLeadershipFirst: a page of a paged report,
@@ -105,6 +107,47 @@ func TestOnePageReportIsNotHeldAgainstReportBytes(t *testing.T) {
 		if _, err := s.SyncPage(t.Context(), page(3, 0, 2, heldKeys(2)...)); status.Code(err) != codes.InvalidArgument ||
 			!strings.Contains(err.Error(), "report_bytes=1") {
 			t.Fatalf("page 0 of 2 pages, report_bytes=1: %v, want InvalidArgument naming the bound", err)
+		}
+	})
+}
+
+// TestPagedReportOfAnotherShardsKeyIsRefusedAtItsLastPage: shard 1 of 3
+// takes the pages of a report naming a key shard 0 owns, then refuses the
+// whole report at its last page with InvalidArgument naming the shard
+// map: the region's seq is not taken and the pages are gone.
+func TestPagedReportOfAnotherShardsKeyIsRefusedAtItsLastPage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := parseConfig(t, loopConfig+"global_shards: 3\n")
+		s, err := newService(serviceOptions{config: StaticConfig{C: cfg}, advertise: "self:7500",
+			maxKeys: 1, logger: slog.New(slog.DiscardHandler)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.sh.index = 1
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		var mine, other *sluicev1.KeyDemand
+		for i := 0; mine == nil || other == nil; i++ {
+			k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "write"}
+			kd := &sluicev1.KeyDemand{Key: &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}, Admitted: 5, WindowMs: 100}
+			switch cfg.ShardMap().Of(k) {
+			case 1:
+				mine = kd
+			case 0:
+				other = kd
+			}
+		}
+		if ack, err := s.SyncPage(t.Context(), page(1, 0, 2, mine)); err != nil || ack.GetPagesReceived() != 1 {
+			t.Fatalf("page 0 of shard 1's own key: %v, %v", ack, err)
+		}
+		_, err = s.SyncPage(t.Context(), page(1, 1, 2, other))
+		if want := "belongs to shard 0 under the shard map"; status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), want) {
+			t.Fatalf("last page of shard 0's key: %v, want InvalidArgument containing %q", err, want)
+		}
+		if _, ok := s.alloc.LastSeq("a"); ok {
+			t.Fatal("a refused paged report's seq was taken")
+		}
+		if _, err := s.SyncPage(t.Context(), page(1, 1, 2, mine)); status.Code(err) != codes.Aborted {
+			t.Fatalf("the last page again: %v, want Aborted (no page held)", err)
 		}
 	})
 }
