@@ -1,0 +1,80 @@
+package allocator
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// revisionSource is a ConfigSource with a revision but no Live: the
+// config and its revision are read one after the other. A nil config
+// stands for a source that has none to give.
+type revisionSource struct {
+	mu  sync.Mutex
+	cfg *config.Config
+	rev int64
+}
+
+func (r *revisionSource) Current() *config.Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cfg
+}
+
+func (r *revisionSource) Revision() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rev
+}
+
+func (r *revisionSource) set(cfg *config.Config, rev int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cfg, r.rev = cfg, rev
+}
+
+// TestConfigOfASourceWithOnlyARevision: a source with Revision but no
+// Live has each config it hands out held under its revision, the old one
+// kept while a region was not heard from; a source that has no config
+// any more leaves the one applied in force. A source without revisions
+// has every config at revision 0: a new one replaces the old, and one
+// config is in play.
+func TestConfigOfASourceWithOnlyARevision(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		first := parseConfig(t, loopConfig)
+		src := &revisionSource{cfg: first, rev: 5}
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		second := parseConfig(t, strings.Replace(loopConfig, "rate: 100/s", "rate: 200/s", 1))
+		src.set(second, 7)
+		s.step(time.Now())
+		state := func() (*config.Config, int64, []int64) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.applied, s.appliedRev, slices.Sorted(maps.Keys(s.held))
+		}
+		if cfg, rev, held := state(); cfg != second || rev != 7 || !slices.Equal(held, []int64{5, 7}) {
+			t.Fatalf("after revision 7: applied the second config %v, revision %d, held %v; want true, 7, [5 7]", cfg == second, rev, held)
+		}
+		src.set(nil, 8)
+		s.step(time.Now())
+		if cfg, rev, held := state(); cfg != second || rev != 7 || !slices.Equal(held, []int64{5, 7}) {
+			t.Fatalf("after the source lost its config: applied the second config %v, revision %d, held %v; want true, 7, [5 7]", cfg == second, rev, held)
+		}
+
+		mem := &memConfig{cfg: first}
+		s = quietService(t, mem)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		mem.set(second)
+		s.step(time.Now())
+		if cfg, rev, held := state(); cfg != second || rev != 0 || !slices.Equal(held, []int64{0}) {
+			t.Fatalf("a source without revisions, after a change: applied the second config %v, revision %d, held %v; want true, 0, [0]", cfg == second, rev, held)
+		}
+	})
+}
