@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -75,6 +76,44 @@ func TestConfigOfASourceWithOnlyARevision(t *testing.T) {
 		s.step(time.Now())
 		if cfg, rev, held := state(); cfg != second || rev != 0 || !slices.Equal(held, []int64{0}) {
 			t.Fatalf("a source without revisions, after a change: applied the second config %v, revision %d, held %v; want true, 0, [0]", cfg == second, rev, held)
+		}
+	})
+}
+
+// TestTimingChangeRebuildsTheAllocatorLearning: a config change of the
+// epoch and the grant validity rebuilds the allocator, which learns until
+// at least one old validity and one old epoch after the change (grants
+// issued under the old validity, and a previous leader that saw the
+// change later), and which is given the lapsed set read from the store
+// and the regions the old allocator counted at their floor.
+func TestTimingChangeRebuildsTheAllocatorLearning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := configtest.NewSource(parseConfig(t, loopConfig), 1)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(24*time.Hour), []string{"a"})
+		// Region b not heard from for long past its lease: counted at its
+		// floor by the old allocator only.
+		time.Sleep(time.Hour)
+		if ok, err := s.alloc.LapseDurable(time.Now(), "b"); !ok || err != nil {
+			t.Fatalf("lapse of b: %v, %v", ok, err)
+		}
+		src.Set(parseConfig(t, strings.Replace(strings.Replace(loopConfig, "epoch: 100ms", "epoch: 50ms", 1),
+			"grant_validity: 500ms", "grant_validity: 200ms", 1)), 2)
+		changed := time.Now()
+		s.step(changed)
+		if got := s.alloc.LapsedSet(); !slices.Equal(got, []string{"a", "b"}) {
+			t.Fatalf("lapsed set of the rebuilt allocator %v, want [a b]", got)
+		}
+		// The old validity (500ms) and epoch (100ms) bound learning, not
+		// the new validity (200ms).
+		floor := changed.Add(600 * time.Millisecond)
+		if !s.learnFloor.Equal(floor) {
+			t.Fatalf("learning until at least %v after the change, want %v", s.learnFloor.Sub(changed), floor.Sub(changed))
+		}
+		time.Sleep(590 * time.Millisecond)
+		s.step(time.Now())
+		if !s.View(time.Now()).Learning {
+			t.Fatal("the rebuilt allocator stopped learning before one old validity and epoch had passed")
 		}
 	})
 }
