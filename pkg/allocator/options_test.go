@@ -10,7 +10,8 @@ import (
 // TestDefaultsAreTheDocumentedValues: the report bounds are the numbers
 // docs/operations.md ("Request bounds") and the -max-report-bytes flag
 // promise operators: 100,000 keys a message, 512 MiB held of a region's
-// report, counting 384 bytes for each key held.
+// report, counting 384 bytes for each key held; Status lists the keys
+// StatusRequest.top_keys documents: 10 by default, at most 1000.
 func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 	for _, c := range []struct {
 		name      string
@@ -19,6 +20,8 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 		{"DefaultMaxKeysPerPage", DefaultMaxKeysPerPage, 100_000},
 		{"DefaultMaxReportBytes", DefaultMaxReportBytes, 512 << 20},
 		{"heldBytesPerKey", heldBytesPerKey, 384},
+		{"DefaultStatusKeys", DefaultStatusKeys, 10},
+		{"MaxStatusKeys", MaxStatusKeys, 1000},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %d, want %d", c.name, c.got, c.want)
