@@ -30,11 +30,13 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 }
 
 // TestNewServiceOptions: a Service needs a config source holding a
-// config and refuses a negative key or byte bound; zero bounds and no
+// config the allocator takes and refuses a negative key or byte bound; zero bounds and no
 // logger take the defaults, and bounds given are kept.
 func TestNewServiceOptions(t *testing.T) {
 	cfg := StaticConfig{C: parseConfig(t, loopConfig)}
 	logger := slog.New(slog.DiscardHandler)
+	refused := *cfg.C // past the config's checks
+	refused.DemandAlpha = 2
 	for _, c := range []struct {
 		name              string
 		o                 serviceOptions
@@ -45,6 +47,7 @@ func TestNewServiceOptions(t *testing.T) {
 		{name: "no config source", o: serviceOptions{logger: logger}, err: "a ConfigSource is required"},
 		{name: "a source without a config", o: serviceOptions{config: StaticConfig{}, logger: logger}, err: "the ConfigSource has no config"},
 		{name: "negative keys", o: serviceOptions{config: cfg, maxKeys: -1, logger: logger}, err: "max keys per page -1 is negative"},
+		{name: "a config the allocator refuses", o: serviceOptions{config: StaticConfig{C: &refused}, logger: logger}, err: "demand alpha 2 must be in (0, 1]"},
 		{name: "negative bytes", o: serviceOptions{config: cfg, maxBytes: -1, logger: logger}, err: "max report bytes -1 is negative"},
 		{name: "defaults", o: serviceOptions{config: cfg}, maxKeys: DefaultMaxKeysPerPage, maxBytes: DefaultMaxReportBytes, defaultLogger: true},
 		{name: "bounds given", o: serviceOptions{config: cfg, maxKeys: 1, maxBytes: 1, logger: logger}, maxKeys: 1, maxBytes: 1},
