@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -9,8 +10,10 @@ import (
 	"testing/synctest"
 	"time"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // revisionSource is a ConfigSource with a revision but no Live: the
@@ -114,6 +117,34 @@ func TestTimingChangeRebuildsTheAllocatorLearning(t *testing.T) {
 		s.step(time.Now())
 		if !s.View(time.Now()).Learning {
 			t.Fatal("the rebuilt allocator stopped learning before one old validity and epoch had passed")
+		}
+	})
+}
+
+// TestRegionKeptByAConfigChangeKeepsItsReportedRevisions: a config change
+// that keeps a region keeps what it reported: b reported only revision 1
+// (a static share of 50/s), so once revision 2 gives it 75/s the global
+// tier still reserves b 50/s, not the larger share of a region it never
+// heard from; a, reporting 1 and 2, is reserved the smaller of its shares.
+func TestRegionKeptByAConfigChangeKeepsItsReportedRevisions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := configtest.NewSource(parseConfig(t, loopConfig), 1)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		acme := &sluicev1.KeyDemand{Key: &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}, Admitted: 5, WindowMs: 100}
+		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "b", Seq: 1, ConfigRevisions: []int64{1}}); err != nil {
+			t.Fatal(err)
+		}
+		src.Set(parseConfig(t, strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 3}", 1)), 2)
+		s.step(time.Now())
+		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: 1, ConfigRevisions: []int64{1, 2},
+			Keys: []*sluicev1.KeyDemand{acme}}); err != nil {
+			t.Fatal(err)
+		}
+		l, ok := limitOf(s, quota.Key{Tenant: "acme", Class: "write"})
+		want := []float64{25, 50}
+		if !ok || !slices.EqualFunc(l.StaticRate, want, func(got, want float64) bool { return math.Abs(got-want) < 1e-6 }) {
+			t.Fatalf("static reserves of a and b %v (tracked %v), want %v", l.StaticRate, ok, want)
 		}
 	})
 }
