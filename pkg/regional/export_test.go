@@ -12,3 +12,7 @@ func (s *Server) ConfigForTest() *config.Config { return s.opts.Config.Current()
 // RefreshStaticForTest reads the stored static lease and Redis TIME into
 // s's view at once (as its background loop does every quarter epoch).
 func RefreshStaticForTest(ctx context.Context, s *Server) error { return s.refreshStatic(ctx) }
+
+// RisenForTest is one of l's reads between epochs: whether a key its last
+// report watched has risen enough to report now.
+func RisenForTest(ctx context.Context, l *Leader) bool { return l.risen(ctx) }
