@@ -104,6 +104,7 @@ func TestEachBoundTakesItsEdgeAndRefusesOnePast(t *testing.T) {
 		{"min -1", acquire("r9", &sluicev1.KeyReport{Seq: 1, Min: -1}), "report.min -1 is negative"},
 		{"min one above MaxWant", acquire("r10", &sluicev1.KeyReport{Seq: 1, Want: quota.MaxWant, Min: quota.MaxWant + 1}), "report.min 1073741825 exceeds the maximum 1073741824"},
 		{"min one above want", acquire("r11", &sluicev1.KeyReport{Seq: 1, Want: 5, Min: 6}), "report.min 6 exceeds want 5"},
+		{"min one above the least want", acquire("r13", &sluicev1.KeyReport{Seq: 1, Want: 1, Min: 2}), "report.min 2 exceeds want 1"},
 		{"cost one above the burst", check(21), "cost 21 exceeds the burst 20"},
 		{"one report over reports_per_sync", syncOf("r12", perSync+1), "4 reports exceed the bound reports_per_sync=3"},
 	}
