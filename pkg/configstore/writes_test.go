@@ -225,3 +225,75 @@ func TestStoreGetNamesATenantKeyThatDoesNotParse(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStoreTenantReadsTheCommittedTenant: Tenant of an empty etcd is an
+// empty view; of a tenant not listed, the document without a tenant; of a
+// config stored as one document (tenants inside), the tenant from the
+// document; and while a batched apply writes its tenants, the tenant as
+// committed before it began, not as the apply wrote it.
+func TestStoreTenantReadsTheCommittedTenant(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	if v, err := store.Tenant(ctx, "acme"); err != nil || v.Config != nil || v.Tenant != nil || v.Revision != 0 {
+		t.Fatalf("Tenant on an empty etcd = %+v, %v", v, err)
+	}
+
+	legacy := withTenants(3, 0)
+	data, err := legacy.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(ctx, store.Key(), string(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := store.Tenant(ctx, "t0000001")
+	if err != nil || v.Revision != put.Header.Revision || v.Tenant == nil || !config.TenantEqual(*v.Tenant, legacy.Tenants["t0000001"]) {
+		t.Fatalf("Tenant(t0000001) of a single document = %+v, %v", v, err)
+	}
+	if v, err := store.Tenant(ctx, "nobody"); err != nil || v.Config == nil || v.Tenant != nil || v.Revision != put.Header.Revision {
+		t.Fatalf("Tenant(nobody) = %+v, %v", v, err)
+	}
+
+	rev, err := store.Apply(ctx, config.Default(), put.Header.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Exactly one batch: acme changes and 119 tenants are new.
+	next := withMore(config.Default(), "n", 119)
+	next.Tenants["acme"] = config.Tenant{Tier: "free"}
+	checked := false
+	_, err = store.ApplyWith(ctx, next, rev, ApplyOptions{Progress: func(done, total int) {
+		checked = true
+		if v, err := store.Tenant(ctx, "acme"); err != nil || v.Revision != rev || v.Tenant == nil || v.Tenant.Tier != "pro" {
+			t.Errorf("Tenant(acme) while its change is written = %+v, %v; want the committed pro tenant", v, err)
+		}
+		if v, err := store.Tenant(ctx, "n000"); err != nil || v.Revision != rev || v.Tenant != nil {
+			t.Errorf("Tenant(n000) while it is written = %+v, %v; want none committed", v, err)
+		}
+	}})
+	if err != nil || !checked {
+		t.Fatalf("batched apply: %v (a batch written: %v)", err, checked)
+	}
+	if v, err := store.Tenant(ctx, "n000"); err != nil || v.Tenant == nil || v.Tenant.Tier != "free" {
+		t.Fatalf("Tenant(n000) after the commit = %+v, %v", v, err)
+	}
+}
+
+// TestSetTenantsWithoutAConfigIsInvalid: tenants cannot be added to an
+// etcd that holds no config; that is no conflict to retry.
+func TestSetTenantsWithoutAConfigIsInvalid(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	pro := config.Tenant{Tier: "pro"}
+	_, err := store.SetTenants(testContext(t), map[string]*config.Tenant{"beta": &pro}, 0)
+	if !errors.Is(err, config.ErrInvalidConfig) || errors.Is(err, ErrConflict) {
+		t.Fatalf("SetTenants on an empty etcd: %v, want ErrInvalidConfig", err)
+	}
+	if all, _ := snapshot(t, cli, config.DefaultPrefix); all != "" {
+		t.Fatalf("a refused tenant write wrote:\n%s", all)
+	}
+}
