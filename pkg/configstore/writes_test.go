@@ -297,3 +297,80 @@ func TestSetTenantsWithoutAConfigIsInvalid(t *testing.T) {
 		t.Fatalf("a refused tenant write wrote:\n%s", all)
 	}
 }
+
+// TestSetTenantsOf120ChangesOrMoreIsABatchedApply: SetTenants writes
+// fewer than 120 changes in one transaction; 120 (the number
+// docs/architecture.md gives) go through a whole apply, in batches after
+// the marker, here to a config that had no tenants.
+func TestSetTenantsOf120ChangesOrMoreIsABatchedApply(t *testing.T) {
+	const perTxn = 120
+	srv := etcdtest.Start(t)
+	store := NewStore(srv.Client(t), "")
+	ctx := testContext(t)
+	cfg := config.Default()
+	cfg.Tenants = nil
+	rev, err := store.Apply(ctx, cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Default()
+	want.Tenants = map[string]config.Tenant{}
+	for _, step := range []struct {
+		prefix    string
+		n         int
+		revisions int64
+	}{
+		{"a", perTxn, 3}, // the marker, one batch, the commit
+		{"b", perTxn - 1, 1},
+	} {
+		changes := map[string]*config.Tenant{}
+		for i := range step.n {
+			id := fmt.Sprintf("%s%03d", step.prefix, i)
+			changes[id] = &config.Tenant{Tier: "pro"}
+			want.Tenants[id] = config.Tenant{Tier: "pro"}
+		}
+		next, err := store.SetTenants(ctx, changes, rev)
+		if err != nil || next-rev != step.revisions {
+			t.Fatalf("SetTenants of %d tenants: %v, written in %d revisions, want %d", step.n, err, next-rev, step.revisions)
+		}
+		rev = next
+	}
+	got, gotRev, err := store.Get(ctx)
+	if err != nil || gotRev != rev || !reflect.DeepEqual(got, want) {
+		t.Fatalf("Get = revision %d (want %d), %v", gotRev, rev, err)
+	}
+}
+
+// TestSetTenantsMovesTheOneTenantOfASingleDocument: a tenant change to a
+// config stored as one document moves its tenants to their keys, even
+// when it lists a single tenant.
+func TestSetTenantsMovesTheOneTenantOfASingleDocument(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	legacy := config.Default()
+	if len(legacy.Tenants) != 1 {
+		t.Fatalf("the sample lists %d tenants, want 1", len(legacy.Tenants))
+	}
+	data, err := legacy.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(ctx, store.Key(), string(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pro := config.Tenant{Tier: "pro"}
+	rev, err := store.SetTenants(ctx, map[string]*config.Tenant{"beta": &pro}, put.Header.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := cli.Get(ctx, store.Key())
+	if err != nil || doc.Kvs[0].ModRevision != rev || strings.Contains(string(doc.Kvs[0].Value), "tenants") {
+		t.Fatalf("document at revision %d (want %d) after the change, %v:\n%s", doc.Kvs[0].ModRevision, rev, err, doc.Kvs[0].Value)
+	}
+	if keys, err := cli.Get(ctx, store.TenantPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || keys.Count != 2 {
+		t.Fatalf("%d tenant keys after the change, want 2 (%v)", keys.Count, err)
+	}
+}
