@@ -301,7 +301,8 @@ func TestSetTenantsWithoutAConfigIsInvalid(t *testing.T) {
 // TestSetTenantsOf120ChangesOrMoreIsABatchedApply: SetTenants writes
 // fewer than 120 changes in one transaction; 120 (the number
 // docs/architecture.md gives) go through a whole apply, in batches after
-// the marker, here to a config that had no tenants.
+// the marker, first to a config that had no tenants, then with a tenant
+// deleted among them.
 func TestSetTenantsOf120ChangesOrMoreIsABatchedApply(t *testing.T) {
 	const perTxn = 120
 	srv := etcdtest.Start(t)
@@ -318,10 +319,12 @@ func TestSetTenantsOf120ChangesOrMoreIsABatchedApply(t *testing.T) {
 	for _, step := range []struct {
 		prefix    string
 		n         int
+		deletes   []string
 		revisions int64
 	}{
-		{"a", perTxn, 3}, // the marker, one batch, the commit
-		{"b", perTxn - 1, 1},
+		{"a", perTxn, nil, 3}, // the marker, one batch, the commit
+		{"b", perTxn - 1, nil, 1},
+		{"c", perTxn - 1, []string{"a000"}, 3},
 	} {
 		changes := map[string]*config.Tenant{}
 		for i := range step.n {
@@ -329,9 +332,13 @@ func TestSetTenantsOf120ChangesOrMoreIsABatchedApply(t *testing.T) {
 			changes[id] = &config.Tenant{Tier: "pro"}
 			want.Tenants[id] = config.Tenant{Tier: "pro"}
 		}
+		for _, id := range step.deletes {
+			changes[id] = nil
+			delete(want.Tenants, id)
+		}
 		next, err := store.SetTenants(ctx, changes, rev)
 		if err != nil || next-rev != step.revisions {
-			t.Fatalf("SetTenants of %d tenants: %v, written in %d revisions, want %d", step.n, err, next-rev, step.revisions)
+			t.Fatalf("SetTenants of %d tenants: %v, written in %d revisions, want %d", len(changes), err, next-rev, step.revisions)
 		}
 		rev = next
 	}
