@@ -229,8 +229,9 @@ func TestStoreGetNamesATenantKeyThatDoesNotParse(t *testing.T) {
 // TestStoreTenantReadsTheCommittedTenant: Tenant of an empty etcd is an
 // empty view; of a tenant not listed, the document without a tenant; of a
 // config stored as one document (tenants inside), the tenant from the
-// document; and while a batched apply writes its tenants, the tenant as
-// committed before it began, not as the apply wrote it.
+// document; and while a batched apply writes its tenants, Tenant and
+// ListTenants read the tenants as committed before it began, not as the
+// apply wrote them.
 func TestStoreTenantReadsTheCommittedTenant(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client(t)
@@ -272,6 +273,11 @@ func TestStoreTenantReadsTheCommittedTenant(t *testing.T) {
 		}
 		if v, err := store.Tenant(ctx, "n000"); err != nil || v.Revision != rev || v.Tenant != nil {
 			t.Errorf("Tenant(n000) while it is written = %+v, %v; want none committed", v, err)
+		}
+		var listed []TenantEntry
+		listRev, err := store.ListTenants(ctx, "", func(e TenantEntry) bool { listed = append(listed, e); return true })
+		if err != nil || listRev != rev || len(listed) != 1 || listed[0].ID != "acme" || listed[0].Tenant.Tier != "pro" {
+			t.Errorf("ListTenants while tenants are written = revision %d (want %d), %+v, %v; want the committed acme alone", listRev, rev, listed, err)
 		}
 	}})
 	if err != nil || !checked {
