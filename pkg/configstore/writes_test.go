@@ -227,7 +227,7 @@ func TestStoreGetNamesATenantKeyThatDoesNotParse(t *testing.T) {
 }
 
 // TestStoreTenantReadsTheCommittedTenant: Tenant of an empty etcd is an
-// empty view; of a tenant not listed, the document without a tenant; of a
+// empty view (and ListTenants lists nothing); of a tenant not listed, the document without a tenant; of a
 // config stored as one document (tenants inside), the tenant from the
 // document; and while a batched apply writes its tenants, Tenant and
 // ListTenants read the tenants as committed before it began, not as the
@@ -239,6 +239,9 @@ func TestStoreTenantReadsTheCommittedTenant(t *testing.T) {
 	ctx := testContext(t)
 	if v, err := store.Tenant(ctx, "acme"); err != nil || v.Config != nil || v.Tenant != nil || v.Revision != 0 {
 		t.Fatalf("Tenant on an empty etcd = %+v, %v", v, err)
+	}
+	if rev, err := store.ListTenants(ctx, "", func(e TenantEntry) bool { t.Errorf("ListTenants on an empty etcd listed %s", e.ID); return true }); rev != 0 || err != nil {
+		t.Fatalf("ListTenants on an empty etcd = revision %d, %v", rev, err)
 	}
 
 	legacy := withTenants(3, 0)
