@@ -1,0 +1,103 @@
+package configstore
+
+import (
+	"fmt"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// TestStoreReadsMoreTenantsThanOneRangeRead: with more tenant keys than
+// one etcd range read returns (readPage), Get, ListTenants and a watcher
+// read every one of them, once.
+func TestStoreReadsMoreTenantsThanOneRangeRead(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	if _, err := store.Apply(ctx, config.Default(), 0); err != nil {
+		t.Fatal(err)
+	}
+	// Written past the store, 128 keys (etcd's default --max-txn-ops) to a
+	// transaction, the fastest way to reach the count.
+	const extra = readPage + 1
+	var ops []clientv3.Op
+	flush := func() {
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+		ops = ops[:0]
+	}
+	for i := range extra {
+		ops = append(ops, clientv3.OpPut(store.TenantKey(fmt.Sprintf("p%05d", i)), `{"tier":"free"}`))
+		if len(ops) == 128 {
+			flush()
+		}
+	}
+	doc, err := cli.Get(ctx, store.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops = append(ops, clientv3.OpPut(store.Key(), string(doc.Kvs[0].Value)))
+	flush()
+	rev := docRevOf(t, cli, store)
+
+	c, gotRev, err := store.Get(ctx)
+	if err != nil || gotRev != rev || len(c.Tenants) != extra+1 {
+		t.Fatalf("Get = revision %d (want %d) with %d tenants (want %d), %v", gotRev, rev, len(c.Tenants), extra+1, err)
+	}
+	var listed, out, bad int
+	prev := ""
+	listRev, err := store.ListTenants(ctx, "p", func(e TenantEntry) bool {
+		listed++
+		if e.ID <= prev {
+			out++
+		}
+		if e.Err != nil {
+			bad++
+		}
+		prev = e.ID
+		return true
+	})
+	if err != nil || listRev != rev || listed != extra || out != 0 || bad != 0 {
+		t.Fatalf("ListTenants(p) = revision %d (want %d), %d listed (want %d), %d out of order, %d unparsed, %v",
+			listRev, rev, listed, extra, out, bad, err)
+	}
+	rw := startWatcher(t, store, nil)
+	if live := rw.awaitRevision(t, rev); len(live.Tenants) != extra+1 {
+		t.Fatalf("watcher runs %d tenants, want %d", len(live.Tenants), extra+1)
+	}
+}
+
+// TestWatcherStartsAfterACompactedHistory: a watcher started on an etcd
+// whose history is compacted up to the config watches from the revision
+// it read, so its watch never needs history that is gone.
+func TestWatcherStartsAfterACompactedHistory(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	rev1, err := store.Apply(ctx, withReadRate(100), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev2, err := store.Apply(ctx, withReadRate(200), rev1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, rev2); err != nil {
+		t.Fatal(err)
+	}
+	rw := startWatcher(t, store, nil)
+	rw.awaitRevision(t, rev2)
+	if _, err := store.Apply(ctx, withReadRate(300), rev2); err != nil {
+		t.Fatal(err)
+	}
+	rw.awaitRate(t, 300)
+	if v := rw.metric(t, "sluice_config_watch_errors_total"); v != 0 {
+		t.Fatalf("watch_errors_total = %v, want 0: the watch asked for compacted history", v)
+	}
+}
