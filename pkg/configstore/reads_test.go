@@ -2,6 +2,7 @@ package configstore
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -99,5 +100,60 @@ func TestWatcherStartsAfterACompactedHistory(t *testing.T) {
 	rw.awaitRate(t, 300)
 	if v := rw.metric(t, "sluice_config_watch_errors_total"); v != 0 {
 		t.Fatalf("watch_errors_total = %v, want 0: the watch asked for compacted history", v)
+	}
+}
+
+// TestListTenantsFiltersAndStops: ListTenants lists only the ids with the
+// prefix, in id order, and stops at the first entry fn refuses, whether
+// the tenants are inside a document stored whole or under their keys.
+func TestListTenantsFiltersAndStops(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	cfg := withTenants(3, 0)
+	data, err := cfg.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(ctx, store.Key(), string(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := func(prefix string, keep int) ([]string, int64) {
+		t.Helper()
+		var ids []string
+		rev, err := store.ListTenants(ctx, prefix, func(e TenantEntry) bool {
+			ids = append(ids, e.ID)
+			return len(ids) < keep
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids, rev
+	}
+	for _, stored := range []string{"in the document", "under their keys"} {
+		if stored == "under their keys" {
+			if _, err := store.Apply(ctx, cfg, put.Header.Revision); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rev := docRevOf(t, cli, store)
+		for _, c := range []struct {
+			prefix string
+			keep   int
+			want   string
+		}{
+			{"t", 10, "t0000000 t0000001 t0000002"},
+			{"", 10, "acme t0000000 t0000001 t0000002"},
+			{"", 2, "acme t0000000"},
+			{"t000000", 1, "t0000000"},
+		} {
+			ids, gotRev := list(c.prefix, c.keep)
+			if got := strings.Join(ids, " "); got != c.want || gotRev != rev {
+				t.Errorf("tenants %s: ListTenants(%q) stopping after %d = %q at revision %d, want %q at %d",
+					stored, c.prefix, c.keep, got, gotRev, c.want, rev)
+			}
+		}
 	}
 }
