@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"regexp"
 	"testing"
 	"time"
 
@@ -48,6 +49,9 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
+// yamlLineRE matches a decoding problem that says where it is.
+var yamlLineRE = regexp.MustCompile(`\(line \d+\)$`)
+
 func checkRefusal(t *testing.T, err error) {
 	t.Helper()
 	if !errors.Is(err, ErrInvalidConfig) {
@@ -58,6 +62,16 @@ func checkRefusal(t *testing.T, err error) {
 		return // a YAML syntax or shape error: one message with its line
 	}
 	for _, e := range joined.Unwrap() {
+		// A document of the wrong shape (a scalar or a list where a
+		// mapping belongs, a field of the wrong type) is refused by the
+		// decoder, one problem per misplaced node, each naming its line.
+		var ye *yamlError
+		if errors.As(e, &ye) {
+			if !yamlLineRE.MatchString(ye.msg) {
+				t.Fatalf("decoding problem names no line: %q (in %v)", e, err)
+			}
+			continue
+		}
 		var fe *FieldError
 		if !errors.As(e, &fe) || fe.Path == "" || fe.Message == "" {
 			t.Fatalf("validation problem names no field: %q (in %v)", e, err)
