@@ -35,9 +35,11 @@ func (e *yamlError) Error() string { return e.msg }
 func (e *yamlError) Unwrap() error { return ErrInvalidConfig }
 
 var (
-	unknownFieldRE = regexp.MustCompile(`^line (\d+): field (.+) not found in type \S+$`)
-	unmarshalRE    = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+)(?: `(.*)`)? into (.+)$")
-	lineRE         = regexp.MustCompile(`^line (\d+): (.+)$`)
+	// (?s): a value the decoder quotes may span lines (a plain scalar
+	// folded over several), and its message with it.
+	unknownFieldRE = regexp.MustCompile(`(?s)^line (\d+): field (.+) not found in type \S+$`)
+	unmarshalRE    = regexp.MustCompile("(?s)^line (\\d+): cannot unmarshal !!(\\w+)(?: `(.*)`)? into (.+)$")
+	lineRE         = regexp.MustCompile(`(?s)^line (\d+): (.+)$`)
 )
 
 // yamlMessage rewrites one of the decoder's messages into "what is wrong
