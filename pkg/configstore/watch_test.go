@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
@@ -79,4 +81,61 @@ func TestWatcherChecksTheTenantsAgainstAChangedDocument(t *testing.T) {
 		t.Fatalf("the watcher runs revision %d, want %d: a document that drops acme's tier was made live", got, rev)
 	}
 	rw.awaitLog(t, `tenants.acme.tier: tier \"pro\" is not configured`)
+}
+
+// TestWatcherJudgesEachRevisionOnceAcrossARead: after its watch breaks
+// (here on a compacted history), a watcher reads the config again; a
+// config it refused before is not judged and counted again, and the
+// revisions it saw are kept, not forgotten as if etcd's history had gone
+// backwards.
+func TestWatcherJudgesEachRevisionOnceAcrossARead(t *testing.T) {
+	srv := etcdtest.Start(t)
+	link := srv.Link(t)
+	cli := srv.Client(t)
+	store := NewStore(link.Client(t), "")
+	writer := NewStore(cli, "")
+	ctx := testContext(t)
+	if _, err := writer.Apply(ctx, withReadRate(100), 0); err != nil {
+		t.Fatal(err)
+	}
+	rw := startWatcher(t, store, nil)
+	rw.awaitRate(t, 100)
+	data, err := withReadRate(100).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(ctx, writer.Key(), string(bytes.Replace(data, []byte("rate: 100/s"), []byte("rate: 0/s"), 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw.awaitMetric(t, "sluice_config_rejected_total", 1)
+
+	// Cut off, the watcher misses a write outside the config and a
+	// compaction up to it, so its watch cannot resume: it reads again.
+	link.Cut()
+	var other *clientv3.PutResponse
+	for range 2 { // a watch can resume at the compacted revision itself
+		if other, err = cli.Put(ctx, "/not-the-config", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Compact(ctx, other.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	link.Mend()
+	if _, err := writer.Apply(ctx, withReadRate(300), put.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	// Only a read after the cut can see this config: the watch broke.
+	rw.awaitRate(t, 300)
+	rw.awaitMetric(t, "sluice_config_watch_errors_total", 1)
+	if v := rw.metric(t, "sluice_config_rejected_total"); v != 1 {
+		t.Fatalf("rejected_total = %v after the read, want 1: the refused config was judged again", v)
+	}
+	if v := rw.metric(t, "sluice_config_applied_total"); v != 2 {
+		t.Fatalf("applied_total = %v, want 2", v)
+	}
+	if logs := rw.logs.String(); bytes.Contains([]byte(logs), []byte("went backwards")) {
+		t.Fatalf("the read after the cut forgot the revisions seen:\n%s", logs)
+	}
 }
