@@ -139,3 +139,36 @@ func TestWatcherJudgesEachRevisionOnceAcrossARead(t *testing.T) {
 		t.Fatalf("the read after the cut forgot the revisions seen:\n%s", logs)
 	}
 }
+
+// TestWatcherMakesARevisionLiveWithAllItsChanges: a revision is made live
+// with every change it holds, whatever their order in its transaction:
+// here the document is written before the tenant keys, as a hand-run tool
+// could.
+func TestWatcherMakesARevisionLiveWithAllItsChanges(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	rev, err := store.Apply(ctx, config.Default(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw := startWatcher(t, store, nil)
+	rw.awaitRevision(t, rev)
+	doc, err := cli.Get(ctx, store.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpPut(store.Key(), string(doc.Kvs[0].Value)),
+		clientv3.OpPut(store.TenantKey("acme"), `{"tier":"free"}`),
+		clientv3.OpPut(store.TenantKey("beta"), `{"tier":"pro"}`),
+	).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := rw.awaitRevision(t, resp.Header.Revision)
+	if len(live.Tenants) != 2 || live.Tenants["acme"].Tier != "free" || live.Tenants["beta"].Tier != "pro" {
+		t.Fatalf("revision %d made live with tenants %v, want acme free and beta pro", resp.Header.Revision, live.Tenants)
+	}
+}
