@@ -161,4 +161,22 @@ default_tier: free
 	if got := counterValue(t, reg, "sluice_regional_reclaimed_tokens_total", nil); got != 1 {
 		t.Errorf("reclaimed tokens %v, want the lease's 1", got)
 	}
+
+	// The same through a strict check on a lease key: a check reaps too.
+	if got := acquire("gone", "duo", 1, 1, 0); got != 1 {
+		t.Fatalf("granted %d, want 1", got)
+	}
+	deadline = time.Now().Add(10 * ttl)
+	for counterValue(t, reg, "sluice_regional_reclaimed_tokens_total", nil) == 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no check counted a token reclaimed %v after the lease was taken (TTL %v)", 10*ttl, ttl)
+		}
+		if _, err := client.Check(ctx, &sluicev1.CheckRequest{Key: qk("duo", "read"), Cost: 1}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(ttl / 20) // polling the reaper with a deadline
+	}
+	if got := counterValue(t, reg, "sluice_regional_reclaimed_tokens_total", nil); got != 2 {
+		t.Errorf("reclaimed tokens %v, want the two leases' 2", got)
+	}
 }
