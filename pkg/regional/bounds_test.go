@@ -151,6 +151,42 @@ func TestNewLeaderNeedsEveryRequiredOption(t *testing.T) {
 	}
 }
 
+// TestNewNeedsEveryRequiredOption: New refuses options without a Redis,
+// without a config (or with a source holding none), with a region name
+// that is not an id or not a region of the config, or with a negative
+// ReapBudget; it takes the required options alone.
+func TestNewNeedsEveryRequiredOption(t *testing.T) {
+	cfg := regiontest.MustConfig(t, oneRegion)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	full := func() regional.Options {
+		return regional.Options{Region: "local", Redis: rdb, Config: regional.StaticConfig{C: cfg}}
+	}
+	for _, c := range []struct {
+		name string
+		edit func(*regional.Options)
+	}{
+		{"no Redis", func(o *regional.Options) { o.Redis = nil }},
+		{"no Config", func(o *regional.Options) { o.Config = nil }},
+		{"a Config holding no config", func(o *regional.Options) { o.Config = regional.StaticConfig{} }},
+		{"no Region", func(o *regional.Options) { o.Region = "" }},
+		{"a Region not in the config", func(o *regional.Options) { o.Region = "mars" }},
+		{"ReapBudget -1", func(o *regional.Options) { o.ReapBudget = -1 }},
+	} {
+		o := full()
+		c.edit(&o)
+		if srv, err := regional.New(o); err == nil {
+			srv.Close()
+			t.Errorf("New with %s: no error", c.name)
+		}
+	}
+	srv, err := regional.New(full())
+	if err != nil {
+		t.Fatalf("New with the required options: %v", err)
+	}
+	srv.Close()
+}
+
 // TestAnotherProcessUnderTheSameInstanceIsAborted: a report under an
 // instance id whose lease another process (another incarnation) holds is
 // refused with Aborted by Acquire, Sync and Release alike.
