@@ -180,3 +180,34 @@ default_tier: free
 		t.Errorf("reclaimed tokens %v, want the two leases' 2", got)
 	}
 }
+
+// TestEmptySyncAndReleaseRunNoScript: a Sync or a Release with no
+// reports is answered with nothing and runs no script (no script latency
+// is observed for it).
+func TestEmptySyncAndReleaseRunNoScript(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := regiontest.Start(t, regiontest.MustConfig(t, oneRegion), "local", func(o *regional.Options) { o.Registerer = reg })
+	ctx := context.Background()
+	sr, err := r.Server.Sync(ctx, &sluicev1.SyncRequest{InstanceId: "i-1"})
+	if err != nil || len(sr.GetGrants()) != 0 {
+		t.Fatalf("empty sync: %v, %v; want no grants", sr, err)
+	}
+	rr, err := r.Server.Release(ctx, &sluicev1.ReleaseRequest{InstanceId: "i-1"})
+	if err != nil || rr.GetReturned() != 0 {
+		t.Fatalf("empty release: %v, %v; want nothing returned", rr, err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_regional_lua_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if n := m.GetHistogram().GetSampleCount(); n != 0 {
+				t.Errorf("script latency observed %d times (%v) for calls with no reports", n, m.GetLabel())
+			}
+		}
+	}
+}
