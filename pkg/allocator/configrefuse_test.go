@@ -97,7 +97,7 @@ func TestKeyWhoseClassLeftTheConfigKeepsItsLimit(t *testing.T) {
 // configs are in play, a region's floor for a key under a config that
 // does not have the key's class, or does not have the region, is 0: a
 // reports only revision 1 (no class read, floor 25/s for write), c
-// reports revision 1 (which has no region c), b reports only a revision
+// reports revisions 1 (which has no region c) and 2, b reports only a revision
 // this replica never held and gets the larger floor under either config
 // held.
 func TestFloorUnderAConfigWithoutTheKeysClassOrRegionIsZero(t *testing.T) {
@@ -117,7 +117,7 @@ func TestFloorUnderAConfigWithoutTheKeysClassOrRegionIsZero(t *testing.T) {
 		}
 		for _, r := range []*sluicev1.RegionReport{
 			{Region: "a", Seq: 1, ConfigRevisions: []int64{1}, Keys: keys},
-			{Region: "c", Seq: 1, ConfigRevisions: []int64{1}},
+			{Region: "c", Seq: 1, ConfigRevisions: []int64{1, 2}},
 			{Region: "b", Seq: 1, ConfigRevisions: []int64{9}},
 		} {
 			if _, err := s.Sync(t.Context(), r); err != nil {
