@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // revisionSource is a ConfigSource with a revision but no Live: the
@@ -145,6 +147,55 @@ func TestRegionKeptByAConfigChangeKeepsItsReportedRevisions(t *testing.T) {
 		want := []float64{25, 50}
 		if !ok || !slices.EqualFunc(l.StaticRate, want, func(got, want float64) bool { return math.Abs(got-want) < 1e-6 }) {
 			t.Fatalf("static reserves of a and b %v (tracked %v), want %v", l.StaticRate, ok, want)
+		}
+	})
+}
+
+// TestHeldConfigsAreTheNewestUpToTheBound: while a region not heard from
+// may run any of them, the configs held are the newest maxHeldConfigs
+// (twice the revisions a report carries), the live one among them.
+func TestHeldConfigsAreTheNewestUpToTheBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := configtest.NewSource(parseConfig(t, loopConfig), 1)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		const last = 2*regionsync.MaxConfigs + 4
+		for rev := int64(2); rev <= last; rev++ {
+			src.Set(parseConfig(t, strings.Replace(loopConfig, "rate: 100/s", fmt.Sprintf("rate: %d/s", 100+rev), 1)), rev)
+			s.step(time.Now())
+		}
+		var want []int64
+		for rev := int64(last - 2*regionsync.MaxConfigs + 1); rev <= last; rev++ {
+			want = append(want, rev)
+		}
+		if got := slices.Sorted(maps.Keys(s.held)); !slices.Equal(got, want) {
+			t.Fatalf("configs held %v, want %v", got, want)
+		}
+	})
+}
+
+// TestLiveConfigIsHeldBeforeAnyRegionReportsIt: the live config stays
+// held while every region still reports only the one before it, so a
+// tracked key carries reserves for both until the regions move on.
+func TestLiveConfigIsHeldBeforeAnyRegionReportsIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := configtest.NewSource(parseConfig(t, loopConfig), 1)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		acme := &sluicev1.KeyDemand{Key: &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}, Admitted: 5, WindowMs: 100}
+		for _, region := range []string{"a", "b"} {
+			if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: region, Seq: 1, ConfigRevisions: []int64{1},
+				Keys: []*sluicev1.KeyDemand{acme}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		src.Set(parseConfig(t, strings.Replace(loopConfig, "rate: 100/s", "rate: 200/s", 1)), 2)
+		s.step(time.Now())
+		if got := slices.Sorted(maps.Keys(s.held)); !slices.Equal(got, []int64{1, 2}) {
+			t.Fatalf("configs held %v, want [1 2]", got)
+		}
+		if l, ok := limitOf(s, quota.Key{Tenant: "acme", Class: "write"}); !ok || l.Rate != 200 || len(l.StaticRate) != 2 {
+			t.Fatalf("limit %+v (tracked %v), want rate 200 with reserves for 2 regions", l, ok)
 		}
 	})
 }
