@@ -172,3 +172,41 @@ func TestWatcherMakesARevisionLiveWithAllItsChanges(t *testing.T) {
 		t.Fatalf("revision %d made live with tenants %v, want acme free and beta pro", resp.Header.Revision, live.Tenants)
 	}
 }
+
+// TestWatcherAssemblesTheTenants: the live config lists the tenants of a
+// document stored whole together with those under keys (a key wins), and
+// a config without tenants is made live as it was written, with no
+// tenants at all.
+func TestWatcherAssemblesTheTenants(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := NewStore(cli, "")
+	ctx := testContext(t)
+	// The sample lists one tenant, acme, inside the document.
+	legacy, err := config.Default().Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpPut(store.Key(), string(legacy)),
+		clientv3.OpPut(store.TenantKey("beta"), `{"tier":"pro"}`),
+	).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw := startWatcher(t, store, nil)
+	live := rw.awaitRevision(t, resp.Header.Revision)
+	if len(live.Tenants) != 2 || live.Tenants["acme"].Tier != "pro" || live.Tenants["beta"].Tier != "pro" {
+		t.Fatalf("live tenants %v, want acme from the document and beta from its key", live.Tenants)
+	}
+
+	none := config.Default()
+	none.Tenants = nil
+	rev, err := store.Apply(ctx, none, resp.Header.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if live := rw.awaitRevision(t, rev); live.Tenants != nil {
+		t.Fatalf("a config without tenants made live with tenants %#v, want none", live.Tenants)
+	}
+}
