@@ -2,10 +2,13 @@ package regional_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 // TestReplicaRunReadsTheStaticLease: a replica enforcing static leases
@@ -49,4 +52,39 @@ default_tier: free
 		}
 		time.Sleep(epoch / 20) // polling the replica's view with a deadline
 	}
+}
+
+// TestRunChecksTheRestartGuardEveryInterval: a replica's Run checks its
+// restart guard every interval: the first check stamps the data set's
+// birth, and a later one notices the data set lost.
+func TestRunChecksTheRestartGuardEveryInterval(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartConservative, slog.New(slog.DiscardHandler))
+	r := regiontest.Start(t, regiontest.MustConfig(t, oneRegion), "local", func(o *regional.Options) { o.Guard = g })
+	const interval = 20 * time.Millisecond
+	done := make(chan error, 1)
+	go func() { done <- r.Server.Run(ctx, interval) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	born := luascripts.DefaultPrefix + "born"
+	// Polled with a deadline of many intervals: a starved machine ticks late.
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(500 * interval); !ok(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v of Run", what, 500*interval)
+			}
+			time.Sleep(interval / 2)
+		}
+	}
+	waitFor("the first check stamps the birth", func() bool { return r.RDB.Exists(ctx, born).Val() == 1 })
+	if err := r.RDB.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("a check notices the data set lost", func() bool { return g.Restarts() == 1 })
 }
