@@ -89,3 +89,53 @@ func TestScriptFailuresMapToTheirCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisThatStopsAnsweringIsAnOutage: when Redis stops answering
+// (SIGSTOP of the real redis-server) a LeaseService call ends at the
+// server's own bound on Redis (RedisTimeout, the client's timeouts) while
+// the caller's deadline is far away. That is Redis failing, not the caller giving up:
+// the answer is Unavailable (an instance's failure policy applies) and the
+// call counts as a Redis error of its script.
+func TestRedisThatStopsAnsweringIsAnOutage(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	const bound = 100 * time.Millisecond
+	r := regiontest.Start(t, regiontest.MustConfig(t, oneRegion), "local", func(o *regional.Options) {
+		o.Registerer = reg
+		o.RedisTimeout = bound
+	})
+	report := func(seq uint64) *sluicev1.KeyReport {
+		return &sluicev1.KeyReport{Key: qk("acme", "read"), Seq: seq, Want: 1}
+	}
+	calls := []struct {
+		script string
+		call   func(ctx context.Context) error
+	}{
+		{"acquire", func(ctx context.Context) error {
+			_, err := r.Server.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: "i-1", Report: report(1)})
+			return err
+		}},
+		{"check", func(ctx context.Context) error {
+			_, err := r.Server.Check(ctx, &sluicev1.CheckRequest{Key: qk("acme", "export"), Cost: 1})
+			return err
+		}},
+	}
+	r.Redis.Pause()
+	defer r.Redis.Resume()
+	for _, c := range calls {
+		// The caller would wait far longer than the server's bound: a
+		// call that ends ends on the server's side.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		err := c.call(ctx)
+		callerDone := ctx.Err()
+		cancel()
+		if callerDone != nil {
+			t.Fatalf("%s: the caller's hour ran out", c.script)
+		}
+		if got := status.Code(err); got != codes.Unavailable {
+			t.Errorf("%s against a Redis that does not answer: %v (%v), want Unavailable", c.script, got, err)
+		}
+		if n := counterValue(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": c.script}); n != 1 {
+			t.Errorf("%s against a Redis that does not answer: %v Redis errors counted, want 1", c.script, n)
+		}
+	}
+}

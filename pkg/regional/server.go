@@ -348,7 +348,7 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	if err == nil {
 		lr, err = luascripts.ParseLease(q)
 	}
-	s.observeScript("acquire", start, err)
+	err = s.observeScript(ctx, "acquire", start, err)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -383,7 +383,7 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 				break
 			}
 		}
-		s.observeScript("sync", start, err)
+		err = s.observeScript(ctx, "sync", start, err)
 		if err != nil {
 			// Keys that did succeed are applied; the instance retries the
 			// whole Sync with the same seqs and gets their grants again.
@@ -465,7 +465,7 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 				break
 			}
 		}
-		s.observeScript("release", start, err)
+		err = s.observeScript(ctx, "release", start, err)
 		if err != nil {
 			// Keys that did succeed are released; a retry with the same
 			// reports finds nothing more to do for them.
@@ -509,7 +509,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 	if err == nil {
 		cr, err = luascripts.ParseCheck(q)
 	}
-	s.observeScript("check", start, err)
+	err = s.observeScript(ctx, "check", start, err)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -533,20 +533,30 @@ func (s *Server) observe(method string, start time.Time, err *error) {
 	s.metrics.requests.WithLabelValues(method, status.Code(*err).String()).Inc()
 }
 
-func (s *Server) observeScript(script string, start time.Time, err error) {
+// observeScript records a script call made for a caller whose context is
+// ctx, and returns the error to answer with.
+//
+// Only the caller's own context says whether the caller gave up (its
+// deadline, or it went away) before Redis answered: that is no evidence
+// that Redis failed, and routine when an instance's own timeout is short.
+// A context error while the caller still waits is the server's own bound
+// on Redis running out (RedisTimeout on a batch, the client's timeouts): a
+// Redis that does not answer, counted as a Redis error and answered as
+// one (Unavailable), never as the caller's DeadlineExceeded.
+func (s *Server) observeScript(ctx context.Context, script string, start time.Time, err error) error {
 	s.metrics.scriptSeconds.WithLabelValues(script).Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
-	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		// The caller gave up (its deadline, or it went away) before Redis
-		// answered: no evidence that Redis failed, and routine when an
-		// instance's own timeout is short; Redis's own timeouts are
-		// network errors and still count.
+	case ctx.Err() != nil:
 		s.log.Debug("caller gave up before redis answered", "script", script, "err", err)
 	default:
 		s.metrics.redisErrors.WithLabelValues(script).Inc()
 		s.log.Warn("redis script failed", "script", script, "err", err)
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("redis did not answer the %s script in time: %v", script, err)
+		}
 	}
+	return err
 }
 
 // toStatus maps an error to a gRPC status at the edge.
