@@ -51,6 +51,20 @@ func readTestdata(t *testing.T, name string) []byte {
 	return data
 }
 
+// storeWithDefault starts an embedded etcd and a Store on it holding
+// config.Default() as its first revision, rev.
+func storeWithDefault(t *testing.T) (cli *clientv3.Client, store *Store, ctx context.Context, rev int64) {
+	t.Helper()
+	cli = etcdtest.Start(t).Client(t)
+	store = NewStore(cli, "")
+	ctx = testContext(t)
+	rev, err := store.Apply(ctx, config.Default(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cli, store, ctx, rev
+}
+
 // snapshot is everything in etcd under prefix, and the store revision.
 func snapshot(t *testing.T, cli *clientv3.Client, prefix string) (string, int64) {
 	t.Helper()

@@ -62,14 +62,7 @@ func (rw *runningWatcher) awaitRevision(t *testing.T, rev int64) *config.Config 
 }
 
 func TestStoreKeepsEachTenantUnderItsOwnKey(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
-	rev, err := store.Apply(ctx, config.Default(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, store, ctx, rev := storeWithDefault(t)
 	all, _ := snapshot(t, cli, config.DefaultPrefix)
 	if !strings.Contains(all, "/sluice/config/tenants/acme={\"tier\":\"pro\",\"overrides\":{\"write\":{\"rate\":\"800/s\",\"burst\":1600}}}\n") {
 		t.Fatalf("no tenant key for acme:\n%s", all)
@@ -349,14 +342,7 @@ func TestBatchedApplyDetectsATakeover(t *testing.T) {
 }
 
 func TestWatcherRefusesATenantKeyThatDoesNotParse(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
-	rev1, err := store.Apply(ctx, config.Default(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, store, ctx, rev1 := storeWithDefault(t)
 	rw := startWatcher(t, store, nil)
 	good := rw.awaitRevision(t, rev1)
 	doc, _ := cli.Get(ctx, store.Key())
@@ -395,14 +381,7 @@ func docRevOf(t *testing.T, cli *clientv3.Client, store *Store) int64 {
 }
 
 func TestSetTenantsChecksTheChangeAgainstTheDocument(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
-	rev, err := store.Apply(ctx, config.Default(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, store, ctx, rev := storeWithDefault(t)
 	before, beforeRev := snapshot(t, cli, config.DefaultPrefix)
 	gold := config.Tenant{Tier: "gold"}
 	if _, err := store.SetTenants(ctx, map[string]*config.Tenant{"beta": &gold}, rev); !errors.Is(err, config.ErrInvalidConfig) ||

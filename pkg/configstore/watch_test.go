@@ -47,14 +47,7 @@ func TestWatcherLeavesAConfigItMadeLiveUnchanged(t *testing.T) {
 // document that drops the tier a stored tenant uses is refused, and the
 // last good config stays live.
 func TestWatcherChecksTheTenantsAgainstAChangedDocument(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
-	rev, err := store.Apply(ctx, config.Default(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, store, ctx, rev := storeWithDefault(t)
 	rw := startWatcher(t, store, nil)
 	good := rw.awaitRevision(t, rev)
 
@@ -145,14 +138,7 @@ func TestWatcherJudgesEachRevisionOnceAcrossARead(t *testing.T) {
 // here the document is written before the tenant keys, as a hand-run tool
 // could.
 func TestWatcherMakesARevisionLiveWithAllItsChanges(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
-	rev, err := store.Apply(ctx, config.Default(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, store, ctx, rev := storeWithDefault(t)
 	rw := startWatcher(t, store, nil)
 	rw.awaitRevision(t, rev)
 	doc, err := cli.Get(ctx, store.Key())

@@ -57,14 +57,7 @@ func withMore(cfg *config.Config, prefix string, n int) *config.Config {
 // batches of at most 120, then commits: a revision each.
 func TestStoreApplyWritesFewerThan120KeysInOneTransaction(t *testing.T) {
 	const perTxn = 120
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
-	rev, err := store.Apply(ctx, config.Default(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, store, ctx, rev := storeWithDefault(t)
 
 	cfg := withMore(config.Default(), "a", perTxn-1)
 	next, err := store.Apply(ctx, cfg, rev)
@@ -178,14 +171,7 @@ func TestStoreApplyRefusesANegativeRevision(t *testing.T) {
 // past the config's is a stale read like any other, refused before any
 // read at that revision.
 func TestSetTenantsAtARevisionNotYetWrittenIsAConflict(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
-	rev, err := store.Apply(ctx, config.Default(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, store, ctx, rev := storeWithDefault(t)
 	before, beforeRev := snapshot(t, cli, config.DefaultPrefix)
 	pro := config.Tenant{Tier: "pro"}
 	if _, err := store.SetTenants(ctx, map[string]*config.Tenant{"beta": &pro}, rev+1000); !errors.Is(err, ErrConflict) {
