@@ -1,13 +1,16 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
+	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -169,4 +173,56 @@ func TestStopWithDefaultTimeoutsLetsARequestInFlightFinish(t *testing.T) {
 	if got.err != nil || got.code != http.StatusOK {
 		t.Fatalf("request in flight at Stop: status %d, %q, %v; want its answer (200)", got.code, got.body, got.err)
 	}
+}
+
+// TestCleanStopLogsNoProblem: an agent that served a request and is then
+// stopped logs its stop and no error or warning: the HTTP server's
+// "closed" at Stop is how it ends, not a failure, and its leased tokens
+// went back (an ERROR or WARN at every rollout would page someone for
+// nothing, and hide a real failure among them).
+func TestCleanStopLogsNoProblem(t *testing.T) {
+	cfg := regiontest.MustConfig(t, quietConfig)
+	r, _ := region(t, cfg)
+	var logs lockedBuffer
+	a, err := agent.Start(agent.Options{
+		RegionAddr: r.Addr, Config: agent.StaticConfig{C: cfg},
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+		Lease:  lease.Options{BreakerTimeout: 10 * time.Second},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Stop)
+	if out := allow(t, httpClient(t), a, `{"tenant":"acme","class":"read"}`); !out.Allowed {
+		t.Fatalf("decision: %+v", out)
+	}
+	a.Stop()
+	text := logs.String()
+	if !strings.Contains(text, "agent stopped") {
+		t.Fatalf("no stop logged:\n%s", text)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, "level=ERROR") || strings.Contains(line, "level=WARN") {
+			t.Errorf("a clean stop logged a problem: %s", line)
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the logger's goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
