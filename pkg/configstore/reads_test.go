@@ -112,14 +112,7 @@ func TestListTenantsFiltersAndStops(t *testing.T) {
 	store := NewStore(cli, "")
 	ctx := testContext(t)
 	cfg := withTenants(3, 0)
-	data, err := cfg.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	put, err := cli.Put(ctx, store.Key(), string(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	put := putWhole(t, ctx, cli, store, cfg)
 	list := func(prefix string, keep int) ([]string, int64) {
 		t.Helper()
 		var ids []string

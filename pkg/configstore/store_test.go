@@ -51,6 +51,21 @@ func readTestdata(t *testing.T, name string) []byte {
 	return data
 }
 
+// putWhole writes cfg as one document past the store (as a hand-run tool
+// or an older release could), with its tenants inside it.
+func putWhole(t *testing.T, ctx context.Context, cli *clientv3.Client, store *Store, cfg *config.Config) *clientv3.PutResponse {
+	t.Helper()
+	data, err := cfg.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(ctx, store.Key(), string(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return put
+}
+
 // storeWithDefault starts an embedded etcd and a Store on it holding
 // config.Default() as its first revision, rev.
 func storeWithDefault(t *testing.T) (cli *clientv3.Client, store *Store, ctx context.Context, rev int64) {

@@ -91,14 +91,7 @@ func TestStoreLoadsAndMovesASingleDocumentConfig(t *testing.T) {
 	store := NewStore(cli, "")
 	ctx := testContext(t)
 	legacy := withTenants(50, 0)
-	data, err := legacy.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	put, err := cli.Put(ctx, store.Key(), string(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	put := putWhole(t, ctx, cli, store, legacy)
 	rw := startWatcher(t, store, nil)
 	live := rw.awaitRevision(t, put.Header.Revision)
 	if !reflect.DeepEqual(live, legacy) {

@@ -231,14 +231,7 @@ func TestStoreTenantReadsTheCommittedTenant(t *testing.T) {
 	}
 
 	legacy := withTenants(3, 0)
-	data, err := legacy.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	put, err := cli.Put(ctx, store.Key(), string(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	put := putWhole(t, ctx, cli, store, legacy)
 	v, err := store.Tenant(ctx, "t0000001")
 	if err != nil || v.Revision != put.Header.Revision || v.Tenant == nil || !config.TenantEqual(*v.Tenant, legacy.Tenants["t0000001"]) {
 		t.Fatalf("Tenant(t0000001) of a single document = %+v, %v", v, err)
@@ -355,14 +348,7 @@ func TestSetTenantsMovesTheOneTenantOfASingleDocument(t *testing.T) {
 	if len(legacy.Tenants) != 1 {
 		t.Fatalf("the sample lists %d tenants, want 1", len(legacy.Tenants))
 	}
-	data, err := legacy.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	put, err := cli.Put(ctx, store.Key(), string(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	put := putWhole(t, ctx, cli, store, legacy)
 	pro := config.Tenant{Tier: "pro"}
 	rev, err := store.SetTenants(ctx, map[string]*config.Tenant{"beta": &pro}, put.Header.Revision)
 	if err != nil {
