@@ -7,7 +7,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -15,10 +14,7 @@ import (
 // one etcd range read returns (readPage), Get, ListTenants and a watcher
 // read every one of them, once.
 func TestStoreReadsMoreTenantsThanOneRangeRead(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	if _, err := store.Apply(ctx, config.Default(), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -77,10 +73,7 @@ func TestStoreReadsMoreTenantsThanOneRangeRead(t *testing.T) {
 // whose history is compacted up to the config watches from the revision
 // it read, so its watch never needs history that is gone.
 func TestWatcherStartsAfterACompactedHistory(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	rev1, err := store.Apply(ctx, withReadRate(100), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -107,10 +100,7 @@ func TestWatcherStartsAfterACompactedHistory(t *testing.T) {
 // prefix, in id order, and stops at the first entry fn refuses, whether
 // the tenants are inside a document stored whole or under their keys.
 func TestListTenantsFiltersAndStops(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	cfg := withTenants(3, 0)
 	put := putWhole(t, ctx, cli, store, cfg)
 	list := func(prefix string, keep int) ([]string, int64) {

@@ -66,13 +66,19 @@ func putWhole(t *testing.T, ctx context.Context, cli *clientv3.Client, store *St
 	return put
 }
 
+// newStore starts an embedded etcd and a Store on it under the default
+// prefix, with a context that ends with the test.
+func newStore(t *testing.T) (*clientv3.Client, *Store, context.Context) {
+	t.Helper()
+	cli := etcdtest.Start(t).Client(t)
+	return cli, NewStore(cli, ""), testContext(t)
+}
+
 // storeWithDefault starts an embedded etcd and a Store on it holding
 // config.Default() as its first revision, rev.
 func storeWithDefault(t *testing.T) (cli *clientv3.Client, store *Store, ctx context.Context, rev int64) {
 	t.Helper()
-	cli = etcdtest.Start(t).Client(t)
-	store = NewStore(cli, "")
-	ctx = testContext(t)
+	cli, store, ctx = newStore(t)
 	rev, err := store.Apply(ctx, config.Default(), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -136,10 +142,7 @@ func TestStoreApplyGetRoundTrip(t *testing.T) {
 }
 
 func TestStoreApplyRefusesInvalidConfig(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 
 	bad := withReadRate(0)
 	if _, err := store.Apply(ctx, bad, 0); !errors.Is(err, config.ErrInvalidConfig) {
@@ -168,10 +171,7 @@ func TestStoreApplyRefusesInvalidConfig(t *testing.T) {
 }
 
 func TestStoreApplyConflicts(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	_, store, ctx := newStore(t)
 
 	rev1, err := store.Apply(ctx, withReadRate(1), 0)
 	if err != nil {
@@ -214,10 +214,7 @@ func TestStoreApplyConflicts(t *testing.T) {
 }
 
 func TestStoreGetReportsInvalidContent(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	put, err := cli.Put(ctx, store.Key(), "epoch: soon\n")
 	if err != nil {
 		t.Fatal(err)
@@ -410,10 +407,7 @@ func TestWatcherHotReloadsValidChanges(t *testing.T) {
 }
 
 func TestWatcherRefusesInvalidConfig(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 
 	rev1, err := store.Apply(ctx, withReadRate(100), 0)
 	if err != nil {
@@ -458,10 +452,7 @@ func TestWatcherRefusesInvalidConfig(t *testing.T) {
 }
 
 func TestWatcherStartsOnFallbackWhenEtcdHoldsGarbage(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	put, err := cli.Put(ctx, store.Key(), "regions: {}\n")
 	if err != nil {
 		t.Fatal(err)

@@ -86,10 +86,7 @@ func TestStoreKeepsEachTenantUnderItsOwnKey(t *testing.T) {
 // loads in the store and a watcher, and the next apply moves the tenants
 // to their keys without changing the config.
 func TestStoreLoadsAndMovesASingleDocumentConfig(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	legacy := withTenants(50, 0)
 	put := putWhole(t, ctx, cli, store, legacy)
 	rw := startWatcher(t, store, nil)

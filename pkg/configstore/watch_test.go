@@ -164,10 +164,7 @@ func TestWatcherMakesARevisionLiveWithAllItsChanges(t *testing.T) {
 // a config without tenants is made live as it was written, with no
 // tenants at all.
 func TestWatcherAssemblesTheTenants(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	// The sample lists one tenant, acme, inside the document.
 	legacy, err := config.Default().Marshal()
 	if err != nil {

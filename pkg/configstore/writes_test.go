@@ -186,10 +186,7 @@ func TestSetTenantsAtARevisionNotYetWrittenIsAConflict(t *testing.T) {
 // tenant key that does not parse fails naming that key, with the
 // revision, so the config can be overwritten.
 func TestStoreGetNamesATenantKeyThatDoesNotParse(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	if _, err := store.Apply(ctx, config.Default(), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -219,10 +216,7 @@ func TestStoreGetNamesATenantKeyThatDoesNotParse(t *testing.T) {
 // ListTenants read the tenants as committed before it began, not as the
 // apply wrote them.
 func TestStoreTenantReadsTheCommittedTenant(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	if v, err := store.Tenant(ctx, "acme"); err != nil || v.Config != nil || v.Tenant != nil || v.Revision != 0 {
 		t.Fatalf("Tenant on an empty etcd = %+v, %v", v, err)
 	}
@@ -340,10 +334,7 @@ func TestSetTenantsOf120ChangesOrMoreIsABatchedApply(t *testing.T) {
 // config stored as one document moves its tenants to their keys, even
 // when it lists a single tenant.
 func TestSetTenantsMovesTheOneTenantOfASingleDocument(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client(t)
-	store := NewStore(cli, "")
-	ctx := testContext(t)
+	cli, store, ctx := newStore(t)
 	legacy := config.Default()
 	if len(legacy.Tenants) != 1 {
 		t.Fatalf("the sample lists %d tenants, want 1", len(legacy.Tenants))
