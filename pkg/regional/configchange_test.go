@@ -37,12 +37,7 @@ func startLeadingAllocator(ctx context.Context, t *testing.T, cli *clientv3.Clie
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Stop)
-	for deadline := time.Now().Add(10 * time.Second); !d.IsLeader(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the allocator daemon never became leader")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitAllocatorLeader(t, d, 10*time.Second)
 	return d
 }
 

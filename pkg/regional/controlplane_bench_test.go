@@ -301,12 +301,7 @@ func newCostRig(b testing.TB, cli *clientv3.Client, name string, total, hot int)
 		b.Fatal(err)
 	}
 	b.Cleanup(d.Stop)
-	for deadline := time.Now().Add(20 * time.Second); !d.IsLeader(); {
-		if time.Now().After(deadline) {
-			b.Fatal("the allocator daemon never became leader")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitAllocatorLeader(b, d, 20*time.Second)
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Start(b).Addr(), PoolSize: 64})
 	b.Cleanup(func() { rdb.Close() })
 	srv, err := regional.New(regional.Options{Region: "local", Redis: rdb, Config: regional.StaticConfig{C: cfg}})

@@ -81,12 +81,7 @@ func newTwoShardRig(t *testing.T, cfg *config.Config) *twoShardRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(d1.Stop)
-	for deadline := time.Now().Add(10 * time.Second); !d1.IsLeader(); {
-		if time.Now().After(deadline) {
-			t.Fatal("shard 1's allocator never became leader")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitAllocatorLeader(t, d1, 10*time.Second)
 	r.tiers = [2]*editTier{{inner: serviceTier{r.alloc.Service}}, {inner: serviceTier{d1.Service}}}
 	r.leader, err = regional.NewLeader(r.srv, regional.LeaderOptions{
 		Etcd: r.cli, ElectionPrefix: "/sl/election/", Global: r.tiers[0], Identity: "eu-2",

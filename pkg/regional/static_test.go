@@ -123,12 +123,7 @@ func newLeaseRigWith(t *testing.T, cfg *config.Config) *leaseRig {
 	}
 	t.Cleanup(d.Stop)
 	r.alloc = d
-	for deadline := time.Now().Add(10 * time.Second); !d.IsLeader(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the allocator daemon never became leader")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitAllocatorLeader(t, d, 10*time.Second)
 	r.tier.inner = serviceTier{d.Service}
 	r.rs = redistest.Start(t)
 	r.rdb = r.rs.Client()
@@ -620,5 +615,18 @@ func TestReplicaReadsEveryShardsStoredLease(t *testing.T) {
 	}
 	if got0, got1 := static(owned[0]), static(owned[1]); !near(got0, staticRate) || !near(got1, staticRate) {
 		t.Fatalf("both leases: shard 0's key on %v, shard 1's on %v; want %v for both", got0, got1, staticRate)
+	}
+}
+
+// awaitAllocatorLeader polls until d leads its shard's election, failing
+// tb when it does not within the given time (a session TTL or more: a
+// starved machine campaigns late).
+func awaitAllocatorLeader(tb testing.TB, d *allocator.Daemon, within time.Duration) {
+	tb.Helper()
+	for deadline := time.Now().Add(within); !d.IsLeader(); {
+		if time.Now().After(deadline) {
+			tb.Fatalf("the allocator daemon never became leader within %v", within)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
