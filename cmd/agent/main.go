@@ -40,6 +40,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/rpcguard"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
@@ -66,6 +67,7 @@ type flags struct {
 	etcd                             etcdflags.Access
 	tlsCA, tlsCert, tlsKey, instance string
 	breakerTimeout, configWait       time.Duration
+	perConnection                    int
 	envoyHeaders, version            bool
 }
 
@@ -83,6 +85,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.instance, "instance-id", "", "id this agent reports to the region under (default agent-<host>-<pid>-<random>); must not be shared by two live processes")
 	fs.DurationVar(&f.breakerTimeout, "breaker-timeout", lease.DefaultBreakerTimeout, "bound on a decision's wait for the region (a key without tokens); keep it below Envoy's filter timeout (20ms by default)")
 	fs.BoolVar(&f.envoyHeaders, "envoy-headers", true, "add x-ratelimit-*, ratelimit, ratelimit-policy and retry-after headers to Envoy rate limit answers")
+	fs.IntVar(&f.perConnection, "max-inflight-per-connection", rpcguard.DefaultPerConnection, "units of work (descriptors named by the Envoy calls) served at once per client connection; more wait their turn (docs/operations.md, Request bounds)")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the regional service with; enables TLS to it")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate (PEM) towards the regional service (mutual TLS)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "client private key (PEM)")
@@ -161,7 +164,8 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		RegionAddr: f.regionAddr, RegionCreds: creds,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, MetricsAddr: f.metricsAddr,
 		Config: source, EnvoyHeaders: &f.envoyHeaders, Registry: reg, Logger: logger,
-		Lease: lease.Options{InstanceID: f.instance, BreakerTimeout: f.breakerTimeout},
+		PerConnection: f.perConnection,
+		Lease:         lease.Options{InstanceID: f.instance, BreakerTimeout: f.breakerTimeout},
 	})
 	if err != nil {
 		return err

@@ -102,7 +102,8 @@ func TestMissingSettingsAreNamed(t *testing.T) {
 
 // TestServesUntilSIGTERM runs the command as a process beside a real
 // regional service: it answers POST /v1/allow and /metrics on the ports
-// its flags name, and SIGTERM ends it with exit 0 after it released its
+// its flags name, bounds Envoy calls as -max-inflight-per-connection says,
+// and SIGTERM ends it with exit 0 after it released its
 // tokens.
 func TestServesUntilSIGTERM(t *testing.T) {
 	cfgFile := filepath.Join(t.TempDir(), "sluice.yaml")
@@ -114,6 +115,7 @@ func TestServesUntilSIGTERM(t *testing.T) {
 	var stderr bytes.Buffer
 	cmd := command(t, "-region-addr", r.Addr, "-config", cfgFile, "-listen", freeAddr(t),
 		"-http-listen", httpAddr, "-metrics-listen", metricsAddr, "-log-level", "info",
+		"-max-inflight-per-connection", "4096",
 		// A loaded machine can hold the first Acquire past the default
 		// 50ms; this decision is meant to come from a lease.
 		"-breaker-timeout", "10s")
@@ -160,7 +162,9 @@ func TestServesUntilSIGTERM(t *testing.T) {
 	var body bytes.Buffer
 	body.ReadFrom(m.Body)
 	m.Body.Close()
-	for _, name := range []string{"sluice_agent_http_requests_total", "sluice_client_tokens_held", "sluice_envoy_request_duration_seconds", "go_goroutines"} {
+	for _, name := range []string{"sluice_agent_http_requests_total", "sluice_client_tokens_held", "sluice_envoy_request_duration_seconds", "go_goroutines",
+		// The request bounds, the one the flag set among them.
+		`sluice_rpc_bound{bound="descriptors_per_request"} 64`, `sluice_rpc_bound{bound="inflight_per_connection"} 4096`} {
 		if !strings.Contains(body.String(), name) {
 			t.Errorf("/metrics has no %s", name)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/rpcguard"
 )
 
 // Default listen addresses: loopback only, as the agent serves the
@@ -30,6 +31,18 @@ const (
 	DefaultGRPCAddr    = "127.0.0.1:8081"
 	DefaultHTTPAddr    = "127.0.0.1:8080"
 	DefaultMetricsAddr = "127.0.0.1:8082"
+)
+
+// Bounds on the Envoy listener's calls, the regional service's
+// (regional.MaxMessageBytes, regional.MaxStreamsPerConnection): the agent
+// answers as its region's own endpoint does (docs/operations.md, "Request
+// bounds").
+const (
+	// MaxMessageBytes bounds one received gRPC message.
+	MaxMessageBytes = 1 << 20
+	// MaxStreamsPerConnection bounds the calls one connection may have
+	// open, served or waiting.
+	MaxStreamsPerConnection = 1024
 )
 
 // ConfigSource hands out the live config; nil while none is loaded yet
@@ -77,9 +90,14 @@ type Options struct {
 	// EnvoyHeaders adds the x-ratelimit-*, ratelimit, ratelimit-policy and
 	// retry-after headers to Envoy answers. Optional, default true (nil).
 	EnvoyHeaders *bool
+	// PerConnection caps the units of work (descriptors named) of the
+	// Envoy calls served at once on one connection; calls beyond wait
+	// their turn (rpcguard). Optional, rpcguard.DefaultPerConnection; at
+	// least envoyrls.MaxDescriptors.
+	PerConnection int
 	// Registry receives every metric of the agent (sluice_agent_*,
-	// sluice_envoy_*, sluice_client_*, Go and process). Optional, default
-	// a new registry.
+	// sluice_envoy_*, sluice_client_*, sluice_rpc_*, Go and process).
+	// Optional, default a new registry.
 	Registry *prometheus.Registry
 	// Logger. Optional, default slog.Default().
 	Logger *slog.Logger
@@ -134,6 +152,10 @@ func Start(o Options) (*Agent, error) {
 	if o.DrainTimeout < 0 || o.ReleaseTimeout < 0 {
 		return nil, fmt.Errorf("%w: agent: DrainTimeout %v and ReleaseTimeout %v must not be negative", quota.ErrInvalid, o.DrainTimeout, o.ReleaseTimeout)
 	}
+	if o.PerConnection != 0 && o.PerConnection < envoyrls.MaxDescriptors {
+		return nil, fmt.Errorf("%w: agent: PerConnection %d must be at least the descriptors one request may name, %d, or such a request could never be served",
+			quota.ErrInvalid, o.PerConnection, envoyrls.MaxDescriptors)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -154,10 +176,27 @@ func Start(o Options) (*Agent, error) {
 		}
 	}
 
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	// Every Envoy call is bounded before its handler, so before any lease
+	// or Redis work, as on the regional service. The listener serves the
+	// processes beside the agent, without TLS: calls are bounded per
+	// connection.
+	guard, err := rpcguard.New(rpcguard.Options{
+		Rules:         map[string]rpcguard.Rule{envoyrls.Method: envoyrls.GuardRule()},
+		PerConnection: o.PerConnection, Registerer: o.Registry,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	ep, err := endpoint.Listen(endpoint.Options{
 		Name: "agent", GRPCAddr: o.GRPCAddr, HTTPAddr: o.MetricsAddr,
 		Registry: o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger,
-		GRPCOptions: envoyrls.ServerOptions(),
+		GRPCOptions: append([]grpc.ServerOption{
+			grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxConcurrentStreams(MaxStreamsPerConnection),
+			grpc.ChainUnaryInterceptor(guard.Unary()), grpc.ChainStreamInterceptor(guard.Stream()),
+		}, envoyrls.ServerOptions()...),
 	})
 	if err != nil {
 		return nil, err

@@ -6,7 +6,10 @@
 //   - Envoy's rate limit service (envoy.service.ratelimit.v3
 //     RateLimitService/ShouldRateLimit) on its gRPC listener, with the
 //     same descriptor mapping, answer and headers as the regional
-//     service's own endpoint (pkg/envoyrls), and
+//     service's own endpoint (pkg/envoyrls), and the same request bounds
+//     (envoyrls.GuardRule through pkg/rpcguard, with the regional
+//     service's message and stream bounds): a request beyond them is
+//     refused before any lease work, and
 //   - a small HTTP/JSON API, POST /v1/allow, for services in any language.
 //
 // # Invariant

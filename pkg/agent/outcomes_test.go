@@ -119,15 +119,15 @@ default_tier: std
 }
 
 // TestStartRefusesARegistryHoldingItsMetrics: a registry that already
-// holds a metric of the agent (its /v1/allow API's, the Envoy service's or
-// the lease client's) under the same name cannot take the agent's, and
-// Start fails naming it rather than serving uncounted, leaving nothing
-// running (TestMain checks for leaked goroutines).
+// holds a metric of the agent (its /v1/allow API's, the Envoy service's,
+// its request bounds' or the lease client's) under the same name cannot
+// take the agent's, and Start fails naming it rather than serving
+// uncounted, leaving nothing running (TestMain checks for leaked goroutines).
 func TestStartRefusesARegistryHoldingItsMetrics(t *testing.T) {
 	cfg := regiontest.MustConfig(t, conformanceConfig)
 	for _, name := range []string{
 		"sluice_agent_http_requests_total", "sluice_agent_http_request_duration_seconds",
-		"sluice_envoy_decisions_total", "sluice_client_rpc_duration_seconds",
+		"sluice_envoy_decisions_total", "sluice_client_rpc_duration_seconds", "sluice_rpc_refused_total",
 	} {
 		t.Run(name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()

@@ -11,13 +11,15 @@ import (
 
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// TestStartRefusesBadOptions: a missing region address or config, or a
-// negative drain or release timeout (each alone), is refused by Start with
-// quota.ErrInvalid.
+// TestStartRefusesBadOptions: a missing region address or config, a
+// negative drain or release timeout, or an in-flight bound per connection
+// below what one Envoy request may name (each alone), is refused by Start
+// with quota.ErrInvalid.
 func TestStartRefusesBadOptions(t *testing.T) {
 	cfg := regiontest.MustConfig(t, conformanceConfig)
 	valid := func() agent.Options {
@@ -36,6 +38,8 @@ func TestStartRefusesBadOptions(t *testing.T) {
 		{"no config", func(o *agent.Options) { o.Config = nil }, "Options.Config"},
 		{"negative drain timeout", func(o *agent.Options) { o.DrainTimeout = -time.Nanosecond }, "must not be negative"},
 		{"negative release timeout", func(o *agent.Options) { o.ReleaseTimeout = -time.Nanosecond }, "must not be negative"},
+		{"negative in-flight bound", func(o *agent.Options) { o.PerConnection = -1 }, "PerConnection -1 must be at least"},
+		{"in-flight bound below one request's", func(o *agent.Options) { o.PerConnection = envoyrls.MaxDescriptors - 1 }, "PerConnection 63 must be at least the descriptors one request may name, 64"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := valid()
