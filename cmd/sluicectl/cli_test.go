@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -41,6 +42,13 @@ func sluicectl(t *testing.T, stdin string, args ...string) result {
 // pretend terminal).
 func runApp(t *testing.T, a *app, args ...string) result {
 	t.Helper()
+	return runAppContext(t, t.Context(), a, args...)
+}
+
+// runAppContext is runApp under ctx, which stands for the signal context:
+// cancelling it is SIGINT or SIGTERM.
+func runAppContext(t *testing.T, ctx context.Context, a *app, args ...string) result {
+	t.Helper()
 	var out, errOut bytes.Buffer
 	a.stdout, a.stderr = &out, &errOut
 	if a.getenv == nil {
@@ -52,7 +60,7 @@ func runApp(t *testing.T, a *app, args ...string) result {
 	if a.stdinIsTerminal == nil {
 		a.stdinIsTerminal = func() bool { return false }
 	}
-	code := a.run(t.Context(), args)
+	code := a.run(ctx, args)
 	return result{code, out.String(), errOut.String()}
 }
 
@@ -317,6 +325,48 @@ func TestApplyAsksForConfirmation(t *testing.T) {
 	wantCode(t, r, exitOK)
 	if cfg, _ := c.config(t); cfg == nil {
 		t.Fatal("confirmed apply stored nothing")
+	}
+}
+
+// stuckTerminal is a terminal nobody types on: a read interrupts the
+// command (SIGINT at the prompt) and then blocks until the test ends, as a
+// read of a real terminal blocks in the kernel.
+type stuckTerminal struct {
+	interrupt context.CancelFunc
+	release   chan struct{}
+}
+
+func (s *stuckTerminal) Read([]byte) (int, error) {
+	s.interrupt()
+	<-s.release
+	return 0, io.EOF
+}
+
+func TestInterruptAtThePromptEndsTheCommandAtOnce(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	changed := strings.Replace(string(config.SampleYAML()), "default_tier: free", "default_tier: pro", 1)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"apply", []string{"apply", "-f", writeFile(t, "changed.yaml", changed)}},
+		{"tenant set", []string{"tenant", "set", "acme", "-shadow=true"}},
+		{"region drain", []string{"region", "drain", "eu-west"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := c.revision(t)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			stdin := &stuckTerminal{interrupt: cancel, release: make(chan struct{})}
+			t.Cleanup(func() { close(stdin.release) })
+			r := runAppContext(t, ctx, &app{stdin: stdin, stdinIsTerminal: func() bool { return true }}, c.args(tc.args...)...)
+			wantCode(t, r, exitInterrupted)
+			wantContains(t, "stderr", r.stderr, "apply? [y/N]", "interrupted", "nothing was written")
+			if after := c.revision(t); after != before {
+				t.Fatalf("interrupted prompt moved etcd from revision %d to %d", before, after)
+			}
+		})
 	}
 }
 

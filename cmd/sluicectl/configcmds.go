@@ -201,7 +201,7 @@ func (a *app) commit(ctx context.Context, store *configstore.Store, current *con
 		return nil
 	}
 	fmt.Fprint(a.stdout, diff)
-	if ok, err := a.confirm(change, stdinUsed); !ok {
+	if ok, err := a.confirm(ctx, change, stdinUsed); !ok {
 		return err
 	}
 	if a.beforeWrite != nil {
@@ -213,8 +213,9 @@ func (a *app) commit(ctx context.Context, store *configstore.Store, current *con
 }
 
 // confirm says whether to write: -dry-run never (nil error), -yes always,
-// else the answer to a prompt on a terminal.
-func (a *app) confirm(change changeFlags, stdinUsed bool) (bool, error) {
+// else the answer to a prompt on a terminal. SIGINT or SIGTERM (ctx done)
+// ends the prompt at once, without waiting for a line.
+func (a *app) confirm(ctx context.Context, change changeFlags, stdinUsed bool) (bool, error) {
 	if change.dryRun {
 		fmt.Fprintln(a.stderr, "dry run: nothing written")
 		return false, nil
@@ -226,7 +227,23 @@ func (a *app) confirm(change changeFlags, stdinUsed bool) (bool, error) {
 		return false, exitf(exitUsage, "not applied: stdin is not a terminal, so confirmation cannot be asked; pass --yes to write without asking (or --dry-run to only see the diff)")
 	}
 	fmt.Fprint(a.stderr, "apply? [y/N] ")
-	answer, _ := bufio.NewReader(a.stdin).ReadString('\n')
+	// The read blocks in the kernel, where ctx cannot reach it: it runs
+	// aside, and an interrupted prompt returns without it.
+	answered := make(chan string, 1)
+	go func() {
+		answer, _ := bufio.NewReader(a.stdin).ReadString('\n')
+		answered <- answer
+	}()
+	var answer string
+	select {
+	case answer = <-answered:
+	case <-ctx.Done():
+		fmt.Fprintln(a.stderr)
+		return false, interrupted(ctx, "asking for confirmation; nothing was written")
+	}
+	if ctx.Err() != nil {
+		return false, interrupted(ctx, "asking for confirmation; nothing was written")
+	}
 	switch strings.ToLower(strings.TrimSpace(answer)) {
 	case "y", "yes":
 		return true, nil

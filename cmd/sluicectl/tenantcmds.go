@@ -307,7 +307,7 @@ func (a *app) changeTenant(ctx context.Context, flags changeFlags, name string,
 		return nil
 	}
 	fmt.Fprint(a.stdout, config.DiffTenants(changes, -1, -1))
-	if ok, err := a.confirm(flags, false); !ok {
+	if ok, err := a.confirm(ctx, flags, false); !ok {
 		return err
 	}
 	if a.beforeWrite != nil {
