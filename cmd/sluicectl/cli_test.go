@@ -370,6 +370,70 @@ func TestInterruptAtThePromptEndsTheCommandAtOnce(t *testing.T) {
 	}
 }
 
+func TestIsTerminalOnlyForATerminal(t *testing.T) {
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	regular, err := os.Open(sample(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer regular.Close()
+	for _, tc := range []struct {
+		name string
+		r    io.Reader
+		want bool
+	}{
+		{"character device that is not a terminal", devNull, false},
+		{"pipe", pr, false},
+		{"regular file", regular, false},
+		{"not a file", strings.NewReader("y\n"), false},
+	} {
+		if got := isTerminal(tc.r); got != tc.want {
+			t.Errorf("%s: isTerminal = %t, want %t", tc.name, got, tc.want)
+		}
+	}
+	t.Run("pseudo-terminal", func(t *testing.T) {
+		ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+		if err != nil {
+			t.Skipf("no pseudo-terminal to open: %v", err)
+		}
+		defer ptmx.Close()
+		if !isTerminal(ptmx) {
+			t.Error("isTerminal(/dev/ptmx) = false, want true")
+		}
+	})
+}
+
+func TestApplyWithStdinFromDevNullRefusesWithoutPrompting(t *testing.T) {
+	c := newCluster(t)
+	before := c.revision(t)
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	var out, errOut bytes.Buffer
+	code := run(t.Context(), c.args("apply", "-f", sample(t)), devNull, &out, &errOut)
+	r := result{code, out.String(), errOut.String()}
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, "stdin is not a terminal", "pass --yes")
+	if strings.Contains(r.stderr, "[y/N]") {
+		t.Fatalf("prompted on /dev/null:\n%s", r)
+	}
+	if after := c.revision(t); after != before {
+		t.Fatalf("refused apply moved etcd from revision %d to %d", before, after)
+	}
+}
+
 func TestTenantSetMovesTenantAndGetShowsIt(t *testing.T) {
 	c := newCluster(t)
 	wantCode(t, sluicectl(t, "", c.args("tenant", "get", "acme")...), exitNotFound)

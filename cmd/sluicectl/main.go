@@ -8,6 +8,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"golang.org/x/term"
+
 	"github.com/sluicehq/sluice/internal/version"
 )
 
@@ -36,13 +38,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return a.run(ctx, args)
 }
 
-// isTerminal reports whether r is a character device, where a person can
-// answer a prompt.
+// isTerminal reports whether r is a terminal, where a person can answer a
+// prompt. Any other character device (/dev/null) is not one.
 func isTerminal(r io.Reader) bool {
 	f, ok := r.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return ok && term.IsTerminal(int(f.Fd()))
 }
