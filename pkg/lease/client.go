@@ -524,7 +524,21 @@ func (c *Client) sendRelease(parent context.Context, b *Batch) error {
 	return c.sendReleaseAs(parent, c.InstanceID(), b)
 }
 
+// sendReleaseAs releases b's keys under instance id, in calls of at most
+// MaxReportsPerSync reports (the region bounds the reports of one call:
+// docs/operations.md, "Request bounds"). A call that fails does not stop
+// the others; their errors are joined.
 func (c *Client) sendReleaseAs(parent context.Context, id string, b *Batch) error {
+	var errs []error
+	for _, part := range b.chunks(c.table.opts.MaxReportsPerSync) {
+		if err := c.sendReleaseCall(parent, id, part); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Client) sendReleaseCall(parent context.Context, id string, b *Batch) error {
 	c.core.BeforeSend(time.Now())
 	ctx, cancel := context.WithTimeout(parent, c.opts.SyncTimeout)
 	defer cancel()
@@ -544,7 +558,7 @@ func (c *Client) sendReleaseAs(parent context.Context, id string, b *Batch) erro
 
 // Close stops the background loop and releases every key: pools are
 // emptied first (nothing is spent after), unacknowledged reports are
-// resent, then one Release returns every unspent token. ctx bounds the
+// resent, then Release calls return every unspent token. ctx bounds the
 // whole shutdown. Allow fails with ErrClosed afterwards. Idempotent.
 func (c *Client) Close(ctx context.Context) error {
 	if !c.closed.CompareAndSwap(false, true) {

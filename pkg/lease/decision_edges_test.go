@@ -314,8 +314,9 @@ func TestHeldTokensSumsThePools(t *testing.T) {
 }
 
 // TestNeverCountsThePoolTowardsTheNeed: after the region answered "never"
-// for the tokens a request needed beyond the pool, a request needing
-// fewer beyond the pool gets a wait, not RetryNever.
+// for the tokens a request needed beyond the pool, a request needing as
+// many beyond the pool is denied with RetryNever, and one needing fewer
+// beyond the pool asks the region instead.
 func TestNeverCountsThePoolTowardsTheNeed(t *testing.T) {
 	tb := newTestTable(t)
 	acquire(t, tb, t0, t0, kW, 2, 2)
@@ -333,8 +334,45 @@ func TestNeverCountsThePoolTowardsTheNeed(t *testing.T) {
 	if d, _ := allow(t, tb, t0, kW, 5); !d.RetryNever {
 		t.Errorf("cost 5 (3 beyond the pool): %+v, want RetryNever", d)
 	}
-	if d, _ := allow(t, tb, t0, kW, 4); d.Allowed || d.RetryNever || d.RetryAfter <= 0 {
-		t.Errorf("cost 4 (2 beyond the pool): %+v, want a denial with a wait", d)
+	if d, act := allow(t, tb, t0, kW, 4); act != ActAcquire || d.WouldDeny {
+		t.Errorf("cost 4 (2 beyond the pool): %+v, action %v; want no decision, acquire", d, act)
+	}
+}
+
+// TestWaitForFewerTokensIsNoAnswerForMore: the region's wait is the time
+// until its bucket holds the tokens the report needed. A request needing
+// no more beyond the pool is denied with the rest of that wait; one
+// needing more asks the region, whose wait for it is longer (a retry at
+// the shorter wait would be denied again).
+func TestWaitForFewerTokensIsNoAnswerForMore(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 2, 2)
+	allow(t, tb, t0, kW, 2)
+	if _, act := allow(t, tb, t0, kW, 3); act != ActAcquire {
+		t.Fatalf("cost 3 on an empty pool: action %v, want acquire", act)
+	}
+	b, _ := tb.PrepareAcquire(t0, kW, 3)
+	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs = 300 })}); err != nil {
+		t.Fatal(err)
+	}
+	for _, cost := range []int64{1, 3} {
+		if d, act := allow(t, tb, t0.Add(100*time.Millisecond), kW, cost); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != 200*time.Millisecond {
+			t.Errorf("cost %d after a wait of 300ms for 3: %+v, action %v; want denied with RetryAfter 200ms", cost, d, act)
+		}
+	}
+	if d, act := allow(t, tb, t0.Add(100*time.Millisecond), kW, 8); act != ActAcquire || d.WouldDeny {
+		t.Errorf("cost 8 after a wait of 300ms for 3: %+v, action %v; want no decision, acquire", d, act)
+	}
+	// The region's answer for 8 is what the next requests of 8 get.
+	b, _ = tb.PrepareAcquire(t0.Add(100*time.Millisecond), kW, 8)
+	if b == nil || b.Reports[0].Min != 8 {
+		t.Fatalf("acquire for cost 8: batch %v, want one report with min 8", b)
+	}
+	if err := tb.Apply(t0.Add(100*time.Millisecond), b, []*sluicev1.Grant{regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs = 1400 })}); err != nil {
+		t.Fatal(err)
+	}
+	if d, act := allow(t, tb, t0.Add(200*time.Millisecond), kW, 8); act != ActNone || d.Allowed || d.RetryAfter != 1300*time.Millisecond {
+		t.Errorf("cost 8 after a wait of 1400ms for 8: %+v, action %v; want denied with RetryAfter 1300ms", d, act)
 	}
 }
 

@@ -32,10 +32,12 @@
 //
 //	Allow      pool ≥ cost and lease valid → spend (CAS), allowed;
 //	           crossing the low-water mark → ActRefill.
-//	           Otherwise: negUntil in the future → denied with RetryAfter,
-//	           or with RetryNever when the region answered "never" (-1)
-//	           for a need no larger than this request's;
-//	           strict → ActCheck; else ActAcquire.
+//	           Otherwise: negUntil in the future → denied with RetryAfter
+//	           when the region named a wait for a need (tokens beyond the
+//	           pool) no smaller than this request's, or with RetryNever
+//	           when it answered "never" (-1) for a need no larger than
+//	           this request's; strict → ActCheck; else ActAcquire (a need
+//	           the last negative answer was not about asks the region).
 //	PrepareAcquire / PrepareSync / PrepareRefill
 //	           build a report and mark the key in flight (one report per
 //	           key at a time): the pending report if there is one, verbatim;

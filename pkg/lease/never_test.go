@@ -11,8 +11,9 @@ import (
 // (retry_after_ms -1: what was asked exceeds what its bucket can ever hold
 // at its cap), the lease path's denials carry RetryNever and no RetryAfter,
 // instead of promising the next refresh; a request needing less than what
-// was refused gets the ordinary wait. After the refresh the key asks
-// again, in case the region's cap grew.
+// was refused asks the region (the "never" says nothing of it: the bucket
+// may hold what it needs now). After the refresh the key asks again, in
+// case the region's cap grew.
 func TestLeaseNeverDenial(t *testing.T) {
 	never := func(g *sluicev1.Grant) { g.RetryAfterMs = -1 }
 	tb := newTestTable(t)
@@ -25,14 +26,14 @@ func TestLeaseNeverDenial(t *testing.T) {
 		t.Fatalf("after the refresh: action %v, want acquire", act)
 	}
 
-	// Refused for a need of 3: a request needing 1 may still pass later.
+	// Refused for a need of 3: a request needing 1 asks the region.
 	tb = newTestTable(t)
 	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 3, 0, never)
 	if d, _ := allow(t, tb, t0.Add(100*time.Millisecond), kW, 3); !d.RetryNever {
 		t.Errorf("cost 3 after never for 3: %+v, want RetryNever", d)
 	}
-	if d, _ := allow(t, tb, t0.Add(100*time.Millisecond), kW, 1); d.Allowed || d.RetryNever || d.RetryAfter <= 0 {
-		t.Errorf("cost 1 after never for 3: %+v, want a denial with a wait", d)
+	if d, act := allow(t, tb, t0.Add(100*time.Millisecond), kW, 1); act != ActAcquire || d.WouldDeny {
+		t.Errorf("cost 1 after never for 3: %+v, action %v; want no decision, acquire", d, act)
 	}
 
 	// A wait named by the region clears the never.

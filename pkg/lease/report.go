@@ -50,6 +50,21 @@ func (b *Batch) Split(now time.Time) []*Batch {
 	return out
 }
 
+// chunks cuts b into batches of at most n reports, in order, sharing b's
+// send time (a region refuses a call carrying more reports than its
+// bound). The original batch must not be used after.
+func (b *Batch) chunks(n int) []*Batch {
+	if len(b.Reports) <= n {
+		return []*Batch{b}
+	}
+	out := make([]*Batch, 0, (len(b.Reports)+n-1)/n)
+	for i := 0; i < len(b.Reports); i += n {
+		j := min(i+n, len(b.Reports))
+		out = append(out, &Batch{Reports: b.Reports[i:j:j], entries: b.entries[i:j:j], sentAt: b.sentAt, useSync: b.useSync})
+	}
+	return out
+}
+
 func wireKey(k quota.Key) *sluicev1.QuotaKey {
 	return &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}
 }
@@ -491,16 +506,18 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	}
 	switch {
 	case g.Granted > 0:
-		e.own().negUntil, e.own().negNeed = never, 0
+		e.own().negUntil, e.own().negNeed, e.own().negNever = never, 0, false
 	case r.Want > 0 && g.RetryAfterMs != 0:
+		// The answer is about min tokens (at least 1: a report with
+		// want > 0 and min 0 is answered as for one token).
 		wait := time.Duration(g.RetryAfterMs) * time.Millisecond
-		e.own().negNeed = 0
-		if g.RetryAfterMs < 0 {
+		e.own().negNeed = int32(min(max(r.Min, 1), quota.MaxWant))
+		e.own().negNever = g.RetryAfterMs < 0
+		if e.view().negNever {
 			// Never (min exceeds what the region's bucket can hold at its
 			// cap, or its rate is zero): requests needing min are denied
 			// with RetryNever; ask again next refresh, in case the cap grew.
 			wait = t.opts.Refresh
-			e.own().negNeed = int32(min(max(r.Min, 1), quota.MaxWant))
 		}
 		e.own().negUntil = t.instant(now.Add(wait))
 	}

@@ -74,15 +74,22 @@ type keyInfo struct {
 	// checkClock is set once the deadline is near: from then on the hot
 	// path is not allowed to skip reading the clock (see doc.go).
 	checkClock bool
+	// negNever: the region's negative answer (see negNeed) said no wait
+	// will bring negNeed tokens, rather than naming a wait.
+	negNever bool
 	// usualWater is the low-water mark sizing alone sets (at most
 	// quota.MaxWant); lowWater is above it while the region's bucket is
 	// held at its cap by this instance's unreported spending
 	// (capHeldWater).
 	usualWater int32
 	// negNeed, while negUntil holds, is the need (tokens beyond the pool,
-	// a report's min: at most quota.MaxWant) the region answered "never"
-	// (-1) for: a request needing at least as much is denied with
-	// RetryNever. 0: the region named a wait.
+	// a report's min, at least 1, at most quota.MaxWant) the region's last
+	// negative answer was about. A request needing more than it was not
+	// answered: it asks the region (the wait named for fewer tokens would
+	// send it back too early). With negNever, a request needing at least
+	// negNeed is denied with RetryNever, and one needing less asks (the
+	// "never" says nothing of it); otherwise one needing at most negNeed
+	// is denied until negUntil.
 	negNeed int32
 	// lowWater is at most maxPool: a pool never holds more, so a higher
 	// mark would act the same.
@@ -430,15 +437,21 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 		}
 	}
 	if at := t.instant(now); at < in.negUntil {
-		if in.negNeed > 0 && cost-e.tokens() >= int64(in.negNeed) {
+		need := cost - e.tokens()
+		switch {
+		case in.negNever && need >= int64(in.negNeed):
 			// The region said no wait will bring this many tokens while
 			// its cap and the leases out stay as they are: promise no
 			// time (the owner still asks again after negUntil).
 			d := t.deny(e, in, cost, 0)
 			d.RetryNever = !d.Allowed
 			return d, ActNone, nil
+		case !in.negNever && need <= int64(in.negNeed):
+			return t.deny(e, in, cost, time.Duration(in.negUntil-at)), ActNone, nil
 		}
-		return t.deny(e, in, cost, time.Duration(in.negUntil-at)), ActNone, nil
+		// The answer was about a different need: a larger one after a
+		// named wait, a smaller one after "never". Only the region can
+		// say when this request's tokens come.
 	}
 	return quota.Decision{}, ActAcquire, nil
 }

@@ -1,0 +1,102 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// halfRegion: two regions of equal weight, only "local" running, so a
+// read key's burst of 20 gives local a cap of 10 (its static share).
+const halfRegion = `
+lease_ttl: 2s
+refresh: 200ms
+regions: {local: {weight: 1}, far: {weight: 1}}
+classes: {read: {mode: lease}}
+tiers: {free: {read: {rate: 1/s, burst: 20}}}
+default_tier: free
+`
+
+// TestRequestAboveTheCapLeavesSmallerOnesTheirTokens: a request costing
+// more than the region's cap (but no more than the key's burst) is denied
+// with RetryNever, and the requests after it that need less are decided
+// by what the region holds, not turned away for a refresh on the strength
+// of an answer about 20 tokens.
+func TestRequestAboveTheCapLeavesSmallerOnesTheirTokens(t *testing.T) {
+	cfg := regiontest.MustConfig(t, halfRegion)
+	e := env{reg: regiontest.Start(t, cfg, "local"), cfg: cfg}
+	c, _, _ := newClient(t, e)
+	key := quota.Key{Tenant: "acme", Class: "read"}
+	if d := mustAllow(t, c, key, 20); d.Allowed || !d.RetryNever {
+		t.Fatalf("cost 20 against a cap of 10: %+v, want denied with RetryNever", d)
+	}
+	for i := range 10 {
+		if d := mustAllow(t, c, key, 1); !d.Allowed || d.Degraded {
+			t.Fatalf("cost 1, request %d, the region's bucket holding 10 tokens: %+v, want allowed", i, d)
+		}
+	}
+}
+
+// TestReleaseIsSplitIntoCallsTheRegionAccepts: a client holding more keys
+// than one call may carry (a region refuses a Release of more reports
+// than its bound, docs/operations.md "Request bounds") returns them in
+// several Release calls of at most 500 reports each, and the region gets
+// every key back.
+func TestReleaseIsSplitIntoCallsTheRegionAccepts(t *testing.T) {
+	e := startRegion(t)
+	var mu sync.Mutex
+	var released []int // reports per Release call, in order
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*sluicev1.ReleaseRequest); ok {
+			mu.Lock()
+			released = append(released, len(r.GetReports()))
+			mu.Unlock()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	conn, err := grpc.NewClient(e.reg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(count))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := lease.NewClient(conn, lease.Options{
+		InstanceID: "it-release-split", Refresh: 200 * time.Millisecond, IdleTimeout: time.Minute,
+		// Generous: the machine running the tests is shared (see newClient).
+		SyncTimeout: 2 * time.Second, BreakerTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keys = 1001
+	key := func(i int) quota.Key { return quota.Key{Tenant: fmt.Sprintf("t%04d", i), Class: "read"} }
+	for i := range keys {
+		if d := mustAllow(t, c, key(i), 1); !d.Allowed || d.Degraded {
+			t.Fatalf("key %d: %+v, want allowed from a lease", i, d)
+		}
+	}
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	mu.Lock()
+	got := slices.Clone(released)
+	mu.Unlock()
+	if !slices.Equal(got, []int{500, 500, 1}) {
+		t.Fatalf("Release calls carried %v reports, want [500 500 1]", got)
+	}
+	for _, i := range []int{0, 500, keys - 1} {
+		if st := e.regionState(t, key(i)); st.Outstanding != 0 || st.Admitted != 1 {
+			t.Errorf("%s after Close: region outstanding %d admitted %d; want 0 and 1", key(i), st.Outstanding, st.Admitted)
+		}
+	}
+}
