@@ -33,6 +33,7 @@ const (
 	exitNotFound    = 4
 	exitUnreachable = 5
 	exitDenied      = 6
+	exitRefused     = 7
 	// exitInterrupted is 128 + SIGINT, as shells report it.
 	exitInterrupted = 130
 )
@@ -87,6 +88,8 @@ exit codes:
   5  unreachable: etcd, the global allocator or the regional service could
      not be reached
   6  denied: check answered over quota (a result, not a failure)
+  7  refused: the service answered but refused this client's credentials
+     (no client certificate, or none holding a role that may call it)
   130 interrupted by SIGINT or SIGTERM: nothing was written, except by an
      apply stopped while writing tenants in batches, which the daemons do
      not see until the same apply is run again with -takeover

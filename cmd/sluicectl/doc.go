@@ -37,6 +37,7 @@
 //	4  not found: no config in etcd, or no such tenant, class or region
 //	5  unreachable: etcd, the global allocator or the regional service could not be reached
 //	6  denied: check answered over quota (a result, not a failure)
+//	7  refused: the service answered but refused this client's credentials
 //	130 interrupted by SIGINT or SIGTERM
 //
 // Invariant: every write is guarded by the revision the change was

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -37,13 +39,13 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		}
 		defer conn.Close()
 		c := sluicev1.NewLeaseServiceClient(conn)
-		ctx, cancel := context.WithTimeout(ctx, a.g.timeout)
+		stepCtx, cancel := a.step(ctx)
 		defer cancel()
 		key := &sluicev1.QuotaKey{Tenant: *tenant, Class: *class}
-		resp, err := c.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: id,
+		resp, err := c.Acquire(stepCtx, &sluicev1.AcquireRequest{InstanceId: id,
 			Report: &sluicev1.KeyReport{Key: key, Seq: 1, Want: *want, Min: 1}})
 		if err != nil {
-			return rpcFailure("acquire", *addr, err)
+			return rpcFailure(ctx, "acquire", *addr, *class, err)
 		}
 		g := resp.GetGrant()
 		if g.GetMode() == string(config.ModeStrict) {
@@ -59,10 +61,10 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		if *keep || g.GetGranted() == 0 {
 			return nil
 		}
-		rel, err := c.Release(ctx, &sluicev1.ReleaseRequest{InstanceId: id,
+		rel, err := c.Release(stepCtx, &sluicev1.ReleaseRequest{InstanceId: id,
 			Reports: []*sluicev1.KeyReport{{Key: key, Seq: 2, Returned: g.GetGranted()}}})
 		if err != nil {
-			return rpcFailure("release", *addr, err)
+			return rpcFailure(ctx, "release", *addr, *class, err)
 		}
 		fmt.Fprintf(a.stdout, "released: %d tokens back in the bucket\n", rel.GetReturned())
 		return nil
@@ -85,12 +87,12 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 			return err
 		}
 		defer conn.Close()
-		ctx, cancel := context.WithTimeout(ctx, a.g.timeout)
+		stepCtx, cancel := a.step(ctx)
 		defer cancel()
-		resp, err := sluicev1.NewLeaseServiceClient(conn).Check(ctx, &sluicev1.CheckRequest{
+		resp, err := sluicev1.NewLeaseServiceClient(conn).Check(stepCtx, &sluicev1.CheckRequest{
 			Key: &sluicev1.QuotaKey{Tenant: *tenant, Class: *class}, Cost: *cost})
 		if err != nil {
-			return rpcFailure("check", *addr, err)
+			return rpcFailure(ctx, "check", *addr, *class, err)
 		}
 		verdict := "allowed"
 		if !resp.GetAllowed() {
@@ -105,12 +107,32 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 	}
 }
 
-// rpcFailure maps a regional RPC error to an exit code: bad input is 1,
-// everything else means the service could not answer (5).
-func rpcFailure(what, addr string, err error) error {
+// rpcFailure maps a regional RPC error to an exit code: SIGINT or SIGTERM
+// (ctx done) is 130, an unknown class 4, other bad input 1, credentials
+// the service refused 7, and everything else means the service could not
+// answer (5).
+func rpcFailure(ctx context.Context, what, addr, class string, err error) error {
+	if ctx.Err() != nil {
+		return interrupted(ctx, what+" via "+addr)
+	}
 	st := status.Convert(err)
-	if st.Code().String() == "InvalidArgument" {
+	switch st.Code() {
+	case codes.InvalidArgument:
+		if strings.Contains(st.Message(), fmt.Sprintf("class %q is not configured", class)) {
+			return exitf(exitNotFound, "%s refused: %s", what, st.Message())
+		}
 		return exitf(exitInvalid, "%s refused: %s", what, st.Message())
+	case codes.PermissionDenied, codes.Unauthenticated:
+		return refusedFailure(what, addr, st)
 	}
 	return exitf(exitUnreachable, "%s via %s failed: %s (is the regional service running there?)", what, addr, st.Message())
+}
+
+// refusedFailure is a service that answered but refused the caller's
+// credentials: the client certificate (-tls-cert) is missing, or holds no
+// role the method needs.
+func refusedFailure(what, addr string, st *status.Status) error {
+	return exitf(exitRefused, "%s via %s: the service refused this client (%s): %s\n"+
+		"check that -tls-cert/-tls-key are given and hold a role that may call it (the auth section of the config)",
+		what, addr, st.Code(), st.Message())
 }

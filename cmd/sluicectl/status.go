@@ -21,6 +21,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/pkg/config"
 )
 
 // maxTopKeys is the most keys AllocatorService.Status lists.
@@ -44,6 +45,9 @@ type statusReport struct {
 	// contended keys, learning and degraded regions across all shards and
 	// lists the most contended keys of all.
 	Shards []shardView `json:"shards,omitempty"`
+	// refused says a global allocator answered but refused this client's
+	// credentials (exitRefused rather than exitUnreachable).
+	refused bool
 }
 
 // shardView is one global-tier shard past shard 0.
@@ -181,13 +185,17 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 		} else if err := writeStatusText(a.stdout, &rep); err != nil {
 			return err
 		}
+		code := exitUnreachable
+		if rep.refused && rep.EtcdError == "" {
+			code = exitRefused
+		}
 		switch {
 		case rep.EtcdError != "" && rep.GlobalError != "":
-			return exitf(exitUnreachable, "%s\n%s", rep.EtcdError, rep.GlobalError)
+			return exitf(code, "%s\n%s", rep.EtcdError, rep.GlobalError)
 		case rep.EtcdError != "":
-			return exitf(exitUnreachable, "%s", rep.EtcdError)
+			return exitf(code, "%s", rep.EtcdError)
 		case rep.GlobalError != "":
-			return exitf(exitUnreachable, "%s", rep.GlobalError)
+			return exitf(code, "%s", rep.GlobalError)
 		}
 		return nil
 	}
@@ -211,6 +219,9 @@ func (a *app) readEtcdStatus(ctx context.Context, rep *statusReport) error {
 	stepCtx, cancel := a.step(ctx)
 	defer cancel()
 	resp, err := cli.Get(stepCtx, store.ElectionPrefix(), clientv3.WithPrefix())
+	if ctx.Err() != nil {
+		return interrupted(ctx, "reading the leaders from etcd")
+	}
 	if err != nil {
 		rep.EtcdError = a.etcdFailure(fmt.Errorf("read elections: %w", err)).Error()
 		return nil
@@ -331,6 +342,7 @@ func (a *app) askShards(ctx context.Context, top int32, rep *statusReport) error
 			return err
 		}
 		sh.Error, sh.Global = one.GlobalError, one.Global
+		rep.refused = rep.refused || one.refused
 		if sh.Global == nil || rep.Global == nil {
 			continue
 		}
@@ -381,10 +393,20 @@ func (a *app) askGlobal(ctx context.Context, addr string, top int32, rep *status
 	stepCtx, cancel := a.step(ctx)
 	defer cancel()
 	resp, err := sluicev1.NewAllocatorServiceClient(conn).Status(stepCtx, &sluicev1.StatusRequest{TopKeys: top})
+	if ctx.Err() != nil {
+		return interrupted(ctx, "asking the global allocator at "+addr+" for status")
+	}
 	if err != nil {
 		hint := "check -global-addr (" + flagenv.EnvName(envPrefix, "global-addr") + "), that a global allocator runs there, and the -tls-ca/-tls-cert/-tls-key flags"
-		if status.Code(err) == codes.Unimplemented {
+		switch status.Code(err) {
+		case codes.Unimplemented:
 			hint = "the server there does not serve AllocatorService.Status; point -global-addr at a global allocator"
+		case codes.PermissionDenied, codes.Unauthenticated:
+			rep.refused = true
+			rep.GlobalError = fmt.Sprintf("the global allocator at %s answered but refused this client (%s): %s\n"+
+				"check that -tls-cert/-tls-key are given and hold the %s role (the auth section of the config)",
+				addr, status.Code(err), status.Convert(err).Message(), config.RoleOperator)
+			return nil
 		}
 		rep.GlobalError = fmt.Sprintf("cannot get status from the global allocator at %s: %v\n%s", addr, err, hint)
 		return nil
