@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/shard"
 )
 
@@ -497,9 +499,12 @@ func ParseContext(ctx context.Context, data []byte) (*Config, error) {
 	if split && len(tenants) > 0 {
 		c.Tenants = tenants
 	}
-	// Zero MaxShare means "left out" in Go, so an explicit zero must be
-	// caught in the document, where it can still be told apart.
+	// Zero means "left out" in Go for max_share, demand_alpha,
+	// global_shards and max_cost, and a fraction decodes into a whole
+	// number field truncated: both must be caught in the document, where
+	// they can still be told apart.
 	errs := explicitZeroMaxShares(&root)
+	errs = append(errs, writtenNumberProblems(&root)...)
 	c.ApplyDefaults()
 	more, err := c.problemsContext(ctx)
 	if err != nil {
@@ -537,6 +542,55 @@ func explicitZeroMaxShares(root *yaml.Node) []error {
 		}
 	}
 	return errs
+}
+
+// writtenNumberProblems finds numbers written where their Go form cannot
+// tell them apart from a valid value: demand_alpha, global_shards or a
+// class's max_cost written as 0 (which would become the default), and
+// global_shards or max_cost written as a fraction (which would be
+// truncated).
+func writtenNumberProblems(root *yaml.Node) []error {
+	doc := root
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		doc = doc.Content[0]
+	}
+	var errs []error
+	if v, line, ok := scalarNumber(mappingValue(doc, "demand_alpha")); ok && v == 0 {
+		errs = append(errs, &FieldError{Path: "demand_alpha",
+			Message: fmt.Sprintf("must be in (0, 1], got 0 at line %d (leave it out for the default 1)", line)})
+	}
+	whole := func(path string, n *yaml.Node, hi int64) {
+		v, line, ok := scalarNumber(n)
+		switch {
+		case !ok:
+		case v != math.Trunc(v):
+			errs = append(errs, &FieldError{Path: path,
+				Message: fmt.Sprintf("must be a whole number in 1..%d, got %s at line %d", hi, n.Value, line)})
+		case v == 0:
+			errs = append(errs, &FieldError{Path: path,
+				Message: fmt.Sprintf("must be in 1..%d, got 0 at line %d (leave it out for the default 1)", hi, line)})
+		}
+	}
+	whole("global_shards", mappingValue(doc, "global_shards"), shard.MaxShards)
+	if classes := mappingValue(doc, "classes"); classes != nil && classes.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(classes.Content); i += 2 {
+			name, class := classes.Content[i], classes.Content[i+1]
+			whole("classes."+name.Value+".max_cost", mappingValue(class, "max_cost"), quota.MaxCost)
+		}
+	}
+	return errs
+}
+
+// scalarNumber is the number a scalar node holds and its line; ok is
+// false for anything else (left to the decoder to report).
+func scalarNumber(n *yaml.Node) (v float64, line int, ok bool) {
+	if n == nil || n.Kind != yaml.ScalarNode {
+		return 0, 0, false
+	}
+	if n.Decode(&v) != nil {
+		return 0, 0, false
+	}
+	return v, n.Line, true
 }
 
 func mappingValue(m *yaml.Node, key string) *yaml.Node {

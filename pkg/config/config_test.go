@@ -515,6 +515,18 @@ func TestParseRejectsBadDocuments(t *testing.T) {
 		{"duration without unit", sampleWith(t, "refresh: 1s", "refresh: 1"), []string{`duration "1": want a number with a unit`, "(line 5)"}},
 		{"explicit zero max share", sampleWith(t, "eu-west:  {weight: 1}", "eu-west:  {weight: 1, max_share: 0}"),
 			[]string{"regions.eu-west.max_share: must be in (0, 1], got 0 at line 8"}},
+		{"explicit zero demand_alpha", sampleWith(t, "epoch: 1s", "epoch: 1s\ndemand_alpha: 0"),
+			[]string{"demand_alpha: must be in (0, 1], got 0 at line 3"}},
+		{"explicit zero global_shards", sampleWith(t, "epoch: 1s", "epoch: 1s\nglobal_shards: 0"),
+			[]string{"global_shards: must be in 1..256, got 0 at line 3"}},
+		{"fractional global_shards", sampleWith(t, "epoch: 1s", "epoch: 1s\nglobal_shards: 1.5"),
+			[]string{"global_shards: must be a whole number in 1..256, got 1.5 at line 3"}},
+		{"fractional global_shards below 1", sampleWith(t, "epoch: 1s", "epoch: 1s\nglobal_shards: 0.5"),
+			[]string{"global_shards: must be a whole number in 1..256, got 0.5 at line 3"}},
+		{"explicit zero max_cost", sampleWith(t, "read:   {mode: lease,", "read:   {max_cost: 0, mode: lease,"),
+			[]string{"classes.read.max_cost: must be in 1..1048576, got 0 at line 11"}},
+		{"fractional max_cost", sampleWith(t, "read:   {mode: lease,", "read:   {max_cost: 5.99, mode: lease,"),
+			[]string{"classes.read.max_cost: must be a whole number in 1..1048576, got 5.99 at line 11"}},
 		{"weight not a number", sampleWith(t, "us-east:  {weight: 2}", "us-east:  {weight: heavy}"),
 			[]string{`"heavy" is not a number (line 7)`}},
 		{"duplicate key", sampleWith(t, "ap-south: {weight: 1}", "us-east: {weight: 1}"), []string{`mapping key "us-east" already defined`}},
@@ -553,6 +565,30 @@ func TestParseRejectsBadDocuments(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestParseKeepsWrittenNumbersAndDefaultsAbsentOnes: demand_alpha,
+// global_shards and max_cost keep what is written (a whole number may be
+// written 2.0) and take their default 1 only when left out.
+func TestParseKeepsWrittenNumbersAndDefaultsAbsentOnes(t *testing.T) {
+	c, err := Parse(sampleWith(t, "epoch: 1s", "epoch: 1s\ndemand_alpha: 0.5\nglobal_shards: 2.0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DemandAlpha != 0.5 || c.GlobalShards != 2 {
+		t.Errorf("demand_alpha %v, global_shards %d; want 0.5 and 2", c.DemandAlpha, c.GlobalShards)
+	}
+	c, err = Parse(sampleWith(t, "read:   {mode: lease,", "read:   {max_cost: 5, mode: lease,"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Classes["read"].MaxCost; got != 5 {
+		t.Errorf("max_cost %d, want 5", got)
+	}
+	c = Default()
+	if c.DemandAlpha != 1 || c.ShardMap().N() != 1 || c.Classes["read"].Unit() != 1 {
+		t.Errorf("left out: demand_alpha %v, shards %d, read's unit %v; want 1, 1, 1", c.DemandAlpha, c.ShardMap().N(), c.Classes["read"].Unit())
 	}
 }
 
@@ -658,7 +694,7 @@ func TestValidateRefusesPastEveryBound(t *testing.T) {
 		{"max share 0", func(c *Config) { setRegion(c, "eu-west", Region{Weight: 1, MaxShare: 0}) },
 			"regions.eu-west.max_share: must be in (0, 1], got 0"},
 		{"max_cost above quota.MaxCost", bulk(quota.MaxCost+1, quota.MaxCost+1), "classes.bulk.max_cost: must be in 1..1048576"},
-		{"max_cost negative", bulk(-1, 5), "classes.bulk.max_cost: must be in 1..1048576 (0 or left out means 1), got -1"},
+		{"max_cost negative", bulk(-1, 5), "classes.bulk.max_cost: must be in 1..1048576 (left out means 1), got -1"},
 		{"burst one below max_cost", bulk(10, 9), "tiers.free.bulk.burst: 9 is below the class's max_cost 10"},
 		{"grant validity just below 4 epochs", func(c *Config) { c.GrantValidity = Duration(4*time.Second - 1) },
 			"grant_validity: must be at least 4 × epoch"},

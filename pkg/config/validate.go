@@ -206,7 +206,7 @@ func (c *Config) validateClasses(p *problems) {
 			p.add(path+".reclaim", "must be reported or none, got %q", cl.Reclaim)
 		}
 		if cl.MaxCost < 0 || cl.MaxCost > quota.MaxCost {
-			p.add(path+".max_cost", "must be in 1..%d (0 or left out means 1), got %d", quota.MaxCost, cl.MaxCost)
+			p.add(path+".max_cost", "must be in 1..%d (left out means 1), got %d", quota.MaxCost, cl.MaxCost)
 		}
 		if s := cl.PartitionShare; s != nil && !(*s >= 0 && *s <= 1) {
 			p.add(path+".partition_share", "must be in [0, 1] (a fraction of the static share), got %v", *s)
