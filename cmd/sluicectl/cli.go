@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -497,7 +498,7 @@ func problemLines(err error) []string {
 
 // invalidConfig is exit 1 with every problem on its own line.
 func invalidConfig(what string, err error, next string) error {
-	lines := problemLines(err)
+	lines := problemLines(readableLimit(err))
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s is invalid (%d problem", what, len(lines))
 	if len(lines) != 1 {
@@ -509,6 +510,56 @@ func invalidConfig(what string, err error, next string) error {
 	}
 	b.WriteString(next)
 	return &exitError{code: exitInvalid, msg: b.String()}
+}
+
+// readableLimit words a document over configstore.MaxDocumentBytes for
+// the person who wrote it; any other error is returned as is.
+func readableLimit(err error) error {
+	var le *config.LimitError
+	if !errors.As(err, &le) || le.Limit != "configstore.MaxDocumentBytes" {
+		return err
+	}
+	return fmt.Errorf("the config without its tenants is %s bytes, more than the %s one etcd key holds (%s bytes); "+
+		"tenants are stored under keys of their own and do not count: make the other sections (tiers, classes, envoy) smaller",
+		thousands(le.Got), byteSize(le.Max), thousands(le.Max))
+}
+
+// thousands writes n with a comma between groups of three digits.
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// byteSize writes a whole number of MiB or KiB as such, else bytes.
+func byteSize(n int64) string {
+	switch {
+	case n > 0 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n > 0 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return thousands(n) + " bytes"
+}
+
+// storable refuses a config whose document etcd could not hold, as apply
+// would, before a diff or an ok is shown.
+func storable(cfg *config.Config, what, next string) error {
+	if err := configstore.CheckDocument(cfg); err != nil {
+		return invalidConfig(what, err, next)
+	}
+	return nil
 }
 
 func sortedNames[V any](m map[string]V) []string {

@@ -649,3 +649,39 @@ func wantLimit(t *testing.T, out, class string, cells ...string) {
 	}
 	t.Fatalf("no row for class %s in:\n%s", class, out)
 }
+
+// TestConfigTooBigForEtcdIsRefusedByValidateDryRunAndApply: a config whose
+// document (everything but its tenants) is over the 1 MiB one etcd key
+// holds is refused alike by validate, apply -dry-run and apply, in words
+// rather than the limit's Go name, and nothing is written.
+func TestConfigTooBigForEtcdIsRefusedByValidateDryRunAndApply(t *testing.T) {
+	c := newCluster(t)
+	big := writeFile(t, "big.yaml", string(config.SampleYAML())+
+		"    - {domain: "+strings.Repeat("d", 1<<20)+", tenant_key: tenant, class_key: class}\n")
+	before := c.revision(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"validate", []string{"validate", "-f", big}},
+		{"apply -dry-run", c.args("apply", "-f", big, "-dry-run")},
+		{"apply -yes", c.args("apply", "-f", big, "-yes")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := sluicectl(t, "", tc.args...)
+			wantCode(t, r, exitInvalid)
+			wantContains(t, "stderr", r.stderr, "the config without its tenants is 1,04", "bytes, more than the 1 MiB one etcd key holds")
+			for _, goName := range []string{"MaxDocumentBytes", "configstore."} {
+				if strings.Contains(r.stderr, goName) {
+					t.Fatalf("stderr names %q:\n%s", goName, r)
+				}
+			}
+			if strings.Contains(r.stdout, "+++ proposed") || strings.HasPrefix(r.stdout, "ok:") {
+				t.Fatalf("a config apply refuses was shown as fine:\n%.2000s", r.stdout)
+			}
+		})
+	}
+	if after := c.revision(t); after != before {
+		t.Fatalf("refused configs moved etcd from revision %d to %d", before, after)
+	}
+}

@@ -116,6 +116,13 @@ func (a *app) validateCmd(fs *flag.FlagSet) func(context.Context, []string) erro
 		if err != nil {
 			return err
 		}
+		name := "config " + *file
+		if *file == "-" {
+			name = "config stdin"
+		}
+		if err := storable(cfg, name, "fix the problems above: apply would refuse it"); err != nil {
+			return err
+		}
 		fmt.Fprintf(a.stdout, "ok: %d regions, %d classes, %d tiers, %d tenants\n",
 			len(cfg.Regions), len(cfg.Classes), len(cfg.Tiers), len(cfg.Tenants))
 		return nil
@@ -194,6 +201,9 @@ func (a *app) commit(ctx context.Context, store *configstore.Store, current *con
 			return interrupted(ctx, "validating; nothing was written")
 		}
 		return invalidConfig("the changed config", err, "nothing was written")
+	}
+	if err := storable(next, "the changed config", "nothing was written"); err != nil {
+		return err
 	}
 	diff := config.Diff(current, next)
 	if diff == "" && !change.takeover {

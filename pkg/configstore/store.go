@@ -410,6 +410,15 @@ func (s *Store) ApplyWith(ctx context.Context, cfg *config.Config, expectRev int
 	return s.commitBatched(ctx, current, expectRev, doc, want, opts)
 }
 
+// CheckDocument refuses a valid cfg whose document (everything but its
+// tenants) cannot be stored, as ApplyWith would: one rendering over
+// MaxDocumentBytes (a *config.LimitError), or one that does not parse
+// back. It lets an offline check or a dry run refuse what a write would.
+func CheckDocument(cfg *config.Config) error {
+	_, err := renderDocument(cfg)
+	return err
+}
+
 // renderDocument is cfg without its tenants, as stored in the document key.
 func renderDocument(cfg *config.Config) ([]byte, error) {
 	base := *cfg
