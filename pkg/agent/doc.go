@@ -28,7 +28,8 @@
 //
 // # POST /v1/allow
 //
-// Request body (JSON object; unknown fields are refused):
+// Request body (one JSON object; field names are exact, case included,
+// and each is given at most once; unknown fields are refused):
 //
 //	{"tenant": "acme", "class": "read", "cost": 1}
 //
@@ -60,11 +61,11 @@
 //
 // Errors are JSON too, {"error": "...", "field": "..."}: 400 for a bad
 // request (the message and field name the part at fault: a body that is
-// not one JSON object, an unknown field, tenant or class missing or
-// malformed, an unconfigured class, a cost that is not a whole number in
-// range or exceeds the key's burst), 405 for a method other than POST, 413
-// for a body over 64 KiB, 503 while no config is loaded or the lease
-// client is closed.
+// not one JSON object, an unknown field ("TENANT" among them), a field
+// given twice, tenant or class missing or malformed, an unconfigured
+// class, a cost that is not a whole number in range or exceeds the key's
+// burst), 405 for a method other than POST, 413 for a body over 64 KiB,
+// 503 while no config is loaded or the lease client is closed.
 //
 // A 200 with allowed false was chosen over a 429 so that a caller tells a
 // denial (a result, with its retry time) from a failure of the agent (an

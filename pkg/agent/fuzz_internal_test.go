@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -22,8 +24,10 @@ default_tier: std
 
 // FuzzAllowRequest: every POST /v1/allow body is either refused with 400
 // or 413, a message, a field that is empty or one of the request's, and a
-// JSON error body; or it names a valid key of a configured class with a
-// cost from 1 to the key's burst. Nothing is decided for a refused body.
+// JSON error body; or it is one JSON object whose fields are named exactly
+// tenant, class and cost, each at most once, and it names a valid key of a
+// configured class with a cost from 1 to the key's burst, the values the
+// body holds. Nothing is decided for a refused body.
 func FuzzAllowRequest(f *testing.F) {
 	cfg, err := config.Parse([]byte(fuzzConfig))
 	if err != nil {
@@ -38,7 +42,7 @@ func FuzzAllowRequest(f *testing.F) {
 		`{"tenant":"acme","class":"read","cost":-1}`, `{"tenant":"acme","class":"read","cost":9223372036854775807}`,
 		`{"tenant":"acme","class":"read","cost":18446744073709551616}`, `{"Tenant":"acme","CLASS":"read"}`,
 	} {
-		f.Add([]byte(body))
+		f.Add([]byte(body)) // more seeds in testdata/fuzz/FuzzAllowRequest
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		w := httptest.NewRecorder()
@@ -61,6 +65,9 @@ func FuzzAllowRequest(f *testing.F) {
 					t.Fatalf("refusal names field %q, which the request does not have: %s", berr.field, berr.msg)
 				}
 			}
+			if strings.Contains(berr.msg, "unknown field") && fieldNames[berr.field] {
+				t.Fatalf("refusal calls field %q unknown: %s", berr.field, berr.msg)
+			}
 			if berr.msg == "" {
 				t.Fatal("refused without a message")
 			}
@@ -72,6 +79,31 @@ func FuzzAllowRequest(f *testing.F) {
 			}
 			return
 		}
+		fields, ok := topFields(body)
+		if !ok {
+			t.Fatalf("accepted %q, which is not one JSON object of strings, numbers and nulls", body)
+		}
+		times := map[string]int{}
+		for _, f := range fields {
+			times[f.name]++
+		}
+		for _, f := range fields {
+			if !fieldNames[f.name] || times[f.name] != 1 {
+				t.Fatalf("accepted %q with field %q (%d times)", body, f.name, times[f.name])
+			}
+			want, got := f.value, any(nil)
+			switch f.name {
+			case "tenant":
+				got = key.Tenant
+			case "class":
+				got = key.Class
+			case "cost":
+				got = float64(cost)
+			}
+			if want != nil && want != got {
+				t.Fatalf("accepted %q: %s is %v; the body says %v", body, f.name, got, want)
+			}
+		}
 		if err := key.Validate(); err != nil {
 			t.Fatalf("accepted an invalid key %q: %v", key, err)
 		}
@@ -82,6 +114,49 @@ func FuzzAllowRequest(f *testing.F) {
 			t.Fatalf("accepted cost %d for a burst of %d", cost, res.Limit.Burst)
 		}
 	})
+}
+
+// fieldNames are AllowRequest's JSON field names.
+var fieldNames = map[string]bool{"tenant": true, "class": true, "cost": true}
+
+// field is one field of a JSON object: its name and value (a string, a
+// float64 or nil).
+type field struct {
+	name  string
+	value any
+}
+
+// topFields lists the fields of body, in order and with repeats, when it
+// is one JSON object whose values are strings, numbers or nulls.
+func topFields(body []byte) ([]field, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, false
+	}
+	var out []field
+	for dec.More() {
+		name, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		value, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		switch value.(type) {
+		case string, float64, nil:
+		default:
+			return nil, false
+		}
+		out = append(out, field{name.(string), value})
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false
+	}
+	return out, true
 }
 
 // FuzzAllowAnswer: whatever the limiter's decision, the answer keeps the

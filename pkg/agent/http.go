@@ -155,7 +155,9 @@ func (a *api) serve(w http.ResponseWriter, r *http.Request) string {
 }
 
 // decode reads the body as exactly one JSON object of AllowRequest's
-// fields.
+// fields, each named exactly (encoding/json alone would take "TENANT" or
+// a name spelled with other letters that fold to the same for "tenant")
+// and at most once (it would keep the last of two).
 func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) {
 	var req AllowRequest
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
@@ -169,37 +171,85 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 	if len(bytes.TrimSpace(body)) == 0 {
 		return req, refuse("", `body is empty: send a JSON object such as {"tenant":"acme","class":"read","cost":1}`)
 	}
+	// First the syntax, whole: the decoder's token stream below does not
+	// place its syntax errors reliably.
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	var value json.RawMessage
+	if err := dec.Decode(&value); err != nil {
 		return req, jsonError(err)
 	}
 	if dec.More() {
 		return req, refuse("", "body holds more than one JSON value")
 	}
+	// Then the object's fields, one by one.
+	dec = json.NewDecoder(bytes.NewReader(value))
+	tok, err := dec.Token()
+	if err != nil {
+		return req, jsonError(err)
+	}
+	if tok != json.Delim('{') {
+		return req, refuse("", "body must be a JSON object (got a JSON %s)", jsonKind(tok))
+	}
+	var seen [3]bool // tenant, class, cost
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return req, jsonError(err)
+		}
+		name, _ := tok.(string) // an object's keys are strings
+		var dst any
+		var i int
+		switch name {
+		case "tenant":
+			dst, i = &req.Tenant, 0
+		case "class":
+			dst, i = &req.Class, 1
+		case "cost":
+			dst, i = &req.Cost, 2
+		default:
+			return req, refuse(name, "unknown field %q (the fields are tenant, class and cost)", name)
+		}
+		if seen[i] {
+			return req, refuse(name, "field %q appears more than once: send each field once", name)
+		}
+		seen[i] = true
+		if err := dec.Decode(dst); err != nil {
+			return req, fieldError(name, err)
+		}
+	}
 	return req, nil
 }
 
-// jsonError names the field a decoding error is about.
+// jsonKind names the kind of JSON value tok starts.
+func jsonKind(tok json.Token) string {
+	switch tok.(type) {
+	case json.Delim:
+		return "array" // an object is the one wanted
+	case string:
+		return "string"
+	case float64:
+		return "number"
+	case bool:
+		return "bool"
+	}
+	return "null"
+}
+
+// jsonError says what is wrong with a body that is not valid JSON.
 func jsonError(err error) *badRequest {
+	return refuse("", "body is not valid JSON: %v", err)
+}
+
+// fieldError names the field whose value does not decode.
+func fieldError(field string, err error) *badRequest {
 	var typeErr *json.UnmarshalTypeError
-	var syntaxErr *json.SyntaxError
 	switch {
-	case errors.As(err, &typeErr) && typeErr.Field == "cost":
+	case errors.As(err, &typeErr) && field == "cost":
 		return refuse("cost", "cost must be a whole number of tokens from 1 to %d (got a JSON %s)", quota.MaxCost, typeErr.Value)
-	case errors.As(err, &typeErr) && typeErr.Field != "":
-		return refuse(typeErr.Field, "%s must be a JSON string (got a JSON %s)", typeErr.Field, typeErr.Value)
 	case errors.As(err, &typeErr):
-		return refuse("", "body must be a JSON object (got a JSON %s)", typeErr.Value)
-	case errors.As(err, &syntaxErr), errors.Is(err, io.ErrUnexpectedEOF):
-		return refuse("", "body is not valid JSON: %v", err)
+		return refuse(field, "%s must be a JSON string (got a JSON %s)", field, typeErr.Value)
 	}
-	// The decoder's unknown-field error has no type of its own.
-	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		field, _ := strconv.Unquote(name)
-		return refuse(field, "unknown field %s (the fields are tenant, class and cost)", name)
-	}
-	return refuse("", "body is not a valid request: %v", err)
+	return refuse(field, "%s: %v", field, err)
 }
 
 // validate checks the request against cfg, naming the field at fault.
