@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // ErrInvalid is wrapped by every validation error, so edges can map it to
@@ -60,11 +61,27 @@ func validateName(field, s string, max int) error {
 	}
 	for i := 0; i < len(s); i++ {
 		if !nameByte(s[i]) {
-			return fmt.Errorf("%w: %s %q has byte %q at offset %d; allowed are letters, digits and . _ : @ -",
-				ErrInvalid, field, truncate(s, 40), s[i], i)
+			return fmt.Errorf("%w: %s %q has byte %s; allowed are letters, digits and . _ : @ -",
+				ErrInvalid, field, truncate(s, 40), ByteAt(s, i))
 		}
 	}
 	return nil
+}
+
+// ByteAt names the byte s[i] and its place for an error message: an
+// ASCII byte quoted (' ' at offset 2, '\n' at offset 2), any other in hex,
+// with the character it starts when it starts one (0xc3 at offset 2 (the
+// first byte of 'é')): a byte above 0x7f is never shown as the Latin-1
+// character of its number.
+func ByteAt(s string, i int) string {
+	c := s[i]
+	if c < utf8.RuneSelf {
+		return fmt.Sprintf("%q at offset %d", c, i)
+	}
+	if r, n := utf8.DecodeRuneInString(s[i:]); n > 1 {
+		return fmt.Sprintf("%#x at offset %d (the first byte of %q)", c, i, r)
+	}
+	return fmt.Sprintf("%#x at offset %d", c, i)
 }
 
 func nameByte(c byte) bool {

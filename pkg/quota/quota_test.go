@@ -158,6 +158,30 @@ func TestRefusalsQuoteTheNameCutTo40Bytes(t *testing.T) {
 	}
 }
 
+// TestRefusalsShowTheByteAtFault: a refused name's byte at fault is shown
+// quoted when it is ASCII and in hex otherwise, with the character it
+// starts when it starts one (never as the Latin-1 letter of the same
+// number: 0xc3 is not 'Ã').
+func TestRefusalsShowTheByteAtFault(t *testing.T) {
+	for _, tc := range []struct {
+		name, says string
+	}{
+		{"a b", `tenant "a b" has byte ' ' at offset 1; allowed are`},
+		{"a{b}", `tenant "a{b}" has byte '{' at offset 1; allowed are`},
+		{"acéme", `tenant "acéme" has byte 0xc3 at offset 2 (the first byte of 'é'); allowed are`},
+		{"ac\u200bme", `tenant "ac\u200bme" has byte 0xe2 at offset 2 (the first byte of '\u200b'); allowed are`},
+		{"a\nb", `tenant "a\nb" has byte '\n' at offset 1; allowed are`},
+		{"a\x7fb", `tenant "a\x7fb" has byte '\x7f' at offset 1; allowed are`},
+		{"a\xffb", `tenant "a\xffb" has byte 0xff at offset 1; allowed are`},
+		{"a\xc3", `tenant "a\xc3" has byte 0xc3 at offset 1; allowed are`},
+	} {
+		err := Key{Tenant: tc.name, Class: "read"}.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("tenant %q: %v; want it to say %s", tc.name, err, tc.says)
+		}
+	}
+}
+
 // TestWholeUnits: a duration rounds up to whole units; an exact unit stays
 // itself, nothing left is 0, and the largest Duration does not overflow.
 func TestWholeUnits(t *testing.T) {
