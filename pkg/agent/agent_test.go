@@ -319,8 +319,11 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		says       string
 	}{
 		{"empty body", ``, 400, "", "body is empty"},
-		{"not JSON", `tenant=acme`, 400, "", "not valid JSON"},
-		{"truncated", `{"tenant":"acme"`, 400, "", "not valid JSON"},
+		{"not JSON", `tenant=acme`, 400, "", "body is not valid JSON: unexpected byte 'e' at offset 1"},
+		{"truncated", `{"tenant":"acme"`, 400, "", "body is not valid JSON: it ends after 16 bytes, before its value does"},
+		{"bad byte in the middle", `{"tenant":"acme",}`, 400, "", "body is not valid JSON: unexpected byte '}' at offset 17"},
+		{"letter outside a string", `{"tenant":é}`, 400, "", "body is not valid JSON: unexpected byte 0xc3 at offset 10 (the first byte of 'é')"},
+		{"invalid UTF-8 outside a string", "{\"tenant\":\xff}", 400, "", "body is not valid JSON: unexpected byte 0xff at offset 10"},
 		{"array", `[1,2]`, 400, "", "JSON object"},
 		{"two values", `{"tenant":"acme","class":"read"} {}`, 400, "", "more than one JSON value"},
 		{"unknown field", `{"tenant":"acme","class":"read","tokens":1}`, 400, "tokens", `unknown field "tokens"`},
@@ -335,6 +338,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{"no tenant", `{"class":"read"}`, 400, "tenant", "tenant is empty"},
 		{"tenant not a string", `{"tenant":7,"class":"read"}`, 400, "tenant", "tenant must be a JSON string"},
 		{"bad tenant", `{"tenant":"a b","class":"read"}`, 400, "tenant", "tenant \"a b\" has byte ' '"},
+		{"tenant with a letter outside ASCII", `{"tenant":"acéme","class":"read"}`, 400, "tenant", `tenant "acéme" has byte 0xc3 at offset 2 (the first byte of 'é')`},
 		{"no class", `{"tenant":"acme"}`, 400, "class", "class is empty"},
 		{"unknown class", `{"tenant":"acme","class":"nope"}`, 400, "class", `class "nope" is not configured`},
 		{"zero cost", `{"tenant":"acme","class":"read","cost":0}`, 400, "cost", "cost 0 must be at least 1"},
@@ -353,6 +357,12 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 			}
 			if code != tc.status || e.Field != tc.field || !strings.Contains(e.Error, tc.says) {
 				t.Errorf("got %d %+v; want %d, field %q, message containing %q", code, e, tc.status, tc.field, tc.says)
+			}
+			// The message speaks of the request, not of the parser.
+			for _, internal := range []string{"json:", "invalid character", "literal", "Ã"} {
+				if strings.Contains(e.Error, internal) {
+					t.Errorf("message %q says %q", e.Error, internal)
+				}
 			}
 		})
 	}

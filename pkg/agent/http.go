@@ -176,7 +176,7 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var value json.RawMessage
 	if err := dec.Decode(&value); err != nil {
-		return req, jsonError(err)
+		return req, jsonError(body, err)
 	}
 	if dec.More() {
 		return req, refuse("", "body holds more than one JSON value")
@@ -185,7 +185,7 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 	dec = json.NewDecoder(bytes.NewReader(value))
 	tok, err := dec.Token()
 	if err != nil {
-		return req, jsonError(err)
+		return req, jsonError(value, err)
 	}
 	if tok != json.Delim('{') {
 		return req, refuse("", "body must be a JSON object (got a JSON %s)", jsonKind(tok))
@@ -194,7 +194,7 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return req, jsonError(err)
+			return req, jsonError(value, err)
 		}
 		name, _ := tok.(string) // an object's keys are strings
 		var dst any
@@ -235,9 +235,17 @@ func jsonKind(tok json.Token) string {
 	return "null"
 }
 
-// jsonError says what is wrong with a body that is not valid JSON.
-func jsonError(err error) *badRequest {
-	return refuse("", "body is not valid JSON: %v", err)
+// jsonError says where body, which is not valid JSON, goes wrong.
+func jsonError(body []byte, err error) *badRequest {
+	var syntaxErr *json.SyntaxError
+	switch {
+	// Offset counts the bytes read, the one at fault included.
+	case errors.As(err, &syntaxErr) && syntaxErr.Offset >= 1 && syntaxErr.Offset <= int64(len(body)):
+		return refuse("", "body is not valid JSON: unexpected byte %s", quota.ByteAt(string(body), int(syntaxErr.Offset-1)))
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return refuse("", "body is not valid JSON: it ends after %d bytes, before its value does", len(body))
+	}
+	return refuse("", "body is not valid JSON")
 }
 
 // fieldError names the field whose value does not decode.
