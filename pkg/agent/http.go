@@ -318,9 +318,7 @@ func answer(now time.Time, d quota.Decision, res config.Resolved) (AllowResponse
 		RetryNever: !allowed && d.RetryNever,
 		Degraded:   d.Degraded,
 	}
-	if !d.ResetAt.IsZero() {
-		resp.ResetMS = ceilMS(d.ResetAt.Sub(now))
-	}
+	resp.ResetMS = ceilMS(d.ResetIn(now))
 	switch {
 	case resp.RetryNever:
 		resp.ResetMS = 0

@@ -129,8 +129,10 @@
 //     decision (Decision.Remaining): the tokens this process holds for the
 //     key plus what the region's bucket held at its last answer, at most
 //     the region's cap for the key and below the cost when over limit.
-//   - duration_until_reset: time until the region's bucket is full again,
-//     as last reported by the region, and never before the retry delay of
+//   - duration_until_reset: time until limit_remaining is back to the cap
+//     if nobody spends (Decision.ResetIn: the later of the region's bucket
+//     full again, as last reported, and the tokens missing from the cap
+//     refilled at the region's rate), and never before the retry delay of
 //     an over-limit descriptor. Unset on an over-limit descriptor that no
 //     wait can cure (Decision.RetryNever: the cost exceeds what this
 //     region's bucket can ever hold while its cap stays as it is), so

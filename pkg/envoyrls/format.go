@@ -142,9 +142,7 @@ func newDecided(now time.Time, limit quota.Limit, r result, d quota.Decision) de
 		out.cap = min(max(d.Cap, 0), out.cap)
 	}
 	out.remaining = uint32(min(max(d.Remaining, 0), out.cap, math.MaxUint32))
-	if !d.ResetAt.IsZero() {
-		out.reset = max(d.ResetAt.Sub(now), 0)
-	}
+	out.reset = d.ResetIn(now)
 	switch {
 	case r == resultOverLimit && d.RetryNever:
 		out.never, out.reset = true, 0

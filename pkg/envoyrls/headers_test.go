@@ -222,3 +222,47 @@ func TestEnvoyHeadersSayWhatTheRegionAdmits(t *testing.T) {
 		})
 	}
 }
+
+// TestAnswerThatSpendsTheLastTokensSaysWhenTheyComeBack: an admitted
+// request that spends every token this caller can expect (a free tenant's
+// 3 in us-east, at us-east's 3 tokens a minute) leaves Remaining 0, and
+// t says when the 3 are back: about a minute, although the region's own
+// bucket was "full" at its answer (the tokens were out in the lease).
+// The request after it is OVER_LIMIT with a retry time no later than t.
+func TestAnswerThatSpendsTheLastTokensSaysWhenTheyComeBack(t *testing.T) {
+	cfg := regiontest.MustConfig(t, threeRegions)
+	reg := regiontest.Start(t, cfg, "us-east")
+	c, err := lease.NewClient(reg.Dial(t), lease.Options{
+		InstanceID: "envoy-reset", Refresh: 200 * time.Millisecond, BreakerTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: cfg}, Limiter: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(hits uint32) (*rlsv3.RateLimitResponse, envoySaid) {
+		t.Helper()
+		resp, err := svc.ShouldRateLimit(t.Context(), request("sluice", hits, desc("tenant", "newcomer")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := checkFields(resp)
+		if err != nil {
+			t.Fatalf("answer %v: %v", resp, err)
+		}
+		return resp, s
+	}
+	resp, spent := ask(3)
+	// 3 tokens at us-east's static 3/m (6/m × 2/4): 60 s, give or take the
+	// rounding to whole seconds and the time the test took.
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || spent.remaining != 0 || !spent.hasT || spent.t < 59 || spent.t > 61 {
+		t.Fatalf("the cap of 3 spent at once: %v, remaining %d t %d (has t %v); want OK, 0 remaining, t about 60", resp, spent.remaining, spent.t, spent.hasT)
+	}
+	resp, next := ask(1)
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || !next.hasT || next.t > spent.t {
+		t.Fatalf("the request after: %v, t %d; want OVER_LIMIT with a retry time no later than %d", resp, next.t, spent.t)
+	}
+}

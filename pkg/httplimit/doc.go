@@ -56,7 +56,9 @@
 // t names one instant for all of them, a whole second of the Date clock at
 // or after the moment it stands for: on an admitted request when
 // Remaining will be back to X-RateLimit-Limit if nobody spends
-// (Decision.ResetAt; 0 when it already is), on a 429 when the request can
+// (Decision.ResetIn: the later of the region's bucket full again and the
+// tokens missing from the limit refilled; 0 when it already is), on a 429
+// when the request can
 // be retried (Decision.RetryAfter). So X-RateLimit-Reset - Date = t, and
 // on a 429 Retry-After = t: the IETF draft asks that Retry-After not point
 // earlier than the end of the window t describes. A client that waits t
@@ -84,7 +86,7 @@
 //
 //   - Remaining is clamped to [0, X-RateLimit-Limit]: a bucket in debt has
 //     a negative balance that clients cannot act on.
-//   - A zero or past ResetAt on an admitted request gives t=0 and
+//   - A zero ResetIn on an admitted request gives t=0 and
 //     X-RateLimit-Reset = Date: nothing to wait for, or the limiter did not
 //     say.
 //   - A negative Limit is reported as 0.

@@ -248,8 +248,10 @@ func computeFields(d quota.Decision, now time.Time) fields {
 	case f.denied:
 		f.reset = max(ceilUnix(now.Add(max(d.RetryAfter, 0)))-f.date, 1)
 		f.retryAfter = f.reset
-	case d.ResetAt.After(now):
-		f.reset = ceilUnix(d.ResetAt) - f.date
+	default:
+		if in := d.ResetIn(now); in > 0 {
+			f.reset = ceilUnix(now.Add(in)) - f.date
+		}
 	}
 	return f
 }

@@ -478,7 +478,7 @@ func (t *Table) allowFast(key quota.Key, cost int64) (in *keyInfo, remaining int
 }
 
 func admitted(in *keyInfo, remaining int64) quota.Decision {
-	return quota.Decision{Allowed: true, Limit: in.limit, Cap: in.cap, CapKnown: in.capKnown, Remaining: in.expected(remaining), ResetAt: in.resetAt}
+	return quota.Decision{Allowed: true, Limit: in.limit, Cap: in.cap, CapKnown: in.capKnown, Remaining: in.expected(remaining), ResetAt: in.resetAt, Refill: in.regionRate}
 }
 
 // expected is what this caller can expect to spend now, with pool tokens
@@ -510,7 +510,7 @@ func (t *Table) deny(e *entry, in *keyInfo, cost int64, retry time.Duration) quo
 	// A denial says fewer than cost tokens can be had now, whatever the
 	// region's bucket held at its last answer.
 	rem := min(in.expected(e.tokens()), cost-1)
-	d := quota.Decision{WouldDeny: true, Limit: in.limit, Cap: in.cap, CapKnown: in.capKnown, Remaining: rem, ResetAt: in.resetAt, RetryAfter: retry}
+	d := quota.Decision{WouldDeny: true, Limit: in.limit, Cap: in.cap, CapKnown: in.capKnown, Remaining: rem, ResetAt: in.resetAt, Refill: in.regionRate, RetryAfter: retry}
 	if in.shadow {
 		d.Allowed = true
 		e.count(slot(ResultShadowDenied, false))
@@ -566,6 +566,7 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 		have := lim.TokensAt(now)
 		d.Remaining = max(0, int64(math.Floor(have)))
 		if r := float64(lim.Limit()); r > 0 {
+			d.Refill = r
 			if !d.Allowed {
 				d.RetryAfter = time.Duration((float64(cost) - have) / r * float64(time.Second))
 			}
@@ -639,7 +640,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		// grant's (a check does not carry it).
 		e.own().cap = wholeCap(e.view().regionBurst, e.view().limit)
 	}
-	capped, capKnown := e.view().cap, e.view().capKnown
+	capped, capKnown, refill := e.view().cap, e.view().capKnown, e.view().regionRate
 	t.clearDegradedLocked(e)
 	e.publishLocked()
 	e.mu.Unlock()
@@ -653,6 +654,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		CapKnown:  capKnown,
 		Remaining: max(0, resp.Remaining),
 		ResetAt:   now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond),
+		Refill:    refill,
 	}
 	if capKnown {
 		d.Remaining = min(d.Remaining, capped)

@@ -3,6 +3,7 @@ package quota
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 )
@@ -146,6 +147,34 @@ type Limit struct {
 	Burst int64
 }
 
+// maxResetSeconds keeps ResetIn's arithmetic inside a Duration.
+const maxResetSeconds = float64(1<<63-1) / float64(time.Second) / 2
+
+// ResetIn is how long after now this caller's Remaining is back to Cap if
+// nobody spends: the later of ResetAt and the time the tokens missing
+// from Cap take at Refill. 0 when Remaining is at Cap and the region's
+// bucket is full, or when neither is known. An admitted request that
+// spent the last tokens an instance held says so: the region's bucket
+// may be full (the tokens were out in the lease), but the caller's
+// Remaining is 0 until they are refilled.
+func (d Decision) ResetIn(now time.Time) time.Duration {
+	var in time.Duration
+	if !d.ResetAt.IsZero() {
+		in = max(d.ResetAt.Sub(now), 0)
+	}
+	if d.CapKnown && d.Refill > 0 && d.Remaining < d.Cap {
+		if s := float64(d.Cap-max(d.Remaining, 0)) / d.Refill; s < maxResetSeconds {
+			// Rounded up to the microsecond, less a billionth for float
+			// error (3 tokens at 1/m is 180 s, not 180 s and a
+			// microsecond; a rate on the wire may carry 13 digits): far
+			// below the whole seconds and milliseconds readers round to.
+			us := math.Ceil(s * float64(time.Second/time.Microsecond) * (1 - 1e-9))
+			in = max(in, time.Duration(us)*time.Microsecond)
+		}
+	}
+	return in
+}
+
 // Decision is the outcome of one Allow or Check. The zero value denies.
 type Decision struct {
 	// Allowed says whether the request may proceed. In shadow mode it is
@@ -173,9 +202,15 @@ type Decision struct {
 	// answer, so concurrent spending elsewhere in the region since then
 	// can make it an overestimate by up to one refresh of that spending.
 	Remaining int64
-	// ResetAt is when this caller's Remaining will be back to Cap if
-	// nobody spends (the region's bucket full again); zero when unknown.
+	// ResetAt is when the region's bucket is full again (as of the
+	// region's last answer) if nobody spends; zero when unknown. Tokens
+	// an instance holds are not in that bucket: once spent, they come
+	// back only at Refill. Readers giving a reset time use ResetIn.
 	ResetAt time.Time
+	// Refill is the rate (tokens/s) at which the tokens missing from Cap
+	// come back when nobody spends: the region's current rate for the
+	// key, or the local bucket's while degraded; 0 when unknown.
+	Refill float64
 	// RetryAfter is how long to wait before retrying a denied request; zero
 	// when allowed, and when RetryNever is set.
 	RetryAfter time.Duration

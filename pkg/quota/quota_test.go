@@ -200,3 +200,34 @@ func TestWholeUnits(t *testing.T) {
 		}
 	}
 }
+
+// TestResetInCountsTheTokensMissingFromCap: ResetIn is the later of
+// ResetAt and the time the tokens missing from Cap take at Refill (up to
+// the microsecond, without float error), and ignores what it cannot know
+// (no cap, no rate, nothing missing).
+func TestResetInCountsTheTokensMissingFromCap(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		d    Decision
+		want time.Duration
+	}{
+		{"nothing known", Decision{}, 0},
+		{"region's bucket only", Decision{ResetAt: now.Add(2 * time.Second)}, 2 * time.Second},
+		{"past ResetAt", Decision{ResetAt: now.Add(-time.Second)}, 0},
+		{"tokens missing at the rate", Decision{CapKnown: true, Cap: 10, Remaining: 4, Refill: 2}, 3 * time.Second},
+		{"the later of the two", Decision{CapKnown: true, Cap: 10, Remaining: 4, Refill: 2, ResetAt: now.Add(5 * time.Second)}, 5 * time.Second},
+		{"rounded up to the microsecond", Decision{CapKnown: true, Cap: 1, Refill: 3}, 333334 * time.Microsecond},
+		{"no nanosecond of float error", Decision{CapKnown: true, Cap: 3, Refill: 1.0 / 60}, 3 * time.Minute},
+		{"nor of a rate in 13 digits", Decision{CapKnown: true, Cap: 2, Refill: 0.01666666666665}, 2 * time.Minute},
+		{"nothing missing", Decision{CapKnown: true, Cap: 10, Remaining: 10, Refill: 2, ResetAt: now.Add(time.Second)}, time.Second},
+		{"cap unknown", Decision{Cap: 10, Remaining: 4, Refill: 2}, 0},
+		{"rate unknown", Decision{CapKnown: true, Cap: 10, Remaining: 4}, 0},
+		{"negative remaining counts as none", Decision{CapKnown: true, Cap: 10, Remaining: -5, Refill: 5}, 2 * time.Second},
+		{"too long for a Duration", Decision{CapKnown: true, Cap: 1 << 40, Refill: 1e-9, ResetAt: now.Add(time.Hour)}, time.Hour},
+	} {
+		if got := tc.d.ResetIn(now); got != tc.want {
+			t.Errorf("%s: ResetIn %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
