@@ -562,6 +562,46 @@ func TestGetReportsInvalidStoredConfig(t *testing.T) {
 	}
 }
 
+// TestApplyOverInvalidStoredConfigShowsTheTenantsItDeletes: the stored
+// document does not validate, but the tenants stored under keys of their
+// own are still read, and the diff lists the ones apply deletes (it showed
+// the file as all added, and deleted every stored tenant unseen).
+func TestApplyOverInvalidStoredConfigShowsTheTenantsItDeletes(t *testing.T) {
+	c := newCluster(t)
+	for _, id := range []string{"x1", "x2", "x3"} {
+		v, err := config.MarshalTenant(config.Tenant{Tier: "free"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.cli.Put(t.Context(), c.store.TenantKey(id), string(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.cli.Put(t.Context(), c.store.Key(), invalidYAML); err != nil {
+		t.Fatal(err)
+	}
+	before := c.revision(t)
+	r := sluicectl(t, "", c.args("apply", "-f", sample(t), "-dry-run")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, "does not validate; it will be replaced")
+	wantContains(t, "stdout", r.stdout, "+default_tier: free",
+		"@@ tenants: 1 added, 0 changed, 3 removed (3 listed before, 1 after) @@", "+  acme:")
+	for _, id := range []string{"x1", "x2", "x3"} {
+		wantContains(t, "stdout", r.stdout, "-  "+id+":\n-    tier: free\n")
+	}
+	if after := c.revision(t); after != before {
+		t.Fatalf("a dry run moved etcd from revision %d to %d", before, after)
+	}
+
+	r = sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "-  x1:\n", "applied: revision")
+	cfg, _ := c.config(t)
+	if cfg == nil || len(cfg.Tenants) != 1 || cfg.Tenants["acme"].Tier != "pro" {
+		t.Fatalf("after the apply etcd holds %+v, want the sample's one tenant", cfg)
+	}
+}
+
 func TestEnvironmentSuppliesGlobalFlags(t *testing.T) {
 	c := newCluster(t)
 	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)

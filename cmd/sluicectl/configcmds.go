@@ -182,12 +182,62 @@ func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 			for _, l := range problemLines(err) {
 				fmt.Fprintln(a.stderr, "  "+l)
 			}
-			current = nil
+			// Its tenants are keys of their own, still readable: the diff
+			// shows those the apply deletes or changes.
+			stored, err := a.storedTenants(ctx, store)
+			if err != nil {
+				return err
+			}
+			return a.commitWith(ctx, store, rev, next, change, *file == "-", func() string {
+				return diffOverTenants(stored, next)
+			})
 		case err != nil:
 			return a.etcdFailure(err)
 		}
 		return a.commit(ctx, store, current, rev, next, change, *file == "-")
 	}
+}
+
+// storedTenants reads the tenants stored under keys of their own, for a
+// diff over a stored document that does not validate. Tenants whose value
+// does not parse cannot be shown; they are counted in a warning.
+func (a *app) storedTenants(ctx context.Context, store *configstore.Store) (map[string]config.Tenant, error) {
+	stored := map[string]config.Tenant{}
+	var bad []string
+	_, err := store.ListTenants(ctx, "", func(e configstore.TenantEntry) bool {
+		if e.Err != nil {
+			bad = append(bad, e.ID)
+		} else {
+			stored[e.ID] = e.Tenant
+		}
+		return ctx.Err() == nil
+	})
+	switch {
+	case ctx.Err() != nil:
+		return nil, interrupted(ctx, "reading the tenants in etcd; nothing was written")
+	case err != nil:
+		return nil, a.etcdFailure(err)
+	}
+	if len(bad) > 0 {
+		fmt.Fprintf(a.stderr, "warning: %d stored tenants do not parse (the first: %s); the apply replaces or deletes them too, though the diff below cannot show them\n",
+			len(bad), bad[0])
+	}
+	return stored, nil
+}
+
+// diffOverTenants is the diff from a stored config whose document is
+// unusable (shown as absent) but whose tenants, stored apart, are known,
+// to next: the document as added, then one line per tenant added,
+// changed or deleted.
+func diffOverTenants(stored map[string]config.Tenant, next *config.Config) string {
+	doc := *next
+	doc.Tenants = nil
+	out := config.Diff(nil, &doc)
+	tenants := config.DiffTenants(config.TenantChanges(stored, next.Tenants), len(stored), len(next.Tenants))
+	if out == "" || tenants == "" {
+		return out + tenants
+	}
+	return out + strings.TrimPrefix(tenants, "--- current\n+++ proposed\n")
 }
 
 // commit shows the diff from current (at revision rev; nil when absent)
@@ -196,6 +246,13 @@ func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 // so it cannot answer a prompt.
 func (a *app) commit(ctx context.Context, store *configstore.Store, current *config.Config, rev int64,
 	next *config.Config, change changeFlags, stdinUsed bool) error {
+	return a.commitWith(ctx, store, rev, next, change, stdinUsed, func() string { return config.Diff(current, next) })
+}
+
+// commitWith is commit showing the diff that diff computes, once next
+// validated.
+func (a *app) commitWith(ctx context.Context, store *configstore.Store, rev int64,
+	next *config.Config, change changeFlags, stdinUsed bool, diff func() string) error {
 	if err := next.ValidateContext(ctx); err != nil {
 		if ctx.Err() != nil {
 			return interrupted(ctx, "validating; nothing was written")
@@ -205,12 +262,12 @@ func (a *app) commit(ctx context.Context, store *configstore.Store, current *con
 	if err := storable(next, "the changed config", "nothing was written"); err != nil {
 		return err
 	}
-	diff := config.Diff(current, next)
-	if diff == "" && !change.takeover {
+	shown := diff()
+	if shown == "" && !change.takeover {
 		fmt.Fprintf(a.stdout, "no changes (etcd is at revision %d)\n", rev)
 		return nil
 	}
-	fmt.Fprint(a.stdout, diff)
+	fmt.Fprint(a.stdout, shown)
 	if ok, err := a.confirm(ctx, change, stdinUsed); !ok {
 		return err
 	}
