@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/internal/structfield"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -146,16 +147,15 @@ envoy:
     - {domain: sluice, tenant_key: tenant, class: read}
 `
 
-// TestEnvoyHeadersSayWhatTheRegionAdmits: Envoy's answers from us-east,
-// which holds half of each key's bucket on a real regional service and
-// redis-server, announce the region's cap (100 of a pro tenant's 200, 3 of
-// a free tenant's 5) under the policy, and a Remaining the requests that
-// follow really get, until OVER_LIMIT; every answer's fields agree.
-func TestEnvoyHeadersSayWhatTheRegionAdmits(t *testing.T) {
+// usEastService is an Envoy endpoint deciding through a lease client of
+// instance id on us-east, a real regional service and redis-server, with
+// the threeRegions config.
+func usEastService(t *testing.T, id string) (*config.Config, *envoyrls.Service) {
+	t.Helper()
 	cfg := regiontest.MustConfig(t, threeRegions)
 	reg := regiontest.Start(t, cfg, "us-east")
 	c, err := lease.NewClient(reg.Dial(t), lease.Options{
-		InstanceID: "envoy-headers", Refresh: 200 * time.Millisecond, BreakerTimeout: 2 * time.Second,
+		InstanceID: id, Refresh: 200 * time.Millisecond, BreakerTimeout: 2 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -165,6 +165,16 @@ func TestEnvoyHeadersSayWhatTheRegionAdmits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg, svc
+}
+
+// TestEnvoyHeadersSayWhatTheRegionAdmits: Envoy's answers from us-east,
+// which holds half of each key's bucket on a real regional service and
+// redis-server, announce the region's cap (100 of a pro tenant's 200, 3 of
+// a free tenant's 5) under the policy, and a Remaining the requests that
+// follow really get, until OVER_LIMIT; every answer's fields agree.
+func TestEnvoyHeadersSayWhatTheRegionAdmits(t *testing.T) {
+	cfg, svc := usEastService(t, "envoy-headers")
 	for _, tc := range []struct {
 		tenant      string
 		policy, cap int64
@@ -230,19 +240,7 @@ func TestEnvoyHeadersSayWhatTheRegionAdmits(t *testing.T) {
 // bucket was "full" at its answer (the tokens were out in the lease).
 // The request after it is OVER_LIMIT with a retry time no later than t.
 func TestAnswerThatSpendsTheLastTokensSaysWhenTheyComeBack(t *testing.T) {
-	cfg := regiontest.MustConfig(t, threeRegions)
-	reg := regiontest.Start(t, cfg, "us-east")
-	c, err := lease.NewClient(reg.Dial(t), lease.Options{
-		InstanceID: "envoy-reset", Refresh: 200 * time.Millisecond, BreakerTimeout: 2 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(context.Background()) })
-	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: cfg}, Limiter: c})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, svc := usEastService(t, "envoy-reset")
 	ask := func(hits uint32) (*rlsv3.RateLimitResponse, envoySaid) {
 		t.Helper()
 		resp, err := svc.ShouldRateLimit(t.Context(), request("sluice", hits, desc("tenant", "newcomer")))
