@@ -47,7 +47,10 @@
 // except an apply of more tenant changes than one transaction holds, which
 // writes them in batches that no daemon sees before the last transaction
 // commits them all (an interrupted one is finished by apply -takeover).
-// Tenant commands read and write one tenant's key, not the whole config. region drain/restore of a
+// Tenant commands write one tenant's key, not the whole config; before
+// writing they check the other stored tenants against the document (a
+// page at a time) and refuse to write on top of a stored config that does
+// not validate, which every daemon refuses. region drain/restore of a
 // region already in that state writes nothing and succeeds; draining the
 // last region not drained is refused.
 //

@@ -198,3 +198,53 @@ func mustRead(t *testing.T, path string) []byte {
 	}
 	return data
 }
+
+// TestTenantChangesRefuseAStoredConfigThatDoesNotValidate: with a stored
+// tenant the document does not allow (an unknown tier) or one that does
+// not parse, every daemon refuses the whole config; tenant set, delete and
+// shadow set refuse to write on top of it, as region drain does, naming
+// the tenants at fault, while changing the tenant at fault itself is the
+// way out.
+func TestTenantChangesRefuseAStoredConfigThatDoesNotValidate(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	wantCode(t, sluicectl(t, "", c.args("tenant", "set", "beta", "-tier", "free", "-yes")...), exitOK)
+	if _, err := c.cli.Put(t.Context(), c.store.TenantKey("x1"), `{"tier":"gold"}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.cli.Put(t.Context(), c.store.TenantKey("x2"), `{"tier":`); err != nil {
+		t.Fatal(err)
+	}
+	before := c.revision(t)
+	for _, args := range [][]string{
+		{"tenant", "set", "acme", "-shadow=true", "-yes"},
+		{"tenant", "set", "newcomer", "-tier", "free", "-yes"},
+		{"tenant", "delete", "beta", "-yes"},
+		{"shadow", "set", "tenant", "acme", "on", "-yes"},
+		{"region", "drain", "eu-west", "-yes"},
+	} {
+		r := sluicectl(t, "", c.args(args...)...)
+		wantCode(t, r, exitInvalid)
+		if !strings.Contains(args[0], "region") {
+			wantContains(t, "stderr", r.stderr, "is invalid (2 problems)", `tenants.x1.tier: tier "gold"`,
+				c.store.TenantKey("x2"), "nothing was written")
+		}
+		if strings.Contains(r.stdout, "applied") {
+			t.Fatalf("%v wrote on top of an invalid config:\n%s", args, r)
+		}
+	}
+	if after := c.revision(t); after != before {
+		t.Fatalf("refused tenant changes moved etcd from revision %d to %d", before, after)
+	}
+
+	// Fixing the tenants at fault is allowed, and then the rest is too.
+	wantCode(t, sluicectl(t, "", c.args("tenant", "set", "x1", "-tier", "free", "-yes")...), exitInvalid) // x2 still does not parse
+	if _, err := c.cli.Delete(t.Context(), c.store.TenantKey("x2")); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, sluicectl(t, "", c.args("tenant", "set", "x1", "-tier", "free", "-yes")...), exitOK)
+	wantCode(t, sluicectl(t, "", c.args("tenant", "set", "acme", "-shadow=true", "-yes")...), exitOK)
+	if cfg, _ := c.config(t); cfg == nil || !cfg.Tenants["acme"].Shadow {
+		t.Fatalf("etcd holds %+v, want acme in shadow", cfg)
+	}
+}

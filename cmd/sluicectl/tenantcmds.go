@@ -289,6 +289,9 @@ func (a *app) changeTenant(ctx context.Context, flags changeFlags, name string,
 		return err
 	}
 	defer done()
+	if err := a.checkStoredTenants(ctx, store, view, name); err != nil {
+		return err
+	}
 	next, err := change(view)
 	if err != nil {
 		return err
@@ -315,6 +318,51 @@ func (a *app) changeTenant(ctx context.Context, flags changeFlags, name string,
 	}
 	newRev, err := store.SetTenants(ctx, map[string]*config.Tenant{name: next}, view.Revision)
 	return a.written(ctx, newRev, view.Revision, err)
+}
+
+// checkStoredTenants refuses a tenant change on top of a stored config
+// that does not validate, as every command reading the whole config does:
+// every daemon refuses such a config, and would refuse it with the change
+// too. Each stored tenant but skip (whose new value is checked on its own)
+// is checked against the document, read a page at a time, never all at
+// once.
+func (a *app) checkStoredTenants(ctx context.Context, store *configstore.Store, view *configstore.TenantView, skip string) error {
+	var problems []error
+	more := 0
+	_, err := store.ListTenants(ctx, "", func(e configstore.TenantEntry) bool {
+		if e.ID == skip {
+			return ctx.Err() == nil
+		}
+		var p error
+		if e.Err != nil {
+			p = fmt.Errorf("tenant key %s: %w", store.TenantKey(e.ID), e.Err)
+		} else {
+			p = view.Config.TenantProblems(e.ID, e.Tenant)
+		}
+		switch {
+		case p == nil:
+		case len(problems) < config.MaxProblems:
+			problems = append(problems, p)
+		default:
+			more++
+		}
+		return ctx.Err() == nil
+	})
+	switch {
+	case ctx.Err() != nil:
+		return interrupted(ctx, "reading the tenants in etcd; nothing was written")
+	case err != nil:
+		return a.etcdFailure(err)
+	case len(problems) == 0:
+		return nil
+	}
+	if more > 0 {
+		problems = append(problems, fmt.Errorf("and %d more stored tenants with problems not listed", more))
+	}
+	return invalidConfig(fmt.Sprintf("the config in etcd (%s, revision %d) with its stored tenants", store.Key(), view.Revision),
+		errors.Join(problems...),
+		"every daemon refuses it, and would refuse this change on top of it: fix those tenants first "+
+			"(sluicectl tenant set ID -tier TIER, or sluicectl tenant delete ID) or replace the config with: sluicectl apply -f FILE; nothing was written")
 }
 
 func tenantMap(name string, t *config.Tenant) map[string]config.Tenant {
