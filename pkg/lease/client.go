@@ -55,6 +55,9 @@ type Options struct {
 	// region has answered for a key (optional; unknown classes are leased
 	// and fail to the local policy).
 	Classes map[string]ClassPolicy
+	// Tier names a key's tier before the region has, for the decision
+	// counts (optional; see TableOptions.Tier).
+	Tier func(key quota.Key) string
 	// FallbackLimit is the local policy's limit (tokens/s, tokens) for a
 	// key the region never described (optional, default 10/s, burst 10).
 	FallbackLimit quota.Limit
@@ -163,6 +166,7 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 		Refresh:       o.Refresh,
 		IdleTimeout:   o.IdleTimeout,
 		Classes:       o.Classes,
+		Tier:          o.Tier,
 		FallbackLimit: o.FallbackLimit,
 		// Above every seq an earlier process with the same id could have
 		// sent (unless the wall clock went backwards, or it averaged more

@@ -8,14 +8,15 @@ import "sort"
 // Counts is read. Folding keeps the totals monotonic across forgotten keys
 // and keeps the 32-bit admitted count from wrapping unseen (that would take
 // 2^32 admissions of one key between two folds). A key's counts are
-// attributed to the tier it had when they were folded.
+// attributed to the tier it had when they were folded: the region's, or
+// until the region names one, TableOptions.Tier's.
 
 type statsLabels struct{ class, tier string }
 
 // DecisionCount is the number of decisions of one kind for one class and
 // tier since the table was created.
 type DecisionCount struct {
-	Class, Tier string // Tier is "unknown" until the region names it
+	Class, Tier string // Tier is "unknown" until the region or TableOptions.Tier names it
 	Result      Result
 	Degraded    bool
 	N           uint64
@@ -27,6 +28,9 @@ const unknownTier = "unknown"
 // holds statsMu.
 func (t *Table) foldLocked(e *entry) {
 	tier := e.info.Load().tierName()
+	if tier == "" && t.opts.Tier != nil {
+		tier = t.opts.Tier(e.key())
+	}
 	if tier == "" {
 		tier = unknownTier
 	}

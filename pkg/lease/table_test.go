@@ -3,6 +3,7 @@ package lease
 import (
 	"errors"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -757,6 +758,33 @@ func TestCountsByLabel(t *testing.T) {
 	tb.PrepareRelease(t0)
 	if got := tb.Counts(); len(got) != 2 || got[1].N != 3 {
 		t.Fatalf("counts after release %+v", got)
+	}
+}
+
+// TestCountsUseTheGivenTierUntilTheRegionNamesOne: TableOptions.Tier names
+// the tier a key's decisions are counted under while the region has not
+// named one (the on_failure policy's, with no answer yet); the region's
+// tier wins once it names one, and a "" from Tier leaves the tier unknown.
+func TestCountsUseTheGivenTierUntilTheRegionNamesOne(t *testing.T) {
+	tb := newTestTable(t, func(o *TableOptions) {
+		o.Tier = func(k quota.Key) string {
+			if k.Class == "export" {
+				return ""
+			}
+			return "configured"
+		}
+	})
+	acquire(t, tb, t0, t0, kW, 1, 3) // the region names tier pro
+	allow(t, tb, t0, kW, 1)
+	tb.Fallback(t0, kR, 1)
+	tb.Fallback(t0, kExp, 1)
+	want := []DecisionCount{
+		{Class: "export", Tier: "unknown", Result: ResultDenied, Degraded: true, N: 1},
+		{Class: "read", Tier: "configured", Result: ResultAllowed, Degraded: true, N: 1},
+		{Class: "write", Tier: "pro", Result: ResultAllowed, N: 1},
+	}
+	if got := tb.Counts(); !slices.Equal(got, want) {
+		t.Fatalf("counts %+v, want %+v", got, want)
 	}
 }
 

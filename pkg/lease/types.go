@@ -147,6 +147,13 @@ type TableOptions struct {
 	// region has answered for a key (optional; unknown classes are
 	// lease/local).
 	Classes map[string]ClassPolicy
+	// Tier names a key's tier before the region has (optional; the
+	// caller's config, as the region resolves it): the decisions made
+	// meanwhile, the on_failure policy's while the region is out of reach
+	// among them, are counted under it rather than "unknown". "" leaves
+	// the tier unknown. It is called while the decision totals are locked,
+	// so it must not call the Table.
+	Tier func(key quota.Key) string
 	// FallbackLimit is the local limit (tokens/s, tokens) of the local
 	// on_failure policy for a key the region never described (optional,
 	// default 10/s with burst 10).
