@@ -82,7 +82,8 @@ type Options struct {
 	// Lease configures the lease client. Its Registerer and Logger are
 	// the agent's; InstanceID defaults to lease.UniqueID("agent");
 	// Refresh and Classes default to the config's when it is loaded at
-	// Start (the region's lease TTL must exceed 2 × Refresh). Set
+	// Start (the region's lease TTL must exceed 2 × Refresh), Tier to the
+	// live config's tier of the key. Set
 	// BreakerTimeout below Envoy's filter timeout (20ms by default) so
 	// that Envoy gets the class's on_failure decision while the region is
 	// slow, rather than timing out.
@@ -166,6 +167,9 @@ func Start(o Options) (*Agent, error) {
 	lo.Logger = o.Logger
 	if lo.InstanceID == "" {
 		lo.InstanceID = lease.UniqueID("agent")
+	}
+	if lo.Tier == nil {
+		lo.Tier = configTier(o.Config)
 	}
 	if cfg := o.Config.Current(); cfg != nil {
 		if lo.Refresh == 0 {
@@ -308,6 +312,24 @@ func classPolicies(cfg *config.Config) map[string]lease.ClassPolicy {
 		out[name] = lease.ClassPolicy{Mode: m, OnFailure: p}
 	}
 	return out
+}
+
+// configTier names a key's tier as the live config resolves it, as the
+// region does ("" without a config or for a key it does not resolve): the
+// lease client counts the decisions made before the region answered, the
+// on_failure policy's while it is out of reach, under it.
+func configTier(src ConfigSource) func(quota.Key) string {
+	return func(k quota.Key) string {
+		cfg := src.Current()
+		if cfg == nil {
+			return ""
+		}
+		res, err := cfg.Resolve(k)
+		if err != nil {
+			return ""
+		}
+		return res.Tier
+	}
 }
 
 // GRPCAddr is the bound Envoy rate limit service address.

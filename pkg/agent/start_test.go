@@ -106,6 +106,58 @@ default_tier: std
 	}
 }
 
+// TestDegradedDecisionsAreCountedUnderTheConfiguredTier: with the region
+// out of reach from the start, the decisions the on_failure policy makes
+// are counted in sluice_client_decisions_total under the tier the agent's
+// config gives the tenant (its own, or the default tier), not "unknown".
+func TestDegradedDecisionsAreCountedUnderTheConfiguredTier(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease, on_failure: open}}
+tiers: {std: {read: {rate: 1000/s, burst: 1000}}, pro: {read: {rate: 2000/s, burst: 2000}}}
+tenants: {acme: {tier: pro}}
+default_tier: std
+`)
+	// A port nobody listens on: every RPC to the region fails.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	a := startAgent(t, addr, agent.StaticConfig{C: cfg})
+	web := httpClient(t)
+	for _, tenant := range []string{"acme", "acme", "other"} {
+		if out := allow(t, web, a, `{"tenant":"`+tenant+`","class":"read"}`); !out.Allowed || !out.Degraded {
+			t.Fatalf("%s (on_failure: open) with no region: %+v; want allowed, degraded", tenant, out)
+		}
+	}
+	want := map[string]float64{"pro": 2, "std": 1}
+	got := map[string]float64{}
+	mfs, err := a.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_client_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["class"] != "read" || labels["result"] != "allowed" || labels["degraded"] != "true" {
+				t.Errorf("decisions counted as %v; want read, allowed, degraded", labels)
+			}
+			got[labels["tier"]] += m.GetCounter().GetValue()
+		}
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("degraded decisions by tier %v; want %v", got, want)
+	}
+}
+
 // TestLeaseOptionsComeFromTheConfigAtStart: the lease client's Sync period
 // and class policies default to the config loaded at Start; options the
 // caller set are kept; with no config loaded yet the lease package's
