@@ -69,13 +69,25 @@ func canceled(ctx context.Context) error {
 	return nil
 }
 
-// capProblems keeps the first MaxProblems problems and counts the rest.
+// capProblems keeps the first MaxProblems problems and counts the rest in
+// a last *MoreProblems.
 func capProblems(errs []error) []error {
 	if len(errs) <= MaxProblems {
 		return errs
 	}
-	more := len(errs) - MaxProblems
-	out := append(errs[:MaxProblems:MaxProblems], &FieldError{Path: "config",
-		Message: fmt.Sprintf("and %d more problems not listed (config.MaxProblems is %d)", more, MaxProblems)})
-	return out
+	return append(errs[:MaxProblems:MaxProblems], &MoreProblems{N: len(errs) - MaxProblems})
 }
+
+// MoreProblems ends a list of problems cut at MaxProblems: N more were
+// found and not listed. It wraps ErrInvalidConfig.
+type MoreProblems struct {
+	// N is how many problems were left out.
+	N int
+}
+
+func (e *MoreProblems) Error() string {
+	return fmt.Sprintf("config: and %d more problems not listed (config.MaxProblems is %d)", e.N, MaxProblems)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidConfig) hold.
+func (e *MoreProblems) Unwrap() error { return ErrInvalidConfig }

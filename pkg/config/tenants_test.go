@@ -166,6 +166,41 @@ func TestValidateListsAtMostMaxProblems(t *testing.T) {
 	}
 }
 
+// TestParseListsAtMostMaxProblemsOfTheDecoder: problems the YAML decoder
+// finds (unknown fields, in the document or among the tenants) are listed
+// up to MaxProblems like Validate's, the rest counted in a last
+// *MoreProblems (they were all listed).
+func TestParseListsAtMostMaxProblemsOfTheDecoder(t *testing.T) {
+	const n = 20 * MaxProblems
+	var top, tenants strings.Builder
+	for i := range n {
+		fmt.Fprintf(&top, "unknown%d: 1\n", i)
+		fmt.Fprintf(&tenants, "  t%d: {tierr: free}\n", i)
+	}
+	for _, tc := range []struct {
+		name string
+		doc  []byte
+	}{
+		{"unknown top-level fields", append(SampleYAML(), top.String()...)},
+		{"unknown tenant fields", sampleWith(t, "default_tier:", tenants.String()+"default_tier:")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(tc.doc)
+			multi, ok := err.(interface{ Unwrap() []error })
+			if !ok || len(multi.Unwrap()) != MaxProblems+1 {
+				t.Fatalf("Parse: %d problems listed, want %d then a count", len(multi.Unwrap()), MaxProblems)
+			}
+			var more *MoreProblems
+			if !errors.As(multi.Unwrap()[MaxProblems], &more) || more.N != n-MaxProblems || !errors.Is(more, ErrInvalidConfig) {
+				t.Fatalf("last problem %v, want a MoreProblems of %d", multi.Unwrap()[MaxProblems], n-MaxProblems)
+			}
+			if !strings.Contains(err.Error(), fmt.Sprintf("and %d more problems not listed", n-MaxProblems)) {
+				t.Fatalf("the count is not worded: %v", multi.Unwrap()[MaxProblems])
+			}
+		})
+	}
+}
+
 func TestParseStopsWhenCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

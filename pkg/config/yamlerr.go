@@ -19,7 +19,11 @@ func yamlProblems(err error) error {
 		return &yamlError{yamlMessage(strings.TrimPrefix(err.Error(), "yaml: "))}
 	}
 	var out []error
-	for _, m := range te.Errors {
+	for i, m := range te.Errors {
+		if i == MaxProblems {
+			out = append(out, &MoreProblems{N: len(te.Errors) - MaxProblems})
+			break
+		}
 		out = append(out, &yamlError{yamlMessage(m)})
 	}
 	return errors.Join(out...)
