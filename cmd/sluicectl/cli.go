@@ -481,35 +481,65 @@ func clientTLS(caFile, certFile, keyFile, flagPrefix string) (*tls.Config, error
 // (like Store.Get's "config: KEY at revision N: ...") is dropped, since its
 // members carry the detail.
 func problemLines(err error) []string {
+	var out []string
+	for _, e := range problemErrors(err) {
+		out = append(out, e.Error())
+	}
+	return out
+}
+
+// problemErrors is problemLines' problems as errors.
+func problemErrors(err error) []error {
 	if multi, ok := err.(interface{ Unwrap() []error }); ok {
-		var out []string
+		var out []error
 		for _, e := range multi.Unwrap() {
-			out = append(out, problemLines(e)...)
+			out = append(out, problemErrors(e)...)
 		}
 		return out
 	}
 	for inner := errors.Unwrap(err); inner != nil; inner = errors.Unwrap(inner) {
 		if _, ok := inner.(interface{ Unwrap() []error }); ok {
-			return problemLines(inner)
+			return problemErrors(inner)
 		}
 	}
-	return []string{err.Error()}
+	return []error{err}
 }
 
-// invalidConfig is exit 1 with every problem on its own line.
+// invalidConfig is exit 1 with every problem on its own line, at most
+// config.MaxProblems of them, the rest counted.
 func invalidConfig(what string, err error, next string) error {
-	lines := problemLines(readableLimit(err))
+	lines, total := countedProblems(readableLimit(err))
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s is invalid (%d problem", what, len(lines))
-	if len(lines) != 1 {
+	fmt.Fprintf(&b, "%s is invalid (%d problem", what, total)
+	if total != 1 {
 		b.WriteString("s")
 	}
 	b.WriteString("):\n")
 	for _, l := range lines {
 		b.WriteString("  " + strings.ReplaceAll(l, "\n", "\n  ") + "\n")
 	}
+	if more := total - len(lines); more > 0 {
+		fmt.Fprintf(&b, "  and %d more problems not listed\n", more)
+	}
 	b.WriteString(next)
 	return &exitError{code: exitInvalid, msg: b.String()}
+}
+
+// countedProblems lists at most config.MaxProblems of the problems in err
+// (problemLines), and counts them all: a *config.MoreProblems that ends a
+// list cut short counts the problems it stands for, not itself.
+func countedProblems(err error) (lines []string, total int) {
+	for _, e := range problemErrors(err) {
+		if more, ok := e.(*config.MoreProblems); ok {
+			total += more.N
+			continue
+		}
+		total++
+		if len(lines) < config.MaxProblems {
+			lines = append(lines, e.Error())
+		}
+	}
+	return lines, total
 }
 
 // readableLimit words a document over configstore.MaxDocumentBytes for

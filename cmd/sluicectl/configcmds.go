@@ -179,8 +179,12 @@ func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 			// The stored config is unusable anyway; replacing it is what apply
 			// is for. The daemons keep running on their last good config.
 			fmt.Fprintf(a.stderr, "warning: the config in etcd at revision %d does not validate; it will be replaced:\n", rev)
-			for _, l := range problemLines(err) {
+			lines, total := countedProblems(err)
+			for _, l := range lines {
 				fmt.Fprintln(a.stderr, "  "+l)
+			}
+			if more := total - len(lines); more > 0 {
+				fmt.Fprintf(a.stderr, "  and %d more problems not listed\n", more)
 			}
 			// Its tenants are keys of their own, still readable: the diff
 			// shows those the apply deletes or changes.

@@ -248,3 +248,40 @@ func TestTenantChangesRefuseAStoredConfigThatDoesNotValidate(t *testing.T) {
 		t.Fatalf("etcd holds %+v, want acme in shadow", cfg)
 	}
 }
+
+// TestInvalidConfigCountsEveryProblemAndListsAtMostMaxProblems: the
+// header counts the problems found, not the lines shown, and at most
+// config.MaxProblems are listed with the rest counted, whether Validate
+// or the YAML decoder found them.
+func TestInvalidConfigCountsEveryProblemAndListsAtMostMaxProblems(t *testing.T) {
+	sample := string(config.SampleYAML())
+	i := strings.Index(sample, "default_tier:")
+	file := func(n int, entry string) string {
+		var b strings.Builder
+		b.WriteString(sample[:i])
+		for k := range n {
+			fmt.Fprintf(&b, entry, k)
+		}
+		b.WriteString(sample[i:])
+		return writeFile(t, fmt.Sprintf("bad-%d.yaml", n), b.String())
+	}
+	for _, tc := range []struct {
+		name   string
+		file   string
+		total  int
+		listed string
+	}{
+		{"tenants of an unknown tier", file(5000, "  t%06d: {tier: gold}\n"), 5000, "  tenants.t"},
+		{"unknown tenant fields", file(20000, "  t%06d: {tierr: free}\n"), 20000, `  unknown field "tierr"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := sluicectl(t, "", "validate", "-f", tc.file)
+			wantCode(t, r, exitInvalid)
+			wantContains(t, "stderr", r.stderr, fmt.Sprintf("is invalid (%d problems):\n", tc.total),
+				fmt.Sprintf("\n  and %d more problems not listed\n", tc.total-config.MaxProblems))
+			if got := strings.Count(r.stderr, "\n"+tc.listed); got != config.MaxProblems {
+				t.Fatalf("%d problems listed, want %d:\n%.2000s", got, config.MaxProblems, r.stderr)
+			}
+		})
+	}
+}

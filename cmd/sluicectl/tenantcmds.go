@@ -344,7 +344,7 @@ func (a *app) checkStoredTenants(ctx context.Context, store *configstore.Store, 
 		case len(problems) < config.MaxProblems:
 			problems = append(problems, p)
 		default:
-			more++
+			more += len(problemErrors(p))
 		}
 		return ctx.Err() == nil
 	})
@@ -357,7 +357,7 @@ func (a *app) checkStoredTenants(ctx context.Context, store *configstore.Store, 
 		return nil
 	}
 	if more > 0 {
-		problems = append(problems, fmt.Errorf("and %d more stored tenants with problems not listed", more))
+		problems = append(problems, &config.MoreProblems{N: more})
 	}
 	return invalidConfig(fmt.Sprintf("the config in etcd (%s, revision %d) with its stored tenants", store.Key(), view.Revision),
 		errors.Join(problems...),
