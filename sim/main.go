@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/sim/live"
 	"github.com/sluicehq/sluice/sim/report"
 	"github.com/sluicehq/sluice/sim/runner"
@@ -45,8 +47,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	list := fs.Bool("list", false, "list the shipped scenarios and exit")
 	liveMode := fs.Bool("live", false, "play the scenario against real daemons (embedded etcd, redis-server or an embedded Redis, gRPC on loopback)")
 	scale := fs.Float64("scale", live.DefaultScale, "live mode: virtual seconds per wall second (refused without -live)")
+	showVersion := fs.Bool(flagenv.VersionFlag, false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, version.String("sim"))
+		return exitOK
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "sim: unexpected arguments %q\n", fs.Args())

@@ -31,6 +31,17 @@ func TestListShowsEveryShippedScenario(t *testing.T) {
 	}
 }
 
+// TestVersionPrintsTheVersion: sim answers --version as every command
+// does, and runs nothing.
+func TestVersionPrintsTheVersion(t *testing.T) {
+	for _, flag := range []string{"--version", "-version"} {
+		code, out, stderr := runArgs(t, flag)
+		if code != exitOK || !strings.HasPrefix(out, "sim ") || strings.Count(out, "\n") != 1 || stderr != "" {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 0 and one line starting with \"sim \"", flag, code, out, stderr)
+		}
+	}
+}
+
 func TestBadUsageExitsTwo(t *testing.T) {
 	for _, args := range [][]string{{"-nope"}, {"-scenario", "atlantis"}, {"extra"}, {"-duration", "-5s"}, {"-scale", "4"}} {
 		if code, _, stderr := runArgs(t, args...); code != exitUsage || stderr == "" {
