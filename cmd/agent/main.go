@@ -39,6 +39,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/agent"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
+	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/rpcguard"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
@@ -98,6 +99,17 @@ func parseFlags(args []string) (*flags, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	// Values the agent would refuse in the words of its options are
+	// refused here naming the flag.
+	switch {
+	case f.breakerTimeout <= 0:
+		return nil, fmt.Errorf("-breaker-timeout %v must be positive", f.breakerTimeout)
+	case f.perConnection < envoyrls.MaxDescriptors:
+		return nil, fmt.Errorf("-max-inflight-per-connection %d must be at least %d, the descriptors one Envoy request may name, or such a request could never be served",
+			f.perConnection, envoyrls.MaxDescriptors)
+	case f.configWait < 0:
+		return nil, fmt.Errorf("-config-wait %v must not be negative", f.configWait)
 	}
 	return f, nil
 }

@@ -86,6 +86,9 @@ func TestMissingSettingsAreNamed(t *testing.T) {
 		{[]string{"-region-addr", "127.0.0.1:1", "-config", cfgFile, "-etcd-endpoints", "127.0.0.1:2"}, "exclusive"},
 		{[]string{"-region-addr", "127.0.0.1:1", "-config", filepath.Join(t.TempDir(), "none.yaml")}, "no such file"},
 		{[]string{"-log-level", "loud"}, "log level loud"},
+		{[]string{"-region-addr", "127.0.0.1:1", "-config", cfgFile, "-breaker-timeout", "-1s"}, "agent: -breaker-timeout -1s must be positive"},
+		{[]string{"-region-addr", "127.0.0.1:1", "-config", cfgFile, "-max-inflight-per-connection", "-1"},
+			"agent: -max-inflight-per-connection -1 must be at least 64"},
 	} {
 		var stderr bytes.Buffer
 		cmd := command(t, tc.args...)

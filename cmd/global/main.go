@@ -80,6 +80,9 @@ func run(ctx context.Context, args []string) error {
 		fmt.Println(version.String("global"))
 		return nil
 	}
+	if err := checkFlags(*sessionTTL, *perConnection, *perIdentity, *maxReportBytes); err != nil {
+		return err
+	}
 	logger, err := flagenv.Logger(*logLevel)
 	if err != nil {
 		return err
@@ -236,4 +239,20 @@ func parseShard(v string, hostname func() (string, error)) (int, error) {
 		return 0, fmt.Errorf("-shard %q: want a shard in 0..%d or \"ordinal\"", v, shard.MaxShards-1)
 	}
 	return n, nil
+}
+
+// checkFlags refuses the values the allocator would refuse in the words of
+// its options (or raise without a word), naming the flag.
+func checkFlags(sessionTTL time.Duration, perConnection, perIdentity, maxReportBytes int) error {
+	switch {
+	case sessionTTL < time.Second || sessionTTL%time.Second != 0:
+		return fmt.Errorf("-session-ttl %v must be whole seconds, at least 1s", sessionTTL)
+	case perConnection < 1:
+		return fmt.Errorf("-max-inflight-per-connection %d must be at least 1", perConnection)
+	case perIdentity < 1:
+		return fmt.Errorf("-max-inflight-per-identity %d must be at least 1", perIdentity)
+	case maxReportBytes < 0:
+		return fmt.Errorf("-max-report-bytes %d must not be negative", maxReportBytes)
+	}
+	return nil
 }

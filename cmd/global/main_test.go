@@ -137,6 +137,11 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-config", missing}, missing},
 		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-shard", "256"}, `-shard "256": want a shard in 0..255 or "ordinal"`},
 		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-shard", "-1"}, `-shard "-1"`},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-session-ttl", "1.5s"}, "-session-ttl 1.5s must be whole seconds, at least 1s"},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-session-ttl", "0s"}, "-session-ttl 0s must be whole seconds"},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-max-inflight-per-connection", "-1"}, "-max-inflight-per-connection -1 must be at least 1"},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-max-inflight-per-identity", "0"}, "-max-inflight-per-identity 0 must be at least 1"},
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-max-report-bytes", "-1"}, "-max-report-bytes -1 must not be negative"},
 	} {
 		err := run(context.Background(), c.args)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

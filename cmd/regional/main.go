@@ -124,6 +124,16 @@ func parseFlags(args []string) (*flags, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	// Values the service would refuse in the words of its options are
+	// refused here naming the flag.
+	switch {
+	case f.sessionTTL <= 0:
+		return nil, fmt.Errorf("-session-ttl %v must be positive", f.sessionTTL)
+	case f.perConnection < 1:
+		return nil, fmt.Errorf("-max-inflight-per-connection %d must be at least 1", f.perConnection)
+	case f.perIdentity < f.perConnection:
+		return nil, fmt.Errorf("-max-inflight-per-identity %d must be at least -max-inflight-per-connection (%d)", f.perIdentity, f.perConnection)
+	}
 	return f, nil
 }
 

@@ -59,3 +59,29 @@ func TestStartFailureNamesTheCommandOnceAndWarnsOfTheSample(t *testing.T) {
 		t.Errorf("exit %d with -config, want 1 and no sample warning:\n%s", code, stderr)
 	}
 }
+
+// TestBadFlagValuesAreRefusedNamingTheFlag: values the service would
+// refuse in the words of its options (rpcguard's PerConnection) are
+// refused at start naming the flag.
+func TestBadFlagValuesAreRefusedNamingTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"-max-inflight-per-connection", "-1"}, "regional: -max-inflight-per-connection -1 must be at least 1"},
+		{[]string{"-max-inflight-per-connection", "0"}, "regional: -max-inflight-per-connection 0 must be at least 1"},
+		{[]string{"-max-inflight-per-connection", "100", "-max-inflight-per-identity", "10"},
+			"regional: -max-inflight-per-identity 10 must be at least -max-inflight-per-connection (100)"},
+		{[]string{"-session-ttl", "-5s"}, "regional: -session-ttl -5s must be positive"},
+	} {
+		stderr, code := runMain(t, append(tc.args, "-listen", "127.0.0.1:0", "-metrics-listen", "off")...)
+		if code != 1 || !strings.Contains(stderr, tc.says) {
+			t.Errorf("%v: exit %d, want 1 saying %q:\n%s", tc.args, code, tc.says, stderr)
+		}
+		for _, goName := range []string{"rpcguard", "PerConnection", "PerIdentity"} {
+			if strings.Contains(stderr, goName) {
+				t.Errorf("%v: stderr names %q:\n%s", tc.args, goName, stderr)
+			}
+		}
+	}
+}
