@@ -213,15 +213,18 @@ func (c *Client) Table() *Table { return c.table }
 
 // Allow decides whether a request of cost tokens on key may proceed. Over
 // quota is a Decision with Allowed false, never an error; errors mean bad
-// input (wrapping quota.ErrInvalid) or a closed client (ErrClosed).
+// input (wrapping quota.ErrInvalid), a closed client (ErrClosed), or a
+// ctx that ended before the region answered (wrapping ErrAbandoned and
+// ctx.Err()).
 //
 // While the key holds tokens and its lease is far from its deadline, the
 // decision is one compare-and-swap on the key's pool, without locks, clock
 // reads or allocation. Otherwise it may wait up to BreakerTimeout for the
 // region (a synchronous Acquire, a refill already in flight, or a strict
 // Check) before the class's on_failure policy decides (Degraded). A ctx
-// that ends sooner shortens that wait the same way; it does not count as a
-// failure of the region for the circuit breaker.
+// that ends sooner ends the request with an error instead, undecided: it
+// says nothing of the region, so neither the policy nor the circuit
+// breaker acts on it, and the key is not degraded.
 func (c *Client) Allow(ctx context.Context, key quota.Key, cost int64) (quota.Decision, error) {
 	var start time.Time
 	sampled := randv2.Uint32()%fastSampleRate == 0
@@ -257,6 +260,10 @@ func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quot
 	if c.closed.Load() {
 		return quota.Decision{}, ErrClosed
 	}
+	if ctx.Err() != nil {
+		// Gone before asking: no RPC is worth sending for it.
+		return quota.Decision{}, abandoned(ctx, key)
+	}
 	s := c.core.Slow(key, cost)
 	st := s.Next(time.Now())
 	cause := errBreakerOpen // why the policy decides, unless an RPC or a wait says more
@@ -267,7 +274,9 @@ func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quot
 		var err error
 		switch st.Do {
 		case DoWait:
-			if err = c.waitFor(ctx, st.Wait, s.Budget(time.Now(), c.opts.BreakerTimeout)); err != nil {
+			if err = c.waitFor(ctx, st.Wait, s.Budget(time.Now(), c.opts.BreakerTimeout)); ctx.Err() != nil {
+				st = s.Abandon()
+			} else if err != nil {
 				st = s.WaitFailed(time.Now())
 			} else {
 				st = s.Next(time.Now())
@@ -283,12 +292,20 @@ func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quot
 			if st.Degraded {
 				c.noteDegraded(cause)
 			}
+			if errors.Is(st.Err, ErrAbandoned) {
+				return st.Decision, abandoned(ctx, key)
+			}
 			return st.Decision, st.Err
 		}
 		if err != nil {
 			cause = err
 		}
 	}
+}
+
+// abandoned is the error of a request on key whose ctx ended first.
+func abandoned(ctx context.Context, key quota.Key) error {
+	return fmt.Errorf("%w (key %s): %w", ErrAbandoned, key, context.Cause(ctx))
 }
 
 func (c *Client) waitFor(ctx context.Context, ch <-chan struct{}, wait time.Duration) error {

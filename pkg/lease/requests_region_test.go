@@ -2,7 +2,9 @@ package lease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -98,5 +100,76 @@ func TestReleaseIsSplitIntoCallsTheRegionAccepts(t *testing.T) {
 		if st := e.regionState(t, key(i)); st.Outstanding != 0 || st.Admitted != 1 {
 			t.Errorf("%s after Close: region outstanding %d admitted %d; want 0 and 1", key(i), st.Outstanding, st.Admitted)
 		}
+	}
+}
+
+// TestCallerThatGivesUpIsNotDecided: a request whose context ended before
+// the region answered is not decided by the key's on_failure policy (the
+// region is healthy; deciding locally would admit beyond the limit for
+// every caller that hangs up early): Allow returns an error wrapping
+// ErrAbandoned and the context's error, admits nothing and leaves the
+// client out of degraded mode. A context already done sends nothing; one
+// that ends while the region is silent (a listener that never answers)
+// ends the wait.
+func TestCallerThatGivesUpIsNotDecided(t *testing.T) {
+	e := startRegion(t)
+	c, _, _ := newClient(t, e)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 50 {
+		d, err := c.Allow(gone, quota.Key{Tenant: fmt.Sprintf("gone%d", i%5), Class: "read"}, 1)
+		if !errors.Is(err, lease.ErrAbandoned) || !errors.Is(err, context.Canceled) || d.Allowed || d.Degraded {
+			t.Fatalf("request %d with a cancelled context: %+v, %v; want no decision and an error wrapping ErrAbandoned and context.Canceled", i, d, err)
+		}
+	}
+	if n := c.Table().DegradedKeys(); n != 0 {
+		t.Fatalf("%d keys degraded by callers that gave up; want 0", n)
+	}
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn // accepted and never answered
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			conn, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, conn)
+		}
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		<-done
+		for _, conn := range held {
+			conn.Close()
+		}
+	})
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	silent, err := lease.NewClient(conn, lease.Options{InstanceID: "it-silent", BreakerTimeout: time.Hour, SyncTimeout: time.Hour, Refresh: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		silent.Close(ctx)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	d, err := silent.Allow(ctx, acmeRead, 1)
+	if !errors.Is(err, lease.ErrAbandoned) || !errors.Is(err, context.DeadlineExceeded) || d.Allowed || d.Degraded {
+		t.Fatalf("a caller's deadline before a silent region answers: %+v, %v; want no decision and an error wrapping ErrAbandoned and DeadlineExceeded", d, err)
+	}
+	if n := silent.Table().DegradedKeys(); n != 0 {
+		t.Fatalf("%d keys degraded by a caller's deadline; want 0", n)
 	}
 }

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -230,8 +231,19 @@ func (s *Slow) Fallback(now time.Time) Step {
 }
 
 // WaitFailed is the step after a wait that ended without the report in
-// flight ending (timeout, or the caller gave up): the policy decides.
+// flight ending (timeout): the policy decides.
 func (s *Slow) WaitFailed(now time.Time) Step { return s.Fallback(now) }
+
+// ErrAbandoned ends a request whose caller gave up (its context ended)
+// before the region answered. The request is not decided: the on_failure
+// policies are for a region that cannot be reached, and a caller's
+// deadline or cancellation says nothing of the region (deciding by the
+// policy would let callers that give up early spend beyond the limit
+// while the region is healthy).
+var ErrAbandoned = errors.New("lease: the caller gave up before the region answered")
+
+// Abandon ends the request because its caller gave up (see ErrAbandoned).
+func (s *Slow) Abandon() Step { return s.decided(quota.Decision{}, ErrAbandoned) }
 
 func (s *Slow) refused(what string) Step {
 	st := s.decided(quota.Decision{}, fmt.Errorf("lease: region refused %s on key %s: %w", what, s.key, quota.ErrInvalid))
@@ -269,6 +281,7 @@ func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome)
 	case Abandoned:
 		t.Failed(now, b)
 		brk.Abandon()
+		return s.Abandon()
 	default:
 		t.Failed(now, b)
 		brk.Failure(now)
@@ -293,6 +306,7 @@ func (s *Slow) CheckDone(now time.Time, resp *sluicev1.CheckResponse, out Outcom
 		return s.refused("check")
 	case Abandoned:
 		brk.Abandon()
+		return s.Abandon()
 	default:
 		brk.Failure(now)
 	}
