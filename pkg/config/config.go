@@ -92,8 +92,9 @@ type Config struct {
 	// are measured over windows of at least refresh / 2.
 	//
 	//   - Default: 1s
-	//   - Rule: less than lease_ttl / 2, so one lost Sync never lets a
-	//     lease lapse; at most 24h
+	//   - Rule: at least 10ms (below, instances would spend their time on
+	//     Sync round trips); less than lease_ttl / 2, so one lost Sync
+	//     never lets a lease lapse; at most 24h
 	//   - Example: 500ms
 	Refresh Duration `yaml:"refresh,omitempty"`
 	// RegionLease is how long a region may run on its static shares after

@@ -94,7 +94,7 @@ func checkDerived(t *testing.T, c *Config) {
 			t.Fatalf("accepted %s %v outside (0, %v]", name, d, MaxInterval)
 		}
 	}
-	if epoch < MinEpoch || validity < 4*epoch || refresh >= ttl/2 {
+	if epoch < MinEpoch || validity < 4*epoch || refresh < MinRefresh || refresh >= ttl/2 {
 		t.Fatalf("accepted epoch %v validity %v lease_ttl %v refresh %v", epoch, validity, ttl, refresh)
 	}
 	if w := c.DemandWindow(); w <= 0 || w > refresh {

@@ -18,6 +18,8 @@ const (
 	// MinEpoch is the shortest allowed epoch: below it the allocation loop
 	// would spend its time on RPC round trips.
 	MinEpoch = 10 * time.Millisecond
+	// MinRefresh is the shortest allowed refresh (quota.MinRefresh).
+	MinRefresh = quota.MinRefresh
 	// MaxBurst is the largest burst (tokens): the regional scripts hold
 	// tokens at micro-token resolution (see quota.MaxBurst).
 	MaxBurst = quota.MaxBurst
@@ -123,6 +125,8 @@ func (c *Config) validateDurations(p *problems) {
 	switch {
 	case refresh <= 0:
 		p.add("refresh", "must be > 0, got %v", refresh)
+	case refresh < MinRefresh:
+		p.add("refresh", "must be at least %v, got %v", MinRefresh, refresh)
 	case ttl > 0 && refresh >= ttl/2:
 		p.add("refresh", "must be less than lease_ttl / 2 (%v), got %v", ttl/2, refresh)
 	}

@@ -29,8 +29,9 @@ type Options struct {
 	// (ABORTED, forfeiting the lease they hit) and the client takes a new
 	// identity: InstanceID plus a random suffix.
 	InstanceID string
-	// Refresh is the period of the background Sync (optional, default 1s).
-	// The region's lease TTL must exceed 2 × Refresh.
+	// Refresh is the period of the background Sync (optional, default 1s,
+	// at least quota.MinRefresh). The region's lease TTL must exceed
+	// 2 × Refresh.
 	Refresh time.Duration
 	// SyncTimeout bounds one background Sync or Release RPC (optional,
 	// default Refresh/2).
@@ -100,6 +101,9 @@ func (o Options) withDefaults() (Options, error) {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
+	}
+	if o.Refresh < quota.MinRefresh {
+		return o, fmt.Errorf("%w: lease client option Refresh %v is below the minimum %v", quota.ErrInvalid, o.Refresh, quota.MinRefresh)
 	}
 	if o.SyncTimeout == 0 {
 		o.SyncTimeout = DefaultSyncTimeout(o.Refresh)

@@ -34,33 +34,36 @@ func TestClientOptionsDefaults(t *testing.T) {
 	}
 
 	for _, v := range []time.Duration{time.Nanosecond, 7 * time.Second} {
+		refresh := max(v, quota.MinRefresh)
 		set := Options{
-			InstanceID: "given", Refresh: v, BreakerTimeout: v, BreakerCooldown: v, SyncTimeout: v, IdleTimeout: v,
+			InstanceID: "given", Refresh: refresh, BreakerTimeout: v, BreakerCooldown: v, SyncTimeout: v, IdleTimeout: v,
 			BreakerFailures: 1,
 		}
 		o, err := set.withDefaults()
 		if err != nil {
 			t.Fatalf("options %+v: %v", set, err)
 		}
-		if o.InstanceID != "given" || o.Refresh != v || o.BreakerTimeout != v || o.BreakerCooldown != v || o.SyncTimeout != v ||
+		if o.InstanceID != "given" || o.Refresh != refresh || o.BreakerTimeout != v || o.BreakerCooldown != v || o.SyncTimeout != v ||
 			o.IdleTimeout != v || o.BreakerFailures != 1 {
 			t.Errorf("set to %v and 1 failure: got %+v", v, o)
 		}
 	}
 }
 
-// TestClientOptionsInvalid: a negative duration or failure count, or an
-// instance id the region would refuse, is invalid input, as is a nil
-// connection.
+// TestClientOptionsInvalid: a negative duration or failure count, a
+// refresh below quota.MinRefresh (the background Sync would run in a busy
+// loop, each call timing out at half of it), or an instance id the region
+// would refuse, is invalid input, as is a nil connection.
 func TestClientOptionsInvalid(t *testing.T) {
 	for name, o := range map[string]Options{
-		"Refresh":         {Refresh: -time.Nanosecond},
-		"BreakerTimeout":  {BreakerTimeout: -time.Nanosecond},
-		"BreakerCooldown": {BreakerCooldown: -time.Nanosecond},
-		"SyncTimeout":     {SyncTimeout: -time.Nanosecond},
-		"IdleTimeout":     {IdleTimeout: -time.Nanosecond},
-		"BreakerFailures": {BreakerFailures: -1},
-		"InstanceID":      {InstanceID: "bad id"},
+		"Refresh":                   {Refresh: -time.Nanosecond},
+		"Refresh below the minimum": {Refresh: quota.MinRefresh - time.Nanosecond},
+		"BreakerTimeout":            {BreakerTimeout: -time.Nanosecond},
+		"BreakerCooldown":           {BreakerCooldown: -time.Nanosecond},
+		"SyncTimeout":               {SyncTimeout: -time.Nanosecond},
+		"IdleTimeout":               {IdleTimeout: -time.Nanosecond},
+		"BreakerFailures":           {BreakerFailures: -1},
+		"InstanceID":                {InstanceID: "bad id"},
 	} {
 		if _, err := o.withDefaults(); !errors.Is(err, quota.ErrInvalid) {
 			t.Errorf("%s %+v: err %v, want quota.ErrInvalid", name, o, err)

@@ -22,6 +22,10 @@ const (
 	MaxCost = 1 << 20
 	// MaxWant is the largest batch an instance may ask for in one lease.
 	MaxWant = 1 << 30
+	// MinRefresh is the shortest refresh (the period of an instance's
+	// Sync): below it an instance would spend its time, and its region's,
+	// on Sync round trips, each bounded by half a refresh by default.
+	MinRefresh = 10 * time.Millisecond
 	// MaxBurst is the largest burst of a key (tokens). The regional scripts
 	// keep a bucket's tokens in whole micro-tokens in a float64, exact up
 	// to 2^30 tokens, so every sum of them rounds back to the right one.
