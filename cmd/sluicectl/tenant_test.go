@@ -285,3 +285,49 @@ func TestInvalidConfigCountsEveryProblemAndListsAtMostMaxProblems(t *testing.T) 
 		})
 	}
 }
+
+// TestTenantSetAndDeleteReplaceATenantWhoseStoredValueDoesNotParse: the
+// way out that tenant get points at works: tenant set with a -tier
+// replaces a stored value that does not parse, and tenant delete deletes
+// it, each saying so; shadow set and a tenant set without -tier refuse
+// and write nothing.
+func TestTenantSetAndDeleteReplaceATenantWhoseStoredValueDoesNotParse(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	unparsable := func() {
+		t.Helper()
+		if _, err := c.cli.Put(t.Context(), c.store.TenantKey("x1"), `{"tier":`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unparsable()
+	r := sluicectl(t, "", c.args("tenant", "get", "x1")...)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "sluicectl tenant set x1 -tier TIER, or sluicectl tenant delete x1")
+
+	before := c.revision(t)
+	r = sluicectl(t, "", c.args("tenant", "set", "x1", "-shadow=true", "-yes")...)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, "does not parse: give its -tier")
+	wantCode(t, sluicectl(t, "", c.args("shadow", "set", "tenant", "x1", "on", "-yes")...), exitInvalid)
+	if after := c.revision(t); after != before {
+		t.Fatalf("refused changes moved etcd from revision %d to %d", before, after)
+	}
+
+	r = sluicectl(t, "", c.args("tenant", "delete", "x1", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, "stored value of tenant x1 does not parse; it is replaced")
+	wantContains(t, "stdout", r.stdout, "-  x1: # its stored value does not parse\n", "applied: revision")
+	if cfg, _ := c.config(t); cfg == nil {
+		t.Fatal("after deleting the tenant that did not parse, the stored config still does not load")
+	}
+
+	unparsable()
+	r = sluicectl(t, "", c.args("tenant", "set", "x1", "-tier", "free", "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "-  x1: # its stored value does not parse\n", "+  x1:\n+    tier: free\n", "applied: revision")
+	cfg, _ := c.config(t)
+	if cfg == nil || cfg.Tenants["x1"].Tier != "free" {
+		t.Fatalf("etcd holds %+v, want x1 on tier free", cfg)
+	}
+}

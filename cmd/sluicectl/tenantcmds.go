@@ -44,17 +44,29 @@ func (a *app) tenantGetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 // config document, without reading the other tenants; done closes the
 // connection.
 func (a *app) openTenant(ctx context.Context, id string) (*configstore.Store, *configstore.TenantView, func(), error) {
+	store, view, _, done, err := a.openTenantFor(ctx, id, false)
+	return store, view, done, err
+}
+
+// openTenantFor is openTenant for a command that may replace the tenant:
+// when replacing, a stored value of the tenant that does not parse is no
+// error but returned as unreadable, with the view (its Tenant nil).
+func (a *app) openTenantFor(ctx context.Context, id string, replacing bool) (store *configstore.Store, view *configstore.TenantView,
+	unreadable error, done func(), err error) {
 	cli, store, err := a.store()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
-	view, err := store.Tenant(ctx, id)
+	view, err = store.Tenant(ctx, id)
 	switch {
 	case ctx.Err() != nil:
 		err = interrupted(ctx, "reading the config in etcd")
 	case errors.Is(err, config.ErrInvalidConfig) && view != nil && view.Config == nil:
 		err = invalidConfig(fmt.Sprintf("the config in etcd (%s, revision %d)", store.Key(), view.Revision), err,
 			"replace it with: sluicectl apply -f FILE")
+	case errors.Is(err, config.ErrInvalidConfig) && replacing:
+		unreadable, err = err, nil
+		view.Tenant = nil
 	case errors.Is(err, config.ErrInvalidConfig):
 		err = invalidConfig(fmt.Sprintf("tenant %s in etcd (%s)", id, store.TenantKey(id)), err,
 			"replace it with: sluicectl tenant set "+id+" -tier TIER, or sluicectl tenant delete "+id)
@@ -65,9 +77,9 @@ func (a *app) openTenant(ctx context.Context, id string) (*configstore.Store, *c
 	}
 	if err != nil {
 		cli.Close()
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
-	return store, view, func() { cli.Close() }, nil
+	return store, view, unreadable, func() { cli.Close() }, nil
 }
 
 // writeTenant prints what the config says about one tenant, including the
@@ -176,7 +188,10 @@ func (a *app) tenantSetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 				return exitf(exitUsage, "class %q is both in -override and -remove-override", class)
 			}
 		}
-		return a.changeTenant(ctx, change, name, func(view *configstore.TenantView) (*config.Tenant, error) {
+		return a.changeTenant(ctx, change, name, func(view *configstore.TenantView, unreadable bool) (*config.Tenant, error) {
+			if unreadable && *tier == "" {
+				return nil, exitf(exitUsage, "the stored value of tenant %q does not parse: give its -tier to replace it (tiers: %s)", name, strings.Join(sortedNames(view.Config.Tiers), ", "))
+			}
 			var t config.Tenant
 			listed := view.Tenant != nil
 			if listed {
@@ -218,8 +233,8 @@ func (a *app) tenantDeleteCmd(fs *flag.FlagSet) func(context.Context, []string) 
 			return exitf(exitUsage, "tenant delete takes one tenant name; see -h")
 		}
 		name := args[0]
-		return a.changeTenant(ctx, change, name, func(view *configstore.TenantView) (*config.Tenant, error) {
-			if view.Tenant == nil {
+		return a.changeTenant(ctx, change, name, func(view *configstore.TenantView, unreadable bool) (*config.Tenant, error) {
+			if view.Tenant == nil && !unreadable {
 				return nil, exitf(exitNotFound, "tenant %q is not listed (it gets default_tier %s); nothing was written", name, view.Config.DefaultTier)
 			}
 			return nil, nil
@@ -280,11 +295,11 @@ func (a *app) tenantListCmd(fs *flag.FlagSet) func(context.Context, []string) er
 // it in one transaction fenced on the revision read, checking it against
 // the document alone.
 func (a *app) changeTenant(ctx context.Context, flags changeFlags, name string,
-	change func(*configstore.TenantView) (*config.Tenant, error)) error {
+	change func(view *configstore.TenantView, unreadable bool) (*config.Tenant, error)) error {
 	if err := quota.ValidateID("tenant id", name); err != nil {
 		return exitf(exitInvalid, "%v", err)
 	}
-	store, view, done, err := a.openTenant(ctx, name)
+	store, view, unreadable, done, err := a.openTenantFor(ctx, name, true)
 	if err != nil {
 		return err
 	}
@@ -292,9 +307,16 @@ func (a *app) changeTenant(ctx context.Context, flags changeFlags, name string,
 	if err := a.checkStoredTenants(ctx, store, view, name); err != nil {
 		return err
 	}
-	next, err := change(view)
+	next, err := change(view, unreadable != nil)
 	if err != nil {
 		return err
+	}
+	if unreadable != nil {
+		// A value that does not parse cannot be shown: the diff says so.
+		fmt.Fprintf(a.stderr, "warning: the stored value of tenant %s does not parse; it is replaced:\n", name)
+		for _, l := range problemLines(unreadable) {
+			fmt.Fprintln(a.stderr, "  "+l)
+		}
 	}
 	if next != nil {
 		if err := view.Config.TenantProblems(name, *next); err != nil {
@@ -305,11 +327,16 @@ func (a *app) changeTenant(ctx context.Context, flags changeFlags, name string,
 	if view.Tenant != nil || next != nil {
 		changes = config.TenantChanges(tenantMap(name, view.Tenant), tenantMap(name, next))
 	}
-	if len(changes) == 0 {
+	if len(changes) == 0 && unreadable == nil {
 		fmt.Fprintf(a.stdout, "no changes (etcd is at revision %d)\n", view.Revision)
 		return nil
 	}
-	fmt.Fprint(a.stdout, config.DiffTenants(changes, -1, -1))
+	if unreadable != nil {
+		fmt.Fprintf(a.stdout, "--- current\n+++ proposed\n-  %s: # its stored value does not parse\n", name)
+		fmt.Fprint(a.stdout, strings.TrimPrefix(config.DiffTenants(changes, -1, -1), "--- current\n+++ proposed\n"))
+	} else {
+		fmt.Fprint(a.stdout, config.DiffTenants(changes, -1, -1))
+	}
 	if ok, err := a.confirm(ctx, flags, false); !ok {
 		return err
 	}
@@ -389,7 +416,10 @@ func (a *app) shadowSetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 			return exitf(exitUsage, "shadow set: want on or off, got %q", args[2])
 		}
 		if kind == "tenant" {
-			return a.changeTenant(ctx, change, name, func(view *configstore.TenantView) (*config.Tenant, error) {
+			return a.changeTenant(ctx, change, name, func(view *configstore.TenantView, unreadable bool) (*config.Tenant, error) {
+				if unreadable {
+					return nil, exitf(exitInvalid, "the stored value of tenant %q does not parse; replace it with: sluicectl tenant set %s -tier TIER -shadow=%t; nothing was written", name, name, on)
+				}
 				if view.Tenant == nil {
 					return nil, exitf(exitNotFound, "tenant %q is not listed under tenants; add it first with: sluicectl tenant set %s -tier TIER -shadow=%t", name, name, on)
 				}
