@@ -140,8 +140,10 @@ type Client struct {
 	bg       context.Context // parent of background RPCs; cancelled by Close
 	cancelBg context.CancelFunc
 
-	closed   atomic.Bool
-	degraded atomic.Bool // last logged degraded state
+	closed    atomic.Bool
+	closeDone chan struct{} // closed when the first Close returns
+	closeErr  error         // the first Close's result; read after closeDone
+	degraded  atomic.Bool   // last logged degraded state
 
 	// id is the instance id reports go out under: opts.InstanceID until a
 	// conflict makes the client take a new one. incarnation is drawn once.
@@ -186,15 +188,16 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		opts:     o,
-		table:    table,
-		rpc:      sluicev1.NewLeaseServiceClient(conn),
-		breaker:  NewBreaker(o.BreakerFailures, o.BreakerCooldown),
-		log:      o.Logger,
-		m:        m,
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		loopDone: make(chan struct{}),
+		opts:      o,
+		table:     table,
+		rpc:       sluicev1.NewLeaseServiceClient(conn),
+		breaker:   NewBreaker(o.BreakerFailures, o.BreakerCooldown),
+		log:       o.Logger,
+		m:         m,
+		kick:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		loopDone:  make(chan struct{}),
+		closeDone: make(chan struct{}),
 
 		incarnation: newIncarnation(),
 	}
@@ -584,11 +587,26 @@ func (c *Client) sendReleaseCall(parent context.Context, id string, b *Batch) er
 // Close stops the background loop and releases every key: pools are
 // emptied first (nothing is spent after), unacknowledged reports are
 // resent, then Release calls return every unspent token. ctx bounds the
-// whole shutdown. Allow fails with ErrClosed afterwards. Idempotent.
-func (c *Client) Close(ctx context.Context) error {
+// whole shutdown; when it ends first, the error wraps its cause
+// (errors.Is(err, context.DeadlineExceeded)), and the tokens not released
+// return to the region when their leases expire. Allow fails with
+// ErrClosed afterwards.
+//
+// Close runs once: a later or concurrent call waits for the first (or
+// for its own ctx) and returns the first's result.
+func (c *Client) Close(ctx context.Context) (err error) {
 	if !c.closed.CompareAndSwap(false, true) {
-		return nil
+		select {
+		case <-c.closeDone:
+			return c.closeErr
+		case <-ctx.Done():
+			return fmt.Errorf("lease: waiting for a Close in progress: %w", context.Cause(ctx))
+		}
 	}
+	defer func() {
+		c.closeErr = err
+		close(c.closeDone)
+	}()
 	defer c.m.unregister()
 	defer c.cancelBg()
 	c.table.Drain()
@@ -615,6 +633,9 @@ func (c *Client) Close(ctx context.Context) error {
 		if err := c.sendRelease(ctx, b); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if len(errs) > 0 && ctx.Err() != nil {
+		errs = append(errs, fmt.Errorf("lease: close: %w", context.Cause(ctx)))
 	}
 	return errors.Join(errs...)
 }

@@ -126,6 +126,23 @@ func TestCallerThatGivesUpIsNotDecided(t *testing.T) {
 		t.Fatalf("%d keys degraded by callers that gave up; want 0", n)
 	}
 
+	silent := silentClient(t, time.Hour)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	d, err := silent.Allow(ctx, acmeRead, 1)
+	if !errors.Is(err, lease.ErrAbandoned) || !errors.Is(err, context.DeadlineExceeded) || d.Allowed || d.Degraded {
+		t.Fatalf("a caller's deadline before a silent region answers: %+v, %v; want no decision and an error wrapping ErrAbandoned and DeadlineExceeded", d, err)
+	}
+	if n := silent.Table().DegradedKeys(); n != 0 {
+		t.Fatalf("%d keys degraded by a caller's deadline; want 0", n)
+	}
+}
+
+// silentClient is a lease client of a region that never answers: a
+// listener that accepts connections and reads nothing. Its breaker timeout
+// bounds a request's wait; its background Sync never runs.
+func silentClient(t *testing.T, breakerTimeout time.Duration) *lease.Client {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -154,22 +171,47 @@ func TestCallerThatGivesUpIsNotDecided(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	silent, err := lease.NewClient(conn, lease.Options{InstanceID: "it-silent", BreakerTimeout: time.Hour, SyncTimeout: time.Hour, Refresh: time.Hour})
+	c, err := lease.NewClient(conn, lease.Options{InstanceID: "it-silent", BreakerTimeout: breakerTimeout, SyncTimeout: time.Hour, Refresh: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		silent.Close(ctx)
+		c.Close(ctx)
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	d, err := silent.Allow(ctx, acmeRead, 1)
-	if !errors.Is(err, lease.ErrAbandoned) || !errors.Is(err, context.DeadlineExceeded) || d.Allowed || d.Degraded {
-		t.Fatalf("a caller's deadline before a silent region answers: %+v, %v; want no decision and an error wrapping ErrAbandoned and DeadlineExceeded", d, err)
+	return c
+}
+
+// TestCloseSaysItsContextEndedAndRunsOnce: a Close whose ctx ends before
+// the region answers returns an error wrapping the context's (the caller
+// can tell a deadline from a refusal), and a second Close, called while
+// the first waits, waits for it and returns the same result instead of a
+// nil that says the tokens went back.
+func TestCloseSaysItsContextEndedAndRunsOnce(t *testing.T) {
+	c := silentClient(t, 20*time.Millisecond)
+	// A request the silent region never answers leaves its report pending:
+	// Close must resend it.
+	if d, err := c.Allow(context.Background(), acmeRead, 1); err != nil || !d.Degraded {
+		t.Fatalf("a request to a silent region: %+v, %v; want a degraded decision", d, err)
 	}
-	if n := silent.Table().DegradedKeys(); n != 0 {
-		t.Fatalf("%d keys degraded by a caller's deadline; want 0", n)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { first <- c.Close(ctx) }()
+	waitFor(t, "the first Close to begin", func() bool {
+		_, err := c.Allow(context.Background(), acmeRead, 1)
+		return errors.Is(err, lease.ErrClosed)
+	})
+	second := c.Close(context.Background())
+	err := <-first
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with a 200ms deadline against a silent region: %v; want an error wrapping context.DeadlineExceeded", err)
+	}
+	if second != err {
+		t.Fatalf("a Close during the first returned %v; want the first's %v", second, err)
+	}
+	if again := c.Close(context.Background()); again != err {
+		t.Fatalf("a Close after the first returned %v; want the first's %v", again, err)
 	}
 }
