@@ -162,6 +162,10 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	srv, err := New(Options{
 		Region: o.Region, Redis: rdb, Config: o.Config, Guard: guard,
 		Logger: o.Logger, Registerer: ep.Registry, Unleased: o.Unleased,
+		// The server's bound on a batch is the daemon's bound on Redis:
+		// with the server's longer default, callers with shorter deadlines
+		// gave up first on a hung Redis and nothing was counted.
+		RedisTimeout: o.RedisTimeout,
 	})
 	if err != nil {
 		ep.Close()
@@ -209,21 +213,40 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	return d, nil
 }
 
+// ReadinessInterval is how often a regional daemon pings its Redis for
+// its readiness and counts a failed ping (script "ping").
+const ReadinessInterval = time.Second
+
 // watchReadiness keeps the gRPC health status in line with Redis: a
 // replica whose Redis is down is not ready (clients fail over to others).
+// Every failed ping is a Redis error of script "ping", so a Redis that is
+// down or hung shows within seconds whether or not callers wait for it
+// (a caller that gives up first is not counted); the outage is logged
+// once when it starts and once when Redis answers again.
 func (d *Daemon) watchReadiness(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(ReadinessInterval)
 	defer t.Stop()
+	down := false
 	for {
+		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, d.opts.RedisTimeout)
 		err := d.Redis.Ping(pctx).Err()
 		cancel()
-		st := healthpb.HealthCheckResponse_SERVING
-		if err != nil {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
-		}
 		if ctx.Err() != nil {
 			return
+		}
+		d.Server.observeOwn(ctx, "ping", start, err)
+		st := healthpb.HealthCheckResponse_SERVING
+		switch {
+		case err != nil:
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+			if !down {
+				d.opts.Logger.Warn("redis does not answer its readiness ping; replica not ready", "redis", d.opts.RedisAddr, "err", err)
+			}
+			down = true
+		case down:
+			d.opts.Logger.Info("redis answers its readiness ping again; replica ready", "redis", d.opts.RedisAddr)
+			down = false
 		}
 		d.Health.SetServingStatus("", st)
 		select {

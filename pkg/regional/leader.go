@@ -282,20 +282,27 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 	s := l.s
 	cfg := s.opts.Config.Current()
 	epoch := time.Duration(cfg.Epoch)
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, epoch)
 	defer cancel()
 	// Redis TIME and the stored static lease in one round trip: a new
 	// leader takes over its predecessor's lease before its first report.
+	start := time.Now()
 	clock, err := l.loadStatic(ctx)
+	s.observeOwn(parent, "time", start, err)
 	if err != nil {
 		return regionsync.Answer{}, err
 	}
 	sendUS := clock.RedisUS
+	start = time.Now()
 	keys, err := l.candidates(ctx, sendUS, epoch, kind)
-	if err != nil {
-		return regionsync.Answer{}, err
+	var report *sluicev1.RegionReport
+	var plans map[quota.Key]keyPlan
+	var held regionsync.Held
+	if err == nil {
+		report, plans, held, err = l.buildReport(ctx, cfg, keys, sendUS, kind)
 	}
-	report, plans, held, err := l.buildReport(ctx, cfg, keys, sendUS, kind)
+	s.observeOwn(parent, "state", start, err)
 	if err != nil {
 		return regionsync.Answer{}, err
 	}

@@ -42,10 +42,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "sluice_regional_rpc_duration_seconds", Help: "LeaseService RPC latency by method.", Buckets: buckets,
 		}, []string{"method"}),
 		scriptSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "sluice_regional_lua_duration_seconds", Help: "Lua script round trip latency by script.", Buckets: buckets,
+			Name: "sluice_regional_lua_duration_seconds", Help: "Lua script round trip latency by script; also the replica's own Redis calls: ping (readiness check), sentinel (restart guard), time and state (region leader's reads).", Buckets: buckets,
 		}, []string{"script"}),
 		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_regional_redis_errors_total", Help: "Failed Redis calls by script.",
+			Name: "sluice_regional_redis_errors_total", Help: "Failed Redis calls by script: acquire, sync, release and check for callers still waiting; ping, sentinel, time and state for the replica's own calls.",
 		}, []string{"script"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_regional_decisions_total",

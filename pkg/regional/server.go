@@ -559,6 +559,23 @@ func (s *Server) observeScript(ctx context.Context, script string, start time.Ti
 	return err
 }
 
+// observeOwn records a Redis call the replica makes on its own, with no
+// caller waiting on it (the readiness ping, the restart sentinel, the
+// region leader's reads and writes), under script. parent is the context
+// of the loop that made it: an error while that loop still runs is Redis
+// failing, whatever the call's own bound, and is counted as a Redis error.
+// A hung Redis that every caller gives up on is counted here: the callers'
+// calls are not (observeScript).
+func (s *Server) observeOwn(parent context.Context, script string, start time.Time, err error) {
+	if parent.Err() != nil {
+		return
+	}
+	s.metrics.scriptSeconds.WithLabelValues(script).Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.redisErrors.WithLabelValues(script).Inc()
+	}
+}
+
 // toStatus maps an error to a gRPC status at the edge.
 func toStatus(err error) error {
 	switch {
@@ -609,7 +626,10 @@ func (s *Server) tick(ctx context.Context, interval time.Duration) {
 	// forgotten: the index holds live keys only.
 	defer s.active.prune(time.Now(), time.Duration(s.opts.Config.Current().LeaseTTL))
 	if s.opts.Guard != nil {
-		if err := s.opts.Guard.Check(ctx, s.opts.Redis); err != nil {
+		start := time.Now()
+		err := s.opts.Guard.Check(ctx, s.opts.Redis)
+		s.observeOwn(ctx, "sentinel", start, err)
+		if err != nil && ctx.Err() == nil {
 			s.log.Warn("restart sentinel check failed", "err", err)
 		}
 	}

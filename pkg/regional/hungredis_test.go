@@ -1,0 +1,154 @@
+package regional_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// lockedBuffer is a log sink read while the daemon writes to it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), s)
+}
+
+// TestHungRedisIsCountedByTheReadinessPing: a Redis that stops answering
+// (SIGSTOP of the real redis-server) is a Redis error of script "ping"
+// within a few readiness intervals, with no caller at all: callers that
+// give up before Redis answers are not counted, so without it a hung Redis
+// raised neither SluiceRedisErrors nor SluiceRegionalRedisDown. The
+// replica turns not ready, logs the outage once, and logs and turns ready
+// again when Redis answers. The daemon's RedisTimeout is also the server's
+// bound on a batch (the server's own default was longer, so instances gave
+// up first).
+func TestHungRedisIsCountedByTheReadinessPing(t *testing.T) {
+	rs := redistest.Start(t)
+	reg := prometheus.NewRegistry()
+	var logs lockedBuffer
+	const redisTimeout = 100 * time.Millisecond
+	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
+		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RedisAddr: rs.Addr(),
+		Config: regional.StaticConfig{C: regiontest.MustConfig(t, oneRegion)}, ColdStart: regional.ColdStartFull,
+		Unleased: true, Registry: reg, RedisTimeout: redisTimeout,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	if got := regional.RedisTimeoutForTest(d.Server); got != redisTimeout {
+		t.Errorf("the server bounds a batch by %v, want the daemon's RedisTimeout %v", got, redisTimeout)
+	}
+	pings := func() float64 {
+		return counterValue(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": "ping"})
+	}
+	serving := func() bool {
+		resp, err := d.Health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
+	}
+	// Many readiness intervals: a starved machine pings late.
+	wait := 60 * (regional.ReadinessInterval + redisTimeout)
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(wait); !ok(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v", what, wait)
+			}
+			time.Sleep(regional.ReadinessInterval / 20) // polling the daemon with a deadline
+		}
+	}
+	waitFor("ready", serving)
+	if n := pings(); n != 0 {
+		t.Fatalf("%v failed pings counted against a Redis that answers", n)
+	}
+
+	rs.Pause()
+	waitFor("two failed pings counted", func() bool { return pings() >= 2 })
+	waitFor("not ready", func() bool { return !serving() })
+	const down, up = "redis does not answer its readiness ping", "redis answers its readiness ping again"
+	if n := logs.count(down); n != 1 {
+		t.Errorf("the outage logged %q %d times over two failed pings, want once", down, n)
+	}
+	rs.Resume()
+	waitFor("ready again", serving)
+	waitFor("recovery logged", func() bool { return logs.count(up) == 1 })
+	if n := logs.count(down); n != 1 {
+		t.Errorf("one outage logged %q %d times, want once", down, n)
+	}
+}
+
+// TestReplicaOwnRedisFailuresAreCounted: the Redis calls a replica makes
+// on its own count as Redis errors of their script when they fail: the
+// restart sentinel check of every replica's Run ("sentinel") and the
+// region leader's read of Redis TIME and the static lease ("time"). They
+// were logged only, so a hung Redis seen by the leader alone raised no
+// Redis alert.
+func TestReplicaOwnRedisFailuresAreCounted(t *testing.T) {
+	t.Run("sentinel", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		reg := prometheus.NewRegistry()
+		g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartFull, slog.New(slog.DiscardHandler))
+		r := regiontest.Start(t, regiontest.MustConfig(t, oneRegion), "local", func(o *regional.Options) {
+			o.Guard = g
+			o.Registerer = reg
+			o.Logger = slog.New(slog.DiscardHandler)
+		})
+		const interval = 20 * time.Millisecond
+		r.Redis.Pause()
+		defer r.Redis.Resume()
+		done := make(chan error, 1)
+		go func() { done <- r.Server.Run(ctx, interval) }()
+		defer func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		}()
+		// A check against a Redis that does not answer ends at the
+		// client's read timeout (redistest: 3 s): polled with a deadline of
+		// many of them.
+		wait := 20 * 3 * time.Second
+		for deadline := time.Now().Add(wait); counterValue(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": "sentinel"}) == 0; {
+			if time.Now().After(deadline) {
+				t.Fatalf("no failed sentinel check counted within %v of Run against a paused Redis", wait)
+			}
+			time.Sleep(interval) // polling the counter with a deadline
+		}
+	})
+	t.Run("time", func(t *testing.T) {
+		r := newLeaseRig(t)
+		r.rs.Pause()
+		defer r.rs.Resume()
+		if err := r.leader.SyncOnce(context.Background(), nil); err == nil {
+			t.Fatal("a sync against a paused Redis succeeded")
+		}
+		if n := counterValue(t, r.reg, "sluice_regional_redis_errors_total", map[string]string{"script": "time"}); n != 1 {
+			t.Errorf("a leader's sync that could not read Redis TIME counted %v Redis errors of script time, want 1", n)
+		}
+	})
+}
