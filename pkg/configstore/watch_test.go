@@ -2,7 +2,9 @@ package configstore
 
 import (
 	"bytes"
+	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -191,5 +193,67 @@ func TestWatcherAssemblesTheTenants(t *testing.T) {
 	}
 	if live := rw.awaitRevision(t, rev); live.Tenants != nil {
 		t.Fatalf("a config without tenants made live with tenants %#v, want none", live.Tenants)
+	}
+}
+
+// TestWatcherReportsAnEtcdItCannotReach: a watch whose etcd stops
+// answering is an interrupted watch, counted in
+// sluice_config_watch_errors_total and logged once as "config watch
+// interrupted" however long the outage lasts, and its end is logged once;
+// then changes arrive again. The etcd client's watch waits silently through
+// a hung etcd (every byte held, as a SIGSTOP holds them) or a stopped one:
+// the metric stayed 0 and nothing was logged, so SluiceConfigWatchFailing
+// and the runbook's log line never came.
+func TestWatcherReportsAnEtcdItCannotReach(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		out, back func(srv *etcdtest.Server, link *etcdtest.Link)
+	}{
+		{"hung", func(_ *etcdtest.Server, l *etcdtest.Link) { l.Hang() }, func(_ *etcdtest.Server, l *etcdtest.Link) { l.Mend() }},
+		{"stopped", func(s *etcdtest.Server, _ *etcdtest.Link) { s.Stop() }, func(s *etcdtest.Server, _ *etcdtest.Link) { s.Restart() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := etcdtest.Start(t)
+			link := srv.Link(t)
+			store := NewStore(link.Client(t), "")
+			writer := NewStore(srv.Client(t), "")
+			rev, err := writer.Apply(testContext(t), withReadRate(100), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rw := startWatcher(t, store, nil)
+			rw.awaitRate(t, 100)
+			// Many of the watcher's own periods: a probe every interval,
+			// each read bounded by the request timeout, and the reads
+			// again after a growing pause.
+			wait := 10 * (watchProbeInterval + watchRequestTimeout + watchRetryMax)
+			poll := func(what string, ok func() bool) {
+				t.Helper()
+				for deadline := time.Now().Add(wait); !ok(); {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: not within %v\nwatcher log:\n%s", what, wait, rw.logs)
+					}
+					time.Sleep(watchProbeInterval / 20) // polling the watcher with a deadline
+				}
+			}
+			count := func(s string) int { return strings.Count(rw.logs.String(), s) }
+			const down, up = "config watch interrupted", "config watch resumed"
+
+			tc.out(srv, link)
+			poll("two watch errors counted", func() bool { return rw.metric(t, "sluice_config_watch_errors_total") >= 2 })
+			if n := count(down); n != 1 {
+				t.Errorf("one outage logged %q %d times, want once", down, n)
+			}
+			tc.back(srv, link)
+			poll("the end of the outage logged", func() bool { return count(up) == 1 })
+			ctx := testContext(t)
+			if _, err := writer.Apply(ctx, withReadRate(200), rev); err != nil {
+				t.Fatal(err)
+			}
+			rw.awaitRate(t, 200)
+			if n := count(down); n != 1 {
+				t.Errorf("one outage logged %q %d times, want once", down, n)
+			}
+		})
 	}
 }

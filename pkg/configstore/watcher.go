@@ -25,6 +25,11 @@ const (
 	// etcd failed; the wait doubles per failure and resets on success.
 	watchRetryMin = 50 * time.Millisecond
 	watchRetryMax = 5 * time.Second
+	// watchProbeInterval is how often a running watch reads the config
+	// key's revision, bounded by the request timeout: the etcd client's
+	// watch waits silently through a lost connection (a hung or stopped
+	// etcd, a partition), so only a read that fails shows the outage.
+	watchProbeInterval = 2 * time.Second
 )
 
 // applied is one live config and the etcd revision it came from (0 for the
@@ -170,8 +175,10 @@ func (w *Watcher) publish(cfg *config.Config) {
 
 // Run reads the config, then follows changes with an etcd watch that
 // continues from the revision read. When the watch breaks (compaction, lost
-// leader, etcd restart) or etcd cannot be read, it reads again after a
-// growing pause, and the live config stays meanwhile. Run returns nil when
+// leader, etcd restart, etcd not answering a periodic read) or etcd cannot
+// be read, it counts the failure, reads again after a growing pause, and
+// the live config stays meanwhile. An outage is logged once at WARN
+// ("config watch interrupted") and its end once ("config watch resumed"). Run returns nil when
 // ctx is done, and an error when the etcd client was closed or Run is
 // already running.
 func (w *Watcher) Run(ctx context.Context) error {
@@ -180,10 +187,19 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 	defer w.running.Store(false)
 	wait := watchRetryMin
+	// failing is set from a failed read or watch until a read succeeds:
+	// an outage is logged once at WARN, its further failures at DEBUG
+	// (all counted), and its end once.
+	failing := false
 	for {
 		rev, err := w.load(ctx)
 		if err == nil {
 			wait = watchRetryMin
+			if failing {
+				w.logger.Info("config watch resumed; etcd answers again",
+					"key", w.store.key, "live_revision", w.Revision())
+				failing = false
+			}
 			err = w.follow(ctx, rev)
 		}
 		if ctx.Err() != nil {
@@ -192,7 +208,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if cerr := w.store.cli.Ctx().Err(); cerr != nil {
 			return fmt.Errorf("config watcher: etcd client closed: %w", cerr)
 		}
-		w.logger.Warn("config watch interrupted; live config kept, reading again",
+		level := slog.LevelWarn
+		if failing {
+			level = slog.LevelDebug
+		}
+		failing = true
+		w.logger.Log(ctx, level, "config watch interrupted; live config kept, reading again",
 			"key", w.store.key, "live_revision", w.Revision(), "retry_in", wait, "error", err)
 		w.watchErrors.Inc()
 		timer := time.NewTimer(wait)
@@ -315,10 +336,23 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 
 // follow watches the config range from rev+1 until the watch ends, which
 // is always an error (or ctx ending). Changes are gathered per revision;
-// a revision that wrote the document commits them.
+// a revision that wrote the document commits them. Every
+// watchProbeInterval a bounded read checks that etcd still answers; one
+// that fails ends the watch as broken.
 func (w *Watcher) follow(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
+	// A failed probe ends the watch, even one still being set up (Watch
+	// itself waits for etcd then).
+	var probeErr error // written before probed closes
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		if err := w.probe(wctx); err != nil {
+			probeErr = err
+			cancel()
+		}
+	}()
+	defer func() { cancel(); <-probed }()
 	for resp := range w.store.cli.Watch(wctx, w.store.key, clientv3.WithRange(w.store.rangeEnd()), clientv3.WithRev(rev+1)) {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("watch %s from revision %d: %w", w.store.key, rev+1, err)
@@ -331,7 +365,40 @@ func (w *Watcher) follow(ctx context.Context, rev int64) error {
 		}
 		rev = resp.Header.Revision
 	}
+	cancel()
+	<-probed
+	if probeErr != nil {
+		return fmt.Errorf("watching %s from revision %d, etcd did not answer a read of it: %w", w.store.key, rev+1, probeErr)
+	}
 	return errors.New("watch channel closed")
+}
+
+// probe reads the config key's revision every watchProbeInterval, each read
+// bounded by the request timeout, until one fails (its error) or ctx ends
+// (nil). A read needs the etcd leader, as the watch does.
+func (w *Watcher) probe(ctx context.Context) error {
+	timeout := w.store.requestTimeout
+	if timeout <= 0 {
+		timeout = watchRequestTimeout
+	}
+	t := time.NewTicker(watchProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		_, err := w.store.cli.Get(pctx, w.store.key, clientv3.WithCountOnly())
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // event records one change of the config range.
