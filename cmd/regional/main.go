@@ -150,6 +150,8 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	if err != nil {
 		return err
 	}
+	// The Redis client library's own lines, structured and at DEBUG.
+	regional.RouteRedisLogs(logger)
 	cfg, err := loadConfig(f.configFile)
 	if err != nil {
 		return err
