@@ -166,11 +166,18 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 		if rep.GlobalAddr == "" && rep.GlobalLeader != nil {
 			rep.GlobalAddr = rep.GlobalLeader.Addr
 		}
-		if rep.GlobalAddr == "" {
+		switch {
+		case rep.GlobalAddr == "" && rep.EtcdError != "":
+			// etcd was not read: nothing is known of a global leader.
+			rep.GlobalError = fmt.Sprintf("no global allocator to ask: the global leader is unknown because etcd could not be read; give -global-addr (%s) of a replica",
+				flagenv.EnvName(envPrefix, "global-addr"))
+		case rep.GlobalAddr == "":
 			rep.GlobalError = fmt.Sprintf("no global allocator to ask: etcd shows no global leader; give -global-addr (%s) of a replica, or start cmd/global",
 				flagenv.EnvName(envPrefix, "global-addr"))
-		} else if err := a.askGlobal(ctx, rep.GlobalAddr, int32(*top), &rep); err != nil {
-			return err
+		default:
+			if err := a.askGlobal(ctx, rep.GlobalAddr, int32(*top), &rep); err != nil {
+				return err
+			}
 		}
 		if err := a.askShards(ctx, int32(*top), &rep); err != nil {
 			return err
@@ -623,7 +630,13 @@ func regionState(r regionView) string {
 		}
 		return "SILENT" + since + " (static lease still counted)"
 	case stateLapsed:
-		return "LEASE EXPIRED" + since + " (lapsed: on its floor, its share re-divided)"
+		// The allocator reports when the region was last heard from, not
+		// when its lease lapsed (region_lease + grant_validity + a margin
+		// later).
+		if r.SilentSince != nil {
+			return "LEASE EXPIRED (silent since " + r.SilentSince.Local().Format("15:04:05.000") + "; lapsed: on its floor, its share re-divided)"
+		}
+		return "LEASE EXPIRED (lapsed: on its floor, its share re-divided)"
 	case stateReturning:
 		return "RETURNING (on its floor until its static lease is conferred again)"
 	case stateDrained:

@@ -107,6 +107,20 @@ func TestStatusWithNoGlobalLeaderAndNoAddressExits5(t *testing.T) {
 	wantContains(t, "stderr", r.stderr, "etcd shows no global leader", "-global-addr")
 }
 
+// TestStatusWithEtcdUnreachableSaysTheGlobalLeaderIsUnknown: with etcd
+// unreachable and no -global-addr, status says the global leader is
+// unknown because etcd could not be read, not that etcd shows no global
+// leader (it was never read).
+func TestStatusWithEtcdUnreachableSaysTheGlobalLeaderIsUnknown(t *testing.T) {
+	dead := closedAddr(t)
+	r := sluicectl(t, "", "-etcd-endpoints", dead, "-timeout", "1s", "status")
+	wantCode(t, r, exitUnreachable)
+	wantContains(t, "stderr", r.stderr, "cannot use etcd at", "the global leader is unknown because etcd could not be read", "-global-addr")
+	if strings.Contains(r.stderr, "etcd shows no global leader") {
+		t.Errorf("status says etcd shows no global leader though etcd could not be read:\n%s", r.stderr)
+	}
+}
+
 func TestStatusTextShowsAllocationAndDegradedRegions(t *testing.T) {
 	resp := &sluicev1.StatusResponse{
 		Leader: false, LeaderAddr: "10.0.0.2:7500", Learning: true, Epoch: 4242,
@@ -216,7 +230,9 @@ func TestStatusTextShowsRegionStates(t *testing.T) {
 	wantContains(t, "status", text, "STATIC LEASE", "RESERVED")
 	wantRow(t, text, "us-east", "150ms", "ago", "9", "59.85s", "100%", "live")
 	wantRow(t, text, "eu-west", "5s", "ago", "8", "55s", "100%", "SILENT", "since", clock(5*time.Second), "(static", "lease", "still", "counted)")
-	wantRow(t, text, "ap-south", "1m30s", "ago", "7", "none", "0%", "LEASE", "EXPIRED", "since", clock(90*time.Second), "(lapsed:")
+	// Silent since its last report; the lease lapsed later, at a time the
+	// allocator does not report.
+	wantRow(t, text, "ap-south", "1m30s", "ago", "7", "none", "0%", "LEASE", "EXPIRED", "(silent", "since", clock(90*time.Second)+";", "lapsed:")
 	wantRow(t, text, "sa-east", "100ms", "ago", "6", "none", "25%", "RETURNING")
 	wantRow(t, text, "af-south", "100ms", "ago", "5", "1m0s", "50%", "DRAINED")
 	wantRow(t, text, "me-central", "never", "0", "none", "100%", "SILENT", "(never", "heard;")
