@@ -235,9 +235,14 @@ func Start(o Options) (*Agent, error) {
 	}
 	// round_robin spreads the lease RPCs over every replica a dns:///
 	// target resolves to (the replicas share all state through Redis).
+	// The reconnect backoff is capped near the breaker's cooldown
+	// (lease.ConnectParams): with gRPC's default, growing to 120 s, the
+	// agent stayed degraded for up to tens of seconds after a long regional
+	// outage ended.
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(o.RegionCreds),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithConnectParams(lease.ConnectParams()),
 	}, o.DialOptions...)
 	if a.conn, err = grpc.NewClient(o.RegionAddr, dial...); err != nil {
 		return fail(fmt.Errorf("agent: region address %s: %w", o.RegionAddr, err))

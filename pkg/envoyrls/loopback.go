@@ -41,7 +41,9 @@ func DialLoopback(addr string, creds credentials.TransportCredentials, opts leas
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	// Reconnects back off at most lease.MaxReconnectDelay (gRPC's default
+	// grows to 120 s, long after the region is back).
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithConnectParams(lease.ConnectParams()))
 	if err != nil {
 		return nil, fmt.Errorf("envoyrls: dialling the LeaseService at %s: %w", addr, err)
 	}

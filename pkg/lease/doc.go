@@ -99,4 +99,14 @@
 // spends the tokens and counts the admission; no clock read, no
 // allocation, no Prometheus call (metrics are folded from the per-key
 // atomics at scrape time, and one decision in 1024 is timed).
+//
+// # Dialing the region
+//
+// NewClient takes the caller's grpc.ClientConn. Dial it with
+// grpc.WithConnectParams(ConnectParams()): gRPC's default reconnect
+// backoff grows to 120 s, so after a regional outage of a minute the
+// connection may try again only tens of seconds after the region is back,
+// and the client decides with on_failure (degraded) all that while.
+// ConnectParams caps the wait at MaxReconnectDelay, the scale of the
+// breaker's cooldown.
 package lease
