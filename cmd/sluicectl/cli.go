@@ -136,6 +136,10 @@ type globalFlags struct {
 	// tlsCA, tlsCert, tlsKey are PEM files for TLS to the global tier.
 	// Optional; setting any of them turns TLS on. Cert and key go together.
 	tlsCA, tlsCert, tlsKey string
+	// globalTLSName is the name the global tier's certificate must carry.
+	// Optional; default the dialed host. Set it when etcd names the leader
+	// by an IP its certificate lacks (-advertise=$(POD_IP):7500).
+	globalTLSName string
 }
 
 func defaultGlobalFlags() globalFlags {
@@ -157,6 +161,7 @@ func (g *globalFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.tlsCA, "tls-ca", g.tlsCA, "CA certificate (PEM) to verify the global allocator; turns on TLS")
 	fs.StringVar(&g.tlsCert, "tls-cert", g.tlsCert, "client certificate (PEM) for the global allocator; needs -tls-key")
 	fs.StringVar(&g.tlsKey, "tls-key", g.tlsKey, "client key (PEM) for the global allocator; needs -tls-cert")
+	fs.StringVar(&g.globalTLSName, "global-tls-name", g.globalTLSName, "name the global tier's certificate must carry (default: the dialed host; set it when the leader's address is an IP, as -advertise=$(POD_IP):7500 makes it)")
 }
 
 // exitError ends a command with an exit code and a message for stderr.
@@ -407,7 +412,7 @@ func (a *app) etcd() (*clientv3.Client, *configstore.Store, error) {
 	if a.g.timeout <= 0 {
 		return nil, nil, exitf(exitUsage, "-timeout must be positive, got %v", a.g.timeout)
 	}
-	tlsCfg, err := clientTLS(a.g.etcdCA, a.g.etcdCert, a.g.etcdKey, "-etcd-")
+	tlsCfg, err := clientTLS(a.g.etcdCA, a.g.etcdCert, a.g.etcdKey, "", "-etcd-")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -437,9 +442,11 @@ func (a *app) step(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, a.g.timeout)
 }
 
-// grpcCredentials are the transport credentials for the global tier.
-func (a *app) grpcCredentials() (credentials.TransportCredentials, error) {
-	tlsCfg, err := clientTLS(a.g.tlsCA, a.g.tlsCert, a.g.tlsKey, "-tls-")
+// grpcCredentials are the transport credentials for a Sluice service.
+// serverName is the name its certificate must carry (the dialed host when
+// empty): -global-tls-name for the global tier.
+func (a *app) grpcCredentials(serverName string) (credentials.TransportCredentials, error) {
+	tlsCfg, err := clientTLS(a.g.tlsCA, a.g.tlsCert, a.g.tlsKey, serverName, "-tls-")
 	if err != nil {
 		return nil, err
 	}
@@ -450,9 +457,10 @@ func (a *app) grpcCredentials() (credentials.TransportCredentials, error) {
 }
 
 // dialGRPC opens a lazy connection to a Sluice service (a global allocator
-// replica or a regional service) with the -tls-* credentials.
-func (a *app) dialGRPC(addr string) (*grpc.ClientConn, error) {
-	creds, err := a.grpcCredentials()
+// replica or a regional service) with the -tls-* credentials, expecting
+// serverName in its certificate (the dialed host when empty).
+func (a *app) dialGRPC(addr, serverName string) (*grpc.ClientConn, error) {
+	creds, err := a.grpcCredentials(serverName)
 	if err != nil {
 		return nil, err
 	}
@@ -464,12 +472,14 @@ func (a *app) dialGRPC(addr string) (*grpc.ClientConn, error) {
 }
 
 // clientTLS builds a client TLS config from PEM files, or nil when none is
-// given. flagPrefix names the flags in errors ("-etcd-" or "-tls-").
-func clientTLS(caFile, certFile, keyFile, flagPrefix string) (*tls.Config, error) {
+// given. serverName is the name the server's certificate must carry (the
+// dialed host when empty). flagPrefix names the flags in errors ("-etcd-"
+// or "-tls-").
+func clientTLS(caFile, certFile, keyFile, serverName, flagPrefix string) (*tls.Config, error) {
 	if (certFile == "") != (keyFile == "") {
 		return nil, exitf(exitUsage, "%scert and %skey go together: give both or neither", flagPrefix, flagPrefix)
 	}
-	cfg, err := tlsconfig.Client(caFile, certFile, keyFile, "")
+	cfg, err := tlsconfig.Client(caFile, certFile, keyFile, serverName)
 	if err != nil {
 		return nil, exitf(exitInvalid, "%sca/%scert/%skey: %v", flagPrefix, flagPrefix, flagPrefix, err)
 	}

@@ -33,7 +33,7 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		if id == "" {
 			id = "sluicectl-" + strconv.Itoa(os.Getpid())
 		}
-		conn, err := a.dialGRPC(*addr)
+		conn, err := a.dialGRPC(*addr, "")
 		if err != nil {
 			return err
 		}
@@ -82,7 +82,7 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		if len(args) > 0 || *tenant == "" {
 			return exitf(exitUsage, "check needs -tenant and takes no arguments")
 		}
-		conn, err := a.dialGRPC(*addr)
+		conn, err := a.dialGRPC(*addr, "")
 		if err != nil {
 			return err
 		}

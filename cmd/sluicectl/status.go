@@ -152,7 +152,7 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 			return exitf(exitUsage, "-timeout must be positive, got %v", a.g.timeout)
 		}
 		// Credentials problems are usage errors, not an unreachable tier.
-		if _, err := a.grpcCredentials(); err != nil {
+		if _, err := a.grpcCredentials(a.g.globalTLSName); err != nil {
 			return err
 		}
 
@@ -392,7 +392,7 @@ func pressure(k keyView) float64 {
 // askGlobal calls AllocatorService.Status on addr. Failures to reach it
 // are recorded in rep.
 func (a *app) askGlobal(ctx context.Context, addr string, top int32, rep *statusReport) error {
-	conn, err := a.dialGRPC(addr)
+	conn, err := a.dialGRPC(addr, a.g.globalTLSName)
 	if err != nil {
 		return err
 	}
@@ -404,7 +404,7 @@ func (a *app) askGlobal(ctx context.Context, addr string, top int32, rep *status
 		return interrupted(ctx, "asking the global allocator at "+addr+" for status")
 	}
 	if err != nil {
-		hint := "check -global-addr (" + flagenv.EnvName(envPrefix, "global-addr") + "), that a global allocator runs there, and the -tls-ca/-tls-cert/-tls-key flags"
+		hint := "check -global-addr (" + flagenv.EnvName(envPrefix, "global-addr") + "), that a global allocator runs there, and the -tls-ca/-tls-cert/-tls-key flags (-global-tls-name when the certificate does not carry the address dialed)"
 		switch status.Code(err) {
 		case codes.Unimplemented:
 			hint = "the server there does not serve AllocatorService.Status; point -global-addr at a global allocator"
