@@ -37,6 +37,9 @@ type statusReport struct {
 	RegionLeaders []regionLeaderView `json:"region_leaders"`
 	// GlobalAddr is the replica asked for the allocation.
 	GlobalAddr string `json:"global_addr,omitempty"`
+	// AskedStandby is the replica asked first when it was a standby naming
+	// the leader at GlobalAddr, which was asked next.
+	AskedStandby string `json:"asked_standby,omitempty"`
 	// GlobalError says why the global tier could not be asked.
 	GlobalError string      `json:"global_error,omitempty"`
 	Global      *globalView `json:"global,omitempty"`
@@ -389,19 +392,63 @@ func pressure(k keyView) float64 {
 	return k.Demand / k.Rate
 }
 
-// askGlobal calls AllocatorService.Status on addr. Failures to reach it
-// are recorded in rep.
+// askGlobal calls AllocatorService.Status on addr. A standby holds no
+// allocation: when it names the leader, the leader is asked once instead
+// (as the allocator client follows a redirect); otherwise, or when the
+// leader cannot be asked, the standby's answer is kept and the report says
+// why there are no figures (status exits exitUnreachable). Failures to
+// reach a replica are recorded in rep.
 func (a *app) askGlobal(ctx context.Context, addr string, top int32, rep *statusReport) error {
-	conn, err := a.dialGRPC(addr, a.g.globalTLSName)
+	resp, err := a.askReplica(ctx, addr, top, rep)
+	if err != nil || resp == nil || resp.GetLeader() {
+		if resp != nil {
+			rep.Global = newGlobalView(resp, time.Now())
+		}
+		return err
+	}
+	standby := newGlobalView(resp, time.Now())
+	leader := resp.GetLeaderAddr()
+	if leader == "" || leader == addr {
+		rep.Global = standby
+		rep.GlobalError = fmt.Sprintf("the global allocator at %s is a standby and knows no leader: a standby holds no allocation, so there are no figures to show\n"+
+			"run status again once a replica leads (etcd's global election shows it)", addr)
+		return nil
+	}
+	var next statusReport
+	lresp, err := a.askReplica(ctx, leader, top, &next)
 	if err != nil {
 		return err
+	}
+	if lresp != nil && lresp.GetLeader() {
+		rep.AskedStandby, rep.GlobalAddr = addr, leader
+		rep.Global = newGlobalView(lresp, time.Now())
+		return nil
+	}
+	why := next.GlobalError
+	if lresp != nil {
+		why = "it does not lead either (leadership is moving): run status again"
+	}
+	rep.Global = standby
+	rep.refused = next.refused
+	rep.GlobalError = fmt.Sprintf("the global allocator at %s is a standby: a standby holds no allocation, so there are no figures to show\n"+
+		"the leader it names, %s, could not be asked: %s", addr, leader, why)
+	return nil
+}
+
+// askReplica calls AllocatorService.Status on one replica at addr. A
+// failure to reach it, or its refusal, is recorded in rep and the answer
+// is nil.
+func (a *app) askReplica(ctx context.Context, addr string, top int32, rep *statusReport) (*sluicev1.StatusResponse, error) {
+	conn, err := a.dialGRPC(addr, a.g.globalTLSName)
+	if err != nil {
+		return nil, err
 	}
 	defer conn.Close()
 	stepCtx, cancel := a.step(ctx)
 	defer cancel()
 	resp, err := sluicev1.NewAllocatorServiceClient(conn).Status(stepCtx, &sluicev1.StatusRequest{TopKeys: top})
 	if ctx.Err() != nil {
-		return interrupted(ctx, "asking the global allocator at "+addr+" for status")
+		return nil, interrupted(ctx, "asking the global allocator at "+addr+" for status")
 	}
 	if err != nil {
 		hint := "check -global-addr (" + flagenv.EnvName(envPrefix, "global-addr") + "), that a global allocator runs there, and the -tls-ca/-tls-cert/-tls-key flags (-global-tls-name when the certificate does not carry the address dialed)"
@@ -413,13 +460,12 @@ func (a *app) askGlobal(ctx context.Context, addr string, top int32, rep *status
 			rep.GlobalError = fmt.Sprintf("the global allocator at %s answered but refused this client (%s): %s\n"+
 				"check that -tls-cert/-tls-key are given and hold the %s role (the auth section of the config)",
 				addr, status.Code(err), status.Convert(err).Message(), config.RoleOperator)
-			return nil
+			return nil, nil
 		}
 		rep.GlobalError = fmt.Sprintf("cannot get status from the global allocator at %s: %v\n%s", addr, err, hint)
-		return nil
+		return nil, nil
 	}
-	rep.Global = newGlobalView(resp, time.Now())
-	return nil
+	return resp, nil
 }
 
 // Region states as the allocator reports them (RegionStatus.state).
@@ -531,8 +577,12 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 	g := rep.Global
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	role := "leader"
+	if rep.AskedStandby != "" {
+		role = "leader; asked " + rep.AskedStandby + ", a standby, which named it"
+	}
 	if !g.AnsweredByLeader {
-		role = "standby; leader is " + orNone(g.LeaderAddr)
+		// A standby's allocator state is not the one regions run on.
+		role = "standby; leader is " + orNone(g.LeaderAddr) + ")\t(STANDBY'S FIGURES: a standby holds no allocation, these are not the global tier's; see below"
 	}
 	fmt.Fprintf(w, "global allocator:\t%s\t(%s)\n", rep.GlobalAddr, role)
 	learning := "no"

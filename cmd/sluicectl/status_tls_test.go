@@ -99,3 +99,46 @@ func TestStatusVerifiesTheGlobalLeaderByGlobalTLSName(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusAtAStandbyAsksTheLeaderItNames: a standby holds no
+// allocation, so status pointed at one asks the leader it names, once, and
+// says so; when that leader cannot be asked (here its advertised IP is not
+// in its certificate and no -global-tls-name is given) status shows the
+// standby's answer marked as such and exits exitUnreachable, not 0.
+func TestStatusAtAStandbyAsksTheLeaderItNames(t *testing.T) {
+	dir := writeCerts(t)
+	srv := etcdtest.Start(t)
+	leader := tlsGlobal(t, srv, dir, "127.0.0.2:0", true)
+	standby := tlsGlobal(t, srv, dir, "127.0.0.1:0", false)
+	at := append(tlsFlags(dir, "operator"), "-global-addr", standby.GRPCAddr())
+
+	// Once the standby has seen the election, status at it follows to the
+	// leader (bounded by the session TTL in which a standby learns it).
+	deadline := time.Now().Add(30 * time.Second)
+	var r result
+	for {
+		r = sluicectl(t, "", append(append([]string{}, at...), "-global-tls-name", "localhost", "status")...)
+		if r.code == exitOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status at the standby never reached the leader:\n%s", r)
+		}
+		time.Sleep(50 * time.Millisecond) // polling with a deadline
+	}
+	if standby.IsLeader() {
+		t.Fatal("the second replica leads")
+	}
+	wantContains(t, "stdout", r.stdout,
+		"global allocator:  "+leader.Advertise()+"  (leader; asked "+standby.GRPCAddr()+", a standby, which named it)")
+	r = sluicectl(t, "", append(append([]string{}, at...), "-global-tls-name", "localhost", "status", "-o", "json")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, `"global_addr": "`+leader.Advertise()+`"`, `"asked_standby": "`+standby.GRPCAddr()+`"`,
+		`"answered_by_leader": true`)
+
+	r = sluicectl(t, "", append(append([]string{}, at...), "status")...)
+	wantCode(t, r, exitUnreachable)
+	wantContains(t, "stdout", r.stdout, "(standby; leader is "+leader.Advertise()+")", "STANDBY'S FIGURES")
+	wantContains(t, "stderr", r.stderr, "is a standby", "the leader it names, "+leader.Advertise()+", could not be asked",
+		"certificate is valid for", "-global-tls-name")
+}
