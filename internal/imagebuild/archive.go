@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"regexp"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -16,8 +17,20 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// Reference checks repository and tag and returns the image's name.
+// tagPattern is a valid image tag (the OCI distribution spec's).
+var tagPattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+
+// Reference checks repository and tag and returns the image's name. Each
+// is checked on its own, so an error blames the one at fault (a tag with a
+// colon made the whole name parse as a repository, blamed for the tag's
+// characters).
 func Reference(repository, tag string) (name.Tag, error) {
+	if _, err := name.NewRepository(repository); err != nil {
+		return name.Tag{}, fmt.Errorf("image repository %q: %w", repository, err)
+	}
+	if !tagPattern.MatchString(tag) {
+		return name.Tag{}, fmt.Errorf("image tag %q: a tag is 1 to 128 letters, digits, '_', '.' and '-', not starting with '.' or '-'", tag)
+	}
 	ref, err := name.NewTag(repository + ":" + tag)
 	if err != nil {
 		return name.Tag{}, fmt.Errorf("image name %s:%s: %w", repository, tag, err)

@@ -459,6 +459,28 @@ func TestBuildRefusesBadInput(t *testing.T) {
 			t.Fatal("Reference accepted a tag with a space")
 		}
 	})
+	// Each part is checked on its own: the error names the part at fault.
+	for _, tc := range []struct {
+		repo, tag, want, never string
+	}{
+		{Repository, "Bad:tag", `image tag "Bad:tag"`, "repository"},
+		{Repository, "a/b", `image tag "a/b"`, "repository"},
+		{Repository, "-dash", `image tag "-dash"`, "repository"},
+		{Repository, strings.Repeat("x", 129), "image tag", "repository"},
+		{"Sluice/UPPER", "0.2.0", `image repository "Sluice/UPPER"`, "image tag"},
+	} {
+		t.Run("bad name "+tc.repo+":"+tc.tag, func(t *testing.T) {
+			_, err := Reference(tc.repo, tc.tag)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), tc.never) {
+				t.Fatalf("Reference(%q, %q) = %v, want an error with %q and without %q", tc.repo, tc.tag, err, tc.want, tc.never)
+			}
+		})
+	}
+	for _, tag := range []string{"0.2.0", "0.0.0-20261201163947-10e311de9ac9-dirty", "dev", "_x", strings.Repeat("x", 128)} {
+		if ref, err := Reference(Repository, tag); err != nil || ref.TagStr() != tag {
+			t.Errorf("Reference(%q, %q) = %v, %v", Repository, tag, ref, err)
+		}
+	}
 	t.Run("no regional", func(t *testing.T) {
 		dir := t.TempDir()
 		data, err := os.ReadFile(filepath.Join(tiny, "sluicectl"))
