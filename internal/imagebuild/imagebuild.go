@@ -15,7 +15,8 @@
 // (oci-layout, index.json, blobs/) and Docker's manifest.json, the same
 // shape `docker save` writes, so `docker load`, `podman load` and OCI tools
 // all read it; like docker save's, its layers are uncompressed (a push to
-// a registry compresses them). File times and the creation time are the
+// a registry compresses them, so the registry's digest of the image is not
+// the archive's). File times and the creation time are the
 // binaries' VCS commit time, so the same commit and CA bundle give the
 // same image digest.
 package imagebuild

@@ -81,16 +81,25 @@ func run(ctx context.Context, args []string) error {
 	for _, b := range res.Binaries {
 		names = append(names, b.Name)
 	}
+	// The manifest digest is this tarball's: its layers are uncompressed,
+	// and every push compresses them, so a registry holds the image under
+	// another digest, the one the push prints.
 	fmt.Printf(`wrote %[1]s
   image    %[2]s
-  digest   %[3]s
+  local    %[3]s
+           (this tarball's manifest, layers uncompressed: it identifies the tarball;
+           a registry holds the pushed image under another digest, which the push prints)
   commands %[4]s (in %[5]s, entrypoint %[6]s, user %[7]s)
   version  %[8]s, revision %[9]s
 
 load it:    docker load -i %[1]s    (or: podman load -i %[1]s)
-push it:    docker tag %[2]s REGISTRY/sluice:%[10]s && docker push REGISTRY/sluice:%[10]s
-deploy it:  cd deploy/regions/REGION && kustomize edit set image %[11]s=REGISTRY/sluice:%[10]s
-            (sets newName and newTag of the images: entry of that overlay's kustomization.yaml)
+push it:    crane push %[1]s REGISTRY/sluice:%[10]s
+            (prints REGISTRY/sluice@sha256:..., the registry's digest; or docker load, then
+            docker tag %[2]s REGISTRY/sluice:%[10]s && docker push REGISTRY/sluice:%[10]s,
+            which prints "digest: sha256:..."; later: crane digest REGISTRY/sluice:%[10]s)
+deploy it:  cd deploy/regions/REGION && kustomize edit set image %[11]s=REGISTRY/sluice@sha256:...
+            with the registry's digest (or =REGISTRY/sluice:%[10]s; sets the images: entry of
+            that overlay's kustomization.yaml)
 `, *out, ref.String(), digest, strings.Join(names, ", "), imagebuild.BinDir, strings.Join(imagebuild.Entrypoint, " "),
 		imagebuild.User, res.Info.Version, orNone(res.Info.Revision), *tag, imagebuild.Repository)
 	return nil
