@@ -1,7 +1,15 @@
 # Sluice's image for people who build their own: the same image as
 # `make image` (which needs no container daemon), built by Docker or Podman:
 #
-#   docker build -t sluicehq/sluice:dev .
+#   docker build -t sluicehq/sluice:dev \
+#     --build-arg VERSION=$(git describe --tags --always) \
+#     --build-arg REVISION=$(git rev-parse HEAD) \
+#     --build-arg CREATED=$(git log -1 --format=%cI) .
+#
+# The build args fill the labels org.opencontainers.image.version,
+# .revision and .created (make image sets them from the binaries' module
+# version and commit); without them the image says version=dev with an
+# empty revision and creation time, so nothing tells which release it is.
 #
 # One image holds every command in /usr/local/bin; it runs the regional
 # service by default, as the non-root user 65532. The CA bundle is Debian's
@@ -27,12 +35,14 @@ RUN CGO_ENABLED=0 GOOS=linux go build -buildvcs=auto -trimpath -ldflags='-s -w' 
 FROM scratch
 ARG VERSION=dev
 ARG REVISION=
+ARG CREATED=
 COPY --from=build /rootfs/ /
 ENV PATH=/usr/local/bin:/usr/bin:/bin SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 LABEL org.opencontainers.image.title="Sluice" \
       org.opencontainers.image.source="https://github.com/sluicehq/sluice" \
       org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}"
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}"
 USER 65532:65532
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/regional"]

@@ -531,6 +531,8 @@ func TestDockerfileMatchesImage(t *testing.T) {
 		LabelSource + `="` + Source + `"`,
 		LabelVersion + "=",
 		LabelRevision + "=",
+		LabelCreated + "=",
+		"--build-arg REVISION=",
 		"FROM scratch",
 	} {
 		if !strings.Contains(df, want) {
