@@ -72,19 +72,56 @@ func TestRunWritesTheReport(t *testing.T) {
 }
 
 func TestMissedTargetExitsThree(t *testing.T) {
-	// A convergence target with no demand shift to measure cannot be met.
+	// A false-reject bound of 0 on steady's contended keys cannot be met.
 	src, err := scenarios.Source("steady")
 	if err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "impossible.yaml")
-	yaml := strings.Replace(string(src), "expect:\n", "expect:\n  convergence_epochs_max: 3\n", 1)
+	yaml := strings.Replace(string(src), "expect:\n", "expect:\n  false_rejects_max: 0\n", 1)
+	yaml = strings.Replace(yaml, "  false_rejects_max: 0.01\n", "", 1)
 	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	code, out, _ := runArgs(t, "-scenario", path, "-duration", "90s", "-out", "")
 	if code != exitMissed || !strings.Contains(out, "FAIL: a target was missed") {
 		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
+
+// TestTargetWithoutDataIsNotApplicable: a target the run gave nothing to
+// judge (no whole 60 s window after warmup, no demand shift) reads n/a:
+// it neither passes nor fails the run. 90 s with a 30 s warmup has one
+// whole window, from 30 s to 90 s.
+func TestTargetWithoutDataIsNotApplicable(t *testing.T) {
+	src, err := scenarios.Source("steady")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "noshift.yaml")
+	yaml := strings.Replace(string(src), "expect:\n", "expect:\n  convergence_epochs_max: 3\n", 1)
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		duration string
+		want     []string
+	}{
+		{"80s", []string{"utilization, worst 60 s window       n/a    >= 99.00%    n/a (no full window after warmup)",
+			"convergence after demand shifts      n/a ", "admitted vs ideal central bucket   9"}},
+		{"90s", []string{"utilization, worst 60 s window       PASS", "over 1 window from 30s",
+			"convergence after demand shifts      n/a ", "admitted vs ideal central bucket   9"}},
+	} {
+		code, out, _ := runArgs(t, "-scenario", path, "-duration", c.duration, "-out", "")
+		if code != exitOK || !strings.Contains(out, "Result: PASS") {
+			t.Errorf("-duration %s: exit %d:\n%s", c.duration, code, out)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("-duration %s: summary lacks %q:\n%s", c.duration, w, out)
+			}
+		}
 	}
 }
 

@@ -30,6 +30,13 @@
 //
 // # Measures
 //
+// Every measure counts from the end of warmup: the 10 s and 60 s windows
+// start at the first whole second after it (a 60 s window must fit
+// whole before the end of the run to count), the tokens and the
+// comparison with the ideal bucket from that second on. A measure with
+// no data (no whole window) is NaN, and a target on it reads n/a: it
+// neither passes nor fails.
+//
 // Utilization over 1 s and 60 s windows is Σ_keys min(admitted, ideal) /
 // Σ_keys ideal with ideal = min(offered, r·window); an ideal centralized
 // token bucket per key, fed the same arrivals at the same instants, gives

@@ -67,13 +67,20 @@ func TestFalseRejectsAndOneSecondUtilization(t *testing.T) {
 	if math.Abs(r.Util1sMean-(0.5+0.99+8*0.8)/10) > 1e-12 || r.Util1sMin != 0.5 {
 		t.Fatalf("1 s utilization mean %v min %v", r.Util1sMean, r.Util1sMin)
 	}
-	if r.Windows60 != 0 || !math.IsNaN(r.Util60sMean) || !math.IsNaN(r.Util60sMin) || r.VsIdeal != 0 {
-		t.Fatalf("no whole minute measured: %d windows, %v %v %v", r.Windows60, r.Util60sMean, r.Util60sMin, r.VsIdeal)
+	if r.Windows60 != 0 || !math.IsNaN(r.Util60sMean) || !math.IsNaN(r.Util60sMin) {
+		t.Fatalf("no whole minute measured: %d windows, %v %v", r.Windows60, r.Util60sMean, r.Util60sMin)
+	}
+	// Admitted against the ideal bucket counts every whole second after
+	// warmup, whole minute or not.
+	if r.VsIdeal != r.AfterWarmup.Admitted/r.AfterWarmup.IdealAdmitted || r.AfterWarmup.Admitted != 50+99+8*80 {
+		t.Fatalf("vs ideal %v, tokens after warmup %+v", r.VsIdeal, r.AfterWarmup)
 	}
 }
 
-// TestMinuteWindowsMeasured: only minutes that start at or after the
-// warmup and end by the run's end are measured.
+// TestMinuteWindowsMeasured: the minutes measured start at the first whole
+// second after the warmup, one after the other, and must end by the run's
+// end; admitted against the ideal bucket counts every whole second from
+// that one on.
 func TestMinuteWindowsMeasured(t *testing.T) {
 	for _, c := range []struct {
 		name             string
@@ -82,8 +89,11 @@ func TestMinuteWindowsMeasured(t *testing.T) {
 		mean, min, vs    float64
 	}{
 		{"both minutes after the warmup", time.Minute, 3 * time.Minute, 2, 0.75, 0.5, 0.75},
-		{"warmup a nanosecond into the second minute", time.Minute + 1, 3 * time.Minute, 1, 0.5, 0.5, 0.5},
-		{"run ends a second before the last minute", time.Minute, 3*time.Minute - sec, 1, 1, 1, 1},
+		// 61 s to 121 s: 59 seconds at 100, one at 50; the seconds to the
+		// end admit 59·100 + 60·50 of the ideal 119·100.
+		{"warmup a nanosecond into the second minute", time.Minute + 1, 3 * time.Minute, 1, 5950.0 / 6000, 5950.0 / 6000, 8900.0 / 11900},
+		{"run ends a second before the last minute", time.Minute, 3*time.Minute - sec, 1, 1, 1, 8950.0 / 11900},
+		{"warmup half a minute", 30 * sec, 3 * time.Minute, 2, (1 + 0.75) / 2, 0.75, (90*100 + 60*50) / 15000.0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := twoRegions(t, func(s *Setup) { s.Warmup, s.Duration = c.warmup, c.duration })

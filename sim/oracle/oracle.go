@@ -183,15 +183,13 @@ type Oracle struct {
 	w1, w10, w60 *window
 	series       *series
 
-	util1, util60   stat
-	idealUtil60     stat
-	conv            []convState
-	fairSum         []float64
-	fairN           []int
-	falseTok        float64
-	offeredAfterWU  float64
-	idealAdmitted60 float64
-	sluiceAdmitted  float64
+	util1, util60  stat
+	idealUtil60    stat
+	conv           []convState
+	fairSum        []float64
+	fairN          []int
+	falseTok       float64
+	offeredAfterWU float64
 
 	// Per whole second of the run, fleet totals after warmup (the
 	// recovered measures).
@@ -255,9 +253,13 @@ func New(s Setup) (*Oracle, error) {
 	}
 	o.books = make([]regionBooks, len(s.Keys)*o.nr)
 	nk := len(s.Keys)
-	o.w1 = newWindow(time.Second, nk, o.nr)
-	o.w10 = newWindow(10*time.Second, nk, o.nr)
-	o.w60 = newWindow(time.Minute, nk, o.nr)
+	// The 1 s windows stay on whole seconds (the recovered measures index
+	// them by second); the longer ones start at the first whole second
+	// after warmup, where the 1 s windows measured start too.
+	warm := (s.Warmup + time.Second - 1) / time.Second * time.Second
+	o.w1 = newWindow(time.Second, 0, nk, o.nr)
+	o.w10 = newWindow(10*time.Second, warm, nk, o.nr)
+	o.w60 = newWindow(time.Minute, warm, nk, o.nr)
 	o.series = newSeries(s, o.nr)
 	o.fairSum = make([]float64, o.nr)
 	o.fairN = make([]int, o.nr)
@@ -493,6 +495,10 @@ func (o *Oracle) Offered(t time.Duration, region, key int, n, cost int64) {
 	ideal := admit * float64(cost)
 	o.res.Offered += tokens
 	o.res.IdealAdmitted += ideal
+	if o.afterWarmup(t) {
+		o.res.AfterWarmup.Offered += tokens
+		o.res.AfterWarmup.IdealAdmitted += ideal
+	}
 	o.w1.add(key, region, tokens, 0, 0, ideal)
 	o.w10.add(key, region, tokens, 0, 0, ideal)
 	o.w60.add(key, region, tokens, 0, 0, ideal)
@@ -514,6 +520,9 @@ func (o *Oracle) Decided(t time.Duration, region, key int, tokens int64, src Sou
 	case SourceDenied:
 		bk.denied += tokens
 		o.res.Denied += v
+		if o.afterWarmup(t) {
+			o.res.AfterWarmup.Denied += v
+		}
 		o.w1.add(key, region, 0, 0, v, 0)
 		o.w10.add(key, region, 0, 0, v, 0)
 		o.w60.add(key, region, 0, 0, v, 0)
@@ -534,10 +543,16 @@ func (o *Oracle) Decided(t time.Duration, region, key int, tokens int64, src Sou
 	case SourceStrict:
 		bk.admitted += tokens
 		o.res.Strict += v
+		if o.afterWarmup(t) {
+			o.res.AfterWarmup.Strict += v
+		}
 	case SourceLease:
 		bk.admitted += tokens
 	}
 	o.res.Admitted += v
+	if o.afterWarmup(t) {
+		o.res.AfterWarmup.Admitted += v
+	}
 	o.w1.add(key, region, 0, v, 0, 0)
 	o.w10.add(key, region, 0, v, 0, 0)
 	o.w60.add(key, region, 0, v, 0, 0)
@@ -634,6 +649,9 @@ func (o *Oracle) closeWindows(t time.Duration) {
 	o.w60.closeUntil(t, o.onWindow60)
 	o.series.closeUntil(t, o)
 }
+
+// afterWarmup says whether an observation at t counts in the measures.
+func (o *Oracle) afterWarmup(t time.Duration) bool { return t >= o.s.Warmup }
 
 func (o *Oracle) measured(start time.Duration, w *window) bool {
 	return start >= o.s.Warmup && start+w.size <= o.s.Duration
@@ -734,13 +752,11 @@ func (o *Oracle) onWindow60(start time.Duration, w *window) {
 	if !o.measured(start, w) {
 		return
 	}
-	num, den, idealAdm, adm := o.utilization(w)
+	num, den, idealAdm, _ := o.utilization(w)
 	if den > 0 {
 		o.util60.add(num / den)
 		o.idealUtil60.add(math.Min(idealAdm, den) / den)
 	}
-	o.idealAdmitted60 += idealAdm
-	o.sluiceAdmitted += adm
 }
 
 // --- Convergence. ---
@@ -826,8 +842,14 @@ func (o *Oracle) Finish(end time.Duration) *Result {
 	r.Util60sMean, r.Util60sMin = o.util60.mean(), o.util60.minimum()
 	r.IdealUtil60sMean = o.idealUtil60.mean()
 	r.Windows60 = o.util60.n
-	if o.idealAdmitted60 > 0 {
-		r.VsIdeal = o.sluiceAdmitted / o.idealAdmitted60
+	r.VsIdeal = math.NaN()
+	var adm, ideal float64
+	for i := range o.secAdm {
+		adm += o.secAdm[i]
+		ideal += o.secIdeal[i]
+	}
+	if ideal > 0 {
+		r.VsIdeal = adm / ideal
 	}
 	if o.offeredAfterWU > 0 {
 		r.FalseRejects = o.falseTok / o.offeredAfterWU

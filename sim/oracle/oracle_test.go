@@ -314,3 +314,48 @@ func TestRecoveredMeasuresLeaveOutTheRecoveryWindows(t *testing.T) {
 		t.Fatalf("recovery times %+v, want 25s", rc.Each)
 	}
 }
+
+// TestMeasuresStartAtTheEndOfWarmup: every measure after warmup starts
+// where the warmup ends, not at the next minute mark: a 90 s run with a
+// 30 s warmup has one whole 60 s window (30 s to 90 s), and the tokens and
+// the comparison with the ideal bucket count from 30 s on.
+func TestMeasuresStartAtTheEndOfWarmup(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) { s.Warmup = 30 * sec; s.Duration = 90 * sec })
+	// 150 requests/s offered; Sluice admits 100/s during warmup and 90/s
+	// after it.
+	for i := 0; i < 90; i++ {
+		at := time.Duration(i) * sec
+		adm := int64(100)
+		if at >= 30*sec {
+			adm = 90
+		}
+		o.Offered(at, 0, 0, 150, 1)
+		o.Decided(at, 0, 0, adm, SourceLease)
+		o.Decided(at, 0, 0, 150-adm, SourceDenied)
+	}
+	r := o.Finish(90 * sec)
+	if r.Windows60 != 1 || math.Abs(r.Util60sMin-0.9) > 1e-9 {
+		t.Fatalf("60 s windows after a 30 s warmup: %d, worst %v; want 1 at 90%%", r.Windows60, r.Util60sMin)
+	}
+	if math.Abs(r.VsIdeal-0.9) > 1e-9 {
+		t.Fatalf("admitted vs ideal after warmup %v, want 0.9", r.VsIdeal)
+	}
+	aw := r.AfterWarmup
+	if aw.Offered != 60*150 || aw.Admitted != 60*90 || aw.Denied != 60*60 || aw.IdealAdmitted != 60*100 {
+		t.Fatalf("tokens after warmup %+v, want offered 9000, admitted 5400, denied 3600, ideal 6000", aw)
+	}
+	if r.Offered != 90*150 {
+		t.Fatalf("tokens over the whole run: offered %v, want 13500", r.Offered)
+	}
+}
+
+// TestNoWindowAfterWarmupIsNaN: a run too short for a 60 s window after
+// warmup has no 60 s measure and no comparison with the ideal bucket
+// (NaN, not 0).
+func TestNoWindowAfterWarmupIsNaN(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) { s.Warmup = 30 * sec; s.Duration = 80 * sec })
+	r := o.Finish(80 * sec)
+	if r.Windows60 != 0 || !math.IsNaN(r.Util60sMin) || !math.IsNaN(r.VsIdeal) {
+		t.Fatalf("no traffic, no whole window: %d windows, worst %v, vs ideal %v", r.Windows60, r.Util60sMin, r.VsIdeal)
+	}
+}

@@ -33,6 +33,8 @@ type Result struct {
 	Unserved                  float64
 	IdealAdmitted             float64
 	GrantsApplied             int64
+	// AfterWarmup are the same tokens counted from the end of warmup on.
+	AfterWarmup Tokens
 
 	// Utilization (after warmup).
 	Util1sMean, Util1sMin   float64
@@ -40,7 +42,8 @@ type Result struct {
 	IdealUtil60sMean        float64
 	Windows60               int
 	// VsIdeal is admitted / admitted by the ideal centralized bucket over
-	// the measured 60 s windows.
+	// every whole second after warmup (NaN when the ideal bucket admitted
+	// nothing there).
 	VsIdeal float64
 
 	// FalseRejects is a fraction of offered tokens (after warmup).
@@ -60,6 +63,11 @@ type Result struct {
 	Faults []Fault
 	Notes  []Note
 	Series Series
+}
+
+// Tokens are token totals of a part of the run.
+type Tokens struct {
+	Offered, Admitted, Denied, Strict, IdealAdmitted float64
 }
 
 // Conformance is invariant 1.

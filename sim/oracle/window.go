@@ -15,9 +15,16 @@ type window struct {
 	isDirty                  []bool
 }
 
-func newWindow(size time.Duration, keys, nr int) *window {
+// newWindow makes windows of size whose boundaries fall on from (and
+// every size before and after it): the windows of the measures start
+// where the warmup ends, not on multiples of size since the start.
+func newWindow(size, from time.Duration, keys, nr int) *window {
+	start := from % size
+	if start > 0 {
+		start -= size
+	}
 	return &window{
-		size: size, nr: nr,
+		size: size, nr: nr, start: start,
 		off: make([]float64, keys*nr), adm: make([]float64, keys*nr), den: make([]float64, keys*nr),
 		keyOff: make([]float64, keys), keyAdm: make([]float64, keys), keyIdeal: make([]float64, keys),
 		isDirty: make([]bool, keys),

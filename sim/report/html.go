@@ -68,7 +68,7 @@ func WriteHTML(w io.Writer, o *runner.Outcome) error {
 	p("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Sluice simulation: %s</title>\n", esc(sc.Name))
 	p("<style>body{font-family:sans-serif;margin:24px;color:#202124}" +
 		"table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #dadce0;padding:4px 8px;text-align:left;vertical-align:top;font-size:13px}" +
-		"th{background:#f1f3f4}.pass{color:#188038;font-weight:bold}.fail{color:#d93025;font-weight:bold}" +
+		"th{background:#f1f3f4}.pass{color:#188038;font-weight:bold}.fail{color:#d93025;font-weight:bold}.na{color:#5f6368}" +
 		"pre{background:#f8f9fa;padding:12px;font-size:12px;overflow-x:auto}h2{margin-top:28px}svg{display:block;margin:8px 0;width:100%%;height:auto}" +
 		".answer{font-size:16px;border-left:4px solid #1a73e8;padding:4px 12px}</style>\n")
 	p("</head><body>\n<h1>Sluice simulation: %s</h1>\n", esc(sc.Name))
@@ -91,9 +91,11 @@ func WriteHTML(w io.Writer, o *runner.Outcome) error {
 		esc(o.Mode), o.Seed, r.Duration, len(r.Regions), o.Instances, o.Tenants, r.Keys, cls, esc(verdict))
 	p("<h2>Invariants and targets</h2>\n<table><tr><th>Check</th><th>What it means</th><th>Result</th><th>Target</th><th>Value</th></tr>\n")
 	for _, c := range o.Checks {
-		res, cl := "PASS", "pass"
-		if !c.Pass {
-			res, cl = "FAIL", "fail"
+		res, cl := c.Result(), "pass"
+		if c.Failed() {
+			cl = "fail"
+		} else if c.NoData {
+			cl = "na"
 		}
 		p("<tr><td>%s</td><td>%s</td><td class=\"%s\">%s</td><td>%s</td><td>%s</td></tr>\n",
 			esc(c.Name), esc(CheckMeaning(c.Name)), cl, res, esc(c.Target), esc(c.Value))

@@ -34,18 +34,18 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 
 	p("  %-36s %-6s %-12s %s\n", "Check", "Result", "Target", "Value")
 	for _, c := range o.Checks {
-		res := "PASS"
-		if !c.Pass {
-			res = "FAIL"
-		}
-		p("  %-36s %-6s %-12s %s\n", c.Name, res, c.Target, c.Value)
+		p("  %-36s %-6s %-12s %s\n", c.Name, c.Result(), c.Target, c.Value)
 	}
 
 	p("\n  Measures (after warmup)\n")
 	row := func(name, format string, a ...any) { p("    %-34s %s\n", name, fmt.Sprintf(format, a...)) }
 	row("utilization, 1 s windows", "mean %s, worst %s", pct(r.Util1sMean), pct(r.Util1sMin))
-	row("utilization, 60 s windows", "mean %s, worst %s over %d windows (ideal bucket: mean %s)",
-		pct(r.Util60sMean), pct(r.Util60sMin), r.Windows60, pct(r.IdealUtil60sMean))
+	if r.Windows60 > 0 {
+		row("utilization, 60 s windows", "mean %s, worst %s over %s from %v (ideal bucket: mean %s)",
+			pct(r.Util60sMean), pct(r.Util60sMin), plural(r.Windows60, "window"), time.Duration(sc.Warmup), pct(r.IdealUtil60sMean))
+	} else {
+		row("utilization, 60 s windows", "n/a (no full window after warmup)")
+	}
 	row("admitted vs ideal central bucket", "%s", pct(r.VsIdeal))
 	row("false rejects", "%s of offered (%.0f tokens)", pct(r.FalseRejects), r.FalseRejectTokens)
 	var fair []string
@@ -85,6 +85,11 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 			row("recovery to "+pct(rc.Level)+" of ideal", "%v after %s at %v", took, ch.Label, ch.At.Round(time.Millisecond))
 		}
 	}
+	aw := r.AfterWarmup
+	row("tokens", "offered %.0f, admitted %.0f (strict %.0f), denied %.0f, ideal bucket %.0f",
+		aw.Offered, aw.Admitted, aw.Strict, aw.Denied, aw.IdealAdmitted)
+
+	p("\n  Whole run (warmup included)\n")
 	c := r.Conformance
 	row("crash error ε", "%.0f tokens over %d keys (max excess over b: %.1f tokens)", c.CrashError, c.CrashKeys, c.MaxExcessRaw)
 	row("degraded-mode admissions", "%.0f tokens (max excess over b with them: %.1f)", r.Degraded, math.Max(0, c.MaxExcessWithDegraded))
@@ -112,6 +117,14 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 		verdict = "FAIL: a target was missed"
 	}
 	p("\n  Result: %s\n", verdict)
+}
+
+// plural is "1 window", "2 windows".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func pct(v float64) string {

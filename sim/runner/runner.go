@@ -42,22 +42,40 @@ type Check struct {
 	Target    string
 	Pass      bool
 	Invariant bool
+	// NoData says the run gave the check nothing to judge (no full 60 s
+	// window after warmup, no crash, no sample): it reads n/a, neither
+	// passes nor fails, and does not fail the run.
+	NoData bool
 }
 
-// InvariantsHold reports whether invariants 1-3 held.
+// Result is the check's verdict: "PASS", "FAIL" or "n/a".
+func (c Check) Result() string {
+	switch {
+	case c.NoData:
+		return "n/a"
+	case c.Pass:
+		return "PASS"
+	}
+	return "FAIL"
+}
+
+// Failed says whether the check failed (a check without data did not).
+func (c Check) Failed() bool { return !c.NoData && !c.Pass }
+
+// InvariantsHold reports whether no invariant check failed.
 func (o *Outcome) InvariantsHold() bool {
 	for _, c := range o.Checks {
-		if c.Invariant && !c.Pass {
+		if c.Invariant && c.Failed() {
 			return false
 		}
 	}
 	return true
 }
 
-// Pass reports whether every check passed.
+// Pass reports whether no check failed.
 func (o *Outcome) Pass() bool {
 	for _, c := range o.Checks {
-		if !c.Pass {
+		if c.Failed() {
 			return false
 		}
 	}
@@ -123,6 +141,17 @@ func Tenants(p *traffic.Plan) int {
 	return len(seen)
 }
 
+// unchecked says a per-region check saw no sample.
+func unchecked(c oracle.RegionCheck) bool { return c.Checks == 0 && c.Violations == 0 }
+
+// noData is pct(v), or "n/a (why)" when v is NaN.
+func noData(v float64, why string) string {
+	if math.IsNaN(v) {
+		return "n/a (" + why + ")"
+	}
+	return pct(v)
+}
+
 func pct(v float64) string {
 	if math.IsNaN(v) {
 		return "n/a"
@@ -158,6 +187,9 @@ func Evaluate(sc *scenario.Scenario, r *oracle.Result) []Check {
 		v1 += fmt.Sprintf("; %.0f tokens of classes failing closed admitted in degraded mode", conf.ClosedAdmitted)
 	}
 	region := func(c oracle.RegionCheck) string {
+		if c.Checks == 0 && c.Violations == 0 {
+			return "n/a (nothing checked)"
+		}
 		v := fmt.Sprintf("%d violations in %d checks", c.Violations, c.Checks)
 		if c.Violations > 0 {
 			v += fmt.Sprintf("; first %s in %s at %v: %s", c.FirstKey, c.FirstRegion, c.FirstAt.Round(time.Millisecond), c.FirstDetail)
@@ -168,17 +200,29 @@ func Evaluate(sc *scenario.Scenario, r *oracle.Result) []Check {
 		{Name: "1 conformance (GCRA, every key)", Value: v1, Target: fmt.Sprintf("<= %d", c1), Pass: conf.Violations <= c1, Invariant: true},
 		{Name: "2 Σ regional rates <= r", Value: sum(r.Rates), Target: fmt.Sprintf("<= %d", c2), Pass: r.Rates.Violations <= c2, Invariant: true},
 		{Name: "3 Σ regional caps <= b", Value: sum(r.Bursts), Target: fmt.Sprintf("<= %d", c3), Pass: r.Bursts.Violations <= c3, Invariant: true},
-		{Name: "3 each region holds <= its cap", Value: region(r.Holding), Target: "<= 0", Pass: r.Holding.Violations == 0, Invariant: true},
-		{Name: "5 exactly-once counters", Value: region(r.Books), Target: "<= 0", Pass: r.Books.Violations == 0, Invariant: true},
-		{Name: "2 grants applied in order", Value: region(r.GrantOrder), Target: "<= 0", Pass: r.GrantOrder.Violations == 0, Invariant: true},
+		{Name: "3 each region holds <= its cap", Value: region(r.Holding), Target: "<= 0", Pass: r.Holding.Violations == 0, Invariant: true, NoData: unchecked(r.Holding)},
+		{Name: "5 exactly-once counters", Value: region(r.Books), Target: "<= 0", Pass: r.Books.Violations == 0, Invariant: true, NoData: unchecked(r.Books)},
+		{Name: "2 grants applied in order", Value: region(r.GrantOrder), Target: "<= 0", Pass: r.GrantOrder.Violations == 0, Invariant: true, NoData: unchecked(r.GrantOrder)},
+	}
+	if conf.Checks == 0 && conf.Violations == 0 {
+		checks[0].Value, checks[0].NoData = "n/a (nothing admitted)", true
+	}
+	for i, s := range []oracle.SumCheck{r.Rates, r.Bursts} {
+		if s.Checks == 0 && s.Violations == 0 {
+			checks[1+i].Value, checks[1+i].NoData = "n/a (nothing checked)", true
+		}
 	}
 	if p := e.Utilization60sMin; p != nil {
-		checks = append(checks, Check{Name: "utilization, worst 60 s window", Value: pct(r.Util60sMin),
-			Target: ">= " + pct(*p), Pass: r.Util60sMin >= *p})
+		c := Check{Name: "utilization, worst 60 s window", Value: pct(r.Util60sMin),
+			Target: ">= " + pct(*p), Pass: r.Util60sMin >= *p}
+		if r.Windows60 == 0 {
+			c.Value, c.NoData = "n/a (no full window after warmup)", true
+		}
+		checks = append(checks, c)
 	}
 	if p := e.Utilization1sMeanMin; p != nil {
-		checks = append(checks, Check{Name: "utilization, mean of 1 s windows", Value: pct(r.Util1sMean),
-			Target: ">= " + pct(*p), Pass: r.Util1sMean >= *p})
+		checks = append(checks, Check{Name: "utilization, mean of 1 s windows", Value: noData(r.Util1sMean, "no full window after warmup"),
+			Target: ">= " + pct(*p), Pass: r.Util1sMean >= *p, NoData: math.IsNaN(r.Util1sMean)})
 	}
 	if p := e.ConvergenceEpochsMax; p != nil {
 		cv := r.Convergence
@@ -186,8 +230,11 @@ func Evaluate(sc *scenario.Scenario, r *oracle.Result) []Check {
 		if cv.NotConverged > 0 {
 			v += fmt.Sprintf("; %d never converged (first %s)", cv.NotConverged, cv.FirstMiss)
 		}
+		if cv.Shifts == 0 {
+			v = "n/a (no shift of a contended key after warmup)"
+		}
 		checks = append(checks, Check{Name: "convergence after demand shifts", Value: v,
-			Target: fmt.Sprintf("<= %.0f epochs", *p), Pass: cv.Shifts > 0 && cv.NotConverged == 0 && cv.Max <= *p})
+			Target: fmt.Sprintf("<= %.0f epochs", *p), Pass: cv.Shifts > 0 && cv.NotConverged == 0 && cv.Max <= *p, NoData: cv.Shifts == 0})
 	}
 	if p := e.FalseRejectsMax; p != nil {
 		checks = append(checks, Check{Name: "false rejects (share of offered)", Value: pct(r.FalseRejects),
@@ -195,26 +242,43 @@ func Evaluate(sc *scenario.Scenario, r *oracle.Result) []Check {
 	}
 	if p := e.RecoveredVsIdealMin; p != nil {
 		rc := r.Recovered
-		checks = append(checks, Check{Name: "admitted vs ideal, recovered", Value: fmt.Sprintf("%s over %d s (%v after each change left out)", pct(rc.VsIdeal), rc.Seconds, rc.Recovery),
-			Target: ">= " + pct(*p), Pass: rc.Seconds > 0 && rc.VsIdeal >= *p})
+		c := Check{Name: "admitted vs ideal, recovered", Value: fmt.Sprintf("%s over %d s (%v after each change left out)", pct(rc.VsIdeal), rc.Seconds, rc.Recovery),
+			Target: ">= " + pct(*p), Pass: rc.Seconds > 0 && rc.VsIdeal >= *p}
+		if rc.Seconds == 0 || math.IsNaN(rc.VsIdeal) {
+			c.Value, c.NoData = fmt.Sprintf("n/a (no second after warmup outside the %v after each change)", rc.Recovery), true
+		}
+		checks = append(checks, c)
 	}
 	if p := e.RecoveredFalseRejectsMax; p != nil {
 		rc := r.Recovered
-		checks = append(checks, Check{Name: "false rejects, recovered", Value: fmt.Sprintf("%s of offered over %d s", pct(rc.FalseRejects), rc.Seconds),
-			Target: "<= " + pct(*p), Pass: rc.Seconds > 0 && rc.FalseRejects <= *p})
+		c := Check{Name: "false rejects, recovered", Value: fmt.Sprintf("%s of offered over %d s", pct(rc.FalseRejects), rc.Seconds),
+			Target: "<= " + pct(*p), Pass: rc.Seconds > 0 && rc.FalseRejects <= *p}
+		if rc.Seconds == 0 {
+			c.Value, c.NoData = fmt.Sprintf("n/a (no second after warmup outside the %v after each change)", rc.Recovery), true
+		}
+		checks = append(checks, c)
 	}
 	if p := e.FairnessErrorMax; p != nil {
-		worst := 0.0
-		for _, f := range r.Fairness {
+		worst, windows := 0.0, 0
+		for i, f := range r.Fairness {
 			worst = math.Max(worst, f)
+			windows += r.FairnessWindows[i]
 		}
-		checks = append(checks, Check{Name: "fairness error, worst region", Value: pct(worst),
-			Target: "<= " + pct(*p), Pass: worst <= *p})
+		c := Check{Name: "fairness error, worst region", Value: pct(worst),
+			Target: "<= " + pct(*p), Pass: worst <= *p}
+		if windows == 0 {
+			c.Value, c.NoData = "n/a (no contended 10 s window after warmup)", true
+		}
+		checks = append(checks, c)
 	}
 	if d := time.Duration(e.ReclaimMax); d > 0 {
 		rc := r.Reclaim
-		checks = append(checks, Check{Name: "reclaim after instance crash", Value: fmt.Sprintf("max %v over %d crashes", rc.Max.Round(time.Millisecond), rc.Crashes),
-			Target: fmt.Sprintf("<= %v", d), Pass: rc.Crashes > 0 && rc.Max <= d})
+		c := Check{Name: "reclaim after instance crash", Value: fmt.Sprintf("max %v over %d crashes", rc.Max.Round(time.Millisecond), rc.Crashes),
+			Target: fmt.Sprintf("<= %v", d), Pass: rc.Crashes > 0 && rc.Max <= d}
+		if rc.Crashes == 0 {
+			c.Value, c.NoData = "n/a (no crash)", true
+		}
+		checks = append(checks, c)
 	}
 	if p := e.CrashErrorMax; p != nil {
 		share := 0.0
