@@ -2,6 +2,7 @@ package report
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/sluicehq/sluice/sim/runner"
@@ -53,23 +54,48 @@ func Question(description string) string {
 	return strings.ToUpper(q[:1]) + q[1:]
 }
 
-// Answer answers the scenario's question in one sentence from the outcome.
+// Answer answers the scenario's question from the outcome: every target
+// with its measured value, whether it was met, and whether the invariants
+// held (each invariant's figures when the scenario sets no target).
 func Answer(o *runner.Outcome) string {
-	var failed []string
+	var targets, invariants, violated, unchecked []string
 	for _, c := range o.Checks {
-		if !c.Pass {
-			failed = append(failed, c.Name)
+		verdict := "met"
+		switch {
+		case c.NoData:
+			verdict = "no data"
+		case c.Failed():
+			verdict = "missed"
+		}
+		if !c.Invariant {
+			targets = append(targets, fmt.Sprintf("%s: %s (target %s, %s)", c.Name, c.Value, c.Target, verdict))
+			continue
+		}
+		switch {
+		case c.Failed():
+			violated = append(violated, fmt.Sprintf("%s: %s", c.Name, c.Value))
+		case c.NoData:
+			unchecked = append(unchecked, c.Name)
+		default:
+			invariants = append(invariants, fmt.Sprintf("%s: %s", c.Name, c.Value))
 		}
 	}
-	ideal := ""
-	if v := o.Result.VsIdeal; v > 0 {
-		ideal = fmt.Sprintf("; the fleet admitted %s of what a single ideal token bucket would", pct(v))
-	}
+	var parts []string
+	parts = append(parts, targets...)
 	switch {
-	case !o.InvariantsHold():
-		return fmt.Sprintf("No: an invariant was violated (%s)%s.", strings.Join(failed, ", "), ideal)
-	case !o.Pass():
-		return fmt.Sprintf("Partly: every invariant held, but a target was missed (%s)%s.", strings.Join(failed, ", "), ideal)
+	case len(violated) > 0:
+		parts = append(parts, "an invariant was violated ("+strings.Join(violated, "; ")+")")
+	case len(targets) == 0:
+		parts = append(parts, "every invariant held ("+strings.Join(invariants, "; ")+")")
+	default:
+		parts = append(parts, "every invariant held")
 	}
-	return fmt.Sprintf("Yes: every invariant held and every target was met%s.", ideal)
+	if len(unchecked) > 0 {
+		parts = append(parts, "not checked in this run: "+strings.Join(unchecked, ", "))
+	}
+	if v := o.Result.VsIdeal; !math.IsNaN(v) && v > 0 {
+		parts = append(parts, fmt.Sprintf("the fleet admitted %s of what a single ideal token bucket would after warmup", pct(v)))
+	}
+	a := strings.Join(parts, "; ")
+	return strings.ToUpper(a[:1]) + a[1:] + "."
 }

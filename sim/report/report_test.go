@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/net/html"
 
+	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/report"
 	"github.com/sluicehq/sluice/sim/runner"
 	"github.com/sluicehq/sluice/sim/scenarios"
@@ -58,15 +59,19 @@ func pageReadsWell(t *testing.T, o *runner.Outcome) {
 		!strings.Contains(page, report.Question(o.Scenario.Description)) || report.Question(o.Scenario.Description) == "" {
 		t.Errorf("the scenario's question is not answered at the top:\n%.600s", page)
 	}
-	want := "Yes: "
-	switch {
-	case !o.InvariantsHold():
-		want = "No: "
-	case !o.Pass():
-		want = "Partly: "
+	// The answer gives the figures the question asks for: every target
+	// with its measured value, not a bare yes.
+	got := report.Answer(o)
+	if !strings.Contains(page, html.EscapeString(got)) {
+		t.Errorf("answer %q is not on the page", got)
 	}
-	if got := report.Answer(o); !strings.HasPrefix(got, want) || !strings.Contains(page, got) {
-		t.Errorf("answer %q, want it to start %q and be on the page", got, want)
+	for _, c := range o.Checks {
+		if !c.Invariant && !strings.Contains(got, c.Value+" (target "+c.Target) {
+			t.Errorf("answer %q does not give %s: %s against its target %s", got, c.Name, c.Value, c.Target)
+		}
+	}
+	if strings.HasPrefix(got, "Yes") || !strings.Contains(got, "every invariant held") {
+		t.Errorf("answer %q: want the figures and whether the invariants held", got)
 	}
 	pre := page[strings.Index(page, "<pre>"):]
 	if strings.Contains(pre, "Result Target") {
@@ -92,6 +97,39 @@ func pageReadsWell(t *testing.T, o *runner.Outcome) {
 	admitted, ideal := strings.Index(fleet, `<polyline fill="none" stroke="`+report.ColorAdmitted), strings.Index(fleet, `<polyline fill="none" stroke="`+report.ColorIdeal)
 	if admitted < 0 || ideal < admitted {
 		t.Errorf("the ideal bucket (at %d) is not drawn over the admitted line (at %d)", ideal, admitted)
+	}
+}
+
+// TestEveryShippedScenarioAsksAQuestion: the report's answer box has a
+// question to answer for every shipped scenario, and it is a question.
+func TestEveryShippedScenarioAsksAQuestion(t *testing.T) {
+	for _, n := range scenarios.Names() {
+		sc, err := scenarios.Load(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q := report.Question(sc.Description); !strings.HasSuffix(q, "?") {
+			t.Errorf("%s: question %q", n, q)
+		}
+	}
+}
+
+// TestAnswerWithoutTargetsGivesTheInvariants: a scenario that sets no
+// target is answered by the invariants' own figures; one with a target
+// without data says so.
+func TestAnswerWithoutTargetsGivesTheInvariants(t *testing.T) {
+	o := &runner.Outcome{Result: &oracle.Result{VsIdeal: 0.5}, Checks: []runner.Check{
+		{Name: "5 exactly-once counters", Value: "0 violations in 7 checks", Target: "<= 0", Pass: true, Invariant: true},
+		{Name: "2 grants applied in order", Value: "n/a (nothing checked)", Target: "<= 0", Pass: true, Invariant: true, NoData: true},
+	}}
+	want := "Every invariant held (5 exactly-once counters: 0 violations in 7 checks); not checked in this run: 2 grants applied in order; " +
+		"the fleet admitted 50.00% of what a single ideal token bucket would after warmup."
+	if got := report.Answer(o); got != want {
+		t.Errorf("answer\n%q, want\n%q", got, want)
+	}
+	o.Checks = append(o.Checks, runner.Check{Name: "reclaim after instance crash", Value: "n/a (no crash)", Target: "<= 6s", NoData: true})
+	if got := report.Answer(o); !strings.HasPrefix(got, "Reclaim after instance crash: n/a (no crash) (target <= 6s, no data); every invariant held;") {
+		t.Errorf("answer %q", got)
 	}
 }
 
