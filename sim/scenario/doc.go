@@ -8,8 +8,11 @@
 //
 // A *Scenario returned by Parse or Load has passed Validate: every region
 // of the topology is a region of the Sluice config and back, every class
-// is configured, every time and rate is finite and in range, and every
-// fault names things that exist. Validation reports all problems at once,
+// is configured, every time and rate is finite and in range, every
+// fault names things that exist, and no two faults of one kind that hold their target for a time
+// (partition, redis-restart, etcd-down, latency of one pair, loss,
+// reply-loss, report-replay, region-report-replay, stale-leader,
+// region-down) overlap on one target. Validation reports all problems at once,
 // each naming its field path (workload[2].rate.eu-west) and wrapping
 // ErrInvalid.
 //

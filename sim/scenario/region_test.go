@@ -48,6 +48,13 @@ func TestBadRegionDownFailoverAndEventsAreRefused(t *testing.T) {
 		{"unknown event", "events: [{at: 10s, kind: explode, region: a}]\n", "events[0].kind"},
 		{"event in unknown region", "events: [{at: 10s, kind: drain, region: x}]\n", "events[0].region"},
 		{"every region drained", "events: [{at: 10s, kind: drain, region: a}, {at: 5s, kind: drain, region: b}]\n", "events[0]"},
+		{"partitions of one region overlap", "faults: [{at: 20s, kind: partition, region: a, for: 1m}, {at: 50s, kind: partition, region: a, for: 1m}]\n",
+			"faults[1]: overlaps faults[0]: two partition faults on a at once (20s–1m20s and 50s–1m50s)"},
+		{"one partition inside another", "faults: [{at: 20s, kind: partition, region: a, for: 1m}, {at: 30s, kind: partition, region: a, for: 5s}]\n", "faults[1]: overlaps faults[0]"},
+		{"Redis restarts overlap", "faults: [{at: 20s, kind: redis-restart, region: b, for: 30s}, {at: 40s, kind: redis-restart, region: b, for: 30s}]\n", "faults[1]: overlaps faults[0]"},
+		{"etcd outages overlap", "faults: [{at: 20s, kind: etcd-down, for: 30s}, {at: 10s, kind: etcd-down, for: 15s}]\n", "faults[1]: overlaps faults[0]"},
+		{"latency of one pair overlaps, ends swapped", "faults: [{at: 20s, kind: latency, region: a, peer: b, latency: 1s}, {at: 50s, kind: latency, region: b, peer: a, latency: 2s, for: 5s}]\n", "faults[1]: overlaps faults[0]"},
+		{"region down while down", "faults: [{at: 20s, kind: region-down, region: a, restart_after: 30s}, {at: 40s, kind: region-down, region: a}]\n", "faults[1]: overlaps faults[0]"},
 		{"recovered target without recovery", "expect: {recovered_vs_ideal_min: 0.9}\n", "expect.recovery"},
 		{"recovered target out of range", "expect: {recovery: 5s, recovered_false_rejects_max: 2}\n", "expect.recovered_false_rejects_max"},
 	} {
@@ -57,6 +64,18 @@ func TestBadRegionDownFailoverAndEventsAreRefused(t *testing.T) {
 				t.Fatalf("got %v (scenario %v), want an error naming %s", err, s != nil, c.want)
 			}
 		})
+	}
+	// Faults of one kind one after the other, on other targets or of
+	// other kinds at once, are fine.
+	if _, err := Parse([]byte(minimal + `faults:
+  - {at: 20s, kind: partition, region: a, for: 30s}
+  - {at: 50s, kind: partition, region: a, for: 30s}
+  - {at: 30s, kind: partition, region: b, for: 30s}
+  - {at: 30s, kind: redis-restart, region: a, for: 30s}
+  - {at: 20s, kind: latency, region: a, peer: global, latency: 1s, for: 10s}
+  - {at: 25s, kind: latency, region: a, peer: b, latency: 1s, for: 10s}
+`)); err != nil {
+		t.Fatal(err)
 	}
 	// Draining one region after restoring the other is fine.
 	if _, err := Parse([]byte(minimal + "events: [{at: 10s, kind: drain, region: a}, {at: 20s, kind: restore, region: a}, {at: 30s, kind: drain, region: b}]\n")); err != nil {

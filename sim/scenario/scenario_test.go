@@ -134,7 +134,7 @@ func TestChaosScheduleIsDeterministicPerSeed(t *testing.T) {
 			t.Fatal("schedule not in time order")
 		}
 		var p problems
-		validateFault(&p, "f", &f, []string{"a", "b"}, time.Hour)
+		validateFault(&p, "f", &f, []string{"a", "b"}, nil, time.Hour)
 		if len(p) > 0 {
 			t.Fatalf("drawn fault %+v is invalid: %v", f, p)
 		}

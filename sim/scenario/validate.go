@@ -80,9 +80,14 @@ func (s *Scenario) Validate() error {
 	regions := s.validateTopology(&p, cfg)
 	s.validateClient(&p)
 	s.validateWorkload(&p, cfg, regions)
-	for i := range s.Faults {
-		validateFault(&p, fmt.Sprintf("faults[%d]", i), &s.Faults[i], regions, dur)
+	instances := map[string]int{}
+	for _, r := range s.Topology.Regions {
+		instances[r.Name] = r.Instances
 	}
+	for i := range s.Faults {
+		validateFault(&p, fmt.Sprintf("faults[%d]", i), &s.Faults[i], regions, instances, dur)
+	}
+	validateOverlaps(&p, s.Faults, dur)
 	s.validateChaos(&p, dur)
 	s.validateFailovers(&p, cfg, regions, dur)
 	s.validateEvents(&p, cfg, regions, dur)
@@ -431,7 +436,7 @@ func validateShape(p *problems, path string, sh *Shape, isRegion map[string]bool
 	}
 }
 
-func validateFault(p *problems, path string, f *Fault, regions []string, dur time.Duration) {
+func validateFault(p *problems, path string, f *Fault, regions []string, instances map[string]int, dur time.Duration) {
 	isRegion := slices.Contains[[]string, string]
 	if !slices.Contains(FaultKinds(), f.Kind) {
 		p.add(path+".kind", "must be one of %s, got %q", strings.Join(FaultKinds(), ", "), f.Kind)
@@ -478,6 +483,69 @@ func validateFault(p *problems, path string, f *Fault, regions []string, dur tim
 	}
 	if f.RestartAfter < 0 {
 		p.add(path+".restart_after", "must not be negative")
+	}
+}
+
+// overlapping are the fault kinds that set a state of their target for a
+// time and restore it after: two of one kind on one target at once are
+// played as one that ends when the first ends (a link healed while the
+// second partition still runs), so they are refused.
+var overlapping = map[string]bool{
+	FaultPartition: true, FaultRedisRestart: true, FaultEtcdDown: true, FaultLatency: true, FaultLoss: true,
+	FaultReplyLoss: true, FaultReportReplay: true, FaultRegionReportReplay: true, FaultStaleLeader: true,
+	FaultRegionDown: true,
+}
+
+// span is the time a fault holds its target: [At, end).
+func (f *Fault) span(dur time.Duration) (from, to time.Duration) {
+	from = time.Duration(f.At)
+	switch {
+	case f.Kind == FaultRegionDown && f.RestartAfter > 0:
+		return from, from + time.Duration(f.RestartAfter)
+	case f.Kind == FaultRegionDown, f.Kind == FaultLatency && f.For <= 0:
+		return from, max(dur, from+1)
+	}
+	return from, from + time.Duration(f.For)
+}
+
+// target names what a fault holds: its region, a latency fault's pair of
+// ends, "" for the fleet-wide kinds.
+func (f *Fault) target() string {
+	if f.Kind == FaultLatency {
+		a, b := f.Region, f.Peer
+		if b < a && b != GlobalPeer {
+			a, b = b, a
+		}
+		return a + "↔" + b
+	}
+	return f.Region
+}
+
+// validateOverlaps refuses two faults of one kind on one target whose
+// times overlap, naming both.
+func validateOverlaps(p *problems, faults []Fault, dur time.Duration) {
+	for j := range faults {
+		b := &faults[j]
+		if !overlapping[b.Kind] {
+			continue
+		}
+		bFrom, bTo := b.span(dur)
+		for i := range j {
+			a := &faults[i]
+			if a.Kind != b.Kind || a.target() != b.target() {
+				continue
+			}
+			aFrom, aTo := a.span(dur)
+			if aFrom < bTo && bFrom < aTo {
+				on := ""
+				if t := a.target(); t != "" {
+					on = " on " + t
+				}
+				p.add(fmt.Sprintf("faults[%d]", j), "overlaps faults[%d]: two %s faults%s at once (%v–%v and %v–%v) are played as one that ends with the first; merge them into one or let one end before the other starts",
+					i, b.Kind, on, aFrom, aTo, bFrom, bTo)
+				break
+			}
+		}
 	}
 }
 
