@@ -9,7 +9,8 @@
 // A *Scenario returned by Parse or Load has passed Validate: every region
 // of the topology is a region of the Sluice config and back, every class
 // is configured, every time and rate is finite and in range, every
-// fault names things that exist, and no two faults of one kind that hold their target for a time
+// fault names things that exist (no more instances than its region runs),
+// and no two faults of one kind that hold their target for a time
 // (partition, redis-restart, etcd-down, latency of one pair, loss,
 // reply-loss, report-replay, region-report-replay, stale-leader,
 // region-down) overlap on one target. Validation reports all problems at once,

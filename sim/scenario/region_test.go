@@ -55,6 +55,9 @@ func TestBadRegionDownFailoverAndEventsAreRefused(t *testing.T) {
 		{"etcd outages overlap", "faults: [{at: 20s, kind: etcd-down, for: 30s}, {at: 10s, kind: etcd-down, for: 15s}]\n", "faults[1]: overlaps faults[0]"},
 		{"latency of one pair overlaps, ends swapped", "faults: [{at: 20s, kind: latency, region: a, peer: b, latency: 1s}, {at: 50s, kind: latency, region: b, peer: a, latency: 2s, for: 5s}]\n", "faults[1]: overlaps faults[0]"},
 		{"region down while down", "faults: [{at: 20s, kind: region-down, region: a, restart_after: 30s}, {at: 40s, kind: region-down, region: a}]\n", "faults[1]: overlaps faults[0]"},
+		{"more instances crashed than run", "faults: [{at: 20s, kind: instance-crash, region: b, count: 3}]\n", "faults[0].count: 3 is more than the 2 instances region b runs"},
+		{"more instances stopped than run", "faults: [{at: 20s, kind: instance-stop, region: a, count: 2}]\n", "faults[0].count"},
+		{"more instances isolated than run", "faults: [{at: 20s, kind: instance-isolate, region: a, count: 2, for: 5s}]\n", "faults[0].count"},
 		{"recovered target without recovery", "expect: {recovered_vs_ideal_min: 0.9}\n", "expect.recovery"},
 		{"recovered target out of range", "expect: {recovery: 5s, recovered_false_rejects_max: 2}\n", "expect.recovered_false_rejects_max"},
 	} {
@@ -66,7 +69,7 @@ func TestBadRegionDownFailoverAndEventsAreRefused(t *testing.T) {
 		})
 	}
 	// Faults of one kind one after the other, on other targets or of
-	// other kinds at once, are fine.
+	// other kinds at once, and every instance of a region, are fine.
 	if _, err := Parse([]byte(minimal + `faults:
   - {at: 20s, kind: partition, region: a, for: 30s}
   - {at: 50s, kind: partition, region: a, for: 30s}
@@ -74,6 +77,9 @@ func TestBadRegionDownFailoverAndEventsAreRefused(t *testing.T) {
   - {at: 30s, kind: redis-restart, region: a, for: 30s}
   - {at: 20s, kind: latency, region: a, peer: global, latency: 1s, for: 10s}
   - {at: 25s, kind: latency, region: a, peer: b, latency: 1s, for: 10s}
+  - {at: 20s, kind: instance-crash, region: b, count: 2}
+  - {at: 21s, kind: instance-crash, region: b, count: 2}
+  - {at: 30s, kind: instance-isolate, region: b, count: 2, for: 5s}
 `)); err != nil {
 		t.Fatal(err)
 	}

@@ -464,6 +464,8 @@ func validateFault(p *problems, path string, f *Fault, regions []string, instanc
 	}
 	if f.Count < 1 || f.Count > 10000 {
 		p.add(path+".count", "must be in 1..10000, got %d", f.Count)
+	} else if n, ok := instances[f.Region]; ok && f.Count > n && (f.Kind == FaultInstanceCrash || f.Kind == FaultInstanceStop || f.Kind == FaultInstanceIsolate) {
+		p.add(path+".count", "%d is more than the %d instances region %s runs", f.Count, n, f.Region)
 	}
 	switch f.Kind {
 	case FaultLatency:
