@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -10,12 +9,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
@@ -183,7 +182,7 @@ func TestStopWithDefaultTimeoutsLetsARequestInFlightFinish(t *testing.T) {
 func TestCleanStopLogsNoProblem(t *testing.T) {
 	cfg := regiontest.MustConfig(t, quietConfig)
 	r, _ := region(t, cfg)
-	var logs lockedBuffer
+	var logs logtest.Buffer
 	a, err := agent.Start(agent.Options{
 		RegionAddr: r.Addr, Config: agent.StaticConfig{C: cfg},
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
@@ -207,22 +206,4 @@ func TestCleanStopLogsNoProblem(t *testing.T) {
 			t.Errorf("a clean stop logged a problem: %s", line)
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for the logger's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -229,28 +230,10 @@ func TestStoreGetReportsInvalidContent(t *testing.T) {
 	}
 }
 
-// syncBuffer collects log output from the watcher goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 type runningWatcher struct {
 	*Watcher
 	reg      *prometheus.Registry
-	logs     *syncBuffer
+	logs     *logtest.Buffer
 	updates  <-chan *config.Config
 	cancel   context.CancelFunc
 	finished chan struct{} // closed when Run has returned
@@ -263,7 +246,7 @@ type runningWatcher struct {
 // startWatcher runs a Watcher until the test ends (or stop is called).
 func startWatcher(t *testing.T, store *Store, fallback *config.Config) *runningWatcher {
 	t.Helper()
-	rw := &runningWatcher{reg: prometheus.NewRegistry(), logs: &syncBuffer{}, finished: make(chan struct{})}
+	rw := &runningWatcher{reg: prometheus.NewRegistry(), logs: &logtest.Buffer{}, finished: make(chan struct{})}
 	rw.Watcher = NewWatcher(store, fallback, slog.New(slog.NewTextHandler(rw.logs, nil)), rw.reg)
 	rw.updates, _ = rw.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,7 +1,6 @@
 package lease_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -82,27 +82,10 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func newClient(t *testing.T, e env, mod ...func(*lease.Options)) (*lease.Client, *prometheus.Registry, *logBuffer) {
+func newClient(t *testing.T, e env, mod ...func(*lease.Options)) (*lease.Client, *prometheus.Registry, *logtest.Buffer) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	logs := &logBuffer{}
+	logs := &logtest.Buffer{}
 	o := lease.Options{
 		InstanceID: "it-" + strings.ReplaceAll(t.Name(), "/", "-"),
 		Refresh:    200 * time.Millisecond,

@@ -12,16 +12,17 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // bubbleClient starts a client on conn inside the current bubble.
-func bubbleClient(t *testing.T, conn *regionConn, mod ...func(*lease.Options)) (*lease.Client, *prometheus.Registry, *logBuffer) {
+func bubbleClient(t *testing.T, conn *regionConn, mod ...func(*lease.Options)) (*lease.Client, *prometheus.Registry, *logtest.Buffer) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	logs := &logBuffer{}
+	logs := &logtest.Buffer{}
 	o := lease.Options{
 		InstanceID: "bubble",
 		Refresh:    time.Second,

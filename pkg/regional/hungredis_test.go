@@ -1,40 +1,20 @@
 package regional_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
-
-// lockedBuffer is a log sink read while the daemon writes to it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), s)
-}
 
 // TestHungRedisIsCountedByTheReadinessPing: a Redis that stops answering
 // (SIGSTOP of the real redis-server) is a Redis error of script "ping"
@@ -48,7 +28,7 @@ func (b *lockedBuffer) count(s string) int {
 func TestHungRedisIsCountedByTheReadinessPing(t *testing.T) {
 	rs := redistest.Start(t)
 	reg := prometheus.NewRegistry()
-	var logs lockedBuffer
+	var logs logtest.Buffer
 	const redisTimeout = 100 * time.Millisecond
 	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RedisAddr: rs.Addr(),
@@ -90,13 +70,13 @@ func TestHungRedisIsCountedByTheReadinessPing(t *testing.T) {
 	waitFor("two failed pings counted", func() bool { return pings() >= 2 })
 	waitFor("not ready", func() bool { return !serving() })
 	const down, up = "redis does not answer its readiness ping", "redis answers its readiness ping again"
-	if n := logs.count(down); n != 1 {
+	if n := logs.Count(down); n != 1 {
 		t.Errorf("the outage logged %q %d times over two failed pings, want once", down, n)
 	}
 	rs.Resume()
 	waitFor("ready again", serving)
-	waitFor("recovery logged", func() bool { return logs.count(up) == 1 })
-	if n := logs.count(down); n != 1 {
+	waitFor("recovery logged", func() bool { return logs.Count(up) == 1 })
+	if n := logs.Count(down); n != 1 {
 		t.Errorf("one outage logged %q %d times, want once", down, n)
 	}
 }
