@@ -55,8 +55,11 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		fmt.Fprintf(a.stdout, "granted %d of %d tokens for %s/%s (lease valid %dms; region refills at %.6g/s, burst cap %.6g; %d tokens left in the bucket; limit %d; mode %s, on_failure %s, tier %s)\n",
 			g.GetGranted(), *want, *tenant, *class, g.GetTtlMs(), g.GetRegionRate(), g.GetRegionBurst(), g.GetRemaining(),
 			g.GetLimit(), g.GetMode(), g.GetOnFailure(), g.GetTier())
-		if g.GetGranted() == 0 && g.GetRetryAfterMs() > 0 {
+		switch {
+		case g.GetGranted() == 0 && g.GetRetryAfterMs() > 0:
 			fmt.Fprintf(a.stdout, "bucket empty: retry after %dms\n", g.GetRetryAfterMs())
+		case g.GetGranted() == 0 && g.GetRetryAfterMs() < 0:
+			fmt.Fprintf(a.stdout, "no wait helps: %d tokens is more than the region's bucket can hold now (its cap less the tokens out in leases)\n", *want)
 		}
 		if *keep || g.GetGranted() == 0 {
 			return nil
@@ -95,7 +98,13 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 			return rpcFailure(ctx, "check", *addr, *class, err)
 		}
 		verdict := "allowed"
-		if !resp.GetAllowed() {
+		switch {
+		case resp.GetAllowed():
+		case resp.GetRetryAfterMs() < 0:
+			// The region's "never": the cost is more than its bucket can
+			// hold at its cap, or its rate is zero.
+			verdict = "denied (no wait helps: the cost is more than the region's bucket can hold)"
+		default:
 			verdict = fmt.Sprintf("denied (retry after %dms)", resp.GetRetryAfterMs())
 		}
 		fmt.Fprintf(a.stdout, "%s: %s/%s cost %d; limit %d, remaining %d, full again in %dms\n",

@@ -78,3 +78,34 @@ func TestLeaseOnStrictClassAndDeniedCheckAgainstARegion(t *testing.T) {
 		time.Sleep(time.Duration(cfg.Refresh)) // polling the deployment with a deadline
 	}
 }
+
+// TestCheckBeyondTheRegionsCapSaysNoWaitHelps: a check costing more than
+// the region's bucket can hold (us-east's cap is 1 of a burst of 2 over
+// two regions) is denied with the region's "never", which sluicectl says
+// in words instead of printing the wire's -1 as a wait.
+func TestCheckBeyondTheRegionsCapSaysNoWaitHelps(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+epoch: 100ms
+grant_validity: 500ms
+lease_ttl: 500ms
+refresh: 50ms
+regions: {us-east: {weight: 1}, eu-west: {weight: 1}}
+classes: {export: {mode: strict, on_failure: closed}}
+tiers: {free: {export: {rate: 1/s, burst: 2}}}
+default_tier: free
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := devcluster.Start(context.Background(), devcluster.Options{Config: cfg, SessionTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	r := sluicectl(t, "", "check", "-addr", c.RegionalAddrs("us-east")[0], "-tenant", "t3", "-class", "export", "-cost", "2")
+	wantCode(t, r, exitDenied)
+	wantContains(t, "stdout", r.stdout, "no wait helps")
+	if strings.Contains(r.stdout, "-1ms") {
+		t.Fatalf("a denial no wait cures printed the wire's -1 as a wait:\n%s", r)
+	}
+}
