@@ -59,7 +59,7 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		case g.GetGranted() == 0 && g.GetRetryAfterMs() > 0:
 			fmt.Fprintf(a.stdout, "bucket empty: retry after %dms\n", g.GetRetryAfterMs())
 		case g.GetGranted() == 0 && g.GetRetryAfterMs() < 0:
-			fmt.Fprintf(a.stdout, "no wait helps: %d tokens is more than the region's bucket can hold now (its cap less the tokens out in leases)\n", *want)
+			fmt.Fprintf(a.stdout, "no wait helps while the region's cap stays as it is: %d tokens is more than its bucket can hold (its cap less the tokens out in leases)\n", *want)
 		}
 		if *keep || g.GetGranted() == 0 {
 			return nil
@@ -103,7 +103,7 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		case resp.GetRetryAfterMs() < 0:
 			// The region's "never": the cost is more than its bucket can
 			// hold at its cap, or its rate is zero.
-			verdict = "denied (no wait helps: the cost is more than the region's bucket can hold)"
+			verdict = "denied (no wait helps while the region's cap stays as it is: the cost is more than its bucket can hold)"
 		default:
 			verdict = fmt.Sprintf("denied (retry after %dms)", resp.GetRetryAfterMs())
 		}
