@@ -41,7 +41,18 @@
 // process is killed and restarted empty on the same port) and etcd outages
 // (the embedded etcd is shut down and started again on the same data and
 // addresses). Latency between two regions has no path to act on here and
-// is skipped, as the fault list says.
+// is skipped, as are region-down, the exactly-once faults (replays, lost
+// answers, stale leaders, isolated instances) and the operator's events
+// (drain, restore): the fault list names each as skipped at its time, and
+// no recovery is measured after it (Skipped).
+//
+// # What is not checked
+//
+// The per-region bucket checks (holding within the cap, exactly-once
+// counters, grants applied in order) read Redis after every script call,
+// which only virtual mode can do: here they read n/a. The control plane's
+// Redis figure is the daemons' round trips to Redis (a Sync's pipelined
+// scripts count once, with their own pings and reads), not scripts.
 //
 // Not safe for concurrent use: Run owns everything it starts and stops it
 // before returning.

@@ -59,12 +59,38 @@ func (d *deployment) awaitLeader(ctx context.Context, r *liveRegion) *devcluster
 	}
 }
 
+// Skipped says why live mode does not play fault f, or "" when it does.
+func Skipped(f scenario.Fault) string {
+	switch f.Kind {
+	case scenario.FaultInstanceCrash, scenario.FaultInstanceStop, scenario.FaultGlobalLeaderLoss, scenario.FaultRegionLeaderLoss,
+		scenario.FaultEtcdDown, scenario.FaultPartition, scenario.FaultLoss, scenario.FaultRedisRestart:
+		return ""
+	case scenario.FaultLatency:
+		if f.Peer != scenario.GlobalPeer {
+			return "live mode injects faults only between a region and the global tier"
+		}
+		return ""
+	case scenario.FaultReplyLoss, scenario.FaultReportReplay, scenario.FaultRegionReportReplay, scenario.FaultStaleLeader,
+		scenario.FaultInstanceIsolate:
+		return "the virtual simulator injects replays, lost answers, stale leaders and isolated instances"
+	}
+	return "not supported in live mode"
+}
+
 // inject applies one fault to the real daemons.
 func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 	lasting := time.Duration(f.For)
 	label := f.Kind
 	if f.Region != "" {
 		label += " " + f.Region
+	}
+	if why := Skipped(f); why != "" {
+		if f.Kind == scenario.FaultLatency {
+			label = fmt.Sprintf("latency %s↔%s %v", f.Region, f.Peer, time.Duration(f.Latency))
+		}
+		label += " (skipped: " + why + ")"
+		d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Fault(now, now, label) })
+		return
 	}
 	r := d.region(f.Region)
 	var until time.Duration
@@ -141,10 +167,6 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 		d.after(ctx, lasting, func() { r.faults.set(func(t *tierFaults) { t.partitioned = false }) })
 		until = lasting
 	case scenario.FaultLatency, scenario.FaultLoss:
-		if f.Kind == scenario.FaultLatency && f.Peer != scenario.GlobalPeer {
-			label += " (skipped: live mode injects faults only between a region and the global tier)"
-			break
-		}
 		regions := d.regions
 		if r != nil {
 			regions = []*liveRegion{r}
@@ -165,9 +187,6 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 			label = fmt.Sprintf("loss %.0f%%", 100*f.Loss)
 		}
 		until = lasting
-	case scenario.FaultReplyLoss, scenario.FaultReportReplay, scenario.FaultRegionReportReplay, scenario.FaultStaleLeader,
-		scenario.FaultInstanceIsolate:
-		label += " (skipped: the virtual simulator injects replays, lost answers, stale leaders and isolated instances)"
 	case scenario.FaultRedisRestart:
 		r.redis.Stop()
 		d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisDown(now, r.idx) })
@@ -179,8 +198,6 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 			d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisUp(now, r.idx) })
 		})
 		until = lasting
-	default:
-		label += " (skipped: not supported in live mode)"
 	}
 	d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Fault(now, now+until, label) })
 }

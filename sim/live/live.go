@@ -65,6 +65,9 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	if o.DaemonLog == nil {
 		o.DaemonLog = io.Discard
 	}
+	// What live mode does not play is no change for the recovered
+	// measures: it has no recovery to measure.
+	o.Options.Skipped, o.Options.SkipsEvents = Skipped, true
 	setup, err := runner.NewSetup(sc, o.Options)
 	if err != nil {
 		return nil, err
@@ -355,6 +358,16 @@ func (d *deployment) play(parent context.Context) error {
 			defer bg.Done()
 			if sleepUntil(ctx, d.wallAt(time.Duration(f.At))) == nil {
 				d.inject(ctx, f)
+			}
+		}()
+	}
+	for _, e := range d.sc.Events {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			if sleepUntil(ctx, d.wallAt(time.Duration(e.At))) == nil {
+				label := e.Kind + " " + e.Region + " (skipped: live mode does not play operator events)"
+				d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Fault(now, now, label) })
 			}
 		}()
 	}

@@ -41,6 +41,13 @@ func TestLiveCrashPassesTheOracle(t *testing.T) {
 	if out.Result.Reclaim.Crashes == 0 {
 		t.Fatal("the crash fault did not run")
 	}
+	// A check live mode feeds no sample (the per-region bucket checks read
+	// Redis only in virtual mode) reads n/a, never a pass on nothing.
+	for _, c := range out.Checks {
+		if strings.Contains(c.Value, " in 0 ") || (c.NoData != strings.HasPrefix(c.Value, "n/a")) {
+			t.Errorf("%s: %s, result %s", c.Name, c.Value, c.Result())
+		}
+	}
 	for _, c := range out.Checks {
 		switch {
 		case c.Invariant && !c.Pass:
@@ -140,5 +147,59 @@ func TestBadScaleRefused(t *testing.T) {
 	}
 	if _, err := Run(context.Background(), sc, Options{Scale: -1}); err == nil {
 		t.Fatal("negative scale accepted")
+	}
+}
+
+// TestSkippedFaults: live mode says which faults it does not play.
+func TestSkippedFaults(t *testing.T) {
+	for _, c := range []struct {
+		f    scenario.Fault
+		skip bool
+	}{
+		{scenario.Fault{Kind: scenario.FaultPartition, Region: "a"}, false},
+		{scenario.Fault{Kind: scenario.FaultLatency, Region: "a", Peer: scenario.GlobalPeer}, false},
+		{scenario.Fault{Kind: scenario.FaultLatency, Region: "a", Peer: "b"}, true},
+		{scenario.Fault{Kind: scenario.FaultRegionDown, Region: "a"}, true},
+		{scenario.Fault{Kind: scenario.FaultInstanceIsolate, Region: "a"}, true},
+		{scenario.Fault{Kind: scenario.FaultRedisRestart, Region: "a"}, false},
+	} {
+		if got := Skipped(c.f) != ""; got != c.skip {
+			t.Errorf("%s %s↔%s: skipped %v, want %v", c.f.Kind, c.f.Region, c.f.Peer, got, c.skip)
+		}
+	}
+}
+
+// TestLiveListsWhatItSkips: the operator's drain and the region-down
+// fault, which live mode does not play, are listed as skipped, and no
+// recovery is measured after them; the failover it plays is.
+func TestLiveListsWhatItSkips(t *testing.T) {
+	sc, err := scenarios.Load("region-drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 75 * time.Second}, Scale: 8, Log: &log})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	var labels []string
+	for _, f := range out.Result.Faults {
+		labels = append(labels, f.Label)
+	}
+	for _, want := range []string{"drain eu-west (skipped: ", "region-down eu-west (skipped: "} {
+		found := false
+		for _, l := range labels {
+			found = found || strings.HasPrefix(l, want)
+		}
+		if !found {
+			t.Errorf("faults %q do not list %q", labels, want)
+		}
+	}
+	var changes []string
+	for _, ch := range out.Result.Recovered.Each {
+		changes = append(changes, ch.Label)
+	}
+	if len(changes) != 1 || !strings.HasPrefix(changes[0], "failover eu-west") {
+		t.Errorf("recoveries measured after %q, want only the failover", changes)
 	}
 }

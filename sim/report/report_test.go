@@ -39,6 +39,17 @@ func TestRendering(t *testing.T) {
 	t.Run("svg", func(t *testing.T) { chartsAreWellFormedSVG(t, o) })
 	t.Run("csv", func(t *testing.T) { csvHasEverySeriesAtEveryStep(t, o) })
 	t.Run("page reads well", func(t *testing.T) { pageReadsWell(t, o) })
+	t.Run("live Redis count", func(t *testing.T) {
+		// The real daemons count round trips to Redis, not scripts.
+		live := *o
+		live.Mode = "live"
+		if s := report.Summary(&live); !strings.Contains(s, "Redis round trips") || strings.Contains(s, "Redis scripts") {
+			t.Errorf("live summary:\n%s", s)
+		}
+		if s := report.Summary(o); !strings.Contains(s, "Redis scripts") {
+			t.Errorf("virtual summary:\n%s", s)
+		}
+	})
 }
 
 // pageReadsWell: the page uses the full width, answers the scenario's

@@ -40,7 +40,7 @@ func NewSetup(sc *scenario.Scenario, opts Options) (*Setup, error) {
 	if err != nil {
 		return nil, err
 	}
-	os.Changes = Changes(sc, seed)
+	os.Changes = Changes(sc, seed, opts)
 	orc, err := oracle.New(os)
 	if err != nil {
 		return nil, err
@@ -50,8 +50,9 @@ func NewSetup(sc *scenario.Scenario, opts Options) (*Setup, error) {
 
 // Changes are the disturbances of a run with the given seed, for the
 // oracle's recovered measures: every fault's start, its end (For) and its
-// restart (RestartAfter), every failover and its return, every event.
-func Changes(sc *scenario.Scenario, seed uint64) []oracle.Change {
+// restart (RestartAfter), every failover and its return, every event;
+// not those opts say the mode skips.
+func Changes(sc *scenario.Scenario, seed uint64, opts Options) []oracle.Change {
 	var out []oracle.Change
 	end := time.Duration(sc.Duration)
 	add := func(at time.Duration, label string) {
@@ -60,6 +61,9 @@ func Changes(sc *scenario.Scenario, seed uint64) []oracle.Change {
 		}
 	}
 	for _, f := range sc.Schedule(seed) {
+		if opts.Skipped != nil && opts.Skipped(f) != "" {
+			continue
+		}
 		label := f.Kind
 		if f.Region != "" {
 			label += " " + f.Region
@@ -81,7 +85,9 @@ func Changes(sc *scenario.Scenario, seed uint64) []oracle.Change {
 		}
 	}
 	for _, e := range sc.Events {
-		add(time.Duration(e.At), e.Kind+" "+e.Region)
+		if !opts.SkipsEvents {
+			add(time.Duration(e.At), e.Kind+" "+e.Region)
+		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
 	// Changes at one instant are one disturbance.
