@@ -13,8 +13,9 @@
 //	go run ./sim -scenario scale-10m     # 10,000,000 keys at epoch granularity (sim/scale)
 //
 // The summary goes to stdout; report.html, summary.txt, timeseries.csv and
-// one SVG per chart go to -out. The same scenario and seed always give the
-// same summary.
+// one SVG per chart go to -out, replacing the files the last run wrote
+// there (listed in .sim-files; nothing else is removed). The same scenario
+// and seed always give the same summary.
 //
 // Exit status: 0 when the invariants held and every target was met, 1 when
 // an invariant was violated, 3 when only a target was missed, 2 on bad

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -43,7 +44,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	name := fs.String("scenario", scenarios.Default, "shipped scenario name, or a path to a scenario YAML file")
 	seed := fs.Uint64("seed", 0, "random seed (0: the scenario's)")
 	duration := fs.Duration("duration", 0, "simulated duration (0: the scenario's); faults after it are dropped")
-	out := fs.String("out", "sim-out", "directory for report.html, summary.txt, timeseries.csv and the charts (\"\": none)")
+	out := fs.String("out", "sim-out", "directory for report.html, summary.txt, timeseries.csv and the charts, replacing those of the last run there (\"\": none)")
 	list := fs.Bool("list", false, "list the shipped scenarios and exit")
 	liveMode := fs.Bool("live", false, "play the scenario against real daemons (embedded etcd, redis-server or an embedded Redis, gRPC on loopback)")
 	scale := fs.Float64("scale", live.DefaultScale, "live mode: virtual seconds per wall second (refused without -live)")
@@ -69,8 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sim: -scale only applies to -live (virtual mode runs as fast as it can); add -live or drop -scale\n")
 		return exitUsage
 	}
-	if !(*scale > 0) {
-		fmt.Fprintf(stderr, "sim: -scale %v must be positive\n", *scale)
+	if !(*scale > 0) || math.IsInf(*scale, 1) {
+		fmt.Fprintf(stderr, "sim: -scale %v must be a positive number\n", *scale)
 		return exitUsage
 	}
 	if *list {
@@ -91,6 +92,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "%-18s %8v  %s\n", n, time.Duration(sc.Duration), firstSentence(sc.Description))
 		}
 		return exitOK
+	}
+	if *out != "" {
+		// Before the run, not after it: a directory that cannot be
+		// written is a usage error found at once.
+		if err := prepareOut(*out); err != nil {
+			fmt.Fprintf(stderr, "sim: -out %s: %v\n", *out, err)
+			return exitUsage
+		}
 	}
 	if isScale(*name) {
 		if *liveMode {
@@ -170,8 +179,8 @@ func runScale(name string, seed uint64, duration time.Duration, out string, stdo
 	summary := res.Summary()
 	fmt.Fprint(stdout, summary)
 	if out != "" {
-		if err := os.MkdirAll(out, 0o755); err != nil {
-			fmt.Fprintf(stderr, "sim: output directory: %v\n", err)
+		if err := clearOut(out); err != nil {
+			fmt.Fprintf(stderr, "sim: %v\n", err)
 			return exitUsage
 		}
 		if err := os.WriteFile(filepath.Join(out, "summary.txt"), []byte(summary), 0o644); err != nil {
@@ -184,6 +193,9 @@ func runScale(name string, seed uint64, duration time.Duration, out string, stdo
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
+		}
+		if err == nil {
+			err = writeManifest(out, []string{"summary.txt", "scale.csv"})
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "sim: write scale.csv: %v\n", err)
@@ -213,10 +225,65 @@ func firstSentence(s string) string {
 	return s
 }
 
+// manifest is the file in an output directory listing the files the last
+// run wrote there, one path a line, so the next run into it removes them
+// (the charts of keys it no longer focuses on) and nothing else.
+const manifest = ".sim-files"
+
+// prepareOut makes the output directory, or checks the one there is a
+// directory, before the run.
+func prepareOut(dir string) error {
+	if info, err := os.Stat(dir); err == nil && !info.IsDir() {
+		return fmt.Errorf("exists and is not a directory")
+	}
+	return os.MkdirAll(dir, 0o755)
+}
+
+// clearOut removes the files the manifest in dir names: those a previous
+// run wrote (only the names a run writes: summary.txt, report.html,
+// timeseries.csv, scale.csv and charts/*.svg).
+func clearOut(dir string) error {
+	data, err := os.ReadFile(filepath.Join(dir, manifest))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, name := range strings.Split(string(data), "\n") {
+		if !written(name) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, filepath.FromSlash(name))); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return os.Remove(filepath.Join(dir, manifest))
+}
+
+// written says whether name (slash-separated) is a file a run writes.
+func written(name string) bool {
+	switch name {
+	case "summary.txt", "report.html", "timeseries.csv", "scale.csv":
+		return true
+	}
+	chart, ok := strings.CutPrefix(name, "charts/")
+	return ok && strings.HasSuffix(chart, ".svg") && filepath.IsLocal(chart) && !strings.ContainsAny(chart, `/\`)
+}
+
+// writeManifest lists names (slash-separated) in dir's manifest.
+func writeManifest(dir string, names []string) error {
+	return os.WriteFile(filepath.Join(dir, manifest), []byte(strings.Join(names, "\n")+"\n"), 0o644)
+}
+
 func writeOutputs(dir string, o *runner.Outcome, summary string) error {
+	if err := clearOut(dir); err != nil {
+		return fmt.Errorf("output directory: %w", err)
+	}
 	if err := os.MkdirAll(filepath.Join(dir, "charts"), 0o755); err != nil {
 		return fmt.Errorf("output directory: %w", err)
 	}
+	names := []string{"summary.txt", "report.html", "timeseries.csv"}
 	write := func(name string, f func(io.Writer) error) error {
 		file, err := os.Create(filepath.Join(dir, name))
 		if err != nil {
@@ -243,6 +310,7 @@ func writeOutputs(dir string, o *runner.Outcome, summary string) error {
 		if err := write(filepath.Join("charts", id+".svg"), func(w io.Writer) error { _, err := io.WriteString(w, svg); return err }); err != nil {
 			return err
 		}
+		names = append(names, "charts/"+id+".svg")
 	}
-	return nil
+	return writeManifest(dir, names)
 }

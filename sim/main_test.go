@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,6 +47,76 @@ func TestBadUsageExitsTwo(t *testing.T) {
 	for _, args := range [][]string{{"-nope"}, {"-scenario", "atlantis"}, {"extra"}, {"-duration", "-5s"}, {"-scale", "4"}} {
 		if code, _, stderr := runArgs(t, args...); code != exitUsage || stderr == "" {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}
+
+// TestScaleMustBeFinite: an infinite -scale is bad usage, exit 2, as 0,
+// NaN and negative scales are (it was refused by the run, exit 1, the
+// status of a violated invariant).
+func TestScaleMustBeFinite(t *testing.T) {
+	for _, s := range []string{"Inf", "+Inf", "-Inf", "NaN", "0", "-2"} {
+		if code, out, stderr := runArgs(t, "-live", "-scale", s, "-duration", "1s"); code != exitUsage || out != "" || !strings.Contains(stderr, "positive number") {
+			t.Errorf("-scale %s: exit %d, stdout %q, stderr %q", s, code, out, stderr)
+		}
+	}
+}
+
+// TestOutMustBeADirectory: an -out that exists and is not a directory is
+// refused before anything runs (the whole run was played, then failed).
+func TestOutMustBeADirectory(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "afile")
+	if err := os.WriteFile(file, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"steady", "scale-small"} {
+		code, out, stderr := runArgs(t, "-scenario", name, "-out", file)
+		if code != exitUsage || out != "" || !strings.Contains(stderr, "not a directory") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q", name, code, out, stderr)
+		}
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "mine" {
+		t.Errorf("the file was touched: %q %v", b, err)
+	}
+}
+
+// TestOutReplacesTheLastRun: a run into a directory used before removes
+// the files the last run wrote (the charts of a key no longer in focus),
+// and nothing it did not write.
+func TestOutReplacesTheLastRun(t *testing.T) {
+	dir := t.TempDir()
+	if code, out, stderr := runArgs(t, "-scenario", "steady", "-duration", "20s", "-out", dir); code != exitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
+	}
+	old := filepath.Join(dir, "charts", "acme-write-eu-west.svg")
+	if _, err := os.Stat(old); err != nil {
+		t.Fatal(err)
+	}
+	mine := filepath.Join(dir, "charts", "mine.svg")
+	if err := os.WriteFile(mine, []byte("<svg/>"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := scenarios.Source("steady")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const focus = "focus: [acme/read, acme/write, initech/write]"
+	if !strings.Contains(string(src), focus) {
+		t.Fatalf("steady no longer focuses on %s", focus)
+	}
+	path := filepath.Join(t.TempDir(), "one.yaml")
+	if err := os.WriteFile(path, []byte(strings.Replace(string(src), focus, "focus: [acme/read]", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, stderr := runArgs(t, "-scenario", path, "-duration", "20s", "-out", dir); code != exitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
+	}
+	if _, err := os.Stat(old); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the last run's chart of acme/write is still there: %v", err)
+	}
+	for _, keep := range []string{mine, filepath.Join(dir, "charts", "acme-read-eu-west.svg"), filepath.Join(dir, "report.html")} {
+		if _, err := os.Stat(keep); err != nil {
+			t.Errorf("%s: %v", keep, err)
 		}
 	}
 }
