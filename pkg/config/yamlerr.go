@@ -14,19 +14,32 @@ import (
 // decoder's messages name Go types ("field epochh not found in type
 // config.Config"), which mean nothing to them.
 func yamlProblems(err error) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return &yamlError{yamlMessage(strings.TrimPrefix(err.Error(), "yaml: "))}
-	}
+	msgs := YAMLMessages(err)
 	var out []error
-	for i, m := range te.Errors {
+	for i, m := range msgs {
 		if i == MaxProblems {
-			out = append(out, &MoreProblems{N: len(te.Errors) - MaxProblems})
+			out = append(out, &MoreProblems{N: len(msgs) - MaxProblems})
 			break
 		}
-		out = append(out, &yamlError{yamlMessage(m)})
+		out = append(out, &yamlError{m})
 	}
 	return errors.Join(out...)
+}
+
+// YAMLMessages words a YAML decoding error for the person editing the
+// file, one message per problem ("unknown field \"epochh\" (line 3)",
+// "\"x\" is not a whole number (line 7)"), where the decoder names Go
+// types. Other documents' parsers (the simulator's scenarios) use it too.
+func YAMLMessages(err error) []string {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return []string{yamlMessage(strings.TrimPrefix(err.Error(), "yaml: "))}
+	}
+	out := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		out[i] = yamlMessage(m)
+	}
+	return out
 }
 
 // yamlError is one problem found while decoding, before any field could be
@@ -95,7 +108,9 @@ func goTypeName(t string) string {
 		return "a string"
 	case strings.HasPrefix(t, "float"):
 		return "a number"
-	case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"):
+	case strings.HasPrefix(t, "uint"):
+		return "a whole number, 0 or more"
+	case strings.HasPrefix(t, "int"):
 		return "a whole number"
 	}
 	return "valid here"

@@ -81,7 +81,7 @@ func Changes(sc *scenario.Scenario, seed uint64, opts Options) []oracle.Change {
 		label := fmt.Sprintf("failover %s → %s", f.From, strings.Join(f.To, ", "))
 		add(time.Duration(f.At), label)
 		if f.For > 0 {
-			add(time.Duration(f.At+f.For), label+" back")
+			add(time.Duration(f.At)+time.Duration(f.For), label+" back")
 		}
 	}
 	for _, e := range sc.Events {

@@ -176,7 +176,7 @@ func TestBadSpecsAreRefused(t *testing.T) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
 	}
-	if _, err := Parse([]byte("kind: scale\nname: x\nbogus: 1\n")); !errors.Is(err, ErrInvalid) {
+	if _, err := Parse([]byte("kind: scale\nname: x\nbogus: 1\n")); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `unknown field "bogus" (line 3)`) {
 		t.Errorf("an unknown field: err = %v", err)
 	}
 	if _, err := Run(spec, Options{}); err == nil {

@@ -126,7 +126,11 @@ func Parse(data []byte) (*Spec, error) {
 	dec.KnownFields(true)
 	var s Spec
 	if err := dec.Decode(&s); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		var out []error
+		for _, m := range config.YAMLMessages(err) {
+			out = append(out, fmt.Errorf("%w: %s", ErrInvalid, m))
+		}
+		return nil, errors.Join(out...)
 	}
 	if err := s.Validate(); err != nil {
 		return nil, err

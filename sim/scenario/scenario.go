@@ -41,6 +41,8 @@ type Scenario struct {
 	// Sluice is the Sluice configuration (DESIGN §5) the daemons run,
 	// validated by pkg/config. Required.
 	Sluice yaml.Node `yaml:"sluice"`
+	// src is the document Parse read, for the sluice block's lines.
+	src []byte
 	// Topology is where everything runs. Required.
 	Topology Topology `yaml:"topology"`
 	// Client tunes the instances' lease client. Optional.
@@ -216,7 +218,7 @@ type Shape struct {
 	Regions []string `yaml:"regions,omitempty"`
 	// At is when a step happens or a flash crowd starts. Required for
 	// step and flash.
-	At Duration `yaml:"at,omitempty"`
+	At Instant `yaml:"at,omitempty"`
 	// Factor is the step's multiplier from At on, or the flash crowd's
 	// peak multiplier. Required for step and flash, > 0.
 	Factor float64 `yaml:"factor,omitempty"`
@@ -323,7 +325,7 @@ func ChaosKinds() []string {
 //	                    empty with RedisLost; without, it stays dead.
 type Fault struct {
 	// At is when the fault starts. Required.
-	At Duration `yaml:"at"`
+	At Instant `yaml:"at"`
 	// Kind is one of the fault kinds. Required.
 	Kind string `yaml:"kind"`
 	// Region the fault hits (instance, region-leader, partition,
@@ -358,7 +360,7 @@ type Fault struct {
 // move back For later.
 type Failover struct {
 	// At is when the users move. Required.
-	At Duration `yaml:"at"`
+	At Instant `yaml:"at"`
 	// From is the region they leave. Required.
 	From string `yaml:"from"`
 	// To are the regions taking them. Required, at least one, not From.
@@ -382,7 +384,7 @@ const (
 // down) and the global tier when its leader next reads it.
 type Event struct {
 	// At is when the change is written. Required.
-	At Duration `yaml:"at"`
+	At Instant `yaml:"at"`
 	// Kind is drain or restore. Required.
 	Kind string `yaml:"kind"`
 	// Region is the region drained or restored. Required.
@@ -456,6 +458,32 @@ type Expect struct {
 	RecoveredFalseRejectsMax *float64 `yaml:"recovered_false_rejects_max,omitempty"`
 }
 
+// Instant is a time in the run, since its start ("1m30s"): when a fault,
+// a failover, an event or a step happens. A written instant is positive.
+type Instant time.Duration
+
+// String is time.Duration's form.
+func (t Instant) String() string { return time.Duration(t).String() }
+
+// UnmarshalYAML reads an instant.
+func (t *Instant) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a time must be a scalar like 1m30s", n.Line)}}
+	}
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: time %q: want a time since the start of the run, like 1m30s", n.Line, n.Value)}}
+	}
+	if v <= 0 {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: time %q must be after the start of the run, like 1m30s", n.Line, n.Value)}}
+	}
+	*t = Instant(v)
+	return nil
+}
+
+// MarshalYAML writes time.Duration's form.
+func (t Instant) MarshalYAML() (any, error) { return t.String(), nil }
+
 // SignedDuration is a duration that may be negative ("-120ms").
 type SignedDuration time.Duration
 
@@ -476,7 +504,10 @@ func (d *SignedDuration) UnmarshalYAML(n *yaml.Node) error {
 func (d SignedDuration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
 
 // Parse reads one scenario document strictly (unknown fields are errors),
-// applies defaults and validates it. Every error wraps ErrInvalid.
+// applies defaults and validates it. Every error wraps ErrInvalid; the
+// decoder's problems are worded as the Sluice config's are ("unknown
+// field \"warmpu\" (line 10)"), and lines count from the file's start,
+// inside the sluice block too.
 func Parse(data []byte) (*Scenario, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -485,8 +516,13 @@ func Parse(data []byte) (*Scenario, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%w: the document is empty", ErrInvalid)
 		}
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		var out []error
+		for _, m := range config.YAMLMessages(err) {
+			out = append(out, fmt.Errorf("%w: %s", ErrInvalid, m))
+		}
+		return nil, errors.Join(out...)
 	}
+	s.src = data
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: want exactly one YAML document", ErrInvalid)

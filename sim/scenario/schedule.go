@@ -37,7 +37,7 @@ func (s *Scenario) chaosFaults(c *Chaos, seed uint64) []Fault {
 		if at > time.Duration(c.End) {
 			return out
 		}
-		f := Fault{At: Duration(at), Kind: c.Kinds[rng.IntN(len(c.Kinds))], Count: 1}
+		f := Fault{At: Instant(at), Kind: c.Kinds[rng.IntN(len(c.Kinds))], Count: 1}
 		lasting := Duration(span(time.Duration(c.MinFor), time.Duration(c.MaxFor)).Truncate(time.Millisecond))
 		switch f.Kind {
 		case FaultInstanceCrash, FaultInstanceStop:

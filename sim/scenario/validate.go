@@ -210,10 +210,13 @@ func (s *Scenario) parseSluice(p *problems) *config.Config {
 		p.add("sluice", "the Sluice configuration is required")
 		return nil
 	}
-	data, err := yaml.Marshal(&s.Sluice)
-	if err != nil {
-		p.add("sluice", "%v", err)
-		return nil
+	data, ok := s.sluiceText()
+	if !ok {
+		var err error
+		if data, err = yaml.Marshal(&s.Sluice); err != nil {
+			p.add("sluice", "%v", err)
+			return nil
+		}
 	}
 	cfg, err := config.Parse(data)
 	if err != nil {
@@ -221,6 +224,49 @@ func (s *Scenario) parseSluice(p *problems) *config.Config {
 		return nil
 	}
 	return cfg
+}
+
+// sluiceText is the sluice block as written, at its own lines (every
+// other line blanked), so the config's problems name the file's lines.
+func (s *Scenario) sluiceText() ([]byte, bool) {
+	n := &s.Sluice
+	if len(s.src) == 0 || n.Line < 1 || n.Column < 1 {
+		return nil, false
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(s.src, &root) != nil || len(root.Content) != 1 || root.Content[0].Kind != yaml.MappingNode {
+		return nil, false
+	}
+	lines := strings.SplitAfter(string(s.src), "\n")
+	end := len(lines) // the line after the block
+	top := root.Content[0].Content
+	found := false
+	for i := 0; i+1 < len(top); i += 2 {
+		if found {
+			end = top[i].Line - 1
+			break
+		}
+		found = top[i].Value == "sluice" && top[i+1].Line == n.Line && top[i+1].Column == n.Column
+	}
+	if !found || n.Line > len(lines) || end < n.Line {
+		return nil, false
+	}
+	var b strings.Builder
+	for range n.Line - 1 {
+		b.WriteString("\n")
+	}
+	// The block's first line starts at its column: what precedes it on
+	// that line ("sluice: " before a flow mapping) becomes spaces.
+	first := []rune(lines[n.Line-1])
+	if n.Column-1 > len(first) {
+		return nil, false
+	}
+	b.WriteString(strings.Repeat(" ", n.Column-1))
+	b.WriteString(string(first[n.Column-1:]))
+	for _, l := range lines[n.Line:end] {
+		b.WriteString(l)
+	}
+	return []byte(b.String()), true
 }
 
 func (s *Scenario) validateTopology(p *problems, cfg *config.Config) []string {

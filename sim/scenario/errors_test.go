@@ -1,0 +1,65 @@
+package scenario
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestProblemsNameTheFilesLinesInItsWords: the decoder's problems are
+// worded for the person editing the file (no Go type, no "yaml:"), and
+// every line number, inside the sluice block too, is the file's.
+func TestProblemsNameTheFilesLinesInItsWords(t *testing.T) {
+	for _, c := range []struct {
+		name, doc string
+		want      []string
+	}{
+		{"unknown field in the sluice block", strings.Replace(minimal, "  default_tier: free\n", "  default_tier: free\n  epohc: 2s\n", 1),
+			[]string{`unknown field "epohc"`, "(line 9)"}},
+		{"sluice block in flow style", strings.Replace(minimal, "  default_tier: free\n", "  default_tier: free\nseed: 3\n", 1) +
+			"faults: []\n",
+			nil},
+		{"unknown top-level field", strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nwarmpu: 10s\n", 1),
+			[]string{`unknown field "warmpu" (line 4)`}},
+		{"negative seed", strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nseed: -1\n", 1),
+			[]string{`"-1" is not a whole number, 0 or more (line 4)`}},
+		{"negative fault time", minimal + "faults:\n  - {at: -10s, kind: etcd-down, for: 5s}\n",
+			[]string{`time "-10s" must be after the start of the run`, "(line 15)"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.doc))
+			if c.want == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			msg := err.Error()
+			for _, w := range c.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q lacks %q", msg, w)
+				}
+			}
+			for _, leak := range []string{"yaml:", "scenario.", "uint64", "leave the field out", "unmarshal"} {
+				if strings.Contains(msg, leak) {
+					t.Errorf("error %q says %q", msg, leak)
+				}
+			}
+		})
+	}
+	// A sluice block written on the key's line (flow style) keeps its lines.
+	flow := strings.Replace(minimal, `sluice:
+  regions: {a: {weight: 1}, b: {weight: 3}}
+  classes: {read: {}}
+  tiers: {free: {read: {rate: 10/s, burst: 20}}}
+  default_tier: free
+`, `sluice: {regions: {a: {weight: 1}, b: {weight: 3}},
+  classes: {read: {}}, epohc: 2s,
+  tiers: {free: {read: {rate: 10/s, burst: 20}}}, default_tier: free}
+`, 1)
+	if _, err := Parse([]byte(flow)); err == nil || !strings.Contains(err.Error(), `unknown field "epohc"`) || !strings.Contains(err.Error(), "(line 5)") {
+		t.Errorf("flow sluice block: %v", err)
+	}
+}
