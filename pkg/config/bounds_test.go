@@ -97,6 +97,13 @@ func TestValidateEdgeCases(t *testing.T) {
 			setRegion(c, "eu-west", Region{Weight: 1, MinShare: sum - 0.5, MaxShare: 1})
 			setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.5, MaxShare: 1})
 		}, nil},
+		{"max share below the weight share", func(c *Config) { setRegion(c, "us-east", Region{Weight: 2, MaxShare: 0.49}) },
+			[]string{"regions.us-east.max_share: must be at least the region's weight share 0.5 (weight 2 of 4; its static share of every key), got 0.49: below it, a key the region needs more of would be granted less than it runs on uncontended"}},
+		{"max share at the weight share", func(c *Config) { setRegion(c, "us-east", Region{Weight: 2, MaxShare: 0.5}) }, nil},
+		{"max share below the weight share, weights unknown", func(c *Config) {
+			setRegion(c, "us-east", Region{Weight: 2, MaxShare: 0.1})
+			setRegion(c, "eu-west", Region{Weight: -1, MaxShare: 1})
+		}, []string{"regions.eu-west.weight: must be a finite number > 0, got -1"}},
 		{"min shares summing to 1 + 1.5e-9", func(c *Config) {
 			setRegion(c, "eu-west", Region{Weight: 1, MinShare: 0.5 + 1.5e-9, MaxShare: 1})
 			setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.5, MaxShare: 1})

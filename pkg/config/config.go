@@ -210,8 +210,10 @@ type Region struct {
 	//
 	//   - Default: 1 (no cap)
 	//   - Unit: fraction of a key's global rate
-	//   - Rule: in (0, 1] and at least min_share; an explicit 0 is refused
-	//     (leave it out for no cap)
+	//   - Rule: in (0, 1], at least min_share and at least the region's
+	//     weight share (weight / sum of weights: its static share, which a
+	//     cap below would cut exactly when the region needs more); an
+	//     explicit 0 is refused (leave it out for no cap)
 	//   - Example: 0.8
 	MaxShare float64 `yaml:"max_share,omitempty"`
 	// Drained makes the region's static share of every key its floor (the

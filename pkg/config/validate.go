@@ -177,11 +177,35 @@ func (c *Config) validateRegions(p *problems) {
 			drained++
 		}
 	}
+	c.validateMaxShares(p)
 	if drained == len(c.Regions) {
 		p.add("regions", "every region is drained: at least one must serve (restore one first)")
 	}
 	if minSum > 1+shareSumSlack {
 		p.add("regions", "min_share of all regions sums to %.6g, must be at most 1", minSum)
+	}
+}
+
+// validateMaxShares refuses a max_share below the region's weight share
+// (w_r / Σw, its static share of every key): the global tier grants a
+// contended key at most max_share of the rate, so such a region would be
+// held below what it runs on uncontended exactly when its demand grows,
+// and the rest granted to regions that may not need it. Checked only when
+// every weight and max_share is valid.
+func (c *Config) validateMaxShares(p *problems) {
+	var sum float64
+	for _, r := range c.Regions {
+		if !(r.Weight > 0) || math.IsInf(r.Weight, 0) || !(r.MaxShare > 0 && r.MaxShare <= 1) {
+			return
+		}
+		sum += r.Weight
+	}
+	for _, name := range sortedKeys(c.Regions) {
+		r := c.Regions[name]
+		if share := r.Weight / sum; r.MaxShare < share*(1-shareSumSlack) {
+			p.add("regions."+name+".max_share", "must be at least the region's weight share %.6g (weight %v of %v; its static share of every key), got %v: below it, a key the region needs more of would be granted less than it runs on uncontended",
+				share, r.Weight, sum, r.MaxShare)
+		}
 	}
 }
 
