@@ -152,6 +152,13 @@ func Run(spec *Spec, opts Options) (*Result, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
+	if d := opts.Duration; d > 0 && time.Duration(spec.Warmup) > d/2 {
+		// As a virtual run's: a shortened run keeps its second half
+		// measured.
+		c := *spec
+		c.Warmup = config.Duration(d / 2)
+		spec = &c
+	}
 	wall := time.Now()
 	s := &sim{spec: spec, opts: opts, dur: time.Duration(spec.Duration), mark: regionsync.MarkEvery(epoch)}
 	if opts.Duration > 0 {

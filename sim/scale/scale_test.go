@@ -202,3 +202,24 @@ func TestScaleSoak(t *testing.T) {
 		t.Fatal("the oracle failed")
 	}
 }
+
+// TestShortenedRunShrinksItsWarmup: a run shortened below twice its
+// warmup measures its second half, as a virtual run does (scale-small's
+// 20 s warmup stayed in force in a 10 s run, which measured nothing);
+// the caller's spec is left as it was.
+func TestShortenedRunShrinksItsWarmup(t *testing.T) {
+	spec := small(t)
+	if time.Duration(spec.Warmup) != 20*time.Second {
+		t.Fatalf("scale-small's warmup is %v; this test shortens a 20 s one", time.Duration(spec.Warmup))
+	}
+	res, err := Run(spec, Options{Duration: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := time.Duration(res.Spec.Warmup); w != 5*time.Second || !strings.Contains(res.Summary(), "warmup 5s") {
+		t.Errorf("warmup of a 10 s run %v, summary:\n%s", w, res.Summary())
+	}
+	if time.Duration(spec.Warmup) != 20*time.Second {
+		t.Errorf("the caller's spec changed: warmup %v", time.Duration(spec.Warmup))
+	}
+}
