@@ -18,6 +18,8 @@ var meanings = []struct{ match, text string }{
 	{"exactly-once", "every instance report is booked once, however often it is retried"},
 	{"grants applied in order", "a region never applies an older grant of the global tier after a newer one"},
 	{"region report retries", "the region leader's reports to the global tier are not retried beyond the protocol's bound"},
+	{"admitted vs ideal", "admitted as a share of what a single ideal token bucket, fed the same arrivals, admits, over every whole second after warmup except the recovery time after each change (a fault's start or end, a failover, an operator's event)"},
+	{"fairness error", "how far each region's admissions were from its weighted max-min fair share of a contended key, over 10 s windows, as a share of the key's rate"},
 	{"utilization", "admitted as a share of what a single ideal token bucket would admit over the same windows"},
 	{"convergence", "epochs until the regions' shares follow a shift in demand"},
 	{"false rejects", "tokens denied that a single ideal token bucket would have admitted, as a share of those offered"},

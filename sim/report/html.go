@@ -5,6 +5,7 @@ import (
 	"html"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/sim/runner"
 )
@@ -115,7 +116,7 @@ func WriteHTML(w io.Writer, o *runner.Outcome) error {
 	if len(r.Notes) > 0 {
 		p("<h2>Events</h2>\n<table><tr><th>At</th><th>Event</th></tr>\n")
 		for _, n := range r.Notes {
-			p("<tr><td>%v</td><td>%s</td></tr>\n", n.At, esc(n.Text))
+			p("<tr><td>%v</td><td>%s</td></tr>\n", n.At.Round(time.Millisecond), esc(n.Text))
 		}
 		p("</table>\n")
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/report"
 	"github.com/sluicehq/sluice/sim/runner"
+	"github.com/sluicehq/sluice/sim/scenario"
 	"github.com/sluicehq/sluice/sim/scenarios"
 )
 
@@ -266,5 +267,44 @@ func csvHasEverySeriesAtEveryStep(t *testing.T, o *runner.Outcome) {
 		if len(r) != len(rows[0]) {
 			t.Fatalf("row %v has %d fields", r, len(r))
 		}
+	}
+}
+
+// TestEveryCheckIsExplained: every check Evaluate can make, with every
+// target set, has its line of explanation on the page.
+func TestEveryCheckIsExplained(t *testing.T) {
+	sc, err := scenarios.Load("region-drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, d := 0.5, 3.0
+	e := &sc.Expect
+	e.Utilization60sMin, e.Utilization1sMeanMin, e.ConvergenceEpochsMax, e.FalseRejectsMax = &p, &p, &d, &p
+	e.RecoveredVsIdealMin, e.RecoveredFalseRejectsMax, e.FairnessErrorMax, e.CrashErrorMax = &p, &p, &p, &p
+	e.ReclaimMax = scenario.Duration(time.Second)
+	checks := runner.Evaluate(sc, &oracle.Result{Fairness: []float64{0}, FairnessWindows: []int{1}})
+	if len(checks) != 15 {
+		t.Errorf("%d checks, want 6 invariants and 9 targets", len(checks))
+	}
+	for _, c := range checks {
+		if report.CheckMeaning(c.Name) == "" {
+			t.Errorf("check %q is not explained", c.Name)
+		}
+	}
+}
+
+// TestEventTimesInMilliseconds: the events table gives times to the
+// millisecond, as the faults list does.
+func TestEventTimesInMilliseconds(t *testing.T) {
+	o := outcome(t)
+	res := *o.Result
+	res.Notes = append(append([]oracle.Note(nil), res.Notes...), oracle.Note{At: 3*time.Minute + 8412538260, Text: "leader elected"})
+	o.Result = &res
+	var b bytes.Buffer
+	if err := report.WriteHTML(&b, o); err != nil {
+		t.Fatal(err)
+	}
+	if page := b.String(); !strings.Contains(page, "<td>3m8.413s</td>") || strings.Contains(page, "3m8.41253826s") {
+		t.Errorf("event time not in milliseconds")
 	}
 }
