@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -213,6 +214,11 @@ func runScale(name string, seed uint64, duration time.Duration, out string, stdo
 func loadScenario(name string) (*scenario.Scenario, error) {
 	if strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml") || strings.ContainsRune(name, os.PathSeparator) {
 		return scenario.Load(name)
+	}
+	if _, err := scenarios.Source(name); err != nil {
+		all := append(scenarios.Names(), scalesim.Names()...)
+		sort.Strings(all)
+		return nil, fmt.Errorf("%w: no shipped scenario %q (have %s)", scenario.ErrInvalid, name, strings.Join(all, ", "))
 	}
 	return scenarios.Load(name)
 }

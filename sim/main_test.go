@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/sim/runner"
+	scalesim "github.com/sluicehq/sluice/sim/scale"
 	"github.com/sluicehq/sluice/sim/scenarios"
 )
 
@@ -39,6 +40,20 @@ func TestVersionPrintsTheVersion(t *testing.T) {
 		code, out, stderr := runArgs(t, flag)
 		if code != exitOK || !strings.HasPrefix(out, "sim ") || strings.Count(out, "\n") != 1 || stderr != "" {
 			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 0 and one line starting with \"sim \"", flag, code, out, stderr)
+		}
+	}
+}
+
+// TestUnknownScenarioListsEveryShipped: the refusal of an unknown name
+// lists the scale scenarios with the others.
+func TestUnknownScenarioListsEveryShipped(t *testing.T) {
+	code, _, stderr := runArgs(t, "-scenario", "nosuch")
+	if code != exitUsage {
+		t.Fatalf("exit %d", code)
+	}
+	for _, n := range append(scenarios.Names(), scalesim.Names()...) {
+		if !strings.Contains(stderr, n) {
+			t.Errorf("%q does not list %s", stderr, n)
 		}
 	}
 }
