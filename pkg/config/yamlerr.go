@@ -15,6 +15,12 @@ import (
 // config.Config"), which mean nothing to them.
 func yamlProblems(err error) error {
 	msgs := YAMLMessages(err)
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		// A syntax error: one message, with the line when the decoder
+		// knows it (not at an unexpected end of the document).
+		return &yamlError{msgs[0]}
+	}
 	var out []error
 	for i, m := range msgs {
 		if i == MaxProblems {
