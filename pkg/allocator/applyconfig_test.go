@@ -123,6 +123,116 @@ func TestTimingChangeRebuildsTheAllocatorLearning(t *testing.T) {
 	})
 }
 
+// threeRegionsConfig: weights 2:1:1, one key class at 400/s, burst 400.
+const threeRegionsConfig = `
+epoch: 1s
+grant_validity: 5s
+regions:
+  ap: {weight: 2}
+  eu: {weight: 1}
+  us: {weight: 1}
+classes:
+  write: {}
+tiers:
+  free: {write: {rate: 400/s, burst: 400}}
+default_tier: free
+`
+
+// TestRebuildKeepsGrantsAboveStaticToTheirExpiry: a config change from
+// epoch 1s / validity 5s to 500ms / 2s rebuilds the allocator in learning
+// mode while ap and eu hold grants above their static shares (200/s and
+// 100/s) with more than 2s left. Each echo is re-issued with the expiry
+// the region holds, not cut to the new 2s validity, so both keep their
+// grants until then; us, below its share, is extended. Every region runs
+// the same report cycle, applying each answer as a region does (the grant
+// counts from the report's send time), and the rates in force never sum
+// past the key's 400/s.
+func TestRebuildKeepsGrantsAboveStaticToTheirExpiry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := configtest.NewSource(parseConfig(t, threeRegionsConfig), 1)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		type grant struct {
+			rate, burst float64
+			expiry      time.Time
+		}
+		static := map[string]float64{"ap": 200, "eu": 100, "us": 100}
+		demandOf := map[string]int64{"ap": 300, "eu": 150, "us": 60}
+		held := map[string]grant{}
+		var seq uint64
+		cycle := func(window time.Duration) {
+			s.step(time.Now())
+			for _, r := range []string{"ap", "eu", "us"} {
+				now := time.Now()
+				kd := &sluicev1.KeyDemand{Key: &sluicev1.QuotaKey{Tenant: "t1", Class: "write"}, Admitted: demandOf[r] * window.Milliseconds() / 1000, WindowMs: window.Milliseconds(), Holding: 10}
+				if g, ok := held[r]; ok && g.expiry.After(now) {
+					kd.HeldRate, kd.HeldBurst, kd.HeldValidMs = g.rate, g.burst, g.expiry.Sub(now).Milliseconds()
+				}
+				seq++
+				resp, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r, Seq: seq, Keys: []*sluicev1.KeyDemand{kd}})
+				if err != nil {
+					t.Fatalf("%s report %d: %v", r, seq, err)
+				}
+				for _, g := range resp.GetGrants() {
+					held[r] = grant{g.GetRate(), g.GetBurst(), now.Add(time.Duration(g.GetValidMs()) * time.Millisecond)}
+				}
+			}
+			var sum float64
+			for r, g := range held {
+				if g.expiry.After(time.Now()) {
+					sum += g.rate
+				} else {
+					sum += static[r]
+				}
+			}
+			if sum > 400*(1+1e-9) {
+				t.Fatalf("rates in force sum to %v, above the key's 400/s: %+v", sum, held)
+			}
+		}
+		// Under 1s / 5s, reporting twice an epoch, until ap and eu hold
+		// grants above their shares.
+		for i := range 16 {
+			if i > 0 {
+				time.Sleep(500 * time.Millisecond)
+			}
+			cycle(500 * time.Millisecond)
+		}
+		for r, g := range map[string]grant{"ap": held["ap"], "eu": held["eu"]} {
+			if g.rate <= static[r] || g.expiry.Sub(time.Now()) <= 2*time.Second {
+				t.Fatalf("before the change %s holds %v for %v more; want above %v for more than the new 2s validity", r, g.rate, g.expiry.Sub(time.Now()), static[r])
+			}
+		}
+		before := maps.Clone(held)
+		src.Set(parseConfig(t, strings.Replace(strings.Replace(threeRegionsConfig, "epoch: 1s", "epoch: 500ms", 1),
+			"grant_validity: 5s", "grant_validity: 2s", 1)), 2)
+		changed := time.Now()
+		// Each region reports every 500ms from here, the first at the
+		// change; the old grants end before learning does (one old
+		// validity and epoch).
+		for time.Now().Before(before["ap"].expiry) {
+			cycle(500 * time.Millisecond)
+			if !s.View(time.Now()).Learning {
+				t.Fatalf("%v after the change: not learning", time.Since(changed))
+			}
+			for _, r := range []string{"ap", "eu"} {
+				g := held[r]
+				if g.rate > before[r].rate || !nearRate(g.rate, before[r].rate) || g.expiry.After(before[r].expiry) || g.expiry.Before(before[r].expiry.Add(-time.Millisecond)) {
+					t.Fatalf("%v after the change %s holds %v until %v after the change; want its %v re-issued until %v after it",
+						time.Since(changed), r, g.rate, g.expiry.Sub(changed), before[r].rate, before[r].expiry.Sub(changed))
+				}
+			}
+			if g := held["us"]; g.rate > before["us"].rate || !nearRate(g.rate, before["us"].rate) || !g.expiry.Equal(time.Now().Add(2*time.Second)) {
+				t.Fatalf("%v after the change us holds %v for %v more; want its %v extended", time.Since(changed), g.rate, g.expiry.Sub(time.Now()), before["us"].rate)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	})
+}
+
+// nearRate: a re-issued grant's values are the held ones, nudged down by a
+// few float steps to tell candidates apart.
+func nearRate(got, want float64) bool { return got <= want && got >= want*(1-1e-12) }
+
 // TestRegionKeptByAConfigChangeKeepsItsReportedRevisions: a config change
 // that keeps a region keeps what it reported: b reported only revision 1
 // (a static share of 50/s), so once revision 2 gives it 75/s the global

@@ -259,6 +259,11 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		// Regions the old allocator counted (or may have) at their floor
 		// get no static lease from the new one while it learns.
 		opts.Lapsed = s.lapsedSetLocked()
+		// Grants regions hold were issued under the old validity (or one
+		// older still, which the learning floor outlasts): the new
+		// allocator re-issues those above the static shares with what
+		// they have left, not cut to a shorter new validity.
+		opts.PriorValidity = max(s.timing.validity, s.learnFloor.Sub(now))
 		a, err := hierarchy.NewAllocator(opts, now)
 		if err != nil {
 			s.log.Error("config change refused by the allocator; keeping the previous timing and regions", "error", err)

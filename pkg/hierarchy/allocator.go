@@ -92,6 +92,13 @@ type Options struct {
 	// None of them is conferred a static lease while learning. Unknown
 	// names are ignored.
 	Lapsed []string
+	// PriorValidity is optional: the longest validity the grants regions
+	// hold when the Allocator starts may have been issued with, when a
+	// config change shortened Validity. While learning, a held grant above
+	// the static shares is re-issued with the validity it has left (its
+	// expiry) up to max(Validity, PriorValidity), not cut to Validity.
+	// Truncated to whole milliseconds; >= 0. 0 means Validity.
+	PriorValidity time.Duration
 }
 
 // KeyDemand is one key's part of a region report (mirror of the wire
@@ -166,6 +173,7 @@ type Allocator struct {
 	epochNS        int64
 	perEpochSecond float64 // 1 / (Epoch in seconds)
 	validity       int64
+	reissueMax     int64 // longest validity a held grant above the static shares is re-issued with while learning
 	minValidity    int64
 	silence        int64
 	alpha          float64
@@ -308,11 +316,15 @@ func NewAllocator(opts Options, now time.Time) (*Allocator, error) {
 	if regionLease < validity {
 		return nil, fmt.Errorf("hierarchy: options: %w: region lease %v must be at least the validity %v", quota.ErrInvalid, opts.RegionLease, validity)
 	}
+	if opts.PriorValidity < 0 {
+		return nil, fmt.Errorf("hierarchy: options: %w: prior validity %v is negative", quota.ErrInvalid, opts.PriorValidity)
+	}
 	a := &Allocator{
 		origin:         now,
 		epochNS:        int64(opts.Epoch),
 		perEpochSecond: float64(time.Second) / float64(opts.Epoch),
 		validity:       int64(validity),
+		reissueMax:     int64(max(validity, opts.PriorValidity.Truncate(time.Millisecond))),
 		minValidity:    int64(min(opts.Epoch.Truncate(time.Millisecond), validity)),
 		silence:        int64(silence),
 		alpha:          alpha,
@@ -1607,7 +1619,10 @@ func (a *Allocator) reissue(t int64, f *fence, k int32, held heldReport, s, sb f
 	}
 	valid := a.validity
 	if held.rate > s || held.burst > sb {
-		valid = min(held.valid, a.validity) / int64(time.Millisecond) * int64(time.Millisecond)
+		// Its own expiry: up to the longest validity it may have been
+		// issued with, which a config change may have made longer than
+		// this Allocator's.
+		valid = min(held.valid, a.reissueMax) / int64(time.Millisecond) * int64(time.Millisecond)
 	}
 	if valid <= 0 {
 		return Grant{}, false

@@ -42,6 +42,7 @@ func TestNewAllocatorValidatesOptions(t *testing.T) {
 		{"alpha above one", func(o *Options) { o.DemandAlpha = 1.5 }, "alpha"},
 		{"NaN alpha", func(o *Options) { o.DemandAlpha = math.NaN() }, "alpha"},
 		{"bad region weight", func(o *Options) { o.Regions = []Region{{Name: "a", Weight: -1}} }, "weight"},
+		{"negative prior validity", func(o *Options) { o.PriorValidity = -time.Millisecond }, "prior validity"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := good
@@ -528,6 +529,52 @@ func TestLearningReissuesNothingWithLessThanAMillisecondLeft(t *testing.T) {
 	ans, err = s.a.Report(s.at(1000), Report{Region: "a", Seq: 2, Keys: []KeyDemand{kd}})
 	if err != nil || len(ans.Grants) != 1 || ans.Grants[0].Valid != time.Millisecond || ans.Grants[0].Rate > 80 || !near(ans.Grants[0].Rate, 80) {
 		t.Fatalf("a holding 80 for 1.5ms more got %+v, %v; want 80 for 1ms", ans.Grants, err)
+	}
+}
+
+// TestLearningReissuesAboveStaticWithItsOwnExpiry: an allocator built
+// after a config change shortened the validity (5s to 2s, PriorValidity
+// 5s) re-issues a held grant above the static shares with the validity it
+// has left, not cut to the new 2s, up to the prior validity; without a
+// prior validity the new one bounds it. A grant at or below the static
+// shares gets the new full validity either way.
+func TestLearningReissuesAboveStaticWithItsOwnExpiry(t *testing.T) {
+	regions := []Region{{Name: "ap", Weight: 2}, {Name: "eu", Weight: 1}, {Name: "us", Weight: 1}}
+	for _, tc := range []struct {
+		name      string
+		prior     time.Duration
+		rate      float64
+		heldValid time.Duration
+		want      time.Duration
+	}{
+		{"above static, prior validity covers what is left", 5 * time.Second, 227, 3*time.Second + 400*time.Microsecond, 3 * time.Second},
+		{"above static, more left than the prior validity", 5 * time.Second, 227, 7 * time.Second, 5 * time.Second},
+		{"above static, no prior validity", 0, 227, 3 * time.Second, 2 * time.Second},
+		{"prior validity shorter than the new one", time.Second, 227, 3 * time.Second, 2 * time.Second},
+		{"below static, prior validity", 5 * time.Second, 60, 3 * time.Second, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := NewAllocator(Options{Regions: regions, Epoch: 500 * time.Millisecond, Validity: 2 * time.Second, PriorValidity: tc.prior}, testStart)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := quota.Key{Tenant: "acme", Class: "write"}
+			if err := a.SetLimit(key, KeyLimit{Rate: 400, Burst: 400}); err != nil {
+				t.Fatal(err)
+			}
+			region := "ap"
+			if tc.rate < 100 {
+				region = "us"
+			}
+			kd := KeyDemand{Key: key, Admitted: tc.rate / 2, Window: 500 * time.Millisecond, HeldRate: tc.rate, HeldBurst: tc.rate, HeldValid: tc.heldValid, Holding: 10}
+			ans, err := a.Report(ms(1), Report{Region: region, Seq: 1, Keys: []KeyDemand{kd}})
+			if err != nil || len(ans.Grants) != 1 {
+				t.Fatalf("%s holding %v for %v more: %+v, %v; want one grant", region, tc.rate, tc.heldValid, ans.Grants, err)
+			}
+			if g := ans.Grants[0]; g.Valid != tc.want || g.Rate > tc.rate || g.Burst > tc.rate || !near(g.Rate, tc.rate) {
+				t.Fatalf("%s holding %v for %v more got %v for %v; want %v for %v", region, tc.rate, tc.heldValid, g.Rate, g.Valid, tc.rate, tc.want)
+			}
+		})
 	}
 }
 

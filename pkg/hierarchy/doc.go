@@ -145,9 +145,11 @@
 //
 // For one Validity after NewAllocator or BecomeLeader the Allocator only
 // re-issues what each region reports it holds: the same rate and burst,
-// with the same expiry if it is above the static shares, or the full
-// Validity if it is at or below them (a region kept below its share
-// longer is always safe). A region reporting nothing held gets no grant
+// with the same expiry if it is above the static shares (up to
+// max(Validity, PriorValidity): a config change that shortened the
+// validity does not cut a held grant short), or the full Validity if it
+// is at or below them (a region kept below its share longer is always
+// safe). A region reporting nothing held gets no grant
 // and runs on s_r. A held grant the allocator cannot place counts as
 // reported until it surely expired.
 //
