@@ -85,16 +85,18 @@ func (s *tierSwitch) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluic
 // regional server and leader on a real redis-server, the server enforcing
 // the static lease.
 type leaseRig struct {
-	t      *testing.T
-	cfg    *config.Config
-	cli    *clientv3.Client
-	alloc  *allocator.Daemon
-	rs     *redistest.Server
-	rdb    *redis.Client
-	srv    *regional.Server
-	leader *regional.Leader
-	tier   *tierSwitch
-	reg    *prometheus.Registry
+	t   *testing.T
+	cfg *config.Config
+	// regionCfg is eu's replicas' config source.
+	regionCfg regional.ConfigSource
+	cli       *clientv3.Client
+	alloc     *allocator.Daemon
+	rs        *redistest.Server
+	rdb       *redis.Client
+	srv       *regional.Server
+	leader    *regional.Leader
+	tier      *tierSwitch
+	reg       *prometheus.Registry
 }
 
 func newLeaseRig(t *testing.T) *leaseRig {
@@ -105,8 +107,25 @@ func newLeaseRig(t *testing.T) *leaseRig {
 // newLeaseRigWith is newLeaseRig running cfg (regions eu and us).
 func newLeaseRigWith(t *testing.T, cfg *config.Config) *leaseRig {
 	t.Helper()
+	return newLeaseRigOf(t, cfg, regional.StaticConfig{C: cfg}, regional.StaticConfig{C: cfg})
+}
+
+// newLeaseRigOn is newLeaseRigWith with the allocator daemon and eu's
+// replicas on src, which the test may change.
+func newLeaseRigOn(t *testing.T, cfg *config.Config, src interface {
+	allocator.ConfigSource
+	regional.ConfigSource
+}) *leaseRig {
+	t.Helper()
+	return newLeaseRigOf(t, cfg, src, src)
+}
+
+// newLeaseRigOf is newLeaseRigWith with the allocator daemon on global and
+// eu's replicas on region.
+func newLeaseRigOf(t *testing.T, cfg *config.Config, global allocator.ConfigSource, region regional.ConfigSource) *leaseRig {
+	t.Helper()
 	ctx := context.Background()
-	r := &leaseRig{t: t, cfg: cfg, tier: &tierSwitch{}, reg: prometheus.NewRegistry()}
+	r := &leaseRig{t: t, cfg: cfg, regionCfg: region, tier: &tierSwitch{}, reg: prometheus.NewRegistry()}
 	etcd := etcdtest.Start(t)
 	r.cli = etcd.Client(t)
 	// The allocator leads for the whole test: its tests stop it (it
@@ -116,7 +135,7 @@ func newLeaseRigWith(t *testing.T, cfg *config.Config) *leaseRig {
 	// leader elected ("not leader; leader=") where it had put one.
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: r.cli, Prefix: "/sl", SessionTTL: 10 * time.Second,
-		Config: regional.StaticConfig{C: r.cfg},
+		Config: global,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +158,7 @@ func (r *leaseRig) replica(identity string) (*regional.Server, *regional.Leader)
 	if identity == "eu-1" {
 		reg = r.reg
 	}
-	srv, err := regional.New(regional.Options{Region: "eu", Redis: r.rdb, Config: regional.StaticConfig{C: r.cfg}, Registerer: reg})
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: r.rdb, Config: r.regionCfg, Registerer: reg})
 	if err != nil {
 		r.t.Fatal(err)
 	}
