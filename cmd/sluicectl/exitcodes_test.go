@@ -3,58 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/regional"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
-
-// silentServer accepts connections and never answers on them; the first
-// accepted connection calls onAccept. It stops when the test ends.
-func silentServer(t *testing.T, onAccept func()) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-		once  sync.Once
-	)
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			once.Do(onAccept)
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
 
 // TestInterruptDuringANetworkStepExits130: SIGINT or SIGTERM while a
 // command waits on etcd, a global allocator or a regional service that
@@ -77,7 +38,7 @@ func TestInterruptDuringANetworkStepExits130(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			addr := silentServer(t, cancel)
+			addr := grpctest.SilentAddr(t, cancel)
 			// -timeout far beyond the test: only the interrupt ends the wait.
 			args := append([]string{"-timeout", "24h"}, tc.args(addr)...)
 			r := runAppContext(t, ctx, &app{}, args...)

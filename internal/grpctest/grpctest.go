@@ -2,6 +2,7 @@ package grpctest
 
 import (
 	"net"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -17,5 +18,59 @@ func Serve(tb testing.TB, srv *grpc.Server) string {
 	}
 	go srv.Serve(ln)
 	tb.Cleanup(srv.Stop)
+	return ln.Addr().String()
+}
+
+// RefusedAddr is a loopback address nothing listens on: a dial to it is
+// refused at once, as a region that is down.
+func RefusedAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// SilentAddr is a loopback address that accepts connections and never
+// answers on them, as a hung process; onAccept (optional) is called on
+// the first connection. It stops when tb ends.
+func SilentAddr(tb testing.TB, onAccept func()) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn // guarded by mu
+		wg    sync.WaitGroup
+		once  sync.Once
+	)
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			if onAccept != nil {
+				once.Do(onAccept)
+			}
+		}
+	})
+	tb.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
 	return ln.Addr().String()
 }

@@ -4,11 +4,11 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
@@ -89,7 +89,7 @@ classes: {read: {mode: lease, on_failure: closed}, write: {mode: lease, on_failu
 tiers: {std: {read: {rate: 1000/s, burst: 1000}, write: {rate: 1000/s, burst: 1000}}}
 default_tier: std
 `)
-	a := startAgent(t, nobodyListens(t), agent.StaticConfig{C: cfg})
+	a := startAgent(t, grpctest.RefusedAddr(t), agent.StaticConfig{C: cfg})
 	web := httpClient(t)
 	if out := allow(t, web, a, `{"tenant":"acme","class":"read"}`); out.Allowed || !out.Degraded {
 		t.Errorf("read (on_failure: closed) with no region: %+v; want denied, degraded", out)
@@ -111,7 +111,7 @@ tiers: {std: {read: {rate: 1000/s, burst: 1000}}, pro: {read: {rate: 2000/s, bur
 tenants: {acme: {tier: pro}}
 default_tier: std
 `)
-	a := startAgent(t, nobodyListens(t), agent.StaticConfig{C: cfg})
+	a := startAgent(t, grpctest.RefusedAddr(t), agent.StaticConfig{C: cfg})
 	web := httpClient(t)
 	for _, tenant := range []string{"acme", "acme", "other"} {
 		if out := allow(t, web, a, `{"tenant":"`+tenant+`","class":"read"}`); !out.Allowed || !out.Degraded {
@@ -192,17 +192,4 @@ default_tier: std
 			}
 		})
 	}
-}
-
-// nobodyListens is a loopback address no process listens on: every RPC to
-// a region there fails at once.
-func nobodyListens(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return addr
 }

@@ -2,7 +2,6 @@ package allocator_test
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -16,24 +15,13 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 )
 
 // slack absorbs scheduling on a loaded machine and etcd checking lease
 // expiry only every half second.
 const slack = 2 * time.Second
-
-// refusedAddr is a loopback address nothing listens on.
-func refusedAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return addr
-}
 
 // redirectsTo reports whether r answers Sync with "not leader" naming addr.
 func redirectsTo(t *testing.T, r *replica, addr string, seq uint64) bool {
@@ -83,7 +71,7 @@ func TestStandbyRedirectsAndHandsOverOnStop(t *testing.T) {
 
 	// The Client skips a dead address, is redirected by the standby, and
 	// then keeps talking to the leader directly.
-	cl, err := allocator.NewClient([]string{refusedAddr(t), b.GRPCAddr()}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cl, err := allocator.NewClient([]string{grpctest.RefusedAddr(t), b.GRPCAddr()}, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

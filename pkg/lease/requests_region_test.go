@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -138,35 +138,12 @@ func TestCallerThatGivesUpIsNotDecided(t *testing.T) {
 	}
 }
 
-// silentClient is a lease client of a region that never answers: a
-// listener that accepts connections and reads nothing. Its breaker timeout
+// silentClient is a lease client of a region that never answers: an
+// address that accepts connections and reads nothing. Its breaker timeout
 // bounds a request's wait; its background Sync never runs.
 func silentClient(t *testing.T, breakerTimeout time.Duration) *lease.Client {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var held []net.Conn // accepted and never answered
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			conn, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, conn)
-		}
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		<-done
-		for _, conn := range held {
-			conn.Close()
-		}
-	})
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(grpctest.SilentAddr(t, nil), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
