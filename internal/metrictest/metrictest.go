@@ -4,9 +4,11 @@
 package metrictest
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Gauge returns the value of the gauge name in reg, which must hold it as
@@ -28,5 +30,31 @@ func Gauge(t testing.TB, reg prometheus.Gatherer, name string) float64 {
 		return mf.GetMetric()[0].GetGauge().GetValue()
 	}
 	t.Fatalf("metric %s not registered", name)
+	return 0
+}
+
+// Series is the value of the first series of the counter or gauge name in
+// reg whose labels include labels (every one of them, with its value): 0
+// when there is none yet, as a counter not yet incremented reads.
+func Series(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				if !slices.ContainsFunc(m.GetLabel(), func(lp *dto.LabelPair) bool { return lp.GetName() == k && lp.GetValue() == v }) {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
 	return 0
 }

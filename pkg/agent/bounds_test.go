@@ -8,10 +8,10 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
@@ -34,29 +34,6 @@ func tenantsRequest(descriptors, entries int) *rlsv3.RateLimitRequest {
 		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: fmt.Sprintf("extra-%d", i), Value: "x"})
 	}
 	return req
-}
-
-// series reads one series of a gauge or counter in reg by one label (0
-// when absent).
-func series(t testing.TB, reg prometheus.Gatherer, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue() + m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 // TestOversizedEnvoyRequestsAreRefusedBeforeAnyLease: the agent's Envoy
@@ -90,12 +67,12 @@ func TestOversizedEnvoyRequestsAreRefusedBeforeAnyLease(t *testing.T) {
 			envoyrls.Method + ": descriptors[0] has 33 entries, more than 32 (bound entries_per_descriptor)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			before := series(t, a.Registry(), "sluice_rpc_refused_total", "bound", c.bound)
+			before := metrictest.Series(t, a.Registry(), "sluice_rpc_refused_total", map[string]string{"bound": c.bound})
 			_, err := client.ShouldRateLimit(ctx, c.req)
 			if st := status.Convert(err); st.Code() != codes.InvalidArgument || st.Message() != c.says {
 				t.Errorf("got %v; want InvalidArgument %q", err, c.says)
 			}
-			if got := series(t, a.Registry(), "sluice_rpc_refused_total", "bound", c.bound) - before; got != 1 {
+			if got := metrictest.Series(t, a.Registry(), "sluice_rpc_refused_total", map[string]string{"bound": c.bound}) - before; got != 1 {
 				t.Errorf("sluice_rpc_refused_total{bound=%q} grew by %v; want 1", c.bound, got)
 			}
 		})
@@ -110,7 +87,7 @@ func TestOversizedEnvoyRequestsAreRefusedBeforeAnyLease(t *testing.T) {
 		"descriptors_per_request": envoyrls.MaxDescriptors,
 		"inflight_per_connection": rpcguard.DefaultPerConnection,
 	} {
-		if got := series(t, a.Registry(), "sluice_rpc_bound", "bound", bound); got != want {
+		if got := metrictest.Series(t, a.Registry(), "sluice_rpc_bound", map[string]string{"bound": bound}); got != want {
 			t.Errorf("sluice_rpc_bound{bound=%q} = %v; want %v", bound, got, want)
 		}
 	}

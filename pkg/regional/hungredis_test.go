@@ -10,6 +10,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/internal/logtest"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/luascripts"
@@ -44,7 +45,7 @@ func TestHungRedisIsCountedByTheReadinessPing(t *testing.T) {
 		t.Errorf("the server bounds a batch by %v, want the daemon's RedisTimeout %v", got, redisTimeout)
 	}
 	pings := func() float64 {
-		return counterValue(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": "ping"})
+		return metrictest.Series(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": "ping"})
 	}
 	serving := func() bool {
 		resp, err := d.Health.Check(context.Background(), &healthpb.HealthCheckRequest{})
@@ -113,7 +114,7 @@ func TestReplicaOwnRedisFailuresAreCounted(t *testing.T) {
 		// client's read timeout (redistest: 3 s): polled with a deadline of
 		// many of them.
 		wait := 20 * 3 * time.Second
-		for deadline := time.Now().Add(wait); counterValue(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": "sentinel"}) == 0; {
+		for deadline := time.Now().Add(wait); metrictest.Series(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": "sentinel"}) == 0; {
 			if time.Now().After(deadline) {
 				t.Fatalf("no failed sentinel check counted within %v of Run against a paused Redis", wait)
 			}
@@ -127,7 +128,7 @@ func TestReplicaOwnRedisFailuresAreCounted(t *testing.T) {
 		if err := r.leader.SyncOnce(context.Background(), nil); err == nil {
 			t.Fatal("a sync against a paused Redis succeeded")
 		}
-		if n := counterValue(t, r.reg, "sluice_regional_redis_errors_total", map[string]string{"script": "time"}); n != 1 {
+		if n := metrictest.Series(t, r.reg, "sluice_regional_redis_errors_total", map[string]string{"script": "time"}); n != 1 {
 			t.Errorf("a leader's sync that could not read Redis TIME counted %v Redis errors of script time, want 1", n)
 		}
 	})

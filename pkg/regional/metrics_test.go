@@ -8,40 +8,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
-
-// counterValue is the value of the counter name whose labels include
-// labels (0 when no such series exists yet).
-func counterValue(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == k && lp.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue series
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
-}
 
 // TestDecisionMetricsCountEachOutcome: every lease request that wants
 // tokens is counted once by its result (granted, or empty when nothing
@@ -69,10 +39,10 @@ default_tier: free
 	client := sluicev1.NewLeaseServiceClient(r.Dial(t))
 	ctx := context.Background()
 	decisions := func(class, result string) float64 {
-		return counterValue(t, reg, "sluice_regional_decisions_total", map[string]string{"class": class, "tier": "free", "result": result})
+		return metrictest.Series(t, reg, "sluice_regional_decisions_total", map[string]string{"class": class, "tier": "free", "result": result})
 	}
 	granted := func() float64 {
-		return counterValue(t, reg, "sluice_regional_granted_tokens_total", map[string]string{"class": "read", "tier": "free"})
+		return metrictest.Series(t, reg, "sluice_regional_granted_tokens_total", map[string]string{"class": "read", "tier": "free"})
 	}
 	acquire := func(instance, tenant string, seq uint64, want, min int64) int64 {
 		t.Helper()
@@ -137,7 +107,7 @@ default_tier: free
 	if err != nil || rel.GetReturned() != 50 {
 		t.Fatalf("release: %v, %v; want 50 returned", rel, err)
 	}
-	if got := counterValue(t, reg, "sluice_regional_released_tokens_total", nil); got != 50 {
+	if got := metrictest.Series(t, reg, "sluice_regional_released_tokens_total", nil); got != 50 {
 		t.Errorf("released tokens %v, want 50", got)
 	}
 
@@ -151,14 +121,14 @@ default_tier: free
 	}
 	ttl := time.Duration(r.Server.ConfigForTest().LeaseTTL)
 	deadline := time.Now().Add(10 * ttl)
-	for seq := uint64(1); counterValue(t, reg, "sluice_regional_reclaimed_tokens_total", nil) == 0; seq++ {
+	for seq := uint64(1); metrictest.Series(t, reg, "sluice_regional_reclaimed_tokens_total", nil) == 0; seq++ {
 		if time.Now().After(deadline) {
 			t.Fatalf("no token counted reclaimed %v after the lease was taken (TTL %v)", 10*ttl, ttl)
 		}
 		acquire("poll", "solo", seq, 0, 0)
 		time.Sleep(ttl / 20) // polling the reaper with a deadline
 	}
-	if got := counterValue(t, reg, "sluice_regional_reclaimed_tokens_total", nil); got != 1 {
+	if got := metrictest.Series(t, reg, "sluice_regional_reclaimed_tokens_total", nil); got != 1 {
 		t.Errorf("reclaimed tokens %v, want the lease's 1", got)
 	}
 
@@ -167,7 +137,7 @@ default_tier: free
 		t.Fatalf("granted %d, want 1", got)
 	}
 	deadline = time.Now().Add(10 * ttl)
-	for counterValue(t, reg, "sluice_regional_reclaimed_tokens_total", nil) == 1 {
+	for metrictest.Series(t, reg, "sluice_regional_reclaimed_tokens_total", nil) == 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no check counted a token reclaimed %v after the lease was taken (TTL %v)", 10*ttl, ttl)
 		}
@@ -176,7 +146,7 @@ default_tier: free
 		}
 		time.Sleep(ttl / 20) // polling the reaper with a deadline
 	}
-	if got := counterValue(t, reg, "sluice_regional_reclaimed_tokens_total", nil); got != 2 {
+	if got := metrictest.Series(t, reg, "sluice_regional_reclaimed_tokens_total", nil); got != 2 {
 		t.Errorf("reclaimed tokens %v, want the two leases' 2", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -50,7 +51,7 @@ func TestScriptFailuresMapToTheirCodes(t *testing.T) {
 		}},
 	}
 	redisErrors := func(script string) float64 {
-		return counterValue(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": script})
+		return metrictest.Series(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": script})
 	}
 
 	canceled, cancel := context.WithCancel(context.Background())
@@ -134,7 +135,7 @@ func TestRedisThatStopsAnsweringIsAnOutage(t *testing.T) {
 		if got := status.Code(err); got != codes.Unavailable {
 			t.Errorf("%s against a Redis that does not answer: %v (%v), want Unavailable", c.script, got, err)
 		}
-		if n := counterValue(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": c.script}); n != 1 {
+		if n := metrictest.Series(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": c.script}); n != 1 {
 			t.Errorf("%s against a Redis that does not answer: %v Redis errors counted, want 1", c.script, n)
 		}
 	}
