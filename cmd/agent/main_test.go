@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
 )
@@ -39,15 +39,36 @@ default_tier: std
 envoy: {descriptors: [{domain: sluice, tenant_key: tenant, class_key: class}]}
 `
 
-// freeAddr is a loopback address free at the time of the call.
-func freeAddr(t *testing.T) string {
+// startedAddrs waits for the "agent started" line in a running agent's
+// log and returns the addresses it bound (its flags ask for port 0, so no
+// other process can take a port the test picked before the agent binds
+// it). It fails the test with the log when the agent exits first.
+func startedAddrs(t *testing.T, log *logtest.Buffer, exited chan error) map[string]string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, line := range strings.Split(log.String(), "\n") {
+			if !strings.Contains(line, `msg="agent started"`) {
+				continue
+			}
+			addrs := map[string]string{}
+			for _, field := range strings.Fields(line) {
+				if k, v, ok := strings.Cut(field, "="); ok {
+					addrs[k] = v
+				}
+			}
+			return addrs
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("agent exited before serving: %v\n%s", err, log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent did not start:\n%s", log.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
 	}
-	defer lis.Close()
-	return lis.Addr().String()
 }
 
 // command is the test binary set up to run main with args.
@@ -114,10 +135,9 @@ func TestServesUntilSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := regiontest.Start(t, regiontest.MustConfig(t, agentConfig), "local")
-	httpAddr, metricsAddr := freeAddr(t), freeAddr(t)
-	var stderr bytes.Buffer
-	cmd := command(t, "-region-addr", r.Addr, "-config", cfgFile, "-listen", freeAddr(t),
-		"-http-listen", httpAddr, "-metrics-listen", metricsAddr, "-log-level", "info",
+	var stderr logtest.Buffer
+	cmd := command(t, "-region-addr", r.Addr, "-config", cfgFile, "-listen", "127.0.0.1:0",
+		"-http-listen", "127.0.0.1:0", "-metrics-listen", "127.0.0.1:0", "-log-level", "info",
 		"-max-inflight-per-connection", "4096",
 		// A loaded machine can hold the first Acquire past the default
 		// 50ms; this decision is meant to come from a lease.
@@ -128,32 +148,18 @@ func TestServesUntilSIGTERM(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	addrs := startedAddrs(t, &stderr, exited)
+	httpAddr, metricsAddr := addrs["http"], addrs["metrics"]
 
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	web := &http.Client{Transport: tr, Timeout: 5 * time.Second}
-	// The process needs a moment to listen: retry the connection until it
-	// answers or exits.
-	var resp *http.Response
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var err error
-		resp, err = web.Post("http://"+httpAddr+"/v1/allow", "application/json", strings.NewReader(`{"tenant":"acme","class":"read","cost":5}`))
-		if err == nil {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("agent exited before serving: %v\n%s", err, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent not answering: %v\n%s", err, stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	resp, err := web.Post("http://"+httpAddr+"/v1/allow", "application/json", strings.NewReader(`{"tenant":"acme","class":"read","cost":5}`))
+	if err != nil {
+		t.Fatalf("POST /v1/allow: %v\n%s", err, stderr.String())
 	}
 	var out agent.AllowResponse
-	err := json.NewDecoder(resp.Body).Decode(&out)
+	err = json.NewDecoder(resp.Body).Decode(&out)
 	resp.Body.Close()
 	if err != nil || resp.StatusCode != http.StatusOK || !out.Allowed || out.Limit != 50 {
 		t.Errorf("POST /v1/allow: %d %+v %v; want 200, allowed, limit 50", resp.StatusCode, out, err)

@@ -52,7 +52,12 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string) error {
+func run(ctx context.Context, args []string) error { return runNotifying(ctx, args, nil) }
+
+// runNotifying is run that, once the daemon serves, calls started with its
+// bound gRPC address (tests listen on :0 and learn the port this way,
+// instead of racing other processes for a port they picked).
+func runNotifying(ctx context.Context, args []string, started func(grpcAddr string)) error {
 	fs := flag.NewFlagSet("global", flag.ContinueOnError)
 	grpcAddr := fs.String("listen", allocator.DefaultGRPCAddr, "gRPC listen address (AllocatorService, health)")
 	httpAddr := fs.String("metrics-listen", allocator.DefaultHTTPAddr, `HTTP listen address for /metrics and /healthz ("off" disables)`)
@@ -144,6 +149,9 @@ func run(ctx context.Context, args []string) error {
 	})
 	if err != nil {
 		return err
+	}
+	if started != nil {
+		started(d.GRPCAddr())
 	}
 	<-ctx.Done()
 	logger.Info("shutting down: resigning and draining")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,35 +28,33 @@ tiers:
 default_tier: free
 `
 
-// freeAddr is a loopback address free at the time of the call.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	return lis.Addr().String()
-}
-
-// start runs the command until the test ends. It returns a client of its
-// gRPC address and stop, which cancels the run (like a signal) and returns
-// its result; stop may be called more than once.
+// start runs the command on a port of its own choosing until the test
+// ends. It returns a client of its gRPC address, once the daemon serves,
+// and stop, which cancels the run (like a signal) and returns its result;
+// stop may be called more than once. A run that ends before it serves
+// fails the test with its error.
 func start(t *testing.T, endpoints []string, configFile string) (sluicev1.AllocatorServiceClient, func() error) {
 	t.Helper()
-	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	served := make(chan string, 1)
 	go func() {
-		done <- run(ctx, []string{"-listen", addr, "-metrics-listen", "off", "-session-ttl", "1s",
+		done <- runNotifying(ctx, []string{"-listen", "127.0.0.1:0", "-metrics-listen", "off", "-session-ttl", "1s",
 			"-etcd-prefix", "/cmdtest", "-config", configFile, "-log-level", "warn",
-			"-etcd-endpoints", strings.Join(endpoints, ",")})
+			"-etcd-endpoints", strings.Join(endpoints, ",")}, func(addr string) { served <- addr })
 	}()
 	stop := sync.OnceValue(func() error {
 		cancel()
 		return <-done
 	})
 	t.Cleanup(func() { stop() })
+	var addr string
+	select {
+	case addr = <-served:
+	case err := <-done:
+		done <- err // for stop
+		t.Fatalf("the command ended before it served: %v", err)
+	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
