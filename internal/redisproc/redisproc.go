@@ -12,6 +12,7 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -29,11 +30,38 @@ type Proc struct {
 	embedded bool
 	extra    []string // more redis-server arguments
 
-	mu   sync.Mutex           // guards cmd, mini and out
-	cmd  *exec.Cmd            // the child process, nil when stopped or embedded
-	mini *miniredis.Miniredis // the embedded server, nil unless embedded
-	out  *bytes.Buffer        // the child's output, for error messages
+	mu     sync.Mutex           // guards cmd, exited, mini and out
+	cmd    *exec.Cmd            // the child process, nil when stopped or embedded
+	exited chan struct{}        // closed when cmd has exited
+	mini   *miniredis.Miniredis // the embedded server, nil unless embedded
+	out    *syncBuffer          // the child's output, for error messages
 }
+
+// syncBuffer is the child's output: written by exec's copying goroutine,
+// read for error messages.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer // guarded by mu
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// errPortTaken is a start that lost its port to another process between
+// finding it free and redis-server binding it.
+var errPortTaken = errors.New("the port was taken before redis-server bound it")
+
+// portAttempts bounds the ports StartWith tries.
+const portAttempts = 5
 
 // Start runs redis-server on a free port and waits until it answers. With
 // allowEmbedded, a missing redis-server falls back to miniredis (check
@@ -54,15 +82,24 @@ func StartWith(args ...string) (*Proc, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil, ErrNoRedisServer
 	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
+	// A free port can be taken by another process (a listener, or an
+	// outgoing connection's local port) before redis-server binds it: the
+	// server then exits, and a fresh port is tried.
+	var err error
+	for range portAttempts {
+		var port int
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
+		p := &Proc{port: port, extra: args}
+		if err = p.start(); err == nil {
+			return p, nil
+		}
+		if !errors.Is(err, errPortTaken) {
+			return nil, err
+		}
 	}
-	p := &Proc{port: port, extra: args}
-	if err := p.start(); err != nil {
-		return nil, err
-	}
-	return p, nil
+	return nil, err
 }
 
 // Embedded reports whether this is the in-process fallback rather than a
@@ -87,7 +124,7 @@ func (p *Proc) Stop() {
 		return
 	}
 	p.cmd.Process.Kill()
-	p.cmd.Wait()
+	<-p.exited
 	p.cmd = nil
 }
 
@@ -143,28 +180,50 @@ func (p *Proc) start() error {
 		"--loglevel", "warning"}, p.extra...)
 	inheritNothing.Do(closeInheritedOnExec)
 	cmd := exec.Command("redis-server", args...)
-	out := new(bytes.Buffer)
+	out := new(syncBuffer)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
 	}
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
 	p.mu.Lock()
-	p.cmd, p.out = cmd, out
+	p.cmd, p.exited, p.out = cmd, exited, out
 	p.mu.Unlock()
 
 	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
+		select {
+		case <-exited:
+			p.mu.Lock()
+			p.cmd = nil
+			p.mu.Unlock()
+			if strings.Contains(out.String(), "Address already in use") {
+				return fmt.Errorf("redis-server on %s: %w", p.Addr(), errPortTaken)
+			}
+			return fmt.Errorf("redis-server on %s exited at start: %s", p.Addr(), out.String())
+		default:
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
+		// The server answering must be this child, not another process
+		// that holds the port.
+		info, err := c.InfoMap(ctx, "server").Result()
 		cancel()
 		if err == nil {
+			if pid := info["Server"]["process_id"]; pid != strconv.Itoa(cmd.Process.Pid) {
+				p.Stop()
+				return fmt.Errorf("redis-server on %s: another process (pid %s) answers there: %w", p.Addr(), pid, errPortTaken)
+			}
 			return nil
 		}
 		if time.Now().After(deadline) {
 			p.Stop()
-			return fmt.Errorf("redis-server on %s did not answer PING within 10s: %v\n%s", p.Addr(), err, p.output())
+			return fmt.Errorf("redis-server on %s did not answer within 10s: %v\n%s", p.Addr(), err, p.output())
 		}
 		time.Sleep(5 * time.Millisecond) // polling a process start-up with a deadline
 	}

@@ -2,6 +2,7 @@ package redisproc
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -46,5 +47,32 @@ func TestScriptsRunOnBothKinds(t *testing.T) {
 		if n, err := rdb.DBSize(ctx).Result(); err != nil || n != 0 {
 			t.Fatalf("embedded=%v: after restart dbsize %d %v, want an empty server", embedded, n, err)
 		}
+	}
+}
+
+// TestStartOnATakenPortIsTold: a redis-server that cannot bind its port
+// (another process took it after it was found free) is errPortTaken, which
+// StartWith answers with a fresh port; a start never takes another
+// process's server for its own.
+func TestStartOnATakenPortIsTold(t *testing.T) {
+	first, err := StartWith()
+	if errors.Is(err, ErrNoRedisServer) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Stop()
+	second := &Proc{port: first.port}
+	err = second.start()
+	if !errors.Is(err, errPortTaken) {
+		second.Stop()
+		t.Fatalf("start on a port redis-server %s holds: %v; want errPortTaken", first.Addr(), err)
+	}
+	// The first server is untouched.
+	c := redis.NewClient(&redis.Options{Addr: first.Addr()})
+	defer c.Close()
+	if err := c.Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("the first server after the failed start: %v", err)
 	}
 }
