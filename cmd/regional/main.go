@@ -138,6 +138,13 @@ func parseFlags(args []string) (*flags, error) {
 }
 
 func run(ctx context.Context, args []string, stdout *os.File) error {
+	return runNotifying(ctx, args, stdout, nil)
+}
+
+// runNotifying is run that, once the service serves, calls started with
+// its bound gRPC address (tests listen on :0 and learn the port this way,
+// instead of racing other processes for a port they picked).
+func runNotifying(ctx context.Context, args []string, stdout *os.File, started func(grpcAddr string)) error {
 	f, err := parseFlags(args)
 	if err != nil {
 		return err
@@ -264,6 +271,9 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		return err
 	}
 	envoy.SetLimiter(loop)
+	if started != nil {
+		started(d.GRPCAddr())
+	}
 
 	<-ctx.Done()
 	logger.Info("shutting down: releasing leases and draining")

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -61,20 +59,22 @@ auth:
 	if err := os.WriteFile(f("sluice.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
 	rs := redistest.Start(t)
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	served := make(chan string, 1)
 	go func() {
-		done <- run(ctx, []string{"-region", "local", "-listen", ":" + port, "-metrics-listen", "off",
+		done <- runNotifying(ctx, []string{"-region", "local", "-listen", "127.0.0.1:0", "-metrics-listen", "off",
 			"-redis-addr", rs.Addr(), "-config", f("sluice.yaml"), "-unleased", "-cold-start", "full",
-			"-tls-cert", f("regional.crt"), "-tls-key", f("regional.key"), "-tls-client-ca", f("ca.crt"), "-tls-ca", f("ca.crt")}, os.Stdout)
+			"-tls-cert", f("regional.crt"), "-tls-key", f("regional.key"), "-tls-client-ca", f("ca.crt"), "-tls-ca", f("ca.crt")}, os.Stdout, func(addr string) { served <- addr })
 	}()
+	var addr string
+	select {
+	case addr = <-served:
+	case err := <-done:
+		stop()
+		t.Fatalf("the service ended before it served: %v", err)
+	}
 	defer func() {
 		stop()
 		if err := <-done; err != nil {
@@ -87,7 +87,7 @@ auth:
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 		if err != nil {
 			t.Fatal(err)
 		}
