@@ -241,6 +241,32 @@ func TestClientStrictClassChecksEveryRequest(t *testing.T) {
 	}
 }
 
+// TestStrictFirstCheckKnowsTheRegionsCap: a strict class configured up
+// front is checked from the first request, with no grant to learn the
+// region's burst from; the check's answer carries it, so the very first
+// decision says what this region can spend (its static half of the burst
+// 10: Cap 5), not the global limit.
+func TestStrictFirstCheckKnowsTheRegionsCap(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+regions: {local: {weight: 1}, other: {weight: 1}}
+classes: {export: {mode: strict, on_failure: closed}}
+tiers: {free: {export: {rate: 1/h, burst: 10}}}
+default_tier: free
+`)
+	e := env{reg: regiontest.Start(t, cfg, "local"), cfg: cfg}
+	c, _, _ := newClient(t, e, func(o *lease.Options) {
+		o.Classes = map[string]lease.ClassPolicy{"export": {Mode: lease.ModeStrict, OnFailure: lease.PolicyClosed}}
+	})
+	key := quota.Key{Tenant: "acme", Class: "export"}
+	d := mustAllow(t, c, key, 1)
+	if !d.Allowed || d.Limit != 10 || !d.CapKnown || d.Cap != 5 || d.Remaining != 4 {
+		t.Fatalf("first strict decision %+v: want allowed, Limit 10, Cap 5 (the region's half) known, Remaining 4", d)
+	}
+	if st := e.regionState(t, key); st.Admitted != 1 || st.Outstanding != 0 {
+		t.Fatalf("region admitted %d outstanding %d; want 1 and 0 (checked, no lease)", st.Admitted, st.Outstanding)
+	}
+}
+
 // A class the client did not know is strict is learned from the first
 // reply and checked from then on.
 func TestClientLearnsStrictMode(t *testing.T) {

@@ -39,6 +39,41 @@ func TestDecisionSaysWhatTheCallerCanExpect(t *testing.T) {
 	}
 }
 
+// TestCheckCarriesTheRegionsBucket: a check's answer naming the region's
+// rate and burst makes the cap known from the first decision (the whole
+// burst when it is fractional, never above the limit); one naming a
+// negative figure (never sent) teaches nothing.
+func TestCheckCarriesTheRegionsBucket(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	for _, tc := range []struct {
+		name          string
+		rate, burst   *float64
+		limit, remain int64
+		wantKnown     bool
+		wantCap       int64
+		wantRemaining int64
+	}{
+		{"the region's half", f(2), f(5), 10, 4, true, 5, 4},
+		{"a fractional share", f(0.5), f(2.5), 10, 9, true, 2, 2},
+		{"above the limit", f(2), f(40), 10, 9, true, 10, 9},
+		{"an empty region", f(0), f(0), 10, 0, true, 0, 0},
+		{"a negative burst", f(2), f(-1), 10, 4, false, 0, 4},
+		{"a negative rate", f(-2), f(5), 10, 4, false, 0, 4},
+		{"the burst alone", nil, f(5), 10, 4, false, 0, 4},
+	} {
+		tb := newTestTable(t)
+		key := quota.Key{Tenant: "acme", Class: "export"}
+		d, err := tb.ApplyCheck(t0, key, 1, &sluicev1.CheckResponse{Allowed: true, Limit: tc.limit, Remaining: tc.remain, ResetMs: 1000,
+			RegionRate: tc.rate, RegionBurst: tc.burst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.CapKnown != tc.wantKnown || d.Cap != tc.wantCap || d.Remaining != tc.wantRemaining || d.Limit != tc.limit {
+			t.Errorf("%s: decision %+v; want cap %d known %v, Remaining %d, Limit %d", tc.name, d, tc.wantCap, tc.wantKnown, tc.wantRemaining, tc.limit)
+		}
+	}
+}
+
 // TestStrictCheckWithoutAGrantKnowsNoCap: a strict class configured up
 // front never gets a grant, so the region's burst is unknown; its checks
 // must not claim a cap of 0 (X-RateLimit-Limit would say nothing can be

@@ -635,9 +635,16 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 	e.own().shadow = resp.Shadow
 	e.own().resetAt = now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond)
 	e.own().regionLeft = max(0, resp.Remaining)
+	if resp.RegionRate != nil && resp.RegionBurst != nil && *resp.RegionRate >= 0 && *resp.RegionBurst >= 0 {
+		// The region's bucket as this check found it, so even the first
+		// answer on a key says what the caller can spend (its cap), not
+		// the global limit.
+		e.own().regionRate, e.own().regionBurst = *resp.RegionRate, *resp.RegionBurst
+		e.own().capKnown = e.view().limit > 0
+	}
 	if e.view().capKnown {
-		// The limit may have changed; the region's burst is the last
-		// grant's (a check does not carry it).
+		// The limit may have changed; the region's burst is this check's,
+		// or the last grant's from a server that does not send it.
 		e.own().cap = wholeCap(e.view().regionBurst, e.view().limit)
 	}
 	capped, capKnown, refill := e.view().cap, e.view().capKnown, e.view().regionRate

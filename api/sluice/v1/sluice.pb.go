@@ -793,8 +793,15 @@ type CheckResponse struct {
 	// Decision.RetryNever and promises no Retry-After.
 	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// How long until the regional bucket is full again.
-	ResetMs       int64 `protobuf:"varint,5,opt,name=reset_ms,json=resetMs,proto3" json:"reset_ms,omitempty"`
-	Shadow        bool  `protobuf:"varint,6,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	ResetMs int64 `protobuf:"varint,5,opt,name=reset_ms,json=resetMs,proto3" json:"reset_ms,omitempty"`
+	Shadow  bool  `protobuf:"varint,6,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// The rate the region currently refills this key at (tokens/s), as
+	// Grant.region_rate. Unset from a server that predates it.
+	RegionRate *float64 `protobuf:"fixed64,7,opt,name=region_rate,json=regionRate,proto3,oneof" json:"region_rate,omitempty"`
+	// The region's burst cap for this key (tokens), as Grant.region_burst:
+	// what a caller can expect to spend at most, even on its first check.
+	// Unset from a server that predates it.
+	RegionBurst   *float64 `protobuf:"fixed64,8,opt,name=region_burst,json=regionBurst,proto3,oneof" json:"region_burst,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -869,6 +876,20 @@ func (x *CheckResponse) GetShadow() bool {
 		return x.Shadow
 	}
 	return false
+}
+
+func (x *CheckResponse) GetRegionRate() float64 {
+	if x != nil && x.RegionRate != nil {
+		return *x.RegionRate
+	}
+	return 0
+}
+
+func (x *CheckResponse) GetRegionBurst() float64 {
+	if x != nil && x.RegionBurst != nil {
+		return *x.RegionBurst
+	}
+	return 0
 }
 
 type WatchRequest struct {
@@ -1906,14 +1927,19 @@ const file_sluice_proto_rawDesc = "" +
 	"\breturned\x18\x01 \x01(\x03R\breturned\"I\n" +
 	"\fCheckRequest\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
-	"\x04cost\x18\x02 \x01(\x03R\x04cost\"\xb6\x01\n" +
+	"\x04cost\x18\x02 \x01(\x03R\x04cost\"\xa5\x02\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
 	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12\x19\n" +
 	"\breset_ms\x18\x05 \x01(\x03R\aresetMs\x12\x16\n" +
-	"\x06shadow\x18\x06 \x01(\bR\x06shadow\"&\n" +
+	"\x06shadow\x18\x06 \x01(\bR\x06shadow\x12$\n" +
+	"\vregion_rate\x18\a \x01(\x01H\x00R\n" +
+	"regionRate\x88\x01\x01\x12&\n" +
+	"\fregion_burst\x18\b \x01(\x01H\x01R\vregionBurst\x88\x01\x01B\x0e\n" +
+	"\f_region_rateB\x0f\n" +
+	"\r_region_burst\"&\n" +
 	"\fWatchRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\"\x1d\n" +
 	"\x05Nudge\x12\x14\n" +
@@ -2088,6 +2114,7 @@ func file_sluice_proto_init() {
 	if File_sluice_proto != nil {
 		return
 	}
+	file_sluice_proto_msgTypes[10].OneofWrappers = []any{}
 	file_sluice_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -63,5 +63,7 @@ func Check(res config.Resolved, cr luascripts.CheckReply) *sluicev1.CheckRespons
 		RetryAfterMs: luascripts.WireMS(cr.RetryAfter),
 		ResetMs:      cr.Reset.Milliseconds(),
 		Shadow:       res.Shadow,
+		RegionRate:   &cr.Rate,
+		RegionBurst:  &cr.Cap,
 	}
 }
