@@ -131,6 +131,9 @@ func TestBoundsAreTheDocumented(t *testing.T) {
 			t.Errorf("%s: %v, want accepted=%v", tc.name, tc.err, tc.accepted)
 		}
 	}
+	if MinRefresh != 10*time.Millisecond {
+		t.Fatalf("MinRefresh = %v, want the 10ms docs/config.md gives refresh", MinRefresh)
+	}
 	if MaxBurst != 1e9 || MaxRate != 1e9 {
 		t.Fatalf("MaxBurst = %d, MaxRate = %d, want 1e9 each", MaxBurst, MaxRate)
 	}
@@ -172,6 +175,7 @@ func TestRefusalsShowTheByteAtFault(t *testing.T) {
 		{"ac\u200bme", `tenant "ac\u200bme" has byte 0xe2 at offset 2 (the first byte of '\u200b'); allowed are`},
 		{"a\nb", `tenant "a\nb" has byte '\n' at offset 1; allowed are`},
 		{"a\x7fb", `tenant "a\x7fb" has byte '\x7f' at offset 1; allowed are`},
+		{"a\x80b", `tenant "a\x80b" has byte 0x80 at offset 1; allowed are`},
 		{"a\xffb", `tenant "a\xffb" has byte 0xff at offset 1; allowed are`},
 		{"a\xc3", `tenant "a\xc3" has byte 0xc3 at offset 1; allowed are`},
 	} {
@@ -225,6 +229,15 @@ func TestResetInCountsTheTokensMissingFromCap(t *testing.T) {
 		{"rate unknown", Decision{CapKnown: true, Cap: 10, Remaining: 4}, 0},
 		{"negative remaining counts as none", Decision{CapKnown: true, Cap: 10, Remaining: -5, Refill: 5}, 2 * time.Second},
 		{"too long for a Duration", Decision{CapKnown: true, Cap: 1 << 40, Refill: 1e-9, ResetAt: now.Add(time.Hour)}, time.Hour},
+		// The float allowance is a billionth of the wait: 1500 s reads
+		// a microsecond less, which whole milliseconds round back up.
+		{"a billionth less, no more", Decision{CapKnown: true, Cap: 1500, Refill: 1}, 1499999999 * time.Microsecond},
+		// Waits are counted below half the longest Duration (about 146
+		// years), so the arithmetic never wraps; from there, only ResetAt.
+		{"the largest burst at 1/4 per s", Decision{CapKnown: true, Cap: MaxBurst, Refill: 0.25, ResetAt: now.Add(time.Hour)}, 3999999996 * time.Second},
+		{"the largest burst at 1/5 per s", Decision{CapKnown: true, Cap: MaxBurst, Refill: 0.2, ResetAt: now.Add(time.Hour)}, time.Hour},
+		// 1 / 2.1684043449710086e-10 is maxResetSeconds in float64.
+		{"a wait at the bound", Decision{CapKnown: true, Cap: 1, Refill: 2.1684043449710086e-10, ResetAt: now.Add(time.Hour)}, time.Hour},
 	} {
 		if got := tc.d.ResetIn(now); got != tc.want {
 			t.Errorf("%s: ResetIn %v, want %v", tc.name, got, tc.want)
