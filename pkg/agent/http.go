@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -63,6 +64,7 @@ const (
 	outcomeShadowDenied = "shadow_denied"
 	outcomeInvalid      = "invalid"
 	outcomeUnavailable  = "unavailable"
+	outcomeAbandoned    = "abandoned"
 )
 
 // api serves POST /v1/allow.
@@ -77,7 +79,7 @@ type api struct {
 func newAPI(cfg ConfigSource, reg prometheus.Registerer) (*api, error) {
 	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_agent_http_requests_total",
-		Help: "POST /v1/allow requests by outcome (ok, over_limit, shadow_denied, invalid, unavailable).",
+		Help: "POST /v1/allow requests by outcome (ok, over_limit, shadow_denied, invalid, unavailable, abandoned: the client hung up before the decision).",
 	}, []string{"outcome"})
 	a := &api{config: cfg, requests: map[string]prometheus.Counter{},
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -85,7 +87,7 @@ func newAPI(cfg ConfigSource, reg prometheus.Registerer) (*api, error) {
 			Help:    "Time to answer one POST /v1/allow, from the request's headers to its answer written.",
 			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
 		})}
-	for _, o := range []string{outcomeOK, outcomeOverLimit, outcomeShadowDenied, outcomeInvalid, outcomeUnavailable} {
+	for _, o := range []string{outcomeOK, outcomeOverLimit, outcomeShadowDenied, outcomeInvalid, outcomeUnavailable, outcomeAbandoned} {
 		a.requests[o] = vec.WithLabelValues(o)
 	}
 	if reg != nil {
@@ -145,6 +147,12 @@ func (a *api) serve(w http.ResponseWriter, r *http.Request) string {
 		if errors.Is(err, quota.ErrInvalid) {
 			writeError(w, refuse("", "tenant %q, class %q: %s", key.Tenant, key.Class, plain(err)))
 			return outcomeInvalid
+		}
+		if errors.Is(err, lease.ErrAbandoned) && r.Context().Err() != nil {
+			// The client hung up before the decision: nothing was
+			// admitted, no one reads an answer, and the region did not
+			// fail (an operator alerting on unavailable must not see it).
+			return outcomeAbandoned
 		}
 		writeError(w, &badRequest{status: http.StatusServiceUnavailable, msg: "deciding: " + err.Error()})
 		return outcomeUnavailable

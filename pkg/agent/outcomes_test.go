@@ -7,9 +7,12 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
 )
@@ -76,7 +79,7 @@ default_tier: std
 		t.Fatalf("read with the lease client closed: %d %s (%v); want 503 saying the decision failed", code, data, err)
 	}
 
-	want := map[string]float64{"ok": 2, "over_limit": 1, "shadow_denied": 1, "invalid": 1, "unavailable": 1}
+	want := map[string]float64{"ok": 2, "over_limit": 1, "shadow_denied": 1, "invalid": 1, "unavailable": 1, "abandoned": 0}
 	if got := outcomeCounts(t, a.Registry()); len(got) != len(want) || func() bool {
 		for k, v := range want {
 			if got[k] != v {
@@ -145,5 +148,56 @@ func TestStartRefusesARegistryHoldingItsMetrics(t *testing.T) {
 				t.Errorf("Start with %s taken: %v; want a registration error", name, err)
 			}
 		})
+	}
+}
+
+// TestClientThatHangsUpIsAbandonedNotUnavailable: a client that gives up
+// while the agent waits on its region (one that never answers) is counted
+// as abandoned: nothing was admitted and the region did not fail, so
+// unavailable (what an operator alerts on) stays at 0.
+func TestClientThatHangsUpIsAbandonedNotUnavailable(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease}}
+tiers: {std: {read: {rate: 1/m, burst: 2}}}
+default_tier: std
+`)
+	a := startAgent(t, grpctest.SilentAddr(t, nil), agent.StaticConfig{C: cfg})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+a.HTTPAddr()+"/v1/allow", strings.NewReader(`{"tenant":"acme","class":"read"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := httpClient(t)
+	done := make(chan error, 1)
+	go func() {
+		resp, err := web.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	// The request is being decided once the lease client tracks its key;
+	// the decision then waits on the silent region (a 10s breaker).
+	deadline := time.Now().Add(30 * time.Second)
+	for metrictest.Gauge(t, a.Registry(), "sluice_client_keys") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the region")
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the request that hung up was answered")
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for outcomeCounts(t, a.Registry())["abandoned"] != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("requests by outcome %v; want abandoned 1", outcomeCounts(t, a.Registry()))
+		}
+		time.Sleep(5 * time.Millisecond) // polling with a deadline
+	}
+	if got := outcomeCounts(t, a.Registry()); got["unavailable"] != 0 {
+		t.Errorf("requests by outcome %v; want unavailable 0", got)
 	}
 }
