@@ -13,7 +13,8 @@
 // and no two faults of one kind that hold their target for a time
 // (partition, redis-restart, etcd-down, latency of one pair, loss,
 // reply-loss, report-replay, region-report-replay, stale-leader,
-// region-down) overlap on one target. Validation reports all problems at once,
+// region-down) overlap on one target; Schedule keeps it so for the faults
+// chaos draws (one that would overlap is not played). Validation reports all problems at once,
 // each naming its field path (workload[2].rate.eu-west) and wrapping
 // ErrInvalid.
 //

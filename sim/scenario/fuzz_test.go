@@ -53,6 +53,10 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("schedule not in start order at %d: %v after %v", i, time.Duration(fault.At), time.Duration(sched[i-1].At))
 			}
 		}
+		var overlaps problems
+		if validateOverlaps(&overlaps, sched, dur); len(overlaps) > 0 {
+			t.Fatalf("the schedule plays overlapping faults: %v", errors.Join(overlaps...))
+		}
 		if again := s.Schedule(seed); !reflect.DeepEqual(again, sched) {
 			t.Fatalf("the same seed gave two schedules:\n%v\n%v", sched, again)
 		}

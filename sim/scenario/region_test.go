@@ -88,3 +88,34 @@ func TestBadRegionDownFailoverAndEventsAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestChaosDrawsNoOverlaps: chaos never schedules two faults of one kind
+// on one target at once (they would be played as one ending with the
+// first), neither two drawn ones nor a drawn one over a fixed one; the
+// draws around them are kept, and a seed's schedule stays its own.
+func TestChaosDrawsNoOverlaps(t *testing.T) {
+	doc := strings.Replace(minimal, "duration: 2m", "duration: 1h", 1) +
+		"faults: [{at: 10m, kind: partition, region: a, for: 20m}]\n" +
+		"chaos: {mean_gap: 3s, kinds: [partition, redis-restart, latency, instance-crash], min_for: 10s, max_for: 60s}\n"
+	s, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched := s.Schedule(3)
+	var p problems
+	validateOverlaps(&p, sched, time.Duration(s.Duration))
+	if len(p) > 0 {
+		t.Fatalf("the schedule overlaps: %v", errors.Join(p...))
+	}
+	kinds := map[string]int{}
+	for _, f := range sched {
+		kinds[f.Kind]++
+		if f.Kind == FaultPartition && f.Region == "a" && f.At > s.Faults[0].At && f.At < s.Faults[0].At+Instant(s.Faults[0].For) {
+			t.Fatalf("a drawn partition of a at %v falls inside the fixed one", time.Duration(f.At))
+		}
+	}
+	// Crashes hold no target: every one drawn (about 1h / 3s / 4) stays.
+	if kinds[FaultInstanceCrash] < 200 || kinds[FaultPartition] < 10 || kinds[FaultRedisRestart] < 10 || kinds[FaultLatency] < 10 {
+		t.Fatalf("faults by kind %v: want the draws kept where they do not overlap", kinds)
+	}
+}

@@ -10,16 +10,47 @@ import (
 // Schedule returns every fault of the run in start order: the fixed ones
 // and, when Chaos is set, the random ones drawn from seed. The same
 // scenario and seed always give the same schedule.
+//
+// A drawn fault that would overlap a fault of its kind on its target
+// (drawn or fixed) is not played: two at once would be played as one that
+// ends with the first (see overlapping), which is not what was drawn.
+// Validate refuses such fixed faults; the draw skips them.
 func (s *Scenario) Schedule(seed uint64) []Fault {
 	out := append([]Fault(nil), s.Faults...)
 	if c := s.Chaos; c != nil {
-		out = append(out, s.chaosFaults(c, seed)...)
+		out = append(out, s.chaosFaults(c, seed, s.Faults)...)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
 	return out
 }
 
-func (s *Scenario) chaosFaults(c *Chaos, seed uint64) []Fault {
+func (s *Scenario) chaosFaults(c *Chaos, seed uint64, fixed []Fault) []Fault {
+	dur := time.Duration(s.Duration)
+	// Drawn faults start in time order, so a drawn fault overlaps an
+	// earlier drawn one of its kind on its target exactly when it starts
+	// before the latest end among them.
+	busyUntil := map[string]time.Duration{}
+	overlaps := func(f *Fault) bool {
+		if !overlapping[f.Kind] {
+			return false
+		}
+		from, to := f.span(dur)
+		slot := f.Kind + "\x00" + f.target()
+		if from < busyUntil[slot] {
+			return true
+		}
+		for i := range fixed {
+			g := &fixed[i]
+			if g.Kind != f.Kind || g.target() != f.target() {
+				continue
+			}
+			if gFrom, gTo := g.span(dur); gFrom < to && from < gTo {
+				return true
+			}
+		}
+		busyUntil[slot] = max(busyUntil[slot], to)
+		return false
+	}
 	rng := engine.NewStream(seed, "chaos")
 	regions := s.Topology.Regions
 	pick := func() string { return regions[rng.IntN(len(regions))].Name }
@@ -71,6 +102,9 @@ func (s *Scenario) chaosFaults(c *Chaos, seed uint64) []Fault {
 		case FaultRegionReportReplay, FaultStaleLeader:
 			f.Region = pick()
 			f.For = lasting
+		}
+		if overlaps(&f) {
+			continue
 		}
 		out = append(out, f)
 	}
