@@ -139,6 +139,28 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, want map[strin
 	return sum
 }
 
+// rpcCalls is how many method RPCs the client sent (and observed in its
+// latency histogram), whatever their codes.
+func rpcCalls(t *testing.T, reg *prometheus.Registry, method string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_client_rpc_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelsMatch(m, map[string]string{"method": method}) {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
+}
+
 func labelsMatch(m *dto.Metric, want map[string]string) bool {
 	n := 0
 	for _, lp := range m.GetLabel() {

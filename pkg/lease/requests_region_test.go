@@ -113,7 +113,7 @@ func TestReleaseIsSplitIntoCallsTheRegionAccepts(t *testing.T) {
 // ends the wait.
 func TestCallerThatGivesUpIsNotDecided(t *testing.T) {
 	e := startRegion(t)
-	c, _, _ := newClient(t, e)
+	c, reg, _ := newClient(t, e)
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 	for i := range 50 {
@@ -121,6 +121,10 @@ func TestCallerThatGivesUpIsNotDecided(t *testing.T) {
 		if !errors.Is(err, lease.ErrAbandoned) || !errors.Is(err, context.Canceled) || d.Allowed || d.Degraded {
 			t.Fatalf("request %d with a cancelled context: %+v, %v; want no decision and an error wrapping ErrAbandoned and context.Canceled", i, d, err)
 		}
+	}
+	// Gone before asking: no request is sent for it.
+	if n := rpcCalls(t, reg, "Acquire") + rpcCalls(t, reg, "Check"); n != 0 {
+		t.Fatalf("%d Acquire or Check calls for requests whose caller had gone; want 0", n)
 	}
 	if n := c.Table().DegradedKeys(); n != 0 {
 		t.Fatalf("%d keys degraded by callers that gave up; want 0", n)
