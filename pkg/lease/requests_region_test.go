@@ -140,6 +140,44 @@ func TestCallerThatGivesUpIsNotDecided(t *testing.T) {
 	if n := silent.Table().DegradedKeys(); n != 0 {
 		t.Fatalf("%d keys degraded by a caller's deadline; want 0", n)
 	}
+
+	// A caller whose deadline ends while its request waits for another
+	// request's acquire on the key (in flight to the silent region) is
+	// let go too, and the other request keeps waiting for the region.
+	waiting := quota.Key{Tenant: "waiting", Class: "read"}
+	firstCtx, cancelFirst := context.WithCancel(context.Background())
+	defer cancelFirst()
+	first := make(chan error, 1)
+	go func() { _, err := silent.Allow(firstCtx, waiting, 1); first <- err }()
+	waitFor(t, "the first request's acquire to be in flight", func() bool {
+		st, ok := silent.Table().State(waiting)
+		return ok && st.InFlight
+	})
+	secondCtx, cancelSecond := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancelSecond()
+	second := make(chan error, 1)
+	go func() { _, err := silent.Allow(secondCtx, waiting, 1); second <- err }()
+	var err2 error
+	waitFor(t, "the second request to end", func() bool {
+		select {
+		case err2 = <-second:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(err2, lease.ErrAbandoned) || !errors.Is(err2, context.DeadlineExceeded) {
+		t.Fatalf("a caller's deadline while waiting for another request's acquire: %v; want an error wrapping ErrAbandoned and DeadlineExceeded", err2)
+	}
+	select {
+	case err := <-first:
+		t.Fatalf("the first request ended with the second (%v); want it waiting for the region", err)
+	default:
+	}
+	cancelFirst()
+	if err := <-first; !errors.Is(err, lease.ErrAbandoned) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("the first request, cancelled: %v; want an error wrapping ErrAbandoned and context.Canceled", err)
+	}
 }
 
 // silentClient is a lease client of a region that never answers: an
