@@ -2,6 +2,7 @@ package lease
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -349,5 +350,46 @@ func TestGrantAboveTheLargestPoolIsReturned(t *testing.T) {
 	}
 	if st := state(t, tb, kW); st.Tokens != math.MaxInt32 || st.ToReturn != 1 {
 		t.Fatalf("pool %d, to return %d; want 2^31−1 and the 1 token above it", st.Tokens, st.ToReturn)
+	}
+}
+
+// TestReleaseChunksAreCutAtTheBound: a Release batch goes out in calls of
+// at most n reports, in order, each with the batch's send time and kind;
+// a batch of a multiple of n reports makes exactly that many full calls,
+// with no empty one after them.
+func TestReleaseChunksAreCutAtTheBound(t *testing.T) {
+	for _, tc := range []struct {
+		reports, n int
+		want       []int
+	}{
+		{1, 2, []int{1}},
+		{2, 2, []int{2}},
+		{3, 2, []int{2, 1}},
+		{4, 2, []int{2, 2}},
+		{5, 2, []int{2, 2, 1}},
+		{3, 1, []int{1, 1, 1}},
+	} {
+		b := &Batch{sentAt: t0, useSync: true, entries: make([]*entry, tc.reports)}
+		for i := range tc.reports {
+			b.Reports = append(b.Reports, &sluicev1.KeyReport{Seq: uint64(i + 1)})
+		}
+		var sizes []int
+		seq := uint64(0)
+		for _, part := range b.chunks(tc.n) {
+			sizes = append(sizes, len(part.Reports))
+			if !part.SentAt().Equal(t0) || !part.UseSync() || len(part.entries) != len(part.Reports) {
+				t.Errorf("%d reports by %d: a part sent at %v, sync %v, %d entries for %d reports; want the batch's time and kind, one entry a report",
+					tc.reports, tc.n, part.SentAt(), part.UseSync(), len(part.entries), len(part.Reports))
+			}
+			for _, r := range part.Reports {
+				if r.Seq != seq+1 {
+					t.Errorf("%d reports by %d: report %d after %d; want them in order", tc.reports, tc.n, r.Seq, seq)
+				}
+				seq = r.Seq
+			}
+		}
+		if !slices.Equal(sizes, tc.want) {
+			t.Errorf("%d reports by %d: parts of %v reports, want %v", tc.reports, tc.n, sizes, tc.want)
+		}
 	}
 }
