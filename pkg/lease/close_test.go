@@ -24,6 +24,27 @@ func TestCloseReportsAFailedRelease(t *testing.T) {
 			if (err != nil) != releaseFails {
 				t.Fatalf("release fails %v: Close returned %v", releaseFails, err)
 			}
+			// Its ctx still live, the release is the one problem named.
+			if multi, ok := err.(interface{ Unwrap() []error }); releaseFails && (!ok || len(multi.Unwrap()) != 1) {
+				t.Fatalf("a failed release under a live ctx: Close returned %q; want the release's error alone", err)
+			}
 		})
 	}
+}
+
+// TestCloseWithNothingToSendIgnoresItsContext: a Close whose ctx is
+// already done, on a client holding nothing the region must hear of, has
+// lost nothing to it and returns nil (the ctx's end is named only beside
+// a report or release it cut short).
+func TestCloseWithNothingToSendIgnoresItsContext(t *testing.T) {
+	e := startRegion(t)
+	conn := newRegionConn(t, e.reg.Server)
+	synctest.Test(t, func(t *testing.T) {
+		c, _, _ := bubbleClient(t, conn)
+		done, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := c.Close(done); err != nil {
+			t.Fatalf("Close with a done ctx and nothing to release: %v; want nil", err)
+		}
+	})
 }
