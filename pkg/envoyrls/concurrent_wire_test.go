@@ -133,7 +133,7 @@ func callerRequest(r *rand.Rand, c int) *rlsv3.RateLimitRequest {
 		for i := range ds {
 			ds[i] = descs[r.IntN(len(descs))]()
 		}
-		return request("sluice", uint32(r.IntN(2)), ds...)
+		return request("sluice", uint32(r.IntN(3)), ds...)
 	}
 	return request("sluice", 0, descs[r.IntN(3)]())
 }

@@ -215,14 +215,16 @@
 // same bytes but writes them itself from the decisions, with the parts
 // every answer about one limit shares (current_limit, x-ratelimit-limit,
 // ratelimit-policy, and the reset and retry-after headers of the first
-// two minutes) encoded once: an answer is then one allocation of its bytes
-// instead of a message for gRPC to walk and encode. It reads the requests
-// of the shape Envoy sends (a domain, descriptors of entries, hits_addend)
-// itself too, into the message proto.Unmarshal would make of them, in two
-// allocations instead of a dozen; any other request is read by
-// proto.Unmarshal. The server's unary interceptors (cmd/regional's
-// authorization and bounds) still see every request as a message and may
-// refuse it; the answer passes them in wire form.
+// two minutes) encoded once, into a buffer gRPC gives back once it has
+// sent it, instead of a message for gRPC to walk and encode. It reads the
+// requests of the shape Envoy sends (a domain, descriptors of entries,
+// hits_addend) itself too, into the message proto.Unmarshal would make of
+// them, held in a block reused from call to call, with one allocation for
+// the request's strings instead of a dozen allocations; any other request
+// is read by proto.Unmarshal. The server's unary interceptors
+// (cmd/regional's authorization and bounds) still see every request as a
+// message and may refuse it, but must not keep it past the call (its
+// strings they may); the answer passes them in wire form.
 //
 // # Units
 //

@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"sync"
 	"unicode/utf8"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -19,6 +20,19 @@ type requestBlock struct {
 	desc    [1]ratelimitv3.RateLimitDescriptor
 	entPtr  [2]*ratelimitv3.RateLimitDescriptor_Entry
 	ent     [2]ratelimitv3.RateLimitDescriptor_Entry
+}
+
+// requestBlocks are the blocks of the calls served with RegisterEncoded:
+// a block is taken for a call and given back, emptied, when the call's
+// handler (and every interceptor around it) has returned. The strings of
+// a request are not in its block (see read): they may outlive the call,
+// as quota keys, in errors and in logs.
+var requestBlocks = sync.Pool{New: func() any { return new(requestBlock) }}
+
+// release empties b and gives it back to requestBlocks.
+func (b *requestBlock) release() {
+	*b = requestBlock{}
+	requestBlocks.Put(b)
 }
 
 // Field numbers of the messages read.
@@ -42,7 +56,8 @@ const (
 // bytes) it returns false and leaves b untouched, and the caller has
 // proto.Unmarshal read the request. The strings share one copy of data,
 // so data may be reused once read returns: a request of one descriptor of
-// up to two entries costs two allocations (b and that copy) instead of
+// up to two entries costs two allocations (b, which RegisterEncoded's
+// handler reuses from call to call, and that copy) instead of
 // proto.Unmarshal's dozen.
 func (b *requestBlock) read(data []byte) bool {
 	nd, ne, ok := scanRequest(data)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"sync"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -17,8 +18,9 @@ import (
 // ServerOptions are the options of a gRPC server that serves a Service
 // with RegisterEncoded: its codec sends the answers the handler encoded
 // itself, reads the handler's requests itself when they have the shape
-// Envoy sends (the message proto.Unmarshal would make, in two allocations
-// instead of a dozen), and reads and writes every other message with
+// Envoy sends (the message proto.Unmarshal would make, in a block reused
+// from call to call and one allocation for its strings, instead of a
+// dozen allocations), and reads and writes every other message with
 // gRPC's own "proto" codec.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ForceServerCodecV2(newAnswerCodec())}
@@ -36,7 +38,10 @@ func ServerOptions() []grpc.ServerOption {
 // they are given the request as a message and may refuse it, or answer
 // with a message of their own. The answer they get from the handler is
 // its wire form, a value they must pass on as it is: use Register on a
-// server whose interceptors read answers.
+// server whose interceptors read answers. The request message, and the
+// descriptors and entries it points to, are reused for another call once
+// the call returns: interceptors and stats handlers must not keep them
+// past it (the strings in them they may).
 func RegisterEncoded(g *grpc.Server, svc *Service) {
 	g.RegisterService(&encodedServiceDesc, svc)
 }
@@ -50,7 +55,8 @@ var encodedServiceDesc = grpc.ServiceDesc{
 }
 
 func shouldRateLimitEncoded(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-	rb := new(requestBlock)
+	rb := requestBlocks.Get().(*requestBlock)
+	defer rb.release()
 	if err := dec(rb); err != nil {
 		return nil, err
 	}
@@ -86,8 +92,52 @@ func (s *Service) answerEncoded(ctx context.Context, req *rlsv3.RateLimitRequest
 	return resp, nil
 }
 
-// wireAnswer is an answer in wire form: a RateLimitResponse's bytes.
-type wireAnswer []byte
+// wireAnswer is an answer in wire form: a RateLimitResponse's bytes, in
+// a buffer of answerBuffers that gRPC gives back once it has sent them
+// (answerCodec.Marshal). An answer never sent is left to the collector.
+// Its one field is a pointer, so that a wireAnswer is handed to gRPC as
+// an interface value without an allocation.
+type wireAnswer struct{ buf *[]byte }
+
+// bytes are the answer's bytes.
+func (w wireAnswer) bytes() []byte { return *w.buf }
+
+// answerBufferSize is the room of a new answer buffer: an answer about a
+// few descriptors, with its headers, takes a few hundred bytes. It is
+// above mem's pooling threshold (1 KiB), below which gRPC would keep a
+// buffer as its own instead of giving it back.
+const answerBufferSize = 2048
+
+// maxKeptAnswerBuffer: a buffer an answer of many descriptors grew beyond
+// this is not kept for another answer.
+const maxKeptAnswerBuffer = 64 << 10
+
+// answerPool is the mem.BufferPool of answer buffers.
+type answerPool struct{ free sync.Pool }
+
+var answerBuffers = &answerPool{free: sync.Pool{New: func() any {
+	b := make([]byte, 0, answerBufferSize)
+	return &b
+}}}
+
+// Get returns a buffer of length bytes.
+func (p *answerPool) Get(length int) *[]byte {
+	b := p.free.Get().(*[]byte)
+	if cap(*b) < length {
+		*b = make([]byte, length, max(length, answerBufferSize))
+	}
+	*b = (*b)[:length]
+	return b
+}
+
+// Put takes back a buffer nothing reads any more.
+func (p *answerPool) Put(b *[]byte) {
+	if cap(*b) > maxKeptAnswerBuffer {
+		return
+	}
+	*b = (*b)[:0]
+	p.free.Put(b)
+}
 
 // answerCodec is gRPC's proto codec that also sends wireAnswers and
 // reads requestBlocks.
@@ -103,7 +153,9 @@ func newAnswerCodec() answerCodec {
 
 func (c answerCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if w, ok := v.(wireAnswer); ok {
-		return mem.BufferSlice{mem.SliceBuffer(w)}, nil
+		// gRPC frees the slice once the answer is written out, and the
+		// buffer goes back to answerBuffers.
+		return mem.BufferSlice{mem.NewBuffer(w.buf, answerBuffers)}, nil
 	}
 	return c.proto.Marshal(v)
 }
@@ -134,8 +186,8 @@ func (c answerCodec) Name() string { return c.proto.Name() }
 // empty strings left out, a set message written even when empty).
 func (s *Service) respondWire(targets []Target, decisions []decided) (wireAnswer, outcome) {
 	v := judge(targets, decisions)
-	var scratch [512]byte
-	b := appendEnum(scratch[:0], 1, int32(v.code()))
+	buf := answerBuffers.Get(0)
+	b := appendEnum(*buf, 1, int32(v.code()))
 	for i, t := range targets {
 		switch {
 		case t.Unlimited:
@@ -149,7 +201,8 @@ func (s *Service) respondWire(targets []Target, decisions []decided) (wireAnswer
 	if s.headers && v.haveShown {
 		b = appendHeaders(b, v.shown, sharedFor(v.shown, v.shownClass), v.out == outcomeOverLimit, v.never, v.retry)
 	}
-	return wireAnswer(append([]byte(nil), b...)), v.out
+	*buf = b
+	return wireAnswer{buf}, v.out
 }
 
 // appendPlainStatus appends a statuses entry that is OK with remaining
