@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -30,10 +31,29 @@ type Client struct {
 	pageKeys int // keys per report message; 0: DefaultMaxKeysPerPage
 }
 
+// MaxReconnectDelay caps the wait between two attempts to reconnect to a
+// global replica. gRPC's default backoff grows, roughly doubling, to
+// 120 s: a replica that was down for a few minutes and came back (on the
+// same address, as a VM or a fixed pod address does) was first tried
+// again up to two minutes later, while it led and the regions, unable to
+// report, let their static leases lapse to their floors. The cap is the
+// scale of an epoch: a region reports once per epoch.
+const MaxReconnectDelay = time.Second
+
+// connectParams keep gRPC's backoff (1 s base, 1.6 multiplier, 0.2
+// jitter) and its 20 s connect timeout, capped at MaxReconnectDelay.
+func connectParams() grpc.ConnectParams {
+	b := backoff.DefaultConfig
+	b.MaxDelay = MaxReconnectDelay
+	return grpc.ConnectParams{Backoff: b, MinConnectTimeout: 20 * time.Second}
+}
+
 // NewClient makes a client for the replicas at addrs (host:port, at least
 // one). dialOpts must include transport credentials
 // (grpc.WithTransportCredentials). Connections are made lazily and cached
-// per address, redirect targets included.
+// per address, redirect targets included, and try again at most
+// MaxReconnectDelay apart while a replica is unreachable (dialOpts may
+// set other grpc.WithConnectParams).
 func NewClient(addrs []string, dialOpts ...grpc.DialOption) (*Client, error) {
 	if len(addrs) == 0 {
 		return nil, errors.New("allocator client: no addresses given")
@@ -44,7 +64,8 @@ func NewClient(addrs []string, dialOpts ...grpc.DialOption) (*Client, error) {
 		}
 	}
 	opts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(
-		grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes))}, dialOpts...)
+		grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)),
+		grpc.WithConnectParams(connectParams())}, dialOpts...)
 	return &Client{addrs: slices.Clone(addrs), dialOpts: opts, conns: make(map[string]*grpc.ClientConn)}, nil
 }
 
