@@ -170,6 +170,54 @@ func TestNeverAnswerToAReportWithoutMinDeniesOneToken(t *testing.T) {
 	}
 }
 
+// TestWaitAnswerToAReportWithoutMinIsAboutOneToken: a wait named in the
+// answer to a report that named no minimum (but wanted tokens) is about a
+// need of one token: a request needing one is denied until then, one
+// needing two asks the region.
+func TestWaitAnswerToAReportWithoutMinIsAboutOneToken(t *testing.T) {
+	tb := newTestTable(t)
+	allow(t, tb, t0, kW, 1)
+	b, _ := tb.PrepareAcquire(t0, kW, 0)
+	if b == nil || b.Reports[0].Min != 0 || b.Reports[0].Want <= 0 {
+		t.Fatalf("acquire for cost 0: batch %v, want one report with min 0 and want > 0", b)
+	}
+	g := regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs = 500 })
+	if err := tb.Apply(t0, b, []*sluicev1.Grant{g}); err != nil {
+		t.Fatal(err)
+	}
+	if d, act := allow(t, tb, t0, kW, 1); d.Allowed || d.RetryNever || d.RetryAfter != 500*time.Millisecond || act != ActNone {
+		t.Errorf("cost 1 after a wait of 500ms: allowed %v, retry never %v, after %v, action %v; want denied for 500ms, none", d.Allowed, d.RetryNever, d.RetryAfter, act)
+	}
+	if _, act := allow(t, tb, t0, kW, 2); act != ActAcquire {
+		t.Errorf("cost 2 after a wait about one token: action %v, want acquire", act)
+	}
+}
+
+// TestGrantEndsTheWaitOfAnEarlierAnswer: tokens granted after an answer
+// that named a wait end that wait: a request the pool then cannot cover
+// asks the region rather than being denied until the old retry time.
+func TestGrantEndsTheWaitOfAnEarlierAnswer(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 0, func(g *sluicev1.Grant) { g.RetryAfterMs = 1000 })
+	at := t0.Add(100 * time.Millisecond)
+	if d, act := allow(t, tb, at, kW, 1); d.Allowed || act != ActNone {
+		t.Fatalf("cost 1 during the wait: allowed %v, action %v; want denied, none", d.Allowed, act)
+	}
+	b, _ := tb.PrepareAcquire(at, kW, 1)
+	if b == nil {
+		t.Fatal("PrepareAcquire during the wait: no batch")
+	}
+	if err := tb.Apply(at, b, []*sluicev1.Grant{regionGrant(b.Reports[0], 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, act := allow(t, tb, at, kW, 2); act != ActAcquire {
+		t.Errorf("cost 2 from a pool of 1 granted after the wait was named: action %v, want acquire", act)
+	}
+	if d, act := allow(t, tb, at, kW, 1); !d.Allowed || act == ActAcquire {
+		t.Errorf("cost 1 from a pool of 1: allowed %v, action %v; want admitted from the pool", d.Allowed, act)
+	}
+}
+
 // TestAcquireLeavesReturnsForTheNextSync: an acquire carries no returned
 // tokens (Acquire has no field for them), so a key whose lease expired
 // with tokens in its pool acquires without them, as an Acquire; the next
