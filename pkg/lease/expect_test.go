@@ -42,7 +42,8 @@ func TestDecisionSaysWhatTheCallerCanExpect(t *testing.T) {
 // TestCheckCarriesTheRegionsBucket: a check's answer naming the region's
 // rate and burst makes the cap known from the first decision (the whole
 // burst when it is fractional, never above the limit); one naming a
-// negative figure (never sent) teaches nothing.
+// negative figure (never sent), only one of the two, or no limit teaches
+// nothing.
 func TestCheckCarriesTheRegionsBucket(t *testing.T) {
 	f := func(v float64) *float64 { return &v }
 	for _, tc := range []struct {
@@ -60,6 +61,11 @@ func TestCheckCarriesTheRegionsBucket(t *testing.T) {
 		{"a negative burst", f(2), f(-1), 10, 4, false, 0, 4},
 		{"a negative rate", f(-2), f(5), 10, 4, false, 0, 4},
 		{"the burst alone", nil, f(5), 10, 4, false, 0, 4},
+		{"the rate alone", f(2), nil, 10, 4, false, 0, 4},
+		{"a rate just below zero", f(-0.5), f(5), 10, 4, false, 0, 4},
+		{"a burst just below zero", f(2), f(-0.5), 10, 4, false, 0, 4},
+		{"a limit of one", f(2), f(5), 1, 1, true, 1, 1},
+		{"no limit named", f(2), f(5), 0, 4, false, 0, 4},
 	} {
 		tb := newTestTable(t)
 		key := quota.Key{Tenant: "acme", Class: "export"}
