@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -229,6 +230,43 @@ func TestCoreOpenBreakerDecidesAtOnce(t *testing.T) {
 		if ks, ok := tb.State(key); ok && ks.InFlight {
 			t.Fatalf("%s in flight while the breaker is open", key)
 		}
+	}
+}
+
+// TestCoreAbandonedProbeLetsTheNextRequestProbe: the one request a
+// half-open breaker lets through, abandoned by its caller, ends without a
+// verdict on the region: its report is no longer in flight, and the next
+// request probes in its place rather than being decided by the policy.
+func TestCoreAbandonedProbeLetsTheNextRequestProbe(t *testing.T) {
+	for _, key := range []quota.Key{kW, kExp} {
+		c, tb, brk := newTestCore(t, 0, 50*time.Millisecond)
+		want := DoAcquire
+		if key == kExp {
+			want = DoCheck
+		}
+		for range DefaultBreakerFailures {
+			brk.Failure(t0)
+		}
+		if !brk.Open() {
+			t.Fatal("breaker not open")
+		}
+		at := t0.Add(DefaultBreakerCooldown)
+		s := c.Slow(key, 1)
+		stepTo(t, key.String()+" probe", s.Next(at), want)
+		var st Step
+		if want == DoAcquire {
+			st = s.AcquireDone(at, nil, Abandoned)
+		} else {
+			st = s.CheckDone(at, nil, Abandoned)
+		}
+		if !errors.Is(st.Err, ErrAbandoned) || st.Degraded {
+			t.Fatalf("%s, probe abandoned: %+v, want ErrAbandoned, not degraded", key, st)
+		}
+		if ks, ok := tb.State(key); ok && ks.InFlight {
+			t.Fatalf("%s in flight after its request was abandoned", key)
+		}
+		next := c.Slow(key, 1)
+		stepTo(t, key.String()+" next request", next.Next(at), want)
 	}
 }
 

@@ -141,6 +141,21 @@ func TestCallerThatGivesUpIsNotDecided(t *testing.T) {
 		t.Fatalf("%d keys degraded by a caller's deadline; want 0", n)
 	}
 
+	// A strict class's Check is let go the same way, not decided by its
+	// on_failure policy (open here, which would admit).
+	strict := silentClient(t, time.Hour, func(o *lease.Options) {
+		o.Classes = map[string]lease.ClassPolicy{"export": {Mode: lease.ModeStrict, OnFailure: lease.PolicyOpen}}
+	})
+	checkCtx, cancelCheck := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancelCheck()
+	d, err = strict.Allow(checkCtx, quota.Key{Tenant: "acme", Class: "export"}, 1)
+	if !errors.Is(err, lease.ErrAbandoned) || !errors.Is(err, context.DeadlineExceeded) || d.Allowed || d.Degraded {
+		t.Fatalf("a caller's deadline before a silent region answers a strict Check: %+v, %v; want no decision and an error wrapping ErrAbandoned and DeadlineExceeded", d, err)
+	}
+	if n := strict.Table().DegradedKeys(); n != 0 {
+		t.Fatalf("%d strict keys degraded by a caller's deadline; want 0", n)
+	}
+
 	// A caller whose deadline ends while its request waits for another
 	// request's acquire on the key (in flight to the silent region) is
 	// let go too, and the other request keeps waiting for the region.
@@ -183,14 +198,18 @@ func TestCallerThatGivesUpIsNotDecided(t *testing.T) {
 // silentClient is a lease client of a region that never answers: an
 // address that accepts connections and reads nothing. Its breaker timeout
 // bounds a request's wait; its background Sync never runs.
-func silentClient(t *testing.T, breakerTimeout time.Duration) *lease.Client {
+func silentClient(t *testing.T, breakerTimeout time.Duration, mod ...func(*lease.Options)) *lease.Client {
 	t.Helper()
 	conn, err := grpc.NewClient(grpctest.SilentAddr(t, nil), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	c, err := lease.NewClient(conn, lease.Options{InstanceID: "it-silent", BreakerTimeout: breakerTimeout, SyncTimeout: time.Hour, Refresh: time.Hour})
+	o := lease.Options{InstanceID: "it-silent", BreakerTimeout: breakerTimeout, SyncTimeout: time.Hour, Refresh: time.Hour}
+	for _, f := range mod {
+		f(&o)
+	}
+	c, err := lease.NewClient(conn, o)
 	if err != nil {
 		t.Fatal(err)
 	}
