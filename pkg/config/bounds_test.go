@@ -104,6 +104,16 @@ func TestValidateEdgeCases(t *testing.T) {
 			setRegion(c, "us-east", Region{Weight: 2, MaxShare: 0.1})
 			setRegion(c, "eu-west", Region{Weight: -1, MaxShare: 1})
 		}, []string{"regions.eu-west.weight: must be a finite number > 0, got -1"}},
+		{"max share a float rounding below the weight share", func(c *Config) {
+			share := 0.5 // us-east's, weight 2 of 4
+			setRegion(c, "us-east", Region{Weight: 2, MaxShare: share * (1 - shareSumSlack)})
+		}, nil},
+		{"max share below the weight share, a max share out of range", func(c *Config) {
+			setRegion(c, "us-east", Region{Weight: 2, MaxShare: 0.1})
+			setRegion(c, "eu-west", Region{Weight: 1, MaxShare: 1.5})
+		}, []string{"regions.eu-west.max_share: must be in (0, 1], got 1.5"}},
+		{"max share 0, weights known", func(c *Config) { setRegion(c, "us-east", Region{Weight: 2, MaxShare: 0}) },
+			[]string{"regions.us-east.max_share: must be in (0, 1], got 0"}},
 		{"min shares summing to 1 + 1.5e-9", func(c *Config) {
 			setRegion(c, "eu-west", Region{Weight: 1, MinShare: 0.5 + 1.5e-9, MaxShare: 1})
 			setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.5, MaxShare: 1})
@@ -304,5 +314,47 @@ func TestParseTenantForms(t *testing.T) {
 	}
 	if _, err := ParseTenant([]byte("{tier: [")); err == nil || strings.Contains(err.Error(), "empty") {
 		t.Errorf("ParseTenant of bad YAML: %v, want a syntax error", err)
+	}
+}
+
+// TestLimitsAreTheDocumented pins the maxima docs/operations.md gives
+// ("Config limits"), in numbers rather than through the constants.
+func TestLimitsAreTheDocumented(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		got, want int64
+	}{
+		{"MaxConfigBytes (128 MiB)", MaxConfigBytes, 128 * 1024 * 1024},
+		{"MaxTenants", MaxTenants, 2000000},
+		{"MaxInlineTenants", MaxInlineTenants, 10000},
+		{"MaxRegions", MaxRegions, 64},
+		{"MaxClasses", MaxClasses, 256},
+		{"MaxTiers", MaxTiers, 1024},
+		{"MaxProblems", MaxProblems, 1000},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s = %d, want the documented %d", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+// TestLimitErrorNamesWhatWasFound: a limit's error names the count found
+// when there is one, whatever it is, and only the limit when counting
+// stopped at it (Got 0).
+func TestLimitErrorNamesWhatWasFound(t *testing.T) {
+	for _, tc := range []struct {
+		e    LimitError
+		want string
+	}{
+		{LimitError{Limit: "config.MaxTenants", Max: 2000000, Got: 2000001, What: "tenants"}, "config.MaxTenants: 2000001 tenants is more than the limit of 2000000"},
+		{LimitError{Limit: "config.MaxRegions", Max: 0, Got: 1, What: "regions"}, "config.MaxRegions: 1 regions is more than the limit of 0"},
+		{LimitError{Limit: "config.MaxTenants", Max: 2000000, What: "tenants"}, "config.MaxTenants: more than the limit of 2000000 tenants"},
+	} {
+		if got := tc.e.Error(); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.e, got, tc.want)
+		}
+		if !errors.Is(&tc.e, ErrInvalidConfig) {
+			t.Errorf("%+v does not wrap ErrInvalidConfig", tc.e)
+		}
 	}
 }

@@ -166,6 +166,31 @@ func TestValidateListsAtMostMaxProblems(t *testing.T) {
 	}
 }
 
+// TestValidateListsExactlyMaxProblemsWithoutACount: MaxProblems problems
+// are all listed with no count after them; one more is counted.
+func TestValidateListsExactlyMaxProblemsWithoutACount(t *testing.T) {
+	for _, n := range []int{MaxProblems - 1, MaxProblems, MaxProblems + 1} {
+		c := Default()
+		for i := range n {
+			c.Tenants[fmt.Sprintf("t%d", i)] = Tenant{Tier: "gold"}
+		}
+		err := c.Validate()
+		multi, ok := err.(interface{ Unwrap() []error })
+		if !ok {
+			t.Fatalf("%d unknown tiers: Validate %v, want a list of problems", n, err)
+		}
+		got := multi.Unwrap()
+		var more *MoreProblems
+		counted := errors.As(got[len(got)-1], &more)
+		switch {
+		case n <= MaxProblems && (len(got) != n || counted):
+			t.Errorf("%d unknown tiers: %d problems listed (last counted: %v), want all %d and no count", n, len(got), counted, n)
+		case n > MaxProblems && (len(got) != MaxProblems+1 || !counted || more.N != n-MaxProblems):
+			t.Errorf("%d unknown tiers: %d problems listed (last counted: %v), want %d then a count of %d", n, len(got), counted, MaxProblems, n-MaxProblems)
+		}
+	}
+}
+
 // TestParseListsAtMostMaxProblemsOfTheDecoder: problems the YAML decoder
 // finds (unknown fields, in the document or among the tenants) are listed
 // up to MaxProblems like Validate's, the rest counted in a last
