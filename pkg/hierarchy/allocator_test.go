@@ -43,6 +43,7 @@ func TestNewAllocatorValidatesOptions(t *testing.T) {
 		{"NaN alpha", func(o *Options) { o.DemandAlpha = math.NaN() }, "alpha"},
 		{"bad region weight", func(o *Options) { o.Regions = []Region{{Name: "a", Weight: -1}} }, "weight"},
 		{"negative prior validity", func(o *Options) { o.PriorValidity = -time.Millisecond }, "prior validity"},
+		{"prior validity of -1ns", func(o *Options) { o.PriorValidity = -1 }, "prior validity"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := good
@@ -552,6 +553,7 @@ func TestLearningReissuesAboveStaticWithItsOwnExpiry(t *testing.T) {
 		{"above static, no prior validity", 0, 227, 3 * time.Second, 2 * time.Second},
 		{"prior validity shorter than the new one", time.Second, 227, 3 * time.Second, 2 * time.Second},
 		{"below static, prior validity", 5 * time.Second, 60, 3 * time.Second, 2 * time.Second},
+		{"below static, a nanosecond left", 5 * time.Second, 60, time.Nanosecond, 2 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, err := NewAllocator(Options{Regions: regions, Epoch: 500 * time.Millisecond, Validity: 2 * time.Second, PriorValidity: tc.prior}, testStart)
