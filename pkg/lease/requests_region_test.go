@@ -253,3 +253,41 @@ func TestCloseSaysItsContextEndedAndRunsOnce(t *testing.T) {
 		t.Fatalf("a Close after the first returned %v; want the first's %v", again, err)
 	}
 }
+
+// TestRequestWaitingOnASyncInFlightEndsAtItsOwnTimeout: a request that
+// waits for a background Sync carrying its key's report (here one the
+// silent region never answers, bounded by the hour-long SyncTimeout) is
+// decided by the key's policy once its own breaker timeout has passed,
+// not when the Sync ends.
+func TestRequestWaitingOnASyncInFlightEndsAtItsOwnTimeout(t *testing.T) {
+	c := silentClient(t, 100*time.Millisecond, func(o *lease.Options) { o.Refresh = 50 * time.Millisecond })
+	// Unanswered, the first request is decided by the policy and leaves
+	// its report pending; the next periodic Sync carries it, and hangs.
+	if d, err := c.Allow(context.Background(), acmeRead, 1); err != nil || !d.Degraded {
+		t.Fatalf("a request to a silent region: %+v, %v; want a degraded decision", d, err)
+	}
+	waitFor(t, "a Sync carrying the key's report to be in flight", func() bool {
+		st, ok := c.Table().State(acmeRead)
+		return ok && st.InFlight
+	})
+	done := make(chan quota.Decision, 1)
+	go func() {
+		d, err := c.Allow(context.Background(), acmeRead, 1)
+		if err != nil {
+			t.Errorf("a request waiting on the Sync: %v", err)
+		}
+		done <- d
+	}()
+	var d quota.Decision
+	waitFor(t, "the request waiting on the Sync to be decided", func() bool {
+		select {
+		case d = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	if !d.Degraded {
+		t.Fatalf("a request whose wait on a Sync in flight timed out: %+v; want decided by the policy", d)
+	}
+}
