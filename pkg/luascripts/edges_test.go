@@ -833,3 +833,35 @@ func TestClockIsRedisTime(t *testing.T) {
 		}
 	}
 }
+
+// TestStateReadAndInstallCountReclaimed: the region leader's state reads
+// and grant installs reap expired leases as every call does, and say how
+// many tokens they gave back (sluice_regional_reclaimed_tokens_total counts
+// them: in a region with a leader, they reap most leases of dead
+// instances before any instance's call does).
+func TestStateReadAndInstallCountReclaimed(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 1, StaticBurst: 100, LeaseTTL: time.Second, Reclaim: true, ReapBudget: 10,
+		DemandWindow: 500 * time.Millisecond}
+	t0 := w.now
+	w.at(t0)
+	if r := w.sync(k, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 30, Min: 1}); r.Granted != 30 {
+		t.Fatalf("first lease granted %d, want 30", r.Granted)
+	}
+	w.at(t0 + 1_000_000 - 1)
+	if st := w.state(k, c); st.Reclaimed != 0 || st.Outstanding != 30 {
+		t.Fatalf("a read before the lease's expiry: %+v, want nothing reclaimed, 30 out", st)
+	}
+	w.at(t0 + 1_000_000)
+	if st := w.state(k, c); st.Reclaimed != 30 || st.Outstanding != 0 {
+		t.Fatalf("a read at the lease's expiry: %+v, want its 30 tokens reclaimed", st)
+	}
+	if r := w.sync(k, c, Report{Instance: "i-b", Incarnation: 1, Lease: 1, Seq: 1, Want: 20, Min: 1}); r.Granted != 20 {
+		t.Fatalf("second lease granted %d, want 20", r.Granted)
+	}
+	w.at(t0 + 2_000_000)
+	if sr := w.setRate(k, c, 2, 100, t0+5_000_000, t0+2_000_000); sr.Reclaimed != 20 || sr.Outstanding != 0 {
+		t.Fatalf("an install at the second lease's expiry: %+v, want its 20 tokens reclaimed", sr)
+	}
+}

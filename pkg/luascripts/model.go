@@ -732,7 +732,7 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 		o.candGranted(exp)
 	}
 	o.save()
-	return SetRateReply{Applied: applied, Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS}
+	return SetRateReply{Applied: applied, Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS, Reclaimed: int64(o.reclaimed)}
 }
 
 // State mirrors Scripts.State.
@@ -751,7 +751,7 @@ func (m *Model) State(nowUS int64, k Keys, c Common) State {
 	return State{
 		Admitted: int64(o.b.adm), Denied: int64(o.b.den), Rate: o.rateNow(), Cap: o.capNow(),
 		GrantExpiryUS: int64(ge), Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS,
-		LeaseDemand: float64(int64(o.b.dr)) / 1000, StrictDemand: int64(o.b.sd),
+		LeaseDemand: float64(int64(o.b.dr)) / 1000, StrictDemand: int64(o.b.sd), Reclaimed: int64(o.reclaimed),
 	}
 }
 

@@ -74,8 +74,8 @@ func ParseSetRate(q *Queued) (SetRateReply, error) {
 
 func parseSetRate(res []any) (SetRateReply, error) {
 	p := parser{res: res}
-	sr := SetRateReply{Applied: p.int(0) == 1, Tokens: p.float(1), Outstanding: p.int(2), NowUS: p.int(3)}
-	return sr, p.err(4)
+	sr := SetRateReply{Applied: p.int(0) == 1, Tokens: p.float(1), Outstanding: p.int(2), NowUS: p.int(3), Reclaimed: p.int(4)}
+	return sr, p.err(5)
 }
 
 // RunQueued runs calls in one pipeline and reruns those that met NOSCRIPT.

@@ -180,6 +180,7 @@ type SetRateReply struct {
 	Tokens      float64
 	Outstanding int64
 	NowUS       int64
+	Reclaimed   int64 // tokens this call returned from expired leases
 }
 
 // State is the answer of state: what the region leader reports upward.
@@ -196,6 +197,8 @@ type State struct {
 	// StrictDemand counts the tokens the strict path decided (admitted
 	// or denied; cumulative).
 	StrictDemand int64
+	// Reclaimed is the tokens this read returned from expired leases.
+	Reclaimed int64
 }
 
 // Holding is what the region holds against its burst cap.
@@ -488,9 +491,9 @@ func parseState(res []any) (State, error) {
 	st := State{
 		Admitted: p.int(0), Denied: p.int(1), Rate: p.float(2), Cap: p.float(3),
 		GrantExpiryUS: p.int(4), Tokens: p.float(5), Outstanding: p.int(6), NowUS: p.int(7),
-		LeaseDemand: float64(p.int(8)) / 1000, StrictDemand: p.int(9),
+		LeaseDemand: float64(p.int(8)) / 1000, StrictDemand: p.int(9), Reclaimed: p.int(10),
 	}
-	return st, p.err(10)
+	return st, p.err(11)
 }
 
 func parseLease(res []any) (LeaseReply, error) {

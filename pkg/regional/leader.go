@@ -366,6 +366,12 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 		items[i] = luascripts.KeyCommon{Keys: p.keys, Common: p.common}
 	}
 	res := s.scripts.StateMany(ctx, s.opts.Redis, items)
+	for _, r := range res {
+		// Reads reap expired leases too: what they return is reclaimed.
+		if r.Err == nil && r.State.Reclaimed > 0 {
+			s.metrics.reclaimed.Add(float64(r.State.Reclaimed))
+		}
+	}
 	reads := make([]regionsync.KeyRead, len(ordered))
 	for i, p := range ordered {
 		if res[i].Err != nil {
@@ -414,6 +420,9 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 	applied := make([]bool, len(installs))
 	for i, r := range res {
 		sr, err := r.Reply, r.Err
+		if err == nil && sr.Reclaimed > 0 {
+			s.metrics.reclaimed.Add(float64(sr.Reclaimed))
+		}
 		if err != nil && firstErr == nil {
 			firstErr = err
 		}

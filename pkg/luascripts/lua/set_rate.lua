@@ -14,7 +14,8 @@
 -- ARGV[9]     granted burst cap (tokens, >= 0)
 -- ARGV[10]    grant expiry (µs, Redis clock)
 -- ARGV[11]    issued: when the report this grant answers was sent (µs)
--- Reply: { applied(0|1), tokens, outstanding, now_us }  tokens as '%.6f'
+-- Reply: { applied(0|1), tokens, outstanding, now_us, reclaimed }  tokens as
+--        '%.6f'; reclaimed: tokens this call returned from expired leases
 local exp, issued = tonumber(ARGV[10]), tonumber(ARGV[11])
 local rate, burst = tonumber(ARGV[8]), tonumber(ARGV[9])
 local applied = 0
@@ -32,4 +33,4 @@ if applied == 1 then
   cand_granted(exp)
 end
 save_bucket(ttl)
-return { applied, f6(B.tk), B.out, NOW }
+return { applied, f6(B.tk), B.out, NOW, RECLAIMED }

@@ -7,10 +7,11 @@
 -- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
 --             interval (see lib.lua)
 -- Reply: { admitted, denied, rate, cap, grant_expiry_us, tokens, outstanding,
---          now_us, lease_demand_mtps, strict_demand }  rate and cap as
---          '%.17g' (exact), tokens as '%.6f'; admitted, denied and
+--          now_us, lease_demand_mtps, strict_demand, reclaimed }  rate and
+--          cap as '%.17g' (exact), tokens as '%.6f'; admitted, denied and
 --          strict_demand cumulative tokens; lease_demand_mtps the sum of the
---          live leases' demand rates (milli-tokens/s)
+--          live leases' demand rates (milli-tokens/s); reclaimed the tokens
+--          this read returned from expired leases
 --
 -- A read that reaped nothing (wrote no lease hash or expiry set) and need
 -- not date the data set (STAMP) changed nothing but the refill: it writes
@@ -30,4 +31,4 @@ elseif not B.missing then
 end
 local ge = B.ge
 if ge <= NOW then ge = 0 end
-return { B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW, B.dr, B.sd }
+return { B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW, B.dr, B.sd, RECLAIMED }

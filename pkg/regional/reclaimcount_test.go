@@ -1,0 +1,55 @@
+package regional_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestLeaderReadCountsReclaimedTokens: the region leader's state read of a
+// key reaps a lease its instance stopped renewing, and the tokens it gives
+// back are counted in sluice_regional_reclaimed_tokens_total, as a Sync's
+// or a Check's reaping is (operations.md's instance-crash runbook checks
+// this counter). Only the leader's reads touch this key after the lease
+// expired.
+func TestLeaderReadCountsReclaimedTokens(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+epoch: 2s
+grant_validity: 10s
+lease_ttl: 1s
+refresh: 200ms
+region_lease: 40s
+regions: {eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease, partition_share: 0.5}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`)
+	r := newLeaseRigWith(t, cfg)
+	r.reported() // the first answer confers the static lease
+	d := newDemandDriver(r)
+	d.open(leaseKey)
+	d.demand(40, leaseKey) // a candidate: the leader reads it each round
+	if got := r.reported(); !slices.Equal(got, []quota.Key{leaseKey}) {
+		t.Fatalf("report names %v, want only %v", got, leaseKey)
+	}
+	if got := r.counter("sluice_regional_reclaimed_tokens_total"); got != 0 {
+		t.Fatalf("reclaimed %v tokens with the lease live, want 0", got)
+	}
+	// The instance is gone: its lease (one token, unspent) expires one
+	// lease TTL after its last report, on Redis's clock.
+	expiry := r.redisUS() + time.Second.Microseconds()
+	deadline := time.Now().Add(time.Minute)
+	for r.redisUS() <= expiry {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis's clock did not pass the lease's expiry within a minute")
+		}
+		time.Sleep(10 * time.Millisecond) // polling Redis's clock with a deadline
+	}
+	r.reported()
+	if got := r.counter("sluice_regional_reclaimed_tokens_total"); got < 1 {
+		t.Fatalf("reclaimed %v tokens after the leader read the key past its lease's expiry, want the lease's unspent tokens", got)
+	}
+}
