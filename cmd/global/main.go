@@ -18,7 +18,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
@@ -38,9 +37,6 @@ import (
 	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
-
-// etcdTimeout bounds one attempt at reading or writing the config.
-const etcdTimeout = 10 * time.Second
 
 func main() {
 	if err := run(context.Background(), os.Args[1:]); err != nil {
@@ -138,7 +134,7 @@ func runNotifying(ctx context.Context, args []string, started func(grpcAddr stri
 		}
 	}()
 
-	if err := startOnEtcdConfig(ctx, store, bootstrap, watcher, logger); err != nil {
+	if _, err := configstore.AwaitEtcdConfig(ctx, store, bootstrap, watcher, logger); err != nil {
 		return err
 	}
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{
@@ -157,74 +153,6 @@ func runNotifying(ctx context.Context, args []string, started func(grpcAddr stri
 	logger.Info("shutting down: resigning and draining")
 	d.Stop()
 	return nil
-}
-
-// startOnEtcdConfig makes the replica start on the config etcd holds,
-// never on a fallback that differs from it (a leader on the wrong limits
-// would hand out wrong grants): it waits until etcd answers, writes the
-// bootstrap config when etcd holds none (etcd's own config wins), and
-// then until the watcher serves etcd's config.
-func startOnEtcdConfig(ctx context.Context, store *configstore.Store, bootstrap *config.Config, watcher *configstore.Watcher, logger *slog.Logger) error {
-	wait := 100 * time.Millisecond
-	var rev int64
-	for {
-		var err error
-		rev, err = bootstrapAndRead(ctx, store, bootstrap, logger)
-		if err == nil {
-			break
-		}
-		if errors.Is(err, config.ErrInvalidConfig) {
-			return err
-		}
-		logger.Warn("etcd not reachable; waiting for it before starting", "error", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 5*time.Second)
-	}
-	if rev == 0 {
-		logger.Warn("etcd holds no config; running on the built-in sample config until one is applied", "key", store.Key())
-		return nil
-	}
-	ticker := time.NewTicker(20 * time.Millisecond)
-	defer ticker.Stop()
-	for watcher.Revision() < rev {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ticker.C:
-		}
-	}
-	return nil
-}
-
-// bootstrapAndRead writes bootstrap (when given) if etcd holds no config
-// and returns the revision of the config etcd holds (0 for none).
-func bootstrapAndRead(ctx context.Context, store *configstore.Store, bootstrap *config.Config, logger *slog.Logger) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, etcdTimeout)
-	defer cancel()
-	if bootstrap != nil {
-		rev, err := store.Apply(ctx, bootstrap, 0)
-		switch {
-		case err == nil:
-			logger.Info("bootstrap config written to etcd", "key", store.Key(), "revision", rev)
-			return rev, nil
-		case errors.Is(err, configstore.ErrConflict):
-			logger.Info("etcd already holds a config; it wins over the bootstrap file", "key", store.Key())
-		default:
-			return 0, err
-		}
-	}
-	cfg, rev, err := store.Get(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if cfg == nil {
-		return 0, nil
-	}
-	return rev, nil
 }
 
 // parseShard is the -shard flag's shard: a number, or "ordinal" for the

@@ -180,7 +180,7 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 		if f.etcdEndpoints == "" {
 			logger.Warn("no -config and no -etcd-endpoints: serving the built-in sample config and its sample tenants; pass -config FILE (or -etcd-endpoints) for your own", "tenants", tenants)
 		} else {
-			logger.Warn("no -config: if etcd holds no config, the built-in sample config and its sample tenants are served and written to etcd; pass -config FILE to bootstrap your own", "tenants", tenants)
+			logger.Warn("no -config: if etcd holds no config, the built-in sample config and its sample tenants are served until one is applied; pass -config FILE to bootstrap your own", "tenants", tenants)
 		}
 	}
 	cs, err := regional.ParseColdStart(f.coldStart)
@@ -214,6 +214,15 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 		watchCtx, stopWatch := context.WithCancel(context.Background())
 		defer stopWatch()
 		go watcher.Run(watchCtx)
+		// Start on etcd's config, never on a fallback that differs from
+		// it (whose regions may not even name this one).
+		var bootstrap *config.Config
+		if f.configFile != "" {
+			bootstrap = cfg
+		}
+		if _, err := configstore.AwaitEtcdConfig(ctx, store, bootstrap, watcher, logger); err != nil {
+			return err
+		}
 		source = watcher
 		if addrs := flagenv.List(f.globalAddrs); len(addrs) > 0 {
 			tiers := newShardClients(addrs, grpc.WithTransportCredentials(peerCreds))

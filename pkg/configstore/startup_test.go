@@ -1,0 +1,94 @@
+package configstore
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/grpctest"
+	"github.com/sluicehq/sluice/pkg/config"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestAwaitEtcdConfigStartsOnEtcdsConfig: a daemon starting with a
+// watcher on etcd returns only once the watcher serves etcd's config,
+// never while it still serves its fallback: etcd's config wins over a
+// bootstrap, a bootstrap is written when etcd holds none, and with
+// neither the fallback is served (revision 0).
+func TestAwaitEtcdConfigStartsOnEtcdsConfig(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := testContext(t)
+	logger := slog.New(slog.DiscardHandler)
+
+	// Neither: the fallback, revision 0, nothing written.
+	empty := NewStore(srv.Client(t), "/none")
+	rw := startWatcher(t, empty, nil)
+	if rev, err := AwaitEtcdConfig(ctx, empty, nil, rw.Watcher, logger); err != nil || rev != 0 {
+		t.Fatalf("etcd holding no config, no bootstrap: revision %d, %v; want 0, nil", rev, err)
+	}
+	if cfg, _, err := empty.Get(ctx); err != nil || cfg != nil {
+		t.Fatalf("etcd after starting with no bootstrap: %v, %v; want no config written", cfg, err)
+	}
+
+	// A bootstrap lands in an empty etcd and is served.
+	boot := withReadRate(7)
+	store := NewStore(srv.Client(t), "/boot")
+	rw = startWatcher(t, store, config.Default())
+	rev, err := AwaitEtcdConfig(ctx, store, boot, rw.Watcher, logger)
+	if err != nil || rev == 0 || readRate(rw.Current()) != 7 {
+		t.Fatalf("bootstrap into an empty etcd: revision %d, %v, serving read rate %v; want the bootstrap (7) served", rev, err, readRate(rw.Current()))
+	}
+
+	// etcd's config wins over another bootstrap, and is what a watcher
+	// whose fallback differs serves once it returns.
+	rw = startWatcher(t, store, withReadRate(9))
+	got, err := AwaitEtcdConfig(ctx, store, withReadRate(9), rw.Watcher, logger)
+	if err != nil || got != rev || readRate(rw.Current()) != 7 {
+		t.Fatalf("second start: revision %d, %v, serving read rate %v; want etcd's (revision %d, 7)", got, err, readRate(rw.Current()), rev)
+	}
+}
+
+// TestAwaitEtcdConfigRefusesAnInvalidConfig: an invalid config stored in
+// etcd (written past the store, as a hand-run tool could) stops the start
+// with an error wrapping config.ErrInvalidConfig, instead of waiting.
+func TestAwaitEtcdConfigRefusesAnInvalidConfig(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ctx := testContext(t)
+	store := NewStore(cli, "/bad")
+	if _, err := cli.Put(ctx, store.Key(), "regions: {}\n"); err != nil {
+		t.Fatal(err)
+	}
+	rw := startWatcher(t, store, nil)
+	rw.awaited = true // the watcher refuses the document too
+	_, err := AwaitEtcdConfig(ctx, store, nil, rw.Watcher, slog.New(slog.DiscardHandler))
+	if !errors.Is(err, config.ErrInvalidConfig) {
+		t.Fatalf("starting on an invalid stored config: %v, want an error wrapping ErrInvalidConfig", err)
+	}
+}
+
+// TestAwaitEtcdConfigWaitsForEtcdUntilCancelled: with etcd unreachable
+// the start waits (it never starts on its fallback), and ends with the
+// context's error when the daemon is stopped before etcd answers.
+func TestAwaitEtcdConfigWaitsForEtcdUntilCancelled(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{grpctest.RefusedAddr(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	store := NewStore(cli, "/gone")
+	w := NewWatcher(store, nil, slog.New(slog.DiscardHandler), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := AwaitEtcdConfig(ctx, store, nil, w, slog.New(slog.DiscardHandler))
+		done <- err
+	}()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled while waiting for etcd: %v, want context.Canceled", err)
+	}
+}
