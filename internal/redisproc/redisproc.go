@@ -180,6 +180,7 @@ func (p *Proc) start() error {
 		"--loglevel", "warning"}, p.extra...)
 	inheritNothing.Do(closeInheritedOnExec)
 	cmd := exec.Command("redis-server", args...)
+	dieWithParent(cmd)
 	out := new(syncBuffer)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
