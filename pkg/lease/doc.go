@@ -55,6 +55,9 @@
 //	Fallback   region unreachable: the class's on_failure policy decides
 //	           (local token bucket at region rate ÷ live instances, open or
 //	           closed); the key is degraded until the region answers it.
+//	           The local bucket is first charged with the tokens the key
+//	           admitted through the region (lease and strict paths) since
+//	           it last was, down to empty and never below.
 //	PrepareSync also forgets keys idle for IdleTimeout (their final
 //	           reports go out with Release); PrepareRelease forgets all.
 //
@@ -81,6 +84,16 @@
 //     them is built, so they are never both spent and returned.
 //   - A grant received for a lease whose deadline already passed, or after
 //     Drain, is not credited: it is returned in the next report.
+//   - The local on_failure bucket counts what the region admitted: an
+//     instance's lease and strict admissions of a key and its degraded
+//     ones, together, stay within the local bound (region burst ÷ live +
+//     region rate ÷ live · t) over any window, across switches between
+//     the region and degraded mode, as long as the region gave the
+//     instance no more than that share. The hot path never touches the
+//     bucket: Fallback books the spent total's growth late, which leaves
+//     the bucket no fuller than booking each token when spent. What the
+//     region gave beyond the share empties the bucket without a debt, so
+//     degraded mode then admits at the local rate.
 //   - Over quota is a Decision, never an error; errors mean invalid input
 //     (wrapping quota.ErrInvalid) or ErrClosed, and change nothing.
 //

@@ -215,7 +215,12 @@ type rare struct {
 
 	baseDenied int64         // guarded by entry.mu: denied when the lease began
 	limiter    *rate.Limiter // guarded by entry.mu: the local on_failure limiter
-	done       chan struct{} // guarded by entry.mu: closed when the report in flight ends (nil: nobody waits)
+	// checked is the tokens the region admitted on strict checks, and
+	// charged the tokens admitted through the region (lease and strict
+	// paths) the limiter has been charged for (see chargeLocked).
+	checked int64         // guarded by entry.mu
+	charged int64         // guarded by entry.mu
+	done    chan struct{} // guarded by entry.mu: closed when the report in flight ends (nil: nobody waits)
 }
 
 // rareFor returns the key's rare state, making it on first use.
@@ -557,6 +562,7 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 		d.RetryAfter = t.opts.Refresh
 	default:
 		lim := t.localLimiterLocked(now, e)
+		e.chargeLocked(now, lim)
 		if d.Limit == 0 {
 			d.Limit = int64(lim.Burst())
 		}
@@ -615,6 +621,33 @@ func (t *Table) localLimiterLocked(now time.Time, e *entry) *rate.Limiter {
 	return r.limiter
 }
 
+// chargeLocked books against the key's local limiter lim, at now, the
+// tokens the key admitted through the region (its lease and strict
+// answers) since the limiter last saw them, so that a degraded period
+// right after heavy use of the region does not start from a full bucket:
+// the instance's admissions through the region and its degraded ones
+// share the local bound (burst/live + rate/live·t). The hot path spends
+// without touching the limiter; its spending is read here, from the spent
+// total, and booked late, which only leaves the bucket lower than booking
+// each token as it was spent would have. The bucket is emptied, never
+// overdrawn: what the region granted this instance beyond its local share
+// is not carried into degraded mode as a debt.
+func (e *entry) chargeLocked(now time.Time, lim *rate.Limiter) {
+	r := e.rareFor()
+	total := e.spentLocked() + r.checked
+	n := total - r.charged
+	r.charged = total
+	if n <= 0 {
+		return
+	}
+	// Up to the next whole token: the bucket's fraction of a token goes
+	// too (the debt is less than a token). At most the burst, so the
+	// reservation is granted.
+	if have := min(math.Ceil(lim.TokensAt(now)), float64(lim.Burst())); have > 0 {
+		lim.ReserveN(now, int(min(float64(n), have)))
+	}
+}
+
 // ApplyCheck turns the region's answer to a strict Check into a decision
 // and learns the key's limit from it.
 func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluicev1.CheckResponse) (quota.Decision, error) {
@@ -648,6 +681,9 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		e.own().cap = wholeCap(e.view().regionBurst, e.view().limit)
 	}
 	capped, capKnown, refill := e.view().cap, e.view().capKnown, e.view().regionRate
+	if resp.Allowed {
+		e.rareFor().checked += cost
+	}
 	t.clearDegradedLocked(e)
 	e.publishLocked()
 	e.mu.Unlock()
