@@ -59,6 +59,7 @@ var requiredAlerted = []string{
 	"sluice_regional_redis_data_losses_total", // Redis restarted empty
 	"sluice_regional_requests_total",          // regional RPC errors, invalid requests
 	"sluice_client_degraded",                  // degraded mode
+	"sluice_client_degraded_episodes_total",   // degraded episodes shorter than a scrape
 	"sluice_client_rpc_duration_seconds",      // lease RPCs slow or failing
 	"sluice_envoy_degraded_decisions_total",   // Envoy decided by on_failure
 	"sluice_global_leader",                    // no global leader, two leaders
@@ -891,6 +892,7 @@ func TestCatalogListsEveryComponent(t *testing.T) {
 		{"sluice_regional_lua_duration_seconds", "histogram", "script"},
 		{"sluice_regional_decisions_total", "counter", "result"},
 		{"sluice_client_degraded", "gauge", ""},
+		{"sluice_client_degraded_episodes_total", "counter", ""},
 		{"sluice_global_region_report_age_seconds", "gauge", "region"},
 		{"sluice_global_allocation_seconds", "histogram", ""},
 		{"sluice_envoy_request_duration_seconds", "histogram", "result"},

@@ -160,3 +160,37 @@ func TestDegradedModeSharesTheLocalBoundWithTheRegionsAdmissions(t *testing.T) {
 		})
 	}
 }
+
+// TestDegradedEpisodesCountEntriesIntoDegradedMode: an episode begins when
+// the first key is decided by its on_failure policy and ends when the
+// region has answered every degraded key; keys joining an episode under
+// way do not start another.
+func TestDegradedEpisodesCountEntriesIntoDegradedMode(t *testing.T) {
+	tb := newTestTable(t)
+	answer := func(key quota.Key) {
+		t.Helper()
+		if _, err := tb.ApplyCheck(t0, key, 1, &sluicev1.CheckResponse{Allowed: true, Limit: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, s := range []struct {
+		do       func()
+		episodes uint64
+	}{
+		{func() { tb.Fallback(t0, kW, 1) }, 1},
+		{func() { tb.Fallback(t0, kW, 1) }, 1},
+		{func() { tb.Fallback(t0, kR, 1) }, 1},
+		{func() { answer(kW) }, 1},
+		{func() { tb.Fallback(t0, kW, 1) }, 1},
+		{func() { answer(kW) }, 1},
+		{func() { answer(kR) }, 1},
+		{func() { tb.Fallback(t0, kExp, 1) }, 2},
+		{func() { answer(kExp) }, 2},
+		{func() { tb.Fallback(t0, kR, 1) }, 3},
+	} {
+		s.do()
+		if got := tb.DegradedEpisodes(); got != s.episodes {
+			t.Fatalf("step %d: %d episodes, want %d", i, got, s.episodes)
+		}
+	}
+}

@@ -22,6 +22,8 @@ import (
 //	    sample, its distribution is representative)
 //	sluice_client_rpc_duration_seconds{method,code}  histogram per lease RPC
 //	sluice_client_degraded  gauge: 1 while any key decides with on_failure
+//	sluice_client_degraded_episodes_total  counter: entries into degraded
+//	    mode (the gauge rising from 0), also those shorter than a scrape
 //	sluice_client_keys, sluice_client_tokens_held  gauges
 
 // fastSampleRate: one in this many fast-path decisions is timed.
@@ -93,6 +95,7 @@ type tableCollector struct {
 	t         *Table
 	decisions *prometheus.Desc
 	degraded  *prometheus.Desc
+	episodes  *prometheus.Desc
 	keys      *prometheus.Desc
 	tokens    *prometheus.Desc
 }
@@ -105,6 +108,8 @@ func newTableCollector(t *Table) *tableCollector {
 			[]string{"class", "tier", "result", "degraded"}, nil),
 		degraded: prometheus.NewDesc("sluice_client_degraded",
 			"1 while any key is decided by its class's on_failure policy because the regional service is unreachable.", nil, nil),
+		episodes: prometheus.NewDesc("sluice_client_degraded_episodes_total",
+			"Times the instance entered degraded mode (sluice_client_degraded rose from 0), including episodes shorter than a scrape.", nil, nil),
 		keys:   prometheus.NewDesc("sluice_client_keys", "Quota keys the instance tracks.", nil, nil),
 		tokens: prometheus.NewDesc("sluice_client_tokens_held", "Leased tokens held locally, all keys.", nil, nil),
 	}
@@ -113,6 +118,7 @@ func newTableCollector(t *Table) *tableCollector {
 func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.decisions
 	ch <- c.degraded
+	ch <- c.episodes
 	ch <- c.keys
 	ch <- c.tokens
 }
@@ -127,6 +133,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 		degraded = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.degraded, prometheus.GaugeValue, degraded)
+	ch <- prometheus.MustNewConstMetric(c.episodes, prometheus.CounterValue, float64(c.t.DegradedEpisodes()))
 	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(c.t.Len()))
 	ch <- prometheus.MustNewConstMetric(c.tokens, prometheus.GaugeValue, float64(c.t.HeldTokens()))
 }

@@ -36,6 +36,7 @@ type Table struct {
 
 	seq          atomic.Uint64 // last seq handed out
 	degradedKeys atomic.Int64
+	episodes     atomic.Uint64 // times degradedKeys rose from 0
 	closed       atomic.Bool
 	ownerDue     atomic.Int64 // an instant (Table.at): the owner calls Expire again by then (see ExpireFor)
 
@@ -581,7 +582,9 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 	}
 	if !e.has(degradedFlag) {
 		e.set(degradedFlag, true)
-		t.degradedKeys.Add(1)
+		if t.degradedKeys.Add(1) == 1 {
+			t.episodes.Add(1)
+		}
 	}
 	e.mu.Unlock()
 
@@ -736,6 +739,11 @@ func (t *Table) removeLocked(e *entry) {
 	t.foldLocked(e)
 	t.statsMu.Unlock()
 }
+
+// DegradedEpisodes is how many times the table entered degraded mode:
+// DegradedKeys rose from 0. It counts episodes too short for a scrape of
+// DegradedKeys to see.
+func (t *Table) DegradedEpisodes() uint64 { return t.episodes.Load() }
 
 // DegradedKeys is how many keys last decided with their on_failure policy
 // and have not been answered by the region since.
