@@ -114,6 +114,8 @@ func TestValidateEdgeCases(t *testing.T) {
 		}, []string{"regions.eu-west.max_share: must be in (0, 1], got 1.5"}},
 		{"max share 0, weights known", func(c *Config) { setRegion(c, "us-east", Region{Weight: 2, MaxShare: 0}) },
 			[]string{"regions.us-east.max_share: must be in (0, 1], got 0"}},
+		{"min share above a max share out of range", func(c *Config) { setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.2, MaxShare: 0}) },
+			[]string{"regions.us-east.max_share: must be in (0, 1], got 0"}},
 		{"min shares summing to 1 + 1.5e-9", func(c *Config) {
 			setRegion(c, "eu-west", Region{Weight: 1, MinShare: 0.5 + 1.5e-9, MaxShare: 1})
 			setRegion(c, "us-east", Region{Weight: 2, MinShare: 0.5, MaxShare: 1})
