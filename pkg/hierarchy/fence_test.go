@@ -283,6 +283,28 @@ func TestLearningReissuesOnlyWhatIsHeld(t *testing.T) {
 	}
 }
 
+// TestLearningReissuesNothingOnceTheFenceIsFull: while learning, a region
+// whose answers are lost (it keeps reporting the grant a previous leader
+// gave it) is re-issued that grant until its fence holds maxRecs records
+// (the held grant and the re-issues it has not acknowledged), then
+// nothing until the oldest expire.
+func TestLearningReissuesNothingOnceTheFenceIsFull(t *testing.T) {
+	s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 100}) // static shares 50/50
+	for i := range maxRecs + 1 {
+		kd := KeyDemand{Key: s.key, Admitted: 100, Window: time.Second, HeldRate: 60, HeldBurst: 60, HeldValid: 3 * time.Second}
+		ans, err := s.a.Report(s.at(1000+100*i), Report{Region: "a", Seq: uint64(i + 1), Keys: []KeyDemand{kd}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch reissued := i < maxRecs-1; {
+		case reissued && (len(ans.Grants) != 1 || ans.Grants[0].Rate > 60 || !near(ans.Grants[0].Rate, 60)):
+			t.Fatalf("report %d of a holding 60 for 3s, earlier answers lost: %+v; want its 60 again", i+1, ans.Grants)
+		case !reissued && len(ans.Grants) != 0:
+			t.Fatalf("report %d of a holding 60 for 3s, %d answers lost: %+v; want nothing (fence full)", i+1, i, ans.Grants)
+		}
+	}
+}
+
 // TestLearningEndsForReportsAtValidity: a report received at exactly
 // NewAllocator + Validity is answered outside learning: a region holding
 // nothing whose demand is above its static share gets a fenced grant (the
