@@ -40,11 +40,13 @@ type EnvoyDomain struct {
 // unlimited) when it says how; otherwise, or when the walk stops early,
 // the descriptor is unmatched (OK, charged to no key).
 //
-// The quota key charged is (tenant, class): the tenant is the values of
-// the entries matched by nodes without an exact value (no value, or a
-// prefix), in order and joined by ":", so each distinct value has its own
-// bucket as in envoyproxy/ratelimit, or "_" (EnvoyTenantShared) when the
-// path names every value. Tenants listed under tenants get their tier.
+// The quota key charged is (tenant, class): the tenant is made of the
+// values of the entries matched by nodes without an exact value (no
+// value, or a prefix), in order: joined by ":" when they are plain
+// (letters, digits and . _ @ -), else their digest (envoyrls.TreeTenant),
+// so each distinct value has its own bucket as in envoyproxy/ratelimit; or
+// "_" (EnvoyTenantShared) when the path names every value. Tenants listed
+// under tenants get their tier.
 type EnvoyNode struct {
 	// Key is the descriptor entry key this node matches.
 	//

@@ -17,7 +17,10 @@
 //
 // A request is validated completely before the Limiter is called: a request
 // with any invalid part is refused with codes.InvalidArgument and charges
-// nothing, not even for its valid descriptors (DESIGN invariant 6).
+// nothing, not even for its valid descriptors (DESIGN invariant 6). Only a
+// malformed request is invalid (see Errors): every value an entry can
+// carry, and every cost, is decided, because Envoy lets a refused request
+// through (failure_mode_deny: false) uncharged on all its descriptors.
 //
 // # Mapping descriptors to quota keys
 //
@@ -25,9 +28,9 @@
 // A request's domain selects the mappings whose domain equals it; for each
 // descriptor the mappings are tried in config order and the first that
 // matches wins. A descriptor matches a mapping when it has an entry whose
-// key is the mapping's tenant_key (its value is the tenant) and either an
-// entry whose key is class_key (its value is the class) or the mapping
-// has a fixed class. Other entries are ignored.
+// key is the mapping's tenant_key (its value is the tenant, see Tenants)
+// and either an entry whose key is class_key (its value is the class) or
+// the mapping has a fixed class. Other entries are ignored.
 //
 // Example Sluice config:
 //
@@ -81,11 +84,11 @@
 // the entry's key and exactly its value, else the first node whose value
 // ends in * and prefixes it, else the node with the key and no value; no
 // other branch is tried. The node the last entry reaches decides: its
-// class is charged as the key (tenant, class), where the tenant is the
-// values of the entries matched by nodes without an exact value, joined
-// by ":" ("_" when every node named its value), so each distinct value has
-// its own bucket, as in envoyproxy/ratelimit. Resolve does this mapping
-// as a pure function, for other front ends.
+// class is charged as the key (tenant, class), where the tenant is made of
+// the values of the entries matched by nodes without an exact value (see
+// Tenants), so each distinct value has its own bucket, as in
+// envoyproxy/ratelimit. Resolve does this mapping as a pure function, for
+// other front ends.
 //
 // A descriptor that matches no mapping and no tree node with a class, or
 // any descriptor of a domain nothing names, is answered OK with no
@@ -96,16 +99,59 @@
 // charges nothing and is counted in
 // sluice_envoy_unlimited_descriptors_total.
 //
+// # Tenants
+//
+// Envoy sends any value a header, a path or an address holds: "/v1/orders",
+// "a+b@x.com", "Zoë", "2001:db8::1", "", 200 bytes. A tenant holds only
+// letters, digits and . _ : @ -, at most 128 bytes. Every value, and every
+// tuple of values a tree path collects, still gets a valid tenant of its
+// own (TreeTenant, MappingTenant); no two distinct ones share a bucket:
+//
+//   - a tree path that names every value: "_" (config.EnvoyTenantShared),
+//     one bucket for all;
+//   - values made of letters, digits and . _ @ - only (no ':'), the first
+//     not empty, at most 128 bytes joined, and not the single value "_":
+//     the values joined by ":" ("10.0.0.8", "billing:u-1234"), the plain
+//     form;
+//   - any other tuple: its digest, ':' and 32 hex digits of SHA-256 over
+//     the values, each prefixed by its length as a uvarint ("/v1/orders"
+//     is ":f617defe5354411b6a43152194a48108"). A plain form never starts
+//     with ':', so no value can take another's digest; two digests
+//     collide with probability about 2^-128;
+//   - an envoy.descriptors mapping's tenant value: the value itself when
+//     it is a valid tenant (':' allowed, there is one value) and not of a
+//     digest's form, else its digest (the one the tree gives it).
+//
+// The tier of a tenant listed under tenants applies to the tenant as
+// computed: a listed tenant is matched by values whose plain form it is;
+// a value given its digest gets the default tier unless the digest itself
+// is listed.
+//
+// Upgrading from a version that joined every value with ":" changes the
+// tenant, so the bucket (a fresh one, full, once), of tree values that
+// contain ':' (IPv6 addresses, "org:team"; they ran two tuples together:
+// ("p:q", "r") and ("p", "q:r") were one bucket), of a first value that is
+// empty (":x" was both ("", "x") and (":x")), and of the single value "_"
+// (it was the shared bucket of the path naming every value); and of a
+// mapping's tenant value of a digest's form. A listed tenant reached
+// through such a value no longer gets its tier. Every other value that was
+// decided keeps its bucket; the values that were refused (InvalidArgument,
+// so passed unlimited by Envoy) are decided now.
+//
 // # Cost
 //
 // A descriptor costs the request's hits_addend tokens, 0 (unset) meaning 1;
 // a descriptor's own hits_addend, when set, overrides it and must not be 0
-// (Sluice has no zero-cost query). A cost must be in 1..quota.MaxCost and
-// no larger than the key's burst (such a request could never be admitted).
-// Each matched descriptor is charged separately, even when two name the
-// same key. When one descriptor is over limit, tokens already taken for
-// the others stay spent (Envoy's own service behaves the same); this only
-// ever under-admits.
+// (Sluice has no zero-cost query). A cost above the key's burst or above
+// quota.MaxCost can never be admitted: the descriptor is OVER_LIMIT
+// without asking the limiter, charges nothing, and is answered in the
+// never form (limit_remaining 0, no duration_until_reset, no
+// x-ratelimit-reset or retry-after), as envoyproxy/ratelimit answers a
+// hit count above the limit OVER_LIMIT (Target.Never). Each matched
+// descriptor is charged separately, even when two name the same key. When
+// one descriptor is over limit, tokens already taken for the others stay
+// spent (Envoy's own service behaves the same); this only ever
+// under-admits.
 //
 // # Answers
 //
@@ -181,14 +227,16 @@
 // a made-up verdict: Envoy then applies its failure_mode_deny setting
 // (false, the default: the request passes; true: it is refused).
 //
-//   - codes.InvalidArgument: empty domain; no descriptors; a descriptor
-//     with no entries; for a matched descriptor, a tenant or class with
-//     forbidden bytes or bad length (quota.Key rules; for a tree, the
-//     values that make the tenant), a class not in the
-//     config, a tenant or class entry given twice with different values, a
-//     cost out of range (see Cost), is_negative_hits (Sluice does not refund), or a
+//   - codes.InvalidArgument, for a malformed request, one Envoy does not
+//     send or sends only when its route config asks for what Sluice cannot
+//     do: empty domain; no descriptors; a descriptor with no entries; for
+//     a matched descriptor of an envoy.descriptors mapping, a class_key
+//     value that names no configured class, or a tenant or class entry
+//     given twice with different values; a descriptor's own hits_addend
+//     of 0; is_negative_hits (Sluice does not refund); or a
 //     per-descriptor limit override (limits come from the Sluice config).
-//     The message names the descriptor index and the offending field.
+//     The message names the descriptor index and the offending field. No
+//     tenant value and no cost is refused (see Tenants and Cost).
 //   - codes.Unavailable: no Limiter attached yet, no config, or the Limiter
 //     failed (closed during shutdown).
 //   - codes.Canceled / DeadlineExceeded: Envoy gave up on the call.

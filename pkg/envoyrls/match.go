@@ -2,7 +2,7 @@ package envoyrls
 
 import (
 	"fmt"
-	"strconv"
+	"math"
 	"strings"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -26,6 +26,10 @@ type Target struct {
 	// Cost is the tokens the descriptor charges: its own hits_addend, else
 	// the request's, else 1.
 	Cost int64
+	// Never means the descriptor is over limit without asking the
+	// limiter, and charges nothing: its cost exceeds what one request on
+	// the key can ever be admitted (the key's burst, or quota.MaxCost).
+	Never bool
 	// Resolved is Key's limit and class from the config.
 	Resolved config.Resolved
 	// Shadow means the descriptor is never refused: its verdict is
@@ -62,9 +66,6 @@ func resolveInto(dst []Target, cfg *config.Config, req *rlsv3.RateLimitRequest) 
 	if requestCost == 0 {
 		requestCost = 1
 	}
-	if err := quota.ValidateCost(requestCost); err != nil {
-		return nil, fmt.Errorf("hits_addend: %w", err)
-	}
 	targets := dst[:0]
 	if cap(targets) < len(descs) {
 		targets = make([]Target, 0, len(descs))
@@ -84,12 +85,10 @@ func resolveInto(dst []Target, cfg *config.Config, req *rlsv3.RateLimitRequest) 
 				return nil, fmt.Errorf("descriptors[%d] (tenant %q, class %q): %w", i, t.Key.Tenant, t.Key.Class, err)
 			}
 			t.Shadow = t.Shadow || t.Resolved.Shadow
-			// The limiter refuses such a cost too, but only when its turn
-			// comes, after earlier descriptors were charged.
-			if t.Cost > t.Resolved.Limit.Burst {
-				return nil, fmt.Errorf("descriptors[%d] (tenant %q, class %q): %w: cost %d exceeds the key's burst %d, so it can never be admitted",
-					i, t.Key.Tenant, t.Key.Class, quota.ErrInvalid, t.Cost, t.Resolved.Limit.Burst)
-			}
+			// No wait admits such a cost (the limiter would refuse it as
+			// invalid): it is over limit, as envoyproxy/ratelimit answers
+			// a hit count above the limit.
+			t.Never = t.Cost > min(t.Resolved.Limit.Burst, quota.MaxCost)
 		}
 		targets[i] = t
 	}
@@ -125,7 +124,7 @@ func resolveDescriptor(mappings []config.EnvoyDescriptor, domain string, d *rate
 				continue
 			}
 		}
-		key := quota.Key{Tenant: tenant, Class: class}
+		key := quota.Key{Tenant: MappingTenant(tenant), Class: class}
 		if err := key.Validate(); err != nil {
 			return Target{}, fmt.Errorf("%s: %w", mappingFields(m), err)
 		}
@@ -149,18 +148,17 @@ func resolveTree(tree *config.EnvoyDomain, d *ratelimitv3.RateLimitDescriptor, r
 	}
 	nodes := tree.Descriptors
 	var node *config.EnvoyNode
-	tenant, wild := "", 0 // the values of the entries no exact node matched
+	// The values of the entries no exact node matched: a path has at most
+	// config.MaxEnvoyDepth levels.
+	var wildArr [config.MaxEnvoyDepth]string
+	wild := wildArr[:0]
 	for i, e := range entries {
 		node = matchNode(nodes, e.GetKey(), e.GetValue())
 		if node == nil {
 			return Target{}, nil
 		}
 		if !node.Exact() {
-			if wild > 0 {
-				tenant += ":"
-			}
-			tenant += e.GetValue()
-			wild++
+			wild = append(wild, e.GetValue())
 		}
 		if i < len(entries)-1 {
 			nodes = node.Descriptors
@@ -172,13 +170,7 @@ func resolveTree(tree *config.EnvoyDomain, d *ratelimitv3.RateLimitDescriptor, r
 	case node.Class == "":
 		return Target{}, nil
 	}
-	if wild == 0 {
-		tenant = config.EnvoyTenantShared
-	}
-	key := quota.Key{Tenant: tenant, Class: node.Class}
-	if err := key.Validate(); err != nil {
-		return Target{}, fmt.Errorf("the values of the entries matched by a node without an exact value make the tenant: %w", err)
-	}
+	key := quota.Key{Tenant: TreeTenant(wild...), Class: node.Class}
 	cost, err := descriptorCost(d, requestCost)
 	if err != nil {
 		return Target{}, err
@@ -246,10 +238,7 @@ func descriptorCost(d *ratelimitv3.RateLimitDescriptor, requestCost int64) (int6
 	if v == 0 {
 		return 0, fmt.Errorf("%w: hits_addend is 0; Sluice charges at least 1 token (leave it unset to use the request's)", quota.ErrInvalid)
 	}
-	if v > quota.MaxCost {
-		return 0, fmt.Errorf("%w: hits_addend %s exceeds the maximum cost %d", quota.ErrInvalid, strconv.FormatUint(v, 10), quota.MaxCost)
-	}
-	return int64(v), nil
+	return int64(min(v, math.MaxInt64)), nil
 }
 
 // mappingFields names the entries a mapping reads, for error messages.

@@ -200,8 +200,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, sc *s
 			s.m.unmatched.Inc()
 			continue
 		}
-		d, err := box.Allow(ctx, t.Key, t.Cost)
-		if err != nil {
+		var d quota.Decision
+		if t.Never {
+			// Nothing asked, nothing charged: no wait admits the cost.
+			d = quota.Decision{WouldDeny: true, Limit: t.Resolved.Limit.Burst, RetryNever: true}
+		} else if d, err = box.Allow(ctx, t.Key, t.Cost); err != nil {
 			out, err := s.failed(ctx, i, t, err)
 			return nil, nil, out, err
 		}
