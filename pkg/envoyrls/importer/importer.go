@@ -24,6 +24,18 @@
 //     descriptor values.
 //   - replaces, and requests_per_unit 0 (a block list), have no Sluice
 //     equivalent and are refused.
+//   - A descriptor without a value, or with a prefix, gives each value its
+//     own bucket in both services. A note names them: Sluice limits a
+//     value of other bytes than letters, digits and . _ @ - (a path, an
+//     IPv6 address, text), or a tuple holding one, under a tenant of ':'
+//     and 32 hex digits (see package envoyrls, "Tenants"), which only the
+//     default tier and a tenant listed by that name reach; a prefix that
+//     holds such a byte is named on its own, every value under it being
+//     limited so.
+//
+// Every problem names the file and the descriptor's path in it
+// (descriptors[1].descriptors[0]), also those the Sluice config's rules
+// find in the converted trees.
 //
 // Class settings of a class the base config already has are kept (a
 // re-import updates only its limits); new classes get the defaults. A
@@ -40,6 +52,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -156,6 +169,7 @@ func Convert(base *config.Config, files []File) (Result, error) {
 	}
 	c := converter{cfg: next, used: map[string]bool{}}
 	domains := map[string]string{}
+	fileOf := map[string]string{} // "envoy.domains[i]" → the file of its tree
 	for _, f := range files {
 		if f.Domain == "" {
 			c.fail("%s: domain: is required", f.Name)
@@ -184,9 +198,18 @@ func Convert(base *config.Config, files []File) (Result, error) {
 		} else {
 			next.Envoy.Domains = append(next.Envoy.Domains, tree)
 		}
+		for i := range next.Envoy.Domains {
+			if next.Envoy.Domains[i].Domain == f.Domain {
+				fileOf["envoy.domains["+strconv.Itoa(i)+"]"] = f.Name
+			}
+		}
 	}
 	if len(c.errs) > 0 {
 		return Result{}, errors.Join(c.errs...)
+	}
+	if len(c.wild) > 0 {
+		c.note("each value of a descriptor without a value or with a prefix has a bucket of its own (%s); a value of other bytes than letters, digits and . _ @ - (a path, an IPv6 address, text), or a tuple holding one, is limited under a tenant of ':' and 32 hex digits, in the default tier",
+			strings.Join(c.wild, "; "))
 	}
 	for _, name := range unreferenced(base, next) {
 		c.note("class %q is no longer named by envoy.domains; remove it if nothing else uses it", name)
@@ -199,7 +222,7 @@ func Convert(base *config.Config, files []File) (Result, error) {
 	}
 	out, err := config.Parse(data)
 	if err != nil {
-		return Result{}, fmt.Errorf("the imported config does not validate: %w", err)
+		return Result{}, fmt.Errorf("the imported config does not validate: %w", inFiles(err, fileOf))
 	}
 	return Result{Config: out, Notes: c.notes}, nil
 }
@@ -209,6 +232,8 @@ type converter struct {
 	used  map[string]bool // class names given out by this import
 	errs  []error
 	notes []string
+	// wild names the descriptors without a value or with a prefix.
+	wild []string
 }
 
 func (c *converter) fail(format string, args ...any) {
@@ -238,6 +263,12 @@ func (c *converter) nodes(file, domain, path, stat string, ds []Descriptor) []co
 			name = stat + "." + name
 		}
 		n := config.EnvoyNode{Key: d.Key, Value: d.Value}
+		if !n.Exact() {
+			c.wild = append(c.wild, where)
+			if prefix := strings.TrimSuffix(d.Value, "*"); d.Value != "" && !plain(prefix) {
+				c.note("%s: every value of prefix %q holds bytes other than letters, digits and . _ @ -, so each is limited under a tenant of ':' and 32 hex digits, in the default tier", where, d.Value)
+			}
+		}
 		if d.DetailedMetric {
 			c.note("%s: detailed_metric dropped: Sluice's metrics never carry descriptor values", where)
 		}
@@ -329,6 +360,49 @@ func fit(name, whole string) string {
 	h.Write([]byte(whole))
 	suffix := fmt.Sprintf("-%08x", h.Sum32())
 	return name[:quota.MaxClassLen-len(suffix)] + suffix
+}
+
+// plain says whether s holds only bytes of a plain tenant value (see
+// envoyrls.TreeTenant): a class name's bytes but ':'.
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == ':' || !validByte(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// inFiles rewrites the problems config validation found in the imported
+// trees (paths under envoy.domains[i], per fileOf) to name the file and
+// the descriptor's path in it, as the importer's own problems do; the
+// others are left as they are.
+func inFiles(err error, fileOf map[string]string) error {
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	out := make([]error, 0, len(errs))
+	for _, e := range errs {
+		var fe *config.FieldError
+		if !errors.As(e, &fe) {
+			out = append(out, e)
+			continue
+		}
+		prefix, _, _ := strings.Cut(fe.Path, ".")
+		if i := strings.Index(fe.Path, "]"); strings.HasPrefix(fe.Path, "envoy.domains[") && i > 0 {
+			prefix = fe.Path[:i+1]
+		}
+		file, ok := fileOf[prefix]
+		if !ok {
+			out = append(out, e)
+			continue
+		}
+		rest := strings.TrimPrefix(strings.TrimPrefix(fe.Path, prefix), ".")
+		msg := strings.ReplaceAll(fe.Message, prefix+".", "")
+		out = append(out, fmt.Errorf("%w: %s: %s: %s", config.ErrInvalidConfig, file, rest, msg))
+	}
+	return errors.Join(out...)
 }
 
 func validByte(c byte) bool {

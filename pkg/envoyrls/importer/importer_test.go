@@ -95,7 +95,7 @@ func TestImportDocs(t *testing.T) {
 		}
 	}
 	notes := strings.Join(res.Notes, "\n")
-	for _, n := range []string{"detailed_metric dropped", "example8.yaml"} {
+	for _, n := range []string{"detailed_metric dropped", "example8.yaml", `3_edge_proxy_per_ip.yaml: descriptors[0] (key "remote_address")`, "32 hex digits"} {
 		if !strings.Contains(notes, n) {
 			t.Errorf("notes lack %q:\n%s", n, notes)
 		}
@@ -147,6 +147,52 @@ func TestImportRefusals(t *testing.T) {
 	}
 	if _, err := importer.Convert(mustBase(t), []importer.File{f}); err == nil || !strings.Contains(err.Error(), "tiers.free.d.k.burst") {
 		t.Errorf("4e9 per second: %v", err)
+	}
+	// What the config's rules refuse in a converted tree names the file
+	// and the descriptor, not the generated envoy.domains path.
+	for dir, want := range map[string]string{
+		"duplicate_descriptor": `a.yaml: descriptors[0].descriptors[1]: duplicates descriptors[0].descriptors[0] (key "j", value "v")`,
+		"key_with_space":       `a.yaml: descriptors[0].key: "bad key" has a space`,
+	} {
+		files, err := importer.ReadDir("testdata/refused/" + dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = importer.Convert(mustBase(t), files)
+		if !errors.Is(err, config.ErrInvalidConfig) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "envoy.domains[") {
+			t.Errorf("%s: got %v\nwant an ErrInvalidConfig saying %q", dir, err, want)
+		}
+	}
+}
+
+// TestImportNotesDigestPrefixes: a prefix holding a byte no plain tenant
+// holds is named in a note, since every value under it is limited under a
+// digest; a plain prefix is not.
+func TestImportNotesDigestPrefixes(t *testing.T) {
+	f, err := importer.Parse("paths.yaml", []byte(`domain: d
+descriptors:
+  - {key: path, value: "/v1/*", rate_limit: {unit: second, requests_per_unit: 5}}
+  - {key: user, value: "user-*", rate_limit: {unit: second, requests_per_unit: 5}}
+  - {key: addr, value: "2001:db8:*", rate_limit: {unit: second, requests_per_unit: 5}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := importer.Convert(mustBase(t), []importer.File{f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes := strings.Join(res.Notes, "\n")
+	for _, want := range []string{
+		`paths.yaml: descriptors[0] (key "path"): every value of prefix "/v1/*"`,
+		`paths.yaml: descriptors[2] (key "addr"): every value of prefix "2001:db8:*"`,
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+	if strings.Contains(notes, `prefix "user-*"`) {
+		t.Errorf("a plain prefix is named as digested:\n%s", notes)
 	}
 }
 
