@@ -55,7 +55,10 @@
 //	retry_after_ms  on a denial, when to retry (at least 1); 0 when
 //	                allowed or retry_never
 //	retry_never     a denial no wait cures while the region's cap and rate
-//	                stay as they are (cost above what the region can hold)
+//	                stay as they are (cost above the region's cap for the
+//	                key, or a zero rate); a cost within the cap that tokens
+//	                out in other instances' leases keep from the region's
+//	                bucket is a denial with retry_after_ms instead
 //	degraded        decided by the class's on_failure policy because the
 //	                region could not be reached
 //

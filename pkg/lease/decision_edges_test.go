@@ -325,7 +325,9 @@ func TestNeverCountsThePoolTowardsTheNeed(t *testing.T) {
 	}
 	b, _ := tb.PrepareAcquire(t0, kW, 5)
 	r := b.Reports[0]
-	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(r, 0, func(g *sluicev1.Grant) { g.RetryAfterMs = -1 })}); err != nil {
+	// Never at a zero rate: no wait brings the tokens.
+	never := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate = -1, 0 }
+	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(r, 0, never)}); err != nil {
 		t.Fatal(err)
 	}
 	if r.Min != 3 {

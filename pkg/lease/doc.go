@@ -34,9 +34,12 @@
 //	           crossing the low-water mark → ActRefill.
 //	           Otherwise: negUntil in the future → denied with RetryAfter
 //	           when the region named a wait for a need (tokens beyond the
-//	           pool) no smaller than this request's, or with RetryNever
-//	           when it answered "never" (-1) for a need no larger than
-//	           this request's; strict → ActCheck; else ActAcquire (a need
+//	           pool) no smaller than this request's; when it answered
+//	           "never" (-1) for a need no larger than this request's, with
+//	           RetryAfter until negUntil (the key asks again then) for a
+//	           cost within the region's cap at a positive rate (what held
+//	           the tokens was other leases, which come back), else with
+//	           RetryNever; strict → ActCheck; else ActAcquire (a need
 //	           the last negative answer was not about asks the region).
 //	PrepareAcquire / PrepareSync / PrepareRefill
 //	           build a report and mark the key in flight (one report per

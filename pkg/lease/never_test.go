@@ -5,6 +5,7 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // TestLeaseNeverDenial: when the region answers a lease request "never"
@@ -15,7 +16,9 @@ import (
 // may hold what it needs now). After the refresh the key asks again, in
 // case the region's cap grew.
 func TestLeaseNeverDenial(t *testing.T) {
-	never := func(g *sluicev1.Grant) { g.RetryAfterMs = -1 }
+	// At a zero rate no wait brings any token (a "never" for a cost
+	// within the cap at a positive rate is a wait: TestNeverWithinTheCapIsAWait).
+	never := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate = -1, 0 }
 	tb := newTestTable(t)
 	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 0, never)
 	d, act := allow(t, tb, t0.Add(100*time.Millisecond), kW, 1)
@@ -44,8 +47,77 @@ func TestLeaseNeverDenial(t *testing.T) {
 
 	// Shadow: served, so no RetryNever.
 	tb = newTestTable(t)
-	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 0, func(g *sluicev1.Grant) { g.RetryAfterMs, g.Shadow = -1, true })
+	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 0, func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate, g.Shadow = -1, 0, true })
 	if d, _ := allow(t, tb, t0.Add(100*time.Millisecond), kW, 1); !d.Allowed || !d.WouldDeny || d.RetryNever {
 		t.Errorf("shadow never: %+v, want allowed, WouldDeny, no RetryNever", d)
+	}
+}
+
+// TestNeverWithinTheCapIsAWait: the region answers "never" when its
+// bucket's cap less the tokens out in leases cannot hold what was asked.
+// Tokens out in leases come back (released, expired), so a cost within
+// the region's cap at a positive rate is denied with a wait: on the lease
+// path until the key asks the region again (its next refresh after the
+// answer), on the strict path a refresh. RetryNever is kept for a cost
+// above the cap, a zero rate, or a cap not known.
+func TestNeverWithinTheCapIsAWait(t *testing.T) {
+	const capTokens = 4 // region burst 4.5, limit 10: a cap of 4 whole tokens
+	burst, rate, zero := 4.5, 2.0, 0.0
+	for _, tc := range []struct {
+		name      string
+		strict    bool
+		cost      int64
+		rate      *float64
+		noCap     bool // the answer names no burst: the cap is not known
+		wantNever bool
+	}{
+		{name: "lease: one token", cost: 1, rate: &rate},
+		{name: "lease: the whole cap", cost: capTokens, rate: &rate},
+		{name: "lease: a token above the cap", cost: capTokens + 1, rate: &rate, wantNever: true},
+		{name: "lease: zero rate", cost: 1, rate: &zero, wantNever: true},
+		{name: "strict: one token", strict: true, cost: 1, rate: &rate},
+		{name: "strict: the whole cap", strict: true, cost: capTokens, rate: &rate},
+		{name: "strict: a token above the cap", strict: true, cost: capTokens + 1, rate: &rate, wantNever: true},
+		{name: "strict: zero rate", strict: true, cost: 1, rate: &zero, wantNever: true},
+		{name: "strict: no cap known", strict: true, cost: 1, rate: &rate, noCap: true, wantNever: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := newTestTable(t)
+			answered := t0.Add(10 * time.Millisecond)
+			now := t0.Add(100 * time.Millisecond)
+			var d quota.Decision
+			if tc.strict {
+				resp := &sluicev1.CheckResponse{Limit: 10, RetryAfterMs: -1, RegionRate: tc.rate, RegionBurst: &burst}
+				if tc.noCap {
+					resp.RegionRate, resp.RegionBurst = nil, nil
+				}
+				var err error
+				if d, err = tb.ApplyCheck(now, kExp, tc.cost, resp); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				acquire(t, tb, t0, answered, kW, tc.cost, 0, func(g *sluicev1.Grant) {
+					g.RetryAfterMs, g.RegionRate, g.RegionBurst, g.Limit, g.LiveInstances = -1, *tc.rate, burst, 10, 4
+				})
+				var act Action
+				if d, act = allow(t, tb, now, kW, tc.cost); act != ActNone {
+					t.Fatalf("after the never answer: action %v, want a decision", act)
+				}
+			}
+			if d.Allowed || !d.WouldDeny {
+				t.Fatalf("decision %+v, want denied", d)
+			}
+			wantRetry := time.Duration(0)
+			switch {
+			case tc.wantNever:
+			case tc.strict:
+				wantRetry = tb.Options().Refresh
+			default:
+				wantRetry = answered.Add(tb.Options().Refresh).Sub(now) // until the key asks again
+			}
+			if d.RetryNever != tc.wantNever || d.RetryAfter != wantRetry {
+				t.Fatalf("decision %+v; want RetryNever %v, RetryAfter %v", d, tc.wantNever, wantRetry)
+			}
+		})
 	}
 }

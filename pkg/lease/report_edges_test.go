@@ -161,7 +161,8 @@ func TestNeverAnswerToAReportWithoutMinDeniesOneToken(t *testing.T) {
 	if b == nil || b.Reports[0].Min != 0 || b.Reports[0].Want <= 0 {
 		t.Fatalf("acquire for cost 0: batch %v, want one report with min 0 and want > 0", b)
 	}
-	g := regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs = -1 })
+	// At a zero rate: no wait brings the token.
+	g := regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate = -1, 0 })
 	if err := tb.Apply(t0, b, []*sluicev1.Grant{g}); err != nil {
 		t.Fatal(err)
 	}

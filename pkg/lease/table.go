@@ -447,8 +447,13 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 		switch {
 		case in.negNever && need >= int64(in.negNeed):
 			// The region said no wait will bring this many tokens while
-			// its cap and the leases out stay as they are: promise no
-			// time (the owner still asks again after negUntil).
+			// its cap and the leases out stay as they are. Tokens out in
+			// leases come back (released, expired): a cost within the
+			// cap waits for the next time the key asks (negUntil). Only
+			// a cost above the cap, or a zero rate, is never admitted.
+			if in.withinCap(cost) {
+				return t.deny(e, in, cost, time.Duration(in.negUntil-at)), ActNone, nil
+			}
 			d := t.deny(e, in, cost, 0)
 			d.RetryNever = !d.Allowed
 			return d, ActNone, nil
@@ -496,6 +501,14 @@ func (in *keyInfo) expected(pool int64) int64 {
 		r = min(r, in.cap)
 	}
 	return r
+}
+
+// withinCap reports whether a request of cost tokens the region answered
+// "never" can still be admitted once the tokens out in leases come back:
+// the region's cap for the key is known and holds cost, and its rate is
+// positive.
+func (in *keyInfo) withinCap(cost int64) bool {
+	return in.capKnown && cost <= in.cap && in.regionRate > 0
 }
 
 // wholeCap is the region's burst cap in whole tokens, at most the
@@ -684,6 +697,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		e.own().cap = wholeCap(e.view().regionBurst, e.view().limit)
 	}
 	capped, capKnown, refill := e.view().cap, e.view().capKnown, e.view().regionRate
+	withinCap := e.view().withinCap(cost)
 	if resp.Allowed {
 		e.rareFor().checked += cost
 	}
@@ -713,7 +727,16 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		e.count(slot(ResultShadowDenied, false))
 	default:
 		d.RetryAfter = time.Duration(max(0, resp.RetryAfterMs)) * time.Millisecond
-		d.RetryNever = resp.RetryAfterMs < 0 // the region says no wait will do
+		switch {
+		case resp.RetryAfterMs >= 0:
+		case withinCap:
+			// The region's bucket cannot hold cost now because tokens are
+			// out in leases; they come back (released, expired), so the
+			// caller may ask again after a refresh.
+			d.RetryAfter = t.opts.Refresh
+		default:
+			d.RetryNever = true // cost above the cap, or a zero rate: no wait will do
+		}
 		d.Remaining = min(d.Remaining, cost-1)
 		e.count(slot(ResultDenied, false))
 	}

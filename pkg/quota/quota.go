@@ -219,9 +219,11 @@ type Decision struct {
 	// when allowed, and when RetryNever is set.
 	RetryAfter time.Duration
 	// RetryNever is set on a denial no wait can cure while the region's
-	// cap and rate stay as they are: the cost exceeds what the region's
-	// bucket can ever hold (its cap less the tokens out in leases), or its
-	// rate is zero. No Retry-After is promised then.
+	// cap and rate stay as they are: the cost exceeds the region's cap for
+	// the key, or its rate is zero. No Retry-After is promised then. A
+	// cost within the cap that the region's bucket cannot hold now only
+	// because tokens are out in other instances' leases is a denial with
+	// a RetryAfter: those tokens come back (released, expired).
 	RetryNever bool
 	// Degraded is set when the decision came from the class's on_failure
 	// policy because the regional service could not be reached.

@@ -239,8 +239,10 @@ type Grant struct {
 	// never: min exceeds what the regional bucket can ever hold at its
 	// current cap (the cap less the tokens out in leases), or the region's
 	// rate is zero. No wait will do while these stay as they are; callers
-	// must not turn -1 into a retry time (the client denies with
-	// Decision.RetryNever and asks again at its next refresh).
+	// must not turn -1 into a retry time of the region's. Tokens out in
+	// leases come back, so the client denies a request whose cost is within
+	// the region's cap at a positive rate with a wait until it asks again
+	// (its next refresh), and any other with Decision.RetryNever.
 	RetryAfterMs int64 `protobuf:"varint,6,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// The rate the region currently refills this key at (tokens/s).
 	RegionRate float64 `protobuf:"fixed64,7,opt,name=region_rate,json=regionRate,proto3" json:"region_rate,omitempty"`
@@ -789,8 +791,10 @@ type CheckResponse struct {
 	// When denied: how long until cost tokens are available, or -1 for never:
 	// cost exceeds what the regional bucket can ever hold at its current cap
 	// (the cap less the tokens out in leases), or the region's rate is zero.
-	// No wait will do while these stay as they are: the client answers
-	// Decision.RetryNever and promises no Retry-After.
+	// No wait will do while these stay as they are. The client answers
+	// Decision.RetryNever, promising no Retry-After, when cost exceeds the
+	// cap or the rate is zero; a cost within the cap waits a refresh for
+	// the tokens out in leases to come back.
 	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// How long until the regional bucket is full again.
 	ResetMs int64 `protobuf:"varint,5,opt,name=reset_ms,json=resetMs,proto3" json:"reset_ms,omitempty"`
