@@ -169,6 +169,25 @@ func TestValidateAcceptsSampleFromFileAndStdin(t *testing.T) {
 	wantContains(t, "stdout", r.stdout, "ok: 3 regions")
 }
 
+// TestValidateNotesDigestedPrefixes: a valid config whose envoy.domains
+// prefix holds a byte no plain tenant holds is accepted with a note
+// naming the node, since every value under it has a digest for tenant.
+func TestValidateNotesDigestedPrefixes(t *testing.T) {
+	cfg := string(config.SampleYAML()) + `
+  domains:
+    - domain: edge
+      descriptors:
+        - {key: path, value: "/v1/*", class: read}
+        - {key: user, value: "user-*", class: read}
+`
+	r := sluicectl(t, "", "validate", "-f", writeFile(t, "paths.yaml", cfg))
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, `note: envoy.domains[0].descriptors[0] (key "path"): every value of prefix "/v1/*"`)
+	if strings.Contains(r.stderr, "user-*") {
+		t.Errorf("a plain prefix is noted: %s", r.stderr)
+	}
+}
+
 func TestValidateReportsEveryProblemByField(t *testing.T) {
 	r := sluicectl(t, "", "validate", "-f", writeFile(t, "bad.yaml", invalidYAML))
 	wantCode(t, r, exitInvalid)

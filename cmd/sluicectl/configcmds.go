@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
+	"github.com/sluicehq/sluice/pkg/envoyrls/importer"
 )
 
 // readConfigFile parses and validates a config file ("-" is stdin).
@@ -122,6 +123,9 @@ func (a *app) validateCmd(fs *flag.FlagSet) func(context.Context, []string) erro
 		}
 		if err := storable(cfg, name, "fix the problems above: apply would refuse it"); err != nil {
 			return err
+		}
+		for _, n := range importer.DigestedPrefixes(cfg) {
+			fmt.Fprintln(a.stderr, "note: "+n)
 		}
 		fmt.Fprintf(a.stdout, "ok: %d regions, %d classes, %d tiers, %d tenants\n",
 			len(cfg.Regions), len(cfg.Classes), len(cfg.Tiers), len(cfg.Tenants))

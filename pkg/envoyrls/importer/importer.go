@@ -362,6 +362,31 @@ func fit(name, whole string) string {
 	return name[:quota.MaxClassLen-len(suffix)] + suffix
 }
 
+// DigestedPrefixes names, one sentence each, the envoy.domains nodes of
+// cfg whose prefix holds a byte no plain tenant value holds (a path's
+// '/', an address's ':'): every value under such a node is limited under
+// a digest tenant, ':' and 32 hex digits (see package envoyrls,
+// "Tenants"), which only the default tier and a tenant listed by that
+// name reach. sluicectl validate prints them as notes.
+func DigestedPrefixes(cfg *config.Config) []string {
+	var out []string
+	var walk func(path string, nodes []config.EnvoyNode)
+	walk = func(path string, nodes []config.EnvoyNode) {
+		for i := range nodes {
+			n := &nodes[i]
+			p := path + "[" + strconv.Itoa(i) + "]"
+			if prefix, ok := strings.CutSuffix(n.Value, "*"); ok && !plain(prefix) {
+				out = append(out, fmt.Sprintf("%s (key %q): every value of prefix %q holds bytes other than letters, digits and . _ @ -, so each is limited under a tenant of ':' and 32 hex digits, in the default tier", p, n.Key, n.Value))
+			}
+			walk(p+".descriptors", n.Descriptors)
+		}
+	}
+	for i, d := range cfg.Envoy.Domains {
+		walk("envoy.domains["+strconv.Itoa(i)+"].descriptors", d.Descriptors)
+	}
+	return out
+}
+
 // plain says whether s holds only bytes of a plain tenant value (see
 // envoyrls.TreeTenant): a class name's bytes but ':'.
 func plain(s string) bool {
