@@ -2,6 +2,7 @@ package luascripts
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -161,11 +162,26 @@ func TestLuaMatchesModel(t *testing.T) {
 				return r
 			}
 
+			// The call's deadline: none, not yet reached (at most at
+			// now: a call at its deadline still acts), or past (the call
+			// changes nothing and answers too late).
+			var dl int64
+			switch rapid.IntRange(0, 3).Draw(rt, "deadline") {
+			case 1:
+				dl = now + rapid.SampledFrom([]int64{0, 1, 1_000_000}).Draw(rt, "deadline_ahead")
+			case 2:
+				dl = now - rapid.SampledFrom([]int64{1, 1_000_000}).Draw(rt, "deadline_behind")
+			}
+			withDL := func(c Common) Common {
+				c.DeadlineUS = dl
+				return c
+			}
 			var got, want any
 			var err error
 			switch opn := rapid.IntRange(0, 8).Draw(rt, "op"); opn {
 			case 8:
 				// The region leader trims the candidate set.
+				dl = 0 // no script runs
 				below := now - rapid.Int64Range(0, 10e6).Draw(rt, "trim_ago")
 				m.TrimCandidates(kc.keys.Cand, below)
 				if err := rdb.ZRemRangeByScore(ctx, kc.keys.Cand, "-inf", "("+strconv.FormatInt(below, 10)).Err(); err != nil {
@@ -175,6 +191,7 @@ func TestLuaMatchesModel(t *testing.T) {
 			case 7:
 				// Redis restarts empty: every key and sentinel is gone
 				// while the instances keep their views.
+				dl = 0 // no script runs
 				if err := rdb.FlushDB(ctx).Err(); err != nil {
 					rt.Fatalf("flushdb: %v", err)
 				}
@@ -183,23 +200,23 @@ func TestLuaMatchesModel(t *testing.T) {
 				got, want = 0, 0
 			case 0:
 				r := report(false)
-				want = m.Acquire(now, kc.keys, kc.c, r)
-				got, err = sc.Acquire(ctx, rdb, kc.keys, kc.c, r)
+				want = m.Acquire(now, kc.keys, withDL(kc.c), r)
+				got, err = sc.Acquire(ctx, rdb, kc.keys, withDL(kc.c), r)
 			case 1:
 				r := report(true)
-				want = m.Sync(now, kc.keys, kc.c, r)
-				got, err = sc.Sync(ctx, rdb, kc.keys, kc.c, r)
+				want = m.Sync(now, kc.keys, withDL(kc.c), r)
+				got, err = sc.Sync(ctx, rdb, kc.keys, withDL(kc.c), r)
 			case 2:
 				r := report(true)
-				want = m.Release(now, kc.keys, kc.c, r)
-				got, err = sc.Release(ctx, rdb, kc.keys, kc.c, r)
+				want = m.Release(now, kc.keys, withDL(kc.c), r)
+				got, err = sc.Release(ctx, rdb, kc.keys, withDL(kc.c), r)
 			case 3:
 				cost := rapid.Int64Range(1, 30).Draw(rt, "cost")
-				want = m.Check(now, kc.keys, kc.c, cost)
-				got, err = sc.Check(ctx, rdb, kc.keys, kc.c, cost)
+				want = m.Check(now, kc.keys, withDL(kc.c), cost)
+				got, err = sc.Check(ctx, rdb, kc.keys, withDL(kc.c), cost)
 			case 4:
-				want = m.Reap(now, kc.keys, kc.c)
-				got, err = sc.Reap(ctx, rdb, kc.keys, kc.c)
+				want = m.Reap(now, kc.keys, withDL(kc.c))
+				got, err = sc.Reap(ctx, rdb, kc.keys, withDL(kc.c))
 			case 5:
 				rate := rapid.SampledFrom([]float64{0, 0.25, 2, 40, 500.5, 399.99999999999994, 1.0 / 3, 5e-324, 1e-7, 1e-10}).Draw(rt, "grant_rate")
 				burst := rapid.SampledFrom([]float64{0, 1, 7.5, 100, 2.0 / 3}).Draw(rt, "grant_burst")
@@ -211,8 +228,8 @@ func TestLuaMatchesModel(t *testing.T) {
 					var items []SetRateItem
 					var ws, gs []any
 					for _, kc := range kcs {
-						ws = append(ws, m.SetRate(now, kc.keys, kc.c, rate, burst, exp, issued))
-						items = append(items, SetRateItem{Keys: kc.keys, Common: kc.c, Rate: rate, Burst: burst, ExpiryUS: exp, IssuedUS: issued})
+						ws = append(ws, m.SetRate(now, kc.keys, withDL(kc.c), rate, burst, exp, issued))
+						items = append(items, SetRateItem{Keys: kc.keys, Common: withDL(kc.c), Rate: rate, Burst: burst, ExpiryUS: exp, IssuedUS: issued})
 					}
 					for _, r := range sc.SetRateMany(ctx, rdb, items) {
 						gs = append(gs, r.Reply)
@@ -223,15 +240,15 @@ func TestLuaMatchesModel(t *testing.T) {
 					got, want = gs, ws
 					break
 				}
-				want = m.SetRate(now, kc.keys, kc.c, rate, burst, exp, issued)
-				got, err = sc.SetRate(ctx, rdb, kc.keys, kc.c, rate, burst, exp, issued)
+				want = m.SetRate(now, kc.keys, withDL(kc.c), rate, burst, exp, issued)
+				got, err = sc.SetRate(ctx, rdb, kc.keys, withDL(kc.c), rate, burst, exp, issued)
 			case 6:
 				if rapid.Bool().Draw(rt, "batched") {
 					var items []KeyCommon
 					var ws, gs []any
 					for _, kc := range kcs {
-						ws = append(ws, m.State(now, kc.keys, kc.c))
-						items = append(items, KeyCommon{Keys: kc.keys, Common: kc.c})
+						ws = append(ws, m.State(now, kc.keys, withDL(kc.c)))
+						items = append(items, KeyCommon{Keys: kc.keys, Common: withDL(kc.c)})
 					}
 					for _, r := range sc.StateMany(ctx, rdb, items) {
 						gs = append(gs, r.State)
@@ -242,10 +259,13 @@ func TestLuaMatchesModel(t *testing.T) {
 					got, want = gs, ws
 					break
 				}
-				want = m.State(now, kc.keys, kc.c)
-				got, err = sc.State(ctx, rdb, kc.keys, kc.c)
+				want = m.State(now, kc.keys, withDL(kc.c))
+				got, err = sc.State(ctx, rdb, kc.keys, withDL(kc.c))
 			}
-			if err != nil {
+			if late := dl > 0 && now > dl; late != errors.Is(err, ErrTooLate) {
+				rt.Fatalf("step %d: at %d with deadline %d: error %v", step, now, dl, err)
+			}
+			if err != nil && !errors.Is(err, ErrTooLate) {
 				rt.Fatalf("step %d: script error: %v", step, err)
 			}
 			if !reflect.DeepEqual(got, want) {

@@ -13,6 +13,11 @@
 //   - Redis TIME is the only clock (microseconds). The Go side never passes
 //     a time in; the regional service converts durations to Redis time with
 //     the now_us every reply carries.
+//   - A script acts on the settings its caller chose (the static share or
+//     floor, a grant) only up to Common.DeadlineUS, the end of the bound
+//     the caller chose them for: one that runs later (it waited in a
+//     paused or overloaded Redis) changes nothing and answers
+//     ErrTooLate (the Model: TooLate), as if Redis had not answered.
 //   - Tokens in the bucket plus unspent tokens out in live leases never
 //     exceed the region's current burst cap (DESIGN invariant 3).
 //   - Tokens appear only by refill at the current rate over elapsed time

@@ -37,7 +37,9 @@ func (s *Scripts) StateMany(ctx context.Context, c interface {
 		func(i int) []any { return s.args(items[i].Keys, items[i].Common) },
 		func(i int, res []any, err error) {
 			if err != nil {
-				out[i].Err = fmt.Errorf("state %s: %w", items[i].Keys.Bucket, err)
+				var tl *TooLateError
+				tl, out[i].Err = scriptErr("state", items[i].Keys.Bucket, err)
+				out[i].State.TooLate, out[i].State.NowUS = late(tl)
 				return
 			}
 			out[i].State, out[i].Err = parseState(res)
@@ -72,7 +74,9 @@ func (s *Scripts) SetRateMany(ctx context.Context, c interface {
 		return s.args(it.Keys, it.Common, fmtFloat(it.Rate), fmtFloat(it.Burst), it.ExpiryUS, it.IssuedUS)
 	}, func(i int, res []any, err error) {
 		if err != nil {
-			out[i].Err = fmt.Errorf("set_rate %s: %w", items[i].Keys.Bucket, err)
+			var tl *TooLateError
+			tl, out[i].Err = scriptErr("set_rate", items[i].Keys.Bucket, err)
+			out[i].Reply.TooLate, out[i].Reply.NowUS = late(tl)
 			return
 		}
 		out[i].Reply, out[i].Err = parseSetRate(res)

@@ -643,20 +643,33 @@ func (o *op) saveUnlessUndoOnly(kept bool) {
 	}
 }
 
+// pastDeadline mirrors lib.lua's deadline check in begin: a call at nowUS
+// past c's deadline changes nothing and answers TooLate with its now.
+func pastDeadline(nowUS int64, c Common) bool { return c.DeadlineUS > 0 && nowUS > c.DeadlineUS }
+
 // Acquire mirrors Scripts.Acquire.
 func (m *Model) Acquire(nowUS int64, k Keys, c Common, r Report) LeaseReply {
+	if pastDeadline(nowUS, c) {
+		return LeaseReply{TooLate: true, NowUS: nowUS}
+	}
 	o := m.begin(nowUS, k, c)
 	return o.leaseOp(r.Instance, r, float64(r.Returned))
 }
 
 // Sync mirrors Scripts.Sync.
 func (m *Model) Sync(nowUS int64, k Keys, c Common, r Report) LeaseReply {
+	if pastDeadline(nowUS, c) {
+		return LeaseReply{TooLate: true, NowUS: nowUS}
+	}
 	o := m.begin(nowUS, k, c)
 	return o.leaseOp(r.Instance, r, float64(r.Returned))
 }
 
 // Release mirrors Scripts.Release.
 func (m *Model) Release(nowUS int64, k Keys, c Common, r Report) ReleaseReply {
+	if pastDeadline(nowUS, c) {
+		return ReleaseReply{TooLate: true, NowUS: nowUS}
+	}
 	o := m.begin(nowUS, k, c)
 	o.reap(c.ReapBudget)
 	l := o.ownLease(r.Instance)
@@ -683,6 +696,9 @@ func (m *Model) Release(nowUS int64, k Keys, c Common, r Report) ReleaseReply {
 
 // Check mirrors Scripts.Check.
 func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
+	if pastDeadline(nowUS, c) {
+		return CheckReply{TooLate: true, NowUS: nowUS}
+	}
 	o := m.begin(nowUS, k, c)
 	if o.b.out > 0 {
 		o.reap(c.ReapBudget)
@@ -708,6 +724,9 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 
 // Reap mirrors Scripts.Reap.
 func (m *Model) Reap(nowUS int64, k Keys, c Common) ReapReply {
+	if pastDeadline(nowUS, c) {
+		return ReapReply{TooLate: true, NowUS: nowUS}
+	}
 	o := m.begin(nowUS, k, c)
 	n, back := o.reap(c.ReapBudget)
 	// Reaping can only undo, and marks nothing.
@@ -719,6 +738,9 @@ func (m *Model) Reap(nowUS int64, k Keys, c Common) ReapReply {
 
 // SetRate mirrors Scripts.SetRate.
 func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expiryUS, issuedUS int64) SetRateReply {
+	if pastDeadline(nowUS, c) {
+		return SetRateReply{TooLate: true, NowUS: nowUS}
+	}
 	o := m.begin(nowUS, k, c)
 	exp := float64(expiryUS)
 	applied := float64(issuedUS) >= o.b.gs
@@ -737,6 +759,9 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 
 // State mirrors Scripts.State.
 func (m *Model) State(nowUS int64, k Keys, c Common) State {
+	if pastDeadline(nowUS, c) {
+		return State{TooLate: true, NowUS: nowUS}
+	}
 	o := m.begin(nowUS, k, c)
 	o.reap(c.ReapBudget)
 	if o.stamp || o.leases {

@@ -2,7 +2,6 @@ package luascripts
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -49,7 +48,10 @@ func (s *Scripts) QueueAcquire(ctx context.Context, p redis.Pipeliner, k Keys, c
 func ParseCheck(q *Queued) (CheckReply, error) {
 	res, err := q.Cmd.Slice()
 	if err != nil {
-		return CheckReply{}, fmt.Errorf("check %s: %w", q.keys[0], err)
+		tl, err := scriptErr("check", q.keys[0], err)
+		var cr CheckReply
+		cr.TooLate, cr.NowUS = late(tl)
+		return cr, err
 	}
 	return parseCheck(res)
 }
@@ -58,7 +60,10 @@ func ParseCheck(q *Queued) (CheckReply, error) {
 func ParseLease(q *Queued) (LeaseReply, error) {
 	res, err := q.Cmd.Slice()
 	if err != nil {
-		return LeaseReply{}, fmt.Errorf("lease script %s: %w", q.keys[0], err)
+		tl, err := scriptErr("lease script", q.keys[0], err)
+		var lr LeaseReply
+		lr.TooLate, lr.NowUS = late(tl)
+		return lr, err
 	}
 	return parseLease(res)
 }
@@ -67,7 +72,10 @@ func ParseLease(q *Queued) (LeaseReply, error) {
 func ParseSetRate(q *Queued) (SetRateReply, error) {
 	res, err := q.Cmd.Slice()
 	if err != nil {
-		return SetRateReply{}, fmt.Errorf("set_rate %s: %w", q.keys[0], err)
+		tl, err := scriptErr("set_rate", q.keys[0], err)
+		var sr SetRateReply
+		sr.TooLate, sr.NowUS = late(tl)
+		return sr, err
 	}
 	return parseSetRate(res)
 }

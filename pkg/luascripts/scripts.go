@@ -51,6 +51,13 @@ type Common struct {
 	// regional service passes a quarter epoch. 0: the scripts never mark
 	// (a region with no global tier).
 	MarkEvery time.Duration
+	// DeadlineUS is the latest Redis time (µs) at which a script may still
+	// act on these settings: the caller chose the static share (or floor),
+	// and a grant, from its clock for a call that runs within its bound on
+	// Redis. A script that runs later changes nothing and fails with a
+	// *TooLateError (ErrTooLate); the Model answers TooLate the same way.
+	// 0: no deadline (tests, tools).
+	DeadlineUS int64
 }
 
 func (c Common) args(extra ...any) []any {
@@ -58,7 +65,7 @@ func (c Common) args(extra ...any) []any {
 	if c.Reclaim {
 		reclaim = "1"
 	}
-	a := make([]any, 0, 7+len(extra)+1)
+	a := make([]any, 0, 7+len(extra)+4)
 	a = append(a, fmtFloat(c.StaticRate), fmtFloat(c.StaticBurst), c.LeaseTTL.Milliseconds(), reclaim, c.RestartWait.Milliseconds(), c.ReapBudget,
 		c.DemandWindow.Milliseconds())
 	return append(a, extra...)
@@ -81,6 +88,8 @@ func (c Common) Validate() error {
 		return fmt.Errorf("demand window %v must be at least 1ms", c.DemandWindow)
 	case c.MarkEvery < 0:
 		return fmt.Errorf("mark interval %v must not be negative", c.MarkEvery)
+	case c.DeadlineUS < 0:
+		return fmt.Errorf("deadline %d must not be negative", c.DeadlineUS)
 	}
 	return nil
 }
@@ -148,6 +157,9 @@ type LeaseReply struct {
 	// applied one (another process reports under the same instance id).
 	// Nothing was granted and the lease was forfeited.
 	Conflict bool
+	// TooLate: the script ran after its deadline (Common.DeadlineUS) and
+	// changed nothing; only NowUS is set.
+	TooLate bool
 }
 
 // CheckReply is the answer of check.
@@ -159,6 +171,7 @@ type CheckReply struct {
 	Rate, Cap  float64
 	NowUS      int64
 	Reclaimed  int64 // tokens this call returned from expired leases
+	TooLate    bool  // see LeaseReply.TooLate
 }
 
 // ReleaseReply is the answer of release.
@@ -166,12 +179,14 @@ type ReleaseReply struct {
 	Returned int64
 	NowUS    int64
 	Conflict bool // see LeaseReply.Conflict
+	TooLate  bool // see LeaseReply.TooLate
 }
 
 // ReapReply is the answer of reap.
 type ReapReply struct {
 	Reaped, Returned, Live int64
 	NowUS                  int64
+	TooLate                bool // see LeaseReply.TooLate
 }
 
 // SetRateReply is the answer of set_rate.
@@ -181,6 +196,7 @@ type SetRateReply struct {
 	Outstanding int64
 	NowUS       int64
 	Reclaimed   int64 // tokens this call returned from expired leases
+	TooLate     bool  // see LeaseReply.TooLate
 }
 
 // State is the answer of state: what the region leader reports upward.
@@ -199,6 +215,8 @@ type State struct {
 	StrictDemand int64
 	// Reclaimed is the tokens this read returned from expired leases.
 	Reclaimed int64
+	// TooLate: see LeaseReply.TooLate.
+	TooLate bool
 }
 
 // Holding is what the region holds against its burst cap.
@@ -249,11 +267,11 @@ func build(virtual bool) *Scripts {
 	return sc
 }
 
-// args is cm.args, the candidate arguments of k (the member and the mark
-// interval: the last two, see lib.lua) and, for a virtual clock, the
-// current virtual now.
+// args is cm.args, the deadline and the candidate arguments of k (the
+// member and the mark interval: the last three, see lib.lua) and, for a
+// virtual clock, the current virtual now.
 func (s *Scripts) args(k Keys, cm Common, extra ...any) []any {
-	a := append(cm.args(extra...), k.Member, cm.MarkEvery.Milliseconds())
+	a := append(cm.args(extra...), max(cm.DeadlineUS, 0), k.Member, cm.MarkEvery.Milliseconds())
 	if s.virtualNow != nil {
 		a = append(a, s.virtualNow.Load())
 	}
@@ -333,11 +351,72 @@ func (s *Scripts) StampBorn(ctx context.Context, c interface {
 // bug or a foreign key in Redis, never bad user input.
 var ErrReply = errors.New("unexpected script reply")
 
+// ErrTooLate means a script ran after its Common.DeadlineUS and changed
+// nothing: for the caller, a Redis that did not answer in time. Errors
+// that match it are *TooLateError.
+var ErrTooLate = errors.New("script ran after its deadline and changed nothing")
+
+// TooLateError is a script's answer when it ran after its deadline.
+type TooLateError struct {
+	// NowUS is the Redis time the script ran at; DeadlineUS the deadline
+	// it was given.
+	NowUS, DeadlineUS int64
+}
+
+func (e *TooLateError) Error() string {
+	return fmt.Sprintf("%v: ran at %d, %dµs after its deadline %d", ErrTooLate, e.NowUS, e.NowUS-e.DeadlineUS, e.DeadlineUS)
+}
+
+// Is makes a *TooLateError match ErrTooLate.
+func (e *TooLateError) Is(target error) bool { return target == ErrTooLate }
+
+// tooLate converts a script's error reply 'TOOLATE <now> <deadline>'
+// (lib.lua, begin) into a *TooLateError; other errors come back as they
+// are, and ok is false.
+func tooLate(err error) (*TooLateError, bool) {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return nil, false
+	}
+	f := strings.Fields(re.Error())
+	if len(f) < 3 || f[0] != "TOOLATE" {
+		return nil, false
+	}
+	now, err1 := strconv.ParseInt(f[1], 10, 64)
+	dl, err2 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil {
+		return nil, false
+	}
+	return &TooLateError{NowUS: now, DeadlineUS: dl}, true
+}
+
+// scriptErr names the script and key in a script call's error; a too-late
+// answer becomes a *TooLateError, returned alone too (nil for any other
+// error).
+func scriptErr(name, key string, err error) (*TooLateError, error) {
+	if tl, ok := tooLate(err); ok {
+		return tl, fmt.Errorf("%s %s: %w", name, key, tl)
+	}
+	return nil, fmt.Errorf("%s %s: %w", name, key, err)
+}
+
+// late is the answer's TooLate and NowUS fields for a call that failed
+// with tl (nil: not too late).
+func late(tl *TooLateError) (bool, int64) {
+	if tl == nil {
+		return false, 0
+	}
+	return true, tl.NowUS
+}
+
 // Acquire runs acquire.lua.
 func (s *Scripts) Acquire(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (LeaseReply, error) {
 	res, err := s.acquire.Run(ctx, c, k.list(), s.args(k, cm, r.opArgs()...)...).Slice()
 	if err != nil {
-		return LeaseReply{}, fmt.Errorf("acquire %s: %w", k.Bucket, err)
+		tl, err := scriptErr("acquire", k.Bucket, err)
+		var lr LeaseReply
+		lr.TooLate, lr.NowUS = late(tl)
+		return lr, err
 	}
 	return parseLease(res)
 }
@@ -346,7 +425,10 @@ func (s *Scripts) Acquire(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 func (s *Scripts) Sync(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (LeaseReply, error) {
 	res, err := s.sync.Run(ctx, c, k.list(), s.syncArgs(k, cm, r)...).Slice()
 	if err != nil {
-		return LeaseReply{}, fmt.Errorf("sync %s: %w", k.Bucket, err)
+		tl, err := scriptErr("sync", k.Bucket, err)
+		var lr LeaseReply
+		lr.TooLate, lr.NowUS = late(tl)
+		return lr, err
 	}
 	return parseLease(res)
 }
@@ -395,7 +477,10 @@ func (s *Scripts) SyncMany(ctx context.Context, c interface {
 func (s *Scripts) Release(ctx context.Context, c redis.Scripter, k Keys, cm Common, r Report) (ReleaseReply, error) {
 	res, err := s.release.Run(ctx, c, k.list(), s.args(k, cm, r.releaseArgs()...)...).Slice()
 	if err != nil {
-		return ReleaseReply{}, fmt.Errorf("release %s: %w", k.Bucket, err)
+		tl, err := scriptErr("release", k.Bucket, err)
+		var rr ReleaseReply
+		rr.TooLate, rr.NowUS = late(tl)
+		return rr, err
 	}
 	p := parser{res: res}
 	rr := ReleaseReply{Returned: p.int(0), NowUS: p.int(1), Conflict: p.int(2) == 1}
@@ -419,7 +504,9 @@ func (s *Scripts) ReleaseMany(ctx context.Context, c interface {
 	for i, q := range qs {
 		res, err := q.Cmd.Slice()
 		if err != nil {
-			out[i].Err = fmt.Errorf("release %s: %w", items[i].Keys.Bucket, err)
+			var tl *TooLateError
+			tl, out[i].Err = scriptErr("release", items[i].Keys.Bucket, err)
+			out[i].Reply.TooLate, out[i].Reply.NowUS = late(tl)
 			continue
 		}
 		p := parser{res: res}
@@ -439,7 +526,10 @@ type ReleaseResult struct {
 func (s *Scripts) Check(ctx context.Context, c redis.Scripter, k Keys, cm Common, cost int64) (CheckReply, error) {
 	res, err := s.check.Run(ctx, c, k.list(), s.args(k, cm, cost)...).Slice()
 	if err != nil {
-		return CheckReply{}, fmt.Errorf("check %s: %w", k.Bucket, err)
+		tl, err := scriptErr("check", k.Bucket, err)
+		var cr CheckReply
+		cr.TooLate, cr.NowUS = late(tl)
+		return cr, err
 	}
 	return parseCheck(res)
 }
@@ -457,7 +547,10 @@ func parseCheck(res []any) (CheckReply, error) {
 func (s *Scripts) Reap(ctx context.Context, c redis.Scripter, k Keys, cm Common) (ReapReply, error) {
 	res, err := s.reap.Run(ctx, c, k.list(), s.args(k, cm)...).Slice()
 	if err != nil {
-		return ReapReply{}, fmt.Errorf("reap %s: %w", k.Bucket, err)
+		tl, err := scriptErr("reap", k.Bucket, err)
+		var rr ReapReply
+		rr.TooLate, rr.NowUS = late(tl)
+		return rr, err
 	}
 	p := parser{res: res}
 	rr := ReapReply{Reaped: p.int(0), Returned: p.int(1), Live: p.int(2), NowUS: p.int(3)}
@@ -470,18 +563,18 @@ func (s *Scripts) SetRate(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 	if !(rate >= 0) || !(burst >= 0) || isInf(rate) || isInf(burst) {
 		return SetRateReply{}, fmt.Errorf("set_rate %s: rate %v and burst %v must be non-negative numbers", k.Bucket, rate, burst)
 	}
-	res, err := s.setRate.Run(ctx, c, k.list(), s.args(k, cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS)...).Slice()
-	if err != nil {
-		return SetRateReply{}, fmt.Errorf("set_rate %s: %w", k.Bucket, err)
-	}
-	return ParseSetRate(&Queued{Cmd: redis.NewCmdResult(res, nil), keys: k.list()})
+	q := &Queued{Cmd: s.setRate.Run(ctx, c, k.list(), s.args(k, cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS)...), keys: k.list()}
+	return ParseSetRate(q)
 }
 
 // State runs state.lua.
 func (s *Scripts) State(ctx context.Context, c redis.Scripter, k Keys, cm Common) (State, error) {
 	res, err := s.state.Run(ctx, c, k.list(), s.args(k, cm)...).Slice()
 	if err != nil {
-		return State{}, fmt.Errorf("state %s: %w", k.Bucket, err)
+		tl, err := scriptErr("state", k.Bucket, err)
+		var st State
+		st.TooLate, st.NowUS = late(tl)
+		return st, err
 	}
 	return parseState(res)
 }

@@ -6,8 +6,8 @@
 --
 -- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
---             interval (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last three: deadline, candidate
+--             member and mark interval (see lib.lua)
 -- ARGV[8]     cost (tokens, >= 1)
 -- Reply: { allowed(0|1), remaining, retry_ms, reset_ms, rate, cap, now_us,
 --          reclaimed }

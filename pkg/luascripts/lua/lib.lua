@@ -75,9 +75,20 @@
 --   ARGV[6] reap budget          expired leases reaped per call (bounded work)
 --   ARGV[7] demand window        ms: the shortest window a lease's demand
 --                                rate is measured over
--- Script-specific ARGV start at 8. The last two ARGV (ARGC - 1, ARGC: see
--- clock.lua) are the candidate member and the mark interval (ms; '0' =
--- never mark), for every script but born.
+-- Script-specific ARGV start at 8. The last three ARGV (ARGC - 2 .. ARGC:
+-- see clock.lua) are, for every script but born, the deadline, the
+-- candidate member and the mark interval (ms; '0' = never mark).
+--
+-- Deadline. The caller chose the static share (or the floor) it passes,
+-- and set_rate's grant, from its clock, for a script that runs within its
+-- bound on Redis (the static lease's margin covers that bound, and no
+-- more). A script that runs later (it waited in a paused or overloaded
+-- Redis, its caller long gone) would act on a choice that may no longer
+-- hold: a region that lapsed to its floor meanwhile would refill and
+-- grant at its old share. The deadline (µs, Redis time; '0' = none) is
+-- the end of that bound; a call whose NOW is past it changes nothing and
+-- answers the error 'TOOLATE <now> <deadline>' (in a batch, as that key's
+-- entry), which the caller treats as a Redis that did not answer in time.
 --
 -- Invariants kept by every script:
 --   tk <= max(0, cap(now) - out)   (a region never holds more than its cap,
@@ -115,7 +126,7 @@
 -- KEYS and ARGV at the start of each key's call: once per script, or once
 -- per key of a batch (see batch.lua); nothing of one key's call is left
 -- for the next.
-local SR, SB, LTTL, RECLAIM, WAIT, REAPMAX, DWIN, NOW
+local SR, SB, LTTL, RECLAIM, WAIT, REAPMAX, DWIN, NOW, DEADLINE
 
 local function f6(x) return string.format('%.6f', x) end
 local function f17(x) return string.format('%.17g', x) end
@@ -719,6 +730,11 @@ local function begin(keys, argv)
   REAPMAX = tonumber(ARGV[6])
   DWIN = tonumber(ARGV[7]) * 1000
   NOW = clock()
+  -- Too late: before anything is read or written (see Deadline above).
+  DEADLINE = tonumber(ARGV[ARGC - 2]) or 0
+  if DEADLINE > 0 and NOW > DEADLINE then
+    error({ err = 'TOOLATE ' .. i0(NOW) .. ' ' .. i0(DEADLINE) })
+  end
   B = {}
   RECLAIMED = 0
   STAMP = false

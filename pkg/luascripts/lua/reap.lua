@@ -5,8 +5,8 @@
 --
 -- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
---             interval (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last three: deadline, candidate
+--             member and mark interval (see lib.lua)
 -- Reply: { leases reaped, tokens given back, leases left, now_us }
 local n, back = reap(REAPMAX)
 -- Reaping can only undo: a key with no bucket stays without one.

@@ -9,8 +9,8 @@
 --
 -- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
---             interval (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last three: deadline, candidate
+--             member and mark interval (see lib.lua)
 -- ARGV[8..14] as sync.lua (instance id, incarnation, lease number, seq,
 --             used, denied, returned)
 -- ARGV[15]    built, as sync.lua's ARGV[18]

@@ -5,8 +5,8 @@
 --
 -- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last two: candidate member and mark
---             interval (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last three: deadline, candidate
+--             member and mark interval (see lib.lua)
 -- ARGV[8]     instance id
 -- ARGV[9]     incarnation (decimal string)
 -- ARGV[10]    lease number (the seq of the lease's first report)
