@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/endpoint"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
+	"github.com/sluicehq/sluice/pkg/regional/reply"
 	"github.com/sluicehq/sluice/pkg/rpcguard"
 )
 
@@ -111,7 +112,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		o.HTTPAddr = "127.0.0.1:7401"
 	}
 	if o.RedisTimeout == 0 {
-		o.RedisTimeout = 500 * time.Millisecond
+		o.RedisTimeout = reply.DefaultRedisTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

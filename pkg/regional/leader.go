@@ -366,7 +366,9 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 		items[i] = luascripts.KeyCommon{Keys: p.keys, Common: p.common}
 	}
 	res := s.scripts.StateMany(ctx, s.opts.Redis, items)
+	recv := time.Now()
 	for _, r := range res {
+		s.noteNow(r.State.NowUS, recv)
 		// Reads reap expired leases too: what they return is reclaimed.
 		if r.Err == nil && r.State.Reclaimed > 0 {
 			s.metrics.reclaimed.Add(float64(r.State.Reclaimed))
@@ -395,13 +397,16 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 	}
 	var items []item
 	for i, in := range installs {
-		p, reported := plans[in.Key]
-		if !reported {
-			var err error
-			if p, err = s.plan(cfg, in.Wire, "grant.key"); err != nil {
+		// Planned afresh: the plan of the key's state read chose its
+		// static share and deadline before the global round trip.
+		p, err := s.plan(cfg, in.Wire, "grant.key")
+		if err != nil {
+			if _, reported := plans[in.Key]; reported {
+				s.log.Warn("planning a granted key failed; not installed", "err", err)
+			} else {
 				s.log.Warn("global tier granted an invalid key; ignored", "err", err)
-				continue
 			}
+			continue
 		}
 		items = append(items, item{p: p, in: i})
 	}
@@ -416,6 +421,10 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 			ExpiryUS: in.ExpiryUS, IssuedUS: in.FenceUS}
 	}
 	res := s.scripts.SetRateMany(ctx, s.opts.Redis, batch)
+	recv := time.Now()
+	for _, r := range res {
+		s.noteNow(r.Reply.NowUS, recv)
+	}
 	var firstErr error
 	applied := make([]bool, len(installs))
 	for i, r := range res {

@@ -102,6 +102,9 @@ type Server struct {
 	// staticMu serializes its updates.
 	static   atomic.Pointer[staticView]
 	staticMu sync.Mutex
+	// low is the replica's lower estimate of Redis time, for the scripts'
+	// deadlines (deadline.go).
+	low *lowClock
 	// maps is the global tier's shard maps the replica's keys are leased
 	// under (shards.go); mapsMu serializes its updates and guards retired
 	// (dropped maps and until when they still count) and lastMaps (the
@@ -153,6 +156,7 @@ func New(opts Options) (*Server, error) {
 		scripts: luascripts.New(),
 		guard:   opts.Guard,
 		active:  newActiveKeys(),
+		low:     newLowClock(),
 		log:     opts.Logger,
 	}
 	// A process with no history counts the config it starts on as
@@ -215,13 +219,19 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 	// confirmed past: a raise waits until every region adopted it; and it
 	// is the floor once the static lease is not known valid.
 	chain := s.staticChain()
+	// The script may act on the choice only until its deadline, taken at
+	// the same instant (deadline.go).
+	now := time.Now()
+	deadline, err := s.deadline(cfg, now)
+	if err != nil {
+		return luascripts.Common{}, err
+	}
 	var rate, burst float64
-	var err error
 	if s.opts.Unleased {
 		rate, burst, err = chain.Share(s.opts.Region, k, cfg, res)
 	} else {
 		v := s.static.Load()
-		rate, burst, err = chain.Leased(s.opts.Region, k, cfg, res, v.clock.Estimate(time.Now()), s.keyLease(k, v),
+		rate, burst, err = chain.Leased(s.opts.Region, k, cfg, res, v.clock.Estimate(now), s.keyLease(k, v),
 			regionsync.StaticMargin(time.Duration(cfg.Epoch)))
 	}
 	if err != nil {
@@ -236,6 +246,7 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		ReapBudget:   s.opts.ReapBudget,
 		DemandWindow: cfg.DemandWindow(),
 		MarkEvery:    s.markEvery(cfg),
+		DeadlineUS:   deadline,
 	}, nil
 }
 
@@ -335,12 +346,12 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	if err := validateReport(r, "report"); err != nil {
 		return nil, toStatus(err)
 	}
+	start := time.Now()
 	p, err := s.plan(s.opts.Config.Current(), r.GetKey(), "report.key")
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.planFailed(ctx, "acquire", start, err)
 	}
 	rep := toReport(req.GetInstanceId(), req.GetIncarnation(), r, p.res.Class.Mode == config.ModeStrict)
-	start := time.Now()
 	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
 		return s.scripts.QueueAcquire(ctx, pipe, p.keys, p.common, rep)
 	})
@@ -348,6 +359,7 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	if err == nil {
 		lr, err = luascripts.ParseLease(q)
 	}
+	s.noteNow(lr.NowUS, time.Now())
 	err = s.observeScript(ctx, "acquire", start, err)
 	if err != nil {
 		return nil, toStatus(err)
@@ -363,9 +375,10 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 // Redis round trip (a pipeline of script calls).
 func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *sluicev1.SyncResponse, err error) {
 	defer s.observe("Sync", time.Now(), &err)
+	start := time.Now()
 	plans, err := s.planReports(req.GetInstanceId(), req.GetReports())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.planFailed(ctx, "sync", start, err)
 	}
 	grants := make([]*sluicev1.Grant, len(plans))
 	items := make([]luascripts.SyncItem, len(plans))
@@ -374,13 +387,13 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 		items[i] = luascripts.SyncItem{Keys: p.keys, Common: p.common, Report: rep}
 	}
 	if len(items) > 0 {
-		start := time.Now()
 		results := s.scripts.SyncMany(ctx, s.opts.Redis, items)
+		recv := time.Now()
 		var err error
 		for _, r := range results {
-			if r.Err != nil {
+			s.noteNow(r.Reply.NowUS, recv)
+			if r.Err != nil && err == nil {
 				err = r.Err
-				break
 			}
 		}
 		err = s.observeScript(ctx, "sync", start, err)
@@ -439,9 +452,10 @@ func (s *Server) planReports(instance string, reports []*sluicev1.KeyReport) ([]
 // Release implements LeaseService.Release.
 func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (resp *sluicev1.ReleaseResponse, err error) {
 	defer s.observe("Release", time.Now(), &err)
+	start := time.Now()
 	plans, err := s.planReports(req.GetInstanceId(), req.GetReports())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.planFailed(ctx, "release", start, err)
 	}
 	// Every key in one pipeline (one round trip per node): an instance
 	// releasing many idle keys at once is answered well within its Sync
@@ -456,13 +470,13 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 	var total int64
 	var conflicts []string
 	if len(items) > 0 {
-		start := time.Now()
 		results := s.scripts.ReleaseMany(ctx, s.opts.Redis, items)
+		recv := time.Now()
 		var err error
 		for _, r := range results {
-			if r.Err != nil {
+			s.noteNow(r.Reply.NowUS, recv)
+			if r.Err != nil && err == nil {
 				err = r.Err
-				break
 			}
 		}
 		err = s.observeScript(ctx, "release", start, err)
@@ -489,9 +503,10 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 // Check implements LeaseService.Check, the strict path.
 func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *sluicev1.CheckResponse, err error) {
 	defer s.observe("Check", time.Now(), &err)
+	start := time.Now()
 	p, err := s.plan(s.opts.Config.Current(), req.GetKey(), "key")
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, s.planFailed(ctx, "check", start, err)
 	}
 	cost := req.GetCost()
 	if err := quota.ValidateCost(cost); err != nil {
@@ -501,7 +516,6 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 		return nil, toStatus(fmt.Errorf("%w: cost %d exceeds the burst %d of %s: it could never be admitted",
 			quota.ErrInvalid, cost, p.res.Limit.Burst, p.key))
 	}
-	start := time.Now()
 	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
 		return s.scripts.QueueCheck(ctx, pipe, p.keys, p.common, cost)
 	})
@@ -509,6 +523,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 	if err == nil {
 		cr, err = luascripts.ParseCheck(q)
 	}
+	s.noteNow(cr.NowUS, time.Now())
 	err = s.observeScript(ctx, "check", start, err)
 	if err != nil {
 		return nil, toStatus(err)
@@ -528,6 +543,17 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 	return reply.Check(p.res, cr), nil
 }
 
+// planFailed answers a request whose keys could not be planned: for want
+// of a reading of Redis time (errNoRedisTime, deadline.go) that is Redis
+// failing, counted and answered as script's failure; anything else is the
+// request's own fault.
+func (s *Server) planFailed(ctx context.Context, script string, start time.Time, err error) error {
+	if errors.Is(err, errNoRedisTime) {
+		err = s.observeScript(ctx, script, start, err)
+	}
+	return toStatus(err)
+}
+
 func (s *Server) observe(method string, start time.Time, err *error) {
 	s.metrics.rpcSeconds.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	s.metrics.requests.WithLabelValues(method, status.Code(*err).String()).Inc()
@@ -542,7 +568,9 @@ func (s *Server) observe(method string, start time.Time, err *error) {
 // A context error while the caller still waits is the server's own bound
 // on Redis running out (RedisTimeout on a batch, the client's timeouts): a
 // Redis that does not answer, counted as a Redis error and answered as
-// one (Unavailable), never as the caller's DeadlineExceeded.
+// one (Unavailable), never as the caller's DeadlineExceeded. A script
+// that ran after its deadline (luascripts.ErrTooLate, deadline.go) is the
+// same bound run out inside Redis, and answered the same way.
 func (s *Server) observeScript(ctx context.Context, script string, start time.Time, err error) error {
 	s.metrics.scriptSeconds.WithLabelValues(script).Observe(time.Since(start).Seconds())
 	switch {
@@ -552,7 +580,7 @@ func (s *Server) observeScript(ctx context.Context, script string, start time.Ti
 	default:
 		s.metrics.redisErrors.WithLabelValues(script).Inc()
 		s.log.Warn("redis script failed", "script", script, "err", err)
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, luascripts.ErrTooLate) {
 			return fmt.Errorf("redis did not answer the %s script in time: %v", script, err)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 	"github.com/sluicehq/sluice/pkg/regionsync"
@@ -193,9 +194,11 @@ func (r *leaseRig) syncOnce(ctx context.Context, l *regional.Leader) {
 }
 
 // timedOut reports whether err is a round's deadline (one epoch) running
-// out, as it does on a machine starved of CPU.
+// out, as it does on a machine starved of CPU, or a script's (its bound,
+// at most an epoch, after the round chose its settings).
 func timedOut(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, luascripts.ErrTooLate)
 }
 
 // syncStored runs report rounds of l until the answer's static lease is
@@ -374,6 +377,11 @@ func TestRegionRunsOnItsFloorOnceAnswersStop(t *testing.T) {
 	}
 	for r.redisUS() < st1.NowUS+(4*time.Duration(r.cfg.Epoch)).Microseconds() {
 		time.Sleep(10 * time.Millisecond)
+	}
+	// Settings are chosen for a call, not kept: past their deadline the
+	// scripts would not act on them.
+	if keys, common, _, err = r.srv.CommonFor(r.cfg, leaseKey); err != nil {
+		t.Fatal(err)
 	}
 	st2, err := r.srv.Scripts().State(ctx, r.rdb, keys, common)
 	if err != nil {
