@@ -150,6 +150,9 @@ func (r *Region) common(k *keyInfo) luascripts.Common {
 	sh := regionsync.Choose(r.redisNowUS(), regionsync.StaticLease{UntilUS: r.staticUS},
 		regionsync.StaticMargin(r.w.epoch), static, regionsync.FloorOf(static, k.res))
 	c.StaticRate, c.StaticBurst = sh.Rate, sh.Burst
+	// The simulated Redis runs a script at the instant of the choice: the
+	// deadline the regional service would give it never passes.
+	c.DeadlineUS = reply.DeadlineUS(r.redisNowUS(), reply.DefaultRedisTimeout, r.w.epoch)
 	return c
 }
 
@@ -232,6 +235,9 @@ func (r *Region) leaseOp(instance string, reports []*sluicev1.KeyReport, acquire
 		} else {
 			lr = r.model.Sync(now, k.rkeys, r.common(k), reply.Report(instance, 0, rep, strict))
 		}
+		if lr.TooLate {
+			return nil, false // as the regional service answers it: Unavailable
+		}
 		r.observe(k)
 		grants[i] = r.grant(k, rep.GetSeq(), lr)
 	}
@@ -246,7 +252,9 @@ func (r *Region) release(instance string, reports []*sluicev1.KeyReport) bool {
 	for _, rep := range reports {
 		k := r.keyOf(rep.GetKey())
 		r.op()
-		r.model.Release(now, k.rkeys, r.common(k), reply.Report(instance, 0, rep, false))
+		if rr := r.model.Release(now, k.rkeys, r.common(k), reply.Report(instance, 0, rep, false)); rr.TooLate {
+			return false // as the regional service answers it: Unavailable
+		}
 		r.observe(k)
 	}
 	return true
@@ -259,6 +267,9 @@ func (r *Region) check(k *keyInfo, cost int64) (*sluicev1.CheckResponse, bool) {
 	now := r.redisNowUS()
 	r.op()
 	cr := r.model.Check(now, k.rkeys, r.common(k), cost)
+	if cr.TooLate {
+		return nil, false // as the regional service answers it: Unavailable
+	}
 	r.w.orc.RegionPending(r.idx, k.id, cost) // until the instance records it
 	r.observe(k)
 	return reply.Check(k.res, cr), true
