@@ -202,6 +202,9 @@ func Snapshot(ctx context.Context, c *redis.Client) (map[string]Image, error) {
 		if err != nil {
 			return nil, err
 		}
+		if ttl == -2 {
+			continue // expired between DUMP and PTTL (-2: no such key)
+		}
 		img := Image{Dump: d, PTTL: -1}
 		if ttl >= 0 {
 			img.PTTL = ttl.Milliseconds()
