@@ -81,6 +81,7 @@ func rlsSeeds() []*rlsv3.RateLimitRequest {
 		request("tree", 0, desc("service", "s1", "user", "vip-7"), desc("service", "s1", "user", "bob"), desc("service", "s1")),
 		request("tree", 0, desc("service", "s/1", "user", "u1")),
 		request("tree", 0, withHits(desc("ip", "10.0.0.3"), 2)),
+		request("tree", 0, desc("ip", "2001:db8::1"), desc("service", "/v1/orders", "user", "Zoë"), desc("service", "a:b", "user", "")),
 	}
 }
 
