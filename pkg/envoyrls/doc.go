@@ -18,9 +18,10 @@
 // A request is validated completely before the Limiter is called: a request
 // with any invalid part is refused with codes.InvalidArgument and charges
 // nothing, not even for its valid descriptors (DESIGN invariant 6). Only a
-// malformed request is invalid (see Errors): every value an entry can
-// carry, and every cost, is decided, because Envoy lets a refused request
-// through (failure_mode_deny: false) uncharged on all its descriptors.
+// malformed request is invalid (see Errors): every tenant value an entry
+// can carry, and every cost, is decided, because Envoy lets a refused
+// request through (failure_mode_deny: false) uncharged on all its
+// descriptors.
 //
 // # Mapping descriptors to quota keys
 //
