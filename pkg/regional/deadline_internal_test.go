@@ -2,6 +2,7 @@ package regional
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -55,5 +56,26 @@ func TestLowClockKeepsTheClosestReadingOfItsWindow(t *testing.T) {
 	c2.note(r0, c2.base.Add(900*time.Nanosecond))
 	if v, _ := c2.estimate(c2.base.Add(1000 * time.Nanosecond)); v > r0 {
 		t.Fatalf("estimate %d 100ns after the reply of a reading of %d", v, r0)
+	}
+}
+
+// TestLowClockTakesNothingFromAFakeClock: a server made outside a
+// synctest bubble and called inside it sees local times before its
+// clock's origin: it takes no reading from them and derives no deadline
+// (a deadline of the fake clock's year 2000 failed every script).
+func TestLowClockTakesNothingFromAFakeClock(t *testing.T) {
+	c := newLowClock()
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now()
+		if !c.foreign(now) {
+			t.Fatalf("a fake clock's %v is this clock's", now)
+		}
+		c.note(1_700_000_000_000_000, now)
+		if v, ok := c.estimate(c.base); ok {
+			t.Fatalf("a reading taken on a fake clock: estimate %d", v)
+		}
+	})
+	if c.foreign(time.Now()) {
+		t.Fatal("the real clock is foreign")
 	}
 }
