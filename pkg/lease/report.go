@@ -172,7 +172,7 @@ func (t *Table) syncReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 	have := e.tokens()
 	var want int64
 	switch {
-	case have > 2*target:
+	case have > 2*target || have > t.batchCap(e.view()):
 		e.toReturn += e.drainLocked(have - target)
 	case have < target:
 		want = target - have

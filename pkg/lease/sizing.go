@@ -16,14 +16,26 @@ import (
 //              sudden rise is seen at once and a fall only gradually.
 // target     = ceil(sizing rate × 1.5 × Refresh), clamped to [1, cap].
 // cap        = floor(region_burst) for a lone instance; with n live
-//              instances, the larger of burst/n and rate × Refresh / n, so
-//              every instance can get a fair share in one batch; never
-//              above floor(region_burst); at least 1.
+//              instances, floor(burst / 2n), however fast the region
+//              refills; never above floor(region_burst); at least 1.
+//              The region's bucket holds at most its cap less the tokens
+//              out in leases, and an instance's tokens out are its pool
+//              after its last grant until it reports what it spent, so
+//              the batches out fill at most half the cap and the bucket
+//              keeps room to refill every instance at the same instant.
+//              (A cap of max(burst/n, rate × Refresh / n) let a few
+//              instances' batches, held or spent and not yet reported,
+//              fill the cap: the bucket could not refill and a peer's
+//              acquire found nothing, or "never", while the key's demand
+//              was well under its rate: 4-25% of the requests of four
+//              instances on a key with a cap of 10 were denied.)
+//              Needs cap ≥ 2n to hold; below that each instance holds 1.
 // low water  = ceil(sizing rate × lead) with lead = max(2 × RTT,
 //              Refresh/4), at most target/2: a refill started there
 //              arrives before the pool runs dry.
 // excess     = a Sync returns tokens above target when the pool holds more
-//              than 2 × target.
+//              than 2 × target, or more than cap (a need granted beyond
+//              it, or a batch sized while fewer instances were live).
 
 const horizonRefreshes = 1.5
 
@@ -62,7 +74,9 @@ func (t *Table) windowRateLocked(now time.Time, e *entry) float64 {
 	return float64(e.demandLocked()-e.sampleDemand) / max(t.at(now)-e.sampleAt, t.minSampleWindow()).Seconds()
 }
 
-// batchCap is the largest batch one instance should hold of a key.
+// batchCap is the largest batch one instance should hold of a key: with
+// several live instances, burst/2n each, so their batches out leave the
+// region's bucket room for half its cap (see the header).
 func (t *Table) batchCap(in *keyInfo) int64 {
 	if !(in.regionBurst > 0) {
 		return quota.MaxWant // nothing learned yet: demand alone decides
@@ -72,8 +86,7 @@ func (t *Table) batchCap(in *keyInfo) int64 {
 	if live == 1 {
 		return burst
 	}
-	fair := max(int64(in.regionBurst/float64(live)), ceilTokens(in.regionRate*t.opts.Refresh.Seconds()/float64(live)))
-	return max(1, min(fair, burst))
+	return max(1, min(int64(in.regionBurst/float64(2*live)), burst))
 }
 
 func (t *Table) targetFor(in *keyInfo, rate float64) int64 {

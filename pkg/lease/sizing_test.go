@@ -82,8 +82,12 @@ func TestSizingEWMATimeConstant(t *testing.T) {
 }
 
 // TestSizingBatchCap: a lone instance's batch never exceeds the region's
-// whole burst (one token of a burst below one), and each of two live
-// instances gets at most half of it.
+// whole burst (one token of a burst below one), and each of n live
+// instances gets at most burst/2n, however fast the region refills: the
+// batches out (held, or spent and not reported yet) then fill at most
+// half the region's cap, and its bucket keeps room to refill every
+// instance at once. Fails on a cap of max(burst/n, rate × refresh / n),
+// which gave each of four instances 3 of a cap of 10 refilled at 10/s.
 func TestSizingBatchCap(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -92,7 +96,10 @@ func TestSizingBatchCap(t *testing.T) {
 		want        int64
 	}{
 		{"lone instance, burst 0.5", 0.5, 1000, 1, 1},
-		{"two instances, burst 400", 400, 100, 2, 200},
+		{"two instances, burst 400", 400, 100, 2, 100},
+		{"four instances, burst 10 at 10/s", 10, 10, 4, 1},
+		{"four instances, burst 40 at 1000/s", 40, 1000, 4, 5},
+		{"eight instances, burst 10: one token each", 10, 10, 8, 1},
 	} {
 		tb := newTestTable(t)
 		region := func(g *sluicev1.Grant) { g.RegionBurst, g.RegionRate, g.LiveInstances = tc.burst, tc.rate, tc.live }
@@ -226,5 +233,29 @@ func TestSizingEarlyReportOnlyWhenDrainingTheRegion(t *testing.T) {
 		if got := b != nil; got != tc.early {
 			t.Errorf("region rate %v, %d live, a token every %v here: early report %v, want %v", tc.rate, tc.live, tc.every, got, tc.early)
 		}
+	}
+}
+
+// TestSizingSyncGivesBackAPoolAboveTheBatchCap: a pool above the batch
+// cap (a request's need granted beyond it, or a batch sized before more
+// instances were live) is brought back to the target at the next Sync,
+// even below twice the target, so the batches out stay within half the
+// region's cap.
+func TestSizingSyncGivesBackAPoolAboveTheBatchCap(t *testing.T) {
+	tb := newTestTable(t)
+	// Burst 40 over four live instances: a batch cap of 5.
+	region := func(g *sluicev1.Grant) { g.RegionBurst, g.RegionRate, g.LiveInstances = 40, 1000, 4 }
+	acquire(t, tb, t0, t0, kW, 12, 12, region)
+	for i := range 4 {
+		if d, _ := allow(t, tb, t0.Add(time.Duration(i)*250*time.Millisecond), kW, 1); !d.Allowed {
+			t.Fatalf("token %d of a pool of 12: %+v", i, d)
+		}
+	}
+	at := t0.Add(time.Second)
+	syncs, _ := tb.PrepareSync(at)
+	r := syncs[0].Reports[0]
+	if r.Returned != 3 || r.Want != 0 || state(t, tb, kW).Tokens != 5 {
+		t.Fatalf("a pool of 8 at a batch cap of 5, demand 4/s: returned %d, want %d, pool %d; expected 3 returned, 0 wanted, 5 kept",
+			r.Returned, r.Want, state(t, tb, kW).Tokens)
 	}
 }

@@ -346,9 +346,10 @@ func TestBatchCap(t *testing.T) {
 	}{
 		{"nothing learned", 0, 0, 0, quota.MaxWant},
 		{"lone instance gets the burst", 100, 400, 1, 400},
-		{"fair share of the burst", 100, 400, 4, 100},
-		{"fair share of a refresh of rate when larger", 1000, 400, 4, 250},
-		{"never above the burst", 10000, 400, 2, 400},
+		{"half a fair share of the burst", 100, 400, 4, 50},
+		{"not raised by a refresh of rate larger than the burst", 1000, 400, 4, 50},
+		{"two instances, however fast the refill", 10000, 400, 2, 100},
+		{"more instances than half the burst: one each", 100, 400, 1000, 1},
 		{"fractional burst still allows one", 0.5, 0.5, 3, 1},
 	} {
 		got := tb.batchCap(&keyInfo{regionRate: tc.rate, regionBurst: tc.burst, live: tc.live})

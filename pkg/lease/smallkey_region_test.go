@@ -1,0 +1,144 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// smallKeyRegion: a key of 100/s with a burst of 20 shared by two regions
+// of equal weight, only "local" running: the region's share is 50/s with a
+// cap of 10, so one refresh (200ms) refills exactly its cap, as a key of
+// 10/s does at the default refresh of 1s.
+const smallKeyRegion = `
+lease_ttl: 2s
+refresh: 200ms
+regions: {local: {weight: 1}, far: {weight: 1}}
+classes: {read: {mode: lease}}
+tiers: {free: {read: {rate: 100/s, burst: 20}}}
+default_tier: free
+`
+
+// TestPeersSharingASmallKeyUnderItsRateAreNotDenied: several instances,
+// each with its own lease client, share a key whose region cap is small
+// (10 tokens), and send requests on the same tick at a steady total rate
+// under the region's rate. Every request can be admitted, so every denial
+// is false: the tokens the peers hold (and have spent without reporting
+// yet, which the region counts as out) must leave the region's bucket room
+// to refill every peer at once. Once the key's first refreshes are past
+// (the first acquire, before the cap and the live instances are known,
+// may take the whole bucket until the next Sync gives it back), at most
+// one request in a hundred is denied; the sizing of batches at up to
+// max(burst/n, rate × refresh / n) per instance denied 4-25% here. The
+// bucket's bound still holds: over every window of ticks, the admissions
+// are at most b + r·t on the region's Redis clock.
+func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
+	const (
+		peers   = 4
+		ticks   = 50
+		period  = 200 * time.Millisecond // one refresh
+		burst   = 10.0
+		rate    = 50.0 // tokens/s, the region's share
+		maxDeny = 0.01
+		warmup  = 2 // ticks: the key's first two refreshes
+	)
+	for _, tc := range []struct {
+		name    string
+		perTick int // requests each peer sends on every tick
+	}{
+		// 4 × 1 per refresh: 20/s offered against 50/s.
+		{"offered 40% of the region's rate", 1},
+		// 4 × 2 per refresh: 40/s offered against 50/s.
+		{"offered 80% of the region's rate", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := regiontest.MustConfig(t, smallKeyRegion)
+			reg := regiontest.Start(t, cfg, "local")
+			key := quota.Key{Tenant: "acme", Class: "read"}
+			var clients []*lease.Client
+			for i := range peers {
+				c, err := lease.NewClient(reg.Dial(t), lease.Options{
+					InstanceID: fmt.Sprintf("peer%d", i), Refresh: period,
+					// Generous: the machine running the tests is shared.
+					BreakerTimeout: 2 * time.Second, SyncTimeout: 2 * time.Second,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close(context.Background()) })
+				clients = append(clients, c)
+			}
+			// before[k] and after[k] bracket tick k's requests on the
+			// region's clock; admitted[k] is how many it admitted.
+			before := make([]time.Time, ticks)
+			after := make([]time.Time, ticks)
+			admitted := make([]int, ticks)
+			denied := make([]int, ticks)
+			degraded := 0
+			tick := time.NewTicker(period)
+			defer tick.Stop()
+			for k := range ticks {
+				if k > 0 {
+					<-tick.C
+				}
+				before[k] = reg.RedisNow(t)
+				var wg sync.WaitGroup
+				var mu sync.Mutex
+				for _, c := range clients {
+					for range tc.perTick {
+						wg.Go(func() {
+							d, err := c.Allow(context.Background(), key, 1)
+							mu.Lock()
+							defer mu.Unlock()
+							switch {
+							case err != nil:
+								t.Errorf("Allow: %v", err)
+							case d.Degraded:
+								degraded++
+							case d.Allowed:
+								admitted[k]++
+							default:
+								denied[k]++
+							}
+						})
+					}
+				}
+				wg.Wait()
+				after[k] = reg.RedisNow(t)
+			}
+			perTick := peers * tc.perTick
+			early, late := 0, 0
+			for k, n := range denied {
+				if k < warmup {
+					early += n
+				} else {
+					late += n
+				}
+			}
+			sent := (ticks - warmup) * perTick
+			t.Logf("%d peers, %d requests a tick: %d of %d denied in the first %d ticks, %d of %d (%.1f%%) after; %d degraded",
+				peers, perTick, early, warmup*perTick, warmup, late, sent, 100*float64(late)/float64(sent), degraded)
+			if degraded > 0 {
+				t.Fatalf("%d requests decided degraded; the region answered every one", degraded)
+			}
+			if float64(late) > maxDeny*float64(sent) {
+				t.Errorf("%d of %d requests after the first %d ticks denied on a key offered under its region's rate; want at most %.0f%%", late, sent, warmup, 100*maxDeny)
+			}
+			for i := range ticks {
+				n := 0
+				for j := i; j < ticks; j++ {
+					n += admitted[j]
+					if bound := burst + rate*after[j].Sub(before[i]).Seconds(); float64(n) > bound {
+						t.Fatalf("ticks %d..%d admitted %d; b + r·t = %.3f", i, j, n, bound)
+					}
+				}
+			}
+		})
+	}
+}
