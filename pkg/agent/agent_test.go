@@ -389,7 +389,6 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		req  *rlsv3.RateLimitRequest
 	}{
 		{"no domain", envoyRequest("", 0, "tenant", "acme", "class", "read")},
-		{"unknown class", envoyRequest("sluice", 0, "tenant", "acme", "class", "nope")},
 	} {
 		t.Run("RLS "+tc.name, func(t *testing.T) {
 			_, err := client.ShouldRateLimit(context.Background(), tc.req)
@@ -410,6 +409,15 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	}
 	if n := counterSum(t, regMetrics, "sluice_regional_requests_total"); n != 0 {
 		t.Errorf("refused requests caused %v regional RPCs; want 0", n)
+	}
+	// A class value that names no class is no Sluice limit: OK, no key
+	// (an error would let Envoy pass the request's other descriptors).
+	resp, err = client.ShouldRateLimit(context.Background(), envoyRequest("sluice", 0, "tenant", "acme", "class", "nope"))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+		t.Errorf("RLS unknown class: %v, %v; want OK without a limit", resp, err)
+	}
+	if n := a.Client().Table().Len(); n != 0 {
+		t.Errorf("an unknown class left %d keys in the agent; want 0", n)
 	}
 	// A tenant value no tenant id holds is decided, under its digest.
 	resp, err = client.ShouldRateLimit(context.Background(), envoyRequest("sluice", 0, "tenant", "a b", "class", "read"))

@@ -18,10 +18,9 @@
 // A request is validated completely before the Limiter is called: a request
 // with any invalid part is refused with codes.InvalidArgument and charges
 // nothing, not even for its valid descriptors (DESIGN invariant 6). Only a
-// malformed request is invalid (see Errors): every tenant value an entry
-// can carry, and every cost, is decided, because Envoy lets a refused
-// request through (failure_mode_deny: false) uncharged on all its
-// descriptors.
+// malformed request is invalid (see Errors): every value an entry can
+// carry, and every cost, is answered, because Envoy lets a refused request
+// through (failure_mode_deny: false) uncharged on all its descriptors.
 //
 // # Mapping descriptors to quota keys
 //
@@ -30,8 +29,9 @@
 // descriptor the mappings are tried in config order and the first that
 // matches wins. A descriptor matches a mapping when it has an entry whose
 // key is the mapping's tenant_key (its value is the tenant, see Tenants)
-// and either an entry whose key is class_key (its value is the class) or
-// the mapping has a fixed class. Other entries are ignored.
+// and either an entry whose key is class_key whose value names a class of
+// the config (the class) or the mapping has a fixed class. Other entries
+// are ignored.
 //
 // Example Sluice config:
 //
@@ -142,8 +142,10 @@
 // # Cost
 //
 // A descriptor costs the request's hits_addend tokens, 0 (unset) meaning 1;
-// a descriptor's own hits_addend, when set, overrides it and must not be 0
-// (Sluice has no zero-cost query). A cost above the key's burst or above
+// a descriptor's own hits_addend, when set, overrides it. A descriptor's
+// own hits_addend of 0 needs no token: it is answered OK as an unmatched
+// descriptor (Sluice has no query that charges nothing, so no bucket is
+// asked or shown). A cost above the key's burst or above
 // quota.MaxCost can never be admitted: the descriptor is OVER_LIMIT
 // without asking the limiter, charges nothing, and is answered in the
 // never form (limit_remaining 0, no duration_until_reset, no
@@ -231,13 +233,14 @@
 //   - codes.InvalidArgument, for a malformed request, one Envoy does not
 //     send or sends only when its route config asks for what Sluice cannot
 //     do: empty domain; no descriptors; a descriptor with no entries; for
-//     a matched descriptor of an envoy.descriptors mapping, a class_key
-//     value that names no configured class, or a tenant or class entry
-//     given twice with different values; a descriptor's own hits_addend
-//     of 0; is_negative_hits (Sluice does not refund); or a
-//     per-descriptor limit override (limits come from the Sluice config).
-//     The message names the descriptor index and the offending field. No
-//     tenant value and no cost is refused (see Tenants and Cost).
+//     a matched descriptor, a tenant or class entry of an envoy.descriptors
+//     mapping given twice with different values, is_negative_hits (Sluice
+//     does not refund), or a per-descriptor limit override (limits come
+//     from the Sluice config). The message names the descriptor index and
+//     the offending field. No entry value and no cost is refused: a
+//     tenant value gets a tenant (see Tenants), a class_key value naming
+//     no class matches no mapping, a cost above the burst is OVER_LIMIT
+//     and a cost of 0 is OK (see Cost).
 //   - codes.Unavailable: no Limiter attached yet, no config, or the Limiter
 //     failed (closed during shutdown).
 //   - codes.Canceled / DeadlineExceeded: Envoy gave up on the call.

@@ -18,8 +18,8 @@ import (
 type Target struct {
 	// Matched says the descriptor charges Key. It is false for a
 	// descriptor no envoy.descriptors mapping or envoy.domains tree
-	// matches and for an Unlimited one; Key, Cost and Resolved are then
-	// zero.
+	// matches, for one whose own hits_addend is 0 (it needs no token) and
+	// for an Unlimited one; Key, Cost and Resolved are then zero.
 	Matched bool
 	// Key is the quota key the descriptor charges.
 	Key quota.Key
@@ -73,7 +73,7 @@ func resolveInto(dst []Target, cfg *config.Config, req *rlsv3.RateLimitRequest) 
 	targets = targets[:len(descs)]
 	tree := cfg.EnvoyTree(domain)
 	for i, d := range descs {
-		t, err := resolveDescriptor(cfg.Envoy.Descriptors, domain, d, requestCost)
+		t, err := resolveDescriptor(cfg.Envoy.Descriptors, cfg.Classes, domain, d, requestCost)
 		if err == nil && !t.Matched && tree != nil {
 			t, err = resolveTree(tree, d, requestCost)
 		}
@@ -96,10 +96,11 @@ func resolveInto(dst []Target, cfg *config.Config, req *rlsv3.RateLimitRequest) 
 }
 
 // resolveDescriptor finds the first mapping of domain that d matches and
-// checks the parts of d that Sluice acts on. Descriptors that match no
-// mapping are returned unmatched and their other fields are not examined:
-// they may be meant for limits Sluice does not own.
-func resolveDescriptor(mappings []config.EnvoyDescriptor, domain string, d *ratelimitv3.RateLimitDescriptor, requestCost int64) (Target, error) {
+// checks the parts of d that Sluice acts on. A class_key entry naming no
+// class of classes does not match (it is no Sluice limit). Descriptors
+// that match no mapping are returned unmatched and their other fields are
+// not examined: they may be meant for limits Sluice does not own.
+func resolveDescriptor(mappings []config.EnvoyDescriptor, classes map[string]config.Class, domain string, d *ratelimitv3.RateLimitDescriptor, requestCost int64) (Target, error) {
 	entries := d.GetEntries()
 	if len(entries) == 0 {
 		return Target{}, fmt.Errorf("%w: entries: the descriptor has none", quota.ErrInvalid)
@@ -120,19 +121,15 @@ func resolveDescriptor(mappings []config.EnvoyDescriptor, domain string, d *rate
 			if class, ok, err = entryValue(entries, m.ClassKey); err != nil {
 				return Target{}, err
 			}
-			if !ok {
+			if _, known := classes[class]; !ok || !known {
 				continue
 			}
 		}
-		key := quota.Key{Tenant: MappingTenant(tenant), Class: class}
-		if err := key.Validate(); err != nil {
-			return Target{}, fmt.Errorf("%s: %w", mappingFields(m), err)
-		}
 		cost, err := descriptorCost(d, requestCost)
-		if err != nil {
+		if err != nil || cost == 0 {
 			return Target{}, err
 		}
-		return Target{Matched: true, Key: key, Cost: cost}, nil
+		return Target{Matched: true, Key: quota.Key{Tenant: MappingTenant(tenant), Class: class}, Cost: cost}, nil
 	}
 	return Target{}, nil
 }
@@ -172,7 +169,7 @@ func resolveTree(tree *config.EnvoyDomain, d *ratelimitv3.RateLimitDescriptor, r
 	}
 	key := quota.Key{Tenant: TreeTenant(wild...), Class: node.Class}
 	cost, err := descriptorCost(d, requestCost)
-	if err != nil {
+	if err != nil || cost == 0 {
 		return Target{}, err
 	}
 	return Target{Matched: true, Key: key, Cost: cost, Shadow: node.ShadowMode}, nil
@@ -222,7 +219,8 @@ func entryValue(entries []*ratelimitv3.RateLimitDescriptor_Entry, k string) (str
 }
 
 // descriptorCost applies the descriptor's own hits_addend and refuses the
-// descriptor fields Sluice cannot honour.
+// descriptor fields Sluice cannot honour. A cost of 0 (a hits_addend of 0)
+// needs no token: the descriptor is admitted without a bucket.
 func descriptorCost(d *ratelimitv3.RateLimitDescriptor, requestCost int64) (int64, error) {
 	if d.GetIsNegativeHits() {
 		return 0, fmt.Errorf("%w: is_negative_hits: Sluice does not refund tokens", quota.ErrInvalid)
@@ -234,17 +232,5 @@ func descriptorCost(d *ratelimitv3.RateLimitDescriptor, requestCost int64) (int6
 	if d.GetHitsAddend() == nil {
 		return requestCost, nil
 	}
-	v := d.GetHitsAddend().GetValue()
-	if v == 0 {
-		return 0, fmt.Errorf("%w: hits_addend is 0; Sluice charges at least 1 token (leave it unset to use the request's)", quota.ErrInvalid)
-	}
-	return int64(min(v, math.MaxInt64)), nil
-}
-
-// mappingFields names the entries a mapping reads, for error messages.
-func mappingFields(m config.EnvoyDescriptor) string {
-	if m.ClassKey != "" {
-		return fmt.Sprintf("entries %q and %q", m.TenantKey, m.ClassKey)
-	}
-	return fmt.Sprintf("entry %q (class %q fixed by the mapping)", m.TenantKey, m.Class)
+	return int64(min(d.GetHitsAddend().GetValue(), math.MaxInt64)), nil
 }

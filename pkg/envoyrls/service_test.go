@@ -412,13 +412,10 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 		{"empty domain", request("", 0, valid), "domain is empty"},
 		{"no descriptors", request("sluice", 0), "descriptors"},
 		{"descriptor without entries", request("sluice", 0, valid, desc()), "descriptors[1]: invalid argument: entries"},
-		{"unknown class", request("sluice", 0, desc("tenant", "acme", "class", "bogus")), `class "bogus" is not configured`},
-		{"class with a space", request("sluice", 0, desc("tenant", "acme", "class", "wr ite")), `class "wr ite" has byte ' '`},
 		{"tenant given twice", request("sluice", 0, desc("tenant", "acme", "class", "write", "tenant", "other")), `key "tenant" appears again`},
-		{"descriptor hits_addend zero", request("sluice", 0, withHits(valid, 0)), "hits_addend is 0"},
 		{"negative hits", request("sluice", 0, negative(valid)), "is_negative_hits"},
 		{"limit override", request("sluice", 0, override(valid)), "limit overrides are not supported"},
-		{"valid descriptor, then a bad one", request("sluice", 0, valid, desc("tenant", "acme", "class", "bogus")), "descriptors[1]"},
+		{"valid descriptor, then a bad one", request("sluice", 0, valid, negative(desc("tenant", "acme", "class", "write"))), "descriptors[1]"},
 	}
 	for _, c := range cases {
 		_, err := p.rls.ShouldRateLimit(ctx, c.req)
@@ -829,5 +826,34 @@ func TestDegradedDecisionsCounted(t *testing.T) {
 	}
 	if n := counter(t, reg, "sluice_envoy_decisions_total", labels); n != 1 {
 		t.Errorf("decisions %v, want 1", n)
+	}
+}
+
+// TestNoLimitValuesLeaveTheOthersCharged: a class_key value that names no
+// class and a descriptor's hits_addend of 0 (no token needed) are answered
+// OK as unmatched descriptors, not refused: the request's other
+// descriptors are charged as usual (a refusal would let Envoy pass the
+// whole request uncharged).
+func TestNoLimitValuesLeaveTheOthersCharged(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	p := startProcess(t, rs, cfg, "envoy-nolimit", true)
+	small := desc("tenant", "small", "class", "write") // burst 3
+	for i, want := range []rlsv3.RateLimitResponse_Code{
+		rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT,
+	} {
+		resp := ask(t, p.rls, request("sluice", 0, desc("tenant", "small", "class", "bogus"), withHits(small, 0), small, desc("tenant", "small", "class", "wr ite")))
+		st := resp.GetStatuses()
+		if resp.GetOverallCode() != want || len(st) != 4 || st[2].GetCode() != want || st[2].GetCurrentLimit() == nil {
+			t.Fatalf("request %d: %v, want %v decided on the third descriptor", i+1, resp, want)
+		}
+		for _, j := range []int{0, 1, 3} {
+			if st[j].GetCode() != rlsv3.RateLimitResponse_OK || st[j].GetCurrentLimit() != nil {
+				t.Errorf("request %d, descriptor %d: %v, want OK without a limit", i+1, j, st[j])
+			}
+		}
+	}
+	if n := counter(t, p.reg, "sluice_envoy_unmatched_descriptors_total", nil); n != 12 {
+		t.Errorf("unmatched_descriptors_total = %v, want 12", n)
 	}
 }
