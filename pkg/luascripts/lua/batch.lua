@@ -12,7 +12,9 @@
 -- ARGV[2..] n per key, in order, each key's as its script takes them
 -- Reply: one entry per key: the script's reply for it, or an error reply
 --        for a key whose call failed (what it wrote before failing stays,
---        as it would after the script alone failed)
+--        as it would after the script alone failed; a key's call past its
+--        deadline answers 'TOOLATE <now> <deadline>' having written
+--        nothing, see lib.lua)
 local n = tonumber(ARGV[1])
 local all_keys, all_argv = KEYS, ARGV
 local function run(i)
