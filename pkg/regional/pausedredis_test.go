@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
@@ -172,5 +173,65 @@ default_tier: free
 	out, err := rdb.HGet(ctx, keys.Bucket, "out").Int64()
 	if err != nil || out != 0 {
 		t.Fatalf("bucket out %d (%v) after the floor's Sync, want 0", out, err)
+	}
+}
+
+// slowTier answers every report with a grant for leaseKey, once the
+// local clock passed delay after the report arrived.
+type slowTier struct{ delay time.Duration }
+
+func (s slowTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	select {
+	case <-time.After(s.delay): // the instant the answer is due
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return &sluicev1.RegionGrants{Grants: []*sluicev1.KeyGrant{{
+		Key: &sluicev1.QuotaKey{Tenant: leaseKey.Tenant, Class: leaseKey.Class}, Rate: 10, Burst: 10, ValidMs: 60_000}}}, nil
+}
+
+// TestGrantInstalledAfterASlowAnswerIsPlannedAfresh: the leader installs a
+// grant that arrives later than the server's bound on Redis after the
+// round read the key's state: its install is planned when it runs (static
+// share and deadline), so it is applied, where with the plan of the state
+// read it ran past its deadline and the grant was lost.
+func TestGrantInstalledAfterASlowAnswerIsPlannedAfresh(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+epoch: 3s
+grant_validity: 12s
+region_lease: 60s
+regions: {eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease, partition_share: 0}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`)
+	// The answer comes twice the bound after the state reads, well
+	// within the round's epoch; an install has the whole bound.
+	const redisTimeout = 500 * time.Millisecond
+	rs := redistest.Start(t)
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: rs.Client(), Config: regional.StaticConfig{C: cfg},
+		RedisTimeout: redisTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	var applied []quota.Key
+	l, err := regional.NewLeader(srv, regional.LeaderOptions{
+		Etcd: etcdtest.Start(t).Client(t), ElectionPrefix: "/sl/election/", Identity: "eu-1",
+		Global:    slowTier{delay: 2 * redisTimeout},
+		OnApplied: func(k quota.Key, rate, burst float64, expiryUS int64) { applied = append(applied, k) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first round's grant marks the key a candidate: the second
+	// round reads its state before the slow answer comes.
+	for round := 1; round <= 2; round++ {
+		if err := l.SyncOnce(context.Background(), nil); err != nil {
+			t.Fatalf("round %d, answered %v after its state reads: %v", round, 2*redisTimeout, err)
+		}
+		if len(applied) != round || applied[round-1] != leaseKey {
+			t.Fatalf("after round %d grants applied to %v, want %v each round", round, applied, leaseKey)
+		}
 	}
 }
