@@ -270,6 +270,30 @@ func TestCoreAbandonedProbeLetsTheNextRequestProbe(t *testing.T) {
 	}
 }
 
+// TestCoreRefusedCheckIsAnError: a strict Check the region refuses as
+// invalid input ends the request with an error wrapping quota.ErrInvalid
+// (not a decision by the policy: the region answered), closes the breaker
+// it probed and forgets the key.
+func TestCoreRefusedCheckIsAnError(t *testing.T) {
+	c, tb, brk := newTestCore(t, 0, 50*time.Millisecond)
+	for range DefaultBreakerFailures {
+		brk.Failure(t0)
+	}
+	at := t0.Add(DefaultBreakerCooldown)
+	s := c.Slow(kExp, 1)
+	stepTo(t, "check", s.Next(at), DoCheck)
+	st := s.CheckDone(at, nil, Refused)
+	if st.Do != DoDecided || !errors.Is(st.Err, quota.ErrInvalid) || !st.Refused || st.Degraded || st.Decision.Allowed {
+		t.Fatalf("refused check: %+v; want an error wrapping quota.ErrInvalid, marked refused, not degraded", st)
+	}
+	if brk.Open() {
+		t.Fatal("breaker still open after the region answered the probe")
+	}
+	if _, ok := tb.State(kExp); ok {
+		t.Fatalf("%s still held after the region refused it", kExp)
+	}
+}
+
 // TestCoreLearnsRoundTripsOfAnswersOnly: every answer (grants, a refusal,
 // a conflict) lengthens a request's wait after slow round trips; an RPC
 // that got no answer, or that its caller abandoned, does not.
