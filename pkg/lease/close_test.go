@@ -2,8 +2,11 @@ package lease_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"testing/synctest"
+
+	"github.com/sluicehq/sluice/pkg/lease"
 )
 
 // Close says when the final Release did not reach the region (the leases
@@ -35,7 +38,8 @@ func TestCloseReportsAFailedRelease(t *testing.T) {
 // TestCloseWithNothingToSendIgnoresItsContext: a Close whose ctx is
 // already done, on a client holding nothing the region must hear of, has
 // lost nothing to it and returns nil (the ctx's end is named only beside
-// a report or release it cut short).
+// a report or release it cut short); an Allow after it fails with
+// ErrClosed, whatever its own ctx.
 func TestCloseWithNothingToSendIgnoresItsContext(t *testing.T) {
 	e := startRegion(t)
 	conn := newRegionConn(t, e.reg.Server)
@@ -45,6 +49,10 @@ func TestCloseWithNothingToSendIgnoresItsContext(t *testing.T) {
 		cancel()
 		if err := c.Close(done); err != nil {
 			t.Fatalf("Close with a done ctx and nothing to release: %v; want nil", err)
+		}
+		// Closed, it says so before anything else, whatever the ctx.
+		if _, err := c.Allow(done, acmeRead, 1); !errors.Is(err, lease.ErrClosed) {
+			t.Fatalf("Allow after Close with a done ctx: %v; want ErrClosed", err)
 		}
 	})
 }
