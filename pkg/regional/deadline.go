@@ -46,8 +46,10 @@ type lowClock struct {
 	base time.Time // the local monotonic origin of offsets
 	// cur is the reading in force (nil before the first).
 	cur atomic.Pointer[lowReading]
-	// mu serializes the first reading (Server.readLowClock).
-	mu sync.Mutex
+	// reading is closed when the first reading in flight ends (nil: none
+	// in flight; Server.readLowClock); mu guards it.
+	mu      sync.Mutex
+	reading chan struct{}
 }
 
 // lowReading is one reading: off is Redis time (µs) minus the local
@@ -119,20 +121,47 @@ func (s *Server) deadline(cfg *config.Config, now time.Time) (int64, error) {
 	return reply.DeadlineUS(est, s.opts.RedisTimeout, time.Duration(cfg.Epoch)), nil
 }
 
-// readLowClock takes the first reading of Redis time.
+// readLowClock takes the first reading of Redis time: one call reads, the
+// calls that come meanwhile wait for it; none waits longer than
+// RedisTimeout.
 func (s *Server) readLowClock() error {
-	s.low.mu.Lock()
-	defer s.low.mu.Unlock()
-	if s.low.cur.Load() != nil {
+	c := s.low
+	c.mu.Lock()
+	if c.cur.Load() != nil {
+		c.mu.Unlock()
 		return nil
 	}
+	ch, owner := c.reading, false
+	if ch == nil {
+		ch, owner = make(chan struct{}), true
+		c.reading = ch
+	}
+	c.mu.Unlock()
+	if !owner {
+		t := time.NewTimer(s.opts.RedisTimeout)
+		defer t.Stop()
+		select {
+		case <-ch:
+		case <-t.C:
+		}
+		if c.cur.Load() == nil {
+			return fmt.Errorf("%w: another call's reading did not end in time", errNoRedisTime)
+		}
+		return nil
+	}
+	defer func() {
+		c.mu.Lock()
+		c.reading = nil
+		c.mu.Unlock()
+		close(ch)
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.RedisTimeout)
 	defer cancel()
 	t, err := s.opts.Redis.Time(ctx).Result()
 	if err != nil {
 		return fmt.Errorf("%w: %v", errNoRedisTime, err)
 	}
-	s.low.note(t.UnixMicro(), time.Now())
+	c.note(t.UnixMicro(), time.Now())
 	return nil
 }
 
