@@ -74,3 +74,51 @@ func SilentAddr(tb testing.TB, onAccept func()) string {
 	})
 	return ln.Addr().String()
 }
+
+// Closing is a loopback address that accepts each connection and closes
+// it at once, as a server whose pods are being replaced: every connection
+// attempt fails. Attempts receives one value per attempt (dropped when
+// the test does not keep up); Stop frees it, so a server can listen on
+// the same address.
+type Closing struct {
+	Addr     string
+	Attempts <-chan struct{}
+
+	ln   net.Listener
+	done chan struct{}
+}
+
+// ClosingAddr starts a Closing address; it stops when tb ends, at the
+// latest.
+func ClosingAddr(tb testing.TB) *Closing {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	attempts := make(chan struct{}, 64)
+	c := &Closing{Addr: ln.Addr().String(), Attempts: attempts, ln: ln, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+			select {
+			case attempts <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	tb.Cleanup(c.Stop)
+	return c
+}
+
+// Stop stops accepting on the address and returns once it is free.
+// Safe to call more than once.
+func (c *Closing) Stop() {
+	c.ln.Close()
+	<-c.done
+}

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
@@ -33,28 +34,8 @@ classes: {read: {mode: lease, on_failure: open}}
 tiers: {std: {read: {rate: 1000/s, burst: 1000}}}
 default_tier: std
 `)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	attempts := make(chan struct{}, 64)
-	refused := make(chan struct{})
-	go func() {
-		defer close(refused)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-			select {
-			case attempts <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	defer lis.Close()
+	gone := grpctest.ClosingAddr(t)
+	addr := gone.Addr
 
 	a := startAgent(t, addr, agent.StaticConfig{C: cfg})
 	web := httpClient(t)
@@ -67,15 +48,14 @@ default_tier: std
 	const n = 8
 	for i := range n {
 		select {
-		case <-attempts:
+		case <-gone.Attempts:
 		case <-time.After(5 * time.Minute):
 			t.Fatalf("only %d connection attempts to the gone region within 5m", i)
 		}
 	}
 
 	// The region comes back on the same address.
-	lis.Close()
-	<-refused
+	gone.Stop()
 	rs := redistest.Start(t)
 	srv, err := regional.New(regional.Options{Region: "local", Redis: rs.Client(), Config: regional.StaticConfig{C: cfg}, Unleased: true})
 	if err != nil {

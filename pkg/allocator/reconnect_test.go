@@ -3,7 +3,6 @@ package allocator_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 )
 
@@ -26,28 +26,8 @@ import (
 // The outage is counted in attempts, not waited out: until the replica
 // comes back its address accepts each connection and closes it at once.
 func TestRegionReachesAReplicaSoonAfterALongOutage(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	attempts := make(chan struct{}, 64)
-	refused := make(chan struct{})
-	go func() {
-		defer close(refused)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-			select {
-			case attempts <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	defer lis.Close()
+	gone := grpctest.ClosingAddr(t)
+	addr := gone.Addr
 
 	c, err := allocator.NewClient([]string{addr}, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -64,15 +44,14 @@ func TestRegionReachesAReplicaSoonAfterALongOutage(t *testing.T) {
 	const n = 6
 	for i := range n {
 		select {
-		case <-attempts:
+		case <-gone.Attempts:
 		case <-time.After(5 * time.Minute):
 			t.Fatalf("only %d connection attempts to the gone replica within 5m", i)
 		}
 	}
 
 	// The replica comes back on the same address and leads.
-	lis.Close()
-	<-refused
+	gone.Stop()
 	srv := etcdtest.Start(t)
 	d, err := allocator.StartDaemon(context.Background(), allocator.DaemonOptions{
 		GRPCAddr: addr, HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
