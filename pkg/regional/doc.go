@@ -17,11 +17,11 @@
 //     since it sent that read, an upper bound) is a margin before that
 //     end, else each key's floor. Options.Unleased, for a region with no
 //     global tier, keeps static shares unconditional.
-//   - A script acts on the share it was handed only until its deadline
-//     (deadline.go): a lower estimate of Redis time at the choice plus the
-//     server's bound on Redis (at most the static lease's margin). One
-//     that ran later, queued in a paused Redis, changed nothing, and the
-//     caller is answered Unavailable as for a Redis that did not answer.
+//   - A script handed the static share acts on it only until its
+//     deadline, the end of the static lease it was chosen under
+//     (regionsync.ScriptDeadline). One that ran later, queued in a paused
+//     Redis, changed nothing, and the caller is answered Unavailable as
+//     for a Redis that did not answer. The floor needs no deadline.
 //   - A bucket created after Redis (or one cluster node) lost its data is
 //     not handed a free burst: the scripts read the born sentinel of the
 //     bucket's data set in the call that creates it (writing it when it is

@@ -366,9 +366,7 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 		items[i] = luascripts.KeyCommon{Keys: p.keys, Common: p.common}
 	}
 	res := s.scripts.StateMany(ctx, s.opts.Redis, items)
-	recv := time.Now()
 	for _, r := range res {
-		s.noteNow(r.State.NowUS, recv)
 		// Reads reap expired leases too: what they return is reclaimed.
 		if r.Err == nil && r.State.Reclaimed > 0 {
 			s.metrics.reclaimed.Add(float64(r.State.Reclaimed))
@@ -421,10 +419,6 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 			ExpiryUS: in.ExpiryUS, IssuedUS: in.FenceUS}
 	}
 	res := s.scripts.SetRateMany(ctx, s.opts.Redis, batch)
-	recv := time.Now()
-	for _, r := range res {
-		s.noteNow(r.Reply.NowUS, recv)
-	}
 	var firstErr error
 	applied := make([]bool, len(installs))
 	for i, r := range res {

@@ -39,8 +39,8 @@ func (c *wroteConn) Write(b []byte) (int, error) {
 
 // TestSyncQueuedInAPausedRedisAdmitsNothingOnceTheRegionIsOnItsFloor: a
 // Sync sent on the static share to a Redis that then stays paused
-// (SIGSTOP) until the region lapsed to its floor (0 for the class) runs
-// on resume past its deadline: it grants nothing and creates nothing in
+// (SIGSTOP) until the region lapsed to its floor (0 for the class) and its
+// static lease ended runs on resume past its deadline (the lease's end): it grants nothing and creates nothing in
 // Redis, the caller is answered Unavailable and a Redis error is counted.
 // The instance's retry of the same Sync is then a new report decided on
 // the floor (granted 0), not a duplicate answered with a grant made on
@@ -129,10 +129,10 @@ default_tier: free
 		done <- answer{resp, err}
 	}()
 	<-wrote // the script waits in the paused server's socket
-	// The script's deadline is at most the server's bound after its
-	// choice, which came before this write, on this machine's wall clock
-	// (Redis TIME's): it has passed once the clock passed that instant.
-	past := time.Now().Add(redisTimeout + time.Millisecond)
+	// The script's deadline is the static lease's end, in Redis time,
+	// which is this machine's wall clock: it has passed once the clock
+	// passed that instant.
+	past := until.Add(time.Millisecond)
 	// The region lapses to its floor while Redis is paused (polled with a
 	// deadline of many times the lease left).
 	for deadline := time.Now().Add(30 * time.Second); staticNow() != 0; {

@@ -102,9 +102,6 @@ type Server struct {
 	// staticMu serializes its updates.
 	static   atomic.Pointer[staticView]
 	staticMu sync.Mutex
-	// low is the replica's lower estimate of Redis time, for the scripts'
-	// deadlines (deadline.go).
-	low *lowClock
 	// maps is the global tier's shard maps the replica's keys are leased
 	// under (shards.go); mapsMu serializes its updates and guards retired
 	// (dropped maps and until when they still count) and lastMaps (the
@@ -156,7 +153,6 @@ func New(opts Options) (*Server, error) {
 		scripts: luascripts.New(),
 		guard:   opts.Guard,
 		active:  newActiveKeys(),
-		low:     newLowClock(),
 		log:     opts.Logger,
 	}
 	// A process with no history counts the config it starts on as
@@ -219,20 +215,19 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 	// confirmed past: a raise waits until every region adopted it; and it
 	// is the floor once the static lease is not known valid.
 	chain := s.staticChain()
-	// The script may act on the choice only until its deadline, taken at
-	// the same instant (deadline.go).
 	now := time.Now()
-	deadline, err := s.deadline(cfg, now)
-	if err != nil {
-		return luascripts.Common{}, err
-	}
 	var rate, burst float64
+	var deadline int64
+	var err error
 	if s.opts.Unleased {
 		rate, burst, err = chain.Share(s.opts.Region, k, cfg, res)
 	} else {
 		v := s.static.Load()
-		rate, burst, err = chain.Leased(s.opts.Region, k, cfg, res, v.clock.Estimate(now), s.keyLease(k, v),
-			regionsync.StaticMargin(time.Duration(cfg.Epoch)))
+		lease, margin, est := s.keyLease(k, v), regionsync.StaticMargin(time.Duration(cfg.Epoch)), v.clock.Estimate(now)
+		rate, burst, err = chain.Leased(s.opts.Region, k, cfg, res, est, lease, margin)
+		// A script queued in a paused Redis that runs after the static
+		// lease it was handed the share under changes nothing.
+		deadline = regionsync.ScriptDeadline(est, lease, margin)
 	}
 	if err != nil {
 		return luascripts.Common{}, err
@@ -349,7 +344,7 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	start := time.Now()
 	p, err := s.plan(s.opts.Config.Current(), r.GetKey(), "report.key")
 	if err != nil {
-		return nil, s.planFailed(ctx, "acquire", start, err)
+		return nil, toStatus(err)
 	}
 	rep := toReport(req.GetInstanceId(), req.GetIncarnation(), r, p.res.Class.Mode == config.ModeStrict)
 	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
@@ -359,7 +354,6 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	if err == nil {
 		lr, err = luascripts.ParseLease(q)
 	}
-	s.noteNow(lr.NowUS, time.Now())
 	err = s.observeScript(ctx, "acquire", start, err)
 	if err != nil {
 		return nil, toStatus(err)
@@ -378,7 +372,7 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 	start := time.Now()
 	plans, err := s.planReports(req.GetInstanceId(), req.GetReports())
 	if err != nil {
-		return nil, s.planFailed(ctx, "sync", start, err)
+		return nil, toStatus(err)
 	}
 	grants := make([]*sluicev1.Grant, len(plans))
 	items := make([]luascripts.SyncItem, len(plans))
@@ -388,10 +382,8 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 	}
 	if len(items) > 0 {
 		results := s.scripts.SyncMany(ctx, s.opts.Redis, items)
-		recv := time.Now()
 		var err error
 		for _, r := range results {
-			s.noteNow(r.Reply.NowUS, recv)
 			if r.Err != nil && err == nil {
 				err = r.Err
 			}
@@ -455,7 +447,7 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 	start := time.Now()
 	plans, err := s.planReports(req.GetInstanceId(), req.GetReports())
 	if err != nil {
-		return nil, s.planFailed(ctx, "release", start, err)
+		return nil, toStatus(err)
 	}
 	// Every key in one pipeline (one round trip per node): an instance
 	// releasing many idle keys at once is answered well within its Sync
@@ -471,10 +463,8 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 	var conflicts []string
 	if len(items) > 0 {
 		results := s.scripts.ReleaseMany(ctx, s.opts.Redis, items)
-		recv := time.Now()
 		var err error
 		for _, r := range results {
-			s.noteNow(r.Reply.NowUS, recv)
 			if r.Err != nil && err == nil {
 				err = r.Err
 			}
@@ -506,7 +496,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 	start := time.Now()
 	p, err := s.plan(s.opts.Config.Current(), req.GetKey(), "key")
 	if err != nil {
-		return nil, s.planFailed(ctx, "check", start, err)
+		return nil, toStatus(err)
 	}
 	cost := req.GetCost()
 	if err := quota.ValidateCost(cost); err != nil {
@@ -523,7 +513,6 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 	if err == nil {
 		cr, err = luascripts.ParseCheck(q)
 	}
-	s.noteNow(cr.NowUS, time.Now())
 	err = s.observeScript(ctx, "check", start, err)
 	if err != nil {
 		return nil, toStatus(err)
@@ -543,17 +532,6 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 	return reply.Check(p.res, cr), nil
 }
 
-// planFailed answers a request whose keys could not be planned: for want
-// of a reading of Redis time (errNoRedisTime, deadline.go) that is Redis
-// failing, counted and answered as script's failure; anything else is the
-// request's own fault.
-func (s *Server) planFailed(ctx context.Context, script string, start time.Time, err error) error {
-	if errors.Is(err, errNoRedisTime) {
-		err = s.observeScript(ctx, script, start, err)
-	}
-	return toStatus(err)
-}
-
 func (s *Server) observe(method string, start time.Time, err *error) {
 	s.metrics.rpcSeconds.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	s.metrics.requests.WithLabelValues(method, status.Code(*err).String()).Inc()
@@ -569,8 +547,9 @@ func (s *Server) observe(method string, start time.Time, err *error) {
 // on Redis running out (RedisTimeout on a batch, the client's timeouts): a
 // Redis that does not answer, counted as a Redis error and answered as
 // one (Unavailable), never as the caller's DeadlineExceeded. A script
-// that ran after its deadline (luascripts.ErrTooLate, deadline.go) is the
-// same bound run out inside Redis, and answered the same way.
+// that ran after its deadline (luascripts.ErrTooLate: the static lease it
+// was handed its share under had ended) is a Redis that did not answer in
+// time too, and answered the same way.
 func (s *Server) observeScript(ctx context.Context, script string, start time.Time, err error) error {
 	s.metrics.scriptSeconds.WithLabelValues(script).Observe(time.Since(start).Seconds())
 	switch {

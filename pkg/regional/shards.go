@@ -121,7 +121,7 @@ func (l *Leader) tier(i int) (GlobalTier, error) {
 // report.
 func (l *Leader) loadStatic(ctx context.Context) (regionsync.RedisClock, error) {
 	s := l.s
-	stored, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay(), s.low)
+	stored, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
 	if err != nil {
 		return clock, err
 	}
@@ -261,7 +261,7 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 	// etcd reads and needs the lease still running after them.
 	ctx, cancel := context.WithTimeout(ctx, max(time.Duration(cfg.Epoch), s.opts.RedisTimeout))
 	defer cancel()
-	stored, from, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay(), s.low)
+	stored, from, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
 	if err != nil {
 		return false, err
 	}

@@ -62,9 +62,8 @@ type staticView struct {
 // in one round trip. sent is the local time before the request
 // (regionsync.RedisClock). A shard whose key does not hold a time counts
 // as holding none (its floor), and the first such error is returned with
-// the others' leases. The TIME reading also renews low, the lower estimate
-// of Redis time (deadline.go).
-func readStatic(ctx context.Context, rdb Redis, prefix string, n int, low *lowClock) (regionsync.ShardLeases, regionsync.RedisClock, error) {
+// the others' leases.
+func readStatic(ctx context.Context, rdb Redis, prefix string, n int) (regionsync.ShardLeases, regionsync.RedisClock, error) {
 	n = max(n, 1)
 	sent := time.Now()
 	var tcmd *redis.TimeCmd
@@ -81,7 +80,6 @@ func readStatic(ctx context.Context, rdb Redis, prefix string, n int, low *lowCl
 	if err != nil {
 		return nil, regionsync.RedisClock{}, fmt.Errorf("redis time: %w", err)
 	}
-	low.note(now.UnixMicro(), time.Now())
 	clock := regionsync.RedisClock{RedisUS: now.UnixMicro(), Sent: sent}
 	leases := make(regionsync.ShardLeases, n)
 	var firstErr error
@@ -125,7 +123,7 @@ func (s *Server) noteStatic(leases regionsync.ShardLeases, clock regionsync.Redi
 
 // refreshStatic reads the stored leases and Redis TIME into the view.
 func (s *Server) refreshStatic(ctx context.Context) error {
-	leases, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay(), s.low)
+	leases, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
 	s.noteStatic(leases, clock) // a failed read of a key still moves the clock
 	return err
 }

@@ -120,6 +120,20 @@ func (c RedisClock) Estimate(now time.Time) int64 {
 // top.
 func StaticMargin(epoch time.Duration) time.Duration { return epoch }
 
+// ScriptDeadline is the deadline (Redis time, µs; luascripts.Common.
+// DeadlineUS) of a script handed its settings when the replica's
+// conservative estimate of Redis time was estUS: the end of the static
+// lease when the script is handed the static share (the global tier counts
+// the share until then, and a grant validity and a clock margin past it),
+// so a script a paused Redis runs later changes nothing; 0 (none) when it
+// is handed the floor, which is safe whenever it runs.
+func ScriptDeadline(estUS int64, lease StaticLease, margin time.Duration) int64 {
+	if OnStatic(estUS, lease, margin) {
+		return lease.UntilUS
+	}
+	return 0
+}
+
 // OnStatic says whether a replica whose conservative estimate of Redis
 // time is estUS may hand its scripts its static shares under lease:
 // estUS + margin is still before the lease's end. Stale readings of the

@@ -340,3 +340,26 @@ func TestUnresolvedCountsAsNothing(t *testing.T) {
 		t.Errorf("leased share of an unconfigured region %v/%v (%v), want 0 and an error", r, b, err)
 	}
 }
+
+// TestScriptDeadlineIsTheLeaseEndOfAStaticChoice: a script handed the
+// static share (its estimate a margin before the lease's end) must run by
+// the lease's end; one handed the floor (within the margin, past the end,
+// no lease) has no deadline.
+func TestScriptDeadlineIsTheLeaseEndOfAStaticChoice(t *testing.T) {
+	lease := StaticLease{UntilUS: 10_000_000}
+	const margin = time.Second
+	for _, tc := range []struct {
+		estUS int64
+		lease StaticLease
+		want  int64
+	}{
+		{8_999_999, lease, 10_000_000},
+		{9_000_000, lease, 0},
+		{10_000_000, lease, 0},
+		{1, StaticLease{}, 0},
+	} {
+		if got := ScriptDeadline(tc.estUS, tc.lease, margin); got != tc.want {
+			t.Errorf("ScriptDeadline(%d, %+v, %v) = %d, want %d", tc.estUS, tc.lease, margin, got, tc.want)
+		}
+	}
+}

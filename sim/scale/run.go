@@ -16,7 +16,6 @@ import (
 	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
-	"github.com/sluicehq/sluice/pkg/regional/reply"
 	"github.com/sluicehq/sluice/pkg/regionsync"
 	"github.com/sluicehq/sluice/sim/engine"
 )
@@ -292,9 +291,9 @@ func (s *sim) common(r *region, k *key, nowUS int64) luascripts.Common {
 	c := k.common
 	sh := regionsync.Choose(nowUS, r.leases[k.shard], regionsync.StaticMargin(epoch), k.static[r.g], k.floor[r.g])
 	c.StaticRate, c.StaticBurst = sh.Rate, sh.Burst
-	// Scripts run at the instant of the choice: the deadline the regional
-	// service would give them never passes.
-	c.DeadlineUS = reply.DeadlineUS(nowUS, reply.DefaultRedisTimeout, epoch)
+	// Scripts run at the instant of the choice, so the deadline the
+	// regional service gives them never passes.
+	c.DeadlineUS = regionsync.ScriptDeadline(nowUS, r.leases[k.shard], regionsync.StaticMargin(epoch))
 	return c
 }
 

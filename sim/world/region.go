@@ -147,12 +147,12 @@ func (r *Region) removeInstance(in *Instance) {
 func (r *Region) common(k *keyInfo) luascripts.Common {
 	c := k.common[r.idx]
 	static := regionsync.Share{Rate: c.StaticRate, Burst: c.StaticBurst}
-	sh := regionsync.Choose(r.redisNowUS(), regionsync.StaticLease{UntilUS: r.staticUS},
-		regionsync.StaticMargin(r.w.epoch), static, regionsync.FloorOf(static, k.res))
+	lease, margin := regionsync.StaticLease{UntilUS: r.staticUS}, regionsync.StaticMargin(r.w.epoch)
+	sh := regionsync.Choose(r.redisNowUS(), lease, margin, static, regionsync.FloorOf(static, k.res))
 	c.StaticRate, c.StaticBurst = sh.Rate, sh.Burst
-	// The simulated Redis runs a script at the instant of the choice: the
-	// deadline the regional service would give it never passes.
-	c.DeadlineUS = reply.DeadlineUS(r.redisNowUS(), reply.DefaultRedisTimeout, r.w.epoch)
+	// The simulated Redis runs a script at the instant of the choice, so
+	// the deadline the regional service gives it never passes.
+	c.DeadlineUS = regionsync.ScriptDeadline(r.redisNowUS(), lease, margin)
 	return c
 }
 

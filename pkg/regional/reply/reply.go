@@ -11,7 +11,6 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
-	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // Report is a key report of instance (incarnation) as the scripts take it.
@@ -72,18 +71,5 @@ func Check(res config.Resolved, cr luascripts.CheckReply) *sluicev1.CheckRespons
 }
 
 // DefaultRedisTimeout is the regional daemon's default bound on one Redis
-// call (regional.DaemonOptions.RedisTimeout), the bound the simulator's
-// scripts are given too.
+// call (regional.DaemonOptions.RedisTimeout).
 const DefaultRedisTimeout = 500 * time.Millisecond
-
-// DeadlineUS is the deadline (luascripts.Common.DeadlineUS) of a script
-// whose settings were chosen when Redis time was at least lowNowUS (a
-// lower estimate): its caller's bound on Redis, redisTimeout, but never
-// more than the static lease's margin for the config's epoch
-// (regionsync.StaticMargin), which is what allows a chosen static share to
-// be used that long after the choice. From a lower estimate of the
-// choice's time, the deadline can only come early.
-func DeadlineUS(lowNowUS int64, redisTimeout, epoch time.Duration) int64 {
-	bound := min(redisTimeout, regionsync.StaticMargin(epoch))
-	return lowNowUS + max(bound, 0).Microseconds()
-}
