@@ -16,21 +16,29 @@ import (
 // the test.
 func Gauge(t testing.TB, reg prometheus.Gatherer, name string) float64 {
 	t.Helper()
+	mf := family(t, reg, name)
+	if mf == nil {
+		t.Fatalf("metric %s not registered", name)
+	}
+	if n := len(mf.GetMetric()); n != 1 || mf.GetMetric()[0].GetGauge() == nil {
+		t.Fatalf("metric %s: %d series of type %v, want one gauge", name, n, mf.GetType())
+	}
+	return mf.GetMetric()[0].GetGauge().GetValue()
+}
+
+// family is the metric family name in reg, nil when reg holds none.
+func family(t testing.TB, reg prometheus.Gatherer, name string) *dto.MetricFamily {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatalf("gather: %v", err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
+		if mf.GetName() == name {
+			return mf
 		}
-		if n := len(mf.GetMetric()); n != 1 || mf.GetMetric()[0].GetGauge() == nil {
-			t.Fatalf("metric %s: %d series of type %v, want one gauge", name, n, mf.GetType())
-		}
-		return mf.GetMetric()[0].GetGauge().GetValue()
 	}
-	t.Fatalf("metric %s not registered", name)
-	return 0
+	return nil
 }
 
 // Series is the value of the first series of the counter or gauge name in
@@ -38,23 +46,14 @@ func Gauge(t testing.TB, reg prometheus.Gatherer, name string) float64 {
 // when there is none yet, as a counter not yet incremented reads.
 func Series(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				if !slices.ContainsFunc(m.GetLabel(), func(lp *dto.LabelPair) bool { return lp.GetName() == k && lp.GetValue() == v }) {
-					continue series
-				}
+series:
+	for _, m := range family(t, reg, name).GetMetric() {
+		for k, v := range labels {
+			if !slices.ContainsFunc(m.GetLabel(), func(lp *dto.LabelPair) bool { return lp.GetName() == k && lp.GetValue() == v }) {
+				continue series
 			}
-			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
+		return m.GetCounter().GetValue() + m.GetGauge().GetValue()
 	}
 	return 0
 }
