@@ -981,7 +981,7 @@ func (a *Allocator) Allocate(now time.Time) {
 	a.refreshRank()
 	nr := a.nr
 	a.markSilent(t)
-	a.dem = growFloats(a.dem, nr)
+	ensure(&a.dem, nr)
 	a.active = a.active[:0]
 	for _, k := range a.byRank {
 		sh := a.loadShares(k)

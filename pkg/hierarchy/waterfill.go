@@ -176,13 +176,6 @@ func fairShare(capacity float64, w, lo, hi, demand, out []float64, fs *fillScrat
 	}
 }
 
-func growFloats(s []float64, n int) []float64 {
-	if cap(s) < n {
-		return make([]float64, n)
-	}
-	return s[:n]
-}
-
 // clamp is min(max(x, lo), hi) to the bit, NaNs and signed zeros
 // included, without their general handling when x lies strictly between
 // the bounds (then both give x).
@@ -195,7 +188,10 @@ func clamp(x, lo, hi float64) float64 {
 
 // ensure makes *s hold at least n elements (len = cap), storing to *s
 // only when it must grow: the scratch of a hot loop, sliced to the
-// length each use needs.
+// length each use needs. Every scratch slice keeps len = cap, so an index
+// below any n it was ensured for is in range: a scratch resliced shorter
+// and kept would fail the next user that indexes it directly after the
+// regions grow back within its capacity.
 func ensure[T any](s *[]T, n int) {
 	if cap(*s) < n {
 		*s = make([]T, n)
