@@ -254,6 +254,9 @@ func diffOverTenants(stored map[string]config.Tenant, next *config.Config) strin
 // so it cannot answer a prompt.
 func (a *app) commit(ctx context.Context, store *configstore.Store, current *config.Config, rev int64,
 	next *config.Config, change changeFlags, stdinUsed bool) error {
+	if err := config.RemovalProblems(current, next); err != nil {
+		return invalidConfig("the change", err, "nothing was written")
+	}
 	return a.commitWith(ctx, store, rev, next, change, stdinUsed, func() string { return config.Diff(current, next) })
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/pkg/config"
 )
 
 // drainedRegions is the set of drained regions in the config in etcd.
@@ -153,4 +155,38 @@ func TestRegionDrainWithoutConfigIsNotFound(t *testing.T) {
 	r := sluicectl(t, "", c.args("region", "drain", "eu-west", "-yes")...)
 	wantCode(t, r, exitNotFound)
 	wantContains(t, "stderr", r.stderr, "no config in etcd")
+}
+
+// TestApplyRefusesRemovingARegionNotDrained: a region removed from the
+// config while it may still serve traffic would refuse every request
+// once its replicas adopt the config, and its share would be re-divided
+// at once; apply refuses, naming the region and the way (drain first),
+// and writes nothing. Once it is drained the same removal applies.
+func TestApplyRefusesRemovingARegionNotDrained(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	without, err := config.Parse(config.SampleYAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(without.Regions, "eu-west")
+	data, err := without.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	noEU := writeFile(t, "no-eu-west.yaml", string(data))
+
+	before := c.revision(t)
+	r := sluicectl(t, "", c.args("apply", "-f", noEU, "-yes")...)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, "regions.eu-west: removed while not drained", "sluicectl region drain eu-west", "nothing was written")
+	c.wantUnwritten(t, before, "an apply removing a region not drained")
+
+	wantCode(t, sluicectl(t, "", c.args("region", "drain", "eu-west", "-yes")...), exitOK)
+	r = sluicectl(t, "", c.args("apply", "-f", noEU, "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "-  eu-west:", "applied: revision")
+	if stored, _ := c.config(t); stored == nil || len(stored.Regions) != 2 || stored.Regions["eu-west"] != (config.Region{}) {
+		t.Fatalf("etcd holds regions %v after removing a drained eu-west", stored.Regions)
+	}
 }

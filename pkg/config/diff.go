@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -233,4 +234,28 @@ func hunkRange(start, count int) string {
 		return fmt.Sprintf("%d", start+1)
 	}
 	return fmt.Sprintf("%d,%d", start+1, count)
+}
+
+// RemovalProblems lists what replacing current by next would take from a
+// running deployment without warning, which Validate (one config at a
+// time) cannot see: each region next removes while current does not
+// drain it, as a *FieldError on regions.<name>, joined (errors.Join), or
+// nil. Such a region may still serve traffic: once its replicas adopt a
+// config without it they refuse every request (the instances decide with
+// their on_failure policy), and the global tier re-divides its share at
+// once. Draining first moves its share to the others fenced, and leaves it
+// on its floor until it is stopped (docs/operations.md, "Region drained").
+// A nil current removes nothing.
+func RemovalProblems(current, next *Config) error {
+	if current == nil || next == nil {
+		return nil
+	}
+	var p problems
+	for _, name := range sortedKeys(current.Regions) {
+		if _, kept := next.Regions[name]; kept || current.Regions[name].Drained {
+			continue
+		}
+		p.add("regions."+name, "removed while not drained: drain it first (sluicectl region drain %s), stop its replicas, then remove it", name)
+	}
+	return errors.Join(p...)
 }

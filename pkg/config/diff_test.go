@@ -338,3 +338,46 @@ func TestLineEditsFindAScriptOfExactlyMaxDiffEdits(t *testing.T) {
 		t.Fatalf("%d kept lines, %d changes; want 1, %d", kept, changes, maxDiffEdits)
 	}
 }
+
+func TestRemovalProblemsNameEachRegionRemovedWhileNotDrained(t *testing.T) {
+	regions := func(spec map[string]bool) *Config { // name → drained
+		c := &Config{Regions: map[string]Region{}}
+		for name, drained := range spec {
+			c.Regions[name] = Region{Weight: 1, Drained: drained}
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name          string
+		current, next *Config
+		want          []string // problem paths, in order
+	}{
+		{"nothing removed", regions(map[string]bool{"a": false, "b": false}), regions(map[string]bool{"a": false, "b": false}), nil},
+		{"a region added", regions(map[string]bool{"a": false}), regions(map[string]bool{"a": false, "b": false}), nil},
+		{"a drained region removed", regions(map[string]bool{"a": false, "b": true}), regions(map[string]bool{"a": false}), nil},
+		{"a region removed as it is drained", regions(map[string]bool{"a": false, "b": false}), regions(map[string]bool{"a": false}), []string{"regions.b"}},
+		{"two removed, in name order", regions(map[string]bool{"c": false, "a": false, "b": false}), regions(map[string]bool{"b": false}), []string{"regions.a", "regions.c"}},
+		{"drained only in the next config", regions(map[string]bool{"a": false, "b": false}), regions(map[string]bool{"a": true}), []string{"regions.b"}},
+		{"no current config", nil, regions(map[string]bool{"a": false}), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := RemovalProblems(tc.current, tc.next)
+			var got []string
+			if err != nil {
+				for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+					fe, ok := e.(*FieldError)
+					if !ok {
+						t.Fatalf("problem %v is a %T, want *FieldError", e, e)
+					}
+					if !strings.Contains(fe.Message, "drain it first") {
+						t.Errorf("%s: %q does not say to drain first", fe.Path, fe.Message)
+					}
+					got = append(got, fe.Path)
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("problems at %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
