@@ -189,6 +189,10 @@ func (s *Server) plan(cfg *config.Config, pk *sluicev1.QuotaKey, field string) (
 	if err := k.Validate(); err != nil {
 		return keyPlan{}, fmt.Errorf("%s: %w", field, err)
 	}
+	if _, ok := cfg.Regions[s.opts.Region]; !ok {
+		// The request is fine; this replica has nothing to decide it with.
+		return keyPlan{}, fmt.Errorf("%w: region %q is not in the live config (drain a region before removing it)", errRegionRemoved, s.opts.Region)
+	}
 	res, err := cfg.Resolve(k)
 	if err != nil {
 		return keyPlan{}, fmt.Errorf("%s: %w", field, err)
@@ -304,6 +308,13 @@ const maxTotal = 1 << 53
 // errConflict: a report was neither the lease's next one nor a retry of an
 // applied one; another process reports under the same instance id. The
 // lease was forfeited. Mapped to ABORTED: the instance must re-identify.
+// errRegionRemoved: the live config no longer lists the replica's region
+// (an operator removed it while it ran). Its requests are answered
+// FailedPrecondition, which instances decide with their on_failure policy
+// as for any region that cannot decide, not InvalidArgument, which would
+// blame the request and make instances forget the key.
+var errRegionRemoved = errors.New("region removed from the config")
+
 var errConflict = errors.New("report conflicts with the lease's record: another process reports under this instance id")
 
 // toReport: see reply.Report.
@@ -592,6 +603,8 @@ func toStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, errConflict):
 		return status.Error(codes.Aborted, err.Error())
+	case errors.Is(err, errRegionRemoved):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
