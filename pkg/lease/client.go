@@ -56,6 +56,11 @@ type Options struct {
 	// region has answered for a key (optional; unknown classes are leased
 	// and fail to the local policy).
 	Classes map[string]ClassPolicy
+	// Policies is the live config's policy of a class, false for a class
+	// it does not name (optional): its on_failure policy and shadow mode
+	// decide the class's degraded decisions over the region's last answer,
+	// at once when the config changes (see TableOptions.Policies).
+	Policies func(class string) (ClassPolicy, bool)
 	// Tier names a key's tier before the region has, for the decision
 	// counts (optional; see TableOptions.Tier).
 	Tier func(key quota.Key) string
@@ -172,6 +177,7 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 		Refresh:       o.Refresh,
 		IdleTimeout:   o.IdleTimeout,
 		Classes:       o.Classes,
+		Policies:      o.Policies,
 		Tier:          o.Tier,
 		FallbackLimit: o.FallbackLimit,
 		// Above every seq an earlier process with the same id could have

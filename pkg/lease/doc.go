@@ -58,6 +58,11 @@
 //	Fallback   region unreachable: the class's on_failure policy decides
 //	           (local token bucket at region rate ÷ live instances, open or
 //	           closed); the key is degraded until the region answers it.
+//	           The policy (and shadow) is the live config's when
+//	           TableOptions.Policies names the class, read at each
+//	           decision, so a change applies at once, also to keys
+//	           already degraded; else the region's last answer for the
+//	           key; else TableOptions.Classes; else local.
 //	           The local bucket is first charged with the tokens the key
 //	           admitted through the region (lease and strict paths) since
 //	           it last was, down to empty and never below.

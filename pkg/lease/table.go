@@ -375,7 +375,7 @@ func (t *Table) newEntry(now time.Time, key quota.Key) *entry {
 	e.sampleAt, e.lastActive, e.guard = t.at(now), t.at(now), t.opts.Refresh
 	in := &keyInfo{deadline: never, negUntil: never}
 	if p, ok := t.opts.Classes[key.Class]; ok {
-		in.mode, in.onFailure = p.Mode, p.OnFailure
+		in.mode, in.onFailure, in.shadow = p.Mode, p.OnFailure, p.Shadow
 	}
 	e.info.Store(in)
 	return e
@@ -553,8 +553,11 @@ func (t *Table) Exhausted(now time.Time, key quota.Key, cost int64) (quota.Decis
 // Fallback decides a request with the key's on_failure policy, for when the
 // region cannot be reached: local (a token bucket at this instance's share
 // of the region's learned rate and burst, or FallbackLimit), open or
-// closed. The decision is marked Degraded and the key counts as degraded
-// until the region answers for it again.
+// closed. The policy, and whether the class is in shadow mode, are the
+// live config's (TableOptions.Policies) when it names the class, else what
+// the region last said of the key, else TableOptions.Classes. The decision
+// is marked Degraded and the key counts as degraded until the region
+// answers for it again.
 func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decision, error) {
 	if err := validateCost(key, cost, nil); err != nil {
 		return quota.Decision{}, err
@@ -566,8 +569,12 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 	if err := validateCost(key, cost, e.info.Load()); err != nil {
 		return quota.Decision{}, err
 	}
+	live, haveLive := t.livePolicy(key.Class)
 	e.mu.Lock()
 	in := *e.view()
+	if haveLive {
+		in.onFailure, in.shadow = live.OnFailure, live.Shadow
+	}
 	d := quota.Decision{Degraded: true, Limit: in.limit, ResetAt: now}
 	switch in.onFailure {
 	case PolicyOpen:
@@ -613,6 +620,19 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 		e.count(slot(ResultDenied, true))
 	}
 	return d, nil
+}
+
+// livePolicy is the live config's policy of class (TableOptions.Policies);
+// false when there is none, or it names no class or an unknown policy.
+func (t *Table) livePolicy(class string) (ClassPolicy, bool) {
+	if t.opts.Policies == nil {
+		return ClassPolicy{}, false
+	}
+	p, ok := t.opts.Policies(class)
+	if !ok || p.OnFailure > PolicyClosed || p.Mode > ModeStrict {
+		return ClassPolicy{}, false
+	}
+	return p, true
 }
 
 // localLimiterLocked returns the key's local limiter, set to this

@@ -76,11 +76,17 @@ func ParsePolicy(s string) (Policy, error) {
 	return 0, fmt.Errorf("%w: on_failure %q is not local, open or closed", quota.ErrInvalid, s)
 }
 
-// ClassPolicy is what an instance knows about a class before the region
-// told it anything. Replies from the region override it per key.
+// ClassPolicy is what an instance knows about a class from its own
+// config. As TableOptions.Classes, it holds before the region told the
+// instance anything about a key, and the region's answers override it per
+// key; as an answer of TableOptions.Policies, its OnFailure and Shadow
+// decide every degraded decision of the class (see Table.Fallback).
 type ClassPolicy struct {
 	Mode      Mode
 	OnFailure Policy
+	// Shadow admits what the class's limit would deny, counting it as
+	// shadow_denied.
+	Shadow bool
 }
 
 // Action tells the caller of Table.Allow what to do next.
@@ -147,6 +153,18 @@ type TableOptions struct {
 	// region has answered for a key (optional; unknown classes are
 	// lease/local).
 	Classes map[string]ClassPolicy
+	// Policies is the live config's policy of a class (optional): the
+	// config the process holds now, reloaded or not, false for a class it
+	// does not name. When it names the class, its OnFailure and Shadow
+	// decide each degraded decision of the class's keys (Fallback), over
+	// what the region last said of the key and over Classes, from the
+	// next decision on, keys already degraded included: a policy changed
+	// during an outage, when no answer of the region can carry it,
+	// applies at once. Without it (or for a class it does not name) the
+	// region's last answer for the key decides, else Classes, else
+	// local. It is called on every degraded decision, with no lock of
+	// the Table held; it must be cheap and must not call the Table.
+	Policies func(class string) (ClassPolicy, bool)
 	// Tier names a key's tier before the region has (optional; the
 	// caller's config, as the region resolves it): the decisions made
 	// meanwhile, the on_failure policy's while the region is out of reach
