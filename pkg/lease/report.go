@@ -518,6 +518,8 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 			// cap, or its rate is zero): requests needing min are denied
 			// with RetryNever; ask again next refresh, in case the cap grew.
 			wait = t.opts.Refresh
+		} else {
+			wait += retrySpread(r.Seq, e.view(), wait)
 		}
 		e.own().negUntil = t.instant(now.Add(wait))
 	}
@@ -669,4 +671,41 @@ func (t *Table) ExpireFor(now time.Time, busy time.Duration) time.Time {
 		e.mu.Unlock()
 	}
 	return t.timeOf(next)
+}
+
+// retrySpread is what an instance adds to the region's wait before it asks
+// again for a key the region could not serve: a pseudo-random part of one
+// refill of the tokens it needs, drawn from the report's seq (so runs on
+// the same seeds repeat). Peers denied together are told the same instant,
+// the one when the bucket next holds their need; asking at it, one of them
+// wins every round, and which one depends on phases that repeat: of two
+// instances with equal demand on a contended key one admitted 20-38% of
+// its tokens, and behind two agents one admitted 8%. Spread over
+// one refill step, the round's winner is drawn anew each time.
+//
+// A lone instance (the region's last answer counted one live lease) races
+// no one and asks at the region's instant.
+//
+// Nothing is lost while the bucket has room: it keeps refilling during the
+// spread, and whoever asks first collects what it holds. So the spread is
+// at most the time the bucket takes to go from the need to its cap (none
+// for a key whose burst is its need: a bucket of one token left full would
+// waste refill), and at most the wait itself.
+func retrySpread(seq uint64, in *keyInfo, wait time.Duration) time.Duration {
+	need := float64(max(in.negNeed, 1))
+	if in.live < 2 || !(in.regionRate > 0) || !(in.regionBurst > need) {
+		return 0
+	}
+	step := time.Duration(need / in.regionRate * float64(time.Second))
+	room := time.Duration((in.regionBurst - need) / in.regionRate * float64(time.Second))
+	d := min(step, room, wait)
+	if d <= 0 {
+		return 0
+	}
+	// splitmix64 of seq: successive seqs give unrelated draws.
+	z := seq + 0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return time.Duration(z % uint64(d))
 }

@@ -142,3 +142,65 @@ func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
 		})
 	}
 }
+
+// TestPeersWithEqualDemandOnAContendedKeyShareIt: two instances offer the
+// same load, four times what the region's share refills, on a key whose
+// region cap is 5 tokens at 5/s. Denied together, both were told the same
+// instant to ask again, and the same one won nearly every round (one
+// instance admitted 20-38% of the tokens, and behind two agents 8%). Each
+// now gets at least a third of what the region admits, and together they
+// admit no more than b + r·t on the region's clock.
+func TestPeersWithEqualDemandOnAContendedKeyShareIt(t *testing.T) {
+	const (
+		run   = 12 * time.Second
+		every = 10 * time.Millisecond // 100/s offered by each peer
+		burst = 5.0
+		rate  = 5.0 // the region's share: a 10/s key over two regions
+	)
+	cfg := regiontest.MustConfig(t, `
+lease_ttl: 5s
+refresh: 1s
+regions: {local: {weight: 1}, far: {weight: 1}}
+classes: {write: {mode: lease}}
+tiers: {free: {write: {rate: 10/s, burst: 10}}}
+default_tier: free
+`)
+	reg := regiontest.Start(t, cfg, "local")
+	key := quota.Key{Tenant: "acme", Class: "write"}
+	var admitted [2]int
+	start := reg.RedisNow(t)
+	var wg sync.WaitGroup
+	for i := range admitted {
+		c, err := lease.NewClient(reg.Dial(t), lease.Options{InstanceID: fmt.Sprintf("peer%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		wg.Go(func() {
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for end := time.Now().Add(run); time.Now().Before(end); <-tick.C {
+				d, err := c.Allow(context.Background(), key, 1)
+				if err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+				if d.Allowed && !d.Degraded {
+					admitted[i]++
+				}
+			}
+		})
+	}
+	wg.Wait()
+	end := reg.RedisNow(t)
+	total := admitted[0] + admitted[1]
+	t.Logf("admitted %d and %d", admitted[0], admitted[1])
+	if bound := burst + rate*end.Sub(start).Seconds(); float64(total) > bound {
+		t.Fatalf("admitted %d in all; b + r·t = %.3f", total, bound)
+	}
+	for i, n := range admitted {
+		if 3*n < total {
+			t.Errorf("peer %d admitted %d of %d; want at least a third with equal demand", i, n, total)
+		}
+	}
+}
