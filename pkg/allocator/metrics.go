@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 		}, []string{"region"}),
 		grantedRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_global_granted_rate",
-			Help: "Sum of the granted rates (tokens/s) in the latest answer to each region.",
+			Help: "Sum of the granted rates (tokens/s) in this leader's latest answer to each region (absent when not leading).",
 		}, []string{"region"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_global_reports_total",
@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	if reg != nil {
-		reg.MustRegister(m.allocation, m.grants, m.grantedRate, m.reports, m.nudges,
+		reg.MustRegister(m.allocation, m.grants, leaderOnly{s: s, c: m.grantedRate}, m.reports, m.nudges,
 			gauge("sluice_global_watch_streams", "Open Watch streams (region leaders waiting for nudges).", func() float64 {
 				return float64(s.hub.watchers())
 			}),
@@ -88,7 +88,10 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 				defer s.mu.Unlock()
 				return float64(s.pages.heldBytes())
 			}),
-			gauge("sluice_global_keys", "Keys the allocator tracks: named by a report or an answer within two grant validities and two epochs.", func() float64 {
+			gauge("sluice_global_keys", "Keys the allocator tracks: named by a report or an answer within two grant validities and two epochs (0 when not leading).", func() float64 {
+				if ok, _ := s.leaderAt(time.Now()); !ok {
+					return 0
+				}
 				return float64(s.trackedKeys())
 			}),
 			&reportAgeCollector{s: s, desc: prometheus.NewDesc("sluice_global_region_report_age_seconds",
@@ -138,6 +141,31 @@ func (m *metrics) allocated(d time.Duration) {
 		return
 	}
 	m.allocation.Observe(d.Seconds())
+}
+
+// newTerm drops the granted rates of an earlier term, which regions'
+// answers in this one replace: a replica that leads again does not export
+// the rates it answered before another leader took over.
+func (m *metrics) newTerm() {
+	if m == nil {
+		return
+	}
+	m.grantedRate.Reset()
+}
+
+// leaderOnly exports a leader's gauge only while this replica leads: an
+// ex-leader's last values would be summed with the new leader's.
+type leaderOnly struct {
+	s *Service
+	c *prometheus.GaugeVec
+}
+
+func (l leaderOnly) Describe(ch chan<- *prometheus.Desc) { l.c.Describe(ch) }
+
+func (l leaderOnly) Collect(ch chan<- prometheus.Metric) {
+	if ok, _ := l.s.leaderAt(time.Now()); ok {
+		l.c.Collect(ch)
+	}
 }
 
 // forgetRegion drops the gauge of a region removed from the config, so it

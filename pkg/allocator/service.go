@@ -535,6 +535,7 @@ func (s *Service) promote(term uint64, deadline time.Time, lapsed []string) bool
 	s.conf = regionsync.NewConfirmations()
 	s.pruneHeldLocked()
 	s.setLimitsLocked()
+	s.m.newTerm()
 	s.lmu.Lock()
 	s.lead.leading = true
 	s.lead.term = term
