@@ -36,6 +36,8 @@
 //	3  conflict: the config in etcd changed between read and write
 //	4  not found: no config in etcd, or no such tenant, class or region
 //	5  unreachable: etcd, the global allocator or the regional service could not be reached
+//	   (status during a global failover too, while etcd still names the
+//	   leader that is gone: the message says so; run it again)
 //	6  denied: check answered over quota (a result, not a failure)
 //	7  refused: the service answered but refused this client's credentials
 //	130 interrupted by SIGINT or SIGTERM

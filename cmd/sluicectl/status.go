@@ -462,10 +462,53 @@ func (a *app) askReplica(ctx context.Context, addr string, top int32, rep *statu
 				addr, status.Code(err), status.Convert(err).Message(), config.RoleOperator)
 			return nil, nil
 		}
+		if c := status.Code(err); (c == codes.Unavailable || c == codes.DeadlineExceeded) && !tlsFailure(err) {
+			rep.GlobalError = a.unreachableGlobal(addr, err)
+			return nil, nil
+		}
 		rep.GlobalError = fmt.Sprintf("cannot get status from the global allocator at %s: %v\n%s", addr, err, hint)
 		return nil, nil
 	}
 	return resp, nil
+}
+
+// unreachableGlobal says, for an operator, that the global allocator at
+// addr could not be reached (err is Unavailable or DeadlineExceeded): what
+// failed, that a global failover may be under way (etcd names a leader
+// until its session expires; a standby then takes over), and what to do.
+// status still exits exitUnreachable.
+func (a *app) unreachableGlobal(addr string, err error) string {
+	why := "it did not answer within -timeout " + a.g.timeout.String()
+	if status.Code(err) == codes.Unavailable {
+		why = "it cannot be reached: " + transportCause(status.Convert(err).Message())
+	}
+	next := fmt.Sprintf("or give -global-addr (%s) of a global allocator replica that is up", flagenv.EnvName(envPrefix, "global-addr"))
+	if addr == a.g.globalAddr {
+		next = fmt.Sprintf("or check -global-addr (%s): a global allocator must run there (leave it out to ask the leader etcd names)",
+			flagenv.EnvName(envPrefix, "global-addr"))
+	}
+	return fmt.Sprintf("cannot get status from the global allocator at %s: %s\n"+
+		"a global failover may be in progress: etcd names a leader until its session expires (cmd/global -session-ttl), then a standby takes over\n"+
+		"run status again in a few seconds, %s", addr, why, next)
+}
+
+// tlsFailure reports whether a failed call's message is about TLS (a
+// handshake, a certificate): the flags, not a failover, are to check.
+func tlsFailure(err error) bool {
+	msg := status.Convert(err).Message()
+	return strings.Contains(msg, "handshake") || strings.Contains(msg, "x509") || strings.Contains(msg, "tls:")
+}
+
+// transportCause is the last reason in a gRPC connection error's message,
+// such as "connection refused" or "i/o timeout" out of "connection error:
+// desc = \"transport: Error while dialing: dial tcp ...: connect:
+// connection refused\"", or the message itself when it has none.
+func transportCause(msg string) string {
+	msg = strings.TrimRight(msg, `"`)
+	if i := strings.LastIndex(msg, ": "); i >= 0 && i+2 < len(msg) {
+		return msg[i+2:]
+	}
+	return msg
 }
 
 // Region states as the allocator reports them (RegionStatus.state).

@@ -256,3 +256,36 @@ func TestStatusTextShowsRegionStates(t *testing.T) {
 		t.Fatalf("us-east in JSON = %+v", us)
 	}
 }
+
+// TestStatusWithTheGlobalLeaderDownSpeaksToTheOperator: etcd still names
+// a global leader that no longer runs (its session has not expired yet,
+// as during a failover). status exits 5 and says what could not be
+// reached and why, that a failover may be under way, and what to do;
+// without gRPC's own text (the status code, the transport's dial error),
+// which is all it printed.
+func TestStatusWithTheGlobalLeaderDownSpeaksToTheOperator(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	gone := closedAddr(t)
+	campaign(t, c.cli, c.store.ElectionPrefix()+"global", gone)
+	for _, tc := range []struct {
+		name string
+		args []string
+		next string
+	}{
+		{"the leader etcd names", nil, "give -global-addr"},
+		{"the replica -global-addr names", []string{"-global-addr", gone}, "check -global-addr"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := sluicectl(t, "", c.args(append([]string{"status"}, tc.args...)...)...)
+			wantCode(t, r, exitUnreachable)
+			wantContains(t, "stderr", r.stderr, "cannot get status from the global allocator at "+gone+": it cannot be reached: connection refused",
+				"a global failover may be in progress", "run status again", tc.next)
+			for _, raw := range []string{"rpc error", "code = ", "transport:", "desc = "} {
+				if strings.Contains(r.stderr, raw) {
+					t.Errorf("stderr holds gRPC's text %q:\n%s", raw, r.stderr)
+				}
+			}
+		})
+	}
+}
