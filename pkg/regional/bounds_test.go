@@ -19,8 +19,9 @@ import (
 
 // TestEachBoundTakesItsEdgeAndRefusesOnePast: every number a LeaseService
 // request carries is served exactly at its bound (a seq of 2^53, a lease
-// equal to its seq, cumulative totals of 2^53, min equal to want or at
-// MaxWant, a min with no want, a cost equal to the burst, a Sync of
+// equal to its seq, cumulative totals of 2^53, min equal to want or to
+// the key's burst, want at MaxWant, a min with no want, a cost equal to
+// the burst, a Sync of
 // exactly reports_per_sync reports) and refused one past it with
 // InvalidArgument naming the field, Redis left as it was.
 func TestEachBoundTakesItsEdgeAndRefusesOnePast(t *testing.T) {
@@ -76,7 +77,7 @@ func TestEachBoundTakesItsEdgeAndRefusesOnePast(t *testing.T) {
 		{"returned 2^53", release("e5", &sluicev1.KeyReport{Seq: 1, Returned: top})},
 		{"built_us 2^53", acquire("e6", &sluicev1.KeyReport{Seq: 1, BuiltUs: top, Want: 1})},
 		{"min equal to want", acquire("e7", &sluicev1.KeyReport{Seq: 1, Want: 5, Min: 5})},
-		{"min and want at MaxWant", acquire("e8", &sluicev1.KeyReport{Seq: 1, Want: quota.MaxWant, Min: quota.MaxWant})},
+		{"want at MaxWant, min at the key's burst", acquire("e8", &sluicev1.KeyReport{Seq: 1, Want: quota.MaxWant, Min: 100})},
 		{"min without want", acquire("e9", &sluicev1.KeyReport{Seq: 1, Want: 0, Min: 5})},
 		{"cost equal to the burst", check(20)},
 		{"reports_per_sync reports", syncOf("e10", perSync)},
@@ -95,6 +96,7 @@ func TestEachBoundTakesItsEdgeAndRefusesOnePast(t *testing.T) {
 	}{
 		{"seq 2^53+1", acquire("r1", &sluicev1.KeyReport{Seq: top + 1, Want: 1}), "report.seq 9007199254740993 exceeds 2^53"},
 		{"lease one above its seq", acquire("r2", &sluicev1.KeyReport{Seq: 7, Lease: 8, Want: 1}), "report.lease 8 is above its seq 7"},
+		{"min one above the key's burst", acquire("r2b", &sluicev1.KeyReport{Seq: 1, Want: 101, Min: 101}), "report.min: cost 101 exceeds the burst 100 of acme/read"},
 		{"used 2^53+1", acquire("r3", &sluicev1.KeyReport{Seq: 1, Used: top + 1}), "report.used 9007199254740993 exceeds the maximum 9007199254740992"},
 		{"denied 2^53+1", acquire("r4", &sluicev1.KeyReport{Seq: 1, Denied: top + 1}), "report.denied 9007199254740993 exceeds the maximum"},
 		{"returned 2^53+1", release("r5", &sluicev1.KeyReport{Seq: 1, Returned: top + 1}), "reports[0].returned 9007199254740993 exceeds the maximum"},

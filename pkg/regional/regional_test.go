@@ -308,6 +308,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"absurd cost", check(qk("acme", "export"), 1<<40), "exceeds the maximum"},
 		{"cost above burst", check(qk("acme", "export"), 21), "exceeds the burst 20"},
 		{"check bad tenant", check(qk("a\tb", "export"), 1), `byte '\t'`},
+		// A request above the key's burst could never be admitted: refused
+		// before a script creates a bucket or a lease for a fresh key.
+		{"acquire cost above burst", acquire(func(r *sluicev1.AcquireRequest) {
+			r.Report.Key, r.Report.Want, r.Report.Min = qk("fresh", "read"), 101, 101
+		}), "report.min: cost 101 exceeds the burst 100"},
+		{"sync cost above burst", sync(&sluicev1.KeyReport{Key: qk("fresh", "read"), Seq: 1, Want: 101, Min: 101}), "reports[0].min: cost 101 exceeds the burst 100"},
 		{"sync duplicate key", sync(good(), good()), "repeats key acme/read"},
 		{"sync one bad report", sync(good(), &sluicev1.KeyReport{Key: qk("x}", "read"), Seq: 1}), "reports[1].key"},
 		{"sync no instance", func() error {

@@ -357,6 +357,9 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	if err := admissibleMin(r, p, "report"); err != nil {
+		return nil, toStatus(err)
+	}
 	rep := toReport(req.GetInstanceId(), req.GetIncarnation(), r, p.res.Class.Mode == config.ModeStrict)
 	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
 		return s.scripts.QueueAcquire(ctx, pipe, p.keys, p.common, rep)
@@ -384,6 +387,11 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 	plans, err := s.planReports(req.GetInstanceId(), req.GetReports())
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	for i, p := range plans {
+		if err := admissibleMin(req.GetReports()[i], p, fmt.Sprintf("reports[%d]", i)); err != nil {
+			return nil, toStatus(err)
+		}
 	}
 	grants := make([]*sluicev1.Grant, len(plans))
 	items := make([]luascripts.SyncItem, len(plans))
@@ -420,6 +428,18 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 		}
 	}
 	return &sluicev1.SyncResponse{Grants: grants}, nil
+}
+
+// admissibleMin refuses a report whose request needs more tokens than the
+// key's burst: no wait and no grant can ever admit it, so it is invalid
+// input, refused before a script could create a bucket or a lease for it
+// (as Check refuses such a cost).
+func admissibleMin(r *sluicev1.KeyReport, p keyPlan, field string) error {
+	if r.GetMin() > p.res.Limit.Burst {
+		return fmt.Errorf("%w: %s.min: cost %d exceeds the burst %d of %s: it could never be admitted",
+			quota.ErrInvalid, field, r.GetMin(), p.res.Limit.Burst, p.key)
+	}
+	return nil
 }
 
 // planReports validates an instance id and a batch of reports as a whole:
