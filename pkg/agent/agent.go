@@ -110,6 +110,11 @@ type Options struct {
 	// ReleaseTimeout bounds the release of unspent tokens at Stop.
 	// Optional, default 5s.
 	ReleaseTimeout time.Duration
+	// RequestReadTimeout bounds how long a caller of the HTTP API may take
+	// to send one request, headers and body: a caller that stops sending
+	// part-way has its connection closed then, instead of holding it and
+	// a goroutine for good. Optional, default 10s.
+	RequestReadTimeout time.Duration
 }
 
 // Agent is a running agent. Safe for concurrent use.
@@ -152,8 +157,12 @@ func Start(o Options) (*Agent, error) {
 	if o.ReleaseTimeout == 0 {
 		o.ReleaseTimeout = 5 * time.Second
 	}
-	if o.DrainTimeout < 0 || o.ReleaseTimeout < 0 {
-		return nil, fmt.Errorf("%w: agent: DrainTimeout %v and ReleaseTimeout %v must not be negative", quota.ErrInvalid, o.DrainTimeout, o.ReleaseTimeout)
+	if o.RequestReadTimeout == 0 {
+		o.RequestReadTimeout = 10 * time.Second
+	}
+	if o.DrainTimeout < 0 || o.ReleaseTimeout < 0 || o.RequestReadTimeout < 0 {
+		return nil, fmt.Errorf("%w: agent: DrainTimeout %v, ReleaseTimeout %v and RequestReadTimeout %v must not be negative",
+			quota.ErrInvalid, o.DrainTimeout, o.ReleaseTimeout, o.RequestReadTimeout)
 	}
 	if o.PerConnection != 0 && o.PerConnection < envoyrls.MaxDescriptors {
 		return nil, fmt.Errorf("%w: agent: PerConnection %d must be at least the descriptors one request may name, %d, or such a request could never be served",
@@ -272,7 +281,8 @@ func Start(o Options) (*Agent, error) {
 	if a.apiLis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/v1/allow", a.api)
-		a.apiSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		a.apiSrv = &http.Server{Handler: mux, ReadHeaderTimeout: min(5*time.Second, o.RequestReadTimeout),
+			ReadTimeout: o.RequestReadTimeout, IdleTimeout: 2 * time.Minute}
 		ep.Go(func() error {
 			if err := a.apiSrv.Serve(a.apiLis); !errors.Is(err, http.ErrServerClosed) {
 				return err
