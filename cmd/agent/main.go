@@ -83,7 +83,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "", "etcd endpoints, comma separated: the config from etcd, hot-reloaded (instead of -config)")
 	fs.StringVar(&f.etcdPrefix, "etcd-prefix", config.DefaultPrefix, "etcd key prefix of the config")
 	fs.DurationVar(&f.configWait, "config-wait", 5*time.Second, "with etcd: how long to wait at start for the config before serving anyway (answering 503 until it comes)")
-	fs.StringVar(&f.instance, "instance-id", "", "id this agent reports to the region under (default agent-<host>-<pid>-<random>); must not be shared by two live processes")
+	fs.StringVar(&f.instance, "instance-id", "", "id this agent reports to the region under (default agent-<host>-<pid>.<random>); must not be shared by two live processes")
 	fs.DurationVar(&f.breakerTimeout, "breaker-timeout", lease.DefaultBreakerTimeout, "bound on a decision's wait for the region (a key without tokens), after which the class's on_failure policy decides. Behind Envoy's rate-limit filter set it below the filter's timeout (20ms by default; e.g. 15ms), or Envoy gives up first and its failure_mode_deny decides instead")
 	fs.BoolVar(&f.envoyHeaders, "envoy-headers", true, "add x-ratelimit-*, ratelimit, ratelimit-policy and retry-after headers to Envoy rate limit answers")
 	fs.IntVar(&f.perConnection, "max-inflight-per-connection", rpcguard.DefaultPerConnection, "units of work (descriptors named by the Envoy calls) served at once per client connection; more wait their turn (docs/operations.md, Request bounds)")
