@@ -189,8 +189,9 @@ func TestScriptsQueuedInAPausedRedisPastTheirDeadlineChangeNothing(t *testing.T)
 }
 
 // TestModelPastItsDeadlineChangesNothing: the Model, exactly at the
-// deadline, still acts; a microsecond past it every operation changes
-// nothing and answers TooLate with its now, as the scripts do.
+// deadline, still acts; a microsecond past it (or past a deadline of 1µs,
+// the earliest) every operation changes nothing and answers TooLate with
+// its now, as the scripts do.
 func TestModelPastItsDeadlineChangesNothing(t *testing.T) {
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
 	const t0 = int64(1_700_000_000_000_000)
@@ -233,7 +234,12 @@ func TestModelPastItsDeadlineChangesNothing(t *testing.T) {
 				name string
 				at   int64 // µs after the deadline
 				late bool
-			}{{"at the deadline", 0, false}, {"past the deadline", 1, true}} {
+			}{
+				{"at the deadline", 0, false},
+				{"past the deadline", 1, true},
+				// 1µs is the earliest deadline (0 is none).
+				{"past the earliest deadline", t0 + 2_000_000 - 1, true},
+			} {
 				m := NewModel()
 				c := deadlineCommon()
 				if lr := m.Acquire(t0, k, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 30, Min: 1}); lr.Granted != 30 {

@@ -1,0 +1,147 @@
+package luascripts
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// TestEveryCallPastItsDeadlineAnswersTooLate: through every way the Go
+// side runs a script (one call, a pipeline of many, a queued call parsed
+// later), a call whose deadline is 1µs of Redis time (any time Redis
+// reads is past it) changes nothing and answers an error matching
+// ErrTooLate, a *TooLateError with its deadline and the Redis time it ran
+// at, and a reply with only TooLate and that time set. A deadline of 0
+// is none: the same calls act.
+func TestEveryCallPastItsDeadlineAnswersTooLate(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sc := New()
+	if err := sc.Load(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	base := deadlineCommon()
+	// A lease out and a bucket with tokens left: every call below would
+	// write.
+	first := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 30, Min: 1}
+	if lr, err := sc.Acquire(ctx, rdb, k, base, first); err != nil || lr.Granted != 30 {
+		t.Fatalf("acquire: %+v, %v", lr, err)
+	}
+	next := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Used: 10, Want: 30, Min: 1}
+	other := Report{Instance: "i-b", Incarnation: 1, Lease: 1, Seq: 1, Want: 20, Min: 1}
+
+	calls := []struct {
+		name string
+		run  func(c Common) (any, error)
+	}{
+		{"Acquire", func(c Common) (any, error) { return sc.Acquire(ctx, rdb, k, c, other) }},
+		{"Sync", func(c Common) (any, error) { return sc.Sync(ctx, rdb, k, c, next) }},
+		{"SyncMany", func(c Common) (any, error) {
+			r := sc.SyncMany(ctx, rdb, []SyncItem{{Keys: k, Common: c, Report: next}})[0]
+			return r.Reply, r.Err
+		}},
+		{"Release", func(c Common) (any, error) { return sc.Release(ctx, rdb, k, c, next) }},
+		{"ReleaseMany", func(c Common) (any, error) {
+			r := sc.ReleaseMany(ctx, rdb, []SyncItem{{Keys: k, Common: c, Report: next}})[0]
+			return r.Reply, r.Err
+		}},
+		{"Check", func(c Common) (any, error) { return sc.Check(ctx, rdb, k, c, 5) }},
+		{"QueueCheck", func(c Common) (any, error) {
+			q := RunQueued(ctx, rdb, func(p redis.Pipeliner) []*Queued { return []*Queued{sc.QueueCheck(ctx, p, k, c, 5)} })[0]
+			return ParseCheck(q)
+		}},
+		{"QueueAcquire", func(c Common) (any, error) {
+			q := RunQueued(ctx, rdb, func(p redis.Pipeliner) []*Queued { return []*Queued{sc.QueueAcquire(ctx, p, k, c, other)} })[0]
+			return ParseLease(q)
+		}},
+		{"Reap", func(c Common) (any, error) { return sc.Reap(ctx, rdb, k, c) }},
+		{"SetRate", func(c Common) (any, error) {
+			return sc.SetRate(ctx, rdb, k, c, 50, 200, 4_000_000_000_000_000, 1)
+		}},
+		{"SetRateMany", func(c Common) (any, error) {
+			r := sc.SetRateMany(ctx, rdb, []SetRateItem{{Keys: k, Common: c, Rate: 50, Burst: 200,
+				ExpiryUS: 4_000_000_000_000_000, IssuedUS: 1}})[0]
+			return r.Reply, r.Err
+		}},
+		{"State", func(c Common) (any, error) { return sc.State(ctx, rdb, k, c) }},
+		{"StateMany", func(c Common) (any, error) {
+			r := sc.StateMany(ctx, rdb, []KeyCommon{{Keys: k, Common: c}})[0]
+			return r.State, r.Err
+		}},
+	}
+
+	redisNow := func() int64 {
+		t.Helper()
+		tm, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm.UnixMicro()
+	}
+	before, err := redistest.Snapshot(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := base
+	late.DeadlineUS = 1
+	for _, call := range calls {
+		from := redisNow()
+		got, err := call.run(late)
+		var tl *TooLateError
+		if !errors.As(err, &tl) || !errors.Is(err, ErrTooLate) {
+			t.Fatalf("%s past its deadline: %+v, error %v, want too late", call.name, got, err)
+		}
+		if tl.DeadlineUS != 1 || tl.NowUS < from {
+			t.Fatalf("%s: too late %+v, want deadline 1 and a Redis time from %d on", call.name, tl, from)
+		}
+		v := reflect.ValueOf(got)
+		if !v.FieldByName("TooLate").Bool() || v.FieldByName("NowUS").Int() != tl.NowUS || !reflect.DeepEqual(zeroBut(got), got) {
+			t.Fatalf("%s: answered %+v, want only TooLate and NowUS %d", call.name, got, tl.NowUS)
+		}
+	}
+	after, err := redistest.Snapshot(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := redistest.Unchanged(before, after); err != nil {
+		t.Fatalf("calls past their deadline changed the state: %v", err)
+	}
+
+	// No deadline: every call acts.
+	for _, call := range calls {
+		got, err := call.run(base)
+		if err != nil || reflect.ValueOf(got).FieldByName("TooLate").Bool() {
+			t.Fatalf("%s with no deadline: %+v, error %v", call.name, got, err)
+		}
+	}
+	after, err = redistest.Snapshot(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if redistest.Unchanged(before, after) == nil {
+		t.Fatal("calls with no deadline changed nothing: the test cannot tell")
+	}
+}
+
+// TestCommonRefusesANegativeDeadline: a deadline is a Redis time or 0
+// (none); a negative one is refused.
+func TestCommonRefusesANegativeDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		dl int64
+		ok bool
+	}{{-1, false}, {0, true}, {1, true}} {
+		c := deadlineCommon()
+		c.DeadlineUS = tc.dl
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("deadline %d: Validate() = %v, want ok %v", tc.dl, err, tc.ok)
+		}
+	}
+}
