@@ -202,11 +202,13 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 	d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Fault(now, now+until, label) })
 }
 
-// stop is a graceful shutdown: the load balancer stops sending, the client
-// releases everything.
+// stop is a graceful shutdown: the load balancer stops sending, the
+// request in flight is decided, then the client releases everything.
 func (d *deployment) stop(in *liveInstance) {
 	in.region.remove(in)
 	in.dead.Store(true)
+	in.serving.Lock()
+	in.serving.Unlock() // (held only to wait for the request in flight)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := in.client.Close(ctx); err != nil {

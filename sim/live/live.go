@@ -173,6 +173,10 @@ type liveInstance struct {
 	reqs   chan request
 	dead   atomic.Bool
 	closer sync.Once // closes reqs
+	// serving is held while a request is decided: a graceful stop waits
+	// for the one in flight before it closes the client, as the agent
+	// does (agent.Stop), instead of answering it ErrClosed.
+	serving sync.Mutex
 
 	mu   sync.Mutex // guards used
 	used map[int]bool
@@ -287,7 +291,9 @@ func (d *deployment) work(in *liveInstance) {
 	defer d.workers.Done()
 	ctx := context.Background()
 	for req := range in.reqs {
+		in.serving.Lock()
 		if in.dead.Load() {
+			in.serving.Unlock()
 			continue
 		}
 		k := d.plan.Keys[req.key]
@@ -306,6 +312,7 @@ func (d *deployment) work(in *liveInstance) {
 				adm += req.cost
 			}
 		}
+		in.serving.Unlock()
 		d.decisions.Add(req.n)
 		src := oracle.SourceLease
 		if strict {

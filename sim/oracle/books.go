@@ -29,6 +29,11 @@ type regionBooks struct {
 	pending          int64 // decided by the region, not (yet) by an instance
 	retiredAdm       int64 // counters of earlier buckets (expired, or lost with their Redis)
 	retiredDen       int64
+	// overAdm and overDen are the largest excesses of the bucket's
+	// counters over the instances' already reported: a count off once
+	// stays off at every later call, and is one violation, not one per
+	// call.
+	overAdm, overDen int64
 	last             Bucket
 	observed         bool
 }
@@ -65,7 +70,8 @@ func (o *Oracle) BucketGone(region, key int) {
 //     (a return credited twice, a replayed report applied twice);
 //   - exactly-once accounting: the admitted and denied counters of every
 //     bucket the region had for the key add up to no more than what the
-//     instances decided there (plus decisions whose answer was lost).
+//     instances decided there (plus decisions whose answer was lost); an
+//     excess is reported when it first shows and again only when it grows.
 //
 // The tolerance is the bucket's storage rounding, 1e-6 token per call.
 func (o *Oracle) BucketObserved(t time.Duration, region, key int, b Bucket) {
@@ -98,13 +104,15 @@ func (o *Oracle) BucketObserved(t time.Duration, region, key int, b Bucket) {
 	}
 	o.res.Books.Checks++
 	adm, den := bk.retiredAdm+b.Admitted, bk.retiredDen+b.Denied
-	if over := adm - bk.admitted - bk.pending; over > 0 {
+	if over := adm - bk.admitted - bk.pending; over > bk.overAdm {
 		o.res.Books.note(t, kd.Key, name, float64(over), fmt.Sprintf(
 			"bucket counted %d admitted, instances admitted %d (+%d undelivered)", adm, bk.admitted, bk.pending))
+		bk.overAdm = over
 	}
-	if over := den - bk.denied - bk.pending; over > 0 {
+	if over := den - bk.denied - bk.pending; over > bk.overDen {
 		o.res.Books.note(t, kd.Key, name, float64(over), fmt.Sprintf(
 			"bucket counted %d denied, instances denied %d (+%d undelivered)", den, bk.denied, bk.pending))
+		bk.overDen = over
 	}
 	bk.last, bk.observed = b, true
 }

@@ -308,3 +308,41 @@ func TestObservationsRunDueChecksFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestBooksReportAnExcessOnceUntilItGrows: a bucket counting one decision
+// more than the instances stays one over at every later call; that is one
+// violation, and another only when the excess grows.
+func TestBooksReportAnExcessOnceUntilItGrows(t *testing.T) {
+	o := oneKey(t, 10, 20, nil)
+	o.Decided(sec, 0, 0, 5, SourceLease)
+	for i, adm := range []int64{6, 6, 6, 7, 7} {
+		at := time.Duration(2+i) * sec
+		o.BucketObserved(at, 0, 0, Bucket{NowUS: int64(at / time.Microsecond), Cap: 20, Admitted: adm})
+	}
+	r := o.Finish(10 * sec)
+	if b := r.Books; b.Violations != 2 || b.MaxOver != 2 || b.FirstAt != 2*sec || b.Checks != 5 {
+		t.Fatalf("one excess seen at 5 calls, grown once: want 2 violations, max 2, first at 2s: %+v", b)
+	}
+}
+
+// TestStrictDecisionAnsweredAnErrorStaysUndelivered: a strict Check the
+// region admitted whose caller got an error instead of the answer is
+// denied to the caller and stays undelivered in the books, as one whose
+// answer was lost: conservative, not a violation; and not a denial the
+// instance decided, so a denial the bucket counts beside it is still seen.
+func TestStrictDecisionAnsweredAnErrorStaysUndelivered(t *testing.T) {
+	for _, c := range []struct {
+		denied int64 // the bucket's denial counter
+		want   int
+	}{{0, 0}, {3, 0}, {4, 1}} {
+		o := oneKey(t, 10, 20, nil)
+		o.RegionPending(0, 0, 3) // the region's Check admitted 3
+		o.Decided(sec, 0, 0, 3, SourceUnanswered)
+		o.BucketObserved(2*sec, 0, 0, Bucket{NowUS: 2e6, Cap: 20, Admitted: 3, Denied: c.denied})
+		r := o.Finish(3 * sec)
+		if r.Books.Violations != c.want || r.Admitted != 0 || r.Denied != 3 {
+			t.Fatalf("unanswered strict admission, bucket denied %d: want %d violations: books %+v, admitted %v, denied %v",
+				c.denied, c.want, r.Books, r.Admitted, r.Denied)
+		}
+	}
+}

@@ -25,6 +25,11 @@ const (
 	SourceShadow
 	// SourceDenied: denied.
 	SourceDenied
+	// SourceUnanswered: a strict Check the region decided whose caller
+	// was answered an error instead: denied to the caller, and the
+	// region's decision stays undelivered in the books (RegionPending), as
+	// one whose answer was lost: counted there, never admitted.
+	SourceUnanswered
 )
 
 // Tier names a control-plane hop for RPC counting.
@@ -517,8 +522,10 @@ func (o *Oracle) Decided(t time.Duration, region, key int, tokens int64, src Sou
 	v := float64(tokens)
 	bk := &o.books[key*o.nr+region]
 	switch src {
-	case SourceDenied:
-		bk.denied += tokens
+	case SourceDenied, SourceUnanswered:
+		if src == SourceDenied {
+			bk.denied += tokens
+		}
 		o.res.Denied += v
 		if o.afterWarmup(t) {
 			o.res.AfterWarmup.Denied += v

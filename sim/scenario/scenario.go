@@ -281,8 +281,10 @@ func ChaosKinds() []string {
 //
 //	instance-crash      Count instances of Region die without releasing;
 //	                    replacements start RestartAfter later (if set).
-//	instance-stop       Count instances of Region shut down gracefully
-//	                    (release everything); replacements as above.
+//	instance-stop       Count instances of Region shut down gracefully,
+//	                    as the agent does: no new request, those in
+//	                    flight decided, then the lease client closes
+//	                    (releases everything); replacements as above.
 //	instance-isolate    Count instances of Region lose their link to the
 //	                    region's service for For: their Syncs and Acquires
 //	                    time out; they serve from their leases until the

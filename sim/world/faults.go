@@ -173,7 +173,7 @@ func (w *World) regionDown(r *Region, restart time.Duration, lost bool) {
 		return
 	}
 	w.net.down[r.idx] = true
-	for _, in := range append([]*Instance(nil), r.insts...) {
+	for _, in := range r.all { // those stopping gracefully too
 		in.crash()
 	}
 	r.loseLeader(-1)

@@ -26,7 +26,9 @@ type Instance struct {
 	core   *lease.Core
 
 	alive    bool // running (false once crashed or stopped)
-	stopping bool // draining for a graceful stop
+	draining bool // stopping gracefully: taking no requests, finishing those in flight
+	stopping bool // stopping gracefully: the lease client closing (Client.Close)
+	active   int  // request groups taken and not yet decided
 	isolated bool // cut off from its region's service (instance-isolate)
 	gen      int
 
@@ -108,10 +110,11 @@ func (in *Instance) handle(k *keyInfo, n, cost int64) {
 		in.used[k.id] = true
 		in.usedIDs = append(in.usedIDs, k.id)
 	}
+	in.active++
 	in.serve(&group{k: k, slow: in.core.Slow(k.key, cost), cost: cost, n: n})
 }
 
-type tally struct{ lease, strict, degraded, shadow, denied int64 }
+type tally struct{ lease, strict, degraded, shadow, denied, unanswered int64 }
 
 func (in *Instance) record(t *tally, st lease.Step, cost int64, strict bool) {
 	d := st.Decision
@@ -149,6 +152,9 @@ func (in *Instance) flush(k *keyInfo, t *tally) {
 	if t.denied > 0 {
 		o.Decided(now, r, k.id, t.denied, oracle.SourceDenied)
 	}
+	if t.unanswered > 0 {
+		o.Decided(now, r, k.id, t.unanswered, oracle.SourceUnanswered)
+	}
 }
 
 func (in *Instance) serve(g *group) { in.run(g, g.slow.Next(in.now())) }
@@ -157,6 +163,12 @@ func (in *Instance) serve(g *group) { in.run(g, g.slow.Next(in.now())) }
 // after another, until one must wait for simulated I/O.
 func (in *Instance) run(g *group, st lease.Step) {
 	var t tally
+	decided := false
+	defer func() {
+		if decided {
+			in.groupDone()
+		}
+	}()
 	defer in.flush(g.k, &t)
 	for g.n > 0 {
 		if st.ApplyErr != nil {
@@ -185,6 +197,17 @@ func (in *Instance) run(g *group, st lease.Step) {
 			st = g.slow.Next(in.now())
 		}
 	}
+	decided = true
+}
+
+// groupDone is called once every request of a group is decided: a
+// graceful stop closes the lease client once none is left.
+func (in *Instance) groupDone() {
+	in.active--
+	if in.draining && in.active == 0 {
+		in.draining = false
+		in.closeClient()
+	}
 }
 
 // park waits for the report in flight on the group's key, for at most the
@@ -207,6 +230,7 @@ func (in *Instance) park(g *group) {
 			in.record(&t, g.slow.WaitFailed(now), g.cost, false)
 		}
 		in.flush(g.k, &t)
+		in.groupDone()
 	})
 }
 
@@ -321,14 +345,23 @@ func (in *Instance) check(g *group) {
 			return true
 		},
 		func() {
-			// The region counted these decisions when it made them.
-			in.w.orc.RegionPending(in.region.idx, g.k.id, -int64(len(resps))*g.cost)
+			// The region counted these decisions when it made them: they
+			// stay undelivered until the instance records them, and those
+			// whose caller gets an error instead stay so.
 			var t tally
 			now := in.now()
 			for _, r := range resps {
-				in.record(&t, g.slow.CheckDone(now, r, lease.Answered), g.cost, true)
+				st := g.slow.CheckDone(now, r, lease.Answered)
+				if st.Err != nil {
+					in.w.counters.InvalidDecisions++
+					t.unanswered += g.cost
+					continue
+				}
+				in.w.orc.RegionPending(in.region.idx, g.k.id, -g.cost)
+				in.record(&t, st, g.cost, true)
 			}
 			in.flush(g.k, &t)
+			in.groupDone()
 		},
 		func() {
 			var t tally
@@ -338,6 +371,7 @@ func (in *Instance) check(g *group) {
 				in.record(&t, g.slow.Fallback(now), g.cost, false)
 			}
 			in.flush(g.k, &t)
+			in.groupDone()
 		})
 }
 
@@ -495,6 +529,7 @@ func (in *Instance) crash() *crashRecord {
 	w := in.w
 	r := in.region
 	in.alive = false
+	in.draining = false
 	in.gen++
 	r.removeInstance(in)
 	rec := &crashRecord{w: w, at: w.dur()}
@@ -522,15 +557,27 @@ func (in *Instance) crash() *crashRecord {
 	return rec
 }
 
-// stop is Client.Close: the load balancer stops sending requests, pools
-// are drained, reports in flight finish, unacknowledged reports are
-// resent, then one Release returns every unspent token.
+// stop is a graceful stop as the agent makes it (agent.Stop): the server
+// takes no new request (the load balancer stops sending them), the
+// requests in flight are decided (their Checks, Acquires and waits end as
+// they would), then the lease client closes (closeClient).
 func (in *Instance) stop() {
-	if !in.alive || in.stopping {
+	if !in.alive || in.draining || in.stopping {
 		return
 	}
-	in.stopping = true
+	in.draining = true
 	in.region.removeInstance(in)
+	if in.active == 0 {
+		in.draining = false
+		in.closeClient()
+	}
+}
+
+// closeClient is Client.Close: pools are drained, reports in flight
+// finish, unacknowledged reports are resent, then one Release returns
+// every unspent token.
+func (in *Instance) closeClient() {
+	in.stopping = true
 	in.table.Drain()
 	finish := func() {
 		in.alive = false

@@ -25,7 +25,7 @@ type isoLease struct {
 
 // isolate cuts the instance off from its region for d.
 func (in *Instance) isolate(d time.Duration) {
-	if !in.alive || in.stopping || in.isolated {
+	if !in.alive || in.draining || in.stopping || in.isolated {
 		return
 	}
 	w, r := in.w, in.region

@@ -77,7 +77,7 @@ func (w *World) deliver(s *streamState, n int64) {
 	}
 	s.counts = counts
 	for i, in := range chosen {
-		if counts[i] > 0 && in.alive && !in.stopping {
+		if counts[i] > 0 && in.alive && !in.draining && !in.stopping {
 			in.handle(s.key, counts[i], cost)
 		}
 	}

@@ -42,11 +42,17 @@ func build(t *testing.T, extra string) *harness {
 // buildFrom builds a world from a whole scenario.
 func buildFrom(t *testing.T, text string) *harness {
 	t.Helper()
+	return buildSeeded(t, text, 1)
+}
+
+// buildSeeded builds a world from a whole scenario and a seed.
+func buildSeeded(t *testing.T, text string, seed uint64) *harness {
+	t.Helper()
 	sc, err := scenario.Parse([]byte(text))
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := traffic.Build(sc, 1)
+	plan, err := traffic.Build(sc, seed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +64,7 @@ func buildFrom(t *testing.T, text string) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := New(sc, 1, orc, plan)
+	w, err := New(sc, seed, orc, plan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,6 +123,50 @@ func TestGracefulStopLeavesNothingStranded(t *testing.T) {
 	h.until(2 * time.Minute)
 	if r := h.orc.Finish(2 * time.Minute); !r.Pass() || r.Conformance.CrashError != 0 {
 		t.Fatalf("graceful stop: %+v", r.Conformance)
+	}
+}
+
+// TestGracefulStopUnderLoadDecidesTheRequestsInFlight: a graceful stop
+// takes no new request, decides those in flight (strict Checks, Acquires,
+// waits) as the running instance would, and only then closes the lease
+// client; no request is answered an error, and every bucket's counters
+// match what the instances decided. Closing the client at once answered
+// the requests still in flight "lease: closed": strict Checks the region
+// had admitted were counted as denied (invalid decisions, and books off
+// from the bucket's).
+func TestGracefulStopUnderLoadDecidesTheRequestsInFlight(t *testing.T) {
+	const sc = `
+name: stop-under-load
+duration: 1m
+warmup: 10s
+sluice:
+  regions: {a: {weight: 1}, b: {weight: 1}}
+  classes: {read: {mode: lease, on_failure: local}, exp: {mode: strict, on_failure: closed}}
+  tiers: {pro: {read: {rate: 2000/s, burst: 4000}, exp: {rate: 5000/s, burst: 10000}}}
+  default_tier: pro
+topology:
+  regions: [{name: a, instances: 2}, {name: b, instances: 2}]
+  global: {primary: a, standby: b}
+  latency: {local: 5ms}
+workload:
+  - {tenant: t1, class: read, rate: {a: 1500/s, b: 1500/s}}
+  - {tenant: t2, class: exp, rate: {a: 300/s, b: 300/s}}
+faults:
+  - {at: 20s, kind: instance-stop, region: b, count: 1, restart_after: 10s}
+`
+	for seed := uint64(1); seed <= 9; seed++ {
+		h := buildSeeded(t, sc, seed)
+		h.start()
+		h.until(time.Minute)
+		r := h.orc.Finish(time.Minute)
+		if n := h.w.counters.InvalidDecisions; n != 0 || !r.Pass() {
+			t.Errorf("seed %d: %d invalid decisions; books %+v", seed, n, r.Books)
+		}
+		for _, in := range h.w.regions[1].all {
+			if in.draining || in.stopping {
+				t.Errorf("seed %d: %s still stopping at the end", seed, in.id)
+			}
+		}
 	}
 }
 
