@@ -46,8 +46,11 @@
 // over 10 s windows in which a key was contended. Convergence is, after each
 // demand shift of a contended key, the number of epochs until every
 // region's refill rate is first at least min(fair share, demand) minus the
-// tolerance (sampled every epoch, up to 30 epochs or the next shift); the
-// share of later samples still within it is reported as Held. The tolerance is the larger of a fraction of the key's rate
+// tolerance (sampled every epoch, up to the horizon, 30 epochs or the
+// convergence target if longer, or the key's next shift or the run's end
+// if sooner: a shift not converged by then is superseded or unfinished,
+// not a miss of the horizon); the share of later samples still within it
+// is reported as Held. The tolerance is the larger of a fraction of the key's rate
 // and three standard deviations of the allocator's one-epoch demand
 // estimate under Poisson arrivals, 3·sqrt(α/(2−α)·d/epoch) for the
 // allocator's demand EWMA weight α: small keys are not

@@ -168,7 +168,7 @@ func TestConvergenceEpochsAndHeld(t *testing.T) {
 	if c.Shifts != 2 || c.NotConverged != 0 || c.Max != 3 || c.P50 != 3 || math.Abs(c.Held-45.0/47) > 1e-12 || c.FirstMiss != "" {
 		t.Fatalf("convergence %+v", c)
 	}
-	if len(c.Each) != 2 || c.Each[0] != (ShiftOutcome{Key: "t/c", At: 10 * sec, Epochs: 3}) || c.Each[1] != (ShiftOutcome{Key: "t/c", At: 40 * sec, Epochs: 2}) {
+	if len(c.Each) != 2 || c.Each[0] != (ShiftOutcome{Key: "t/c", At: 10 * sec, Epochs: 3, Watched: 30}) || c.Each[1] != (ShiftOutcome{Key: "t/c", At: 40 * sec, Epochs: 2, Watched: 20}) {
 		t.Fatalf("each %+v", c.Each)
 	}
 	// A hair below the tolerance is not converged.
@@ -177,6 +177,50 @@ func TestConvergenceEpochsAndHeld(t *testing.T) {
 	}, []grantAt{{12500 * time.Millisecond, 100 * sec, 1, 84.999}})
 	if c.Shifts != 1 || c.NotConverged != 1 || c.FirstMiss != "t/c at 10s" || c.Held != 0 || c.Each[0].Epochs != -1 {
 		t.Fatalf("not converged: %+v", c)
+	}
+}
+
+// TestConvergenceCutShortIsNoMiss: a shift that has not converged when
+// the key's next shift comes, or the run ends, before the horizon is
+// superseded or unfinished, not "not converged within the horizon"; the
+// horizon is the configured one; a target of fewer epochs than were
+// watched is missed all the same.
+func TestConvergenceCutShortIsNoMiss(t *testing.T) {
+	never := []grantAt{{11 * sec, 100 * sec, 1, 50}} // b stays at 50, under 90 − 5
+	for _, c := range []struct {
+		name                                   string
+		horizon                                int
+		shifts                                 []Shift
+		notConv, superseded, unfinished        int
+		watched                                []int
+		text                                   string
+		missedWithin2, missedWithin3, missed40 int
+	}{
+		{"next shift after 2.5 epochs", 0,
+			[]Shift{{At: 40 * sec, Demand: []float64{10, 90}}, {At: 42500 * time.Millisecond, Demand: []float64{10, 90}}},
+			0, 1, 1, []int{2, 17}, "none of 2 shifts converged; 1 superseded by the key's next shift before converging; 1 still converging when the run ended", 2, 1, 0},
+		{"the default horizon", 0, []Shift{{At: 10 * sec, Demand: []float64{10, 90}}},
+			1, 0, 0, []int{30}, "none of 1 shifts converged; 1 not converged within 30 epochs (first t/c at 10s)", 1, 1, 0},
+		{"a configured horizon", 40, []Shift{{At: 10 * sec, Demand: []float64{10, 90}}},
+			1, 0, 0, []int{40}, "none of 1 shifts converged; 1 not converged within 40 epochs (first t/c at 10s)", 1, 1, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cv := convergence(t, func(s *Setup) { s.Shifts, s.ConvergenceHorizon = c.shifts, c.horizon }, never)
+			if cv.NotConverged != c.notConv || cv.Superseded != c.superseded || cv.Unfinished != c.unfinished || cv.Converged() != 0 {
+				t.Fatalf("convergence %+v", cv)
+			}
+			for i, w := range c.watched {
+				if cv.Each[i].Watched != w || cv.Each[i].Epochs != -1 {
+					t.Fatalf("shift %d: %+v, want %d epochs watched", i, cv.Each[i], w)
+				}
+			}
+			if got := cv.String(); got != c.text {
+				t.Fatalf("text %q, want %q", got, c.text)
+			}
+			if m := []int{cv.Missed(2), cv.Missed(3), cv.Missed(40)}; m[0] != c.missedWithin2 || m[1] != c.missedWithin3 || m[2] != c.missed40 {
+				t.Fatalf("missed within 2, 3, 40 epochs: %v", m)
+			}
+		})
 	}
 }
 
@@ -240,7 +284,7 @@ func TestConvergenceToleranceAllowsEstimateNoise(t *testing.T) {
 		})
 		o.GrantApplied(11*sec, 1, 0, c.rate, 100, time.Hour)
 		conv := o.Finish(time.Minute).Convergence
-		if got := conv.NotConverged == 0; got != c.converged || conv.Shifts != 1 {
+		if got := conv.Converged() == 1; got != c.converged || conv.Shifts != 1 {
 			t.Fatalf("α %v tolerance %v epoch %v, b at %v: converged %v, want %v (%+v)", c.alpha, c.tolerance, c.epoch, c.rate, got, c.converged, conv)
 		}
 	}

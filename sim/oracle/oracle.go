@@ -95,6 +95,10 @@ type Setup struct {
 	// reading, in (0, 1]; it sets how noisy the estimate the tolerance
 	// allows for is. Optional, default 1 (the config's default).
 	DemandAlpha float64
+	// ConvergenceHorizon is how many epochs after a demand shift its
+	// convergence is watched, at most (the key's next shift, or the end of
+	// the run, may come first). Optional, default 30.
+	ConvergenceHorizon int
 	// Shifts, optional: demand shifts to measure convergence after.
 	Shifts []Shift
 	// Focus keys get per-region time series. Optional.
@@ -137,9 +141,11 @@ const (
 	relTol       = 1e-9
 	perRegionTol = 1e-6
 	// holdTol is the storage rounding of a bucket's tokens (six decimals).
-	holdTol      = 1e-6
-	maxConvHoriz = 30
+	holdTol = 1e-6
 )
+
+// DefaultConvergenceHorizon is Setup.ConvergenceHorizon's default.
+const DefaultConvergenceHorizon = 30
 
 type grantState struct {
 	rate, burst float64
@@ -214,6 +220,12 @@ func New(s Setup) (*Oracle, error) {
 	}
 	if s.DemandAlpha == 0 {
 		s.DemandAlpha = 1
+	}
+	if s.ConvergenceHorizon == 0 {
+		s.ConvergenceHorizon = DefaultConvergenceHorizon
+	}
+	if s.ConvergenceHorizon < 2 {
+		return nil, fmt.Errorf("oracle: convergence horizon %d must be at least 2 epochs", s.ConvergenceHorizon)
 	}
 	if !(s.DemandAlpha > 0 && s.DemandAlpha <= 1) {
 		return nil, fmt.Errorf("oracle: demand alpha %v must be in (0, 1]", s.DemandAlpha)
@@ -773,6 +785,7 @@ type convState struct {
 	target  []float64
 	tol     []float64 // per region, tokens/s
 	horizon int
+	cut     ShiftEnd // what ended the watch before the full horizon
 	ok      []bool
 }
 
@@ -792,11 +805,15 @@ func (o *Oracle) scheduleShifts() {
 		if !contended || sh.At < o.s.Warmup {
 			continue
 		}
-		end := o.s.Duration
-		if hasNext {
-			end = min(end, gap)
+		full := o.s.ConvergenceHorizon
+		end, cut := o.s.Duration, ShiftRunEnded
+		if hasNext && gap <= end {
+			end, cut = gap, ShiftSuperseded
 		}
-		h := min(maxConvHoriz, int((end-sh.At)/o.s.Epoch))
+		h := int((end - sh.At) / o.s.Epoch)
+		if h >= full {
+			h, cut = full, ShiftWatched
+		}
 		if h < 2 {
 			continue
 		}
@@ -812,7 +829,7 @@ func (o *Oracle) scheduleShifts() {
 			noise := 3 * math.Sqrt(a/(2-a)*sh.Demand[r]/o.s.Epoch.Seconds())
 			tol[r] = math.Max(o.s.ConvergenceTolerance*k.Rate, noise)
 		}
-		o.conv = append(o.conv, convState{shift: i, target: fair, tol: tol, horizon: h, ok: make([]bool, h+1)})
+		o.conv = append(o.conv, convState{shift: i, target: fair, tol: tol, horizon: h, cut: cut, ok: make([]bool, h+1)})
 	}
 	sort.Slice(o.conv, func(i, j int) bool { return o.conv[i].shift < o.conv[j].shift })
 	for ci := range o.conv {
@@ -889,17 +906,29 @@ func (o *Oracle) Finish(end time.Duration) *Result {
 			}
 		}
 		sh := o.s.Shifts[c.shift]
-		r.Convergence.Each = append(r.Convergence.Each, ShiftOutcome{Key: o.s.Keys[sh.Key].Key.String(), At: sh.At, Epochs: conv})
+		out := ShiftOutcome{Key: o.s.Keys[sh.Key].Key.String(), At: sh.At, Epochs: conv, Watched: c.horizon}
 		if conv < 0 {
-			r.Convergence.NotConverged++
-			if r.Convergence.FirstMiss == "" {
-				r.Convergence.FirstMiss = fmt.Sprintf("%s at %v", o.s.Keys[sh.Key].Key, sh.At)
+			out.End = c.cut
+		}
+		r.Convergence.Each = append(r.Convergence.Each, out)
+		if conv < 0 {
+			switch c.cut {
+			case ShiftSuperseded:
+				r.Convergence.Superseded++
+			case ShiftRunEnded:
+				r.Convergence.Unfinished++
+			default:
+				r.Convergence.NotConverged++
+				if r.Convergence.FirstMiss == "" {
+					r.Convergence.FirstMiss = fmt.Sprintf("%s at %v", o.s.Keys[sh.Key].Key, sh.At)
+				}
 			}
 			continue
 		}
 		epochs = append(epochs, float64(conv))
 	}
 	r.Convergence.Shifts = len(o.conv)
+	r.Convergence.Horizon = o.s.ConvergenceHorizon
 	if after > 0 {
 		r.Convergence.Held = float64(held) / float64(after)
 	}

@@ -137,10 +137,20 @@ func (s *SumCheck) note(t time.Duration, k quota.Key, sum, limit float64) {
 
 // Convergence after demand shifts of contended keys.
 type Convergence struct {
-	Shifts       int
-	Max, P50     float64 // epochs, over the converged shifts
+	// Shifts measured; those that converged are Shifts − NotConverged −
+	// Superseded − Unfinished.
+	Shifts   int
+	Max, P50 float64 // epochs, over the converged shifts
+	// Horizon is how many epochs a shift was watched for, at most.
+	Horizon int
+	// NotConverged shifts were watched for the whole Horizon and did not
+	// converge; FirstMiss names the first.
 	NotConverged int
 	FirstMiss    string
+	// Superseded shifts had not converged when the key's next shift came,
+	// before the Horizon; Unfinished ones when the run ended. Neither says
+	// the shift would not have converged within the Horizon.
+	Superseded, Unfinished int
 	// Held is the share of epoch samples after convergence at which the
 	// allocation was still within the tolerance (jitter from the demand
 	// estimate shows here, not in the convergence time).
@@ -149,13 +159,70 @@ type Convergence struct {
 	Each []ShiftOutcome
 }
 
+// Converged is how many shifts converged within the epochs watched.
+func (c Convergence) Converged() int {
+	return c.Shifts - c.NotConverged - c.Superseded - c.Unfinished
+}
+
+// Missed is how many shifts did not converge within epochs epochs, as
+// far as the run shows: those watched for the whole horizon, and those
+// superseded or cut by the run's end after more than epochs epochs.
+func (c Convergence) Missed(epochs float64) int {
+	n := 0
+	for _, s := range c.Each {
+		if s.Epochs < 0 && float64(s.Watched) >= epochs {
+			n++
+		}
+	}
+	return n
+}
+
+// String describes the convergence times: of the shifts that converged,
+// and how many did not within the horizon or were cut short.
+func (c Convergence) String() string {
+	var s string
+	if n := c.Converged(); n > 0 {
+		s = fmt.Sprintf("max %.0f, median %.0f epochs over %d of %d shifts; held within tolerance after: %.2f%%",
+			c.Max, c.P50, n, c.Shifts, 100*c.Held)
+	} else {
+		s = fmt.Sprintf("none of %d shifts converged", c.Shifts)
+	}
+	if c.NotConverged > 0 {
+		s += fmt.Sprintf("; %d not converged within %d epochs (first %s)", c.NotConverged, c.Horizon, c.FirstMiss)
+	}
+	if c.Superseded > 0 {
+		s += fmt.Sprintf("; %d superseded by the key's next shift before converging", c.Superseded)
+	}
+	if c.Unfinished > 0 {
+		s += fmt.Sprintf("; %d still converging when the run ended", c.Unfinished)
+	}
+	return s
+}
+
 // ShiftOutcome is one measured demand shift.
 type ShiftOutcome struct {
 	Key string
 	At  time.Duration
-	// Epochs until converged; -1 when it did not within the horizon.
+	// Epochs until converged; -1 when it did not within the epochs
+	// watched.
 	Epochs int
+	// Watched is how many epochs after the shift were watched.
+	Watched int
+	// End is what ended the watch of a shift that did not converge.
+	End ShiftEnd
 }
+
+// ShiftEnd is what ended the watch of a shift that did not converge.
+type ShiftEnd uint8
+
+const (
+	// ShiftWatched: the whole horizon was watched (or the shift converged).
+	ShiftWatched ShiftEnd = iota
+	// ShiftSuperseded: the key's next shift came first.
+	ShiftSuperseded
+	// ShiftRunEnded: the run ended first.
+	ShiftRunEnded
+)
 
 // Reclaim of crashed instances' leases.
 type Reclaim struct {

@@ -58,12 +58,7 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 	}
 	row("fairness error (10 s, contended)", "%s", strings.Join(fair, ", "))
 	if cv := r.Convergence; cv.Shifts > 0 {
-		s := fmt.Sprintf("max %.0f, median %.0f epochs over %d shifts; held within tolerance after: %s",
-			cv.Max, cv.P50, cv.Shifts-cv.NotConverged, pct(cv.Held))
-		if cv.NotConverged > 0 {
-			s += fmt.Sprintf("; %d not converged within %d epochs", cv.NotConverged, 30)
-		}
-		row("convergence after demand shifts", "%s", s)
+		row("convergence after demand shifts", "%s", cv.String())
 	} else {
 		row("convergence after demand shifts", "n/a (no shift of a contended key)")
 	}

@@ -219,3 +219,51 @@ func TestRegionOutageShowsTheDeadRegionsShareMoving(t *testing.T) {
 		}
 	}
 }
+
+// TestConvergenceTargetJudgesOnlyWhatWasWatched: demand-shift with a
+// second shift 2.5 epochs after the first (which has not converged by
+// then) meets a target of 30 epochs: the first shift is superseded, not
+// "not converged within 30 epochs", and both the check and the summary
+// say so with the same counts. A target shorter than the epochs a
+// superseded shift was watched is missed.
+func TestConvergenceTargetJudgesOnlyWhatWasWatched(t *testing.T) {
+	t.Parallel()
+	src, err := scenarios.Source("demand-shift")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(src), "      - {kind: step, at: 60s, factor: 7, regions: [ap-south]}\n",
+		"      - {kind: step, at: 60s, factor: 7, regions: [ap-south]}\n      - {kind: step, at: 62500ms, factor: 1.3, regions: [eu-west]}\n", 1)
+	text = strings.Replace(text, "convergence_epochs_max: 2\n", "convergence_epochs_max: 30\n", 1)
+	sc, err := scenario.Parse([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := runner.Run(sc, runner.Options{Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cv := out.Result.Convergence
+	if cv.Shifts != 2 || cv.Superseded != 1 || cv.NotConverged != 0 || cv.Each[0].Epochs != -1 || cv.Each[0].Watched != 2 {
+		t.Fatalf("convergence %+v", cv)
+	}
+	var check *runner.Check
+	for i := range out.Checks {
+		if out.Checks[i].Name == "convergence after demand shifts" {
+			check = &out.Checks[i]
+		}
+	}
+	if check == nil || !check.Pass || !strings.Contains(check.Value, "over 1 of 2 shifts") || !strings.Contains(check.Value, "1 superseded") {
+		t.Fatalf("check %+v", check)
+	}
+	if sum := report.Summary(out); strings.Count(sum, cv.String()) != 2 || strings.Contains(sum, "within 30 epochs") {
+		t.Fatalf("the summary does not say the same twice:\n%s", sum)
+	}
+	two := 2.0
+	sc.Expect.ConvergenceEpochsMax = &two
+	for _, c := range runner.Evaluate(sc, out.Result) {
+		if c.Name == "convergence after demand shifts" && (c.Pass || c.NoData) {
+			t.Fatalf("a shift watched 2 epochs without converging meets a target of 2: %+v", c)
+		}
+	}
+}

@@ -430,7 +430,9 @@ type Expect struct {
 	// Utilization1sMeanMin is the lowest allowed mean 1 s utilization.
 	Utilization1sMeanMin *float64 `yaml:"utilization_1s_mean_min,omitempty"`
 	// ConvergenceEpochsMax bounds the convergence time after any demand
-	// shift, in epochs.
+	// shift, in epochs. A shift the key's next shift (or the run's end)
+	// cuts short before it converged is judged only when it was watched
+	// for at least this many epochs.
 	ConvergenceEpochsMax *float64 `yaml:"convergence_epochs_max,omitempty"`
 	// ConvergenceTolerance is how close (fraction of the key's rate) every
 	// region's refill rate must come to its fair share to count as

@@ -2,6 +2,7 @@ package world
 
 import (
 	"fmt"
+	"math"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"math/rand/v2"
@@ -186,6 +187,10 @@ func OracleSetup(sc *scenario.Scenario, plan *traffic.Plan) (oracle.Setup, error
 	}
 	if v := sc.Expect.RecoveredVsIdealMin; v != nil {
 		s.RecoveredLevel = *v
+	}
+	if v := sc.Expect.ConvergenceEpochsMax; v != nil {
+		// Watched long enough to judge the target.
+		s.ConvergenceHorizon = max(oracle.DefaultConvergenceHorizon, int(math.Ceil(*v)))
 	}
 	for _, r := range sc.Topology.Regions {
 		s.Regions = append(s.Regions, oracle.Region{Name: r.Name, Weight: cfg.Regions[r.Name].Weight,
