@@ -119,3 +119,51 @@ func TestChaosDrawsNoOverlaps(t *testing.T) {
 		t.Fatalf("faults by kind %v: want the draws kept where they do not overlap", kinds)
 	}
 }
+
+// TestFaultFieldsThatDoNotApplyAreRefused: a field a fault's kind does not
+// read is refused, naming faults[i].field and what the kind takes (a for
+// on region-down was shown as an outage that ends while the region stayed
+// down; a restart_after on a partition was a restart that never happened);
+// every field a kind takes is accepted.
+func TestFaultFieldsThatDoNotApplyAreRefused(t *testing.T) {
+	for _, c := range []struct{ doc, want string }{
+		{"{at: 10s, kind: region-down, region: a, for: 20s}", "faults[0].for: does not apply to kind region-down, which takes region, restart_after, redis_lost"},
+		{"{at: 10s, kind: partition, region: a, for: 5s, restart_after: 10s}", "faults[0].restart_after: does not apply to kind partition"},
+		{"{at: 10s, kind: partition, region: a, for: 5s, peer: b}", "faults[0].peer"},
+		{"{at: 10s, kind: partition, region: a, for: 5s, latency: 1s}", "faults[0].latency"},
+		{"{at: 10s, kind: partition, region: a, for: 5s, loss: 0.5}", "faults[0].loss"},
+		{"{at: 10s, kind: partition, region: a, for: 5s, count: 1}", "faults[0].count"},
+		{"{at: 10s, kind: instance-crash, region: a, for: 5s}", "faults[0].for"},
+		{"{at: 10s, kind: instance-isolate, region: a, for: 5s, restart_after: 5s}", "faults[0].restart_after"},
+		{"{at: 10s, kind: global-leader-loss, for: 5s}", "faults[0].for"},
+		{"{at: 10s, kind: region-leader-loss, region: a, count: 1}", "faults[0].count"},
+		{"{at: 10s, kind: etcd-down, for: 5s, loss: 0.1}", "faults[0].loss"},
+		{"{at: 10s, kind: stale-leader, region: a, for: 5s, loss: 0.1}", "faults[0].loss"},
+		{"{at: 10s, kind: latency, region: a, peer: b, latency: 1s, count: 2}", "faults[0].count"},
+	} {
+		t.Run(c.doc, func(t *testing.T) {
+			_, err := Parse([]byte(minimal + "faults: [" + c.doc + "]\n"))
+			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error naming %s", err, c.want)
+			}
+		})
+	}
+	s, err := Parse([]byte(minimal + `faults:
+  - {at: 10s, kind: instance-crash, region: b, count: 2, restart_after: 5s}
+  - {at: 11s, kind: instance-stop, region: b, count: 1, restart_after: 5s}
+  - {at: 12s, kind: instance-isolate, region: b, count: 1, for: 5s}
+  - {at: 13s, kind: region-leader-loss, region: a}
+  - {at: 14s, kind: global-leader-loss, restart_after: 30s}
+  - {at: 15s, kind: latency, region: a, peer: b, latency: 1s, for: 5s}
+  - {at: 16s, kind: loss, loss: 0.1, for: 5s}
+  - {at: 17s, kind: reply-loss, region: a, loss: 0.1, for: 5s}
+  - {at: 18s, kind: region-report-replay, region: a, for: 5s}
+  - {at: 1m, kind: region-down, region: a, restart_after: 20s, redis_lost: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Faults[0].Count != 2 || s.Faults[3].Count != 0 {
+		t.Fatalf("counts %d and %d, want 2 and none (region-leader-loss takes no count)", s.Faults[0].Count, s.Faults[3].Count)
+	}
+}

@@ -325,6 +325,9 @@ func ChaosKinds() []string {
 //	                    it comes back that much later (instances, service,
 //	                    a new region leader) with its Redis as it was, or
 //	                    empty with RedisLost; without, it stays dead.
+//
+// A field the fault's kind does not read (a For on an instance crash or a
+// region-down, a RestartAfter on a partition, ...) is refused.
 type Fault struct {
 	// At is when the fault starts. Required.
 	At Instant `yaml:"at"`

@@ -68,11 +68,12 @@ func (s *Scenario) chaosFaults(c *Chaos, seed uint64, fixed []Fault) []Fault {
 		if at > time.Duration(c.End) {
 			return out
 		}
-		f := Fault{At: Instant(at), Kind: c.Kinds[rng.IntN(len(c.Kinds))], Count: 1}
+		f := Fault{At: Instant(at), Kind: c.Kinds[rng.IntN(len(c.Kinds))]}
 		lasting := Duration(span(time.Duration(c.MinFor), time.Duration(c.MaxFor)).Truncate(time.Millisecond))
 		switch f.Kind {
 		case FaultInstanceCrash, FaultInstanceStop:
 			f.Region = pick()
+			f.Count = 1
 			f.RestartAfter = c.RestartAfter
 		case FaultRegionLeaderLoss:
 			f.Region = pick()

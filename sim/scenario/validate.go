@@ -173,7 +173,7 @@ func (s *Scenario) applyDefaults() {
 	}
 	for i := range s.Faults {
 		f := &s.Faults[i]
-		if f.Count == 0 {
+		if f.Count == 0 && slices.Contains(faultFields[f.Kind], "count") {
 			f.Count = 1
 		}
 		if f.Kind == FaultGlobalLeaderLoss && f.RestartAfter == 0 {
@@ -491,6 +491,18 @@ func validateFault(p *problems, path string, f *Fault, regions []string, instanc
 	if dur > 0 && time.Duration(f.At) >= dur {
 		p.add(path+".at", "%v is not before the end of the run (%v)", time.Duration(f.At), dur)
 	}
+	takes := faultFields[f.Kind]
+	for _, x := range []struct {
+		name string
+		set  bool
+	}{
+		{"peer", f.Peer != ""}, {"count", f.Count != 0}, {"for", f.For != 0}, {"restart_after", f.RestartAfter != 0},
+		{"latency", f.Latency != 0}, {"loss", f.Loss != 0},
+	} {
+		if x.set && !slices.Contains(takes, x.name) {
+			p.add(path+"."+x.name, "does not apply to kind %s, which takes %s", f.Kind, strings.Join(takes, ", "))
+		}
+	}
 	needRegion := map[string]bool{
 		FaultInstanceCrash: true, FaultInstanceStop: true, FaultRegionLeaderLoss: true,
 		FaultPartition: true, FaultRedisRestart: true, FaultLatency: true,
@@ -508,7 +520,9 @@ func validateFault(p *problems, path string, f *Fault, regions []string, instanc
 	if needFor && f.For <= 0 {
 		p.add(path+".for", "is required for a %s fault", f.Kind)
 	}
-	if f.Count < 1 || f.Count > 10000 {
+	if !slices.Contains(takes, "count") {
+		// Refused above when set.
+	} else if f.Count < 1 || f.Count > 10000 {
 		p.add(path+".count", "must be in 1..10000, got %d", f.Count)
 	} else if n, ok := instances[f.Region]; ok && f.Count > n && (f.Kind == FaultInstanceCrash || f.Kind == FaultInstanceStop || f.Kind == FaultInstanceIsolate) {
 		p.add(path+".count", "%d is more than the %d instances region %s runs", f.Count, n, f.Region)
@@ -532,6 +546,26 @@ func validateFault(p *problems, path string, f *Fault, regions []string, instanc
 	if f.RestartAfter < 0 {
 		p.add(path+".restart_after", "must not be negative")
 	}
+}
+
+// faultFields are the fields each fault kind reads besides at and kind;
+// a fault setting any other is refused.
+var faultFields = map[string][]string{
+	FaultInstanceCrash:      {"region", "count", "restart_after"},
+	FaultInstanceStop:       {"region", "count", "restart_after"},
+	FaultInstanceIsolate:    {"region", "count", "for"},
+	FaultRegionLeaderLoss:   {"region"},
+	FaultGlobalLeaderLoss:   {"restart_after"},
+	FaultPartition:          {"region", "for"},
+	FaultRedisRestart:       {"region", "for"},
+	FaultEtcdDown:           {"for"},
+	FaultLatency:            {"region", "peer", "latency", "for"},
+	FaultLoss:               {"loss", "for"},
+	FaultReplyLoss:          {"region", "loss", "for"},
+	FaultReportReplay:       {"region", "loss", "for"},
+	FaultRegionReportReplay: {"region", "for"},
+	FaultStaleLeader:        {"region", "for"},
+	FaultRegionDown:         {"region", "restart_after", "redis_lost"},
 }
 
 // overlapping are the fault kinds that set a state of their target for a
