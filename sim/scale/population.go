@@ -22,7 +22,7 @@ import (
 // bulk asks for a small part of their shares. Each key has a home region
 // with 40–90% of its demand, a second region with 60% of the rest, and the
 // remainder spread evenly. Nothing per key is stored: every quantity is a
-// function of i, so 10,000,000 keys cost a few arrays of floats while the
+// function of i and the seed (which draws the pushes and placements), so 10,000,000 keys cost a few arrays of floats while the
 // run calibrates, and only the keys that ever come near the global tier
 // are materialized.
 
@@ -55,6 +55,9 @@ type population struct {
 	n, regions int
 	tenants    int
 	zipf       float64
+	// salt is the seed's: each key's push and placement are drawn from a
+	// hash of its index and the salt (0 for seed 1).
+	salt uint64
 	// scale converts the unnormalized demand of a key into tokens/s: it
 	// puts exactly the spec's contended fraction above a static share.
 	scale float64
@@ -88,10 +91,14 @@ func (p *population) limit(i int) float64 {
 // raw is key i's total demand at the day's peak before scaling: its
 // limit times its Pareto push (from a uniform in (0, 1] drawn from i).
 func (p *population) raw(i int) float64 {
-	h := mix64(uint64(i) ^ 0x5ca1ab1e)
+	h := mix64(uint64(i) ^ 0x5ca1ab1e ^ p.salt)
 	u := (float64(h>>11) + 1) / (1 << 53)
 	return p.limit(i) * math.Pow(u, -1/p.zipf)
 }
+
+// seedSalt is what seed changes in every key's hash: another seed draws
+// another population (seed 1 the one BENCHMARKS.md measures).
+func seedSalt(seed uint64) uint64 { return mix64(seed) ^ mix64(1) }
 
 // mix64 is SplitMix64's finalizer: key i's placement.
 func mix64(x uint64) uint64 {
@@ -104,7 +111,7 @@ func mix64(x uint64) uint64 {
 // placement is key i's home region, its share there, and its second
 // region (which gets 60% of the rest; the others share the remainder).
 func (p *population) placement(i int) (home int, share float64, second int) {
-	h := mix64(uint64(i))
+	h := mix64(uint64(i) ^ p.salt)
 	home = int(h % uint64(p.regions))
 	share = 0.4 + 0.5*float64((h>>16)&0xffff)/65535
 	second = (home + 1 + int((h>>32)%uint64(p.regions-1))) % p.regions
@@ -140,7 +147,8 @@ func (p *population) pressure(i int) float64 {
 // keys have a peak demand above a static share, and lists the keys to
 // model (peak at or above trackAt of a static share).
 func newPopulation(s *Spec) (*population, []int) {
-	p := &population{n: s.Keys, regions: s.Regions, tenants: (s.Keys + len(classes) - 1) / len(classes), zipf: s.Zipf}
+	p := &population{n: s.Keys, regions: s.Regions, tenants: (s.Keys + len(classes) - 1) / len(classes), zipf: s.Zipf,
+		salt: seedSalt(s.Seed)}
 	pr := make([]float32, p.n)
 	for i := range pr {
 		pr[i] = float32(p.pressure(i))

@@ -223,3 +223,43 @@ func TestShortenedRunShrinksItsWarmup(t *testing.T) {
 		t.Errorf("the caller's spec changed: warmup %v", time.Duration(spec.Warmup))
 	}
 }
+
+// TestSeedDrawsThePopulation: another seed draws another population (keys
+// push and are placed differently), calibrated all the same to the spec's
+// contended fraction, and the run differs; seed 1 is the population the
+// key hashes alone give.
+func TestSeedDrawsThePopulation(t *testing.T) {
+	spec := small(t)
+	if spec.Seed != 1 || seedSalt(1) != 0 {
+		t.Fatalf("seed %d, salt of seed 1 %#x", spec.Seed, seedSalt(1))
+	}
+	other := *spec
+	other.Seed = 2
+	p1, _ := newPopulation(spec)
+	p2, _ := newPopulation(&other)
+	same, contended := 0, 0
+	for i := range p2.n {
+		h1, s1, _ := p1.placement(i)
+		h2, s2, _ := p2.placement(i)
+		if h1 == h2 && s1 == s2 && p1.raw(i) == p2.raw(i) {
+			same++
+		}
+		if p2.pressure(i)*p2.scale > 1 {
+			contended++
+		}
+	}
+	if same > p2.n/100 || contended != 500 {
+		t.Fatalf("seed 2: %d of %d keys as with seed 1, %d contended (want 500)", same, p2.n, contended)
+	}
+	body := func(s *Spec) string {
+		res, err := Run(s, Options{Duration: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := res.Summary()
+		return sum[strings.Index(sum, "\n"):] // past the header naming the seed
+	}
+	if body(spec) == body(&other) {
+		t.Fatal("seeds 1 and 2 ran the same")
+	}
+}
