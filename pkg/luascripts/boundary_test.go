@@ -124,8 +124,8 @@ func TestNeverIsMinusOneOnTheWire(t *testing.T) {
 			}
 			r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: tc.cost, Min: tc.cost}
 			res, err = w.sc.acquire.Run(w.ctx, w.rdb, k.list(), w.sc.args(k, tc.c, r.opArgs()...)...).Slice()
-			if err != nil || len(res) != 12 || res[0] != int64(0) || res[3] != int64(-1) || res[9] != int64(0) || res[11] != int64(0) {
-				t.Fatalf("lease of %d: reply %v, %v; want nothing granted, retry -1, no duplicate (0), no conflict (0)", tc.cost, res, err)
+			if err != nil || len(res) != 13 || res[0] != int64(0) || res[3] != int64(-1) || res[9] != int64(0) || res[11] != int64(0) || res[12] != int64(0) {
+				t.Fatalf("lease of %d: reply %v, %v; want nothing granted, retry -1, no duplicate (0), no conflict (0), nothing returned (0)", tc.cost, res, err)
 			}
 		})
 	}

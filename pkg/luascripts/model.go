@@ -500,7 +500,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 	le, seq := float64(r.Lease), float64(r.Seq)
 	tu, td, tr := float64(r.Used), float64(r.Denied), returned
 	want, min := float64(r.Want), float64(r.Min)
-	granted, ttl, retry, dup, conflict := 0.0, o.lttl(), 0.0, false, false
+	granted, ttl, retry, dup, conflict, back := 0.0, o.lttl(), 0.0, false, false, 0.0
 	kind := "new"
 	if l != nil {
 		kind = reportKind(l, inc, le, seq, tu, td, tr)
@@ -523,7 +523,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 		ttl = math.Floor((l.exp - o.now) / 1000)
 	case l != nil || (!r.BookOnly && want > 0):
 		if l != nil {
-			o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar, float64(max(r.BuiltUS, 0)))
+			back = o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar, float64(max(r.BuiltUS, 0)))
 		} else {
 			l = &modelLease{}
 			o.applyUsage(l, 0, 0, 0, float64(max(r.BuiltUS, 0)))
@@ -559,7 +559,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 	}
 	o.saveUnlessUndoOnly(l != nil)
 	rep := o.leaseReply(granted, ttl, retry, dup)
-	rep.Conflict = conflict
+	rep.Conflict, rep.Returned = conflict, int64(back)
 	return rep
 }
 

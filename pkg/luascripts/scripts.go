@@ -153,6 +153,10 @@ type LeaseReply struct {
 	NowUS      int64         // Redis time the script ran at
 	Duplicate  bool          // the report was a retry of an applied one, or stale
 	Reclaimed  int64         // tokens this call returned from expired leases
+	// Returned is the tokens the report gave back (its returned total's
+	// growth) that were put back in the bucket: at most what the lease
+	// still showed unspent.
+	Returned int64
 	// Conflict: the report was not the lease's next one nor a retry of an
 	// applied one (another process reports under the same instance id).
 	// Nothing was granted and the lease was forfeited.
@@ -594,9 +598,9 @@ func parseLease(res []any) (LeaseReply, error) {
 	lr := LeaseReply{
 		Granted: p.int(0), TTL: p.ms(1), Remaining: p.int(2), RetryAfter: p.ms(3),
 		Rate: p.float(4), Cap: p.float(5), Live: p.int(6), Reset: p.ms(7), NowUS: p.int(8),
-		Duplicate: p.int(9) == 1, Reclaimed: p.int(10), Conflict: p.int(11) == 1,
+		Duplicate: p.int(9) == 1, Reclaimed: p.int(10), Conflict: p.int(11) == 1, Returned: p.int(12),
 	}
-	return lr, p.err(12)
+	return lr, p.err(13)
 }
 
 // parser reads a script's reply array, remembering the first problem.

@@ -18,6 +18,7 @@ type metrics struct {
 	granted       *prometheus.CounterVec   // class, tier
 	reclaimed     prometheus.Counter
 	released      prometheus.Counter
+	returned      prometheus.Counter
 	restarts      prometheus.CounterFunc
 	activeLeases  prometheus.GaugeFunc
 	activeKeys    prometheus.GaugeFunc
@@ -59,6 +60,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		}),
 		released: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_regional_released_tokens_total", Help: "Tokens returned by instances on Release.",
+		}),
+		returned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_regional_returned_tokens_total",
+			Help: "Tokens instances gave back in their Acquire and Sync reports (a pool above its batch cap, an expired lease's unspent tokens), put back in buckets.",
 		}),
 	}
 	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -120,7 +125,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	})
 	if reg != nil {
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
-			m.granted, m.reclaimed, m.released, m.restarts, m.activeLeases, m.activeKeys,
+			m.granted, m.reclaimed, m.released, m.returned, m.restarts, m.activeLeases, m.activeKeys,
 			m.leader, m.globalSyncs, m.reports, m.rises, m.reportKeys, m.candidates, m.grantsApplied, m.staticLeft, m.onFloor)
 	}
 	return m

@@ -331,6 +331,9 @@ func (s *Server) observeLease(p keyPlan, want int64, lr luascripts.LeaseReply) {
 	if lr.Reclaimed > 0 {
 		s.metrics.reclaimed.Add(float64(lr.Reclaimed))
 	}
+	if lr.Returned > 0 {
+		s.metrics.returned.Add(float64(lr.Returned))
+	}
 	if want <= 0 || lr.Duplicate {
 		return
 	}

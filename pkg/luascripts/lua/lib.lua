@@ -808,13 +808,14 @@ end
 -- retry's send time, still ends before the lease does; a stale report gets
 -- nothing; a conflict forfeits the lease and grants nothing.
 -- Reply: { granted, ttl_ms, remaining, retry_ms, rate, cap, live, reset_ms,
---          now_us, duplicate(0|1), reclaimed, conflict(0|1) }; rate and cap
---          as '%.17g' strings; reclaimed = tokens returned from expired
---          leases.
+--          now_us, duplicate(0|1), reclaimed, conflict(0|1), returned };
+--          rate and cap as '%.17g' strings; reclaimed = tokens returned
+--          from expired leases; returned = tokens the report gave back
+--          that were put back in the bucket (apply_usage).
 local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
   reap(REAPMAX)
   local L = own_lease(id)
-  local granted, ttl, retry, dup, conflict = 0, LTTL, 0, 0, 0
+  local granted, ttl, retry, dup, conflict, back = 0, LTTL, 0, 0, 0, 0
   local kind = 'new'
   if L then kind = report_kind(L, inc, le, seq, tu, td, tr) end
   -- carry: the demand rate a superseded record leaves to the lease that
@@ -835,7 +836,7 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     ttl = math.floor((L.exp - NOW) / 1000)
   elseif L or (create and want > 0) then
     if L then
-      apply_usage(L, tu - L.au, td - L.ad, tr - L.ar, built)
+      back = apply_usage(L, tu - L.au, td - L.ad, tr - L.ar, built)
     else
       -- A new lease starts from the report's totals: nothing to book yet.
       L = { g = 0, u = 0, r = 0, seq = 0, exp = 0, lg = 0, lt = 0, pd = 0, dr = 0 }
@@ -871,6 +872,6 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     save_bucket()
   end
   local live = redis.call('HLEN', KEYS[2])
-  return { granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED, conflict }
+  return { granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED, conflict, back }
 end
 
