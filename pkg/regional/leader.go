@@ -80,6 +80,42 @@ type Leader struct {
 	// leases is the region's static lease from each global-tier shard as
 	// this leadership knows it (shards.go). Only Run's goroutine uses it.
 	leases regionsync.ShardLeases
+	// syncDown is the failing syncs with the global tier, and extended
+	// each shard's static lease extensions by the etcd rule, each logged
+	// once when it starts and once when it ends. Only Run's goroutine
+	// uses them.
+	syncDown outage
+	extended map[int]*outage
+}
+
+// outage is a condition seen again and again (every epoch) that is
+// logged once when it starts and once when it ends, with how long it
+// lasted and how many times it was seen, as the other outages are (a
+// Redis that does not answer its readiness ping), not each time.
+type outage struct {
+	since time.Time // zero: not under way
+	seen  int
+}
+
+// see notes the condition at now and reports whether it starts with it.
+func (o *outage) see(now time.Time) (starts bool) {
+	o.seen++
+	if o.since.IsZero() {
+		o.since = now
+		return true
+	}
+	return false
+}
+
+// end notes the condition over at now: ok false when it was not under
+// way; else how long it lasted and how many times it was seen.
+func (o *outage) end(now time.Time) (lasted time.Duration, seen int, ok bool) {
+	if o.since.IsZero() {
+		return 0, 0, false
+	}
+	lasted, seen = now.Sub(o.since), o.seen
+	*o = outage{}
+	return lasted, seen, true
 }
 
 // NewLeader prepares the region leader loop of s.
@@ -133,6 +169,9 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	// a key after a leader change carries no admitted/denied counts.
 	l.sync.Elected()
 	l.leases = nil
+	// A new term logs the outages it finds afresh: one under way when an
+	// earlier term ended was last logged then.
+	l.syncDown, l.extended = outage{}, nil
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		el.Resign(rctx)
@@ -208,13 +247,40 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 func (l *Leader) round(ctx context.Context, lost <-chan struct{}, kind regionsync.Kind) {
 	if err := l.syncRound(ctx, lost, kind); err != nil {
 		l.s.metrics.globalSyncs.WithLabelValues("error").Inc()
-		l.s.log.Warn("region sync with the global tier failed; running on current grants", "err", err)
+		if l.syncDown.see(time.Now()) {
+			l.s.log.Warn("region sync with the global tier failed; running on current grants (logged again when a sync succeeds)",
+				"region", l.s.opts.Region, "err", err)
+		} else {
+			l.s.log.Debug("region sync with the global tier failed again", "region", l.s.opts.Region, "err", err)
+		}
 		if _, err := l.NoGlobalLeader(ctx); err != nil {
 			l.s.log.Debug("static lease: the global election could not be read", "err", err)
 		}
 		return
 	}
 	l.s.metrics.globalSyncs.WithLabelValues("ok").Inc()
+	now := time.Now()
+	if lasted, n, ok := l.syncDown.end(now); ok {
+		l.s.log.Info("region sync with the global tier succeeds again", "region", l.s.opts.Region,
+			"failing_for", lasted.Round(time.Millisecond), "failed_rounds", n)
+	}
+	for i := range l.extended {
+		l.extensionsOver(now, i, "the global tier answers")
+	}
+}
+
+// extensionsOver ends shard i's run of static lease extensions by the etcd
+// rule (logged when one was under way), for the reason given.
+func (l *Leader) extensionsOver(now time.Time, i int, why string) {
+	o := l.extended[i]
+	if o == nil {
+		return
+	}
+	if lasted, n, ok := o.end(now); ok {
+		l.s.log.Info("static lease no longer extended by the etcd rule: "+why, "region", l.s.opts.Region, "shard", i,
+			"extended_for", lasted.Round(time.Millisecond), "extensions", n)
+	}
+	delete(l.extended, i)
 }
 
 func (l *Leader) setLeading(v bool) {

@@ -277,6 +277,9 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 		}
 		empty[i] = resp.Count == 0
 		none = none || empty[i]
+		if !empty[i] {
+			l.extensionsOver(time.Now(), i, "a global leader is elected")
+		}
 	}
 	if !none {
 		return false, nil
@@ -297,8 +300,19 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 		}
 		l.leases = l.leases.With(i, next)
 		grew = true
-		s.log.Info("no global leader elected: static lease extended", "region", s.opts.Region, "shard", i,
-			"static_valid", time.Duration(next.ValidMs(to.UnixMicro()))*time.Millisecond)
+		if l.extended == nil {
+			l.extended = map[int]*outage{}
+		}
+		if l.extended[i] == nil {
+			l.extended[i] = &outage{}
+		}
+		valid := time.Duration(next.ValidMs(to.UnixMicro())) * time.Millisecond
+		if l.extended[i].see(time.Now()) {
+			s.log.Info("no global leader elected: static lease extended (at each failed sync; logged again when it stops)",
+				"region", s.opts.Region, "shard", i, "static_valid", valid)
+		} else {
+			s.log.Debug("no global leader elected: static lease extended again", "region", s.opts.Region, "shard", i, "static_valid", valid)
+		}
 		l.storeStatic(ctx, i)
 	}
 	return grew, nil

@@ -1,0 +1,123 @@
+package regional_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/sluicehq/sluice/internal/configtest"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/logtest"
+	"github.com/sluicehq/sluice/internal/metrictest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// TestGlobalOutagesAreLoggedOnceWhenTheyStartAndEnd: a region leader whose
+// syncs with the global tier fail every epoch (the tier cut off, then no
+// global leader elected) logs each outage once when it starts and once
+// when it ends, with how long it lasted and how often it was seen, as the
+// other outages are; each repetition goes to DEBUG. The sync failure was a
+// WARN every epoch, and the static lease extension by the etcd rule an
+// INFO at every failed sync.
+func TestGlobalOutagesAreLoggedOnceWhenTheyStartAndEnd(t *testing.T) {
+	ctx := context.Background()
+	cfg := leaseConfig(t)
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	d := startLeadingAllocator(ctx, t, cli, "/sl", configtest.NewSource(cfg, 1))
+	rdb := redistest.Start(t).Client()
+	logs := &logtest.Buffer{}
+	reg := prometheus.NewRegistry()
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	tier := &tierSwitch{inner: serviceTier{d.Service}}
+	l, err := regional.NewLeader(srv, regional.LeaderOptions{Etcd: cli, ElectionPrefix: "/sl/election/", Global: tier, Identity: "eu-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// Every wait is for rounds the leader runs one an epoch: 200 epochs
+	// leave room for a starved machine.
+	patience := 200 * time.Duration(cfg.Epoch)
+	syncs := func(result string) float64 {
+		return metrictest.Series(t, reg, "sluice_regional_global_syncs_total", map[string]string{"result": result})
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(patience); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v\n%s", what, patience, logs.String())
+			}
+			time.Sleep(time.Duration(cfg.Epoch) / 5) // polling the leader's rounds with a deadline
+		}
+	}
+	const (
+		failed      = `msg="region sync with the global tier failed; running on current grants`
+		failedAgain = `msg="region sync with the global tier failed again"`
+		syncBack    = `msg="region sync with the global tier succeeds again"`
+		extended    = `msg="no global leader elected: static lease extended (at each failed sync`
+		extAgain    = `msg="no global leader elected: static lease extended again"`
+		extOver     = `msg="static lease no longer extended by the etcd rule: a global leader is elected"`
+	)
+	// count is how many times msg was logged since mark (a length of the
+	// log): a round that outlived its epoch on a starved machine may have
+	// begun an outage of its own before the test's, and ended it.
+	count := func(mark int, msg string) int { return strings.Count(logs.String()[mark:], msg) }
+	waitFor("a first sync", func() bool { return syncs("ok") >= 1 })
+	// rounds waits for n more rounds ending in result.
+	rounds := func(result string, n float64) {
+		t.Helper()
+		from := syncs(result)
+		waitFor(fmt.Sprintf("%v more rounds ending %s", n, result), func() bool { return syncs(result) >= from+n })
+	}
+
+	// The tier cut off: a failed sync every epoch, at most one WARN (none
+	// when a starved round began the outage just before).
+	mark := len(logs.String())
+	tier.cut.Store(true)
+	rounds("error", 4) // the last one may not have logged yet
+	if n, again := count(mark, failed), count(mark, failedAgain); n > 1 || again < 2 {
+		t.Errorf("4 failed rounds logged %d WARN and %d DEBUG lines, want at most 1 and the others at DEBUG\n%s", n, again, logs.String())
+	}
+	tier.cut.Store(false)
+	waitFor("the end of the outage logged", func() bool { return count(mark, syncBack) >= 1 })
+
+	// No global leader elected: every failed sync extends the static
+	// lease, one INFO; a candidate's key in the election ends it.
+	mark = len(logs.String())
+	d.Stop() // resigns: the election is empty
+	rounds("error", 3) // the last one may not have read the election yet
+	if n, again := count(mark, extended), count(mark, extAgain); n != 1 || again < 1 {
+		t.Errorf("extensions at 3 failed rounds logged %d INFO and %d DEBUG lines, want 1 and the others at DEBUG\n%s", n, again, logs.String())
+	}
+	if n := count(mark, failed); n > 1 {
+		t.Errorf("3 failed rounds logged %d WARN lines, want at most 1\n%s", n, logs.String())
+	}
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	if err := concurrency.NewElection(sess, "/sl/election/global").Campaign(ctx, "unreachable"); err != nil {
+		t.Fatal(err)
+	}
+	rounds("error", 2) // the first read the election after the campaign, and logged before the second
+	if n, m := count(mark, extOver), count(mark, extended); n != 1 || m != 1 {
+		t.Errorf("the extensions' end logged %d times and their start %d, want 1 and 1\n%s", n, m, logs.String())
+	}
+}
