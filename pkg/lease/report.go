@@ -174,7 +174,12 @@ func (t *Table) syncReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 	switch {
 	case have > 2*target || have > t.batchCap(e.view()):
 		e.toReturn += e.drainLocked(have - target)
-	case have < target:
+	case have < target && (e.view().negNever || t.instant(now) >= e.view().negUntil):
+		// While the region's named wait runs, the key's refill asks at its
+		// end: asked again now, the region answers a wait from now, which
+		// the round trip and rounding up to a millisecond put later than
+		// the one the instance's callers were told, and a caller retrying
+		// at what it was told would be denied by the instance's own wait.
 		want = target - have
 	}
 	return t.newReportLocked(now, e, want, 1, true)

@@ -112,6 +112,33 @@ func TestRefillWaitsUntilTheRegionsRetryTime(t *testing.T) {
 	}
 }
 
+// TestPeriodicSyncAsksNothingWhileTheRegionsWaitRuns: a key the region
+// told to wait until an instant asks for no tokens in a periodic Sync
+// before it (its refill asks at it); asked, the region answered a wait
+// from then, which the round trip and the rounding to a millisecond put
+// after the instant the instance's callers were told, and a caller
+// retrying at its RetryAfter was denied by the instance's own wait (3 of
+// 40 retries on a real region). At the instant it asks again.
+func TestPeriodicSyncAsksNothingWhileTheRegionsWaitRuns(t *testing.T) {
+	for _, tc := range []struct {
+		at       time.Duration
+		wantsAny bool
+	}{
+		{at: 199 * time.Millisecond},
+		{at: 200 * time.Millisecond, wantsAny: true},
+	} {
+		tb := newTestTable(t)
+		acquire(t, tb, t0, t0, kW, 1, 0, func(g *sluicev1.Grant) { g.RetryAfterMs = 200 })
+		syncs, _ := tb.PrepareSync(t0.Add(tc.at))
+		if len(syncs) != 1 || len(syncs[0].Reports) != 1 {
+			t.Fatalf("at %v: syncs %v, want one report", tc.at, syncs)
+		}
+		if r := syncs[0].Reports[0]; (r.Want > 0) != tc.wantsAny {
+			t.Errorf("at %v: the periodic report wants %d, want tokens asked for: %v", tc.at, r.Want, tc.wantsAny)
+		}
+	}
+}
+
 // TestAcquireNotNeededWhenThePoolCoversTheCost: a leased pool holding
 // exactly the request's cost needs no acquire; one token more does, and
 // asks for what the pool lacks.
