@@ -103,8 +103,10 @@ type regionView struct {
 	// silent, lapsed, returning or drained; empty from an allocator that
 	// does not report it.
 	State string `json:"state,omitempty"`
-	// SilentSince is when the region was last heard from (this machine's
-	// clock minus the report age), set while it is silent or lapsed.
+	// SilentSince is when the region was last heard from (the instant
+	// the allocator stored, on its clock; from an allocator that does not
+	// send it, this machine's clock minus the report age), set while it
+	// is silent or lapsed.
 	SilentSince *time.Time `json:"silent_since,omitempty"`
 	// StaticLeaseMs is what the allocator believes remains of the region's
 	// static lease; 0 when it runs on its floor.
@@ -540,7 +542,13 @@ func newGlobalView(resp *sluicev1.StatusResponse, now time.Time) *globalView {
 			State: r.GetState(), StaticLeaseMs: r.GetStaticLeaseMs(), ReservedFraction: r.GetReservedFraction(),
 		}
 		if (rv.Silent || rv.State == stateLapsed) && rv.LastReportAgeMs >= 0 {
-			since := now.Add(-time.Duration(rv.LastReportAgeMs) * time.Millisecond).Truncate(time.Millisecond)
+			// The stored instant: the same on every call. Computed from
+			// the age and this call's now, it moved by a millisecond or so
+			// from call to call for the same report.
+			since := time.UnixMilli(r.GetLastReportUnixMs())
+			if r.GetLastReportUnixMs() <= 0 {
+				since = now.Add(-time.Duration(rv.LastReportAgeMs) * time.Millisecond).Truncate(time.Millisecond)
+			}
 			rv.SilentSince = &since
 		}
 		g.Regions = append(g.Regions, rv)

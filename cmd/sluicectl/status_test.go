@@ -289,3 +289,32 @@ func TestStatusWithTheGlobalLeaderDownSpeaksToTheOperator(t *testing.T) {
 		})
 	}
 }
+
+// TestSilentSinceIsTheInstantTheAllocatorStored: a silent region's
+// "since" is the instant the allocator names for its last report, the
+// same however late status asks (it was this machine's clock less the
+// report's age, a different millisecond on each call).
+func TestSilentSinceIsTheInstantTheAllocatorStored(t *testing.T) {
+	last := time.Date(2026, 12, 3, 11, 59, 49, 753_000_000, time.UTC)
+	// The allocator answers asked after the last report; the answer
+	// reaches status a round trip later.
+	for _, c := range []struct{ asked, trip time.Duration }{
+		{5*time.Second + 400*time.Microsecond, 700 * time.Microsecond},
+		{5*time.Second + 1200*time.Microsecond, 1900 * time.Microsecond},
+		{time.Minute, 2600 * time.Microsecond},
+	} {
+		asked, now := c.asked, last.Add(c.asked+c.trip)
+		resp := &sluicev1.StatusResponse{Leader: true, Regions: []*sluicev1.RegionStatus{
+			{Region: "eu-west", LastReportAgeMs: asked.Milliseconds(), LastReportUnixMs: last.UnixMilli(), Silent: true, State: "silent", ReservedFraction: 1},
+		}}
+		v := newGlobalView(resp, now)
+		if got := v.Regions[0].SilentSince; got == nil || !got.Equal(last) {
+			t.Errorf("asked %v after the last report: silent since %v, want %v", asked, got, last)
+		}
+		var out bytes.Buffer
+		if err := writeStatusText(&out, &statusReport{Global: v}); err != nil {
+			t.Fatal(err)
+		}
+		wantContains(t, "status", out.String(), "SILENT since "+last.Local().Format("15:04:05.000")+" ")
+	}
+}

@@ -765,9 +765,11 @@ func (s *Service) Status(ctx context.Context, req *sluicev1.StatusRequest) (*slu
 	out.Epoch = v.Epoch
 	floor := floorFraction(s.currentConfig())
 	for _, r := range v.Regions {
-		age := int64(-1)
+		age, at := int64(-1), int64(0)
 		if r.Reported {
 			age = r.LastReportAge.Milliseconds()
+			// The stored instant, so every call names the same one.
+			at = r.LastReport.UnixMilli()
 		}
 		reserved := 1.0
 		if r.Floored {
@@ -776,6 +778,7 @@ func (s *Service) Status(ctx context.Context, req *sluicev1.StatusRequest) (*slu
 		out.Regions = append(out.Regions, &sluicev1.RegionStatus{
 			Region: r.Name, LastReportAgeMs: age, Silent: r.Silent, LastSeq: r.LastSeq,
 			State: string(r.State), StaticLeaseMs: r.StaticLease.Milliseconds(), ReservedFraction: reserved,
+			LastReportUnixMs: at,
 		})
 	}
 	out.Keys, out.ContendedKeys = topKeys(v, n)

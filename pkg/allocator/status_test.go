@@ -141,3 +141,40 @@ func TestStatusRegionLines(t *testing.T) {
 		}
 	})
 }
+
+// TestStatusNamesTheStoredInstantOfTheLastReport: every Status names the
+// same instant for a region's last report, the one the allocator accepted
+// it at, however later it is asked, while the age grows. sluicectl
+// computed the instant from the age and its own clock, and showed a
+// different millisecond on each call.
+func TestStatusNamesTheStoredInstantOfTheLastReport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newEdgeService(t)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		// Not on a whole millisecond: an instant computed from the age in
+		// whole milliseconds and a later now falls on the next one.
+		time.Sleep(900 * time.Microsecond)
+		reported := time.Now()
+		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: 7, Keys: []*sluicev1.KeyDemand{
+			{Key: &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}, Admitted: 5, WindowMs: 100}}}); err != nil {
+			t.Fatal(err)
+		}
+		for _, later := range []time.Duration{200 * time.Microsecond, 1754 * time.Microsecond, 5 * time.Second} {
+			time.Sleep(later)
+			st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range st.GetRegions() {
+				want := int64(0)
+				if r.GetRegion() == "a" {
+					want = reported.UnixMilli()
+				}
+				if r.GetLastReportUnixMs() != want {
+					t.Errorf("asked %v later, region %s's last report at %d ms, want %d (age %d ms)",
+						time.Since(reported), r.GetRegion(), r.GetLastReportUnixMs(), want, r.GetLastReportAgeMs())
+				}
+			}
+		}
+	})
+}

@@ -1054,6 +1054,11 @@ type RegionStatus struct {
 	// reserves for it without a grant: 1 live, the floor fraction when
 	// lapsed or drained (per class; the largest is shown).
 	ReservedFraction float64 `protobuf:"fixed64,7,opt,name=reserved_fraction,json=reservedFraction,proto3" json:"reserved_fraction,omitempty"`
+	// When the allocator accepted the region's last report, Unix milliseconds
+	// on its own clock; 0 if never heard from. An instant for operators to
+	// read (the same on every call while no report arrives), not for any
+	// decision: last_report_age_ms is what the allocator decides on.
+	LastReportUnixMs int64 `protobuf:"varint,8,opt,name=last_report_unix_ms,json=lastReportUnixMs,proto3" json:"last_report_unix_ms,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -1133,6 +1138,13 @@ func (x *RegionStatus) GetStaticLeaseMs() int64 {
 func (x *RegionStatus) GetReservedFraction() float64 {
 	if x != nil {
 		return x.ReservedFraction
+	}
+	return 0
+}
+
+func (x *RegionStatus) GetLastReportUnixMs() int64 {
+	if x != nil {
+		return x.LastReportUnixMs
 	}
 	return 0
 }
@@ -1949,7 +1961,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\x05Nudge\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"*\n" +
 	"\rStatusRequest\x12\x19\n" +
-	"\btop_keys\x18\x01 \x01(\x05R\atopKeys\"\xf1\x01\n" +
+	"\btop_keys\x18\x01 \x01(\x05R\atopKeys\"\xa0\x02\n" +
 	"\fRegionStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12+\n" +
 	"\x12last_report_age_ms\x18\x02 \x01(\x03R\x0flastReportAgeMs\x12\x16\n" +
@@ -1957,7 +1969,8 @@ const file_sluice_proto_rawDesc = "" +
 	"\blast_seq\x18\x04 \x01(\x04R\alastSeq\x12\x14\n" +
 	"\x05state\x18\x05 \x01(\tR\x05state\x12&\n" +
 	"\x0fstatic_lease_ms\x18\x06 \x01(\x03R\rstaticLeaseMs\x12+\n" +
-	"\x11reserved_fraction\x18\a \x01(\x01R\x10reservedFraction\"\xdd\x01\n" +
+	"\x11reserved_fraction\x18\a \x01(\x01R\x10reservedFraction\x12-\n" +
+	"\x13last_report_unix_ms\x18\b \x01(\x03R\x10lastReportUnixMs\"\xdd\x01\n" +
 	"\x0fKeyRegionStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06demand\x18\x02 \x01(\x01R\x06demand\x12\x16\n" +
