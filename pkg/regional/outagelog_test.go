@@ -101,7 +101,8 @@ func TestGlobalOutagesAreLoggedOnceWhenTheyStartAndEnd(t *testing.T) {
 	// lease, one INFO; a candidate's key in the election ends it.
 	mark = len(logs.String())
 	d.Stop() // resigns: the election is empty
-	rounds("error", 3) // the last one may not have read the election yet
+	// The last round may not have read the election yet.
+	rounds("error", 3)
 	if n, again := count(mark, extended), count(mark, extAgain); n != 1 || again < 1 {
 		t.Errorf("extensions at 3 failed rounds logged %d INFO and %d DEBUG lines, want 1 and the others at DEBUG\n%s", n, again, logs.String())
 	}
