@@ -524,7 +524,7 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 			// with RetryNever; ask again next refresh, in case the cap grew.
 			wait = t.opts.Refresh
 		} else {
-			wait += retrySpread(r.Seq, e.view(), wait)
+			wait += retrySpread(t.spreadDraw(now, e), e.view(), wait)
 		}
 		e.own().negUntil = t.instant(now.Add(wait))
 	}
@@ -678,10 +678,26 @@ func (t *Table) ExpireFor(now time.Time, busy time.Duration) time.Time {
 	return t.timeOf(next)
 }
 
+// spreadDraw is the number retrySpread draws from for key e's answer
+// applied at now: the instance's seq base (its start, in microseconds:
+// different for every instance), the key and the instant, so that peers
+// draw apart, and runs of the simulator, whose instants and seq bases
+// follow its seed, repeat. (A report's seq would not: a table numbers
+// reports in the order its callers happen to ask.)
+func (t *Table) spreadDraw(now time.Time, e *entry) uint64 {
+	h := uint64(14695981039346656037) // FNV-1a of tenant and class, each ended by a 0 byte
+	for _, s := range [2]string{e.tenant, e.class.Value()} {
+		for i := 0; i < len(s); i++ {
+			h = (h ^ uint64(s[i])) * 1099511628211
+		}
+		h *= 1099511628211
+	}
+	return h ^ t.opts.SeqBase ^ uint64(t.instant(now))
+}
+
 // retrySpread is what an instance adds to the region's wait before it asks
 // again for a key the region could not serve: a pseudo-random part of one
-// refill of the tokens it needs, drawn from the report's seq (so runs on
-// the same seeds repeat). Peers denied together are told the same instant,
+// refill of the tokens it needs, drawn from draw (spreadDraw). Peers denied together are told the same instant,
 // the one when the bucket next holds their need; asking at it, one of them
 // wins every round, and which one depends on phases that repeat: of two
 // instances with equal demand on a contended key one admitted 20-38% of
@@ -696,7 +712,7 @@ func (t *Table) ExpireFor(now time.Time, busy time.Duration) time.Time {
 // at most the time the bucket takes to go from the need to its cap (none
 // for a key whose burst is its need: a bucket of one token left full would
 // waste refill), and at most the wait itself.
-func retrySpread(seq uint64, in *keyInfo, wait time.Duration) time.Duration {
+func retrySpread(draw uint64, in *keyInfo, wait time.Duration) time.Duration {
 	need := float64(max(in.negNeed, 1))
 	if in.live < 2 || !(in.regionRate > 0) || !(in.regionBurst > need) {
 		return 0
@@ -707,8 +723,8 @@ func retrySpread(seq uint64, in *keyInfo, wait time.Duration) time.Duration {
 	if d <= 0 {
 		return 0
 	}
-	// splitmix64 of seq: successive seqs give unrelated draws.
-	z := seq + 0x9e3779b97f4a7c15
+	// splitmix64 of draw: close draws give unrelated spreads.
+	z := draw + 0x9e3779b97f4a7c15
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	z ^= z >> 31
