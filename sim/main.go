@@ -65,6 +65,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sim: -duration %v must not be negative (0 runs the scenario's own)\n", *duration)
 		return exitUsage
 	}
+	if *duration > scenario.MaxDuration {
+		fmt.Fprintf(stderr, "sim: -duration %v is more than the longest run, %v\n", *duration, scenario.MaxDuration)
+		return exitUsage
+	}
 	scaleSet := false
 	fs.Visit(func(f *flag.Flag) { scaleSet = scaleSet || f.Name == "scale" })
 	if scaleSet && !*liveMode {

@@ -66,6 +66,19 @@ func TestBadUsageExitsTwo(t *testing.T) {
 	}
 }
 
+// TestDurationAboveTheLongestRunIsRefused: -duration beyond
+// scenario.MaxDuration is bad usage naming the flag and the bound, before
+// anything is built (100000h was run, and its per-second measures
+// exhausted memory).
+func TestDurationAboveTheLongestRunIsRefused(t *testing.T) {
+	for _, scn := range []string{"steady", "scale-small"} {
+		code, out, stderr := runArgs(t, "-scenario", scn, "-duration", "100000h", "-out", "")
+		if code != exitUsage || out != "" || !strings.Contains(stderr, "-duration 100000h0m0s is more than the longest run, 168h0m0s") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q", scn, code, out, stderr)
+		}
+	}
+}
+
 // TestScaleMustBeFinite: an infinite -scale is bad usage, exit 2, as 0,
 // NaN and negative scales are (it was refused by the run, exit 1, the
 // status of a violated invariant).

@@ -22,6 +22,13 @@ func TestProblemsNameTheFilesLinesInItsWords(t *testing.T) {
 			[]string{`unknown field "warmpu" (line 4)`}},
 		{"negative seed", strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nseed: -1\n", 1),
 			[]string{`"-1" is not a whole number, 0 or more (line 4)`}},
+		{"duration too large for a duration", strings.Replace(minimal, "duration: 2m\n", "duration: 9999999999h\n", 1),
+			[]string{`duration "9999999999h" is out of range (a run is at most 168h0m0s) (line 3)`}},
+		{"duration beyond the longest run", strings.Replace(minimal, "duration: 2m\n", "duration: 100000h\n", 1),
+			[]string{"duration: 100000h0m0s is more than the longest run, 168h0m0s"}},
+		{"duration of the longest run", strings.Replace(minimal, "duration: 2m\n", "duration: 168h\n", 1), nil},
+		{"duration not a duration", strings.Replace(minimal, "duration: 2m\n", "duration: 5 minutes\n", 1),
+			[]string{`duration "5 minutes": want a number with a unit, like 5m (line 3)`}},
 		{"negative fault time", minimal + "faults:\n  - {at: -10s, kind: etcd-down, for: 5s}\n",
 			[]string{`time "-10s" must be after the start of the run`, "(line 15)"}},
 	} {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -29,8 +30,9 @@ type Scenario struct {
 	Name string `yaml:"name"`
 	// Description says what question the scenario answers. Optional.
 	Description string `yaml:"description,omitempty"`
-	// Duration is the virtual time simulated. Required.
-	Duration Duration `yaml:"duration"`
+	// Duration is the virtual time simulated. Required, at most
+	// MaxDuration.
+	Duration Length `yaml:"duration"`
 	// Warmup is left out of the measures (not of the invariants): the
 	// system starting from nothing is not the steady state being measured.
 	// Optional, default 20s, at most Duration.
@@ -465,6 +467,38 @@ type Expect struct {
 	RecoveredFalseRejectsMax *float64 `yaml:"recovered_false_rejects_max,omitempty"`
 }
 
+// Length is a length of the run ("5m"), read as a duration is; a value
+// too large for one is out of range.
+type Length time.Duration
+
+// String is time.Duration's form.
+func (d Length) String() string { return time.Duration(d).String() }
+
+// UnmarshalYAML reads a length.
+func (d *Length) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: a duration must be a scalar like 5m", n.Line)}}
+	}
+	v, err := time.ParseDuration(n.Value)
+	switch {
+	case err != nil && durationSyntax.MatchString(n.Value):
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: duration %q is out of range (a run is at most %v)", n.Line, n.Value, MaxDuration)}}
+	case err != nil:
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: duration %q: want a number with a unit, like 5m", n.Line, n.Value)}}
+	case v < 0:
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: duration %q must not be negative", n.Line, n.Value)}}
+	}
+	*d = Length(v)
+	return nil
+}
+
+// MarshalYAML writes time.Duration's form.
+func (d Length) MarshalYAML() (any, error) { return d.String(), nil }
+
+// durationSyntax is what time.ParseDuration reads: a value it refuses
+// although written so is too large.
+var durationSyntax = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+
 // Instant is a time in the run, since its start ("1m30s"): when a fault,
 // a failover, an event or a step happens. A written instant is positive.
 type Instant time.Duration
@@ -560,8 +594,11 @@ func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 	if d <= 0 {
 		return nil, fmt.Errorf("%w: duration %v must be positive", ErrInvalid, d)
 	}
+	if d > MaxDuration {
+		return nil, fmt.Errorf("%w: duration %v is more than the longest run, %v", ErrInvalid, d, MaxDuration)
+	}
 	c := *s
-	c.Duration = Duration(d)
+	c.Duration = Length(d)
 	if time.Duration(c.Warmup) > d/2 {
 		c.Warmup = Duration(d / 2)
 	}

@@ -38,6 +38,10 @@ const (
 	// (end - start) / mean_gap: the schedule is built in memory before
 	// the run, so the bound keeps a typo (90ns for 90s) from exhausting it.
 	MaxChaosFaults = 100000
+	// MaxDuration bounds a run's duration (the field and -duration): the
+	// oracle keeps per-second measures of the whole run in memory, so the
+	// bound keeps a typo (100000h) from exhausting it.
+	MaxDuration = 7 * 24 * time.Hour
 )
 
 // FieldError is one validation problem, naming its field path. It wraps
@@ -72,6 +76,8 @@ func (s *Scenario) Validate() error {
 	dur := time.Duration(s.Duration)
 	if dur <= 0 {
 		p.add("duration", "is required and must be positive")
+	} else if dur > MaxDuration {
+		p.add("duration", "%v is more than the longest run, %v", dur, MaxDuration)
 	}
 	if dur > 0 && time.Duration(s.Warmup) > dur {
 		p.add("warmup", "%v is longer than the duration %v", time.Duration(s.Warmup), dur)
