@@ -43,7 +43,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	name := fs.String("scenario", scenarios.Default, "shipped scenario name, or a path to a scenario YAML file")
-	seed := fs.Uint64("seed", 0, "random seed (0: the scenario's)")
+	seed := fs.Uint64("seed", 0, "random seed, from 1 (default: the scenario's)")
 	duration := fs.Duration("duration", 0, "simulated duration (0: the scenario's); faults after it are dropped")
 	out := fs.String("out", "sim-out", "directory for report.html, summary.txt, timeseries.csv and the charts, replacing those of the last run there (\"\": none)")
 	list := fs.Bool("list", false, "list the shipped scenarios and exit")
@@ -69,8 +69,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sim: -duration %v is more than the longest run, %v\n", *duration, scenario.MaxDuration)
 		return exitUsage
 	}
-	scaleSet := false
-	fs.Visit(func(f *flag.Flag) { scaleSet = scaleSet || f.Name == "scale" })
+	scaleSet, seedSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		scaleSet = scaleSet || f.Name == "scale"
+		seedSet = seedSet || f.Name == "seed"
+	})
+	if seedSet && *seed == 0 {
+		fmt.Fprintf(stderr, "sim: -seed 0 is not a seed: seeds start at 1 (leave -seed out for the scenario's)\n")
+		return exitUsage
+	}
 	if scaleSet && !*liveMode {
 		fmt.Fprintf(stderr, "sim: -scale only applies to -live (virtual mode runs as fast as it can); add -live or drop -scale\n")
 		return exitUsage

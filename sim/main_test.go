@@ -59,7 +59,7 @@ func TestUnknownScenarioListsEveryShipped(t *testing.T) {
 }
 
 func TestBadUsageExitsTwo(t *testing.T) {
-	for _, args := range [][]string{{"-nope"}, {"-scenario", "atlantis"}, {"extra"}, {"-duration", "-5s"}, {"-scale", "4"}} {
+	for _, args := range [][]string{{"-nope"}, {"-scenario", "atlantis"}, {"extra"}, {"-duration", "-5s"}, {"-scale", "4"}, {"-seed", "0"}} {
 		if code, _, stderr := runArgs(t, args...); code != exitUsage || stderr == "" {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
 		}

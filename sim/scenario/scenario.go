@@ -35,11 +35,17 @@ type Scenario struct {
 	Duration Length `yaml:"duration"`
 	// Warmup is left out of the measures (not of the invariants): the
 	// system starting from nothing is not the steady state being measured.
-	// Optional, default 20s, at most Duration.
-	Warmup Duration `yaml:"warmup,omitempty"`
-	// Seed drives every random choice. Optional, default 1; the -seed flag
-	// overrides it.
+	// Optional, default 20s (at most half of Duration), at most Duration;
+	// 0s measures from the start.
+	Warmup Length `yaml:"warmup,omitempty"`
+	// NoWarmup says Warmup was written 0 (no default applies). Parse sets
+	// it.
+	NoWarmup bool `yaml:"-"`
+	// Seed drives every random choice. Optional, default 1; seeds start
+	// at 1. The -seed flag overrides it.
 	Seed uint64 `yaml:"seed,omitempty"`
+	// seedZero says Seed was written 0, which is refused.
+	seedZero bool
 	// Sluice is the Sluice configuration (DESIGN §5) the daemons run,
 	// validated by pkg/config. Required.
 	Sluice yaml.Node `yaml:"sluice"`
@@ -239,7 +245,7 @@ type Shape struct {
 	// Peaks gives each region's local noon as an offset into the period.
 	// Optional, default: regions peak one after another, evenly spaced in
 	// topology order (follow the sun).
-	Peaks map[string]Duration `yaml:"peaks,omitempty"`
+	Peaks map[string]Length `yaml:"peaks,omitempty"`
 	// Steps quantizes the cycle into this many constant steps per period
 	// ("the sun moves hour by hour"); each step is a demand shift.
 	// Optional, default 0 (smooth).
@@ -564,6 +570,14 @@ func Parse(data []byte) (*Scenario, error) {
 		return nil, errors.Join(out...)
 	}
 	s.src = data
+	// Fields written 0 on purpose, where 0 otherwise means the default.
+	var written map[string]any
+	if yaml.Unmarshal(data, &written) == nil {
+		_, warmup := written["warmup"]
+		_, seed := written["seed"]
+		s.NoWarmup = warmup && s.Warmup == 0
+		s.seedZero = seed && s.Seed == 0
+	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: want exactly one YAML document", ErrInvalid)
@@ -600,7 +614,7 @@ func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 	c := *s
 	c.Duration = Length(d)
 	if time.Duration(c.Warmup) > d/2 {
-		c.Warmup = Duration(d / 2)
+		c.Warmup = Length(d / 2)
 	}
 	c.Faults = nil
 	for _, f := range s.Faults {

@@ -167,3 +167,37 @@ func TestChaosGapBounded(t *testing.T) {
 		t.Fatalf("a gap at the bound drew %d faults, want about %d", n, MaxChaosFaults)
 	}
 }
+
+// TestExplicitZeros: warmup: 0s measures from the start (left out it is
+// 20s, at most half the run), and a shortened run keeps it 0; a diurnal
+// peak at 0s is the first instant of the period; seed: 0 is refused naming
+// seed (it ran seed 1); duration: 0s is refused without advice to leave
+// the required field out.
+func TestExplicitZeros(t *testing.T) {
+	s, err := Parse([]byte(strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nwarmup: 0s\n", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Warmup != 0 || !s.NoWarmup {
+		t.Fatalf("warmup: 0s read as %v", s.Warmup)
+	}
+	if c, err := s.WithDuration(time.Minute); err != nil || c.Warmup != 0 {
+		t.Fatalf("shortened: warmup %v, %v", c.Warmup, err)
+	}
+	if s, err := Parse([]byte(minimal)); err != nil || time.Duration(s.Warmup) != DefaultWarmup || s.NoWarmup {
+		t.Fatalf("warmup left out: %v, %v", s.Warmup, err)
+	}
+	diurnal := strings.Replace(minimal, "rate: {a: 5/s, b: 600/m}}", "rate: {a: 5/s, b: 600/m}, shape: [{kind: diurnal, period: 1m, peaks: {a: 0s, b: 30s}}]}", 1)
+	if s, err := Parse([]byte(diurnal)); err != nil || s.Workload[0].Shape[0].Peaks["a"] != 0 || time.Duration(s.Workload[0].Shape[0].Peaks["b"]) != 30*time.Second {
+		t.Fatalf("peaks at 0s and 30s: %v", err)
+	}
+	for _, c := range []struct{ doc, want, not string }{
+		{strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nseed: 0\n", 1), "seed: must be at least 1", ""},
+		{strings.Replace(minimal, "duration: 2m\n", "duration: 0s\n", 1), "duration: is required and must be positive", "leave the field out"},
+	} {
+		_, err := Parse([]byte(c.doc))
+		if err == nil || !strings.Contains(err.Error(), c.want) || (c.not != "" && strings.Contains(err.Error(), c.not)) {
+			t.Errorf("got %v, want %q", err, c.want)
+		}
+	}
+}

@@ -73,6 +73,9 @@ func (s *Scenario) Validate() error {
 	} else if err := quota.ValidateID("name", s.Name); err != nil {
 		p.add("name", "%v", err)
 	}
+	if s.seedZero && s.Seed == 0 {
+		p.add("seed", "must be at least 1 (seeds start at 1; leave it out for 1)")
+	}
 	dur := time.Duration(s.Duration)
 	if dur <= 0 {
 		p.add("duration", "is required and must be positive")
@@ -131,10 +134,10 @@ func ParseKey(s string) (quota.Key, bool) {
 }
 
 func (s *Scenario) applyDefaults() {
-	if s.Warmup == 0 {
-		s.Warmup = Duration(min(DefaultWarmup, time.Duration(s.Duration)/2))
+	if s.Warmup == 0 && !s.NoWarmup {
+		s.Warmup = Length(min(DefaultWarmup, time.Duration(s.Duration)/2))
 	}
-	if s.Seed == 0 {
+	if s.Seed == 0 && !s.seedZero {
 		s.Seed = 1
 	}
 	t := &s.Topology
@@ -197,7 +200,7 @@ func (s *Scenario) applyDefaults() {
 			c.RestartAfter = Duration(DefaultChaosRestart)
 		}
 		if c.Start == 0 {
-			c.Start = s.Warmup
+			c.Start = Duration(s.Warmup)
 		}
 		if c.End == 0 {
 			c.End = Duration(time.Duration(s.Duration) - time.Duration(c.MaxFor) - time.Minute)
