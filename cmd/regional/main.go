@@ -274,6 +274,9 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 		// former life's leases.
 		InstanceID: lease.UniqueID("envoy"),
 		Logger:     logger, Registerer: reg,
+		// A config applied during an outage decides the degraded
+		// requests at once.
+		Policies: envoyrls.LivePolicies(source),
 	})
 	if err != nil {
 		d.Stop()

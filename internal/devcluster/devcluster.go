@@ -563,6 +563,7 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 		// its former life's leases.
 		loop, err = envoyrls.DialLoopback(d.GRPCAddr(), insecure.NewCredentials(), lease.Options{
 			InstanceID: lease.UniqueID("envoy-" + r.region), Logger: c.opts.Logger, Registerer: p.registry,
+			Policies: envoyrls.LivePolicies(source),
 		})
 		if err != nil {
 			d.Stop()

@@ -183,7 +183,7 @@ func Start(o Options) (*Agent, error) {
 		lo.Tier = configTier(o.Config)
 	}
 	if lo.Policies == nil {
-		lo.Policies = livePolicies(o.Config)
+		lo.Policies = envoyrls.LivePolicies(o.Config)
 	}
 	if cfg := o.Config.Current(); cfg != nil {
 		if lo.Refresh == 0 {
@@ -332,34 +332,6 @@ func classPolicies(cfg *config.Config) map[string]lease.ClassPolicy {
 		out[name] = lease.ClassPolicy{Mode: m, OnFailure: p, Shadow: cl.Shadow}
 	}
 	return out
-}
-
-// livePolicies is the live config's policy of a class: the lease client
-// decides the class's degraded decisions with its on_failure and shadow,
-// so a config applied while the region is out of reach (an operator
-// switching a class to closed for an outage) takes effect on the next
-// decision, before any answer of the region could carry it. False without
-// a config or for a class it does not name.
-func livePolicies(src ConfigSource) func(class string) (lease.ClassPolicy, bool) {
-	return func(class string) (lease.ClassPolicy, bool) {
-		cfg := src.Current()
-		if cfg == nil {
-			return lease.ClassPolicy{}, false
-		}
-		cl, ok := cfg.Classes[class]
-		if !ok {
-			return lease.ClassPolicy{}, false
-		}
-		m, err := lease.ParseMode(string(cl.Mode))
-		if err != nil {
-			return lease.ClassPolicy{}, false
-		}
-		p, err := lease.ParsePolicy(string(cl.OnFailure))
-		if err != nil {
-			return lease.ClassPolicy{}, false
-		}
-		return lease.ClassPolicy{Mode: m, OnFailure: p, Shadow: cl.Shadow}, true
-	}
 }
 
 // configTier names a key's tier as the live config resolves it, as the

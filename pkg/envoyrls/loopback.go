@@ -13,6 +13,34 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
+// LivePolicies is lease.Options.Policies from the live config of src: a
+// class's on_failure policy and shadow mode as the config the process
+// holds now names them, so a config applied while the region is out of
+// reach (an operator switching a class to closed for an outage) decides
+// the next degraded request, before any answer of the region could carry
+// it. False without a config or for a class it does not name.
+func LivePolicies(src ConfigSource) func(class string) (lease.ClassPolicy, bool) {
+	return func(class string) (lease.ClassPolicy, bool) {
+		cfg := src.Current()
+		if cfg == nil {
+			return lease.ClassPolicy{}, false
+		}
+		cl, ok := cfg.Classes[class]
+		if !ok {
+			return lease.ClassPolicy{}, false
+		}
+		m, err := lease.ParseMode(string(cl.Mode))
+		if err != nil {
+			return lease.ClassPolicy{}, false
+		}
+		p, err := lease.ParsePolicy(string(cl.OnFailure))
+		if err != nil {
+			return lease.ClassPolicy{}, false
+		}
+		return lease.ClassPolicy{Mode: m, OnFailure: p, Shadow: cl.Shadow}, true
+	}
+}
+
 // Loopback is a Limiter: a lease client with its own gRPC connection to a
 // LeaseService, normally the regional daemon's own listener, so the
 // process that serves Envoy is one more instance of its region. Safe for
@@ -27,7 +55,9 @@ type Loopback struct {
 // must match the server's (nil means plaintext, for a daemon without
 // ServerTLS). opts are the lease client's; give it an InstanceID unique to
 // this process (lease.UniqueID),
-// and the daemon's Registerer to see its sluice_client_* metrics. Set
+// and the daemon's Registerer to see its sluice_client_* metrics, and
+// Policies (LivePolicies of the daemon's config) so that a config applied
+// during an outage decides its degraded requests at once. Set
 // opts.BreakerTimeout (default 50ms) below the timeout of Envoy's filter
 // (default 20ms) so that, while the region is slow, Envoy gets the class's
 // on_failure decision instead of timing out.
