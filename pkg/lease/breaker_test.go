@@ -177,3 +177,50 @@ func TestBreakerFailuresWhileOpenKeepItsCooldown(t *testing.T) {
 		t.Fatal("a failure during the cooldown delayed the probe")
 	}
 }
+
+// TestBreakerCountsOnlyFailuresNoLaterCallContradicts: a call that got no
+// answer counts toward opening only when no call sent at or after it has
+// been answered; a region that answered a later call is reachable (the
+// failed call waited behind a burst, or went to a hung replica of
+// several). Calls sent after the last answer count as before, and a
+// half-open probe that fails reopens whatever was answered.
+func TestBreakerCountsOnlyFailuresNoLaterCallContradicts(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	b := NewBreaker(3, time.Second)
+	// Three calls sent at 0, 1 and 2ms; the one sent at 2ms is answered.
+	b.ObserveRTT(ms(2), ms(30))
+	b.Success()
+	for _, sent := range []int{0, 1, 2} {
+		b.FailureOf(ms(sent), ms(50+sent))
+	}
+	if b.Open() {
+		t.Fatal("opened on calls sent no later than one the region answered")
+	}
+	// Calls sent after the last answer are evidence: three open it.
+	for i, sent := range []int{3, 4, 5} {
+		if b.Open() {
+			t.Fatalf("open after %d failures, threshold 3", i)
+		}
+		b.FailureOf(ms(sent), ms(60+sent))
+	}
+	if !b.Open() {
+		t.Fatal("not open after 3 calls sent after the last answer failed")
+	}
+	// A failed probe reopens even though an earlier-sent call's answer
+	// arrives meanwhile (its send time is before the probe's).
+	probe := ms(1100)
+	if !b.Allow(probe) {
+		t.Fatal("no probe after the cooldown")
+	}
+	b.ObserveRTT(ms(1000), ms(1120))
+	b.FailureOf(probe, ms(1150))
+	if b.Allow(ms(1151)) {
+		t.Fatal("a failed probe did not reopen the breaker")
+	}
+	// Before any answer, failures count.
+	fresh := NewBreaker(1, time.Second)
+	fresh.FailureOf(ms(0), ms(50))
+	if !fresh.Open() {
+		t.Fatal("a failure with no answer ever seen did not count")
+	}
+}

@@ -284,7 +284,7 @@ func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome)
 		return s.Abandon()
 	default:
 		t.Failed(now, b)
-		brk.Failure(now)
+		brk.FailureOf(b.SentAt(), now)
 	}
 	return s.Fallback(now)
 }
@@ -308,7 +308,7 @@ func (s *Slow) CheckDone(now time.Time, resp *sluicev1.CheckResponse, out Outcom
 		brk.Abandon()
 		return s.Abandon()
 	default:
-		brk.Failure(now)
+		brk.FailureOf(s.checkAt, now)
 	}
 	return s.Fallback(now)
 }
@@ -354,7 +354,7 @@ func (c *Core) SyncDone(now time.Time, b *Batch, grants []*sluicev1.Grant, out O
 	case Conflict:
 		c.brk.Success()
 	default:
-		c.brk.Failure(now)
+		c.brk.FailureOf(b.SentAt(), now)
 	}
 	c.table.Failed(now, b)
 	return nil, nil

@@ -1,0 +1,129 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/grpctest"
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// hungReplica is a regional replica that accepted its connections and
+// then stopped answering (a paused process, a frozen node): every call
+// waits until its caller gives up. A fault no real replica produces on
+// demand in-process.
+type hungReplica struct {
+	sluicev1.UnimplementedLeaseServiceServer
+}
+
+func (hungReplica) Acquire(ctx context.Context, _ *sluicev1.AcquireRequest) (*sluicev1.AcquireResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (hungReplica) Sync(ctx context.Context, _ *sluicev1.SyncRequest) (*sluicev1.SyncResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestOneHungReplicaOfTwoSendsOnlyItsCallsToThePolicy: an instance
+// balancing over two replicas of its region, one of which hangs, decides
+// by its on_failure policy only the requests whose calls went to the hung
+// one; the healthy replica answers the rest. The hung replica's calls time
+// out together, but the region answered calls sent after them, so they are
+// no evidence of an outage: the breaker stays closed (it opened, and every
+// request of every key went to the policy for as long as the hang lasted).
+func TestOneHungReplicaOfTwoSendsOnlyItsCallsToThePolicy(t *testing.T) {
+	const (
+		callers  = 8
+		requests = 24 // per caller, each on a key of its own
+		timeout  = 300 * time.Millisecond
+	)
+	cfg := regiontest.MustConfig(t, `
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease, on_failure: local}}
+tiers: {free: {read: {rate: 10/s, burst: 20}}}
+default_tier: free
+`)
+	healthy := regiontest.Start(t, cfg, "local")
+	hung := grpc.NewServer()
+	sluicev1.RegisterLeaseServiceServer(hung, hungReplica{})
+	hungAddr := grpctest.Serve(t, hung)
+
+	r := manual.NewBuilderWithScheme("replicas")
+	r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: healthy.Addr}, {Addr: hungAddr}}})
+	conn, err := grpc.NewClient(r.Scheme()+":///region", grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := lease.NewClient(conn, lease.Options{InstanceID: "balanced", BreakerTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
+		defer cancel()
+		c.Close(ctx)
+	})
+
+	// Both replicas take calls once each answered the connection: warm
+	// up until the healthy one answered a request (the hung one's first
+	// calls also time out meanwhile).
+	deadline := time.Now().Add(100 * timeout)
+	for i := 0; ; i++ {
+		d, err := c.Allow(context.Background(), quota.Key{Tenant: fmt.Sprintf("warm%d", i), Class: "read"}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Degraded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the healthy replica answered none of %d requests in %v", i+1, 100*timeout)
+		}
+		time.Sleep(timeout / 10) // poll: the breaker may be open for its cooldown
+	}
+
+	var mu sync.Mutex
+	answered, degraded := 0, 0
+	var wg sync.WaitGroup
+	for g := range callers {
+		wg.Go(func() {
+			for i := range requests {
+				d, err := c.Allow(context.Background(), quota.Key{Tenant: fmt.Sprintf("c%d-%d", g, i), Class: "read"}, 1)
+				mu.Lock()
+				switch {
+				case err != nil:
+					t.Errorf("Allow: %v", err)
+				case d.Degraded:
+					degraded++
+				default:
+					answered++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	total := callers * requests
+	t.Logf("%d of %d requests answered by the region, %d by the policy", answered, total, degraded)
+	// Round robin sends the healthy replica about half the calls; with the
+	// breaker open most would be skipped.
+	if 3*answered < total {
+		t.Errorf("%d of %d requests answered by the healthy replica; want at least a third", answered, total)
+	}
+}
