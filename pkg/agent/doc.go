@@ -60,7 +60,9 @@
 //	                out in other instances' leases keep from the region's
 //	                bucket is a denial with retry_after_ms instead
 //	degraded        decided by the class's on_failure policy because the
-//	                region could not be reached
+//	                region could not be reached (the policy of the config
+//	                the agent holds now, a reload during the outage
+//	                included)
 //
 // Errors are JSON too, {"error": "...", "field": "..."}: 400 for a bad
 // request (the message and field name the part at fault: a body that is
