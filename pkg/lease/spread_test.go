@@ -10,12 +10,13 @@ import (
 // TestPeersDeniedTogetherAskAgainAtSpreadInstants: instances the region
 // denies at the same instant, told the same wait, ask again (and tell
 // their callers to retry) at instants spread over one refill of the tokens
-// they need, drawn from the report's seq; a lone instance, and a key whose
-// bucket has no room beyond the need (a spread would leave it full and
-// waste refill), ask at the region's instant.
+// they need, never more than the wait itself, drawn apart by their start;
+// a lone instance, and a key whose bucket has no room beyond the need (a
+// spread would leave it full and waste refill), ask at the region's
+// instant.
 func TestPeersDeniedTogetherAskAgainAtSpreadInstants(t *testing.T) {
-	const wait = 200 * time.Millisecond // the region's: one token at 5/s
-	retryAfter := func(seqBase uint64, live int64, burst float64) time.Duration {
+	const step = 200 * time.Millisecond // one token at 5/s
+	retryAfter := func(seqBase uint64, live int64, burst float64, wait time.Duration) time.Duration {
 		tb := newTestTable(t, func(o *TableOptions) { o.SeqBase = seqBase })
 		acquire(t, tb, t0, t0, kW, 1, 0, func(g *sluicev1.Grant) {
 			g.RegionRate, g.RegionBurst, g.LiveInstances, g.Limit, g.RetryAfterMs = 5, burst, live, 10, wait.Milliseconds()
@@ -30,28 +31,31 @@ func TestPeersDeniedTogetherAskAgainAtSpreadInstants(t *testing.T) {
 		name   string
 		live   int64
 		burst  float64
+		wait   time.Duration // the region's
 		spread time.Duration // the draws lie in [wait, wait+spread)
 	}{
-		{"two peers, room for four refills", 2, 5, wait},        // one refill of the need
-		{"two peers, room for half a refill", 2, 1.5, wait / 2}, // (burst - need) / rate
-		{"two peers, no room beyond the need", 2, 1, 0},         // a bucket of one token
-		{"a lone instance", 1, 5, 0},                            // races no one
+		{"two peers, room for four refills", 2, 5, step, step},                // one refill of the need
+		{"two peers, a wait shorter than a refill", 2, 5, step / 2, step / 2}, // at most the wait
+		{"two peers, room for half a refill", 2, 1.5, step, step / 2},         // (burst - need) / rate
+		{"two peers, no room beyond the need", 2, 1, step, 0},                 // a bucket of one token
+		{"a lone instance", 1, 5, step, 0},                                    // races no one
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const draws = 64
 			below := 0 // draws in the first half of the spread
 			for i := range uint64(draws) {
-				got := retryAfter(1000*i+7, tc.live, tc.burst)
+				base := 1000*i + 7
+				got := retryAfter(base, tc.live, tc.burst, tc.wait)
 				if tc.spread == 0 {
-					if got != wait {
-						t.Fatalf("seq base %d: RetryAfter %v, want the region's %v", 1000*i+7, got, wait)
+					if got != tc.wait {
+						t.Fatalf("seq base %d: RetryAfter %v, want the region's %v", base, got, tc.wait)
 					}
 					continue
 				}
-				if got < wait || got >= wait+tc.spread {
-					t.Fatalf("seq base %d: RetryAfter %v, want in [%v, %v)", 1000*i+7, got, wait, wait+tc.spread)
+				if got < tc.wait || got >= tc.wait+tc.spread {
+					t.Fatalf("seq base %d: RetryAfter %v, want in [%v, %v)", base, got, tc.wait, tc.wait+tc.spread)
 				}
-				if got < wait+tc.spread/2 {
+				if got < tc.wait+tc.spread/2 {
 					below++
 				}
 			}
