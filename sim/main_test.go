@@ -207,9 +207,9 @@ func TestTargetWithoutDataIsNotApplicable(t *testing.T) {
 		want     []string
 	}{
 		{"80s", []string{"utilization, worst 60 s window       n/a    >= 99.00%    n/a (no full window after warmup)",
-			"convergence after demand shifts      n/a ", "admitted vs ideal central bucket   9"}},
+			"convergence after demand shifts      n/a ", "admitted vs ideal, whole seconds   9"}},
 		{"90s", []string{"utilization, worst 60 s window       PASS", "over 1 window from 30s",
-			"convergence after demand shifts      n/a ", "admitted vs ideal central bucket   9"}},
+			"convergence after demand shifts      n/a ", "admitted vs ideal, whole seconds   9"}},
 	} {
 		code, out, _ := runArgs(t, "-scenario", path, "-duration", c.duration, "-out", "")
 		if code != exitOK || !strings.Contains(out, "Result: PASS") {

@@ -164,7 +164,7 @@ func summaryNamesEveryCheckAndMeasure(t *testing.T, o *runner.Outcome) {
 			t.Errorf("summary misses check %q", c.Name)
 		}
 	}
-	for _, want := range []string{"utilization, 60 s windows", "false rejects", "fairness error", "convergence",
+	for _, want := range []string{"utilization, 60 s windows", "admitted vs ideal, whole seconds", "false rejects", "fairness error", "convergence",
 		"reclaim after instance crash", "crash error ε", "control plane (RPC/s)", "instance-crash us-east ×2", "Result: "} {
 		if !strings.Contains(s, want) {
 			t.Errorf("summary misses %q:\n%s", want, s)
