@@ -176,6 +176,10 @@ func TestBadSpecsAreRefused(t *testing.T) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
 	}
+	// The shard-leader-loss of shard 1 is no second problem of shards 0.
+	if strings.Contains(err.Error(), "faults[1].shard") {
+		t.Errorf("error %q judges a fault's shard against an invalid count", err)
+	}
 	if _, err := Parse([]byte("kind: scale\nname: x\nbogus: 1\n")); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `unknown field "bogus" (line 3)`) {
 		t.Errorf("an unknown field: err = %v", err)
 	}

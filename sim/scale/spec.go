@@ -165,13 +165,14 @@ func (s *Spec) Validate() error {
 	if !(s.Contended > 0 && s.Contended <= 0.1) {
 		bad("contended %v must be in (0, 0.1]", s.Contended)
 	}
-	if s.Regions < 2 || s.Regions > 64 {
+	regionsOK := s.Regions >= 2 && s.Regions <= 64
+	if !regionsOK {
 		bad("regions %d must be in 2..64", s.Regions)
-	}
-	if s.Instances < s.Regions {
+	} else if s.Instances < s.Regions {
 		bad("instances %d must be at least one per region (%d)", s.Instances, s.Regions)
 	}
-	if s.Shards < 1 || s.Shards > 256 {
+	shardsOK := s.Shards >= 1 && s.Shards <= 256
+	if !shardsOK {
 		bad("shards %d must be in 1..256", s.Shards)
 	}
 	if !(s.Zipf > 0 && s.Zipf <= 3) {
@@ -189,17 +190,19 @@ func (s *Spec) Validate() error {
 	if s.Sample < 0 || s.Sample > 1000 {
 		bad("sample %d must be in 0..1000", s.Sample)
 	}
+	// A fault's region or shard is judged only against a valid count:
+	// "must be in 0..-1" would repeat the count's problem.
 	for i, f := range s.Faults {
 		if f.At < 0 || f.At >= s.Duration {
 			bad("faults[%d].at %v must be in [0, duration)", i, time.Duration(f.At))
 		}
 		switch f.Kind {
 		case RegionLeaderLoss:
-			if f.Region < 0 || f.Region >= s.Regions {
+			if regionsOK && (f.Region < 0 || f.Region >= s.Regions) {
 				bad("faults[%d].region %d must be in 0..%d", i, f.Region, s.Regions-1)
 			}
 		case ShardLeaderLoss:
-			if f.Shard < 0 || f.Shard >= s.Shards {
+			if shardsOK && (f.Shard < 0 || f.Shard >= s.Shards) {
 				bad("faults[%d].shard %d must be in 0..%d", i, f.Shard, s.Shards-1)
 			}
 		default:

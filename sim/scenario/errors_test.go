@@ -29,6 +29,12 @@ func TestProblemsNameTheFilesLinesInItsWords(t *testing.T) {
 		{"duration of the longest run", strings.Replace(minimal, "duration: 2m\n", "duration: 168h\n", 1), nil},
 		{"duration not a duration", strings.Replace(minimal, "duration: 2m\n", "duration: 5 minutes\n", 1),
 			[]string{`duration "5 minutes": want a number with a unit, like 5m (line 3)`}},
+		{"fault length not a duration, named by its path", minimal + "faults:\n  - {at: 10s, kind: partition, region: a, for: 5 minutes}\n",
+			[]string{`faults[0].for: duration "5 minutes": want a number with a unit`, "(line 15)"}},
+		{"negative diurnal peak, named by its path", strings.Replace(minimal, "rate: {a: 5/s, b: 600/m}}", "rate: {a: 5/s, b: 600/m}, shape: [{kind: diurnal, period: 1m, peaks: {a: -1s}}]}", 1),
+			[]string{`workload[0].shape[0].peaks.a: duration "-1s" must not be negative (line 13)`}},
+		{"unknown field, named by its path", strings.Replace(minimal, "{name: a, instances: 1}", "{name: a, instances: 1, weigth: 2}", 1),
+			[]string{`topology.regions[0].weigth: unknown field "weigth" (line 10)`}},
 		{"negative fault time", minimal + "faults:\n  - {at: -10s, kind: etcd-down, for: 5s}\n",
 			[]string{`time "-10s" must be after the start of the run`, "(line 15)"}},
 	} {

@@ -58,6 +58,8 @@ func TestBadRegionDownFailoverAndEventsAreRefused(t *testing.T) {
 		{"more instances crashed than run", "faults: [{at: 20s, kind: instance-crash, region: b, count: 3}]\n", "faults[0].count: 3 is more than the 2 instances region b runs"},
 		{"more instances stopped than run", "faults: [{at: 20s, kind: instance-stop, region: a, count: 2}]\n", "faults[0].count"},
 		{"more instances isolated than run", "faults: [{at: 20s, kind: instance-isolate, region: a, count: 2, for: 5s}]\n", "faults[0].count"},
+		{"chaos window left out of a run too short for it", "chaos: {mean_gap: 10s, kinds: [partition]}\n",
+			"chaos.end: left out, it is the duration 2m0s − max_for 1m0s − 1m = 0s, before start 20s: set it, or run longer"},
 		{"recovered target without recovery", "expect: {recovered_vs_ideal_min: 0.9}\n", "expect.recovery"},
 		{"recovered target out of range", "expect: {recovery: 5s, recovered_false_rejects_max: 2}\n", "expect.recovered_false_rejects_max"},
 	} {

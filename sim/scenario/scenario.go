@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"strconv"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -424,6 +425,8 @@ type Chaos struct {
 	MaxFor Duration `yaml:"max_for,omitempty"`
 	// RestartAfter for instance faults. Optional, default 20s.
 	RestartAfter Duration `yaml:"restart_after,omitempty"`
+	// endDefault says End was left out and is its default.
+	endDefault bool
 }
 
 // Expect are a run's targets. Unset fields are not checked.
@@ -563,8 +566,12 @@ func Parse(data []byte) (*Scenario, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%w: the document is empty", ErrInvalid)
 		}
+		paths := fieldPaths(data)
 		var out []error
 		for _, m := range config.YAMLMessages(err) {
+			if path := paths.of(m); path != "" {
+				m = path + ": " + m
+			}
 			out = append(out, fmt.Errorf("%w: %s", ErrInvalid, m))
 		}
 		return nil, errors.Join(out...)
@@ -645,4 +652,79 @@ func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// fieldIndex maps the values and keys of a document to their field paths
+// ("faults[0].for"), by line and text, so a decoder's message naming a
+// line and a value can name the field as validation does.
+type fieldIndex map[fieldAt][]string
+
+type fieldAt struct {
+	line int
+	text string
+}
+
+// fieldPaths indexes data's fields (none when it does not parse).
+func fieldPaths(data []byte) fieldIndex {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 {
+		return nil
+	}
+	idx := fieldIndex{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, v := n.Content[i], n.Content[i+1]
+				p := k.Value
+				if path != "" {
+					p = path + "." + k.Value
+				}
+				idx.add(k, p)
+				walk(v, p)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				walk(c, fmt.Sprintf("%s[%d]", path, i))
+			}
+		case yaml.ScalarNode:
+			idx.add(n, path)
+		}
+	}
+	walk(doc.Content[0], "")
+	return idx
+}
+
+func (idx fieldIndex) add(n *yaml.Node, path string) {
+	at := fieldAt{n.Line, n.Value}
+	idx[at] = append(idx[at], path)
+}
+
+var (
+	messageLineRE  = regexp.MustCompile(`\(line (\d+)\)$`)
+	messageQuoteRE = regexp.MustCompile(`"((?:[^"\\]|\\.)*)"`)
+)
+
+// of is the field a decoder's message ("... \"-5s\" ... (line 12)") is
+// about: the one field on its line whose key or value is the first text
+// it quotes; "" when none or several are.
+func (idx fieldIndex) of(msg string) string {
+	lm := messageLineRE.FindStringSubmatch(msg)
+	qm := messageQuoteRE.FindStringSubmatch(msg)
+	if lm == nil || qm == nil {
+		return ""
+	}
+	line, err := strconv.Atoi(lm[1])
+	if err != nil {
+		return ""
+	}
+	text, err := strconv.Unquote(`"` + qm[1] + `"`)
+	if err != nil {
+		return ""
+	}
+	if paths := idx[fieldAt{line, text}]; len(paths) == 1 {
+		return paths[0]
+	}
+	return ""
 }

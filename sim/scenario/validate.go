@@ -204,6 +204,7 @@ func (s *Scenario) applyDefaults() {
 		}
 		if c.End == 0 {
 			c.End = Duration(time.Duration(s.Duration) - time.Duration(c.MaxFor) - time.Minute)
+			c.endDefault = true
 		}
 		if len(c.Kinds) == 0 {
 			c.Kinds = ChaosKinds()
@@ -731,7 +732,13 @@ func (s *Scenario) validateChaos(p *problems, dur time.Duration) {
 	if c.MinFor > c.MaxFor {
 		p.add("chaos.min_for", "%v exceeds max_for %v", time.Duration(c.MinFor), time.Duration(c.MaxFor))
 	}
-	if c.End < c.Start || time.Duration(c.End) > dur {
+	switch {
+	case c.endDefault && c.End < c.Start && time.Duration(c.End) == dur-time.Duration(c.MaxFor)-time.Minute:
+		// Not a consequence of another field's problem: the run is too
+		// short for the default window.
+		p.add("chaos.end", "left out, it is the duration %v − max_for %v − 1m = %v, before start %v: set it, or run longer",
+			dur, time.Duration(c.MaxFor), time.Duration(c.End), time.Duration(c.Start))
+	case c.End < c.Start || time.Duration(c.End) > dur:
 		p.add("chaos.end", "%v must be between start %v and the duration %v (the run may be too short for max_for + 1m)",
 			time.Duration(c.End), time.Duration(c.Start), dur)
 	}
