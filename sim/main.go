@@ -51,6 +51,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	scale := fs.Float64("scale", live.DefaultScale, "live mode: virtual seconds per wall second (refused without -live)")
 	showVersion := fs.Bool(flagenv.VersionFlag, false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK // help asked for is no bad usage
+		}
 		return exitUsage
 	}
 	if *showVersion {
@@ -87,13 +90,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if *list {
+		type entry struct {
+			name, about string
+			d           time.Duration
+		}
+		var rows []entry
 		for _, n := range scalesim.Names() {
 			sp, err := scalesim.Load(n)
 			if err != nil {
 				fmt.Fprintf(stderr, "sim: %v\n", err)
 				return exitUsage
 			}
-			fmt.Fprintf(stdout, "%-18s %8v  %s\n", n, time.Duration(sp.Duration), firstSentence(sp.Description))
+			rows = append(rows, entry{n, firstSentence(sp.Description), time.Duration(sp.Duration)})
 		}
 		for _, n := range scenarios.Names() {
 			sc, err := scenarios.Load(n)
@@ -101,7 +109,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stderr, "sim: %v\n", err)
 				return exitUsage
 			}
-			fmt.Fprintf(stdout, "%-18s %8v  %s\n", n, time.Duration(sc.Duration), firstSentence(sc.Description))
+			rows = append(rows, entry{n, firstSentence(sc.Description), time.Duration(sc.Duration)})
+		}
+		width := 0
+		for _, r := range rows {
+			width = max(width, len(r.name))
+		}
+		for _, r := range rows {
+			fmt.Fprintf(stdout, "%-*s %8v  %s\n", width, r.name, r.d, r.about)
 		}
 		return exitOK
 	}

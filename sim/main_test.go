@@ -33,6 +33,40 @@ func TestListShowsEveryShippedScenario(t *testing.T) {
 	}
 }
 
+// TestListAlignsItsColumns: every -list row has its duration and its
+// question at the same columns, the longest name included
+// (region-long-partition pushed its row out of line).
+func TestListAlignsItsColumns(t *testing.T) {
+	code, out, _ := runArgs(t, "-list")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	col := -1
+	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		f := strings.Fields(line) // name, duration, question
+		if len(f) < 3 {
+			t.Fatalf("row %q", line)
+		}
+		i := len(f[0]) + strings.Index(line[len(f[0]):], " "+f[1]+"  ") + 1 + len(f[1]) + 2
+		if col < 0 {
+			col = i
+		}
+		if i != col {
+			t.Errorf("row %q: question at column %d, want %d", line, i, col)
+		}
+	}
+}
+
+// TestHelpExitsZero: help asked for (-h, -help) prints the usage and
+// exits 0, as Go commands do; an unknown flag stays bad usage.
+func TestHelpExitsZero(t *testing.T) {
+	for _, f := range []string{"-h", "-help", "--help"} {
+		if code, out, stderr := runArgs(t, f); code != exitOK || out != "" || !strings.Contains(stderr, "-scenario") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q", f, code, out, stderr)
+		}
+	}
+}
+
 // TestVersionPrintsTheVersion: sim answers --version as every command
 // does, and runs nothing.
 func TestVersionPrintsTheVersion(t *testing.T) {

@@ -70,8 +70,9 @@ type Scenario struct {
 	// Expect are the targets the run must meet. Optional; the three
 	// invariants are always required to hold.
 	Expect Expect `yaml:"expect,omitempty"`
-	// Focus lists keys ("tenant/class") charted in the report. Optional,
-	// default the three keys with the most offered traffic.
+	// Focus lists keys ("tenant/class") charted in the report, each one a
+	// workload offers. Optional, default the three keys with the most
+	// offered traffic.
 	Focus []string `yaml:"focus,omitempty"`
 
 	// Config is Sluice parsed and validated (set by Validate).

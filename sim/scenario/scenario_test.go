@@ -201,3 +201,17 @@ func TestExplicitZeros(t *testing.T) {
 		}
 	}
 }
+
+// TestFocusNeedsTraffic: a focus key no workload offers is refused naming
+// focus[i] (the busiest keys were charted instead, without a word); a
+// workload's key and a group's generated tenant are accepted.
+func TestFocusNeedsTraffic(t *testing.T) {
+	group := strings.Replace(minimal, "workload:\n", "workload:\n  - {group: {prefix: g, count: 12, size: {dist: pareto, alpha: 1.5, min: 1/s, max: 3/s}}, class: read}\n", 1)
+	if _, err := Parse([]byte(group + "focus: [acme/read, g07/read]\n")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Parse([]byte(group + "focus: [acme/read, nobody/read]\n"))
+	if err == nil || !strings.Contains(err.Error(), "focus[1]: nobody/read has no traffic") {
+		t.Fatalf("got %v", err)
+	}
+}

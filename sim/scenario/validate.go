@@ -101,6 +101,7 @@ func (s *Scenario) Validate() error {
 	s.validateFailovers(&p, cfg, regions, dur)
 	s.validateEvents(&p, cfg, regions, dur)
 	s.validateExpect(&p)
+	offered := s.offeredKeys()
 	for i, f := range s.Focus {
 		k, ok := ParseKey(f)
 		if !ok {
@@ -110,7 +111,13 @@ func (s *Scenario) Validate() error {
 		if cfg != nil {
 			if _, bad := cfg.Classes[k.Class]; !bad {
 				p.add(fmt.Sprintf("focus[%d]", i), "class %q is not configured", k.Class)
+				continue
 			}
+		}
+		if !offered[k] {
+			// It would be charted as nothing; the busiest keys were
+			// charted instead, without a word.
+			p.add(fmt.Sprintf("focus[%d]", i), "%s has no traffic: no workload offers it", f)
 		}
 	}
 	if cfg != nil && len(p) == 0 {
@@ -124,6 +131,21 @@ func (s *Scenario) Validate() error {
 	}
 	s.Config = cfg
 	return nil
+}
+
+// offeredKeys are the keys the workload offers traffic of.
+func (s *Scenario) offeredKeys() map[quota.Key]bool {
+	out := map[quota.Key]bool{}
+	for _, w := range s.Workload {
+		if w.Group == nil {
+			out[quota.Key{Tenant: w.Tenant, Class: w.Class}] = true
+			continue
+		}
+		for i := range min(w.Group.Count, maxGroupCount) {
+			out[quota.Key{Tenant: GroupTenant(w.Group, i), Class: w.Class}] = true
+		}
+	}
+	return out
 }
 
 // ParseKey reads "tenant/class".
