@@ -3,6 +3,7 @@ package luascripts
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -142,6 +143,55 @@ func TestCommonRefusesANegativeDeadline(t *testing.T) {
 		c.DeadlineUS = tc.dl
 		if err := c.Validate(); (err == nil) != tc.ok {
 			t.Errorf("deadline %d: Validate() = %v, want ok %v", tc.dl, err, tc.ok)
+		}
+	}
+}
+
+// replyErr is an error reply as Redis sends it (go-redis's redis.Error).
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (replyErr) RedisError()     {}
+
+// TestOnlyAWellFormedTooLateReplyIsTooLate: a script's error is too late
+// only when it is a Redis error reply 'TOOLATE <now> <deadline>' with both
+// times decimal (wrapped too); every other error, a reply naming other
+// numbers included, comes back as it is.
+func TestOnlyAWellFormedTooLateReplyIsTooLate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want *TooLateError
+	}{
+		{"too late", replyErr("TOOLATE 1700000000000009 1700000000000000"), &TooLateError{NowUS: 1700000000000009, DeadlineUS: 1700000000000000}},
+		{"wrapped", fmt.Errorf("pipeline: %w", replyErr("TOOLATE 99 9")), &TooLateError{NowUS: 99, DeadlineUS: 9}},
+		{"the largest times", replyErr("TOOLATE 9223372036854775807 9223372036854775806"), &TooLateError{NowUS: 9223372036854775807, DeadlineUS: 9223372036854775806}},
+		{"another reply with two numbers", replyErr("ERR 5 3"), nil},
+		{"no deadline", replyErr("TOOLATE 5"), nil},
+		{"a bare word", replyErr("TOOLATE"), nil},
+		{"a short reply", replyErr("ERR"), nil},
+		{"a time out of range", replyErr("TOOLATE 9223372036854775808 1"), nil},
+		{"a deadline not decimal", replyErr("TOOLATE 5 x"), nil},
+		{"a time not decimal", replyErr("TOOLATE x 5"), nil},
+		{"not a reply", errors.New("TOOLATE 5 3"), nil},
+		{"no answer", context.Canceled, nil},
+	} {
+		tl, err := scriptErr("check", "sl:{t}:b", tc.err)
+		if !reflect.DeepEqual(tl, tc.want) {
+			t.Errorf("%s: too late %+v, want %+v", tc.name, tl, tc.want)
+		}
+		if !errors.Is(err, tc.err) && tc.want == nil {
+			t.Errorf("%s: error %v does not wrap %v", tc.name, err, tc.err)
+		}
+		if errors.Is(err, ErrTooLate) != (tc.want != nil) {
+			t.Errorf("%s: error %v matches ErrTooLate %v, want %v", tc.name, err, errors.Is(err, ErrTooLate), tc.want != nil)
+		}
+		var got *TooLateError
+		if errors.As(err, &got) != (tc.want != nil) || (tc.want != nil && *got != *tc.want) {
+			t.Errorf("%s: error %v as a *TooLateError %+v, want %+v", tc.name, err, got, tc.want)
+		}
+		if isTL, now := late(tl); isTL != (tc.want != nil) || (tc.want != nil && now != tc.want.NowUS) || (tc.want == nil && now != 0) {
+			t.Errorf("%s: late() = %v, %d", tc.name, isTL, now)
 		}
 	}
 }
