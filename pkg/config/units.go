@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -121,14 +122,21 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
+		if durationForm.MatchString(n.Value) {
+			return typeError(n, "duration %q is out of range (at most %v)", n.Value, time.Duration(math.MaxInt64))
+		}
 		return typeError(n, "duration %q: want a number with a unit, like 1s or 250ms", n.Value)
 	}
 	if v <= 0 {
-		return typeError(n, "duration %q must be positive (leave the field out for its default)", n.Value)
+		return typeError(n, "duration %q must be positive (an optional field left out takes its default)", n.Value)
 	}
 	*d = Duration(v)
 	return nil
 }
+
+// durationForm is the syntax time.ParseDuration reads: a value of this
+// form that does not parse is out of time.Duration's range.
+var durationForm = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
 
 // MarshalYAML writes time.Duration's form.
 func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
