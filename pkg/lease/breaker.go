@@ -21,8 +21,8 @@ import (
 // therefore neither opens the breaker nor sends requests to their
 // on_failure policy, while a region that stops answering after answering
 // fast is given up on within the configured timeout. And a call that
-// failed counts toward opening only when no call sent at or after it has
-// been answered (FailureOf): a region that answered a later call is
+// failed counts toward opening only when no call sent after it has been
+// answered (FailureOf): a region that answered a later call is
 // reachable, and the failed one was queued behind a burst (a thousand
 // first requests at once on a loaded machine) or went to one replica of
 // several that hangs; opening then sent every key to its policy while the
@@ -151,16 +151,20 @@ func (b *Breaker) failureLocked(now time.Time) {
 }
 
 // FailureOf records a call sent at sent that could not reach the service
-// by now, as Failure does, unless a call sent at or after it has been
-// answered (ObserveRTT): then the service is reachable and this call is
+// by now, as Failure does, unless a call sent after it has been answered
+// (ObserveRTT): then the service is reachable and this call is
 // no evidence against it, and only a half-open probe's failure reopens.
-func (b *Breaker) FailureOf(sent, now time.Time) {
+// It reports whether the failure counted: false means the service was
+// answering, so what the call was for must not be decided as for a
+// service that cannot be reached.
+func (b *Breaker) FailureOf(sent, now time.Time) (counted bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.probing && !b.lastSent.IsZero() && !b.lastSent.Before(sent) {
-		return
+	if !b.probing && b.lastSent.After(sent) {
+		return false
 	}
 	b.failureLocked(now)
+	return true
 }
 
 // Abandon releases a probe that ended without a verdict (the caller gave

@@ -179,7 +179,7 @@ func TestBreakerFailuresWhileOpenKeepItsCooldown(t *testing.T) {
 }
 
 // TestBreakerCountsOnlyFailuresNoLaterCallContradicts: a call that got no
-// answer counts toward opening only when no call sent at or after it has
+// answer counts toward opening only when no call sent after it has
 // been answered; a region that answered a later call is reachable (the
 // failed call waited behind a burst, or went to a hung replica of
 // several). Calls sent after the last answer count as before, and a
@@ -187,21 +187,26 @@ func TestBreakerFailuresWhileOpenKeepItsCooldown(t *testing.T) {
 func TestBreakerCountsOnlyFailuresNoLaterCallContradicts(t *testing.T) {
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
 	b := NewBreaker(3, time.Second)
-	// Three calls sent at 0, 1 and 2ms; the one sent at 2ms is answered.
-	b.ObserveRTT(ms(2), ms(30))
+	// Calls sent at 0, 1 and 2ms; one sent at 3ms is answered.
+	b.ObserveRTT(ms(3), ms(30))
 	b.Success()
 	for _, sent := range []int{0, 1, 2} {
-		b.FailureOf(ms(sent), ms(50+sent))
+		if b.FailureOf(ms(sent), ms(50+sent)) {
+			t.Fatalf("the failure of a call sent at %dms counted; a call sent after it was answered", sent)
+		}
 	}
 	if b.Open() {
-		t.Fatal("opened on calls sent no later than one the region answered")
+		t.Fatal("opened on calls sent before one the region answered")
 	}
-	// Calls sent after the last answer are evidence: three open it.
+	// Calls sent with the last answered one or after it are evidence:
+	// three open it.
 	for i, sent := range []int{3, 4, 5} {
 		if b.Open() {
 			t.Fatalf("open after %d failures, threshold 3", i)
 		}
-		b.FailureOf(ms(sent), ms(60+sent))
+		if !b.FailureOf(ms(sent), ms(60+sent)) {
+			t.Fatalf("the failure of a call sent at %dms did not count; no call sent after it was answered", sent)
+		}
 	}
 	if !b.Open() {
 		t.Fatal("not open after 3 calls sent after the last answer failed")

@@ -15,6 +15,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -56,47 +57,7 @@ classes: {read: {mode: lease, on_failure: local}}
 tiers: {free: {read: {rate: 10/s, burst: 20}}}
 default_tier: free
 `)
-	healthy := regiontest.Start(t, cfg, "local")
-	hung := grpc.NewServer()
-	sluicev1.RegisterLeaseServiceServer(hung, hungReplica{})
-	hungAddr := grpctest.Serve(t, hung)
-
-	r := manual.NewBuilderWithScheme("replicas")
-	r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: healthy.Addr}, {Addr: hungAddr}}})
-	conn, err := grpc.NewClient(r.Scheme()+":///region", grpc.WithResolvers(r),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c, err := lease.NewClient(conn, lease.Options{InstanceID: "balanced", BreakerTimeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
-		defer cancel()
-		c.Close(ctx)
-	})
-
-	// Both replicas take calls once each answered the connection: warm
-	// up until the healthy one answered a request (the hung one's first
-	// calls also time out meanwhile).
-	deadline := time.Now().Add(100 * timeout)
-	for i := 0; ; i++ {
-		d, err := c.Allow(context.Background(), quota.Key{Tenant: fmt.Sprintf("warm%d", i), Class: "read"}, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !d.Degraded {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the healthy replica answered none of %d requests in %v", i+1, 100*timeout)
-		}
-		time.Sleep(timeout / 10) // poll: the breaker may be open for its cooldown
-	}
+	c, _ := balancedOverAHungReplica(t, cfg, timeout)
 
 	var mu sync.Mutex
 	answered, degraded := 0, 0
@@ -125,5 +86,109 @@ default_tier: free
 	// breaker open most would be skipped.
 	if 3*answered < total {
 		t.Errorf("%d of %d requests answered by the healthy replica; want at least a third", answered, total)
+	}
+}
+
+// balancedOverAHungReplica is a lease client balancing round robin over a
+// real regional replica of cfg and a hung one, with the given breaker
+// timeout, once the healthy replica answered it; and the healthy region.
+func balancedOverAHungReplica(t *testing.T, cfg *config.Config, timeout time.Duration) (*lease.Client, *regiontest.Region) {
+	t.Helper()
+	healthy := regiontest.Start(t, cfg, "local")
+	hung := grpc.NewServer()
+	sluicev1.RegisterLeaseServiceServer(hung, hungReplica{})
+	hungAddr := grpctest.Serve(t, hung)
+
+	r := manual.NewBuilderWithScheme("replicas")
+	r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: healthy.Addr}, {Addr: hungAddr}}})
+	conn, err := grpc.NewClient(r.Scheme()+":///region", grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := lease.NewClient(conn, lease.Options{InstanceID: "balanced", BreakerTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
+		defer cancel()
+		c.Close(ctx)
+	})
+	// Both replicas take calls once each answered the connection: warm
+	// up until the healthy one answered a request (the hung one's first
+	// calls also time out meanwhile).
+	deadline := time.Now().Add(100 * timeout)
+	for i := 0; ; i++ {
+		d, err := c.Allow(context.Background(), quota.Key{Tenant: fmt.Sprintf("warm%d", i), Class: "read"}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Degraded && d.Allowed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the healthy replica answered none of %d requests in %v", i+1, 100*timeout)
+		}
+		time.Sleep(timeout / 10) // poll: the breaker may be open for its cooldown
+	}
+	return c, healthy
+}
+
+// TestOneHungReplicaOfTwoAdmitsNoMoreThanTheKeysBound: a key served by
+// the healthy replica of two while the other hangs admits, leased and
+// degraded together, no more than b + r·t: a request whose call went to
+// the hung replica while the region answered later calls is denied, to be
+// retried, not decided by on_failure (local admitted its own tokens on top
+// of the lease the healthy replica kept filling: 27 a second over a 20/s
+// key).
+func TestOneHungReplicaOfTwoAdmitsNoMoreThanTheKeysBound(t *testing.T) {
+	const (
+		timeout = 200 * time.Millisecond
+		run     = 3 * time.Second
+		every   = 5 * time.Millisecond // 200/s offered against 20/s
+		burst   = 20.0
+		rate    = 20.0
+	)
+	cfg := regiontest.MustConfig(t, `
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease, on_failure: local}}
+tiers: {free: {read: {rate: 20/s, burst: 20}}}
+default_tier: free
+`)
+	c, healthy := balancedOverAHungReplica(t, cfg, timeout)
+	key := quota.Key{Tenant: "acme", Class: "read"}
+	start := healthy.RedisNow(t)
+	admitted, degraded := 0, 0
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 4 { // several callers, so some wait on the hung replica while others are served
+		wg.Go(func() {
+			tick := time.NewTicker(4 * every)
+			defer tick.Stop()
+			for end := time.Now().Add(run); time.Now().Before(end); <-tick.C {
+				d, err := c.Allow(context.Background(), key, 1)
+				mu.Lock()
+				switch {
+				case err != nil:
+					t.Errorf("Allow: %v", err)
+				case d.Allowed:
+					admitted++
+					if d.Degraded {
+						degraded++
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	end := healthy.RedisNow(t)
+	bound := burst + rate*end.Sub(start).Seconds()
+	t.Logf("admitted %d (%d of them degraded); b + r·t = %.1f", admitted, degraded, bound)
+	if float64(admitted) > bound {
+		t.Errorf("admitted %d (%d degraded) with one replica of two hung; b + r·t = %.1f", admitted, degraded, bound)
 	}
 }

@@ -665,9 +665,15 @@ func (t *Table) localLimiterLocked(now time.Time, e *entry) *rate.Limiter {
 // share the local bound (burst/live + rate/live·t). The hot path spends
 // without touching the limiter; its spending is read here, from the spent
 // total, and booked late, which only leaves the bucket lower than booking
-// each token as it was spent would have. The bucket is emptied, never
-// overdrawn: what the region granted this instance beyond its local share
-// is not carried into degraded mode as a debt.
+// each token as it was spent would have. The bucket may go into debt by
+// up to its burst: an instance whose lease kept being served between
+// degraded decisions (one replica of several hung, its other calls
+// answered) had its bucket refill beside the lease and admitted both, 27
+// a second over a 20/s key; with the debt, what the lease spent since the
+// last degraded decision comes out of the local refill first. What the
+// region granted beyond the local share is carried at most one burst into
+// degraded mode (a bucket full when the episode begins is emptied and
+// nothing more), so degraded mode then admits at the local rate.
 func (e *entry) chargeLocked(now time.Time, lim *rate.Limiter) {
 	r := e.rareFor()
 	total := e.spentLocked() + r.checked
@@ -676,12 +682,9 @@ func (e *entry) chargeLocked(now time.Time, lim *rate.Limiter) {
 	if n <= 0 {
 		return
 	}
-	// Up to the next whole token: the bucket's fraction of a token goes
-	// too (the debt is less than a token). At most the burst, so the
-	// reservation is granted.
-	if have := min(math.Ceil(lim.TokensAt(now)), float64(lim.Burst())); have > 0 {
-		lim.ReserveN(now, int(min(float64(n), have)))
-	}
+	// At most the burst, so the reservation is granted; the tokens it
+	// takes beyond the bucket's are a debt the refill pays first.
+	lim.ReserveN(now, int(min(n, int64(lim.Burst()))))
 }
 
 // ApplyCheck turns the region's answer to a strict Check into a decision
