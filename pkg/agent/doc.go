@@ -69,8 +69,10 @@
 // not one JSON object, an unknown field ("TENANT" among them), a field
 // given twice, tenant or class missing or malformed, an unconfigured
 // class, a cost that is not a whole number in range or exceeds the key's
-// burst), 405 for a method other than POST, 413 for a body over 64 KiB,
-// 503 while no config is loaded or the lease client is closed.
+// burst), 405 for a method other than POST, 408 for a body that did not
+// arrive in full within Options.RequestReadTimeout (default 10s; counted
+// abandoned), 413 for a body over 64 KiB, 503 while no config is loaded or
+// the lease client is closed.
 //
 // A 200 with allowed false was chosen over a 429 so that a caller tells a
 // denial (a result, with its retry time) from a failure of the agent (an

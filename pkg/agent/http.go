@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -106,6 +107,9 @@ type badRequest struct {
 	status int
 	field  string
 	msg    string
+	// gone: the caller stopped sending the request (counted abandoned, not
+	// invalid: nothing in what it sent was wrong).
+	gone bool
 }
 
 func (e *badRequest) Error() string { return e.msg }
@@ -130,6 +134,9 @@ func (a *api) serve(w http.ResponseWriter, r *http.Request) string {
 	req, berr := decode(w, r)
 	if berr != nil {
 		writeError(w, berr)
+		if berr.gone {
+			return outcomeAbandoned
+		}
 		return outcomeInvalid
 	}
 	cfg := a.config.Current()
@@ -171,10 +178,16 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+		switch {
+		case errors.As(err, &tooBig):
 			return req, &badRequest{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// The server's read timeout (Options.RequestReadTimeout).
+			return req, &badRequest{status: http.StatusRequestTimeout, msg: "the body did not arrive in full within the agent's read timeout", gone: true}
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return req, &badRequest{status: http.StatusBadRequest, msg: "the body ended before the length its Content-Length announced", gone: true}
 		}
-		return req, refuse("", "reading the body: %v", err)
+		return req, refuse("", "reading the body failed")
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return req, refuse("", `body is empty: send a JSON object such as {"tenant":"acme","class":"read","cost":1}`)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,7 +43,17 @@ func TestHTTPCallerThatStopsSendingIsCutOff(t *testing.T) {
 	// Far beyond the timeout, so a loaded machine cannot fail the test;
 	// before the bound the connection stayed open past a minute.
 	conn.SetReadDeadline(time.Now().Add(100 * timeout))
-	if _, err := io.ReadAll(conn); errors.Is(err, os.ErrDeadlineExceeded) {
+	answer, err := io.ReadAll(conn)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("the connection of a caller that stopped sending its body is still open %v after it stopped", 100*timeout)
+	}
+	// Answered 408 in words, not the socket's error (it named both
+	// addresses and "i/o timeout" in a 400), and counted abandoned, not
+	// invalid: nothing the caller sent was wrong.
+	if !strings.HasPrefix(string(answer), "HTTP/1.1 408 ") || !strings.Contains(string(answer), "did not arrive in full within the agent's read timeout") || strings.Contains(string(answer), "tcp") {
+		t.Errorf("answer to a caller that stopped sending: %q; want 408 saying the body did not arrive in time", answer)
+	}
+	if got := outcomeCounts(t, a.Registry()); got["abandoned"] != 1 || got["invalid"] != 0 {
+		t.Errorf("requests by outcome %v; want the stalled one abandoned", got)
 	}
 }
