@@ -34,7 +34,8 @@
 //	1  invalid input or config, or a change declined at the prompt
 //	2  usage error
 //	3  conflict: the config in etcd changed between read and write
-//	4  not found: no config in etcd, or no such tenant, class or region
+//	4  not found: no config in etcd, or no such tenant, class or region (lease and
+//	   check against a replica whose region is no longer in the config it runs, too)
 //	5  unreachable: etcd, the global allocator or the regional service could not be reached
 //	   (status during a global failover too, while etcd still names the
 //	   leader that is gone: the message says so; run it again)

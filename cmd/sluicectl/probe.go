@@ -133,6 +133,10 @@ func rpcFailure(ctx context.Context, what, addr, class string, err error) error 
 		return exitf(exitInvalid, "%s refused: %s", what, st.Message())
 	case codes.PermissionDenied, codes.Unauthenticated:
 		return refusedFailure(what, addr, st)
+	case codes.FailedPrecondition:
+		// The service answered: its region is not in the config it runs
+		// (removed), so it has nothing to decide with.
+		return exitf(exitNotFound, "%s refused: %s", what, st.Message())
 	}
 	return exitf(exitUnreachable, "%s via %s failed: %s (is the regional service running there?)", what, addr, st.Message())
 }
