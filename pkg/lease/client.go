@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	randv2 "math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -352,7 +353,9 @@ func outcome(ctx context.Context, err error) Outcome {
 // refusal adds the region's reason to a refused step's error.
 func refusal(st Step, err error) Step {
 	if st.Refused {
-		st.Err = fmt.Errorf("%w: %s", st.Err, status.Convert(err).Message())
+		// The region's message says "invalid argument" as st.Err does.
+		msg := strings.TrimPrefix(status.Convert(err).Message(), quota.ErrInvalid.Error()+": ")
+		st.Err = fmt.Errorf("%w: %s", st.Err, msg)
 	}
 	return st
 }

@@ -2,7 +2,9 @@ package lease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -244,5 +246,32 @@ default_tier: free
 		if d, err := c.Allow(ctx, key, 1); err != nil || !d.Allowed {
 			t.Errorf("key %s: the retry %v after a denial: %+v, %v; want it admitted", key, wait, d, err)
 		}
+	}
+}
+
+// TestACostAboveTheBurstOfAFreshKeyLeavesNothing: a first request whose
+// cost is above the key's burst fails with the region's reason, said once
+// as invalid input, and leaves no bucket or lease in the region's Redis
+// (it created both, counting the instance among the key's live ones).
+func TestACostAboveTheBurstOfAFreshKeyLeavesNothing(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease}}
+tiers: {free: {read: {rate: 10/s, burst: 20}}}
+default_tier: free
+`)
+	reg := regiontest.Start(t, cfg, "local")
+	c, err := lease.NewClient(reg.Dial(t), lease.Options{InstanceID: "caller", BreakerTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	_, err = c.Allow(context.Background(), quota.Key{Tenant: "fresh", Class: "read"}, 21)
+	if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "cost 21 exceeds the burst 20") ||
+		strings.Count(err.Error(), quota.ErrInvalid.Error()) != 1 {
+		t.Fatalf("cost 21 on a fresh key of burst 20: %v; want invalid input said once, naming the cost and the burst", err)
+	}
+	if n, err := reg.RDB.DBSize(context.Background()).Result(); err != nil || n != 0 {
+		t.Fatalf("Redis holds %d keys (%v) after a refused first request, want none", n, err)
 	}
 }
