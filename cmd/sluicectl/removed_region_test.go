@@ -2,19 +2,11 @@ package main
 
 import (
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/regiontest"
-	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
-
-// swappedConfig is a config source the test replaces, as a watcher does
-// when etcd holds a new config.
-type swappedConfig struct{ p atomic.Pointer[config.Config] }
-
-func (s *swappedConfig) Current() *config.Config { return s.p.Load() }
 
 // TestLeaseAndCheckAgainstARegionRemovedFromTheConfig: a replica whose
 // region was removed from the config answers; lease and check say what it
@@ -28,10 +20,10 @@ tiers: {free: {read: {rate: 10/s, burst: 10}, export: {rate: 1/s, burst: 1}}}
 default_tier: free
 `
 	with := regiontest.MustConfig(t, withRegion)
-	var src swappedConfig
-	src.p.Store(with)
+	var src regiontest.SwappedConfig
+	src.Store(with)
 	reg := regiontest.Start(t, with, "eu-west", func(o *regional.Options) { o.Config = &src })
-	src.p.Store(regiontest.MustConfig(t, strings.Replace(withRegion, ", eu-west: {weight: 1}", "", 1)))
+	src.Store(regiontest.MustConfig(t, strings.Replace(withRegion, ", eu-west: {weight: 1}", "", 1)))
 
 	for _, args := range [][]string{
 		{"lease", "-addr", reg.Addr, "-tenant", "t1", "-class", "read"},

@@ -6,6 +6,7 @@ package regiontest
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,3 +99,14 @@ func MustConfig(t testing.TB, yaml string) *config.Config {
 	}
 	return cfg
 }
+
+// SwappedConfig is a regional.ConfigSource a test replaces with Store, as
+// a configstore.Watcher replaces its config when etcd holds a new one.
+// Safe for concurrent use.
+type SwappedConfig struct{ p atomic.Pointer[config.Config] }
+
+// Store makes cfg the live config.
+func (s *SwappedConfig) Store(cfg *config.Config) { s.p.Store(cfg) }
+
+// Current is the live config.
+func (s *SwappedConfig) Current() *config.Config { return s.p.Load() }

@@ -214,18 +214,7 @@ default_tier: free
 // moved it later by the round trip and a millisecond's rounding: 3 of 40
 // such retries were denied again, with a RetryAfter of 1-3ms).
 func TestARetryAtRetryAfterOnAnIdleKeyIsAdmitted(t *testing.T) {
-	cfg := regiontest.MustConfig(t, `
-regions: {local: {weight: 1}}
-classes: {read: {mode: lease}}
-tiers: {free: {read: {rate: 10/s, burst: 20}}}
-default_tier: free
-`)
-	reg := regiontest.Start(t, cfg, "local")
-	c, err := lease.NewClient(reg.Dial(t), lease.Options{InstanceID: "caller", BreakerTimeout: 2 * time.Second, SyncTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(context.Background()) })
+	_, c := lonelyCaller(t)
 	ctx := context.Background()
 	for i := range 40 {
 		key := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}
@@ -254,19 +243,8 @@ default_tier: free
 // as invalid input, and leaves no bucket or lease in the region's Redis
 // (it created both, counting the instance among the key's live ones).
 func TestACostAboveTheBurstOfAFreshKeyLeavesNothing(t *testing.T) {
-	cfg := regiontest.MustConfig(t, `
-regions: {local: {weight: 1}}
-classes: {read: {mode: lease}}
-tiers: {free: {read: {rate: 10/s, burst: 20}}}
-default_tier: free
-`)
-	reg := regiontest.Start(t, cfg, "local")
-	c, err := lease.NewClient(reg.Dial(t), lease.Options{InstanceID: "caller", BreakerTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(context.Background()) })
-	_, err = c.Allow(context.Background(), quota.Key{Tenant: "fresh", Class: "read"}, 21)
+	reg, c := lonelyCaller(t)
+	_, err := c.Allow(context.Background(), quota.Key{Tenant: "fresh", Class: "read"}, 21)
 	if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "cost 21 exceeds the burst 20") ||
 		strings.Count(err.Error(), quota.ErrInvalid.Error()) != 1 {
 		t.Fatalf("cost 21 on a fresh key of burst 20: %v; want invalid input said once, naming the cost and the burst", err)
@@ -274,4 +252,23 @@ default_tier: free
 	if n, err := reg.RDB.DBSize(context.Background()).Result(); err != nil || n != 0 {
 		t.Fatalf("Redis holds %d keys (%v) after a refused first request, want none", n, err)
 	}
+}
+
+// lonelyCaller is the only lease client of a region whose read class is
+// 10/s with a burst of 20, with waits generous for a shared machine.
+func lonelyCaller(t *testing.T) (*regiontest.Region, *lease.Client) {
+	t.Helper()
+	cfg := regiontest.MustConfig(t, `
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease}}
+tiers: {free: {read: {rate: 10/s, burst: 20}}}
+default_tier: free
+`)
+	reg := regiontest.Start(t, cfg, "local")
+	c, err := lease.NewClient(reg.Dial(t), lease.Options{InstanceID: "caller", BreakerTimeout: 2 * time.Second, SyncTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return reg, c
 }

@@ -3,7 +3,6 @@ package regional_test
 import (
 	"context"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -11,17 +10,10 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/regiontest"
-	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
-
-// swappedConfig is a ConfigSource a test replaces, as a configstore.Watcher
-// replaces its config when etcd holds a new one.
-type swappedConfig struct{ p atomic.Pointer[config.Config] }
-
-func (s *swappedConfig) Current() *config.Config { return s.p.Load() }
 
 // TestRegionRemovedFromTheConfigIsAFailedPrecondition: a replica whose live
 // config no longer lists its region (an operator removed it while it ran)
@@ -44,10 +36,10 @@ default_tier: free
 `
 	with := regiontest.MustConfig(t, twoRegions)
 	without := regiontest.MustConfig(t, strings.Replace(twoRegions, "local: {weight: 1}, ", "", 1))
-	var src swappedConfig
-	src.p.Store(with)
+	var src regiontest.SwappedConfig
+	src.Store(with)
 	reg := regiontest.Start(t, with, "local", func(o *regional.Options) { o.Config = &src })
-	src.p.Store(without)
+	src.Store(without)
 
 	rpc := sluicev1.NewLeaseServiceClient(reg.Dial(t))
 	ctx := context.Background()

@@ -106,6 +106,21 @@ func newLeaseRig(t *testing.T) *leaseRig {
 }
 
 // newLeaseRigWith is newLeaseRig running cfg (regions eu and us).
+// newLongEpochRig is a lease rig of two regions, eu's leader under test,
+// whose epoch is long (2s), so that a round on a machine starved of CPU
+// completes within it, and whose leases outlive a test.
+func newLongEpochRig(t *testing.T) *leaseRig {
+	t.Helper()
+	return newLeaseRigWith(t, regiontest.MustConfig(t, `
+epoch: 2s
+lease_ttl: 1m
+regions: {eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`))
+}
+
 func newLeaseRigWith(t *testing.T, cfg *config.Config) *leaseRig {
 	t.Helper()
 	return newLeaseRigOf(t, cfg, regional.StaticConfig{C: cfg}, regional.StaticConfig{C: cfg})

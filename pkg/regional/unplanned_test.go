@@ -7,7 +7,6 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -20,17 +19,7 @@ import (
 // answer is applied.
 func TestGrantOfAKeyTheConfigCannotPlanIsNotInstalled(t *testing.T) {
 	ctx := context.Background()
-	// A round must run within its epoch: a long one, so that a round on a
-	// machine starved of CPU completes.
-	cfg := regiontest.MustConfig(t, `
-epoch: 2s
-lease_ttl: 1m
-regions: {eu: {weight: 1}, us: {weight: 1}}
-classes: {write: {mode: lease}}
-tiers: {free: {write: {rate: 100/s, burst: 100}}}
-default_tier: free
-`)
-	r := newLeaseRigWith(t, cfg)
+	r := newLongEpochRig(t)
 	unknown := quota.Key{Tenant: "acme", Class: "nosuch"}
 	fresh := quota.Key{Tenant: "fresh", Class: "write"}
 	validity := time.Duration(r.cfg.GrantValidity)
