@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/resolver"
 
 	"github.com/sluicehq/sluice/internal/endpoint"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -138,6 +140,9 @@ type Agent struct {
 func Start(o Options) (*Agent, error) {
 	if o.RegionAddr == "" {
 		return nil, fmt.Errorf("%w: agent: the region's address is required", quota.ErrInvalid)
+	}
+	if err := checkTarget(o.RegionAddr); err != nil {
+		return nil, fmt.Errorf("%w: agent: region address %q: %v", quota.ErrInvalid, o.RegionAddr, err)
 	}
 	if o.Config == nil {
 		return nil, fmt.Errorf("%w: agent: Options.Config is required", quota.ErrInvalid)
@@ -395,4 +400,18 @@ func (a *Agent) Stop() {
 		a.conn.Close()
 		a.opts.Logger.Info("agent stopped")
 	})
+}
+
+// checkTarget refuses a region address gRPC would take and never connect
+// with: neither host:port nor a target of a registered scheme (gRPC falls
+// back to resolving the whole text as a host name, logs a warning, and
+// every request is then decided by its on_failure policy).
+func checkTarget(target string) error {
+	if u, err := url.Parse(target); err == nil && u.Scheme != "" && resolver.Get(u.Scheme) != nil {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(target); err != nil {
+		return fmt.Errorf("%v; want host:port, or a gRPC target such as dns:///host:port", err)
+	}
+	return nil
 }
