@@ -81,7 +81,7 @@ func referenceStatus(dd decided, className string) *rlsv3.RateLimitResponse_Desc
 	if dd.result == resultOverLimit {
 		code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	n, unit := perUnit(dd.limit.Rate)
+	n, unit := limitUnit(dd.limit)
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{
 		Code:           code,
 		CurrentLimit:   &rlsv3.RateLimitResponse_RateLimit{Name: className, RequestsPerUnit: n, Unit: unit},

@@ -168,12 +168,17 @@
 //     source (also a degraded, on_failure: closed one) is answered OK
 //     likewise; tokens it was allowed are charged as usual.
 //   - current_limit: the key's configured rate, expressed exactly per
-//     SECOND, MINUTE, HOUR or DAY — the shortest unit in which the rate is
-//     a whole number of tokens (10/s → 10 per SECOND, 6/m → 6 per MINUTE,
-//     0.5/s → 30 per MINUTE); a rate that is whole in none is rounded in
-//     the longest unit whose count fits in 32 bits. The rate, not the burst,
-//     because it is the number operators write and the long-run admission
-//     rate Envoy dashboards should show. name is the class.
+//     SECOND, MINUTE, HOUR or DAY. When one unit's refill is exactly the
+//     burst, that unit with the burst as its count: an envoy ratelimit
+//     limit of 60 per minute, imported as rate 1/s with burst 60, is 60 per
+//     MINUTE, as its config said and as Envoy's x-ratelimit headers then
+//     tell clients (it was 1 per SECOND). Otherwise the shortest unit in
+//     which the rate is a whole number of tokens (10/s burst 20 → 10 per
+//     SECOND, 6/m → 6 per MINUTE, 0.5/s → 30 per MINUTE); a rate that is
+//     whole in none is rounded in the longest unit whose count fits in 32
+//     bits. The rate, not the burst, because it is the number operators
+//     write and the long-run admission rate Envoy dashboards should show.
+//     name is the class.
 //   - limit_remaining: what this caller can expect to spend now after the
 //     decision (Decision.Remaining): the tokens this process holds for the
 //     key plus what the region's bucket held at its last answer, at most

@@ -73,6 +73,23 @@ var rateUnits = [...]struct {
 // 0.1 tokens/s, and 0.1 × 60 is not exactly 6.
 const wholeTolerance = 1e-9
 
+// limitUnit expresses a key's limit as a count per unit for Envoy's
+// current_limit: the unit whose window refills exactly the burst when
+// there is one (an envoy ratelimit limit of 60 per minute is imported as
+// 1/s with a burst of 60 and is reported 60 per MINUTE, as Envoy's
+// x-ratelimit headers then say), else perUnit of the rate.
+func limitUnit(l quota.Limit) (uint32, rlsv3.RateLimitResponse_RateLimit_Unit) {
+	if l.Rate > 0 && l.Burst >= 1 && l.Burst <= math.MaxUint32 {
+		b := float64(l.Burst)
+		for _, u := range rateUnits {
+			if n := l.Rate * u.seconds; math.Abs(n-b) <= wholeTolerance*b {
+				return uint32(l.Burst), u.unit
+			}
+		}
+	}
+	return perUnit(l.Rate)
+}
+
 // perUnit expresses rate (tokens/s) as a whole count per unit: the
 // shortest unit in which it is whole, else rounded in the longest unit
 // whose count fits in 32 bits (the most precise). The count is at least 1.
@@ -170,7 +187,7 @@ type shared struct {
 
 func newShared(className string, limit quota.Limit, capacity int64) *shared {
 	sh := &shared{className: className, limit: limit, cap: capacity}
-	n, unit := perUnit(limit.Rate)
+	n, unit := limitUnit(limit)
 	sh.rl.Name, sh.rl.RequestsPerUnit, sh.rl.Unit = className, n, unit
 	var scratch [96]byte
 	buf := strconv.AppendInt(scratch[:0], capacity, 10)

@@ -66,6 +66,36 @@ func TestPerUnit(t *testing.T) {
 	}
 }
 
+// TestLimitUnitIsTheWindowThatRefillsTheBurst: a limit whose burst one
+// unit's refill makes exactly is reported as its burst per that unit (an
+// envoy ratelimit limit of 60 per minute, imported as 1/s with a burst of
+// 60, was reported 1 per SECOND, and Envoy's headers said so); any other
+// limit as perUnit of its rate.
+func TestLimitUnitIsTheWindowThatRefillsTheBurst(t *testing.T) {
+	const sec, min_, hour, day = rlsv3.RateLimitResponse_RateLimit_SECOND, rlsv3.RateLimitResponse_RateLimit_MINUTE,
+		rlsv3.RateLimitResponse_RateLimit_HOUR, rlsv3.RateLimitResponse_RateLimit_DAY
+	for _, c := range []struct {
+		limit quota.Limit
+		n     uint32
+		unit  rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{quota.Limit{Rate: 10, Burst: 10}, 10, sec},
+		{quota.Limit{Rate: 1, Burst: 60}, 60, min_},
+		{quota.Limit{Rate: 2, Burst: 120}, 120, min_},
+		{quota.Limit{Rate: 1, Burst: 3600}, 3600, hour},
+		{quota.Limit{Rate: 1, Burst: 86400}, 86400, day},
+		{quota.Limit{Rate: 50.0 / 60, Burst: 50}, 50, min_},
+		// No unit refills the burst: the rate per its shortest whole unit.
+		{quota.Limit{Rate: 1, Burst: 100}, 1, sec},
+		{quota.Limit{Rate: 0.1, Burst: 20}, 6, min_},
+		{quota.Limit{Rate: 0, Burst: 10}, 0, rlsv3.RateLimitResponse_RateLimit_UNKNOWN},
+	} {
+		if n, unit := limitUnit(c.limit); n != c.n || unit != c.unit {
+			t.Errorf("limitUnit(%+v) = %d per %v, want %d per %v", c.limit, n, unit, c.n, c.unit)
+		}
+	}
+}
+
 func TestRefillWindow(t *testing.T) {
 	cases := []struct {
 		l    quota.Limit
