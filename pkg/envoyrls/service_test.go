@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -855,5 +856,52 @@ func TestNoLimitValuesLeaveTheOthersCharged(t *testing.T) {
 	}
 	if n := counter(t, p.reg, "sluice_envoy_unmatched_descriptors_total", nil); n != 12 {
 		t.Errorf("unmatched_descriptors_total = %v, want 12", n)
+	}
+}
+
+// TestDescriptorsAfterTheOneThatLimitsARequestAreNotCharged: once one of a
+// request's descriptors is over limit, the descriptors after it are not
+// charged (they are answered as not decided: OK, no current_limit), and a
+// descriptor whose cost is above its burst charges none of the others:
+// Envoy refuses the request anyway, and tokens spent on it starved the
+// other descriptors' own requests (a per-address limit and a shared one,
+// both charged by every request, passed together about once a second).
+func TestDescriptorsAfterTheOneThatLimitsARequestAreNotCharged(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	p := startProcess(t, rs, cfg, "envoy-skip", true)
+	small := desc("tenant", "small", "class", "write")   // tier tiny: burst 3, 1/m
+	small2 := desc("tenant", "small2", "class", "write") // the same, a bucket of its own
+	codes := func(resp *rlsv3.RateLimitResponse) (out []rlsv3.RateLimitResponse_Code) {
+		for _, st := range resp.GetStatuses() {
+			out = append(out, st.GetCode())
+		}
+		return out
+	}
+	const ok, over = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	for range 3 { // spend small2's burst
+		if resp := ask(t, p.rls, request("sluice", 1, small2)); resp.GetOverallCode() != ok {
+			t.Fatalf("spending small2's burst: %v", resp)
+		}
+	}
+	for range 3 {
+		resp := ask(t, p.rls, request("sluice", 1, small2, small))
+		if resp.GetOverallCode() != over || !slices.Equal(codes(resp), []rlsv3.RateLimitResponse_Code{over, ok}) ||
+			resp.GetStatuses()[1].GetCurrentLimit() != nil {
+			t.Fatalf("small2 spent, then small: %v; want over limit, small answered OK as not decided", resp)
+		}
+	}
+	// A cost above small2's burst charges small nothing either, whatever
+	// the order.
+	resp := ask(t, p.rls, &rlsv3.RateLimitRequest{Domain: "sluice", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		small, {Entries: small2.Entries, HitsAddend: wrapperspb.UInt64(4)}}})
+	if resp.GetOverallCode() != over {
+		t.Fatalf("a cost above small2's burst: %v; want over limit", resp)
+	}
+	// small kept its whole burst.
+	for i := range 3 {
+		if resp := ask(t, p.rls, request("sluice", 1, small)); resp.GetOverallCode() != ok {
+			t.Fatalf("small's request %d after the refused ones: %v; want its burst of 3 untouched", i+1, resp)
+		}
 	}
 }

@@ -71,9 +71,14 @@ func TestTreeAnswers(t *testing.T) {
 			if resp.GetOverallCode() != want || len(st) != 2 || st[0].GetCode() != want || st[1].GetCode() != rlsv3.RateLimitResponse_OK {
 				t.Fatalf("request %d: %v, want %v from the marketing descriptor, OK from the other", i+1, resp, want)
 			}
-			if st[1].GetCurrentLimit().GetName() != "per_number" || st[1].GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_DAY ||
-				st[1].GetCurrentLimit().GetRequestsPerUnit() != 100 {
+			// Once marketing limits the request, per_number is not charged
+			// (answered OK as not decided, with no current_limit).
+			if i < 2 && (st[1].GetCurrentLimit().GetName() != "per_number" || st[1].GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_DAY ||
+				st[1].GetCurrentLimit().GetRequestsPerUnit() != 100) {
 				t.Fatalf("request %d: second status %v, want 100 per DAY named per_number", i+1, st[1])
+			}
+			if i == 2 && st[1].GetCurrentLimit() != nil {
+				t.Fatalf("request %d: second status %v, want it not decided once the first limits the request", i+1, st[1])
 			}
 			// The headers describe the tightest: marketing, 2 a day.
 			if err := checkHeaders(resp, st[0], marketing); err != nil {
