@@ -45,6 +45,9 @@ default_tier: free
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Stop)
+	// The reports below go to the daemon's service directly, which refuses
+	// them ("not leader") until the daemon has won its election.
+	awaitAllocatorLeader(t, d, 10*time.Second)
 	gc, err := allocator.NewClient([]string{d.GRPCAddr()}, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
