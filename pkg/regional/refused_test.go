@@ -2,6 +2,9 @@ package regional_test
 
 import (
 	"context"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +16,39 @@ import (
 	"github.com/sluicehq/sluice/pkg/regional"
 	"google.golang.org/protobuf/proto"
 )
+
+// leaderGrantedAt is a leader of r's region whose global tier answers
+// every report with grants of the given rates (burst equal to the rate,
+// valid for validity) beside the allocator's own; tier records its reports,
+// and applied reports the
+// rate each key's grant was installed at (OnApplied).
+func leaderGrantedAt(t *testing.T, r *leaseRig, validity time.Duration, rates map[quota.Key]float64) (*regional.Leader, *grantingTier, func() map[quota.Key]float64) {
+	t.Helper()
+	tier := &grantingTier{inner: r.tier}
+	for _, k := range slices.SortedFunc(maps.Keys(rates), func(a, b quota.Key) int { return strings.Compare(a.String(), b.String()) }) {
+		rate := rates[k]
+		tier.grants = append(tier.grants, &sluicev1.KeyGrant{Key: &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class},
+			Rate: rate, Burst: rate, ValidMs: validity.Milliseconds()})
+	}
+	var mu sync.Mutex
+	applied := map[quota.Key]float64{}
+	l, err := regional.NewLeader(r.srv, regional.LeaderOptions{
+		Etcd: r.cli, ElectionPrefix: "/sl/election/", Global: tier, Identity: "eu-2",
+		OnApplied: func(k quota.Key, rate, burst float64, expiryUS int64) {
+			mu.Lock()
+			applied[k] = rate
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, tier, func() map[quota.Key]float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(applied)
+	}
+}
 
 // grantingTier passes reports to the real allocator and returns its answer
 // with grants in place of the allocator's and no raise pending, counting
@@ -62,23 +98,7 @@ func TestRefusedGrantIsNotCountedApplied(t *testing.T) {
 		t.Fatalf("installing the newer grant: %+v, %v", sr, err)
 	}
 
-	tier := &grantingTier{inner: r.tier, grants: []*sluicev1.KeyGrant{
-		{Key: &sluicev1.QuotaKey{Tenant: fenced.Tenant, Class: fenced.Class}, Rate: 10, Burst: 10, ValidMs: validity.Milliseconds()},
-		{Key: &sluicev1.QuotaKey{Tenant: fresh.Tenant, Class: fresh.Class}, Rate: 20, Burst: 20, ValidMs: validity.Milliseconds()},
-	}}
-	var mu sync.Mutex
-	applied := map[quota.Key]float64{}
-	l, err := regional.NewLeader(r.srv, regional.LeaderOptions{
-		Etcd: r.cli, ElectionPrefix: "/sl/election/", Global: tier, Identity: "eu-2",
-		OnApplied: func(k quota.Key, rate, burst float64, expiryUS int64) {
-			mu.Lock()
-			applied[k] = rate
-			mu.Unlock()
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, tier, applied := leaderGrantedAt(t, r, validity, map[quota.Key]float64{fenced: 10, fresh: 20})
 	counted0 := r.counter("sluice_regional_grants_applied_total")
 	if err := l.SyncOnce(ctx, nil); err != nil {
 		t.Fatal(err)
@@ -92,10 +112,9 @@ func TestRefusedGrantIsNotCountedApplied(t *testing.T) {
 	if held != 80 {
 		t.Fatalf("the report sent fenced holding %v/s, want the newer grant's 80/s", held)
 	}
-	mu.Lock()
-	_, fencedApplied := applied[fenced]
-	freshRate, freshApplied := applied[fresh]
-	mu.Unlock()
+	got := applied()
+	_, fencedApplied := got[fenced]
+	freshRate, freshApplied := got[fresh]
 	if fencedApplied {
 		t.Error("OnApplied was called for the grant set_rate refused")
 	}

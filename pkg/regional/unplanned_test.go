@@ -2,14 +2,11 @@ package regional_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
-	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 // TestGrantOfAKeyTheConfigCannotPlanIsNotInstalled: a grant the global
@@ -27,30 +24,13 @@ func TestGrantOfAKeyTheConfigCannotPlanIsNotInstalled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tier := &grantingTier{inner: r.tier, grants: []*sluicev1.KeyGrant{
-		{Key: &sluicev1.QuotaKey{Tenant: unknown.Tenant, Class: unknown.Class}, Rate: 10, Burst: 10, ValidMs: validity.Milliseconds()},
-		{Key: &sluicev1.QuotaKey{Tenant: fresh.Tenant, Class: fresh.Class}, Rate: 20, Burst: 20, ValidMs: validity.Milliseconds()},
-	}}
-	var mu sync.Mutex
-	applied := map[quota.Key]float64{}
-	l, err := regional.NewLeader(r.srv, regional.LeaderOptions{
-		Etcd: r.cli, ElectionPrefix: "/sl/election/", Global: tier, Identity: "eu-2",
-		OnApplied: func(k quota.Key, rate, burst float64, expiryUS int64) {
-			mu.Lock()
-			applied[k] = rate
-			mu.Unlock()
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, _, applied := leaderGrantedAt(t, r, validity, map[quota.Key]float64{unknown: 10, fresh: 20})
 	if err := l.SyncOnce(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	_, unknownApplied := applied[unknown]
-	freshRate, freshApplied := applied[fresh]
-	mu.Unlock()
+	got := applied()
+	_, unknownApplied := got[unknown]
+	freshRate, freshApplied := got[fresh]
 	if unknownApplied {
 		t.Error("OnApplied was called for the grant of a key the config cannot plan")
 	}
