@@ -44,21 +44,10 @@ func deadlineCommon() Common {
 // the Redis time it ran at. The same calls with a deadline after the
 // resume act (the control: the calls would change the state).
 func TestScriptsQueuedInAPausedRedisPastTheirDeadlineChangeNothing(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	ctx := context.Background()
-	sc := New()
-	if err := sc.Load(ctx, rdb); err != nil {
-		t.Fatal(err)
-	}
-	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
-	c := deadlineCommon()
 	// A lease out and a bucket with tokens left: every call below would
 	// write (refill, book, grant, reap, mark).
-	first := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 30, Min: 1}
-	if lr, err := sc.Acquire(ctx, rdb, k, c, first); err != nil || lr.Granted != 30 {
-		t.Fatalf("acquire: %+v, %v", lr, err)
-	}
+	srv, rdb, sc, k, c := leaseOut(t)
+	ctx := context.Background()
 
 	// One connection, made before the pause: the calls are written to the
 	// paused server at once.
@@ -276,4 +265,25 @@ func zeroBut(r any) any {
 	z.FieldByName("TooLate").Set(v.FieldByName("TooLate"))
 	z.FieldByName("NowUS").Set(v.FieldByName("NowUS"))
 	return z.Interface()
+}
+
+// leaseOut is a fresh redis-server with the scripts loaded and key
+// acme/read holding a lease of 30 tokens for instance i-a (seq 1) under
+// deadlineCommon's settings, which it returns.
+func leaseOut(t *testing.T) (*redistest.Server, *redis.Client, *Scripts, Keys, Common) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sc := New()
+	if err := sc.Load(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := deadlineCommon()
+	first := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 30, Min: 1}
+	if lr, err := sc.Acquire(ctx, rdb, k, c, first); err != nil || lr.Granted != 30 {
+		t.Fatalf("acquire: %+v, %v", lr, err)
+	}
+	return srv, rdb, sc, k, c
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // TestEveryCallPastItsDeadlineAnswersTooLate: through every way the Go
@@ -21,21 +20,10 @@ import (
 // at, and a reply with only TooLate and that time set. A deadline of 0
 // is none: the same calls act.
 func TestEveryCallPastItsDeadlineAnswersTooLate(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	ctx := context.Background()
-	sc := New()
-	if err := sc.Load(ctx, rdb); err != nil {
-		t.Fatal(err)
-	}
-	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
-	base := deadlineCommon()
 	// A lease out and a bucket with tokens left: every call below would
 	// write.
-	first := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 30, Min: 1}
-	if lr, err := sc.Acquire(ctx, rdb, k, base, first); err != nil || lr.Granted != 30 {
-		t.Fatalf("acquire: %+v, %v", lr, err)
-	}
+	_, rdb, sc, k, base := leaseOut(t)
+	ctx := context.Background()
 	next := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 2, Used: 10, Want: 30, Min: 1}
 	other := Report{Instance: "i-b", Incarnation: 1, Lease: 1, Seq: 1, Want: 20, Min: 1}
 
