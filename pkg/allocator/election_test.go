@@ -38,10 +38,7 @@ func TestStandbyRedirectsAndHandsOverOnStop(t *testing.T) {
 	srv := etcdtest.Start(t)
 	src := allocator.StaticConfig{C: mustConfig(t, twoRegions)}
 	ttl := 2 * time.Second
-	a := startReplica(t, srv, src, ttl)
-	waitFor(t, 10*time.Second, "the first replica leads", a.IsLeader)
-	b := startReplica(t, srv, src, ttl)
-	waitFor(t, 5*time.Second, "the standby names the leader", func() bool { return redirectsTo(t, b, a.Advertise(), 1) })
+	a, b := startLeaderAndStandby(t, srv, src, ttl)
 	if b.IsLeader() || !a.IsLeader() {
 		t.Fatalf("leader a=%v b=%v, want exactly a", a.IsLeader(), b.IsLeader())
 	}
@@ -141,10 +138,7 @@ type syncSample struct {
 func TestFailoverWhenLeaderIsCutFromEtcd(t *testing.T) {
 	srv := etcdtest.Start(t)
 	src := allocator.StaticConfig{C: mustConfig(t, twoRegions)}
-	old := startReplica(t, srv, src, testTTL)
-	waitFor(t, 10*time.Second, "the first replica leads", old.IsLeader)
-	standby := startReplica(t, srv, src, testTTL)
-	waitFor(t, 5*time.Second, "the standby names the leader", func() bool { return redirectsTo(t, standby, old.Advertise(), 1) })
+	old, standby := startLeaderAndStandby(t, srv, src, testTTL)
 
 	var (
 		mu         sync.Mutex

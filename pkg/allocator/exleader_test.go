@@ -18,10 +18,7 @@ import (
 func TestExLeaderExportsNoLeaderGauges(t *testing.T) {
 	srv := etcdtest.Start(t)
 	src := allocator.StaticConfig{C: mustConfig(t, twoRegions)}
-	old := startReplica(t, srv, src, testTTL)
-	waitFor(t, 10*time.Second, "the first replica leads", old.IsLeader)
-	standby := startReplica(t, srv, src, testTTL)
-	waitFor(t, 5*time.Second, "the standby names the leader", func() bool { return redirectsTo(t, standby, old.Advertise(), 1) })
+	old, standby := startLeaderAndStandby(t, srv, src, testTTL)
 	if _, err := old.api.Sync(rpcCtx(t), report("a", 2, demand("acme", 10))); err != nil {
 		t.Fatalf("Sync to the leader: %v", err)
 	}

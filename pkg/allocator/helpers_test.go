@@ -75,6 +75,17 @@ func startReplica(t *testing.T, srv *etcdtest.Server, src allocator.ConfigSource
 	return &replica{Daemon: d, link: link, api: dial(t, d.GRPCAddr())}
 }
 
+// startLeaderAndStandby starts a replica, waits for it to lead, then starts
+// a second one and waits until it names the first as leader.
+func startLeaderAndStandby(t *testing.T, srv *etcdtest.Server, src allocator.ConfigSource, ttl time.Duration) (leader, standby *replica) {
+	t.Helper()
+	leader = startReplica(t, srv, src, ttl)
+	waitFor(t, 10*time.Second, "the first replica leads", leader.IsLeader)
+	standby = startReplica(t, srv, src, ttl)
+	waitFor(t, 5*time.Second, "the standby names the leader", func() bool { return redirectsTo(t, standby, leader.Advertise(), 1) })
+	return leader, standby
+}
+
 func dial(t *testing.T, addr string) sluicev1.AllocatorServiceClient {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
