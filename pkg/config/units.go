@@ -122,7 +122,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		if durationForm.MatchString(n.Value) {
+		if DurationSyntax(n.Value) {
 			return typeError(n, "duration %q is out of range (at most %v)", n.Value, time.Duration(math.MaxInt64))
 		}
 		return typeError(n, "duration %q: want a number with a unit, like 1s or 250ms", n.Value)
@@ -134,8 +134,11 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// durationForm is the syntax time.ParseDuration reads: a value of this
-// form that does not parse is out of time.Duration's range.
+// DurationSyntax reports whether s is written as time.ParseDuration reads
+// a duration: such a value that ParseDuration refuses is out of
+// time.Duration's range, not malformed.
+func DurationSyntax(s string) bool { return durationForm.MatchString(s) }
+
 var durationForm = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
 
 // MarshalYAML writes time.Duration's form.

@@ -491,7 +491,7 @@ func (d *Length) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(n.Value)
 	switch {
-	case err != nil && durationSyntax.MatchString(n.Value):
+	case err != nil && config.DurationSyntax(n.Value):
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: duration %q is out of range (a run is at most %v)", n.Line, n.Value, MaxDuration)}}
 	case err != nil:
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: duration %q: want a number with a unit, like 5m", n.Line, n.Value)}}
@@ -504,10 +504,6 @@ func (d *Length) UnmarshalYAML(n *yaml.Node) error {
 
 // MarshalYAML writes time.Duration's form.
 func (d Length) MarshalYAML() (any, error) { return d.String(), nil }
-
-// durationSyntax is what time.ParseDuration reads: a value it refuses
-// although written so is too large.
-var durationSyntax = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
 
 // Instant is a time in the run, since its start ("1m30s"): when a fault,
 // a failover, an event or a step happens. A written instant is positive.
