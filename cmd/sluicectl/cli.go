@@ -90,7 +90,8 @@ exit codes:
      not be reached
   6  denied: check answered over quota (a result, not a failure)
   7  refused: the service answered but refused this client's credentials
-     (no client certificate, or none holding a role that may call it)
+     (no client certificate, or none holding a role that may call it), or
+     closed a connection made without -tls-ca, as a TLS listener does
   130 interrupted by SIGINT or SIGTERM: nothing was written, except by an
      apply stopped while writing tenants in batches, which the daemons do
      not see until the same apply is run again with -takeover

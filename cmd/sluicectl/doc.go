@@ -40,7 +40,8 @@
 //	   (status during a global failover too, while etcd still names the
 //	   leader that is gone: the message says so; run it again)
 //	6  denied: check answered over quota (a result, not a failure)
-//	7  refused: the service answered but refused this client's credentials
+//	7  refused: the service answered but refused this client's credentials,
+//	   or closed a connection made without -tls-ca, as a TLS listener does
 //	130 interrupted by SIGINT or SIGTERM
 //
 // Invariant: every write is guarded by the revision the change was

@@ -45,7 +45,7 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		resp, err := c.Acquire(stepCtx, &sluicev1.AcquireRequest{InstanceId: id,
 			Report: &sluicev1.KeyReport{Key: key, Seq: 1, Want: *want, Min: 1}})
 		if err != nil {
-			return rpcFailure(ctx, "acquire", *addr, *class, err)
+			return a.rpcFailure(ctx, "acquire", *addr, *class, err)
 		}
 		g := resp.GetGrant()
 		if g.GetMode() == string(config.ModeStrict) {
@@ -67,7 +67,7 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		rel, err := c.Release(stepCtx, &sluicev1.ReleaseRequest{InstanceId: id,
 			Reports: []*sluicev1.KeyReport{{Key: key, Seq: 2, Returned: g.GetGranted()}}})
 		if err != nil {
-			return rpcFailure(ctx, "release", *addr, *class, err)
+			return a.rpcFailure(ctx, "release", *addr, *class, err)
 		}
 		fmt.Fprintf(a.stdout, "released: %d tokens back in the bucket\n", rel.GetReturned())
 		return nil
@@ -95,7 +95,7 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		resp, err := sluicev1.NewLeaseServiceClient(conn).Check(stepCtx, &sluicev1.CheckRequest{
 			Key: &sluicev1.QuotaKey{Tenant: *tenant, Class: *class}, Cost: *cost})
 		if err != nil {
-			return rpcFailure(ctx, "check", *addr, *class, err)
+			return a.rpcFailure(ctx, "check", *addr, *class, err)
 		}
 		verdict := "allowed"
 		switch {
@@ -119,10 +119,14 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 // rpcFailure maps a regional RPC error to an exit code: SIGINT or SIGTERM
 // (ctx done) is 130, an unknown class 4, other bad input 1, credentials
 // the service refused 7, and everything else means the service could not
-// answer (5).
-func rpcFailure(ctx context.Context, what, addr, class string, err error) error {
+// answer (5). A service that closed a plaintext connection unanswered is
+// refused too (7): see plaintextRefused.
+func (a *app) rpcFailure(ctx context.Context, what, addr, class string, err error) error {
 	if ctx.Err() != nil {
 		return interrupted(ctx, what+" via "+addr)
+	}
+	if a.plaintextRefused(err) {
+		return exitf(exitRefused, "%s via %s: %s", what, addr, plaintextRefusal)
 	}
 	st := status.Convert(err)
 	switch st.Code() {
@@ -139,6 +143,21 @@ func rpcFailure(ctx context.Context, what, addr, class string, err error) error 
 		return exitf(exitNotFound, "%s refused: %s", what, st.Message())
 	}
 	return exitf(exitUnreachable, "%s via %s failed: %s (is the regional service running there?)", what, addr, st.Message())
+}
+
+// plaintextRefusal says what to do about a service that closed a
+// plaintext connection before speaking gRPC.
+const plaintextRefusal = "the service closed the connection without answering, as a TLS listener does with a client that speaks plaintext\n" +
+	"give -tls-ca (and -tls-cert/-tls-key where the service requires client certificates)"
+
+// plaintextRefused reports whether err is a connection that the service
+// closed before speaking HTTP/2 while this client dialed without TLS (no
+// -tls-ca). A TLS listener does that with a plaintext client: the service
+// is up and the flags are missing, so reporting it as unreachable (and a
+// global failover as the likely cause) would send the operator the wrong
+// way.
+func (a *app) plaintextRefused(err error) bool {
+	return a.g.tlsCA == "" && strings.Contains(status.Convert(err).Message(), "error reading server preface")
 }
 
 // refusedFailure is a service that answered but refused the caller's
