@@ -150,6 +150,9 @@ type Client struct {
 	closeDone chan struct{} // closed when the first Close returns
 	closeErr  error         // the first Close's result; read after closeDone
 	degraded  atomic.Bool   // last logged degraded state
+	// credentialsRefused is whether the region's last answer refused this
+	// client's credentials (logged once per such spell: see observeRPC).
+	credentialsRefused atomic.Bool
 
 	// id is the instance id reports go out under: opts.InstanceID until a
 	// conflict makes the client take a new one. incarnation is drawn once.
@@ -379,7 +382,7 @@ func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
 		resp, err = c.rpc.Acquire(rctx, &sluicev1.AcquireRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Report: b.Reports[0]})
 		grants = []*sluicev1.Grant{resp.GetGrant()}
 	}
-	c.m.observeRPC(method, start, err)
+	c.observeRPC(method, start, err)
 	out := outcome(ctx, err)
 	st := refusal(s.AcquireDone(time.Now(), grants, out), err)
 	switch out {
@@ -398,13 +401,34 @@ func (c *Client) check(ctx context.Context, s *Slow, key quota.Key, cost int64) 
 	defer cancel()
 	start := time.Now()
 	resp, err := c.rpc.Check(rctx, &sluicev1.CheckRequest{Key: wireKey(key), Cost: cost})
-	c.m.observeRPC("Check", start, err)
+	c.observeRPC("Check", start, err)
 	out := outcome(ctx, err)
 	st := refusal(s.CheckDone(time.Now(), resp, out), err)
 	if out == Answered {
 		c.noteDegraded(nil)
 	}
 	return st, err
+}
+
+// observeRPC records a regional RPC's outcome in the metrics, and logs at
+// error level, once per spell, that the region refused this client's
+// credentials. Such a refusal is not an outage: the region is up and will
+// refuse every call until the certificate changes, while the breaker and
+// the degraded-mode log (which counts it as unreachable, deciding by
+// on_failure meanwhile) would otherwise leave the operator looking for one.
+func (c *Client) observeRPC(method string, start time.Time, err error) {
+	c.m.observeRPC(method, start, err)
+	switch code := status.Code(err); {
+	case code == codes.PermissionDenied || code == codes.Unauthenticated:
+		if c.credentialsRefused.CompareAndSwap(false, true) {
+			c.log.Error("lease: the regional service refused this client's credentials; every key is decided by its on_failure policy until the client certificate holds the instance role (auth.identities in the config)",
+				"method", method, "code", code.String(), "err", status.Convert(err).Message())
+		}
+	case err == nil:
+		if c.credentialsRefused.CompareAndSwap(true, false) {
+			c.log.Info("lease: the regional service accepts this client's credentials again")
+		}
+	}
 }
 
 // noteDegraded logs the transitions of the client's degraded state (some
@@ -503,7 +527,7 @@ func (c *Client) syncWith(parent context.Context, b *Batch, end func(time.Time, 
 	start := time.Now()
 	resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports})
 	cancel()
-	c.m.observeRPC("Sync", start, err)
+	c.observeRPC("Sync", start, err)
 	out := outcome(parent, err)
 	split, applyErr := end(time.Now(), b, resp.GetGrants(), out)
 	if applyErr != nil {
@@ -581,7 +605,7 @@ func (c *Client) sendReleaseCall(parent context.Context, id string, b *Batch) er
 	defer cancel()
 	start := time.Now()
 	_, err := c.rpc.Release(ctx, &sluicev1.ReleaseRequest{InstanceId: id, Incarnation: c.incarnation, Reports: b.Reports})
-	c.m.observeRPC("Release", start, err)
+	c.observeRPC("Release", start, err)
 	out := outcome(parent, err)
 	c.core.ReleaseDone(time.Now(), out)
 	if out == Conflict {
