@@ -76,7 +76,7 @@ type flags struct {
 	dev                                 bool
 	region, grpcAddr, httpAddr          string
 	redisAddr, redisPassword            string
-	redisCluster                        bool
+	redisCluster, redisAllowEviction    bool
 	configFile, coldStart, logLevel     string
 	etcdEndpoints, etcdPrefix           string
 	globalAddrs                         string
@@ -99,6 +99,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.redisAddr, "redis-addr", "127.0.0.1:6379", "the region's Redis (host:port); several comma-separated addresses mean a Redis Cluster")
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "treat a single -redis-addr as a Redis Cluster endpoint")
 	fs.StringVar(&f.redisPassword, "redis-password", "", "Redis password")
+	fs.BoolVar(&f.redisAllowEviction, "redis-allow-eviction", false, "start on a Redis whose maxmemory-policy may evict keys (maxmemory set, a policy other than noeviction), refused without it: an evicted token bucket comes back full, so the region admits more than its limit, by up to a burst per eviction (gives up invariant 1; docs/operations.md, Redis evicts keys)")
 	fs.StringVar(&f.configFile, "config", "", "config file (YAML): the config without etcd, the bootstrap written to etcd when it holds none; empty = the built-in sample")
 	fs.StringVar(&f.coldStart, "cold-start", "conservative", `how a Redis with no Sluice data is treated at this process's start: "conservative" (new buckets start empty for the longer of one lease TTL and one grant validity plus one epoch) or "full" (a fresh deployment whose Redis never held leases: buckets start full); a Redis that loses its data while the process runs is always treated conservatively`)
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -255,7 +256,8 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
 		Region: f.region, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RedisAddr: f.redisAddr, RedisCluster: f.redisCluster, RedisPassword: f.redisPassword,
-		Config: source, ColdStart: cs, ServerTLS: serverTLS, Registry: reg, Logger: logger,
+		AllowEviction: f.redisAllowEviction,
+		Config:        source, ColdStart: cs, ServerTLS: serverTLS, Registry: reg, Logger: logger,
 		Leader: leaderOpts, Unleased: f.unleased,
 		PerConnection: f.perConnection, PerIdentity: f.perIdentity,
 		Envoy: envoy,

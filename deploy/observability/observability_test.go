@@ -57,6 +57,7 @@ var requiredAlerted = []string{
 	"sluice_regional_redis_errors_total",      // Redis errors above zero, Redis down
 	"sluice_regional_lua_duration_seconds",    // Lua p99 over budget
 	"sluice_regional_redis_data_losses_total", // Redis restarted empty
+	"sluice_regional_redis_evicting",          // Redis evicts keys
 	"sluice_regional_requests_total",          // regional RPC errors, invalid requests
 	"sluice_client_degraded",                  // degraded mode
 	"sluice_client_degraded_episodes_total",   // degraded episodes shorter than a scrape
@@ -89,7 +90,7 @@ var requiredPanels = []string{
 // per failure of DESIGN §3 and per alerting symptom.
 var requiredRunbookSections = []string{
 	"instance-crash", "regional-replica-crash", "regional-leader-crash", "regional-redis-down",
-	"redis-restarted-empty", "global-leader-crash", "region-partitioned-from-global",
+	"redis-restarted-empty", "redis-evicts-keys", "global-leader-crash", "region-partitioned-from-global",
 	"etcd-unavailable", "bad-config-pushed", "deny-ratio-high", "deny-ratio-low", "lua-slow",
 	"config-rejected", "no-global-leader", "grants-stale", "redis-errors", "degraded-mode",
 	"deploy", "tuning",

@@ -545,10 +545,14 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 			func(g *grpc.Server) { reflection.Register(g) },
 		}
 	}
+	// The embedded Redis never evicts and has no INFO memory to say so.
+	c.mu.Lock()
+	embedded := c.Regions[r.region].Redis.Embedded()
+	c.mu.Unlock()
 	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
 		Region: r.region, GRPCAddr: r.addr, HTTPAddr: r.httpAddr, RedisAddr: r.redis,
 		Config: source, ColdStart: cold, Leader: lo, Registry: p.registry, Logger: c.opts.Logger,
-		Envoy: envoy, Extra: extra,
+		Envoy: envoy, Extra: extra, AllowEviction: embedded,
 	})
 	if err != nil {
 		if gc != nil {

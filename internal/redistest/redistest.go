@@ -38,6 +38,19 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// StartWith is Start with more redis-server arguments (for example
+// "--maxmemory", "64mb").
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
+	p, err := redisproc.StartWith(args...)
+	if err != nil {
+		t.Fatalf("%v (run `make test`, which installs it)", err)
+	}
+	s := &Server{t: t, p: p}
+	t.Cleanup(s.Stop)
+	return s
+}
+
 // Addr is host:port of the server; it stays the same across Stop/Restart.
 func (s *Server) Addr() string { return s.p.Addr() }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -47,6 +48,15 @@ type DaemonOptions struct {
 	RedisTLS *tls.Config
 	// RedisTimeout bounds every Redis call. Optional, default 500ms.
 	RedisTimeout time.Duration
+	// AllowEviction starts on a Redis that may evict keys (maxmemory set
+	// with a maxmemory-policy other than noeviction). Optional, default
+	// false: StartDaemon refuses such a Redis with an *EvictionError, and
+	// a Redis it cannot read INFO from. It gives up invariant 1: an
+	// evicted token bucket comes back full, so each eviction of a key's
+	// bucket may admit up to one more burst, with no bound over time
+	// (docs/architecture.md, failure table). The daemon logs and exports
+	// the eviction settings either way.
+	AllowEviction bool
 	// Config is the live config. Required.
 	Config ConfigSource
 	// ColdStart says how an empty Redis is treated at start. Optional,
@@ -98,9 +108,10 @@ type Daemon struct {
 	Health   *health.Server
 	Leader   *Leader // nil unless DaemonOptions.Leader was set
 
-	ep       *endpoint.Endpoint
-	cancel   context.CancelFunc
-	stopOnce sync.Once
+	ep        *endpoint.Endpoint
+	evictions *evictionWatch
+	cancel    context.CancelFunc
+	stopOnce  sync.Once
 }
 
 // StartDaemon opens the listeners and starts serving. Stop it with Stop.
@@ -184,10 +195,19 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 
 	// Readiness: serving once Redis answered (the scripts are cached then).
 	d.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	evictions := newEvictionWatch(o.Logger, srv.metrics)
 	if err := srv.Scripts().Load(ctx, rdb); err != nil {
 		o.Logger.Warn("redis not reachable at start; serving degraded until it is", "redis", o.RedisAddr, "err", err)
-	} else if err := guard.Check(ctx, rdb); err != nil {
-		o.Logger.Warn("restart sentinel check failed", "redis", o.RedisAddr, "err", err)
+	} else {
+		if err := checkEviction(ctx, rdb, o, evictions); err != nil {
+			srv.Close()
+			ep.Close()
+			rdb.Close()
+			return nil, err
+		}
+		if err := guard.Check(ctx, rdb); err != nil {
+			o.Logger.Warn("restart sentinel check failed", "redis", o.RedisAddr, "err", err)
+		}
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -196,6 +216,8 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	epoch := time.Duration(o.Config.Current().Epoch)
 	ep.Go(func() error { return srv.Run(runCtx, epoch) })
 	ep.Go(func() error { d.watchReadiness(runCtx); return nil })
+	d.evictions = evictions
+	ep.Go(func() error { d.watchEviction(runCtx, epoch, evictions); return nil })
 	if o.Leader != nil {
 		lo := *o.Leader
 		if lo.Identity == "" {
@@ -254,6 +276,53 @@ func (d *Daemon) watchReadiness(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// checkEviction refuses, at start, a Redis that evicts keys or whose
+// eviction settings cannot be read, unless AllowEviction; with it, the
+// watch logs what it found.
+func checkEviction(ctx context.Context, rdb redis.UniversalClient, o DaemonOptions, w *evictionWatch) error {
+	mem, err := ReadRedisMemory(ctx, rdb)
+	switch {
+	case err != nil && o.AllowEviction:
+		w.failed(err)
+		return nil
+	case err != nil:
+		return fmt.Errorf("regional: cannot read redis's eviction settings (the Redis user needs +info): %w; -redis-allow-eviction (DaemonOptions.AllowEviction) starts without them", err)
+	}
+	if bad := evicting(mem); len(bad) > 0 && !o.AllowEviction {
+		return &EvictionError{Nodes: bad}
+	}
+	w.observe(mem)
+	return nil
+}
+
+// watchEviction reads every Redis node's eviction settings and count
+// once an interval (the epoch), so a policy changed at run time (CONFIG
+// SET, a failover to a node configured otherwise) or keys evicted anyway
+// are logged and exported (sluice_regional_redis_evicting,
+// sluice_regional_redis_evicted_keys_total).
+func (d *Daemon) watchEviction(ctx context.Context, interval time.Duration, w *evictionWatch) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, d.opts.RedisTimeout)
+		mem, err := ReadRedisMemory(rctx, d.Redis)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			w.failed(err)
+		default:
+			w.observe(mem)
 		}
 	}
 }

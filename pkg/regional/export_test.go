@@ -20,3 +20,7 @@ func RisenForTest(ctx context.Context, l *Leader) bool { return l.risen(ctx) }
 
 // RedisTimeoutForTest is the bound s puts on one batch of script calls.
 func RedisTimeoutForTest(s *Server) time.Duration { return s.opts.RedisTimeout }
+
+// EvictionReadingsForTest is how many times d read its Redis's eviction
+// settings (at start and once an epoch).
+func EvictionReadingsForTest(d *Daemon) int64 { return d.evictions.readings.Load() }

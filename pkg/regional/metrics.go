@@ -31,6 +31,8 @@ type metrics struct {
 	grantsApplied prometheus.Counter
 	staticLeft    prometheus.GaugeFunc // remaining static lease, seconds
 	onFloor       prometheus.GaugeFunc // 1 while the replica hands its scripts the floor
+	evicting      prometheus.Gauge     // 1 while a Redis node may evict keys (eviction.go)
+	evictedKeys   prometheus.Counter   // keys Redis evicted while the daemon watched
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -123,7 +125,16 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		}
 		return 1
 	})
+	m.evicting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_regional_redis_evicting",
+		Help: "1 while a node of the region's Redis has maxmemory set with a maxmemory-policy other than noeviction, as the daemon read it at its last epoch (INFO memory): evicted token buckets come back full and the region admits more than its limit.",
+	})
+	m.evictedKeys = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_regional_redis_evicted_keys_total",
+		Help: "Keys the region's Redis nodes evicted while the daemon watched (growth of INFO stats evicted_keys between epochs); any of them may be a token bucket that came back full.",
+	})
 	if reg != nil {
+		reg.MustRegister(m.evicting, m.evictedKeys)
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.returned, m.restarts, m.activeLeases, m.activeKeys,
 			m.leader, m.globalSyncs, m.reports, m.rises, m.reportKeys, m.candidates, m.grantsApplied, m.staticLeft, m.onFloor)
