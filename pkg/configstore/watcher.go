@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluicehq/sluice/internal/shrink"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -245,16 +246,20 @@ type watchState struct {
 	commit bool
 	// tenants are the tenant keys that parse; shared is set while the live
 	// config uses the map itself, which must then be copied before a change.
+	// removed counts the tenants deleted from the map since it was last
+	// made to its size (see compactTenants).
 	tenants map[string]config.Tenant
 	shared  bool
+	removed int
 	// bad are tenant keys that do not parse; dirty the tenants changed
 	// since the last config made live.
 	bad   map[string]error
 	dirty map[string]struct{}
 }
 
-func newWatchState() watchState {
-	return watchState{tenants: map[string]config.Tenant{}, bad: map[string]error{}, dirty: map[string]struct{}{}}
+// newWatchState is an empty state with room for n tenants.
+func newWatchState(n int) watchState {
+	return watchState{tenants: make(map[string]config.Tenant, n), bad: map[string]error{}, dirty: map[string]struct{}{}}
 }
 
 func (st *watchState) setTenant(id string, value []byte, deleted bool) {
@@ -265,16 +270,41 @@ func (st *watchState) setTenant(id string, value []byte, deleted bool) {
 	st.dirty[id] = struct{}{}
 	delete(st.bad, id)
 	if deleted {
-		delete(st.tenants, id)
+		st.removeTenant(id)
 		return
 	}
 	t, err := config.ParseTenant(value)
 	if err != nil {
-		delete(st.tenants, id)
+		st.removeTenant(id)
 		st.bad[id] = err
 		return
 	}
 	st.tenants[id] = t
+}
+
+func (st *watchState) removeTenant(id string) {
+	if _, ok := st.tenants[id]; ok {
+		delete(st.tenants, id)
+		st.removed++
+	}
+}
+
+// compactTenants replaces the tenant map by a copy made to its size once
+// the tenants removed from it since it was last made number a quarter of
+// those it holds. A Go map never gives back the room of deleted entries,
+// and maps.Clone (the copy before each change) keeps that room, so without
+// this the live config of a watcher that saw many tenants come and go (an
+// apply that renames them) keeps room for removed tenants, more after each
+// such reload (about 0.25 MiB per reload renaming 100,000 tenants). The
+// copy is O(n), paid for by the n/4 removals before it. The map must not be
+// shared.
+func (st *watchState) compactTenants() {
+	if st.removed < max(shrink.MinPeak, len(st.tenants)/4) {
+		return
+	}
+	fresh := make(map[string]config.Tenant, len(st.tenants))
+	maps.Copy(fresh, st.tenants)
+	st.tenants, st.removed = fresh, 0
 }
 
 // load reads the config range and makes it live if it is new and valid,
@@ -313,7 +343,7 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	st := newWatchState()
+	st := newWatchState(len(r.tenants))
 	for id, v := range r.tenants {
 		st.setTenant(id, v, false)
 	}
@@ -481,6 +511,9 @@ func (w *Watcher) commit(ctx context.Context) {
 		next.Tenants = maps.Clone(st.docCfg.Tenants)
 		maps.Copy(next.Tenants, st.tenants)
 	case len(st.tenants) > 0:
+		if !st.shared {
+			st.compactTenants()
+		}
 		next.Tenants = st.tenants
 	default:
 		next.Tenants = nil
