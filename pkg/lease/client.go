@@ -134,7 +134,8 @@ func (o Options) withDefaults() (Options, error) {
 type Client struct {
 	opts    Options
 	table   *Table
-	core    *Core // every decision around the table; the Client is its pump
+	zero    time.Time // the table's zero (Table.at), with its monotonic reading
+	core    *Core     // every decision around the table; the Client is its pump
 	rpc     sluicev1.LeaseServiceClient
 	breaker *Breaker
 	log     *slog.Logger
@@ -193,6 +194,10 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lease client options: %w", err)
 	}
+	// The table's instants count from here, so the hot path can read them
+	// as time.Since(zero).
+	zero := time.Now()
+	table.at(zero)
 	m, err := newMetrics(o.Registerer, table)
 	if err != nil {
 		return nil, err
@@ -200,6 +205,7 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 	c := &Client{
 		opts:      o,
 		table:     table,
+		zero:      zero,
 		rpc:       sluicev1.NewLeaseServiceClient(conn),
 		breaker:   NewBreaker(o.BreakerFailures, o.BreakerCooldown),
 		log:       o.Logger,
@@ -248,7 +254,9 @@ func (c *Client) Allow(ctx context.Context, key quota.Key, cost int64) (quota.De
 	if sampled {
 		start = time.Now()
 	}
-	if in, remaining, refill, ok := c.table.allowFast(key, cost); ok {
+	// One monotonic clock reading (time.Since of a reading that carries
+	// one): the deadline test that holds while the owner loop is late.
+	if in, remaining, refill, ok := c.table.allowFast(key, cost, instant(time.Since(c.zero))); ok {
 		if refill {
 			c.kickLoop()
 		}

@@ -32,7 +32,7 @@ func TestCostAtItsBoundsIsServed(t *testing.T) {
 			tb := newTestTable(t)
 			acquire(t, tb, t0, t0, kW, tc.cost, tc.cost, func(g *sluicev1.Grant) { g.Limit = tc.limit })
 			if fast {
-				_, rem, _, ok := tb.allowFast(kW, tc.cost)
+				_, rem, _, ok := tb.allowFast(kW, tc.cost, tb.instant(t0))
 				if ok == tc.wantInvalid || (ok && rem != 0) {
 					t.Errorf("%s: clock-free path ok %v remaining %d; want ok %v", tc.name, ok, rem, !tc.wantInvalid)
 				}

@@ -221,7 +221,7 @@ func TestAllowRacesRefillAndExpiry(t *testing.T) {
 		for i := 0; admitted.Load() < target; i++ {
 			cost := int64(1 + (g+i)%2)
 			if g%2 == 0 {
-				if _, _, _, ok := tb.allowFast(key, cost); ok {
+				if _, _, _, ok := tb.allowFast(key, cost, tb.instant(clk.now())); ok {
 					admitted.Add(cost)
 				} else {
 					runtime.Gosched() // let the owner refill
@@ -315,7 +315,7 @@ func TestKeyMapRacesCreateAndForget(t *testing.T) {
 			if cur := tb.keys.lookupFresh(k); cur != nil && cur != e && !e.has(removedFlag) && !cur.has(removedFlag) {
 				dupes.Add(1)
 			}
-			if _, _, _, ok := tb.allowFast(k, 1); ok {
+			if _, _, _, ok := tb.allowFast(k, 1, tb.instant(clk.now())); ok {
 				admitted.Add(1)
 				continue
 			}

@@ -636,17 +636,17 @@ func (t *Table) expireLocked(now time.Time, e *entry) {
 // Expire enforces lease deadlines at now and returns when it must run next
 // (zero when no key holds a lease). Pools whose deadline passed are
 // emptied; keys within their guard time of the deadline get checkClock, so
-// the clock-free hot path stops serving them and every decision compares
-// the clock with the deadline. An owner that calls Expire at the returned
-// times therefore never lets a token be spent at or after its deadline,
-// unless its own wake-up is late by more than the guard (half the TTL).
+// the lock-free hot path stops serving them and every decision goes
+// through Allow. An owner whose wake-up is late by more than the guard
+// (half the TTL) leaves the deadline to the hot path's own clock reading
+// (allowFast).
 func (t *Table) Expire(now time.Time) time.Time { return t.ExpireFor(now, 0) }
 
 // ExpireFor is Expire for an owner about to be busy for up to busy (a
 // blocking RPC) before it can call Expire again: every key whose guard
 // time falls before now + busy gets checkClock at once, and grants applied
 // meanwhile set it against that horizon too. So however the RPC timeout
-// compares with the lease TTL, the clock-free hot path never serves a key
+// compares with the lease TTL, the lock-free hot path never serves a key
 // past its deadline while the owner is blocked.
 func (t *Table) ExpireFor(now time.Time, busy time.Duration) time.Time {
 	horizon := t.instant(now.Add(max(busy, 0)))

@@ -467,12 +467,17 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 	return quota.Decision{}, ActAcquire, nil
 }
 
-// allowFast is Allow for callers that do not read the clock: it succeeds
-// only while the key's deadline is far (info.checkClock unset), which the
-// owner guarantees by calling Expire on time. ok false means: call Allow.
-// It returns the pieces of the decision rather than a built Decision, so
-// the caller builds it once, in place.
-func (t *Table) allowFast(key quota.Key, cost int64) (in *keyInfo, remaining int64, refill, ok bool) {
+// allowFast is Allow's lock-free path: it succeeds only while the key's
+// deadline is far (info.checkClock unset, which the owner sets by calling
+// Expire on time) and at, the caller's clock reading as an instant (see
+// Table.at), is before the deadline. The second test is what holds when
+// the owner is late: a process resumed after a pause (SIGSTOP, a frozen
+// VM, a long GC or cgroup throttle) runs requests before the owner's
+// overdue wake-up, and without it spent an expired lease's tokens, which
+// the region may already have reclaimed and handed to a peer. ok false
+// means: call Allow. It returns the pieces of the decision rather than a
+// built Decision, so the caller builds it once, in place.
+func (t *Table) allowFast(key quota.Key, cost int64, at instant) (in *keyInfo, remaining int64, refill, ok bool) {
 	if cost < 1 || cost > quota.MaxCost {
 		return nil, 0, false, false
 	}
@@ -481,7 +486,7 @@ func (t *Table) allowFast(key quota.Key, cost int64) (in *keyInfo, remaining int
 		return nil, 0, false, false
 	}
 	in = e.info.Load()
-	if in.checkClock || (in.limit > 0 && cost > in.limit) {
+	if in.checkClock || (in.hasLease && at >= in.deadline) || (in.limit > 0 && cost > in.limit) {
 		return nil, 0, false, false
 	}
 	remaining, refill, ok = e.take(cost, int64(in.lowWater))

@@ -148,6 +148,37 @@ func TestDeadlineTakesLatestSend(t *testing.T) {
 	}
 }
 
+// TestFastPathStopsAtTheDeadlineWhenTheOwnerIsLate: the owner never ran
+// Expire (a process paused past its lease's deadline, resumed, and serving
+// requests before the owner's overdue wake-up), so checkClock is unset. The
+// lock-free path still serves nothing at or after the deadline on the
+// caller's clock reading (DESIGN invariant 4): the region may have
+// reclaimed those tokens and handed them to a peer. Allow then expires the
+// pool rather than spending it.
+func TestFastPathStopsAtTheDeadlineWhenTheOwnerIsLate(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0.Add(time.Millisecond), kW, 5, 5)
+	deadline := t0.Add(testTTL)
+	if state(t, tb, kW).CheckClock {
+		t.Fatal("checkClock set without Expire")
+	}
+	if _, _, _, ok := tb.allowFast(kW, 1, tb.instant(deadline.Add(-time.Nanosecond))); !ok {
+		t.Fatal("fast path refused a token just before the deadline")
+	}
+	for _, late := range []time.Duration{0, time.Nanosecond, testTTL, time.Hour} {
+		if _, _, _, ok := tb.allowFast(kW, 1, tb.instant(deadline.Add(late))); ok {
+			t.Fatalf("fast path spent a token %v after the deadline with the owner late", late)
+		}
+	}
+	d, act := allow(t, tb, deadline.Add(time.Second), kW, 1)
+	if d.Allowed || act != ActAcquire {
+		t.Fatalf("clocked path after the deadline: %+v, action %v; want the pool expired and an acquire", d, act)
+	}
+	if got := state(t, tb, kW).Tokens; got != 0 {
+		t.Fatalf("the expired pool still holds %d tokens", got)
+	}
+}
+
 // The pool is emptied at the deadline by Expire, and the clock-free path
 // refuses the key from deadline − guard on.
 func TestExpireEnforcesDeadline(t *testing.T) {
@@ -157,7 +188,7 @@ func TestExpireEnforcesDeadline(t *testing.T) {
 	if next := tb.Expire(t0.Add(time.Second)); !next.Equal(guardAt) {
 		t.Fatalf("Expire asks to run next at %v, want deadline - ttl/2 = %v", next.Sub(t0), guardAt.Sub(t0))
 	}
-	if _, _, _, ok := tb.allowFast(kW, 1); !ok {
+	if _, _, _, ok := tb.allowFast(kW, 1, tb.instant(t0.Add(time.Second))); !ok {
 		t.Fatal("fast path refused a key far from its deadline")
 	}
 	if next := tb.Expire(guardAt); !next.Equal(t0.Add(testTTL)) {
@@ -166,7 +197,7 @@ func TestExpireEnforcesDeadline(t *testing.T) {
 	if !state(t, tb, kW).CheckClock {
 		t.Fatal("checkClock not set at deadline - guard")
 	}
-	if _, _, _, ok := tb.allowFast(kW, 1); ok {
+	if _, _, _, ok := tb.allowFast(kW, 1, tb.instant(guardAt)); ok {
 		t.Fatal("fast path served a key within its guard time")
 	}
 	if _, act := allow(t, tb, t0.Add(testTTL-time.Millisecond), kW, 1); act != ActNone && act != ActRefill {
@@ -545,7 +576,7 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 				t.Errorf("%s: err %v, want quota.ErrInvalid", tc.name, err)
 			}
 		}
-		if _, _, _, ok := tb.allowFast(tc.key, tc.cost); ok {
+		if _, _, _, ok := tb.allowFast(tc.key, tc.cost, tb.instant(t0)); ok {
 			t.Errorf("%s: fast path accepted it", tc.name)
 		}
 	}
