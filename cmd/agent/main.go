@@ -75,7 +75,7 @@ type flags struct {
 func parseFlags(args []string) (*flags, error) {
 	f := &flags{}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	fs.StringVar(&f.regionAddr, "region-addr", "", "the region's regional service (LeaseService): host:port or a gRPC target such as dns:///sluice-regional.sluice:7400 (required)")
+	fs.StringVar(&f.regionAddr, "region-addr", "", "the region's regional service (LeaseService): host:port, its replicas as host:port,host:port,... (round-robin), or a gRPC target such as dns:///sluice-regional-headless.sluice:7400 (required)")
 	fs.StringVar(&f.grpcAddr, "listen", agent.DefaultGRPCAddr, "gRPC listen address (Envoy RateLimitService, health, reflection)")
 	fs.StringVar(&f.httpAddr, "http-listen", agent.DefaultHTTPAddr, `HTTP listen address of POST /v1/allow ("off" disables)`)
 	fs.StringVar(&f.metricsAddr, "metrics-listen", agent.DefaultMetricsAddr, `HTTP listen address for /metrics, /healthz and /livez ("off" disables)`)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/sluicehq/sluice/internal/endpoint"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -57,9 +59,11 @@ type ConfigSource interface {
 // them directly.
 type Options struct {
 	// RegionAddr is the gRPC target of the region's LeaseService:
-	// host:port, or any gRPC target; a dns:/// target naming every
-	// replica (a headless Service) spreads the lease RPCs over them
-	// round-robin. Required.
+	// host:port, a comma-separated list of host:port (the region's
+	// replicas), or any gRPC target; a list, or a dns:/// target naming
+	// every replica (a headless Service), spreads the lease RPCs over
+	// the replicas round-robin, so one replica down or restarting leaves
+	// the others answering. Required.
 	RegionAddr string
 	// RegionCreds are the transport credentials towards the region.
 	// Optional, default plaintext.
@@ -263,7 +267,11 @@ func Start(o Options) (*Agent, error) {
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 		grpc.WithConnectParams(lease.ConnectParams()),
 	}, o.DialOptions...)
-	if a.conn, err = grpc.NewClient(o.RegionAddr, dial...); err != nil {
+	target := o.RegionAddr
+	if replicas := strings.Split(o.RegionAddr, ","); len(replicas) > 1 {
+		target, dial = staticReplicas(replicas, dial)
+	}
+	if a.conn, err = grpc.NewClient(target, dial...); err != nil {
 		return fail(fmt.Errorf("agent: region address %s: %w", o.RegionAddr, err))
 	}
 	if a.client, err = lease.NewClient(a.conn, lo); err != nil {
@@ -402,11 +410,33 @@ func (a *Agent) Stop() {
 	})
 }
 
+// staticReplicas is a gRPC target resolving to the given host:port
+// addresses, each a replica of the region, with the dial options that make
+// the connection use it: gRPC has no target naming a list of addresses.
+func staticReplicas(replicas []string, dial []grpc.DialOption) (string, []grpc.DialOption) {
+	r := manual.NewBuilderWithScheme("sluice-replicas")
+	addrs := make([]resolver.Address, len(replicas))
+	for i, addr := range replicas {
+		addrs[i] = resolver.Address{Addr: strings.TrimSpace(addr)}
+	}
+	r.InitialState(resolver.State{Addresses: addrs})
+	return r.Scheme() + ":///region", append(dial, grpc.WithResolvers(r))
+}
+
 // checkTarget refuses a region address gRPC would take and never connect
-// with: neither host:port nor a target of a registered scheme (gRPC falls
-// back to resolving the whole text as a host name, logs a warning, and
-// every request is then decided by its on_failure policy).
+// with: neither host:port, a list of host:port, nor a target of a
+// registered scheme (gRPC falls back to resolving the whole text as a host
+// name, logs a warning, and every request is then decided by its
+// on_failure policy).
 func checkTarget(target string) error {
+	if replicas := strings.Split(target, ","); len(replicas) > 1 {
+		for _, addr := range replicas {
+			if _, _, err := net.SplitHostPort(strings.TrimSpace(addr)); err != nil {
+				return fmt.Errorf("replica %q: %v; a list names replicas as host:port, separated by commas", addr, err)
+			}
+		}
+		return nil
+	}
 	if u, err := url.Parse(target); err == nil && u.Scheme != "" && resolver.Get(u.Scheme) != nil {
 		return nil
 	}
