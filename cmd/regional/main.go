@@ -76,6 +76,7 @@ type flags struct {
 	dev                                 bool
 	region, grpcAddr, httpAddr          string
 	redisAddr, redisPassword            string
+	redisUsername                       string
 	redisCluster, redisAllowEviction    bool
 	configFile, coldStart, logLevel     string
 	etcdEndpoints, etcdPrefix           string
@@ -98,7 +99,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.httpAddr, "metrics-listen", "127.0.0.1:7401", `HTTP listen address for /metrics, /healthz and /livez ("off" disables)`)
 	fs.StringVar(&f.redisAddr, "redis-addr", "127.0.0.1:6379", "the region's Redis (host:port); several comma-separated addresses mean a Redis Cluster")
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "treat a single -redis-addr as a Redis Cluster endpoint")
-	fs.StringVar(&f.redisPassword, "redis-password", "", "Redis password")
+	fs.StringVar(&f.redisUsername, "redis-username", "", "Redis ACL user to authenticate as (with -redis-password); empty = the default user. docs/operations.md has the least-privilege ACL")
+	fs.StringVar(&f.redisPassword, "redis-password", "", "Redis password (of -redis-username, else of the default user); never logged")
 	fs.BoolVar(&f.redisAllowEviction, "redis-allow-eviction", false, "start on a Redis whose maxmemory-policy may evict keys (maxmemory set, a policy other than noeviction), refused without it: an evicted token bucket comes back full, so the region admits more than its limit, by up to a burst per eviction (gives up invariant 1; docs/operations.md, Redis evicts keys)")
 	fs.StringVar(&f.configFile, "config", "", "config file (YAML): the config without etcd, the bootstrap written to etcd when it holds none; empty = the built-in sample")
 	fs.StringVar(&f.coldStart, "cold-start", "conservative", `how a Redis with no Sluice data is treated at this process's start: "conservative" (new buckets start empty for the longer of one lease TTL and one grant validity plus one epoch) or "full" (a fresh deployment whose Redis never held leases: buckets start full); a Redis that loses its data while the process runs is always treated conservatively`)
@@ -125,9 +127,16 @@ func parseFlags(args []string) (*flags, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if err := regional.ValidateRedisAddr(f.redisAddr); err != nil {
+		return nil, fmt.Errorf("-redis-addr wants host:port (comma-separated for a Redis Cluster): %w", err)
+	}
 	// Values the service would refuse in the words of its options are
 	// refused here naming the flag.
 	switch {
+	case f.redisAddr == "":
+		return nil, errors.New("-redis-addr is required (host:port)")
+	case f.redisUsername != "" && f.redisPassword == "":
+		return nil, errors.New("-redis-username needs -redis-password")
 	case f.sessionTTL <= 0:
 		return nil, fmt.Errorf("-session-ttl %v must be positive", f.sessionTTL)
 	case f.perConnection < 1:
@@ -255,7 +264,8 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	}
 	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
 		Region: f.region, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
-		RedisAddr: f.redisAddr, RedisCluster: f.redisCluster, RedisPassword: f.redisPassword,
+		RedisAddr: f.redisAddr, RedisCluster: f.redisCluster,
+		RedisUsername: f.redisUsername, RedisPassword: f.redisPassword,
 		AllowEviction: f.redisAllowEviction,
 		Config:        source, ColdStart: cs, ServerTLS: serverTLS, Registry: reg, Logger: logger,
 		Leader: leaderOpts, Unleased: f.unleased,

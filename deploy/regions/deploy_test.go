@@ -41,7 +41,7 @@ const (
 // variable naming anything else is silently ignored by the daemon, so the
 // manifests must not rely on one.
 func regionalFlags() []string {
-	return []string{"region", "listen", "metrics-listen", "redis-addr", "redis-cluster", "redis-password", "config",
+	return []string{"region", "listen", "metrics-listen", "redis-addr", "redis-cluster", "redis-username", "redis-password", "config",
 		"etcd-endpoints", "etcd-prefix", "global-addr", "session-ttl", "cold-start", "log-level", "envoy-headers",
 		"tls-cert", "tls-key", "tls-client-ca", "tls-ca", "global-tls-name", "etcd-cert", "etcd-key", "etcd-ca", "etcd-username", "etcd-password",
 		"max-inflight-per-connection", "max-inflight-per-identity"}
