@@ -4,18 +4,17 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/tlstest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
@@ -29,40 +28,20 @@ auth:
     - {match: spiffe://sluice.test/operator, roles: operator}
 `
 
-// mtlsDir writes a CA, a server certificate for 127.0.0.1 and one client
-// certificate per name (SAN URI spiffe://sluice.test/<name>) into a
-// temporary directory.
-func mtlsDir(t *testing.T, clients ...string) string {
+// mtlsPKI writes a CA, a server certificate for 127.0.0.1 and one client
+// certificate per name (SAN URI spiffe://sluice.test/<name>).
+func mtlsPKI(t *testing.T, clients ...string) *tlstest.PKI {
 	t.Helper()
-	dir := t.TempDir()
-	now := time.Now()
-	ca, err := tlsconfig.NewCA("sluice test CA", now, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ca.WriteCA(dir); err != nil {
-		t.Fatal(err)
-	}
-	if err := ca.WriteLeaf(dir, tlsconfig.Leaf{Name: "server", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}, now, time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	leaves := []tlsconfig.Leaf{{Name: "server", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}}
 	for _, c := range clients {
-		leaf := tlsconfig.Leaf{Name: strings.ReplaceAll(c, "/", "-"), URIs: []string{"spiffe://sluice.test/" + c}, Client: true}
-		if err := ca.WriteLeaf(dir, leaf, now, time.Hour); err != nil {
-			t.Fatal(err)
-		}
+		leaves = append(leaves, tlsconfig.Leaf{Name: strings.ReplaceAll(c, "/", "-"), URIs: []string{"spiffe://sluice.test/" + c}, Client: true})
 	}
-	return dir
+	return tlstest.Write(t, leaves...)
 }
 
-func dialAs(t *testing.T, dir, addr, name string) sluicev1.AllocatorServiceClient {
+func dialAs(t *testing.T, pki *tlstest.PKI, addr, name string) sluicev1.AllocatorServiceClient {
 	t.Helper()
-	f := filepath.Join(dir, strings.ReplaceAll(name, "/", "-"))
-	cfg, err := tlsconfig.Client(filepath.Join(dir, "ca.crt"), f+".crt", f+".key", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(pki.Creds(t, strings.ReplaceAll(name, "/", "-"), "")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,11 +56,8 @@ func dialAs(t *testing.T, dir, addr, name string) sluicev1.AllocatorServiceClien
 // nothing on the AllocatorService; the operator may read Status.
 func TestCallersOnlyDoWhatTheirRoleAllows(t *testing.T) {
 	srv := etcdtest.Start(t)
-	dir := mtlsDir(t, "region/a", "instance", "operator")
-	serverTLS, err := tlsconfig.Server(filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key"), filepath.Join(dir, "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pki := mtlsPKI(t, "region/a", "instance", "operator")
+	serverTLS := pki.Server(t, "server")
 	d, err := allocator.StartDaemon(context.Background(), allocator.DaemonOptions{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Etcd: srv.Client(t), Prefix: "/test",
 		// One replica leads throughout (its Stop resigns): with a session
@@ -97,7 +73,7 @@ func TestCallersOnlyDoWhatTheirRoleAllows(t *testing.T) {
 	defer d.Stop()
 	waitFor(t, 10*time.Second, "the replica leads", d.IsLeader)
 
-	a := dialAs(t, dir, d.GRPCAddr(), "region/a")
+	a := dialAs(t, pki, d.GRPCAddr(), "region/a")
 	first, err := a.Sync(rpcCtx(t), report("a", 1, demand("acme", 10)))
 	if err != nil {
 		t.Fatalf("region a's own report: %v", err)
@@ -121,7 +97,7 @@ func TestCallersOnlyDoWhatTheirRoleAllows(t *testing.T) {
 	if _, err := a.SyncPage(rpcCtx(t), &sluicev1.RegionReport{Region: "a", Seq: 2, Pages: 2, Keys: []*sluicev1.KeyDemand{demand("acme", 10)}}); err != nil {
 		t.Fatalf("region a's own page: %v", err)
 	}
-	op := dialAs(t, dir, d.GRPCAddr(), "operator")
+	op := dialAs(t, pki, d.GRPCAddr(), "operator")
 	st, err := op.Status(rpcCtx(t), &sluicev1.StatusRequest{})
 	if err != nil {
 		t.Fatalf("operator status: %v", err)
@@ -157,7 +133,7 @@ func TestCallersOnlyDoWhatTheirRoleAllows(t *testing.T) {
 		t.Fatalf("region a watching its own nudges: %v, want the stream held open until the caller's deadline", err)
 	}
 
-	inst := dialAs(t, dir, d.GRPCAddr(), "instance")
+	inst := dialAs(t, pki, d.GRPCAddr(), "instance")
 	if _, err := inst.Sync(rpcCtx(t), report("a", 3, demand("acme", 10))); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("instance certificate sending a report: %v, want PermissionDenied", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/internal/tlstest"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -252,34 +252,8 @@ func (r *replayer) Allow(_ context.Context, key quota.Key, cost int64) (quota.De
 // the server's TLS config and the loopback's and Envoy's credentials.
 func testPKI(t *testing.T) (*tls.Config, credentials.TransportCredentials, credentials.TransportCredentials) {
 	t.Helper()
-	dir := t.TempDir()
-	now := time.Now()
-	ca, err := tlsconfig.NewCA("test CA", now, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ca.WriteCA(dir); err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range []tlsconfig.Leaf{
-		{Name: "regional", URIs: []string{"spiffe://t/region/local"}, DNSNames: []string{"localhost"}, Server: true, Client: true},
-		{Name: "envoy", URIs: []string{"spiffe://t/envoy"}, Client: true},
-	} {
-		if err := ca.WriteLeaf(dir, l, now, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f := func(n string) string { return filepath.Join(dir, n) }
-	server, err := tlsconfig.Server(f("regional.crt"), f("regional.key"), f("ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := func(who string) credentials.TransportCredentials {
-		c, err := tlsconfig.Client(f("ca.crt"), f(who+".crt"), f(who+".key"), "localhost")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return credentials.NewTLS(c)
-	}
-	return server, client("regional"), client("envoy")
+	pki := tlstest.Write(t,
+		tlsconfig.Leaf{Name: "regional", URIs: []string{"spiffe://t/region/local"}, DNSNames: []string{"localhost"}, Server: true, Client: true},
+		tlsconfig.Leaf{Name: "envoy", URIs: []string{"spiffe://t/envoy"}, Client: true})
+	return pki.Server(t, "regional"), pki.Creds(t, "regional", "localhost"), pki.Creds(t, "envoy", "localhost")
 }

@@ -3,17 +3,16 @@ package lease_test
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/internal/tlstest"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -27,28 +26,9 @@ import (
 // credentials were refused and which role it needs, so the operator does
 // not look for an outage of a region that is up.
 func TestRefusedCredentialsAreLoggedAsSuchNotAsAnOutage(t *testing.T) {
-	dir := t.TempDir()
-	now := time.Now()
-	ca, err := tlsconfig.NewCA("test CA", now, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ca.WriteCA(dir); err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range []tlsconfig.Leaf{
-		{Name: "regional", URIs: []string{"spiffe://t/region/local"}, DNSNames: []string{"localhost"}, Server: true, Client: true},
-		{Name: "envoy", URIs: []string{"spiffe://t/envoy"}, Client: true},
-	} {
-		if err := ca.WriteLeaf(dir, l, now, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f := func(n string) string { return filepath.Join(dir, n) }
-	serverTLS, err := tlsconfig.Server(f("regional.crt"), f("regional.key"), f("ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pki := tlstest.Write(t,
+		tlsconfig.Leaf{Name: "regional", URIs: []string{"spiffe://t/region/local"}, DNSNames: []string{"localhost"}, Server: true, Client: true},
+		tlsconfig.Leaf{Name: "envoy", URIs: []string{"spiffe://t/envoy"}, Client: true})
 	cfg := regiontest.MustConfig(t, `
 regions: {local: {weight: 1}}
 classes: {read: {on_failure: local}}
@@ -61,7 +41,7 @@ auth:
 `)
 	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: redistest.Start(t).Addr(),
-		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true, ServerTLS: serverTLS,
+		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true, ServerTLS: pki.Server(t, "regional"),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -69,11 +49,7 @@ auth:
 	t.Cleanup(d.Stop)
 
 	dial := func(who string) *grpc.ClientConn {
-		tc, err := tlsconfig.Client(f("ca.crt"), f(who+".crt"), f(who+".key"), "localhost")
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(pki.Creds(t, who, "localhost")))
 		if err != nil {
 			t.Fatal(err)
 		}
