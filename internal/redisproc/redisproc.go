@@ -145,7 +145,8 @@ func (p *Proc) signal(sig syscall.Signal) error {
 	return p.cmd.Process.Signal(sig)
 }
 
-// Restart starts an empty server on the same port.
+// Restart starts the server again on the same port: empty, or loading the
+// RDB file its arguments point it at (what the last SAVE wrote there).
 func (p *Proc) Restart() error {
 	p.Stop()
 	if p.embedded {

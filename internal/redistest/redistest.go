@@ -39,7 +39,9 @@ func Start(t testing.TB) *Server {
 }
 
 // StartWith is Start with more redis-server arguments (for example
-// "--maxmemory", "64mb").
+// "--maxmemory", "64mb"; or "--dir", a directory for the RDB file, so a
+// Restart loads what SAVE wrote there: a Redis restored from an older
+// snapshot).
 func StartWith(t testing.TB, args ...string) *Server {
 	t.Helper()
 	p, err := redisproc.StartWith(args...)
@@ -80,7 +82,8 @@ func (s *Server) Resume() {
 	}
 }
 
-// Restart starts an empty server on the same port again.
+// Restart starts the server again on the same port: empty, or with what
+// the last SAVE wrote when it was started with a "--dir".
 func (s *Server) Restart() {
 	s.t.Helper()
 	if err := s.p.Restart(); err != nil {

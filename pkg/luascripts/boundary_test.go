@@ -39,8 +39,8 @@ func TestStampBornKeepsAWrittenSentinel(t *testing.T) {
 			if want := tc.wantBorn(t0); err != nil || len(got) != 1 || got[0].Written || got[0].BornUS != want {
 				t.Fatalf("second stamp: %+v, %v; want the stored %d, not written", got, err, want)
 			}
-			res, err := w.sc.born.Run(w.ctx, w.rdb, []string{k.Born}, "0", w.now).Slice()
-			if want := []any{tc.wantBorn(t0), int64(0)}; err != nil || !reflect.DeepEqual(res, want) {
+			res, err := w.sc.born.Run(w.ctx, w.rdb, []string{k.Born, k.Gen}, "0", 0, w.now).Slice()
+			if want := []any{tc.wantBorn(t0), int64(0), int64(GenJump), int64(0)}; err != nil || !reflect.DeepEqual(res, want) {
 				t.Fatalf("born script on a stored sentinel: %v, %v; want %v (the birth, not written)", res, err, want)
 			}
 			if v := w.rdb.Get(w.ctx, k.Born).Val(); v != itoa(tc.wantBorn(t0)) {
@@ -119,12 +119,12 @@ func TestNeverIsMinusOneOnTheWire(t *testing.T) {
 			k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
 			tc.prep(w, k, tc.c)
 			res, err := w.sc.check.Run(w.ctx, w.rdb, k.list(), w.sc.args(k, tc.c, tc.cost)...).Slice()
-			if err != nil || len(res) != 8 || res[0] != int64(0) || res[2] != int64(-1) {
+			if err != nil || len(res) != 10 || res[0] != int64(0) || res[2] != int64(-1) {
 				t.Fatalf("check of %d: reply %v, %v; want denied with retry -1", tc.cost, res, err)
 			}
 			r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: tc.cost, Min: tc.cost}
 			res, err = w.sc.acquire.Run(w.ctx, w.rdb, k.list(), w.sc.args(k, tc.c, r.opArgs()...)...).Slice()
-			if err != nil || len(res) != 13 || res[0] != int64(0) || res[3] != int64(-1) || res[9] != int64(0) || res[11] != int64(0) || res[12] != int64(0) {
+			if err != nil || len(res) != 15 || res[0] != int64(0) || res[3] != int64(-1) || res[9] != int64(0) || res[11] != int64(0) || res[12] != int64(0) {
 				t.Fatalf("lease of %d: reply %v, %v; want nothing granted, retry -1, no duplicate (0), no conflict (0), nothing returned (0)", tc.cost, res, err)
 			}
 		})

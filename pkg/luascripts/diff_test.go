@@ -34,6 +34,7 @@ func TestLuaMatchesModel(t *testing.T) {
 		if err := rdb.FlushDB(ctx).Err(); err != nil {
 			rt.Fatalf("flushdb: %v", err)
 		}
+		sc.forgetGenerations()
 		m := NewModel()
 		now := int64(1_700_000_000_000_000) + rapid.Int64Range(0, 1e9).Draw(rt, "start")
 
@@ -98,6 +99,9 @@ func TestLuaMatchesModel(t *testing.T) {
 		}
 		views := map[string]*view{}
 		last := map[string]Report{}
+
+		// A snapshot of both sides (op 9) that a later op 9 may restore.
+		var saved *rollbackPoint
 
 		steps := rapid.IntRange(1, 60).Draw(rt, "steps")
 		for step := 0; step < steps; step++ {
@@ -178,7 +182,7 @@ func TestLuaMatchesModel(t *testing.T) {
 			}
 			var got, want any
 			var err error
-			switch opn := rapid.IntRange(0, 8).Draw(rt, "op"); opn {
+			switch opn := rapid.IntRange(0, 9).Draw(rt, "op"); opn {
 			case 8:
 				// The region leader trims the candidate set.
 				dl = 0 // no script runs
@@ -188,6 +192,17 @@ func TestLuaMatchesModel(t *testing.T) {
 					rt.Fatalf("trim: %v", err)
 				}
 				got, want = 0, 0
+			case 9:
+				// Redis goes back in time: restored from a snapshot taken
+				// earlier, or a lagging replica promoted; the instances and
+				// the process keep their views.
+				dl = 0 // no script runs
+				if saved == nil || rapid.Bool().Draw(rt, "save") {
+					saved = takeRollbackPoint(ctx, rt, rdb, m)
+				} else {
+					m = saved.restore(ctx, rt, rdb, m.Generations())
+				}
+				got, want = 0, 0
 			case 7:
 				// Redis restarts empty: every key and sentinel is gone
 				// while the instances keep their views.
@@ -195,7 +210,7 @@ func TestLuaMatchesModel(t *testing.T) {
 				if err := rdb.FlushDB(ctx).Err(); err != nil {
 					rt.Fatalf("flushdb: %v", err)
 				}
-				m = NewModel()
+				m = NewModelSeen(m.Generations())
 				stamp()
 				got, want = 0, 0
 			case 0:
@@ -316,7 +331,7 @@ func snapshot(ctx context.Context, t fataler, rdb *redis.Client) map[string]map[
 // (PTTL counts down in real time, so allow the real time a run takes).
 func checkTTLs(ctx context.Context, t *rapid.T, rdb *redis.Client, m *Model) {
 	for name := range m.Snapshot() {
-		if _, ok := m.BornOf(name); ok || strings.HasSuffix(name, "cand") {
+		if _, ok := m.BornOf(name); ok || strings.HasSuffix(name, "cand") || strings.HasSuffix(name, ":gen") {
 			if got := rdb.PTTL(ctx, name).Val(); got != -1 {
 				t.Fatalf("born sentinel or candidate set %s has PTTL %v, want none", name, got)
 			}
@@ -379,4 +394,43 @@ func TestBornKeysShareTheirSlot(t *testing.T) {
 	if one := BornKeys(DefaultPrefix, false); len(one) != 1 || one[0] != KeysFor(DefaultPrefix, quota.Key{Tenant: "a", Class: "b"}).Born {
 		t.Fatalf("single Redis sentinels %v", one)
 	}
+}
+
+// rollbackPoint is a snapshot of a real Redis and of the Model driven
+// through the same operations.
+type rollbackPoint struct {
+	model *Model
+	dumps map[string]string        // key -> DUMP
+	ttls  map[string]time.Duration // key -> PTTL at the snapshot (-1: none)
+}
+
+func takeRollbackPoint(ctx context.Context, t fataler, rdb *redis.Client, m *Model) *rollbackPoint {
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatalf("keys: %v", err)
+	}
+	p := &rollbackPoint{model: m.rolledBack(m.Generations()), dumps: map[string]string{}, ttls: map[string]time.Duration{}}
+	for _, k := range keys {
+		p.dumps[k] = rdb.Dump(ctx, k).Val()
+		p.ttls[k] = rdb.PTTL(ctx, k).Val()
+	}
+	return p
+}
+
+// restore puts Redis back to the snapshot and returns the Model as it was
+// then, called by a process whose view is g.
+func (p *rollbackPoint) restore(ctx context.Context, t fataler, rdb *redis.Client, g *Generations) *Model {
+	if err := rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatalf("flushdb: %v", err)
+	}
+	for k, d := range p.dumps {
+		ttl := p.ttls[k]
+		if ttl < 0 {
+			ttl = 0
+		}
+		if err := rdb.Restore(ctx, k, ttl, d).Err(); err != nil {
+			t.Fatalf("restore %s: %v", k, err)
+		}
+	}
+	return p.model.rolledBack(g)
 }

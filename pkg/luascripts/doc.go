@@ -26,7 +26,11 @@
 //     Redis restart is not handed a free burst: every script reads the
 //     born sentinel of the key's data set (Keys.Born: one per Redis, one
 //     per hash slot on a cluster) in the call that creates a bucket, and
-//     writes it when it is missing (Common.RestartWait).
+//     writes it when it is missing (Common.RestartWait); nor is a bucket
+//     of a data set that went back in time (an older snapshot restored, a
+//     lagging replica promoted): its write generation (Keys.Gen) is below
+//     the one the caller passes (Generations), and the call re-births the
+//     data set, so buckets written before the new birth start empty.
 //   - Calls that can only undo (release, reap, a report of an unknown
 //     lease asking for nothing) create no bucket and no lease record.
 //   - A usage report is applied at most once per (instance, key, seq).

@@ -66,6 +66,7 @@ func FuzzScriptsMatchModel(f *testing.F) {
 		if err := rdb.FlushDB(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
+		sc.forgetGenerations()
 		in := &fuzzInput{b: data}
 		c := Common{
 			StaticRate: pickOf(in, fuzzRates), StaticBurst: pickOf(in, fuzzBursts),
@@ -226,7 +227,7 @@ func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Script
 			t.Fatalf("%s: state differs\n redis: %v\n model: %v", where, state, ms)
 		}
 		for name := range state {
-			if name == k.Born || name == k.Cand {
+			if name == k.Born || name == k.Cand || name == k.Gen {
 				if got := rdb.PTTL(ctx, name).Val(); got != -1 {
 					t.Fatalf("%s: %s PTTL %v, want none", where, name, got)
 				}

@@ -26,14 +26,22 @@ type Keys struct {
 	// single Redis, one per hash slot on a cluster (CandKey). Member is
 	// the key's member in it, "tenant|class".
 	Cand, Member string
+	// Gen is the born sentinel's write generation (GenKey(Born)): every
+	// call that saves a bucket raises it, so a data set that goes back in
+	// time is found (see lib.lua, Rollback).
+	Gen string
 }
+
+// GenKey is the write generation of the data set of born sentinel born:
+// its name + ":gen", in the same hash slot.
+func GenKey(born string) string { return born + ":gen" }
 
 // KeysFor names the Redis keys of k under prefix on a single Redis (one
 // data set, one sentinel). k must be valid.
 func KeysFor(prefix string, k quota.Key) Keys {
 	tag := prefix + "{" + k.Tenant + "|" + k.Class + "}:"
 	return Keys{Bucket: tag + "b", Leases: tag + "l", Expiry: tag + "x", Born: prefix + "born",
-		Cand: prefix + "cand", Member: k.Tenant + "|" + k.Class}
+		Cand: prefix + "cand", Member: k.Tenant + "|" + k.Class, Gen: GenKey(prefix + "born")}
 }
 
 // ClusterKeysFor names the Redis keys of k under prefix on a Redis
@@ -45,6 +53,7 @@ func ClusterKeysFor(prefix string, k quota.Key) Keys {
 	slot := Slot(k.Tenant + "|" + k.Class)
 	ks.Born = BornKey(prefix, slot)
 	ks.Cand = CandKey(prefix, slot)
+	ks.Gen = GenKey(ks.Born)
 	return ks
 }
 
@@ -136,4 +145,4 @@ func RestartWait(leaseTTL, grantValidity, epoch time.Duration) time.Duration {
 	return max(leaseTTL, grantValidity+epoch)
 }
 
-func (k Keys) list() []string { return []string{k.Bucket, k.Leases, k.Expiry, k.Born, k.Cand} }
+func (k Keys) list() []string { return []string{k.Bucket, k.Leases, k.Expiry, k.Born, k.Cand, k.Gen} }

@@ -43,6 +43,9 @@ func (s *Scripts) StateMany(ctx context.Context, c interface {
 				return
 			}
 			out[i].State, out[i].Err = parseState(res)
+			if out[i].Err == nil {
+				s.gens.note(items[i].Keys.Born, out[i].State.Gen, out[i].State.Reborn, out[i].State.NowUS)
+			}
 		})
 	return out
 }
@@ -80,6 +83,9 @@ func (s *Scripts) SetRateMany(ctx context.Context, c interface {
 			return
 		}
 		out[i].Reply, out[i].Err = parseSetRate(res)
+		if out[i].Err == nil {
+			s.gens.note(items[i].Keys.Born, out[i].Reply.Gen, out[i].Reply.Reborn, out[i].Reply.NowUS)
+		}
 	})
 	return out
 }
@@ -107,7 +113,7 @@ func (s *Scripts) runMany(ctx context.Context, c interface {
 	qs := RunQueued(ctx, c, func(p redis.Pipeliner) []*Queued {
 		out := make([]*Queued, len(calls))
 		for ci, call := range calls {
-			ks := make([]string, 0, 5*len(call))
+			ks := make([]string, 0, 6*len(call))
 			var as []any
 			for j, i := range call {
 				a := args(i)

@@ -22,6 +22,10 @@ type Model struct {
 	buckets map[string]*modelBucket // by Keys.Bucket
 	leases  map[string]*modelLeases // by Keys.Leases (the hash and its zset)
 	born    map[string]float64      // born sentinels, by Keys.Born (no TTL)
+	gen     map[string]float64      // data sets' write generations, by Keys.Gen (no TTL)
+	// gens is the calling process's view of the generations (Scripts'
+	// Generations): passed to every operation, raised by every reply.
+	gens *Generations
 	// cands are the candidate sets, by Keys.Cand: member → score (no TTL).
 	cands map[string]map[string]float64
 	// refilled is the bucket's tokens right after the last operation's
@@ -54,24 +58,43 @@ type modelLeases struct {
 	ttlMS    float64
 }
 
-// NewModel returns an empty model (an empty Redis).
-func NewModel() *Model {
+// NewModel returns an empty model (an empty Redis) called by a process
+// that has seen nothing of it.
+func NewModel() *Model { return NewModelSeen(NewGenerations()) }
+
+// NewModelSeen returns an empty model called by a process whose view of
+// the data sets' generations is g (an emptied Redis that the process saw
+// before).
+func NewModelSeen(g *Generations) *Model {
 	return &Model{buckets: map[string]*modelBucket{}, leases: map[string]*modelLeases{}, born: map[string]float64{},
-		cands: map[string]map[string]float64{}}
+		gen: map[string]float64{}, cands: map[string]map[string]float64{}, gens: g}
 }
 
-// StampBorn mirrors Scripts.StampBorn for one sentinel: it writes a
-// missing one (0 when trustFull, else nowUS) and returns its value.
+// Generations is the calling process's view of the data sets'
+// generations.
+func (m *Model) Generations() *Generations { return m.gens }
+
+// StampBorn mirrors Scripts.StampBorn for one sentinel (born.lua): it
+// writes a missing one (0 when trustFull, else nowUS), re-births a data
+// set gone back in time, and returns its value.
 func (m *Model) StampBorn(nowUS int64, name string, trustFull bool) Born {
-	if v, ok := m.born[name]; ok {
-		return Born{BornUS: int64(v)}
+	seen := float64(m.gens.Seen(name))
+	v, ok := m.born[name]
+	g, hasGen := m.gen[GenKey(name)]
+	back := (!hasGen && seen > 0) || (hasGen && g < seen)
+	if ok && !back {
+		return Born{BornUS: int64(v), Gen: int64(g)}
 	}
-	v := float64(nowUS)
-	if trustFull {
+	b := Born{Written: true, Reborn: ok}
+	v = float64(nowUS)
+	if trustFull && !ok {
 		v = 0
 	}
-	m.born[name] = v
-	return Born{BornUS: int64(v), Written: true}
+	g = max(g, seen) + GenJump
+	m.born[name], m.gen[GenKey(name)] = v, g
+	b.BornUS, b.Gen = int64(v), int64(g)
+	m.gens.note(name, b.Gen, b.Reborn, b.BornUS)
+	return b
 }
 
 // BornOf returns a sentinel's value, false when it is missing.
@@ -118,9 +141,14 @@ type op struct {
 	now float64
 	b   modelBucket  // working copy: the script's unrounded locals
 	ls  *modelLeases // the lease hash and zset, changed in place
-	// missing: the bucket did not exist when the operation began; stamp:
-	// the born sentinel was missing too (STAMP: written with the bucket).
+	// missing: the bucket did not exist when the operation began (or was
+	// older than its data set's birth); stamp: the born sentinel was
+	// missing (STAMP: written with the bucket).
 	missing, stamp bool
+	// born, gen, seen and reborn mirror lib.lua's BORN, GEN, GENSEEN and
+	// REBORN.
+	born, gen, seen float64
+	reborn          bool
 
 	reclaimed float64 // RECLAIMED: tokens returned from expired leases
 	leases    bool    // LEASES: the lease hash or expiry set was written
@@ -128,7 +156,8 @@ type op struct {
 }
 
 func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
-	o := &op{m: m, k: k, c: c, now: float64(nowUS)}
+	o := &op{m: m, k: k, c: c, now: float64(nowUS), seen: float64(m.gens.Seen(k.Born))}
+	o.loadBorn()
 	o.loadBucket()
 	// Every operation ends in save, as every script ends in save_bucket,
 	// and neither ever fails half-way: the lease hash is changed in place.
@@ -185,25 +214,40 @@ func (o *op) clampTo(c float64) {
 
 func (o *op) clamp() { o.clampTo(o.room()) }
 
-func (o *op) loadBucket() {
-	if b, ok := o.m.buckets[o.k.Bucket]; ok {
-		o.b = *b
+// loadBorn mirrors lib.lua's load_born: the data set's birth and
+// generation, re-birthed when it went back in time.
+func (o *op) loadBorn() {
+	if o.c.RestartWait.Milliseconds() <= 0 {
 		return
+	}
+	v, ok := o.m.born[o.k.Born]
+	g, hasGen := o.m.gen[o.k.Gen]
+	o.born, o.gen = v, g
+	switch {
+	case !ok:
+		o.born, o.stamp = o.now, true
+	case (!hasGen && o.seen > 0) || (hasGen && g < o.seen):
+		o.born, o.gen, o.reborn = o.now, o.seen+GenJump, true
+		o.m.born[o.k.Born], o.m.gen[o.k.Gen] = o.born, o.gen
+	}
+}
+
+func (o *op) loadBucket() {
+	wait := float64(o.c.RestartWait.Milliseconds())
+	if b, ok := o.m.buckets[o.k.Bucket]; ok {
+		if !(wait > 0 && b.ts < o.born+wait*1000) {
+			o.b = *b
+			return
+		}
+		// Older than its data set's birth: deleted with its leases.
+		delete(o.m.buckets, o.k.Bucket)
+		delete(o.m.leases, o.k.Leases)
 	}
 	// Empty since born + restart wait; refill credits the time since.
 	// Inside the wait ts stays in the future: nothing is credited until
 	// the wait ends. The birth is the sentinel's, read in the same call.
 	o.missing = true
-	wait := float64(o.c.RestartWait.Milliseconds())
-	born := 0.0
-	if wait > 0 {
-		v, ok := o.m.born[o.k.Born]
-		if !ok {
-			v, o.stamp = o.now, true
-		}
-		born = v
-	}
-	o.b = modelBucket{ts: born + wait*1000}
+	o.b = modelBucket{ts: o.born + wait*1000}
 }
 
 func (o *op) credit(dt, r float64) {
@@ -409,6 +453,11 @@ func (o *op) save() {
 	if o.stamp {
 		o.m.born[o.k.Born] = o.now
 		o.stamp = false
+		o.gen = max(o.gen, o.seen) + GenJump
+	}
+	if o.c.RestartWait.Milliseconds() > 0 {
+		o.gen++
+		o.m.gen[o.k.Gen] = o.gen
 	}
 	b := &o.b
 	ttl := o.ttl
@@ -448,8 +497,15 @@ func (o *op) leaseReply(granted, ttl, retry float64, dup bool) LeaseReply {
 		Granted: int64(granted), TTL: msDur(ttl), Remaining: int64(math.Floor(o.b.tk)),
 		RetryAfter: msDur(retry), Rate: o.rateNow(), Cap: o.capNow(),
 		Live: int64(len(o.ls.byID)), Reset: msDur(o.resetMS()), NowUS: int64(o.now), Duplicate: dup,
-		Reclaimed: int64(o.reclaimed),
+		Reclaimed: int64(o.reclaimed), Gen: o.done(),
 	}
+}
+
+// done records the operation's generation in the caller's view, as the
+// wrappers record a reply's, and returns it.
+func (o *op) done() int64 {
+	o.m.gens.note(o.k.Born, int64(o.gen), o.reborn, int64(o.now))
+	return int64(o.gen)
 }
 
 // leaseCarry mirrors lib.lua's lease_carry.
@@ -559,7 +615,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 	}
 	o.saveUnlessUndoOnly(l != nil)
 	rep := o.leaseReply(granted, ttl, retry, dup)
-	rep.Conflict, rep.Returned = conflict, int64(back)
+	rep.Conflict, rep.Returned, rep.Reborn = conflict, int64(back), o.reborn
 	return rep
 }
 
@@ -691,7 +747,7 @@ func (m *Model) Release(nowUS int64, k Keys, c Common, r Report) ReleaseReply {
 		}
 	}
 	o.saveUnlessUndoOnly(l != nil)
-	return ReleaseReply{Returned: int64(back), NowUS: nowUS, Conflict: conflict}
+	return ReleaseReply{Returned: int64(back), NowUS: nowUS, Conflict: conflict, Gen: o.done(), Reborn: o.reborn}
 }
 
 // Check mirrors Scripts.Check.
@@ -718,7 +774,7 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 	o.save()
 	return CheckReply{
 		Allowed: allowed, Remaining: int64(math.Floor(o.b.tk)), RetryAfter: msDur(retry), Reset: msDur(o.resetMS()),
-		Rate: o.rateNow(), Cap: o.capNow(), NowUS: nowUS, Reclaimed: int64(o.reclaimed),
+		Rate: o.rateNow(), Cap: o.capNow(), NowUS: nowUS, Reclaimed: int64(o.reclaimed), Gen: o.done(), Reborn: o.reborn,
 	}
 }
 
@@ -733,7 +789,7 @@ func (m *Model) Reap(nowUS int64, k Keys, c Common) ReapReply {
 	if !o.missing || o.leases {
 		o.save()
 	}
-	return ReapReply{Reaped: n, Returned: int64(back), Live: int64(len(o.ls.byID)), NowUS: nowUS}
+	return ReapReply{Reaped: n, Returned: int64(back), Live: int64(len(o.ls.byID)), NowUS: nowUS, Gen: o.done(), Reborn: o.reborn}
 }
 
 // SetRate mirrors Scripts.SetRate.
@@ -754,7 +810,8 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 		o.candGranted(exp)
 	}
 	o.save()
-	return SetRateReply{Applied: applied, Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS, Reclaimed: int64(o.reclaimed)}
+	return SetRateReply{Applied: applied, Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS, Reclaimed: int64(o.reclaimed),
+		Gen: o.done(), Reborn: o.reborn}
 }
 
 // State mirrors Scripts.State.
@@ -777,6 +834,7 @@ func (m *Model) State(nowUS int64, k Keys, c Common) State {
 		Admitted: int64(o.b.adm), Denied: int64(o.b.den), Rate: o.rateNow(), Cap: o.capNow(),
 		GrantExpiryUS: int64(ge), Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS,
 		LeaseDemand: float64(int64(o.b.dr)) / 1000, StrictDemand: int64(o.b.sd), Reclaimed: int64(o.reclaimed),
+		Gen: o.done(), Reborn: o.reborn,
 	}
 }
 
@@ -804,6 +862,9 @@ func (m *Model) Snapshot() map[string]map[string]string {
 		out[name] = z
 	}
 	for name, v := range m.born {
+		out[name] = map[string]string{"": i0(v)}
+	}
+	for name, v := range m.gen {
 		out[name] = map[string]string{"": i0(v)}
 	}
 	for name, ls := range m.leases {

@@ -15,6 +15,17 @@ type Queued struct {
 	script *redis.Script
 	keys   []string
 	args   []any
+	// gens and born: where the reply's generation of the call's data set
+	// is recorded (nil for a call of no data set's script).
+	gens *Generations
+	born string
+}
+
+// note records the reply's generation (see Generations).
+func (q *Queued) note(gen int64, reborn bool, nowUS int64) {
+	if q.gens != nil {
+		q.gens.note(q.born, gen, reborn, nowUS)
+	}
 }
 
 // Rerun runs the call again on its own through EVALSHA with EVAL fallback:
@@ -34,14 +45,21 @@ func queue(ctx context.Context, p redis.Pipeliner, sc *redis.Script, keys []stri
 	return &Queued{Cmd: sc.EvalSha(ctx, p, keys, args...), script: sc, keys: keys, args: args}
 }
 
+// queue adds a call of sc on k's keys whose reply's generation is recorded.
+func (s *Scripts) queue(ctx context.Context, p redis.Pipeliner, sc *redis.Script, k Keys, args []any) *Queued {
+	q := queue(ctx, p, sc, k.list(), args)
+	q.gens, q.born = s.gens, k.Born
+	return q
+}
+
 // QueueCheck adds check.lua to p.
 func (s *Scripts) QueueCheck(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, cost int64) *Queued {
-	return queue(ctx, p, s.check, k.list(), s.args(k, cm, cost))
+	return s.queue(ctx, p, s.check, k, s.args(k, cm, cost))
 }
 
 // QueueAcquire adds acquire.lua to p.
 func (s *Scripts) QueueAcquire(ctx context.Context, p redis.Pipeliner, k Keys, cm Common, r Report) *Queued {
-	return queue(ctx, p, s.acquire, k.list(), s.args(k, cm, r.opArgs()...))
+	return s.queue(ctx, p, s.acquire, k, s.args(k, cm, r.opArgs()...))
 }
 
 // ParseCheck reads a queued check's reply.
@@ -53,7 +71,11 @@ func ParseCheck(q *Queued) (CheckReply, error) {
 		cr.TooLate, cr.NowUS = late(tl)
 		return cr, err
 	}
-	return parseCheck(res)
+	cr, err := parseCheck(res)
+	if err == nil {
+		q.note(cr.Gen, cr.Reborn, cr.NowUS)
+	}
+	return cr, err
 }
 
 // ParseLease reads a queued acquire or sync reply.
@@ -65,7 +87,11 @@ func ParseLease(q *Queued) (LeaseReply, error) {
 		lr.TooLate, lr.NowUS = late(tl)
 		return lr, err
 	}
-	return parseLease(res)
+	lr, err := parseLease(res)
+	if err == nil {
+		q.note(lr.Gen, lr.Reborn, lr.NowUS)
+	}
+	return lr, err
 }
 
 // ParseSetRate reads a queued set_rate's reply.
@@ -77,13 +103,18 @@ func ParseSetRate(q *Queued) (SetRateReply, error) {
 		sr.TooLate, sr.NowUS = late(tl)
 		return sr, err
 	}
-	return parseSetRate(res)
+	sr, err := parseSetRate(res)
+	if err == nil {
+		q.note(sr.Gen, sr.Reborn, sr.NowUS)
+	}
+	return sr, err
 }
 
 func parseSetRate(res []any) (SetRateReply, error) {
 	p := parser{res: res}
-	sr := SetRateReply{Applied: p.int(0) == 1, Tokens: p.float(1), Outstanding: p.int(2), NowUS: p.int(3), Reclaimed: p.int(4)}
-	return sr, p.err(5)
+	sr := SetRateReply{Applied: p.int(0) == 1, Tokens: p.float(1), Outstanding: p.int(2), NowUS: p.int(3), Reclaimed: p.int(4),
+		Gen: p.int(5), Reborn: p.int(6) == 1}
+	return sr, p.err(7)
 }
 
 // RunQueued runs calls in one pipeline and reruns those that met NOSCRIPT.

@@ -36,7 +36,10 @@ type Common struct {
 	// milliseconds). The scripts read the sentinel themselves, in the call
 	// that creates the bucket, and write it when it is missing: a Redis
 	// that restarted empty is dated from the first call that noticed, never
-	// from what a caller read before the restart. 0: no restart guard, a
+	// from what a caller read before the restart. With it, the scripts also
+	// keep the data set's write generation and re-birth a data set that
+	// went back in time (see Generations); a bucket last refilled before
+	// born + RestartWait is then treated as missing. 0: no restart guard, a
 	// missing bucket is full (tests, development).
 	RestartWait time.Duration
 	// ReapBudget bounds how many expired leases one call reaps (>= 0).
@@ -65,7 +68,7 @@ func (c Common) args(extra ...any) []any {
 	if c.Reclaim {
 		reclaim = "1"
 	}
-	a := make([]any, 0, 7+len(extra)+4)
+	a := make([]any, 0, 7+len(extra)+5)
 	a = append(a, fmtFloat(c.StaticRate), fmtFloat(c.StaticBurst), c.LeaseTTL.Milliseconds(), reclaim, c.RestartWait.Milliseconds(), c.ReapBudget,
 		c.DemandWindow.Milliseconds())
 	return append(a, extra...)
@@ -164,6 +167,11 @@ type LeaseReply struct {
 	// TooLate: the script ran after its deadline (Common.DeadlineUS) and
 	// changed nothing; only NowUS is set.
 	TooLate bool
+	// Gen is the data set's write generation after the call (0 without
+	// the restart guard), Reborn whether the call found the data set gone
+	// back in time and re-birthed it (see Generations).
+	Gen    int64
+	Reborn bool
 }
 
 // CheckReply is the answer of check.
@@ -176,21 +184,27 @@ type CheckReply struct {
 	NowUS      int64
 	Reclaimed  int64 // tokens this call returned from expired leases
 	TooLate    bool  // see LeaseReply.TooLate
+	Gen        int64 // see LeaseReply.Gen
+	Reborn     bool  // see LeaseReply.Reborn
 }
 
 // ReleaseReply is the answer of release.
 type ReleaseReply struct {
 	Returned int64
 	NowUS    int64
-	Conflict bool // see LeaseReply.Conflict
-	TooLate  bool // see LeaseReply.TooLate
+	Conflict bool  // see LeaseReply.Conflict
+	TooLate  bool  // see LeaseReply.TooLate
+	Gen      int64 // see LeaseReply.Gen
+	Reborn   bool  // see LeaseReply.Reborn
 }
 
 // ReapReply is the answer of reap.
 type ReapReply struct {
 	Reaped, Returned, Live int64
 	NowUS                  int64
-	TooLate                bool // see LeaseReply.TooLate
+	TooLate                bool  // see LeaseReply.TooLate
+	Gen                    int64 // see LeaseReply.Gen
+	Reborn                 bool  // see LeaseReply.Reborn
 }
 
 // SetRateReply is the answer of set_rate.
@@ -201,6 +215,8 @@ type SetRateReply struct {
 	NowUS       int64
 	Reclaimed   int64 // tokens this call returned from expired leases
 	TooLate     bool  // see LeaseReply.TooLate
+	Gen         int64 // see LeaseReply.Gen
+	Reborn      bool  // see LeaseReply.Reborn
 }
 
 // State is the answer of state: what the region leader reports upward.
@@ -221,6 +237,9 @@ type State struct {
 	Reclaimed int64
 	// TooLate: see LeaseReply.TooLate.
 	TooLate bool
+	// Gen and Reborn: see LeaseReply.Gen.
+	Gen    int64
+	Reborn bool
 }
 
 // Holding is what the region holds against its burst cap.
@@ -236,10 +255,26 @@ type Scripts struct {
 	// virtualNow is the time (µs) scripts built with a virtual clock read
 	// from their last ARGV; nil for production scripts, which read TIME.
 	virtualNow *atomic.Int64
+
+	// gens is what the calls have seen of each data set's generation.
+	gens *Generations
 }
 
-// New loads the embedded scripts with Redis TIME as their clock.
-func New() *Scripts { return build(false) }
+// New loads the embedded scripts with Redis TIME as their clock and a
+// view of the data sets' generations of their own.
+func New() *Scripts { return NewWith(NewGenerations()) }
+
+// NewWith is New sharing g, the view of the data sets' generations, with
+// other Scripts of the process (a restart guard's).
+func NewWith(g *Generations) *Scripts {
+	s := build(false)
+	s.gens = g
+	return s
+}
+
+// Generations is what these scripts' calls have seen of each data set's
+// generation.
+func (s *Scripts) Generations() *Generations { return s.gens }
 
 func build(virtual bool) *Scripts {
 	clock := mustRead("clock.lua")
@@ -264,6 +299,7 @@ func build(virtual bool) *Scripts {
 		check: s("check.lua"), reap: s("reap.lua"), setRate: s("set_rate.lua"), state: s("state.lua"),
 		born:         redis.NewScript(clock + "\n" + mustRead("born.lua")),
 		setRateBatch: batch("set_rate.lua"), stateBatch: batch("state.lua"),
+		gens: NewGenerations(),
 	}
 	if virtual {
 		sc.virtualNow = new(atomic.Int64)
@@ -271,11 +307,12 @@ func build(virtual bool) *Scripts {
 	return sc
 }
 
-// args is cm.args, the deadline and the candidate arguments of k (the
-// member and the mark interval: the last three, see lib.lua) and, for a
-// virtual clock, the current virtual now.
+// args is cm.args, the generation seen of k's data set, the deadline and
+// the candidate arguments of k (the member and the mark interval: the
+// last four, see lib.lua) and, for a virtual clock, the current virtual
+// now.
 func (s *Scripts) args(k Keys, cm Common, extra ...any) []any {
-	a := append(cm.args(extra...), max(cm.DeadlineUS, 0), k.Member, cm.MarkEvery.Milliseconds())
+	a := append(cm.args(extra...), s.gens.Seen(k.Born), max(cm.DeadlineUS, 0), k.Member, cm.MarkEvery.Milliseconds())
 	if s.virtualNow != nil {
 		a = append(a, s.virtualNow.Load())
 	}
@@ -306,17 +343,23 @@ func (s *Scripts) all() []*redis.Script {
 }
 
 // Born is a born sentinel after StampBorn: the data set's birth (µs, Redis
-// time; 0 = trusted to have started full) and whether this call wrote it.
+// time; 0 = trusted to have started full), whether this call wrote it,
+// the data set's generation, and whether the call found the data set gone
+// back in time and re-birthed it (Written too).
 type Born struct {
 	BornUS  int64
 	Written bool
+	Gen     int64
+	Reborn  bool
 }
 
 // StampBorn writes each missing sentinel (BornKeys) on the clock of the
 // node holding it, as 0 when trustFull (a new deployment whose Redis never
 // held leases), else as that node's now, in one pipeline (one round trip
 // per node), and returns every sentinel's value afterwards. A sentinel
-// holding something other than a time is replaced.
+// holding something other than a time is replaced. A data set whose
+// generation is below the one these scripts have seen (or missing while
+// one was seen) is re-birthed at that node's now (see Generations).
 func (s *Scripts) StampBorn(ctx context.Context, c interface {
 	redis.Cmdable
 	redis.Scripter
@@ -328,11 +371,11 @@ func (s *Scripts) StampBorn(ctx context.Context, c interface {
 	qs := RunQueued(ctx, c, func(p redis.Pipeliner) []*Queued {
 		out := make([]*Queued, len(keys))
 		for i, k := range keys {
-			a := []any{full}
+			a := []any{full, s.gens.Seen(k)}
 			if s.virtualNow != nil {
 				a = append(a, s.virtualNow.Load())
 			}
-			out[i] = queue(ctx, p, s.born, []string{k}, a)
+			out[i] = queue(ctx, p, s.born, []string{k, GenKey(k)}, a)
 		}
 		return out
 	})
@@ -343,10 +386,11 @@ func (s *Scripts) StampBorn(ctx context.Context, c interface {
 			return nil, fmt.Errorf("stamp %s: %w", keys[i], err)
 		}
 		p := parser{res: res}
-		out[i] = Born{BornUS: p.int(0), Written: p.int(1) == 1}
-		if err := p.err(2); err != nil {
+		out[i] = Born{BornUS: p.int(0), Written: p.int(1) == 1, Gen: p.int(2), Reborn: p.int(3) == 1}
+		if err := p.err(4); err != nil {
 			return nil, fmt.Errorf("stamp %s: %w", keys[i], err)
 		}
+		s.gens.note(keys[i], out[i].Gen, out[i].Reborn, out[i].BornUS)
 	}
 	return out, nil
 }
@@ -422,7 +466,8 @@ func (s *Scripts) Acquire(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 		lr.TooLate, lr.NowUS = late(tl)
 		return lr, err
 	}
-	return parseLease(res)
+	lr, err := parseLease(res)
+	return s.noteLease(k, lr, err)
 }
 
 // Sync runs sync.lua.
@@ -434,7 +479,8 @@ func (s *Scripts) Sync(ctx context.Context, c redis.Scripter, k Keys, cm Common,
 		lr.TooLate, lr.NowUS = late(tl)
 		return lr, err
 	}
-	return parseLease(res)
+	lr, err := parseLease(res)
+	return s.noteLease(k, lr, err)
 }
 
 func (s *Scripts) syncArgs(k Keys, cm Common, r Report) []any {
@@ -466,7 +512,7 @@ func (s *Scripts) SyncMany(ctx context.Context, c interface {
 	qs := RunQueued(ctx, c, func(p redis.Pipeliner) []*Queued {
 		out := make([]*Queued, len(items))
 		for i, it := range items {
-			out[i] = queue(ctx, p, s.sync, it.Keys.list(), s.syncArgs(it.Keys, it.Common, it.Report))
+			out[i] = s.queue(ctx, p, s.sync, it.Keys, s.syncArgs(it.Keys, it.Common, it.Report))
 		}
 		return out
 	})
@@ -486,9 +532,17 @@ func (s *Scripts) Release(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 		rr.TooLate, rr.NowUS = late(tl)
 		return rr, err
 	}
+	rr, err := parseRelease(res)
+	if err == nil {
+		s.gens.note(k.Born, rr.Gen, rr.Reborn, rr.NowUS)
+	}
+	return rr, err
+}
+
+func parseRelease(res []any) (ReleaseReply, error) {
 	p := parser{res: res}
-	rr := ReleaseReply{Returned: p.int(0), NowUS: p.int(1), Conflict: p.int(2) == 1}
-	return rr, p.err(3)
+	rr := ReleaseReply{Returned: p.int(0), NowUS: p.int(1), Conflict: p.int(2) == 1, Gen: p.int(3), Reborn: p.int(4) == 1}
+	return rr, p.err(5)
 }
 
 // ReleaseMany runs release.lua for many keys in one pipeline (one round
@@ -500,7 +554,7 @@ func (s *Scripts) ReleaseMany(ctx context.Context, c interface {
 	qs := RunQueued(ctx, c, func(p redis.Pipeliner) []*Queued {
 		out := make([]*Queued, len(items))
 		for i, it := range items {
-			out[i] = queue(ctx, p, s.release, it.Keys.list(), s.args(it.Keys, it.Common, it.Report.releaseArgs()...))
+			out[i] = s.queue(ctx, p, s.release, it.Keys, s.args(it.Keys, it.Common, it.Report.releaseArgs()...))
 		}
 		return out
 	})
@@ -513,9 +567,10 @@ func (s *Scripts) ReleaseMany(ctx context.Context, c interface {
 			out[i].Reply.TooLate, out[i].Reply.NowUS = late(tl)
 			continue
 		}
-		p := parser{res: res}
-		out[i].Reply = ReleaseReply{Returned: p.int(0), NowUS: p.int(1), Conflict: p.int(2) == 1}
-		out[i].Err = p.err(3)
+		out[i].Reply, out[i].Err = parseRelease(res)
+		if out[i].Err == nil {
+			q.note(out[i].Reply.Gen, out[i].Reply.Reborn, out[i].Reply.NowUS)
+		}
 	}
 	return out
 }
@@ -535,16 +590,20 @@ func (s *Scripts) Check(ctx context.Context, c redis.Scripter, k Keys, cm Common
 		cr.TooLate, cr.NowUS = late(tl)
 		return cr, err
 	}
-	return parseCheck(res)
+	cr, err := parseCheck(res)
+	if err == nil {
+		s.gens.note(k.Born, cr.Gen, cr.Reborn, cr.NowUS)
+	}
+	return cr, err
 }
 
 func parseCheck(res []any) (CheckReply, error) {
 	p := parser{res: res}
 	cr := CheckReply{
 		Allowed: p.int(0) == 1, Remaining: p.int(1), RetryAfter: p.ms(2), Reset: p.ms(3),
-		Rate: p.float(4), Cap: p.float(5), NowUS: p.int(6), Reclaimed: p.int(7),
+		Rate: p.float(4), Cap: p.float(5), NowUS: p.int(6), Reclaimed: p.int(7), Gen: p.int(8), Reborn: p.int(9) == 1,
 	}
-	return cr, p.err(8)
+	return cr, p.err(10)
 }
 
 // Reap runs reap.lua.
@@ -557,8 +616,12 @@ func (s *Scripts) Reap(ctx context.Context, c redis.Scripter, k Keys, cm Common)
 		return rr, err
 	}
 	p := parser{res: res}
-	rr := ReapReply{Reaped: p.int(0), Returned: p.int(1), Live: p.int(2), NowUS: p.int(3)}
-	return rr, p.err(4)
+	rr := ReapReply{Reaped: p.int(0), Returned: p.int(1), Live: p.int(2), NowUS: p.int(3), Gen: p.int(4), Reborn: p.int(5) == 1}
+	if err := p.err(6); err != nil {
+		return rr, err
+	}
+	s.gens.note(k.Born, rr.Gen, rr.Reborn, rr.NowUS)
+	return rr, nil
 }
 
 // SetRate runs set_rate.lua: installs a grant valid until expiryUS, issued
@@ -567,7 +630,8 @@ func (s *Scripts) SetRate(ctx context.Context, c redis.Scripter, k Keys, cm Comm
 	if !(rate >= 0) || !(burst >= 0) || isInf(rate) || isInf(burst) {
 		return SetRateReply{}, fmt.Errorf("set_rate %s: rate %v and burst %v must be non-negative numbers", k.Bucket, rate, burst)
 	}
-	q := &Queued{Cmd: s.setRate.Run(ctx, c, k.list(), s.args(k, cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS)...), keys: k.list()}
+	q := &Queued{Cmd: s.setRate.Run(ctx, c, k.list(), s.args(k, cm, fmtFloat(rate), fmtFloat(burst), expiryUS, issuedUS)...), keys: k.list(),
+		gens: s.gens, born: k.Born}
 	return ParseSetRate(q)
 }
 
@@ -580,7 +644,11 @@ func (s *Scripts) State(ctx context.Context, c redis.Scripter, k Keys, cm Common
 		st.TooLate, st.NowUS = late(tl)
 		return st, err
 	}
-	return parseState(res)
+	st, err := parseState(res)
+	if err == nil {
+		s.gens.note(k.Born, st.Gen, st.Reborn, st.NowUS)
+	}
+	return st, err
 }
 
 func parseState(res []any) (State, error) {
@@ -588,9 +656,9 @@ func parseState(res []any) (State, error) {
 	st := State{
 		Admitted: p.int(0), Denied: p.int(1), Rate: p.float(2), Cap: p.float(3),
 		GrantExpiryUS: p.int(4), Tokens: p.float(5), Outstanding: p.int(6), NowUS: p.int(7),
-		LeaseDemand: float64(p.int(8)) / 1000, StrictDemand: p.int(9), Reclaimed: p.int(10),
+		LeaseDemand: float64(p.int(8)) / 1000, StrictDemand: p.int(9), Reclaimed: p.int(10), Gen: p.int(11), Reborn: p.int(12) == 1,
 	}
-	return st, p.err(11)
+	return st, p.err(13)
 }
 
 func parseLease(res []any) (LeaseReply, error) {
@@ -599,8 +667,17 @@ func parseLease(res []any) (LeaseReply, error) {
 		Granted: p.int(0), TTL: p.ms(1), Remaining: p.int(2), RetryAfter: p.ms(3),
 		Rate: p.float(4), Cap: p.float(5), Live: p.int(6), Reset: p.ms(7), NowUS: p.int(8),
 		Duplicate: p.int(9) == 1, Reclaimed: p.int(10), Conflict: p.int(11) == 1, Returned: p.int(12),
+		Gen: p.int(13), Reborn: p.int(14) == 1,
 	}
-	return lr, p.err(13)
+	return lr, p.err(15)
+}
+
+// noteLease records a parsed lease reply's generation of k's data set.
+func (s *Scripts) noteLease(k Keys, lr LeaseReply, err error) (LeaseReply, error) {
+	if err == nil {
+		s.gens.note(k.Born, lr.Gen, lr.Reborn, lr.NowUS)
+	}
+	return lr, err
 }
 
 // parser reads a script's reply array, remembering the first problem.

@@ -7,7 +7,7 @@
 -- key's call reaches the next. All keys of a batch live in one hash slot
 -- (the caller groups them by born sentinel), so it runs on Redis Cluster.
 --
--- KEYS     five per key, in order, each key's as its script takes them
+-- KEYS     six per key, in order, each key's as its script takes them
 -- ARGV[1]  n: how many arguments each key takes
 -- ARGV[2..] n per key, in order, each key's as its script takes them
 -- Reply: one entry per key: the script's reply for it, or an error reply
@@ -19,13 +19,13 @@ local n = tonumber(ARGV[1])
 local all_keys, all_argv = KEYS, ARGV
 local function run(i)
   local k, a = {}, {}
-  for j = 1, 5 do k[j] = all_keys[(i - 1) * 5 + j] end
+  for j = 1, 6 do k[j] = all_keys[(i - 1) * 6 + j] end
   for j = 1, n do a[j] = all_argv[1 + (i - 1) * n + j] end
   begin(k, a)
   return one()
 end
 local out = {}
-for i = 1, #all_keys / 5 do
+for i = 1, #all_keys / 6 do
   local ok, r = pcall(run, i)
   if ok then
     out[i] = r

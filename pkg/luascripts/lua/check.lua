@@ -4,13 +4,13 @@
 -- adds cost to the strict-demand counter sd, the region leader's reading
 -- of demand that no lease carries.
 --
--- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
---             set (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last three: deadline, candidate
---             member and mark interval (see lib.lua)
+-- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set, generation (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last four: generation seen,
+--             deadline, candidate member and mark interval (see lib.lua)
 -- ARGV[8]     cost (tokens, >= 1)
 -- Reply: { allowed(0|1), remaining, retry_ms, reset_ms, rate, cap, now_us,
---          reclaimed }
+--          reclaimed, generation, reborn(0|1) }
 --        rate and cap are '%.17g' strings (exact); retry_ms is -1 when the current
 --        rate is zero
 -- With nothing outstanding, expired leases hold nothing to reclaim: the
@@ -29,4 +29,4 @@ else
 end
 cand_check()
 save_bucket()
-return { allowed, math.floor(B.tk), retry, reset_ms(), f17(rate_now()), f17(cap_now()), NOW, RECLAIMED }
+return gen_reply({ allowed, math.floor(B.tk), retry, reset_ms(), f17(rate_now()), f17(cap_now()), NOW, RECLAIMED })

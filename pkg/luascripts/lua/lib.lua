@@ -58,8 +58,11 @@
 --                        leader trims it). One per Redis, or on a cluster
 --                        one per hash slot, named with the slot's born
 --                        sentinel's hash tag. See "Candidates" below.
--- The first three share one hash tag and the fourth and fifth hash to
--- their slot, so every script works on Redis Cluster.
+-- KEYS[6]  generation    string: the data set's write generation, the born
+--                        sentinel's name + ':gen' (same slot); no TTL. See
+--                        "Rollback" below.
+-- The first three share one hash tag and the fourth, fifth and sixth hash
+-- to their slot, so every script works on Redis Cluster.
 --
 -- Common ARGV (every script but set_rate):
 --   ARGV[1] static rate s_r      tokens/s, used when no grant is valid
@@ -75,9 +78,36 @@
 --   ARGV[6] reap budget          expired leases reaped per call (bounded work)
 --   ARGV[7] demand window        ms: the shortest window a lease's demand
 --                                rate is measured over
--- Script-specific ARGV start at 8. The last three ARGV (ARGC - 2 .. ARGC:
--- see clock.lua) are, for every script but born, the deadline, the
--- candidate member and the mark interval (ms; '0' = never mark).
+-- Script-specific ARGV start at 8. The last four ARGV (ARGC - 3 .. ARGC:
+-- see clock.lua) are, for every script but born, the highest generation
+-- of the data set the caller has seen (see "Rollback"; '0' = none), the
+-- deadline, the candidate member and the mark interval (ms; '0' = never
+-- mark). Every reply ends with the data set's generation after the call
+-- and reborn (0|1: this call found the data set gone back in time and
+-- re-birthed it).
+--
+-- Rollback. A data set restored from an older snapshot (RDB or AOF), or a
+-- replica promoted while it lagged, keeps its born sentinel: its buckets
+-- hold tokens since handed out, its lease records forget leases issued
+-- since. So the data set also carries a write generation (KEYS[6]): every
+-- call that saves a bucket raises it by one and returns it, and the caller
+-- passes back the highest it has seen of that data set. With the restart
+-- guard on (ARGV[5] > 0), a call that finds the generation below the one
+-- passed (or missing while one was passed) knows writes that were seen
+-- are gone: it re-births the data set, born := NOW and generation :=
+-- passed + GENJUMP, exactly as if Redis had restarted empty. Whenever a
+-- call writes the born sentinel (a re-birth, or a missing one stamped) the
+-- generation jumps by GENJUMP past the one passed, so the writes other
+-- callers saw of the lost history (at most GENJUMP beyond this caller's
+-- view) do not re-birth it again. A bucket older than its data set's
+-- birth is not trusted: one whose ts is before born + wait (every bucket
+-- written since the birth has ts at or after born + wait: created inside
+-- the wait, ts stays there; after it, ts is the refill's NOW) is deleted
+-- with its lease records and expiry set and treated as missing: it starts
+-- empty and earns nothing until born + wait, and its stale leases are not
+-- reclaimed (their tokens were issued from the old state). Since wait >=
+-- lease TTL and >= grant validity + one epoch, every lease and grant
+-- issued before the re-birth has ended by then.
 --
 -- Deadline. The caller chose the static share (or the floor) it passes,
 -- and set_rate's grant, from its clock, for a script that runs within its
@@ -127,6 +157,14 @@
 -- per key of a batch (see batch.lua); nothing of one key's call is left
 -- for the next.
 local SR, SB, LTTL, RECLAIM, WAIT, REAPMAX, DWIN, NOW, DEADLINE
+-- BORN is the data set's birth (µs) with the restart guard on (WAIT > 0);
+-- GEN its generation as this call leaves it (so far); GENSEEN the highest
+-- the caller has seen; REBORN is set when this call re-birthed it (see
+-- Rollback above).
+local BORN, GEN, GENSEEN, REBORN
+-- GENJUMP is how far the generation jumps past the one passed when the
+-- born sentinel is written (2^32; generations stay below 2^53).
+local GENJUMP = 4294967296
 
 local function f6(x) return string.format('%.6f', x) end
 local function f17(x) return string.format('%.17g', x) end
@@ -228,6 +266,14 @@ local function clamp() clamp_to(room()) end
 
 local function load_bucket()
   local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm')
+  if raw[2] and WAIT > 0 and tonumber(raw[2]) < BORN + WAIT * 1000 then
+    -- Older than its data set's birth (see Rollback): written before a
+    -- re-birth, its tokens and leases are those of a history that was
+    -- lost. Gone, with its lease records and expiry set, it is a bucket
+    -- missing from the newly born data set.
+    redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+    raw[2] = false
+  end
   if not raw[2] then
     -- A missing bucket is trusted to be full only when its data set is old
     -- enough that every lease issued before the data set was born has
@@ -237,23 +283,15 @@ local function load_bucket()
     -- rate). Created before born + wait (inside the restart wait), it
     -- starts empty and earns nothing until the wait ends: ts stays there,
     -- in the future, and refill credits nothing while NOW < ts.
-    -- The birth is read here, in the same atomic call, from the data set
-    -- the bucket will live in: a Redis (or a cluster node) that restarted
-    -- empty has lost its sentinel with the buckets, so the first bucket
-    -- created in it dates the data set from NOW, whatever the caller
-    -- believed before the restart.
+    -- The birth is read by begin, in the same atomic call, from the data
+    -- set the bucket will live in: a Redis (or a cluster node) that
+    -- restarted empty has lost its sentinel with the buckets, so the first
+    -- bucket created in it dates the data set from NOW, whatever the
+    -- caller believed before the restart.
     B.missing = true
     B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd = 0, 0, 0, 0, 0, 0, 0, 0, 0
     B.tk, B.rm = 0, 0
-    local born = 0
-    if WAIT > 0 then
-      born = tonumber(redis.call('GET', KEYS[4]))
-      if not born then
-        born = NOW
-        STAMP = true
-      end
-    end
-    B.ts = born + WAIT * 1000
+    B.ts = BORN + WAIT * 1000
     return
   end
   B.tk = tonumber(raw[1])
@@ -268,6 +306,30 @@ local function load_bucket()
   B.dr = tonumber(raw[10]) or 0
   B.sd = tonumber(raw[11]) or 0
   B.rm = tonumber(raw[12]) or 0
+end
+
+-- load_born reads the data set's birth and generation (restart guard on)
+-- and re-births a data set found gone back in time (see Rollback above).
+-- A missing sentinel is dated NOW and written with the first bucket the
+-- call saves (STAMP).
+local function load_born()
+  BORN, GEN, REBORN = 0, 0, false
+  if WAIT <= 0 then return end
+  -- Two GETs, not one MGET: the least-privilege ACL of
+  -- docs/operations.md ("Redis access") grants GET.
+  BORN = tonumber(redis.call('GET', KEYS[4]))
+  GEN = tonumber(redis.call('GET', KEYS[6]))
+  if not BORN then
+    BORN = NOW
+    STAMP = true
+  elseif (not GEN and GENSEEN > 0) or (GEN and GEN < GENSEEN) then
+    BORN = NOW
+    GEN = GENSEEN + GENJUMP
+    REBORN = true
+    redis.call('SET', KEYS[4], i0(BORN))
+    redis.call('SET', KEYS[6], i0(GEN))
+  end
+  GEN = GEN or 0
 end
 
 -- credit adds dt µs of refill at rate r (see accrue).
@@ -649,6 +711,12 @@ local function save_bucket(ttl)
   if STAMP then
     redis.call('SET', KEYS[4], i0(NOW))
     STAMP = false
+    if GENSEEN > GEN then GEN = GENSEEN end
+    GEN = GEN + GENJUMP
+  end
+  if WAIT > 0 then
+    GEN = GEN + 1
+    redis.call('SET', KEYS[6], i0(GEN))
   end
   redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f17(B.gr), 'gb', f17(B.gb),
     'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs),
@@ -741,9 +809,19 @@ local function begin(keys, argv)
   LEASES = false
   CAND_MEMBER = ARGV[ARGC - 1]
   MARKEVERY = (tonumber(ARGV[ARGC]) or 0) * 1000
+  GENSEEN = tonumber(ARGV[ARGC - 3]) or 0
+  load_born()
   load_bucket()
   refill()
   TTL = bucket_ttl(B.gb, B.ge)
+end
+
+-- gen_reply appends the data set's generation after the call and reborn
+-- (0|1) to a script's reply (see Rollback above).
+local function gen_reply(r)
+  r[#r + 1] = GEN
+  if REBORN then r[#r + 1] = 1 else r[#r + 1] = 0 end
+  return r
 end
 
 -- A report carries the instance's incarnation (a decimal string), its
@@ -808,7 +886,8 @@ end
 -- retry's send time, still ends before the lease does; a stale report gets
 -- nothing; a conflict forfeits the lease and grants nothing.
 -- Reply: { granted, ttl_ms, remaining, retry_ms, rate, cap, live, reset_ms,
---          now_us, duplicate(0|1), reclaimed, conflict(0|1), returned };
+--          now_us, duplicate(0|1), reclaimed, conflict(0|1), returned,
+--          generation, reborn(0|1) };
 --          rate and cap as '%.17g' strings; reclaimed = tokens returned
 --          from expired leases; returned = tokens the report gave back
 --          that were put back in the bucket (apply_usage).
@@ -872,6 +951,6 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     save_bucket()
   end
   local live = redis.call('HLEN', KEYS[2])
-  return { granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED, conflict, back }
+  return gen_reply({ granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED, conflict, back })
 end
 

@@ -7,14 +7,14 @@
 -- A release can only undo: one for a key with no bucket (never used, or
 -- gone) writes nothing.
 --
--- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
---             set (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last three: deadline, candidate
---             member and mark interval (see lib.lua)
+-- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set, generation (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last four: generation seen,
+--             deadline, candidate member and mark interval (see lib.lua)
 -- ARGV[8..14] as sync.lua (instance id, incarnation, lease number, seq,
 --             used, denied, returned)
 -- ARGV[15]    built, as sync.lua's ARGV[18]
--- Reply: { tokens put back, now_us, conflict(0|1) }
+-- Reply: { tokens put back, now_us, conflict(0|1), generation, reborn(0|1) }
 reap(REAPMAX)
 local id, inc, le, seq = ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
 local tu, td, tr = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
@@ -38,4 +38,4 @@ if L or not B.missing or LEASES then
   cand_check()
   save_bucket()
 end
-return { back, NOW, conflict }
+return gen_reply({ back, NOW, conflict })

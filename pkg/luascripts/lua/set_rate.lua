@@ -6,16 +6,17 @@
 -- and is ignored, even when it expires later. After expiry the scripts fall
 -- back to the static share by themselves.
 --
--- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
---             set (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last three: deadline, candidate
---             member and mark interval (see lib.lua)
+-- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set, generation (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last four: generation seen,
+--             deadline, candidate member and mark interval (see lib.lua)
 -- ARGV[8]     granted rate (tokens/s, >= 0)
 -- ARGV[9]     granted burst cap (tokens, >= 0)
 -- ARGV[10]    grant expiry (µs, Redis clock)
 -- ARGV[11]    issued: when the report this grant answers was sent (µs)
--- Reply: { applied(0|1), tokens, outstanding, now_us, reclaimed }  tokens as
---        '%.6f'; reclaimed: tokens this call returned from expired leases
+-- Reply: { applied(0|1), tokens, outstanding, now_us, reclaimed, generation,
+--        reborn(0|1) }  tokens as '%.6f'; reclaimed: tokens this call
+--        returned from expired leases
 local exp, issued = tonumber(ARGV[10]), tonumber(ARGV[11])
 local rate, burst = tonumber(ARGV[8]), tonumber(ARGV[9])
 local applied = 0
@@ -33,4 +34,4 @@ if applied == 1 then
   cand_granted(exp)
 end
 save_bucket(ttl)
-return { applied, f6(B.tk), B.out, NOW, RECLAIMED }
+return gen_reply({ applied, f6(B.tk), B.out, NOW, RECLAIMED })

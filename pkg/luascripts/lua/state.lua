@@ -2,16 +2,17 @@
 -- global tier: demand counters and what the region holds, brought up to now
 -- (refill and reaping applied) so holdings are never under-reported.
 --
--- KEYS[1..5]  bucket hash, lease hash, expiry zset, born sentinel, candidate
---             set (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last three: deadline, candidate
---             member and mark interval (see lib.lua)
+-- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set, generation (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last four: generation seen,
+--             deadline, candidate member and mark interval (see lib.lua)
 -- Reply: { admitted, denied, rate, cap, grant_expiry_us, tokens, outstanding,
 --          now_us, lease_demand_mtps, strict_demand, reclaimed }  rate and
 --          cap as '%.17g' (exact), tokens as '%.6f'; admitted, denied and
 --          strict_demand cumulative tokens; lease_demand_mtps the sum of the
 --          live leases' demand rates (milli-tokens/s); reclaimed the tokens
---          this read returned from expired leases
+--          this read returned from expired leases; then generation and
+--          reborn(0|1) (lib.lua, Rollback)
 --
 -- A read that reaped nothing (wrote no lease hash or expiry set) and need
 -- not date the data set (STAMP) changed nothing but the refill: it writes
@@ -31,4 +32,4 @@ elseif not B.missing then
 end
 local ge = B.ge
 if ge <= NOW then ge = 0 end
-return { B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW, B.dr, B.sd, RECLAIMED }
+return gen_reply({ B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW, B.dr, B.sd, RECLAIMED })
