@@ -27,7 +27,11 @@
 //     bucket's data set in the call that creates it (writing it when it is
 //     missing) and refill new buckets only from born + the restart wait;
 //     RestartGuard stamps missing sentinels at start and every epoch and
-//     counts the losses (see luascripts).
+//     counts the losses (see luascripts). A data set that went back in
+//     time (an older snapshot restored, a lagging replica promoted) is
+//     found by its write generation, below the highest this process saw,
+//     and re-birthed in the call that finds it: its older buckets start
+//     empty as after a loss (luascripts.Generations).
 //
 // # Units
 //

@@ -60,18 +60,35 @@ func ParseColdStart(s string) (ColdStart, error) {
 // after a loss are not held to a late birth), and it counts and logs the
 // losses it notices.
 //
+// A data set that goes back in time (restored from an older snapshot, a
+// replica promoted while it lagged) keeps its sentinel. The guard holds
+// the process's view of the data sets' write generations
+// (luascripts.Generations), which the server's scripts share: every call
+// passes the highest generation seen, and the call that finds its data set
+// below it re-births the data set itself, atomically (see
+// docs/architecture.md, "Redis rolls back"); the guard's own stamping does
+// the same for data sets no call touched. The guard counts those re-births
+// with the losses and logs them, once per check (every epoch) however many
+// data sets (cluster slots) were re-birthed since the last one.
+//
 // Safe for concurrent use.
 type RestartGuard struct {
 	prefix  string
 	mode    ColdStart
 	logger  *slog.Logger
 	scripts *luascripts.Scripts
+	gens    *luascripts.Generations
 
-	mu   sync.Mutex       // guards last
+	mu   sync.Mutex       // guards last, reborn and rebornUS
 	last map[string]int64 // guarded by mu: every sentinel's last seen value
+	// reborn counts the data sets script calls re-birthed since the last
+	// check, rebornUS the last one's birth; guarded by mu.
+	reborn   int
+	rebornUS int64
 
-	seen     atomic.Bool  // a first look was made (stamped or read)
-	restarts atomic.Int64 // data losses noticed
+	seen      atomic.Bool  // a first look was made (stamped or read)
+	restarts  atomic.Int64 // data losses noticed, rollbacks included
+	rollbacks atomic.Int64 // of which rollbacks (data sets re-birthed)
 }
 
 // NewRestartGuard returns a guard for the sentinels under prefix.
@@ -79,7 +96,59 @@ func NewRestartGuard(prefix string, mode ColdStart, logger *slog.Logger) *Restar
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &RestartGuard{prefix: prefix, mode: mode, logger: logger, scripts: luascripts.New(), last: map[string]int64{}}
+	gens := luascripts.NewGenerations()
+	g := &RestartGuard{prefix: prefix, mode: mode, logger: logger, scripts: luascripts.NewWith(gens), gens: gens, last: map[string]int64{}}
+	gens.OnRebirth(g.rebirth)
+	return g
+}
+
+// Generations is the process's view of its data sets' write generations,
+// for the scripts of every server this guard dates the data sets of; nil
+// on a nil guard.
+func (g *RestartGuard) Generations() *luascripts.Generations {
+	if g == nil {
+		return nil
+	}
+	return g.gens
+}
+
+// Rollbacks counts the data sets found gone back in time and re-birthed
+// (counted among Restarts too), as of the last check.
+func (g *RestartGuard) Rollbacks() int64 {
+	if g == nil {
+		return 0
+	}
+	return g.rollbacks.Load()
+}
+
+// rebirth notes a script call's (or the guard's own stamp's) re-birth of
+// the data set of sentinel born at bornUS, for the next check to count and
+// log: a cluster node that went back re-births each of its slots' data
+// sets in whichever call touches it first.
+func (g *RestartGuard) rebirth(born string, bornUS int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if v, ok := g.last[born]; ok && v == bornUS {
+		return // already seen (a check read the new birth first)
+	}
+	g.last[born] = bornUS
+	g.reborn++
+	g.rebornUS = bornUS
+}
+
+// reportRebirths counts and logs the re-births noted since the last check.
+func (g *RestartGuard) reportRebirths() {
+	g.mu.Lock()
+	n, at := g.reborn, g.rebornUS
+	g.reborn = 0
+	g.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	g.restarts.Add(1)
+	g.rollbacks.Add(1)
+	g.logger.Warn("redis data set went back in time (restored from an older snapshot, or a replica promoted while it lagged): its write generation was below one already seen; re-born as after a data loss, its buckets start empty and earn tokens only after the longer of one lease TTL and one grant validity plus one epoch",
+		"data_sets", n, "born_us", at)
 }
 
 // RestartWait is what the scripts wait after a data set's birth before a
@@ -105,6 +174,7 @@ func (g *RestartGuard) Restarts() int64 {
 // probes the sentinel of the first slot each node serves and stamps all
 // of them once one is missing or changed, and on the first look.
 func (g *RestartGuard) Check(ctx context.Context, c Redis) error {
+	defer g.reportRebirths()
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		return g.checkCluster(ctx, cc)
 	}
@@ -153,6 +223,9 @@ func (g *RestartGuard) stamp(ctx context.Context, c Redis, keys []string) error 
 	lost, wrote := 0, 0
 	var bornUS int64
 	for i, b := range bs {
+		if b.Reborn {
+			continue // counted as a rollback (rebirth, reportRebirths)
+		}
 		if b.Written {
 			wrote++
 		}

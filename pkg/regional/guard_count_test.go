@@ -204,3 +204,40 @@ func TestRestartGuardCountsANodeLossOnACluster(t *testing.T) {
 	check(2)
 	check(2)
 }
+
+// TestRestartGuardRebirthsADataSetGoneBack: a data set whose write
+// generation is behind the one the guard's process saw (an older snapshot
+// restored while no call touched it) is re-birthed by the guard's own
+// check on the Redis clock and counted once, as a data loss and as a
+// rollback; the checks after it count nothing more.
+func TestRestartGuardRebirthsADataSetGoneBack(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	t.Cleanup(func() { rdb.Close() })
+	born := luascripts.DefaultPrefix + "born"
+	g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartFull, slog.New(slog.DiscardHandler))
+	check := func() {
+		t.Helper()
+		if err := g.Check(ctx, rdb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check() // a new deployment: born 0, trusted full
+	if seen := g.Generations().Seen(born); seen == 0 {
+		t.Fatal("the first stamp showed the guard no generation")
+	}
+	if err := rdb.Set(ctx, luascripts.GenKey(born), "5", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	check()
+	v, err := rdb.Get(ctx, born).Int64()
+	if err != nil || v <= 0 {
+		t.Fatalf("born %d (%v) after the data set went back, want the Redis clock (not the trusted 0)", v, err)
+	}
+	for range 2 {
+		if r, b := g.Restarts(), g.Rollbacks(); r != 1 || b != 1 {
+			t.Fatalf("%d data losses, %d rollbacks counted, want 1 and 1", r, b)
+		}
+		check()
+	}
+}

@@ -94,7 +94,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "sluice_regional_grants_applied_total", Help: "Grants from the global tier installed in Redis by the region leader.",
 	})
 	m.restarts = prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "sluice_regional_redis_data_losses_total", Help: "Times Redis was found to have lost its data (sentinel missing).",
+		Name: "sluice_regional_redis_data_losses_total", Help: "Times Redis was found to have lost its data: a born sentinel missing, or a data set gone back in time (restored from an older snapshot, a replica promoted while it lagged; docs/architecture.md, \"Redis rolls back\").",
 	}, func() float64 { return float64(s.guard.Restarts()) })
 	m.activeLeases = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_regional_active_leases",

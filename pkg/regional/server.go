@@ -148,9 +148,16 @@ func New(opts Options) (*Server, error) {
 	if opts.RedisTimeout == 0 {
 		opts.RedisTimeout = time.Second
 	}
+	scripts := luascripts.New()
+	if opts.Guard != nil {
+		// The guard counts the re-births the scripts' calls make (a data
+		// set gone back in time) and re-births untouched data sets itself:
+		// one view of the generations for both.
+		scripts = luascripts.NewWith(opts.Guard.Generations())
+	}
 	s := &Server{
 		opts:    opts,
-		scripts: luascripts.New(),
+		scripts: scripts,
 		guard:   opts.Guard,
 		active:  newActiveKeys(),
 		log:     opts.Logger,
