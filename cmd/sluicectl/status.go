@@ -55,10 +55,14 @@ type statusReport struct {
 
 // shardView is one global-tier shard past shard 0.
 type shardView struct {
-	Shard  int         `json:"shard"`
-	Leader *leaderView `json:"leader"`
-	Error  string      `json:"error,omitempty"`
-	Global *globalView `json:"global,omitempty"`
+	Shard int `json:"shard"`
+	// Unconfigured: the config in etcd has fewer shards (its global_shards
+	// was lowered and this shard's replicas still run): it owns no keys,
+	// and its figures are shown but not folded into the global tier's.
+	Unconfigured bool        `json:"unconfigured,omitempty"`
+	Leader       *leaderView `json:"leader"`
+	Error        string      `json:"error,omitempty"`
+	Global       *globalView `json:"global,omitempty"`
 }
 
 // leaderView is the holder of one election: the candidate whose key was
@@ -244,15 +248,16 @@ func (a *app) readEtcdStatus(ctx context.Context, rep *statusReport) error {
 	global, regions := electionLeaders(store.ElectionPrefix(), resp.Kvs)
 	rep.GlobalLeader = global
 	shards := shardLeaders(store.ElectionPrefix(), resp.Kvs)
-	n := 1
+	n, configured := 1, 0
 	if cfg != nil {
 		n = cfg.ShardMap().N()
+		configured = n
 	}
 	for i := range shards {
 		n = max(n, i+1)
 	}
 	for i := 1; i < n; i++ {
-		rep.Shards = append(rep.Shards, shardView{Shard: i, Leader: shards[i]})
+		rep.Shards = append(rep.Shards, shardView{Shard: i, Leader: shards[i], Unconfigured: cfg != nil && i >= configured})
 	}
 	names := map[string]bool{}
 	for r := range regions {
@@ -339,9 +344,13 @@ func shardLeaders(electionPrefix string, kvs []*mvccpb.KeyValue) map[int]*leader
 }
 
 // askShards asks every shard past shard 0 whose leader etcd names, and
-// folds their answers into rep.Global: contended keys summed, learning if
-// any shard learns, degraded regions of any shard, and the top keys of
-// all. A shard that cannot be asked is an error of the report.
+// folds the answers of the shards the config counts into rep.Global:
+// contended keys summed, learning if any shard learns, degraded regions of
+// any shard, and the top keys of all. A shard past the config's count owns
+// no keys (its replicas outlived a lowered global_shards): its answer is
+// shown on its own line only, since its learning and silent regions say
+// nothing of the global tier. A shard that cannot be asked is an error of
+// the report.
 func (a *app) askShards(ctx context.Context, top int32, rep *statusReport) error {
 	for i := range rep.Shards {
 		sh := &rep.Shards[i]
@@ -355,7 +364,7 @@ func (a *app) askShards(ctx context.Context, top int32, rep *statusReport) error
 		}
 		sh.Error, sh.Global = one.GlobalError, one.Global
 		rep.refused = rep.refused || one.refused
-		if sh.Global == nil || rep.Global == nil {
+		if sh.Global == nil || rep.Global == nil || sh.Unconfigured {
 			continue
 		}
 		g := rep.Global
@@ -376,7 +385,7 @@ func (a *app) askShards(ctx context.Context, top int32, rep *statusReport) error
 	}
 	var errs []string
 	for _, sh := range rep.Shards {
-		if sh.Error != "" {
+		if sh.Error != "" && !sh.Unconfigured {
 			errs = append(errs, sh.Error)
 		}
 	}
@@ -384,6 +393,18 @@ func (a *app) askShards(ctx context.Context, top int32, rep *statusReport) error
 		rep.GlobalError = strings.Join(errs, "\n")
 	}
 	return nil
+}
+
+// configuredShards is the config's shard count: shard 0 and the shards
+// past it the config counts.
+func configuredShards(shards []shardView) int {
+	n := 1
+	for _, sh := range shards {
+		if !sh.Unconfigured {
+			n++
+		}
+	}
+	return n
 }
 
 // pressure is a key's demand over its rate (how Status ranks keys).
@@ -655,12 +676,18 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 	fmt.Fprintf(w, "contended keys:\t%d\n", g.ContendedKeys)
 	for _, sh := range rep.Shards {
 		switch {
+		case sh.Unconfigured && sh.Global != nil:
+			fmt.Fprintf(w, "shard %d:\t%s\t(NOT IN THE CONFIG, which has %d shards: owns no keys, its figures are not counted above; stop its replicas)\n",
+				sh.Shard, sh.Leader.Addr, configuredShards(rep.Shards))
 		case sh.Global != nil:
 			l := "no"
 			if sh.Global.Learning {
 				l = "yes"
 			}
 			fmt.Fprintf(w, "shard %d:\t%s\t(learning: %s, contended keys: %d)\n", sh.Shard, sh.Leader.Addr, l, sh.Global.ContendedKeys)
+		case sh.Unconfigured:
+			fmt.Fprintf(w, "shard %d:\tunreachable\t(NOT IN THE CONFIG, which has %d shards: an election key of a replica that outlived a lowered global_shards)\n",
+				sh.Shard, configuredShards(rep.Shards))
 		default:
 			fmt.Fprintf(w, "shard %d:\tunreachable\t(see below)\n", sh.Shard)
 		}

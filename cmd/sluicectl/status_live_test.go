@@ -92,3 +92,51 @@ func TestStatusAcrossShards(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
 	}
 }
+
+// TestStatusShowsAShardPastTheConfigApart: global_shards lowered from 2
+// to 1 while shard 1's replica still runs. Status lists shard 1 as not in
+// the config and does not fold its figures (an idle shard's learning and
+// silent regions) into the global tier's: it said "learning: yes" and
+// "degraded: <every region>" of a tier whose one shard was neither.
+func TestStatusShowsAShardPastTheConfigApart(t *testing.T) {
+	cfg := config.Default()
+	cfg.GlobalShards = 2
+	c, err := devcluster.Start(context.Background(), devcluster.Options{
+		Config: cfg, Regions: []string{"us-east"}, SessionTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	lowered := config.Default()
+	lowered.GlobalShards = 1
+	data, err := lowered.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, sluicectl(t, "", "-etcd-endpoints", c.EtcdAddr(), "apply", "-f", writeFile(t, "one-shard.yaml", string(data)), "-yes"), exitOK)
+
+	shard1 := c.GlobalShardAddrs(1)[0]
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), []string{"-etcd-endpoints", c.EtcdAddr(), "status"},
+			strings.NewReader(""), &stdout, &stderr)
+		out := stdout.String()
+		// us-east reports to shard 0 only now: live there, silent to
+		// shard 1, which must not make the tier call it degraded.
+		if code == exitOK && regexpLine(out, "shard 1:", shard1) && regexpLine(out, "shard 1:", "NOT IN THE CONFIG, which has 1 shards") &&
+			regexpLine(out, "us-east", "live") && !regexpLine(out, "degraded:", "us-east") {
+			var js bytes.Buffer
+			if code := run(context.Background(), []string{"-etcd-endpoints", c.EtcdAddr(), "status", "-o", "json"},
+				strings.NewReader(""), &js, &stderr); code != exitOK || !strings.Contains(js.String(), `"unconfigured": true`) {
+				t.Fatalf("status -o json (exit %d) does not mark shard 1 unconfigured:\n%s", code, js.String())
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never set shard 1 apart as not in the config (exit %d):\n%s\n%s", code, out, stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
+	}
+}
