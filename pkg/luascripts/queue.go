@@ -124,10 +124,20 @@ func RunQueued(ctx context.Context, c interface {
 	redis.Scripter
 }, add func(p redis.Pipeliner) []*Queued) []*Queued {
 	var qs []*Queued
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		qs = add(p)
 		return nil
 	})
+	if err != nil {
+		// A pipeline that failed before any reply (the connection's
+		// AUTH refused) leaves its calls with neither a reply nor an
+		// error: give them the pipeline's, not "unexpected type=<nil>".
+		for _, q := range qs {
+			if q.Cmd.Err() == nil && q.Cmd.Val() == nil {
+				q.Cmd.SetErr(err)
+			}
+		}
+	}
 	for _, q := range qs {
 		if q.NoScript() {
 			q.Rerun(ctx, c)

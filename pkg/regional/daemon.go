@@ -206,17 +206,30 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	// Readiness: serving once Redis answered (the scripts are cached then).
 	d.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	evictions := newEvictionWatch(o.Logger, srv.metrics)
-	if err := srv.Scripts().Load(ctx, rdb); err != nil {
+	fail := func(err error) (*Daemon, error) {
+		srv.Close()
+		ep.Close()
+		rdb.Close()
+		return nil, err
+	}
+	// Redis refusing the credentials, or a command the scripts need,
+	// fails the start: every caller would degrade while the replica
+	// looked healthy. Redis not answering does not: it may come later.
+	if err := ExplainRedisErr(srv.Scripts().Load(ctx, rdb)); errors.Is(err, ErrRedisRefused) {
+		return fail(fmt.Errorf("regional: %w", err))
+	} else if err != nil {
 		o.Logger.Warn("redis not reachable at start; serving degraded until it is", "redis", o.RedisAddr, "err", err)
 	} else {
+		if err := ProbeAccess(ctx, rdb, ""); errors.Is(err, ErrRedisRefused) {
+			return fail(fmt.Errorf("regional: %w", err))
+		} else if err != nil {
+			o.Logger.Warn("redis access probe failed at start", "redis", o.RedisAddr, "err", err)
+		}
 		if err := checkEviction(ctx, rdb, o, evictions); err != nil {
-			srv.Close()
-			ep.Close()
-			rdb.Close()
-			return nil, err
+			return fail(err)
 		}
 		if err := guard.Check(ctx, rdb); err != nil {
-			o.Logger.Warn("restart sentinel check failed", "redis", o.RedisAddr, "err", err)
+			o.Logger.Warn("restart sentinel check failed", "redis", o.RedisAddr, "err", ExplainRedisErr(err))
 		}
 	}
 
@@ -251,11 +264,16 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 const ReadinessInterval = time.Second
 
 // watchReadiness keeps the gRPC health status in line with Redis: a
-// replica whose Redis is down is not ready (clients fail over to others).
-// Every failed ping is a Redis error of script "ping", so a Redis that is
-// down or hung shows within seconds whether or not callers wait for it
-// (a caller that gives up first is not counted); the outage is logged
-// once when it starts and once when Redis answers again.
+// replica whose Redis is down, or refuses it access, is not ready
+// (clients fail over to others). Each check is a PING and the access
+// probe (ProbeAccess): a user that lost a command the scripts need, or
+// credentials Redis no longer takes, fails every caller although PING
+// may still answer. A probe that fails for any other reason (a Redis out
+// of memory refuses its writes) leaves readiness to the PING. Every
+// failed check is a Redis error of script "ping", so a Redis that is down
+// or hung shows within seconds whether or not callers wait for it (a
+// caller that gives up first is not counted); the outage is logged once
+// when it starts and once when Redis answers again.
 func (d *Daemon) watchReadiness(ctx context.Context) {
 	t := time.NewTicker(ReadinessInterval)
 	defer t.Stop()
@@ -263,7 +281,12 @@ func (d *Daemon) watchReadiness(ctx context.Context) {
 	for {
 		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, d.opts.RedisTimeout)
-		err := d.Redis.Ping(pctx).Err()
+		err := ExplainRedisErr(d.Redis.Ping(pctx).Err())
+		if err == nil {
+			if perr := ProbeAccess(pctx, d.Redis, ""); errors.Is(perr, ErrRedisRefused) {
+				err = perr
+			}
+		}
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -274,7 +297,11 @@ func (d *Daemon) watchReadiness(ctx context.Context) {
 		case err != nil:
 			st = healthpb.HealthCheckResponse_NOT_SERVING
 			if !down {
-				d.opts.Logger.Warn("redis does not answer its readiness ping; replica not ready", "redis", d.opts.RedisAddr, "err", err)
+				msg := "redis does not answer its readiness ping; replica not ready"
+				if errors.Is(err, ErrRedisRefused) {
+					msg = "redis refuses this replica access; replica not ready"
+				}
+				d.opts.Logger.Warn(msg, "redis", d.opts.RedisAddr, "err", err)
 			}
 			down = true
 		case down:
@@ -300,7 +327,7 @@ func checkEviction(ctx context.Context, rdb redis.UniversalClient, o DaemonOptio
 		w.failed(err)
 		return nil
 	case err != nil:
-		return fmt.Errorf("regional: cannot read redis's eviction settings (the Redis user needs +info): %w; -redis-allow-eviction (DaemonOptions.AllowEviction) starts without them", err)
+		return fmt.Errorf("regional: cannot read redis's eviction settings (the Redis user needs +info): %w; -redis-allow-eviction (DaemonOptions.AllowEviction) starts without them", ExplainRedisErr(err))
 	}
 	if bad := evicting(mem); len(bad) > 0 && !o.AllowEviction {
 		return &EvictionError{Nodes: bad}

@@ -24,3 +24,6 @@ func RedisTimeoutForTest(s *Server) time.Duration { return s.opts.RedisTimeout }
 // EvictionReadingsForTest is how many times d read its Redis's eviction
 // settings (at start and once an epoch).
 func EvictionReadingsForTest(d *Daemon) int64 { return d.evictions.readings.Load() }
+
+// ProbeSourceForTest is the access probe's Lua source.
+const ProbeSourceForTest = probeSource

@@ -599,7 +599,7 @@ func (s *Server) observeScript(ctx context.Context, script string, start time.Ti
 		s.log.Debug("caller gave up before redis answered", "script", script, "err", err)
 	default:
 		s.metrics.redisErrors.WithLabelValues(script).Inc()
-		s.log.Warn("redis script failed", "script", script, "err", err)
+		s.log.Warn("redis script failed", "script", script, "err", ExplainRedisErr(err))
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, luascripts.ErrTooLate) {
 			return fmt.Errorf("redis did not answer the %s script in time: %v", script, err)
 		}
@@ -680,7 +680,7 @@ func (s *Server) tick(ctx context.Context, interval time.Duration) {
 		err := s.opts.Guard.Check(ctx, s.opts.Redis)
 		s.observeOwn(ctx, "sentinel", start, err)
 		if err != nil && ctx.Err() == nil {
-			s.log.Warn("restart sentinel check failed", "err", err)
+			s.log.Warn("restart sentinel check failed", "err", ExplainRedisErr(err))
 		}
 	}
 }
