@@ -77,6 +77,9 @@ type flags struct {
 	region, grpcAddr, httpAddr          string
 	redisAddr, redisPassword            string
 	redisUsername                       string
+	redisTLS                            bool
+	redisTLSCA, redisTLSCert            string
+	redisTLSKey, redisTLSName           string
 	redisCluster, redisAllowEviction    bool
 	configFile, coldStart, logLevel     string
 	etcdEndpoints, etcdPrefix           string
@@ -101,6 +104,11 @@ func parseFlags(args []string) (*flags, error) {
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "treat a single -redis-addr as a Redis Cluster endpoint")
 	fs.StringVar(&f.redisUsername, "redis-username", "", "Redis ACL user to authenticate as (with -redis-password); empty = the default user. docs/operations.md has the least-privilege ACL")
 	fs.StringVar(&f.redisPassword, "redis-password", "", "Redis password (of -redis-username, else of the default user); never logged")
+	fs.BoolVar(&f.redisTLS, "redis-tls", false, "connect to Redis over TLS, verifying its certificate with the system roots unless -redis-tls-ca; any -redis-tls-* flag implies it")
+	fs.StringVar(&f.redisTLSCA, "redis-tls-ca", "", "CA bundle (PEM) to verify Redis's certificate; enables TLS to Redis")
+	fs.StringVar(&f.redisTLSCert, "redis-tls-cert", "", "client certificate (PEM) to present to Redis (for tls-auth-clients); needs -redis-tls-key; enables TLS to Redis")
+	fs.StringVar(&f.redisTLSKey, "redis-tls-key", "", "private key (PEM) of -redis-tls-cert")
+	fs.StringVar(&f.redisTLSName, "redis-tls-name", "", "name Redis's certificate must carry (default: the host of each -redis-addr; set it when the certificate names the service and the address is an IP); enables TLS to Redis")
 	fs.BoolVar(&f.redisAllowEviction, "redis-allow-eviction", false, "start on a Redis whose maxmemory-policy may evict keys (maxmemory set, a policy other than noeviction), refused without it: an evicted token bucket comes back full, so the region admits more than its limit, by up to a burst per eviction (gives up invariant 1; docs/operations.md, Redis evicts keys)")
 	fs.StringVar(&f.configFile, "config", "", "config file (YAML): the config without etcd, the bootstrap written to etcd when it holds none; empty = the built-in sample")
 	fs.StringVar(&f.coldStart, "cold-start", "conservative", `how a Redis with no Sluice data is treated at this process's start: "conservative" (new buckets start empty for the longer of one lease TTL and one grant validity plus one epoch) or "full" (a fresh deployment whose Redis never held leases: buckets start full); a Redis that loses its data while the process runs is always treated conservatively`)
@@ -205,6 +213,10 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	if err != nil {
 		return fmt.Errorf("peer TLS: %w", err)
 	}
+	redisTLS, err := redisTLSConfig(f)
+	if err != nil {
+		return err
+	}
 	peerCreds := insecure.NewCredentials()
 	if peerTLS != nil {
 		peerCreds = credentials.NewTLS(peerTLS)
@@ -265,7 +277,7 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
 		Region: f.region, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RedisAddr: f.redisAddr, RedisCluster: f.redisCluster,
-		RedisUsername: f.redisUsername, RedisPassword: f.redisPassword,
+		RedisUsername: f.redisUsername, RedisPassword: f.redisPassword, RedisTLS: redisTLS,
 		AllowEviction: f.redisAllowEviction,
 		Config:        source, ColdStart: cs, ServerTLS: serverTLS, Registry: reg, Logger: logger,
 		Leader: leaderOpts, Unleased: f.unleased,
@@ -306,6 +318,19 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	cancel()
 	d.Stop()
 	return nil
+}
+
+// redisTLSConfig is the TLS configuration towards Redis the -redis-tls*
+// flags ask for: nil (plaintext) when none is set.
+func redisTLSConfig(f *flags) (*tls.Config, error) {
+	cfg, err := tlsconfig.Client(f.redisTLSCA, f.redisTLSCert, f.redisTLSKey, f.redisTLSName)
+	if err != nil {
+		return nil, fmt.Errorf("redis TLS (-redis-tls-ca, -redis-tls-cert, -redis-tls-key): %w", err)
+	}
+	if cfg == nil && f.redisTLS {
+		cfg = &tls.Config{MinVersion: tlsconfig.MinVersion}
+	}
+	return cfg, nil
 }
 
 // peerCredsFor are the credentials of the loopback lease client: plaintext

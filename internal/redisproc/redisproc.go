@@ -7,6 +7,7 @@ package redisproc
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -28,7 +29,8 @@ var ErrNoRedisServer = errors.New("redis-server is not on PATH (apt-get install 
 type Proc struct {
 	port     int
 	embedded bool
-	extra    []string // more redis-server arguments
+	extra    []string    // more redis-server arguments
+	tls      *tls.Config // set: the server serves TLS only, checked with this client configuration
 
 	mu     sync.Mutex           // guards cmd, exited, mini and out
 	cmd    *exec.Cmd            // the child process, nil when stopped or embedded
@@ -175,10 +177,13 @@ func closeInheritedOnExec() {
 }
 
 func (p *Proc) start() error {
-	args := append([]string{
-		"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
+	ports := []string{"--port", strconv.Itoa(p.port)}
+	if p.tls != nil {
+		ports = []string{"--port", "0", "--tls-port", strconv.Itoa(p.port)}
+	}
+	args := append(append(ports, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--protected-mode", "no",
-		"--loglevel", "warning"}, p.extra...)
+		"--loglevel", "warning"), p.extra...)
 	inheritNothing.Do(closeInheritedOnExec)
 	cmd := exec.Command("redis-server", args...)
 	dieWithParent(cmd)
@@ -196,7 +201,7 @@ func (p *Proc) start() error {
 	p.cmd, p.exited, p.out = cmd, exited, out
 	p.mu.Unlock()
 
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, TLSConfig: p.tls})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

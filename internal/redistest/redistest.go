@@ -9,6 +9,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -45,6 +46,28 @@ func Start(t testing.TB) *Server {
 func StartWith(t testing.TB, args ...string) *Server {
 	t.Helper()
 	p, err := redisproc.StartWith(args...)
+	if err != nil {
+		t.Fatalf("%v (run `make test`, which installs it)", err)
+	}
+	s := &Server{t: t, p: p}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// StartTLS launches redis-server serving TLS only, with the server
+// certificate and key in certFile and keyFile, requiring client
+// certificates from the CA in caFile when clientAuth; client is what the
+// start-up check dials with. Client returns a plaintext client: use
+// go-redis with a TLS configuration of the test's own. A redis-server
+// built without TLS skips the test, saying so.
+func StartTLS(t testing.TB, client *tls.Config, certFile, keyFile, caFile string, clientAuth bool) *Server {
+	t.Helper()
+	p, err := redisproc.StartTLS(client, certFile, keyFile, caFile, clientAuth)
+	if err != nil && strings.Contains(err.Error(), "Bad directive") {
+		// A redis-server built without TLS (BUILD_TLS=no) knows no
+		// tls-port; Debian's and the official images' know it.
+		t.Skipf("redis-server has no TLS support, so the TLS test cannot run: %v", err)
+	}
 	if err != nil {
 		t.Fatalf("%v (run `make test`, which installs it)", err)
 	}
