@@ -45,8 +45,12 @@ func newBatcher(rdb Redis, scripts *luascripts.Scripts, workers, maxBatch int, t
 
 // do queues one call and waits for its result (or ctx). The call may still
 // run after ctx ends; its result is then dropped, which at worst
-// under-admits.
+// under-admits. A caller already gone queues nothing: a select with both
+// cases ready picks one at random, and would run its call one time in two.
 func (b *batcher) do(ctx context.Context, queue func(context.Context, redis.Pipeliner) *luascripts.Queued) (*luascripts.Queued, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	c := &batchCall{queue: queue, done: make(chan struct{})}
 	select {
 	case b.reqs <- c:
