@@ -359,6 +359,7 @@ func TestRemovalProblemsNameEachRegionRemovedWhileNotDrained(t *testing.T) {
 		{"two removed, in name order", regions(map[string]bool{"c": false, "a": false, "b": false}), regions(map[string]bool{"b": false}), []string{"regions.a", "regions.c"}},
 		{"drained only in the next config", regions(map[string]bool{"a": false, "b": false}), regions(map[string]bool{"a": true}), []string{"regions.b"}},
 		{"no current config", nil, regions(map[string]bool{"a": false}), nil},
+		{"no next config", regions(map[string]bool{"a": false}), nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := RemovalProblems(tc.current, tc.next)
@@ -371,6 +372,9 @@ func TestRemovalProblemsNameEachRegionRemovedWhileNotDrained(t *testing.T) {
 					}
 					if !strings.Contains(fe.Message, "drain it first") {
 						t.Errorf("%s: %q does not say to drain first", fe.Path, fe.Message)
+					}
+					if drain := "sluicectl region drain " + strings.TrimPrefix(fe.Path, "regions."); !strings.Contains(fe.Message, drain) {
+						t.Errorf("%s: %q does not name the command that drains it (%s)", fe.Path, fe.Message, drain)
 					}
 					got = append(got, fe.Path)
 				}

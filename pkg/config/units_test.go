@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 )
@@ -101,6 +102,44 @@ func TestRateMarshalRefusesNonFinite(t *testing.T) {
 	for _, r := range []Rate{Rate(math.Inf(1)), Rate(math.NaN())} {
 		if _, err := r.MarshalYAML(); err == nil {
 			t.Errorf("MarshalYAML(%v) succeeded", float64(r))
+		}
+	}
+}
+
+// TestDurationSyntaxIsTheFormParseDurationReads: DurationSyntax holds for
+// exactly the strings time.ParseDuration reads, but for the unitless zero
+// it also takes (every string of up to four runes drawn from the digits,
+// signs, point, units and a stray byte), and for the same forms written
+// too large to fit a time.Duration, which ParseDuration refuses: those
+// are out of range, not malformed.
+func TestDurationSyntaxIsTheFormParseDurationReads(t *testing.T) {
+	alphabet := []rune{'0', '1', '9', '.', '+', '-', 'n', 'u', 'µ', 'μ', 'm', 's', 'h', 'x', ' '}
+	var walk func(s []rune)
+	checked := 0
+	walk = func(s []rune) {
+		if len(s) > 0 {
+			str := string(s)
+			_, err := time.ParseDuration(str)
+			reads := err == nil && str != "0" && str != "+0" && str != "-0"
+			if got := DurationSyntax(str); got != reads {
+				t.Errorf("DurationSyntax(%q) = %v; time.ParseDuration reads it with a unit: %v", str, got, reads)
+			}
+			checked++
+		}
+		if len(s) == 4 {
+			return
+		}
+		for _, r := range alphabet {
+			walk(append(s, r))
+		}
+	}
+	walk(nil)
+	if checked < 50000 {
+		t.Fatalf("checked %d strings", checked)
+	}
+	for _, s := range []string{"9999999999h", "-9999999999h", "+9999999999h", "1h9999999999h", "9999999999.5h", "99999999999999999999ns"} {
+		if _, err := time.ParseDuration(s); err == nil || !DurationSyntax(s) {
+			t.Errorf("%q: ParseDuration error %v, DurationSyntax %v; want refused as out of range", s, err, DurationSyntax(s))
 		}
 	}
 }
