@@ -905,3 +905,51 @@ func TestDescriptorsAfterTheOneThatLimitsARequestAreNotCharged(t *testing.T) {
 		}
 	}
 }
+
+// TestShadowDescriptorsNeitherStopNorSkipCharging: a descriptor in shadow
+// mode never limits a request, so it stops no charging: the descriptors
+// after one it would deny (its bucket spent, or its cost above its burst)
+// are charged and decided; and it is itself decided (counted as shadow
+// mode observes) after a descriptor that limits the request, which stops
+// the charging of the descriptors after it all the same.
+func TestShadowDescriptorsNeitherStopNorSkipCharging(t *testing.T) {
+	rs := redistest.Start(t)
+	cfg := regiontest.MustConfig(t, testConfig)
+	p := startProcess(t, rs, cfg, "envoy-shadow", true)
+	small := desc("tenant", "small", "class", "write")   // tier tiny: burst 3, 1/m
+	small2 := desc("tenant", "small2", "class", "write") // the same, a bucket of its own
+	audit := desc("tenant", "small", "class", "audit")   // shadow mode, burst 2, 1/m
+	const ok, over = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	decided := func(st *rlsv3.RateLimitResponse_DescriptorStatus) bool { return st.GetCurrentLimit() != nil }
+
+	// The audit bucket is spent by the first two requests; small is
+	// charged by all three.
+	for i := range 3 {
+		resp := ask(t, p.rls, request("sluice", 1, audit, small))
+		st := resp.GetStatuses()
+		if resp.GetOverallCode() != ok || len(st) != 2 || !decided(st[0]) || st[1].GetCode() != ok || !decided(st[1]) {
+			t.Fatalf("request %d, audit then small: %v; want both decided, OK", i+1, resp)
+		}
+	}
+	// An audit cost above its burst stops nothing either: small2 is charged.
+	resp := ask(t, p.rls, request("sluice", 1, withHits(desc("tenant", "small2", "class", "audit"), 3), small2))
+	if st := resp.GetStatuses(); resp.GetOverallCode() != ok || len(st) != 2 || st[1].GetCode() != ok || !decided(st[1]) {
+		t.Fatalf("an audit cost above its burst, then small2: %v; want small2 decided, OK", resp)
+	}
+	// small spent: the shadow descriptor after it is decided, small2 after
+	// that is not charged.
+	resp = ask(t, p.rls, request("sluice", 1, small, desc("tenant", "bob", "class", "audit"), small2))
+	st := resp.GetStatuses()
+	if resp.GetOverallCode() != over || len(st) != 3 || st[0].GetCode() != over || !decided(st[1]) || st[2].GetCode() != ok || decided(st[2]) {
+		t.Fatalf("small spent, then a shadow descriptor, then small2: %v; want over limit, the shadow one decided, small2 not", resp)
+	}
+	// small2 kept the two tokens its first request left.
+	for i := range 2 {
+		if resp := ask(t, p.rls, request("sluice", 1, small2)); resp.GetOverallCode() != ok {
+			t.Fatalf("small2's request %d after the limited one: %v; want OK", i+1, resp)
+		}
+	}
+	if resp := ask(t, p.rls, request("sluice", 1, small2)); resp.GetOverallCode() != over {
+		t.Fatalf("small2's third request: %v; want over limit (three charged in all)", resp)
+	}
+}
