@@ -85,6 +85,12 @@ func TestLimitUnitIsTheWindowThatRefillsTheBurst(t *testing.T) {
 		{quota.Limit{Rate: 1, Burst: 3600}, 3600, hour},
 		{quota.Limit{Rate: 1, Burst: 86400}, 86400, day},
 		{quota.Limit{Rate: 50.0 / 60, Burst: 50}, 50, min_},
+		// The rate times the unit falls short of the burst by float error
+		// (10.999999999999998): the count is the burst, not its truncation.
+		{quota.Limit{Rate: 11.0 / 86400, Burst: 11}, 11, day},
+		// The error grows with the burst (4.8e-7 here), and the tolerance
+		// with it: a burst per day whose rate is also whole per hour.
+		{quota.Limit{Rate: 3999984072.0 / 86400, Burst: 3999984072}, 3999984072, day},
 		// No unit refills the burst: the rate per its shortest whole unit.
 		{quota.Limit{Rate: 1, Burst: 100}, 1, sec},
 		{quota.Limit{Rate: 0.1, Burst: 20}, 6, min_},
