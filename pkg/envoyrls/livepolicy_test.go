@@ -58,3 +58,43 @@ default_tier: free
 		}
 	}
 }
+
+// TestLivePoliciesNamesWhatTheConfigSays: LivePolicies answers a class the
+// live config names with its mode, on_failure and shadow as written, and
+// false for a class the config does not name and while no config is
+// loaded (the region's answer decides then), without reading a class it
+// was not asked about.
+func TestLivePoliciesNamesWhatTheConfigSays(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+lease_ttl: 2s
+refresh: 200ms
+regions: {local: {weight: 1}}
+classes:
+  write:  {mode: strict, on_failure: closed, shadow: true}
+  read:   {mode: lease, on_failure: open}
+  upload: {mode: lease, on_failure: local}
+tiers: {free: {write: {rate: 1/s, burst: 5}, read: {rate: 1/s, burst: 5}, upload: {rate: 1/s, burst: 5}}}
+default_tier: free
+`)
+	src := configtest.NewSource(nil, 0)
+	policies := envoyrls.LivePolicies(src)
+	if p, ok := policies("write"); ok {
+		t.Errorf("with no config loaded: %+v, true; want false", p)
+	}
+	src.Set(cfg, 1)
+	for _, tc := range []struct {
+		class string
+		want  lease.ClassPolicy
+		ok    bool
+	}{
+		{"write", lease.ClassPolicy{Mode: lease.ModeStrict, OnFailure: lease.PolicyClosed, Shadow: true}, true},
+		{"read", lease.ClassPolicy{Mode: lease.ModeLease, OnFailure: lease.PolicyOpen}, true},
+		{"upload", lease.ClassPolicy{Mode: lease.ModeLease, OnFailure: lease.PolicyLocal}, true},
+		{"export", lease.ClassPolicy{}, false}, // a class the config does not name
+		{"", lease.ClassPolicy{}, false},
+	} {
+		if p, ok := policies(tc.class); ok != tc.ok || p != tc.want {
+			t.Errorf("class %q: %+v, %v; want %+v, %v", tc.class, p, ok, tc.want, tc.ok)
+		}
+	}
+}
