@@ -229,3 +229,45 @@ func TestBreakerCountsOnlyFailuresNoLaterCallContradicts(t *testing.T) {
 		t.Fatal("a failure with no answer ever seen did not count")
 	}
 }
+
+// TestBreakerProbeFailureCountsWhateverWasAnswered: the failure of a
+// half-open probe counts and reopens the breaker even when a call sent
+// after the probe was answered before its Success was recorded: only a
+// probe's verdict may close or reopen the half-open breaker.
+func TestBreakerProbeFailureCountsWhateverWasAnswered(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	b := NewBreaker(1, time.Second)
+	if !b.FailureOf(ms(0), ms(50)) || !b.Open() {
+		t.Fatal("a failure with no answer ever seen did not open a breaker of threshold 1")
+	}
+	probe := ms(1100)
+	if !b.Allow(probe) {
+		t.Fatal("no probe after the cooldown")
+	}
+	b.ObserveRTT(ms(1110), ms(1120)) // sent after the probe
+	if !b.FailureOf(probe, ms(1150)) {
+		t.Fatal("a failed probe's failure did not count: a call sent after it was answered")
+	}
+	if !b.Open() || b.Allow(ms(2149)) {
+		t.Fatal("a failed probe did not reopen the breaker for its cooldown")
+	}
+	if !b.Allow(ms(2150)) {
+		t.Fatal("no probe after the new cooldown")
+	}
+}
+
+// TestBreakerAnOlderCallAnsweredLastKeepsTheLatestSent: the calls a
+// failure is weighed against are those sent after it, whatever the order
+// their answers came in: an older call answered last does not make the
+// failure of a call sent between the two count.
+func TestBreakerAnOlderCallAnsweredLastKeepsTheLatestSent(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	b := NewBreaker(1, time.Second)
+	b.ObserveRTT(ms(3), ms(10))
+	b.Success()
+	b.ObserveRTT(ms(1), ms(20)) // sent before, answered after
+	b.Success()
+	if b.FailureOf(ms(2), ms(40)) || b.Open() {
+		t.Fatal("the failure of a call sent at 2ms counted; one sent at 3ms was answered")
+	}
+}
