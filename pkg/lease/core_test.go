@@ -499,3 +499,61 @@ func TestDecideRules(t *testing.T) {
 		t.Errorf("DefaultSyncTimeout(1s) = %v, want 500ms", got)
 	}
 }
+
+// TestCoreCallUnansweredWhileALaterOneWasAnsweredIsDenied: a request whose
+// acquire or strict Check got no answer while the region answered a call
+// sent after it is denied, to be retried after about a round trip, not
+// decided by its on_failure policy (the region can decide: one replica of
+// several hangs); neither that failure nor a background Sync's so
+// contradicted counts against the breaker, which here opens at the first
+// failure. With no later call answered, the policy decides.
+func TestCoreCallUnansweredWhileALaterOneWasAnsweredIsDenied(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	tb := newTestTable(t)
+	brk := NewBreaker(1, time.Second)
+	c := NewCore(tb, brk, 0)
+	c.WithBreakerTimeout(300 * time.Millisecond)
+	acquire(t, tb, ms(0), ms(0), kW, 1, 1) // a lease for the background Sync
+	syncs, _ := tb.PrepareSync(ms(1))
+
+	acq := c.Slow(kR, 1)
+	stepTo(t, "acquire", acq.Next(ms(1)), DoAcquire)
+	check := c.Slow(kExp, 1)
+	stepTo(t, "check", check.Next(ms(1)), DoCheck)
+
+	later := c.Slow(quota.Key{Tenant: "later", Class: "read"}, 1)
+	st := stepTo(t, "a later acquire", later.Next(ms(2)), DoAcquire)
+	if st = later.AcquireDone(ms(5), grantBatch(st.Batch, 1), Answered); st.Do != DoDecided || !st.Decision.Allowed {
+		t.Fatalf("the later acquire, answered: %+v", st)
+	}
+
+	for _, r := range []struct {
+		what string
+		st   Step
+	}{
+		{"acquire", acq.AcquireDone(ms(301), nil, Unreachable)},
+		{"check", check.CheckDone(ms(301), nil, Unreachable)},
+	} {
+		d := r.st.Decision
+		if r.st.Do != DoDecided || r.st.Err != nil || r.st.Degraded || d.Degraded || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > time.Second {
+			t.Errorf("%s unanswered, a later call answered: %+v; want denied with a retry of about a round trip, not degraded", r.what, r.st)
+		}
+	}
+	if _, err := c.SyncDone(ms(501), syncs[0], nil, Unreachable); err != nil {
+		t.Fatal(err)
+	}
+	if brk.Open() {
+		t.Fatal("the breaker opened on calls sent before one the region answered")
+	}
+
+	// Sent after the last answer, an unanswered acquire is evidence: the
+	// policy decides it (local), and the breaker opens.
+	alone := c.Slow(quota.Key{Tenant: "alone", Class: "read"}, 1)
+	st = stepTo(t, "an acquire after the last answer", alone.Next(ms(600)), DoAcquire)
+	if st = alone.AcquireDone(ms(900), nil, Unreachable); st.Do != DoDecided || !st.Degraded || !st.Decision.Degraded {
+		t.Errorf("an acquire unanswered, none sent later answered: %+v; want decided by the policy", st)
+	}
+	if !brk.Open() {
+		t.Error("the breaker stayed closed on a failure no later answer contradicts")
+	}
+}
