@@ -469,3 +469,23 @@ func TestReleaseChunksAreCutAtTheBound(t *testing.T) {
 		}
 	}
 }
+
+// TestPeriodicSyncAsksAfterANeverAnswer: a key the region told "never"
+// (no wait brings its need while its cap and the leases out stay as they
+// are) asks again in the next periodic Sync, however soon, in case the cap
+// grew or leases came back: the wait that holds back a Sync's ask is only
+// the region's named one.
+func TestPeriodicSyncAsksAfterANeverAnswer(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 0, func(g *sluicev1.Grant) { g.RetryAfterMs = -1 })
+	if st := state(t, tb, kW); st.Tokens != 0 || !st.NegUntil.After(t0.Add(100*time.Millisecond)) {
+		t.Fatalf("after the never answer: pool %d, asks again at %v; want an empty pool and a later ask", st.Tokens, st.NegUntil.Sub(t0))
+	}
+	syncs, _ := tb.PrepareSync(t0.Add(100 * time.Millisecond))
+	if len(syncs) != 1 || len(syncs[0].Reports) != 1 {
+		t.Fatalf("syncs %v, want one report", syncs)
+	}
+	if r := syncs[0].Reports[0]; r.Want <= 0 {
+		t.Errorf("the periodic report 100ms after a never answer wants %d tokens; want it to ask", r.Want)
+	}
+}
