@@ -314,6 +314,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 			r.Report.Key, r.Report.Want, r.Report.Min = qk("fresh", "read"), 101, 101
 		}), "report.min: cost 101 exceeds the burst 100"},
 		{"sync cost above burst", sync(&sluicev1.KeyReport{Key: qk("fresh", "read"), Seq: 1, Want: 101, Min: 101}), "reports[0].min: cost 101 exceeds the burst 100"},
+		// One report of a batch above its key's burst refuses the batch,
+		// named by its index, and the good report before it is not run.
+		{"sync second report above burst", sync(good(), &sluicev1.KeyReport{Key: qk("fresh", "read"), Seq: 1, Want: 101, Min: 101}), "reports[1].min: cost 101 exceeds the burst 100"},
 		{"sync duplicate key", sync(good(), good()), "repeats key acme/read"},
 		{"sync one bad report", sync(good(), &sluicev1.KeyReport{Key: qk("x}", "read"), Seq: 1}), "reports[1].key"},
 		{"sync no instance", func() error {
