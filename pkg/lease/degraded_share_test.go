@@ -30,8 +30,10 @@ type shareStep struct {
 // degraded decision right after the lease spent the bucket's worth finds
 // it empty, not full. Tokens granted and not spent, and strict answers
 // that denied, do not count; lease spending beyond the local bound (the
-// region gave this instance more than its share) empties the bucket
-// without leaving a debt, so degraded mode then admits at the local rate.
+// region gave this instance more than its share) leaves the bucket in
+// debt by at most one burst (docs/architecture.md, invariant 1's degraded
+// mode), so degraded mode then admits at the local rate once the debt is
+// refilled, never a burst on top of what the lease spent.
 // The region here: 20/s, burst 20 over 4 live instances, so the local
 // bucket is 5/s with burst 5.
 func TestDegradedModeSharesTheLocalBoundWithTheRegionsAdmissions(t *testing.T) {
