@@ -23,7 +23,8 @@ import (
 // has won (hierarchy.Allocator.BecomeLeader): a new leader confers those
 // regions no static lease while it learns. Removal is lazy: a region
 // leaves the set with the next write after it was conferred a static lease
-// again.
+// again. A shard that owns nothing under the live config lapses no region
+// (shard.go: no region reports to it, so its silence says nothing).
 
 // lapsedValue is the JSON of the lapsed-set key.
 type lapsedValue struct {
@@ -104,7 +105,10 @@ func (s *Service) planLapses(now time.Time) lapsePlan {
 	if ok, _ := s.leaderAt(now); !ok {
 		return lapsePlan{}
 	}
-	pending := s.alloc.PendingLapses(now)
+	var pending []string
+	if !s.idleLocked() {
+		pending = s.alloc.PendingLapses(now)
+	}
 	set := s.alloc.LapsedSet()
 	for _, r := range pending {
 		if !slices.Contains(set, r) {
@@ -126,7 +130,7 @@ func (s *Service) planLapses(now time.Time) lapsePlan {
 func (s *Service) lapsesWritten(now time.Time, plan lapsePlan) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.stored = plan.set
+	s.stored, s.storedMoot = plan.set, false
 	for _, r := range plan.pending {
 		ok, err := s.alloc.LapseDurable(now, r)
 		if err != nil {

@@ -133,8 +133,12 @@ type Service struct {
 	conf *regionsync.Confirmations
 	held map[int64]*config.Config
 	// stored is the durable lapsed set as this replica last read or wrote
-	// it (see lapsed.go). Guarded by mu.
-	stored []string
+	// it (see lapsed.go); storedMoot says it protects no grant any more (a
+	// shard that owned nothing for longer than any grant lasts started
+	// owning keys, shard.go), so it is only rewritten, never handed to an
+	// allocator. Both guarded by mu.
+	stored     []string
+	storedMoot bool
 
 	lmu  sync.Mutex // guards lead; taken after mu when both are held
 	lead leadState  // guarded by lmu
@@ -375,7 +379,10 @@ func floorUnder(cfg *config.Config, region string, k quota.Key) (rate, burst flo
 // lapsedSetLocked is the durable lapsed set a new allocator must be given:
 // what the store holds and what the current allocator keeps. s.mu is held.
 func (s *Service) lapsedSetLocked() []string {
-	set := slices.Clone(s.stored)
+	var set []string
+	if !s.storedMoot {
+		set = slices.Clone(s.stored)
+	}
 	for _, r := range s.alloc.LapsedSet() {
 		if !slices.Contains(set, r) {
 			set = append(set, r)
@@ -526,13 +533,14 @@ func (s *Service) promote(term uint64, deadline time.Time, lapsed []string) bool
 		return false
 	}
 	s.applyConfigLocked(now)
-	s.stored = slices.Clone(lapsed)
+	s.stored, s.storedMoot = slices.Clone(lapsed), false
 	s.alloc.BecomeLeader(now, lapsed...)
 	clear(s.lastReport)
 	s.pages.clear()
 	// What regions reported to an earlier term may predate confirmations
 	// another leader issued since.
 	s.conf = regionsync.NewConfirmations()
+	s.sh.idleSince = time.Time{} // an earlier leader may have granted
 	s.pruneHeldLocked()
 	s.setLimitsLocked()
 	s.m.newTerm()

@@ -42,6 +42,25 @@ type shardState struct {
 	// resharding: this replica saw the count change, and the regions have
 	// not all confirmed a revision at least mapSince yet.
 	resharding bool
+	// idleSince is when this replica, leading, last started to own no
+	// key under any config in play (zero while it owns some, or when it
+	// does not know: cleared at every election, since an earlier leader
+	// may have granted).
+	idleSince time.Time
+}
+
+// idleLocked says whether this shard owns nothing under the live config as
+// far as its lapse clock knows: the count reshardLearningLocked last saw,
+// since a config may be applied before the silence is restarted (before
+// it first ran, the applied config's count: the election started the
+// clock). An idle shard lapses no region: no region reports to a shard
+// its map does not name, so its silence says nothing about the region.
+// s.mu is held.
+func (s *Service) idleLocked() bool {
+	if !s.sh.init {
+		return s.sh.index >= s.applied.ShardMap().N()
+	}
+	return s.sh.index >= s.sh.mapN
 }
 
 // LapsedKeyOf is shard's durable lapsed set under prefix: LapsedKey for
@@ -62,7 +81,20 @@ func (s *Service) reshardLearningLocked(now time.Time) {
 	case n != sh.mapN:
 		s.log.Warn("global_shards changed: keys move between shards; every shard only re-issues what regions hold until every region runs the new count and one grant validity has passed",
 			"shard", sh.index, "from", sh.mapN, "to", n, "revision", s.appliedRev)
+		if sh.index >= sh.mapN && sh.index < n {
+			s.startOwningLocked(now)
+		}
 		sh.mapN, sh.mapSince, sh.resharding = n, s.appliedRev, true
+	}
+	owns := false
+	for _, cfg := range s.held {
+		owns = owns || sh.index < cfg.ShardMap().N()
+	}
+	switch {
+	case owns:
+		sh.idleSince = time.Time{}
+	case sh.idleSince.IsZero():
+		sh.idleSince = now
 	}
 	moving := false
 	for _, cfg := range s.held {
@@ -87,6 +119,40 @@ func (s *Service) reshardLearningLocked(now time.Time) {
 	if moving {
 		s.learnFloor = later(s.learnFloor, now.Add(s.timing.validity+s.timing.epoch))
 	}
+}
+
+// startOwningLocked is called when a config revision makes this shard,
+// which owned nothing under the live config, an owner. Regions report only
+// to the shards their map names, so none had reason to report to this one:
+// its silence clock for every region starts now, as a newly elected
+// leader's does, and a region that reports promptly is live and is
+// conferred a static lease, not returning. A lapse it still holds (from a
+// time it owned keys, or a lapsed set an earlier build wrote while the
+// shard owned nothing) is forgotten only when no grant of this shard can
+// still be valid: it has owned nothing under any config in play, while
+// leading, for longer than a silent region takes to lapse (region lease,
+// validity and margin, more than any grant lasts), and no longer learns
+// for grants issued under an older timing. Otherwise those regions keep
+// waiting as they would for any leader (docs/architecture.md, "The
+// sharded global tier"). s.mu is held.
+func (s *Service) startOwningLocked(now time.Time) {
+	sh := &s.sh
+	clean := !sh.idleSince.IsZero() && now.Sub(sh.idleSince) > s.lapseAfterLocked() && !now.Before(s.learnFloor)
+	s.alloc.StartOwning(now, clean)
+	if clean {
+		// Written anew (empty of these regions) with the next lapse write.
+		s.storedMoot = true
+	}
+	s.log.Info("this shard owns keys from now on; every region's silence counts from now",
+		"shard", sh.index, "idle_for", idleFor(now, sh.idleSince), "lapses_forgotten", clean, "lapsed", s.alloc.LapsedSet())
+}
+
+// idleFor is how long since idleSince (0 when unknown).
+func idleFor(now, idleSince time.Time) time.Duration {
+	if idleSince.IsZero() {
+		return 0
+	}
+	return now.Sub(idleSince)
 }
 
 // ownedLocked refuses rep when it names a key this shard owns under none of

@@ -234,3 +234,40 @@ func (a *Allocator) regionStateAt(t int64, i int) RegionState {
 	}
 	return StateLive
 }
+
+// StartOwning is called when an Allocator that owned no keys until now
+// starts owning some (a shard of the global tier that a change of the
+// shard count makes an owner, pkg/allocator). While it owned nothing no
+// region had reason to report to it, so silence counted before now says
+// nothing: every region not counted at its floor counts as heard at now,
+// as a newly elected leader's regions do, and one that reports promptly
+// is live, not returning (a region named in the durable lapsed set is
+// still returning while learning, and a lapsed one stays at its floor).
+//
+// noGrantsOut says that no grant this Allocator (or an earlier leader of
+// the same keys) issued can still be valid: it owned nothing for longer
+// than any grant lasts. Then a lapse it holds (counted at the floor,
+// returning, or named in the durable lapsed set) protects nothing, since
+// only its own grants ever counted those regions at their floor: they
+// start afresh at now too, counted at max(grant, static share) until
+// they lapse again. Without noGrantsOut those states stay.
+func (a *Allocator) StartOwning(now time.Time, noGrantsOut bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.tick(now)
+	changed := false
+	for i := range a.regions {
+		rs := &a.regions[i]
+		if noGrantsOut && (rs.lapsed || rs.returning || rs.inSet) {
+			rs.lapsed, rs.returning, rs.inSet, rs.confirmAt = false, false, false, 0
+			changed = true
+		}
+		// A lapsed region's silence no longer matters; any other lapses
+		// later for it, which is safe.
+		rs.heardAt = max(rs.heardAt, t)
+	}
+	if changed {
+		a.sharesChanged()
+		a.resummarizeAll()
+	}
+}

@@ -535,3 +535,41 @@ func TestExtendLearningKeepsWhatWasLearnt(t *testing.T) {
 		t.Fatal("learning again after a refused extension")
 	}
 }
+
+// TestStartOwningRestartsEverySilence: an Allocator that owned nothing
+// (a shard no region reported to) and starts owning keys counts every
+// region's silence from then: a region silent since the start is no longer
+// pending, and its prompt report is answered with a static lease, not as
+// returning. A region counted at its floor stays so unless no grant can be
+// out (noGrantsOut), when it starts afresh too.
+func TestStartOwningRestartsEverySilence(t *testing.T) {
+	s := newLeaseScript(t)
+	const idle = 20_000 // ms: past the 16s lapse
+	if got := s.a.PendingLapses(s.at(idle)); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("pending after %dms of silence: %v, want a and b", idle, got)
+	}
+	if ok, err := s.a.LapseDurable(s.at(idle), "b"); !ok || err != nil {
+		t.Fatalf("LapseDurable(b) = %v, %v", ok, err)
+	}
+	s.a.StartOwning(s.at(idle), false)
+	if got := s.a.PendingLapses(s.at(idle + 15_000)); len(got) != 0 {
+		t.Fatalf("pending 15s after it started owning: %v, want none", got)
+	}
+	if got := s.a.PendingLapses(s.at(idle + 17_000)); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("pending 17s after it started owning: %v, want a", got)
+	}
+	if ans := s.report("a", idle+100, 10); ans.StaticLease == 0 {
+		t.Fatal("a, reporting 100ms after the Allocator started owning, was conferred no static lease")
+	}
+	// b's lapse is durable: without noGrantsOut it stays.
+	if got := s.a.LapsedSet(); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("lapsed set after StartOwning with grants possibly out: %v, want b", got)
+	}
+	s.a.StartOwning(s.at(idle+300), true)
+	if got := s.a.LapsedSet(); len(got) != 0 {
+		t.Fatalf("lapsed set after StartOwning with no grants out: %v, want none", got)
+	}
+	if ans := s.report("b", idle+400, 10); ans.StaticLease == 0 {
+		t.Fatal("b was conferred no static lease after StartOwning with no grants out")
+	}
+}

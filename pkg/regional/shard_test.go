@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
@@ -91,6 +92,10 @@ type shardRig struct {
 	watches map[int]int
 	answers map[string]int // region -> answers it got from any shard
 
+	// leases counts each shard's answers per region by whether they
+	// conferred a static lease: shard -> region -> [without, with].
+	leases map[int]map[string]*[2]int
+
 	resharding atomic.Bool
 	phase      atomic.Value // string: what the test is doing, for failures
 	regions    map[string]*shardRegion
@@ -112,7 +117,7 @@ type shardRegion struct {
 func newShardRig(t *testing.T, etcd *etcdtest.Server, shards int) *shardRig {
 	r := &shardRig{t: t, src: &configtest.Source{}, cli: etcd.Client(t), daemons: map[int][]*allocator.Daemon{},
 		granted: map[int]map[quota.Key]int{}, learning: map[int]int{}, raised: map[int]map[quota.Key]int{}, applied: map[string]map[quota.Key]appliedGrant{},
-		regions: map[string]*shardRegion{}, watches: map[int]int{}, answers: map[string]int{}}
+		regions: map[string]*shardRegion{}, watches: map[int]int{}, answers: map[string]int{}, leases: map[int]map[string]*[2]int{}}
 	r.src.Next(shardedConfig(t, shards))
 	return r
 }
@@ -129,6 +134,17 @@ func (r *shardRig) answered(shard int, region string, g *sluicev1.RegionGrants) 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.answers[region]++
+	if r.leases[shard] == nil {
+		r.leases[shard] = map[string]*[2]int{}
+	}
+	if r.leases[shard][region] == nil {
+		r.leases[shard][region] = &[2]int{}
+	}
+	if g.GetStaticLeaseMs() > 0 {
+		r.leases[shard][region][1]++
+	} else {
+		r.leases[shard][region][0]++
+	}
 	if g.GetLearning() {
 		r.learning[shard]++
 	}
@@ -573,4 +589,153 @@ func TestShardedGlobalTier(t *testing.T) {
 	r.waitFor("checkpoints under the new map", 20*validity, func() bool { return checkpoints.Load() > start+50 })
 	r.check()
 	t.Logf("%d checkpoints; shard 1 answered %d times while learning", checkpoints.Load(), r.learning[1])
+}
+
+// leaseAnswers is how many answers shard gave region without and with a
+// static lease.
+func (r *shardRig) leaseAnswers(shard int, region string) (without, with int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.leases[shard][region]; c != nil {
+		return c[0], c[1]
+	}
+	return 0, 0
+}
+
+// TestIdleNewShardConfersLeasesWhenItStartsOwning: resharding 2 -> 3 by
+// the runbook, the new shard idle (owning nothing under the live config,
+// so no region reports to it) for longer than a silent region takes to
+// lapse before the config raises the count. The idle shard lapses no
+// region and writes no lapsed set; once it owns keys, every region's
+// silence counts from then, so each region's first report to it is
+// answered with a static lease and the moved keys stay on their static
+// shares (they dropped to their floor everywhere for a grant validity when
+// the idle shard had counted the silence from its start). A lapsed set
+// the idle shard's leader read (left by an earlier build, which wrote one
+// while the shard owned nothing) is forgotten, since no grant of the shard
+// can be out, and written empty. The regions never use more than a key's
+// rate or burst together meanwhile.
+func TestIdleNewShardConfersLeasesWhenItStartsOwning(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	etcd := etcdtest.Start(t)
+	r := newShardRig(t, etcd, 2)
+	for i := range 12 {
+		r.keys = append(r.keys, quota.Key{Tenant: fmt.Sprintf("tenant-%d", i), Class: "write"})
+	}
+	m3 := shardedConfig(t, 3).ShardMap()
+	var moved []quota.Key
+	for _, k := range r.keys {
+		if m3.Of(k) == 2 {
+			moved = append(moved, k)
+		}
+	}
+	if len(moved) == 0 {
+		t.Fatal("no test key moves to shard 2")
+	}
+	// A lapsed set naming every region, as an earlier build wrote it while
+	// shard 2 idled: its leader reads it at election. Shard 2 never owned
+	// a key, so no grant of it counts a region at its floor.
+	lapsedKey := allocator.LapsedKeyOf("/sh", 2)
+	if _, err := r.cli.Put(ctx, lapsedKey, `{"regions":["eu","us"]}`); err != nil {
+		t.Fatal(err)
+	}
+	r.phase.Store("2 shards, shard 2 idle")
+	for i := range 3 {
+		r.startShard(ctx, i)
+	}
+	for _, name := range []string{"eu", "us"} {
+		r.startRegion(ctx, name)
+	}
+	r.demand(ctx, "eu", 40)
+	r.demand(ctx, "us", 1)
+	checking := make(chan struct{})
+	cctx, stopChecks := context.WithCancel(ctx)
+	go func() {
+		defer close(checking)
+		for cctx.Err() == nil {
+			r.checkpoint(cctx)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	defer func() { stopChecks(); <-checking }()
+
+	cfg := r.src.Current()
+	epoch, validity, lease := time.Duration(cfg.Epoch), time.Duration(cfg.GrantValidity), time.Duration(cfg.RegionLease)
+	lapse := lease + validity + time.Duration(hierarchy.LapseMargin(epoch, lease))
+	idle := r.daemons[2][0]
+	r.waitFor("shard 2 leads", 10*time.Second, idle.IsLeader)
+	led := time.Now()
+	// Idle past the instant it would find a silent region lapsed (and make
+	// the lapse durable, every half epoch), counted from its election, and
+	// past the instant it forgets the lapsed set it read (idle for as long,
+	// counted from its first epoch as leader).
+	r.waitFor("shard 2 idle past a silent region's lapse", 2*lapse, func() bool { return time.Since(led) > lapse+2*validity })
+	for _, rv := range idle.Service.View(time.Now()).Regions {
+		if rv.State == hierarchy.StateLapsed || rv.State == hierarchy.StateReturning {
+			t.Errorf("idle shard 2 counts region %s %s", rv.Name, rv.State)
+		}
+	}
+	if set, err := allocator.ReadLapsed(ctx, r.cli, lapsedKey); err != nil || len(set) != 2 {
+		t.Errorf("idle shard 2's durable lapsed set: %v (error %v), want the one it read, unchanged", set, err)
+	}
+
+	r.phase.Store("resharding 2 -> 3")
+	r.resharding.Store(true)
+	r.src.Next(shardedConfig(t, 3))
+	r.waitFor("shard 2 answers both regions", 40*validity, func() bool {
+		for _, name := range []string{"eu", "us"} {
+			if without, with := r.leaseAnswers(2, name); without+with == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	// us holds no grant for the moved keys: from the raise on it runs them
+	// on its static share (50/s) or, while it lacks shard 2's lease, on its
+	// floor (25/s). Sampled until shard 2 has answered eu for a learning
+	// period.
+	us := r.regions["us"]
+	var onFloor, longest time.Duration
+	var floorSince time.Time
+	r.waitFor("a learning period of answers from shard 2", 40*validity, func() bool {
+		floor := false
+		for _, k := range moved {
+			if _, c, _, err := us.srv.CommonFor(r.src.Current(), k); err == nil && c.StaticRate < 40 {
+				floor = true
+			}
+		}
+		switch {
+		case floor && floorSince.IsZero():
+			floorSince = time.Now()
+		case !floor && !floorSince.IsZero():
+			onFloor += time.Since(floorSince)
+			longest = max(longest, time.Since(floorSince))
+			floorSince = time.Time{}
+		}
+		_, with := r.leaseAnswers(2, "eu")
+		return with > int((validity+epoch)/epoch) && floorSince.IsZero()
+	})
+	for _, name := range []string{"eu", "us"} {
+		if without, with := r.leaseAnswers(2, name); without > 0 {
+			t.Errorf("shard 2 answered %s %d times without a static lease (%d with): a region reporting promptly to a shard that starts owning keys must be live, not returning",
+				name, without, with)
+		}
+	}
+	if longest >= validity {
+		t.Errorf("us ran the moved keys on their floor for %v in a row after the count was raised, a grant validity (%v) or more", longest, validity)
+	}
+	for _, rv := range idle.Service.View(time.Now()).Regions {
+		if rv.State == hierarchy.StateLapsed || rv.State == hierarchy.StateReturning {
+			t.Errorf("shard 2 counts region %s %s after it started owning keys", rv.Name, rv.State)
+		}
+	}
+	// The lapsed set it read protected no grant: it is written empty.
+	r.waitFor("shard 2's durable lapsed set emptied", 40*validity, func() bool {
+		set, err := allocator.ReadLapsed(ctx, r.cli, lapsedKey)
+		return err == nil && len(set) == 0
+	})
+	r.check()
+	t.Logf("us ran the %d moved keys on their floor for %v after the count was raised (longest stretch %v; grant validity %v)",
+		len(moved), onFloor.Round(time.Millisecond), longest.Round(time.Millisecond), validity)
 }
