@@ -169,6 +169,100 @@ default_tier: free
 // admission is one admitted token: its decision ran between from and to.
 type admission struct{ from, to time.Time }
 
+// closedLoad is three lease clients (instances i-0 to i-2) of one region
+// asking for one key whose class fails closed, each as fast as it is
+// admitted and 2 ms after a denial (as a caller answering 429 would),
+// recording every admission.
+type closedLoad struct {
+	mu       sync.Mutex
+	admitted []admission // guarded by mu
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func startClosedLoad(t *testing.T, reg *regiontest.Region, key quota.Key) *closedLoad {
+	t.Helper()
+	l := &closedLoad{stop: make(chan struct{})}
+	for i := range 3 {
+		// The class fails closed from the first request on, before the
+		// region has described the key.
+		c := newClient(t, reg, fmt.Sprintf("i-%d", i), lease.Options{
+			Classes: map[string]lease.ClassPolicy{"closed": {Mode: lease.ModeLease, OnFailure: lease.PolicyClosed}},
+		})
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				from := time.Now()
+				dec, err := c.Allow(context.Background(), key, 1)
+				if err != nil {
+					t.Errorf("allow: %v", err)
+					return
+				}
+				if dec.Allowed && dec.Degraded {
+					t.Errorf("a class failing closed admitted a degraded decision")
+				}
+				if dec.Allowed {
+					to := time.Now()
+					l.mu.Lock()
+					l.admitted = append(l.admitted, admission{from, to})
+					l.mu.Unlock()
+					continue
+				}
+				select {
+				case <-l.stop:
+					return
+				case <-time.After(2 * time.Millisecond):
+				}
+			}
+		}()
+	}
+	return l
+}
+
+func (l *closedLoad) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.admitted)
+}
+
+// waitFor waits until n admissions in all, within 20 s.
+func (l *closedLoad) waitFor(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for l.count() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d admitted in 20s", l.count(), n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the load's progress with a deadline
+	}
+}
+
+// finish stops the clients' loops and returns every admission.
+func (l *closedLoad) finish() []admission {
+	close(l.stop)
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.admitted
+}
+
+// admittedAfter counts the admissions decided wholly after at.
+func admittedAfter(admitted []admission, at time.Time) int {
+	n := 0
+	for _, a := range admitted {
+		if a.from.After(at) {
+			n++
+		}
+	}
+	return n
+}
+
 // worstExcess is the most a stream of admissions certainly exceeds b + r·t
 // over some interval: for every pair of admissions, the ones whose
 // decision ran wholly within [from_i, to_j] were admitted within that
@@ -230,77 +324,18 @@ func TestRedisRestartedEmptyUnderLeasesHandsOutNoBurst(t *testing.T) {
 			key := quota.Key{Tenant: "acme", Class: "closed"}
 			const r, b = 20.0, 40.0
 
-			var mu sync.Mutex
-			var admitted []admission // guarded by mu
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			for i := range 3 {
-				// The class fails closed from the first request on, before
-				// the region has described the key.
-				c := newClient(t, reg, fmt.Sprintf("i-%d", i), lease.Options{
-					Classes: map[string]lease.ClassPolicy{"closed": {Mode: lease.ModeLease, OnFailure: lease.PolicyClosed}},
-				})
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						from := time.Now()
-						dec, err := c.Allow(context.Background(), key, 1)
-						if err != nil {
-							t.Errorf("allow: %v", err)
-							return
-						}
-						if dec.Allowed && dec.Degraded {
-							t.Errorf("a class failing closed admitted a degraded decision")
-						}
-						if dec.Allowed {
-							to := time.Now()
-							mu.Lock()
-							admitted = append(admitted, admission{from, to})
-							mu.Unlock()
-							continue
-						}
-						// A real caller answers 429; pace the loop.
-						select {
-						case <-stop:
-							return
-						case <-time.After(2 * time.Millisecond):
-						}
-					}
-				}()
-			}
-			count := func() int { mu.Lock(); defer mu.Unlock(); return len(admitted) }
+			load := startClosedLoad(t, reg, key)
 			// Saturate: the burst is gone and the instances hold leases.
-			deadline := time.Now().Add(20 * time.Second)
-			for count() < int(b)+10 {
-				if time.Now().After(deadline) {
-					t.Fatalf("only %d admitted in 20s", count())
-				}
-				time.Sleep(5 * time.Millisecond) // polling the load's progress with a deadline
-			}
+			load.waitFor(t, int(b)+10)
 			rs.Restart()
 			restarted := time.Now()
 			// Run on for one lease TTL after the restart: every lease
 			// issued before it has ended by then, so all the instances
 			// held was spent or dropped.
 			<-time.After(time.Duration(cfg.LeaseTTL) + 500*time.Millisecond)
-			close(stop)
-			wg.Wait()
-			mu.Lock()
-			defer mu.Unlock()
-			var after int
-			for _, a := range admitted {
-				if a.from.After(restarted) {
-					after++
-				}
-			}
+			admitted := load.finish()
 			excess := worstExcess(admitted, r, b)
-			t.Logf("admitted %d, %d after the restart; worst interval exceeds b + r·t by %.1f tokens", len(admitted), after, excess)
+			t.Logf("admitted %d, %d after the restart; worst interval exceeds b + r·t by %.1f tokens", len(admitted), admittedAfter(admitted, restarted), excess)
 			if excess > 0 {
 				t.Fatalf("over some interval the instances admitted %.1f tokens more than b + r·t: the empty Redis handed out a burst", excess)
 			}

@@ -2,15 +2,12 @@ package regional_test
 
 import (
 	"context"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
-	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -48,86 +45,23 @@ func TestRedisRolledBackUnderLeasesHandsOutNoBurst(t *testing.T) {
 	key := quota.Key{Tenant: "acme", Class: "closed"}
 	const r, b = 20.0, 40.0
 
-	var mu sync.Mutex
-	var admitted []admission // guarded by mu
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range 3 {
-		c := newClient(t, reg, fmt.Sprintf("i-%d", i), lease.Options{
-			Classes: map[string]lease.ClassPolicy{"closed": {Mode: lease.ModeLease, OnFailure: lease.PolicyClosed}},
-		})
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				from := time.Now()
-				dec, err := c.Allow(context.Background(), key, 1)
-				if err != nil {
-					t.Errorf("allow: %v", err)
-					return
-				}
-				if dec.Allowed && dec.Degraded {
-					t.Errorf("a class failing closed admitted a degraded decision")
-				}
-				if dec.Allowed {
-					to := time.Now()
-					mu.Lock()
-					admitted = append(admitted, admission{from, to})
-					mu.Unlock()
-					continue
-				}
-				// A real caller answers 429; pace the loop.
-				select {
-				case <-stop:
-					return
-				case <-time.After(2 * time.Millisecond):
-				}
-			}
-		}()
-	}
-	count := func() int { mu.Lock(); defer mu.Unlock(); return len(admitted) }
+	load := startClosedLoad(t, reg, key)
 	// Saturate: the burst is gone and the instances hold leases.
-	deadline := time.Now().Add(20 * time.Second)
-	for count() < int(b)+10 {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d admitted in 20s", count())
-		}
-		time.Sleep(5 * time.Millisecond) // polling the load's progress with a deadline
-	}
+	load.waitFor(t, int(b)+10)
 	if err := rdb.Save(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	saved := count()
 	// More leases taken and spent after the snapshot: about 1.5s of the
 	// key's rate, which the snapshot does not know was handed out.
-	for deadline := time.Now().Add(20 * time.Second); count() < saved+int(1.5*r); {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d admitted in 20s after the snapshot", count()-saved)
-		}
-		time.Sleep(5 * time.Millisecond) // polling the load's progress with a deadline
-	}
+	load.waitFor(t, load.count()+int(1.5*r))
 	rs.Restart() // kill -9, then start from the saved RDB
 	restarted := time.Now()
 	// Run on for one lease TTL after the rollback: every lease issued
 	// before it has ended by then.
 	<-time.After(time.Duration(cfg.LeaseTTL) + 500*time.Millisecond)
-	close(stop)
-	wg.Wait()
-	mu.Lock()
-	var after int
-	for _, a := range admitted {
-		if a.from.After(restarted) {
-			after++
-		}
-	}
+	admitted := load.finish()
 	excess := worstExcess(admitted, r, b)
-	mu.Unlock()
-	t.Logf("admitted %d, %d after the rollback; worst interval exceeds b + r·t by %.1f tokens", len(admitted), after, excess)
+	t.Logf("admitted %d, %d after the rollback; worst interval exceeds b + r·t by %.1f tokens", len(admitted), admittedAfter(admitted, restarted), excess)
 	if excess > 0 {
 		t.Errorf("over some interval the instances admitted %.1f tokens more than b + r·t: the rolled-back Redis handed out a burst", excess)
 	}
