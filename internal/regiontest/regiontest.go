@@ -72,9 +72,16 @@ func StartOn(t testing.TB, rs *redistest.Server, cfg *config.Config, region stri
 // Dial returns a client connection to the region, closed at cleanup.
 func (r *Region) Dial(t testing.TB) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return Dial(t, r.Addr)
+}
+
+// Dial returns a plaintext client connection to a regional service at
+// addr (a daemon's GRPCAddr), closed at cleanup.
+func Dial(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		t.Fatalf("dial %s: %v", r.Addr, err)
+		t.Fatalf("dial %s: %v", addr, err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn

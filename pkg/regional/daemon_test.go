@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -32,11 +30,7 @@ func TestDaemonServesHealthMetricsAndDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Stop()
-	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := regiontest.Dial(t, d.GRPCAddr())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	hc := healthpb.NewHealthClient(conn)

@@ -66,11 +66,7 @@ func edgeDaemon(t *testing.T, rs *redistest.Server, cfg *config.Config) (*region
 	}
 	t.Cleanup(func() { loop.Close(context.Background()) })
 	envoy.SetLimiter(loop)
-	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := regiontest.Dial(t, d.GRPCAddr())
 	return d, conn
 }
 
@@ -165,11 +161,7 @@ func TestFloodedRegionStaysResponsive(t *testing.T) {
 	// after its last renewal.
 	cfg := regiontest.MustConfig(t, strings.Replace(edgeConfig, "lease_ttl: 2s\nrefresh: 500ms", "lease_ttl: 10s\nrefresh: 1s", 1))
 	d, good := edgeDaemon(t, rs, cfg)
-	flood, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer flood.Close()
+	flood := regiontest.Dial(t, d.GRPCAddr())
 
 	// The instance is connected before the flood starts, as running
 	// instances are.

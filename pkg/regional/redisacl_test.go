@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -110,11 +108,7 @@ func TestACLRecipeRunsEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Stop()
-	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := regiontest.Dial(t, d.GRPCAddr())
 	c := sluicev1.NewLeaseServiceClient(conn)
 	key := qk("acme", "write")
 	if _, err := c.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: "i1", Incarnation: 1,
@@ -248,11 +242,7 @@ func TestACLRecipeOnACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Stop()
-	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := regiontest.Dial(t, d.GRPCAddr())
 	c := sluicev1.NewLeaseServiceClient(conn)
 	for _, tenant := range []string{"acme", "globex", "initech"} {
 		if _, err := c.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: "i1", Incarnation: 1,
