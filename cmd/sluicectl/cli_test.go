@@ -182,7 +182,7 @@ func TestValidateNotesDigestedPrefixes(t *testing.T) {
 `
 	r := sluicectl(t, "", "validate", "-f", writeFile(t, "paths.yaml", cfg))
 	wantCode(t, r, exitOK)
-	wantContains(t, "stderr", r.stderr, `note: envoy.domains[0].descriptors[0] (key "path"): every value of prefix "/v1/*"`)
+	wantContains(t, "stderr", r.stderr, `note: envoy.domains[0].descriptors[0] (key "path"): every value matching "/v1/*"`)
 	if strings.Contains(r.stderr, "user-*") {
 		t.Errorf("a plain prefix is noted: %s", r.stderr)
 	}

@@ -18,13 +18,20 @@ func TestImportEnvoyRatelimitToFile(t *testing.T) {
 	base := sample(t)
 	r := sluicectl(t, "", "import", "envoy-ratelimit", envoyDocs, "-base", base, "-o", "-")
 	wantCode(t, r, exitOK)
-	wantContains(t, "stderr", r.stderr, "+++ proposed", "+    - domain: messaging", "note: 8_example8.yaml")
+	wantContains(t, "stderr", r.stderr, "+++ proposed", "+    - domain: messaging", "note: 8_example8.yaml",
+		`note: example10.yaml: descriptors[0] (key "route"): value_to_metric dropped`)
 	cfg, err := config.Parse([]byte(r.stdout))
 	if err != nil {
 		t.Fatalf("stdout does not parse: %v\n%s", err, r.stdout)
 	}
 	if cfg.EnvoyTree("rl") == nil || cfg.Tiers["pro"]["rl.foo"].Burst != 2 || cfg.Tenants["acme"].Tier != "pro" {
 		t.Errorf("imported config lacks the trees, their limits or the base:\n%s", r.stdout)
+	}
+	// A * in the middle of a value is a wildcard in the written config, as
+	// it was in envoyproxy/ratelimit's; share_threshold carries over.
+	if tree := cfg.EnvoyTree("example9"); tree == nil || tree.Descriptors[3].Value != "/api/*/action" || tree.Descriptors[3].Exact() ||
+		!cfg.EnvoyTree("example11").Descriptors[0].ShareThreshold {
+		t.Errorf("imported wildcards:\n%s", r.stdout)
 	}
 
 	out := filepath.Join(t.TempDir(), "sluice.yaml")
@@ -47,6 +54,9 @@ func TestImportEnvoyRatelimitToFile(t *testing.T) {
 	if _, err := os.Stat(refused); !os.IsNotExist(err) {
 		t.Errorf("a refused import wrote %s (%v)", refused, err)
 	}
+	r = sluicectl(t, "", "import", "envoy-ratelimit", "-base", base, "-o", refused, "../../pkg/envoyrls/importer/testdata/refused/quota_mode")
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stderr", r.stderr, `quota.yaml: descriptors[0] (key "user"): quota_mode has no Sluice equivalent`, "nothing was written")
 	wantCode(t, sluicectl(t, "", "import", "envoy-ratelimit", "-o", "-", envoyDocs), exitUsage)
 	wantCode(t, sluicectl(t, "", "import", "envoy-ratelimit"), exitUsage)
 	r = sluicectl(t, "", "import", "envoy-ratelimit", "-base", base, "-o", "-", t.TempDir())
@@ -75,7 +85,7 @@ func TestImportEnvoyRatelimitToEtcd(t *testing.T) {
 	wantCode(t, r, exitOK)
 	wantContains(t, "stdout", r.stdout, "applied: revision")
 	cfg, _ := c.config(t)
-	if len(cfg.Envoy.Domains) != 9 || !strings.HasPrefix(cfg.Envoy.Domains[0].Domain, "mongo_cps") {
+	if len(cfg.Envoy.Domains) != 11 || !strings.HasPrefix(cfg.Envoy.Domains[0].Domain, "mongo_cps") {
 		t.Errorf("etcd holds domains %+v", cfg.Envoy.Domains)
 	}
 	r = sluicectl(t, "", c.args("import", "envoy-ratelimit", envoyDocs, "-yes")...)

@@ -1,6 +1,9 @@
 package config
 
-import "strconv"
+import (
+	"strconv"
+	"strings"
+)
 
 // MaxEnvoyDepth bounds the nesting of envoy.domains descriptors: Envoy
 // builds a descriptor from a route's rate_limits actions, one entry per
@@ -34,19 +37,27 @@ type EnvoyDomain struct {
 // EnvoyNode is one node of an envoy.domains tree. A request descriptor of
 // n entries walks the tree one entry per level: at each level the node
 // with the entry's key and exactly its value wins, else the first node
-// with the key whose value ends in * and prefixes the entry's value, else
-// the node with the key and no value; nothing is retried on another
-// branch. The node the last entry reaches decides the descriptor (class,
-// unlimited) when it says how; otherwise, or when the walk stops early,
-// the descriptor is unmatched (OK, charged to no key).
+// with the key whose value is a wildcard pattern (holds a *) that the
+// entry's value matches, else the node with the key and no value;
+// nothing is retried on another branch. The node the last entry reaches
+// decides the descriptor (class, unlimited) when it says how; otherwise,
+// or when the walk stops early, the descriptor is unmatched (OK, charged
+// to no key).
+//
+// A pattern is matched as envoyproxy/ratelimit matches it: each * stands
+// for any run of bytes, none too, anywhere in the value ("/api/*" is a
+// prefix, "/api/*/action" matches "/api/v2/action", "/api/*/x/*" has two
+// wildcards); the other bytes match themselves. There is no escape: a
+// value with a * is always a pattern.
 //
 // The quota key charged is (tenant, class): the tenant is made of the
 // values of the entries matched by nodes without an exact value (no
-// value, or a prefix), in order: joined by ":" when they are plain
-// (letters, digits and . _ @ -), else their digest (envoyrls.TreeTenant),
-// so each distinct value has its own bucket as in envoyproxy/ratelimit; or
-// "_" (EnvoyTenantShared) when the path names every value. Tenants listed
-// under tenants get their tier.
+// value, or a pattern without share_threshold), in order: joined by ":"
+// when they are plain (letters, digits and . _ @ -), else their digest
+// (envoyrls.TreeTenant), so each distinct value has its own bucket as in
+// envoyproxy/ratelimit; or "_" (EnvoyTenantShared) when the path names
+// every value (exact values, patterns with share_threshold). Tenants
+// listed under tenants get their tier.
 type EnvoyNode struct {
 	// Key is the descriptor entry key this node matches.
 	//
@@ -55,14 +66,26 @@ type EnvoyNode struct {
 	//     have the same key and value
 	//   - Example: remote_address
 	Key string `yaml:"key"`
-	// Value is the entry value this node matches: exactly, or by prefix
-	// when it ends in *; left out, any value, and the value becomes part
-	// of the tenant.
+	// Value is the entry value this node matches: exactly, or as a
+	// wildcard pattern when it holds a * (each * matches any run of
+	// bytes, none too, anywhere in the value, as in envoyproxy/ratelimit:
+	// a pattern ending in * is a prefix); left out, any value. A value
+	// matched by a pattern without share_threshold, or by a node without
+	// a value, becomes part of the tenant.
 	//
 	//   - Default: none: any value
 	//   - Rule: no control characters
 	//   - Example: /api/*
 	Value string `yaml:"value,omitempty"`
+	// ShareThreshold makes every value this node's pattern matches share
+	// one bucket (envoyproxy/ratelimit's share_threshold): the matched
+	// value is left out of the tenant, as an exact value is. Without it
+	// each matching value has a bucket of its own.
+	//
+	//   - Default: false
+	//   - Rule: needs a value holding a *
+	//   - Example: true
+	ShareThreshold bool `yaml:"share_threshold,omitempty"`
 	// Class is the limit of descriptors that end at this node: they charge
 	// (tenant, class) at the class's limit in the tenant's tier.
 	//
@@ -97,9 +120,58 @@ type EnvoyNode struct {
 }
 
 // Exact reports whether the node matches one value only (its value is set
-// and is not a prefix ending in *).
+// and holds no *).
 func (n *EnvoyNode) Exact() bool {
-	return n.Value != "" && n.Value[len(n.Value)-1] != '*'
+	return n.Value != "" && strings.IndexByte(n.Value, '*') < 0
+}
+
+// Pattern reports whether the node's value is a wildcard pattern (holds a
+// *).
+func (n *EnvoyNode) Pattern() bool {
+	return strings.IndexByte(n.Value, '*') >= 0
+}
+
+// Named reports whether the entry value the node matches stays out of the
+// tenant: an exact value, or a pattern with share_threshold.
+func (n *EnvoyNode) Named() bool {
+	return n.Exact() || n.ShareThreshold && n.Pattern()
+}
+
+// MatchValue reports whether value matches pattern, where each * of
+// pattern stands for any run of bytes (none too) and every other byte
+// for itself. It allocates nothing.
+func MatchValue(pattern, value string) bool {
+	head, rest, ok := strings.Cut(pattern, "*")
+	if !ok {
+		return pattern == value
+	}
+	if !strings.HasPrefix(value, head) {
+		return false
+	}
+	value = value[len(head):]
+	i := strings.LastIndexByte(rest, '*')
+	tail := rest[i+1:]
+	if !strings.HasSuffix(value, tail) {
+		return false
+	}
+	value = value[:len(value)-len(tail)]
+	if i < 0 {
+		return true
+	}
+	// The pieces between the first and the last * in order, each at its
+	// earliest place: a later place leaves less room for the next.
+	for mid := rest[:i]; ; {
+		piece, more, found := strings.Cut(mid, "*")
+		j := strings.Index(value, piece)
+		if j < 0 {
+			return false
+		}
+		value = value[j+len(piece):]
+		if !found {
+			return true
+		}
+		mid = more
+	}
 }
 
 // EnvoyTree returns the envoy.domains tree of domain, or nil.
@@ -150,6 +222,9 @@ func (c *Config) validateEnvoyNodes(p *problems, path string, nodes []EnvoyNode,
 			p.add(npath, "duplicates %s[%d] (key %q, value %q)", path, first, n.Key, n.Value)
 		} else {
 			seen[kv{n.Key, n.Value}] = i
+		}
+		if n.ShareThreshold && !n.Pattern() {
+			p.add(npath+".share_threshold", "needs a value holding a * (a wildcard pattern): a node without a value gives each value its own bucket, an exact value has one")
 		}
 		switch {
 		case n.Class != "" && n.Unlimited:

@@ -93,6 +93,10 @@ func TestEnvoyDomainsValidation(t *testing.T) {
 			"envoy.domains[0].descriptors[0].shadow_mode: needs class"},
 		{"a node that does nothing", "    - {domain: e, descriptors: [{key: a, value: b}]}\n",
 			"envoy.domains[0].descriptors[0]: does nothing: set class, unlimited: true or nested descriptors"},
+		{"share_threshold on an exact value", "    - {domain: e, descriptors: [{key: a, value: files, share_threshold: true, class: read}]}\n",
+			"envoy.domains[0].descriptors[0].share_threshold: needs a value holding a *"},
+		{"share_threshold without a value", "    - {domain: e, descriptors: [{key: a, share_threshold: true, class: read}]}\n",
+			"envoy.domains[0].descriptors[0].share_threshold: needs a value holding a *"},
 		{"too deep", deep, "nested more than 16 levels deep"},
 		{"a node that is not a mapping", "    - {domain: e, descriptors: [remote_address]}\n", `is not a mapping (line 7)`},
 	}
@@ -112,5 +116,62 @@ func TestEnvoyDomainsValidation(t *testing.T) {
 				t.Errorf("error lacks %q:\n%v", tc.want, err)
 			}
 		})
+	}
+}
+
+// TestMatchValue: a * stands for any run of bytes, none too, anywhere in
+// the pattern, as in envoyproxy/ratelimit's README (trailing, in the
+// middle, several); the other bytes match themselves.
+func TestMatchValue(t *testing.T) {
+	cases := []struct {
+		pattern, value string
+		want           bool
+	}{
+		{"value*", "value1", true},
+		{"value*", "value", true},
+		{"value*", "valu", false},
+		{"/api/*/action", "/api/123/action", true},
+		{"/api/*/action", "/api/user-id/action", true},
+		{"/api/*/action", "/api/v1/x/action", true},
+		{"/api/*/action", "/api//action", true},
+		{"/api/*/action", "/api/123/other", false},
+		{"/api/*/action", "/api/action", false}, // the two slashes are not one
+		{"/api/*/action", "/api/123/action/", false},
+		{"/api/*/resource/*/action", "/api/v1/resource/123/action", true},
+		{"/api/*/resource/*/action", "/api/v2/resource/456/action", true},
+		{"/api/*/resource/*/action", "/api/v2/resource/action", false},
+		{"/api/*/resource/*/action", "/api/resource/resource/resource/action", true},
+		{"*", "", true},
+		{"*", "anything", true},
+		{"*x", "x", true},
+		{"*x", "yx", true},
+		{"*x", "xy", false},
+		{"a*a", "a", false}, // prefix and suffix may not overlap
+		{"a*a", "aa", true},
+		{"a*b*a", "aba", true},
+		{"a*b*a", "aa", false},
+		{"a*b*a", "aab", false},
+		{"a**b", "ab", true},
+		{"*.*.*", "1.2.3", true},
+		{"*.*.*", "1.2", false},
+		{"ab*ba", "aba", false},
+		{"exact", "exact", true},
+		{"exact", "exacts", false},
+	}
+	for _, c := range cases {
+		if got := MatchValue(c.pattern, c.value); got != c.want {
+			t.Errorf("MatchValue(%q, %q) = %v, want %v", c.pattern, c.value, got, c.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { MatchValue("/api/*/resource/*/action", "/api/v1/resource/123/action") }); n != 0 {
+		t.Errorf("MatchValue allocates %v times", n)
+	}
+	for _, n := range []EnvoyNode{{Value: "a*b"}, {Value: "*"}, {Value: "a*"}} {
+		if n.Exact() || !n.Pattern() || n.Named() {
+			t.Errorf("%q: exact %v, pattern %v, named %v", n.Value, n.Exact(), n.Pattern(), n.Named())
+		}
+	}
+	if n := (EnvoyNode{Value: "a*b", ShareThreshold: true}); !n.Named() {
+		t.Errorf("a pattern with share_threshold is not named")
 	}
 }

@@ -83,11 +83,13 @@
 //
 // A descriptor of n entries walks n levels, one entry each: the node with
 // the entry's key and exactly its value, else the first node whose value
-// ends in * and prefixes it, else the node with the key and no value; no
-// other branch is tried. The node the last entry reaches decides: its
-// class is charged as the key (tenant, class), where the tenant is made of
-// the values of the entries matched by nodes without an exact value (see
-// Tenants), so each distinct value has its own bucket, as in
+// is a wildcard pattern the value matches (each * any run of bytes,
+// anywhere: "/api/*", "/api/*/action"), else the node with the key and no
+// value; no other branch is tried. The node the last entry reaches
+// decides: its class is charged as the key (tenant, class), where the
+// tenant is made of the values of the entries matched by nodes without an
+// exact value (see Tenants; a pattern with share_threshold counts as
+// exact), so each distinct value has its own bucket, as in
 // envoyproxy/ratelimit. Resolve does this mapping as a pure function, for
 // other front ends.
 //

@@ -13,8 +13,10 @@ import (
 // TestImportedConfigDecidesAsEnvoyRatelimit imports the documented
 // envoyproxy/ratelimit shapes into a one-region config and sends Envoy's
 // descriptors to a real region: each per-minute limit of n admits n and
-// refuses the next, shadow_mode answers OK past its limit, unlimited and
-// limit-less descriptors are always OK.
+// refuses the next, a wildcard anywhere in a value limits each value it
+// matches (all of them together with share_threshold), shadow_mode
+// answers OK past its limit, unlimited and limit-less descriptors are
+// always OK.
 func TestImportedConfigDecidesAsEnvoyRatelimit(t *testing.T) {
 	files, err := importer.ReadDir("importer/testdata/docs")
 	if err != nil {
@@ -52,6 +54,15 @@ default_tier: std
 		{"1/minute for one address", "edge_proxy_per_ip", []string{"remote_address", "50.0.0.5"}, []rlsv3.RateLimitResponse_Code{ok, over}},
 		{"prefix, 20/minute", "example9", []string{"key1", "value7"}, append(repeat(ok, 20), over)},
 		{"depth does not match", "example4", []string{"key", "value"}, []rlsv3.RateLimitResponse_Code{ok, ok}},
+		{"* in the middle, 20/minute", "example9", []string{"path", "/api/v2/action"}, append(repeat(ok, 20), over)},
+		{"* in the middle, another value, its own counter", "example9", []string{"path", "/api/user-id/action"}, append(repeat(ok, 20), over)},
+		{"* in the middle, another suffix: no limit", "example9", []string{"path", "/api/v2/other"}, repeat(ok, 21)},
+		{"two *, 20/minute", "example9", []string{"route", "/api/v1/resource/123/action"}, append(repeat(ok, 20), over)},
+		{"share_threshold, 10/hour: 5 on one value", "example11", []string{"files", "files/a.pdf"}, repeat(ok, 5)},
+		{"share_threshold: 5 on another", "example11", []string{"files", "files/b.csv"}, repeat(ok, 5)},
+		{"share_threshold: a third value is over the shared limit", "example11", []string{"files", "files/c.txt"}, []rlsv3.RateLimitResponse_Code{over}},
+		{"without share_threshold, 10/hour", "example11", []string{"files_no_share", "files_no_share/a.pdf"}, append(repeat(ok, 10), over)},
+		{"without share_threshold, another value, its own counter", "example11", []string{"files_no_share", "files_no_share/b.csv"}, repeat(ok, 10)},
 	}
 	for _, c := range cases {
 		for i, want := range c.answers {

@@ -3,7 +3,6 @@ package envoyrls
 import (
 	"fmt"
 	"math"
-	"strings"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -135,9 +134,10 @@ func resolveDescriptor(mappings []config.EnvoyDescriptor, classes map[string]con
 }
 
 // resolveTree walks the domain's tree with d's entries, one level per
-// entry (see config.EnvoyNode): exact value first, then the first prefix
-// (value ending in *) that matches, then the node without a value; no
-// other branch is tried. The node the last entry reaches decides.
+// entry (see config.EnvoyNode): exact value first, then the first
+// wildcard pattern (a value holding *) that matches, then the node without
+// a value; no other branch is tried. The node the last entry reaches
+// decides.
 func resolveTree(tree *config.EnvoyDomain, d *ratelimitv3.RateLimitDescriptor, requestCost int64) (Target, error) {
 	entries := d.GetEntries()
 	if len(entries) == 0 {
@@ -145,8 +145,9 @@ func resolveTree(tree *config.EnvoyDomain, d *ratelimitv3.RateLimitDescriptor, r
 	}
 	nodes := tree.Descriptors
 	var node *config.EnvoyNode
-	// The values of the entries no exact node matched: a path has at most
-	// config.MaxEnvoyDepth levels.
+	// The values of the entries no exact node (nor a pattern with
+	// share_threshold) matched: a path has at most config.MaxEnvoyDepth
+	// levels.
 	var wildArr [config.MaxEnvoyDepth]string
 	wild := wildArr[:0]
 	for i, e := range entries {
@@ -154,7 +155,7 @@ func resolveTree(tree *config.EnvoyDomain, d *ratelimitv3.RateLimitDescriptor, r
 		if node == nil {
 			return Target{}, nil
 		}
-		if !node.Exact() {
+		if !node.Named() {
 			wild = append(wild, e.GetValue())
 		}
 		if i < len(entries)-1 {
@@ -176,9 +177,9 @@ func resolveTree(tree *config.EnvoyDomain, d *ratelimitv3.RateLimitDescriptor, r
 }
 
 // matchNode picks the node of one level for an entry: exact value, else
-// the first matching prefix, else the node without a value.
+// the first matching wildcard pattern, else the node without a value.
 func matchNode(nodes []config.EnvoyNode, key, value string) *config.EnvoyNode {
-	var prefix, any *config.EnvoyNode
+	var pattern, any *config.EnvoyNode
 	for i := range nodes {
 		n := &nodes[i]
 		if n.Key != key {
@@ -191,12 +192,12 @@ func matchNode(nodes []config.EnvoyNode, key, value string) *config.EnvoyNode {
 			if n.Value == value {
 				return n
 			}
-		case prefix == nil && strings.HasPrefix(value, n.Value[:len(n.Value)-1]):
-			prefix = n
+		case pattern == nil && config.MatchValue(n.Value, value):
+			pattern = n
 		}
 	}
-	if prefix != nil {
-		return prefix
+	if pattern != nil {
+		return pattern
 	}
 	return any
 }

@@ -241,6 +241,84 @@ func TestResolveEdges(t *testing.T) {
 	}
 }
 
+// wildcardConfig: values with a * anywhere, as envoyproxy/ratelimit's
+// README documents them (in the middle, several in one value), beside
+// exact and value-less siblings, and patterns with share_threshold.
+const wildcardConfig = `
+regions: {local: {weight: 1}}
+classes: {action: {}, v2_action: {}, nested: {}, any_path: {}, files: {}, routes: {}}
+tiers:
+  std:
+    action: {rate: 1/s, burst: 1}
+    v2_action: {rate: 1/s, burst: 1}
+    nested: {rate: 1/s, burst: 1}
+    any_path: {rate: 1/s, burst: 1}
+    files: {rate: 1/s, burst: 1}
+    routes: {rate: 1/s, burst: 1}
+default_tier: std
+envoy:
+  domains:
+    - domain: w
+      descriptors:
+        - {key: path, value: "/api/v2/action", class: v2_action}
+        - {key: path, value: "/api/*/action", class: action}
+        - {key: path, value: "/api/*/resource/*/action", class: nested}
+        - {key: path, value: "/api/*/other", unlimited: true}
+        - {key: path, class: any_path}
+        - {key: file, value: "files/*", share_threshold: true, class: files}
+        - key: route
+          value: "api/*"
+          share_threshold: true
+          descriptors:
+            - {key: method, class: routes}
+        - key: route
+          value: "*/v1"
+          descriptors:
+            - {key: method, class: routes}
+`
+
+// TestResolveWildcards: a * anywhere in a node's value matches any run of
+// bytes; an exact sibling is tried first, the first matching pattern in
+// order next, the node without a value last; each matching value has its
+// own bucket, and one shared by every value with share_threshold.
+func TestResolveWildcards(t *testing.T) {
+	cfg := regiontest.MustConfig(t, wildcardConfig)
+	cases := []struct {
+		name      string
+		d         []string
+		matched   bool
+		tenant    string
+		class     string
+		unlimited bool
+	}{
+		{"exact value before the pattern", []string{"path", "/api/v2/action"}, true, "_", "v2_action", false},
+		{"* in the middle", []string{"path", "/api/v1/action"}, true, envoyrls.Digest("/api/v1/action"), "action", false},
+		{"* in the middle, another value: its own bucket", []string{"path", "/api/user-id/action"}, true, envoyrls.Digest("/api/user-id/action"), "action", false},
+		{"* spans a slash", []string{"path", "/api/a/b/action"}, true, envoyrls.Digest("/api/a/b/action"), "action", false},
+		{"the suffix differs: the node without a value", []string{"path", "/api/v1/action2"}, true, envoyrls.Digest("/api/v1/action2"), "any_path", false},
+		{"two *: the first matching pattern in order", []string{"path", "/api/v1/resource/7/action"}, true, envoyrls.Digest("/api/v1/resource/7/action"), "action", false},
+		{"two *, the second pattern", []string{"path", "/api/v1/resource/7/action/x"}, true, envoyrls.Digest("/api/v1/resource/7/action/x"), "any_path", false},
+		{"an unlimited pattern", []string{"path", "/api/v1/other"}, false, "", "", true},
+		{"share_threshold: one bucket", []string{"file", "files/a.pdf"}, true, "_", "files", false},
+		{"share_threshold: the same bucket", []string{"file", "files/b.csv"}, true, "_", "files", false},
+		{"share_threshold: no match", []string{"file", "docs/a.pdf"}, false, "", "", false},
+		{"share_threshold above a value-less node", []string{"route", "api/v1", "method", "GET"}, true, "GET", "routes", false},
+		{"share_threshold above, another route, the same bucket", []string{"route", "api/v2", "method", "GET"}, true, "GET", "routes", false},
+		{"a leading *, each value its own", []string{"route", "web/v1", "method", "GET"}, true, envoyrls.TreeTenant("web/v1", "GET"), "routes", false},
+	}
+	for _, c := range cases {
+		targets, err := envoyrls.Resolve(cfg, request("w", 0, desc(c.d...)))
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		got := targets[0]
+		if got.Matched != c.matched || got.Unlimited != c.unlimited || got.Key != (quota.Key{Tenant: c.tenant, Class: c.class}) {
+			t.Errorf("%s: %+v, want matched %v tenant %q class %q unlimited %v", c.name, got, c.matched, c.tenant, c.class, c.unlimited)
+		}
+	}
+}
+
 // TestGuardRuleBounds: a request may carry MaxDescriptors descriptors of
 // MaxEntries entries each; one entry more is refused naming
 // entries_per_descriptor and the descriptor.

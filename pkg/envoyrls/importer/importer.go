@@ -20,18 +20,24 @@
 //     precedence over a sibling without a value).
 //   - shadow_mode carries over on limited descriptors; on others it does
 //     nothing in either service and is dropped with a note.
-//   - detailed_metric is dropped with a note: Sluice's metrics never carry
+//   - A value holding * is a wildcard pattern in both services (each *
+//     any run of bytes, anywhere in the value), and share_threshold (one
+//     counter for every value a pattern matches) carries over.
+//   - detailed_metric, value_to_metric and metadata are dropped with a
+//     note: they shape only envoyproxy/ratelimit's metrics and the
+//     dynamic metadata of its answers, and Sluice's metrics never carry
 //     descriptor values.
-//   - replaces, and requests_per_unit 0 (a block list), have no Sluice
-//     equivalent and are refused.
-//   - A descriptor without a value, or with a prefix, gives each value its
-//     own bucket in both services. A note names them: Sluice limits a
-//     value of other bytes than letters, digits and . _ @ - (a path, an
-//     IPv6 address, text), or a tuple holding one, under a tenant of ':'
-//     and 32 hex digits (see package envoyrls, "Tenants"), which only the
-//     default tier and a tenant listed by that name reach; a prefix that
-//     holds such a byte is named on its own, every value under it being
-//     limited so.
+//   - replaces, quota_mode, and requests_per_unit 0 (a block list), have
+//     no Sluice equivalent and are refused, each with the reason.
+//   - A descriptor without a value, or with a pattern (without
+//     share_threshold), gives each value its own bucket in both services.
+//     A note names those that limit something: Sluice limits a value of
+//     other bytes than letters, digits and . _ @ - (a path, an IPv6
+//     address, text), or a tuple holding one, under a tenant of ':' and 32
+//     hex digits (see package envoyrls, "Tenants"), which only the default
+//     tier and a tenant listed by that name reach; a pattern whose fixed
+//     part holds such a byte is named on its own, every value it matches
+//     being limited so.
 //
 // Every problem names the file and the descriptor's path in it
 // (descriptors[1].descriptors[0]), also those the Sluice config's rules
@@ -74,12 +80,18 @@ type File struct {
 
 // Descriptor is one descriptor of an envoyproxy/ratelimit config.
 type Descriptor struct {
-	Key            string       `yaml:"key"`
-	Value          string       `yaml:"value"`
-	RateLimit      *RateLimit   `yaml:"rate_limit"`
-	ShadowMode     bool         `yaml:"shadow_mode"`
-	DetailedMetric bool         `yaml:"detailed_metric"`
-	Descriptors    []Descriptor `yaml:"descriptors"`
+	Key            string     `yaml:"key"`
+	Value          string     `yaml:"value"`
+	RateLimit      *RateLimit `yaml:"rate_limit"`
+	ShadowMode     bool       `yaml:"shadow_mode"`
+	QuotaMode      bool       `yaml:"quota_mode"`
+	DetailedMetric bool       `yaml:"detailed_metric"`
+	ValueToMetric  bool       `yaml:"value_to_metric"`
+	ShareThreshold bool       `yaml:"share_threshold"`
+	// Metadata is any mapping; envoyproxy/ratelimit returns it in the
+	// dynamic metadata of its answers, Sluice ignores it.
+	Metadata    map[string]any `yaml:"metadata"`
+	Descriptors []Descriptor   `yaml:"descriptors"`
 }
 
 // RateLimit is a descriptor's rate_limit block.
@@ -208,7 +220,7 @@ func Convert(base *config.Config, files []File) (Result, error) {
 		return Result{}, errors.Join(c.errs...)
 	}
 	if len(c.wild) > 0 {
-		c.note("each value of a descriptor without a value or with a prefix has a bucket of its own (%s); a value of other bytes than letters, digits and . _ @ - (a path, an IPv6 address, text), or a tuple holding one, is limited under a tenant of ':' and 32 hex digits, in the default tier",
+		c.note("each value of a descriptor without a value or with a wildcard pattern (without share_threshold) has a bucket of its own in each limit at or under it (%s); a value of other bytes than letters, digits and . _ @ - (a path, an IPv6 address, text), or a tuple holding one, is limited under a tenant of ':' and 32 hex digits, in the default tier",
 			strings.Join(c.wild, "; "))
 	}
 	for _, name := range unreferenced(base, next) {
@@ -232,7 +244,8 @@ type converter struct {
 	used  map[string]bool // class names given out by this import
 	errs  []error
 	notes []string
-	// wild names the descriptors without a value or with a prefix.
+	// wild names the descriptors without a value or with a pattern
+	// without share_threshold that have a limit at or under them.
 	wild []string
 }
 
@@ -262,20 +275,29 @@ func (c *converter) nodes(file, domain, path, stat string, ds []Descriptor) []co
 		if stat != "" {
 			name = stat + "." + name
 		}
-		n := config.EnvoyNode{Key: d.Key, Value: d.Value}
-		if !n.Exact() {
-			c.wild = append(c.wild, where)
-			if prefix := strings.TrimSuffix(d.Value, "*"); d.Value != "" && !plain(prefix) {
-				c.note("%s: every value of prefix %q holds bytes other than letters, digits and . _ @ -, so each is limited under a tenant of ':' and 32 hex digits, in the default tier", where, d.Value)
-			}
+		n := config.EnvoyNode{Key: d.Key, Value: d.Value, ShareThreshold: d.ShareThreshold}
+		if d.ShareThreshold && !n.Pattern() {
+			c.fail("%s: share_threshold needs a value holding a * (a wildcard pattern), in envoyproxy/ratelimit too", where)
+		}
+		if n.Pattern() && !n.ShareThreshold && !plain(strings.ReplaceAll(d.Value, "*", "")) {
+			c.note("%s: every value matching %q holds bytes other than letters, digits and . _ @ -, so each is limited under a tenant of ':' and 32 hex digits, in the default tier", where, d.Value)
+		}
+		if d.QuotaMode {
+			c.fail("%s: quota_mode has no Sluice equivalent: envoyproxy/ratelimit refuses a request over a quota_mode descriptor only when every quota_mode descriptor of the request is over its limit, and Sluice refuses a request when any of its descriptors is; remove quota_mode to limit the descriptor as any other, or use shadow_mode to only count it", where)
 		}
 		if d.DetailedMetric {
 			c.note("%s: detailed_metric dropped: Sluice's metrics never carry descriptor values", where)
 		}
+		if d.ValueToMetric {
+			c.note("%s: value_to_metric dropped: Sluice's metrics never carry descriptor values", where)
+		}
+		if len(d.Metadata) > 0 {
+			c.note("%s: metadata dropped: Sluice's answers carry no dynamic metadata (envoyproxy/ratelimit returns it with the descriptors within their limits)", where)
+		}
 		rl := d.RateLimit
 		switch {
 		case rl != nil && len(rl.Replaces) > 0:
-			c.fail("%s: rate_limit.replaces has no Sluice equivalent (every matching descriptor is charged); give the descriptors distinct limits instead", where)
+			c.fail("%s: rate_limit.replaces has no Sluice equivalent (Sluice charges a request's descriptors in order until one is over its limit, and none replaces another); give the descriptors distinct limits instead", where)
 		case rl != nil && rl.Unlimited:
 			if rl.Unit != "" || rl.RequestsPerUnit != nil {
 				c.fail("%s: rate_limit: unlimited takes no unit or requests_per_unit", where)
@@ -293,9 +315,27 @@ func (c *converter) nodes(file, domain, path, stat string, ds []Descriptor) []co
 			c.note("%s: shadow_mode dropped: the descriptor has no limit to shadow", where)
 		}
 		n.Descriptors = c.nodes(file, domain, p+".descriptors", name, d.Descriptors)
+		// A value that reaches no limit has no bucket: an unlimited node
+		// and one whose subtree is unlimited are not named.
+		if !n.Named() && limits(&n) {
+			c.wild = append(c.wild, where)
+		}
 		out = append(out, n)
 	}
 	return out
+}
+
+// limits says whether n or a node under it names a class.
+func limits(n *config.EnvoyNode) bool {
+	if n.Class != "" {
+		return true
+	}
+	for i := range n.Descriptors {
+		if limits(&n.Descriptors[i]) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *converter) limit(n *config.EnvoyNode, where, domain, stat string, rl *RateLimit) {
@@ -363,11 +403,12 @@ func fit(name, whole string) string {
 }
 
 // DigestedPrefixes names, one sentence each, the envoy.domains nodes of
-// cfg whose prefix holds a byte no plain tenant value holds (a path's
-// '/', an address's ':'): every value under such a node is limited under
-// a digest tenant, ':' and 32 hex digits (see package envoyrls,
-// "Tenants"), which only the default tier and a tenant listed by that
-// name reach. sluicectl validate prints them as notes.
+// cfg whose wildcard pattern (without share_threshold) has a fixed part
+// holding a byte no plain tenant value holds (a path's '/', an address's
+// ':'): every value such a node matches is limited under a digest tenant,
+// ':' and 32 hex digits (see package envoyrls, "Tenants"), which only the
+// default tier and a tenant listed by that name reach. sluicectl validate
+// prints them as notes.
 func DigestedPrefixes(cfg *config.Config) []string {
 	var out []string
 	var walk func(path string, nodes []config.EnvoyNode)
@@ -375,8 +416,8 @@ func DigestedPrefixes(cfg *config.Config) []string {
 		for i := range nodes {
 			n := &nodes[i]
 			p := path + "[" + strconv.Itoa(i) + "]"
-			if prefix, ok := strings.CutSuffix(n.Value, "*"); ok && !plain(prefix) {
-				out = append(out, fmt.Sprintf("%s (key %q): every value of prefix %q holds bytes other than letters, digits and . _ @ -, so each is limited under a tenant of ':' and 32 hex digits, in the default tier", p, n.Key, n.Value))
+			if n.Pattern() && !n.ShareThreshold && !plain(strings.ReplaceAll(n.Value, "*", "")) {
+				out = append(out, fmt.Sprintf("%s (key %q): every value matching %q holds bytes other than letters, digits and . _ @ -, so each is limited under a tenant of ':' and 32 hex digits, in the default tier", p, n.Key, n.Value))
 			}
 			walk(p+".descriptors", n.Descriptors)
 		}

@@ -3,6 +3,7 @@ package importer_test
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -56,8 +57,8 @@ func importDocs(t *testing.T) (importer.Result, []importer.File) {
 // what it dropped.
 func TestImportDocs(t *testing.T) {
 	res, files := importDocs(t)
-	if len(files) != 9 {
-		t.Fatalf("read %d files, want the 9 .yaml/.yml ones (README.txt skipped)", len(files))
+	if len(files) != 11 {
+		t.Fatalf("read %d files, want the 11 .yaml/.yml ones (README.txt skipped)", len(files))
 	}
 	cfg := res.Config
 	if err := cfg.Validate(); err != nil {
@@ -74,7 +75,7 @@ func TestImportDocs(t *testing.T) {
 	if d := config.Diff(cfg, again); d != "" {
 		t.Errorf("round trip changed it:\n%s", d)
 	}
-	if len(cfg.Envoy.Domains) != 9 || len(cfg.Envoy.Descriptors) != 1 || cfg.Tiers["pro"]["read"].Rate != 100 {
+	if len(cfg.Envoy.Domains) != 11 || len(cfg.Envoy.Descriptors) != 1 || cfg.Tiers["pro"]["read"].Rate != 100 {
 		t.Errorf("domains %d, mappings %d, pro read %v: the base was not kept", len(cfg.Envoy.Domains), len(cfg.Envoy.Descriptors), cfg.Tiers["pro"]["read"])
 	}
 	want := map[string]config.LimitSpec{
@@ -83,6 +84,9 @@ func TestImportDocs(t *testing.T) {
 		"mongo_cps.database_users":                   {Rate: 500, Burst: 500},
 		"rl.foo.baz_shady":                           {Rate: config.Rate(1.0 / 60), Burst: 1},
 		"example9.key1_value_":                       {Rate: config.Rate(20.0 / 60), Burst: 20},
+		"example9.path__api___action":                {Rate: config.Rate(20.0 / 60), Burst: 20},
+		"example10.route.http_method.subject_id":     {Rate: 1, Burst: 60},
+		"example11.files_files__":                    {Rate: config.Rate(10.0 / 3600), Burst: 10},
 	}
 	for class, spec := range want {
 		for _, tier := range []string{"free", "pro"} {
@@ -95,9 +99,21 @@ func TestImportDocs(t *testing.T) {
 		}
 	}
 	notes := strings.Join(res.Notes, "\n")
-	for _, n := range []string{"detailed_metric dropped", "example8.yaml", `3_edge_proxy_per_ip.yaml: descriptors[0] (key "remote_address")`, "32 hex digits"} {
+	for _, n := range []string{"detailed_metric dropped", "example8.yaml", `3_edge_proxy_per_ip.yaml: descriptors[0] (key "remote_address")`, "32 hex digits",
+		`example10.yaml: descriptors[0] (key "route"): value_to_metric dropped`,
+		`example10.yaml: descriptors[1] (key "user"): metadata dropped`,
+		`9_example9.yaml: descriptors[3] (key "path"): every value matching "/api/*/action"`,
+		`example11.yaml: descriptors[1] (key "files_no_share")`} {
 		if !strings.Contains(notes, n) {
 			t.Errorf("notes lack %q:\n%s", n, notes)
+		}
+	}
+	// A value that reaches no limit has no bucket, and values sharing a
+	// pattern's counter have no bucket of their own: neither is listed
+	// as having one.
+	for _, n := range []string{`rl.yml: descriptors[1].descriptors[2] (key "bay")`, `rl.yml: descriptors[2] (key "qux")`, `example11.yaml: descriptors[0] (key "files")`} {
+		if strings.Contains(notes, n) {
+			t.Errorf("notes name %q as having a bucket of its own:\n%s", n, notes)
 		}
 	}
 	// A re-import changes nothing.
@@ -114,11 +130,13 @@ func TestImportDocs(t *testing.T) {
 // file, the descriptor and why.
 func TestImportRefusals(t *testing.T) {
 	cases := map[string]string{
-		"replaces":         "example7.yaml: descriptors[1].descriptors[0] (key \"user\"): rate_limit.replaces has no Sluice equivalent",
-		"blocklist":        "edge.yaml: descriptors[1] (key \"remote_address\"): rate_limit.requests_per_unit 0 (refuse every request) has no Sluice equivalent",
-		"unknown_field":    "a.yaml: unknown field rate_limits (line 4)",
-		"bad_unit":         `a.yaml: descriptors[0] (key "k"): rate_limit.unit "week": want second, minute, hour or day`,
-		"duplicate_domain": `b.yaml: domain "same" is also the domain of a.yaml`,
+		"replaces":              "example7.yaml: descriptors[1].descriptors[0] (key \"user\"): rate_limit.replaces has no Sluice equivalent",
+		"blocklist":             "edge.yaml: descriptors[1] (key \"remote_address\"): rate_limit.requests_per_unit 0 (refuse every request) has no Sluice equivalent",
+		"unknown_field":         "a.yaml: unknown field rate_limits (line 4)",
+		"bad_unit":              `a.yaml: descriptors[0] (key "k"): rate_limit.unit "week": want second, minute, hour or day`,
+		"duplicate_domain":      `b.yaml: domain "same" is also the domain of a.yaml`,
+		"quota_mode":            `quota.yaml: descriptors[0] (key "user"): quota_mode has no Sluice equivalent: envoyproxy/ratelimit refuses a request over a quota_mode descriptor only when every quota_mode descriptor of the request is over its limit`,
+		"share_threshold_exact": `share.yaml: descriptors[0] (key "files"): share_threshold needs a value holding a *`,
 	}
 	for dir, want := range cases {
 		t.Run(dir, func(t *testing.T) {
@@ -184,14 +202,14 @@ descriptors:
 	}
 	notes := strings.Join(res.Notes, "\n")
 	for _, want := range []string{
-		`paths.yaml: descriptors[0] (key "path"): every value of prefix "/v1/*"`,
-		`paths.yaml: descriptors[2] (key "addr"): every value of prefix "2001:db8:*"`,
+		`paths.yaml: descriptors[0] (key "path"): every value matching "/v1/*"`,
+		`paths.yaml: descriptors[2] (key "addr"): every value matching "2001:db8:*"`,
 	} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}
 	}
-	if strings.Contains(notes, `prefix "user-*"`) {
+	if strings.Contains(notes, `matching "user-*"`) {
 		t.Errorf("a plain prefix is named as digested:\n%s", notes)
 	}
 }
@@ -203,14 +221,28 @@ type limit struct {
 	unlimited bool
 	shadow    bool
 	node      *importer.Descriptor // whose counter
+	// counted are the entries as the counter names them: a value matched
+	// by a pattern with share_threshold is the pattern.
+	counted [][2]string
+}
+
+// wildcard is a pattern as envoyproxy/ratelimit's README describes it,
+// as a regular expression: each * any run of characters, none too.
+func wildcard(pattern string) *regexp.Regexp {
+	parts := strings.Split(pattern, "*")
+	for i, p := range parts {
+		parts[i] = regexp.QuoteMeta(p)
+	}
+	return regexp.MustCompile(`\A` + strings.Join(parts, `(?s:.*)`) + `\z`)
 }
 
 var seconds = map[string]float64{"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
 // envoyLimit is envoyproxy/ratelimit's lookup as its README describes it:
-// per entry, key_value first, then a value ending in * that prefixes the
-// entry's value, then the key alone; the rate limit of the node the last
-// entry reaches applies; nil when there is none.
+// per entry, key_value first, then the first value holding * that matches
+// the entry's value (each * any run of characters), then the key alone;
+// the rate limit of the node the last entry reaches applies; nil when
+// there is none.
 func envoyLimit(files []importer.File, domain string, entries [][2]string) *limit {
 	var level []importer.Descriptor
 	for _, f := range files {
@@ -219,6 +251,7 @@ func envoyLimit(files []importer.File, domain string, entries [][2]string) *limi
 		}
 	}
 	var out *limit
+	var counted [][2]string
 	for i, e := range entries {
 		var next *importer.Descriptor
 		for j := range level {
@@ -228,7 +261,7 @@ func envoyLimit(files []importer.File, domain string, entries [][2]string) *limi
 		}
 		for j := range level {
 			d := &level[j]
-			if next == nil && d.Key == e[0] && strings.HasSuffix(d.Value, "*") && strings.HasPrefix(e[1], strings.TrimSuffix(d.Value, "*")) {
+			if next == nil && d.Key == e[0] && strings.Contains(d.Value, "*") && wildcard(d.Value).MatchString(e[1]) {
 				next = d
 			}
 		}
@@ -240,8 +273,12 @@ func envoyLimit(files []importer.File, domain string, entries [][2]string) *limi
 		if next == nil {
 			return out
 		}
+		if next.ShareThreshold && strings.Contains(next.Value, "*") {
+			e[1] = next.Value
+		}
+		counted = append(counted, e)
 		if rl := next.RateLimit; rl != nil && i == len(entries)-1 {
-			out = &limit{unlimited: rl.Unlimited, shadow: next.ShadowMode, node: next}
+			out = &limit{unlimited: rl.Unlimited, shadow: next.ShadowMode, node: next, counted: counted}
 			if !rl.Unlimited {
 				out.perUnit, out.seconds = *rl.RequestsPerUnit, seconds[rl.Unit]
 			}
@@ -264,9 +301,14 @@ func samples(files []importer.File) map[string][][][2]string {
 		for _, d := range ds {
 			values := []string{"other", "v1", "v2"}
 			switch {
-			case strings.HasSuffix(d.Value, "*"):
-				p := strings.TrimSuffix(d.Value, "*")
-				values = append(values, p, p+"x", p+"y")
+			case strings.Contains(d.Value, "*"):
+				// Each * as nothing, one byte, several, and a piece of the
+				// pattern itself; and the pattern as it is.
+				values = append(values, d.Value)
+				for _, fill := range []string{"", "x", "y/z", "/resource/"} {
+					values = append(values, strings.ReplaceAll(d.Value, "*", fill))
+				}
+				values = append(values, strings.Replace(d.Value, "*", "", 1)+"-")
 			case d.Value != "":
 				values = append(values, d.Value)
 			}
@@ -276,7 +318,7 @@ func samples(files []importer.File) map[string][][][2]string {
 				if len(path) > 1 {
 					out[domain] = append(out[domain], path[1:])
 				}
-				if v == d.Value || v == "v1" || v == "v2" {
+				if v == d.Value || v == "v1" || v == "v2" || strings.Contains(d.Value, "*") && wildcard(d.Value).MatchString(v) {
 					walk(domain, path, d.Descriptors)
 				}
 			}
@@ -330,8 +372,9 @@ func TestImportedAnswersAsEnvoyRatelimit(t *testing.T) {
 				t.Errorf("%s: Sluice %+v shadow %v; envoyproxy/ratelimit %d per %vs shadow %v",
 					name, got.Resolved.Limit, got.Shadow, want.perUnit, want.seconds, want.shadow)
 			}
-			// envoyproxy/ratelimit counts per node and full descriptor.
-			counter := fmt.Sprintf("%p %v", want.node, entries)
+			// envoyproxy/ratelimit counts per node and full descriptor
+			// (a shared pattern standing for the values it matched).
+			counter := fmt.Sprintf("%p %v", want.node, want.counted)
 			if k, seen := counters[counter]; seen && k != got.Key {
 				t.Errorf("%s: one envoy counter, two Sluice keys %v and %v", name, k, got.Key)
 			}
