@@ -193,15 +193,7 @@ a key's rate to the regions that use it: together they admit the key's limit.
 	addr, httpAddr := ex.GRPCAddr(), ex.HTTPAddr()
 	tenant := exampleTenant(cfg)
 	class, strict := exampleClasses(cfg)
-	envoyExample := "  (the config maps no Envoy descriptors: see envoy.descriptors)"
-	if ds := cfg.Envoy.Descriptors; len(ds) > 0 {
-		entries := fmt.Sprintf(`{"key":"%s","value":"%s"}`, ds[0].TenantKey, tenant)
-		if ds[0].ClassKey != "" {
-			entries += fmt.Sprintf(`,{"key":"%s","value":"%s"}`, ds[0].ClassKey, class)
-		}
-		envoyExample = fmt.Sprintf(`  grpcurl -plaintext -d '{"domain":"%s","descriptors":[{"entries":[%s]}]}' %s envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
-			ds[0].Domain, entries, addr)
-	}
+	envoyExample := envoyExamples(cfg, tenant, class, addr)
 	ctl := sluicectlCommand()
 	fmt.Fprintf(out, `Take a lease (LeaseService):
   %s lease -addr %s -tenant %s -class %s -want 10
@@ -253,6 +245,70 @@ func exampleTenant(cfg *config.Config) string {
 		return names[0]
 	}
 	return "demo"
+}
+
+// envoyExamples are the banner's ShouldRateLimit examples at addr: one
+// for the first envoy.descriptors mapping, one for the first path of the
+// envoy.domains trees that reaches a class (with how many trees there
+// are), or a line saying the config has neither.
+func envoyExamples(cfg *config.Config, tenant, class, addr string) string {
+	grpcurl := func(domain, entries string) string {
+		return fmt.Sprintf(`  grpcurl -plaintext -d '{"domain":"%s","descriptors":[{"entries":[%s]}]}' %s envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
+			domain, entries, addr)
+	}
+	var lines []string
+	if ds := cfg.Envoy.Descriptors; len(ds) > 0 {
+		entries := fmt.Sprintf(`{"key":"%s","value":"%s"}`, ds[0].TenantKey, tenant)
+		if ds[0].ClassKey != "" {
+			entries += fmt.Sprintf(`,{"key":"%s","value":"%s"}`, ds[0].ClassKey, class)
+		}
+		lines = append(lines, grpcurl(ds[0].Domain, entries))
+	}
+	if trees := cfg.Envoy.Domains; len(trees) > 0 {
+		names := make([]string, len(trees))
+		for i, d := range trees {
+			names[i] = d.Domain
+		}
+		if len(names) > 5 {
+			names = append(names[:5], "…")
+		}
+		lines = append(lines, fmt.Sprintf("  (envoy.domains holds %d descriptor tree(s): %s)", len(trees), strings.Join(names, ", ")))
+		for _, d := range trees {
+			if path := classPath(d.Descriptors); path != nil {
+				entries := make([]string, len(path))
+				for i, n := range path {
+					// A value the node matches: its own, a pattern's with
+					// each * as "x", any for a node without a value.
+					v := strings.ReplaceAll(n.Value, "*", "x")
+					if v == "" {
+						v = tenant
+					}
+					entries[i] = fmt.Sprintf(`{"key":"%s","value":"%s"}`, n.Key, v)
+				}
+				lines = append(lines, grpcurl(d.Domain, strings.Join(entries, ",")))
+				break
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return "  (the config maps no Envoy descriptors: see envoy.descriptors and envoy.domains)"
+	}
+	return strings.Join(lines, "\n")
+}
+
+// classPath is the first path of nodes, depth first, whose last node
+// names a class; nil when none does.
+func classPath(nodes []config.EnvoyNode) []*config.EnvoyNode {
+	for i := range nodes {
+		n := &nodes[i]
+		if n.Class != "" {
+			return []*config.EnvoyNode{n}
+		}
+		if rest := classPath(n.Descriptors); rest != nil {
+			return append([]*config.EnvoyNode{n}, rest...)
+		}
+	}
+	return nil
 }
 
 // exampleClasses are the class the lease and Envoy examples use (read when
