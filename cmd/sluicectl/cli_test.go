@@ -179,12 +179,18 @@ func TestValidateNotesDigestedPrefixes(t *testing.T) {
       descriptors:
         - {key: path, value: "/v1/*", class: read}
         - {key: user, value: "user-*", class: read}
+        - {key: route, value: "/api/*/action", class: read}
+        - {key: file, value: "files/*", share_threshold: true, class: read}
 `
 	r := sluicectl(t, "", "validate", "-f", writeFile(t, "paths.yaml", cfg))
 	wantCode(t, r, exitOK)
-	wantContains(t, "stderr", r.stderr, `note: envoy.domains[0].descriptors[0] (key "path"): every value matching "/v1/*"`)
+	wantContains(t, "stderr", r.stderr, `note: envoy.domains[0].descriptors[0] (key "path"): every value matching "/v1/*"`,
+		`note: envoy.domains[0].descriptors[2] (key "route"): every value matching "/api/*/action"`)
 	if strings.Contains(r.stderr, "user-*") {
 		t.Errorf("a plain prefix is noted: %s", r.stderr)
+	}
+	if strings.Contains(r.stderr, "files/*") {
+		t.Errorf("a pattern whose values share one bucket is noted: %s", r.stderr)
 	}
 }
 
