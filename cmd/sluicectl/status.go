@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -32,6 +33,11 @@ type statusReport struct {
 	EtcdPrefix string `json:"etcd_prefix,omitempty"`
 	// EtcdError says why etcd could not be read; empty when it was.
 	EtcdError string `json:"etcd_error,omitempty"`
+	// ConfigError says why the daemons refuse the config stored in etcd
+	// (they keep the last good one; status exits exitInvalid); empty when
+	// it is valid or absent. The regions listed are then those of the
+	// newest valid config in etcd's history, the one the daemons run.
+	ConfigError string `json:"config_error,omitempty"`
 	// GlobalLeader is nil when no global allocator holds the election.
 	GlobalLeader  *leaderView        `json:"global_leader"`
 	RegionLeaders []regionLeaderView `json:"region_leaders"`
@@ -205,6 +211,11 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 		if rep.refused && rep.EtcdError == "" {
 			code = exitRefused
 		}
+		if rep.ConfigError != "" {
+			// A stored config the daemons refuse is the finding to act on,
+			// whatever else could not be asked.
+			return exitf(exitInvalid, "%s", strings.Join(slices.DeleteFunc([]string{rep.ConfigError, rep.GlobalError}, func(s string) bool { return s == "" }), "\n"))
+		}
 		switch {
 		case rep.EtcdError != "" && rep.GlobalError != "":
 			return exitf(code, "%s\n%s", rep.EtcdError, rep.GlobalError)
@@ -242,9 +253,21 @@ func (a *app) readEtcdStatus(ctx context.Context, rep *statusReport) error {
 		rep.EtcdError = a.etcdFailure(fmt.Errorf("read elections: %w", err)).Error()
 		return nil
 	}
-	// A missing or unusable config only means regions without a leader are
-	// not listed; the daemons run on their own config meanwhile.
-	cfg, _, _ := store.Get(stepCtx)
+	// A missing config only means regions without a leader are not
+	// listed. A refused one is reported: the daemons keep the last good
+	// config, whose regions are listed, and a daemon that starts runs it
+	// too, or fails if etcd's history no longer holds it.
+	cfg, rev, err := store.Get(stepCtx)
+	if errors.Is(err, config.ErrInvalidConfig) && ctx.Err() == nil {
+		rep.ConfigError = fmt.Sprintf("the config stored in etcd at revision %d is refused by the daemons, which keep their last good config: %v\n"+
+			"apply a good config with sluicectl apply -f FILE", rev, err)
+		if last, lastRev, herr := store.LastValid(stepCtx, rev); herr == nil {
+			cfg = last
+			rep.ConfigError += fmt.Sprintf(" (a daemon that starts meanwhile runs revision %d)", lastRev)
+		} else {
+			rep.ConfigError += fmt.Sprintf("; no daemon can start meanwhile: %v", herr)
+		}
+	}
 	global, regions := electionLeaders(store.ElectionPrefix(), resp.Kvs)
 	rep.GlobalLeader = global
 	shards := shardLeaders(store.ElectionPrefix(), resp.Kvs)
@@ -612,6 +635,9 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 		fmt.Fprintln(w, "etcd: not asked (no -etcd-endpoints)")
 	default:
 		fmt.Fprintf(w, "etcd prefix:\t%s\n", rep.EtcdPrefix)
+		if rep.ConfigError != "" {
+			fmt.Fprintf(w, "config:\tREFUSED\t(the stored config is refused; regions are those of the config the daemons run; see below)\n")
+		}
 		if rep.GlobalLeader != nil {
 			fmt.Fprintf(w, "global leader:\t%s\t(%s)\n", rep.GlobalLeader.Addr, candidates(rep.GlobalLeader.Candidates))
 		} else {

@@ -318,3 +318,24 @@ func TestSilentSinceIsTheInstantTheAllocatorStored(t *testing.T) {
 		wantContains(t, "status", out.String(), "SILENT since "+last.Local().Format("15:04:05.000")+" ")
 	}
 }
+
+// TestStatusReportsARefusedStoredConfig: a tenant key written into etcd
+// past sluicectl makes the stored config one the daemons refuse: status
+// says so with the reason and exits 1, and lists the regions of the config
+// the daemons run rather than calling every region unconfigured.
+func TestStatusReportsARefusedStoredConfig(t *testing.T) {
+	c := newCluster(t)
+	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+	campaign(t, c.cli, c.store.ElectionPrefix()+"region/us-east", "10.1.0.7:7400")
+	if _, err := c.cli.Put(t.Context(), c.store.TenantKey("t7"), "not json"); err != nil {
+		t.Fatal(err)
+	}
+	r := sluicectl(t, "", c.args("status", "-global-addr", closedAddr(t))...)
+	wantCode(t, r, exitInvalid)
+	wantContains(t, "stdout", r.stdout, "config:", "REFUSED")
+	wantRow(t, r.stdout, "us-east", "10.1.0.7:7400", "1")
+	if strings.Contains(r.stdout, "not in the config") {
+		t.Fatalf("status calls configured regions unconfigured:\n%s", r.stdout)
+	}
+	wantContains(t, "stderr", r.stderr, "refused by the daemons", c.store.TenantKey("t7"), "sluicectl apply")
+}

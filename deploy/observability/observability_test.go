@@ -70,6 +70,7 @@ var requiredAlerted = []string{
 	"sluice_global_region_report_age_seconds", // grants stale
 	"sluice_global_reports_total",             // regions silent, reports refused
 	"sluice_config_rejected_total",            // config rejected
+	"sluice_config_stored_refused",            // config stored refused
 	"sluice_config_watch_errors_total",        // etcd unavailable
 	"sluice_config_last_applied_revision",     // config diverged
 }
@@ -898,6 +899,7 @@ func TestCatalogListsEveryComponent(t *testing.T) {
 		{"sluice_global_allocation_seconds", "histogram", ""},
 		{"sluice_envoy_request_duration_seconds", "histogram", "result"},
 		{"sluice_config_rejected_total", "counter", ""},
+		{"sluice_config_stored_refused", "gauge", ""},
 	} {
 		f, ok := cat.families[want.name]
 		switch {

@@ -14,7 +14,10 @@
 // else it fails with ErrConflict and writes nothing. A Watcher makes a
 // change live only at a revision that wrote the document and while no
 // batched apply is in progress, so the tenants of a batched apply become
-// live together, at its commit, in every daemon.
+// live together, at its commit, in every daemon. Tenant keys written
+// after the document outside a batched apply (by hand, past the Store)
+// are never made live: Get and a Watcher refuse the stored config, and
+// AwaitEtcdConfig starts on the newest valid config in etcd's history.
 //
 // Units: revisions are etcd mod revisions of the document key (0: it is absent, or the
 // Watcher is on its fallback); the Watcher's retry pauses are

@@ -3,6 +3,7 @@ package configstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -22,7 +23,16 @@ const startTimeout = 10 * time.Second
 // serves etcd's config. It returns the revision served, 0 when etcd holds
 // no config and no bootstrap was given (w serves its fallback).
 //
-// An invalid config in etcd, or an invalid bootstrap, is an error wrapping
+// A config stored in etcd that is refused (invalid, or with tenant keys
+// written outside an apply) does not stop the start while etcd's history
+// still holds a valid one: the newest valid config at or before the stored
+// revision (Store.LastValid) is made live, which is the config the
+// running daemons kept, logged at ERROR and counted
+// (sluice_config_started_on_older_revision_total); the watcher reports the
+// refusal (sluice_config_stored_refused stays 1) until a good config is
+// applied. Without one in the history read, the start fails with an error
+// wrapping config.ErrInvalidConfig and ErrNoValidHistory that names the
+// key and the fix. An invalid bootstrap is an error wrapping
 // config.ErrInvalidConfig; an unreachable etcd is waited for (logged,
 // retried with backoff up to 5 s) until ctx ends.
 func AwaitEtcdConfig(ctx context.Context, s *Store, bootstrap *config.Config, w *Watcher, logger *slog.Logger) (int64, error) {
@@ -30,12 +40,24 @@ func AwaitEtcdConfig(ctx context.Context, s *Store, bootstrap *config.Config, w 
 	var rev int64
 	for {
 		var err error
-		rev, err = bootstrapAndRead(ctx, s, bootstrap, logger)
+		var stored int64
+		rev, stored, err = bootstrapAndRead(ctx, s, bootstrap, logger)
 		if err == nil {
 			break
 		}
-		if errors.Is(err, config.ErrInvalidConfig) {
+		if errors.Is(err, config.ErrInvalidConfig) && stored == 0 {
 			return 0, err
+		}
+		if errors.Is(err, config.ErrInvalidConfig) {
+			var herr error
+			rev, herr = recoverFromHistory(ctx, s, stored, err, w, logger)
+			if herr == nil {
+				break
+			}
+			if errors.Is(herr, ErrNoValidHistory) || ctx.Err() != nil {
+				return 0, herr
+			}
+			err = herr
 		}
 		logger.Warn("etcd not reachable; waiting for it before starting", "error", err, "retry_in", wait)
 		select {
@@ -61,9 +83,29 @@ func AwaitEtcdConfig(ctx context.Context, s *Store, bootstrap *config.Config, w 
 	return w.Revision(), nil
 }
 
+// recoverFromHistory makes the newest valid config at or before the
+// refused stored revision live in w, and returns its revision.
+func recoverFromHistory(ctx context.Context, s *Store, stored int64, refused error, w *Watcher, logger *slog.Logger) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	cfg, rev, err := s.LastValid(ctx, stored)
+	if errors.Is(err, ErrNoValidHistory) {
+		return 0, fmt.Errorf("%w; and %w, so there is no config to start on: apply a good config with sluicectl apply -f FILE", refused, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading etcd's history of %s: %w", s.Key(), err)
+	}
+	logger.Error("the config stored in etcd is refused; starting on the newest valid config in etcd's history (the one the running daemons kept) until a good config is applied with sluicectl apply",
+		"key", s.Key(), "stored_revision", stored, "revision", rev, "error", refused)
+	w.adopt(cfg, rev)
+	return rev, nil
+}
+
 // bootstrapAndRead writes bootstrap (when given) if etcd holds no config
-// and returns the revision of the config etcd holds (0 for none).
-func bootstrapAndRead(ctx context.Context, s *Store, bootstrap *config.Config, logger *slog.Logger) (int64, error) {
+// and returns the revision of the config etcd holds (0 for none). When
+// the stored config is refused it also returns that config's revision
+// with the error.
+func bootstrapAndRead(ctx context.Context, s *Store, bootstrap *config.Config, logger *slog.Logger) (int64, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	if bootstrap != nil {
@@ -71,19 +113,19 @@ func bootstrapAndRead(ctx context.Context, s *Store, bootstrap *config.Config, l
 		switch {
 		case err == nil:
 			logger.Info("bootstrap config written to etcd", "key", s.Key(), "revision", rev)
-			return rev, nil
+			return rev, 0, nil
 		case errors.Is(err, ErrConflict):
 			logger.Info("etcd already holds a config; it wins over the bootstrap file", "key", s.Key())
 		default:
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	cfg, rev, err := s.Get(ctx)
 	if err != nil {
-		return 0, err
+		return 0, rev, err
 	}
 	if cfg == nil {
-		return 0, nil
+		return 0, 0, nil
 	}
-	return rev, nil
+	return rev, 0, nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluicehq/sluice/pkg/config"
@@ -203,6 +204,11 @@ type raw struct {
 	doc      *mvccpb.KeyValue
 	applying *Marker
 	tenants  map[string][]byte
+	// stray are the tenant keys written after the document (mod revision
+	// above the document's), id to mod revision: written outside an apply
+	// (by hand, past sluicectl), since every apply writes the document in
+	// the transaction of its last tenant writes or after them.
+	stray map[string]int64
 }
 
 // scan reads the config range at rev (0: the latest) in pages, calling fn
@@ -242,10 +248,36 @@ func (s *Store) readRaw(ctx context.Context, rev int64) (*raw, error) {
 			r.applying = parseMarker(kv)
 		case kindTenant:
 			r.tenants[id] = kv.Value
+			// The document sorts before every tenant key, so it is read.
+			if r.doc != nil && kv.ModRevision > r.doc.ModRevision {
+				if r.stray == nil {
+					r.stray = map[string]int64{}
+				}
+				r.stray[id] = kv.ModRevision
+			}
 		}
 	})
 	r.rev = got
 	return r, err
+}
+
+// strayError explains tenant keys written outside an apply, with why
+// those that do not parse fail, naming at most five.
+func (s *Store) strayError(docRev int64, stray map[string]int64, bad func(id string) error) error {
+	ids := slices.Sorted(maps.Keys(stray))
+	var errs []error
+	for _, id := range ids[:min(len(ids), 5)] {
+		e := fmt.Errorf("tenant key %s written at revision %d, after the config document (revision %d), outside an apply: no daemon runs it until an apply commits it (sluicectl apply)",
+			s.TenantKey(id), stray[id], docRev)
+		if b := bad(id); b != nil {
+			e = fmt.Errorf("%w; it does not parse: %w", e, b)
+		}
+		errs = append(errs, e)
+	}
+	if len(ids) > 5 {
+		errs = append(errs, fmt.Errorf("and %d more tenant keys written outside an apply", len(ids)-5))
+	}
+	return fmt.Errorf("%w: %w", config.ErrInvalidConfig, errors.Join(errs...))
 }
 
 // readCommitted reads the committed config range: the latest, or while a
@@ -266,7 +298,8 @@ func (s *Store) readCommitted(ctx context.Context) (*raw, error) {
 
 // assemble parses a document and its tenants into one config, validated.
 // Tenants under their keys win over tenants in the document.
-func assemble(ctx context.Context, doc []byte, tenants map[string][]byte) (*config.Config, error) {
+// keyOf names a tenant's key in errors.
+func assemble(ctx context.Context, doc []byte, tenants map[string][]byte, keyOf func(id string) string) (*config.Config, error) {
 	c, err := parseDocument(ctx, doc)
 	if err != nil {
 		return nil, err
@@ -280,7 +313,7 @@ func assemble(ctx context.Context, doc []byte, tenants map[string][]byte) (*conf
 		for id, v := range tenants {
 			t, err := config.ParseTenant(v)
 			if err != nil {
-				bad = append(bad, fmt.Errorf("tenant key %s: %w", id, err))
+				bad = append(bad, fmt.Errorf("tenant key %s: %w", keyOf(id), err))
 				continue
 			}
 			all[id] = t
@@ -315,7 +348,16 @@ func (s *Store) Get(ctx context.Context) (*config.Config, int64, error) {
 	if r.doc == nil {
 		return nil, 0, nil
 	}
-	c, err := assemble(ctx, r.doc.Value, r.tenants)
+	c, err := assemble(ctx, r.doc.Value, r.tenants, s.TenantKey)
+	if err == nil && len(r.stray) > 0 {
+		// What the running daemons run is the config of the document's
+		// revision, without these keys: a starting daemon must not run
+		// something else.
+		err = s.strayError(r.doc.ModRevision, r.stray, func(id string) error {
+			_, err := config.ParseTenant(r.tenants[id])
+			return err
+		})
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, 0, err
@@ -323,6 +365,51 @@ func (s *Store) Get(ctx context.Context) (*config.Config, int64, error) {
 		return nil, r.doc.ModRevision, fmt.Errorf("config: %s at revision %d: %w", s.key, r.doc.ModRevision, err)
 	}
 	return c, r.doc.ModRevision, nil
+}
+
+// MaxHistorySteps bounds how many earlier config revisions LastValid
+// reads back through etcd's history.
+const MaxHistorySteps = 10
+
+// ErrNoValidHistory is wrapped by LastValid when no valid config was found
+// in the revisions of etcd's history it read.
+var ErrNoValidHistory = errors.New("no valid config in etcd's history")
+
+// LastValid is the newest config committed at or before the document
+// revision from that passes validation, read back from etcd's history
+// (WithRev): the committed range at from itself (without tenant keys
+// written outside an apply after it), then each earlier revision that
+// wrote the document, at most MaxHistorySteps of them, stopping where
+// etcd compacted its history. It returns the config and its revision, or
+// an error wrapping ErrNoValidHistory naming how far it read; etcd
+// failing is another error.
+func (s *Store) LastValid(ctx context.Context, from int64) (*config.Config, int64, error) {
+	rev := from
+	for step := 0; step < MaxHistorySteps && rev > 0; step++ {
+		r, err := s.readRaw(ctx, rev)
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return nil, 0, fmt.Errorf("%w: revisions before %d are compacted", ErrNoValidHistory, rev+1)
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		if r.doc == nil {
+			return nil, 0, fmt.Errorf("%w: %s did not exist at revision %d", ErrNoValidHistory, s.key, rev)
+		}
+		if (r.applying != nil || len(r.stray) > 0) && r.doc.ModRevision < rev {
+			// Writes after the document's: its own revision holds exactly
+			// what it committed.
+			rev = r.doc.ModRevision
+			continue
+		}
+		if c, err := assemble(ctx, r.doc.Value, r.tenants, s.TenantKey); err == nil {
+			return c, r.doc.ModRevision, nil
+		} else if ctx.Err() != nil {
+			return nil, 0, ctx.Err()
+		}
+		rev = r.doc.ModRevision - 1
+	}
+	return nil, 0, fmt.Errorf("%w: read %d config revisions back from revision %d", ErrNoValidHistory, MaxHistorySteps, from)
 }
 
 // Revision is the config revision: the document key's mod revision (0:

@@ -55,6 +55,10 @@ type Watcher struct {
 	// re-read after a watch error never counts a refusal twice. Touched only
 	// by the Run goroutine.
 	seenRev int64
+	// strayReported is the newest revision of a tenant key written outside
+	// an apply that was reported, so that a re-read reports it once.
+	// Touched only by the Run goroutine.
+	strayReported int64
 	// st is the config range as last seen. Touched only by the Run goroutine.
 	st watchState
 
@@ -66,6 +70,12 @@ type Watcher struct {
 	appliedN    prometheus.Counter
 	watchErrors prometheus.Counter
 	revision    prometheus.Gauge
+	// storedRefused is 1 while the config stored in etcd is not live
+	// because it was refused, 0 once a stored config is live (or etcd
+	// holds none): unlike the counter, it stays set as long as the bad
+	// config stays stored.
+	storedRefused prometheus.Gauge
+	recovered     prometheus.Counter
 }
 
 // NewWatcher makes a Watcher serving fallback (Default() if nil) until etcd
@@ -99,10 +109,18 @@ func NewWatcher(store *Store, fallback *config.Config, logger *slog.Logger, reg 
 			Name: "sluice_config_last_applied_revision",
 			Help: "etcd mod revision of the live config; 0 while the built-in fallback is live.",
 		}),
+		storedRefused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_config_stored_refused",
+			Help: "1 while the config stored in etcd is refused (invalid, or tenant keys written outside an apply) and an older config stays live; 0 once a stored config is live.",
+		}),
+		recovered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_config_started_on_older_revision_total",
+			Help: "Starts on an older valid config from etcd's history because the stored config was refused.",
+		}),
 	}
 	w.live.Store(&applied{cfg: fallback})
 	if reg != nil {
-		reg.MustRegister(w.rejected, w.appliedN, w.watchErrors, w.revision)
+		reg.MustRegister(w.rejected, w.appliedN, w.watchErrors, w.revision, w.storedRefused, w.recovered)
 	}
 	return w
 }
@@ -255,6 +273,10 @@ type watchState struct {
 	// since the last config made live.
 	bad   map[string]error
 	dirty map[string]struct{}
+	// stray are tenant keys written outside an apply (at a revision that
+	// did not write the document, with no batched apply in progress), id
+	// to revision; the next document write judges them with the rest.
+	stray map[string]int64
 }
 
 // newWatchState is an empty state with room for n tenants.
@@ -351,6 +373,7 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 	st.needFull = true
 	w.st = st
 	if r.doc == nil {
+		w.storedRefused.Set(0)
 		if w.Revision() == 0 {
 			w.logger.Info("no config in etcd; running on the built-in fallback", "key", w.store.key)
 		} else {
@@ -360,6 +383,14 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 		return r.rev, nil
 	}
 	w.st.doc, w.st.docRev = r.doc.Value, r.doc.ModRevision
+	if len(r.stray) > 0 {
+		// The stored range is not what the document's revision committed:
+		// keep the live config (the start recovers the committed one from
+		// etcd's history) and report it.
+		w.st.stray = r.stray
+		w.reportStray()
+		return r.rev, nil
+	}
 	w.commit(ctx)
 	return r.rev, nil
 }
@@ -457,7 +488,37 @@ func (w *Watcher) event(ev *clientv3.Event) {
 		st.applying = !deleted
 	case kindTenant:
 		st.setTenant(id, ev.Kv.Value, deleted)
+		if !st.applying {
+			// Stray unless the document is written in the same revision,
+			// as every apply does (commit clears it then).
+			if st.stray == nil {
+				st.stray = map[string]int64{}
+			}
+			st.stray[id] = ev.Kv.ModRevision
+		}
 	}
+}
+
+// reportStray refuses the stored config for its tenant keys written
+// outside an apply, once per newest such write: the live config stays.
+// The config revision is the document's, which every daemon reports and
+// compares; a key written past it would make daemons that read it at
+// different times run different configs under one revision.
+func (w *Watcher) reportStray() {
+	st := &w.st
+	newest := int64(0)
+	for _, r := range st.stray {
+		newest = max(newest, r)
+	}
+	if newest <= w.strayReported {
+		return
+	}
+	w.strayReported = newest
+	err := w.store.strayError(st.docRev, st.stray, func(id string) error { return st.bad[id] })
+	w.logger.Error("refused config stored in etcd: tenant keys written outside an apply; the last good config stays live",
+		"key", w.store.key, "revision", newest, "live_revision", w.Revision(), "error", err)
+	w.storedRefused.Set(1)
+	w.rejected.Inc()
 }
 
 // commit makes the gathered changes live when the document was written
@@ -466,6 +527,12 @@ func (w *Watcher) event(ev *clientv3.Event) {
 // changed. Otherwise the last good config stays live.
 func (w *Watcher) commit(ctx context.Context) {
 	st := &w.st
+	if st.commit {
+		st.stray = nil
+	} else if len(st.stray) > 0 && !st.applying && st.doc != nil {
+		w.reportStray()
+		return
+	}
 	if !st.commit && st.docCfg != nil || st.applying || st.doc == nil {
 		return
 	}
@@ -480,6 +547,7 @@ func (w *Watcher) commit(ctx context.Context) {
 		// the line that explains it being there already.
 		w.logger.Error("refused invalid config from etcd; the last good config stays live",
 			"key", w.store.key, "revision", rev, "live_revision", w.Revision(), "error", err)
+		w.storedRefused.Set(1)
 		w.rejected.Inc()
 	}
 	if len(st.bad) > 0 {
@@ -551,9 +619,31 @@ func (w *Watcher) commit(ctx context.Context) {
 	// The metrics move first: whoever sees this config live (Live, a
 	// subscriber) also sees it counted.
 	w.revision.Set(float64(rev))
+	w.storedRefused.Set(0)
 	w.appliedN.Inc()
 	w.live.Store(&applied{cfg: cfg, rev: rev})
 	w.logger.Info("applied config from etcd", "key", w.store.key, "revision", rev,
 		"tenants", len(cfg.Tenants), "tenants_changed", changed, "validated_whole", full)
 	w.publish(cfg)
+}
+
+// adopt makes cfg, valid and committed at rev, live unless a config of
+// rev or newer already is: a start on an older revision from etcd's
+// history while the stored one is refused (see AwaitEtcdConfig). It
+// reports whether cfg became live.
+func (w *Watcher) adopt(cfg *config.Config, rev int64) bool {
+	next := &applied{cfg: cfg, rev: rev}
+	for {
+		cur := w.live.Load()
+		if cur.rev >= rev {
+			return false
+		}
+		if w.live.CompareAndSwap(cur, next) {
+			break
+		}
+	}
+	w.revision.Set(float64(w.Revision()))
+	w.recovered.Inc()
+	w.publish(cfg)
+	return true
 }

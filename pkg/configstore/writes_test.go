@@ -201,7 +201,7 @@ func TestStoreGetNamesATenantKeyThatDoesNotParse(t *testing.T) {
 	}
 	c, rev, err := store.Get(ctx)
 	if c != nil || rev != resp.Header.Revision || !errors.Is(err, config.ErrInvalidConfig) ||
-		!strings.Contains(err.Error(), "tenant key acme") || !strings.Contains(err.Error(), `unknown field "sahdow"`) {
+		!strings.Contains(err.Error(), "tenant key "+store.TenantKey("acme")) || !strings.Contains(err.Error(), `unknown field "sahdow"`) {
 		t.Fatalf("Get with a garbled tenant key = %v, revision %d (want %d), %v", c, rev, resp.Header.Revision, err)
 	}
 	if _, err := store.Apply(ctx, config.Default(), rev); err != nil {
