@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/configtest"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regionsync"
@@ -306,6 +308,44 @@ func TestLiveConfigIsHeldBeforeAnyRegionReportsIt(t *testing.T) {
 		}
 		if l, ok := limitOf(s, quota.Key{Tenant: "acme", Class: "write"}); !ok || l.Rate != 200 || len(l.StaticRate) != 2 {
 			t.Fatalf("limit %+v (tracked %v), want rate 200 with reserves for 2 regions", l, ok)
+		}
+	})
+}
+
+// TestRaisedValidityLearnsOneNewValidityAndLogsIt: raising the epoch and
+// the grant validity (200ms/1s to 500ms/3s) keeps the rebuilt allocator
+// learning for one new validity, past one old validity and epoch (a
+// previous leader that applied the change first may have issued grants
+// of the new validity), and the log names that end, not the old one's.
+func TestRaisedValidityLearnsOneNewValidityAndLogsIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fast := strings.Replace(strings.Replace(loopConfig, "epoch: 100ms", "epoch: 200ms", 1), "grant_validity: 500ms", "grant_validity: 1s", 1)
+		slow := strings.Replace(strings.Replace(loopConfig, "epoch: 100ms", "epoch: 500ms", 1), "grant_validity: 500ms", "grant_validity: 3s", 1)
+		src := configtest.NewSource(parseConfig(t, fast), 1)
+		logs := &logtest.Buffer{}
+		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.NewTextHandler(logs, nil))}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.promote(1, time.Now().Add(24*time.Hour), nil)
+		time.Sleep(time.Hour)
+		s.step(time.Now())
+		src.Set(parseConfig(t, slow), 2)
+		changed := time.Now()
+		s.step(changed)
+		end := changed.Add(3 * time.Second)
+		if want := "learning_until_at_least=" + end.Format("2006-01-02T15:04:05.000Z07:00"); !strings.Contains(logs.String(), want) {
+			t.Fatalf("rebuild log lacks %s:\n%s", want, logs)
+		}
+		time.Sleep(3*time.Second - time.Millisecond)
+		s.step(time.Now())
+		if !s.View(time.Now()).Learning {
+			t.Fatal("learning ended before one new validity")
+		}
+		time.Sleep(time.Millisecond + 500*time.Millisecond)
+		s.step(time.Now())
+		if s.View(time.Now()).Learning {
+			t.Fatal("learning lasted past one new validity and one epoch")
 		}
 	})
 }

@@ -277,8 +277,14 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		// allocator's own learning period; one old epoch more covers a
 		// previous leader that saw the change later than this replica.
 		s.learnFloor = later(s.learnFloor, now.Add(s.timing.validity+s.timing.epoch))
+		// The new allocator learns for one new validity too: a raised
+		// validity keeps regions at their static shares that long, since
+		// a previous leader that applied the change first may have issued
+		// grants of the new validity that this one cannot see. The log
+		// names when learning ends, the later of the two.
 		s.log.Info("epoch, grant validity, demand alpha or region lease changed; allocator rebuilt in learning mode",
-			"epoch", opts.Epoch, "grant_validity", opts.Validity, "learning_until_at_least", s.learnFloor)
+			"epoch", opts.Epoch, "grant_validity", opts.Validity,
+			"learning_until_at_least", later(s.learnFloor, now.Add(opts.Validity.Truncate(time.Millisecond))))
 		s.alloc = a
 		s.timing = t
 	} else if !sameRegions(old, cfg) {
