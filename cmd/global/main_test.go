@@ -14,6 +14,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 )
 
@@ -159,5 +160,48 @@ func TestShardFromOrdinal(t *testing.T) {
 		if _, err := parseShard("ordinal", host(name)); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s: %v, want an error naming it", name, err)
 		}
+	}
+}
+
+// TestRunStartsOnTheLastGoodConfigWhenEtcdHoldsABadTenantKey: a tenant key
+// written into etcd by hand (not through sluicectl) that does not parse
+// does not stop a replica that starts: it leads on the last good config
+// revision, the one running replicas kept, instead of exiting.
+func TestRunStartsOnTheLastGoodConfigWhenEtcdHoldsABadTenantKey(t *testing.T) {
+	srv := etcdtest.Start(t)
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(file, []byte(bootstrapYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store := configstore.NewStore(srv.Client(t), "/cmdtest")
+	ctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+	defer c()
+	cfg, err := config.Parse([]byte(bootstrapYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := store.Apply(ctx, cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Client(t).Put(ctx, store.TenantKey("t7"), "not json"); err != nil {
+		t.Fatal(err)
+	}
+	api, stop := start(t, srv.Endpoints(), file)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, c := context.WithTimeout(context.Background(), time.Second)
+		st, err := api.Status(ctx, &sluicev1.StatusRequest{})
+		c()
+		if err == nil && st.Leader && st.ConfigRevision == rev {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never led on the last good config (revision %d): %v %v", rev, st, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("run after cancel: %v", err)
 	}
 }
