@@ -69,12 +69,21 @@ func TestBadCountsAreRefused(t *testing.T) {
 	}
 }
 
+// TestNames: shard 0 keeps the unsharded global tier's election and
+// lapsed-set names, and every other shard, shard 1 included, has its own
+// (two shards sharing an election would elect one leader for both).
 func TestNames(t *testing.T) {
 	if ElectionName(0) != "global" || LapsedName(0) != "lapsed" {
 		t.Fatal("shard 0 must keep the unsharded global tier's names")
 	}
-	if ElectionName(3) != "global-shard-3" || LapsedName(3) != "lapsed-shard-3" {
-		t.Fatalf("shard 3: %s %s", ElectionName(3), LapsedName(3))
+	for _, i := range []int{1, 3, MaxShards - 1} {
+		e, l := ElectionName(i), LapsedName(i)
+		if want := fmt.Sprintf("global-shard-%d", i); e != want {
+			t.Fatalf("ElectionName(%d) = %q, want %q", i, e, want)
+		}
+		if want := fmt.Sprintf("lapsed-shard-%d", i); l != want {
+			t.Fatalf("LapsedName(%d) = %q, want %q", i, l, want)
+		}
 	}
 }
 
@@ -85,6 +94,9 @@ func TestSplitKeepsOrder(t *testing.T) {
 		keys = append(keys, quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "c"})
 	}
 	parts := m.Split(keys)
+	if len(parts) != m.N() {
+		t.Fatalf("Split into %d parts, want one per shard (%d)", len(parts), m.N())
+	}
 	seen := 0
 	for i, p := range parts {
 		for j, x := range p {
@@ -130,8 +142,8 @@ func TestOwnsIsTheOwner(t *testing.T) {
 		}
 	}
 	var zero Map
-	if zero.String() != "1 shard" || mustNew(t, 1).String() != "1 shard" || mustNew(t, 3).String() != "3 shards" {
-		t.Fatalf("names: %q %q %q", zero.String(), mustNew(t, 1).String(), mustNew(t, 3).String())
+	if zero.String() != "1 shard" || mustNew(t, 1).String() != "1 shard" || mustNew(t, 2).String() != "2 shards" || mustNew(t, 3).String() != "3 shards" {
+		t.Fatalf("names: %q %q %q %q", zero.String(), mustNew(t, 1).String(), mustNew(t, 2).String(), mustNew(t, 3).String())
 	}
 }
 
