@@ -271,3 +271,62 @@ func TestBreakerAnOlderCallAnsweredLastKeepsTheLatestSent(t *testing.T) {
 		t.Fatal("the failure of a call sent at 2ms counted; one sent at 3ms was answered")
 	}
 }
+
+// TestBreakerTimeoutReadsAllSixteenSamples: the median is of the last 16
+// answered round trips, the ring's every slot included: however many
+// fast answers came first, the wait follows the region on its 8th slow
+// answer, not its 7th nor its 9th.
+func TestBreakerTimeoutReadsAllSixteenSamples(t *testing.T) {
+	const base, limit = 50 * time.Millisecond, 10 * time.Second
+	const slow = 100 * time.Millisecond
+	for fast := rttSamples / 2; fast <= 2*rttSamples; fast++ {
+		b := NewBreaker(3, time.Second)
+		at := t0
+		rtt := func(d time.Duration) {
+			b.ObserveRTT(at, at.Add(d))
+			at = at.Add(time.Second)
+		}
+		for range fast {
+			rtt(time.Millisecond)
+		}
+		for i := 1; i <= rttSamples/2; i++ {
+			rtt(slow)
+			want := base
+			if i == rttSamples/2 {
+				want = 4 * slow
+			}
+			if got := b.Timeout(base, limit); got != want {
+				t.Fatalf("%d fast answers, then %d in %v: timeout %v, want %v", fast, i, slow, got, want)
+			}
+		}
+	}
+}
+
+// TestBreakerClosedByAProbeProbesAgainWhenItReopens: a probe that
+// succeeded frees the probe slot with the breaker it closes, so when the
+// breaker opens again a probe goes out one cooldown later (it is not held
+// for the first probe forever), and failures after the close are weighed
+// as a closed breaker's: a call a later answer contradicts does not count.
+func TestBreakerClosedByAProbeProbesAgainWhenItReopens(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	b := NewBreaker(1, time.Second)
+	b.Failure(ms(0))
+	if !b.Allow(ms(1000)) {
+		t.Fatal("no probe after the cooldown")
+	}
+	b.ObserveRTT(ms(1000), ms(1010))
+	b.Success()
+	if b.Open() {
+		t.Fatal("a successful probe did not close the breaker")
+	}
+	if b.FailureOf(ms(999), ms(1100)) || b.Open() {
+		t.Fatal("closed again, the failure of a call sent before the probe's answered one counted")
+	}
+	b.Failure(ms(1200))
+	if !b.Open() || b.Allow(ms(2199)) {
+		t.Fatal("a failure after the close did not reopen the breaker for a cooldown")
+	}
+	if !b.Ready(ms(2200)) || !b.Allow(ms(2200)) {
+		t.Fatal("no probe one cooldown after the breaker reopened: the first probe's slot was kept")
+	}
+}
