@@ -557,3 +557,53 @@ func TestCoreCallUnansweredWhileALaterOneWasAnsweredIsDenied(t *testing.T) {
 		t.Error("the breaker stayed closed on a failure no later answer contradicts")
 	}
 }
+
+// TestCoreEveryAnswerClosesTheBreakerAndAnUnansweredReleaseCounts: an
+// acquire or background Sync the region refused as conflicting, and a
+// Release it answered in any way, reached the region: each resets the
+// consecutive failures as a success does (a breaker of threshold 2 with
+// one failure behind it stays closed at the next), while a Release that
+// got no answer is a failure like any call's (a breaker of threshold 1
+// opens).
+func TestCoreEveryAnswerClosesTheBreakerAndAnUnansweredReleaseCounts(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	for _, tc := range []struct {
+		name   string
+		answer func(t *testing.T, c *Core, tb *Table)
+	}{
+		{"acquire refused as a conflict", func(t *testing.T, c *Core, tb *Table) {
+			s := c.Slow(kR, 1)
+			stepTo(t, "acquire", s.Next(ms(10)), DoAcquire)
+			s.AcquireDone(ms(20), nil, Conflict)
+		}},
+		{"background Sync refused as a conflict", func(t *testing.T, c *Core, tb *Table) {
+			acquire(t, tb, ms(10), ms(10), kW, 1, 1)
+			syncs, _ := tb.PrepareSync(ms(11))
+			if len(syncs) == 0 {
+				t.Fatal("no Sync to send")
+			}
+			c.BeforeSend(ms(11))
+			c.SyncDone(ms(20), syncs[0], nil, Conflict)
+		}},
+		{"Release answered", func(t *testing.T, c *Core, tb *Table) { c.ReleaseDone(ms(20), Answered) }},
+		{"Release refused", func(t *testing.T, c *Core, tb *Table) { c.ReleaseDone(ms(20), Refused) }},
+		{"Release refused as a conflict", func(t *testing.T, c *Core, tb *Table) { c.ReleaseDone(ms(20), Conflict) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := newTestTable(t)
+			brk := NewBreaker(2, time.Second)
+			c := NewCore(tb, brk, 0)
+			brk.Failure(ms(0))
+			tc.answer(t, c, tb)
+			brk.Failure(ms(30))
+			if brk.Open() {
+				t.Fatal("open after a failure, the region's answer and one more failure: the answer did not reset the count")
+			}
+		})
+	}
+	brk := NewBreaker(1, time.Second)
+	NewCore(newTestTable(t), brk, 0).ReleaseDone(ms(0), Unreachable)
+	if !brk.Open() {
+		t.Fatal("a Release that got no answer did not count against a breaker of threshold 1")
+	}
+}
