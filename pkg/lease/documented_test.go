@@ -58,3 +58,30 @@ func TestBuiltTimesCountFromTheFirstReport(t *testing.T) {
 		t.Errorf("maxBuiltUS = %d, want 2^53", int64(maxBuiltUS))
 	}
 }
+
+// TestConnectParamsCapTheReconnectWait: an instance dialing its region
+// with ConnectParams tries a lost connection again at most
+// MaxReconnectDelay (2 s, the scale of the breaker's cooldown) apart, not
+// gRPC's default 120 s, and keeps gRPC's other reconnect settings (1 s
+// base, 1.6 multiplier, 0.2 jitter, 20 s connect timeout).
+func TestConnectParamsCapTheReconnectWait(t *testing.T) {
+	p := ConnectParams()
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"MaxReconnectDelay", MaxReconnectDelay, 2 * time.Second},
+		{"Backoff.MaxDelay", p.Backoff.MaxDelay, MaxReconnectDelay},
+		{"Backoff.BaseDelay", p.Backoff.BaseDelay, time.Second},
+		{"Backoff.Multiplier", p.Backoff.Multiplier, 1.6},
+		{"Backoff.Jitter", p.Backoff.Jitter, 0.2},
+		{"MinConnectTimeout", p.MinConnectTimeout, 20 * time.Second},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if MaxReconnectDelay > 2*DefaultBreakerCooldown {
+		t.Errorf("MaxReconnectDelay %v is beyond the scale of the breaker's cooldown %v", MaxReconnectDelay, DefaultBreakerCooldown)
+	}
+}
