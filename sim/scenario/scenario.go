@@ -8,6 +8,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -566,6 +567,8 @@ func Parse(data []byte) (*Scenario, error) {
 		paths := fieldPaths(data)
 		var out []error
 		for _, m := range config.YAMLMessages(err) {
+			m = rangeMessage(m)
+			m = tabLine(m, data)
 			if path := paths.of(m); path != "" {
 				m = path + ": " + m
 			}
@@ -723,5 +726,62 @@ func (idx fieldIndex) of(msg string) string {
 	if paths := idx[fieldAt{line, text}]; len(paths) == 1 {
 		return paths[0]
 	}
+	// The decoder cuts a long value short ("9999999..."): the one field
+	// on the line whose value starts with what it kept.
+	if kept, cut := strings.CutSuffix(text, "..."); cut && kept != "" {
+		found := ""
+		for at, paths := range idx {
+			if at.line != line || !strings.HasPrefix(at.text, kept) {
+				continue
+			}
+			if found != "" || len(paths) != 1 {
+				return ""
+			}
+			found = paths[0]
+		}
+		return found
+	}
 	return ""
+}
+
+// outOfRangeRE matches the decoder's message for a whole number it could
+// not store: only digits (a minus too where the field may be negative), so
+// the number is well formed and out of the field's range.
+var outOfRangeRE = regexp.MustCompile(`^"(-?[0-9]+(?:\.\.\.)?)" is not a whole number( \(line \d+\))$|^"([0-9]+(?:\.\.\.)?)" is not a whole number, 0 or more( \(line \d+\))$`)
+
+// tabLine corrects the line of the decoder's message about a tab in
+// indentation: it names the line before the tab's. The tab's is the first
+// line from there on indented with one.
+func tabLine(m string, data []byte) string {
+	lm := messageLineRE.FindStringSubmatch(m)
+	if !strings.Contains(m, "found a tab character") || lm == nil {
+		return m
+	}
+	from, err := strconv.Atoi(lm[1])
+	if err != nil {
+		return m
+	}
+	for i, l := range strings.Split(string(data), "\n") {
+		if i+1 < from {
+			continue
+		}
+		indent := l[:len(l)-len(strings.TrimLeft(l, " \t"))]
+		if strings.ContainsRune(indent, '\t') {
+			return messageLineRE.ReplaceAllString(m, fmt.Sprintf("(line %d)", i+1))
+		}
+	}
+	return m
+}
+
+// rangeMessage rewords the decoder's "is not a whole number" for a value
+// that is one, just out of the field's range, which is what is wrong.
+func rangeMessage(m string) string {
+	g := outOfRangeRE.FindStringSubmatch(m)
+	if g == nil {
+		return m
+	}
+	if g[1] == "" {
+		g[1], g[2] = g[3], g[4]
+	}
+	return fmt.Sprintf("%q is out of range for this field%s", g[1], g[2])
 }

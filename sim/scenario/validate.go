@@ -252,7 +252,22 @@ func (s *Scenario) parseSluice(p *problems) *config.Config {
 	}
 	cfg, err := config.Parse(data)
 	if err != nil {
-		p.add("sluice", "%v", err)
+		// The config's decoder names no field ("duration \"5\": want a
+		// number with a unit (line 8)"); the file's index finds the one
+		// its line and quoted value belong to (sluice.grant_validity).
+		paths := fieldPaths(s.src)
+		errs := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			errs = j.Unwrap()
+		}
+		for _, e := range errs {
+			m := e.Error()
+			path := paths.of(m)
+			if !strings.HasPrefix(path, "sluice.") {
+				path = "sluice"
+			}
+			p.add(path, "%s", m)
+		}
 		return nil
 	}
 	return cfg
