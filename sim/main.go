@@ -44,7 +44,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	name := fs.String("scenario", scenarios.Default, "shipped scenario name, or a path to a scenario YAML file")
 	seed := fs.Uint64("seed", 0, "random seed, from 1 (default: the scenario's)")
-	duration := fs.Duration("duration", 0, "simulated duration (0: the scenario's); faults after it are dropped")
+	duration := fs.Duration("duration", 0, "simulated duration (0: the scenario's); later faults are dropped, the scenario's warmup is kept (a duration not longer than it is refused)")
 	out := fs.String("out", "sim-out", "directory for report.html, summary.txt, timeseries.csv and the charts, replacing those of the last run there (\"\": none)")
 	list := fs.Bool("list", false, "list the shipped scenarios and exit")
 	liveMode := fs.Bool("live", false, "play the scenario against real daemons (embedded etcd, redis-server or an embedded Redis, gRPC on loopback)")

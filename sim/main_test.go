@@ -113,6 +113,17 @@ func TestDurationAboveTheLongestRunIsRefused(t *testing.T) {
 	}
 }
 
+// TestDurationWithinTheWarmupIsRefused: a -duration the scenario's warmup
+// covers would measure nothing; it is bad usage naming the warmup, not a
+// run whose warmup was quietly cut (which measured the start-up and missed
+// targets, exit 3).
+func TestDurationWithinTheWarmupIsRefused(t *testing.T) {
+	code, out, stderr := runArgs(t, "-scenario", "region-outage", "-duration", "10s", "-out", "")
+	if code != exitUsage || out != "" || !strings.Contains(stderr, "warmup, 30s") {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+}
+
 // TestScaleMustBeFinite: an infinite -scale is bad usage, exit 2, as 0,
 // NaN and negative scales are (it was refused by the run, exit 1, the
 // status of a violated invariant).
@@ -147,7 +158,7 @@ func TestOutMustBeADirectory(t *testing.T) {
 // and nothing it did not write.
 func TestOutReplacesTheLastRun(t *testing.T) {
 	dir := t.TempDir()
-	if code, out, stderr := runArgs(t, "-scenario", "steady", "-duration", "20s", "-out", dir); code != exitOK {
+	if code, out, stderr := runArgs(t, "-scenario", "steady", "-duration", "40s", "-out", dir); code != exitOK {
 		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
 	}
 	old := filepath.Join(dir, "charts", "acme-write-eu-west.svg")
@@ -170,7 +181,7 @@ func TestOutReplacesTheLastRun(t *testing.T) {
 	if err := os.WriteFile(path, []byte(strings.Replace(string(src), focus, "focus: [acme/read]", 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, stderr := runArgs(t, "-scenario", path, "-duration", "20s", "-out", dir); code != exitOK {
+	if code, out, stderr := runArgs(t, "-scenario", path, "-duration", "40s", "-out", dir); code != exitOK {
 		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
 	}
 	if _, err := os.Stat(old); !errors.Is(err, os.ErrNotExist) {

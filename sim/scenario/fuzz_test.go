@@ -65,6 +65,12 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		short, err := s.WithDuration(half)
+		if w := time.Duration(s.Warmup); !s.warmupDefault && w > 0 && half <= w {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("shortening a run with warmup %v to %v: %v, want a refusal", w, half, err)
+			}
+			return
+		}
 		if err != nil {
 			t.Fatalf("shortening an accepted %v run to %v: %v", dur, half, err)
 		}

@@ -43,6 +43,9 @@ type Scenario struct {
 	// NoWarmup says Warmup was written 0 (no default applies). Parse sets
 	// it.
 	NoWarmup bool `yaml:"-"`
+	// warmupDefault says Warmup was left out and took its default, which
+	// a shortened run (WithDuration) takes again for its own duration.
+	warmupDefault bool
 	// Seed drives every random choice. Optional, default 1; seeds start
 	// at 1. The -seed flag overrides it.
 	Seed uint64 `yaml:"seed,omitempty"`
@@ -608,9 +611,12 @@ func Load(path string) (*Scenario, error) {
 	return s, nil
 }
 
-// WithDuration returns a copy of s that runs for d: faults starting at or
-// after d are dropped, and the warmup is shortened to fit. d must be
-// positive.
+// WithDuration returns a copy of s that runs for d: faults, failovers and
+// events starting at or after d are dropped. A written warmup is kept, so
+// a shorter run measures what the scenario measures, only less of it; d
+// must be longer than it (else nothing would be measured, and a shortened
+// warmup would measure the start-up the scenario leaves out). A warmup
+// left out takes its default again, for d. d must be positive.
 func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 	if d <= 0 {
 		return nil, fmt.Errorf("%w: duration %v must be positive", ErrInvalid, d)
@@ -620,8 +626,10 @@ func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 	}
 	c := *s
 	c.Duration = Length(d)
-	if time.Duration(c.Warmup) > d/2 {
-		c.Warmup = Length(d / 2)
+	if s.warmupDefault {
+		c.Warmup = Length(min(DefaultWarmup, d/2))
+	} else if w := time.Duration(s.Warmup); w > 0 && d <= w {
+		return nil, fmt.Errorf("%w: duration %v is not longer than the scenario's warmup, %v, which is kept (measures and targets start after it): run longer than %v", ErrInvalid, d, w, w)
 	}
 	c.Faults = nil
 	for _, f := range s.Faults {

@@ -117,6 +117,36 @@ func TestWithDurationDropsLateFaults(t *testing.T) {
 	}
 }
 
+// TestWithDurationKeepsAWrittenWarmup: a shorter run measures what the
+// scenario measures (its warmup is not cut into the start-up), and one no
+// longer than the warmup, with nothing to measure, is refused; a warmup
+// left out takes its default (at most half the run) for the new duration.
+func TestWithDurationKeepsAWrittenWarmup(t *testing.T) {
+	s, err := Parse([]byte(strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nwarmup: 30s\n", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := s.WithDuration(40 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Duration(short.Warmup) != 30*time.Second {
+		t.Errorf("a 40s run of a scenario with warmup 30s has warmup %v", time.Duration(short.Warmup))
+	}
+	for _, d := range []time.Duration{10 * time.Second, 30 * time.Second} {
+		if _, err := s.WithDuration(d); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "warmup, 30s") {
+			t.Errorf("a %v run of a scenario with warmup 30s: %v, want a refusal naming the warmup", d, err)
+		}
+	}
+	s, err = Parse([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if short, err := s.WithDuration(10 * time.Second); err != nil || time.Duration(short.Warmup) != 5*time.Second {
+		t.Errorf("a 10s run with the default warmup: warmup %v, %v; want 5s", short.Warmup, err)
+	}
+}
+
 func TestChaosScheduleIsDeterministicPerSeed(t *testing.T) {
 	s, err := Parse([]byte(strings.Replace(minimal, "duration: 2m", "duration: 1h", 1) + "chaos: {mean_gap: 2m}\n"))
 	if err != nil {

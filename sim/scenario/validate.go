@@ -158,6 +158,7 @@ func ParseKey(s string) (quota.Key, bool) {
 func (s *Scenario) applyDefaults() {
 	if s.Warmup == 0 && !s.NoWarmup {
 		s.Warmup = Length(min(DefaultWarmup, time.Duration(s.Duration)/2))
+		s.warmupDefault = true
 	}
 	if s.Seed == 0 && !s.seedZero {
 		s.Seed = 1
