@@ -33,6 +33,45 @@ func TestListShowsEveryShippedScenario(t *testing.T) {
 	}
 }
 
+// TestReadmeListsTheShippedScenarios: the README's scenario table names
+// exactly the scenarios -list shows (demand-shift was shipped without a
+// row), once each.
+func TestReadmeListsTheShippedScenarios(t *testing.T) {
+	code, out, _ := runArgs(t, "-list")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	want := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		want[strings.Fields(line)[0]] = true
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(readme), "\n| scenario | question |\n|---|---|\n")
+	if !ok {
+		t.Fatal("README.md has no scenario table")
+	}
+	table, _, _ = strings.Cut(table, "\n\n")
+	got := map[string]bool{}
+	for _, row := range strings.Split(table, "\n") {
+		name := strings.TrimSpace(strings.Split(row, "|")[1])
+		if got[name] {
+			t.Errorf("README lists %s twice", name)
+		}
+		got[name] = true
+		if !want[name] {
+			t.Errorf("README lists %s, which -list does not", name)
+		}
+	}
+	for name := range want {
+		if !got[name] {
+			t.Errorf("README's scenario table lacks %s", name)
+		}
+	}
+}
+
 // TestListAlignsItsColumns: every -list row has its duration and its
 // question at the same columns, the longest name included
 // (region-long-partition pushed its row out of line).

@@ -7,6 +7,8 @@
 // that Summary leaves out Outcome.Wall; the same scenario and seed give a
 // byte-identical summary, page, charts and CSV.
 //
-// Units: rates in charts and CSV are tokens per second averaged over the
-// series step; times are seconds since the start of the run.
+// Units: offered, admitted, denied and ideal rates in charts and CSV are
+// tokens per second averaged over the series step; refill rates and burst
+// caps are sampled at the step's end; times are seconds since the start
+// of the run (a CSV row's t_s is its step's end).
 package report

@@ -108,7 +108,7 @@ func WriteHTML(w io.Writer, o *runner.Outcome) error {
 	}
 	p("</table>\n<h2>Measures</h2>\n<pre>%s</pre>\n", esc(measures))
 	ids, svgs := Charts(o)
-	p("<h2>Charts</h2>\n<p>Shaded bands and dashed red lines mark faults (hover for their names). Rates are averaged over %v.</p>\n", r.Series.Step)
+	p("<h2>Charts</h2>\n<p>Shaded bands and dashed red lines mark faults (hover for their names). Offered, admitted, denied and ideal rates are averaged over each %v step; refill rates and burst caps are sampled at each step's end.</p>\n", r.Series.Step)
 	for _, id := range ids {
 		b.WriteString(svgs[id])
 		b.WriteString("\n")
