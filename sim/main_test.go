@@ -163,6 +163,42 @@ func TestDurationWithinTheWarmupIsRefused(t *testing.T) {
 	}
 }
 
+// TestRunWithNoDataReadsNA: a run too short to offer anything after
+// warmup reads n/a for its false-reject target and measure (it read PASS
+// 0.00%), and gives its control-plane calls as counts, not as rates over
+// 1ns (it gave 3000000000.0 RPC/s). Without a focus list, the busiest keys
+// are picked by sampling demand across the run, which looped forever
+// under 50ns.
+func TestRunWithNoDataReadsNA(t *testing.T) {
+	src, err := scenarios.Source("demand-shift")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, l := range strings.Split(string(src), "\n") {
+		if !strings.HasPrefix(l, "focus:") && !strings.HasPrefix(l, "warmup:") {
+			kept = append(kept, l)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "nodata.yaml")
+	if err := os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr := runArgs(t, "-scenario", path, "-duration", "1ns", "-out", "")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s\n%s", code, stderr, out)
+	}
+	for _, w := range []string{"false rejects (share of offered)     n/a    <= 3.00%     n/a (nothing offered after warmup)",
+		"false rejects                      n/a (nothing offered after warmup)", "in 1ns (too short for a rate)"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("summary lacks %q:\n%s", w, out)
+		}
+	}
+	if strings.Contains(out, "RPC/s") {
+		t.Errorf("summary gives a rate over 1ns:\n%s", out)
+	}
+}
+
 // TestScaleMustBeFinite: an infinite -scale is bad usage, exit 2, as 0,
 // NaN and negative scales are (it was refused by the run, exit 1, the
 // status of a violated invariant).
@@ -332,6 +368,15 @@ func TestScaleScenarioRunsAndWritesItsSummary(t *testing.T) {
 	}
 	if !strings.Contains(out, "Sluice scale simulation: scale-small") || !strings.Contains(out, "Result: PASS") {
 		t.Errorf("summary:\n%s", out)
+	}
+	// 5 s is shorter than the 30 epochs between samples of the shards'
+	// contended keys: no sample, n/a (it read 0/0, the empty allocator
+	// at the start).
+	if code, out, stderr = runArgs(t, "-scenario", "scale-small", "-duration", "5s", "-out", ""); code != exitOK {
+		t.Fatalf("5s: exit %d: %s", code, stderr)
+	}
+	if _, shards, _ := strings.Cut(out, "Per global shard\n"); !strings.Contains(shards, "\n  0 ") || !strings.Contains(shards, "n/a\n") || strings.Contains(shards, "0/0") {
+		t.Errorf("shard rows of a 5 s run:\n%s", shards)
 	}
 	for _, f := range []string{"summary.txt", "scale.csv"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {

@@ -50,7 +50,11 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 	// below counts every decision after warmup, the run's last partial
 	// second and its last instant included, so the two may differ there.
 	row("admitted vs ideal, whole seconds", "%s", pct(r.VsIdeal))
-	row("false rejects", "%s of offered (%.0f tokens)", pct(r.FalseRejects), r.FalseRejectTokens)
+	if r.AfterWarmup.Offered > 0 {
+		row("false rejects", "%s of offered (%.0f tokens)", pct(r.FalseRejects), r.FalseRejectTokens)
+	} else {
+		row("false rejects", "n/a (nothing offered after warmup)")
+	}
 	var fair []string
 	for i, name := range r.Regions {
 		if r.FairnessWindows[i] == 0 {
@@ -101,9 +105,16 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 	if o.Mode == "live" {
 		redis = "Redis round trips"
 	}
-	row("control plane (RPC/s)", "instance→region %.1f, region→global %.1f, %s %.1f; grants applied %d",
-		float64(r.RPCs(oracle.TierInstance))/secs, float64(r.RPCs(oracle.TierGlobal))/secs,
-		redis, float64(r.RPCs(oracle.TierRedis))/secs, r.GrantsApplied)
+	if r.Duration >= time.Second {
+		row("control plane (RPC/s)", "instance→region %.1f, region→global %.1f, %s %.1f; grants applied %d",
+			float64(r.RPCs(oracle.TierInstance))/secs, float64(r.RPCs(oracle.TierGlobal))/secs,
+			redis, float64(r.RPCs(oracle.TierRedis))/secs, r.GrantsApplied)
+	} else {
+		// A rate over less than a second (the calls a run makes at its
+		// start, over 1ns) would be a meaningless large number: counts.
+		row("control plane (RPCs)", "instance→region %d, region→global %d, %s %d in %v (too short for a rate); grants applied %d",
+			r.RPCs(oracle.TierInstance), r.RPCs(oracle.TierGlobal), redis, r.RPCs(oracle.TierRedis), r.Duration, r.GrantsApplied)
+	}
 	if len(r.Faults) > 0 {
 		p("\n  Faults\n")
 		for _, f := range r.Faults {

@@ -247,8 +247,13 @@ func Evaluate(sc *scenario.Scenario, r *oracle.Result) []Check {
 			Target: fmt.Sprintf("<= %.0f epochs", *p), Pass: !noData && missed == 0 && cv.Max <= *p, NoData: noData})
 	}
 	if p := e.FalseRejectsMax; p != nil {
-		checks = append(checks, Check{Name: "false rejects (share of offered)", Value: pct(r.FalseRejects),
-			Target: "<= " + pct(*p), Pass: r.FalseRejects <= *p})
+		c := Check{Name: "false rejects (share of offered)", Value: pct(r.FalseRejects),
+			Target: "<= " + pct(*p), Pass: r.FalseRejects <= *p}
+		if r.AfterWarmup.Offered == 0 {
+			// A share of nothing: no data, not a pass.
+			c.Value, c.NoData = "n/a (nothing offered after warmup)", true
+		}
+		checks = append(checks, c)
 	}
 	if p := e.RecoveredVsIdealMin; p != nil {
 		rc := r.Recovered

@@ -63,7 +63,10 @@ type ShardResult struct {
 	Grants                    float64
 	ContendedMax              float64
 	ContendedMean             float64
-	AllocMean, AllocMax       time.Duration // wall, per Allocate
+	// ContendedSamples is how many times Contended* were sampled (every
+	// 30 epochs); 0 in a run too short for one, whose contended reads n/a.
+	ContendedSamples    int64
+	AllocMean, AllocMax time.Duration // wall, per Allocate
 }
 
 // LinkResult is one (region, shard) pair's traffic.
@@ -164,10 +167,14 @@ func (r *Result) Summary() string {
 	fmt.Fprintf(&b, "\n  Per global shard\n")
 	fmt.Fprintf(&b, "  %-6s %10s %10s %11s %11s %10s %12s\n", "shard", "reports/s", "keys/s", "in B/s", "out B/s", "grants/s", "contended")
 	for _, sh := range r.Shards {
+		cont := "n/a"
+		if sh.ContendedSamples > 0 {
+			cont = fmt.Sprintf("%.0f/%.0f", sh.ContendedMean, sh.ContendedMax)
+		}
 		fmt.Fprintf(&b, "  %-6d %10.2f %10.0f %11.0f %11.0f %10.0f %12s\n", sh.Shard, float64(sh.Reports)/secs, sh.KeysIn/secs,
-			sh.BytesIn/secs, sh.BytesOut/secs, sh.Grants/secs, fmt.Sprintf("%.0f/%.0f", sh.ContendedMean, sh.ContendedMax))
+			sh.BytesIn/secs, sh.BytesOut/secs, sh.Grants/secs, cont)
 	}
-	fmt.Fprintf(&b, "  (contended: keys the shard's allocator finds contended, sampled every 30 epochs, mean/max)\n")
+	fmt.Fprintf(&b, "  (contended: keys the shard's allocator finds contended, sampled every 30 epochs, mean/max; n/a before the first sample)\n")
 	if len(r.Notes) > 0 {
 		fmt.Fprintf(&b, "\n  Events\n")
 		for _, n := range r.Notes {

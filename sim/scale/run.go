@@ -823,7 +823,10 @@ func (s *sim) serve(n *shardNode, part *sluicev1.RegionReport) *sluicev1.RegionG
 // than any grant can live forgotten.
 func (s *sim) allocate() {
 	now := s.now()
-	sample := int64(s.t()/epoch)%30 == 0
+	// Not at the first allocation: before any epoch of demand was
+	// reported the allocator finds nothing contended, a reading of no
+	// data (a run of 30 epochs or less has no sample and reads n/a).
+	sample := s.t() >= epoch && int64(s.t()/epoch)%30 == 0
 	for _, n := range s.shards {
 		if !n.up {
 			continue
@@ -887,7 +890,7 @@ func (s *sim) finish() {
 	}
 	for _, n := range s.shards {
 		sr := ShardResult{Shard: n.s, Reports: n.reports, KeysIn: n.keysIn, BytesIn: n.bytesIn, BytesOut: n.bytesOut,
-			Grants: n.grants, ContendedMax: n.contendedMax, AllocMax: n.allocMax}
+			Grants: n.grants, ContendedMax: n.contendedMax, ContendedSamples: n.contendedN, AllocMax: n.allocMax}
 		if n.allocs > 0 {
 			sr.AllocMean = n.allocWall / time.Duration(n.allocs)
 		}

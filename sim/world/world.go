@@ -250,7 +250,8 @@ func topKeys(sc *scenario.Scenario, plan *traffic.Plan, idx map[quota.Key]int, n
 	total := make([]float64, len(plan.Keys))
 	dur := time.Duration(sc.Duration)
 	for _, st := range plan.Streams {
-		for t := time.Duration(0); t < dur; t += dur / 50 {
+		// At least 1ns a sample: a run under 50ns has a zero fiftieth.
+		for t := time.Duration(0); t < dur; t += max(dur/50, 1) {
 			total[idx[st.Key]] += st.Rate(t) * float64(st.Cost)
 		}
 	}
