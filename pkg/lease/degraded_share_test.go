@@ -67,6 +67,9 @@ func TestDegradedModeSharesTheLocalBoundWithTheRegionsAdmissions(t *testing.T) {
 		{name: "tokens granted but not spent do not count", key: kW, bounded: true, steps: []shareStep{
 			{0, "spend 2 of 10"}, {0, "degraded 3"},
 		}},
+		{name: "the lease spends from an empty bucket: a debt the refill pays first", key: kW, steps: []shareStep{
+			{0, "learn"}, {0, "degraded 5"}, {0, "lease 5"}, {0, "degraded 0"}, {ms(1000), "degraded 0"}, {ms(1400), "degraded 2"},
+		}},
 		{name: "lease beyond the local share leaves no debt", key: kW, steps: []shareStep{
 			{0, "lease 50"}, {0, "degraded 0"}, {ms(1000), "degraded 5"},
 		}},
