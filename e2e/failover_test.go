@@ -208,11 +208,8 @@ func near(got, want, frac float64) bool { return got >= want*(1-frac) && got <= 
 func TestConfigChangesThroughSluicectl(t *testing.T) {
 	cfgText := strings.Replace(threeRegions, "epoch: 200ms", "epoch: 1s", 1)
 	cfgText = strings.Replace(cfgText, "grant_validity: 1s", "grant_validity: 5s", 1)
+	bin := sluicectl(t)
 	c := startCluster(t, devcluster.Options{Config: mustConfig(t, cfgText)})
-	bin := filepath.Join(t.TempDir(), "sluicectl")
-	if out, err := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", bin, "../cmd/sluicectl")...).CombinedOutput(); err != nil {
-		t.Fatalf("build sluicectl: %v\n%s", err, out)
-	}
 	endpoint := c.EtcdAddr()
 	apply := func(yaml string) (string, error) {
 		f := filepath.Join(t.TempDir(), "cfg.yaml")

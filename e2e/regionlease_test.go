@@ -8,7 +8,6 @@ import (
 	"math"
 	"net"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -717,11 +716,8 @@ func TestLongPartitionHealsWithoutOverAdmission(t *testing.T) {
 func TestDrainAndRestoreThroughSluicectl(t *testing.T) {
 	cfg := mustConfig(t, leaseConfig)
 	lt := timesOf(cfg)
+	bin := sluicectl(t)
 	c := startCluster(t, devcluster.Options{Config: cfg, GlobalReplicas: 2})
-	bin := filepath.Join(t.TempDir(), "sluicectl")
-	if out, err := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", bin, "../cmd/sluicectl")...).CombinedOutput(); err != nil {
-		t.Fatalf("build sluicectl: %v\n%s", err, out)
-	}
 	ctl := func(args ...string) (string, error) {
 		out, err := exec.Command(bin, append([]string{"-etcd-endpoints", c.EtcdAddr()}, args...)...).CombinedOutput()
 		return string(out), err
