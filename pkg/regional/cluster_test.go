@@ -20,6 +20,9 @@ import (
 // Cluster: every script touches keys of one hash tag (one slot), and a
 // Sync pipelines keys that live on different nodes.
 func TestRedisCluster(t *testing.T) {
+	// A Redis cluster of its own, mostly waited for (redis-cli forms it
+	// by polling): it runs beside the package's other parallel tests.
+	t.Parallel()
 	addrs := redistest.StartCluster(t, 3)
 	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: strings.Join(addrs, ","),
@@ -71,6 +74,9 @@ func TestRedisCluster(t *testing.T) {
 // on one node and was read by the process once per epoch: a bucket
 // recreated on another node started full.)
 func TestRedisClusterNodeLossStartsItsBucketsEmpty(t *testing.T) {
+	// A Redis cluster of its own, mostly waited for (redis-cli forms it
+	// by polling): it runs beside the package's other parallel tests.
+	t.Parallel()
 	addrs := redistest.StartCluster(t, 3)
 	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: strings.Join(addrs, ","),

@@ -85,6 +85,9 @@ func TestDaemonRefusesEvictingRedis(t *testing.T) {
 // TestDaemonRefusesEvictingClusterNode: on a Redis Cluster every master is
 // read; one evicting node is enough to refuse, and it is named.
 func TestDaemonRefusesEvictingClusterNode(t *testing.T) {
+	// A Redis cluster of its own, mostly waited for (redis-cli forms it
+	// by polling): it runs beside the package's other parallel tests.
+	t.Parallel()
 	addrs := redistest.StartCluster(t, 3)
 	c := redis.NewClient(&redis.Options{Addr: addrs[1]})
 	defer c.Close()

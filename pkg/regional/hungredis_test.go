@@ -27,6 +27,9 @@ import (
 // bound on a batch (the server's own default was longer, so instances gave
 // up first).
 func TestHungRedisIsCountedByTheReadinessPing(t *testing.T) {
+	// A redis-server and daemon of its own, and mostly waiting on
+	// readiness intervals: it runs beside the package's other parallel tests.
+	t.Parallel()
 	rs := redistest.Start(t)
 	reg := prometheus.NewRegistry()
 	var logs logtest.Buffer
@@ -89,7 +92,12 @@ func TestHungRedisIsCountedByTheReadinessPing(t *testing.T) {
 // were logged only, so a hung Redis seen by the leader alone raised no
 // Redis alert.
 func TestReplicaOwnRedisFailuresAreCounted(t *testing.T) {
+	// Each case has a paused redis-server of its own and waits on its
+	// timeouts: they run side by side, and beside the package's other
+	// parallel tests.
+	t.Parallel()
 	t.Run("sentinel", func(t *testing.T) {
+		t.Parallel()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		reg := prometheus.NewRegistry()
@@ -122,6 +130,7 @@ func TestReplicaOwnRedisFailuresAreCounted(t *testing.T) {
 		}
 	})
 	t.Run("time", func(t *testing.T) {
+		t.Parallel()
 		r := newLeaseRig(t)
 		r.rs.Pause()
 		defer r.rs.Resume()

@@ -218,6 +218,9 @@ func TestRedisAddrURLIsRefusedWithoutItsPassword(t *testing.T) {
 // every node, also reads the slot map; a start, an acquire and a few
 // epochs of the replica's own reads are denied nothing on any node.
 func TestACLRecipeOnACluster(t *testing.T) {
+	// A Redis cluster of its own, mostly waited for (redis-cli forms it
+	// by polling): it runs beside the package's other parallel tests.
+	t.Parallel()
 	addrs := redistest.StartCluster(t, 3)
 	ctx := context.Background()
 	var admins []*redis.Client
