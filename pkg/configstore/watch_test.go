@@ -213,6 +213,10 @@ func TestWatcherReportsAnEtcdItCannotReach(t *testing.T) {
 		{"stopped", func(s *etcdtest.Server, _ *etcdtest.Link) { s.Stop() }, func(s *etcdtest.Server, _ *etcdtest.Link) { s.Restart() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// Each outage has an etcd of its own, and the run is mostly
+			// waiting for the watcher's probes and retries: the two run
+			// side by side.
+			t.Parallel()
 			srv := etcdtest.Start(t)
 			link := srv.Link(t)
 			store := NewStore(link.Client(t), "")
