@@ -46,6 +46,9 @@ func (hungReplica) Sync(ctx context.Context, _ *sluicev1.SyncRequest) (*sluicev1
 // no evidence of an outage: the breaker stays closed (it opened, and every
 // request of every key went to the policy for as long as the hang lasted).
 func TestOneHungReplicaOfTwoSendsOnlyItsCallsToThePolicy(t *testing.T) {
+	// A region and a hung replica of its own, and mostly waiting on
+	// timeouts and ticks: it runs beside the package's other parallel tests.
+	t.Parallel()
 	const (
 		callers  = 8
 		requests = 24 // per caller, each on a key of its own
@@ -148,6 +151,9 @@ func balancedOverAHungReplica(t *testing.T, cfg *config.Config, timeout time.Dur
 // lease's spending at the next degraded decision, at most a burst at a
 // time, on the instance's clock (runs exceeded b + r·t by a token).
 func TestOneHungReplicaOfTwoAdmitsNoMoreThanTheKeysBound(t *testing.T) {
+	// A region and a hung replica of its own, and mostly waiting on
+	// timeouts and ticks: it runs beside the package's other parallel tests.
+	t.Parallel()
 	const (
 		timeout = 200 * time.Millisecond
 		run     = 8 * time.Second
