@@ -31,11 +31,13 @@ deps:
 # longest test of the suite; the scale simulator, whose only
 # concurrency is per-region and per-shard work on disjoint state
 # (go test -race -run TestDeterministic ./sim/scale/ checks it); and the
-# simulated deployment (sim/world), which runs on one goroutine: no code it
-# or its tests run starts another, so the detector has nothing to check
-# there and only slowed it (64 s of CI time with it; 11 s without on a
-# busy machine where it took 173 s with it).
-NORACE ?= github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world
+# simulated deployment (sim/world) and the global tier's pure core
+# (pkg/hierarchy), whose tests run on one goroutine: no code they run
+# starts another, so the detector has nothing to check there and only
+# slowed them (sim/world: 64 s of CI time with it; 11 s without on a busy
+# machine where it took 173 s with it). The hierarchy's Allocator is used
+# concurrently by pkg/allocator, whose tests run with -race.
+NORACE ?= github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world github.com/sluicehq/sluice/pkg/hierarchy
 
 test: deps
 	$(GO) vet ./...
