@@ -201,6 +201,8 @@ type Allocator struct {
 	demand    []float64 // slot*nr + region: EWMA tokens/s
 	sburst    []float64 // slot*nr + region: static burst cap (StaticBursts)
 	lastObs   []uint32  // slot*nr + region: region's report count at the last observation, 0 = never
+	wantAt    []int64   // slot*nr + region: time of the last reading above unitDemandFloor, negInf = none (see wantHold)
+	wantDem   []float64 // slot*nr + region: the demand estimate after that reading
 	seenStamp []uint32  // slot -> stamp of the report that last listed it
 	seenPos   []int32   // slot -> its position in that report
 	stamp     uint32
@@ -410,6 +412,7 @@ func (a *Allocator) BecomeLeader(now time.Time, lapsed ...string) {
 	a.active = a.active[:0]
 	clear(a.demand)
 	clear(a.lastObs)
+	clearWant(a.wantAt, a.wantDem)
 	for i := range a.regions {
 		r := a.regions[i].Region
 		a.regions[i] = regionState{Region: r, frac: a.regions[i].frac, sendLB: negInf, lastAnswerAt: negInf, lapseState: a.freshLapseState()}
@@ -516,6 +519,9 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 		a.demand = append(a.demand, make([]float64, a.nr)...)
 		a.sburst = append(a.sburst, make([]float64, a.nr)...)
 		a.lastObs = append(a.lastObs, make([]uint32, a.nr)...)
+		a.wantAt = append(a.wantAt, make([]int64, a.nr)...)
+		a.wantDem = append(a.wantDem, make([]float64, a.nr)...)
+		clearWant(a.wantAt[len(a.wantAt)-a.nr:], a.wantDem[len(a.wantDem)-a.nr:])
 	}
 	a.setStaticBursts(k)
 	a.keyIndex[key] = k
@@ -542,6 +548,7 @@ func (a *Allocator) RemoveKey(key quota.Key) {
 		a.demand[int(k)*a.nr+i] = 0
 		a.lastObs[int(k)*a.nr+i] = 0
 	}
+	clearWant(a.wantAt[int(k)*a.nr:int(k+1)*a.nr], a.wantDem[int(k)*a.nr:int(k+1)*a.nr])
 	a.freeKeys = append(a.freeKeys, k)
 	a.rankDirty = true
 	a.compactLocked()
@@ -605,6 +612,17 @@ func (a *Allocator) SetRegions(regions []Region) error {
 		}
 	}
 	a.lastObs = lastObs
+	wantAt := make([]int64, len(a.keys)*nr)
+	wantDem := make([]float64, len(a.keys)*nr)
+	clearWant(wantAt, wantDem)
+	for k := range a.keys {
+		for i, j := range from {
+			if j >= 0 {
+				wantAt[k*nr+i], wantDem[k*nr+i] = a.wantAt[k*oldNR+j], a.wantDem[k*oldNR+j]
+			}
+		}
+	}
+	a.wantAt, a.wantDem = wantAt, wantDem
 	nb := len(a.blockKey)
 	fences := make([][]fence, nr)
 	for i, j := range from {
@@ -926,9 +944,70 @@ func (a *Allocator) alphaFor(window int64) float64 {
 	return v
 }
 
-func (a *Allocator) effectiveDemand(k int32, i int) float64 {
+// effectiveDemand is region i's demand estimate for key slot k at t: the
+// decayed EWMA, held up while the region asked recently (held).
+func (a *Allocator) effectiveDemand(k int32, i int, t int64) float64 {
+	j := int(k)*a.nr + i
+	return a.held(a.estimate(k, i), a.wantAt[j], a.wantDem[j], t, &a.limits[k])
+}
+
+// estimate is region i's decayed demand estimate for key slot k, as its
+// readings made it (what View shows).
+func (a *Allocator) estimate(k int32, i int) float64 {
 	j := int(k)*a.nr + i
 	return a.decayed(a.demand[j], a.lastObs[j], a.regions[i].nReports)
+}
+
+// sparseRequests is how many requests a demand estimate must expect over a
+// hold for a reading of none to be taken as none: a steady Poisson demand
+// reads none over that long once in e^5 (about 150) such spans.
+const sparseRequests = 5
+
+// wantHold is how long, in ns, a region that asked for key l stays
+// counted as asking after its last reading above unitDemandFloor: the
+// longer of the grant validity and the time the key refills one unit
+// (unit / rate). A key whose demand is below one request per epoch reads
+// none in many epochs (a 1 s epoch sees 0 or 1 request of a 0.7/s key),
+// and a slow key's unit is worth keeping where it was asked for: moved
+// away, the region it went to starts it empty and refills it at the key's
+// rate, so each move costs up to unit / rate of admissions, and readings
+// that flip each epoch moved a 1/m key's only unit every few seconds and
+// admitted nothing at all.
+func (a *Allocator) wantHold(l *KeyLimit) int64 {
+	h := l.unit() / l.Rate * 1e9
+	if !(h < float64(math.MaxInt64/8)) {
+		return math.MaxInt64 / 8
+	}
+	return max(a.validity, int64(h))
+}
+
+// held is demand estimate d of a region whose last reading above
+// unitDemandFloor came at wantAt with estimate wantDem, at t, when d
+// itself is at or below the floor (a reading of nothing). Within
+// wantHold of it the region still counts as asking (above the floor, so
+// it keeps or gets a unit), and at wantDem for the longer of
+// sparseRequests / wantDem seconds and the time the key refills a unit
+// (within the hold): an empty reading of sparse demand is not a sign that
+// the demand stopped, and one over less than a unit's refill says nothing
+// the unit's holder could use (while readings that fall to nothing move
+// the rate, and with it a key's only units, between regions that all
+// want them). Later, d as it is.
+func (a *Allocator) held(d float64, wantAt int64, wantDem float64, t int64, l *KeyLimit) float64 {
+	if wantAt == negInf {
+		return d
+	}
+	age, hold := t-wantAt, a.wantHold(l)
+	if age >= hold {
+		return d
+	}
+	floor := unitDemandFloor * l.Rate
+	if d > floor {
+		return d
+	}
+	if float64(age) < min(max(sparseRequests/wantDem, l.unit()/l.Rate)*1e9, float64(hold)) {
+		return max(d, wantDem, 2*floor)
+	}
+	return 2 * floor
 }
 
 // decayed is an estimate d last observed at report count last (0: never)
@@ -946,22 +1025,33 @@ func (a *Allocator) decayed(d float64, last, n uint32) float64 {
 
 // effectiveDemands writes effectiveDemand(k, i) of every region i into
 // dem[i], reading the key's row of estimates in one pass.
-func (a *Allocator) effectiveDemands(k int32, dem []float64) {
+func (a *Allocator) effectiveDemands(k int32, dem []float64, t int64) {
 	row := int(k) * a.nr
 	demand, lastObs := a.demand[row:row+a.nr], a.lastObs[row:row+a.nr]
+	wantAt, wantDem := a.wantAt[row:row+a.nr], a.wantDem[row:row+a.nr]
 	regions := a.regions[:a.nr]
+	l := &a.limits[k]
 	dem = dem[:a.nr]
 	for i := range dem {
-		dem[i] = a.decayed(demand[i], lastObs[i], regions[i].nReports)
+		dem[i] = a.held(a.decayed(demand[i], lastObs[i], regions[i].nReports), wantAt[i], wantDem[i], t, l)
 	}
+}
+
+// clearWant marks every (key, region) of wantAt and wantDem as never
+// having asked.
+func clearWant(wantAt []int64, wantDem []float64) {
+	for i := range wantAt {
+		wantAt[i] = negInf
+	}
+	clear(wantDem)
 }
 
 // aboveStatic reports whether region i's demand for key slot k needs a
 // grant: it is above the region's fallback rate s, or the region has
 // demand but its fallback burst sb holds no whole unit (only a grant can
 // give it one).
-func (a *Allocator) aboveStatic(k int32, i int, s, sb float64) bool {
-	return needsGrant(a.effectiveDemand(k, i), s, sb, &a.limits[k])
+func (a *Allocator) aboveStatic(k int32, i int, s, sb float64, t int64) bool {
+	return needsGrant(a.effectiveDemand(k, i, t), s, sb, &a.limits[k])
 }
 
 // needsGrant is aboveStatic for demand d of a key limited by l.
@@ -987,7 +1077,7 @@ func (a *Allocator) Allocate(now time.Time) {
 		sh := a.loadShares(k)
 		l := &a.limits[k]
 		contended := false
-		a.effectiveDemands(k, a.dem)
+		a.effectiveDemands(k, a.dem, t)
 		for i := 0; i < nr; i++ {
 			if !a.silent[i] && needsGrant(a.dem[i], sh.fR[i], sh.fB[i], l) {
 				contended = true
@@ -1045,7 +1135,7 @@ func (a *Allocator) markSilent(t int64) {
 // fenced), only which of the safe grants is chosen.
 func (a *Allocator) retarget(t int64, k, b int32, sh *shares) {
 	ensure(&a.dem, a.nr)
-	a.effectiveDemands(k, a.dem)
+	a.effectiveDemands(k, a.dem, t)
 	a.computeTargets(t, k, b, sh)
 }
 
@@ -1428,7 +1518,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 			continue
 		}
 		kd := &rep.Keys[j]
-		a.observe(k, ri, kd)
+		a.observe(k, ri, kd, t)
 		held := heldOf(kd)
 		// The key's shares, for this report's decisions about it: its
 		// limit and the regions' states stay as they are until the
@@ -1439,7 +1529,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		b := a.blockOf[k]
 		switch {
 		case b >= 0:
-		case !learning && a.aboveStatic(k, ri, s, sb):
+		case !learning && a.aboveStatic(k, ri, s, sb, t):
 			// The key is contended from this report on, not from the
 			// next Allocate: its targets now, and the other regions'
 			// next reports get their grants for it (the fence decides
@@ -1584,7 +1674,7 @@ func (a *Allocator) validateKeyDemand(j int, kd *KeyDemand, known bool) error {
 // observe folds one report's demand reading ((admitted+denied)/window)
 // into the key's demand estimate for region ri. Reports that skipped the
 // key count as zero.
-func (a *Allocator) observe(k int32, ri int, kd *KeyDemand) {
+func (a *Allocator) observe(k int32, ri int, kd *KeyDemand, t int64) {
 	j := int(k)*a.nr + ri
 	n := a.regions[ri].nReports
 	last := a.lastObs[j]
@@ -1607,6 +1697,9 @@ func (a *Allocator) observe(k int32, ri int, kd *KeyDemand) {
 		a.demand[j] = d + a.alphaFor(int64(kd.Window))*(obs-d)
 	}
 	a.lastObs[j] = n
+	if obs > unitDemandFloor*a.limits[k].Rate {
+		a.wantAt[j], a.wantDem[j] = t, a.demand[j]
+	}
 }
 
 // reissue is learning mode: hand back exactly what the region holds. A

@@ -36,6 +36,8 @@ func (a *Allocator) compactKeys() {
 	demand := make([]float64, 0, live*nr)
 	sburst := make([]float64, 0, live*nr)
 	lastObs := make([]uint32, 0, live*nr)
+	wantAt := make([]int64, 0, live*nr)
+	wantDem := make([]float64, 0, live*nr)
 	index := make(map[quota.Key]int32, live)
 	for old := range a.keys {
 		if !a.keyLive[old] {
@@ -54,10 +56,13 @@ func (a *Allocator) compactKeys() {
 		demand = append(demand, a.demand[old*nr:(old+1)*nr]...)
 		sburst = append(sburst, a.sburst[old*nr:(old+1)*nr]...)
 		lastObs = append(lastObs, a.lastObs[old*nr:(old+1)*nr]...)
+		wantAt = append(wantAt, a.wantAt[old*nr:(old+1)*nr]...)
+		wantDem = append(wantDem, a.wantDem[old*nr:(old+1)*nr]...)
 	}
 	a.keys, a.limits, a.keyLive, a.blockOf = keys, limits, keyLive, blockOf
 	a.seenStamp, a.seenPos = seenStamp, seenPos
 	a.demand, a.sburst, a.lastObs = demand, sburst, lastObs
+	a.wantAt, a.wantDem = wantAt, wantDem
 	a.keyIndex = index
 	a.freeKeys = nil
 	for b, k := range a.blockKey {

@@ -80,6 +80,10 @@ type simRegion struct {
 	lastSend int64
 	held     []heldGrant // per key
 	demand   []float64   // per key, tokens/s
+	// wantAt is when the region last reported a key's demand above the
+	// unit floor (0.1% of its rate), -1 never: the allocator holds a
+	// region that read nothing since as asking (wantHold).
+	wantAt []int64
 	// staticUntil ends its static lease (its clock): it runs on its static
 	// shares before, on its floors from then on.
 	staticUntil int64
@@ -339,6 +343,12 @@ func (s *sim) step() {
 			}
 			return
 		}
+		for _, kd := range e.report.Keys {
+			k := slices.Index(s.keys, kd.Key)
+			if (kd.Admitted+kd.Denied)/kd.Window.Seconds() > 1e-3*s.limits[k].Rate && kd.Window >= s.opts.Epoch/2 {
+				s.regions[e.region].wantAt[k] = s.now
+			}
+		}
 		if ans.StaticLease != 0 && ans.StaticLease != s.alloc.RegionLease() {
 			s.t.Fatalf("static lease %v conferred, want 0 or the region lease %v", ans.StaticLease, s.alloc.RegionLease())
 		}
@@ -363,6 +373,11 @@ func (s *sim) step() {
 			s.newAllocator(s.now)
 		} else {
 			s.alloc.BecomeLeader(s.wall(s.now), s.store...)
+		}
+		for r := range s.regions {
+			for k := range s.regions[r].wantAt {
+				s.regions[r].wantAt[k] = -1 // the new leader heard no reading yet
+			}
 		}
 	}
 	// Check once every event at this instant has been applied: grants
@@ -495,7 +510,9 @@ func timeline(t *rapid.T) {
 		s.regions[r].staticUntil = int64(s.opts.RegionLease)
 		s.regions[r].held = make([]heldGrant, nKeys)
 		s.regions[r].demand = make([]float64, nKeys)
+		s.regions[r].wantAt = make([]int64, nKeys)
 		for k := range s.keys {
+			s.regions[r].wantAt[k] = -1
 			s.regions[r].demand[k] = genDemand(t, s.limits[k].Rate)
 		}
 	}
@@ -571,10 +588,13 @@ func timeline(t *rapid.T) {
 		if verdict != last {
 			stableSince, last = e, verdict
 		}
-		if e-chaos >= 2*vEpochs+30 && e-stableSince >= 2*vEpochs+10 {
+		// Nor has a region's hold of a key it asked for in the chaos
+		// phase (checkHeld) ended lately, or is about to.
+		settle := time.Duration(2*vEpochs+10) * epoch
+		if e-chaos >= 2*vEpochs+30 && e-stableSince >= 2*vEpochs+10 && s.holdsSettled(settle) {
 			break
 		}
-		if e-chaos > 300 {
+		if e-chaos > 300+int(s.longestHold()/epoch) {
 			t.Fatalf("contention verdicts still changing after 300 quiet epochs: %s", verdict)
 		}
 	}
@@ -588,6 +608,67 @@ func timeline(t *rapid.T) {
 			t.Fatalf("region %s ends the quiet phase %s, want %s", rv.Name, rv.State, want)
 		}
 	}
+}
+
+// checkHeld returns the demand the allocator decides region r's share of
+// key k on, after checking it against the model: the estimate, except
+// while the region reads no demand (at most the unit floor) within the
+// hold (the longer of the validity and the time the key refills a unit)
+// of its last reading above it, when it is at least twice the floor.
+// Within an epoch of the hold's end either may be seen.
+func (s *sim) checkHeld(k, r int, rv KeyRegionView) float64 {
+	l := s.limits[k]
+	floor := 1e-3 * l.Rate
+	hold := max(float64(s.opts.Validity), l.unit()/l.Rate*1e9)
+	at := s.regions[r].wantAt[k]
+	age := float64(s.now - at)
+	quiet := s.regions[r].demand[k] <= floor && at >= 0
+	switch {
+	case rv.HeldDemand == rv.Demand && !(quiet && age < hold-float64(s.opts.Epoch)):
+	case rv.HeldDemand >= 2*floor*(1-1e-12) && quiet && age < hold+float64(s.opts.Epoch):
+	default:
+		s.t.Fatalf("key %s region %d: decides on demand %v, estimate %v (true %v, last asked %v ago, hold %v)",
+			s.keys[k], r, rv.HeldDemand, rv.Demand, s.regions[r].demand[k], time.Duration(age), time.Duration(hold))
+	}
+	return rv.HeldDemand
+}
+
+// holdsSettled reports whether no region's hold of a key it reads no
+// demand for (see checkHeld) ended within settle before now or ends
+// within an epoch after it.
+func (s *sim) holdsSettled(settle time.Duration) bool {
+	for k := range s.keys {
+		l := s.limits[k]
+		hold := int64(max(float64(s.opts.Validity), l.unit()/l.Rate*1e9))
+		for r := range s.regions {
+			at := s.regions[r].wantAt[k]
+			if at < 0 || s.regions[r].demand[k] > 1e-3*l.Rate {
+				continue
+			}
+			if end := at + hold; end >= s.now-int64(settle) && end <= s.now+int64(s.opts.Epoch) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// longestHold is the longest hold of any key (see checkHeld).
+func (s *sim) longestHold() time.Duration {
+	var h float64
+	for _, l := range s.limits {
+		h = max(h, float64(s.opts.Validity), l.unit()/l.Rate*1e9)
+	}
+	return time.Duration(h)
+}
+
+// holdEnding reports whether region r's hold of key k (see checkHeld)
+// ends within an epoch of now.
+func (s *sim) holdEnding(k, r int) bool {
+	l := s.limits[k]
+	at := s.regions[r].wantAt[k]
+	hold := max(float64(s.opts.Validity), l.unit()/l.Rate*1e9)
+	return at >= 0 && math.Abs(float64(s.now-at)-hold) <= float64(s.opts.Epoch)
 }
 
 // checkSteadyState: after the quiet phase every region uses exactly its
@@ -623,7 +704,7 @@ func (s *sim) checkSteadyState() {
 				}
 			}
 			if kv != nil {
-				demand[r] = kv.Regions[r].Demand
+				demand[r] = s.checkHeld(k, r, kv.Regions[r])
 			}
 			if demand[r] > s.static[k][r]*(1+1e-9) {
 				contended = true
@@ -640,6 +721,7 @@ func (s *sim) checkSteadyState() {
 			for r := range s.regions {
 				near = near || math.Abs(demand[r]-s.static[k][r]) <= 1e-6*l.Rate
 				near = near || (s.staticB[k][r] < l.unit() && math.Abs(demand[r]-1e-3*l.Rate) <= 1e-6*l.Rate)
+				near = near || s.holdEnding(k, r) // the verdict is from the last epoch's Allocate
 			}
 			if !near {
 				s.t.Fatalf("key %s: allocator says contended=%v, demands %v against static shares %v", key, kv.Contended, demand, s.static[k])
@@ -742,7 +824,8 @@ func (s *sim) checkSteadyState() {
 			pinned = pinned || rg.MinShare > 0 || rg.maxShare() < 1
 		}
 		for r := range s.regions {
-			if s.regions[r].demand[k] > 1e-3*l.Rate*(1+1e-9) {
+			// Regions held as asking (checkHeld) want a unit too.
+			if demand[r] > 1e-3*l.Rate*(1+1e-9) {
 				hungry++
 			}
 		}

@@ -64,7 +64,12 @@ type KeyView struct {
 // tokens.
 type KeyRegionView struct {
 	// Demand is the EWMA of the region's demand readings (tokens/s).
-	Demand                  float64
+	Demand float64
+	// HeldDemand is the demand the allocation decides on (tokens/s):
+	// Demand, except while the region reads none (at most 0.1% of the
+	// key's rate) within a hold of its last reading above that, when it
+	// still counts as asking (see docs/architecture.md, "Small keys").
+	HeldDemand              float64
 	StaticRate, StaticBurst float64
 	// TargetRate and TargetBurst are the latest allocation (the static
 	// shares for keys without fencing state).
@@ -137,7 +142,8 @@ func (a *Allocator) View(now time.Time) View {
 			cr, cb := a.counted(k, i)
 			flr, flb := a.floorOf(k, i)
 			rv := KeyRegionView{
-				Demand:     a.effectiveDemand(k, i),
+				Demand:     a.estimate(k, i),
+				HeldDemand: a.effectiveDemand(k, i, t),
 				StaticRate: s, StaticBurst: sb,
 				TargetRate: fr, TargetBurst: fb,
 				ReservedRate: cr, ReservedBurst: cb,

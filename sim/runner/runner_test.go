@@ -36,6 +36,7 @@ var testDuration = map[string]time.Duration{
 	"retries":               3*time.Minute + 20*time.Second,
 	"chaos":                 150 * time.Second, // with its faults compressed, see below
 	"demand-shift":          90 * time.Second,  // the whole scenario
+	"small-keys":            10 * time.Minute,  // the whole scenario: one key, nine refills of its unit
 }
 
 func TestShippedScenariosHoldTheInvariantsAndMeetTheirTargets(t *testing.T) {
