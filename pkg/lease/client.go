@@ -485,6 +485,9 @@ func (c *Client) loop() {
 		if c.conflicted.CompareAndSwap(true, false) {
 			c.reidentify()
 		}
+		if c.core.GiveBackDue() {
+			c.kickLoop()
+		}
 		expiry.Reset(c.core.Expire(time.Now()))
 	}
 }

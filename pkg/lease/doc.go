@@ -49,7 +49,11 @@
 //	           removed before the report exists), want/min from sizing.
 //	Apply      acknowledges: pending cleared, granted tokens credited,
 //	           deadline = max(deadline, SentAt + ttl), region facts learned,
-//	           negUntil set when nothing was granted.
+//	           negUntil set when nothing was granted; giveBack set when the
+//	           region counts more live instances than before and the pool
+//	           is above their batch cap (the owner, told by
+//	           Core.GiveBackDue, runs PrepareRefill, whose report returns
+//	           the excess at once).
 //	Failed     no answer: the report stays pending and is resent unchanged.
 //	Reject     the region refused the report as invalid: key forgotten.
 //	Expire     at deadline − guard, sets checkClock; at the deadline,

@@ -168,6 +168,10 @@ func (t *Table) syncReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 		return t.newReportLocked(now, e, 0, 0, true)
 	}
 	t.expireLocked(now, e)
+	if e.view().giveBack {
+		e.own().giveBack = false
+		e.publishLocked()
+	}
 	target := t.targetFor(e.view(), t.rateLocked(now, e))
 	have := e.tokens()
 	var want int64
@@ -250,20 +254,34 @@ func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 
 // PrepareRefill builds an early Sync at now for the keys whose pool is at
 // or below its low-water mark (nil when none): leased keys not in flight
-// and not told to wait by the region.
+// and not told to wait by the region; and for the keys whose pool a grant
+// found above the batch cap of more live instances than before (giveBack):
+// their report gives the excess back now, so a peer that found the
+// region's bucket empty, because this instance took the burst while it
+// was alone on the key, waits one round trip after this instance learns of
+// it, not a further refresh.
 func (t *Table) PrepareRefill(now time.Time) *Batch {
 	var b *Batch
 	for _, e := range t.keys.entries() {
 		in := e.info.Load()
-		if in.mode != ModeLease || !in.hasLease || e.tokens() > int64(in.lowWater) || t.instant(now) < in.negUntil {
+		if in.mode != ModeLease || !in.hasLease {
+			continue
+		}
+		if !in.giveBack && (e.tokens() > int64(in.lowWater) || t.instant(now) < in.negUntil) {
 			continue
 		}
 		e.mu.Lock()
-		if e.has(removedFlag) || e.has(inflightFlag) || !e.view().hasLease || e.tokens() > int64(e.view().lowWater) {
+		if e.has(removedFlag) || e.has(inflightFlag) || !e.view().hasLease {
 			e.mu.Unlock()
 			continue
 		}
-		if e.tokens() > int64(e.view().usualWater) && !t.drainsRegion(e.view(), t.windowRateLocked(now, e)) {
+		if e.view().giveBack {
+			// A pool above the batch cap of the key's live instances:
+			// the report gives the excess back (syncReportLocked).
+		} else if e.tokens() > int64(e.view().lowWater) {
+			e.mu.Unlock()
+			continue
+		} else if e.tokens() > int64(e.view().usualWater) && !t.drainsRegion(e.view(), t.windowRateLocked(now, e)) {
 			// An early report for a region held at its cap, but the
 			// demand since the batch came says this instance does not
 			// drain the region: its refill is not what requests wait for.
@@ -482,6 +500,7 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	if e.pending == r {
 		e.pending = nil
 	}
+	wasLive := e.view().live
 	t.learnLocked(now, e, g)
 	if e.has(rebaseFlag) {
 		e.newLeaseLocked()
@@ -535,6 +554,12 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 		e.own().lowWater = max(e.view().lowWater, clampWater(t.capHeldWater(e.view(), e.tokens()+g.Granted, g.Remaining)))
 	}
 	e.own().checkClock = e.view().hasLease && time.Duration(e.view().deadline-t.ownerHorizon(now)) < e.guard
+	if pool := e.tokens() + max(g.Granted, 0); !dead && e.view().hasLease && e.view().live > wasLive && pool > t.batchCap(e.view()) {
+		// More instances share the key than when this pool was sized:
+		// give the excess back now (PrepareRefill), not a refresh later.
+		e.own().giveBack = true
+		t.giveBackDue.Store(true)
+	}
 	// Publish the deadline before the tokens it covers.
 	e.publishLocked()
 	if g.Granted > 0 {

@@ -35,7 +35,12 @@ import (
 //              arrives before the pool runs dry.
 // excess     = a Sync returns tokens above target when the pool holds more
 //              than 2 × target, or more than cap (a need granted beyond
-//              it, or a batch sized while fewer instances were live).
+//              it, or a batch sized while fewer instances were live). A
+//              grant that tells of more live instances than the one before
+//              while the pool is above the new cap sends that Sync at once
+//              (keyInfo.giveBack, PrepareRefill): a peer that found the
+//              region's bucket empty waits for it, and the region tells
+//              the peer to ask again after about one refresh.
 
 const horizonRefreshes = 1.5
 

@@ -435,6 +435,12 @@ func (r *SyncRound) Sent(now time.Time, b *Batch, grants []*sluicev1.Grant, out 
 	return split, skipped, applyErr
 }
 
+// GiveBackDue reports, once, that a grant applied since the last call found
+// a key's pool above the batch cap of more live instances than before:
+// the owner should run PrepareRefill (as after a kick), whose report gives
+// the excess back to the peers waiting for it.
+func (c *Core) GiveBackDue() bool { return c.table.giveBackDue.Swap(false) }
+
 // PrepareRefill builds the owner loop's early refill at now (nil when no
 // key is at its low-water mark), and how long further kicks wait so that a
 // burst of keys crossing their marks shares one RPC: no time when nothing

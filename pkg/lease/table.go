@@ -38,6 +38,7 @@ type Table struct {
 	degradedKeys atomic.Int64
 	episodes     atomic.Uint64 // times degradedKeys rose from 0
 	closed       atomic.Bool
+	giveBackDue  atomic.Bool  // some key's giveBack was set since GiveBackDue was last read
 	ownerDue     atomic.Int64 // an instant (Table.at): the owner calls Expire again by then (see ExpireFor)
 
 	mu  sync.Mutex
@@ -78,6 +79,11 @@ type keyInfo struct {
 	// negNever: the region's negative answer (see negNeed) said no wait
 	// will bring negNeed tokens, rather than naming a wait.
 	negNever bool
+	// giveBack: a grant told of more live instances than the one before,
+	// and the pool holds more than the batch cap at that count; the owner
+	// loop sends the key's report early (PrepareRefill) to give the
+	// excess back, rather than at the next periodic Sync.
+	giveBack bool
 	// usualWater is the low-water mark sizing alone sets (at most
 	// quota.MaxWant); lowWater is above it while the region's bucket is
 	// held at its cap by this instance's unreported spending

@@ -426,6 +426,28 @@ func (o *op) waitMS(need float64) float64 {
 
 func (o *op) resetMS() float64 { return o.waitMS(o.room()) }
 
+// givebackMS mirrors lib.lua's giveback_ms: about one refresh when the
+// bucket and the tokens the other live leases hold above their batch cap
+// cover need, else -1.
+func (o *op) givebackMS(need float64, l *modelLease, live float64) float64 {
+	if live < 2 {
+		return -1
+	}
+	keep := math.Floor(o.capNow() / (2 * live))
+	if keep < 1 {
+		keep = 1
+	}
+	own := l.g - l.u - l.r
+	if own < 0 {
+		own = 0
+	}
+	due := o.b.out - own - (live-1)*keep
+	if due <= 0 || math.Floor(o.b.tk)+due < need {
+		return -1
+	}
+	return 2 * float64(o.c.DemandWindow.Milliseconds())
+}
+
 // bucketTTL mirrors lib.lua's bucket_ttl.
 func (o *op) bucketTTL(gb, ge float64) float64 {
 	capmax := o.sb()
@@ -608,6 +630,11 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 		l.lg = granted
 		o.ls.byID[id] = l
 		o.leases = true
+		if retry > 0 {
+			if gb := o.givebackMS(min, l, float64(len(o.ls.byID))); gb >= 0 && gb < retry {
+				retry = gb
+			}
+		}
 	default:
 		// A report of a lease the region does not know that asks for
 		// nothing opens no record; on a missing bucket it writes nothing.

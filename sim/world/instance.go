@@ -432,6 +432,9 @@ func (in *Instance) loopDone() {
 		return
 	}
 	in.armExpiry(in.core.Expire(in.now()))
+	if in.core.GiveBackDue() {
+		in.kick()
+	}
 	in.wake()
 }
 

@@ -660,6 +660,30 @@ local function wait_ms(need)
   return w
 end
 
+-- giveback_ms is when an instance refused need tokens may expect them
+-- from its peers (ms), or -1 when not: tokens out in the other live
+-- leases above what their holders keep at their next Sync come back at it.
+-- An instance holds at most max(1, floor(cap / 2n)) of a key that n live
+-- leases share (the lease client's batch cap; a lone instance may hold the
+-- whole burst) and gives back a pool above it at its next Sync, at most one
+-- refresh away: twice the demand window (DWIN is half the refresh). So
+-- when the bucket and that excess cover need, the wait is about one
+-- refresh, not the bucket's refill of need, which on a slow key (7 an
+-- hour) is minutes the instance would wait while its peer gives back. It
+-- is the region's best reading, not a promise the bucket keeps: tokens
+-- reported out may have been spent since, and a retry then is answered
+-- anew. live counts this instance's record; L is its lease.
+local function giveback_ms(need, L, live)
+  if live < 2 then return -1 end
+  local keep = math.floor(cap_now() / (2 * live))
+  if keep < 1 then keep = 1 end
+  local own = L.g - L.u - L.r
+  if own < 0 then own = 0 end
+  local due = B.out - own - (live - 1) * keep
+  if due <= 0 or math.floor(B.tk) + due < need then return -1 end
+  return math.ceil(2 * DWIN / 1000)
+end
+
 -- reset_ms is how long until the bucket is full again (ceil, ms).
 local function reset_ms()
   return wait_ms(room())
@@ -890,7 +914,8 @@ end
 --          generation, reborn(0|1) };
 --          rate and cap as '%.17g' strings; reclaimed = tokens returned
 --          from expired leases; returned = tokens the report gave back
---          that were put back in the bucket (apply_usage).
+--          that were put back in the bucket (apply_usage); retry_ms is
+--          wait_ms(min), or giveback_ms when that is sooner.
 local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
   reap(REAPMAX)
   local L = own_lease(id)
@@ -940,6 +965,10 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     L.exp = NOW + LTTL * 1000
     L.lg = granted
     save_lease(id, L)
+    if retry > 0 then
+      local gb = giveback_ms(min, L, redis.call('HLEN', KEYS[2]))
+      if gb >= 0 and gb < retry then retry = gb end
+    end
   else
     -- No lease to book against and nothing asked for: a report of a lease
     -- the region does not know (reaped, or never issued) can only undo,
