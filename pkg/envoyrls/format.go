@@ -142,9 +142,14 @@ type decided struct {
 	// cap is what this caller can currently expect at once: the region's
 	// cap for the key (Decision.Cap), at most limit.Burst.
 	cap       int64
-	remaining uint32        // at most cap
-	reset     time.Duration // until the bucket is full again, >= retry
-	retry     time.Duration // > 0 only when over limit
+	remaining uint32 // at most cap
+	// reset is what duration_until_reset and the time headers name: on
+	// OVER_LIMIT the retry delay (Envoy's rate limit filter turns a
+	// status's duration_until_reset into x-ratelimit-reset, which must
+	// then agree with retry-after and RateLimit's t: docs/operations.md,
+	// "Rate-limit headers"), otherwise until Remaining is back to cap.
+	reset time.Duration
+	retry time.Duration // > 0 only when over limit
 	// never: over limit, and no wait cures it (Decision.RetryNever); no
 	// reset or retry time is promised then.
 	never bool
@@ -165,7 +170,10 @@ func newDecided(now time.Time, limit quota.Limit, r result, d quota.Decision) de
 		out.never, out.reset = true, 0
 	case r == resultOverLimit:
 		out.retry = max(d.RetryAfter, 0)
-		out.reset = max(out.reset, out.retry)
+		// Whole seconds, at least one, as retry-after: Envoy's filter
+		// writes duration_until_reset's seconds as x-ratelimit-reset, so a
+		// fraction would be cut to an earlier second than retry-after.
+		out.reset = time.Duration(max(ceilSeconds(out.retry), 1)) * time.Second
 	}
 	return out
 }

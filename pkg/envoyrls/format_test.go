@@ -255,15 +255,16 @@ func TestCeilSeconds(t *testing.T) {
 
 // TestNewDecidedEdges: a region cap of 0 means nothing can be expected
 // now (cap and remaining 0), and an over-limit decision without a retry
-// time promises none (retry and reset 0).
+// time has no retry delay of its own but names, as retry-after does, the
+// next whole second (reset 1s).
 func TestNewDecidedEdges(t *testing.T) {
 	now := time.Unix(1000, 0)
 	lim := quota.Limit{Rate: 10, Burst: 20}
 	if d := newDecided(now, lim, resultOK, quota.Decision{Allowed: true, Remaining: 5, Cap: 0, CapKnown: true}); d.cap != 0 || d.remaining != 0 {
 		t.Errorf("region cap 0: %+v; want cap 0 and remaining 0", d)
 	}
-	if d := newDecided(now, lim, resultOverLimit, quota.Decision{}); d.retry != 0 || d.reset != 0 || d.never {
-		t.Errorf("over limit without a retry time: %+v; want retry 0, reset 0", d)
+	if d := newDecided(now, lim, resultOverLimit, quota.Decision{}); d.retry != 0 || d.reset != time.Second || d.never {
+		t.Errorf("over limit without a retry time: %+v; want retry 0, reset 1s", d)
 	}
 }
 
@@ -337,8 +338,9 @@ func TestSharedPartsFollowTheCap(t *testing.T) {
 
 // TestNewDecidedTimesAndBounds pins newDecided's reset, retry and cap at
 // their edges: an allowed decision's reset is the time until ResetAt; an
-// over-limit one's is the later of that and the retry delay; a negative
-// retry delay is none; a shadow answer of a never denial is not a never
+// over-limit one's is the retry delay in whole seconds, at least one,
+// however long the bucket takes to fill (it is what retry-after says); a
+// negative retry delay is none; a shadow answer of a never denial is not a never
 // answer (it keeps its reset); a negative region cap or burst is 0.
 func TestNewDecidedTimesAndBounds(t *testing.T) {
 	now := time.Unix(1000, 0)
@@ -358,10 +360,13 @@ func TestNewDecidedTimesAndBounds(t *testing.T) {
 			20, 5, 1500 * time.Millisecond, 0, false},
 		{"over limit, full after the retry", lim, resultOverLimit,
 			quota.Decision{ResetAt: now.Add(5 * time.Second), RetryAfter: time.Second},
-			20, 0, 5 * time.Second, time.Second, false},
+			20, 0, time.Second, time.Second, false},
+		{"over limit, retry of a fraction, full in an hour", lim, resultOverLimit,
+			quota.Decision{ResetAt: now.Add(time.Hour), RetryAfter: 1200 * time.Millisecond},
+			20, 0, 2 * time.Second, 1200 * time.Millisecond, false},
 		{"over limit, negative retry", lim, resultOverLimit,
 			quota.Decision{ResetAt: now.Add(2 * time.Second), RetryAfter: -time.Second},
-			20, 0, 2 * time.Second, 0, false},
+			20, 0, time.Second, 0, false},
 		{"shadow answer of a never denial", lim, resultShadowDenied,
 			quota.Decision{Remaining: 0, ResetAt: now.Add(3 * time.Second), RetryNever: true},
 			20, 0, 3 * time.Second, 0, false},

@@ -206,6 +206,9 @@ func checkHeaders(resp *rlsv3.RateLimitResponse, st *rlsv3.RateLimitResponse_Des
 		}
 	} else if !s.hasT || s.t < 1 {
 		return fmt.Errorf("over limit: t=%d (present %v), want a retry delay >= 1", s.t, s.hasT)
+	} else if st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && st.GetDurationUntilReset().AsDuration() != time.Duration(s.t)*time.Second {
+		// Envoy's filter writes x-ratelimit-reset from duration_until_reset.
+		return fmt.Errorf("over limit: duration_until_reset %v, t=%d: they must name the same second", st.GetDurationUntilReset().AsDuration(), s.t)
 	}
 	return nil
 }
