@@ -155,6 +155,12 @@ type Held map[quota.Key]float64
 // echoed exactly as the scripts store it (the allocator's region contract
 // needs it bit for bit), with its remaining validity in whole milliseconds.
 // Acknowledgements and catch-ups keep the demand baseline where it was.
+// In a report other than an epoch report, a watched key whose live leases
+// ask for materially more than it last reported (the test of Risen) goes
+// out as at a first sight: its demand rate over one epoch, no counts. Its
+// window since the epoch report may be shorter than half an epoch, from
+// which the allocator takes no reading, and the rise would wait for the
+// next epoch report.
 // An epoch report forgets the baseline of every key it leaves out: the
 // key no longer needs the global tier (select.go), and should it come back
 // its first report is a baseline again, as after an election. The report
@@ -167,6 +173,11 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 		StaticValidMs: l.static.ValidMs(sendUS)}
 	held := make(Held, len(reads))
 	demand := make([]float64, len(reads))
+	var risenFrom map[quota.Key]float64
+	if kind != Epoch && len(l.watch) > 0 {
+		risenFrom = l.risenFrom()
+	}
+	half := max(epoch.Seconds()/2, 1e-3)
 	for i, r := range reads {
 		st := r.State
 		prev, seen := l.last[r.Key]
@@ -183,6 +194,12 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 			d := st.Since(prev)
 			kd.Admitted, kd.Denied, kd.WindowMs = d.Admitted, d.Denied, d.Window.Milliseconds()
 			kd.DemandRate = proto.Float64(d.DemandRate)
+			if from, ok := risenFrom[r.Key]; ok && kd.WindowMs < epoch.Milliseconds() && rose(half, r, from) {
+				// A rise within the epoch: the reading over one epoch,
+				// as at a first sight (the allocator takes no reading
+				// from a window under half an epoch).
+				kd.Admitted, kd.Denied, kd.WindowMs = 0, 0, epoch.Milliseconds()
+			}
 		case !seen && st.LeaseDemand > 0 && epoch >= time.Millisecond:
 			kd.WindowMs = epoch.Milliseconds()
 			kd.DemandRate = proto.Float64(st.LeaseDemand)

@@ -20,7 +20,10 @@ import (
 // keys of the last report that hold a grant or whose demand reached half
 // the region's static share: the keys that are or may become contended,
 // at most MaxWatched, so the cost is a few state reads per contended key
-// per epoch, never one per active key.
+// per epoch, never one per active key. The report carries each risen
+// key's reading over one epoch (Report): its window since the epoch
+// report may be under half an epoch, from which the allocator takes no
+// reading.
 
 // MaxWatched bounds the keys a region leader watches for rises.
 const MaxWatched = 256
@@ -73,11 +76,28 @@ func (l *Leader) Risen(epoch time.Duration, reads []KeyRead) bool {
 		reported[w.key] = w.reported
 	}
 	for _, r := range reads {
-		d := r.State.LeaseDemand
-		base := max(reported[r.Key], r.State.Rate)
-		if d > base+max(riseShare*r.StaticRate, 3*math.Sqrt(d/half)) {
+		if rose(half, r, reported[r.Key]) {
 			return true
 		}
 	}
 	return false
+}
+
+// rose is Risen's test for one key: its live leases ask for more than
+// both the rate it refills at and the demand last reported, beyond a
+// tenth of the static share and three standard deviations of a Poisson
+// count over half an epoch (half, seconds).
+func rose(half float64, r KeyRead, reported float64) bool {
+	d := r.State.LeaseDemand
+	base := max(reported, r.State.Rate)
+	return d > base+max(riseShare*r.StaticRate, 3*math.Sqrt(d/half))
+}
+
+// risenFrom is the demand each watched key last reported, for rose.
+func (l *Leader) risenFrom() map[quota.Key]float64 {
+	reported := make(map[quota.Key]float64, len(l.watch))
+	for _, w := range l.watch {
+		reported[w.key] = w.reported
+	}
+	return reported
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -157,5 +159,89 @@ func TestWatchesAtMost256Keys(t *testing.T) {
 	l.Report("ap", now, time.Second, Epoch, reads)
 	if got := l.Watched(); len(got) != 256 || got[255] != reads[255].Key {
 		t.Fatalf("watched %d keys, want the first 256", len(got))
+	}
+}
+
+// TestRiseReportCarriesItsReading: a rise the leader sees soon after its
+// epoch report (within half an epoch) starts a report whose window since
+// that epoch report is short, and the allocator takes no demand reading
+// from a window under half an epoch. The risen key's reading therefore
+// goes out over one epoch, as a first sight's does, and the allocator
+// decides on it; a key of the same report that did not rise keeps its
+// window. Before, the allocator kept the old estimate until the region's
+// next epoch report.
+func TestRiseReportCarriesItsReading(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+regions: {ap: {weight: 1}, eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease}}
+tiers: {std: {write: {rate: 1000/s, burst: 1000}}}
+default_tier: std
+`))
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	hot := quota.Key{Tenant: "acme", Class: "write"}
+	calm := quota.Key{Tenant: "globex", Class: "write"}
+	epoch := time.Second
+	now := int64(1_700_000_000_000_000)
+	a, err := hierarchy.NewAllocator(hierarchy.Options{
+		Regions: []hierarchy.Region{{Name: "ap", Weight: 1}, {Name: "eu", Weight: 1}, {Name: "us", Weight: 1}},
+		Epoch:   epoch, Validity: 5 * epoch, DemandAlpha: 1,
+	}, time.UnixMicro(now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads := func(us int64, hotDemand float64) []KeyRead {
+		at := func(k quota.Key, d float64) KeyRead {
+			return KeyRead{Key: k, StaticRate: 1000.0 / 3,
+				State: luascripts.State{Rate: 1000.0 / 3, Cap: 333, LeaseDemand: d, NowUS: us}}
+		}
+		return []KeyRead{at(hot, hotDemand), at(calm, 200)}
+	}
+	demand := func(k quota.Key) float64 {
+		for _, kv := range a.View(time.UnixMicro(now + 300_000)).Keys {
+			if kv.Key == k {
+				return kv.Regions[0].Demand // ap
+			}
+		}
+		t.Fatalf("%v not in the allocator's view", k)
+		return 0
+	}
+	l := NewLeader()
+	send := func(us int64, kind Kind, r []KeyRead) {
+		t.Helper()
+		req, _ := l.Report("ap", us, epoch, kind, r)
+		rep, limits, err := DecodeReport(cfg, req, 10)
+		if err != nil {
+			t.Fatalf("decode: %v", err)
+		}
+		for i, kd := range rep.Keys {
+			if err := a.SetLimit(kd.Key, limits[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := a.Report(time.UnixMicro(us), rep); err != nil {
+			t.Fatalf("report: %v", err)
+		}
+	}
+	send(now-epoch.Microseconds(), Epoch, reads(now-epoch.Microseconds(), 200))
+	send(now, Epoch, reads(now, 200))
+	if got := demand(hot); got != 200 {
+		t.Fatalf("demand after the epoch report %v, want 200", got)
+	}
+	rise := reads(now+200_000, 1000)
+	if !l.Risen(epoch, rise) {
+		t.Fatal("a rise from 200/s to 1000/s is no rise")
+	}
+	send(now+200_000, Nudged, rise)
+	if got := demand(hot); got != 1000 {
+		t.Errorf("demand after the rise report %v, want the risen reading 1000", got)
+	}
+	req, _ := l.Report("ap", now+250_000, epoch, Ack, reads(now+250_000, 1000))
+	if w := req.GetKeys()[1].GetWindowMs(); w != 250 {
+		t.Errorf("a key that did not rise reported over %d ms, want its 250 ms since the epoch report", w)
+	}
+	if w := req.GetKeys()[0].GetWindowMs(); w != 250 {
+		t.Errorf("a key already reported at its risen demand went out over %d ms, want 250", w)
 	}
 }

@@ -223,10 +223,11 @@ func TestRegionOutageShowsTheDeadRegionsShareMoving(t *testing.T) {
 
 // TestConvergenceTargetJudgesOnlyWhatWasWatched: demand-shift with a
 // second shift 2.5 epochs after the first (which has not converged by
-// then) meets a target of 30 epochs: the first shift is superseded, not
-// "not converged within 30 epochs", and both the check and the summary
-// say so with the same counts. A target shorter than the epochs a
-// superseded shift was watched is missed.
+// then: seed 10; seed 3's first shift converges in 2 epochs since a rise's
+// reading reaches the allocator at once) meets a target of 30 epochs: the
+// first shift is superseded, not "not converged within 30 epochs", and
+// both the check and the summary say so with the same counts. A target
+// shorter than the epochs a superseded shift was watched is missed.
 func TestConvergenceTargetJudgesOnlyWhatWasWatched(t *testing.T) {
 	t.Parallel()
 	src, err := scenarios.Source("demand-shift")
@@ -240,7 +241,7 @@ func TestConvergenceTargetJudgesOnlyWhatWasWatched(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := runner.Run(sc, runner.Options{Seed: 3})
+	out, err := runner.Run(sc, runner.Options{Seed: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
