@@ -993,15 +993,14 @@ func (a *Allocator) wantHold(l *KeyLimit) int64 {
 // the rate, and with it a key's only units, between regions that all
 // want them). Later, d as it is.
 func (a *Allocator) held(d float64, wantAt int64, wantDem float64, t int64, l *KeyLimit) float64 {
-	if wantAt == negInf {
+	// A reading above the floor, the usual case of a contended key, is
+	// taken as it is before the hold, and its division, is worked out.
+	floor := unitDemandFloor * l.Rate
+	if wantAt == negInf || d > floor {
 		return d
 	}
 	age, hold := t-wantAt, a.wantHold(l)
 	if age >= hold {
-		return d
-	}
-	floor := unitDemandFloor * l.Rate
-	if d > floor {
 		return d
 	}
 	if float64(age) < min(max(sparseRequests/wantDem, l.unit()/l.Rate)*1e9, float64(hold)) {
@@ -1031,9 +1030,16 @@ func (a *Allocator) effectiveDemands(k int32, dem []float64, t int64) {
 	wantAt, wantDem := a.wantAt[row:row+a.nr], a.wantDem[row:row+a.nr]
 	regions := a.regions[:a.nr]
 	l := &a.limits[k]
+	floor := unitDemandFloor * l.Rate
 	dem = dem[:a.nr]
 	for i := range dem {
-		dem[i] = a.held(a.decayed(demand[i], lastObs[i], regions[i].nReports), wantAt[i], wantDem[i], t, l)
+		d := a.decayed(demand[i], lastObs[i], regions[i].nReports)
+		if d <= floor && wantAt[i] != negInf {
+			// held takes any other reading as it is; a contended key's
+			// regions mostly read above the floor, so the call is rare.
+			d = a.held(d, wantAt[i], wantDem[i], t, l)
+		}
+		dem[i] = d
 	}
 }
 
