@@ -1,0 +1,62 @@
+package hierarchy
+
+import (
+	"slices"
+	"testing"
+)
+
+// TestLapsedRegionOfTheDurableSetReturnsAtItsFloor: a region named in the
+// durable lapsed set a leader started with, which then lapses under this
+// leader and reports again, waits for the grants that counted it at its
+// floor on every report, not only on its first: that it was in the set
+// (whose wait ended with learning) does not shorten the wait its own
+// lapse started (confirmAt = return + validity).
+func TestLapsedRegionOfTheDurableSetReturnsAtItsFloor(t *testing.T) {
+	s := newLeaseScript(t, "a")
+	back := s.lapseA() + 900
+	if ans := s.report("a", back, 0); ans.StaticLease != 0 {
+		t.Fatalf("a's first report after its lapse was conferred a static lease of %v", ans.StaticLease)
+	}
+	bExpiry := s.held["b"].expiry
+	for ms := back + 500; s.at(ms).Before(bExpiry); ms += 500 {
+		// report checks that a's static lease and b's grant never add
+		// up to more than the key's rate.
+		if ans := s.report("a", ms, 0); ans.StaticLease != 0 {
+			t.Fatalf("at %dms a was conferred a static lease of %v while b's grant counting it at its floor runs until %v",
+				ms, ans.StaticLease, bExpiry.Sub(s.start))
+		}
+	}
+}
+
+// TestLapsedSetListsEveryRegionThatMayBeAtItsFloor: LapsedSet names a
+// region of the durable set a new leader was given before it reports (an
+// earlier leader's grants may count it at its floor), and one that
+// lapsed under this leader and reports again (returning) until it is
+// conferred its static lease; StartOwning with no grants out clears
+// even a name from the set no report followed, and that region's first
+// report is conferred a static lease at once.
+func TestLapsedSetListsEveryRegionThatMayBeAtItsFloor(t *testing.T) {
+	t.Run("named in the set, not heard from", func(t *testing.T) {
+		s := newLeaseScript(t, "a")
+		if got := s.a.LapsedSet(); !slices.Equal(got, []string{"a"}) {
+			t.Fatalf("LapsedSet before a reports: %v, want [a]", got)
+		}
+		s.a.StartOwning(s.at(100), true)
+		if got := s.a.LapsedSet(); len(got) != 0 {
+			t.Fatalf("LapsedSet after StartOwning with no grants out: %v, want none", got)
+		}
+		if ans := s.report("a", 200, 10); ans.StaticLease == 0 {
+			t.Fatal("a was conferred no static lease after StartOwning with no grants out cleared the set's word")
+		}
+	})
+	t.Run("lapsed here, returning", func(t *testing.T) {
+		s := newLeaseScript(t)
+		back := s.lapseA() + 900
+		if ans := s.report("a", back, 0); ans.StaticLease != 0 {
+			t.Fatalf("a's first report after its lapse was conferred a static lease of %v", ans.StaticLease)
+		}
+		if got := s.a.LapsedSet(); !slices.Equal(got, []string{"a"}) {
+			t.Fatalf("LapsedSet while a returns: %v, want [a]", got)
+		}
+	})
+}
