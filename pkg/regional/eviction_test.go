@@ -207,3 +207,42 @@ func TestDaemonNoticesEvictionAtRunTime(t *testing.T) {
 		t.Errorf("two changes to an evicting policy logged %d times:\n%s", n, buf.String())
 	}
 }
+
+// TestSentinelOutageLoggedOnce: a Redis that stops answering fails the
+// restart sentinel check every epoch; each failure is counted (script
+// "sentinel") but logged at WARN once per outage, and its end once at
+// INFO. It was one WARN line an epoch for as long as the outage lasted.
+func TestSentinelOutageLoggedOnce(t *testing.T) {
+	rs := redistest.Start(t)
+	var buf logtest.Buffer
+	d, err := startOn(t, rs.Addr(), false, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	failures := func() float64 {
+		return metrictest.Series(t, d.Registry, "sluice_regional_redis_errors_total", map[string]string{"script": "sentinel"})
+	}
+	rs.Stop()
+	// Several epochs (100 ms) of failed checks: each is counted.
+	deadline := time.Now().Add(30 * time.Second)
+	for failures() < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v sentinel failures counted in 30 s of epochs of 100 ms", failures())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := buf.Count("restart sentinel check failed"); n != 1 {
+		t.Errorf("%v failed checks logged %d times, want once:\n%s", failures(), n, buf.String())
+	}
+	rs.Restart()
+	for buf.Count("restart sentinel check answering again") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no line saying the sentinel check answers again:\n%s", buf.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := buf.Count("restart sentinel check failed"); n != 1 {
+		t.Errorf("an outage logged %d failed checks, want one line", n)
+	}
+}

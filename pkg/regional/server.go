@@ -114,6 +114,12 @@ type Server struct {
 	batch    *batcher
 	metrics  *metrics
 	log      *slog.Logger
+	// scriptLog spaces the lines about failing script calls.
+	scriptLog *logThrottle
+	// sentinelFailing is whether the last restart sentinel check failed,
+	// so a Redis outage is logged once, not every epoch. Owned by Run's
+	// goroutine.
+	sentinelFailing bool
 }
 
 // New validates opts and returns a Server.
@@ -161,6 +167,8 @@ func New(opts Options) (*Server, error) {
 		guard:   opts.Guard,
 		active:  newActiveKeys(),
 		log:     opts.Logger,
+
+		scriptLog: newLogThrottle(scriptFailureLogEvery),
 	}
 	// A process with no history counts the config it starts on as
 	// confirmed (see docs/architecture.md, invariant 2).
@@ -599,7 +607,10 @@ func (s *Server) observeScript(ctx context.Context, script string, start time.Ti
 		s.log.Debug("caller gave up before redis answered", "script", script, "err", err)
 	default:
 		s.metrics.redisErrors.WithLabelValues(script).Inc()
-		s.log.Warn("redis script failed", "script", script, "err", ExplainRedisErr(err))
+		if ok, leftOut := s.scriptLog.allow(script, time.Now()); ok {
+			s.log.Warn("redis script failed", "script", script, "err", ExplainRedisErr(err),
+				"failed_unlogged", leftOut)
+		}
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, luascripts.ErrTooLate) {
 			return fmt.Errorf("redis did not answer the %s script in time: %v", script, err)
 		}
@@ -679,8 +690,16 @@ func (s *Server) tick(ctx context.Context, interval time.Duration) {
 		start := time.Now()
 		err := s.opts.Guard.Check(ctx, s.opts.Redis)
 		s.observeOwn(ctx, "sentinel", start, err)
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn("restart sentinel check failed", "err", ExplainRedisErr(err))
+		switch {
+		case ctx.Err() != nil:
+		case err != nil && !s.sentinelFailing:
+			s.sentinelFailing = true
+			s.log.Warn("restart sentinel check failed; checked again every epoch, logged again once it answers", "err", ExplainRedisErr(err))
+		case err != nil:
+			s.log.Debug("restart sentinel check failed", "err", ExplainRedisErr(err))
+		case s.sentinelFailing:
+			s.sentinelFailing = false
+			s.log.Info("restart sentinel check answering again")
 		}
 	}
 }
