@@ -194,6 +194,33 @@ func TestValidateNotesDigestedPrefixes(t *testing.T) {
 	}
 }
 
+// TestRegionLeaseBelowTheDefaultFailoverWarns: validate and apply accept a
+// region_lease shorter than a global failover under the default
+// -session-ttl (allocator.FailoverBound: 5s + 0.5s + 5.25 × 200ms = 6.55s)
+// with a warning naming the bound, and say nothing at the bound.
+func TestRegionLeaseBelowTheDefaultFailoverWarns(t *testing.T) {
+	withLease := func(lease string) string {
+		y := strings.Replace(string(config.SampleYAML()), "epoch: 1s ", "epoch: 200ms ", 1)
+		y = strings.Replace(y, "grant_validity: 5s ", "grant_validity: 1s ", 1)
+		return strings.Replace(y, "regions:", "region_lease: "+lease+"\nregions:", 1)
+	}
+	const warning = "warning: region_lease 2s is shorter than the global tier's failover with the default -session-ttl 5s (session TTL + 0.5s + 5.25 × epoch = 6.55s)"
+	short := writeFile(t, "short.yaml", withLease("2s"))
+	r := sluicectl(t, "", "validate", "-f", short)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, warning, "raise region_lease to at least 6.55s")
+	r = sluicectl(t, "", "validate", "-f", writeFile(t, "bound.yaml", withLease("6.55s")))
+	wantCode(t, r, exitOK)
+	if strings.Contains(r.stderr, "warning") {
+		t.Fatalf("region_lease at the bound warns: %s", r.stderr)
+	}
+
+	c := newCluster(t)
+	r = sluicectl(t, "", c.args("apply", "-f", short, "-yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, warning)
+}
+
 func TestValidateReportsEveryProblemByField(t *testing.T) {
 	r := sluicectl(t, "", "validate", "-f", writeFile(t, "bad.yaml", invalidYAML))
 	wantCode(t, r, exitInvalid)

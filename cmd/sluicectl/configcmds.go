@@ -11,10 +11,12 @@ import (
 	"maps"
 	"os"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/envoyrls/importer"
@@ -127,10 +129,29 @@ func (a *app) validateCmd(fs *flag.FlagSet) func(context.Context, []string) erro
 		for _, n := range importer.DigestedPrefixes(cfg) {
 			fmt.Fprintln(a.stderr, "note: "+n)
 		}
+		a.warnFailover(cfg)
 		fmt.Fprintf(a.stdout, "ok: %d regions, %d classes, %d tiers, %d tenants\n",
 			len(cfg.Regions), len(cfg.Classes), len(cfg.Tiers), len(cfg.Tenants))
 		return nil
 	}
+}
+
+// warnFailover warns (stderr; the config is valid and the command goes on)
+// when cfg's region_lease is shorter than the failover of a global tier
+// running the default -session-ttl (allocator.FailoverBound): nothing is
+// over-admitted, but a global leader that dies without resigning would put
+// every region on its floor. The global replicas check their own
+// -session-ttl on every config they load.
+func (a *app) warnFailover(cfg *config.Config) {
+	below, bound := allocator.RegionLeaseBelowFailover(cfg, allocator.DefaultSessionTTL)
+	if !below {
+		return
+	}
+	fmt.Fprintf(a.stderr, "warning: region_lease %v is shorter than the global tier's failover with the default -session-ttl %v "+
+		"(session TTL + 0.5s + 5.25 × epoch = %v): a global leader that dies without resigning puts every region on its floor "+
+		"(each class's partition_share) until a leader answers; raise region_lease to at least %v (docs/config.md, region_lease; "+
+		"global replicas check their own -session-ttl and set sluice_global_region_lease_below_failover)\n",
+		time.Duration(cfg.RegionLease), allocator.DefaultSessionTTL, bound, bound)
 }
 
 // changeFlags are the flags of every command that writes the config.
@@ -161,6 +182,7 @@ func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		if err != nil {
 			return err
 		}
+		a.warnFailover(next)
 		cli, store, err := a.store()
 		if err != nil {
 			return err

@@ -244,6 +244,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	}
 	svc, err := newService(serviceOptions{
 		config: o.Config, advertise: advertise, maxKeys: o.MaxKeysPerPage, maxBytes: o.MaxReportBytes, logger: o.Logger,
+		sessionTTL: o.SessionTTL,
 	}, time.Now())
 	if err != nil {
 		ep.Close()

@@ -88,6 +88,9 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 				defer s.mu.Unlock()
 				return float64(s.pages.heldBytes())
 			}),
+			gauge("sluice_global_region_lease_below_failover", "1 while the config's region_lease is shorter than this replica's failover bound (session TTL + 0.5s + 5.25 epochs, allocator.FailoverBound): a leader that dies without resigning puts every region on its floor for part of the failover.", func() float64 {
+				return boolGauge(s.leaseBelowFailover.Load())
+			}),
 			gauge("sluice_global_keys", "Keys the allocator tracks: named by a report or an answer within two grant validities and two epochs (0 when not leading).", func() float64 {
 				if ok, _ := s.leaderAt(time.Now()); !ok {
 					return 0

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -79,6 +80,9 @@ type serviceOptions struct {
 	maxKeys   int          // keys per message (page); default DefaultMaxKeysPerPage
 	maxBytes  int          // bytes of pages held per region; default DefaultMaxReportBytes
 	logger    *slog.Logger // default slog.Default()
+	// sessionTTL is the etcd session TTL behind the leadership; 0 skips
+	// the failover check of region_lease (FailoverBound).
+	sessionTTL time.Duration
 }
 
 // timing is what the hierarchy.Allocator cannot change after it is built.
@@ -113,6 +117,11 @@ type Service struct {
 	maxReportBytes int // bytes of pages held per region
 	log            *slog.Logger
 	m              *metrics // set once by the daemon before serving; nil means none
+	// sessionTTL is the election's session TTL (0: unknown, not checked);
+	// leaseBelowFailover says the applied config's region_lease is shorter
+	// than FailoverBound under it (failover.go).
+	sessionTTL         time.Duration
+	leaseBelowFailover atomic.Bool
 
 	// mu serializes everything that touches the allocator, so a Sync's
 	// SetLimit calls and its Report are one step, and the allocator can
@@ -183,7 +192,8 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
-	return &Service{
+	s := &Service{
+		sessionTTL:     o.sessionTTL,
 		src:            o.config,
 		advertise:      o.advertise,
 		maxKeys:        o.maxKeys,
@@ -197,7 +207,9 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 		lastReport:     make(map[string]time.Time),
 		conf:           regionsync.NewConfirmations(),
 		held:           map[int64]*config.Config{revisionOf(o.config, cfg): cfg},
-	}, nil
+	}
+	s.checkFailoverLocked(cfg)
+	return s, nil
 }
 
 // allocatorOptions maps the config to the allocator's options, regions in
@@ -250,6 +262,7 @@ func (s *Service) applyConfigLocked(now time.Time) {
 	s.appliedRev = rev
 	s.held[rev] = cfg
 	s.pruneHeldLocked()
+	s.checkFailoverLocked(cfg)
 	opts := allocatorOptions(cfg)
 	for name := range old.Regions {
 		if _, kept := cfg.Regions[name]; !kept {

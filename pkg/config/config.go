@@ -107,8 +107,21 @@ type Config struct {
 	// dead region's share idle longer (66 s with the defaults). A change
 	// rebuilds the allocator in learning mode.
 	//
+	// Keep it at least the global tier's failover bound, session TTL +
+	// 0.5 s + 5.25 × epoch (cmd/global -session-ttl, default 5s: 10.75 s
+	// with the default epoch): shorter, a global leader that dies without
+	// resigning (SIGKILL, a lost node) puts every region on its floor
+	// until a leader answers, since a region cannot tell a dead leader
+	// from a live one it is cut off from while the dead one's election
+	// key stays (docs/architecture.md, The static lease). Not refused
+	// (the session TTL is a flag of each global replica, not config):
+	// sluicectl validate and apply warn below the bound for the default
+	// TTL, and every global replica checks its own on each config it
+	// loads (ERROR log, sluice_global_region_lease_below_failover, alert
+	// SluiceRegionLeaseBelowFailover).
+	//
 	//   - Default: 1m, or 2 × grant_validity when that is longer
-	//   - Rule: at least 2 × grant_validity, at most 48h
+	//   - Rule: at least 2 × grant_validity, at most 48h; should be at least session TTL + 0.5s + 5.25 × epoch (warned, not refused)
 	//   - Example: 5m
 	RegionLease Duration `yaml:"region_lease,omitempty"`
 	// GlobalShards is how many allocator shards the global tier runs: each
