@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -97,6 +98,18 @@ func TestRegionDrainRestoreAndLapseAgainstRealDaemons(t *testing.T) {
 	r := cli("region", "drain", "eu-west", "-yes")
 	wantCode(t, r, exitOK)
 	v, text := waitState("eu-west", "drained", settle)
+	// Until eu-west reports the draining revision the global tier still
+	// reserves its share under the one it ran: the whole share.
+	for deadline := time.Now().Add(settle); v.DrainPending; {
+		if v.ReservedFraction != 1 {
+			t.Errorf("drained eu-west before it adopted the drain: reserved fraction %v, want 1 (its share under the revision it runs)", v.ReservedFraction)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("eu-west did not adopt the drain within %v:\n%s", settle, text)
+		}
+		time.Sleep(epoch / 2) // polling the deployment with a deadline
+		v, text = waitState("eu-west", "drained", settle)
+	}
 	t.Logf("after the drain:\n%s", text)
 	if v.ReservedFraction != 0.5 {
 		t.Errorf("drained eu-west: reserved fraction %v, want the class's partition_share 0.5", v.ReservedFraction)
@@ -154,4 +167,129 @@ func TestRegionDrainRestoreAndLapseAgainstRealDaemons(t *testing.T) {
 	}
 	// Returning until its static lease is conferred again, then live.
 	waitState("eu-west", "live", validity+settle)
+}
+
+// drainDownConfig has two classes whose floors differ (partition_share 0
+// and 0.25), so a region on its floor is reserved a different fraction per
+// class.
+const drainDownConfig = `
+epoch: 100ms
+grant_validity: 500ms
+region_lease: 1s
+lease_ttl: 500ms
+refresh: 50ms
+regions:
+  us-east: {weight: 1}
+  eu-west: {weight: 1}
+  ap-south: {weight: 2}
+classes:
+  read: {mode: lease, on_failure: local, partition_share: 0}
+  write: {mode: lease, on_failure: local, partition_share: 0.25}
+tiers:
+  free: {read: {rate: 100/s, burst: 100}, write: {rate: 100/s, burst: 100}}
+default_tier: free
+`
+
+// TestDrainOfADeadRegionAgainstRealDaemons kills a region's only replica
+// and drains it while it is silent, as an operator would during an outage:
+// the drain says its share does not move sooner; status shows it drained
+// and silent, its share still reserved whole (it cannot adopt the drain)
+// until its static lease lapses, then drained and lapsed, reserved per
+// class (0% for read, 25% for write).
+func TestDrainOfADeadRegionAgainstRealDaemons(t *testing.T) {
+	cfg, err := config.Parse([]byte(drainDownConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := devcluster.Start(context.Background(), devcluster.Options{Config: cfg, SessionTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	epoch, validity, lease := time.Duration(cfg.Epoch), time.Duration(cfg.GrantValidity), time.Duration(cfg.RegionLease)
+	lapse := lease + validity + time.Duration(hierarchy.LapseMargin(epoch, lease))
+	settle := 100 * epoch // generous for a loaded machine
+	flags := []string{"-etcd-endpoints", c.EtcdAddr(), "-global-addr", c.GlobalAddrs()[0]}
+	cli := func(args ...string) result {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), append(append([]string(nil), flags...), args...), strings.NewReader(""), &stdout, &stderr)
+		return result{code, stdout.String(), stderr.String()}
+	}
+	// waitRegion polls status -o json until region's view satisfies ok,
+	// and returns it with the text rendering of the same moment.
+	waitRegion := func(region, what string, within time.Duration, ok func(regionView) bool) (regionView, string) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		var last result
+		for {
+			last = cli("status", "-o", "json")
+			var rep statusReport
+			if last.code == exitOK && json.Unmarshal([]byte(last.stdout), &rep) == nil && rep.Global != nil && rep.Global.AnsweredByLeader {
+				for _, r := range rep.Global.Regions {
+					if r.Region == region && ok(r) {
+						var out bytes.Buffer
+						if err := writeStatusText(&out, &rep); err != nil {
+							t.Fatal(err)
+						}
+						return r, out.String()
+					}
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not %s within %v; last status:\n%s", region, what, within, last)
+			}
+			time.Sleep(epoch / 2) // polling the deployment with a deadline
+		}
+	}
+	for _, r := range []string{"us-east", "eu-west", "ap-south"} {
+		waitRegion(r, "live", settle, func(v regionView) bool { return v.State == "live" && v.StaticLeaseMs > 0 })
+	}
+
+	c.Regions["eu-west"].Replicas[0].Kill()
+	waitRegion("eu-west", "silent", settle, func(v regionView) bool { return v.Silent })
+
+	r := cli("region", "drain", "eu-west", "-yes")
+	wantCode(t, r, exitOK)
+	t.Logf("drain of a silent region:\n%s", r.stdout)
+	wantContains(t, "stdout", r.stdout, "eu-west is silent since", "the drain does not move its share sooner",
+		"region_lease + grant_validity + max(epoch, 1% of region_lease) = "+lapse.String())
+	if strings.Contains(r.stdout, "as its grants expire") {
+		t.Errorf("the drain of a silent region promises its share moves as its grants expire:\n%s", r.stdout)
+	}
+
+	// Drained in the config, but it never loads it: its whole share stays
+	// reserved, and status says so and that it is silent.
+	v, text := waitRegion("eu-west", "drained (pending)", settle, func(v regionView) bool { return v.State == "drained" && !v.Lapsed })
+	t.Logf("drained while down:\n%s", text)
+	if !v.DrainPending || !v.Silent || v.ReservedFraction != 1 || v.ReservedMinFraction != 1 {
+		t.Errorf("drained silent eu-west: %+v, want drain pending, silent, its whole share reserved", v)
+	}
+	if !lineMatches(text, `^eu-west\s.*100%\s+DRAINED in the config, SILENT since \S+ \(has not adopted the drain`) {
+		t.Errorf("status does not show eu-west drained, silent and reserved whole:\n%s", text)
+	}
+
+	// Lapsed: on its floor, which is per class.
+	v, text = waitRegion("eu-west", "drained and lapsed", lapse+settle, func(v regionView) bool { return v.State == "drained" && v.Lapsed })
+	t.Logf("drained and lapsed:\n%s", text)
+	if v.DrainPending || v.ReservedFraction != 0.25 || v.ReservedMinFraction != 0 {
+		t.Errorf("drained lapsed eu-west: %+v, want no drain pending, reserved 0 to 0.25", v)
+	}
+	if !lineMatches(text, `^eu-west\s.*0-25% by class\s+DRAINED, LEASE EXPIRED \(`) {
+		t.Errorf("status does not show eu-west drained, lapsed and reserved by class:\n%s", text)
+	}
+	wantContains(t, "status text", text, "RESERVED on a floor is per class (its partition_share): read 0%, write 25%")
+	if lineMatches(text, `^us-east\s.*by class`) {
+		t.Errorf("a live region is shown reserved by class:\n%s", text)
+	}
+}
+
+// lineMatches says whether a line of text matches the regular expression.
+func lineMatches(text, expr string) bool {
+	re := regexp.MustCompile(expr)
+	for _, l := range strings.Split(text, "\n") {
+		if re.MatchString(l) {
+			return true
+		}
+	}
+	return false
 }

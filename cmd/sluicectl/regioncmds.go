@@ -84,9 +84,72 @@ func (a *app) regionDrainedCmd(fs *flag.FlagSet, drain bool) func(context.Contex
 		}
 		// A declined prompt or a conflict returned above; here the change
 		// was written (or the diff was empty, which the checks rule out).
+		var down *regionView
+		if drain {
+			down = a.silentRegion(ctx, name)
+		}
+		if down != nil {
+			fmt.Fprintln(a.stdout, drainSilentTiming(timing, name, down))
+			return nil
+		}
 		fmt.Fprintln(a.stdout, drainTiming(timing, name, drain))
 		return nil
 	}
+}
+
+// silentRegion asks the global tier (the leader etcd names, or
+// -global-addr) how it sees region and returns that view when the region
+// is silent or lapsed: down, or cut off, it cannot adopt a drain. nil when
+// it reports, or when the global tier cannot be asked (the drain is
+// written either way; status tells the rest).
+func (a *app) silentRegion(ctx context.Context, region string) *regionView {
+	var rep statusReport
+	if len(a.g.endpoints()) > 0 {
+		if err := a.readEtcdStatus(ctx, &rep); err != nil {
+			return nil
+		}
+	}
+	addr := a.g.globalAddr
+	if addr == "" && rep.GlobalLeader != nil {
+		addr = rep.GlobalLeader.Addr
+	}
+	if addr == "" {
+		return nil
+	}
+	if err := a.askGlobal(ctx, addr, 1, &rep); err != nil || rep.Global == nil || !rep.Global.AnsweredByLeader {
+		return nil
+	}
+	for i := range rep.Global.Regions {
+		r := &rep.Global.Regions[i]
+		if r.Region == region && (r.Silent || r.Lapsed) {
+			return r
+		}
+	}
+	return nil
+}
+
+// drainSilentTiming is drainTiming for a region the global tier does not
+// hear from: it cannot load the new revision, so the drain moves nothing
+// sooner; its share moves when its static lease lapses, as for any region
+// that is down (or has moved already when it lapsed).
+func drainSilentTiming(cfg *config.Config, region string, r *regionView) string {
+	since := ""
+	if r.SilentSince != nil {
+		since = " since " + r.SilentSince.Local().Format("15:04:05.000")
+	}
+	if r.Lapsed {
+		return fmt.Sprintf("%s is silent%s and its static lease has lapsed: the global tier already counts it at its floor and its share is with the other regions; "+
+			"the drain keeps it on its floor when it comes back. Watch it with: sluicectl status", region, since)
+	}
+	lease, validity, epoch := time.Duration(cfg.RegionLease), time.Duration(cfg.GrantValidity), time.Duration(cfg.Epoch)
+	lapse := lease + validity + max(epoch, lease/100)
+	when := ""
+	if r.SilentSince != nil {
+		when = fmt.Sprintf(", at about %s", r.SilentSince.Add(lapse).Local().Format("15:04:05.000"))
+	}
+	return fmt.Sprintf("%s is silent%s (the global tier hears no report from it): it cannot load this revision, so the drain does not move its share sooner. "+
+		"The global tier keeps reserving its share until its static lease lapses, region_lease + grant_validity + max(epoch, 1%% of region_lease) = %v after its last report%s, "+
+		"then gives it to the other regions above its floor. Watch it with: sluicectl status (DRAINED in the config, SILENT)", region, since, lapse, when)
 }
 
 // drainTiming tells the operator what happens next and when, in the

@@ -90,13 +90,17 @@ type regionLeaderView struct {
 }
 
 type globalView struct {
-	AnsweredByLeader bool         `json:"answered_by_leader"`
-	LeaderAddr       string       `json:"leader_addr"`
-	Learning         bool         `json:"learning"`
-	Epoch            uint64       `json:"epoch"`
-	ConfigRevision   int64        `json:"config_revision"`
-	ContendedKeys    int64        `json:"contended_keys"`
-	Regions          []regionView `json:"regions"`
+	AnsweredByLeader bool   `json:"answered_by_leader"`
+	LeaderAddr       string `json:"leader_addr"`
+	Learning         bool   `json:"learning"`
+	Epoch            uint64 `json:"epoch"`
+	ConfigRevision   int64  `json:"config_revision"`
+	ContendedKeys    int64  `json:"contended_keys"`
+	// ClassFloors is each class's partition_share: what a lapsed or
+	// drained region is reserved of its static share for that class's
+	// keys. Empty from an allocator that does not send it.
+	ClassFloors map[string]float64 `json:"class_floors,omitempty"`
+	Regions     []regionView       `json:"regions"`
 	// Degraded lists the silent regions: the allocator counts each at
 	// max(its last grant, its static share).
 	Degraded []string  `json:"degraded"`
@@ -122,9 +126,22 @@ type regionView struct {
 	// static lease; 0 when it runs on its floor.
 	StaticLeaseMs int64 `json:"static_lease_ms"`
 	// ReservedFraction is the fraction of its static share the global tier
-	// reserves for the region without a grant (1 live, its floor fraction
-	// when lapsed or drained).
+	// reserves for the region without a grant: 1 while it counts the whole
+	// share, else its floor fraction, which is per class (the class's
+	// partition_share, Global.ClassFloors): the largest of them.
 	ReservedFraction float64 `json:"reserved_fraction"`
+	// ReservedMinFraction is the smallest per-class figure: equal to
+	// ReservedFraction unless classes with different partition_shares
+	// make the reserve a range.
+	ReservedMinFraction float64 `json:"reserved_min_fraction"`
+	// DrainPending: the config drains the region but the global tier
+	// still reserves its share under the revision it runs (it has not
+	// reported the drain: not yet, or it is silent), until it does or its
+	// static lease lapses.
+	DrainPending bool `json:"drain_pending,omitempty"`
+	// Lapsed: its static lease lapsed; the global tier counts it at its
+	// floor (also for a drained region).
+	Lapsed bool `json:"lapsed,omitempty"`
 }
 
 type keyView struct {
@@ -585,12 +602,26 @@ func newGlobalView(resp *sluicev1.StatusResponse, now time.Time) *globalView {
 		Degraded:         []string{},
 		Keys:             []keyView{},
 	}
+	lowest := math.Inf(1)
+	for _, f := range resp.GetClassFloors() {
+		if g.ClassFloors == nil {
+			g.ClassFloors = map[string]float64{}
+		}
+		g.ClassFloors[f.GetClass()] = f.GetPartitionShare()
+		lowest = math.Min(lowest, f.GetPartitionShare())
+	}
 	for _, r := range resp.GetRegions() {
 		rv := regionView{
 			Region: r.GetRegion(), LastReportAgeMs: r.GetLastReportAgeMs(), Silent: r.GetSilent(), LastSeq: r.GetLastSeq(),
 			State: r.GetState(), StaticLeaseMs: r.GetStaticLeaseMs(), ReservedFraction: r.GetReservedFraction(),
+			ReservedMinFraction: r.GetReservedFraction(),
+			DrainPending:        r.GetDrainPending(), Lapsed: r.GetLapsed() || r.GetState() == stateLapsed,
 		}
-		if (rv.Silent || rv.State == stateLapsed) && rv.LastReportAgeMs >= 0 {
+		if rv.ReservedFraction < 1 && lowest < rv.ReservedFraction {
+			// On its floor: each class keeps its own partition_share.
+			rv.ReservedMinFraction = lowest
+		}
+		if (rv.Silent || rv.Lapsed) && rv.LastReportAgeMs >= 0 {
 			// The stored instant: the same on every call. Computed from
 			// the age and this call's now, it moved by a millisecond or so
 			// from call to call for the same report.
@@ -725,6 +756,7 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "REGION\tLAST REPORT\tSEQ\tSTATIC LEASE\tRESERVED\tSTATE")
+	byClass := false
 	for _, r := range g.Regions {
 		lease, reserved := "-", "-"
 		if r.State != "" {
@@ -733,11 +765,29 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 				lease = "none"
 			}
 			reserved = num(100*r.ReservedFraction) + "%"
+			if r.ReservedMinFraction < r.ReservedFraction {
+				reserved = num(100*r.ReservedMinFraction) + "-" + reserved + " by class"
+				byClass = true
+			}
 		}
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Region, age(r.LastReportAgeMs), r.LastSeq, lease, reserved, regionState(r))
 	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	if byClass {
+		// The floor is per class: say which class keeps what, so a key's
+		// TARGET can be read against it.
+		names := make([]string, 0, len(g.ClassFloors))
+		for name := range g.ClassFloors {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		parts := make([]string, len(names))
+		for i, name := range names {
+			parts[i] = name + " " + num(100*g.ClassFloors[name]) + "%"
+		}
+		fmt.Fprintf(out, "RESERVED on a floor is per class (its partition_share): %s\n", strings.Join(parts, ", "))
 	}
 	if len(g.Keys) == 0 {
 		fmt.Fprintln(out, "\nno contended keys")
@@ -799,9 +849,27 @@ func regionState(r regionView) string {
 	case stateReturning:
 		return "RETURNING (on its floor until its static lease is conferred again)"
 	case stateDrained:
-		return "DRAINED (config: on its floor, its share re-divided)"
+		return drainedState(r, since)
 	}
 	return strings.ToUpper(r.State)
+}
+
+// drainedState explains a drained region: whether the global tier has
+// re-divided its share yet, and whether the region is silent or lapsed (a
+// region that is down cannot adopt the drain, so its share stays reserved
+// until its static lease lapses).
+func drainedState(r regionView, since string) string {
+	switch {
+	case r.Lapsed:
+		return "DRAINED, LEASE EXPIRED (silent" + since + "; lapsed: on its floor, its share re-divided)"
+	case r.DrainPending && r.Silent:
+		return "DRAINED in the config, SILENT" + since + " (has not adopted the drain: its static share stays reserved until its lease lapses)"
+	case r.DrainPending:
+		return "DRAINED in the config, not yet adopted (its static share stays reserved until it reports the draining revision)"
+	case r.Silent:
+		return "DRAINED, SILENT" + since + " (on its floor, its share re-divided)"
+	}
+	return "DRAINED (config: on its floor, its share re-divided)"
 }
 
 func candidates(n int) string {

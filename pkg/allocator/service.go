@@ -790,7 +790,15 @@ func (s *Service) Status(ctx context.Context, req *sluicev1.StatusRequest) (*slu
 	v := a.View(now)
 	out.Learning = v.Learning
 	out.Epoch = v.Epoch
-	floor := floorFraction(s.currentConfig())
+	s.mu.Lock()
+	cfg := s.applied
+	pending := map[string]bool{}
+	for _, r := range v.Regions {
+		pending[r.Name] = s.drainPendingLocked(r.Name)
+	}
+	s.mu.Unlock()
+	floor := floorFraction(cfg)
+	out.ClassFloors = classFloors(cfg)
 	for _, r := range v.Regions {
 		age, at := int64(-1), int64(0)
 		if r.Reported {
@@ -798,14 +806,17 @@ func (s *Service) Status(ctx context.Context, req *sluicev1.StatusRequest) (*slu
 			// The stored instant, so every call names the same one.
 			at = r.LastReport.UnixMilli()
 		}
+		// A drained region whose reserve is still its share under the
+		// revision it runs (it has not reported the drain) is reserved
+		// whole until it does or lapses.
 		reserved := 1.0
-		if r.Floored {
+		if r.Lapsed || (r.Floored && !pending[r.Name]) {
 			reserved = floor
 		}
 		out.Regions = append(out.Regions, &sluicev1.RegionStatus{
 			Region: r.Name, LastReportAgeMs: age, Silent: r.Silent, LastSeq: r.LastSeq,
 			State: string(r.State), StaticLeaseMs: r.StaticLease.Milliseconds(), ReservedFraction: reserved,
-			LastReportUnixMs: at,
+			LastReportUnixMs: at, DrainPending: pending[r.Name] && !r.Lapsed, Lapsed: r.Lapsed,
 		})
 	}
 	out.Keys, out.ContendedKeys = topKeys(v, n)
@@ -828,6 +839,60 @@ func floorFraction(cfg *config.Config) float64 {
 		f = max(f, cfg.PartitionShareOf(name))
 	}
 	return f
+}
+
+// classFloors is every class's partition_share under cfg, by class name.
+func classFloors(cfg *config.Config) []*sluicev1.ClassFloor {
+	names := make([]string, 0, len(cfg.Classes))
+	for name := range cfg.Classes {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	out := make([]*sluicev1.ClassFloor, len(names))
+	for i, name := range names {
+		out[i] = &sluicev1.ClassFloor{Class: name, PartitionShare: cfg.PartitionShareOf(name)}
+	}
+	return out
+}
+
+// drainPendingLocked says whether the live config drains region while the
+// static share the allocator reserves for it is still one under a config
+// that does not: as Confirmations.Reserve takes it (used while more than
+// one config is in play), the smallest share under the revisions region
+// reported from the confirmed one on, or, when none of them is held, the
+// largest under any held config. A region absent from a config has no
+// share there, as if drained. s.mu is held.
+func (s *Service) drainPendingLocked(region string) bool {
+	if r, ok := s.applied.Regions[region]; !ok || !r.Drained || len(s.held) <= 1 {
+		return false
+	}
+	drains := func(cfg *config.Config) bool {
+		r, ok := cfg.Regions[region]
+		return !ok || r.Drained
+	}
+	confirmed, known := s.conf.Confirm(configRegions(s.applied))
+	found := false
+	if revs, heard := s.conf.Reported(region); heard {
+		for _, rev := range revs {
+			cfg, held := s.held[rev]
+			if !held || (known && rev < confirmed) {
+				continue
+			}
+			if drains(cfg) {
+				return false
+			}
+			found = true
+		}
+	}
+	if found {
+		return true
+	}
+	for _, cfg := range s.held {
+		if !drains(cfg) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Service) configRevision() int64 {

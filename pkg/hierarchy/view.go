@@ -43,8 +43,14 @@ type RegionView struct {
 	// time of the report it last conferred it to); 0 when none.
 	StaticLease time.Duration
 	// Floored: the allocator reserves only the region's floor for it
-	// without a grant (lapsed or drained).
+	// without a grant (lapsed or drained). For a drained region that is so
+	// only once its static share in the key limits is the drained one
+	// (pkg/allocator holds the share of the revision it runs until it
+	// reports the draining one).
 	Floored bool
+	// Lapsed: its static lease lapsed durably and it is counted at its
+	// floor; also true for a drained region, whose State says drained.
+	Lapsed bool
 }
 
 // KeyView is one key's allocation.
@@ -111,6 +117,7 @@ func (a *Allocator) View(now time.Time) View {
 			UnknownKeyCount: rs.unknownN,
 			State:           a.regionStateAt(t, i),
 			Floored:         rs.lapsed || rs.Drained,
+			Lapsed:          rs.lapsed,
 		}
 		if rs.conferredAt != negInf && !rs.lapsed && !rs.returning {
 			rv.StaticLease = max(0, time.Duration(rs.conferredAt+a.regionLease-t))

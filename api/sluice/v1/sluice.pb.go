@@ -1051,16 +1051,26 @@ type RegionStatus struct {
 	// (0: none, the region runs on its floor).
 	StaticLeaseMs int64 `protobuf:"varint,6,opt,name=static_lease_ms,json=staticLeaseMs,proto3" json:"static_lease_ms,omitempty"`
 	// The fraction of the region's static share the global tier currently
-	// reserves for it without a grant: 1 live, the floor fraction when
-	// lapsed or drained (per class; the largest is shown).
+	// reserves for it without a grant: 1 while it counts the whole share
+	// (live, silent, returning, or drained while drain_pending), the floor
+	// fraction when lapsed or drained. The floor fraction is per class (its
+	// partition_share, StatusResponse.class_floors); the largest is given.
 	ReservedFraction float64 `protobuf:"fixed64,7,opt,name=reserved_fraction,json=reservedFraction,proto3" json:"reserved_fraction,omitempty"`
 	// When the allocator accepted the region's last report, Unix milliseconds
 	// on its own clock; 0 if never heard from. An instant for operators to
 	// read (the same on every call while no report arrives), not for any
 	// decision: last_report_age_ms is what the allocator decides on.
 	LastReportUnixMs int64 `protobuf:"varint,8,opt,name=last_report_unix_ms,json=lastReportUnixMs,proto3" json:"last_report_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The config drains the region, but the global tier still reserves its
+	// static share under a revision that does not (the region has not
+	// reported a revision that drains it: not yet, or it is silent), until
+	// it does or its static lease lapses. Only with state drained.
+	DrainPending bool `protobuf:"varint,9,opt,name=drain_pending,json=drainPending,proto3" json:"drain_pending,omitempty"`
+	// Its static lease lapsed: the global tier counts it at its floor. Also
+	// set when state is drained (which the state names first).
+	Lapsed        bool `protobuf:"varint,10,opt,name=lapsed,proto3" json:"lapsed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegionStatus) Reset() {
@@ -1149,6 +1159,74 @@ func (x *RegionStatus) GetLastReportUnixMs() int64 {
 	return 0
 }
 
+func (x *RegionStatus) GetDrainPending() bool {
+	if x != nil {
+		return x.DrainPending
+	}
+	return false
+}
+
+func (x *RegionStatus) GetLapsed() bool {
+	if x != nil {
+		return x.Lapsed
+	}
+	return false
+}
+
+// ClassFloor is one class's partition_share under the config the allocator
+// runs: the fraction of its static share a lapsed or drained region keeps.
+type ClassFloor struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Class          string                 `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	PartitionShare float64                `protobuf:"fixed64,2,opt,name=partition_share,json=partitionShare,proto3" json:"partition_share,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ClassFloor) Reset() {
+	*x = ClassFloor{}
+	mi := &file_sluice_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClassFloor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClassFloor) ProtoMessage() {}
+
+func (x *ClassFloor) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClassFloor.ProtoReflect.Descriptor instead.
+func (*ClassFloor) Descriptor() ([]byte, []int) {
+	return file_sluice_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ClassFloor) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *ClassFloor) GetPartitionShare() float64 {
+	if x != nil {
+		return x.PartitionShare
+	}
+	return 0
+}
+
 type KeyRegionStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
@@ -1164,7 +1242,7 @@ type KeyRegionStatus struct {
 
 func (x *KeyRegionStatus) Reset() {
 	*x = KeyRegionStatus{}
-	mi := &file_sluice_proto_msgTypes[15]
+	mi := &file_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1254,7 @@ func (x *KeyRegionStatus) String() string {
 func (*KeyRegionStatus) ProtoMessage() {}
 
 func (x *KeyRegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[15]
+	mi := &file_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1267,7 @@ func (x *KeyRegionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRegionStatus.ProtoReflect.Descriptor instead.
 func (*KeyRegionStatus) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KeyRegionStatus) GetRegion() string {
@@ -1254,7 +1332,7 @@ type KeyStatus struct {
 
 func (x *KeyStatus) Reset() {
 	*x = KeyStatus{}
-	mi := &file_sluice_proto_msgTypes[16]
+	mi := &file_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1344,7 @@ func (x *KeyStatus) String() string {
 func (*KeyStatus) ProtoMessage() {}
 
 func (x *KeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[16]
+	mi := &file_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1357,7 @@ func (x *KeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyStatus.ProtoReflect.Descriptor instead.
 func (*KeyStatus) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *KeyStatus) GetKey() *QuotaKey {
@@ -1329,13 +1407,16 @@ type StatusResponse struct {
 	ContendedKeys int64        `protobuf:"varint,7,opt,name=contended_keys,json=contendedKeys,proto3" json:"contended_keys,omitempty"`
 	// Config revision in etcd the allocator runs on (0 = built-in/bootstrap).
 	ConfigRevision int64 `protobuf:"varint,8,opt,name=config_revision,json=configRevision,proto3" json:"config_revision,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Every class's partition_share, by class name: what a lapsed or
+	// drained region is reserved of its static share for that class's keys.
+	ClassFloors   []*ClassFloor `protobuf:"bytes,9,rep,name=class_floors,json=classFloors,proto3" json:"class_floors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sluice_proto_msgTypes[17]
+	mi := &file_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1428,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[17]
+	mi := &file_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1441,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatusResponse) GetLeader() bool {
@@ -1419,6 +1500,13 @@ func (x *StatusResponse) GetConfigRevision() int64 {
 	return 0
 }
 
+func (x *StatusResponse) GetClassFloors() []*ClassFloor {
+	if x != nil {
+		return x.ClassFloors
+	}
+	return nil
+}
+
 // KeyDemand is one key's demand as seen by one region over the last epoch.
 type KeyDemand struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1450,7 +1538,7 @@ type KeyDemand struct {
 
 func (x *KeyDemand) Reset() {
 	*x = KeyDemand{}
-	mi := &file_sluice_proto_msgTypes[18]
+	mi := &file_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1462,7 +1550,7 @@ func (x *KeyDemand) String() string {
 func (*KeyDemand) ProtoMessage() {}
 
 func (x *KeyDemand) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[18]
+	mi := &file_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1475,7 +1563,7 @@ func (x *KeyDemand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyDemand.ProtoReflect.Descriptor instead.
 func (*KeyDemand) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *KeyDemand) GetKey() *QuotaKey {
@@ -1575,7 +1663,7 @@ type RegionReport struct {
 
 func (x *RegionReport) Reset() {
 	*x = RegionReport{}
-	mi := &file_sluice_proto_msgTypes[19]
+	mi := &file_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1675,7 @@ func (x *RegionReport) String() string {
 func (*RegionReport) ProtoMessage() {}
 
 func (x *RegionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[19]
+	mi := &file_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1688,7 @@ func (x *RegionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionReport.ProtoReflect.Descriptor instead.
 func (*RegionReport) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RegionReport) GetRegion() string {
@@ -1675,7 +1763,7 @@ type KeyGrant struct {
 
 func (x *KeyGrant) Reset() {
 	*x = KeyGrant{}
-	mi := &file_sluice_proto_msgTypes[20]
+	mi := &file_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +1775,7 @@ func (x *KeyGrant) String() string {
 func (*KeyGrant) ProtoMessage() {}
 
 func (x *KeyGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[20]
+	mi := &file_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +1788,7 @@ func (x *KeyGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyGrant.ProtoReflect.Descriptor instead.
 func (*KeyGrant) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *KeyGrant) GetKey() *QuotaKey {
@@ -1771,7 +1859,7 @@ type RegionGrants struct {
 
 func (x *RegionGrants) Reset() {
 	*x = RegionGrants{}
-	mi := &file_sluice_proto_msgTypes[21]
+	mi := &file_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +1871,7 @@ func (x *RegionGrants) String() string {
 func (*RegionGrants) ProtoMessage() {}
 
 func (x *RegionGrants) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_proto_msgTypes[21]
+	mi := &file_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +1884,7 @@ func (x *RegionGrants) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrants.ProtoReflect.Descriptor instead.
 func (*RegionGrants) Descriptor() ([]byte, []int) {
-	return file_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegionGrants) GetRegion() string {
@@ -1961,7 +2049,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\x05Nudge\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"*\n" +
 	"\rStatusRequest\x12\x19\n" +
-	"\btop_keys\x18\x01 \x01(\x05R\atopKeys\"\xa0\x02\n" +
+	"\btop_keys\x18\x01 \x01(\x05R\atopKeys\"\xdd\x02\n" +
 	"\fRegionStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12+\n" +
 	"\x12last_report_age_ms\x18\x02 \x01(\x03R\x0flastReportAgeMs\x12\x16\n" +
@@ -1970,7 +2058,14 @@ const file_sluice_proto_rawDesc = "" +
 	"\x05state\x18\x05 \x01(\tR\x05state\x12&\n" +
 	"\x0fstatic_lease_ms\x18\x06 \x01(\x03R\rstaticLeaseMs\x12+\n" +
 	"\x11reserved_fraction\x18\a \x01(\x01R\x10reservedFraction\x12-\n" +
-	"\x13last_report_unix_ms\x18\b \x01(\x03R\x10lastReportUnixMs\"\xdd\x01\n" +
+	"\x13last_report_unix_ms\x18\b \x01(\x03R\x10lastReportUnixMs\x12#\n" +
+	"\rdrain_pending\x18\t \x01(\bR\fdrainPending\x12\x16\n" +
+	"\x06lapsed\x18\n" +
+	" \x01(\bR\x06lapsed\"K\n" +
+	"\n" +
+	"ClassFloor\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12'\n" +
+	"\x0fpartition_share\x18\x02 \x01(\x01R\x0epartitionShare\"\xdd\x01\n" +
 	"\x0fKeyRegionStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06demand\x18\x02 \x01(\x01R\x06demand\x12\x16\n" +
@@ -1985,7 +2080,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x14\n" +
 	"\x05burst\x18\x03 \x01(\x01R\x05burst\x12\x16\n" +
 	"\x06demand\x18\x04 \x01(\x01R\x06demand\x124\n" +
-	"\aregions\x18\x05 \x03(\v2\x1a.sluice.v1.KeyRegionStatusR\aregions\"\xa8\x02\n" +
+	"\aregions\x18\x05 \x03(\v2\x1a.sluice.v1.KeyRegionStatusR\aregions\"\xe2\x02\n" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\bR\x06leader\x12\x1f\n" +
 	"\vleader_addr\x18\x02 \x01(\tR\n" +
@@ -1995,7 +2090,8 @@ const file_sluice_proto_rawDesc = "" +
 	"\aregions\x18\x05 \x03(\v2\x17.sluice.v1.RegionStatusR\aregions\x12(\n" +
 	"\x04keys\x18\x06 \x03(\v2\x14.sluice.v1.KeyStatusR\x04keys\x12%\n" +
 	"\x0econtended_keys\x18\a \x01(\x03R\rcontendedKeys\x12'\n" +
-	"\x0fconfig_revision\x18\b \x01(\x03R\x0econfigRevision\"\xb3\x02\n" +
+	"\x0fconfig_revision\x18\b \x01(\x03R\x0econfigRevision\x128\n" +
+	"\fclass_floors\x18\t \x03(\v2\x15.sluice.v1.ClassFloorR\vclassFloors\"\xb3\x02\n" +
 	"\tKeyDemand\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x1a\n" +
 	"\badmitted\x18\x02 \x01(\x03R\badmitted\x12\x16\n" +
@@ -2061,7 +2157,7 @@ func file_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_proto_rawDescData
 }
 
-var file_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_sluice_proto_goTypes = []any{
 	(*QuotaKey)(nil),        // 0: sluice.v1.QuotaKey
 	(*KeyReport)(nil),       // 1: sluice.v1.KeyReport
@@ -2078,13 +2174,14 @@ var file_sluice_proto_goTypes = []any{
 	(*Nudge)(nil),           // 12: sluice.v1.Nudge
 	(*StatusRequest)(nil),   // 13: sluice.v1.StatusRequest
 	(*RegionStatus)(nil),    // 14: sluice.v1.RegionStatus
-	(*KeyRegionStatus)(nil), // 15: sluice.v1.KeyRegionStatus
-	(*KeyStatus)(nil),       // 16: sluice.v1.KeyStatus
-	(*StatusResponse)(nil),  // 17: sluice.v1.StatusResponse
-	(*KeyDemand)(nil),       // 18: sluice.v1.KeyDemand
-	(*RegionReport)(nil),    // 19: sluice.v1.RegionReport
-	(*KeyGrant)(nil),        // 20: sluice.v1.KeyGrant
-	(*RegionGrants)(nil),    // 21: sluice.v1.RegionGrants
+	(*ClassFloor)(nil),      // 15: sluice.v1.ClassFloor
+	(*KeyRegionStatus)(nil), // 16: sluice.v1.KeyRegionStatus
+	(*KeyStatus)(nil),       // 17: sluice.v1.KeyStatus
+	(*StatusResponse)(nil),  // 18: sluice.v1.StatusResponse
+	(*KeyDemand)(nil),       // 19: sluice.v1.KeyDemand
+	(*RegionReport)(nil),    // 20: sluice.v1.RegionReport
+	(*KeyGrant)(nil),        // 21: sluice.v1.KeyGrant
+	(*RegionGrants)(nil),    // 22: sluice.v1.RegionGrants
 }
 var file_sluice_proto_depIdxs = []int32{
 	0,  // 0: sluice.v1.KeyReport.key:type_name -> sluice.v1.QuotaKey
@@ -2096,34 +2193,35 @@ var file_sluice_proto_depIdxs = []int32{
 	1,  // 6: sluice.v1.ReleaseRequest.reports:type_name -> sluice.v1.KeyReport
 	0,  // 7: sluice.v1.CheckRequest.key:type_name -> sluice.v1.QuotaKey
 	0,  // 8: sluice.v1.KeyStatus.key:type_name -> sluice.v1.QuotaKey
-	15, // 9: sluice.v1.KeyStatus.regions:type_name -> sluice.v1.KeyRegionStatus
+	16, // 9: sluice.v1.KeyStatus.regions:type_name -> sluice.v1.KeyRegionStatus
 	14, // 10: sluice.v1.StatusResponse.regions:type_name -> sluice.v1.RegionStatus
-	16, // 11: sluice.v1.StatusResponse.keys:type_name -> sluice.v1.KeyStatus
-	0,  // 12: sluice.v1.KeyDemand.key:type_name -> sluice.v1.QuotaKey
-	18, // 13: sluice.v1.RegionReport.keys:type_name -> sluice.v1.KeyDemand
-	0,  // 14: sluice.v1.KeyGrant.key:type_name -> sluice.v1.QuotaKey
-	20, // 15: sluice.v1.RegionGrants.grants:type_name -> sluice.v1.KeyGrant
-	3,  // 16: sluice.v1.LeaseService.Acquire:input_type -> sluice.v1.AcquireRequest
-	5,  // 17: sluice.v1.LeaseService.Sync:input_type -> sluice.v1.SyncRequest
-	7,  // 18: sluice.v1.LeaseService.Release:input_type -> sluice.v1.ReleaseRequest
-	9,  // 19: sluice.v1.LeaseService.Check:input_type -> sluice.v1.CheckRequest
-	19, // 20: sluice.v1.AllocatorService.Sync:input_type -> sluice.v1.RegionReport
-	19, // 21: sluice.v1.AllocatorService.SyncPage:input_type -> sluice.v1.RegionReport
-	13, // 22: sluice.v1.AllocatorService.Status:input_type -> sluice.v1.StatusRequest
-	11, // 23: sluice.v1.AllocatorService.Watch:input_type -> sluice.v1.WatchRequest
-	4,  // 24: sluice.v1.LeaseService.Acquire:output_type -> sluice.v1.AcquireResponse
-	6,  // 25: sluice.v1.LeaseService.Sync:output_type -> sluice.v1.SyncResponse
-	8,  // 26: sluice.v1.LeaseService.Release:output_type -> sluice.v1.ReleaseResponse
-	10, // 27: sluice.v1.LeaseService.Check:output_type -> sluice.v1.CheckResponse
-	21, // 28: sluice.v1.AllocatorService.Sync:output_type -> sluice.v1.RegionGrants
-	21, // 29: sluice.v1.AllocatorService.SyncPage:output_type -> sluice.v1.RegionGrants
-	17, // 30: sluice.v1.AllocatorService.Status:output_type -> sluice.v1.StatusResponse
-	12, // 31: sluice.v1.AllocatorService.Watch:output_type -> sluice.v1.Nudge
-	24, // [24:32] is the sub-list for method output_type
-	16, // [16:24] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	17, // 11: sluice.v1.StatusResponse.keys:type_name -> sluice.v1.KeyStatus
+	15, // 12: sluice.v1.StatusResponse.class_floors:type_name -> sluice.v1.ClassFloor
+	0,  // 13: sluice.v1.KeyDemand.key:type_name -> sluice.v1.QuotaKey
+	19, // 14: sluice.v1.RegionReport.keys:type_name -> sluice.v1.KeyDemand
+	0,  // 15: sluice.v1.KeyGrant.key:type_name -> sluice.v1.QuotaKey
+	21, // 16: sluice.v1.RegionGrants.grants:type_name -> sluice.v1.KeyGrant
+	3,  // 17: sluice.v1.LeaseService.Acquire:input_type -> sluice.v1.AcquireRequest
+	5,  // 18: sluice.v1.LeaseService.Sync:input_type -> sluice.v1.SyncRequest
+	7,  // 19: sluice.v1.LeaseService.Release:input_type -> sluice.v1.ReleaseRequest
+	9,  // 20: sluice.v1.LeaseService.Check:input_type -> sluice.v1.CheckRequest
+	20, // 21: sluice.v1.AllocatorService.Sync:input_type -> sluice.v1.RegionReport
+	20, // 22: sluice.v1.AllocatorService.SyncPage:input_type -> sluice.v1.RegionReport
+	13, // 23: sluice.v1.AllocatorService.Status:input_type -> sluice.v1.StatusRequest
+	11, // 24: sluice.v1.AllocatorService.Watch:input_type -> sluice.v1.WatchRequest
+	4,  // 25: sluice.v1.LeaseService.Acquire:output_type -> sluice.v1.AcquireResponse
+	6,  // 26: sluice.v1.LeaseService.Sync:output_type -> sluice.v1.SyncResponse
+	8,  // 27: sluice.v1.LeaseService.Release:output_type -> sluice.v1.ReleaseResponse
+	10, // 28: sluice.v1.LeaseService.Check:output_type -> sluice.v1.CheckResponse
+	22, // 29: sluice.v1.AllocatorService.Sync:output_type -> sluice.v1.RegionGrants
+	22, // 30: sluice.v1.AllocatorService.SyncPage:output_type -> sluice.v1.RegionGrants
+	18, // 31: sluice.v1.AllocatorService.Status:output_type -> sluice.v1.StatusResponse
+	12, // 32: sluice.v1.AllocatorService.Watch:output_type -> sluice.v1.Nudge
+	25, // [25:33] is the sub-list for method output_type
+	17, // [17:25] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_sluice_proto_init() }
@@ -2132,14 +2230,14 @@ func file_sluice_proto_init() {
 		return
 	}
 	file_sluice_proto_msgTypes[10].OneofWrappers = []any{}
-	file_sluice_proto_msgTypes[18].OneofWrappers = []any{}
+	file_sluice_proto_msgTypes[19].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_proto_rawDesc), len(file_sluice_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
