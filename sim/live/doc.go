@@ -25,7 +25,9 @@
 // difference to a recipient, so the oracle's order of grants is the order
 // that matters. (Polling Redis for grants instead sees a recipient's new
 // grant before a donor's now and then, an oversubscription that never
-// happened.)
+// happened.) The grants the global daemons sent, applied or not, are read
+// from their metrics at the end of the run (Result.GrantsSent): a run whose
+// global tier never led out of learning mode sends none.
 //
 // # Faults
 //

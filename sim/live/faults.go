@@ -132,7 +132,9 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 				d.after(ctx, ra, func() {
 					if err := g.Restart(context.Background()); err != nil {
 						fmt.Fprintf(d.log, "live: restarting the global replica: %v\n", err)
+						return
 					}
+					d.addGlobal(g.Daemon())
 				})
 			}
 			break

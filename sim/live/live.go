@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/redisproc"
+	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
@@ -121,6 +122,9 @@ type deployment struct {
 	c       *devcluster.Cluster
 	regions []*liveRegion
 
+	globalMu sync.Mutex          // guards globals
+	globals  []*allocator.Daemon // every global daemon started, for their metrics
+
 	decisions atomic.Int64
 	workers   sync.WaitGroup
 	// faultJobs counts fault actions still to run or running (a delayed
@@ -223,6 +227,9 @@ func (d *deployment) start(ctx context.Context) error {
 		return err
 	}
 	d.c = c
+	for _, g := range c.Global {
+		d.addGlobal(g.Daemon())
+	}
 	warned := false
 	for i, name := range names {
 		cr := c.Regions[name]
@@ -543,10 +550,21 @@ func (d *deployment) close() {
 	}
 }
 
+// addGlobal keeps a started global daemon for its metrics.
+func (d *deployment) addGlobal(dm *allocator.Daemon) {
+	if dm == nil {
+		return
+	}
+	d.globalMu.Lock()
+	defer d.globalMu.Unlock()
+	d.globals = append(d.globals, dm)
+}
+
 // countRPCs reads the control-plane traffic from the regional daemons'
 // metrics: LeaseService RPCs, region leader syncs with the global tier, and
 // Lua script calls (a pipelined batch of one Sync counts once here, where
-// virtual mode counts every script).
+// virtual mode counts every script); and the grants the global daemons
+// sent.
 func (d *deployment) countRPCs() {
 	var tiers [3]int64
 	var daemons []*regional.Daemon
@@ -580,9 +598,28 @@ func (d *deployment) countRPCs() {
 			}
 		}
 	}
+	var sent int64
+	d.globalMu.Lock()
+	globals := append([]*allocator.Daemon(nil), d.globals...)
+	d.globalMu.Unlock()
+	for _, dm := range globals {
+		fams, err := dm.Registry.Gather()
+		if err != nil {
+			continue
+		}
+		for _, f := range fams {
+			if f.GetName() != "sluice_global_grants_total" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				sent += int64(m.GetCounter().GetValue())
+			}
+		}
+	}
 	d.rec.do(func(o *oracle.Oracle, _ time.Duration) {
 		for t, n := range tiers {
 			o.RPC(oracle.Tier(t), int(n))
 		}
+		o.GrantsSent(int(sent))
 	})
 }

@@ -650,6 +650,10 @@ func (o *Oracle) Reclaimed(crashAt, doneAt time.Duration, tokens float64) {
 // RPC counts n calls on a control-plane tier.
 func (o *Oracle) RPC(tier Tier, n int) { o.res.RPC[tier] += int64(n) }
 
+// GrantsSent counts n grants the global tier's answers carried (see
+// Result.GrantsSent).
+func (o *Oracle) GrantsSent(n int) { o.res.GrantsSent += int64(n) }
+
 // Fault records an injected failure.
 func (o *Oracle) Fault(at, until time.Duration, label string) {
 	o.res.Faults = append(o.res.Faults, Fault{At: at, Until: until, Label: label})

@@ -33,6 +33,12 @@ type Result struct {
 	Unserved                  float64
 	IdealAdmitted             float64
 	GrantsApplied             int64
+	// GrantsSent is the grants the global tier's answers carried, applied
+	// or not: a region drops an answer that comes after its report's
+	// deadline or after it lost its leadership, and a global leader in
+	// learning mode re-issues only what the regions hold, so a run whose
+	// global tier never led long enough sends none.
+	GrantsSent int64
 	// AfterWarmup are the same tokens counted from the end of warmup on.
 	AfterWarmup Tokens
 

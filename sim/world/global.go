@@ -262,6 +262,7 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 		return nil, false
 	}
 	n.nudge(n.alloc.TakeNudges()) // Service.Sync: before the answer
+	w.orc.GrantsSent(len(ans.Grants))
 	for _, gr := range ans.Grants {
 		if k := w.keyByQK[gr.Key]; k != nil {
 			n.seen[k.id] = at
