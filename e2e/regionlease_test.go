@@ -245,17 +245,7 @@ func rates(t *testing.T, c *devcluster.Cluster, key quota.Key, regions ...string
 	t.Helper()
 	out := map[string]float64{}
 	for _, name := range regions {
-		// A read that timed out (redis-server starved of CPU for longer
-		// than the client's timeout) failed to observe, not the system:
-		// it is read again, a bounded number of times.
-		st, err := bucketState(context.Background(), c, name, key)
-		for try := 1; try < 5 && isTimeout(err); try++ {
-			st, err = bucketState(context.Background(), c, name, key)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[name] = st.Rate
+		out[name] = regionRate(t, c, name, key).Rate
 	}
 	return out
 }
