@@ -150,7 +150,7 @@ type Client struct {
 	closed    atomic.Bool
 	closeDone chan struct{} // closed when the first Close returns
 	closeErr  error         // the first Close's result; read after closeDone
-	degraded  atomic.Bool   // last logged degraded state
+	logged    atomic.Int32  // what the degraded-mode log said of this episode (loggedNone...)
 	// credentialsRefused is whether the region's last answer refused this
 	// client's credentials (logged once per such spell: see observeRPC).
 	credentialsRefused atomic.Bool
@@ -315,7 +315,7 @@ func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quot
 				c.kickLoop()
 			}
 			if st.Degraded {
-				c.noteDegraded(cause)
+				c.noteDegradedDecision(cause)
 			}
 			if errors.Is(st.Err, ErrAbandoned) {
 				return st.Decision, abandoned(ctx, key)
@@ -340,7 +340,7 @@ func (c *Client) waitFor(ctx context.Context, ch <-chan struct{}, wait time.Dura
 	case <-ch:
 		return nil
 	case <-t.C:
-		return fmt.Errorf("refill in flight for longer than %v", wait)
+		return fmt.Errorf("%w: the refill in flight took longer than %v", errWaitEnded, wait)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -395,7 +395,7 @@ func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
 	st := refusal(s.AcquireDone(time.Now(), grants, out), err)
 	switch out {
 	case Answered:
-		c.noteDegraded(nil)
+		c.noteDegradedOver()
 	case Conflict:
 		c.noteConflict(err)
 	}
@@ -413,7 +413,7 @@ func (c *Client) check(ctx context.Context, s *Slow, key quota.Key, cost int64) 
 	out := outcome(ctx, err)
 	st := refusal(s.CheckDone(time.Now(), resp, out), err)
 	if out == Answered {
-		c.noteDegraded(nil)
+		c.noteDegradedOver()
 	}
 	return st, err
 }
@@ -439,15 +439,61 @@ func (c *Client) observeRPC(method string, start time.Time, err error) {
 	}
 }
 
-// noteDegraded logs the transitions of the client's degraded state (some
-// key decided by its on_failure policy since the region last answered it).
-func (c *Client) noteDegraded(cause error) {
+// Degraded-mode log states (Client.logged): what the current episode has
+// logged so far.
+const (
+	loggedNone        int32 = iota // not in degraded mode
+	loggedSlow                     // entered on an answer that came too late
+	loggedUnreachable              // the region was found unreachable
+)
+
+// errWaitEnded: a request's wait for the refill in flight ended first.
+var errWaitEnded = errors.New("no answer within the request's wait")
+
+// slowAnswer reports whether cause, why a request was decided by its
+// on_failure policy, is only an answer later than the request's wait (a
+// slow region, or a loaded machine) rather than evidence that the region
+// cannot be reached (a transport error, Unavailable, the breaker open).
+func slowAnswer(cause error) bool {
+	return errors.Is(cause, errWaitEnded) || errors.Is(cause, context.DeadlineExceeded) ||
+		status.Code(cause) == codes.DeadlineExceeded
+}
+
+// noteDegradedDecision logs, once per episode, that a request was decided
+// by its on_failure policy for cause. A request whose answer was only late
+// is logged at info as such; the region found unreachable (an error, or
+// the breaker open after consecutive failures: a hung region is slow
+// first) is logged at warn, also when the episode began as slow.
+func (c *Client) noteDegradedDecision(cause error) {
+	level := loggedUnreachable
+	if slowAnswer(cause) && !c.breaker.Open() {
+		level = loggedSlow
+	}
+	for {
+		cur := c.logged.Load()
+		if cur >= level {
+			return
+		}
+		if c.logged.CompareAndSwap(cur, level) {
+			break
+		}
+	}
 	n := c.table.DegradedKeys()
-	switch {
-	case n > 0 && c.degraded.CompareAndSwap(false, true):
-		c.log.Warn("lease: regional service unreachable, deciding with on_failure policies (degraded mode)",
+	if level == loggedSlow {
+		c.log.Info("lease: regional service slow to answer, deciding with on_failure policies (degraded mode)",
 			"keys", n, "cause", errString(cause))
-	case n == 0 && c.degraded.CompareAndSwap(true, false):
+		return
+	}
+	c.log.Warn("lease: regional service unreachable, deciding with on_failure policies (degraded mode)",
+		"keys", n, "cause", errString(cause))
+}
+
+// noteDegradedOver logs the end of degraded mode once the table left it:
+// the region answered a call since the last decision by an on_failure
+// policy, and every key that was degraded has been answered or forgotten
+// (Table.Degraded). Keys forgotten as idle do not end it.
+func (c *Client) noteDegradedOver() {
+	if !c.table.Degraded() && c.logged.Swap(loggedNone) != loggedNone {
 		c.log.Info("lease: regional service answering again, leasing resumed (degraded mode over)")
 	}
 }
@@ -509,7 +555,7 @@ func (c *Client) syncAll() {
 			c.log.Debug("lease: releasing idle keys failed; their leases will expire", "err", err)
 		}
 	}
-	c.noteDegraded(nil)
+	c.noteDegradedOver()
 }
 
 // refill sends the early refill, if any key needs one, and returns how
@@ -518,7 +564,7 @@ func (c *Client) refill() time.Duration {
 	b, hold := c.core.PrepareRefill(time.Now())
 	if b != nil {
 		c.sendSync(c.bg, b)
-		c.noteDegraded(nil)
+		c.noteDegradedOver()
 	}
 	return hold
 }

@@ -60,8 +60,11 @@
 //	           empties the pool (those tokens are returned in the next
 //	           report) and ends the lease.
 //	Fallback   region unreachable: the class's on_failure policy decides
-//	           (local token bucket at region rate ÷ live instances, open or
-//	           closed); the key is degraded until the region answers it.
+//	           (local token bucket at region rate ÷ live instances, or
+//	           FallbackLimit for a key the region never answered; open or
+//	           closed); the key is degraded until the region answers it,
+//	           and the table (Degraded) until the region answers any call:
+//	           a degraded key forgotten as idle does not end it.
 //	           The policy (and shadow) is the live config's when
 //	           TableOptions.Policies names the class, read at each
 //	           decision, so a change applies at once, also to keys

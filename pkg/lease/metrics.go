@@ -21,7 +21,10 @@ import (
 //	    observes one in fastSampleRate lock-free decisions (its count is a
 //	    sample, its distribution is representative)
 //	sluice_client_rpc_duration_seconds{method,code}  histogram per lease RPC
-//	sluice_client_degraded  gauge: 1 while any key decides with on_failure
+//	sluice_client_degraded  gauge: 1 in degraded mode (Table.Degraded):
+//	    from a decision by an on_failure policy until the region answers a
+//	    call again, also while no key is active (the degraded keys idled
+//	    out), since the next request would find the region as last seen
 //	sluice_client_degraded_episodes_total  counter: entries into degraded
 //	    mode (the gauge rising from 0), also those shorter than a scrape
 //	sluice_client_keys, sluice_client_tokens_held  gauges
@@ -107,7 +110,7 @@ func newTableCollector(t *Table) *tableCollector {
 			"Allow decisions by class, tier, result (allowed, denied, shadow_denied) and whether the on_failure policy made them.",
 			[]string{"class", "tier", "result", "degraded"}, nil),
 		degraded: prometheus.NewDesc("sluice_client_degraded",
-			"1 while any key is decided by its class's on_failure policy because the regional service is unreachable.", nil, nil),
+			"1 from a decision by a class's on_failure policy (the regional service did not answer) until the regional service answers a call again, also while no key is active.", nil, nil),
 		episodes: prometheus.NewDesc("sluice_client_degraded_episodes_total",
 			"Times the instance entered degraded mode (sluice_client_degraded rose from 0), including episodes shorter than a scrape.", nil, nil),
 		keys:   prometheus.NewDesc("sluice_client_keys", "Quota keys the instance tracks.", nil, nil),
@@ -129,7 +132,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 			n.Class, n.Tier, n.Result.String(), strconv.FormatBool(n.Degraded))
 	}
 	degraded := 0.0
-	if c.t.DegradedKeys() > 0 {
+	if c.t.Degraded() {
 		degraded = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.degraded, prometheus.GaugeValue, degraded)

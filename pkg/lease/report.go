@@ -460,6 +460,7 @@ func (t *Table) PrepareRebase(now time.Time) *Batch {
 // not match its report is not applied: that key's report stays pending and
 // is resent; the error lists such keys.
 func (t *Table) Apply(now time.Time, b *Batch, grants []*sluicev1.Grant) error {
+	t.Answered() // grants or not, the region answered
 	if len(grants) != len(b.Reports) {
 		t.Failed(now, b)
 		return fmt.Errorf("lease: region answered %d reports with %d grants", len(b.Reports), len(grants))

@@ -379,7 +379,10 @@ func (c *Core) SyncDone(now time.Time, b *Batch, grants []*sluicev1.Grant, out O
 // Release that got no answer leaves their leases to expire.
 func (c *Core) ReleaseDone(now time.Time, out Outcome) {
 	switch out {
-	case Answered, Refused, Conflict:
+	case Answered:
+		c.brk.Success()
+		c.table.Answered()
+	case Refused, Conflict:
 		c.brk.Success()
 	default:
 		c.brk.Failure(now)

@@ -36,10 +36,14 @@ type Table struct {
 
 	seq          atomic.Uint64 // last seq handed out
 	degradedKeys atomic.Int64
-	episodes     atomic.Uint64 // times degradedKeys rose from 0
-	closed       atomic.Bool
-	giveBackDue  atomic.Bool  // some key's giveBack was set since GiveBackDue was last read
-	ownerDue     atomic.Int64 // an instant (Table.at): the owner calls Expire again by then (see ExpireFor)
+	// unanswered: a key was decided by its on_failure policy and the
+	// region has answered no call since. It outlives the key (forgotten
+	// as idle), so degraded mode ends on an answer, never on idleness.
+	unanswered  atomic.Bool
+	episodes    atomic.Uint64 // times Degraded turned true
+	closed      atomic.Bool
+	giveBackDue atomic.Bool  // some key's giveBack was set since GiveBackDue was last read
+	ownerDue    atomic.Int64 // an instant (Table.at): the owner calls Expire again by then (see ExpireFor)
 
 	mu  sync.Mutex
 	rtt time.Duration // guarded by mu: smoothed round trip of lease RPCs
@@ -611,11 +615,15 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 			d.ResetAt = now.Add(time.Duration((float64(lim.Burst()) - have) / r * float64(time.Second)))
 		}
 	}
+	firstKey := false
 	if !e.has(degradedFlag) {
 		e.set(degradedFlag, true)
-		if t.degradedKeys.Add(1) == 1 {
-			t.episodes.Add(1)
-		}
+		firstKey = t.degradedKeys.Add(1) == 1
+	}
+	if !t.unanswered.Load() && !t.unanswered.Swap(true) && firstKey {
+		// Neither a degraded key nor an unanswered degraded decision
+		// before this one: a new episode.
+		t.episodes.Add(1)
 	}
 	e.mu.Unlock()
 
@@ -711,6 +719,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 	if err != nil {
 		return quota.Decision{}, err
 	}
+	t.Answered()
 	e.mu.Lock()
 	if resp.Limit > 0 && resp.Limit != e.view().limit {
 		e.own().limit = resp.Limit
@@ -798,13 +807,35 @@ func (t *Table) removeLocked(e *entry) {
 }
 
 // DegradedEpisodes is how many times the table entered degraded mode:
-// DegradedKeys rose from 0. It counts episodes too short for a scrape of
-// DegradedKeys to see.
+// Degraded turned true. It counts episodes too short for a scrape of
+// Degraded to see.
 func (t *Table) DegradedEpisodes() uint64 { return t.episodes.Load() }
 
-// DegradedKeys is how many keys last decided with their on_failure policy
-// and have not been answered by the region since.
+// DegradedKeys is how many keys the table holds that last decided with
+// their on_failure policy and have not been answered by the region since.
 func (t *Table) DegradedKeys() int64 { return t.degradedKeys.Load() }
+
+// Degraded reports whether the table is in degraded mode: some key it
+// holds is degraded (DegradedKeys), or a key was decided by its
+// on_failure policy and the region has answered no call since (Answered),
+// whether or not that key is still held. Degraded mode ends only on
+// evidence that the region answers: keys that idle out while it does not
+// are forgotten, but the mode stays, since the next request would try the
+// region and, finding it as it was last seen, decide degraded again.
+func (t *Table) Degraded() bool {
+	return t.degradedKeys.Load() > 0 || t.unanswered.Load()
+}
+
+// Answered records that the region answered a call: Apply and ApplyCheck
+// call it, and the owner for an answered Release (Core.ReleaseDone). A
+// degraded decision made before it is no longer evidence
+// that the region does not answer. Keys still degraded stay so until the
+// region answers for them.
+func (t *Table) Answered() {
+	if t.unanswered.Load() {
+		t.unanswered.Store(false)
+	}
+}
 
 // Len is the number of keys the table holds.
 func (t *Table) Len() int { return t.keys.len() }
