@@ -68,8 +68,14 @@ type Options struct {
 	// FallbackLimit is the local policy's limit (tokens/s, tokens) for a
 	// key the region never described (optional, default 10/s, burst 10).
 	FallbackLimit quota.Limit
-	// Logger receives degraded-mode transitions and protocol anomalies
-	// (optional, default discards).
+	// Logger receives degraded-mode transitions, keys the region refused,
+	// refused credentials and protocol anomalies (optional, default
+	// slog.Default() as NewClient finds it). The default is the process's
+	// logger, as the standard library's own packages log, because these
+	// are the lines docs/operations.md tells operators to search for: a
+	// client that discarded them by default left an application that
+	// embeds it silent through an outage. Pass
+	// slog.New(slog.DiscardHandler) to silence it.
 	Logger *slog.Logger
 	// Registerer receives the sluice_client_* metrics (optional, default
 	// none); they are unregistered by Close.
@@ -121,7 +127,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.BreakerFailures = DefaultBreakerFailures
 	}
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.Default()
 	}
 	return o, nil
 }

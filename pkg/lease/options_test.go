@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"regexp"
 	"testing"
 	"time"
@@ -28,6 +29,9 @@ func TestClientOptionsDefaults(t *testing.T) {
 	if o.Refresh != DefaultRefresh || o.BreakerTimeout != DefaultBreakerTimeout || o.BreakerCooldown != DefaultBreakerCooldown ||
 		o.SyncTimeout != DefaultSyncTimeout(DefaultRefresh) || o.IdleTimeout != 0 || o.BreakerFailures != DefaultBreakerFailures || o.Logger == nil {
 		t.Errorf("defaults %+v", o)
+	}
+	if o.Logger != slog.Default() {
+		t.Errorf("default logger %v, want slog.Default(): the lines operators search for must reach the process's log", o.Logger)
 	}
 	if o, _ := (Options{Refresh: 300 * time.Millisecond}).withDefaults(); o.SyncTimeout != 150*time.Millisecond {
 		t.Errorf("refresh 300ms: sync timeout %v, want 150ms", o.SyncTimeout)
