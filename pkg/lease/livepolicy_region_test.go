@@ -59,3 +59,40 @@ func TestLivePolicyDecidesDegradedRequestsOverTheRegionsAnswer(t *testing.T) {
 		closeClient(t, c)
 	})
 }
+
+// TestNeverAnsweredKeyWithPoliciesRunsAtTheFallbackLimit: Policies give a
+// class's on_failure policy but no limit and no instance count, so a key
+// the region never answered this instance for (it started during the
+// outage) is decided by its local policy at FallbackLimit per instance,
+// as docs/operations.md ("Regional Redis down") states, whatever the
+// key's configured rate (here 1/s, burst 100).
+func TestNeverAnsweredKeyWithPoliciesRunsAtTheFallbackLimit(t *testing.T) {
+	e := startRegion(t)
+	conn := newRegionConn(t, e.reg.Server)
+	synctest.Test(t, func(t *testing.T) {
+		fallback := quota.Limit{Rate: 4, Burst: 4}
+		c, _, _ := bubbleClient(t, conn, func(o *lease.Options) {
+			o.Refresh = time.Hour
+			o.FallbackLimit = fallback
+			o.Policies = func(class string) (lease.ClassPolicy, bool) {
+				return lease.ClassPolicy{Mode: lease.ModeLease, OnFailure: lease.PolicyLocal}, class == "read"
+			}
+		})
+		conn.setFault("*", unreachable)
+		admitted := 0
+		for range 20 {
+			d := mustAllow(t, c, acmeRead, 1)
+			if !d.Degraded || d.Limit != fallback.Burst {
+				t.Fatalf("never-answered key, region unreachable: %+v, want degraded at the fallback limit", d)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != int(fallback.Burst) {
+			t.Fatalf("admitted %d of 20 at once, want the fallback burst %d", admitted, fallback.Burst)
+		}
+		conn.setFault("*", healthy)
+		closeClient(t, c)
+	})
+}
