@@ -142,6 +142,16 @@ func TestHeldDemandFollowsTheHold(t *testing.T) {
 			t.Errorf("HeldDemand %v (Demand %v) after 25 empty readings; want the estimate 7 after the last reading above the floor", rv.HeldDemand, rv.Demand)
 		}
 	})
+	t.Run("an estimate above the floor is taken as it is", func(t *testing.T) {
+		// alpha 0.5: after a reading of 10, empty readings halve the
+		// estimate (5, 2.5), still above the floor: no hold lifts it.
+		r := newHeldRig(t, 0.5, KeyLimit{Rate: 0.5, Burst: 10})
+		r.read(T, 10, time.Second)
+		r.read(T+1000, 0, time.Second)
+		r.expect("half", 5, T+1000, 5)
+		r.read(T+2000, 0, time.Second)
+		r.expect("a quarter", 2.5, T+2000, 2.5, T+9000, 2.5)
+	})
 	t.Run("a reading at the floor is none", func(t *testing.T) {
 		// rate 1/s, floor 0.001/s: a reading of 1 request in 1000 s is
 		// at the floor, so it neither starts a hold nor ends one.
@@ -276,4 +286,46 @@ func TestHeldDemandBelongsToItsKeyAndRegion(t *testing.T) {
 			t.Errorf("us-east's HeldDemand after compaction: %v; want 10", got)
 		}
 	})
+}
+
+// TestHeldRegionMakesTheKeyContendedAtItsReport: a region without a
+// static unit of a slow key that read a request while the Allocator was
+// learning, and reads none in its first report after learning, still
+// counts as asking (within the hold): the key is contended from that
+// report on, as one reading the request then would make it, not only
+// from the next Allocate.
+func TestHeldRegionMakesTheKeyContendedAtItsReport(t *testing.T) {
+	r := newHeldRig(t, 1, KeyLimit{Rate: 1.0 / 60, Burst: 1})
+	// Learning ends at 10 s; the unit is eu-west's static burst.
+	r.read(9_000, 1, time.Second)
+	if kv := r.a.View(ms(9_000)).Keys[0]; kv.Active {
+		t.Fatalf("the key is active while learning: %+v", kv)
+	}
+	r.read(10_500, 0, time.Second)
+	kv := r.a.View(ms(10_500)).Keys[0]
+	if !kv.Contended || kv.Regions[1].HeldDemand <= unitDemandFloor/60 {
+		t.Fatalf("after us-east's empty reading within the hold: contended %v, HeldDemand %v; want contended, us-east asking", kv.Contended, kv.Regions[1].HeldDemand)
+	}
+}
+
+// TestAReadingAtTheFloorKeepsTheKeyContended: the allocation, like the
+// View, takes a reading of exactly the unit floor (0.1% of the rate) as
+// none: a region that asked within the hold still counts as asking, and
+// the key stays contended.
+func TestAReadingAtTheFloorKeepsTheKeyContended(t *testing.T) {
+	// rate 1/64 per s: the floor, 1/64000 per s, is one request in
+	// 64000 s to the bit.
+	r := newHeldRig(t, 1, KeyLimit{Rate: 1.0 / 64, Burst: 1})
+	r.read(20_000, 1, time.Second)
+	r.a.Allocate(ms(21_000))
+	r.report("us-east", 21_100) // the key slips out: its estimate is 0
+	r.read(22_100, 1, 64000*time.Second)
+	r.a.Allocate(ms(23_000))
+	kv := r.a.View(ms(23_000)).Keys[0]
+	if rv := kv.Regions[1]; rv.Demand != unitDemandFloor/64 {
+		t.Fatalf("us-east's estimate %v, want exactly the floor %v", rv.Demand, unitDemandFloor/64)
+	}
+	if !kv.Contended {
+		t.Fatalf("after a reading at the floor within the hold: the key is not contended; want us-east still asking")
+	}
 }
