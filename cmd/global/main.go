@@ -135,6 +135,11 @@ func runNotifying(ctx context.Context, args []string, started func(grpcAddr stri
 	}()
 
 	if _, err := configstore.AwaitEtcdConfig(ctx, store, bootstrap, watcher, logger); err != nil {
+		if ctx.Err() != nil {
+			// A stop requested while waiting for etcd is a clean stop.
+			logger.Info("stopped before start: etcd's config was still awaited")
+			return nil
+		}
 		return err
 	}
 	d, err := allocator.StartDaemon(ctx, allocator.DaemonOptions{

@@ -205,3 +205,17 @@ func TestRunStartsOnTheLastGoodConfigWhenEtcdHoldsABadTenantKey(t *testing.T) {
 		t.Fatalf("run after cancel: %v", err)
 	}
 }
+
+// TestStopWhileAwaitingEtcdIsClean: a stop requested while the start waits
+// for an unreachable etcd (here before its first answer) is a clean stop,
+// not an error (it returned context.Canceled: exit 1).
+func TestStopWhileAwaitingEtcdIsClean(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the signal, already there
+	// Port 1 on loopback: nothing listens there.
+	err := run(ctx, []string{"-listen", "127.0.0.1:0", "-metrics-listen", "off", "-log-level", "error",
+		"-etcd-endpoints", "127.0.0.1:1", "-etcd-prefix", "/stoptest"})
+	if err != nil {
+		t.Fatalf("run stopped while awaiting etcd: %v; want nil", err)
+	}
+}
