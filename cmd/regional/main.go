@@ -193,13 +193,9 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 		return devcluster.RunDev(ctx, devcluster.DevOptions{Config: cfg, Region: f.region, Logger: logger, Out: stdout,
 			Listen: devcluster.ListenAddrs{GRPC: f.grpcAddr, HTTP: httpAddr}})
 	}
-	if f.configFile == "" {
-		tenants := strings.Join(slices.Sorted(maps.Keys(cfg.Tenants)), ",")
-		if f.etcdEndpoints == "" {
-			logger.Warn("no -config and no -etcd-endpoints: serving the built-in sample config and its sample tenants; pass -config FILE (or -etcd-endpoints) for your own", "tenants", tenants)
-		} else {
-			logger.Warn("no -config: if etcd holds no config, the built-in sample config and its sample tenants are served until one is applied; pass -config FILE to bootstrap your own", "tenants", tenants)
-		}
+	sampleTenants := strings.Join(slices.Sorted(maps.Keys(cfg.Tenants)), ",")
+	if f.configFile == "" && f.etcdEndpoints == "" {
+		logger.Warn("no -config and no -etcd-endpoints: serving the built-in sample config and its sample tenants; pass -config FILE (or -etcd-endpoints) for your own", "tenants", sampleTenants)
 	}
 	cs, err := regional.ParseColdStart(f.coldStart)
 	if err != nil {
@@ -242,8 +238,21 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 		if f.configFile != "" {
 			bootstrap = cfg
 		}
-		if _, err := configstore.AwaitEtcdConfig(ctx, store, bootstrap, watcher, logger); err != nil {
+		rev, err := configstore.AwaitEtcdConfig(ctx, store, bootstrap, watcher, logger)
+		if err != nil {
+			if ctx.Err() != nil {
+				// A stop requested while waiting for etcd is a clean stop.
+				logger.Info("stopped before start: etcd's config was still awaited")
+				return nil
+			}
 			return err
+		}
+		switch {
+		case f.configFile != "":
+		case rev == 0:
+			logger.Warn("no -config and etcd holds no config: serving the built-in sample config and its sample tenants until one is applied; pass -config FILE to bootstrap your own", "tenants", sampleTenants)
+		default:
+			logger.Info("no -config: serving the config etcd holds", "revision", rev)
 		}
 		source = watcher
 		if addrs := flagenv.List(f.globalAddrs); len(addrs) > 0 {
@@ -291,17 +300,21 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 		return err
 	}
 	// The Envoy endpoint decides from leases this process holds itself: a
-	// lease client of its own LeaseService.
-	loop, err := envoyrls.DialLoopback(d.GRPCAddr(), peerCredsFor(serverTLS, peerTLS), lease.Options{
+	// lease client of its own LeaseService, reached in memory so that it
+	// keeps deciding while the gRPC listener drains.
+	target, dial := d.Loopback()
+	loop, err := envoyrls.DialLoopback(target, nil, lease.Options{
 		// Unique per process incarnation: replicas run with the same
 		// listen address, and a restarted process must not take over its
 		// former life's leases.
 		InstanceID: lease.UniqueID("envoy"),
 		Logger:     logger, Registerer: reg,
-		// A config applied during an outage decides the degraded
-		// requests at once.
+		// Degraded decisions count under the key's tier, as the Envoy
+		// endpoint's own decisions do; a config applied during an outage
+		// decides the degraded requests at once.
+		Tier:     envoyrls.LiveTier(source),
 		Policies: envoyrls.LivePolicies(source),
-	})
+	}, dial...)
 	if err != nil {
 		d.Stop()
 		return err
@@ -312,13 +325,23 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	}
 
 	<-ctx.Done()
-	logger.Info("shutting down: releasing leases and draining")
-	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	loop.Close(cctx)
+	// Health NOT_SERVING first, then the in-flight calls finish (the Envoy
+	// ones still deciding from the lease client), then the client releases
+	// its leases, then the rest (docs/operations.md, Shutdown).
+	logger.Info("shutting down: health NOT_SERVING, draining in-flight calls, then releasing leased tokens")
+	d.Drain()
+	cctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	if err := loop.Close(cctx); err != nil {
+		logger.Warn("releasing the Envoy endpoint's leased tokens failed; they return to the region when their leases expire", "err", err)
+	}
 	cancel()
 	d.Stop()
 	return nil
 }
+
+// releaseTimeout bounds the release of the Envoy endpoint's leased tokens
+// at shutdown.
+const releaseTimeout = 5 * time.Second
 
 // redisTLSConfig is the TLS configuration towards Redis the -redis-tls*
 // flags ask for: nil (plaintext) when none is set.
@@ -331,22 +354,6 @@ func redisTLSConfig(f *flags) (*tls.Config, error) {
 		cfg = &tls.Config{MinVersion: tlsconfig.MinVersion}
 	}
 	return cfg, nil
-}
-
-// peerCredsFor are the credentials of the loopback lease client: plaintext
-// when the server is, else the peer TLS settings expecting this service's
-// own certificate (by its first DNS name: the loopback dials the listen
-// address, often a wildcard IP no certificate carries). It presents the
-// service's certificate, whose identity needs the instance role.
-func peerCredsFor(serverTLS *tls.Config, peer *tls.Config) credentials.TransportCredentials {
-	if serverTLS == nil || peer == nil {
-		return insecure.NewCredentials()
-	}
-	c := peer.Clone()
-	if certs := serverTLS.Certificates; len(certs) > 0 && certs[0].Leaf != nil && len(certs[0].Leaf.DNSNames) > 0 {
-		c.ServerName = certs[0].Leaf.DNSNames[0]
-	}
-	return credentials.NewTLS(c)
 }
 
 func loadConfig(file string) (*config.Config, error) {

@@ -565,10 +565,11 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 	if envoy != nil {
 		// Unique per incarnation: a restarted replica must not take over
 		// its former life's leases.
-		loop, err = envoyrls.DialLoopback(d.GRPCAddr(), insecure.NewCredentials(), lease.Options{
+		target, dial := d.Loopback()
+		loop, err = envoyrls.DialLoopback(target, nil, lease.Options{
 			InstanceID: lease.UniqueID("envoy-" + r.region), Logger: c.opts.Logger, Registerer: p.registry,
-			Policies: envoyrls.LivePolicies(source),
-		})
+			Tier: envoyrls.LiveTier(source), Policies: envoyrls.LivePolicies(source),
+		}, dial...)
 		if err != nil {
 			d.Stop()
 			if gc != nil {
@@ -612,25 +613,33 @@ func (r *RegionalReplica) IsLeading() bool {
 	return d != nil && d.Leader != nil && d.Leader.IsLeading()
 }
 
-func (r *RegionalReplica) take() (*regional.Daemon, *process, *allocator.Client) {
+func (r *RegionalReplica) take() (*regional.Daemon, *process, *allocator.Client, *envoyrls.Loopback) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	d, p, gc, loop := r.d, r.p, r.gc, r.loop
 	r.d, r.p, r.gc, r.loop = nil, nil, nil, nil
-	if loop != nil {
-		// Before the daemon stops, so its unspent tokens go back to the
-		// region (bounded: a killed replica's release may fail).
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		loop.Close(ctx)
-		cancel()
-	}
-	return d, p, gc
+	return d, p, gc, loop
 }
 
-// Stop stops the replica gracefully: its region leader resigns.
-// Idempotent.
+// closeLoop releases the Envoy endpoint's unspent tokens to the region
+// (bounded: a killed replica's release may fail).
+func closeLoop(loop *envoyrls.Loopback) {
+	if loop == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	loop.Close(ctx)
+	cancel()
+}
+
+// Stop stops the replica gracefully, in the order of cmd/regional: health
+// NOT_SERVING and in-flight calls finish (Daemon.Drain), the Envoy
+// endpoint's lease client releases its tokens, then the daemon stops and
+// its region leader resigns. Idempotent.
 func (r *RegionalReplica) Stop() {
-	if d, p, gc := r.take(); d != nil {
+	if d, p, gc, loop := r.take(); d != nil {
+		d.Drain()
+		closeLoop(loop)
 		d.Stop()
 		p.end()
 		if gc != nil {
@@ -643,7 +652,8 @@ func (r *RegionalReplica) Stop() {
 // so its session is neither kept alive nor resigned and another replica is
 // elected only once the session's TTL lapses; then its server stops.
 func (r *RegionalReplica) Kill() {
-	if d, p, gc := r.take(); d != nil {
+	if d, p, gc, loop := r.take(); d != nil {
+		closeLoop(loop)
 		p.end()
 		d.Stop()
 		if gc != nil {

@@ -188,5 +188,9 @@ func (e *Endpoint) Drain() {
 	}
 }
 
+// DrainTimeout is the bound on Drain (Options.DrainTimeout after its
+// default).
+func (e *Endpoint) DrainTimeout() time.Duration { return e.opts.DrainTimeout }
+
 // Wait waits for every task started with Go (and the servers).
 func (e *Endpoint) Wait() { e.wg.Wait() }

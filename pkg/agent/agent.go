@@ -189,7 +189,7 @@ func Start(o Options) (*Agent, error) {
 		lo.InstanceID = lease.UniqueID("agent")
 	}
 	if lo.Tier == nil {
-		lo.Tier = configTier(o.Config)
+		lo.Tier = envoyrls.LiveTier(o.Config)
 	}
 	if lo.Policies == nil {
 		lo.Policies = envoyrls.LivePolicies(o.Config)
@@ -345,24 +345,6 @@ func classPolicies(cfg *config.Config) map[string]lease.ClassPolicy {
 		out[name] = lease.ClassPolicy{Mode: m, OnFailure: p, Shadow: cl.Shadow}
 	}
 	return out
-}
-
-// configTier names a key's tier as the live config resolves it, as the
-// region does ("" without a config or for a key it does not resolve): the
-// lease client counts the decisions made before the region answered, the
-// on_failure policy's while it is out of reach, under it.
-func configTier(src ConfigSource) func(quota.Key) string {
-	return func(k quota.Key) string {
-		cfg := src.Current()
-		if cfg == nil {
-			return ""
-		}
-		res, err := cfg.Resolve(k)
-		if err != nil {
-			return ""
-		}
-		return res.Tier
-	}
 }
 
 // GRPCAddr is the bound Envoy rate limit service address.

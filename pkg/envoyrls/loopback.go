@@ -41,6 +41,25 @@ func LivePolicies(src ConfigSource) func(class string) (lease.ClassPolicy, bool)
 	}
 }
 
+// LiveTier names a key's tier as the config the process holds now resolves
+// it, as the region does ("" without a config or for a key it does not
+// resolve): a lease client counts its decisions made before the region
+// answered for the key (the on_failure policy's while the region is out of
+// reach) under it, as sluice_envoy_decisions_total does.
+func LiveTier(src ConfigSource) func(quota.Key) string {
+	return func(k quota.Key) string {
+		cfg := src.Current()
+		if cfg == nil {
+			return ""
+		}
+		res, err := cfg.Resolve(k)
+		if err != nil {
+			return ""
+		}
+		return res.Tier
+	}
+}
+
 // Loopback is a Limiter: a lease client with its own gRPC connection to a
 // LeaseService, normally the regional daemon's own listener, so the
 // process that serves Envoy is one more instance of its region. Safe for
@@ -51,20 +70,25 @@ type Loopback struct {
 }
 
 // DialLoopback connects a lease client to the LeaseService at addr (for a
-// regional daemon: Daemon.GRPCAddr(), after StartDaemon returned). creds
-// must match the server's (nil means plaintext, for a daemon without
-// ServerTLS). opts are the lease client's; give it an InstanceID unique to
-// this process (lease.UniqueID),
-// and the daemon's Registerer to see its sluice_client_* metrics, and
-// Policies (LivePolicies of the daemon's config) so that a config applied
-// during an outage decides its degraded requests at once. Set
-// opts.BreakerTimeout (default 50ms) below the timeout of Envoy's filter
-// (default 20ms) so that, while the region is slow, Envoy gets the class's
-// on_failure decision instead of timing out.
+// regional daemon: the target of Daemon.Loopback with its dial options,
+// which reach the daemon in memory and keep serving while it drains; or
+// Daemon.GRPCAddr(), after StartDaemon returned). creds must match the
+// server's (nil means plaintext, for a daemon without ServerTLS or its
+// in-memory LeaseService). dial are more dial options. opts are the lease
+// client's; give it an InstanceID unique to this process
+// (lease.UniqueID), the daemon's Registerer to see its sluice_client_*
+// metrics, and Tier and Policies (LiveTier and LivePolicies of the
+// daemon's config) so that the degraded decisions of keys the region has
+// not answered count under their tier, and a config applied during an
+// outage decides its degraded requests at once. Set opts.BreakerTimeout
+// (default 50ms) below the timeout of Envoy's filter (default 20ms) so
+// that, while the region is slow, Envoy gets the class's on_failure
+// decision instead of timing out.
 //
-// Close it before stopping the daemon, so its unspent tokens go back to
-// the region instead of waiting out the lease TTL.
-func DialLoopback(addr string, creds credentials.TransportCredentials, opts lease.Options) (*Loopback, error) {
+// Close it once the calls it decides for have finished (after
+// Daemon.Drain) and before stopping the daemon, so its unspent tokens go
+// back to the region instead of waiting out the lease TTL.
+func DialLoopback(addr string, creds credentials.TransportCredentials, opts lease.Options, dial ...grpc.DialOption) (*Loopback, error) {
 	if addr == "" {
 		return nil, fmt.Errorf("%w: envoyrls: loopback address is empty", quota.ErrInvalid)
 	}
@@ -73,7 +97,8 @@ func DialLoopback(addr string, creds credentials.TransportCredentials, opts leas
 	}
 	// Reconnects back off at most lease.MaxReconnectDelay (gRPC's default
 	// grows to 120 s, long after the region is back).
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithConnectParams(lease.ConnectParams()))
+	dial = append([]grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithConnectParams(lease.ConnectParams())}, dial...)
+	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("envoyrls: dialling the LeaseService at %s: %w", addr, err)
 	}

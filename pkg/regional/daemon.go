@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/sluicehq/sluice/internal/endpoint"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
@@ -116,6 +118,12 @@ type Daemon struct {
 	evictions *evictionWatch
 	cancel    context.CancelFunc
 	stopOnce  sync.Once
+	drainOnce sync.Once
+	// inner serves the LeaseService to lease clients of this process
+	// (the Envoy endpoint's, see Loopback) over an in-memory listener,
+	// so they keep reaching it while the public server drains.
+	inner    *grpc.Server
+	innerLis *bufconn.Listener
 }
 
 // StartDaemon opens the listeners and starts serving. Stop it with Stop.
@@ -236,6 +244,10 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	ep.Serve()
+	d.inner = grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes))
+	srv.Register(d.inner)
+	d.innerLis = bufconn.Listen(loopbackBuffer)
+	ep.Go(func() error { return d.inner.Serve(d.innerLis) })
 	epoch := time.Duration(o.Config.Current().Epoch)
 	ep.Go(func() error { return srv.Run(runCtx, epoch) })
 	ep.Go(func() error { d.watchReadiness(runCtx); return nil })
@@ -370,13 +382,51 @@ func (d *Daemon) GRPCAddr() string { return d.ep.GRPCAddr() }
 // HTTPAddr is the bound metrics address ("" when disabled).
 func (d *Daemon) HTTPAddr() string { return d.ep.HTTPAddr() }
 
-// Stop drains: health turns NOT_SERVING so load balancers move away,
-// in-flight RPCs finish (bounded by DrainTimeout), background loops stop,
-// then Redis is closed. Idempotent.
+// loopbackBuffer is the in-memory listener's buffer per direction of a
+// connection: a Sync or Release batch of the loopback client fits.
+const loopbackBuffer = 1 << 20
+
+// Loopback is how a lease client of this process reaches the daemon's
+// LeaseService (the Envoy endpoint's, envoyrls.DialLoopback): a target and
+// the dial options connecting it in memory, to a server of its own that
+// keeps serving while Drain stops the public one. Its calls are neither
+// authenticated nor bounded by rpcguard: only this process can dial it,
+// and every Envoy call feeding it was bounded on the public server.
+func (d *Daemon) Loopback() (target string, dial []grpc.DialOption) {
+	return "passthrough:///regional-loopback", []grpc.DialOption{
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			return d.innerLis.DialContext(ctx)
+		}),
+	}
+}
+
+// Drain is the first phase of Stop: health turns NOT_SERVING (gRPC health
+// and /healthz) so load balancers move away, the public server stops
+// accepting and its in-flight RPCs finish (bounded by DrainTimeout), and
+// the HTTP server shuts down. The in-process LeaseService (Loopback) keeps
+// serving, so a lease client of this process can release its leases after
+// the calls it decides for have finished. Idempotent.
+func (d *Daemon) Drain() {
+	d.drainOnce.Do(d.ep.Drain)
+}
+
+// Stop drains (Drain, if not done yet), stops the in-process LeaseService
+// (close its lease clients first: their leases are released through it),
+// stops the background loops (the region leader resigns), then closes
+// Redis. Idempotent.
 func (d *Daemon) Stop() {
 	d.stopOnce.Do(func() {
+		d.Drain()
+		done := make(chan struct{})
+		go func() { d.inner.GracefulStop(); close(done) }()
+		timer := time.NewTimer(d.ep.DrainTimeout())
+		select {
+		case <-done:
+			timer.Stop()
+		case <-timer.C:
+			d.inner.Stop()
+		}
 		d.cancel()
-		d.ep.Drain()
 		d.ep.Wait()
 		d.Server.Close()
 		d.Redis.Close()
