@@ -66,6 +66,8 @@ type devMode struct {
 	grpc    map[string]string // region → LeaseService/RLS address
 	metrics map[string]string // region → /metrics URL
 	global  string            // the global allocator's address
+	// globalMetrics is the global allocator's /metrics URL.
+	globalMetrics string
 }
 
 // TestDevModeServesTheExampleCall builds the commands once, starts
@@ -101,6 +103,15 @@ func TestDevModeServesTheExampleCall(t *testing.T) {
 		if d.grpc[r] == "" || d.metrics[r] == "" {
 			t.Fatalf("banner does not name region %s's addresses:\n%s", r, strings.Join(d.banner, "\n"))
 		}
+	}
+
+	// The global allocator's /metrics is in the banner, not only in a log
+	// line.
+	if d.globalMetrics == "" {
+		t.Fatalf("banner does not name the global allocator's /metrics address:\n%s", strings.Join(d.banner, "\n"))
+	}
+	if body := getBody(t, d.globalMetrics); !strings.Contains(body, "sluice_global_") {
+		t.Fatalf("%s serves no sluice_global_* metric:\n%s", d.globalMetrics, body)
 	}
 
 	// The printed sluicectl examples, pasted into a shell elsewhere.
@@ -383,8 +394,11 @@ func startDev(t *testing.T, bin string, args ...string) *devMode {
 				d.grpc[region] = m[2]
 			} else if m := globalLine.FindStringSubmatch(l); m != nil {
 				d.global = m[1]
+				region = ""
 			} else if m := metricsLine.FindStringSubmatch(l); m != nil && region != "" {
 				d.metrics[region] = "http://" + m[1] + "/metrics"
+			} else if m != nil && d.global != "" && d.globalMetrics == "" {
+				d.globalMetrics = "http://" + m[1] + "/metrics"
 			}
 			if strings.HasPrefix(l, "Ctrl-C stops everything") {
 				t.Logf("dev mode up in %v:\n%s", time.Since(started).Round(time.Millisecond), strings.Join(d.banner, "\n"))
@@ -508,4 +522,19 @@ func (d *devMode) keyStatus(t *testing.T, region string, key quota.Key) *sluicev
 		return nil
 	}
 	return st.KeyRegion(key.Tenant, key.Class, region)
+}
+
+// getBody is the body of a GET of url.
+func getBody(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
 }

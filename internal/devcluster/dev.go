@@ -174,6 +174,12 @@ func printBanner(out io.Writer, c *Cluster, cfg *config.Config, region string, t
 		fmt.Fprintf(out, "                    %-21s Redis (%s)\n", reg.Redis.Addr(), redisKind)
 	}
 	fmt.Fprintf(out, "  global allocator  %-21s gRPC: AllocatorService (region leaders report every %v)\n", global, time.Duration(cfg.Epoch))
+	for _, g := range c.Global {
+		if d := g.Daemon(); g.Shard() == 0 && d != nil && d.HTTPAddr() != "" {
+			fmt.Fprintf(out, "                    %-21s HTTP: /metrics, /healthz, /livez\n", d.HTTPAddr())
+			break
+		}
+	}
 	for sh := 1; sh < cfg.ShardMap().N(); sh++ {
 		if addrs := c.GlobalShardAddrs(sh); len(addrs) > 0 {
 			fmt.Fprintf(out, "    shard %-10d %-21s gRPC: AllocatorService of the keys shard %d owns (global_shards %d)\n", sh, addrs[0], sh, cfg.ShardMap().N())
