@@ -694,7 +694,8 @@ func (s *Server) tick(ctx context.Context, interval time.Duration) {
 		case ctx.Err() != nil:
 		case err != nil && !s.sentinelFailing:
 			s.sentinelFailing = true
-			s.log.Warn("restart sentinel check failed; checked again every epoch, logged again once it answers", "err", ExplainRedisErr(err))
+			// Checked again every epoch; logged again once it answers.
+			s.log.Warn("restart sentinel check failed", "err", ExplainRedisErr(err))
 		case err != nil:
 			s.log.Debug("restart sentinel check failed", "err", ExplainRedisErr(err))
 		case s.sentinelFailing:
