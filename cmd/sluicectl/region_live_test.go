@@ -40,50 +40,11 @@ default_tier: free
 // restart. Every deadline is a multiple of the config's own periods: the
 // states are observed, not timed (the timing is the e2e tests' job).
 func TestRegionDrainRestoreAndLapseAgainstRealDaemons(t *testing.T) {
-	cfg, err := config.Parse([]byte(regionLiveConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := devcluster.Start(context.Background(), devcluster.Options{Config: cfg, SessionTTL: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	epoch, validity, lease := time.Duration(cfg.Epoch), time.Duration(cfg.GrantValidity), time.Duration(cfg.RegionLease)
-	lapse := lease + validity + time.Duration(hierarchy.LapseMargin(epoch, lease))
-	// Generous for a loaded machine: a stalled process misses epochs.
-	settle := 100 * epoch
-	flags := []string{"-etcd-endpoints", c.EtcdAddr(), "-global-addr", c.GlobalAddrs()[0]}
-	cli := func(args ...string) result {
-		var stdout, stderr bytes.Buffer
-		code := run(context.Background(), append(append([]string(nil), flags...), args...), strings.NewReader(""), &stdout, &stderr)
-		return result{code, stdout.String(), stderr.String()}
-	}
-	// waitState polls status -o json until region is in state, and
-	// returns that region's view and the text rendering of the same moment.
+	d := startRegionLive(t, regionLiveConfig)
+	c, cli, epoch, validity, lapse, settle := d.c, d.cli, d.epoch, d.validity, d.lapse, d.settle
 	waitState := func(region, state string, within time.Duration) (regionView, string) {
 		t.Helper()
-		deadline := time.Now().Add(within)
-		var last result
-		for {
-			last = cli("status", "-o", "json")
-			var rep statusReport
-			if last.code == exitOK && json.Unmarshal([]byte(last.stdout), &rep) == nil && rep.Global != nil && rep.Global.AnsweredByLeader {
-				for _, r := range rep.Global.Regions {
-					if r.Region == region && r.State == state {
-						var out bytes.Buffer
-						if err := writeStatusText(&out, &rep); err != nil {
-							t.Fatal(err)
-						}
-						return r, out.String()
-					}
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not %s within %v; last status:\n%s", region, state, within, last)
-			}
-			time.Sleep(epoch / 2) // polling the deployment with a deadline
-		}
+		return d.waitRegion(t, region, state, within, func(v regionView) bool { return v.State == state })
 	}
 
 	for _, r := range []string{"us-east", "eu-west"} {
@@ -197,49 +158,11 @@ default_tier: free
 // until its static lease lapses, then drained and lapsed, reserved per
 // class (0% for read, 25% for write).
 func TestDrainOfADeadRegionAgainstRealDaemons(t *testing.T) {
-	cfg, err := config.Parse([]byte(drainDownConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := devcluster.Start(context.Background(), devcluster.Options{Config: cfg, SessionTTL: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	epoch, validity, lease := time.Duration(cfg.Epoch), time.Duration(cfg.GrantValidity), time.Duration(cfg.RegionLease)
-	lapse := lease + validity + time.Duration(hierarchy.LapseMargin(epoch, lease))
-	settle := 100 * epoch // generous for a loaded machine
-	flags := []string{"-etcd-endpoints", c.EtcdAddr(), "-global-addr", c.GlobalAddrs()[0]}
-	cli := func(args ...string) result {
-		var stdout, stderr bytes.Buffer
-		code := run(context.Background(), append(append([]string(nil), flags...), args...), strings.NewReader(""), &stdout, &stderr)
-		return result{code, stdout.String(), stderr.String()}
-	}
-	// waitRegion polls status -o json until region's view satisfies ok,
-	// and returns it with the text rendering of the same moment.
+	d := startRegionLive(t, drainDownConfig)
+	c, cli, lapse, settle := d.c, d.cli, d.lapse, d.settle
 	waitRegion := func(region, what string, within time.Duration, ok func(regionView) bool) (regionView, string) {
 		t.Helper()
-		deadline := time.Now().Add(within)
-		var last result
-		for {
-			last = cli("status", "-o", "json")
-			var rep statusReport
-			if last.code == exitOK && json.Unmarshal([]byte(last.stdout), &rep) == nil && rep.Global != nil && rep.Global.AnsweredByLeader {
-				for _, r := range rep.Global.Regions {
-					if r.Region == region && ok(r) {
-						var out bytes.Buffer
-						if err := writeStatusText(&out, &rep); err != nil {
-							t.Fatal(err)
-						}
-						return r, out.String()
-					}
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not %s within %v; last status:\n%s", region, what, within, last)
-			}
-			time.Sleep(epoch / 2) // polling the deployment with a deadline
-		}
+		return d.waitRegion(t, region, what, within, ok)
 	}
 	for _, r := range []string{"us-east", "eu-west", "ap-south"} {
 		waitRegion(r, "live", settle, func(v regionView) bool { return v.State == "live" && v.StaticLeaseMs > 0 })
@@ -292,4 +215,68 @@ func lineMatches(text, expr string) bool {
 		}
 	}
 	return false
+}
+
+// regionLive is a deployment the region tests drive through the CLI, with
+// the config's periods the tests' deadlines derive from.
+type regionLive struct {
+	c               *devcluster.Cluster
+	cfg             *config.Config
+	epoch, validity time.Duration
+	lapse           time.Duration // region_lease + grant_validity + margin: a silent region's lapse
+	settle          time.Duration // generous for a loaded machine: a stalled process misses epochs
+	cli             func(args ...string) result
+}
+
+// startRegionLive starts a deployment (embedded etcd, a Redis and a
+// regional service per region, a global allocator) on the config yaml.
+func startRegionLive(t *testing.T, yaml string) *regionLive {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := devcluster.Start(context.Background(), devcluster.Options{Config: cfg, SessionTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	epoch, validity, lease := time.Duration(cfg.Epoch), time.Duration(cfg.GrantValidity), time.Duration(cfg.RegionLease)
+	d := &regionLive{c: c, cfg: cfg, epoch: epoch, validity: validity,
+		lapse:  lease + validity + time.Duration(hierarchy.LapseMargin(epoch, lease)),
+		settle: 100 * epoch}
+	flags := []string{"-etcd-endpoints", c.EtcdAddr(), "-global-addr", c.GlobalAddrs()[0]}
+	d.cli = func(args ...string) result {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), append(append([]string(nil), flags...), args...), strings.NewReader(""), &stdout, &stderr)
+		return result{code, stdout.String(), stderr.String()}
+	}
+	return d
+}
+
+// waitRegion polls status -o json until region's view satisfies ok, and
+// returns it with the text rendering of the same moment.
+func (d *regionLive) waitRegion(t *testing.T, region, what string, within time.Duration, ok func(regionView) bool) (regionView, string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last result
+	for {
+		last = d.cli("status", "-o", "json")
+		var rep statusReport
+		if last.code == exitOK && json.Unmarshal([]byte(last.stdout), &rep) == nil && rep.Global != nil && rep.Global.AnsweredByLeader {
+			for _, r := range rep.Global.Regions {
+				if r.Region == region && ok(r) {
+					var out bytes.Buffer
+					if err := writeStatusText(&out, &rep); err != nil {
+						t.Fatal(err)
+					}
+					return r, out.String()
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not %s within %v; last status:\n%s", region, what, within, last)
+		}
+		time.Sleep(d.epoch / 2) // polling the deployment with a deadline
+	}
 }
