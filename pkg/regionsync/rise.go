@@ -71,10 +71,7 @@ func (l *Leader) Watched() []quota.Key {
 // epoch): worth a report now.
 func (l *Leader) Risen(epoch time.Duration, reads []KeyRead) bool {
 	half := max(epoch.Seconds()/2, 1e-3)
-	reported := make(map[quota.Key]float64, len(l.watch))
-	for _, w := range l.watch {
-		reported[w.key] = w.reported
-	}
+	reported := l.risenFrom()
 	for _, r := range reads {
 		if rose(half, r, reported[r.Key]) {
 			return true
