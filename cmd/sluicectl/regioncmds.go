@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/hierarchy"
 )
 
 // unchanged ends a change command that found nothing to do: its message
@@ -142,7 +143,7 @@ func drainSilentTiming(cfg *config.Config, region string, r *regionView) string 
 			"the drain keeps it on its floor when it comes back. Watch it with: sluicectl status", region, since)
 	}
 	lease, validity, epoch := time.Duration(cfg.RegionLease), time.Duration(cfg.GrantValidity), time.Duration(cfg.Epoch)
-	lapse := lease + validity + max(epoch, lease/100)
+	lapse := lease + validity + time.Duration(hierarchy.LapseMargin(epoch, lease))
 	when := ""
 	if r.SilentSince != nil {
 		when = fmt.Sprintf(", at about %s", r.SilentSince.Add(lapse).Local().Format("15:04:05.000"))
