@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/logtest"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
 )
@@ -164,17 +165,11 @@ func TestServesUntilSIGTERM(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusOK || !out.Allowed || out.Limit != 50 {
 		t.Errorf("POST /v1/allow: %d %+v %v; want 200, allowed, limit 50", resp.StatusCode, out, err)
 	}
-	m, err := web.Get("http://" + metricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var body bytes.Buffer
-	body.ReadFrom(m.Body)
-	m.Body.Close()
+	body := metrictest.Scrape(t, "http://"+metricsAddr+"/metrics")
 	for _, name := range []string{"sluice_agent_http_requests_total", "sluice_client_tokens_held", "sluice_envoy_request_duration_seconds", "go_goroutines",
 		// The request bounds, the one the flag set among them.
 		`sluice_rpc_bound{bound="descriptors_per_request"} 64`, `sluice_rpc_bound{bound="inflight_per_connection"} 4096`} {
-		if !strings.Contains(body.String(), name) {
+		if !strings.Contains(body, name) {
 			t.Errorf("/metrics has no %s", name)
 		}
 	}

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -475,16 +476,7 @@ func (d *devMode) counter(t *testing.T, region, series string) float64 {
 // metricLines is region's /metrics, a line each.
 func (d *devMode) metricLines(t *testing.T, region string) []string {
 	t.Helper()
-	resp, err := http.Get(d.metrics[region])
-	if err != nil {
-		t.Fatalf("%s metrics: %v", region, err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.Split(string(body), "\n")
+	return strings.Split(metrictest.Scrape(t, d.metrics[region]), "\n")
 }
 
 // sum is the sum of every series of the metric name on region's

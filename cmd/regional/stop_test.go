@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
@@ -280,21 +280,13 @@ func TestDegradedDecisionsCountUnderTheirTier(t *testing.T) {
 			}
 		}
 	}
-	resp, err := http.Get("http://" + addrs["http"] + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	body := metrictest.Scrape(t, "http://"+addrs["http"]+"/metrics")
 	tiers := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?m)^sluice_client_decisions_total\{[^}]*\btier="([^"]*)"`).FindAllStringSubmatch(string(body), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^sluice_client_decisions_total\{[^}]*\btier="([^"]*)"`).FindAllStringSubmatch(body, -1) {
 		tiers[m[1]] = true
 	}
 	if !tiers["pro"] || !tiers["free"] || tiers["unknown"] {
-		t.Fatalf("sluice_client_decisions_total tiers %v, want pro and free, never unknown:\n%s", tiers, grepLines(string(body), "sluice_client_decisions_total"))
+		t.Fatalf("sluice_client_decisions_total tiers %v, want pro and free, never unknown:\n%s", tiers, grepLines(body, "sluice_client_decisions_total"))
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {

@@ -4,6 +4,8 @@
 package metrictest
 
 import (
+	"io"
+	"net/http"
 	"slices"
 	"testing"
 
@@ -56,4 +58,23 @@ series:
 		return m.GetCounter().GetValue() + m.GetGauge().GetValue()
 	}
 	return 0
+}
+
+// Scrape is the text a Prometheus scrape of url (a daemon's /metrics)
+// reads; an error reaching it or reading it fails the test.
+func Scrape(t testing.TB, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape %s: %s\n%s", url, resp.Status, body)
+	}
+	return string(body)
 }

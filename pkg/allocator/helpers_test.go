@@ -2,9 +2,7 @@ package allocator_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +13,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 )
@@ -143,14 +142,5 @@ func demand(tenant string, admitted int64) *sluicev1.KeyDemand {
 
 func scrape(t *testing.T, d *allocator.Daemon) string {
 	t.Helper()
-	resp, err := http.Get("http://" + d.HTTPAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(body)
+	return metrictest.Scrape(t, "http://"+d.HTTPAddr()+"/metrics")
 }

@@ -2,8 +2,6 @@ package regional_test
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -50,12 +48,7 @@ func TestDaemonServesHealthMetricsAndDrains(t *testing.T) {
 	if err != nil || g.Grant.Granted != 10 {
 		t.Fatalf("acquire: %v %v", g, err)
 	}
-	resp, err := http.Get("http://" + d.HTTPAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := scrape(t, d)
 	for _, m := range []string{
 		`sluice_regional_requests_total{code="OK",method="Acquire"} 1`,
 		`sluice_regional_decisions_total{class="read",result="granted",tier="free"} 1`,
@@ -63,7 +56,7 @@ func TestDaemonServesHealthMetricsAndDrains(t *testing.T) {
 		"sluice_regional_lua_duration_seconds_bucket",
 		"sluice_regional_active_leases 1",
 	} {
-		if !strings.Contains(string(body), m) {
+		if !strings.Contains(body, m) {
 			t.Errorf("/metrics lacks %q", m)
 		}
 	}

@@ -3,8 +3,6 @@ package regional_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -84,13 +83,7 @@ func floodKeys(t *testing.T, rs *redistest.Server) int {
 
 func scrape(t *testing.T, d *regional.Daemon) string {
 	t.Helper()
-	resp, err := http.Get("http://" + d.HTTPAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return string(body)
+	return metrictest.Scrape(t, "http://"+d.HTTPAddr()+"/metrics")
 }
 
 // TestOversizedRequestsAreRefusedBeforeRedis: an Envoy request with 10,000
