@@ -76,3 +76,32 @@ func TestGrantTellingOfAPeerGivesBackAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestGrantTellingOfAPeerCountsItsOwnTokens: the pool judged against the
+// new batch cap is the one the grant leaves, its own tokens included: a
+// pool at the cap (1 of burst 7 over two instances) that the grant
+// telling of the peer fills above it gives the excess back at once.
+func TestGrantTellingOfAPeerCountsItsOwnTokens(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 1, peerGrant(8, 1))
+	at := t0.Add(100 * time.Millisecond)
+	if _, act := allow(t, tb, at, kW, 2); act != ActAcquire {
+		t.Fatalf("a request of 2 on a pool of 1: action %v, want acquire", act)
+	}
+	b, _ := tb.PrepareAcquire(at, kW, 2)
+	if b == nil {
+		t.Fatal("no acquire for a request of 2 on a pool of 1")
+	}
+	r := b.Reports[0]
+	tb.giveBackDue.Store(false)
+	if err := tb.Apply(at, b, []*sluicev1.Grant{regionGrant(r, r.Want, peerGrant(7, 2))}); err != nil {
+		t.Fatal(err)
+	}
+	pool := state(t, tb, kW).Tokens
+	if pool != 1+r.Want || !tb.giveBackDue.Load() {
+		t.Fatalf("after a grant of %d on a pool of 1 that tells of a peer: pool %d, give-back due %v; want %d and due", r.Want, pool, tb.giveBackDue.Load(), 1+r.Want)
+	}
+	if b := tb.PrepareRefill(at); b == nil || b.Reports[0].Returned != pool-1 {
+		t.Fatalf("early refill: %v; want one report giving back %d, down to the cap 1", b, pool-1)
+	}
+}
