@@ -2,6 +2,7 @@ package lease
 
 import (
 	"testing"
+	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -34,5 +35,20 @@ func TestCapCountsABurstJustBelowAWholeToken(t *testing.T) {
 	d, _ := allow(t, tb, t0, kW, 1)
 	if !d.Allowed || !d.CapKnown || d.Cap != 30 {
 		t.Fatalf("a decision under a region burst of 30 − 1e-10: %+v; want allowed, Cap 30", d)
+	}
+}
+
+// TestLocalRemainingCountsWholeTokens: a local decision's Remaining is
+// the whole tokens the caller can spend now, below the cost on a denial
+// (quota.Decision): a bucket of 2/s spent empty holds half a token 250ms
+// later, which is a denial of one token with Remaining 0, not 1.
+func TestLocalRemainingCountsWholeTokens(t *testing.T) {
+	tb := newTestTable(t, func(o *TableOptions) { o.FallbackLimit = quota.Limit{Rate: 2, Burst: 4} })
+	if d, err := tb.Fallback(t0, kW, 4); err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("the whole local burst: %+v, %v; want allowed, Remaining 0", d, err)
+	}
+	d, _ := tb.Fallback(t0.Add(250*time.Millisecond), kW, 1)
+	if d.Allowed || d.Remaining != 0 || d.RetryAfter != 250*time.Millisecond {
+		t.Fatalf("one token with half a token refilled: %+v; want denied, Remaining 0, RetryAfter 250ms", d)
 	}
 }
