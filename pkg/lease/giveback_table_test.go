@@ -105,3 +105,19 @@ func TestGrantTellingOfAPeerCountsItsOwnTokens(t *testing.T) {
 		t.Fatalf("early refill: %v; want one report giving back %d, down to the cap 1", b, pool-1)
 	}
 }
+
+// TestSyncKeepsAPoolAtTheBatchCap: a periodic Sync gives back a pool
+// above the batch cap (docs/architecture.md, "Batches of a key several
+// instances share"), not one at it: a pool of 2 at a cap of floor(8/4) = 2 (and within twice its
+// target) is kept whole.
+func TestSyncKeepsAPoolAtTheBatchCap(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 2, 2, peerGrant(8, 2))
+	syncs, _ := tb.PrepareSync(t0.Add(time.Second))
+	if len(syncs) != 1 {
+		t.Fatalf("syncs %v, want one", syncs)
+	}
+	if r := syncs[0].Reports[0]; r.Returned != 0 || r.Want != 0 || state(t, tb, kW).Tokens != 2 {
+		t.Fatalf("Sync of a pool of 2 at a cap of 2: returned %d, want %d, pool %d; expected the pool kept whole, nothing asked", r.Returned, r.Want, state(t, tb, kW).Tokens)
+	}
+}
