@@ -62,11 +62,17 @@ type Options struct {
 	// decide the class's degraded decisions over the region's last answer,
 	// at once when the config changes (see TableOptions.Policies).
 	Policies func(class string) (ClassPolicy, bool)
+	// StaticShare is the live config's static share of a key in this
+	// instance's region, false for a key it does not resolve (optional):
+	// a key the region never described runs its local policy at the lower
+	// of it and FallbackLimit (see TableOptions.StaticShare).
+	StaticShare func(key quota.Key) (quota.Limit, bool)
 	// Tier names a key's tier before the region has, for the decision
 	// counts (optional; see TableOptions.Tier).
 	Tier func(key quota.Key) string
 	// FallbackLimit is the local policy's limit (tokens/s, tokens) for a
-	// key the region never described (optional, default 10/s, burst 10).
+	// key the region never described (optional, default 10/s, burst 10),
+	// or its bound where StaticShare names the key.
 	FallbackLimit quota.Limit
 	// Logger receives degraded-mode transitions, keys the region refused,
 	// refused credentials and protocol anomalies (optional, default
@@ -189,6 +195,7 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 		IdleTimeout:   o.IdleTimeout,
 		Classes:       o.Classes,
 		Policies:      o.Policies,
+		StaticShare:   o.StaticShare,
 		Tier:          o.Tier,
 		FallbackLimit: o.FallbackLimit,
 		// Above every seq an earlier process with the same id could have

@@ -61,8 +61,10 @@
 //	           report) and ends the lease.
 //	Fallback   region unreachable: the class's on_failure policy decides
 //	           (local token bucket at region rate ÷ live instances, or
-//	           FallbackLimit for a key the region never answered; open or
-//	           closed); the key is degraded until the region answers it,
+//	           FallbackLimit for a key the region never answered, at most
+//	           the live config's static share of the key in this region
+//	           when TableOptions.StaticShare names it; open or closed);
+//	           the key is degraded until the region answers it,
 //	           and the table (Degraded) until the region answers any call:
 //	           a degraded key forgotten as idle does not end it.
 //	           The policy (and shadow) is the live config's when

@@ -61,11 +61,13 @@ func TestLivePolicyDecidesDegradedRequestsOverTheRegionsAnswer(t *testing.T) {
 }
 
 // TestNeverAnsweredKeyWithPoliciesRunsAtTheFallbackLimit: Policies give a
-// class's on_failure policy but no limit and no instance count, so a key
-// the region never answered this instance for (it started during the
-// outage) is decided by its local policy at FallbackLimit per instance,
-// as docs/operations.md ("Regional Redis down") states, whatever the
-// key's configured rate (here 1/s, burst 100).
+// class's on_failure policy but no limit and no instance count, so without
+// StaticShare a key the region never answered this instance for (it
+// started during the outage) is decided by its local policy at
+// FallbackLimit per instance, as docs/operations.md ("Regional Redis
+// down") states, whatever the key's configured rate (here 1/s, burst 100).
+// pkg/agent's TestNeverAnsweredKeyRunsWithinTheRegionsStaticShare shows
+// the bound StaticShare adds.
 func TestNeverAnsweredKeyWithPoliciesRunsAtTheFallbackLimit(t *testing.T) {
 	e := startRegion(t)
 	conn := newRegionConn(t, e.reg.Server)

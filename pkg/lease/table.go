@@ -567,8 +567,9 @@ func (t *Table) Exhausted(now time.Time, key quota.Key, cost int64) (quota.Decis
 
 // Fallback decides a request with the key's on_failure policy, for when the
 // region cannot be reached: local (a token bucket at this instance's share
-// of the region's learned rate and burst, or FallbackLimit), open or
-// closed. The policy, and whether the class is in shadow mode, are the
+// of the region's learned rate and burst, or, for a key the region never
+// described, FallbackLimit bounded by the live config's static share of
+// the key, TableOptions.StaticShare), open or closed. The policy, and whether the class is in shadow mode, are the
 // live config's (TableOptions.Policies) when it names the class, else what
 // the region last said of the key, else TableOptions.Classes. The decision
 // is marked Degraded and the key counts as degraded until the region
@@ -585,6 +586,7 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 		return quota.Decision{}, err
 	}
 	live, haveLive := t.livePolicy(key.Class)
+	share, haveShare := t.staticShare(key, e.info.Load(), live, haveLive)
 	e.mu.Lock()
 	in := *e.view()
 	if haveLive {
@@ -597,7 +599,7 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 	case PolicyClosed:
 		d.RetryAfter = t.opts.Refresh
 	default:
-		lim := t.localLimiterLocked(now, e)
+		lim := t.localLimiterLocked(now, e, share, haveShare)
 		e.chargeLocked(now, lim)
 		if d.Limit == 0 {
 			d.Limit = int64(lim.Burst())
@@ -654,13 +656,43 @@ func (t *Table) livePolicy(class string) (ClassPolicy, bool) {
 	return p, true
 }
 
+// staticShare is the live config's static share of key in this instance's
+// region (TableOptions.StaticShare), asked only when the local policy
+// decides (the live config's, else the key's) and the region never
+// described the key (in, its published info, names no region rate or
+// burst): false otherwise, or when the config names no usable share.
+func (t *Table) staticShare(key quota.Key, in *keyInfo, live ClassPolicy, haveLive bool) (quota.Limit, bool) {
+	if t.opts.StaticShare == nil || (in.regionRate > 0 && in.regionBurst > 0) {
+		return quota.Limit{}, false
+	}
+	policy := in.onFailure
+	if haveLive {
+		policy = live.OnFailure
+	}
+	if policy != PolicyLocal {
+		return quota.Limit{}, false
+	}
+	share, ok := t.opts.StaticShare(key)
+	if !ok || !(share.Rate > 0) || math.IsInf(share.Rate, 0) || share.Burst < 0 {
+		return quota.Limit{}, false
+	}
+	return share, true
+}
+
 // localLimiterLocked returns the key's local limiter, set to this
-// instance's share of what the region last said, or FallbackLimit.
-func (t *Table) localLimiterLocked(now time.Time, e *entry) *rate.Limiter {
+// instance's share of what the region last said or, for a key the region
+// never described, FallbackLimit, each of its rate and burst no higher
+// than share's when haveShare (the live config's static share of the key
+// in this region; the burst at least 1, as a learned share's, so that the
+// bucket can admit).
+func (t *Table) localLimiterLocked(now time.Time, e *entry, share quota.Limit, haveShare bool) *rate.Limiter {
 	lim := t.opts.FallbackLimit
-	if e.view().regionRate > 0 && e.view().regionBurst > 0 {
+	switch {
+	case e.view().regionRate > 0 && e.view().regionBurst > 0:
 		live := float64(max(1, e.view().live))
 		lim = quota.Limit{Rate: e.view().regionRate / live, Burst: max(1, int64(e.view().regionBurst/live))}
+	case haveShare:
+		lim = quota.Limit{Rate: min(lim.Rate, share.Rate), Burst: max(1, min(lim.Burst, share.Burst))}
 	}
 	r := e.rareFor()
 	if r.limiter == nil {

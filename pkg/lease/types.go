@@ -165,6 +165,17 @@ type TableOptions struct {
 	// local. It is called on every degraded decision, with no lock of
 	// the Table held; it must be cheap and must not call the Table.
 	Policies func(class string) (ClassPolicy, bool)
+	// StaticShare is what the live config gives a key in this instance's
+	// region (optional): the region's static share of the key's limit,
+	// rate·w_r/Σw and the burst's share in whole units
+	// (config.Config.StaticShareOf), false for a key the config does not
+	// resolve or while there is none. The local on_failure policy of a
+	// key the region never described runs at the lower of it and
+	// FallbackLimit (rate and burst each, the burst at least 1), rather
+	// than at FallbackLimit whatever the key's limit. It is called only on
+	// degraded decisions of such keys under the local policy, with no
+	// lock of the Table held; it must not call the Table.
+	StaticShare func(key quota.Key) (quota.Limit, bool)
 	// Tier names a key's tier before the region has (optional; the
 	// caller's config, as the region resolves it): the decisions made
 	// meanwhile, the on_failure policy's while the region is out of reach
@@ -174,7 +185,8 @@ type TableOptions struct {
 	Tier func(key quota.Key) string
 	// FallbackLimit is the local limit (tokens/s, tokens) of the local
 	// on_failure policy for a key the region never described (optional,
-	// default 10/s with burst 10).
+	// default 10/s with burst 10), or its bound where StaticShare names
+	// the key.
 	FallbackLimit quota.Limit
 	// SeqBase: the first report carries SeqBase+1 (optional, default 0).
 	// Report seqs come from one counter for the whole table, so they rise
