@@ -61,7 +61,7 @@ func main() {
 
 // flags are the command's settings; see parseFlags for their meaning.
 type flags struct {
-	regionAddr                       string
+	regionAddr, region               string
 	grpcAddr, httpAddr, metricsAddr  string
 	configFile, logLevel             string
 	etcdEndpoints, etcdPrefix        string
@@ -76,6 +76,7 @@ func parseFlags(args []string) (*flags, error) {
 	f := &flags{}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.StringVar(&f.regionAddr, "region-addr", "", "the region's regional service (LeaseService): host:port, its replicas as host:port,host:port,... (round-robin), or a gRPC target such as dns:///sluice-regional-headless.sluice:7400 (required)")
+	fs.StringVar(&f.region, "region", "", `the region -region-addr serves, as the config names it: a key the region never answered this agent for runs its local on_failure policy, while the region is out of reach, within that region's static share of the key's limit ("", or a region the config does not name: the largest static share of any region)`)
 	fs.StringVar(&f.grpcAddr, "listen", agent.DefaultGRPCAddr, "gRPC listen address (Envoy RateLimitService, health, reflection)")
 	fs.StringVar(&f.httpAddr, "http-listen", agent.DefaultHTTPAddr, `HTTP listen address of POST /v1/allow ("off" disables)`)
 	fs.StringVar(&f.metricsAddr, "metrics-listen", agent.DefaultMetricsAddr, `HTTP listen address for /metrics, /healthz and /livez ("off" disables)`)
@@ -173,7 +174,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	}
 
 	a, err := agent.Start(agent.Options{
-		RegionAddr: f.regionAddr, RegionCreds: creds,
+		RegionAddr: f.regionAddr, Region: f.region, RegionCreds: creds,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, MetricsAddr: f.metricsAddr,
 		Config: source, EnvoyHeaders: &f.envoyHeaders, Registry: reg, Logger: logger,
 		PerConnection: f.perConnection,

@@ -311,9 +311,11 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 		Logger:     logger, Registerer: reg,
 		// Degraded decisions count under the key's tier, as the Envoy
 		// endpoint's own decisions do; a config applied during an outage
-		// decides the degraded requests at once.
-		Tier:     envoyrls.LiveTier(source),
-		Policies: envoyrls.LivePolicies(source),
+		// decides the degraded requests at once; a key the region never
+		// answered runs its local policy within the region's static share.
+		Tier:        envoyrls.LiveTier(source),
+		Policies:    envoyrls.LivePolicies(source),
+		StaticShare: envoyrls.LiveStaticShare(source, f.region),
 	}, dial...)
 	if err != nil {
 		d.Stop()

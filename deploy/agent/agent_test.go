@@ -216,6 +216,9 @@ func TestSidecarExample(t *testing.T) {
 	if svc, err := os.ReadFile("../regions/base/regional-service.yaml"); err != nil || !bytes.Contains(svc, []byte("name: sluice-regional-headless")) {
 		t.Errorf("the regional manifests define no sluice-regional-headless Service (%v)", err)
 	}
+	if got, want := env["region"], overlayLiteral(t, "us-east", "region"); got != want || want == "" {
+		t.Errorf("region %q; want the region's %q, as its regional service names it", got, want)
+	}
 	if got, want := env["etcd-endpoints"], overlayLiteral(t, "us-east", "etcd-endpoints"); got != want || want == "" {
 		t.Errorf("etcd-endpoints %q; want the region's %q", got, want)
 	}

@@ -33,7 +33,7 @@ func (c *Cluster) StartAgent(region string) (*agent.Agent, error) {
 	go func() { watcher.Run(ctx); close(watched) }()
 	c.onStop(func() { stopWatch(); <-watched })
 	a, err := agent.Start(agent.Options{
-		RegionAddr: reg.Replicas[0].Addr(), Config: agent.Watched{W: watcher},
+		RegionAddr: reg.Replicas[0].Addr(), Region: region, Config: agent.Watched{W: watcher},
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
 		Registry: registry, Logger: c.opts.Logger,
 	})

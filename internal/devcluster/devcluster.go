@@ -569,6 +569,7 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 		loop, err = envoyrls.DialLoopback(target, nil, lease.Options{
 			InstanceID: lease.UniqueID("envoy-" + r.region), Logger: c.opts.Logger, Registerer: p.registry,
 			Tier: envoyrls.LiveTier(source), Policies: envoyrls.LivePolicies(source),
+			StaticShare: envoyrls.LiveStaticShare(source, r.region),
 		}, dial...)
 		if err != nil {
 			d.Stop()

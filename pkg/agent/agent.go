@@ -65,6 +65,13 @@ type Options struct {
 	// the replicas round-robin, so one replica down or restarting leaves
 	// the others answering. Required.
 	RegionAddr string
+	// Region names the region RegionAddr serves, as the config names it
+	// (optional): a key the region never answered this agent for runs its
+	// local on_failure policy, while the region is out of reach, within
+	// that region's static share of the key's limit. "", or a region the
+	// config does not name, takes the largest static share of any region
+	// (exact for a config of one region). See envoyrls.LiveStaticShare.
+	Region string
 	// RegionCreds are the transport credentials towards the region.
 	// Optional, default plaintext.
 	RegionCreds credentials.TransportCredentials
@@ -91,7 +98,8 @@ type Options struct {
 	// Start (the region's lease TTL must exceed 2 × Refresh), Tier to the
 	// live config's tier of the key, Policies to the live config's
 	// classes (a reloaded on_failure applies to the next degraded
-	// decision). Set
+	// decision), StaticShare to the live config's static share of the key
+	// in Region. Set
 	// BreakerTimeout below Envoy's filter timeout (20ms by default) so
 	// that Envoy gets the class's on_failure decision while the region is
 	// slow, rather than timing out.
@@ -193,6 +201,9 @@ func Start(o Options) (*Agent, error) {
 	}
 	if lo.Policies == nil {
 		lo.Policies = envoyrls.LivePolicies(o.Config)
+	}
+	if lo.StaticShare == nil {
+		lo.StaticShare = envoyrls.LiveStaticShare(o.Config, o.Region)
 	}
 	if cfg := o.Config.Current(); cfg != nil {
 		if lo.Refresh == 0 {

@@ -42,17 +42,21 @@ func region(t testing.TB, cfg *config.Config) (*regiontest.Region, *prometheus.R
 }
 
 // startAgent runs an agent of r on free loopback ports until the test
-// ends.
-func startAgent(t testing.TB, regionAddr string, src agent.ConfigSource) *agent.Agent {
+// ends; mod changes its options.
+func startAgent(t testing.TB, regionAddr string, src agent.ConfigSource, mod ...func(*agent.Options)) *agent.Agent {
 	t.Helper()
-	a, err := agent.Start(agent.Options{
+	o := agent.Options{
 		RegionAddr: regionAddr, Config: src,
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
 		// A loaded machine (-race, 2 shared cores) can hold an Acquire
 		// past the default 50ms: no decision here is meant to degrade.
 		Lease:  lease.Options{BreakerTimeout: 10 * time.Second},
 		Logger: slog.New(slog.DiscardHandler),
-	})
+	}
+	for _, f := range mod {
+		f(&o)
+	}
+	a, err := agent.Start(o)
 	if err != nil {
 		t.Fatal(err)
 	}

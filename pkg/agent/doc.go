@@ -62,7 +62,8 @@
 //	degraded        decided by the class's on_failure policy because the
 //	                region could not be reached (the policy of the config
 //	                the agent holds now, a reload during the outage
-//	                included)
+//	                included; local runs a key the region never answered
+//	                within the static share of Options.Region, -region)
 //
 // Errors are JSON too, {"error": "...", "field": "..."}: 400 for a bad
 // request (the message and field name the part at fault: a body that is

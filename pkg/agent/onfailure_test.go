@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -110,5 +111,54 @@ func TestOnFailureAppliedDuringAnOutageDecidesAtOnce(t *testing.T) {
 					body, step.cfg.Classes["read"].OnFailure, out, step.allow)
 			}
 		}
+	}
+}
+
+// TestNeverAnsweredKeyRunsWithinTheRegionsStaticShare: the region is out
+// of reach before the agent ever asks it for a key of 4/s, burst 4,
+// configured over regions local (weight 1) and far (weight 3), so its
+// degraded decisions run the local policy with no region rate to divide.
+// They ran at lease.Options.FallbackLimit, 10 at once and 10/s, whatever
+// the key's limit; an agent told its region admits at most that region's
+// static share (1/s, burst 1: 1 + 1/s · t), and one not told its region
+// at most the largest share of any (far's 3/s, burst 3: 3 + 3/s · t).
+func TestNeverAnsweredKeyRunsWithinTheRegionsStaticShare(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+lease_ttl: 2s
+refresh: 200ms
+regions: {local: {weight: 1}, far: {weight: 3}}
+classes: {read: {mode: lease, on_failure: local}}
+tiers: {std: {read: {rate: 4/s, burst: 4}}}
+default_tier: std
+`)
+	r, _ := region(t, cfg)
+	r.GRPC.Stop() // out of reach before any agent asks it anything
+	web := httpClient(t)
+	for _, tc := range []struct {
+		region      string
+		rate, burst float64 // the static share the agent's region holds
+	}{
+		{"local", 1, 1},
+		{"", 3, 3},
+	} {
+		a := startAgent(t, r.Addr, agent.StaticConfig{C: cfg}, func(o *agent.Options) { o.Region = tc.region })
+		start := time.Now()
+		admitted := 0
+		for range 40 {
+			out := allow(t, web, a, `{"tenant":"acme","class":"read"}`)
+			if !out.Degraded {
+				t.Fatalf("region %q: %+v with the region never reached, want degraded", tc.region, out)
+			}
+			if out.Allowed {
+				admitted++
+			}
+		}
+		elapsed := time.Since(start)
+		bound := int(math.Floor(tc.burst + tc.rate*elapsed.Seconds()))
+		if admitted < 1 || admitted > bound {
+			t.Errorf("region %q: admitted %d of 40 in %v, want 1 to %d (burst %v + %v/s · t of the static share)",
+				tc.region, admitted, elapsed, bound, tc.burst, tc.rate)
+		}
+		a.Stop()
 	}
 }

@@ -3,6 +3,7 @@ package envoyrls_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -96,5 +97,99 @@ default_tier: free
 		if p, ok := policies(tc.class); ok != tc.ok || p != tc.want {
 			t.Errorf("class %q: %+v, %v; want %+v, %v", tc.class, p, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// shareConfig: a key of 4/s, burst 4 over regions local (weight 1) and
+// far (weight 3): local's static share is 1/s with burst 1, far's 3/s
+// with burst 3.
+const shareConfig = `
+lease_ttl: 2s
+refresh: 200ms
+regions: {local: {weight: 1}, far: {weight: 3}}
+classes: {read: {mode: lease, on_failure: local}}
+tiers: {free: {read: {rate: 4/s, burst: 4}}}
+default_tier: free
+`
+
+// TestLoopbackRunsANeverAnsweredKeyWithinTheRegionsShare: a regional
+// process's loopback lease client, given LiveStaticShare of its config and
+// region, decides a key its region never answered (out of reach from the
+// start) with the local policy at no more than the region's static share,
+// 1 + 1/s · t, where it ran at FallbackLimit (10 at once) whatever the
+// key's limit.
+func TestLoopbackRunsANeverAnsweredKeyWithinTheRegionsShare(t *testing.T) {
+	cfg := regiontest.MustConfig(t, shareConfig)
+	src := configtest.NewSource(cfg, 1)
+	r := regiontest.Start(t, cfg, "local")
+	r.GRPC.Stop() // out of reach before the loopback asks it anything
+	lim, err := envoyrls.DialLoopback(r.Addr, nil, lease.Options{
+		InstanceID: "envoy-share", Policies: envoyrls.LivePolicies(src),
+		StaticShare: envoyrls.LiveStaticShare(src, "local"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close(context.Background()) })
+	k := quota.Key{Tenant: "acme", Class: "read"}
+	start := time.Now()
+	admitted := 0
+	for range 40 {
+		d, err := lim.Allow(context.Background(), k, 1)
+		if err != nil || !d.Degraded {
+			t.Fatalf("with the region never reached: %+v, %v; want degraded", d, err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	elapsed := time.Since(start)
+	if bound := int(math.Floor(1 + elapsed.Seconds())); admitted < 1 || admitted > bound {
+		t.Fatalf("admitted %d of 40 in %v, want 1 to %d (burst 1 + 1/s · t of local's static share)", admitted, elapsed, bound)
+	}
+}
+
+// TestLiveStaticShareIsTheConfigsShareOfTheRegion: LiveStaticShare answers
+// a key with its region's static share as the config computes it
+// (StaticShareOf); for a region the config does not name, or none, the
+// largest share of any region; false while no config is loaded and for a
+// key the config does not resolve.
+func TestLiveStaticShareIsTheConfigsShareOfTheRegion(t *testing.T) {
+	cfg := regiontest.MustConfig(t, shareConfig)
+	k := quota.Key{Tenant: "acme", Class: "read"}
+	res, err := cfg.Resolve(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	share := func(region string) quota.Limit {
+		rate, burst, err := cfg.StaticShareOf(region, res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return quota.Limit{Rate: rate, Burst: int64(burst)}
+	}
+	src := configtest.NewSource(nil, 0)
+	if l, ok := envoyrls.LiveStaticShare(src, "local")(k); ok {
+		t.Errorf("with no config loaded: %+v, true; want false", l)
+	}
+	src.Set(cfg, 1)
+	for _, tc := range []struct {
+		region string
+		key    quota.Key
+		want   quota.Limit
+		ok     bool
+	}{
+		{"local", k, share("local"), true},
+		{"far", k, share("far"), true},
+		{"", k, share("far"), true},
+		{"elsewhere", k, share("far"), true},
+		{"local", quota.Key{Tenant: "acme", Class: "export"}, quota.Limit{}, false},
+	} {
+		if l, ok := envoyrls.LiveStaticShare(src, tc.region)(tc.key); ok != tc.ok || l != tc.want {
+			t.Errorf("region %q, key %s: %+v, %v; want %+v, %v", tc.region, tc.key, l, ok, tc.want, tc.ok)
+		}
+	}
+	if l := share("local"); !(l.Rate > 0.99 && l.Rate <= 1) || l.Burst != 1 {
+		t.Errorf("local's share of 4/s, burst 4 at weight 1 of 4: %+v, want 1/s and burst 1", l)
 	}
 }

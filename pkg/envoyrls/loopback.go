@@ -41,6 +41,49 @@ func LivePolicies(src ConfigSource) func(class string) (lease.ClassPolicy, bool)
 	}
 }
 
+// LiveStaticShare is lease.Options.StaticShare from the live config of
+// src: the static share of a key's limit the config gives region
+// (config.Config.StaticShareOf: rate·w_r/Σw, the burst's share in whole
+// units; a drained region's floor), so that a key the region never
+// answered for this process runs its local on_failure policy at no more
+// than that per instance while the region is out of reach, rather than at
+// lease.Options.FallbackLimit whatever its limit. Whether the region's
+// static lease lapsed (its partition floor then) is not knowable without
+// the region, so the share is the static one. A region the config does
+// not name (or "": a process that does not know its region) takes the
+// largest share of any region the config names, rate and burst each, a
+// bound on its own. False without a config or for a key it does not
+// resolve.
+func LiveStaticShare(src ConfigSource, region string) func(quota.Key) (quota.Limit, bool) {
+	return func(k quota.Key) (quota.Limit, bool) {
+		cfg := src.Current()
+		if cfg == nil {
+			return quota.Limit{}, false
+		}
+		res, err := cfg.Resolve(k)
+		if err != nil {
+			return quota.Limit{}, false
+		}
+		if _, ok := cfg.Regions[region]; ok {
+			rate, burst, err := cfg.StaticShareOf(region, res)
+			if err != nil {
+				return quota.Limit{}, false
+			}
+			return quota.Limit{Rate: rate, Burst: int64(burst)}, true
+		}
+		var lim quota.Limit
+		found := false
+		for name := range cfg.Regions {
+			rate, burst, err := cfg.StaticShareOf(name, res)
+			if err != nil {
+				continue
+			}
+			lim.Rate, lim.Burst, found = max(lim.Rate, rate), max(lim.Burst, int64(burst)), true
+		}
+		return lim, found
+	}
+}
+
 // LiveTier names a key's tier as the config the process holds now resolves
 // it, as the region does ("" without a config or for a key it does not
 // resolve): a lease client counts its decisions made before the region
@@ -77,10 +120,11 @@ type Loopback struct {
 // in-memory LeaseService). dial are more dial options. opts are the lease
 // client's; give it an InstanceID unique to this process
 // (lease.UniqueID), the daemon's Registerer to see its sluice_client_*
-// metrics, and Tier and Policies (LiveTier and LivePolicies of the
-// daemon's config) so that the degraded decisions of keys the region has
-// not answered count under their tier, and a config applied during an
-// outage decides its degraded requests at once. Set opts.BreakerTimeout
+// metrics, and Tier, Policies and StaticShare (LiveTier, LivePolicies and
+// LiveStaticShare of the daemon's config and region) so that the degraded
+// decisions of keys the region has not answered count under their tier
+// and run their local policy within the region's static share, and a
+// config applied during an outage decides its degraded requests at once. Set opts.BreakerTimeout
 // (default 50ms) below the timeout of Envoy's filter (default 20ms) so
 // that, while the region is slow, Envoy gets the class's on_failure
 // decision instead of timing out.
