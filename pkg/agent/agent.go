@@ -212,6 +212,9 @@ func Start(o Options) (*Agent, error) {
 		if lo.Classes == nil {
 			lo.Classes = classPolicies(cfg)
 		}
+		if _, ok := cfg.Regions[o.Region]; o.Region != "" && !ok {
+			o.Logger.Warn("agent: the config names no such region; a key the region never answered runs its local on_failure policy within the largest static share of any region", "region", o.Region)
+		}
 	}
 
 	if o.Registry == nil {

@@ -3,11 +3,14 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -120,8 +123,9 @@ func TestOnFailureAppliedDuringAnOutageDecidesAtOnce(t *testing.T) {
 // degraded decisions run the local policy with no region rate to divide.
 // They ran at lease.Options.FallbackLimit, 10 at once and 10/s, whatever
 // the key's limit; an agent told its region admits at most that region's
-// static share (1/s, burst 1: 1 + 1/s · t), and one not told its region
-// at most the largest share of any (far's 3/s, burst 3: 3 + 3/s · t).
+// static share (1/s, burst 1: 1 + 1/s · t), and one not told its region,
+// or told one the config does not name (which it logs at start), at most
+// the largest share of any (far's 3/s, burst 3: 3 + 3/s · t).
 func TestNeverAnsweredKeyRunsWithinTheRegionsStaticShare(t *testing.T) {
 	cfg := regiontest.MustConfig(t, `
 lease_ttl: 2s
@@ -134,14 +138,23 @@ default_tier: std
 	r, _ := region(t, cfg)
 	r.GRPC.Stop() // out of reach before any agent asks it anything
 	web := httpClient(t)
+	const unnamed = "the config names no such region"
 	for _, tc := range []struct {
 		region      string
 		rate, burst float64 // the static share the agent's region holds
+		unnamed     bool    // logs that the config does not name it
 	}{
-		{"local", 1, 1},
-		{"", 3, 3},
+		{"local", 1, 1, false},
+		{"", 3, 3, false},
+		{"elsewhere", 3, 3, true},
 	} {
-		a := startAgent(t, r.Addr, agent.StaticConfig{C: cfg}, func(o *agent.Options) { o.Region = tc.region })
+		var logs logtest.Buffer
+		a := startAgent(t, r.Addr, agent.StaticConfig{C: cfg}, func(o *agent.Options) {
+			o.Region, o.Logger = tc.region, slog.New(slog.NewTextHandler(&logs, nil))
+		})
+		if got := strings.Contains(logs.String(), unnamed); got != tc.unnamed {
+			t.Errorf("region %q: logged %q: %v, want %v:\n%s", tc.region, unnamed, got, tc.unnamed, logs.String())
+		}
 		start := time.Now()
 		admitted := 0
 		for range 40 {
