@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/sluicehq/sluice/internal/endpoint"
+	"github.com/sluicehq/sluice/internal/memlisten"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/regional/reply"
 	"github.com/sluicehq/sluice/pkg/rpcguard"
@@ -120,10 +120,11 @@ type Daemon struct {
 	stopOnce  sync.Once
 	drainOnce sync.Once
 	// inner serves the LeaseService to lease clients of this process
-	// (the Envoy endpoint's, see Loopback) over an in-memory listener,
-	// so they keep reaching it while the public server drains.
+	// (the Envoy endpoint's, see Loopback) over an in-memory listener
+	// (internal/memlisten) only this process can dial, so they keep
+	// reaching it while the public server drains.
 	inner    *grpc.Server
-	innerLis *bufconn.Listener
+	innerLis *memlisten.Listener
 }
 
 // StartDaemon opens the listeners and starts serving. Stop it with Stop.
@@ -246,7 +247,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	ep.Serve()
 	d.inner = grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes))
 	srv.Register(d.inner)
-	d.innerLis = bufconn.Listen(loopbackBuffer)
+	d.innerLis = memlisten.New()
 	ep.Go(func() error { return d.inner.Serve(d.innerLis) })
 	epoch := time.Duration(o.Config.Current().Epoch)
 	ep.Go(func() error { return srv.Run(runCtx, epoch) })
@@ -382,10 +383,6 @@ func (d *Daemon) GRPCAddr() string { return d.ep.GRPCAddr() }
 // HTTPAddr is the bound metrics address ("" when disabled).
 func (d *Daemon) HTTPAddr() string { return d.ep.HTTPAddr() }
 
-// loopbackBuffer is the in-memory listener's buffer per direction of a
-// connection: a Sync or Release batch of the loopback client fits.
-const loopbackBuffer = 1 << 20
-
 // Loopback is how a lease client of this process reaches the daemon's
 // LeaseService (the Envoy endpoint's, envoyrls.DialLoopback): a target and
 // the dial options connecting it in memory, to a server of its own that
@@ -395,7 +392,7 @@ const loopbackBuffer = 1 << 20
 func (d *Daemon) Loopback() (target string, dial []grpc.DialOption) {
 	return "passthrough:///regional-loopback", []grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return d.innerLis.DialContext(ctx)
+			return d.innerLis.Dial(ctx)
 		}),
 	}
 }
