@@ -84,7 +84,7 @@ var requiredPanels = []string{
 	"sluice_regional_reclaimed_tokens_total", "sluice_global_leader", "sluice_global_learning",
 	"sluice_global_granted_rate", "sluice_global_region_report_age_seconds",
 	"sluice_global_contended_keys", "sluice_global_allocation_seconds", "sluice_config_rejected_total",
-	"sluice_envoy_decisions_total",
+	"sluice_envoy_decisions_total", "sluice_regional_redis_evicting", "sluice_regional_redis_evicted_keys_total",
 }
 
 // requiredRunbookSections are the anchors docs/operations.md must have: one
