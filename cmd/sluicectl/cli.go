@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -90,8 +91,9 @@ exit codes:
      not be reached
   6  denied: check answered over quota (a result, not a failure)
   7  refused: the service answered but refused this client's credentials
-     (no client certificate, or none holding a role that may call it), or
-     closed a connection made without -tls-ca, as a TLS listener does
+     (no client certificate, or none holding a role that may call it),
+     closed a connection made without -tls-ca, as a TLS listener does, or
+     asked for the client certificate -tls-cert/-tls-key did not give
   130 interrupted by SIGINT or SIGTERM: nothing was written, except by an
      apply stopped while writing tenants in batches, which the daemons do
      not see until the same apply is run again with -takeover
@@ -112,6 +114,11 @@ type app struct {
 	// confirmed and just before it is written; tests use it to change etcd
 	// in between.
 	beforeWrite func()
+
+	// certAsked is set when a service asked, in a TLS handshake, for the
+	// client certificate this run was given none of (see
+	// clientCertMissing).
+	certAsked atomic.Bool
 
 	g globalFlags
 }
@@ -453,6 +460,16 @@ func (a *app) grpcCredentials(serverName string) (credentials.TransportCredentia
 	}
 	if tlsCfg == nil {
 		return insecure.NewCredentials(), nil
+	}
+	if len(tlsCfg.Certificates) == 0 {
+		// No -tls-cert: present none, but remember that the service asked
+		// for one. A service requiring client certificates closes the
+		// connection after the handshake, and the call then fails with a
+		// broken pipe, a reset or a TLS alert, depending on timing.
+		tlsCfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			a.certAsked.Store(true)
+			return &tls.Certificate{}, nil
+		}
 	}
 	return credentials.NewTLS(tlsCfg), nil
 }

@@ -41,7 +41,8 @@
 //	   leader that is gone: the message says so; run it again)
 //	6  denied: check answered over quota (a result, not a failure)
 //	7  refused: the service answered but refused this client's credentials,
-//	   or closed a connection made without -tls-ca, as a TLS listener does
+//	   closed a connection made without -tls-ca, as a TLS listener does, or
+//	   asked for the client certificate -tls-cert/-tls-key did not give
 //	130 interrupted by SIGINT or SIGTERM
 //
 // Invariant: every write is guarded by the revision the change was

@@ -128,6 +128,9 @@ func (a *app) rpcFailure(ctx context.Context, what, addr, class string, err erro
 	if a.plaintextRefused(err) {
 		return exitf(exitRefused, "%s via %s: %s", what, addr, plaintextRefusal)
 	}
+	if a.clientCertMissing(err) {
+		return exitf(exitRefused, "%s via %s: %s", what, addr, clientCertRefusal)
+	}
 	st := status.Convert(err)
 	switch st.Code() {
 	case codes.InvalidArgument:
@@ -158,6 +161,23 @@ const plaintextRefusal = "the service closed the connection without answering, a
 // way.
 func (a *app) plaintextRefused(err error) bool {
 	return a.g.tlsCA == "" && strings.Contains(status.Convert(err).Message(), "error reading server preface")
+}
+
+// clientCertRefusal says what to do about a service that asked for a
+// client certificate this run had none of.
+const clientCertRefusal = "the service asked for a client certificate in the TLS handshake and this client had none to give, so the connection failed (mutual TLS)\n" +
+	"give -tls-cert and -tls-key: a certificate of the service's CA holding a role that may call it (the auth section of the config)"
+
+// clientCertMissing reports whether err is a connection that failed after
+// a service asked for a client certificate while no -tls-cert was given.
+// A service requiring one (tlsconfig.Server with a client CA) completes
+// the handshake and then drops the connection, which reads as a broken
+// pipe, a reset or "tls: certificate required" depending on timing, so
+// the request for the certificate, recorded during the handshake, is what
+// tells this case from a service that is down. Answers (PermissionDenied,
+// Unauthenticated) are not transport failures and are left to the caller.
+func (a *app) clientCertMissing(err error) bool {
+	return a.g.tlsCert == "" && a.certAsked.Load() && status.Code(err) == codes.Unavailable
 }
 
 // refusedFailure is a service that answered but refused the caller's

@@ -530,6 +530,11 @@ func (a *app) askReplica(ctx context.Context, addr string, top int32, rep *statu
 			rep.GlobalError = fmt.Sprintf("the global allocator at %s: %s", addr, plaintextRefusal)
 			return nil, nil
 		}
+		if a.clientCertMissing(err) {
+			rep.refused = true
+			rep.GlobalError = fmt.Sprintf("the global allocator at %s: %s", addr, clientCertRefusal)
+			return nil, nil
+		}
 		if c := status.Code(err); (c == codes.Unavailable || c == codes.DeadlineExceeded) && !tlsFailure(err) {
 			rep.GlobalError = a.unreachableGlobal(addr, err)
 			return nil, nil
