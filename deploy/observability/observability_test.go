@@ -61,6 +61,7 @@ var requiredAlerted = []string{
 	"sluice_regional_requests_total",          // regional RPC errors, invalid requests
 	"sluice_client_degraded",                  // degraded mode
 	"sluice_client_degraded_episodes_total",   // degraded episodes shorter than a scrape
+	"sluice_client_credentials_refused",       // the region refuses an instance's certificate
 	"sluice_client_rpc_duration_seconds",      // lease RPCs slow or failing
 	"sluice_envoy_degraded_decisions_total",   // Envoy decided by on_failure
 	"sluice_global_leader",                    // no global leader, two leaders
@@ -85,6 +86,7 @@ var requiredPanels = []string{
 	"sluice_global_granted_rate", "sluice_global_region_report_age_seconds",
 	"sluice_global_contended_keys", "sluice_global_allocation_seconds", "sluice_config_rejected_total",
 	"sluice_envoy_decisions_total", "sluice_regional_redis_evicting", "sluice_regional_redis_evicted_keys_total",
+	"sluice_client_credentials_refused",
 }
 
 // requiredRunbookSections are the anchors docs/operations.md must have: one
@@ -93,7 +95,7 @@ var requiredRunbookSections = []string{
 	"instance-crash", "regional-replica-crash", "regional-leader-crash", "regional-redis-down",
 	"redis-restarted-empty", "redis-evicts-keys", "global-leader-crash", "region-partitioned-from-global",
 	"etcd-unavailable", "bad-config-pushed", "deny-ratio-high", "deny-ratio-low", "lua-slow",
-	"config-rejected", "no-global-leader", "grants-stale", "redis-errors", "degraded-mode",
+	"config-rejected", "no-global-leader", "grants-stale", "redis-errors", "degraded-mode", "credentials-refused",
 	"deploy", "tuning",
 }
 

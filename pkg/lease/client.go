@@ -86,7 +86,17 @@ type Options struct {
 	// Registerer receives the sluice_client_* metrics (optional, default
 	// none); they are unregistered by Close.
 	Registerer prometheus.Registerer
+	// RefusedLogInterval is how often, at most, the error line saying the
+	// region refused this client's credentials is repeated while it keeps
+	// refusing them (optional, default DefaultRefusedLogInterval): the
+	// first refusal is logged at once, and a log read hours later still
+	// shows why the client is degraded.
+	RefusedLogInterval time.Duration
 }
+
+// DefaultRefusedLogInterval is Options.RefusedLogInterval's default, the
+// regional service's own interval for logging a refused caller.
+const DefaultRefusedLogInterval = time.Minute
 
 var errBreakerOpen = errors.New("circuit breaker open")
 
@@ -111,6 +121,7 @@ func (o Options) withDefaults() (Options, error) {
 		{"BreakerCooldown", &o.BreakerCooldown, DefaultBreakerCooldown},
 		{"SyncTimeout", &o.SyncTimeout, 0},
 		{"IdleTimeout", &o.IdleTimeout, 0},
+		{"RefusedLogInterval", &o.RefusedLogInterval, DefaultRefusedLogInterval},
 	}
 	for _, d := range durations {
 		if *d.v < 0 {
@@ -163,9 +174,11 @@ type Client struct {
 	closeDone chan struct{} // closed when the first Close returns
 	closeErr  error         // the first Close's result; read after closeDone
 	logged    atomic.Int32  // what the degraded-mode log said of this episode (loggedNone...)
-	// credentialsRefused is whether the region's last answer refused this
-	// client's credentials (logged once per such spell: see observeRPC).
-	credentialsRefused atomic.Bool
+	// refusedLogged is when the refusal of this client's credentials was
+	// last logged (unix nanoseconds; see observeRPC). Whether the region's
+	// last answer refused them is metrics.refused, which the
+	// sluice_client_credentials_refused gauge exports.
+	refusedLogged atomic.Int64
 
 	// id is the instance id reports go out under: opts.InstanceID until a
 	// conflict makes the client take a new one. incarnation is drawn once.
@@ -432,21 +445,34 @@ func (c *Client) check(ctx context.Context, s *Slow, key quota.Key, cost int64) 
 }
 
 // observeRPC records a regional RPC's outcome in the metrics, and logs at
-// error level, once per spell, that the region refused this client's
-// credentials. Such a refusal is not an outage: the region is up and will
-// refuse every call until the certificate changes, while the breaker and
-// the degraded-mode log (which counts it as unreachable, deciding by
-// on_failure meanwhile) would otherwise leave the operator looking for one.
+// error level, at the first refusal and then at most once per
+// RefusedLogInterval while refusals go on, that the region refused this
+// client's credentials (PermissionDenied: the certificate lacks the
+// instance role; Unauthenticated: there is none). Such a refusal is not
+// an outage: the region is up and will refuse every call until the
+// certificate or the config's auth section changes. The client decides
+// every key by its on_failure policy meanwhile, as with no region to ask
+// (it has no lease to decide from), and the breaker opens on the refusals
+// as on failures; sluice_client_credentials_refused tells this spell from
+// an outage, which sluice_client_degraded alone does not.
 func (c *Client) observeRPC(method string, start time.Time, err error) {
 	c.m.observeRPC(method, start, err)
 	switch code := status.Code(err); {
 	case code == codes.PermissionDenied || code == codes.Unauthenticated:
-		if c.credentialsRefused.CompareAndSwap(false, true) {
-			c.log.Error("lease: the regional service refused this client's credentials; every key is decided by its on_failure policy until the client certificate holds the instance role (auth.identities in the config)",
-				"method", method, "code", code.String(), "err", status.Convert(err).Message())
+		first := c.m.refused.CompareAndSwap(false, true)
+		now := time.Now().UnixNano()
+		last := c.refusedLogged.Load()
+		if !first && now-last < int64(c.opts.RefusedLogInterval) {
+			return
 		}
+		if !c.refusedLogged.CompareAndSwap(last, now) && !first {
+			return // a concurrent refusal logs this interval
+		}
+		c.log.Error("lease: the regional service refused this client's credentials; every key is decided by its on_failure policy until the client certificate holds the instance role (auth.identities in the config)",
+			"method", method, "code", code.String(), "needs", "instance", "err", status.Convert(err).Message(),
+			"repeated_every", c.opts.RefusedLogInterval)
 	case err == nil:
-		if c.credentialsRefused.CompareAndSwap(true, false) {
+		if c.m.refused.CompareAndSwap(true, false) {
 			c.log.Info("lease: the regional service accepts this client's credentials again")
 		}
 	}
@@ -492,6 +518,12 @@ func (c *Client) noteDegradedDecision(cause error) {
 		}
 	}
 	n := c.table.DegradedKeys()
+	if c.m.refused.Load() {
+		// The region answered, refusing this client: not unreachable.
+		c.log.Warn("lease: regional service refuses this client's credentials, deciding with on_failure policies (degraded mode)",
+			"keys", n, "cause", errString(cause))
+		return
+	}
 	if level == loggedSlow {
 		c.log.Info("lease: regional service slow to answer, deciding with on_failure policies (degraded mode)",
 			"keys", n, "cause", errString(cause))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,10 @@ import (
 //	    out), since the next request would find the region as last seen
 //	sluice_client_degraded_episodes_total  counter: entries into degraded
 //	    mode (the gauge rising from 0), also those shorter than a scrape
+//	sluice_client_credentials_refused  gauge: 1 while the region's last
+//	    answer to this client refused its credentials (PermissionDenied or
+//	    Unauthenticated): degraded by the client's certificate, not by an
+//	    outage of the region
 //	sluice_client_keys, sluice_client_tokens_held  gauges
 
 // fastSampleRate: one in this many fast-path decisions is timed.
@@ -39,6 +44,9 @@ type metrics struct {
 	slow      prometheus.Observer
 	rpc       *prometheus.HistogramVec
 	collector *tableCollector
+	// refused is whether the region's last answer refused the client's
+	// credentials (Client.observeRPC sets it).
+	refused atomic.Bool
 }
 
 func newMetrics(reg prometheus.Registerer, t *Table) (*metrics, error) {
@@ -54,8 +62,8 @@ func newMetrics(reg prometheus.Registerer, t *Table) (*metrics, error) {
 			Help:    "Latency of lease RPCs to the regional service, by method and gRPC code.",
 			Buckets: prometheus.ExponentialBuckets(100e-6, 2, 15),
 		}, []string{"method", "code"}),
-		collector: newTableCollector(t),
 	}
+	m.collector = newTableCollector(t, &m.refused)
 	m.fast = m.latency.WithLabelValues("fast")
 	m.slow = m.latency.WithLabelValues("slow")
 	if reg == nil {
@@ -96,6 +104,8 @@ func (m *metrics) observeRPC(method string, start time.Time, err error) {
 
 type tableCollector struct {
 	t         *Table
+	refused   *atomic.Bool
+	credRef   *prometheus.Desc
 	decisions *prometheus.Desc
 	degraded  *prometheus.Desc
 	episodes  *prometheus.Desc
@@ -103,9 +113,12 @@ type tableCollector struct {
 	tokens    *prometheus.Desc
 }
 
-func newTableCollector(t *Table) *tableCollector {
+func newTableCollector(t *Table, refused *atomic.Bool) *tableCollector {
 	return &tableCollector{
-		t: t,
+		t:       t,
+		refused: refused,
+		credRef: prometheus.NewDesc("sluice_client_credentials_refused",
+			"1 while the regional service's last answer to this client refused its credentials (PermissionDenied: the certificate lacks the instance role; Unauthenticated: none was presented). The client decides by on_failure meanwhile (sluice_client_degraded is 1) though the region is up.", nil, nil),
 		decisions: prometheus.NewDesc("sluice_client_decisions_total",
 			"Allow decisions by class, tier, result (allowed, denied, shadow_denied) and whether the on_failure policy made them.",
 			[]string{"class", "tier", "result", "degraded"}, nil),
@@ -121,6 +134,7 @@ func newTableCollector(t *Table) *tableCollector {
 func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.decisions
 	ch <- c.degraded
+	ch <- c.credRef
 	ch <- c.episodes
 	ch <- c.keys
 	ch <- c.tokens
@@ -136,6 +150,11 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 		degraded = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.degraded, prometheus.GaugeValue, degraded)
+	refused := 0.0
+	if c.refused.Load() {
+		refused = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.credRef, prometheus.GaugeValue, refused)
 	ch <- prometheus.MustNewConstMetric(c.episodes, prometheus.CounterValue, float64(c.t.DegradedEpisodes()))
 	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(c.t.Len()))
 	ch <- prometheus.MustNewConstMetric(c.tokens, prometheus.GaugeValue, float64(c.t.HeldTokens()))
