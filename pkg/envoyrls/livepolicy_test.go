@@ -193,3 +193,35 @@ func TestLiveStaticShareIsTheConfigsShareOfTheRegion(t *testing.T) {
 		t.Errorf("local's share of 4/s, burst 4 at weight 1 of 4: %+v, want 1/s and burst 1", l)
 	}
 }
+
+// TestLiveTierFollowsTheConfigNow: LiveTier names the tier the config the
+// process holds now resolves a key to, follows a reload that moves the
+// tenant, and names none without a config or for a class the config does
+// not know.
+func TestLiveTierFollowsTheConfigNow(t *testing.T) {
+	const yaml = `
+regions: {local: {weight: 1}}
+classes: {write: {}}
+tiers:
+  free: {write: {rate: 1/s, burst: 5}}
+  pro: {write: {rate: 100/s, burst: 100}}
+default_tier: free
+tenants: {acme: {tier: %s}}
+`
+	src := configtest.NewSource(nil, 0)
+	tier := envoyrls.LiveTier(src)
+	acme, other := quota.Key{Tenant: "acme", Class: "write"}, quota.Key{Tenant: "other", Class: "write"}
+	if got := tier(acme); got != "" {
+		t.Errorf("no config loaded: tier %q, want none", got)
+	}
+	src.Set(regiontest.MustConfig(t, fmt.Sprintf(yaml, "pro")), 1)
+	for k, want := range map[quota.Key]string{acme: "pro", other: "free", {Tenant: "acme", Class: "export"}: ""} {
+		if got := tier(k); got != want {
+			t.Errorf("%s: tier %q, want %q", k, got, want)
+		}
+	}
+	src.Set(regiontest.MustConfig(t, fmt.Sprintf(yaml, "free")), 2)
+	if got := tier(acme); got != "free" {
+		t.Errorf("acme moved to free: tier %q, want free", got)
+	}
+}
