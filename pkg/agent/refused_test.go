@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"context"
 	"log/slog"
 	"strings"
 	"testing"
@@ -9,13 +8,10 @@ import (
 
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
-	"github.com/sluicehq/sluice/internal/tlstest"
 	"github.com/sluicehq/sluice/pkg/agent"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/regional"
-	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
 // TestAgentWithoutTheInstanceRoleSaysItIsRefused: an agent whose
@@ -24,27 +20,9 @@ import (
 // /metrics and log say the region refuses its credentials, naming the
 // missing role, rather than that the region is unreachable.
 func TestAgentWithoutTheInstanceRoleSaysItIsRefused(t *testing.T) {
-	pki := tlstest.Write(t,
-		tlsconfig.Leaf{Name: "regional", URIs: []string{"spiffe://t/region/local"}, DNSNames: []string{"localhost"}, Server: true, Client: true},
-		tlsconfig.Leaf{Name: "sidecar", URIs: []string{"spiffe://t/sidecar"}, Client: true})
-	cfg := regiontest.MustConfig(t, `
-regions: {local: {weight: 1}}
-classes: {read: {on_failure: local}}
-tiers: {free: {read: {rate: 10/s, burst: 10}}}
-default_tier: free
-auth:
-  identities:
-    - {match: spiffe://t/region/local, roles: "instance, region:local"}
-    - {match: spiffe://t/sidecar, roles: envoy}
-`)
-	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
-		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: redistest.Start(t).Addr(),
-		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true, ServerTLS: pki.Server(t, "regional"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
+	pki := regiontest.RolesPKI(t, "sidecar")
+	cfg := regiontest.RolesConfig(t, "sidecar", "envoy")
+	d := regiontest.StartMTLS(t, pki, regional.StaticConfig{C: cfg})
 	var logs logtest.Buffer
 	a, err := agent.Start(agent.Options{
 		RegionAddr: d.GRPCAddr(), RegionCreds: pki.Creds(t, "sidecar", "localhost"), Config: agent.StaticConfig{C: cfg},

@@ -13,14 +13,11 @@ import (
 
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
-	"github.com/sluicehq/sluice/internal/tlstest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
-	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
 // TestRefusedCredentialsAreLoggedAsSuchNotAsAnOutage: a regional service
@@ -30,27 +27,9 @@ import (
 // credentials were refused and which role it needs, so the operator does
 // not look for an outage of a region that is up.
 func TestRefusedCredentialsAreLoggedAsSuchNotAsAnOutage(t *testing.T) {
-	pki := tlstest.Write(t,
-		tlsconfig.Leaf{Name: "regional", URIs: []string{"spiffe://t/region/local"}, DNSNames: []string{"localhost"}, Server: true, Client: true},
-		tlsconfig.Leaf{Name: "envoy", URIs: []string{"spiffe://t/envoy"}, Client: true})
-	cfg := regiontest.MustConfig(t, `
-regions: {local: {weight: 1}}
-classes: {read: {on_failure: local}}
-tiers: {free: {read: {rate: 10/s, burst: 10}}}
-default_tier: free
-auth:
-  identities:
-    - {match: spiffe://t/region/local, roles: "instance, region:local"}
-    - {match: spiffe://t/envoy, roles: envoy}
-`)
-	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
-		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: redistest.Start(t).Addr(),
-		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true, ServerTLS: pki.Server(t, "regional"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
+	pki := regiontest.RolesPKI(t, "envoy")
+	cfg := regiontest.RolesConfig(t, "envoy", "envoy")
+	d := regiontest.StartMTLS(t, pki, regional.StaticConfig{C: cfg})
 
 	dial := func(who string) *grpc.ClientConn {
 		conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(pki.Creds(t, who, "localhost")))
@@ -120,31 +99,11 @@ func (l *liveConfig) Current() *config.Config { return l.p.Load() }
 // refusals go on. Once the config gives the certificate the role, the
 // gauge returns to 0 and the client leases again.
 func TestRefusedCredentialsAreADistinctStateUntilTheRoleIsGiven(t *testing.T) {
-	pki := tlstest.Write(t,
-		tlsconfig.Leaf{Name: "regional", URIs: []string{"spiffe://t/region/local"}, DNSNames: []string{"localhost"}, Server: true, Client: true},
-		tlsconfig.Leaf{Name: "app", URIs: []string{"spiffe://t/app"}, Client: true})
-	cfgWith := func(appRoles string) *config.Config {
-		return regiontest.MustConfig(t, `
-regions: {local: {weight: 1}}
-classes: {read: {on_failure: local}}
-tiers: {free: {read: {rate: 10/s, burst: 10}}}
-default_tier: free
-auth:
-  identities:
-    - {match: spiffe://t/region/local, roles: "instance, region:local"}
-    - {match: spiffe://t/app, roles: "`+appRoles+`"}
-`)
-	}
+	pki := regiontest.RolesPKI(t, "app")
+	cfgWith := func(appRoles string) *config.Config { return regiontest.RolesConfig(t, "app", appRoles) }
 	live := &liveConfig{}
 	live.p.Store(cfgWith("envoy"))
-	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
-		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: redistest.Start(t).Addr(),
-		Config: live, ColdStart: regional.ColdStartFull, Unleased: true, ServerTLS: pki.Server(t, "regional"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
+	d := regiontest.StartMTLS(t, pki, live)
 	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(pki.Creds(t, "app", "localhost")))
 	if err != nil {
 		t.Fatal(err)
