@@ -82,7 +82,14 @@ func (s *Server) answered(ctx context.Context, g *sluicev1.RegionGrants) {
 func (s *Server) confirmedKey() string { return s.opts.Prefix + "confirmed" }
 
 // followConfirmations applies the confirmed revision the region leader
-// stored, every epoch, until ctx ends.
+// stored, every epoch, until ctx ends. It adopts the source's live config
+// first: a replica adopts a config on its first request under it, so one
+// that served nothing across a change would otherwise meet the
+// confirmation of a revision it does not hold (Chain.Confirm ignores it),
+// and its first request would then adopt the new config as unconfirmed
+// and run the smaller of the old and new shares until a later
+// confirmation; a bucket that request creates keeps the old share's level
+// (a raised tenant's first burst cut to the old cap).
 func (s *Server) followConfirmations(ctx context.Context) {
 	for {
 		epoch := time.Duration(s.opts.Config.Current().Epoch)
@@ -103,6 +110,7 @@ func (s *Server) followConfirmations(ctx context.Context) {
 			continue
 		}
 		if rev, err := strconv.ParseInt(v, 10, 64); err == nil {
+			s.staticChain()
 			s.confirm(rev)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // TestReplicaAppliesTheStoredConfirmedRevision: a replica reads the
@@ -70,5 +71,65 @@ default_tier: free
 		if got := s.chain.Load().Len(); got != step.left {
 			t.Fatalf("chain holds %d configs once %d is confirmed, want %d", got, step.rev, step.left)
 		}
+	}
+}
+
+// TestIdleReplicaAppliesAConfirmationOfAConfigItNeverServed: a replica
+// that served no request since its config source moved on (so it never
+// adopted the new config on a request) still applies the confirmation of
+// that revision once the leader stores it, so its first request runs the
+// new, confirmed config's share rather than the smaller of old and new.
+func TestIdleReplicaAppliesAConfirmationOfAConfigItNeverServed(t *testing.T) {
+	parse := func(rate int) *config.Config {
+		c, err := config.Parse(fmt.Appendf(nil, `
+epoch: 50ms
+regions: {eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease}}
+tiers: {free: {write: {rate: %d/s, burst: %d}}}
+default_tier: free
+`, rate, rate))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	src := configtest.NewSource(parse(6), 10)
+	rdb := redistest.Start(t).Client()
+	s, err := New(Options{Region: "eu", Redis: rdb, Config: src, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.staticChain()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.followConfirmations(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	src.Set(parse(20), 20) // a raise, served by no request of this replica
+	if err := rdb.Set(ctx, s.confirmedKey(), "20", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	epoch := time.Duration(src.Current().Epoch)
+	deadline := time.Now().Add(200 * epoch) // one read per epoch; many allowed for a starved machine
+	for s.chain.Load().Confirmed() != 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("revision 20 stored as confirmed; the idle replica's chain still confirms %d after %v",
+				s.chain.Load().Confirmed(), 200*epoch)
+		}
+		time.Sleep(epoch / 10) // polling with a deadline
+	}
+	cfg := src.Current()
+	res, err := cfg.Resolve(quota.Key{Tenant: "acme", Class: "write"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRate, wantBurst, err := cfg.StaticShareOf("eu", res)
+	if err != nil || wantRate < 9 {
+		t.Fatalf("the raised config's share %v/s (%v); want about 10/s", wantRate, err)
+	}
+	rate, burst, err := s.staticChain().Share("eu", quota.Key{Tenant: "acme", Class: "write"}, cfg, res)
+	if err != nil || rate != wantRate || burst != wantBurst {
+		t.Fatalf("first request's share %v/s, burst %v (%v); want the raised config's %v/s, burst %v", rate, burst, err, wantRate, wantBurst)
 	}
 }
