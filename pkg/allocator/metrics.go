@@ -54,14 +54,17 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 			gauge("sluice_global_leader", "1 while this replica answers Sync as leader.", func() float64 {
 				return boolGauge(s.IsLeader())
 			}),
-			gauge("sluice_global_learning", "1 while this replica leads in learning mode (only re-issuing held grants).", func() float64 {
+			gauge("sluice_global_learning", "1 while this replica leads in learning mode (only re-issuing held grants); 0 on a shard the live config does not name, which owns no keys.", func() float64 {
 				now := time.Now()
 				if ok, _ := s.leaderAt(now); !ok {
 					return 0
 				}
 				s.mu.Lock()
-				a := s.alloc
+				a, out := s.alloc, s.applied != nil && s.sh.index >= s.applied.ShardMap().N()
 				s.mu.Unlock()
+				if out {
+					return 0
+				}
 				return boolGauge(a.Learning(now))
 			}),
 			gauge("sluice_global_epoch", "Allocation epochs run by the current allocator.", func() float64 {

@@ -560,6 +560,7 @@ func (s *Service) promote(term uint64, deadline time.Time, lapsed []string) bool
 	// another leader issued since.
 	s.conf = regionsync.NewConfirmations()
 	s.sh.idleSince = time.Time{} // an earlier leader may have granted
+	s.sh.outSince = time.Time{}
 	s.pruneHeldLocked()
 	s.setLimitsLocked()
 	s.m.newTerm()

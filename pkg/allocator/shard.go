@@ -47,6 +47,13 @@ type shardState struct {
 	// does not know: cleared at every election, since an earlier leader
 	// may have granted).
 	idleSince time.Time
+	// outSince is when this replica, leading, last saw the live config
+	// stop naming this shard (zero while the live config names it, or
+	// when it does not know, as idleSince). A region still running an
+	// older count may report to it meanwhile, so it is not idleSince,
+	// which the forgetting of lapses reads; it is what the logs call the
+	// shard's idle time.
+	outSince time.Time
 }
 
 // idleLocked says whether this shard owns nothing under the live config as
@@ -85,6 +92,12 @@ func (s *Service) reshardLearningLocked(now time.Time) {
 			s.startOwningLocked(now)
 		}
 		sh.mapN, sh.mapSince, sh.resharding = n, s.appliedRev, true
+	}
+	switch {
+	case sh.index < n:
+		sh.outSince = time.Time{}
+	case sh.outSince.IsZero():
+		sh.outSince = now
 	}
 	owns := false
 	for _, cfg := range s.held {
@@ -144,15 +157,18 @@ func (s *Service) startOwningLocked(now time.Time) {
 		s.storedMoot = true
 	}
 	s.log.Info("this shard owns keys from now on; every region's silence counts from now",
-		"shard", sh.index, "idle_for", idleFor(now, sh.idleSince), "lapses_forgotten", clean, "lapsed", s.alloc.LapsedSet())
+		"shard", sh.index, "idle_for", idleFor(now, sh.outSince, sh.idleSince), "lapses_forgotten", clean, "lapsed", s.alloc.LapsedSet())
 }
 
-// idleFor is how long since idleSince (0 when unknown).
-func idleFor(now, idleSince time.Time) time.Duration {
-	if idleSince.IsZero() {
-		return 0
+// idleFor is how long since the first of since that is known (0 when none
+// is).
+func idleFor(now time.Time, since ...time.Time) time.Duration {
+	for _, t := range since {
+		if !t.IsZero() {
+			return now.Sub(t)
+		}
 	}
-	return now.Sub(idleSince)
+	return 0
 }
 
 // ownedLocked refuses rep when it names a key this shard owns under none of
