@@ -245,7 +245,7 @@ func (g *RestartGuard) stamp(ctx context.Context, c Redis, keys []string) error 
 	case first && !full && wrote == len(keys):
 		// This process found Redis empty and set its birth: say once why
 		// the first requests are denied.
-		g.logger.Warn("redis holds no Sluice data (cold start, -cold-start conservative): new buckets start empty and earn tokens only after the longer of one lease TTL and one grant validity plus one epoch, so requests are denied until then; use -cold-start full for a fresh deployment whose Redis never held leases",
+		g.logger.Warn("redis holds no Sluice data (cold start, -cold-start conservative): every new bucket starts empty and refills at its rate from the birth plus the longer of one lease TTL and one grant validity plus one epoch, so a key is denied until it has earned a token and holds rate x (time since birth - that wait), up to its burst: seconds for a per-second limit, most of its period for a per-hour or per-day one; -cold-start full starts buckets full instead, for a fresh deployment whose Redis never held leases (on a Redis that lost its data while leases were out, one extra burst per key)",
 			"sentinel", keys[0], "born_us", bs[0].BornUS)
 	}
 	return nil
