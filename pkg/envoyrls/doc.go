@@ -190,9 +190,11 @@
 //     full again, as last reported, and the tokens missing from the cap
 //     refilled at the region's rate), and never before the retry delay of
 //     an over-limit descriptor. Unset on an over-limit descriptor that no
-//     wait can cure (Decision.RetryNever: the cost exceeds what this
-//     region's bucket can ever hold while its cap stays as it is), so
-//     Envoy is promised no time after which it would still be refused.
+//     wait can cure (Decision.RetryNever: the cost exceeds the key's
+//     configured burst, or its rate is zero), so Envoy is promised no
+//     time after which it would still be refused. A cost within the
+//     burst but above this region's current cap is over limit with a
+//     time: the region's cap grows when the global tier grants it more.
 //
 // # Response headers
 //

@@ -680,12 +680,16 @@ func TestMetricsCarryNoTenant(t *testing.T) {
 	}
 }
 
-// TestNeverAnswerPromisesNoTime: with a burst of 1 split over two regions,
-// this region's cap is below one token, so a request of cost 1 can never
-// pass here, neither by a strict check nor by a lease (the region answers
-// -1, Decision.RetryNever). Envoy is told OVER_LIMIT with no
-// duration_until_reset and no retry-after: no time is promised after
-// which the request still could not be admitted.
+// TestNeverAnswerPromisesNoTime: a key of 5/s with a burst of 5 split
+// over two regions, so this region's cap (2.5) is below the burst. A cost
+// above the configured burst (6) can never pass while the config stays as
+// it is: Envoy is told OVER_LIMIT with no duration_until_reset and no
+// retry-after, no time being promised after which the request still could
+// not be admitted. A cost within the burst but above the region's current
+// cap (4) is refused by the region's bucket now, but the region's cap
+// grows by grants (and leases come back), so it is OVER_LIMIT with a time
+// to retry (the client asks the region again a refresh later), not the
+// never form, by a strict check and by a lease alike.
 func TestNeverAnswerPromisesNoTime(t *testing.T) {
 	for _, mode := range []string{"strict", "lease"} {
 		t.Run(mode, func(t *testing.T) { testNeverAnswer(t, mode) })
@@ -697,35 +701,48 @@ func testNeverAnswer(t *testing.T, mode string) {
 	cfg := regiontest.MustConfig(t, `
 lease_ttl: 5s
 refresh: 1s
-regions: {local: {weight: 1}, far: {weight: 3}}
+regions: {local: {weight: 1}, far: {weight: 1}}
 classes:
   export: {mode: `+mode+`}
 tiers:
   std:
-    export: {rate: 6/m, burst: 1}
+    export: {rate: 5/s, burst: 5}
 default_tier: std
 envoy:
   descriptors:
     - {domain: sluice, tenant_key: tenant, class_key: class}
 `)
 	p := startProcess(t, rs, cfg, "envoy-never-"+mode, true)
-	for i := range 2 {
-		resp := ask(t, p.rls, request("sluice", 0, desc("tenant", "acme", "class", "export")))
+	overLimit := func(i int, hits uint32) (*rlsv3.RateLimitResponse_DescriptorStatus, map[string]string) {
+		t.Helper()
+		resp := ask(t, p.rls, request("sluice", hits, desc("tenant", "acme", "class", "export")))
 		st := resp.GetStatuses()[0]
 		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
-			t.Fatalf("request %d: %v, want OVER_LIMIT", i+1, resp)
+			t.Fatalf("request %d, hits %d: %v, want OVER_LIMIT", i, hits, resp)
 		}
+		return st, headerMap(resp)
+	}
+	for i := range 2 {
+		st, h := overLimit(i+1, 6)
 		if st.GetDurationUntilReset() != nil {
-			t.Errorf("request %d: duration_until_reset %v promises a time", i+1, st.GetDurationUntilReset().AsDuration())
+			t.Errorf("request %d, cost above the burst: duration_until_reset %v promises a time", i+1, st.GetDurationUntilReset().AsDuration())
 		}
-		h := headerMap(resp)
 		for _, k := range []string{envoyrls.HeaderRetryAfter, envoyrls.HeaderReset} {
 			if v, ok := h[k]; ok {
-				t.Errorf("request %d: %s = %q promises a time", i+1, k, v)
+				t.Errorf("request %d, cost above the burst: %s = %q promises a time", i+1, k, v)
 			}
 		}
 		if h[envoyrls.HeaderLimit] == "" || h[envoyrls.HeaderRemaining] != "0" {
-			t.Errorf("request %d: headers %v, want limit and remaining 0", i+1, h)
+			t.Errorf("request %d, cost above the burst: headers %v, want limit and remaining 0", i+1, h)
+		}
+	}
+	for i := range 2 {
+		st, h := overLimit(i+1, 4)
+		if d := st.GetDurationUntilReset(); d == nil || d.AsDuration() <= 0 {
+			t.Errorf("request %d, cost within the burst above the region's cap: duration_until_reset %v, want a time to retry", i+1, d)
+		}
+		if h[envoyrls.HeaderRetryAfter] != "1" {
+			t.Errorf("request %d, cost within the burst above the region's cap: retry-after %q, want 1 (the refresh)", i+1, h[envoyrls.HeaderRetryAfter])
 		}
 	}
 }

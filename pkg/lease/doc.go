@@ -37,9 +37,9 @@
 //	           pool) no smaller than this request's; when it answered
 //	           "never" (-1) for a need no larger than this request's, with
 //	           RetryAfter until negUntil (the key asks again then) for a
-//	           cost within the region's cap at a positive rate (what held
-//	           the tokens was other leases, which come back), else with
-//	           RetryNever; strict → ActCheck; else ActAcquire (a need
+//	           cost within the key's configured burst at a positive rate
+//	           (other leases come back, and grants raise the region's
+//	           cap), else with RetryNever; strict → ActCheck; else ActAcquire (a need
 //	           the last negative answer was not about asks the region).
 //	PrepareAcquire / PrepareSync / PrepareRefill
 //	           build a report and mark the key in flight (one report per

@@ -55,11 +55,13 @@ func TestLeaseNeverDenial(t *testing.T) {
 
 // TestNeverWithinTheCapIsAWait: the region answers "never" when its
 // bucket's cap less the tokens out in leases cannot hold what was asked.
-// Tokens out in leases come back (released, expired), so a cost within
-// the region's cap at a positive rate is denied with a wait: on the lease
-// path until the key asks the region again (its next refresh after the
-// answer), on the strict path a refresh. RetryNever is kept for a cost
-// above the cap, a zero rate, or a cap not known.
+// Tokens out in leases come back (released, expired) and the allocator
+// grants the region more of the burst, so a cost within the key's
+// configured burst at a positive rate is denied with a wait, even above
+// the region's current cap: on the lease path until the key asks the
+// region again (its next refresh after the answer), on the strict path a
+// refresh. RetryNever is kept for a cost above the configured burst, a
+// zero rate, or a rate not known.
 func TestNeverWithinTheCapIsAWait(t *testing.T) {
 	const capTokens = 4 // region burst 4.5, limit 10: a cap of 4 whole tokens
 	burst, rate, zero := 4.5, 2.0, 0.0
@@ -68,18 +70,20 @@ func TestNeverWithinTheCapIsAWait(t *testing.T) {
 		strict    bool
 		cost      int64
 		rate      *float64
-		noCap     bool // the answer names no burst: the cap is not known
+		noCap     bool // the answer names no rate or burst: neither is known
 		wantNever bool
 	}{
 		{name: "lease: one token", cost: 1, rate: &rate},
 		{name: "lease: the whole cap", cost: capTokens, rate: &rate},
-		{name: "lease: a token above the cap", cost: capTokens + 1, rate: &rate, wantNever: true},
+		{name: "lease: above the cap, within the burst", cost: capTokens + 1, rate: &rate},
+		{name: "lease: the whole burst", cost: 10, rate: &rate},
 		{name: "lease: zero rate", cost: 1, rate: &zero, wantNever: true},
 		{name: "strict: one token", strict: true, cost: 1, rate: &rate},
 		{name: "strict: the whole cap", strict: true, cost: capTokens, rate: &rate},
-		{name: "strict: a token above the cap", strict: true, cost: capTokens + 1, rate: &rate, wantNever: true},
+		{name: "strict: above the cap, within the burst", strict: true, cost: capTokens + 1, rate: &rate},
+		{name: "strict: above the burst", strict: true, cost: 11, rate: &rate, wantNever: true},
 		{name: "strict: zero rate", strict: true, cost: 1, rate: &zero, wantNever: true},
-		{name: "strict: no cap known", strict: true, cost: 1, rate: &rate, noCap: true, wantNever: true},
+		{name: "strict: no rate known", strict: true, cost: 1, rate: &rate, noCap: true, wantNever: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tb := newTestTable(t)

@@ -540,8 +540,11 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 		e.own().negNever = g.RetryAfterMs < 0
 		if e.view().negNever {
 			// Never (min exceeds what the region's bucket can hold at its
-			// cap, or its rate is zero): requests needing min are denied
-			// with RetryNever; ask again next refresh, in case the cap grew.
+			// current cap, or its rate is zero): requests needing min are
+			// denied until the next refresh, when the key asks again in
+			// case the cap grew or leases came back; with RetryNever only
+			// for a cost above the configured burst or a zero rate
+			// (keyInfo.withinCap).
 			wait = t.opts.Refresh
 		} else {
 			wait += retrySpread(t.spreadDraw(now, e), e.view(), wait)

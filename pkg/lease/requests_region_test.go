@@ -32,16 +32,18 @@ default_tier: free
 
 // TestRequestAboveTheCapLeavesSmallerOnesTheirTokens: a request costing
 // more than the region's cap (but no more than the key's burst) is denied
-// with RetryNever, and the requests after it that need less are decided
-// by what the region holds, not turned away for a refresh on the strength
-// of an answer about 20 tokens.
+// with a wait until the client asks the region again, not RetryNever (the
+// region's cap grows when the global tier grants it more of the burst),
+// and the requests after it that need less are decided by what the region
+// holds, not turned away for a refresh on the strength of an answer about
+// 20 tokens.
 func TestRequestAboveTheCapLeavesSmallerOnesTheirTokens(t *testing.T) {
 	cfg := regiontest.MustConfig(t, halfRegion)
 	e := env{reg: regiontest.Start(t, cfg, "local"), cfg: cfg}
 	c, _, _ := newClient(t, e)
 	key := quota.Key{Tenant: "acme", Class: "read"}
-	if d := mustAllow(t, c, key, 20); d.Allowed || !d.RetryNever {
-		t.Fatalf("cost 20 against a cap of 10: %+v, want denied with RetryNever", d)
+	if d := mustAllow(t, c, key, 20); d.Allowed || d.RetryNever || d.RetryAfter <= 0 || d.RetryAfter > c.Table().Options().Refresh {
+		t.Fatalf("cost 20 against a cap of 10 and a burst of 20: %+v, want denied with a RetryAfter of at most the refresh, no RetryNever", d)
 	}
 	for i := range 10 {
 		if d := mustAllow(t, c, key, 1); !d.Allowed || d.Degraded {

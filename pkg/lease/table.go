@@ -98,7 +98,8 @@ type keyInfo struct {
 	// negative answer was about. A request needing more than it was not
 	// answered: it asks the region (the wait named for fewer tokens would
 	// send it back too early). With negNever, a request needing at least
-	// negNeed is denied with RetryNever, and one needing less asks (the
+	// negNeed is denied until negUntil, with RetryNever only when its
+	// cost is beyond any wait (withinCap), and one needing less asks (the
 	// "never" says nothing of it); otherwise one needing at most negNeed
 	// is denied until negUntil.
 	negNeed int32
@@ -457,10 +458,12 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 		switch {
 		case in.negNever && need >= int64(in.negNeed):
 			// The region said no wait will bring this many tokens while
-			// its cap and the leases out stay as they are. Tokens out in
-			// leases come back (released, expired): a cost within the
-			// cap waits for the next time the key asks (negUntil). Only
-			// a cost above the cap, or a zero rate, is never admitted.
+			// its cap and the leases out stay as they are. Both change
+			// without a config change (leases come back, the allocator
+			// grants the region more burst): a cost within the key's
+			// configured burst waits for the next time the key asks
+			// (negUntil, a refresh after the answer). Only a cost above
+			// the configured burst, or a zero rate, is never admitted.
 			if in.withinCap(cost) {
 				return t.deny(e, in, cost, time.Duration(in.negUntil-at)), ActNone, nil
 			}
@@ -519,11 +522,15 @@ func (in *keyInfo) expected(pool int64) int64 {
 }
 
 // withinCap reports whether a request of cost tokens the region answered
-// "never" can still be admitted once the tokens out in leases come back:
-// the region's cap for the key is known and holds cost, and its rate is
-// positive.
+// "never" can still be admitted by waiting while the config stays as it
+// is: the key's configured burst (the whole limit) is known and holds
+// cost, and the region's rate is positive. The region's "never" speaks of
+// its bucket now (its current cap less the tokens out in leases), and both
+// grow without a config change: leases come back (released, expired) and
+// the allocator grants the region more of the burst. A cost above the
+// configured burst, or a zero rate, is never admitted.
 func (in *keyInfo) withinCap(cost int64) bool {
-	return in.capKnown && cost <= in.cap && in.regionRate > 0
+	return in.limit > 0 && cost <= in.limit && in.regionRate > 0
 }
 
 // wholeCap is the region's burst cap in whole tokens, at most the
@@ -805,12 +812,15 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		switch {
 		case resp.RetryAfterMs >= 0:
 		case withinCap:
-			// The region's bucket cannot hold cost now because tokens are
-			// out in leases; they come back (released, expired), so the
-			// caller may ask again after a refresh.
+			// The region's bucket cannot hold cost now, but cost is within
+			// the key's configured burst: tokens out in leases come back
+			// and the allocator may grant the region more of the burst.
+			// The refresh is the period after which this instance asks the
+			// region again, so it is the earliest time the answer can
+			// differ.
 			d.RetryAfter = t.opts.Refresh
 		default:
-			d.RetryNever = true // cost above the cap, or a zero rate: no wait will do
+			d.RetryNever = true // cost above the configured burst, or a zero rate: no wait will do
 		}
 		d.Remaining = min(d.Remaining, cost-1)
 		e.count(slot(ResultDenied, false))

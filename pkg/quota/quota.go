@@ -218,12 +218,14 @@ type Decision struct {
 	// RetryAfter is how long to wait before retrying a denied request; zero
 	// when allowed, and when RetryNever is set.
 	RetryAfter time.Duration
-	// RetryNever is set on a denial no wait can cure while the region's
-	// cap and rate stay as they are: the cost exceeds the region's cap for
-	// the key, or its rate is zero. No Retry-After is promised then. A
-	// cost within the cap that the region's bucket cannot hold now only
-	// because tokens are out in other instances' leases is a denial with
-	// a RetryAfter: those tokens come back (released, expired).
+	// RetryNever is set on a denial no wait can cure while the config
+	// stays as it is: the cost exceeds the key's configured burst (the
+	// whole limit), or its rate is zero. No Retry-After is promised then.
+	// A cost within the configured burst that the region's bucket cannot
+	// hold now, because tokens are out in other instances' leases or the
+	// region's cap is below the cost, is a denial with a RetryAfter: those
+	// tokens come back (released, expired), and the region's cap grows
+	// when the global tier grants it more of the burst.
 	RetryNever bool
 	// Degraded is set when the decision came from the class's on_failure
 	// policy because the regional service could not be reached.

@@ -1,0 +1,60 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/quota"
+)
+
+// twoRegionsSmallKey: a key of 5/s with a burst of 5 shared by two regions
+// of equal weight, only "local" running: the region's static cap is 2.5,
+// so 2 whole tokens, below the key's configured burst.
+const twoRegionsSmallKey = `
+lease_ttl: 2s
+refresh: 200ms
+regions: {local: {weight: 1}, far: {weight: 1}}
+classes:
+  read:   {mode: lease}
+  export: {mode: strict, on_failure: closed}
+tiers: {free: {read: {rate: 5/s, burst: 5}, export: {rate: 5/s, burst: 5}}}
+default_tier: free
+`
+
+// TestNeverOnlyAboveTheConfiguredBurst: the region answers "never" for a
+// cost above its current cap, but a region's cap grows without a config
+// change (the allocator grants it more of the burst), so a cost within the
+// key's configured burst is denied with a wait until the client asks the
+// region again (at most a refresh), on the lease and the strict path, not
+// RetryNever. A cost above the configured burst is refused as invalid (no
+// wait can cure it while the config stays as it is; the agent and the
+// Envoy endpoint, which hold the config, answer it "never" without asking
+// the region). (A real regional server and Redis.)
+func TestNeverOnlyAboveTheConfiguredBurst(t *testing.T) {
+	cfg := regiontest.MustConfig(t, twoRegionsSmallKey)
+	e := env{reg: regiontest.Start(t, cfg, "local"), cfg: cfg}
+	for _, class := range []string{"read", "export"} {
+		t.Run(class, func(t *testing.T) {
+			c, _, _ := newClient(t, e)
+			refresh := c.Table().Options().Refresh
+
+			above := quota.Key{Tenant: "above-" + class, Class: class}
+			if _, err := c.Allow(context.Background(), above, 6); !errors.Is(err, quota.ErrInvalid) {
+				t.Fatalf("cost 6 against a configured burst of 5: error %v; want quota.ErrInvalid (callers holding the config answer it \"never\")", err)
+			}
+
+			within := quota.Key{Tenant: "within-" + class, Class: class}
+			for range 3 { // the first answer, then the lease path's memory of it
+				d := mustAllow(t, c, within, 4)
+				if d.Allowed {
+					t.Fatalf("cost 4 against a region cap of 2: %+v; want denied", d)
+				}
+				if d.RetryNever || d.RetryAfter <= 0 || d.RetryAfter > refresh {
+					t.Fatalf("cost 4, within the configured burst of 5 but above the region's cap of 2: %+v; want a RetryAfter of at most the refresh %v, no RetryNever", d, refresh)
+				}
+			}
+		})
+	}
+}
