@@ -152,7 +152,11 @@
 // without asking the limiter, charges nothing, and is answered in the
 // never form (limit_remaining 0, no duration_until_reset, no
 // x-ratelimit-reset or retry-after), as envoyproxy/ratelimit answers a
-// hit count above the limit OVER_LIMIT (Target.Never). Each matched
+// hit count above the limit OVER_LIMIT (Target.Never). Its
+// x-ratelimit-limit starts with the key's cap in this region as the
+// limiter last learned it from the region (lease.Client.Cap), as every
+// other answer on the key does, and with the configured burst while the
+// region has not answered on the key. Each matched
 // descriptor is charged separately, even when two name the same key. When
 // one descriptor is over limit, tokens already taken for the others stay
 // spent (Envoy's own service behaves the same); this only ever
@@ -207,7 +211,8 @@
 //
 //	x-ratelimit-limit      "<cap>, <burst>;w=<window>": the key's burst cap
 //	                       in this region now (Decision.Cap, at most the
-//	                       burst), then the policy: the configured burst
+//	                       burst; the burst while not known), then the
+//	                       policy: the configured burst
 //	                       and the seconds an empty bucket takes to refill
 //	                       it (burst / rate, rounded up)
 //	x-ratelimit-remaining  limit_remaining: what this caller can expect to

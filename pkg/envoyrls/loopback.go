@@ -166,6 +166,9 @@ func (l *Loopback) Allow(ctx context.Context, key quota.Key, cost int64) (quota.
 // Client is the underlying lease client (for its Table and metrics).
 func (l *Loopback) Client() *lease.Client { return l.client }
 
+// Cap is lease.Client.Cap.
+func (l *Loopback) Cap(key quota.Key) (int64, bool) { return l.client.Cap(key) }
+
 // Close releases every token the client holds (bounded by ctx), then
 // closes the connection. Allow fails with lease.ErrClosed afterwards.
 func (l *Loopback) Close(ctx context.Context) error {

@@ -27,6 +27,14 @@ type Limiter interface {
 	Allow(ctx context.Context, key quota.Key, cost int64) (quota.Decision, error)
 }
 
+// capReader is the optional part of a Limiter that knows a key's cap in
+// this region without deciding (*lease.Client, *Loopback): a descriptor
+// answered "never" without asking the limiter reports it as the first
+// value of x-ratelimit-limit, as every other answer on the key does.
+type capReader interface {
+	Cap(key quota.Key) (int64, bool)
+}
+
 // ConfigSource hands out the live config (configstore.Watcher,
 // regional.StaticConfig).
 type ConfigSource interface {
@@ -220,6 +228,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, sc *s
 		if t.Never {
 			// Nothing asked, nothing charged: no wait admits the cost.
 			d = quota.Decision{WouldDeny: true, Limit: t.Resolved.Limit.Burst, RetryNever: true}
+			if cr, ok := box.Limiter.(capReader); ok {
+				// The region's cap as of its last answer on the key; the
+				// configured burst (Limit) until it has answered.
+				d.Cap, d.CapKnown = cr.Cap(t.Key)
+			}
 		} else if d, err = box.Allow(ctx, t.Key, t.Cost); err != nil {
 			out, err := s.failed(ctx, i, t, err)
 			return nil, nil, out, err

@@ -732,8 +732,10 @@ envoy:
 				t.Errorf("request %d, cost above the burst: %s = %q promises a time", i+1, k, v)
 			}
 		}
-		if h[envoyrls.HeaderLimit] == "" || h[envoyrls.HeaderRemaining] != "0" {
-			t.Errorf("request %d, cost above the burst: headers %v, want limit and remaining 0", i+1, h)
+		// The region has not answered on the key yet: its cap is not
+		// known, so the first value is the configured burst.
+		if h[envoyrls.HeaderLimit] != "5, 5;w=1" || h[envoyrls.HeaderRemaining] != "0" {
+			t.Errorf("request %d, cost above the burst: headers %v, want limit \"5, 5;w=1\" and remaining 0", i+1, h)
 		}
 	}
 	for i := range 2 {
@@ -744,6 +746,14 @@ envoy:
 		if h[envoyrls.HeaderRetryAfter] != "1" {
 			t.Errorf("request %d, cost within the burst above the region's cap: retry-after %q, want 1 (the refresh)", i+1, h[envoyrls.HeaderRetryAfter])
 		}
+		if h[envoyrls.HeaderLimit] != "2, 5;w=1" {
+			t.Errorf("request %d, cost within the burst above the region's cap: limit %q, want \"2, 5;w=1\" (the region's cap of 2)", i+1, h[envoyrls.HeaderLimit])
+		}
+	}
+	// Once the region has answered on the key, the never form reports the
+	// region's cap as the first value, as every other answer does.
+	if _, h := overLimit(3, 6); h[envoyrls.HeaderLimit] != "2, 5;w=1" {
+		t.Errorf("cost above the burst after the region answered: limit %q, want \"2, 5;w=1\" (the region's cap, then the policy)", h[envoyrls.HeaderLimit])
 	}
 }
 

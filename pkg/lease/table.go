@@ -911,6 +911,23 @@ func (t *Table) observeRTT(d time.Duration) {
 	t.rtt += (d - t.rtt) / 5
 }
 
+// Cap returns the region's burst cap for key in whole tokens as of the
+// region's last answer (Decision.Cap) without deciding or charging
+// anything; false when the table does not hold the key or its cap is not
+// known yet. For describing a request decided without the region (a cost
+// no wait admits) with the cap the key's decisions report.
+func (t *Table) Cap(key quota.Key) (int64, bool) {
+	e := t.keys.lookupFresh(key)
+	if e == nil {
+		return 0, false
+	}
+	in := e.info.Load()
+	if in == nil || !in.capKnown {
+		return 0, false
+	}
+	return in.cap, true
+}
+
 // KeyState is a copy of one key's state, for tests, the simulator and
 // debugging.
 type KeyState struct {
