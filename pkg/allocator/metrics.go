@@ -60,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 					return 0
 				}
 				s.mu.Lock()
-				a, out := s.alloc, s.applied != nil && s.sh.index >= s.applied.ShardMap().N()
+				a, out := s.alloc, s.outLocked()
 				s.mu.Unlock()
 				if out {
 					return 0

@@ -65,9 +65,15 @@ type shardState struct {
 // s.mu is held.
 func (s *Service) idleLocked() bool {
 	if !s.sh.init {
-		return s.sh.index >= s.applied.ShardMap().N()
+		return s.outLocked()
 	}
 	return s.sh.index >= s.sh.mapN
+}
+
+// outLocked says whether the live config leaves this shard out: it owns
+// no keys under it (false before a config is applied). s.mu is held.
+func (s *Service) outLocked() bool {
+	return s.applied != nil && s.sh.index >= s.applied.ShardMap().N()
 }
 
 // LapsedKeyOf is shard's durable lapsed set under prefix: LapsedKey for
