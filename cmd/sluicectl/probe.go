@@ -125,11 +125,8 @@ func (a *app) rpcFailure(ctx context.Context, what, addr, class string, err erro
 	if ctx.Err() != nil {
 		return interrupted(ctx, what+" via "+addr)
 	}
-	if a.plaintextRefused(err) {
-		return exitf(exitRefused, "%s via %s: %s", what, addr, plaintextRefusal)
-	}
-	if a.clientCertMissing(err) {
-		return exitf(exitRefused, "%s via %s: %s", what, addr, clientCertRefusal)
+	if why, ok := a.transportRefusal(err); ok {
+		return exitf(exitRefused, "%s via %s: %s", what, addr, why)
 	}
 	st := status.Convert(err)
 	switch st.Code() {
@@ -161,6 +158,19 @@ const plaintextRefusal = "the service closed the connection without answering, a
 // way.
 func (a *app) plaintextRefused(err error) bool {
 	return a.g.tlsCA == "" && strings.Contains(status.Convert(err).Message(), "error reading server preface")
+}
+
+// transportRefusal says what to do when err is a connection the service
+// dropped for want of this client's TLS (plaintextRefused,
+// clientCertMissing): a refusal (exit 7), not an outage.
+func (a *app) transportRefusal(err error) (string, bool) {
+	switch {
+	case a.plaintextRefused(err):
+		return plaintextRefusal, true
+	case a.clientCertMissing(err):
+		return clientCertRefusal, true
+	}
+	return "", false
 }
 
 // clientCertRefusal says what to do about a service that asked for a

@@ -525,14 +525,9 @@ func (a *app) askReplica(ctx context.Context, addr string, top int32, rep *statu
 				addr, status.Code(err), status.Convert(err).Message(), config.RoleOperator)
 			return nil, nil
 		}
-		if a.plaintextRefused(err) {
+		if why, ok := a.transportRefusal(err); ok {
 			rep.refused = true
-			rep.GlobalError = fmt.Sprintf("the global allocator at %s: %s", addr, plaintextRefusal)
-			return nil, nil
-		}
-		if a.clientCertMissing(err) {
-			rep.refused = true
-			rep.GlobalError = fmt.Sprintf("the global allocator at %s: %s", addr, clientCertRefusal)
+			rep.GlobalError = fmt.Sprintf("the global allocator at %s: %s", addr, why)
 			return nil, nil
 		}
 		if c := status.Code(err); (c == codes.Unavailable || c == codes.DeadlineExceeded) && !tlsFailure(err) {
