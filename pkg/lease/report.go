@@ -544,7 +544,7 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 			// denied until the next refresh, when the key asks again in
 			// case the cap grew or leases came back; with RetryNever only
 			// for a cost above the configured burst or a zero rate
-			// (keyInfo.withinCap).
+			// (keyInfo.waitCures).
 			wait = t.opts.Refresh
 		} else {
 			wait += retrySpread(t.spreadDraw(now, e), e.view(), wait)

@@ -99,7 +99,7 @@ type keyInfo struct {
 	// answered: it asks the region (the wait named for fewer tokens would
 	// send it back too early). With negNever, a request needing at least
 	// negNeed is denied until negUntil, with RetryNever only when its
-	// cost is beyond any wait (withinCap), and one needing less asks (the
+	// cost is beyond any wait (waitCures), and one needing less asks (the
 	// "never" says nothing of it); otherwise one needing at most negNeed
 	// is denied until negUntil.
 	negNeed int32
@@ -464,7 +464,7 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 			// configured burst waits for the next time the key asks
 			// (negUntil, a refresh after the answer). Only a cost above
 			// the configured burst, or a zero rate, is never admitted.
-			if in.withinCap(cost) {
+			if in.waitCures(cost) {
 				return t.deny(e, in, cost, time.Duration(in.negUntil-at)), ActNone, nil
 			}
 			d := t.deny(e, in, cost, 0)
@@ -521,7 +521,7 @@ func (in *keyInfo) expected(pool int64) int64 {
 	return r
 }
 
-// withinCap reports whether a request of cost tokens the region answered
+// waitCures reports whether a request of cost tokens the region answered
 // "never" can still be admitted by waiting while the config stays as it
 // is: the key's configured burst (the whole limit) is known and holds
 // cost, and the region's rate is positive. The region's "never" speaks of
@@ -529,7 +529,7 @@ func (in *keyInfo) expected(pool int64) int64 {
 // grow without a config change: leases come back (released, expired) and
 // the allocator grants the region more of the burst. A cost above the
 // configured burst, or a zero rate, is never admitted.
-func (in *keyInfo) withinCap(cost int64) bool {
+func (in *keyInfo) waitCures(cost int64) bool {
 	return in.limit > 0 && cost <= in.limit && in.regionRate > 0
 }
 
@@ -779,7 +779,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		e.own().cap = wholeCap(e.view().regionBurst, e.view().limit)
 	}
 	capped, capKnown, refill := e.view().cap, e.view().capKnown, e.view().regionRate
-	withinCap := e.view().withinCap(cost)
+	waitCures := e.view().waitCures(cost)
 	if resp.Allowed {
 		e.rareFor().checked += cost
 	}
@@ -811,7 +811,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		d.RetryAfter = time.Duration(max(0, resp.RetryAfterMs)) * time.Millisecond
 		switch {
 		case resp.RetryAfterMs >= 0:
-		case withinCap:
+		case waitCures:
 			// The region's bucket cannot hold cost now, but cost is within
 			// the key's configured burst: tokens out in leases come back
 			// and the allocator may grant the region more of the burst.
