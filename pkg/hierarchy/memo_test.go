@@ -146,3 +146,29 @@ func TestSilentRegionFrozenUntilItsSummaryEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestSilentRegionsAboveTheLimitLeaveTheOthersNothing: silent regions
+// frozen at what they may use can add up to more than the key's rate (one
+// on a large grant, another at its static share); the reporting regions
+// then share no capacity, not a negative one, so a region's floor is
+// scaled to 0, never below it.
+func TestSilentRegionsAboveTheLimitLeaveTheOthersNothing(t *testing.T) {
+	a := mustAllocator(t, []Region{{Name: "a", Weight: 1, MinShare: 0.2}, {Name: "b", Weight: 1}, {Name: "c", Weight: 2}})
+	key := quota.Key{Tenant: "acme", Class: "write"}
+	if err := a.SetLimit(key, KeyLimit{Rate: 100, Burst: 100}); err != nil { // static shares 25, 25, 50
+		t.Fatal(err)
+	}
+	k := a.keyIndex[key]
+	b := a.newBlock(k)
+	const until = int64(5 * time.Second)
+	a.summaries[int(b)*3+1] = summary{rateV: 100, burstV: 40, rateT: until, burstT: until}
+	sh := a.loadShares(k)
+	a.silent = []bool{false, true, true}
+	ensure(&a.dem, 3)
+	a.dem[0], a.dem[1], a.dem[2] = 80, 0, 0
+	a.computeTargets(until-1, k, b, sh)
+	rate := a.targetRate[int(b)*3 : int(b)*3+3]
+	if want := []float64{0, 100, 50}; !slices.Equal(rate, want) {
+		t.Fatalf("rate targets %v, want %v: the reporting region gets nothing, not less", rate, want)
+	}
+}
