@@ -103,3 +103,33 @@ func TestNeverDescribedKeyRunsAtTheLowerOfFallbackAndStaticShare(t *testing.T) {
 		t.Errorf("a key the region described: Cap %d, StaticShare asked %d times; want the region's share, 20, and never", d.Cap, asked[learned])
 	}
 }
+
+// TestNeverDescribedKeyRefillsNoFasterThanFallbackLimit: the static
+// share bounds a never-described key's rate and burst each on its own: a
+// share of 500/s with burst 2 runs at burst 2 and FallbackLimit's 10/s, so
+// a tenth of a second after its burst it admits one token, not both.
+func TestNeverDescribedKeyRefillsNoFasterThanFallbackLimit(t *testing.T) {
+	tb := newTestTable(t, func(o *TableOptions) {
+		o.StaticShare = func(quota.Key) (quota.Limit, bool) { return quota.Limit{Rate: 500, Burst: 2}, true }
+	})
+	admitted := func(now time.Time) (n int, refill float64) {
+		t.Helper()
+		for range 10 {
+			d, err := tb.Fallback(now, kW, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				n++
+			}
+			refill = d.Refill
+		}
+		return n, refill
+	}
+	if n, refill := admitted(t0); n != 2 || refill != tb.opts.FallbackLimit.Rate {
+		t.Fatalf("admitted %d at once at %v/s, want the share's burst 2 at FallbackLimit's %v/s", n, refill, tb.opts.FallbackLimit.Rate)
+	}
+	if n, _ := admitted(t0.Add(100 * time.Millisecond)); n != 1 {
+		t.Fatalf("admitted %d a tenth of a second later, want 1 at FallbackLimit's rate", n)
+	}
+}
