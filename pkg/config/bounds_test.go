@@ -3,6 +3,7 @@ package config
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -104,6 +105,9 @@ func TestValidateEdgeCases(t *testing.T) {
 			setRegion(c, "us-east", Region{Weight: 2, MaxShare: 0.1})
 			setRegion(c, "eu-west", Region{Weight: -1, MaxShare: 1})
 		}, []string{"regions.eu-west.weight: must be a finite number > 0, got -1"}},
+		{"max share twice the slack below the weight share", func(c *Config) {
+			setRegion(c, "us-east", Region{Weight: 2, MaxShare: 0.5 * (1 - 2*shareSumSlack)})
+		}, []string{"regions.us-east.max_share: must be at least the region's weight share 0.5 (weight 2 of 4; its static share of every key), got 0.499999999: below it, a key the region needs more of would be granted less than it runs on uncontended"}},
 		{"max share a float rounding below the weight share", func(c *Config) {
 			share := 0.5 // us-east's, weight 2 of 4
 			setRegion(c, "us-east", Region{Weight: 2, MaxShare: share * (1 - shareSumSlack)})
@@ -358,5 +362,38 @@ func TestLimitErrorNamesWhatWasFound(t *testing.T) {
 		if !errors.Is(&tc.e, ErrInvalidConfig) {
 			t.Errorf("%+v does not wrap ErrInvalidConfig", tc.e)
 		}
+	}
+}
+
+// TestRefillTimeOfExactlyMaxFillIsAccepted: a limit whose burst takes
+// exactly MaxFill to refill at the smallest region's static share is
+// accepted; one float step slower is refused.
+func TestRefillTimeOfExactlyMaxFillIsAccepted(t *testing.T) {
+	c := Default()
+	least := ""
+	for name, r := range c.Regions {
+		if least == "" || r.Weight < c.Regions[least].Weight {
+			least = name
+		}
+	}
+	fraction := c.Regions[least].Weight / c.weightSum() * staticShareScale
+	const burst = 1e6
+	rate := burst / (MaxFill.Seconds() * fraction)
+	for range 64 {
+		if burst/(rate*fraction) == MaxFill.Seconds() {
+			break
+		}
+		rate = math.Nextafter(rate, math.Inf(1))
+	}
+	if burst/(rate*fraction) != MaxFill.Seconds() {
+		t.Skip("no rate refills this burst in exactly MaxFill")
+	}
+	c.Tiers["free"]["write"] = LimitSpec{Rate: Rate(rate), Burst: burst}
+	if got := problemList(c); len(got) != 0 {
+		t.Fatalf("refill in exactly MaxFill: %v, want accepted", got)
+	}
+	c.Tiers["free"]["write"] = LimitSpec{Rate: Rate(math.Nextafter(rate, 0)), Burst: burst}
+	if got := problemList(c); len(got) != 1 || !strings.Contains(got[0], "is too slow for burst") {
+		t.Fatalf("refill a float step slower than MaxFill: %v, want refused as too slow", got)
 	}
 }
