@@ -354,6 +354,11 @@ func TestConfirmationsObserveAndReserve(t *testing.T) {
 	if got, _ := conf.Reported("ap"); !slices.Equal(got, []int64{3, 4, 5, 6, 7, 8, 9, 10}) {
 		t.Errorf("a long list kept as %v, want its newest %d", got, MaxConfigs)
 	}
+	// One revision more than MaxConfigs: the oldest is dropped too.
+	conf.Observe("na", []int64{1, 2, 3, 4, 5, 6, 7, 8, 9})
+	if got, _ := conf.Reported("na"); !slices.Equal(got, []int64{2, 3, 4, 5, 6, 7, 8, 9}) {
+		t.Errorf("a list one over the bound kept as %v, want its newest %d", got, MaxConfigs)
+	}
 	if _, heard := conf.Reported("us"); heard {
 		t.Error("a region never heard from has reported")
 	}
