@@ -528,6 +528,9 @@ func TestExtendLearningKeepsWhatWasLearnt(t *testing.T) {
 	if ans := s.report("a", 8000, leaseRate); ans.StaticLease != 10*time.Second {
 		t.Fatalf("a got static lease %v when the extended learning ended, want 10s", ans.StaticLease)
 	}
+	if s.a.ExtendLearning(s.at(8000), s.at(20_000)) {
+		t.Fatal("an allocator whose learning ended at this instant extended learning")
+	}
 	if s.a.ExtendLearning(s.at(8100), s.at(20_000)) {
 		t.Fatal("an allocator no longer learning extended learning")
 	}
