@@ -3,9 +3,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/pkg/quota"
 	"pgregory.net/rapid"
@@ -115,6 +117,9 @@ func TestStaticShare(t *testing.T) {
 		{"mars", 1, 1, `region "mars" is not configured`},
 		{"eu-west", -1, 1, "rate -1 must be"},
 		{"eu-west", 1, -1, "burst -1 must be"},
+		{"eu-west", math.NaN(), 1, "rate NaN must be"},
+		{"eu-west", 1, math.NaN(), "burst NaN must be"},
+		{"eu-west", 1, math.Inf(1), "burst +Inf must be"},
 	} {
 		if _, _, err := c.StaticShare(bad.region, bad.rate, bad.burst); err == nil ||
 			!errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), bad.want) {
@@ -208,5 +213,21 @@ func TestStaticShareWholeUnits(t *testing.T) {
 	c.Classes["export"] = cl
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "classes.export.max_cost") {
 		t.Fatalf("max_cost above quota.MaxCost: got %v", err)
+	}
+}
+
+// TestDemandWindowIsHalfTheRefreshInWholeMilliseconds: the demand window
+// is half the refresh, truncated to whole milliseconds, and never below
+// 1ms however short the refresh.
+func TestDemandWindowIsHalfTheRefreshInWholeMilliseconds(t *testing.T) {
+	for _, tc := range []struct{ refresh, want time.Duration }{
+		{time.Second, 500 * time.Millisecond},
+		{MinRefresh + 3*time.Millisecond, 6 * time.Millisecond},
+		{time.Millisecond, time.Millisecond},
+	} {
+		c := &Config{Refresh: Duration(tc.refresh)}
+		if got := c.DemandWindow(); got != tc.want {
+			t.Errorf("refresh %v: demand window %v, want %v", tc.refresh, got, tc.want)
+		}
 	}
 }
