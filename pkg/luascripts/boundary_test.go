@@ -422,3 +422,27 @@ func TestReapDropsAnExpiryWithoutARecord(t *testing.T) {
 		t.Fatalf("%d leases, want %d", n, fewLeases+1)
 	}
 }
+
+// TestGenerationLostWhileSeenRebirths: a data set whose write generation
+// is gone while its caller has seen one (a snapshot older than the key's
+// first write, the born sentinel kept) lost writes that were seen, as one
+// whose generation went back does: the next call re-births it and the
+// bucket starts empty, in the scripts and the model alike.
+func TestGenerationLostWhileSeenRebirths(t *testing.T) {
+	w := newTwin(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c := Common{StaticRate: 10, StaticBurst: 20, LeaseTTL: time.Second, ReapBudget: 8,
+		RestartWait: 2 * time.Second, DemandWindow: 500 * time.Millisecond}
+	if r := w.check(k, c, 1); r.Reborn || w.sc.Generations().Seen(k.Born) <= 0 {
+		t.Fatalf("first check: %+v, seen generation %d; want a generation seen and no re-birth", r, w.sc.Generations().Seen(k.Born))
+	}
+	w.at(w.now + 10_000_000)
+	if err := w.rdb.Del(w.ctx, k.Gen).Err(); err != nil {
+		t.Fatal(err)
+	}
+	delete(w.m.gen, k.Gen)
+	r := w.check(k, c, 1)
+	if !r.Reborn || r.Allowed {
+		t.Fatalf("check after the generation was lost: %+v, want a re-birth and the empty bucket's denial", r)
+	}
+}
