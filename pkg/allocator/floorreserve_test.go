@@ -67,3 +67,34 @@ func TestFloorReserveFromTheConfirmedRevisionOn(t *testing.T) {
 		}
 	})
 }
+
+// TestReportedKeyKeepsItsClassFloor: a key a report brings in is limited
+// with its class's partition_share as its floor share, under a single
+// config too, so a drained region is counted at its floor (half its
+// static 50/s here), which it serves, and not at nothing.
+func TestReportedKeyKeepsItsClassFloor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		yaml := strings.Replace(loopConfig, "write: {}", "write: {partition_share: 0.5}", 1)
+		yaml = strings.Replace(yaml, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
+		s := quietService(t, configtest.NewSource(parseConfig(t, yaml), 5))
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		k := quota.Key{Tenant: "t", Class: "write"}
+		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "a", Seq: 1, ConfigRevisions: []int64{5},
+			Keys: []*sluicev1.KeyDemand{{Key: &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}, Admitted: 10, WindowMs: 100}}}); err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range s.View(time.Now()).Keys {
+			if kv.Key != k {
+				continue
+			}
+			if kv.Limit.FloorShare != 0.5 {
+				t.Fatalf("floor share %v, want the class's partition_share 0.5", kv.Limit.FloorShare)
+			}
+			if b := kv.Regions[1]; math.Abs(b.StaticRate-25) > 1e-6 || math.Abs(b.ReservedRate-25) > 1e-6 {
+				t.Fatalf("drained b static %v reserved %v, want its floor 25/s", b.StaticRate, b.ReservedRate)
+			}
+			return
+		}
+		t.Fatalf("key %s not in the view", k)
+	})
+}
