@@ -98,3 +98,56 @@ func TestReportedKeyKeepsItsClassFloor(t *testing.T) {
 		t.Fatalf("key %s not in the view", k)
 	})
 }
+
+// TestDrainPendingUntilTheRegionReportsTheDrain: a region the live config
+// drains is pending while the revisions it reported from the confirmed one
+// on are held and none drains it; when it reported none of the held ones,
+// it is pending only if some held config does not drain it.
+func TestDrainPendingUntilTheRegionReportsTheDrain(t *testing.T) {
+	drainB := func(yaml string) string {
+		return strings.Replace(yaml, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
+	}
+	pending := func(s *Service) bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.drainPendingLocked("b")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		// b reports only the revision that does not drain it: pending.
+		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		src.Set(parseConfig(t, drainB(loopConfig)), 6)
+		s.step(time.Now())
+		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
+		for _, r := range []struct {
+			region string
+			revs   []int64
+		}{{"a", []int64{5, 6}}, {"b", []int64{5}}} {
+			if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r.region, Seq: 1, ConfigRevisions: r.revs,
+				Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !pending(s) {
+			t.Fatal("b reported only a revision that does not drain it: drain not pending")
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		// Every held config drains b, which never reported: not pending.
+		src := configtest.NewSource(parseConfig(t, drainB(loopConfig)), 5)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		src.Set(parseConfig(t, drainB(strings.Replace(loopConfig, "rate: 100/s", "rate: 200/s", 1))), 6)
+		s.step(time.Now())
+		s.mu.Lock()
+		held := len(s.held)
+		s.mu.Unlock()
+		if held < 2 {
+			t.Fatalf("%d configs held, want both revisions", held)
+		}
+		if pending(s) {
+			t.Fatal("every held config drains b: drain pending")
+		}
+	})
+}
