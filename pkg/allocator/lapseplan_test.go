@@ -133,3 +133,32 @@ func TestLapsePlanIgnoresTheStoredOrder(t *testing.T) {
 		}
 	})
 }
+
+// TestShardOutOfTheConfigLapsesNoRegion: no region reports to a shard the
+// live config's map leaves out, so its silence says nothing of them: past
+// the lapse time such a shard plans no lapse, where one in the map plans
+// both silent regions'.
+func TestShardOutOfTheConfigLapsesNoRegion(t *testing.T) {
+	for _, tc := range []struct {
+		shard int
+		want  []string
+	}{{0, []string{"a", "b"}}, {2, nil}} {
+		synctest.Test(t, func(t *testing.T) {
+			cfg := parseConfig(t, loopConfig+"region_lease: 2s\nglobal_shards: 2\n")
+			s, err := newService(serviceOptions{config: StaticConfig{C: cfg}, advertise: "self:7500",
+				logger: slog.New(slog.DiscardHandler)}, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.sh.index = tc.shard
+			s.promote(1, time.Now().Add(time.Hour), nil)
+			s.mu.Lock()
+			after := s.lapseAfterLocked()
+			s.mu.Unlock()
+			time.Sleep(after + time.Millisecond) // the fake clock of the bubble
+			if plan := s.planLapses(time.Now()); !slices.Equal(plan.pending, tc.want) {
+				t.Fatalf("shard %d of 2, every region silent for %v: planned %+v, want pending %v", tc.shard, after, plan, tc.want)
+			}
+		})
+	}
+}
