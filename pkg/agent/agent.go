@@ -271,14 +271,15 @@ func Start(o Options) (*Agent, error) {
 		return fail(err)
 	}
 	// round_robin spreads the lease RPCs over every replica a dns:///
-	// target resolves to (the replicas share all state through Redis).
-	// The reconnect backoff is capped near the breaker's cooldown
-	// (lease.ConnectParams): with gRPC's default, growing to 120 s, the
-	// agent stayed degraded for up to tens of seconds after a long regional
-	// outage ended.
+	// target resolves to (the replicas share all state through Redis), and
+	// a lease RPC cut by its replica's stop is sent to another
+	// (lease.ServiceConfig). The reconnect backoff is capped near the
+	// breaker's cooldown (lease.ConnectParams): with gRPC's default,
+	// growing to 120 s, the agent stayed degraded for up to tens of
+	// seconds after a long regional outage ended.
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(o.RegionCreds),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithDefaultServiceConfig(lease.ServiceConfig),
 		grpc.WithConnectParams(lease.ConnectParams()),
 	}, o.DialOptions...)
 	target := o.RegionAddr

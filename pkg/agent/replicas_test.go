@@ -1,16 +1,22 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
+	"net"
+	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
@@ -19,16 +25,36 @@ import (
 // RPCs to both, and with one of them stopped the other answers every new
 // key from a lease: nothing is decided by on_failure. With one address, a
 // stopped replica left the agent degraded until it came back.
+//
+// The replica stops while an Acquire is in flight on it, as a replica that
+// dies under load does and as one stopped between two requests does when
+// the agent sends the next before it read the close (a busy machine: the
+// request after the first leased answer was decided by on_failure). The
+// cut Acquire is sent again to the other replica (lease.ServiceConfig), so
+// that key is leased too.
 func TestAListOfReplicasSpreadsLeasesAndSurvivesOneStopping(t *testing.T) {
 	cfg := regiontest.MustConfig(t, conformanceConfig)
 	rs := redistest.Start(t)
 	var regs [2]*prometheus.Registry
-	var replicas [2]*regiontest.Region
-	for i := range replicas {
+	for i := range regs {
 		regs[i] = prometheus.NewRegistry()
-		replicas[i] = regiontest.StartOn(t, rs, cfg, "local", func(o *regional.Options) { o.Registerer = regs[i] })
 	}
-	a := startAgent(t, replicas[0].Addr+","+replicas[1].Addr, agent.StaticConfig{C: cfg})
+	// Replica 0, once armed, stops under the next Acquire it receives.
+	var armed atomic.Bool
+	var cut atomic.Int64
+	var stopping *grpc.Server
+	var addr0 string
+	stopping, addr0 = startReplica(t, rs, cfg, regs[0], func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != sluicev1.LeaseService_Acquire_FullMethodName || !armed.CompareAndSwap(true, false) {
+			return handler(ctx, req)
+		}
+		cut.Add(1)
+		go stopping.Stop() // closes every connection, this call's too
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	other := regiontest.StartOn(t, rs, cfg, "local", func(o *regional.Options) { o.Registerer = regs[1] })
+	a := startAgent(t, addr0+","+other.Addr, agent.StaticConfig{C: cfg})
 	web := httpClient(t)
 	acquires := func(i int) float64 {
 		return metrictest.Series(t, regs[i], "sluice_regional_requests_total", map[string]string{"method": "Acquire", "code": "OK"})
@@ -38,28 +64,57 @@ func TestAListOfReplicasSpreadsLeasesAndSurvivesOneStopping(t *testing.T) {
 		n++
 		return allow(t, web, a, fmt.Sprintf(`{"tenant":"t%d","class":"read"}`, n))
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	// round_robin alternates between the ready replicas: a few fresh keys
+	// reach both once both are connected.
+	const keys = 20
 	for acquires(0) == 0 || acquires(1) == 0 {
+		if n == keys {
+			t.Fatalf("after %d fresh keys, acquires per replica %v and %v: the list is not spread", n, acquires(0), acquires(1))
+		}
 		if out := fresh(); !out.Allowed || out.Degraded {
 			t.Fatalf("a fresh key with both replicas up: %+v", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %d fresh keys, acquires per replica %v and %v: the list is not spread", n, acquires(0), acquires(1))
-		}
 	}
 
-	replicas[0].GRPC.Stop()
-	// The connection to the stopped replica may carry one more call
-	// before gRPC sees it close; from the first answer from a lease on, the
-	// other replica answers every new key.
-	for out := fresh(); out.Degraded; out = fresh() {
-		if time.Now().After(deadline) {
-			t.Fatal("with one replica stopped, fresh keys are still decided by on_failure")
+	armed.Store(true)
+	for start := n; cut.Load() == 0; {
+		if n == start+keys {
+			t.Fatalf("%d fresh keys after arming, none reached replica 0", keys)
+		}
+		if out := fresh(); !out.Allowed || out.Degraded {
+			t.Fatalf("fresh key %d, its Acquire cut by its replica stopping: %+v; want it leased from the other", n, out)
 		}
 	}
-	for range 20 {
+	for range keys {
 		if out := fresh(); !out.Allowed || out.Degraded {
 			t.Fatalf("fresh key %d with one replica of two stopped: %+v; want it leased from the other", n, out)
 		}
 	}
+	if got := acquires(0); got == 0 {
+		t.Fatalf("replica 0 answered no Acquire")
+	}
+}
+
+// startReplica runs a regional replica of region "local" on rs, as
+// regiontest.StartOn does, with the interceptor ic on its gRPC server; it
+// returns the server and its address.
+func startReplica(t *testing.T, rs *redistest.Server, cfg *config.Config, reg *prometheus.Registry, ic grpc.UnaryServerInterceptor) (*grpc.Server, string) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	srv, err := regional.New(regional.Options{Region: "local", Redis: rdb, Config: regional.StaticConfig{C: cfg},
+		Unleased: true, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.UnaryInterceptor(ic))
+	srv.Register(g)
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	return g, lis.Addr().String()
 }

@@ -26,3 +26,38 @@ func ConnectParams() grpc.ConnectParams {
 	b.MaxDelay = MaxReconnectDelay
 	return grpc.ConnectParams{Backoff: b, MinConnectTimeout: 20 * time.Second}
 }
+
+// ServiceConfig is the gRPC service config to dial a region's replicas
+// with: grpc.WithDefaultServiceConfig(lease.ServiceConfig). round_robin
+// spreads the lease RPCs over every replica the target resolves to (they
+// share all state through the region's Redis), and an Acquire, Sync or
+// Release that fails UNAVAILABLE is sent once more, through the next
+// pick. A replica that stops closes its connections, and a call the
+// client sent on one before it read the close (a busy client, or a call
+// in flight when the replica died) failed and was decided by on_failure
+// although another replica answers; the retry takes it there. The three
+// are safe to send twice: a report resent with the same seq and totals is
+// answered with the grant already given (docs/architecture.md, invariant
+// 5). Check is not retried: a strict check is not idempotent. Retries
+// are throttled (retryThrottling: each failure takes one of 10 tokens,
+// each success gives back a tenth, and below 5 nothing is retried), so a
+// region that is down is not asked twice as often, and a retry still runs
+// within the call's deadline (Options.BreakerTimeout).
+const ServiceConfig = `{
+  "loadBalancingConfig": [{"round_robin": {}}],
+  "methodConfig": [{
+    "name": [
+      {"service": "sluice.v1.LeaseService", "method": "Acquire"},
+      {"service": "sluice.v1.LeaseService", "method": "Sync"},
+      {"service": "sluice.v1.LeaseService", "method": "Release"}
+    ],
+    "retryPolicy": {
+      "maxAttempts": 2,
+      "initialBackoff": "0.001s",
+      "maxBackoff": "0.001s",
+      "backoffMultiplier": 1,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }],
+  "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+}`
