@@ -120,10 +120,12 @@ func testCABundle(t *testing.T) (string, []byte) {
 }
 
 // hasGit says whether the module was built from a git work tree, so its
-// binaries carry a revision.
+// binaries carry a revision: go build stamps one only where .git is a
+// directory (a linked worktree's .git is a file, and its builds carry
+// none).
 func hasGit() bool {
-	_, err := os.Stat(filepath.Join(moduleRoot, ".git"))
-	return err == nil
+	fi, err := os.Stat(filepath.Join(moduleRoot, ".git"))
+	return err == nil && fi.IsDir()
 }
 
 // TestImageArchive builds the image from freshly built commands, writes the
