@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -57,27 +58,34 @@ func builtBinaries(t *testing.T) string {
 	return dir
 }
 
+// tiny holds the builds of the tiny program, one per build environment,
+// shared by the package's tests: its source and flags are the same for
+// every test, so building it again gave the same binary.
+var tiny struct {
+	sync.Mutex
+	dir   string            // "" until the first build
+	built map[string]string // the extra environment, joined -> the binary
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
+	for _, dir := range []string{binDir, tiny.dir} {
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }
 
-// tinyBinaries builds a small static Go program as "regional" (and as
-// "sluicectl" when both), for the tests that need a valid binary but not
-// the real ones.
+// tinyBinaries puts a small static Go program as "regional" (and as
+// "sluicectl" when both) into a new directory, for the tests that need a
+// valid binary but not the real ones. The program is built once per
+// environment for the package's tests.
 func tinyBinaries(t *testing.T, both bool, env ...string) string {
 	t.Helper()
-	src := t.TempDir()
-	for name, data := range map[string]string{
-		"go.mod":  "module example.com/tiny\n\ngo 1.26\n",
-		"main.go": "package main\n\nfunc main() { println(\"tiny\") }\n",
-	} {
-		if err := os.WriteFile(filepath.Join(src, name), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	data, err := os.ReadFile(tinyBinary(t, env...))
+	if err != nil {
+		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	names := []string{"regional"}
@@ -85,14 +93,47 @@ func tinyBinaries(t *testing.T, both bool, env ...string) string {
 		names = append(names, "sluicectl")
 	}
 	for _, n := range names {
-		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, n), ".")
-		cmd.Dir = src
-		cmd.Env = append(append(os.Environ(), GoBuildEnv...), env...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build: %v\n%s", err, out)
+		if err := os.WriteFile(filepath.Join(dir, n), data, 0o755); err != nil {
+			t.Fatal(err)
 		}
 	}
 	return dir
+}
+
+// tinyBinary builds the tiny program with GoBuildEnv and env, once, and
+// returns its path.
+func tinyBinary(t *testing.T, env ...string) string {
+	t.Helper()
+	tiny.Lock()
+	defer tiny.Unlock()
+	key := strings.Join(env, " ")
+	if p, ok := tiny.built[key]; ok {
+		return p
+	}
+	if tiny.dir == "" {
+		dir, err := os.MkdirTemp("", "sluice-image-tiny-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tiny.dir, tiny.built = dir, map[string]string{}
+		for name, data := range map[string]string{
+			"go.mod":  "module example.com/tiny\n\ngo 1.26\n",
+			"main.go": "package main\n\nfunc main() { println(\"tiny\") }\n",
+		} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	out := filepath.Join(tiny.dir, "bin", strconv.Itoa(len(tiny.built)), "tiny")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, ".")
+	cmd.Dir = tiny.dir
+	cmd.Env = append(append(os.Environ(), GoBuildEnv...), env...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	tiny.built[key] = out
+	return out
 }
 
 // testCABundle writes a PEM bundle of one self-signed certificate.
