@@ -36,8 +36,12 @@ deps:
 # starts another, so the detector has nothing to check there and only
 # slowed them (sim/world: 64 s of CI time with it; 11 s without on a busy
 # machine where it took 173 s with it). The hierarchy's Allocator is used
-# concurrently by pkg/allocator, whose tests run with -race.
-NORACE ?= github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world github.com/sluicehq/sluice/pkg/hierarchy
+# concurrently by pkg/allocator, whose tests run with -race. The image
+# builder (internal/imagebuild) starts no goroutine either: its tests copy
+# the four commands' binaries through tar writers and readers several
+# times, and the detector checked every byte copied (20 of the test's 27 s
+# on an idle machine, for a package whose code runs on one goroutine).
+NORACE ?= github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world github.com/sluicehq/sluice/pkg/hierarchy github.com/sluicehq/sluice/internal/imagebuild
 
 test: deps
 	$(GO) vet ./...
