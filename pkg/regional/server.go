@@ -83,7 +83,9 @@ type Options struct {
 	// (each class's partition_share of the static share); a region whose
 	// Redis holds no lease (a fresh or emptied Redis) starts on its floor.
 	// cmd/regional and internal/devcluster set it only when asked to run
-	// with no global tier.
+	// with no global tier. Its answers say so (Grant.unleased,
+	// CheckResponse.unleased): a cost above the region's cap then waits in
+	// vain.
 	Unleased bool
 }
 
@@ -338,7 +340,7 @@ func toReport(instance string, incarnation uint64, r *sluicev1.KeyReport, strict
 }
 
 func (s *Server) grant(p keyPlan, seq uint64, lr luascripts.LeaseReply) *sluicev1.Grant {
-	return reply.Grant(new(sluicev1.Grant), &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class}, p.res, seq, lr)
+	return reply.Grant(new(sluicev1.Grant), &sluicev1.QuotaKey{Tenant: p.key.Tenant, Class: p.key.Class}, p.res, seq, lr, s.opts.Unleased)
 }
 
 func (s *Server) observeLease(p keyPlan, want int64, lr luascripts.LeaseReply) {
@@ -578,7 +580,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 		}
 	}
 	s.metrics.decisions.WithLabelValues(p.key.Class, p.res.Tier, result).Inc()
-	return reply.Check(p.res, cr), nil
+	return reply.Check(p.res, cr, s.opts.Unleased), nil
 }
 
 func (s *Server) observe(method string, start time.Time, err *error) {

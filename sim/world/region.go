@@ -207,7 +207,7 @@ func (r *Region) grant(k *keyInfo, seq uint64, lr luascripts.LeaseReply) *sluice
 	} else {
 		g = new(sluicev1.Grant)
 	}
-	return reply.Grant(g, k.wire, k.res, seq, lr)
+	return reply.Grant(g, k.wire, k.res, seq, lr, false) // every simulated region has a global tier
 }
 
 // recycle returns applied grants to the free list.
@@ -272,7 +272,7 @@ func (r *Region) check(k *keyInfo, cost int64) (*sluicev1.CheckResponse, bool) {
 	}
 	r.w.orc.RegionPending(r.idx, k.id, cost) // until the instance records it
 	r.observe(k)
-	return reply.Check(k.res, cr), true
+	return reply.Check(k.res, cr, false), true
 }
 
 // --- Redis outage. ---

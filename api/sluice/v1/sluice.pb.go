@@ -265,7 +265,11 @@ type Grant struct {
 	// instance knows what to do when the region becomes unreachable.
 	OnFailure string `protobuf:"bytes,14,opt,name=on_failure,json=onFailure,proto3" json:"on_failure,omitempty"`
 	// The tenant's tier (for metrics labels; never the tenant id).
-	Tier          string `protobuf:"bytes,15,opt,name=tier,proto3" json:"tier,omitempty"`
+	Tier string `protobuf:"bytes,15,opt,name=tier,proto3" json:"tier,omitempty"`
+	// The region runs with no global tier (regional -unleased): its rate and
+	// burst cap for every key are its static share, which nothing but a
+	// config change alters. A cost above region_burst then waits in vain.
+	Unleased      bool `protobuf:"varint,16,opt,name=unleased,proto3" json:"unleased,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -403,6 +407,13 @@ func (x *Grant) GetTier() string {
 		return x.Tier
 	}
 	return ""
+}
+
+func (x *Grant) GetUnleased() bool {
+	if x != nil {
+		return x.Unleased
+	}
+	return false
 }
 
 type AcquireRequest struct {
@@ -806,7 +817,9 @@ type CheckResponse struct {
 	// The region's burst cap for this key (tokens), as Grant.region_burst:
 	// what a caller can expect to spend at most, even on its first check.
 	// Unset from a server that predates it.
-	RegionBurst   *float64 `protobuf:"fixed64,8,opt,name=region_burst,json=regionBurst,proto3,oneof" json:"region_burst,omitempty"`
+	RegionBurst *float64 `protobuf:"fixed64,8,opt,name=region_burst,json=regionBurst,proto3,oneof" json:"region_burst,omitempty"`
+	// The region runs with no global tier, as Grant.unleased.
+	Unleased      bool `protobuf:"varint,9,opt,name=unleased,proto3" json:"unleased,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -895,6 +908,13 @@ func (x *CheckResponse) GetRegionBurst() float64 {
 		return *x.RegionBurst
 	}
 	return 0
+}
+
+func (x *CheckResponse) GetUnleased() bool {
+	if x != nil {
+		return x.Unleased
+	}
+	return false
 }
 
 type WatchRequest struct {
@@ -1989,7 +2009,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x10\n" +
 	"\x03min\x18\a \x01(\x03R\x03min\x12\x14\n" +
 	"\x05lease\x18\b \x01(\x04R\x05lease\x12\x19\n" +
-	"\bbuilt_us\x18\t \x01(\x03R\abuiltUs\"\xb0\x03\n" +
+	"\bbuilt_us\x18\t \x01(\x03R\abuiltUs\"\xcc\x03\n" +
 	"\x05Grant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
@@ -2008,7 +2028,8 @@ const file_sluice_proto_rawDesc = "" +
 	"\x04mode\x18\r \x01(\tR\x04mode\x12\x1d\n" +
 	"\n" +
 	"on_failure\x18\x0e \x01(\tR\tonFailure\x12\x12\n" +
-	"\x04tier\x18\x0f \x01(\tR\x04tier\"\x81\x01\n" +
+	"\x04tier\x18\x0f \x01(\tR\x04tier\x12\x1a\n" +
+	"\bunleased\x18\x10 \x01(\bR\bunleased\"\x81\x01\n" +
 	"\x0eAcquireRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12,\n" +
@@ -2032,7 +2053,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\breturned\x18\x01 \x01(\x03R\breturned\"I\n" +
 	"\fCheckRequest\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
-	"\x04cost\x18\x02 \x01(\x03R\x04cost\"\xa5\x02\n" +
+	"\x04cost\x18\x02 \x01(\x03R\x04cost\"\xc1\x02\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -2042,7 +2063,8 @@ const file_sluice_proto_rawDesc = "" +
 	"\x06shadow\x18\x06 \x01(\bR\x06shadow\x12$\n" +
 	"\vregion_rate\x18\a \x01(\x01H\x00R\n" +
 	"regionRate\x88\x01\x01\x12&\n" +
-	"\fregion_burst\x18\b \x01(\x01H\x01R\vregionBurst\x88\x01\x01B\x0e\n" +
+	"\fregion_burst\x18\b \x01(\x01H\x01R\vregionBurst\x88\x01\x01\x12\x1a\n" +
+	"\bunleased\x18\t \x01(\bR\bunleasedB\x0e\n" +
 	"\f_region_rateB\x0f\n" +
 	"\r_region_burst\"&\n" +
 	"\fWatchRequest\x12\x16\n" +

@@ -29,8 +29,10 @@ func Report(instance string, incarnation uint64, r *sluicev1.KeyReport, strict b
 }
 
 // Grant fills g, the answer to the report with seq on key (resolved as
-// res), from the script's reply. key is stored as is (not copied).
-func Grant(g *sluicev1.Grant, key *sluicev1.QuotaKey, res config.Resolved, seq uint64, lr luascripts.LeaseReply) *sluicev1.Grant {
+// res), from the script's reply; unleased says the region runs with no
+// global tier (regional.Options.Unleased), so its rate and cap are its
+// static share for good. key is stored as is (not copied).
+func Grant(g *sluicev1.Grant, key *sluicev1.QuotaKey, res config.Resolved, seq uint64, lr luascripts.LeaseReply, unleased bool) *sluicev1.Grant {
 	g.Key = key
 	g.Seq = seq
 	g.Granted = lr.Granted
@@ -46,6 +48,7 @@ func Grant(g *sluicev1.Grant, key *sluicev1.QuotaKey, res config.Resolved, seq u
 	g.Mode = string(res.Class.Mode)
 	g.OnFailure = string(res.Class.OnFailure)
 	g.Tier = res.Tier
+	g.Unleased = unleased
 	return g
 }
 
@@ -56,8 +59,9 @@ func Strict(c luascripts.Common) luascripts.LeaseReply {
 	return luascripts.LeaseReply{Rate: c.StaticRate, Cap: c.StaticBurst}
 }
 
-// Check is the answer to a Check on a key resolved as res.
-func Check(res config.Resolved, cr luascripts.CheckReply) *sluicev1.CheckResponse {
+// Check is the answer to a Check on a key resolved as res; unleased as for
+// Grant.
+func Check(res config.Resolved, cr luascripts.CheckReply, unleased bool) *sluicev1.CheckResponse {
 	return &sluicev1.CheckResponse{
 		Allowed:      cr.Allowed,
 		Limit:        res.Limit.Burst,
@@ -67,6 +71,7 @@ func Check(res config.Resolved, cr luascripts.CheckReply) *sluicev1.CheckRespons
 		Shadow:       res.Shadow,
 		RegionRate:   &cr.Rate,
 		RegionBurst:  &cr.Cap,
+		Unleased:     unleased,
 	}
 }
 
