@@ -55,11 +55,14 @@
 //	retry_after_ms  on a denial, when to retry (at least 1); 0 when
 //	                allowed or retry_never
 //	retry_never     a denial no wait cures while the config stays as it
-//	                is (a zero rate; a cost above the key's burst is a
-//	                400 instead); a cost within the burst that the
-//	                region's bucket cannot hold now (tokens out in other
-//	                instances' leases, or a region cap below the cost,
-//	                which grants raise) is a denial with retry_after_ms
+//	                is: a cost above the cap of a region with no global
+//	                tier (regional -unleased), which never grows (a cost
+//	                above the key's burst is a 400 instead); a cost within
+//	                the burst that the region's bucket cannot hold now
+//	                (tokens out in other instances' leases, a region cap
+//	                below the cost, which grants raise, or a rate of 0 on
+//	                the region's floor while its static lease lapsed or it
+//	                is drained) is a denial with retry_after_ms
 //	degraded        decided by the class's on_failure policy because the
 //	                region could not be reached (the policy of the config
 //	                the agent holds now, a reload during the outage

@@ -195,10 +195,13 @@
 //     refilled at the region's rate), and never before the retry delay of
 //     an over-limit descriptor. Unset on an over-limit descriptor that no
 //     wait can cure (Decision.RetryNever: the cost exceeds the key's
-//     configured burst, or its rate is zero), so Envoy is promised no
-//     time after which it would still be refused. A cost within the
-//     burst but above this region's current cap is over limit with a
-//     time: the region's cap grows when the global tier grants it more.
+//     configured burst, or the cap of a region with no global tier,
+//     which never grows), so Envoy is promised no time after which it
+//     would still be refused. A cost within the burst but above the
+//     current cap of a region with a global tier is over limit with a
+//     time: the region's cap grows when the global tier grants it more,
+//     and a region on its floor at a rate of 0 (its static lease lapsed,
+//     or drained) gets its rate back.
 //
 // # Response headers
 //

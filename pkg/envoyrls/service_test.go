@@ -72,9 +72,18 @@ type process struct {
 	rls    rlsv3.RateLimitServiceClient
 }
 
-// startProcess starts a daemon on rs. With attach false the Service has no
-// Limiter until the test calls attach.
+// startProcess starts a daemon on rs, with no global tier (unleased).
+// With attach false the Service has no Limiter until the test calls
+// attach.
 func startProcess(t *testing.T, rs *redistest.Server, cfg *config.Config, id string, attach bool) *process {
+	t.Helper()
+	return startProcessLeased(t, rs, cfg, id, attach, false)
+}
+
+// startProcessLeased is startProcess; leased runs the daemon as a region
+// with a global tier (not Unleased) whose leader is not running, so it
+// runs on its floor, each class's partition_share of its static share.
+func startProcessLeased(t *testing.T, rs *redistest.Server, cfg *config.Config, id string, attach, leased bool) *process {
 	t.Helper()
 	p := &process{reg: prometheus.NewRegistry()}
 	var err error
@@ -85,7 +94,7 @@ func startProcess(t *testing.T, rs *redistest.Server, cfg *config.Config, id str
 	p.daemon, err = regional.StartDaemon(context.Background(), regional.DaemonOptions{
 		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
 		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull,
-		Unleased: true, // one region, no global tier: static shares unconditional
+		Unleased: !leased, // no global tier: static shares unconditional
 		Logger:   slog.New(slog.DiscardHandler),
 		Envoy:    p.svc, // as cmd/regional serves it
 	})
@@ -681,29 +690,41 @@ func TestMetricsCarryNoTenant(t *testing.T) {
 }
 
 // TestNeverAnswerPromisesNoTime: a key of 5/s with a burst of 5 split
-// over two regions, so this region's cap (2.5) is below the burst. A cost
-// above the configured burst (6) can never pass while the config stays as
-// it is: Envoy is told OVER_LIMIT with no duration_until_reset and no
-// retry-after, no time being promised after which the request still could
-// not be admitted. A cost within the burst but above the region's current
-// cap (4) is refused by the region's bucket now, but the region's cap
-// grows by grants (and leases come back), so it is OVER_LIMIT with a time
-// to retry (the client asks the region again a refresh later), not the
-// never form, by a strict check and by a lease alike.
+// over two regions, so this region's static cap (2.5) is below the burst.
+// A cost above the configured burst (6) can never pass while the config
+// stays as it is: Envoy is told OVER_LIMIT with no duration_until_reset
+// and no retry-after, no time being promised after which the request
+// still could not be admitted. A cost within the burst but above the
+// region's cap (4) is refused by the region's bucket now; where the
+// region has a global tier its cap grows by grants (and leases come back),
+// so it is OVER_LIMIT with a time to retry (the client asks the region
+// again a refresh later), not the never form; where it has none
+// (unleased) its cap is its static share for good, so it is the never
+// form. A region with a global tier on its floor with partition_share 0
+// (its static lease lapsed: here, its leader never ran) has a rate of 0,
+// which the global tier gives back once it answers: one token is
+// OVER_LIMIT with a time, not the never form. By a strict check and by a
+// lease alike.
 func TestNeverAnswerPromisesNoTime(t *testing.T) {
 	for _, mode := range []string{"strict", "lease"} {
-		t.Run(mode, func(t *testing.T) { testNeverAnswer(t, mode) })
+		for _, region := range []string{"unleased", "leased", "floor"} {
+			t.Run(mode+"/"+region, func(t *testing.T) { testNeverAnswer(t, mode, region) })
+		}
 	}
 }
 
-func testNeverAnswer(t *testing.T, mode string) {
+func testNeverAnswer(t *testing.T, mode, region string) {
 	rs := redistest.Start(t)
+	share := ", partition_share: 1" // the floor is the whole static share
+	if region == "floor" {
+		share = ", partition_share: 0"
+	}
 	cfg := regiontest.MustConfig(t, `
 lease_ttl: 5s
 refresh: 1s
 regions: {local: {weight: 1}, far: {weight: 1}}
 classes:
-  export: {mode: `+mode+`}
+  export: {mode: `+mode+share+`}
 tiers:
   std:
     export: {rate: 5/s, burst: 5}
@@ -712,7 +733,7 @@ envoy:
   descriptors:
     - {domain: sluice, tenant_key: tenant, class_key: class}
 `)
-	p := startProcess(t, rs, cfg, "envoy-never-"+mode, true)
+	p := startProcessLeased(t, rs, cfg, "envoy-never-"+mode+"-"+region, true, region != "unleased")
 	overLimit := func(i int, hits uint32) (*rlsv3.RateLimitResponse_DescriptorStatus, map[string]string) {
 		t.Helper()
 		resp := ask(t, p.rls, request("sluice", hits, desc("tenant", "acme", "class", "export")))
@@ -722,32 +743,55 @@ envoy:
 		}
 		return st, headerMap(resp)
 	}
-	for i := range 2 {
-		st, h := overLimit(i+1, 6)
+	never := func(what string, st *rlsv3.RateLimitResponse_DescriptorStatus, h map[string]string) {
+		t.Helper()
 		if st.GetDurationUntilReset() != nil {
-			t.Errorf("request %d, cost above the burst: duration_until_reset %v promises a time", i+1, st.GetDurationUntilReset().AsDuration())
+			t.Errorf("%s: duration_until_reset %v promises a time", what, st.GetDurationUntilReset().AsDuration())
 		}
 		for _, k := range []string{envoyrls.HeaderRetryAfter, envoyrls.HeaderReset} {
 			if v, ok := h[k]; ok {
-				t.Errorf("request %d, cost above the burst: %s = %q promises a time", i+1, k, v)
+				t.Errorf("%s: %s = %q promises a time", what, k, v)
 			}
 		}
+	}
+	wait := func(what string, st *rlsv3.RateLimitResponse_DescriptorStatus, h map[string]string) {
+		t.Helper()
+		if d := st.GetDurationUntilReset(); d == nil || d.AsDuration() <= 0 {
+			t.Errorf("%s: duration_until_reset %v, want a time to retry", what, d)
+		}
+		if h[envoyrls.HeaderRetryAfter] != "1" {
+			t.Errorf("%s: retry-after %q, want 1 (the refresh)", what, h[envoyrls.HeaderRetryAfter])
+		}
+	}
+	for i := range 2 {
+		st, h := overLimit(i+1, 6)
+		never(fmt.Sprintf("request %d, cost above the burst", i+1), st, h)
 		// The region has not answered on the key yet: its cap is not
 		// known, so the first value is the configured burst.
 		if h[envoyrls.HeaderLimit] != "5, 5;w=1" || h[envoyrls.HeaderRemaining] != "0" {
 			t.Errorf("request %d, cost above the burst: headers %v, want limit \"5, 5;w=1\" and remaining 0", i+1, h)
 		}
 	}
+	if region == "floor" {
+		for i := range 2 {
+			st, h := overLimit(i+1, 1)
+			wait(fmt.Sprintf("request %d, one token on the region's floor", i+1), st, h)
+			if h[envoyrls.HeaderLimit] != "0, 5;w=1" {
+				t.Errorf("request %d, one token on the region's floor: limit %q, want \"0, 5;w=1\" (the floor's cap of 0)", i+1, h[envoyrls.HeaderLimit])
+			}
+		}
+		return
+	}
 	for i := range 2 {
 		st, h := overLimit(i+1, 4)
-		if d := st.GetDurationUntilReset(); d == nil || d.AsDuration() <= 0 {
-			t.Errorf("request %d, cost within the burst above the region's cap: duration_until_reset %v, want a time to retry", i+1, d)
-		}
-		if h[envoyrls.HeaderRetryAfter] != "1" {
-			t.Errorf("request %d, cost within the burst above the region's cap: retry-after %q, want 1 (the refresh)", i+1, h[envoyrls.HeaderRetryAfter])
+		what := fmt.Sprintf("request %d, cost within the burst above the %s region's cap", i+1, region)
+		if region == "unleased" {
+			never(what, st, h)
+		} else {
+			wait(what, st, h)
 		}
 		if h[envoyrls.HeaderLimit] != "2, 5;w=1" {
-			t.Errorf("request %d, cost within the burst above the region's cap: limit %q, want \"2, 5;w=1\" (the region's cap of 2)", i+1, h[envoyrls.HeaderLimit])
+			t.Errorf("%s: limit %q, want \"2, 5;w=1\" (the region's cap of 2)", what, h[envoyrls.HeaderLimit])
 		}
 	}
 	// Once the region has answered on the key, the never form reports the

@@ -23,8 +23,9 @@
 //     exhausted numbers — and otherwise answers 429 with Retry-After and a
 //     short text body, without calling the next handler. A denial with
 //     Decision.RetryNever (no wait can cure it while the limits stay as
-//     they are: the cost exceeds the key's configured burst, or its rate
-//     is zero) is a 429 with no Retry-After, no X-RateLimit-Reset and no t in
+//     they are: the cost exceeds the key's configured burst, or the cap of
+//     a region with no global tier, which never grows) is a 429 with no
+//     Retry-After, no X-RateLimit-Reset and no t in
 //     RateLimit: the middleware never promises a time after which the
 //     request still could not be admitted.
 //

@@ -325,8 +325,9 @@ func TestNeverCountsThePoolTowardsTheNeed(t *testing.T) {
 	}
 	b, _ := tb.PrepareAcquire(t0, kW, 5)
 	r := b.Reports[0]
-	// Never at a zero rate: no wait brings the tokens.
-	never := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate = -1, 0 }
+	// Never from an unleased region whose cap (4) is below the cost: no
+	// wait brings the tokens.
+	never := func(g *sluicev1.Grant) { g.RetryAfterMs, g.Unleased, g.RegionBurst = -1, true, 4 }
 	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(r, 0, never)}); err != nil {
 		t.Fatal(err)
 	}

@@ -37,9 +37,11 @@
 //	           pool) no smaller than this request's; when it answered
 //	           "never" (-1) for a need no larger than this request's, with
 //	           RetryAfter until negUntil (the key asks again then) for a
-//	           cost within the key's configured burst at a positive rate
-//	           (other leases come back, and grants raise the region's
-//	           cap), else with RetryNever; strict → ActCheck; else ActAcquire (a need
+//	           cost within the key's configured burst (other leases come
+//	           back, grants raise the region's cap, and a region on its
+//	           floor gets its rate back), unless the region is unleased
+//	           and the cost above its cap, else with RetryNever;
+//	           strict → ActCheck; else ActAcquire (a need
 //	           the last negative answer was not about asks the region).
 //	PrepareAcquire / PrepareSync / PrepareRefill
 //	           build a report and mark the key in flight (one report per

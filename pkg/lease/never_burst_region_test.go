@@ -3,38 +3,47 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 // twoRegionsSmallKey: a key of 5/s with a burst of 5 shared by two regions
 // of equal weight, only "local" running: the region's static cap is 2.5,
-// so 2 whole tokens, below the key's configured burst.
+// so 2 whole tokens, below the key's configured burst. partition_share 1
+// keeps that static share as the floor, which a region with a global tier
+// runs on until the global tier confers its static lease (none runs here).
 const twoRegionsSmallKey = `
 lease_ttl: 2s
 refresh: 200ms
 regions: {local: {weight: 1}, far: {weight: 1}}
 classes:
-  read:   {mode: lease}
-  export: {mode: strict, on_failure: closed}
+  read:   {mode: lease, partition_share: 1}
+  export: {mode: strict, on_failure: closed, partition_share: 1}
 tiers: {free: {read: {rate: 5/s, burst: 5}, export: {rate: 5/s, burst: 5}}}
 default_tier: free
 `
 
+// leased runs the region as one with a global tier (not
+// regional.Options.Unleased): with no leader it runs on its floor.
+func leased(o *regional.Options) { o.Unleased = false }
+
 // TestNeverOnlyAboveTheConfiguredBurst: the region answers "never" for a
-// cost above its current cap, but a region's cap grows without a config
-// change (the allocator grants it more of the burst), so a cost within the
-// key's configured burst is denied with a wait until the client asks the
-// region again (at most a refresh), on the lease and the strict path, not
-// RetryNever. A cost above the configured burst is refused as invalid (no
-// wait can cure it while the config stays as it is; the agent and the
-// Envoy endpoint, which hold the config, answer it "never" without asking
-// the region). (A real regional server and Redis.)
+// cost above its current cap, but the cap of a region with a global tier
+// grows without a config change (the allocator grants it more of the
+// burst), so a cost within the key's configured burst is denied with a
+// wait until the client asks the region again (at most a refresh), on the
+// lease and the strict path, not RetryNever. A cost above the configured
+// burst is refused as invalid (no wait can cure it while the config stays
+// as it is; the agent and the Envoy endpoint, which hold the config,
+// answer it "never" without asking the region). (A real regional server
+// and Redis.)
 func TestNeverOnlyAboveTheConfiguredBurst(t *testing.T) {
 	cfg := regiontest.MustConfig(t, twoRegionsSmallKey)
-	e := env{reg: regiontest.Start(t, cfg, "local"), cfg: cfg}
+	e := env{reg: regiontest.Start(t, cfg, "local", leased), cfg: cfg}
 	for _, class := range []string{"read", "export"} {
 		t.Run(class, func(t *testing.T) {
 			c, _, _ := newClient(t, e)
@@ -54,6 +63,39 @@ func TestNeverOnlyAboveTheConfiguredBurst(t *testing.T) {
 				if d.RetryNever || d.RetryAfter <= 0 || d.RetryAfter > refresh {
 					t.Fatalf("cost 4, within the configured burst of 5 but above the region's cap of 2: %+v; want a RetryAfter of at most the refresh %v, no RetryNever", d, refresh)
 				}
+			}
+		})
+	}
+}
+
+// TestUnleasedRegionIsNeverAboveItsCap: a region with no global tier
+// (regional.Options.Unleased, -unleased) runs on its static share for
+// good, and says so in its answers: its cap of 2 for a key of burst 5
+// never grows without a config change. A cost within the configured burst
+// but above that cap is denied with RetryNever and no RetryAfter, on the
+// lease and the strict path, the first answer and the lease path's memory
+// of it alike, rather than with a wait of a refresh retried in vain. A
+// cost within the cap is admitted, and one the tokens out in leases keep
+// from it waits (TestNeverForTokensOutInLeasesIsAWait). (A real regional
+// server and Redis.)
+func TestUnleasedRegionIsNeverAboveItsCap(t *testing.T) {
+	cfg := regiontest.MustConfig(t, strings.ReplaceAll(twoRegionsSmallKey, ", partition_share: 1", ""))
+	e := env{reg: regiontest.Start(t, cfg, "local"), cfg: cfg}
+	for _, class := range []string{"read", "export"} {
+		t.Run(class, func(t *testing.T) {
+			c, _, _ := newClient(t, e)
+			key := quota.Key{Tenant: "acme-" + class, Class: class}
+			for i := range 3 { // the first answer, then the lease path's memory of it
+				d := mustAllow(t, c, key, 4)
+				if d.Allowed || !d.RetryNever || d.RetryAfter != 0 {
+					t.Fatalf("request %d, cost 4 against an unleased region's cap of 2 (burst 5): %+v; want denied, RetryNever, no RetryAfter", i+1, d)
+				}
+				if !d.CapKnown || d.Cap != 2 {
+					t.Fatalf("request %d: cap %d (known %v), want the region's 2", i+1, d.Cap, d.CapKnown)
+				}
+			}
+			if d := mustAllow(t, c, key, 2); !d.Allowed || d.Degraded {
+				t.Fatalf("cost 2, the whole cap: %+v, want allowed", d)
 			}
 		})
 	}

@@ -10,15 +10,17 @@ import (
 
 // TestLeaseNeverDenial: when the region answers a lease request "never"
 // (retry_after_ms -1: what was asked exceeds what its bucket can ever hold
-// at its cap), the lease path's denials carry RetryNever and no RetryAfter,
-// instead of promising the next refresh; a request needing less than what
-// was refused asks the region (the "never" says nothing of it: the bucket
-// may hold what it needs now). After the refresh the key asks again, in
-// case the region's cap grew.
+// at its cap) and no wait can cure it, the lease path's denials carry
+// RetryNever and no RetryAfter, instead of promising the next refresh; a
+// request needing less than what was refused asks the region (the "never"
+// says nothing of it: the bucket may hold what it needs now). After the
+// refresh the key asks again, in case the region's cap grew.
 func TestLeaseNeverDenial(t *testing.T) {
-	// At a zero rate no wait brings any token (a "never" for a cost
-	// within the cap at a positive rate is a wait: TestNeverWithinTheCapIsAWait).
-	never := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate = -1, 0 }
+	// An unleased region whose static share of the key holds no whole
+	// token (a burst of 1 split over regions lives in one of them): its
+	// cap never grows, so no wait brings any token (a "never" that a wait
+	// can cure is a wait: TestNeverWithinTheCapIsAWait).
+	never := func(g *sluicev1.Grant) { g.RetryAfterMs, g.Unleased, g.RegionBurst = -1, true, 0 }
 	tb := newTestTable(t)
 	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 0, never)
 	d, act := allow(t, tb, t0.Add(100*time.Millisecond), kW, 1)
@@ -47,27 +49,31 @@ func TestLeaseNeverDenial(t *testing.T) {
 
 	// Shadow: served, so no RetryNever.
 	tb = newTestTable(t)
-	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 0, func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate, g.Shadow = -1, 0, true })
+	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 0, func(g *sluicev1.Grant) { never(g); g.Shadow = true })
 	if d, _ := allow(t, tb, t0.Add(100*time.Millisecond), kW, 1); !d.Allowed || !d.WouldDeny || d.RetryNever {
 		t.Errorf("shadow never: %+v, want allowed, WouldDeny, no RetryNever", d)
 	}
 }
 
 // TestNeverWithinTheCapIsAWait: the region answers "never" when its
-// bucket's cap less the tokens out in leases cannot hold what was asked.
-// Tokens out in leases come back (released, expired) and the allocator
-// grants the region more of the burst, so a cost within the key's
-// configured burst at a positive rate is denied with a wait, even above
-// the region's current cap: on the lease path until the key asks the
-// region again (its next refresh after the answer), on the strict path a
-// refresh. RetryNever is kept for a cost above the configured burst, a
-// zero rate, or a rate not known.
+// bucket's cap less the tokens out in leases cannot hold what was asked,
+// or its rate is zero. Tokens out in leases come back (released,
+// expired), the allocator grants a region with a global tier more of the
+// burst, and gives a region on its floor (a zero rate: partition_share 0
+// while its static lease lapsed or it is drained) its rate back, so a cost
+// within the key's configured burst is denied with a wait, even above the
+// region's current cap or at a zero rate: on the lease path until the key
+// asks the region again (its next refresh after the answer), on the strict
+// path a refresh. RetryNever is kept for a cost above the configured
+// burst, and, for an unleased region (no global tier: its cap and rate
+// are its static share for good), for a cost above its cap or a zero rate.
 func TestNeverWithinTheCapIsAWait(t *testing.T) {
 	const capTokens = 4 // region burst 4.5, limit 10: a cap of 4 whole tokens
 	burst, rate, zero := 4.5, 2.0, 0.0
 	for _, tc := range []struct {
 		name      string
 		strict    bool
+		unleased  bool
 		cost      int64
 		rate      *float64
 		noCap     bool // the answer names no rate or burst: neither is known
@@ -77,13 +83,20 @@ func TestNeverWithinTheCapIsAWait(t *testing.T) {
 		{name: "lease: the whole cap", cost: capTokens, rate: &rate},
 		{name: "lease: above the cap, within the burst", cost: capTokens + 1, rate: &rate},
 		{name: "lease: the whole burst", cost: 10, rate: &rate},
-		{name: "lease: zero rate", cost: 1, rate: &zero, wantNever: true},
+		{name: "lease: zero rate", cost: 1, rate: &zero},
+		{name: "lease, unleased: the whole cap", unleased: true, cost: capTokens, rate: &rate},
+		{name: "lease, unleased: above the cap", unleased: true, cost: capTokens + 1, rate: &rate, wantNever: true},
+		{name: "lease, unleased: zero rate", unleased: true, cost: 1, rate: &zero, wantNever: true},
 		{name: "strict: one token", strict: true, cost: 1, rate: &rate},
 		{name: "strict: the whole cap", strict: true, cost: capTokens, rate: &rate},
 		{name: "strict: above the cap, within the burst", strict: true, cost: capTokens + 1, rate: &rate},
 		{name: "strict: above the burst", strict: true, cost: 11, rate: &rate, wantNever: true},
-		{name: "strict: zero rate", strict: true, cost: 1, rate: &zero, wantNever: true},
-		{name: "strict: no rate known", strict: true, cost: 1, rate: &rate, noCap: true, wantNever: true},
+		{name: "strict: zero rate", strict: true, cost: 1, rate: &zero},
+		{name: "strict: no rate known", strict: true, cost: 1, rate: &rate, noCap: true},
+		{name: "strict, unleased: the whole cap", strict: true, unleased: true, cost: capTokens, rate: &rate},
+		{name: "strict, unleased: above the cap", strict: true, unleased: true, cost: capTokens + 1, rate: &rate, wantNever: true},
+		{name: "strict, unleased: zero rate", strict: true, unleased: true, cost: 1, rate: &zero, wantNever: true},
+		{name: "strict, unleased: no cap known", strict: true, unleased: true, cost: 1, rate: &rate, noCap: true, wantNever: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tb := newTestTable(t)
@@ -91,7 +104,7 @@ func TestNeverWithinTheCapIsAWait(t *testing.T) {
 			now := t0.Add(100 * time.Millisecond)
 			var d quota.Decision
 			if tc.strict {
-				resp := &sluicev1.CheckResponse{Limit: 10, RetryAfterMs: -1, RegionRate: tc.rate, RegionBurst: &burst}
+				resp := &sluicev1.CheckResponse{Limit: 10, RetryAfterMs: -1, RegionRate: tc.rate, RegionBurst: &burst, Unleased: tc.unleased}
 				if tc.noCap {
 					resp.RegionRate, resp.RegionBurst = nil, nil
 				}
@@ -102,6 +115,7 @@ func TestNeverWithinTheCapIsAWait(t *testing.T) {
 			} else {
 				acquire(t, tb, t0, answered, kW, tc.cost, 0, func(g *sluicev1.Grant) {
 					g.RetryAfterMs, g.RegionRate, g.RegionBurst, g.Limit, g.LiveInstances = -1, *tc.rate, burst, 10, 4
+					g.Unleased = tc.unleased
 				})
 				var act Action
 				if d, act = allow(t, tb, now, kW, tc.cost); act != ActNone {

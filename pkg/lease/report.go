@@ -542,9 +542,9 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 			// Never (min exceeds what the region's bucket can hold at its
 			// current cap, or its rate is zero): requests needing min are
 			// denied until the next refresh, when the key asks again in
-			// case the cap grew or leases came back; with RetryNever only
-			// for a cost above the configured burst or a zero rate
-			// (keyInfo.waitCures).
+			// case the cap or rate grew or leases came back; with
+			// RetryNever only for a cost above the configured burst, or
+			// above an unleased region's cap (keyInfo.waitCures).
 			wait = t.opts.Refresh
 		} else {
 			wait += retrySpread(t.spreadDraw(now, e), e.view(), wait)
@@ -587,6 +587,7 @@ func (t *Table) learnLocked(now time.Time, e *entry, g *sluicev1.Grant) {
 	if g.Tier != "" {
 		e.own().setTier(g.Tier)
 	}
+	t.unleased.Store(g.Unleased)
 	if g.Limit > 0 {
 		e.own().limit = g.Limit
 	}

@@ -188,8 +188,9 @@ func TestNeverAnswerToAReportWithoutMinDeniesOneToken(t *testing.T) {
 	if b == nil || b.Reports[0].Min != 0 || b.Reports[0].Want <= 0 {
 		t.Fatalf("acquire for cost 0: batch %v, want one report with min 0 and want > 0", b)
 	}
-	// At a zero rate: no wait brings the token.
-	g := regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate = -1, 0 })
+	// From an unleased region whose static share of the key holds no
+	// whole token: no wait brings the token.
+	g := regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs, g.Unleased, g.RegionBurst = -1, true, 0.5 })
 	if err := tb.Apply(t0, b, []*sluicev1.Grant{g}); err != nil {
 		t.Fatal(err)
 	}

@@ -20,35 +20,55 @@ import (
 )
 
 // halfRegion: two regions of equal weight, only "local" running, so a
-// read key's burst of 20 gives local a cap of 10 (its static share).
+// read key's burst of 20 gives local a cap of 10 (its static share; also
+// its floor, partition_share 1, while a region with a global tier has no
+// static lease).
 const halfRegion = `
 lease_ttl: 2s
 refresh: 200ms
 regions: {local: {weight: 1}, far: {weight: 1}}
-classes: {read: {mode: lease}}
+classes: {read: {mode: lease, partition_share: 1}}
 tiers: {free: {read: {rate: 1/s, burst: 20}}}
 default_tier: free
 `
 
 // TestRequestAboveTheCapLeavesSmallerOnesTheirTokens: a request costing
 // more than the region's cap (but no more than the key's burst) is denied
-// with a wait until the client asks the region again, not RetryNever (the
-// region's cap grows when the global tier grants it more of the burst),
-// and the requests after it that need less are decided by what the region
-// holds, not turned away for a refresh on the strength of an answer about
-// 20 tokens.
+// with a wait until the client asks the region again where the region has
+// a global tier (its cap grows when the global tier grants it more of the
+// burst), with RetryNever where it has none (unleased: its cap is its
+// static share for good), and either way the requests after it that need
+// less are decided by what the region holds, not turned away on the
+// strength of an answer about 20 tokens.
 func TestRequestAboveTheCapLeavesSmallerOnesTheirTokens(t *testing.T) {
-	cfg := regiontest.MustConfig(t, halfRegion)
-	e := env{reg: regiontest.Start(t, cfg, "local"), cfg: cfg}
-	c, _, _ := newClient(t, e)
-	key := quota.Key{Tenant: "acme", Class: "read"}
-	if d := mustAllow(t, c, key, 20); d.Allowed || d.RetryNever || d.RetryAfter <= 0 || d.RetryAfter > c.Table().Options().Refresh {
-		t.Fatalf("cost 20 against a cap of 10 and a burst of 20: %+v, want denied with a RetryAfter of at most the refresh, no RetryNever", d)
-	}
-	for i := range 10 {
-		if d := mustAllow(t, c, key, 1); !d.Allowed || d.Degraded {
-			t.Fatalf("cost 1, request %d, the region's bucket holding 10 tokens: %+v, want allowed", i, d)
-		}
+	for _, tc := range []struct {
+		name      string
+		opts      []regiontest.Option
+		wantNever bool
+	}{
+		{name: "with a global tier", opts: []regiontest.Option{leased}},
+		{name: "unleased", wantNever: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := regiontest.MustConfig(t, halfRegion)
+			e := env{reg: regiontest.Start(t, cfg, "local", tc.opts...), cfg: cfg}
+			c, _, _ := newClient(t, e)
+			key := quota.Key{Tenant: "acme", Class: "read"}
+			d := mustAllow(t, c, key, 20)
+			switch {
+			case d.Allowed:
+				t.Fatalf("cost 20 against a cap of 10 and a burst of 20: %+v, want denied", d)
+			case tc.wantNever && (!d.RetryNever || d.RetryAfter != 0):
+				t.Fatalf("cost 20 against an unleased region's cap of 10 and a burst of 20: %+v, want RetryNever, no RetryAfter", d)
+			case !tc.wantNever && (d.RetryNever || d.RetryAfter <= 0 || d.RetryAfter > c.Table().Options().Refresh):
+				t.Fatalf("cost 20 against a cap of 10 and a burst of 20: %+v, want a RetryAfter of at most the refresh, no RetryNever", d)
+			}
+			for i := range 10 {
+				if d := mustAllow(t, c, key, 1); !d.Allowed || d.Degraded {
+					t.Fatalf("cost 1, request %d, the region's bucket holding 10 tokens: %+v, want allowed", i, d)
+				}
+			}
+		})
 	}
 }
 

@@ -42,8 +42,13 @@ type Table struct {
 	unanswered  atomic.Bool
 	episodes    atomic.Uint64 // times Degraded turned true
 	closed      atomic.Bool
-	giveBackDue atomic.Bool  // some key's giveBack was set since GiveBackDue was last read
-	ownerDue    atomic.Int64 // an instant (Table.at): the owner calls Expire again by then (see ExpireFor)
+	giveBackDue atomic.Bool // some key's giveBack was set since GiveBackDue was last read
+	// unleased: the region's last answer said it runs with no global tier
+	// (Grant.unleased), so its rate and cap for every key are its static
+	// share for good (see waitCures). A fact of the region, not of a key,
+	// so it costs no key anything.
+	unleased atomic.Bool
+	ownerDue atomic.Int64 // an instant (Table.at): the owner calls Expire again by then (see ExpireFor)
 
 	mu  sync.Mutex
 	rtt time.Duration // guarded by mu: smoothed round trip of lease RPCs
@@ -458,13 +463,15 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 		switch {
 		case in.negNever && need >= int64(in.negNeed):
 			// The region said no wait will bring this many tokens while
-			// its cap and the leases out stay as they are. Both change
-			// without a config change (leases come back, the allocator
-			// grants the region more burst): a cost within the key's
-			// configured burst waits for the next time the key asks
-			// (negUntil, a refresh after the answer). Only a cost above
-			// the configured burst, or a zero rate, is never admitted.
-			if in.waitCures(cost) {
+			// its cap, its rate and the leases out stay as they are. All
+			// change without a config change (leases come back; the
+			// global tier grants the region more burst, and gives a
+			// region on its floor its rate back): a cost waitCures
+			// admits waits for the next time the key asks (negUntil, a
+			// refresh after the answer). Only a cost above the
+			// configured burst, or above an unleased region's cap, is
+			// never admitted.
+			if in.waitCures(cost, t.unleased.Load()) {
 				return t.deny(e, in, cost, time.Duration(in.negUntil-at)), ActNone, nil
 			}
 			d := t.deny(e, in, cost, 0)
@@ -523,14 +530,29 @@ func (in *keyInfo) expected(pool int64) int64 {
 
 // waitCures reports whether a request of cost tokens the region answered
 // "never" can still be admitted by waiting while the config stays as it
-// is: the key's configured burst (the whole limit) is known and holds
-// cost, and the region's rate is positive. The region's "never" speaks of
-// its bucket now (its current cap less the tokens out in leases), and both
-// grow without a config change: leases come back (released, expired) and
-// the allocator grants the region more of the burst. A cost above the
-// configured burst, or a zero rate, is never admitted.
-func (in *keyInfo) waitCures(cost int64) bool {
-	return in.limit > 0 && cost <= in.limit && in.regionRate > 0
+// is; unleased says the region runs with no global tier. The region's
+// "never" speaks of its bucket now: its current cap less the tokens out in
+// leases, at its current rate. Leases come back (released, expired). A
+// region with a global tier is given more without a config change: grants
+// raise its cap up to the key's configured burst, and its rate is zero
+// only on its floor (partition_share 0) while its static lease lapsed,
+// until the global tier answers it again, or while it is drained, until it
+// is restored or stopped. The key's own rate is never zero: the config
+// refuses it (config.checkLimit), and the region answers only keys its
+// config resolves. So a cost within the key's configured burst waits,
+// unless the region is unleased: its rate and cap are its static share
+// for good, and a cost above that cap, or a zero rate, waits in vain. A
+// cost above the configured burst, or one whose burst is not known yet,
+// is never admitted (docs/architecture.md, "No edge promises a wait that
+// cannot be honoured").
+func (in *keyInfo) waitCures(cost int64, unleased bool) bool {
+	switch {
+	case in.limit <= 0 || cost > in.limit:
+		return false
+	case unleased:
+		return in.capKnown && cost <= in.cap && in.regionRate > 0
+	}
+	return true
 }
 
 // wholeCap is the region's burst cap in whole tokens, at most the
@@ -766,6 +788,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 	e.own().shadow = resp.Shadow
 	e.own().resetAt = now.Add(time.Duration(max(0, resp.ResetMs)) * time.Millisecond)
 	e.own().regionLeft = max(0, resp.Remaining)
+	t.unleased.Store(resp.Unleased)
 	if resp.RegionRate != nil && resp.RegionBurst != nil && *resp.RegionRate >= 0 && *resp.RegionBurst >= 0 {
 		// The region's bucket as this check found it, so even the first
 		// answer on a key says what the caller can spend (its cap), not
@@ -779,7 +802,7 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		e.own().cap = wholeCap(e.view().regionBurst, e.view().limit)
 	}
 	capped, capKnown, refill := e.view().cap, e.view().capKnown, e.view().regionRate
-	waitCures := e.view().waitCures(cost)
+	waitCures := e.view().waitCures(cost, resp.Unleased)
 	if resp.Allowed {
 		e.rareFor().checked += cost
 	}
@@ -812,15 +835,15 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 		switch {
 		case resp.RetryAfterMs >= 0:
 		case waitCures:
-			// The region's bucket cannot hold cost now, but cost is within
-			// the key's configured burst: tokens out in leases come back
-			// and the allocator may grant the region more of the burst.
-			// The refresh is the period after which this instance asks the
-			// region again, so it is the earliest time the answer can
-			// differ.
+			// The region's bucket cannot hold cost now, but a wait can
+			// cure it (waitCures): tokens out in leases come back, and
+			// the global tier may grant the region more of the burst or
+			// give a region on its floor its rate back. The refresh is
+			// the period after which this instance asks the region
+			// again, so it is the earliest time the answer can differ.
 			d.RetryAfter = t.opts.Refresh
 		default:
-			d.RetryNever = true // cost above the configured burst, or a zero rate: no wait will do
+			d.RetryNever = true // cost above the configured burst, or above an unleased region's cap: no wait will do
 		}
 		d.Remaining = min(d.Remaining, cost-1)
 		e.count(slot(ResultDenied, false))

@@ -589,6 +589,7 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 }
 
 func TestStrictClasses(t *testing.T) {
+	one, half := 1.0, 0.5
 	tb := newTestTable(t)
 	if _, act := allow(t, tb, t0, kExp, 1); act != ActCheck {
 		t.Fatalf("strict class from options: action %v", act)
@@ -601,7 +602,9 @@ func TestStrictClasses(t *testing.T) {
 		{&sluicev1.CheckResponse{Allowed: true, Limit: 5, Remaining: 4}, true, false, ResultAllowed},
 		{&sluicev1.CheckResponse{Limit: 5, RetryAfterMs: 250}, false, true, ResultDenied},
 		{&sluicev1.CheckResponse{Limit: 5, Shadow: true}, true, true, ResultShadowDenied},
-		{&sluicev1.CheckResponse{Limit: 5, RetryAfterMs: -1}, false, true, ResultDenied},
+		// An unleased region whose static share of the key holds no
+		// whole token: no wait can cure it.
+		{&sluicev1.CheckResponse{Limit: 5, RetryAfterMs: -1, Unleased: true, RegionRate: &one, RegionBurst: &half}, false, true, ResultDenied},
 	} {
 		d, err := tb.ApplyCheck(t0, kExp, 1, tc.resp)
 		if err != nil {

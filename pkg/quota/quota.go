@@ -220,12 +220,16 @@ type Decision struct {
 	RetryAfter time.Duration
 	// RetryNever is set on a denial no wait can cure while the config
 	// stays as it is: the cost exceeds the key's configured burst (the
-	// whole limit), or its rate is zero. No Retry-After is promised then.
-	// A cost within the configured burst that the region's bucket cannot
-	// hold now, because tokens are out in other instances' leases or the
-	// region's cap is below the cost, is a denial with a RetryAfter: those
-	// tokens come back (released, expired), and the region's cap grows
-	// when the global tier grants it more of the burst.
+	// whole limit), or the region runs with no global tier (unleased) and
+	// the cost exceeds its cap, which is its static share for good. No
+	// Retry-After is promised then. A cost within the configured burst
+	// that a region with a global tier cannot hold now, because tokens are
+	// out in other instances' leases, its cap is below the cost or its
+	// rate is zero (its floor, partition_share 0, while its static lease
+	// lapsed or it is drained), is a denial with a RetryAfter: those tokens
+	// come back (released, expired), the global tier grants the region
+	// more of the burst, and gives it its rate back when it hears from it
+	// again or it is restored.
 	RetryNever bool
 	// Degraded is set when the decision came from the class's on_failure
 	// policy because the regional service could not be reached.

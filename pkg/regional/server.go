@@ -85,7 +85,8 @@ type Options struct {
 	// cmd/regional and internal/devcluster set it only when asked to run
 	// with no global tier. Its answers say so (Grant.unleased,
 	// CheckResponse.unleased): a cost above the region's cap then waits in
-	// vain.
+	// vain, and instances answer it "never" (docs/architecture.md, "No
+	// edge promises a wait that cannot be honoured").
 	Unleased bool
 }
 

@@ -240,9 +240,13 @@ type Grant struct {
 	// current cap (the cap less the tokens out in leases), or the region's
 	// rate is zero. No wait will do while these stay as they are; callers
 	// must not turn -1 into a retry time of the region's. Tokens out in
-	// leases come back, so the client denies a request whose cost is within
-	// the key's configured burst (limit) at a positive rate with a wait until
-	// it asks again (its next refresh), and any other with Decision.RetryNever.
+	// leases come back, and a region with a global tier is given more of the
+	// burst (grants; its rate back once its static lease is conferred again
+	// or it is restored from a drain), so the client denies a request whose
+	// cost is within the key's configured burst (limit) with a wait until it
+	// asks again (its next refresh). It answers Decision.RetryNever for a
+	// cost above the configured burst, and, from an unleased region, for a
+	// cost above region_burst or at a zero region_rate.
 	RetryAfterMs int64 `protobuf:"varint,6,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// The rate the region currently refills this key at (tokens/s).
 	RegionRate float64 `protobuf:"fixed64,7,opt,name=region_rate,json=regionRate,proto3" json:"region_rate,omitempty"`
@@ -804,9 +808,10 @@ type CheckResponse struct {
 	// (the cap less the tokens out in leases), or the region's rate is zero.
 	// No wait will do while these stay as they are. The client answers
 	// Decision.RetryNever, promising no Retry-After, when cost exceeds the
-	// configured burst (limit) or the rate is zero; a cost within it waits a
+	// configured burst (limit), or, from an unleased region, its cap
+	// (region_burst) or at a zero region_rate; any other cost waits a
 	// refresh for the tokens out in leases to come back or the region's cap
-	// to grow.
+	// and rate to grow, as Grant.retry_after_ms.
 	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// How long until the regional bucket is full again.
 	ResetMs int64 `protobuf:"varint,5,opt,name=reset_ms,json=resetMs,proto3" json:"reset_ms,omitempty"`
