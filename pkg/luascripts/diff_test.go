@@ -54,6 +54,9 @@ func TestLuaMatchesModel(t *testing.T) {
 				DemandWindow: time.Duration(rapid.SampledFrom([]int{1, 300, 500}).Draw(rt, "demand_window_ms")) * time.Millisecond,
 				MarkEvery:    time.Duration(rapid.SampledFrom([]int{0, 1, 250, 2000}).Draw(rt, "mark_every_ms")) * time.Millisecond,
 			}
+			if c.StaticBurst == 0 {
+				c.AwaitingShare = rapid.Bool().Draw(rt, "awaiting")
+			}
 			if rapid.Bool().Draw(rt, "guarded") {
 				c.RestartWait = time.Duration(rapid.IntRange(1, 10_000).Draw(rt, "restart_wait_ms")) * time.Millisecond
 			}
@@ -112,7 +115,8 @@ func TestLuaMatchesModel(t *testing.T) {
 				}
 			}
 			sc.setNow(now)
-			kc := kcs[rapid.IntRange(0, nKeys-1).Draw(rt, "key")]
+			ki := rapid.IntRange(0, nKeys-1).Draw(rt, "key")
+			kc := kcs[ki]
 			inst := rapid.SampledFrom(instances).Draw(rt, "instance")
 			lk := inst + kc.keys.Bucket
 			report := func(withReturn bool) Report {
@@ -182,7 +186,16 @@ func TestLuaMatchesModel(t *testing.T) {
 			}
 			var got, want any
 			var err error
-			switch opn := rapid.IntRange(0, 9).Draw(rt, "op"); opn {
+			switch opn := rapid.IntRange(0, 10).Draw(rt, "op"); opn {
+			case 10:
+				// The share a key awaited arrives (its config confirmed):
+				// a held key is born at its cap from the next call on.
+				dl = 0 // no script runs
+				if kc.c.AwaitingShare {
+					kcs[ki].c.StaticBurst = rapid.SampledFrom([]float64{1, 5, 20}).Draw(rt, "share")
+					kcs[ki].c.AwaitingShare = false
+				}
+				got, want = 0, 0
 			case 8:
 				// The region leader trims the candidate set.
 				dl = 0 // no script runs

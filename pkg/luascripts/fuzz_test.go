@@ -83,6 +83,11 @@ func FuzzScriptsMatchModel(f *testing.F) {
 		case 1: // guarded, no sentinel yet: the scripts date the data set
 			c.RestartWait = c.LeaseTTL
 		}
+		if c.StaticBurst == 0 {
+			// A cap of 0 is a floor or a share awaited: held calls must
+			// never let the region hold more than the shadow either.
+			c.AwaitingShare = in.pick(2) == 0
+		}
 		runFuzzOps(t, ctx, rdb, sc, c, now, born, in)
 	})
 }
@@ -149,7 +154,8 @@ func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Script
 				t.Fatal(err)
 			}
 		}
-		_, existed := m.buckets[k.Bucket]
+		mb, existed := m.buckets[k.Bucket]
+		existed = existed && !mb.held // a held key's demand alone is no bucket
 		sc.setNow(now)
 		inst := "i-" + strconv.Itoa(in.pick(fewLeases+3)) // both ways of reaping (see fewLeases)
 		v := views[inst]
@@ -240,6 +246,19 @@ func runFuzzOps(t *testing.T, ctx context.Context, rdb *redis.Client, sc *Script
 			}
 		}
 		b, ok := state[k.Bucket]
+		if ok && b["ts"] == "" {
+			// A held key's demand alone (lib.lua, "Awaited share"): no
+			// bucket, and nothing else of the key may exist.
+			if !c.AwaitingShare || existed {
+				t.Fatalf("%s: a hash without ts %v (awaiting %v, bucket before %v)", where, b, c.AwaitingShare, existed)
+			}
+			for name := range state {
+				if name == k.Leases || name == k.Expiry {
+					t.Fatalf("%s: a held key has lease records", where)
+				}
+			}
+			ok = false
+		}
 		if !ok {
 			// A call that can only undo (a release, a reap, a report of an
 			// unknown lease asking for nothing) on a key with no bucket

@@ -44,6 +44,9 @@ type modelBucket struct {
 	// cand_check); hasCW: they were written.
 	cw, cs float64
 	hasCW  bool
+	// held: no bucket, a held key's demand alone (sd, den and the
+	// candidate fields: lib.lua's hash without ts, "Awaited share").
+	held bool
 }
 
 type modelLease struct {
@@ -149,6 +152,9 @@ type op struct {
 	// REBORN.
 	born, gen, seen float64
 	reborn          bool
+	// hold mirrors lib.lua's HOLD: the call holds the key (a share
+	// awaited, see Common.AwaitingShare).
+	hold bool
 
 	reclaimed float64 // RECLAIMED: tokens returned from expired leases
 	leases    bool    // LEASES: the lease hash or expiry set was written
@@ -169,6 +175,8 @@ func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
 	o.refill()
 	m.refilled = o.b.tk
 	o.ttl = o.bucketTTL(o.b.gb, o.b.ge)
+	_, leases := m.leases[k.Leases]
+	o.hold = c.AwaitingShare && o.missing && o.sb() == 0 && !leases
 	return o
 }
 
@@ -234,20 +242,26 @@ func (o *op) loadBorn() {
 
 func (o *op) loadBucket() {
 	wait := float64(o.c.RestartWait.Milliseconds())
+	var held modelBucket
 	if b, ok := o.m.buckets[o.k.Bucket]; ok {
-		if !(wait > 0 && b.ts < o.born+wait*1000) {
+		switch {
+		case b.held:
+			// A held key's demand goes on in the bucket.
+			held = *b
+		case !(wait > 0 && b.ts < o.born+wait*1000):
 			o.b = *b
 			return
+		default:
+			// Older than its data set's birth: deleted with its leases.
+			delete(o.m.buckets, o.k.Bucket)
+			delete(o.m.leases, o.k.Leases)
 		}
-		// Older than its data set's birth: deleted with its leases.
-		delete(o.m.buckets, o.k.Bucket)
-		delete(o.m.leases, o.k.Leases)
 	}
 	// Empty since born + restart wait; refill credits the time since.
 	// Inside the wait ts stays in the future: nothing is credited until
 	// the wait ends. The birth is the sentinel's, read in the same call.
 	o.missing = true
-	o.b = modelBucket{ts: o.born + wait*1000}
+	o.b = modelBucket{ts: o.born + wait*1000, den: held.den, sd: held.sd, cw: held.cw, cs: held.cs, hasCW: held.hasCW}
 }
 
 func (o *op) credit(dt, r float64) {
@@ -498,6 +512,17 @@ func (o *op) save() {
 	o.m.leases[o.k.Leases] = o.ls
 }
 
+// saveHeld mirrors lib.lua's save_held: a held key's demand alone, no
+// bucket, living 2 x lease TTL + 1 s.
+func (o *op) saveHeld() {
+	ttl := 2*o.lttl() + 1000
+	if !(ttl < maxMS) {
+		ttl = maxMS
+	}
+	o.m.buckets[o.k.Bucket] = &modelBucket{held: true, den: o.b.den, sd: o.b.sd, cw: o.b.cw, cs: o.b.cs, hasCW: o.b.hasCW,
+		expireAt: o.now + ttl*1000, ttlMS: ttl}
+}
+
 // keep mirrors state.lua's renew_ttls alone: the stored bucket stays as it was
 // (the refill is not written back); only the keys' TTLs are renewed, as
 // save renews them.
@@ -579,6 +604,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 	tu, td, tr := float64(r.Used), float64(r.Denied), returned
 	want, min := float64(r.Want), float64(r.Min)
 	granted, ttl, retry, dup, conflict, back := 0.0, o.lttl(), 0.0, false, false, 0.0
+	held := false
 	kind := "new"
 	if l != nil {
 		kind = reportKind(l, inc, le, seq, tu, td, tr)
@@ -599,6 +625,15 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 			granted = l.lg
 		}
 		ttl = math.Floor((l.exp - o.now) / 1000)
+	case o.hold && !r.BookOnly && want > 0:
+		// Held: no lease and no bucket; the request's need is demand.
+		if min < 1 {
+			min = 1
+		}
+		o.b.sd = o.b.sd + min
+		retry = o.waitMS(min)
+		ttl = 0
+		held = true
 	case l != nil || (!r.BookOnly && want > 0):
 		if l != nil {
 			back = o.applyUsage(l, tu-l.au, td-l.ad, tr-l.ar, float64(max(r.BuiltUS, 0)))
@@ -640,7 +675,12 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 		// nothing opens no record; on a missing bucket it writes nothing.
 		ttl = 0
 	}
-	o.saveUnlessUndoOnly(l != nil)
+	if held {
+		o.candCheck()
+		o.saveHeld()
+	} else {
+		o.saveUnlessUndoOnly(l != nil)
+	}
 	rep := o.leaseReply(granted, ttl, retry, dup)
 	rep.Conflict, rep.Returned, rep.Reborn = conflict, int64(back), o.reborn
 	return rep
@@ -798,7 +838,11 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 		retry = o.waitMS(fc)
 	}
 	o.candCheck()
-	o.save()
+	if o.hold {
+		o.saveHeld()
+	} else {
+		o.save()
+	}
 	return CheckReply{
 		Allowed: allowed, Remaining: int64(math.Floor(o.b.tk)), RetryAfter: msDur(retry), Reset: msDur(o.resetMS()),
 		Rate: o.rateNow(), Cap: o.capNow(), NowUS: nowUS, Reclaimed: int64(o.reclaimed), Gen: o.done(), Reborn: o.reborn,
@@ -848,7 +892,7 @@ func (m *Model) State(nowUS int64, k Keys, c Common) State {
 	}
 	o := m.begin(nowUS, k, c)
 	o.reap(c.ReapBudget)
-	if o.stamp || o.leases {
+	if (o.stamp && !o.hold) || o.leases {
 		o.save()
 	} else if !o.missing {
 		o.keep()
@@ -872,6 +916,13 @@ func (m *Model) State(nowUS int64, k Keys, c Common) State {
 func (m *Model) Snapshot() map[string]map[string]string {
 	out := map[string]map[string]string{}
 	for name, b := range m.buckets {
+		if b.held {
+			out[name] = map[string]string{"sd": i0(b.sd), "den": i0(b.den)}
+			if b.hasCW {
+				out[name]["cw"], out[name]["cs"] = i0(b.cw), i0(b.cs)
+			}
+			continue
+		}
 		out[name] = map[string]string{
 			"tk": f6(b.tk), "ts": i0(b.ts), "gr": f17(b.gr), "gb": f17(b.gb),
 			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den), "gs": i0(b.gs),

@@ -18,10 +18,11 @@ type Peek struct {
 	Admitted, Denied int64
 }
 
-// PeekBucket returns k's stored bucket, false when there is none.
+// PeekBucket returns k's stored bucket, false when there is none (a held
+// key's demand alone is none: see Common.AwaitingShare).
 func (m *Model) PeekBucket(k Keys) (Peek, bool) {
 	b, ok := m.buckets[k.Bucket]
-	if !ok {
+	if !ok || b.held {
 		return Peek{}, false
 	}
 	return Peek{

@@ -61,6 +61,16 @@ type Common struct {
 	// *TooLateError (ErrTooLate); the Model answers TooLate the same way.
 	// 0: no deadline (tests, tools).
 	DeadlineUS int64
+	// AwaitingShare says that a StaticBurst of 0 is a share the region
+	// awaits, not a floor: every config the region runs that knows the key
+	// gives it a share, and the 0 comes only from one that does not know
+	// its class (or the region) until the global tier confirms the newer
+	// one (regionsync.Chain.Awaiting; never set on a floor, drained or off
+	// the static lease). A call that would then create the key's bucket
+	// empty holds the key instead: no bucket and no lease are written, so
+	// the key is born at its cap once the share arrives, as a key first
+	// used then would be; its demand is kept (lib.lua, "Awaited share").
+	AwaitingShare bool
 }
 
 func (c Common) args(extra ...any) []any {
@@ -307,12 +317,16 @@ func build(virtual bool) *Scripts {
 	return sc
 }
 
-// args is cm.args, the generation seen of k's data set, the deadline and
-// the candidate arguments of k (the member and the mark interval: the
-// last four, see lib.lua) and, for a virtual clock, the current virtual
-// now.
+// args is cm.args, the share awaited, the generation seen of k's data
+// set, the deadline and the candidate arguments of k (the member and the
+// mark interval: the last five, see lib.lua) and, for a virtual clock, the
+// current virtual now.
 func (s *Scripts) args(k Keys, cm Common, extra ...any) []any {
-	a := append(cm.args(extra...), s.gens.Seen(k.Born), max(cm.DeadlineUS, 0), k.Member, cm.MarkEvery.Milliseconds())
+	awaiting := "0"
+	if cm.AwaitingShare {
+		awaiting = "1"
+	}
+	a := append(cm.args(extra...), awaiting, s.gens.Seen(k.Born), max(cm.DeadlineUS, 0), k.Member, cm.MarkEvery.Milliseconds())
 	if s.virtualNow != nil {
 		a = append(a, s.virtualNow.Load())
 	}

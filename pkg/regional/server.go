@@ -241,12 +241,14 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 	var rate, burst float64
 	var deadline int64
 	var err error
+	onStatic := true
 	if s.opts.Unleased {
 		rate, burst, err = chain.Share(s.opts.Region, k, cfg, res)
 	} else {
 		v := s.static.Load()
 		lease, margin, est := s.keyLease(k, v), regionsync.StaticMargin(time.Duration(cfg.Epoch)), v.clock.Estimate(now)
 		rate, burst, err = chain.Leased(s.opts.Region, k, cfg, res, est, lease, margin)
+		onStatic = regionsync.OnStatic(est, lease, margin)
 		// A script queued in a paused Redis that runs after the static
 		// lease it was handed the share under changes nothing.
 		deadline = regionsync.ScriptDeadline(est, lease, margin)
@@ -254,6 +256,11 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 	if err != nil {
 		return luascripts.Common{}, err
 	}
+	// A burst of 0 on the static share that only a config not yet knowing
+	// the key's class (or this region) makes: the key waits for its share
+	// without an empty bucket (docs/architecture.md, "A key first used
+	// while its share is awaited").
+	awaiting := burst == 0 && onStatic && chain.Awaiting(s.opts.Region, k, cfg, res)
 	return luascripts.Common{
 		StaticRate:   rate,
 		StaticBurst:  burst,
@@ -264,6 +271,8 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		DemandWindow: cfg.DemandWindow(),
 		MarkEvery:    s.markEvery(cfg),
 		DeadlineUS:   deadline,
+
+		AwaitingShare: awaiting,
 	}, nil
 }
 

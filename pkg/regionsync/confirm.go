@@ -186,6 +186,42 @@ func (c Chain) Share(region string, k quota.Key, cfg *config.Config, res config.
 	return rate, burst, nil
 }
 
+// Awaiting says whether the region's static burst for k is 0 only for want
+// of a confirmation, not a floor (luascripts.Common.AwaitingShare): cfg,
+// the config the request is served under (res the key resolved there),
+// gives the key a positive burst share in region, and so does every config
+// of the chain that knows the key's class and the region, while at least
+// one config of the chain knows neither the class nor the region (one
+// added since the confirmed revision) and so makes Share 0. Nothing the
+// global tier may count the region at for k is then below what the region
+// will run once the newer config is confirmed: no config drains it to a
+// floor of 0 or gives it no whole unit of the burst. Meaningful only for a
+// region on its static shares (OnStatic, or a region with no global tier):
+// off its lease the region runs its floor, whatever the chain says.
+func (c Chain) Awaiting(region string, k quota.Key, cfg *config.Config, res config.Resolved) bool {
+	if _, b, err := cfg.StaticShareOf(region, res); err != nil || !(b > 0) {
+		return false
+	}
+	unknown, positive := false, true
+	c.each(func(e Revision) {
+		if e.Cfg == cfg || !positive {
+			return
+		}
+		if e.Cfg != nil {
+			_, hasRegion := e.Cfg.Regions[region]
+			_, hasClass := e.Cfg.Classes[k.Class]
+			if !hasRegion || !hasClass {
+				unknown = true
+				return
+			}
+		}
+		if _, b := ShareUnder(e.Cfg, region, k); !(b > 0) {
+			positive = false
+		}
+	})
+	return unknown && positive
+}
+
 // each calls f for every config that counts in Share.
 func (c Chain) each(f func(Revision)) {
 	for _, e := range c.entries {

@@ -126,6 +126,7 @@ func (w *World) chainShares(r *Region) {
 			continue
 		}
 		c := &k.common[r.idx]
+		c.AwaitingShare = burst == 0 && rc.chain.Awaiting(r.name, k.key, cur, res)
 		if c.StaticRate == rate && c.StaticBurst == burst {
 			continue
 		}

@@ -32,6 +32,9 @@ func TestDrainAndRestoreGoThroughTheChains(t *testing.T) {
 	if rc.rev != 2 || k.common[b.idx].StaticRate != 0 {
 		t.Fatalf("b restored at revision %d: share %v at once, want still 0 until confirmed", rc.rev, k.common[b.idx].StaticRate)
 	}
+	if k.common[b.idx].AwaitingShare || b.common(k).AwaitingShare {
+		t.Fatal("b's share of 0 before the restore is confirmed counts as awaited: it is the drained floor, a key must climb from it")
+	}
 	h.until(70 * time.Second)
 	if got := k.common[b.idx].StaticRate; got != static || h.w.configs.regions[b.idx].chain.Confirmed() != 2 {
 		t.Fatalf("b's share %v after the restore was confirmed (confirmed %d), want %v", got,

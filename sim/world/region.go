@@ -150,6 +150,8 @@ func (r *Region) common(k *keyInfo) luascripts.Common {
 	lease, margin := regionsync.StaticLease{UntilUS: r.staticUS}, regionsync.StaticMargin(r.w.epoch)
 	sh := regionsync.Choose(r.redisNowUS(), lease, margin, static, regionsync.FloorOf(static, k.res))
 	c.StaticRate, c.StaticBurst = sh.Rate, sh.Burst
+	// Off its lease the region runs its floor: no share is awaited there.
+	c.AwaitingShare = c.AwaitingShare && regionsync.OnStatic(r.redisNowUS(), lease, margin)
 	// The simulated Redis runs a script at the instant of the choice, so
 	// the deadline the regional service gives it never passes.
 	c.DeadlineUS = regionsync.ScriptDeadline(r.redisNowUS(), lease, margin)

@@ -6,8 +6,9 @@
 --
 -- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set, generation (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last four: generation seen,
---             deadline, candidate member and mark interval (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last five: share awaited,
+--             generation seen, deadline, candidate member and mark
+--             interval (see lib.lua)
 -- ARGV[8]     cost (tokens, >= 1)
 -- Reply: { allowed(0|1), remaining, retry_ms, reset_ms, rate, cap, now_us,
 --          reclaimed, generation, reborn(0|1) }
@@ -28,5 +29,7 @@ else
   retry = wait_ms(cost)
 end
 cand_check()
-save_bucket()
+-- A held key (see lib.lua, "Awaited share") keeps its demand alone: its
+-- bucket stays missing, to be born at its cap once its share arrives.
+if HOLD then save_held() else save_bucket() end
 return gen_reply({ allowed, math.floor(B.tk), retry, reset_ms(), f17(rate_now()), f17(cap_now()), NOW, RECLAIMED })

@@ -20,8 +20,13 @@
 --                                 den tokens denied (cumulative counter)
 --                                 dr  Σ of the live leases' dr (milli-
 --                                     tokens/s, integer: exact sums)
---                                 sd  tokens decided by the strict path
---                                     (cumulative counter)
+--                                 sd  tokens decided by the strict path,
+--                                     and asked by lease requests held
+--                                     (see "Awaited share"; cumulative
+--                                     counter)
+--                        A hash without ts is no bucket: it is a held
+--                        key's demand alone (sd, den and the candidate
+--                        fields; see "Awaited share").
 -- KEYS[2]  lease hash    field = instance id, value =
 --                                 "g u r seq exp lg lt pd dr au ad ar le
 --                                 inc": granted, used, returned (cumulative
@@ -78,13 +83,14 @@
 --   ARGV[6] reap budget          expired leases reaped per call (bounded work)
 --   ARGV[7] demand window        ms: the shortest window a lease's demand
 --                                rate is measured over
--- Script-specific ARGV start at 8. The last four ARGV (ARGC - 3 .. ARGC:
--- see clock.lua) are, for every script but born, the highest generation
--- of the data set the caller has seen (see "Rollback"; '0' = none), the
--- deadline, the candidate member and the mark interval (ms; '0' = never
--- mark). Every reply ends with the data set's generation after the call
--- and reborn (0|1: this call found the data set gone back in time and
--- re-birthed it).
+-- Script-specific ARGV start at 8. The last five ARGV (ARGC - 4 .. ARGC:
+-- see clock.lua) are, for every script but born, the share awaited ('1':
+-- see "Awaited share"; '0' otherwise), the highest generation of the data
+-- set the caller has seen (see "Rollback"; '0' = none), the deadline, the
+-- candidate member and the mark interval (ms; '0' = never mark). Every
+-- reply ends with the data set's generation after the call and reborn
+-- (0|1: this call found the data set gone back in time and re-birthed
+-- it).
 --
 -- Rollback. A data set restored from an older snapshot (RDB or AOF), or a
 -- replica promoted while it lagged, keeps its born sentinel: its buckets
@@ -119,6 +125,36 @@
 -- the end of that bound; a call whose NOW is past it changes nothing and
 -- answers the error 'TOOLATE <now> <deadline>' (in a batch, as that key's
 -- entry), which the caller treats as a Redis that did not answer in time.
+--
+-- Awaited share. A missing bucket is created holding what it would hold
+-- had it been idle since its data set's birth: full at its cap, unless
+-- the birth is recent (see load_bucket). One created while its cap is 0
+-- is created empty and from then on only refills; so a key first used
+-- while the region's static burst for it is 0, and given a share a round
+-- later, would start that share empty and reach it only at its rate (a
+-- class of 100 an hour: most of the hour), where a key first used a round
+-- later starts full. A cap of 0 has two kinds of cause, and the caller,
+-- which knows which, says so:
+--   - a floor: the region is drained, or off its static lease, at a
+--     partition_share that leaves it nothing. The global tier may have
+--     given the region's share to the others, so the region must climb
+--     back from nothing, through fenced grants or its refill: a missing
+--     bucket is created empty, as always ('0');
+--   - a share awaited: every config the region runs that knows the key
+--     gives it a share, and the 0 comes only from one that does not know
+--     the key's class (or the region) at all, until the global tier
+--     confirms the newer config ('1', only while on the static lease).
+-- While a share is awaited, a call that would create the bucket at a cap
+-- of 0 with no lease record of the key holds the key instead: it opens no
+-- lease and writes no bucket, so the key stays missing and is born at its
+-- cap once the share arrives, as a key first used then would be; it
+-- answers as the empty bucket would (nothing granted, 'never'). The
+-- key's demand still shows: a held lease request adds its min (at least
+-- 1) and a held check its cost to sd (a check's cost to den too), which a
+-- hash without ts keeps (save_held), marked as any strict demand is
+-- (cand_check), read by state and carried into the bucket once it is
+-- born. A grant for a held key (set_rate) creates the bucket empty, as
+-- every grant does: a grant never starts full.
 --
 -- Invariants kept by every script:
 --   tk <= max(0, cap(now) - out)   (a region never holds more than its cap,
@@ -157,6 +193,9 @@
 -- per key of a batch (see batch.lua); nothing of one key's call is left
 -- for the next.
 local SR, SB, LTTL, RECLAIM, WAIT, REAPMAX, DWIN, NOW, DEADLINE
+-- AWAIT: the caller's cap of 0 is a share awaited, not a floor; HOLD: this
+-- call holds the key (see "Awaited share").
+local AWAIT, HOLD
 -- BORN is the data set's birth (µs) with the restart guard on (WAIT > 0);
 -- GEN its generation as this call leaves it (so far); GENSEEN the highest
 -- the caller has seen; REBORN is set when this call re-birthed it (see
@@ -272,7 +311,7 @@ local function load_bucket()
     -- lost. Gone, with its lease records and expiry set, it is a bucket
     -- missing from the newly born data set.
     redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-    raw[2] = false
+    raw = {}
   end
   if not raw[2] then
     -- A missing bucket is trusted to be full only when its data set is old
@@ -288,8 +327,11 @@ local function load_bucket()
     -- restarted empty has lost its sentinel with the buckets, so the first
     -- bucket created in it dates the data set from NOW, whatever the
     -- caller believed before the restart.
+    -- A held key's demand (a hash without ts, see "Awaited share") goes
+    -- on in the bucket.
     B.missing = true
-    B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd = 0, 0, 0, 0, 0, 0, 0, 0, 0
+    B.gr, B.gb, B.ge, B.out, B.adm, B.gs, B.dr = 0, 0, 0, 0, 0, 0, 0
+    B.den, B.sd = tonumber(raw[8]) or 0, tonumber(raw[11]) or 0
     B.tk, B.rm = 0, 0
     B.ts = BORN + WAIT * 1000
     return
@@ -748,6 +790,18 @@ local function save_bucket(ttl)
   renew_ttls(ttl)
 end
 
+-- save_held writes a held call's demand (see "Awaited share"): the demand
+-- fields alone, no ts, so every script still finds the bucket missing. No
+-- token is stored, so neither the born sentinel nor the generation is
+-- written. It lives as long as a bucket lives at the least (2 x lease TTL
+-- + 1 s): long enough for the region leader's readings of it.
+local function save_held()
+  redis.call('HSET', KEYS[1], 'sd', i0(B.sd), 'den', i0(B.den))
+  local ttl = 2 * LTTL + 1000
+  if not (ttl < MAXMS) then ttl = MAXMS end
+  redis.call('PEXPIRE', KEYS[1], i0(ttl))
+end
+
 -- Candidates. The region leader reports to the global tier only the keys
 -- that need it, and never scans the key space to find them: the scripts
 -- that apply demand or grants mark such a key into its slot's candidate
@@ -834,10 +888,14 @@ local function begin(keys, argv)
   CAND_MEMBER = ARGV[ARGC - 1]
   MARKEVERY = (tonumber(ARGV[ARGC]) or 0) * 1000
   GENSEEN = tonumber(ARGV[ARGC - 3]) or 0
+  AWAIT = ARGV[ARGC - 4] == '1'
   load_born()
   load_bucket()
   refill()
   TTL = bucket_ttl(B.gb, B.ge)
+  -- A missing bucket (no grant) at a static cap of 0 that is a share
+  -- awaited, with no lease record: the call holds the key.
+  HOLD = AWAIT and B.missing and SB == 0 and redis.call('HLEN', KEYS[2]) == 0
 end
 
 -- gen_reply appends the data set's generation after the call and reborn
@@ -920,6 +978,7 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
   reap(REAPMAX)
   local L = own_lease(id)
   local granted, ttl, retry, dup, conflict, back = 0, LTTL, 0, 0, 0, 0
+  local held = false
   local kind = 'new'
   if L then kind = report_kind(L, inc, le, seq, tu, td, tr) end
   -- carry: the demand rate a superseded record leaves to the lease that
@@ -938,6 +997,14 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     dup = 1
     if kind == 'retry' then granted = L.lg end
     ttl = math.floor((L.exp - NOW) / 1000)
+  elseif HOLD and create and want > 0 then
+    -- Held (see "Awaited share"): no lease and no bucket; what the
+    -- request needs is the key's demand.
+    if min < 1 then min = 1 end
+    B.sd = B.sd + min
+    retry = wait_ms(min)
+    ttl = 0
+    held = true
   elseif L or (create and want > 0) then
     if L then
       back = apply_usage(L, tu - L.au, td - L.ad, tr - L.ar, built)
@@ -978,6 +1045,9 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
   if L or not B.missing or LEASES then
     cand_check()
     save_bucket()
+  elseif held then
+    cand_check()
+    save_held()
   end
   local live = redis.call('HLEN', KEYS[2])
   return gen_reply({ granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED, conflict, back })

@@ -4,8 +4,9 @@
 --
 -- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set, generation (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last four: generation seen,
---             deadline, candidate member and mark interval (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last five: share awaited,
+--             generation seen, deadline, candidate member and mark
+--             interval (see lib.lua)
 -- Reply: { admitted, denied, rate, cap, grant_expiry_us, tokens, outstanding,
 --          now_us, lease_demand_mtps, strict_demand, reclaimed }  rate and
 --          cap as '%.17g' (exact), tokens as '%.6f'; admitted, denied and
@@ -25,7 +26,9 @@
 -- ever brought up to the moment of a call), and the reply is the same as
 -- a writing read's.
 reap(REAPMAX)
-if STAMP or LEASES then
+-- A held key (lib.lua, "Awaited share") stays missing: the born sentinel
+-- is dated by the next call that creates a bucket, or the regional guard.
+if (STAMP and not HOLD) or LEASES then
   save_bucket()
 elseif not B.missing then
   renew_ttls(TTL)

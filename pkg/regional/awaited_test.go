@@ -1,0 +1,218 @@
+package regional_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/configtest"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// hourlyConfig is two regions of equal weight with class write and, when
+// hourly, class hourly: 100 an hour, burst 100 (50 and 50/h in each
+// region), partition_share 0. us is drained when drained.
+func hourlyConfig(t *testing.T, hourly, drained bool) *config.Config {
+	t.Helper()
+	classes, limits := "write: {mode: lease}", "write: {rate: 100/s, burst: 100}"
+	if hourly {
+		classes += ", hourly: {mode: lease, partition_share: 0}"
+		limits += ", hourly: {rate: 100/h, burst: 100}"
+	}
+	c, err := config.Parse(fmt.Appendf(nil, `
+regions: {eu: {weight: 1}, us: {weight: 1, drained: %v}}
+classes: {%s}
+tiers: {free: {%s}}
+default_tier: free
+`, drained, classes, limits))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// awaitedRegion is one region of the test: its config source, its
+// service, its Redis and its leader.
+type awaitedRegion struct {
+	src    *configtest.Source
+	srv    *regional.Server
+	rdb    *redis.Client
+	leader *regional.Leader
+	seq    uint64
+}
+
+// startAwaitedRegions starts eu and us on cfg (revision 10), each with its
+// own real redis-server and region leader reporting to the allocator
+// daemon's service.
+func startAwaitedRegions(ctx context.Context, t *testing.T, prefix string, cfg *config.Config) (*configtest.Source, map[string]*awaitedRegion) {
+	t.Helper()
+	cli := etcdtest.Start(t).Client(t)
+	globalSrc := configtest.NewSource(cfg, 10)
+	d := startLeadingAllocator(ctx, t, cli, prefix, globalSrc)
+	regions := map[string]*awaitedRegion{}
+	for _, name := range []string{"eu", "us"} {
+		src := configtest.NewSource(cfg, 10)
+		rdb := redistest.Start(t).Client()
+		srv, err := regional.New(regional.Options{Region: name, Redis: rdb, Config: src})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		l, err := regional.NewLeader(srv, regional.LeaderOptions{
+			Etcd: cli, ElectionPrefix: prefix + "/election/", Global: serviceTier{d.Service}, Identity: name,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		regions[name] = &awaitedRegion{src: src, srv: srv, rdb: rdb, leader: l}
+	}
+	return globalSrc, regions
+}
+
+func (r *awaitedRegion) sync(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := r.leader.SyncOnce(ctx, nil); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+}
+
+// acquire asks for a new lease of want tokens of key (min 1), as a lease
+// client with nothing does, and returns what was granted.
+func (r *awaitedRegion) acquire(ctx context.Context, t *testing.T, key *sluicev1.QuotaKey, want int64) *sluicev1.Grant {
+	t.Helper()
+	r.seq++
+	resp, err := r.srv.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: "poller", Incarnation: 1,
+		Report: &sluicev1.KeyReport{Key: key, Seq: r.seq, Lease: r.seq, Want: want, Min: 1}})
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	return resp.GetGrant()
+}
+
+// staticBurst is the static burst the region hands its scripts for key.
+func (r *awaitedRegion) staticBurst(t *testing.T, key quota.Key) float64 {
+	t.Helper()
+	_, c, _, err := r.srv.CommonFor(r.src.Current(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.StaticBurst
+}
+
+// hasBucket says whether the key's bucket exists in the region's Redis.
+func (r *awaitedRegion) hasBucket(ctx context.Context, t *testing.T, key quota.Key) bool {
+	t.Helper()
+	ok, err := r.rdb.HExists(ctx, luascripts.KeysFor(luascripts.DefaultPrefix, key).Bucket, "ts").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// TestNewClassUsedBeforeItsConfirmationStartsFull: a class added to the
+// config runs a static share of 0 in a region until the global tier
+// confirms the config (a raise waits for every region). A poller using it
+// in that window is refused; once the confirmation reaches the region, the
+// class admits its full burst there, as it does for a key first used then.
+// Real Redis per region, the real allocator daemon, the real region
+// leaders' reports. Before the fix the window's first request created the
+// bucket empty, and after the confirmation it granted nothing: 50/h refills
+// a token in 72 s.
+func TestNewClassUsedBeforeItsConfirmationStartsFull(t *testing.T) {
+	ctx := context.Background()
+	old, added := hourlyConfig(t, false, false), hourlyConfig(t, true, false)
+	globalSrc, regions := startAwaitedRegions(ctx, t, "/aw", old)
+	eu, us := regions["eu"], regions["us"]
+	eu.sync(ctx, t)
+	us.sync(ctx, t)
+	eu.sync(ctx, t) // revision 10 confirmed, static leases conferred
+	write := quota.Key{Tenant: "acme", Class: "write"}
+	if b := eu.staticBurst(t, write); b != 50 {
+		t.Fatalf("eu's static burst of write %v, want 50 (on its static lease)", b)
+	}
+
+	globalSrc.Set(added, 20)
+	eu.src.Set(added, 20)
+	us.src.Set(added, 20)
+	hourly := quota.Key{Tenant: "acme", Class: "hourly"}
+	key := qk(hourly.Tenant, hourly.Class)
+	if b := eu.staticBurst(t, hourly); b != 0 {
+		t.Fatalf("eu's static burst of the new class before confirmation %v, want 0", b)
+	}
+	// The window: the poller asks between every report.
+	for _, step := range []func(){func() { eu.sync(ctx, t) }, func() { us.sync(ctx, t) }, func() {}} {
+		if g := eu.acquire(ctx, t, key, 50); g.GetGranted() != 0 || g.GetRegionBurst() != 0 {
+			t.Fatalf("before confirmation: granted %d at a cap of %v, want nothing at 0", g.GetGranted(), g.GetRegionBurst())
+		}
+		if eu.hasBucket(ctx, t, hourly) {
+			t.Error("a request before confirmation created the new class's bucket")
+		}
+		step()
+	}
+	eu.sync(ctx, t) // the confirmation of revision 20 reaches eu
+	if b := eu.staticBurst(t, hourly); b != 50 {
+		t.Fatalf("eu's static burst of the new class after confirmation %v, want 50", b)
+	}
+	if g := eu.acquire(ctx, t, key, 50); g.GetGranted() != 50 {
+		t.Fatalf("after confirmation: granted %d of eu's burst 50 (cap %v)", g.GetGranted(), g.GetRegionBurst())
+	}
+}
+
+// TestDrainedRegionComesBackWithoutABurst: a region drained at a
+// partition_share of 0 runs the key at a cap of 0; a key used there
+// meanwhile keeps an empty bucket, so when the region is restored (a
+// raise, applied once the global tier confirms it) it climbs from nothing
+// at its rate: it admits no more than r_r·t after it comes back. The
+// global tier may have given its share to the other region while it was
+// drained, so a full burst there would exceed b + r·t.
+func TestDrainedRegionComesBackWithoutABurst(t *testing.T) {
+	ctx := context.Background()
+	drained, restored := hourlyConfig(t, true, true), hourlyConfig(t, true, false)
+	globalSrc, regions := startAwaitedRegions(ctx, t, "/dr", drained)
+	eu, us := regions["eu"], regions["us"]
+	eu.sync(ctx, t)
+	us.sync(ctx, t)
+	eu.sync(ctx, t)
+	us.sync(ctx, t)
+	hourly := quota.Key{Tenant: "acme", Class: "hourly"}
+	key := qk(hourly.Tenant, hourly.Class)
+	if b := us.staticBurst(t, hourly); b != 0 {
+		t.Fatalf("drained us's static burst %v, want its floor 0", b)
+	}
+	if g := us.acquire(ctx, t, key, 50); g.GetGranted() != 0 {
+		t.Fatalf("drained us granted %d", g.GetGranted())
+	}
+	if !us.hasBucket(ctx, t, hourly) {
+		t.Fatal("a key used in a drained region at a floor of 0 was held, not created empty")
+	}
+
+	start := time.Now()
+	globalSrc.Set(restored, 20)
+	eu.src.Set(restored, 20)
+	us.src.Set(restored, 20)
+	eu.sync(ctx, t)
+	us.sync(ctx, t)
+	eu.sync(ctx, t)
+	us.sync(ctx, t) // the restore is confirmed to us
+	if b := us.staticBurst(t, hourly); b != 50 {
+		t.Fatalf("restored us's static burst %v, want 50", b)
+	}
+	var admitted int64
+	for range 5 {
+		admitted += us.acquire(ctx, t, key, 50).GetGranted()
+	}
+	// us's rate since the restore began is at most its share, 50 an hour.
+	if bound := math.Floor(50.0 / 3600 * time.Since(start).Seconds()); float64(admitted) > bound {
+		t.Fatalf("restored us admitted %d within %v of the restore, above r_us·t = %v", admitted, time.Since(start), bound)
+	}
+}
