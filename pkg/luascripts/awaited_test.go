@@ -1,34 +1,20 @@
 package luascripts
 
 import (
-	"context"
-	"reflect"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// awaitedRig runs each call through the Lua scripts on a real redis-server
-// and through Model at the same virtual instant, and requires identical
-// replies and stored state.
-type awaitedRig struct {
-	t   *testing.T
-	ctx context.Context
-	rdb *redis.Client
-	sc  *Scripts
-	m   *Model
-	now int64
-}
+// awaitedRig is a twin (the Lua scripts on a real redis-server and Model
+// at the same virtual instant, replies and stored state alike) that can
+// date its data set's birth and move its clock.
+type awaitedRig struct{ *twin }
 
 func newAwaitedRig(t *testing.T) *awaitedRig {
-	srv := redistest.Start(t)
-	r := &awaitedRig{t: t, ctx: context.Background(), rdb: srv.Client(), sc: newVirtual(), m: NewModel(),
-		now: int64(1_700_000_000_000_000)}
-	r.sc.setNow(r.now)
+	r := &awaitedRig{newTwin(t)}
+	r.at(1_700_000_000_000_000)
 	return r
 }
 
@@ -46,54 +32,8 @@ func (r *awaitedRig) stampLongAgo(k Keys) {
 }
 
 func (r *awaitedRig) advance(d time.Duration) {
-	r.now += d.Microseconds()
-	if gone := r.m.ExpireDue(r.now); len(gone) > 0 {
-		if err := r.rdb.Del(r.ctx, gone...).Err(); err != nil {
-			r.t.Fatal(err)
-		}
-	}
-	r.sc.setNow(r.now)
-}
-
-func (r *awaitedRig) same(what string, got, want any, err error) {
-	r.t.Helper()
-	if err != nil {
-		r.t.Fatalf("%s: %v", what, err)
-	}
-	if !reflect.DeepEqual(got, want) {
-		r.t.Fatalf("%s: lua %+v, model %+v", what, got, want)
-	}
-	if st, ms := snapshot(r.ctx, r.t, r.rdb), r.m.Snapshot(); !reflect.DeepEqual(st, ms) {
-		r.t.Fatalf("%s: state differs\n redis: %v\n model: %v", what, st, ms)
-	}
-}
-
-func (r *awaitedRig) acquire(k Keys, c Common, rep Report) LeaseReply {
-	r.t.Helper()
-	got, err := r.sc.Acquire(r.ctx, r.rdb, k, c, rep)
-	r.same("acquire", got, r.m.Acquire(r.now, k, c, rep), err)
-	return got
-}
-
-func (r *awaitedRig) check(k Keys, c Common, cost int64) CheckReply {
-	r.t.Helper()
-	got, err := r.sc.Check(r.ctx, r.rdb, k, c, cost)
-	r.same("check", got, r.m.Check(r.now, k, c, cost), err)
-	return got
-}
-
-func (r *awaitedRig) state(k Keys, c Common) State {
-	r.t.Helper()
-	got, err := r.sc.State(r.ctx, r.rdb, k, c)
-	r.same("state", got, r.m.State(r.now, k, c), err)
-	return got
-}
-
-func (r *awaitedRig) setRate(k Keys, c Common, rate, burst float64, expUS, issuedUS int64) SetRateReply {
-	r.t.Helper()
-	got, err := r.sc.SetRate(r.ctx, r.rdb, k, c, rate, burst, expUS, issuedUS)
-	r.same("set_rate", got, r.m.SetRate(r.now, k, c, rate, burst, expUS, issuedUS), err)
-	return got
+	r.at(r.now + d.Microseconds())
+	r.expire()
 }
 
 func (r *awaitedRig) hasBucket(k Keys) bool {
