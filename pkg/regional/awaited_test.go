@@ -41,9 +41,9 @@ default_tier: free
 	return c
 }
 
-// awaitedRegion is one region of the test: its config source, its
+// leadRegion is one region of the test: its config source, its
 // service, its Redis and its leader.
-type awaitedRegion struct {
+type leadRegion struct {
 	src    *configtest.Source
 	srv    *regional.Server
 	rdb    *redis.Client
@@ -51,15 +51,15 @@ type awaitedRegion struct {
 	seq    uint64
 }
 
-// startAwaitedRegions starts eu and us on cfg (revision 10), each with its
+// startLeadRegions starts eu and us on cfg (revision 10), each with its
 // own real redis-server and region leader reporting to the allocator
 // daemon's service.
-func startAwaitedRegions(ctx context.Context, t *testing.T, prefix string, cfg *config.Config) (*configtest.Source, map[string]*awaitedRegion) {
+func startLeadRegions(ctx context.Context, t *testing.T, prefix string, cfg *config.Config) (*configtest.Source, map[string]*leadRegion) {
 	t.Helper()
 	cli := etcdtest.Start(t).Client(t)
 	globalSrc := configtest.NewSource(cfg, 10)
 	d := startLeadingAllocator(ctx, t, cli, prefix, globalSrc)
-	regions := map[string]*awaitedRegion{}
+	regions := map[string]*leadRegion{}
 	for _, name := range []string{"eu", "us"} {
 		src := configtest.NewSource(cfg, 10)
 		rdb := redistest.Start(t).Client()
@@ -74,12 +74,12 @@ func startAwaitedRegions(ctx context.Context, t *testing.T, prefix string, cfg *
 		if err != nil {
 			t.Fatal(err)
 		}
-		regions[name] = &awaitedRegion{src: src, srv: srv, rdb: rdb, leader: l}
+		regions[name] = &leadRegion{src: src, srv: srv, rdb: rdb, leader: l}
 	}
 	return globalSrc, regions
 }
 
-func (r *awaitedRegion) sync(ctx context.Context, t *testing.T) {
+func (r *leadRegion) sync(ctx context.Context, t *testing.T) {
 	t.Helper()
 	if err := r.leader.SyncOnce(ctx, nil); err != nil {
 		t.Fatalf("sync: %v", err)
@@ -88,7 +88,7 @@ func (r *awaitedRegion) sync(ctx context.Context, t *testing.T) {
 
 // acquire asks for a new lease of want tokens of key (min 1), as a lease
 // client with nothing does, and returns what was granted.
-func (r *awaitedRegion) acquire(ctx context.Context, t *testing.T, key *sluicev1.QuotaKey, want int64) *sluicev1.Grant {
+func (r *leadRegion) acquire(ctx context.Context, t *testing.T, key *sluicev1.QuotaKey, want int64) *sluicev1.Grant {
 	t.Helper()
 	r.seq++
 	resp, err := r.srv.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: "poller", Incarnation: 1,
@@ -100,7 +100,7 @@ func (r *awaitedRegion) acquire(ctx context.Context, t *testing.T, key *sluicev1
 }
 
 // staticBurst is the static burst the region hands its scripts for key.
-func (r *awaitedRegion) staticBurst(t *testing.T, key quota.Key) float64 {
+func (r *leadRegion) staticBurst(t *testing.T, key quota.Key) float64 {
 	t.Helper()
 	_, c, _, err := r.srv.CommonFor(r.src.Current(), key)
 	if err != nil {
@@ -110,7 +110,7 @@ func (r *awaitedRegion) staticBurst(t *testing.T, key quota.Key) float64 {
 }
 
 // hasBucket says whether the key's bucket exists in the region's Redis.
-func (r *awaitedRegion) hasBucket(ctx context.Context, t *testing.T, key quota.Key) bool {
+func (r *leadRegion) hasBucket(ctx context.Context, t *testing.T, key quota.Key) bool {
 	t.Helper()
 	ok, err := r.rdb.HExists(ctx, luascripts.KeysFor(luascripts.DefaultPrefix, key).Bucket, "ts").Result()
 	if err != nil {
@@ -131,7 +131,7 @@ func (r *awaitedRegion) hasBucket(ctx context.Context, t *testing.T, key quota.K
 func TestNewClassUsedBeforeItsConfirmationStartsFull(t *testing.T) {
 	ctx := context.Background()
 	old, added := hourlyConfig(t, false, false), hourlyConfig(t, true, false)
-	globalSrc, regions := startAwaitedRegions(ctx, t, "/aw", old)
+	globalSrc, regions := startLeadRegions(ctx, t, "/aw", old)
 	eu, us := regions["eu"], regions["us"]
 	eu.sync(ctx, t)
 	us.sync(ctx, t)
@@ -178,7 +178,7 @@ func TestNewClassUsedBeforeItsConfirmationStartsFull(t *testing.T) {
 func TestDrainedRegionComesBackWithoutABurst(t *testing.T) {
 	ctx := context.Background()
 	drained, restored := hourlyConfig(t, true, true), hourlyConfig(t, true, false)
-	globalSrc, regions := startAwaitedRegions(ctx, t, "/dr", drained)
+	globalSrc, regions := startLeadRegions(ctx, t, "/dr", drained)
 	eu, us := regions["eu"], regions["us"]
 	eu.sync(ctx, t)
 	us.sync(ctx, t)

@@ -12,13 +12,10 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/configtest"
-	"github.com/sluicehq/sluice/internal/etcdtest"
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
-	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 // startLeadingAllocator starts an allocator daemon on loopback ports under
@@ -70,32 +67,8 @@ default_tier: free
 // region, the real allocator daemon, the real region leader's reports.
 func TestWeightRaiseWaitsForEveryRegion(t *testing.T) {
 	ctx := context.Background()
-	etcd := etcdtest.Start(t)
-	cli := etcd.Client(t)
 	old, grown := weightsConfig(t, 1, 1), weightsConfig(t, 3, 1) // eu 50/s → 75/s, us 50/s → 25/s
-	globalSrc := configtest.NewSource(old, 10)
-	d := startLeadingAllocator(ctx, t, cli, "/cc", globalSrc)
-	type region struct {
-		src    *configtest.Source
-		srv    *regional.Server
-		leader *regional.Leader
-	}
-	regions := map[string]*region{}
-	for _, name := range []string{"eu", "us"} {
-		src := configtest.NewSource(old, 10)
-		srv, err := regional.New(regional.Options{Region: name, Redis: redistest.Start(t).Client(), Config: src})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(srv.Close)
-		l, err := regional.NewLeader(srv, regional.LeaderOptions{
-			Etcd: cli, ElectionPrefix: "/cc/election/", Global: serviceTier{d.Service}, Identity: name,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		regions[name] = &region{src: src, srv: srv, leader: l}
-	}
+	globalSrc, regions := startLeadRegions(ctx, t, "/cc", old)
 	key := quota.Key{Tenant: "acme", Class: "write"}
 	static := func(name string) float64 {
 		r := regions[name]
@@ -147,33 +120,8 @@ func near(a, b float64) bool { return a >= b*(1-1e-9)-1e-9 && a <= b*(1+1e-9)+1e
 // confirmation, then revision 10 once every region reported it, then 20.
 func TestLeaderStoresTheConfirmedRevisionForItsReplicas(t *testing.T) {
 	ctx := context.Background()
-	etcd := etcdtest.Start(t)
-	cli := etcd.Client(t)
 	old, grown := weightsConfig(t, 1, 1), weightsConfig(t, 3, 1)
-	globalSrc := configtest.NewSource(old, 10)
-	d := startLeadingAllocator(ctx, t, cli, "/cs", globalSrc)
-	type region struct {
-		src    *configtest.Source
-		rdb    *redis.Client
-		leader *regional.Leader
-	}
-	regions := map[string]*region{}
-	for _, name := range []string{"eu", "us"} {
-		src := configtest.NewSource(old, 10)
-		rdb := redistest.Start(t).Client()
-		srv, err := regional.New(regional.Options{Region: name, Redis: rdb, Config: src})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(srv.Close)
-		l, err := regional.NewLeader(srv, regional.LeaderOptions{
-			Etcd: cli, ElectionPrefix: "/cs/election/", Global: serviceTier{d.Service}, Identity: name,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		regions[name] = &region{src: src, rdb: rdb, leader: l}
-	}
+	globalSrc, regions := startLeadRegions(ctx, t, "/cs", old)
 	sync := func(name string) {
 		t.Helper()
 		if err := regions[name].leader.SyncOnce(ctx, nil); err != nil {
