@@ -56,6 +56,11 @@ func TestLuaMatchesModel(t *testing.T) {
 			}
 			if c.StaticBurst == 0 {
 				c.AwaitingShare = rapid.Bool().Draw(rt, "awaiting")
+				// A floor of 0, or a class not known yet: no rate either.
+				if rapid.Bool().Draw(rt, "zero_rate") {
+					c.StaticRate = 0
+				}
+				c.ShareFill = time.Duration(rapid.SampledFrom([]int{0, 1, 2500, 3_600_000}).Draw(rt, "share_fill_ms")) * time.Millisecond
 			}
 			if rapid.Bool().Draw(rt, "guarded") {
 				c.RestartWait = time.Duration(rapid.IntRange(1, 10_000).Draw(rt, "restart_wait_ms")) * time.Millisecond

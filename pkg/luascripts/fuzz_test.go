@@ -85,8 +85,20 @@ func FuzzScriptsMatchModel(f *testing.F) {
 		}
 		if c.StaticBurst == 0 {
 			// A cap of 0 is a floor or a share awaited: held calls must
-			// never let the region hold more than the shadow either.
-			c.AwaitingShare = in.pick(2) == 0
+			// never let the region hold more than the shadow either. Its
+			// rate is 0 too on a floor of 0 (drained, off the static
+			// lease at partition_share 0) and while a class is not known
+			// yet; the share's fill time is known to the regional service
+			// (keys live twice it), not to tools (2 x lease TTL). One
+			// choice, read as before for the share awaited.
+			v := in.pick(8)
+			c.AwaitingShare = v%2 == 0
+			if v&2 != 0 {
+				c.StaticRate = 0
+			}
+			if v&4 != 0 {
+				c.ShareFill = 7 * time.Second
+			}
 		}
 		runFuzzOps(t, ctx, rdb, sc, c, now, born, in)
 	})

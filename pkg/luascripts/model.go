@@ -462,7 +462,10 @@ func (o *op) givebackMS(need float64, l *modelLease, live float64) float64 {
 	return 2 * float64(o.c.DemandWindow.Milliseconds())
 }
 
-// bucketTTL mirrors lib.lua's bucket_ttl.
+// bucketTTL mirrors lib.lua's bucket_ttl: at a static cap of 0 the keys
+// live twice the share's fill time (Common.ShareFill), at least 2 x lease
+// TTL, after the grant; a static rate of 0 under a cap above 0 keeps the
+// largest TTL.
 func (o *op) bucketTTL(gb, ge float64) float64 {
 	capmax := o.sb()
 	gleft := 0.0
@@ -472,7 +475,16 @@ func (o *op) bucketTTL(gb, ge float64) float64 {
 		}
 		gleft = math.Ceil((ge - o.now) / 1000)
 	}
-	ttl := gleft + math.Ceil(float64(2000*capmax)/o.sr())
+	refills := 0.0
+	if o.sr() > 0 {
+		refills = math.Ceil(float64(2000*capmax) / o.sr())
+	} else if o.sb() > 0 {
+		refills = maxMS
+	}
+	if fill := float64(o.c.fillMS()); o.sb() <= 0 && refills < 2*fill {
+		refills = 2 * fill
+	}
+	ttl := gleft + refills
 	if ttl < 2*o.lttl() {
 		ttl = 2 * o.lttl()
 	}

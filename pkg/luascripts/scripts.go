@@ -5,6 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -19,8 +20,10 @@ var luaFS embed.FS
 // Common are the per-key settings every script takes, derived by the
 // regional service from the config. All fields are required.
 type Common struct {
-	// StaticRate is the region's static share s_r (tokens/s, > 0), used
-	// whenever no grant from the global tier is valid.
+	// StaticRate is the region's static share s_r (tokens/s, >= 0), used
+	// whenever no grant from the global tier is valid: 0 on a floor of 0
+	// (drained, or off the static lease at partition_share 0) and while a
+	// share is awaited.
 	StaticRate float64
 	// StaticBurst is the region's static burst cap (tokens, >= 0).
 	StaticBurst float64
@@ -71,6 +74,39 @@ type Common struct {
 	// the key is born at its cap once the share arrives, as a key first
 	// used then would be; its demand is kept (lib.lua, "Awaited share").
 	AwaitingShare bool
+	// ShareFill is how long the key's static share, without a floor,
+	// takes to refill its burst: the class's burst over its rate, which
+	// bounds every region's share (whole milliseconds, rounded up). A
+	// key's TTL is twice its refills at the static rate; at a static cap
+	// of 0 (a floor, or a share awaited) that bound is the share coming
+	// back, and the keys live twice ShareFill after their last write (or
+	// the end of a grant in force), at least 2 x LeaseTTL, plus a second
+	// (lib.lua, bucket_ttl). 0: not known (tests, tools): 2 x LeaseTTL.
+	ShareFill time.Duration
+}
+
+// FillTime is how long rate (tokens/s) takes to refill burst (tokens):
+// Common.ShareFill for a key whose class has these limits (every region's
+// static share refills its burst within it). 0 for a rate or burst that
+// is not positive; at most the largest TTL the scripts set (2^43 ms).
+func FillTime(rate, burst float64) time.Duration {
+	if !(rate > 0) || !(burst > 0) {
+		return 0
+	}
+	s := burst / rate
+	if !(s < maxMS/1000) {
+		return maxMS * time.Millisecond
+	}
+	return time.Duration(math.Ceil(s * 1e9))
+}
+
+// fillMS is ShareFill in whole milliseconds, rounded up.
+func (c Common) fillMS() int64 {
+	ms := c.ShareFill / time.Millisecond
+	if c.ShareFill%time.Millisecond > 0 {
+		ms++
+	}
+	return int64(ms)
 }
 
 func (c Common) args(extra ...any) []any {
@@ -78,7 +114,7 @@ func (c Common) args(extra ...any) []any {
 	if c.Reclaim {
 		reclaim = "1"
 	}
-	a := make([]any, 0, 7+len(extra)+5)
+	a := make([]any, 0, 7+len(extra)+6)
 	a = append(a, fmtFloat(c.StaticRate), fmtFloat(c.StaticBurst), c.LeaseTTL.Milliseconds(), reclaim, c.RestartWait.Milliseconds(), c.ReapBudget,
 		c.DemandWindow.Milliseconds())
 	return append(a, extra...)
@@ -87,8 +123,8 @@ func (c Common) args(extra ...any) []any {
 // Validate checks the settings a script would otherwise trip over.
 func (c Common) Validate() error {
 	switch {
-	case !(c.StaticRate > 0) || isInf(c.StaticRate):
-		return fmt.Errorf("static rate %v must be a positive number", c.StaticRate)
+	case !(c.StaticRate >= 0) || isInf(c.StaticRate):
+		return fmt.Errorf("static rate %v must be a non-negative number", c.StaticRate)
 	case !(c.StaticBurst >= 0) || isInf(c.StaticBurst):
 		return fmt.Errorf("static burst %v must be a non-negative number", c.StaticBurst)
 	case c.LeaseTTL < time.Millisecond:
@@ -103,6 +139,8 @@ func (c Common) Validate() error {
 		return fmt.Errorf("mark interval %v must not be negative", c.MarkEvery)
 	case c.DeadlineUS < 0:
 		return fmt.Errorf("deadline %d must not be negative", c.DeadlineUS)
+	case c.ShareFill < 0:
+		return fmt.Errorf("share fill time %v must not be negative", c.ShareFill)
 	}
 	return nil
 }
@@ -317,16 +355,16 @@ func build(virtual bool) *Scripts {
 	return sc
 }
 
-// args is cm.args, the share awaited, the generation seen of k's data
-// set, the deadline and the candidate arguments of k (the member and the
-// mark interval: the last five, see lib.lua) and, for a virtual clock, the
-// current virtual now.
+// args is cm.args, the share's fill time, the share awaited, the
+// generation seen of k's data set, the deadline and the candidate
+// arguments of k (the member and the mark interval: the last six, see
+// lib.lua) and, for a virtual clock, the current virtual now.
 func (s *Scripts) args(k Keys, cm Common, extra ...any) []any {
 	awaiting := "0"
 	if cm.AwaitingShare {
 		awaiting = "1"
 	}
-	a := append(cm.args(extra...), awaiting, s.gens.Seen(k.Born), max(cm.DeadlineUS, 0), k.Member, cm.MarkEvery.Milliseconds())
+	a := append(cm.args(extra...), cm.fillMS(), awaiting, s.gens.Seen(k.Born), max(cm.DeadlineUS, 0), k.Member, cm.MarkEvery.Milliseconds())
 	if s.virtualNow != nil {
 		a = append(a, s.virtualNow.Load())
 	}

@@ -195,6 +195,17 @@ func TestDrainedRegionComesBackWithoutABurst(t *testing.T) {
 	if !us.hasBucket(ctx, t, hourly) {
 		t.Fatal("a key used in a drained region at a floor of 0 was held, not created empty")
 	}
+	// It does not stay for good: its keys live until the share, should it
+	// come back, would have refilled the bucket twice (100 an hour, burst
+	// 100: two hours), plus a second; not the largest TTL a division by
+	// the rate of 0 gave (docs/architecture.md, invariant 7).
+	rk := luascripts.KeysFor(luascripts.DefaultPrefix, hourly)
+	for _, name := range []string{rk.Bucket, rk.Leases} {
+		want := 2*time.Hour + time.Second
+		if ttl, err := us.rdb.PTTL(ctx, name).Result(); err != nil || ttl > want || ttl < want-time.Minute {
+			t.Fatalf("%s in the drained region: PTTL %v (%v), want %v", name, ttl, err, want)
+		}
+	}
 
 	start := time.Now()
 	globalSrc.Set(restored, 20)

@@ -273,6 +273,9 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		DeadlineUS:   deadline,
 
 		AwaitingShare: awaiting,
+		// At a static cap of 0 the keys live until the share, should it
+		// come back, would have refilled them (lib.lua, bucket_ttl).
+		ShareFill: luascripts.FillTime(res.Limit.Rate, float64(res.Limit.Burst)),
 	}, nil
 }
 

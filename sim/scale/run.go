@@ -225,7 +225,8 @@ func (s *sim) build(tracked []int) error {
 			k.floor[g] = regionsync.FloorOf(k.static[g], res)
 		}
 		k.common = luascripts.Common{LeaseTTL: leaseTTL, Reclaim: res.Class.Reclaim != config.ReclaimNone, ReapBudget: 16,
-			DemandWindow: s.cfg.DemandWindow(), RestartWait: restart, MarkEvery: s.mark}
+			DemandWindow: s.cfg.DemandWindow(), RestartWait: restart, MarkEvery: s.mark,
+			ShareFill: luascripts.FillTime(res.Limit.Rate, float64(res.Limit.Burst))}
 		k.level, k.ideal = k.burst, k.burst
 		s.keys = append(s.keys, k)
 		s.byQK[qk] = k

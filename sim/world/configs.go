@@ -9,6 +9,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
+	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/regionsync"
 	"github.com/sluicehq/sluice/sim/scenario"
 )
@@ -127,6 +128,7 @@ func (w *World) chainShares(r *Region) {
 		}
 		c := &k.common[r.idx]
 		c.AwaitingShare = burst == 0 && rc.chain.Awaiting(r.name, k.key, cur, res)
+		c.ShareFill = luascripts.FillTime(res.Limit.Rate, float64(res.Limit.Burst))
 		if c.StaticRate == rate && c.StaticBurst == burst {
 			continue
 		}

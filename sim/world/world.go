@@ -169,6 +169,7 @@ func (w *World) addKey(k quota.Key) (*keyInfo, error) {
 			MarkEvery:    regionsync.MarkEvery(w.epoch),
 			// The regional service always runs with its restart guard.
 			RestartWait: luascripts.RestartWait(w.leaseTTL, w.validity, w.epoch),
+			ShareFill:   luascripts.FillTime(res.Limit.Rate, float64(res.Limit.Burst)),
 		})
 	}
 	w.keys = append(w.keys, ki)

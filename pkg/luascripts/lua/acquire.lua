@@ -6,9 +6,9 @@
 --
 -- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set, generation (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last five: share awaited,
---             generation seen, deadline, candidate member and mark
---             interval (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last six: the share's fill
+--             time, share awaited, generation seen, deadline, candidate
+--             member and mark interval (see lib.lua)
 -- ARGV[8..18] as sync.lua
 -- Reply: as lease_op (lib.lua)
 return lease_op(ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]),

@@ -83,8 +83,10 @@
 --   ARGV[6] reap budget          expired leases reaped per call (bounded work)
 --   ARGV[7] demand window        ms: the shortest window a lease's demand
 --                                rate is measured over
--- Script-specific ARGV start at 8. The last five ARGV (ARGC - 4 .. ARGC:
--- see clock.lua) are, for every script but born, the share awaited ('1':
+-- Script-specific ARGV start at 8. The last six ARGV (ARGC - 5 .. ARGC:
+-- see clock.lua) are, for every script but born, the share's fill time
+-- (ms: how long the key's static share, without a floor, takes to refill
+-- its burst; '0' = not known: see bucket_ttl), the share awaited ('1':
 -- see "Awaited share"; '0' otherwise), the highest generation of the data
 -- set the caller has seen (see "Rollback"; '0' = none), the deadline, the
 -- candidate member and the mark interval (ms; '0' = never mark). Every
@@ -193,6 +195,8 @@
 -- per key of a batch (see batch.lua); nothing of one key's call is left
 -- for the next.
 local SR, SB, LTTL, RECLAIM, WAIT, REAPMAX, DWIN, NOW, DEADLINE
+-- FILL: the share's fill time (ms; 0 = not known), see bucket_ttl.
+local FILL
 -- AWAIT: the caller's cap of 0 is a share awaited, not a floor; HOLD: this
 -- call holds the key (see "Awaited share").
 local AWAIT, HOLD
@@ -319,7 +323,8 @@ local function load_bucket()
     -- ended: then it is as if the bucket had been empty since born + wait
     -- and had refilled at the static rate (refill credits it). A key that
     -- merely idled out is always full (its TTL is at least 2 x burst /
-    -- rate). Created before born + wait (inside the restart wait), it
+    -- rate; at a cap of 0, twice its share's fill time: see bucket_ttl).
+    -- Created before born + wait (inside the restart wait), it
     -- starts empty and earns nothing until the wait ends: ts stays there,
     -- in the future, and refill credits nothing while NOW < ts.
     -- The birth is read by begin, in the same atomic call, from the data
@@ -740,6 +745,22 @@ end
 -- dead). At most MAXMS (so PEXPIRE never refuses it; the config bounds
 -- keep real keys far below), formatted as an integer: a large Lua number
 -- would otherwise reach Redis in exponent form.
+--
+-- A static cap of 0 (a floor of 0: drained, or off the static lease at a
+-- partition_share that leaves the key nothing; or a share awaited) holds
+-- nothing once the grant ends, so a bucket recreated at it, empty, is what
+-- the old one is; the refills of the cap are no bound then (at a static
+-- rate of 0 they were a division by zero: MAXMS, so every key a drained
+-- region served stayed for good). The bound is the share coming back: the
+-- old bucket refills from its ts at the share's rate, a recreated one is
+-- born full (as a key the region never saw is). They agree once the old
+-- one is at least the share's fill time old: so at a cap of 0 the key
+-- lives twice FILL (the share's burst over its rate, which the caller
+-- knows and the floor hides) after the grant, at least 2 x lease TTL.
+-- Without FILL (0: tests, tools) it lives 2 x lease TTL. A static rate of
+-- 0 under a cap above 0 (no caller passes one) never refills it: a
+-- recreated bucket, full, would hold more than the old one ever again,
+-- so such a key keeps MAXMS.
 local function bucket_ttl(gb, ge)
   local capmax = SB
   local gleft = 0
@@ -747,7 +768,14 @@ local function bucket_ttl(gb, ge)
     if gb > capmax then capmax = gb end
     gleft = math.ceil((ge - NOW) / 1000)
   end
-  local ttl = gleft + math.ceil(2000 * capmax / SR)
+  local refills = 0
+  if SR > 0 then
+    refills = math.ceil(2000 * capmax / SR)
+  elseif SB > 0 then
+    refills = MAXMS
+  end
+  if SB <= 0 and refills < 2 * FILL then refills = 2 * FILL end
+  local ttl = gleft + refills
   if ttl < 2 * LTTL then ttl = 2 * LTTL end
   ttl = ttl + 1000
   if not (ttl < MAXMS) then ttl = MAXMS end
@@ -875,6 +903,7 @@ local function begin(keys, argv)
   WAIT = tonumber(ARGV[5])
   REAPMAX = tonumber(ARGV[6])
   DWIN = tonumber(ARGV[7]) * 1000
+  FILL = tonumber(ARGV[ARGC - 5]) or 0
   NOW = clock()
   -- Too late: before anything is read or written (see Deadline above).
   DEADLINE = tonumber(ARGV[ARGC - 2]) or 0

@@ -9,9 +9,9 @@
 --
 -- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set, generation (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last five: share awaited,
---             generation seen, deadline, candidate member and mark
---             interval (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last six: the share's fill
+--             time, share awaited, generation seen, deadline, candidate
+--             member and mark interval (see lib.lua)
 -- ARGV[8..14] as sync.lua (instance id, incarnation, lease number, seq,
 --             used, denied, returned)
 -- ARGV[15]    built, as sync.lua's ARGV[18]

@@ -8,9 +8,9 @@
 --
 -- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set, generation (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last five: share awaited,
---             generation seen, deadline, candidate member and mark
---             interval (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last six: the share's fill
+--             time, share awaited, generation seen, deadline, candidate
+--             member and mark interval (see lib.lua)
 -- ARGV[8]     granted rate (tokens/s, >= 0)
 -- ARGV[9]     granted burst cap (tokens, >= 0)
 -- ARGV[10]    grant expiry (µs, Redis clock)
