@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -59,7 +60,8 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		case g.GetGranted() == 0 && g.GetRetryAfterMs() > 0:
 			fmt.Fprintf(a.stdout, "bucket empty: retry after %dms\n", g.GetRetryAfterMs())
 		case g.GetGranted() == 0 && g.GetRetryAfterMs() < 0:
-			fmt.Fprintf(a.stdout, "no wait helps while the region's cap stays as it is: %d tokens is more than its bucket can hold (its cap less the tokens out in leases)\n", *want)
+			// The request's min is 1: the region's "never" is about one token.
+			fmt.Fprintln(a.stdout, regionNever(1, g.GetLimit(), g.GetUnleased(), g.GetRegionRate(), g.GetRegionBurst(), true))
 		}
 		if *keep || g.GetGranted() == 0 {
 			return nil
@@ -101,9 +103,8 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		switch {
 		case resp.GetAllowed():
 		case resp.GetRetryAfterMs() < 0:
-			// The region's "never": the cost is more than its bucket can
-			// hold at its cap, or its rate is zero.
-			verdict = "denied (no wait helps while the region's cap stays as it is: the cost is more than its bucket can hold)"
+			verdict = "denied (" + regionNever(*cost, resp.GetLimit(), resp.GetUnleased(), resp.GetRegionRate(), resp.GetRegionBurst(),
+				resp.RegionRate != nil && resp.RegionBurst != nil) + ")"
 		default:
 			verdict = fmt.Sprintf("denied (retry after %dms)", resp.GetRetryAfterMs())
 		}
@@ -114,6 +115,42 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		}
 		return nil
 	}
+}
+
+// regionNever says in words what a region's "never" (retry_after_ms -1:
+// its bucket cannot hold n tokens at its current cap less the tokens out
+// in leases, or its rate is zero) means for a request of n tokens, as the
+// lease client reads it (pkg/lease, waitCures; docs/architecture.md, "No
+// edge promises a wait that cannot be honoured"). Only a cost above the
+// key's configured burst, or above the cap of a region run with no global
+// tier (-unleased), whose rate and cap are its static share for good, is
+// past any wait. A region with a global tier gets more without a config
+// change: leases come back, grants raise its cap up to the burst, and a
+// rate of 0 (its floor while drained or off its static lease, or a class
+// whose share awaits the global tier's confirmation) comes back, so
+// instances ask again after a refresh. known is false for an answer
+// without the region's rate and cap (a server that predates them).
+func regionNever(n, limit int64, unleased bool, rate, burst float64, known bool) string {
+	switch {
+	case limit > 0 && n > limit:
+		return fmt.Sprintf("no wait helps: %s is more than the key's configured burst, %d", tokens(n), limit)
+	case !known:
+		return "the region's bucket cannot hold it now, at its cap less the tokens out in leases"
+	case unleased && (rate <= 0 || float64(n) > math.Floor(burst+1e-9)):
+		return fmt.Sprintf("no wait helps: the region runs with no global tier, so its cap for this key (%.6g) and its rate (%.6g/s) stay as they are until the config changes, and its bucket cannot hold %s", burst, rate, tokens(n))
+	case unleased:
+		return fmt.Sprintf("the region's bucket cannot hold %s now: tokens are out in leases (its cap is %.6g); they come back as leases are released or expire, so a client asks again after a refresh", tokens(n), burst)
+	case rate <= 0:
+		return "the region's rate for this key is 0 now: it runs on its floor (drained, or its static lease lapsed, at partition_share 0) or the key's class awaits the global tier's confirmation; a restore, the global tier's answer or the confirmation gives it back, so a client asks again after a refresh"
+	}
+	return fmt.Sprintf("the region's bucket cannot hold %s now: its cap for this key is %.6g, less the tokens out in leases; leases come back and the global tier grants the region more of the key's burst, so a client asks again after a refresh", tokens(n), burst)
+}
+
+func tokens(n int64) string {
+	if n == 1 {
+		return "1 token"
+	}
+	return strconv.FormatInt(n, 10) + " tokens"
 }
 
 // rpcFailure maps a regional RPC error to an exit code: SIGINT or SIGTERM

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 // probeLiveConfig has a strict class whose bucket holds one token and
@@ -84,11 +87,13 @@ func TestLeaseOnStrictClassAndDeniedCheckAgainstARegion(t *testing.T) {
 	}
 }
 
-// TestCheckBeyondTheRegionsCapSaysNoWaitHelps: a check costing more than
-// the region's bucket can hold (us-east's cap is 1 of a burst of 2 over
-// two regions) is denied with the region's "never", which sluicectl says
-// in words instead of printing the wire's -1 as a wait.
-func TestCheckBeyondTheRegionsCapSaysNoWaitHelps(t *testing.T) {
+// TestCheckBeyondALeasedRegionsCapSaysAWaitHelps: a check costing more
+// than the region's bucket holds now (us-east's cap is 1 of a burst of 2
+// over two regions) is denied with the region's "never", which sluicectl
+// says in words instead of printing the wire's -1 as a wait; the region
+// has a global tier, which grants it more of the burst, so the words say
+// a wait helps, as the lease client answers it (a retry after a refresh).
+func TestCheckBeyondALeasedRegionsCapSaysAWaitHelps(t *testing.T) {
 	cfg, err := config.Parse([]byte(`
 epoch: 100ms
 grant_validity: 500ms
@@ -107,10 +112,89 @@ default_tier: free
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
-	r := sluicectl(t, "", "check", "-addr", c.RegionalAddrs("us-east")[0], "-tenant", "t3", "-class", "export", "-cost", "2")
-	wantCode(t, r, exitDenied)
-	wantContains(t, "stdout", r.stdout, "no wait helps")
-	if strings.Contains(r.stdout, "-1ms") {
-		t.Fatalf("a denial no wait cures printed the wire's -1 as a wait:\n%s", r)
+	// Until the region first hears from the global tier it runs on its
+	// floor (partition_share 0 for a closed class): a rate of 0, which a
+	// wait cures too. Poll until its static lease gives it its share,
+	// bounded by many epochs.
+	deadline := time.Now().Add(100 * time.Duration(cfg.Epoch))
+	for {
+		r := sluicectl(t, "", "check", "-addr", c.RegionalAddrs("us-east")[0], "-tenant", "t3", "-class", "export", "-cost", "2")
+		wantCode(t, r, exitDenied)
+		if strings.Contains(r.stdout, "-1ms") || strings.Contains(r.stdout, "no wait helps") {
+			t.Fatalf("a denial a wait cures printed the wire's -1 as a wait, or no wait helps:\n%s", r)
+		}
+		if strings.Contains(r.stdout, "cannot hold 2 tokens now") {
+			wantContains(t, "stdout", r.stdout, "cap for this key is 1,", "grants the region more", "asks again after a refresh")
+			return
+		}
+		wantContains(t, "stdout", r.stdout, "rate for this key is 0", "asks again after a refresh")
+		if time.Now().After(deadline) {
+			t.Fatalf("the region ran on its floor throughout; last:\n%s", r)
+		}
+		time.Sleep(time.Duration(cfg.Epoch)) // polling the deployment with a deadline
+	}
+}
+
+// neverLiveConfig: a key of 5/s shared by two regions of equal weight,
+// only "local" running: its static cap is half the burst in whole
+// tokens. %[1]s is every
+// class's partition_share, %[2]s the burst.
+const neverLiveConfig = `
+lease_ttl: 2s
+refresh: 200ms
+regions: {local: {weight: 1}, far: {weight: 1}}
+classes:
+  read:   {mode: lease, partition_share: %[1]s}
+  export: {mode: strict, on_failure: closed, partition_share: %[1]s}
+tiers: {std: {read: {rate: 5/s, burst: %[2]s}, export: {rate: 5/s, burst: %[2]s}}}
+default_tier: std
+`
+
+// TestRegionsNeverSaysWhetherAWaitHelps: lease and check print a region's
+// "never" as the lease client decides it (pkg/lease, waitCures): "no wait
+// helps" only from a region run with no global tier (-unleased), whose cap
+// is its static share for good; a region with a global tier (here not
+// reached, on its floor) below the cost, or at a rate of 0 on a floor of
+// partition_share 0 (as drained, or a share awaiting confirmation), is
+// given more without a config change, and the words say a client asks
+// again. Before, both said "no wait helps while the region's cap stays as
+// it is", and a drained region's, or a new class's, users were told to
+// give up. (A real regional server and Redis.)
+func TestRegionsNeverSaysWhetherAWaitHelps(t *testing.T) {
+	for _, tc := range []struct {
+		name, share, burst string
+		unleased           bool
+		cmd                []string
+		want               []string
+		wantNoWait         bool
+	}{
+		{name: "unleased check above its cap", share: "1", burst: "5", unleased: true,
+			cmd: []string{"check", "-class", "export", "-cost", "4"}, want: []string{"no global tier", "cap for this key (2)"}, wantNoWait: true},
+		{name: "unleased lease below one token", share: "1", burst: "1", unleased: true,
+			cmd: []string{"lease", "-class", "read"}, want: []string{"no global tier", "cannot hold 1 token"}, wantNoWait: true},
+		{name: "leased check above its cap", share: "1", burst: "5",
+			cmd: []string{"check", "-class", "export", "-cost", "4"}, want: []string{"cannot hold 4 tokens now", "cap for this key is 2,", "asks again after a refresh"}},
+		{name: "leased check at a rate of 0", share: "0", burst: "5",
+			cmd: []string{"check", "-class", "export"}, want: []string{"rate for this key is 0", "asks again after a refresh"}},
+		{name: "leased lease at a rate of 0", share: "0", burst: "5",
+			cmd: []string{"lease", "-class", "read"}, want: []string{"granted 0 of 10", "rate for this key is 0", "asks again after a refresh"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := regiontest.MustConfig(t, fmt.Sprintf(neverLiveConfig, tc.share, tc.burst))
+			reg := regiontest.Start(t, cfg, "local", func(o *regional.Options) { o.Unleased = tc.unleased })
+			r := sluicectl(t, "", append(tc.cmd, "-addr", reg.Addr, "-tenant", "acme")...)
+			if tc.cmd[0] == "check" {
+				wantCode(t, r, exitDenied)
+			} else {
+				wantCode(t, r, exitOK)
+			}
+			wantContains(t, "stdout", r.stdout, tc.want...)
+			if strings.Contains(r.stdout, "no wait helps") != tc.wantNoWait {
+				t.Fatalf("want \"no wait helps\" %v:\n%s", tc.wantNoWait, r)
+			}
+			if strings.Contains(r.stdout, "-1ms") {
+				t.Fatalf("printed the wire's -1 as a wait:\n%s", r)
+			}
+		})
 	}
 }
