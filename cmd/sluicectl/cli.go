@@ -68,7 +68,7 @@ commands:
                                     take (and release) one lease from a regional service
   check -addr HOST:PORT -tenant T [-class C] [-cost N]
                                     one strict decision from a regional service
-  certs -dir DIR [-domain D] [-regions R1,R2] [-server-names N1,N2]
+  certs -dir DIR [-domain D] [-regions R1,R2] [-server-names N1,N2] [-validity D]
                                     write a CA, the daemons' and clients' mutual
                                     TLS certificates and the auth section giving
                                     them their roles (offline)
@@ -276,7 +276,13 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 	}
 	if cmd == nil {
 		top.Usage()
-		return exitf(exitUsage, "unknown command %q; see the usage above", strings.Join(rest[:min(2, len(rest))], " "))
+		// The command's words: the group and its next word ("tenant
+		// frob"), or the one word of a command of its own, not its flags.
+		words := rest[:1]
+		if len(a.group(rest[0])) > 0 && len(rest) > 1 {
+			words = rest[:2]
+		}
+		return exitf(exitUsage, "unknown command %q; see the usage above", strings.Join(words, " "))
 	}
 
 	fs := flag.NewFlagSet("sluicectl "+cmd.name, flag.ContinueOnError)

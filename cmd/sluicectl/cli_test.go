@@ -675,7 +675,12 @@ func TestUnreachableEtcdAndUsageErrors(t *testing.T) {
 	wantContains(t, "stderr", r.stderr, dead, "check -etcd-endpoints")
 
 	wantCode(t, sluicectl(t, ""), exitUsage)
-	wantCode(t, sluicectl(t, "", "frobnicate"), exitUsage)
+	r = sluicectl(t, "", "frobnicate", "--help")
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, `unknown command "frobnicate";`)
+	r = sluicectl(t, "", "tenant", "frob", "x")
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, `unknown command "tenant frob";`)
 	wantCode(t, sluicectl(t, "", "get", "-o", "xml", "-etcd-endpoints", dead), exitUsage)
 	wantCode(t, sluicectl(t, "", "get", "extra", "-etcd-endpoints", dead), exitUsage)
 	wantCode(t, sluicectl(t, "", "status", "-top", "0", "-etcd-endpoints", dead), exitUsage)
@@ -721,6 +726,22 @@ func TestEveryCommandAndGroupPrintsHelp(t *testing.T) {
 	for _, g := range []string{"tenant", "shadow", "region"} {
 		if !groups[g] {
 			t.Errorf("no command group %q", g)
+		}
+	}
+}
+
+// TestUsageListsEveryCommandsFlags: sluicectl -h names every flag each
+// command's own usage names (the top-level list is written by hand).
+func TestUsageListsEveryCommandsFlags(t *testing.T) {
+	for _, c := range (&app{}).commands() {
+		for _, w := range strings.Fields(c.usage) {
+			w = strings.Trim(w, "[]()|")
+			if !strings.HasPrefix(w, "-") {
+				continue
+			}
+			if !strings.Contains(usageText, w) {
+				t.Errorf("sluicectl -h does not list %s of %q", w, c.usage)
+			}
 		}
 	}
 }
