@@ -126,8 +126,8 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 // tier (-unleased), whose rate and cap are its static share for good, is
 // past any wait. A region with a global tier gets more without a config
 // change: leases come back, grants raise its cap up to the burst, and a
-// rate of 0 (its floor while drained or off its static lease, or a class
-// whose share awaits the global tier's confirmation) comes back, so
+// rate of 0 (its floor while drained or holding no static lease, or a
+// class whose share awaits the global tier's confirmation) comes back, so
 // instances ask again after a refresh. known is false for an answer
 // without the region's rate and cap (a server that predates them).
 func regionNever(n, limit int64, unleased bool, rate, burst float64, known bool) string {
@@ -141,7 +141,7 @@ func regionNever(n, limit int64, unleased bool, rate, burst float64, known bool)
 	case unleased:
 		return fmt.Sprintf("the region's bucket cannot hold %s now: tokens are out in leases (its cap is %.6g); they come back as leases are released or expire, so a client asks again after a refresh", tokens(n), burst)
 	case rate <= 0:
-		return "the region's rate for this key is 0 now: it runs on its floor (drained, or its static lease lapsed, at partition_share 0) or the key's class awaits the global tier's confirmation; a restore, the global tier's answer or the confirmation gives it back, so a client asks again after a refresh"
+		return "the region's rate for this key is 0 now: it runs on its floor at partition_share 0 (drained, or holding no static lease: the global tier has not answered it yet, or its lease lapsed; a region with no global tier at all needs -unleased), or the key's class awaits the global tier's confirmation; a restore, the global tier's answer or the confirmation gives it back, so a client asks again after a refresh"
 	}
 	return fmt.Sprintf("the region's bucket cannot hold %s now: its cap for this key is %.6g, less the tokens out in leases; leases come back and the global tier grants the region more of the key's burst, so a client asks again after a refresh", tokens(n), burst)
 }
