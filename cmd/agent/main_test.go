@@ -137,7 +137,7 @@ func TestServesUntilSIGTERM(t *testing.T) {
 	}
 	r := regiontest.Start(t, regiontest.MustConfig(t, agentConfig), "local")
 	var stderr logtest.Buffer
-	cmd := command(t, "-region-addr", r.Addr, "-config", cfgFile, "-listen", "127.0.0.1:0",
+	cmd := command(t, "-region", "local", "-region-addr", r.Addr, "-config", cfgFile, "-listen", "127.0.0.1:0",
 		"-http-listen", "127.0.0.1:0", "-metrics-listen", "127.0.0.1:0", "-log-level", "info",
 		"-max-inflight-per-connection", "4096",
 		// A loaded machine can hold the first Acquire past the default
@@ -151,6 +151,11 @@ func TestServesUntilSIGTERM(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	addrs := startedAddrs(t, &stderr, exited)
 	httpAddr, metricsAddr := addrs["http"], addrs["metrics"]
+	// The start line names the region by its config name and its
+	// address apart (it logged the address as the region).
+	if addrs["region"] != "local" || addrs["region_addr"] != r.Addr {
+		t.Errorf("agent started with region=%q region_addr=%q; want local and %s", addrs["region"], addrs["region_addr"], r.Addr)
+	}
 
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()

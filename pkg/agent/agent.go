@@ -319,7 +319,7 @@ func Start(o Options) (*Agent, error) {
 		})
 	}
 	ep.Go(func() error { a.watchReadiness(ctx); return nil })
-	o.Logger.Info("agent started", "region", o.RegionAddr, "instance", a.client.InstanceID(),
+	o.Logger.Info("agent started", "region", o.Region, "region_addr", o.RegionAddr, "instance", a.client.InstanceID(),
 		"grpc", a.GRPCAddr(), "http", a.HTTPAddr(), "metrics", a.MetricsAddr())
 	return a, nil
 }
