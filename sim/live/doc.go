@@ -35,9 +35,11 @@
 // graceful stops (Client.Close), global leader loss (the leading daemon is
 // stopped; it resigns, so the standby takes over at once, faster than a
 // crash would allow), region leader loss (each region runs two regional
-// daemons that instances reach round robin; the leading one loses its etcd
-// client and stops without resigning, so the other is elected once the
-// session lapses, and a replacement starts at the same address),
+// daemons that instances reach as applications do, lease.ServiceConfig:
+// round robin, a lease RPC cut by a stop sent once more to the other; the
+// leading one loses its etcd client and stops without resigning, so the
+// other is elected once the session lapses, and a replacement starts at
+// the same address),
 // partitions, latency and loss between a region and the global tier
 // (injected in the region leader's GlobalTier), Redis restarts (the
 // process is killed and restarted empty on the same port) and etcd outages

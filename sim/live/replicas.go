@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
+	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/sim/oracle"
 )
 
@@ -42,9 +43,11 @@ func (r *liveRegion) restartReplica(ctx context.Context, rep *devcluster.Regiona
 	return nil
 }
 
-// dialRegion connects an instance to every replica of r, round robin, as a
-// Kubernetes Service would: a replica that goes down drops out of the
-// rotation until it is back.
+// dialRegion connects an instance to every replica of r as an application
+// does (lease.ServiceConfig, lease.ConnectParams): round robin, as over a
+// headless Service, a replica that goes down dropping out of the rotation
+// until it is back, and a lease RPC cut by a replica's stop sent once more
+// to the other.
 func dialRegion(r *liveRegion) (*grpc.ClientConn, error) {
 	res := manual.NewBuilderWithScheme("sluice-sim")
 	var addrs []resolver.Address
@@ -53,7 +56,7 @@ func dialRegion(r *liveRegion) (*grpc.ClientConn, error) {
 	}
 	res.InitialState(resolver.State{Addresses: addrs})
 	return grpc.NewClient(res.Scheme()+":///"+r.name, grpc.WithResolvers(res),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`),
+		grpc.WithDefaultServiceConfig(lease.ServiceConfig), grpc.WithConnectParams(lease.ConnectParams()),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
