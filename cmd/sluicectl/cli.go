@@ -84,7 +84,7 @@ on a terminal and refuse otherwise.
 exit codes:
   0  success (including "no changes")
   1  invalid input or config, or a change declined at the prompt
-  2  usage error
+  2  usage error (a change without -yes when stdin is not a terminal, too)
   3  conflict: the config in etcd changed between read and write
   4  not found: no config in etcd, or no such tenant, class or region
   5  unreachable: etcd, the global allocator or the regional service could

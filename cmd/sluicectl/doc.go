@@ -32,7 +32,7 @@
 //
 //	0  success (including "no changes")
 //	1  invalid input or config, or a change declined at the prompt
-//	2  usage error
+//	2  usage error (a change without -yes when stdin is not a terminal, too)
 //	3  conflict: the config in etcd changed between read and write
 //	4  not found: no config in etcd, or no such tenant, class or region (lease and
 //	   check against a replica whose region is no longer in the config it runs, too)
