@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -41,7 +44,12 @@ default_tier: free
 // hundred is denied; the sizing of batches at up to
 // max(burst/n, rate × refresh / n) per instance denied 4-25% here. The
 // bucket's bound still holds: over every window of ticks, the admissions
-// are at most b + r·t on the region's Redis clock.
+// are at most b + r·t on the region's Redis clock. Denials are judged
+// only in ticks the region answered every call of: a call it did not
+// answer in time (a loaded machine delays one past any timeout) is decided
+// by the key's on_failure policy (Degraded), or denied for a round trip
+// when the region answered a later call, and says nothing of the batch
+// sizing (a single degraded decision failed the test).
 func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
 	const (
 		peers   = 4
@@ -66,17 +74,27 @@ func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
 			reg := regiontest.Start(t, cfg, "local")
 			key := quota.Key{Tenant: "acme", Class: "read"}
 			var clients []*lease.Client
+			var metrics []*prometheus.Registry
 			for i := range peers {
+				m := prometheus.NewRegistry()
 				c, err := lease.NewClient(reg.Dial(t), lease.Options{
 					InstanceID: fmt.Sprintf("peer%d", i), Refresh: period,
 					// Generous: the machine running the tests is shared.
 					BreakerTimeout: 2 * time.Second, SyncTimeout: 2 * time.Second,
+					Registerer: m,
 				})
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { c.Close(context.Background()) })
 				clients = append(clients, c)
+				metrics = append(metrics, m)
+			}
+			failed := func() (n uint64) {
+				for _, m := range metrics {
+					n += rpcFailures(t, m)
+				}
+				return n
 			}
 			// before[k] and after[k] bracket tick k's requests on the
 			// region's clock; admitted[k] is how many it admitted.
@@ -84,6 +102,7 @@ func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
 			after := make([]time.Time, ticks)
 			admitted := make([]int, ticks)
 			denied := make([]int, ticks)
+			unjudged := make([]bool, ticks) // a call of the tick failed
 			degraded := 0
 			tick := time.NewTicker(period)
 			defer tick.Stop()
@@ -92,6 +111,7 @@ func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
 					<-tick.C
 				}
 				before[k] = reg.RedisNow(t)
+				failedBefore, degradedBefore := failed(), degraded
 				var wg sync.WaitGroup
 				var mu sync.Mutex
 				for _, c := range clients {
@@ -115,6 +135,7 @@ func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
 				}
 				wg.Wait()
 				after[k] = reg.RedisNow(t)
+				unjudged[k] = failed() != failedBefore || degraded != degradedBefore
 				// The next tick is a whole refresh after this one's last
 				// answer: the bucket refills its cap in between, whatever
 				// delayed this tick. On a fixed schedule a late tick was
@@ -125,19 +146,22 @@ func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
 				tick.Reset(period)
 			}
 			perTick := peers * tc.perTick
-			early, late := 0, 0
+			early, late, sent, left := 0, 0, 0, 0
 			for k, n := range denied {
-				if k < warmup {
+				switch {
+				case k < warmup:
 					early += n
-				} else {
+				case unjudged[k]:
+					left++
+				default:
 					late += n
+					sent += perTick
 				}
 			}
-			sent := (ticks - warmup) * perTick
-			t.Logf("%d peers, %d requests a tick: %d of %d denied in the first %d ticks, %d of %d (%.1f%%) after; %d degraded",
-				peers, perTick, early, warmup*perTick, warmup, late, sent, 100*float64(late)/float64(sent), degraded)
-			if degraded > 0 {
-				t.Fatalf("%d requests decided degraded; the region answered every one", degraded)
+			t.Logf("%d peers, %d requests a tick: %d of %d denied in the first %d ticks, %d of %d (%.1f%%) after in the ticks the region answered; %d ticks with a call it did not answer, %d requests degraded",
+				peers, perTick, early, warmup*perTick, warmup, late, sent, 100*float64(late)/float64(max(sent, 1)), left, degraded)
+			if sent == 0 {
+				t.Skipf("the region answered no tick after the first %d in full: nothing to judge", warmup)
 			}
 			if float64(late) > maxDeny*float64(sent) {
 				t.Errorf("%d of %d requests after the first %d ticks denied on a key offered under its region's rate; want at most %.0f%%", late, sent, warmup, 100*maxDeny)
@@ -222,29 +246,89 @@ default_tier: free
 // and asks again, is admitted: the instance's own wait never outlasts what
 // it told its callers (a periodic Sync asking during the region's wait
 // moved it later by the round trip and a millisecond's rounding: 3 of 40
-// such retries were denied again, with a RetryAfter of 1-3ms).
+// such retries were denied again, with a RetryAfter of 1-3ms), and the
+// region's bucket holds the token by then (its wait, on its Redis clock,
+// began before its answer left). The first is the instance's promise,
+// checked on its own clock (the key's state) at the retry. The second is
+// the region's, so it is judged only on keys whose calls the region
+// answered: a call it did not answer in time (the client counts the RPC
+// as failed) is decided by the key's on_failure policy (Degraded), or
+// denied for a round trip when the region answered a later call, and says
+// nothing of the region's wait. At a load of 15-20 on two cores (1 run in
+// 30) an Acquire outlasted the breaker timeout of 2s, and the retry it
+// carried, decided by the local bucket (charged with the 20 tokens the
+// region had just admitted, so empty), failed the test.
 func TestARetryAtRetryAfterOnAnIdleKeyIsAdmitted(t *testing.T) {
-	_, c := lonelyCaller(t)
+	_, c, m := lonelyCaller(t)
 	ctx := context.Background()
-	for i := range 40 {
+	const keys = 40
+	judged := 0
+	// notJudged logs a key a call of which the region did not answer, and
+	// waits until it answers again (the owner's next Sync, a refresh away,
+	// ends degraded mode and closes the breaker), so that the next key is
+	// not decided by the policy at once; false when it did not within a
+	// lease TTL (lonelyCaller's, the default): then no later key would be
+	// judged either.
+	notJudged := func(format string, args ...any) bool {
+		t.Logf(format, args...)
+		for deadline := time.Now().Add(config.DefaultLeaseTTL); c.Table().Degraded(); time.Sleep(lease.DefaultRefresh / 10) {
+			if time.Now().After(deadline) {
+				t.Logf("the region answered no call for a lease TTL (%v): no further key judged", config.DefaultLeaseTTL)
+				return false
+			}
+		}
+		return true
+	}
+	for i := range keys {
 		key := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}
+		// answered: the region answered every call while the key's
+		// requests ran (none failed), and decided each of them.
+		failedBefore := rpcFailures(t, m)
+		degraded := false
+		allow := func(cost int64) (quota.Decision, error) {
+			d, err := c.Allow(ctx, key, cost)
+			degraded = degraded || d.Degraded
+			return d, err
+		}
+		answered := func() bool { return !degraded && rpcFailures(t, m) == failedBefore }
 		// Spend the whole bucket, then ask for one more until denied (on
 		// a slow machine the bucket refills a token or two meanwhile).
-		d, err := c.Allow(ctx, key, 1)
+		d, err := allow(1)
 		if err == nil && d.Allowed {
-			d, err = c.Allow(ctx, key, 19)
+			d, err = allow(19)
 		}
 		for n := 0; err == nil && d.Allowed && n < 100; n++ {
-			d, err = c.Allow(ctx, key, 1)
+			d, err = allow(1)
+		}
+		if !answered() {
+			if !notJudged("key %s: a call the region did not answer (%+v, %v): not judged", key, d, err) {
+				break
+			}
+			continue
 		}
 		if err != nil || d.Allowed || d.Degraded || d.RetryNever || d.RetryAfter <= 0 {
 			t.Fatalf("key %s: %+v, %v; want the bucket spent, then a denial with a wait", key, d, err)
 		}
 		wait := d.RetryAfter
 		time.Sleep(wait) // what a caller told to retry after wait does
-		if d, err := c.Allow(ctx, key, 1); err != nil || !d.Allowed {
+		if st, ok := c.Table().State(key); ok && st.NegUntil.After(time.Now()) {
+			t.Errorf("key %s: told to retry after %v, the instance's own wait still runs for %v then", key, wait, time.Until(st.NegUntil))
+		}
+		d, err = allow(1)
+		if !answered() {
+			if !notJudged("key %s: the retry %v after a denial, which the region did not answer (%+v, %v): not judged", key, wait, d, err) {
+				break
+			}
+			continue
+		}
+		judged++
+		if err != nil || !d.Allowed {
 			t.Errorf("key %s: the retry %v after a denial: %+v, %v; want it admitted", key, wait, d, err)
 		}
+	}
+	t.Logf("%d of %d retries judged (the region answered every call of the key)", judged, keys)
+	if judged == 0 {
+		t.Skip("the region answered no key's calls: nothing to judge")
 	}
 }
 
@@ -253,7 +337,7 @@ func TestARetryAtRetryAfterOnAnIdleKeyIsAdmitted(t *testing.T) {
 // as invalid input, and leaves no bucket or lease in the region's Redis
 // (it created both, counting the instance among the key's live ones).
 func TestACostAboveTheBurstOfAFreshKeyLeavesNothing(t *testing.T) {
-	reg, c := lonelyCaller(t)
+	reg, c, _ := lonelyCaller(t)
 	_, err := c.Allow(context.Background(), quota.Key{Tenant: "fresh", Class: "read"}, 21)
 	if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "cost 21 exceeds the burst 20") ||
 		strings.Count(err.Error(), quota.ErrInvalid.Error()) != 1 {
@@ -265,8 +349,9 @@ func TestACostAboveTheBurstOfAFreshKeyLeavesNothing(t *testing.T) {
 }
 
 // lonelyCaller is the only lease client of a region whose read class is
-// 10/s with a burst of 20, with waits generous for a shared machine.
-func lonelyCaller(t *testing.T) (*regiontest.Region, *lease.Client) {
+// 10/s with a burst of 20, with waits generous for a shared machine, and
+// the registry of its metrics.
+func lonelyCaller(t *testing.T) (*regiontest.Region, *lease.Client, *prometheus.Registry) {
 	t.Helper()
 	cfg := regiontest.MustConfig(t, `
 regions: {local: {weight: 1}}
@@ -275,10 +360,34 @@ tiers: {free: {read: {rate: 10/s, burst: 20}}}
 default_tier: free
 `)
 	reg := regiontest.Start(t, cfg, "local")
-	c, err := lease.NewClient(reg.Dial(t), lease.Options{InstanceID: "caller", BreakerTimeout: 2 * time.Second, SyncTimeout: 2 * time.Second})
+	m := prometheus.NewRegistry()
+	c, err := lease.NewClient(reg.Dial(t), lease.Options{InstanceID: "caller", BreakerTimeout: 2 * time.Second, SyncTimeout: 2 * time.Second, Registerer: m})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(context.Background()) })
-	return reg, c
+	return reg, c, m
+}
+
+// rpcFailures is how many RPCs to the region the client whose metrics m
+// holds saw fail (any code but OK, the breaker open included), whatever
+// their method.
+func rpcFailures(t *testing.T, m *prometheus.Registry) uint64 {
+	t.Helper()
+	mfs, err := m.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_client_rpc_duration_seconds" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			if !labelsMatch(s, map[string]string{"code": "OK"}) {
+				n += s.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
 }
