@@ -150,4 +150,41 @@ func TestDrainPendingUntilTheRegionReportsTheDrain(t *testing.T) {
 			t.Fatal("every held config drains b: drain pending")
 		}
 	})
+	synctest.Test(t, func(t *testing.T) {
+		// The confirmed revision is among b's reported ones: b reports
+		// only 6, which drains it and is confirmed (a reports 6, 7, 8), so
+		// the drain is not pending, although 7, still held for a, does not
+		// drain b. Skipping the confirmed revision would find none of b's
+		// revisions held and take 7's share.
+		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		for _, c := range []struct {
+			rev  int64
+			yaml string
+		}{{6, drainB(loopConfig)}, {7, loopConfig}, {8, drainB(loopConfig)}} {
+			src.Set(parseConfig(t, c.yaml), c.rev)
+			s.step(time.Now())
+		}
+		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
+		for _, r := range []struct {
+			region string
+			revs   []int64
+		}{{"a", []int64{6, 7, 8}}, {"b", []int64{6}}} {
+			if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r.region, Seq: 1, ConfigRevisions: r.revs,
+				Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.mu.Lock()
+		confirmed, known := s.conf.Confirm(configRegions(s.applied))
+		_, held7 := s.held[7]
+		s.mu.Unlock()
+		if !known || confirmed != 6 || !held7 {
+			t.Fatalf("confirmed %d (known %v), 7 held %v: want 6 confirmed and 7 held", confirmed, known, held7)
+		}
+		if pending(s) {
+			t.Fatal("b reported the confirmed revision, which drains it: drain pending")
+		}
+	})
 }
