@@ -162,10 +162,15 @@ func TestAwaitedShareAfterRedisLostItsData(t *testing.T) {
 	r := newAwaitedRig(t)
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "hourly"})
 	// No sentinel: the data set is new (Redis lost its data). A held call
-	// dates nothing.
+	// dates nothing, nor does a state read of the held key (one that
+	// stamped the data set would write its bucket too).
 	r.acquire(k, zeroOf(hourlyShare, true), Report{Instance: "i-1", Seq: 1, Lease: 1, Want: 10, Min: 1})
+	r.state(k, zeroOf(hourlyShare, true))
 	if _, ok := r.m.BornOf(k.Born); ok || r.rdb.Exists(r.ctx, k.Born).Val() != 0 {
-		t.Fatal("a held call wrote the born sentinel")
+		t.Fatal("a held call or a state read of the held key wrote the born sentinel")
+	}
+	if r.hasBucket(k) {
+		t.Fatal("a state read gave a held key a bucket")
 	}
 	r.advance(time.Second)
 	lr := r.acquire(k, hourlyShare, Report{Instance: "i-1", Seq: 2, Lease: 2, Want: 100, Min: 1})
@@ -200,5 +205,113 @@ func TestAwaitedShareOnAnExistingBucket(t *testing.T) {
 	st := r.state(k, hourlyShare)
 	if st.Tokens > hourlyShare.StaticRate*1.0+1e-6 {
 		t.Fatalf("bucket clamped to 0 holds %v a second after its share came back, above its rate", st.Tokens)
+	}
+}
+
+// TestAwaitedShareHoldsOnlyWhatAsksForTokens: a held key's lease request
+// counts as demand of its min, at least 1 (a request with min 0 is one
+// for a token), answered "never" with no lease, and marks the key a
+// candidate on its own; a report asking for nothing, or one that may only
+// book an existing lease, writes nothing, as on any missing key. The
+// demand lives 2 x lease TTL + 1 s from the last held call.
+func TestAwaitedShareHoldsOnlyWhatAsksForTokens(t *testing.T) {
+	r := newAwaitedRig(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "hourly"})
+	r.stampLongAgo(k)
+	c := zeroOf(hourlyShare, true)
+	exists := func() bool { return r.rdb.Exists(r.ctx, k.Bucket).Val() > 0 }
+
+	r.sync(k, c, Report{Instance: "i-1", Seq: 1, Lease: 1})
+	r.sync(k, c, Report{Instance: "i-1", Seq: 2, Lease: 2, Want: 5, Min: 1, BookOnly: true})
+	if exists() {
+		t.Fatal("a report asking for nothing, or only booking, wrote the held key's demand")
+	}
+	lr := r.acquire(k, c, Report{Instance: "i-1", Seq: 3, Lease: 3, Want: 5})
+	if lr.Granted != 0 || lr.RetryAfter != -1 || lr.TTL != 0 || lr.Live != 0 {
+		t.Fatalf("held acquire with min 0: %+v, want nothing granted, never, no lease", lr)
+	}
+	if _, ok := r.cands(k.Cand)[k.Member]; !ok {
+		t.Fatal("a held lease request did not mark the key a candidate")
+	}
+	if st := r.state(k, c); st.StrictDemand != 1 {
+		t.Fatalf("held key's strict demand %d after a request with min 0, want 1", st.StrictDemand)
+	}
+	ttl := 2*hourlyShare.LeaseTTL + time.Second
+	// Redis's own clock runs between the call and the read.
+	if got := r.rdb.PTTL(r.ctx, k.Bucket).Val(); got > ttl || got < ttl-time.Second {
+		t.Fatalf("held demand's TTL %v, want 2 x lease TTL + 1s = %v", got, ttl)
+	}
+	r.advance(ttl - time.Millisecond)
+	if st := r.state(k, c); st.StrictDemand != 1 {
+		t.Fatalf("held key's strict demand %d just before its TTL, want 1 still", st.StrictDemand)
+	}
+	r.advance(time.Millisecond)
+	if exists() {
+		t.Fatal("held demand outlived its TTL")
+	}
+}
+
+// TestAwaitedShareHoldsNoKeyWithALease: only a key with no lease record is
+// held. One whose bucket is gone (evicted) while an instance's lease on it
+// lives is not new: a check at an awaited cap of 0 creates its bucket (at
+// that cap, as before), with its lease records beside it.
+func TestAwaitedShareHoldsNoKeyWithALease(t *testing.T) {
+	r := newAwaitedRig(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "hourly"})
+	r.stampLongAgo(k)
+	if lr := r.acquire(k, hourlyShare, Report{Instance: "i-1", Seq: 1, Lease: 1, Want: 2, Min: 1}); lr.Granted != 2 {
+		t.Fatalf("lease of two tokens: %+v", lr)
+	}
+	if err := r.rdb.Del(r.ctx, k.Bucket).Err(); err != nil {
+		t.Fatal(err)
+	}
+	delete(r.m.buckets, k.Bucket)
+	if cr := r.check(k, zeroOf(hourlyShare, true), 1); cr.Allowed {
+		t.Fatalf("check at a cap of 0: %+v", cr)
+	}
+	if !r.hasBucket(k) {
+		t.Fatal("a key with a live lease was held")
+	}
+}
+
+// TestAwaitedShareOnlyAtACapOfZero: AwaitingShare speaks of a static burst
+// of 0; with a positive one (a caller that set it anyway) a missing key
+// is created at its cap as always.
+func TestAwaitedShareOnlyAtACapOfZero(t *testing.T) {
+	r := newAwaitedRig(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "hourly"})
+	r.stampLongAgo(k)
+	c := hourlyShare
+	c.AwaitingShare = true
+	if lr := r.acquire(k, c, Report{Instance: "i-1", Seq: 1, Lease: 1, Want: 100, Min: 1}); lr.Granted != 100 {
+		t.Fatalf("missing key at a static burst of 100 flagged awaiting: %+v, want its burst granted", lr)
+	}
+	if !r.hasBucket(k) {
+		t.Fatal("no bucket after a grant of 100")
+	}
+}
+
+// TestAwaitedShareRebirthDropsTheOldDemand: a bucket older than its data
+// set's birth (a Redis that lost its born sentinel) is deleted with all it
+// counted: the bucket created in its place carries no denied or strict
+// demand of the lost history, as only a held key's demand (a hash without
+// ts) is carried into a new bucket.
+func TestAwaitedShareRebirthDropsTheOldDemand(t *testing.T) {
+	r := newAwaitedRig(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "hourly"})
+	r.stampLongAgo(k)
+	if cr := r.check(k, hourlyShare, 200); cr.Allowed {
+		t.Fatalf("check of 200 against a burst of 100: %+v", cr)
+	}
+	if st := r.state(k, hourlyShare); st.Denied != 200 || st.StrictDemand != 200 {
+		t.Fatalf("after a denied check of 200: %+v, want 200 denied and asked", st)
+	}
+	if err := r.rdb.Del(r.ctx, k.Born).Err(); err != nil {
+		t.Fatal(err)
+	}
+	delete(r.m.born, k.Born)
+	r.advance(time.Second)
+	if st := r.state(k, hourlyShare); st.Denied != 0 || st.StrictDemand != 0 {
+		t.Fatalf("bucket born again after its data set lost its sentinel: %+v, want nothing of the lost history", st)
 	}
 }
