@@ -73,6 +73,10 @@ func TestChainAwaitingOnlyForAClassNotYetKnown(t *testing.T) {
 		{"drained region restored, not confirmed", NewChain(2, addedDrained).Adopt(3, added), false},
 		{"class added, region with no whole unit", NewChain(1, old).Adopt(2, addedTiny), false},
 		{"class removed and added back", NewChain(1, added).Adopt(2, old).Adopt(3, added), true},
+		// A config that does not know the class makes the 0, but one
+		// adopted since drains the region: its floor may be what the
+		// global tier counts it at.
+		{"class added, drained, then restored", NewChain(1, old).Adopt(2, addedDrained).Adopt(3, added), false},
 	} {
 		got, burst := awaiting(tc.chain, "us")
 		if got != tc.want {
