@@ -227,3 +227,38 @@ func TestDrainedRegionComesBackWithoutABurst(t *testing.T) {
 		t.Fatalf("restored us admitted %d within %v of the restore, above r_us·t = %v", admitted, time.Since(start), bound)
 	}
 }
+
+// TestNoShareIsAwaitedOffTheStaticLease: a region off its static lease
+// (here: no global tier has answered it yet) runs its floor, whatever its
+// chain says. A class added by an unconfirmed config, at a partition_share
+// of 0, is a floor of 0 there, not a share awaited: a key used meanwhile is
+// created empty, to climb from nothing once the region's share arrives,
+// since the global tier may count the region at that floor.
+func TestNoShareIsAwaitedOffTheStaticLease(t *testing.T) {
+	ctx := context.Background()
+	old, added := hourlyConfig(t, false, false), hourlyConfig(t, true, false)
+	src := configtest.NewSource(old, 10)
+	rdb := redistest.Start(t).Client()
+	srv, err := regional.New(regional.Options{Region: "us", Redis: rdb, Config: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	us := &leadRegion{src: src, srv: srv, rdb: rdb}
+	src.Set(added, 20)
+	hourly := quota.Key{Tenant: "acme", Class: "hourly"}
+	_, c, _, err := srv.CommonFor(added, hourly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.StaticBurst != 0 || c.AwaitingShare {
+		t.Fatalf("off its static lease, a class added at partition_share 0: burst %v, awaiting %v; want its floor 0, not awaited",
+			c.StaticBurst, c.AwaitingShare)
+	}
+	if g := us.acquire(ctx, t, qk(hourly.Tenant, hourly.Class), 50); g.GetGranted() != 0 {
+		t.Fatalf("on a floor of 0: granted %d", g.GetGranted())
+	}
+	if !us.hasBucket(ctx, t, hourly) {
+		t.Fatal("a key used on a floor of 0 off the static lease was held, not created empty")
+	}
+}
