@@ -100,6 +100,9 @@ func TestAwaitedShareIsBornFull(t *testing.T) {
 	if r.hasBucket(awaited) {
 		t.Fatal("a state read gave a held key a bucket")
 	}
+	if _, ok := r.m.PeekBucket(awaited); ok {
+		t.Fatal("the Model's PeekBucket found a bucket for a held key (its demand alone)")
+	}
 
 	// The same calls on a floor of 0 create the bucket empty.
 	r.acquire(floor, zeroOf(hourlyShare, false), Report{Instance: "i-1", Seq: 1, Lease: 1, Want: 10, Min: 1})
