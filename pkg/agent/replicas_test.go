@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -117,4 +118,87 @@ func startReplica(t *testing.T, rs *redistest.Server, cfg *config.Config, reg *p
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
 	return g, lis.Addr().String()
+}
+
+// TestACutSyncIsSentToTheOtherReplica: a Sync cut by its replica's stop is
+// sent once more through the next pick (lease.ServiceConfig), as an
+// Acquire is: the agent's lease client sees it answered, not UNAVAILABLE,
+// and no decision meanwhile is degraded. The agent's periodic Sync (every
+// refresh while a key holds a lease) is what replica 0 stops under.
+func TestACutSyncIsSentToTheOtherReplica(t *testing.T) {
+	cfg := regiontest.MustConfig(t, conformanceConfig)
+	refresh := time.Duration(cfg.Refresh)
+	rs := redistest.Start(t)
+	var armed atomic.Bool
+	var cut atomic.Int64
+	var stopping *grpc.Server
+	var addr0 string
+	stopping, addr0 = startReplica(t, rs, cfg, prometheus.NewRegistry(), func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != sluicev1.LeaseService_Sync_FullMethodName || !armed.CompareAndSwap(true, false) {
+			return handler(ctx, req)
+		}
+		cut.Add(1)
+		go stopping.Stop() // closes every connection, this call's too
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	reg1 := prometheus.NewRegistry()
+	other := regiontest.StartOn(t, rs, cfg, "local", func(o *regional.Options) { o.Registerer = reg1 })
+	a := startAgent(t, addr0+","+other.Addr, agent.StaticConfig{C: cfg})
+	web := httpClient(t)
+	syncs := func(code string) uint64 {
+		t.Helper()
+		mfs, err := a.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, mf := range mfs {
+			if mf.GetName() != "sluice_client_rpc_duration_seconds" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["method"] == "Sync" && (code == "" || labels["code"] == code) {
+					n += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+		return n
+	}
+	// ask keeps a key's lease in use, so the agent syncs it every refresh.
+	ask := func(what string) {
+		t.Helper()
+		if out := allow(t, web, a, `{"tenant":"t","class":"read"}`); out.Degraded {
+			t.Fatalf("%s: %+v, degraded (a replica answers)", what, out)
+		}
+	}
+	// Both replicas answer Syncs before replica 0 is armed: round_robin
+	// reaches it.
+	poll := func(what string, done func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(100 * refresh)
+		for !done() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v", what, 100*refresh)
+			}
+			ask(what)
+			time.Sleep(refresh / 4)
+		}
+	}
+	poll("a Sync answered by replica 1", func() bool {
+		return metrictest.Series(t, reg1, "sluice_regional_requests_total", map[string]string{"method": "Sync", "code": "OK"}) > 0
+	})
+	armed.Store(true)
+	poll("a Sync reaching replica 0 once armed", func() bool { return cut.Load() > 0 })
+	at := syncs("")
+	// Syncs run one after another: two more observed means the cut one
+	// ended.
+	poll("the cut Sync to end", func() bool { return syncs("") >= at+2 })
+	if n := syncs("Unavailable"); n != 0 {
+		t.Fatalf("%d Syncs failed UNAVAILABLE: the one cut by its replica's stop was not sent to the other", n)
+	}
 }
