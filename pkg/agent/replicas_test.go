@@ -120,21 +120,32 @@ func startReplica(t *testing.T, rs *redistest.Server, cfg *config.Config, reg *p
 	return g, lis.Addr().String()
 }
 
-// TestACutSyncIsSentToTheOtherReplica: a Sync cut by its replica's stop is
-// sent once more through the next pick (lease.ServiceConfig), as an
-// Acquire is: the agent's lease client sees it answered, not UNAVAILABLE,
-// and no decision meanwhile is degraded. The agent's periodic Sync (every
-// refresh while a key holds a lease) is what replica 0 stops under.
-func TestACutSyncIsSentToTheOtherReplica(t *testing.T) {
+// TestACutSyncOrReleaseIsSentToTheOtherReplica: a Sync or a Release cut
+// by its replica's stop is sent once more through the next pick
+// (lease.ServiceConfig), as an Acquire is: the agent's lease client sees it
+// answered, not UNAVAILABLE, and no decision meanwhile is degraded. Replica
+// 0 stops under the agent's periodic Sync (every refresh while a key holds
+// a lease), or under its Release of keys idle for IdleTimeout.
+func TestACutSyncOrReleaseIsSentToTheOtherReplica(t *testing.T) {
+	for _, method := range []string{"Sync", "Release"} {
+		t.Run(method, func(t *testing.T) { cutOnceAndResent(t, method) })
+	}
+}
+
+func cutOnceAndResent(t *testing.T, method string) {
 	cfg := regiontest.MustConfig(t, conformanceConfig)
 	refresh := time.Duration(cfg.Refresh)
+	full := sluicev1.LeaseService_Sync_FullMethodName
+	if method == "Release" {
+		full = sluicev1.LeaseService_Release_FullMethodName
+	}
 	rs := redistest.Start(t)
 	var armed atomic.Bool
 	var cut atomic.Int64
 	var stopping *grpc.Server
 	var addr0 string
 	stopping, addr0 = startReplica(t, rs, cfg, prometheus.NewRegistry(), func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if info.FullMethod != sluicev1.LeaseService_Sync_FullMethodName || !armed.CompareAndSwap(true, false) {
+		if info.FullMethod != full || !armed.CompareAndSwap(true, false) {
 			return handler(ctx, req)
 		}
 		cut.Add(1)
@@ -144,9 +155,9 @@ func TestACutSyncIsSentToTheOtherReplica(t *testing.T) {
 	})
 	reg1 := prometheus.NewRegistry()
 	other := regiontest.StartOn(t, rs, cfg, "local", func(o *regional.Options) { o.Registerer = reg1 })
-	a := startAgent(t, addr0+","+other.Addr, agent.StaticConfig{C: cfg})
+	a := startAgent(t, addr0+","+other.Addr, agent.StaticConfig{C: cfg}, func(o *agent.Options) { o.Lease.IdleTimeout = 2 * refresh })
 	web := httpClient(t)
-	syncs := func(code string) uint64 {
+	calls := func(code string) uint64 {
 		t.Helper()
 		mfs, err := a.Registry().Gather()
 		if err != nil {
@@ -162,22 +173,25 @@ func TestACutSyncIsSentToTheOtherReplica(t *testing.T) {
 				for _, l := range m.GetLabel() {
 					labels[l.GetName()] = l.GetValue()
 				}
-				if labels["method"] == "Sync" && (code == "" || labels["code"] == code) {
+				if labels["method"] == method && (code == "" || labels["code"] == code) {
 					n += m.GetHistogram().GetSampleCount()
 				}
 			}
 		}
 		return n
 	}
-	// ask keeps a key's lease in use, so the agent syncs it every refresh.
+	// ask keeps a key's lease in use, so the agent syncs it every refresh,
+	// and leases a fresh one, which the agent releases once idle.
+	n := 0
 	ask := func(what string) {
 		t.Helper()
-		if out := allow(t, web, a, `{"tenant":"t","class":"read"}`); out.Degraded {
-			t.Fatalf("%s: %+v, degraded (a replica answers)", what, out)
+		n++
+		for _, body := range []string{`{"tenant":"t","class":"read"}`, fmt.Sprintf(`{"tenant":"t%d","class":"read"}`, n)} {
+			if out := allow(t, web, a, body); out.Degraded {
+				t.Fatalf("%s: %+v, degraded (a replica answers)", what, out)
+			}
 		}
 	}
-	// Both replicas answer Syncs before replica 0 is armed: round_robin
-	// reaches it.
 	poll := func(what string, done func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(100 * refresh)
@@ -189,16 +203,18 @@ func TestACutSyncIsSentToTheOtherReplica(t *testing.T) {
 			time.Sleep(refresh / 4)
 		}
 	}
-	poll("a Sync answered by replica 1", func() bool {
-		return metrictest.Series(t, reg1, "sluice_regional_requests_total", map[string]string{"method": "Sync", "code": "OK"}) > 0
+	// Replica 1 answers the method before replica 0 is armed, so both
+	// are connected.
+	poll(method+" answered by replica 1", func() bool {
+		return metrictest.Series(t, reg1, "sluice_regional_requests_total", map[string]string{"method": method, "code": "OK"}) > 0
 	})
 	armed.Store(true)
-	poll("a Sync reaching replica 0 once armed", func() bool { return cut.Load() > 0 })
-	at := syncs("")
-	// Syncs run one after another: two more observed means the cut one
-	// ended.
-	poll("the cut Sync to end", func() bool { return syncs("") >= at+2 })
-	if n := syncs("Unavailable"); n != 0 {
-		t.Fatalf("%d Syncs failed UNAVAILABLE: the one cut by its replica's stop was not sent to the other", n)
+	poll(method+" reaching replica 0 once armed", func() bool { return cut.Load() > 0 })
+	at := calls("")
+	// The owner loop sends them one after another: two more observed
+	// means the cut one ended.
+	poll("the cut "+method+" to end", func() bool { return calls("") >= at+2 })
+	if got := calls("Unavailable"); got != 0 {
+		t.Fatalf("%d %s calls failed UNAVAILABLE: the one cut by its replica's stop was not sent to the other", got, method)
 	}
 }
