@@ -52,6 +52,7 @@ commands:
   get [-o yaml|json]                print the config in etcd (its revision on stderr)
   status [-top N] [-o text|json]    leaders from etcd and the global allocation
   tenant get NAME                   a tenant's tier, overrides, shadow and limits
+                                    (one not listed: exit 4, default_tier's shown)
   tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...]
                  [-remove-override class ...] [-yes] [-dry-run]
   tenant delete NAME [-yes] [-dry-run]

@@ -497,9 +497,12 @@ func TestTenantSetMovesTenantAndGetShowsIt(t *testing.T) {
 	wantLimit(t, r.stdout, "write", "800/s", "1600", "override")
 	wantLimit(t, r.stdout, "read", "2000/s", "4000", "tier pro")
 
-	// An unlisted tenant resolves to the default tier.
+	// An unlisted tenant is no such tenant (exit 4, as for tenant delete
+	// and region drain), named on stderr; stdout shows the default tier's
+	// limits it resolves to.
 	r = sluicectl(t, "", c.args("tenant", "get", "bob")...)
-	wantCode(t, r, exitOK)
+	wantCode(t, r, exitNotFound)
+	wantContains(t, "stderr", r.stderr, `tenant "bob" is not listed`, "default_tier free", "tenant set bob -tier")
 	wantContains(t, "stdout", r.stdout, "not listed")
 	wantLimit(t, r.stdout, "read", "10/s", "20", "tier free")
 

@@ -9,7 +9,8 @@
 //	                                 show the diff and write the config
 //	get [-o yaml|json]               print the config in etcd
 //	status [-top N] [-o text|json]   leaders and the global allocation
-//	tenant get NAME                  a tenant's tier, overrides and limits
+//	tenant get NAME                  a tenant's tier, overrides and limits (one
+//	                                 not listed: exit 4, default_tier's limits shown)
 //	tenant set NAME [-tier T] [-shadow=true|false] [-override class=rate,burst ...]
 //	tenant delete NAME               stop listing a tenant
 //	tenant list [-prefix P]          stored tenants, one per line

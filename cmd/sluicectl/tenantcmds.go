@@ -36,7 +36,16 @@ func (a *app) tenantGetCmd(fs *flag.FlagSet) func(context.Context, []string) err
 		} else {
 			cfg.Tenants = nil
 		}
-		return writeTenant(a, cfg, view.Revision, args[0])
+		if err := writeTenant(a, cfg, view.Revision, args[0]); err != nil {
+			return err
+		}
+		if view.Tenant == nil {
+			// No such tenant (exit 4, as tenant delete and shadow set
+			// say); the limits shown are what it would get.
+			return exitf(exitNotFound, "tenant %q is not listed under tenants; the limits shown are default_tier %s's, which it gets; list it with: sluicectl tenant set %s -tier TIER",
+				args[0], cfg.DefaultTier, args[0])
+		}
+		return nil
 	}
 }
 
