@@ -155,8 +155,10 @@
 // hit count above the limit OVER_LIMIT (Target.Never). Its
 // x-ratelimit-limit starts with the key's cap in this region as the
 // limiter last learned it from the region (lease.Client.Cap), as every
-// other answer on the key does, and with the configured burst while the
-// region has not answered on the key. Each matched
+// other answer on the key does; for a key the limiter does not hold
+// (never answered, or forgotten as idle) the live config's static share of
+// it in this region (lease.Options.StaticShare, LiveStaticShare), and the
+// configured burst only for a limiter given none. Each matched
 // descriptor is charged separately, even when two name the same key. When
 // one descriptor is over limit, tokens already taken for the others stay
 // spent (Envoy's own service behaves the same); this only ever

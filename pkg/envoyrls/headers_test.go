@@ -264,3 +264,64 @@ func TestAnswerThatSpendsTheLastTokensSaysWhenTheyComeBack(t *testing.T) {
 		t.Fatalf("the request after: %v, t %d; want OVER_LIMIT with a retry time no later than %d", resp, next.t, spent.t)
 	}
 }
+
+// TestNeverAnswerCarriesTheRegionsCapNotTheBurst: a cost above the
+// configured burst is answered "never" without asking the region; its
+// x-ratelimit-limit is the region's cap, as every other answer on the key
+// says (us-east's 3 of a free tenant's 5), not the burst: before the region
+// has answered on the key, while the client holds it, and after the client
+// has forgotten it as idle. It said 5 whenever the client did not hold
+// the key.
+func TestNeverAnswerCarriesTheRegionsCapNotTheBurst(t *testing.T) {
+	cfg := regiontest.MustConfig(t, threeRegions)
+	reg := regiontest.Start(t, cfg, "us-east")
+	const refresh, idle = 200 * time.Millisecond, 400 * time.Millisecond
+	src := regional.StaticConfig{C: cfg}
+	c, err := lease.NewClient(reg.Dial(t), lease.Options{
+		InstanceID: "envoy-never-cap", Refresh: refresh, IdleTimeout: idle, BreakerTimeout: 2 * time.Second,
+		StaticShare: envoyrls.LiveStaticShare(src, "us-east"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	svc, err := envoyrls.New(envoyrls.Options{Config: src, Limiter: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := quota.Key{Tenant: "newcomer", Class: "read"}
+	ask := func(what string, hits uint32, want rlsv3.RateLimitResponse_Code) {
+		t.Helper()
+		resp, err := svc.ShouldRateLimit(t.Context(), request("sluice", hits, desc("tenant", key.Tenant)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := checkFields(resp)
+		if err != nil {
+			t.Fatalf("%s: answer %v: %v", what, resp, err)
+		}
+		if resp.GetOverallCode() != want || s.cap != 3 || s.q != 5 {
+			t.Errorf("%s: %v, cap %d under q=%d; want %v with the region's cap 3 under the policy 5", what, resp.GetOverallCode(), s.cap, s.q, want)
+		}
+	}
+	ask("never, before the region answered", 6, rlsv3.RateLimitResponse_OVER_LIMIT)
+	ask("one token", 1, rlsv3.RateLimitResponse_OK)
+	if _, held := c.Table().State(key); !held {
+		t.Fatal("the client does not hold the key it just decided")
+	}
+	ask("never, the key held", 6, rlsv3.RateLimitResponse_OVER_LIMIT)
+
+	// Forgotten after idle without demand; the client looks at its keys
+	// every refresh.
+	deadline := time.Now().Add(idle + 10*refresh)
+	for {
+		if _, held := c.Table().State(key); !held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client still holds the key %v after its idle timeout of %v", idle+10*refresh, idle)
+		}
+		time.Sleep(refresh / 10)
+	}
+	ask("never, the key forgotten", 6, rlsv3.RateLimitResponse_OVER_LIMIT)
+}

@@ -229,8 +229,10 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, sc *s
 			// Nothing asked, nothing charged: no wait admits the cost.
 			d = quota.Decision{WouldDeny: true, Limit: t.Resolved.Limit.Burst, RetryNever: true}
 			if cr, ok := box.Limiter.(capReader); ok {
-				// The region's cap as of its last answer on the key; the
-				// configured burst (Limit) until it has answered.
+				// The region's cap as of its last answer on the key, else
+				// (never answered, or forgotten as idle) the live config's
+				// static share of it in the region; the configured burst
+				// (Limit) only when neither is known.
 				d.Cap, d.CapKnown = cr.Cap(t.Key)
 			}
 		} else if d, err = box.Allow(ctx, t.Key, t.Cost); err != nil {

@@ -260,8 +260,8 @@ func (c *Client) Incarnation() uint64 { return c.incarnation }
 // DegradedKeys, HeldTokens).
 func (c *Client) Table() *Table { return c.table }
 
-// Cap is Table.Cap: the region's cap for key as of its last answer, if
-// known.
+// Cap is Table.Cap: the region's cap for key as of its last answer, else
+// the live config's static share of it (Options.StaticShare), if known.
 func (c *Client) Cap(key quota.Key) (int64, bool) { return c.table.Cap(key) }
 
 // Allow decides whether a request of cost tokens on key may proceed. Over

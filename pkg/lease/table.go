@@ -936,19 +936,28 @@ func (t *Table) observeRTT(d time.Duration) {
 
 // Cap returns the region's burst cap for key in whole tokens as of the
 // region's last answer (Decision.Cap) without deciding or charging
-// anything; false when the table does not hold the key or its cap is not
-// known yet. For describing a request decided without the region (a cost
-// no wait admits) with the cap the key's decisions report.
+// anything. For a key the table does not hold (never answered, or
+// forgotten as idle) or whose cap is not known yet it is the live
+// config's static share of the key in this region
+// (TableOptions.StaticShare, its burst in whole tokens: the cap a region
+// answers for a key it holds no grant of); false without one. For
+// describing a request decided without the region (a cost no wait
+// admits) with the cap the key's decisions report, not the configured
+// burst. The caller bounds it by the key's limit.
 func (t *Table) Cap(key quota.Key) (int64, bool) {
-	e := t.keys.lookupFresh(key)
-	if e == nil {
+	if e := t.keys.lookupFresh(key); e != nil {
+		if in := e.info.Load(); in != nil && in.capKnown {
+			return in.cap, true
+		}
+	}
+	if t.opts.StaticShare == nil {
 		return 0, false
 	}
-	in := e.info.Load()
-	if in == nil || !in.capKnown {
+	share, ok := t.opts.StaticShare(key)
+	if !ok || share.Burst < 0 {
 		return 0, false
 	}
-	return in.cap, true
+	return share.Burst, true
 }
 
 // KeyState is a copy of one key's state, for tests, the simulator and
