@@ -198,3 +198,20 @@ func TestRegionsNeverSaysWhetherAWaitHelps(t *testing.T) {
 		})
 	}
 }
+
+// TestLeasePrintsTheRegionsRateWithoutItsSafetyMargin: a region's static
+// rate is rate·w/Σw shrunk by a relative 1e-12 so that the regions'
+// shares never sum above the key's rate (pkg/config, staticShareScale),
+// so the wire's region_rate for half of 5/s is 2.4999999999975; sluicectl
+// lease prints it as the 2.5/s the config means. (A real regional server
+// and Redis, run with no global tier so the rate is the static share.)
+func TestLeasePrintsTheRegionsRateWithoutItsSafetyMargin(t *testing.T) {
+	cfg := regiontest.MustConfig(t, fmt.Sprintf(neverLiveConfig, "1", "5"))
+	reg := regiontest.Start(t, cfg, "local", func(o *regional.Options) { o.Unleased = true })
+	r := sluicectl(t, "", "lease", "-class", "read", "-addr", reg.Addr, "-tenant", "acme")
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "region refills at 2.5/s,")
+	if strings.Contains(r.stdout, "2.49999") {
+		t.Fatalf("printed the rate's safety margin as digits:\n%s", r)
+	}
+}
