@@ -766,8 +766,10 @@ envoy:
 	for i := range 2 {
 		st, h := overLimit(i+1, 6)
 		never(fmt.Sprintf("request %d, cost above the burst", i+1), st, h)
-		// The region has not answered on the key yet: its cap is not
-		// known, so the first value is the configured burst.
+		// The region has not answered on the key yet and this loopback
+		// is given no static share (lease.Options.StaticShare, which
+		// cmd/regional's is: TestNeverAnswerCarriesTheRegionsCapNotTheBurst):
+		// its cap is not known, so the first value is the configured burst.
 		if h[envoyrls.HeaderLimit] != "5, 5;w=1" || h[envoyrls.HeaderRemaining] != "0" {
 			t.Errorf("request %d, cost above the burst: headers %v, want limit \"5, 5;w=1\" and remaining 0", i+1, h)
 		}
