@@ -60,6 +60,24 @@ series:
 	return 0
 }
 
+// Samples is the number of observations of the histogram name in reg,
+// summed over its series whose labels (name to value; a label a series
+// lacks reads "") satisfy match: 0 when there is none yet.
+func Samples(t testing.TB, reg prometheus.Gatherer, name string, match func(labels map[string]string) bool) uint64 {
+	t.Helper()
+	var n uint64
+	for _, m := range family(t, reg, name).GetMetric() {
+		labels := make(map[string]string, len(m.GetLabel()))
+		for _, lp := range m.GetLabel() {
+			labels[lp.GetName()] = lp.GetValue()
+		}
+		if match(labels) {
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	return n
+}
+
 // Scrape is the text a Prometheus scrape of url (a daemon's /metrics)
 // reads; an error reaching it or reading it fails the test.
 func Scrape(t testing.TB, url string) string {

@@ -159,26 +159,9 @@ func cutOnceAndResent(t *testing.T, method string) {
 	web := httpClient(t)
 	calls := func(code string) uint64 {
 		t.Helper()
-		mfs, err := a.Registry().Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n uint64
-		for _, mf := range mfs {
-			if mf.GetName() != "sluice_client_rpc_duration_seconds" {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				labels := map[string]string{}
-				for _, l := range m.GetLabel() {
-					labels[l.GetName()] = l.GetValue()
-				}
-				if labels["method"] == method && (code == "" || labels["code"] == code) {
-					n += m.GetHistogram().GetSampleCount()
-				}
-			}
-		}
-		return n
+		return metrictest.Samples(t, a.Registry(), "sluice_client_rpc_duration_seconds", func(l map[string]string) bool {
+			return l["method"] == method && (code == "" || l["code"] == code)
+		})
 	}
 	// ask keeps a key's lease in use, so the agent syncs it every refresh,
 	// and leases a fresh one, which the agent releases once idle.

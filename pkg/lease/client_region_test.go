@@ -143,22 +143,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, want map[strin
 // latency histogram), whatever their codes.
 func rpcCalls(t *testing.T, reg *prometheus.Registry, method string) uint64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n uint64
-	for _, mf := range mfs {
-		if mf.GetName() != "sluice_client_rpc_duration_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelsMatch(m, map[string]string{"method": method}) {
-				n += m.GetHistogram().GetSampleCount()
-			}
-		}
-	}
-	return n
+	return metrictest.Samples(t, reg, "sluice_client_rpc_duration_seconds", func(l map[string]string) bool { return l["method"] == method })
 }
 
 func labelsMatch(m *dto.Metric, want map[string]string) bool {

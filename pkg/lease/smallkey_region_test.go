@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
@@ -374,20 +375,5 @@ default_tier: free
 // their method.
 func rpcFailures(t *testing.T, m *prometheus.Registry) uint64 {
 	t.Helper()
-	mfs, err := m.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n uint64
-	for _, mf := range mfs {
-		if mf.GetName() != "sluice_client_rpc_duration_seconds" {
-			continue
-		}
-		for _, s := range mf.GetMetric() {
-			if !labelsMatch(s, map[string]string{"code": "OK"}) {
-				n += s.GetHistogram().GetSampleCount()
-			}
-		}
-	}
-	return n
+	return metrictest.Samples(t, m, "sluice_client_rpc_duration_seconds", func(l map[string]string) bool { return l["code"] != "OK" })
 }
