@@ -133,3 +133,37 @@ func TestNeverDescribedKeyRefillsNoFasterThanFallbackLimit(t *testing.T) {
 		t.Fatalf("admitted %d a tenth of a second later, want 1 at FallbackLimit's rate", n)
 	}
 }
+
+// TestCapIsTheRegionsAnswerElseTheStaticShare: Cap reports what the
+// region last said of a key the table holds; for a key it does not hold
+// (never answered, or forgotten) the live config's static share of the
+// key in this region, in whole tokens, which is the cap the region answers
+// for a key it holds no grant of; nothing without a share (no hook, a key
+// the hook does not name, a negative burst). The Envoy endpoint's never
+// form reports it instead of the configured burst (pkg/envoyrls
+// TestNeverAnswerCarriesTheRegionsCapNotTheBurst).
+func TestCapIsTheRegionsAnswerElseTheStaticShare(t *testing.T) {
+	neg := quota.Key{Tenant: "neg", Class: "write"}
+	shares := map[quota.Key]quota.Limit{kW: {Rate: 2.5, Burst: 2}, neg: {Rate: 1, Burst: -1}}
+	tb := newTestTable(t, func(o *TableOptions) {
+		o.StaticShare = func(k quota.Key) (quota.Limit, bool) {
+			l, ok := shares[k]
+			return l, ok
+		}
+	})
+	if c, ok := tb.Cap(kW); !ok || c != 2 {
+		t.Fatalf("Cap of a key never answered: %d, %v; want its static share's burst 2", c, ok)
+	}
+	for _, k := range []quota.Key{{Tenant: "unnamed", Class: "write"}, neg} {
+		if c, ok := tb.Cap(k); ok {
+			t.Errorf("Cap(%s) = %d with no usable share, want none", k, c)
+		}
+	}
+	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 1, func(g *sluicev1.Grant) { g.RegionBurst = 7.5; g.Limit = 10 })
+	if c, ok := tb.Cap(kW); !ok || c != 7 {
+		t.Fatalf("Cap of a key the region answered: %d, %v; want the region's cap in whole tokens, 7", c, ok)
+	}
+	if c, ok := newTestTable(t).Cap(kW); ok {
+		t.Fatalf("Cap without a StaticShare hook: %d, want none", c)
+	}
+}
