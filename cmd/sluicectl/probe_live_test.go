@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -135,21 +134,6 @@ default_tier: free
 	}
 }
 
-// neverLiveConfig: a key of 5/s shared by two regions of equal weight,
-// only "local" running: its static cap is half the burst in whole
-// tokens. %[1]s is every
-// class's partition_share, %[2]s the burst.
-const neverLiveConfig = `
-lease_ttl: 2s
-refresh: 200ms
-regions: {local: {weight: 1}, far: {weight: 1}}
-classes:
-  read:   {mode: lease, partition_share: %[1]s}
-  export: {mode: strict, on_failure: closed, partition_share: %[1]s}
-tiers: {std: {read: {rate: 5/s, burst: %[2]s}, export: {rate: 5/s, burst: %[2]s}}}
-default_tier: std
-`
-
 // TestRegionsNeverSaysWhetherAWaitHelps: lease and check print a region's
 // "never" as the lease client decides it (pkg/lease, waitCures): "no wait
 // helps" only from a region run with no global tier (-unleased), whose cap
@@ -162,25 +146,26 @@ default_tier: std
 // give up. (A real regional server and Redis.)
 func TestRegionsNeverSaysWhetherAWaitHelps(t *testing.T) {
 	for _, tc := range []struct {
-		name, share, burst string
-		unleased           bool
-		cmd                []string
-		want               []string
-		wantNoWait         bool
+		name, share string
+		burst       int
+		unleased    bool
+		cmd         []string
+		want        []string
+		wantNoWait  bool
 	}{
-		{name: "unleased check above its cap", share: "1", burst: "5", unleased: true,
+		{name: "unleased check above its cap", share: "1", burst: 5, unleased: true,
 			cmd: []string{"check", "-class", "export", "-cost", "4"}, want: []string{"no global tier", "cap for this key (2)"}, wantNoWait: true},
-		{name: "unleased lease below one token", share: "1", burst: "1", unleased: true,
+		{name: "unleased lease below one token", share: "1", burst: 1, unleased: true,
 			cmd: []string{"lease", "-class", "read"}, want: []string{"no global tier", "cannot hold 1 token"}, wantNoWait: true},
-		{name: "leased check above its cap", share: "1", burst: "5",
+		{name: "leased check above its cap", share: "1", burst: 5,
 			cmd: []string{"check", "-class", "export", "-cost", "4"}, want: []string{"cannot hold 4 tokens now", "cap for this key is 2,", "asks again after a refresh"}},
-		{name: "leased check at a rate of 0", share: "0", burst: "5",
+		{name: "leased check at a rate of 0", share: "0", burst: 5,
 			cmd: []string{"check", "-class", "export"}, want: []string{"rate for this key is 0", "asks again after a refresh"}},
-		{name: "leased lease at a rate of 0", share: "0", burst: "5",
+		{name: "leased lease at a rate of 0", share: "0", burst: 5,
 			cmd: []string{"lease", "-class", "read"}, want: []string{"granted 0 of 10", "rate for this key is 0", "asks again after a refresh"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := regiontest.MustConfig(t, fmt.Sprintf(neverLiveConfig, tc.share, tc.burst))
+			cfg := regiontest.MustConfig(t, regiontest.TwoRegionsConfig(tc.share, tc.burst))
 			reg := regiontest.Start(t, cfg, "local", func(o *regional.Options) { o.Unleased = tc.unleased })
 			r := sluicectl(t, "", append(tc.cmd, "-addr", reg.Addr, "-tenant", "acme")...)
 			if tc.cmd[0] == "check" {
@@ -206,7 +191,7 @@ func TestRegionsNeverSaysWhetherAWaitHelps(t *testing.T) {
 // lease prints it as the 2.5/s the config means. (A real regional server
 // and Redis, run with no global tier so the rate is the static share.)
 func TestLeasePrintsTheRegionsRateWithoutItsSafetyMargin(t *testing.T) {
-	cfg := regiontest.MustConfig(t, fmt.Sprintf(neverLiveConfig, "1", "5"))
+	cfg := regiontest.MustConfig(t, regiontest.TwoRegionsConfig("1", 5))
 	reg := regiontest.Start(t, cfg, "local", func(o *regional.Options) { o.Unleased = true })
 	r := sluicectl(t, "", "lease", "-class", "read", "-addr", reg.Addr, "-tenant", "acme")
 	wantCode(t, r, exitOK)

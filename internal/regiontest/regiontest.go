@@ -5,6 +5,7 @@ package regiontest
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -117,3 +118,28 @@ func (s *SwappedConfig) Store(cfg *config.Config) { s.p.Store(cfg) }
 
 // Current is the live config.
 func (s *SwappedConfig) Current() *config.Config { return s.p.Load() }
+
+// TwoRegionsConfig is the YAML of a config whose every key runs at 5/s
+// with the given burst over two regions of equal weight, "local" and
+// "far" (a test starts only "local"): the region's static share is half
+// the rate and half the burst, so its cap is below the key's configured
+// burst. partitionShare is every class's partition_share ("" leaves it
+// to the default); "read" is a lease class, "export" a strict one that
+// fails closed, and Envoy descriptors map tenant and class.
+func TwoRegionsConfig(partitionShare string, burst int) string {
+	share := ""
+	if partitionShare != "" {
+		share = ", partition_share: " + partitionShare
+	}
+	return fmt.Sprintf(`
+lease_ttl: 2s
+refresh: 200ms
+regions: {local: {weight: 1}, far: {weight: 1}}
+classes:
+  read:   {mode: lease%[1]s}
+  export: {mode: strict, on_failure: closed%[1]s}
+tiers: {std: {read: {rate: 5/s, burst: %[2]d}, export: {rate: 5/s, burst: %[2]d}}}
+default_tier: std
+envoy: {descriptors: [{domain: sluice, tenant_key: tenant, class_key: class}]}
+`, share, burst)
+}

@@ -16,21 +16,6 @@ import (
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
-// neverConfig: a key of 5/s with a burst of 5 shared by two regions of
-// equal weight, only "local" running: its static cap is 2.5, 2 whole
-// tokens. %s is every class's partition_share.
-const neverConfig = `
-lease_ttl: 2s
-refresh: 200ms
-regions: {local: {weight: 1}, far: {weight: 1}}
-classes:
-  read:   {mode: lease, partition_share: %[1]s}
-  export: {mode: strict, on_failure: closed, partition_share: %[1]s}
-tiers: {std: {read: {rate: 5/s, burst: 5}, export: {rate: 5/s, burst: 5}}}
-default_tier: std
-envoy: {descriptors: [{domain: sluice, tenant_key: tenant, class_key: class}]}
-`
-
 // TestRetryNeverOnlyWhereNoWaitHelps: the agent's HTTP API and its Envoy
 // endpoint answer retry_never (the never form: OVER_LIMIT with no
 // duration_until_reset, retry-after or x-ratelimit-reset) only where no
@@ -61,7 +46,7 @@ func TestRetryNeverOnlyWhereNoWaitHelps(t *testing.T) {
 		{region: "floor", share: "0", cost: 1},
 	} {
 		t.Run(tc.region, func(t *testing.T) {
-			cfg := regiontest.MustConfig(t, fmt.Sprintf(neverConfig, tc.share))
+			cfg := regiontest.MustConfig(t, regiontest.TwoRegionsConfig(tc.share, 5))
 			r := regiontest.Start(t, cfg, "local", func(o *regional.Options) {
 				o.Registerer, o.Unleased = prometheus.NewRegistry(), tc.unleased
 			})

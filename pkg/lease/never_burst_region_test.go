@@ -3,29 +3,12 @@ package lease_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
-
-// twoRegionsSmallKey: a key of 5/s with a burst of 5 shared by two regions
-// of equal weight, only "local" running: the region's static cap is 2.5,
-// so 2 whole tokens, below the key's configured burst. partition_share 1
-// keeps that static share as the floor, which a region with a global tier
-// runs on until the global tier confers its static lease (none runs here).
-const twoRegionsSmallKey = `
-lease_ttl: 2s
-refresh: 200ms
-regions: {local: {weight: 1}, far: {weight: 1}}
-classes:
-  read:   {mode: lease, partition_share: 1}
-  export: {mode: strict, on_failure: closed, partition_share: 1}
-tiers: {free: {read: {rate: 5/s, burst: 5}, export: {rate: 5/s, burst: 5}}}
-default_tier: free
-`
 
 // leased runs the region as one with a global tier (not
 // regional.Options.Unleased): with no leader it runs on its floor.
@@ -42,7 +25,7 @@ func leased(o *regional.Options) { o.Unleased = false }
 // answer it "never" without asking the region). (A real regional server
 // and Redis.)
 func TestNeverOnlyAboveTheConfiguredBurst(t *testing.T) {
-	cfg := regiontest.MustConfig(t, twoRegionsSmallKey)
+	cfg := regiontest.MustConfig(t, regiontest.TwoRegionsConfig("1", 5))
 	e := env{reg: regiontest.Start(t, cfg, "local", leased), cfg: cfg}
 	for _, class := range []string{"read", "export"} {
 		t.Run(class, func(t *testing.T) {
@@ -79,7 +62,7 @@ func TestNeverOnlyAboveTheConfiguredBurst(t *testing.T) {
 // from it waits (TestNeverForTokensOutInLeasesIsAWait). (A real regional
 // server and Redis.)
 func TestUnleasedRegionIsNeverAboveItsCap(t *testing.T) {
-	cfg := regiontest.MustConfig(t, strings.ReplaceAll(twoRegionsSmallKey, ", partition_share: 1", ""))
+	cfg := regiontest.MustConfig(t, regiontest.TwoRegionsConfig("", 5))
 	e := env{reg: regiontest.Start(t, cfg, "local"), cfg: cfg}
 	for _, class := range []string{"read", "export"} {
 		t.Run(class, func(t *testing.T) {
