@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/lease"
 )
 
 // leaseCmd takes one lease from a regional service and prints the grant:
@@ -120,7 +120,7 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 // regionNever says in words what a region's "never" (retry_after_ms -1:
 // its bucket cannot hold n tokens at its current cap less the tokens out
 // in leases, or its rate is zero) means for a request of n tokens, as the
-// lease client reads it (pkg/lease, waitCures; docs/architecture.md, "No
+// lease client reads it (lease.WaitCures; docs/architecture.md, "No
 // edge promises a wait that cannot be honoured"). Only a cost above the
 // key's configured burst, or above the cap of a region run with no global
 // tier (-unleased), whose rate and cap are its static share for good, is
@@ -136,7 +136,7 @@ func regionNever(n, limit int64, unleased bool, rate, burst float64, known bool)
 		return fmt.Sprintf("no wait helps: %s is more than the key's configured burst, %d", tokens(n), limit)
 	case !known:
 		return "the region's bucket cannot hold it now, at its cap less the tokens out in leases"
-	case unleased && (rate <= 0 || float64(n) > math.Floor(burst+1e-9)):
+	case unleased && !lease.WaitCures(n, limit, unleased, known, rate, burst):
 		return fmt.Sprintf("no wait helps: the region runs with no global tier, so its cap for this key (%.6g) and its rate (%.6g/s) stay as they are until the config changes, and its bucket cannot hold %s", burst, rate, tokens(n))
 	case unleased:
 		return fmt.Sprintf("the region's bucket cannot hold %s now: tokens are out in leases (its cap is %.6g); they come back as leases are released or expire, so a client asks again after a refresh", tokens(n), burst)

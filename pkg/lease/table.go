@@ -528,9 +528,12 @@ func (in *keyInfo) expected(pool int64) int64 {
 	return r
 }
 
-// waitCures reports whether a request of cost tokens the region answered
+// WaitCures reports whether a request of cost tokens the region answered
 // "never" can still be admitted by waiting while the config stays as it
-// is; unleased says the region runs with no global tier. The region's
+// is. limit is the key's configured burst (0: not known yet); unleased
+// says the region runs with no global tier; known that the answer carried
+// the region's rate and burst for the key (regionRate, regionBurst: its
+// cap, fractional where a static share splits a small burst). The region's
 // "never" speaks of its bucket now: its current cap less the tokens out in
 // leases, at its current rate. Leases come back (released, expired). A
 // region with a global tier is given more without a config change: grants
@@ -545,14 +548,21 @@ func (in *keyInfo) expected(pool int64) int64 {
 // cost above the configured burst, or one whose burst is not known yet,
 // is never admitted (docs/architecture.md, "No edge promises a wait that
 // cannot be honoured").
-func (in *keyInfo) waitCures(cost int64, unleased bool) bool {
+// It is how the lease client decides, and what sluicectl tells its user.
+func WaitCures(cost, limit int64, unleased, known bool, regionRate, regionBurst float64) bool {
 	switch {
-	case in.limit <= 0 || cost > in.limit:
+	case limit <= 0 || cost > limit:
 		return false
 	case unleased:
-		return in.capKnown && cost <= in.cap && in.regionRate > 0
+		return known && cost <= wholeCap(regionBurst, limit) && regionRate > 0
 	}
 	return true
+}
+
+// waitCures is WaitCures for the key's last answer: its cap is
+// wholeCap(regionBurst, limit) whenever capKnown.
+func (in *keyInfo) waitCures(cost int64, unleased bool) bool {
+	return WaitCures(cost, in.limit, unleased, in.capKnown, in.regionRate, in.regionBurst)
 }
 
 // wholeCap is the region's burst cap in whole tokens, at most the
