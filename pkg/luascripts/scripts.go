@@ -83,6 +83,23 @@ type Common struct {
 	// the end of a grant in force), at least 2 x LeaseTTL, plus a second
 	// (lib.lua, bucket_ttl). 0: not known (tests, tools): 2 x LeaseTTL.
 	ShareFill time.Duration
+	// RiseUS is the Redis time (µs) from which the region's static share
+	// of the key stands above its floor (FloorRate, FloorBurst): the last
+	// time the region came back from a floor, its static lease conferred
+	// again after it ended or a drain lifted (regionsync). Optional; 0 =
+	// none known. The global tier may have counted the region at its
+	// floor before it, and given the rest to other regions, so the
+	// scripts credit a bucket idle across it at most its floor up to
+	// RiseUS (capped at FloorBurst) and the static share only since, and
+	// a bucket missing then is born as one idle since long before: full
+	// at FloorBurst at RiseUS, refilled at StaticRate since (lib.lua,
+	// refill; docs/architecture.md, "Coming back from a floor").
+	RiseUS int64
+	// FloorRate and FloorBurst are the key's floor (tokens/s and tokens,
+	// >= 0; regionsync.FloorOf of the static share): what the region ran
+	// on before RiseUS. Read only with RiseUS > 0; the scripts take them
+	// at most StaticRate and StaticBurst.
+	FloorRate, FloorBurst float64
 }
 
 // FillTime is how long rate (tokens/s) takes to refill burst (tokens):
@@ -141,6 +158,12 @@ func (c Common) Validate() error {
 		return fmt.Errorf("deadline %d must not be negative", c.DeadlineUS)
 	case c.ShareFill < 0:
 		return fmt.Errorf("share fill time %v must not be negative", c.ShareFill)
+	case c.RiseUS < 0:
+		return fmt.Errorf("rise time %d must not be negative", c.RiseUS)
+	case !(c.FloorRate >= 0) || isInf(c.FloorRate):
+		return fmt.Errorf("floor rate %v must be a non-negative number", c.FloorRate)
+	case !(c.FloorBurst >= 0) || isInf(c.FloorBurst):
+		return fmt.Errorf("floor burst %v must be a non-negative number", c.FloorBurst)
 	}
 	return nil
 }
