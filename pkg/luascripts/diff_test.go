@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -121,6 +122,16 @@ func TestLuaMatchesModel(t *testing.T) {
 			}
 			sc.setNow(now)
 			ki := rapid.IntRange(0, nKeys-1).Draw(rt, "key")
+			if rapid.IntRange(0, 5).Draw(rt, "rises") == 0 {
+				// The region came back from a floor (lib.lua, "Coming
+				// back from a floor"): at, before or (another node's
+				// clock) just after now; a floor above the share is
+				// taken at the share.
+				c := &kcs[ki].c
+				c.RiseUS = now - rapid.SampledFrom([]int64{-1_000_000, 0, 1, 500_000, 4_000_000, 60_000_000}).Draw(rt, "rise_ago")
+				frac := rapid.SampledFrom([]float64{0, 0.25, 1, 2}).Draw(rt, "floor_share")
+				c.FloorRate, c.FloorBurst = c.StaticRate*frac, math.Floor(c.StaticBurst*frac)
+			}
 			kc := kcs[ki]
 			inst := rapid.SampledFrom(instances).Draw(rt, "instance")
 			lk := inst + kc.keys.Bucket

@@ -283,6 +283,13 @@ func (o *op) refill() {
 			o.clampTo(o.roomOf(b.gb))
 			t = e
 		}
+		// The floor until the rise (lib.lua, "Coming back from a floor").
+		if rise := float64(o.c.RiseUS); rise > t && o.now > t {
+			e := min(rise, o.now)
+			o.credit(e-t, min(o.c.FloorRate, o.sr()))
+			o.clampTo(o.roomOf(min(o.c.FloorBurst, o.sb())))
+			t = e
+		}
 		if o.now > t {
 			o.credit(o.now-t, o.sr())
 		}

@@ -131,7 +131,7 @@ func (c Common) args(extra ...any) []any {
 	if c.Reclaim {
 		reclaim = "1"
 	}
-	a := make([]any, 0, 7+len(extra)+6)
+	a := make([]any, 0, 7+len(extra)+9)
 	a = append(a, fmtFloat(c.StaticRate), fmtFloat(c.StaticBurst), c.LeaseTTL.Milliseconds(), reclaim, c.RestartWait.Milliseconds(), c.ReapBudget,
 		c.DemandWindow.Milliseconds())
 	return append(a, extra...)
@@ -378,16 +378,17 @@ func build(virtual bool) *Scripts {
 	return sc
 }
 
-// args is cm.args, the share's fill time, the share awaited, the
-// generation seen of k's data set, the deadline and the candidate
-// arguments of k (the member and the mark interval: the last six, see
-// lib.lua) and, for a virtual clock, the current virtual now.
+// args is cm.args, the rise and the floor before it, the share's fill
+// time, the share awaited, the generation seen of k's data set, the
+// deadline and the candidate arguments of k (the member and the mark
+// interval: the last nine, see lib.lua) and, for a virtual clock, the
+// current virtual now.
 func (s *Scripts) args(k Keys, cm Common, extra ...any) []any {
 	awaiting := "0"
 	if cm.AwaitingShare {
 		awaiting = "1"
 	}
-	a := append(cm.args(extra...), cm.fillMS(), awaiting, s.gens.Seen(k.Born), max(cm.DeadlineUS, 0), k.Member, cm.MarkEvery.Milliseconds())
+	a := append(cm.args(extra...), max(cm.RiseUS, 0), fmtFloat(cm.FloorRate), fmtFloat(cm.FloorBurst), cm.fillMS(), awaiting, s.gens.Seen(k.Born), max(cm.DeadlineUS, 0), k.Member, cm.MarkEvery.Milliseconds())
 	if s.virtualNow != nil {
 		a = append(a, s.virtualNow.Load())
 	}

@@ -10,8 +10,8 @@ local function clock()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 -- argc is how many arguments the caller passed for the key (the test twin
--- appends its virtual clock after them): the share's fill time, the share
--- awaited, the generation seen, the deadline and the candidate arguments
--- (lib.lua) are the last six.
+-- appends its virtual clock after them): the rise, the floor's rate and
+-- burst, the share's fill time, the share awaited, the generation seen,
+-- the deadline and the candidate arguments (lib.lua) are the last nine.
 local function argc() return #ARGV end
 local ARGC = argc()

@@ -83,8 +83,10 @@
 --   ARGV[6] reap budget          expired leases reaped per call (bounded work)
 --   ARGV[7] demand window        ms: the shortest window a lease's demand
 --                                rate is measured over
--- Script-specific ARGV start at 8. The last six ARGV (ARGC - 5 .. ARGC:
--- see clock.lua) are, for every script but born, the share's fill time
+-- Script-specific ARGV start at 8. The last nine ARGV (ARGC - 8 .. ARGC:
+-- see clock.lua) are, for every script but born, the rise (µs, Redis
+-- time; '0' = none) and the key's floor rate (tokens/s) and burst
+-- (tokens) before it (see "Coming back from a floor"), the share's fill time
 -- (ms: how long the key's static share, without a floor, takes to refill
 -- its burst; '0' = not known: see bucket_ttl), the share awaited ('1':
 -- see "Awaited share"; '0' otherwise), the highest generation of the data
@@ -158,6 +160,26 @@
 -- born. A grant for a held key (set_rate) creates the bucket empty, as
 -- every grant does: a grant never starts full.
 --
+-- Coming back from a floor. The static rate and cap are those of the
+-- call, and refill credits a bucket's idle time at the call's rate. A
+-- region that ran on its floor (drained, or off its static lease) was
+-- counted there by the global tier, which gave the rest of its share to
+-- other regions; when its share comes back (the lease conferred again, or
+-- a drain lifted), a bucket idle across the floor, credited that time at
+-- the restored rate, and a missing bucket, born full, would hand out at
+-- once the burst the others may just have spent in its place: above
+-- b + r x t. So the caller passes the rise RISE (the Redis time from which
+-- the share stands above its floor) and the key's floor FR, FB, and refill
+-- credits time before RISE at most at FR, capped at FB (as a call then
+-- would have: the floor piece), and the static share only since. A missing
+-- bucket, dated from its data set's birth as always, is thereby born as
+-- one idle since long before: at most FB at RISE, refilled at SR since.
+-- Crediting the floor for time the region in fact held its share (before
+-- its lease ended) only under-credits. RISE is on the clock of the Redis
+-- node that stored it; on a cluster a node whose clock runs behind
+-- credits the floor a little longer (safe), one ahead credits the share
+-- up to the skew earlier.
+--
 -- Invariants kept by every script:
 --   tk <= max(0, cap(now) - out)   (a region never holds more than its cap,
 --                                   counting unspent leases: DESIGN inv. 3;
@@ -195,6 +217,9 @@
 -- per key of a batch (see batch.lua); nothing of one key's call is left
 -- for the next.
 local SR, SB, LTTL, RECLAIM, WAIT, REAPMAX, DWIN, NOW, DEADLINE
+-- RISE, FR, FB: the rise (µs; 0 = none) and the key's floor before it,
+-- taken at most SR and SB (see "Coming back from a floor").
+local RISE, FR, FB
 -- FILL: the share's fill time (ms; 0 = not known), see bucket_ttl.
 local FILL
 -- AWAIT: the caller's cap of 0 is a share awaited, not a floor; HOLD: this
@@ -387,7 +412,8 @@ local function credit(dt, r)
 end
 
 -- refill credits elapsed time piecewise: at the granted rate while the grant
--- was valid, then at the static rate; each piece capped by its own cap. A
+-- was valid, then at the floor until the rise (see "Coming back from a
+-- floor"), then at the static rate; each piece capped by its own cap. A
 -- clock that went backwards credits nothing and keeps ts (no double credit).
 local function refill()
   local t = B.ts
@@ -397,6 +423,13 @@ local function refill()
       if e > NOW then e = NOW end
       credit(e - t, B.gr)
       clamp_to(room_of(B.gb))
+      t = e
+    end
+    if RISE > t and NOW > t then
+      local e = RISE
+      if e > NOW then e = NOW end
+      credit(e - t, FR)
+      clamp_to(room_of(FB))
       t = e
     end
     if NOW > t then credit(NOW - t, SR) end
@@ -904,6 +937,9 @@ local function begin(keys, argv)
   REAPMAX = tonumber(ARGV[6])
   DWIN = tonumber(ARGV[7]) * 1000
   FILL = tonumber(ARGV[ARGC - 5]) or 0
+  RISE = tonumber(ARGV[ARGC - 8]) or 0
+  FR = math.min(tonumber(ARGV[ARGC - 7]) or 0, SR)
+  FB = math.min(tonumber(ARGV[ARGC - 6]) or 0, SB)
   NOW = clock()
   -- Too late: before anything is read or written (see Deadline above).
   DEADLINE = tonumber(ARGV[ARGC - 2]) or 0

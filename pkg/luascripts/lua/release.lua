@@ -9,8 +9,8 @@
 --
 -- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
 --             set, generation (see lib.lua)
--- ARGV[1..7]  common (see lib.lua); the last six: the share's fill
---             time, share awaited, generation seen, deadline, candidate
+-- ARGV[1..7]  common (see lib.lua); the last nine: the rise and the
+--             floor's rate and burst, the share's fill time, share awaited, generation seen, deadline, candidate
 --             member and mark interval (see lib.lua)
 -- ARGV[8..14] as sync.lua (instance id, incarnation, lease number, seq,
 --             used, denied, returned)
