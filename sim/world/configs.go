@@ -162,8 +162,13 @@ func (w *World) answeredConfigs(r *Region, g *sluicev1.RegionGrants) {
 		return
 	}
 	rc := w.configs.regions[r.idx]
-	before := rc.chain.Len()
+	before, old := rc.chain.Len(), rc.chain
 	rc.chain = rc.chain.Answered(g)
+	if regionsync.DrainLifted(r.name, old, rc.chain) && r.redisUp {
+		// The leader stores the rise before the raised share applies
+		// (pkg/regional, answered).
+		r.riseUS = max(r.riseUS, r.redisNowUS())
+	}
 	if rc.chain.Len() != before {
 		w.chainShares(r)
 	}

@@ -37,6 +37,12 @@ type Region struct {
 	// data). The regional service reads it on every call (a replica's
 	// periodic read, without its lag).
 	staticUS int64
+	// riseUS is when the region's static shares last rose off their
+	// floor (pkg/regional's {static}:rise key, regionsync.CameBack and
+	// DrainLifted; 0 = none, lost with the data): the scripts credit a
+	// bucket idle across it only its floor before it (docs/architecture.md,
+	// "Coming back from a floor").
+	riseUS int64
 
 	insts    []*Instance // live and serving, in start order
 	all      []*Instance // every instance ever started
@@ -148,8 +154,12 @@ func (r *Region) common(k *keyInfo) luascripts.Common {
 	c := k.common[r.idx]
 	static := regionsync.Share{Rate: c.StaticRate, Burst: c.StaticBurst}
 	lease, margin := regionsync.StaticLease{UntilUS: r.staticUS}, regionsync.StaticMargin(r.w.epoch)
-	sh := regionsync.Choose(r.redisNowUS(), lease, margin, static, regionsync.FloorOf(static, k.res))
+	floor := regionsync.FloorOf(static, k.res)
+	sh := regionsync.Choose(r.redisNowUS(), lease, margin, static, floor)
 	c.StaticRate, c.StaticBurst = sh.Rate, sh.Burst
+	if regionsync.OnStatic(r.redisNowUS(), lease, margin) {
+		c.RiseUS, c.FloorRate, c.FloorBurst = r.riseUS, floor.Rate, floor.Burst
+	}
 	// Off its lease the region runs its floor: no share is awaited there.
 	c.AwaitingShare = c.AwaitingShare && regionsync.OnStatic(r.redisNowUS(), lease, margin)
 	// The simulated Redis runs a script at the instant of the choice, so
@@ -299,6 +309,7 @@ func (r *Region) redisBack() {
 	r.redisUp = true
 	r.trustedUntilUS, r.trustedSeen = 0, nil
 	r.staticUS = 0 // the static lease went with the data: the floor
+	r.riseUS = 0   // and so did the rise
 	r.crashesLost()
 	clear(r.isolated)
 	r.w.orc.RedisUp(r.w.dur(), r.idx)
@@ -467,7 +478,11 @@ func globalElectionEmpty(g *Global) bool { return g.leader == nil }
 // storeStatic is Leader.storeStatic: the leader's lease raised into Redis.
 func (r *Region) storeStatic() {
 	if r.redisUp {
+		now, old := r.redisNowUS(), regionsync.StaticLease{UntilUS: r.staticUS}
 		r.staticUS = max(r.staticUS, r.leader.Static().UntilUS)
+		if regionsync.CameBack(old, regionsync.StaticLease{UntilUS: r.staticUS}, now) {
+			r.riseUS = max(r.riseUS, now)
+		}
 		r.w.staticStored(r, r.staticUS)
 	}
 }
