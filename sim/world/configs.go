@@ -36,6 +36,10 @@ type configRev struct {
 type regionConfig struct {
 	chain regionsync.Chain
 	rev   int64 // newest adopted
+	// rises are the recent confirmations that may have raised shares
+	// (pkg/regional's Server.configRises): process memory, lost with a
+	// restart.
+	rises regionsync.ConfigRises
 }
 
 // nodeConfig is a global replica's view (pkg/allocator's Service fields).
@@ -169,6 +173,7 @@ func (w *World) answeredConfigs(r *Region, g *sluicev1.RegionGrants) {
 		// (pkg/regional, answered).
 		r.riseUS = max(r.riseUS, r.redisNowUS())
 	}
+	rc.rises = rc.rises.Confirmed(old, rc.chain, r.redisNowUS())
 	if rc.chain.Len() != before {
 		w.chainShares(r)
 	}

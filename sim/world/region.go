@@ -158,7 +158,8 @@ func (r *Region) common(k *keyInfo) luascripts.Common {
 	sh := regionsync.Choose(r.redisNowUS(), lease, margin, static, floor)
 	c.StaticRate, c.StaticBurst = sh.Rate, sh.Burst
 	if regionsync.OnStatic(r.redisNowUS(), lease, margin) {
-		c.RiseUS, c.FloorRate, c.FloorBurst = r.riseUS, floor.Rate, floor.Burst
+		rise := r.riseFor(k, c, static, floor)
+		c.RiseUS, c.FloorRate, c.FloorBurst = rise.RiseUS, rise.Floor.Rate, rise.Floor.Burst
 	}
 	// Off its lease the region runs its floor: no share is awaited there.
 	c.AwaitingShare = c.AwaitingShare && regionsync.OnStatic(r.redisNowUS(), lease, margin)
@@ -166,6 +167,23 @@ func (r *Region) common(k *keyInfo) luascripts.Common {
 	// the deadline the regional service gives it never passes.
 	c.DeadlineUS = regionsync.ScriptDeadline(r.redisNowUS(), lease, margin)
 	return c
+}
+
+// riseFor is Server.common's rise: the region's rise off a floor and the
+// confirmations that raised its shares, of those that still matter for k
+// (regionsync.RiseFor).
+func (r *Region) riseFor(k *keyInfo, c luascripts.Common, static, floor regionsync.Share) regionsync.Rise {
+	rc := r.w.configs.regions[r.idx]
+	if r.riseUS == 0 && len(rc.rises) == 0 {
+		return regionsync.Rise{}
+	}
+	cur := rc.chain.Current().Cfg
+	res, err := cur.Resolve(k.key)
+	if err != nil {
+		return regionsync.Rise{}
+	}
+	return regionsync.RiseFor(r.redisNowUS(), c.ShareFill, regionsync.StaticMargin(r.w.epoch), r.riseUS, floor, static,
+		rc.rises, r.name, k.key, cur, res)
 }
 
 // op counts one script call.
