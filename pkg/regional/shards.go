@@ -105,6 +105,12 @@ func (s *Server) keyLease(k quota.Key, v *staticView) regionsync.StaticLease {
 	return regionsync.KeyLease(k, s.shardMaps(), v.leases)
 }
 
+// keyRise is the rise off its floor key k runs under on this replica
+// (regionsync.KeyRise over the same shard maps as keyLease).
+func (s *Server) keyRise(k quota.Key, v *staticView) int64 {
+	return regionsync.KeyRise(k, s.shardMaps(), v.rises)
+}
+
 // tier is shard i's global tier.
 func (l *Leader) tier(i int) (GlobalTier, error) {
 	if l.opts.Shards != nil {
@@ -121,12 +127,12 @@ func (l *Leader) tier(i int) (GlobalTier, error) {
 // report.
 func (l *Leader) loadStatic(ctx context.Context) (regionsync.RedisClock, error) {
 	s := l.s
-	stored, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
+	stored, rises, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
 	if err != nil {
 		return clock, err
 	}
 	l.leases = l.leases.Merge(stored)
-	s.noteStatic(l.leases, clock)
+	s.noteStatic(l.leases, rises, clock)
 	return clock, nil
 }
 
@@ -231,9 +237,11 @@ func (l *Leader) staticAnswered(ctx context.Context, i int, g *sluicev1.RegionGr
 // storeStatic publishes the leader's static leases to this process's
 // replica view and shard i's to the region's Redis (never lowering it
 // there). A failed write leaves the other replicas on what they read
-// before: at worst that shard's keys on their floor.
+// before: at worst that shard's keys on their floor. A lease that comes
+// back from its end raises the shard's rise in the view at once
+// (noteStatic) and in Redis with the lease (raiseStatic).
 func (l *Leader) storeStatic(ctx context.Context, i int) {
-	l.s.noteStatic(l.leases, regionsync.RedisClock{})
+	l.s.noteStatic(l.leases, nil, regionsync.RedisClock{})
 	if err := storeStatic(ctx, l.s.opts.Redis, l.s.opts.Prefix, i, l.leases.Of(i)); err != nil {
 		l.s.log.Warn("storing the static lease failed; other replicas may run its keys on their floor until the next answer", "shard", i, "err", err)
 	}
@@ -261,12 +269,12 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 	// etcd reads and needs the lease still running after them.
 	ctx, cancel := context.WithTimeout(ctx, max(time.Duration(cfg.Epoch), s.opts.RedisTimeout))
 	defer cancel()
-	stored, from, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
+	stored, rises, from, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
 	if err != nil {
 		return false, err
 	}
 	l.leases = l.leases.Merge(stored)
-	s.noteStatic(l.leases, from)
+	s.noteStatic(l.leases, rises, from)
 	n := cfg.ShardMap().N()
 	empty := make([]bool, n)
 	none := false

@@ -38,93 +38,188 @@ func shardStaticKey(prefix string, i int) string {
 	return staticKey(prefix) + ":" + strconv.Itoa(i)
 }
 
-// raiseStatic sets the key to ARGV[1] unless it already holds a later end:
-// the lease only ever grows, so a deposed leader's late write is harmless.
+// shardRiseKey holds shard i's rise (regionsync.ShardRises): the Redis
+// time (µs, a decimal string) from which the region's static share of the
+// shard's keys last stood above its floor again, its lease conferred
+// again after it had ended or a drain lifted. staticKey + ":rise" for
+// shard 0, + ":rise:I" for the others: the same hash tag, so the same
+// slot as the leases. No TTL; missing means no rise known (0).
+func shardRiseKey(prefix string, i int) string {
+	if i == 0 {
+		return staticKey(prefix) + ":rise"
+	}
+	return staticKey(prefix) + ":rise:" + strconv.Itoa(i)
+}
+
+// raiseStatic sets the lease key (KEYS[1]) to ARGV[1] unless it already
+// holds a later end: the lease only ever grows, so a deposed leader's late
+// write is harmless. When the stored lease had ended (at or before Redis
+// TIME now) and the new end is after now, the lease comes back from its
+// end (regionsync.CameBack): the rise key (KEYS[2]) is raised to now
+// (never lowered), so every replica, and a process started later, sees
+// when the region came back. A missing lease key records no rise: a fresh
+// region was never counted at its floor, and a Redis that lost its data
+// is covered by the restart guard.
 var raiseStatic = redis.NewScript(`
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local v = tonumber(ARGV[1])
 if v > cur then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if cur > 0 and cur <= now and v > now then
+    local rise = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+    if now > rise then
+      redis.call('SET', KEYS[2], string.format('%.0f', now))
+    end
+  end
   redis.call('SET', KEYS[1], ARGV[1])
   return 1
 end
 return 0
 `)
 
+// raiseRises raises every rise key given to Redis TIME now (never lowers
+// one) and returns now: the whole region rose (a drain lifted).
+var raiseRises = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+for _, k in ipairs(KEYS) do
+  local rise = tonumber(redis.call('GET', k) or '0') or 0
+  if now > rise then
+    redis.call('SET', k, string.format('%.0f', now))
+  end
+end
+return string.format('%.0f', now)
+`)
+
 // staticView is what a replica knows of the static leases: their ends as
-// last read (or as this process's leader set them), one per shard, and its
+// last read (or as this process's leader set them), one per shard, each
+// shard's rise (the latest it read, noticed or raised itself), and its
 // latest Redis TIME reading.
 type staticView struct {
 	leases regionsync.ShardLeases
+	rises  regionsync.ShardRises
 	clock  regionsync.RedisClock
 }
 
-// readStatic reads the stored lease ends of shards 0..n-1 and Redis TIME
-// in one round trip. sent is the local time before the request
+// readStatic reads the stored lease ends and rises of shards 0..n-1 and
+// Redis TIME in one round trip. sent is the local time before the request
 // (regionsync.RedisClock). A shard whose key does not hold a time counts
-// as holding none (its floor), and the first such error is returned with
-// the others' leases.
-func readStatic(ctx context.Context, rdb Redis, prefix string, n int) (regionsync.ShardLeases, regionsync.RedisClock, error) {
+// as holding none (its floor; no rise), and the first such error is
+// returned with the others' leases and rises.
+func readStatic(ctx context.Context, rdb Redis, prefix string, n int) (regionsync.ShardLeases, regionsync.ShardRises, regionsync.RedisClock, error) {
 	n = max(n, 1)
 	sent := time.Now()
 	var tcmd *redis.TimeCmd
 	gcmds := make([]*redis.StringCmd, n)
+	rcmds := make([]*redis.StringCmd, n)
 	// Each command's own error is checked below.
 	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		tcmd = p.Time(ctx)
 		for i := range gcmds {
 			gcmds[i] = p.Get(ctx, shardStaticKey(prefix, i))
+			rcmds[i] = p.Get(ctx, shardRiseKey(prefix, i))
 		}
 		return nil
 	})
 	now, err := tcmd.Result()
 	if err != nil {
-		return nil, regionsync.RedisClock{}, fmt.Errorf("redis time: %w", err)
+		return nil, nil, regionsync.RedisClock{}, fmt.Errorf("redis time: %w", err)
 	}
 	clock := regionsync.RedisClock{RedisUS: now.UnixMicro(), Sent: sent}
 	leases := make(regionsync.ShardLeases, n)
+	rises := make(regionsync.ShardRises, n)
 	var firstErr error
-	for i, g := range gcmds {
-		v, err := g.Result()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		if err != nil {
-			firstErr = cmp.Or(firstErr, fmt.Errorf("read %s: %w", shardStaticKey(prefix, i), err))
-			continue
-		}
-		until, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			// Not a lease the leader wrote: count it as none (the floor).
-			firstErr = cmp.Or(firstErr, fmt.Errorf("%s holds %q, not a time: %w", shardStaticKey(prefix, i), v, err))
-			continue
-		}
+	for i := range n {
+		until, err := storedTime(gcmds[i], shardStaticKey(prefix, i))
+		firstErr = cmp.Or(firstErr, err)
 		leases[i] = regionsync.StaticLease{UntilUS: until}
+		rise, err := storedTime(rcmds[i], shardRiseKey(prefix, i))
+		firstErr = cmp.Or(firstErr, err)
+		rises[i] = rise
 	}
-	return leases, clock, firstErr
+	return leases, rises, clock, firstErr
 }
 
-// storeStatic raises shard i's stored lease end to s (never lowers it).
+// storedTime is the Redis time (µs) a GET of name read; 0 when the key is
+// missing, or does not hold a time (not one the leader wrote: counted as
+// none, with an error).
+func storedTime(g *redis.StringCmd, name string) (int64, error) {
+	v, err := g.Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", name, err)
+	}
+	us, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s holds %q, not a time: %w", name, v, err)
+	}
+	return us, nil
+}
+
+// storeStatic raises shard i's stored lease end to s (never lowers it),
+// and its stored rise to Redis time when the stored lease had ended and s
+// runs (raiseStatic).
 func storeStatic(ctx context.Context, rdb Redis, prefix string, i int, s regionsync.StaticLease) error {
-	return raiseStatic.Run(ctx, rdb, []string{shardStaticKey(prefix, i)}, s.UntilUS).Err()
+	return raiseStatic.Run(ctx, rdb, []string{shardStaticKey(prefix, i), shardRiseKey(prefix, i)}, s.UntilUS).Err()
 }
 
-// noteStatic updates the replica's view: each shard's lease only grows,
-// the Redis clock reading is replaced by a newer one (zero clock: kept).
-func (s *Server) noteStatic(leases regionsync.ShardLeases, clock regionsync.RedisClock) {
+// storeRises raises the stored rise of shards 0..n-1 to Redis time
+// (never lowers one) and returns that time (µs).
+func storeRises(ctx context.Context, rdb Redis, prefix string, n int) (int64, error) {
+	keys := make([]string, max(n, 1))
+	for i := range keys {
+		keys[i] = shardRiseKey(prefix, i)
+	}
+	v, err := raiseRises.Run(ctx, rdb, keys).Text()
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(v, 10, 64)
+}
+
+// noteStatic updates the replica's view: each shard's lease and rise only
+// grow, the Redis clock reading is replaced by a newer one (zero clock:
+// kept). A shard whose lease the view held ended at its estimate of Redis
+// time now and that runs after the update came back from its end: its
+// rise is raised to that estimate, an upper bound of Redis time
+// (regionsync.ShardRises.Noticed), which covers this process even when
+// the stored rise was not written. A view that never read Redis notices
+// nothing: a process that starts sees its region's past rises in the
+// stored ones, and is not taken as coming back itself.
+func (s *Server) noteStatic(leases regionsync.ShardLeases, rises regionsync.ShardRises, clock regionsync.RedisClock) {
 	s.staticMu.Lock()
 	defer s.staticMu.Unlock()
 	v := *s.static.Load()
-	v.leases = v.leases.Merge(leases)
+	read := !v.clock.Sent.IsZero()
+	next := v.leases.Merge(leases)
 	if !clock.Sent.IsZero() && !clock.Sent.Before(v.clock.Sent) {
 		v.clock = clock
 	}
+	v.rises = v.rises.Merge(rises)
+	if read {
+		v.rises = v.rises.Noticed(v.leases, next, v.clock.Estimate(time.Now()))
+	}
+	v.leases = next
+	s.static.Store(&v)
+}
+
+// noteRiseAll raises the rise of every shard below n, and of every shard
+// the view holds, to us in the view (a drain lifted).
+func (s *Server) noteRiseAll(n int, us int64) {
+	s.staticMu.Lock()
+	defer s.staticMu.Unlock()
+	v := *s.static.Load()
+	v.rises = v.rises.All(max(n, len(v.leases)), us)
 	s.static.Store(&v)
 }
 
 // refreshStatic reads the stored leases and Redis TIME into the view.
 func (s *Server) refreshStatic(ctx context.Context) error {
-	leases, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
-	s.noteStatic(leases, clock) // a failed read of a key still moves the clock
+	leases, rises, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
+	s.noteStatic(leases, rises, clock) // a failed read of a key still moves the clock
 	return err
 }
 

@@ -43,9 +43,9 @@ func TestStaticViewOnlyMovesForward(t *testing.T) {
 	sent := time.Now()
 	newer := regionsync.RedisClock{RedisUS: 2_000_000, Sent: sent}
 	older := regionsync.RedisClock{RedisUS: 1_000_000, Sent: sent.Add(-time.Millisecond)}
-	s.noteStatic(regionsync.ShardLeases{{UntilUS: 9_000_000}}, newer)
-	s.noteStatic(regionsync.ShardLeases{{UntilUS: 5_000_000}}, older)
-	s.noteStatic(nil, regionsync.RedisClock{})
+	s.noteStatic(regionsync.ShardLeases{{UntilUS: 9_000_000}}, nil, newer)
+	s.noteStatic(regionsync.ShardLeases{{UntilUS: 5_000_000}}, nil, older)
+	s.noteStatic(nil, nil, regionsync.RedisClock{})
 	v := s.static.Load()
 	if v.clock != newer {
 		t.Fatalf("clock %+v, want the newest reading %+v", v.clock, newer)
@@ -56,7 +56,7 @@ func TestStaticViewOnlyMovesForward(t *testing.T) {
 	// A reading sent at the same instant replaces it (a later read of the
 	// same send time is no older).
 	same := regionsync.RedisClock{RedisUS: 2_500_000, Sent: sent}
-	s.noteStatic(nil, same)
+	s.noteStatic(nil, nil, same)
 	if v := s.static.Load(); v.clock != same {
 		t.Fatalf("clock %+v, want %+v", v.clock, same)
 	}
@@ -100,7 +100,7 @@ func TestOnStaticNeedsEveryShardsLeaseAMarginAhead(t *testing.T) {
 			}
 			defer s.Close()
 			sent := time.Now()
-			s.noteStatic(regionsync.ShardLeases{{UntilUS: tc.ends[0]}, {UntilUS: tc.ends[1]}},
+			s.noteStatic(regionsync.ShardLeases{{UntilUS: tc.ends[0]}, {UntilUS: tc.ends[1]}}, nil,
 				regionsync.RedisClock{RedisUS: readUS, Sent: sent})
 			on, left := s.onStatic(sent.Add(tc.after))
 			if on != tc.on || left != tc.left {
