@@ -52,29 +52,69 @@ func (s *Server) reportedChain() []int64 {
 	return revs
 }
 
-// confirm applies a revision the global tier confirmed. A shard map the
-// chain drops starts its retention at once (shardMaps).
-func (s *Server) confirm(rev int64) {
-	s.chainMu.Lock()
-	c := s.chain.Load().Confirm(rev)
-	s.chain.Store(&c)
-	s.chainMu.Unlock()
-	s.shardMaps()
-}
+// confirm applies a revision the global tier confirmed, as the region
+// leader stored it (followConfirmations).
+func (s *Server) confirm(rev int64) { s.confirmChain(context.Background(), rev, false) }
 
 // answered applies the global tier's answer to the chain and stores its
 // confirmed revision for the region's other replicas.
 func (s *Server) answered(ctx context.Context, g *sluicev1.RegionGrants) {
+	if !g.GetConfirmedKnown() {
+		s.shardMaps()
+		return
+	}
+	s.confirmChain(ctx, g.GetConfirmedRevision(), true)
+	if err := s.opts.Redis.Set(ctx, s.confirmedKey(), g.GetConfirmedRevision(), 0).Err(); err != nil {
+		s.log.Warn("storing the confirmed config revision failed; other replicas keep the smaller static shares", "err", err)
+	}
+}
+
+// confirmChain applies the confirmation of rev to the chain. A shard map
+// the chain drops starts its retention at once (shardMaps). When the
+// confirmation lifts a drain of this region (regionsync.DrainLifted: the
+// last config draining it dropped), the region comes back from its floor:
+// before the chain applies it, every shard's rise is raised (drainLifted),
+// in Redis too when store (the region leader, which stores the
+// confirmation for the other replicas only after that). The chain's lock
+// is held meanwhile, so no request runs the lifted share before the rise
+// is known; a request meets the lock only when it adopts a new config.
+func (s *Server) confirmChain(ctx context.Context, rev int64, store bool) {
 	s.chainMu.Lock()
-	c := s.chain.Load().Answered(g)
-	s.chain.Store(&c)
+	old := *s.chain.Load()
+	next := old.Confirm(rev)
+	if !s.opts.Unleased && regionsync.DrainLifted(s.opts.Region, old, next) {
+		s.drainLifted(ctx, store)
+	}
+	s.chain.Store(&next)
 	s.chainMu.Unlock()
 	s.shardMaps()
-	if g.GetConfirmedKnown() {
-		if err := s.opts.Redis.Set(ctx, s.confirmedKey(), g.GetConfirmedRevision(), 0).Err(); err != nil {
-			s.log.Warn("storing the confirmed config revision failed; other replicas keep the smaller static shares", "err", err)
+}
+
+// drainLifted raises every shard's rise: when store, the stored ones to
+// Redis time (a failed write is logged: the other replicas still notice
+// the lift when they apply the stored confirmation, but a process started
+// later does not see it); and this process's view to its estimate of
+// Redis time now (an upper bound), or to the time written when its view
+// never read Redis (its first reading then finds the stored rises).
+func (s *Server) drainLifted(ctx context.Context, store bool) {
+	n := s.shardsInPlay()
+	var rise int64
+	if store {
+		wctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
+		us, err := storeRises(wctx, s.opts.Redis, s.opts.Prefix, n)
+		cancel()
+		if err != nil {
+			s.log.Warn("storing the rise of a drain lifted failed; a replica started later may credit idle keys at the restored share", "region", s.opts.Region, "err", err)
 		}
+		rise = us
 	}
+	if v := s.static.Load(); !v.clock.Sent.IsZero() {
+		rise = max(rise, v.clock.Estimate(time.Now()))
+	}
+	if rise > 0 {
+		s.noteRiseAll(n, rise)
+	}
+	s.log.Info("drain lifted: the region comes back from its floor", "region", s.opts.Region, "rise_us", rise)
 }
 
 // confirmedKey holds the revision last confirmed to the region leader, so
