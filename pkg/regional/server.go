@@ -239,10 +239,11 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 	chain := s.staticChain()
 	now := time.Now()
 	var rate, burst float64
-	var deadline int64
+	var deadline, rise int64
 	var err error
 	onStatic := true
 	if s.opts.Unleased {
+		// No lease, no floor: no rise off one either.
 		rate, burst, err = chain.Share(s.opts.Region, k, cfg, res)
 	} else {
 		v := s.static.Load()
@@ -252,9 +253,19 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		// A script queued in a paused Redis that runs after the static
 		// lease it was handed the share under changes nothing.
 		deadline = regionsync.ScriptDeadline(est, lease, margin)
+		if onStatic {
+			// The region came back from its floor then: idle time
+			// before it is credited at most at the floor
+			// (regionsync.ShardRises).
+			rise = s.keyRise(k, v)
+		}
 	}
 	if err != nil {
 		return luascripts.Common{}, err
+	}
+	var floor regionsync.Share
+	if rise > 0 {
+		floor = regionsync.FloorOf(regionsync.Share{Rate: rate, Burst: burst}, res)
 	}
 	// A burst of 0 on the static share that only a config not yet knowing
 	// the key's class (or this region) makes: the key waits for its share
@@ -271,6 +282,9 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		DemandWindow: cfg.DemandWindow(),
 		MarkEvery:    s.markEvery(cfg),
 		DeadlineUS:   deadline,
+		RiseUS:       rise,
+		FloorRate:    floor.Rate,
+		FloorBurst:   floor.Burst,
 
 		AwaitingShare: awaiting,
 		// At a static cap of 0 the keys live until the share, should it
