@@ -27,3 +27,10 @@ func EvictionReadingsForTest(d *Daemon) int64 { return d.evictions.readings.Load
 
 // ProbeSourceForTest is the access probe's Lua source.
 const ProbeSourceForTest = probeSource
+
+// ConfirmForTest applies a confirmed revision as s's replicas do when they
+// read the one their leader stored: s adopts its live config first.
+func ConfirmForTest(s *Server, rev int64) {
+	s.staticChain()
+	s.confirm(rev)
+}

@@ -1,0 +1,346 @@
+package regional_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// riseKey holds shard 0's rise: the Redis time the region last came back
+// from its floor.
+const riseKey = staticKey + ":rise"
+
+// storedRise is the rise stored in rdb (0: none).
+func storedRise(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	v, err := rdb.Get(context.Background(), riseKey).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// commonOf is what srv hands its scripts for k under cfg now.
+func commonOf(t *testing.T, srv *regional.Server, cfg *config.Config, k quota.Key) luascripts.Common {
+	t.Helper()
+	_, c, _, err := srv.CommonFor(cfg, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestStaticLeaseRiseStoredWhenItComesBackOffItsEnd: the leader stores a
+// rise exactly when a lease it stores comes back after the stored one
+// ended: not for the first lease on an empty Redis (a fresh region was
+// never counted at its floor), not on an extension. The leader's own
+// view notices it at once, the scripts get it with the key's floor while
+// on the static share (none on the floor, none in steady state), and a
+// replica started later reads the stored one. Real Redis, embedded etcd
+// and the real allocator daemon; the lease ends by cutting the link.
+func TestStaticLeaseRiseStoredWhenItComesBackOffItsEnd(t *testing.T) {
+	ctx := context.Background()
+	r := newLeaseRig(t)
+	first, _ := r.syncStored(ctx, r.leader)
+	if first == 0 {
+		t.Fatal("no lease stored after conferring answers")
+	}
+	if got := storedRise(t, r.rdb); got != 0 {
+		t.Fatalf("the first lease on an empty Redis stored a rise %d", got)
+	}
+	if c := commonOf(t, r.srv, r.cfg, leaseKey); !near(c.StaticRate, staticRate) || c.RiseUS != 0 {
+		t.Fatalf("steady state: static rate %v, rise %d; want the share %v and no rise", c.StaticRate, c.RiseUS, staticRate)
+	}
+	for i := 0; r.stored() <= first; i++ {
+		if i == 20 {
+			t.Fatal("the lease was never extended")
+		}
+		r.syncOnce(ctx, r.leader)
+	}
+	if got := storedRise(t, r.rdb); got != 0 {
+		t.Fatalf("an extension of a running lease stored a rise %d", got)
+	}
+	// Answers stop until the stored lease ended.
+	r.tier.cut.Store(true)
+	ended := r.stored()
+	for deadline := time.Now().Add(time.Duration(r.cfg.RegionLease) + 10*time.Second); r.redisUS() <= ended; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease ending at %d never ended", ended)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := regional.RefreshStaticForTest(ctx, r.srv); err != nil {
+		t.Fatal(err)
+	}
+	if c := commonOf(t, r.srv, r.cfg, leaseKey); !near(c.StaticRate, floorRate) || c.RiseUS != 0 {
+		t.Fatalf("on the floor: static rate %v, rise %d; want the floor %v and no rise", c.StaticRate, c.RiseUS, floorRate)
+	}
+	// The lease comes back.
+	r.tier.cut.Store(false)
+	before := r.redisUS()
+	for i := 0; r.stored() <= ended; i++ {
+		if i == 20 {
+			t.Fatal("no lease conferred again")
+		}
+		r.syncOnce(ctx, r.leader)
+	}
+	after := r.redisUS()
+	rise := storedRise(t, r.rdb)
+	if rise < before || rise > after {
+		t.Fatalf("stored rise %d, want the Redis time the lease came back, in [%d, %d]", rise, before, after)
+	}
+	c := commonOf(t, r.srv, r.cfg, leaseKey)
+	if !near(c.StaticRate, staticRate) || c.RiseUS < before {
+		t.Fatalf("back on the lease: static rate %v, rise %d; want the share and a rise from %d on", c.StaticRate, c.RiseUS, before)
+	}
+	if !near(c.FloorRate, floorRate) || c.FloorBurst != 25 {
+		t.Fatalf("with a rise the floor is %v/s burst %v, want %v/s burst 25", c.FloorRate, c.FloorBurst, floorRate)
+	}
+	// An extension leaves it.
+	for cur := r.stored(); r.stored() <= cur; {
+		r.syncOnce(ctx, r.leader)
+	}
+	if got := storedRise(t, r.rdb); got != rise {
+		t.Fatalf("an extension moved the stored rise from %d to %d", rise, got)
+	}
+	// A replica started now (a restarted process) reads it.
+	srv2, _ := r.replica("eu-2")
+	if err := regional.RefreshStaticForTest(ctx, srv2); err != nil {
+		t.Fatal(err)
+	}
+	if c := commonOf(t, srv2, r.cfg, leaseKey); !near(c.StaticRate, staticRate) || c.RiseUS != rise {
+		t.Fatalf("a replica started after the rise: static rate %v, rise %d; want the share and the stored rise %d", c.StaticRate, c.RiseUS, rise)
+	}
+}
+
+// TestLeaseReadBackAfterItsEndIsNoticedByAReplica: a replica that read a
+// stored lease which then ended notices, on reading the lease conferred
+// again, that it came back, and raises its own rise to its estimate of
+// Redis time, stored rise or not; a replica whose first reading is that
+// lease notices nothing (a process started on a running lease is not
+// coming back), and neither does one that read no lease at all.
+func TestLeaseReadBackAfterItsEndIsNoticedByAReplica(t *testing.T) {
+	ctx := context.Background()
+	cfg := leaseConfig(t)
+	rdb := redistest.Start(t).Client()
+	defer rdb.Close()
+	newSrv := func() *regional.Server {
+		srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	now := func() int64 {
+		tm, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm.UnixMicro()
+	}
+	refresh := func(srv *regional.Server) {
+		if err := regional.RefreshStaticForTest(ctx, srv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Written directly, not by the leader's script: no stored rise.
+	setLease := func(us int64) {
+		if err := rdb.Set(ctx, staticKey, fmt.Sprint(us), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	saw, never := newSrv(), newSrv()
+	refresh(never) // no lease in Redis
+	setLease(now() - 1)
+	refresh(saw) // an ended lease
+	before := now()
+	setLease(before + time.Hour.Microseconds())
+	refresh(saw)
+	refresh(never)
+	fresh := newSrv()
+	refresh(fresh)
+	if c := commonOf(t, saw, cfg, leaseKey); !near(c.StaticRate, staticRate) || c.RiseUS < before {
+		t.Fatalf("a replica that saw the lease end and come back: static rate %v, rise %d; want the share and a rise from %d on", c.StaticRate, c.RiseUS, before)
+	}
+	for name, srv := range map[string]*regional.Server{"first reading": fresh, "no lease read before": never} {
+		if c := commonOf(t, srv, cfg, leaseKey); !near(c.StaticRate, staticRate) || c.RiseUS != 0 {
+			t.Errorf("%s: static rate %v, rise %d; want the share and no rise", name, c.StaticRate, c.RiseUS)
+		}
+	}
+}
+
+// liftConfig is two regions of equal weight, us drained when drained, and
+// class hourly: 100 an hour, burst 100, partition_share 0.5, so each
+// region's share is 50/h burst 50 and its floor 25/h burst 25.
+func liftConfig(t *testing.T, drained bool) *config.Config {
+	t.Helper()
+	c, err := config.Parse(fmt.Appendf(nil, `
+regions: {eu: {weight: 1}, us: {weight: 1, drained: %v}}
+classes: {hourly: {mode: lease, partition_share: 0.5}}
+tiers: {free: {hourly: {rate: 100/h, burst: 100}}}
+default_tier: free
+`, drained))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+var hourlyKey = quota.Key{Tenant: "acme", Class: "hourly"}
+
+// TestDrainLiftedRaisesTheRise: when the confirmation of a restore reaches
+// a drained region, its leader stores a rise at Redis time and hands it
+// to the scripts with the key's floor; a replica that applies the
+// confirmation after it raises its own at least as late, and a replica
+// started later reads the stored one. The region never drained has none.
+// Real Redis per region, embedded etcd, the real allocator daemon and
+// region leaders.
+func TestDrainLiftedRaisesTheRise(t *testing.T) {
+	ctx := context.Background()
+	drained, restored := liftConfig(t, true), liftConfig(t, false)
+	globalSrc, regions := startLeadRegions(ctx, t, "/lift", drained)
+	eu, us := regions["eu"], regions["us"]
+	for range 2 {
+		eu.sync(ctx, t)
+		us.sync(ctx, t)
+	}
+	follower, err := regional.New(regional.Options{Region: "us", Redis: us.rdb, Config: us.src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(follower.Close)
+	if err := regional.RefreshStaticForTest(ctx, follower); err != nil {
+		t.Fatal(err)
+	}
+	if c := commonOf(t, us.srv, drained, hourlyKey); c.StaticBurst != 25 || c.RiseUS != 0 {
+		t.Fatalf("drained us: burst %v, rise %d; want its floor 25 and no rise", c.StaticBurst, c.RiseUS)
+	}
+
+	globalSrc.Set(restored, 20)
+	eu.src.Set(restored, 20)
+	us.src.Set(restored, 20)
+	usBefore := redisNow(t, us.rdb)
+	for range 2 {
+		eu.sync(ctx, t)
+		us.sync(ctx, t)
+	}
+	usAfter := redisNow(t, us.rdb)
+	c := commonOf(t, us.srv, restored, hourlyKey)
+	if c.StaticBurst != 50 {
+		t.Fatalf("restored us's burst %v, want 50 (the restore confirmed)", c.StaticBurst)
+	}
+	rise := storedRise(t, us.rdb)
+	if rise < usBefore || rise > usAfter {
+		t.Fatalf("us's stored rise %d, want the Redis time the restore was confirmed, in [%d, %d]", rise, usBefore, usAfter)
+	}
+	if c.RiseUS < rise || !near(c.FloorRate, 25.0/3600) || c.FloorBurst != 25 {
+		t.Fatalf("us's leader hands rise %d, floor %v/s burst %v; want at least the stored rise %d and 25/h burst 25",
+			c.RiseUS, c.FloorRate, c.FloorBurst, rise)
+	}
+	if c := commonOf(t, eu.srv, restored, hourlyKey); c.RiseUS != 0 {
+		t.Fatalf("eu, never drained, hands a rise %d", c.RiseUS)
+	}
+	// A replica that applies the stored confirmation notices the lift on
+	// its own (its view is not read again here).
+	regional.ConfirmForTest(follower, 20)
+	if c := commonOf(t, follower, restored, hourlyKey); c.StaticBurst != 50 || c.RiseUS < rise {
+		t.Fatalf("a replica applying the confirmation: burst %v, rise %d; want 50 and a rise from %d on", c.StaticBurst, c.RiseUS, rise)
+	}
+	// A replica started now runs the restored config as confirmed and
+	// reads the stored rise.
+	started, err := regional.New(regional.Options{Region: "us", Redis: us.rdb, Config: us.src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(started.Close)
+	if err := regional.RefreshStaticForTest(ctx, started); err != nil {
+		t.Fatal(err)
+	}
+	if c := commonOf(t, started, restored, hourlyKey); c.StaticBurst != 50 || c.RiseUS != rise {
+		t.Fatalf("a replica started after the restore: burst %v, rise %d; want 50 and the stored rise %d", c.StaticBurst, c.RiseUS, rise)
+	}
+}
+
+// TestKeyIdleAcrossADrainComesBackAtItsFloor: a key used in us before it
+// was drained, then idle until the restore is confirmed, and a key first
+// used after the restore, admit at most the floor's burst (25) plus
+// 50/h·t right after it, not the 49 and 50 they held or were born with:
+// the global tier counted us at its floor while drained and may have
+// given the rest to eu, who may have spent it. Real Redis per region,
+// embedded etcd, the real allocator daemon and region leaders, the real
+// scripts.
+func TestKeyIdleAcrossADrainComesBackAtItsFloor(t *testing.T) {
+	ctx := context.Background()
+	drained, restored := liftConfig(t, true), liftConfig(t, false)
+	globalSrc, regions := startLeadRegions(ctx, t, "/idle", restored)
+	eu, us := regions["eu"], regions["us"]
+	for range 2 {
+		eu.sync(ctx, t)
+		us.sync(ctx, t)
+	}
+	idle, fresh := qk("acme", "hourly"), qk("initech", "hourly")
+	if g := us.acquire(ctx, t, idle, 1); g.GetGranted() != 1 {
+		t.Fatalf("before the drain: granted %d of 1", g.GetGranted())
+	}
+	globalSrc.Set(drained, 20)
+	eu.src.Set(drained, 20)
+	us.src.Set(drained, 20)
+	for range 2 {
+		eu.sync(ctx, t)
+		us.sync(ctx, t)
+	}
+	if b := us.staticBurst(t, hourlyKey); b != 25 {
+		t.Fatalf("drained us's burst %v, want its floor 25", b)
+	}
+	start := time.Now()
+	globalSrc.Set(restored, 30)
+	eu.src.Set(restored, 30)
+	us.src.Set(restored, 30)
+	for range 2 {
+		eu.sync(ctx, t)
+		us.sync(ctx, t)
+	}
+	if b := us.staticBurst(t, hourlyKey); b != 50 {
+		t.Fatalf("restored us's burst %v, want 50", b)
+	}
+	bound := math.Floor(25 + 50.0/3600*time.Since(start).Seconds())
+	var admitted int64
+	for range 3 {
+		admitted += us.acquire(ctx, t, idle, 50).GetGranted()
+	}
+	if float64(admitted) > bound {
+		t.Fatalf("the key idle across the drain admitted %d right after the restore, above the floor 25 + 50/h·t", admitted)
+	}
+	admitted = 0
+	for range 3 {
+		admitted += us.acquire(ctx, t, fresh, 50).GetGranted()
+	}
+	if float64(admitted) > bound {
+		t.Fatalf("a key first used after the restore admitted %d, above the floor 25 + 50/h·t", admitted)
+	}
+}
+
+// redisNow is rdb's Redis time (µs).
+func redisNow(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	tm, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tm.UnixMicro()
+}
