@@ -109,3 +109,47 @@ func TestOnStaticNeedsEveryShardsLeaseAMarginAhead(t *testing.T) {
 		})
 	}
 }
+
+// TestStaticViewNoticesALeaseComeBack: the view raises a shard's rise to
+// its estimate of Redis time when a lease it held ended at that estimate
+// and the update runs one, whether the update is a reading or the
+// leader's own (no clock); not on its first reading, not on an extension
+// of a running lease, not for a shard it never held a lease of; and a
+// stored rise read only ever raises it.
+func TestStaticViewNoticesALeaseComeBack(t *testing.T) {
+	cfg := euWriteConfig(t, "global_shards: 3\n")
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	s, err := New(Options{Region: "eu", Redis: rdb, Config: StaticConfig{C: cfg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const readUS = 10_000_000
+	sent := time.Now()
+	at := regionsync.RedisClock{RedisUS: readUS, Sent: sent}
+	// The first reading: shard 0 ended, shard 1 running, shard 2 none;
+	// the stored rise of shard 1 is read as is.
+	s.noteStatic(regionsync.ShardLeases{{UntilUS: readUS - 5}, {UntilUS: readUS + 1_000_000}, {}}, regionsync.ShardRises{0, 7}, at)
+	if got := s.static.Load().rises; got.Of(0) != 0 || got.Of(1) != 7 || got.Of(2) != 0 {
+		t.Fatalf("first reading: rises %v, want only the stored 7 of shard 1", got)
+	}
+	// The leader's answer: shard 0 back, shard 1 extended, shard 2 its
+	// first lease.
+	far := int64(readUS + 60_000_000)
+	s.noteStatic(regionsync.ShardLeases{{UntilUS: far}, {UntilUS: far}, {UntilUS: far}}, nil, regionsync.RedisClock{})
+	v := s.static.Load()
+	est := v.clock.Estimate(time.Now())
+	if r := v.rises.Of(0); r < readUS || r > est {
+		t.Fatalf("shard 0 came back: rise %d, want the estimate then, in [%d, %d]", r, readUS, est)
+	}
+	if v.rises.Of(1) != 7 || v.rises.Of(2) != 0 {
+		t.Fatalf("an extension or a first lease moved a rise: %v", v.rises)
+	}
+	// A later reading: the stored rise only raises the view's.
+	r0 := v.rises.Of(0)
+	s.noteStatic(nil, regionsync.ShardRises{r0 - 1, 9}, regionsync.RedisClock{RedisUS: readUS + 10, Sent: time.Now()})
+	if got := s.static.Load().rises; got.Of(0) != r0 || got.Of(1) != 9 {
+		t.Fatalf("rises %v after reading %d and 9, want %d and 9", got, r0-1, r0)
+	}
+}
