@@ -10,6 +10,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/regionsync"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // configLive is the optional config and its etcd revision read together
@@ -90,14 +91,16 @@ func (s *Server) confirmChain(ctx context.Context, rev int64, store bool) {
 	s.shardMaps()
 }
 
-// drainLifted raises every shard's rise: when store, the stored ones to
-// Redis time (a failed write is logged: the other replicas still notice
-// the lift when they apply the stored confirmation, but a process started
-// later does not see it); and this process's view to its estimate of
-// Redis time now (an upper bound), or to the time written when its view
-// never read Redis (its first reading then finds the stored rises).
+// drainLifted raises the rise of every shard the config may ever name
+// (shard.MaxShards), so a shard added later holds it for the keys it
+// takes over: when store, the stored ones to Redis time (a failed write is
+// logged: the other replicas still notice the lift when they apply the
+// stored confirmation, but a process started later does not see it); and
+// this process's view to its estimate of Redis time now (an upper bound),
+// or to the time written when its view never read Redis (its first
+// reading then finds the stored rises).
 func (s *Server) drainLifted(ctx context.Context, store bool) {
-	n := s.shardsInPlay()
+	n := max(s.shardsInPlay(), shard.MaxShards)
 	var rise int64
 	if store {
 		wctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // riseKey holds shard 0's rise: the Redis time the region last came back
@@ -207,7 +208,8 @@ var hourlyKey = quota.Key{Tenant: "acme", Class: "hourly"}
 // a drained region, its leader stores a rise at Redis time and hands it
 // to the scripts with the key's floor; a replica that applies the
 // confirmation after it raises its own at least as late, and a replica
-// started later reads the stored one. The region never drained has none.
+// started later reads the stored one; every shard a later config may
+// name holds it. The region never drained has none.
 // Real Redis per region, embedded etcd, the real allocator daemon and
 // region leaders.
 func TestDrainLiftedRaisesTheRise(t *testing.T) {
@@ -247,6 +249,13 @@ func TestDrainLiftedRaisesTheRise(t *testing.T) {
 	rise := storedRise(t, us.rdb)
 	if rise < usBefore || rise > usAfter {
 		t.Fatalf("us's stored rise %d, want the Redis time the restore was confirmed, in [%d, %d]", rise, usBefore, usAfter)
+	}
+	// Every shard a later config may name holds it too, for the keys it
+	// takes over then.
+	for _, i := range []int{1, shard.MaxShards - 1} {
+		if got, err := us.rdb.Get(ctx, fmt.Sprintf("%s:%d", riseKey, i)).Int64(); err != nil || got != rise {
+			t.Fatalf("shard %d's stored rise %d (%v), want shard 0's %d", i, got, err, rise)
+		}
 	}
 	if c.RiseUS < rise || !near(c.FloorRate, 25.0/3600) || c.FloorBurst != 25 {
 		t.Fatalf("us's leader hands rise %d, floor %v/s burst %v; want at least the stored rise %d and 25/h burst 25",
