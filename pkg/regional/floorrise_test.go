@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
@@ -50,8 +51,9 @@ func commonOf(t *testing.T, srv *regional.Server, cfg *config.Config, k quota.Ke
 // ended: not for the first lease on an empty Redis (a fresh region was
 // never counted at its floor), not on an extension. The leader's own
 // view notices it at once, the scripts get it with the key's floor while
-// on the static share (none on the floor, none in steady state), and a
-// replica started later reads the stored one. Real Redis, embedded etcd
+// on the static share (none on the floor, none in steady state), so a key
+// first used right after admits at most the floor's burst plus r·t (50
+// before); and a replica started later reads the stored one. Real Redis, embedded etcd
 // and the real allocator daemon; the lease ends by cutting the link.
 func TestStaticLeaseRiseStoredWhenItComesBackOffItsEnd(t *testing.T) {
 	ctx := context.Background()
@@ -100,6 +102,13 @@ func TestStaticLeaseRiseStoredWhenItComesBackOffItsEnd(t *testing.T) {
 		r.syncOnce(ctx, r.leader)
 	}
 	after := r.redisUS()
+	// A key first used now is born as one idle through the floor: at
+	// most the floor's burst at the rise, refilled at the share since
+	// (before: born full at 50).
+	admitted := admitAll(t, r.srv, quota.Key{Tenant: "initech", Class: "write"})
+	if bound := math.Floor(25 + staticRate*float64(r.redisUS()-before)/1e6); float64(admitted) > bound {
+		t.Fatalf("a key first used right after the lease came back admitted %d, above the floor's burst 25 + 50/s·t = %v", admitted, bound)
+	}
 	rise := storedRise(t, r.rdb)
 	if rise < before || rise > after {
 		t.Fatalf("stored rise %d, want the Redis time the lease came back, in [%d, %d]", rise, before, after)
@@ -341,6 +350,24 @@ func TestKeyIdleAcrossADrainComesBackAtItsFloor(t *testing.T) {
 	}
 	if float64(admitted) > bound {
 		t.Fatalf("a key first used after the restore admitted %d, above the floor 25 + 50/h·t", admitted)
+	}
+}
+
+// admitAll spends every token of k's bucket in srv through Check and
+// returns how many it admitted.
+func admitAll(t *testing.T, srv *regional.Server, k quota.Key) int {
+	t.Helper()
+	for n := 0; ; n++ {
+		resp, err := srv.Check(context.Background(), &sluicev1.CheckRequest{Key: qk(k.Tenant, k.Class), Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !resp.GetAllowed() {
+			return n
+		}
+		if n > 1000 {
+			t.Fatal("the bucket never ran dry")
+		}
 	}
 }
 
