@@ -100,7 +100,7 @@ func (s *Server) confirmChain(ctx context.Context, rev int64, store bool) {
 // or to the time written when its view never read Redis (its first
 // reading then finds the stored rises).
 func (s *Server) drainLifted(ctx context.Context, store bool) {
-	n := max(s.shardsInPlay(), shard.MaxShards)
+	n := shard.MaxShards
 	var rise int64
 	if store {
 		wctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
