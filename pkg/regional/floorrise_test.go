@@ -294,6 +294,61 @@ func TestDrainLiftedRaisesTheRise(t *testing.T) {
 	}
 }
 
+// failRiseWrites is a fault injector on a Redis client: the script that
+// raises every shard's rise (a drain lifted) fails, as on a timeout.
+type failRiseWrites struct{}
+
+func (failRiseWrites) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (failRiseWrites) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (failRiseWrites) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 4 && fmt.Sprint(args[3]) == riseKey {
+			err := errors.New("injected: the rise write timed out")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestDrainLiftedWhoseRiseWriteFailsStillRises: when the leader cannot
+// store the rise of a drain lifted, it still applies and stores the
+// confirmation, and hands its scripts a rise of its own (its estimate of
+// Redis time then).
+func TestDrainLiftedWhoseRiseWriteFailsStillRises(t *testing.T) {
+	ctx := context.Background()
+	drained, restored := liftConfig(t, true), liftConfig(t, false)
+	globalSrc, regions := startLeadRegions(ctx, t, "/fail", drained)
+	eu, us := regions["eu"], regions["us"]
+	for range 2 {
+		eu.sync(ctx, t)
+		us.sync(ctx, t)
+	}
+	us.rdb.AddHook(failRiseWrites{})
+	globalSrc.Set(restored, 20)
+	eu.src.Set(restored, 20)
+	us.src.Set(restored, 20)
+	usBefore := redisNow(t, us.rdb)
+	for range 2 {
+		eu.sync(ctx, t)
+		us.sync(ctx, t)
+	}
+	if got, err := us.rdb.Get(ctx, "sl:confirmed").Result(); err != nil || got != "20" {
+		t.Fatalf("stored confirmed revision %q (%v), want 20 despite the failed rise write", got, err)
+	}
+	if got := storedRise(t, us.rdb); got != 0 {
+		t.Fatalf("a rise %d stored through the injected failure", got)
+	}
+	if c := commonOf(t, us.srv, restored, hourlyKey); c.StaticBurst != 50 || c.RiseUS < usBefore {
+		t.Fatalf("us after a failed rise write: burst %v, rise %d; want 50 and its own rise from %d on", c.StaticBurst, c.RiseUS, usBefore)
+	}
+}
+
 // TestKeyIdleAcrossADrainComesBackAtItsFloor: a key used in us before it
 // was drained, then idle until the restore is confirmed, and a key first
 // used after the restore, admit at most the floor's burst (25) plus
