@@ -17,6 +17,12 @@
 //     since it sent that read, an upper bound) is a margin before that
 //     end, else each key's floor. Options.Unleased, for a region with no
 //     global tier, keeps static shares unconditional.
+//   - A region that comes back from its floor (a lease conferred again
+//     after it ended, a drain lifted) hands its scripts when (the rise,
+//     {static}:lease:rise per shard, and each replica's own notice) with
+//     the key's floor, so a bucket idle across the floor, or born after
+//     it, is credited at most the floor before the rise: the global tier
+//     may have given the rest of the share to other regions meanwhile.
 //   - A script handed the static share acts on it only until its
 //     deadline, the end of the static lease it was chosen under
 //     (regionsync.ScriptDeadline). One that ran later, queued in a paused

@@ -21,6 +21,9 @@ import (
 // scripts, per key, the static share while its conservative estimate of
 // Redis time is before the end of the key's lease (regionsync.KeyLease,
 // minus regionsync.StaticMargin), else the floor (regionsync.Chain.Leased).
+// Next to each lease the region keeps its rise (regionsync.ShardRises):
+// when the region last came back from its floor for that shard's keys,
+// handed to the scripts with the key's floor (Server.common).
 
 // staticKey holds the end of the region's static lease from global-tier
 // shard 0 (the whole global tier when it is not sharded) (Redis time, µs,
