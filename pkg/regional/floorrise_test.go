@@ -68,12 +68,7 @@ func TestStaticLeaseRiseStoredWhenItComesBackOffItsEnd(t *testing.T) {
 	if c := commonOf(t, r.srv, r.cfg, leaseKey); !near(c.StaticRate, staticRate) || c.RiseUS != 0 {
 		t.Fatalf("steady state: static rate %v, rise %d; want the share %v and no rise", c.StaticRate, c.RiseUS, staticRate)
 	}
-	for i := 0; r.stored() <= first; i++ {
-		if i == 20 {
-			t.Fatal("the lease was never extended")
-		}
-		r.syncOnce(ctx, r.leader)
-	}
+	syncPast(ctx, t, r, first, "the lease was never extended")
 	if got := storedRise(t, r.rdb); got != 0 {
 		t.Fatalf("an extension of a running lease stored a rise %d", got)
 	}
@@ -95,12 +90,9 @@ func TestStaticLeaseRiseStoredWhenItComesBackOffItsEnd(t *testing.T) {
 	// The lease comes back.
 	r.tier.cut.Store(false)
 	before := r.redisUS()
-	for i := 0; r.stored() <= ended; i++ {
-		if i == 20 {
-			t.Fatal("no lease conferred again")
-		}
-		r.syncOnce(ctx, r.leader)
-	}
+	// A region the global tier found lapsed meanwhile (a starved machine
+	// cut it off longer) is conferred a lease again a grant validity on.
+	syncPast(ctx, t, r, ended, "no lease conferred again")
 	after := r.redisUS()
 	// A key first used now is born as one idle through the floor: at
 	// most the floor's burst at the rise, refilled at the share since
@@ -121,9 +113,7 @@ func TestStaticLeaseRiseStoredWhenItComesBackOffItsEnd(t *testing.T) {
 		t.Fatalf("with a rise the floor is %v/s burst %v, want %v/s burst 25", c.FloorRate, c.FloorBurst, floorRate)
 	}
 	// An extension leaves it.
-	for cur := r.stored(); r.stored() <= cur; {
-		r.syncOnce(ctx, r.leader)
-	}
+	syncPast(ctx, t, r, r.stored(), "the lease was never extended after it came back")
 	if got := storedRise(t, r.rdb); got != rise {
 		t.Fatalf("an extension moved the stored rise from %d to %d", rise, got)
 	}
@@ -134,6 +124,20 @@ func TestStaticLeaseRiseStoredWhenItComesBackOffItsEnd(t *testing.T) {
 	}
 	if c := commonOf(t, srv2, r.cfg, leaseKey); !near(c.StaticRate, staticRate) || c.RiseUS != rise {
 		t.Fatalf("a replica started after the rise: static rate %v, rise %d; want the share and the stored rise %d", c.StaticRate, c.RiseUS, rise)
+	}
+}
+
+// syncPast runs report rounds of r's leader, an epoch apart, until the
+// stored lease ends after end, failing with msg when none does within a
+// grant validity and ten seconds.
+func syncPast(ctx context.Context, t *testing.T, r *leaseRig, end int64, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Duration(r.cfg.GrantValidity) + 10*time.Second)
+	for r.syncOnce(ctx, r.leader); r.stored() <= end; r.syncOnce(ctx, r.leader) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s (stored lease %d, want past %d)", msg, r.stored(), end)
+		}
+		time.Sleep(time.Duration(r.cfg.Epoch))
 	}
 }
 
