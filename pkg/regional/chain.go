@@ -79,12 +79,26 @@ func (s *Server) answered(ctx context.Context, g *sluicev1.RegionGrants) {
 // confirmation for the other replicas only after that). The chain's lock
 // is held meanwhile, so no request runs the lifted share before the rise
 // is known; a request meets the lock only when it adopts a new config.
+// Every confirmation that drops a config may raise a share: this process
+// remembers it with the chain before it (regionsync.ConfigRises), dated on
+// its estimate of Redis time, before the chain applies it. A process that
+// never read Redis time has handed out no static share yet (its estimate
+// is the far future) and remembers nothing: like one that starts after
+// the confirmation.
 func (s *Server) confirmChain(ctx context.Context, rev int64, store bool) {
 	s.chainMu.Lock()
 	old := *s.chain.Load()
 	next := old.Confirm(rev)
 	if !s.opts.Unleased && regionsync.DrainLifted(s.opts.Region, old, next) {
 		s.drainLifted(ctx, store)
+	}
+	if v := s.static.Load(); !s.opts.Unleased && !v.clock.Sent.IsZero() && regionsync.MayRaise(old, next) {
+		var rises regionsync.ConfigRises
+		if p := s.configRises.Load(); p != nil {
+			rises = *p
+		}
+		rises = rises.Confirmed(old, next, v.clock.Estimate(time.Now()))
+		s.configRises.Store(&rises)
 	}
 	s.chain.Store(&next)
 	s.chainMu.Unlock()

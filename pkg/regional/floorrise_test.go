@@ -439,3 +439,75 @@ func redisNow(t *testing.T, rdb *redis.Client) int64 {
 	}
 	return tm.UnixMicro()
 }
+
+// raiseConfig is two regions of weights eu and us and class hourly: 100 an
+// hour, burst 100, partition_share 1 (the floor is the whole share: no
+// floor behind any rise here).
+func raiseConfig(t *testing.T, eu, us float64) *config.Config {
+	t.Helper()
+	c, err := config.Parse(fmt.Appendf(nil, `
+regions: {eu: {weight: %g}, us: {weight: %g}}
+classes: {hourly: {mode: lease, partition_share: 1}}
+tiers: {free: {hourly: {rate: 100/h, burst: 100}}}
+default_tier: free
+`, eu, us))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestWeightRaiseCreditsTheOldShareBeforeIt: eu's weight triples. us adopts
+// its smaller share at once, but may have spent its old one just before;
+// once the global tier confirms the change eu runs 75 an hour, burst 75,
+// where it ran 50 — and a key eu left idle across the confirmation, or first
+// uses after it, is credited the old share until the confirmation and the
+// new one only since: it admits at most 50 + 75/h·t, not 75 (which it did
+// before the confirmation's rise was passed to the scripts: above b + r·t
+// by the raise). The rise is dated when eu applied the confirmation. Real
+// Redis per region, embedded etcd, the real allocator daemon and region
+// leaders, the real scripts.
+func TestWeightRaiseCreditsTheOldShareBeforeIt(t *testing.T) {
+	ctx := context.Background()
+	old, grown := raiseConfig(t, 1, 1), raiseConfig(t, 3, 1)
+	globalSrc, regions := startLeadRegions(ctx, t, "/raise", old)
+	eu, us := regions["eu"], regions["us"]
+	for range 2 {
+		eu.sync(ctx, t)
+		us.sync(ctx, t)
+	}
+	idle, fresh := qk("acme", "hourly"), qk("initech", "hourly")
+	if g := eu.acquire(ctx, t, idle, 1); g.GetGranted() != 1 {
+		t.Fatalf("before the raise: granted %d of 1", g.GetGranted())
+	}
+	if c := commonOf(t, eu.srv, old, hourlyKey); c.RiseUS != 0 || c.StaticBurst != 50 {
+		t.Fatalf("before the raise eu hands its scripts %+v, want burst 50 and no rise", c)
+	}
+	before := redisNow(t, eu.rdb)
+	start := time.Now()
+	globalSrc.Set(grown, 20)
+	eu.src.Set(grown, 20)
+	us.src.Set(grown, 20)
+	for range 2 {
+		eu.sync(ctx, t)
+		us.sync(ctx, t)
+	}
+	c := commonOf(t, eu.srv, grown, hourlyKey)
+	if c.StaticBurst != 75 {
+		t.Fatalf("eu's burst %v once the raise was confirmed, want 75", c.StaticBurst)
+	}
+	if after := redisNow(t, eu.rdb); c.RiseUS < before || c.RiseUS > after+time.Second.Microseconds() || c.FloorBurst != 50 || !near(c.FloorRate, 50.0/3600) {
+		t.Fatalf("eu hands its scripts rise %d (Redis time %d..%d) from %v/s burst %v, want the confirmation from 50/h burst 50",
+			c.RiseUS, before, after, c.FloorRate, c.FloorBurst)
+	}
+	bound := math.Floor(50 + 75.0/3600*time.Since(start).Seconds())
+	for _, k := range []*sluicev1.QuotaKey{idle, fresh} {
+		var admitted int64
+		for range 3 {
+			admitted += eu.acquire(ctx, t, k, 75).GetGranted()
+		}
+		if float64(admitted) > bound {
+			t.Fatalf("%s admitted %d right after the raise, above the old share 50 + 75/h·t", k.GetTenant(), admitted)
+		}
+	}
+}

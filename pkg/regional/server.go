@@ -101,6 +101,10 @@ type Server struct {
 	// (regionsync.Chain); chainMu serializes its updates.
 	chain   atomic.Pointer[regionsync.Chain]
 	chainMu sync.Mutex
+	// configRises are the recent confirmations that may have raised
+	// static shares, each with the chain before it (regionsync.
+	// ConfigRises); nil for none. Written under chainMu.
+	configRises atomic.Pointer[regionsync.ConfigRises]
 	// static is the replica's view of the static lease (static.go);
 	// staticMu serializes its updates.
 	static   atomic.Pointer[staticView]
@@ -239,11 +243,13 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 	chain := s.staticChain()
 	now := time.Now()
 	var rate, burst float64
-	var deadline, rise int64
+	var deadline int64
+	var rise regionsync.Rise
 	var err error
 	onStatic := true
+	fill := luascripts.FillTime(res.Limit.Rate, float64(res.Limit.Burst))
 	if s.opts.Unleased {
-		// No lease, no floor: no rise off one either.
+		// No lease, no floor, no confirmations: no rise.
 		rate, burst, err = chain.Share(s.opts.Region, k, cfg, res)
 	} else {
 		v := s.static.Load()
@@ -253,19 +259,16 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		// A script queued in a paused Redis that runs after the static
 		// lease it was handed the share under changes nothing.
 		deadline = regionsync.ScriptDeadline(est, lease, margin)
-		if onStatic {
-			// The region came back from its floor then: idle time
-			// before it is credited at most at the floor
-			// (regionsync.ShardRises).
-			rise = s.keyRise(k, v)
+		if err == nil && onStatic {
+			// The region came back from its floor (regionsync.
+			// ShardRises), or a confirmation raised its share: idle
+			// time before is credited at most what it ran then
+			// (docs/architecture.md, "Coming back from a floor").
+			rise = s.riseOf(k, cfg, res, v, est, fill, margin, regionsync.Share{Rate: rate, Burst: burst})
 		}
 	}
 	if err != nil {
 		return luascripts.Common{}, err
-	}
-	var floor regionsync.Share
-	if rise > 0 {
-		floor = regionsync.FloorOf(regionsync.Share{Rate: rate, Burst: burst}, res)
 	}
 	// A burst of 0 on the static share that only a config not yet knowing
 	// the key's class (or this region) makes: the key waits for its share
@@ -282,15 +285,31 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		DemandWindow: cfg.DemandWindow(),
 		MarkEvery:    s.markEvery(cfg),
 		DeadlineUS:   deadline,
-		RiseUS:       rise,
-		FloorRate:    floor.Rate,
-		FloorBurst:   floor.Burst,
+		RiseUS:       rise.RiseUS,
+		FloorRate:    rise.Floor.Rate,
+		FloorBurst:   rise.Floor.Burst,
 
 		AwaitingShare: awaiting,
 		// At a static cap of 0 the keys live until the share, should it
 		// come back, would have refilled them (lib.lua, bucket_ttl).
-		ShareFill: luascripts.FillTime(res.Limit.Rate, float64(res.Limit.Burst)),
+		ShareFill: fill,
 	}, nil
+}
+
+// riseOf is the rise the scripts are told of for k on its static share:
+// its shards' rise off a floor and the recent confirmations, those that
+// still matter within its fill time (regionsync.RiseFor). Nothing to work
+// out, the usual case, costs two loads.
+func (s *Server) riseOf(k quota.Key, cfg *config.Config, res config.Resolved, v *staticView, est int64, fill, margin time.Duration, share regionsync.Share) regionsync.Rise {
+	floorRise := s.keyRise(k, v)
+	var rises regionsync.ConfigRises
+	if p := s.configRises.Load(); p != nil {
+		rises = *p
+	}
+	if floorRise == 0 && len(rises) == 0 {
+		return regionsync.Rise{}
+	}
+	return regionsync.RiseFor(est, fill, margin, floorRise, regionsync.FloorOf(share, res), share, rises, s.opts.Region, k, cfg, res)
 }
 
 // markEvery is the scripts' candidate mark interval: a quarter epoch, or

@@ -22,7 +22,7 @@ import (
 // what the region ran before the rise, and the scripts credit idle time
 // before it at most that (luascripts.Common.RiseUS, FloorRate, FloorBurst),
 // exactly as for a rise off a floor (ShardRises). A key whose share did not
-// change has it as its own floor: nothing changes for it.
+// rise gets no rise: nothing changes for it.
 //
 // This is a process's own memory, not stored: a replica applies each
 // confirmation itself (its own rise is later than the leader's, which only
@@ -51,7 +51,7 @@ type ConfigRises []ConfigRise
 // way a share rises) is remembered; one that dropped nothing changes
 // nothing.
 func (r ConfigRises) Confirmed(old, next Chain, riseUS int64) ConfigRises {
-	if next.Confirmed() == old.Confirmed() && next.Len() >= old.Len() {
+	if !MayRaise(old, next) {
 		return r
 	}
 	out := make(ConfigRises, 0, MaxConfigRises)
@@ -60,6 +60,39 @@ func (r ConfigRises) Confirmed(old, next Chain, riseUS int64) ConfigRises {
 	}
 	out = append(out, r...)
 	return append(out, ConfigRise{RiseUS: riseUS, Before: old})
+}
+
+// ran is the share the region ran for k under the chain, as the floor of a
+// rise: Share, except that a config that does not know k's class at all
+// is left out. Under such a config no region had a share of the class, so
+// nothing was spent there that the rise must make up for; and a key of a
+// class the region awaited is born full once its share comes (docs/
+// architecture.md, "A key first used while its share is awaited"). A
+// config that lacks the region counts, as in Share, as a share of 0: the
+// others ran the whole limit there.
+func (c Chain) ran(region string, k quota.Key, cfg *config.Config, res config.Resolved) (rate, burst float64, err error) {
+	rate, burst, err = cfg.StaticShareOf(region, res)
+	if err != nil {
+		return 0, 0, err
+	}
+	c.each(func(e Revision) {
+		if e.Cfg == cfg || e.Cfg == nil {
+			return
+		}
+		if _, ok := e.Cfg.Classes[k.Class]; !ok {
+			return
+		}
+		r, b := ShareUnder(e.Cfg, region, k)
+		rate, burst = math.Min(rate, r), math.Min(burst, b)
+	})
+	return rate, burst, nil
+}
+
+// MayRaise says whether a confirmation that took the chain from old to
+// next may have raised a share: it dropped a config (Share is the smallest
+// under the chain's configs, so only a config leaving it can raise it).
+func MayRaise(old, next Chain) bool {
+	return next.Confirmed() != old.Confirmed() || next.Len() < old.Len()
 }
 
 // Rise is what the scripts are told of a key's rises: the latest rise that
@@ -88,19 +121,23 @@ func RiseFor(estUS int64, fill, margin time.Duration, floorRiseUS int64, floor, 
 	region string, k quota.Key, cfg *config.Config, res config.Resolved) Rise {
 	horizon := (fill + margin).Microseconds()
 	matters := func(us int64) bool { return us > 0 && (fill <= 0 || estUS-us < horizon) }
+	below := func(f Share) bool { return f.Rate < share.Rate || f.Burst < share.Burst }
 	var out Rise
-	if matters(floorRiseUS) {
+	if matters(floorRiseUS) && below(floor) {
 		out = Rise{RiseUS: floorRiseUS, Floor: floor}
 	}
 	for _, cr := range rises {
 		if !matters(cr.RiseUS) {
 			continue
 		}
-		rate, burst, err := cr.Before.Share(region, k, cfg, res)
+		rate, burst, err := cr.Before.ran(region, k, cfg, res)
 		if err != nil {
 			continue
 		}
 		before := Share{Rate: math.Min(rate, share.Rate), Burst: math.Min(burst, share.Burst)}
+		if !below(before) {
+			continue // the key's share did not rise: nothing to credit less
+		}
 		if out.RiseUS == 0 {
 			out = Rise{RiseUS: cr.RiseUS, Floor: before}
 			continue

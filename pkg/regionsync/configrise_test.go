@@ -3,14 +3,17 @@ package regionsync
 import (
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // TestConfigRiseFloorIsTheShareBeforeTheConfirmation: eu's weight doubles;
 // once the global tier confirms the change eu runs 50/s where it ran 25/s,
 // and the scripts are told so: the rise is when eu applied the
 // confirmation, and the floor before it is the share eu ran (25/s, burst
-// 25). us, whose share fell, has its own share as its floor: nothing
-// changes for it. A confirmation that drops no config is no rise.
+// 25). us, whose share fell, gets no rise: nothing changes for it. A
+// confirmation that drops no config is no rise.
 func TestConfigRiseFloorIsTheShareBeforeTheConfirmation(t *testing.T) {
 	old := chainConfig(t, [3]float64{1, 1, 2}, 100, 100) // eu 25/s, us 50/s
 	grown := chainConfig(t, [3]float64{1, 2, 1}, 100, 100)
@@ -30,15 +33,14 @@ func TestConfigRiseFloorIsTheShareBeforeTheConfirmation(t *testing.T) {
 		t.Fatal(err)
 	}
 	fill, margin := time.Second, 100*time.Millisecond // burst 100 / rate 100
-	for _, tc := range []struct {
-		region string
-		want   Share
-	}{{"eu", Share{Rate: 25, Burst: 25}}, {"us", Share{Rate: 25, Burst: 25}}} {
-		rate, burst := share(t, next, tc.region)
-		got := RiseFor(at+1000, fill, margin, 0, Share{}, Share{Rate: rate, Burst: burst}, rises, tc.region, chainKey, grown, res)
-		if got.RiseUS != at || !near(got.Floor.Rate, tc.want.Rate) || !near(got.Floor.Burst, tc.want.Burst) {
-			t.Fatalf("%s (share %v/%v): rise %+v, want at %d from %+v", tc.region, rate, burst, got, at, tc.want)
-		}
+	rate, burst := share(t, next, "eu")
+	got := RiseFor(at+1000, fill, margin, 0, Share{}, Share{Rate: rate, Burst: burst}, rises, "eu", chainKey, grown, res)
+	if got.RiseUS != at || !near(got.Floor.Rate, 25) || !near(got.Floor.Burst, 25) {
+		t.Fatalf("eu (share %v/%v): rise %+v, want at %d from 25/s burst 25", rate, burst, got, at)
+	}
+	rate, burst = share(t, next, "us")
+	if got := RiseFor(at+1000, fill, margin, 0, Share{}, Share{Rate: rate, Burst: burst}, rises, "us", chainKey, grown, res); got != (Rise{}) {
+		t.Fatalf("us, whose share fell, is told of a rise: %+v", got)
 	}
 	// A fill time and a margin later the rise no longer matters.
 	if got := RiseFor(at+(fill+margin).Microseconds(), fill, margin, 0, Share{}, Share{Rate: 50, Burst: 50}, rises, "eu", chainKey, grown, res); got != (Rise{}) {
@@ -85,4 +87,45 @@ func TestRiseForTakesTheLatestRiseAndTheSmallestFloor(t *testing.T) {
 func near[T int64 | float64](a, b T) bool {
 	d := float64(a - b)
 	return d < 1e-9 && d > -1e-9
+}
+
+// TestConfigRiseOfANewClassOrRegion: a class the old config did not know
+// had no share anywhere under it, so nothing was spent there and a key of
+// it is born full once its share comes (no rise); a region the old config
+// did not hold had nothing there while the others ran the whole limit: its
+// floor before the rise is 0.
+func TestConfigRiseOfANewClassOrRegion(t *testing.T) {
+	parse := func(y string) *config.Config {
+		c, err := config.Parse([]byte(y))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	old := parse("regions: {eu: {weight: 1}, us: {weight: 1}}\nclasses: {read: {mode: lease}}\ntiers: {free: {read: {rate: 100/s, burst: 100}}}\ndefault_tier: free\n")
+	grown := parse("regions: {eu: {weight: 1}, us: {weight: 1}, ap: {weight: 2}}\nclasses: {read: {mode: lease}, write: {mode: lease}}\n" +
+		"tiers: {free: {read: {rate: 100/s, burst: 100}, write: {rate: 100/s, burst: 100}}}\ndefault_tier: free\n")
+	chain := NewChain(10, old).Adopt(20, grown)
+	rises := ConfigRises{}.Confirmed(chain, chain.Confirm(20), 7_000_000)
+	for _, tc := range []struct {
+		region, class string
+		want          Rise
+	}{
+		{"eu", "write", Rise{}},
+		{"ap", "read", Rise{RiseUS: 7_000_000}},
+		{"ap", "write", Rise{}},
+	} {
+		k := quota.Key{Tenant: "acme", Class: tc.class}
+		res, err := grown.Resolve(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, b, err := grown.StaticShareOf(tc.region, res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := RiseFor(7_000_001, time.Second, 0, 0, Share{}, Share{Rate: r, Burst: b}, rises, tc.region, k, grown, res); got != tc.want {
+			t.Errorf("%s %s: %+v, want %+v", tc.region, tc.class, got, tc.want)
+		}
+	}
 }

@@ -38,7 +38,7 @@ type Region struct {
 	// periodic read, without its lag).
 	staticUS int64
 	// riseUS is when the region's static shares last rose off their
-	// floor (pkg/regional's {static}:rise key, regionsync.CameBack and
+	// floor (pkg/regional's {static}:lease:rise key, regionsync.CameBack and
 	// DrainLifted; 0 = none, lost with the data): the scripts credit a
 	// bucket idle across it only its floor before it (docs/architecture.md,
 	// "Coming back from a floor").
