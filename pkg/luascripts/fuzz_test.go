@@ -3,6 +3,7 @@ package luascripts
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/big"
 	"reflect"
 	"strconv"
@@ -68,40 +69,71 @@ func FuzzScriptsMatchModel(f *testing.F) {
 		}
 		sc.forgetGenerations()
 		in := &fuzzInput{b: data}
-		c := Common{
-			StaticRate: pickOf(in, fuzzRates), StaticBurst: pickOf(in, fuzzBursts),
-			LeaseTTL: time.Duration(1+in.pick(5)) * time.Second, Reclaim: in.pick(2) == 0,
-			ReapBudget: in.pick(4), DemandWindow: 500 * time.Millisecond,
-			MarkEvery: 250 * time.Millisecond, // marking on, the input's reading unchanged
-		}
-		now := int64(1_700_000_000_000_000)
-		born := int64(-1) // no sentinel
-		switch in.pick(4) {
-		case 0: // a data set born a while ago (Redis lost its data)
-			c.RestartWait = c.LeaseTTL
-			born = now - int64(in.next())*100_000
-		case 1: // guarded, no sentinel yet: the scripts date the data set
-			c.RestartWait = c.LeaseTTL
-		}
-		if c.StaticBurst == 0 {
-			// A cap of 0 is a floor or a share awaited: held calls must
-			// never let the region hold more than the shadow either. Its
-			// rate is 0 too on a floor of 0 (drained, off the static
-			// lease at partition_share 0) and while a class is not known
-			// yet; the share's fill time is known to the regional service
-			// (keys live twice it), not to tools (2 x lease TTL). One
-			// choice, read as before for the share awaited.
-			v := in.pick(8)
-			c.AwaitingShare = v%2 == 0
-			if v&2 != 0 {
-				c.StaticRate = 0
-			}
-			if v&4 != 0 {
-				c.ShareFill = 7 * time.Second
-			}
-		}
+		c, now, born := fuzzCommon(in)
 		runFuzzOps(t, ctx, rdb, sc, c, now, born, in)
 	})
+}
+
+// FuzzScriptsAcrossARise is FuzzScriptsMatchModel with the key handed a
+// rise (lib.lua, "Coming back from a floor"): before, at or after the
+// start, or after another node's clock, from a floor of none, a part or
+// more than the share (taken at the share). The same checks hold: the
+// rise only ever credits less than the shadow's static refill.
+func FuzzScriptsAcrossARise(f *testing.F) {
+	srv := redistest.Start(f)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sc := newVirtual()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if err := rdb.FlushDB(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		sc.forgetGenerations()
+		in := &fuzzInput{b: data}
+		c, now, born := fuzzCommon(in)
+		c.RiseUS = now + pickOf(in, []int64{-3_600_000_000, -1_000_000, -1, 0, 1, 500_000, 5_000_000, 60_000_000})
+		frac := pickOf(in, []float64{0, 0.25, 0.5, 1, 3})
+		c.FloorRate, c.FloorBurst = c.StaticRate*frac, math.Floor(c.StaticBurst*frac)
+		runFuzzOps(t, ctx, rdb, sc, c, now, born, in)
+	})
+}
+
+// fuzzCommon reads the key's settings, the start and the data set's birth
+// (-1: no sentinel) from the input.
+func fuzzCommon(in *fuzzInput) (Common, int64, int64) {
+	c := Common{
+		StaticRate: pickOf(in, fuzzRates), StaticBurst: pickOf(in, fuzzBursts),
+		LeaseTTL: time.Duration(1+in.pick(5)) * time.Second, Reclaim: in.pick(2) == 0,
+		ReapBudget: in.pick(4), DemandWindow: 500 * time.Millisecond,
+		MarkEvery: 250 * time.Millisecond, // marking on, the input's reading unchanged
+	}
+	now := int64(1_700_000_000_000_000)
+	born := int64(-1) // no sentinel
+	switch in.pick(4) {
+	case 0: // a data set born a while ago (Redis lost its data)
+		c.RestartWait = c.LeaseTTL
+		born = now - int64(in.next())*100_000
+	case 1: // guarded, no sentinel yet: the scripts date the data set
+		c.RestartWait = c.LeaseTTL
+	}
+	if c.StaticBurst == 0 {
+		// A cap of 0 is a floor or a share awaited: held calls must
+		// never let the region hold more than the shadow either. Its
+		// rate is 0 too on a floor of 0 (drained, off the static
+		// lease at partition_share 0) and while a class is not known
+		// yet; the share's fill time is known to the regional service
+		// (keys live twice it), not to tools (2 x lease TTL). One
+		// choice, read as before for the share awaited.
+		v := in.pick(8)
+		c.AwaitingShare = v%2 == 0
+		if v&2 != 0 {
+			c.StaticRate = 0
+		}
+		if v&4 != 0 {
+			c.ShareFill = 7 * time.Second
+		}
+	}
+	return c, now, born
 }
 
 // half is the storage's resolution at a cap: half a micro-token.
