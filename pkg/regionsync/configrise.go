@@ -63,18 +63,18 @@ func (r ConfigRises) Confirmed(old, next Chain, riseUS int64) ConfigRises {
 }
 
 // ran is the share the region ran for k under the chain, as the floor of a
-// rise: Share, except that a config that does not know k's class at all
-// is left out. Under such a config no region had a share of the class, so
-// nothing was spent there that the rise must make up for; and a key of a
-// class the region awaited is born full once its share comes (docs/
-// architecture.md, "A key first used while its share is awaited"). A
-// config that lacks the region counts, as in Share, as a share of 0: the
-// others ran the whole limit there.
-func (c Chain) ran(region string, k quota.Key, cfg *config.Config, res config.Resolved) (rate, burst float64, err error) {
-	rate, burst, err = cfg.StaticShareOf(region, res)
-	if err != nil {
-		return 0, 0, err
-	}
+// rise: the smallest under its configs other than cfg (the config the
+// request is served under, whose share the caller holds), except that a
+// config that does not know k's class at all is left out. Under such a
+// config no region had a share of the class, so nothing was spent there
+// that the rise must make up for; and a key of a class the region awaited
+// is born full once its share comes (docs/architecture.md, "A key first
+// used while its share is awaited"). A config that lacks the region
+// counts, as in Share, as a share of 0: the others ran the whole limit
+// there. +Inf for none. memo keeps each config's share for the call, as
+// consecutive confirmations' chains share most of their configs.
+func (c Chain) ran(region string, k quota.Key, cfg *config.Config, memo *shareMemo) Share {
+	out := Share{Rate: math.Inf(1), Burst: math.Inf(1)}
 	c.each(func(e Revision) {
 		if e.Cfg == cfg || e.Cfg == nil {
 			return
@@ -82,10 +82,33 @@ func (c Chain) ran(region string, k quota.Key, cfg *config.Config, res config.Re
 		if _, ok := e.Cfg.Classes[k.Class]; !ok {
 			return
 		}
-		r, b := ShareUnder(e.Cfg, region, k)
-		rate, burst = math.Min(rate, r), math.Min(burst, b)
+		sh := memo.of(e.Cfg, region, k)
+		out = Share{Rate: math.Min(out.Rate, sh.Rate), Burst: math.Min(out.Burst, sh.Burst)}
 	})
-	return rate, burst, nil
+	return out
+}
+
+// shareMemo is ShareUnder per config for one key, kept for one RiseFor
+// call (on its stack: up to a chain's worth of configs, then recomputed).
+type shareMemo struct {
+	n   int
+	cfg [MaxChain]*config.Config
+	sh  [MaxChain]Share
+}
+
+func (m *shareMemo) of(cfg *config.Config, region string, k quota.Key) Share {
+	for i := range m.n {
+		if m.cfg[i] == cfg {
+			return m.sh[i]
+		}
+	}
+	r, b := ShareUnder(cfg, region, k)
+	sh := Share{Rate: r, Burst: b}
+	if m.n < len(m.cfg) {
+		m.cfg[m.n], m.sh[m.n] = cfg, sh
+		m.n++
+	}
+	return sh
 }
 
 // MayRaise says whether a confirmation that took the chain from old to
@@ -123,6 +146,7 @@ func RiseFor(estUS int64, fill, margin time.Duration, floorRiseUS int64, floor, 
 	matters := func(us int64) bool { return us > 0 && (fill <= 0 || estUS-us < horizon) }
 	below := func(f Share) bool { return f.Rate < share.Rate || f.Burst < share.Burst }
 	var out Rise
+	var memo shareMemo
 	if matters(floorRiseUS) && below(floor) {
 		out = Rise{RiseUS: floorRiseUS, Floor: floor}
 	}
@@ -130,11 +154,8 @@ func RiseFor(estUS int64, fill, margin time.Duration, floorRiseUS int64, floor, 
 		if !matters(cr.RiseUS) {
 			continue
 		}
-		rate, burst, err := cr.Before.ran(region, k, cfg, res)
-		if err != nil {
-			continue
-		}
-		before := Share{Rate: math.Min(rate, share.Rate), Burst: math.Min(burst, share.Burst)}
+		ran := cr.Before.ran(region, k, cfg, &memo)
+		before := Share{Rate: math.Min(ran.Rate, share.Rate), Burst: math.Min(ran.Burst, share.Burst)}
 		if !below(before) {
 			continue // the key's share did not rise: nothing to credit less
 		}

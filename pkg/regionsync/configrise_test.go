@@ -129,3 +129,40 @@ func TestConfigRiseOfANewClassOrRegion(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRiseFor is the request path's cost of the rises (Server.common
+// runs it per request while a rise can still matter for the key), next to
+// Chain.Share, which every request already pays, in the same run: a rise
+// off a floor alone, and four remembered confirmations of two-config
+// chains.
+func BenchmarkRiseFor(b *testing.B) {
+	old := chainConfig(b, [3]float64{1, 1, 2}, 100, 100)
+	grown := chainConfig(b, [3]float64{1, 2, 1}, 100, 100)
+	chain := NewChain(10, old).Adopt(20, grown)
+	res, err := grown.Resolve(chainKey)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var rises ConfigRises
+	for i := range MaxConfigRises {
+		rises = rises.Confirmed(chain, chain.Confirm(20), int64(1_000_000+i))
+	}
+	share := Share{Rate: 50, Burst: 50}
+	b.Run("chain share (reference)", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := chain.Share("eu", chainKey, grown, res); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("floor rise", func(b *testing.B) {
+		for b.Loop() {
+			RiseFor(1_500_000, time.Second, time.Second, 1_000_000, Share{Rate: 25, Burst: 25}, share, nil, "eu", chainKey, grown, res)
+		}
+	})
+	b.Run("four config rises", func(b *testing.B) {
+		for b.Loop() {
+			RiseFor(1_500_000, time.Second, time.Second, 0, Share{}, share, rises, "eu", chainKey, grown, res)
+		}
+	})
+}
