@@ -412,6 +412,117 @@ func (s *Store) LastValid(ctx context.Context, from int64) (*config.Config, int6
 	return nil, 0, fmt.Errorf("%w: read %d config revisions back from revision %d", ErrNoValidHistory, MaxHistorySteps, from)
 }
 
+// ErrHistoryGone is wrapped by At when etcd no longer holds the config
+// of the revision asked for: compacted, with no later revision read at
+// which it was still the committed config, unchanged.
+var ErrHistoryGone = errors.New("the config of that revision is gone from etcd's history")
+
+// At is the config that revision rev committed (rev a revision that wrote
+// the document: a config's revision, as Get and a Watcher hand out),
+// validated as Get validates it. It reads the config range at rev. When
+// etcd compacted rev it reads back from the latest revision, at most
+// MaxHistorySteps steps, through the revision just before each later
+// commit of a config (before its batched apply began, for one), to the
+// newest at which rev's config was still the committed one: the same
+// document and no tenant key written since. Not found so is an error
+// wrapping ErrHistoryGone; rev not a revision that wrote the document
+// (or later than etcd's) is another error, as is etcd failing. A config
+// changed since only by tenant keys deleted by hand, past the Store, is
+// read without them.
+func (s *Store) At(ctx context.Context, rev int64) (*config.Config, error) {
+	if rev <= 0 {
+		return nil, fmt.Errorf("config: revision %d is no config revision", rev)
+	}
+	r, err := s.readRaw(ctx, rev)
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		return s.atAfterCompaction(ctx, rev)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.committedAt(ctx, r, rev)
+}
+
+// committedAt is rev's config from r, the range read at a revision at or
+// after rev whose document is rev's.
+func (s *Store) committedAt(ctx context.Context, r *raw, rev int64) (*config.Config, error) {
+	switch {
+	case r.doc == nil:
+		return nil, fmt.Errorf("config: %s did not exist at revision %d", s.key, r.rev)
+	case r.doc.ModRevision != rev:
+		return nil, fmt.Errorf("config: revision %d did not write %s (at revision %d it is at %d)", rev, s.key, r.rev, r.doc.ModRevision)
+	case len(r.stray) > 0:
+		return nil, fmt.Errorf("config: %w: tenant keys were written after revision %d, and it is compacted", ErrHistoryGone, rev)
+	}
+	c, err := assemble(ctx, r.doc.Value, r.tenants, s.TenantKey)
+	if err != nil {
+		return nil, fmt.Errorf("config: %s at revision %d: %w", s.key, rev, err)
+	}
+	return c, nil
+}
+
+// atAfterCompaction finds rev's config at a later revision (At).
+func (s *Store) atAfterCompaction(ctx context.Context, rev int64) (*config.Config, error) {
+	at := int64(0) // the latest
+	for range MaxHistorySteps {
+		f, err := s.fenceAt(ctx, at)
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		at = f.rev
+		d := docRev(f)
+		switch {
+		case f.applying != nil:
+			at = f.applying.Created - 1 // the range committed before it
+			continue
+		case d > rev:
+			at = d - 1 // the range before that commit
+			continue
+		case d < rev:
+			return nil, fmt.Errorf("config: revision %d did not write %s (at revision %d it is at %d)", rev, s.key, at, d)
+		}
+		r, err := s.readRaw(ctx, at)
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		return s.committedAt(ctx, r, rev)
+	}
+	return nil, fmt.Errorf("config: %w: revision %d is compacted and no later revision read holds its config unchanged", ErrHistoryGone, rev)
+}
+
+// fenceAt reads the document's and the marker's revisions at revision at
+// (0: the latest).
+func (s *Store) fenceAt(ctx context.Context, at int64) (*raw, error) {
+	var opts []clientv3.OpOption
+	if at > 0 {
+		opts = append(opts, clientv3.WithRev(at))
+	}
+	resp, err := s.txn(ctx).Then(
+		clientv3.OpGet(s.key, append([]clientv3.OpOption{clientv3.WithKeysOnly()}, opts...)...),
+		clientv3.OpGet(s.ApplyingKey(), opts...),
+	).Commit()
+	if err != nil {
+		return nil, err
+	}
+	r := &raw{rev: resp.Header.Revision}
+	if at > 0 {
+		r.rev = at
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		r.doc = kvs[0]
+	}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		r.applying = parseMarker(kvs[0])
+	}
+	return r, nil
+}
+
 // Revision is the config revision: the document key's mod revision (0:
 // none).
 func (s *Store) Revision(ctx context.Context) (int64, error) {
@@ -634,23 +745,7 @@ func (s *Store) conflict(ctx context.Context, expectRev int64) error {
 }
 
 // readFence reads the document's and the marker's revisions only.
-func (s *Store) readFence(ctx context.Context) (*raw, error) {
-	resp, err := s.txn(ctx).Then(
-		clientv3.OpGet(s.key, clientv3.WithKeysOnly()),
-		clientv3.OpGet(s.ApplyingKey()),
-	).Commit()
-	if err != nil {
-		return nil, err
-	}
-	r := &raw{rev: resp.Header.Revision}
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		r.doc = kvs[0]
-	}
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		r.applying = parseMarker(kvs[0])
-	}
-	return r, nil
-}
+func (s *Store) readFence(ctx context.Context) (*raw, error) { return s.fenceAt(ctx, 0) }
 
 // commitBatched writes a change too large for one transaction: marker,
 // batches fenced on it, then the commit.

@@ -131,6 +131,23 @@ func (w *Watcher) Current() *config.Config { return w.live.Load().cfg }
 // Revision is the etcd mod revision of the live config, 0 for the fallback.
 func (w *Watcher) Revision() int64 { return w.live.Load().rev }
 
+// At is the config that revision rev committed, read from etcd
+// (Store.At): a process starting on a newer config reads the one last
+// confirmed to its region with it. Each request is bounded as the
+// watcher's reads are, the whole read as one attempt at start is; etcd
+// not answering is an error then, never a longer wait.
+func (w *Watcher) At(ctx context.Context, rev int64) (*config.Config, error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	// A closed client would otherwise keep the read in its retry loop.
+	defer context.AfterFunc(w.store.cli.Ctx(), cancel)()
+	store := *w.store
+	if store.requestTimeout <= 0 {
+		store.requestTimeout = watchRequestTimeout
+	}
+	return store.At(ctx, rev)
+}
+
 // Live is the live config and its etcd mod revision (0 for the fallback),
 // read together. Lock-free. The caller must not modify the config.
 func (w *Watcher) Live() (*config.Config, int64) {
