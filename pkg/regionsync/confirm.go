@@ -64,11 +64,38 @@ type chainEntry struct {
 	reported bool // it went out in some report: it stays until a confirmation passes it
 }
 
-// NewChain is a region's chain at start: the config it runs counts as
-// confirmed, since a process with no history cannot know better (see the
-// residual gap in docs/architecture.md).
+// NewChain is a chain whose confirmed config is cfg at rev, with nothing
+// adopted since: a region's chain at start when it knows no history
+// (StartChain).
 func NewChain(rev int64, cfg *config.Config) Chain {
 	return Chain{entries: []chainEntry{{Revision: Revision{Rev: rev, Cfg: cfg}}}}
+}
+
+// NeedsHistory says whether a process starting on the config of revision
+// live must read the config of revision confirmed, the one its region's
+// leader stored as last confirmed to the region (0: none stored), to start
+// its chain (StartChain): only when both are etcd revisions and differ.
+func NeedsHistory(confirmed, live int64) bool {
+	return confirmed > 0 && live > 0 && confirmed != live
+}
+
+// StartChain is the chain a process starts with: live is the config it
+// starts on; confirmed the revision last confirmed to its region, as the
+// region's leader stored it (Rev 0: none stored), with the config that
+// revision committed (Cfg nil: it could not be read). When it needs that
+// history (NeedsHistory) and has it, the chain is that config confirmed
+// and live adopted since, exactly as for a process that ran through the
+// change: its static shares are the smaller of the two until a
+// confirmation passes the confirmed revision. Otherwise live counts as
+// confirmed: right for a fresh region, a static config, or a process
+// starting on the confirmed config itself; the residual gap of
+// docs/architecture.md when the history is unknown (Redis lost it, etcd
+// compacted it).
+func StartChain(confirmed, live Revision) Chain {
+	if !NeedsHistory(confirmed.Rev, live.Rev) || confirmed.Cfg == nil {
+		return NewChain(live.Rev, live.Cfg)
+	}
+	return NewChain(confirmed.Rev, confirmed.Cfg).Adopt(live.Rev, live.Cfg)
 }
 
 // Current is the config the region runs (the newest adopted).
