@@ -2,6 +2,8 @@ package regional
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -25,6 +27,93 @@ func live(src ConfigSource) (*config.Config, int64) {
 		return l.Live()
 	}
 	return src.Current(), 0
+}
+
+// configAt is the optional read of the config an earlier revision
+// committed (configstore.Watcher has it): a process starting on a newer
+// config reads the one last confirmed to its region with it.
+type configAt interface {
+	At(ctx context.Context, rev int64) (*config.Config, error)
+}
+
+// ResumeChain starts the replica's chain from its region's history
+// (regionsync.StartChain): when the revision last confirmed to the region,
+// as the region leader stored it in Redis (confirmedKey), differs from the
+// one of the config the process started on, it reads that revision's
+// config from etcd through the config source and starts with it confirmed
+// and its own adopted since. Its static shares are then the smaller of
+// the two until a confirmation passes the stored revision, as for a
+// process that ran through the change; a region restarted onto a raised
+// share while another region still runs the old config keeps Σ static
+// shares within the limit. Call it once, after New and before the server
+// serves or its leader syncs (StartDaemon does); it does nothing once the
+// chain moved on (a config adopted or a confirmation applied meanwhile).
+//
+// It never delays the start for long: the Redis read is bounded by
+// RedisTimeout, the etcd read by the source (configstore.Watcher.At: a
+// read at start). When it cannot know the history, the config the process
+// starts on counts as confirmed, as before, and it logs a warning and
+// returns why (counted in sluice_regional_chain_started_unconfirmed_total):
+// Redis not answering, the stored revision unreadable in etcd (compacted,
+// etcd down), or a config source with revisions but no reads of earlier
+// ones. Nothing is needed, and nil returned, for a region with no global
+// tier (Unleased), a static config (revision 0), a region with no stored
+// revision (a fresh region, or a Redis that lost its data: the residual
+// gap of docs/architecture.md), or a process starting on the stored
+// revision itself.
+func (s *Server) ResumeChain(ctx context.Context) error {
+	if s.opts.Unleased {
+		return nil
+	}
+	start := s.chain.Load()
+	cur := start.Current()
+	if start.Len() != 1 || cur.Rev == 0 {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
+	v, err := s.opts.Redis.Get(rctx, s.confirmedKey()).Result()
+	cancel()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	unconfirmed := func(err error, msg string, args ...any) error {
+		s.metrics.startedUnconfirmed.Inc()
+		s.log.Warn(msg+"; the config this process starts on counts as confirmed: until the region confirms it, its static shares may run above those of the config the other regions may still run",
+			append([]any{"region", s.opts.Region, "revision", cur.Rev, "err", err}, args...)...)
+		return err
+	}
+	if err != nil {
+		return unconfirmed(fmt.Errorf("reading the confirmed config revision: %w", ExplainRedisErr(err)),
+			"the revision last confirmed to the region could not be read from Redis at start")
+	}
+	stored, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return unconfirmed(fmt.Errorf("%s holds %q, not a revision", s.confirmedKey(), v),
+			"the revision last confirmed to the region is unreadable in Redis")
+	}
+	if !regionsync.NeedsHistory(stored, cur.Rev) {
+		return nil
+	}
+	src, ok := s.opts.Config.(configAt)
+	if !ok {
+		return unconfirmed(errors.New("the config source reads no earlier revisions"),
+			"the config last confirmed to the region cannot be read", "confirmed_revision", stored)
+	}
+	cfg, err := src.At(ctx, stored)
+	if err != nil {
+		return unconfirmed(fmt.Errorf("reading the config of revision %d: %w", stored, err),
+			"the config last confirmed to the region could not be read from etcd (compacted, or etcd not answering)", "confirmed_revision", stored)
+	}
+	s.chainMu.Lock()
+	defer s.chainMu.Unlock()
+	if s.chain.Load() != start {
+		return nil
+	}
+	c := regionsync.StartChain(regionsync.Revision{Rev: stored, Cfg: cfg}, cur)
+	s.chain.Store(&c)
+	s.log.Info("started under the config last confirmed to the region too: static shares are the smaller of the two until the region confirms the new one",
+		"region", s.opts.Region, "revision", cur.Rev, "confirmed_revision", stored)
+	return nil
 }
 
 // staticChain is the replica's regionsync.Chain with the source's live

@@ -242,6 +242,12 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		}
 	}
 
+	// The chain starts from the region's history before anything is
+	// served or reported (bounded: a Redis read, and an etcd read only
+	// when the process starts on a config not yet confirmed; on failure
+	// the process starts as one with no history, and says so).
+	_ = srv.ResumeChain(ctx)
+
 	runCtx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	ep.Serve()

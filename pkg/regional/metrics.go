@@ -33,6 +33,9 @@ type metrics struct {
 	onFloor       prometheus.GaugeFunc // 1 while the replica hands its scripts the floor
 	evicting      prometheus.Gauge     // 1 while a Redis node may evict keys (eviction.go)
 	evictedKeys   prometheus.Counter   // keys Redis evicted while the daemon watched
+	// startedUnconfirmed counts starts that could not read the config
+	// last confirmed to the region (Server.ResumeChain).
+	startedUnconfirmed prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -133,8 +136,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "sluice_regional_redis_evicted_keys_total",
 		Help: "Keys the region's Redis nodes evicted while the daemon watched (growth of INFO stats evicted_keys between epochs); any of them may be a token bucket that came back full.",
 	})
+	m.startedUnconfirmed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_regional_chain_started_unconfirmed_total",
+		Help: "Starts on a config other than the one last confirmed to the region whose confirmed config could not be read (Redis not answering, the revision compacted in etcd or etcd not answering): the config started on counted as confirmed, so until the region confirms it its static shares may run above the old ones while another region still runs them (docs/architecture.md, invariant 2).",
+	})
 	if reg != nil {
-		reg.MustRegister(m.evicting, m.evictedKeys)
+		reg.MustRegister(m.evicting, m.evictedKeys, m.startedUnconfirmed)
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.returned, m.restarts, m.activeLeases, m.activeKeys,
 			m.leader, m.globalSyncs, m.reports, m.rises, m.reportKeys, m.candidates, m.grantsApplied, m.staticLeft, m.onFloor)

@@ -177,8 +177,9 @@ func New(opts Options) (*Server, error) {
 
 		scriptLog: newLogThrottle(scriptFailureLogEvery),
 	}
-	// A process with no history counts the config it starts on as
-	// confirmed (see docs/architecture.md, invariant 2).
+	// The config the process starts on counts as confirmed until
+	// ResumeChain reads the region's history (see docs/architecture.md,
+	// invariant 2).
 	cfg, rev := live(opts.Config)
 	c := regionsync.NewChain(rev, cfg)
 	s.chain.Store(&c)
