@@ -2,6 +2,7 @@ package configstore
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/sluicehq/sluice/pkg/config"
@@ -59,4 +60,59 @@ func TestAtReadsTheConfigOfAnEarlierRevision(t *testing.T) {
 		t.Fatalf("At(%d) with every revision before %d compacted: %v, want ErrHistoryGone", revA, after.Header.Revision, err)
 	}
 	at("revision B compacted but still the committed config", revB, 200)
+}
+
+// TestHistoryReadsTheConfigsCommittedSince: RevisionsBetween lists the
+// revisions that committed a config strictly between two revisions, the
+// newest max of them, oldest first; a Watcher's History reads the config
+// of the first revision and those after it, before the last.
+func TestHistoryReadsTheConfigsCommittedSince(t *testing.T) {
+	cli, store, ctx := newStore(t)
+	var revs []int64
+	prev := int64(0)
+	for i, r := range []config.Rate{100, 200, 300, 400} {
+		rev, err := store.Apply(ctx, withReadRate(r), prev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			if _, err := cli.Put(ctx, "/elsewhere", "x"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		revs, prev = append(revs, rev), rev
+	}
+	a, b, c, d := revs[0], revs[1], revs[2], revs[3]
+	for _, tc := range []struct {
+		from, until int64
+		max         int
+		want        []int64
+	}{
+		{a, d, 10, []int64{b, c}},
+		{a, d, 1, []int64{c}},
+		{a, b, 10, nil},
+		{b, d + 1, 10, []int64{c, d}},
+	} {
+		got, err := store.RevisionsBetween(ctx, tc.from, tc.until, tc.max)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("RevisionsBetween(%d, %d, %d) = %v, %v; want %v", tc.from, tc.until, tc.max, got, err, tc.want)
+		}
+	}
+	w := NewWatcher(store, nil, nil, nil)
+	for _, tc := range []struct {
+		max  int
+		want []config.Rate
+	}{{3, []config.Rate{100, 200, 300}}, {2, []config.Rate{100, 300}}, {1, []config.Rate{100}}} {
+		h, err := w.History(ctx, a, d, tc.max)
+		if err != nil {
+			t.Fatalf("History(%d, %d, %d): %v", a, d, tc.max, err)
+		}
+		var got []config.Rate
+		for _, e := range h {
+			got = append(got, readRate(e.Cfg))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("History(%d, %d, %d) has read rates %v, want %v", a, d, tc.max, got, tc.want)
+		}
+	}
 }

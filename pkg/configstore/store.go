@@ -443,6 +443,37 @@ func (s *Store) At(ctx context.Context, rev int64) (*config.Config, error) {
 	return s.committedAt(ctx, r, rev)
 }
 
+// RevisionsBetween is the revisions that committed a config after
+// revision from and before revision until, oldest first, at most max of
+// them (the newest): read back from until-1 through the revision just
+// before each commit (before its batched apply began, for one). A
+// revision compacted on the way is an error wrapping ErrHistoryGone.
+func (s *Store) RevisionsBetween(ctx context.Context, from, until int64, max int) ([]int64, error) {
+	var revs []int64
+	at := until - 1
+	for at > from && len(revs) < max {
+		f, err := s.fenceAt(ctx, at)
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return nil, fmt.Errorf("config: %w: revision %d is compacted", ErrHistoryGone, at)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if f.applying != nil {
+			at = f.applying.Created - 1
+			continue
+		}
+		d := docRev(f)
+		if d <= from {
+			break
+		}
+		revs = append(revs, d)
+		at = d - 1
+	}
+	slices.Reverse(revs)
+	return revs, nil
+}
+
 // committedAt is rev's config from r, the range read at a revision at or
 // after rev whose document is rev's.
 func (s *Store) committedAt(ctx context.Context, r *raw, rev int64) (*config.Config, error) {

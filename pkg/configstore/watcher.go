@@ -131,12 +131,22 @@ func (w *Watcher) Current() *config.Config { return w.live.Load().cfg }
 // Revision is the etcd mod revision of the live config, 0 for the fallback.
 func (w *Watcher) Revision() int64 { return w.live.Load().rev }
 
-// At is the config that revision rev committed, read from etcd
-// (Store.At): a process starting on a newer config reads the one last
-// confirmed to its region with it. Each request is bounded as the
-// watcher's reads are, the whole read as one attempt at start is; etcd
-// not answering is an error then, never a longer wait.
-func (w *Watcher) At(ctx context.Context, rev int64) (*config.Config, error) {
+// Committed is a config and the revision that committed it.
+type Committed struct {
+	Rev int64
+	Cfg *config.Config
+}
+
+// History is the config revision from committed (Store.At), then those
+// committed after it and before revision until, oldest first, at most
+// max-1 of them (the newest; Store.RevisionsBetween): a process starting
+// on a newer config reads with it the one last confirmed to its region
+// and those its region may have run since. An error reading from's config
+// is returned alone; one reading the later ones is returned with the
+// configs read. Each request is bounded as the watcher's reads are, the
+// whole read as one attempt at start is: etcd not answering is an error
+// then, never a longer wait.
+func (w *Watcher) History(ctx context.Context, from, until int64, max int) ([]Committed, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	// A closed client would otherwise keep the read in its retry loop.
@@ -145,7 +155,23 @@ func (w *Watcher) At(ctx context.Context, rev int64) (*config.Config, error) {
 	if store.requestTimeout <= 0 {
 		store.requestTimeout = watchRequestTimeout
 	}
-	return store.At(ctx, rev)
+	cfg, err := store.At(ctx, from)
+	if err != nil {
+		return nil, err
+	}
+	out := []Committed{{Rev: from, Cfg: cfg}}
+	revs, err := store.RevisionsBetween(ctx, from, until, max-1)
+	if err != nil {
+		return out, fmt.Errorf("the configs committed after revision %d: %w", from, err)
+	}
+	for _, rev := range revs {
+		cfg, err := store.At(ctx, rev)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, Committed{Rev: rev, Cfg: cfg})
+	}
+	return out, nil
 }
 
 // Live is the live config and its etcd mod revision (0 for the fallback),
