@@ -80,22 +80,31 @@ func NeedsHistory(confirmed, live int64) bool {
 }
 
 // StartChain is the chain a process starts with: live is the config it
-// starts on; confirmed the revision last confirmed to its region, as the
-// region's leader stored it (Rev 0: none stored), with the config that
-// revision committed (Cfg nil: it could not be read). When it needs that
-// history (NeedsHistory) and has it, the chain is that config confirmed
-// and live adopted since, exactly as for a process that ran through the
-// change: its static shares are the smaller of the two until a
-// confirmation passes the confirmed revision. Otherwise live counts as
-// confirmed: right for a fresh region, a static config, or a process
-// starting on the confirmed config itself; the residual gap of
-// docs/architecture.md when the history is unknown (Redis lost it, etcd
-// compacted it).
-func StartChain(confirmed, live Revision) Chain {
-	if !NeedsHistory(confirmed.Rev, live.Rev) || confirmed.Cfg == nil {
+// starts on; history is what it read of its region's history, oldest
+// first: the config of the revision last confirmed to the region, as the
+// region's leader stored it, then those committed after it and before
+// live (the region may have run one of them and seen it confirmed
+// without storing that yet). When it needs that history (NeedsHistory)
+// and has the confirmed config, the chain is that one confirmed and the
+// later ones and live adopted since, as for a process that ran through
+// the changes: its static shares are the smallest under them until a
+// confirmation passes them. Otherwise live counts as confirmed: right for
+// a fresh region, a static config, or a process starting on the
+// confirmed config itself; the residual gap of docs/architecture.md when
+// the history is unknown (Redis lost it, etcd compacted it). history
+// holds at most MaxChain-1 configs (more fill the chain: the newest ones
+// then replace each other).
+func StartChain(history []Revision, live Revision) Chain {
+	if len(history) == 0 || history[0].Cfg == nil || !NeedsHistory(history[0].Rev, live.Rev) {
 		return NewChain(live.Rev, live.Cfg)
 	}
-	return NewChain(confirmed.Rev, confirmed.Cfg).Adopt(live.Rev, live.Cfg)
+	c := NewChain(history[0].Rev, history[0].Cfg)
+	for _, e := range history[1:] {
+		if e.Cfg != nil && e.Rev != live.Rev {
+			c = c.Adopt(e.Rev, e.Cfg)
+		}
+	}
+	return c.Adopt(live.Rev, live.Cfg)
 }
 
 // Current is the config the region runs (the newest adopted).

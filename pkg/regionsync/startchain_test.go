@@ -28,7 +28,7 @@ func TestStartChain(t *testing.T) {
 		{"static config", Revision{10, old}, Revision{0, grown}},
 		{"confirmed config unreadable", Revision{10, nil}, Revision{20, grown}},
 	} {
-		c := StartChain(tc.confirmed, tc.live)
+		c := StartChain([]Revision{tc.confirmed}, tc.live)
 		if c.Len() != 1 || c.Confirmed() != tc.live.Rev || c.Current().Cfg != tc.live.Cfg {
 			t.Errorf("%s: chain of %d configs confirmed at %d, want the live one alone (%d)", tc.name, c.Len(), c.Confirmed(), tc.live.Rev)
 		}
@@ -39,7 +39,10 @@ func TestStartChain(t *testing.T) {
 	}
 
 	// eu restarts onto the raised weight; us still runs the old config.
-	eu, us := StartChain(Revision{10, old}, Revision{20, grown}), NewChain(10, old)
+	if c := StartChain(nil, Revision{20, grown}); c.Len() != 1 || c.Confirmed() != 20 {
+		t.Errorf("no history: chain of %d configs confirmed at %d, want the live one alone", c.Len(), c.Confirmed())
+	}
+	eu, us := StartChain([]Revision{{10, old}}, Revision{20, grown}), NewChain(10, old)
 	if eu.Len() != 2 || eu.Confirmed() != 10 || eu.Current().Rev != 20 {
 		t.Fatalf("eu's chain: %d configs confirmed at %d running %d, want 2, 10, 20", eu.Len(), eu.Confirmed(), eu.Current().Rev)
 	}
@@ -64,9 +67,25 @@ func TestStartChain(t *testing.T) {
 
 	// A process starting on an older config than the one confirmed (a
 	// stale read) is bounded by both too.
-	c := StartChain(Revision{20, grown}, Revision{10, old})
+	c := StartChain([]Revision{{20, grown}}, Revision{10, old})
 	if c.Len() != 2 || c.Confirmed() != 20 || c.Current().Rev != 10 || rate(c, "us") > 25.0001 {
 		t.Fatalf("started on revision 10 with 20 confirmed: %d configs confirmed at %d running %d, us at %v/s, want 2, 20, 10, 25/s",
 			c.Len(), c.Confirmed(), c.Current().Rev, rate(c, "us"))
+	}
+
+	// Revision 15 was confirmed (us and ap run it) but eu's leader had not
+	// stored that yet when eu restarted onto revision 20: the configs
+	// committed between the stored revision and eu's bound it too.
+	shrunk := chainConfig(t, [3]float64{1, 1, 6}, 100, 100) // ap 12.5/s, eu 12.5/s, us 75/s
+	eu = StartChain([]Revision{{10, old}, {15, shrunk}}, Revision{20, grown})
+	us, ap := NewChain(15, shrunk), NewChain(15, shrunk)
+	if eu.Len() != 3 || eu.Confirmed() != 10 || eu.Current().Rev != 20 {
+		t.Fatalf("eu's chain: %d configs confirmed at %d running %d, want 3, 10, 20", eu.Len(), eu.Confirmed(), eu.Current().Rev)
+	}
+	if sum := rate(eu, "eu") + rate(us, "us") + rate(ap, "ap"); sum > 100.0001 {
+		t.Fatalf("Σ static rates %v above r = 100 with revision 15 confirmed", sum)
+	}
+	if c := StartChain([]Revision{{10, old}}, Revision{20, grown}); rate(c, "eu")+rate(us, "us")+rate(ap, "ap") <= 100.0001 {
+		t.Fatalf("without revision 15 eu runs %v/s: the case above proves nothing", rate(c, "eu"))
 	}
 }
