@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/regionsync"
 	"github.com/sluicehq/sluice/pkg/shard"
 )
@@ -29,38 +31,43 @@ func live(src ConfigSource) (*config.Config, int64) {
 	return src.Current(), 0
 }
 
-// configAt is the optional read of the config an earlier revision
+// configHistory is the optional read of the configs earlier revisions
 // committed (configstore.Watcher has it): a process starting on a newer
 // config reads the one last confirmed to its region with it.
-type configAt interface {
-	At(ctx context.Context, rev int64) (*config.Config, error)
+type configHistory interface {
+	History(ctx context.Context, from, until int64, max int) ([]configstore.Committed, error)
 }
 
 // ResumeChain starts the replica's chain from its region's history
 // (regionsync.StartChain): when the revision last confirmed to the region,
 // as the region leader stored it in Redis (confirmedKey), differs from the
-// one of the config the process started on, it reads that revision's
-// config from etcd through the config source and starts with it confirmed
-// and its own adopted since. Its static shares are then the smaller of
-// the two until a confirmation passes the stored revision, as for a
-// process that ran through the change; a region restarted onto a raised
-// share while another region still runs the old config keeps Σ static
-// shares within the limit. Call it once, after New and before the server
-// serves or its leader syncs (StartDaemon does); it does nothing once the
-// chain moved on (a config adopted or a confirmation applied meanwhile).
+// one of the config the process started on, it reads from etcd, through
+// the config source, that revision's config and those committed after it
+// (the region may have seen one of them confirmed without storing that
+// yet), and starts with the first confirmed and the others and its own
+// adopted since. Its static shares are then the smallest under them until
+// confirmations pass them, as for a process that ran through the change:
+// a region restarted onto a raised share while another region still runs
+// the old config keeps Σ static shares within the limit. Call it once,
+// after New and before the server serves or its leader syncs (StartDaemon
+// does); it does nothing once the chain moved on (a config adopted or a
+// confirmation applied meanwhile).
 //
 // It never delays the start for long: the Redis read is bounded by
-// RedisTimeout, the etcd read by the source (configstore.Watcher.At: a
-// read at start). When it cannot know the history, the config the process
-// starts on counts as confirmed, as before, and it logs a warning and
-// returns why (counted in sluice_regional_chain_started_unconfirmed_total):
-// Redis not answering, the stored revision unreadable in etcd (compacted,
-// etcd down), or a config source with revisions but no reads of earlier
-// ones. Nothing is needed, and nil returned, for a region with no global
-// tier (Unleased), a static config (revision 0), a region with no stored
-// revision (a fresh region, or a Redis that lost its data: the residual
-// gap of docs/architecture.md), or a process starting on the stored
-// revision itself.
+// RedisTimeout, the etcd read by the source (configstore.Watcher.History:
+// one read at start). When it cannot read the confirmed config, the
+// config the process starts on counts as confirmed, as before, and it logs
+// a warning and returns why (counted in
+// sluice_regional_chain_started_unconfirmed_total): Redis not answering,
+// the stored revision unreadable in etcd (compacted, etcd down), or a
+// config source with revisions but no reads of earlier ones. When it read
+// the confirmed config but not all those committed since, it starts with
+// those it read, logs a warning and returns why. Nothing is needed, and
+// nil returned, for a region with no global tier (Unleased), a static
+// config (revision 0), a region with no stored revision (a fresh region,
+// or a Redis that lost its data: the residual gap of
+// docs/architecture.md), or a process starting on the stored revision
+// itself.
 func (s *Server) ResumeChain(ctx context.Context) error {
 	if s.opts.Unleased {
 		return nil
@@ -78,7 +85,7 @@ func (s *Server) ResumeChain(ctx context.Context) error {
 	}
 	unconfirmed := func(err error, msg string, args ...any) error {
 		s.metrics.startedUnconfirmed.Inc()
-		s.log.Warn(msg+"; the config this process starts on counts as confirmed: until the region confirms it, its static shares may run above those of the config the other regions may still run",
+		s.log.Warn(msg+"; the config this process starts on counts as confirmed: until the region confirms it, its static shares may run above those of the config other regions may still run",
 			append([]any{"region", s.opts.Region, "revision", cur.Rev, "err", err}, args...)...)
 		return err
 	}
@@ -94,26 +101,35 @@ func (s *Server) ResumeChain(ctx context.Context) error {
 	if !regionsync.NeedsHistory(stored, cur.Rev) {
 		return nil
 	}
-	src, ok := s.opts.Config.(configAt)
+	src, ok := s.opts.Config.(configHistory)
 	if !ok {
 		return unconfirmed(errors.New("the config source reads no earlier revisions"),
 			"the config last confirmed to the region cannot be read", "confirmed_revision", stored)
 	}
-	cfg, err := src.At(ctx, stored)
-	if err != nil {
-		return unconfirmed(fmt.Errorf("reading the config of revision %d: %w", stored, err),
+	read, err := src.History(ctx, stored, cur.Rev, regionsync.MaxChain-1)
+	if len(read) == 0 {
+		return unconfirmed(fmt.Errorf("reading the config of revision %d: %w", stored, cmp.Or(err, errors.New("none read"))),
 			"the config last confirmed to the region could not be read from etcd (compacted, or etcd not answering)", "confirmed_revision", stored)
+	}
+	if err != nil {
+		s.log.Warn("the configs committed after the one last confirmed to the region could not all be read; the process starts bounded by those read: one of the others, if confirmed but not yet stored, no longer bounds its static shares",
+			"region", s.opts.Region, "revision", cur.Rev, "confirmed_revision", stored, "read", len(read), "err", err)
+	}
+	history := make([]regionsync.Revision, len(read))
+	revs := make([]int64, len(read))
+	for i, e := range read {
+		history[i], revs[i] = regionsync.Revision{Rev: e.Rev, Cfg: e.Cfg}, e.Rev
 	}
 	s.chainMu.Lock()
 	defer s.chainMu.Unlock()
 	if s.chain.Load() != start {
 		return nil
 	}
-	c := regionsync.StartChain(regionsync.Revision{Rev: stored, Cfg: cfg}, cur)
+	c := regionsync.StartChain(history, cur)
 	s.chain.Store(&c)
-	s.log.Info("started under the config last confirmed to the region too: static shares are the smaller of the two until the region confirms the new one",
-		"region", s.opts.Region, "revision", cur.Rev, "confirmed_revision", stored)
-	return nil
+	s.log.Info("started under the configs not yet confirmed past too: static shares are the smallest under them until the region confirms the one it runs",
+		"region", s.opts.Region, "revision", cur.Rev, "confirmed_revision", stored, "revisions", revs)
+	return err
 }
 
 // staticChain is the replica's regionsync.Chain with the source's live

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -224,4 +225,57 @@ func TestRestartWithTheConfirmedRevisionCompacted(t *testing.T) {
 	if eu, us := r.rates(t); !near(eu, 75) || !near(us, 50) {
 		t.Fatalf("eu restarted onto B with A unknown: static rates eu %v us %v, want 75 and 50", eu, us)
 	}
+}
+
+// TestRestartBoundedByAConfirmationNotYetStored: revision Z (a smaller
+// weight for eu, a larger one for us) is confirmed when us reports it,
+// and us runs its raised share at once; eu, which ran Z too, has not
+// synced since, so its Redis still holds A as confirmed. A raise for eu
+// (C) is written while us, cut off, keeps Z, and eu's process restarts
+// onto C. It reads A and every config committed after it (Z), so Z still
+// bounds it: A and C alone would let eu run 50/s beside us's 75/s.
+func TestRestartBoundedByAConfirmationNotYetStored(t *testing.T) {
+	ctx := context.Background()
+	const prefix = "/rz"
+	a, z, c := weightsConfig(t, 1, 1), weightsConfig(t, 1, 3), weightsConfig(t, 3, 1) // eu 50, 25, 75/s; us 50, 75, 25/s
+	r, revA := newRestartRig(ctx, t, prefix, a)
+	r.confirmBoth(ctx, t, revA)
+
+	updates, stop := r.euWatch.Subscribe()
+	revZ, err := r.store.Apply(ctx, z, revA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.euWatch.Revision() != revZ {
+		select {
+		case <-updates:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("eu's watcher did not adopt revision Z (%d) within 10s", revZ)
+		}
+	}
+	stop()
+	r.globalSrc.Set(z, revZ)
+	r.us.src.Set(z, revZ)
+	r.syncEU(ctx, t)  // eu reports A and Z
+	r.us.sync(ctx, t) // us too: Z is confirmed, and us stores it
+	r.check(t, "Z confirmed; eu not told yet", 25, 75)
+	if v, err := r.euRedis.Get(ctx, luascripts.DefaultPrefix+"confirmed").Int64(); err != nil || v != revA {
+		t.Fatalf("eu stored confirmed revision %v (%v), want A = %d", v, err, revA)
+	}
+
+	revC, err := r.store.Apply(ctx, c, revZ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.globalSrc.Set(c, revC) // us is cut off: it keeps Z
+	if err := r.restartEU(ctx, t, prefix); err != nil {
+		t.Fatalf("eu restarted onto revision C: %v", err)
+	}
+	r.syncEU(ctx, t) // told Z is confirmed now
+	r.check(t, "eu restarted onto C with Z confirmed", 25, 75)
+
+	r.us.src.Set(c, revC)
+	r.us.sync(ctx, t)
+	r.syncEU(ctx, t)
+	r.check(t, "the global tier confirmed revision C", 75, 25)
 }
