@@ -6,8 +6,8 @@
 // only config code that links etcd; the schema and validation stay in
 // package config, which the simulator and offline tools use alone.
 //
-// Invariant: a *config.Config handed out by Store.Get or Watcher.Current
-// has passed config.Validate; a config that fails it is never written by
+// Invariant: a *config.Config handed out by Store.Get, Store.At,
+// Watcher.Current or Watcher.History has passed config.Validate; a config that fails it is never written by
 // Store.Apply nor made live by a Watcher, which keeps the last good config
 // through invalid writes and etcd outages. Store.Apply writes only if the
 // document key is still at the revision the change was computed from,
@@ -25,6 +25,7 @@
 //
 // Concurrency: Store is safe for concurrent use. A Watcher's Current,
 // Revision, Subscribe and Updates are safe for concurrent use and never
-// block on etcd; one goroutine runs Run. Configs it hands out are shared
+// block on etcd; one goroutine runs Run. Watcher.History reads etcd,
+// bounded as one read at start is. Configs it hands out are shared
 // and must never be modified.
 package configstore
