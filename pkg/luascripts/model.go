@@ -315,11 +315,28 @@ func (o *op) dropLease(id string, l *modelLease, giveBack bool) float64 {
 	delete(o.ls.byID, id)
 	o.leases = true
 	if giveBack && unspent > 0 {
-		o.b.tk = o.b.tk + unspent
-		o.clamp()
+		o.putBack(unspent, min(l.exp, o.now))
 		return unspent
 	}
 	return 0
+}
+
+// putBack mirrors lib.lua's put_back: n tokens of a lease that ended at
+// ended go back to the bucket, at most to the floor's room when it ended
+// at or before the rise.
+func (o *op) putBack(n, ended float64) {
+	tk := o.b.tk + n
+	if rise := float64(o.c.RiseUS); rise > 0 && ended <= rise {
+		if c := o.roomOf(min(o.c.FloorBurst, o.sb())); tk > c {
+			if o.b.tk > c {
+				tk = o.b.tk
+			} else {
+				tk = c
+			}
+		}
+	}
+	o.b.tk = tk
+	o.clamp()
 }
 
 // reap mirrors ZRANGEBYSCORE -inf now LIMIT 0 max: ascending score, ties by
@@ -411,8 +428,7 @@ func (o *op) applyUsage(l *modelLease, used, denied, returned, built float64) fl
 		}
 	}
 	if re > 0 {
-		o.b.tk = o.b.tk + re
-		o.clamp()
+		o.putBack(re, o.now)
 	}
 	return re
 }

@@ -123,3 +123,41 @@ func TestARiseIsOnlyEverLessCredit(t *testing.T) {
 		t.Fatalf("on the floor: %v tokens, want the floor's full 25", st.Tokens)
 	}
 }
+
+// TestARiseClampsTokensReclaimedFromALeaseThatEndedOnTheFloor: a lease
+// taken on the static share and left unspent ends while the region is on
+// its floor; the key idles there, so nothing reaps the lease until the
+// first call after the rise. Reaped on the floor, its tokens would have
+// gone back into a bucket capped at the floor's burst; they must not come
+// back at the static cap after the rise, which would hand out at once what
+// the global tier gave the other regions meanwhile.
+func TestARiseClampsTokensReclaimedFromALeaseThatEndedOnTheFloor(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		fr, fb float64
+	}{
+		{"partition_share 0", 0, 0},
+		{"partition_share 0.25", 2.5, 25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newAwaitedRig(t)
+			share := risingShare
+			share.Reclaim = true
+			k := KeysFor(DefaultPrefix, quota.Key{Tenant: "leased", Class: "read"})
+			r.stampLongAgo(k)
+			if lr := r.acquire(k, share, Report{Instance: "i-1", Seq: 1, Lease: 1, Want: 100, Min: 1}); lr.Granted != 100 {
+				t.Fatalf("lease on the share: %+v", lr)
+			}
+			// The lease (5 s) ends on the floor; the rise comes before the
+			// bucket's TTL (21 s) ends.
+			r.advance(15 * time.Second)
+			rise := r.now
+			r.advance(time.Second)
+			c := risen(share, rise, tc.fr, tc.fb)
+			want := int64(tc.fb + 10*1)
+			if lr := r.acquire(k, c, Report{Instance: "i-2", Seq: 1, Lease: 1, Want: 100, Min: 1}); lr.Granted > want {
+				t.Fatalf("a second after the rise: granted %d, want at most the floor's burst %v + 1 s at 10/s = %d", lr.Granted, tc.fb, want)
+			}
+		})
+	}
+}

@@ -174,6 +174,8 @@
 -- would have: the floor piece), and the static share only since. A missing
 -- bucket, dated from its data set's birth as always, is thereby born as
 -- one idle since long before: at most FB at RISE, refilled at SR since.
+-- The unspent tokens of a lease that ended at or before RISE go back as a
+-- call on the floor would have put them back, up to FB (put_back).
 -- Crediting the floor for time the region in fact held its share (before
 -- its lease ended) only under-credits. RISE is on the clock of the Redis
 -- node that stored it; on a cluster a node whose clock runs behind
@@ -588,6 +590,27 @@ local function save_lease(id, L)
   index(id, L.exp)
 end
 
+-- put_back returns n unspent tokens of a lease that ended at ended (µs:
+-- its expiry, or now for a live one) to the bucket, up to room(). A lease
+-- that ended at or before the rise ended while the region was on its floor
+-- (see "Coming back from a floor"): a call then would have put its tokens
+-- back into a bucket capped at the floor's burst, so they fill the bucket
+-- at most to room_of(FB) (never taking away what it held). Reaped only by
+-- the first call after the rise (the key idled across the floor), they
+-- would otherwise come back at the static cap: tokens the global tier gave
+-- the other regions meanwhile.
+local function put_back(n, ended)
+  local tk = B.tk + n
+  if RISE > 0 and ended <= RISE then
+    local c = room_of(FB)
+    if tk > c then
+      if B.tk > c then tk = B.tk else tk = c end
+    end
+  end
+  B.tk = tk
+  clamp()
+end
+
 -- drop_lease removes a lease; its unspent tokens go back to the bucket when
 -- give_back is true. Returns the tokens given back.
 local function drop_lease(id, L, give_back)
@@ -601,8 +624,7 @@ local function drop_lease(id, L, give_back)
   unindex(id)
   LEASES = true
   if give_back and unspent > 0 then
-    B.tk = B.tk + unspent
-    clamp()
+    put_back(unspent, math.min(L.exp, NOW))
     return unspent
   end
   return 0
@@ -711,10 +733,7 @@ local function apply_usage(L, used, denied, returned, built)
       L.dr, L.lt, L.pd = dr, at, 0
     end
   end
-  if re > 0 then
-    B.tk = B.tk + re
-    clamp()
-  end
+  if re > 0 then put_back(re, NOW) end
   return re
 end
 
