@@ -230,19 +230,20 @@ func (l *Leader) staticAnswered(ctx context.Context, i int, g *sluicev1.RegionGr
 	}
 	if next.UntilUS > cur.UntilUS {
 		l.leases = l.leases.With(i, next)
-		l.storeStatic(ctx, i)
+		l.storeStatic(ctx, i, cur)
 	}
 }
 
 // storeStatic publishes the leader's static leases to this process's
 // replica view and shard i's to the region's Redis (never lowering it
-// there). A failed write leaves the other replicas on what they read
+// there); prev is the leader's lease of shard i before. A failed write leaves the other replicas on what they read
 // before: at worst that shard's keys on their floor. A lease that comes
 // back from its end raises the shard's rise in the view at once
 // (noteStatic) and in Redis with the lease (raiseStatic).
-func (l *Leader) storeStatic(ctx context.Context, i int) {
+func (l *Leader) storeStatic(ctx context.Context, i int, prev regionsync.StaticLease) {
 	l.s.noteStatic(l.leases, nil, regionsync.RedisClock{})
-	if err := storeStatic(ctx, l.s.opts.Redis, l.s.opts.Prefix, i, l.leases.Of(i)); err != nil {
+	validity := time.Duration(l.s.opts.Config.Current().GrantValidity)
+	if err := storeStatic(ctx, l.s.opts.Redis, l.s.opts.Prefix, i, l.leases.Of(i), prev, validity); err != nil {
 		l.s.log.Warn("storing the static lease failed; other replicas may run its keys on their floor until the next answer", "shard", i, "err", err)
 	}
 }
@@ -321,7 +322,7 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 		} else {
 			s.log.Debug("no global leader elected: static lease extended again", "region", s.opts.Region, "shard", i, "static_valid", valid)
 		}
-		l.storeStatic(ctx, i)
+		l.storeStatic(ctx, i, cur)
 	}
 	return grew, nil
 }

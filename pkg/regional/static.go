@@ -56,20 +56,24 @@ func shardRiseKey(prefix string, i int) string {
 
 // raiseStatic sets the lease key (KEYS[1]) to ARGV[1] unless it already
 // holds a later end: the lease only ever grows, so a deposed leader's late
-// write is harmless. When the stored lease had ended (at or before Redis
-// TIME now) and the new end is after now, the lease comes back from its
-// end (regionsync.CameBack): the rise key (KEYS[2]) is raised to now
-// (never lowered), so every replica, and a process started later, sees
-// when the region came back. A missing lease key records no rise: a fresh
-// region was never counted at its floor, and a Redis that lost its data
-// is covered by the restart guard.
+// write is harmless. When the lease had ended a grant validity (ARGV[3],
+// µs) before Redis TIME now and the new end is after now, the lease comes
+// back from an end the global tier may have counted (regionsync.CameBack):
+// the rise key (KEYS[2]) is raised to now (never lowered), so every
+// replica, and a process started later, sees when the region came back.
+// The end is the later of the stored one and the leader's own (ARGV[2]):
+// a Redis that lost its data while the region was on its floor has lost
+// the stored end, but the leader that ran through it still knows its own.
+// No end known anywhere (a fresh region) records no rise: the global tier
+// never counted the region at its floor.
 var raiseStatic = redis.NewScript(`
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local v = tonumber(ARGV[1])
 if v > cur then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if cur > 0 and cur <= now and v > now then
+  local known = math.max(cur, tonumber(ARGV[2]) or 0)
+  if known > 0 and known + (tonumber(ARGV[3]) or 0) <= now and v > now then
     local rise = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
     if now > rise then
       redis.call('SET', KEYS[2], string.format('%.0f', now))
@@ -163,10 +167,12 @@ func storedTime(g *redis.StringCmd, name string) (int64, error) {
 }
 
 // storeStatic raises shard i's stored lease end to s (never lowers it),
-// and its stored rise to Redis time when the stored lease had ended and s
-// runs (raiseStatic).
-func storeStatic(ctx context.Context, rdb Redis, prefix string, i int, s regionsync.StaticLease) error {
-	return raiseStatic.Run(ctx, rdb, []string{shardStaticKey(prefix, i), shardRiseKey(prefix, i)}, s.UntilUS).Err()
+// and its stored rise to Redis time when the lease (the stored one, or
+// prev, the leader's own before s) had ended a grant validity before and
+// s runs (raiseStatic).
+func storeStatic(ctx context.Context, rdb Redis, prefix string, i int, s, prev regionsync.StaticLease, validity time.Duration) error {
+	return raiseStatic.Run(ctx, rdb, []string{shardStaticKey(prefix, i), shardRiseKey(prefix, i)}, s.UntilUS, prev.UntilUS,
+		max(validity, 0).Microseconds()).Err()
 }
 
 // storeRises raises the stored rise of shards 0..n-1 to Redis time
@@ -203,7 +209,7 @@ func (s *Server) noteStatic(leases regionsync.ShardLeases, rises regionsync.Shar
 	}
 	v.rises = v.rises.Merge(rises)
 	if read {
-		v.rises = v.rises.Noticed(v.leases, next, v.clock.Estimate(time.Now()))
+		v.rises = v.rises.Noticed(v.leases, next, v.clock.Estimate(time.Now()), time.Duration(s.opts.Config.Current().GrantValidity))
 	}
 	v.leases = next
 	s.static.Store(&v)

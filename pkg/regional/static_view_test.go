@@ -128,9 +128,11 @@ func TestStaticViewNoticesALeaseComeBack(t *testing.T) {
 	const readUS = 10_000_000
 	sent := time.Now()
 	at := regionsync.RedisClock{RedisUS: readUS, Sent: sent}
-	// The first reading: shard 0 ended, shard 1 running, shard 2 none;
-	// the stored rise of shard 1 is read as is.
-	s.noteStatic(regionsync.ShardLeases{{UntilUS: readUS - 5}, {UntilUS: readUS + 1_000_000}, {}}, regionsync.ShardRises{0, 7}, at)
+	// The first reading: shard 0 ended a grant validity ago (the global
+	// tier may count it at its floor since), shard 1 running, shard 2
+	// none; the stored rise of shard 1 is read as is.
+	validity := time.Duration(cfg.GrantValidity).Microseconds()
+	s.noteStatic(regionsync.ShardLeases{{UntilUS: readUS - validity - 5}, {UntilUS: readUS + 1_000_000}, {}}, regionsync.ShardRises{0, 7}, at)
 	if got := s.static.Load().rises; got.Of(0) != 0 || got.Of(1) != 7 || got.Of(2) != 0 {
 		t.Fatalf("first reading: rises %v, want only the stored 7 of shard 1", got)
 	}

@@ -1,6 +1,8 @@
 package regionsync
 
 import (
+	"time"
+
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/shard"
 )
@@ -81,26 +83,31 @@ func KeyRise(k quota.Key, maps []shard.Map, rises ShardRises) int64 {
 	return out
 }
 
-// CameBack says whether a view of a static lease that went from old to
+// CameBack says whether the region's view of a lease going from old to
 // next at estUS (a conservative estimate of Redis time: an upper bound)
-// saw it come back from its end: old had ended at estUS and next runs
-// then. A lease never held (old.UntilUS 0: a fresh region, a new shard, or
-// a view that never read one) is no come back: the global tier never
-// counted the region at its floor for it (a region it never heard from
-// counts at its static share or more), and a Redis that lost its data is
-// covered by the restart guard. An estimate ahead of Redis time may see a
-// lease extended just before its end as come back: a later rise, the safe
-// side.
-func CameBack(old, next StaticLease, estUS int64) bool {
-	return old.UntilUS > 0 && !old.Valid(estUS) && next.Valid(estUS)
+// saw it come back from an end the global tier may have counted: old had
+// ended a grant validity (validity) before estUS, and next runs then. The
+// global tier counts a silent region at its floor only once it heard
+// nothing for region_lease + V + a margin, so no earlier than V after the
+// end of the lease the region's last answered report conferred; a lease
+// that runs again sooner was never counted at its floor, and a rise there
+// would only credit its idle keys less. A lease never held (old.UntilUS 0:
+// a fresh region, a new shard, or a view that never read one) is no come
+// back: the global tier never counted the region at its floor for it (a
+// region it never heard from counts at its static share or more). An
+// estimate ahead of Redis time may see a lease as come back a little
+// early: a later rise, the safe side.
+func CameBack(old, next StaticLease, estUS int64, validity time.Duration) bool {
+	return old.UntilUS > 0 && old.UntilUS+max(validity, 0).Microseconds() <= estUS && next.Valid(estUS)
 }
 
 // Noticed is s after a view of the shards' leases went from old to next
-// at estUS: every shard whose lease CameBack rises at estUS.
-func (s ShardRises) Noticed(old, next ShardLeases, estUS int64) ShardRises {
+// at estUS: every shard whose lease CameBack (validity: the grant validity)
+// rises at estUS.
+func (s ShardRises) Noticed(old, next ShardLeases, estUS int64, validity time.Duration) ShardRises {
 	out := s
 	for i := range next {
-		if CameBack(old.Of(i), next.Of(i), estUS) {
+		if CameBack(old.Of(i), next.Of(i), estUS, validity) {
 			out = out.With(i, estUS)
 		}
 	}

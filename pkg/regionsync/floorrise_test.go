@@ -4,32 +4,41 @@ import (
 	"fmt"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // TestLeaseCameBackOnlyOffAnEnd: a view's lease came back when it had
-// ended at the estimate (end at or before it) and the new one runs then;
-// not when it was extended while running, when the new one is not running
-// either, nor when none was ever held.
+// ended a grant validity before the estimate (the global tier counts a
+// region at its floor no sooner) and the new one runs then; not when it
+// ended more recently, was extended while running, when the new one is not
+// running either, nor when none was ever held.
 func TestLeaseCameBackOnlyOffAnEnd(t *testing.T) {
-	const est = 1_000_000
+	const est = 10_000_000
+	const validity = 2 * time.Second
+	v := validity.Microseconds()
 	for _, tc := range []struct {
 		name      string
 		old, next int64
 		want      bool
 	}{
-		{"ended, conferred again", est - 500_000, est + 2_000_000, true},
-		{"ended exactly at the estimate", est, est + 1, true},
+		{"ended over a validity ago, conferred again", est - v - 500_000, est + 2_000_000, true},
+		{"ended exactly a validity before the estimate", est - v, est + 1, true},
+		{"ended less than a validity ago: never counted at its floor", est - v + 1, est + 2_000_000, false},
+		{"ended at the estimate", est, est + 1, false},
 		{"extended while running", est + 1, est + 2_000_000, false},
-		{"ended, and the new one ended too", est - 500_000, est, false},
-		{"ended, not extended", est - 500_000, est - 500_000, false},
+		{"ended, and the new one ended too", est - v - 500_000, est, false},
+		{"ended, not extended", est - v - 500_000, est - v - 500_000, false},
 		{"never held (a fresh region, a new shard)", 0, est + 2_000_000, false},
 	} {
-		if got := CameBack(StaticLease{UntilUS: tc.old}, StaticLease{UntilUS: tc.next}, est); got != tc.want {
+		if got := CameBack(StaticLease{UntilUS: tc.old}, StaticLease{UntilUS: tc.next}, est, validity); got != tc.want {
 			t.Errorf("%s: came back %v, want %v", tc.name, got, tc.want)
 		}
+	}
+	if !CameBack(StaticLease{UntilUS: est}, StaticLease{UntilUS: est + 1}, est, -time.Second) {
+		t.Error("a negative validity is taken as none")
 	}
 }
 
@@ -40,11 +49,11 @@ func TestStaticRisesNoticedPerShardAndOnlyRaised(t *testing.T) {
 	const est = 5_000_000
 	old := ShardLeases{{UntilUS: est - 1}, {UntilUS: est + 10}, {UntilUS: est - 3}}
 	next := ShardLeases{{UntilUS: est + 100}, {UntilUS: est + 100}, {UntilUS: est - 3}, {UntilUS: est + 100}}
-	got := ShardRises{0, 0, 7}.Noticed(old, next, est)
+	got := ShardRises{0, 0, 7}.Noticed(old, next, est, 0)
 	if want := (ShardRises{est, 0, 7}); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("noticed %v, want %v (shard 0 came back; 1 extended; 2 still ended; 3 never held)", got, want)
 	}
-	if got := (ShardRises{est + 9}).Noticed(old, next, est); got.Of(0) != est+9 {
+	if got := (ShardRises{est + 9}).Noticed(old, next, est, 0); got.Of(0) != est+9 {
 		t.Fatalf("a notice lowered shard 0's rise to %d", got.Of(0))
 	}
 	if got := (ShardRises{10, 20}).Merge(ShardRises{15, 5, 30}); fmt.Sprint(got) != fmt.Sprint(ShardRises{15, 20, 30}) {

@@ -479,9 +479,9 @@ func (r *Region) noGlobalLeader() {
 		return
 	}
 	r.leader.Load(regionsync.StaticLease{UntilUS: r.staticUS})
-	now := r.redisNowUS()
+	now, prev := r.redisNowUS(), r.leader.Static()
 	if r.leader.NoGlobalLeader(now, now, time.Duration(r.w.cfg.RegionLease)) {
-		r.storeStatic()
+		r.storeStatic(prev)
 	}
 }
 
@@ -493,12 +493,14 @@ func (r *Region) noGlobalLeader() {
 // whoever is elected next counts the region's silence from its election.
 func globalElectionEmpty(g *Global) bool { return g.leader == nil }
 
-// storeStatic is Leader.storeStatic: the leader's lease raised into Redis.
-func (r *Region) storeStatic() {
+// storeStatic is Leader.storeStatic: the leader's lease raised into
+// Redis; prev is the leader's own before (raiseStatic takes the later of it
+// and the stored end, which a Redis that lost its data forgot).
+func (r *Region) storeStatic(prev regionsync.StaticLease) {
 	if r.redisUp {
-		now, old := r.redisNowUS(), regionsync.StaticLease{UntilUS: r.staticUS}
+		now, old := r.redisNowUS(), regionsync.StaticLease{UntilUS: max(r.staticUS, prev.UntilUS)}
 		r.staticUS = max(r.staticUS, r.leader.Static().UntilUS)
-		if regionsync.CameBack(old, regionsync.StaticLease{UntilUS: r.staticUS}, now) {
+		if regionsync.CameBack(old, regionsync.StaticLease{UntilUS: r.staticUS}, now, r.w.validity) {
 			r.riseUS = max(r.riseUS, now)
 		}
 		r.w.staticStored(r, r.staticUS)
@@ -548,8 +550,9 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 		},
 		func() {
 			// Leader.staticAnswered, before the installs.
+			prev := r.leader.Static()
 			if grew, _ := r.leader.StaticAnswered(answer, sendUS); grew {
-				r.storeStatic()
+				r.storeStatic(prev)
 			}
 			w.answeredConfigs(r, answer)
 			a, ok := r.install(answer, sendUS, held)
