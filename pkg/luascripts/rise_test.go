@@ -161,3 +161,37 @@ func TestARiseClampsTokensReclaimedFromALeaseThatEndedOnTheFloor(t *testing.T) {
 		})
 	}
 }
+
+// TestARiseCreditsTheFloorRateAndFollowsAGrant: time before the rise is
+// credited at the floor's rate, not the share's (an emptied bucket idle 4 s
+// before the rise holds 4 s at 2.5/s, not at 10/s); and a bucket whose
+// grant ended before the rise is credited the grant while it ran, then the
+// floor until the rise (nothing at a floor of 0), then the share.
+func TestARiseCreditsTheFloorRateAndFollowsAGrant(t *testing.T) {
+	r := newAwaitedRig(t)
+	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "rate", Class: "read"})
+	r.stampLongAgo(k)
+	if lr := r.acquire(k, risingShare, Report{Instance: "i-1", Seq: 1, Lease: 1, Want: 100, Min: 1}); lr.Granted != 100 {
+		t.Fatalf("first batch: %+v", lr)
+	}
+	r.release(k, risingShare, Report{Instance: "i-1", Seq: 2, Lease: 1, Used: 100})
+	r.advance(4 * time.Second)
+	if st := r.state(k, risen(risingShare, r.now, 2.5, 25)); st.Tokens != 10 {
+		t.Fatalf("4 s on a floor of 2.5/s: %v tokens, want 10", st.Tokens)
+	}
+
+	g := KeysFor(DefaultPrefix, quota.Key{Tenant: "granted", Class: "read"})
+	r.stampLongAgo(g)
+	if sr := r.setRate(g, risingShare, 20, 80, r.now+int64(2*time.Second/time.Microsecond), r.now); !sr.Applied {
+		t.Fatalf("grant: %+v", sr)
+	}
+	if cr := r.check(g, risingShare, 80); !cr.Allowed {
+		t.Fatalf("spending the grant's burst: %+v", cr)
+	}
+	r.advance(time.Minute)
+	rise := r.now
+	r.advance(time.Second)
+	if st := r.state(g, risen(risingShare, rise, 0, 0)); st.Tokens != 10 {
+		t.Fatalf("a grant that ended before a floor of 0, a second after the rise: %v tokens, want 10 (the grant's 40 gone with the floor)", st.Tokens)
+	}
+}

@@ -63,6 +63,10 @@ func TestComingBackFromAFloorStartsAtTheFloor(t *testing.T) {
 			"  - {tenant: y, class: read, rate: {b: 10/s}}\nfaults: [{at: 30s, kind: partition, region: a, for: 40s}]"), 0},
 		{"a drain is lifted", base + "  - {tenant: y, class: read, rate: {a: 10/s}}\n" +
 			"events: [{at: 30s, kind: drain, region: b}, {at: 60s, kind: restore, region: b}]\n", 1},
+		// Redis loses its data while the region is on its floor: the
+		// stored lease end went with it, the leader's own did not.
+		{"a partition heals after Redis lost its data on the floor", leaseScenario(
+			"  - {tenant: y, class: read, rate: {b: 10/s}}\nfaults: [{at: 30s, kind: partition, region: a, for: 40s}, {at: 50s, kind: redis-restart, region: a, for: 2s}]"), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := buildFrom(t, tc.scenario)
