@@ -34,6 +34,9 @@ default_tier: free
 // minutes on the key of 7 an hour, 6-12 s on the one of 10 a minute)
 // while A held the rest.
 func TestPeerOfASlowKeyIsAdmittedWithinAFewRefreshes(t *testing.T) {
+	// A region of its own, and mostly waiting on refreshes: it runs
+	// beside the package's other parallel tests.
+	t.Parallel()
 	for _, tc := range []struct {
 		class string
 		burst int64

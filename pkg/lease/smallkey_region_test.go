@@ -52,6 +52,9 @@ default_tier: free
 // when the region answered a later call, and says nothing of the batch
 // sizing (a single degraded decision failed the test).
 func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
+	// A region of its own, and mostly waiting on ticks: it runs beside
+	// the package's other parallel tests.
+	t.Parallel()
 	const (
 		peers   = 4
 		ticks   = 50
@@ -188,6 +191,9 @@ func TestPeersSharingASmallKeyUnderItsRateAreNotDenied(t *testing.T) {
 // now gets at least a third of what the region admits, and together they
 // admit no more than b + r·t on the region's clock.
 func TestPeersWithEqualDemandOnAContendedKeyShareIt(t *testing.T) {
+	// A region of its own, and mostly waiting on ticks: it runs beside
+	// the package's other parallel tests.
+	t.Parallel()
 	const (
 		run   = 12 * time.Second
 		every = 10 * time.Millisecond // 100/s offered by each peer
@@ -260,6 +266,9 @@ default_tier: free
 // carried, decided by the local bucket (charged with the 20 tokens the
 // region had just admitted, so empty), failed the test.
 func TestARetryAtRetryAfterOnAnIdleKeyIsAdmitted(t *testing.T) {
+	// A region of its own, and mostly waiting out RetryAfters: it runs
+	// beside the package's other parallel tests.
+	t.Parallel()
 	_, c, m := lonelyCaller(t)
 	ctx := context.Background()
 	const keys = 40
