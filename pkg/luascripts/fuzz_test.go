@@ -58,21 +58,7 @@ func pickOf[T any](in *fuzzInput, xs []T) T { return xs[in.pick(len(xs))] }
 // force (granted while valid, static after) up to the cap and loses what
 // each operation consumed, so what the key admits never exceeds
 // b + ∫ rate dt.
-func FuzzScriptsMatchModel(f *testing.F) {
-	srv := redistest.Start(f)
-	rdb := srv.Client()
-	ctx := context.Background()
-	sc := newVirtual()
-	f.Fuzz(func(t *testing.T, data []byte) {
-		if err := rdb.FlushDB(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
-		sc.forgetGenerations()
-		in := &fuzzInput{b: data}
-		c, now, born := fuzzCommon(in)
-		runFuzzOps(t, ctx, rdb, sc, c, now, born, in)
-	})
-}
+func FuzzScriptsMatchModel(f *testing.F) { fuzzScripts(f, nil) }
 
 // FuzzScriptsAcrossARise is FuzzScriptsMatchModel with the key handed a
 // rise (lib.lua, "Coming back from a floor"): before, at or after the
@@ -80,6 +66,17 @@ func FuzzScriptsMatchModel(f *testing.F) {
 // more than the share (taken at the share). The same checks hold: the
 // rise only ever credits less than the shadow's static refill.
 func FuzzScriptsAcrossARise(f *testing.F) {
+	fuzzScripts(f, func(in *fuzzInput, c *Common, now int64) {
+		c.RiseUS = now + pickOf(in, []int64{-3_600_000_000, -1_000_000, -1, 0, 1, 500_000, 5_000_000, 60_000_000})
+		frac := pickOf(in, []float64{0, 0.25, 0.5, 1, 3})
+		c.FloorRate, c.FloorBurst = c.StaticRate*frac, math.Floor(c.StaticBurst*frac)
+	})
+}
+
+// fuzzScripts runs a fuzz target of the scripts against Model on one
+// redis-server: each input's settings (fuzzCommon), changed by more when
+// given, then its operations (runFuzzOps).
+func fuzzScripts(f *testing.F, more func(in *fuzzInput, c *Common, now int64)) {
 	srv := redistest.Start(f)
 	rdb := srv.Client()
 	ctx := context.Background()
@@ -91,9 +88,9 @@ func FuzzScriptsAcrossARise(f *testing.F) {
 		sc.forgetGenerations()
 		in := &fuzzInput{b: data}
 		c, now, born := fuzzCommon(in)
-		c.RiseUS = now + pickOf(in, []int64{-3_600_000_000, -1_000_000, -1, 0, 1, 500_000, 5_000_000, 60_000_000})
-		frac := pickOf(in, []float64{0, 0.25, 0.5, 1, 3})
-		c.FloorRate, c.FloorBurst = c.StaticRate*frac, math.Floor(c.StaticBurst*frac)
+		if more != nil {
+			more(in, &c, now)
+		}
 		runFuzzOps(t, ctx, rdb, sc, c, now, born, in)
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
@@ -235,10 +236,7 @@ func TestDrainLiftedRaisesTheRise(t *testing.T) {
 	drained, restored := liftConfig(t, true), liftConfig(t, false)
 	globalSrc, regions := startLeadRegions(ctx, t, "/lift", drained)
 	eu, us := regions["eu"], regions["us"]
-	for range 2 {
-		eu.sync(ctx, t)
-		us.sync(ctx, t)
-	}
+	syncRounds(ctx, t, regions)
 	follower, err := regional.New(regional.Options{Region: "us", Redis: us.rdb, Config: us.src})
 	if err != nil {
 		t.Fatal(err)
@@ -251,14 +249,9 @@ func TestDrainLiftedRaisesTheRise(t *testing.T) {
 		t.Fatalf("drained us: burst %v, rise %d; want its floor 25 and no rise", c.StaticBurst, c.RiseUS)
 	}
 
-	globalSrc.Set(restored, 20)
-	eu.src.Set(restored, 20)
-	us.src.Set(restored, 20)
+	writeConfig(globalSrc, regions, restored, 20)
 	usBefore := redisNow(t, us.rdb)
-	for range 2 {
-		eu.sync(ctx, t)
-		us.sync(ctx, t)
-	}
+	syncRounds(ctx, t, regions)
 	usAfter := redisNow(t, us.rdb)
 	c := commonOf(t, us.srv, restored, hourlyKey)
 	if c.StaticBurst != 50 {
@@ -333,20 +326,12 @@ func TestDrainLiftedWhoseRiseWriteFailsStillRises(t *testing.T) {
 	ctx := context.Background()
 	drained, restored := liftConfig(t, true), liftConfig(t, false)
 	globalSrc, regions := startLeadRegions(ctx, t, "/fail", drained)
-	eu, us := regions["eu"], regions["us"]
-	for range 2 {
-		eu.sync(ctx, t)
-		us.sync(ctx, t)
-	}
+	us := regions["us"]
+	syncRounds(ctx, t, regions)
 	us.rdb.AddHook(failRiseWrites{})
-	globalSrc.Set(restored, 20)
-	eu.src.Set(restored, 20)
-	us.src.Set(restored, 20)
+	writeConfig(globalSrc, regions, restored, 20)
 	usBefore := redisNow(t, us.rdb)
-	for range 2 {
-		eu.sync(ctx, t)
-		us.sync(ctx, t)
-	}
+	syncRounds(ctx, t, regions)
 	if got, err := us.rdb.Get(ctx, "sl:confirmed").Result(); err != nil || got != "20" {
 		t.Fatalf("stored confirmed revision %q (%v), want 20 despite the failed rise write", got, err)
 	}
@@ -370,33 +355,20 @@ func TestKeyIdleAcrossADrainComesBackAtItsFloor(t *testing.T) {
 	ctx := context.Background()
 	drained, restored := liftConfig(t, true), liftConfig(t, false)
 	globalSrc, regions := startLeadRegions(ctx, t, "/idle", restored)
-	eu, us := regions["eu"], regions["us"]
-	for range 2 {
-		eu.sync(ctx, t)
-		us.sync(ctx, t)
-	}
+	us := regions["us"]
+	syncRounds(ctx, t, regions)
 	idle, fresh := qk("acme", "hourly"), qk("initech", "hourly")
 	if g := us.acquire(ctx, t, idle, 1); g.GetGranted() != 1 {
 		t.Fatalf("before the drain: granted %d of 1", g.GetGranted())
 	}
-	globalSrc.Set(drained, 20)
-	eu.src.Set(drained, 20)
-	us.src.Set(drained, 20)
-	for range 2 {
-		eu.sync(ctx, t)
-		us.sync(ctx, t)
-	}
+	writeConfig(globalSrc, regions, drained, 20)
+	syncRounds(ctx, t, regions)
 	if b := us.staticBurst(t, hourlyKey); b != 25 {
 		t.Fatalf("drained us's burst %v, want its floor 25", b)
 	}
 	start := time.Now()
-	globalSrc.Set(restored, 30)
-	eu.src.Set(restored, 30)
-	us.src.Set(restored, 30)
-	for range 2 {
-		eu.sync(ctx, t)
-		us.sync(ctx, t)
-	}
+	writeConfig(globalSrc, regions, restored, 30)
+	syncRounds(ctx, t, regions)
 	if b := us.staticBurst(t, hourlyKey); b != 50 {
 		t.Fatalf("restored us's burst %v, want 50", b)
 	}
@@ -476,11 +448,8 @@ func TestWeightRaiseCreditsTheOldShareBeforeIt(t *testing.T) {
 	ctx := context.Background()
 	old, grown := raiseConfig(t, 1, 1), raiseConfig(t, 3, 1)
 	globalSrc, regions := startLeadRegions(ctx, t, "/raise", old)
-	eu, us := regions["eu"], regions["us"]
-	for range 2 {
-		eu.sync(ctx, t)
-		us.sync(ctx, t)
-	}
+	eu := regions["eu"]
+	syncRounds(ctx, t, regions)
 	idle, fresh := qk("acme", "hourly"), qk("initech", "hourly")
 	if g := eu.acquire(ctx, t, idle, 1); g.GetGranted() != 1 {
 		t.Fatalf("before the raise: granted %d of 1", g.GetGranted())
@@ -490,13 +459,8 @@ func TestWeightRaiseCreditsTheOldShareBeforeIt(t *testing.T) {
 	}
 	before := redisNow(t, eu.rdb)
 	start := time.Now()
-	globalSrc.Set(grown, 20)
-	eu.src.Set(grown, 20)
-	us.src.Set(grown, 20)
-	for range 2 {
-		eu.sync(ctx, t)
-		us.sync(ctx, t)
-	}
+	writeConfig(globalSrc, regions, grown, 20)
+	syncRounds(ctx, t, regions)
 	c := commonOf(t, eu.srv, grown, hourlyKey)
 	if c.StaticBurst != 75 {
 		t.Fatalf("eu's burst %v once the raise was confirmed, want 75", c.StaticBurst)
@@ -515,4 +479,23 @@ func TestWeightRaiseCreditsTheOldShareBeforeIt(t *testing.T) {
 			t.Fatalf("%s admitted %d right after the raise, above the old share 50 + 75/h·t", k.GetTenant(), admitted)
 		}
 	}
+}
+
+// syncRounds runs two report rounds of eu's region leader and us's, in
+// that order: the global tier hears both regions on what they run, then
+// answers each with what it confirmed.
+func syncRounds(ctx context.Context, t *testing.T, regions map[string]*leadRegion) {
+	t.Helper()
+	for range 2 {
+		regions["eu"].sync(ctx, t)
+		regions["us"].sync(ctx, t)
+	}
+}
+
+// writeConfig makes cfg at rev the config of the global tier and of both
+// regions (every one adopted it).
+func writeConfig(globalSrc *configtest.Source, regions map[string]*leadRegion, cfg *config.Config, rev int64) {
+	globalSrc.Set(cfg, rev)
+	regions["eu"].src.Set(cfg, rev)
+	regions["us"].src.Set(cfg, rev)
 }
