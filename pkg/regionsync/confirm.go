@@ -397,6 +397,25 @@ func (c *Confirmations) Reserve(cfgs map[int64]*config.Config, region string, k 
 	return rate, burst
 }
 
+// Unheld is the revisions of region's latest report that Reserve would
+// take were their configs in cfgs, and which cfgs lacks: etcd revisions
+// (> 0) not older than the confirmed one, oldest first. While they are
+// not held, region's reserve is the smallest share under its held
+// revisions, or, with none held, the largest share under any held
+// config, which can be below its share under the revision it runs; the
+// global tier reads their configs back (docs/architecture.md, "Static
+// shares that change: make before break").
+func (c *Confirmations) Unheld(cfgs map[int64]*config.Config, region string) []int64 {
+	var out []int64
+	for _, rev := range c.reported[region] {
+		if _, held := cfgs[rev]; held || rev <= 0 || (c.known && rev < c.confirmed) {
+			continue
+		}
+		out = append(out, rev)
+	}
+	return out
+}
+
 // Answered is c after the global tier's answer g (its confirmed revision,
 // when it has one).
 func (c Chain) Answered(g *sluicev1.RegionGrants) Chain {

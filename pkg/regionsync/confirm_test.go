@@ -547,3 +547,43 @@ func TestChainAnsweredConfirmsOnlyAKnownRevision(t *testing.T) {
 		t.Errorf("an answer confirming 2: confirmed %d, len %d; want 2, 1", got.Confirmed(), got.Len())
 	}
 }
+
+// TestUnheldIsWhatReserveWouldTakeAndLacks: Unheld lists the revisions of
+// a region's latest report not held, from the confirmed one on, etcd
+// revisions only; once they are held, Reserve takes them, and a region
+// running a config whose share exceeds every held one is reserved that.
+func TestUnheldIsWhatReserveWouldTakeAndLacks(t *testing.T) {
+	cfgs := map[int64]*config.Config{
+		10: chainConfig(t, [3]float64{1, 1, 2}, 100, 100), // eu 25/s
+		20: chainConfig(t, [3]float64{1, 2, 1}, 100, 100), // eu 50/s
+	}
+	x := chainConfig(t, [3]float64{1, 3, 1}, 100, 100) // eu 60/s
+	conf := NewConfirmations()
+	if got := conf.Unheld(cfgs, "eu"); got != nil {
+		t.Fatalf("unheld %v for a region never heard from, want none", got)
+	}
+	conf.Observe("eu", []int64{0, 30})
+	if got := conf.Unheld(cfgs, "eu"); !slices.Equal(got, []int64{30}) {
+		t.Fatalf("unheld %v, want [30] (0 is a static config, never in etcd)", got)
+	}
+	if r, _ := conf.Reserve(cfgs, "eu", chainKey); r < 49.999 || r > 50.001 {
+		t.Fatalf("reserve %v with 30 not held, want the largest held share 50", r)
+	}
+	cfgs[30] = x
+	if got := conf.Unheld(cfgs, "eu"); got != nil {
+		t.Fatalf("unheld %v once 30 is held, want none", got)
+	}
+	if r, _ := conf.Reserve(cfgs, "eu", chainKey); r < 59.999 || r > 60.001 {
+		t.Fatalf("reserve %v with 30 held, want eu's share under it, 60", r)
+	}
+	// Revisions older than the confirmed one bound nothing: not listed.
+	for _, region := range chainRegions {
+		conf.Observe(region, []int64{20, 40})
+	}
+	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 40 {
+		t.Fatalf("confirmed %d %v, want 40", rev, ok)
+	}
+	if got := conf.Unheld(cfgs, "eu"); !slices.Equal(got, []int64{40}) {
+		t.Fatalf("unheld %v once 40 is confirmed, want [40] (20 is older)", got)
+	}
+}
