@@ -899,6 +899,7 @@ func TestCatalogListsEveryComponent(t *testing.T) {
 		{"sluice_client_degraded_episodes_total", "counter", ""},
 		{"sluice_global_region_report_age_seconds", "gauge", "region"},
 		{"sluice_global_allocation_seconds", "histogram", ""},
+		{"sluice_global_config_history_failed_total", "counter", ""},
 		{"sluice_envoy_request_duration_seconds", "histogram", "result"},
 		{"sluice_config_rejected_total", "counter", ""},
 		{"sluice_config_stored_refused", "gauge", ""},

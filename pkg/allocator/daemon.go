@@ -251,6 +251,11 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		return nil, err
 	}
 	svc.sh.index = o.Shard
+	// Configs of revisions regions report and this replica never held are
+	// read back from etcd, each request bounded (history.go).
+	hist := configstore.NewStore(o.Etcd, o.Prefix)
+	hist.SetRequestTimeout(historyRequestTimeout)
+	svc.hist.src, svc.hist.wake = hist, make(chan struct{}, 1)
 	newMetrics(ep.Registry, svc)
 	d.Service = svc
 
@@ -270,6 +275,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	d.cancel, d.stopElec = cancel, stopElec
 	ep.Serve()
 	ep.Go(func() error { svc.run(runCtx); return nil })
+	ep.Go(func() error { svc.runHistory(runCtx); return nil })
 	ep.Go(func() error { d.elector.observe(runCtx); return nil })
 	// Not in wg: an etcd that cannot be reached can hold the campaign's
 	// own clean-up until the caller closes the client, and Stop must not

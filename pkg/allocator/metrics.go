@@ -16,6 +16,7 @@ type metrics struct {
 	grantedRate *prometheus.GaugeVec   // region
 	reports     *prometheus.CounterVec // region, result
 	nudges      *prometheus.CounterVec // region
+	historyFail prometheus.Counter
 }
 
 // newMetrics registers the series of s on reg (when not nil) and attaches
@@ -42,12 +43,16 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 			Name: "sluice_global_nudges_total",
 			Help: "Nudges sent on regions' Watch streams: requests to report now because capacity is moving (see docs/architecture.md, \"Nudges\").",
 		}, []string{"region"}),
+		historyFail: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_global_config_history_failed_total",
+			Help: "Failed reads from etcd of the config of a revision a region reported and this replica never held (compacted, or etcd not answering); meanwhile a region reporting no revision held is reserved the largest share under the configs held.",
+		}),
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	if reg != nil {
-		reg.MustRegister(m.allocation, m.grants, leaderOnly{s: s, c: m.grantedRate}, m.reports, m.nudges,
+		reg.MustRegister(m.allocation, m.grants, leaderOnly{s: s, c: m.grantedRate}, m.reports, m.nudges, m.historyFail,
 			gauge("sluice_global_watch_streams", "Open Watch streams (region leaders waiting for nudges).", func() float64 {
 				return float64(s.hub.watchers())
 			}),
@@ -140,6 +145,13 @@ func (m *metrics) nudgeSent(region string) {
 		return
 	}
 	m.nudges.WithLabelValues(region).Inc()
+}
+
+func (m *metrics) historyFailed() {
+	if m == nil {
+		return
+	}
+	m.historyFail.Inc()
 }
 
 func (m *metrics) allocated(d time.Duration) {

@@ -162,6 +162,11 @@ type Service struct {
 	// pages holds the paged reports in progress and their answers
 	// (pages.go). Guarded by mu.
 	pages pageBook
+
+	// hist reads back from etcd the configs of revisions regions report
+	// and this replica never held (history.go). Guarded by mu but for
+	// its source and wake-up channel.
+	hist historyState
 }
 
 func newService(o serviceOptions, now time.Time) (*Service, error) {
@@ -717,6 +722,10 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 		// A region running an older shard map keeps this shard learning.
 		s.ensureLearningLocked(now)
 	}
+	// A revision this replica never held is read from etcd in the
+	// background (history.go); this report is answered under the configs
+	// held, as Confirmations.Reserve takes them.
+	s.queueUnheldLocked(now, s.conf.Unheld(s.held, rep.Region))
 	for i := range rep.Keys {
 		limits[i].FloorShare = cfg.PartitionShareOf(rep.Keys[i].Key.Class)
 		limits[i] = s.limitLocked(rep.Keys[i].Key, limits[i])
