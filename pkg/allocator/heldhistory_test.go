@@ -245,3 +245,69 @@ func TestLeaderKeepsTheConservativeReserveWhenTheRevisionIsCompacted(t *testing.
 		t.Fatalf("WARN lines naming revision %d: %q, want one", revX, warned)
 	}
 }
+
+// TestNewLeaderHoldsTheConfigsCommittedBeforeItsOwn: a replica that starts
+// leading on revision C (a's share 40/s), having never run the configs
+// committed before it, A (50/s) and X (60/s), reads those back from etcd:
+// region a, not heard from, may still run either (it may be cut off from
+// etcd), so its reserve becomes the largest share under them, 60/s, not
+// its share under the one config the leader ran.
+func TestNewLeaderHoldsTheConfigsCommittedBeforeItsOwn(t *testing.T) {
+	srv := etcdtest.Start(t)
+	store := configstore.NewStore(srv.Client(t), "/test")
+	ctx := t.Context()
+	a, x, c := weightsConfig(t, 1, 1), weightsConfig(t, 3, 2), weightsConfig(t, 2, 3)
+	revA, err := store.Apply(ctx, a, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revX, err := store.Apply(ctx, x, revA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revC, err := store.Apply(ctx, c, revX)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := StartDaemon(context.Background(), DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
+		SessionTTL: time.Second, Config: configtest.NewSource(c, revC), DrainTimeout: 2 * time.Second,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	s := d.Service
+	k := quota.Key{Tenant: "t", Class: "write"}
+	// b reports every epoch (an idle key is forgotten); a never does.
+	seq := uint64(0)
+	deadline := time.Now().Add(10*time.Second + historyReadTimeout)
+	for {
+		if d.IsLeader() {
+			seq++
+			reportRevisions(t, s, "b", seq, k, revC)
+			if got, ok := reserveOfA(s, k); ok && math.Abs(got-60) < 1e-6 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			got, ok := reserveOfA(s, k)
+			t.Fatalf("silent a's reserve %v (key tracked: %v), want 60/s, its share under revision %d committed before the leader's %d, within the election and read bounds",
+				got, ok, revX, revC)
+		}
+		time.Sleep(100 * time.Millisecond) // one epoch of loopConfig; polling with a deadline
+	}
+	s.mu.Lock()
+	_, heldA := s.held[revA]
+	s.mu.Unlock()
+	if !heldA {
+		t.Fatalf("revision %d, committed before the leader's, is not held", revA)
+	}
+	// Once a reports only C, the configs nobody reports are dropped and
+	// a's reserve is its share under C.
+	reportRevisions(t, s, "a", 1, k, revC)
+	if got, _ := reserveOfA(s, k); math.Abs(got-40) > 1e-6 {
+		t.Fatalf("a's reserve %v once it reported revision %d only, want 40", got, revC)
+	}
+}

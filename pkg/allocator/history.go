@@ -34,6 +34,11 @@ import (
 // before historyRetryAfter, so a flood of reports naming it reads etcd at
 // most once per that interval; failures are logged at WARN naming the
 // revision and counted (sluice_global_config_history_failed_total).
+//
+// A replica that starts leading also reads back the configs committed just
+// before its live one (readRecent), for the regions it has not heard from
+// yet: each is reserved the largest share under the configs held, and
+// may run any of those.
 
 const (
 	// historyRequestTimeout bounds one etcd request of a read.
@@ -49,10 +54,11 @@ const (
 	historyQueue = regionsync.MaxConfigs
 )
 
-// configHistory reads the config a revision committed (configstore.Store
-// implements it).
+// configHistory reads the config a revision committed and the revisions
+// that committed configs (configstore.Store implements it).
 type configHistory interface {
 	At(ctx context.Context, rev int64) (*config.Config, error)
+	RevisionsBetween(ctx context.Context, from, until int64, max int) ([]int64, error)
 }
 
 // historyState is the reads of held configs' history. Guarded by s.mu
@@ -61,6 +67,9 @@ type historyState struct {
 	src  configHistory // nil: no reads (no etcd)
 	wake chan struct{} // capacity 1: something was queued
 
+	// recent asks for the configs committed just before the live one
+	// (readRecent): set when this replica starts leading.
+	recent  bool
 	queue   []int64             // revisions waiting for a read, oldest first
 	pending map[int64]bool      // queued or being read
 	tried   map[int64]time.Time // revision -> when its last read ended
@@ -108,6 +117,13 @@ func (s *Service) runHistory(ctx context.Context) {
 			return
 		case <-s.hist.wake:
 		}
+		s.mu.Lock()
+		recent, until := s.hist.recent, s.appliedRev
+		s.hist.recent = false
+		s.mu.Unlock()
+		if recent && until > 0 {
+			s.readRecent(ctx, until)
+		}
 		for {
 			s.mu.Lock()
 			if len(s.hist.queue) == 0 {
@@ -125,6 +141,63 @@ func (s *Service) runHistory(ctx context.Context) {
 			}
 			s.installHistory(time.Now(), rev, cfg, err)
 		}
+	}
+}
+
+// askRecentLocked has runHistory read the configs committed just before
+// the live one (readRecent). Called when this replica starts leading.
+// s.mu is held.
+func (s *Service) askRecentLocked() {
+	if s.hist.src == nil {
+		return
+	}
+	s.hist.recent = true
+	select {
+	case s.hist.wake <- struct{}{}:
+	default:
+	}
+}
+
+// readRecent holds the configs of the newest MaxChain-1 revisions that
+// committed a config before until (the live revision when this replica
+// started leading), read back one commit at a time and stopping at the
+// first failure (a compacted revision: configstore.ErrHistoryGone) or at
+// historyReadTimeout in all. A region not heard from since may run any
+// of them (its chain holds at most MaxChain configs): while it is silent
+// its reserve is the largest share under the configs held, these
+// included; once every region reported, those no region reports are
+// dropped again (pruneHeldLocked). A failure here is not counted: configs
+// compacted long ago are the common case.
+func (s *Service) readRecent(ctx context.Context, until int64) {
+	ctx, cancel := context.WithTimeout(ctx, historyReadTimeout)
+	defer cancel()
+	n := 0
+	for range regionsync.MaxChain - 1 {
+		revs, err := s.hist.src.RevisionsBetween(ctx, 0, until, 1)
+		if err != nil || len(revs) == 0 {
+			if err != nil && ctx.Err() == nil {
+				s.log.Info("read back the configs committed before the live one as far as etcd holds them", "read", n, "stopped_at", until, "reason", err)
+			}
+			return
+		}
+		until = revs[0]
+		s.mu.Lock()
+		_, held := s.held[until]
+		s.mu.Unlock()
+		if held {
+			continue
+		}
+		cfg, err := s.hist.src.At(ctx, until)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Info("read back the configs committed before the live one as far as etcd holds them", "read", n, "stopped_at", until, "reason", err)
+			}
+			return
+		}
+		s.mu.Lock()
+		s.holdLocked(time.Now(), until, cfg)
+		s.mu.Unlock()
+		n++
 	}
 }
 
@@ -149,21 +222,31 @@ func (s *Service) installHistory(now time.Time, rev int64, cfg *config.Config, e
 			"revision", rev, "compacted", errors.Is(err, configstore.ErrHistoryGone), "retry_after", historyRetryAfter, "error", err)
 		return
 	}
+	if s.holdLocked(now, rev, cfg) {
+		s.log.Info("read the config of a revision a region reports from etcd; reserves count it", "revision", rev)
+	}
+}
+
+// holdLocked holds cfg, read back from etcd, as the config of rev unless
+// it is held already or bounds nothing (older than the confirmed
+// revision, or pruned at once), and brings every key's reserve in line.
+// It reports whether cfg is held now. s.mu is held.
+func (s *Service) holdLocked(now time.Time, rev int64, cfg *config.Config) bool {
 	if _, held := s.held[rev]; held {
-		return
+		return false
 	}
 	if confirmed, known := s.conf.Confirm(configRegions(s.applied)); known && rev < confirmed {
-		return // confirmed past while it was read: it bounds nothing now
+		return false // confirmed past while it was read: it bounds nothing now
 	}
 	s.held[rev] = cfg
 	s.pruneHeldLocked()
 	if _, kept := s.held[rev]; !kept {
-		return
+		return false
 	}
 	s.setLimitsLocked()
 	if ok, _ := s.leaderAt(now); ok {
 		// A config with another shard count keeps this shard learning.
 		s.ensureLearningLocked(now)
 	}
-	s.log.Info("read the config of a revision a region reports from etcd; reserves count it", "revision", rev)
+	return true
 }

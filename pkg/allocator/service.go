@@ -568,6 +568,9 @@ func (s *Service) promote(term uint64, deadline time.Time, lapsed []string) bool
 	s.sh.outSince = time.Time{}
 	s.pruneHeldLocked()
 	s.setLimitsLocked()
+	// Regions not heard from yet may run configs committed before the
+	// live one that this replica never ran (history.go).
+	s.askRecentLocked()
 	s.m.newTerm()
 	s.lmu.Lock()
 	s.lead.leading = true
