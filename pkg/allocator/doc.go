@@ -27,6 +27,12 @@
 //     allocator is left exactly as it was.
 //   - (region, seq) idempotency is the allocator's: a retry gets the same
 //     answer; an older seq is refused with Aborted.
+//   - No etcd read runs under the allocator's lock: the configs of
+//     revisions regions report that this replica never held, and at its
+//     election those committed before its live one, are read back by one
+//     background goroutine, each read bounded (history.go); until one
+//     lands, reserves follow the configs held (docs/architecture.md,
+//     "Static shares that change: make before break").
 //
 // # Units
 //
