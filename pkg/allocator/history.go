@@ -169,16 +169,14 @@ func (s *Service) askRecentLocked() {
 // dropped again (pruneHeldLocked). A failure here is not counted: configs
 // compacted long ago are the common case.
 func (s *Service) readRecent(ctx context.Context, until int64) {
-	ctx, cancel := context.WithTimeout(ctx, historyReadTimeout)
+	rctx, cancel := context.WithTimeout(ctx, historyReadTimeout)
 	defer cancel()
-	n := 0
+	read, stopped := 0, error(nil)
 	for range regionsync.MaxChain - 1 {
-		revs, err := s.hist.src.RevisionsBetween(ctx, 0, until, 1)
+		revs, err := s.hist.src.RevisionsBetween(rctx, 0, until, 1)
 		if err != nil || len(revs) == 0 {
-			if err != nil && ctx.Err() == nil {
-				s.log.Info("read back the configs committed before the live one as far as etcd holds them", "read", n, "stopped_at", until, "reason", err)
-			}
-			return
+			stopped = err
+			break
 		}
 		until = revs[0]
 		s.mu.Lock()
@@ -187,18 +185,25 @@ func (s *Service) readRecent(ctx context.Context, until int64) {
 		if held {
 			continue
 		}
-		cfg, err := s.hist.src.At(ctx, until)
+		cfg, err := s.hist.src.At(rctx, until)
 		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Info("read back the configs committed before the live one as far as etcd holds them", "read", n, "stopped_at", until, "reason", err)
-			}
-			return
+			stopped = err
+			break
 		}
 		s.mu.Lock()
 		s.holdLocked(time.Now(), until, cfg)
 		s.mu.Unlock()
-		n++
+		read++
 	}
+	if ctx.Err() != nil {
+		return // shutting down
+	}
+	if stopped != nil {
+		s.log.Info("read back the configs committed before the live one as far as etcd holds them",
+			"read", read, "stopped_at", until, "reason", stopped)
+		return
+	}
+	s.log.Info("read back the configs committed before the live one", "read", read, "oldest", until)
 }
 
 // installHistory holds cfg as the config of rev and brings every key's
