@@ -99,13 +99,17 @@ func TestHistoryReadsTheConfigsCommittedSince(t *testing.T) {
 		}
 	}
 	w := NewWatcher(store, nil, nil, nil)
+	// More committed since than read: the newest are read, and History
+	// says the older ones were left out (a caller warns: a confirmation of
+	// one of them does not bound it).
 	for _, tc := range []struct {
-		max  int
-		want []config.Rate
-	}{{3, []config.Rate{100, 200, 300}}, {2, []config.Rate{100, 300}}, {1, []config.Rate{100}}} {
+		max       int
+		want      []config.Rate
+		truncated bool
+	}{{3, []config.Rate{100, 200, 300}, false}, {2, []config.Rate{100, 300}, true}, {1, []config.Rate{100}, true}} {
 		h, err := w.History(ctx, a, d, tc.max)
-		if err != nil {
-			t.Fatalf("History(%d, %d, %d): %v", a, d, tc.max, err)
+		if tc.truncated != errors.Is(err, ErrHistoryTruncated) || (err != nil && !tc.truncated) {
+			t.Fatalf("History(%d, %d, %d): error %v; want one wrapping ErrHistoryTruncated: %v", a, d, tc.max, err, tc.truncated)
 		}
 		var got []config.Rate
 		for _, e := range h {

@@ -131,6 +131,11 @@ func (w *Watcher) Current() *config.Config { return w.live.Load().cfg }
 // Revision is the etcd mod revision of the live config, 0 for the fallback.
 func (w *Watcher) Revision() int64 { return w.live.Load().rev }
 
+// ErrHistoryTruncated is wrapped by History when more configs were
+// committed after the first revision than it reads: the older ones are
+// left out, so a confirmation of one of them does not bound the reader.
+var ErrHistoryTruncated = errors.New("configstore: more configs committed since than read")
+
 // Committed is a config and the revision that committed it.
 type Committed struct {
 	Rev int64
@@ -143,7 +148,9 @@ type Committed struct {
 // on a newer config reads with it the one last confirmed to its region
 // and those its region may have run since. An error reading from's config
 // is returned alone; one reading the later ones is returned with the
-// configs read. Each request is bounded as the watcher's reads are, the
+// configs read, and so is one wrapping ErrHistoryTruncated when more than
+// max-1 were committed after from (the older ones are left out). max is
+// at least 1. Each request is bounded as the watcher's reads are, the
 // whole read as one attempt at start is: etcd not answering is an error
 // then, never a longer wait.
 func (w *Watcher) History(ctx context.Context, from, until int64, max int) ([]Committed, error) {
@@ -160,9 +167,16 @@ func (w *Watcher) History(ctx context.Context, from, until int64, max int) ([]Co
 		return nil, err
 	}
 	out := []Committed{{Rev: from, Cfg: cfg}}
-	revs, err := store.RevisionsBetween(ctx, from, until, max-1)
+	// One more than kept: more committed than max-1 is said, not silent.
+	revs, err := store.RevisionsBetween(ctx, from, until, max)
 	if err != nil {
 		return out, fmt.Errorf("the configs committed after revision %d: %w", from, err)
+	}
+	var truncated error
+	if len(revs) > max-1 {
+		truncated = fmt.Errorf("%w: more than %d configs committed after revision %d and before %d; left out revision %d and any before it",
+			ErrHistoryTruncated, max-1, from, until, revs[0])
+		revs = revs[1:]
 	}
 	for _, rev := range revs {
 		cfg, err := store.At(ctx, rev)
@@ -171,7 +185,7 @@ func (w *Watcher) History(ctx context.Context, from, until int64, max int) ([]Co
 		}
 		out = append(out, Committed{Rev: rev, Cfg: cfg})
 	}
-	return out, nil
+	return out, truncated
 }
 
 // Live is the live config and its etcd mod revision (0 for the fallback),
