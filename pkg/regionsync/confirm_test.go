@@ -576,14 +576,15 @@ func TestUnheldIsWhatReserveWouldTakeAndLacks(t *testing.T) {
 	if r, _ := conf.Reserve(cfgs, "eu", chainKey); r < 59.999 || r > 60.001 {
 		t.Fatalf("reserve %v with 30 held, want eu's share under it, 60", r)
 	}
-	// Revisions older than the confirmed one bound nothing: not listed.
+	// Revisions older than the confirmed one bound nothing: not listed,
+	// held or not (15 is not held).
 	for _, region := range chainRegions {
-		conf.Observe(region, []int64{20, 40})
+		conf.Observe(region, []int64{15, 20, 40})
 	}
 	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 40 {
 		t.Fatalf("confirmed %d %v, want 40", rev, ok)
 	}
 	if got := conf.Unheld(cfgs, "eu"); !slices.Equal(got, []int64{40}) {
-		t.Fatalf("unheld %v once 40 is confirmed, want [40] (20 is older)", got)
+		t.Fatalf("unheld %v once 40 is confirmed, want [40] (15 and 20 are older)", got)
 	}
 }
