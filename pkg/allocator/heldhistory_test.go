@@ -244,6 +244,15 @@ func TestLeaderKeepsTheConservativeReserveWhenTheRevisionIsCompacted(t *testing.
 	if warned := logs.with("level=WARN", fmt.Sprintf("revision=%d", revX)); len(warned) != 1 {
 		t.Fatalf("WARN lines naming revision %d: %q, want one", revX, warned)
 	}
+	// Nor past historyRetryAfter: etcd compacted it for good, so a region
+	// that stays on it costs no further read, warning or count.
+	s.mu.Lock()
+	s.queueUnheldLocked(time.Now().Add(2*historyRetryAfter), []int64{revX})
+	queued, pending = len(s.hist.queue), len(s.hist.pending)
+	s.mu.Unlock()
+	if queued != 0 || pending != 0 {
+		t.Fatalf("a report naming compacted revision %d after historyRetryAfter queued a read (%d queued, %d pending)", revX, queued, pending)
+	}
 }
 
 // TestNewLeaderHoldsTheConfigsCommittedBeforeItsOwn: a replica that starts

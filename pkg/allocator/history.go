@@ -3,6 +3,8 @@ package allocator
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/config"
@@ -32,8 +34,10 @@ import (
 // none is held, the largest share under any held config), and the same
 // when the read fails. A revision read, or failed, is not read again
 // before historyRetryAfter, so a flood of reports naming it reads etcd at
-// most once per that interval; failures are logged at WARN naming the
-// revision and counted (sluice_global_config_history_failed_total).
+// most once per that interval, and one etcd no longer holds
+// (configstore.ErrHistoryGone) is never read again; failures are logged
+// at WARN naming the revision and counted
+// (sluice_global_config_history_failed_total).
 //
 // A replica that starts leading also reads back the configs committed just
 // before its live one (readRecent), for the regions it has not heard from
@@ -52,6 +56,9 @@ const (
 	// historyQueue bounds the revisions waiting to be read; a report
 	// finding the queue full queues nothing, a later one will.
 	historyQueue = regionsync.MaxConfigs
+	// historyGoneMax bounds the revisions remembered as gone from etcd's
+	// history (the oldest are forgotten first).
+	historyGoneMax = 4 * regionsync.MaxChain
 )
 
 // configHistory reads the config a revision committed and the revisions
@@ -73,6 +80,10 @@ type historyState struct {
 	queue   []int64             // revisions waiting for a read, oldest first
 	pending map[int64]bool      // queued or being read
 	tried   map[int64]time.Time // revision -> when its last read ended
+	// gone is the revisions whose config etcd no longer holds
+	// (configstore.ErrHistoryGone): that does not heal, so they are not
+	// read again. At most historyGoneMax.
+	gone map[int64]bool
 }
 
 // queueUnheldLocked queues a read of every revision in revs (those a
@@ -85,7 +96,7 @@ func (s *Service) queueUnheldLocked(now time.Time, revs []int64) {
 		return
 	}
 	for _, rev := range revs {
-		if h.pending[rev] {
+		if h.pending[rev] || h.gone[rev] {
 			continue
 		}
 		if at, ok := h.tried[rev]; ok && now.Sub(at) < historyRetryAfter {
@@ -222,6 +233,9 @@ func (s *Service) installHistory(now time.Time, rev int64, cfg *config.Config, e
 	}
 	s.hist.tried[rev] = now
 	if err != nil {
+		if errors.Is(err, configstore.ErrHistoryGone) {
+			s.goneLocked(rev)
+		}
 		s.m.historyFailed()
 		s.log.Warn("could not read the config of a revision a region reports; a region reporting no revision held is reserved the largest share under the configs held",
 			"revision", rev, "compacted", errors.Is(err, configstore.ErrHistoryGone), "retry_after", historyRetryAfter, "error", err)
@@ -230,6 +244,21 @@ func (s *Service) installHistory(now time.Time, rev int64, cfg *config.Config, e
 	if s.holdLocked(now, rev, cfg) {
 		s.log.Info("read the config of a revision a region reports from etcd; reserves count it", "revision", rev)
 	}
+}
+
+// goneLocked remembers that etcd no longer holds rev's config: a
+// compacted revision stays compacted, and the commits after it only move
+// further from it, so a region that keeps reporting it (cut off from etcd
+// on it) costs no read, warning or count past the first. s.mu is held.
+func (s *Service) goneLocked(rev int64) {
+	h := &s.hist
+	if h.gone == nil {
+		h.gone = map[int64]bool{}
+	}
+	if len(h.gone) >= historyGoneMax {
+		delete(h.gone, slices.Min(slices.Collect(maps.Keys(h.gone))))
+	}
+	h.gone[rev] = true
 }
 
 // holdLocked holds cfg, read back from etcd, as the config of rev unless
