@@ -320,3 +320,69 @@ func TestNewLeaderHoldsTheConfigsCommittedBeforeItsOwn(t *testing.T) {
 		t.Fatalf("a's reserve %v once it reported revision %d only, want 40", got, revC)
 	}
 }
+
+// weightsABC is loopConfig with regions a, b and c weighted wa,
+// wb and wc.
+func weightsABC(t *testing.T, wa, wb, wc int) *config.Config {
+	t.Helper()
+	yaml := strings.Replace(loopConfig, "a: {weight: 1}", fmt.Sprintf("a: {weight: %d}", wa), 1)
+	yaml = strings.Replace(yaml, "b: {weight: 1}", fmt.Sprintf("b: {weight: %d}\n  c: {weight: %d}", wb, wc), 1)
+	return parseConfig(t, yaml)
+}
+
+// TestReportedRevisionOutranksTheConfigsReadAtElection: a replica leads on
+// the 17th config committed; at election it reads back the 15 before it
+// and holds them for c, never heard from. Region a reports revision A,
+// committed before those (a cut off from etcd since): a's share under A
+// is 66.7/s, under every config held at most 33.3/s. The leader reads A
+// back and holds it, over the bound dropping one only c might run: a's
+// reserve becomes its share under A, not the largest under the others.
+func TestReportedRevisionOutranksTheConfigsReadAtElection(t *testing.T) {
+	srv := etcdtest.Start(t)
+	store := configstore.NewStore(srv.Client(t), "/test")
+	ctx := t.Context()
+	revA, err := store.Apply(ctx, weightsABC(t, 4, 1, 1), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, live := revA, (*config.Config)(nil)
+	for w := 1; w <= 16; w++ {
+		live = weightsABC(t, 1, 1, w)
+		if rev, err = store.Apply(ctx, live, rev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := StartDaemon(context.Background(), DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
+		SessionTTL: time.Second, Config: configtest.NewSource(live, rev), DrainTimeout: 2 * time.Second,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	s := d.Service
+	k := quota.Key{Tenant: "t", Class: "write"}
+	// a and b report every epoch (an idle key is forgotten); c never does.
+	seq := uint64(0)
+	deadline := time.Now().Add(10*time.Second + 2*historyReadTimeout)
+	for {
+		if d.IsLeader() {
+			seq++
+			reportRevisions(t, s, "b", seq, k, rev)
+			reportRevisions(t, s, "a", seq, k, revA)
+			if got, ok := reserveOfA(s, k); ok && math.Abs(got-400.0/6) < 1e-6 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			got, ok := reserveOfA(s, k)
+			s.mu.Lock()
+			_, heldA := s.held[revA]
+			s.mu.Unlock()
+			t.Fatalf("a's reserve %v (key tracked: %v; revision %d held: %v), want 66.7/s, its share under the revision it reports, within the election and read bounds",
+				got, ok, revA, heldA)
+		}
+		time.Sleep(100 * time.Millisecond) // one epoch of loopConfig; polling with a deadline
+	}
+}

@@ -423,9 +423,21 @@ const maxHeldConfigs = 2 * regionsync.MaxConfigs
 
 // pruneHeldLocked keeps the live config and those of revisions some region
 // still reports from the confirmed one on, at most maxHeldConfigs (the
-// newest). s.mu is held.
+// newest). Over that bound, those held only because a region not heard
+// from may run them (the configs read back at election, history.go) go
+// first: a revision a region reports bounds that region's reserve, and
+// dropping it would leave the region reserved only the largest share
+// under the others. s.mu is held.
 func (s *Service) pruneHeldLocked() {
 	confirmed, known := s.conf.Confirm(configRegions(s.applied))
+	reported := func(rev int64) bool {
+		for name := range s.applied.Regions {
+			if revs, _ := s.conf.Reported(name); slices.Contains(revs, rev) {
+				return true
+			}
+		}
+		return false
+	}
 	inPlay := func(rev int64) bool {
 		if rev == s.appliedRev {
 			return true
@@ -433,10 +445,8 @@ func (s *Service) pruneHeldLocked() {
 		if known && rev < confirmed {
 			return false
 		}
-		for name := range s.applied.Regions {
-			if revs, _ := s.conf.Reported(name); slices.Contains(revs, rev) {
-				return true
-			}
+		if reported(rev) {
+			return true
 		}
 		// Regions not heard from since this replica led may run it.
 		for name := range s.applied.Regions {
@@ -455,6 +465,14 @@ func (s *Service) pruneHeldLocked() {
 		}
 	}
 	slices.Sort(revs)
+	for i := 0; len(revs) > maxHeldConfigs && i < len(revs); {
+		if rev := revs[i]; rev != s.appliedRev && !reported(rev) {
+			delete(s.held, rev)
+			revs = slices.Delete(revs, i, i+1)
+			continue
+		}
+		i++
+	}
 	for len(revs) > maxHeldConfigs {
 		if revs[0] != s.appliedRev {
 			delete(s.held, revs[0])
