@@ -386,3 +386,70 @@ func TestReportedRevisionOutranksTheConfigsReadAtElection(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // one epoch of loopConfig; polling with a deadline
 	}
 }
+
+// TestConfigOfAnotherShardCountIsNotReadBackAtElection: the read back at
+// election holds the configs committed before the live one, for regions
+// not heard from yet, but not one of another shard count: held while a
+// region stays silent, it would keep the shard learning (a reshard in
+// play) for as long, re-issuing only what regions hold. With a silent
+// region and such a config behind the live one, the leader holds the
+// other configs and leaves learning a grant validity and an epoch on.
+func TestConfigOfAnotherShardCountIsNotReadBackAtElection(t *testing.T) {
+	srv := etcdtest.Start(t)
+	store := configstore.NewStore(srv.Client(t), "/test")
+	ctx := t.Context()
+	sharded, x, c := parseConfig(t, loopConfig+"global_shards: 2\n"), weightsConfig(t, 3, 2), weightsConfig(t, 2, 3)
+	revS, err := store.Apply(ctx, sharded, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revX, err := store.Apply(ctx, x, revS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revC, err := store.Apply(ctx, c, revX)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := StartDaemon(context.Background(), DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
+		SessionTTL: time.Second, Config: configtest.NewSource(c, revC), DrainTimeout: 2 * time.Second,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	s := d.Service
+	k := quota.Key{Tenant: "t", Class: "write"}
+	// b reports every epoch; a never does. Once x is held (read back
+	// newest first, so the sharded config's turn has come and gone), the
+	// leader must leave learning within a validity and an epoch.
+	seq := uint64(0)
+	deadline := time.Now().Add(10*time.Second + 2*historyReadTimeout)
+	var heldSince time.Time
+	for {
+		if d.IsLeader() {
+			seq++
+			reportRevisions(t, s, "b", seq, k, revC)
+		}
+		s.mu.Lock()
+		_, heldX := s.held[revX]
+		_, heldS := s.held[revS]
+		learning, reading := s.alloc.Learning(time.Now()), s.hist.recent
+		s.mu.Unlock()
+		if heldS {
+			t.Fatalf("revision %d of another shard count was read back and held", revS)
+		}
+		if heldX && heldSince.IsZero() {
+			heldSince = time.Now()
+		}
+		if heldX && !learning && !reading {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still learning (x held %v since %v) with a silent region and a config of another shard count behind the live one", heldX, heldSince)
+		}
+		time.Sleep(100 * time.Millisecond) // one epoch of loopConfig; polling with a deadline
+	}
+}

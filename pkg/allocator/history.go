@@ -177,8 +177,12 @@ func (s *Service) askRecentLocked() {
 // of them (its chain holds at most MaxChain configs): while it is silent
 // its reserve is the largest share under the configs held, these
 // included; once every region reported, those no region reports are
-// dropped again (pruneHeldLocked). A failure here is not counted: configs
-// compacted long ago are the common case.
+// dropped again (pruneHeldLocked). A config of another shard count than
+// the live one is left out: held, it would keep this shard learning
+// (shard.go's moving) for as long as a region stays silent, and a
+// silent region on another shard count is what a reshard's own learning
+// and lease owners already cover, as before this read. A failure here is
+// not counted: configs compacted long ago are the common case.
 func (s *Service) readRecent(ctx context.Context, until int64) {
 	rctx, cancel := context.WithTimeout(ctx, historyReadTimeout)
 	defer cancel()
@@ -202,7 +206,9 @@ func (s *Service) readRecent(ctx context.Context, until int64) {
 			break
 		}
 		s.mu.Lock()
-		s.holdLocked(time.Now(), until, cfg)
+		if cfg.ShardMap().N() == s.applied.ShardMap().N() {
+			s.holdLocked(time.Now(), until, cfg)
+		}
 		s.mu.Unlock()
 		read++
 	}
