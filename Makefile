@@ -1,15 +1,7 @@
 # Sluice. `make test` is what CI runs; it installs what the tests need.
 GO        ?= go
 PKGS      ?= ./...
-# -p: one package's tests more at once than the machine has cores (three
-# on the two cores CI has). Most of the long packages spend their time
-# waiting on epochs, TTLs, refreshes and timeouts, not computing (on a
-# lightly loaded machine pkg/regional used 45% of a core over its run,
-# pkg/lease under a third, pkg/agent a quarter): with one per core (go
-# test's default) the cores were idle nearly a quarter of make test
-# (15 min of CPU in a 9 min 50 s run).
-TEST_P    ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
-TEST_FLAGS ?= -race -count=1 -timeout 20m -p $(TEST_P)
+TEST_FLAGS ?= -race -count=1 -timeout 20m
 export PATH := $(PATH):$(shell $(GO) env GOPATH)/bin
 
 .PHONY: all build test deps bench proto vet fmt soak clean fuzz image

@@ -80,9 +80,6 @@ type devMode struct {
 // that region's static share), never above b + r·t, on the daemon's own
 // counters; SIGTERM stops it cleanly.
 func TestDevModeServesTheExampleCall(t *testing.T) {
-	// Its own processes on free ports: it runs beside the package's other
-	// parallel tests (the stop tests that wait on an unreachable etcd).
-	t.Parallel()
 	dir := t.TempDir()
 	regionalBin := filepath.Join(dir, "regional")
 	// One go build for both binaries, with the test's own flags (see

@@ -221,13 +221,8 @@ func deadAddr(t *testing.T) string {
 // waits for an unreachable etcd is a requested stop, exit 0 (it printed
 // `regional: context canceled` and exited 1).
 func TestStopWhileAwaitingEtcdExitsZero(t *testing.T) {
-	// Each signal's process waits out a first etcd attempt (10 s) before
-	// it says it waits: they wait side by side, and beside the package's
-	// other parallel tests.
-	t.Parallel()
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
-			t.Parallel()
 			cmd, lines := regionalProcess(t, "-listen", "127.0.0.1:0", "-metrics-listen", "off",
 				"-etcd-endpoints", deadAddr(t), "-etcd-prefix", "/stoptest")
 			awaitLine(t, lines, "etcd not reachable; waiting")
