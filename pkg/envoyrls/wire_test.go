@@ -133,8 +133,16 @@ func TestEncodedAnswerAllocatesOnce(t *testing.T) {
 	// in steady state. The count runs with the collector off (a busy
 	// machine ran one in the middle of it).
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	if n := testing.AllocsPerRun(100, send); n != 1 {
-		t.Errorf("respondWire and Marshal: %v allocations, want 1", n)
+	// Under -race sync.Pool drops a quarter of its buffers at random (by
+	// design), so an answer sometimes allocates its buffer anew: up to two
+	// there, exactly one without it (go test ./pkg/envoyrls -run
+	// TestEncodedAnswerAllocatesOnce; BenchmarkAnswer).
+	want := 1.0
+	if raceDetector {
+		want = 2
+	}
+	if n := testing.AllocsPerRun(100, send); n > want || n < 1 {
+		t.Errorf("respondWire and Marshal: %v allocations, want 1 (at most %v under -race)", n, want)
 	}
 }
 

@@ -1,0 +1,5 @@
+//go:build !race
+
+package envoyrls
+
+const raceDetector = false
