@@ -136,20 +136,9 @@ func reportRevisions(t *testing.T, s *Service, region string, seq uint64, k quot
 func TestLeaderReadsTheConfigOfARevisionItNeverHeld(t *testing.T) {
 	srv := etcdtest.Start(t)
 	store := configstore.NewStore(srv.Client(t), "/test")
-	ctx := t.Context()
 	a, b, x := weightsConfig(t, 1, 1), weightsConfig(t, 2, 3), weightsConfig(t, 3, 2)
-	revA, err := store.Apply(ctx, a, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revB, err := store.Apply(ctx, b, revA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revX, err := store.Apply(ctx, x, revB)
-	if err != nil {
-		t.Fatal(err)
-	}
+	revs := applyAll(t, store, a, b, x)
+	revA, revB, revX := revs[0], revs[1], revs[2]
 	d, _ := startHistoryLeader(t, srv, a, b, revA, revB)
 	s := d.Service
 	k := quota.Key{Tenant: "t", Class: "write"}
@@ -197,22 +186,8 @@ func TestLeaderKeepsTheConservativeReserveWhenTheRevisionIsCompacted(t *testing.
 	store := configstore.NewStore(cli, "/test")
 	ctx := t.Context()
 	a, b, x := weightsConfig(t, 1, 1), weightsConfig(t, 2, 3), weightsConfig(t, 3, 2)
-	revA, err := store.Apply(ctx, a, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revB, err := store.Apply(ctx, b, revA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revX, err := store.Apply(ctx, x, revB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revY, err := store.Apply(ctx, weightsConfig(t, 4, 1), revX)
-	if err != nil {
-		t.Fatal(err)
-	}
+	revs := applyAll(t, store, a, b, x, weightsConfig(t, 4, 1))
+	revA, revB, revX, revY := revs[0], revs[1], revs[2], revs[3]
 	if _, err := cli.Compact(ctx, revY); err != nil {
 		t.Fatal(err)
 	}
@@ -264,29 +239,10 @@ func TestLeaderKeepsTheConservativeReserveWhenTheRevisionIsCompacted(t *testing.
 func TestNewLeaderHoldsTheConfigsCommittedBeforeItsOwn(t *testing.T) {
 	srv := etcdtest.Start(t)
 	store := configstore.NewStore(srv.Client(t), "/test")
-	ctx := t.Context()
 	a, x, c := weightsConfig(t, 1, 1), weightsConfig(t, 3, 2), weightsConfig(t, 2, 3)
-	revA, err := store.Apply(ctx, a, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revX, err := store.Apply(ctx, x, revA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revC, err := store.Apply(ctx, c, revX)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := StartDaemon(context.Background(), DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
-		SessionTTL: time.Second, Config: configtest.NewSource(c, revC), DrainTimeout: 2 * time.Second,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
+	revs := applyAll(t, store, a, x, c)
+	revA, revX, revC := revs[0], revs[1], revs[2]
+	d := startLiveLeader(t, srv, c, revC)
 	s := d.Service
 	k := quota.Key{Tenant: "t", Class: "write"}
 	// b reports every epoch (an idle key is forgotten); a never does.
@@ -352,15 +308,7 @@ func TestReportedRevisionOutranksTheConfigsReadAtElection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d, err := StartDaemon(context.Background(), DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
-		SessionTTL: time.Second, Config: configtest.NewSource(live, rev), DrainTimeout: 2 * time.Second,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
+	d := startLiveLeader(t, srv, live, rev)
 	s := d.Service
 	k := quota.Key{Tenant: "t", Class: "write"}
 	// a and b report every epoch (an idle key is forgotten); c never does.
@@ -397,29 +345,10 @@ func TestReportedRevisionOutranksTheConfigsReadAtElection(t *testing.T) {
 func TestConfigOfAnotherShardCountIsNotReadBackAtElection(t *testing.T) {
 	srv := etcdtest.Start(t)
 	store := configstore.NewStore(srv.Client(t), "/test")
-	ctx := t.Context()
 	sharded, x, c := parseConfig(t, loopConfig+"global_shards: 2\n"), weightsConfig(t, 3, 2), weightsConfig(t, 2, 3)
-	revS, err := store.Apply(ctx, sharded, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revX, err := store.Apply(ctx, x, revS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revC, err := store.Apply(ctx, c, revX)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := StartDaemon(context.Background(), DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
-		SessionTTL: time.Second, Config: configtest.NewSource(c, revC), DrainTimeout: 2 * time.Second,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
+	revs := applyAll(t, store, sharded, x, c)
+	revS, revX, revC := revs[0], revs[1], revs[2]
+	d := startLiveLeader(t, srv, c, revC)
 	s := d.Service
 	k := quota.Key{Tenant: "t", Class: "write"}
 	// b reports every epoch; a never does. Once x is held (read back
@@ -452,4 +381,36 @@ func TestConfigOfAnotherShardCountIsNotReadBackAtElection(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond) // one epoch of loopConfig; polling with a deadline
 	}
+}
+
+// applyAll writes cfgs to store one after another, each fenced on the
+// revision the one before committed, and returns their revisions.
+func applyAll(t *testing.T, store *configstore.Store, cfgs ...*config.Config) []int64 {
+	t.Helper()
+	revs := make([]int64, len(cfgs))
+	prev := int64(0)
+	for i, c := range cfgs {
+		rev, err := store.Apply(t.Context(), c, prev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		revs[i], prev = rev, rev
+	}
+	return revs
+}
+
+// startLiveLeader starts a global replica on srv's etcd whose config
+// source holds live at rev (it never ran the revisions before).
+func startLiveLeader(t *testing.T, srv *etcdtest.Server, live *config.Config, rev int64) *Daemon {
+	t.Helper()
+	d, err := StartDaemon(context.Background(), DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
+		SessionTTL: time.Second, Config: configtest.NewSource(live, rev), DrainTimeout: 2 * time.Second,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	return d
 }
