@@ -254,7 +254,11 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 		rate, burst, err = chain.Share(s.opts.Region, k, cfg, res)
 	} else {
 		v := s.static.Load()
-		lease, margin, est := s.keyLease(k, v), regionsync.StaticMargin(time.Duration(cfg.Epoch)), v.clock.Estimate(now)
+		// The key's owners under every shard map in play: its lease is the
+		// shortest of theirs and its rise the latest (regionsync.KeyLease,
+		// KeyRise), worked out from one read of the maps.
+		maps := s.shardMaps()
+		lease, margin, est := regionsync.KeyLease(k, maps, v.leases), regionsync.StaticMargin(time.Duration(cfg.Epoch)), v.clock.Estimate(now)
 		rate, burst, err = chain.Leased(s.opts.Region, k, cfg, res, est, lease, margin)
 		onStatic = regionsync.OnStatic(est, lease, margin)
 		// A script queued in a paused Redis that runs after the static
@@ -265,7 +269,7 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 			// ShardRises), or a confirmation raised its share: idle
 			// time before is credited at most what it ran then
 			// (docs/architecture.md, "Coming back from a floor").
-			rise = s.riseOf(k, cfg, res, v, est, fill, margin, regionsync.Share{Rate: rate, Burst: burst})
+			rise = s.riseOf(k, cfg, res, regionsync.KeyRise(k, maps, v.rises), est, fill, margin, regionsync.Share{Rate: rate, Burst: burst})
 		}
 	}
 	if err != nil {
@@ -298,11 +302,10 @@ func (s *Server) common(cfg *config.Config, k quota.Key, res config.Resolved) (l
 }
 
 // riseOf is the rise the scripts are told of for k on its static share:
-// its shards' rise off a floor and the recent confirmations, those that
-// still matter within its fill time (regionsync.RiseFor). Nothing to work
-// out, the usual case, costs two loads.
-func (s *Server) riseOf(k quota.Key, cfg *config.Config, res config.Resolved, v *staticView, est int64, fill, margin time.Duration, share regionsync.Share) regionsync.Rise {
-	floorRise := s.keyRise(k, v)
+// floorRise, its shards' rise off a floor (regionsync.KeyRise), and the
+// recent confirmations, those that still matter within its fill time
+// (regionsync.RiseFor). Nothing to work out, the usual case, costs a load.
+func (s *Server) riseOf(k quota.Key, cfg *config.Config, res config.Resolved, floorRise, est int64, fill, margin time.Duration, share regionsync.Share) regionsync.Rise {
 	var rises regionsync.ConfigRises
 	if p := s.configRises.Load(); p != nil {
 		rises = *p

@@ -100,17 +100,6 @@ func (s *Server) shardsInPlay() int {
 	return n
 }
 
-// keyLease is the static lease key k runs under on this replica.
-func (s *Server) keyLease(k quota.Key, v *staticView) regionsync.StaticLease {
-	return regionsync.KeyLease(k, s.shardMaps(), v.leases)
-}
-
-// keyRise is the rise off its floor key k runs under on this replica
-// (regionsync.KeyRise over the same shard maps as keyLease).
-func (s *Server) keyRise(k quota.Key, v *staticView) int64 {
-	return regionsync.KeyRise(k, s.shardMaps(), v.rises)
-}
-
 // tier is shard i's global tier.
 func (l *Leader) tier(i int) (GlobalTier, error) {
 	if l.opts.Shards != nil {

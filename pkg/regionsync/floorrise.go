@@ -73,6 +73,9 @@ func (s ShardRises) All(n int, us int64) ShardRises {
 // the shortest of: the key ran on its floor while any of them had ended).
 // With no map it is shard 0's rise.
 func KeyRise(k quota.Key, maps []shard.Map, rises ShardRises) int64 {
+	if len(rises) == 0 {
+		return 0 // no rise known: the key is not hashed (every request asks)
+	}
 	if len(maps) == 0 {
 		return rises.Of(0)
 	}
