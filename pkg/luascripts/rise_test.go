@@ -12,6 +12,15 @@ import (
 var risingShare = Common{StaticRate: 10, StaticBurst: 100, LeaseTTL: 5 * time.Second, ReapBudget: 8,
 	DemandWindow: 500 * time.Millisecond, RestartWait: 6 * time.Second}
 
+// risingFloors are risingShare's floors at partition_share 0 and 0.25.
+var risingFloors = []struct {
+	name   string
+	fr, fb float64
+}{
+	{"partition_share 0", 0, 0},
+	{"partition_share 0.25", 2.5, 25},
+}
+
 // risen is c handed after the region came back from its floor (fr, fb)
 // at riseUS.
 func risen(c Common, riseUS int64, fr, fb float64) Common {
@@ -36,13 +45,7 @@ func floorOf(c Common, fr, fb float64) Common {
 // spent in its place (invariant 1; lib.lua, "Coming back from a floor").
 // Without the rise (the scripts before it) both buckets came back full.
 func TestComingBackFromAFloorCreditsTheFloorBeforeTheRise(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		fr, fb float64
-	}{
-		{"partition_share 0", 0, 0},
-		{"partition_share 0.25", 2.5, 25},
-	} {
+	for _, tc := range risingFloors {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newAwaitedRig(t)
 			idle := KeysFor(DefaultPrefix, quota.Key{Tenant: "idle", Class: "read"})
@@ -132,13 +135,7 @@ func TestARiseIsOnlyEverLessCredit(t *testing.T) {
 // back at the static cap after the rise, which would hand out at once what
 // the global tier gave the other regions meanwhile.
 func TestARiseClampsTokensReclaimedFromALeaseThatEndedOnTheFloor(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		fr, fb float64
-	}{
-		{"partition_share 0", 0, 0},
-		{"partition_share 0.25", 2.5, 25},
-	} {
+	for _, tc := range risingFloors {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newAwaitedRig(t)
 			share := risingShare
