@@ -4,7 +4,7 @@ PKGS      ?= ./...
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 export PATH := $(PATH):$(shell $(GO) env GOPATH)/bin
 
-.PHONY: all build test deps bench proto vet fmt soak clean fuzz image
+.PHONY: all build test deps bench proto vet fmt soak clean fuzz image mutate
 
 all: build
 
@@ -80,6 +80,23 @@ fuzz: deps
 	    $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) $$dir || exit 1; \
 	  done; \
 	done
+
+# mutate runs PKG's tests against small changes to its code (operators,
+# conditions, literals, branches; see scripts/mutate) through go test
+# -overlay, so the tree is never written, and prints the changes no test
+# noticed and the mutation score. FILES limits it to some files (base
+# names, comma-separated), MAX samples that many mutants (SEED picks
+# them), RUN is go test's -run; MUTATE_FLAGS passes more (-j 2, -race,
+# -timeout 1m, -at file:line, -list). Not part of make test: a whole
+# package takes hours; e.g.
+#   make mutate PKG=./pkg/hierarchy FILES=waterfill.go,fence.go MAX=100
+PKG   ?= ./pkg/hierarchy
+FILES ?=
+MAX   ?= 0
+SEED  ?= 1
+RUN   ?=
+mutate:
+	$(GO) run ./scripts/mutate -files '$(FILES)' -max $(MAX) -seed $(SEED) -run '$(RUN)' $(MUTATE_FLAGS) $(PKG)
 
 # soak runs the long chaos and soak runs (not part of make test).
 soak: deps
