@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -58,10 +61,14 @@ type configHistory interface {
 // one read at start). When it cannot read the confirmed config, the
 // config the process starts on counts as confirmed, as before, and it logs
 // a warning and returns why (counted in
-// sluice_regional_chain_started_unconfirmed_total): Redis not answering,
-// the stored revision unreadable in etcd (compacted, etcd down), or a
-// config source with revisions but no reads of earlier ones. When it read
-// the confirmed config but not all those committed since, it starts with
+// sluice_regional_chain_started_unconfirmed_total; the process runs
+// unconfirmed, sluice_regional_chain_unconfirmed 1, until a later read or
+// a confirmation ends it): Redis not answering, the stored revision
+// unreadable in etcd (compacted, etcd down), or a config source with
+// revisions but no reads of earlier ones. Of those, Redis or etcd not
+// answering may pass: StartDaemon then reads again in the background
+// (ResumeChainRetryable says which errors; resumeLate). When it read the
+// confirmed config but not all those committed since, it starts with
 // those it read, logs a warning and returns why. Nothing is needed, and
 // nil returned, for a region with no global tier (Unleased), a static
 // config (revision 0), a region with no stored revision (a fresh region,
@@ -69,50 +76,137 @@ type configHistory interface {
 // docs/architecture.md), or a process starting on the stored revision
 // itself.
 func (s *Server) ResumeChain(ctx context.Context) error {
+	_, err := s.resumeChain(ctx, false)
+	return err
+}
+
+// errUnanswered marks a failure of ResumeChain that may pass: Redis or
+// etcd did not answer.
+type errUnanswered struct{ err error }
+
+func (e errUnanswered) Error() string { return e.err.Error() }
+func (e errUnanswered) Unwrap() error { return e.err }
+
+// ResumeChainRetryable says whether an error of ResumeChain may pass on a
+// later read: Redis or etcd not answering (a timeout, a refused
+// connection, an etcd with no leader). A compacted revision, a config
+// source with no history, a stored value that is no revision, or Redis
+// refusing this replica's credentials or commands do not pass by waiting.
+func ResumeChainRetryable(err error) bool {
+	var u errUnanswered
+	return errors.As(err, &u)
+}
+
+// etcdUnanswered says whether err, from reading the config history, is
+// etcd not answering rather than an answer (a compacted revision:
+// configstore.ErrHistoryGone; a revision that wrote no config; a config
+// that does not validate): a deadline, or the gRPC codes etcd's client
+// gives a server it cannot reach, one with no leader or one that timed
+// out.
+func etcdUnanswered(err error) bool {
+	if errors.Is(err, configstore.ErrHistoryGone) {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable || ee.Code() == codes.DeadlineExceeded
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code() == codes.Unavailable || st.Code() == codes.DeadlineExceeded
+	}
+	return false
+}
+
+// resumeChain is ResumeChain; late for a read after the start
+// (resumeLate), which says whether to read again: true only after Redis or
+// etcd did not answer. A late read applies the history only while the
+// chain is still the one the process started on (one config, the one it
+// started on, counted as confirmed: sluice_regional_chain_unconfirmed 1).
+//
+// Applying the history late is safe: the chain it makes holds the
+// config the process runs and older ones, so it can only lower a static
+// share (Share is the smallest under the chain's configs) until a
+// confirmation passes them, which the global tier gives only once every
+// region reported the revision; nothing this process handed out before
+// exceeds what it may hand out under the config it runs. It ends the
+// window in which a region restarted onto a raised share runs it beside
+// a region still on the old one, as a read at start would have.
+func (s *Server) resumeChain(ctx context.Context, late bool) (retry bool, err error) {
 	if s.opts.Unleased {
-		return nil
+		return false, nil
 	}
 	start := s.chain.Load()
 	cur := start.Current()
-	if start.Len() != 1 || cur.Rev == 0 {
-		return nil
+	if start.Len() != 1 || cur.Rev == 0 || (late && cur.Rev != s.unconfirmedRev.Load()) {
+		return false, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
 	v, err := s.opts.Redis.Get(rctx, s.confirmedKey()).Result()
 	cancel()
 	if errors.Is(err, redis.Nil) {
-		return nil
+		if late {
+			// Redis lost its data meanwhile: nothing is left to read, and
+			// the process still runs unconfirmed until a confirmation.
+			s.log.Warn("the region's Redis holds no confirmed config revision any more; no longer read again: until the region confirms it, the config this process runs counts as confirmed",
+				"region", s.opts.Region, "revision", cur.Rev)
+		}
+		return false, nil
 	}
-	unconfirmed := func(err error, msg string, args ...any) error {
-		s.metrics.startedUnconfirmed.Inc()
-		s.log.Warn(msg+"; the config this process starts on counts as confirmed: until the region confirms it, its static shares may run above those of the config other regions may still run",
-			append([]any{"region", s.opts.Region, "revision", cur.Rev, "err", err}, args...)...)
-		return err
+	unconfirmed := func(err error, retry bool, msg string, args ...any) (bool, error) {
+		args = append([]any{"region", s.opts.Region, "revision", cur.Rev, "err", err}, args...)
+		if retry {
+			err = errUnanswered{err}
+		}
+		switch {
+		case late && retry:
+			s.log.Debug(msg+"; reading it again later", args...)
+		case late:
+			s.log.Warn(msg+"; no longer read again: until the region confirms it, the config this process runs counts as confirmed, and its static shares may run above those of the config other regions may still run", args...)
+		default:
+			s.metrics.startedUnconfirmed.Inc()
+			s.unconfirmedRev.Store(cur.Rev)
+			if retry {
+				msg += "; read again in the background until it answers"
+			}
+			s.log.Warn(msg+"; the config this process starts on counts as confirmed: until the region confirms it, its static shares may run above those of the config other regions may still run", args...)
+		}
+		return retry, err
 	}
 	if err != nil {
-		return unconfirmed(fmt.Errorf("reading the confirmed config revision: %w", ExplainRedisErr(err)),
-			"the revision last confirmed to the region could not be read from Redis at start")
+		err = ExplainRedisErr(err)
+		return unconfirmed(fmt.Errorf("reading the confirmed config revision: %w", err), !errors.Is(err, ErrRedisRefused),
+			"the revision last confirmed to the region could not be read from Redis")
 	}
 	stored, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		return unconfirmed(fmt.Errorf("%s holds %q, not a revision", s.confirmedKey(), v),
+		return unconfirmed(fmt.Errorf("%s holds %q, not a revision", s.confirmedKey(), v), false,
 			"the revision last confirmed to the region is unreadable in Redis")
 	}
 	if !regionsync.NeedsHistory(stored, cur.Rev) {
-		return nil
+		if late && s.unconfirmedRev.CompareAndSwap(cur.Rev, 0) {
+			s.log.Info("the region confirmed the config this process started on: it no longer runs unconfirmed",
+				"region", s.opts.Region, "revision", cur.Rev)
+		}
+		return false, nil
 	}
 	src, ok := s.opts.Config.(configHistory)
 	if !ok {
-		return unconfirmed(errors.New("the config source reads no earlier revisions"),
+		return unconfirmed(errors.New("the config source reads no earlier revisions"), false,
 			"the config last confirmed to the region cannot be read", "confirmed_revision", stored)
 	}
 	read, err := src.History(ctx, stored, cur.Rev, regionsync.MaxChain-1)
 	if len(read) == 0 {
-		return unconfirmed(fmt.Errorf("reading the config of revision %d: %w", stored, cmp.Or(err, errors.New("none read"))),
+		if ctx.Err() != nil && late {
+			return false, ctx.Err() // the daemon stops
+		}
+		return unconfirmed(fmt.Errorf("reading the config of revision %d: %w", stored, cmp.Or(err, errors.New("none read"))), etcdUnanswered(err),
 			"the config last confirmed to the region could not be read from etcd (compacted, or etcd not answering)", "confirmed_revision", stored)
 	}
 	if err != nil {
-		s.log.Warn("the configs committed after the one last confirmed to the region could not all be read; the process starts bounded by those read: one of the others, if confirmed but not yet stored, no longer bounds its static shares",
+		s.log.Warn("the configs committed after the one last confirmed to the region could not all be read; the process runs bounded by those read: one of the others, if confirmed but not yet stored, no longer bounds its static shares",
 			"region", s.opts.Region, "revision", cur.Rev, "confirmed_revision", stored, "read", len(read), "err", err)
 	}
 	history := make([]regionsync.Revision, len(read))
@@ -122,14 +216,62 @@ func (s *Server) ResumeChain(ctx context.Context) error {
 	}
 	s.chainMu.Lock()
 	defer s.chainMu.Unlock()
-	if s.chain.Load() != start {
-		return nil
+	// The chain moved on (a config adopted, a confirmation applied: the
+	// latter clears unconfirmedRev under chainMu). A report in between
+	// (Reported) stores a new chain but leaves it the same one config.
+	if c := s.chain.Load(); c.Len() != 1 || c.Current() != cur || (late && s.unconfirmedRev.Load() != cur.Rev) {
+		return false, nil
 	}
 	c := regionsync.StartChain(history, cur)
 	s.chain.Store(&c)
+	if late {
+		s.unconfirmedRev.Store(0)
+		s.metrics.resumedLate.Inc()
+		s.log.Info("read the region's history late: static shares are now the smallest under the configs not yet confirmed past too, until the region confirms the one it runs",
+			"region", s.opts.Region, "revision", cur.Rev, "confirmed_revision", stored, "revisions", revs)
+		return false, err
+	}
 	s.log.Info("started under the configs not yet confirmed past too: static shares are the smallest under them until the region confirms the one it runs",
 		"region", s.opts.Region, "revision", cur.Rev, "confirmed_revision", stored, "revisions", revs)
-	return err
+	return false, err
+}
+
+// resumeRetryMaxEpochs bounds the wait between two late reads of the
+// region's history (resumeLate), in epochs.
+const resumeRetryMaxEpochs = 16
+
+// resumeLate reads the region's history again after ResumeChain found
+// Redis or etcd not answering at the start: after one epoch, then after
+// waits doubling up to resumeRetryMaxEpochs epochs (each read costs a
+// Redis GET and, when the history is needed, one etcd read bounded as at
+// start), until a read succeeds, finds nothing to do (the chain moved on,
+// the region confirmed the config) or fails in a way that does not pass,
+// or ctx ends.
+func (s *Server) resumeLate(ctx context.Context) {
+	epoch := func() time.Duration { return time.Duration(s.opts.Config.Current().Epoch) }
+	retryBackoff(ctx, epoch, resumeRetryMaxEpochs, func(ctx context.Context) bool {
+		retry, _ := s.resumeChain(ctx, true)
+		return retry
+	})
+}
+
+// retryBackoff calls attempt after one base interval, then after waits
+// doubling up to maxFactor base intervals (base read before each wait: a
+// config change applies at the next), for as long as it returns true and
+// ctx has not ended.
+func retryBackoff(ctx context.Context, base func() time.Duration, maxFactor int, attempt func(context.Context) bool) {
+	for n := 1; ; n = min(2*n, maxFactor) {
+		t := time.NewTimer(time.Duration(n) * base())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if !attempt(ctx) {
+			return
+		}
+	}
 }
 
 // staticChain is the replica's regionsync.Chain with the source's live
@@ -206,6 +348,12 @@ func (s *Server) confirmChain(ctx context.Context, rev int64, store bool) {
 		s.configRises.Store(&rises)
 	}
 	s.chain.Store(&next)
+	// A process that started unconfirmed on u (ResumeChain) is confirmed
+	// once the region confirms u itself, or a later config the chain held
+	// (the confirmed one is no longer u).
+	if u := s.unconfirmedRev.Load(); u != 0 && (rev == u || next.Confirmed() != u) {
+		s.unconfirmedRev.Store(0)
+	}
 	s.chainMu.Unlock()
 	s.shardMaps()
 }

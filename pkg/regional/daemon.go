@@ -245,8 +245,10 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	// The chain starts from the region's history before anything is
 	// served or reported (bounded: a Redis read, and an etcd read only
 	// when the process starts on a config not yet confirmed; on failure
-	// the process starts as one with no history, and says so).
-	_ = srv.ResumeChain(ctx)
+	// the process starts as one with no history, and says so). When
+	// Redis or etcd did not answer, it is read again in the background
+	// (Server.resumeLate; applying it late only lowers static shares).
+	resumeErr := srv.ResumeChain(ctx)
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
@@ -257,6 +259,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	ep.Go(func() error { return d.inner.Serve(d.innerLis) })
 	epoch := time.Duration(o.Config.Current().Epoch)
 	ep.Go(func() error { return srv.Run(runCtx, epoch) })
+	if ResumeChainRetryable(resumeErr) {
+		ep.Go(func() error { srv.resumeLate(runCtx); return nil })
+	}
 	ep.Go(func() error { d.watchReadiness(runCtx); return nil })
 	d.evictions = evictions
 	ep.Go(func() error { d.watchEviction(runCtx, epoch, evictions); return nil })

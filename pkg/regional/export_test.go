@@ -34,3 +34,7 @@ func ConfirmForTest(s *Server, rev int64) {
 	s.staticChain()
 	s.confirm(rev)
 }
+
+// ResumeRetryMaxEpochsForTest bounds the wait between two late reads of
+// a region's history, in epochs.
+const ResumeRetryMaxEpochsForTest = resumeRetryMaxEpochs

@@ -36,6 +36,11 @@ type metrics struct {
 	// startedUnconfirmed counts starts that could not read the config
 	// last confirmed to the region (Server.ResumeChain).
 	startedUnconfirmed prometheus.Counter
+	// resumedLate counts reads of the region's history that succeeded
+	// after a failed one at start (Server.resumeLate); unconfirmed is 1
+	// while the process runs unconfirmed (Server.unconfirmedRev).
+	resumedLate prometheus.Counter
+	unconfirmed prometheus.GaugeFunc
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -138,10 +143,23 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	})
 	m.startedUnconfirmed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_regional_chain_started_unconfirmed_total",
-		Help: "Starts on a config other than the one last confirmed to the region whose confirmed config could not be read (Redis not answering, the revision compacted in etcd or etcd not answering): the config started on counted as confirmed, so until the region confirms it its static shares may run above the old ones while another region still runs them (docs/architecture.md, invariant 2).",
+		Help: "Starts on a config other than the one last confirmed to the region whose confirmed config could not be read (Redis not answering, the revision compacted in etcd or etcd not answering): the config started on counted as confirmed, so until the region confirms it, or a read retried while Redis or etcd does not answer succeeds (sluice_regional_chain_resumed_late_total), its static shares may run above the old ones while another region still runs them (docs/architecture.md, invariant 2; sluice_regional_chain_unconfirmed).",
+	})
+	m.resumedLate = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_regional_chain_resumed_late_total",
+		Help: "Reads of the config last confirmed to the region that succeeded after Redis or etcd did not answer at start: the process's static shares are bounded by the region's history from then on, as if it had read it at start.",
+	})
+	m.unconfirmed = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_regional_chain_unconfirmed",
+		Help: "1 while this process runs on a config it counted as confirmed because it could not read the one last confirmed to the region at start (sluice_regional_chain_started_unconfirmed_total): until a later read succeeds (retried while Redis or etcd does not answer) or the region confirms the config it runs; 0 otherwise.",
+	}, func() float64 {
+		if s.unconfirmedRev.Load() != 0 {
+			return 1
+		}
+		return 0
 	})
 	if reg != nil {
-		reg.MustRegister(m.evicting, m.evictedKeys, m.startedUnconfirmed)
+		reg.MustRegister(m.evicting, m.evictedKeys, m.startedUnconfirmed, m.resumedLate, m.unconfirmed)
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.returned, m.restarts, m.activeLeases, m.activeKeys,
 			m.leader, m.globalSyncs, m.reports, m.rises, m.reportKeys, m.candidates, m.grantsApplied, m.staticLeft, m.onFloor)

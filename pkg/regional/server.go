@@ -101,6 +101,11 @@ type Server struct {
 	// (regionsync.Chain); chainMu serializes its updates.
 	chain   atomic.Pointer[regionsync.Chain]
 	chainMu sync.Mutex
+	// unconfirmedRev is the revision this process started on and counts
+	// as confirmed without having read its region's history (ResumeChain
+	// failed), until a later read or a confirmation ends that; 0 for
+	// none. Cleared under chainMu.
+	unconfirmedRev atomic.Int64
 	// configRises are the recent confirmations that may have raised
 	// static shares, each with the chain before it (regionsync.
 	// ConfigRises); nil for none. Written under chainMu.

@@ -1,0 +1,147 @@
+package regional
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/configtest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// TestRetryBackoffWaitsDoublingUpToItsBound: the late reads of a region's
+// history come one epoch after the start, then after waits doubling up to
+// resumeRetryMaxEpochs epochs, follow an epoch changed meanwhile, stop
+// once an attempt says it is done, and stop at once when the daemon's
+// context ends, leaving no goroutine behind (synctest.Test fails on one).
+func TestRetryBackoffWaitsDoublingUpToItsBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		epoch := time.Second
+		start := time.Now()
+		var at []time.Duration
+		retryBackoff(t.Context(), func() time.Duration { return epoch }, resumeRetryMaxEpochs, func(context.Context) bool {
+			at = append(at, time.Since(start))
+			return len(at) < 7
+		})
+		want := []time.Duration{1, 3, 7, 15, 31, 47, 63}
+		for i := range want {
+			want[i] *= time.Second
+		}
+		if !slices.Equal(at, want) {
+			t.Errorf("attempts at %v, want %v", at, want)
+		}
+
+		// The epoch is read before each wait.
+		at, start = nil, time.Now()
+		retryBackoff(t.Context(), func() time.Duration { return epoch }, resumeRetryMaxEpochs, func(context.Context) bool {
+			at = append(at, time.Since(start))
+			epoch = 2 * time.Second
+			return len(at) < 2
+		})
+		if want := []time.Duration{time.Second, 5 * time.Second}; !slices.Equal(at, want) {
+			t.Errorf("with the epoch doubled after the first attempt: attempts at %v, want %v", at, want)
+		}
+
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		attempts := 0
+		go func() {
+			defer close(done)
+			retryBackoff(ctx, func() time.Duration { return time.Second }, resumeRetryMaxEpochs, func(context.Context) bool {
+				attempts++
+				return true
+			})
+		}()
+		time.Sleep(4 * time.Second) // the bubble's clock: attempts at 1 and 3 s
+		synctest.Wait()
+		cancel()
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("retryBackoff still waits after its context ended")
+		}
+		if attempts != 2 {
+			t.Errorf("%d attempts in 4 s, want 2", attempts)
+		}
+	})
+}
+
+// TestStartedUnconfirmedEndsWithAConfirmation: a process that started on
+// revision 20 without reading its region's history (its source reads no
+// earlier revision: not read again) runs unconfirmed
+// (sluice_regional_chain_unconfirmed) until the region confirms 20, or a
+// later revision its chain holds, or a late read finds 20 stored as
+// confirmed; a confirmation of an older revision, or a config adopted,
+// does not end it, and a late read once the chain moved on changes
+// nothing.
+func TestStartedUnconfirmedEndsWithAConfirmation(t *testing.T) {
+	parse := func(eu int) *config.Config {
+		c, err := config.Parse(fmt.Appendf(nil, `
+regions: {eu: {weight: %d}, us: {weight: 1}}
+classes: {write: {mode: lease}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`, eu))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	rdb := redistest.Start(t).Client()
+	ctx := t.Context()
+	for _, end := range []string{"confirmed itself", "a later one confirmed", "stored as confirmed"} {
+		t.Run(end, func(t *testing.T) {
+			if err := rdb.Set(ctx, "sl:confirmed", "10", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			src := configtest.NewSource(parse(3), 20)
+			s, err := New(Options{Region: "eu", Redis: rdb, Config: src, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			// What sluice_regional_chain_unconfirmed exports.
+			unconfirmed := func() int64 { return s.unconfirmedRev.Load() }
+			if err := s.ResumeChain(ctx); err == nil || ResumeChainRetryable(err) {
+				t.Fatalf("ResumeChain with a source that reads no history: %v, want an error not read again", err)
+			}
+			if got := unconfirmed(); got != 20 {
+				t.Fatalf("unconfirmed %v after the start, want 20", got)
+			}
+			s.confirm(10)
+			if got := unconfirmed(); got != 20 {
+				t.Fatalf("unconfirmed %v after the older revision 10 confirmed, want 20", got)
+			}
+			switch end {
+			case "confirmed itself":
+				s.confirm(20)
+			case "a later one confirmed":
+				src.Set(parse(2), 30)
+				s.staticChain()
+				if got := unconfirmed(); got != 20 {
+					t.Fatalf("unconfirmed %v after 30 adopted, want 20", got)
+				}
+				if retry, err := s.resumeChain(ctx, true); retry || err != nil || s.chain.Load().Len() != 2 {
+					t.Fatalf("a late read once the chain moved on: %v, %v, chain of %d; want nothing done", retry, err, s.chain.Load().Len())
+				}
+				s.confirm(30)
+			case "stored as confirmed":
+				if err := rdb.Set(ctx, "sl:confirmed", "20", 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if retry, err := s.resumeChain(ctx, true); retry || err != nil {
+					t.Fatalf("a late read with 20 stored as confirmed: %v, %v; want done", retry, err)
+				}
+			}
+			if got := unconfirmed(); got != 0 {
+				t.Fatalf("unconfirmed %v once %s, want 0", got, end)
+			}
+		})
+	}
+}

@@ -1,0 +1,160 @@
+package regional_test
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/logtest"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/configstore"
+	"github.com/sluicehq/sluice/pkg/luascripts"
+	"github.com/sluicehq/sluice/pkg/regional"
+)
+
+// TestDaemonReadsItsRegionsHistoryLate: a regional daemon started on
+// revision B while the revision last confirmed to its region is A starts
+// unconfirmed (B's 75/s for eu) when its Redis (paused by SIGSTOP) or
+// etcd (a link that lets no byte pass) does not answer, counts and
+// exports that, and reads the history again in the background: once the
+// component answers, eu's static share is A's 50/s, as for a process
+// that read it at start, the late read is counted and logged, and the
+// process no longer exports itself unconfirmed.
+func TestDaemonReadsItsRegionsHistoryLate(t *testing.T) {
+	for _, down := range []string{"redis", "etcd"} {
+		t.Run(down, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			etcd := etcdtest.Start(t)
+			cli := etcd.Client(t)
+			store := configstore.NewStore(cli, "/dl")
+			revA, err := store.Apply(ctx, weightsConfig(t, 1, 1), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			revB, err := store.Apply(ctx, weightsConfig(t, 3, 1), revA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs := redistest.Start(t)
+			rdb := rs.Client()
+			now, err := rdb.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.Set(ctx, luascripts.DefaultPrefix+"confirmed", revA, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			lease := strconv.FormatInt(now.Add(time.Hour).UnixMicro(), 10)
+			if err := rdb.Set(ctx, luascripts.DefaultPrefix+"{static}:lease", lease, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+
+			logs := &logtest.Buffer{}
+			logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			// The watcher, and so the history read, reaches etcd through
+			// a link of its own, which the etcd case hangs.
+			link := etcd.Link(t)
+			w := configstore.NewWatcher(configstore.NewStore(link.Client(t), "/dl"), nil, logger, nil)
+			wctx, stopWatch := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = w.Run(wctx) }()
+			defer func() { stopWatch(); <-done }()
+			if rev, err := configstore.AwaitEtcdConfig(ctx, store, nil, w, logger); err != nil || rev != revB {
+				t.Fatalf("awaiting etcd's config: revision %d, %v; want B = %d", rev, err, revB)
+			}
+
+			const redisTimeout = 200 * time.Millisecond
+			startCtx := ctx
+			switch down {
+			case "redis":
+				rs.Pause()
+				defer rs.Resume() // a paused server would hold up its cleanup
+			case "etcd":
+				link.Hang()
+				defer link.Mend()
+				// The start's history read gives up when the start's
+				// context ends (the watcher's own bound is longer).
+				var stop context.CancelFunc
+				startCtx, stop = context.WithTimeout(ctx, 2*time.Second)
+				defer stop()
+			}
+			d, err := regional.StartDaemon(startCtx, regional.DaemonOptions{
+				Region: "eu", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RedisAddr: rs.Addr(),
+				RedisTimeout: redisTimeout, Config: w, ColdStart: regional.ColdStartFull, Logger: logger,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Stop()
+			staticRate := func() float64 {
+				t.Helper()
+				_, c, _, err := d.Server.CommonFor(w.Current(), restartKey)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c.StaticRate
+			}
+			onStatic := func() bool { return strings.Contains(scrape(t, d), "sluice_regional_on_floor 0") }
+
+			m := scrape(t, d)
+			for _, want := range []string{
+				"sluice_regional_chain_started_unconfirmed_total 1",
+				"sluice_regional_chain_unconfirmed 1",
+				"sluice_regional_chain_resumed_late_total 0",
+			} {
+				if !strings.Contains(m, want) {
+					t.Errorf("at start, /metrics lacks %q", want)
+				}
+			}
+			if want := "read again in the background until it answers"; !strings.Contains(logs.String(), want) {
+				t.Errorf("the log lacks %q:\n%s", want, logs)
+			}
+			switch down {
+			case "redis":
+				rs.Resume()
+			case "etcd":
+				// Redis answers: the daemon runs B's share, unconfirmed.
+				for !onStatic() {
+					if ctx.Err() != nil {
+						t.Fatalf("the daemon never read its static lease:\n%s", logs)
+					}
+					time.Sleep(20 * time.Millisecond) // polling the first reading with a deadline
+				}
+				if r := staticRate(); !near(r, 75) {
+					t.Errorf("eu's static rate before etcd answers %v, want B's 75", r)
+				}
+				link.Mend()
+			}
+
+			// The next read comes at most the longest wait after the
+			// component answers, and takes at most one bounded etcd read.
+			epoch := time.Duration(w.Current().Epoch)
+			deadline := time.Now().Add(time.Duration(regional.ResumeRetryMaxEpochsForTest+1)*epoch + 10*time.Second)
+			for !onStatic() || !near(staticRate(), 50) {
+				if time.Now().After(deadline) {
+					t.Fatalf("eu's static rate %v once %s answered; want A's 50 once it reads its region's history:\n%s",
+						staticRate(), down, logs)
+				}
+				time.Sleep(20 * time.Millisecond) // polling the late read with a deadline from the retry interval
+			}
+			m = scrape(t, d)
+			for _, want := range []string{
+				"sluice_regional_chain_started_unconfirmed_total 1",
+				"sluice_regional_chain_unconfirmed 0",
+				"sluice_regional_chain_resumed_late_total 1",
+			} {
+				if !strings.Contains(m, want) {
+					t.Errorf("after the late read, /metrics lacks %q", want)
+				}
+			}
+			if want := "read the region's history late"; !strings.Contains(logs.String(), want) {
+				t.Errorf("the log lacks %q:\n%s", want, logs)
+			}
+		})
+	}
+}
