@@ -74,6 +74,11 @@ var requiredAlerted = []string{
 	"sluice_config_stored_refused",            // config stored refused
 	"sluice_config_watch_errors_total",        // etcd unavailable
 	"sluice_config_last_applied_revision",     // config diverged
+
+	// Static shares that change (docs/architecture.md, invariant 2).
+	"sluice_regional_chain_started_unconfirmed_total", // a replica started without its region's confirmed config
+	"sluice_regional_chain_unconfirmed",               // and still runs so
+	"sluice_global_config_history_failed_total",       // the global leader cannot read a reported config
 }
 
 // requiredPanels are the families the dashboard must show.
@@ -96,6 +101,7 @@ var requiredRunbookSections = []string{
 	"redis-restarted-empty", "redis-evicts-keys", "global-leader-crash", "region-partitioned-from-global",
 	"etcd-unavailable", "bad-config-pushed", "deny-ratio-high", "deny-ratio-low", "lua-slow",
 	"config-rejected", "no-global-leader", "grants-stale", "redis-errors", "degraded-mode", "credentials-refused",
+	"config-change-unconfirmed",
 	"deploy", "tuning",
 }
 
