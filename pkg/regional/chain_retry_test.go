@@ -2,6 +2,7 @@ package regional
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -9,9 +10,14 @@ import (
 	"testing/synctest"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/configstore"
 )
 
 // TestRetryBackoffWaitsDoublingUpToItsBound: the late reads of a region's
@@ -143,5 +149,32 @@ default_tier: free
 				t.Fatalf("unconfirmed %v once %s, want 0", got, end)
 			}
 		})
+	}
+}
+
+// TestEtcdUnansweredTellsOutagesFromAnswers: a history read that failed
+// because etcd did not answer (a deadline, no leader, a server out of
+// reach, as etcd's client reports them, wrapped or not) is read again; one
+// etcd answered (a compacted revision, a revision that wrote no config, a
+// config that does not validate) is not.
+func TestEtcdUnansweredTellsOutagesFromAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{context.DeadlineExceeded, true},
+		{fmt.Errorf("reading: %w", context.DeadlineExceeded), true},
+		{status.Error(codes.DeadlineExceeded, "context deadline exceeded"), true},
+		{status.Error(codes.Unavailable, "connection refused"), true},
+		{rpctypes.ErrNoLeader, true},
+		{fmt.Errorf("the configs committed after revision 3: %w", rpctypes.ErrTimeout), true},
+		{fmt.Errorf("config: %w: revision 3 is compacted", configstore.ErrHistoryGone), false},
+		{rpctypes.ErrCompacted, false},
+		{errors.New("config: revision 3 did not write /sluice/config"), false},
+		{status.Error(codes.InvalidArgument, "bad"), false},
+	} {
+		if got := etcdUnanswered(tc.err); got != tc.want {
+			t.Errorf("etcdUnanswered(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
