@@ -127,13 +127,14 @@ func etcdUnanswered(err error) bool {
 // started on, counted as confirmed: sluice_regional_chain_unconfirmed 1).
 //
 // Applying the history late is safe: the chain it makes holds the
-// config the process runs and older ones, so it can only lower a static
-// share (Share is the smallest under the chain's configs) until a
-// confirmation passes them, which the global tier gives only once every
-// region reported the revision; nothing this process handed out before
-// exceeds what it may hand out under the config it runs. It ends the
-// window in which a region restarted onto a raised share runs it beside
-// a region still on the old one, as a read at start would have.
+// config the process runs and the older ones its region may still be
+// bound by, so it can only lower a static share (Share is the smallest
+// under the chain's configs), at once, as adopting a config that lowers a
+// share does mid-run; a raise waits for a confirmation, which the global
+// tier gives only once every region reported the revision. What the
+// process handed out before under the larger share stays handed out (the
+// window a read at start would not have opened); from then on it runs as
+// a process that read the history at start.
 func (s *Server) resumeChain(ctx context.Context, late bool) (retry bool, err error) {
 	if s.opts.Unleased {
 		return false, nil
