@@ -223,6 +223,10 @@ func deadAddr(t *testing.T) string {
 func TestStopWhileAwaitingEtcdExitsZero(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
+			// A process of its own, waiting out its first attempt at an
+			// unreachable etcd (the start's bound on one attempt, 10 s):
+			// the two signals are tried side by side.
+			t.Parallel()
 			cmd, lines := regionalProcess(t, "-listen", "127.0.0.1:0", "-metrics-listen", "off",
 				"-etcd-endpoints", deadAddr(t), "-etcd-prefix", "/stoptest")
 			awaitLine(t, lines, "etcd not reachable; waiting")
