@@ -86,17 +86,18 @@ fuzz: deps
 # -overlay, so the tree is never written, and prints the changes no test
 # noticed and the mutation score. FILES limits it to some files (base
 # names, comma-separated), MAX samples that many mutants (SEED picks
-# them), RUN is go test's -run; MUTATE_FLAGS passes more (-j 2, -race,
-# -timeout 1m, -at file:line, -list). Not part of make test: a whole
-# package takes hours; e.g.
+# them), RUN and SKIP are go test's -run and -skip; MUTATE_FLAGS passes
+# more (-j 2, -race, -timeout 1m, -at file:line, -list). Not part of make
+# test: a whole package takes hours; e.g.
 #   make mutate PKG=./pkg/hierarchy FILES=waterfill.go,fence.go MAX=100
 PKG   ?= ./pkg/hierarchy
 FILES ?=
 MAX   ?= 0
 SEED  ?= 1
 RUN   ?=
+SKIP  ?=
 mutate:
-	$(GO) run ./scripts/mutate -files '$(FILES)' -max $(MAX) -seed $(SEED) -run '$(RUN)' $(MUTATE_FLAGS) $(PKG)
+	$(GO) run ./scripts/mutate -files '$(FILES)' -max $(MAX) -seed $(SEED) -run '$(RUN)' -skip '$(SKIP)' $(MUTATE_FLAGS) $(PKG)
 
 # soak runs the long chaos and soak runs (not part of make test).
 soak: deps

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -34,24 +35,26 @@ type pkg struct {
 	files []*srcFile
 	info  *types.Info
 	conf  *types.Config
+	// usesRapid: the tests import pgregory.net/rapid.
+	usesRapid bool
 }
 
 // load lists dir's package with the go command (so build constraints pick
 // the same files the build does), parses its non-test files and
 // type-checks them against its dependencies' export data.
 func load(ctx context.Context, dir string, nice []string) (*pkg, error) {
-	out, err := goCmd(ctx, nice, "list", "-f", "{{.ImportPath}}\n{{.Dir}}\n{{range .GoFiles}}{{.}} {{end}}\n{{range .CgoFiles}}{{.}} {{end}}", dir)
+	out, err := goCmd(ctx, nice, "list", "-f", "{{.ImportPath}}\n{{.Dir}}\n{{range .GoFiles}}{{.}} {{end}}\n{{range .CgoFiles}}{{.}} {{end}}\n{{range .TestImports}}{{.}} {{end}}{{range .XTestImports}}{{.}} {{end}}", dir)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", dir, err)
 	}
 	lines := strings.Split(string(out), "\n")
-	if len(lines) < 4 {
+	if len(lines) < 5 {
 		return nil, fmt.Errorf("listing %s: unexpected output %q", dir, out)
 	}
 	if strings.TrimSpace(lines[3]) != "" {
 		return nil, fmt.Errorf("%s uses cgo, which the overlay cannot mutate reliably", dir)
 	}
-	p := &pkg{path: lines[0], fset: token.NewFileSet()}
+	p := &pkg{path: lines[0], fset: token.NewFileSet(), usesRapid: slices.Contains(strings.Fields(lines[4]), "pgregory.net/rapid")}
 	wd, err := os.Getwd()
 	if err != nil {
 		return nil, err

@@ -33,11 +33,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	code, err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	if err != nil {
@@ -56,6 +57,7 @@ type options struct {
 	at       []string
 	kinds    map[string]bool
 	run      string
+	skip     string
 	timeout  time.Duration
 	max      int
 	seed     uint64
@@ -75,6 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, err
 	kinds := fs.String("kinds", "", "comma-separated mutant kinds to make (binary,assign,incdec,negate,not,literal,bool,branch,return; default all)")
 	var o options
 	fs.StringVar(&o.run, "run", "", "go test -run regexp")
+	fs.StringVar(&o.skip, "skip", "", "go test -skip regexp (e.g. a slow test that decides nothing)")
 	fs.DurationVar(&o.timeout, "timeout", 0, "per-mutant test timeout (default: 3x the unmutated run, at least 30s)")
 	fs.IntVar(&o.max, "max", 0, "run at most N compiling mutants, sampled with -seed (0: all)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the -max sample")
@@ -149,7 +152,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, err
 		return 2, err
 	}
 	defer os.RemoveAll(tmp)
-	r := &runner{pkgDir: dir, nice: nice, run: o.run, race: o.race, timeout: o.timeout, tmp: tmp, verbose: o.verbose}
+	r := &runner{pkgDir: dir, nice: nice, run: o.run, skip: o.skip, race: o.race, timeout: o.timeout, tmp: tmp, verbose: o.verbose}
+	if p.usesRapid {
+		// A property test that catches a mutant would write a fail file
+		// into the package's testdata and spend up to half a minute
+		// shrinking the counterexample, which only the verdict matters
+		// here.
+		r.binFlags = []string{"-rapid.nofailfile", "-rapid.shrinktime=1s"}
+	}
 	if r.timeout == 0 {
 		r.timeout = time.Hour // the baseline itself is not cut short
 		took, err := r.baseline(ctx)

@@ -29,13 +29,17 @@ func (o outcome) String() string {
 
 // runner runs go test on mutants.
 type runner struct {
-	pkgDir  string   // the package as given to go test
-	nice    []string // command prefix, e.g. nice -n 10
-	run     string   // -run
-	race    bool
-	timeout time.Duration // go test -timeout for the test binary
-	tmp     string
-	verbose bool
+	pkgDir string   // the package as given to go test
+	nice   []string // command prefix, e.g. nice -n 10
+	run    string   // -run
+	skip   string   // -skip
+	// binFlags go to the test binary after the package (e.g. rapid's,
+	// when the tests use it).
+	binFlags []string
+	race     bool
+	timeout  time.Duration // go test -timeout for the test binary
+	tmp      string
+	verbose  bool
 }
 
 // testArgs is the go test command line without the overlay.
@@ -48,6 +52,9 @@ func (r *runner) testArgs() []string {
 	if r.run != "" {
 		args = append(args, "-run", r.run)
 	}
+	if r.skip != "" {
+		args = append(args, "-skip", r.skip)
+	}
 	if r.timeout > 0 {
 		args = append(args, "-timeout", r.timeout.String())
 	}
@@ -58,7 +65,7 @@ func (r *runner) testArgs() []string {
 // would count as killed. It returns how long they took.
 func (r *runner) baseline(ctx context.Context) (time.Duration, error) {
 	start := time.Now()
-	args := append(r.testArgs(), r.pkgDir)
+	args := append(append(r.testArgs(), r.pkgDir), r.binFlags...)
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -88,7 +95,7 @@ func (r *runner) try(ctx context.Context, id int, m *mutant) (outcome, string, e
 	if err := os.WriteFile(ovPath, ov, 0o644); err != nil {
 		return 0, "", err
 	}
-	args := append(r.testArgs(), "-overlay", ovPath, r.pkgDir)
+	args := append(append(r.testArgs(), "-overlay", ovPath, r.pkgDir), r.binFlags...)
 	// The test binary's own -timeout normally ends a hung mutant; this
 	// deadline also covers the build and a binary that ignores it.
 	ctx, cancel := context.WithTimeout(ctx, r.timeout+2*time.Minute)
