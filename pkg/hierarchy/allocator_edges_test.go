@@ -707,3 +707,44 @@ func TestReportAfterRegionsShrinkAndGrowBack(t *testing.T) {
 	a.Allocate(ms(9000))
 	report(9100, "a", 3, 150)
 }
+
+// TestReusedKeySlotStartsWithoutDemandHistory: a key added into the slot
+// of a removed one inherits none of its demand history. It is not in the
+// View before any region names it, and its first reading is its estimate
+// as is, as for a key never seen (with DemandAlpha 0.5, a reading folded
+// into a history of zero would show half of it).
+func TestReusedKeySlotStartsWithoutDemandHistory(t *testing.T) {
+	a, err := NewAllocator(Options{Regions: twoRegions(), Epoch: time.Second, Validity: 5 * time.Second, DemandAlpha: 0.5}, testStart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(ms int) time.Time { return testStart.Add(time.Duration(ms) * time.Millisecond) }
+	old, reused := quota.Key{Tenant: "acme", Class: "old"}, quota.Key{Tenant: "acme", Class: "new"}
+	limit := KeyLimit{Rate: 100, Burst: 100}
+	if err := a.SetLimit(old, limit); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Report(at(100), Report{Region: "a", Seq: 1, Keys: []KeyDemand{{Key: old, Admitted: 40, Window: time.Second}}}); err != nil {
+		t.Fatal(err)
+	}
+	a.RemoveKey(old)
+	if err := a.SetLimit(reused, limit); err != nil {
+		t.Fatal(err)
+	}
+	if k := a.keyIndex[reused]; len(a.keys) != 1 || k != 0 {
+		t.Fatalf("the new key took slot %d of %d, want the removed key's slot 0", k, len(a.keys))
+	}
+	if v := a.View(at(200)); len(v.Keys) != 0 {
+		t.Fatalf("View lists %+v before any region named the new key, want nothing", v.Keys)
+	}
+	if _, err := a.Report(at(1100), Report{Region: "a", Seq: 2, Keys: []KeyDemand{{Key: reused, Admitted: 30, Window: time.Second}}}); err != nil {
+		t.Fatal(err)
+	}
+	v := a.View(at(1200))
+	if len(v.Keys) != 1 || v.Keys[0].Key != reused {
+		t.Fatalf("View lists %+v, want the new key", v.Keys)
+	}
+	if got := v.Keys[0].Regions[0].Demand; got != 30 {
+		t.Fatalf("a's demand for the new key %v after one reading of 30/s, want 30", got)
+	}
+}
