@@ -3,6 +3,7 @@ package hierarchy
 import (
 	"bytes"
 	"crypto/sha256"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -170,5 +171,36 @@ func TestSilentRegionsAboveTheLimitLeaveTheOthersNothing(t *testing.T) {
 	rate := a.targetRate[int(b)*3 : int(b)*3+3]
 	if want := []float64{0, 100, 50}; !slices.Equal(rate, want) {
 		t.Fatalf("rate targets %v, want %v: the reporting region gets nothing, not less", rate, want)
+	}
+}
+
+// TestMemoCheckFindsATargetChangedInAnyBit: the check the memo tests rely
+// on reports a recomputation that differs from the remembered targets in
+// one bit of one region's rate or burst, and nothing when it is the same.
+func TestMemoCheckFindsATargetChangedInAnyBit(t *testing.T) {
+	s := newScript(t, twoRegions(), KeyLimit{Rate: 100, Burst: 100})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 150, -1)
+	s.report("b", 6200, 10, -1)
+	k := s.a.keyIndex[s.key]
+	b := s.a.blockOf[k]
+	if b < 0 {
+		t.Fatal("the contended key has no block")
+	}
+	base := int(b) * s.a.nr
+	for _, tc := range []struct {
+		name   string
+		change func()
+		want   int
+	}{
+		{"same targets", func() {}, 0},
+		{"a's rate", func() { s.a.targetRate[base] = math.Nextafter(s.a.targetRate[base], 0) }, 1},
+		{"b's burst", func() { s.a.targetBurst[base+1] = math.Nextafter(s.a.targetBurst[base+1], math.Inf(1)) }, 1},
+	} {
+		chk := &memoCheck{}
+		chk.verify(s.a, k, b, tc.change)
+		if chk.hits != 1 || chk.mismatches != tc.want {
+			t.Errorf("%s: %d hits, %d mismatches (%s), want 1 and %d", tc.name, chk.hits, chk.mismatches, chk.first, tc.want)
+		}
 	}
 }
