@@ -205,6 +205,11 @@ func TestWaterFillTable(t *testing.T) {
 			[]Region{{Name: "a", Weight: 1, MaxShare: 0.2}, {Name: "b", Weight: 1}}, []float64{500, 10}, []float64{20, 80}},
 		{"three-way with one saturated", 100,
 			[]Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 2}}, []float64{10, 100, 100}, []float64{10, 30, 60}},
+		// A floor of exactly 1 under a weight other than 1: a starts to
+		// rise at level lo/w = 0.5, not at 1; taking 1 oversubscribed
+		// the rate (2 and 1 of 2).
+		{"floor of one unit under weight 2", 2,
+			[]Region{{Name: "a", Weight: 2, MinShare: 0.5}, {Name: "b", Weight: 1}}, []float64{10, 10}, []float64{4.0 / 3, 2.0 / 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := make([]float64, len(tc.regions))
