@@ -1,0 +1,28 @@
+package lease
+
+import (
+	"testing"
+	"time"
+)
+
+// TestBatchCapOfAFractionalBurstIsOneToken: a static share can split a
+// small burst into less than one token for a region (see WaitCures); a
+// lone instance's batch cap is then one token, not zero, so the single token the region grants is the pool at its cap:
+// neither the grant nor the periodic Sync gives it back.
+func TestBatchCapOfAFractionalBurstIsOneToken(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 1, peerGrant(0.5, 1))
+	if tb.giveBackDue.Load() {
+		t.Fatal("give-back due after a grant of 1 on a region burst of 0.5; want none (the cap is 1)")
+	}
+	if b := tb.PrepareRefill(t0); b != nil {
+		t.Fatalf("early refill after a grant of 1 on a burst of 0.5: %v, want none", b.Reports)
+	}
+	syncs, _ := tb.PrepareSync(t0.Add(time.Second))
+	if len(syncs) != 1 {
+		t.Fatalf("syncs %v, want one", syncs)
+	}
+	if r := syncs[0].Reports[0]; r.Returned != 0 || state(t, tb, kW).Tokens != 1 {
+		t.Fatalf("Sync of a pool of 1 at a cap of 1: returned %d, pool %d; want the token kept", r.Returned, state(t, tb, kW).Tokens)
+	}
+}
