@@ -26,3 +26,25 @@ func TestBatchCapOfAFractionalBurstIsOneToken(t *testing.T) {
 		t.Fatalf("Sync of a pool of 1 at a cap of 1: returned %d, pool %d; want the token kept", r.Returned, state(t, tb, kW).Tokens)
 	}
 }
+
+// TestAPeerOnASmallBurstLeavesEachInstanceOneToken: with n live instances
+// the batch cap is floor(burst/2n) but at least one token, so when a peer
+// joins a key of burst 3 (floor(3/4) = 0), a pool of one token is at the
+// cap and nothing is given back early; a pool of two gives one back.
+func TestAPeerOnASmallBurstLeavesEachInstanceOneToken(t *testing.T) {
+	for _, tc := range []struct {
+		pool     int64
+		giveBack bool
+	}{
+		{pool: 1, giveBack: false},
+		{pool: 2, giveBack: true},
+	} {
+		tb := newTestTable(t)
+		acquire(t, tb, t0, t0, kW, tc.pool, tc.pool, peerGrant(3, 1))
+		tb.giveBackDue.Store(false)
+		syncAnswered(t, tb, t0.Add(time.Second), peerGrant(3, 2))
+		if due := tb.giveBackDue.Load(); due != tc.giveBack {
+			t.Errorf("pool %d when a peer joins a key of burst 3: give-back due %v, want %v", tc.pool, due, tc.giveBack)
+		}
+	}
+}

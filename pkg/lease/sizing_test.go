@@ -100,6 +100,9 @@ func TestSizingBatchCap(t *testing.T) {
 		{"four instances, burst 10 at 10/s", 10, 10, 4, 1},
 		{"four instances, burst 40 at 1000/s", 40, 1000, 4, 5},
 		{"eight instances, burst 10: one token each", 10, 10, 8, 1},
+		// A region that did not say how many instances are live (an
+		// older server) counts as one: the whole burst.
+		{"live instances not said, burst 400", 400, 100, 0, 300},
 	} {
 		tb := newTestTable(t)
 		region := func(g *sluicev1.Grant) { g.RegionBurst, g.RegionRate, g.LiveInstances = tc.burst, tc.rate, tc.live }
