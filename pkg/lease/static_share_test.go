@@ -136,7 +136,8 @@ func TestNeverDescribedKeyRefillsNoFasterThanFallbackLimit(t *testing.T) {
 
 // TestCapIsTheRegionsAnswerElseTheStaticShare: Cap reports what the
 // region last said of a key the table holds; for a key it does not hold
-// (never answered, or forgotten) the live config's static share of the
+// (never answered, or forgotten), or holds without a cap the region
+// said yet, the live config's static share of the
 // key in this region, in whole tokens, which is the cap the region answers
 // for a key it holds no grant of; nothing without a share (no hook, a key
 // the hook does not name, a negative burst). The Envoy endpoint's never
@@ -158,6 +159,12 @@ func TestCapIsTheRegionsAnswerElseTheStaticShare(t *testing.T) {
 		if c, ok := tb.Cap(k); ok {
 			t.Errorf("Cap(%s) = %d with no usable share, want none", k, c)
 		}
+	}
+	// A key the table holds (a request made it) that the region has not
+	// answered yet: its cap is not known, so the static share still says it.
+	allow(t, tb, t0, kW, 1)
+	if c, ok := tb.Cap(kW); !ok || c != 2 {
+		t.Fatalf("Cap of a key held but never answered: %d, %v; want its static share's burst 2", c, ok)
 	}
 	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 1, func(g *sluicev1.Grant) { g.RegionBurst = 7.5; g.Limit = 10 })
 	if c, ok := tb.Cap(kW); !ok || c != 7 {
