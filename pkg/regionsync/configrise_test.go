@@ -1,6 +1,7 @@
 package regionsync
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -165,4 +166,147 @@ func BenchmarkRiseFor(b *testing.B) {
 			RiseFor(1_500_000, time.Second, time.Second, 0, Share{}, share, rises, "eu", chainKey, grown, res)
 		}
 	})
+}
+
+// TestRiseForAtItsEdges: a rise off a floor counts only when it is known
+// (above 0) and matters (within the fill time and the margin after it, or
+// the fill time unknown), and only when the floor is below the share in
+// rate or in burst, each on its own; a floor at the share in one and above
+// it in the other is no rise.
+func TestRiseForAtItsEdges(t *testing.T) {
+	grown := chainConfig(t, [3]float64{1, 2, 1}, 100, 100)
+	res, err := grown.Resolve(chainKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const est = 10_000_000
+	share := Share{Rate: 50, Burst: 50}
+	low := Share{Rate: 10, Burst: 10}
+	for _, tc := range []struct {
+		name         string
+		fill, margin time.Duration
+		riseUS       int64
+		floor        Share
+		want         Rise
+	}{
+		{"no rise known, a floor handed, the fill time unknown", 0, 0, 0, low, Rise{}},
+		{"a rise at the first microsecond, the fill time unknown", 0, 0, 1, low, Rise{RiseUS: 1, Floor: low}},
+		{"a fill time of 1 ns: only the margin after the rise", time.Nanosecond, time.Millisecond, est - 2000, low, Rise{}},
+		{"past the fill time, within the margin", time.Second, 100 * time.Millisecond, est - 1_050_000, low, Rise{RiseUS: est - 1_050_000, Floor: low}},
+		{"just before the fill time and the margin", time.Second, 100 * time.Millisecond, est - 1_099_999, low, Rise{RiseUS: est - 1_099_999, Floor: low}},
+		{"only the burst below", time.Second, 0, est - 1000, Share{Rate: 50, Burst: 10}, Rise{RiseUS: est - 1000, Floor: Share{Rate: 50, Burst: 10}}},
+		{"only the rate below", time.Second, 0, est - 1000, Share{Rate: 10, Burst: 50}, Rise{RiseUS: est - 1000, Floor: Share{Rate: 10, Burst: 50}}},
+		{"the rate at the share, the burst above", time.Second, 0, est - 1000, Share{Rate: 50, Burst: 60}, Rise{}},
+		{"the burst at the share, the rate above", time.Second, 0, est - 1000, Share{Rate: 60, Burst: 50}, Rise{}},
+	} {
+		if got := RiseFor(est, tc.fill, tc.margin, tc.riseUS, tc.floor, share, nil, "eu", chainKey, grown, res); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestConfigRiseFloorOverManyConfigs: the floor of confirmations in play
+// is the smallest share under every config of every chain before them,
+// however many (more than a chain holds, past what RiseFor keeps of each
+// config's share for the call), taken under each config's own weights; a
+// chain before a confirmation that held no config (a process started on
+// none) adds nothing.
+func TestConfigRiseFloorOverManyConfigs(t *testing.T) {
+	cfg := chainConfig(t, [3]float64{1, 10, 1}, 120, 120) // eu 100/s
+	res, err := cfg.Resolve(chainKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	share := Share{Rate: 100, Burst: 100}
+	var rises ConfigRises
+	// Four confirmations, each of a chain of five configs, eu's weight
+	// falling throughout: the last config of the last chain is the
+	// smallest share, 120·1/3 = 40.
+	for j := range MaxConfigRises {
+		var c Chain
+		for i := range 5 {
+			n := 5*j + i
+			w := 5 - 0.2*float64(n) // 5 … 1.2
+			rev := int64(n + 1)
+			cc := chainConfig(t, [3]float64{1, w, 1}, 120, 120)
+			if i == 0 {
+				c = NewChain(rev, cc)
+			} else {
+				c = c.Adopt(rev, cc)
+			}
+		}
+		rises = rises.Confirmed(c, c.Confirm(int64(5*j+5)), int64(1_000_000+j))
+	}
+	if len(rises) != MaxConfigRises {
+		t.Fatalf("%d rises remembered, want %d", len(rises), MaxConfigRises)
+	}
+	got := RiseFor(1_500_000, time.Second, 0, 0, Share{}, share, rises, "eu", chainKey, cfg, res)
+	want := 120 * 1.2 / 3.2
+	if got.RiseUS != 1_000_000+MaxConfigRises-1 || !near(got.Floor.Rate, want) || !near(got.Floor.Burst, want) {
+		t.Fatalf("rise %+v, want the latest (%d) from %v/s, burst %v", got, 1_000_000+MaxConfigRises-1, want, want)
+	}
+	// Two configs only, the larger share first: the floor is still the
+	// smaller one's.
+	big, small := chainConfig(t, [3]float64{1, 4, 1}, 120, 120), chainConfig(t, [3]float64{1, 1, 1}, 120, 120)
+	two := NewChain(1, big).Adopt(2, small).Adopt(3, cfg)
+	rises = ConfigRises{}.Confirmed(two, two.Confirm(3), 1_000_000)
+	if got := RiseFor(1_500_000, time.Second, 0, 0, Share{}, share, rises, "eu", chainKey, cfg, res); got.RiseUS != 1_000_000 || !near(got.Floor.Rate, 40) {
+		t.Fatalf("rise %+v, want at 1000000 from the smaller share 40/s", got)
+	}
+	none := NewChain(5, nil).Adopt(6, cfg)
+	rises = ConfigRises{}.Confirmed(none, none.Confirm(6), 1_000_000)
+	if len(rises) != 1 {
+		t.Fatalf("the confirmation off no config was not remembered: %+v", rises)
+	}
+	if got := RiseFor(1_500_000, time.Second, 0, 0, Share{}, share, rises, "eu", chainKey, cfg, res); got != (Rise{}) {
+		t.Fatalf("a chain of no config before the confirmation gives a rise: %+v", got)
+	}
+}
+
+// TestMayRaiseOnlyOnAConfirmationThatDropsAConfig: adopting a config
+// (the chain grows) never raises a share; a confirmation that drops one
+// may; one of the confirmed revision again does not.
+func TestMayRaiseOnlyOnAConfirmationThatDropsAConfig(t *testing.T) {
+	a, b := chainConfig(t, [3]float64{1, 1, 1}, 100, 100), chainConfig(t, [3]float64{1, 2, 1}, 100, 100)
+	c := NewChain(1, a)
+	for _, tc := range []struct {
+		name      string
+		old, next Chain
+		want      bool
+	}{
+		{"adopted", c, c.Adopt(2, b), false},
+		{"confirmed", c.Adopt(2, b), c.Adopt(2, b).Confirm(2), true},
+		{"the confirmed one again", c.Adopt(2, b), c.Adopt(2, b).Confirm(1), false},
+	} {
+		if got := MayRaise(tc.old, tc.next); got != tc.want {
+			t.Errorf("%s: may raise %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestConfigRisesKeepTheNewestFour: the documented bound
+// (docs/architecture.md, "Coming back from a floor": the last 4
+// confirmations), held after every confirmation, the oldest forgotten
+// first.
+func TestConfigRisesKeepTheNewestFour(t *testing.T) {
+	if MaxConfigRises != 4 {
+		t.Fatalf("MaxConfigRises %d, documented as 4", MaxConfigRises)
+	}
+	a, b := chainConfig(t, [3]float64{1, 1, 1}, 100, 100), chainConfig(t, [3]float64{1, 2, 1}, 100, 100)
+	c := NewChain(1, a).Adopt(2, b)
+	var rises ConfigRises
+	for i := range int64(7) {
+		rises = rises.Confirmed(c, c.Confirm(2), i+1)
+		var got []int64
+		for _, r := range rises {
+			got = append(got, r.RiseUS)
+		}
+		var want []int64
+		for us := max(1, i-2); us <= i+1; us++ {
+			want = append(want, us)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("after %d confirmations remembered %v, want %v", i+1, got, want)
+		}
+	}
 }

@@ -135,3 +135,35 @@ func TestDrainLiftedOnlyWhenNoConfigDrainsAnyMore(t *testing.T) {
 		t.Fatalf("us's share %v before the lift, %v after; want it to rise", before, after)
 	}
 }
+
+// TestKeyRiseAtItsEdges: no rise known is 0 for every key, whatever the
+// maps; a single shard's rise is that shard's; a key whose owners never
+// rose is 0, not the latest rise of some other shard; and a lease held
+// until the first microsecond still counts as held for CameBack.
+func TestKeyRiseAtItsEdges(t *testing.T) {
+	m2, _ := shard.New(2)
+	k := quota.Key{Tenant: "acme", Class: "write"}
+	k1 := k // a key of shard 1 under m2
+	for i := 0; m2.Of(k1) != 1; i++ {
+		k1 = quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "write"}
+	}
+	for _, tc := range []struct {
+		name  string
+		maps  []shard.Map
+		rises ShardRises
+		want  int64
+	}{
+		{"no rise known, no map", nil, nil, 0},
+		{"no rise known, under a map", []shard.Map{m2}, ShardRises{}, 0},
+		{"one shard, no map", nil, ShardRises{70}, 70},
+		{"one shard known, the key's owner past it", []shard.Map{m2}, ShardRises{70}, 0},
+		{"its owner never rose, another did", []shard.Map{m2}, ShardRises{70, 0}, 0},
+	} {
+		if got := KeyRise(k1, tc.maps, tc.rises); got != tc.want {
+			t.Errorf("%s: rise %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	if !CameBack(StaticLease{UntilUS: 1}, StaticLease{UntilUS: 10_000_000}, 5_000_000, time.Second) {
+		t.Error("a lease that ended at 1 µs, a validity before the estimate, did not come back")
+	}
+}
