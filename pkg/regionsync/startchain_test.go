@@ -89,3 +89,22 @@ func TestStartChain(t *testing.T) {
 		t.Fatalf("without revision 15 eu runs %v/s: the case above proves nothing", rate(c, "eu"))
 	}
 }
+
+// TestStartChainSkipsHistoryWithoutAConfigAndTheLiveRevision: a revision
+// of the history that carries no config (nothing to run, nothing any
+// region ran there) bounds nothing, and the history's copy of the live
+// revision is not adopted in place of the live config: the chain is the
+// confirmed config and the live one, running the live config itself.
+func TestStartChainSkipsHistoryWithoutAConfigAndTheLiveRevision(t *testing.T) {
+	old := chainConfig(t, [3]float64{1, 1, 2}, 100, 100)   // eu 25/s
+	grown := chainConfig(t, [3]float64{1, 2, 1}, 100, 100) // eu 50/s
+	stale := chainConfig(t, [3]float64{1, 2, 1}, 100, 100) // revision 20 read back: another copy
+	c := StartChain([]Revision{{10, old}, {15, nil}, {20, stale}}, Revision{20, grown})
+	if c.Len() != 2 || c.Confirmed() != 10 || c.Current().Rev != 20 || c.Current().Cfg != grown {
+		t.Fatalf("chain of %d configs confirmed at %d running %+v, want 2 confirmed at 10 running the live config of 20",
+			c.Len(), c.Confirmed(), c.Current())
+	}
+	if r, _ := share(t, c, "eu"); r < 24.999 || r > 25.001 {
+		t.Fatalf("eu runs %v/s, want 25 (a revision without a config counts for nothing)", r)
+	}
+}
