@@ -588,3 +588,13 @@ func TestUnheldIsWhatReserveWouldTakeAndLacks(t *testing.T) {
 		t.Fatalf("unheld %v once 40 is confirmed, want [40] (15 and 20 are older)", got)
 	}
 }
+
+// TestUnheldFromTheFirstEtcdRevision: every etcd revision (from 1) of a
+// report that is not held is listed; 0, a static config, never is.
+func TestUnheldFromTheFirstEtcdRevision(t *testing.T) {
+	conf := NewConfirmations()
+	conf.Observe("eu", []int64{0, 1, 2})
+	if got := conf.Unheld(map[int64]*config.Config{2: chainConfig(t, [3]float64{1, 1, 1}, 100, 100)}, "eu"); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("unheld %v, want [1]", got)
+	}
+}
