@@ -3,7 +3,6 @@ package regional_test
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/configstore"
-	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
@@ -42,31 +40,14 @@ func TestDaemonReadsItsRegionsHistoryLate(t *testing.T) {
 			}
 			rs := redistest.Start(t)
 			rdb := rs.Client()
-			now, err := rdb.Time(ctx).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := rdb.Set(ctx, luascripts.DefaultPrefix+"confirmed", revA, 0).Err(); err != nil {
-				t.Fatal(err)
-			}
-			lease := strconv.FormatInt(now.Add(time.Hour).UnixMicro(), 10)
-			if err := rdb.Set(ctx, luascripts.DefaultPrefix+"{static}:lease", lease, 0).Err(); err != nil {
-				t.Fatal(err)
-			}
+			seedConfirmedUnderStaticLease(ctx, t, rdb, revA)
 
 			logs := &logtest.Buffer{}
 			logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			// The watcher, and so the history read, reaches etcd through
 			// a link of its own, which the etcd case hangs.
 			link := etcd.Link(t)
-			w := configstore.NewWatcher(configstore.NewStore(link.Client(t), "/dl"), nil, logger, nil)
-			wctx, stopWatch := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); _ = w.Run(wctx) }()
-			defer func() { stopWatch(); <-done }()
-			if rev, err := configstore.AwaitEtcdConfig(ctx, store, nil, w, logger); err != nil || rev != revB {
-				t.Fatalf("awaiting etcd's config: revision %d, %v; want B = %d", rev, err, revB)
-			}
+			w := watchUntil(ctx, t, configstore.NewStore(link.Client(t), "/dl"), store, revB, logger)
 
 			const redisTimeout = 200 * time.Millisecond
 			startCtx := ctx

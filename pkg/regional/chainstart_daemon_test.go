@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -47,28 +49,11 @@ func TestDaemonStartsFromItsRegionsHistory(t *testing.T) {
 			}
 			rs := redistest.Start(t)
 			rdb := rs.Client()
-			now, err := rdb.Time(ctx).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := rdb.Set(ctx, luascripts.DefaultPrefix+"confirmed", revA, 0).Err(); err != nil {
-				t.Fatal(err)
-			}
-			lease := strconv.FormatInt(now.Add(time.Hour).UnixMicro(), 10)
-			if err := rdb.Set(ctx, luascripts.DefaultPrefix+"{static}:lease", lease, 0).Err(); err != nil {
-				t.Fatal(err)
-			}
+			seedConfirmedUnderStaticLease(ctx, t, rdb, revA)
 
 			logs := &logtest.Buffer{}
 			logger := slog.New(slog.NewTextHandler(logs, nil))
-			w := configstore.NewWatcher(configstore.NewStore(cli, "/ds"), nil, logger, nil)
-			wctx, stopWatch := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); _ = w.Run(wctx) }()
-			defer func() { stopWatch(); <-done }()
-			if rev, err := configstore.AwaitEtcdConfig(ctx, store, nil, w, logger); err != nil || rev != revB {
-				t.Fatalf("awaiting etcd's config: revision %d, %v; want B = %d", rev, err, revB)
-			}
+			w := watchUntil(ctx, t, configstore.NewStore(cli, "/ds"), store, revB, logger)
 			d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
 				Region: "eu", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RedisAddr: rs.Addr(),
 				Config: w, ColdStart: regional.ColdStartFull, Logger: logger,
@@ -108,4 +93,37 @@ func TestDaemonStartsFromItsRegionsHistory(t *testing.T) {
 			}
 		})
 	}
+}
+
+// seedConfirmedUnderStaticLease stores in a region's Redis what its leader
+// would have: rev as the revision last confirmed to the region, and a
+// static lease an hour ahead on Redis's clock.
+func seedConfirmedUnderStaticLease(ctx context.Context, t *testing.T, rdb *redis.Client, rev int64) {
+	t.Helper()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, luascripts.DefaultPrefix+"confirmed", rev, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lease := strconv.FormatInt(now.Add(time.Hour).UnixMicro(), 10)
+	if err := rdb.Set(ctx, luascripts.DefaultPrefix+"{static}:lease", lease, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// watchUntil runs a config watcher on watched until the test ends and
+// waits until it holds revision want of store.
+func watchUntil(ctx context.Context, t *testing.T, watched, store *configstore.Store, want int64, logger *slog.Logger) *configstore.Watcher {
+	t.Helper()
+	w := configstore.NewWatcher(watched, nil, logger, nil)
+	wctx, stopWatch := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(wctx) }()
+	t.Cleanup(func() { stopWatch(); <-done })
+	if rev, err := configstore.AwaitEtcdConfig(ctx, store, nil, w, logger); err != nil || rev != want {
+		t.Fatalf("awaiting etcd's config: revision %d, %v; want %d", rev, err, want)
+	}
+	return w
 }
