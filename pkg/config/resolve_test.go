@@ -120,10 +120,32 @@ func TestStaticShare(t *testing.T) {
 		{"eu-west", math.NaN(), 1, "rate NaN must be"},
 		{"eu-west", 1, math.NaN(), "burst NaN must be"},
 		{"eu-west", 1, math.Inf(1), "burst +Inf must be"},
+		{"eu-west", math.Inf(1), 1, "rate +Inf must be"},
+		{"eu-west", math.Inf(-1), 1, "rate -Inf must be"},
+		{"eu-west", 1, math.Inf(-1), "burst -Inf must be"},
 	} {
 		if _, _, err := c.StaticShare(bad.region, bad.rate, bad.burst); err == nil ||
 			!errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("StaticShare(%q, %v, %v) error = %v, want %q", bad.region, bad.rate, bad.burst, err, bad.want)
+		}
+	}
+}
+
+// TestSharesOfAnUnknownRegionAreNothing: a region the config does not
+// name has no share, so a caller that acts on the values despite the error
+// runs on nothing rather than on a made-up share.
+func TestSharesOfAnUnknownRegionAreNothing(t *testing.T) {
+	c := Default()
+	res, err := c.Resolve(quota.Key{Tenant: "acme", Class: "read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]func(string, Resolved) (float64, float64, error){
+		"StaticShareOf": c.StaticShareOf, "FloorOf": c.FloorOf,
+	} {
+		rate, burst, err := f("mars", res)
+		if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), `region "mars" is not configured`) || rate != 0 || burst != 0 {
+			t.Errorf("%s(mars) = %v, %v, %v; want 0, 0 and an error naming the region", name, rate, burst, err)
 		}
 	}
 }

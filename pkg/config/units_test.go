@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	"pgregory.net/rapid"
 )
 
@@ -99,7 +100,7 @@ func TestRateStringParsesBackExactly(t *testing.T) {
 }
 
 func TestRateMarshalRefusesNonFinite(t *testing.T) {
-	for _, r := range []Rate{Rate(math.Inf(1)), Rate(math.NaN())} {
+	for _, r := range []Rate{Rate(math.Inf(1)), Rate(math.Inf(-1)), Rate(math.NaN())} {
 		if _, err := r.MarshalYAML(); err == nil {
 			t.Errorf("MarshalYAML(%v) succeeded", float64(r))
 		}
@@ -140,6 +141,33 @@ func TestDurationSyntaxIsTheFormParseDurationReads(t *testing.T) {
 	for _, s := range []string{"9999999999h", "-9999999999h", "+9999999999h", "1h9999999999h", "9999999999.5h", "99999999999999999999ns"} {
 		if _, err := time.ParseDuration(s); err == nil || !DurationSyntax(s) {
 			t.Errorf("%q: ParseDuration error %v, DurationSyntax %v; want refused as out of range", s, err, DurationSyntax(s))
+		}
+	}
+}
+
+// TestDurationUnmarshalEdges pins the positive-duration rule at its edge:
+// the smallest positive duration, 1ns, is read as written (Validate then
+// judges it against the minimums with its field path), and 0 is refused
+// here so a written zero is never replaced by a default.
+func TestDurationUnmarshalEdges(t *testing.T) {
+	cases := []struct {
+		in      string
+		want    Duration
+		wantErr string
+	}{
+		{"1ns", 1, ""},
+		{"2ns", 2, ""},
+		{"0s", 0, `duration "0s" must be positive`},
+		{"-1ns", 0, `duration "-1ns" must be positive`},
+	}
+	for _, tc := range cases {
+		var d Duration
+		err := yaml.Unmarshal([]byte(tc.in), &d)
+		switch {
+		case tc.wantErr == "" && (err != nil || d != tc.want):
+			t.Errorf("%q: got %v, %v; want %v", tc.in, time.Duration(d), err, time.Duration(tc.want))
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%q: got %v, %v; want an error containing %q", tc.in, time.Duration(d), err, tc.wantErr)
 		}
 	}
 }
