@@ -26,7 +26,7 @@ type StateResult struct {
 }
 
 // StateMany runs state.lua for many keys, in calls of up to BatchKeys
-// keys of one hash slot (batch.lua), all in one pipeline. Each key's
+// keys of one hash slot (batch.lua), in pipelines (RunQueued). Each key's
 // reply and writes are exactly those of State for it alone, in order.
 func (s *Scripts) StateMany(ctx context.Context, c interface {
 	redis.Cmdable
@@ -92,7 +92,7 @@ func (s *Scripts) SetRateMany(ctx context.Context, c interface {
 
 // runMany groups the n keys (key i is keyOf(i)) by born sentinel (one per
 // hash slot on a cluster, one per Redis otherwise) into calls of sc of up
-// to BatchKeys keys, runs them in one pipeline and hands each key's reply
+// to BatchKeys keys, runs them in pipelines (RunQueued) and hands each key's reply
 // (or error) to done.
 func (s *Scripts) runMany(ctx context.Context, c interface {
 	redis.Cmdable

@@ -2,6 +2,9 @@ package luascripts
 
 import (
 	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -117,31 +120,99 @@ func parseSetRate(res []any) (SetRateReply, error) {
 	return sr, p.err(7)
 }
 
-// RunQueued runs calls in one pipeline and reruns those that met NOSCRIPT.
-// A transport error shows up in every call's Cmd.
+// PipelineCalls is the most script calls one pipeline carries. The Redis
+// client's read and write timeouts bound one pipeline's round trip, not
+// one call's, so a pipeline as long as a request allows (a Sync of 1000
+// reports, the 16384 born sentinels of a cluster) missed a timeout sized
+// for a hung Redis on a slow but healthy machine: its write or read alone
+// took longer. A pipeline of this many calls is what the regional
+// service's batcher sends for concurrent requests, the size the timeout is
+// chosen for.
+const PipelineCalls = 64
+
+// pipelinesInFlight bounds how many of one request's pipelines run at
+// once: a long request costs about one round trip of its pipelines
+// side by side, as its single pipeline did, without taking every
+// connection of the client's pool.
+const pipelinesInFlight = 4
+
+// RunQueued runs calls in pipelines of at most PipelineCalls calls, up to
+// pipelinesInFlight at once, and reruns those that met NOSCRIPT. A
+// transport error shows up in every call of its pipeline, and in every
+// call of the pipelines not yet sent then: a Redis that does not answer
+// costs one timeout, not one per pipeline.
 func RunQueued(ctx context.Context, c interface {
 	redis.Cmdable
 	redis.Scripter
 }, add func(p redis.Pipeliner) []*Queued) []*Queued {
-	var qs []*Queued
-	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		qs = add(p)
-		return nil
-	})
-	if err != nil {
-		// A pipeline that failed before any reply (the connection's
-		// AUTH refused) leaves its calls with neither a reply nor an
-		// error: give them the pipeline's, not "unexpected type=<nil>".
-		for _, q := range qs {
-			if q.Cmd.Err() == nil && q.Cmd.Val() == nil {
-				q.Cmd.SetErr(err)
+	// The calls are built on a pipeline that is never run, then sent in
+	// pipelines of their own.
+	build := c.Pipeline()
+	qs := add(build)
+	build.Discard()
+	chunks := (len(qs) + PipelineCalls - 1) / PipelineCalls
+	var (
+		next   atomic.Int64
+		failed atomic.Pointer[error]
+		wg     sync.WaitGroup
+	)
+	for range min(chunks, pipelinesInFlight) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= chunks {
+					return
+				}
+				chunk := qs[i*PipelineCalls : min(len(qs), (i+1)*PipelineCalls)]
+				if errp := failed.Load(); errp != nil {
+					for _, q := range chunk {
+						q.Cmd.SetErr(*errp)
+					}
+					continue
+				}
+				if err := runPipeline(ctx, c, chunk); err != nil {
+					failed.CompareAndSwap(nil, &err)
+				}
 			}
-		}
+		})
 	}
+	wg.Wait()
 	for _, q := range qs {
 		if q.NoScript() {
 			q.Rerun(ctx, c)
 		}
 	}
 	return qs
+}
+
+// runPipeline sends chunk's calls in one pipeline; it returns the
+// pipeline's error when no call got a reply of Redis's own (the
+// connection failed or timed out), nil otherwise.
+func runPipeline(ctx context.Context, c redis.Cmdable, chunk []*Queued) error {
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, q := range chunk {
+			_ = p.Process(ctx, q.Cmd) // queues it: a pipeline's Process never fails
+		}
+		return nil
+	})
+	if err == nil {
+		return nil
+	}
+	transport := true
+	for _, q := range chunk {
+		// A pipeline that failed before any reply (the connection's
+		// AUTH refused) leaves its calls with neither a reply nor an
+		// error: give them the pipeline's, not "unexpected type=<nil>".
+		if q.Cmd.Err() == nil && q.Cmd.Val() == nil {
+			q.Cmd.SetErr(err)
+		}
+		var re redis.Error
+		if q.Cmd.Err() == nil || errors.As(q.Cmd.Err(), &re) {
+			transport = false // Redis answered this call
+		}
+	}
+	if transport {
+		return err
+	}
+	return nil
 }

@@ -576,8 +576,8 @@ type SyncResult struct {
 	Err   error
 }
 
-// SyncMany runs sync.lua for many keys in one pipeline (one round trip
-// per node). Keys may live on different cluster slots: each is its own
+// SyncMany runs sync.lua for many keys in pipelines (RunQueued: about
+// one round trip per node). Keys may live on different cluster slots: each is its own
 // script call. A call that met NOSCRIPT (script cache flushed, e.g. by a
 // restart) is run again on its own with EVAL fallback; other per-key
 // errors are returned per key.
@@ -621,7 +621,7 @@ func parseRelease(res []any) (ReleaseReply, error) {
 	return rr, p.err(5)
 }
 
-// ReleaseMany runs release.lua for many keys in one pipeline (one round
+// ReleaseMany runs release.lua for many keys in pipelines (about one round
 // trip per node), as SyncMany does sync.lua; results are per key.
 func (s *Scripts) ReleaseMany(ctx context.Context, c interface {
 	redis.Cmdable
