@@ -58,7 +58,9 @@ func ParseColdStart(s string) (ColdStart, error) {
 // its first look: buckets start full), it stamps them again on the Redis
 // clock whenever it finds one missing or changed (so keys first used long
 // after a loss are not held to a late birth), and it counts and logs the
-// losses it notices.
+// losses it notices. A first look that did not answer at start is made
+// again before the first call's scripts run (Server.lookFirst) and at
+// every epoch, until it answers.
 //
 // A data set that goes back in time (restored from an older snapshot, a
 // replica promoted while it lagged) keeps its sentinel. The guard holds
@@ -215,7 +217,7 @@ func (g *RestartGuard) checkCluster(ctx context.Context, c *redis.ClusterClient)
 func (g *RestartGuard) stamp(ctx context.Context, c Redis, keys []string) error {
 	first := !g.seen.Load()
 	full := first && g.mode == ColdStartFull
-	bs, err := g.scripts.StampBorn(ctx, c, keys, full)
+	bs, err := g.stampBorn(ctx, c, keys, full)
 	if err != nil {
 		return err
 	}
@@ -249,4 +251,56 @@ func (g *RestartGuard) stamp(ctx context.Context, c Redis, keys []string) error 
 			"sentinel", keys[0], "born_us", bs[0].BornUS)
 	}
 	return nil
+}
+
+// stampBorn stamps keys' missing sentinels, as trusted to start full
+// (0) when full, but never one of a data set a script call of this
+// process already answered from: a first look retried after it failed
+// (at the next epoch, or lazily before a call, Server.lookFirst) may come
+// after calls that wrote the sentinel, and that data set may have been
+// lost since with leases the process issued still out. Such a data set is
+// dated on the Redis clock, as one lost while the process runs.
+func (g *RestartGuard) stampBorn(ctx context.Context, c Redis, keys []string, full bool) ([]luascripts.Born, error) {
+	if !full {
+		return g.scripts.StampBorn(ctx, c, keys, false)
+	}
+	var trusted, used []string
+	var usedAt []int
+	for i, k := range keys {
+		if g.gens.Seen(k) != 0 {
+			used = append(used, k)
+			usedAt = append(usedAt, i)
+			continue
+		}
+		trusted = append(trusted, k)
+	}
+	if len(used) == 0 {
+		return g.scripts.StampBorn(ctx, c, keys, true)
+	}
+	tb, err := g.scripts.StampBorn(ctx, c, trusted, true)
+	if err != nil {
+		return nil, err
+	}
+	ub, err := g.scripts.StampBorn(ctx, c, used, false)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]luascripts.Born, len(keys))
+	ti, ui := 0, 0
+	for i := range keys {
+		if ui < len(usedAt) && usedAt[ui] == i {
+			out[i] = ub[ui]
+			ui++
+			continue
+		}
+		out[i] = tb[ti]
+		ti++
+	}
+	return out, nil
+}
+
+// Looked reports whether the guard has made its first look at Redis
+// (stamped or read every sentinel once); true on a nil guard.
+func (g *RestartGuard) Looked() bool {
+	return g == nil || g.seen.Load()
 }

@@ -132,6 +132,10 @@ type Server struct {
 	// so a Redis outage is logged once, not every epoch. Owned by Run's
 	// goroutine.
 	sentinelFailing bool
+	// looking is closed when the first look in flight (lookFirst) ends;
+	// nil when none is. Guarded by lookMu.
+	lookMu  sync.Mutex
+	looking chan struct{}
 }
 
 // New validates opts and returns a Server.
@@ -436,6 +440,7 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 		return nil, toStatus(err)
 	}
 	rep := toReport(req.GetInstanceId(), req.GetIncarnation(), r, p.res.Class.Mode == config.ModeStrict)
+	s.lookFirst(ctx)
 	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
 		return s.scripts.QueueAcquire(ctx, pipe, p.keys, p.common, rep)
 	})
@@ -454,8 +459,9 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	return &sluicev1.AcquireResponse{Grant: s.grant(p, r.GetSeq(), lr)}, nil
 }
 
-// Sync implements LeaseService.Sync: every key of one instance in one
-// Redis round trip (a pipeline of script calls).
+// Sync implements LeaseService.Sync: every key of one instance in about
+// one Redis round trip (pipelines of script calls side by side,
+// luascripts.RunQueued).
 func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *sluicev1.SyncResponse, err error) {
 	defer s.observe("Sync", time.Now(), &err)
 	start := time.Now()
@@ -475,6 +481,7 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 		items[i] = luascripts.SyncItem{Keys: p.keys, Common: p.common, Report: rep}
 	}
 	if len(items) > 0 {
+		s.lookFirst(ctx)
 		results := s.scripts.SyncMany(ctx, s.opts.Redis, items)
 		var err error
 		for _, r := range results {
@@ -568,6 +575,7 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 	var total int64
 	var conflicts []string
 	if len(items) > 0 {
+		s.lookFirst(ctx)
 		results := s.scripts.ReleaseMany(ctx, s.opts.Redis, items)
 		var err error
 		for _, r := range results {
@@ -612,6 +620,7 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 		return nil, toStatus(fmt.Errorf("%w: cost %d exceeds the burst %d of %s: it could never be admitted",
 			quota.ErrInvalid, cost, p.res.Limit.Burst, p.key))
 	}
+	s.lookFirst(ctx)
 	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
 		return s.scripts.QueueCheck(ctx, pipe, p.keys, p.common, cost)
 	})
@@ -714,6 +723,50 @@ func toStatus(err error) error {
 
 // Close stops the server's Redis batching workers. In-flight calls finish.
 func (s *Server) Close() { s.batch.close() }
+
+// lookFirst makes the restart guard's first look at Redis before a call's
+// scripts run, when the look at start did not answer (a Redis, or a
+// machine, too slow for the stamp's timeout). Until it is made, the first
+// call on a data set with no sentinel writes one dated now and its buckets
+// start empty: right for a data set lost while the process runs, but under
+// -cold-start full the process has then not had its first look, and held a
+// fresh deployment's first keys empty for one restart wait
+// (docs/architecture.md, "Redis (or one Redis Cluster node) restarts
+// empty"). One look is in flight at a time, bounded by RedisTimeout; a
+// caller waits for it at most until its own context ends, and a look that
+// fails leaves the calls to the conservative dating of the scripts.
+func (s *Server) lookFirst(ctx context.Context) {
+	g := s.opts.Guard
+	if g.Looked() {
+		return
+	}
+	s.lookMu.Lock()
+	if done := s.looking; done != nil {
+		s.lookMu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return
+	}
+	done := make(chan struct{})
+	s.looking = done
+	s.lookMu.Unlock()
+	defer func() {
+		s.lookMu.Lock()
+		s.looking = nil
+		s.lookMu.Unlock()
+		close(done)
+	}()
+	lctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
+	defer cancel()
+	start := time.Now()
+	err := g.Check(lctx, s.opts.Redis)
+	s.observeOwn(ctx, "sentinel", start, err)
+	if err != nil {
+		s.log.Debug("restart sentinel first look failed before a call", "err", ExplainRedisErr(err))
+	}
+}
 
 // Run does the replica's background work until ctx ends: every interval
 // it forgets the keys it no longer serves (its in-memory index, for its
