@@ -82,6 +82,21 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// waitForSyncs polls cond until it holds, for as long as the client
+// whose metrics reg holds has answered at most n more Syncs: a deadline in
+// the client's own refreshes, of which a starved machine runs fewer a
+// second than an idle one.
+func waitForSyncs(t *testing.T, what string, reg *prometheus.Registry, n uint64, cond func() bool) {
+	t.Helper()
+	limit := rpcCalls(t, reg, "Sync") + n
+	for !cond() {
+		if rpcCalls(t, reg, "Sync") > limit {
+			t.Fatalf("timed out waiting for %s: not within %d of the client's Syncs", what, n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling, with a deadline in the client's refreshes
+	}
+}
+
 func newClient(t *testing.T, e env, mod ...func(*lease.Options)) (*lease.Client, *prometheus.Registry, *logtest.Buffer) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
