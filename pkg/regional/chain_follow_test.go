@@ -19,19 +19,7 @@ import (
 // epoch and applies it to its chain: the configs older than it are
 // dropped, the later ones kept, and a later confirmation moves it on.
 func TestReplicaAppliesTheStoredConfirmedRevision(t *testing.T) {
-	parse := func(eu int) *config.Config {
-		c, err := config.Parse(fmt.Appendf(nil, `
-epoch: 50ms
-regions: {eu: {weight: %d}, us: {weight: 1}}
-classes: {write: {mode: lease}}
-tiers: {free: {write: {rate: 100/s, burst: 100}}}
-default_tier: free
-`, eu))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	parse := func(eu int) *config.Config { return euWeighted(t, "epoch: 50ms", eu) }
 	src := configtest.NewSource(parse(1), 10)
 	rdb := redistest.Start(t).Client()
 	s, err := New(Options{Region: "eu", Redis: rdb, Config: src, Logger: slog.New(slog.DiscardHandler)})
@@ -132,4 +120,20 @@ default_tier: free
 	if err != nil || rate != wantRate || burst != wantBurst {
 		t.Fatalf("first request's share %v/s, burst %v (%v); want the raised config's %v/s, burst %v", rate, burst, err, wantRate, wantBurst)
 	}
+}
+
+// euWeighted is a config of regions eu (weight eu) and us (weight 1)
+// sharing one class at 100/s, burst 100, with extra (YAML lines) on top.
+func euWeighted(t *testing.T, extra string, eu int) *config.Config {
+	t.Helper()
+	c, err := config.Parse(fmt.Appendf(nil, `%s
+regions: {eu: {weight: %d}, us: {weight: 1}}
+classes: {write: {mode: lease}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`, extra, eu))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

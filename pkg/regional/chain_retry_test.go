@@ -87,18 +87,7 @@ func TestRetryBackoffWaitsDoublingUpToItsBound(t *testing.T) {
 // does not end it, and a late read once the chain moved on changes
 // nothing.
 func TestStartedUnconfirmedEndsWithAConfirmation(t *testing.T) {
-	parse := func(eu int) *config.Config {
-		c, err := config.Parse(fmt.Appendf(nil, `
-regions: {eu: {weight: %d}, us: {weight: 1}}
-classes: {write: {mode: lease}}
-tiers: {free: {write: {rate: 100/s, burst: 100}}}
-default_tier: free
-`, eu))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	parse := func(eu int) *config.Config { return euWeighted(t, "", eu) }
 	rdb := redistest.Start(t).Client()
 	ctx := t.Context()
 	for _, end := range []string{"confirmed itself", "a later one confirmed", "stored as confirmed"} {
