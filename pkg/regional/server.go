@@ -735,9 +735,13 @@ func (s *Server) Close() { s.batch.close() }
 // empty"). One look is in flight at a time, bounded by RedisTimeout; a
 // caller waits for it at most until its own context ends, and a look that
 // fails leaves the calls to the conservative dating of the scripts.
+// Under the default cold start a first look dates a missing sentinel now,
+// as the scripts do: nothing is won by waiting for it, and while Redis
+// does not answer each call would wait twice, so only -cold-start full
+// looks first.
 func (s *Server) lookFirst(ctx context.Context) {
 	g := s.opts.Guard
-	if g.Looked() {
+	if g.Looked() || g.mode != ColdStartFull {
 		return
 	}
 	s.lookMu.Lock()
