@@ -2,6 +2,7 @@ package regional_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -80,6 +81,16 @@ func TestDaemonReadsItsRegionsHistoryLate(t *testing.T) {
 				}
 				return c.StaticRate
 			}
+			// poll waits for cond until deadline, then fails with why().
+			poll := func(deadline time.Time, cond func() bool, why func() string) {
+				t.Helper()
+				for !cond() {
+					if time.Now().After(deadline) {
+						t.Fatal(why())
+					}
+					time.Sleep(20 * time.Millisecond) // polling with a deadline from the test's bounds
+				}
+			}
 			onStatic := func() bool { return strings.Contains(scrape(t, d), "sluice_regional_on_floor 0") }
 
 			m := scrape(t, d)
@@ -100,12 +111,8 @@ func TestDaemonReadsItsRegionsHistoryLate(t *testing.T) {
 				rs.Resume()
 			case "etcd":
 				// Redis answers: the daemon runs B's share, unconfirmed.
-				for !onStatic() {
-					if ctx.Err() != nil {
-						t.Fatalf("the daemon never read its static lease:\n%s", logs)
-					}
-					time.Sleep(20 * time.Millisecond) // polling the first reading with a deadline
-				}
+				deadline, _ := ctx.Deadline()
+				poll(deadline, onStatic, func() string { return "the daemon never read its static lease:\n" + logs.String() })
 				if r := staticRate(); !near(r, 75) {
 					t.Errorf("eu's static rate before etcd answers %v, want B's 75", r)
 				}
@@ -116,13 +123,9 @@ func TestDaemonReadsItsRegionsHistoryLate(t *testing.T) {
 			// component answers, and takes at most one bounded etcd read.
 			epoch := time.Duration(w.Current().Epoch)
 			deadline := time.Now().Add(time.Duration(regional.ResumeRetryMaxEpochsForTest+1)*epoch + 10*time.Second)
-			for !onStatic() || !near(staticRate(), 50) {
-				if time.Now().After(deadline) {
-					t.Fatalf("eu's static rate %v once %s answered; want A's 50 once it reads its region's history:\n%s",
-						staticRate(), down, logs)
-				}
-				time.Sleep(20 * time.Millisecond) // polling the late read with a deadline from the retry interval
-			}
+			poll(deadline, func() bool { return onStatic() && near(staticRate(), 50) }, func() string {
+				return fmt.Sprintf("eu's static rate %v once %s answered; want A's 50 once it reads its region's history:\n%s", staticRate(), down, logs)
+			})
 			m = scrape(t, d)
 			for _, want := range []string{
 				"sluice_regional_chain_started_unconfirmed_total 1",
