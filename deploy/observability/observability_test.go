@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/endpoint"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -280,13 +281,14 @@ func (c *catalog) harvest(r *recorder) error {
 }
 
 // gathered adds the families a registry holds samples for.
-func (c *catalog) gathered(source string, g prometheus.Gatherer) error {
+// gathered adds the families g gathers whose names start with prefix.
+func (c *catalog) gathered(source, prefix string, g prometheus.Gatherer) error {
 	mfs, err := g.Gather()
 	if err != nil {
 		return fmt.Errorf("%s: gather: %w", source, err)
 	}
 	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), "sluice_") {
+		if !strings.HasPrefix(mf.GetName(), prefix) {
 			continue
 		}
 		kind := strings.ToLower(mf.GetType().String())
@@ -364,6 +366,19 @@ func buildCatalog(t *testing.T) (*catalog, error) {
 	envoyRec := &recorder{source: "pkg/envoyrls"}
 	if _, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: cfg}, Registerer: envoyRec, Logger: quiet}); err != nil {
 		return nil, fmt.Errorf("envoyrls.New: %w", err)
+	}
+
+	// Every daemon's endpoint (internal/endpoint) adds the Go runtime's
+	// and the process's standard families to its registry, which alerts
+	// read too (process_start_time_seconds tells a restart apart).
+	epReg := prometheus.NewRegistry()
+	ep, err := endpoint.Listen(endpoint.Options{Name: "metrics-catalog", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Registry: epReg, Logger: quiet})
+	if err != nil {
+		return nil, fmt.Errorf("endpoint.Listen: %w", err)
+	}
+	ep.Close()
+	if err := cat.gathered("internal/endpoint", "", epReg); err != nil {
+		return nil, err
 	}
 
 	for _, r := range []*recorder{regRec, leaseRec, cfgRec, envoyRec} {
@@ -450,7 +465,7 @@ func allocatorFamilies(t *testing.T, cat *catalog, cfg *config.Config, logger *s
 	if err != nil {
 		return fmt.Errorf("allocator Sync: %w", err)
 	}
-	return cat.gathered("pkg/allocator", reg)
+	return cat.gathered("pkg/allocator", "sluice_", reg)
 }
 
 // ---------------------------------------------------------------------------
