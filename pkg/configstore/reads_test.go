@@ -1,20 +1,29 @@
 package configstore
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
 // TestStoreReadsMoreTenantsThanOneRangeRead: with more tenant keys than
 // one etcd range read returns (readPage), Get, ListTenants and a watcher
 // read every one of them, once.
+//
+// The test makes about 160 etcd requests, so no bound on the whole of it
+// holds on a starved machine: each request is bounded instead, the
+// store's by its own request timeout, as a deployment bounds them.
 func TestStoreReadsMoreTenantsThanOneRangeRead(t *testing.T) {
-	cli, store, ctx := newStore(t)
+	cli := etcdtest.Start(t).Client(t)
+	store := NewStore(cli, "")
+	store.SetRequestTimeout(waitFor)
+	ctx := t.Context()
 	if _, err := store.Apply(ctx, config.Default(), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +32,9 @@ func TestStoreReadsMoreTenantsThanOneRangeRead(t *testing.T) {
 	const extra = readPage + 1
 	var ops []clientv3.Op
 	flush := func() {
-		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		tctx, cancel := context.WithTimeout(ctx, waitFor)
+		defer cancel()
+		if _, err := cli.Txn(tctx).Then(ops...).Commit(); err != nil {
 			t.Fatal(err)
 		}
 		ops = ops[:0]
@@ -34,7 +45,9 @@ func TestStoreReadsMoreTenantsThanOneRangeRead(t *testing.T) {
 			flush()
 		}
 	}
-	doc, err := cli.Get(ctx, store.Key())
+	gctx, cancel := context.WithTimeout(ctx, waitFor)
+	doc, err := cli.Get(gctx, store.Key())
+	cancel()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +77,9 @@ func TestStoreReadsMoreTenantsThanOneRangeRead(t *testing.T) {
 			listRev, rev, listed, extra, out, bad, err)
 	}
 	rw := startWatcher(t, store, nil)
+	// The watcher reads the document and two pages of tenants, each
+	// bounded by the store's request timeout.
+	rw.patience = 3 * waitFor
 	if live := rw.awaitRevision(t, rev); len(live.Tenants) != extra+1 {
 		t.Fatalf("watcher runs %d tenants, want %d", len(live.Tenants), extra+1)
 	}
