@@ -23,32 +23,8 @@ import (
 // bucket started empty for a restart wait (granted 0), as for a Redis
 // lost while the process runs.
 func TestColdStartFullFirstLookThatTimedOutIsMadeBeforeTheFirstCall(t *testing.T) {
-	rs := redistest.Start(t)
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { rdb.Close() })
-	admin := rs.Client()
-	t.Cleanup(func() { admin.Close() })
-	if err := rdb.Ping(ctx).Err(); err != nil { // connected before the pause
-		t.Fatal(err)
-	}
-
-	g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartFull, nil)
-	// The fault: Redis holds every write (a script call is one) for
-	// longer than the client waits, then answers again.
-	if err := admin.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
-		t.Fatalf("CLIENT PAUSE: %v", err)
-	}
-	err := g.Check(ctx, rdb)
-	if uerr := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); uerr != nil {
-		t.Fatalf("CLIENT UNPAUSE: %v", uerr)
-	}
-	if err == nil {
-		t.Fatal("the look at start answered through a Redis holding writes; the fault was not injected")
-	}
-	if n, err := admin.Exists(ctx, luascripts.DefaultPrefix+"born").Result(); err != nil || n != 0 {
-		t.Fatalf("sentinel after the look that timed out: exists %d, %v; want missing", n, err)
-	}
+	rs, rdb, admin, g := firstLookTimedOut(t)
 
 	reg := regiontest.StartOn(t, rs, regiontest.MustConfig(t, oneRegion), "local", func(o *regional.Options) {
 		o.Guard, o.Redis = g, rdb
@@ -67,4 +43,41 @@ func TestColdStartFullFirstLookThatTimedOutIsMadeBeforeTheFirstCall(t *testing.T
 	if !g.Looked() {
 		t.Fatal("the guard has not made its first look after the first call")
 	}
+}
+
+// firstLookTimedOut starts a redis-server and a -cold-start full restart
+// guard whose look at start timed out: Redis held every write (a script
+// call is one) for longer than the client waits, then answered again. It
+// returns the server, the client the guard looked through (200 ms
+// timeouts, no retries), a client of its own for the test, and the guard.
+func firstLookTimedOut(t *testing.T) (*redistest.Server, *redis.Client, *redis.Client, *regional.RestartGuard) {
+	t.Helper()
+	ctx := context.Background()
+	rs := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	admin := rs.Client()
+	t.Cleanup(func() { admin.Close() })
+	if err := rdb.Ping(ctx).Err(); err != nil { // connected before the pause
+		t.Fatal(err)
+	}
+
+	g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartFull, nil)
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE: %v", err)
+	}
+	err := g.Check(ctx, rdb)
+	if uerr := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); uerr != nil {
+		t.Fatalf("CLIENT UNPAUSE: %v", uerr)
+	}
+	if err == nil {
+		t.Fatal("the look at start answered through a Redis holding writes; the fault was not injected")
+	}
+	if g.Looked() {
+		t.Fatal("the guard counts a look that timed out as made")
+	}
+	if n, err := admin.Exists(ctx, luascripts.DefaultPrefix+"born").Result(); err != nil || n != 0 {
+		t.Fatalf("sentinel after the look that timed out: exists %d, %v; want missing", n, err)
+	}
+	return rs, rdb, admin, g
 }

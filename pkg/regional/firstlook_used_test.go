@@ -6,12 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
-	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 // TestColdStartFullRetriedFirstLookNeverTrustsADataSetAlreadyAnsweredFrom:
@@ -32,31 +28,7 @@ func TestColdStartFullRetriedFirstLookNeverTrustsADataSetAlreadyAnsweredFrom(t *
 
 	for _, answered := range []bool{true, false} {
 		t.Run("answered="+strconv.FormatBool(answered), func(t *testing.T) {
-			rs := redistest.Start(t)
-			rdb := redis.NewClient(&redis.Options{Addr: rs.Addr(), ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
-			t.Cleanup(func() { rdb.Close() })
-			admin := rs.Client()
-			t.Cleanup(func() { admin.Close() })
-			if err := rdb.Ping(ctx).Err(); err != nil { // connected before the pause
-				t.Fatal(err)
-			}
-
-			g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartFull, nil)
-			// The first look at start does not answer: Redis holds writes
-			// past the client's timeout.
-			if err := admin.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err(); err != nil {
-				t.Fatalf("CLIENT PAUSE: %v", err)
-			}
-			err := g.Check(ctx, rdb)
-			if uerr := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); uerr != nil {
-				t.Fatalf("CLIENT UNPAUSE: %v", uerr)
-			}
-			if err == nil {
-				t.Fatal("the look at start answered through a Redis holding writes; the fault was not injected")
-			}
-			if g.Looked() {
-				t.Fatal("the guard counts a look that timed out as made")
-			}
+			_, rdb, admin, g := firstLookTimedOut(t)
 
 			if answered {
 				// A call of this process (its scripts share the guard's
