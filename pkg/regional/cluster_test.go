@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -33,6 +34,7 @@ func TestRedisCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Stop()
+	awaitFirstLook(t, d)
 	reg := &regiontest.Region{Addr: d.GRPCAddr()}
 	client := sluicev1.NewLeaseServiceClient(reg.Dial(t))
 	ctx := context.Background()
@@ -87,6 +89,7 @@ func TestRedisClusterNodeLossStartsItsBucketsEmpty(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Stop()
+	awaitFirstLook(t, d)
 	client := sluicev1.NewLeaseServiceClient((&regiontest.Region{Addr: d.GRPCAddr()}).Dial(t))
 	ctx := context.Background()
 	nodes := make([]*redis.Client, len(addrs))
@@ -112,6 +115,11 @@ func TestRedisClusterNodeLossStartsItsBucketsEmpty(t *testing.T) {
 		}
 		return resp.GetGrant().GetGranted()
 	}
+	// refilled is what a bucket emptied at since can have earned back by
+	// now at the keys' rate: a starved machine may take seconds between
+	// two calls, and a second burst is far above it.
+	rate := d.Server.ConfigForTest().Tiers["free"]["read"].Rate
+	refilled := func(since time.Time) int64 { return int64(float64(rate) * time.Since(since).Seconds()) }
 	// Two keys on different nodes, each handed out whole (burst 100).
 	lost := "tenant-0"
 	if g := acquire("i-1", lost); g != 100 {
@@ -119,26 +127,48 @@ func TestRedisClusterNodeLossStartsItsBucketsEmpty(t *testing.T) {
 	}
 	lostNode := nodeOf(luascripts.KeysFor(luascripts.DefaultPrefix, quota.Key{Tenant: lost, Class: "read"}).Bucket)
 	kept := ""
+	var keptDrained time.Time
 	for i := 1; kept == ""; i++ {
 		name := fmt.Sprintf("tenant-%d", i)
+		drained := time.Now()
 		if g := acquire("i-1", name); g != 100 {
 			t.Fatalf("first lease on %s granted %d, want the burst 100", name, g)
 		}
 		if nodeOf(luascripts.KeysFor(luascripts.DefaultPrefix, quota.Key{Tenant: name, Class: "read"}).Bucket) != lostNode {
-			kept = name
+			kept, keptDrained = name, drained
 		}
 	}
 	// The node loses its data (a restart without persistence).
+	flushed := time.Now()
 	if err := nodes[lostNode].FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	// Another instance asks at once: the recreated bucket must be empty,
-	// since i-1 may still spend the 100 it holds.
-	if g := acquire("i-2", lost); g != 0 {
+	// since i-1 may still spend the 100 it holds (born at the loss, it
+	// earns nothing for a restart wait, and then at the key's rate).
+	if g := acquire("i-2", lost); g > refilled(flushed) {
 		t.Fatalf("after its node lost its data, %s granted %d more: the recreated bucket was handed a burst", lost, g)
 	}
 	// The other node's key kept its state: its burst is out, not renewed.
-	if g := acquire("i-2", kept); g != 0 {
+	if g := acquire("i-2", kept); g > refilled(keptDrained) {
 		t.Fatalf("%s on a node that kept its data granted %d: its bucket was not kept", kept, g)
+	}
+}
+
+// awaitFirstLook waits until d's restart guard has made its first look
+// at Redis. Under -cold-start full that look stamps a fresh Redis's
+// sentinels trusted (0), so new buckets start full; a look that timed out
+// at start (a starved machine: a cluster's look stamps every slot) and
+// again before the first call leaves the calls' scripts to date the data
+// sets now, and the first keys are rightly held empty for a restart wait.
+// The guard looks again every epoch until it answers.
+func awaitFirstLook(t *testing.T, d *regional.Daemon) {
+	t.Helper()
+	epoch := time.Duration(d.Server.ConfigForTest().Epoch)
+	for deadline := time.Now().Add(30 * epoch); !regional.GuardLookedForTest(d); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the restart guard made no first look within %v (epoch %v)", 30*epoch, epoch)
+		}
+		time.Sleep(epoch / 20) // polling the guard's epoch check with a deadline
 	}
 }

@@ -38,3 +38,7 @@ func ConfirmForTest(s *Server, rev int64) {
 // ResumeRetryMaxEpochsForTest bounds the wait between two late reads of
 // a region's history, in epochs.
 const ResumeRetryMaxEpochsForTest = resumeRetryMaxEpochs
+
+// GuardLookedForTest reports whether d's restart guard has made its first
+// look at Redis (at start, before a call, or at an epoch's check).
+func GuardLookedForTest(d *Daemon) bool { return d.Server.opts.Guard.Looked() }
