@@ -24,8 +24,12 @@ import (
 // that read it at start, the late read is counted and logged, and the
 // process no longer exports itself unconfirmed.
 func TestDaemonReadsItsRegionsHistoryLate(t *testing.T) {
+	// Mostly waits for a paused Redis or a hung etcd of its own: it runs
+	// beside the package's other parallel tests, and so do its two cases.
+	t.Parallel()
 	for _, down := range []string{"redis", "etcd"} {
 		t.Run(down, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			etcd := etcdtest.Start(t)

@@ -40,8 +40,12 @@ func startOn(t *testing.T, addr string, allow bool, buf *logtest.Buffer) (*regio
 // the daemon refuses to start on it, naming the policy and the fix, and
 // writes nothing; noeviction, or no maxmemory at all, starts.
 func TestDaemonRefusesEvictingRedis(t *testing.T) {
+	// Mostly waits for Redis servers of its own to start: it runs beside
+	// the package's other parallel tests, and so do its cases.
+	t.Parallel()
 	for _, policy := range []string{"volatile-lru", "volatile-ttl", "allkeys-lru"} {
 		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
 			rs := redistest.StartWith(t, "--maxmemory", "64mb", "--maxmemory-policy", policy)
 			var buf logtest.Buffer
 			d, err := startOn(t, rs.Addr(), false, &buf)
@@ -68,6 +72,7 @@ func TestDaemonRefusesEvictingRedis(t *testing.T) {
 		"no maxmemory": {"--maxmemory", "0", "--maxmemory-policy", "allkeys-lru"},
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			rs := redistest.StartWith(t, args...)
 			var buf logtest.Buffer
 			d, err := startOn(t, rs.Addr(), false, &buf)
@@ -133,6 +138,9 @@ func TestAllowEvictionStartsAndSays(t *testing.T) {
 // while the daemon runs is logged once per change and exported, and keys
 // evicted are counted and logged once per run of evictions.
 func TestDaemonNoticesEvictionAtRunTime(t *testing.T) {
+	// Mostly waits out epochs of the eviction watch on a Redis of its own:
+	// it runs beside the package's other parallel tests.
+	t.Parallel()
 	rs := redistest.Start(t)
 	var buf logtest.Buffer
 	d, err := startOn(t, rs.Addr(), false, &buf)
@@ -213,6 +221,9 @@ func TestDaemonNoticesEvictionAtRunTime(t *testing.T) {
 // "sentinel") but logged at WARN once per outage, and its end once at
 // INFO. It was one WARN line an epoch for as long as the outage lasted.
 func TestSentinelOutageLoggedOnce(t *testing.T) {
+	// Mostly waits out epochs against a stopped Redis of its own: it runs
+	// beside the package's other parallel tests.
+	t.Parallel()
 	rs := redistest.Start(t)
 	var buf logtest.Buffer
 	d, err := startOn(t, rs.Addr(), false, &buf)

@@ -127,6 +127,9 @@ func TestStartRefusesWrongCredentials(t *testing.T) {
 // the scripts need while it runs turns NOT_SERVING (PING still answers),
 // says why once, and is ready again once the command is granted back.
 func TestReadinessFollowsAccess(t *testing.T) {
+	// Mostly waits for readiness checks on a Redis of its own: it runs
+	// beside the package's other parallel tests.
+	t.Parallel()
 	rs := redistest.Start(t)
 	admin := rs.Client()
 	applyACL(t, admin)

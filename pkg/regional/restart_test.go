@@ -81,6 +81,10 @@ func TestRestartWaitsOutGrantValidity(t *testing.T) {
 // at most static rate × t, every instant measured on Redis time. (The
 // scripts once refilled such a bucket from its creation.)
 func TestRestartNewBucketEarnsNothingDuringTheWait(t *testing.T) {
+	// Mostly waits out a restart wait on a Redis of its own (its margin
+	// grows when it was starved past it): it runs beside the package's
+	// other parallel tests.
+	t.Parallel()
 	rs := redistest.Start(t)
 	cfg := regiontest.MustConfig(t, shortLeases)
 	ctx := context.Background()
@@ -303,8 +307,12 @@ func worstExcess(adm []admission, r, b float64) float64 {
 // so the first calls after the restart, planned with the old birth,
 // recreated the bucket full: a whole burst more.)
 func TestRedisRestartedEmptyUnderLeasesHandsOutNoBurst(t *testing.T) {
+	// Mostly waits out lease TTLs and a restart of its own Redis: it runs
+	// beside the package's other parallel tests, and so do its two cases.
+	t.Parallel()
 	for _, mode := range []regional.ColdStart{regional.ColdStartConservative, regional.ColdStartFull} {
 		t.Run(map[regional.ColdStart]string{regional.ColdStartConservative: "conservative", regional.ColdStartFull: "full"}[mode], func(t *testing.T) {
+			t.Parallel()
 			rs := redistest.Start(t)
 			cfg := regiontest.MustConfig(t, restartUnderLeases)
 			// A Redis in service long before the test: its data set is old

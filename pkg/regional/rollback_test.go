@@ -24,6 +24,9 @@ import (
 // the generation, the restored bucket refilled the 1.5s it had already
 // handed out: 31-37 tokens over, nothing counted.)
 func TestRedisRolledBackUnderLeasesHandsOutNoBurst(t *testing.T) {
+	// Mostly waits out lease TTLs and a restart of its own Redis: it runs
+	// beside the package's other parallel tests.
+	t.Parallel()
 	rs := redistest.StartWith(t, "--dir", t.TempDir())
 	cfg := regiontest.MustConfig(t, restartUnderLeases)
 	ctx := context.Background()
@@ -65,11 +68,12 @@ func TestRedisRolledBackUnderLeasesHandsOutNoBurst(t *testing.T) {
 	if excess > 0 {
 		t.Errorf("over some interval the instances admitted %.1f tokens more than b + r·t: the rolled-back Redis handed out a burst", excess)
 	}
-	// Counted at the guard's next check (every epoch).
+	// Counted at the guard's next check (every epoch; a starved machine
+	// checks late, so many epochs are allowed).
 	losses := func() float64 {
 		return metrictest.Series(t, d.Registry, "sluice_regional_redis_data_losses_total", nil)
 	}
-	for deadline := time.Now().Add(3 * time.Duration(cfg.Epoch)); losses() < 1 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(30 * time.Duration(cfg.Epoch)); losses() < 1 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond) // polling the guard's epoch check with a deadline
 	}
 	if n := losses(); n != 1 {

@@ -98,6 +98,9 @@ func TestScriptFailuresMapToTheirCodes(t *testing.T) {
 // the answer is Unavailable (an instance's failure policy applies) and the
 // call counts as a Redis error of its script.
 func TestRedisThatStopsAnsweringIsAnOutage(t *testing.T) {
+	// Mostly waits on a paused Redis of its own: it runs beside the
+	// package's other parallel tests.
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	const bound = 100 * time.Millisecond
 	r := regiontest.Start(t, regiontest.MustConfig(t, oneRegion), "local", func(o *regional.Options) {
