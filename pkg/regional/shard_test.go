@@ -649,21 +649,47 @@ func TestIdleNewShardConfersLeasesWhenItStartsOwning(t *testing.T) {
 	}
 	r.demand(ctx, "eu", 40)
 	r.demand(ctx, "us", 1)
+	// What is judged below assumes each shard, once it leads, leads on: a
+	// shard leader that lost its etcd session (1 s here, which a starved
+	// machine misses) is elected again with its idle time and silences
+	// counted afresh, so the idle shard's premise no longer holds. Such a
+	// loss is watched for beside the checkpoints.
+	shards := [...]*allocator.Daemon{r.daemons[0][0], r.daemons[1][0], r.daemons[2][0]}
+	var leadLost atomic.Bool
 	checking := make(chan struct{})
 	cctx, stopChecks := context.WithCancel(ctx)
 	go func() {
 		defer close(checking)
+		var led [len(shards)]bool
 		for cctx.Err() == nil {
 			r.checkpoint(cctx)
+			for i, d := range shards {
+				switch leading := d.IsLeader(); {
+				case leading:
+					led[i] = true
+				case led[i]:
+					leadLost.Store(true)
+				}
+			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
 	defer func() { stopChecks(); <-checking }()
+	// judge reports what assumes the shards led throughout: as a failure,
+	// or, when a shard leader lost its session, in the log.
+	judge := func(format string, args ...any) {
+		t.Helper()
+		if leadLost.Load() {
+			t.Logf("not judged, a shard leader lost its etcd session during the run: "+format, args...)
+			return
+		}
+		t.Errorf(format, args...)
+	}
 
 	cfg := r.src.Current()
 	epoch, validity, lease := time.Duration(cfg.Epoch), time.Duration(cfg.GrantValidity), time.Duration(cfg.RegionLease)
 	lapse := lease + validity + time.Duration(hierarchy.LapseMargin(epoch, lease))
-	idle := r.daemons[2][0]
+	idle := shards[2]
 	r.waitFor("shard 2 leads", 10*time.Second, idle.IsLeader)
 	led := time.Now()
 	// Idle past the instant it would find a silent region lapsed (and make
@@ -673,11 +699,11 @@ func TestIdleNewShardConfersLeasesWhenItStartsOwning(t *testing.T) {
 	r.waitFor("shard 2 idle past a silent region's lapse", 2*lapse, func() bool { return time.Since(led) > lapse+2*validity })
 	for _, rv := range idle.Service.View(time.Now()).Regions {
 		if rv.State == hierarchy.StateLapsed || rv.State == hierarchy.StateReturning {
-			t.Errorf("idle shard 2 counts region %s %s", rv.Name, rv.State)
+			judge("idle shard 2 counts region %s %s", rv.Name, rv.State)
 		}
 	}
 	if set, err := allocator.ReadLapsed(ctx, r.cli, lapsedKey); err != nil || len(set) != 2 {
-		t.Errorf("idle shard 2's durable lapsed set: %v (error %v), want the one it read, unchanged", set, err)
+		judge("idle shard 2's durable lapsed set: %v (error %v), want the one it read, unchanged", set, err)
 	}
 
 	r.phase.Store("resharding 2 -> 3")
@@ -718,23 +744,27 @@ func TestIdleNewShardConfersLeasesWhenItStartsOwning(t *testing.T) {
 	})
 	for _, name := range []string{"eu", "us"} {
 		if without, with := r.leaseAnswers(2, name); without > 0 {
-			t.Errorf("shard 2 answered %s %d times without a static lease (%d with): a region reporting promptly to a shard that starts owning keys must be live, not returning",
+			judge("shard 2 answered %s %d times without a static lease (%d with): a region reporting promptly to a shard that starts owning keys must be live, not returning",
 				name, without, with)
 		}
 	}
 	if longest >= validity {
-		t.Errorf("us ran the moved keys on their floor for %v in a row after the count was raised, a grant validity (%v) or more", longest, validity)
+		judge("us ran the moved keys on their floor for %v in a row after the count was raised, a grant validity (%v) or more", longest, validity)
 	}
 	for _, rv := range idle.Service.View(time.Now()).Regions {
 		if rv.State == hierarchy.StateLapsed || rv.State == hierarchy.StateReturning {
-			t.Errorf("shard 2 counts region %s %s after it started owning keys", rv.Name, rv.State)
+			judge("shard 2 counts region %s %s after it started owning keys", rv.Name, rv.State)
 		}
 	}
-	// The lapsed set it read protected no grant: it is written empty.
-	r.waitFor("shard 2's durable lapsed set emptied", 40*validity, func() bool {
-		set, err := allocator.ReadLapsed(ctx, r.cli, lapsedKey)
-		return err == nil && len(set) == 0
-	})
+	// The lapsed set it read protected no grant: it is written empty (by
+	// the leader that idled; one elected again after the raise counts
+	// the silences it read from its election).
+	if !leadLost.Load() {
+		r.waitFor("shard 2's durable lapsed set emptied", 40*validity, func() bool {
+			set, err := allocator.ReadLapsed(ctx, r.cli, lapsedKey)
+			return err == nil && len(set) == 0
+		})
+	}
 	r.check()
 	t.Logf("us ran the %d moved keys on their floor for %v after the count was raised (longest stretch %v; grant validity %v)",
 		len(moved), onFloor.Round(time.Millisecond), longest.Round(time.Millisecond), validity)
