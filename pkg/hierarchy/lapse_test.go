@@ -576,3 +576,66 @@ func TestStartOwningRestartsEverySilence(t *testing.T) {
 		t.Fatal("b was conferred no static lease after StartOwning with no grants out")
 	}
 }
+
+// TestStartOwningForgetsTargetsOfARegionItNoLongerFloors: the targets a
+// contended key kept from a time a region was returning (its grants fall
+// back to its floor, which the water-fill and the burst split heed) are
+// not reused once StartOwning with no grants out forgets that. While the
+// shard owned nothing every region was silent and no target was worked
+// out, so the first ones after it starts owning may be asked for with
+// exactly the demands and capacity of the last; they must be those of a
+// region that falls back to its static share.
+func TestStartOwningForgetsTargetsOfARegionItNoLongerFloors(t *testing.T) {
+	for _, tc := range []struct {
+		unit, floorShare float64
+		dem              []float64 // a's, b's
+	}{
+		{unit: 10, floorShare: 0.5, dem: []float64{0.001, 30}}, // a's floor burst holds a unit, its fallback rate is lower
+		{unit: 60, floorShare: 0.5, dem: []float64{5, 0}},      // a's static burst holds the unit its floor does not
+		{unit: 60, floorShare: 0, dem: []float64{30, 30}},
+	} {
+		a, err := NewAllocator(Options{
+			Regions: []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}},
+			Epoch:   time.Second, Validity: 5 * time.Second, RegionLease: 10 * time.Second,
+			Lapsed: []string{"a"},
+		}, testStart)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := quota.Key{Tenant: "acme", Class: "write"}
+		if err := a.SetLimit(key, KeyLimit{Rate: 100, Burst: 100, Unit: tc.unit, FloorShare: tc.floorShare}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Report(ms(100), Report{Region: "a", Seq: 1, Keys: []KeyDemand{{Key: key, Admitted: tc.dem[0], Window: time.Second}}}); err != nil {
+			t.Fatal(err)
+		}
+		if st := a.View(ms(100)).Regions[0].State; st != StateReturning {
+			t.Fatalf("a is %s after its first report to a leader that read it in the lapsed set", st)
+		}
+		k := a.keyIndex[key]
+		b := a.blockOf[k]
+		if b < 0 {
+			b = a.newBlock(k)
+		}
+		// (rate, burst) targets of a and b with both reporting these demands.
+		targets := func(at time.Time) []float64 {
+			a.silent[0], a.silent[1] = false, false
+			ensure(&a.dem, 2)
+			copy(a.dem, tc.dem)
+			a.computeTargets(a.tick(at), k, b, a.loadShares(k))
+			base := int(b) * 2
+			return append(slices.Clone(a.targetRate[base:base+2]), a.targetBurst[base:base+2]...)
+		}
+		returning := targets(ms(200))
+		a.StartOwning(ms(30_000), true)
+		got := targets(ms(30_100))
+		a.memoOff = true
+		want := targets(ms(30_100))
+		if slices.Equal(returning, want) {
+			t.Fatalf("%+v: the targets are %v whether a is returning or not; the case tests nothing", tc, want)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%+v: targets after StartOwning %v, those of a returning a; recomputed %v", tc, got, want)
+		}
+	}
+}
