@@ -123,23 +123,70 @@ func lcs(a, b []string) int {
 	return prev[len(b)]
 }
 
-func TestLineEditsFallBackWhenTooDifferent(t *testing.T) {
-	var a, b []string
-	for i := range 3 * maxDiffEdits {
-		a = append(a, fmt.Sprintf("old %d\n", i))
-		b = append(b, fmt.Sprintf("new %d\n", i))
-	}
-	edits := lineEdits(a, b)
-	if len(edits) != len(a)+len(b) {
-		t.Fatalf("got %d edits, want %d", len(edits), len(a)+len(b))
-	}
-	for i, e := range edits {
-		want := byte('-')
-		if i >= len(a) {
-			want = '+'
+// TestLineEditsKeepTheCommonPrefixFirst: when one side's lines all
+// begin the other's, the lines they share are matched from the start
+// and the rest is added or removed at the end, rather than the common
+// suffix being looked for inside the prefix already matched.
+func TestLineEditsKeepTheCommonPrefixFirst(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string // one line per character
+		want string // the script's ops
+	}{
+		{"x", "xx", " +"},
+		{"xx", "x", " -"},
+		{"xy", "xyxy", "  ++"},
+		{"xyxy", "xy", "  --"},
+		{"xyx", "x", " --"},
+		{"x", "xyx", " ++"},
+	} {
+		lines := func(s string) []string {
+			var out []string
+			for _, c := range s {
+				out = append(out, string(c)+"\n")
+			}
+			return out
 		}
-		if e.op != want {
-			t.Fatalf("edit %d is %q, want %q", i, e.op, want)
+		var got strings.Builder
+		for _, e := range lineEdits(lines(tc.a), lines(tc.b)) {
+			got.WriteByte(e.op)
+		}
+		if got.String() != tc.want {
+			t.Errorf("lineEdits(%q, %q) ops %q, want %q", tc.a, tc.b, got.String(), tc.want)
+		}
+	}
+}
+
+// TestLineEditsFallBackWhenTooDifferent: a middle that takes more than
+// maxDiffEdits changes is shown as all removed then all added, and the
+// lines both ends share stay kept around it (a reviewer sees them as
+// context, not as removed and added again).
+func TestLineEditsFallBackWhenTooDifferent(t *testing.T) {
+	for _, tc := range []struct{ prefix, suffix int }{{0, 0}, {2, 0}, {0, 2}, {3, 1}} {
+		var a, b, want []string
+		for i := range tc.prefix {
+			a, b = append(a, fmt.Sprintf("head %d\n", i)), append(b, fmt.Sprintf("head %d\n", i))
+			want = append(want, " ")
+		}
+		for i := range 3 * maxDiffEdits {
+			a = append(a, fmt.Sprintf("old %d\n", i))
+			want = append(want, "-")
+		}
+		for i := range 3 * maxDiffEdits {
+			b = append(b, fmt.Sprintf("new %d\n", i))
+			want = append(want, "+")
+		}
+		for i := range tc.suffix {
+			a, b = append(a, fmt.Sprintf("tail %d\n", i)), append(b, fmt.Sprintf("tail %d\n", i))
+			want = append(want, " ")
+		}
+		edits := lineEdits(a, b)
+		if len(edits) != len(want) {
+			t.Fatalf("%+v: got %d edits, want %d", tc, len(edits), len(want))
+		}
+		for i, e := range edits {
+			if string(e.op) != want[i] {
+				t.Fatalf("%+v: edit %d (%q) is %q, want %q", tc, i, e.line, e.op, want[i])
+			}
 		}
 	}
 }
