@@ -250,7 +250,8 @@ func TestGrantEndsTheWaitOfAnEarlierAnswer(t *testing.T) {
 // TestAcquireLeavesReturnsForTheNextSync: an acquire carries no returned
 // tokens (Acquire has no field for them), so a key whose lease expired
 // with tokens in its pool acquires without them, as an Acquire; the next
-// Sync returns them.
+// Sync returns them, and an acquire resending that report, returning even
+// a single token, goes out as a Sync.
 func TestAcquireLeavesReturnsForTheNextSync(t *testing.T) {
 	tb := newTestTable(t)
 	acquire(t, tb, t0, t0, kW, 1, 1)
@@ -270,6 +271,14 @@ func TestAcquireLeavesReturnsForTheNextSync(t *testing.T) {
 	syncs, _ := tb.PrepareSync(t0.Add(testTTL + time.Second))
 	if len(syncs) != 1 || syncs[0].Reports[0].Returned != 1 {
 		t.Fatalf("next Sync %v, want one report returning the expired token", syncs)
+	}
+	// That Sync is lost: the acquire that resends its report carries the
+	// one returned token, so it goes out as a Sync.
+	tb.Failed(t0.Add(testTTL+time.Second), syncs[0])
+	allow(t, tb, t0.Add(testTTL+2*time.Second), kW, 5)
+	b, _ = tb.PrepareAcquire(t0.Add(testTTL+2*time.Second), kW, 5)
+	if b == nil || !b.UseSync() || b.Reports[0].Returned != 1 {
+		t.Fatalf("acquire resending the report returning 1 token: batch %v, want it sent as a Sync", b)
 	}
 }
 
