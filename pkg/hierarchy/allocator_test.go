@@ -258,7 +258,9 @@ func TestUnknownKeysAreSkippedAndShown(t *testing.T) {
 	}
 	var kds []KeyDemand
 	for i := 0; i < maxUnknownShown+4; i++ {
-		kds = append(kds, KeyDemand{Key: quota.Key{Tenant: fmt.Sprintf("u%02d", 30-i), Class: "read"}, Admitted: 1, Window: time.Second})
+		// Classes run the other way from tenants: the order is by tenant
+		// first.
+		kds = append(kds, KeyDemand{Key: quota.Key{Tenant: fmt.Sprintf("u%02d", 30-i), Class: fmt.Sprintf("c%02d", i)}, Admitted: 1, Window: time.Second})
 	}
 	kds = append(kds, KeyDemand{Key: known, Admitted: 4, Window: time.Second})
 	if _, err := a.Report(ms(100), Report{Region: "a", Seq: 1, Keys: kds}); err != nil {
@@ -269,8 +271,11 @@ func TestUnknownKeysAreSkippedAndShown(t *testing.T) {
 	if ra.UnknownKeyCount != maxUnknownShown+4 || len(ra.UnknownKeys) != maxUnknownShown {
 		t.Fatalf("unknown keys: count %d, shown %d", ra.UnknownKeyCount, len(ra.UnknownKeys))
 	}
-	if ra.UnknownKeys[0].Tenant != "u11" {
-		t.Fatalf("unknown keys not sorted: %v", ra.UnknownKeys)
+	// The first maxUnknownShown by tenant, then class: u11 to u26.
+	for i, k := range ra.UnknownKeys {
+		if want := (quota.Key{Tenant: fmt.Sprintf("u%02d", 11+i), Class: fmt.Sprintf("c%02d", 19-i)}); k != want {
+			t.Fatalf("unknown keys shown %v: [%d] is %v, want %v", ra.UnknownKeys, i, k, want)
+		}
 	}
 	if len(v.Keys) != 1 || v.Keys[0].Key != known || !near(v.Keys[0].Regions[0].Demand, 4) {
 		t.Fatalf("known key's demand not recorded: %+v", v.Keys)
