@@ -222,6 +222,28 @@ func TestDegradedDenialsAreCountedAsSuch(t *testing.T) {
 	}
 }
 
+// TestLeasePathDenialIsNotDegraded: a denial on the lease path (the
+// region answered, the pool is empty) is counted as denied, or for a
+// shadow class admitted and counted as shadow-denied, never as a
+// degraded decision.
+func TestLeasePathDenialIsNotDegraded(t *testing.T) {
+	for _, tc := range []struct {
+		shadow bool
+		want   Result
+	}{{false, ResultDenied}, {true, ResultShadowDenied}} {
+		tb := newTestTable(t)
+		acquire(t, tb, t0, t0, kW, 1, 0, func(g *sluicev1.Grant) { g.Shadow = tc.shadow })
+		d, err := tb.Exhausted(t0, kW, 1)
+		if err != nil || d.Allowed != tc.shadow || !d.WouldDeny {
+			t.Fatalf("shadow %v: exhausted %+v, %v; want WouldDeny, admitted only in shadow", tc.shadow, d, err)
+		}
+		want := DecisionCount{Class: "write", Tier: "pro", Result: tc.want, N: 1}
+		if got := tb.Counts(); len(got) != 1 || got[0] != want {
+			t.Fatalf("shadow %v: counts %+v, want %+v", tc.shadow, got, want)
+		}
+	}
+}
+
 // TestDemandCountsEveryPathsTokens: a key's measured demand is the tokens
 // asked of every path: the lease's denials, the on_failure policy, strict
 // checks.

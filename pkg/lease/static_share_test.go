@@ -145,7 +145,8 @@ func TestNeverDescribedKeyRefillsNoFasterThanFallbackLimit(t *testing.T) {
 // TestNeverAnswerCarriesTheRegionsCapNotTheBurst).
 func TestCapIsTheRegionsAnswerElseTheStaticShare(t *testing.T) {
 	neg := quota.Key{Tenant: "neg", Class: "write"}
-	shares := map[quota.Key]quota.Limit{kW: {Rate: 2.5, Burst: 2}, neg: {Rate: 1, Burst: -1}}
+	zero := quota.Key{Tenant: "zero", Class: "write"}
+	shares := map[quota.Key]quota.Limit{kW: {Rate: 2.5, Burst: 2}, neg: {Rate: 1, Burst: -1}, zero: {Rate: 0.5, Burst: 0}}
 	tb := newTestTable(t, func(o *TableOptions) {
 		o.StaticShare = func(k quota.Key) (quota.Limit, bool) {
 			l, ok := shares[k]
@@ -154,6 +155,10 @@ func TestCapIsTheRegionsAnswerElseTheStaticShare(t *testing.T) {
 	})
 	if c, ok := tb.Cap(kW); !ok || c != 2 {
 		t.Fatalf("Cap of a key never answered: %d, %v; want its static share's burst 2", c, ok)
+	}
+	// A share holding no whole token is a cap, of 0.
+	if c, ok := tb.Cap(zero); !ok || c != 0 {
+		t.Fatalf("Cap of a key whose static share holds no token: %d, %v; want 0", c, ok)
 	}
 	for _, k := range []quota.Key{{Tenant: "unnamed", Class: "write"}, neg} {
 		if c, ok := tb.Cap(k); ok {
