@@ -96,11 +96,13 @@ fuzz: deps
 # conditions, literals, branches; see scripts/mutate) through go test
 # -overlay, so the tree is never written, and prints the changes no test
 # noticed and the mutation score. FILES limits it to some files (base
-# names, comma-separated), MAX samples that many mutants (SEED picks
-# them), RUN and SKIP are go test's -run and -skip; MUTATE_FLAGS passes
-# more (-j 2, -race, -timeout 1m, -at file:line, -list). Not part of make
-# test: a whole package takes hours; e.g.
+# names, comma-separated; embedded .lua scripts too), MAX samples that
+# many mutants (SEED picks them), RUN and SKIP are go test's -run and
+# -skip; MUTATE_FLAGS passes more (-j 2, -race, -timeout 1m, -at
+# file:line, -list, -lua). Not part of make test: a whole package takes
+# hours; e.g.
 #   make mutate PKG=./pkg/hierarchy FILES=waterfill.go,fence.go MAX=100
+#   make mutate PKG=./pkg/luascripts FILES=release.lua SKIP=TestMemoryPerKey
 PKG   ?= ./pkg/hierarchy
 FILES ?=
 MAX   ?= 0

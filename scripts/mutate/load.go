@@ -24,7 +24,10 @@ type srcFile struct {
 	rel string // path as printed (relative to the working directory)
 	abs string // the path the overlay replaces
 	src []byte
-	ast *ast.File
+	ast *ast.File // nil for a Lua file
+	// lua: an embedded Lua source (a Redis script), mutated from its
+	// tokens (see lua.go) and never type-checked.
+	lua bool
 }
 
 // A pkg is the package under test, parsed and (when its dependencies'
@@ -33,8 +36,12 @@ type pkg struct {
 	path  string // import path
 	fset  *token.FileSet
 	files []*srcFile
-	info  *types.Info
-	conf  *types.Config
+	// luaFiles are the package's embedded .lua files: cmd/go honours
+	// -overlay for //go:embed, so a mutated script reaches the test
+	// binary the same way a mutated Go file does.
+	luaFiles []*srcFile
+	info     *types.Info
+	conf     *types.Config
 	// usesRapid: the tests import pgregory.net/rapid.
 	usesRapid bool
 }
@@ -43,12 +50,12 @@ type pkg struct {
 // the same files the build does), parses its non-test files and
 // type-checks them against its dependencies' export data.
 func load(ctx context.Context, dir string, nice []string) (*pkg, error) {
-	out, err := goCmd(ctx, nice, "list", "-f", "{{.ImportPath}}\n{{.Dir}}\n{{range .GoFiles}}{{.}} {{end}}\n{{range .CgoFiles}}{{.}} {{end}}\n{{range .TestImports}}{{.}} {{end}}{{range .XTestImports}}{{.}} {{end}}", dir)
+	out, err := goCmd(ctx, nice, "list", "-f", "{{.ImportPath}}\n{{.Dir}}\n{{range .GoFiles}}{{.}} {{end}}\n{{range .CgoFiles}}{{.}} {{end}}\n{{range .TestImports}}{{.}} {{end}}{{range .XTestImports}}{{.}} {{end}}\n{{range .EmbedFiles}}{{.}} {{end}}", dir)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", dir, err)
 	}
 	lines := strings.Split(string(out), "\n")
-	if len(lines) < 5 {
+	if len(lines) < 6 {
 		return nil, fmt.Errorf("listing %s: unexpected output %q", dir, out)
 	}
 	if strings.TrimSpace(lines[3]) != "" {
@@ -59,13 +66,9 @@ func load(ctx context.Context, dir string, nice []string) (*pkg, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, name := range strings.Fields(lines[2]) {
+	read := func(name string) (*srcFile, error) {
 		abs := filepath.Join(lines[1], name)
 		src, err := os.ReadFile(abs)
-		if err != nil {
-			return nil, err
-		}
-		f, err := parser.ParseFile(p.fset, abs, src, parser.ParseComments|parser.SkipObjectResolution)
 		if err != nil {
 			return nil, err
 		}
@@ -73,7 +76,28 @@ func load(ctx context.Context, dir string, nice []string) (*pkg, error) {
 		if err != nil || strings.HasPrefix(rel, "..") {
 			rel = abs
 		}
-		p.files = append(p.files, &srcFile{rel: rel, abs: abs, src: src, ast: f})
+		return &srcFile{rel: rel, abs: abs, src: src}, nil
+	}
+	for _, name := range strings.Fields(lines[2]) {
+		f, err := read(name)
+		if err != nil {
+			return nil, err
+		}
+		if f.ast, err = parser.ParseFile(p.fset, f.abs, f.src, parser.ParseComments|parser.SkipObjectResolution); err != nil {
+			return nil, err
+		}
+		p.files = append(p.files, f)
+	}
+	for _, name := range strings.Fields(lines[5]) {
+		if !strings.HasSuffix(name, ".lua") {
+			continue
+		}
+		f, err := read(name)
+		if err != nil {
+			return nil, err
+		}
+		f.lua = true
+		p.luaFiles = append(p.luaFiles, f)
 	}
 	if len(p.files) == 0 {
 		return nil, fmt.Errorf("%s has no Go files", dir)
@@ -124,9 +148,10 @@ func (p *pkg) typecheck(ctx context.Context, dir string, nice []string) {
 
 // compiles reports whether the package still type-checks with m applied,
 // so a mutant that cannot build costs no go test run. Without type
-// information it answers true and go test finds out.
+// information, or for a Lua mutant, it answers true and go test finds out
+// (for Lua, through Redis refusing to load the script: see runner.try).
 func (p *pkg) compiles(m *mutant) bool {
-	if p.conf == nil {
+	if p.conf == nil || m.file.lua {
 		return true
 	}
 	var asts []*ast.File

@@ -10,7 +10,19 @@
 // removes continue and loop breaks, and makes numeric returns return 0.
 // Each mutant is applied through go test -overlay, so the source tree is
 // never written; a mutant that does not type-check is counted as not
-// compiling without running go test. Survivors are printed as
+// compiling without running go test.
+//
+// The Lua scripts a package embeds (//go:embed; cmd/go applies -overlay to
+// embedded files too) are mutated with -lua, or by naming them in -files:
+// relational and arithmetic operators (a unary minus is left alone: Lua
+// has no unary plus), and swapped with or, if and elseif conditions negated
+// (if X then to if not (X) then), a not dropped, true and false, numbers
+// (0 and 1 swap, small integers move by one, fractions become 0),
+// math.min and math.max, a break or an early return (one that ends an if
+// or loop block, not a function) removed. Comments and string literals
+// are skipped. A mutant Redis refuses to load (the tests fail with
+// "Error compiling script") counts as not compiling. Survivors are
+// printed as
 //
 //	file:line:col: original -> mutant
 //
@@ -54,6 +66,7 @@ func main() {
 
 type options struct {
 	files    map[string]bool
+	lua      bool
 	at       []string
 	kinds    map[string]bool
 	run      string
@@ -72,10 +85,11 @@ type options struct {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
 	fs := flag.NewFlagSet("mutate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	files := fs.String("files", "", "comma-separated base names of the files to mutate (default: every non-test file)")
+	files := fs.String("files", "", "comma-separated base names of the files to mutate, Go or embedded .lua (default: every non-test Go file, and with -lua every embedded .lua file)")
 	at := fs.String("at", "", "comma-separated file:line or file:line:col: only the mutants there (to check a new test kills them)")
-	kinds := fs.String("kinds", "", "comma-separated mutant kinds to make (binary,assign,incdec,negate,not,literal,bool,branch,return; default all)")
+	kinds := fs.String("kinds", "", "comma-separated mutant kinds to make (binary,assign,incdec,negate,not,literal,bool,branch,return,minmax; default all)")
 	var o options
+	fs.BoolVar(&o.lua, "lua", false, "mutate the package's embedded .lua files instead of its Go files (-files may name either)")
 	fs.StringVar(&o.run, "run", "", "go test -run regexp")
 	fs.StringVar(&o.skip, "skip", "", "go test -skip regexp (e.g. a slow test that decides nothing)")
 	fs.DurationVar(&o.timeout, "timeout", 0, "per-mutant test timeout (default: 3x the unmutated run, at least 30s)")
@@ -85,7 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, err
 	fs.IntVar(&o.jobs, "j", 1, "mutants to test at once")
 	fs.IntVar(&o.nice, "nice", 10, "run go under nice -n N (0: not)")
 	fs.BoolVar(&o.list, "list", false, "list the mutants (after -files, -at, -max) without running them")
-	fs.BoolVar(&o.verbose, "v", false, "print each mutant's outcome as it is known")
+	fs.BoolVar(&o.verbose, "v", false, "print each mutant's outcome as it is known (and why one did not compile)")
 	fs.Float64Var(&o.minScore, "min-score", 0, "exit 1 when the score (percent) is below this")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mutate [flags] PKGDIR")
@@ -122,9 +136,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, err
 		return 2, err
 	}
 	for name := range o.files {
-		if !slices.ContainsFunc(p.files, func(f *srcFile) bool { return filepath.Base(f.abs) == name }) {
-			return 2, fmt.Errorf("-files: %s is not a non-test file of %s", name, dir)
+		if !slices.ContainsFunc(append(p.files, p.luaFiles...), func(f *srcFile) bool { return filepath.Base(f.abs) == name }) {
+			return 2, fmt.Errorf("-files: %s is neither a non-test Go file nor an embedded .lua file of %s", name, dir)
 		}
+	}
+	if o.lua && len(p.luaFiles) == 0 {
+		return 2, fmt.Errorf("-lua: %s embeds no .lua file", dir)
 	}
 	all := enumerate(p, o)
 	// Mutants that do not type-check are set aside before sampling, so
@@ -187,7 +204,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, err
 			defer wg.Done()
 			for i := range next {
 				m := mutants[i]
-				res, _, err := r.try(ctx, i, m)
+				res, text, err := r.try(ctx, i, m)
 				mu.Lock()
 				results[i] = res
 				done++
@@ -196,6 +213,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (int, err
 				}
 				if o.verbose {
 					fmt.Fprintf(stderr, "[%d/%d] %s: %s\n", done, len(mutants), m, res)
+					if res == notCompiling {
+						// Why, so a build broken by something
+						// else than the mutant is seen.
+						fmt.Fprintf(stderr, "\t%s\n", firstLines(text, 5))
+					}
 				}
 				mu.Unlock()
 			}
@@ -231,14 +253,27 @@ feed:
 	return 0, nil
 }
 
-// enumerate lists the mutants of the selected files, in file order.
+// enumerate lists the mutants of the selected files, in file order: the
+// Go files, then the Lua ones.
 func enumerate(p *pkg, o options) []*mutant {
 	var all []*mutant
-	for _, f := range p.files {
-		if len(o.files) > 0 && !o.files[filepath.Base(f.abs)] {
+	for _, f := range append(p.files, p.luaFiles...) {
+		switch {
+		case len(o.files) > 0:
+			if !o.files[filepath.Base(f.abs)] {
+				continue
+			}
+		case len(o.at) > 0:
+			// -at names its files itself.
+		case o.lua != f.lua:
 			continue
 		}
-		ms := sites(p.fset, f, p.info)
+		var ms []*mutant
+		if f.lua {
+			ms = luaSites(f)
+		} else {
+			ms = sites(p.fset, f, p.info)
+		}
 		slices.SortStableFunc(ms, func(a, b *mutant) int { return a.pos.Offset - b.pos.Offset })
 		for _, m := range ms {
 			if len(o.kinds) > 0 && !o.kinds[m.kind] {

@@ -115,6 +115,10 @@ func (r *runner) try(ctx context.Context, id int, m *mutant) (outcome, string, e
 		return 0, text, ctx.Err()
 	case strings.Contains(text, "[build failed]") || strings.Contains(text, "[setup failed]"):
 		return notCompiling, text, nil
+	case m.file.lua && strings.Contains(text, luaCompileError):
+		// Redis refused to load the mutated script: the Lua
+		// counterpart of a build failure.
+		return notCompiling, text, nil
 	case strings.Contains(text, "panic: test timed out after"):
 		return timedOut, text, nil
 	}
