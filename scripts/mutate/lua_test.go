@@ -145,3 +145,25 @@ func TestLuaSyntaxErrorDoesNotCompile(t *testing.T) {
 		t.Errorf("a script without then: %s, want not compiling\n%s", res, text)
 	}
 }
+
+// TestLuaBuildFailureIsAnError: a build that fails with only a Lua file
+// changed is the machine's failure, not the mutant's: it is tried again
+// and then stops the run instead of counting as not compiling. The
+// failure is staged by marking a broken Go file as Lua.
+func TestLuaBuildFailureIsAnError(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go test twice")
+	}
+	p, err := load(context.Background(), tinyLuaDir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := *p.files[0]
+	f.lua = true
+	m := &mutant{file: &f, kind: "test", edits: []edit{{0, len("// Package"), "broken"}}}
+	r := &runner{pkgDir: tinyLuaDir, timeout: time.Minute, tmp: t.TempDir()}
+	res, text, err := r.try(context.Background(), 0, m)
+	if err == nil || !strings.Contains(err.Error(), "only a Lua file changed") {
+		t.Errorf("a build failure of a Lua mutant: %s, %v; want an error\n%s", res, err, text)
+	}
+}

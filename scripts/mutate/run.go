@@ -78,6 +78,26 @@ func (r *runner) baseline(ctx context.Context) (time.Duration, error) {
 // mutated copy, so the source tree is never written and mutants can run
 // side by side.
 func (r *runner) try(ctx context.Context, id int, m *mutant) (outcome, string, error) {
+	res, text, err := r.try1(ctx, id, m)
+	if err != nil || !m.file.lua || !buildFailed(text) {
+		return res, text, err
+	}
+	// An embedded file's bytes cannot break the Go build, so a Lua
+	// mutant's build failure is the machine's (a build cache or a disk
+	// under another user's load): tried once more, it stops the run
+	// rather than count as not compiling.
+	res, text, err = r.try1(ctx, id, m)
+	if err == nil && buildFailed(text) {
+		err = fmt.Errorf("%s: the build failed with only a Lua file changed: %s", m, firstLines(text, 5))
+	}
+	return res, text, err
+}
+
+func buildFailed(text string) bool {
+	return strings.Contains(text, "[build failed]") || strings.Contains(text, "[setup failed]")
+}
+
+func (r *runner) try1(ctx context.Context, id int, m *mutant) (outcome, string, error) {
 	dir := filepath.Join(r.tmp, fmt.Sprint(id))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return 0, "", err
@@ -113,7 +133,7 @@ func (r *runner) try(ctx context.Context, id int, m *mutant) (outcome, string, e
 		return timedOut, text, nil
 	case ctx.Err() != nil:
 		return 0, text, ctx.Err()
-	case strings.Contains(text, "[build failed]") || strings.Contains(text, "[setup failed]"):
+	case buildFailed(text):
 		return notCompiling, text, nil
 	case m.file.lua && strings.Contains(text, luaCompileError):
 		// Redis refused to load the mutated script: the Lua
