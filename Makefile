@@ -49,8 +49,12 @@ deps:
 # They run beside the -race packages rather than after them: those mostly
 # wait on epochs, TTLs and stopped servers (0.3-0.6 CPU s per wall s, see
 # BENCHMARKS.md), and these are CPU-bound virtual runs that fill the idle
-# core, instead of a serial tail of a minute and a half. Their output is
-# held back and printed after the -race packages' so the two do not mix.
+# core, instead of a serial tail of a minute and a half. They run at the
+# lowest CPU priority (nice 19): they only take what the -race packages
+# leave idle, and starve none of their real-time tests (sim/live's daemons
+# at three times real speed failed beside them at normal priority while
+# other work loaded the machine). Their output is held back and printed
+# after the -race packages' so the two do not mix.
 NORACE ?= github.com/sluicehq/sluice/sim github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world github.com/sluicehq/sluice/pkg/hierarchy github.com/sluicehq/sluice/internal/imagebuild
 
 # SLOW are the packages whose tests run longest under -race (half a
@@ -69,8 +73,8 @@ test: deps
 	first="$$(for p in $(SLOW); do printf '%s\n' $$pkgs | grep -x -F -e "$$p"; done)"; \
 	rest="$$(printf '%s\n' $$pkgs | grep -v -x -F $(addprefix -e ,$(SLOW)))"; \
 	norace_log="$$(mktemp)"; trap 'rm -f "$$norace_log"' EXIT; \
-	echo "$(GO) test $(filter-out -race,$(TEST_FLAGS)) $(NORACE) (beside the next; its output follows it)"; \
-	$(GO) test $(filter-out -race,$(TEST_FLAGS)) $(NORACE) >"$$norace_log" 2>&1 & norace=$$!; \
+	echo "nice -n 19 $(GO) test $(filter-out -race,$(TEST_FLAGS)) $(NORACE) (beside the next; its output follows it)"; \
+	nice -n 19 $(GO) test $(filter-out -race,$(TEST_FLAGS)) $(NORACE) >"$$norace_log" 2>&1 & norace=$$!; \
 	echo $(GO) test $(TEST_FLAGS) $$first $$rest; \
 	race_rc=0; $(GO) test $(TEST_FLAGS) $$first $$rest || race_rc=$$?; \
 	norace_rc=0; wait $$norace || norace_rc=$$?; \
