@@ -57,14 +57,14 @@ deps:
 # after the -race packages' so the two do not mix.
 NORACE ?= github.com/sluicehq/sluice/sim github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world github.com/sluicehq/sluice/pkg/hierarchy github.com/sluicehq/sluice/internal/imagebuild
 
-# SLOW are the packages whose tests run longest under -race (half a
+# SLOW are the packages whose tests run longest under -race (a quarter of a
 # minute to two minutes each), longest first. go test starts packages in
 # the order it is given them, so these start first and the short ones
 # fill in beside them, instead of a long one started late in go list's
 # order (sim/live among the last) running on after the short ones are
 # done. A package of PKGS not named here runs after them, in go list's
 # order.
-SLOW ?= github.com/sluicehq/sluice/pkg/regional github.com/sluicehq/sluice/sim/live github.com/sluicehq/sluice/pkg/lease github.com/sluicehq/sluice/e2e github.com/sluicehq/sluice/pkg/luascripts github.com/sluicehq/sluice/pkg/configstore github.com/sluicehq/sluice/pkg/allocator github.com/sluicehq/sluice/cmd/regional github.com/sluicehq/sluice/pkg/agent github.com/sluicehq/sluice/cmd/sluicectl github.com/sluicehq/sluice/sim/report github.com/sluicehq/sluice/pkg/envoyrls
+SLOW ?= github.com/sluicehq/sluice/pkg/regional github.com/sluicehq/sluice/sim/live github.com/sluicehq/sluice/pkg/lease github.com/sluicehq/sluice/e2e github.com/sluicehq/sluice/pkg/luascripts github.com/sluicehq/sluice/pkg/configstore github.com/sluicehq/sluice/pkg/allocator github.com/sluicehq/sluice/cmd/regional github.com/sluicehq/sluice/pkg/agent github.com/sluicehq/sluice/cmd/sluicectl github.com/sluicehq/sluice/sim/report github.com/sluicehq/sluice/pkg/envoyrls github.com/sluicehq/sluice/scripts/mutate github.com/sluicehq/sluice/pkg/config
 
 test: deps
 	$(GO) vet ./...
