@@ -403,18 +403,10 @@ func luaLiteral(lit string) []string {
 			return nil
 		}
 	}
-	switch {
-	case v == 0:
-		return []string{"1"}
-	case v == 1:
-		return []string{"0", "2"}
-	case v == float64(int64(v)) && v <= maxOffByOne:
-		n := int64(v)
-		return []string{strconv.FormatInt(n-1, 10), strconv.FormatInt(n+1, 10)}
-	case v != float64(int64(v)):
+	if v != float64(int64(v)) {
 		return []string{"0"}
 	}
-	return nil
+	return intMutations(int64(v))
 }
 
 // lineStarts is the offset of each line's first byte.

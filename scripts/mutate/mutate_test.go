@@ -76,31 +76,39 @@ func TestRunThroughOverlay(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go test four times")
 	}
-	file := filepath.Join(tinyDir, "tiny.go")
+	out := runLeavingSourceAlone(t, tinyDir, filepath.Join(tinyDir, "tiny.go"), "tiny.go:8:7,tiny.go:8:5")
+	if !strings.Contains(out, "tiny.go:8:7: < -> <=\n") {
+		t.Error("the boundary mutant is not reported as surviving")
+	}
+	if strings.Contains(out, "< -> >\n") {
+		t.Error("the mirrored mutant survived")
+	}
+	if !strings.Contains(out, "3 mutants run: 2 killed, 0 timed out, 1 survived (0 more not compiling); score 66.7%") {
+		t.Error("wrong summary")
+	}
+}
+
+// runLeavingSourceAlone runs the tool on the mutants at of the package in
+// dir and returns its output; it fails the test when the run fails or
+// changes file, the source the mutants are made from.
+func runLeavingSourceAlone(t *testing.T, dir, file, at string) string {
+	t.Helper()
 	before, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	code, err := run(context.Background(), []string{"-nice", "0", "-timeout", "1m", "-at", "tiny.go:8:7,tiny.go:8:5", tinyDir}, &out, &errOut)
+	code, err := run(context.Background(), []string{"-nice", "0", "-timeout", "1m", "-at", at, dir}, &out, &errOut)
 	if err != nil || code != 0 {
 		t.Fatalf("run: code %d, %v\n%s%s", code, err, out.String(), errOut.String())
 	}
 	t.Log(out.String())
-	if !strings.Contains(out.String(), "tiny.go:8:7: < -> <=\n") {
-		t.Error("the boundary mutant is not reported as surviving")
-	}
-	if strings.Contains(out.String(), "< -> >\n") {
-		t.Error("the mirrored mutant survived")
-	}
-	if !strings.Contains(out.String(), "3 mutants run: 2 killed, 0 timed out, 1 survived (0 more not compiling); score 66.7%") {
-		t.Error("wrong summary")
-	}
 	after, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(before, after) {
-		t.Error("the source file was changed")
+		t.Errorf("%s was changed", file)
 	}
+	return out.String()
 }

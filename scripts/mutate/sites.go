@@ -220,6 +220,21 @@ func isNumeric(t types.Type) bool {
 	return ok && b.Info()&types.IsNumeric != 0 && b.Info()&types.IsComplex == 0
 }
 
+// intMutations moves a non-negative integer literal by one: 0 becomes 1,
+// 1 becomes 0 and 2, and others up to maxOffByOne one down and one up
+// (larger ones are scales; see maxOffByOne).
+func intMutations(v int64) []string {
+	switch {
+	case v == 0:
+		return []string{"1"}
+	case v == 1:
+		return []string{"0", "2"}
+	case v <= maxOffByOne:
+		return []string{strconv.FormatInt(v-1, 10), strconv.FormatInt(v+1, 10)}
+	}
+	return nil
+}
+
 // literalMutations: 0 and 1 swap; other small integers move by one; other
 // floats become 0.
 func literalMutations(l *ast.BasicLit) []string {
@@ -229,14 +244,7 @@ func literalMutations(l *ast.BasicLit) []string {
 		if err != nil {
 			return nil
 		}
-		switch {
-		case v == 0:
-			return []string{"1"}
-		case v == 1:
-			return []string{"0", "2"}
-		case v <= maxOffByOne:
-			return []string{strconv.FormatInt(v-1, 10), strconv.FormatInt(v+1, 10)}
-		}
+		return intMutations(v)
 	case token.FLOAT:
 		v, err := strconv.ParseFloat(strings.ReplaceAll(l.Value, "_", ""), 64)
 		if err != nil {
