@@ -261,12 +261,7 @@ func TestBucketTTLIsExact(t *testing.T) {
 // far below half the static share, closes the mark window without marking
 // the key (the grant's own mark, up to its expiry, already trimmed).
 func TestGrantEndingNowMarksNothing(t *testing.T) {
-	w := newTwin(t)
-	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
-	c := Common{StaticRate: 100, StaticBurst: 200, LeaseTTL: 5 * time.Second, ReapBudget: 8,
-		DemandWindow: 500 * time.Millisecond, MarkEvery: 250 * time.Millisecond}
-	end := w.now + 1_000_000
-	w.setRate(k, c, 10, 10, end, w.now)
+	w, k, c, end := withGrantEndingInASecond(t)
 	if got := w.cands(k.Cand); got[k.Member] != end {
 		t.Fatalf("candidates %v after the grant, want marked until its expiry %d", got, end)
 	}
@@ -445,4 +440,19 @@ func TestGenerationLostWhileSeenRebirths(t *testing.T) {
 	if !r.Reborn || r.Allowed {
 		t.Fatalf("check after the generation was lost: %+v, want a re-birth and the empty bucket's denial", r)
 	}
+}
+
+// withGrantEndingInASecond is a twin whose key acme/read, under a static
+// share of 100/s with mark windows of 250 ms over a 500 ms demand window,
+// holds a grant of 10/s that ends one second from the twin's now (end, in
+// µs): the grant marks the key until then.
+func withGrantEndingInASecond(t *testing.T) (w *twin, k Keys, c Common, end int64) {
+	t.Helper()
+	w = newTwin(t)
+	k = KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
+	c = Common{StaticRate: 100, StaticBurst: 200, LeaseTTL: 5 * time.Second, ReapBudget: 8,
+		DemandWindow: 500 * time.Millisecond, MarkEvery: 250 * time.Millisecond}
+	end = w.now + 1_000_000
+	w.setRate(k, c, 10, 10, end, w.now)
+	return w, k, c, end
 }

@@ -66,12 +66,7 @@ func TestReportWantingNothingOnAnEmptyBucketWaitsForNothing(t *testing.T) {
 // lease demand leaves the candidate mark window unopened (no cw field), as
 // a call on any undemanded key does.
 func TestLeaseCallAtAGrantsExpiryOpensNoMarkWindow(t *testing.T) {
-	w := newTwin(t)
-	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
-	c := Common{StaticRate: 100, StaticBurst: 200, LeaseTTL: 5 * time.Second, ReapBudget: 8,
-		DemandWindow: 500 * time.Millisecond, MarkEvery: 250 * time.Millisecond}
-	end := w.now + 1_000_000
-	w.setRate(k, c, 10, 10, end, w.now)
+	w, k, c, end := withGrantEndingInASecond(t)
 	w.at(end)
 	if r := w.sync(k, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 5, Min: 1}); r.Granted != 5 {
 		t.Fatalf("sync at the grant's expiry: %+v, want 5 granted", r)
