@@ -105,13 +105,7 @@ func TestLuaRunThroughOverlay(t *testing.T) {
 // TestLuaSyntaxErrorDoesNotCompile: a mutated script Redis refuses to
 // load counts as not compiling, not as killed.
 func TestLuaSyntaxErrorDoesNotCompile(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs go test")
-	}
-	p, err := load(context.Background(), tinyLuaDir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := loadTinyLua(t, "runs go test")
 	if len(p.luaFiles) != 1 {
 		t.Fatalf("lua files %v, want clamp.lua", p.luaFiles)
 	}
@@ -133,13 +127,7 @@ func TestLuaSyntaxErrorDoesNotCompile(t *testing.T) {
 // and then stops the run instead of counting as not compiling. The
 // failure is staged by marking a broken Go file as Lua.
 func TestLuaBuildFailureIsAnError(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs go test twice")
-	}
-	p, err := load(context.Background(), tinyLuaDir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := loadTinyLua(t, "runs go test twice")
 	f := *p.files[0]
 	f.lua = true
 	m := &mutant{file: &f, kind: "test", edits: []edit{{0, len("// Package"), "broken"}}}
@@ -148,4 +136,18 @@ func TestLuaBuildFailureIsAnError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "only a Lua file changed") {
 		t.Errorf("a build failure of a Lua mutant: %s, %v; want an error\n%s", res, err, text)
 	}
+}
+
+// loadTinyLua loads the Lua test package for a test that runs go test on
+// it, skipped under -short for why.
+func loadTinyLua(t *testing.T, why string) *pkg {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(why)
+	}
+	p, err := load(context.Background(), tinyLuaDir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
