@@ -135,7 +135,8 @@ func waiting[K comparable](t *testing.T, p *pool[K], key K, n int, done <-chan e
 // refused with InvalidArgument naming the bound; a rule without a Max
 // refuses nothing by size; a service's "/*" rule covers its methods; a
 // Check's refusal names its bound; each refusal is counted by method and
-// bound. A method name without a service has no rule.
+// bound. A method name without a service has no rule; one ending in the
+// service's slash is the service's.
 func TestRequestsAreWeighedAgainstTheirRule(t *testing.T) {
 	units := func(req any) int { return req.(int) }
 	shape := func(req any) (string, string) {
@@ -174,8 +175,9 @@ func TestRequestsAreWeighedAgainstTheirRule(t *testing.T) {
 		{"/w/x", 3, 0, "per_w"},
 		{"/w/x", 7, 0, "per_w"},
 		{"/w/y", 1, 1, ""},
-		{"/w/y", nil, 1, ""}, // no request (a stream): its Check does not apply
-		{"/top", 5, 1, ""},   // names no service: no rule
+		{"/w/y", nil, 1, ""},   // no request (a stream): its Check does not apply
+		{"/w/", 3, 0, "per_w"}, // an empty method name: the slash it ends with is its service's, as rpcauth reads it
+		{"/top", 5, 1, ""},     // names no service: no rule
 		{"//x", 2, 0, "empty_service"},
 	} {
 		ctx := on("c")

@@ -309,3 +309,52 @@ func TestWaiterGivingUpLeavesTheQueue(t *testing.T) {
 		t.Fatalf("state left behind: %v", p.m)
 	}
 }
+
+// TestWaiterGrantedAsItGivesUpGivesTheTurnBack: a waiter whose turn is
+// granted as its context ends, and that sees the end first, gives the
+// granted units back; the units in use are again those of the turns held.
+// Which of the two a waiter sees is select's random choice, so the test
+// repeats until it saw both.
+func TestWaiterGrantedAsItGivesUpGivesTheTurnBack(t *testing.T) {
+	p := pool[string]{cap: 2, queue: 2, m: map[string]*sem{}}
+	ctx := context.Background()
+	stays, err := p.acquire(ctx, "c", 1, func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gaveUp, served := 0, 0
+	for gaveUp == 0 || served == 0 {
+		if gaveUp+served == 10000 {
+			t.Fatalf("after %d waiters granted as they gave up, %d gave up and %d were served; want both", gaveUp+served, gaveUp, served)
+		}
+		other, err := p.acquire(ctx, "c", 1, func() {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		// onWait runs after the waiter queued and before it waits: the
+		// release grants it the unit, then its context ends, so both are
+		// ready when it looks.
+		h, err := p.acquire(wctx, "c", 1, func() { other.release(); cancel() })
+		switch {
+		case err == nil:
+			served++
+			h.release()
+		case errors.Is(err, context.Canceled):
+			gaveUp++
+		default:
+			t.Fatal(err)
+		}
+		p.mu.Lock()
+		s := p.m["c"]
+		used, waiting := s.used, s.waiting
+		p.mu.Unlock()
+		if used != 1 || waiting != 0 {
+			t.Fatalf("after a waiter granted as it gave up (%v): %d units used, %d waiting; want the 1 held, 0", err, used, waiting)
+		}
+	}
+	stays.release()
+	if len(p.m) != 0 {
+		t.Fatalf("state left behind: %v", p.m)
+	}
+}
