@@ -324,6 +324,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	}{
 		{"empty body", ``, 400, "", "body is empty"},
 		{"not JSON", `tenant=acme`, 400, "", "body is not valid JSON: unexpected byte 'e' at offset 1"},
+		{"bad first byte", `}`, 400, "", "body is not valid JSON: unexpected byte '}' at offset 0"},
 		{"truncated", `{"tenant":"acme"`, 400, "", "body is not valid JSON: it ends after 16 bytes, before its value does"},
 		{"bad byte in the middle", `{"tenant":"acme",}`, 400, "", "body is not valid JSON: unexpected byte '}' at offset 17"},
 		{"letter outside a string", `{"tenant":é}`, 400, "", "body is not valid JSON: unexpected byte 0xc3 at offset 10 (the first byte of 'é')"},
