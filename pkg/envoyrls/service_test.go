@@ -410,6 +410,9 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 	if _, err := p.rls.ShouldRateLimit(ctx, request("sluice", 0, valid)); status.Code(err) != codes.Unavailable {
 		t.Fatalf("before a Limiter is attached: %v, want Unavailable", err)
 	}
+	if n := counter(t, p.reg, "sluice_envoy_request_duration_seconds", map[string]string{"result": "error"}); n != 1 {
+		t.Errorf("%v requests timed as error before a Limiter is attached, want 1", n)
+	}
 	p.svc.SetLimiter(p.lim)
 
 	rdb := rs.Client()
@@ -806,13 +809,17 @@ envoy:
 // TestNoConfigIsUnavailable: a Service whose config source has no config
 // yet answers a valid request codes.Unavailable, never a verdict.
 func TestNoConfigIsUnavailable(t *testing.T) {
-	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{}})
+	reg := prometheus.NewRegistry()
+	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp, err := svc.ShouldRateLimit(context.Background(), request("sluice", 0, desc("tenant", "acme", "class", "write")))
 	if status.Code(err) != codes.Unavailable || resp != nil {
 		t.Errorf("answer %v, error %v; want Unavailable", resp, err)
+	}
+	if n := counter(t, reg, "sluice_envoy_request_duration_seconds", map[string]string{"result": "error"}); n != 1 {
+		t.Errorf("%v requests timed as error, want 1", n)
 	}
 }
 
@@ -848,15 +855,25 @@ envoy:
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: svcCfg}, Limiter: lim})
+	mreg := prometheus.NewRegistry()
+	svc, err := envoyrls.New(envoyrls.Options{Config: regional.StaticConfig{C: svcCfg}, Limiter: lim, Registerer: mreg})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Each refusal is timed under its own result, so that the latency of
+	// answers is not mixed with that of failures.
+	timed := func(what, result string, want float64) {
+		t.Helper()
+		if n := counter(t, mreg, "sluice_envoy_request_duration_seconds", map[string]string{"result": result}); n != want {
+			t.Errorf("%s: %v requests timed as %s, want %v", what, n, result, want)
+		}
 	}
 	ctx := context.Background()
 	resp, err := svc.ShouldRateLimit(ctx, request("sluice", 0, desc("tenant", "acme", "class", "extra")))
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), `descriptors[0] (tenant "acme", class "extra")`) || resp != nil {
 		t.Errorf("a class the region refuses: answer %v, error %v; want InvalidArgument naming the descriptor", resp, err)
 	}
+	timed("a class the region refuses", "invalid_argument", 1)
 	if err := lim.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -864,11 +881,14 @@ envoy:
 	if resp, err := svc.ShouldRateLimit(ctx, write); status.Code(err) != codes.Unavailable || resp != nil {
 		t.Errorf("closed Limiter: answer %v, error %v; want Unavailable", resp, err)
 	}
+	timed("closed Limiter", "error", 1)
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
 	if resp, err := svc.ShouldRateLimit(gone, write); status.Code(err) != codes.Canceled || resp != nil {
 		t.Errorf("closed Limiter, Envoy gone: answer %v, error %v; want Canceled", resp, err)
 	}
+	timed("closed Limiter, Envoy gone", "error", 2)
+	timed("no request answered", "ok", 0)
 }
 
 // TestDegradedDecisionsCounted: a decision the class's on_failure policy
