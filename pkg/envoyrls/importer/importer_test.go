@@ -389,3 +389,178 @@ func TestImportedAnswersAsEnvoyRatelimit(t *testing.T) {
 		t.Errorf("only %d descriptors compared", n)
 	}
 }
+
+// importOne converts one file given as YAML into the config base parses to.
+func importOne(t *testing.T, base, name, yaml string) (importer.Result, error) {
+	t.Helper()
+	b, err := config.Parse([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := importer.Parse(name, []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return importer.Convert(b, []importer.File{f})
+}
+
+// countNotes is how many notes hold s.
+func countNotes(res importer.Result, s string) int {
+	n := 0
+	for _, note := range res.Notes {
+		if strings.Contains(note, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestImportNotesTheMappingsOfItsDomain: an imported domain that the base
+// also maps with envoy.descriptors gets one note, however many mappings it
+// has; a domain mapped only elsewhere gets none.
+func TestImportNotesTheMappingsOfItsDomain(t *testing.T) {
+	const mapped = base + `    - {domain: d, tenant_key: user, class: read}
+    - {domain: d, tenant_key: tenant, class: read}
+`
+	const file = "domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 5}}]\n"
+	res, err := importOne(t, mapped, "d.yaml", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countNotes(res, `domain "d" also has an envoy.descriptors mapping (tenant_key "user")`); n != 1 || countNotes(res, "also has an envoy.descriptors mapping") != 1 {
+		t.Errorf("two mappings of the domain: %d notes naming the first, want exactly one note:\n%s", n, strings.Join(res.Notes, "\n"))
+	}
+	// The base maps only the domain "sluice".
+	res, err = importOne(t, base, "d.yaml", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countNotes(res, "envoy.descriptors mapping"); n != 0 {
+		t.Errorf("a domain no mapping serves: noted as mapped:\n%s", strings.Join(res.Notes, "\n"))
+	}
+}
+
+// TestImportRequestsPerUnitRange: requests_per_unit is a uint32 in
+// envoyproxy/ratelimit; a count beyond it is refused as out of that range,
+// while one within it is left to the config's own bound on a burst.
+func TestImportRequestsPerUnitRange(t *testing.T) {
+	for _, c := range []struct {
+		n    int64
+		want string
+	}{
+		{1<<32 - 1, "tiers.free.d.k.burst"},
+		{1 << 32, "rate_limit.requests_per_unit 4294967296: want a whole number in 1..4294967295"},
+		{-1, "rate_limit.requests_per_unit -1: want a whole number in 1..4294967295"},
+	} {
+		_, err := importOne(t, base, "d.yaml", fmt.Sprintf("domain: d\ndescriptors: [{key: k, rate_limit: {unit: day, requests_per_unit: %d}}]\n", c.n))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("requests_per_unit %d: %v, want an error saying %q", c.n, err, c.want)
+		}
+		if c.n == 1<<32-1 && strings.Contains(err.Error(), "want a whole number") {
+			t.Errorf("requests_per_unit %d, within a uint32: %v", c.n, err)
+		}
+	}
+}
+
+// TestImportNamesLimitsOfOneNameApart: rate limits given the same name get
+// classes of their own, the second and later ones numbered from 2.
+func TestImportNamesLimitsOfOneNameApart(t *testing.T) {
+	res, err := importOne(t, base, "d.yaml", `domain: d
+descriptors:
+  - {key: a, rate_limit: {name: api, unit: second, requests_per_unit: 1}}
+  - {key: b, rate_limit: {name: api, unit: second, requests_per_unit: 2}}
+  - {key: c, rate_limit: {name: api, unit: second, requests_per_unit: 3}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := res.Config.EnvoyTree("d").Descriptors
+	for i, want := range []string{"d.api", "d.api.2", "d.api.3"} {
+		if got := nodes[i].Class; got != want {
+			t.Errorf("descriptors[%d]: class %q, want %q", i, got, want)
+		}
+		if got := res.Config.Tiers["free"][want].Burst; got != float64(i+1) {
+			t.Errorf("class %q: burst %v, want %d", want, got, i+1)
+		}
+	}
+}
+
+// TestReimportNotesOnlyTheClassesItDrops: importing a domain again without
+// one of its limits notes that limit's class, and no class still named.
+func TestReimportNotesOnlyTheClassesItDrops(t *testing.T) {
+	first, err := importOne(t, base, "d.yaml", `domain: d
+descriptors:
+  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}
+  - {key: b, rate_limit: {unit: second, requests_per_unit: 2}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := importer.Parse("d.yaml", []byte("domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1}}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := importer.Convert(first.Config, []importer.File{f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if countNotes(res, `class "d.b" is no longer named`) != 1 || countNotes(res, "is no longer named") != 1 {
+		t.Errorf("want one note, of the dropped class d.b:\n%s", strings.Join(res.Notes, "\n"))
+	}
+}
+
+// TestDigestedPrefixesNamesOnlyPerValuePatterns: only a pattern without
+// share_threshold limits each value it matches under its own tenant; an
+// exact value and a shared pattern holding the same bytes are not named.
+func TestDigestedPrefixesNamesOnlyPerValuePatterns(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+regions: {us: {weight: 1}}
+classes: {read: {}}
+tiers: {free: {read: {rate: 10/s, burst: 10}}}
+default_tier: free
+envoy:
+  domains:
+    - domain: d
+      descriptors:
+        - {key: path, value: "/v1/exact", class: read}
+        - {key: path, value: "/v1/shared/*", share_threshold: true, class: read}
+        - {key: path, value: "/v1/*", class: read}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := importer.DigestedPrefixes(cfg)
+	if len(got) != 1 || !strings.HasPrefix(got[0], `envoy.domains[0].descriptors[2] (key "path"): every value matching "/v1/*"`) {
+		t.Errorf("got %q, want only descriptors[2]", got)
+	}
+}
+
+// TestImportFilesWithoutADomain: each file without a domain is refused for
+// that alone; it is not a domain the next such file repeats.
+func TestImportFilesWithoutADomain(t *testing.T) {
+	var files []importer.File
+	for _, name := range []string{"a.yaml", "b.yaml"} {
+		f, err := importer.Parse(name, []byte("descriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	_, err := importer.Convert(mustBase(t), files)
+	if err == nil || !strings.Contains(err.Error(), "a.yaml: domain: is required") || !strings.Contains(err.Error(), "b.yaml: domain: is required") ||
+		strings.Contains(err.Error(), "also the domain of") {
+		t.Errorf("got %v, want each file refused for its missing domain, and nothing else", err)
+	}
+}
+
+// TestImportClassNamesKeepLettersAndDigits: every letter and digit of a
+// descriptor's path stays in its class name, at both ends of each range.
+func TestImportClassNamesKeepLettersAndDigits(t *testing.T) {
+	res, err := importOne(t, base, "d.yaml", "domain: d\ndescriptors: [{key: Zz, value: Aa09, rate_limit: {unit: second, requests_per_unit: 1}}]\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Config.EnvoyTree("d").Descriptors[0].Class; got != "d.Zz_Aa09" {
+		t.Errorf("class %q, want d.Zz_Aa09", got)
+	}
+}
