@@ -271,14 +271,14 @@ func TestGrantOrderKeepsTheNewestIssue(t *testing.T) {
 		t.Fatalf("grant order %+v", g)
 	}
 	// A Redis that came back empty has applied nothing: any issue time is
-	// new to it.
+	// new to it, the earliest too.
 	o = twoByTwo(t)
 	o.GrantIssued(sec, 1, 1, 2000)
 	o.GrantIssued(sec, 0, 1, 2000)
 	o.RedisDown(2*sec, 1)
 	o.RedisUp(3*sec, 1)
-	o.GrantIssued(4*sec, 1, 1, 10)
-	o.GrantIssued(4*sec, 0, 1, 10)
+	o.GrantIssued(4*sec, 1, 1, 0)
+	o.GrantIssued(4*sec, 0, 1, 0)
 	if g := o.Finish(5 * sec).GrantOrder; g.Violations != 1 || g.FirstRegion != "a" {
 		t.Fatalf("after a restart: %+v", g)
 	}

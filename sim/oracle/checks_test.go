@@ -108,6 +108,21 @@ func TestRedisOutageAndRestart(t *testing.T) {
 	}
 }
 
+// TestRedisBackAtTheStartRunsOnItsFloors: a Redis back empty has no
+// static lease from the instant it is back, the run's first too: beside
+// it the others may use all but its floors.
+func TestRedisBackAtTheStartRunsOnItsFloors(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) {
+		s.Keys[0].FloorRate, s.Keys[0].FloorBurst = []float64{10, 10}, []float64{20, 20}
+	})
+	o.RedisDown(0, 0)
+	o.RedisUp(0, 0)
+	o.GrantApplied(0, 1, 0, 90, 180, 10*sec)
+	if r := o.Finish(sec); r.Rates.Violations != 0 || r.Bursts.Violations != 0 || r.Rates.MaxRatio != 1 || r.Bursts.MaxRatio != 1 {
+		t.Fatalf("floor 10/20 beside 90/180 judged against its static share: %+v %+v", r.Rates, r.Bursts)
+	}
+}
+
 // TestCrashErrorAccounting: ε adds up per key; zero or negative amounts
 // are ignored; CrashKeys counts keys with any.
 func TestCrashErrorAccounting(t *testing.T) {

@@ -133,6 +133,66 @@ func TestFairnessError(t *testing.T) {
 	}
 }
 
+// TestFairnessJudgesARegionThatOfferedOneToken: a region is judged in a
+// contended window as soon as it offered anything, a single token too
+// (demands 150/s and 0.1/s: fair shares 99.9 and 0.1).
+func TestFairnessJudgesARegionThatOfferedOneToken(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) { s.Duration = 20 * sec })
+	perSecond(o, 0, 10, 0, 150, 100)
+	o.Offered(5*sec, 1, 0, 1, 1)
+	o.Decided(5*sec, 1, 0, 1, SourceDenied)
+	r := o.Finish(20 * sec)
+	if math.Abs(r.Fairness[0]-0.001) > 1e-12 || math.Abs(r.Fairness[1]-0.001) > 1e-12 ||
+		r.FairnessWindows[0] != 1 || r.FairnessWindows[1] != 1 {
+		t.Fatalf("fairness %v over %v windows, want 0.001 each over one", r.Fairness, r.FairnessWindows)
+	}
+}
+
+// TestOneTokenDeniedIsAFalseReject: a second with a single token offered
+// and denied, below the region's fair share (50.5/s: its demand of 1/s
+// and half the spare rate), has a false reject of the whole offer, in
+// the run's measure and the recovered one; admitted against the ideal
+// bucket, which admitted it, is 0.
+func TestOneTokenDeniedIsAFalseReject(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) { s.Duration = 10 * sec })
+	perSecond(o, 5, 6, 0, 1, 0)
+	r := o.Finish(10 * sec)
+	if r.FalseRejectTokens != 1 || r.FalseRejects != 1 || r.Recovered.FalseRejects != 1 {
+		t.Fatalf("false rejects %v tokens, %v of offered, %v recovered: want 1 of 1", r.FalseRejectTokens, r.FalseRejects, r.Recovered.FalseRejects)
+	}
+	if r.VsIdeal != 0 || r.Recovered.VsIdeal != 0 {
+		t.Fatalf("vs ideal %v, recovered %v: want 0", r.VsIdeal, r.Recovered.VsIdeal)
+	}
+}
+
+// TestVsIdealWithoutIdealAdmissionsIsNaN: admissions counted in seconds
+// in which the ideal bucket admitted nothing (their requests arrived
+// during the warmup) leave the ratios without a denominator: NaN, which
+// a target reads as n/a, not an infinite ratio that passes any minimum.
+func TestVsIdealWithoutIdealAdmissionsIsNaN(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) { s.Duration, s.Warmup = time.Minute, 10*sec })
+	o.Offered(9*sec+sec/2, 0, 0, 50, 1)
+	o.Decided(10*sec+sec/2, 0, 0, 50, SourceLease)
+	r := o.Finish(time.Minute)
+	if r.AfterWarmup.Admitted != 50 || !math.IsNaN(r.VsIdeal) || r.Recovered.Seconds != 50 || !math.IsNaN(r.Recovered.VsIdeal) {
+		t.Fatalf("admitted %v after warmup: vs ideal %v, recovered %v over %d s; want NaN over 50 s",
+			r.AfterWarmup.Admitted, r.VsIdeal, r.Recovered.VsIdeal, r.Recovered.Seconds)
+	}
+}
+
+// TestMinuteIdealLineCountsOnlyWhatTheIdealBucketAdmitted: a burst of
+// 1000 at once over a minute's 6000 of rate lets the ideal bucket admit
+// its burst of 200: its line is 0.2 and Sluice's 0.15, whatever was
+// denied.
+func TestMinuteIdealLineCountsOnlyWhatTheIdealBucketAdmitted(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) { s.Duration = time.Minute })
+	perSecond(o, 0, 1, 0, 1000, 150)
+	r := o.Finish(time.Minute)
+	if r.Windows60 != 1 || r.IdealUtil60sMean != 0.2 || r.Util60sMean != 0.15 {
+		t.Fatalf("%d windows, ideal %v, utilization %v: want one, 0.2 and 0.15", r.Windows60, r.IdealUtil60sMean, r.Util60sMean)
+	}
+}
+
 type grantAt struct {
 	at, expiry time.Duration
 	region     int

@@ -73,6 +73,37 @@ func TestCrashErrorCoversExcessUpToEpsilon(t *testing.T) {
 	}
 }
 
+// TestOneTokenOfCrashErrorCoversOneTokenOver: ε of a single token, the
+// least a crash can leave, is counted and covers an excess of exactly one
+// token; one more is a violation.
+func TestOneTokenOfCrashErrorCoversOneTokenOver(t *testing.T) {
+	for _, c := range []struct {
+		admitted   int64
+		violations int
+	}{{6, 0}, {7, 1}} {
+		o := oneKey(t, 1, 5, nil)
+		o.CrashError(0, 0, 1)
+		o.Decided(0, 0, 0, c.admitted, SourceLease)
+		r := o.Finish(sec)
+		if cf := r.Conformance; cf.Violations != c.violations || cf.CoveredByEps != int64(1-c.violations) || cf.CrashError != 1 || cf.CrashKeys != 1 {
+			t.Fatalf("%d admitted at once, burst 5, ε 1: %+v", c.admitted, cf)
+		}
+	}
+}
+
+// TestStrictAdmissionsAfterWarmup: strict admissions are counted over the
+// whole run and, from the end of the warmup on, apart.
+func TestStrictAdmissionsAfterWarmup(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) { s.Warmup = 10 * sec })
+	o.Decided(5*sec, 0, 0, 3, SourceStrict)
+	o.Decided(10*sec, 0, 0, 4, SourceStrict)
+	o.Decided(10*sec, 1, 0, 5, SourceLease)
+	r := o.Finish(20 * sec)
+	if r.Strict != 7 || r.Admitted != 12 || r.AfterWarmup.Strict != 4 || r.AfterWarmup.Admitted != 9 {
+		t.Fatalf("strict %v of %v admitted, after warmup %+v: want 7 of 12, 4 of 9", r.Strict, r.Admitted, r.AfterWarmup)
+	}
+}
+
 func TestDegradedAndShadowAdmissionsAreReportedApart(t *testing.T) {
 	o := twoRegions(t, nil)
 	o.Decided(0, 0, 0, 200, SourceLease)

@@ -39,3 +39,19 @@ func TestPassNeedsEveryCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestConvergedShiftIsNoMiss: a shift that converged at once (epoch 0) is
+// not missed whatever the target; one not converged is missed by a
+// target of at most the epochs it was watched; the digest gives the
+// converged shifts' figures and the share held in percent.
+func TestConvergedShiftIsNoMiss(t *testing.T) {
+	cv := Convergence{Shifts: 2, Max: 0, P50: 0, Held: 0.875, NotConverged: 1, Horizon: 30, FirstMiss: "t/c at 40s",
+		Each: []ShiftOutcome{{Key: "t/c", At: 10 * sec, Epochs: 0, Watched: 30}, {Key: "t/c", At: 40 * sec, Epochs: -1, Watched: 30}}}
+	if m := []int{cv.Missed(0), cv.Missed(30), cv.Missed(31)}; m[0] != 1 || m[1] != 1 || m[2] != 0 {
+		t.Fatalf("missed within 0, 30, 31 epochs: %v, want 1, 1, 0", m)
+	}
+	want := "max 0, median 0 epochs over 1 of 2 shifts; held within tolerance after: 87.50%; 1 not converged within 30 epochs (first t/c at 40s)"
+	if got := cv.String(); got != want {
+		t.Fatalf("text %q, want %q", got, want)
+	}
+}
