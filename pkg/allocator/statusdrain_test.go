@@ -1,0 +1,122 @@
+package allocator
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/configtest"
+	"github.com/sluicehq/sluice/pkg/regionsync"
+)
+
+// TestStatusReservesADrainedRegionWholeUntilItReportsTheDrain: a region
+// the live config drains shows its whole share reserved, drain pending,
+// while it reports only a revision that does not drain it; once it
+// reports the draining revision it shows only the floor reserved.
+func TestStatusReservesADrainedRegionWholeUntilItReportsTheDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		drained := strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
+		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		src.Set(parseConfig(t, drained), 6)
+		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
+		status := func(bRevs []int64, seq uint64) *sluicev1.RegionStatus {
+			t.Helper()
+			for _, r := range []struct {
+				region string
+				revs   []int64
+			}{{"a", []int64{5, 6}}, {"b", bRevs}} {
+				if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r.region, Seq: seq, ConfigRevisions: r.revs,
+					Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range st.GetRegions() {
+				if r.GetRegion() == "b" {
+					return r
+				}
+			}
+			t.Fatal("b not in the status")
+			return nil
+		}
+		floor := floorFraction(parseConfig(t, drained))
+		if floor >= 1 {
+			t.Fatalf("floor fraction %g, want below 1", floor)
+		}
+		if b := status([]int64{5}, 1); !b.GetDrainPending() || b.GetReservedFraction() != 1 {
+			t.Fatalf("b runs revision 5 only: drain pending %v, reserved %g; want pending and 1", b.GetDrainPending(), b.GetReservedFraction())
+		}
+		if b := status([]int64{5, 6}, 2); b.GetDrainPending() || b.GetReservedFraction() != floor {
+			t.Fatalf("b reported the drain: drain pending %v, reserved %g; want not pending and %g", b.GetDrainPending(), b.GetReservedFraction(), floor)
+		}
+	})
+}
+
+// TestStatusOfASourceWithoutRevisionsNamesRevision0: a config source
+// without revisions (a static config) is revision 0 in Status.
+func TestStatusOfASourceWithoutRevisionsNamesRevision0(t *testing.T) {
+	s := quietService(t, StaticConfig{C: parseConfig(t, loopConfig)})
+	st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetConfigRevision() != 0 {
+		t.Fatalf("config revision %d, want 0", st.GetConfigRevision())
+	}
+}
+
+// TestHeldConfigsOverTheBoundDropTheOldestReported: when every held
+// config is one some region reports (each reports the most a report
+// carries) and the live one is past the bound, the oldest goes.
+func TestHeldConfigsOverTheBoundDropTheOldestReported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfgOf := func(rev int64) string {
+			return strings.Replace(loopConfig, "rate: 100/s", fmt.Sprintf("rate: %d/s", 100+rev), 1)
+		}
+		src := configtest.NewSource(parseConfig(t, cfgOf(1)), 1)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		const n = regionsync.MaxConfigs
+		seq := map[string]uint64{}
+		var revs []int64
+		for rev := int64(1); rev <= 2*n; rev++ {
+			if rev > 1 {
+				src.Set(parseConfig(t, cfgOf(rev)), rev)
+			}
+			region := "a"
+			if rev > n {
+				region = "b"
+			}
+			if rev == n+1 {
+				revs = nil
+			}
+			revs = append(revs, rev)
+			seq[region]++
+			if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: region, Seq: seq[region], ConfigRevisions: revs}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		src.Set(parseConfig(t, cfgOf(2*n+1)), 2*n+1)
+		s.step(time.Now())
+		var want []int64
+		for rev := int64(2); rev <= 2*n+1; rev++ {
+			want = append(want, rev)
+		}
+		s.mu.Lock()
+		got := slices.Sorted(maps.Keys(s.held))
+		s.mu.Unlock()
+		if !slices.Equal(got, want) {
+			t.Fatalf("configs held %v, want %v", got, want)
+		}
+	})
+}
