@@ -221,3 +221,54 @@ func TestRestartGuardRebirthsANodeGoneBackOnACluster(t *testing.T) {
 		}
 	}
 }
+
+// TestRestartGuardProbeNoticesANodeLossACallStampedFirst: a node of a
+// three-node Redis Cluster loses its data, and a script call touching
+// that node's first slot (the one the guard probes) stamps its sentinel
+// again before the guard's next check. The probe finds a sentinel it did
+// not write but with another birth than the one it last saw: the check
+// counts the loss and stamps the node's other slots again.
+func TestRestartGuardProbeNoticesANodeLossACallStampedFirst(t *testing.T) {
+	// A Redis cluster of its own, mostly waited for (redis-cli forms it
+	// by polling): it runs beside the package's other parallel tests.
+	t.Parallel()
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { cc.Close() })
+	g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartConservative, slog.New(slog.DiscardHandler))
+	if err := g.Check(ctx, cc); err != nil {
+		t.Fatal(err)
+	}
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := slots[0]
+	// A key of the probed slot.
+	key := quota.Key{Class: "read"}
+	for n := 0; ; n++ {
+		key.Tenant = "t" + strconv.Itoa(n)
+		if luascripts.Slot(key.Tenant+"|"+key.Class) == lost.Start {
+			break
+		}
+	}
+	node := redis.NewClient(&redis.Options{Addr: lost.Nodes[0].Addr})
+	t.Cleanup(func() { node.Close() })
+	if err := node.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	common := luascripts.Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Minute, RestartWait: time.Minute, ReapBudget: 8, DemandWindow: time.Millisecond}
+	if _, err := luascripts.NewWith(g.Generations()).Check(ctx, cc, luascripts.ClusterKeysFor(luascripts.DefaultPrefix, key), common, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Check(ctx, cc); err != nil {
+		t.Fatal(err)
+	}
+	if got := g.Restarts(); got != 1 {
+		t.Fatalf("%d data losses counted, want 1", got)
+	}
+	if n, err := cc.Exists(ctx, luascripts.BornKey(luascripts.DefaultPrefix, lost.End)).Result(); err != nil || n != 1 {
+		t.Fatalf("the lost node's last sentinel: exists %d, %v; want it stamped again", n, err)
+	}
+}

@@ -53,6 +53,9 @@ func TestRestartGuardCountsEachDataLoss(t *testing.T) {
 	if got := none.Restarts(); got != 0 {
 		t.Fatalf("a nil guard counts %d restarts, want 0", got)
 	}
+	if got := none.Rollbacks(); got != 0 {
+		t.Fatalf("a nil guard counts %d rollbacks, want 0", got)
+	}
 }
 
 // TestColdStartFullTrustsOnlyTheFirstLook: under ColdStartFull the first
