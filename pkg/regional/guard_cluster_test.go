@@ -27,19 +27,13 @@ import (
 // the first one left them, neither counts one nor stamps anything beyond
 // its one probe per node.
 func TestColdStartFullRetriedFirstLookOnAClusterTrustsOnlyTheSlotsNoCallAnsweredFrom(t *testing.T) {
-	// A Redis cluster of its own, mostly waited for (redis-cli forms it
-	// by polling): it runs beside the package's other parallel tests.
-	t.Parallel()
 	ctx := context.Background()
-	addrs := redistest.StartCluster(t, 3)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { cc.Close() })
+	addrs, cc, g := guardedCluster(t, regional.ColdStartFull)
 	nodes := make([]*redis.Client, len(addrs))
 	for i, a := range addrs {
 		nodes[i] = redis.NewClient(&redis.Options{Addr: a})
 		t.Cleanup(func() { nodes[i].Close() })
 	}
-	g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartFull, slog.New(slog.DiscardHandler))
 
 	// The first look does not answer (its context ended before it ran).
 	gone, cancel := context.WithCancel(ctx)
@@ -157,14 +151,8 @@ func scriptCalls(t *testing.T, info string) int {
 // after is not held to a birth dated at its first call. It counts one
 // data loss, a rollback, and leaves the other nodes' slots alone.
 func TestRestartGuardRebirthsANodeGoneBackOnACluster(t *testing.T) {
-	// A Redis cluster of its own, mostly waited for (redis-cli forms it
-	// by polling): it runs beside the package's other parallel tests.
-	t.Parallel()
 	ctx := context.Background()
-	addrs := redistest.StartCluster(t, 3)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { cc.Close() })
-	g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartConservative, slog.New(slog.DiscardHandler))
+	_, cc, g := guardedCluster(t, regional.ColdStartConservative)
 	if err := g.Check(ctx, cc); err != nil {
 		t.Fatal(err)
 	}
@@ -229,14 +217,8 @@ func TestRestartGuardRebirthsANodeGoneBackOnACluster(t *testing.T) {
 // not write but with another birth than the one it last saw: the check
 // counts the loss and stamps the node's other slots again.
 func TestRestartGuardProbeNoticesANodeLossACallStampedFirst(t *testing.T) {
-	// A Redis cluster of its own, mostly waited for (redis-cli forms it
-	// by polling): it runs beside the package's other parallel tests.
-	t.Parallel()
 	ctx := context.Background()
-	addrs := redistest.StartCluster(t, 3)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { cc.Close() })
-	g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartConservative, slog.New(slog.DiscardHandler))
+	_, cc, g := guardedCluster(t, regional.ColdStartConservative)
 	if err := g.Check(ctx, cc); err != nil {
 		t.Fatal(err)
 	}
@@ -271,4 +253,17 @@ func TestRestartGuardProbeNoticesANodeLossACallStampedFirst(t *testing.T) {
 	if n, err := cc.Exists(ctx, luascripts.BornKey(luascripts.DefaultPrefix, lost.End)).Result(); err != nil || n != 1 {
 		t.Fatalf("the lost node's last sentinel: exists %d, %v; want it stamped again", n, err)
 	}
+}
+
+// guardedCluster starts a three-node Redis Cluster of the test's own, a
+// client of it and a restart guard in mode that has not looked yet. The
+// cluster is mostly waited for (redis-cli forms it by polling), so the
+// test runs beside the package's other parallel tests.
+func guardedCluster(t *testing.T, mode regional.ColdStart) ([]string, *redis.ClusterClient, *regional.RestartGuard) {
+	t.Helper()
+	t.Parallel()
+	addrs := redistest.StartCluster(t, 3)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { cc.Close() })
+	return addrs, cc, regional.NewRestartGuard(luascripts.DefaultPrefix, mode, slog.New(slog.DiscardHandler))
 }

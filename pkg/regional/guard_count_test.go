@@ -163,14 +163,8 @@ func TestParseColdStart(t *testing.T) {
 // every missing sentinel of that node is stamped again, and looks that
 // find the probes as the guard left them count nothing.
 func TestRestartGuardCountsANodeLossOnACluster(t *testing.T) {
-	// A Redis cluster of its own, mostly waited for (redis-cli forms it
-	// by polling): it runs beside the package's other parallel tests.
-	t.Parallel()
 	ctx := context.Background()
-	addrs := redistest.StartCluster(t, 3)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { cc.Close() })
-	g := regional.NewRestartGuard(luascripts.DefaultPrefix, regional.ColdStartConservative, slog.New(slog.DiscardHandler))
+	addrs, cc, g := guardedCluster(t, regional.ColdStartConservative)
 	check := func(want int64) {
 		t.Helper()
 		if err := g.Check(ctx, cc); err != nil {
