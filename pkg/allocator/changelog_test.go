@@ -128,7 +128,6 @@ func TestRebuildKeepsAStoredLapseUntilItIsRewritten(t *testing.T) {
 		src := configtest.NewSource(parseConfig(t, base), 1)
 		s := quietService(t, src)
 		s.promote(1, time.Now().Add(time.Hour), []string{"a"})
-		epoch := 100 * time.Millisecond
 		seq := uint64(0)
 		syncA := func() *sluicev1.RegionGrants {
 			t.Helper()
@@ -139,20 +138,6 @@ func TestRebuildKeepsAStoredLapseUntilItIsRewritten(t *testing.T) {
 			}
 			return g
 		}
-		back := time.Now()
-		for syncA().GetStaticLeaseMs() == 0 {
-			if time.Since(back) > 500*time.Millisecond+epoch {
-				t.Fatalf("a not conferred a lease %v after it came back", time.Since(back))
-			}
-			time.Sleep(epoch)
-		}
-		if st := s.alloc.LapsedSet(); len(st) != 0 {
-			t.Fatalf("allocator holds %v lapsed once a was conferred a lease, want none", st)
-		}
-		src.Set(parseConfig(t, strings.Replace(base, "region_lease: 2s", "region_lease: 3s", 1)), 2)
-		if g := syncA(); g.GetStaticLeaseMs() != 0 || !g.GetLearning() {
-			t.Fatalf("rebuilt allocator answered a with a %d ms lease (learning %v); want none while it learns, a still in the stored set",
-				g.GetStaticLeaseMs(), g.GetLearning())
-		}
+		rebuildKeepsTheLapse(t, s, src, base, syncA)
 	})
 }
