@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"fmt"
-	"log/slog"
 	"maps"
 	"math"
 	"slices"
@@ -14,7 +13,6 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/configtest"
-	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regionsync"
@@ -322,11 +320,7 @@ func TestRaisedValidityLearnsOneNewValidityAndLogsIt(t *testing.T) {
 		fast := strings.Replace(strings.Replace(loopConfig, "epoch: 100ms", "epoch: 200ms", 1), "grant_validity: 500ms", "grant_validity: 1s", 1)
 		slow := strings.Replace(strings.Replace(loopConfig, "epoch: 100ms", "epoch: 500ms", 1), "grant_validity: 500ms", "grant_validity: 3s", 1)
 		src := configtest.NewSource(parseConfig(t, fast), 1)
-		logs := &logtest.Buffer{}
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.NewTextHandler(logs, nil))}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, logs := loggedService(t, src)
 		s.promote(1, time.Now().Add(24*time.Hour), nil)
 		time.Sleep(time.Hour)
 		s.step(time.Now())

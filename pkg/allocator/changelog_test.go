@@ -1,7 +1,6 @@
 package allocator
 
 import (
-	"log/slog"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -9,7 +8,6 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/configtest"
-	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -21,11 +19,7 @@ import (
 func TestAcceptedConfigChangeLogsNoRefusal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := configtest.NewSource(parseConfig(t, loopConfig), 1)
-		logs := &logtest.Buffer{}
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.NewTextHandler(logs, nil))}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, logs := loggedService(t, src)
 		s.promote(1, time.Now().Add(time.Hour), nil)
 		seq := uint64(0)
 		sync := func() {

@@ -1,7 +1,6 @@
 package allocator
 
 import (
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -10,7 +9,6 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/configtest"
-	"github.com/sluicehq/sluice/internal/logtest"
 )
 
 // TestWrittenLapseIsLoggedOnceAndOutlivesARebuild: a lapse made durable
@@ -23,11 +21,7 @@ func TestWrittenLapseIsLoggedOnceAndOutlivesARebuild(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := loopConfig + "region_lease: 2s\n"
 		src := configtest.NewSource(parseConfig(t, base), 1)
-		logs := &logtest.Buffer{}
-		s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.NewTextHandler(logs, nil))}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, logs := loggedService(t, src)
 		s.promote(1, time.Now().Add(time.Hour), nil)
 		s.mu.Lock()
 		after := s.lapseAfterLocked()

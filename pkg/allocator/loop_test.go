@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
@@ -50,6 +51,18 @@ func quietService(t *testing.T, src ConfigSource) *Service {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// loggedService is quietService with its log kept in the returned buffer,
+// for tests of what the service logs.
+func loggedService(t *testing.T, src ConfigSource) (*Service, *logtest.Buffer) {
+	t.Helper()
+	logs := &logtest.Buffer{}
+	s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.NewTextHandler(logs, nil))}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, logs
 }
 
 // memConfig is an in-memory ConfigSource that publishes like
