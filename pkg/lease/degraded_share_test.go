@@ -64,6 +64,12 @@ func TestDegradedModeSharesTheLocalBoundWithTheRegionsAdmissions(t *testing.T) {
 		{name: "part of the bucket spent through the lease", key: kW, bounded: true, steps: []shareStep{
 			{0, "lease 3"}, {0, "degraded 2"},
 		}},
+		{name: "a single token spent through the lease counts", key: kW, bounded: true, steps: []shareStep{
+			{0, "lease 1"}, {0, "degraded 4"},
+		}},
+		{name: "a single token spent since the last degraded decision counts", key: kW, bounded: true, steps: []shareStep{
+			{0, "lease 3"}, {0, "degraded 2"}, {ms(1000), "lease 1"}, {ms(1000), "degraded 4"},
+		}},
 		{name: "tokens granted but not spent do not count", key: kW, bounded: true, steps: []shareStep{
 			{0, "spend 2 of 10"}, {0, "degraded 3"},
 		}},
@@ -75,6 +81,9 @@ func TestDegradedModeSharesTheLocalBoundWithTheRegionsAdmissions(t *testing.T) {
 		}},
 		{name: "strict admissions count", key: kStrict, bounded: true, steps: []shareStep{
 			{0, "check 4"}, {0, "degraded 1"}, {ms(600), "degraded 3"},
+		}},
+		{name: "a single strict admission counts", key: kStrict, bounded: true, steps: []shareStep{
+			{0, "check 1"}, {0, "degraded 4"},
 		}},
 		{name: "strict denials do not count", key: kStrict, bounded: true, steps: []shareStep{
 			{0, "check-denied 5"}, {0, "degraded 5"},
