@@ -244,6 +244,38 @@ func TestLeasePathDenialIsNotDegraded(t *testing.T) {
 	}
 }
 
+// TestStrictAnswersAreNotDegraded: a strict check the region answered is
+// counted with its result, denied included, never as a degraded decision.
+func TestStrictAnswersAreNotDegraded(t *testing.T) {
+	tb := newTestTable(t)
+	for _, resp := range []*sluicev1.CheckResponse{
+		{Allowed: true, Limit: 5, Remaining: 4},
+		{Limit: 5, RetryAfterMs: 250},
+		{Limit: 5, Shadow: true},
+	} {
+		if _, err := tb.ApplyCheck(t0, kExp, 1, resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []DecisionCount{
+		{Class: "export", Tier: "unknown", Result: ResultAllowed, N: 1},
+		{Class: "export", Tier: "unknown", Result: ResultDenied, N: 1},
+		{Class: "export", Tier: "unknown", Result: ResultShadowDenied, N: 1},
+	}
+	got := tb.Counts()
+	if len(got) != len(want) {
+		t.Fatalf("counts %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("counts %+v, want %+v", got, want)
+		}
+	}
+	if tb.Degraded() || tb.DegradedKeys() != 0 {
+		t.Fatalf("after answered checks: Degraded %v with %d keys, want neither", tb.Degraded(), tb.DegradedKeys())
+	}
+}
+
 // TestDemandCountsEveryPathsTokens: a key's measured demand is the tokens
 // asked of every path: the lease's denials, the on_failure policy, strict
 // checks.

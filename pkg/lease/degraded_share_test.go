@@ -195,6 +195,9 @@ func TestDegradedEpisodesCountEntriesIntoDegradedMode(t *testing.T) {
 		{func() { tb.Fallback(t0, kW, 1) }, 1},
 		{func() { tb.Fallback(t0, kR, 1) }, 1},
 		{func() { answer(kW) }, 1},
+		// kR is still degraded: the episode goes on, though the region
+		// answered a call since kR's last degraded decision.
+		{func() { tb.Fallback(t0, kR, 1) }, 1},
 		{func() { tb.Fallback(t0, kW, 1) }, 1},
 		{func() { answer(kW) }, 1},
 		{func() { answer(kR) }, 1},

@@ -26,6 +26,7 @@ func TestNeverDescribedKeyRunsAtTheLowerOfFallbackAndStaticShare(t *testing.T) {
 		{Tenant: "nounit", Class: "write"}: {Rate: 0.5, Burst: 0},
 		{Tenant: "norate", Class: "write"}: {Rate: 0, Burst: 5},
 		{Tenant: "nan", Class: "write"}:    {Rate: math.NaN(), Burst: 5},
+		{Tenant: "inf", Class: "write"}:    {Rate: math.Inf(1), Burst: 5},
 		{Tenant: "acme", Class: "open"}:    {Rate: 1, Burst: 1},
 		kExp:                               {Rate: 1, Burst: 1},
 	}
@@ -70,6 +71,7 @@ func TestNeverDescribedKeyRunsAtTheLowerOfFallbackAndStaticShare(t *testing.T) {
 		{"no whole token of burst in this region", quota.Key{Tenant: "nounit", Class: "write"}, 1, 0},
 		{"a share without rate: ignored", quota.Key{Tenant: "norate", Class: "write"}, 10, 10},
 		{"a share of rate NaN: ignored", quota.Key{Tenant: "nan", Class: "write"}, 10, 10},
+		{"a share of rate +Inf: ignored", quota.Key{Tenant: "inf", Class: "write"}, 10, 10},
 		{"a key the config does not resolve", quota.Key{Tenant: "other", Class: "write"}, 10, 10},
 	} {
 		if burst, refill := burstThenRefill(tc.key, t0); burst != tc.burst || refill != tc.refill {
@@ -101,6 +103,18 @@ func TestNeverDescribedKeyRunsAtTheLowerOfFallbackAndStaticShare(t *testing.T) {
 	d, _ := tb.Fallback(t0, learned, 1)
 	if d.Cap != 20 || asked[learned] != 0 {
 		t.Errorf("a key the region described: Cap %d, StaticShare asked %d times; want the region's share, 20, and never", d.Cap, asked[learned])
+	}
+
+	// A key the region answered without a rate (a region on its floor
+	// whose static lease lapsed) has no region share to divide: the
+	// static share bounds it as if it was never described.
+	floor := quota.Key{Tenant: "floor", Class: "write"}
+	shares[floor] = quota.Limit{Rate: 1, Burst: 2}
+	acquire(t, tb, t0, t0, floor, 1, 0, func(g *sluicev1.Grant) {
+		g.RegionRate, g.RegionBurst, g.LiveInstances, g.RetryAfterMs = 0, 80, 4, 0
+	})
+	if burst, refill := burstThenRefill(floor, t0); burst != 2 || refill != 1 {
+		t.Errorf("a key the region answered with no rate: admitted %d at once and %d a second later, want the static share's 2 and 1", burst, refill)
 	}
 }
 
