@@ -277,7 +277,8 @@ func retryBackoff(ctx context.Context, base func() time.Duration, maxFactor int,
 
 // staticChain is the replica's regionsync.Chain with the source's live
 // config adopted: static shares are the smallest under the configs the
-// global tier has not yet confirmed past. Safe for concurrent use.
+// global tier has not yet confirmed past; with no global tier (Unleased)
+// the live config's alone. Safe for concurrent use.
 func (s *Server) staticChain() regionsync.Chain {
 	cfg, rev := live(s.opts.Config)
 	if c := s.chain.Load(); c.Current().Cfg == cfg {
@@ -285,7 +286,17 @@ func (s *Server) staticChain() regionsync.Chain {
 	}
 	s.chainMu.Lock()
 	defer s.chainMu.Unlock()
-	c := s.chain.Load().Adopt(rev, cfg)
+	var c regionsync.Chain
+	if s.opts.Unleased {
+		// Nothing ever confirms a revision to a region with no global
+		// tier: it runs the config it adopts, alone, as before static
+		// leases (Options.Unleased). A chain of every config it adopted
+		// would bound it by the smallest share it ever ran, a raise never
+		// applied and a class added later held at a burst of 0.
+		c = regionsync.NewChain(rev, cfg)
+	} else {
+		c = s.chain.Load().Adopt(rev, cfg)
+	}
 	s.chain.Store(&c)
 	return c
 }
