@@ -2,12 +2,14 @@ package regional_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/luascripts"
@@ -80,4 +82,27 @@ func firstLookTimedOut(t *testing.T) (*redistest.Server, *redis.Client, *redis.C
 		t.Fatalf("sentinel after the look that timed out: exists %d, %v; want missing", n, err)
 	}
 	return rs, rdb, admin, g
+}
+
+// TestColdStartFullFirstLookThatAnswersLogsNoFailure: the first call's
+// look, made before its script once the look at start timed out, answers;
+// even at debug level nothing says it failed.
+func TestColdStartFullFirstLookThatAnswersLogsNoFailure(t *testing.T) {
+	ctx := context.Background()
+	rs, rdb, _, g := firstLookTimedOut(t)
+	logs := &logtest.Buffer{}
+	reg := regiontest.StartOn(t, rs, regiontest.MustConfig(t, oneRegion), "local", func(o *regional.Options) {
+		o.Guard, o.Redis = g, rdb
+		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	if _, err := sluicev1.NewLeaseServiceClient(reg.Dial(t)).Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: "i-1",
+		Report: &sluicev1.KeyReport{Key: qk("acme", "read"), Seq: 1, Lease: 1, Want: 100}}); err != nil {
+		t.Fatal(err)
+	}
+	if !g.Looked() {
+		t.Fatal("the guard has not made its first look after the first call")
+	}
+	if n := logs.Count("first look failed"); n != 0 {
+		t.Errorf("a first look that answered logged %d failures:\n%s", n, logs.String())
+	}
 }
