@@ -79,13 +79,19 @@ func TestLoopSyncsEveryKeyOncePerRefresh(t *testing.T) {
 			if s.err != nil {
 				t.Fatalf("Sync failed: %v", s.err)
 			}
-			if len(s.req.(*sluicev1.SyncRequest).Reports) == len(keys) {
-				periodic = append(periodic, s.at.Sub(start))
-			} else if s.at.Sub(start) > 100*time.Millisecond {
+			at := s.at.Sub(start)
+			if at <= 100*time.Millisecond {
 				// Early refills after the first acquires come at once and
-				// then batched one spacing (Refresh/20) apart.
-				t.Fatalf("partial Sync at %v, after the initial refills", s.at.Sub(start))
+				// then batched one spacing (Refresh/20) apart: one Sync
+				// may carry every key's when the first answers were slow
+				// to come back from the region, which runs outside the
+				// bubble on real time.
+				continue
 			}
+			if len(s.req.(*sluicev1.SyncRequest).Reports) != len(keys) {
+				t.Fatalf("partial Sync at %v, after the initial refills", at)
+			}
+			periodic = append(periodic, at)
 		}
 		want := []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second}
 		if len(periodic) != len(want) {
