@@ -2,6 +2,7 @@ package lease
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -262,14 +263,8 @@ func TestStrictAnswersAreNotDegraded(t *testing.T) {
 		{Class: "export", Tier: "unknown", Result: ResultDenied, N: 1},
 		{Class: "export", Tier: "unknown", Result: ResultShadowDenied, N: 1},
 	}
-	got := tb.Counts()
-	if len(got) != len(want) {
+	if got := tb.Counts(); !slices.Equal(got, want) {
 		t.Fatalf("counts %+v, want %+v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("counts %+v, want %+v", got, want)
-		}
 	}
 	if tb.Degraded() || tb.DegradedKeys() != 0 {
 		t.Fatalf("after answered checks: Degraded %v with %d keys, want neither", tb.Degraded(), tb.DegradedKeys())

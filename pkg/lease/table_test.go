@@ -780,14 +780,8 @@ func TestCountsByLabel(t *testing.T) {
 		{Class: "read", Tier: "unknown", Result: ResultAllowed, Degraded: true, N: 1},
 		{Class: "write", Tier: "pro", Result: ResultAllowed, N: 3},
 	}
-	got := tb.Counts()
-	if len(got) != len(want) {
+	if got := tb.Counts(); !slices.Equal(got, want) {
 		t.Fatalf("counts %+v, want %+v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("counts %+v, want %+v", got, want)
-		}
 	}
 	// Forgetting a key keeps its counts.
 	tb.PrepareRelease(t0)
