@@ -152,14 +152,7 @@ func scriptCalls(t *testing.T, info string) int {
 // data loss, a rollback, and leaves the other nodes' slots alone.
 func TestRestartGuardRebirthsANodeGoneBackOnACluster(t *testing.T) {
 	ctx := context.Background()
-	_, cc, g := guardedCluster(t, regional.ColdStartConservative)
-	if err := g.Check(ctx, cc); err != nil {
-		t.Fatal(err)
-	}
-	slots, err := cc.ClusterSlots(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc, g, slots := lookedCluster(t)
 	if len(slots) < 2 {
 		t.Fatalf("%d slot ranges, want one per node", len(slots))
 	}
@@ -218,14 +211,7 @@ func TestRestartGuardRebirthsANodeGoneBackOnACluster(t *testing.T) {
 // counts the loss and stamps the node's other slots again.
 func TestRestartGuardProbeNoticesANodeLossACallStampedFirst(t *testing.T) {
 	ctx := context.Background()
-	_, cc, g := guardedCluster(t, regional.ColdStartConservative)
-	if err := g.Check(ctx, cc); err != nil {
-		t.Fatal(err)
-	}
-	slots, err := cc.ClusterSlots(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc, g, slots := lookedCluster(t)
 	lost := slots[0]
 	// A key of the probed slot.
 	key := quota.Key{Class: "read"}
@@ -266,4 +252,19 @@ func guardedCluster(t *testing.T, mode regional.ColdStart) ([]string, *redis.Clu
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { cc.Close() })
 	return addrs, cc, regional.NewRestartGuard(luascripts.DefaultPrefix, mode, slog.New(slog.DiscardHandler))
+}
+
+// lookedCluster is guardedCluster with a conservative guard that made its
+// first look, and the cluster's slot ranges, one per node.
+func lookedCluster(t *testing.T) (*redis.ClusterClient, *regional.RestartGuard, []redis.ClusterSlot) {
+	t.Helper()
+	_, cc, g := guardedCluster(t, regional.ColdStartConservative)
+	if err := g.Check(context.Background(), cc); err != nil {
+		t.Fatal(err)
+	}
+	slots, err := cc.ClusterSlots(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cc, g, slots
 }
