@@ -20,6 +20,7 @@ type metrics struct {
 	released      prometheus.Counter
 	returned      prometheus.Counter
 	restarts      prometheus.CounterFunc
+	rollbacks     prometheus.CounterFunc
 	activeLeases  prometheus.GaugeFunc
 	activeKeys    prometheus.GaugeFunc
 	leader        prometheus.Gauge       // this replica leads its region
@@ -104,6 +105,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.restarts = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "sluice_regional_redis_data_losses_total", Help: "Times Redis was found to have lost its data: a born sentinel missing, or a data set gone back in time (restored from an older snapshot, a replica promoted while it lagged; docs/architecture.md, \"Redis rolls back\").",
 	}, func() float64 { return float64(s.guard.Restarts()) })
+	m.rollbacks = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "sluice_regional_redis_rollbacks_total", Help: "Of sluice_regional_redis_data_losses_total, the times a data set was found gone back in time (its write generation below one a replica saw: a snapshot restore, a replica promoted while it lagged) and re-birthed; the rest found a born sentinel missing (docs/architecture.md, \"Redis rolls back\").",
+	}, func() float64 { return float64(s.guard.Rollbacks()) })
 	m.activeLeases = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_regional_active_leases",
 		Help: "Live leases on the keys this replica served within one lease TTL, as the last script reply on each key counted them, less the releases since.",
@@ -161,7 +165,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.evicting, m.evictedKeys, m.startedUnconfirmed, m.resumedLate, m.unconfirmed)
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
-			m.granted, m.reclaimed, m.released, m.returned, m.restarts, m.activeLeases, m.activeKeys,
+			m.granted, m.reclaimed, m.released, m.returned, m.restarts, m.rollbacks, m.activeLeases, m.activeKeys,
 			m.leader, m.globalSyncs, m.reports, m.rises, m.reportKeys, m.candidates, m.grantsApplied, m.staticLeft, m.onFloor)
 	}
 	return m

@@ -347,6 +347,11 @@ func TestRedisRestartedEmptyUnderLeasesHandsOutNoBurst(t *testing.T) {
 			if excess > 0 {
 				t.Fatalf("over some interval the instances admitted %.1f tokens more than b + r·t: the empty Redis handed out a burst", excess)
 			}
+			// Counted as a loss, not as a rollback: the sentinel went with
+			// the data.
+			if losses, rollbacks := awaitDataLoss(t, d, cfg); losses != 1 || rollbacks != 0 {
+				t.Errorf("sluice_regional_redis_data_losses_total = %v, sluice_regional_redis_rollbacks_total = %v after an empty restart, want 1 and 0", losses, rollbacks)
+			}
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -70,13 +71,21 @@ func TestRedisRolledBackUnderLeasesHandsOutNoBurst(t *testing.T) {
 	}
 	// Counted at the guard's next check (every epoch; a starved machine
 	// checks late, so many epochs are allowed).
-	losses := func() float64 {
-		return metrictest.Series(t, d.Registry, "sluice_regional_redis_data_losses_total", nil)
+	losses, rollbacks := awaitDataLoss(t, d, cfg)
+	if losses != 1 || rollbacks != 1 {
+		t.Errorf("sluice_regional_redis_data_losses_total = %v, sluice_regional_redis_rollbacks_total = %v after the rollback, want 1 and 1", losses, rollbacks)
 	}
-	for deadline := time.Now().Add(30 * time.Duration(cfg.Epoch)); losses() < 1 && time.Now().Before(deadline); {
+}
+
+// awaitDataLoss polls d's registry until sluice_regional_redis_data_losses_total
+// counts a loss, within 30 epochs of cfg (the guard checks once an epoch; a
+// starved machine checks late), and returns it with
+// sluice_regional_redis_rollbacks_total read after it.
+func awaitDataLoss(t *testing.T, d *regional.Daemon, cfg *config.Config) (losses, rollbacks float64) {
+	t.Helper()
+	read := func(name string) float64 { return metrictest.Series(t, d.Registry, name, nil) }
+	for deadline := time.Now().Add(30 * time.Duration(cfg.Epoch)); read("sluice_regional_redis_data_losses_total") < 1 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond) // polling the guard's epoch check with a deadline
 	}
-	if n := losses(); n != 1 {
-		t.Errorf("sluice_regional_redis_data_losses_total = %v after the rollback, want 1", n)
-	}
+	return read("sluice_regional_redis_data_losses_total"), read("sluice_regional_redis_rollbacks_total")
 }
