@@ -9,6 +9,7 @@ import (
 	"pgregory.net/rapid"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/rapidfuzz"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -30,7 +31,13 @@ import (
 //   - over quota is a decision: Allow never fails on a valid request, and
 //     a denial has a time to retry after unless no wait can cure it.
 func TestTableKeepsItsPromisesUnderAnyInterleaving(t *testing.T) {
-	rapid.Check(t, func(rt *rapid.T) {
+	rapid.Check(t, tablePromises(t))
+}
+
+// tablePromises is the property of TestTableKeepsItsPromisesUnderAnyInterleaving,
+// its tables built on t.
+func tablePromises(t *testing.T) func(*rapid.T) {
+	return func(rt *rapid.T) {
 		tb := newTestTable(t, func(o *TableOptions) { o.IdleTimeout = 3 * time.Second })
 		keys := []quota.Key{kR, kW}
 		now := t0
@@ -174,5 +181,12 @@ func TestTableKeepsItsPromisesUnderAnyInterleaving(t *testing.T) {
 				check("expire")
 			},
 		})
-	})
+	}
+}
+
+// FuzzTableKeepsItsPromises searches tablePromises with the fuzzer choosing
+// every step (allow, sync, answer, an edge of a deadline, a wait) and value.
+func FuzzTableKeepsItsPromises(f *testing.F) {
+	rapidfuzz.AddSeeds(f, 32, 1<<16)
+	f.Fuzz(rapidfuzz.Target(tablePromises))
 }

@@ -8,6 +8,7 @@ import (
 	"pgregory.net/rapid"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/rapidfuzz"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -96,125 +97,128 @@ func TestChainRaisesOnlyAfterConfirmation(t *testing.T) {
 // under the newest confirmed config (which every region still honours),
 // and the global tier's reserve for each region is at least what it uses.
 func TestChainNeverOversubscribes(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		nCfg := rapid.IntRange(2, 12).Draw(t, "configs")
-		cfgs := make([]*config.Config, nCfg) // revision i+1 = cfgs[i]
-		for i := range cfgs {
-			var w [3]float64
-			for j := range w {
-				w[j] = float64(rapid.IntRange(1, 5).Draw(t, "w"))
-			}
-			cfgs[i] = chainConfig(t, w, rapid.IntRange(1, 200).Draw(t, "rate"), rapid.IntRange(1, 40).Draw(t, "burst"))
+	rapid.Check(t, chainNeverOversubscribes)
+}
+
+// chainNeverOversubscribes is the property of TestChainNeverOversubscribes.
+func chainNeverOversubscribes(t *rapid.T) {
+	nCfg := rapid.IntRange(2, 12).Draw(t, "configs")
+	cfgs := make([]*config.Config, nCfg) // revision i+1 = cfgs[i]
+	for i := range cfgs {
+		var w [3]float64
+		for j := range w {
+			w[j] = float64(rapid.IntRange(1, 5).Draw(t, "w"))
 		}
-		held := map[int64]*config.Config{}
-		for i, c := range cfgs {
-			held[int64(i+1)] = c
+		cfgs[i] = chainConfig(t, w, rapid.IntRange(1, 200).Draw(t, "rate"), rapid.IntRange(1, 40).Draw(t, "burst"))
+	}
+	held := map[int64]*config.Config{}
+	for i, c := range cfgs {
+		held[int64(i+1)] = c
+	}
+	stuck := rapid.IntRange(-1, 2).Draw(t, "stuck") // a region that never adopts (-1: none)
+	chains := make([]Chain, 3)
+	adopted := make([]int, 3) // index into cfgs of each region's newest
+	for i := range chains {
+		chains[i] = NewChain(1, cfgs[0])
+	}
+	conf := NewConfirmations()
+	var inflight []struct {
+		region int
+		rev    int64
+		ok     bool
+	}
+	newest := int64(1) // newest confirmed revision (the start counts)
+	check := func(step string) {
+		z := held[newest]
+		res, err := z.Resolve(chainKey)
+		if err != nil {
+			t.Fatalf("resolve: %v", err)
 		}
-		stuck := rapid.IntRange(-1, 2).Draw(t, "stuck") // a region that never adopts (-1: none)
-		chains := make([]Chain, 3)
-		adopted := make([]int, 3) // index into cfgs of each region's newest
-		for i := range chains {
-			chains[i] = NewChain(1, cfgs[0])
-		}
-		conf := NewConfirmations()
-		var inflight []struct {
-			region int
-			rev    int64
-			ok     bool
-		}
-		newest := int64(1) // newest confirmed revision (the start counts)
-		check := func(step string) {
-			z := held[newest]
-			res, err := z.Resolve(chainKey)
-			if err != nil {
-				t.Fatalf("resolve: %v", err)
-			}
-			var sr, sb float64
-			for i, name := range chainRegions {
-				r, b := share(t, chains[i], name)
-				sr += r
-				sb += b
-				if _, heard := conf.Reported(name); heard {
-					rr, rb := conf.Reserve(held, name, chainKey)
-					if r > rr*(1+1e-12)+1e-12 || b > rb+1e-12 {
-						t.Fatalf("%s: %s uses %v/%v above the global reserve %v/%v", step, name, r, b, rr, rb)
-					}
-				}
-			}
-			if sr > res.Limit.Rate*(1+1e-9) || sb > float64(res.Limit.Burst)+1e-9 {
-				t.Fatalf("%s: Σ static %v/s, %v tokens above r=%v b=%v of confirmed revision %d",
-					step, sr, sb, res.Limit.Rate, res.Limit.Burst, newest)
-			}
-		}
-		check("start")
-		steps := rapid.IntRange(1, 80).Draw(t, "steps")
-		for s := range steps {
-			i := rapid.IntRange(0, 2).Draw(t, "region")
-			switch rapid.IntRange(0, 3).Draw(t, "op") {
-			case 0: // adopt a later config, perhaps skipping some
-				if i == stuck || adopted[i] == nCfg-1 {
-					continue
-				}
-				adopted[i] = rapid.IntRange(adopted[i]+1, nCfg-1).Draw(t, "to")
-				chains[i] = chains[i].Adopt(int64(adopted[i]+1), cfgs[adopted[i]])
-			case 1: // report; the answer carries the confirmation (or is lost)
-				c, revs := chains[i].Reported()
-				chains[i] = c
-				if rapid.Bool().Draw(t, "report lost") {
-					continue
-				}
-				conf.Observe(chainRegions[i], revs)
-				rev, ok := conf.Confirm(chainRegions)
-				if ok && rev > newest {
-					newest = rev
-				}
-				inflight = append(inflight, struct {
-					region int
-					rev    int64
-					ok     bool
-				}{i, rev, ok})
-			case 2: // deliver some answer in flight (any order)
-				if len(inflight) == 0 {
-					continue
-				}
-				j := rapid.IntRange(0, len(inflight)-1).Draw(t, "answer")
-				a := inflight[j]
-				inflight = append(inflight[:j], inflight[j+1:]...)
-				if a.ok {
-					chains[a.region] = chains[a.region].Confirm(a.rev)
-				}
-			case 3: // drop an answer
-				if len(inflight) > 0 {
-					inflight = inflight[1:]
-				}
-			}
-			check(fmt.Sprintf("step %d", s))
-		}
-		// Liveness: once every region runs the last config, reports and
-		// hears back, all run exactly its shares.
-		if stuck >= 0 {
-			return
-		}
-		for round := 0; round < 2; round++ {
-			for i := range chains {
-				chains[i] = chains[i].Adopt(int64(nCfg), cfgs[nCfg-1])
-				c, revs := chains[i].Reported()
-				chains[i] = c
-				conf.Observe(chainRegions[i], revs)
-			}
-			rev, _ := conf.Confirm(chainRegions)
-			for i := range chains {
-				chains[i] = chains[i].Confirm(rev)
-			}
-		}
+		var sr, sb float64
 		for i, name := range chainRegions {
 			r, b := share(t, chains[i], name)
-			wr, wb := ShareUnder(cfgs[nCfg-1], name, chainKey)
-			if r != wr || b != wb {
-				t.Fatalf("%s runs %v/%v after everyone adopted the last config, want %v/%v", name, r, b, wr, wb)
+			sr += r
+			sb += b
+			if _, heard := conf.Reported(name); heard {
+				rr, rb := conf.Reserve(held, name, chainKey)
+				if r > rr*(1+1e-12)+1e-12 || b > rb+1e-12 {
+					t.Fatalf("%s: %s uses %v/%v above the global reserve %v/%v", step, name, r, b, rr, rb)
+				}
 			}
 		}
-	})
+		if sr > res.Limit.Rate*(1+1e-9) || sb > float64(res.Limit.Burst)+1e-9 {
+			t.Fatalf("%s: Σ static %v/s, %v tokens above r=%v b=%v of confirmed revision %d",
+				step, sr, sb, res.Limit.Rate, res.Limit.Burst, newest)
+		}
+	}
+	check("start")
+	steps := rapid.IntRange(1, 80).Draw(t, "steps")
+	for s := range steps {
+		i := rapid.IntRange(0, 2).Draw(t, "region")
+		switch rapid.IntRange(0, 3).Draw(t, "op") {
+		case 0: // adopt a later config, perhaps skipping some
+			if i == stuck || adopted[i] == nCfg-1 {
+				continue
+			}
+			adopted[i] = rapid.IntRange(adopted[i]+1, nCfg-1).Draw(t, "to")
+			chains[i] = chains[i].Adopt(int64(adopted[i]+1), cfgs[adopted[i]])
+		case 1: // report; the answer carries the confirmation (or is lost)
+			c, revs := chains[i].Reported()
+			chains[i] = c
+			if rapid.Bool().Draw(t, "report lost") {
+				continue
+			}
+			conf.Observe(chainRegions[i], revs)
+			rev, ok := conf.Confirm(chainRegions)
+			if ok && rev > newest {
+				newest = rev
+			}
+			inflight = append(inflight, struct {
+				region int
+				rev    int64
+				ok     bool
+			}{i, rev, ok})
+		case 2: // deliver some answer in flight (any order)
+			if len(inflight) == 0 {
+				continue
+			}
+			j := rapid.IntRange(0, len(inflight)-1).Draw(t, "answer")
+			a := inflight[j]
+			inflight = append(inflight[:j], inflight[j+1:]...)
+			if a.ok {
+				chains[a.region] = chains[a.region].Confirm(a.rev)
+			}
+		case 3: // drop an answer
+			if len(inflight) > 0 {
+				inflight = inflight[1:]
+			}
+		}
+		check(fmt.Sprintf("step %d", s))
+	}
+	// Liveness: once every region runs the last config, reports and
+	// hears back, all run exactly its shares.
+	if stuck >= 0 {
+		return
+	}
+	for round := 0; round < 2; round++ {
+		for i := range chains {
+			chains[i] = chains[i].Adopt(int64(nCfg), cfgs[nCfg-1])
+			c, revs := chains[i].Reported()
+			chains[i] = c
+			conf.Observe(chainRegions[i], revs)
+		}
+		rev, _ := conf.Confirm(chainRegions)
+		for i := range chains {
+			chains[i] = chains[i].Confirm(rev)
+		}
+	}
+	for i, name := range chainRegions {
+		r, b := share(t, chains[i], name)
+		wr, wb := ShareUnder(cfgs[nCfg-1], name, chainKey)
+		if r != wr || b != wb {
+			t.Fatalf("%s runs %v/%v after everyone adopted the last config, want %v/%v", name, r, b, wr, wb)
+		}
+	}
 }
 
 // TestChainWhenFull: a chain lists at most MaxChain configs and reports
@@ -597,4 +601,12 @@ func TestUnheldFromTheFirstEtcdRevision(t *testing.T) {
 	if got := conf.Unheld(map[int64]*config.Config{2: chainConfig(t, [3]float64{1, 1, 1}, 100, 100)}, "eu"); !slices.Equal(got, []int64{1}) {
 		t.Fatalf("unheld %v, want [1]", got)
 	}
+}
+
+// FuzzChainNeverOversubscribes searches chainNeverOversubscribes with the
+// fuzzer choosing the configs, the regions' adoptions and every loss, delay
+// and reordering.
+func FuzzChainNeverOversubscribes(f *testing.F) {
+	rapidfuzz.AddSeeds(f, 32, 1<<16)
+	f.Fuzz(rapid.MakeFuzz(chainNeverOversubscribes))
 }
