@@ -12,7 +12,8 @@ import (
 // missing, the caller's generation below, at or above the stored one, and
 // the trust of a first look. A present sentinel is kept unless the data set
 // went back in time (its generation below the one seen, or missing while
-// one was seen); then it is born again now, trusted or not. A sentinel
+// one was seen, even 1: the first a sentinel with no generation gets from
+// a saved bucket); then it is born again now, trusted or not. A sentinel
 // written takes the generation past the highest of the stored and the seen
 // one by GenJump. A kept one writes nothing, and answers a missing
 // generation as 0, which a later call passes back as "none seen".
@@ -54,6 +55,9 @@ func TestBornScriptCases(t *testing.T) {
 		{"gone back: no generation while one was seen", b0, missing, "0", 3,
 			func(now int64) []any { return []any{now, int64(1), int64(3 + GenJump), int64(1)} },
 			func(now int64) int64 { return now }, func(int64) int64 { return 3 + GenJump }},
+		{"gone back: no generation while the first one was seen", b0, missing, "1", 1,
+			func(now int64) []any { return []any{now, int64(1), int64(1 + GenJump), int64(1)} },
+			func(now int64) int64 { return now }, func(int64) int64 { return 1 + GenJump }},
 		{"gone back from a trusted birth, trusted again: born now", 0, 4, "1", 9,
 			func(now int64) []any { return []any{now, int64(1), int64(9 + GenJump), int64(1)} },
 			func(now int64) int64 { return now }, func(int64) int64 { return 9 + GenJump }},
