@@ -28,7 +28,7 @@ func TestMatchingAnswersLogNoGrantMismatch(t *testing.T) {
 
 // The end of degraded mode is logged once per episode, when the region
 // answers again: not at each refresh of a client that was never degraded,
-// nor again at the refreshes after the end.
+// nor again at the refreshes after the end. Its entry names the cause.
 func TestDegradedModeEndIsLoggedOncePerEpisode(t *testing.T) {
 	e := startRegion(t)
 	conn := newRegionConn(t, e.reg.Server)
@@ -44,6 +44,10 @@ func TestDegradedModeEndIsLoggedOncePerEpisode(t *testing.T) {
 		conn.setFault("*", unreachable)
 		if d := mustAllow(t, c, other, 1); !d.Degraded {
 			t.Fatalf("request with the region unreachable: %+v, want degraded", d)
+		}
+		// The entry names its cause: the failed call's error.
+		if !strings.Contains(logs.String(), "injected: region unreachable") {
+			t.Fatalf("the entry into degraded mode logged without its cause:\n%s", logs)
 		}
 		conn.setFault("*", healthy)
 		if d := mustAllow(t, c, other, 1); d.Degraded || !d.Allowed {
