@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
@@ -128,27 +129,39 @@ default_tier: free
 )
 
 // A key the region refuses in a periodic Sync (its class left the
-// config) is forgotten and named in a warning, as Options.Logger says; a
-// key refused beside others is found by sending the batch in parts.
+// config) is forgotten and named in a warning, as Options.Logger says:
+// sent alone, or found among others by sending their batch in parts.
 func TestKeyRefusedInASyncIsLoggedAndForgotten(t *testing.T) {
 	var src regiontest.SwappedConfig
 	src.Store(regiontest.MustConfig(t, twoClasses))
 	reg := regiontest.Start(t, src.Current(), "local", func(o *regional.Options) { o.Config = &src })
-	c, metrics, logs := newClient(t, env{reg: reg, cfg: src.Current()})
+	e := env{reg: reg, cfg: src.Current()}
+	alone, aloneMetrics, aloneLogs := newClient(t, e, func(o *lease.Options) { o.InstanceID = "alone" })
+	both, bothMetrics, bothLogs := newClient(t, e, func(o *lease.Options) { o.InstanceID = "both" })
 	kept := quota.Key{Tenant: "acme", Class: "kept"}
-	mustAllow(t, c, acmeRead, 1)
-	mustAllow(t, c, kept, 1)
+	mustAllow(t, alone, acmeRead, 1)
+	mustAllow(t, both, acmeRead, 1)
+	mustAllow(t, both, kept, 1)
 	src.Store(regiontest.MustConfig(t, keptOnly))
-	// Demand on kept keeps the periodic Syncs going, the deadline's clock.
-	waitForSyncs(t, "the refused key forgotten", metrics, 20, func() bool {
-		mustAllow(t, c, kept, 1)
-		_, ok := c.Cap(acmeRead)
-		return !ok && logs.Count("region refused a key; forgetting it") > 0
+	const line = "region refused a key; forgetting it"
+	// The refused Sync is one of the client's Syncs: the deadline's clock.
+	waitForSyncs(t, "the key refused alone forgotten", aloneMetrics, 20, func() bool {
+		_, ok := alone.Cap(acmeRead)
+		return !ok
 	})
-	if s := logs.String(); !strings.Contains(s, "key="+acmeRead.String()) || strings.Contains(s, "key="+kept.String()) {
+	if s := aloneLogs.String(); strings.Count(s, line) != 1 || !strings.Contains(s, "key="+acmeRead.String()) {
+		t.Fatalf("want one warning naming the refused key:\n%s", s)
+	}
+	// Demand on kept keeps the periodic Syncs going.
+	waitForSyncs(t, "the key refused beside another forgotten", bothMetrics, 20, func() bool {
+		mustAllow(t, both, kept, 1)
+		_, ok := both.Cap(acmeRead)
+		return !ok && bothLogs.Count(line) > 0
+	})
+	if s := bothLogs.String(); !strings.Contains(s, "key="+acmeRead.String()) || strings.Contains(s, "key="+kept.String()) {
 		t.Fatalf("want the refused key named and the kept one not:\n%s", s)
 	}
-	if _, ok := c.Cap(kept); !ok {
+	if _, ok := both.Cap(kept); !ok {
 		t.Fatalf("the key the region still knows was forgotten")
 	}
 }

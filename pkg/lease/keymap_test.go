@@ -154,3 +154,19 @@ func TestKeyMapRemakesAKeyBeingForgotten(t *testing.T) {
 		t.Fatalf("after publishing: load found the fresh entry %v, %d keys; want it and 1", got == fresh, m.len())
 	}
 }
+
+// Keys of distinct hashes are kept by their hash alone: the clash map,
+// which holds a key's two strings beside its entry, is never made for
+// them.
+func TestKeyIndexKeepsKeysByHashAlone(t *testing.T) {
+	m := newKeyMap()
+	const n = 100
+	for i := range n {
+		k := quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "c"}
+		m.loadOrStore(k, func() *entry { return newKeyEntry(k) })
+	}
+	m.publish()
+	if x := m.read.Load(); x.clash != nil || len(x.byHash) != n {
+		t.Fatalf("%d keys of distinct hashes: %d kept by hash, %d in the clash map; want all by hash", n, len(x.byHash), len(x.clash))
+	}
+}
