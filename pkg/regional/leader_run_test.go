@@ -2,6 +2,7 @@ package regional_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -111,5 +113,75 @@ func TestRegionLeadershipPassesWhenTheLeaderStops(t *testing.T) {
 	if !b.l.IsLeading() || metrictest.Gauge(t, b.reg, "sluice_regional_leader") != 1 {
 		t.Fatalf("the next leader: IsLeading %v, sluice_regional_leader %v; want true and 1",
 			b.l.IsLeading(), metrictest.Gauge(t, b.reg, "sluice_regional_leader"))
+	}
+}
+
+// TestRegionLeaderWhoseSessionEndsCampaignsAgain: a leader whose etcd
+// session ends (its lease revoked, as when etcd expires it) stops leading,
+// logs that it lost the leadership and campaigns again under a new
+// session, which it wins: no other replica runs.
+func TestRegionLeaderWhoseSessionEndsCampaignsAgain(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	cfg := weightsConfig(t, 1, 1)
+	d := startLeadingAllocator(ctx, t, cli, "/se", configtest.NewSource(cfg, 1))
+	rdb := redistest.Start(t).Client()
+	logs := &logtest.Buffer{}
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg},
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	l, err := regional.NewLeader(srv, regional.LeaderOptions{
+		Etcd: cli, ElectionPrefix: "/se/election/", Global: serviceTier{d.Service}, Identity: "eu-a", SessionTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// Elections take a few session TTLs at most, however starved.
+	patience := 50 * time.Second
+	select {
+	case got := <-l.Leading():
+		if !got {
+			t.Fatal("Leading said false first")
+		}
+	case <-time.After(patience):
+		t.Fatalf("not elected in %v", patience)
+	}
+	// The session holding eu's election key.
+	resp, err := cli.Get(ctx, "/se/election/region/eu/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 {
+		t.Fatalf("%d keys in eu's election, want 1", len(resp.Kvs))
+	}
+	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	if _, err := cli.Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	const lost = `msg="region leadership lost; campaigning again"`
+	for deadline := time.Now().Add(patience); ; {
+		resp, err := cli.Get(ctx, "/se/election/region/eu/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if logs.Count(lost) == 1 && l.IsLeading() && len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) != lease {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not leading again under a new session within %v after its session ended (leading %v, election %v)\n%s",
+				patience, l.IsLeading(), resp.Kvs, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond) // polling the campaign with a deadline
+	}
+	if !strings.Contains(logs.String(), `err="etcd session expired"`) {
+		t.Errorf("the lost leadership logged without its cause\n%s", logs.String())
 	}
 }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // TestLeaderSeesItsOneWatchedKeyRise: between epochs the leader reads the
@@ -47,4 +50,67 @@ default_tier: free
 			t.Fatal("the key's demand rose from 40/s to 400/s and the leader never saw it")
 		}
 	}
+}
+
+// TestWatchedKeyRiseSendsANudgedReportBetweenEpochs: a leader running its
+// loop reads its watched keys between epochs and, when one rose, reports
+// at once as a nudged round, not at the next epoch. The tier here cannot
+// nudge (no Watch): only the rise the leader sees itself starts that
+// round.
+func TestWatchedKeyRiseSendsANudgedReportBetweenEpochs(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+epoch: 2s
+grant_validity: 10s
+region_lease: 40s
+regions: {eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease, partition_share: 0.5}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`)
+	epoch := time.Duration(cfg.Epoch)
+	r := newLeaseRigWith(t, cfg)
+	r.reported() // the first answer confers the static lease
+	d := newDemandDriver(r)
+	d.open(leaseKey)
+	d.demand(40, leaseKey)
+	if got := r.reported(); !slices.Equal(got, []quota.Key{leaseKey}) {
+		t.Fatalf("report names %v, want only %v", got, leaseKey)
+	}
+	reports := func(kind string) float64 {
+		return metrictest.Series(t, r.reg, "sluice_regional_global_reports_total", map[string]string{"kind": kind})
+	}
+	rises := func() float64 { return r.counter("sluice_regional_demand_rises_total") }
+	// Rounds come one an epoch, rise reads eight an epoch: 20 epochs leave
+	// room for a starved machine.
+	patience := 20 * epoch
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(patience); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v", what, patience)
+			}
+			time.Sleep(regionsync.NudgeSpacing(epoch) / 4) // polling the leader's reads with a deadline
+		}
+	}
+	epochs := reports("epoch")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.leader.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor("the loop's first round", func() bool { return reports("epoch") > epochs })
+
+	// An epoch round that read the rise before a read between epochs did
+	// leaves nothing risen: the demand rises again, a bounded number of
+	// times.
+	rate := 40.0
+	for i := 0; rises() == 0; i++ {
+		if i == 5 {
+			t.Fatalf("the watched key's demand rose to %v/s and the leader never saw it rise", rate)
+		}
+		rate *= 10
+		d.demand(rate, leaseKey)
+		epochs := reports("epoch")
+		waitFor("a rise seen or two epoch rounds", func() bool { return rises() > 0 || reports("epoch") >= epochs+2 })
+	}
+	waitFor("a nudged report after the rise", func() bool { return reports("nudged") >= 1 })
 }
