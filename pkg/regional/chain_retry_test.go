@@ -5,16 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/internal/configtest"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
@@ -165,5 +169,112 @@ func TestEtcdUnansweredTellsOutagesFromAnswers(t *testing.T) {
 		if got := etcdUnanswered(tc.err); got != tc.want {
 			t.Errorf("etcdUnanswered(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// partialHistory is a config source whose history read gives read and err.
+type partialHistory struct {
+	*configtest.Source
+	read []configstore.Committed
+	err  error
+}
+
+func (p partialHistory) History(context.Context, int64, int64, int) ([]configstore.Committed, error) {
+	return p.read, p.err
+}
+
+// TestPartialHistoryReadStartsBoundedByWhatItRead: a start that read the
+// config last confirmed to its region but not all those committed since
+// runs bounded by those it read, warns that the others were not read, and
+// returns why; a full read warns of nothing.
+func TestPartialHistoryReadStartsBoundedByWhatItRead(t *testing.T) {
+	parse := func(eu int) *config.Config { return euWeighted(t, "", eu) }
+	rdb := redistest.Start(t).Client()
+	ctx := t.Context()
+	if err := rdb.Set(ctx, "sl:confirmed", "10", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const warning = "could not all be read"
+	for _, partial := range []bool{true, false} {
+		t.Run(fmt.Sprintf("partial=%v", partial), func(t *testing.T) {
+			src := partialHistory{Source: configtest.NewSource(parse(3), 30), read: []configstore.Committed{{Rev: 10, Cfg: parse(1)}}}
+			if partial {
+				src.err = errors.New("etcd: the configs after revision 10 not read")
+			}
+			logs := &logtest.Buffer{}
+			s, err := New(Options{Region: "eu", Redis: rdb, Config: src, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			err = s.ResumeChain(ctx)
+			if partial && (err == nil || ResumeChainRetryable(err)) || !partial && err != nil {
+				t.Fatalf("ResumeChain: %v", err)
+			}
+			if n := s.chain.Load().Len(); n != 2 {
+				t.Fatalf("a chain of %d configs, want the one read and the one started on", n)
+			}
+			if got := logs.Count(warning); got != map[bool]int{true: 1, false: 0}[partial] {
+				t.Errorf("%q logged %d times\n%s", warning, got, logs)
+			}
+		})
+	}
+}
+
+// TestLateReadsOfTheHistoryWaitAnEpochThenDouble: a process whose Redis
+// refused its connection at the start reads its region's history again
+// one epoch later, then after two: not at once, and not in a loop.
+func TestLateReadsOfTheHistoryWaitAnEpochThenDouble(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens: every connection is refused
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	cfg := euWeighted(t, "epoch: 200ms", 3)
+	epoch := time.Duration(cfg.Epoch)
+	logs := &logtest.Buffer{}
+	s, err := New(Options{Region: "eu", Redis: rdb, Config: configtest.NewSource(cfg, 20),
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.ResumeChain(t.Context()); !ResumeChainRetryable(err) {
+		t.Fatalf("ResumeChain with Redis refusing connections: %v, want an error read again", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { defer close(done); s.resumeLate(ctx) }()
+	defer func() { cancel(); <-done }()
+	const again = "reading it again later"
+	for deadline := start.Add(100 * epoch); logs.Count(again) < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than 2 late reads within %v\n%s", 100*epoch, logs)
+		}
+		time.Sleep(epoch / 10) // polling the late reads with a deadline
+	}
+	var at []time.Time
+	for line := range strings.Lines(logs.String()) {
+		if !strings.Contains(line, again) {
+			continue
+		}
+		v, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		ts, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at = append(at, ts)
+	}
+	// The log's times are in milliseconds.
+	const slack = time.Millisecond
+	if d := at[0].Sub(start); d < epoch-slack {
+		t.Errorf("the first late read %v after the start, want at least an epoch (%v)", d, epoch)
+	}
+	if d := at[1].Sub(at[0]); d < 2*epoch-slack {
+		t.Errorf("the second late read %v after the first, want at least two epochs (%v)", d, 2*epoch)
 	}
 }
