@@ -231,7 +231,8 @@ func TestLateReadsOfTheHistoryWaitAnEpochThenDouble(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens: every connection is refused
-	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	// One dial a read, no retry: a read fails at once.
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { rdb.Close() })
 	cfg := euWeighted(t, "epoch: 200ms", 3)
 	epoch := time.Duration(cfg.Epoch)
