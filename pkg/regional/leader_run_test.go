@@ -184,4 +184,41 @@ func TestRegionLeaderWhoseSessionEndsCampaignsAgain(t *testing.T) {
 	if !strings.Contains(logs.String(), `err="etcd session expired"`) {
 		t.Errorf("the lost leadership logged without its cause\n%s", logs.String())
 	}
+
+	// A replica stopped while it campaigns lost no leadership: it logs
+	// nothing.
+	standbyLogs := &logtest.Buffer{}
+	standby, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg},
+		Logger: slog.New(slog.NewTextHandler(standbyLogs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(standby.Close)
+	sl, err := regional.NewLeader(standby, regional.LeaderOptions{
+		Etcd: cli, ElectionPrefix: "/se/election/", Global: serviceTier{d.Service}, Identity: "eu-b", SessionTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stopStandby := context.WithCancel(ctx)
+	standbyDone := make(chan struct{})
+	go func() { defer close(standbyDone); sl.Run(sctx) }()
+	for deadline := time.Now().Add(patience); ; {
+		resp, err := cli.Get(ctx, "/se/election/region/eu/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby's campaign key not in the election within %v", patience)
+		}
+		time.Sleep(100 * time.Millisecond) // polling the campaign with a deadline
+	}
+	stopStandby()
+	<-standbyDone
+	if sl.IsLeading() || standbyLogs.String() != "" {
+		t.Errorf("a standby stopped while campaigning: leading %v, logged\n%s", sl.IsLeading(), standbyLogs)
+	}
 }
