@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // TestRetryBackoffWaitsDoublingUpToItsBound: the late reads of a region's
@@ -277,5 +278,73 @@ func TestLateReadsOfTheHistoryWaitAnEpochThenDouble(t *testing.T) {
 	}
 	if d := at[1].Sub(at[0]); d < 2*epoch-slack {
 		t.Errorf("the second late read %v after the first, want at least two epochs (%v)", d, 2*epoch)
+	}
+}
+
+// longHistory is a config source whose history holds more configs than a
+// chain: a read gives at most max of them, and records how many it gave.
+type longHistory struct {
+	*configtest.Source
+	cfg  *config.Config
+	gave *int
+}
+
+func (h longHistory) History(_ context.Context, from, _ int64, max int) ([]configstore.Committed, error) {
+	var read []configstore.Committed
+	for i := range min(max, 2*regionsync.MaxChain) {
+		read = append(read, configstore.Committed{Rev: from + int64(i), Cfg: h.cfg})
+	}
+	*h.gave = len(read)
+	return read, nil
+}
+
+// TestLongHistoryFillsTheChainWithoutDroppingARead: a start whose region
+// committed more configs since its last confirmation than a chain holds
+// reads as many as the chain holds beside the one it starts on, and keeps
+// every one it read: none it may still be bounded by is dropped for the
+// live one.
+func TestLongHistoryFillsTheChainWithoutDroppingARead(t *testing.T) {
+	rdb := redistest.Start(t).Client()
+	ctx := t.Context()
+	if err := rdb.Set(ctx, "sl:confirmed", "10", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	gave := 0
+	src := longHistory{Source: configtest.NewSource(euWeighted(t, "", 3), 100), cfg: euWeighted(t, "", 1), gave: &gave}
+	s, err := New(Options{Region: "eu", Redis: rdb, Config: src, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.ResumeChain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := s.chain.Load()
+	if c.Len() != regionsync.MaxChain || c.Len() != gave+1 || c.Current().Rev != 100 {
+		t.Fatalf("a chain of %d running %d from %d configs read, want the %d a chain holds: those read and the live 100",
+			c.Len(), c.Current().Rev, gave, regionsync.MaxChain)
+	}
+}
+
+// TestStaticConfigReadsNoHistory: a process on a config of no revision (a
+// static file) has no region history to read: its start reads nothing,
+// so a Redis that refuses its connection then neither fails it nor counts
+// it unconfirmed.
+func TestStaticConfigReadsNoHistory(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens: every connection is refused
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { rdb.Close() })
+	s, err := New(Options{Region: "eu", Redis: rdb, Config: configtest.NewSource(euWeighted(t, "", 3), 0), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.ResumeChain(t.Context()); err != nil {
+		t.Fatalf("ResumeChain on a static config: %v, want nothing read", err)
 	}
 }
