@@ -1,6 +1,7 @@
 package regional_test
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
@@ -51,5 +52,57 @@ default_tier: free
 	r.reported()
 	if got := r.counter("sluice_regional_reclaimed_tokens_total"); got < 1 {
 		t.Fatalf("reclaimed %v tokens after the leader read the key past its lease's expiry, want the lease's unspent tokens", got)
+	}
+}
+
+// TestGrantInstallCountsTheTokensItsScriptReclaims: a grant installed for
+// a key the leader did not read (not a candidate: an idle key a donor
+// holds) reaps the lease its instance stopped renewing, and the tokens
+// set_rate gives back are counted in sluice_regional_reclaimed_tokens_total
+// as a read's are.
+func TestGrantInstallCountsTheTokensItsScriptReclaims(t *testing.T) {
+	ctx := context.Background()
+	cfg := regiontest.MustConfig(t, `
+epoch: 2s
+grant_validity: 10s
+lease_ttl: 1s
+refresh: 200ms
+region_lease: 40s
+regions: {eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease, partition_share: 0.5}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`)
+	r := newLeaseRigWith(t, cfg)
+	r.reported() // the first answer confers the static lease
+	d := newDemandDriver(r)
+	d.open(leaseKey) // one token leased, no demand: not a candidate
+	// The instance is gone: its lease expires one lease TTL after its
+	// report, on Redis's clock.
+	expiry := r.redisUS() + time.Second.Microseconds()
+	deadline := time.Now().Add(time.Minute)
+	for r.redisUS() <= expiry {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis's clock did not pass the lease's expiry within a minute")
+		}
+		time.Sleep(10 * time.Millisecond) // polling Redis's clock with a deadline
+	}
+	if got := r.counter("sluice_regional_reclaimed_tokens_total"); got != 0 {
+		t.Fatalf("reclaimed %v tokens before the grant, want 0", got)
+	}
+	l, tier, applied := leaderGrantedAt(t, r, time.Duration(cfg.GrantValidity), map[quota.Key]float64{leaseKey: 10})
+	if err := l.SyncOnce(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range tier.last.Load().GetKeys() {
+		if k.GetKey().GetTenant() == leaseKey.Tenant && k.GetKey().GetClass() == leaseKey.Class {
+			t.Fatal("the leader read the key before the grant: its read, not the install, reaped the lease")
+		}
+	}
+	if _, ok := applied()[leaseKey]; !ok {
+		t.Fatal("the grant was not installed")
+	}
+	if got := r.counter("sluice_regional_reclaimed_tokens_total"); got < 1 {
+		t.Fatalf("reclaimed %v tokens after installing a grant past the lease's expiry, want the lease's unspent tokens", got)
 	}
 }
