@@ -81,12 +81,20 @@ type RestartGuard struct {
 	scripts *luascripts.Scripts
 	gens    *luascripts.Generations
 
-	mu   sync.Mutex       // guards last, reborn and rebornUS
+	mu   sync.Mutex       // guards last, lostAt, reborn, relabelled and rebornUS
 	last map[string]int64 // guarded by mu: every sentinel's last seen value
+	// lostAt is, per sentinel, the birth a check last counted as a data
+	// loss (found renewed): a script call's re-birth whose reply reaches
+	// the guard after that check read the new birth relabels the loss a
+	// rollback instead of counting it again. Guarded by mu; at most one
+	// entry per sentinel.
+	lostAt map[string]int64
 	// reborn counts the data sets script calls re-birthed since the last
-	// check, rebornUS the last one's birth; guarded by mu.
-	reborn   int
-	rebornUS int64
+	// check, relabelled the losses found to be such re-births after a
+	// check counted them, rebornUS the last one's birth; guarded by mu.
+	reborn     int
+	relabelled int
+	rebornUS   int64
 
 	seen      atomic.Bool  // a first look was made (stamped or read)
 	restarts  atomic.Int64 // data losses noticed, rollbacks included
@@ -99,7 +107,7 @@ func NewRestartGuard(prefix string, mode ColdStart, logger *slog.Logger) *Restar
 		logger = slog.Default()
 	}
 	gens := luascripts.NewGenerations()
-	g := &RestartGuard{prefix: prefix, mode: mode, logger: logger, scripts: luascripts.NewWith(gens), gens: gens, last: map[string]int64{}}
+	g := &RestartGuard{prefix: prefix, mode: mode, logger: logger, scripts: luascripts.NewWith(gens), gens: gens, last: map[string]int64{}, lostAt: map[string]int64{}}
 	gens.OnRebirth(g.rebirth)
 	return g
 }
@@ -131,7 +139,14 @@ func (g *RestartGuard) rebirth(born string, bornUS int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if v, ok := g.last[born]; ok && v == bornUS {
-		return // already seen (a check read the new birth first)
+		// Already seen: a check read the new birth first. If it counted
+		// it as a loss, that loss was this rollback.
+		if at, ok := g.lostAt[born]; ok && at == bornUS {
+			delete(g.lostAt, born)
+			g.relabelled++
+			g.rebornUS = bornUS
+		}
+		return
 	}
 	g.last[born] = bornUS
 	g.reborn++
@@ -141,16 +156,22 @@ func (g *RestartGuard) rebirth(born string, bornUS int64) {
 // reportRebirths counts and logs the re-births noted since the last check.
 func (g *RestartGuard) reportRebirths() {
 	g.mu.Lock()
-	n, at := g.reborn, g.rebornUS
-	g.reborn = 0
+	n, relabelled, at := g.reborn, g.relabelled, g.rebornUS
+	g.reborn, g.relabelled = 0, 0
 	g.mu.Unlock()
-	if n == 0 {
+	if relabelled > 0 {
+		// Counted among the data losses by an earlier check already.
+		g.rollbacks.Add(1)
+	}
+	if n > 0 {
+		g.restarts.Add(1)
+		g.rollbacks.Add(1)
+	}
+	if n+relabelled == 0 {
 		return
 	}
-	g.restarts.Add(1)
-	g.rollbacks.Add(1)
 	g.logger.Warn("redis data set went back in time (restored from an older snapshot, or a replica promoted while it lagged): its write generation was below one already seen; re-born as after a data loss, its buckets start empty and earn tokens only after the longer of one lease TTL and one grant validity plus one epoch",
-		"data_sets", n, "born_us", at)
+		"data_sets", n+relabelled, "born_us", at)
 }
 
 // RestartWait is what the scripts wait after a data set's birth before a
@@ -234,6 +255,7 @@ func (g *RestartGuard) stamp(ctx context.Context, c Redis, keys []string) error 
 		if v, ok := g.last[keys[i]]; ok && (b.Written || v != b.BornUS) {
 			lost++
 			bornUS = b.BornUS
+			g.lostAt[keys[i]] = b.BornUS
 		}
 		g.last[keys[i]] = b.BornUS
 	}

@@ -106,7 +106,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "sluice_regional_redis_data_losses_total", Help: "Times Redis was found to have lost its data: a born sentinel missing, or a data set gone back in time (restored from an older snapshot, a replica promoted while it lagged; docs/architecture.md, \"Redis rolls back\").",
 	}, func() float64 { return float64(s.guard.Restarts()) })
 	m.rollbacks = prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "sluice_regional_redis_rollbacks_total", Help: "Of sluice_regional_redis_data_losses_total, the times a data set was found gone back in time (its write generation below one a replica saw: a snapshot restore, a replica promoted while it lagged) and re-birthed; the rest found a born sentinel missing (docs/architecture.md, \"Redis rolls back\").",
+		Name: "sluice_regional_redis_rollbacks_total", Help: "Of sluice_regional_redis_data_losses_total, the times a data set was found gone back in time (its write generation below one a replica saw: a snapshot restore, a replica promoted while it lagged) and re-birthed; the rest found a born sentinel missing or renewed. A re-birth made by a call whose reply never reached this process (its caller gave up) shows only as a data loss (docs/architecture.md, \"Redis rolls back\").",
 	}, func() float64 { return float64(s.guard.Rollbacks()) })
 	m.activeLeases = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_regional_active_leases",

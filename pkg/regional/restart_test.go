@@ -349,7 +349,7 @@ func TestRedisRestartedEmptyUnderLeasesHandsOutNoBurst(t *testing.T) {
 			}
 			// Counted as a loss, not as a rollback: the sentinel went with
 			// the data.
-			if losses, rollbacks := awaitDataLoss(t, d, cfg); losses != 1 || rollbacks != 0 {
+			if losses, rollbacks := awaitDataLoss(t, d, cfg, 0); losses != 1 || rollbacks != 0 {
 				t.Errorf("sluice_regional_redis_data_losses_total = %v, sluice_regional_redis_rollbacks_total = %v after an empty restart, want 1 and 0", losses, rollbacks)
 			}
 		})
