@@ -120,3 +120,115 @@ func TestHeldConfigsOverTheBoundDropTheOldestReported(t *testing.T) {
 		}
 	})
 }
+
+// TestStatusDrainNotPendingWhenTheConfirmedRevisionDrains: a region that
+// reports only the confirmed revision, one that drains it, has its drain
+// reported, though a held revision after it (one another region still
+// runs) does not drain it: the revisions a region reports count from the
+// confirmed one on, that one included.
+func TestStatusDrainNotPendingWhenTheConfirmedRevisionDrains(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		drained := strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
+		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		// 6 drains b, 7 lifts the drain, 8 (live) drains it again; each is
+		// applied in turn, and held while no region has reported.
+		for _, c := range []struct {
+			rev  int64
+			yaml string
+		}{{6, drained}, {7, loopConfig}, {8, drained}} {
+			src.Set(parseConfig(t, c.yaml), c.rev)
+			if _, err := s.Status(t.Context(), &sluicev1.StatusRequest{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
+		for _, r := range []struct {
+			region string
+			revs   []int64
+		}{{"a", []int64{6, 7, 8}}, {"b", []int64{6}}} {
+			if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r.region, Seq: 1, ConfigRevisions: r.revs,
+				Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.mu.Lock()
+		held := slices.Sorted(maps.Keys(s.held))
+		s.mu.Unlock()
+		if !slices.Equal(held, []int64{6, 7, 8}) {
+			t.Fatalf("held revisions %v, want [6 7 8]", held)
+		}
+		st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range st.GetRegions() {
+			if r.GetRegion() == "b" && r.GetDrainPending() {
+				t.Errorf("b runs the confirmed revision 6, which drains it: %v, want no drain pending", r)
+			}
+		}
+	})
+}
+
+// TestStatusDrainPendingPastARevisionNeverHeld: a region the live config
+// drains, reporting a revision this replica never held beside one that
+// does not drain it, before any revision is confirmed, shows its drain
+// pending: the revision not held is passed over, not read.
+func TestStatusDrainPendingPastARevisionNeverHeld(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		drained := strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
+		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		src.Set(parseConfig(t, drained), 6)
+		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
+		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "b", Seq: 1, ConfigRevisions: []int64{4, 5},
+			Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range st.GetRegions() {
+			if r.GetRegion() == "b" && (!r.GetDrainPending() || r.GetReservedFraction() != 1) {
+				t.Errorf("b runs revisions 4 (never held) and 5 (not draining it): %v, want its drain pending, reserved whole", r)
+			}
+		}
+	})
+}
+
+// TestStatusDrainReportedAheadOfTheConfirmedRevision: a region that
+// reports the draining revision beside the confirmed one, which does not
+// drain it, while another region runs only the confirmed one, has its
+// drain reported: its reserve is the smaller share, under the revision
+// past the confirmed one.
+func TestStatusDrainReportedAheadOfTheConfirmedRevision(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		drained := strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
+		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
+		s := quietService(t, src)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		src.Set(parseConfig(t, drained), 6)
+		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
+		for _, r := range []struct {
+			region string
+			revs   []int64
+		}{{"a", []int64{5}}, {"b", []int64{5, 6}}} {
+			if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r.region, Seq: 1, ConfigRevisions: r.revs,
+				Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range st.GetRegions() {
+			if r.GetRegion() == "b" && r.GetDrainPending() {
+				t.Errorf("b reports revision 6, which drains it, past the confirmed 5: %v, want no drain pending", r)
+			}
+		}
+	})
+}
