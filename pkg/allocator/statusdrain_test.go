@@ -20,36 +20,15 @@ import (
 // reports the draining revision it shows only the floor reserved.
 func TestStatusReservesADrainedRegionWholeUntilItReportsTheDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		drained := strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
-		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
-		s := quietService(t, src)
-		s.promote(1, time.Now().Add(time.Hour), nil)
-		src.Set(parseConfig(t, drained), 6)
-		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
+		s, src := drainService(t)
+		src.Set(parseConfig(t, drainedB), 6)
 		status := func(bRevs []int64, seq uint64) *sluicev1.RegionStatus {
 			t.Helper()
-			for _, r := range []struct {
-				region string
-				revs   []int64
-			}{{"a", []int64{5, 6}}, {"b", bRevs}} {
-				if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r.region, Seq: seq, ConfigRevisions: r.revs,
-					Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, r := range st.GetRegions() {
-				if r.GetRegion() == "b" {
-					return r
-				}
-			}
-			t.Fatal("b not in the status")
-			return nil
+			reportRunning(t, s, "a", seq, 5, 6)
+			reportRunning(t, s, "b", seq, bRevs...)
+			return regionStatus(t, s, "b")
 		}
-		floor := floorFraction(parseConfig(t, drained))
+		floor := floorFraction(parseConfig(t, drainedB))
 		if floor >= 1 {
 			t.Fatalf("floor fraction %g, want below 1", floor)
 		}
@@ -128,45 +107,28 @@ func TestHeldConfigsOverTheBoundDropTheOldestReported(t *testing.T) {
 // confirmed one on, that one included.
 func TestStatusDrainNotPendingWhenTheConfirmedRevisionDrains(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		drained := strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
-		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
-		s := quietService(t, src)
-		s.promote(1, time.Now().Add(time.Hour), nil)
+		s, src := drainService(t)
 		// 6 drains b, 7 lifts the drain, 8 (live) drains it again; each is
 		// applied in turn, and held while no region has reported.
 		for _, c := range []struct {
 			rev  int64
 			yaml string
-		}{{6, drained}, {7, loopConfig}, {8, drained}} {
+		}{{6, drainedB}, {7, loopConfig}, {8, drainedB}} {
 			src.Set(parseConfig(t, c.yaml), c.rev)
 			if _, err := s.Status(t.Context(), &sluicev1.StatusRequest{}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
-		for _, r := range []struct {
-			region string
-			revs   []int64
-		}{{"a", []int64{6, 7, 8}}, {"b", []int64{6}}} {
-			if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r.region, Seq: 1, ConfigRevisions: r.revs,
-				Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		reportRunning(t, s, "a", 1, 6, 7, 8)
+		reportRunning(t, s, "b", 1, 6)
 		s.mu.Lock()
 		held := slices.Sorted(maps.Keys(s.held))
 		s.mu.Unlock()
 		if !slices.Equal(held, []int64{6, 7, 8}) {
 			t.Fatalf("held revisions %v, want [6 7 8]", held)
 		}
-		st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range st.GetRegions() {
-			if r.GetRegion() == "b" && r.GetDrainPending() {
-				t.Errorf("b runs the confirmed revision 6, which drains it: %v, want no drain pending", r)
-			}
+		if r := regionStatus(t, s, "b"); r.GetDrainPending() {
+			t.Errorf("b runs the confirmed revision 6, which drains it: %v, want no drain pending", r)
 		}
 	})
 }
@@ -177,24 +139,11 @@ func TestStatusDrainNotPendingWhenTheConfirmedRevisionDrains(t *testing.T) {
 // pending: the revision not held is passed over, not read.
 func TestStatusDrainPendingPastARevisionNeverHeld(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		drained := strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
-		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
-		s := quietService(t, src)
-		s.promote(1, time.Now().Add(time.Hour), nil)
-		src.Set(parseConfig(t, drained), 6)
-		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
-		if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: "b", Seq: 1, ConfigRevisions: []int64{4, 5},
-			Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
-			t.Fatal(err)
-		}
-		st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range st.GetRegions() {
-			if r.GetRegion() == "b" && (!r.GetDrainPending() || r.GetReservedFraction() != 1) {
-				t.Errorf("b runs revisions 4 (never held) and 5 (not draining it): %v, want its drain pending, reserved whole", r)
-			}
+		s, src := drainService(t)
+		src.Set(parseConfig(t, drainedB), 6)
+		reportRunning(t, s, "b", 1, 4, 5)
+		if r := regionStatus(t, s, "b"); !r.GetDrainPending() || r.GetReservedFraction() != 1 {
+			t.Errorf("b runs revisions 4 (never held) and 5 (not draining it): %v, want its drain pending, reserved whole", r)
 		}
 	})
 }
@@ -206,29 +155,52 @@ func TestStatusDrainPendingPastARevisionNeverHeld(t *testing.T) {
 // past the confirmed one.
 func TestStatusDrainReportedAheadOfTheConfirmedRevision(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		drained := strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
-		src := configtest.NewSource(parseConfig(t, loopConfig), 5)
-		s := quietService(t, src)
-		s.promote(1, time.Now().Add(time.Hour), nil)
-		src.Set(parseConfig(t, drained), 6)
-		k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
-		for _, r := range []struct {
-			region string
-			revs   []int64
-		}{{"a", []int64{5}}, {"b", []int64{5, 6}}} {
-			if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: r.region, Seq: 1, ConfigRevisions: r.revs,
-				Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range st.GetRegions() {
-			if r.GetRegion() == "b" && r.GetDrainPending() {
-				t.Errorf("b reports revision 6, which drains it, past the confirmed 5: %v, want no drain pending", r)
-			}
+		s, src := drainService(t)
+		src.Set(parseConfig(t, drainedB), 6)
+		reportRunning(t, s, "a", 1, 5)
+		reportRunning(t, s, "b", 1, 5, 6)
+		if r := regionStatus(t, s, "b"); r.GetDrainPending() {
+			t.Errorf("b reports revision 6, which drains it, past the confirmed 5: %v, want no drain pending", r)
 		}
 	})
+}
+
+// drainedB is loopConfig with region b drained.
+var drainedB = strings.Replace(loopConfig, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
+
+// drainService is a service leading on loopConfig at revision 5, its
+// source for the test to apply later revisions through.
+func drainService(t *testing.T) (*Service, *configtest.Source) {
+	t.Helper()
+	src := configtest.NewSource(parseConfig(t, loopConfig), 5)
+	s := quietService(t, src)
+	s.promote(1, time.Now().Add(time.Hour), nil)
+	return s, src
+}
+
+// reportRunning has region send its report seq, one key's demand, as
+// running the revisions revs.
+func reportRunning(t *testing.T, s *Service, region string, seq uint64, revs ...int64) {
+	t.Helper()
+	k := &sluicev1.QuotaKey{Tenant: "t", Class: "write"}
+	if _, err := s.Sync(t.Context(), &sluicev1.RegionReport{Region: region, Seq: seq, ConfigRevisions: revs,
+		Keys: []*sluicev1.KeyDemand{{Key: k, Admitted: 10, WindowMs: 100}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// regionStatus is region's line of s's Status.
+func regionStatus(t *testing.T, s *Service, region string) *sluicev1.RegionStatus {
+	t.Helper()
+	st, err := s.Status(t.Context(), &sluicev1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range st.GetRegions() {
+		if r.GetRegion() == region {
+			return r
+		}
+	}
+	t.Fatalf("%s not in the status", region)
+	return nil
 }

@@ -29,23 +29,9 @@ func TestRedisRolledBackUnderLeasesHandsOutNoBurst(t *testing.T) {
 	// Mostly waits out lease TTLs and a restart of its own Redis: it runs
 	// beside the package's other parallel tests.
 	t.Parallel()
-	rs := redistest.StartWith(t, "--dir", t.TempDir())
-	cfg := regiontest.MustConfig(t, restartUnderLeases)
+	rs, d, cfg := startSnapshottingRegion(t)
 	ctx := context.Background()
 	rdb := rs.Client()
-	// A Redis in service long before the test: its data set is old
-	// (trusted full), so the load starts on a full bucket.
-	if err := rdb.Set(ctx, luascripts.DefaultPrefix+"born", "0", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
-		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
-		Config: regional.StaticConfig{C: cfg}, Unleased: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
 	reg := &regiontest.Region{Addr: d.GRPCAddr()}
 	key := quota.Key{Tenant: "acme", Class: "closed"}
 	const r, b = 20.0, 40.0
@@ -88,21 +74,9 @@ func TestRedisRolledBackUnderLeasesHandsOutNoBurst(t *testing.T) {
 // labelled a rollback (sluice_regional_redis_rollbacks_total).
 func TestRollbackWithNoCallInFlightIsCountedAsOne(t *testing.T) {
 	t.Parallel()
-	rs := redistest.StartWith(t, "--dir", t.TempDir())
-	cfg := regiontest.MustConfig(t, restartUnderLeases)
+	rs, d, cfg := startSnapshottingRegion(t)
 	ctx := context.Background()
 	rdb := rs.Client()
-	if err := rdb.Set(ctx, luascripts.DefaultPrefix+"born", "0", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
-		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
-		Config: regional.StaticConfig{C: cfg}, Unleased: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
 	reg := &regiontest.Region{Addr: d.GRPCAddr()}
 	c := newClient(t, reg, "i-0", lease.Options{})
 	key := quota.Key{Tenant: "acme", Class: "closed"}
@@ -124,6 +98,30 @@ func TestRollbackWithNoCallInFlightIsCountedAsOne(t *testing.T) {
 	if losses, rollbacks := awaitDataLoss(t, d, cfg, 1); losses != 1 || rollbacks != 1 {
 		t.Errorf("sluice_regional_redis_data_losses_total = %v, sluice_regional_redis_rollbacks_total = %v after the rollback, want 1 and 1", losses, rollbacks)
 	}
+}
+
+// startSnapshottingRegion starts a redis-server that saves its snapshots
+// in a directory of its own (so a restart restores the last one) and an
+// unleased regional daemon on it, under restartUnderLeases. Its data set
+// is marked as in service long before the test (born 0, trusted full), so
+// a load starts on full buckets.
+func startSnapshottingRegion(t *testing.T) (*redistest.Server, *regional.Daemon, *config.Config) {
+	t.Helper()
+	rs := redistest.StartWith(t, "--dir", t.TempDir())
+	cfg := regiontest.MustConfig(t, restartUnderLeases)
+	ctx := context.Background()
+	if err := rs.Client().Set(ctx, luascripts.DefaultPrefix+"born", "0", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
+		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
+		Config: regional.StaticConfig{C: cfg}, Unleased: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	return rs, d, cfg
 }
 
 // awaitDataLoss polls d's registry until sluice_regional_redis_data_losses_total
