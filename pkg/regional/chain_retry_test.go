@@ -226,15 +226,7 @@ func TestPartialHistoryReadStartsBoundedByWhatItRead(t *testing.T) {
 // refused its connection at the start reads its region's history again
 // one epoch later, then after two: not at once, and not in a loop.
 func TestLateReadsOfTheHistoryWaitAnEpochThenDouble(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens: every connection is refused
-	// One dial a read, no retry: a read fails at once.
-	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := refusingRedis(t)
 	cfg := euWeighted(t, "epoch: 200ms", 3)
 	epoch := time.Duration(cfg.Epoch)
 	logs := &logtest.Buffer{}
@@ -331,14 +323,7 @@ func TestLongHistoryFillsTheChainWithoutDroppingARead(t *testing.T) {
 // so a Redis that refuses its connection then neither fails it nor counts
 // it unconfirmed.
 func TestStaticConfigReadsNoHistory(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens: every connection is refused
-	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := refusingRedis(t)
 	s, err := New(Options{Region: "eu", Redis: rdb, Config: configtest.NewSource(euWeighted(t, "", 3), 0), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -347,4 +332,20 @@ func TestStaticConfigReadsNoHistory(t *testing.T) {
 	if err := s.ResumeChain(t.Context()); err != nil {
 		t.Fatalf("ResumeChain on a static config: %v, want nothing read", err)
 	}
+}
+
+// refusingRedis is a client of an address nothing listens on, with one
+// dial a command and no retry: every command fails at once, connection
+// refused.
+func refusingRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
 }

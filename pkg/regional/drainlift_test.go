@@ -2,10 +2,7 @@ package regional
 
 import (
 	"log/slog"
-	"net"
 	"testing"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/internal/logtest"
@@ -17,19 +14,11 @@ import (
 // the rise of a drain lifted warns when the write fails (a replica started
 // later may then credit idle keys at the restored share), and only then.
 func TestDrainLiftedWarnsOnlyWhenItsRiseWriteFails(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := ln.Addr().String()
-	ln.Close() // nothing listens: every connection is refused
 	const warning = "storing the rise of a drain lifted failed"
 	for _, fails := range []bool{false, true} {
 		rdb := redistest.Start(t).Client()
 		if fails {
-			// One dial, no retry: the write fails at once.
-			rdb = redis.NewClient(&redis.Options{Addr: refused, MaxRetries: -1, DialerRetries: 1})
-			t.Cleanup(func() { rdb.Close() })
+			rdb = refusingRedis(t)
 		}
 		logs := &logtest.Buffer{}
 		s, err := New(Options{Region: "us", Redis: rdb, Config: configtest.NewSource(euWeighted(t, "", 1), 1),

@@ -17,17 +17,7 @@ import (
 // this counter). Only the leader's reads touch this key after the lease
 // expired.
 func TestLeaderReadCountsReclaimedTokens(t *testing.T) {
-	cfg := regiontest.MustConfig(t, `
-epoch: 2s
-grant_validity: 10s
-lease_ttl: 1s
-refresh: 200ms
-region_lease: 40s
-regions: {eu: {weight: 1}, us: {weight: 1}}
-classes: {write: {mode: lease, partition_share: 0.5}}
-tiers: {free: {write: {rate: 100/s, burst: 100}}}
-default_tier: free
-`)
+	cfg := regiontest.MustConfig(t, "lease_ttl: 1s\nrefresh: 200ms\n"+watchedKeyConfig)
 	r := newLeaseRigWith(t, cfg)
 	r.reported() // the first answer confers the static lease
 	d := newDemandDriver(r)
@@ -41,14 +31,7 @@ default_tier: free
 	}
 	// The instance is gone: its lease (one token, unspent) expires one
 	// lease TTL after its last report, on Redis's clock.
-	expiry := r.redisUS() + time.Second.Microseconds()
-	deadline := time.Now().Add(time.Minute)
-	for r.redisUS() <= expiry {
-		if time.Now().After(deadline) {
-			t.Fatal("Redis's clock did not pass the lease's expiry within a minute")
-		}
-		time.Sleep(10 * time.Millisecond) // polling Redis's clock with a deadline
-	}
+	r.waitRedisPast(t, r.redisUS()+time.Second.Microseconds())
 	r.reported()
 	if got := r.counter("sluice_regional_reclaimed_tokens_total"); got < 1 {
 		t.Fatalf("reclaimed %v tokens after the leader read the key past its lease's expiry, want the lease's unspent tokens", got)
@@ -62,31 +45,14 @@ default_tier: free
 // as a read's are.
 func TestGrantInstallCountsTheTokensItsScriptReclaims(t *testing.T) {
 	ctx := context.Background()
-	cfg := regiontest.MustConfig(t, `
-epoch: 2s
-grant_validity: 10s
-lease_ttl: 1s
-refresh: 200ms
-region_lease: 40s
-regions: {eu: {weight: 1}, us: {weight: 1}}
-classes: {write: {mode: lease, partition_share: 0.5}}
-tiers: {free: {write: {rate: 100/s, burst: 100}}}
-default_tier: free
-`)
+	cfg := regiontest.MustConfig(t, "lease_ttl: 1s\nrefresh: 200ms\n"+watchedKeyConfig)
 	r := newLeaseRigWith(t, cfg)
 	r.reported() // the first answer confers the static lease
 	d := newDemandDriver(r)
 	d.open(leaseKey) // one token leased, no demand: not a candidate
 	// The instance is gone: its lease expires one lease TTL after its
 	// report, on Redis's clock.
-	expiry := r.redisUS() + time.Second.Microseconds()
-	deadline := time.Now().Add(time.Minute)
-	for r.redisUS() <= expiry {
-		if time.Now().After(deadline) {
-			t.Fatal("Redis's clock did not pass the lease's expiry within a minute")
-		}
-		time.Sleep(10 * time.Millisecond) // polling Redis's clock with a deadline
-	}
+	r.waitRedisPast(t, r.redisUS()+time.Second.Microseconds())
 	if got := r.counter("sluice_regional_reclaimed_tokens_total"); got != 0 {
 		t.Fatalf("reclaimed %v tokens before the grant, want 0", got)
 	}
@@ -104,5 +70,16 @@ default_tier: free
 	}
 	if got := r.counter("sluice_regional_reclaimed_tokens_total"); got < 1 {
 		t.Fatalf("reclaimed %v tokens after installing a grant past the lease's expiry, want the lease's unspent tokens", got)
+	}
+}
+
+// waitRedisPast waits until Redis's clock is past us (µs), within a minute.
+func (r *leaseRig) waitRedisPast(t *testing.T, us int64) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); r.redisUS() <= us; {
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis's clock did not pass %d within a minute", us)
+		}
+		time.Sleep(10 * time.Millisecond) // polling Redis's clock with a deadline
 	}
 }

@@ -13,16 +13,11 @@ import (
 	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
-// TestLeaderSeesItsOneWatchedKeyRise: between epochs the leader reads the
-// keys its last report watched and reports at once when one asks for
-// materially more than it holds and than was reported. Here the report
-// watches a single key (its demand is above half eu's static share): at
-// the demand reported it has not risen; at ten times that it has.
-func TestLeaderSeesItsOneWatchedKeyRise(t *testing.T) {
-	ctx := context.Background()
-	// A long epoch: the read between epochs is bounded by a nudge spacing
-	// (an eighth of it), which a starved machine must fit in.
-	cfg := regiontest.MustConfig(t, `
+// watchedKeyConfig is the config of the tests of a single watched key: a
+// long epoch (2 s: reads between epochs are bounded by a nudge spacing, an
+// eighth of it, which a starved machine must fit in), two regions of equal
+// weight, one class of 100/s.
+const watchedKeyConfig = `
 epoch: 2s
 grant_validity: 10s
 region_lease: 40s
@@ -30,7 +25,16 @@ regions: {eu: {weight: 1}, us: {weight: 1}}
 classes: {write: {mode: lease, partition_share: 0.5}}
 tiers: {free: {write: {rate: 100/s, burst: 100}}}
 default_tier: free
-`)
+`
+
+// TestLeaderSeesItsOneWatchedKeyRise: between epochs the leader reads the
+// keys its last report watched and reports at once when one asks for
+// materially more than it holds and than was reported. Here the report
+// watches a single key (its demand is above half eu's static share): at
+// the demand reported it has not risen; at ten times that it has.
+func TestLeaderSeesItsOneWatchedKeyRise(t *testing.T) {
+	ctx := context.Background()
+	cfg := regiontest.MustConfig(t, watchedKeyConfig)
 	r := newLeaseRigWith(t, cfg)
 	r.reported() // the first answer confers the static lease
 	d := newDemandDriver(r)
@@ -58,15 +62,7 @@ default_tier: free
 // nudge (no Watch): only the rise the leader sees itself starts that
 // round.
 func TestWatchedKeyRiseSendsANudgedReportBetweenEpochs(t *testing.T) {
-	cfg := regiontest.MustConfig(t, `
-epoch: 2s
-grant_validity: 10s
-region_lease: 40s
-regions: {eu: {weight: 1}, us: {weight: 1}}
-classes: {write: {mode: lease, partition_share: 0.5}}
-tiers: {free: {write: {rate: 100/s, burst: 100}}}
-default_tier: free
-`)
+	cfg := regiontest.MustConfig(t, watchedKeyConfig)
 	epoch := time.Duration(cfg.Epoch)
 	r := newLeaseRigWith(t, cfg)
 	r.reported() // the first answer confers the static lease
