@@ -392,13 +392,15 @@ func (r *shardRig) grantedBy(shard int, k quota.Key) int {
 // ran (a machine too starved to run rounds at all).
 func (r *shardRig) waitFor(what string, limit time.Duration, cond func() bool) {
 	r.t.Helper()
-	rounds := int(limit / time.Duration(r.src.Current().Epoch))
+	// answers counts every shard's answer: a round of eu's reports is one
+	// answer per shard of the config.
+	rounds := int(limit/time.Duration(r.src.Current().Epoch)) * r.src.Current().ShardMap().N()
 	from := r.answersTo("eu")
 	start := time.Now()
 	for !cond() {
 		r.check()
 		if waited := time.Since(start); waited > limit && (r.answersTo("eu")-from >= rounds || waited > 10*limit) {
-			r.t.Fatalf("%s: not within %v (eu answered %d times, %d rounds' worth)", what, waited.Round(time.Millisecond), r.answersTo("eu")-from, rounds)
+			r.t.Fatalf("%s: not within %v (eu answered %d times, %d answers' worth)", what, waited.Round(time.Millisecond), r.answersTo("eu")-from, rounds)
 		}
 		time.Sleep(10 * time.Millisecond) // polling with a deadline
 	}
