@@ -50,6 +50,14 @@
 // (drain, restore): the fault list names each as skipped at its time, and
 // no recovery is measured after it (Skipped).
 //
+// # Whether the machine kept up
+//
+// Arrivals are stamped when delivered, so a driver the machine starves
+// delivers late and bunches arrivals up. The driver books its lateness
+// (pace.go) and the outcome carries a warning (runner.Outcome.Warnings)
+// when more than 1% of requests came over 100 ms of scenario time late, or
+// an instance too far behind had requests denied undecided.
+//
 // # What is not checked
 //
 // The per-region bucket checks (holding within the cap, exactly-once

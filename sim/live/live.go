@@ -48,6 +48,12 @@ type Options struct {
 	// DaemonLog receives the daemons' own structured logs (leader
 	// elections, failed syncs). Optional, default discarded.
 	DaemonLog io.Writer
+
+	// beforeDelivery, when set, runs on the driving goroutine before each
+	// batch is delivered, with the batch's planned scenario time: the
+	// package's tests stall the driver with it, as a starved machine
+	// would.
+	beforeDelivery func(planned time.Duration)
 }
 
 // Run plays sc against real daemons and judges it with the oracle.
@@ -78,7 +84,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	if err != nil {
 		return nil, fmt.Errorf("live: %w", err)
 	}
-	d := &deployment{sc: sc, cfg: cfg, scale: scale, log: o.Log, plan: plan, seed: seed,
+	d := &deployment{sc: sc, cfg: cfg, scale: scale, log: o.Log, plan: plan, seed: seed, beforeDelivery: o.beforeDelivery,
 		logger: slog.New(slog.NewTextHandler(o.DaemonLog, nil)), keyID: map[quota.Key]int{}}
 	for i, k := range plan.Keys {
 		d.keyID[k] = i
@@ -99,6 +105,10 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	d.rec.finish(func(o *oracle.Oracle, _ time.Duration) { res = o.Finish(time.Duration(sc.Duration)) })
 	out := setup.Outcome("live", res)
 	out.Counters.Events = uint64(d.decisions.Load())
+	out.Warnings = d.pace.warnings()
+	for _, w := range out.Warnings {
+		fmt.Fprintf(o.Log, "live: WARNING: %s\n", w)
+	}
 	out.Wall = time.Since(wallStart)
 	return out, nil
 }
@@ -115,6 +125,8 @@ type deployment struct {
 	keyID  map[quota.Key]int
 	rkeys  []luascripts.Keys
 	rec    *recorder // set by startRecording; guarded by grantMu until then
+	// beforeDelivery is Options.beforeDelivery.
+	beforeDelivery func(planned time.Duration)
 
 	grantMu sync.Mutex            // guards rec while it is nil, and early
 	early   map[[2]int]earlyGrant // grants applied before recording began
@@ -126,6 +138,7 @@ type deployment struct {
 	globals  []*allocator.Daemon // every global daemon started, for their metrics
 
 	decisions atomic.Int64
+	pace      pace // written by the driving goroutine only (drive)
 	workers   sync.WaitGroup
 	// faultJobs counts fault actions still to run or running (a delayed
 	// restart, a replacement replica); play waits for them.
@@ -457,6 +470,10 @@ func (d *deployment) drive(ctx context.Context, dur time.Duration) error {
 		}
 		st := d.plan.Streams[b.stream]
 		if b.n > 0 {
+			if d.beforeDelivery != nil {
+				d.beforeDelivery(b.end)
+			}
+			d.pace.delivered(b.end, d.rec.virtual(time.Now()), b.n)
 			d.deliver(st, &routes[b.stream], b.stream, b.n)
 		}
 		if b.end < dur {
@@ -509,6 +526,7 @@ func (d *deployment) deliver(st *traffic.Stream, rt *route, id int, n int64) {
 		select {
 		case in.reqs <- request{key: k, n: m, cost: st.Cost}:
 		default: // the instance is hopelessly behind: its requests time out
+			d.pace.refused(m)
 			d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Decided(now, r.idx, k, m*st.Cost, oracle.SourceDenied) })
 		}
 	}

@@ -98,6 +98,9 @@ func Answer(o *runner.Outcome) string {
 	if v := o.Result.VsIdeal; !math.IsNaN(v) && v > 0 {
 		parts = append(parts, fmt.Sprintf("the fleet admitted %s of what a single ideal token bucket would after warmup", pct(v)))
 	}
+	if len(o.Warnings) > 0 {
+		parts = append(parts, "but the machine did not keep up with the run, so these figures are partly the machine's (see the warnings)")
+	}
 	a := strings.Join(parts, "; ")
 	return strings.ToUpper(a[:1]) + a[1:] + "."
 }

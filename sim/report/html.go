@@ -71,7 +71,7 @@ func WriteHTML(w io.Writer, o *runner.Outcome) error {
 		"table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #dadce0;padding:4px 8px;text-align:left;vertical-align:top;font-size:13px}" +
 		"th{background:#f1f3f4}.pass{color:#188038;font-weight:bold}.fail{color:#d93025;font-weight:bold}.na{color:#5f6368}" +
 		"pre{background:#f8f9fa;padding:12px;font-size:12px;overflow-x:auto}h2{margin-top:28px}svg{display:block;margin:8px 0;width:100%%;height:auto}" +
-		".answer{font-size:16px;border-left:4px solid #1a73e8;padding:4px 12px}</style>\n")
+		".answer{font-size:16px;border-left:4px solid #1a73e8;padding:4px 12px}.warn{border-left:4px solid #d93025;padding:4px 12px}</style>\n")
 	p("</head><body>\n<h1>Sluice simulation: %s</h1>\n", esc(sc.Name))
 	if q := Question(sc.Description); q != "" {
 		p("<p class=\"answer\"><strong>%s</strong><br>%s</p>\n", esc(q), esc(Answer(o)))
@@ -90,6 +90,9 @@ func WriteHTML(w io.Writer, o *runner.Outcome) error {
 	}
 	p("<p>%s mode, seed %d, %v simulated, %d regions, %d instances, %d tenants, %d keys. Result: <span class=\"%s\">%s</span></p>\n",
 		esc(o.Mode), o.Seed, r.Duration, len(r.Regions), o.Instances, o.Tenants, r.Keys, cls, esc(verdict))
+	for _, warning := range o.Warnings {
+		p("<p class=\"warn\"><strong>Warning:</strong> %s</p>\n", esc(warning))
+	}
 	p("<h2>Invariants and targets</h2>\n<table><tr><th>Check</th><th>What it means</th><th>Result</th><th>Target</th><th>Value</th></tr>\n")
 	for _, c := range o.Checks {
 		res, cl := c.Result(), "pass"

@@ -40,6 +40,7 @@ func TestRendering(t *testing.T) {
 	t.Run("svg", func(t *testing.T) { chartsAreWellFormedSVG(t, o) })
 	t.Run("csv", func(t *testing.T) { csvHasEverySeriesAtEveryStep(t, o) })
 	t.Run("page reads well", func(t *testing.T) { pageReadsWell(t, o) })
+	t.Run("warnings", func(t *testing.T) { warningsAreShownFirst(t, o) })
 	t.Run("live Redis count", func(t *testing.T) {
 		// The real daemons count round trips to Redis, not scripts.
 		live := *o
@@ -51,6 +52,39 @@ func TestRendering(t *testing.T) {
 			t.Errorf("virtual summary:\n%s", s)
 		}
 	})
+}
+
+// warningsAreShownFirst: a run's warnings (a live run the machine could
+// not keep up with) head the summary and the page, and the answer says
+// the figures are partly the machine's; a run without any shows none.
+func warningsAreShownFirst(t *testing.T, o *runner.Outcome) {
+	for _, s := range []string{report.Summary(o), page(t, o)} {
+		if strings.Contains(s, "WARNING") || strings.Contains(s, "Warning:") || strings.Contains(report.Answer(o), "did not keep up") {
+			t.Fatalf("a run without warnings shows one:\n%s", s)
+		}
+	}
+	warned := *o
+	warned.Warnings = []string{"the driver fell behind the traffic plan: <see>"}
+	sum := report.Summary(&warned)
+	if w, c := strings.Index(sum, "WARNING: the driver fell behind"), strings.Index(sum, "Check"); w < 0 || w > c {
+		t.Errorf("summary does not head its checks with the warning:\n%s", sum)
+	}
+	html := page(t, &warned)
+	if w, c := strings.Index(html, "<strong>Warning:</strong> the driver fell behind the traffic plan: &lt;see&gt;"), strings.Index(html, "<h2>Invariants"); w < 0 || w > c {
+		t.Errorf("page does not head its checks with the escaped warning:\n%s", html)
+	}
+	if a := report.Answer(&warned); !strings.HasSuffix(a, "so these figures are partly the machine's (see the warnings).") {
+		t.Errorf("answer %q does not say the figures are partly the machine's", a)
+	}
+}
+
+func page(t *testing.T, o *runner.Outcome) string {
+	t.Helper()
+	var b strings.Builder
+	if err := report.WriteHTML(&b, o); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
 
 // pageReadsWell: the page uses the full width, answers the scenario's

@@ -30,6 +30,14 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 	}
 	p("  %v simulated (warmup %v) · %d regions · %d instances · %d tenants · %d keys · %d faults\n",
 		r.Duration, time.Duration(sc.Warmup), len(r.Regions), o.Instances, o.Tenants, r.Keys, len(r.Faults))
+	for _, warning := range o.Warnings {
+		for i, line := range Wrap("WARNING: "+warning, 76) {
+			if i > 0 {
+				line = "  " + line
+			}
+			p("  %s\n", line)
+		}
+	}
 	p("\n")
 
 	p("  %-36s %-6s %-12s %s\n", "Check", "Result", "Target", "Value")

@@ -36,6 +36,11 @@ type Outcome struct {
 	Counters world.Counters
 	// Instances and Tenants describe the deployment.
 	Instances, Tenants int
+	// Warnings say what makes the run's figures less trustworthy than its
+	// checks read: in live mode, a machine that could not keep up with the
+	// traffic plan (sim/live). None in virtual mode, whose clock waits for
+	// the work.
+	Warnings []string
 	// Wall is how long the run took on the wall clock (never part of the
 	// summary, which must be reproducible).
 	Wall time.Duration
