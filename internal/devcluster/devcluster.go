@@ -45,6 +45,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // Options configure a cluster. Zero values pick the defaults.
@@ -92,6 +93,11 @@ type Options struct {
 	// regional.LeaderOptions.OnApplied, told its region. It must not
 	// block. Optional.
 	OnApplied func(region string, k quota.Key, rate, burst float64, expiryUS int64)
+	// OnChain, when set, is every regional replica's
+	// regional.Options.OnChain, told its region and which replica: a
+	// number unique in the cluster, kept across the replica's restarts.
+	// It must not block. Optional.
+	OnChain func(region string, replica int, c regionsync.Chain)
 	// Listen fixes the addresses of a region's first replica (dev mode:
 	// the region the banner's examples call). Optional; by default, and
 	// for every other replica, free loopback ports.
@@ -129,8 +135,9 @@ type Cluster struct {
 	etcdAddr string // client endpoint, fixed so a restarted etcd is where clients dial
 	peerAddr string
 
-	mu      sync.Mutex // guards Global and Region.Replicas while adding, and closers
-	closers []func()
+	mu       sync.Mutex // guards Global and Region.Replicas while adding, closers and replicas
+	closers  []func()
+	replicas int // regional replicas added
 }
 
 // Region is one region's Redis and regional replicas.
@@ -451,6 +458,7 @@ func (c *Cluster) GlobalShardAddrs(shard int) []string {
 // tier.
 type RegionalReplica struct {
 	c        *Cluster
+	id       int // the cluster's count of replicas added when it was
 	region   string
 	redis    string
 	addr     string
@@ -471,8 +479,9 @@ func (c *Cluster) AddRegional(ctx context.Context, region string) (*RegionalRepl
 	if reg == nil {
 		return nil, fmt.Errorf("devcluster: no region %q", region)
 	}
-	r := &RegionalReplica{c: c, region: region, redis: reg.Redis.Addr(), addr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
 	c.mu.Lock()
+	c.replicas++
+	r := &RegionalReplica{c: c, id: c.replicas, region: region, redis: reg.Redis.Addr(), addr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
 	first := len(reg.Replicas) == 0
 	c.mu.Unlock()
 	if l, ok := c.opts.Listen[region]; ok && first {
@@ -545,6 +554,10 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 			func(g *grpc.Server) { reflection.Register(g) },
 		}
 	}
+	var onChain func(regionsync.Chain)
+	if on := c.opts.OnChain; on != nil {
+		onChain = func(ch regionsync.Chain) { on(r.region, r.id, ch) }
+	}
 	// The embedded Redis never evicts and has no INFO memory to say so.
 	c.mu.Lock()
 	embedded := c.Regions[r.region].Redis.Embedded()
@@ -552,7 +565,7 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 	d, err := regional.StartDaemon(ctx, regional.DaemonOptions{
 		Region: r.region, GRPCAddr: r.addr, HTTPAddr: r.httpAddr, RedisAddr: r.redis,
 		Config: source, ColdStart: cold, Leader: lo, Registry: p.registry, Logger: c.opts.Logger,
-		Envoy: envoy, Extra: extra, AllowEviction: embedded,
+		Envoy: envoy, Extra: extra, AllowEviction: embedded, OnChain: onChain,
 	})
 	if err != nil {
 		if gc != nil {

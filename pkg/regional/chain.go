@@ -224,7 +224,7 @@ func (s *Server) resumeChain(ctx context.Context, late bool) (retry bool, err er
 		return false, nil
 	}
 	c := regionsync.StartChain(history, cur)
-	s.chain.Store(&c)
+	s.storeChain(c)
 	if late {
 		s.unconfirmedRev.Store(0)
 		s.metrics.resumedLate.Inc()
@@ -297,8 +297,17 @@ func (s *Server) staticChain() regionsync.Chain {
 	} else {
 		c = s.chain.Load().Adopt(rev, cfg)
 	}
-	s.chain.Store(&c)
+	s.storeChain(c)
 	return c
+}
+
+// storeChain makes c the replica's chain and hands it to Options.OnChain;
+// the caller holds chainMu (or New, before the server is shared).
+func (s *Server) storeChain(c regionsync.Chain) {
+	s.chain.Store(&c)
+	if s.opts.OnChain != nil {
+		s.opts.OnChain(c)
+	}
 }
 
 // reportedChain marks the chain's revisions as reported and returns them,
@@ -308,7 +317,7 @@ func (s *Server) reportedChain() []int64 {
 	s.chainMu.Lock()
 	defer s.chainMu.Unlock()
 	c, revs := s.chain.Load().Reported()
-	s.chain.Store(&c)
+	s.storeChain(c)
 	return revs
 }
 
@@ -359,7 +368,7 @@ func (s *Server) confirmChain(ctx context.Context, rev int64, store bool) {
 		rises = rises.Confirmed(old, next, v.clock.Estimate(time.Now()))
 		s.configRises.Store(&rises)
 	}
-	s.chain.Store(&next)
+	s.storeChain(next)
 	// A process that started unconfirmed on u (ResumeChain) is confirmed
 	// once the region confirms u itself, or a later config the chain held
 	// (the confirmed one is no longer u).

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/internal/memlisten"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/regional/reply"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 	"github.com/sluicehq/sluice/pkg/rpcguard"
 )
 
@@ -103,6 +104,8 @@ type DaemonOptions struct {
 	// in flight per connection and per authenticated identity; calls
 	// beyond wait their turn (rpcguard). Optional, rpcguard's defaults.
 	PerConnection, PerIdentity int
+	// OnChain is Options.OnChain. Optional.
+	OnChain func(regionsync.Chain)
 }
 
 // Daemon is a running regional process. Safe for concurrent use.
@@ -192,7 +195,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	rdb := redis.NewUniversalClient(ropts)
 	srv, err := New(Options{
 		Region: o.Region, Redis: rdb, Config: o.Config, Guard: guard,
-		Logger: o.Logger, Registerer: ep.Registry, Unleased: o.Unleased,
+		Logger: o.Logger, Registerer: ep.Registry, Unleased: o.Unleased, OnChain: o.OnChain,
 		// The server's bound on a batch is the daemon's bound on Redis:
 		// with the server's longer default, callers with shorter deadlines
 		// gave up first on a hung Redis and nothing was counted.

@@ -88,6 +88,15 @@ type Options struct {
 	// vain, and instances answer it "never" (docs/architecture.md, "No
 	// edge promises a wait that cannot be honoured").
 	Unleased bool
+	// OnChain, when set, is called with the replica's chain of configs
+	// (regionsync.Chain: the static shares it honours) each time the
+	// replica stores a new one (a config adopted, a report marked, a
+	// confirmation applied, the region's history read, and once at New),
+	// under the lock that orders those stores and before any call is
+	// served under it. It lets the simulator's oracle see the static
+	// shares a real replica runs on as they change. It must return quickly
+	// and not call the Server. Optional.
+	OnChain func(regionsync.Chain)
 }
 
 // Server implements sluicev1.LeaseServiceServer. Safe for concurrent use.
@@ -190,8 +199,7 @@ func New(opts Options) (*Server, error) {
 	// ResumeChain reads the region's history (see docs/architecture.md,
 	// invariant 2).
 	cfg, rev := live(opts.Config)
-	c := regionsync.NewChain(rev, cfg)
-	s.chain.Store(&c)
+	s.storeChain(regionsync.NewChain(rev, cfg))
 	s.static.Store(&staticView{}) // no lease known: the floor until the first reading
 	s.metrics = newMetrics(opts.Registerer, s)
 	s.batch = newBatcher(opts.Redis, s.scripts, 4, 64, opts.RedisTimeout)

@@ -4,7 +4,9 @@
 // daemons per region (one leads it), two global allocator daemons (leader
 // and standby) and one lease client per instance, all talking gRPC on
 // loopback. The deployment is internal/devcluster's, the one development
-// mode runs, on the scenario's config as a static config. The run starts
+// mode runs, on the scenario's config: as a static config, or, when the
+// scenario has operator events, watched in etcd, where the events write
+// their revisions (events.go). The run starts
 // from runner.NewSetup, as a virtual run does: the same traffic plan, fault
 // schedule and oracle judge it.
 //
@@ -20,7 +22,10 @@
 //
 // Every decision of every lease client goes to the oracle as it returns;
 // every grant a region's Redis applies goes to it from the region leader
-// (LeaderOptions.OnApplied) before the leader's next report. A donor's
+// (LeaderOptions.OnApplied) before the leader's next report; every static
+// share a replica runs on goes to it when the replica stores a new chain
+// of configs (Options.OnChain), before it serves anything under it, a
+// region's being the larger of its replicas'. A donor's
 // smaller grant is therefore seen before the global tier can give the
 // difference to a recipient, so the oracle's order of grants is the order
 // that matters. (Polling Redis for grants instead sees a recipient's new
@@ -44,11 +49,12 @@
 // (injected in the region leader's GlobalTier), Redis restarts (the
 // process is killed and restarted empty on the same port) and etcd outages
 // (the embedded etcd is shut down and started again on the same data and
-// addresses). Latency between two regions has no path to act on here and
-// is skipped, as are region-down, the exactly-once faults (replays, lost
-// answers, stale leaders, isolated instances) and the operator's events
-// (drain, restore): the fault list names each as skipped at its time, and
-// no recovery is measured after it (Skipped).
+// addresses). The operator's events (drain, restore) are config
+// revisions written to etcd at their times. Latency between two regions
+// has no path to act on here and is skipped, as are region-down and the
+// exactly-once faults (replays, lost answers, stale leaders, isolated
+// instances): the fault list names each as skipped at its time, and no
+// recovery is measured after it (Skipped).
 //
 // # Whether the machine kept up
 //

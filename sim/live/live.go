@@ -74,7 +74,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	}
 	// What live mode does not play is no change for the recovered
 	// measures: it has no recovery to measure.
-	o.Options.Skipped, o.Options.SkipsEvents = Skipped, true
+	o.Options.Skipped = Skipped
 	setup, err := runner.NewSetup(sc, o.Options)
 	if err != nil {
 		return nil, err
@@ -125,11 +125,19 @@ type deployment struct {
 	keyID  map[quota.Key]int
 	rkeys  []luascripts.Keys
 	rec    *recorder // set by startRecording; guarded by grantMu until then
+	// regionIdx is each region's index in the oracle, by name.
+	regionIdx map[string]int
 	// beforeDelivery is Options.beforeDelivery.
 	beforeDelivery func(planned time.Duration)
 
-	grantMu sync.Mutex            // guards rec while it is nil, and early
+	grantMu sync.Mutex            // guards rec while it is nil, early, byReplica, replicaRegion and told
 	early   map[[2]int]earlyGrant // grants applied before recording began
+	// byReplica is each regional replica's static shares (events.go), by
+	// its devcluster number, replicaRegion its region; told is what the oracle was
+	// last told of each region's (the largest over its replicas).
+	byReplica     map[int][]keyShare
+	replicaRegion map[int]string
+	told          map[string][]keyShare
 
 	c       *devcluster.Cluster
 	regions []*liveRegion
@@ -222,10 +230,15 @@ func (d *deployment) start(ctx context.Context) error {
 		idx[rs.Name] = i
 		faults[rs.Name] = &tierFaults{rng: engine.NewStream(d.seed, "live-tier/"+rs.Name)}
 	}
+	d.regionIdx = idx
 	c, err := devcluster.Start(ctx, devcluster.Options{
 		Config: d.cfg, Regions: names, ReplicasPerRegion: replicasPerRegion, GlobalReplicas: globals,
 		SessionTTL: sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale), Prefix: etcdPrefix,
-		StaticConfig: true, ConservativeColdStart: d.sc.Topology.ColdStart == "conservative",
+		// Operator events are config revisions written to etcd: the
+		// daemons watch it for them, as in production. Without events a
+		// static config spares each replica its watch.
+		StaticConfig: len(d.sc.Events) == 0, ConservativeColdStart: d.sc.Topology.ColdStart == "conservative",
+		OnChain:            d.chainStored,
 		AllowEmbeddedRedis: true, Logger: d.logger,
 		WrapGlobal: func(region string, next regional.GlobalTier) regional.GlobalTier {
 			return &faultyTier{next: next, f: faults[region]}
@@ -388,14 +401,11 @@ func (d *deployment) play(parent context.Context) error {
 			}
 		}()
 	}
-	for _, e := range d.sc.Events {
+	if len(d.sc.Events) > 0 {
 		bg.Add(1)
 		go func() {
 			defer bg.Done()
-			if sleepUntil(ctx, d.wallAt(time.Duration(e.At))) == nil {
-				label := e.Kind + " " + e.Region + " (skipped: live mode does not play operator events)"
-				d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Fault(now, now, label) })
-			}
+			d.playEvents(ctx)
 		}()
 	}
 	bg.Add(1)

@@ -103,5 +103,12 @@ func (d *deployment) startRecording(rec *recorder) {
 	for k, g := range d.early {
 		d.recordGrantLocked(k[0], k[1], g)
 	}
+	for region, told := range d.told {
+		for k, s := range told {
+			if s.ok {
+				d.tellShareLocked(region, k, s)
+			}
+		}
+	}
 	d.early = nil
 }

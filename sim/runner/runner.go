@@ -19,11 +19,9 @@ type Options struct {
 	// after it are dropped).
 	Duration time.Duration
 	// Skipped says why the mode playing the run does not play a fault
-	// ("" when it does); SkipsEvents that it plays no operator event.
-	// What is not played is no change for the recovered measures.
-	// Optional: virtual mode plays everything.
-	Skipped     func(scenario.Fault) string
-	SkipsEvents bool
+	// ("" when it does). What is not played is no change for the
+	// recovered measures. Optional: virtual mode plays everything.
+	Skipped func(scenario.Fault) string
 }
 
 // Outcome is one finished run.

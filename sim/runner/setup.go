@@ -85,9 +85,7 @@ func Changes(sc *scenario.Scenario, seed uint64, opts Options) []oracle.Change {
 		}
 	}
 	for _, e := range sc.Events {
-		if !opts.SkipsEvents {
-			add(time.Duration(e.At), e.Kind+" "+e.Region)
-		}
+		add(time.Duration(e.At), e.Kind+" "+e.Region)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
 	// Changes at one instant are one disturbance.
