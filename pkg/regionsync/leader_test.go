@@ -406,3 +406,84 @@ func TestRoundCatchesUpAfterAnyWait(t *testing.T) {
 		}
 	}
 }
+
+// TestEpochReportForgetsOnlyTheKeysItLeavesOut: an epoch report that
+// names fewer keys than have a baseline forgets the baselines of the keys
+// it leaves out and keeps those of the keys it names; a key left out and
+// named again is a baseline once more. An acknowledgement forgets nothing.
+func TestEpochReportForgetsOnlyTheKeysItLeavesOut(t *testing.T) {
+	l := NewLeader()
+	read := func(us int64, keys ...quota.Key) []KeyRead {
+		out := make([]KeyRead, len(keys))
+		for i, k := range keys {
+			out[i] = KeyRead{Key: k, State: luascripts.State{Admitted: us / 1000, NowUS: us}}
+		}
+		return out
+	}
+	l.Report("eu", 1_000_000, time.Second, Epoch, read(1_000_000, keyA, keyB))
+	if l.Baselines() != 2 {
+		t.Fatalf("%d baselines after an epoch report of 2 keys", l.Baselines())
+	}
+	l.Report("eu", 1_500_000, time.Second, Ack, read(1_500_000, keyA))
+	if l.Baselines() != 2 {
+		t.Fatalf("an acknowledgement naming one key left %d baselines, want 2", l.Baselines())
+	}
+	l.Report("eu", 2_000_000, time.Second, Epoch, read(2_000_000, keyA))
+	if l.Baselines() != 1 {
+		t.Fatalf("%d baselines after an epoch report naming one of 2 keys, want 1", l.Baselines())
+	}
+	rep, _ := l.Report("eu", 3_000_000, time.Second, Epoch, read(3_000_000, keyA, keyB))
+	if a := rep.GetKeys()[0]; a.GetWindowMs() != 1000 || a.GetAdmitted() != 1000 {
+		t.Errorf("%s, named by every epoch report: %v, want 1000 admitted over 1000 ms", keyA, a)
+	}
+	if b := rep.GetKeys()[1]; b.GetWindowMs() != 1 || b.GetAdmitted() != 0 || b.DemandRate != nil {
+		t.Errorf("%s, left out of an epoch report and named again: %v, want a baseline", keyB, b)
+	}
+	if l.Baselines() != 2 {
+		t.Errorf("%d baselines after an epoch report of 2 keys", l.Baselines())
+	}
+}
+
+// TestRiseReportDecidesAsRisen: a report between epochs takes a watched
+// key's rise exactly as Risen does (the noise over half an epoch
+// included): a risen key goes out over one epoch with no counts, one that
+// did not rise keeps its reading since the epoch report, and so does a
+// key whose window is already a whole epoch.
+func TestRiseReportDecidesAsRisen(t *testing.T) {
+	const epoch = time.Second
+	const t0 = 1_000_000
+	for _, c := range []struct {
+		name   string
+		after  int64 // µs after the epoch report
+		demand float64
+		risen  bool // what Risen says
+		window int64
+		counts bool // the report keeps the counts since the epoch report
+	}{
+		// Last reported 5/s, static share 10: a rise must pass 5 + 3·√(d/0.5).
+		{"within the noise of half an epoch", 200_000, 20, false, 200, true},
+		{"past the noise", 200_000, 30, true, 1000, false},
+		{"a window of a whole epoch", 1_000_000, 30, true, 1000, true},
+	} {
+		l := NewLeader()
+		l.Report("eu", t0, epoch, Epoch, []KeyRead{{Key: keyA, StaticRate: 10,
+			State: luascripts.State{Admitted: 100, Denied: 10, LeaseDemand: 5, NowUS: t0}}})
+		if len(l.Watched()) != 1 {
+			t.Fatalf("%s: watched %v after a first sight at half the static share", c.name, l.Watched())
+		}
+		reads := []KeyRead{{Key: keyA, StaticRate: 10,
+			State: luascripts.State{Admitted: 150, Denied: 20, LeaseDemand: c.demand, NowUS: t0 + c.after}}}
+		if got := l.Risen(epoch, reads); got != c.risen {
+			t.Fatalf("%s: Risen %v, want %v", c.name, got, c.risen)
+		}
+		rep, _ := l.Report("eu", t0+c.after, epoch, Nudged, reads)
+		kd := rep.GetKeys()[0]
+		wantAdmitted, wantDenied := int64(0), int64(0)
+		if c.counts {
+			wantAdmitted, wantDenied = 50, 10
+		}
+		if kd.GetWindowMs() != c.window || kd.GetAdmitted() != wantAdmitted || kd.GetDenied() != wantDenied || kd.GetDemandRate() != c.demand {
+			t.Errorf("%s: %v, want %v/s over %d ms with %d admitted and %d denied", c.name, kd, c.demand, c.window, wantAdmitted, wantDenied)
+		}
+	}
+}
