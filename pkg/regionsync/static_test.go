@@ -363,3 +363,25 @@ func TestScriptDeadlineIsTheLeaseEndOfAStaticChoice(t *testing.T) {
 		}
 	}
 }
+
+// TestStaticMarginIsOneEpoch: a replica hands its scripts the floor from
+// one epoch before its static lease ends: its static share while its
+// estimate of Redis time is more than one epoch before the end, its floor
+// from exactly one epoch before it.
+func TestStaticMarginIsOneEpoch(t *testing.T) {
+	const epoch = 2 * time.Second
+	if m := StaticMargin(epoch); m != epoch {
+		t.Fatalf("StaticMargin(%v) = %v, want one epoch", epoch, m)
+	}
+	lease := StaticLease{UntilUS: 100 * sec}
+	static, floor := Share{Rate: 10, Burst: 20}, Share{Rate: 1, Burst: 2}
+	end := lease.UntilUS - epoch.Microseconds()
+	for _, c := range []struct {
+		estUS int64
+		want  Share
+	}{{end - 1, static}, {end, floor}, {lease.UntilUS - 1, floor}} {
+		if got := Choose(c.estUS, lease, StaticMargin(epoch), static, floor); got != c.want {
+			t.Errorf("estimate %d µs, lease until %d µs: %+v, want %+v", c.estUS, lease.UntilUS, got, c.want)
+		}
+	}
+}
