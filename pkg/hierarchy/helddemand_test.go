@@ -1,6 +1,7 @@
 package hierarchy
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -328,4 +329,29 @@ func TestAReadingAtTheFloorKeepsTheKeyContended(t *testing.T) {
 	if !kv.Contended {
 		t.Fatalf("after a reading at the floor within the hold: the key is not contended; want us-east still asking")
 	}
+}
+
+// TestTheHoldOfAVerySlowKeyIsCapped: a key so slow that refilling one
+// unit takes longer than math.MaxInt64/8 ns (about 36.5 years) holds a
+// region that asked for exactly that long, and one whose unit/rate does
+// not even fit in an int64 is held as long, not cut to the validity.
+func TestTheHoldOfAVerySlowKeyIsCapped(t *testing.T) {
+	const T = 20_000                          // ms, after learning
+	const capMS = math.MaxInt64 / 8 / 1000000 // the cap, in whole ms (its last 0.85 ms left out)
+	t.Run("unit over rate above the cap", func(t *testing.T) {
+		// unit/rate 5e9 s, 5e18 ns: within an int64, above the cap.
+		r := newHeldRig(t, 1, KeyLimit{Rate: 2e-10, Burst: 1})
+		r.read(T, 10, time.Second)
+		r.read(T+500, 0, time.Second)
+		r.expect("held", 0, T+500, 10, T+capMS, 10)
+		r.expect("past the cap", 0, T+capMS+1, 0)
+	})
+	t.Run("unit over rate beyond an int64", func(t *testing.T) {
+		// unit/rate 1e12 s, 1e21 ns.
+		r := newHeldRig(t, 1, KeyLimit{Rate: 1e-12, Burst: 1})
+		r.read(T, 10, time.Second)
+		r.read(T+500, 0, time.Second)
+		r.expect("held past the validity", 0, T+10_000, 10, T+capMS, 10)
+		r.expect("past the cap", 0, T+capMS+1, 0)
+	})
 }
