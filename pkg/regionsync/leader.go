@@ -204,11 +204,9 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 			kd.WindowMs = epoch.Milliseconds()
 			kd.DemandRate = proto.Float64(st.LeaseDemand)
 		}
-		if kd.DemandRate != nil {
-			demand[i] = kd.GetDemandRate()
-		} else if kd.WindowMs > 0 {
-			demand[i] = float64(kd.Admitted+kd.Denied) / (float64(kd.WindowMs) / 1000)
-		}
+		// A key with no demand rate is a baseline, or a reading that saw
+		// no time pass: it carries no counts, so no demand.
+		demand[i] = kd.GetDemandRate()
 		held[r.Key] = r.StaticRate
 		if st.GrantExpiryUS > 0 {
 			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap

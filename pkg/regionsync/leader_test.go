@@ -453,18 +453,26 @@ func TestRiseReportDecidesAsRisen(t *testing.T) {
 	const epoch = time.Second
 	const t0 = 1_000_000
 	for _, c := range []struct {
-		name   string
-		after  int64 // µs after the epoch report
-		demand float64
-		risen  bool // what Risen says
-		window int64
-		counts bool // the report keeps the counts since the epoch report
+		name        string
+		after       int64 // µs after the epoch report
+		demand      float64
+		risen       bool // what Risen says
+		window      int64
+		counts      bool // the report keeps the counts since the epoch report
+		epochReport bool // an Epoch report, not a Nudged one
 	}{
 		// Last reported 5/s, static share 10: a rise must pass 5 + 3·√(d/0.5).
-		{"within the noise of half an epoch", 200_000, 20, false, 200, true},
-		{"past the noise", 200_000, 30, true, 1000, false},
-		{"a window of a whole epoch", 1_000_000, 30, true, 1000, true},
+		{"within the noise of half an epoch", 200_000, 20, false, 200, true, false},
+		{"past the noise", 200_000, 30, true, 1000, false, false},
+		{"a window of a whole epoch", 1_000_000, 30, true, 1000, true, false},
+		// An epoch report (one that came early: its round started late)
+		// is read as it is, risen or not: the allocator weighs its window.
+		{"an early epoch report past the noise", 200_000, 30, true, 200, true, true},
 	} {
+		kind := Nudged
+		if c.epochReport {
+			kind = Epoch
+		}
 		l := NewLeader()
 		l.Report("eu", t0, epoch, Epoch, []KeyRead{{Key: keyA, StaticRate: 10,
 			State: luascripts.State{Admitted: 100, Denied: 10, LeaseDemand: 5, NowUS: t0}}})
@@ -476,7 +484,7 @@ func TestRiseReportDecidesAsRisen(t *testing.T) {
 		if got := l.Risen(epoch, reads); got != c.risen {
 			t.Fatalf("%s: Risen %v, want %v", c.name, got, c.risen)
 		}
-		rep, _ := l.Report("eu", t0+c.after, epoch, Nudged, reads)
+		rep, _ := l.Report("eu", t0+c.after, epoch, kind, reads)
 		kd := rep.GetKeys()[0]
 		wantAdmitted, wantDenied := int64(0), int64(0)
 		if c.counts {
