@@ -786,6 +786,12 @@ func (s *Server) lookFirst(ctx context.Context) {
 // Unless Unleased, it also reads the static lease and Redis TIME every
 // quarter epoch.
 func (s *Server) Run(ctx context.Context, interval time.Duration) error {
+	if sub, ok := s.opts.Config.(notifyingSource); ok {
+		done := make(chan struct{})
+		actx, stop := context.WithCancel(ctx)
+		go func() { defer close(done); s.adoptDelivered(actx, sub) }()
+		defer func() { stop(); <-done }()
+	}
 	if !s.opts.Unleased {
 		done := make(chan struct{})
 		sctx, stop := context.WithCancel(ctx)
@@ -800,6 +806,32 @@ func (s *Server) Run(ctx context.Context, interval time.Duration) error {
 			return nil
 		case <-t.C:
 			s.tick(ctx, interval)
+		}
+	}
+}
+
+// notifyingSource is a ConfigSource that says when its config changes
+// (configstore.Watcher).
+type notifyingSource interface {
+	Subscribe() (<-chan *config.Config, func())
+}
+
+// adoptDelivered adopts every config the source delivers as it arrives,
+// until ctx ends. Without it a replica adopts a config at its first call
+// under it (staticChain) or at its next confirmation read (an epoch, see
+// followConfirmations): an idle replica's chain, and what Options.OnChain
+// shows, would lag its watch by up to an epoch, though nothing is served
+// under the old chain meanwhile.
+func (s *Server) adoptDelivered(ctx context.Context, src notifyingSource) {
+	ch, cancel := src.Subscribe()
+	defer cancel()
+	s.staticChain() // a change between New and the subscription
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			s.staticChain()
 		}
 	}
 }
