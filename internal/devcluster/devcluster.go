@@ -93,6 +93,10 @@ type Options struct {
 	// regional.LeaderOptions.OnApplied, told its region. It must not
 	// block. Optional.
 	OnApplied func(region string, k quota.Key, rate, burst float64, expiryUS int64)
+	// OnStaticLease, when set, is every region leader's
+	// regional.LeaderOptions.OnStaticLease, told its region. It must not
+	// block. Optional.
+	OnStaticLease func(region string, shard int, untilUS int64)
 	// OnChain, when set, is every regional replica's
 	// regional.Options.OnChain, told its region and which replica: a
 	// number unique in the cluster, kept across the replica's restarts.
@@ -534,6 +538,9 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 			Global: tier, Shards: c.shardTiers(p, r.region, tier, dial), SessionTTL: c.opts.SessionTTL}
 		if on := c.opts.OnApplied; on != nil {
 			lo.OnApplied = func(k quota.Key, rate, burst float64, expiryUS int64) { on(r.region, k, rate, burst, expiryUS) }
+		}
+		if on := c.opts.OnStaticLease; on != nil {
+			lo.OnStaticLease = func(shard int, untilUS int64) { on(r.region, shard, untilUS) }
 		}
 	}
 	cold := regional.ColdStartFull

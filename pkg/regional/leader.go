@@ -61,6 +61,16 @@ type LeaderOptions struct {
 	// donor's smaller grant before the global tier can hand the difference
 	// to anyone. Called from the leader loop; it must not block.
 	OnApplied func(k quota.Key, rate, burst float64, expiryUS int64)
+	// OnStaticLease, optional, is called each time the leader extended
+	// its static lease from global-tier shard and stored the new end
+	// (Redis time, µs) in the region's Redis, after the write (also when
+	// it failed: the leader's own replica runs on the lease anyway, and a
+	// write whose answer was lost may have landed). The stored end only
+	// grows: a write below the stored end leaves it, so the end the
+	// region's replicas may run on is the largest reported since its
+	// Redis last lost its data. Called from the leader loop; it must not
+	// block.
+	OnStaticLease func(shard int, untilUS int64)
 }
 
 // Leader is the region leader loop's state. Only Run's goroutine uses the

@@ -235,6 +235,11 @@ func (l *Leader) storeStatic(ctx context.Context, i int, prev regionsync.StaticL
 	if err := storeStatic(ctx, l.s.opts.Redis, l.s.opts.Prefix, i, l.leases.Of(i), prev, validity); err != nil {
 		l.s.log.Warn("storing the static lease failed; other replicas may run its keys on their floor until the next answer", "shard", i, "err", err)
 	}
+	// Reported even when the write failed: this process's replica runs on
+	// the lease anyway, and a write whose answer was lost may have landed.
+	if l.opts.OnStaticLease != nil {
+		l.opts.OnStaticLease(i, l.leases.Of(i).UntilUS)
+	}
 }
 
 // globalElection is where shard i's allocator replicas campaign

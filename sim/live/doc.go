@@ -49,10 +49,14 @@
 // (injected in the region leader's GlobalTier), Redis restarts (the
 // process is killed and restarted empty on the same port) and etcd outages
 // (the embedded etcd is shut down and started again on the same data and
-// addresses). The operator's events (drain, restore) are config
-// revisions written to etcd at their times. Latency between two regions
-// has no path to act on here and is skipped, as are region-down and the
-// exactly-once faults (replays, lost answers, stale leaders, isolated
+// addresses), and whole-region deaths (region-down: the region's
+// instances crash, both regional daemons and the global replica placed in
+// the region are killed, its link to the global tier is cut, its Redis
+// stopped when lost; restart_after brings each back; the oracle learns the
+// region's static lease from its leaders, static.go). The operator's
+// events (drain, restore) are config revisions written to etcd at their
+// times. Latency between two regions has no path to act on here and is
+// skipped, as are the exactly-once faults (replays, lost answers, stale leaders, isolated
 // instances): the fault list names each as skipped at its time, and no
 // recovery is measured after it (Skipped).
 //

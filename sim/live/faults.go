@@ -3,6 +3,7 @@ package live
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
@@ -63,7 +64,7 @@ func (d *deployment) awaitLeader(ctx context.Context, r *liveRegion) *devcluster
 func Skipped(f scenario.Fault) string {
 	switch f.Kind {
 	case scenario.FaultInstanceCrash, scenario.FaultInstanceStop, scenario.FaultGlobalLeaderLoss, scenario.FaultRegionLeaderLoss,
-		scenario.FaultEtcdDown, scenario.FaultPartition, scenario.FaultLoss, scenario.FaultRedisRestart:
+		scenario.FaultEtcdDown, scenario.FaultPartition, scenario.FaultLoss, scenario.FaultRedisRestart, scenario.FaultRegionDown:
 		return ""
 	case scenario.FaultLatency:
 		if f.Peer != scenario.GlobalPeer {
@@ -197,11 +198,107 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 				fmt.Fprintf(d.log, "live: restarting Redis of %s: %v\n", r.name, err)
 				return
 			}
-			d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisUp(now, r.idx) })
+			d.redisUp(r)
 		})
 		until = lasting
+	case scenario.FaultRegionDown:
+		label += d.regionDown(ctx, r, f)
+		// Down to the end of the run, or until it is back.
+		ra := time.Duration(f.RestartAfter)
+		d.rec.do(func(o *oracle.Oracle, now time.Duration) {
+			end := time.Duration(d.sc.Duration)
+			if ra > 0 {
+				end = min(end, now+ra)
+			}
+			o.Fault(now, end, label)
+		})
+		return
 	}
 	d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Fault(now, now+until, label) })
+}
+
+// regionDown kills region r whole, as virtual mode's region-down does:
+// its link to the global tier is cut, every serving instance crashes, both
+// regional replicas are killed (no resignation: their elections lapse with
+// their sessions), and the global replica running in the region, if any
+// (the topology's global primary or standby), is killed too. With
+// RedisLost its Redis stops, to come back empty. With RestartAfter the
+// region comes back: Redis (empty when lost), the link, the global
+// replica, the regional replicas at their addresses, then as many
+// instances as the topology gives it. It returns what the fault's label
+// adds.
+func (d *deployment) regionDown(ctx context.Context, r *liveRegion, f scenario.Fault) string {
+	var label string
+	r.faults.set(func(t *tierFaults) { t.partitioned = true })
+	r.mu.Lock()
+	insts := append([]*liveInstance(nil), r.insts...)
+	r.mu.Unlock()
+	for _, in := range insts {
+		d.crash(in) // reads the instance's leases in Redis: before it stops
+	}
+	var globals []*devcluster.GlobalReplica
+	for i, home := range d.globalHome {
+		if home == r.name {
+			g := d.c.Global[i]
+			globals = append(globals, g)
+			label += " (global replica " + g.Addr() + ")"
+		}
+	}
+	// All at once: a replica killed after the others could win the
+	// election they leave behind.
+	var kills sync.WaitGroup
+	for _, rep := range r.replicas {
+		kills.Go(rep.Kill)
+	}
+	for _, g := range globals {
+		kills.Go(g.Kill)
+	}
+	kills.Wait()
+	lost := f.RedisLost && f.RestartAfter > 0
+	if lost {
+		r.redis.Stop()
+		d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisDown(now, r.idx) })
+		label += " (Redis lost)"
+	}
+	ra := time.Duration(f.RestartAfter)
+	if ra <= 0 {
+		return label
+	}
+	n := 0
+	for _, rs := range d.sc.Topology.Regions {
+		if rs.Name == r.name {
+			n = rs.Instances
+		}
+	}
+	d.after(ctx, ra, func() {
+		if lost {
+			if err := r.redis.Restart(); err != nil {
+				fmt.Fprintf(d.log, "live: restarting Redis of %s: %v\n", r.name, err)
+			} else {
+				d.redisUp(r)
+			}
+		}
+		r.faults.set(func(t *tierFaults) { t.partitioned = false })
+		for _, g := range globals {
+			if err := g.Restart(context.Background()); err != nil {
+				fmt.Fprintf(d.log, "live: restarting the global replica in %s: %v\n", r.name, err)
+				continue
+			}
+			d.addGlobal(g.Daemon())
+		}
+		for _, rep := range r.replicas {
+			if err := r.restartReplica(ctx, rep); err != nil && ctx.Err() == nil {
+				fmt.Fprintf(d.log, "live: restarting a replica of %s: %v\n", r.name, err)
+			}
+		}
+		for i := 0; i < n && ctx.Err() == nil; i++ {
+			if _, err := d.startInstance(r); err != nil {
+				fmt.Fprintf(d.log, "live: restarting an instance of %s: %v\n", r.name, err)
+			}
+		}
+		d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Note(now, "region back: "+r.name) })
+	})
+	return label
 }
 
 // stop is a graceful shutdown: the load balancer stops sending, the

@@ -130,8 +130,11 @@ type deployment struct {
 	// beforeDelivery is Options.beforeDelivery.
 	beforeDelivery func(planned time.Duration)
 
-	grantMu sync.Mutex            // guards rec while it is nil, early, byReplica, replicaRegion and told
+	grantMu sync.Mutex            // guards rec while it is nil, early, byReplica, replicaRegion, told and staticEnd
 	early   map[[2]int]earlyGrant // grants applied before recording began
+	// staticEnd is, by region index, the largest end of its static lease
+	// its leaders stored (Redis time, µs; static.go).
+	staticEnd map[int]int64
 	// byReplica is each regional replica's static shares (events.go), by
 	// its devcluster number, replicaRegion its region; told is what the oracle was
 	// last told of each region's (the largest over its replicas).
@@ -141,6 +144,8 @@ type deployment struct {
 
 	c       *devcluster.Cluster
 	regions []*liveRegion
+	// globalHome is the region each of c.Global runs in (placeGlobals).
+	globalHome []string
 
 	globalMu sync.Mutex          // guards globals
 	globals  []*allocator.Daemon // every global daemon started, for their metrics
@@ -239,6 +244,7 @@ func (d *deployment) start(ctx context.Context) error {
 		// static config spares each replica its watch.
 		StaticConfig: len(d.sc.Events) == 0, ConservativeColdStart: d.sc.Topology.ColdStart == "conservative",
 		OnChain:            d.chainStored,
+		OnStaticLease:      d.staticStored,
 		AllowEmbeddedRedis: true, Logger: d.logger,
 		WrapGlobal: func(region string, next regional.GlobalTier) regional.GlobalTier {
 			return &faultyTier{next: next, f: faults[region]}
@@ -256,6 +262,7 @@ func (d *deployment) start(ctx context.Context) error {
 	for _, g := range c.Global {
 		d.addGlobal(g.Daemon())
 	}
+	d.globalHome = d.placeGlobals(ctx)
 	warned := false
 	for i, name := range names {
 		cr := c.Regions[name]
@@ -276,6 +283,42 @@ func (d *deployment) start(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// placeGlobals says which region each global replica runs in: the first
+// to lead runs in the topology's primary region, the other in its
+// standby's, as virtual mode starts them (a replica's region is kept
+// through leader changes; a region-down kills the replica there). Both
+// replicas campaign at once, so which one leads is only known once one
+// does: it waits for a leader, polling once per epoch, at most several
+// session TTLs; without one by then, the replicas are taken in order.
+func (d *deployment) placeGlobals(ctx context.Context) []string {
+	homes := []string{d.sc.Topology.Global.Primary, d.sc.Topology.Global.Standby}[:len(d.c.Global)]
+	if len(homes) < 2 {
+		return homes
+	}
+	ttl := sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale)
+	deadline := time.Now().Add(10 * ttl)
+	tick := time.NewTicker(time.Duration(d.cfg.Epoch))
+	defer tick.Stop()
+	for {
+		for i, g := range d.c.Global {
+			if dm := g.Daemon(); dm != nil && dm.IsLeader() {
+				if i != 0 {
+					homes[0], homes[i] = homes[i], homes[0]
+				}
+				return homes
+			}
+		}
+		if !time.Now().Before(deadline) {
+			return homes
+		}
+		select {
+		case <-ctx.Done():
+			return homes
+		case <-tick.C:
+		}
+	}
 }
 
 func (d *deployment) startInstance(r *liveRegion) (*liveInstance, error) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/runner"
 	"github.com/sluicehq/sluice/sim/scenario"
@@ -143,8 +144,9 @@ func TestScaleConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if time.Duration(s.Epoch) != 250*time.Millisecond || time.Duration(s.LeaseTTL) != 1250*time.Millisecond {
-		t.Fatalf("durations not scaled: epoch %v ttl %v", time.Duration(s.Epoch), time.Duration(s.LeaseTTL))
+	if time.Duration(s.Epoch) != 250*time.Millisecond || time.Duration(s.LeaseTTL) != 1250*time.Millisecond ||
+		time.Duration(s.RegionLease) != time.Duration(c.RegionLease)/4 {
+		t.Fatalf("durations not scaled: epoch %v ttl %v region lease %v", time.Duration(s.Epoch), time.Duration(s.LeaseTTL), time.Duration(s.RegionLease))
 	}
 	if got, want := float64(s.Tiers["pro"]["read"].Rate), 4*float64(c.Tiers["pro"]["read"].Rate); got != want {
 		t.Fatalf("rate %v, want %v", got, want)
@@ -185,7 +187,7 @@ func TestSkippedFaults(t *testing.T) {
 		{scenario.Fault{Kind: scenario.FaultPartition, Region: "a"}, false},
 		{scenario.Fault{Kind: scenario.FaultLatency, Region: "a", Peer: scenario.GlobalPeer}, false},
 		{scenario.Fault{Kind: scenario.FaultLatency, Region: "a", Peer: "b"}, true},
-		{scenario.Fault{Kind: scenario.FaultRegionDown, Region: "a"}, true},
+		{scenario.Fault{Kind: scenario.FaultRegionDown, Region: "a"}, false},
 		{scenario.Fault{Kind: scenario.FaultInstanceIsolate, Region: "a"}, true},
 		{scenario.Fault{Kind: scenario.FaultRedisRestart, Region: "a"}, false},
 	} {
@@ -199,9 +201,9 @@ func TestSkippedFaults(t *testing.T) {
 // config revisions written to etcd that the real replicas adopt; the
 // oracle sees each replica's static shares move (regional.Options.OnChain)
 // and finds every invariant held while eu-west's capacity leaves and comes
-// back; recoveries are measured after both. The region-down fault, which
-// live mode does not play, is listed as skipped and measured after by
-// nothing.
+// back; recoveries are measured after both. The region-down fault that
+// follows (its restart after the end of the run) is played, and measured
+// after, too.
 func TestLivePlaysDrainAndRestore(t *testing.T) {
 	src, err := scenarios.Source("region-drain")
 	if err != nil {
@@ -240,15 +242,16 @@ func TestLivePlaysDrainAndRestore(t *testing.T) {
 	for _, f := range out.Result.Faults {
 		labels = append(labels, f.Label)
 	}
-	if len(labels) != 1 || !strings.HasPrefix(labels[0], "region-down eu-west (skipped: ") {
-		t.Errorf("faults %q, want only region-down eu-west, skipped", labels)
+	if len(labels) != 1 || !strings.HasPrefix(labels[0], "region-down eu-west") || strings.Contains(labels[0], "skipped") {
+		t.Errorf("faults %q, want only region-down eu-west, played", labels)
 	}
 	var changes []string
 	for _, ch := range out.Result.Recovered.Each {
 		changes = append(changes, ch.Label)
 	}
-	if len(changes) != 3 || changes[0] != "drain eu-west" || !strings.HasPrefix(changes[1], "failover eu-west") || changes[2] != "restore eu-west" {
-		t.Errorf("recoveries measured after %q, want the drain, the failover and the restore", changes)
+	if len(changes) != 4 || changes[0] != "drain eu-west" || !strings.HasPrefix(changes[1], "failover eu-west") || changes[2] != "restore eu-west" ||
+		changes[3] != "region-down eu-west" {
+		t.Errorf("recoveries measured after %q, want the drain, the failover, the restore and the region's death", changes)
 	}
 	for _, c := range out.Checks {
 		if c.Invariant && c.Failed() {
@@ -257,5 +260,133 @@ func TestLivePlaysDrainAndRestore(t *testing.T) {
 	}
 	if t.Failed() || testing.Verbose() {
 		t.Logf("%s", log.String())
+	}
+}
+
+// TestLivePlaysRegionDown kills eu-west whole at 35 s (its instances
+// crash, both regional replicas and the global standby running there are
+// killed, its link to the global tier is cut; its Redis keeps its data)
+// while its users fail over to us-east, and brings it back 40 s later, its
+// users 5 s after; then ap-south dies at 80 s and comes back 10 s later on
+// an empty Redis. The oracle learns eu-west's static lease from its
+// leaders as they store it (LeaderOptions.OnStaticLease): once the lease
+// ended, eu-west may use only its floor of acme/read (0), and the
+// survivors hold more than the key's rate less eu-west's static share,
+// which the global tier reserved until it found the region lapsed. The
+// invariants must hold throughout: without the lease observed, the oracle
+// would count eu-west's static share for ever and find the survivors'
+// grants oversubscribing the key.
+func TestLivePlaysRegionDown(t *testing.T) {
+	src, err := scenarios.Source("region-outage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(src)
+	for old, repl := range map[string]string{
+		"  - {at: 1m, kind: region-down, region: eu-west}\n": "  - {at: 35s, kind: region-down, region: eu-west, restart_after: 40s}\n" +
+			"  - {at: 80s, kind: region-down, region: ap-south, restart_after: 10s, redis_lost: true}\n",
+		"  - {at: 1m, from: eu-west, to: [us-east]}\n": "  - {at: 35s, from: eu-west, to: [us-east], for: 45s}\n",
+	} {
+		if !strings.Contains(text, old) {
+			t.Fatalf("region-outage no longer has %q:\n%s", old, text)
+		}
+		text = strings.Replace(text, old, repl, 1)
+	}
+	sc, err := scenario.Parse([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const euBack, usersBack, apBack, dur = 75 * time.Second, 80 * time.Second, 90 * time.Second, 105 * time.Second
+	var log strings.Builder
+	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: dur}, Scale: 4, Log: &log})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	defer func() {
+		if t.Failed() || testing.Verbose() {
+			t.Logf("%s", log.String())
+		}
+	}()
+	res := out.Result
+	var labels []string
+	for _, f := range res.Faults {
+		labels = append(labels, f.Label)
+	}
+	if len(labels) != 2 || !strings.HasPrefix(labels[0], "region-down eu-west (global replica ") ||
+		labels[1] != "region-down ap-south (Redis lost)" {
+		t.Errorf("faults %q, want eu-west down with the global standby, then ap-south with its Redis lost", labels)
+	}
+	for _, region := range []string{"eu-west", "ap-south"} {
+		if !slices.ContainsFunc(res.Notes, func(n oracle.Note) bool { return n.Text == "region back: "+region }) {
+			t.Errorf("notes %+v: %s never came back", res.Notes, region)
+		}
+	}
+	for _, c := range out.Checks {
+		if c.Invariant && c.Failed() {
+			t.Errorf("%s: %s (target %s)", c.Name, c.Value, c.Target)
+		}
+	}
+	judgeGrants(t, res, &log)
+
+	// What the oracle counted for acme/read, second by second.
+	cfg := sc.Config
+	kres, err := cfg.Resolve(quota.Key{Tenant: "acme", Class: "read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	euStatic, _, err := cfg.StaticShareOf("eu-west", kres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	euFloor, _, err := cfg.FloorOf("eu-west", kres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fs *oracle.FocusSeries
+	for i := range res.Series.Focus {
+		if res.Series.Focus[i].Key == "acme/read" {
+			fs = &res.Series.Focus[i]
+		}
+	}
+	if fs == nil {
+		t.Fatalf("acme/read is not charted: %+v", res.Series.Focus)
+	}
+	eu, us, ap := slices.Index(res.Regions, "eu-west"), slices.Index(res.Regions, "us-east"), slices.Index(res.Regions, "ap-south")
+	// eu-west's static lease ends region_lease (15 s) after its last
+	// report, and the global tier re-divides its share region_lease +
+	// grant validity + its margin (about 21 s) after it: judged over the
+	// last 10 s before it is back.
+	moved, floored := false, true
+	var survivors, euRate []float64
+	for i, at := range res.Series.Times {
+		v := time.Duration(at * float64(time.Second))
+		if v <= euBack-10*time.Second || v > euBack {
+			continue
+		}
+		sum := fs.Regions[us].Rate[i] + fs.Regions[ap].Rate[i]
+		survivors, euRate = append(survivors, sum), append(euRate, fs.Regions[eu].Rate[i])
+		moved = moved || sum > fs.Rate-euStatic+1
+		floored = floored && fs.Regions[eu].Rate[i] <= euFloor
+	}
+	if !floored {
+		t.Errorf("eu-west's acme/read counted at %v/s before it came back, not its floor %v/s: its static lease's end was not observed", euRate, euFloor)
+	}
+	if !moved {
+		t.Errorf("the survivors' acme/read rates %v never rose above %v/s less eu-west's static share %v/s: its share did not move", survivors, fs.Rate, euStatic)
+	}
+	// Both regions serve again once back (eu-west's users 5 s after it).
+	for _, c := range []struct {
+		region int
+		from   time.Duration
+	}{{eu, usersBack + 2*time.Second}, {ap, apBack + 2*time.Second}} {
+		var admitted float64
+		for i, at := range res.Series.Times {
+			if time.Duration(at*float64(time.Second)) > c.from {
+				admitted += res.Series.RegionAdmitted[c.region][i]
+			}
+		}
+		if admitted == 0 {
+			t.Errorf("%s admitted nothing after %v", res.Regions[c.region], c.from)
+		}
 	}
 }

@@ -110,5 +110,8 @@ func (d *deployment) startRecording(rec *recorder) {
 			}
 		}
 	}
+	for region, until := range d.staticEnd {
+		d.tellStaticLocked(region, until)
+	}
 	d.early = nil
 }

@@ -26,6 +26,7 @@ func scaleConfig(c *config.Config, s float64) (*config.Config, error) {
 	out.GrantValidity = div(out.GrantValidity)
 	out.LeaseTTL = div(out.LeaseTTL)
 	out.Refresh = div(out.Refresh)
+	out.RegionLease = div(out.RegionLease)
 	for name, tier := range out.Tiers {
 		for class, l := range tier {
 			l.Rate = config.Rate(float64(l.Rate) * s)

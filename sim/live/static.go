@@ -1,0 +1,59 @@
+package live
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/sim/oracle"
+)
+
+// The static leases. A region runs on its static shares only while its
+// static lease from the global tier runs (its end stored in the region's
+// Redis), on its floors after; the global tier re-divides a region's share
+// once it has not heard from it for region_lease + grant validity + its
+// margin. The oracle learns each region's lease from the region leader
+// itself (regional.LeaderOptions.OnStaticLease, called after each store),
+// as it learns grants: until the first report it counts the region's
+// static shares for ever, and a dead region's share that the global tier
+// handed on would read as oversubscribed. Scenarios played live run one
+// global-tier shard: only shard 0's lease is observed.
+
+// staticStored is regional.LeaderOptions.OnStaticLease for region: the
+// leader stored untilUS (Redis time, µs, the clock of this machine) as
+// the end of its static lease. The end in Redis only grows, so the oracle
+// is told the largest end stored since the region's Redis last came back
+// empty, in scenario time.
+func (d *deployment) staticStored(region string, shard int, untilUS int64) {
+	idx, ok := d.regionIdx[region]
+	if !ok || shard != 0 {
+		return
+	}
+	d.grantMu.Lock()
+	defer d.grantMu.Unlock()
+	if d.staticEnd == nil {
+		d.staticEnd = map[int]int64{}
+	}
+	if untilUS <= d.staticEnd[idx] {
+		return
+	}
+	d.staticEnd[idx] = untilUS
+	if d.rec != nil {
+		d.tellStaticLocked(idx, untilUS)
+	}
+}
+
+// tellStaticLocked hands the oracle the end of region's static lease; the
+// caller holds grantMu and rec is set.
+func (d *deployment) tellStaticLocked(region int, untilUS int64) {
+	until := d.rec.virtual(time.UnixMicro(untilUS))
+	d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.StaticLease(now, region, until) })
+}
+
+// redisUp tells the oracle that r's Redis is back, empty: its grants and
+// its static lease are gone (oracle.RedisUp), and the next end its leader
+// stores is reported whatever the old one was.
+func (d *deployment) redisUp(r *liveRegion) {
+	d.grantMu.Lock()
+	defer d.grantMu.Unlock()
+	delete(d.staticEnd, r.idx)
+	d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisUp(now, r.idx) })
+}
