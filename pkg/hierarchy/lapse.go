@@ -106,6 +106,13 @@ func (a *Allocator) heard(t int64, ri int) {
 	case rs.lapsed:
 		rs.lapsed, rs.returning = false, true
 		rs.confirmAt = t + a.validity
+		if rs.inSet {
+			// Lapsing again under this leader (while learning was
+			// extended past a lapse period) leaves the set's wait as it
+			// was: a previous leader's grants may count it at its floor
+			// until learning ends, later than its own lapse's grants.
+			rs.confirmAt = max(rs.confirmAt, a.learnUntil)
+		}
 		a.sharesChanged()
 		a.resummarizeAll()
 	case rs.inSet && !rs.returning:

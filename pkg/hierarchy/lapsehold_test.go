@@ -3,6 +3,7 @@ package hierarchy
 import (
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestLapsedRegionOfTheDurableSetReturnsAtItsFloor: a region named in the
@@ -59,4 +60,55 @@ func TestLapsedSetListsEveryRegionThatMayBeAtItsFloor(t *testing.T) {
 			t.Fatalf("LapsedSet while a returns: %v, want [a]", got)
 		}
 	})
+}
+
+// TestLapsedSetRegionThatLapsesWhileLearningWaitsForLearningToEnd: a
+// region of the durable lapsed set waits for the end of learning before
+// it is conferred a static lease (an earlier leader's grants may count it
+// at its floor until then), and lapsing again under this leader, while
+// learning was extended past its lapse period, does not shorten that wait
+// to the validity its own lapse starts. b holds the whole rate on a grant
+// an earlier leader issued with a longer validity (PriorValidity) that
+// runs until learning ends; a static lease for a before then would let
+// both refill at 150 of 100.
+func TestLapsedSetRegionThatLapsesWhileLearningWaitsForLearningToEnd(t *testing.T) {
+	s := newLeaseScript(t, "a")
+	a, err := NewAllocator(Options{
+		Regions: []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}},
+		Epoch:   time.Second, Validity: 5 * time.Second, RegionLease: 10 * time.Second,
+		Lapsed: []string{"a"}, PriorValidity: 40 * time.Second,
+	}, s.start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetLimit(s.key, KeyLimit{Rate: leaseRate, Burst: 100}); err != nil {
+		t.Fatal(err)
+	}
+	s.a = a
+	s.until["a"] = s.start // lapsed: no static lease
+	s.held["b"] = scriptHeld{rate: leaseRate, burst: 100, expiry: s.at(40_000)}
+	if !a.ExtendLearning(s.at(0), s.at(40_000)) {
+		t.Fatal("a new allocator refused to extend its learning")
+	}
+	lapsed := false
+	for ms := 100; ms < 45_000; ms += 1000 {
+		s.report("b", ms, 2*leaseRate)
+		if got := s.persist(ms + 100); len(got) > 0 {
+			if !slices.Equal(got, []string{"a"}) || ms < 16_000 {
+				t.Fatalf("at %dms %v lapsed, want a only, after 16s of silence", ms+100, got)
+			}
+			lapsed = true
+		}
+		if !lapsed || ms < 20_000 {
+			continue
+		}
+		ans := s.report("a", ms+200, 10)
+		if learning := a.Learning(s.at(ms + 200)); learning != (ans.StaticLease == 0) {
+			t.Fatalf("at %dms a, back from its lapse since 20.3s, was conferred a static lease of %v (learning %v): want one exactly once learning ended at 40s",
+				ms+200, ans.StaticLease, learning)
+		}
+	}
+	if !lapsed {
+		t.Fatal("a never lapsed while learning")
+	}
 }
