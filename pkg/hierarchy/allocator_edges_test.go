@@ -152,6 +152,24 @@ func TestStaticSharesShortByRoundingFreeNothing(t *testing.T) {
 	}
 }
 
+// TestBurstFreedWhereTheRatesFreeNothingIsHeadroom: what the static
+// bursts leave of the limit is headroom for a grant's burst even when the
+// static rates add up to the whole rate (nothing freed there), one token
+// of burst included. b reports no demand, so a's targets are the whole
+// limit; b has not acknowledged a smaller grant, so a gets its static
+// rate 50 and burst 4, plus the 1 token the static bursts 4 and 5 leave
+// of 10.
+func TestBurstFreedWhereTheRatesFreeNothingIsHeadroom(t *testing.T) {
+	l := KeyLimit{Rate: 100, Burst: 10, StaticRate: []float64{50, 50}, StaticBurst: []float64{4, 5}}
+	s := newScript(t, twoRegions(), l)
+	s.a.Allocate(s.at(6000))
+	s.report("b", 6050, 0, 0)
+	g := s.report("a", 6100, 200, 0)
+	if g == nil || g.Rate != 50 || g.Burst != 5 {
+		t.Fatalf("a's grant %+v, want rate 50 and burst 5 (its static 4 and the 1 the static bursts leave)", g)
+	}
+}
+
 // TestAnEpochLongWindowWeighsExactlyAlpha: a report covering exactly one
 // epoch moves the demand estimate by DemandAlpha of the difference, to
 // the bit (1-(1-α)^1 may round differently).

@@ -334,7 +334,8 @@ func TestAReadingAtTheFloorKeepsTheKeyContended(t *testing.T) {
 // TestTheHoldOfAVerySlowKeyIsCapped: a key so slow that refilling one
 // unit takes longer than math.MaxInt64/8 ns (about 36.5 years) holds a
 // region that asked for exactly that long, and one whose unit/rate does
-// not even fit in an int64 is held as long, not cut to the validity.
+// not even fit in an int64 is held as long, not cut to the validity; a
+// unit/rate of exactly 2^60 ns is capped too.
 func TestTheHoldOfAVerySlowKeyIsCapped(t *testing.T) {
 	const T = 20_000                          // ms, after learning
 	const capMS = math.MaxInt64 / 8 / 1000000 // the cap, in whole ms (its last 0.85 ms left out)
@@ -353,5 +354,23 @@ func TestTheHoldOfAVerySlowKeyIsCapped(t *testing.T) {
 		r.read(T+500, 0, time.Second)
 		r.expect("held past the validity", 0, T+10_000, 10, T+capMS, 10)
 		r.expect("past the cap", 0, T+capMS+1, 0)
+	})
+	t.Run("unit over rate exactly the cap", func(t *testing.T) {
+		// unit/rate 2^60 ns exactly, one more than the cap as an int64:
+		// the hold is the cap, to the nanosecond.
+		r := newHeldRig(t, 1, KeyLimit{Rate: 1e9 / (1 << 30), Burst: 1 << 30, Unit: 1 << 30})
+		r.read(T, 10, time.Second)
+		r.read(T+500, 0, time.Second)
+		end := ms(T).Add(math.MaxInt64 / 8)
+		for _, c := range []struct {
+			at     time.Time
+			asking bool
+		}{{end.Add(-1), true}, {end, false}} {
+			kv := r.a.View(c.at).Keys[0].Regions[1]
+			if asking := kv.HeldDemand > 0; asking != c.asking {
+				t.Errorf("%v after the reading: HeldDemand %v, want asking %v (the hold ends %v after it)",
+					c.at.Sub(ms(T)), kv.HeldDemand, c.asking, time.Duration(math.MaxInt64/8))
+			}
+		}
 	})
 }

@@ -3,6 +3,7 @@ package hierarchy
 import (
 	"bytes"
 	"crypto/sha256"
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -202,5 +203,50 @@ func TestMemoCheckFindsATargetChangedInAnyBit(t *testing.T) {
 		if chk.hits != 1 || chk.mismatches != tc.want {
 			t.Errorf("%s: %d hits, %d mismatches (%s), want 1 and %d", tc.name, chk.hits, chk.mismatches, chk.first, tc.want)
 		}
+	}
+}
+
+// TestMemoTellsTheLastRegionsSilenceApart: the memo's silent set has a bit
+// for every region up to MaxRegions. The 64th region going silent while
+// frozen at nothing (static share 0, no grant) leaves the capacity, the
+// pool and the other regions' demands as they were, so only its bit tells
+// the two computations apart: with it silent, the demand it had no longer
+// takes part in the fill, and region 0 gets the rate it took.
+func TestMemoTellsTheLastRegionsSilenceApart(t *testing.T) {
+	regions := make([]Region, MaxRegions)
+	sr, sb := make([]float64, MaxRegions), make([]float64, MaxRegions)
+	for i := range regions {
+		regions[i] = Region{Name: fmt.Sprintf("r%02d", i), Weight: 1}
+		sr[i], sb[i] = 100, 10
+	}
+	last := MaxRegions - 1
+	sr[last], sb[last] = 0, 0
+	a := mustAllocator(t, regions)
+	key := quota.Key{Tenant: "acme", Class: "write"}
+	if err := a.SetLimit(key, KeyLimit{Rate: 100 * MaxRegions, Burst: 10 * MaxRegions, StaticRate: sr, StaticBurst: sb}); err != nil {
+		t.Fatal(err)
+	}
+	k := a.keyIndex[key]
+	b := a.newBlock(k)
+	sh := a.loadShares(k)
+	base := int(b) * a.nr
+	targets := func(lastSilent bool) []float64 {
+		a.silent = make([]bool, MaxRegions)
+		a.silent[last] = lastSilent
+		ensure(&a.dem, MaxRegions)
+		clear(a.dem[:MaxRegions])
+		a.dem[0], a.dem[last] = 10_000, 10_000
+		a.computeTargets(0, k, b, sh)
+		return slices.Concat(a.targetRate[base:base+a.nr], a.targetBurst[base:base+a.nr])
+	}
+	all := targets(false)
+	got := targets(true)
+	a.forgetTargets(b)
+	want := targets(true)
+	if !slices.Equal(got, want) {
+		t.Fatalf("targets with region %d silent: %v, recomputed %v (with it reporting: %v)", last, got[:3], want[:3], all[:3])
+	}
+	if want[0] <= all[0] {
+		t.Fatalf("region 0's target %v with region %d silent, want more than %v with it taking part", want[0], last, all[0])
 	}
 }
