@@ -1710,18 +1710,23 @@ func (a *Allocator) observe(k int32, ri int, kd *KeyDemand, t int64) {
 
 // reissue is learning mode: hand back exactly what the region holds. A
 // grant at or below the static shares may be extended to the full
-// validity (keeping a region below its share longer is always safe); one
-// above keeps its expiry, since the donors that paid for it are unknown.
+// validity (keeping a region below its share longer is always safe), but
+// never cut short of its expiry (rounded up to the millisecond, up to the
+// prior validity): what it leaves below the share may pay for another
+// region's grant until then. One above keeps its expiry, since the donors
+// that paid for it are unknown.
 func (a *Allocator) reissue(t int64, f *fence, k int32, held heldReport, s, sb float64, sendLB int64) (Grant, bool) {
 	if held.valid <= 0 || f.full() {
 		return Grant{}, false
 	}
-	valid := a.validity
+	// Its own expiry: up to the longest validity it may have been issued
+	// with, which a config change may have made longer than this
+	// Allocator's.
+	const msNS = int64(time.Millisecond)
+	left := min(held.valid, a.reissueMax) // reissueMax is whole ms: no overflow rounding up
+	valid := max(a.validity, (left+msNS-1)/msNS*msNS)
 	if held.rate > s || held.burst > sb {
-		// Its own expiry: up to the longest validity it may have been
-		// issued with, which a config change may have made longer than
-		// this Allocator's.
-		valid = min(held.valid, a.reissueMax) / int64(time.Millisecond) * int64(time.Millisecond)
+		valid = left / msNS * msNS
 	}
 	if valid <= 0 {
 		return Grant{}, false
@@ -1740,8 +1745,12 @@ func (a *Allocator) reissue(t int64, f *fence, k int32, held heldReport, s, sb f
 // target, capped by the headroom of the next minValidity, is tried first
 // for as long as it fits, which may be shorter than Validity when donors
 // may fall back before then; if that is not safe, the grant is what fits
-// for the whole Validity, which always is safe (its fallback is never
-// earlier than the region's current one).
+// for the whole Validity. Its fallback is never earlier than the region's
+// current one, except after a grant re-issued while learning with a
+// longer prior validity (Options.PriorValidity): then a Validity from the
+// send-time bound can end before that grant's, and the static share must
+// fit from there on as for a short grant; when it does not, there is no
+// grant and the region keeps the one it holds, which is counted.
 func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shares) (Grant, bool) {
 	nr := a.nr
 	k := a.blockKey[b]
@@ -1759,10 +1768,14 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 	burst := max(0, min(wantBurst, bl.minHeadroom(t, t+a.minValidity)))
 	until := min(rl.fitsUntil(rate, t, end), bl.fitsUntil(burst, t, end))
 	valid := (until - t) / int64(time.Millisecond) * int64(time.Millisecond)
-	if valid < a.validity && !a.shortGrantSafe(t, valid, sendLB, f.fallbackAt(), rate, burst) {
+	fallback := f.fallbackAt()
+	if !a.fallbackSafe(t, valid, sendLB, fallback, rate, burst) {
 		rate = max(0, min(wantRate, rl.minHeadroom(t, end)))
 		burst = max(0, min(wantBurst, bl.minHeadroom(t, end)))
 		valid = a.validity
+		if !a.fallbackSafe(t, valid, sendLB, fallback, rate, burst) {
+			return Grant{}, false
+		}
 	}
 	if short := wantRate - rate; short > pendingShortfall*l.Rate && short*short > 9*wantRate*a.perEpochSecond {
 		// Short of the target by more than a demand reading's noise
@@ -1782,7 +1795,7 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 // over what they are counted at, and what the static shares and the
 // lapsed regions leave of the limit is added (freed).
 //
-// The share ri falls back to, which shortGrantSafe checks, is its static
+// The share ri falls back to, which fallbackSafe checks, is its static
 // share even while ri is returning and runs on its floor: its static lease
 // may be conferred (confer) before a grant decided now ends, and from then
 // on it falls back to the static share, at the fallback time this grant
@@ -1812,11 +1825,12 @@ func (a *Allocator) lanesFor(t int64, b int32, ri int, sh *shares) {
 	}
 }
 
-// shortGrantSafe checks the other side of a grant shorter than Validity:
-// the region may fall back to its static share when it expires, earlier
-// than its current grants let it, so the static share must fit wherever
-// that is new (outside the grant itself).
-func (a *Allocator) shortGrantSafe(t, valid, sendLB, fallback int64, rate, burst float64) bool {
+// fallbackSafe checks the other side of a grant: the region may fall
+// back to its static share when it expires, earlier than its current
+// grants let it (a grant shorter than Validity, or any grant while a
+// re-issued one with a longer prior validity sets the fallback), so the
+// static share must fit wherever that is new (outside the grant itself).
+func (a *Allocator) fallbackSafe(t, valid, sendLB, fallback int64, rate, burst float64) bool {
 	if valid < a.minValidity {
 		return false
 	}

@@ -560,7 +560,7 @@ func TestShortGrantSafeForgivesOnlyLastBits(t *testing.T) {
 		a.rateLane.base, a.burstLane.base = tc.rate, tc.bst
 		// A 1s grant answered at 0 for a report sent at 0: the region may
 		// fall back at 1s instead of 2s.
-		if got := a.shortGrantSafe(0, sec, 0, 2*sec, 0, 0); got != tc.wantSafety {
+		if got := a.fallbackSafe(0, sec, 0, 2*sec, 0, 0); got != tc.wantSafety {
 			t.Errorf("%s: safe %v, want %v", tc.name, got, tc.wantSafety)
 		}
 	}

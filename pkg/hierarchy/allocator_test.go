@@ -543,7 +543,9 @@ func TestLearningReissuesNothingWithLessThanAMillisecondLeft(t *testing.T) {
 // 5s) re-issues a held grant above the static shares with the validity it
 // has left, not cut to the new 2s, up to the prior validity; without a
 // prior validity the new one bounds it. A grant at or below the static
-// shares gets the new full validity either way.
+// shares gets the longer of the new full validity and what it has left,
+// up to the prior validity: what it leaves below its share may pay for
+// another region's re-issued grant until then.
 func TestLearningReissuesAboveStaticWithItsOwnExpiry(t *testing.T) {
 	regions := []Region{{Name: "ap", Weight: 2}, {Name: "eu", Weight: 1}, {Name: "us", Weight: 1}}
 	for _, tc := range []struct {
@@ -557,7 +559,11 @@ func TestLearningReissuesAboveStaticWithItsOwnExpiry(t *testing.T) {
 		{"above static, more left than the prior validity", 5 * time.Second, 227, 7 * time.Second, 5 * time.Second},
 		{"above static, no prior validity", 0, 227, 3 * time.Second, 2 * time.Second},
 		{"prior validity shorter than the new one", time.Second, 227, 3 * time.Second, 2 * time.Second},
-		{"below static, prior validity", 5 * time.Second, 60, 3 * time.Second, 2 * time.Second},
+		{"below static, prior validity", 5 * time.Second, 60, 3 * time.Second, 3 * time.Second},
+		{"below static, a nanosecond over 3s left", 5 * time.Second, 60, 3*time.Second + time.Nanosecond, 3*time.Second + time.Millisecond},
+		{"below static, more left than the prior validity", 5 * time.Second, 60, 7 * time.Second, 5 * time.Second},
+		{"below static, less left than the new validity", 5 * time.Second, 60, time.Second, 2 * time.Second},
+		{"below static, no prior validity", 0, 60, 3 * time.Second, 2 * time.Second},
 		{"below static, a nanosecond left", 5 * time.Second, 60, time.Nanosecond, 2 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -582,6 +588,80 @@ func TestLearningReissuesAboveStaticWithItsOwnExpiry(t *testing.T) {
 				t.Fatalf("%s holding %v for %v more got %v for %v; want %v for %v", region, tc.rate, tc.heldValid, g.Rate, g.Valid, tc.rate, tc.want)
 			}
 		})
+	}
+}
+
+// TestGrantAfterLearningKeepsALongerReissuedFallback: after a config
+// change shortened the validity (10s to 5s, PriorValidity 10s), an
+// earlier leader's grants run until 14s: a's 90/20 (above its static
+// rate, below its static burst) and b's 10/80, which pay for each other.
+// Both are re-issued with their own expiry, and once a acknowledges its
+// grant it runs below its static burst until at least 13.9s. a's next
+// report, sent at 4.6s and received at 5.2s, is answered after learning:
+// a grant for the new full validity would end at 9.6s on a's clock, after
+// which a refills up to its static 50 beside b's 80. Such a grant moves
+// the fallback earlier like a short one, so the static share must fit
+// from there on; here it does not, and a keeps the grant it holds.
+func TestGrantAfterLearningKeepsALongerReissuedFallback(t *testing.T) {
+	a, err := NewAllocator(Options{Regions: []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}},
+		Epoch: time.Second, Validity: 5 * time.Second, PriorValidity: 10 * time.Second}, testStart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := quota.Key{Tenant: "acme", Class: "write"}
+	if err := a.SetLimit(key, KeyLimit{Rate: 100, Burst: 100}); err != nil {
+		t.Fatal(err)
+	}
+	// held is what each region applied: the newest grant and its expiry on
+	// the region's clock (sent + Valid), in ms; without one it runs on
+	// 50/50. No answer after a's last report arrives.
+	type applied struct {
+		g   Grant
+		end int
+	}
+	held := map[string]applied{
+		"a": {Grant{Key: key, Rate: 90, Burst: 20}, 14_000},
+		"b": {Grant{Key: key, Rate: 10, Burst: 80}, 14_000},
+	}
+	seq := map[string]uint64{}
+	report := func(region string, sent, recv int, demand float64) {
+		t.Helper()
+		kd := KeyDemand{Key: key, Admitted: demand, Window: time.Second, Holding: 10}
+		if h := held[region]; h.end > sent {
+			kd.HeldRate, kd.HeldBurst, kd.HeldValid = h.g.Rate, h.g.Burst, time.Duration(h.end-sent)*time.Millisecond
+		}
+		seq[region]++
+		grants, err := grantsOf(a.Report(ms(recv), Report{Region: region, Seq: seq[region], Keys: []KeyDemand{kd}}))
+		if err != nil {
+			t.Fatalf("%s's report received at %dms: %v", region, recv, err)
+		}
+		if len(grants) == 1 {
+			held[region] = applied{grants[0], sent + int(grants[0].Valid/time.Millisecond)}
+		}
+	}
+	report("a", 4000, 4000, 10)
+	report("b", 4100, 4100, 200)
+	report("a", 4500, 4500, 10) // acknowledged: below its static burst until 13.5s
+	for region, h := range held {
+		if h.end != 14_000 {
+			t.Fatalf("%s's grant re-issued until %dms, want its own 14s", region, h.end)
+		}
+	}
+	a.Allocate(ms(5000))
+	report("a", 4600, 5200, 10)
+	at := func(region string, ms int) (float64, float64) {
+		if h := held[region]; ms < h.end {
+			return h.g.Rate, h.g.Burst
+		}
+		return 50, 50
+	}
+	for now := 5200; now <= 15_000; now++ {
+		ar, ab := at("a", now)
+		br, bb := at("b", now)
+		if ar+br > 100+1e-9 || ab+bb > 100+1e-9 {
+			t.Fatalf("at %dms a may refill at %v up to %v (%+v until %dms) and b at %v up to %v (%+v until %dms): over 100",
+				now, ar, ab, held["a"].g, held["a"].end, br, bb, held["b"].g, held["b"].end)
+		}
 	}
 }
 

@@ -131,7 +131,10 @@
 //
 // The target is tried first for as long as it fits (but at least one
 // Epoch); otherwise the grant is what fits for the whole Validity, which is
-// always safe. Because a donor's fallback is only known from its previous
+// safe unless the region holds a grant re-issued in learning with a longer
+// prior validity (see Learning mode): then a full-Validity grant too is
+// issued only if the static share fits from its earlier fallback on.
+// Because a donor's fallback is only known from its previous
 // answer's time, an above-share grant ends about two epochs before the
 // donor's own grant does: in steady state its Valid is between
 // Validity−3·Epoch and Validity−2·Epoch, so Validity should be at least
@@ -147,9 +150,13 @@
 // re-issues what each region reports it holds: the same rate and burst,
 // with the same expiry if it is above the static shares (up to
 // max(Validity, PriorValidity): a config change that shortened the
-// validity does not cut a held grant short), or the full Validity if it
-// is at or below them (a region kept below its share longer is always
-// safe). A region reporting nothing held gets no grant
+// validity does not cut a held grant short), or the longer of the full
+// Validity and that expiry if it is at or below them (a region kept below
+// its share longer is always safe; cut short, it could refill at its
+// share while another region's re-issued grant it pays for runs). After
+// learning, a grant that would end before such a longer grant's fallback
+// is checked like a short one, or not issued. A region reporting nothing
+// held gets no grant
 // and runs on s_r. A held grant the allocator cannot place counts as
 // reported until it surely expired.
 //

@@ -156,7 +156,7 @@ func (a *Allocator) returnSafe(t int64, ri int) bool {
 		s, sb := sh.sR[ri], sh.sB[ri]
 		rl, bl := &a.rateLane, &a.burstLane
 		// The slack forgives the last-bit differences rounding leaves
-		// between a share and the headroom it equals (as shortGrantSafe).
+		// between a share and the headroom it equals (as fallbackSafe).
 		if rl.minHeadroom(t, posInf)+1e-12*s < s || bl.minHeadroom(t, posInf)+1e-12*sb < sb {
 			return false
 		}
