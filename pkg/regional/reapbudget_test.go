@@ -5,13 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/metrictest"
-	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/quota"
-	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 // TestOneCallReapsEightExpiredLeasesByDefault: a server given no
@@ -23,17 +19,7 @@ import (
 // reaps 8 of them and leaves 2 records, and the next reaps the rest.
 // Refills are an hour per token, so no bucket refills during the test.
 func TestOneCallReapsEightExpiredLeasesByDefault(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	cfg := regiontest.MustConfig(t, `
-lease_ttl: 1s
-refresh: 200ms
-regions: {local: {weight: 1}}
-classes: {read: {mode: lease}}
-tiers: {free: {read: {rate: 1/h, burst: 100}}}
-default_tier: free
-`)
-	r := regiontest.Start(t, cfg, "local", func(o *regional.Options) { o.Registerer = reg })
-	client := sluicev1.NewLeaseServiceClient(r.Dial(t))
+	r, cfg, reg, client := hourlyRegion(t, "lease_ttl: 1s\nrefresh: 200ms")
 	ctx := context.Background()
 	key := quota.Key{Tenant: "acme", Class: "read"}
 	keys, _, _, err := r.Server.CommonFor(cfg, key)

@@ -4,12 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/metrictest"
-	"github.com/sluicehq/sluice/internal/regiontest"
-	"github.com/sluicehq/sluice/pkg/regional"
 )
 
 // TestASingleTokenGivenBackIsCountedReturned: the tokens a report gives
@@ -17,15 +13,7 @@ import (
 // however few: one token given back counts one, and the next token two.
 // Refills are an hour per token, so no bucket refills during the test.
 func TestASingleTokenGivenBackIsCountedReturned(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	r := regiontest.Start(t, regiontest.MustConfig(t, `
-lease_ttl: 1m
-regions: {local: {weight: 1}}
-classes: {read: {mode: lease}}
-tiers: {free: {read: {rate: 1/h, burst: 100}}}
-default_tier: free
-`), "local", func(o *regional.Options) { o.Registerer = reg })
-	client := sluicev1.NewLeaseServiceClient(r.Dial(t))
+	_, _, reg, client := hourlyRegion(t, "lease_ttl: 1m")
 	ctx := context.Background()
 	returned := func() float64 { return metrictest.Series(t, reg, "sluice_regional_returned_tokens_total", nil) }
 	report := func(seq uint64, returned, want int64) *sluicev1.KeyReport {

@@ -10,9 +10,27 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
+
+// hourlyRegion starts a region whose one class, read, is leased and
+// refilled an hour per token (burst 100), so no bucket refills during a
+// test; lease holds its lease_ttl (and refresh) lines. Its metrics go to
+// the returned registry.
+func hourlyRegion(t *testing.T, lease string) (*regiontest.Region, *config.Config, *prometheus.Registry, sluicev1.LeaseServiceClient) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg := regiontest.MustConfig(t, lease+`
+regions: {local: {weight: 1}}
+classes: {read: {mode: lease}}
+tiers: {free: {read: {rate: 1/h, burst: 100}}}
+default_tier: free
+`)
+	r := regiontest.Start(t, cfg, "local", func(o *regional.Options) { o.Registerer = reg })
+	return r, cfg, reg, sluicev1.NewLeaseServiceClient(r.Dial(t))
+}
 
 // TestGrantedTokensAreAllAccountedFor: every token the region grants is
 // admitted (a report's used), released, returned in an Acquire's or a
@@ -25,17 +43,7 @@ import (
 // lease out.
 // Refills are an hour per token, so no bucket refills during the test.
 func TestGrantedTokensAreAllAccountedFor(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	cfg := regiontest.MustConfig(t, `
-lease_ttl: 1s
-refresh: 200ms
-regions: {local: {weight: 1}}
-classes: {read: {mode: lease}}
-tiers: {free: {read: {rate: 1/h, burst: 100}}}
-default_tier: free
-`)
-	r := regiontest.Start(t, cfg, "local", func(o *regional.Options) { o.Registerer = reg })
-	client := sluicev1.NewLeaseServiceClient(r.Dial(t))
+	r, cfg, reg, client := hourlyRegion(t, "lease_ttl: 1s\nrefresh: 200ms")
 	ctx := context.Background()
 	key := quota.Key{Tenant: "acme", Class: "read"}
 	report := func(seq uint64, used, returned, want int64) *sluicev1.KeyReport {
