@@ -135,6 +135,14 @@ func (e *elector) session(ctx context.Context) (led bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	// Before the first term: grants of a longer validity committed before
+	// this replica started may still be held (Service.learnPriorTiming).
+	rctx, cancel = context.WithTimeout(sctx, e.ttl)
+	err = e.svc.learnPriorTiming(rctx)
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("read the configs committed before this replica's first: %w", err)
+	}
 	if !e.svc.promote(term, ka.deadline(), lapsed) {
 		return false, errors.New("session lease not confirmed recently enough to lead")
 	}

@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -84,6 +85,9 @@ type historyState struct {
 	// (configstore.ErrHistoryGone): that does not heal, so they are not
 	// read again. At most historyGoneMax.
 	gone map[int64]bool
+	// priorRead: the timing of the configs committed before this
+	// replica's first one was read (learnPriorTiming).
+	priorRead bool
 }
 
 // queueUnheldLocked queues a read of every revision in revs (those a
@@ -186,41 +190,112 @@ func (s *Service) askRecentLocked() {
 func (s *Service) readRecent(ctx context.Context, until int64) {
 	rctx, cancel := context.WithTimeout(ctx, historyReadTimeout)
 	defer cancel()
-	read, stopped := 0, error(nil)
-	for range regionsync.MaxChain - 1 {
-		revs, err := s.hist.src.RevisionsBetween(rctx, 0, until, 1)
-		if err != nil || len(revs) == 0 {
-			stopped = err
-			break
-		}
-		until = revs[0]
+	read := 0
+	oldest, stopped := s.committedBefore(rctx, until, func(rev int64) error {
 		s.mu.Lock()
-		_, held := s.held[until]
+		_, held := s.held[rev]
 		s.mu.Unlock()
 		if held {
-			continue
+			return nil
 		}
-		cfg, err := s.hist.src.At(rctx, until)
+		cfg, err := s.hist.src.At(rctx, rev)
 		if err != nil {
-			stopped = err
-			break
+			return err
 		}
 		s.mu.Lock()
 		if cfg.ShardMap().N() == s.applied.ShardMap().N() {
-			s.holdLocked(time.Now(), until, cfg)
+			s.holdLocked(time.Now(), rev, cfg)
 		}
 		s.mu.Unlock()
 		read++
-	}
+		return nil
+	})
 	if ctx.Err() != nil {
 		return // shutting down
 	}
 	if stopped != nil {
 		s.log.Info("read back the configs committed before the live one as far as etcd holds them",
-			"read", read, "stopped_at", until, "reason", stopped)
+			"read", read, "stopped_at", oldest, "reason", stopped)
 		return
 	}
-	s.log.Info("read back the configs committed before the live one", "read", read, "oldest", until)
+	s.log.Info("read back the configs committed before the live one", "read", read, "oldest", oldest)
+}
+
+// committedBefore visits the newest MaxChain-1 revisions that committed a
+// config before until, newest first, and stops at the first error (from
+// etcd, or visit's). It returns the oldest revision reached and that
+// error.
+func (s *Service) committedBefore(ctx context.Context, until int64, visit func(rev int64) error) (int64, error) {
+	for range regionsync.MaxChain - 1 {
+		revs, err := s.hist.src.RevisionsBetween(ctx, 0, until, 1)
+		if err != nil || len(revs) == 0 {
+			return until, err
+		}
+		until = revs[0]
+		if err := visit(until); err != nil {
+			return until, err
+		}
+	}
+	return until, nil
+}
+
+// learnPriorTiming makes a replica that started after a config change
+// that shortened the grant validity learn as one that watched the change
+// would have (applyConfigLocked): a leader that ran an older config may
+// have issued grants of its longer validity, which regions may still hold
+// when this replica leads, silent to it or not. So the configs committed
+// before the first one this replica read are read back (the newest
+// MaxChain-1, as far as etcd holds them); when one had a longer validity
+// than the live config, the allocator is rebuilt to re-issue held grants
+// with what they have left up to that validity, and learning lasts at
+// least until started plus that validity and its epoch (grants under it
+// were issued before the change was committed, so before this replica
+// started, or by a leader that saw the change up to an epoch later).
+// Once that has passed, nothing is done.
+//
+// Called once, when this replica first wins the election and before it
+// leads; an error from etcd is returned (the caller campaigns again), a
+// history compacted away ends the read where it is
+// (configstore.ErrHistoryGone: changes that old are past mattering
+// unless etcd compacts within one grant validity; docs/operations.md).
+func (s *Service) learnPriorTiming(ctx context.Context) error {
+	s.mu.Lock()
+	done, first := s.hist.priorRead, s.firstRev
+	s.mu.Unlock()
+	if done || s.hist.src == nil || first <= 0 {
+		return nil
+	}
+	var validity, epoch time.Duration
+	_, err := s.committedBefore(ctx, first, func(rev int64) error {
+		cfg, err := s.hist.src.At(ctx, rev)
+		if err != nil {
+			return err
+		}
+		validity = max(validity, time.Duration(cfg.GrantValidity))
+		epoch = max(epoch, time.Duration(cfg.Epoch))
+		return nil
+	})
+	if err != nil && !errors.Is(err, configstore.ErrHistoryGone) {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hist.priorRead = true
+	now := time.Now()
+	floor := s.started.Add(validity + epoch)
+	if validity <= s.timing.validity || !now.Before(floor) {
+		return nil
+	}
+	a, err := s.rebuiltLocked(now, allocatorOptions(s.applied), validity)
+	if err != nil {
+		return fmt.Errorf("rebuild the allocator for the longer validity committed before the live config: %w", err)
+	}
+	s.alloc = a
+	s.learnFloor = later(s.learnFloor, floor)
+	s.setLimitsLocked()
+	s.log.Info("a config committed before this replica started had a longer grant validity; learning until its grants can have ended",
+		"grant_validity", validity, "live_grant_validity", s.timing.validity, "learning_until_at_least", s.learnFloor)
+	return nil
 }
 
 // installHistory holds cfg as the config of rev and brings every key's

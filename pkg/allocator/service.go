@@ -141,6 +141,12 @@ type Service struct {
 	// live one included. Both guarded by mu.
 	conf *regionsync.Confirmations
 	held map[int64]*config.Config
+	// started is when this replica read its first config, firstRev that
+	// config's revision (0 without a store): grants issued under the
+	// configs committed before it ended by started plus their validity
+	// (history.go, learnPriorTiming). Set once, before the Service serves.
+	started  time.Time
+	firstRev int64
 	// stored is the durable lapsed set as this replica last read or wrote
 	// it (see lapsed.go); storedMoot says it protects no grant any more (a
 	// shard that owned nothing for longer than any grant lasts started
@@ -207,6 +213,8 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 		alloc:          a,
 		applied:        cfg,
 		appliedRev:     revisionOf(o.config, cfg),
+		started:        now,
+		firstRev:       revisionOf(o.config, cfg),
 		timing:         timing{epoch: opts.Epoch, validity: opts.Validity, alpha: opts.DemandAlpha, regionLease: opts.RegionLease},
 		keys:           make(map[quota.Key]time.Time),
 		lastReport:     make(map[string]time.Time),
@@ -278,15 +286,7 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		}
 	}
 	if t := (timing{opts.Epoch, opts.Validity, opts.DemandAlpha, opts.RegionLease}); t != s.timing {
-		// Regions the old allocator counted (or may have) at their floor
-		// get no static lease from the new one while it learns.
-		opts.Lapsed = s.lapsedSetLocked()
-		// Grants regions hold were issued under the old validity (or one
-		// older still, which the learning floor outlasts): the new
-		// allocator re-issues those above the static shares with what
-		// they have left, not cut to a shorter new validity.
-		opts.PriorValidity = max(s.timing.validity, s.learnFloor.Sub(now))
-		a, err := hierarchy.NewAllocator(opts, now)
+		a, err := s.rebuiltLocked(now, opts, s.timing.validity)
 		if err != nil {
 			s.log.Error("config change refused by the allocator; keeping the previous timing and regions", "error", err)
 			return
@@ -313,6 +313,19 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		}
 	}
 	s.setLimitsLocked()
+}
+
+// rebuiltLocked is a new allocator on opts, created at now, for grants
+// regions may hold from an allocator of validity prior (or of one older
+// still, which the learning floor outlasts): regions the current
+// allocator counted (or may have) at their floor get no static lease
+// while it learns, and it re-issues held grants above the static shares
+// with what they have left, not cut to a shorter new validity. s.mu is
+// held.
+func (s *Service) rebuiltLocked(now time.Time, opts hierarchy.Options, prior time.Duration) (*hierarchy.Allocator, error) {
+	opts.Lapsed = s.lapsedSetLocked()
+	opts.PriorValidity = max(prior, s.learnFloor.Sub(now))
+	return hierarchy.NewAllocator(opts, now)
 }
 
 // setLimitsLocked sets every tracked key's limit under the live config,
@@ -577,6 +590,9 @@ func (s *Service) promote(term uint64, deadline time.Time, lapsed []string) bool
 	s.applyConfigLocked(now)
 	s.stored, s.storedMoot = slices.Clone(lapsed), false
 	s.alloc.BecomeLeader(now, lapsed...)
+	// Learning lasts to the floor from the first instant, not from the
+	// first epoch or report: status reads it too.
+	s.ensureLearningLocked(now)
 	clear(s.lastReport)
 	s.pages.clear()
 	// What regions reported to an earlier term may predate confirmations
