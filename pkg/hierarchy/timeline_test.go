@@ -18,8 +18,12 @@ import (
 // The timeline test runs allocators against model regions on a virtual
 // clock, with lost, delayed, duplicated and reordered messages, silent
 // regions (some for longer than the region lease, so that they lapse and
-// come back), drained regions, lapsed sets whose durable write fails, and
-// a leader change, and checks the invariants at every instant from the
+// come back), drained regions, lapsed sets whose durable write fails, a
+// leader change, a config change of the grant validity (mostly a cut,
+// sometimes followed by a leader change while grants of the old validity
+// are held and a region is silent to the new leader) and learning
+// extended as the daemon does (pkg/allocator: the learning floor and
+// PriorValidity), and checks the invariants at every instant from the
 // regions' side: what each region may actually use, given the grants and
 // static leases it actually received and their expiry on its own clock.
 
@@ -34,6 +38,8 @@ const (
 	evAnswer  // an answer reaches the region
 	evCheck   // a grant expires
 	evLeader  // a new leader takes over
+	evConfig  // the config changes the grant validity
+	evExtend  // learning must last longer (a reshard's keys moving)
 )
 
 type simEvent struct {
@@ -120,6 +126,14 @@ type sim struct {
 	epochs  int
 	// stats
 	checks, above int
+	// learnFloor, prior and validCap are the daemon's side of a change of
+	// validity (pkg/allocator's applyConfigLocked and ensureLearningLocked):
+	// learning lasts at least until learnFloor; every allocator built
+	// since the last change re-issues up to prior; no grant may be valid
+	// longer than validCap, the longest validity any allocator had.
+	learnFloor int64
+	prior      time.Duration
+	validCap   time.Duration
 }
 
 func (s *sim) push(e *simEvent) {
@@ -133,6 +147,7 @@ func (s *sim) wall(t int64) time.Time { return simBase.Add(time.Duration(t)) }
 func (s *sim) newAllocator(at int64) {
 	opts := s.opts
 	opts.Lapsed = s.store
+	opts.PriorValidity = max(s.prior, time.Duration(s.learnFloor-at))
 	a, err := NewAllocator(opts, s.wall(at))
 	if err != nil {
 		s.t.Fatalf("NewAllocator: %v", err)
@@ -143,6 +158,75 @@ func (s *sim) newAllocator(at int64) {
 		}
 	}
 	s.alloc = a
+	s.validCap = max(s.validCap, opts.Validity, opts.PriorValidity.Truncate(time.Millisecond))
+}
+
+// lapsedNow is the lapsed set a daemon hands an allocator it rebuilds or
+// restarts: the stored set and the one the current allocator keeps.
+func (s *sim) lapsedNow() []string {
+	set := slices.Clone(s.store)
+	for _, r := range s.alloc.LapsedSet() {
+		if !slices.Contains(set, r) {
+			set = append(set, r)
+		}
+	}
+	return set
+}
+
+// ensureLearning is the daemon's before every allocation and report:
+// learning lasts to the floor; an allocator whose learning ended before
+// it learns again from scratch (it may have granted).
+func (s *sim) ensureLearning(at int64) {
+	if at >= s.learnFloor {
+		return
+	}
+	now := s.wall(at)
+	if !s.alloc.Learning(now) {
+		s.alloc.BecomeLeader(now, s.lapsedNow()...)
+		s.forgetReadings()
+	}
+	if !s.alloc.ExtendLearning(now, s.wall(s.learnFloor)) {
+		s.t.Fatalf("ExtendLearning refused while learning")
+	}
+}
+
+// forgetReadings: an allocator that learns from scratch heard no
+// region's reading yet.
+func (s *sim) forgetReadings() {
+	for r := range s.regions {
+		for k := range s.regions[r].wantAt {
+			s.regions[r].wantAt[k] = -1
+		}
+	}
+}
+
+// changeValidity is the leader applying a config with grant validity v
+// (applyConfigLocked): a new allocator in learning mode that re-issues
+// held grants up to the old validity, learning at least one old validity
+// and epoch.
+func (s *sim) changeValidity(v time.Duration) {
+	old := s.opts.Validity
+	if v < old {
+		timelineCuts.Add(1)
+	}
+	s.opts.Validity = v
+	lapsed := s.lapsedNow()
+	s.prior = max(old, time.Duration(s.learnFloor-s.now))
+	opts := s.opts
+	opts.Lapsed = lapsed
+	opts.PriorValidity = s.prior
+	a, err := NewAllocator(opts, s.wall(s.now))
+	if err != nil {
+		s.t.Fatalf("NewAllocator(validity %v): %v", v, err)
+	}
+	for i, k := range s.keys {
+		if err := a.SetLimit(k, s.limits[i]); err != nil {
+			s.t.Fatalf("SetLimit: %v", err)
+		}
+	}
+	s.alloc = a
+	s.learnFloor = max(s.learnFloor, s.now+int64(old+s.opts.Epoch))
+	s.validCap = max(s.validCap, v, s.prior.Truncate(time.Millisecond))
 }
 
 func (s *sim) chance(p float64, label string) bool {
@@ -301,11 +385,14 @@ func (s *sim) apply(r int, sentAt int64, seq uint64, grants []Grant) {
 		if g.Valid%time.Millisecond != 0 || g.Valid <= 0 {
 			s.t.Fatalf("grant validity %v is not a positive whole number of milliseconds", g.Valid)
 		}
-		if g.Valid > s.opts.Validity {
-			s.t.Fatalf("grant validity %v exceeds the configured %v", g.Valid, s.opts.Validity)
+		if g.Valid > s.validCap {
+			s.t.Fatalf("grant validity %v exceeds the longest configured %v", g.Valid, s.validCap)
 		}
 		if g.Rate < 0 || g.Burst < 0 || math.IsNaN(g.Rate) || math.IsNaN(g.Burst) {
 			s.t.Fatalf("bad grant %+v", g)
+		}
+		if g.Valid > s.opts.Validity {
+			timelineLongGrants.Add(1)
 		}
 		h := &reg.held[k]
 		expiry := sentAt + int64(g.Valid)
@@ -323,6 +410,7 @@ func (s *sim) step() {
 	s.now = e.at
 	switch e.kind {
 	case evAllocate:
+		s.ensureLearning(s.now)
 		s.alloc.Allocate(s.wall(s.now))
 		s.persist()
 		s.epochs++
@@ -335,6 +423,7 @@ func (s *sim) step() {
 			}
 		}
 	case evDeliver:
+		s.ensureLearning(s.now)
 		wasLapsed := slices.Contains(s.alloc.LapsedSet(), s.opts.Regions[e.region].Name)
 		ans, err := s.alloc.Report(s.wall(s.now), e.report)
 		if err != nil {
@@ -374,11 +463,21 @@ func (s *sim) step() {
 		} else {
 			s.alloc.BecomeLeader(s.wall(s.now), s.store...)
 		}
-		for r := range s.regions {
-			for k := range s.regions[r].wantAt {
-				s.regions[r].wantAt[k] = -1 // the new leader heard no reading yet
-			}
+		s.ensureLearning(s.now)
+		s.forgetReadings()
+	case evConfig:
+		// Validities from one epoch to the region lease, mostly shorter
+		// than the old: grants of the old validity outlive the new one.
+		most := int(s.opts.RegionLease / s.opts.Epoch)
+		if old := int(s.opts.Validity / s.opts.Epoch); old > 1 && rapid.IntRange(0, 2).Draw(s.t, "shorter") > 0 {
+			most = max(1, (old-1)/2)
 		}
+		v := time.Duration(rapid.IntRange(1, most).Draw(s.t, "newValidityEpochs")) * s.opts.Epoch
+		s.changeValidity(v)
+		s.forgetReadings()
+	case evExtend:
+		s.learnFloor = max(s.learnFloor, s.now+int64(s.opts.Validity+s.opts.Epoch))
+		s.ensureLearning(s.now)
 	}
 	// Check once every event at this instant has been applied: grants
 	// ending and starting at the same instant are not both in force.
@@ -430,6 +529,10 @@ const (
 // How many lapses and returns the timeline runs saw (to show they happen).
 var timelineLapses, timelineReturns atomic.Int64
 
+// How many validity cuts they saw, and grants valid longer than the live
+// validity (re-issued with what they had left).
+var timelineCuts, timelineLongGrants atomic.Int64
+
 func TestTimelineNeverOversubscribes(t *testing.T) {
 	rounds := timelineRounds
 	if os.Getenv("SLUICE_SOAK") != "" {
@@ -444,6 +547,7 @@ func TestTimelineNeverOversubscribes(t *testing.T) {
 			return
 		}
 	}
+	t.Logf("%d validity cuts; %d grants valid longer than the live validity", timelineCuts.Load(), timelineLongGrants.Load())
 	t.Logf("%d regions lapsed and %d were conferred a static lease again", timelineLapses.Load(), timelineReturns.Load())
 }
 
@@ -536,6 +640,23 @@ func timeline(t *rapid.T) {
 		chaos += lapseEpochs
 	}
 	leaderAt := rapid.IntRange(-1, chaos-1).Draw(t, "leaderChangeEpoch")
+	// A config change of the validity in half the runs, and learning
+	// extended (as keys moving between shards do) in a third.
+	configAt, extendAt, silentToLeader := -1, -1, -1
+	if rapid.Bool().Draw(t, "validityChange") {
+		configAt = rapid.IntRange(0, chaos-1).Draw(t, "validityChangeEpoch")
+		if rapid.Bool().Draw(t, "leaderAfterChange") {
+			// The leader changes while grants of the old validity are
+			// held.
+			leaderAt = min(chaos-1, configAt+rapid.IntRange(0, vEpochs).Draw(t, "leaderAfterChangeEpochs"))
+			// and a region may be silent to the new leader while it
+			// learns (what it holds is unknown to it).
+			silentToLeader = rapid.IntRange(-1, nr-1).Draw(t, "silentToNewLeader")
+		}
+	}
+	if rapid.IntRange(0, 2).Draw(t, "extendLearning") == 0 {
+		extendAt = rapid.IntRange(0, chaos-1).Draw(t, "extendEpoch")
+	}
 	silentLeft := make([]int, nr)
 	for e := 0; e < chaos; e++ {
 		offsets := make([]int64, nr)
@@ -547,6 +668,9 @@ func timeline(t *rapid.T) {
 				if s.chance(s.faults.longSilence, "goLong") {
 					silentLeft[r] = lapseEpochs + rapid.IntRange(0, 4).Draw(t, "lapsedEpochs")
 				}
+			}
+			if e == leaderAt && r == silentToLeader {
+				silentLeft[r] = max(silentLeft[r], vEpochs+1)
 			}
 			if silentLeft[r] > 0 {
 				silent[r] = true
@@ -562,6 +686,14 @@ func timeline(t *rapid.T) {
 			at := int64(e)*int64(epoch) + int64(rapid.IntRange(0, 999).Draw(t, "leaderMs"))*int64(time.Millisecond)
 			s.push(&simEvent{at: at, kind: evLeader})
 		}
+		if e == configAt {
+			at := int64(e)*int64(epoch) + int64(rapid.IntRange(0, 999).Draw(t, "configMs"))*int64(time.Millisecond)
+			s.push(&simEvent{at: at, kind: evConfig})
+		}
+		if e == extendAt {
+			at := int64(e)*int64(epoch) + int64(rapid.IntRange(0, 999).Draw(t, "extendMs"))*int64(time.Millisecond)
+			s.push(&simEvent{at: at, kind: evExtend})
+		}
 		s.runUntil(int64(e+1) * int64(epoch))
 	}
 
@@ -569,6 +701,10 @@ func timeline(t *rapid.T) {
 	// reports. Long enough for old grants to expire, learning to end
 	// and the demand estimates to converge.
 	s.faults = faults{}
+	// The quiet phase's bounds and the steady state go by the validity
+	// now live, after a change the longer of the two.
+	steady := s.opts.Validity >= 5*epoch
+	vEpochs = max(vEpochs, int(s.opts.Validity/epoch))
 	offsets := make([]int64, nr)
 	for r := range offsets {
 		offsets[r] = int64(rapid.IntRange(1, 900).Draw(t, "quietOffsetMs")) * int64(time.Millisecond)
@@ -598,7 +734,7 @@ func timeline(t *rapid.T) {
 			t.Fatalf("contention verdicts still changing after 300 quiet epochs: %s", verdict)
 		}
 	}
-	if vEpochs >= 5 && drained == 0 {
+	if steady && drained == 0 {
 		s.checkSteadyState()
 	}
 	timelineLapses.Add(int64(s.lapses))
