@@ -55,9 +55,14 @@
 // stopped when lost; restart_after brings each back; the oracle learns the
 // region's static lease from its leaders, static.go). The operator's
 // events (drain, restore) are config revisions written to etcd at their
-// times. Latency between two regions has no path to act on here and is
-// skipped, as are the exactly-once faults (replays, lost answers, stale leaders, isolated
-// instances): the fault list names each as skipped at its time, and no
+// times. The exactly-once faults act on the real RPCs (leasefaults.go,
+// tier.go): an instance's lease call applied with its answer lost, a
+// copy of it delivered again up to two refreshes later, a region report
+// delivered to the global tier twice (a differing answer fails invariant
+// 5). Latency between two regions has no path to act on here and is
+// skipped, as are stale leaders (an in-process leader cannot be paused)
+// and isolated instances (their unreported spending is ε this oracle does
+// not follow): the fault list names each as skipped at its time, and no
 // recovery is measured after it (Skipped).
 //
 // # Whether the machine kept up

@@ -86,6 +86,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	}
 	d := &deployment{sc: sc, cfg: cfg, scale: scale, log: o.Log, plan: plan, seed: seed, beforeDelivery: o.beforeDelivery,
 		logger: slog.New(slog.NewTextHandler(o.DaemonLog, nil)), keyID: map[quota.Key]int{}}
+	d.replayCtx, d.stopReplays = context.WithCancel(context.Background())
 	for i, k := range plan.Keys {
 		d.keyID[k] = i
 		d.rkeys = append(d.rkeys, luascripts.KeysFor(luascripts.DefaultPrefix, k))
@@ -105,6 +106,21 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	d.rec.finish(func(o *oracle.Oracle, _ time.Duration) { res = o.Finish(time.Duration(sc.Duration)) })
 	out := setup.Outcome("live", res)
 	out.Counters.Events = uint64(d.decisions.Load())
+	for _, r := range d.regions {
+		out.Counters.Replays += r.lease.replays.Load() + r.faults.replays.Load()
+		out.Counters.ReplayMismatches += r.faults.mismatches.Load()
+		r.faults.mu.Lock()
+		if m := r.faults.firstMismatch; m != "" {
+			fmt.Fprintf(o.Log, "live: %s's report delivered again was answered differently:\n%s\n", r.name, m)
+		}
+		r.faults.mu.Unlock()
+		out.Counters.LostAnswers += r.lease.lost.Load()
+	}
+	out.CheckReplays()
+	if c := out.Counters; c.LostAnswers > 0 || c.Replays > 0 {
+		fmt.Fprintf(o.Log, "live: %d lease answers lost after the request applied, %d requests and reports delivered again (%d region reports answered differently)\n",
+			c.LostAnswers, c.Replays, c.ReplayMismatches)
+	}
 	out.Warnings = d.pace.warnings()
 	for _, w := range out.Warnings {
 		fmt.Fprintf(o.Log, "live: WARNING: %s\n", w)
@@ -156,6 +172,12 @@ type deployment struct {
 	// faultJobs counts fault actions still to run or running (a delayed
 	// restart, a replacement replica); play waits for them.
 	faultJobs sync.WaitGroup
+	// replayCtx ends the lease requests delivered again (leasefaults.go)
+	// when the traffic stops; close waits for replayJobs once no instance
+	// calls any more.
+	replayCtx   context.Context
+	stopReplays context.CancelFunc
+	replayJobs  sync.WaitGroup
 }
 
 type liveRegion struct {
@@ -164,6 +186,7 @@ type liveRegion struct {
 	redis  *redisproc.Proc
 	rdb    *redis.Client // for reading grants
 	faults *tierFaults   // between the region and the global tier
+	lease  *leaseFaults  // between the region's instances and its service
 	// replicas serve the region; instances dial them all, round robin.
 	replicas []*devcluster.RegionalReplica
 
@@ -271,7 +294,8 @@ func (d *deployment) start(ctx context.Context) error {
 			warned = true
 		}
 		r := &liveRegion{idx: i, name: name, redis: cr.Redis, faults: faults[name], replicas: cr.Replicas,
-			rdb: redis.NewClient(&redis.Options{Addr: cr.Redis.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})}
+			lease: &leaseFaults{rng: engine.NewStream(d.seed, "live-lease/"+name)},
+			rdb:   redis.NewClient(&redis.Options{Addr: cr.Redis.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})}
 		for _, rep := range cr.Replicas {
 			r.daemons = append(r.daemons, rep.Daemon())
 		}
@@ -326,7 +350,7 @@ func (d *deployment) startInstance(r *liveRegion) (*liveInstance, error) {
 	num := r.nextNum
 	r.nextNum++
 	r.mu.Unlock()
-	conn, err := dialRegion(r)
+	conn, err := dialRegion(r, grpc.WithChainUnaryInterceptor(r.lease.intercept(d)))
 	if err != nil {
 		return nil, fmt.Errorf("dial region %s: %w", r.name, err)
 	}
@@ -469,6 +493,7 @@ func (d *deployment) play(parent context.Context) error {
 	}()
 	err := d.drive(ctx, dur)
 	cancel()
+	d.stopReplays()
 	bg.Wait()
 	d.faultJobs.Wait()
 	d.stopWorkers()
@@ -616,6 +641,8 @@ func (d *deployment) close() {
 		}
 		r.rdb.Close()
 	}
+	d.stopReplays()
+	d.replayJobs.Wait()
 	if d.c != nil {
 		d.c.Stop()
 	}

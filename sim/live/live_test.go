@@ -190,6 +190,10 @@ func TestSkippedFaults(t *testing.T) {
 		{scenario.Fault{Kind: scenario.FaultRegionDown, Region: "a"}, false},
 		{scenario.Fault{Kind: scenario.FaultInstanceIsolate, Region: "a"}, true},
 		{scenario.Fault{Kind: scenario.FaultRedisRestart, Region: "a"}, false},
+		{scenario.Fault{Kind: scenario.FaultReplyLoss, Region: "a"}, false},
+		{scenario.Fault{Kind: scenario.FaultReportReplay, Region: "a"}, false},
+		{scenario.Fault{Kind: scenario.FaultRegionReportReplay, Region: "a"}, false},
+		{scenario.Fault{Kind: scenario.FaultStaleLeader, Region: "a"}, true},
 	} {
 		if got := Skipped(c.f) != ""; got != c.skip {
 			t.Errorf("%s %s↔%s: skipped %v, want %v", c.f.Kind, c.f.Region, c.f.Peer, got, c.skip)
@@ -424,5 +428,63 @@ func TestLivePlaysRegionDown(t *testing.T) {
 			continue
 		}
 		t.Logf("%s admits again from %v", res.Regions[c.region], first)
+	}
+}
+
+// TestLivePlaysRetries: the retries scenario's exactly-once faults on the
+// real daemons. ap-south's instances lose answers to requests the region
+// applied, eu-west's lease requests are delivered again up to two
+// refreshes later, and us-east's reports to the global tier arrive twice;
+// every report must count once (invariants 1-3 on the Redis clocks) and
+// every retried region report must get its first answer (invariant 5).
+// A third of the scenario's traffic, for 100 s of scenario time: the
+// faults run from 40 s, so the replays and lost answers are judged over a
+// minute of them.
+func TestLivePlaysRetries(t *testing.T) {
+	src, err := scenarios.Source("retries")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(src)
+	for old, repl := range map[string]string{
+		"rate: {us-east: 1200/s, eu-west: 900/s, ap-south: 600/s}":             "rate: {us-east: 400/s, eu-west: 300/s, ap-south: 200/s}",
+		"rate: {us-east: 150/s, eu-west: 450/s, ap-south: 100/s}":              "rate: {us-east: 50/s, eu-west: 150/s, ap-south: 35/s}",
+		"read: {rate: 2000/s, burst: 4000}, write: {rate: 500/s, burst: 1000}": "read: {rate: 700/s, burst: 1400}, write: {rate: 170/s, burst: 340}",
+	} {
+		if !strings.Contains(text, old) {
+			t.Fatalf("retries no longer has %q:\n%s", old, text)
+		}
+		text = strings.Replace(text, old, repl, 1)
+	}
+	sc, err := scenario.Parse([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 100 * time.Second}, Scale: 4, Log: &log})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	defer func() {
+		if t.Failed() || testing.Verbose() {
+			t.Logf("%s", log.String())
+		}
+	}()
+	for _, c := range out.Checks {
+		if c.Invariant && !c.Pass && !c.NoData {
+			t.Errorf("invariant check %s failed: %s", c.Name, c.Value)
+		}
+	}
+	if c := out.Counters; c.LostAnswers == 0 || c.Replays == 0 {
+		t.Errorf("%d answers lost and %d requests and reports delivered again: want both played", c.LostAnswers, c.Replays)
+	}
+	var labels []string
+	for _, f := range out.Result.Faults {
+		labels = append(labels, f.Label)
+	}
+	for _, want := range []string{"reply-loss ap-south 30%", "report-replay eu-west 50%", "region-report-replay us-east"} {
+		if !slices.Contains(labels, want) {
+			t.Errorf("faults %q: %s not played", labels, want)
+		}
 	}
 }

@@ -48,16 +48,16 @@ func (r *liveRegion) restartReplica(ctx context.Context, rep *devcluster.Regiona
 // headless Service, a replica that goes down dropping out of the rotation
 // until it is back, and a lease RPC cut by a replica's stop sent once more
 // to the other.
-func dialRegion(r *liveRegion) (*grpc.ClientConn, error) {
+func dialRegion(r *liveRegion, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	res := manual.NewBuilderWithScheme("sluice-sim")
 	var addrs []resolver.Address
 	for _, rep := range r.replicas {
 		addrs = append(addrs, resolver.Address{Addr: rep.Addr()})
 	}
 	res.InitialState(resolver.State{Addresses: addrs})
-	return grpc.NewClient(res.Scheme()+":///"+r.name, grpc.WithResolvers(res),
+	return grpc.NewClient(res.Scheme()+":///"+r.name, append([]grpc.DialOption{grpc.WithResolvers(res),
 		grpc.WithDefaultServiceConfig(lease.ServiceConfig), grpc.WithConnectParams(lease.ConnectParams()),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
 }
 
 // earlyGrant is a grant a region applied before recording began.

@@ -3,9 +3,13 @@ package live
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -14,13 +18,21 @@ import (
 var errInjected = errors.New("injected fault: the global tier is unreachable from this region")
 
 // tierFaults are the faults injected between one region and the global
-// tier: partitions, extra latency and loss. Safe for concurrent use.
+// tier: partitions, extra latency, loss and reports delivered twice
+// (region-report-replay). Safe for concurrent use.
 type tierFaults struct {
 	mu          sync.Mutex // guards the fields below
 	partitioned bool
 	delay       time.Duration // extra one-way latency
 	loss        float64
+	replay      bool // every answered report is delivered again at once
 	rng         *rand.Rand
+
+	// replays counts reports delivered again, mismatches those the
+	// global tier answered differently from the first time (a retry must
+	// get the same answer and change nothing).
+	replays, mismatches atomic.Int64
+	firstMismatch       string // guarded by mu: the first report answered differently, and both answers
 }
 
 // faultyTier is one region leader's way to the global tier, subject to its
@@ -33,7 +45,7 @@ type faultyTier struct {
 func (ft *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
 	f := ft.f
 	f.mu.Lock()
-	cut, delay := f.partitioned, f.delay
+	cut, delay, replay := f.partitioned, f.delay, f.replay
 	lost := f.loss > 0 && f.rng.Float64() < f.loss
 	f.mu.Unlock()
 	if cut || lost {
@@ -50,6 +62,19 @@ func (ft *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*slui
 		}
 	}
 	g, err := ft.next.Sync(ctx, r)
+	if err == nil && replay {
+		// The same report again, as a retry of one whose answer the
+		// region already has: its answer must be the first's.
+		again, aerr := ft.next.Sync(ctx, r)
+		if aerr == nil {
+			f.replays.Add(1)
+			if !sameGrants(again, g) && f.mismatches.Add(1) == 1 {
+				f.mu.Lock()
+				f.firstMismatch = fmt.Sprintf("report %v\nfirst answer %v\nagain %v", r, g, again)
+				f.mu.Unlock()
+			}
+		}
+	}
 	if err != nil || delay == 0 {
 		return g, err
 	}
@@ -85,4 +110,21 @@ func (ft *faultyTier) Watch(ctx context.Context, region string, retry time.Durat
 			nudge()
 		}
 	})
+}
+
+// sameGrants reports whether a retried report's answer repeats the first:
+// the same grants for the same report. What the answer says of the
+// moment it is given (the epoch, learning, when to report again, the
+// static lease decided anew, the confirmed revision) may move between the
+// two calls here, which the virtual simulator makes at one instant.
+func sameGrants(a, b *sluicev1.RegionGrants) bool {
+	if a.GetRegion() != b.GetRegion() || a.GetSeq() != b.GetSeq() || len(a.GetGrants()) != len(b.GetGrants()) {
+		return false
+	}
+	for i, g := range a.GetGrants() {
+		if !proto.Equal(g, b.GetGrants()[i]) {
+			return false
+		}
+	}
+	return true
 }

@@ -124,12 +124,18 @@ func Run(sc *scenario.Scenario, opts Options) (*Outcome, error) {
 		out.Checks = append(out.Checks, Check{Name: "simulator sanity", Target: "0 errors",
 			Value: fmt.Sprintf("%d invalid decisions, %d allocator errors", counters.InvalidDecisions, counters.AllocatorErrors)})
 	}
-	if counters.ReplayMismatches > 0 {
-		out.Checks = append(out.Checks, Check{Name: "5 region report retries", Target: "0", Invariant: true,
-			Value: fmt.Sprintf("%d of %d replays answered differently", counters.ReplayMismatches, counters.Replays)})
-	}
+	out.CheckReplays()
 	out.Wall = time.Since(start)
 	return out, nil
+}
+
+// CheckReplays adds the failed check of invariant 5 when some region
+// report delivered again was answered differently (Counters).
+func (out *Outcome) CheckReplays() {
+	if c := out.Counters; c.ReplayMismatches > 0 {
+		out.Checks = append(out.Checks, Check{Name: "5 region report retries", Target: "0", Invariant: true,
+			Value: fmt.Sprintf("%d of %d replays answered differently", c.ReplayMismatches, c.Replays)})
+	}
 }
 
 // Instances is the initial instance count of a scenario.

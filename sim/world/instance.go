@@ -287,6 +287,9 @@ func (in *Instance) rpc(timeout time.Duration, serve func() bool, onReply, onFai
 		func() (time.Duration, bool) { return w.net.localDelay(), in.isolated },
 		func() (time.Duration, bool) {
 			d, lost := w.net.localReply(in.region.idx)
+			if lost {
+				w.counters.LostAnswers++
+			}
 			return d, lost || in.isolated
 		},
 		timeout,

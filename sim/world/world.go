@@ -87,6 +87,7 @@ type Counters struct {
 	ApplyErrors      int64 // grants the lease table refused
 	UnservedTokens   int64 // requests that found no live instance
 	Replays          int64 // requests and reports delivered again by faults
+	LostAnswers      int64 // answers to instances lost by faults after the request applied
 	ReplayMismatches int64 // replayed region reports the allocator answered differently (must stay 0)
 	Nudges           int64 // nudges the global leader sent that the links delivered
 }
