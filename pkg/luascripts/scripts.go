@@ -870,6 +870,15 @@ type LeaseRecord struct {
 // Unspent is what the lease still holds by the region's books.
 func (l LeaseRecord) Unspent() float64 { return l.Granted - l.Used - l.Returned }
 
+// Continues reports whether l, read later from the same hash field, is
+// still the lease was was, not a new record written under the same
+// instance id after was was reaped or dropped: the same lease and
+// incarnation, and totals and seq that only grew.
+func (l LeaseRecord) Continues(was LeaseRecord) bool {
+	return l.Lease == was.Lease && l.Incarnation == was.Incarnation &&
+		l.Seq >= was.Seq && l.Granted >= was.Granted && l.Used >= was.Used && l.Returned >= was.Returned
+}
+
 // ParseLeaseRecord reads a lease hash value: compact (see lib.lua,
 // lease_record), or as text of fourteen fields, or of the first nine or
 // six alone as older scripts wrote them.

@@ -59,10 +59,11 @@
 // tier.go): an instance's lease call applied with its answer lost, a
 // copy of it delivered again up to two refreshes later, a region report
 // delivered to the global tier twice (a differing answer fails invariant
-// 5). Latency between two regions has no path to act on here and is
-// skipped, as are stale leaders (an in-process leader cannot be paused)
-// and isolated instances (their unreported spending is ε this oracle does
-// not follow): the fault list names each as skipped at its time, and no
+// 5), and isolated instances, whose leases are read from Redis each epoch
+// so that what a reaped one gave back unreported counts as ε
+// (isolate.go). Latency between two regions has no path to act on here
+// and is skipped, as are stale leaders (an in-process leader cannot be
+// paused): the fault list names each as skipped at its time, and no
 // recovery is measured after it (Skipped).
 //
 // # Whether the machine kept up

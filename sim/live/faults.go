@@ -65,15 +65,15 @@ func Skipped(f scenario.Fault) string {
 	switch f.Kind {
 	case scenario.FaultInstanceCrash, scenario.FaultInstanceStop, scenario.FaultGlobalLeaderLoss, scenario.FaultRegionLeaderLoss,
 		scenario.FaultEtcdDown, scenario.FaultPartition, scenario.FaultLoss, scenario.FaultRedisRestart, scenario.FaultRegionDown,
-		scenario.FaultReplyLoss, scenario.FaultReportReplay, scenario.FaultRegionReportReplay:
+		scenario.FaultReplyLoss, scenario.FaultReportReplay, scenario.FaultRegionReportReplay, scenario.FaultInstanceIsolate:
 		return ""
 	case scenario.FaultLatency:
 		if f.Peer != scenario.GlobalPeer {
 			return "live mode injects faults only between a region and the global tier"
 		}
 		return ""
-	case scenario.FaultStaleLeader, scenario.FaultInstanceIsolate:
-		return "the virtual simulator injects stale leaders and isolated instances (an in-process region leader cannot be paused, and an isolated instance's unreported spending is ε the live oracle does not follow)"
+	case scenario.FaultStaleLeader:
+		return "an in-process region leader cannot be paused; the virtual simulator injects stale leaders"
 	}
 	return "not supported in live mode"
 }
@@ -213,6 +213,21 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 		r.faults.set(func(t *tierFaults) { t.replay = true })
 		d.after(ctx, lasting, func() { r.faults.set(func(t *tierFaults) { t.replay = false }) })
 		until = lasting
+	case scenario.FaultInstanceIsolate:
+		r.mu.Lock()
+		var free []*liveInstance
+		for _, in := range r.insts {
+			if !in.isolated.Load() {
+				free = append(free, in)
+			}
+		}
+		r.mu.Unlock()
+		free = free[:min(f.Count, len(free))]
+		for _, in := range free {
+			d.isolate(ctx, in, lasting)
+		}
+		label = fmt.Sprintf("%s ×%d", label, len(free))
+		until = lasting
 	case scenario.FaultRedisRestart:
 		r.redis.Stop()
 		d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisDown(now, r.idx) })
@@ -338,6 +353,29 @@ func (d *deployment) stop(in *liveInstance) {
 	}
 }
 
+// unreported is what instance in spent of lease l of key k, as the region
+// last stored it, without the region knowing: what the region counts
+// unspent less what the instance still holds (its pool and returns, and
+// what its unapplied report returns, or the last grant if that report was
+// applied but its answer lost). Handed back to the bucket when the region
+// reaps l, it is the crash error ε; 0 for a class that reclaims nothing.
+func (d *deployment) unreported(in *liveInstance, k int, l luascripts.LeaseRecord) float64 {
+	if d.cfg.Classes[d.plan.Keys[k].Class].Reclaim == "none" {
+		return 0
+	}
+	st, _ := in.client.Table().State(d.plan.Keys[k])
+	held := float64(st.Tokens + st.ToReturn)
+	if p := st.Pending; p != nil {
+		if p.GetSeq() > l.Seq {
+			// the tokens its returned total adds were not spent
+			held += max(float64(p.GetReturned())-l.AppliedReturned, 0)
+		} else {
+			held += l.LastGrant
+		}
+	}
+	return max(l.Unspent()-held, 0)
+}
+
 // crash cuts an instance off without releasing anything, after telling the
 // oracle its crash error: per key, tokens its region still counts unspent
 // in the lease that the instance had spent.
@@ -357,32 +395,13 @@ func (d *deployment) crash(in *liveInstance) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	for _, k := range keys {
-		rec, err := r.rdb.HGet(ctx, d.rkeys[k].Leases, in.id).Result()
-		if err != nil {
+		l, ok, err := d.leaseRecord(ctx, in, k)
+		if !ok || err != nil {
 			eps = append(eps, 0)
 			continue
-		}
-		l, err := luascripts.ParseLeaseRecord(rec)
-		if err != nil {
-			eps = append(eps, 0)
-			continue
-		}
-		st, _ := in.client.Table().State(d.plan.Keys[k])
-		held := float64(st.Tokens + st.ToReturn)
-		if p := st.Pending; p != nil {
-			if p.GetSeq() > l.Seq {
-				// the tokens its returned total adds were not spent
-				held += max(float64(p.GetReturned())-l.AppliedReturned, 0)
-			} else {
-				held += l.LastGrant
-			}
 		}
 		unspent := l.Unspent()
-		e := 0.0
-		if unspent > held && d.cfg.Classes[d.plan.Keys[k].Class].Reclaim != "none" {
-			e = unspent - held
-		}
-		eps = append(eps, e)
+		eps = append(eps, d.unreported(in, k, l))
 		tokens += max(unspent, 0)
 		lastExp = max(lastExp, d.rec.virtual(time.UnixMicro(l.ExpiryUS)))
 	}

@@ -54,11 +54,19 @@ func (lf *leaseFaults) draws(maxDelay time.Duration) (lost bool, again time.Dura
 }
 
 // intercept is an instance's side of its region's faults; d schedules
-// the replays (they end with the run).
-func (lf *leaseFaults) intercept(d *deployment) grpc.UnaryClientInterceptor {
+// the replays (they end with the run), isolated cuts this instance off
+// (instance-isolate, isolate.go).
+func (lf *leaseFaults) intercept(d *deployment, isolated *atomic.Bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if !strings.HasPrefix(method, leasePrefix) {
 			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		if isolated.Load() {
+			// As a dropped packet: the caller's deadline ends the call.
+			if _, ok := ctx.Deadline(); ok {
+				<-ctx.Done()
+			}
+			return status.Error(codes.Unavailable, "injected fault: this instance is cut off from its region")
 		}
 		lost, again := lf.draws(2 * time.Duration(d.cfg.Refresh))
 		if again > 0 {

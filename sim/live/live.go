@@ -230,6 +230,8 @@ type liveInstance struct {
 	// for the one in flight before it closes the client, as the agent
 	// does (agent.Stop), instead of answering it ErrClosed.
 	serving sync.Mutex
+	// isolated cuts the instance off from its region (isolate.go).
+	isolated atomic.Bool
 
 	mu   sync.Mutex // guards used
 	used map[int]bool
@@ -350,7 +352,9 @@ func (d *deployment) startInstance(r *liveRegion) (*liveInstance, error) {
 	num := r.nextNum
 	r.nextNum++
 	r.mu.Unlock()
-	conn, err := dialRegion(r, grpc.WithChainUnaryInterceptor(r.lease.intercept(d)))
+	in := &liveInstance{id: fmt.Sprintf("%s-%d", r.name, num), num: num, region: r,
+		reqs: make(chan request, 1<<14), used: map[int]bool{}}
+	conn, err := dialRegion(r, grpc.WithChainUnaryInterceptor(r.lease.intercept(d, &in.isolated)))
 	if err != nil {
 		return nil, fmt.Errorf("dial region %s: %w", r.name, err)
 	}
@@ -360,8 +364,7 @@ func (d *deployment) startInstance(r *liveRegion) (*liveInstance, error) {
 		p, _ := lease.ParsePolicy(string(cl.OnFailure))
 		classes[name] = lease.ClassPolicy{Mode: m, OnFailure: p}
 	}
-	in := &liveInstance{id: fmt.Sprintf("%s-%d", r.name, num), num: num, region: r, conn: conn,
-		reqs: make(chan request, 1<<14), used: map[int]bool{}}
+	in.conn = conn
 	opts := lease.Options{InstanceID: in.id, Refresh: time.Duration(d.cfg.Refresh), Classes: classes, Logger: d.logger}
 	if v := time.Duration(d.sc.Client.BreakerTimeout); v > 0 {
 		opts.BreakerTimeout = v

@@ -437,9 +437,13 @@ func TestLivePlaysRegionDown(t *testing.T) {
 // refreshes later, and us-east's reports to the global tier arrive twice;
 // every report must count once (invariants 1-3 on the Redis clocks) and
 // every retried region report must get its first answer (invariant 5).
-// A third of the scenario's traffic, for 100 s of scenario time: the
-// faults run from 40 s, so the replays and lost answers are judged over a
-// minute of them.
+// An eu-west instance is also cut off from its region for 15 s (three
+// lease TTLs; instance-crash's isolation): the region reaps its leases
+// while it still serves from them, and what it spent unreported must be
+// counted as ε from its lease records in Redis, the invariants holding
+// with it (no instance crashes in the run, so ε is the isolation's). A
+// third of the scenario's traffic, for 100 s of scenario time: the faults
+// run from 40 s, so they are judged over a minute of them.
 func TestLivePlaysRetries(t *testing.T) {
 	src, err := scenarios.Source("retries")
 	if err != nil {
@@ -450,6 +454,7 @@ func TestLivePlaysRetries(t *testing.T) {
 		"rate: {us-east: 1200/s, eu-west: 900/s, ap-south: 600/s}":             "rate: {us-east: 400/s, eu-west: 300/s, ap-south: 200/s}",
 		"rate: {us-east: 150/s, eu-west: 450/s, ap-south: 100/s}":              "rate: {us-east: 50/s, eu-west: 150/s, ap-south: 35/s}",
 		"read: {rate: 2000/s, burst: 4000}, write: {rate: 500/s, burst: 1000}": "read: {rate: 700/s, burst: 1400}, write: {rate: 170/s, burst: 340}",
+		"faults:\n": "faults:\n  - {at: 45s, kind: instance-isolate, region: eu-west, for: 15s}\n",
 	} {
 		if !strings.Contains(text, old) {
 			t.Fatalf("retries no longer has %q:\n%s", old, text)
@@ -482,9 +487,15 @@ func TestLivePlaysRetries(t *testing.T) {
 	for _, f := range out.Result.Faults {
 		labels = append(labels, f.Label)
 	}
-	for _, want := range []string{"reply-loss ap-south 30%", "report-replay eu-west 50%", "region-report-replay us-east"} {
+	for _, want := range []string{"reply-loss ap-south 30%", "report-replay eu-west 50%", "region-report-replay us-east", "instance-isolate eu-west ×1"} {
 		if !slices.Contains(labels, want) {
 			t.Errorf("faults %q: %s not played", labels, want)
 		}
+	}
+	if out.Result.Reclaim.Crashes != 0 {
+		t.Fatalf("%d crashes in the run: ε is not the isolation's alone", out.Result.Reclaim.Crashes)
+	}
+	if eps := out.Result.Conformance.CrashError; !(eps > 0) {
+		t.Errorf("ε %v: the isolated instance's reaped leases gave back nothing it spent", eps)
 	}
 }

@@ -53,13 +53,6 @@ func (in *Instance) isolate(d time.Duration) {
 	})
 }
 
-// sameLease reports whether stored record l is the watched lease, not a new
-// record written under the same instance id after it was reaped or dropped.
-func sameLease(l, was luascripts.LeaseRecord) bool {
-	return l.Lease == was.Lease && l.Incarnation == was.Incarnation &&
-		l.Seq >= was.Seq && l.Granted >= was.Granted && l.Used >= was.Used && l.Returned >= was.Returned
-}
-
 // settleIsolated checks the isolated instances' leases of k against the
 // Model after a script call. A lease still stored is remembered; one that
 // a report after the isolation reached is done; one the call reaped (gone,
@@ -70,7 +63,7 @@ func (r *Region) settleIsolated(k *keyInfo) {
 	ls := r.isolated[k.id]
 	keep := ls[:0]
 	for _, il := range ls {
-		if l, ok := r.model.PeekLease(k.rkeys, il.in.id); ok && sameLease(l, il.last) {
+		if l, ok := r.model.PeekLease(k.rkeys, il.in.id); ok && l.Continues(il.last) {
 			il.last = l
 			if !(il.healed && l.Seq > il.healSeq) {
 				keep = append(keep, il)
