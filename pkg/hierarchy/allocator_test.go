@@ -280,6 +280,20 @@ func TestUnknownKeysAreSkippedAndShown(t *testing.T) {
 	if len(v.Keys) != 1 || v.Keys[0].Key != known || !near(v.Keys[0].Regions[0].Demand, 4) {
 		t.Fatalf("known key's demand not recorded: %+v", v.Keys)
 	}
+	// One tenant's keys are shown by class: c00 to c15 of the twenty,
+	// reported the other way round.
+	kds = kds[:0]
+	for i := maxUnknownShown + 3; i >= 0; i-- {
+		kds = append(kds, KeyDemand{Key: quota.Key{Tenant: "one", Class: fmt.Sprintf("c%02d", i)}, Admitted: 1, Window: time.Second})
+	}
+	if _, err := a.Report(ms(100), Report{Region: "b", Seq: 1, Keys: kds}); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range a.View(ms(100)).Regions[1].UnknownKeys {
+		if want := (quota.Key{Tenant: "one", Class: fmt.Sprintf("c%02d", i)}); k != want {
+			t.Fatalf("one tenant's unknown keys shown out of class order: [%d] is %v, want %v", i, k, want)
+		}
+	}
 }
 
 func TestDemandEstimate(t *testing.T) {
