@@ -1,13 +1,17 @@
 package allocator
 
 import (
+	"context"
+	"log/slog"
 	"math"
 	"strings"
 	"testing"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/configtest"
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 )
 
@@ -66,5 +70,65 @@ func TestFreshReplicaLearnsTheLongerValidityCommittedBeforeItStarted(t *testing.
 			t.Fatalf("learning ended %v after the replica started, want it to last %v", time.Since(started), floor.Sub(started))
 		}
 		time.Sleep(20 * time.Millisecond) // polling until the floor
+	}
+}
+
+// startLoggedLeader starts a global replica on srv's etcd whose config
+// source holds live at rev, keeping its log, and waits for it to lead
+// within the election's bound.
+func startLoggedLeader(t *testing.T, srv *etcdtest.Server, live *config.Config, rev int64) (*Daemon, *capturedLogs) {
+	t.Helper()
+	logs := &capturedLogs{}
+	d, err := StartDaemon(context.Background(), DaemonOptions{
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
+		SessionTTL: time.Second, Config: configtest.NewSource(live, rev), DrainTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	deadline := time.Now().Add(10 * time.Second) // the election's bound (SessionTTL 1 s, retries)
+	for !d.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica never led:\n%s", strings.Join(logs.with(""), "\n"))
+		}
+		time.Sleep(5 * time.Millisecond) // polling the election with a deadline
+	}
+	return d, logs
+}
+
+const longerValidityLine = "had a longer grant validity"
+
+// TestFreshReplicaLeadsOverACompactedHistory: etcd compacted the history
+// before the live config, so the replica cannot know what came before: it
+// leads all the same (a history gone is no error to campaign again on),
+// learning one live validity.
+func TestFreshReplicaLeadsOverACompactedHistory(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := configstore.NewStore(cli, "/test")
+	long := parseConfig(t, strings.Replace(loopConfig, "grant_validity: 500ms", "grant_validity: 3s", 1))
+	revs := applyAll(t, store, long, parseConfig(t, loopConfig))
+	if _, err := cli.Compact(t.Context(), revs[1]); err != nil {
+		t.Fatal(err)
+	}
+	_, logs := startLoggedLeader(t, srv, parseConfig(t, loopConfig), revs[1])
+	if got := logs.with(longerValidityLine); len(got) != 0 {
+		t.Fatalf("a compacted history read as a longer validity: %q", got)
+	}
+}
+
+// TestFreshReplicaLearnsNoLongerForAnEqualValidity: the config before the
+// live one had the same validity (only its epoch differed), so grants
+// under it end within the live validity: nothing to learn for longer.
+func TestFreshReplicaLearnsNoLongerForAnEqualValidity(t *testing.T) {
+	srv := etcdtest.Start(t)
+	store := configstore.NewStore(srv.Client(t), "/test")
+	slower := parseConfig(t, strings.Replace(loopConfig, "epoch: 100ms", "epoch: 125ms", 1))
+	revs := applyAll(t, store, slower, parseConfig(t, loopConfig))
+	_, logs := startLoggedLeader(t, srv, parseConfig(t, loopConfig), revs[1])
+	if got := logs.with(longerValidityLine); len(got) != 0 {
+		t.Fatalf("an equal validity committed before the live config rebuilt the allocator: %q", got)
 	}
 }
