@@ -8,6 +8,9 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/regionsync"
@@ -254,10 +257,11 @@ func (s *Service) committedBefore(ctx context.Context, until int64, visit func(r
 // Once that has passed, nothing is done.
 //
 // Called once, when this replica first wins the election and before it
-// leads; an error from etcd is returned (the caller campaigns again), a
+// leads. etcd not answering is returned (the caller campaigns again); a
 // history compacted away ends the read where it is
 // (configstore.ErrHistoryGone: changes that old are past mattering
-// unless etcd compacts within one grant validity; docs/operations.md).
+// unless etcd compacts within one grant validity; docs/operations.md),
+// and so does a config this build refuses, logged at WARN.
 func (s *Service) learnPriorTiming(ctx context.Context) error {
 	s.mu.Lock()
 	done, first := s.hist.priorRead, s.firstRev
@@ -275,8 +279,16 @@ func (s *Service) learnPriorTiming(ctx context.Context) error {
 		epoch = max(epoch, time.Duration(cfg.Epoch))
 		return nil
 	})
-	if err != nil && !errors.Is(err, configstore.ErrHistoryGone) {
+	switch {
+	case err == nil || errors.Is(err, configstore.ErrHistoryGone):
+	case unreachable(ctx, err):
 		return err
+	default:
+		// A config etcd holds that this build does not accept (one
+		// written by an older version, say) ends the walk as a
+		// compaction does: it must not keep the replica from leading.
+		s.log.Warn("could not read back a config committed before this replica's first; its grant validity is not known",
+			"error", err, "grant_validity_read", validity)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -296,6 +308,20 @@ func (s *Service) learnPriorTiming(ctx context.Context) error {
 	s.log.Info("a config committed before this replica started had a longer grant validity; learning until its grants can have ended",
 		"grant_validity", validity, "live_grant_validity", s.timing.validity, "learning_until_at_least", s.learnFloor)
 	return nil
+}
+
+// unreachable reports whether err says etcd did not answer (ctx's end,
+// or the client's deadline or unavailability): worth another attempt,
+// unlike an answer that says no.
+func unreachable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return true
+	}
+	return false
 }
 
 // installHistory holds cfg as the config of rev and brings every key's

@@ -132,3 +132,31 @@ func TestFreshReplicaLearnsNoLongerForAnEqualValidity(t *testing.T) {
 		t.Fatalf("an equal validity committed before the live config rebuilt the allocator: %q", got)
 	}
 }
+
+// TestFreshReplicaLeadsPastAConfigItRefuses: the config committed before
+// the live one is one this build does not accept (written past Apply, as
+// an older version or a hand-run tool could). The read back stops there
+// with a warning, as at a compaction, and the replica leads: a history it
+// cannot read must not keep the global tier without a leader.
+func TestFreshReplicaLeadsPastAConfigItRefuses(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	store := configstore.NewStore(cli, "/test")
+	first := applyAll(t, store, parseConfig(t, loopConfig))[0]
+	put, err := cli.Put(t.Context(), store.Key(), "epoch: soon\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if put.Header.Revision <= first {
+		t.Fatalf("the refused config's revision %d is not after %d", put.Header.Revision, first)
+	}
+	live := parseConfig(t, loopConfig)
+	rev, err := store.Apply(t.Context(), live, put.Header.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, logs := startLoggedLeader(t, srv, live, rev)
+	if got := logs.with("level=WARN", "could not read back a config committed before"); len(got) != 1 {
+		t.Fatalf("warnings of the refused config: %q, want one", got)
+	}
+}

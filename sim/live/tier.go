@@ -66,7 +66,11 @@ func (ft *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*slui
 		// The same report again, as a retry of one whose answer the
 		// region already has: its answer must be the first's.
 		again, aerr := ft.next.Sync(ctx, r)
-		if aerr == nil {
+		// Only an answer from the same allocator in the same epoch is
+		// held to the first: a leader that took over meanwhile (the
+		// machine starved the old one of its session) never saw the
+		// report and rightly answers it anew.
+		if aerr == nil && again.GetEpoch() == g.GetEpoch() {
 			f.replays.Add(1)
 			if !sameGrants(again, g) && f.mismatches.Add(1) == 1 {
 				f.mu.Lock()
@@ -114,9 +118,9 @@ func (ft *faultyTier) Watch(ctx context.Context, region string, retry time.Durat
 
 // sameGrants reports whether a retried report's answer repeats the first:
 // the same grants for the same report. What the answer says of the
-// moment it is given (the epoch, learning, when to report again, the
-// static lease decided anew, the confirmed revision) may move between the
-// two calls here, which the virtual simulator makes at one instant.
+// moment it is given (learning, when to report again, the static lease
+// decided anew, the confirmed revision) may move between the two calls
+// here, which the virtual simulator makes at one instant.
 func sameGrants(a, b *sluicev1.RegionGrants) bool {
 	if a.GetRegion() != b.GetRegion() || a.GetSeq() != b.GetSeq() || len(a.GetGrants()) != len(b.GetGrants()) {
 		return false
