@@ -188,7 +188,7 @@ func TestSkippedFaults(t *testing.T) {
 		{scenario.Fault{Kind: scenario.FaultLatency, Region: "a", Peer: scenario.GlobalPeer}, false},
 		{scenario.Fault{Kind: scenario.FaultLatency, Region: "a", Peer: "b"}, true},
 		{scenario.Fault{Kind: scenario.FaultRegionDown, Region: "a"}, false},
-		{scenario.Fault{Kind: scenario.FaultInstanceIsolate, Region: "a"}, true},
+		{scenario.Fault{Kind: scenario.FaultInstanceIsolate, Region: "a"}, false},
 		{scenario.Fault{Kind: scenario.FaultRedisRestart, Region: "a"}, false},
 		{scenario.Fault{Kind: scenario.FaultReplyLoss, Region: "a"}, false},
 		{scenario.Fault{Kind: scenario.FaultReportReplay, Region: "a"}, false},
