@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -205,17 +205,12 @@ func awaitLines(t *testing.T, lines <-chan string, want string) []string {
 	}
 }
 
-// deadAddr is a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
+// deadAddr is a loopback address where nothing answers: every
+// connection is closed as soon as it is accepted. The port stays held for
+// the test's life, so no other test's server (an embedded etcd, a Redis,
+// started in parallel on port 0) can be given it and answer in its place,
+// as one did when the port was only picked and freed.
+func deadAddr(t *testing.T) string { return grpctest.ClosingAddr(t).Addr }
 
 // TestStopWhileAwaitingEtcdExitsZero: SIGTERM or SIGINT while the start
 // waits for an unreachable etcd is a requested stop, exit 0 (it printed
