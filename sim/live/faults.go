@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/sim/oracle"
 	"github.com/sluicehq/sluice/sim/scenario"
+	"github.com/sluicehq/sluice/sim/world"
 )
 
 func (d *deployment) region(name string) *liveRegion {
@@ -355,25 +356,15 @@ func (d *deployment) stop(in *liveInstance) {
 
 // unreported is what instance in spent of lease l of key k, as the region
 // last stored it, without the region knowing: what the region counts
-// unspent less what the instance still holds (its pool and returns, and
-// what its unapplied report returns, or the last grant if that report was
-// applied but its answer lost). Handed back to the bucket when the region
-// reaps l, it is the crash error ε; 0 for a class that reclaims nothing.
+// unspent less what the instance still holds (world.HeldBy). Handed back
+// to the bucket when the region reaps l, it is the crash error ε; 0 for a
+// class that reclaims nothing.
 func (d *deployment) unreported(in *liveInstance, k int, l luascripts.LeaseRecord) float64 {
 	if d.cfg.Classes[d.plan.Keys[k].Class].Reclaim == "none" {
 		return 0
 	}
 	st, _ := in.client.Table().State(d.plan.Keys[k])
-	held := float64(st.Tokens + st.ToReturn)
-	if p := st.Pending; p != nil {
-		if p.GetSeq() > l.Seq {
-			// the tokens its returned total adds were not spent
-			held += max(float64(p.GetReturned())-l.AppliedReturned, 0)
-		} else {
-			held += l.LastGrant
-		}
-	}
-	return max(l.Unspent()-held, 0)
+	return max(l.Unspent()-world.HeldBy(st, l), 0)
 }
 
 // crash cuts an instance off without releasing anything, after telling the

@@ -3,6 +3,7 @@ package live
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -78,14 +79,19 @@ func (d *deployment) isolate(ctx context.Context, in *liveInstance, lasting time
 				if ok && l.Continues(last) {
 					watched[k] = l
 					if healed && l.Seq > healSeq[k] {
-						delete(watched, k) // a report after the isolation reached it
+						// A report after the isolation reached it: what
+						// the instance spent meanwhile is counted.
+						fmt.Fprintf(d.log, "live: isolated %s's lease of %s outlived the isolation\n", in.id, d.plan.Keys[k])
+						delete(watched, k)
 					}
 					continue
 				}
 				// Reaped only if it had expired: a record dropped before
 				// its expiry (superseded) gives nothing back.
 				if last.ExpiryUS <= nowUS.UnixMicro() {
-					if eps := d.unreported(in, k, last); eps > 0 {
+					eps := d.unreported(in, k, last)
+					fmt.Fprintf(d.log, "live: isolated %s's lease of %s reaped: ε %.1f tokens\n", in.id, d.plan.Keys[k], eps)
+					if eps > 0 {
 						d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.CrashError(now, k, eps) })
 					}
 				}

@@ -2,7 +2,10 @@ package live
 
 import (
 	"context"
+	"math"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -437,13 +440,14 @@ func TestLivePlaysRegionDown(t *testing.T) {
 // refreshes later, and us-east's reports to the global tier arrive twice;
 // every report must count once (invariants 1-3 on the Redis clocks) and
 // every retried region report must get its first answer (invariant 5).
-// An eu-west instance is also cut off from its region for 15 s (three
-// lease TTLs; instance-crash's isolation): the region reaps its leases
+// An eu-west instance is also cut off from its region for 25 s (five
+// lease TTLs; instance-crash's isolation, longer): the region reaps its leases
 // while it still serves from them, and what it spent unreported must be
 // counted as ε from its lease records in Redis, the invariants holding
 // with it (no instance crashes in the run, so ε is the isolation's). A
-// third of the scenario's traffic, for 80 s of scenario time: the faults
-// run from 40 s (the isolated instance's leases expire about 50 s in).
+// third of the scenario's traffic, for 85 s of scenario time: the faults
+// run from 40 s (the isolated instance's leases expire about 50 s in,
+// well before it is back at 70 s).
 func TestLivePlaysRetries(t *testing.T) {
 	src, err := scenarios.Source("retries")
 	if err != nil {
@@ -454,7 +458,7 @@ func TestLivePlaysRetries(t *testing.T) {
 		"rate: {us-east: 1200/s, eu-west: 900/s, ap-south: 600/s}":             "rate: {us-east: 400/s, eu-west: 300/s, ap-south: 200/s}",
 		"rate: {us-east: 150/s, eu-west: 450/s, ap-south: 100/s}":              "rate: {us-east: 50/s, eu-west: 150/s, ap-south: 35/s}",
 		"read: {rate: 2000/s, burst: 4000}, write: {rate: 500/s, burst: 1000}": "read: {rate: 700/s, burst: 1400}, write: {rate: 170/s, burst: 340}",
-		"faults:\n": "faults:\n  - {at: 45s, kind: instance-isolate, region: eu-west, for: 15s}\n",
+		"faults:\n": "faults:\n  - {at: 45s, kind: instance-isolate, region: eu-west, for: 25s}\n",
 	} {
 		if !strings.Contains(text, old) {
 			t.Fatalf("retries no longer has %q:\n%s", old, text)
@@ -466,7 +470,7 @@ func TestLivePlaysRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log strings.Builder
-	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 80 * time.Second}, Scale: 4, Log: &log})
+	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 85 * time.Second}, Scale: 4, Log: &log})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
@@ -495,7 +499,24 @@ func TestLivePlaysRetries(t *testing.T) {
 	if out.Result.Reclaim.Crashes != 0 {
 		t.Fatalf("%d crashes in the run: ε is not the isolation's alone", out.Result.Reclaim.Crashes)
 	}
-	if eps := out.Result.Conformance.CrashError; !(eps > 0) {
-		t.Errorf("ε %v: the isolated instance's reaped leases gave back nothing it spent", eps)
+	// The region reaps the isolated instance's leases while it is cut off
+	// (five lease TTLs): each reaping is logged with what the instance had
+	// spent unreported, often nothing (over the limit, its pools are
+	// mostly empty), and all of it is the oracle's ε. A machine that fell
+	// behind may not reap within the run: then the reaping is logged, not
+	// judged.
+	reaped := regexp.MustCompile(`live: isolated \S+ lease of \S+ reaped: ε ([0-9.]+) tokens`).FindAllStringSubmatch(log.String(), -1)
+	var logged float64
+	for _, m := range reaped {
+		v, _ := strconv.ParseFloat(m[1], 64)
+		logged += v
+	}
+	switch eps := out.Result.Conformance.CrashError; {
+	case math.Abs(eps-logged) > 0.1*float64(len(reaped))+1e-9:
+		t.Errorf("ε %v, but the isolated instance's reaped leases gave back %v unreported", eps, logged)
+	case len(reaped) == 0 && len(out.Warnings) == 0:
+		t.Errorf("no lease of the isolated instance was reaped in five lease TTLs")
+	case len(reaped) == 0:
+		t.Logf("no lease of the isolated instance reaped, the machine behind (%q): not judged", out.Warnings)
 	}
 }

@@ -3,6 +3,7 @@ package world
 import (
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 )
 
@@ -73,7 +74,8 @@ func (r *Region) settleIsolated(k *keyInfo) {
 		// Reaped only if it had expired: a record dropped before its
 		// expiry (superseded) gives nothing back.
 		if k.common[r.idx].Reclaim && r.redisUp && il.last.ExpiryUS <= r.redisNowUS() {
-			if eps := max(il.last.Unspent(), 0) - heldBy(il.in, k, il.last); eps > 0 {
+			st, _ := il.in.table.State(k.key)
+			if eps := max(il.last.Unspent(), 0) - HeldBy(st, il.last); eps > 0 {
 				r.w.orc.CrashError(r.w.dur(), k.id, eps)
 			}
 		}
@@ -85,11 +87,13 @@ func (r *Region) settleIsolated(k *keyInfo) {
 	r.isolated[k.id] = keep
 }
 
-// heldBy is what instance in holds unspent of the lease last of k: its pool
-// and returns, and what its unapplied report returns (or the last grant,
-// if that report was applied but its answer never reached the instance).
-func heldBy(in *Instance, k *keyInfo, last luascripts.LeaseRecord) float64 {
-	st, _ := in.table.State(k.key)
+// HeldBy is what an instance whose lease table reads st for a key holds
+// unspent of that key's lease last, as its region last stored it: its
+// pool and returns, and what its unapplied report returns (or the last
+// grant, if that report was applied but its answer never reached the
+// instance). What the region counts unspent beyond it, the instance
+// spent without the region knowing: ε once the region reaps the lease.
+func HeldBy(st lease.KeyState, last luascripts.LeaseRecord) float64 {
 	held := float64(st.Tokens + st.ToReturn)
 	if p := st.Pending; p != nil {
 		if p.GetSeq() > last.Seq {
