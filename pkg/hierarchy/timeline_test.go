@@ -144,9 +144,12 @@ func (s *sim) push(e *simEvent) {
 
 func (s *sim) wall(t int64) time.Time { return simBase.Add(time.Duration(t)) }
 
-func (s *sim) newAllocator(at int64) {
+// newAllocator is a process building its allocator at at, with lapsed as
+// the durable lapsed set, re-issuing up to the validities a change left in
+// play (s.prior, the learning floor).
+func (s *sim) newAllocator(at int64, lapsed []string) {
 	opts := s.opts
-	opts.Lapsed = s.store
+	opts.Lapsed = lapsed
 	opts.PriorValidity = max(s.prior, time.Duration(s.learnFloor-at))
 	a, err := NewAllocator(opts, s.wall(at))
 	if err != nil {
@@ -210,23 +213,9 @@ func (s *sim) changeValidity(v time.Duration) {
 		timelineCuts.Add(1)
 	}
 	s.opts.Validity = v
-	lapsed := s.lapsedNow()
 	s.prior = max(old, time.Duration(s.learnFloor-s.now))
-	opts := s.opts
-	opts.Lapsed = lapsed
-	opts.PriorValidity = s.prior
-	a, err := NewAllocator(opts, s.wall(s.now))
-	if err != nil {
-		s.t.Fatalf("NewAllocator(validity %v): %v", v, err)
-	}
-	for i, k := range s.keys {
-		if err := a.SetLimit(k, s.limits[i]); err != nil {
-			s.t.Fatalf("SetLimit: %v", err)
-		}
-	}
-	s.alloc = a
+	s.newAllocator(s.now, s.lapsedNow())
 	s.learnFloor = max(s.learnFloor, s.now+int64(old+s.opts.Epoch))
-	s.validCap = max(s.validCap, v, s.prior.Truncate(time.Millisecond))
 }
 
 func (s *sim) chance(p float64, label string) bool {
@@ -459,7 +448,7 @@ func (s *sim) step() {
 		// Either a standby with no state takes over, or this process
 		// regains leadership and must forget what it knew.
 		if rapid.Bool().Draw(s.t, "freshLeader") {
-			s.newAllocator(s.now)
+			s.newAllocator(s.now, s.store)
 		} else {
 			s.alloc.BecomeLeader(s.wall(s.now), s.store...)
 		}
@@ -620,7 +609,7 @@ func timeline(t *rapid.T) {
 			s.regions[r].demand[k] = genDemand(t, s.limits[k].Rate)
 		}
 	}
-	s.newAllocator(0)
+	s.newAllocator(0, s.store)
 
 	// Chaos phase.
 	s.faults = faults{
