@@ -57,12 +57,10 @@ func (c *capturedLogs) with(parts ...string) []string {
 	return out
 }
 
-// startHistoryLeader starts a global replica on etcd that leads with a
-// config source holding revA's config and then revB's (it ran both),
-// never the later revisions written to etcd: a leader that never saw them.
-func startHistoryLeader(t *testing.T, srv *etcdtest.Server, a, b *config.Config, revA, revB int64) (*Daemon, *capturedLogs) {
+// startReplica starts a global replica on srv's etcd with config source
+// src, keeping its log.
+func startReplica(t *testing.T, srv *etcdtest.Server, src ConfigSource) (*Daemon, *capturedLogs) {
 	t.Helper()
-	src := configtest.NewSource(a, revA)
 	logs := &capturedLogs{}
 	d, err := StartDaemon(context.Background(), DaemonOptions{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
@@ -73,13 +71,30 @@ func startHistoryLeader(t *testing.T, srv *etcdtest.Server, a, b *config.Config,
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Stop)
+	return d, logs
+}
+
+// awaitLeading waits for d to lead within the election's bound (SessionTTL
+// 1 s, retries).
+func awaitLeading(t *testing.T, d *Daemon, logs *capturedLogs) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !d.IsLeader() {
 		if time.Now().After(deadline) {
-			t.Fatal("the replica never led")
+			t.Fatalf("the replica never led:\n%s", strings.Join(logs.with(""), "\n"))
 		}
 		time.Sleep(5 * time.Millisecond) // polling the election with a deadline
 	}
+}
+
+// startHistoryLeader starts a global replica on etcd that leads with a
+// config source holding revA's config and then revB's (it ran both),
+// never the later revisions written to etcd: a leader that never saw them.
+func startHistoryLeader(t *testing.T, srv *etcdtest.Server, a, b *config.Config, revA, revB int64) (*Daemon, *capturedLogs) {
+	t.Helper()
+	src := configtest.NewSource(a, revA)
+	d, logs := startReplica(t, srv, src)
+	awaitLeading(t, d, logs)
 	src.Set(b, revB)
 	d.Service.step(time.Now())
 	d.Service.mu.Lock()
@@ -408,14 +423,6 @@ func applyAll(t *testing.T, store *configstore.Store, cfgs ...*config.Config) []
 // source holds live at rev (it never ran the revisions before).
 func startLiveLeader(t *testing.T, srv *etcdtest.Server, live *config.Config, rev int64) *Daemon {
 	t.Helper()
-	d, err := StartDaemon(context.Background(), DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
-		SessionTTL: time.Second, Config: configtest.NewSource(live, rev), DrainTimeout: 2 * time.Second,
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
+	d, _ := startReplica(t, srv, configtest.NewSource(live, rev))
 	return d
 }

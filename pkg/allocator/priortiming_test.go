@@ -1,8 +1,6 @@
 package allocator
 
 import (
-	"context"
-	"log/slog"
 	"math"
 	"strings"
 	"testing"
@@ -34,18 +32,11 @@ func TestFreshReplicaLearnsTheLongerValidityCommittedBeforeItStarted(t *testing.
 	short := parseConfig(t, loopConfig)
 	revs := applyAll(t, store, long, short)
 	started := time.Now()
-	d := startLiveLeader(t, srv, short, revs[1])
+	d, _ := startLoggedLeader(t, srv, short, revs[1])
 	s := d.Service
 	// The floor is counted from the replica's start, which came after the
 	// change was committed: a grant of the old validity ends before it.
 	floor := started.Add(3*time.Second + 200*time.Millisecond)
-	deadline := time.Now().Add(10 * time.Second) // the election's bound (SessionTTL 1 s, retries)
-	for !d.IsLeader() {
-		if time.Now().After(deadline) {
-			t.Fatal("the replica never led")
-		}
-		time.Sleep(5 * time.Millisecond) // polling the election with a deadline
-	}
 	// a holds 80/s of the 100/s key (its static share is 50/s) for 2.5 s
 	// more, issued under the old config.
 	now := time.Now()
@@ -74,27 +65,11 @@ func TestFreshReplicaLearnsTheLongerValidityCommittedBeforeItStarted(t *testing.
 }
 
 // startLoggedLeader starts a global replica on srv's etcd whose config
-// source holds live at rev, keeping its log, and waits for it to lead
-// within the election's bound.
+// source holds live at rev, keeping its log, and waits for it to lead.
 func startLoggedLeader(t *testing.T, srv *etcdtest.Server, live *config.Config, rev int64) (*Daemon, *capturedLogs) {
 	t.Helper()
-	logs := &capturedLogs{}
-	d, err := StartDaemon(context.Background(), DaemonOptions{
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", Etcd: srv.Client(t), Prefix: "/test",
-		SessionTTL: time.Second, Config: configtest.NewSource(live, rev), DrainTimeout: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
-	deadline := time.Now().Add(10 * time.Second) // the election's bound (SessionTTL 1 s, retries)
-	for !d.IsLeader() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the replica never led:\n%s", strings.Join(logs.with(""), "\n"))
-		}
-		time.Sleep(5 * time.Millisecond) // polling the election with a deadline
-	}
+	d, logs := startReplica(t, srv, configtest.NewSource(live, rev))
+	awaitLeading(t, d, logs)
 	return d, logs
 }
 
