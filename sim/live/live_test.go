@@ -33,11 +33,7 @@ func TestLiveCrashPassesTheOracle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log strings.Builder
-	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 100 * time.Second}, Scale: 3, Log: &log})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
+	out, log := playLive(t, sc, 100*time.Second, 3)
 	if out.Mode != "live" || out.Result.Offered == 0 || out.Counters.Events == 0 {
 		t.Fatalf("nothing was decided: %+v", out.Counters)
 	}
@@ -65,7 +61,19 @@ func TestLiveCrashPassesTheOracle(t *testing.T) {
 	if !out.InvariantsHold() {
 		t.Logf("%s", log.String())
 	}
-	judgeGrants(t, out.Result, &log)
+	judgeGrants(t, out.Result, log)
+}
+
+// playLive runs sc live for dur of scenario time at scale, failing the
+// test with the run's log when it cannot run; the log is returned.
+func playLive(t *testing.T, sc *scenario.Scenario, dur time.Duration, scale float64) (*runner.Outcome, *strings.Builder) {
+	t.Helper()
+	var log strings.Builder
+	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: dur}, Scale: scale, Log: &log})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	return out, &log
 }
 
 // judgeGrants fails a run in which the global tier sent grants and the
@@ -114,11 +122,7 @@ func TestLiveLeaderLossAndEtcdOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log strings.Builder
-	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 125 * time.Second}, Scale: 3, Log: &log})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
+	out, log := playLive(t, sc, 125*time.Second, 3)
 	if len(out.Result.Faults) != 3 {
 		t.Fatalf("faults %+v, want three", out.Result.Faults)
 	}
@@ -138,7 +142,7 @@ func TestLiveLeaderLossAndEtcdOutage(t *testing.T) {
 	if !out.InvariantsHold() || testing.Verbose() {
 		t.Logf("%s", log.String())
 	}
-	judgeGrants(t, out.Result, &log)
+	judgeGrants(t, out.Result, log)
 }
 
 func TestScaleConfig(t *testing.T) {
@@ -231,11 +235,7 @@ func TestLivePlaysDrainAndRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log strings.Builder
-	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 90 * time.Second}, Scale: 6, Log: &log})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
+	out, log := playLive(t, sc, 90*time.Second, 6)
 	var notes []string
 	for _, n := range out.Result.Notes {
 		notes = append(notes, n.Text)
@@ -322,11 +322,7 @@ func TestLivePlaysRegionDown(t *testing.T) {
 	// busy one under the race detector more than the 15 s (about 4 s of
 	// real time) an earlier version allowed.
 	const euBack, usersBack, apBack, dur = 75 * time.Second, 80 * time.Second, 90 * time.Second, 120 * time.Second
-	var log strings.Builder
-	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: dur}, Scale: 4, Log: &log})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
+	out, log := playLive(t, sc, dur, 4)
 	defer func() {
 		if t.Failed() || testing.Verbose() {
 			t.Logf("%s", log.String())
@@ -351,7 +347,7 @@ func TestLivePlaysRegionDown(t *testing.T) {
 			t.Errorf("%s: %s (target %s)", c.Name, c.Value, c.Target)
 		}
 	}
-	judgeGrants(t, res, &log)
+	judgeGrants(t, res, log)
 
 	// What the oracle counted for acme/read, second by second.
 	cfg := sc.Config
@@ -469,11 +465,7 @@ func TestLivePlaysRetries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log strings.Builder
-	out, err := Run(context.Background(), sc, Options{Options: runner.Options{Duration: 85 * time.Second}, Scale: 4, Log: &log})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
+	out, log := playLive(t, sc, 85*time.Second, 4)
 	defer func() {
 		if t.Failed() || testing.Verbose() {
 			t.Logf("%s", log.String())
