@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 )
@@ -132,18 +132,6 @@ func writeFile(t *testing.T, name, content string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 func sample(t *testing.T) string { return writeFile(t, "sample.yaml", string(config.SampleYAML())) }
@@ -672,7 +660,7 @@ func TestEnvironmentSuppliesGlobalFlags(t *testing.T) {
 }
 
 func TestUnreachableEtcdAndUsageErrors(t *testing.T) {
-	dead := closedAddr(t)
+	dead := grpctest.RefusedAddr(t)
 	r := sluicectl(t, "", "-etcd-endpoints", dead, "-timeout", "300ms", "get")
 	wantCode(t, r, exitUnreachable)
 	wantContains(t, "stderr", r.stderr, dead, "check -etcd-endpoints")

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/grpctest"
 )
 
 // campaign enters an etcd election under key as a daemon does, with value
@@ -57,13 +58,13 @@ func TestStatusWithoutGlobalAllocatorShowsEtcdLeadersAndExits5(t *testing.T) {
 	election := c.store.ElectionPrefix()
 	// Leader values are addresses where nothing listens, so asking the
 	// leader fails fast.
-	globalLeader, globalStandby := closedAddr(t), closedAddr(t)
+	globalLeader, globalStandby := grpctest.RefusedAddr(t), grpctest.RefusedAddr(t)
 	campaign(t, c.cli, election+"global", globalLeader)
 	campaign(t, c.cli, election+"global", globalStandby)
 	campaign(t, c.cli, election+"region/us-east", "10.1.0.7:7400")
 	campaign(t, c.cli, election+"region/mars", "10.9.0.1:7400")
 
-	dead := closedAddr(t)
+	dead := grpctest.RefusedAddr(t)
 	r := sluicectl(t, "", c.args("status", "-global-addr", dead)...)
 	wantCode(t, r, exitUnreachable)
 	wantContains(t, "stdout", r.stdout, "global leader:", globalLeader, "2 candidates")
@@ -112,7 +113,7 @@ func TestStatusWithNoGlobalLeaderAndNoAddressExits5(t *testing.T) {
 // unknown because etcd could not be read, not that etcd shows no global
 // leader (it was never read).
 func TestStatusWithEtcdUnreachableSaysTheGlobalLeaderIsUnknown(t *testing.T) {
-	dead := closedAddr(t)
+	dead := grpctest.RefusedAddr(t)
 	r := sluicectl(t, "", "-etcd-endpoints", dead, "-timeout", "1s", "status")
 	wantCode(t, r, exitUnreachable)
 	wantContains(t, "stderr", r.stderr, "cannot use etcd at", "the global leader is unknown because etcd could not be read", "-global-addr")
@@ -266,7 +267,7 @@ func TestStatusTextShowsRegionStates(t *testing.T) {
 func TestStatusWithTheGlobalLeaderDownSpeaksToTheOperator(t *testing.T) {
 	c := newCluster(t)
 	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
-	gone := closedAddr(t)
+	gone := grpctest.RefusedAddr(t)
 	campaign(t, c.cli, c.store.ElectionPrefix()+"global", gone)
 	for _, tc := range []struct {
 		name string
@@ -330,7 +331,7 @@ func TestStatusReportsARefusedStoredConfig(t *testing.T) {
 	if _, err := c.cli.Put(t.Context(), c.store.TenantKey("t7"), "not json"); err != nil {
 		t.Fatal(err)
 	}
-	r := sluicectl(t, "", c.args("status", "-global-addr", closedAddr(t))...)
+	r := sluicectl(t, "", c.args("status", "-global-addr", grpctest.RefusedAddr(t))...)
 	wantCode(t, r, exitInvalid)
 	wantContains(t, "stdout", r.stdout, "config:", "REFUSED")
 	wantRow(t, r.stdout, "us-east", "10.1.0.7:7400", "1")

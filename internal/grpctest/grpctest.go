@@ -2,7 +2,9 @@ package grpctest
 
 import (
 	"net"
+	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -22,16 +24,30 @@ func Serve(tb testing.TB, srv *grpc.Server) string {
 }
 
 // RefusedAddr is a loopback address nothing listens on: a dial to it is
-// refused at once, as a region that is down.
+// refused at once, as a region that is down. The port stays bound (a
+// socket bound without listening, which the kernel answers with a reset)
+// until tb ends, so no other test's listener can be given it meanwhile:
+// a port picked and freed could be handed to a server started by a
+// parallel test, which would then answer.
 func RefusedAddr(tb testing.TB) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		tb.Fatal(err)
+		tb.Fatalf("refused address: socket: %v", err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	tb.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		tb.Fatalf("refused address: bind: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		tb.Fatalf("refused address: getsockname: %v", err)
+	}
+	in4, ok := sa.(*syscall.SockaddrInet4)
+	if !ok {
+		tb.Fatalf("refused address: bound to %T", sa)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(in4.Port))
 }
 
 // SilentAddr is a loopback address that accepts connections and never
