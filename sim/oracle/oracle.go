@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -424,11 +425,40 @@ func (o *Oracle) checkKey(k int) {
 		o.res.Bursts.MaxRatio = ratio
 	}
 	if sumR > key.Rate*(1+relTol)+slack {
-		o.res.Rates.note(o.now, key.Key, sumR, key.Rate)
+		if o.res.Rates.note(o.now, key.Key, sumR, key.Rate) {
+			o.res.Rates.FirstParts = o.parts(k)
+		}
 	}
 	if sumB > key.Burst*(1+relTol)+slack {
-		o.res.Bursts.note(o.now, key.Key, sumB, key.Burst)
+		if o.res.Bursts.note(o.now, key.Key, sumB, key.Burst) {
+			o.res.Bursts.FirstParts = o.parts(k)
+		}
 	}
+}
+
+// parts says what each region may use of key k now and why (rateAt's
+// cases), for the report of a violation of invariant 2 or 3.
+func (o *Oracle) parts(k int) string {
+	ks := &o.keys[k]
+	var b strings.Builder
+	for r := 0; r < o.nr; r++ {
+		if r > 0 {
+			b.WriteString(", ")
+		}
+		rate, burst := o.rateAt(k, r, o.now)
+		fmt.Fprintf(&b, "%s %.4g/s burst %.4g", o.s.Regions[r].Name, rate, burst)
+		switch g := &ks.grants[r]; {
+		case o.down[r]:
+			b.WriteString(" (Redis down)")
+		case g.has && o.now < g.expiry:
+			fmt.Fprintf(&b, " (grant until %v)", g.expiry.Round(time.Millisecond))
+		case o.now < o.staticUntil[r]:
+			fmt.Fprintf(&b, " (static share, lease until %v)", o.staticUntil[r].Round(time.Millisecond))
+		default:
+			b.WriteString(" (floor)")
+		}
+	}
+	return b.String()
 }
 
 // armExpiry schedules a check at the earliest grant expiry of key k still

@@ -132,13 +132,19 @@ type SumCheck struct {
 	FirstKey   string
 	FirstSum   float64
 	FirstLimit float64
+	// FirstParts is what each region could use of the first violation's
+	// key at that instant, and why (a grant, its static share, its floor).
+	FirstParts string
 }
 
-func (s *SumCheck) note(t time.Duration, k quota.Key, sum, limit float64) {
+// note counts a violation and says whether it was the first.
+func (s *SumCheck) note(t time.Duration, k quota.Key, sum, limit float64) bool {
 	s.Violations++
 	if s.Violations == 1 {
 		s.FirstAt, s.FirstKey, s.FirstSum, s.FirstLimit = t, k.String(), sum, limit
+		return true
 	}
+	return false
 }
 
 // Convergence after demand shifts of contended keys.

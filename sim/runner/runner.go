@@ -194,7 +194,7 @@ func Evaluate(sc *scenario.Scenario, r *oracle.Result) []Check {
 	sum := func(s oracle.SumCheck) string {
 		v := fmt.Sprintf("%d violations in %d checks; max Σ/limit %.6f", s.Violations, s.Checks, s.MaxRatio)
 		if s.Violations > 0 {
-			v += fmt.Sprintf("; first %s at %v (%.4f > %.4f)", s.FirstKey, s.FirstAt.Round(time.Millisecond), s.FirstSum, s.FirstLimit)
+			v += fmt.Sprintf("; first %s at %v (%.4f > %.4f: %s)", s.FirstKey, s.FirstAt.Round(time.Millisecond), s.FirstSum, s.FirstLimit, s.FirstParts)
 		}
 		return v
 	}
