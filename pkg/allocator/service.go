@@ -218,9 +218,9 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 		timing:         timing{epoch: opts.Epoch, validity: opts.Validity, alpha: opts.DemandAlpha, regionLease: opts.RegionLease},
 		keys:           make(map[quota.Key]time.Time),
 		lastReport:     make(map[string]time.Time),
-		conf:           regionsync.NewConfirmations(),
 		held:           map[int64]*config.Config{revisionOf(o.config, cfg): cfg},
 	}
+	s.conf = regionsync.NewConfirmations(s.holdsLocked)
 	s.checkFailoverLocked(cfg)
 	return s, nil
 }
@@ -344,6 +344,14 @@ func (s *Service) setLimitsLocked() {
 			s.log.Error("limit from the new config refused by the allocator; keeping the old one", "key", k, "error", err)
 		}
 	}
+}
+
+// holdsLocked says whether this replica holds the config of revision rev
+// (the live one, or one read back): only such a revision is confirmed to
+// the regions (regionsync.NewConfirmations). s.mu is held.
+func (s *Service) holdsLocked(rev int64) bool {
+	_, ok := s.held[rev]
+	return ok
 }
 
 // limitLocked is l with the static share the allocator must assume for each
@@ -597,7 +605,7 @@ func (s *Service) promote(term uint64, deadline time.Time, lapsed []string) bool
 	s.pages.clear()
 	// What regions reported to an earlier term may predate confirmations
 	// another leader issued since.
-	s.conf = regionsync.NewConfirmations()
+	s.conf = regionsync.NewConfirmations(s.holdsLocked)
 	s.sh.idleSince = time.Time{} // an earlier leader may have granted
 	s.sh.outSince = time.Time{}
 	s.pruneHeldLocked()

@@ -292,11 +292,21 @@ type Confirmations struct {
 	reported  map[string][]int64 // region -> its latest report's config_revisions
 	confirmed int64
 	known     bool
+	// holds says whether the global tier holds a revision's config; nil:
+	// every revision. Only a held revision is confirmed.
+	holds func(rev int64) bool
 }
 
-// NewConfirmations starts with nothing confirmed.
-func NewConfirmations() *Confirmations {
-	return &Confirmations{reported: map[string][]int64{}}
+// NewConfirmations starts with nothing confirmed. holds (optional) says
+// whether the global tier holds the config of a revision: only such a
+// revision is confirmed. A region raises its share on the confirmation at
+// once, and the global tier sizes the others' grants with the region's
+// share under the revisions it holds; confirming a revision whose config
+// it does not hold (its watch behind the regions', or a config read back
+// from etcd not landed yet) would let a restored region run its share
+// beside grants that counted it at its floor.
+func NewConfirmations(holds func(rev int64) bool) *Confirmations {
+	return &Confirmations{reported: map[string][]int64{}, holds: holds}
 }
 
 // Observe records region's latest config_revisions (at most MaxConfigs;
@@ -352,6 +362,9 @@ func (c *Confirmations) Confirm(regions []string) (rev int64, ok bool) {
 			continue
 		}
 		common = slices.DeleteFunc(common, func(x int64) bool { return !slices.Contains(revs, x) })
+	}
+	if c.holds != nil {
+		common = slices.DeleteFunc(common, func(x int64) bool { return !c.holds(x) })
 	}
 	if first || len(common) == 0 {
 		return c.confirmed, c.known

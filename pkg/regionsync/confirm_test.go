@@ -52,7 +52,7 @@ func share(t interface{ Fatalf(string, ...any) }, c Chain, region string) (float
 func TestChainRaisesOnlyAfterConfirmation(t *testing.T) {
 	old := chainConfig(t, [3]float64{1, 1, 2}, 100, 100) // us 50/s, eu 25/s
 	grown := chainConfig(t, [3]float64{1, 2, 1}, 100, 100)
-	conf := NewConfirmations()
+	conf := NewConfirmations(nil)
 	eu, us, ap := NewChain(10, old), NewChain(10, old), NewChain(10, old)
 	eu = eu.Adopt(20, grown) // eu adopts the change; us is cut off from etcd
 	if r, _ := share(t, eu, "eu"); r > 25.0001 {
@@ -121,7 +121,7 @@ func chainNeverOversubscribes(t *rapid.T) {
 	for i := range chains {
 		chains[i] = NewChain(1, cfgs[0])
 	}
-	conf := NewConfirmations()
+	conf := NewConfirmations(nil)
 	var inflight []struct {
 		region int
 		rev    int64
@@ -317,7 +317,7 @@ func TestChainFullOfSkippedRevisionsConfirmsTheNewest(t *testing.T) {
 	}
 	ap := NewChain(1, cfgs[1]).Adopt(3, cfgs[3])
 	us := NewChain(1, cfgs[1])
-	conf := NewConfirmations()
+	conf := NewConfirmations(nil)
 	chains := map[string]*Chain{"ap": &ap, "eu": &eu, "us": &us}
 	for range 2 {
 		for _, name := range chainRegions {
@@ -342,7 +342,7 @@ func TestChainFullOfSkippedRevisionsConfirmsTheNewest(t *testing.T) {
 // one on, and the largest under any held config for a region never heard
 // from or reporting none held.
 func TestConfirmationsObserveAndReserve(t *testing.T) {
-	conf := NewConfirmations()
+	conf := NewConfirmations(nil)
 	for _, c := range []struct {
 		region string
 		revs   []int64
@@ -375,7 +375,7 @@ func TestConfirmationsObserveAndReserve(t *testing.T) {
 		r, _ := ShareUnder(cfgs[rev], append(region, "eu")[0], chainKey)
 		return r
 	}
-	conf = NewConfirmations()
+	conf = NewConfirmations(nil)
 	conf.Observe("eu", []int64{10, 20, 40})
 	if r, _ := conf.Reserve(cfgs, "eu", chainKey); r != under(10) {
 		t.Errorf("reserve %v with nothing confirmed, want the smallest held, %v", r, under(10))
@@ -405,7 +405,7 @@ func TestConfirmationsObserveAndReserve(t *testing.T) {
 // confirmed once every region reports it, and a later revision every
 // region reports replaces it.
 func TestConfirmationsOfAStaticConfig(t *testing.T) {
-	conf := NewConfirmations()
+	conf := NewConfirmations(nil)
 	for _, r := range chainRegions {
 		conf.Observe(r, []int64{0})
 	}
@@ -424,7 +424,7 @@ func TestConfirmationsOfAStaticConfig(t *testing.T) {
 // share no revision confirm nothing new: the last confirmed revision
 // stays, and with none there is none.
 func TestConfirmationsWithNoCommonRevision(t *testing.T) {
-	conf := NewConfirmations()
+	conf := NewConfirmations(nil)
 	for i, r := range chainRegions {
 		conf.Observe(r, []int64{int64(i + 1)})
 	}
@@ -528,7 +528,7 @@ func TestReserveTakesRateAndBurstEachOnTheirOwn(t *testing.T) {
 	if !(r20 < r10 && b10 < b20) {
 		t.Fatalf("eu's shares 10: %v/%v, 20: %v/%v; want the smaller rate under 20 and the smaller burst under 10", r10, b10, r20, b20)
 	}
-	conf := NewConfirmations()
+	conf := NewConfirmations(nil)
 	conf.Observe("eu", []int64{10, 20})
 	if r, b := conf.Reserve(cfgs, "eu", chainKey); r != r20 || b != b10 {
 		t.Errorf("reserve of a region holding both: %v/%v, want %v/%v (the smallest of each)", r, b, r20, b10)
@@ -562,7 +562,7 @@ func TestUnheldIsWhatReserveWouldTakeAndLacks(t *testing.T) {
 		20: chainConfig(t, [3]float64{1, 2, 1}, 100, 100), // eu 50/s
 	}
 	x := chainConfig(t, [3]float64{1, 3, 1}, 100, 100) // eu 60/s
-	conf := NewConfirmations()
+	conf := NewConfirmations(nil)
 	if got := conf.Unheld(cfgs, "eu"); got != nil {
 		t.Fatalf("unheld %v for a region never heard from, want none", got)
 	}
@@ -596,7 +596,7 @@ func TestUnheldIsWhatReserveWouldTakeAndLacks(t *testing.T) {
 // TestUnheldFromTheFirstEtcdRevision: every etcd revision (from 1) of a
 // report that is not held is listed; 0, a static config, never is.
 func TestUnheldFromTheFirstEtcdRevision(t *testing.T) {
-	conf := NewConfirmations()
+	conf := NewConfirmations(nil)
 	conf.Observe("eu", []int64{0, 1, 2})
 	if got := conf.Unheld(map[int64]*config.Config{2: chainConfig(t, [3]float64{1, 1, 1}, 100, 100)}, "eu"); !slices.Equal(got, []int64{1}) {
 		t.Fatalf("unheld %v, want [1]", got)
@@ -609,4 +609,26 @@ func TestUnheldFromTheFirstEtcdRevision(t *testing.T) {
 func FuzzChainNeverOversubscribes(f *testing.F) {
 	rapidfuzz.AddSeeds(f, 32, 1<<16)
 	f.Fuzz(rapid.MakeFuzz(chainNeverOversubscribes))
+}
+
+// TestConfirmsOnlyAHeldRevision: a revision every region reported is
+// confirmed only once the global tier holds its config; until then the
+// newest held one they share is.
+func TestConfirmsOnlyAHeldRevision(t *testing.T) {
+	held := map[int64]bool{1: true}
+	conf := NewConfirmations(func(rev int64) bool { return held[rev] })
+	regions := []string{"a", "b"}
+	conf.Observe("a", []int64{1, 2})
+	conf.Observe("b", []int64{1, 2})
+	if rev, ok := conf.Confirm(regions); !ok || rev != 1 {
+		t.Fatalf("revision 2 not held: confirmed %d (%v), want 1", rev, ok)
+	}
+	held[2] = true
+	if rev, ok := conf.Confirm(regions); !ok || rev != 2 {
+		t.Fatalf("revision 2 held: confirmed %d (%v), want 2", rev, ok)
+	}
+	delete(held, 2)
+	if rev, ok := conf.Confirm(regions); !ok || rev != 2 {
+		t.Fatalf("a confirmation never goes back: confirmed %d (%v), want 2", rev, ok)
+	}
 }

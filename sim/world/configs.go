@@ -187,7 +187,8 @@ func (n *GlobalNode) configView() *nodeConfig {
 	if nc == nil || nc.alloc != n.alloc {
 		// A fresh process (boot): its allocator runs the scenario's config.
 		nc = &nodeConfig{alloc: n.alloc, base: map[int]hierarchy.KeyLimit{}, applied: w.cfg, appliedRev: 0,
-			held: map[int64]*config.Config{0: w.cfg}, conf: regionsync.NewConfirmations()}
+			held: map[int64]*config.Config{0: w.cfg}}
+		nc.conf = regionsync.NewConfirmations(func(rev int64) bool { _, ok := nc.held[rev]; return ok })
 		w.configs.nodes[n] = nc
 		for _, r := range w.cfg.Regions {
 			if r.Drained {
