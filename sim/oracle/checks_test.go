@@ -50,6 +50,9 @@ func TestSumCheckFiguresAndExpiryChecks(t *testing.T) {
 		r.Rates.FirstKey != "t/c" || r.Bursts.Violations != 0 {
 		t.Fatalf("rates %+v bursts %+v", r.Rates, r.Bursts)
 	}
+	if want := "a 60/s burst 90 (grant until 20s), b 50/s burst 100 (static share)"; r.Rates.FirstParts != want {
+		t.Fatalf("first violation's parts %q, want %q", r.Rates.FirstParts, want)
+	}
 }
 
 // TestExpiryCheckedOnceWhenAnEarlierOneIsArmedLater: a grant ending

@@ -452,6 +452,8 @@ func (o *Oracle) parts(k int) string {
 			b.WriteString(" (Redis down)")
 		case g.has && o.now < g.expiry:
 			fmt.Fprintf(&b, " (grant until %v)", g.expiry.Round(time.Millisecond))
+		case o.staticUntil[r] == math.MaxInt64:
+			b.WriteString(" (static share)")
 		case o.now < o.staticUntil[r]:
 			fmt.Fprintf(&b, " (static share, lease until %v)", o.staticUntil[r].Round(time.Millisecond))
 		default:
