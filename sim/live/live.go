@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/redisproc"
 	"github.com/sluicehq/sluice/pkg/allocator"
@@ -148,6 +149,9 @@ type deployment struct {
 
 	grantMu sync.Mutex            // guards rec while it is nil, early, byReplica, replicaRegion, told and staticEnd
 	early   map[[2]int]earlyGrant // grants applied before recording began
+	// seen is the grant each (region, key) was last known to hold: applied
+	// (OnApplied) or echoed by a report (reportedHeld). Guarded by grantMu.
+	seen map[[2]int]earlyGrant
 	// staticEnd is, by region index, the largest end of its static lease
 	// its leaders stored (Redis time, µs; static.go).
 	staticEnd map[int]int64
@@ -272,7 +276,7 @@ func (d *deployment) start(ctx context.Context) error {
 		OnStaticLease:      d.staticStored,
 		AllowEmbeddedRedis: true, Logger: d.logger,
 		WrapGlobal: func(region string, next regional.GlobalTier) regional.GlobalTier {
-			return &faultyTier{next: next, f: faults[region]}
+			return &faultyTier{next: next, f: faults[region], sending: func(r *sluicev1.RegionReport) { d.reportedHeld(idx[region], r) }}
 		},
 		OnApplied: func(region string, k quota.Key, rate, burst float64, expiryUS int64) {
 			if key, ok := d.keyID[k]; ok {

@@ -2,6 +2,7 @@ package live
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"google.golang.org/grpc"
@@ -9,8 +10,10 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/sim/oracle"
 )
 
@@ -75,14 +78,61 @@ type earlyGrant struct {
 func (d *deployment) grantApplied(region, key int, rate, burst float64, expiryUS int64) {
 	d.grantMu.Lock()
 	defer d.grantMu.Unlock()
+	d.noteGrantLocked(region, key, earlyGrant{rate, burst, expiryUS})
+}
+
+// reportedHeld is told every report region's leader sends, before the
+// global tier sees it. A report echoes what the region's Redis holds of
+// each key's grant, read just before it: a grant set_rate applied whose
+// answer the leader never got (a call that timed out on a starved
+// machine after Redis ran it) has no OnApplied, and the oracle would go
+// on counting the grant it replaced, up to that one's expiry, beside the
+// capacity the global tier moves once this report acknowledges the new
+// one. A held grant the oracle was not told is recorded here, ending
+// at the latest it can (now plus what was left at the read); the global
+// tier acts on the report only after.
+func (d *deployment) reportedHeld(region int, r *sluicev1.RegionReport) {
+	now := time.Now()
+	d.grantMu.Lock()
+	defer d.grantMu.Unlock()
+	for _, kd := range r.GetKeys() {
+		if kd.GetHeldValidMs() <= 0 {
+			continue
+		}
+		key, ok := d.keyID[quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}]
+		if !ok {
+			continue
+		}
+		held := earlyGrant{kd.GetHeldRate(), kd.GetHeldBurst(), now.Add(time.Duration(kd.GetHeldValidMs()) * time.Millisecond).UnixMicro()}
+		// The grant the oracle already counts: its expiry stands (the echo's
+		// is later by the time from the read to now).
+		if last, ok := d.seen[[2]int{region, key}]; ok && sameValue(last.rate, held.rate) && sameValue(last.burst, held.burst) &&
+			last.expiryUS > now.UnixMicro() {
+			continue
+		}
+		d.noteGrantLocked(region, key, held)
+	}
+}
+
+// sameValue: a rate or burst read back from Redis is the one applied, up
+// to its decimal round trip.
+func sameValue(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(math.Abs(a), math.Abs(b)) }
+
+// noteGrantLocked records that region holds grant g of key; the caller
+// holds grantMu.
+func (d *deployment) noteGrantLocked(region, key int, g earlyGrant) {
+	if d.seen == nil {
+		d.seen = map[[2]int]earlyGrant{}
+	}
+	d.seen[[2]int{region, key}] = g
 	if d.rec == nil {
 		if d.early == nil {
 			d.early = map[[2]int]earlyGrant{}
 		}
-		d.early[[2]int{region, key}] = earlyGrant{rate, burst, expiryUS}
+		d.early[[2]int{region, key}] = g
 		return
 	}
-	d.recordGrantLocked(region, key, earlyGrant{rate, burst, expiryUS})
+	d.recordGrantLocked(region, key, g)
 }
 
 func (d *deployment) recordGrantLocked(region, key int, g earlyGrant) {

@@ -40,9 +40,15 @@ type tierFaults struct {
 type faultyTier struct {
 	next regional.GlobalTier
 	f    *tierFaults
+	// sending, optional, sees every report the region leader sends,
+	// before anything is done to it.
+	sending func(r *sluicev1.RegionReport)
 }
 
 func (ft *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	if ft.sending != nil {
+		ft.sending(r)
+	}
 	f := ft.f
 	f.mu.Lock()
 	cut, delay, replay := f.partitioned, f.delay, f.replay
