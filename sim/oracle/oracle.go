@@ -367,18 +367,35 @@ func (o *Oracle) Advance(t time.Duration) {
 // --- Invariants 2 and 3. ---
 
 func (o *Oracle) rateAt(k, r int, t time.Duration) (rate, burst float64) {
+	rate, burst, _ = o.rateFrom(k, r, t)
+	return rate, burst
+}
+
+// rateSource is what gives a region its rate and burst at an instant.
+type rateSource int8
+
+const (
+	fromDown   rateSource = iota // its Redis is down: nothing refills
+	fromGrant                    // a grant still valid
+	fromStatic                   // its static share, under its static lease
+	fromFloor                    // its floor, off its static lease
+)
+
+// rateFrom is region r's rate and burst cap for key k at t, and where they
+// come from.
+func (o *Oracle) rateFrom(k, r int, t time.Duration) (rate, burst float64, src rateSource) {
 	if o.down[r] {
-		return 0, 0
+		return 0, 0, fromDown
 	}
 	ks := &o.keys[k]
 	g := &ks.grants[r]
 	if g.has && t < g.expiry {
-		return g.rate, g.burst
+		return g.rate, g.burst, fromGrant
 	}
 	if t < o.staticUntil[r] {
-		return ks.static[r].rate, ks.static[r].burst
+		return ks.static[r].rate, ks.static[r].burst, fromStatic
 	}
-	return ks.floor[r].rate, ks.floor[r].burst
+	return ks.floor[r].rate, ks.floor[r].burst, fromFloor
 }
 
 // StaticLease records that region may run on its static shares until
@@ -436,8 +453,8 @@ func (o *Oracle) checkKey(k int) {
 	}
 }
 
-// parts says what each region may use of key k now and why (rateAt's
-// cases), for the report of a violation of invariant 2 or 3.
+// parts says what each region may use of key k now and where it comes from
+// (rateFrom), for the report of a violation of invariant 2 or 3.
 func (o *Oracle) parts(k int) string {
 	ks := &o.keys[k]
 	var b strings.Builder
@@ -445,17 +462,19 @@ func (o *Oracle) parts(k int) string {
 		if r > 0 {
 			b.WriteString(", ")
 		}
-		rate, burst := o.rateAt(k, r, o.now)
+		rate, burst, src := o.rateFrom(k, r, o.now)
 		fmt.Fprintf(&b, "%s %.4g/s burst %.4g", o.s.Regions[r].Name, rate, burst)
-		switch g := &ks.grants[r]; {
-		case o.down[r]:
+		switch src {
+		case fromDown:
 			b.WriteString(" (Redis down)")
-		case g.has && o.now < g.expiry:
-			fmt.Fprintf(&b, " (grant until %v)", g.expiry.Round(time.Millisecond))
-		case o.staticUntil[r] == math.MaxInt64:
-			b.WriteString(" (static share)")
-		case o.now < o.staticUntil[r]:
-			fmt.Fprintf(&b, " (static share, lease until %v)", o.staticUntil[r].Round(time.Millisecond))
+		case fromGrant:
+			fmt.Fprintf(&b, " (grant until %v)", ks.grants[r].expiry.Round(time.Millisecond))
+		case fromStatic:
+			if o.staticUntil[r] == math.MaxInt64 {
+				b.WriteString(" (static share)")
+			} else {
+				fmt.Fprintf(&b, " (static share, lease until %v)", o.staticUntil[r].Round(time.Millisecond))
+			}
 		default:
 			b.WriteString(" (floor)")
 		}
