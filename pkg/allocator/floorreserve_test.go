@@ -46,8 +46,8 @@ func TestFloorReserveFromTheConfirmedRevisionOn(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if rev, known := s.conf.Confirm(configRegions(s.applied)); !known || rev != 6 {
-			t.Fatalf("confirmed revision %d (known %v), want 6", rev, known)
+		if rev, known := s.conf.Assumed(); !known || rev != 6 {
+			t.Fatalf("assumed revision %d (known %v), want 6", rev, known)
 		}
 		v := s.View(time.Now())
 		var got []float64
@@ -177,11 +177,11 @@ func TestDrainPendingUntilTheRegionReportsTheDrain(t *testing.T) {
 			}
 		}
 		s.mu.Lock()
-		confirmed, known := s.conf.Confirm(configRegions(s.applied))
+		assumed, known := s.conf.Assumed()
 		_, held7 := s.held[7]
 		s.mu.Unlock()
-		if !known || confirmed != 6 || !held7 {
-			t.Fatalf("confirmed %d (known %v), 7 held %v: want 6 confirmed and 7 held", confirmed, known, held7)
+		if !known || assumed != 6 || !held7 {
+			t.Fatalf("assumed %d (known %v), 7 held %v: want 6 assumed and 7 held", assumed, known, held7)
 		}
 		if pending(s) {
 			t.Fatal("b reported the confirmed revision, which drains it: drain pending")

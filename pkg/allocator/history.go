@@ -304,6 +304,7 @@ func (s *Service) learnPriorTiming(ctx context.Context) error {
 	}
 	s.alloc = a
 	s.learnFloor = later(s.learnFloor, floor)
+	s.oldGrantsEnd = later(s.oldGrantsEnd, floor)
 	s.setLimitsLocked()
 	s.log.Info("a config committed before this replica started had a longer grant validity; learning until its grants can have ended",
 		"grant_validity", validity, "live_grant_validity", s.timing.validity, "learning_until_at_least", s.learnFloor)
@@ -369,15 +370,15 @@ func (s *Service) goneLocked(rev int64) {
 }
 
 // holdLocked holds cfg, read back from etcd, as the config of rev unless
-// it is held already or bounds nothing (older than the confirmed
+// it is held already or bounds nothing (older than the assumed
 // revision, or pruned at once), and brings every key's reserve in line.
 // It reports whether cfg is held now. s.mu is held.
 func (s *Service) holdLocked(now time.Time, rev int64, cfg *config.Config) bool {
 	if _, held := s.held[rev]; held {
 		return false
 	}
-	if confirmed, known := s.conf.Confirm(configRegions(s.applied)); known && rev < confirmed {
-		return false // confirmed past while it was read: it bounds nothing now
+	if assumed, known := s.conf.Assumed(); known && rev < assumed {
+		return false // assumed past while it was read: it bounds nothing now
 	}
 	s.held[rev] = cfg
 	s.pruneHeldLocked()

@@ -127,14 +127,19 @@ type Service struct {
 	// SetLimit calls and its Report are one step, and the allocator can
 	// be swapped when the config changes its timing.
 	mu         sync.Mutex
-	alloc      *hierarchy.Allocator    // guarded by mu
-	applied    *config.Config          // guarded by mu: the config alloc was last brought in line with
-	appliedRev int64                   // guarded by mu: applied's revision
-	timing     timing                  // guarded by mu: alloc's epoch, validity, alpha and region lease
-	learnFloor time.Time               // guarded by mu: learning lasts at least until then
-	keys       map[quota.Key]time.Time // guarded by mu: last time a report or an answer named the key
-	keysPeak   shrink.Peak             // guarded by mu: keys' high-water mark
-	lastReport map[string]time.Time    // guarded by mu: region -> its last accepted report
+	alloc      *hierarchy.Allocator // guarded by mu
+	applied    *config.Config       // guarded by mu: the config alloc was last brought in line with
+	appliedRev int64                // guarded by mu: applied's revision
+	timing     timing               // guarded by mu: alloc's epoch, validity, alpha and region lease
+	learnFloor time.Time            // guarded by mu: learning lasts at least until then
+	// oldGrantsEnd: grants an earlier allocator issued with a longer
+	// validity (before a config shortened it, or committed before this
+	// replica started) have ended by then. Guarded by mu. A confirmation
+	// of a config revision waits for it (advanceLocked).
+	oldGrantsEnd time.Time
+	keys         map[quota.Key]time.Time // guarded by mu: last time a report or an answer named the key
+	keysPeak     shrink.Peak             // guarded by mu: keys' high-water mark
+	lastReport   map[string]time.Time    // guarded by mu: region -> its last accepted report
 	// conf tracks the config revisions regions report and the revision
 	// confirmed to them (regionsync's make-before-break of static shares);
 	// held are the configs of revisions still in play, by revision, the
@@ -295,6 +300,7 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		// allocator's own learning period; one old epoch more covers a
 		// previous leader that saw the change later than this replica.
 		s.learnFloor = later(s.learnFloor, now.Add(s.timing.validity+s.timing.epoch))
+		s.oldGrantsEnd = later(s.oldGrantsEnd, now.Add(s.timing.validity+s.timing.epoch))
 		// The new allocator learns for one new validity too: a raised
 		// validity keeps regions at their static shares that long, since
 		// a previous leader that applied the change first may have issued
@@ -346,6 +352,27 @@ func (s *Service) setLimitsLocked() {
 	}
 }
 
+// advanceLocked moves the two-step confirmation of config revisions on
+// at now (regionsync.Confirmations.Advance): a revision every region
+// reported is assumed at once and confirmed once every grant sized before
+// has ended, one validity and epoch later and not before the grants of an
+// earlier allocator with a longer validity end (oldGrantsEnd). It reports whether the assumed or
+// the confirmed revision moved. s.mu is held.
+func (s *Service) advanceLocked(now time.Time) bool {
+	assumed, assumedKnown := s.conf.Assumed()
+	before, beforeKnown := s.conf.Confirmed()
+	after, known := s.conf.Advance(now, configRegions(s.applied), s.timing.validity+s.timing.epoch, s.oldGrantsEnd)
+	if after != before || known != beforeKnown {
+		s.log.Info("config revision confirmed to the regions", "revision", after)
+	}
+	a, aKnown := s.conf.Assumed()
+	if a != assumed || aKnown != assumedKnown {
+		s.log.Info("every region reported a config revision; counting their shares under it until it is confirmed",
+			"revision", a, "confirm_after", s.timing.validity+s.timing.epoch)
+	}
+	return after != before || known != beforeKnown || a != assumed || aKnown != assumedKnown
+}
+
 // holdsLocked says whether this replica holds the config of revision rev
 // (the live one, or one read back): only such a revision is confirmed to
 // the regions (regionsync.NewConfirmations). s.mu is held.
@@ -366,10 +393,10 @@ func (s *Service) limitLocked(k quota.Key, l hierarchy.KeyLimit) hierarchy.KeyLi
 	names := configRegions(s.applied)
 	l.StaticRate, l.StaticBurst = make([]float64, len(names)), make([]float64, len(names))
 	l.FloorRate, l.FloorBurst = make([]float64, len(names)), make([]float64, len(names))
-	confirmed, known := s.conf.Confirm(names)
+	from, known := s.conf.Assumed()
 	for i, name := range names {
 		l.StaticRate[i], l.StaticBurst[i] = s.conf.Reserve(s.held, name, k)
-		l.FloorRate[i], l.FloorBurst[i] = s.floorReserveLocked(name, k, confirmed, known)
+		l.FloorRate[i], l.FloorBurst[i] = s.floorReserveLocked(name, k, from, known)
 	}
 	return l
 }
@@ -378,15 +405,15 @@ func (s *Service) limitLocked(k quota.Key, l hierarchy.KeyLimit) hierarchy.KeyLi
 // without a static lease while more than one config is in play: the
 // region's floor is the smallest under the configs it honours (see
 // regionsync's Chain), so, as Confirmations.Reserve does for the static
-// share, the smallest floor under its reported revisions from the
-// confirmed one on, or, when none of them is held, the largest under any
-// held config. s.mu is held.
-func (s *Service) floorReserveLocked(region string, k quota.Key, confirmed int64, known bool) (rate, burst float64) {
+// share, the smallest floor under its reported revisions from the assumed
+// one (from, when known) on, or, when none of them is held, the largest
+// under any held config. s.mu is held.
+func (s *Service) floorReserveLocked(region string, k quota.Key, from int64, known bool) (rate, burst float64) {
 	found := false
 	if revs, heard := s.conf.Reported(region); heard {
 		for _, rev := range revs {
 			cfg, held := s.held[rev]
-			if !held || (known && rev < confirmed) {
+			if !held || (known && rev < from) {
 				continue
 			}
 			r, b := floorUnder(cfg, region, k)
@@ -443,14 +470,14 @@ func (s *Service) lapsedSetLocked() []string {
 const maxHeldConfigs = 2 * regionsync.MaxConfigs
 
 // pruneHeldLocked keeps the live config and those of revisions some region
-// still reports from the confirmed one on, at most maxHeldConfigs (the
+// still reports from the assumed one on (Reserve takes no older one), at most maxHeldConfigs (the
 // newest). Over that bound, those held only because a region not heard
 // from may run them (the configs read back at election, history.go) go
 // first: a revision a region reports bounds that region's reserve, and
 // dropping it would leave the region reserved only the largest share
 // under the others. s.mu is held.
 func (s *Service) pruneHeldLocked() {
-	confirmed, known := s.conf.Confirm(configRegions(s.applied))
+	from, known := s.conf.Assumed()
 	reported := func(rev int64) bool {
 		for name := range s.applied.Regions {
 			if revs, _ := s.conf.Reported(name); slices.Contains(revs, rev) {
@@ -463,7 +490,7 @@ func (s *Service) pruneHeldLocked() {
 		if rev == s.appliedRev {
 			return true
 		}
-		if known && rev < confirmed {
+		if known && rev < from {
 			return false
 		}
 		if reported(rev) {
@@ -752,11 +779,8 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 			rep.Region, hierarchy.ErrStaleReport, rep.Seq, last)
 	}
 	s.ensureLearningLocked(now)
-	before, beforeKnown := s.conf.Confirm(configRegions(cfg))
-	if s.conf.Observe(rep.Region, revisions) {
-		if after, known := s.conf.Confirm(configRegions(cfg)); after != before || known != beforeKnown {
-			s.log.Info("config revision confirmed to the regions", "revision", after)
-		}
+	observed := s.conf.Observe(rep.Region, revisions)
+	if s.advanceLocked(now) || observed {
 		nHeld := len(s.held)
 		s.pruneHeldLocked()
 		if nHeld > 1 || len(s.held) > 1 {
@@ -765,7 +789,9 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 			s.setLimitsLocked()
 		}
 		// A region running an older shard map keeps this shard learning.
-		s.ensureLearningLocked(now)
+		if observed {
+			s.ensureLearningLocked(now)
+		}
 	}
 	// A revision this replica never held is read from etcd in the
 	// background (history.go); this report is answered under the configs
@@ -802,7 +828,7 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 	s.hub.nudge(s.alloc.TakeNudges())
 	out := regionsync.EncodeGrants(rep, grants, s.alloc.Learning(now), s.alloc.Epoch(), s.alloc.ReportAgain(rep.Region))
 	out.StaticLeaseMs = ans.StaticLease.Milliseconds()
-	out.ConfirmedRevision, out.ConfirmedKnown = s.conf.Confirm(configRegions(cfg))
+	out.ConfirmedRevision, out.ConfirmedKnown = s.conf.Confirmed()
 	var sum float64
 	for _, g := range grants {
 		s.keys[g.Key] = now
@@ -914,7 +940,7 @@ func classFloors(cfg *config.Config) []*sluicev1.ClassFloor {
 // static share the allocator reserves for it is still one under a config
 // that does not: as Confirmations.Reserve takes it (used while more than
 // one config is in play), the smallest share under the revisions region
-// reported from the confirmed one on, or, when none of them is held, the
+// reported from the assumed one on, or, when none of them is held, the
 // largest under any held config. A region absent from a config has no
 // share there, as if drained. s.mu is held.
 func (s *Service) drainPendingLocked(region string) bool {
@@ -925,12 +951,12 @@ func (s *Service) drainPendingLocked(region string) bool {
 		r, ok := cfg.Regions[region]
 		return !ok || r.Drained
 	}
-	confirmed, known := s.conf.Confirm(configRegions(s.applied))
+	from, known := s.conf.Assumed()
 	found := false
 	if revs, heard := s.conf.Reported(region); heard {
 		for _, rev := range revs {
 			cfg, held := s.held[rev]
-			if !held || (known && rev < confirmed) {
+			if !held || (known && rev < from) {
 				continue
 			}
 			if drains(cfg) {

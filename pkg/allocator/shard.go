@@ -128,7 +128,7 @@ func (s *Service) reshardLearningLocked(now time.Time) {
 		}
 	}
 	if sh.resharding {
-		if confirmed, known := s.conf.Confirm(names); known && confirmed >= sh.mapSince {
+		if confirmed, known := s.conf.Assumed(); known && confirmed >= sh.mapSince {
 			sh.resharding = false
 			s.log.Info("every region runs the new shard count; learning for one more grant validity",
 				"shard", sh.index, "shards", n, "revision", confirmed)

@@ -2,6 +2,7 @@ package regional_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -34,11 +35,70 @@ regions: {eu: {weight: 1}, us: {weight: 1, drained: %v}}
 classes: {%s}
 tiers: {free: {%s}}
 default_tier: free
-`, drained, classes, limits))
+`+confirmTiming, drained, classes, limits))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// confirmTiming is the epoch and grant validity of the configs of the
+// tests that go through confirmations: the global tier confirms a revision
+// one validity and epoch after every region reported it, 300 ms here.
+const confirmTiming = "epoch: 50ms\ngrant_validity: 250ms\n"
+
+// storedConfirmed is the revision r's leader stored as confirmed to the
+// region (-1: none).
+func storedConfirmed(ctx context.Context, t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	v, err := rdb.Get(ctx, luascripts.DefaultPrefix+"confirmed").Int64()
+	if errors.Is(err, redis.Nil) {
+		return -1
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// untilConfirmed calls round, one epoch of cfg apart, until each of rdbs
+// holds rev as the revision confirmed to its region: the global tier
+// confirms a revision one grant validity and one epoch after every region
+// reported it (docs/architecture.md, "Static shares that change: make
+// before break"). It fails after 50 such waits.
+func untilConfirmed(ctx context.Context, t *testing.T, cfg *config.Config, rev int64, round func(), rdbs ...*redis.Client) {
+	t.Helper()
+	wait := time.Duration(cfg.Epoch + cfg.GrantValidity)
+	deadline := time.Now().Add(50 * wait)
+	for {
+		round()
+		done := true
+		for _, rdb := range rdbs {
+			done = done && storedConfirmed(ctx, t, rdb) == rev
+		}
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("revision %d not confirmed to every region within %v (50 times the validity and epoch)", rev, 50*wait)
+		}
+		time.Sleep(time.Duration(cfg.Epoch))
+	}
+}
+
+// syncUntilConfirmed has regions report in turn, round after round, until
+// each stored rev as confirmed to it (untilConfirmed).
+func syncUntilConfirmed(ctx context.Context, t *testing.T, cfg *config.Config, rev int64, regions ...*leadRegion) {
+	t.Helper()
+	rdbs := make([]*redis.Client, len(regions))
+	for i, r := range regions {
+		rdbs[i] = r.rdb
+	}
+	untilConfirmed(ctx, t, cfg, rev, func() {
+		for _, r := range regions {
+			r.sync(ctx, t)
+		}
+	}, rdbs...)
 }
 
 // leadRegion is one region of the test: its config source, its
@@ -159,7 +219,10 @@ func TestNewClassUsedBeforeItsConfirmationStartsFull(t *testing.T) {
 		}
 		step()
 	}
-	eu.sync(ctx, t) // the confirmation of revision 20 reaches eu
+	if b := eu.staticBurst(t, hourly); b != 0 {
+		t.Fatalf("eu's static burst of the new class once every region reported it %v, want 0 until it is confirmed", b)
+	}
+	syncUntilConfirmed(ctx, t, added, 20, eu, us)
 	if b := eu.staticBurst(t, hourly); b != 50 {
 		t.Fatalf("eu's static burst of the new class after confirmation %v, want 50", b)
 	}
@@ -213,8 +276,10 @@ func TestDrainedRegionComesBackWithoutABurst(t *testing.T) {
 	us.src.Set(restored, 20)
 	eu.sync(ctx, t)
 	us.sync(ctx, t)
-	eu.sync(ctx, t)
-	us.sync(ctx, t) // the restore is confirmed to us
+	if b := us.staticBurst(t, hourly); b != 0 {
+		t.Fatalf("us's static burst once every region reported the restore %v, want its floor 0 until it is confirmed", b)
+	}
+	syncUntilConfirmed(ctx, t, restored, 20, eu, us)
 	if b := us.staticBurst(t, hourly); b != 50 {
 		t.Fatalf("restored us's static burst %v, want 50", b)
 	}

@@ -189,6 +189,8 @@ func TestRestartOntoARaisedWeightWaitsForEveryRegion(t *testing.T) {
 	r.check(t, "us adopted its smaller weight", 50, 25)
 	r.us.sync(ctx, t) // every region reported B now
 	r.syncEU(ctx, t)
+	r.check(t, "every region reported B, not confirmed yet", 50, 25)
+	untilConfirmed(ctx, t, grown, revB, func() { r.syncEU(ctx, t); r.us.sync(ctx, t) }, r.euRedis, r.us.rdb)
 	r.check(t, "the global tier confirmed revision B", 75, 25)
 }
 
@@ -258,8 +260,10 @@ func TestRestartBoundedByAConfirmationNotYetStored(t *testing.T) {
 	stop()
 	r.globalSrc.Set(z, revZ)
 	r.us.src.Set(z, revZ)
-	r.syncEU(ctx, t)  // eu reports A and Z
-	r.us.sync(ctx, t) // us too: Z is confirmed, and us stores it
+	r.syncEU(ctx, t) // eu reports A and Z
+	// us too: Z is confirmed once grants sized before have ended, and us
+	// stores it.
+	untilConfirmed(ctx, t, z, revZ, func() { r.us.sync(ctx, t) }, r.us.rdb)
 	r.check(t, "Z confirmed; eu not told yet", 25, 75)
 	if v, err := r.euRedis.Get(ctx, luascripts.DefaultPrefix+"confirmed").Int64(); err != nil || v != revA {
 		t.Fatalf("eu stored confirmed revision %v (%v), want A = %d", v, err, revA)
@@ -277,7 +281,6 @@ func TestRestartBoundedByAConfirmationNotYetStored(t *testing.T) {
 	r.check(t, "eu restarted onto C with Z confirmed", 25, 75)
 
 	r.us.src.Set(c, revC)
-	r.us.sync(ctx, t)
-	r.syncEU(ctx, t)
+	untilConfirmed(ctx, t, c, revC, func() { r.us.sync(ctx, t); r.syncEU(ctx, t) }, r.euRedis, r.us.rdb)
 	r.check(t, "the global tier confirmed revision C", 75, 25)
 }

@@ -53,7 +53,7 @@ regions: {eu: {weight: %g}, us: {weight: %g}}
 classes: {write: {mode: lease}}
 tiers: {free: {write: {rate: 100/s, burst: 100}}}
 default_tier: free
-`, eu, us))
+`+confirmTiming, eu, us))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,6 +109,8 @@ func TestWeightRaiseWaitsForEveryRegion(t *testing.T) {
 	check("us adopted its smaller weight", 50, 25)
 	sync("us") // every region has reported revision 20 now
 	sync("eu")
+	check("every region reported revision 20, not confirmed yet", 50, 25)
+	syncUntilConfirmed(ctx, t, grown, 20, regions["eu"], regions["us"])
 	check("the global tier confirmed revision 20", 75, 25)
 }
 
@@ -154,9 +156,7 @@ func TestLeaderStoresTheConfirmedRevisionForItsReplicas(t *testing.T) {
 	for _, name := range []string{"eu", "us"} {
 		regions[name].src.Set(grown, 20)
 	}
-	sync("eu")
-	sync("us")
-	sync("eu")
+	syncUntilConfirmed(ctx, t, grown, 20, regions["eu"], regions["us"])
 	for _, name := range []string{"eu", "us"} {
 		if got := stored(name); got != "20" {
 			t.Fatalf("%s stored confirmed revision %s, want 20", name, got)

@@ -214,7 +214,7 @@ regions: {eu: {weight: 1}, us: {weight: 1, drained: %v}}
 classes: {hourly: {mode: lease, partition_share: 0.5}}
 tiers: {free: {hourly: {rate: 100/h, burst: 100}}}
 default_tier: free
-`, drained))
+`+confirmTiming, drained))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func TestDrainLiftedRaisesTheRise(t *testing.T) {
 
 	writeConfig(globalSrc, regions, restored, 20)
 	usBefore := redisNow(t, us.rdb)
-	syncRounds(ctx, t, regions)
+	syncUntilConfirmed(ctx, t, restored, 20, eu, us)
 	usAfter := redisNow(t, us.rdb)
 	c := commonOf(t, us.srv, restored, hourlyKey)
 	if c.StaticBurst != 50 {
@@ -331,7 +331,7 @@ func TestDrainLiftedWhoseRiseWriteFailsStillRises(t *testing.T) {
 	us.rdb.AddHook(failRiseWrites{})
 	writeConfig(globalSrc, regions, restored, 20)
 	usBefore := redisNow(t, us.rdb)
-	syncRounds(ctx, t, regions)
+	syncUntilConfirmed(ctx, t, restored, 20, regions["eu"], us)
 	if got, err := us.rdb.Get(ctx, "sl:confirmed").Result(); err != nil || got != "20" {
 		t.Fatalf("stored confirmed revision %q (%v), want 20 despite the failed rise write", got, err)
 	}
@@ -362,13 +362,13 @@ func TestKeyIdleAcrossADrainComesBackAtItsFloor(t *testing.T) {
 		t.Fatalf("before the drain: granted %d of 1", g.GetGranted())
 	}
 	writeConfig(globalSrc, regions, drained, 20)
-	syncRounds(ctx, t, regions)
+	syncUntilConfirmed(ctx, t, drained, 20, regions["eu"], us)
 	if b := us.staticBurst(t, hourlyKey); b != 25 {
 		t.Fatalf("drained us's burst %v, want its floor 25", b)
 	}
 	start := time.Now()
 	writeConfig(globalSrc, regions, restored, 30)
-	syncRounds(ctx, t, regions)
+	syncUntilConfirmed(ctx, t, restored, 30, regions["eu"], us)
 	if b := us.staticBurst(t, hourlyKey); b != 50 {
 		t.Fatalf("restored us's burst %v, want 50", b)
 	}
@@ -427,7 +427,7 @@ regions: {eu: {weight: %g}, us: {weight: %g}}
 classes: {hourly: {mode: lease, partition_share: 1}}
 tiers: {free: {hourly: {rate: 100/h, burst: 100}}}
 default_tier: free
-`, eu, us))
+`+confirmTiming, eu, us))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,7 +460,7 @@ func TestWeightRaiseCreditsTheOldShareBeforeIt(t *testing.T) {
 	before := redisNow(t, eu.rdb)
 	start := time.Now()
 	writeConfig(globalSrc, regions, grown, 20)
-	syncRounds(ctx, t, regions)
+	syncUntilConfirmed(ctx, t, grown, 20, eu, regions["us"])
 	c := commonOf(t, eu.srv, grown, hourlyKey)
 	if c.StaticBurst != 75 {
 		t.Fatalf("eu's burst %v once the raise was confirmed, want 75", c.StaticBurst)

@@ -3,6 +3,7 @@ package regionsync
 import (
 	"math"
 	"slices"
+	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -286,25 +287,49 @@ func ShareUnder(cfg *config.Config, region string, k quota.Key) (rate, burst flo
 }
 
 // Confirmations is the global tier's side: the revisions each region last
-// reported, and the confirmed revision they make. Not safe for concurrent
-// use.
+// reported, the revision it counts every region's share under, and the
+// revision it confirmed. Not safe for concurrent use.
+//
+// A confirmation goes in two steps (docs/architecture.md, "Static shares
+// that change: make before break"). A region raises its static share the
+// moment it learns of a confirmation, and a region holding no grant of a
+// key (none issued, or its set_rate lost) runs that share at once. So
+// from the moment every region reports a revision the global tier holds,
+// it counts each region at its share under that revision and the later
+// ones it reported (Assumed, Reserve), and it confirms the revision only
+// once every grant sized before that moment has ended: one validity and
+// epoch later (Advance). Confirming at once sized the others' grants with
+// a restored region at its floor while the region already ran its share.
 type Confirmations struct {
 	reported  map[string][]int64 // region -> its latest report's config_revisions
 	confirmed int64
 	known     bool
+	// assumed is the newest revision every counted region reported and
+	// the global tier held at some Advance: from then on each region is
+	// counted at its share under it (Reserve). Never decreases.
+	assumed      int64
+	assumedKnown bool
+	// pending are the assumed revisions not confirmed yet, oldest first,
+	// with when each was first assumed; at most MaxConfigs.
+	pending []pendingRevision
 	// holds says whether the global tier holds a revision's config; nil:
-	// every revision. Only a held revision is confirmed.
+	// every revision. Only a held revision is assumed and confirmed.
 	holds func(rev int64) bool
+}
+
+type pendingRevision struct {
+	rev   int64
+	since time.Time
 }
 
 // NewConfirmations starts with nothing confirmed. holds (optional) says
 // whether the global tier holds the config of a revision: only such a
-// revision is confirmed. A region raises its share on the confirmation at
-// once, and the global tier sizes the others' grants with the region's
-// share under the revisions it holds; confirming a revision whose config
-// it does not hold (its watch behind the regions', or a config read back
-// from etcd not landed yet) would let a restored region run its share
-// beside grants that counted it at its floor.
+// revision is assumed and confirmed. A region raises its share on the
+// confirmation at once, and the global tier sizes the others' grants with
+// the region's share under the revisions it holds; confirming a revision
+// whose config it does not hold (its watch behind the regions', or a
+// config read back from etcd not landed yet) would let a restored region
+// run its share beside grants that counted it at its floor.
 func NewConfirmations(holds func(rev int64) bool) *Confirmations {
 	return &Confirmations{reported: map[string][]int64{}, holds: holds}
 }
@@ -342,54 +367,120 @@ func (c *Confirmations) Reported(region string) ([]int64, bool) {
 // they stop counting.
 func Counted(region string) bool { return true }
 
-// Confirm is the confirmed revision for the configured regions: the
-// newest revision every counted region has among its latest reported
-// revisions, never older than one confirmed before (ok false while there
-// is none: some counted region never reported, or they share no revision).
-func (c *Confirmations) Confirm(regions []string) (rev int64, ok bool) {
-	var common []int64
+// common is the revisions every counted region of regions has among its
+// latest reported revisions and whose config is held (ok false while some
+// counted region never reported).
+func (c *Confirmations) common(regions []string) (revs []int64, ok bool) {
 	first := true
 	for _, r := range regions {
 		if !Counted(r) {
 			continue
 		}
-		revs, heard := c.reported[r]
+		reported, heard := c.reported[r]
 		if !heard {
-			return c.confirmed, c.known
+			return nil, false
 		}
 		if first {
-			common, first = slices.Clone(revs), false
+			revs, first = slices.Clone(reported), false
 			continue
 		}
-		common = slices.DeleteFunc(common, func(x int64) bool { return !slices.Contains(revs, x) })
+		revs = slices.DeleteFunc(revs, func(x int64) bool { return !slices.Contains(reported, x) })
 	}
 	if c.holds != nil {
-		common = slices.DeleteFunc(common, func(x int64) bool { return !c.holds(x) })
+		revs = slices.DeleteFunc(revs, func(x int64) bool { return !c.holds(x) })
 	}
-	if first || len(common) == 0 {
+	return revs, !first
+}
+
+// Advance moves the two steps of a confirmation on at now, for the
+// configured regions, and returns the confirmed revision (ok false while
+// there is none). The newest revision every counted region has among its
+// latest reported revisions, held by the global tier, is assumed from now
+// on (Assumed, Reserve). An assumed revision is confirmed once it has been
+// assumed for wait and now is not before notBefore, or at once when every
+// counted region reports it as the revision last confirmed to it (the
+// first of its revisions: the confirmation changes no region's share), if
+// every counted region still reports it; the newest such one wins, and the
+// confirmed revision never goes back.
+//
+// wait must cover every grant issued before the revision was assumed: the
+// grant validity (the longest any grant still in force was issued with)
+// plus an epoch for clock rates. notBefore is when grants an earlier
+// allocator issued, perhaps with a longer validity, have surely ended
+// (zero: none). With wait 0 and a zero notBefore a revision is confirmed
+// the moment every region reports it.
+func (c *Confirmations) Advance(now time.Time, regions []string, wait time.Duration, notBefore time.Time) (rev int64, ok bool) {
+	common, heard := c.common(regions)
+	if !heard || len(common) == 0 {
 		return c.confirmed, c.known
 	}
-	best := slices.Max(common)
-	if !c.known || best > c.confirmed {
-		c.confirmed, c.known = best, true
+	if best := slices.Max(common); (!c.assumedKnown || best > c.assumed) && (!c.known || best > c.confirmed) {
+		c.assumed, c.assumedKnown = best, true
+		c.pending = append(c.pending, pendingRevision{rev: best, since: now})
+		if len(c.pending) > MaxConfigs {
+			c.pending = slices.Delete(c.pending, 0, len(c.pending)-MaxConfigs)
+		}
+	}
+	settled := !now.Before(notBefore)
+	for i := len(c.pending) - 1; i >= 0; i-- {
+		p := c.pending[i]
+		if !slices.Contains(common, p.rev) || !(settled && now.Sub(p.since) >= wait || c.confirmedByAll(regions, p.rev)) {
+			continue
+		}
+		if !c.known || p.rev > c.confirmed {
+			c.confirmed, c.known = p.rev, true
+		}
+		c.pending = slices.Delete(c.pending, 0, i+1)
+		break
 	}
 	return c.confirmed, c.known
 }
 
+// confirmedByAll says whether every counted region reports rev first, as
+// the revision last confirmed to it (Chain.Reported): confirming it again
+// changes no region's chain, so it needs no wait (a leader that just took
+// over, regions on one config).
+func (c *Confirmations) confirmedByAll(regions []string, rev int64) bool {
+	for _, r := range regions {
+		if revs := c.reported[r]; Counted(r) && (len(revs) == 0 || revs[0] != rev) {
+			return false
+		}
+	}
+	return true
+}
+
+// Confirmed is the confirmed revision as the last Advance left it (ok
+// false while there is none).
+func (c *Confirmations) Confirmed() (rev int64, ok bool) { return c.confirmed, c.known }
+
+// Assumed is the revision from which the global tier counts each region's
+// static share (Reserve): the newest one every region reported and the
+// global tier held at some Advance, confirmed or still waiting; never
+// older than the confirmed one (ok false while there is none).
+func (c *Confirmations) Assumed() (rev int64, ok bool) {
+	if c.known && (!c.assumedKnown || c.confirmed > c.assumed) {
+		return c.confirmed, true
+	}
+	return c.assumed, c.assumedKnown
+}
+
 // Reserve is what the global tier must assume a region may use as its
-// static share of k: the smallest share under the region's reported
-// revisions from the confirmed one on (it keeps them all until a later
-// confirmation), taking only revisions whose config cfgs holds. A region
+// static share of k, now and until any grant issued now ends: the
+// smallest share under the region's reported revisions from the assumed
+// one on (it keeps them all until a later confirmation, and the assumed
+// one may be confirmed while such a grant runs), taking only revisions
+// whose config cfgs holds. A region
 // never heard from, or none of whose revisions are held, may run any
 // config: the largest share under any held config. cfgs must hold at
 // least one config.
 func (c *Confirmations) Reserve(cfgs map[int64]*config.Config, region string, k quota.Key) (rate, burst float64) {
 	revs, heard := c.reported[region]
+	from, fromKnown := c.Assumed()
 	found := false
 	if heard {
 		for _, rev := range revs {
 			cfg, held := cfgs[rev]
-			if !held || (c.known && rev < c.confirmed) {
+			if !held || (fromKnown && rev < from) {
 				continue
 			}
 			r, b := ShareUnder(cfg, region, k)
@@ -412,7 +503,7 @@ func (c *Confirmations) Reserve(cfgs map[int64]*config.Config, region string, k 
 
 // Unheld is the revisions of region's latest report that Reserve would
 // take were their configs in cfgs, and which cfgs lacks: etcd revisions
-// (> 0) not older than the confirmed one, oldest first. While they are
+// (> 0) not older than the assumed one, oldest first. While they are
 // not held, region's reserve is the smallest share under its held
 // revisions, or, with none held, the largest share under any held
 // config, which can be below its share under the revision it runs; the
@@ -420,8 +511,9 @@ func (c *Confirmations) Reserve(cfgs map[int64]*config.Config, region string, k 
 // shares that change: make before break").
 func (c *Confirmations) Unheld(cfgs map[int64]*config.Config, region string) []int64 {
 	var out []int64
+	from, fromKnown := c.Assumed()
 	for _, rev := range c.reported[region] {
-		if _, held := cfgs[rev]; held || rev <= 0 || (c.known && rev < c.confirmed) {
+		if _, held := cfgs[rev]; held || rev <= 0 || (fromKnown && rev < from) {
 			continue
 		}
 		out = append(out, rev)

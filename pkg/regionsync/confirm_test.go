@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -64,7 +65,7 @@ func TestChainRaisesOnlyAfterConfirmation(t *testing.T) {
 		return c
 	}
 	eu, us, ap = report("eu", eu), report("us", us), report("ap", ap)
-	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 10 {
+	if rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); !ok || rev != 10 {
 		t.Fatalf("confirmed %v %v, want 10", rev, ok)
 	}
 	eu = eu.Confirm(10)
@@ -76,11 +77,11 @@ func TestChainRaisesOnlyAfterConfirmation(t *testing.T) {
 	if r, _ := share(t, us, "us"); r > 25.0001 {
 		t.Fatalf("us kept %v after adopting a smaller weight", r)
 	}
-	if rev, _ := conf.Confirm(chainRegions); rev != 10 {
+	if rev, _ := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); rev != 10 {
 		t.Fatalf("confirmed %v before us reported the new revision", rev)
 	}
 	us = report("us", us)
-	if rev, _ := conf.Confirm(chainRegions); rev != 20 {
+	if rev, _ := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); rev != 20 {
 		t.Fatalf("confirmed %v, want 20", rev)
 	}
 	eu = eu.Confirm(20)
@@ -169,7 +170,7 @@ func chainNeverOversubscribes(t *rapid.T) {
 				continue
 			}
 			conf.Observe(chainRegions[i], revs)
-			rev, ok := conf.Confirm(chainRegions)
+			rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{})
 			if ok && rev > newest {
 				newest = rev
 			}
@@ -207,7 +208,7 @@ func chainNeverOversubscribes(t *rapid.T) {
 			chains[i] = c
 			conf.Observe(chainRegions[i], revs)
 		}
-		rev, _ := conf.Confirm(chainRegions)
+		rev, _ := conf.Advance(time.Time{}, chainRegions, 0, time.Time{})
 		for i := range chains {
 			chains[i] = chains[i].Confirm(rev)
 		}
@@ -325,12 +326,12 @@ func TestChainFullOfSkippedRevisionsConfirmsTheNewest(t *testing.T) {
 			*chains[name] = c
 			conf.Observe(name, revs)
 		}
-		rev, _ := conf.Confirm(chainRegions)
+		rev, _ := conf.Advance(time.Time{}, chainRegions, 0, time.Time{})
 		for _, name := range chainRegions {
 			*chains[name] = chains[name].Confirm(rev)
 		}
 	}
-	if rev, _ := conf.Confirm(chainRegions); rev != 12 || eu.Len() != 1 || eu.Confirmed() != 12 {
+	if rev, _ := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); rev != 12 || eu.Len() != 1 || eu.Confirmed() != 12 {
 		t.Fatalf("every region runs revision 12: confirmed %d, eu's chain %d configs from %d", rev, eu.Len(), eu.Confirmed())
 	}
 }
@@ -385,7 +386,7 @@ func TestConfirmationsObserveAndReserve(t *testing.T) {
 	}
 	conf.Observe("us", []int64{10, 20})
 	conf.Observe("ap", []int64{20})
-	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 20 {
+	if rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); !ok || rev != 20 {
 		t.Fatalf("confirmed %d %v, want 20", rev, ok)
 	}
 	if r, _ := conf.Reserve(cfgs, "eu", chainKey); r != under(20) {
@@ -396,7 +397,7 @@ func TestConfirmationsObserveAndReserve(t *testing.T) {
 		t.Errorf("reserve %v for a region running only a config not held, want the largest", r)
 	}
 	conf.Observe("ap", []int64{10})
-	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 20 {
+	if rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); !ok || rev != 20 {
 		t.Fatalf("confirmed %d %v after the regions share only an older revision, want 20 kept", rev, ok)
 	}
 }
@@ -409,13 +410,13 @@ func TestConfirmationsOfAStaticConfig(t *testing.T) {
 	for _, r := range chainRegions {
 		conf.Observe(r, []int64{0})
 	}
-	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 0 {
+	if rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); !ok || rev != 0 {
 		t.Fatalf("confirmed %d %v, want revision 0", rev, ok)
 	}
 	for _, r := range chainRegions {
 		conf.Observe(r, []int64{0, 5})
 	}
-	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 5 {
+	if rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); !ok || rev != 5 {
 		t.Fatalf("confirmed %d %v, want 5", rev, ok)
 	}
 }
@@ -428,19 +429,19 @@ func TestConfirmationsWithNoCommonRevision(t *testing.T) {
 	for i, r := range chainRegions {
 		conf.Observe(r, []int64{int64(i + 1)})
 	}
-	if rev, ok := conf.Confirm(chainRegions); ok || rev != 0 {
+	if rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); ok || rev != 0 {
 		t.Fatalf("confirmed %d %v with no revision in common, want none", rev, ok)
 	}
 	for _, r := range chainRegions {
 		conf.Observe(r, []int64{4})
 	}
-	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 4 {
+	if rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); !ok || rev != 4 {
 		t.Fatalf("confirmed %d %v, want 4", rev, ok)
 	}
 	for i, r := range chainRegions {
 		conf.Observe(r, []int64{int64(i + 5)})
 	}
-	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 4 {
+	if rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); !ok || rev != 4 {
 		t.Fatalf("confirmed %d %v with no revision in common, want 4 kept", rev, ok)
 	}
 }
@@ -585,7 +586,7 @@ func TestUnheldIsWhatReserveWouldTakeAndLacks(t *testing.T) {
 	for _, region := range chainRegions {
 		conf.Observe(region, []int64{15, 20, 40})
 	}
-	if rev, ok := conf.Confirm(chainRegions); !ok || rev != 40 {
+	if rev, ok := conf.Advance(time.Time{}, chainRegions, 0, time.Time{}); !ok || rev != 40 {
 		t.Fatalf("confirmed %d %v, want 40", rev, ok)
 	}
 	if got := conf.Unheld(cfgs, "eu"); !slices.Equal(got, []int64{40}) {
@@ -620,15 +621,69 @@ func TestConfirmsOnlyAHeldRevision(t *testing.T) {
 	regions := []string{"a", "b"}
 	conf.Observe("a", []int64{1, 2})
 	conf.Observe("b", []int64{1, 2})
-	if rev, ok := conf.Confirm(regions); !ok || rev != 1 {
+	if rev, ok := conf.Advance(time.Time{}, regions, 0, time.Time{}); !ok || rev != 1 {
 		t.Fatalf("revision 2 not held: confirmed %d (%v), want 1", rev, ok)
 	}
 	held[2] = true
-	if rev, ok := conf.Confirm(regions); !ok || rev != 2 {
+	if rev, ok := conf.Advance(time.Time{}, regions, 0, time.Time{}); !ok || rev != 2 {
 		t.Fatalf("revision 2 held: confirmed %d (%v), want 2", rev, ok)
 	}
 	delete(held, 2)
-	if rev, ok := conf.Confirm(regions); !ok || rev != 2 {
+	if rev, ok := conf.Advance(time.Time{}, regions, 0, time.Time{}); !ok || rev != 2 {
 		t.Fatalf("a confirmation never goes back: confirmed %d (%v), want 2", rev, ok)
 	}
+}
+
+// TestConfirmationWaitsForGrantsSizedBefore: a revision every region
+// reported is assumed at once (Reserve counts each region at its share
+// under it) and confirmed only once it has been assumed for the wait and
+// the grants of an earlier allocator have ended; a revision every region
+// already reports as confirmed to it is confirmed at once; an older
+// assumed revision whose wait ended is confirmed while a newer one waits.
+func TestConfirmationWaitsForGrantsSizedBefore(t *testing.T) {
+	drained := chainConfig(t, [3]float64{1, 1, 2}, 100, 100) // eu 25/s
+	grown := chainConfig(t, [3]float64{1, 2, 1}, 100, 100)   // eu 50/s
+	cfgs := map[int64]*config.Config{10: drained, 20: grown, 30: grown}
+	const wait = time.Second
+	t0 := time.Unix(1000, 0)
+	conf := NewConfirmations(nil)
+	report := func(revs ...int64) {
+		for _, r := range chainRegions {
+			conf.Observe(r, revs)
+		}
+	}
+	step := func(at time.Duration, notBefore time.Time, wantRev int64, wantOK bool, wantAssumed int64) {
+		t.Helper()
+		rev, ok := conf.Advance(t0.Add(at), chainRegions, wait, notBefore)
+		if rev != wantRev || ok != wantOK {
+			t.Fatalf("at %v: confirmed %d (%v), want %d (%v)", at, rev, ok, wantRev, wantOK)
+		}
+		if a, _ := conf.Assumed(); a != wantAssumed {
+			t.Fatalf("at %v: assumed %d, want %d", at, a, wantAssumed)
+		}
+	}
+	// Every region on 10, reported as confirmed to it: confirmed at once.
+	report(10)
+	step(0, time.Time{}, 10, true, 10)
+	if r, _ := conf.Reserve(cfgs, "eu", chainKey); r > 25.001 {
+		t.Fatalf("eu reserved %v/s on 10, want its 25/s", r)
+	}
+	// 20 raises eu: assumed at once, confirmed one wait later.
+	report(10, 20)
+	step(100*time.Millisecond, time.Time{}, 10, true, 20)
+	if r, _ := conf.Reserve(cfgs, "eu", chainKey); r < 49.99 {
+		t.Fatalf("eu reserved %v/s while 20 waits, want its 50/s under 20", r)
+	}
+	step(wait, time.Time{}, 10, true, 20)
+	// An earlier allocator's grants keep it waiting past its own wait.
+	step(wait+100*time.Millisecond, t0.Add(2*wait), 10, true, 20)
+	// 30 is reported before 20's wait ends: 20 is still confirmed on
+	// time, 30 one wait after it was assumed.
+	report(10, 20, 30)
+	step(wait+150*time.Millisecond, time.Time{}, 20, true, 30)
+	step(2*wait, time.Time{}, 20, true, 30)
+	step(2*wait+150*time.Millisecond, time.Time{}, 30, true, 30)
+	// A confirmation never goes back; regions reporting only 30 first.
+	report(30)
+	step(3*wait, time.Time{}, 30, true, 30)
 }

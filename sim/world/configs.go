@@ -21,8 +21,10 @@ import (
 // regionsync.Chain, whose smallest share the scripts run on, reports the
 // chain's revisions, and drops older ones when the global tier confirms a
 // revision every region reported; the global leader adopts the newest
-// revision whenever it serves a report with etcd up, reserves for each
-// region the share under its reported revisions
+// revision whenever it serves a report with etcd up, assumes a revision
+// every region reported at once and confirms it one validity and epoch
+// later (regionsync.Confirmations.Advance), reserves for each region the
+// share under its reported revisions from the assumed one on
 // (regionsync.Confirmations.Reserve) while more than one is in play, and
 // answers with the confirmed revision (pkg/allocator's Service.Sync).
 
@@ -202,6 +204,17 @@ func (n *GlobalNode) configView() *nodeConfig {
 	return nc
 }
 
+// configLead is Service.promote's fresh Confirmations: what regions
+// reported to an earlier term may predate confirmations another leader
+// issued since, and a revision it assumed then was not counted by the
+// leaders in between.
+func (n *GlobalNode) configLead() {
+	nc := n.configView()
+	nc.conf = regionsync.NewConfirmations(func(rev int64) bool { _, ok := nc.held[rev]; return ok })
+	n.pruneHeld(nc)
+	n.configLimits(nc)
+}
+
 // configBefore is Service.applyConfigLocked at a Sync: the replica adopts
 // the newest revision when etcd is reachable (drained flags go to the
 // allocator's regions), then observes the report's revisions, re-setting
@@ -221,7 +234,14 @@ func (n *GlobalNode) configBefore(req *sluicev1.RegionReport, rep hierarchy.Repo
 		}
 		n.configLimits(nc)
 	}
-	if nc.conf.Observe(req.GetRegion(), req.GetConfigRevisions()) {
+	observed := nc.conf.Observe(req.GetRegion(), req.GetConfigRevisions())
+	// Service.advanceLocked: the two-step confirmation moves on.
+	assumed, assumedKnown := nc.conf.Assumed()
+	confirmed, known := nc.conf.Confirmed()
+	nc.conf.Advance(n.now(), configRegionNames(nc.applied), w.validity+w.epoch, n.learnFloor)
+	a, aKnown := nc.conf.Assumed()
+	c, cKnown := nc.conf.Confirmed()
+	if observed || a != assumed || aKnown != assumedKnown || c != confirmed || cKnown != known {
 		before := len(nc.held)
 		n.pruneHeld(nc)
 		if before > 1 || len(nc.held) > 1 {
@@ -243,7 +263,7 @@ func (n *GlobalNode) configTrack(k *keyInfo, l hierarchy.KeyLimit) {
 // configAnswer is the confirmed revision on an answer.
 func (n *GlobalNode) configAnswer(out *sluicev1.RegionGrants) {
 	nc := n.configView()
-	out.ConfirmedRevision, out.ConfirmedKnown = nc.conf.Confirm(configRegionNames(nc.applied))
+	out.ConfirmedRevision, out.ConfirmedKnown = nc.conf.Confirmed()
 }
 
 // configLimits is Service.setLimitsLocked: every tracked key's limit with
@@ -274,7 +294,7 @@ func (n *GlobalNode) setLimit(nc *nodeConfig, k *keyInfo) {
 // pruneHeld is Service.pruneHeldLocked.
 func (n *GlobalNode) pruneHeld(nc *nodeConfig) {
 	names := configRegionNames(nc.applied)
-	confirmed, known := nc.conf.Confirm(names)
+	confirmed, known := nc.conf.Assumed()
 	inPlay := func(rev int64) bool {
 		if rev == nc.appliedRev {
 			return true

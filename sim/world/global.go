@@ -150,6 +150,7 @@ func (n *GlobalNode) becomeLeader() {
 	n.g.leader = n
 	// pkg/allocator's elector reads the lapsed set once it has won.
 	n.alloc.BecomeLeader(n.now(), n.g.lapsed...)
+	n.configLead()
 	gen := n.gen
 	var tick func()
 	tick = func() {
