@@ -105,6 +105,28 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 				}
 				return float64(s.trackedKeys())
 			}),
+			gauge("sluice_global_config_revision_confirmed", "The config revision this leader last confirmed to the regions (-1 when none yet or not leading).", func() float64 {
+				if ok, _ := s.leaderAt(time.Now()); !ok {
+					return -1
+				}
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				if rev, ok := s.conf.Confirmed(); ok {
+					return float64(rev)
+				}
+				return -1
+			}),
+			gauge("sluice_global_config_revision_assumed", "The config revision every region reported that this leader counts their shares under (-1 when none yet or not leading); above sluice_global_config_revision_confirmed for one grant validity and epoch, until the grants sized before have ended.", func() float64 {
+				if ok, _ := s.leaderAt(time.Now()); !ok {
+					return -1
+				}
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				if rev, ok := s.conf.Assumed(); ok {
+					return float64(rev)
+				}
+				return -1
+			}),
 			&reportAgeCollector{s: s, desc: prometheus.NewDesc("sluice_global_region_report_age_seconds",
 				"Seconds since the region's last accepted report to this leader (absent when never or not leading).",
 				[]string{"region"}, nil)},

@@ -7,6 +7,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/configtest"
 )
@@ -41,7 +43,28 @@ func restoreConfirmed(t *testing.T, lost, lag bool, wait int) {
 	drained := strings.Replace(base, "b: {weight: 1}", "b: {weight: 1, drained: true}", 1)
 	src := configtest.NewSource(parseConfig(t, drained), 1)
 	s := quietService(t, src)
+	reg := prometheus.NewRegistry()
+	newMetrics(reg, s)
 	s.promote(1, time.Now().Add(time.Hour), nil)
+	// The metrics show the two steps: the revision assumed, and the one
+	// confirmed, never past it.
+	var waited bool // assumed 2 seen while 1 was still confirmed
+	gauges := func() (assumed, confirmed float64) {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			switch mf.GetName() {
+			case "sluice_global_config_revision_assumed":
+				assumed = mf.GetMetric()[0].GetGauge().GetValue()
+			case "sluice_global_config_revision_confirmed":
+				confirmed = mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return assumed, confirmed
+	}
 	type grant struct {
 		rate   float64
 		expiry time.Time
@@ -82,6 +105,15 @@ func restoreConfirmed(t *testing.T, lost, lag bool, wait int) {
 			resp, err := s.Sync(t.Context(), rep)
 			if err != nil {
 				t.Fatalf("%s report %d: %v", r, seq[r], err)
+			}
+			want := float64(resp.GetConfirmedRevision())
+			if !resp.GetConfirmedKnown() {
+				want = -1
+			}
+			if as, co := gauges(); co > as || co != want {
+				t.Fatalf("metrics: revision %v assumed, %v confirmed; the answer confirms %v", as, co, want)
+			} else if as == 2 && co == 1 {
+				waited = true
 			}
 			if resp.GetConfirmedKnown() && resp.GetConfirmedRevision() > confirmed[r] {
 				confirmed[r] = resp.GetConfirmedRevision()
@@ -135,5 +167,8 @@ func restoreConfirmed(t *testing.T, lost, lag bool, wait int) {
 	}
 	if confirmed["b"] != 2 {
 		t.Fatalf("b never confirmed the restore: confirmed %d", confirmed["b"])
+	}
+	if !waited {
+		t.Fatal("the metrics never showed revision 2 assumed and 1 still confirmed")
 	}
 }
