@@ -106,6 +106,8 @@ func Run(ctx context.Context, sc *scenario.Scenario, o Options) (*runner.Outcome
 	var res *oracle.Result
 	d.rec.finish(func(o *oracle.Oracle, _ time.Duration) { res = o.Finish(time.Duration(sc.Duration)) })
 	out := setup.Outcome("live", res)
+	d.dumpViolation(o.Log, "2 (Σ regional rates <= r)", res.Rates)
+	d.dumpViolation(o.Log, "3 (Σ regional caps <= b)", res.Bursts)
 	out.Counters.Events = uint64(d.decisions.Load())
 	for _, r := range d.regions {
 		out.Counters.Replays += r.lease.replays.Load() + r.faults.replays.Load()
@@ -182,6 +184,10 @@ type deployment struct {
 	replayCtx   context.Context
 	stopReplays context.CancelFunc
 	replayJobs  sync.WaitGroup
+
+	// trace is every key's latest grant events, printed for the first
+	// key that breaks invariant 2 or 3.
+	trace keyTrace
 }
 
 type liveRegion struct {
@@ -276,7 +282,11 @@ func (d *deployment) start(ctx context.Context) error {
 		OnStaticLease:      d.staticStored,
 		AllowEmbeddedRedis: true, Logger: d.logger,
 		WrapGlobal: func(region string, next regional.GlobalTier) regional.GlobalTier {
-			return &faultyTier{next: next, f: faults[region], sending: func(r *sluicev1.RegionReport) { d.reportedHeld(idx[region], r) }}
+			return &faultyTier{next: next, f: faults[region],
+				sending: func(r *sluicev1.RegionReport) { d.reportedHeld(idx[region], r); d.traceReport(idx[region], r) },
+				answered: func(r *sluicev1.RegionReport, g *sluicev1.RegionGrants, err error) {
+					d.traceAnswer(idx[region], r, g, err)
+				}}
 		},
 		OnApplied: func(region string, k quota.Key, rate, burst float64, expiryUS int64) {
 			if key, ok := d.keyID[k]; ok {

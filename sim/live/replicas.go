@@ -2,6 +2,7 @@ package live
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"time"
 
@@ -78,6 +79,11 @@ type earlyGrant struct {
 func (d *deployment) grantApplied(region, key int, rate, burst float64, expiryUS int64) {
 	d.grantMu.Lock()
 	defer d.grantMu.Unlock()
+	until := fmt.Sprintf("wall %s", time.UnixMicro(expiryUS).Format("15:04:05.000"))
+	if d.rec != nil {
+		until = fmt.Sprintf("%.3fs", d.rec.virtual(time.UnixMicro(expiryUS)).Seconds())
+	}
+	d.trace.add(key, region, time.Now(), fmt.Sprintf("applied %.4g/s burst %.4g until %s", rate/d.scale, burst, until))
 	d.noteGrantLocked(region, key, earlyGrant{rate, burst, expiryUS})
 }
 

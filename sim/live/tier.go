@@ -43,6 +43,9 @@ type faultyTier struct {
 	// sending, optional, sees every report the region leader sends,
 	// before anything is done to it.
 	sending func(r *sluicev1.RegionReport)
+	// answered, optional, sees what became of every report the global
+	// tier was reached with: its answer, or the error.
+	answered func(r *sluicev1.RegionReport, g *sluicev1.RegionGrants, err error)
 }
 
 func (ft *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
@@ -68,6 +71,9 @@ func (ft *faultyTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*slui
 		}
 	}
 	g, err := ft.next.Sync(ctx, r)
+	if ft.answered != nil {
+		ft.answered(r, g, err)
+	}
 	if err == nil && replay {
 		// The same report again, as a retry of one whose answer the
 		// region already has: its answer must be the first's.
