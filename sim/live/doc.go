@@ -37,6 +37,12 @@
 // from their metrics at the end of the run (Result.GrantsSent): a run whose
 // global tier never led out of learning mode sends none.
 //
+// The latest grant events of every key (each report's echo of what the
+// region holds, the global tier's answers or their loss, the grants
+// applied) are kept per key (trace.go); when invariant 2 or 3 fails, the
+// first violating key's events from three validities before the violation
+// go to Options.Log, so a failure on a loaded machine can be read.
+//
 // # Faults
 //
 // Instance crashes (the client's connection is cut, nothing released),
