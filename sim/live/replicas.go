@@ -94,13 +94,23 @@ func (d *deployment) grantApplied(region, key int, rate, burst float64, expiryUS
 // machine after Redis ran it) has no OnApplied, and the oracle would go
 // on counting the grant it replaced, up to that one's expiry, beside the
 // capacity the global tier moves once this report acknowledges the new
-// one. A held grant the oracle was not told is recorded here, ending
-// at the latest it can (now plus what was left at the read); the global
+// one. A held grant the oracle was not told is recorded here; the global
 // tier acts on the report only after.
+//
+// The echo's validity counts from the read, whose Redis time is the
+// report's seq or earlier (regionsync.Leader.Report: seq is
+// max(last + 1, send time)), so the grant ends at the latest at seq plus
+// the validity echoed (plus the millisecond it was truncated to), not at
+// now plus it: the report may leave long after the read on a starved
+// machine, and a grant that ended meanwhile, counted again from now, is
+// an oversubscription that never happened (seen: a grant that had ended
+// 0.65 s of scenario time before counted again beside the static share
+// the region had fallen back to).
 func (d *deployment) reportedHeld(region int, r *sluicev1.RegionReport) {
 	now := time.Now()
 	d.grantMu.Lock()
 	defer d.grantMu.Unlock()
+	readUS := min(int64(r.GetSeq()), now.UnixMicro())
 	for _, kd := range r.GetKeys() {
 		if kd.GetHeldValidMs() <= 0 {
 			continue
@@ -109,11 +119,14 @@ func (d *deployment) reportedHeld(region int, r *sluicev1.RegionReport) {
 		if !ok {
 			continue
 		}
-		held := earlyGrant{kd.GetHeldRate(), kd.GetHeldBurst(), now.Add(time.Duration(kd.GetHeldValidMs()) * time.Millisecond).UnixMicro()}
-		// The grant the oracle already counts: its expiry stands (the echo's
-		// is later by the time from the read to now).
+		held := earlyGrant{kd.GetHeldRate(), kd.GetHeldBurst(), readUS + (kd.GetHeldValidMs()+1)*1000}
+		if held.expiryUS <= now.UnixMicro() {
+			continue // ended before the report left: nothing to count from now
+		}
+		// The grant the oracle already counts, at least as long: its
+		// expiry stands.
 		if last, ok := d.seen[[2]int{region, key}]; ok && sameValue(last.rate, held.rate) && sameValue(last.burst, held.burst) &&
-			last.expiryUS > now.UnixMicro() {
+			last.expiryUS >= held.expiryUS-1000 {
 			continue
 		}
 		d.noteGrantLocked(region, key, held)
