@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/pkg/hierarchy"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // metrics are the global tier's Prometheus series. Labels carry region
@@ -50,6 +51,20 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	// revisionGauge is a config revision of the leader's Confirmations.
+	revisionGauge := func(name, help string, rev func(*regionsync.Confirmations) (int64, bool)) prometheus.Collector {
+		return gauge(name, help, func() float64 {
+			if ok, _ := s.leaderAt(time.Now()); !ok {
+				return -1
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if r, ok := rev(s.conf); ok {
+				return float64(r)
+			}
+			return -1
+		})
 	}
 	if reg != nil {
 		reg.MustRegister(m.allocation, m.grants, leaderOnly{s: s, c: m.grantedRate}, m.reports, m.nudges, m.historyFail,
@@ -105,28 +120,10 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 				}
 				return float64(s.trackedKeys())
 			}),
-			gauge("sluice_global_config_revision_confirmed", "The config revision this leader last confirmed to the regions (-1 when none yet or not leading).", func() float64 {
-				if ok, _ := s.leaderAt(time.Now()); !ok {
-					return -1
-				}
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				if rev, ok := s.conf.Confirmed(); ok {
-					return float64(rev)
-				}
-				return -1
-			}),
-			gauge("sluice_global_config_revision_assumed", "The config revision every region reported that this leader counts their shares under (-1 when none yet or not leading); above sluice_global_config_revision_confirmed for one grant validity and epoch, until the grants sized before have ended.", func() float64 {
-				if ok, _ := s.leaderAt(time.Now()); !ok {
-					return -1
-				}
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				if rev, ok := s.conf.Assumed(); ok {
-					return float64(rev)
-				}
-				return -1
-			}),
+			revisionGauge("sluice_global_config_revision_confirmed", "The config revision this leader last confirmed to the regions (-1 when none yet or not leading).",
+				func(c *regionsync.Confirmations) (int64, bool) { return c.Confirmed() }),
+			revisionGauge("sluice_global_config_revision_assumed", "The config revision every region reported that this leader counts their shares under (-1 when none yet or not leading); above sluice_global_config_revision_confirmed for one grant validity and epoch, until the grants sized before have ended.",
+				func(c *regionsync.Confirmations) (int64, bool) { return c.Assumed() }),
 			&reportAgeCollector{s: s, desc: prometheus.NewDesc("sluice_global_region_report_age_seconds",
 				"Seconds since the region's last accepted report to this leader (absent when never or not leading).",
 				[]string{"region"}, nil)},
