@@ -47,8 +47,8 @@ deps:
 # the four commands' binaries through tar writers and readers several
 # times, and the detector checked every byte copied (20 of the test's 27 s
 # on an idle machine, for a package whose code runs on one goroutine).
-# The simulator's command (sim) runs those packages and sim/live, whose
-# own tests run with -race; its tests play virtual runs (and -live only
+# The simulator's command (sim) runs those packages and sim/live (LIVE
+# below); its tests play virtual runs (and -live only
 # to be refused), so the detector only slowed them: 87 s with it, 9 s
 # without, on a busy machine.
 #
@@ -74,18 +74,33 @@ deps:
 # after it. A finding still fails the target, reported with their output.
 NORACE ?= github.com/sluicehq/sluice/sim github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world github.com/sluicehq/sluice/pkg/hierarchy github.com/sluicehq/sluice/internal/imagebuild
 
+# LIVE (sim/live) plays scenarios on real daemons in real time at three
+# to six times real speed: its tests are bound by CPU, and the race
+# detector more than doubled their CPU (291 CPU s for 171 s of wall time
+# with it, 140 for 151 s without, run alone; BENCHMARKS.md, "Live mode's
+# tests without the race detector"), about a seventh of the suite's. They run without -race in
+# a job of their own beside the -race packages, at normal priority (their
+# daemons must keep pace with the scenario's clock), and then LIVE_RACE,
+# the test that drives the most of the package's own concurrent code (the
+# lease and region-report fault interceptors, replays, the isolation
+# poller) beside the daemons, again with -race. The daemons' code runs
+# under -race in their own packages' tests (pkg/regional, pkg/lease,
+# pkg/allocator, e2e). `go test -race ./sim/live/` runs them all with it.
+LIVE ?= github.com/sluicehq/sluice/sim/live
+LIVE_RACE ?= ^TestLivePlaysRetries$$
+
 # SLOW are the packages whose tests run longest under -race (a quarter of a
 # minute to two minutes each), longest first. go test starts packages in
 # the order it is given them, so these start first and the short ones
 # fill in beside them, instead of a long one started late in go list's
-# order (sim/live among the last) running on after the short ones are
+# order (pkg/regional, sim/report) running on after the short ones are
 # done. A package of PKGS not named here runs after them, in go list's
 # order.
-SLOW ?= github.com/sluicehq/sluice/pkg/regional github.com/sluicehq/sluice/sim/live github.com/sluicehq/sluice/pkg/lease github.com/sluicehq/sluice/e2e github.com/sluicehq/sluice/pkg/luascripts github.com/sluicehq/sluice/pkg/configstore github.com/sluicehq/sluice/pkg/allocator github.com/sluicehq/sluice/cmd/regional github.com/sluicehq/sluice/pkg/agent github.com/sluicehq/sluice/cmd/sluicectl github.com/sluicehq/sluice/sim/report github.com/sluicehq/sluice/pkg/envoyrls github.com/sluicehq/sluice/scripts/mutate github.com/sluicehq/sluice/pkg/config
+SLOW ?= github.com/sluicehq/sluice/pkg/regional github.com/sluicehq/sluice/pkg/lease github.com/sluicehq/sluice/e2e github.com/sluicehq/sluice/pkg/luascripts github.com/sluicehq/sluice/pkg/configstore github.com/sluicehq/sluice/pkg/allocator github.com/sluicehq/sluice/cmd/regional github.com/sluicehq/sluice/pkg/agent github.com/sluicehq/sluice/cmd/sluicectl github.com/sluicehq/sluice/sim/report github.com/sluicehq/sluice/pkg/envoyrls github.com/sluicehq/sluice/scripts/mutate github.com/sluicehq/sluice/pkg/config
 
 test: deps
 	@test -z "$$(gofmt -l .)" || (echo "gofmt would change:"; gofmt -l .; exit 1)
-	@pkgs="$$($(GO) list $(PKGS) | grep -v -x -F $(addprefix -e ,$(NORACE)))"; \
+	@pkgs="$$($(GO) list $(PKGS) | grep -v -x -F $(addprefix -e ,$(NORACE) $(LIVE)))"; \
 	first="$$(for p in $(SLOW); do printf '%s\n' $$pkgs | grep -x -F -e "$$p"; done)"; \
 	rest="$$(printf '%s\n' $$pkgs | grep -v -x -F $(addprefix -e ,$(SLOW)))"; \
 	idle_log="$$(mktemp)"; trap 'rm -f "$$idle_log"' EXIT; \
@@ -96,13 +111,18 @@ test: deps
 	  $(GO) test $(filter-out -race,$(TEST_FLAGS)) $(NORACE) || norace_rc=$$?; \
 	  echo "(go vet and the packages without -race took $$(( $$(date +%s) - start )) s)"; \
 	  test $$vet_rc -eq 0 && test $$norace_rc -eq 0' >"$$idle_log" 2>&1 & idle=$$!; \
-	trap 'kill -TERM -$$idle 2>/dev/null; exit 130' INT TERM HUP; \
+	live_log="$$(mktemp)"; trap 'rm -f "$$idle_log" "$$live_log"' EXIT; \
+	echo "$(GO) test $(filter-out -race,$(TEST_FLAGS)) $(LIVE) && $(GO) test $(TEST_FLAGS) -run '$(LIVE_RACE)' $(LIVE) (beside the next; their output follows it)"; \
+	setsid -w sh -c '$(GO) test $(filter-out -race,$(TEST_FLAGS)) $(LIVE) && $(GO) test $(TEST_FLAGS) -run '"'"'$(LIVE_RACE)'"'"' $(LIVE)' >"$$live_log" 2>&1 & live=$$!; \
+	trap 'kill -TERM -$$idle -$$live 2>/dev/null; exit 130' INT TERM HUP; \
 	echo $(GO) test $(TEST_FLAGS) $$first $$rest; \
 	race_rc=0; $(GO) test $(TEST_FLAGS) $$first $$rest || race_rc=$$?; \
 	renice -n 0 -p $$idle -g $$idle >/dev/null 2>&1 || true; \
+	live_rc=0; wait $$live || live_rc=$$?; \
+	cat "$$live_log"; \
 	idle_rc=0; wait $$idle || idle_rc=$$?; \
 	cat "$$idle_log"; \
-	test $$race_rc -eq 0 && test $$idle_rc -eq 0
+	test $$race_rc -eq 0 && test $$live_rc -eq 0 && test $$idle_rc -eq 0
 	cd deploy/observability/promql && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 bench: deps
