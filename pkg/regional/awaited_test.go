@@ -44,8 +44,10 @@ default_tier: free
 
 // confirmTiming is the epoch and grant validity of the configs of the
 // tests that go through confirmations: the global tier confirms a revision
-// one validity and epoch after every region reported it, 300 ms here.
-const confirmTiming = "epoch: 50ms\ngrant_validity: 250ms\n"
+// one validity and epoch after every region reported it, 1.5 s here
+// instead of the default 6 s. The epoch stays long enough for one sync
+// (the region leader gives a report an epoch) on a busy machine.
+const confirmTiming = "epoch: 300ms\ngrant_validity: 1200ms\n"
 
 // storedConfirmed is the revision r's leader stored as confirmed to the
 // region (-1: none).
