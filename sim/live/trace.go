@@ -3,10 +3,13 @@ package live
 import (
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/sim/oracle"
 )
@@ -84,15 +87,55 @@ func (d *deployment) traceAnswer(region int, r *sluicev1.RegionReport, g *sluice
 		}
 		return
 	}
+	var view *hierarchy.View
 	for _, gr := range g.GetGrants() {
-		key, ok := d.keyID[quota.Key{Tenant: gr.GetKey().GetTenant(), Class: gr.GetKey().GetClass()}]
+		k := quota.Key{Tenant: gr.GetKey().GetTenant(), Class: gr.GetKey().GetClass()}
+		key, ok := d.keyID[k]
 		if !ok {
 			continue
 		}
-		d.trace.add(key, region, now, fmt.Sprintf("answer to seq %d: %.4g/s burst %.4g for %d ms (epoch %d, learning %v, static lease %d ms, confirmed %d/%v)",
+		if view == nil {
+			view = d.leaderView(now)
+		}
+		d.trace.add(key, region, now, fmt.Sprintf("answer to seq %d: %.4g/s burst %.4g for %d ms (epoch %d, learning %v, static lease %d ms, confirmed %d/%v)%s",
 			r.GetSeq(), gr.GetRate()/d.scale, gr.GetBurst(), d.scenarioMs(gr.GetValidMs()), g.GetEpoch(), g.GetLearning(), d.scenarioMs(g.GetStaticLeaseMs()),
-			g.GetConfirmedRevision(), g.GetConfirmedKnown()))
+			g.GetConfirmedRevision(), g.GetConfirmedKnown(), d.reserved(view, k)))
 	}
+}
+
+// leaderView is the leading global daemon's allocator view at now (nil
+// when none leads).
+func (d *deployment) leaderView(now time.Time) *hierarchy.View {
+	d.globalMu.Lock()
+	globals := slices.Clone(d.globals)
+	d.globalMu.Unlock()
+	for _, g := range globals {
+		if g.IsLeader() {
+			v := g.Service.View(now)
+			return &v
+		}
+	}
+	return &hierarchy.View{}
+}
+
+// reserved says what the global leader's fencing assumed each region may
+// use of k just after it answered: "; leader reserves us-east 5/s until
+// … (static 5/s, granted …)", in scenario units.
+func (d *deployment) reserved(v *hierarchy.View, k quota.Key) string {
+	i := slices.IndexFunc(v.Keys, func(kv hierarchy.KeyView) bool { return kv.Key == k })
+	if i < 0 || len(v.Keys[i].Regions) != len(v.Regions) {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("; leader reserves")
+	for j, rv := range v.Keys[i].Regions {
+		fmt.Fprintf(&b, " %s %.4g/s (static %.4g/s", v.Regions[j].Name, rv.ReservedRate/d.scale, rv.StaticRate/d.scale)
+		if rv.GrantedRate > 0 && d.rec != nil {
+			fmt.Fprintf(&b, ", granted %.4g/s until %.3fs", rv.GrantedRate/d.scale, d.rec.virtual(rv.GrantExpiry).Seconds())
+		}
+		b.WriteString(")")
+	}
+	return b.String()
 }
 
 // dumpViolation writes, when sc failed, the first violating key's events
