@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -67,6 +68,24 @@ func (d *demandDriver) demand(rate float64, keys ...quota.Key) {
 	}
 }
 
+// newCandidatesRig is a lease rig on leaseConfig whose static lease
+// outlives a test (region_lease 1m): these tests judge keys against the static share,
+// and a driver opening and feeding hundreds of keys under -race on a busy
+// machine can take longer than the rig's usual 2 s between reports, after
+// which the scripts refuse to run under a lapsed lease.
+func newCandidatesRig(t *testing.T) *leaseRig {
+	t.Helper()
+	return newLeaseRigWith(t, regiontest.MustConfig(t, `
+epoch: 50ms
+grant_validity: 250ms
+region_lease: 1m
+regions: {eu: {weight: 1}, us: {weight: 1}}
+classes: {write: {mode: lease, partition_share: 0.5}}
+tiers: {free: {write: {rate: 100/s, burst: 100}}}
+default_tier: free
+`))
+}
+
 // reported syncs the rig's leader once and returns the keys of its report.
 func (r *leaseRig) reported() []quota.Key {
 	r.t.Helper()
@@ -85,7 +104,7 @@ func (r *leaseRig) reported() []quota.Key {
 // the 20/s key is reported by the first report after its demand crossed
 // the threshold; and the reports stay small whatever the idle keys do.
 func TestLeaderReportsOnlyKeysThatNeedTheGlobalTier(t *testing.T) {
-	r := newLeaseRig(t)
+	r := newCandidatesRig(t)
 	// The first answer confers the static lease: the static share is 50/s.
 	// The scripts read it from Redis, where its write is bounded by an
 	// epoch (50 ms here) and may fail on a starved machine: until it is
@@ -137,7 +156,7 @@ func TestLeaderReportsOnlyKeysThatNeedTheGlobalTier(t *testing.T) {
 // holds; once us goes idle and the grants end, the key leaves eu's reports.
 func TestGrantedIdleKeyReportedUntilItsGrantEnds(t *testing.T) {
 	ctx := context.Background()
-	r := newLeaseRig(t)
+	r := newCandidatesRig(t)
 	key := quota.Key{Tenant: "donor", Class: "write"}
 	epoch := time.Duration(r.cfg.Epoch)
 	validity := time.Duration(r.cfg.GrantValidity)
@@ -226,7 +245,7 @@ func TestGrantedIdleKeyReportedUntilItsGrantEnds(t *testing.T) {
 // it was sent), in the same round trip, and leaves the later ones.
 func TestEpochReportTrimsMarksPastTheHorizon(t *testing.T) {
 	ctx := context.Background()
-	r := newLeaseRig(t)
+	r := newCandidatesRig(t)
 	set := luascripts.CandKeys(luascripts.DefaultPrefix, false)[0] // the rig's one Redis
 	later := r.redisUS() + time.Hour.Microseconds()
 	if err := r.rdb.ZAdd(ctx, set, redis.Z{Score: 1, Member: "stale|write"}, redis.Z{Score: float64(later), Member: "later|write"}).Err(); err != nil {
