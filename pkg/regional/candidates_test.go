@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -75,15 +74,7 @@ func (d *demandDriver) demand(rate float64, keys ...quota.Key) {
 // which the scripts refuse to run under a lapsed lease.
 func newCandidatesRig(t *testing.T) *leaseRig {
 	t.Helper()
-	return newLeaseRigWith(t, regiontest.MustConfig(t, `
-epoch: 50ms
-grant_validity: 250ms
-region_lease: 1m
-regions: {eu: {weight: 1}, us: {weight: 1}}
-classes: {write: {mode: lease, partition_share: 0.5}}
-tiers: {free: {write: {rate: 100/s, burst: 100}}}
-default_tier: free
-`))
+	return newLeaseRigWith(t, leaseConfigWith(t, time.Minute))
 }
 
 // reported syncs the rig's leader once and returns the keys of its report.

@@ -36,16 +36,21 @@ import (
 // two seconds.
 func leaseConfig(t *testing.T) *config.Config {
 	t.Helper()
-	c := regiontest.MustConfig(t, `
+	return leaseConfigWith(t, 2*time.Second)
+}
+
+// leaseConfigWith is leaseConfig with the given region_lease.
+func leaseConfigWith(t *testing.T, regionLease time.Duration) *config.Config {
+	t.Helper()
+	return regiontest.MustConfig(t, fmt.Sprintf(`
 epoch: 50ms
 grant_validity: 250ms
-region_lease: 2s
+region_lease: %v
 regions: {eu: {weight: 1}, us: {weight: 1}}
 classes: {write: {mode: lease, partition_share: 0.5}}
 tiers: {free: {write: {rate: 100/s, burst: 100}}}
 default_tier: free
-`)
-	return c
+`, regionLease))
 }
 
 var leaseKey = quota.Key{Tenant: "acme", Class: "write"}
