@@ -393,10 +393,9 @@ func (s *Service) limitLocked(k quota.Key, l hierarchy.KeyLimit) hierarchy.KeyLi
 	names := configRegions(s.applied)
 	l.StaticRate, l.StaticBurst = make([]float64, len(names)), make([]float64, len(names))
 	l.FloorRate, l.FloorBurst = make([]float64, len(names)), make([]float64, len(names))
-	from, known := s.conf.Assumed()
 	for i, name := range names {
 		l.StaticRate[i], l.StaticBurst[i] = s.conf.Reserve(s.held, name, k)
-		l.FloorRate[i], l.FloorBurst[i] = s.floorReserveLocked(name, k, from, known)
+		l.FloorRate[i], l.FloorBurst[i] = s.floorReserveLocked(name, k)
 	}
 	return l
 }
@@ -405,23 +404,21 @@ func (s *Service) limitLocked(k quota.Key, l hierarchy.KeyLimit) hierarchy.KeyLi
 // without a static lease while more than one config is in play: the
 // region's floor is the smallest under the configs it honours (see
 // regionsync's Chain), so, as Confirmations.Reserve does for the static
-// share, the smallest floor under its reported revisions from the assumed
-// one (from, when known) on, or, when none of them is held, the largest
-// under any held config. s.mu is held.
-func (s *Service) floorReserveLocked(region string, k quota.Key, from int64, known bool) (rate, burst float64) {
+// share, the smallest floor under its revisions in play
+// (Confirmations.InPlay), or, when none of them is held, the largest under
+// any held config. s.mu is held.
+func (s *Service) floorReserveLocked(region string, k quota.Key) (rate, burst float64) {
 	found := false
-	if revs, heard := s.conf.Reported(region); heard {
-		for _, rev := range revs {
-			cfg, held := s.held[rev]
-			if !held || (known && rev < from) {
-				continue
-			}
-			r, b := floorUnder(cfg, region, k)
-			if !found {
-				rate, burst, found = r, b, true
-			} else {
-				rate, burst = min(rate, r), min(burst, b)
-			}
+	for rev := range s.conf.InPlay(region) {
+		cfg, held := s.held[rev]
+		if !held {
+			continue
+		}
+		r, b := floorUnder(cfg, region, k)
+		if !found {
+			rate, burst, found = r, b, true
+		} else {
+			rate, burst = min(rate, r), min(burst, b)
 		}
 	}
 	if found {
@@ -951,19 +948,16 @@ func (s *Service) drainPendingLocked(region string) bool {
 		r, ok := cfg.Regions[region]
 		return !ok || r.Drained
 	}
-	from, known := s.conf.Assumed()
 	found := false
-	if revs, heard := s.conf.Reported(region); heard {
-		for _, rev := range revs {
-			cfg, held := s.held[rev]
-			if !held || (known && rev < from) {
-				continue
-			}
-			if drains(cfg) {
-				return false
-			}
-			found = true
+	for rev := range s.conf.InPlay(region) {
+		cfg, held := s.held[rev]
+		if !held {
+			continue
 		}
+		if drains(cfg) {
+			return false
+		}
+		found = true
 	}
 	if found {
 		return true

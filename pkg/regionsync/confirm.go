@@ -1,6 +1,7 @@
 package regionsync
 
 import (
+	"iter"
 	"math"
 	"slices"
 	"time"
@@ -474,21 +475,17 @@ func (c *Confirmations) Assumed() (rev int64, ok bool) {
 // config: the largest share under any held config. cfgs must hold at
 // least one config.
 func (c *Confirmations) Reserve(cfgs map[int64]*config.Config, region string, k quota.Key) (rate, burst float64) {
-	revs, heard := c.reported[region]
-	from, fromKnown := c.Assumed()
 	found := false
-	if heard {
-		for _, rev := range revs {
-			cfg, held := cfgs[rev]
-			if !held || (fromKnown && rev < from) {
-				continue
-			}
-			r, b := ShareUnder(cfg, region, k)
-			if !found {
-				rate, burst, found = r, b, true
-			} else {
-				rate, burst = math.Min(rate, r), math.Min(burst, b)
-			}
+	for rev := range c.InPlay(region) {
+		cfg, held := cfgs[rev]
+		if !held {
+			continue
+		}
+		r, b := ShareUnder(cfg, region, k)
+		if !found {
+			rate, burst, found = r, b, true
+		} else {
+			rate, burst = math.Min(rate, r), math.Min(burst, b)
 		}
 	}
 	if found {
@@ -511,14 +508,32 @@ func (c *Confirmations) Reserve(cfgs map[int64]*config.Config, region string, k 
 // shares that change: make before break").
 func (c *Confirmations) Unheld(cfgs map[int64]*config.Config, region string) []int64 {
 	var out []int64
-	from, fromKnown := c.Assumed()
-	for _, rev := range c.reported[region] {
-		if _, held := cfgs[rev]; held || rev <= 0 || (fromKnown && rev < from) {
+	for rev := range c.InPlay(region) {
+		if _, held := cfgs[rev]; held || rev <= 0 {
 			continue
 		}
 		out = append(out, rev)
 	}
 	return out
+}
+
+// InPlay yields region's latest reported revisions not older than the
+// assumed one, oldest first: those a region may still run until a later
+// confirmation, and the only ones the global tier counts it under
+// (Reserve; pkg/allocator's floors and drain checks likewise). Nothing
+// for a region never heard from.
+func (c *Confirmations) InPlay(region string) iter.Seq[int64] {
+	return func(yield func(int64) bool) {
+		from, known := c.Assumed()
+		for _, rev := range c.reported[region] {
+			if known && rev < from {
+				continue
+			}
+			if !yield(rev) {
+				return
+			}
+		}
+	}
 }
 
 // Answered is c after the global tier's answer g (its confirmed revision,
