@@ -356,21 +356,22 @@ func (s *Service) setLimitsLocked() {
 // at now (regionsync.Confirmations.Advance): a revision every region
 // reported is assumed at once and confirmed once every grant sized before
 // has ended, one validity and epoch later and not before the grants of an
-// earlier allocator with a longer validity end (oldGrantsEnd). It reports whether the assumed or
-// the confirmed revision moved. s.mu is held.
+// earlier allocator with a longer validity end (oldGrantsEnd). It
+// reports whether the assumed or the confirmed revision moved. s.mu is
+// held.
 func (s *Service) advanceLocked(now time.Time) bool {
-	assumed, assumedKnown := s.conf.Assumed()
-	before, beforeKnown := s.conf.Confirmed()
-	after, known := s.conf.Advance(now, configRegions(s.applied), s.timing.validity+s.timing.epoch, s.oldGrantsEnd)
-	if after != before || known != beforeKnown {
-		s.log.Info("config revision confirmed to the regions", "revision", after)
+	wait := s.timing.validity + s.timing.epoch
+	assumedMoved, confirmedMoved := s.conf.Step(now, configRegions(s.applied), wait, s.oldGrantsEnd)
+	if confirmedMoved {
+		rev, _ := s.conf.Confirmed()
+		s.log.Info("config revision confirmed to the regions", "revision", rev)
 	}
-	a, aKnown := s.conf.Assumed()
-	if a != assumed || aKnown != assumedKnown {
+	if assumedMoved {
+		rev, _ := s.conf.Assumed()
 		s.log.Info("every region reported a config revision; counting their shares under it until it is confirmed",
-			"revision", a, "confirm_after", s.timing.validity+s.timing.epoch)
+			"revision", rev, "confirm_after", wait)
 	}
-	return after != before || known != beforeKnown || a != assumed || aKnown != assumedKnown
+	return assumedMoved || confirmedMoved
 }
 
 // holdsLocked says whether this replica holds the config of revision rev

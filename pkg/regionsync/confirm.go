@@ -450,6 +450,18 @@ func (c *Confirmations) confirmedByAll(regions []string, rev int64) bool {
 	return true
 }
 
+// Step is Advance for a global tier serving a report: it says which of the
+// assumed and the confirmed revision moved (either changes the reserves
+// and the configs still in play).
+func (c *Confirmations) Step(now time.Time, regions []string, wait time.Duration, notBefore time.Time) (assumedMoved, confirmedMoved bool) {
+	a, aKnown := c.Assumed()
+	r, rKnown := c.Confirmed()
+	c.Advance(now, regions, wait, notBefore)
+	a2, aKnown2 := c.Assumed()
+	r2, rKnown2 := c.Confirmed()
+	return a2 != a || aKnown2 != aKnown, r2 != r || rKnown2 != rKnown
+}
+
 // Confirmed is the confirmed revision as the last Advance left it (ok
 // false while there is none).
 func (c *Confirmations) Confirmed() (rev int64, ok bool) { return c.confirmed, c.known }

@@ -687,3 +687,23 @@ func TestConfirmationWaitsForGrantsSizedBefore(t *testing.T) {
 	report(30)
 	step(3*wait, time.Time{}, 30, true, 30)
 }
+
+// TestStepSaysWhatMoved: Step reports the assumed revision moving when
+// every region reports a new one, the confirmed one moving a wait later,
+// and nothing in between.
+func TestStepSaysWhatMoved(t *testing.T) {
+	conf := NewConfirmations(nil)
+	t0 := time.Unix(1000, 0)
+	for _, r := range chainRegions {
+		conf.Observe(r, []int64{10, 20})
+	}
+	for _, c := range []struct {
+		at                        time.Duration
+		assumedMoved, confirmMove bool
+	}{{0, true, false}, {500 * time.Millisecond, false, false}, {time.Second, false, true}, {2 * time.Second, false, false}} {
+		a, r := conf.Step(t0.Add(c.at), chainRegions, time.Second, time.Time{})
+		if a != c.assumedMoved || r != c.confirmMove {
+			t.Fatalf("at %v: assumed moved %v, confirmed moved %v; want %v, %v", c.at, a, r, c.assumedMoved, c.confirmMove)
+		}
+	}
+}

@@ -236,12 +236,8 @@ func (n *GlobalNode) configBefore(req *sluicev1.RegionReport, rep hierarchy.Repo
 	}
 	observed := nc.conf.Observe(req.GetRegion(), req.GetConfigRevisions())
 	// Service.advanceLocked: the two-step confirmation moves on.
-	assumed, assumedKnown := nc.conf.Assumed()
-	confirmed, known := nc.conf.Confirmed()
-	nc.conf.Advance(n.now(), configRegionNames(nc.applied), w.validity+w.epoch, n.learnFloor)
-	a, aKnown := nc.conf.Assumed()
-	c, cKnown := nc.conf.Confirmed()
-	if observed || a != assumed || aKnown != assumedKnown || c != confirmed || cKnown != known {
+	assumedMoved, confirmedMoved := nc.conf.Step(n.now(), configRegionNames(nc.applied), w.validity+w.epoch, n.learnFloor)
+	if observed || assumedMoved || confirmedMoved {
 		before := len(nc.held)
 		n.pruneHeld(nc)
 		if before > 1 || len(nc.held) > 1 {
