@@ -14,7 +14,6 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/pkg/lease"
-	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/sim/oracle"
 )
 
@@ -115,7 +114,7 @@ func (d *deployment) reportedHeld(region int, r *sluicev1.RegionReport) {
 		if kd.GetHeldValidMs() <= 0 {
 			continue
 		}
-		key, ok := d.keyID[quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}]
+		key, ok := d.keyOf(kd.GetKey())
 		if !ok {
 			continue
 		}

@@ -60,6 +60,12 @@ func (kt *keyTrace) dump(w io.Writer, key int, regions []string, virtual func(ti
 	}
 }
 
+// keyOf is the plan's index of a key named on the wire.
+func (d *deployment) keyOf(k *sluicev1.QuotaKey) (int, bool) {
+	id, ok := d.keyID[quota.Key{Tenant: k.GetTenant(), Class: k.GetClass()}]
+	return id, ok
+}
+
 // scenarioMs is a wall duration in ms as scenario ms.
 func (d *deployment) scenarioMs(ms int64) int64 { return int64(float64(ms) * d.scale) }
 
@@ -67,7 +73,7 @@ func (d *deployment) scenarioMs(ms int64) int64 { return int64(float64(ms) * d.s
 func (d *deployment) traceReport(region int, r *sluicev1.RegionReport) {
 	now := time.Now()
 	for _, kd := range r.GetKeys() {
-		key, ok := d.keyID[quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}]
+		key, ok := d.keyOf(kd.GetKey())
 		if !ok {
 			continue
 		}
@@ -81,7 +87,7 @@ func (d *deployment) traceAnswer(region int, r *sluicev1.RegionReport, g *sluice
 	now := time.Now()
 	if err != nil {
 		for _, kd := range r.GetKeys() {
-			if key, ok := d.keyID[quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}]; ok {
+			if key, ok := d.keyOf(kd.GetKey()); ok {
 				d.trace.add(key, region, now, fmt.Sprintf("answer to seq %d lost: %v", r.GetSeq(), err))
 			}
 		}
