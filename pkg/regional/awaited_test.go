@@ -67,13 +67,17 @@ func storedConfirmed(ctx context.Context, t *testing.T, rdb *redis.Client) int64
 // holds rev as the revision confirmed to its region: the global tier
 // confirms a revision one grant validity and one epoch after every region
 // reported it (docs/architecture.md, "Static shares that change: make
-// before break"). It fails after 50 such waits.
-func untilConfirmed(ctx context.Context, t *testing.T, cfg *config.Config, rev int64, round func(), rdbs ...*redis.Client) {
+// before break"). A round that fails (a sync cut short by its epoch on a
+// busy machine) is tried again an epoch later, as a region leader does.
+// It fails after 50 such waits.
+func untilConfirmed(ctx context.Context, t *testing.T, cfg *config.Config, rev int64, round func() error, rdbs ...*redis.Client) {
 	t.Helper()
 	wait := time.Duration(cfg.Epoch + cfg.GrantValidity)
 	deadline := time.Now().Add(50 * wait)
 	for {
-		round()
+		if err := round(); err != nil {
+			t.Logf("a sync failed; trying again an epoch later: %v", err)
+		}
 		done := true
 		for _, rdb := range rdbs {
 			done = done && storedConfirmed(ctx, t, rdb) == rev
@@ -96,10 +100,13 @@ func syncUntilConfirmed(ctx context.Context, t *testing.T, cfg *config.Config, r
 	for i, r := range regions {
 		rdbs[i] = r.rdb
 	}
-	untilConfirmed(ctx, t, cfg, rev, func() {
+	untilConfirmed(ctx, t, cfg, rev, func() error {
 		for _, r := range regions {
-			r.sync(ctx, t)
+			if err := r.leader.SyncOnce(ctx, nil); err != nil {
+				return err
+			}
 		}
+		return nil
 	}, rdbs...)
 }
 

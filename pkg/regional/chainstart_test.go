@@ -114,6 +114,16 @@ func (r *restartRig) syncEU(ctx context.Context, t *testing.T) {
 	}
 }
 
+// syncBoth is a round of untilConfirmed: eu's leader syncs, then us's.
+func (r *restartRig) syncBoth(ctx context.Context) func() error {
+	return func() error {
+		if err := r.euLeader.SyncOnce(ctx, nil); err != nil {
+			return err
+		}
+		return r.us.leader.SyncOnce(ctx, nil)
+	}
+}
+
 // rates are the static rates eu and us hand their scripts for
 // restartKey.
 func (r *restartRig) rates(t *testing.T) (eu, us float64) {
@@ -190,7 +200,7 @@ func TestRestartOntoARaisedWeightWaitsForEveryRegion(t *testing.T) {
 	r.us.sync(ctx, t) // every region reported B now
 	r.syncEU(ctx, t)
 	r.check(t, "every region reported B, not confirmed yet", 50, 25)
-	untilConfirmed(ctx, t, grown, revB, func() { r.syncEU(ctx, t); r.us.sync(ctx, t) }, r.euRedis, r.us.rdb)
+	untilConfirmed(ctx, t, grown, revB, r.syncBoth(ctx), r.euRedis, r.us.rdb)
 	r.check(t, "the global tier confirmed revision B", 75, 25)
 }
 
@@ -263,7 +273,7 @@ func TestRestartBoundedByAConfirmationNotYetStored(t *testing.T) {
 	r.syncEU(ctx, t) // eu reports A and Z
 	// us too: Z is confirmed once grants sized before have ended, and us
 	// stores it.
-	untilConfirmed(ctx, t, z, revZ, func() { r.us.sync(ctx, t) }, r.us.rdb)
+	untilConfirmed(ctx, t, z, revZ, func() error { return r.us.leader.SyncOnce(ctx, nil) }, r.us.rdb)
 	r.check(t, "Z confirmed; eu not told yet", 25, 75)
 	if v, err := r.euRedis.Get(ctx, luascripts.DefaultPrefix+"confirmed").Int64(); err != nil || v != revA {
 		t.Fatalf("eu stored confirmed revision %v (%v), want A = %d", v, err, revA)
@@ -281,6 +291,6 @@ func TestRestartBoundedByAConfirmationNotYetStored(t *testing.T) {
 	r.check(t, "eu restarted onto C with Z confirmed", 25, 75)
 
 	r.us.src.Set(c, revC)
-	untilConfirmed(ctx, t, c, revC, func() { r.us.sync(ctx, t); r.syncEU(ctx, t) }, r.euRedis, r.us.rdb)
+	untilConfirmed(ctx, t, c, revC, r.syncBoth(ctx), r.euRedis, r.us.rdb)
 	r.check(t, "the global tier confirmed revision C", 75, 25)
 }
