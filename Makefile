@@ -52,6 +52,17 @@ deps:
 # to be refused), so the detector only slowed them: 87 s with it, 9 s
 # without, on a busy machine.
 #
+# The same holds for the pure packages in NORACE_PURE: parsers, the config
+# and its reference, the key space, the wire mapping of reports, the
+# oracle, the scenario model and the simulator's report. Neither they nor
+# their tests start a goroutine or share memory (no go statement, sync or
+# channel in them), and what their tests run of other packages is their
+# pure code too, so the detector has nothing to find there; each cost a
+# -race build and link of its own (the build of the -race test binaries was
+# about a third of the suite's CPU) and ran slower under it (pkg/config 14 s
+# and sim/report 15 s with it). A package of that list that starts
+# concurrency moves back.
+#
 # They run beside the -race packages rather than after them: those mostly
 # wait on epochs, TTLs and stopped servers (0.3-0.6 CPU s per wall s, see
 # BENCHMARKS.md), and these are CPU-bound virtual runs that fill the idle
@@ -72,7 +83,8 @@ deps:
 # nothing else running (BENCHMARKS.md, "make test wall time"), and
 # shares the dependencies' compilation without -race with the packages
 # after it. A finding still fails the target, reported with their output.
-NORACE ?= github.com/sluicehq/sluice/sim github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world github.com/sluicehq/sluice/pkg/hierarchy github.com/sluicehq/sluice/internal/imagebuild
+NORACE_PURE ?= $(addprefix github.com/sluicehq/sluice/,internal/etcdflags internal/flagenv internal/readme internal/shrink internal/structfield pkg/config pkg/config/internal/configdoc pkg/envoyrls/importer pkg/quota pkg/regionsync pkg/shard sim/engine sim/oracle sim/report sim/scenario sim/scenarios sim/traffic deploy/envoy deploy/regions)
+NORACE ?= github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world github.com/sluicehq/sluice/pkg/hierarchy github.com/sluicehq/sluice/internal/imagebuild $(NORACE_PURE)
 
 # LIVE (sim/live) plays scenarios on real daemons in real time at three
 # to six times real speed: its tests are bound by CPU, and the race
@@ -96,7 +108,7 @@ LIVE_RACE ?= ^TestLivePlaysRetries$$
 # order (pkg/regional, sim/report) running on after the short ones are
 # done. A package of PKGS not named here runs after them, in go list's
 # order.
-SLOW ?= github.com/sluicehq/sluice/pkg/regional github.com/sluicehq/sluice/pkg/lease github.com/sluicehq/sluice/e2e github.com/sluicehq/sluice/pkg/luascripts github.com/sluicehq/sluice/pkg/configstore github.com/sluicehq/sluice/pkg/allocator github.com/sluicehq/sluice/cmd/regional github.com/sluicehq/sluice/pkg/agent github.com/sluicehq/sluice/cmd/sluicectl github.com/sluicehq/sluice/sim/report github.com/sluicehq/sluice/pkg/envoyrls github.com/sluicehq/sluice/scripts/mutate github.com/sluicehq/sluice/pkg/config
+SLOW ?= github.com/sluicehq/sluice/pkg/regional github.com/sluicehq/sluice/pkg/lease github.com/sluicehq/sluice/e2e github.com/sluicehq/sluice/pkg/luascripts github.com/sluicehq/sluice/pkg/configstore github.com/sluicehq/sluice/pkg/allocator github.com/sluicehq/sluice/cmd/regional github.com/sluicehq/sluice/pkg/agent github.com/sluicehq/sluice/cmd/sluicectl github.com/sluicehq/sluice/pkg/envoyrls github.com/sluicehq/sluice/scripts/mutate
 
 test: deps
 	@test -z "$$(gofmt -l .)" || (echo "gofmt would change:"; gofmt -l .; exit 1)
