@@ -205,7 +205,14 @@ type Allocator struct {
 	wantDem   []float64 // slot*nr + region: the demand estimate after that reading
 	seenStamp []uint32  // slot -> stamp of the report that last listed it
 	seenPos   []int32   // slot -> its position in that report
-	stamp     uint32
+	// grantEnd bounds from above when every grant issued for the key so
+	// far ends (slot -> ns since origin, negInf = none issued): the last
+	// of their record's ue. Grants at a region's static share leave no
+	// fencing state once the key is uncontended (its block is freed), so
+	// when a static share the allocator counts falls, this says whether
+	// the region may still hold one at the old share (holdLoweredShares).
+	grantEnd []int64
+	stamp    uint32
 
 	// Blocks: fencing state of the keys that get grants (contended, or
 	// some region may still hold a non-static grant). A key has a block
@@ -492,8 +499,10 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if k, ok := a.keyIndex[key]; ok {
+		before := a.countedShares(k)
 		a.limits[k] = l
 		a.setStaticBursts(k)
+		a.holdLoweredShares(k, before)
 		if b := a.blockOf[k]; b >= 0 {
 			a.forgetTargets(b)
 			a.resummarize(b)
@@ -508,6 +517,7 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 		a.limits[k] = l
 		a.keyLive[k] = true
 		a.blockOf[k] = -1
+		a.grantEnd[k] = negInf
 	} else {
 		k = int32(len(a.keys))
 		a.keys = append(a.keys, key)
@@ -516,6 +526,7 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 		a.blockOf = append(a.blockOf, -1)
 		a.seenStamp = append(a.seenStamp, 0)
 		a.seenPos = append(a.seenPos, 0)
+		a.grantEnd = append(a.grantEnd, negInf)
 		a.demand = append(a.demand, make([]float64, a.nr)...)
 		a.sburst = append(a.sburst, make([]float64, a.nr)...)
 		a.lastObs = append(a.lastObs, make([]uint32, a.nr)...)
@@ -568,6 +579,17 @@ func (a *Allocator) SetRegions(regions []Region) error {
 	oldNR := a.nr
 	old := a.regions
 	oldFences := a.fences
+	// What each key that may have live grants was counted at, by the
+	// regions' old indices (holdLoweredShares).
+	before := map[int32][]float64{}
+	for k := range a.keys {
+		if !a.keyLive[k] {
+			continue
+		}
+		if sh := a.countedShares(int32(k)); sh != nil {
+			before[int32(k)] = sh
+		}
+	}
 	from := make([]int, len(regions)) // new index -> old index or -1
 	for i, r := range regions {
 		from[i] = -1
@@ -649,7 +671,72 @@ func (a *Allocator) SetRegions(regions []Region) error {
 		a.resummarize(int32(b))
 	}
 	a.sharesChanged() // the kept regions' lapse states are back
+	for k, sh := range before {
+		kept := make([]float64, 2*nr)
+		for i, j := range from {
+			kept[2*i], kept[2*i+1] = math.Inf(-1), math.Inf(-1) // a new region held nothing
+			if j >= 0 {
+				kept[2*i], kept[2*i+1] = sh[2*j], sh[2*j+1]
+			}
+		}
+		a.holdLoweredShares(k, kept)
+	}
 	return nil
+}
+
+// countedShares is what key slot k's regions are counted at without a
+// grant (counted: rate, burst, for each region in order), or nil when no
+// grant issued for k may still be held (grantEnd). a.mu is held.
+func (a *Allocator) countedShares(k int32) []float64 {
+	if a.grantEnd[k] <= a.clock {
+		return nil
+	}
+	out := make([]float64, 2*a.nr)
+	for i := 0; i < a.nr; i++ {
+		out[2*i], out[2*i+1] = a.counted(k, i)
+	}
+	return out
+}
+
+// holdLoweredShares keeps counting a region at its former share of key
+// slot k where the share it is counted at fell (a config change, or a
+// revision the global tier now holds lowering Confirmations.Reserve)
+// while a grant issued at the former share may still be held. A grant
+// equal to a region's share leaves no fencing state once the key is
+// uncontended (Allocate frees its block), so nothing else remembers it:
+// the region may run that grant until it expires, above what the other
+// regions' grants now leave it. So it gets a pseudo record of the former
+// share up to the end of k's grants (grantEnd), with no known fallback;
+// the key is active (it has a block) until that record ends. before is
+// countedShares from before the change, by the current region indices
+// (-Inf for a region that was not there). a.mu is held.
+func (a *Allocator) holdLoweredShares(k int32, before []float64) {
+	if before == nil || a.grantEnd[k] <= a.clock {
+		return
+	}
+	b := a.blockOf[k]
+	added := false
+	for i := 0; i < a.nr; i++ {
+		oldR, oldB := before[2*i], before[2*i+1]
+		newR, newB := a.counted(k, i)
+		lowerR := newR < oldR && !nearStatic(newR, oldR)
+		lowerB := newB < oldB && !nearStatic(newB, oldB)
+		if !lowerR && !lowerB {
+			continue
+		}
+		if b < 0 {
+			b = a.newBlock(k)
+			a.active = append(a.active, k)
+		}
+		rec := grantRec{rate: max(oldR, newR), burst: max(oldB, newB), ue: a.grantEnd[k], le: negInf, at: negInf, flags: recPseudo}
+		if f := &a.fences[i][b]; !f.covers(rec) {
+			f.addOldest(rec)
+			added = true
+		}
+	}
+	if added {
+		a.resummarize(b)
+	}
 }
 
 // setStaticBursts computes key slot k's static burst caps (a free slot
@@ -1733,6 +1820,7 @@ func (a *Allocator) reissue(t int64, f *fence, k int32, held heldReport, s, sb f
 	}
 	rate, burst := f.distinct(held.rate, held.burst)
 	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})
+	a.grantEnd[k] = max(a.grantEnd[k], t+valid)
 	return Grant{Key: a.keys[k], Rate: rate, Burst: burst, Valid: time.Duration(valid)}, true
 }
 
@@ -1787,6 +1875,7 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 	}
 	rate, burst = f.distinct(rate, burst)
 	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})
+	a.grantEnd[k] = max(a.grantEnd[k], t+valid)
 	return Grant{Key: a.keys[k], Rate: rate, Burst: burst, Valid: time.Duration(valid)}, true
 }
 

@@ -298,16 +298,8 @@ func (f *fence) acknowledge(now int64, h heldReport, m int, staticBurst float64,
 			f.heldKnown = false
 			le = negInf
 		}
-		covered := false
-		for i := 0; i < int(f.n); i++ {
-			r := &f.recs[i]
-			if r.rate >= h.rate && r.burst >= h.burst && r.ue >= ue {
-				covered = true
-				break
-			}
-		}
-		if !covered {
-			f.addOldest(grantRec{rate: h.rate, burst: h.burst, ue: ue, le: le, at: negInf, flags: recPseudo})
+		if rec := (grantRec{rate: h.rate, burst: h.burst, ue: ue, le: le, at: negInf, flags: recPseudo}); !f.covers(rec) {
+			f.addOldest(rec)
 		}
 	default:
 		// Holds no grant: every grant it received expired before it sent
@@ -320,6 +312,17 @@ func (f *fence) acknowledge(now int64, h heldReport, m int, staticBurst float64,
 		}
 	}
 	f.prune(now)
+}
+
+// covers reports whether some record already counts at least r's rate and
+// burst until at least its upper expiry.
+func (f *fence) covers(r grantRec) bool {
+	for i := 0; i < int(f.n); i++ {
+		if c := &f.recs[i]; c.rate >= r.rate && c.burst >= r.burst && c.ue >= r.ue {
+			return true
+		}
+	}
+	return false
 }
 
 // heldValidSlack covers the truncation of held_valid to whole milliseconds

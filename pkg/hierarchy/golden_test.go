@@ -27,8 +27,11 @@ import (
 // floor (lanesFor; only grants to returning regions decide differently);
 // a region that reads no demand for a key within a hold of its last
 // reading above the unit floor still counts as asking (wantHold, held:
-// slow keys' units stayed nowhere), and View shows that HeldDemand.
-const goldenDigest = "a0cc2b905e4f758dbf92d5cf5525ffd2fe98e8e9cdaf22751a8345fbd312c679"
+// slow keys' units stayed nowhere), and View shows that HeldDemand; a
+// region whose counted share falls (SetLimit, SetRegions) while a grant
+// of the key may be live keeps counting at its former share until that
+// grant ends (holdLoweredShares: grants at a share leave no record).
+const goldenDigest = "e88523607b8481f13430d1ae6376d95e6b70d3ea6707e2dbb1d8b2959befe38d"
 
 // goldenWorlds × goldenEpochs random epochs make up the run.
 const (
