@@ -14,9 +14,11 @@ import (
 	"github.com/sluicehq/sluice/sim/oracle"
 )
 
-// traceEvents bounds the events kept per key: a few validities of three
-// regions' reports, answers and applied grants.
-const traceEvents = 256
+// traceEvents bounds the events kept per key: a whole run's reports,
+// answers and applied grants of three regions (a few per second each), so
+// a violation found early in a run still has its events when they are
+// printed at its end.
+const traceEvents = 16384
 
 // keyTrace keeps, per key, the latest grant events of every region: the
 // reports that echo what the region holds, the global tier's answers and
