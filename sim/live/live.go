@@ -146,6 +146,10 @@ type deployment struct {
 	rec    *recorder // set by startRecording; guarded by grantMu until then
 	// regionIdx is each region's index in the oracle, by name.
 	regionIdx map[string]int
+	// tiers counts the ways to the global tier each region's replicas
+	// opened (one per process and shard), numbering them for the trace.
+	tiersMu sync.Mutex
+	tiers   map[string]int // guarded by tiersMu
 	// beforeDelivery is Options.beforeDelivery.
 	beforeDelivery func(planned time.Duration)
 
@@ -271,6 +275,7 @@ func (d *deployment) start(ctx context.Context) error {
 		faults[rs.Name] = &tierFaults{rng: engine.NewStream(d.seed, "live-tier/"+rs.Name)}
 	}
 	d.regionIdx = idx
+	d.tiers = map[string]int{}
 	c, err := devcluster.Start(ctx, devcluster.Options{
 		Config: d.cfg, Regions: names, ReplicasPerRegion: replicasPerRegion, GlobalReplicas: globals,
 		SessionTTL: sessionTTL(time.Duration(d.sc.Topology.SessionTTL), d.scale), Prefix: etcdPrefix,
@@ -282,10 +287,16 @@ func (d *deployment) start(ctx context.Context) error {
 		OnStaticLease:      d.staticStored,
 		AllowEmbeddedRedis: true, Logger: d.logger,
 		WrapGlobal: func(region string, next regional.GlobalTier) regional.GlobalTier {
+			// Each replica process (and each shard's tier of it) wraps
+			// its own way to the global tier: the trace names which.
+			d.tiersMu.Lock()
+			d.tiers[region]++
+			tier := d.tiers[region]
+			d.tiersMu.Unlock()
 			return &faultyTier{next: next, f: faults[region],
-				sending: func(r *sluicev1.RegionReport) { d.reportedHeld(idx[region], r); d.traceReport(idx[region], r) },
+				sending: func(r *sluicev1.RegionReport) { d.reportedHeld(idx[region], r); d.traceReport(idx[region], tier, r) },
 				answered: func(r *sluicev1.RegionReport, g *sluicev1.RegionGrants, err error) {
-					d.traceAnswer(idx[region], r, g, err)
+					d.traceAnswer(idx[region], tier, r, g, err)
 				}}
 		},
 		OnApplied: func(region string, k quota.Key, rate, burst float64, expiryUS int64) {

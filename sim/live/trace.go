@@ -72,25 +72,26 @@ func (d *deployment) keyOf(k *sluicev1.QuotaKey) (int, bool) {
 func (d *deployment) scenarioMs(ms int64) int64 { return int64(float64(ms) * d.scale) }
 
 // traceReport records what a report says of each key it names.
-func (d *deployment) traceReport(region int, r *sluicev1.RegionReport) {
+// tier numbers the replica's way to the global tier that sent it.
+func (d *deployment) traceReport(region, tier int, r *sluicev1.RegionReport) {
 	now := time.Now()
 	for _, kd := range r.GetKeys() {
 		key, ok := d.keyOf(kd.GetKey())
 		if !ok {
 			continue
 		}
-		d.trace.add(key, region, now, fmt.Sprintf("report seq %d: holds %.4g/s burst %.4g for %d ms, admitted %d in %d ms, revisions %v",
-			r.GetSeq(), kd.GetHeldRate()/d.scale, kd.GetHeldBurst(), d.scenarioMs(kd.GetHeldValidMs()), kd.GetAdmitted(), d.scenarioMs(kd.GetWindowMs()), r.GetConfigRevisions()))
+		d.trace.add(key, region, now, fmt.Sprintf("report seq %d (tier #%d): holds %.4g/s burst %.4g for %d ms, admitted %d in %d ms, revisions %v",
+			r.GetSeq(), tier, kd.GetHeldRate()/d.scale, kd.GetHeldBurst(), d.scenarioMs(kd.GetHeldValidMs()), kd.GetAdmitted(), d.scenarioMs(kd.GetWindowMs()), r.GetConfigRevisions()))
 	}
 }
 
 // traceAnswer records the global tier's answer to a report, or its loss.
-func (d *deployment) traceAnswer(region int, r *sluicev1.RegionReport, g *sluicev1.RegionGrants, err error) {
+func (d *deployment) traceAnswer(region, tier int, r *sluicev1.RegionReport, g *sluicev1.RegionGrants, err error) {
 	now := time.Now()
 	if err != nil {
 		for _, kd := range r.GetKeys() {
 			if key, ok := d.keyOf(kd.GetKey()); ok {
-				d.trace.add(key, region, now, fmt.Sprintf("answer to seq %d lost: %v", r.GetSeq(), err))
+				d.trace.add(key, region, now, fmt.Sprintf("answer to seq %d (tier #%d) lost: %v", r.GetSeq(), tier, err))
 			}
 		}
 		return
@@ -105,8 +106,8 @@ func (d *deployment) traceAnswer(region int, r *sluicev1.RegionReport, g *sluice
 		if view == nil {
 			view = d.leaderView(now)
 		}
-		d.trace.add(key, region, now, fmt.Sprintf("answer to seq %d: %.4g/s burst %.4g for %d ms (epoch %d, learning %v, static lease %d ms, confirmed %d/%v)%s",
-			r.GetSeq(), gr.GetRate()/d.scale, gr.GetBurst(), d.scenarioMs(gr.GetValidMs()), g.GetEpoch(), g.GetLearning(), d.scenarioMs(g.GetStaticLeaseMs()),
+		d.trace.add(key, region, now, fmt.Sprintf("answer to seq %d (tier #%d): %.4g/s burst %.4g for %d ms (epoch %d, learning %v, static lease %d ms, confirmed %d/%v)%s",
+			r.GetSeq(), tier, gr.GetRate()/d.scale, gr.GetBurst(), d.scenarioMs(gr.GetValidMs()), g.GetEpoch(), g.GetLearning(), d.scenarioMs(g.GetStaticLeaseMs()),
 			g.GetConfirmedRevision(), g.GetConfirmedKnown(), d.reserved(view, k)))
 	}
 }
