@@ -46,14 +46,15 @@ var ccRegions = []string{"a", "b", "c"}
 // ccConfig is the config of one revision: each region's weight and
 // whether it is drained.
 type ccConfig struct {
-	weight  [3]int
-	drained [3]bool
-	floor   string // the class's partition_share
+	weight   [3]int
+	drained  [3]bool
+	floor    string // the class's partition_share
+	validity int    // grant_validity, ms
 }
 
 func (c ccConfig) yaml() string {
 	var b strings.Builder
-	b.WriteString("epoch: 100ms\ngrant_validity: 500ms\nregion_lease: 60s\nregions:\n")
+	fmt.Fprintf(&b, "epoch: 100ms\ngrant_validity: %dms\nregion_lease: 60s\nregions:\n", c.validity)
 	for i, r := range ccRegions {
 		fmt.Fprintf(&b, "  %s: {weight: %d", r, c.weight[i])
 		if c.drained[i] {
@@ -69,7 +70,8 @@ type ccEventKind int
 
 const (
 	ccStep      ccEventKind = iota // the leader's allocation epoch
-	ccSend                         // a region sends a report
+	ccSend                         // a region leader reads Redis TIME: the report's send time
+	ccRead                         // it reads the key's state into the report
 	ccDeliver                      // the report reaches the global tier
 	ccAnswer                       // its answer reaches the region
 	ccAdopt                        // a region adopts a revision
@@ -116,19 +118,21 @@ type ccRegion struct {
 	leaseEnd    time.Time // static lease
 	seq         uint64
 	demand      float64
-	inFlight    bool
+	inFlight    int // reports in flight
 }
 
 func configChanges(t *rapid.T) {
 	key := quota.Key{Tenant: "t", Class: "write"}
 	floor := rapid.SampledFrom([]string{"0", "0", "0.5"}).Draw(t, "floor")
-	cfgs := []ccConfig{{weight: [3]int{2, 1, 1}, floor: floor}}
+	cfgs := []ccConfig{{weight: [3]int{2, 1, 1}, floor: floor, validity: 500}}
 	for n := rapid.IntRange(1, 4).Draw(t, "changes"); len(cfgs) <= n; {
 		next := cfgs[len(cfgs)-1]
 		i := rapid.IntRange(0, 2).Draw(t, "changedRegion")
-		switch rapid.IntRange(0, 2).Draw(t, "change") {
-		case 0:
+		switch rapid.IntRange(0, 5).Draw(t, "change") {
+		case 0, 1:
 			next.drained[i] = !next.drained[i]
+		case 2:
+			next.validity = rapid.SampledFrom([]int{400, 500, 800}).Draw(t, "validityMs")
 		default:
 			next.weight[i] = rapid.IntRange(1, 3).Draw(t, "weight")
 		}
@@ -153,11 +157,22 @@ func configChanges(t *rapid.T) {
 		t.Fatal(err)
 	}
 	s.promote(1, time.Now().Add(time.Hour), nil)
+	// Perhaps another replica takes over at some epoch: it starts with
+	// what it reads then (the live config only) and learns.
+	failoverAt := -1
+	if rapid.Bool().Draw(t, "failover") {
+		failoverAt = rapid.IntRange(5, 60).Draw(t, "failoverEpoch")
+	}
 
 	const epoch = 100 * time.Millisecond
 	loseReport := rapid.Float64Range(0, 0.2).Draw(t, "loseReport")
 	loseAnswer := rapid.Float64Range(0, 0.2).Draw(t, "loseAnswer")
 	failApply := rapid.Float64Range(0, 0.6).Draw(t, "failApply")
+	// A second leader of a region (one whose session ended but who does
+	// not know it yet) may report while the first one's report is in
+	// flight, and install its answer between the other's send time and
+	// its state read.
+	overlap := rapid.SampledFrom([]float64{0, 0, 0.3}).Draw(t, "overlap")
 	maxDelay := time.Duration(rapid.IntRange(0, 80).Draw(t, "maxDelayMs")) * time.Millisecond
 	delay := func(label string) time.Duration {
 		if maxDelay == 0 {
@@ -180,8 +195,8 @@ func configChanges(t *rapid.T) {
 		heap.Push(&q, e)
 	}
 	end := start.Add(time.Duration(rapid.IntRange(40, 120).Draw(t, "epochs")) * epoch)
-	for at := start; at.Before(end); at = at.Add(epoch) {
-		push(&ccEvent{at: at, kind: ccStep})
+	for n, at := 0, start; at.Before(end); n, at = n+1, at.Add(epoch) {
+		push(&ccEvent{at: at, kind: ccStep, rev: int64(n)})
 	}
 	for i := range regions {
 		push(&ccEvent{at: start.Add(delay("firstReport")), kind: ccSend, region: i})
@@ -256,6 +271,15 @@ func configChanges(t *rapid.T) {
 		now := time.Now()
 		switch e.kind {
 		case ccStep:
+			if int(e.rev) == failoverAt {
+				next, err := newService(serviceOptions{config: src, advertise: "other:7500", logger: slog.New(slog.DiscardHandler)}, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				next.promote(2, now.Add(time.Hour), nil)
+				s = next
+				logf("another replica leads")
+			}
 			s.step(now)
 		case ccDemand:
 			regions[e.region].demand = rapid.SampledFrom([]float64{0, 1, 3, 6, 12}).Draw(t, "demand")
@@ -274,13 +298,22 @@ func configChanges(t *rapid.T) {
 			if !now.Before(end) {
 				break
 			}
-			if rg.inFlight {
+			if rg.inFlight > 0 && !chance(overlap, "overlap") {
 				push(&ccEvent{at: now.Add(epoch), kind: ccSend, region: e.region})
 				break
 			}
 			var revs []int64
 			rg.chain, revs = rg.chain.Reported()
 			rg.seq++
+			rep := &sluicev1.RegionReport{Region: ccRegions[e.region], Seq: rg.seq, ConfigRevisions: revs}
+			if now.Before(rg.leaseEnd) {
+				rep.StaticValidMs = rg.leaseEnd.Sub(now).Milliseconds()
+			}
+			rg.inFlight++
+			push(&ccEvent{at: now.Add(delay("read")), kind: ccRead, region: e.region, rep: rep, sentAt: now})
+		case ccRead:
+			rg := regions[e.region]
+			rep := e.rep
 			kd := &sluicev1.KeyDemand{Key: &sluicev1.QuotaKey{Tenant: key.Tenant, Class: key.Class}, WindowMs: epoch.Milliseconds()}
 			r, b, _ := inForce(e.region)
 			adm := min(rg.demand, r)
@@ -292,25 +325,21 @@ func configChanges(t *rapid.T) {
 			if !rg.expiry.IsZero() && now.Before(rg.expiry) {
 				kd.HeldRate, kd.HeldBurst, kd.HeldValidMs = rg.rate, rg.burst, rg.expiry.Sub(now).Milliseconds()
 			}
-			rep := &sluicev1.RegionReport{Region: ccRegions[e.region], Seq: rg.seq, ConfigRevisions: revs, Keys: []*sluicev1.KeyDemand{kd}}
-			if now.Before(rg.leaseEnd) {
-				rep.StaticValidMs = rg.leaseEnd.Sub(now).Milliseconds()
-			}
-			logf("%s sends seq %d: revisions %v, holds %.4g/s burst %.4g for %d ms", ccRegions[e.region], rg.seq, revs, kd.HeldRate, kd.HeldBurst, kd.HeldValidMs)
-			rg.inFlight = true
+			rep.Keys = []*sluicev1.KeyDemand{kd}
+			logf("%s sends seq %d (sent %.3fs): revisions %v, holds %.4g/s burst %.4g for %d ms", ccRegions[e.region], rep.Seq, e.sentAt.Sub(start).Seconds(), rep.ConfigRevisions, kd.HeldRate, kd.HeldBurst, kd.HeldValidMs)
 			if chance(loseReport, "loseReport") {
-				logf("%s seq %d lost", ccRegions[e.region], rg.seq)
-				rg.inFlight = false
+				logf("%s seq %d lost", ccRegions[e.region], rep.Seq)
+				rg.inFlight--
 				push(&ccEvent{at: now.Add(epoch + delay("retry")), kind: ccSend, region: e.region})
 				break
 			}
-			push(&ccEvent{at: now.Add(delay("deliver")), kind: ccDeliver, region: e.region, rep: rep, sentAt: now})
+			push(&ccEvent{at: now.Add(delay("deliver")), kind: ccDeliver, region: e.region, rep: rep, sentAt: e.sentAt})
 		case ccDeliver:
 			g, err := s.Sync(t.Context(), e.rep)
 			rg := regions[e.region]
 			if err != nil || chance(loseAnswer, "loseAnswer") {
 				logf("%s answer to seq %d lost (%v)", ccRegions[e.region], e.rep.GetSeq(), err)
-				rg.inFlight = false
+				rg.inFlight--
 				push(&ccEvent{at: now.Add(epoch + delay("retry")), kind: ccSend, region: e.region})
 				break
 			}
@@ -328,7 +357,7 @@ func configChanges(t *rapid.T) {
 		case ccAnswer:
 			rg := regions[e.region]
 			g := e.answer
-			rg.inFlight = false
+			rg.inFlight--
 			if g.GetConfirmedKnown() {
 				rg.chain = rg.chain.Confirm(g.GetConfirmedRevision())
 			}
