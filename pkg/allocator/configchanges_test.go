@@ -88,6 +88,7 @@ type ccEvent struct {
 	rev    int64
 	rep    *sluicev1.RegionReport
 	sentAt time.Time
+	readAt time.Time // when the report read the key's state
 	answer *sluicev1.RegionGrants
 }
 
@@ -333,7 +334,7 @@ func configChanges(t *rapid.T) {
 				push(&ccEvent{at: now.Add(epoch + delay("retry")), kind: ccSend, region: e.region})
 				break
 			}
-			push(&ccEvent{at: now.Add(delay("deliver")), kind: ccDeliver, region: e.region, rep: rep, sentAt: e.sentAt})
+			push(&ccEvent{at: now.Add(delay("deliver")), kind: ccDeliver, region: e.region, rep: rep, sentAt: e.sentAt, readAt: now})
 		case ccDeliver:
 			g, err := s.Sync(t.Context(), e.rep)
 			rg := regions[e.region]
@@ -353,7 +354,7 @@ func configChanges(t *rapid.T) {
 			for _, kg := range g.GetGrants() {
 				logf("global tier answers %s seq %d: %.4g/s burst %.4g for %d ms; confirmed %d/%v", ccRegions[e.region], e.rep.GetSeq(), kg.GetRate(), kg.GetBurst(), kg.GetValidMs(), g.GetConfirmedRevision(), g.GetConfirmedKnown())
 			}
-			push(&ccEvent{at: now.Add(delay("answer")), kind: ccAnswer, region: e.region, rep: e.rep, sentAt: e.sentAt, answer: g})
+			push(&ccEvent{at: now.Add(delay("answer")), kind: ccAnswer, region: e.region, rep: e.rep, sentAt: e.sentAt, readAt: e.readAt, answer: g})
 		case ccAnswer:
 			rg := regions[e.region]
 			g := e.answer
@@ -371,12 +372,15 @@ func configChanges(t *rapid.T) {
 					logf("%s: set_rate of seq %d's grant failed", ccRegions[e.region], e.rep.GetSeq())
 					continue
 				}
-				if e.sentAt.Before(rg.issued) {
+				// Measured from the state read, as the region leader does
+				// (regionsync.Install.ReadAt).
+				from := e.readAt
+				if from.Before(rg.issued) {
 					continue // stale: set_rate ignores it
 				}
 				rg.rate, rg.burst = kg.GetRate(), kg.GetBurst()
-				rg.expiry = e.sentAt.Add(time.Duration(kg.GetValidMs()) * time.Millisecond)
-				rg.issued = e.sentAt
+				rg.expiry = from.Add(time.Duration(kg.GetValidMs()) * time.Millisecond)
+				rg.issued = from
 				logf("%s installs %.4g/s burst %.4g until %.3fs", ccRegions[e.region], rg.rate, rg.burst, rg.expiry.Sub(start).Seconds())
 				push(&ccEvent{at: rg.expiry, kind: ccExpire, region: e.region})
 			}

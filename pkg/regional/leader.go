@@ -454,6 +454,8 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 			return nil, nil, res[i].Err
 		}
 		reads[i] = regionsync.KeyRead{Key: p.key, State: res[i].State, StaticRate: p.common.StaticRate}
+		p.readUS = res[i].State.NowUS
+		plans[p.key] = p
 	}
 	return plans, reads, nil
 }
@@ -464,6 +466,11 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 	installs, refused := regionsync.Installs(g, sendUS, held)
 	for _, r := range refused {
 		s.log.Warn("global tier sent an invalid grant; ignored", "grant", r.Grant.String(), "reason", r.Reason)
+	}
+	for i := range installs {
+		if p, reported := plans[installs[i].Key]; reported {
+			installs[i].ReadAt(p.readUS)
+		}
 	}
 	type item struct {
 		p  keyPlan

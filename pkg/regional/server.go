@@ -218,6 +218,10 @@ type keyPlan struct {
 	res    config.Resolved
 	keys   luascripts.Keys
 	common luascripts.Common
+	// readUS is when the region leader's report read the key's state
+	// (Redis time; 0 outside a report): its grant is measured from
+	// there (regionsync.Install.ReadAt).
+	readUS int64
 }
 
 // plan validates k against the live config and derives the script inputs.

@@ -250,6 +250,25 @@ type Install struct {
 	Lowers bool
 }
 
+// ReadAt measures the grant from readUS, when the report read the key's
+// state, instead of from the report's send time, when that is later. The
+// allocator bounds the grant's expiry from below by the answer time of the
+// grant the report acknowledged (the region held it, so it had received
+// it) plus the validity, and the read that saw that grant came after its
+// install. Redis TIME taken before the read may come before that answer
+// when another leader of the region (one whose session ended and who does
+// not know it yet) installed a grant in between: measured from the send
+// time, the region would fall back to its static share before the
+// allocator assumes it can. From the read, the grant ends no earlier than
+// that bound, and still no later than the allocator's own view (the read
+// precedes the send, which precedes the answer).
+func (in *Install) ReadAt(readUS int64) {
+	if readUS > in.FenceUS {
+		in.ExpiryUS += readUS - in.FenceUS
+		in.FenceUS = readUS
+	}
+}
+
 // LowerTolerance is the fraction of the held rate by which a grant must
 // be below it to lower it (Lowers).
 //

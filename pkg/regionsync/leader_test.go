@@ -107,6 +107,28 @@ func TestInstallsExpireFromTheSendTime(t *testing.T) {
 	}
 }
 
+// TestInstallReadAtMeasuresFromTheStateRead: a grant is measured from the
+// key's state read when that came after the send time (another leader's
+// install between the two), never from earlier.
+func TestInstallReadAtMeasuresFromTheStateRead(t *testing.T) {
+	const sendUS = 9_000_000
+	g := &sluicev1.RegionGrants{Grants: []*sluicev1.KeyGrant{{Key: &sluicev1.QuotaKey{Tenant: "acme", Class: "read"}, Rate: 2, Burst: 5, ValidMs: 3000}}}
+	for _, tc := range []struct {
+		readUS, wantExpiry, wantFence int64
+	}{
+		{sendUS + 40_000, sendUS + 40_000 + 3_000_000, sendUS + 40_000},
+		{sendUS, sendUS + 3_000_000, sendUS},
+		{sendUS - 1, sendUS + 3_000_000, sendUS}, // a read before the send time moves nothing
+		{0, sendUS + 3_000_000, sendUS},
+	} {
+		ins, _ := Installs(g, sendUS, nil)
+		ins[0].ReadAt(tc.readUS)
+		if ins[0].ExpiryUS != tc.wantExpiry || ins[0].FenceUS != tc.wantFence {
+			t.Errorf("read at %d: expiry %d fence %d; want %d and %d", tc.readUS, ins[0].ExpiryUS, ins[0].FenceUS, tc.wantExpiry, tc.wantFence)
+		}
+	}
+}
+
 // TestNudgedGrantOwesNoAcknowledgement: the allocator nudges every new
 // grant a few float steps below the ones it may still count, so a grant
 // that only differs by such steps from the held one lowers nothing and
