@@ -19,7 +19,7 @@ func TestKeyTraceKeepsTheLatestAndDumpsAWindow(t *testing.T) {
 	kt.add(8, 0, start, "another key")
 	virtual := func(at time.Time) time.Duration { return at.Sub(start) * 2 } // scale 2
 	var b strings.Builder
-	kt.dump(&b, 7, []string{"us", "eu"}, virtual, 0, time.Hour)
+	kt.dump(&b, 7, []string{"us", "eu"}, virtual, 0, 1000*time.Hour)
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	if len(lines) != traceEvents || !strings.Contains(lines[0], "event 10") || strings.Contains(b.String(), "another key") {
 		t.Fatalf("%d lines, first %q; want the latest %d of key 7 only", len(lines), lines[0], traceEvents)
