@@ -19,12 +19,15 @@ import (
 )
 
 // TestConfigChangesNeverOversubscribe: the global tier's Service against
-// three model regions through drains, restores and weight changes that
-// reach the regions and the global tier at different times, while reports
-// and answers are delayed or lost and set_rate calls fail (a grant
-// answered but never installed: the region runs on what it held, then on
-// its static share). Each region keeps its static shares with the
-// shipped regionsync.Chain (decreases at once, raises on a confirmation).
+// three model regions through drains, restores, weight and validity
+// changes that reach the regions and the global tier at different times,
+// while reports and answers are delayed or lost, set_rate calls fail (a
+// grant answered but never installed: the region runs on what it held,
+// then on its static share), another replica takes over the global tier,
+// and a second leader of a region reports while the first one's report is
+// in flight. Each region keeps its static shares with the shipped
+// regionsync.Chain (decreases at once, raises on a confirmation) and
+// measures a grant from its report's state read, as the region leader does.
 // At every instant, from the regions' side, the rates and burst caps in
 // force sum to at most the key's: invariants 2 and 3 of
 // docs/architecture.md across config revisions.
