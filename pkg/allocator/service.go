@@ -409,27 +409,7 @@ func (s *Service) limitLocked(k quota.Key, l hierarchy.KeyLimit) hierarchy.KeyLi
 // (Confirmations.InPlay), or, when none of them is held, the largest under
 // any held config. s.mu is held.
 func (s *Service) floorReserveLocked(region string, k quota.Key) (rate, burst float64) {
-	found := false
-	for rev := range s.conf.InPlay(region) {
-		cfg, held := s.held[rev]
-		if !held {
-			continue
-		}
-		r, b := floorUnder(cfg, region, k)
-		if !found {
-			rate, burst, found = r, b, true
-		} else {
-			rate, burst = min(rate, r), min(burst, b)
-		}
-	}
-	if found {
-		return rate, burst
-	}
-	for _, cfg := range s.held {
-		r, b := floorUnder(cfg, region, k)
-		rate, burst = max(rate, r), max(burst, b)
-	}
-	return rate, burst
+	return s.conf.ReserveOf(s.held, region, func(cfg *config.Config) (float64, float64) { return floorUnder(cfg, region, k) })
 }
 
 // floorUnder is region's floor for k under cfg (config.FloorOf), 0 when k

@@ -487,13 +487,21 @@ func (c *Confirmations) Assumed() (rev int64, ok bool) {
 // config: the largest share under any held config. cfgs must hold at
 // least one config.
 func (c *Confirmations) Reserve(cfgs map[int64]*config.Config, region string, k quota.Key) (rate, burst float64) {
+	return c.ReserveOf(cfgs, region, func(cfg *config.Config) (float64, float64) { return ShareUnder(cfg, region, k) })
+}
+
+// ReserveOf is Reserve for any per-config amount a region runs the
+// smallest of under the configs it honours (its static share, its floor):
+// the smallest of amount under region's revisions in play whose config
+// cfgs holds, or, none held, the largest under any held config.
+func (c *Confirmations) ReserveOf(cfgs map[int64]*config.Config, region string, amount func(*config.Config) (rate, burst float64)) (rate, burst float64) {
 	found := false
 	for rev := range c.InPlay(region) {
 		cfg, held := cfgs[rev]
 		if !held {
 			continue
 		}
-		r, b := ShareUnder(cfg, region, k)
+		r, b := amount(cfg)
 		if !found {
 			rate, burst, found = r, b, true
 		} else {
@@ -504,7 +512,7 @@ func (c *Confirmations) Reserve(cfgs map[int64]*config.Config, region string, k 
 		return rate, burst
 	}
 	for _, cfg := range cfgs {
-		r, b := ShareUnder(cfg, region, k)
+		r, b := amount(cfg)
 		rate, burst = math.Max(rate, r), math.Max(burst, b)
 	}
 	return rate, burst
