@@ -109,9 +109,7 @@ func (r *restartRig) restartEU(ctx context.Context, t *testing.T, prefix string)
 
 func (r *restartRig) syncEU(ctx context.Context, t *testing.T) {
 	t.Helper()
-	if err := r.euLeader.SyncOnce(ctx, nil); err != nil {
-		t.Fatalf("eu: sync: %v", err)
-	}
+	syncRetrying(ctx, t, "eu: ", r.euLeader)
 }
 
 // syncBoth is a round of untilConfirmed: eu's leader syncs, then us's.
