@@ -287,18 +287,24 @@ func (f *fence) acknowledge(now int64, h heldReport, m int, staticBurst float64,
 		f.heldKnown = true
 	case h.valid > 0:
 		// The region holds a grant we cannot place. Count it as reported
-		// until it surely expired. In learning mode it is a previous
-		// leader's, whose expiry we cannot bound from below: assume the
-		// region may fall back at any time. Otherwise it can only be one of
-		// ours echoed inexactly (a misbehaving region), and what we know
-		// about its fallback still holds.
+		// until it surely expired. Its expiry has no lower bound: the
+		// report's send time is unknown. It may be a previous leader's (in
+		// learning mode), one of ours echoed inexactly (a misbehaving
+		// region), or one of ours whose record is gone: a grant at the
+		// static share, which keeps no record once the key's block is
+		// freed, and which the region runs until it expires. If the region
+		// acknowledges the record later, it may fall back to its static
+		// share whenever that grant ends, so the record's lower expiry
+		// bound is negInf, as every record's is at most its upper one.
+		// (With posInf here, a region that acknowledged such a record was
+		// counted below its static share, at a newer grant it never
+		// installed, after that grant had ended: found by sim/live's
+		// drain-and-restore run, Σ rates 1.02 r.)
 		ue := now + h.valid + heldValidSlack
-		le := posInf
 		if learning {
 			f.heldKnown = false
-			le = negInf
 		}
-		if rec := (grantRec{rate: h.rate, burst: h.burst, ue: ue, le: le, at: negInf, flags: recPseudo}); !f.covers(rec) {
+		if rec := (grantRec{rate: h.rate, burst: h.burst, ue: ue, le: negInf, at: negInf, flags: recPseudo}); !f.covers(rec) {
 			f.addOldest(rec)
 		}
 	default:
