@@ -23,9 +23,8 @@ import (
 // b's static 50/s. sim/live's drain-and-restore run found it (Σ rates
 // 1.02 r, once in about 400 runs).
 func TestUnrecordedGrantAcknowledgedLaterKeepsItsFallback(t *testing.T) {
-	start := time.Unix(1_700_000_000, 0)
-	regions := []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
-	al, err := NewAllocator(Options{Regions: regions, Epoch: 100 * time.Millisecond, Validity: 500 * time.Millisecond}, start)
+	start := testStart
+	al, err := NewAllocator(Options{Regions: twoRegions(), Epoch: 100 * time.Millisecond, Validity: 500 * time.Millisecond}, start)
 	if err != nil {
 		t.Fatal(err)
 	}
