@@ -26,6 +26,8 @@ import (
 // PriorValidity), and checks the invariants at every instant from the
 // regions' side: what each region may actually use, given the grants and
 // static leases it actually received and their expiry on its own clock.
+// TestTimelineQuietSpells runs the same timeline with quiet spells of a key
+// (spell) instead of silences, leader and config changes.
 
 var simBase = time.Unix(1_700_000_000, 0)
 
@@ -93,6 +95,9 @@ type simRegion struct {
 	// staticUntil ends its static lease (its clock): it runs on its static
 	// shares before, on its floors from then on.
 	staticUntil int64
+	// loseAnswer, when above the phase's, is the probability an answer to
+	// this region is lost (a quiet spell's).
+	loseAnswer float64
 }
 
 // faults says what may go wrong in a phase.
@@ -414,6 +419,14 @@ func (s *sim) step() {
 	case evDeliver:
 		s.ensureLearning(s.now)
 		wasLapsed := slices.Contains(s.alloc.LapsedSet(), s.opts.Regions[e.region].Name)
+		// The daemon sets the limit of every key a report names before
+		// the report (pkg/allocator, Sync), which works the keys'
+		// summaries out afresh.
+		for _, kd := range e.report.Keys {
+			if err := s.alloc.SetLimit(kd.Key, s.limits[slices.Index(s.keys, kd.Key)]); err != nil {
+				s.t.Fatalf("SetLimit: %v", err)
+			}
+		}
 		ans, err := s.alloc.Report(s.wall(s.now), e.report)
 		if err != nil {
 			if !errorsIsStale(err) {
@@ -433,7 +446,7 @@ func (s *sim) step() {
 		if wasLapsed && ans.StaticLease > 0 {
 			s.returns++
 		}
-		if !s.chance(s.faults.loseAnswer, "loseAnswer") {
+		if !s.chance(max(s.faults.loseAnswer, s.regions[e.region].loseAnswer), "loseAnswer") {
 			s.push(&simEvent{at: s.now + s.delay("d2"), kind: evAnswer, region: e.region, report: e.report, sentAt: e.sentAt, grants: ans.Grants, lease: ans.StaticLease})
 		}
 	case evAnswer:
@@ -540,7 +553,32 @@ func TestTimelineNeverOversubscribes(t *testing.T) {
 	t.Logf("%d regions lapsed and %d were conferred a static lease again", timelineLapses.Load(), timelineReturns.Load())
 }
 
-func timeline(t *rapid.T) {
+// TestTimelineQuietSpells runs the timeline with a quiet spell of one key
+// (see spell) and, so that the spell is not drowned, without silences,
+// leader changes or config changes: lost, delayed and duplicated messages
+// only, and more answers lost to the regions that hold the old grants.
+func TestTimelineQuietSpells(t *testing.T) {
+	rounds := timelineRounds
+	if os.Getenv("SLUICE_SOAK") != "" {
+		rounds = timelineSoakRounds
+	}
+	if testing.Short() {
+		rounds = 1
+	}
+	for round := 0; round < rounds; round++ {
+		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) { rapid.Check(t, timelineQuietSpell) })
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+func timeline(t *rapid.T)           { runTimeline(t, false) }
+func timelineQuietSpell(t *rapid.T) { runTimeline(t, true) }
+
+// runTimeline runs one timeline (see the top of the file); with spell, a
+// quiet spell instead of the silences and leader and config changes.
+func runTimeline(t *rapid.T, withSpell bool) {
 	epoch := time.Second
 	vEpochs := rapid.SampledFrom([]int{1, 2, 3, 5, 5, 6, 8}).Draw(t, "validityEpochs")
 	leaseEpochs := rapid.IntRange(vEpochs, 3*vEpochs).Draw(t, "regionLeaseEpochs")
@@ -617,10 +655,12 @@ func timeline(t *rapid.T) {
 		loseAnswer: rapid.Float64Range(0, 0.3).Draw(t, "loseAnswer"),
 		duplicate:  rapid.Float64Range(0, 0.3).Draw(t, "duplicate"),
 		maxDelay:   time.Duration(rapid.IntRange(0, 2500).Draw(t, "maxDelayMs")) * time.Millisecond,
-		silence:    rapid.Float64Range(0, 0.4).Draw(t, "silence"),
+	}
+	if !withSpell {
+		s.faults.silence = rapid.Float64Range(0, 0.4).Draw(t, "silence")
 	}
 	chaos := rapid.IntRange(5, 30).Draw(t, "chaosEpochs")
-	if rapid.IntRange(0, 2).Draw(t, "lapses") == 0 {
+	if !withSpell && rapid.IntRange(0, 2).Draw(t, "lapses") == 0 {
 		// Some silences outlast the region lease: the chaos phase is long
 		// enough for them to lapse; they come back in it or in the quiet
 		// phase.
@@ -628,11 +668,14 @@ func timeline(t *rapid.T) {
 		s.faults.persistFail = rapid.Float64Range(0, 0.5).Draw(t, "persistFail")
 		chaos += lapseEpochs
 	}
-	leaderAt := rapid.IntRange(-1, chaos-1).Draw(t, "leaderChangeEpoch")
+	leaderAt := -1
+	if !withSpell {
+		leaderAt = rapid.IntRange(-1, chaos-1).Draw(t, "leaderChangeEpoch")
+	}
 	// A config change of the validity in half the runs, and learning
 	// extended (as keys moving between shards do) in a third.
 	configAt, extendAt, silentToLeader := -1, -1, -1
-	if rapid.Bool().Draw(t, "validityChange") {
+	if !withSpell && rapid.Bool().Draw(t, "validityChange") {
 		configAt = rapid.IntRange(0, chaos-1).Draw(t, "validityChangeEpoch")
 		if rapid.Bool().Draw(t, "leaderAfterChange") {
 			// The leader changes while grants of the old validity are
@@ -643,11 +686,25 @@ func timeline(t *rapid.T) {
 			silentToLeader = rapid.IntRange(-1, nr-1).Draw(t, "silentToNewLeader")
 		}
 	}
-	if rapid.IntRange(0, 2).Draw(t, "extendLearning") == 0 {
+	if !withSpell && rapid.IntRange(0, 2).Draw(t, "extendLearning") == 0 {
 		extendAt = rapid.IntRange(0, chaos-1).Draw(t, "extendEpoch")
+	}
+	// The quiet spell: one key is wanted above every region's share
+	// (grants at the static shares), then read below them until its
+	// fencing state is freed while those grants are still held, then
+	// wanted by one region only. The regions' echoes of grants the
+	// allocator no longer records meet the newer grants, lost or not.
+	sp := spell{key: -1}
+	if withSpell {
+		// After the first leader's learning; the chaos phase long enough
+		// for three spells, one after the other.
+		sp = spell{key: rapid.IntRange(0, nKeys-1).Draw(t, "spellKey"), at: vEpochs + 1 + rapid.IntRange(0, 4).Draw(t, "spellEpoch"),
+			after: rapid.IntRange(0, vEpochs).Draw(t, "spellAfterFreed")}
+		chaos = max(chaos, sp.at+3*(16+2*vEpochs+7))
 	}
 	silentLeft := make([]int, nr)
 	for e := 0; e < chaos; e++ {
+		inSpell := s.spell(&sp, e)
 		offsets := make([]int64, nr)
 		silent := make([]bool, nr)
 		for r := range offsets {
@@ -667,7 +724,9 @@ func timeline(t *rapid.T) {
 			}
 			if rapid.IntRange(0, 2).Draw(t, "demandChange") == 0 {
 				k := rapid.IntRange(0, nKeys-1).Draw(t, "demandKey")
-				s.regions[r].demand[k] = genDemand(t, s.limits[k].Rate)
+				if !inSpell || k != sp.key {
+					s.regions[r].demand[k] = genDemand(t, s.limits[k].Rate)
+				}
 			}
 		}
 		s.schedule(e, offsets, silent)
@@ -690,6 +749,9 @@ func timeline(t *rapid.T) {
 	// reports. Long enough for old grants to expire, learning to end
 	// and the demand estimates to converge.
 	s.faults = faults{}
+	for r := range s.regions {
+		s.regions[r].loseAnswer = 0
+	}
 	// The quiet phase's bounds and the steady state go by the validity
 	// now live, after a change the longer of the two.
 	steady := s.opts.Validity >= 5*epoch
@@ -733,6 +795,93 @@ func timeline(t *rapid.T) {
 			t.Fatalf("region %s ends the quiet phase %s, want %s", rv.Name, rv.State, want)
 		}
 	}
+}
+
+// spell is a quiet spell of one key (see runTimeline). Before the
+// daemon-side SetLimit of every reported key and the spells, the timeline
+// never reached a grant echoed after its record was freed, acknowledged
+// while the newer grants were lost (pkg/hierarchy fence.acknowledge, the
+// pseudo record's lower expiry bound): with that fix undone, about one
+// soak round in ten fails.
+type spell struct {
+	key, at int // the key, -1 for none, and the epoch it starts
+	after   int // epochs from the key's fencing state freed to the taker
+	freed   int // the epoch the allocator no longer tracked the key, -1 before
+}
+
+// spell sets the spell key's demands for epoch e and reports whether the
+// spell is on: one region above the limit and the others below their
+// shares for an epoch (grants away from the static shares), then every
+// region at twice its share for three (the grants come back to the static
+// shares), then every region at one fraction of its share until the
+// allocator keeps no state for the key (at most 12 epochs) and after
+// epochs more, then one region above the limit, with answers to the others
+// lost more often, for five epochs. The next spell starts two epochs on.
+func (s *sim) spell(sp *spell, e int) bool {
+	if sp.key < 0 || e < sp.at {
+		return false
+	}
+	k, l := sp.key, s.limits[sp.key]
+	if e == sp.at {
+		sp.freed = -1
+	}
+	if e >= sp.at+4 && sp.freed < 0 && (!s.tracked(k) || e >= sp.at+16) {
+		sp.freed = e
+	}
+	switch {
+	case e == sp.at:
+		// One region above the limit, the others below their shares:
+		// grants away from the static shares.
+		taker := rapid.IntRange(0, len(s.regions)-1).Draw(s.t, "spellFirstTaker")
+		for r := range s.regions {
+			s.regions[r].demand[k] = s.static[k][r] * rapid.Float64Range(0, 0.5).Draw(s.t, "spellFirstLow")
+		}
+		s.regions[taker].demand[k] = 2 * l.Rate
+	case e < sp.at+4:
+		// In proportion to the shares, above them: the grants come back
+		// to the static shares, sent as grants to the regions holding
+		// one.
+		for r := range s.regions {
+			s.regions[r].demand[k] = 2 * s.static[k][r]
+		}
+	case sp.freed < 0 || e < sp.freed+sp.after:
+		// In proportion too: every region's estimate falls below its share
+		// at once, so the grants stay at the static shares until the key
+		// is no longer contended.
+		f := rapid.Float64Range(0, 0.5).Draw(s.t, "spellLow")
+		for r := range s.regions {
+			s.regions[r].demand[k] = s.static[k][r] * f
+		}
+	case e == sp.freed+sp.after:
+		// The answers to the others are lost more often for a while: the
+		// grants that would replace what they hold.
+		loss := rapid.Float64Range(0, 0.9).Draw(s.t, "spellLoss")
+		for r := range s.regions {
+			s.regions[r].loseAnswer = loss
+		}
+		taker := rapid.IntRange(0, len(s.regions)-1).Draw(s.t, "spellTaker")
+		s.regions[taker].loseAnswer = 0
+		s.regions[taker].demand[k] = 2 * l.Rate
+	case e > sp.freed+sp.after+4:
+		for r := range s.regions {
+			s.regions[r].loseAnswer = 0
+		}
+		// The next spell, two epochs on.
+		*sp = spell{key: rapid.IntRange(0, len(s.keys)-1).Draw(s.t, "spellKey"), at: e + 2,
+			after: rapid.IntRange(0, int(s.opts.Validity/s.opts.Epoch)).Draw(s.t, "spellAfterFreed")}
+		return false
+	}
+	return true
+}
+
+// tracked reports whether the allocator keeps fencing state for key k.
+func (s *sim) tracked(k int) bool {
+	for _, kv := range s.alloc.View(s.wall(s.now)).Keys {
+		if kv.Key == s.keys[k] {
+			return kv.Active
+		}
+	}
+	return false
 }
 
 // checkHeld returns the demand the allocator decides region r's share of
