@@ -56,6 +56,14 @@ type KeyLimit struct {
 	FloorRate, FloorBurst []float64
 }
 
+// same reports whether l and o are the same limit: every field equal (a
+// Unit of 0 equal to 1), the per-region shares element by element.
+func (l KeyLimit) same(o KeyLimit) bool {
+	return l.Rate == o.Rate && l.Burst == o.Burst && l.unit() == o.unit() && l.FloorShare == o.FloorShare &&
+		slices.Equal(l.StaticRate, o.StaticRate) && slices.Equal(l.StaticBurst, o.StaticBurst) &&
+		slices.Equal(l.FloorRate, o.FloorRate) && slices.Equal(l.FloorBurst, o.FloorBurst)
+}
+
 func (l KeyLimit) unit() float64 {
 	if l.Unit == 0 {
 		return 1
@@ -464,8 +472,19 @@ func (a *Allocator) ExtendLearning(now, until time.Time) bool {
 
 // SetLimit sets or changes a key's global limit. A new limit applies to
 // grants issued from now on; grants already issued stay valid until they
-// expire (at most Validity).
+// expire (at most Validity). Setting the limit a key already has changes
+// nothing: the daemon sets the limit of every key a report names, and
+// working the key's targets and summaries out again at every report cost
+// five times the rest of the epoch (BENCHMARKS.md, "The daemon's limits
+// set at every report").
 func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
+	// The limit a known key has was checked when it was set.
+	a.mu.Lock()
+	if k, ok := a.keyIndex[key]; ok && a.limits[k].same(l) {
+		a.mu.Unlock()
+		return nil
+	}
+	a.mu.Unlock()
 	if err := key.Validate(); err != nil {
 		return fmt.Errorf("hierarchy: set limit: %w", err)
 	}
@@ -499,6 +518,9 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if k, ok := a.keyIndex[key]; ok {
+		if a.limits[k].same(l) {
+			return nil // set in between
+		}
 		before := a.countedShares(k)
 		a.limits[k] = l
 		a.setStaticBursts(k)

@@ -26,6 +26,9 @@ type benchWorld struct {
 	noise bool
 	level [][]float64 // per region per key: the demand level
 	rnd   uint64
+	// setLimits, when set, sets the limit of every key a report names
+	// before the report, as the daemon does (pkg/allocator, Sync).
+	setLimits bool
 }
 
 func newBenchWorld(tb testing.TB, nKeys int) *benchWorld {
@@ -95,6 +98,13 @@ func (w *benchWorld) epoch(tb testing.TB, timed func(bool)) int {
 		}
 		sendAt := w.now.Add(time.Duration(r+1) * 10 * time.Millisecond)
 		timed(true)
+		if w.setLimits {
+			for j := range rep.Keys {
+				if err := w.alloc.SetLimit(rep.Keys[j].Key, KeyLimit{Rate: 1000, Burst: 2000}); err != nil {
+					tb.Fatal(err)
+				}
+			}
+		}
 		grants, err := grantsOf(w.alloc.Report(sendAt, *rep))
 		timed(false)
 		if err != nil {
@@ -143,9 +153,16 @@ func BenchmarkAllocateEpoch(b *testing.B) { benchAllocateEpoch(b, false) }
 // out anew for every region's answer.
 func BenchmarkAllocateEpochNoisy(b *testing.B) { benchAllocateEpoch(b, true) }
 
-func benchAllocateEpoch(b *testing.B, noise bool) {
+// BenchmarkAllocateEpochLimitsSet is BenchmarkAllocateEpoch with every
+// reported key's limit set (to the one it has) before each report, as the
+// global daemon does.
+func BenchmarkAllocateEpochLimitsSet(b *testing.B) { benchAllocateEpochOf(b, false, true) }
+
+func benchAllocateEpoch(b *testing.B, noise bool) { benchAllocateEpochOf(b, noise, false) }
+
+func benchAllocateEpochOf(b *testing.B, noise, setLimits bool) {
 	w := newBenchWorld(b, benchEpochKeys(b))
-	w.noise = noise
+	w.noise, w.setLimits = noise, setLimits
 	noop := func(bool) {}
 	for i := 0; i < 8; i++ { // past learning mode, into steady state
 		w.epoch(b, noop)

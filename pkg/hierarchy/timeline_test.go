@@ -139,6 +139,10 @@ type sim struct {
 	learnFloor int64
 	prior      time.Duration
 	validCap   time.Duration
+	// reloads says whether config reloads alternate each key's partition
+	// share (raised says whose is raised now); off in the quiet phase.
+	reloads bool
+	raised  []bool
 }
 
 func (s *sim) push(e *simEvent) {
@@ -420,10 +424,21 @@ func (s *sim) step() {
 		s.ensureLearning(s.now)
 		wasLapsed := slices.Contains(s.alloc.LapsedSet(), s.opts.Regions[e.region].Name)
 		// The daemon sets the limit of every key a report names before
-		// the report (pkg/allocator, Sync), which works the keys'
-		// summaries out afresh.
+		// the report (pkg/allocator, Sync). While reloads are on, every
+		// other one raises the key's partition share halfway to 1 (the
+		// allocator then counts a region off its static lease at more
+		// than the model's floor: it reserves more, never less), which
+		// works the key's summaries out afresh.
 		for _, kd := range e.report.Keys {
-			if err := s.alloc.SetLimit(kd.Key, s.limits[slices.Index(s.keys, kd.Key)]); err != nil {
+			k := slices.Index(s.keys, kd.Key)
+			l := s.limits[k]
+			if s.reloads {
+				s.raised[k] = !s.raised[k]
+				if s.raised[k] {
+					l.FloorShare = (1 + l.FloorShare) / 2
+				}
+			}
+			if err := s.alloc.SetLimit(kd.Key, l); err != nil {
 				s.t.Fatalf("SetLimit: %v", err)
 			}
 		}
@@ -555,8 +570,9 @@ func TestTimelineNeverOversubscribes(t *testing.T) {
 
 // TestTimelineQuietSpells runs the timeline with a quiet spell of one key
 // (see spell) and, so that the spell is not drowned, without silences,
-// leader changes or config changes: lost, delayed and duplicated messages
-// only, and more answers lost to the regions that hold the old grants.
+// leader changes or changes of the validity: lost, delayed and duplicated
+// messages only, more answers lost to the regions that hold the old
+// grants, and config reloads that change the keys' partition shares.
 func TestTimelineQuietSpells(t *testing.T) {
 	rounds := timelineRounds
 	if os.Getenv("SLUICE_SOAK") != "" {
@@ -695,7 +711,9 @@ func runTimeline(t *rapid.T, withSpell bool) {
 	// wanted by one region only. The regions' echoes of grants the
 	// allocator no longer records meet the newer grants, lost or not.
 	sp := spell{key: -1}
+	s.raised = make([]bool, nKeys)
 	if withSpell {
+		s.reloads = true
 		// After the first leader's learning; the chaos phase long enough
 		// for three spells, one after the other.
 		sp = spell{key: rapid.IntRange(0, nKeys-1).Draw(t, "spellKey"), at: vEpochs + 1 + rapid.IntRange(0, 4).Draw(t, "spellEpoch"),
@@ -749,6 +767,7 @@ func runTimeline(t *rapid.T, withSpell bool) {
 	// reports. Long enough for old grants to expire, learning to end
 	// and the demand estimates to converge.
 	s.faults = faults{}
+	s.reloads = false
 	for r := range s.regions {
 		s.regions[r].loseAnswer = 0
 	}

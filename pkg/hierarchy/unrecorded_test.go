@@ -19,7 +19,8 @@ import (
 // had expired, b was counted at a lost lower grant until that grant's
 // lower expiry bound (the send-time bound of b's report, which another
 // key's acknowledgement had made recent, plus the validity) in every
-// summary worked out then (here at a config reload), and a got 77/s beside
+// summary worked out then (here at config reloads that change only the
+// key's partition share), and a got 77/s beside
 // b's static 50/s. sim/live's drain-and-restore run found it (Σ rates
 // 1.02 r, once in about 400 runs).
 func TestUnrecordedGrantAcknowledgedLaterKeepsItsFallback(t *testing.T) {
@@ -115,12 +116,15 @@ func TestUnrecordedGrantAcknowledgedLaterKeepsItsFallback(t *testing.T) {
 	report(at, "a", 100, true)
 	report(at.Add(5*time.Millisecond), "b", 1, false)
 	report(at.Add(10*time.Millisecond), "b", 1, false)
-	// b's grant ends and b runs its static 50/s from then on. The config
-	// is applied again meanwhile (a reload that changes nothing), which
-	// works out the key's summaries afresh.
+	// b's grant ends and b runs its static 50/s from then on. Configs
+	// are applied meanwhile that change only the key's partition share
+	// (no region is off its static lease, so nothing either may use
+	// changes), each of which works out the key's summaries afresh.
+	floor := 0.0
 	for at = bHeld.end; at.Before(bHeld.end.Add(time.Second)); at = at.Add(10 * time.Millisecond) {
 		al.Allocate(at)
-		if err := al.SetLimit(key, KeyLimit{Rate: 100, Burst: 100}); err != nil {
+		floor = 0.5 - floor
+		if err := al.SetLimit(key, KeyLimit{Rate: 100, Burst: 100, FloorShare: floor}); err != nil {
 			t.Fatal(err)
 		}
 		if g := report(at, "a", 100, true); g.Rate+50 > 100*(1+1e-9) {
