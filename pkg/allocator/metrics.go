@@ -98,13 +98,10 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 				if ok, _ := s.leaderAt(now); !ok {
 					return 0
 				}
-				var n int
-				for _, k := range s.View(now).Keys {
-					if k.Contended {
-						n++
-					}
-				}
-				return float64(n)
+				s.mu.Lock()
+				a := s.alloc
+				s.mu.Unlock()
+				return float64(a.ContendedKeys())
 			}),
 			gauge("sluice_global_report_pages_bytes", "Bytes counted against -max-report-bytes for the paged region reports this replica holds until their last page arrives: the pages' wire bytes and 384 per key.", func() float64 {
 				s.mu.Lock()
@@ -256,7 +253,10 @@ func (c *regionStateCollector) Collect(ch chan<- prometheus.Metric) {
 	if ok, _ := c.s.leaderAt(now); !ok {
 		return
 	}
-	for _, r := range c.s.View(now).Regions {
+	c.s.mu.Lock()
+	a := c.s.alloc
+	c.s.mu.Unlock()
+	for _, r := range a.RegionViews(now) {
 		for _, st := range regionStates {
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, boolGauge(r.State == st), r.Name, string(st))
 		}

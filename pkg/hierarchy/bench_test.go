@@ -200,3 +200,33 @@ func timedEpochs(b *testing.B, w *benchWorld, timed func(bool)) int {
 	}
 	return grants
 }
+
+// BenchmarkScrape is what the global daemon's metrics read at every
+// scrape, over SLUICE_EPOCH_BENCH_KEYS contended keys × 5 regions: the
+// whole View (what a scrape built before), and RegionViews with
+// ContendedKeys (what it reads now). Either holds the allocator's lock
+// throughout: every report waits for it.
+func BenchmarkScrape(b *testing.B) {
+	w := newBenchWorld(b, benchEpochKeys(b))
+	noop := func(bool) {}
+	for i := 0; i < 8; i++ {
+		w.epoch(b, noop)
+	}
+	b.Run("View", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			v := w.alloc.View(w.now)
+			if len(v.Regions) != len(w.regions) {
+				b.Fatal("regions missing")
+			}
+		}
+	})
+	b.Run("RegionViews", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if len(w.alloc.RegionViews(w.now)) != len(w.regions) || w.alloc.ContendedKeys() == 0 {
+				b.Fatal("regions or contended keys missing")
+			}
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"reflect"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -761,6 +762,7 @@ func runTimeline(t *rapid.T, withSpell bool) {
 			s.push(&simEvent{at: at, kind: evExtend})
 		}
 		s.runUntil(int64(e+1) * int64(epoch))
+		s.checkPartialViews()
 	}
 
 	// Quiet phase: no faults, fixed offsets and demands, everyone
@@ -788,7 +790,7 @@ func runTimeline(t *rapid.T, withSpell bool) {
 		s.schedule(e, offsets, make([]bool, nr))
 		s.runUntil(int64(e+1) * int64(epoch))
 		verdict := ""
-		for _, kv := range s.alloc.View(s.wall(s.now)).Keys {
+		for _, kv := range s.checkPartialViews().Keys {
 			verdict += fmt.Sprintf("%s=%v ", kv.Key, kv.Contended)
 		}
 		if verdict != last {
@@ -814,6 +816,25 @@ func runTimeline(t *rapid.T, withSpell bool) {
 			t.Fatalf("region %s ends the quiet phase %s, want %s", rv.Name, rv.State, want)
 		}
 	}
+}
+
+// checkPartialViews returns the View at now after checking RegionViews and
+// ContendedKeys against it.
+func (s *sim) checkPartialViews() View {
+	v := s.alloc.View(s.wall(s.now))
+	if rv := s.alloc.RegionViews(s.wall(s.now)); !reflect.DeepEqual(rv, v.Regions) {
+		s.t.Fatalf("RegionViews %+v, View's regions %+v", rv, v.Regions)
+	}
+	n := 0
+	for _, kv := range v.Keys {
+		if kv.Contended {
+			n++
+		}
+	}
+	if got := s.alloc.ContendedKeys(); got != n {
+		s.t.Fatalf("ContendedKeys %d, View shows %d contended keys", got, n)
+	}
+	return v
 }
 
 // spell is a quiet spell of one key (see runTimeline). Before the

@@ -93,7 +93,9 @@ type KeyRegionView struct {
 	FloorRate, FloorBurst float64
 }
 
-// View returns a snapshot at now.
+// View returns a snapshot at now. It is O(keys × regions) and allocates a
+// view of every key with fencing state or demand: for the regions alone,
+// RegionViews; for the count of contended keys, ContendedKeys.
 func (a *Allocator) View(now time.Time) View {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -104,8 +106,39 @@ func (a *Allocator) View(now time.Time) View {
 		Epoch:         a.epochs,
 		Learning:      t < a.learnUntil,
 		LearningUntil: a.wall(a.learnUntil),
-		Regions:       make([]RegionView, a.nr),
+		Regions:       a.regionViewsLocked(t),
 	}
+	a.keyViewsLocked(t, &v)
+	return v
+}
+
+// RegionViews returns View(now).Regions without the keys' views: a
+// metrics scrape reads the regions' states every few seconds, and a whole
+// view of a quarter of a million contended keys holds the allocator's lock
+// (every report waits) while it allocates about a gigabyte.
+func (a *Allocator) RegionViews(now time.Time) []RegionView {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.regionViewsLocked(a.peek(now))
+}
+
+// ContendedKeys returns how many keys View would show as contended, in
+// O(keys with fencing state) and without allocating.
+func (a *Allocator) ContendedKeys() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for b, k := range a.blockKey {
+		if k >= 0 && a.blockContended[b] {
+			n++
+		}
+	}
+	return n
+}
+
+// regionViewsLocked is View's regions at t. a.mu is held.
+func (a *Allocator) regionViewsLocked(t int64) []RegionView {
+	views := make([]RegionView, a.nr)
 	for i := range a.regions {
 		rs := &a.regions[i]
 		rv := RegionView{
@@ -126,8 +159,14 @@ func (a *Allocator) View(now time.Time) View {
 			rv.LastReport = a.wall(rs.lastAt)
 			rv.LastReportAge = time.Duration(t - rs.lastAt)
 		}
-		v.Regions[i] = rv
+		views[i] = rv
 	}
+	return views
+}
+
+// keyViewsLocked appends View's keys at t to v. a.mu is held and the rank
+// refreshed.
+func (a *Allocator) keyViewsLocked(t int64, v *View) {
 	for _, k := range a.byRank {
 		b := a.blockOf[k]
 		hasDemand := false
@@ -180,5 +219,4 @@ func (a *Allocator) View(now time.Time) View {
 		}
 		v.Keys = append(v.Keys, kv)
 	}
-	return v
 }
