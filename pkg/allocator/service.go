@@ -778,14 +778,14 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 	for i := range rep.Keys {
 		limits[i].FloorShare = cfg.PartitionShareOf(rep.Keys[i].Key.Class)
 		limits[i] = s.limitLocked(rep.Keys[i].Key, limits[i])
-		if err := s.alloc.SetLimit(rep.Keys[i].Key, limits[i]); err != nil {
-			// DecodeReport checked the limits, so this is a bug.
-			s.m.report(label, "error")
-			return nil, status.Error(codes.Internal, "allocator: sync: "+err.Error())
-		}
 		// Tracked from here on, whatever Report says, so it is forgotten
 		// again once idle.
 		s.keys[rep.Keys[i].Key] = now
+	}
+	if err := s.alloc.SetReportLimits(rep, limits); err != nil {
+		// DecodeReport checked the limits, so this is a bug.
+		s.m.report(label, "error")
+		return nil, status.Error(codes.Internal, "allocator: sync: "+err.Error())
 	}
 	ans, err := s.alloc.Report(now, rep)
 	grants := ans.Grants

@@ -470,13 +470,48 @@ func (a *Allocator) ExtendLearning(now, until time.Time) bool {
 	return true
 }
 
+// SetReportLimits sets the limit of each key rep names to limits[j], as
+// SetLimit would one key after the other, ahead of reporting rep: the
+// global daemon sets every reported key's limit from the config it serves
+// the report under. It finds a key where the region's previous report
+// named it, as Report does, so a report whose keys keep their limits costs
+// no lookup in the key map (which, one SetLimit per key, cost the steady
+// epoch as much again as the rest of it). len(limits) must be
+// len(rep.Keys). On an error the limits before the failing key are set.
+func (a *Allocator) SetReportLimits(rep Report, limits []KeyLimit) error {
+	if len(limits) != len(rep.Keys) {
+		return fmt.Errorf("hierarchy: set report limits: %w: %d limits for %d keys", quota.ErrInvalid, len(limits), len(rep.Keys))
+	}
+	var changed []int
+	a.mu.Lock()
+	var prev []int32
+	if ri, ok := a.regionIndex[rep.Region]; ok {
+		prev = a.regions[ri].prevOrder
+	}
+	for j := range rep.Keys {
+		if j < len(prev) {
+			if p := prev[j]; p >= 0 && a.keyLive[p] && a.keys[p] == rep.Keys[j].Key && a.limits[p].same(limits[j]) {
+				continue
+			}
+		}
+		changed = append(changed, j)
+	}
+	a.mu.Unlock()
+	for _, j := range changed {
+		if err := a.SetLimit(rep.Keys[j].Key, limits[j]); err != nil {
+			return fmt.Errorf("keys[%d]: %w", j, err)
+		}
+	}
+	return nil
+}
+
 // SetLimit sets or changes a key's global limit. A new limit applies to
 // grants issued from now on; grants already issued stay valid until they
 // expire (at most Validity). Setting the limit a key already has changes
-// nothing: the daemon sets the limit of every key a report names, and
-// working the key's targets and summaries out again at every report cost
-// five times the rest of the epoch (BENCHMARKS.md, "The daemon's limits
-// set at every report").
+// nothing: the daemon sets the limit of every key a report names (see
+// SetReportLimits), and working the key's targets and summaries out again
+// at every report cost five times the rest of the epoch (BENCHMARKS.md,
+// "The daemon's limits set at every report").
 func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 	// The limit a known key has was checked when it was set.
 	a.mu.Lock()

@@ -27,8 +27,10 @@ type benchWorld struct {
 	level [][]float64 // per region per key: the demand level
 	rnd   uint64
 	// setLimits, when set, sets the limit of every key a report names
-	// before the report, as the daemon does (pkg/allocator, Sync).
+	// before the report, as the daemon does (pkg/allocator, Sync): limits,
+	// one per key of a report.
 	setLimits bool
+	limits    []KeyLimit
 }
 
 func newBenchWorld(tb testing.TB, nKeys int) *benchWorld {
@@ -99,10 +101,8 @@ func (w *benchWorld) epoch(tb testing.TB, timed func(bool)) int {
 		sendAt := w.now.Add(time.Duration(r+1) * 10 * time.Millisecond)
 		timed(true)
 		if w.setLimits {
-			for j := range rep.Keys {
-				if err := w.alloc.SetLimit(rep.Keys[j].Key, KeyLimit{Rate: 1000, Burst: 2000}); err != nil {
-					tb.Fatal(err)
-				}
+			if err := w.alloc.SetReportLimits(*rep, w.limits); err != nil {
+				tb.Fatal(err)
 			}
 		}
 		grants, err := grantsOf(w.alloc.Report(sendAt, *rep))
@@ -155,7 +155,7 @@ func BenchmarkAllocateEpochNoisy(b *testing.B) { benchAllocateEpoch(b, true) }
 
 // BenchmarkAllocateEpochLimitsSet is BenchmarkAllocateEpoch with every
 // reported key's limit set (to the one it has) before each report, as the
-// global daemon does.
+// global daemon does (SetReportLimits).
 func BenchmarkAllocateEpochLimitsSet(b *testing.B) { benchAllocateEpochOf(b, false, true) }
 
 func benchAllocateEpoch(b *testing.B, noise bool) { benchAllocateEpochOf(b, noise, false) }
@@ -163,6 +163,10 @@ func benchAllocateEpoch(b *testing.B, noise bool) { benchAllocateEpochOf(b, nois
 func benchAllocateEpochOf(b *testing.B, noise, setLimits bool) {
 	w := newBenchWorld(b, benchEpochKeys(b))
 	w.noise, w.setLimits = noise, setLimits
+	w.limits = make([]KeyLimit, len(w.reports[0].Keys))
+	for j := range w.limits {
+		w.limits[j] = KeyLimit{Rate: 1000, Burst: 2000}
+	}
 	noop := func(bool) {}
 	for i := 0; i < 8; i++ { // past learning mode, into steady state
 		w.epoch(b, noop)

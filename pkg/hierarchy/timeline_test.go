@@ -425,23 +425,24 @@ func (s *sim) step() {
 		s.ensureLearning(s.now)
 		wasLapsed := slices.Contains(s.alloc.LapsedSet(), s.opts.Regions[e.region].Name)
 		// The daemon sets the limit of every key a report names before
-		// the report (pkg/allocator, Sync). While reloads are on, every
+		// the report (pkg/allocator, Sync: SetReportLimits). While reloads are on, every
 		// other one raises the key's partition share halfway to 1 (the
 		// allocator then counts a region off its static lease at more
 		// than the model's floor: it reserves more, never less), which
 		// works the key's summaries out afresh.
-		for _, kd := range e.report.Keys {
+		limits := make([]KeyLimit, len(e.report.Keys))
+		for j, kd := range e.report.Keys {
 			k := slices.Index(s.keys, kd.Key)
-			l := s.limits[k]
+			limits[j] = s.limits[k]
 			if s.reloads {
 				s.raised[k] = !s.raised[k]
 				if s.raised[k] {
-					l.FloorShare = (1 + l.FloorShare) / 2
+					limits[j].FloorShare = (1 + limits[j].FloorShare) / 2
 				}
 			}
-			if err := s.alloc.SetLimit(kd.Key, l); err != nil {
-				s.t.Fatalf("SetLimit: %v", err)
-			}
+		}
+		if err := s.alloc.SetReportLimits(e.report, limits); err != nil {
+			s.t.Fatalf("SetReportLimits: %v", err)
 		}
 		ans, err := s.alloc.Report(s.wall(s.now), e.report)
 		if err != nil {
