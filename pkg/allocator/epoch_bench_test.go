@@ -1,0 +1,126 @@
+package allocator
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/config"
+)
+
+// benchServiceConfig has five regions (us-east twice the weight of the
+// others) and one class whose keys all run under the default tier.
+const benchServiceConfig = `
+epoch: 1s
+grant_validity: 5s
+regions:
+  us-east: {weight: 2}
+  us-west: {weight: 1}
+  eu-west: {weight: 1}
+  ap-south: {weight: 1}
+  sa-east: {weight: 1}
+classes:
+  write: {}
+tiers:
+  free: {write: {rate: 1000/s, burst: 2000}}
+default_tier: free
+`
+
+// BenchmarkServiceEpoch is the global daemon's side of one allocation
+// epoch: the loop's step (Allocate) and one Sync per region, each a whole
+// report of SLUICE_SERVICE_BENCH_KEYS keys (default 20,000) decoded from
+// its message and answered with a message, every key contended (two hot
+// regions per key, as pkg/hierarchy's BenchmarkAllocateEpoch), every
+// report echoing the grants of the last answer. No gRPC: what the leader
+// spends per report beyond its transport. It reports the thread CPU per
+// epoch, as BenchmarkAllocateEpoch does. Sync reads the wall clock, so the
+// epochs before the timed ones last the leader's learning (one validity,
+// 5 s).
+func BenchmarkServiceEpoch(b *testing.B) {
+	n := 20_000
+	if v := os.Getenv("SLUICE_SERVICE_BENCH_KEYS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("SLUICE_SERVICE_BENCH_KEYS=%q: want a count of at least 1", v)
+		}
+	}
+	cfg, err := config.Parse([]byte(benchServiceConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := newService(serviceOptions{config: StaticConfig{C: cfg}, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.promote(1, time.Now().Add(time.Hour), nil)
+	regions := []string{"us-east", "us-west", "eu-west", "ap-south", "sa-east"}
+	reports := make([]*sluicev1.RegionReport, len(regions))
+	slot := make(map[string]int, n) // tenant -> its key's index in the reports
+	for r, name := range regions {
+		rep := &sluicev1.RegionReport{Region: name, Keys: make([]*sluicev1.KeyDemand, n)}
+		for k := range rep.Keys {
+			demand := int64(100 + (k+r)%5*150)
+			if (k+r)%5 >= 3 {
+				demand = 900
+			}
+			tenant := fmt.Sprintf("tenant-%06d", k)
+			slot[tenant] = k
+			rep.Keys[k] = &sluicev1.KeyDemand{Key: &sluicev1.QuotaKey{Tenant: tenant, Class: "write"},
+				Admitted: demand, WindowMs: 1000}
+		}
+		reports[r] = rep
+	}
+	epoch := func() int {
+		s.step(time.Now())
+		grants := 0
+		for _, rep := range reports {
+			rep.Seq++
+			ans, err := s.Sync(b.Context(), rep)
+			if err != nil {
+				b.Fatal(err)
+			}
+			grants += len(ans.GetGrants())
+			for j, g := range ans.GetGrants() {
+				// Grants come in report order when every reported key
+				// gets one.
+				kd := rep.Keys[min(j, len(rep.Keys)-1)]
+				if kd.GetKey().GetTenant() != g.GetKey().GetTenant() {
+					kd = rep.Keys[slot[g.GetKey().GetTenant()]]
+				}
+				kd.HeldRate, kd.HeldBurst, kd.HeldValidMs = g.GetRate(), g.GetBurst(), g.GetValidMs()
+				kd.Holding = g.GetBurst() / 2
+			}
+		}
+		return grants
+	}
+	// Past learning (one validity, on the wall clock) into steady state.
+	learning := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.alloc.Learning(time.Now())
+	}
+	for learning() {
+		epoch()
+	}
+	for range 3 {
+		epoch()
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b.ReportAllocs()
+	b.ResetTimer()
+	from := threadCPU()
+	grants := 0
+	for range b.N {
+		grants += epoch()
+	}
+	cpu := threadCPU() - from
+	b.StopTimer()
+	b.ReportMetric(float64(grants)/float64(b.N), "grants/epoch")
+	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "thread-cpu-ms/epoch")
+}
