@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/internal/cputime"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
@@ -279,11 +279,11 @@ func (s *benchServer) cpu(b *testing.B) time.Duration {
 // ownCPU is this process's CPU time: the callers', and for the agent
 // its region's, which it hardly ever calls.
 func ownCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+	d, err := cputime.Process()
+	if err != nil {
 		b.Fatal(err)
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return d
 }
 
 // serveBench is the server process's main: it returns the exit code.
@@ -327,12 +327,12 @@ func serveBench(kind, arg string) int {
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		if in.Text() == "cpu" {
-			var ru syscall.Rusage
-			if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			d, err := cputime.Process()
+			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				return 1
 			}
-			fmt.Printf("cpu %d\n", time.Duration(ru.Utime.Nano()+ru.Stime.Nano()).Nanoseconds())
+			fmt.Printf("cpu %d\n", d.Nanoseconds())
 		}
 	}
 	return 0

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/cputime"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -114,13 +116,23 @@ func BenchmarkServiceEpoch(b *testing.B) {
 	defer runtime.UnlockOSThread()
 	b.ReportAllocs()
 	b.ResetTimer()
-	from := threadCPU()
+	from := threadCPU(b)
 	grants := 0
 	for range b.N {
 		grants += epoch()
 	}
-	cpu := threadCPU() - from
+	cpu := threadCPU(b) - from
 	b.StopTimer()
 	b.ReportMetric(float64(grants)/float64(b.N), "grants/epoch")
 	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "thread-cpu-ms/epoch")
+}
+
+// threadCPU is the calling thread's CPU time (0 where the system does not
+// account it per thread).
+func threadCPU(b *testing.B) time.Duration {
+	d, err := cputime.Thread()
+	if err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		b.Fatal(err)
+	}
+	return d
 }

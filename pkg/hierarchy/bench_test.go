@@ -1,6 +1,7 @@
 package hierarchy
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/cputime"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -177,11 +179,11 @@ func benchAllocateEpochOf(b *testing.B, noise, setLimits bool) {
 	var from time.Duration
 	timed := func(on bool) {
 		if on {
-			from = threadCPU()
+			from = threadCPU(b)
 			b.StartTimer()
 		} else {
 			b.StopTimer()
-			cpu += threadCPU() - from
+			cpu += threadCPU(b) - from
 		}
 	}
 	b.ReportAllocs()
@@ -233,4 +235,14 @@ func BenchmarkScrape(b *testing.B) {
 			}
 		}
 	})
+}
+
+// threadCPU is the calling thread's CPU time (0 where the system does not
+// account it per thread).
+func threadCPU(b *testing.B) time.Duration {
+	d, err := cputime.Thread()
+	if err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		b.Fatal(err)
+	}
+	return d
 }

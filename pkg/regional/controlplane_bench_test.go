@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/cputime"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/allocator"
@@ -191,11 +191,11 @@ func readUse(b *testing.B, rdb *redis.Client) phaseUse {
 			}
 		}
 	}
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+	d, err := cputime.Process()
+	if err != nil {
 		b.Fatal(err)
 	}
-	u.goCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	u.goCPU = d.Seconds()
 	return u
 }
 
