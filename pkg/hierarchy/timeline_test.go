@@ -553,18 +553,8 @@ var timelineLapses, timelineReturns atomic.Int64
 var timelineCuts, timelineLongGrants atomic.Int64
 
 func TestTimelineNeverOversubscribes(t *testing.T) {
-	rounds := timelineRounds
-	if os.Getenv("SLUICE_SOAK") != "" {
-		rounds = timelineSoakRounds
-	}
-	if testing.Short() {
-		rounds = 1
-	}
-	for round := 0; round < rounds; round++ {
-		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) { rapid.Check(t, timeline) })
-		if t.Failed() {
-			return
-		}
+	if !timelineChecks(t, timeline) {
+		return
 	}
 	t.Logf("%d validity cuts; %d grants valid longer than the live validity", timelineCuts.Load(), timelineLongGrants.Load())
 	t.Logf("%d regions lapsed and %d were conferred a static lease again", timelineLapses.Load(), timelineReturns.Load())
@@ -575,7 +565,12 @@ func TestTimelineNeverOversubscribes(t *testing.T) {
 // leader changes or changes of the validity: lost, delayed and duplicated
 // messages only, more answers lost to the regions that hold the old
 // grants, and config reloads that change the keys' partition shares.
-func TestTimelineQuietSpells(t *testing.T) {
+func TestTimelineQuietSpells(t *testing.T) { timelineChecks(t, timelineQuietSpell) }
+
+// timelineChecks runs timelineRounds rounds of rapid's checks of prop
+// (timelineSoakRounds with SLUICE_SOAK set, one with -short), each a
+// subtest, up to the first that fails, and reports whether all passed.
+func timelineChecks(t *testing.T, prop func(*rapid.T)) bool {
 	rounds := timelineRounds
 	if os.Getenv("SLUICE_SOAK") != "" {
 		rounds = timelineSoakRounds
@@ -584,11 +579,12 @@ func TestTimelineQuietSpells(t *testing.T) {
 		rounds = 1
 	}
 	for round := 0; round < rounds; round++ {
-		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) { rapid.Check(t, timelineQuietSpell) })
+		t.Run(fmt.Sprintf("round%d", round), func(t *testing.T) { rapid.Check(t, prop) })
 		if t.Failed() {
-			return
+			return false
 		}
 	}
+	return true
 }
 
 func timeline(t *rapid.T)           { runTimeline(t, false) }
