@@ -88,20 +88,14 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 				return boolGauge(a.Learning(now))
 			}),
 			gauge("sluice_global_epoch", "Allocation epochs run by the current allocator.", func() float64 {
-				s.mu.Lock()
-				a := s.alloc
-				s.mu.Unlock()
-				return float64(a.Epoch())
+				return float64(s.allocator().Epoch())
 			}),
 			gauge("sluice_global_contended_keys", "Keys some region wants more than its static share of (0 when not leading).", func() float64 {
 				now := time.Now()
 				if ok, _ := s.leaderAt(now); !ok {
 					return 0
 				}
-				s.mu.Lock()
-				a := s.alloc
-				s.mu.Unlock()
-				return float64(a.ContendedKeys())
+				return float64(s.allocator().ContendedKeys())
 			}),
 			gauge("sluice_global_report_pages_bytes", "Bytes counted against -max-report-bytes for the paged region reports this replica holds until their last page arrives: the pages' wire bytes and 384 per key.", func() float64 {
 				s.mu.Lock()
@@ -253,10 +247,7 @@ func (c *regionStateCollector) Collect(ch chan<- prometheus.Metric) {
 	if ok, _ := c.s.leaderAt(now); !ok {
 		return
 	}
-	c.s.mu.Lock()
-	a := c.s.alloc
-	c.s.mu.Unlock()
-	for _, r := range a.RegionViews(now) {
+	for _, r := range c.s.allocator().RegionViews(now) {
 		for _, st := range regionStates {
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, boolGauge(r.State == st), r.Name, string(st))
 		}

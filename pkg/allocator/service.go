@@ -676,10 +676,15 @@ func (s *Service) IsLeader() bool {
 // View is a snapshot of the allocator at now (for operators and tests).
 // A replica that does not lead shows the state it had when it last led.
 func (s *Service) View(now time.Time) hierarchy.View {
+	return s.allocator().View(now)
+}
+
+// allocator is the current allocator (a config change or a new term may
+// replace it), read under s.mu; its own methods take its own lock.
+func (s *Service) allocator() *hierarchy.Allocator {
 	s.mu.Lock()
-	a := s.alloc
-	s.mu.Unlock()
-	return a.View(now)
+	defer s.mu.Unlock()
+	return s.alloc
 }
 
 // notLeaderError is the redirect regions follow (see Client).
