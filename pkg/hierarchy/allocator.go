@@ -213,6 +213,10 @@ type Allocator struct {
 	wantDem   []float64 // slot*nr + region: the demand estimate after that reading
 	seenStamp []uint32  // slot -> stamp of the report that last listed it
 	seenPos   []int32   // slot -> its position in that report
+	// named is when a report last named the key or an answer last carried
+	// a grant for it (slot -> ns since origin; a key's SetLimit counts as
+	// naming it at the latest time seen): ForgetIdle forgets a key by it.
+	named []int64
 	// grantEnd bounds from above when every grant issued for the key so
 	// far ends (slot -> ns since origin, negInf = none issued): the last
 	// of their record's ue. Grants at a region's static share leave no
@@ -470,6 +474,72 @@ func (a *Allocator) ExtendLearning(now, until time.Time) bool {
 	return true
 }
 
+// CheckReportKeys refuses rep, as Report would, when it names a key
+// twice (an error wrapping quota.ErrInvalid that names both places), and
+// changes nothing. The global daemon checks a report with it before the
+// report changes anything there (the limits it sets, the config revisions
+// it records): it finds each key where the region's previous report named
+// it, as Report does, so a report whose keys keep their order costs no
+// lookup in a map of its keys (the daemon's decoder kept one, which cost
+// about a sixth of its epoch; BENCHMARKS.md, "The daemon's per-key maps").
+func (a *Allocator) CheckReportKeys(rep Report) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var prev []int32
+	if ri, ok := a.regionIndex[rep.Region]; ok {
+		prev = a.regions[ri].prevOrder
+	}
+	stamp := a.nextStampLocked()
+	var unknownAt map[quota.Key]int
+	for j := range rep.Keys {
+		key := rep.Keys[j].Key
+		k := a.slotLocked(prev, j, key)
+		if k < 0 {
+			if unknownAt == nil {
+				unknownAt = make(map[quota.Key]int)
+			}
+			if first, dup := unknownAt[key]; dup {
+				return fmt.Errorf("%w: keys[%d].key %s duplicates keys[%d]", quota.ErrInvalid, j, key, first)
+			}
+			unknownAt[key] = j
+			continue
+		}
+		if a.seenStamp[k] == stamp {
+			return fmt.Errorf("%w: keys[%d].key %s duplicates keys[%d]", quota.ErrInvalid, j, key, a.seenPos[k])
+		}
+		a.seenStamp[k] = stamp
+		a.seenPos[k] = int32(j)
+	}
+	return nil
+}
+
+// nextStampLocked is a stamp no key slot carries yet (seenStamp), for one
+// pass over a report's keys. a.mu is held.
+func (a *Allocator) nextStampLocked() uint32 {
+	a.stamp++
+	if a.stamp == 0 { // wrapped: old stamps could collide
+		clear(a.seenStamp)
+		a.stamp = 1
+	}
+	return a.stamp
+}
+
+// slotLocked is the slot of key, the j-th key of a report of the region
+// whose previous report's slots are prev: prev[j] when that holds key, as
+// it does while the region keeps its keys' order, else the key map's, -1
+// for a key without a limit. a.mu is held.
+func (a *Allocator) slotLocked(prev []int32, j int, key quota.Key) int32 {
+	if j < len(prev) {
+		if p := prev[j]; p >= 0 && a.keyLive[p] && a.keys[p] == key {
+			return p
+		}
+	}
+	if p, ok := a.keyIndex[key]; ok {
+		return p
+	}
+	return -1
+}
+
 // SetReportLimits sets the limit of each key rep names to limits[j], as
 // SetLimit would one key after the other, ahead of reporting rep: the
 // global daemon sets every reported key's limit from the config it serves
@@ -575,6 +645,7 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 		a.keyLive[k] = true
 		a.blockOf[k] = -1
 		a.grantEnd[k] = negInf
+		a.named[k] = a.clock
 	} else {
 		k = int32(len(a.keys))
 		a.keys = append(a.keys, key)
@@ -583,6 +654,7 @@ func (a *Allocator) SetLimit(key quota.Key, l KeyLimit) error {
 		a.blockOf = append(a.blockOf, -1)
 		a.seenStamp = append(a.seenStamp, 0)
 		a.seenPos = append(a.seenPos, 0)
+		a.named = append(a.named, a.clock)
 		a.grantEnd = append(a.grantEnd, negInf)
 		a.demand = append(a.demand, make([]float64, a.nr)...)
 		a.sburst = append(a.sburst, make([]float64, a.nr)...)
@@ -606,6 +678,14 @@ func (a *Allocator) RemoveKey(key quota.Key) {
 	if !ok {
 		return
 	}
+	a.removeLocked(k)
+	a.compactLocked()
+}
+
+// removeLocked is RemoveKey for the live slot k, without the renumbering
+// (compactLocked) that follows. a.mu is held.
+func (a *Allocator) removeLocked(k int32) {
+	key := a.keys[k]
 	if b := a.blockOf[k]; b >= 0 {
 		a.freeBlock(b)
 	}
@@ -619,7 +699,6 @@ func (a *Allocator) RemoveKey(key quota.Key) {
 	clearWant(a.wantAt[int(k)*a.nr:int(k+1)*a.nr], a.wantDem[int(k)*a.nr:int(k+1)*a.nr])
 	a.freeKeys = append(a.freeKeys, k)
 	a.rankDirty = true
-	a.compactLocked()
 }
 
 // SetRegions replaces the region list (config reload). Regions are matched
@@ -1567,6 +1646,11 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		if rep.Seq == rs.lastSeq {
 			t := a.tick(now)
 			a.heard(t, ri)
+			for _, g := range rs.answer {
+				if k, ok := a.keyIndex[g.Key]; ok {
+					a.named[k] = t
+				}
+			}
 			return Answer{Grants: slices.Clone(rs.answer), StaticLease: a.confer(t, ri)}, nil
 		}
 		if rep.Seq < rs.lastSeq {
@@ -1577,12 +1661,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 
 	// Pass 1: validate everything and find acknowledgements, changing
 	// nothing that outlives a failed call.
-	a.stamp++
-	if a.stamp == 0 { // wrapped: old stamps could collide
-		clear(a.seenStamp)
-		a.stamp = 1
-	}
-	stamp := a.stamp
+	stamp := a.nextStampLocked()
 	idx := a.reportIdx[:0]
 	// Any grant the report acknowledges bounds its send time from below;
 	// the latest answer is the best bound there can be, so stop looking
@@ -1593,17 +1672,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 	var unknown []quota.Key
 	for j := range rep.Keys {
 		kd := &rep.Keys[j]
-		k := int32(-1)
-		if j < len(rs.prevOrder) {
-			if p := rs.prevOrder[j]; p >= 0 && a.keyLive[p] && a.keys[p] == kd.Key {
-				k = p
-			}
-		}
-		if k < 0 {
-			if p, ok := a.keyIndex[kd.Key]; ok {
-				k = p
-			}
-		}
+		k := a.slotLocked(rs.prevOrder, j, kd.Key)
 		if err := a.validateKeyDemand(j, kd, k >= 0); err != nil {
 			return Answer{}, fmt.Errorf("hierarchy: report from %q: %w", rep.Region, err)
 		}
@@ -1668,6 +1737,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 			continue
 		}
 		kd := &rep.Keys[j]
+		a.named[k] = t
 		a.observe(k, ri, kd, t)
 		held := heldOf(kd)
 		// The key's shares, for this report's decisions about it: its
@@ -1747,6 +1817,7 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 			cr, cb := sh.cR[ri], sh.cB[ri]
 			a.summaries[int(b)*nr+ri] = f.summarize(t, cr, cb)
 			if issued {
+				a.named[k] = t
 				answer = appendGrant(answer, &g)
 			}
 		}

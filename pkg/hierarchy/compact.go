@@ -33,6 +33,7 @@ func (a *Allocator) compactKeys() {
 	blockOf := make([]int32, 0, live)
 	seenStamp := make([]uint32, 0, live)
 	seenPos := make([]int32, 0, live)
+	named := make([]int64, 0, live)
 	grantEnd := make([]int64, 0, live)
 	demand := make([]float64, 0, live*nr)
 	sburst := make([]float64, 0, live*nr)
@@ -54,6 +55,7 @@ func (a *Allocator) compactKeys() {
 		blockOf = append(blockOf, a.blockOf[old])
 		seenStamp = append(seenStamp, a.seenStamp[old])
 		seenPos = append(seenPos, a.seenPos[old])
+		named = append(named, a.named[old])
 		grantEnd = append(grantEnd, a.grantEnd[old])
 		demand = append(demand, a.demand[old*nr:(old+1)*nr]...)
 		sburst = append(sburst, a.sburst[old*nr:(old+1)*nr]...)
@@ -62,7 +64,7 @@ func (a *Allocator) compactKeys() {
 		wantDem = append(wantDem, a.wantDem[old*nr:(old+1)*nr]...)
 	}
 	a.keys, a.limits, a.keyLive, a.blockOf = keys, limits, keyLive, blockOf
-	a.seenStamp, a.seenPos, a.grantEnd = seenStamp, seenPos, grantEnd
+	a.seenStamp, a.seenPos, a.named, a.grantEnd = seenStamp, seenPos, named, grantEnd
 	a.demand, a.sburst, a.lastObs = demand, sburst, lastObs
 	a.wantAt, a.wantDem = wantAt, wantDem
 	a.keyIndex = index

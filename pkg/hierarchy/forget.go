@@ -1,6 +1,10 @@
 package hierarchy
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
+)
 
 // ForgetHorizon is how long a key must go unnamed (no region reported it
 // and no answer carried a grant for it) before the global tier may forget
@@ -21,4 +25,69 @@ func ForgetHorizon(epoch, validity time.Duration) time.Duration {
 // both decide with this function.
 func Forgettable(now, lastSeen, learnFloor time.Time, epoch, validity time.Duration) bool {
 	return !now.Before(learnFloor) && now.Sub(lastSeen) > ForgetHorizon(epoch, validity)
+}
+
+// ForgetIdle removes every key that may be forgotten at now (Forgettable
+// with the Allocator's own epoch and validity, and learnFloor): no report
+// named it and no answer carried a grant for it for longer than
+// ForgetHorizon. A key set by SetLimit counts as named at the latest time
+// the Allocator had seen then. It returns how many keys it removed. The
+// Allocator keeps when each key was last named next to the key's other
+// state, so a report costs no lookup in a map of every key to keep it
+// (the global daemon kept a map of its own, which cost a steady epoch
+// about as much as the allocation; BENCHMARKS.md, "The daemon's
+// per-key maps"). O(keys).
+func (a *Allocator) ForgetIdle(now, learnFloor time.Time) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if now.Before(learnFloor) {
+		return 0
+	}
+	t := a.peek(now)
+	horizon := int64(ForgetHorizon(time.Duration(a.epochNS), time.Duration(a.validity)))
+	n := 0
+	for k := range a.keys {
+		if a.keyLive[k] && t-a.named[k] > horizon {
+			a.removeLocked(int32(k))
+			n++
+		}
+	}
+	if n > 0 {
+		a.compactLocked()
+	}
+	return n
+}
+
+// Keys returns the keys the Allocator holds a limit for, in no particular
+// order.
+func (a *Allocator) Keys() []quota.Key {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	keys := make([]quota.Key, 0, len(a.keyIndex))
+	for k, live := range a.keyLive {
+		if live {
+			keys = append(keys, a.keys[k])
+		}
+	}
+	return keys
+}
+
+// NumKeys returns how many keys the Allocator holds a limit for.
+func (a *Allocator) NumKeys() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.keyIndex)
+}
+
+// LastNamed returns when a report last named key or an answer last
+// carried a grant for it, as ForgetIdle counts it, and false for a key
+// the Allocator holds no limit for.
+func (a *Allocator) LastNamed(key quota.Key) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k, ok := a.keyIndex[key]
+	if !ok {
+		return time.Time{}, false
+	}
+	return a.wall(a.named[k]), true
 }
