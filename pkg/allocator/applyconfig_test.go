@@ -90,7 +90,8 @@ func TestConfigOfASourceWithOnlyARevision(t *testing.T) {
 // at least one old validity and one old epoch after the change (grants
 // issued under the old validity, and a previous leader that saw the
 // change later), and which is given the lapsed set read from the store
-// and the regions the old allocator counted at their floor.
+// and the regions the old allocator counted at their floor. The keys the
+// old allocator held are held by the new one, named at the change.
 func TestTimingChangeRebuildsTheAllocatorLearning(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := configtest.NewSource(parseConfig(t, loopConfig), 1)
@@ -102,12 +103,26 @@ func TestTimingChangeRebuildsTheAllocatorLearning(t *testing.T) {
 		if ok, err := s.alloc.LapseDurable(time.Now(), "b"); !ok || err != nil {
 			t.Fatalf("lapse of b: %v, %v", ok, err)
 		}
+		if _, err := s.Sync(t.Context(), writeReport("a", 1)); err != nil {
+			t.Fatal(err)
+		}
+		old := s.alloc
 		src.Set(parseConfig(t, strings.Replace(strings.Replace(loopConfig, "epoch: 100ms", "epoch: 50ms", 1),
 			"grant_validity: 500ms", "grant_validity: 200ms", 1)), 2)
 		changed := time.Now()
 		s.step(changed)
 		if got := s.alloc.LapsedSet(); !slices.Equal(got, []string{"a", "b"}) {
 			t.Fatalf("lapsed set of the rebuilt allocator %v, want [a b]", got)
+		}
+		acme := quota.Key{Tenant: "acme", Class: "write"}
+		if s.alloc == old {
+			t.Fatal("the allocator was not rebuilt")
+		}
+		if at, ok := s.alloc.LastNamed(acme); !ok || !at.Equal(changed) {
+			t.Fatalf("the reported key in the rebuilt allocator: %v (held %v), want named at the change %v", at, ok, changed)
+		}
+		if keys := s.alloc.Keys(); len(keys) != 1 {
+			t.Fatalf("the rebuilt allocator holds %v, want only %s", keys, acme)
 		}
 		// The old validity (500ms) and epoch (100ms) bound learning, not
 		// the new validity (200ms).

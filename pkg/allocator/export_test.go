@@ -2,10 +2,12 @@ package allocator
 
 import (
 	"math"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // BadReport is one invalid RegionReport and a part of the message naming
@@ -57,4 +59,18 @@ func BadReports() []BadReport {
 		{"NaN holding", rep("a", with(func(k *sluicev1.KeyDemand) { k.Holding = math.NaN() })), "keys[0].holding NaN must be a finite number >= 0"},
 		{"duplicate key", rep("b", ok("acme"), ok("fresh-5"), ok("acme")), "keys[2].key acme/write duplicates keys[0]"},
 	}
+}
+
+// namedKeys is each key the service's allocator holds and when a report
+// or an answer last named it (hierarchy.Allocator.LastNamed). s.mu is held,
+// or the allocator is not replaced meanwhile.
+func namedKeys(s *Service) map[quota.Key]time.Time {
+	a := s.alloc
+	out := make(map[quota.Key]time.Time)
+	for _, k := range a.Keys() {
+		if at, ok := a.LastNamed(k); ok {
+			out[k] = at
+		}
+	}
+	return out
 }

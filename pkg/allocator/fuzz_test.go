@@ -74,7 +74,7 @@ type syncState struct {
 func (s *Service) syncState(now time.Time) syncState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return syncState{view: s.alloc.View(now), keys: maps.Clone(s.keys), lastReport: maps.Clone(s.lastReport)}
+	return syncState{view: s.alloc.View(now), keys: namedKeys(s), lastReport: maps.Clone(s.lastReport)}
 }
 
 func (a syncState) diff(b syncState) error {

@@ -302,7 +302,7 @@ func (s *Service) learnPriorTiming(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rebuild the allocator for the longer validity committed before the live config: %w", err)
 	}
-	s.alloc = a
+	s.replaceAllocatorLocked(a)
 	s.learnFloor = later(s.learnFloor, floor)
 	s.oldGrantsEnd = later(s.oldGrantsEnd, floor)
 	s.setLimitsLocked()

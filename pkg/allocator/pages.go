@@ -13,7 +13,6 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
-	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
@@ -102,19 +101,12 @@ func (a *assembly) charge() int {
 	return a.wire + heldBytesPerKey*a.nkeys
 }
 
-// report is the whole report the pages make, with each key's limit; a key
-// in two pages is refused (quota.ErrInvalid).
-func (a *assembly) report(region string) (hierarchy.Report, []hierarchy.KeyLimit, error) {
+// report is the whole report the pages make, with each key's limit. A key
+// named twice, in one page or in two, is the allocator's to refuse
+// (hierarchy.Allocator.CheckReportKeys).
+func (a *assembly) report(region string) (hierarchy.Report, []hierarchy.KeyLimit) {
 	keys, limits := slices.Concat(a.keys...), slices.Concat(a.limits...)
-	seen := make(map[quota.Key]int, len(keys))
-	for i := range keys {
-		k := keys[i].Key
-		if j, dup := seen[k]; dup {
-			return hierarchy.Report{}, nil, fmt.Errorf("%w: keys[%d].key %s duplicates keys[%d]", quota.ErrInvalid, i, k, j)
-		}
-		seen[k] = i
-	}
-	return hierarchy.Report{Region: region, Seq: a.seq, Keys: keys}, limits, nil
+	return hierarchy.Report{Region: region, Seq: a.seq, Keys: keys}, limits
 }
 
 // heldBytes is the bytes counted for every report in progress (for the
@@ -188,9 +180,8 @@ func (s *Service) pageLocked(now time.Time, req *sluicev1.RegionReport) (*sluice
 			"allocator: sync page: report of seq %d from %q: page %d brings what is held of it to %d bytes (its pages' wire bytes and %d per key), more than the bound report_bytes=%d a region's report may take; raise -max-report-bytes or report fewer keys",
 			seq, region, page, charge, heldBytesPerKey, s.maxReportBytes)
 	}
-	// Duplicates within the page are found here, across pages once the
-	// last one is in.
-	keys, limits, err := regionsync.DecodeKeys(cfg, req.GetKeys(), a.nkeys, make(map[quota.Key]int, len(req.GetKeys())))
+	// A key named twice is found once the last page is in.
+	keys, limits, err := regionsync.DecodeKeys(cfg, req.GetKeys(), a.nkeys)
 	if err != nil {
 		return nil, invalid("page %d: %v", page, err)
 	}
@@ -207,8 +198,8 @@ func (s *Service) pageLocked(now time.Time, req *sluicev1.RegionReport) (*sluice
 		return &sluicev1.RegionGrants{Region: region, Seq: seq, PagesReceived: a.next}, nil
 	}
 	delete(s.pages.inProgress, region)
-	rep, limits, err := a.report(region)
-	if err != nil {
+	rep, limits := a.report(region)
+	if err := s.alloc.CheckReportKeys(rep); err != nil {
 		return nil, invalid("report of seq %d (%d pages): %v", seq, pages, err)
 	}
 	out, err := s.reportLocked(now, label, rep, limits, a.revisions)

@@ -96,7 +96,7 @@ func FuzzPageAssembly(f *testing.F) {
 			if err == nil && !ack && req.GetAnswerPage() == 0 {
 				for _, kd := range req.GetKeys() {
 					s.mu.Lock()
-					_, ok := s.keys[quota.Key{Tenant: kd.GetKey().GetTenant(), Class: "write"}]
+					_, ok := namedKeys(s)[quota.Key{Tenant: kd.GetKey().GetTenant(), Class: "write"}]
 					s.mu.Unlock()
 					if !ok {
 						t.Fatalf("%v answered, but its key %v is not tracked", req, kd.GetKey())

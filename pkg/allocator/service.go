@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/internal/shrink"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -137,9 +136,7 @@ type Service struct {
 	// replica started) have ended by then. Guarded by mu. A confirmation
 	// of a config revision waits for it (advanceLocked).
 	oldGrantsEnd time.Time
-	keys         map[quota.Key]time.Time // guarded by mu: last time a report or an answer named the key
-	keysPeak     shrink.Peak             // guarded by mu: keys' high-water mark
-	lastReport   map[string]time.Time    // guarded by mu: region -> its last accepted report
+	lastReport   map[string]time.Time // guarded by mu: region -> its last accepted report
 	// conf tracks the config revisions regions report and the revision
 	// confirmed to them (regionsync's make-before-break of static shares);
 	// held are the configs of revisions still in play, by revision, the
@@ -221,7 +218,6 @@ func newService(o serviceOptions, now time.Time) (*Service, error) {
 		started:        now,
 		firstRev:       revisionOf(o.config, cfg),
 		timing:         timing{epoch: opts.Epoch, validity: opts.Validity, alpha: opts.DemandAlpha, regionLease: opts.RegionLease},
-		keys:           make(map[quota.Key]time.Time),
 		lastReport:     make(map[string]time.Time),
 		held:           map[int64]*config.Config{revisionOf(o.config, cfg): cfg},
 	}
@@ -249,15 +245,6 @@ func allocatorOptions(cfg *config.Config) hierarchy.Options {
 		Validity:    time.Duration(cfg.GrantValidity),
 		DemandAlpha: cfg.DemandAlpha,
 		RegionLease: time.Duration(cfg.RegionLease),
-	}
-}
-
-// keyLimit is a resolved key's limit for the allocator: its rate, burst,
-// unit and floor share.
-func keyLimit(res config.Resolved) hierarchy.KeyLimit {
-	return hierarchy.KeyLimit{
-		Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst), Unit: res.Class.Unit(),
-		FloorShare: res.Class.PartitionFraction(),
 	}
 }
 
@@ -309,7 +296,7 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		s.log.Info("epoch, grant validity, demand alpha or region lease changed; allocator rebuilt in learning mode",
 			"epoch", opts.Epoch, "grant_validity", opts.Validity,
 			"learning_until_at_least", later(s.learnFloor, now.Add(opts.Validity.Truncate(time.Millisecond))))
-		s.alloc = a
+		s.replaceAllocatorLocked(a)
 		s.timing = t
 	} else if !sameRegions(old, cfg) {
 		if err := s.alloc.SetRegions(opts.Regions); err != nil {
@@ -334,18 +321,33 @@ func (s *Service) rebuiltLocked(now time.Time, opts hierarchy.Options, prior tim
 	return hierarchy.NewAllocator(opts, now)
 }
 
-// setLimitsLocked sets every tracked key's limit under the live config,
-// with the static shares regions may run on while they run different
-// revisions. s.mu is held.
+// replaceAllocatorLocked makes a the allocator, with the keys the one it
+// replaces held and their limits under the live config (setLimitsLocked):
+// a rebuilt allocator tracks them from now on, so it forgets them no
+// sooner than the old one would have. s.mu is held.
+func (s *Service) replaceAllocatorLocked(a *hierarchy.Allocator) {
+	keys := s.alloc.Keys()
+	s.alloc = a
+	s.setKeyLimitsLocked(keys)
+}
+
+// setLimitsLocked sets the limit of every key the allocator holds under
+// the live config, with the static shares regions may run on while they
+// run different revisions. s.mu is held.
 func (s *Service) setLimitsLocked() {
-	for k := range s.keys {
+	s.setKeyLimitsLocked(s.alloc.Keys())
+}
+
+// setKeyLimitsLocked is setLimitsLocked for keys. s.mu is held.
+func (s *Service) setKeyLimitsLocked(keys []quota.Key) {
+	for _, k := range keys {
 		res, err := s.applied.Resolve(k)
 		if err != nil {
 			// The key's class is gone: the old limit stays until the key
 			// is forgotten, since regions may still hold grants for it.
 			continue
 		}
-		l := s.limitLocked(k, keyLimit(res))
+		l := s.limitLocked(k, regionsync.KeyLimit(res))
 		if err := s.alloc.SetLimit(k, l); err != nil {
 			s.log.Error("limit from the new config refused by the allocator; keeping the old one", "key", k, "error", err)
 		}
@@ -570,24 +572,15 @@ func (s *Service) ensureLearningLocked(now time.Time) {
 
 // forgetIdleKeysLocked removes keys no report and no answer named for
 // long enough that no region can hold a grant for them any more
-// (hierarchy.Forgettable, the rule the simulator's global tier runs too).
-// s.mu is held.
+// (hierarchy.Allocator.ForgetIdle, by the rule the simulator's global
+// tier runs too). s.mu is held.
 func (s *Service) forgetIdleKeysLocked(now time.Time) {
-	s.keysPeak.Note(len(s.keys))
-	for k, seen := range s.keys {
-		if hierarchy.Forgettable(now, seen, s.learnFloor, s.timing.epoch, s.timing.validity) {
-			s.alloc.RemoveKey(k)
-			delete(s.keys, k)
-		}
-	}
-	s.keys = shrink.Map(s.keys, &s.keysPeak)
+	s.alloc.ForgetIdle(now, s.learnFloor)
 }
 
 // trackedKeys is how many keys the service tracks (for the keys gauge).
 func (s *Service) trackedKeys() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.keys)
+	return s.allocator().NumKeys()
 }
 
 // promote makes this replica the leader for term until deadline, in
@@ -732,6 +725,9 @@ func (s *Service) syncWholeLocked(now time.Time, req *sluicev1.RegionReport) (*s
 	cfg := s.applied
 	label := regionLabel(cfg, req.GetRegion())
 	rep, limits, err := regionsync.DecodeReport(cfg, req, s.maxKeys)
+	if err == nil {
+		err = s.alloc.CheckReportKeys(rep)
+	}
 	if err != nil {
 		s.m.report(label, "invalid")
 		return nil, status.Error(codes.InvalidArgument, "allocator: sync: "+err.Error())
@@ -744,7 +740,6 @@ func (s *Service) syncWholeLocked(now time.Time, req *sluicev1.RegionReport) (*s
 // grants. s.mu is held and the config applied; rep and limits were
 // decoded under s.applied.
 func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report, limits []hierarchy.KeyLimit, revisions []int64) (*sluicev1.RegionGrants, error) {
-	cfg := s.applied
 	if ok, addr := s.leaderAt(now); !ok {
 		s.m.report(label, "not_leader")
 		return nil, notLeaderError(addr)
@@ -780,12 +775,11 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 	// background (history.go); this report is answered under the configs
 	// held, as Confirmations.Reserve takes them.
 	s.queueUnheldLocked(now, s.conf.Unheld(s.held, rep.Region))
+	// The limits were decoded under cfg (regionsync.KeyLimit). A key new
+	// to the allocator is tracked from here on, whatever Report says, so
+	// it is forgotten again once idle (ForgetIdle).
 	for i := range rep.Keys {
-		limits[i].FloorShare = cfg.PartitionShareOf(rep.Keys[i].Key.Class)
 		limits[i] = s.limitLocked(rep.Keys[i].Key, limits[i])
-		// Tracked from here on, whatever Report says, so it is forgotten
-		// again once idle.
-		s.keys[rep.Keys[i].Key] = now
 	}
 	if err := s.alloc.SetReportLimits(rep, limits); err != nil {
 		// DecodeReport checked the limits, so this is a bug.
@@ -814,7 +808,6 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 	out.ConfirmedRevision, out.ConfirmedKnown = s.conf.Confirmed()
 	var sum float64
 	for _, g := range grants {
-		s.keys[g.Key] = now
 		sum += g.Rate
 	}
 	s.m.answered(label, len(grants), sum)

@@ -52,7 +52,7 @@ func TestBadReportsChangeNothing(t *testing.T) {
 		if len(before.Keys) != 1 || !before.Keys[0].Contended {
 			t.Fatalf("setup: want one contended key, got %+v", before.Keys)
 		}
-		keysBefore := maps.Clone(s.keys)
+		keysBefore := namedKeys(s)
 
 		bad := BadReports()
 		tooMany := &sluicev1.RegionReport{Region: "a", Seq: 99}
@@ -70,8 +70,8 @@ func TestBadReportsChangeNothing(t *testing.T) {
 		if after := s.View(now); !reflect.DeepEqual(before, after) {
 			t.Errorf("bad reports changed the allocator:\nbefore %+v\nafter  %+v", before, after)
 		}
-		if !maps.Equal(keysBefore, s.keys) {
-			t.Errorf("bad reports changed the tracked keys: %v -> %v", keysBefore, s.keys)
+		if !maps.Equal(keysBefore, namedKeys(s)) {
+			t.Errorf("bad reports changed the tracked keys: %v -> %v", keysBefore, namedKeys(s))
 		}
 
 		// A retry gets the same answer; an older report is refused as
@@ -115,12 +115,12 @@ func TestIdleKeysAreForgotten(t *testing.T) {
 		for time.Since(last) <= horizon {
 			time.Sleep(100 * time.Millisecond)
 			s.step(time.Now())
-			if time.Since(last) <= horizon && len(s.keys) != 1 {
+			if time.Since(last) <= horizon && len(namedKeys(s)) != 1 {
 				t.Fatalf("key forgotten %v after it was last reported", time.Since(last))
 			}
 		}
-		if len(s.keys) != 0 || len(s.View(time.Now()).Keys) != 0 {
-			t.Fatalf("idle key still tracked after %v: %v", time.Since(last), s.keys)
+		if len(namedKeys(s)) != 0 || len(s.View(time.Now()).Keys) != 0 {
+			t.Fatalf("idle key still tracked after %v: %v", time.Since(last), namedKeys(s))
 		}
 	})
 }

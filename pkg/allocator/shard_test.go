@@ -51,14 +51,14 @@ func TestShardRefusesKeysItDoesNotOwn(t *testing.T) {
 			t.Fatalf("a report of shard 1's own key: %v", err)
 		}
 		now := time.Now()
-		before, keysBefore := s.View(now), maps.Clone(s.keys)
+		before, keysBefore := s.View(now), namedKeys(s)
 		_, err = s.Sync(ctx, &sluicev1.RegionReport{Region: "a", Seq: 2, Keys: []*sluicev1.KeyDemand{
 			{Key: mine, Admitted: 100, WindowMs: 100}, {Key: other, Admitted: 100, WindowMs: 100}}})
 		want := fmt.Sprintf("keys[1] %s/write belongs to shard 0 under the shard map (global_shards 3", other.Tenant)
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "not to shard 1") {
 			t.Fatalf("err = %v, want InvalidArgument containing %q", err, want)
 		}
-		if after := s.View(now); !reflect.DeepEqual(before, after) || !maps.Equal(keysBefore, s.keys) {
+		if after := s.View(now); !reflect.DeepEqual(before, after) || !maps.Equal(keysBefore, namedKeys(s)) {
 			t.Fatalf("a refused report changed the allocator:\nbefore %+v\nafter  %+v", before, after)
 		}
 		if seq, _ := s.alloc.LastSeq("a"); seq != 1 {

@@ -18,7 +18,11 @@ const MaxWireMillis = math.MaxInt64 / int64(time.Millisecond)
 // the allocator, returning each key's limit alongside. At most maxKeys
 // keys are accepted: the bound of one message (a report split into pages
 // is decoded page by page with CheckReportHeader and DecodeKeys). It
-// changes nothing; errors wrap quota.ErrInvalid.
+// changes nothing; errors wrap quota.ErrInvalid. A key named twice is the
+// allocator's to refuse (hierarchy.Allocator.CheckReportKeys, before the
+// report changes anything): it finds one without a map of the report's
+// keys, which here cost the global leader about a sixth of its epoch
+// (BENCHMARKS.md, "The daemon's per-key maps").
 func DecodeReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int) (hierarchy.Report, []hierarchy.KeyLimit, error) {
 	if err := CheckReportHeader(cfg, req); err != nil {
 		return hierarchy.Report{}, nil, err
@@ -27,7 +31,7 @@ func DecodeReport(cfg *config.Config, req *sluicev1.RegionReport, maxKeys int) (
 	if len(keys) > maxKeys {
 		return hierarchy.Report{}, nil, fmt.Errorf("%w: keys has %d entries, the limit is %d", quota.ErrInvalid, len(keys), maxKeys)
 	}
-	kds, limits, err := DecodeKeys(cfg, keys, 0, make(map[quota.Key]int, len(keys)))
+	kds, limits, err := DecodeKeys(cfg, keys, 0)
 	if err != nil {
 		return hierarchy.Report{}, nil, err
 	}
@@ -56,27 +60,29 @@ func CheckReportHeader(cfg *config.Config, req *sluicev1.RegionReport) error {
 	return nil
 }
 
+// KeyLimit is a resolved key's limit for the allocator: its rate, burst,
+// unit and floor share (the class's partition share), as a report's keys
+// are decoded and as the global daemon sets the limits of the keys it
+// holds when the config changes.
+func KeyLimit(res config.Resolved) hierarchy.KeyLimit {
+	return hierarchy.KeyLimit{
+		Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst), Unit: res.Class.Unit(),
+		FloorShare: res.Class.PartitionFraction(),
+	}
+}
+
 // DecodeKeys checks keys against cfg and converts them for the allocator,
 // with each key's limit. keys[i] is named keys[first+i] in errors (its
-// place in the whole report when keys is one page of it); seen maps every
-// key decoded before (of earlier pages) to its place, and a key found
-// there is a duplicate. On success seen holds keys too; on an error seen
-// is as it was. Errors wrap quota.ErrInvalid.
-func DecodeKeys(cfg *config.Config, keys []*sluicev1.KeyDemand, first int, seen map[quota.Key]int) ([]hierarchy.KeyDemand, []hierarchy.KeyLimit, error) {
+// place in the whole report when keys is one page of it). As DecodeReport,
+// it leaves a key named twice to the allocator. Errors wrap
+// quota.ErrInvalid.
+func DecodeKeys(cfg *config.Config, keys []*sluicev1.KeyDemand, first int) ([]hierarchy.KeyDemand, []hierarchy.KeyLimit, error) {
 	kds := make([]hierarchy.KeyDemand, len(keys))
 	limits := make([]hierarchy.KeyLimit, len(keys))
 	for i, kd := range keys {
 		var err error
-		kds[i], limits[i], err = decodeKey(cfg, kd, first+i, seen)
+		kds[i], limits[i], err = decodeKey(cfg, kd, first+i)
 		if err != nil {
-			// Forget the keys this call added: those placed at first or
-			// later.
-			for _, kd := range keys[:i+1] {
-				k := quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}
-				if at, ok := seen[k]; ok && at >= first {
-					delete(seen, k)
-				}
-			}
 			return nil, nil, err
 		}
 	}
@@ -85,7 +91,7 @@ func DecodeKeys(cfg *config.Config, keys []*sluicev1.KeyDemand, first int, seen 
 
 // decodeKey is DecodeReport for keys[i]; the field's name is only built
 // for an error.
-func decodeKey(cfg *config.Config, kd *sluicev1.KeyDemand, i int, seen map[quota.Key]int) (hierarchy.KeyDemand, hierarchy.KeyLimit, error) {
+func decodeKey(cfg *config.Config, kd *sluicev1.KeyDemand, i int) (hierarchy.KeyDemand, hierarchy.KeyLimit, error) {
 	field := func() string { return fmt.Sprintf("keys[%d]", i) }
 	fail := func(err error) (hierarchy.KeyDemand, hierarchy.KeyLimit, error) {
 		return hierarchy.KeyDemand{}, hierarchy.KeyLimit{}, err
@@ -94,18 +100,16 @@ func decodeKey(cfg *config.Config, kd *sluicev1.KeyDemand, i int, seen map[quota
 		return fail(fmt.Errorf("%w: %s.key is missing", quota.ErrInvalid, field()))
 	}
 	k := quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()}
-	if err := k.Validate(); err != nil {
-		return fail(fmt.Errorf("%s.key: %w", field(), err))
-	}
-	if first, dup := seen[k]; dup {
-		return fail(fmt.Errorf("%w: %s.key %s duplicates keys[%d]", quota.ErrInvalid, field(), k, first))
-	}
-	seen[k] = i
+	// Resolve validates k first; a refusal is told apart afterwards, so a
+	// valid key is checked once.
 	res, err := cfg.Resolve(k)
 	if err != nil {
+		if verr := k.Validate(); verr != nil {
+			return fail(fmt.Errorf("%s.key: %w", field(), verr))
+		}
 		return fail(fmt.Errorf("%s.key %s: %w", field(), k, err))
 	}
-	l := hierarchy.KeyLimit{Rate: res.Limit.Rate, Burst: float64(res.Limit.Burst), Unit: res.Class.Unit()}
+	l := KeyLimit(res)
 	if !finite(l.Rate) || l.Rate <= 0 || l.Burst <= 0 {
 		return fail(fmt.Errorf("%w: %s.key %s: the config gives it rate %v and burst %v; both must be > 0",
 			quota.ErrInvalid, field(), k, l.Rate, l.Burst))
@@ -181,13 +185,14 @@ func EncodeGrants(rep hierarchy.Report, grants []hierarchy.Grant, learning bool,
 		Epoch:         epoch,
 		ReportAgainMs: again.Milliseconds(),
 	}
+	// Two allocations for every grant instead of two per grant: an answer
+	// carries a grant for each contended key the region reports.
+	kgs, keys := make([]sluicev1.KeyGrant, len(grants)), make([]sluicev1.QuotaKey, len(grants))
 	for i, g := range grants {
-		out.Grants[i] = &sluicev1.KeyGrant{
-			Key:     &sluicev1.QuotaKey{Tenant: g.Key.Tenant, Class: g.Key.Class},
-			Rate:    g.Rate,
-			Burst:   g.Burst,
-			ValidMs: g.Valid.Milliseconds(),
-		}
+		keys[i].Tenant, keys[i].Class = g.Key.Tenant, g.Key.Class
+		kg := &kgs[i]
+		kg.Key, kg.Rate, kg.Burst, kg.ValidMs = &keys[i], g.Rate, g.Burst, g.Valid.Milliseconds()
+		out.Grants[i] = kg
 	}
 	return out
 }

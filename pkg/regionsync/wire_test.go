@@ -66,7 +66,6 @@ func TestDecodeReportAtItsBounds(t *testing.T) {
 		{"a key missing", func(r *sluicev1.RegionReport) { r.Keys[2].Key = nil }, "keys[2].key is missing"},
 		{"an invalid key", func(r *sluicev1.RegionReport) { r.Keys[2].Key.Tenant = "" }, "keys[2].key: "},
 		{"a key of an unconfigured class", func(r *sluicev1.RegionReport) { r.Keys[2].Key.Class = "read" }, "not configured"},
-		{"a duplicate key", func(r *sluicev1.RegionReport) { r.Keys[2].Key = wireKey("acme") }, "duplicates keys[0]"},
 		{"negative admitted", func(r *sluicev1.RegionReport) { r.Keys[1].Admitted = -1 }, "keys[1].admitted"},
 		{"negative denied", func(r *sluicev1.RegionReport) { r.Keys[1].Denied = -1 }, "keys[1].denied"},
 		{"window 0", func(r *sluicev1.RegionReport) { r.Keys[0].WindowMs = 0 }, "keys[0].window_ms"},
@@ -154,32 +153,18 @@ func TestDecodeReportRefusesAConfigWithoutALimit(t *testing.T) {
 }
 
 // TestDecodeKeysOfAPage: a page's keys are named by their place in the
-// whole report; a key of an earlier page is a duplicate; a refused page
-// leaves the keys seen as they were, and an accepted one adds its own.
+// whole report, and a key named twice is left to the allocator
+// (hierarchy.Allocator.CheckReportKeys).
 func TestDecodeKeysOfAPage(t *testing.T) {
 	cfg := wireConfig(t)
-	seen := map[quota.Key]int{}
-	page0 := []*sluicev1.KeyDemand{{Key: wireKey("acme"), WindowMs: 1}, {Key: wireKey("beta"), WindowMs: 1}}
-	if _, _, err := DecodeKeys(cfg, page0, 0, seen); err != nil || len(seen) != 2 {
-		t.Fatalf("page 0: %v, seen %v", err, seen)
-	}
 	bad := []*sluicev1.KeyDemand{{Key: wireKey("gamma"), WindowMs: 1}, {Key: wireKey("delta"), WindowMs: 1}, {Key: wireKey("eps"), WindowMs: 0}}
-	if _, _, err := DecodeKeys(cfg, bad, 2, seen); err == nil || !strings.Contains(err.Error(), "keys[4].window_ms") {
-		t.Fatalf("a bad page: %v, want keys[4].window_ms named", err)
+	if kds, limits, err := DecodeKeys(cfg, bad, 2); err == nil || !strings.Contains(err.Error(), "keys[4].window_ms") || kds != nil || limits != nil {
+		t.Fatalf("a bad page: %v, want keys[4].window_ms named and nothing decoded", err)
 	}
-	if len(seen) != 2 || seen[quota.Key{Tenant: "acme", Class: "write"}] != 0 || seen[quota.Key{Tenant: "beta", Class: "write"}] != 1 {
-		t.Fatalf("a refused page changed the keys seen: %v", seen)
-	}
-	dup := []*sluicev1.KeyDemand{{Key: wireKey("gamma"), WindowMs: 1}, {Key: wireKey("beta"), WindowMs: 1}}
-	if _, _, err := DecodeKeys(cfg, dup, 2, seen); err == nil || !strings.Contains(err.Error(), "keys[3].key") || !strings.Contains(err.Error(), "keys[1]") {
-		t.Fatalf("a key of an earlier page again: %v, want keys[3] duplicating keys[1]", err)
-	}
-	if len(seen) != 2 || seen[quota.Key{Tenant: "beta", Class: "write"}] != 1 {
-		t.Fatalf("a refused duplicate changed the keys seen: %v", seen)
-	}
-	page1 := []*sluicev1.KeyDemand{{Key: wireKey("gamma"), WindowMs: 1}}
-	if kds, _, err := DecodeKeys(cfg, page1, 2, seen); err != nil || len(kds) != 1 || seen[quota.Key{Tenant: "gamma", Class: "write"}] != 2 {
-		t.Fatalf("page 1: %v, seen %v", err, seen)
+	twice := []*sluicev1.KeyDemand{{Key: wireKey("gamma"), WindowMs: 1}, {Key: wireKey("gamma"), WindowMs: 2}}
+	kds, limits, err := DecodeKeys(cfg, twice, 2)
+	if err != nil || len(kds) != 2 || len(limits) != 2 || kds[1].Key != kds[0].Key || kds[1].Window != 2*time.Millisecond {
+		t.Fatalf("a key twice: %v, %+v", err, kds)
 	}
 }
 
