@@ -116,7 +116,6 @@ type shardNode struct {
 	alloc  *hierarchy.Allocator
 	up     bool
 	gen    int
-	seen   map[quota.Key]time.Time
 	lapsed []string
 	// per-epoch tallies
 	reports                           int64
@@ -268,7 +267,6 @@ func (s *sim) boot(n *shardNode, now time.Time) {
 	}
 	a.BecomeLeader(now, n.lapsed...)
 	n.alloc = a
-	n.seen = map[quota.Key]time.Time{}
 }
 
 func (s *sim) now() time.Time     { return base.Add(time.Duration(s.eng.Now())) }
@@ -792,23 +790,14 @@ func (s *sim) serve(n *shardNode, part *sluicev1.RegionReport) *sluicev1.RegionG
 		panic("scale: a region report was refused: " + err.Error())
 	}
 	at := s.now()
-	for i, kd := range rep.Keys {
-		if _, ok := n.seen[kd.Key]; !ok {
-			limits[i].FloorShare = s.cfg.PartitionShareOf(kd.Key.Class)
-			if err := n.alloc.SetLimit(kd.Key, limits[i]); err != nil {
-				panic("scale: a configured limit was refused: " + err.Error())
-			}
-		}
-		n.seen[kd.Key] = at
+	if err := n.alloc.SetReportLimits(rep, limits); err != nil {
+		panic("scale: a configured limit was refused: " + err.Error())
 	}
 	ans, err := n.alloc.Report(at, rep)
 	if err != nil {
 		panic("scale: the allocator refused a report: " + err.Error())
 	}
 	n.alloc.TakeNudges() // nudges only hasten reports; the run does without
-	for _, gr := range ans.Grants {
-		n.seen[gr.Key] = at
-	}
 	out := regionsync.EncodeGrants(rep, ans.Grants, n.alloc.Learning(at), n.alloc.Epoch(), n.alloc.ReportAgain(rep.Region))
 	out.StaticLeaseMs = ans.StaticLease.Milliseconds()
 	n.reports++
@@ -846,12 +835,7 @@ func (s *sim) allocate() {
 			n.alloc.LapseDurable(now, r)
 			s.res.note(s.t(), fmt.Sprintf("global shard %d: region %s's static lease lapsed", n.s, r))
 		}
-		for qk, seen := range n.seen {
-			if hierarchy.Forgettable(now, seen, time.Time{}, epoch, validity) {
-				n.alloc.RemoveKey(qk)
-				delete(n.seen, qk)
-			}
-		}
+		n.alloc.ForgetIdle(now, time.Time{})
 		if sample {
 			c := 0
 			for _, kv := range n.alloc.View(now).Keys {

@@ -50,9 +50,8 @@ type GlobalNode struct {
 	paused  bool // leads, but its lease refresh lapsed: not granting
 	gen     int
 	alloc   *hierarchy.Allocator
-	known   []bool      // key ids with a limit set in alloc
-	seen    []time.Time // when each key was last named, on the node's clock
-	tracked []int       // key ids in alloc, in first-report order
+	known   []bool // key ids with a limit set in alloc
+	tracked []int  // key ids in alloc, in first-report order
 	// learnFloor is Service.learnFloor: set only when the epoch, validity
 	// or demand alpha change, which a run never does, so it stays zero.
 	learnFloor time.Time
@@ -105,7 +104,6 @@ func (n *GlobalNode) boot() {
 	}
 	n.alloc = a
 	n.known = make([]bool, len(w.keys))
-	n.seen = make([]time.Time, len(w.keys))
 	n.tracked = nil
 }
 
@@ -168,16 +166,19 @@ func (n *GlobalNode) becomeLeader() {
 }
 
 // step is Service.step: one allocation, then forget keys nobody named for
-// longer than any grant can live (hierarchy.Forgettable, as the service).
+// longer than any grant can live (hierarchy.Allocator.ForgetIdle, as the
+// service).
 func (n *GlobalNode) step() {
 	w := n.g.w
 	now := n.now()
 	n.alloc.Allocate(now)
 	n.persistLapses(now)
+	if n.alloc.ForgetIdle(now, n.learnFloor) == 0 {
+		return
+	}
 	keep := n.tracked[:0]
 	for _, id := range n.tracked {
-		if hierarchy.Forgettable(now, n.seen[id], n.learnFloor, w.epoch, w.validity) {
-			n.alloc.RemoveKey(w.keys[id].key)
+		if _, held := n.alloc.LastNamed(w.keys[id].key); !held {
 			n.known[id] = false
 			continue
 		}
@@ -254,7 +255,7 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 		limits[i].FloorShare = applied.PartitionShareOf(kd.Key.Class)
 	}
 	for i, kd := range rep.Keys {
-		n.track(w.keyByQK[kd.Key], limits[i], at)
+		n.track(w.keyByQK[kd.Key], limits[i])
 		n.configTrack(w.keyByQK[kd.Key], limits[i])
 	}
 	ans, err := n.alloc.Report(at, rep)
@@ -264,18 +265,15 @@ func (n *GlobalNode) serve(req *sluicev1.RegionReport) (*sluicev1.RegionGrants, 
 	}
 	n.nudge(n.alloc.TakeNudges()) // Service.Sync: before the answer
 	w.orc.GrantsSent(len(ans.Grants))
-	for _, gr := range ans.Grants {
-		if k := w.keyByQK[gr.Key]; k != nil {
-			n.seen[k.id] = at
-		}
-	}
 	out := regionsync.EncodeGrants(rep, ans.Grants, n.alloc.Learning(at), n.alloc.Epoch(), n.alloc.ReportAgain(rep.Region))
 	out.StaticLeaseMs = ans.StaticLease.Milliseconds()
 	n.configAnswer(out)
 	return out, true
 }
 
-func (n *GlobalNode) track(k *keyInfo, limit hierarchy.KeyLimit, now time.Time) {
+// track gives a key new to the allocator its limit; the allocator keeps
+// when a report or an answer last named it.
+func (n *GlobalNode) track(k *keyInfo, limit hierarchy.KeyLimit) {
 	if !n.known[k.id] {
 		if err := n.alloc.SetLimit(k.key, limit); err != nil {
 			panic("sim: a configured limit was refused: " + err.Error())
@@ -283,7 +281,6 @@ func (n *GlobalNode) track(k *keyInfo, limit hierarchy.KeyLimit, now time.Time) 
 		n.known[k.id] = true
 		n.tracked = append(n.tracked, k.id)
 	}
-	n.seen[k.id] = now
 }
 
 // crash kills replica n; if it led, the next live replica is elected once
