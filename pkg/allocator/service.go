@@ -344,7 +344,9 @@ func (s *Service) setKeyLimitsLocked(keys []quota.Key) {
 		res, err := s.applied.Resolve(k)
 		if err != nil {
 			// The key's class is gone: the old limit stays until the key
-			// is forgotten, since regions may still hold grants for it.
+			// is forgotten, since regions may still hold grants for it. A
+			// rebuilt allocator, which knows no grant for it, does not
+			// take the key over.
 			continue
 		}
 		l := s.limitLocked(k, regionsync.KeyLimit(res))
@@ -775,7 +777,7 @@ func (s *Service) reportLocked(now time.Time, label string, rep hierarchy.Report
 	// background (history.go); this report is answered under the configs
 	// held, as Confirmations.Reserve takes them.
 	s.queueUnheldLocked(now, s.conf.Unheld(s.held, rep.Region))
-	// The limits were decoded under cfg (regionsync.KeyLimit). A key new
+	// The limits were decoded under s.applied (regionsync.KeyLimit). A key new
 	// to the allocator is tracked from here on, whatever Report says, so
 	// it is forgotten again once idle (ForgetIdle).
 	for i := range rep.Keys {
