@@ -1,7 +1,6 @@
 package allocator
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -846,7 +845,7 @@ func (s *Service) Status(ctx context.Context, req *sluicev1.StatusRequest) (*slu
 	if !leader {
 		return out, nil
 	}
-	v := a.View(now)
+	v, contended := a.TopView(now, n)
 	out.Learning = v.Learning
 	out.Epoch = v.Epoch
 	s.mu.Lock()
@@ -878,7 +877,7 @@ func (s *Service) Status(ctx context.Context, req *sluicev1.StatusRequest) (*slu
 			LastReportUnixMs: at, DrainPending: pending[r.Name] && !r.Lapsed, Lapsed: r.Lapsed,
 		})
 	}
-	out.Keys, out.ContendedKeys = topKeys(v, n)
+	out.Keys, out.ContendedKeys = keyStatuses(v), int64(contended)
 	return out, nil
 }
 
@@ -958,49 +957,23 @@ func (s *Service) configRevision() int64 {
 	return 0
 }
 
-// topKeys lists the n keys with the highest demand/rate, ties broken by
-// key, and counts the contended keys.
-func topKeys(v hierarchy.View, n int) ([]*sluicev1.KeyStatus, int64) {
-	type ranked struct {
-		kv       *hierarchy.KeyView
-		demand   float64
-		pressure float64
-	}
-	var contended int64
-	all := make([]ranked, len(v.Keys))
+// keyStatuses is the status of each key v shows, in its order (the top
+// keys of Allocator.TopView).
+func keyStatuses(v hierarchy.View) []*sluicev1.KeyStatus {
+	out := make([]*sluicev1.KeyStatus, 0, len(v.Keys))
 	for i := range v.Keys {
 		kv := &v.Keys[i]
-		if kv.Contended {
-			contended++
-		}
-		var d float64
-		for _, r := range kv.Regions {
-			d += r.Demand
-		}
-		all[i] = ranked{kv: kv, demand: d, pressure: d / kv.Limit.Rate}
-	}
-	slices.SortFunc(all, func(x, y ranked) int {
-		if c := cmp.Compare(y.pressure, x.pressure); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(x.kv.Key.Tenant, y.kv.Key.Tenant); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.kv.Key.Class, y.kv.Key.Class)
-	})
-	out := make([]*sluicev1.KeyStatus, 0, min(n, len(all)))
-	for _, r := range all[:min(n, len(all))] {
 		ks := &sluicev1.KeyStatus{
-			Key:    &sluicev1.QuotaKey{Tenant: r.kv.Key.Tenant, Class: r.kv.Key.Class},
-			Rate:   r.kv.Limit.Rate,
-			Burst:  r.kv.Limit.Burst,
-			Demand: r.demand,
+			Key:   &sluicev1.QuotaKey{Tenant: kv.Key.Tenant, Class: kv.Key.Class},
+			Rate:  kv.Limit.Rate,
+			Burst: kv.Limit.Burst,
 		}
-		for i, kr := range r.kv.Regions {
+		for i, kr := range kv.Regions {
 			var valid int64
 			if !kr.GrantExpiry.IsZero() {
 				valid = max(kr.GrantExpiry.Sub(v.At).Milliseconds(), 0)
 			}
+			ks.Demand += kr.Demand
 			ks.Regions = append(ks.Regions, &sluicev1.KeyRegionStatus{
 				Region:       v.Regions[i].Name,
 				Demand:       kr.Demand,
@@ -1013,5 +986,5 @@ func topKeys(v hierarchy.View, n int) ([]*sluicev1.KeyStatus, int64) {
 		}
 		out = append(out, ks)
 	}
-	return out, contended
+	return out
 }

@@ -11,49 +11,39 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// TestTopKeysRankByPressure: Status lists keys by summed demand over rate,
-// highest first, ties by tenant then class; it lists at most n of them and
-// counts every contended key, listed or not; each region's line carries
-// its demand, target, grant and static rate, and the grant's remaining
-// validity (0 once expired or when there is none).
-func TestTopKeysRankByPressure(t *testing.T) {
+// TestKeyStatusesCarryEachRegion: Status lists the keys of the
+// allocator's TopView in its order (the ranking is hierarchy's
+// TestTopViewIsTheTopOfView); each key carries its rate, burst and summed
+// demand, each region's line its demand, target, grant and static rate,
+// and the grant's remaining validity (0 once expired or when there is
+// none).
+func TestKeyStatusesCarryEachRegion(t *testing.T) {
 	at := time.Unix(1000, 0)
-	key := func(tenant, class string, rate float64, contended bool, regions ...hierarchy.KeyRegionView) hierarchy.KeyView {
+	key := func(tenant, class string, rate float64, regions ...hierarchy.KeyRegionView) hierarchy.KeyView {
 		return hierarchy.KeyView{Key: quota.Key{Tenant: tenant, Class: class}, Limit: hierarchy.KeyLimit{Rate: rate, Burst: 2 * rate},
-			Contended: contended, Regions: regions}
+			Regions: regions}
 	}
 	demand := func(d float64) hierarchy.KeyRegionView { return hierarchy.KeyRegionView{Demand: d} }
 	v := hierarchy.View{
 		At:      at,
 		Regions: []hierarchy.RegionView{{Region: hierarchy.Region{Name: "a"}}, {Region: hierarchy.Region{Name: "b"}}},
 		Keys: []hierarchy.KeyView{
-			key("t1", "write", 100, true, demand(30), demand(20)), // 0.5
-			key("t0", "write", 10, false, demand(5), demand(0)),   // 0.5
-			key("t0", "read", 10, false, demand(0), demand(5)),    // 0.5
-			key("t2", "write", 1, true,
+			key("t2", "write", 1,
 				hierarchy.KeyRegionView{Demand: 1.5, StaticRate: 0.5, TargetRate: 0.75, GrantedRate: 0.7, GrantedBurst: 1.25,
 					GrantExpiry: at.Add(1500 * time.Millisecond)},
 				hierarchy.KeyRegionView{Demand: 0.5, StaticRate: 0.5, TargetRate: 0.25, GrantedRate: 0.3, GrantedBurst: 0.75,
-					GrantExpiry: at.Add(-time.Second)}), // 2
-			key("t3", "write", 100, false, demand(1), demand(0)), // 0.01
+					GrantExpiry: at.Add(-time.Second)}),
+			key("t0", "read", 10, demand(0), demand(5)),
 		},
 	}
-	order := []string{"t2/write", "t0/read", "t0/write", "t1/write", "t3/write"}
-	for _, n := range []int{1, 3, 5, 6, 1000} {
-		out, contended := topKeys(v, n)
-		if contended != 2 {
-			t.Errorf("n %d: %d contended keys, want 2", n, contended)
-		}
-		var got []string
-		for _, ks := range out {
-			got = append(got, ks.GetKey().GetTenant()+"/"+ks.GetKey().GetClass())
-		}
-		want := order[:min(n, len(order))]
-		if strings.Join(got, " ") != strings.Join(want, " ") {
-			t.Errorf("n %d: keys %v, want %v", n, got, want)
-		}
+	out := keyStatuses(v)
+	var got []string
+	for _, ks := range out {
+		got = append(got, ks.GetKey().GetTenant()+"/"+ks.GetKey().GetClass())
 	}
-	out, _ := topKeys(v, 2)
+	if strings.Join(got, " ") != "t2/write t0/read" {
+		t.Fatalf("keys %v, want t2/write t0/read", got)
+	}
 	if k := out[1]; k.GetRate() != 10 || k.GetBurst() != 20 || k.GetDemand() != 5 {
 		t.Errorf("t0/read: rate %v burst %v demand %v, want 10, 20, 5", k.GetRate(), k.GetBurst(), k.GetDemand())
 	}

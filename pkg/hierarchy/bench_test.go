@@ -210,8 +210,9 @@ func timedEpochs(b *testing.B, w *benchWorld, timed func(bool)) int {
 // BenchmarkScrape is what the global daemon's metrics read at every
 // scrape, over SLUICE_EPOCH_BENCH_KEYS contended keys × 5 regions: the
 // whole View (what a scrape built before), and RegionViews with
-// ContendedKeys (what it reads now). Either holds the allocator's lock
-// throughout: every report waits for it.
+// ContendedKeys (what it reads now); and what the leader's Status reads,
+// TopView of the default 10 keys (it read the whole View before). Each
+// holds the allocator's lock throughout: every report waits for it.
 func BenchmarkScrape(b *testing.B) {
 	w := newBenchWorld(b, benchEpochKeys(b))
 	noop := func(bool) {}
@@ -232,6 +233,14 @@ func BenchmarkScrape(b *testing.B) {
 		for b.Loop() {
 			if len(w.alloc.RegionViews(w.now)) != len(w.regions) || w.alloc.ContendedKeys() == 0 {
 				b.Fatal("regions or contended keys missing")
+			}
+		}
+	})
+	b.Run("TopView", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if v, contended := w.alloc.TopView(w.now, 10); len(v.Keys) != 10 || contended == 0 {
+				b.Fatal("keys or contended keys missing")
 			}
 		}
 	})

@@ -1,9 +1,11 @@
 package hierarchy
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -182,5 +184,71 @@ func TestForgetIdleForgetsByLastNamed(t *testing.T) {
 	}
 	if n := a.ForgetIdle(retryAt.Add(horizon+time.Nanosecond), time.Time{}); n != 2 || a.NumKeys() != 0 || len(a.View(retryAt.Add(horizon+time.Nanosecond)).Keys) != 0 {
 		t.Fatalf("past every horizon: %d forgotten, %d keys held", n, a.NumKeys())
+	}
+}
+
+// TestTopViewIsTheTopOfView: with 300 keys (150 tenants, two classes)
+// whose demands often tie,
+// TopView's keys are View's ranked by pressure (then tenant, class) and
+// cut at n, for n below, at and above the keys shown; the rest of the view
+// is View's.
+func TestTopViewIsTheTopOfView(t *testing.T) {
+	a := mustAllocator(t, twoRegions())
+	rng := []float64{0, 5, 20, 60, 120}
+	var reps [2]Report
+	for i := range 300 {
+		j := (i * 37) % 300 // each tenant with both classes
+		k := quota.Key{Tenant: fmt.Sprintf("t%03d", j/2), Class: []string{"r", "w"}[j%2]}
+		// A tenant's two keys tie, but where one region is left out.
+		if err := a.SetLimit(k, KeyLimit{Rate: []float64{50, 100}[j/2%3%2], Burst: 100}); err != nil {
+			t.Fatal(err)
+		}
+		for r := range reps {
+			if i%7 == 3 && r == 1 {
+				continue // shown, but with one region's demand only
+			}
+			kd := KeyDemand{Key: k, Window: time.Second}
+			kd.SetDemandRate(rng[(j/2*(r+3))%len(rng)])
+			reps[r].Keys = append(reps[r].Keys, kd)
+		}
+	}
+	now := testStart.Add(6 * time.Second)
+	a.Allocate(now)
+	for r, name := range []string{"a", "b"} {
+		reps[r].Region, reps[r].Seq = name, 1
+		if _, err := a.Report(now, reps[r]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Allocate(now.Add(time.Second))
+	at := now.Add(time.Second)
+	v := a.View(at)
+	ranked := slices.Clone(v.Keys)
+	pressure := func(kv KeyView) float64 { return (kv.Regions[0].Demand + kv.Regions[1].Demand) / kv.Limit.Rate }
+	slices.SortFunc(ranked, func(x, y KeyView) int {
+		if c := cmp.Compare(pressure(y), pressure(x)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.Key.Tenant, y.Key.Tenant); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Key.Class, y.Key.Class)
+	})
+	contended := 0
+	for _, kv := range v.Keys {
+		if kv.Contended {
+			contended++
+		}
+	}
+	if len(ranked) != 300 || contended == 0 || contended == len(ranked) {
+		t.Fatalf("%d keys shown, %d contended: want all 300, some contended", len(ranked), contended)
+	}
+	for _, n := range []int{1, 10, 299, 300, 1000} {
+		tv, c := a.TopView(at, n)
+		want := v
+		want.Keys = ranked[:min(n, len(ranked))]
+		if !reflect.DeepEqual(tv, want) || c != contended {
+			t.Fatalf("TopView(%d): %d keys, %d contended; want the first %d of View ranked, %d contended", n, len(tv.Keys), c, len(want.Keys), contended)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package hierarchy
 
 import (
+	"cmp"
 	"container/heap"
 	"fmt"
 	"math"
@@ -832,6 +833,35 @@ func (s *sim) checkPartialViews() View {
 	}
 	if got := s.alloc.ContendedKeys(); got != n {
 		s.t.Fatalf("ContendedKeys %d, View shows %d contended keys", got, n)
+	}
+	// TopView: the views of View's keys under the most pressure.
+	ranked := slices.Clone(v.Keys)
+	pressure := func(kv KeyView) float64 {
+		var d float64
+		for _, r := range kv.Regions {
+			d += r.Demand
+		}
+		return d / kv.Limit.Rate
+	}
+	slices.SortFunc(ranked, func(x, y KeyView) int {
+		if c := cmp.Compare(pressure(y), pressure(x)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.Key.Tenant, y.Key.Tenant); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Key.Class, y.Key.Class)
+	})
+	for _, top := range []int{0, 1, 3, len(ranked) + 1} {
+		tv, contended := s.alloc.TopView(s.wall(s.now), top)
+		want := v
+		want.Keys = ranked[:min(top, len(ranked))]
+		if len(want.Keys) == 0 {
+			want.Keys = tv.Keys // nil or empty: both show no key
+		}
+		if !reflect.DeepEqual(tv, want) || contended != n {
+			s.t.Fatalf("TopView(%d): %+v, %d contended; want %+v, %d contended", top, tv, contended, want, n)
+		}
 	}
 	return v
 }
