@@ -223,17 +223,7 @@ func TestTopViewIsTheTopOfView(t *testing.T) {
 	a.Allocate(now.Add(time.Second))
 	at := now.Add(time.Second)
 	v := a.View(at)
-	ranked := slices.Clone(v.Keys)
-	pressure := func(kv KeyView) float64 { return (kv.Regions[0].Demand + kv.Regions[1].Demand) / kv.Limit.Rate }
-	slices.SortFunc(ranked, func(x, y KeyView) int {
-		if c := cmp.Compare(pressure(y), pressure(x)); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(x.Key.Tenant, y.Key.Tenant); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.Key.Class, y.Key.Class)
-	})
+	ranked := rankedByPressure(v.Keys)
 	contended := 0
 	for _, kv := range v.Keys {
 		if kv.Contended {
@@ -251,4 +241,28 @@ func TestTopViewIsTheTopOfView(t *testing.T) {
 			t.Fatalf("TopView(%d): %d keys, %d contended; want the first %d of View ranked, %d contended", n, len(tv.Keys), c, len(want.Keys), contended)
 		}
 	}
+}
+
+// rankedByPressure is keys ranked as TopView ranks them (its reference):
+// the sum of the regions' demand estimates over the key's rate, highest
+// first, ties by tenant then class.
+func rankedByPressure(keys []KeyView) []KeyView {
+	pressure := func(kv KeyView) float64 {
+		var d float64
+		for _, r := range kv.Regions {
+			d += r.Demand
+		}
+		return d / kv.Limit.Rate
+	}
+	ranked := slices.Clone(keys)
+	slices.SortFunc(ranked, func(x, y KeyView) int {
+		if c := cmp.Compare(pressure(y), pressure(x)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.Key.Tenant, y.Key.Tenant); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Key.Class, y.Key.Class)
+	})
+	return ranked
 }

@@ -1,7 +1,6 @@
 package hierarchy
 
 import (
-	"cmp"
 	"container/heap"
 	"fmt"
 	"math"
@@ -835,23 +834,7 @@ func (s *sim) checkPartialViews() View {
 		s.t.Fatalf("ContendedKeys %d, View shows %d contended keys", got, n)
 	}
 	// TopView: the views of View's keys under the most pressure.
-	ranked := slices.Clone(v.Keys)
-	pressure := func(kv KeyView) float64 {
-		var d float64
-		for _, r := range kv.Regions {
-			d += r.Demand
-		}
-		return d / kv.Limit.Rate
-	}
-	slices.SortFunc(ranked, func(x, y KeyView) int {
-		if c := cmp.Compare(pressure(y), pressure(x)); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(x.Key.Tenant, y.Key.Tenant); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.Key.Class, y.Key.Class)
-	})
+	ranked := rankedByPressure(v.Keys)
 	for _, top := range []int{0, 1, 3, len(ranked) + 1} {
 		tv, contended := s.alloc.TopView(s.wall(s.now), top)
 		want := v

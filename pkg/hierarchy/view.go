@@ -102,15 +102,21 @@ func (a *Allocator) View(now time.Time) View {
 	defer a.mu.Unlock()
 	t := a.peek(now)
 	a.refreshRank()
-	v := View{
+	v := a.regionsViewLocked(now, t)
+	a.keyViewsLocked(t, &v)
+	return v
+}
+
+// regionsViewLocked is View(now) without its keys, t being now on the
+// allocator's clock. a.mu is held.
+func (a *Allocator) regionsViewLocked(now time.Time, t int64) View {
+	return View{
 		At:            now,
 		Epoch:         a.epochs,
 		Learning:      t < a.learnUntil,
 		LearningUntil: a.wall(a.learnUntil),
 		Regions:       a.regionViewsLocked(t),
 	}
-	a.keyViewsLocked(t, &v)
-	return v
 }
 
 // RegionViews returns View(now).Regions without the keys' views: a
@@ -128,6 +134,11 @@ func (a *Allocator) RegionViews(now time.Time) []RegionView {
 func (a *Allocator) ContendedKeys() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.contendedLocked()
+}
+
+// contendedLocked is ContendedKeys. a.mu is held.
+func (a *Allocator) contendedLocked() int {
 	n := 0
 	for b, k := range a.blockKey {
 		if k >= 0 && a.blockContended[b] {
@@ -249,19 +260,8 @@ func (a *Allocator) TopView(now time.Time, n int) (View, int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	t := a.peek(now)
-	v := View{
-		At:            now,
-		Epoch:         a.epochs,
-		Learning:      t < a.learnUntil,
-		LearningUntil: a.wall(a.learnUntil),
-		Regions:       a.regionViewsLocked(t),
-	}
-	contended := 0
-	for b, k := range a.blockKey {
-		if k >= 0 && a.blockContended[b] {
-			contended++
-		}
-	}
+	v := a.regionsViewLocked(now, t)
+	contended := a.contendedLocked()
 	if n <= 0 {
 		return v, contended
 	}
