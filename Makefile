@@ -83,7 +83,7 @@ deps:
 # nothing else running (BENCHMARKS.md, "make test wall time"), and
 # shares the dependencies' compilation without -race with the packages
 # after it. A finding still fails the target, reported with their output.
-NORACE_PURE ?= $(addprefix github.com/sluicehq/sluice/,internal/etcdflags internal/flagenv internal/readme internal/shrink internal/structfield pkg/config pkg/config/internal/configdoc pkg/envoyrls/importer pkg/quota pkg/regionsync pkg/shard sim/engine sim/oracle sim/report sim/scenario sim/scenarios sim/traffic deploy/envoy deploy/regions)
+NORACE_PURE ?= $(addprefix github.com/sluicehq/sluice/,internal/envcount internal/etcdflags internal/flagenv internal/readme internal/shrink internal/structfield pkg/config pkg/config/internal/configdoc pkg/envoyrls/importer pkg/quota pkg/regionsync pkg/shard sim/engine sim/oracle sim/report sim/scenario sim/scenarios sim/traffic deploy/envoy deploy/regions)
 NORACE ?= github.com/sluicehq/sluice/sim/runner github.com/sluicehq/sluice/sim github.com/sluicehq/sluice/sim/scale github.com/sluicehq/sluice/sim/world github.com/sluicehq/sluice/pkg/hierarchy github.com/sluicehq/sluice/internal/imagebuild $(NORACE_PURE)
 
 # LIVE (sim/live) plays scenarios on real daemons in real time at three

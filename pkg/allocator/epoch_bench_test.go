@@ -4,14 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/cputime"
+	"github.com/sluicehq/sluice/internal/envcount"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -44,13 +43,7 @@ default_tier: free
 // epochs before the timed ones last the leader's learning (one validity,
 // 5 s).
 func BenchmarkServiceEpoch(b *testing.B) {
-	n := 20_000
-	if v := os.Getenv("SLUICE_SERVICE_BENCH_KEYS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 {
-			b.Fatalf("SLUICE_SERVICE_BENCH_KEYS=%q: want a count of at least 1", v)
-		}
-	}
+	n := envcount.Get(b, "SLUICE_SERVICE_BENCH_KEYS", 20_000, 1)
 	cfg, err := config.Parse([]byte(benchServiceConfig))
 	if err != nil {
 		b.Fatal(err)

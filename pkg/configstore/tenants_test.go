@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluicehq/sluice/internal/envcount"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
@@ -129,14 +130,7 @@ func TestSoakMillionTenants(t *testing.T) {
 	if os.Getenv("SLUICE_SOAK") == "" {
 		t.Skip("set SLUICE_SOAK=1 to apply and reload 1,000,000 tenants")
 	}
-	n := 1_000_000
-	if v := os.Getenv("SLUICE_SOAK_TENANTS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 {
-			t.Fatalf("SLUICE_SOAK_TENANTS=%q: want a count", v)
-		}
-	}
-	testBatchedApply(t, n)
+	testBatchedApply(t, envcount.Get(t, "SLUICE_SOAK_TENANTS", 1_000_000, 1))
 }
 
 func testBatchedApply(t *testing.T, n int) {

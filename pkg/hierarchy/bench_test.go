@@ -3,13 +3,12 @@ package hierarchy
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/cputime"
+	"github.com/sluicehq/sluice/internal/envcount"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -130,15 +129,7 @@ func (w *benchWorld) epoch(tb testing.TB, timed func(bool)) int {
 // benchEpochKeys is BenchmarkAllocateEpoch's contended keys:
 // SLUICE_EPOCH_BENCH_KEYS, default 100,000.
 func benchEpochKeys(b *testing.B) int {
-	v := os.Getenv("SLUICE_EPOCH_BENCH_KEYS")
-	if v == "" {
-		return 100_000
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		b.Fatalf("SLUICE_EPOCH_BENCH_KEYS=%q: want a count of at least 1", v)
-	}
-	return n
+	return envcount.Get(b, "SLUICE_EPOCH_BENCH_KEYS", 100_000, 1)
 }
 
 // BenchmarkAllocateEpoch is one allocation epoch (Allocate, then one

@@ -2,12 +2,11 @@ package hierarchy
 
 import (
 	"fmt"
-	"os"
 	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/envcount"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/shard"
 )
@@ -21,14 +20,7 @@ import (
 // BenchmarkAllocateEpoch. It reports each shard's and the single
 // allocator's ms/epoch and the slowest shard over the single one.
 func BenchmarkShardedAllocateEpoch(b *testing.B) {
-	total := 40_000
-	if v := os.Getenv("SLUICE_SHARD_BENCH_KEYS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 4 {
-			b.Fatalf("SLUICE_SHARD_BENCH_KEYS=%q: want a count of at least 4", v)
-		}
-		total = n
-	}
+	total := envcount.Get(b, "SLUICE_SHARD_BENCH_KEYS", 40_000, 4)
 	const shards = 4
 	m, err := shard.New(shards)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/envcount"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
@@ -19,14 +20,7 @@ import (
 // memKeys is how many quota keys TestMemoryPerKey fills each server with:
 // SLUICE_MEMKEYS, default 20,000 (1,000,000 for the BENCHMARKS numbers).
 func memKeys(t *testing.T) int {
-	n := 20_000
-	if v := os.Getenv("SLUICE_MEMKEYS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 {
-			t.Fatalf("SLUICE_MEMKEYS=%q: want a positive number of keys", v)
-		}
-	}
-	return n
+	return envcount.Get(t, "SLUICE_MEMKEYS", 20_000, 1)
 }
 
 // memLayout is one way of filling a fresh redis-server with n keys.

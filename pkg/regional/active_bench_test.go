@@ -1,12 +1,12 @@
 package regional
 
 import (
-	"os"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/envcount"
 )
 
 // BenchmarkActiveTouchDuringScrape is what a lease reply waits to record
@@ -15,13 +15,7 @@ import (
 // SLUICE_ACTIVE_BENCH_KEYS keys held (default 1,000,000). It reports the
 // median, 99th percentile and longest touch, and how many scrapes ran.
 func BenchmarkActiveTouchDuringScrape(b *testing.B) {
-	n := 1_000_000
-	if v := os.Getenv("SLUICE_ACTIVE_BENCH_KEYS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 {
-			b.Fatalf("SLUICE_ACTIVE_BENCH_KEYS=%q: want a count of at least 1", v)
-		}
-	}
+	n := envcount.Get(b, "SLUICE_ACTIVE_BENCH_KEYS", 1_000_000, 1)
 	keys := manyKeys(n)
 	a := newActiveKeys()
 	now := time.Unix(1000, 0)

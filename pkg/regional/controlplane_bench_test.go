@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/cputime"
+	"github.com/sluicehq/sluice/internal/envcount"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/allocator"
@@ -55,14 +55,7 @@ import (
 // phases), with what each kind of phase used: the big Redis's CPU and µs
 // per script call, and this process's CPU.
 func BenchmarkControlPlaneCost(b *testing.B) {
-	total := 20_000
-	if v := os.Getenv("SLUICE_BENCH_ACTIVE_KEYS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 100 {
-			b.Fatalf("SLUICE_BENCH_ACTIVE_KEYS=%q: want a number >= 100", v)
-		}
-		total = n
-	}
+	total := envcount.Get(b, "SLUICE_BENCH_ACTIVE_KEYS", 20_000, 100)
 	hot := total / 100
 	ctx := context.Background()
 	etcd := etcdtest.Start(b)
