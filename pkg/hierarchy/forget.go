@@ -21,8 +21,8 @@ func ForgetHorizon(epoch, validity time.Duration) time.Duration {
 // learnFloor. The floor is set when the epoch, validity or demand alpha
 // changes and the allocator is rebuilt (grants issued under the old
 // validity may outlive the new horizon); it is the zero time when they
-// never changed. The allocator service and the simulator's global tier
-// both decide with this function.
+// never changed. ForgetIdle decides with it, for the allocator service
+// and the simulator's global tiers alike.
 func Forgettable(now, lastSeen, learnFloor time.Time, epoch, validity time.Duration) bool {
 	return !now.Before(learnFloor) && now.Sub(lastSeen) > ForgetHorizon(epoch, validity)
 }
@@ -43,11 +43,11 @@ func (a *Allocator) ForgetIdle(now, learnFloor time.Time) int {
 	if now.Before(learnFloor) {
 		return 0
 	}
-	t := a.peek(now)
-	horizon := int64(ForgetHorizon(time.Duration(a.epochNS), time.Duration(a.validity)))
+	at := a.wall(a.peek(now))
+	epoch, validity := time.Duration(a.epochNS), time.Duration(a.validity)
 	n := 0
 	for k := range a.keys {
-		if a.keyLive[k] && t-a.named[k] > horizon {
+		if a.keyLive[k] && Forgettable(at, a.wall(a.named[k]), learnFloor, epoch, validity) {
 			a.removeLocked(int32(k))
 			n++
 		}
