@@ -78,12 +78,17 @@ type earlyGrant struct {
 func (d *deployment) grantApplied(region, key int, rate, burst float64, expiryUS int64) {
 	d.grantMu.Lock()
 	defer d.grantMu.Unlock()
-	until := fmt.Sprintf("wall %s", time.UnixMicro(expiryUS).Format("15:04:05.000"))
-	if d.rec != nil {
-		until = fmt.Sprintf("%.3fs", d.rec.virtual(time.UnixMicro(expiryUS)).Seconds())
-	}
-	d.trace.add(key, region, time.Now(), fmt.Sprintf("applied %.4g/s burst %.4g until %s", rate/d.scale, burst, until))
+	d.trace.add(key, region, time.Now(), fmt.Sprintf("applied %.4g/s burst %.4g until %s", rate/d.scale, burst, d.untilLocked(expiryUS)))
 	d.noteGrantLocked(region, key, earlyGrant{rate, burst, expiryUS})
+}
+
+// untilLocked is how the key trace shows a grant's expiry: scenario time
+// once recording began, wall time before. The caller holds grantMu.
+func (d *deployment) untilLocked(expiryUS int64) string {
+	if d.rec != nil {
+		return fmt.Sprintf("%.3fs", d.rec.virtual(time.UnixMicro(expiryUS)).Seconds())
+	}
+	return fmt.Sprintf("wall %s", time.UnixMicro(expiryUS).Format("15:04:05.000"))
 }
 
 // reportedHeld is told every report region's leader sends, before the
@@ -129,6 +134,10 @@ func (d *deployment) reportedHeld(region int, r *sluicev1.RegionReport) {
 			continue
 		}
 		d.noteGrantLocked(region, key, held)
+		// What the oracle counts from an echo goes in the key's trace: a
+		// violation beside an echoed grant is read against it.
+		d.trace.add(key, region, now, fmt.Sprintf("oracle counts the echoed %.4g/s burst %.4g until %s (read at %s)",
+			held.rate/d.scale, held.burst, d.untilLocked(held.expiryUS), d.untilLocked(readUS)))
 	}
 }
 

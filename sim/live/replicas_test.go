@@ -1,6 +1,7 @@
 package live
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +41,15 @@ func TestReportedHeldCountsFromTheRead(t *testing.T) {
 	report(0, 30, 10, 900)
 	if g2 := d.seen[[2]int{0, 0}]; g2 != g {
 		t.Fatalf("the same grant echoed again moved to %+v from %+v", g2, g)
+	}
+	// The key's trace shows the grant applied and the one echo counted.
+	var echoed int
+	for _, e := range d.trace.events[0] {
+		if strings.Contains(e.what, "oracle counts the echoed") {
+			echoed++
+		}
+	}
+	if n := len(d.trace.events[0]); echoed != 1 || n != 2 {
+		t.Fatalf("the key's trace has %d events, %d of them echoes counted; want the grant applied and 1 echo", n, echoed)
 	}
 }
