@@ -305,7 +305,6 @@ func (s *Service) learnPriorTiming(ctx context.Context) error {
 	s.replaceAllocatorLocked(a)
 	s.learnFloor = later(s.learnFloor, floor)
 	s.oldGrantsEnd = later(s.oldGrantsEnd, floor)
-	s.setLimitsLocked()
 	s.log.Info("a config committed before this replica started had a longer grant validity; learning until its grants can have ended",
 		"grant_validity", validity, "live_grant_validity", s.timing.validity, "learning_until_at_least", s.learnFloor)
 	return nil

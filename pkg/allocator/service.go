@@ -295,9 +295,12 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		s.log.Info("epoch, grant validity, demand alpha or region lease changed; allocator rebuilt in learning mode",
 			"epoch", opts.Epoch, "grant_validity", opts.Validity,
 			"learning_until_at_least", later(s.learnFloor, now.Add(opts.Validity.Truncate(time.Millisecond))))
+		// The keys carried over get their limits under cfg there.
 		s.replaceAllocatorLocked(a)
 		s.timing = t
-	} else if !sameRegions(old, cfg) {
+		return
+	}
+	if !sameRegions(old, cfg) {
 		if err := s.alloc.SetRegions(opts.Regions); err != nil {
 			s.log.Error("region change refused by the allocator; keeping the previous regions", "error", err)
 		} else {
