@@ -489,28 +489,49 @@ func (a *Allocator) CheckReportKeys(rep Report) error {
 	if ri, ok := a.regionIndex[rep.Region]; ok {
 		prev = a.regions[ri].prevOrder
 	}
-	stamp := a.nextStampLocked()
-	var unknownAt map[quota.Key]int
+	seen := a.newReportSeenLocked()
 	for j := range rep.Keys {
 		key := rep.Keys[j].Key
-		k := a.slotLocked(prev, j, key)
-		if k < 0 {
-			if unknownAt == nil {
-				unknownAt = make(map[quota.Key]int)
-			}
-			if first, dup := unknownAt[key]; dup {
-				return fmt.Errorf("%w: keys[%d].key %s duplicates keys[%d]", quota.ErrInvalid, j, key, first)
-			}
-			unknownAt[key] = j
-			continue
+		if first, dup := seen.note(a, j, a.slotLocked(prev, j, key), key); dup {
+			return fmt.Errorf("%w: keys[%d].key %s duplicates keys[%d]", quota.ErrInvalid, j, key, first)
 		}
-		if a.seenStamp[k] == stamp {
-			return fmt.Errorf("%w: keys[%d].key %s duplicates keys[%d]", quota.ErrInvalid, j, key, a.seenPos[k])
-		}
-		a.seenStamp[k] = stamp
-		a.seenPos[k] = int32(j)
 	}
 	return nil
+}
+
+// reportSeen finds the keys a report names twice, in one pass over its
+// keys: a key with a slot by the slot's stamp (seenStamp, seenPos), a key
+// without a limit by a map made only when the report has one.
+type reportSeen struct {
+	stamp     uint32
+	unknownAt map[quota.Key]int
+}
+
+// newReportSeenLocked starts a pass with a fresh stamp. a.mu is held.
+func (a *Allocator) newReportSeenLocked() reportSeen {
+	return reportSeen{stamp: a.nextStampLocked()}
+}
+
+// note records that the report's keys[j] is key, at slot k (-1 for a key
+// without a limit), and returns the place of an earlier mention of it,
+// true when there is one. a.mu is held.
+func (s *reportSeen) note(a *Allocator, j int, k int32, key quota.Key) (first int, dup bool) {
+	if k < 0 {
+		if s.unknownAt == nil {
+			s.unknownAt = make(map[quota.Key]int)
+		}
+		if first, dup := s.unknownAt[key]; dup {
+			return first, true
+		}
+		s.unknownAt[key] = j
+		return 0, false
+	}
+	if a.seenStamp[k] == s.stamp {
+		return int(a.seenPos[k]), true
+	}
+	a.seenStamp[k] = s.stamp
+	a.seenPos[k] = int32(j)
+	return 0, false
 }
 
 // nextStampLocked is a stamp no key slot carries yet (seenStamp), for one
@@ -529,13 +550,22 @@ func (a *Allocator) nextStampLocked() uint32 {
 // it does while the region keeps its keys' order, else the key map's, -1
 // for a key without a limit. a.mu is held.
 func (a *Allocator) slotLocked(prev []int32, j int, key quota.Key) int32 {
+	if p := a.prevSlotLocked(prev, j, key); p >= 0 {
+		return p
+	}
+	if p, ok := a.keyIndex[key]; ok {
+		return p
+	}
+	return -1
+}
+
+// prevSlotLocked is prev[j] when that slot holds key, else -1. a.mu is
+// held.
+func (a *Allocator) prevSlotLocked(prev []int32, j int, key quota.Key) int32 {
 	if j < len(prev) {
 		if p := prev[j]; p >= 0 && a.keyLive[p] && a.keys[p] == key {
 			return p
 		}
-	}
-	if p, ok := a.keyIndex[key]; ok {
-		return p
 	}
 	return -1
 }
@@ -559,10 +589,8 @@ func (a *Allocator) SetReportLimits(rep Report, limits []KeyLimit) error {
 		prev = a.regions[ri].prevOrder
 	}
 	for j := range rep.Keys {
-		if j < len(prev) {
-			if p := prev[j]; p >= 0 && a.keyLive[p] && a.keys[p] == rep.Keys[j].Key && a.limits[p].same(limits[j]) {
-				continue
-			}
+		if p := a.prevSlotLocked(prev, j, rep.Keys[j].Key); p >= 0 && a.limits[p].same(limits[j]) {
+			continue
 		}
 		changed = append(changed, j)
 	}
@@ -1661,14 +1689,14 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 
 	// Pass 1: validate everything and find acknowledgements, changing
 	// nothing that outlives a failed call.
-	stamp := a.nextStampLocked()
+	seen := a.newReportSeenLocked()
+	stamp := seen.stamp
 	idx := a.reportIdx[:0]
 	// Any grant the report acknowledges bounds its send time from below;
 	// the latest answer is the best bound there can be, so stop looking
 	// once it is found.
 	sendLB := rs.sendLB
 	probing := sendLB < rs.lastAnswerAt
-	var unknownAt map[quota.Key]int
 	var unknown []quota.Key
 	for j := range rep.Keys {
 		kd := &rep.Keys[j]
@@ -1676,23 +1704,14 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		if err := a.validateKeyDemand(j, kd, k >= 0); err != nil {
 			return Answer{}, fmt.Errorf("hierarchy: report from %q: %w", rep.Region, err)
 		}
+		if first, dup := seen.note(a, j, k, kd.Key); dup {
+			return Answer{}, fmt.Errorf("hierarchy: report from %q: %w: keys[%d] %s duplicates keys[%d]", rep.Region, quota.ErrInvalid, j, kd.Key, first)
+		}
 		if k < 0 {
-			if unknownAt == nil {
-				unknownAt = make(map[quota.Key]int)
-			}
-			if first, dup := unknownAt[kd.Key]; dup {
-				return Answer{}, fmt.Errorf("hierarchy: report from %q: %w: keys[%d] %s duplicates keys[%d]", rep.Region, quota.ErrInvalid, j, kd.Key, first)
-			}
-			unknownAt[kd.Key] = j
 			unknown = append(unknown, kd.Key)
 			idx = append(idx, -1)
 			continue
 		}
-		if a.seenStamp[k] == stamp {
-			return Answer{}, fmt.Errorf("hierarchy: report from %q: %w: keys[%d] %s duplicates keys[%d]", rep.Region, quota.ErrInvalid, j, kd.Key, a.seenPos[k])
-		}
-		a.seenStamp[k] = stamp
-		a.seenPos[k] = int32(j)
 		if probing {
 			if b := a.blockOf[k]; b >= 0 {
 				sendLB = max(sendLB, a.fences[ri][b].heldSince(heldOf(kd)))
