@@ -1,6 +1,7 @@
 package hierarchy
 
 import (
+	"container/heap"
 	"slices"
 	"time"
 
@@ -265,39 +266,9 @@ func (a *Allocator) TopView(now time.Time, n int) (View, int) {
 	if n <= 0 {
 		return v, contended
 	}
-	// top is a min-heap of the n highest-ranked keys so far: top[0] is
-	// the lowest of them, the one a higher key replaces.
-	type ranked struct {
-		k        int32
-		pressure float64
-	}
-	above := func(x, y ranked) bool { // x ranks above y
-		if x.pressure != y.pressure {
-			return x.pressure > y.pressure
-		}
-		kx, ky := a.keys[x.k], a.keys[y.k]
-		if kx.Tenant != ky.Tenant {
-			return kx.Tenant < ky.Tenant
-		}
-		return kx.Class < ky.Class
-	}
-	top := make([]ranked, 0, min(n, len(a.keyIndex)))
-	down := func(i int) {
-		for {
-			c := 2*i + 1
-			if c >= len(top) {
-				return
-			}
-			if c+1 < len(top) && above(top[c], top[c+1]) {
-				c++
-			}
-			if !above(top[i], top[c]) {
-				return
-			}
-			top[i], top[c] = top[c], top[i]
-			i = c
-		}
-	}
+	// h holds the n highest-ranked keys so far, lowest first: the one a
+	// higher key replaces.
+	h := &rankHeap{a: a, keys: make([]rankedKey, 0, min(n, len(a.keyIndex)))}
 	for k := range a.keys {
 		k := int32(k)
 		if !a.keyLive[k] || !a.viewedLocked(k) {
@@ -307,32 +278,65 @@ func (a *Allocator) TopView(now time.Time, n int) (View, int) {
 		for i := 0; i < a.nr; i++ {
 			d += a.estimate(k, i)
 		}
-		r := ranked{k: k, pressure: d / a.limits[k].Rate}
+		r := rankedKey{k: k, pressure: d / a.limits[k].Rate}
 		switch {
-		case len(top) < n:
-			top = append(top, r)
-			for i := len(top) - 1; i > 0; {
-				p := (i - 1) / 2
-				if !above(top[p], top[i]) {
-					break
-				}
-				top[p], top[i] = top[i], top[p]
-				i = p
-			}
-		case above(r, top[0]):
-			top[0] = r
-			down(0)
+		case h.Len() < n:
+			heap.Push(h, r)
+		case a.ranksAbove(r, h.keys[0]):
+			h.keys[0] = r
+			heap.Fix(h, 0)
 		}
 	}
-	slices.SortFunc(top, func(x, y ranked) int {
-		if above(x, y) {
+	top := h.keys
+	slices.SortFunc(top, func(x, y rankedKey) int {
+		switch {
+		case a.ranksAbove(x, y):
 			return -1
+		case a.ranksAbove(y, x):
+			return 1
 		}
-		return 1
+		return 0
 	})
 	v.Keys = make([]KeyView, len(top))
 	for i, r := range top {
 		v.Keys[i] = a.keyViewLocked(r.k, t)
 	}
 	return v, contended
+}
+
+// rankedKey is a key slot and its pressure for TopView: the sum of the
+// regions' demand estimates over the key's rate.
+type rankedKey struct {
+	k        int32
+	pressure float64
+}
+
+// ranksAbove says whether x comes before y in TopView: higher pressure
+// first, ties by tenant then class. a.mu is held.
+func (a *Allocator) ranksAbove(x, y rankedKey) bool {
+	if x.pressure != y.pressure {
+		return x.pressure > y.pressure
+	}
+	kx, ky := a.keys[x.k], a.keys[y.k]
+	if kx.Tenant != ky.Tenant {
+		return kx.Tenant < ky.Tenant
+	}
+	return kx.Class < ky.Class
+}
+
+// rankHeap is a container/heap of ranked keys, the lowest-ranked at the
+// root.
+type rankHeap struct {
+	a    *Allocator
+	keys []rankedKey
+}
+
+func (h *rankHeap) Len() int           { return len(h.keys) }
+func (h *rankHeap) Less(i, j int) bool { return h.a.ranksAbove(h.keys[j], h.keys[i]) }
+func (h *rankHeap) Swap(i, j int)      { h.keys[i], h.keys[j] = h.keys[j], h.keys[i] }
+func (h *rankHeap) Push(x any)         { h.keys = append(h.keys, x.(rankedKey)) }
+func (h *rankHeap) Pop() any {
+	last := h.keys[len(h.keys)-1]
+	h.keys = h.keys[:len(h.keys)-1]
+	return last
 }
