@@ -3,7 +3,6 @@ package allocator
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"runtime"
 	"testing"
 	"time"
@@ -48,10 +47,7 @@ func BenchmarkServiceEpoch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := newService(serviceOptions{config: StaticConfig{C: cfg}, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
-	if err != nil {
-		b.Fatal(err)
-	}
+	s := quietService(b, StaticConfig{C: cfg})
 	s.promote(1, time.Now().Add(time.Hour), nil)
 	regions := []string{"us-east", "us-west", "eu-west", "ap-south", "sa-east"}
 	reports := make([]*sluicev1.RegionReport, len(regions))

@@ -44,7 +44,7 @@ func parseConfig(t *testing.T, yaml string) *config.Config {
 
 // quietService is a Service on src, created now, that logs nothing and
 // runs no loop: the test steps, promotes and syncs it by hand.
-func quietService(t *testing.T, src ConfigSource) *Service {
+func quietService(t testing.TB, src ConfigSource) *Service {
 	t.Helper()
 	s, err := newService(serviceOptions{config: src, advertise: "self:7500", logger: slog.New(slog.DiscardHandler)}, time.Now())
 	if err != nil {

@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"fmt"
-	"log/slog"
 	"runtime"
 	"testing"
 	"time"
@@ -35,11 +34,7 @@ func TestIdleKeysForgotten(t *testing.T) {
 	if testing.Short() {
 		n = 20_000
 	}
-	s, err := newService(serviceOptions{config: &memConfig{cfg: parseConfig(t, memoryConfig)}, advertise: "self:7500",
-		logger: slog.New(slog.DiscardHandler)}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := quietService(t, &memConfig{cfg: parseConfig(t, memoryConfig)})
 	if !s.promote(1, time.Now().Add(time.Hour), nil) {
 		t.Fatal("promote refused")
 	}
