@@ -97,6 +97,10 @@ type Options struct {
 	// regional.LeaderOptions.OnStaticLease, told its region. It must not
 	// block. Optional.
 	OnStaticLease func(region string, shard int, untilUS int64)
+	// OnHeld, when set, is every region leader's
+	// regional.LeaderOptions.OnHeld, told its region. It must not
+	// block. Optional.
+	OnHeld func(region string, k quota.Key, rate, burst float64, expiryUS int64)
 	// OnChain, when set, is every regional replica's
 	// regional.Options.OnChain, told its region and which replica: a
 	// number unique in the cluster, kept across the replica's restarts.
@@ -538,6 +542,9 @@ func (r *RegionalReplica) start(ctx context.Context) error {
 			Global: tier, Shards: c.shardTiers(p, r.region, tier, dial), SessionTTL: c.opts.SessionTTL}
 		if on := c.opts.OnApplied; on != nil {
 			lo.OnApplied = func(k quota.Key, rate, burst float64, expiryUS int64) { on(r.region, k, rate, burst, expiryUS) }
+		}
+		if on := c.opts.OnHeld; on != nil {
+			lo.OnHeld = func(k quota.Key, rate, burst float64, expiryUS int64) { on(r.region, k, rate, burst, expiryUS) }
 		}
 		if on := c.opts.OnStaticLease; on != nil {
 			lo.OnStaticLease = func(shard int, untilUS int64) { on(r.region, shard, untilUS) }

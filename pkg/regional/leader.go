@@ -61,6 +61,17 @@ type LeaderOptions struct {
 	// donor's smaller grant before the global tier can hand the difference
 	// to anyone. Called from the leader loop; it must not block.
 	OnApplied func(k quota.Key, rate, burst float64, expiryUS int64)
+	// OnHeld, optional, is called for every key a report is built from
+	// whose state read found a grant held, with the grant's rate, burst
+	// and expiry exactly as Redis stores them (expiry in Redis time, µs),
+	// before the report is sent. It sees what OnApplied cannot: a grant
+	// Redis applied whose set_rate answer the leader never got (a call
+	// that timed out on a starved machine after the script ran), or one
+	// another leader of the region installed, before the global tier can
+	// act on the report's echo of it. The echo alone cannot say when the
+	// grant ends: its validity counts from the read, which the report
+	// does not date. Called from the leader loop; it must not block.
+	OnHeld func(k quota.Key, rate, burst float64, expiryUS int64)
 	// OnStaticLease, optional, is called each time the leader extended
 	// its static lease from global-tier shard and stored the new end
 	// (Redis time, µs) in the region's Redis, after the write (also when
@@ -396,6 +407,13 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 	plans, reads, err := l.readKeys(ctx, cfg, keys)
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	if on := l.opts.OnHeld; on != nil {
+		for _, r := range reads {
+			if st := r.State; st.GrantExpiryUS > 0 {
+				on(r.Key, st.Rate, st.Cap, st.GrantExpiryUS)
+			}
+		}
 	}
 	rep, held := l.sync.Report(l.s.opts.Region, nowUS, time.Duration(cfg.Epoch), kind, reads)
 	if kind == regionsync.Epoch {

@@ -24,8 +24,9 @@
 // every grant a region's Redis applies goes to it from the region leader
 // (LeaderOptions.OnApplied) before the leader's next report, and a grant
 // applied whose answer the leader never got (a call that timed out after
-// Redis ran it) from that next report, which echoes what Redis holds,
-// before the global tier sees it; every static
+// Redis ran it) from the state read of that next report
+// (LeaderOptions.OnHeld, with the expiry Redis stores), before the global
+// tier sees the report; every static
 // share a replica runs on goes to it when the replica stores a new chain
 // of configs (Options.OnChain), before it serves anything under it, a
 // region's being the larger of its replicas'. A donor's

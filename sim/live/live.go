@@ -156,7 +156,8 @@ type deployment struct {
 	grantMu sync.Mutex            // guards rec while it is nil, early, byReplica, replicaRegion, told and staticEnd
 	early   map[[2]int]earlyGrant // grants applied before recording began
 	// seen is the grant each (region, key) was last known to hold: applied
-	// (OnApplied) or echoed by a report (reportedHeld). Guarded by grantMu.
+	// (OnApplied) or found held by a report's state read (grantHeld).
+	// Guarded by grantMu.
 	seen map[[2]int]earlyGrant
 	// staticEnd is, by region index, the largest end of its static lease
 	// its leaders stored (Redis time, µs; static.go).
@@ -294,7 +295,7 @@ func (d *deployment) start(ctx context.Context) error {
 			tier := d.tiers[region]
 			d.tiersMu.Unlock()
 			return &faultyTier{next: next, f: faults[region],
-				sending: func(r *sluicev1.RegionReport) { d.reportedHeld(idx[region], r); d.traceReport(idx[region], tier, r) },
+				sending: func(r *sluicev1.RegionReport) { d.traceReport(idx[region], tier, r) },
 				answered: func(r *sluicev1.RegionReport, g *sluicev1.RegionGrants, err error) {
 					d.traceAnswer(idx[region], tier, r, g, err)
 				}}
@@ -302,6 +303,11 @@ func (d *deployment) start(ctx context.Context) error {
 		OnApplied: func(region string, k quota.Key, rate, burst float64, expiryUS int64) {
 			if key, ok := d.keyID[k]; ok {
 				d.grantApplied(idx[region], key, rate, burst, expiryUS)
+			}
+		},
+		OnHeld: func(region string, k quota.Key, rate, burst float64, expiryUS int64) {
+			if key, ok := d.keyID[k]; ok {
+				d.grantHeld(idx[region], key, rate, burst, expiryUS)
 			}
 		},
 	})

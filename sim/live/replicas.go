@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/sim/oracle"
@@ -91,54 +90,43 @@ func (d *deployment) untilLocked(expiryUS int64) string {
 	return fmt.Sprintf("wall %s", time.UnixMicro(expiryUS).Format("15:04:05.000"))
 }
 
-// reportedHeld is told every report region's leader sends, before the
-// global tier sees it. A report echoes what the region's Redis holds of
-// each key's grant, read just before it: a grant set_rate applied whose
+// grantHeld is told every grant a region leader's state read finds held
+// (LeaderOptions.OnHeld), with its expiry as Redis stores it, before the
+// report built from that read is sent. A grant set_rate applied whose
 // answer the leader never got (a call that timed out on a starved
 // machine after Redis ran it) has no OnApplied, and the oracle would go
 // on counting the grant it replaced, up to that one's expiry, beside the
-// capacity the global tier moves once this report acknowledges the new
+// capacity the global tier moves once the report acknowledges the new
 // one. A held grant the oracle was not told is recorded here; the global
 // tier acts on the report only after.
 //
-// The echo's validity counts from the read, whose Redis time is the
-// report's seq or earlier (regionsync.Leader.Report: seq is
-// max(last + 1, send time)), so the grant ends at the latest at seq plus
-// the validity echoed (plus the millisecond it was truncated to), not at
-// now plus it: the report may leave long after the read on a starved
-// machine, and a grant that ended meanwhile, counted again from now, is
-// an oversubscription that never happened (seen: a grant that had ended
-// 0.65 s of scenario time before counted again beside the static share
-// the region had fallen back to).
-func (d *deployment) reportedHeld(region int, r *sluicev1.RegionReport) {
+// The expiry is the stored one, not one worked out from the report's
+// echo: the echo's validity counts from the key's state read, which the
+// report does not date (its seq is the Redis time taken before the
+// candidates and states are read, so on a starved machine the read comes
+// hundreds of milliseconds later). Counted from the seq, a donor's
+// grant ended early in the oracle, which then counted the region at its
+// larger static share while Redis still refilled at the grant: a
+// violation that never happened (seen: Σ 1.11 r at globex/read, the
+// echoed grant ended 0.2 s of scenario time before Redis's). Counted
+// from when the report left, a grant that had ended counted again.
+func (d *deployment) grantHeld(region, key int, rate, burst float64, expiryUS int64) {
 	now := time.Now()
 	d.grantMu.Lock()
 	defer d.grantMu.Unlock()
-	readUS := min(int64(r.GetSeq()), now.UnixMicro())
-	for _, kd := range r.GetKeys() {
-		if kd.GetHeldValidMs() <= 0 {
-			continue
-		}
-		key, ok := d.keyOf(kd.GetKey())
-		if !ok {
-			continue
-		}
-		held := earlyGrant{kd.GetHeldRate(), kd.GetHeldBurst(), readUS + (kd.GetHeldValidMs()+1)*1000}
-		if held.expiryUS <= now.UnixMicro() {
-			continue // ended before the report left: nothing to count from now
-		}
-		// The grant the oracle already counts, at least as long: its
-		// expiry stands.
-		if last, ok := d.seen[[2]int{region, key}]; ok && sameValue(last.rate, held.rate) && sameValue(last.burst, held.burst) &&
-			last.expiryUS >= held.expiryUS-1000 {
-			continue
-		}
-		d.noteGrantLocked(region, key, held)
-		// What the oracle counts from an echo goes in the key's trace: a
-		// violation beside an echoed grant is read against it.
-		d.trace.add(key, region, now, fmt.Sprintf("oracle counts the echoed %.4g/s burst %.4g until %s (read at %s)",
-			held.rate/d.scale, held.burst, d.untilLocked(held.expiryUS), d.untilLocked(readUS)))
+	if expiryUS <= now.UnixMicro() {
+		return // ended before the read was seen: nothing to count from now
 	}
+	held := earlyGrant{rate, burst, expiryUS}
+	if last, ok := d.seen[[2]int{region, key}]; ok && sameValue(last.rate, held.rate) && sameValue(last.burst, held.burst) &&
+		last.expiryUS == held.expiryUS {
+		return // the grant the oracle already counts
+	}
+	d.noteGrantLocked(region, key, held)
+	// What the oracle counts from a read goes in the key's trace: a
+	// violation beside a grant the leader did not apply is read against it.
+	d.trace.add(key, region, now, fmt.Sprintf("oracle counts the held %.4g/s burst %.4g until %s (read from the region's Redis)",
+		held.rate/d.scale, held.burst, d.untilLocked(held.expiryUS)))
 }
 
 // sameValue: a rate or burst read back from Redis is the one applied, up

@@ -5,51 +5,46 @@ import (
 	"testing"
 	"time"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// TestReportedHeldCountsFromTheRead: a report's echo of a held grant is
-// counted from the Redis read (its seq), not from when the report left: a
-// grant that ended before the report left is not counted again, a grant
-// the oracle was not told ends where the read says, and one it already
-// counts keeps its expiry.
-func TestReportedHeldCountsFromTheRead(t *testing.T) {
+// TestGrantHeldCountsTheStoredExpiry: a grant a state read finds held is
+// counted until the expiry Redis stores, whatever the report that follows
+// says: one that already ended is not counted again, one the oracle was
+// not told is counted until its stored end, and one it already counts
+// keeps its record.
+func TestGrantHeldCountsTheStoredExpiry(t *testing.T) {
 	k := quota.Key{Tenant: "f04", Class: "read"}
 	d := &deployment{keyID: map[quota.Key]int{k: 0}}
 	now := time.Now()
-	wire := &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}
-	report := func(readAgo time.Duration, rate, burst float64, validMs int64) {
-		d.reportedHeld(0, &sluicev1.RegionReport{Region: "us-east", Seq: uint64(now.Add(-readAgo).UnixMicro()),
-			Keys: []*sluicev1.KeyDemand{{Key: wire, HeldRate: rate, HeldBurst: burst, HeldValidMs: validMs}}})
-	}
-	applied := now.Add(-time.Second).UnixMicro()
+	applied := now.Add(time.Second).UnixMicro()
 	d.grantApplied(0, 0, 32, 11, applied)
-	// Read 1 s ago with 12 ms left: it ended before the report left.
-	report(time.Second+12*time.Millisecond, 32, 11, 12)
-	if g := d.seen[[2]int{0, 0}]; g.expiryUS != applied {
-		t.Fatalf("a grant that ended before the report left counted again until %v from now", time.UnixMicro(g.expiryUS).Sub(now))
+	// Held until 12 ms ago: ended before the read was seen.
+	d.grantHeld(0, 0, 30, 10, now.Add(-12*time.Millisecond).UnixMicro())
+	if g := d.seen[[2]int{0, 0}]; g.rate != 32 || g.expiryUS != applied {
+		t.Fatalf("a grant that had ended replaced the one applied: %+v", g)
 	}
-	// A grant never applied to the oracle's knowledge, read 2 s ago with
-	// 3 s left: it ends about 1 s from now, not 3 s.
-	report(2*time.Second, 30, 10, 3000)
+	// A grant the oracle was not told of (its set_rate answer lost): it
+	// counts until the stored expiry, exactly.
+	stored := now.Add(3 * time.Second).UnixMicro()
+	d.grantHeld(0, 0, 30, 10, stored)
 	g := d.seen[[2]int{0, 0}]
-	if want := now.Add(time.Second + time.Millisecond).UnixMicro(); g.rate != 30 || g.expiryUS > want+1000 || g.expiryUS < want-1000 {
-		t.Fatalf("an echoed grant recorded as %+v, ending %v from now; want 30/s ending 1.001s from now", g, time.UnixMicro(g.expiryUS).Sub(now))
+	if g.rate != 30 || g.burst != 10 || g.expiryUS != stored {
+		t.Fatalf("a held grant recorded as %+v, want 30/s burst 10 until %d", g, stored)
 	}
-	// The same grant echoed again later, with less left: its expiry stands.
-	report(0, 30, 10, 900)
+	// Read again by the next report: nothing changes.
+	d.grantHeld(0, 0, 30, 10, stored)
 	if g2 := d.seen[[2]int{0, 0}]; g2 != g {
-		t.Fatalf("the same grant echoed again moved to %+v from %+v", g2, g)
+		t.Fatalf("the same grant read again moved to %+v from %+v", g2, g)
 	}
-	// The key's trace shows the grant applied and the one echo counted.
-	var echoed int
+	// The key's trace shows the grant applied and the one read counted.
+	var held int
 	for _, e := range d.trace.events[0] {
-		if strings.Contains(e.what, "oracle counts the echoed") {
-			echoed++
+		if strings.Contains(e.what, "oracle counts the held") {
+			held++
 		}
 	}
-	if n := len(d.trace.events[0]); echoed != 1 || n != 2 {
-		t.Fatalf("the key's trace has %d events, %d of them echoes counted; want the grant applied and 1 echo", n, echoed)
+	if n := len(d.trace.events[0]); held != 1 || n != 2 {
+		t.Fatalf("the key's trace has %d events, %d of them held grants counted; want the grant applied and 1 held", n, held)
 	}
 }
