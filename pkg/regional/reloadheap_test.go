@@ -9,13 +9,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluicehq/sluice/internal/envcount"
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/memtest"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -205,20 +205,11 @@ func etcdServerStack(pcs []uintptr) bool {
 // each reload, after garbage collection; SLUICE_RELOAD_HEAPPROFILE=DIR
 // writes a heap profile after the last reload of each.
 func TestReloadHeapSoak(t *testing.T) {
-	v := os.Getenv("SLUICE_RELOAD_TENANTS")
-	if v == "" {
+	n := envcount.Get(t, "SLUICE_RELOAD_TENANTS", 0, 1)
+	if n == 0 {
 		t.Skip("set SLUICE_RELOAD_TENANTS=100000 to measure the heap across reloads")
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		t.Fatalf("SLUICE_RELOAD_TENANTS=%q: want a count", v)
-	}
-	times := 10
-	if v := os.Getenv("SLUICE_RELOAD_TIMES"); v != "" {
-		if times, err = strconv.Atoi(v); err != nil || times < 1 {
-			t.Fatalf("SLUICE_RELOAD_TIMES=%q: want a count", v)
-		}
-	}
+	times := envcount.Get(t, "SLUICE_RELOAD_TIMES", 10, 1)
 	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
 	runtime.MemProfileRate = reloadProfileRate
 	for _, c := range []struct {
