@@ -29,8 +29,7 @@ type watchedTier struct {
 
 func (g watchedTier) Sync(_ context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
 	g.atSync(r)
-	return &sluicev1.RegionGrants{Grants: []*sluicev1.KeyGrant{{
-		Key: &sluicev1.QuotaKey{Tenant: leaseKey.Tenant, Class: leaseKey.Class}, Rate: 10, Burst: 10, ValidMs: 60_000}}}, nil
+	return leaseKeyGrant(), nil
 }
 
 // TestOnHeldTellsTheStoredGrantBeforeTheReport: the leader tells OnHeld

@@ -156,7 +156,7 @@ default_tier: free
 	}
 	keys := luascripts.KeysFor(luascripts.DefaultPrefix, quota.Key{Tenant: leaseKey.Tenant, Class: leaseKey.Class})
 	if n, err := rdb.Exists(ctx, keys.Bucket, keys.Leases).Result(); err != nil || n != 0 {
-		t.Fatalf("the script past its deadline left %d of the key's bucket and lease hash (%v)", n, err)
+		t.Fatalf("the script past its deadline left %d of the key's bucket and lease hash of older scripts (%v)", n, err)
 	}
 
 	// The instance retries the same Sync: decided now, on the floor.
@@ -186,8 +186,14 @@ func (s slowTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	return leaseKeyGrant(), nil
+}
+
+// leaseKeyGrant is an answer granting leaseKey 10/s, burst 10, for a
+// minute.
+func leaseKeyGrant() *sluicev1.RegionGrants {
 	return &sluicev1.RegionGrants{Grants: []*sluicev1.KeyGrant{{
-		Key: &sluicev1.QuotaKey{Tenant: leaseKey.Tenant, Class: leaseKey.Class}, Rate: 10, Burst: 10, ValidMs: 60_000}}}, nil
+		Key: &sluicev1.QuotaKey{Tenant: leaseKey.Tenant, Class: leaseKey.Class}, Rate: 10, Burst: 10, ValidMs: 60_000}}}
 }
 
 // TestGrantInstalledAfterASlowAnswerIsPlannedAfresh: the leader installs a
