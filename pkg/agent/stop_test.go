@@ -55,9 +55,9 @@ func TestStopWithDefaultTimeoutsReturnsLeasedTokens(t *testing.T) {
 				t.Fatalf("bucket out %q: %v", s, err)
 			}
 		}
-		held, err := r.RDB.HExists(ctx, keys.Leases, id).Result()
+		held, err := r.RDB.HExists(ctx, keys.Bucket, luascripts.LeaseField(id)).Result()
 		if err != nil {
-			t.Fatalf("HEXISTS %s %s: %v", keys.Leases, id, err)
+			t.Fatalf("HEXISTS %s %s: %v", keys.Bucket, luascripts.LeaseField(id), err)
 		}
 		return out, held
 	}

@@ -42,8 +42,7 @@ func (r *awaitedRig) hasBucket(k Keys) bool {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	leases := r.rdb.Exists(r.ctx, k.Leases).Val() > 0
-	if !ts && leases {
+	if !ts && len(leaseRecords(r.ctx, r.t, r.rdb, k)) > 0 {
 		r.t.Fatalf("%s: lease records without a bucket", k.Bucket)
 	}
 	return ts
@@ -254,11 +253,12 @@ func TestAwaitedShareHoldsOnlyWhatAsksForTokens(t *testing.T) {
 	}
 }
 
-// TestAwaitedShareHoldsNoKeyWithALease: only a key with no lease record is
-// held. One whose bucket is gone (evicted) while an instance's lease on it
-// lives is not new: a check at an awaited cap of 0 creates its bucket (at
-// that cap, as before), with its lease records beside it.
-func TestAwaitedShareHoldsNoKeyWithALease(t *testing.T) {
+// TestAwaitedShareHoldsAKeyWhoseBucketWasEvicted: a key's lease records
+// live in its bucket (lib.lua, "Layouts"), so a bucket evicted while an
+// instance's lease on it lives takes the record along: the key is new
+// again, and a check at an awaited cap of 0 holds it like any new key,
+// in the scripts and the Model alike.
+func TestAwaitedShareHoldsAKeyWhoseBucketWasEvicted(t *testing.T) {
 	r := newAwaitedRig(t)
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "hourly"})
 	r.stampLongAgo(k)
@@ -269,11 +269,12 @@ func TestAwaitedShareHoldsNoKeyWithALease(t *testing.T) {
 		t.Fatal(err)
 	}
 	delete(r.m.buckets, k.Bucket)
+	delete(r.m.leases, k.Bucket)
 	if cr := r.check(k, zeroOf(hourlyShare, true), 1); cr.Allowed {
 		t.Fatalf("check at a cap of 0: %+v", cr)
 	}
-	if !r.hasBucket(k) {
-		t.Fatal("a key with a live lease was held")
+	if r.hasBucket(k) {
+		t.Fatal("a key whose bucket was evicted was not held")
 	}
 }
 

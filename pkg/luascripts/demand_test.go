@@ -110,11 +110,13 @@ func TestLeaseDemandReading(t *testing.T) {
 			t.Fatalf("lease demand %v/s, strict %d; want %v/s, %d", st.LeaseDemand, st.StrictDemand, want, strict)
 		}
 	}
-	// A lease record written by older scripts (six fields) has no
-	// fingerprint: a report on it is a conflict and forfeits it; the next
-	// report opens a lease, and a window, of its own.
+	// A lease record written by older scripts (six fields, in the lease
+	// hash of their layout) has no fingerprint: a report on it is a
+	// conflict and forfeits it; the next report opens a lease, and a
+	// window, of its own.
 	at(8 * time.Second)
 	exp := demandT0 + (12 * time.Second).Microseconds()
+	toOlderLayout(ctx, t, rdb, k)
 	if err := rdb.HSet(ctx, k.Leases, "i-old", "10 0 0 1 "+itoa(exp)+" 10").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +133,7 @@ func TestLeaseDemandReading(t *testing.T) {
 	}
 	must(sc.Sync(ctx, rdb, k, c, report("i-old", 10, 0)))
 	reading(0, 3005)
-	rec, err := rdb.HGet(ctx, k.Leases, "i-old").Result()
+	rec, err := rdb.HGet(ctx, k.Bucket, leaseField("i-old")).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

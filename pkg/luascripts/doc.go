@@ -4,9 +4,12 @@
 //
 // # State
 //
-// Every quota key owns three Redis keys sharing one hash tag (so scripts run
-// on Redis Cluster): a bucket hash, a lease hash (one field per instance)
-// and a sorted set of lease expiries. lua/lib.lua documents every field.
+// Every quota key owns a bucket hash, which holds its lease records too
+// (one field per instance), and while it has more than a few leases a
+// sorted set of their expiries; both share one hash tag (so scripts run on
+// Redis Cluster). Older scripts kept the records in a lease hash of their
+// own, which the first call that loads such a key moves into the bucket.
+// lua/lib.lua documents every field.
 //
 // # Invariants
 //

@@ -2,6 +2,7 @@ package luascripts
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"sort"
 	"strconv"
@@ -171,25 +172,31 @@ func TestFreshBucketRefillsFromTheEpoch(t *testing.T) {
 // TestModelExpiresKeysAtTheirDeadline: the Model drops a key at the instant
 // its TTL runs out, not before (as ExpireDue documents), so the harnesses
 // that replay Redis expiry on virtual time never keep a key past it; a
-// dropped key has no TTL left.
+// dropped key has no TTL left. The lease records live in the bucket and
+// the expiry set (more than fewLeases leases) lives as long as the bucket.
 func TestModelExpiresKeysAtTheirDeadline(t *testing.T) {
 	m := NewModel()
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
 	c := Common{StaticRate: 10, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
 	t0 := int64(1_800_000_000_000_000)
-	m.Sync(t0, k, c, Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 5, Min: 1})
+	for i := range fewLeases + 1 {
+		m.Sync(t0, k, c, Report{Instance: fmt.Sprintf("i-%d", i), Incarnation: 1, Lease: 1, Seq: 1, Want: 1, Min: 1})
+	}
 	ttl, ok := m.LastTTL(k.Bucket)
-	if lt, lok := m.LastTTL(k.Leases); !ok || !lok || ttl <= 0 || lt != ttl {
-		t.Fatalf("bucket TTL %v, %v; lease hash TTL %v, %v", ttl, ok, lt, lok)
+	if xt, xok := m.LastTTL(k.Expiry); !ok || !xok || ttl <= 0 || xt != ttl {
+		t.Fatalf("bucket TTL %v, %v; expiry set TTL %v, %v", ttl, ok, xt, xok)
+	}
+	if _, ok := m.LastTTL(k.Leases); ok {
+		t.Fatal("the Model has a lease hash: the records live in the bucket")
 	}
 	deadline := t0 + ttl.Microseconds()
 	if gone := m.ExpireDue(deadline - 1); len(gone) != 0 {
 		t.Fatalf("expired %v 1µs before the deadline", gone)
 	}
-	if gone := m.ExpireDue(deadline); !reflect.DeepEqual(gone, []string{k.Bucket, k.Leases, k.Expiry}) {
-		t.Fatalf("at the deadline expired %v, want the bucket, the lease hash and its expiry set", gone)
+	if gone := m.ExpireDue(deadline); !reflect.DeepEqual(gone, []string{k.Bucket, k.Expiry}) {
+		t.Fatalf("at the deadline expired %v, want the bucket (with its lease records) and its expiry set", gone)
 	}
-	for _, name := range []string{k.Bucket, k.Leases, k.Expiry} {
+	for _, name := range []string{k.Bucket, k.Expiry} {
 		if ttl, ok := m.LastTTL(name); ok || ttl != 0 {
 			t.Fatalf("%s after its expiry: TTL %v, %v; want none (0, false)", name, ttl, ok)
 		}
@@ -424,7 +431,7 @@ func TestLeaseRecordVarintBoundaries(t *testing.T) {
 		if g := w.sync(k, c, r); g.Granted != tc.want || g.Conflict || g.Duplicate {
 			t.Fatalf("lease of %d for incarnation %d: %+v", tc.want, tc.inc, g)
 		}
-		rec := w.rdb.HGet(w.ctx, k.Leases, id).Val()
+		rec := leaseRecordOf(w.ctx, t, w.rdb, k, id)
 		l, err := ParseLeaseRecord(rec)
 		if err != nil || rec[0] != compactMark || l.Granted != float64(tc.want) || l.Seq != 128 || l.Lease != 128 ||
 			l.Incarnation != strconv.FormatUint(tc.inc, 10) {
@@ -487,7 +494,7 @@ func TestUnreadableBornSentinelIsRestamped(t *testing.T) {
 // to be the same.
 func (w *twin) lease(k Keys, instance string) LeaseRecord {
 	w.t.Helper()
-	rec, err := w.rdb.HGet(w.ctx, k.Leases, instance).Result()
+	rec, err := w.rdb.HGet(w.ctx, k.Bucket, leaseField(instance)).Result()
 	if err != nil {
 		w.t.Fatalf("lease %s: %v", instance, err)
 	}
@@ -556,13 +563,14 @@ func (w *twin) expire() []string {
 	return gone
 }
 
-// TestLeaseOutlivesItsBucket: the lease keys' TTL is renewed only when
-// leases are written or tokens are out, so a grant that ends (shortening
-// the bucket's TTL) can leave a key's bucket to expire before its lease
-// hash. The lease found there later is dropped from a fresh bucket: its
-// demand (a reading of a million tokens per second, kept exactly) leaves
-// the fresh bucket's reading at nothing, not below.
-func TestLeaseOutlivesItsBucket(t *testing.T) {
+// TestLeaseRecordsExpireWithTheirBucket: a key's lease records live in
+// its bucket (lib.lua, "Layouts"), so a grant that ends (shortening the
+// bucket's TTL) takes them with the bucket: the fresh bucket after it has
+// no record, no demand (a reading of a million tokens per second before),
+// nothing out, and is full. (Older scripts renewed a separate lease hash
+// only when leases were written or tokens out, so the bucket could expire
+// before its records.)
+func TestLeaseRecordsExpireWithTheirBucket(t *testing.T) {
 	w := newTwin(t)
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
 	c := Common{StaticRate: 1000, StaticBurst: 1000, LeaseTTL: time.Second, Reclaim: true, ReapBudget: 8,
@@ -582,51 +590,51 @@ func TestLeaseOutlivesItsBucket(t *testing.T) {
 	if l := w.lease(k, "i-a"); l.DemandRate != 1_000_000 || l.WindowStartUS != t0+1_000 || l.AppliedUsed != 1000 {
 		t.Fatalf("lease record %+v, want the reading of 1e6/s, a window opened at the report", l)
 	}
-	// A grant ending at once: the bucket's TTL falls to 3s, the lease
-	// hash keeps the 103s its last write gave it.
+	// A grant ending at once: the bucket's TTL falls to 3s, its lease
+	// record with it.
 	w.at(t0 + 2_000)
 	w.setRate(k, c, 1000, 1000, w.now, w.now)
-	bt, _ := w.m.LastTTL(k.Bucket)
-	lt, _ := w.m.LastTTL(k.Leases)
-	if bt != 3*time.Second || lt != 102_999*time.Millisecond {
-		t.Fatalf("TTLs: bucket %v, lease hash %v; want 3s and 102.999s", bt, lt)
+	if bt, _ := w.m.LastTTL(k.Bucket); bt != 3*time.Second {
+		t.Fatalf("bucket TTL %v, want 3s", bt)
 	}
-	w.at(t0 + 2_000 + bt.Microseconds())
+	if rt := w.rdb.PTTL(w.ctx, k.Bucket).Val(); rt > 3*time.Second || rt < time.Second {
+		t.Fatalf("bucket PTTL %v in Redis, want 3s", rt)
+	}
+	w.at(t0 + 2_000 + 3_000_000)
 	if gone := w.expire(); !reflect.DeepEqual(gone, []string{k.Bucket}) {
-		t.Fatalf("expired %v, want the bucket alone", gone)
+		t.Fatalf("expired %v, want the bucket and its records", gone)
 	}
 	if st := w.state(k, c); st.LeaseDemand != 0 || st.Outstanding != 0 || st.Tokens != 1000 {
-		t.Fatalf("fresh bucket after dropping the old lease: %+v, want no demand, nothing out, full", st)
+		t.Fatalf("fresh bucket after the old one expired: %+v, want no demand, nothing out, full", st)
 	}
 	if n := w.rdb.Exists(w.ctx, k.Leases).Val(); n != 0 {
-		t.Fatal("the expired lease's record was kept")
+		t.Fatal("a lease hash exists: the records live in the bucket")
 	}
 }
 
-// TestLeaseWithTokensOutlivesItsBucket: while tokens are out the lease
-// keys share the bucket's TTL, so a bucket lost on its own (evicted under
-// memory pressure) is the one way a lease holding an unspent token and a
-// demand reading of 0.001/s meets a fresh bucket. Releasing the lease
-// there, or reporting its last token used, subtracts the token and the
-// reading (dropped, or replaced by a smaller one) from zero: the fresh
-// bucket keeps nothing out and no demand, not below zero and not above,
-// and stays full.
-func TestLeaseWithTokensOutlivesItsBucket(t *testing.T) {
+// TestEvictedBucketTakesItsLeasesAlong: a bucket lost on its own while a
+// lease holds an unspent token and a demand reading of 0.001/s (evicted
+// under memory pressure) takes the lease's record with it (lib.lua,
+// "Layouts"). Releasing that lease, or reporting its last token used, is
+// then a call about a lease the region does not know: it gives nothing
+// back and creates nothing, and the fresh bucket keeps nothing out and no
+// demand, and is full.
+func TestEvictedBucketTakesItsLeasesAlong(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		end  func(w *twin, k Keys, c Common, r Report)
 	}{
 		{"release", func(w *twin, k Keys, c Common, r Report) {
-			if rel := w.release(k, c, r); rel.Returned != 1 || rel.Conflict {
-				w.t.Fatalf("release on a fresh bucket: %+v, want the unspent token back", rel)
+			if rel := w.release(k, c, r); rel.Returned != 0 || rel.Conflict {
+				w.t.Fatalf("release of a lease the evicted bucket took along: %+v, want nothing back", rel)
 			}
 		}},
 		{"last token used", func(w *twin, k Keys, c Common, r Report) {
 			// The last token over 3000s more: a reading of 0 (1/3000 per
 			// second rounds to nothing) replacing the lease's 0.001/s.
 			r.Used, r.BuiltUS = 2, 1+4_000_000_000
-			if g := w.sync(k, c, r); g.Conflict || g.Duplicate {
-				w.t.Fatalf("report on a fresh bucket: %+v, want it applied", g)
+			if g := w.sync(k, c, r); g.Granted != 0 || g.Live != 0 {
+				w.t.Fatalf("report of a lease the evicted bucket took along: %+v, want nothing granted, no lease", g)
 			}
 		}},
 	} {
@@ -651,11 +659,15 @@ func TestLeaseWithTokensOutlivesItsBucket(t *testing.T) {
 				t.Fatal(err)
 			}
 			delete(w.m.buckets, k.Bucket)
+			delete(w.m.leases, k.Bucket)
 			w.at(t0 + 2_000)
 			r.Seq = 3
 			tc.end(w, k, c, r)
 			if st := w.state(k, c); st.LeaseDemand != 0 || st.Outstanding != 0 || st.Tokens != 1000 {
 				t.Fatalf("fresh bucket after the old lease's last report: %+v, want no demand, nothing out, full", st)
+			}
+			if rec := leaseRecordOf(w.ctx, t, w.rdb, k, "i-a"); rec != "" {
+				t.Fatalf("lease record %q after the bucket was evicted", rec)
 			}
 		})
 	}
@@ -663,8 +675,8 @@ func TestLeaseWithTokensOutlivesItsBucket(t *testing.T) {
 
 // TestStateReadRenewsTTLs: a read of a key (state.lua writing nothing)
 // renews the bucket's TTL to bucket_ttl at the read's instant, and the
-// lease keys' only while tokens are out, as a writing call would; the
-// Model sets the same TTLs and expires the keys at exactly their deadline.
+// lease records with it, as a writing call would; the Model sets the same
+// TTLs and expires the keys at exactly their deadline.
 // Under a grant the TTL shrinks as the grant runs down, so a renewed TTL
 // and a kept one differ on the real server too.
 func TestStateReadRenewsTTLs(t *testing.T) {
@@ -691,9 +703,7 @@ func TestStateReadRenewsTTLs(t *testing.T) {
 		want time.Duration
 	}{
 		{spent.Bucket, 971 * time.Second},
-		{spent.Leases, 1020 * time.Second},
 		{holds.Bucket, 971 * time.Second},
-		{holds.Leases, 971 * time.Second},
 	} {
 		m, _ := w.m.LastTTL(tc.key)
 		r, err := w.rdb.PTTL(w.ctx, tc.key).Result()
@@ -707,7 +717,7 @@ func TestStateReadRenewsTTLs(t *testing.T) {
 		t.Fatalf("expired %v 1µs before the deadline", gone)
 	}
 	w.at(t0 + 1021_000_000)
-	want := []string{holds.Bucket, holds.Leases, holds.Expiry, spent.Bucket, spent.Leases, spent.Expiry}
+	want := []string{holds.Bucket, spent.Bucket}
 	sort.Strings(want)
 	if gone := w.expire(); !reflect.DeepEqual(gone, want) {
 		t.Fatalf("at the deadline expired %v, want %v", gone, want)
@@ -796,13 +806,13 @@ func TestCheckReapsWhileTokensAreOut(t *testing.T) {
 	if r := w.check(one, c, 1); r.Reclaimed != 1 || !r.Allowed || r.Remaining != 9 {
 		t.Fatalf("check after a one-token lease expired: %+v, want its token reclaimed (9 left after 1)", r)
 	}
-	if n := w.rdb.HLen(w.ctx, one.Leases).Val(); n != 0 {
+	if n := len(leaseRecords(w.ctx, t, w.rdb, one)); n != 0 {
 		t.Fatalf("%d lease records left after reaping", n)
 	}
 	if r := w.check(spent, c, 1); r.Reclaimed != 0 || !r.Allowed {
 		t.Fatalf("check on a key with nothing out: %+v", r)
 	}
-	if n := w.rdb.HLen(w.ctx, spent.Leases).Val(); n != 1 {
+	if n := len(leaseRecords(w.ctx, t, w.rdb, spent)); n != 1 {
 		t.Fatalf("%d lease records after a check with nothing out, want the spent lease's record kept", n)
 	}
 }

@@ -21,7 +21,7 @@ func (m *Model) rolledBack(g *Generations) *Model {
 		c.buckets[k] = &cb
 	}
 	for k, ls := range m.leases {
-		cl := &modelLeases{byID: map[string]*modelLease{}, expireAt: ls.expireAt, ttlMS: ls.ttlMS}
+		cl := &modelLeases{byID: map[string]*modelLease{}}
 		for id, l := range ls.byID {
 			cr := *l
 			cl.byID[id] = &cr

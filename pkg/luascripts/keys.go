@@ -17,6 +17,11 @@ const DefaultPrefix = "sl:"
 // hashes to the same slot. The tenant and class of a validated quota.Key
 // never contain '{', '}' or '|', so the tag is unambiguous.
 type Keys struct {
+	// Bucket is the bucket hash, which also holds the key's lease records
+	// (field LeaseField(id)); Expiry the expiry set of a key with more
+	// than a few leases; Leases the lease hash of older scripts, read and
+	// moved into Bucket by the first call that loads the key (lib.lua,
+	// "Layouts").
 	Bucket, Leases, Expiry string
 	// Born is the sentinel: prefix+"born" on a single Redis, one key per
 	// hash slot on a cluster (BornKey).
@@ -146,3 +151,7 @@ func RestartWait(leaseTTL, grantValidity, epoch time.Duration) time.Duration {
 }
 
 func (k Keys) list() []string { return []string{k.Bucket, k.Leases, k.Expiry, k.Born, k.Cand, k.Gen} }
+
+// LeaseField is the field of the bucket hash that holds instance id's
+// lease record (lib.lua, "Layouts").
+func LeaseField(id string) string { return "#" + id }

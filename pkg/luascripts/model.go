@@ -20,9 +20,12 @@ import (
 // A Model is not safe for concurrent use.
 type Model struct {
 	buckets map[string]*modelBucket // by Keys.Bucket
-	leases  map[string]*modelLeases // by Keys.Leases (the hash and its zset)
-	born    map[string]float64      // born sentinels, by Keys.Born (no TTL)
-	gen     map[string]float64      // data sets' write generations, by Keys.Gen (no TTL)
+	// leases are the lease records each bucket holds, by Keys.Bucket: they
+	// live in the bucket hash (lib.lua, "Layouts") and expire with it, as
+	// does the key's expiry set, rendered from them.
+	leases map[string]*modelLeases
+	born   map[string]float64 // born sentinels, by Keys.Born (no TTL)
+	gen    map[string]float64 // data sets' write generations, by Keys.Gen (no TTL)
 	// gens is the calling process's view of the generations (Scripts'
 	// Generations): passed to every operation, raised by every reply.
 	gens *Generations
@@ -44,6 +47,14 @@ type modelBucket struct {
 	// cand_check); hasCW: they were written.
 	cw, cs float64
 	hasCW  bool
+	// xe is lib.lua's XE, a lower bound of the lease records' expiries
+	// (µs; hasXE: known, stored as field xe in whole ms after ts).
+	xe    float64
+	hasXE bool
+	// stored says which of the twelve fields above (tk to rm, in
+	// bucketFields' order) the hash holds: lib.lua's save_bucket leaves a
+	// field out while it is 0 and was never written.
+	stored uint16
 	// held: no bucket, a held key's demand alone (sd, den and the
 	// candidate fields: lib.lua's hash without ts, "Awaited share").
 	held bool
@@ -56,9 +67,7 @@ type modelLease struct {
 }
 
 type modelLeases struct {
-	byID     map[string]*modelLease
-	expireAt float64
-	ttlMS    float64
+	byID map[string]*modelLease
 }
 
 // NewModel returns an empty model (an empty Redis) called by a process
@@ -117,17 +126,20 @@ func (m *Model) ExpireDue(nowUS int64) []string {
 			gone = append(gone, name)
 		}
 	}
-	for name, l := range m.leases {
-		if l.expireAt <= now {
+	for _, name := range gone {
+		if ls, ok := m.leases[name]; ok {
 			delete(m.leases, name)
-			gone = append(gone, name, expiryName(name))
+			if len(ls.byID) > fewLeases {
+				gone = append(gone, expiryName(name))
+			}
 		}
 	}
 	sort.Strings(gone)
 	return gone
 }
 
-func expiryName(leasesKey string) string { return strings.TrimSuffix(leasesKey, "l") + "x" }
+// expiryName is the name of the expiry set of the bucket named bucketKey.
+func expiryName(bucketKey string) string { return strings.TrimSuffix(bucketKey, "b") + "x" }
 
 // fewLeases mirrors lib.lua's FEWLEASES: a key with at most this many
 // leases has no expiry set (reaping reads its records), one with more has
@@ -143,7 +155,7 @@ type op struct {
 	c   Common
 	now float64
 	b   modelBucket  // working copy: the script's unrounded locals
-	ls  *modelLeases // the lease hash and zset, changed in place
+	ls  *modelLeases // the lease records and their zset, changed in place
 	// missing: the bucket did not exist when the operation began (or was
 	// older than its data set's birth); stamp: the born sentinel was
 	// missing (STAMP: written with the bucket).
@@ -157,7 +169,7 @@ type op struct {
 	hold bool
 
 	reclaimed float64 // RECLAIMED: tokens returned from expired leases
-	leases    bool    // LEASES: the lease hash or expiry set was written
+	leases    bool    // LEASES: a lease record or the expiry set was written
 	ttl       float64 // TTL: the keys' TTL (ms), computed before any write
 }
 
@@ -166,8 +178,9 @@ func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
 	o.loadBorn()
 	o.loadBucket()
 	// Every operation ends in save, as every script ends in save_bucket,
-	// and neither ever fails half-way: the lease hash is changed in place.
-	if ls, ok := m.leases[k.Leases]; ok {
+	// and neither ever fails half-way: the lease records are changed in
+	// place.
+	if ls, ok := m.leases[k.Bucket]; ok {
 		o.ls = ls
 	} else {
 		o.ls = &modelLeases{byID: map[string]*modelLease{}}
@@ -175,8 +188,7 @@ func (m *Model) begin(nowUS int64, k Keys, c Common) *op {
 	o.refill()
 	m.refilled = o.b.tk
 	o.ttl = o.bucketTTL(o.b.gb, o.b.ge)
-	_, leases := m.leases[k.Leases]
-	o.hold = c.AwaitingShare && o.missing && o.sb() == 0 && !leases
+	o.hold = c.AwaitingShare && o.missing && o.sb() == 0 && len(o.ls.byID) == 0
 	return o
 }
 
@@ -254,7 +266,7 @@ func (o *op) loadBucket() {
 		default:
 			// Older than its data set's birth: deleted with its leases.
 			delete(o.m.buckets, o.k.Bucket)
-			delete(o.m.leases, o.k.Leases)
+			delete(o.m.leases, o.k.Bucket)
 		}
 	}
 	// Empty since born + restart wait; refill credits the time since.
@@ -262,6 +274,29 @@ func (o *op) loadBucket() {
 	// the wait ends. The birth is the sentinel's, read in the same call.
 	o.missing = true
 	o.b = modelBucket{ts: o.born + wait*1000, den: held.den, sd: held.sd, cw: held.cw, cs: held.cs, hasCW: held.hasCW}
+	if held.held {
+		o.b.stored = 1<<fieldDen | 1<<fieldSD // save_held writes both
+	}
+}
+
+// The bucket hash's twelve fields, in lib.lua's BUCKET_FIELDS order.
+var bucketFields = [12]string{"t", "ts", "gr", "gb", "ge", "out", "adm", "den", "gs", "dr", "sd", "rm"}
+
+const (
+	fieldDen = 7
+	fieldSD  = 10
+)
+
+// fieldValues are b's twelve fields as save_bucket writes them, and
+// whether each is 0 (ts never counts as 0: it is always written).
+func (b *modelBucket) fieldValues() (vals [12]string, zero [12]bool) {
+	vals = [12]string{f6(b.tk), i0(b.ts), f17(b.gr), f17(b.gb), i0(b.ge), i0(b.out), i0(b.adm), i0(b.den),
+		i0(b.gs), i0(b.dr), i0(b.sd), f17(b.rm)}
+	nums := [12]float64{b.tk, 1, b.gr, b.gb, b.ge, b.out, b.adm, b.den, b.gs, b.dr, b.sd, b.rm}
+	for i, x := range nums {
+		zero[i] = x == 0
+	}
+	return vals, zero
 }
 
 func (o *op) credit(dt, r float64) {
@@ -340,9 +375,16 @@ func (o *op) putBack(n, ended float64) {
 }
 
 // reap mirrors ZRANGEBYSCORE -inf now LIMIT 0 max: ascending score, ties by
-// member.
+// member. A key with few leases reads its records only once now reaches
+// the lower bound xe of their expiries, and sets xe anew from them, as
+// lib.lua's expired_few does; the leases reaped are the same either way.
 func (o *op) reap(max int) (int64, float64) {
-	if max <= 0 {
+	n := len(o.ls.byID)
+	if max <= 0 || n == 0 {
+		return 0, 0
+	}
+	few := n <= fewLeases
+	if few && o.b.hasXE && o.now < o.b.xe {
 		return 0, 0
 	}
 	type due struct {
@@ -350,9 +392,13 @@ func (o *op) reap(max int) (int64, float64) {
 		exp float64
 	}
 	var ds []due
+	low, hasLow := 0.0, false
 	for id, l := range o.ls.byID {
-		if l.exp <= o.now {
+		switch {
+		case l.exp <= o.now:
 			ds = append(ds, due{id, l.exp})
+		case !hasLow || l.exp < low:
+			low, hasLow = l.exp, true
 		}
 	}
 	sort.Slice(ds, func(i, j int) bool {
@@ -362,7 +408,11 @@ func (o *op) reap(max int) (int64, float64) {
 		return ds[i].id < ds[j].id
 	})
 	if len(ds) > max {
+		low, hasLow = ds[max].exp, true
 		ds = ds[:max]
+	}
+	if few {
+		o.b.xe, o.b.hasXE = low, hasLow
 	}
 	var back float64
 	for _, d := range ds {
@@ -534,17 +584,27 @@ func (o *op) save() {
 	ttl := o.ttl
 	b.expireAt = o.now + ttl*1000
 	b.ttlMS = ttl
+	if len(o.ls.byID) == 0 {
+		b.xe, b.hasXE = 0, false
+	}
+	if b.hasXE {
+		// Stored in whole ms after ts, rounded down (lib.lua's save_bucket).
+		b.xe = b.ts + math.Floor((b.xe-b.ts)/1000)*1000
+	}
+	_, zero := b.fieldValues()
+	for i, z := range zero {
+		if !z {
+			b.stored |= 1 << i
+		}
+	}
 	stored := *b
 	stored.tk = round6(b.tk)
 	o.m.buckets[o.k.Bucket] = &stored
 	if len(o.ls.byID) == 0 {
-		delete(o.m.leases, o.k.Leases)
+		delete(o.m.leases, o.k.Bucket)
 		return
 	}
-	if o.leases || b.out > 0 {
-		o.ls.expireAt, o.ls.ttlMS = b.expireAt, ttl
-	}
-	o.m.leases[o.k.Leases] = o.ls
+	o.m.leases[o.k.Bucket] = o.ls
 }
 
 // saveHeld mirrors lib.lua's save_held: a held key's demand alone, no
@@ -564,9 +624,6 @@ func (o *op) saveHeld() {
 func (o *op) keep() {
 	b := o.m.buckets[o.k.Bucket]
 	b.expireAt, b.ttlMS = o.now+o.ttl*1000, o.ttl
-	if ls, ok := o.m.leases[o.k.Leases]; ok && o.b.out > 0 {
-		ls.expireAt, ls.ttlMS = b.expireAt, o.ttl
-	}
 }
 
 func round6(x float64) float64 {
@@ -700,6 +757,9 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 		l.lg = granted
 		o.ls.byID[id] = l
 		o.leases = true
+		if !o.b.hasXE || l.exp < o.b.xe {
+			o.b.xe, o.b.hasXE = l.exp, true
+		}
 		if retry > 0 {
 			if gb := o.givebackMS(min, l, float64(len(o.ls.byID))); gb >= 0 && gb < retry {
 				retry = gb
@@ -958,14 +1018,31 @@ func (m *Model) Snapshot() map[string]map[string]string {
 			}
 			continue
 		}
-		out[name] = map[string]string{
-			"tk": f6(b.tk), "ts": i0(b.ts), "gr": f17(b.gr), "gb": f17(b.gb),
-			"ge": i0(b.ge), "out": i0(b.out), "adm": i0(b.adm), "den": i0(b.den), "gs": i0(b.gs),
-			"dr": i0(b.dr), "sd": i0(b.sd), "rm": f17(b.rm),
+		h := map[string]string{}
+		vals, _ := b.fieldValues()
+		for i, v := range vals {
+			if b.stored&(1<<i) != 0 {
+				h[bucketFields[i]] = v
+			}
 		}
 		if b.hasCW {
-			out[name]["cw"], out[name]["cs"] = i0(b.cw), i0(b.cs)
+			h["cw"], h["cs"] = i0(b.cw), i0(b.cs)
 		}
+		if b.hasXE {
+			h["xe"] = i0((b.xe - b.ts) / 1000)
+		}
+		if ls, ok := m.leases[name]; ok && len(ls.byID) > 0 {
+			z := map[string]string{}
+			for id, l := range ls.byID {
+				h["#"+id] = leaseRecord(l)
+				z[id] = i0(l.exp)
+			}
+			h["n"] = strconv.Itoa(len(ls.byID))
+			if len(ls.byID) > fewLeases {
+				out[expiryName(name)] = z
+			}
+		}
+		out[name] = h
 	}
 	for name, set := range m.cands {
 		z := map[string]string{}
@@ -980,17 +1057,6 @@ func (m *Model) Snapshot() map[string]map[string]string {
 	for name, v := range m.gen {
 		out[name] = map[string]string{"": i0(v)}
 	}
-	for name, ls := range m.leases {
-		h, z := map[string]string{}, map[string]string{}
-		for id, l := range ls.byID {
-			h[id] = leaseRecord(l)
-			z[id] = i0(l.exp)
-		}
-		out[name] = h
-		if len(ls.byID) > fewLeases {
-			out[expiryName(name)] = z
-		}
-	}
 	return out
 }
 
@@ -1000,9 +1066,9 @@ func (m *Model) LastTTL(name string) (time.Duration, bool) {
 	if b, ok := m.buckets[name]; ok {
 		return time.Duration(b.ttlMS) * time.Millisecond, true
 	}
-	for lname, ls := range m.leases {
-		if lname == name || expiryName(lname) == name {
-			return time.Duration(ls.ttlMS) * time.Millisecond, true
+	for bname, ls := range m.leases {
+		if expiryName(bname) == name && len(ls.byID) > fewLeases {
+			return time.Duration(m.buckets[bname].ttlMS) * time.Millisecond, true
 		}
 	}
 	return 0, false

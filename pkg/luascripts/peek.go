@@ -33,7 +33,7 @@ func (m *Model) PeekBucket(k Keys) (Peek, bool) {
 
 // PeekLease returns instance's stored lease on k, false when there is none.
 func (m *Model) PeekLease(k Keys, instance string) (LeaseRecord, bool) {
-	ls, ok := m.leases[k.Leases]
+	ls, ok := m.leases[k.Bucket]
 	if !ok {
 		return LeaseRecord{}, false
 	}

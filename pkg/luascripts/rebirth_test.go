@@ -34,7 +34,7 @@ func TestRebirthDropsTheLeaseRecords(t *testing.T) {
 	if !lr.Reborn || lr.Returned != 0 || lr.Remaining != 0 {
 		t.Fatalf("report of a lease issued before the re-birth: %+v, want a re-birth, nothing given back, an empty bucket", lr)
 	}
-	if n := w.rdb.HLen(w.ctx, k.Leases).Val(); n != 0 {
+	if n := len(leaseRecords(w.ctx, t, w.rdb, k)); n != 0 {
 		t.Fatalf("%d lease records left after the re-birth, want none", n)
 	}
 }

@@ -13,8 +13,9 @@ import (
 
 // TestLeaseRecordsStayListpack: production-shaped leases (a wall-clock seq,
 // a random 64-bit incarnation, a long instance id) are written compact,
-// within Redis's 64-byte listpack value limit, so a key's lease hash stays
-// a listpack with one lease and with three; the records read back exactly.
+// within Redis's 64-byte listpack value limit, so a key's bucket hash,
+// which holds them, stays a listpack with one lease and with three; the
+// records read back exactly.
 func TestLeaseRecordsStayListpack(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client()
@@ -27,10 +28,10 @@ func TestLeaseRecordsStayListpack(t *testing.T) {
 		if lr, err := sc.Sync(ctx, rdb, k, expiryCommon, r); err != nil || lr.Granted != 20 {
 			t.Fatalf("lease %s: %+v, %v", id, lr, err)
 		}
-		if enc := rdb.ObjectEncoding(ctx, k.Leases).Val(); enc != "listpack" {
-			t.Fatalf("%d leases: lease hash encoded %q, want listpack", i+1, enc)
+		if enc := rdb.ObjectEncoding(ctx, k.Bucket).Val(); enc != "listpack" {
+			t.Fatalf("%d leases: bucket hash encoded %q, want listpack", i+1, enc)
 		}
-		rec := rdb.HGet(ctx, k.Leases, id).Val()
+		rec := leaseRecordOf(ctx, t, rdb, k, id)
 		if len(rec) > 64 {
 			t.Fatalf("record %q is %d bytes, want at most 64", rec, len(rec))
 		}
@@ -65,8 +66,8 @@ func TestLeaseRecordForms(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("sync: lua %+v, %v; model %+v", got, err, want)
 	}
-	rec := rdb.HGet(ctx, k.Leases, "i-a").Val()
-	if ms := m.Snapshot()[k.Leases]["i-a"]; rec != ms || len(strings.Fields(rec)) != 14 {
+	rec := leaseRecordOf(ctx, t, rdb, k, "i-a")
+	if ms := m.Snapshot()[k.Bucket][leaseField("i-a")]; rec != ms || len(strings.Fields(rec)) != 14 {
 		t.Fatalf("record %q, model %q: want the same fourteen text fields", rec, ms)
 	}
 
@@ -84,16 +85,18 @@ func TestLeaseRecordForms(t *testing.T) {
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Fatalf("sync seq %d: lua %+v, %v; model %+v", tc.seq, got, err, want)
 		}
-		rec := rdb.HGet(ctx, k.Leases, id).Val()
-		if ms := m.Snapshot()[k.Leases][id]; rec != ms || (rec[0] == compactMark) != tc.compact {
+		rec := leaseRecordOf(ctx, t, rdb, k, id)
+		if ms := m.Snapshot()[k.Bucket][leaseField(id)]; rec != ms || (rec[0] == compactMark) != tc.compact {
 			t.Fatalf("seq %d: record %q, model %q; want the same, compact %v", tc.seq, rec, ms, tc.compact)
 		}
 	}
 
-	// Older scripts' text record of a live lease: granted 10, used 4,
-	// seq 1, expiring in 500ms, fingerprint (used 4) of incarnation 9.
+	// Older scripts' text record of a live lease (in their layout: the
+	// records in the lease hash): granted 10, used 4, seq 1, expiring in
+	// 500ms, fingerprint (used 4) of incarnation 9.
 	exp := itoa(now + 500_000)
 	old := "10 4 0 1 " + exp + " 10 " + itoa(now) + " 0 0 4 0 0 1 9"
+	toOlderLayout(ctx, t, rdb, k)
 	if err := rdb.HSet(ctx, k.Leases, "i-b", old).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -104,9 +107,17 @@ func TestLeaseRecordForms(t *testing.T) {
 	if err != nil || lr.Conflict || lr.Duplicate || lr.Granted != 5 {
 		t.Fatalf("continuing an older record: %+v, %v", lr, err)
 	}
-	rec = rdb.HGet(ctx, k.Leases, "i-b").Val()
+	rec = leaseRecordOf(ctx, t, rdb, k, "i-b")
 	l, err := ParseLeaseRecord(rec)
 	if err != nil || rec[0] != compactMark || l.Granted != 15 || l.Used != 10 || l.Seq != 2 || l.AppliedUsed != 10 || l.Incarnation != "9" {
 		t.Fatalf("rewritten record %q: %+v, %v; want compact, granted 15, used 10, seq 2", rec, l, err)
+	}
+	// The call moved every record of the older layout into the bucket.
+	if rdb.Exists(ctx, k.Leases).Val() != 0 {
+		t.Fatal("the older lease hash outlived the call that moved its records")
+	}
+	b := rdb.HGetAll(ctx, k.Bucket).Val()
+	if recs := recordsOf(b); len(recs) != 6 || b["n"] != "6" || b["tk"] != "" || b["t"] == "" {
+		t.Fatalf("bucket after the move %v: want six records, n 6, the tokens in t", b)
 	}
 }

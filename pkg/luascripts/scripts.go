@@ -846,7 +846,8 @@ func increase(now, before int64) int64 {
 }
 
 // LeaseRecord is one instance's lease on one key as the scripts store it
-// in the lease hash (see lib.lua). Tokens and times are whole numbers.
+// in the bucket hash (field LeaseField(id); see lib.lua). Tokens and times
+// are whole numbers.
 type LeaseRecord struct {
 	Granted, Used, Returned float64 // cumulative tokens
 	Seq                     uint64  // last applied report
@@ -879,7 +880,7 @@ func (l LeaseRecord) Continues(was LeaseRecord) bool {
 		l.Seq >= was.Seq && l.Granted >= was.Granted && l.Used >= was.Used && l.Returned >= was.Returned
 }
 
-// ParseLeaseRecord reads a lease hash value: compact (see lib.lua,
+// ParseLeaseRecord reads a lease record: compact (see lib.lua,
 // lease_record), or as text of fourteen fields, or of the first nine or
 // six alone as older scripts wrote them.
 func ParseLeaseRecord(v string) (LeaseRecord, error) {

@@ -123,7 +123,7 @@ func TestStateReadChangesNoLaterCall(t *testing.T) {
 
 // sameStored requires keys A and B to hold the same stored state.
 func sameStored(ctx context.Context, t *rapid.T, rdb *redis.Client, step int, ka, kb Keys) {
-	for _, p := range [][2]string{{ka.Bucket, kb.Bucket}, {ka.Leases, kb.Leases}} {
+	for _, p := range [][2]string{{ka.Bucket, kb.Bucket}} {
 		a, b := rdb.HGetAll(ctx, p[0]).Val(), rdb.HGetAll(ctx, p[1]).Val()
 		if !reflect.DeepEqual(a, b) {
 			t.Fatalf("step %d: read key's stored state differs\n %s: %v\n %s: %v", step, p[0], a, p[1], b)
@@ -143,7 +143,8 @@ func sameStored(ctx context.Context, t *rapid.T, rdb *redis.Client, step int, ka
 
 // checkReadTTL requires the keys read to carry the TTL a writing read sets:
 // bucket_ttl at the read's instant (worked out here from the reply), on
-// the bucket, and on the lease hash while tokens are out.
+// the bucket (its lease records with it) and on the expiry set when the
+// key has one.
 func checkReadTTL(ctx context.Context, t *rapid.T, rdb *redis.Client, k Keys, c Common, st State) {
 	if rdb.Exists(ctx, k.Bucket).Val() == 0 {
 		return
@@ -157,8 +158,8 @@ func checkReadTTL(ctx context.Context, t *rapid.T, rdb *redis.Client, k Keys, c 
 	ms = math.Max(ms, 2*float64(c.LeaseTTL.Milliseconds())) + 1000
 	want := time.Duration(ms) * time.Millisecond
 	names := []string{k.Bucket}
-	if st.Outstanding > 0 && rdb.Exists(ctx, k.Leases).Val() == 1 {
-		names = append(names, k.Leases)
+	if rdb.Exists(ctx, k.Expiry).Val() == 1 {
+		names = append(names, k.Expiry)
 	}
 	for _, name := range names {
 		got := rdb.PTTL(ctx, name).Val()

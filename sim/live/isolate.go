@@ -106,7 +106,7 @@ func (d *deployment) isolate(ctx context.Context, in *liveInstance, lasting time
 // ok false when there is none (or it does not parse), err when Redis did
 // not answer.
 func (d *deployment) leaseRecord(ctx context.Context, in *liveInstance, k int) (l luascripts.LeaseRecord, ok bool, err error) {
-	rec, err := in.region.rdb.HGet(ctx, d.rkeys[k].Leases, in.id).Result()
+	rec, err := in.region.rdb.HGet(ctx, d.rkeys[k].Bucket, luascripts.LeaseField(in.id)).Result()
 	if errors.Is(err, redis.Nil) {
 		return l, false, nil
 	}

@@ -56,10 +56,12 @@ func (r *Region) expired(names []string) {
 		if gone[k.rkeys.Bucket] {
 			r.w.orc.BucketGone(r.idx, k.id)
 		}
-		if gone[k.rkeys.Leases] {
+		// The lease records live in the bucket (luascripts: lib.lua,
+		// "Layouts"): they go with it.
+		if gone[k.rkeys.Bucket] {
 			delete(r.isolated, k.id) // gone with the key's TTL: nothing handed out again
 		}
-		if ls := r.crashed[k.id]; len(ls) > 0 && gone[k.rkeys.Leases] {
+		if ls := r.crashed[k.id]; len(ls) > 0 && gone[k.rkeys.Bucket] {
 			// Gone with the key's TTL, not reaped: nothing handed out again.
 			for _, cl := range ls {
 				r.crashDone(cl)

@@ -2,9 +2,10 @@
 -- (after clock.lua) to every script but born's; a script's body runs after
 -- begin(KEYS, ARGV), a batch's once per key (see batch.lua).
 --
--- KEYS[1]  bucket hash   fields: tk  tokens in the bucket (whole micro-
---                                     tokens, %.6f)
---                                 rm  refill earned but not yet in tk
+-- KEYS[1]  bucket hash   fields: t   tokens in the bucket (whole micro-
+--                                     tokens, %.6f; 'tk' in the buckets of
+--                                     older scripts, see "Layouts")
+--                                 rm  refill earned but not yet in t
 --                                     (micro-tokens, [0, 1), %.17g;
 --                                     missing = 0)
 --                                 ts  time of the last refill (µs)
@@ -24,10 +25,23 @@
 --                                     and asked by lease requests held
 --                                     (see "Awaited share"; cumulative
 --                                     counter)
---                        A hash without ts is no bucket: it is a held
---                        key's demand alone (sd, den and the candidate
---                        fields; see "Awaited share").
--- KEYS[2]  lease hash    field = instance id, value =
+--                                 n   lease records in the hash (missing
+--                                     = 0)
+--                                 xe  at most the earliest expiry of a
+--                                     record, in whole ms after ts
+--                                     (missing = not known): a key with
+--                                     few leases reads its records to
+--                                     reap only once NOW reaches it (see
+--                                     expired_few); relative, so a small
+--                                     integer in the listpack
+--                                 #id the lease record of instance id
+--                                     (below)
+--                        A field from t to rm that is 0 and was never
+--                        written is left out: it reads as 0 (see
+--                        save_bucket). A hash without ts is no bucket: it
+--                        is a held key's demand alone (sd, den and the
+--                        candidate fields; see "Awaited share").
+--          lease record  the value of field '#' .. id, instance id's lease:
 --                                 "g u r seq exp lg lt pd dr au ad ar le
 --                                 inc": granted, used, returned (cumulative
 --                                 tokens booked), last applied seq, expiry
@@ -48,9 +62,12 @@
 --                                 conflict (see report_kind)
 --                        Written compact (binary varints, see
 --                        lease_record), so the hash stays a listpack.
+-- KEYS[2]  lease hash    the lease records of older scripts (field =
+--                        instance id); read and moved into KEYS[1] by the
+--                        first call that loads the key (see "Layouts")
 -- KEYS[3]  expiry zset   member = instance id, score = lease expiry (µs);
 --                        only while the key has more than FEWLEASES
---                        leases (see reap)
+--                        leases (see reap); it expires with the bucket
 -- KEYS[4]  born sentinel string: the Redis time (µs) the data set holding
 --                        these keys was born ('0': trusted to have
 --                        started full); no TTL. One per Redis, or on a
@@ -118,6 +135,20 @@
 -- reclaimed (their tokens were issued from the old state). Since wait >=
 -- lease TTL and >= grant validity + one epoch, every lease and grant
 -- issued before the re-birth has ended by then.
+--
+-- Layouts. A key's lease records live in its bucket hash, one field each
+-- ('#' then the instance id), with their count in n: one Redis key per
+-- quota key instead of two, about a third of a key's memory (see
+-- docs/architecture.md, "Memory per key"); and the bucket leaves out the
+-- fields that are 0 and were never written. Older scripts kept the
+-- records in KEYS[2], the tokens in 'tk' and every field. A call that loads a bucket holding 'tk'
+-- moves the records into the bucket and renames 'tk' to 't' before
+-- anything else, so the key is in this layout whatever the call does
+-- next (its TTL stays the bucket's, which outlives the old lease hash).
+-- Older scripts read the tokens from 'tk' and fail on a bucket of this
+-- layout (tonumber(nil) in arithmetic: an error before any write), so
+-- during a rolling upgrade an old replica's call on a key a new one wrote
+-- changes nothing, and the instance retries through another replica.
 --
 -- Deadline. The caller chose the static share (or the floor) it passes,
 -- and set_rate's grant, from its clock, for a script that runs within its
@@ -248,10 +279,16 @@ local RECLAIMED
 -- STAMP is set when the born sentinel is missing: this call's NOW is the
 -- data set's birth, written with the first bucket the call saves.
 local STAMP
--- LEASES is set when this call wrote the lease hash or the expiry set: only
--- then, or while leases hold unspent tokens, do their TTLs need refreshing
--- (a strict check touches the bucket alone).
+-- LEASES is set when this call wrote a lease record or the expiry set.
 local LEASES
+-- LN is the key's lease records (the bucket's n, kept as records come and
+-- go); LN0 is LN as loaded. XE is the bucket's xe (nil: not known), XE0
+-- as loaded.
+local LN, LN0, XE, XE0
+-- PRESENT[i] says whether the bucket's i-th field (BUCKET_FIELDS) was
+-- stored when the call loaded it.
+local PRESENT = {}
+local BUCKET_FIELDS = { 't', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm' }
 
 local function grant_valid(t) return B.ge > t end
 local function rate_now() if grant_valid(NOW) then return B.gr end return SR end
@@ -334,8 +371,28 @@ local function clamp_to(c)
 end
 local function clamp() clamp_to(room()) end
 
+-- migrate moves a bucket of older scripts into this layout (see
+-- "Layouts"): their lease records from KEYS[2] into the bucket, 'tk' to
+-- 't' (tk is its stored value). Written at once, so the key is consistent
+-- whatever the call does next.
+local function migrate(tk)
+  local all = redis.call('HGETALL', KEYS[2])
+  for i = 1, #all, 2 do
+    redis.call('HSET', KEYS[1], '#' .. all[i], all[i + 1])
+  end
+  LN = #all / 2
+  redis.call('DEL', KEYS[2])
+  redis.call('HDEL', KEYS[1], 'tk')
+  if LN > 0 then
+    redis.call('HSET', KEYS[1], 't', tk, 'n', LN)
+  else
+    redis.call('HSET', KEYS[1], 't', tk)
+  end
+end
+
 local function load_bucket()
-  local raw = redis.call('HMGET', KEYS[1], 'tk', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm')
+  LN = 0
+  local raw = redis.call('HMGET', KEYS[1], 't', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm', 'n', 'tk', 'xe')
   if raw[2] and WAIT > 0 and tonumber(raw[2]) < BORN + WAIT * 1000 then
     -- Older than its data set's birth (see Rollback): written before a
     -- re-birth, its tokens and leases are those of a history that was
@@ -343,7 +400,16 @@ local function load_bucket()
     -- missing from the newly born data set.
     redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
     raw = {}
+  elseif raw[2] and raw[14] then
+    migrate(raw[14])
+    raw[1] = raw[14]
   end
+  LN = tonumber(raw[13]) or LN
+  LN0 = LN
+  for i = 1, 12 do PRESENT[i] = raw[i] and true or false end
+  XE = tonumber(raw[15])
+  if XE and raw[2] then XE = tonumber(raw[2]) + XE * 1000 else XE = nil end
+  XE0 = XE
   if not raw[2] then
     -- A missing bucket is trusted to be full only when its data set is old
     -- enough that every lease issued before the data set was born has
@@ -368,14 +434,15 @@ local function load_bucket()
     B.ts = BORN + WAIT * 1000
     return
   end
-  B.tk = tonumber(raw[1])
+  -- A field left out is 0 (see save_bucket).
+  B.tk = tonumber(raw[1]) or 0
   B.ts = tonumber(raw[2])
-  B.gr = tonumber(raw[3])
-  B.gb = tonumber(raw[4])
-  B.ge = tonumber(raw[5])
-  B.out = tonumber(raw[6])
-  B.adm = tonumber(raw[7])
-  B.den = tonumber(raw[8])
+  B.gr = tonumber(raw[3]) or 0
+  B.gb = tonumber(raw[4]) or 0
+  B.ge = tonumber(raw[5]) or 0
+  B.out = tonumber(raw[6]) or 0
+  B.adm = tonumber(raw[7]) or 0
+  B.den = tonumber(raw[8]) or 0
   B.gs = tonumber(raw[9]) or 0
   B.dr = tonumber(raw[10]) or 0
   B.sd = tonumber(raw[11]) or 0
@@ -554,19 +621,29 @@ end
 -- O(1) again.
 local FEWLEASES = 4
 
+-- records calls f(id, record) for each lease record of the bucket.
+local function records(f)
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local name = all[i]
+    if string.byte(name, 1) == 35 then -- '#'
+      f(string.sub(name, 2), all[i + 1])
+    end
+  end
+end
+
 -- reindex rebuilds the expiry set from the lease records.
 local function reindex()
   LEASES = true
   redis.call('DEL', KEYS[3])
-  local all = redis.call('HGETALL', KEYS[2])
-  for i = 1, #all, 2 do
-    redis.call('ZADD', KEYS[3], lease_exp(all[i + 1]), all[i])
-  end
+  records(function(id, rec)
+    redis.call('ZADD', KEYS[3], lease_exp(rec), id)
+  end)
 end
 
 -- index files the expiry of the record just saved for id.
 local function index(id, exp)
-  local n = redis.call('HLEN', KEYS[2])
+  local n = LN
   if n <= FEWLEASES then
     redis.call('DEL', KEYS[3])
     return
@@ -577,7 +654,7 @@ end
 
 -- unindex takes id's record, just deleted, out of the expiry set.
 local function unindex(id)
-  if redis.call('HLEN', KEYS[2]) <= FEWLEASES then
+  if LN <= FEWLEASES then
     redis.call('DEL', KEYS[3])
   else
     redis.call('ZREM', KEYS[3], id)
@@ -586,7 +663,8 @@ end
 
 local function save_lease(id, L)
   LEASES = true
-  redis.call('HSET', KEYS[2], id, lease_record(L))
+  LN = LN + redis.call('HSET', KEYS[1], '#' .. id, lease_record(L))
+  if not XE or L.exp < XE then XE = L.exp end
   index(id, L.exp)
 end
 
@@ -620,7 +698,7 @@ local function drop_lease(id, L, give_back)
   if B.out < 0 then B.out = 0 end
   B.dr = B.dr - L.dr
   if B.dr < 0 then B.dr = 0 end
-  redis.call('HDEL', KEYS[2], id)
+  LN = LN - redis.call('HDEL', KEYS[1], '#' .. id)
   unindex(id)
   LEASES = true
   if give_back and unspent > 0 then
@@ -642,28 +720,41 @@ end
 
 -- expired_few lists the ids of at most max expired leases of a key with
 -- few (see FEWLEASES), read from the records, in the expiry set's order.
+-- Reading the records means reading every field of the bucket hash, so
+-- it is done only once NOW reaches XE, a lower bound of every record's
+-- expiry (each record saved lowers it to its own), and it sets XE to the
+-- earliest expiry of the records it leaves: of a live one, or of an
+-- expired one past max. A call in a lease's life reads the records about
+-- once a lease TTL instead of every time.
 local function expired_few(max)
-  local all = redis.call('HGETALL', KEYS[2])
-  local due = {}
-  for i = 1, #all, 2 do
-    local exp = lease_exp(all[i + 1])
-    if exp <= NOW then due[#due + 1] = { id = all[i], exp = exp } end
-  end
+  if XE and NOW < XE then return {} end
+  local due, low = {}, nil
+  records(function(id, rec)
+    local exp = lease_exp(rec)
+    if exp <= NOW then
+      due[#due + 1] = { id = id, exp = exp }
+    elseif not low or exp < low then
+      low = exp
+    end
+  end)
   table.sort(due, function(a, b)
     if a.exp ~= b.exp then return a.exp < b.exp end
     return id_less(a.id, b.id)
   end)
   local ids = {}
   for i = 1, math.min(max, #due) do ids[i] = due[i].id end
+  if #due > max then low = due[max + 1].exp end
+  XE = low
   return ids
 end
 
 -- reap drops at most max expired leases, oldest first (ties by id, as the
 -- sorted set orders them). Returns leases reaped and tokens given back.
 local function reap(max)
-  if max <= 0 then return 0, 0 end
+  -- No record, nothing to reap (and no need to read the bucket's fields).
+  if max <= 0 or LN == 0 then return 0, 0 end
   local ids
-  local n = redis.call('HLEN', KEYS[2])
+  local n = LN
   if n <= FEWLEASES then
     ids = expired_few(max)
   else
@@ -672,7 +763,7 @@ local function reap(max)
   end
   local back = 0
   for _, id in ipairs(ids) do
-    local rec = redis.call('HGET', KEYS[2], id)
+    local rec = redis.call('HGET', KEYS[1], '#' .. id)
     if rec then
       local d = drop_lease(id, parse_lease(rec), RECLAIM)
       back = back + d
@@ -687,7 +778,7 @@ end
 
 -- own_lease loads an instance's lease, reaping it first when it expired.
 local function own_lease(id)
-  local rec = redis.call('HGET', KEYS[2], id)
+  local rec = redis.call('HGET', KEYS[1], '#' .. id)
   if not rec then return nil end
   local L = parse_lease(rec)
   if L.exp <= NOW then
@@ -834,17 +925,16 @@ local function bucket_ttl(gb, ge)
   return i0(ttl)
 end
 
--- renew_ttls sets the keys' TTLs to ttl: the bucket's, and the lease
--- keys' when this call wrote them or leases hold unspent tokens. Alone
--- (ttl = TTL), it is the region leader's state read of a key on which it
--- changed nothing but the refill (see state.lua): the stored bucket stays
--- as it was, so the next call refills from the stored ts, exactly as if
--- the read had not happened.
+-- renew_ttls sets the keys' TTLs to ttl: the bucket's (its lease records
+-- with it) and the expiry set's, which thus lives exactly as long as the
+-- records it indexes. Alone (ttl = TTL), it is the region leader's state
+-- read of a key on which it changed nothing but the refill (see
+-- state.lua): the stored bucket stays as it was, so the next call refills
+-- from the stored ts, exactly as if the read had not happened.
 local TTL
 local function renew_ttls(ttl)
   redis.call('PEXPIRE', KEYS[1], ttl)
-  if LEASES or B.out > 0 then
-    redis.call('PEXPIRE', KEYS[2], ttl)
+  if LN > FEWLEASES then
     redis.call('PEXPIRE', KEYS[3], ttl)
   end
 end
@@ -864,9 +954,40 @@ local function save_bucket(ttl)
     GEN = GEN + 1
     redis.call('SET', KEYS[6], i0(GEN))
   end
-  redis.call('HSET', KEYS[1], 'tk', f6(B.tk), 'ts', i0(B.ts), 'gr', f17(B.gr), 'gb', f17(B.gb),
-    'ge', i0(B.ge), 'out', i0(B.out), 'adm', i0(B.adm), 'den', i0(B.den), 'gs', i0(B.gs),
-    'dr', i0(B.dr), 'sd', i0(B.sd), 'rm', f17(B.rm))
+  -- n and xe only while there are records: a bucket without leases (the
+  -- strict path, an idle key) keeps no field for them. xe is stored in
+  -- whole ms after ts, rounded down (still a lower bound, and a small
+  -- integer in the listpack), so it is written with every ts.
+  if LN == 0 then XE = nil end
+  -- A field that is 0 and was not stored is left out (it reads as 0): a
+  -- bucket without grant, denials, strict decisions or a fraction keeps
+  -- no field for them. One stored stays, so the hash never needs a
+  -- delete. ts is always written: a hash without it is no bucket.
+  local vals = { f6(B.tk), i0(B.ts), f17(B.gr), f17(B.gb), i0(B.ge), i0(B.out), i0(B.adm), i0(B.den),
+    i0(B.gs), i0(B.dr), i0(B.sd), f17(B.rm) }
+  local nums = { B.tk, 1, B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd, B.rm }
+  local args = {}
+  for i = 1, 12 do
+    if nums[i] ~= 0 or PRESENT[i] then
+      args[#args + 1] = BUCKET_FIELDS[i]
+      args[#args + 1] = vals[i]
+      PRESENT[i] = true
+    end
+  end
+  if XE then
+    XE = B.ts + math.floor((XE - B.ts) / 1000) * 1000
+    args[#args + 1] = 'xe'
+    args[#args + 1] = i0((XE - B.ts) / 1000)
+  end
+  if LN > 0 and LN ~= LN0 then
+    args[#args + 1] = 'n'
+    args[#args + 1] = LN
+  end
+  redis.call('HSET', KEYS[1], unpack(args))
+  if LN == 0 and LN0 > 0 then redis.call('HDEL', KEYS[1], 'n') end
+  if not XE and XE0 then redis.call('HDEL', KEYS[1], 'xe') end
+  LN0 = LN
+  XE0 = XE
   renew_ttls(ttl)
 end
 
@@ -979,7 +1100,7 @@ local function begin(keys, argv)
   TTL = bucket_ttl(B.gb, B.ge)
   -- A missing bucket (no grant) at a static cap of 0 that is a share
   -- awaited, with no lease record: the call holds the key.
-  HOLD = AWAIT and B.missing and SB == 0 and redis.call('HLEN', KEYS[2]) == 0
+  HOLD = AWAIT and B.missing and SB == 0 and LN == 0
 end
 
 -- gen_reply appends the data set's generation after the call and reborn
@@ -1117,7 +1238,7 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     L.lg = granted
     save_lease(id, L)
     if retry > 0 then
-      local gb = giveback_ms(min, L, redis.call('HLEN', KEYS[2]))
+      local gb = giveback_ms(min, L, LN)
       if gb >= 0 and gb < retry then retry = gb end
     end
   else
@@ -1133,7 +1254,7 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     cand_check()
     save_held()
   end
-  local live = redis.call('HLEN', KEYS[2])
+  local live = LN
   return gen_reply({ granted, ttl, math.floor(B.tk), retry, f17(rate_now()), f17(cap_now()), live, reset_ms(), NOW, dup, RECLAIMED, conflict, back })
 end
 

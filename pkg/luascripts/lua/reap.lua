@@ -13,4 +13,4 @@
 local n, back = reap(REAPMAX)
 -- Reaping can only undo: a key with no bucket stays without one.
 if not B.missing or LEASES then save_bucket() end
-return gen_reply({ n, back, redis.call('HLEN', KEYS[2]), NOW })
+return gen_reply({ n, back, LN, NOW })
