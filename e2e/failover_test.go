@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
+	"github.com/sluicehq/sluice/internal/stallmeter"
 	"github.com/sluicehq/sluice/pkg/quota"
 )
 
@@ -50,16 +51,16 @@ func TestGlobalLeaderFailover(t *testing.T) {
 	// wall time it was denied the CPU, as its timers measure it, is
 	// added to the budget, so a starved run is judged on the time it
 	// had and a quiet one exactly as before.
-	stalls := meterStalls(t)
+	stalls := stallmeter.Start(t)
 	killed := time.Now()
 	leader.Kill()
 	for !standby.Daemon().IsLeader() {
-		if time.Since(killed) > ttl+epoch+2*time.Second+stalls.total() {
-			t.Fatalf("standby not leading %v after the leader died (%v of it stalled)", time.Since(killed), stalls.total())
+		if time.Since(killed) > ttl+epoch+2*time.Second+stalls.Total() {
+			t.Fatalf("standby not leading %v after the leader died (%v of it stalled)", time.Since(killed), stalls.Total())
 		}
 		time.Sleep(10 * time.Millisecond) // polling leadership with a deadline
 	}
-	took, stalled := time.Since(killed), stalls.stop()
+	took, stalled := time.Since(killed), stalls.Stop()
 	t.Logf("standby leads %v after the kill (session TTL %v + epoch %v; this process stalled %v meanwhile)", took, ttl, epoch, stalled)
 	if took > ttl+epoch+time.Second+stalled {
 		t.Errorf("failover took %v, want within TTL + epoch (+1s: etcd checks lease expiry every 500ms, and scheduling; +%v this process stalled)", took, stalled)
@@ -253,7 +254,7 @@ func TestConfigChangesThroughSluicectl(t *testing.T) {
 	}
 	// Two epochs of 1s, and the wall time this process (etcd and every
 	// region's watcher run in it) was denied the CPU meanwhile.
-	stalls := meterStalls(t)
+	stalls := stallmeter.Start(t)
 	applied := time.Now()
 	var moved atomic.Bool
 	for !moved.Load() {
@@ -265,10 +266,10 @@ func TestConfigChangesThroughSluicectl(t *testing.T) {
 			moved.Store(true)
 			break
 		}
-		if time.Since(applied) > 2*time.Second+stalls.total() {
-			t.Fatalf("tenant move not live everywhere within two epochs (and the %v this process stalled): %v", stalls.total(), tierEverywhere())
+		if time.Since(applied) > 2*time.Second+stalls.Total() {
+			t.Fatalf("tenant move not live everywhere within two epochs (and the %v this process stalled): %v", stalls.Total(), tierEverywhere())
 		}
 		time.Sleep(10 * time.Millisecond) // polling the live config with a deadline
 	}
-	t.Logf("tenant move live in every region %v after apply (this process stalled %v)", time.Since(applied), stalls.stop())
+	t.Logf("tenant move live in every region %v after apply (this process stalled %v)", time.Since(applied), stalls.Stop())
 }

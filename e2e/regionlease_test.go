@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
+	"github.com/sluicehq/sluice/internal/stallmeter"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/luascripts"
@@ -277,7 +278,7 @@ func waitRates(t *testing.T, c *devcluster.Cluster, key quota.Key, clock string,
 // this process (every daemon of the deployment) was denied the CPU since
 // from, as stalls measures it: a deadline that guards against a change
 // that never comes, for a change judgeBudget judges with the same stalls.
-func waitRatesStalled(t *testing.T, c *devcluster.Cluster, key quota.Key, clock string, deadline time.Time, stalls *stallMeter, from time.Time, what string,
+func waitRatesStalled(t *testing.T, c *devcluster.Cluster, key quota.Key, clock string, deadline time.Time, stalls *stallmeter.Meter, from time.Time, what string,
 	ok func(map[string]float64) bool, regions ...string) (time.Time, map[string]float64) {
 	t.Helper()
 	for {
@@ -299,7 +300,7 @@ func waitRatesStalled(t *testing.T, c *devcluster.Cluster, key quota.Key, clock 
 		}
 		var stalled time.Duration
 		if stalls != nil {
-			stalled = stalls.since(from)
+			stalled = stalls.Since(from)
 		}
 		if before.After(deadline.Add(stalled)) {
 			dumpStatus(t, c)
@@ -588,7 +589,7 @@ func TestRegionDownSurvivorsTakeItsShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e0, stalls := leaderEpoch(t, c), meterStalls(t)
+	e0, stalls := leaderEpoch(t, c), stallmeter.Start(t)
 	var kills sync.WaitGroup
 	for _, rep := range c.Regions["eu-west"].Replicas {
 		kills.Go(rep.Kill)
@@ -622,7 +623,7 @@ func TestRegionDownSurvivorsTakeItsShare(t *testing.T) {
 	epochs, counted := epochsSince(t, c, e0)
 	t.Logf("survivors at %.1f/s (%v) %v and %d allocator epochs after eu-west died (budget %v = %d epochs; lapse after %v of silence)",
 		sum(rs), rs, recovered, epochs, budget, budgetEpochs, lt.lapse)
-	judgeBudget(t, c, lt, "survivors reaching 97% of r after the death", recovered, epochs, counted, budget, stalls.since(death))
+	judgeBudget(t, c, lt, "survivors reaching 97% of r after the death", recovered, epochs, counted, budget, stalls.Since(death))
 	if st := leaderStatus(t, c); st != nil {
 		for _, rg := range st.Regions {
 			if rg.Region == "eu-west" {
@@ -706,7 +707,7 @@ func TestLongPartitionHealsWithoutOverAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e0, stalls := leaderEpoch(t, c), meterStalls(t)
+	e0, stalls := leaderEpoch(t, c), stallmeter.Start(t)
 	// eu-west's own static lease ends region_lease after the send time of
 	// its last answered report (before the cut), its grants validity after
 	// it: from then on it runs on its floor.
@@ -719,7 +720,7 @@ func TestLongPartitionHealsWithoutOverAdmission(t *testing.T) {
 		func(m map[string]float64) bool { return sum(m) >= 0.97*(r-floor) }, "us-east", "ap-south")
 	epochs, counted := epochsSince(t, c, e0)
 	t.Logf("us-east + ap-south at %.1f/s (%v) %v and %d allocator epochs after the cut", sum(rs), rs, at.Sub(cut), epochs)
-	judgeBudget(t, c, lt, "the others taking eu-west's share after the cut", at.Sub(cut), epochs, counted, moveBudget, stalls.since(cut))
+	judgeBudget(t, c, lt, "the others taking eu-west's share after the cut", at.Sub(cut), epochs, counted, moveBudget, stalls.Since(cut))
 	if st := leaderStatus(t, c); st != nil {
 		for _, rg := range st.Regions {
 			if rg.Region == "eu-west" && rg.State != "lapsed" {
@@ -793,7 +794,7 @@ func TestDrainAndRestoreThroughSluicectl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e0, stalls := leaderEpoch(t, c), meterStalls(t)
+	e0, stalls := leaderEpoch(t, c), stallmeter.Start(t)
 	floor := floorRate(t, cfg, "eu-west", key)
 	// The drained region is granted at most its floor from the global
 	// tier's next answer; the others get its share once its grants
@@ -805,7 +806,7 @@ func TestDrainAndRestoreThroughSluicectl(t *testing.T) {
 		}, leaseRegions...)
 	epochs, counted := epochsSince(t, c, e0)
 	t.Logf("drained: %v %v and %d allocator epochs after the write (budget %v)", rs, at.Sub(drained), epochs, budget)
-	judgeBudget(t, c, lt, "eu-west's share going to the others after the drain", at.Sub(drained), epochs, counted, budget, stalls.since(drained))
+	judgeBudget(t, c, lt, "eu-west's share going to the others after the drain", at.Sub(drained), epochs, counted, budget, stalls.Since(drained))
 	// eu-west stays on its floor, though its users keep asking, past the
 	// expiry of every grant issued before the drain. (What the others use
 	// meanwhile follows their demand readings, which a starved load
