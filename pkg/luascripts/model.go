@@ -283,20 +283,20 @@ func (o *op) loadBucket() {
 var bucketFields = [12]string{"t", "ts", "gr", "gb", "ge", "out", "adm", "den", "gs", "dr", "sd", "rm"}
 
 const (
+	fieldTS  = 1
 	fieldDen = 7
 	fieldSD  = 10
 )
 
-// fieldValues are b's twelve fields as save_bucket writes them, and
-// whether each is 0 (ts never counts as 0: it is always written).
-func (b *modelBucket) fieldValues() (vals [12]string, zero [12]bool) {
-	vals = [12]string{f6(b.tk), i0(b.ts), f17(b.gr), f17(b.gb), i0(b.ge), i0(b.out), i0(b.adm), i0(b.den),
+// fields are b's twelve numbers in bucketFields' order.
+func (b *modelBucket) fields() [12]float64 {
+	return [12]float64{b.tk, b.ts, b.gr, b.gb, b.ge, b.out, b.adm, b.den, b.gs, b.dr, b.sd, b.rm}
+}
+
+// fieldValues are b's twelve fields as save_bucket writes them.
+func (b *modelBucket) fieldValues() [12]string {
+	return [12]string{f6(b.tk), i0(b.ts), f17(b.gr), f17(b.gb), i0(b.ge), i0(b.out), i0(b.adm), i0(b.den),
 		i0(b.gs), i0(b.dr), i0(b.sd), f17(b.rm)}
-	nums := [12]float64{b.tk, 1, b.gr, b.gb, b.ge, b.out, b.adm, b.den, b.gs, b.dr, b.sd, b.rm}
-	for i, x := range nums {
-		zero[i] = x == 0
-	}
-	return vals, zero
 }
 
 func (o *op) credit(dt, r float64) {
@@ -591,9 +591,8 @@ func (o *op) save() {
 		// Stored in whole ms after ts, rounded down (lib.lua's save_bucket).
 		b.xe = b.ts + math.Floor((b.xe-b.ts)/1000)*1000
 	}
-	_, zero := b.fieldValues()
-	for i, z := range zero {
-		if !z {
+	for i, x := range b.fields() {
+		if x != 0 || i == fieldTS { // ts is always written
 			b.stored |= 1 << i
 		}
 	}
@@ -1019,8 +1018,7 @@ func (m *Model) Snapshot() map[string]map[string]string {
 			continue
 		}
 		h := map[string]string{}
-		vals, _ := b.fieldValues()
-		for i, v := range vals {
+		for i, v := range b.fieldValues() {
 			if b.stored&(1<<i) != 0 {
 				h[bucketFields[i]] = v
 			}

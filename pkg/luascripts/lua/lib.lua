@@ -289,6 +289,8 @@ local LN, LN0, XE, XE0
 -- stored when the call loaded it.
 local PRESENT = {}
 local BUCKET_FIELDS = { 't', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm' }
+-- BUCKET_FORMATS formats each field as it is stored.
+local BUCKET_FORMATS = { f6, i0, f17, f17, i0, i0, i0, i0, i0, i0, i0, f17 }
 
 local function grant_valid(t) return B.ge > t end
 local function rate_now() if grant_valid(NOW) then return B.gr end return SR end
@@ -963,14 +965,12 @@ local function save_bucket(ttl)
   -- bucket without grant, denials, strict decisions or a fraction keeps
   -- no field for them. One stored stays, so the hash never needs a
   -- delete. ts is always written: a hash without it is no bucket.
-  local vals = { f6(B.tk), i0(B.ts), f17(B.gr), f17(B.gb), i0(B.ge), i0(B.out), i0(B.adm), i0(B.den),
-    i0(B.gs), i0(B.dr), i0(B.sd), f17(B.rm) }
-  local nums = { B.tk, 1, B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd, B.rm }
+  local nums = { B.tk, B.ts, B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd, B.rm }
   local args = {}
   for i = 1, 12 do
-    if nums[i] ~= 0 or PRESENT[i] then
+    if i == 2 or nums[i] ~= 0 or PRESENT[i] then
       args[#args + 1] = BUCKET_FIELDS[i]
-      args[#args + 1] = vals[i]
+      args[#args + 1] = BUCKET_FORMATS[i](nums[i])
       PRESENT[i] = true
     end
   end
