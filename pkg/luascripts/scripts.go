@@ -5,6 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"strconv"
 	"strings"
@@ -338,7 +339,7 @@ func New() *Scripts { return NewWith(NewGenerations()) }
 // NewWith is New sharing g, the view of the data sets' generations, with
 // other Scripts of the process (a restart guard's).
 func NewWith(g *Generations) *Scripts {
-	s := build(false)
+	s := build(embedded, false)
 	s.gens = g
 	return s
 }
@@ -347,7 +348,13 @@ func NewWith(g *Generations) *Scripts {
 // generation.
 func (s *Scripts) Generations() *Generations { return s.gens }
 
-func build(virtual bool) *Scripts {
+// embedded is the scripts this package ships.
+var embedded = mustSub(luaFS, "lua")
+
+// build makes the scripts of fsys (embedded, or in tests another
+// version's, to run beside them).
+func build(fsys fs.FS, virtual bool) *Scripts {
+	mustRead := func(name string) string { return mustRead(fsys, name) }
 	clock := mustRead("clock.lua")
 	if virtual {
 		// The test twin reads now (µs) from the last ARGV instead of TIME:
@@ -395,12 +402,20 @@ func (s *Scripts) args(k Keys, cm Common, extra ...any) []any {
 	return a
 }
 
-func mustRead(name string) string {
-	b, err := luaFS.ReadFile("lua/" + name)
+func mustRead(fsys fs.FS, name string) string {
+	b, err := fs.ReadFile(fsys, name)
 	if err != nil {
-		panic("luascripts: embedded file missing: " + name) // build-time invariant
+		panic("luascripts: script file missing: " + name) // build-time invariant
 	}
 	return string(b)
+}
+
+func mustSub(fsys fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(fsys, dir)
+	if err != nil {
+		panic("luascripts: " + err.Error()) // build-time invariant
+	}
+	return sub
 }
 
 // Load preloads every script into the server's script cache (optional:

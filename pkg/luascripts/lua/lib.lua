@@ -146,9 +146,11 @@
 -- anything else, so the key is in this layout whatever the call does
 -- next (its TTL stays the bucket's, which outlives the old lease hash).
 -- Older scripts read the tokens from 'tk' and fail on a bucket of this
--- layout (tonumber(nil) in arithmetic: an error before any write), so
+-- layout (a nil in refill's arithmetic: an error before any write), so
 -- during a rolling upgrade an old replica's call on a key a new one wrote
--- changes nothing, and the instance retries through another replica.
+-- changes nothing, and the instance retries through another replica
+-- (upgrade_test.go runs the older scripts, testdata/older-layout, beside
+-- these).
 --
 -- Deadline. The caller chose the static share (or the floor) it passes,
 -- and set_rate's grant, from its clock, for a script that runs within its

@@ -1,0 +1,17 @@
+-- clock.lua: the only clock the scripts read.
+-- KEYS and ARGV are those of the key a call works on: the script's own,
+-- or one key's share of a batch's (lib.lua's begin sets them per key).
+local KEYS, ARGV = KEYS, ARGV
+-- Redis TIME (server wall clock, microseconds). Every instance and replica
+-- of the regional service shares this clock, so client clock skew never
+-- enters the bucket maths.
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- argc is how many arguments the caller passed for the key (the test twin
+-- appends its virtual clock after them): the rise, the floor's rate and
+-- burst, the share's fill time, the share awaited, the generation seen,
+-- the deadline and the candidate arguments (lib.lua) are the last nine.
+local function argc() return #ARGV end
+local ARGC = argc()

@@ -1,0 +1,27 @@
+-- sync.lua: one key of an instance's periodic Sync. Books the report's
+-- cumulative totals against the lease (exactly once, see lib.lua), takes
+-- back the tokens the instance returned, debits a new batch and extends the
+-- lease by a full TTL.
+--
+-- KEYS[1..6]  bucket hash, lease hash, expiry zset, born sentinel, candidate
+--             set, generation (see lib.lua)
+-- ARGV[1..7]  common (see lib.lua); the last nine: the rise and the
+--             floor's rate and burst, the share's fill time, share awaited, generation seen, deadline, candidate
+--             member and mark interval (see lib.lua)
+-- ARGV[8]     instance id
+-- ARGV[9]     incarnation (decimal string)
+-- ARGV[10]    lease number (the seq of the lease's first report)
+-- ARGV[11]    seq
+-- ARGV[12]    used: tokens admitted since the lease began (cumulative)
+-- ARGV[13]    denied since the lease began (cumulative)
+-- ARGV[14]    returned: unused tokens given back since the lease began
+--             (cumulative)
+-- ARGV[15]    want (tokens)
+-- ARGV[16]    min (tokens)
+-- ARGV[17]    create: '1' may open a lease; '0' only books an existing one
+--             (a class that is strict now)
+-- ARGV[18]    built: when the instance built the report, µs on its own
+--             clock ('0' = not given; see apply_usage)
+-- Reply: as lease_op (lib.lua)
+return lease_op(ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]),
+  tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), ARGV[17] == '1', tonumber(ARGV[18]))
