@@ -673,7 +673,8 @@ func (s *Server) observe(method string, start time.Time, err *error) {
 // A context error while the caller still waits is the server's own bound
 // on Redis running out (RedisTimeout on a batch, the client's timeouts): a
 // Redis that does not answer, counted as a Redis error and answered as
-// one (Unavailable), never as the caller's DeadlineExceeded. A script
+// one (reply.RedisFailedStatus: Unavailable, saying the service
+// answered), never as the caller's DeadlineExceeded. A script
 // that ran after its deadline (luascripts.ErrTooLate: the static lease it
 // was handed its share under had ended) is a Redis that did not answer in
 // time too, and answered the same way.
@@ -690,8 +691,9 @@ func (s *Server) observeScript(ctx context.Context, script string, start time.Ti
 				"failed_unlogged", leftOut)
 		}
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, luascripts.ErrTooLate) {
-			return fmt.Errorf("redis did not answer the %s script in time: %v", script, err)
+			return &redisFailure{fmt.Errorf("redis did not answer the %s script in time: %v", script, err)}
 		}
+		return &redisFailure{err}
 	}
 	return err
 }
@@ -728,6 +730,8 @@ func toStatus(err error) error {
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
+	case isRedisFailure(err):
+		return reply.RedisFailedStatus(err)
 	default:
 		return status.Error(codes.Unavailable, err.Error())
 	}
