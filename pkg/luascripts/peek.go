@@ -1,8 +1,17 @@
 package luascripts
 
-// Peeking reads what a Model stores without running a script: no refill,
-// no reaping, no TTL refresh. The simulator's oracle judges the scripts'
-// results through it after every call, which must not change them.
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Peeking reads what a Model (or, ReadGrant, a Redis) stores without
+// running a script: no refill, no reaping, no TTL refresh. The
+// simulator's oracle judges the scripts' results through it after every
+// call, which must not change them.
 
 // Peek is a key's bucket as stored.
 type Peek struct {
@@ -45,4 +54,44 @@ func (m *Model) PeekLease(k Keys, instance string) (LeaseRecord, bool) {
 		WindowStartUS: int64(l.lt), WindowDemand: l.pd, DemandRate: l.dr / 1000,
 		AppliedUsed: l.au, AppliedDenied: l.ad, AppliedReturned: l.ar, Lease: uint64(l.le), Incarnation: l.inc,
 		Fingerprint: true}, true
+}
+
+// StoredGrant is a key's grant as set_rate stored it in the bucket: rate
+// (tokens/s), burst cap (tokens), expiry (Redis time, µs) and fence (µs:
+// when the region sent the report the grant answers; set_rate refuses a
+// grant whose fence is below the one stored).
+type StoredGrant struct {
+	Rate, Burst       float64
+	ExpiryUS, FenceUS int64
+}
+
+// ReadGrant reads k's stored grant from Redis without running a script;
+// ok is false when k has no bucket or its bucket never held a grant. What
+// it reads may be expired: compare ExpiryUS with Redis time.
+func ReadGrant(ctx context.Context, c redis.Cmdable, k Keys) (g StoredGrant, ok bool, err error) {
+	// The fields as lib.lua's BUCKET_FIELDS names them; one left out is 0.
+	vals, err := c.HMGet(ctx, k.Bucket, "ts", "gr", "gb", "ge", "gs").Result()
+	if err != nil {
+		return g, false, fmt.Errorf("read grant of %s: %w", k.Bucket, err)
+	}
+	if vals[0] == nil {
+		return g, false, nil
+	}
+	var nums [4]float64
+	for i, v := range vals[1:] {
+		s, isStr := v.(string)
+		if v == nil {
+			continue
+		}
+		if !isStr {
+			return g, false, fmt.Errorf("%w: %s field %d of the grant is %T", ErrReply, k.Bucket, i+1, v)
+		}
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return g, false, fmt.Errorf("%w: %s grant field %d %q: %v", ErrReply, k.Bucket, i+1, s, err)
+		}
+		nums[i] = x
+	}
+	g = StoredGrant{Rate: nums[0], Burst: nums[1], ExpiryUS: int64(nums[2]), FenceUS: int64(nums[3])}
+	return g, g.ExpiryUS > 0, nil
 }
