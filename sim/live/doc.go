@@ -71,10 +71,13 @@
 // delivered to the global tier twice (a differing answer fails invariant
 // 5), and isolated instances, whose leases are read from Redis each epoch
 // so that what a reaped one gave back unreported counts as ε
-// (isolate.go). Latency between two regions has no path to act on here
-// and is skipped, as are stale leaders (an in-process leader cannot be
-// paused): the fault list names each as skipped at its time, and no
-// recovery is measured after it (Skipped).
+// (isolate.go). A stale leader cannot be frozen in process: it is killed
+// after its installed grants are read from Redis, and its wake is played
+// by installing them again through set_rate, planned by a live replica
+// (stale.go); Redis must refuse each one a newer leader superseded, which
+// the oracle's grant order check judges. Latency between two regions has
+// no path to act on here and is skipped: the fault list names it as
+// skipped at its time, and no recovery is measured after it (Skipped).
 //
 // # Whether the machine kept up
 //

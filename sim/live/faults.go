@@ -66,15 +66,14 @@ func Skipped(f scenario.Fault) string {
 	switch f.Kind {
 	case scenario.FaultInstanceCrash, scenario.FaultInstanceStop, scenario.FaultGlobalLeaderLoss, scenario.FaultRegionLeaderLoss,
 		scenario.FaultEtcdDown, scenario.FaultPartition, scenario.FaultLoss, scenario.FaultRedisRestart, scenario.FaultRegionDown,
-		scenario.FaultReplyLoss, scenario.FaultReportReplay, scenario.FaultRegionReportReplay, scenario.FaultInstanceIsolate:
+		scenario.FaultReplyLoss, scenario.FaultReportReplay, scenario.FaultRegionReportReplay, scenario.FaultInstanceIsolate,
+		scenario.FaultStaleLeader:
 		return ""
 	case scenario.FaultLatency:
 		if f.Peer != scenario.GlobalPeer {
 			return "live mode injects faults only between a region and the global tier"
 		}
 		return ""
-	case scenario.FaultStaleLeader:
-		return "an in-process region leader cannot be paused; the virtual simulator injects stale leaders"
 	}
 	return "not supported in live mode"
 }
@@ -158,6 +157,9 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 				fmt.Fprintf(d.log, "live: replacing the region leader of %s: %v\n", r.name, err)
 			}
 		}()
+	case scenario.FaultStaleLeader:
+		label += d.staleLeader(ctx, r, lasting)
+		until = lasting
 	case scenario.FaultEtcdDown:
 		d.c.StopEtcd()
 		d.after(ctx, lasting, func() {
