@@ -14,7 +14,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
-	"github.com/sluicehq/sluice/pkg/regional/reply"
+	"github.com/sluicehq/sluice/pkg/regional/rpcerr"
 )
 
 // leaseCmd takes one lease from a regional service and prints the grant:
@@ -180,7 +180,7 @@ func (a *app) rpcFailure(ctx context.Context, what, addr, class string, err erro
 		// (removed), so it has nothing to decide with.
 		return exitf(exitNotFound, "%s refused: %s", what, st.Message())
 	}
-	if reply.RedisFailed(err) {
+	if rpcerr.RedisFailed(err) {
 		// The service answered: it is its Redis that failed the call.
 		return exitf(exitUnreachable, "%s via %s failed: the regional service answered, but its Redis failed the call: %s (see docs/operations.md, \"Regional Redis down\")", what, addr, st.Message())
 	}

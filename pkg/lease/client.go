@@ -19,6 +19,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regional/rpcerr"
 )
 
 // Options configures a Client.
@@ -506,7 +507,8 @@ func slowAnswer(cause error) bool {
 // by its on_failure policy for cause. A request whose answer was only late
 // is logged at info as such; the region found unreachable (an error, or
 // the breaker open after consecutive failures: a hung region is slow
-// first) is logged at warn, also when the episode began as slow.
+// first) is logged at warn, also when the episode began as slow, saying
+// so when the region answered that its Redis failed (rpcerr).
 func (c *Client) noteDegradedDecision(cause error) {
 	level := loggedUnreachable
 	if slowAnswer(cause) && !c.breaker.Open() {
@@ -530,6 +532,12 @@ func (c *Client) noteDegradedDecision(cause error) {
 	}
 	if level == loggedSlow {
 		c.log.Info("lease: regional service slow to answer, deciding with on_failure policies (degraded mode)",
+			"keys", n, "cause", errString(cause))
+		return
+	}
+	if rpcerr.RedisFailed(cause) {
+		// The region answered: it is its Redis that fails the calls.
+		c.log.Warn("lease: regional service answers that its Redis fails, deciding with on_failure policies (degraded mode)",
 			"keys", n, "cause", errString(cause))
 		return
 	}

@@ -3,7 +3,7 @@ package regional
 import "errors"
 
 // redisFailure is a Redis failure answered to a caller (observeScript):
-// toStatus answers it as reply.RedisFailedStatus, Unavailable with an
+// toStatus answers it as rpcerr.RedisFailedStatus, Unavailable with an
 // ErrorInfo saying the service answered and its Redis failed. Its message
 // is the failure's.
 type redisFailure struct{ err error }

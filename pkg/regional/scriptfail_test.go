@@ -14,13 +14,13 @@ import (
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
-	"github.com/sluicehq/sluice/pkg/regional/reply"
+	"github.com/sluicehq/sluice/pkg/regional/rpcerr"
 )
 
 // TestScriptFailuresMapToTheirCodes: each LeaseService call answers a
 // failed script with a status an instance can act on: Unavailable when
 // the script fails in Redis (here its key's bucket holds a value of
-// another type), saying so (reply.RedisFailed: the service answered),
+// another type), saying so (rpcerr.RedisFailed: the service answered),
 // counted as a Redis error of its script; Canceled or
 // DeadlineExceeded when the caller gave up first, not counted as a Redis
 // error.
@@ -61,11 +61,11 @@ func TestScriptFailuresMapToTheirCodes(t *testing.T) {
 	expired, cancelExpired := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancelExpired()
 	for _, c := range calls {
-		if err := c.call(canceled); status.Code(err) != codes.Canceled || reply.RedisFailed(err) {
-			t.Errorf("%s by a caller gone: %v (Redis failed: %v), want Canceled", c.script, err, reply.RedisFailed(err))
+		if err := c.call(canceled); status.Code(err) != codes.Canceled || rpcerr.RedisFailed(err) {
+			t.Errorf("%s by a caller gone: %v (Redis failed: %v), want Canceled", c.script, err, rpcerr.RedisFailed(err))
 		}
-		if err := c.call(expired); status.Code(err) != codes.DeadlineExceeded || reply.RedisFailed(err) {
-			t.Errorf("%s by a caller past its deadline: %v (Redis failed: %v), want DeadlineExceeded", c.script, err, reply.RedisFailed(err))
+		if err := c.call(expired); status.Code(err) != codes.DeadlineExceeded || rpcerr.RedisFailed(err) {
+			t.Errorf("%s by a caller past its deadline: %v (Redis failed: %v), want DeadlineExceeded", c.script, err, rpcerr.RedisFailed(err))
 		}
 		if n := redisErrors(c.script); n != 0 {
 			t.Errorf("%s: a caller giving up counted %v Redis errors", c.script, n)
@@ -84,7 +84,7 @@ func TestScriptFailuresMapToTheirCodes(t *testing.T) {
 		}
 	}
 	for _, c := range calls {
-		if err := c.call(context.Background()); status.Code(err) != codes.Unavailable || !reply.RedisFailed(err) {
+		if err := c.call(context.Background()); status.Code(err) != codes.Unavailable || !rpcerr.RedisFailed(err) {
 			t.Errorf("%s failing in Redis: %v, want Unavailable saying Redis failed", c.script, err)
 		}
 		if n := redisErrors(c.script); n != 1 {
@@ -137,7 +137,7 @@ func TestRedisThatStopsAnsweringIsAnOutage(t *testing.T) {
 		if callerDone != nil {
 			t.Fatalf("%s: the caller's hour ran out", c.script)
 		}
-		if got := status.Code(err); got != codes.Unavailable || !reply.RedisFailed(err) {
+		if got := status.Code(err); got != codes.Unavailable || !rpcerr.RedisFailed(err) {
 			t.Errorf("%s against a Redis that does not answer: %v (%v), want Unavailable saying Redis failed", c.script, got, err)
 		}
 		if n := metrictest.Series(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": c.script}); n != 1 {

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional/reply"
+	"github.com/sluicehq/sluice/pkg/regional/rpcerr"
 	"github.com/sluicehq/sluice/pkg/regionsync"
 	"github.com/sluicehq/sluice/pkg/shard"
 )
@@ -673,7 +674,7 @@ func (s *Server) observe(method string, start time.Time, err *error) {
 // A context error while the caller still waits is the server's own bound
 // on Redis running out (RedisTimeout on a batch, the client's timeouts): a
 // Redis that does not answer, counted as a Redis error and answered as
-// one (reply.RedisFailedStatus: Unavailable, saying the service
+// one (rpcerr.RedisFailedStatus: Unavailable, saying the service
 // answered), never as the caller's DeadlineExceeded. A script
 // that ran after its deadline (luascripts.ErrTooLate: the static lease it
 // was handed its share under had ended) is a Redis that did not answer in
@@ -731,7 +732,7 @@ func toStatus(err error) error {
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case isRedisFailure(err):
-		return reply.RedisFailedStatus(err)
+		return rpcerr.RedisFailedStatus(err)
 	default:
 		return status.Error(codes.Unavailable, err.Error())
 	}

@@ -1,17 +1,12 @@
 // Package reply maps between the LeaseService's wire messages and the
 // scripts' inputs and replies: how a region turns a script's reply into
-// the Grant or CheckResponse an instance receives, and the status of a
-// call its Redis failed (RedisFailedStatus). It does no I/O, so the
+// the Grant or CheckResponse an instance receives. It does no I/O, so the
 // regional service (pkg/regional) and the simulator (sim/world) answer
 // with exactly the same fields.
 package reply
 
 import (
 	"time"
-
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -83,40 +78,3 @@ func Check(res config.Resolved, cr luascripts.CheckReply, unleased bool) *sluice
 // DefaultRedisTimeout is the regional daemon's default bound on one Redis
 // call (regional.DaemonOptions.RedisTimeout).
 const DefaultRedisTimeout = 500 * time.Millisecond
-
-// Reason and domain of the errdetails.ErrorInfo a regional service
-// attaches to an Unavailable answer when its Redis failed the call (an
-// error, or no answer within the service's own bound): the service itself
-// answered. A caller tells it from a service it could not reach at all
-// with RedisFailed; both are Unavailable, and an instance decides either
-// by on_failure.
-const (
-	ErrorDomain       = "sluice.regional"
-	ReasonRedisFailed = "REDIS_FAILED"
-)
-
-// RedisFailedStatus is the answer to a call whose Redis failed with err:
-// Unavailable, err's message, and the ErrorInfo above.
-func RedisFailedStatus(err error) error {
-	st := status.New(codes.Unavailable, err.Error())
-	if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: ErrorDomain, Reason: ReasonRedisFailed}); derr == nil {
-		st = d
-	}
-	return st.Err()
-}
-
-// RedisFailed reports whether err is a regional service's answer that its
-// Redis failed the call (RedisFailedStatus): the service was reached and
-// answered.
-func RedisFailed(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok || st.Code() != codes.Unavailable {
-		return false
-	}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain && info.GetReason() == ReasonRedisFailed {
-			return true
-		}
-	}
-	return false
-}
