@@ -1,12 +1,3 @@
-// Package rpcerr is what a regional service's error answers say beyond
-// their gRPC code: an ErrorInfo (google.rpc.ErrorInfo, domain
-// ErrorDomain) naming the cause, so that a caller can tell a service it
-// reached whose Redis failed from one it could not reach (both
-// Unavailable). It depends on gRPC's status types only, so the lease
-// client, sluicectl and the service share it (docs/architecture.md,
-// "Errors map to gRPC codes at the edges").
-//
-// Nothing here is safe or unsafe for concurrent use: it has no state.
 package rpcerr
 
 import (
