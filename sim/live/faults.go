@@ -147,16 +147,7 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 			break
 		}
 		label += " " + rep.Addr()
-		rep.Kill()
-		// A replacement starts where the old one ran (a new pod behind the
-		// same Service); it campaigns behind the surviving replica.
-		d.faultJobs.Add(1)
-		go func() {
-			defer d.faultJobs.Done()
-			if err := r.restartReplica(ctx, rep); err != nil && ctx.Err() == nil {
-				fmt.Fprintf(d.log, "live: replacing the region leader of %s: %v\n", r.name, err)
-			}
-		}()
+		d.killLeader(ctx, r, rep)
 	case scenario.FaultStaleLeader:
 		label += d.staleLeader(ctx, r, lasting)
 		until = lasting
@@ -256,6 +247,21 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 		return
 	}
 	d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.Fault(now, now+until, label) })
+}
+
+// killLeader kills rep, region r's leader, as a crash does: its session
+// lapses and the other replica takes over. A replacement starts where it
+// ran (a new pod behind the same Service) and campaigns behind the
+// surviving replica.
+func (d *deployment) killLeader(ctx context.Context, r *liveRegion, rep *devcluster.RegionalReplica) {
+	rep.Kill()
+	d.faultJobs.Add(1)
+	go func() {
+		defer d.faultJobs.Done()
+		if err := r.restartReplica(ctx, rep); err != nil && ctx.Err() == nil {
+			fmt.Fprintf(d.log, "live: replacing the region leader of %s: %v\n", r.name, err)
+		}
+	}()
 }
 
 // regionDown kills region r whole, as virtual mode's region-down does:

@@ -49,14 +49,7 @@ func (d *deployment) staleLeader(ctx context.Context, r *liveRegion, lasting tim
 			last = append(last, staleGrant{key: key, grant: g})
 		}
 	}
-	rep.Kill()
-	d.faultJobs.Add(1)
-	go func() {
-		defer d.faultJobs.Done()
-		if err := r.restartReplica(ctx, rep); err != nil && ctx.Err() == nil {
-			fmt.Fprintf(d.log, "live: replacing the stale leader of %s: %v\n", r.name, err)
-		}
-	}()
+	d.killLeader(ctx, r, rep)
 	d.after(ctx, lasting, func() {
 		applied, refused, failed := d.installStale(ctx, r, last)
 		fmt.Fprintf(d.log, "live: the stale leader of %s woke and installed its %d grants again: %d refused as older than the newer leader's, %d taken (the same grant again), %d failed\n",
