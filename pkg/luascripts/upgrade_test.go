@@ -26,7 +26,8 @@ import (
 func olderScripts() *Scripts { return build(os.DirFS("testdata/older-layout"), true) }
 
 // upgradeOps are the calls a replica makes on a key, named, for one
-// version of the scripts. id names the reporting instance.
+// version of the scripts: instances a and i0 report on leases the test
+// may have opened, z is new to every key.
 func upgradeOps(ctx context.Context, sc *Scripts, rdb *redis.Client, k Keys, c Common, nowUS int64) map[string]func() error {
 	rep := func(id string, seq uint64, want int64) Report {
 		return Report{Instance: id, Incarnation: 7, Lease: 1, Seq: seq, Want: want, Min: 1, Used: 1}
