@@ -37,8 +37,11 @@ type load struct {
 	total    atomic.Int64
 	degraded atomic.Int64
 	attempts atomic.Int64
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	// onFailure counts every decision the class's on_failure policy made,
+	// admitted or denied.
+	onFailure atomic.Int64
+	stop      chan struct{}
+	wg        sync.WaitGroup
 }
 
 func startLoad(t *testing.T, c *devcluster.Cluster, key quota.Key, refresh time.Duration, workers int) *load {
@@ -97,6 +100,7 @@ func (l *load) work(region string, c *lease.Client) {
 		}
 		// attempts counts the requests the region decided, as total does.
 		if d.Degraded {
+			l.onFailure.Add(1)
 			if d.Allowed {
 				l.degraded.Add(1)
 				continue
