@@ -284,7 +284,11 @@ var bucketFields = [12]string{"t", "ts", "gr", "gb", "ge", "out", "adm", "den", 
 
 const (
 	fieldTS  = 1
+	fieldGR  = 2
+	fieldGB  = 3
+	fieldGE  = 4
 	fieldDen = 7
+	fieldGS  = 8
 	fieldSD  = 10
 )
 

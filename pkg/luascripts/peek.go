@@ -69,8 +69,9 @@ type StoredGrant struct {
 // ok is false when k has no bucket or its bucket never held a grant. What
 // it reads may be expired: compare ExpiryUS with Redis time.
 func ReadGrant(ctx context.Context, c redis.Cmdable, k Keys) (g StoredGrant, ok bool, err error) {
-	// The fields as lib.lua's BUCKET_FIELDS names them; one left out is 0.
-	vals, err := c.HMGet(ctx, k.Bucket, "ts", "gr", "gb", "ge", "gs").Result()
+	// A field left out is 0 (lib.lua, save_bucket); no ts, no bucket.
+	names := []string{bucketFields[fieldTS], bucketFields[fieldGR], bucketFields[fieldGB], bucketFields[fieldGE], bucketFields[fieldGS]}
+	vals, err := c.HMGet(ctx, k.Bucket, names...).Result()
 	if err != nil {
 		return g, false, fmt.Errorf("read grant of %s: %w", k.Bucket, err)
 	}
@@ -79,16 +80,16 @@ func ReadGrant(ctx context.Context, c redis.Cmdable, k Keys) (g StoredGrant, ok 
 	}
 	var nums [4]float64
 	for i, v := range vals[1:] {
-		s, isStr := v.(string)
 		if v == nil {
 			continue
 		}
+		s, isStr := v.(string)
 		if !isStr {
-			return g, false, fmt.Errorf("%w: %s field %d of the grant is %T", ErrReply, k.Bucket, i+1, v)
+			return g, false, fmt.Errorf("%w: %s field %s is %T", ErrReply, k.Bucket, names[i+1], v)
 		}
 		x, err := strconv.ParseFloat(s, 64)
 		if err != nil {
-			return g, false, fmt.Errorf("%w: %s grant field %d %q: %v", ErrReply, k.Bucket, i+1, s, err)
+			return g, false, fmt.Errorf("%w: %s field %s %q: %v", ErrReply, k.Bucket, names[i+1], s, err)
 		}
 		nums[i] = x
 	}

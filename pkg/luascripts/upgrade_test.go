@@ -25,13 +25,17 @@ import (
 // arguments) is this package's: the layout changed, the calls did not.
 func olderScripts() *Scripts { return build(os.DirFS("testdata/older-layout"), true) }
 
+// upgradeReport is instance id's report seq on its lease 1 of a key,
+// having used used tokens in all, asking for want.
+func upgradeReport(id string, seq uint64, want, used int64) Report {
+	return Report{Instance: id, Incarnation: 7, Lease: 1, Seq: seq, Want: want, Min: 1, Used: used}
+}
+
 // upgradeOps are the calls a replica makes on a key, named, for one
 // version of the scripts: instances a and i0 report on leases the test
 // may have opened, z is new to every key.
 func upgradeOps(ctx context.Context, sc *Scripts, rdb *redis.Client, k Keys, c Common, nowUS int64) map[string]func() error {
-	rep := func(id string, seq uint64, want int64) Report {
-		return Report{Instance: id, Incarnation: 7, Lease: 1, Seq: seq, Want: want, Min: 1, Used: 1}
-	}
+	rep := func(id string, seq uint64, want int64) Report { return upgradeReport(id, seq, want, 1) }
 	return map[string]func() error{
 		"check":         func() error { _, err := sc.Check(ctx, rdb, k, c, 1); return err },
 		"state":         func() error { _, err := sc.State(ctx, rdb, k, c); return err },
@@ -69,9 +73,7 @@ func TestOlderScriptsChangeNothingOnThisLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := func(s string) Keys { return KeysFor(DefaultPrefix, quota.Key{Tenant: s, Class: "read"}) }
-	rep := func(id string, seq uint64, want int64) Report {
-		return Report{Instance: id, Incarnation: 7, Lease: 1, Seq: seq, Want: want, Min: 1}
-	}
+	rep := func(id string, seq uint64, want int64) Report { return upgradeReport(id, seq, want, 0) }
 	strict, one, six, released := key("strict"), key("one"), key("six"), key("released")
 	must := func(_ any, err error) {
 		t.Helper()
