@@ -198,11 +198,12 @@ func TestFrozenRegionLeaderResumesFenced(t *testing.T) {
 	awaitFence(frozenAt, "from the new leader")
 	leader.stop(syscall.SIGCONT)
 	awaitLine(t, leader.lines, "region leadership lost")
-	// Whatever the resumed process still had in flight has run by now:
-	// its rounds end within their grant validity.
+	// The window in which a stale install would show: until the new leader
+	// installs a grant answering a report sent a grant validity after the
+	// resume (fences are those send times), by which the resumed
+	// process's rounds, bounded by their validity, have ended.
 	resumedAt := fence()
-	awaitFence(resumedAt, "after the old leader resumed")
-	time.Sleep(validity) // a window in which a stale install would show, not a wait for an event
+	awaitFence(resumedAt+validity.Microseconds(), "a grant validity after the old leader resumed")
 	stopPoll()
 	<-pollDone
 	if fell != "" {
