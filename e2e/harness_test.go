@@ -123,6 +123,15 @@ func (l *load) work(region string, c *lease.Client) {
 	}
 }
 
+// starvedSince is how many requests the class's on_failure policy
+// decided since onFailure read from (l.onFailure.Load() at a window's
+// start). The tests inject no fault while they judge a steady state, so
+// any such decision means an instance's refill came later than the
+// request's wait: a machine too starved to run it in time, whose region's
+// tokens the instances could not take then, so the window says nothing
+// of the fleet's use of them.
+func (l *load) starvedSince(from int64) int64 { return l.onFailure.Load() - from }
+
 func (l *load) set(regions ...string) {
 	for name, b := range l.on {
 		want := false
