@@ -17,6 +17,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/endpoint"
+	"github.com/sluicehq/sluice/internal/reportcodec"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/rpcauth"
@@ -231,7 +232,9 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	}
 	ep, err := endpoint.Listen(endpoint.Options{
 		Name: "global allocator", GRPCAddr: o.GRPCAddr, HTTPAddr: o.HTTPAddr, ServerTLS: o.ServerTLS,
-		GRPCOptions: append(edge, grpc.MaxSendMsgSize(maxMessageBytes)),
+		// Reports decoded into slabs (internal/reportcodec): the wire
+		// costs a shard about as much per key as the allocator does.
+		GRPCOptions: append(edge, grpc.MaxSendMsgSize(maxMessageBytes), grpc.ForceServerCodecV2(reportcodec.New())),
 		Registry:    o.Registry, DrainTimeout: o.DrainTimeout, Logger: o.Logger, HealthzNote: d.role,
 	})
 	if err != nil {
