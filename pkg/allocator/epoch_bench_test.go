@@ -55,13 +55,14 @@ func BenchmarkServiceEpoch(b *testing.B) {
 }
 
 // benchServiceEpoch runs epochs of the service. With wire, each report is
-// marshalled (by the region), decoded by the daemon's codec
-// (reportcodec) and each answer marshalled; every report is also decoded
-// by proto.Unmarshal, gRPC's own decoder, before or after (alternately),
-// so the two decoders' CPU per epoch (decode-cpu-ms, proto-decode-cpu-ms)
-// compare in the same run. The region's marshalling and proto's decode are
-// left out of the epoch's CPU (but not the collector's work for proto's
-// garbage, which process-cpu-ms counts).
+// marshalled (by the region, left out of the CPU reported) and decoded,
+// and each answer marshalled. The timed epochs alternate the decoder:
+// the daemon's codec (reportcodec) in the first, third, … and
+// proto.Unmarshal, gRPC's own, in the others, so the whole epoch under
+// either compares in the same run, the allocator's work on what each
+// decoded included: thread-cpu-ms, process-cpu-ms and decode-cpu-ms are
+// the codec's epochs, the proto- ones proto's. B/op and allocs/op mix the
+// two.
 func benchServiceEpoch(b *testing.B, wire bool) {
 	n := envcount.Get(b, "SLUICE_SERVICE_BENCH_KEYS", 20_000, 1)
 	cfg, err := config.Parse([]byte(benchServiceConfig))
@@ -87,36 +88,23 @@ func benchServiceEpoch(b *testing.B, wire bool) {
 		}
 		reports[r] = rep
 	}
-	// asideCPU is the thread CPU the timed epochs took for what the daemon
-	// does not do (the region's marshalling, proto's decode), left out of
-	// the daemon's; decodeCPU and protoCPU are the two decoders'.
-	var asideCPU, decodeCPU, protoCPU time.Duration
-	decodes := 0
-	decodeBoth := func(raw []byte) *sluicev1.RegionReport {
-		got, other := new(sluicev1.RegionReport), new(sluicev1.RegionReport)
-		codec := func() {
-			from := threadCPU(b)
-			if err := reportcodec.Unmarshal(raw, got); err != nil {
-				b.Fatal(err)
-			}
-			decodeCPU += threadCPU(b) - from
-		}
-		standard := func() {
-			from := threadCPU(b)
-			if err := proto.Unmarshal(raw, other); err != nil {
-				b.Fatal(err)
-			}
-			d := threadCPU(b) - from
-			protoCPU += d
-			asideCPU += d
-		}
-		if decodes++; decodes%2 == 0 {
-			codec()
-			standard()
+	// asideCPU is the thread CPU the region's marshalling took, left out
+	// of the daemon's; decodeCPU the decoder's.
+	var asideCPU, decodeCPU time.Duration
+	useProto := false
+	decode := func(raw []byte) *sluicev1.RegionReport {
+		got := new(sluicev1.RegionReport)
+		from := threadCPU(b)
+		var err error
+		if useProto {
+			err = proto.Unmarshal(raw, got)
 		} else {
-			standard()
-			codec()
+			err = reportcodec.Unmarshal(raw, got)
 		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		decodeCPU += threadCPU(b) - from
 		return got
 	}
 	serve := func(rep *sluicev1.RegionReport) *sluicev1.RegionGrants {
@@ -133,7 +121,7 @@ func benchServiceEpoch(b *testing.B, wire bool) {
 			b.Fatal(err)
 		}
 		asideCPU += threadCPU(b) - from
-		ans, err := s.Sync(b.Context(), decodeBoth(raw))
+		ans, err := s.Sync(b.Context(), decode(raw))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -178,23 +166,45 @@ func benchServiceEpoch(b *testing.B, wire bool) {
 	defer runtime.UnlockOSThread()
 	b.ReportAllocs()
 	b.ResetTimer()
-	asideCPU, decodeCPU, protoCPU = 0, 0, 0
-	from, fromProcess := threadCPU(b), processCPU(b)
-	grants := 0
-	for range b.N {
-		grants += epoch()
+	// tally is the CPU of the timed epochs of one decoder: by[0] the
+	// codec's (and every epoch of message), by[1] proto's.
+	type tally struct {
+		epochs                  int
+		thread, process, decode time.Duration
 	}
-	cpu := threadCPU(b) - from - asideCPU
-	// The process's CPU adds the collector's background work, which runs
-	// on other threads: what allocating costs beyond the allocation itself.
-	process := processCPU(b) - fromProcess - asideCPU
+	var by [2]tally
+	grants := 0
+	for i := range b.N {
+		k := 0
+		if wire && i%2 == 1 {
+			k = 1
+		}
+		useProto = k == 1
+		aside, dec, thread, process := asideCPU, decodeCPU, threadCPU(b), processCPU(b)
+		grants += epoch()
+		// The process's CPU adds the collector's background work, which
+		// runs on other threads: what allocating costs beyond the
+		// allocation itself.
+		aside = asideCPU - aside
+		by[k].epochs++
+		by[k].thread += threadCPU(b) - thread - aside
+		by[k].process += processCPU(b) - process - aside
+		by[k].decode += decodeCPU - dec
+	}
 	b.StopTimer()
+	perEpoch := func(d time.Duration, epochs int) float64 {
+		return float64(d.Microseconds()) / 1000 / float64(epochs)
+	}
 	b.ReportMetric(float64(grants)/float64(b.N), "grants/epoch")
-	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "thread-cpu-ms/epoch")
-	b.ReportMetric(float64(process.Microseconds())/1000/float64(b.N), "process-cpu-ms/epoch")
+	b.ReportMetric(perEpoch(by[0].thread, by[0].epochs), "thread-cpu-ms/epoch")
+	b.ReportMetric(perEpoch(by[0].process, by[0].epochs), "process-cpu-ms/epoch")
 	if wire {
-		b.ReportMetric(float64(decodeCPU.Microseconds())/1000/float64(b.N), "decode-cpu-ms/epoch")
-		b.ReportMetric(float64(protoCPU.Microseconds())/1000/float64(b.N), "proto-decode-cpu-ms/epoch")
+		b.ReportMetric(perEpoch(by[0].decode, by[0].epochs), "decode-cpu-ms/epoch")
+	}
+	if by[1].epochs > 0 {
+		b.ReportMetric(perEpoch(by[1].thread, by[1].epochs), "proto-thread-cpu-ms/epoch")
+		b.ReportMetric(perEpoch(by[1].process, by[1].epochs), "proto-process-cpu-ms/epoch")
+		b.ReportMetric(perEpoch(by[1].decode, by[1].epochs), "proto-decode-cpu-ms/epoch")
 	}
 }
 
