@@ -117,6 +117,7 @@ func TestInputProtoAcceptsDifferentlyIsLeftToIt(t *testing.T) {
 		"truncated":              base[:len(base)-3],
 		"field number 0":         {0x00, 0x01},
 		"length past the end":    {0x1a, 0x7f, 0x00},
+		"packed revision cut":    {0x22, 0x02, 0x07, 0x80},
 		"varint of eleven bytes": {0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -124,6 +125,81 @@ func TestInputProtoAcceptsDifferentlyIsLeftToIt(t *testing.T) {
 				t.Errorf("the fast path decoded %x", in)
 			}
 		})
+	}
+}
+
+// field appends one well-formed field num of wire type typ.
+func field(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	b = protowire.AppendTag(b, num, typ)
+	switch typ {
+	case protowire.VarintType:
+		return protowire.AppendVarint(b, 3)
+	case protowire.Fixed64Type:
+		return protowire.AppendFixed64(b, math.Float64bits(2.5))
+	case protowire.Fixed32Type:
+		return protowire.AppendFixed32(b, 7)
+	default:
+		return protowire.AppendString(b, "w")
+	}
+}
+
+// wrap nests payload as field num of a message.
+func wrap(num protowire.Number, payload []byte) []byte {
+	return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), payload)
+}
+
+// TestEveryFieldInEveryWireType: each field number around the schema's, in
+// each wire type, at the top, in a key's demand and in its QuotaKey,
+// decodes as proto decides (as the field, or as an unknown field, which
+// the fast path leaves to proto).
+func TestEveryFieldInEveryWireType(t *testing.T) {
+	base := mustMarshal(t, sampleReport(1))
+	kd := mustMarshal(t, demand("acme", "write", 2))
+	qk := mustMarshal(t, &sluicev1.QuotaKey{Tenant: "acme", Class: "write"})
+	types := []protowire.Type{protowire.VarintType, protowire.Fixed64Type, protowire.Fixed32Type, protowire.BytesType}
+	for num := protowire.Number(1); num <= 11; num++ {
+		for _, typ := range types {
+			name := fmt.Sprintf("field %d type %d", num, typ)
+			top := field(append([]byte(nil), base...), num, typ)
+			inDemand := append(append([]byte(nil), base...), wrap(3, field(append([]byte(nil), kd...), num, typ))...)
+			inKey := append(append([]byte(nil), base...), wrap(3, wrap(1, field(append([]byte(nil), qk...), num, typ)))...)
+			t.Run(name, func(t *testing.T) {
+				sameAsProto(t, top)
+				sameAsProto(t, inDemand)
+				sameAsProto(t, inKey)
+			})
+		}
+	}
+}
+
+// TestMalformedNestedMessages: a key's demand or its QuotaKey cut short
+// at every byte, or with any one byte changed, inside a report whose own
+// framing is sound, decodes (or fails) as proto decides.
+func TestMalformedNestedMessages(t *testing.T) {
+	kd := mustMarshal(t, demand("acme", "write", 2))
+	qk := mustMarshal(t, &sluicev1.QuotaKey{Tenant: "acme", Class: "write"})
+	head := mustMarshal(t, &sluicev1.RegionReport{Region: "eu-west", Seq: 9})
+	report := func(payload []byte) []byte { return append(append([]byte(nil), head...), wrap(3, payload)...) }
+	inKey := func(payload []byte) []byte { return report(wrap(1, payload)) }
+	for _, c := range []struct {
+		name   string
+		inner  []byte
+		frames func([]byte) []byte
+	}{{"demand", kd, report}, {"key", qk, inKey}} {
+		for cut := range len(c.inner) {
+			sameAsProto(t, c.frames(c.inner[:cut]))
+		}
+		for at := range len(c.inner) {
+			for _, x := range []byte{0x01, 0x07, 0x80, 0xff} {
+				changed := append([]byte(nil), c.inner...)
+				changed[at] ^= x
+				sameAsProto(t, c.frames(changed))
+			}
+		}
+		// A trailing byte that starts a field and ends the message.
+		for _, tail := range [][]byte{{0x10}, {0x29}, {0x0a}, {0x00}, {0x80}} {
+			sameAsProto(t, c.frames(append(append([]byte(nil), c.inner...), tail...)))
+		}
 	}
 }
 
