@@ -16,8 +16,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/allocator"
-	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
@@ -53,10 +53,7 @@ default_tier: free
 // sampled throughout, only grows), and the resumed process says it lost
 // the leadership and campaigns again behind the new leader.
 func TestFrozenRegionLeaderResumesFenced(t *testing.T) {
-	cfg, err := config.Parse([]byte(frozenConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := regiontest.MustConfig(t, frozenConfig)
 	epoch, validity := time.Duration(cfg.Epoch), time.Duration(cfg.GrantValidity)
 	etcd := etcdtest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
