@@ -226,3 +226,108 @@ func TestQueuedMatchesModel(t *testing.T) {
 		t.Fatalf("queued acquire on a bucket that is not a hash: %v, want its own error naming %s", err, bad.Bucket)
 	}
 }
+
+// TestManyKeepsItsDataSetsGeneration: with the restart guard on, a batch
+// reads its data set's born sentinel and generation once and writes the
+// generation once, at its end (lib.lua, SENT). Every key's reply (the
+// generation it left, whether it re-birthed the data set) and the stored
+// state must still be the Model's for one call per key, in order: through
+// a batch whose first call stamps a missing sentinel, one whose first call
+// finds the generation gone back (a rolled-back Redis) and re-births the
+// data set, and batches that only raise it.
+func TestManyKeepsItsDataSetsGeneration(t *testing.T) {
+	ctx, rdb, sc, _, now := manyRig(t)
+	// The scripts' and the Model's views of the generations are their own
+	// (each notes what its replies say), as two processes' would be.
+	m := NewModel()
+	guarded := manyCommon
+	guarded.RestartWait = 2 * time.Second
+	var keys []Keys
+	for i := range BatchKeys + 7 {
+		keys = append(keys, KeysFor(DefaultPrefix, quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}))
+	}
+	gen := keys[0].Gen
+	check := func(what string, got, want any) {
+		t.Helper()
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: reply differs\n lua:   %+v\n model: %+v", what, got, want)
+		}
+		if rs, ms := snapshot(ctx, t, rdb), m.Snapshot(); !reflect.DeepEqual(rs, ms) {
+			t.Fatalf("%s: state differs\n redis: %v\n model: %v", what, rs, ms)
+		}
+	}
+	for round := range 4 {
+		switch round {
+		case 1:
+			// Rolled back: the generation is below what both have seen.
+			if err := rdb.Set(ctx, gen, "3", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			m.gen[gen] = 3
+		case 2:
+			// The sentinel lost: the first call that saves a bucket stamps it.
+			if err := rdb.Del(ctx, keys[0].Born).Err(); err != nil {
+				t.Fatal(err)
+			}
+			delete(m.born, keys[0].Born)
+		}
+		now += 1_300_000
+		sc.setNow(now)
+		var items []SetRateItem
+		var want []SetRateResult
+		for i, k := range keys {
+			it := SetRateItem{Keys: k, Common: guarded, Rate: float64(1 + i%5), Burst: float64(1 + i%9),
+				ExpiryUS: now + 3_000_000, IssuedUS: now}
+			items = append(items, it)
+			want = append(want, SetRateResult{Reply: m.SetRate(now, k, guarded, it.Rate, it.Burst, it.ExpiryUS, it.IssuedUS)})
+		}
+		check(fmt.Sprintf("round %d: set_rate", round), sc.SetRateMany(ctx, rdb, items), want)
+		if round == 1 && !want[0].Reply.Reborn {
+			t.Fatal("round 1: the Model's first call did not re-birth the rolled-back data set")
+		}
+		now += 700_000
+		sc.setNow(now)
+		var reads []KeyCommon
+		var states []StateResult
+		for _, k := range keys {
+			reads = append(reads, KeyCommon{Keys: k, Common: guarded})
+			states = append(states, StateResult{State: m.State(now, k, guarded)})
+		}
+		check(fmt.Sprintf("round %d: state", round), sc.StateMany(ctx, rdb, reads), states)
+	}
+}
+
+// TestManyHoldsTheClock: a batch's keys are read at one instant, its one
+// reading of TIME (clock.lua, hold_clock), and the clock runs on after it.
+func TestManyHoldsTheClock(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	sc := New()
+	var reads []KeyCommon
+	for i := range BatchKeys {
+		reads = append(reads, KeyCommon{Keys: KeysFor(DefaultPrefix, quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}), Common: manyCommon})
+	}
+	var last int64
+	for round := range 3 {
+		res := sc.StateMany(ctx, rdb, reads)
+		for i, r := range res {
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			if r.State.NowUS != res[0].State.NowUS {
+				t.Fatalf("round %d: key %d read at %d µs, key 0 at %d µs: one batch, two instants", round, i, r.State.NowUS, res[0].State.NowUS)
+			}
+		}
+		if res[0].State.NowUS < last {
+			t.Fatalf("round %d: read at %d µs, before the batch before it (%d µs)", round, res[0].State.NowUS, last)
+		}
+		last = res[0].State.NowUS
+		one, err := sc.State(ctx, rdb, reads[0].Keys, manyCommon)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if one.NowUS < last {
+			t.Fatalf("round %d: a call after the batch read %d µs, before the batch's %d µs", round, one.NowUS, last)
+		}
+	}
+}

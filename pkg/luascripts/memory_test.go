@@ -334,3 +334,46 @@ func BenchmarkStateMany(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSetRateMany: Redis's own time per key of the region leader's
+// batched grant installs (SetRateMany, BatchKeys keys per call, each a
+// newer grant than the last, so every call applies it and saves the
+// bucket), on the keys of BenchmarkStateMany. Metric redis-µs/key as
+// there.
+func BenchmarkSetRateMany(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		fill func(ctx context.Context, t testing.TB, rdb *redis.Client, n int)
+	}{{"strict", memStrict}, {"two-leases", memLeases(2, false)}} {
+		b.Run(c.name, func(b *testing.B) {
+			ctx := context.Background()
+			rdb := redistest.Start(b).Client()
+			sc := New()
+			if _, err := sc.StampBorn(ctx, rdb, BornKeys(DefaultPrefix, false), true); err != nil {
+				b.Fatal(err)
+			}
+			c.fill(ctx, b, rdb, BatchKeys)
+			items := make([]SetRateItem, BatchKeys)
+			for i := range items {
+				items[i] = SetRateItem{Keys: KeysFor(DefaultPrefix, quota.Key{Tenant: memTenant(i), Class: "write"}), Common: memCommon,
+					Rate: 150, Burst: 250}
+			}
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for n := 0; n < b.N; n += BatchKeys {
+				issued := time.Now().UnixMicro()
+				for i := range items {
+					items[i].IssuedUS, items[i].ExpiryUS = issued, issued+5_000_000
+				}
+				for i, r := range sc.SetRateMany(ctx, rdb, items) {
+					if r.Err != nil || !r.Reply.Applied {
+						b.Fatalf("set_rate %s: %+v, %v", items[i].Keys.Bucket, r.Reply, r.Err)
+					}
+				}
+			}
+			b.ReportMetric(evalUsecPerCall(ctx, b, rdb)/BatchKeys, "redis-µs/key")
+		})
+	}
+}

@@ -3,9 +3,14 @@
 -- definitions and the call itself, is paid once per batch instead of once
 -- per key). Appended after clock.lua, lib.lua and the body wrapped as the
 -- function one(). Every key's call is exactly the script's call for that
--- key alone, in order: begin resets the call's state, so nothing of one
--- key's call reaches the next. All keys of a batch live in one hash slot
--- (the caller groups them by born sentinel), so it runs on Redis Cluster.
+-- key alone, in order, at the batch's one reading of the clock: begin
+-- resets the call's state, so nothing of one key's call reaches the next.
+-- (The batch runs atomically: to every other call its keys' calls happen
+-- at one instant, so reading TIME once for them is reading it for each.)
+-- All keys of a batch live in one hash slot and one data set (the caller
+-- groups them by born sentinel), so it runs on Redis Cluster, and it reads
+-- the data set's born sentinel and generation once and writes the
+-- generation once (lib.lua, SENT).
 --
 -- KEYS     six per key, in order, each key's as its script takes them
 -- ARGV[1]  n: how many arguments each key takes
@@ -18,12 +23,13 @@
 local n = tonumber(ARGV[1])
 local all_keys, all_argv = KEYS, ARGV
 local function run(i)
-  local k, a = {}, {}
-  for j = 1, 6 do k[j] = all_keys[(i - 1) * 6 + j] end
-  for j = 1, n do a[j] = all_argv[1 + (i - 1) * n + j] end
-  begin(k, a)
+  begin({ unpack(all_keys, (i - 1) * 6 + 1, i * 6) }, { unpack(all_argv, 2 + (i - 1) * n, 1 + i * n) })
   return one()
 end
+-- One clock reading and one read of the data set's sentinels for the
+-- whole batch (clock.lua, hold_clock; lib.lua, SENT).
+hold_clock(true)
+SENT, SENTDIRTY = {}, {}
 local out = {}
 for i = 1, #all_keys / 6 do
   local ok, r = pcall(run, i)
@@ -35,4 +41,6 @@ for i = 1, #all_keys / 6 do
     out[i] = { err = tostring(r) }
   end
 end
+flush_sentinels()
+hold_clock(false)
 return out

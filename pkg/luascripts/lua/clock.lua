@@ -5,9 +5,19 @@ local KEYS, ARGV = KEYS, ARGV
 -- Redis TIME (server wall clock, microseconds). Every instance and replica
 -- of the regional service shares this clock, so client clock skew never
 -- enters the bucket maths.
+-- A batch (batch.lua) holds the clock at one reading for all its keys:
+-- its calls run in one atomic script, so no other call falls between
+-- them, and every other client sees them happen at one instant.
+local HELD
 local function clock()
+  if HELD then return HELD end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- hold_clock(true) holds the clock at its reading now; (false) lets go.
+local function hold_clock(on)
+  HELD = nil
+  if on then HELD = clock() end
 end
 -- argc is how many arguments the caller passed for the key (the test twin
 -- appends its virtual clock after them): the rise, the floor's rate and

@@ -268,6 +268,16 @@ local BORN, GEN, GENSEEN, REBORN
 -- GENJUMP is how far the generation jumps past the one passed when the
 -- born sentinel is written (2^32; generations stay below 2^53).
 local GENJUMP = 4294967296
+-- SENT is nil in a script of one key. In a batch (batch.lua) it holds the
+-- born sentinels and generations its calls have read or written, by key
+-- name (false: missing), and SENTDIRTY the generations written since they
+-- were read: the batch's keys share one data set (batch.lua groups them
+-- so), so the batch reads each once and writes each generation once, at
+-- its end (flush_sentinels), with the value its last call left. The batch
+-- runs atomically, so no other call can see or change them in between:
+-- every key's call reads and replies exactly what it would alone, in the
+-- batch's order, and the data set after the batch is the same.
+local SENT, SENTDIRTY
 
 local function f6(x) return string.format('%.6f', x) end
 local function f17(x) return string.format('%.17g', x) end
@@ -287,9 +297,10 @@ local LEASES
 -- go); LN0 is LN as loaded. XE is the bucket's xe (nil: not known), XE0
 -- as loaded.
 local LN, LN0, XE, XE0
--- PRESENT[i] says whether the bucket's i-th field (BUCKET_FIELDS) was
--- stored when the call loaded it.
-local PRESENT = {}
+-- STORED[i] is the bucket's i-th field (BUCKET_FIELDS) as stored now
+-- (false: not stored), STOREDXE its xe: loaded, then kept by save_bucket,
+-- which writes only the fields whose text changes.
+local STORED, STOREDXE = {}, false
 local BUCKET_FIELDS = { 't', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm' }
 -- BUCKET_FORMATS formats each field as it is stored.
 local BUCKET_FORMATS = { f6, i0, f17, f17, i0, i0, i0, i0, i0, i0, i0, f17 }
@@ -410,7 +421,8 @@ local function load_bucket()
   end
   LN = tonumber(raw[13]) or LN
   LN0 = LN
-  for i = 1, 12 do PRESENT[i] = raw[i] and true or false end
+  for i = 1, 12 do STORED[i] = raw[i] or false end
+  STOREDXE = raw[15] or false
   XE = tonumber(raw[15])
   if XE and raw[2] then XE = tonumber(raw[2]) + XE * 1000 else XE = nil end
   XE0 = XE
@@ -453,6 +465,47 @@ local function load_bucket()
   B.rm = tonumber(raw[12]) or 0
 end
 
+-- sentinel reads KEYS[i] (the born sentinel or the generation): from
+-- Redis in a script of one key, through SENT in a batch. Two GETs, not
+-- one MGET: the least-privilege ACL of docs/operations.md ("Redis
+-- access") grants GET.
+local function sentinel(i)
+  if not SENT then return redis.call('GET', KEYS[i]) end
+  local k = KEYS[i]
+  local v = SENT[k]
+  if v == nil then
+    v = redis.call('GET', k)
+    SENT[k] = v
+  end
+  return v
+end
+
+-- set_sentinel writes v to KEYS[i]: at once, or in a batch into SENT,
+-- the born sentinel at once too (rare: a stamp or a re-birth) and a
+-- generation at the batch's end.
+local function set_sentinel(i, v)
+  local k = KEYS[i]
+  if not SENT then
+    redis.call('SET', k, v)
+    return
+  end
+  SENT[k] = v
+  if i == 4 then
+    redis.call('SET', k, v)
+  else
+    SENTDIRTY[k] = true
+  end
+end
+
+-- flush_sentinels ends a batch: writes each generation its calls raised.
+local function flush_sentinels()
+  local ks = {}
+  for k in pairs(SENTDIRTY) do ks[#ks + 1] = k end
+  table.sort(ks)
+  for _, k in ipairs(ks) do redis.call('SET', k, SENT[k]) end
+  SENT, SENTDIRTY = nil, nil
+end
+
 -- load_born reads the data set's birth and generation (restart guard on)
 -- and re-births a data set found gone back in time (see Rollback above).
 -- A missing sentinel is dated NOW and written with the first bucket the
@@ -460,10 +513,8 @@ end
 local function load_born()
   BORN, GEN, REBORN = 0, 0, false
   if WAIT <= 0 then return end
-  -- Two GETs, not one MGET: the least-privilege ACL of
-  -- docs/operations.md ("Redis access") grants GET.
-  BORN = tonumber(redis.call('GET', KEYS[4]))
-  GEN = tonumber(redis.call('GET', KEYS[6]))
+  BORN = tonumber(sentinel(4))
+  GEN = tonumber(sentinel(6))
   if not BORN then
     BORN = NOW
     STAMP = true
@@ -471,8 +522,8 @@ local function load_born()
     BORN = NOW
     GEN = GENSEEN + GENJUMP
     REBORN = true
-    redis.call('SET', KEYS[4], i0(BORN))
-    redis.call('SET', KEYS[6], i0(GEN))
+    set_sentinel(4, i0(BORN))
+    set_sentinel(6, i0(GEN))
   end
   GEN = GEN or 0
 end
@@ -949,14 +1000,14 @@ end
 local function save_bucket(ttl)
   ttl = ttl or TTL
   if STAMP then
-    redis.call('SET', KEYS[4], i0(NOW))
+    set_sentinel(4, i0(NOW))
     STAMP = false
     if GENSEEN > GEN then GEN = GENSEEN end
     GEN = GEN + GENJUMP
   end
   if WAIT > 0 then
     GEN = GEN + 1
-    redis.call('SET', KEYS[6], i0(GEN))
+    set_sentinel(6, i0(GEN))
   end
   -- n and xe only while there are records: a bucket without leases (the
   -- strict path, an idle key) keeps no field for them. xe is stored in
@@ -966,28 +1017,42 @@ local function save_bucket(ttl)
   -- A field that is 0 and was not stored is left out (it reads as 0): a
   -- bucket without grant, denials, strict decisions or a fraction keeps
   -- no field for them. One stored stays, so the hash never needs a
-  -- delete. ts is always written: a hash without it is no bucket.
+  -- delete. ts is always stored: a hash without it is no bucket. A field
+  -- whose text is what is stored is not written again (an install leaves
+  -- the demand counters as they were; each field written costs Redis a
+  -- search and a rewrite of the hash's listpack).
   local nums = { B.tk, B.ts, B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd, B.rm }
   local args = {}
   for i = 1, 12 do
-    if i == 2 or nums[i] ~= 0 or PRESENT[i] then
-      args[#args + 1] = BUCKET_FIELDS[i]
-      args[#args + 1] = BUCKET_FORMATS[i](nums[i])
-      PRESENT[i] = true
+    local was = STORED[i]
+    if i == 2 or nums[i] ~= 0 or was then
+      local v = BUCKET_FORMATS[i](nums[i])
+      if v ~= was then
+        args[#args + 1] = BUCKET_FIELDS[i]
+        args[#args + 1] = v
+        STORED[i] = v
+      end
     end
   end
   if XE then
     XE = B.ts + math.floor((XE - B.ts) / 1000) * 1000
-    args[#args + 1] = 'xe'
-    args[#args + 1] = i0((XE - B.ts) / 1000)
+    local v = i0((XE - B.ts) / 1000)
+    if v ~= STOREDXE then
+      args[#args + 1] = 'xe'
+      args[#args + 1] = v
+      STOREDXE = v
+    end
   end
   if LN > 0 and LN ~= LN0 then
     args[#args + 1] = 'n'
     args[#args + 1] = LN
   end
-  redis.call('HSET', KEYS[1], unpack(args))
+  if #args > 0 then redis.call('HSET', KEYS[1], unpack(args)) end
   if LN == 0 and LN0 > 0 then redis.call('HDEL', KEYS[1], 'n') end
-  if not XE and XE0 then redis.call('HDEL', KEYS[1], 'xe') end
+  if not XE and XE0 then
+    redis.call('HDEL', KEYS[1], 'xe')
+    STOREDXE = false
+  end
   LN0 = LN
   XE0 = XE
   renew_ttls(ttl)
