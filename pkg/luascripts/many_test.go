@@ -28,6 +28,20 @@ func manyRig(t *testing.T) (ctx context.Context, rdb *redis.Client, sc *Scripts,
 	return context.Background(), redistest.Start(t).Client(), sc, NewModel(), now
 }
 
+// modelCheck returns a check that a batch's replies are want and that
+// the whole stored state is the Model's.
+func modelCheck(ctx context.Context, t *testing.T, rdb *redis.Client, m *Model) func(what string, got, want any) {
+	return func(what string, got, want any) {
+		t.Helper()
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: reply differs\n lua:   %+v\n model: %+v", what, got, want)
+		}
+		if rs, ms := snapshot(ctx, t, rdb), m.Snapshot(); !reflect.DeepEqual(rs, ms) {
+			t.Fatalf("%s: state differs\n redis: %v\n model: %v", what, rs, ms)
+		}
+	}
+}
+
 // TestManyMatchesModel runs the region leader's batches (StateMany,
 // SetRateMany) over more keys than one call carries, of one slot and of
 // many (cluster keys), and requires every key's reply and the whole stored
@@ -43,15 +57,7 @@ func TestManyMatchesModel(t *testing.T) {
 			keys = append(keys, KeysFor(DefaultPrefix, k))
 		}
 	}
-	check := func(what string, got, want any) {
-		t.Helper()
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("%s: reply differs\n lua:   %+v\n model: %+v", what, got, want)
-		}
-		if rs, ms := snapshot(ctx, t, rdb), m.Snapshot(); !reflect.DeepEqual(rs, ms) {
-			t.Fatalf("%s: state differs\n redis: %v\n model: %v", what, rs, ms)
-		}
-	}
+	check := modelCheck(ctx, t, rdb, m)
 	for i, k := range keys {
 		sc.setNow(now)
 		r := Report{Instance: "i", Incarnation: 1, Lease: 1, Seq: 1, Want: int64(1 + i%7), Min: 1, BuiltUS: 1_000_000}
@@ -247,15 +253,7 @@ func TestManyKeepsItsDataSetsGeneration(t *testing.T) {
 		keys = append(keys, KeysFor(DefaultPrefix, quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "read"}))
 	}
 	gen := keys[0].Gen
-	check := func(what string, got, want any) {
-		t.Helper()
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("%s: reply differs\n lua:   %+v\n model: %+v", what, got, want)
-		}
-		if rs, ms := snapshot(ctx, t, rdb), m.Snapshot(); !reflect.DeepEqual(rs, ms) {
-			t.Fatalf("%s: state differs\n redis: %v\n model: %v", what, rs, ms)
-		}
-	}
+	check := modelCheck(ctx, t, rdb, m)
 	for round := range 4 {
 		switch round {
 		case 1:

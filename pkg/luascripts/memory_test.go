@@ -302,37 +302,19 @@ func evalUsecPerCall(ctx context.Context, b *testing.B, rdb *redis.Client) float
 // TestMemoryPerKey fills them. Metric redis-µs/key: INFO commandstats'
 // time per EVALSHA divided by the keys of a call.
 func BenchmarkStateMany(b *testing.B) {
-	for _, c := range []struct {
-		name string
-		fill func(ctx context.Context, t testing.TB, rdb *redis.Client, n int)
-	}{{"strict", memStrict}, {"two-leases", memLeases(2, false)}} {
-		b.Run(c.name, func(b *testing.B) {
-			ctx := context.Background()
-			rdb := redistest.Start(b).Client()
-			sc := New()
-			// A data set trusted to have started full, as TestMemoryPerKey's.
-			if _, err := sc.StampBorn(ctx, rdb, BornKeys(DefaultPrefix, false), true); err != nil {
-				b.Fatal(err)
-			}
-			c.fill(ctx, b, rdb, BatchKeys)
-			items := make([]KeyCommon, BatchKeys)
-			for i := range items {
-				items[i] = KeyCommon{Keys: KeysFor(DefaultPrefix, quota.Key{Tenant: memTenant(i), Class: "write"}), Common: memCommon}
-			}
-			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			for n := 0; n < b.N; n += BatchKeys {
-				for i, r := range sc.StateMany(ctx, rdb, items) {
-					if r.Err != nil {
-						b.Fatalf("state %s: %v", items[i].Keys.Bucket, r.Err)
-					}
+	benchMany(b, func(ctx context.Context, b *testing.B, sc *Scripts, rdb *redis.Client, keys []Keys) func() {
+		items := make([]KeyCommon, len(keys))
+		for i, k := range keys {
+			items[i] = KeyCommon{Keys: k, Common: memCommon}
+		}
+		return func() {
+			for i, r := range sc.StateMany(ctx, rdb, items) {
+				if r.Err != nil {
+					b.Fatalf("state %s: %v", items[i].Keys.Bucket, r.Err)
 				}
 			}
-			b.ReportMetric(evalUsecPerCall(ctx, b, rdb)/BatchKeys, "redis-µs/key")
-		})
-	}
+		}
+	})
 }
 
 // BenchmarkSetRateMany: Redis's own time per key of the region leader's
@@ -341,6 +323,31 @@ func BenchmarkStateMany(b *testing.B) {
 // bucket), on the keys of BenchmarkStateMany. Metric redis-µs/key as
 // there.
 func BenchmarkSetRateMany(b *testing.B) {
+	benchMany(b, func(ctx context.Context, b *testing.B, sc *Scripts, rdb *redis.Client, keys []Keys) func() {
+		items := make([]SetRateItem, len(keys))
+		for i, k := range keys {
+			items[i] = SetRateItem{Keys: k, Common: memCommon, Rate: 150, Burst: 250}
+		}
+		return func() {
+			issued := time.Now().UnixMicro()
+			for i := range items {
+				items[i].IssuedUS, items[i].ExpiryUS = issued, issued+5_000_000
+			}
+			for i, r := range sc.SetRateMany(ctx, rdb, items) {
+				if r.Err != nil || !r.Reply.Applied {
+					b.Fatalf("set_rate %s: %+v, %v", items[i].Keys.Bucket, r.Reply, r.Err)
+				}
+			}
+		}
+	})
+}
+
+// benchMany runs one batched call of BatchKeys keys (the one prepare
+// returns) per BatchKeys iterations, on keys of the strict path and on
+// keys of two live leases, each set on a fresh redis-server whose data set
+// is trusted to have started full (as TestMemoryPerKey's), and reports
+// redis-µs/key: INFO commandstats' time per EVALSHA over BatchKeys.
+func benchMany(b *testing.B, prepare func(ctx context.Context, b *testing.B, sc *Scripts, rdb *redis.Client, keys []Keys) func()) {
 	for _, c := range []struct {
 		name string
 		fill func(ctx context.Context, t testing.TB, rdb *redis.Client, n int)
@@ -353,25 +360,17 @@ func BenchmarkSetRateMany(b *testing.B) {
 				b.Fatal(err)
 			}
 			c.fill(ctx, b, rdb, BatchKeys)
-			items := make([]SetRateItem, BatchKeys)
-			for i := range items {
-				items[i] = SetRateItem{Keys: KeysFor(DefaultPrefix, quota.Key{Tenant: memTenant(i), Class: "write"}), Common: memCommon,
-					Rate: 150, Burst: 250}
+			keys := make([]Keys, BatchKeys)
+			for i := range keys {
+				keys[i] = KeysFor(DefaultPrefix, quota.Key{Tenant: memTenant(i), Class: "write"})
 			}
+			call := prepare(ctx, b, sc, rdb, keys)
 			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
 			b.ResetTimer()
 			for n := 0; n < b.N; n += BatchKeys {
-				issued := time.Now().UnixMicro()
-				for i := range items {
-					items[i].IssuedUS, items[i].ExpiryUS = issued, issued+5_000_000
-				}
-				for i, r := range sc.SetRateMany(ctx, rdb, items) {
-					if r.Err != nil || !r.Reply.Applied {
-						b.Fatalf("set_rate %s: %+v, %v", items[i].Keys.Bucket, r.Reply, r.Err)
-					}
-				}
+				call()
 			}
 			b.ReportMetric(evalUsecPerCall(ctx, b, rdb)/BatchKeys, "redis-µs/key")
 		})
