@@ -9,8 +9,8 @@
 -- at one instant, so reading TIME once for them is reading it for each.)
 -- All keys of a batch live in one hash slot and one data set (the caller
 -- groups them by born sentinel), so it runs on Redis Cluster, and it reads
--- the data set's born sentinel and generation once and writes the
--- generation once (lib.lua, SENT).
+-- the data set's born sentinel and generation once and writes each once,
+-- at its end (lib.lua, SENT).
 --
 -- KEYS     six per key, in order, each key's as its script takes them
 -- ARGV[1]  n: how many arguments each key takes
@@ -28,7 +28,7 @@ local function run(i)
 end
 -- One clock reading and one read of the data set's sentinels for the
 -- whole batch (clock.lua, hold_clock; lib.lua, SENT).
-hold_clock(true)
+hold_clock()
 SENT, SENTDIRTY = {}, {}
 local out = {}
 for i = 1, #all_keys / 6 do
@@ -42,5 +42,4 @@ for i = 1, #all_keys / 6 do
   end
 end
 flush_sentinels()
-hold_clock(false)
 return out

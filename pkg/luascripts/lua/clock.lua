@@ -14,11 +14,9 @@ local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
--- hold_clock(true) holds the clock at its reading now; (false) lets go.
-local function hold_clock(on)
-  HELD = nil
-  if on then HELD = clock() end
-end
+-- hold_clock holds the clock at its reading now, for the rest of the
+-- script.
+local function hold_clock() HELD = clock() end
 -- argc is how many arguments the caller passed for the key (the test twin
 -- appends its virtual clock after them): the rise, the floor's rate and
 -- burst, the share's fill time, the share awaited, the generation seen,

@@ -270,13 +270,13 @@ local BORN, GEN, GENSEEN, REBORN
 local GENJUMP = 4294967296
 -- SENT is nil in a script of one key. In a batch (batch.lua) it holds the
 -- born sentinels and generations its calls have read or written, by key
--- name (false: missing), and SENTDIRTY the generations written since they
--- were read: the batch's keys share one data set (batch.lua groups them
--- so), so the batch reads each once and writes each generation once, at
--- its end (flush_sentinels), with the value its last call left. The batch
--- runs atomically, so no other call can see or change them in between:
--- every key's call reads and replies exactly what it would alone, in the
--- batch's order, and the data set after the batch is the same.
+-- name (false: missing), and SENTDIRTY those its calls wrote: the batch's
+-- keys share one data set (batch.lua groups them so), so the batch reads
+-- each once and writes each once, at its end (flush_sentinels), with the
+-- value its last call left. The batch runs atomically, so no other call
+-- can see or change them in between: every key's call reads and replies
+-- exactly what it would alone, in the batch's order, and the data set
+-- after the batch is the same.
 local SENT, SENTDIRTY
 
 local function f6(x) return string.format('%.6f', x) end
@@ -481,8 +481,7 @@ local function sentinel(i)
 end
 
 -- set_sentinel writes v to KEYS[i]: at once, or in a batch into SENT,
--- the born sentinel at once too (rare: a stamp or a re-birth) and a
--- generation at the batch's end.
+-- written at the batch's end.
 local function set_sentinel(i, v)
   local k = KEYS[i]
   if not SENT then
@@ -490,20 +489,15 @@ local function set_sentinel(i, v)
     return
   end
   SENT[k] = v
-  if i == 4 then
-    redis.call('SET', k, v)
-  else
-    SENTDIRTY[k] = true
-  end
+  SENTDIRTY[k] = true
 end
 
--- flush_sentinels ends a batch: writes each generation its calls raised.
+-- flush_sentinels ends a batch: writes each sentinel its calls wrote.
 local function flush_sentinels()
   local ks = {}
   for k in pairs(SENTDIRTY) do ks[#ks + 1] = k end
   table.sort(ks)
   for _, k in ipairs(ks) do redis.call('SET', k, SENT[k]) end
-  SENT, SENTDIRTY = nil, nil
 end
 
 -- load_born reads the data set's birth and generation (restart guard on)
