@@ -234,8 +234,8 @@ func TestQueuedMatchesModel(t *testing.T) {
 }
 
 // TestManyKeepsItsDataSetsGeneration: with the restart guard on, a batch
-// reads its data set's born sentinel and generation once and writes the
-// generation once, at its end (lib.lua, SENT). Every key's reply (the
+// reads its data set's born sentinel and generation once and writes each
+// once, at its end (lib.lua, SENT). Every key's reply (the
 // generation it left, whether it re-birthed the data set) and the stored
 // state must still be the Model's for one call per key, in order: through
 // a batch whose first call stamps a missing sentinel, one whose first call
