@@ -71,26 +71,39 @@ func TestManyMatchesModel(t *testing.T) {
 	}
 	for round := range 3 {
 		now += 1_300_000
-		sc.setNow(now)
-		var items []SetRateItem
-		var want []SetRateResult
-		for i, k := range keys {
-			it := SetRateItem{Keys: k, Common: manyCommon, Rate: float64(i%5) * 7.5, Burst: float64(i % 40),
+		_, now = installThenRead(ctx, rdb, sc, m, check, round, keys, manyCommon, now, func(i int) SetRateItem {
+			return SetRateItem{Rate: float64(i%5) * 7.5, Burst: float64(i % 40),
 				ExpiryUS: now + int64(1+i%4)*1_000_000, IssuedUS: now - int64(round)}
-			items = append(items, it)
-			want = append(want, SetRateResult{Reply: m.SetRate(now, k, manyCommon, it.Rate, it.Burst, it.ExpiryUS, it.IssuedUS)})
-		}
-		check(fmt.Sprintf("round %d: set_rate", round), sc.SetRateMany(ctx, rdb, items), want)
-		now += 700_000
-		sc.setNow(now)
-		var reads []KeyCommon
-		var states []StateResult
-		for _, k := range keys {
-			reads = append(reads, KeyCommon{Keys: k, Common: manyCommon})
-			states = append(states, StateResult{State: m.State(now, k, manyCommon)})
-		}
-		check(fmt.Sprintf("round %d: state", round), sc.StateMany(ctx, rdb, reads), states)
+		})
 	}
+}
+
+// installThenRead runs, at now, one SetRateMany over keys (key i's grant
+// from grant(i); its keys and settings c), then, 700ms later, one
+// StateMany; check compares each with the Model's calls, one per key, in
+// order. It returns the Model's set_rate replies and the read's instant.
+func installThenRead(ctx context.Context, rdb *redis.Client, sc *Scripts, m *Model, check func(what string, got, want any),
+	round int, keys []Keys, c Common, now int64, grant func(i int) SetRateItem) ([]SetRateResult, int64) {
+	sc.setNow(now)
+	var items []SetRateItem
+	var want []SetRateResult
+	for i, k := range keys {
+		it := grant(i)
+		it.Keys, it.Common = k, c
+		items = append(items, it)
+		want = append(want, SetRateResult{Reply: m.SetRate(now, k, c, it.Rate, it.Burst, it.ExpiryUS, it.IssuedUS)})
+	}
+	check(fmt.Sprintf("round %d: set_rate", round), sc.SetRateMany(ctx, rdb, items), want)
+	now += 700_000
+	sc.setNow(now)
+	var reads []KeyCommon
+	var states []StateResult
+	for _, k := range keys {
+		reads = append(reads, KeyCommon{Keys: k, Common: c})
+		states = append(states, StateResult{State: m.State(now, k, c)})
+	}
+	check(fmt.Sprintf("round %d: state", round), sc.StateMany(ctx, rdb, reads), states)
+	return want, now
 }
 
 // TestManyKeyFailureIsItsOwn: a key whose call fails (here its bucket is
@@ -270,28 +283,13 @@ func TestManyKeepsItsDataSetsGeneration(t *testing.T) {
 			delete(m.born, keys[0].Born)
 		}
 		now += 1_300_000
-		sc.setNow(now)
-		var items []SetRateItem
 		var want []SetRateResult
-		for i, k := range keys {
-			it := SetRateItem{Keys: k, Common: guarded, Rate: float64(1 + i%5), Burst: float64(1 + i%9),
-				ExpiryUS: now + 3_000_000, IssuedUS: now}
-			items = append(items, it)
-			want = append(want, SetRateResult{Reply: m.SetRate(now, k, guarded, it.Rate, it.Burst, it.ExpiryUS, it.IssuedUS)})
-		}
-		check(fmt.Sprintf("round %d: set_rate", round), sc.SetRateMany(ctx, rdb, items), want)
+		want, now = installThenRead(ctx, rdb, sc, m, check, round, keys, guarded, now, func(i int) SetRateItem {
+			return SetRateItem{Rate: float64(1 + i%5), Burst: float64(1 + i%9), ExpiryUS: now + 3_000_000, IssuedUS: now}
+		})
 		if round == 1 && !want[0].Reply.Reborn {
 			t.Fatal("round 1: the Model's first call did not re-birth the rolled-back data set")
 		}
-		now += 700_000
-		sc.setNow(now)
-		var reads []KeyCommon
-		var states []StateResult
-		for _, k := range keys {
-			reads = append(reads, KeyCommon{Keys: k, Common: guarded})
-			states = append(states, StateResult{State: m.State(now, k, guarded)})
-		}
-		check(fmt.Sprintf("round %d: state", round), sc.StateMany(ctx, rdb, reads), states)
 	}
 }
 
