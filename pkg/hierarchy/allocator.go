@@ -1801,13 +1801,15 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		}
 		after := f.summarize(t, cr, cb)
 		a.summaries[int(b)*nr+ri] = after
-		if !freed {
-			// Compared over the same horizon: did this report lower what
-			// ri may use of the key (an acknowledgement)?
-			r0, b0 := a.peakUse(t, before, cr, cb)
-			r1, b1 := a.peakUse(t, after, cr, cb)
-			l := &a.limits[k]
-			freed = r1 < r0-1e-9*l.Rate || b1 < b0-1e-9*l.Burst
+		// Compared over the same horizon: did this report lower what ri
+		// may use of the key (an acknowledgement)?
+		r0, b0 := a.peakUse(t, before, cr, cb)
+		r1, b1 := a.peakUse(t, after, cr, cb)
+		if l := &a.limits[k]; r1 < r0-1e-9*l.Rate || b1 < b0-1e-9*l.Burst {
+			freed = true
+			if !learning && a.blockContended[b] {
+				a.nudgeRaises(t, b, ri, sh)
+			}
 		}
 		if issued {
 			answer = appendGrant(answer, &g)
@@ -2012,11 +2014,9 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 			return Grant{}, false
 		}
 	}
-	if short := wantRate - rate; short > pendingShortfall*l.Rate && short*short > 9*wantRate*a.perEpochSecond {
-		// Short of the target by more than a demand reading's noise
-		// (three standard deviations of one epoch's Poisson count,
-		// sqrt(wantRate/epoch)): the donors' acknowledgements will free
-		// the rest before the next epoch.
+	if a.materiallyShort(wantRate, wantRate-rate, l.Rate) {
+		// The donors' acknowledgements will free the rest before the
+		// next epoch.
 		a.regions[ri].raisePending = true
 		a.nudgeDonors(t, b, ri, sh)
 	}
@@ -2024,6 +2024,14 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})
 	a.grantEnd[k] = max(a.grantEnd[k], t+valid)
 	return Grant{Key: a.keys[k], Rate: rate, Burst: burst, Valid: time.Duration(valid)}, true
+}
+
+// materiallyShort says whether a rate short of want, a target of a key
+// of rate limit, is worth an early report: by more than pendingShortfall
+// of the key's rate and more than a demand reading's noise (three
+// standard deviations of one epoch's Poisson count, sqrt(want/epoch)).
+func (a *Allocator) materiallyShort(want, short, limit float64) bool {
+	return short > pendingShortfall*limit && short*short > 9*want*a.perEpochSecond
 }
 
 // lanesFor sets the rate and burst lanes to the headroom the other regions

@@ -27,8 +27,16 @@ type scriptHeld struct {
 
 func newScript(t *testing.T, regions []Region, limit KeyLimit) *script {
 	t.Helper()
+	return newScriptWith(t, Options{Regions: regions}, limit)
+}
+
+// newScriptWith is newScript with opts (its Epoch and Validity set to the
+// script's 1 s and 5 s).
+func newScriptWith(t *testing.T, opts Options, limit KeyLimit) *script {
+	t.Helper()
 	start := time.Unix(1_700_000_000, 0)
-	a, err := NewAllocator(Options{Regions: regions, Epoch: time.Second, Validity: 5 * time.Second}, start)
+	opts.Epoch, opts.Validity = time.Second, 5*time.Second
+	a, err := NewAllocator(opts, start)
 	if err != nil {
 		t.Fatal(err)
 	}

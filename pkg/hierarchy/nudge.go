@@ -22,7 +22,14 @@ package hierarchy
 //     receives its smaller grant and acknowledges it at once;
 //   - waiting recipients: when a report lowers what its region is counted
 //     at for some key (an acknowledgement freed capacity), every region
-//     whose last answer was short (raisePending) is asked to report again.
+//     whose last answer was short (raisePending) is asked to report again,
+//     and so is every region whose target for that key is now materially
+//     above what it may use (nudgeRaises). The second kind matters when the
+//     report that freed the capacity also raised the others' targets: a
+//     donor whose demand fell reports its fall, is answered a smaller grant
+//     and acknowledges it, while the recipient's last answer met its target
+//     of before the fall and was not short; without the nudge it would wait
+//     for its next epoch report.
 //
 // Cost: each report marks at most every other region once, and regions
 // bound how often a nudge may start a round (regionsync.NudgeSpacing), so
@@ -73,6 +80,24 @@ func (a *Allocator) nudgeDonors(t int64, b int32, ri int, sh *shares) {
 func (a *Allocator) nudgeWaiting(ri int) {
 	for j := range a.regions {
 		if j != ri && a.regions[j].raisePending {
+			a.markNudge(j)
+		}
+	}
+}
+
+// nudgeRaises marks every region other than ri whose target for block b
+// is above what it may use (peakUse) by more than raisePending's test: ri's
+// report just freed capacity of the key, and such a region's next report
+// would be answered a raise.
+func (a *Allocator) nudgeRaises(t int64, b int32, ri int, sh *shares) {
+	base := int(b) * a.nr
+	l := &a.limits[a.blockKey[b]]
+	for j := 0; j < a.nr; j++ {
+		if j == ri {
+			continue
+		}
+		pr, _ := a.peakUse(t, a.summaries[base+j], sh.cR[j], sh.cB[j])
+		if want := a.targetRate[base+j]; a.materiallyShort(want, want-pr, l.Rate) {
 			a.markNudge(j)
 		}
 	}

@@ -126,3 +126,57 @@ func (s *script) takesNudges(when string, want ...string) {
 		s.t.Fatalf("%s: nudges %q, want %q", when, got, want)
 	}
 }
+
+// TestAcknowledgementNudgesARaisedTarget: the donor's fall is heard in a
+// report of its own, which raises the recipient's target after the
+// recipient's last answer met the target it had then (so that answer was
+// not short). When the donor acknowledges its smaller grant, the freed
+// capacity is the recipient's: it is nudged although no answer of its own
+// waits for a raise.
+func TestAcknowledgementNudgesARaisedTarget(t *testing.T) {
+	// Each reading replaces the estimate: the fall is heard in one report.
+	s := newScriptWith(t, Options{Regions: twoRegions(), DemandAlpha: 1}, KeyLimit{Rate: 100, Burst: 100})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 150, -1)
+	s.report("b", 6200, 10, -1)
+	s.report("a", 6300, 150, -1)
+	s.report("b", 6310, 10, -1)
+	if g := s.report("a", 6320, 150, -1); g == nil || !near(g.Rate, 90) {
+		t.Fatalf("a = %+v, want 90", g)
+	}
+	s.a.TakeNudges() // the start's, as in TestNudgesMoveCapacityBetweenEpochs
+
+	// b's demand rises: its target is 50 while a still reads 150, and a
+	// holds 90, so b's answer is short and a is nudged.
+	if g := s.report("b", 6400, 150, -1); g == nil || g.Rate > 10+1e-9 {
+		t.Fatalf("b got %+v before a acknowledged", g)
+	}
+	s.takesNudges("b is short", "a")
+	// a still reads 150: it is lowered to 50 and acknowledges; b, nudged,
+	// gets its target of 50 and is not short any more.
+	if g := s.report("a", 6410, 150, -1); g == nil || !near(g.Rate, 50) {
+		t.Fatalf("a = %+v, want 50", g)
+	}
+	s.report("a", 6420, 150, -1)
+	s.takesNudges("a acknowledged 50", "b")
+	if g := s.report("b", 6430, 150, -1); g == nil || !near(g.Rate, 50) {
+		t.Fatalf("b = %+v, want its target 50", g)
+	}
+	s.takesNudges("b has its target")
+
+	// a's fall is heard at the next epoch: b's target rises to 90, a is
+	// lowered to 10. b's last answer was not short, but a's
+	// acknowledgement frees what b's target now asks for.
+	s.a.Allocate(s.at(7000))
+	s.takesNudges("the epoch")
+	if g := s.report("a", 7100, 10, -1); g == nil || !near(g.Rate, 10) {
+		t.Fatalf("a after its fall = %+v, want 10", g)
+	}
+	s.takesNudges("a is lowered, not yet acknowledged")
+	s.report("a", 7110, 10, -1)
+	s.takesNudges("a acknowledged 10: b's raise is free", "b")
+	if g := s.report("b", 7120, 150, -1); g == nil || !near(g.Rate, 90) {
+		t.Fatalf("b after a's acknowledgement = %+v, want 90", g)
+	}
+	s.takesNudges("b has its target")
+}
