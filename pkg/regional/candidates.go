@@ -46,15 +46,60 @@ func (l *Leader) candidates(ctx context.Context, sendUS int64, epoch time.Durati
 	}
 	var keys []quota.Key
 	for _, r := range reads {
-		for _, m := range r.Val() {
-			t, c, ok := strings.Cut(m, "|")
-			k := quota.Key{Tenant: t, Class: c}
-			if !ok || k.Validate() != nil {
-				continue // not ours; never trust Redis contents blindly
-			}
-			keys = append(keys, k)
-		}
+		keys = appendMembers(keys, r.Val())
 	}
 	s.metrics.candidates.Set(float64(len(keys)))
 	return l.sync.Select(keys), nil
+}
+
+// appendMembers appends the keys named by candidate-set members
+// ("tenant|class") to keys, skipping any member that names no valid key:
+// never trust Redis contents blindly.
+func appendMembers(keys []quota.Key, members []string) []quota.Key {
+	for _, m := range members {
+		t, c, ok := strings.Cut(m, "|")
+		k := quota.Key{Tenant: t, Class: c}
+		if !ok || k.Validate() != nil {
+			continue
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// freshKeys is a look between epochs at the candidate set of a single
+// Redis (regionsync.FreshWatch): the keys newly marked that the leader
+// neither reports nor watches, when the set grew since the last look. On
+// a cluster, or when the look fails, none.
+func (l *Leader) freshKeys(ctx context.Context, epoch time.Duration) []quota.Key {
+	s := l.s
+	sets := s.candKeys()
+	if len(sets) != 1 {
+		return nil
+	}
+	var now *redis.TimeCmd
+	var card *redis.IntCmd
+	if _, err := s.opts.Redis.Pipelined(ctx, func(p redis.Pipeliner) error {
+		now = p.Time(ctx)
+		card = p.ZCard(ctx, sets[0])
+		return nil
+	}); err != nil {
+		l.fresh.Reset()
+		return nil
+	}
+	nowUS := now.Val().UnixMicro()
+	read, since := l.fresh.Look(card.Val(), nowUS)
+	if !read {
+		return nil
+	}
+	// Up to a little past now: a granted key's mark scores its grant's
+	// expiry, and such a key is reported anyway.
+	until := nowUS + regionsync.NudgeSpacing(epoch).Microseconds()
+	members, err := s.opts.Redis.ZRangeByScore(ctx, sets[0], &redis.ZRangeBy{
+		Min: strconv.FormatInt(since, 10), Max: strconv.FormatInt(until, 10)}).Result()
+	if err != nil {
+		l.fresh.Reset()
+		return nil
+	}
+	return l.sync.Fresh(appendMembers(nil, members))
 }

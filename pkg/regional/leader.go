@@ -101,6 +101,9 @@ type Leader struct {
 	// leases is the region's static lease from each global-tier shard as
 	// this leadership knows it (shards.go). Only Run's goroutine uses it.
 	leases regionsync.ShardLeases
+	// fresh is the looks between epochs at the candidate set for newly
+	// marked keys (freshKeys). Only Run's goroutine uses it.
+	fresh regionsync.FreshWatch
 	// syncDown is the failing syncs with the global tier, and extended
 	// each shard's static lease extensions by the etcd rule, each logged
 	// once when it starts and once when it ends. Only Run's goroutine
@@ -189,6 +192,7 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	// A new leader starts its demand baseline afresh: the first report of
 	// a key after a leader change carries no admitted/denied counts.
 	l.sync.Elected()
+	l.fresh.Reset()
 	l.leases = nil
 	// A new term logs the outages it finds afresh: one under way when an
 	// earlier term ended was last logged then.
@@ -209,7 +213,8 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	defer func() { stopWatch(); watch.wait() }()
 	watch.openAll()
 	// Between epochs the leader watches its contended keys for demand
-	// rises (regionsync.Leader.Risen) and nudges itself.
+	// rises and granted keys for falls (regionsync.Leader.Moved) and
+	// nudges itself.
 	rise := time.NewTicker(regionsync.NudgeSpacing(epoch))
 	defer rise.Stop()
 	var lastStart time.Time
@@ -226,19 +231,24 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 			return errors.New("etcd session expired")
 		case <-first:
 			lastStart = time.Now()
-			l.round(ctx, sess.Done(), regionsync.Epoch)
+			l.round(ctx, sess.Done(), nudges, regionsync.Epoch)
 		case <-t.C:
 			watch.openAll() // shards added to the config since the last epoch
 			lastStart = time.Now()
-			l.round(ctx, sess.Done(), regionsync.Epoch)
+			l.round(ctx, sess.Done(), nudges, regionsync.Epoch)
 			if e := time.Duration(l.s.opts.Config.Current().Epoch); e != epoch {
 				epoch = e
 				t.Reset(epoch)
 				rise.Reset(regionsync.NudgeSpacing(epoch))
 			}
 		case <-rise.C:
-			if l.risen(ctx) {
-				l.s.metrics.rises.Inc()
+			if rose, fell := l.moved(ctx); rose || fell {
+				if rose {
+					l.s.metrics.rises.Inc()
+				}
+				if fell {
+					l.s.metrics.falls.Inc()
+				}
 				select {
 				case nudges <- struct{}{}:
 				default:
@@ -253,20 +263,20 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 				continue
 			}
 			lastStart = time.Now()
-			l.round(ctx, sess.Done(), regionsync.Nudged)
+			l.round(ctx, sess.Done(), nudges, regionsync.Nudged)
 		case <-deferred:
 			deferred = nil
 			lastStart = time.Now()
-			l.round(ctx, sess.Done(), regionsync.Nudged)
+			l.round(ctx, sess.Done(), nudges, regionsync.Nudged)
 		}
 	}
 }
 
 // round is one round of reports starting with one of the given kind
-// (Epoch or Nudged); after a failure the etcd rule of the static lease
-// (NoGlobalLeader) is tried.
-func (l *Leader) round(ctx context.Context, lost <-chan struct{}, kind regionsync.Kind) {
-	if err := l.syncRound(ctx, lost, kind); err != nil {
+// (Epoch or Nudged); a nudge cuts its waits short (syncRound). After a
+// failure the etcd rule of the static lease (NoGlobalLeader) is tried.
+func (l *Leader) round(ctx context.Context, lost <-chan struct{}, nudges <-chan struct{}, kind regionsync.Kind) {
+	if err := l.syncRound(ctx, lost, nudges, kind); err != nil {
 		l.s.metrics.globalSyncs.WithLabelValues("error").Inc()
 		if l.syncDown.see(time.Now()) {
 			l.s.log.Warn("region sync with the global tier failed; running on current grants (logged again when a sync succeeds)",
@@ -329,11 +339,17 @@ func (l *Leader) setLeading(v bool) {
 // than the allocator's. lost, when it closes, means leadership ended:
 // nothing more is written.
 func (l *Leader) SyncOnce(ctx context.Context, lost <-chan struct{}) error {
-	return l.syncRound(ctx, lost, regionsync.Epoch)
+	return l.syncRound(ctx, lost, nil, regionsync.Epoch)
 }
 
-// syncRound is SyncOnce starting with a report of the given kind.
-func (l *Leader) syncRound(ctx context.Context, lost <-chan struct{}, kind regionsync.Kind) error {
+// syncRound is SyncOnce starting with a report of the given kind. A nudge
+// (from nudges, nil for none) that comes while the round waits to report
+// again for a raise sends that report at once and is spent on it: the
+// global leader nudges a region whose raise another region's
+// acknowledgement just made possible (pkg/hierarchy, nudge.go), and the
+// wait (the answer's report_again_ms) only guesses when that will be.
+// MaxCatchUps still bounds the round's reports.
+func (l *Leader) syncRound(ctx context.Context, lost <-chan struct{}, nudges <-chan struct{}, kind regionsync.Kind) error {
 	epoch := time.Duration(l.s.opts.Config.Current().Epoch)
 	round := regionsync.NewRound(epoch)
 	if kind == regionsync.Nudged {
@@ -348,19 +364,28 @@ func (l *Leader) syncRound(ctx context.Context, lost <-chan struct{}, kind regio
 		if !more {
 			return nil
 		}
-		if wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return nil
-			case <-lost:
-				t.Stop()
-				return nil
-			case <-t.C:
-			}
+		if wait > 0 && !waitToReport(ctx, lost, nudges, wait) {
+			return nil
 		}
 		kind = next
+	}
+}
+
+// waitToReport waits wait before a round's next report, or until a nudge
+// comes (spent on that report; nudges nil: none), and reports whether to
+// send it: false when ctx ends or leadership is lost (lost closed).
+func waitToReport(ctx context.Context, lost, nudges <-chan struct{}, wait time.Duration) bool {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-lost:
+		return false
+	case <-nudges:
+		return true
+	case <-t.C:
+		return true
 	}
 }
 
@@ -422,21 +447,23 @@ func (l *Leader) buildReport(ctx context.Context, cfg *config.Config, keys []quo
 	return rep, plans, held, nil
 }
 
-// risen reads the watched keys' states and says whether one rose enough
-// to report now (regionsync.Leader.Risen).
-func (l *Leader) risen(ctx context.Context) bool {
-	keys := l.sync.Watched()
-	if len(keys) == 0 {
-		return false
-	}
+// moved reads the states of the watched keys and of the fresh ones (newly
+// marked candidates, freshKeys) and says whether one rose, or a granted
+// one fell, enough to report now (regionsync.Leader.Moved).
+func (l *Leader) moved(ctx context.Context) (rose, fell bool) {
 	cfg := l.s.opts.Config.Current()
-	ctx, cancel := context.WithTimeout(ctx, regionsync.NudgeSpacing(time.Duration(cfg.Epoch)))
+	epoch := time.Duration(cfg.Epoch)
+	ctx, cancel := context.WithTimeout(ctx, regionsync.NudgeSpacing(epoch))
 	defer cancel()
+	keys := append(l.sync.Watched(), l.freshKeys(ctx, epoch)...)
+	if len(keys) == 0 {
+		return false, false
+	}
 	_, reads, err := l.readKeys(ctx, cfg, keys)
 	if err != nil {
-		return false // the next epoch reports anyway
+		return false, false // the next epoch reports anyway
 	}
-	return l.sync.Risen(time.Duration(cfg.Epoch), reads)
+	return l.sync.Moved(time.Duration(cfg.Epoch), reads)
 }
 
 // readKeys reads the state of keys (those of a class still configured) in
@@ -507,6 +534,7 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 			}
 			continue
 		}
+		installs[i].FromStatic(p.common.StaticRate)
 		items = append(items, item{p: p, in: i})
 	}
 	// set_rate marks each granted key a candidate until its grant ends:

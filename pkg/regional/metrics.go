@@ -27,6 +27,7 @@ type metrics struct {
 	globalSyncs   *prometheus.CounterVec // result: ok, error
 	reports       *prometheus.CounterVec // kind: epoch, ack, catch_up, nudged
 	rises         prometheus.Counter
+	falls         prometheus.Counter
 	reportKeys    prometheus.Gauge // keys in the last epoch report
 	candidates    prometheus.Gauge // keys marked in the candidate sets, as the last report read them
 	grantsApplied prometheus.Counter
@@ -90,6 +91,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.rises = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_regional_demand_rises_total",
 		Help: "Times the region leader found a watched key's demand risen between epochs and reported at once (docs/architecture.md, \"Nudges\").",
+	})
+	m.falls = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_regional_demand_falls_total",
+		Help: "Times the region leader found the demand of a key it holds a grant for fallen between epochs and reported at once, so that the capacity moves to the regions waiting for it (docs/architecture.md, \"Nudges\").",
 	})
 	m.reportKeys = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sluice_regional_report_keys",
@@ -166,7 +171,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		reg.MustRegister(m.evicting, m.evictedKeys, m.startedUnconfirmed, m.resumedLate, m.unconfirmed)
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.returned, m.restarts, m.rollbacks, m.activeLeases, m.activeKeys,
-			m.leader, m.globalSyncs, m.reports, m.rises, m.reportKeys, m.candidates, m.grantsApplied, m.staticLeft, m.onFloor)
+			m.leader, m.globalSyncs, m.reports, m.rises, m.falls, m.reportKeys, m.candidates, m.grantsApplied, m.staticLeft, m.onFloor)
 	}
 	return m
 }

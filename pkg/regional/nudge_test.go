@@ -21,8 +21,9 @@ import (
 // a real allocator daemon through allocator.Client, with a long epoch. us
 // (driven by hand) wants far more than its static share of a key eu barely
 // uses; us's short answer makes the global leader nudge eu, whose leader
-// answers with a nudged report between its epochs, and us then gets what
-// eu gave up.
+// answers with a nudged report between its epochs, acknowledges the grant
+// it gets for the key it did not report at once, and us then gets what eu
+// gave up.
 func TestDonorReportsWhenNudged(t *testing.T) {
 	// Mostly waits out epochs of its own allocator: it runs beside the
 	// package's other parallel tests.
@@ -130,6 +131,12 @@ default_tier: free
 	}
 	if n := reports("nudged"); n < 1 {
 		t.Fatalf("us got %v/s with eu sending no nudged report", held.Rate)
+	}
+	// eu's grant of the key it had not reported is below its static share:
+	// it acknowledged it at once (regionsync.Install.FromStatic) rather
+	// than at its next report.
+	if n := reports("ack"); n < 1 {
+		t.Fatalf("us got %v/s with eu acknowledging no donor grant at once", held.Rate)
 	}
 	t.Logf("us holds %.0f/s; eu sent %v epoch, %v nudged, %v ack reports", held.Rate, reports("epoch"), reports("nudged"), reports("ack"))
 }

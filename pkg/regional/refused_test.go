@@ -54,14 +54,15 @@ func leaderGrantedAt(t *testing.T, r *leaseRig, validity time.Duration, rates ma
 // with grants in place of the allocator's and no raise pending, counting
 // the reports sent.
 type grantingTier struct {
-	inner   regional.GlobalTier
-	grants  []*sluicev1.KeyGrant
-	reports atomic.Int64
-	last    atomic.Pointer[sluicev1.RegionReport]
+	inner       regional.GlobalTier
+	grants      []*sluicev1.KeyGrant
+	reports     atomic.Int64
+	first, last atomic.Pointer[sluicev1.RegionReport]
 }
 
 func (g *grantingTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
 	g.reports.Add(1)
+	g.first.CompareAndSwap(nil, r)
 	g.last.Store(r)
 	a, err := g.inner.Sync(ctx, r)
 	if err != nil {
@@ -78,7 +79,8 @@ func (g *grantingTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*slu
 // grants-applied counter does not count it, and although it lowers the
 // rate the region reported holding, no acknowledgement is sent for it (the
 // round is one report). A grant for another key in the same answer is
-// applied and counted.
+// applied and counted; it is above that key's static share (50/s), so no
+// acknowledgement is owed for it either.
 func TestRefusedGrantIsNotCountedApplied(t *testing.T) {
 	ctx := context.Background()
 	r := newLongEpochRig(t)
@@ -98,7 +100,7 @@ func TestRefusedGrantIsNotCountedApplied(t *testing.T) {
 		t.Fatalf("installing the newer grant: %+v, %v", sr, err)
 	}
 
-	l, tier, applied := leaderGrantedAt(t, r, validity, map[quota.Key]float64{fenced: 10, fresh: 20})
+	l, tier, applied := leaderGrantedAt(t, r, validity, map[quota.Key]float64{fenced: 10, fresh: 60})
 	counted0 := r.counter("sluice_regional_grants_applied_total")
 	if err := l.SyncOnce(ctx, nil); err != nil {
 		t.Fatal(err)
@@ -118,8 +120,8 @@ func TestRefusedGrantIsNotCountedApplied(t *testing.T) {
 	if fencedApplied {
 		t.Error("OnApplied was called for the grant set_rate refused")
 	}
-	if !freshApplied || freshRate != 20 {
-		t.Errorf("OnApplied for the fresh key: called %v at %v/s, want the grant of 20/s applied", freshApplied, freshRate)
+	if !freshApplied || freshRate != 60 {
+		t.Errorf("OnApplied for the fresh key: called %v at %v/s, want the grant of 60/s applied", freshApplied, freshRate)
 	}
 	if got := r.counter("sluice_regional_grants_applied_total") - counted0; got != 1 {
 		t.Errorf("grants applied counted %v, want 1 (the fresh key's; not the refused one)", got)

@@ -27,15 +27,12 @@ tiers: {free: {write: {rate: 100/s, burst: 100}}}
 default_tier: free
 `
 
-// TestLeaderSeesItsOneWatchedKeyRise: between epochs the leader reads the
-// keys its last report watched and reports at once when one asks for
-// materially more than it holds and than was reported. Here the report
-// watches a single key (its demand is above half eu's static share): at
-// the demand reported it has not risen; at ten times that it has.
-func TestLeaderSeesItsOneWatchedKeyRise(t *testing.T) {
-	ctx := context.Background()
-	cfg := regiontest.MustConfig(t, watchedKeyConfig)
-	r := newLeaseRigWith(t, cfg)
+// oneWatchedKey is a lease rig on watchedKeyConfig whose last report
+// named leaseKey alone, at 40/s, above half eu's static share (so the
+// leader watches it), and the driver of its demand.
+func oneWatchedKey(t *testing.T) (*leaseRig, *demandDriver) {
+	t.Helper()
+	r := newLeaseRigWith(t, regiontest.MustConfig(t, watchedKeyConfig))
 	r.reported() // the first answer confers the static lease
 	d := newDemandDriver(r)
 	d.open(leaseKey)
@@ -43,6 +40,17 @@ func TestLeaderSeesItsOneWatchedKeyRise(t *testing.T) {
 	if got := r.reported(); !slices.Equal(got, []quota.Key{leaseKey}) {
 		t.Fatalf("report names %v, want only %v", got, leaseKey)
 	}
+	return r, d
+}
+
+// TestLeaderSeesItsOneWatchedKeyRise: between epochs the leader reads the
+// keys its last report watched and reports at once when one asks for
+// materially more than it holds and than was reported. Here the report
+// watches a single key (its demand is above half eu's static share): at
+// the demand reported it has not risen; at ten times that it has.
+func TestLeaderSeesItsOneWatchedKeyRise(t *testing.T) {
+	ctx := context.Background()
+	r, d := oneWatchedKey(t)
 	if regional.RisenForTest(ctx, r.leader) {
 		t.Fatal("the key rose with its demand as reported")
 	}
@@ -56,22 +64,37 @@ func TestLeaderSeesItsOneWatchedKeyRise(t *testing.T) {
 	}
 }
 
+// TestLeaderSeesAFreshKeyBetweenEpochs: a key that turns hot between two
+// reports is not watched (no report named it), but the scripts mark it
+// into the candidate set, which grows: the leader's next look between
+// epochs reads it and finds it risen. A look at a set that only had its
+// members marked again reads no marks and finds nothing.
+func TestLeaderSeesAFreshKeyBetweenEpochs(t *testing.T) {
+	ctx := context.Background()
+	r, d := oneWatchedKey(t)
+	if regional.RisenForTest(ctx, r.leader) { // the first look records the set
+		t.Fatal("the watched key rose with its demand as reported")
+	}
+	d.demand(40, leaseKey) // marked again (or not, within its mark interval)
+	if regional.RisenForTest(ctx, r.leader) {
+		t.Fatal("a look at a set whose members were only marked again found a rise")
+	}
+	fresh := quota.Key{Tenant: "globex", Class: "write"}
+	d.open(fresh)
+	d.demand(400, fresh)
+	if !regional.RisenForTest(ctx, r.leader) {
+		t.Fatalf("%v turned hot between reports (400/s against a static share of 50/s) and the leader's look did not see it", fresh)
+	}
+}
+
 // TestWatchedKeyRiseSendsANudgedReportBetweenEpochs: a leader running its
 // loop reads its watched keys between epochs and, when one rose, reports
 // at once as a nudged round, not at the next epoch. The tier here cannot
 // nudge (no Watch): only the rise the leader sees itself starts that
 // round.
 func TestWatchedKeyRiseSendsANudgedReportBetweenEpochs(t *testing.T) {
-	cfg := regiontest.MustConfig(t, watchedKeyConfig)
-	epoch := time.Duration(cfg.Epoch)
-	r := newLeaseRigWith(t, cfg)
-	r.reported() // the first answer confers the static lease
-	d := newDemandDriver(r)
-	d.open(leaseKey)
-	d.demand(40, leaseKey)
-	if got := r.reported(); !slices.Equal(got, []quota.Key{leaseKey}) {
-		t.Fatalf("report names %v, want only %v", got, leaseKey)
-	}
+	r, d := oneWatchedKey(t)
+	epoch := time.Duration(r.cfg.Epoch)
 	reports := func(kind string) float64 {
 		return metrictest.Series(t, r.reg, "sluice_regional_global_reports_total", map[string]string{"kind": kind})
 	}

@@ -130,7 +130,8 @@ default_tier: free
 // only from the shard that owns it under the map it runs. Shard 0 answers
 // with grants for its own key and for shard 1's; shard 1 grants nothing.
 // Only shard 0's own key is installed; shard 1's key keeps its static
-// share.
+// share. The grants are above the static share (50/s), so neither owes an
+// acknowledgement and the round is one report.
 func TestShardAnswerInstallsOnlyItsOwnKeys(t *testing.T) {
 	ctx := context.Background()
 	cfg := twoShardConfig(t)
@@ -138,8 +139,8 @@ func TestShardAnswerInstallsOnlyItsOwnKeys(t *testing.T) {
 	own, other := ownedBy(t, cfg.ShardMap(), 0), ownedBy(t, cfg.ShardMap(), 1)
 	validMs := time.Duration(cfg.GrantValidity).Milliseconds()
 	r.tiers[0].set([]*sluicev1.KeyGrant{
-		{Key: &sluicev1.QuotaKey{Tenant: own.Tenant, Class: own.Class}, Rate: 20, Burst: 20, ValidMs: validMs},
-		{Key: &sluicev1.QuotaKey{Tenant: other.Tenant, Class: other.Class}, Rate: 30, Burst: 30, ValidMs: validMs},
+		{Key: &sluicev1.QuotaKey{Tenant: own.Tenant, Class: own.Class}, Rate: 60, Burst: 60, ValidMs: validMs},
+		{Key: &sluicev1.QuotaKey{Tenant: other.Tenant, Class: other.Class}, Rate: 70, Burst: 70, ValidMs: validMs},
 	}, 0)
 	r.tiers[1].set(nil, 0)
 	if err := r.leader.SyncOnce(ctx, nil); err != nil {
@@ -148,8 +149,8 @@ func TestShardAnswerInstallsOnlyItsOwnKeys(t *testing.T) {
 	r.mu.Lock()
 	ownRates, otherRates := r.applied[own], r.applied[other]
 	r.mu.Unlock()
-	if len(ownRates) != 1 || ownRates[0] != 20 {
-		t.Errorf("shard 0's own key %v: applied %v, want shard 0's grant of 20/s once", own, ownRates)
+	if len(ownRates) != 1 || ownRates[0] != 60 {
+		t.Errorf("shard 0's own key %v: applied %v, want shard 0's grant of 60/s once", own, ownRates)
 	}
 	if len(otherRates) != 0 {
 		t.Errorf("shard 1's key %v: applied %v from shard 0, which does not own it", other, otherRates)
@@ -162,8 +163,8 @@ func TestShardAnswerInstallsOnlyItsOwnKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Rate == 30 {
-		t.Errorf("shard 1's key %v runs at shard 0's grant of 30/s", other)
+	if st.Rate == 70 {
+		t.Errorf("shard 1's key %v runs at shard 0's grant of 70/s", other)
 	}
 }
 

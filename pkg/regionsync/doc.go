@@ -8,7 +8,9 @@
 // held at send time), Installs turns the global tier's answer into the
 // set_rate calls to make (expiry = send time + validity) and Round decides
 // what follows an answer (an acknowledgement when a grant was lowered,
-// catch-up reports while a raise is pending), and StaticLease (static.go)
+// catch-up reports while a raise is pending), Moved (rise.go) and Fresh
+// (fresh.go) decide between epochs whether a watched key's rise, a granted
+// key's fall or a newly marked key is worth a report now, and StaticLease (static.go)
 // decides how long the region may run on its static shares: from the
 // answers' static_lease_ms and, with no global leader elected, from etcd;
 // each replica then chooses per key its static share or its floor

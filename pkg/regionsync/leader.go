@@ -156,8 +156,9 @@ type Held map[quota.Key]float64
 // needs it bit for bit), with its remaining validity in whole milliseconds.
 // Acknowledgements and catch-ups keep the demand baseline where it was.
 // In a report other than an epoch report, a watched key whose live leases
-// ask for materially more than it last reported (the test of Risen) goes
-// out as at a first sight: its demand rate over one epoch, no counts. Its
+// ask for materially more than it last reported (the test of Risen), or
+// a granted one whose leases ask for materially less (Moved), goes out as
+// at a first sight: its demand rate over one epoch, no counts. Its
 // window since the epoch report may be shorter than half an epoch, from
 // which the allocator takes no reading, and the rise would wait for the
 // next epoch report.
@@ -194,10 +195,11 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 			d := st.Since(prev)
 			kd.Admitted, kd.Denied, kd.WindowMs = d.Admitted, d.Denied, d.Window.Milliseconds()
 			kd.DemandRate = proto.Float64(d.DemandRate)
-			if from, ok := risenFrom[r.Key]; ok && kd.WindowMs < epoch.Milliseconds() && rose(half, r, from) {
-				// A rise within the epoch: the reading over one epoch,
-				// as at a first sight (the allocator takes no reading
-				// from a window under half an epoch).
+			if from, ok := risenFrom[r.Key]; ok && kd.WindowMs < epoch.Milliseconds() && (risen(half, r, from) || fallen(half, r, from)) {
+				// A rise (or a granted key's fall) within the epoch: the
+				// reading over one epoch, as at a first sight (the
+				// allocator takes no reading from a window under half an
+				// epoch).
 				kd.Admitted, kd.Denied, kd.WindowMs = 0, 0, epoch.Milliseconds()
 			}
 		case !seen && st.LeaseDemand > 0 && epoch >= time.Millisecond:
@@ -244,10 +246,30 @@ type Install struct {
 	// FenceUS orders grants: set_rate refuses one older than the grant it
 	// holds (the send time of the report it answers).
 	FenceUS int64
-	// Lowers is true when the key was reported and the grant's rate is
-	// materially below what the region held when it sent the report
-	// (Lowers): an acknowledgement is owed for it.
+	// Lowers is true when the grant's rate is materially below (Lowers)
+	// what the region held for the key when it sent the report: the rate
+	// the report says it held, or for a key the report did not name its
+	// static rate (FromStatic). An acknowledgement is owed for it.
 	Lowers bool
+	// reported: the report named the key, and Lowers was judged from
+	// what it held.
+	reported bool
+}
+
+// FromStatic judges Lowers for a grant of a key the report did not name,
+// from staticRate, the rate the region refills the key at without a grant
+// (luascripts.Common.StaticRate); a key the report named keeps the rate
+// it reported. The allocator grants a region keys it did not report (its
+// share of another region's contended key: a donor's grant) and counts
+// the region at that static rate until a report echoes the grant. The
+// region reports every key it holds a valid grant for, so it holds none
+// for such a key and refills it at staticRate: a grant below that lowers
+// it, and acknowledging it at once frees the capacity for the region
+// waiting on it, instead of at this region's next report.
+func (in *Install) FromStatic(staticRate float64) {
+	if !in.reported {
+		in.Lowers = Lowers(in.Rate, staticRate)
+	}
 }
 
 // ReadAt measures the grant from readUS, when the report read the key's
@@ -324,7 +346,7 @@ func Installs(g *sluicev1.RegionGrants, sendUS int64, held Held) ([]Install, []R
 		out = append(out, Install{
 			Key: k, Wire: kg.GetKey(), Rate: rate, Burst: burst,
 			ExpiryUS: sendUS + kg.GetValidMs()*1000, FenceUS: sendUS,
-			Lowers: reported && Lowers(rate, h),
+			Lowers: reported && Lowers(rate, h), reported: reported,
 		})
 	}
 	return out, refused

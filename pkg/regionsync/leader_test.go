@@ -97,13 +97,50 @@ func TestInstallsExpireFromTheSendTime(t *testing.T) {
 		}
 	}
 	if !ins[0].Lowers || ins[1].Lowers || ins[2].Lowers {
-		t.Errorf("lowers %v %v %v; want only %s (unreported keys never lower)", ins[0].Lowers, ins[1].Lowers, ins[2].Lowers, keyA)
+		t.Errorf("lowers %v %v %v; want only %s (unreported keys are judged by FromStatic)", ins[0].Lowers, ins[1].Lowers, ins[2].Lowers, keyA)
 	}
 	if a := Outcome(g, ins, []bool{false, true, true}); a.Lowered || a.Again != 40*time.Millisecond {
 		t.Errorf("a lowering grant that was not applied counts: %+v", a)
 	}
 	if a := Outcome(g, ins, []bool{true, true, true}); !a.Lowered {
 		t.Errorf("an applied lowering grant does not count: %+v", a)
+	}
+}
+
+// TestDonorGrantOfAnUnreportedKeyLowersItsStaticRate: a grant of a key the
+// report did not name (a donor's grant) lowers what the region held when
+// it is below the static rate the region refills such a key at, so the
+// region acknowledges it at once; a reported key keeps the rate it
+// reported, whatever its static rate.
+func TestDonorGrantOfAnUnreportedKeyLowersItsStaticRate(t *testing.T) {
+	const sendUS = 9_000_000
+	g := &sluicev1.RegionGrants{Grants: []*sluicev1.KeyGrant{
+		{Key: &sluicev1.QuotaKey{Tenant: "acme", Class: "read"}, Rate: 2, Burst: 5, ValidMs: 3000},  // reported, held 3
+		{Key: &sluicev1.QuotaKey{Tenant: "gamma", Class: "read"}, Rate: 0, Burst: 1, ValidMs: 3000}, // unreported
+		{Key: &sluicev1.QuotaKey{Tenant: "eps", Class: "read"}, Rate: 4, Burst: 1, ValidMs: 3000},   // unreported
+	}}
+	for _, tc := range []struct {
+		static float64
+		want   [3]bool
+	}{
+		{static: 3.33, want: [3]bool{true, true, false}}, // eps's 4 is above it: a raise
+		{static: 4, want: [3]bool{true, true, false}},    // equal to the static rate: lowers nothing
+		{static: 5, want: [3]bool{true, true, true}},
+		{static: 0, want: [3]bool{true, false, false}}, // on a floor of 0 nothing is lower
+		{static: 1, want: [3]bool{true, true, false}},  // acme, reported, is judged by the 3 it held
+	} {
+		ins, _ := Installs(g, sendUS, Held{keyA: 3})
+		var got [3]bool
+		for i := range ins {
+			ins[i].FromStatic(tc.static)
+			got[i] = ins[i].Lowers
+		}
+		if got != tc.want {
+			t.Errorf("static %v: lowers %v, want %v", tc.static, got, tc.want)
+		}
+		if a := Outcome(g, ins, []bool{false, true, true}); a.Lowered != (tc.want[1] || tc.want[2]) {
+			t.Errorf("static %v: an applied donor grant's lowering counts %v", tc.static, a.Lowered)
+		}
 	}
 }
 

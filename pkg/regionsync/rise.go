@@ -70,27 +70,56 @@ func (l *Leader) Watched() []quota.Key {
 // reading (three standard deviations of a Poisson count over half an
 // epoch): worth a report now.
 func (l *Leader) Risen(epoch time.Duration, reads []KeyRead) bool {
+	rose, _ := l.Moved(epoch, reads)
+	return rose
+}
+
+// Moved is Risen, and whether a key fell: whether reads show a key that
+// holds a grant and whose live leases ask for less than both the grant's
+// rate and the demand last reported, by as much (fell). Such a region is
+// a donor the allocator does not know of yet: its report lowers its grant,
+// and its acknowledgement frees the capacity for the regions whose targets
+// rose (the allocator nudges them, pkg/hierarchy nudge.go), up to an
+// epoch before its epoch report would. A key without a grant holds the
+// region's static share, which the allocator counts whatever its demand,
+// so its fall frees nothing by itself and is left to the epoch report.
+// Both tests compare with the demand last reported, so a steady key (its
+// demand as reported, whatever its grant) moves neither way.
+func (l *Leader) Moved(epoch time.Duration, reads []KeyRead) (rose, fell bool) {
 	half := max(epoch.Seconds()/2, 1e-3)
 	reported := l.risenFrom()
 	for _, r := range reads {
-		if rose(half, r, reported[r.Key]) {
-			return true
-		}
+		rose = rose || risen(half, r, reported[r.Key])
+		fell = fell || fallen(half, r, reported[r.Key])
 	}
-	return false
+	return rose, fell
 }
 
-// rose is Risen's test for one key: its live leases ask for more than
+// risen is Risen's test for one key: its live leases ask for more than
 // both the rate it refills at and the demand last reported, beyond a
 // tenth of the static share and three standard deviations of a Poisson
 // count over half an epoch (half, seconds).
-func rose(half float64, r KeyRead, reported float64) bool {
+func risen(half float64, r KeyRead, reported float64) bool {
 	d := r.State.LeaseDemand
 	base := max(reported, r.State.Rate)
 	return d > base+max(riseShare*r.StaticRate, 3*math.Sqrt(d/half))
 }
 
-// risenFrom is the demand each watched key last reported, for rose.
+// fallen is Moved's test of a fall for one key: it holds a grant, and its
+// live leases ask for less than both the grant's rate and the demand last
+// reported, beyond a tenth of the static share and three standard
+// deviations of a Poisson count over half an epoch at the lower of the
+// two (the rate it falls from).
+func fallen(half float64, r KeyRead, reported float64) bool {
+	if r.State.GrantExpiryUS <= 0 {
+		return false
+	}
+	top := min(reported, r.State.Rate)
+	return r.State.LeaseDemand < top-max(riseShare*r.StaticRate, 3*math.Sqrt(top/half))
+}
+
+// risenFrom is the demand each watched key last reported, for risen and
+// fallen.
 func (l *Leader) risenFrom() map[quota.Key]float64 {
 	reported := make(map[quota.Key]float64, len(l.watch))
 	for _, w := range l.watch {

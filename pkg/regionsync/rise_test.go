@@ -113,11 +113,7 @@ func TestRisenAtItsThresholds(t *testing.T) {
 		{"just over the noise above", 100, 139, 0, 200, true},
 		{"over the noise above the rate but not the report", 100, 140, 139, 200, false},
 	} {
-		l := NewLeader()
-		l.Report("ap", now, epoch, Epoch, []KeyRead{{Key: k, StaticRate: c.static,
-			State: luascripts.State{Rate: c.rate, Cap: c.rate, LeaseDemand: c.reported, GrantExpiryUS: now + 5_000_000, NowUS: now}}})
-		read := KeyRead{Key: k, StaticRate: c.static,
-			State: luascripts.State{Rate: c.rate, Cap: c.rate, LeaseDemand: c.d, GrantExpiryUS: now + 5_000_000, NowUS: now + 100_000}}
+		l, read := reportedThenRead(k, now, c.static, c.reported, c.rate, c.d, now+5_000_000)
 		if got := l.Risen(epoch, []KeyRead{read}); got != c.want {
 			t.Errorf("%s: demand %v against reported %v and rate %v (share %v): risen %v, want %v",
 				c.name, c.d, c.reported, c.rate, c.static, got, c.want)
@@ -243,5 +239,97 @@ default_tier: std
 	}
 	if w := req.GetKeys()[0].GetWindowMs(); w != 250 {
 		t.Errorf("a key already reported at its risen demand went out over %d ms, want 250", w)
+	}
+}
+
+// reportedThenRead is a leader whose epoch report at now (an epoch of one
+// second) named k with lease demand reported, refilled at rate with a
+// grant until expiryUS (0: none) and a static share of static, and a read
+// of k 100 ms later at demand d.
+func reportedThenRead(k quota.Key, now int64, static, reported, rate, d float64, expiryUS int64) (*Leader, KeyRead) {
+	at := func(us int64, demand float64) KeyRead {
+		return KeyRead{Key: k, StaticRate: static,
+			State: luascripts.State{Rate: rate, Cap: rate, LeaseDemand: demand, GrantExpiryUS: expiryUS, NowUS: us}}
+	}
+	l := NewLeader()
+	l.Report("ap", now, time.Second, Epoch, []KeyRead{at(now, reported)})
+	return l, at(now+100_000, d)
+}
+
+// TestFellAtItsThresholds: a fall (Moved) needs a grant, and demand below
+// both the grant's rate and the demand last reported by more than a tenth
+// of the static share and by more than three standard deviations of a
+// Poisson count over half an epoch at the lower of the two
+// (3·√(top/(epoch/2))); exactly at either threshold is no fall. A steady
+// key whose grant exceeds its demand does not fall: its demand is what it
+// reported.
+func TestFellAtItsThresholds(t *testing.T) {
+	k := quota.Key{Tenant: "acme", Class: "write"}
+	now := int64(1_700_000_000_000_000)
+	const epoch = time.Second // half an epoch: 0.5 s
+	for _, c := range []struct {
+		name                      string
+		static, reported, rate, d float64
+		granted                   bool
+		want                      bool
+	}{
+		// A tenth of the share (1000) is above the noise (3·√10000 = 300).
+		{"exactly a tenth of the share below", 10_000, 5000, 5000, 4000, true, false},
+		{"just over a tenth of the share below", 10_000, 5000, 5000, 3999, true, true},
+		{"a tenth below what was reported, under the rate", 10_000, 3000, 5000, 2000, true, false},
+		{"over a tenth below what was reported, under the rate", 10_000, 3000, 5000, 1999, true, true},
+		{"a tenth below the rate, under what was reported", 10_000, 5000, 3000, 2000, true, false},
+		{"over a tenth below the rate, under what was reported", 10_000, 5000, 3000, 1999, true, true},
+		{"a grant above the demand, steady", 10_000, 2000, 5000, 2000, true, false},
+		{"no grant: the static share is counted anyway", 10_000, 5000, 5000, 0, false, false},
+		// The noise (3·√(200/0.5) = 60) is above a tenth of the share (10).
+		{"exactly the noise below", 100, 200, 200, 140, true, false},
+		{"just over the noise below", 100, 200, 200, 139.9, true, true},
+	} {
+		var exp int64
+		if c.granted {
+			exp = now + 5_000_000
+		}
+		l, read := reportedThenRead(k, now, c.static, c.reported, c.rate, c.d, exp)
+		rose, fell := l.Moved(epoch, []KeyRead{read})
+		if fell != c.want || rose {
+			t.Errorf("%s: demand %v against reported %v and rate %v (share %v, granted %v): fell %v rose %v, want fell %v",
+				c.name, c.d, c.reported, c.rate, c.static, c.granted, fell, rose, c.want)
+		}
+	}
+}
+
+// TestFallReportCarriesItsReading: a report between epochs carries a
+// granted key's fall as a reading over one epoch (the allocator takes no
+// reading from its window since the epoch report), as it does a rise; a
+// key that moved neither way keeps its window, and the next report
+// compares with the fall it carried.
+func TestFallReportCarriesItsReading(t *testing.T) {
+	k := quota.Key{Tenant: "acme", Class: "write"}
+	now := int64(1_700_000_000_000_000)
+	const epoch = time.Second
+	st := func(at int64, d float64) luascripts.State {
+		return luascripts.State{Rate: 550, Cap: 550, LeaseDemand: d, GrantExpiryUS: now + 5_000_000, NowUS: at}
+	}
+	l := NewLeader()
+	l.Report("us", now, epoch, Epoch, []KeyRead{{Key: k, StaticRate: 333, State: st(now, 1050)}})
+	at := now + 300_000
+	read := KeyRead{Key: k, StaticRate: 333, State: st(at, 150)}
+	if _, fell := l.Moved(epoch, []KeyRead{read}); !fell {
+		t.Fatal("a fall from 1050 to 150 under a grant of 550 is no fall")
+	}
+	rep, _ := l.Report("us", at, epoch, Nudged, []KeyRead{read})
+	kd := rep.GetKeys()[0]
+	if kd.GetWindowMs() != epoch.Milliseconds() || kd.GetAdmitted() != 0 || kd.GetDemandRate() != 150 {
+		t.Fatalf("the fall went out as window %d ms, admitted %v, rate %v; want one epoch at 150/s, no counts",
+			kd.GetWindowMs(), kd.GetAdmitted(), kd.GetDemandRate())
+	}
+	if _, fell := l.Moved(epoch, []KeyRead{{Key: k, StaticRate: 333, State: st(at+100_000, 150)}}); fell {
+		t.Fatal("the fall counts again after its report carried it")
+	}
+	steady := KeyRead{Key: k, StaticRate: 333, State: st(at+200_000, 160)}
+	rep, _ = l.Report("us", at+200_000, epoch, Nudged, []KeyRead{steady})
+	if kd := rep.GetKeys()[0]; kd.GetWindowMs() == epoch.Milliseconds() {
+		t.Fatalf("a key that moved neither way went out as a reading over one epoch: %v", kd)
 	}
 }

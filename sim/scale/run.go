@@ -771,7 +771,9 @@ func (s *sim) install(r *region, g *sluicev1.RegionGrants, sendUS int64, held re
 			exp += 10 * validity.Microseconds()
 		}
 		r.cpKeys++
-		sr := r.model.SetRate(nowUS, p.rk, s.common(r, k, nowUS), rate, burst, exp, in.FenceUS)
+		c := s.common(r, k, nowUS)
+		installs[i].FromStatic(c.StaticRate)
+		sr := r.model.SetRate(nowUS, p.rk, c, rate, burst, exp, in.FenceUS)
 		if sr.Applied {
 			applied[i] = true
 			r.pend.applied = append(r.pend.applied, in.Key)

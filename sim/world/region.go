@@ -1,6 +1,8 @@
 package world
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -63,6 +65,12 @@ type Region struct {
 	// came while a round was out, and a nudge waiting for the spacing.
 	roundStart               time.Duration
 	nudgeWaiting, nudgeTimed bool
+	// again sends the report a round waits to send (a catch-up), nil
+	// when the round is not waiting: a nudge sends it at once
+	// (Leader.syncRound).
+	fresh    regionsync.FreshWatch // Leader.fresh
+	again    func()
+	againSeq int // which wait again belongs to: a timer of an earlier one does nothing
 
 	// Leases of crashed instances, by key id, until the Model reaps them
 	// (observe.go).
@@ -350,6 +358,8 @@ func (r *Region) electLeader(delay time.Duration) {
 		r.leaderGen++
 		r.busy, r.tickWaiting = false, false
 		r.nudgeWaiting, r.nudgeTimed = false, false
+		r.again = nil
+		r.fresh.Reset()
 		r.leader.Elected()
 		gen := r.leaderGen
 		var tick func()
@@ -382,7 +392,7 @@ func (r *Region) electLeader(delay time.Duration) {
 			if !r.leaderUp || r.leaderGen != gen {
 				return
 			}
-			if !r.busy && r.risen() {
+			if !r.busy && r.moved() {
 				r.nudged()
 			}
 			r.w.eng.After(spacing, rise)
@@ -391,17 +401,18 @@ func (r *Region) electLeader(delay time.Duration) {
 	})
 }
 
-// risen is Leader.risen: the watched keys' states from the Model, judged
-// by regionsync.
-func (r *Region) risen() bool {
+// moved is Leader.moved: the watched keys' states, and the fresh ones'
+// (freshKeys), from the Model, judged by regionsync (a rise, or a granted
+// key's fall).
+func (r *Region) moved() bool {
 	if !r.redisUp {
 		return false
 	}
-	keys := r.leader.Watched()
+	now := r.redisNowUS()
+	keys := append(r.leader.Watched(), r.freshKeys(now)...)
 	if len(keys) == 0 {
 		return false
 	}
-	now := r.redisNowUS()
 	reads := make([]regionsync.KeyRead, 0, len(keys))
 	for _, qk := range keys {
 		k := r.w.keyByQK[qk]
@@ -413,7 +424,40 @@ func (r *Region) risen() bool {
 		reads = append(reads, regionsync.KeyRead{Key: qk, State: r.model.State(now, k.rkeys, c), StaticRate: c.StaticRate})
 		r.observe(k)
 	}
-	return r.leader.Risen(r.w.epoch, reads)
+	rose, fell := r.leader.Moved(r.w.epoch, reads)
+	return rose || fell
+}
+
+// freshKeys is Leader.freshKeys on the Model's candidate set (a single
+// Redis): when the set grew since the last look, the keys marked since
+// that the leader neither reports nor watches.
+func (r *Region) freshKeys(nowUS int64) []quota.Key {
+	set := luascripts.CandKeys(redisPrefix, false)[0]
+	r.op() // TIME and ZCARD, pipelined
+	cands := r.model.Candidates(set)
+	read, since := r.fresh.Look(int64(len(cands)), nowUS)
+	if !read {
+		return nil
+	}
+	r.op() // ZRANGEBYSCORE
+	until := nowUS + regionsync.NudgeSpacing(r.w.epoch).Microseconds()
+	var marked []quota.Key
+	for member, score := range cands {
+		if score >= since && score <= until {
+			if k := r.w.keyByMember[member]; k != nil {
+				marked = append(marked, k.key)
+			}
+		}
+	}
+	// Redis returns the marks in score order (then member): the Model's
+	// map in the same order, so that MaxWatched keeps the same keys.
+	slices.SortFunc(marked, func(a, b quota.Key) int {
+		if c := cmp.Compare(cands[a.Tenant+"|"+a.Class], cands[b.Tenant+"|"+b.Class]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Tenant+"|"+a.Class, b.Tenant+"|"+b.Class)
+	})
+	return r.leader.Fresh(marked)
 }
 
 // loseLeader ends the current leader's loop (crash, or its session
@@ -443,7 +487,16 @@ func (r *Region) epochSync(gen int) {
 // loop: a round now, or once the loop is free and the spacing since the
 // last round's start (regionsync.NudgeWait) has passed.
 func (r *Region) nudged() {
-	if !r.leaderUp || r.nudgeTimed {
+	if !r.leaderUp {
+		return
+	}
+	if send := r.again; send != nil {
+		// Leader.syncRound: the nudge is spent on the report the round
+		// waits to send.
+		send()
+		return
+	}
+	if r.nudgeTimed {
 		return
 	}
 	if r.busy {
@@ -569,9 +622,18 @@ func (r *Region) syncOnce(gen int, kind regionsync.Kind) bool {
 					r.syncDone(gen)
 				}
 			default:
-				w.eng.After(wait, func() {
+				r.againSeq++
+				seq := r.againSeq
+				send := func() {
+					r.again = nil
 					if r.leaderUp && r.leaderGen == gen && !r.syncOnce(gen, next) {
 						r.syncDone(gen)
+					}
+				}
+				r.again = send
+				w.eng.After(wait, func() {
+					if r.again != nil && r.againSeq == seq {
+						send()
 					}
 				})
 			}
@@ -620,7 +682,9 @@ func (r *Region) install(g *sluicev1.RegionGrants, sendUS int64, held regionsync
 			continue
 		}
 		r.op()
-		sr := r.model.SetRate(now, k.rkeys, r.common(k), in.Rate, in.Burst, in.ExpiryUS, in.FenceUS)
+		c := r.common(k)
+		installs[i].FromStatic(c.StaticRate)
+		sr := r.model.SetRate(now, k.rkeys, c, in.Rate, in.Burst, in.ExpiryUS, in.FenceUS)
 		r.observe(k)
 		if sr.Applied {
 			applied[i] = true
