@@ -62,6 +62,13 @@ func TestFreshKeysAreNeitherReportedNorWatched(t *testing.T) {
 	if want := []quota.Key{key(2), key(3)}; !slices.Equal(got, want) {
 		t.Fatalf("fresh %v, want %v", got, want)
 	}
+	// A watched key is one of the last report's, so it is selected too;
+	// should its selection lapse first, it is still not fresh: the watch
+	// reads it anyway.
+	delete(l.sel, key(0))
+	if got := l.Fresh([]quota.Key{key(0), key(4)}); !slices.Equal(got, []quota.Key{key(4)}) {
+		t.Fatalf("fresh %v with %v watched but no longer selected, want only %v", got, key(0), key(4))
+	}
 	many := make([]quota.Key, MaxWatched+10)
 	for i := range many {
 		many[i] = key(10 + i)
