@@ -22,17 +22,21 @@ import (
 // editTier passes reports to one real allocator shard and edits its
 // answers: the grants set in place of the allocator's, and report_again_ms
 // set on the next answer only (0 on the others). It counts the reports
-// sent since the last set.
+// sent since the last set, and keeps when each arrived and when the first
+// was answered.
 type editTier struct {
 	inner regional.GlobalTier
 
-	mu      sync.Mutex
-	grants  []*sluicev1.KeyGrant
-	againMs int64
-	reports int
+	mu       sync.Mutex
+	grants   []*sluicev1.KeyGrant
+	againMs  int64
+	reports  int
+	arrived  []time.Time
+	answered time.Time // the first report's answer
 }
 
 func (e *editTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
+	arrived := time.Now()
 	g, err := e.inner.Sync(ctx, r)
 	if err != nil {
 		return nil, err
@@ -41,8 +45,12 @@ func (e *editTier) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluicev
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.reports++
+	e.arrived = append(e.arrived, arrived)
 	g.Grants, g.ReportAgainMs = e.grants, e.againMs
 	e.againMs = 0
+	if e.answered.IsZero() {
+		e.answered = time.Now()
+	}
 	return g, nil
 }
 
@@ -50,6 +58,18 @@ func (e *editTier) set(grants []*sluicev1.KeyGrant, againMs int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.grants, e.againMs, e.reports = grants, againMs, 0
+	e.arrived, e.answered = nil, time.Time{}
+}
+
+// caughtUpAfter is how long after its first answer the second report
+// arrived (0 when there was none).
+func (e *editTier) caughtUpAfter() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.arrived) < 2 {
+		return 0
+	}
+	return e.arrived[1].Sub(e.answered)
 }
 
 func (e *editTier) sent() int {
@@ -173,22 +193,25 @@ func TestShardAnswerInstallsOnlyItsOwnKeys(t *testing.T) {
 // round's catch-up goes after the soonest delay asked, whichever shard
 // asked it; one shard asking is enough; none asking ends the round with
 // its report. A catch-up waits at most an epoch, so one sent at the later
-// delay (an hour here) would still be waiting half an epoch on.
+// delay (an hour here) would still be waiting half an epoch on; and at
+// least the soonest delay, so it reaches each shard no sooner than that
+// after the shard answered the round's first report.
 func TestShardedRoundCatchesUpAtTheSoonestAsk(t *testing.T) {
 	ctx := context.Background()
 	cfg := twoShardConfig(t)
 	r := newTwoShardRig(t, cfg)
 	epoch := time.Duration(cfg.Epoch)
 	hour := time.Hour.Milliseconds()
+	const soon = 100 // ms
 	for _, tc := range []struct {
 		name    string
 		againMs [2]int64
 		catchUp bool
 	}{
-		{name: "shard 0 asks sooner", againMs: [2]int64{10, hour}, catchUp: true},
-		{name: "shard 1 asks sooner", againMs: [2]int64{hour, 10}, catchUp: true},
-		{name: "only shard 0 asks", againMs: [2]int64{10, 0}, catchUp: true},
-		{name: "only shard 1 asks", againMs: [2]int64{0, 10}, catchUp: true},
+		{name: "shard 0 asks sooner", againMs: [2]int64{soon, hour}, catchUp: true},
+		{name: "shard 1 asks sooner", againMs: [2]int64{hour, soon}, catchUp: true},
+		{name: "only shard 0 asks", againMs: [2]int64{soon, 0}, catchUp: true},
+		{name: "only shard 1 asks", againMs: [2]int64{0, soon}, catchUp: true},
 		{name: "no shard asks", againMs: [2]int64{0, 0}, catchUp: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -216,6 +239,9 @@ func TestShardedRoundCatchesUpAtTheSoonestAsk(t *testing.T) {
 			for i, tier := range r.tiers {
 				if got := tier.sent(); got != want {
 					t.Errorf("shard %d got %d reports, want %d", i, got, want)
+				}
+				if after := tier.caughtUpAfter(); tc.catchUp && after < soon*time.Millisecond {
+					t.Errorf("shard %d got the catch-up %v after its first answer, before the %d ms asked", i, after, soon)
 				}
 			}
 		})
