@@ -156,7 +156,7 @@ type Held map[quota.Key]float64
 // needs it bit for bit), with its remaining validity in whole milliseconds.
 // Acknowledgements and catch-ups keep the demand baseline where it was.
 // In a report other than an epoch report, a watched key whose live leases
-// ask for materially more than it last reported (the test of Risen), or
+// ask for materially more than it last reported (the test of Moved), or
 // a granted one whose leases ask for materially less (Moved), goes out as
 // at a first sight: its demand rate over one epoch, no counts. Its
 // window since the epoch report may be shorter than half an epoch, from

@@ -504,7 +504,7 @@ func TestEpochReportForgetsOnlyTheKeysItLeavesOut(t *testing.T) {
 }
 
 // TestRiseReportDecidesAsRisen: a report between epochs takes a watched
-// key's rise exactly as Risen does (the noise over half an epoch
+// key's rise exactly as Moved does (the noise over half an epoch
 // included): a risen key goes out over one epoch with no counts, one that
 // did not rise keeps its reading since the epoch report, and so does a
 // key whose window is already a whole epoch.
@@ -515,7 +515,7 @@ func TestRiseReportDecidesAsRisen(t *testing.T) {
 		name        string
 		after       int64 // µs after the epoch report
 		demand      float64
-		risen       bool // what Risen says
+		risen       bool // what Moved says of a rise
 		window      int64
 		counts      bool // the report keeps the counts since the epoch report
 		epochReport bool // an Epoch report, not a Nudged one
@@ -540,8 +540,8 @@ func TestRiseReportDecidesAsRisen(t *testing.T) {
 		}
 		reads := []KeyRead{{Key: keyA, StaticRate: 10,
 			State: luascripts.State{Admitted: 150, Denied: 20, LeaseDemand: c.demand, NowUS: t0 + c.after}}}
-		if got := l.Risen(epoch, reads); got != c.risen {
-			t.Fatalf("%s: Risen %v, want %v", c.name, got, c.risen)
+		if got, _ := l.Moved(epoch, reads); got != c.risen {
+			t.Fatalf("%s: Moved rose %v, want %v", c.name, got, c.risen)
 		}
 		rep, _ := l.Report("eu", t0+c.after, epoch, kind, reads)
 		kd := rep.GetKeys()[0]

@@ -16,7 +16,7 @@ import (
 // leader therefore reads, every NudgeSpacing, the state of the keys it
 // watches, and starts a round at once (like a nudge from the global
 // leader, with the same spacing) when one of them asks for materially more
-// than it holds and than the region last reported (Risen). Watched are the
+// than it holds and than the region last reported (Moved). Watched are the
 // keys of the last report that hold a grant or whose demand reached half
 // the region's static share: the keys that are or may become contended,
 // at most MaxWatched, so the cost is a few state reads per contended key
@@ -54,7 +54,7 @@ func (l *Leader) noteWatched(reads []KeyRead, demand []float64) {
 }
 
 // Watched is the keys to read between epochs (in the last report's order),
-// for Risen.
+// for Moved.
 func (l *Leader) Watched() []quota.Key {
 	out := make([]quota.Key, len(l.watch))
 	for i, w := range l.watch {
@@ -63,28 +63,22 @@ func (l *Leader) Watched() []quota.Key {
 	return out
 }
 
-// Risen says whether the states read between epochs (reads, for keys of
-// Watched) show a key whose live leases ask for more than both the rate
-// the region refills it at and the demand last reported, by more than a
-// tenth of the region's static share and more than the noise of a demand
-// reading (three standard deviations of a Poisson count over half an
-// epoch): worth a report now.
-func (l *Leader) Risen(epoch time.Duration, reads []KeyRead) bool {
-	rose, _ := l.Moved(epoch, reads)
-	return rose
-}
-
-// Moved is Risen, and whether a key fell: whether reads show a key that
-// holds a grant and whose live leases ask for less than both the grant's
-// rate and the demand last reported, by as much (fell). Such a region is
-// a donor the allocator does not know of yet: its report lowers its grant,
+// Moved says whether the states read between epochs (reads, for keys of
+// Watched and Fresh) are worth a report now: whether one key's live leases
+// ask for more than both the rate the region refills it at and the demand
+// last reported, by more than a tenth of the region's static share and
+// more than the noise of a demand reading (three standard deviations of a
+// Poisson count over half an epoch) (rose), and whether one key that holds
+// a grant has leases asking for less than both the grant's rate and the
+// demand last reported, by as much (fell). A region whose key fell is a
+// donor the allocator does not know of yet: its report lowers its grant,
 // and its acknowledgement frees the capacity for the regions whose targets
-// rose (the allocator nudges them, pkg/hierarchy nudge.go), up to an
-// epoch before its epoch report would. A key without a grant holds the
-// region's static share, which the allocator counts whatever its demand,
-// so its fall frees nothing by itself and is left to the epoch report.
-// Both tests compare with the demand last reported, so a steady key (its
-// demand as reported, whatever its grant) moves neither way.
+// rose (the allocator nudges them, pkg/hierarchy nudge.go), up to an epoch
+// before its epoch report would. A key without a grant holds the region's
+// static share, which the allocator counts whatever its demand, so its
+// fall frees nothing by itself and is left to the epoch report. Both tests
+// compare with the demand last reported, so a steady key (its demand as
+// reported, whatever its grant) moves neither way.
 func (l *Leader) Moved(epoch time.Duration, reads []KeyRead) (rose, fell bool) {
 	half := max(epoch.Seconds()/2, 1e-3)
 	reported := l.risenFrom()
@@ -95,7 +89,7 @@ func (l *Leader) Moved(epoch time.Duration, reads []KeyRead) (rose, fell bool) {
 	return rose, fell
 }
 
-// risen is Risen's test for one key: its live leases ask for more than
+// risen is Moved's test of a rise for one key: its live leases ask for more than
 // both the rate it refills at and the demand last reported, beyond a
 // tenth of the static share and three standard deviations of a Poisson
 // count over half an epoch (half, seconds).

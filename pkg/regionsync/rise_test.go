@@ -50,7 +50,7 @@ func TestRisenWatchesContendedKeysOnly(t *testing.T) {
 		{"a rise within the rate held", read(hot, 420, 600, true), false},
 		{"above the rate but not what was reported", read(hot, 420, 333, false), false},
 	} {
-		if got := l.Risen(epoch, []KeyRead{tc.read}); got != tc.want {
+		if got, _ := l.Moved(epoch, []KeyRead{tc.read}); got != tc.want {
 			t.Errorf("%s: risen %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -114,7 +114,7 @@ func TestRisenAtItsThresholds(t *testing.T) {
 		{"over the noise above the rate but not the report", 100, 140, 139, 200, false},
 	} {
 		l, read := reportedThenRead(k, now, c.static, c.reported, c.rate, c.d, now+5_000_000)
-		if got := l.Risen(epoch, []KeyRead{read}); got != c.want {
+		if got, _ := l.Moved(epoch, []KeyRead{read}); got != c.want {
 			t.Errorf("%s: demand %v against reported %v and rate %v (share %v): risen %v, want %v",
 				c.name, c.d, c.reported, c.rate, c.static, got, c.want)
 		}
@@ -136,7 +136,7 @@ func TestRisenNoiseOverAtLeastAMillisecond(t *testing.T) {
 			l := NewLeader()
 			l.Report("ap", now, epoch, Epoch, []KeyRead{{Key: k, State: luascripts.State{NowUS: now}}})
 			read := KeyRead{Key: k, State: luascripts.State{LeaseDemand: c.d, NowUS: now + 1000}}
-			if got := l.Risen(epoch, []KeyRead{read}); got != c.want {
+			if got, _ := l.Moved(epoch, []KeyRead{read}); got != c.want {
 				t.Errorf("epoch %v, demand %v from nothing: risen %v, want %v", epoch, c.d, got, c.want)
 			}
 		}
@@ -226,7 +226,7 @@ default_tier: std
 		t.Fatalf("demand after the epoch report %v, want 200", got)
 	}
 	rise := reads(now+200_000, 1000)
-	if !l.Risen(epoch, rise) {
+	if rose, _ := l.Moved(epoch, rise); !rose {
 		t.Fatal("a rise from 200/s to 1000/s is no rise")
 	}
 	send(now+200_000, Nudged, rise)

@@ -441,22 +441,21 @@ func (r *Region) freshKeys(nowUS int64) []quota.Key {
 	}
 	r.op() // ZRANGEBYSCORE
 	until := nowUS + regionsync.NudgeSpacing(r.w.epoch).Microseconds()
-	var marked []quota.Key
+	var members []string
 	for member, score := range cands {
 		if score >= since && score <= until {
-			if k := r.w.keyByMember[member]; k != nil {
-				marked = append(marked, k.key)
-			}
+			members = append(members, member)
 		}
 	}
-	// Redis returns the marks in score order (then member): the Model's
-	// map in the same order, so that MaxWatched keeps the same keys.
-	slices.SortFunc(marked, func(a, b quota.Key) int {
-		if c := cmp.Compare(cands[a.Tenant+"|"+a.Class], cands[b.Tenant+"|"+b.Class]); c != 0 {
-			return c
+	// Redis returns the marks in score order, then member: the Model's map
+	// in the same order, so that MaxWatched keeps the same keys.
+	slices.SortFunc(members, func(a, b string) int { return cmp.Or(cmp.Compare(cands[a], cands[b]), cmp.Compare(a, b)) })
+	var marked []quota.Key
+	for _, m := range members {
+		if k := r.w.keyByMember[m]; k != nil {
+			marked = append(marked, k.key)
 		}
-		return cmp.Compare(a.Tenant+"|"+a.Class, b.Tenant+"|"+b.Class)
-	})
+	}
 	return r.leader.Fresh(marked)
 }
 
