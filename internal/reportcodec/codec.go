@@ -229,7 +229,7 @@ func decodeDemand(b []byte, kd *sluicev1.KeyDemand, qk *sluicev1.QuotaKey, rates
 				kd.HeldValidMs = int64(x)
 			}
 			b = b[n:]
-		case typ == protowire.Fixed64Type && (num == 5 || num == 6 || num == 8 || num == 9):
+		case typ == protowire.Fixed64Type && (num == 5 || num == 6 || num == 8 || num == 9 || num == 10):
 			x, n := protowire.ConsumeFixed64(b)
 			if n < 0 {
 				return false
@@ -242,6 +242,8 @@ func decodeDemand(b []byte, kd *sluicev1.KeyDemand, qk *sluicev1.QuotaKey, rates
 				kd.HeldBurst = f
 			case 8:
 				kd.Holding = f
+			case 10:
+				kd.Released = f
 			case 9:
 				if kd.DemandRate == nil {
 					if *rates == nil {

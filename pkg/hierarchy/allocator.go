@@ -128,6 +128,10 @@ type KeyDemand struct {
 	// Holding is the tokens the region holds against its burst cap (bucket
 	// plus unspent leases); finite, >= 0.
 	Holding float64
+	// Released is the tokens the region's bucket gave up since its
+	// previous report because a grant lowered its cap (transfer.go);
+	// finite, >= 0.
+	Released float64
 }
 
 // SetDemandRate makes a region's own rate reading (tokens/s) the demand kd
@@ -169,6 +173,10 @@ type Grant struct {
 	// Valid is measured on the region's clock from when it sent the report
 	// this grant answers. Always whole milliseconds.
 	Valid time.Duration
+	// Deposit is the tokens other regions released that the region adds
+	// to its bucket when it installs this grant, once (transfer.go); Burst
+	// counts them. >= 0.
+	Deposit float64
 }
 
 // Allocator is the global tier's state machine. It is safe for concurrent
@@ -236,6 +244,8 @@ type Allocator struct {
 	blockKey       []int32
 	blockContended []bool
 	freeBlocks     []int32
+	transfer       []inFlight // block: tokens released and not yet deposited (transfer.go)
+	wanted         []int      // scratch for credit
 
 	// Target memos (memo.go): per block, the inputs its targets were
 	// computed from.
@@ -1116,6 +1126,7 @@ func (a *Allocator) newBlock(k int32) int32 {
 		b = int32(len(a.blockKey))
 		a.blockKey = append(a.blockKey, -1)
 		a.blockContended = append(a.blockContended, false)
+		a.transfer = append(a.transfer, inFlight{})
 		for i := range a.fences {
 			a.fences[i] = append(a.fences[i], fence{})
 		}
@@ -1127,6 +1138,7 @@ func (a *Allocator) newBlock(k int32) int32 {
 	a.forgetTargets(b)
 	a.blockKey[b] = k
 	a.blockContended[b] = false
+	a.transfer[b] = inFlight{}
 	a.blockOf[k] = b
 	for i := 0; i < a.nr; i++ {
 		j := int(b)*a.nr + i
@@ -1145,6 +1157,7 @@ func (a *Allocator) freeBlock(b int32) {
 	}
 	a.blockKey[b] = -1
 	a.blockContended[b] = false
+	a.transfer[b] = inFlight{}
 	a.forgetTargets(b)
 	for i := range a.fences {
 		a.fences[i][b] = fence{}
@@ -1789,6 +1802,9 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		}
 		before := a.summaries[int(b)*nr+ri]
 		f.acknowledge(t, held, m, cb, learning)
+		if !learning && kd.Released > 0 {
+			a.credit(t, b, ri, kd.Released, before, f.summarize(t, cr, cb), cb, sh)
+		}
 		var g Grant
 		issued := false
 		if learning {
@@ -1880,7 +1896,7 @@ func appendGrant(answer []Grant, g *Grant) []Grant {
 	answer = answer[:n+1]
 	p := &answer[n]
 	p.Key = g.Key
-	p.Rate, p.Burst, p.Valid = g.Rate, g.Burst, g.Valid
+	p.Rate, p.Burst, p.Valid, p.Deposit = g.Rate, g.Burst, g.Valid, g.Deposit
 	return answer
 }
 
@@ -1909,6 +1925,8 @@ func (a *Allocator) validateKeyDemand(j int, kd *KeyDemand, known bool) error {
 		return fmt.Errorf("%w: keys[%d] %s: held valid %v is negative", quota.ErrInvalid, j, kd.Key, kd.HeldValid)
 	case badNumber(kd.Holding):
 		return fmt.Errorf("%w: keys[%d] %s: holding %v must be a finite number >= 0", quota.ErrInvalid, j, kd.Key, kd.Holding)
+	case badNumber(kd.Released):
+		return fmt.Errorf("%w: keys[%d] %s: released %v must be a finite number >= 0", quota.ErrInvalid, j, kd.Key, kd.Released)
 	}
 	return nil
 }
@@ -2020,10 +2038,13 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 		a.regions[ri].raisePending = true
 		a.nudgeDonors(t, b, ri, sh)
 	}
+	sm := &a.summaries[base+ri]
+	deposit := a.deposit(t, b, ri, rate, burst, max(sh.cB[ri], sm.burstV), t+valid)
+	burst += deposit
 	rate, burst = f.distinct(rate, burst)
 	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})
 	a.grantEnd[k] = max(a.grantEnd[k], t+valid)
-	return Grant{Key: a.keys[k], Rate: rate, Burst: burst, Valid: time.Duration(valid)}, true
+	return Grant{Key: a.keys[k], Rate: rate, Burst: burst, Valid: time.Duration(valid), Deposit: deposit}, true
 }
 
 // materiallyShort says whether a rate short of want, a target of a key
@@ -2067,6 +2088,8 @@ func (a *Allocator) lanesFor(t int64, b int32, ri int, sh *shares) {
 		rl.base += dr
 		bl.base += db
 	}
+	// Tokens in flight are reserved as a cap is (transfer.go).
+	bl.base -= a.inFlightAt(b, t)
 }
 
 // fallbackSafe checks the other side of a grant: the region may fall

@@ -128,6 +128,7 @@ func (a *Allocator) compactBlocks() {
 	used := len(a.blockKey) - len(a.freeBlocks)
 	blockKey := make([]int32, 0, used)
 	contended := make([]bool, 0, used)
+	transfer := make([]inFlight, 0, used)
 	summaries := make([]summary, 0, used*nr)
 	targetRate := make([]float64, 0, used*nr)
 	targetBurst := make([]float64, 0, used*nr)
@@ -142,6 +143,7 @@ func (a *Allocator) compactBlocks() {
 		a.blockOf[k] = int32(len(blockKey))
 		blockKey = append(blockKey, k)
 		contended = append(contended, a.blockContended[old])
+		transfer = append(transfer, a.transfer[old])
 		summaries = append(summaries, a.summaries[old*nr:(old+1)*nr]...)
 		targetRate = append(targetRate, a.targetRate[old*nr:(old+1)*nr]...)
 		targetBurst = append(targetBurst, a.targetBurst[old*nr:(old+1)*nr]...)
@@ -149,7 +151,7 @@ func (a *Allocator) compactBlocks() {
 			fences[i] = append(fences[i], a.fences[i][old])
 		}
 	}
-	a.blockKey, a.blockContended = blockKey, contended
+	a.blockKey, a.blockContended, a.transfer = blockKey, contended, transfer
 	a.summaries, a.targetRate, a.targetBurst = summaries, targetRate, targetBurst
 	a.fences = fences
 	a.freeBlocks = nil

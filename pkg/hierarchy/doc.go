@@ -76,7 +76,9 @@
 // received while that grant is unexpired on its own clock (expiry = send
 // time of the report it answered + Valid), else at s_r while it holds a
 // static lease (see lapse.go), else at its floor. The same holds for burst
-// caps: Σ_r cap_r <= b. Both up to float rounding.
+// caps: Σ_r cap_r <= b, and with the tokens released by lowered caps that
+// are in flight to another region's bucket (the burst transfer,
+// transfer.go): Σ_r cap_r + in flight <= b. All up to float rounding.
 //
 // It holds under message loss, duplication, reordering and arbitrary
 // delays, silent regions and a change of leader, given the region contract
@@ -175,7 +177,10 @@
 //     bucket tokens + unspent leased tokens;
 //   - compute s_r from the same configuration (StaticShares);
 //   - when a cap falls, stop refilling above it (tokens already out in
-//     leases are counted through holding until they are spent or expire).
+//     leases are counted through holding until they are spent or expire);
+//   - report as released only tokens a cap took out of the bucket, each
+//     once, and only while the key still holds the grant whose cap took
+//     them; add a grant's deposit at most once, up to its cap.
 //
 // # Idempotency and errors
 //

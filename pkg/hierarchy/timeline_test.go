@@ -99,6 +99,34 @@ type simRegion struct {
 	// loseAnswer, when above the phase's, is the probability an answer to
 	// this region is lost (a quiet spell's).
 	loseAnswer float64
+	// tokens is what the region's bucket holds per key as of its last
+	// report or install; released the tokens its last install clipped,
+	// reported only while the grant of that install (the seq of its
+	// report, releasedSeq) is still held (the burst transfer,
+	// transfer.go).
+	tokens, released []float64
+	releasedSeq      []uint64
+}
+
+// transferBook is the test's account of one key's burst transfer: tokens
+// that left a bucket and may still land in another.
+type transferBook struct {
+	limbo    float64 // released in reports on their way (sent, not yet received or lost)
+	received float64 // Released of reports the allocator received, first delivery
+	issued   float64 // deposits in distinct answers
+}
+
+// transitKey names a deposit in the answers to one report.
+type transitKey struct {
+	region int
+	seq    uint64
+	key    int
+}
+
+// transit is a deposit on its way: copies of its answer in the queue.
+type transit struct {
+	tokens float64
+	copies int
 }
 
 // faults says what may go wrong in a phase.
@@ -144,6 +172,12 @@ type sim struct {
 	// share (raised says whose is raised now); off in the quiet phase.
 	reloads bool
 	raised  []bool
+	// The burst transfer's books: per key, and the deposits in transit,
+	// and which reports reached the allocator once.
+	books     []transferBook
+	transits  map[transitKey]*transit
+	delivered map[[2]uint64]bool
+	deposits  int // deposits installed
 }
 
 func (s *sim) push(e *simEvent) {
@@ -298,6 +332,68 @@ func (s *sim) persist() {
 	}
 }
 
+// unlimbo takes the tokens a report carries as released out of limbo:
+// the report was lost, or reached the allocator for the first time
+// (received: and was accepted).
+func (s *sim) unlimbo(rep Report, received bool) {
+	for _, kd := range rep.Keys {
+		if kd.Released == 0 {
+			continue
+		}
+		k := slices.Index(s.keys, kd.Key)
+		s.books[k].limbo -= kd.Released
+		if received {
+			s.books[k].received += kd.Released
+		}
+	}
+}
+
+// noteDeposits books the deposits of an answer to region r's report of
+// seq: issued once per report (a retry is answered the same grants), in
+// transit for every copy of the answer sent back.
+func (s *sim) noteDeposits(r int, seq uint64, grants []Grant, first bool) {
+	for _, g := range grants {
+		if g.Deposit < 0 || math.IsNaN(g.Deposit) || math.IsInf(g.Deposit, 0) {
+			s.t.Fatalf("grant %+v: deposit must be a finite number >= 0", g)
+		}
+		if g.Deposit == 0 {
+			continue
+		}
+		k := slices.Index(s.keys, g.Key)
+		if first {
+			s.books[k].issued += g.Deposit
+		}
+		if s.regions[r].held[k].seq >= seq {
+			continue // an answer to this report or a newer one is installed: this one cannot land
+		}
+		tk := transitKey{region: r, seq: seq, key: k}
+		if tr := s.transits[tk]; tr != nil {
+			tr.copies++
+		} else {
+			s.transits[tk] = &transit{tokens: g.Deposit, copies: 1}
+		}
+	}
+}
+
+// dropTransit ends one copy of an answer's deposits: lost, or applied
+// (then no other copy can add them: set_rate adds a deposit once).
+func (s *sim) dropTransit(r int, seq uint64, grants []Grant, applied bool) {
+	for _, g := range grants {
+		if g.Deposit == 0 {
+			continue
+		}
+		tk := transitKey{region: r, seq: seq, key: slices.Index(s.keys, g.Key)}
+		tr := s.transits[tk]
+		if tr == nil {
+			continue
+		}
+		tr.copies--
+		if applied || tr.copies <= 0 {
+			delete(s.transits, tk)
+		}
+	}
+}
+
 func (s *sim) checkInvariant() {
 	s.checks++
 	for k := range s.keys {
@@ -308,6 +404,39 @@ func (s *sim) checkInvariant() {
 			sumB += burst
 		}
 		l := s.limits[k]
+		// The burst transfer moves tokens, never makes them: deposits
+		// come only from what reports released, and the tokens between
+		// buckets (clipped and unreported, in flight at the allocator,
+		// in a deposit on its way) fit beside the caps.
+		bk := s.books[k]
+		if bk.issued > bk.received*(1+1e-9)+1e-9 {
+			s.t.Fatalf("t=%v key %s: deposits issued %v exceed the tokens released to the allocator %v",
+				time.Duration(s.now), s.keys[k], bk.issued, bk.received)
+		}
+		// Tokens released and not yet received are the allocator's to
+		// judge when they arrive (credit: only what the acknowledgement
+		// frees); in flight there and in deposits on their way they are
+		// reserved beside the caps.
+		between := 0.0
+		var pending, pool, moving float64
+		if ki, ok := s.alloc.keyIndex[s.keys[k]]; ok {
+			if b := s.alloc.blockOf[ki]; b >= 0 {
+				pool = s.alloc.inFlightAt(b, s.alloc.peek(s.wall(s.now)))
+				between += pool
+			}
+		}
+		for tk, tr := range s.transits {
+			// A copy can still land only while the region holds no answer
+			// to this report or a newer one.
+			if tk.key == k && s.regions[tk.region].held[k].seq < tk.seq {
+				between += tr.tokens
+				moving += tr.tokens
+			}
+		}
+		if sumB+between > l.Burst*(1+1e-9)+1e-9 {
+			s.t.Fatalf("t=%v key %s: burst caps %v and tokens between buckets %v (limbo %v, pending %v, pool %v, deposits on their way %v) add up above the burst %v (%s)",
+				time.Duration(s.now), s.keys[k], sumB, between, bk.limbo, pending, pool, moving, l.Burst, s.describe(k))
+		}
 		if sumR > l.Rate*(1+1e-9)+1e-9 {
 			s.t.Fatalf("t=%v key %s: regions may refill at %v in total, above the limit %v (%s)",
 				time.Duration(s.now), s.keys[k], sumR, l.Rate, s.describe(k))
@@ -360,7 +489,25 @@ func (s *sim) report(r int) Report {
 		// or clipped by the next report after that), so acknowledgements
 		// of smaller caps are sometimes refused.
 		kd.Holding = rapid.Float64Range(0, 1).Draw(s.t, "holding") * max(burst, h.lastCap)
+		if d < rate && rapid.IntRange(0, 1).Draw(s.t, "idleFull") == 0 {
+			// A region spending less than it refills sits on a full bucket:
+			// what a lower cap clips there is what the burst transfer moves.
+			kd.Holding = burst
+		}
+		if reg.released[k] > 0 && rapid.IntRange(0, 3).Draw(s.t, "clippedHolding") > 0 {
+			// Most often, after a clip, no lease holds more than the new
+			// cap: the acknowledgement frees the old one.
+			kd.Holding = min(kd.Holding, burst)
+		}
 		h.lastCap = 0
+		reg.tokens[k] = min(kd.Holding, burst)
+		if x := reg.released[k]; x > 0 {
+			reg.released[k] = 0
+			if h.ok && s.now < h.expiry && h.seq == reg.releasedSeq[k] {
+				kd.Released = x
+				s.books[k].limbo += x
+			}
+		}
 		if kd.HeldValid == 0 && d == 0 && rapid.IntRange(0, 3).Draw(s.t, "omit") == 0 {
 			continue // idle keys without a grant may be left out
 		}
@@ -400,6 +547,19 @@ func (s *sim) apply(r int, sentAt int64, seq uint64, grants []Grant) {
 		}
 		_, curBurst := s.usable(r, k, s.now)
 		*h = heldGrant{ok: true, rate: g.Rate, burst: g.Burst, expiry: expiry, seq: seq, lastCap: curBurst}
+		// set_rate: refill first clips the bucket to the cap in force
+		// (the grant before may have expired), then the new cap clips it
+		// (released), then the deposit lands, up to the cap.
+		reg.tokens[k] = min(reg.tokens[k], curBurst)
+		reg.released[k] = 0 // a newer install drops what an older one released
+		if tk := reg.tokens[k]; tk > g.Burst {
+			reg.released[k], reg.releasedSeq[k] = tk-g.Burst, seq
+			reg.tokens[k] = g.Burst
+		}
+		if g.Deposit > 0 {
+			reg.tokens[k] = min(reg.tokens[k]+g.Deposit, g.Burst)
+			s.deposits++
+		}
 		s.push(&simEvent{at: expiry, kind: evCheck})
 	}
 }
@@ -415,7 +575,9 @@ func (s *sim) step() {
 		s.epochs++
 	case evSend:
 		rep := s.report(e.region)
-		if !s.chance(s.faults.loseReport, "loseReport") {
+		if s.chance(s.faults.loseReport, "loseReport") {
+			s.unlimbo(rep, false)
+		} else {
 			s.push(&simEvent{at: s.now + s.delay("d1"), kind: evDeliver, region: e.region, report: rep, sentAt: s.now})
 			if s.chance(s.faults.duplicate, "duplicate") {
 				s.push(&simEvent{at: s.now + s.delay("d1dup"), kind: evDeliver, region: e.region, report: rep, sentAt: s.now})
@@ -445,12 +607,18 @@ func (s *sim) step() {
 			s.t.Fatalf("SetReportLimits: %v", err)
 		}
 		ans, err := s.alloc.Report(s.wall(s.now), e.report)
+		first := !s.delivered[[2]uint64{uint64(e.region), e.report.Seq}]
+		s.delivered[[2]uint64{uint64(e.region), e.report.Seq}] = true
+		if first {
+			s.unlimbo(e.report, err == nil)
+		}
 		if err != nil {
 			if !errorsIsStale(err) {
 				s.t.Fatalf("Report: %v", err)
 			}
 			return
 		}
+		s.noteDeposits(e.region, e.report.Seq, ans.Grants, first)
 		for _, kd := range e.report.Keys {
 			k := slices.Index(s.keys, kd.Key)
 			if (kd.Admitted+kd.Denied)/kd.Window.Seconds() > 1e-3*s.limits[k].Rate && kd.Window >= s.opts.Epoch/2 {
@@ -465,9 +633,12 @@ func (s *sim) step() {
 		}
 		if !s.chance(max(s.faults.loseAnswer, s.regions[e.region].loseAnswer), "loseAnswer") {
 			s.push(&simEvent{at: s.now + s.delay("d2"), kind: evAnswer, region: e.region, report: e.report, sentAt: e.sentAt, grants: ans.Grants, lease: ans.StaticLease})
+		} else {
+			s.dropTransit(e.region, e.report.Seq, ans.Grants, false)
 		}
 	case evAnswer:
 		s.apply(e.region, e.sentAt, e.report.Seq, e.grants)
+		s.dropTransit(e.region, e.report.Seq, e.grants, true)
 		if e.lease > 0 {
 			// The region's side of the contract: measured from the send
 			// time of the report the answer is to, never shortened.
@@ -550,7 +721,7 @@ var timelineLapses, timelineReturns atomic.Int64
 
 // How many validity cuts they saw, and grants valid longer than the live
 // validity (re-issued with what they had left).
-var timelineCuts, timelineLongGrants atomic.Int64
+var timelineCuts, timelineLongGrants, timelineDeposits atomic.Int64
 
 func TestTimelineNeverOversubscribes(t *testing.T) {
 	if !timelineChecks(t, timeline, timelineRounds) {
@@ -558,6 +729,11 @@ func TestTimelineNeverOversubscribes(t *testing.T) {
 	}
 	t.Logf("%d validity cuts; %d grants valid longer than the live validity", timelineCuts.Load(), timelineLongGrants.Load())
 	t.Logf("%d regions lapsed and %d were conferred a static lease again", timelineLapses.Load(), timelineReturns.Load())
+	// The checks of the burst transfer must have had transfers to check.
+	if timelineDeposits.Load() == 0 && !testing.Short() {
+		t.Fatalf("no deposit installed in any run: the transfer went unchecked")
+	}
+	t.Logf("%d deposits installed", timelineDeposits.Load())
 }
 
 // TestTimelineQuietSpells runs the timeline with a quiet spell of one key
@@ -656,6 +832,9 @@ func runTimeline(t *rapid.T, withSpell bool) {
 		// allocator counts them as heard from at its start).
 		s.regions[r].staticUntil = int64(s.opts.RegionLease)
 		s.regions[r].held = make([]heldGrant, nKeys)
+		s.regions[r].tokens = make([]float64, nKeys)
+		s.regions[r].released = make([]float64, nKeys)
+		s.regions[r].releasedSeq = make([]uint64, nKeys)
 		s.regions[r].demand = make([]float64, nKeys)
 		s.regions[r].wantAt = make([]int64, nKeys)
 		for k := range s.keys {
@@ -712,6 +891,9 @@ func runTimeline(t *rapid.T, withSpell bool) {
 	// allocator no longer records meet the newer grants, lost or not.
 	sp := spell{key: -1}
 	s.raised = make([]bool, nKeys)
+	s.books = make([]transferBook, nKeys)
+	s.transits = map[transitKey]*transit{}
+	s.delivered = map[[2]uint64]bool{}
 	if withSpell {
 		s.reloads = true
 		// After the first leader's learning; the chaos phase long enough
@@ -745,6 +927,18 @@ func runTimeline(t *rapid.T, withSpell bool) {
 				if !inSpell || k != sp.key {
 					s.regions[r].demand[k] = genDemand(t, s.limits[k].Rate)
 				}
+			}
+		}
+		// Now and then one region takes a key's demand from the others:
+		// their full buckets' slices are what the burst transfer moves.
+		if rapid.IntRange(0, 7).Draw(t, "hotRegion") == 0 {
+			k := rapid.IntRange(0, nKeys-1).Draw(t, "hotKey")
+			hot := rapid.IntRange(0, nr-1).Draw(t, "hot")
+			if !inSpell || k != sp.key {
+				for r := range s.regions {
+					s.regions[r].demand[k] = s.limits[k].Rate / 20
+				}
+				s.regions[hot].demand[k] = 2 * s.limits[k].Rate
 			}
 		}
 		s.schedule(e, offsets, silent)
@@ -810,6 +1004,7 @@ func runTimeline(t *rapid.T, withSpell bool) {
 	}
 	timelineLapses.Add(int64(s.lapses))
 	timelineReturns.Add(int64(s.returns))
+	timelineDeposits.Add(int64(s.deposits))
 	for _, rv := range s.alloc.View(s.wall(s.now)).Regions {
 		if want := StateLive; rv.State != want && !rv.Drained {
 			t.Fatalf("region %s ends the quiet phase %s, want %s", rv.Name, rv.State, want)

@@ -100,8 +100,8 @@ func TestMaxAcceptedValuesRunEveryScript(t *testing.T) {
 				gc, err := sc.Check(ctx, rdb, k, c, cost)
 				step(name("check"), gc, m.Check(now, k, c, cost), err)
 				exp, issued := now+int64(time.Duration(cfg.GrantValidity)/time.Microsecond), now
-				gs, err := sc.SetRate(ctx, rdb, k, c, float64(l.Rate), l.Burst, exp, issued)
-				step(name("set_rate"), gs, m.SetRate(now, k, c, float64(l.Rate), l.Burst, exp, issued), err)
+				gs, err := sc.SetRate(ctx, rdb, k, c, float64(l.Rate), l.Burst, exp, issued, 0)
+				step(name("set_rate"), gs, m.SetRate(now, k, c, float64(l.Rate), l.Burst, exp, issued, 0), err)
 				r = Report{Instance: "i-1", Seq: uint64(2*i + 2), Used: got.Granted / 2, Want: quota.MaxWant, Min: quota.MaxWant}
 				gy, err := sc.Sync(ctx, rdb, k, c, r)
 				step(name("sync"), gy, m.Sync(now, k, c, r), err)

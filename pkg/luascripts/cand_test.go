@@ -129,8 +129,8 @@ func TestScriptsMarkCandidates(t *testing.T) {
 	// A grant marks until its expiry; a demand mark after it keeps it.
 	at(4 * time.Second)
 	exp := us(9 * time.Second)
-	want := m.SetRate(now, granted, c, 10, 20, exp, now)
-	got, err := sc.SetRate(ctx, rdb, granted, c, 10, 20, exp, now)
+	want := m.SetRate(now, granted, c, 10, 20, exp, now, 0)
+	got, err := sc.SetRate(ctx, rdb, granted, c, 10, 20, exp, now, 0)
 	if err != nil || !reflect.DeepEqual(got, want) || !got.Applied {
 		t.Fatalf("set_rate %+v, %v; model %+v", got, err, want)
 	}

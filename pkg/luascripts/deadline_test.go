@@ -209,7 +209,7 @@ func TestModelPastItsDeadlineChangesNothing(t *testing.T) {
 			return r, r.TooLate
 		}},
 		{"set_rate", func(m *Model, now int64, c Common) (any, bool) {
-			r := m.SetRate(now, k, c, 50, 200, now+60e6, 1)
+			r := m.SetRate(now, k, c, 50, 200, now+60e6, 1, 0)
 			return r, r.TooLate
 		}},
 		{"state", func(m *Model, now int64, c Common) (any, bool) {

@@ -266,14 +266,15 @@ func TestLuaMatchesModel(t *testing.T) {
 				burst := rapid.SampledFrom([]float64{0, 1, 7.5, 100, 2.0 / 3}).Draw(rt, "grant_burst")
 				exp := now + rapid.Int64Range(-2e6, 10e6).Draw(rt, "grant_valid")
 				issued := now - rapid.Int64Range(0, 3e6).Draw(rt, "issued_ago")
+				deposit := rapid.SampledFrom([]float64{0, 0, 1, 2.5, 100, 1e-7, 1.0 / 3}).Draw(rt, "deposit")
 				if rapid.Bool().Draw(rt, "batched") {
 					// The leader's batch: the grant on every key, in
 					// one call per slot, as one call per key would.
 					var items []SetRateItem
 					var ws, gs []any
 					for _, kc := range kcs {
-						ws = append(ws, m.SetRate(now, kc.keys, withDL(kc.c), rate, burst, exp, issued))
-						items = append(items, SetRateItem{Keys: kc.keys, Common: withDL(kc.c), Rate: rate, Burst: burst, ExpiryUS: exp, IssuedUS: issued})
+						ws = append(ws, m.SetRate(now, kc.keys, withDL(kc.c), rate, burst, exp, issued, deposit))
+						items = append(items, SetRateItem{Keys: kc.keys, Common: withDL(kc.c), Rate: rate, Burst: burst, ExpiryUS: exp, IssuedUS: issued, Deposit: deposit})
 					}
 					for _, r := range sc.SetRateMany(ctx, rdb, items) {
 						gs = append(gs, r.Reply)
@@ -284,8 +285,8 @@ func TestLuaMatchesModel(t *testing.T) {
 					got, want = gs, ws
 					break
 				}
-				want = m.SetRate(now, kc.keys, withDL(kc.c), rate, burst, exp, issued)
-				got, err = sc.SetRate(ctx, rdb, kc.keys, withDL(kc.c), rate, burst, exp, issued)
+				want = m.SetRate(now, kc.keys, withDL(kc.c), rate, burst, exp, issued, deposit)
+				got, err = sc.SetRate(ctx, rdb, kc.keys, withDL(kc.c), rate, burst, exp, issued, deposit)
 			case 6:
 				if rapid.Bool().Draw(rt, "batched") {
 					var items []KeyCommon

@@ -85,8 +85,13 @@ func (w *twin) check(k Keys, c Common, cost int64) CheckReply {
 
 func (w *twin) setRate(k Keys, c Common, rate, burst float64, exp, issued int64) SetRateReply {
 	w.t.Helper()
-	want := w.m.SetRate(w.now, k, c, rate, burst, exp, issued)
-	got, err := w.sc.SetRate(w.ctx, w.rdb, k, c, rate, burst, exp, issued)
+	return w.setRateDeposit(k, c, rate, burst, exp, issued, 0)
+}
+
+func (w *twin) setRateDeposit(k Keys, c Common, rate, burst float64, exp, issued int64, deposit float64) SetRateReply {
+	w.t.Helper()
+	want := w.m.SetRate(w.now, k, c, rate, burst, exp, issued, deposit)
+	got, err := w.sc.SetRate(w.ctx, w.rdb, k, c, rate, burst, exp, issued, deposit)
 	w.same("set_rate", got, want, err)
 	return got
 }

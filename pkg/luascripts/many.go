@@ -54,13 +54,14 @@ func (s *Scripts) StateMany(ctx context.Context, c interface {
 }
 
 // SetRateItem is one grant of a SetRateMany: the key, its settings, and
-// the grant as SetRate takes it (the caller validated rate and burst:
-// finite, >= 0).
+// the grant as SetRate takes it (the caller validated rate, burst and
+// deposit: finite, >= 0).
 type SetRateItem struct {
 	Keys               Keys
 	Common             Common
 	Rate, Burst        float64
 	ExpiryUS, IssuedUS int64
+	Deposit            float64
 }
 
 // SetRateResult is one key's outcome of SetRateMany.
@@ -77,7 +78,7 @@ func (s *Scripts) SetRateMany(ctx context.Context, c interface {
 	out := make([]SetRateResult, len(items))
 	s.runMany(ctx, c, s.setRateBatch, len(items), func(i int) Keys { return items[i].Keys }, func(i int) []any {
 		it := items[i]
-		return s.args(it.Keys, it.Common, fmtFloat(it.Rate), fmtFloat(it.Burst), it.ExpiryUS, it.IssuedUS)
+		return s.args(it.Keys, it.Common, fmtFloat(it.Rate), fmtFloat(it.Burst), it.ExpiryUS, it.IssuedUS, fmtFloat(it.Deposit))
 	}, func(i int, res []any, err error) {
 		if err != nil {
 			var tl *TooLateError

@@ -91,7 +91,7 @@ func installThenRead(ctx context.Context, rdb *redis.Client, sc *Scripts, m *Mod
 		it := grant(i)
 		it.Keys, it.Common = k, c
 		items = append(items, it)
-		want = append(want, SetRateResult{Reply: m.SetRate(now, k, c, it.Rate, it.Burst, it.ExpiryUS, it.IssuedUS)})
+		want = append(want, SetRateResult{Reply: m.SetRate(now, k, c, it.Rate, it.Burst, it.ExpiryUS, it.IssuedUS, it.Deposit)})
 	}
 	check(fmt.Sprintf("round %d: set_rate", round), sc.SetRateMany(ctx, rdb, items), want)
 	now += 700_000
@@ -127,7 +127,7 @@ func TestManyKeyFailureIsItsOwn(t *testing.T) {
 		t.Fatalf("set_rate on a key that is not a bucket: err %v, want WRONGTYPE", err)
 	}
 	for _, i := range []int{0, 2} {
-		want := m.SetRate(now, keys[i], manyCommon, 5, 9, now+3e6, now)
+		want := m.SetRate(now, keys[i], manyCommon, 5, 9, now+3e6, now, 0)
 		if res[i].Err != nil || res[i].Reply != want {
 			t.Fatalf("key %d beside the failing one: %+v, %v; want %+v", i, res[i].Reply, res[i].Err, want)
 		}
@@ -203,7 +203,7 @@ func TestManyAfterScriptFlush(t *testing.T) {
 		now += 1_000_000
 		sc.setNow(now)
 		res := sc.SetRateMany(ctx, rdb, []SetRateItem{{Keys: k, Common: manyCommon, Rate: 3, Burst: 4, ExpiryUS: now + 5e6, IssuedUS: now}})
-		if want := m.SetRate(now, k, manyCommon, 3, 4, now+5e6, now); res[0].Err != nil || res[0].Reply != want {
+		if want := m.SetRate(now, k, manyCommon, 3, 4, now+5e6, now, 0); res[0].Err != nil || res[0].Reply != want {
 			t.Fatalf("round %d: set_rate after SCRIPT FLUSH: %+v, %v; want %+v", round, res[0].Reply, res[0].Err, want)
 		}
 		st := sc.StateMany(ctx, rdb, []KeyCommon{{k, manyCommon}})

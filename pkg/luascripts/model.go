@@ -41,6 +41,7 @@ type Model struct {
 type modelBucket struct {
 	tk, ts, gr, gb, ge, out, adm, den, gs, dr, sd float64
 	rm                                            float64 // refill earned but not yet in tk (micro-tokens)
+	rl                                            float64 // tokens released under the grant in force (lib.lua put_back)
 	expireAt                                      float64 // µs, the key's TTL deadline
 	ttlMS                                         float64 // the TTL last set (PEXPIRE argument)
 	// cw and cs are the candidate mark window's fields (lib.lua's
@@ -51,7 +52,7 @@ type modelBucket struct {
 	// (µs; hasXE: known, stored as field xe in whole ms after ts).
 	xe    float64
 	hasXE bool
-	// stored says which of the twelve fields above (tk to rm, in
+	// stored says which of the thirteen fields above (tk to rl, in
 	// bucketFields' order) the hash holds: lib.lua's save_bucket leaves a
 	// field out while it is 0 and was never written.
 	stored uint16
@@ -279,8 +280,8 @@ func (o *op) loadBucket() {
 	}
 }
 
-// The bucket hash's twelve fields, in lib.lua's BUCKET_FIELDS order.
-var bucketFields = [12]string{"t", "ts", "gr", "gb", "ge", "out", "adm", "den", "gs", "dr", "sd", "rm"}
+// The bucket hash's thirteen fields, in lib.lua's BUCKET_FIELDS order.
+var bucketFields = [13]string{"t", "ts", "gr", "gb", "ge", "out", "adm", "den", "gs", "dr", "sd", "rm", "rl"}
 
 const (
 	fieldTS  = 1
@@ -292,15 +293,15 @@ const (
 	fieldSD  = 10
 )
 
-// fields are b's twelve numbers in bucketFields' order.
-func (b *modelBucket) fields() [12]float64 {
-	return [12]float64{b.tk, b.ts, b.gr, b.gb, b.ge, b.out, b.adm, b.den, b.gs, b.dr, b.sd, b.rm}
+// fields are b's thirteen numbers in bucketFields' order.
+func (b *modelBucket) fields() [13]float64 {
+	return [13]float64{b.tk, b.ts, b.gr, b.gb, b.ge, b.out, b.adm, b.den, b.gs, b.dr, b.sd, b.rm, b.rl}
 }
 
-// fieldValues are b's twelve fields as save_bucket writes them.
-func (b *modelBucket) fieldValues() [12]string {
-	return [12]string{f6(b.tk), i0(b.ts), f17(b.gr), f17(b.gb), i0(b.ge), i0(b.out), i0(b.adm), i0(b.den),
-		i0(b.gs), i0(b.dr), i0(b.sd), f17(b.rm)}
+// fieldValues are b's thirteen fields as save_bucket writes them.
+func (b *modelBucket) fieldValues() [13]string {
+	return [13]string{f6(b.tk), i0(b.ts), f17(b.gr), f17(b.gb), i0(b.ge), i0(b.out), i0(b.adm), i0(b.den),
+		i0(b.gs), i0(b.dr), i0(b.sd), f17(b.rm), f6(b.rl)}
 }
 
 func (o *op) credit(dt, r float64) {
@@ -375,7 +376,11 @@ func (o *op) putBack(n, ended float64) {
 		}
 	}
 	o.b.tk = tk
+	before := o.b.tk
 	o.clamp()
+	if before > o.b.tk && o.b.ge > o.now {
+		o.b.rl = round6(o.b.rl + (before - o.b.tk))
+	}
 }
 
 // reap mirrors ZRANGEBYSCORE -inf now LIMIT 0 max: ascending score, ties by
@@ -962,25 +967,40 @@ func (m *Model) Reap(nowUS int64, k Keys, c Common) ReapReply {
 }
 
 // SetRate mirrors Scripts.SetRate.
-func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expiryUS, issuedUS int64) SetRateReply {
+func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expiryUS, issuedUS int64, deposit float64) SetRateReply {
 	if pastDeadline(nowUS, c) {
 		return SetRateReply{TooLate: true, NowUS: nowUS}
 	}
 	o := m.begin(nowUS, k, c)
 	exp := float64(expiryUS)
 	applied := float64(issuedUS) >= o.b.gs
+	fresh := float64(issuedUS) > o.b.gs
 	if applied {
 		o.ttl = o.bucketTTL(burst, exp)
 	}
 	o.reap(c.ReapBudget)
+	released := 0.0
 	if applied {
 		o.b.gr, o.b.gb, o.b.ge, o.b.gs = rate, burst, exp, float64(issuedUS)
+		if fresh {
+			o.b.rl = 0
+		}
+		before := o.b.tk
 		o.clamp()
+		released = before - o.b.tk
+		if fresh && deposit > 0 {
+			add := math.Floor(deposit*1000000) / 1000000
+			if c := o.room(); o.b.tk+add >= c {
+				o.b.tk, o.b.rm = c, 0
+			} else {
+				o.b.tk = round6(o.b.tk + add)
+			}
+		}
 		o.candGranted(exp)
 	}
 	o.save()
 	return SetRateReply{Applied: applied, Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS, Reclaimed: int64(o.reclaimed),
-		Gen: o.done(), Reborn: o.reborn}
+		Released: round6(released), Gen: o.done(), Reborn: o.reborn}
 }
 
 // State mirrors Scripts.State.
@@ -990,7 +1010,14 @@ func (m *Model) State(nowUS int64, k Keys, c Common) State {
 	}
 	o := m.begin(nowUS, k, c)
 	o.reap(c.ReapBudget)
-	if (o.stamp && !o.hold) || o.leases {
+	released, took := 0.0, false
+	if o.b.rl > 0 {
+		if o.b.ge > o.now {
+			released = o.b.rl
+		}
+		o.b.rl, took = 0, true
+	}
+	if (o.stamp && !o.hold) || o.leases || took {
 		o.save()
 	} else if !o.missing {
 		o.keep()
@@ -1003,7 +1030,7 @@ func (m *Model) State(nowUS int64, k Keys, c Common) State {
 		Admitted: int64(o.b.adm), Denied: int64(o.b.den), Rate: o.rateNow(), Cap: o.capNow(),
 		GrantExpiryUS: int64(ge), Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS,
 		LeaseDemand: float64(int64(o.b.dr)) / 1000, StrictDemand: int64(o.b.sd), Reclaimed: int64(o.reclaimed),
-		Gen: o.done(), Reborn: o.reborn,
+		Released: round6(released), Gen: o.done(), Reborn: o.reborn,
 	}
 }
 

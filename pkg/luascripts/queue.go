@@ -114,10 +114,14 @@ func ParseSetRate(q *Queued) (SetRateReply, error) {
 }
 
 func parseSetRate(res []any) (SetRateReply, error) {
+	if len(res) == 7 {
+		// The older layout's scripts reply without released (parseState).
+		res = append(append(res[:5:5], "0"), res[5:]...)
+	}
 	p := parser{res: res}
 	sr := SetRateReply{Applied: p.int(0) == 1, Tokens: p.float(1), Outstanding: p.int(2), NowUS: p.int(3), Reclaimed: p.int(4),
-		Gen: p.int(5), Reborn: p.int(6) == 1}
-	return sr, p.err(7)
+		Released: p.float(5), Gen: p.int(6), Reborn: p.int(7) == 1}
+	return sr, p.err(8)
 }
 
 // PipelineCalls is the most script calls one pipeline carries. The Redis

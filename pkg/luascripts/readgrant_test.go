@@ -45,7 +45,7 @@ func TestReadGrantIsWhatSetRateStored(t *testing.T) {
 		applied bool
 		want    StoredGrant
 	}{{first, true, first}, {second, true, second}, {older, false, second}} {
-		r, err := sc.SetRate(ctx, rdb, granted, c, step.g.Rate, step.g.Burst, step.g.ExpiryUS, step.g.FenceUS)
+		r, err := sc.SetRate(ctx, rdb, granted, c, step.g.Rate, step.g.Burst, step.g.ExpiryUS, step.g.FenceUS, 0)
 		if err != nil || r.Applied != step.applied {
 			t.Fatalf("set_rate %+v: applied %v (%v), want %v", step.g, r.Applied, err, step.applied)
 		}

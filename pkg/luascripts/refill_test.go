@@ -154,11 +154,11 @@ func TestOlderGrantNeverReplacesNewer(t *testing.T) {
 	setRate := func(rate, burst float64, exp, issued int64) SetRateReply {
 		t.Helper()
 		sc.setNow(now)
-		got, err := sc.SetRate(ctx, rdb, k, c, rate, burst, exp, issued)
+		got, err := sc.SetRate(ctx, rdb, k, c, rate, burst, exp, issued, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := m.SetRate(now, k, c, rate, burst, exp, issued); got != want {
+		if want := m.SetRate(now, k, c, rate, burst, exp, issued, 0); got != want {
 			t.Fatalf("set_rate: lua %+v, model %+v", got, want)
 		}
 		return got

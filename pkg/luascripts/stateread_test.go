@@ -26,7 +26,10 @@ import (
 // state read must also renew the keys' TTLs as a writing read does
 // (bucket_ttl at the read's instant, and the lease keys' while tokens are
 // out), so a key the leader keeps reading never lapses earlier than it did
-// when every read wrote the bucket back.
+// when every read wrote the bucket back. The one thing a read takes is the
+// tokens released under the grant (field rl, the burst transfer): only the
+// leader's reports carry them, no call decides on them, so rl and the
+// replies' Released are left out of the comparison.
 func TestStateReadChangesNoLaterCall(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -103,8 +106,8 @@ func TestStateReadChangesNoLaterCall(t *testing.T) {
 				burst := rapid.SampledFrom([]float64{0, 7.5, 100, 2.0 / 3}).Draw(rt, "grant_burst")
 				exp := now + rapid.Int64Range(-2e6, 10e6).Draw(rt, "grant_valid")
 				issued := now - rapid.Int64Range(0, 3e6).Draw(rt, "issued_ago")
-				ra, ea = sc.SetRate(ctx, rdb, ka, c, rate, burst, exp, issued)
-				rb, eb = sc.SetRate(ctx, rdb, kb, c, rate, burst, exp, issued)
+				ra, ea = sc.SetRate(ctx, rdb, ka, c, rate, burst, exp, issued, 0)
+				rb, eb = sc.SetRate(ctx, rdb, kb, c, rate, burst, exp, issued, 0)
 			case 5:
 				ra, ea = sc.Reap(ctx, rdb, ka, c)
 				rb, eb = sc.Reap(ctx, rdb, kb, c)
@@ -125,6 +128,8 @@ func TestStateReadChangesNoLaterCall(t *testing.T) {
 func sameStored(ctx context.Context, t *rapid.T, rdb *redis.Client, step int, ka, kb Keys) {
 	for _, p := range [][2]string{{ka.Bucket, kb.Bucket}} {
 		a, b := rdb.HGetAll(ctx, p[0]).Val(), rdb.HGetAll(ctx, p[1]).Val()
+		delete(a, "rl")
+		delete(b, "rl")
 		if !reflect.DeepEqual(a, b) {
 			t.Fatalf("step %d: read key's stored state differs\n %s: %v\n %s: %v", step, p[0], a, p[1], b)
 		}
@@ -176,6 +181,9 @@ func withoutGen(r any) any {
 	v.Set(reflect.ValueOf(r))
 	if f := v.FieldByName("Gen"); f.IsValid() {
 		f.SetInt(0)
+	}
+	if f := v.FieldByName("Released"); f.IsValid() {
+		f.SetFloat(0)
 	}
 	return v.Interface()
 }

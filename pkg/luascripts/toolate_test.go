@@ -53,7 +53,7 @@ func TestEveryCallPastItsDeadlineAnswersTooLate(t *testing.T) {
 		}},
 		{"Reap", func(c Common) (any, error) { return sc.Reap(ctx, rdb, k, c) }},
 		{"SetRate", func(c Common) (any, error) {
-			return sc.SetRate(ctx, rdb, k, c, 50, 200, 4_000_000_000_000_000, 1)
+			return sc.SetRate(ctx, rdb, k, c, 50, 200, 4_000_000_000_000_000, 1, 0)
 		}},
 		{"SetRateMany", func(c Common) (any, error) {
 			r := sc.SetRateMany(ctx, rdb, []SetRateItem{{Keys: k, Common: c, Rate: 50, Burst: 200,

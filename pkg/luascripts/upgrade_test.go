@@ -40,7 +40,7 @@ func upgradeOps(ctx context.Context, sc *Scripts, rdb *redis.Client, k Keys, c C
 		"check":         func() error { _, err := sc.Check(ctx, rdb, k, c, 1); return err },
 		"state":         func() error { _, err := sc.State(ctx, rdb, k, c); return err },
 		"reap":          func() error { _, err := sc.Reap(ctx, rdb, k, c); return err },
-		"set_rate":      func() error { _, err := sc.SetRate(ctx, rdb, k, c, 20, 50, nowUS+5e6, nowUS); return err },
+		"set_rate":      func() error { _, err := sc.SetRate(ctx, rdb, k, c, 20, 50, nowUS+5e6, nowUS, 0); return err },
 		"sync of a":     func() error { _, err := sc.Sync(ctx, rdb, k, c, rep("a", 2, 5)); return err },
 		"sync of new z": func() error { _, err := sc.Sync(ctx, rdb, k, c, rep("z", 1, 5)); return err },
 		"acquire of z":  func() error { _, err := sc.Acquire(ctx, rdb, k, c, rep("z", 1, 5)); return err },

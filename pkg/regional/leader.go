@@ -492,6 +492,9 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 		if r.Err == nil && r.State.Reclaimed > 0 {
 			s.metrics.reclaimed.Add(float64(r.State.Reclaimed))
 		}
+		if r.Err == nil {
+			s.metrics.burstReleased.Add(r.State.Released)
+		}
 	}
 	reads := make([]regionsync.KeyRead, len(ordered))
 	for i, p := range ordered {
@@ -545,7 +548,7 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 	for i, it := range items {
 		in := installs[it.in]
 		batch[i] = luascripts.SetRateItem{Keys: it.p.keys, Common: it.p.common, Rate: in.Rate, Burst: in.Burst,
-			ExpiryUS: in.ExpiryUS, IssuedUS: in.FenceUS}
+			ExpiryUS: in.ExpiryUS, IssuedUS: in.FenceUS, Deposit: in.Deposit}
 	}
 	res := s.scripts.SetRateMany(ctx, s.opts.Redis, batch)
 	var firstErr error
@@ -559,9 +562,12 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 			firstErr = err
 		}
 		if err == nil && sr.Applied {
-			in := installs[items[i].in]
+			in := &installs[items[i].in]
 			applied[items[i].in] = true
+			in.Released = sr.Released
 			s.metrics.grantsApplied.Inc()
+			s.metrics.burstReleased.Add(sr.Released)
+			s.metrics.burstDeposited.Add(in.Deposit)
 			if l.opts.OnApplied != nil {
 				l.opts.OnApplied(in.Key, in.Rate, in.Burst, in.ExpiryUS)
 			}

@@ -31,10 +31,13 @@ type metrics struct {
 	reportKeys    prometheus.Gauge // keys in the last epoch report
 	candidates    prometheus.Gauge // keys marked in the candidate sets, as the last report read them
 	grantsApplied prometheus.Counter
-	staticLeft    prometheus.GaugeFunc // remaining static lease, seconds
-	onFloor       prometheus.GaugeFunc // 1 while the replica hands its scripts the floor
-	evicting      prometheus.Gauge     // 1 while a Redis node may evict keys (eviction.go)
-	evictedKeys   prometheus.Counter   // keys Redis evicted while the daemon watched
+	// released and deposited count the burst transfer's tokens: clipped
+	// by a lowered cap, and added by a grant's deposit.
+	burstReleased, burstDeposited prometheus.Counter
+	staticLeft                    prometheus.GaugeFunc // remaining static lease, seconds
+	onFloor                       prometheus.GaugeFunc // 1 while the replica hands its scripts the floor
+	evicting                      prometheus.Gauge     // 1 while a Redis node may evict keys (eviction.go)
+	evictedKeys                   prometheus.Counter   // keys Redis evicted while the daemon watched
 	// startedUnconfirmed counts starts that could not read the config
 	// last confirmed to the region (Server.ResumeChain).
 	startedUnconfirmed prometheus.Counter
@@ -107,6 +110,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.grantsApplied = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_regional_grants_applied_total", Help: "Grants from the global tier installed in Redis by the region leader.",
 	})
+	m.burstReleased = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_regional_burst_released_tokens_total", Help: "Tokens the region's buckets gave up to a lowered grant cap, for the global tier to hand on (docs/architecture.md, \"Burst transfer\").",
+	})
+	m.burstDeposited = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_regional_burst_deposited_tokens_total", Help: "Tokens deposits from the global tier named in grants the region leader installed (added up to the cap; docs/architecture.md, \"Burst transfer\").",
+	})
 	m.restarts = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "sluice_regional_redis_data_losses_total", Help: "Times Redis was found to have lost its data: a born sentinel missing, or a data set gone back in time (restored from an older snapshot, a replica promoted while it lagged; docs/architecture.md, \"Redis rolls back\").",
 	}, func() float64 { return float64(s.guard.Restarts()) })
@@ -171,7 +180,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		reg.MustRegister(m.evicting, m.evictedKeys, m.startedUnconfirmed, m.resumedLate, m.unconfirmed)
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.returned, m.restarts, m.rollbacks, m.activeLeases, m.activeKeys,
-			m.leader, m.globalSyncs, m.reports, m.rises, m.falls, m.reportKeys, m.candidates, m.grantsApplied, m.staticLeft, m.onFloor)
+			m.leader, m.globalSyncs, m.reports, m.rises, m.falls, m.reportKeys, m.candidates, m.grantsApplied, m.burstReleased, m.burstDeposited, m.staticLeft, m.onFloor)
 	}
 	return m
 }

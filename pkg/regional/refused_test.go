@@ -96,7 +96,7 @@ func TestRefusedGrantIsNotCountedApplied(t *testing.T) {
 	}
 	now := r.redisUS()
 	later := now + time.Hour.Microseconds()
-	if sr, err := luascripts.New().SetRate(ctx, r.rdb, keys, common, 80, 80, later+time.Hour.Microseconds(), later); err != nil || !sr.Applied {
+	if sr, err := luascripts.New().SetRate(ctx, r.rdb, keys, common, 80, 80, later+time.Hour.Microseconds(), later, 0); err != nil || !sr.Applied {
 		t.Fatalf("installing the newer grant: %+v, %v", sr, err)
 	}
 

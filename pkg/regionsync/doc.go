@@ -14,7 +14,10 @@
 // decides how long the region may run on its static shares: from the
 // answers' static_lease_ms and, with no global leader elected, from etcd;
 // each replica then chooses per key its static share or its floor
-// (Chain.Leased). The global side: DecodeReport
+// (Chain.Leased). Leader also carries the tokens lowered caps released to
+// the next report that finds their grant still held (the burst transfer:
+// Installed, Report; docs/architecture.md, "Burst transfer"), and Installs
+// passes each grant's deposit to set_rate. The global side: DecodeReport
 // checks a wire report and converts it for pkg/hierarchy, EncodeGrants
 // writes the answer.
 //

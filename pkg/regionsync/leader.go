@@ -91,11 +91,41 @@ type Leader struct {
 	// (select.go).
 	sel     map[quota.Key]selected
 	selPeak shrink.Peak // sel's high-water mark
+	// released is, per key, the tokens its last applied install clipped
+	// (the burst transfer), until a report carries them or drops them.
+	released map[quota.Key]release
+}
+
+// release is tokens clipped under one grant, by its install (set_rate's
+// reply) or by leases returning tokens above its cap (taken by a state
+// read: State.Released), and that grant: they are reported only while
+// the key still holds it, so the bucket never refilled into the room they
+// left (docs/architecture.md, "Burst transfer"). Each clip is known to
+// one call of one leader only, so each token is reported at most once.
+type release struct {
+	tokens      float64
+	rate, burst float64
+	expiryUS    int64
+}
+
+// took adds the tokens a state read took (State.Released) to the key's
+// release, or starts a new one when the read's grant is another.
+func (l *Leader) took(r KeyRead) {
+	st := r.State
+	if !(st.Released > 0) {
+		return
+	}
+	rel, ok := l.released[r.Key]
+	if !ok || rel.expiryUS != st.GrantExpiryUS || rel.rate != st.Rate || rel.burst != st.Cap {
+		rel = release{rate: st.Rate, burst: st.Cap, expiryUS: st.GrantExpiryUS}
+	}
+	rel.tokens += st.Released
+	l.released[r.Key] = rel
 }
 
 // NewLeader returns a leader with no baselines.
 func NewLeader() *Leader {
-	return &Leader{last: map[quota.Key]luascripts.State{}, sel: map[quota.Key]selected{}}
+	return &Leader{last: map[quota.Key]luascripts.State{}, sel: map[quota.Key]selected{}, released: map[quota.Key]release{}}
 }
 
 // Elected starts a new leadership: the demand baseline starts afresh, so
@@ -107,6 +137,7 @@ func NewLeader() *Leader {
 func (l *Leader) Elected() {
 	clear(l.last)
 	clear(l.sel)
+	clear(l.released)
 	l.watch = l.watch[:0]
 	l.static = StaticLease{}
 }
@@ -180,6 +211,7 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 	}
 	half := max(epoch.Seconds()/2, 1e-3)
 	for i, r := range reads {
+		l.took(r)
 		st := r.State
 		prev, seen := l.last[r.Key]
 		if kind == Epoch {
@@ -214,6 +246,14 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
 			kd.HeldValidMs = (st.GrantExpiryUS - st.NowUS) / 1000
 			held[r.Key] = st.Rate
+		}
+		if rel, ok := l.released[r.Key]; ok {
+			// Sent once, in this report, or dropped: while the key still
+			// holds the grant whose install clipped them.
+			delete(l.released, r.Key)
+			if st.GrantExpiryUS > st.NowUS && st.GrantExpiryUS == rel.expiryUS && st.Rate == rel.rate && st.Cap == rel.burst {
+				kd.Released = rel.tokens
+			}
 		}
 		rep.Keys = append(rep.Keys, kd)
 	}
@@ -254,6 +294,12 @@ type Install struct {
 	// reported: the report named the key, and Lowers was judged from
 	// what it held.
 	reported bool
+	// Deposit is the tokens the grant deposits (KeyGrant.deposit): pass
+	// it to set_rate.
+	Deposit float64
+	// Released is set by the caller from set_rate's reply: the tokens the
+	// install clipped, which the next report carries (Installed).
+	Released float64
 }
 
 // FromStatic judges Lowers for a grant of a key the report did not name,
@@ -318,6 +364,15 @@ const LowerTolerance = 1e-9
 // is below held by more than LowerTolerance of held.
 func Lowers(rate, held float64) bool { return rate < held-LowerTolerance*held }
 
+// MaterialRelease says whether released tokens, clipped by the install of
+// a cap of burst, are worth an acknowledgement of their own: at least one
+// token and a twentieth of the cap they were clipped from. Smaller ones go
+// with the next report (a cap that drifts down by a token each epoch
+// would otherwise cost a report each time).
+func MaterialRelease(released, burst float64) bool {
+	return released >= 1 && released >= (burst+released)/20
+}
+
 // Refused is a grant of the answer that is not installed, and why.
 type Refused struct {
 	Grant  *sluicev1.KeyGrant
@@ -336,15 +391,15 @@ func Installs(g *sluicev1.RegionGrants, sendUS int64, held Held) ([]Install, []R
 			refused = append(refused, Refused{Grant: kg, Reason: "key is missing"})
 			continue
 		}
-		rate, burst := kg.GetRate(), kg.GetBurst()
-		if !(rate >= 0) || !(burst >= 0) || math.IsInf(rate, 0) || math.IsInf(burst, 0) || kg.GetValidMs() <= 0 {
-			refused = append(refused, Refused{Grant: kg, Reason: "rate and burst must be finite and >= 0, valid_ms > 0"})
+		rate, burst, deposit := kg.GetRate(), kg.GetBurst(), kg.GetDeposit()
+		if !(rate >= 0) || !(burst >= 0) || !(deposit >= 0) || math.IsInf(rate, 0) || math.IsInf(burst, 0) || math.IsInf(deposit, 0) || kg.GetValidMs() <= 0 {
+			refused = append(refused, Refused{Grant: kg, Reason: "rate, burst and deposit must be finite and >= 0, valid_ms > 0"})
 			continue
 		}
 		k := quota.Key{Tenant: kg.GetKey().GetTenant(), Class: kg.GetKey().GetClass()}
 		h, reported := held[k]
 		out = append(out, Install{
-			Key: k, Wire: kg.GetKey(), Rate: rate, Burst: burst,
+			Key: k, Wire: kg.GetKey(), Rate: rate, Burst: burst, Deposit: deposit,
 			ExpiryUS: sendUS + kg.GetValidMs()*1000, FenceUS: sendUS,
 			Lowers: reported && Lowers(rate, h), reported: reported,
 		})
@@ -355,7 +410,8 @@ func Installs(g *sluicev1.RegionGrants, sendUS int64, held Held) ([]Install, []R
 // Answer is what the region made of one report's answer.
 type Answer struct {
 	// Lowered: an installed grant (set_rate applied it) lowered a
-	// reported key's rate.
+	// reported key's rate, or its cap clipped a material amount of tokens
+	// the global tier may hand on (MaterialRelease).
 	Lowered bool
 	// Again > 0: a raise is pending; report again after it.
 	Again time.Duration
@@ -366,7 +422,7 @@ type Answer struct {
 func Outcome(g *sluicev1.RegionGrants, installs []Install, applied []bool) Answer {
 	a := Answer{Again: time.Duration(g.GetReportAgainMs()) * time.Millisecond}
 	for i, in := range installs {
-		if applied[i] && in.Lowers {
+		if applied[i] && (in.Lowers || MaterialRelease(in.Released, in.Burst)) {
 			a.Lowered = true
 		}
 	}

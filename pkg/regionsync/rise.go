@@ -83,6 +83,7 @@ func (l *Leader) Moved(epoch time.Duration, reads []KeyRead) (rose, fell bool) {
 	half := max(epoch.Seconds()/2, 1e-3)
 	reported := l.risenFrom()
 	for _, r := range reads {
+		l.took(r)
 		rose = rose || risen(half, r, reported[r.Key])
 		fell = fell || fallen(half, r, reported[r.Key])
 	}

@@ -94,7 +94,10 @@ func (l *Leader) Selected() int { return len(l.sel) }
 // Installed records the grants an answer installed (applied[i] for
 // installs[i], as for Outcome): an acknowledgement is owed for each, so
 // the key is reported next even when it was not in the report answered
-// (the global tier may grant a key the region did not report).
+// (the global tier may grant a key the region did not report). The tokens
+// an install clipped (Install.Released) go with the next report that
+// still finds its grant held; an install of another grant drops what was
+// released under the one before.
 func (l *Leader) Installed(installs []Install, applied []bool) {
 	for i, in := range installs {
 		if !applied[i] {
@@ -103,6 +106,16 @@ func (l *Leader) Installed(installs []Install, applied []bool) {
 		e := l.sel[in.Key]
 		e.ack, e.low = true, 0
 		l.sel[in.Key] = e
+		rel, ok := l.released[in.Key]
+		if !ok || rel.expiryUS != in.ExpiryUS || rel.rate != in.Rate || rel.burst != in.Burst {
+			rel = release{rate: in.Rate, burst: in.Burst, expiryUS: in.ExpiryUS}
+		}
+		rel.tokens += in.Released
+		if rel.tokens > 0 {
+			l.released[in.Key] = rel
+		} else {
+			delete(l.released, in.Key)
+		}
 	}
 }
 

@@ -135,6 +135,9 @@ func decodeKey(cfg *config.Config, kd *sluicev1.KeyDemand, i int) (hierarchy.Key
 	if err := checkAmount(field, ".holding", kd.GetHolding()); err != nil {
 		return fail(err)
 	}
+	if err := checkAmount(field, ".released", kd.GetReleased()); err != nil {
+		return fail(err)
+	}
 	if kd.DemandRate != nil {
 		if err := checkAmount(field, ".demand_rate", kd.GetDemandRate()); err != nil {
 			return fail(err)
@@ -149,6 +152,7 @@ func decodeKey(cfg *config.Config, kd *sluicev1.KeyDemand, i int) (hierarchy.Key
 		HeldBurst: kd.GetHeldBurst(),
 		HeldValid: time.Duration(kd.GetHeldValidMs()) * time.Millisecond,
 		Holding:   kd.GetHolding(),
+		Released:  kd.GetReleased(),
 	}
 	if kd.DemandRate != nil {
 		out.SetDemandRate(kd.GetDemandRate())
@@ -191,7 +195,7 @@ func EncodeGrants(rep hierarchy.Report, grants []hierarchy.Grant, learning bool,
 	for i, g := range grants {
 		keys[i].Tenant, keys[i].Class = g.Key.Tenant, g.Key.Class
 		kg := &kgs[i]
-		kg.Key, kg.Rate, kg.Burst, kg.ValidMs = &keys[i], g.Rate, g.Burst, g.Valid.Milliseconds()
+		kg.Key, kg.Rate, kg.Burst, kg.ValidMs, kg.Deposit = &keys[i], g.Rate, g.Burst, g.Valid.Milliseconds(), g.Deposit
 		out.Grants[i] = kg
 	}
 	return out

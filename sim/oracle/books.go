@@ -36,6 +36,19 @@ type regionBooks struct {
 	overAdm, overDen int64
 	last             Bucket
 	observed         bool
+	// deposit is what a grant's deposit may add at the next call (the
+	// burst transfer: tokens other regions' buckets released), on top of
+	// refill; that call uses it up.
+	deposit float64
+}
+
+// Deposited records that the next script call on region's bucket of key
+// installs a grant that deposits up to tokens (docs/architecture.md,
+// "Burst transfer"): the bucket may grow by that much more than its
+// refill, still within its cap. Whether the whole fleet stays within
+// b + r·t is the conformance check's to say.
+func (o *Oracle) Deposited(region, key int, tokens float64) {
+	o.books[key*o.nr+region].deposit += tokens
 }
 
 // RegionPending adjusts the tokens region decided for key that no
@@ -66,8 +79,9 @@ func (o *Oracle) BucketGone(region, key int) {
 //     force, or (when a smaller grant lowered the cap below the leases
 //     already out) no more than it held before;
 //   - it grew since the previous call by no more than refill at the
-//     highest rate in force in between: tokens never appear from nowhere
-//     (a return credited twice, a replayed report applied twice);
+//     highest rate in force in between, and the deposit of a grant this
+//     call installed (Deposited): tokens never appear from nowhere (a
+//     return credited twice, a replayed report applied twice);
 //   - exactly-once accounting: the admitted and denied counters of every
 //     bucket the region had for the key add up to no more than what the
 //     instances decided there (plus decisions whose answer was lost); an
@@ -92,7 +106,7 @@ func (o *Oracle) BucketObserved(t time.Duration, region, key int, b Bucket) {
 			}
 			// Both readings are rounded: the growth between them may
 			// show up to one rounding more than the refill.
-			if grow := prev + rate*float64(dt)/1e6; hold > grow+2*holdTol {
+			if grow := prev + rate*float64(dt)/1e6 + bk.deposit; hold > grow+2*holdTol {
 				o.res.Holding.note(t, kd.Key, name, hold-grow, fmt.Sprintf(
 					"holds %.6f, held %.6f %dµs earlier at rate ≤ %v", hold, prev, dt, rate))
 			}
@@ -114,7 +128,7 @@ func (o *Oracle) BucketObserved(t time.Duration, region, key int, b Bucket) {
 			"bucket counted %d denied, instances denied %d (+%d undelivered)", den, bk.denied, bk.pending))
 		bk.overDen = over
 	}
-	bk.last, bk.observed = b, true
+	bk.last, bk.observed, bk.deposit = b, true, 0
 }
 
 // GrantIssued records that region's Redis applied, at t, a grant of key

@@ -773,9 +773,10 @@ func (s *sim) install(r *region, g *sluicev1.RegionGrants, sendUS int64, held re
 		r.cpKeys++
 		c := s.common(r, k, nowUS)
 		installs[i].FromStatic(c.StaticRate)
-		sr := r.model.SetRate(nowUS, p.rk, c, rate, burst, exp, in.FenceUS)
+		sr := r.model.SetRate(nowUS, p.rk, c, rate, burst, exp, in.FenceUS, in.Deposit)
 		if sr.Applied {
 			applied[i] = true
+			installs[i].Released = sr.Released
 			r.pend.applied = append(r.pend.applied, in.Key)
 		}
 	}

@@ -683,10 +683,14 @@ func (r *Region) install(g *sluicev1.RegionGrants, sendUS int64, held regionsync
 		r.op()
 		c := r.common(k)
 		installs[i].FromStatic(c.StaticRate)
-		sr := r.model.SetRate(now, k.rkeys, c, in.Rate, in.Burst, in.ExpiryUS, in.FenceUS)
+		sr := r.model.SetRate(now, k.rkeys, c, in.Rate, in.Burst, in.ExpiryUS, in.FenceUS, in.Deposit)
+		if in.Deposit > 0 {
+			r.w.orc.Deposited(r.idx, k.id, in.Deposit)
+		}
 		r.observe(k)
 		if sr.Applied {
 			applied[i] = true
+			installs[i].Released = sr.Released
 			r.w.orc.GrantApplied(r.w.dur(), r.idx, k.id, in.Rate, in.Burst, trueTimeOf(in.ExpiryUS, r.offset))
 			r.w.orc.GrantIssued(r.w.dur(), r.idx, k.id, in.FenceUS)
 		}

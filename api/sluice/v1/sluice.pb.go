@@ -1557,7 +1557,14 @@ type KeyDemand struct {
 	// window. When set, the allocator reads demand from it instead of
 	// (admitted + denied) / window, whose count of reports arriving in one
 	// epoch is as lumpy as the reports are. Finite, >= 0.
-	DemandRate    *float64 `protobuf:"fixed64,9,opt,name=demand_rate,json=demandRate,proto3,oneof" json:"demand_rate,omitempty"`
+	DemandRate *float64 `protobuf:"fixed64,9,opt,name=demand_rate,json=demandRate,proto3,oneof" json:"demand_rate,omitempty"`
+	// Tokens the region's bucket gave up since its previous report because a
+	// grant lowered its burst cap below what the bucket held (set_rate's
+	// clamp): tokens taken out of circulation that the global tier may
+	// deposit in another region's bucket (KeyGrant.deposit). Sent in exactly
+	// one report (a retry of that report resends it with the same seq);
+	// finite, >= 0. See docs/architecture.md, "Burst transfer".
+	Released      float64 `protobuf:"fixed64,10,opt,name=released,proto3" json:"released,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1651,6 +1658,13 @@ func (x *KeyDemand) GetHolding() float64 {
 func (x *KeyDemand) GetDemandRate() float64 {
 	if x != nil && x.DemandRate != nil {
 		return *x.DemandRate
+	}
+	return 0
+}
+
+func (x *KeyDemand) GetReleased() float64 {
+	if x != nil {
+		return x.Released
 	}
 	return 0
 }
@@ -1782,7 +1796,12 @@ type KeyGrant struct {
 	// Burst cap (tokens) while the grant is valid.
 	Burst float64 `protobuf:"fixed64,3,opt,name=burst,proto3" json:"burst,omitempty"`
 	// Valid for valid_ms from the moment the region sent its report.
-	ValidMs       int64 `protobuf:"varint,4,opt,name=valid_ms,json=validMs,proto3" json:"valid_ms,omitempty"`
+	ValidMs int64 `protobuf:"varint,4,opt,name=valid_ms,json=validMs,proto3" json:"valid_ms,omitempty"`
+	// Tokens to add to the region's bucket when it installs this grant, at
+	// most once per answer (set_rate adds them only when the grant is newer
+	// than the one installed), up to the grant's burst: tokens other regions
+	// released. burst already counts them. Finite, >= 0; 0 = none.
+	Deposit       float64 `protobuf:"fixed64,5,opt,name=deposit,proto3" json:"deposit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1841,6 +1860,13 @@ func (x *KeyGrant) GetBurst() float64 {
 func (x *KeyGrant) GetValidMs() int64 {
 	if x != nil {
 		return x.ValidMs
+	}
+	return 0
+}
+
+func (x *KeyGrant) GetDeposit() float64 {
+	if x != nil {
+		return x.Deposit
 	}
 	return 0
 }
@@ -2119,7 +2145,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\x04keys\x18\x06 \x03(\v2\x14.sluice.v1.KeyStatusR\x04keys\x12%\n" +
 	"\x0econtended_keys\x18\a \x01(\x03R\rcontendedKeys\x12'\n" +
 	"\x0fconfig_revision\x18\b \x01(\x03R\x0econfigRevision\x128\n" +
-	"\fclass_floors\x18\t \x03(\v2\x15.sluice.v1.ClassFloorR\vclassFloors\"\xb3\x02\n" +
+	"\fclass_floors\x18\t \x03(\v2\x15.sluice.v1.ClassFloorR\vclassFloors\"\xcf\x02\n" +
 	"\tKeyDemand\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x1a\n" +
 	"\badmitted\x18\x02 \x01(\x03R\badmitted\x12\x16\n" +
@@ -2131,7 +2157,9 @@ const file_sluice_proto_rawDesc = "" +
 	"\rheld_valid_ms\x18\a \x01(\x03R\vheldValidMs\x12\x18\n" +
 	"\aholding\x18\b \x01(\x01R\aholding\x12$\n" +
 	"\vdemand_rate\x18\t \x01(\x01H\x00R\n" +
-	"demandRate\x88\x01\x01B\x0e\n" +
+	"demandRate\x88\x01\x01\x12\x1a\n" +
+	"\breleased\x18\n" +
+	" \x01(\x01R\breleasedB\x0e\n" +
 	"\f_demand_rate\"\x80\x02\n" +
 	"\fRegionReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
@@ -2142,12 +2170,13 @@ const file_sluice_proto_rawDesc = "" +
 	"\x04page\x18\x06 \x01(\rR\x04page\x12\x14\n" +
 	"\x05pages\x18\a \x01(\rR\x05pages\x12\x1f\n" +
 	"\vanswer_page\x18\b \x01(\rR\n" +
-	"answerPage\"v\n" +
+	"answerPage\"\x90\x01\n" +
 	"\bKeyGrant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x14\n" +
 	"\x05burst\x18\x03 \x01(\x01R\x05burst\x12\x19\n" +
-	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\"\x90\x03\n" +
+	"\bvalid_ms\x18\x04 \x01(\x03R\avalidMs\x12\x18\n" +
+	"\adeposit\x18\x05 \x01(\x01R\adeposit\"\x90\x03\n" +
 	"\fRegionGrants\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12+\n" +

@@ -25,6 +25,13 @@
 --                                     and asked by lease requests held
 --                                     (see "Awaited share"; cumulative
 --                                     counter)
+--                                 rl  tokens released under the grant in
+--                                     force: returned by leases above its
+--                                     cap (put_back), for the region
+--                                     leader's next state read to take
+--                                     and report (the burst transfer,
+--                                     docs/architecture.md; %.6f; missing
+--                                     = 0)
 --                                 n   lease records in the hash (missing
 --                                     = 0)
 --                                 xe  at most the earliest expiry of a
@@ -301,9 +308,9 @@ local LN, LN0, XE, XE0
 -- (false: not stored), STOREDXE its xe: loaded, then kept by save_bucket,
 -- which writes only the fields whose text changes.
 local STORED, STOREDXE = {}, false
-local BUCKET_FIELDS = { 't', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm' }
+local BUCKET_FIELDS = { 't', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm', 'rl' }
 -- BUCKET_FORMATS formats each field as it is stored.
-local BUCKET_FORMATS = { f6, i0, f17, f17, i0, i0, i0, i0, i0, i0, i0, f17 }
+local BUCKET_FORMATS = { f6, i0, f17, f17, i0, i0, i0, i0, i0, i0, i0, f17, f6 }
 
 local function grant_valid(t) return B.ge > t end
 local function rate_now() if grant_valid(NOW) then return B.gr end return SR end
@@ -407,7 +414,7 @@ end
 
 local function load_bucket()
   LN = 0
-  local raw = redis.call('HMGET', KEYS[1], 't', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm', 'n', 'tk', 'xe')
+  local raw = redis.call('HMGET', KEYS[1], 't', 'ts', 'gr', 'gb', 'ge', 'out', 'adm', 'den', 'gs', 'dr', 'sd', 'rm', 'n', 'tk', 'xe', 'rl')
   if raw[2] and WAIT > 0 and tonumber(raw[2]) < BORN + WAIT * 1000 then
     -- Older than its data set's birth (see Rollback): written before a
     -- re-birth, its tokens and leases are those of a history that was
@@ -422,6 +429,7 @@ local function load_bucket()
   LN = tonumber(raw[13]) or LN
   LN0 = LN
   for i = 1, 12 do STORED[i] = raw[i] or false end
+  STORED[13] = raw[16] or false
   STOREDXE = raw[15] or false
   XE = tonumber(raw[15])
   if XE and raw[2] then XE = tonumber(raw[2]) + XE * 1000 else XE = nil end
@@ -446,7 +454,7 @@ local function load_bucket()
     B.missing = true
     B.gr, B.gb, B.ge, B.out, B.adm, B.gs, B.dr = 0, 0, 0, 0, 0, 0, 0
     B.den, B.sd = tonumber(raw[8]) or 0, tonumber(raw[11]) or 0
-    B.tk, B.rm = 0, 0
+    B.tk, B.rm, B.rl = 0, 0, 0
     B.ts = BORN + WAIT * 1000
     return
   end
@@ -463,6 +471,7 @@ local function load_bucket()
   B.dr = tonumber(raw[10]) or 0
   B.sd = tonumber(raw[11]) or 0
   B.rm = tonumber(raw[12]) or 0
+  B.rl = tonumber(raw[16]) or 0
 end
 
 -- sentinel reads KEYS[i] (the born sentinel or the generation): from
@@ -735,7 +744,12 @@ local function put_back(n, ended)
     end
   end
   B.tk = tk
+  -- Tokens above a grant's cap are released: the region leader reports
+  -- them and the global tier may hand them on (docs/architecture.md,
+  -- "Burst transfer"). Above a static share they are simply gone.
+  local before = B.tk
   clamp()
+  if before > B.tk and grant_valid(NOW) then B.rl = snap(B.rl + (before - B.tk)) end
 end
 
 -- drop_lease removes a lease; its unspent tokens go back to the bucket when
@@ -1015,9 +1029,9 @@ local function save_bucket(ttl)
   -- whose text is what is stored is not written again (an install leaves
   -- the demand counters as they were; each field written costs Redis a
   -- search and a rewrite of the hash's listpack).
-  local nums = { B.tk, B.ts, B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd, B.rm }
+  local nums = { B.tk, B.ts, B.gr, B.gb, B.ge, B.out, B.adm, B.den, B.gs, B.dr, B.sd, B.rm, B.rl }
   local args = {}
-  for i = 1, 12 do
+  for i = 1, 13 do
     local was = STORED[i]
     if i == 2 or nums[i] ~= 0 or was then
       local v = BUCKET_FORMATS[i](nums[i])

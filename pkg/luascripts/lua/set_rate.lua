@@ -15,13 +15,28 @@
 -- ARGV[9]     granted burst cap (tokens, >= 0)
 -- ARGV[10]    grant expiry (µs, Redis clock)
 -- ARGV[11]    issued: when the report this grant answers was sent (µs)
--- Reply: { applied(0|1), tokens, outstanding, now_us, reclaimed, generation,
---        reborn(0|1) }  tokens as '%.6f'; reclaimed: tokens this call
---        returned from expired leases
+-- ARGV[12]    deposit: tokens other regions released to add to the bucket
+--             (>= 0, '0' = none); added only by the first install of the
+--             answer (issued above the installed grant's), up to the cap
+-- Reply: { applied(0|1), tokens, outstanding, now_us, reclaimed, released,
+--        generation, reborn(0|1) }  tokens and released as '%.6f';
+--        reclaimed: tokens this call returned from expired leases;
+--        released: tokens the new cap took out of the bucket
+--
+-- Burst transfer (docs/architecture.md, "Burst transfer"). A grant that
+-- lowers the cap below what the bucket holds clips the bucket; the tokens
+-- clipped are released: the region reports them once, and the global tier
+-- may deposit them in a region that spends its bucket empty. A deposit
+-- comes with a cap raised by as much, so it fits whatever the bucket
+-- holds; it is added once per answer, so a retried or repeated install
+-- adds nothing (its issued equals the installed grant's).
 local exp, issued = tonumber(ARGV[10]), tonumber(ARGV[11])
 local rate, burst = tonumber(ARGV[8]), tonumber(ARGV[9])
+local deposit = tonumber(ARGV[12])
 local applied = 0
 if issued >= B.gs then applied = 1 end
+local fresh = issued > B.gs
+local released = 0
 -- The TTL under the grant in force afterwards, before the first write.
 local ttl = TTL
 if applied == 1 then ttl = bucket_ttl(burst, exp) end
@@ -31,8 +46,24 @@ if applied == 1 then
   B.gb = burst
   B.ge = exp
   B.gs = issued
+  -- Tokens released under the grant before are dropped with it: under
+  -- this one the room they left may refill.
+  if fresh then B.rl = 0 end
+  local before = B.tk
   clamp()
+  released = before - B.tk
+  if fresh and deposit > 0 then
+    -- Whole micro-tokens, rounded down: a deposit never adds a fraction.
+    local add = math.floor(deposit * 1000000) / 1000000
+    local c = room()
+    if B.tk + add >= c then
+      B.tk = c
+      B.rm = 0
+    else
+      B.tk = snap(B.tk + add)
+    end
+  end
   cand_granted(exp)
 end
 save_bucket(ttl)
-return gen_reply({ applied, f6(B.tk), B.out, NOW, RECLAIMED })
+return gen_reply({ applied, f6(B.tk), B.out, NOW, RECLAIMED, f6(released) })

@@ -8,7 +8,11 @@
 --             floor's rate and burst, the share's fill time, share awaited, generation seen, deadline, candidate
 --             member and mark interval (see lib.lua)
 -- Reply: { admitted, denied, rate, cap, grant_expiry_us, tokens, outstanding,
---          now_us, lease_demand_mtps, strict_demand, reclaimed }  rate and
+--          now_us, lease_demand_mtps, strict_demand, reclaimed, released }
+--          released: the tokens leases returned above the cap of the grant
+--          in force since the last read (field rl, '%.6f'), which this read
+--          takes (zeroes): each is reported once, by the leader that read
+--          it; taken after the grant ended, they are gone (0). rate and
 --          cap as '%.17g' (exact), tokens as '%.6f'; admitted, denied and
 --          strict_demand cumulative tokens; lease_demand_mtps the sum of the
 --          live leases' demand rates (milli-tokens/s); reclaimed the tokens
@@ -26,13 +30,19 @@
 -- ever brought up to the moment of a call), and the reply is the same as
 -- a writing read's.
 reap(REAPMAX)
+local released, took = 0, false
+if B.rl > 0 then
+  if grant_valid(NOW) then released = B.rl end
+  B.rl = 0
+  took = true
+end
 -- A held key (lib.lua, "Awaited share") stays missing: the born sentinel
 -- is dated by the next call that creates a bucket, or the regional guard.
-if (STAMP and not HOLD) or LEASES then
+if (STAMP and not HOLD) or LEASES or took then
   save_bucket()
 elseif not B.missing then
   renew_ttls(TTL)
 end
 local ge = B.ge
 if ge <= NOW then ge = 0 end
-return gen_reply({ B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW, B.dr, B.sd, RECLAIMED })
+return gen_reply({ B.adm, B.den, f17(rate_now()), f17(cap_now()), ge, f6(B.tk), B.out, NOW, B.dr, B.sd, RECLAIMED, f6(released) })
