@@ -2088,8 +2088,12 @@ func (a *Allocator) lanesFor(t int64, b int32, ri int, sh *shares) {
 		rl.base += dr
 		bl.base += db
 	}
-	// Tokens in flight are reserved as a cap is (transfer.go).
-	bl.base -= a.inFlightAt(b, t)
+	// Tokens in flight are reserved as a cap is, for as long as they may
+	// be deposited (transfer.go): a grant's fallback, or a returning
+	// region's static share, after they are dropped does not meet them.
+	if p := a.inFlightAt(b, t); p > 0 {
+		bl.addOther(t, p, a.transfer[b].at+a.epochNS+1, 0)
+	}
 }
 
 // fallbackSafe checks the other side of a grant: the region may fall

@@ -34,7 +34,7 @@ type inFlight struct {
 	tokens float64
 	// at is when tokens were last credited (ns since origin): they are
 	// dropped one epoch later, so a reservation nobody takes does not hold
-	// the key's caps down.
+	// the key's caps down; the lanes reserve them until then only.
 	at int64
 }
 
@@ -93,9 +93,17 @@ func (a *Allocator) credit(t int64, b int32, ri int, released float64, before, a
 		}
 		return cb
 	}
+	// What is in flight already is reserved by the lane until it would
+	// be dropped; credited now, it stays until end with the new tokens.
+	held := a.inFlightAt(b, t)
+	heldUntil := a.transfer[b].at + a.epochNS + 1
 	backed := released
 	check := func(at int64) {
-		backed = min(backed, use(&before, at)-use(&after, at), bl.headroom(at)-use(&after, at))
+		room := bl.headroom(at) - use(&after, at)
+		if at >= heldUntil {
+			room -= held
+		}
+		backed = min(backed, use(&before, at)-use(&after, at), room)
 	}
 	check(t)
 	for _, u := range bl.until[:bl.n] {
@@ -103,7 +111,7 @@ func (a *Allocator) credit(t int64, b int32, ri int, released float64, before, a
 			check(u)
 		}
 	}
-	for _, u := range []int64{before.burstT, after.burstT} {
+	for _, u := range []int64{before.burstT, after.burstT, heldUntil} {
 		if u > t && u <= end {
 			check(u)
 		}
@@ -117,7 +125,7 @@ func (a *Allocator) credit(t int64, b int32, ri int, released float64, before, a
 		return
 	}
 	f := &a.transfer[b]
-	f.tokens = min(a.inFlightAt(b, t)+backed, l.Burst)
+	f.tokens = min(held+backed, l.Burst)
 	f.at = t
 	for _, j := range wanted {
 		a.markNudge(j)
@@ -155,8 +163,15 @@ func (a *Allocator) deposit(t int64, b int32, ri int, rate, burst, peak float64,
 	if held <= 0 || burst < peak || !a.short(b, ri, rate) {
 		return 0
 	}
-	room := a.burstLane.minHeadroom(t, end) + held - burst
-	give := min(held, room)
+	// The headroom without the reservation: the lane holds the tokens
+	// back only until they would be dropped (lanesFor).
+	bl := &a.burstLane
+	until := a.transfer[b].at + a.epochNS + 1
+	free := bl.minHeadroom(t, min(end, until)) + held
+	if end > until {
+		free = min(free, bl.minHeadroom(until, end))
+	}
+	give := min(held, free-burst)
 	if !(give > 0) {
 		return 0
 	}
