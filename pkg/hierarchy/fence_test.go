@@ -70,8 +70,17 @@ func (s *script) report(region string, sentMs int, tokensPerSec, holding float64
 			holding = h.burst / 2
 		}
 	}
-	s.seq[region]++
-	grants, err := grantsOf(s.a.Report(s.at(sentMs), Report{Region: region, Seq: s.seq[region], Keys: []KeyDemand{s.demand(region, tokensPerSec, holding, sentMs)}}))
+	return s.send(region, sentMs, s.demand(region, tokensPerSec, holding, sentMs), false)
+}
+
+// send reports kd from region at sentMs (received at once), under the
+// region's next seq or, for a retry, its last, and applies the answer.
+func (s *script) send(region string, sentMs int, kd KeyDemand, retry bool) *Grant {
+	s.t.Helper()
+	if !retry {
+		s.seq[region]++
+	}
+	grants, err := grantsOf(s.a.Report(s.at(sentMs), Report{Region: region, Seq: s.seq[region], Keys: []KeyDemand{kd}}))
 	if err != nil {
 		s.t.Fatalf("report from %s at %dms: %v", region, sentMs, err)
 	}

@@ -6,21 +6,9 @@ import "testing"
 // install released, and seq repeated when retry is set.
 func (s *script) reportReleased(region string, sentMs int, tokensPerSec, holding, released float64, retry bool) *Grant {
 	s.t.Helper()
-	if !retry {
-		s.seq[region]++
-	}
 	kd := s.demand(region, tokensPerSec, holding, sentMs)
 	kd.Released = released
-	grants, err := grantsOf(s.a.Report(s.at(sentMs), Report{Region: region, Seq: s.seq[region], Keys: []KeyDemand{kd}}))
-	if err != nil {
-		s.t.Fatalf("report from %s at %dms: %v", region, sentMs, err)
-	}
-	if len(grants) == 0 {
-		return nil
-	}
-	g := grants[0]
-	s.held[region] = scriptHeld{rate: g.Rate, burst: g.Burst, expiry: s.at(sentMs).Add(g.Valid)}
-	return &g
+	return s.send(region, sentMs, kd, retry)
 }
 
 func (s *script) inFlight() float64 {
