@@ -49,10 +49,11 @@ func (a *Allocator) inFlightAt(b int32, t int64) float64 {
 }
 
 // credit adds tokens region ri released of block b's key, as far as they
-// are backed, when the key is contended and some other region's demand
-// is above the rate it may use now (its bucket drains: it would spend
-// them), and nudges those regions to report for their deposit. Otherwise the tokens are
-// dropped: reserved, they would only hold the key's caps down. before and
+// are backed and when they are a material part of its burst, when the key
+// is contended and some other region's demand is materially above the
+// rate it may use now (its bucket drains: it would spend them), and
+// nudges those regions to report for their deposit. Otherwise the tokens
+// are dropped: reserved, they would only hold the key's caps down. before and
 // after are ri's summaries before and after this report's acknowledgement,
 // cb its counted static burst, sh the key's shares.
 //
@@ -157,7 +158,7 @@ func (a *Allocator) short(b int32, ri int, rate float64) bool {
 // deposit in transit must fit above peak, in the cap the grant raises (the
 // fence counts ri at burst + deposit from now on). And at most what the
 // headroom leaves without the reservation (lanesFor subtracted it); and
-// only when ri's demand is above rate (it will spend them).
+// only when ri's demand is materially above rate (it will spend them).
 func (a *Allocator) deposit(t int64, b int32, ri int, rate, burst, peak float64, end int64) float64 {
 	held := a.inFlightAt(b, t)
 	if held <= 0 || burst < peak || !a.short(b, ri, rate) {
