@@ -106,3 +106,42 @@ func TestLearningCreditsNoReleasedTokens(t *testing.T) {
 		t.Fatalf("in flight while learning: %v, want 0", got)
 	}
 }
+
+// TestNoDepositWithAGrantThatLowersTheCap: a region may spend its old
+// cap's tokens before a grant lands, so a deposit goes only with a grant
+// that does not lower its cap below the largest it may hold; a grant that
+// lowers it carries none, even to a region short of its rate.
+func TestNoDepositWithAGrantThatLowersTheCap(t *testing.T) {
+	regions := []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}}
+	s := newScriptWith(t, Options{Regions: regions, DemandAlpha: 1}, KeyLimit{Rate: 300, Burst: 300})
+	s.a.Allocate(s.at(6000))
+	// a wants 600/s on an empty bucket; b and c idle on full ones (100).
+	s.report("a", 6100, 600, 0)
+	s.report("b", 6110, 10, 100)
+	s.report("c", 6120, 10, 100)
+	// b releases 90; a's next answer deposits them with a cap above its
+	// static 100.
+	s.reportReleased("b", 6130, 10, 10, 90, false)
+	ga := s.reportReleased("a", 6140, 600, 0, 0, false)
+	if ga == nil || !near(ga.Deposit, 90) {
+		t.Fatalf("a = %+v, want a deposit of 90", ga)
+	}
+	peak := ga.Burst
+	// c releases 90 too, while b's demand rises: a's target falls below
+	// the cap it holds.
+	s.reportReleased("c", 6150, 10, 10, 90, false)
+	if got := s.inFlight(); !near(got, 90) {
+		t.Fatalf("in flight after c's release: %v, want 90", got)
+	}
+	s.reportReleased("b", 6160, 300, 0, 0, false)
+	g := s.reportReleased("a", 6170, 600, 0, 0, false)
+	if g == nil {
+		t.Fatal("a got no grant")
+	}
+	if g.Burst < peak && g.Deposit != 0 {
+		t.Fatalf("a = %+v: a grant below the cap it holds (%v) carries a deposit", g, peak)
+	}
+	if g.Burst >= peak {
+		t.Fatalf("a = %+v: its cap was not lowered below %v; the case is not reached", g, peak)
+	}
+}
