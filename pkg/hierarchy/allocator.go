@@ -2038,8 +2038,7 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 		a.regions[ri].raisePending = true
 		a.nudgeDonors(t, b, ri, sh)
 	}
-	sm := &a.summaries[base+ri]
-	deposit := a.deposit(t, b, ri, rate, burst, max(sh.cB[ri], sm.burstV), t+valid)
+	deposit := a.deposit(t, b, ri, rate, burst, t+valid, sh)
 	burst += deposit
 	rate, burst = f.distinct(rate, burst)
 	f.add(grantRec{rate: rate, burst: burst, ue: t + valid, le: sendLB + valid, at: t})

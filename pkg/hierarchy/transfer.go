@@ -149,19 +149,22 @@ func (a *Allocator) short(b int32, ri int, rate float64) bool {
 }
 
 // deposit is what block b's tokens in flight give region ri's grant of
-// rate and burst, valid until end; peak is the largest cap ri may hold
-// until it installs the grant (its summary, or its counted static cap).
-// The caller adds it to the grant's burst.
+// rate and burst, valid until end (sh: the key's shares). The caller adds
+// it to the grant's burst.
 //
-// Only a grant that does not lower ri's cap below peak carries one: ri
-// may spend the tokens of its old cap before the grant lands, so the
-// deposit in transit must fit above peak, in the cap the grant raises (the
-// fence counts ri at burst + deposit from now on). And at most what the
+// Only a grant that does not lower ri's cap below the largest it may hold
+// until it installs the grant (peak: its summary, or its counted static
+// cap) carries one: ri may spend the tokens of its old cap before the
+// grant lands, so the deposit in transit must fit above peak, in the cap
+// the grant raises (the fence counts ri at burst + deposit from now on). And at most what the
 // headroom leaves without the reservation (lanesFor subtracted it); and
 // only when ri's demand is materially above rate (it will spend them).
-func (a *Allocator) deposit(t int64, b int32, ri int, rate, burst, peak float64, end int64) float64 {
+func (a *Allocator) deposit(t int64, b int32, ri int, rate, burst float64, end int64, sh *shares) float64 {
 	held := a.inFlightAt(b, t)
-	if held <= 0 || burst < peak || !a.short(b, ri, rate) {
+	if held <= 0 {
+		return 0
+	}
+	if peak := max(sh.cB[ri], a.summaries[int(b)*a.nr+ri].burstV); burst < peak || !a.short(b, ri, rate) {
 		return 0
 	}
 	// The headroom without the reservation: the lane holds the tokens

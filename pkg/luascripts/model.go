@@ -989,12 +989,9 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 		o.clamp()
 		released = before - o.b.tk
 		if fresh && deposit > 0 {
-			add := math.Floor(deposit*1000000) / 1000000
-			if c := o.room(); o.b.tk+add >= c {
-				o.b.tk, o.b.rm = c, 0
-			} else {
-				o.b.tk = round6(o.b.tk + add)
-			}
+			o.b.tk += math.Floor(deposit*1000000) / 1000000
+			o.clamp()
+			o.b.tk = round6(o.b.tk)
 		}
 		o.candGranted(exp)
 	}

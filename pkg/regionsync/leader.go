@@ -103,24 +103,37 @@ type Leader struct {
 // left (docs/architecture.md, "Burst transfer"). Each clip is known to
 // one call of one leader only, so each token is reported at most once.
 type release struct {
-	tokens      float64
+	tokens float64
+	grant  grantTag
+}
+
+// grantTag names a grant as the scripts store it.
+type grantTag struct {
 	rate, burst float64
 	expiryUS    int64
 }
 
+// release adds tokens clipped under grant g to k's release, which starts
+// afresh when it was of another grant (that one's tokens are dropped).
+func (l *Leader) release(k quota.Key, g grantTag, tokens float64) {
+	rel, ok := l.released[k]
+	if !ok || rel.grant != g {
+		rel = release{grant: g}
+	}
+	rel.tokens += tokens
+	if rel.tokens > 0 {
+		l.released[k] = rel
+	} else {
+		delete(l.released, k)
+	}
+}
+
 // took adds the tokens a state read took (State.Released) to the key's
-// release, or starts a new one when the read's grant is another.
+// release.
 func (l *Leader) took(r KeyRead) {
-	st := r.State
-	if !(st.Released > 0) {
-		return
+	if st := r.State; st.Released > 0 {
+		l.release(r.Key, grantTag{rate: st.Rate, burst: st.Cap, expiryUS: st.GrantExpiryUS}, st.Released)
 	}
-	rel, ok := l.released[r.Key]
-	if !ok || rel.expiryUS != st.GrantExpiryUS || rel.rate != st.Rate || rel.burst != st.Cap {
-		rel = release{rate: st.Rate, burst: st.Cap, expiryUS: st.GrantExpiryUS}
-	}
-	rel.tokens += st.Released
-	l.released[r.Key] = rel
 }
 
 // NewLeader returns a leader with no baselines.
@@ -251,7 +264,7 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 			// Sent once, in this report, or dropped: while the key still
 			// holds the grant whose install clipped them.
 			delete(l.released, r.Key)
-			if st.GrantExpiryUS > st.NowUS && st.GrantExpiryUS == rel.expiryUS && st.Rate == rel.rate && st.Cap == rel.burst {
+			if st.GrantExpiryUS > st.NowUS && rel.grant == (grantTag{rate: st.Rate, burst: st.Cap, expiryUS: st.GrantExpiryUS}) {
 				kd.Released = rel.tokens
 			}
 		}

@@ -106,16 +106,7 @@ func (l *Leader) Installed(installs []Install, applied []bool) {
 		e := l.sel[in.Key]
 		e.ack, e.low = true, 0
 		l.sel[in.Key] = e
-		rel, ok := l.released[in.Key]
-		if !ok || rel.expiryUS != in.ExpiryUS || rel.rate != in.Rate || rel.burst != in.Burst {
-			rel = release{rate: in.Rate, burst: in.Burst, expiryUS: in.ExpiryUS}
-		}
-		rel.tokens += in.Released
-		if rel.tokens > 0 {
-			l.released[in.Key] = rel
-		} else {
-			delete(l.released, in.Key)
-		}
+		l.release(in.Key, grantTag{rate: in.Rate, burst: in.Burst, expiryUS: in.ExpiryUS}, in.Released)
 	}
 }
 

@@ -54,14 +54,9 @@ if applied == 1 then
   released = before - B.tk
   if fresh and deposit > 0 then
     -- Whole micro-tokens, rounded down: a deposit never adds a fraction.
-    local add = math.floor(deposit * 1000000) / 1000000
-    local c = room()
-    if B.tk + add >= c then
-      B.tk = c
-      B.rm = 0
-    else
-      B.tk = snap(B.tk + add)
-    end
+    B.tk = B.tk + math.floor(deposit * 1000000) / 1000000
+    clamp()
+    B.tk = snap(B.tk)
   end
   cand_granted(exp)
 end
