@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -137,5 +138,49 @@ func TestNeverWithinTheCapIsAWait(t *testing.T) {
 				t.Fatalf("decision %+v; want RetryNever %v, RetryAfter %v", d, tc.wantNever, wantRetry)
 			}
 		})
+	}
+}
+
+// TestAZeroedRateAsksAgainSoon: a grant that zeroes the region's rate for
+// a key (a grant of nothing carries a rate of a few times the smallest
+// float64) most often comes before the global tier heard this region's
+// demand for it, and the region's share comes back within a few of the
+// global tier's answers. So the first "never" after the rate fell to zero
+// holds the key's requests for a quarter of a refresh, not a whole one; a
+// rate that stays zero is asked about once a refresh; an unleased region's
+// rate is its static share for good.
+func TestAZeroedRateAsksAgainSoon(t *testing.T) {
+	zeroed := func(g *sluicev1.Grant) {
+		g.RetryAfterMs, g.RegionRate, g.RegionBurst = -1, math.SmallestNonzeroFloat64, 0
+	}
+	// spend takes the pool's tokens at at, so the next request asks.
+	spend := func(tb *Table, at time.Time, n int) {
+		for range n {
+			if d, _ := allow(t, tb, at, kW, 1); !d.Allowed {
+				t.Fatalf("spending the pool: %+v", d)
+			}
+		}
+	}
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 2)
+	spend(tb, t0.Add(20*time.Millisecond), 2)
+	at := t0.Add(100 * time.Millisecond)
+	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, zeroed)
+	if d, act := allow(t, tb, at.Add(110*time.Millisecond), kW, 1); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != 150*time.Millisecond {
+		t.Fatalf("after the grant that zeroed the rate: %+v, action %v; want denied, RetryAfter 150ms (a quarter refresh from the answer)", d, act)
+	}
+	at = at.Add(260 * time.Millisecond)
+	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, zeroed)
+	if d, act := allow(t, tb, at.Add(510*time.Millisecond), kW, 1); act != ActNone || d.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("a rate that stayed zero: %+v, action %v; want denied, RetryAfter 500ms (a refresh from the answer)", d, act)
+	}
+
+	tb = newTestTable(t)
+	unleased := func(g *sluicev1.Grant) { g.Unleased = true }
+	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 2, unleased)
+	spend(tb, t0.Add(20*time.Millisecond), 2)
+	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, zeroed, unleased)
+	if d, act := allow(t, tb, at.Add(510*time.Millisecond), kW, 1); act != ActNone || !d.RetryNever {
+		t.Fatalf("an unleased region's zero rate: %+v, action %v; want denied with RetryNever until a refresh from the answer", d, act)
 	}
 }

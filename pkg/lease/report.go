@@ -172,11 +172,12 @@ func (t *Table) syncReportLocked(now time.Time, e *entry) *sluicev1.KeyReport {
 		e.own().giveBack = false
 		e.publishLocked()
 	}
-	target := t.targetFor(e.view(), t.rateLocked(now, e))
+	rate, drain := t.ratesLocked(now, e)
+	target := t.targetFor(e.view(), rate, drain)
 	have := e.tokens()
 	var want int64
 	switch {
-	case have > 2*target || have > t.batchCap(e.view()):
+	case have > 2*target || have > t.batchCap(e.view(), drain):
 		e.toReturn += e.drainLocked(have - target)
 	case have < target && (e.view().negNever || t.instant(now) >= e.view().negUntil):
 		// While the region's named wait runs, the key's refill asks at its
@@ -333,7 +334,8 @@ func (t *Table) PrepareAcquire(now time.Time, key quota.Key, cost int64) (b *Bat
 			return nil, nil
 		}
 		need := cost - have
-		target := t.targetFor(e.view(), t.rateLocked(now, e))
+		rate, drain := t.ratesLocked(now, e)
+		target := t.targetFor(e.view(), rate, drain)
 		// Acquire carries no returned tokens: they wait for the next Sync.
 		r = t.newReportLocked(now, e, max(target-have, need), need, false)
 	}
@@ -501,7 +503,7 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	if e.pending == r {
 		e.pending = nil
 	}
-	wasLive := e.view().live
+	wasLive, wasRate := e.view().live, e.view().regionRate
 	t.learnLocked(now, e, g)
 	if e.has(rebaseFlag) {
 		e.newLeaseLocked()
@@ -546,19 +548,31 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 			// RetryNever only for a cost above the configured burst, or
 			// above an unleased region's cap (keyInfo.waitCures).
 			wait = t.opts.Refresh
+			if wasRate >= zeroRate && !(e.view().regionRate >= zeroRate) && !t.unleased.Load() {
+				// The region's rate just fell to zero: a grant moved its
+				// share to other regions, most often before the global
+				// tier heard this region's demand for the key (a key a
+				// region does not report counts as no demand there). The
+				// region reports the key from this grant on, and its
+				// share comes back within a few of the global tier's
+				// answers, well inside a refresh: the key asks again
+				// after neverAfterZeroed of it. A rate that stays zero is
+				// asked about once a refresh, as before.
+				wait = t.opts.Refresh / neverAfterZeroed
+			}
 		} else {
 			wait += retrySpread(t.spreadDraw(now, e), e.view(), wait)
 		}
 		e.own().negUntil = t.instant(now.Add(wait))
 	}
-	target := t.targetFor(e.view(), e.sizingRate)
+	target := t.targetFor(e.view(), e.sizingRate, e.sizingRate)
 	e.own().lowWater = clampWater(t.lowWaterFor(e.sizingRate, target))
 	e.own().usualWater = e.view().lowWater
 	if g.Granted > 0 && !dead && e.view().hasLease {
 		e.own().lowWater = max(e.view().lowWater, clampWater(t.capHeldWater(e.view(), e.tokens()+g.Granted, g.Remaining)))
 	}
 	e.own().checkClock = e.view().hasLease && time.Duration(e.view().deadline-t.ownerHorizon(now)) < e.guard
-	if pool := e.tokens() + max(g.Granted, 0); !dead && e.view().hasLease && e.view().live > wasLive && pool > t.batchCap(e.view()) {
+	if pool := e.tokens() + max(g.Granted, 0); !dead && e.view().hasLease && e.view().live > wasLive && pool > t.batchCap(e.view(), e.sizingRate) {
 		// More instances share the key than when this pool was sized:
 		// give the excess back now (PrepareRefill), not a refresh later.
 		e.own().giveBack = true
@@ -724,6 +738,18 @@ func (t *Table) spreadDraw(now time.Time, e *entry) uint64 {
 	}
 	return h ^ t.opts.SeqBase ^ uint64(t.instant(now))
 }
+
+// neverAfterZeroed divides the refresh into the wait of a key whose
+// region's rate a grant just zeroed: short enough that a share coming
+// back within an epoch is taken up within a quarter of it, long enough
+// that a region held at zero (a floor of 0, a drain) sees at most one
+// more ask per key than at the refresh.
+const neverAfterZeroed = 4
+
+// zeroRate: a region rate below it is zero, as the scripts' wait_ms
+// reads it. A grant of nothing carries a rate of a few times the
+// smallest float64 (pkg/hierarchy fence.distinct), not 0.
+const zeroRate = 1e-9
 
 // retrySpread is what an instance adds to the region's wait before it asks
 // again for a key the region could not serve: a pseudo-random part of one

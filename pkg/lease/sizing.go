@@ -15,9 +15,18 @@ import (
 // sizing rate = max(EWMA, rate of the current, still open window), so a
 //              sudden rise is seen at once and a fall only gradually.
 // target     = ceil(sizing rate × 1.5 × Refresh), clamped to [1, cap].
-// cap        = floor(region_burst) for a lone instance; with n live
-//              instances, floor(burst / 2n), however fast the region
-//              refills; never above floor(region_burst); at least 1.
+// cap        = floor(region_burst) for a lone instance whose demand
+//              drains the region (drainsRegion: at least the region's
+//              rate); floor(burst / 2) for one whose demand does not: its
+//              bucket refills faster than it spends, so half the burst
+//              stays in the bucket, where a grant that lowers the
+//              region's cap clips it and the global tier may move it to
+//              a region that spends its own (docs/architecture.md,
+//              "Burst transfer"); held in the instance's pool it would
+//              only be spent here, in place of refill the full bucket
+//              loses. With n live instances, floor(burst / 2n), however
+//              fast the region refills; never above floor(region_burst);
+//              at least 1.
 //              The region's bucket holds at most its cap less the tokens
 //              out in leases, and an instance's tokens out are its pool
 //              after its last grant until it reports what it spent, so
@@ -35,7 +44,8 @@ import (
 //              arrives before the pool runs dry.
 // excess     = a Sync returns tokens above target when the pool holds more
 //              than 2 × target, or more than cap (a need granted beyond
-//              it, or a batch sized while fewer instances were live). A
+//              it, or a batch sized while fewer instances were live or
+//              while a lone instance's demand drained the region). A
 //              grant that tells of more live instances than the one before
 //              while the pool is above the new cap sends that Sync at once
 //              (keyInfo.giveBack, PrepareRefill): a peer that found the
@@ -79,24 +89,47 @@ func (t *Table) windowRateLocked(now time.Time, e *entry) float64 {
 	return float64(e.demandLocked()-e.sampleDemand) / max(t.at(now)-e.sampleAt, t.minSampleWindow()).Seconds()
 }
 
-// batchCap is the largest batch one instance should hold of a key: with
-// several live instances, burst/2n each, so their batches out leave the
-// region's bucket room for half its cap (see the header).
-func (t *Table) batchCap(in *keyInfo) int64 {
+// batchCap is the largest batch one instance with demand rate should hold
+// of a key: with several live instances, burst/2n each, so their batches
+// out leave the region's bucket room for half its cap; a lone instance
+// whose demand drains the region, the whole burst; one whose demand does
+// not, half of it (see the header).
+func (t *Table) batchCap(in *keyInfo, rate float64) int64 {
 	if !(in.regionBurst > 0) {
 		return quota.MaxWant // nothing learned yet: demand alone decides
 	}
 	burst := max(1, int64(in.regionBurst))
 	live := max(1, in.live)
-	if live == 1 {
+	if live == 1 && t.drainsRegion(in, rate) {
 		return burst
 	}
 	return max(1, min(int64(in.regionBurst/float64(2*live)), burst))
 }
 
-func (t *Table) targetFor(in *keyInfo, rate float64) int64 {
+// targetFor is the batch an instance with sizing rate rate asks for,
+// capped by batchCap at drain, the rate that says whether it drains the
+// region (ratesLocked).
+func (t *Table) targetFor(in *keyInfo, rate, drain float64) int64 {
 	target := ceilTokens(rate * horizonRefreshes * t.opts.Refresh.Seconds())
-	return max(1, min(target, t.batchCap(in)))
+	return max(1, min(target, t.batchCap(in, drain)))
+}
+
+// ratesLocked is rateLocked at now, and the rate that says whether the
+// instance drains its region (batchCap): the lower of the sizing rate and
+// the rate of the window rateLocked closes, when that window is long
+// enough to read. The sizing rate falls only gradually, so that batches
+// do not shrink on a quiet window; the test of draining sees a fall at
+// once, so that an instance whose demand just fell below its region's
+// rate (after a shift, or a grant that raised the rate) leaves half the
+// burst in the bucket at its next batch, not seconds later, when the
+// grant that lowers the region's cap would find it in the pool instead.
+func (t *Table) ratesLocked(now time.Time, e *entry) (sizing, drain float64) {
+	window := math.Inf(1)
+	if t.at(now)-e.sampleAt >= t.minSampleWindow() {
+		window = t.windowRateLocked(now, e)
+	}
+	sizing = t.rateLocked(now, e)
+	return sizing, min(sizing, window)
 }
 
 func (t *Table) lowWaterFor(rate float64, target int64) int64 {

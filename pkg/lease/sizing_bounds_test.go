@@ -3,6 +3,8 @@ package lease
 import (
 	"testing"
 	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 )
 
 // TestBatchCapOfAFractionalBurstIsOneToken: a static share can split a
@@ -39,10 +41,19 @@ func TestAPeerOnASmallBurstLeavesEachInstanceOneToken(t *testing.T) {
 		{pool: 1, giveBack: false},
 		{pool: 2, giveBack: true},
 	} {
+		// A slow key (3 an hour): the lone instance's demand (a token
+		// spent) drains the region, so its batch cap is the whole burst
+		// until the peer joins.
+		slow := func(live int64) func(*sluicev1.Grant) {
+			return func(g *sluicev1.Grant) { peerGrant(3, live)(g); g.RegionRate = 3.0 / 3600 }
+		}
 		tb := newTestTable(t)
-		acquire(t, tb, t0, t0, kW, tc.pool, tc.pool, peerGrant(3, 1))
+		acquire(t, tb, t0, t0, kW, tc.pool+1, tc.pool+1, slow(1))
+		if d, _ := allow(t, tb, t0, kW, 1); !d.Allowed {
+			t.Fatalf("spending one of the pool: %+v", d)
+		}
 		tb.giveBackDue.Store(false)
-		syncAnswered(t, tb, t0.Add(time.Second), peerGrant(3, 2))
+		syncAnswered(t, tb, t0.Add(time.Second), slow(2))
 		if due := tb.giveBackDue.Load(); due != tc.giveBack {
 			t.Errorf("pool %d when a peer joins a key of burst 3: give-back due %v, want %v", tc.pool, due, tc.giveBack)
 		}

@@ -262,3 +262,54 @@ func TestSizingSyncGivesBackAPoolAboveTheBatchCap(t *testing.T) {
 			r.Returned, r.Want, state(t, tb, kW).Tokens)
 	}
 }
+
+// TestLoneInstanceBelowItsRegionsRateLeavesHalfTheBurst: a lone instance
+// holds the region's whole burst only while its demand drains the region
+// (at least the region's rate); below it, half, so the rest stays in the
+// bucket, where a grant that lowers the region's cap clips it and the
+// global tier may move it (docs/architecture.md, "Burst transfer"). The
+// test of draining reads the window just measured, not the sizing rate,
+// which falls only gradually: the first Sync after demand fell gives the
+// pool back down to half the burst.
+func TestLoneInstanceBelowItsRegionsRateLeavesHalfTheBurst(t *testing.T) {
+	region := func(g *sluicev1.Grant) { g.RegionRate, g.RegionBurst, g.LiveInstances = 100, 400, 1 }
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 1, region)
+	now := t0
+	// window spends demand tokens over the next second (asking the
+	// region whenever the pool runs dry), then sends the periodic Sync,
+	// granted what it wants.
+	window := func(demand int64) *sluicev1.KeyReport {
+		t.Helper()
+		for i := range demand {
+			at := now.Add(time.Duration(i) * time.Second / time.Duration(demand))
+			if _, act := allow(t, tb, at, kW, 1); act == ActAcquire {
+				b, _ := tb.PrepareAcquire(at, kW, 1)
+				if err := tb.Apply(at, b, []*sluicev1.Grant{regionGrant(b.Reports[0], b.Reports[0].Want, region)}); err != nil {
+					t.Fatal(err)
+				}
+				allow(t, tb, at, kW, 1)
+			}
+		}
+		now = now.Add(time.Second)
+		syncs, _ := tb.PrepareSync(now)
+		r := syncs[0].Reports[0]
+		if err := tb.Apply(now, syncs[0], []*sluicev1.Grant{regionGrant(r, r.Want, region)}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	window(300)
+	window(300)
+	if st := state(t, tb, kW); st.Tokens != 400 {
+		t.Fatalf("at 300/s on a region of 100/s: pool %d, want the whole burst 400", st.Tokens)
+	}
+	r := window(50)
+	st := state(t, tb, kW)
+	if st.Rate <= 100 {
+		t.Fatalf("demand EWMA %v after one window at 50/s; the test needs it still above the region's rate", st.Rate)
+	}
+	if st.Tokens > 200 || r.Returned == 0 {
+		t.Fatalf("after demand fell to 50/s: pool %d, report returned %d; want the pool given back to half the burst (200)", st.Tokens, r.Returned)
+	}
+}

@@ -371,19 +371,23 @@ func TestBatchCap(t *testing.T) {
 	tb := newTestTable(t)
 	for _, tc := range []struct {
 		name        string
-		rate, burst float64
+		demand      float64 // the instance's demand rate
+		rate, burst float64 // the region's
 		live        int32
 		want        int64
 	}{
-		{"nothing learned", 0, 0, 0, quota.MaxWant},
-		{"lone instance gets the burst", 100, 400, 1, 400},
-		{"half a fair share of the burst", 100, 400, 4, 50},
-		{"not raised by a refresh of rate larger than the burst", 1000, 400, 4, 50},
-		{"two instances, however fast the refill", 10000, 400, 2, 100},
-		{"more instances than half the burst: one each", 100, 400, 1000, 1},
-		{"fractional burst still allows one", 0.5, 0.5, 3, 1},
+		{"nothing learned", 0, 0, 0, 0, quota.MaxWant},
+		{"lone instance that drains the region gets the burst", 100, 100, 400, 1, 400},
+		{"lone instance below the region's rate: half the burst", 99, 100, 400, 1, 200},
+		{"lone instance, region rate not learned: half the burst", 99, 0, 400, 1, 200},
+		{"half a fair share of the burst", 100, 100, 400, 4, 50},
+		{"not raised by a refresh of rate larger than the burst", 1000, 1000, 400, 4, 50},
+		{"two instances, however fast the refill", 10000, 10000, 400, 2, 100},
+		{"more instances than half the burst: one each", 100, 100, 400, 1000, 1},
+		{"fractional burst still allows one", 0.5, 0.5, 0.5, 3, 1},
+		{"fractional burst, lone and below the rate: one", 0.1, 0.5, 0.5, 1, 1},
 	} {
-		got := tb.batchCap(&keyInfo{regionRate: tc.rate, regionBurst: tc.burst, live: tc.live})
+		got := tb.batchCap(&keyInfo{regionRate: tc.rate, regionBurst: tc.burst, live: tc.live}, tc.demand)
 		if got != tc.want {
 			t.Errorf("%s: cap %d, want %d", tc.name, got, tc.want)
 		}
