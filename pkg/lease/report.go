@@ -565,14 +565,14 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 		}
 		e.own().negUntil = t.instant(now.Add(wait))
 	}
-	target := t.targetFor(e.view(), e.sizingRate, e.sizingRate)
+	target := t.targetFor(e.view(), e.sizingRate, e.drainRate)
 	e.own().lowWater = clampWater(t.lowWaterFor(e.sizingRate, target))
 	e.own().usualWater = e.view().lowWater
 	if g.Granted > 0 && !dead && e.view().hasLease {
 		e.own().lowWater = max(e.view().lowWater, clampWater(t.capHeldWater(e.view(), e.tokens()+g.Granted, g.Remaining)))
 	}
 	e.own().checkClock = e.view().hasLease && time.Duration(e.view().deadline-t.ownerHorizon(now)) < e.guard
-	if pool := e.tokens() + max(g.Granted, 0); !dead && e.view().hasLease && e.view().live > wasLive && pool > t.batchCap(e.view(), e.sizingRate) {
+	if pool := e.tokens() + max(g.Granted, 0); !dead && e.view().hasLease && e.view().live > wasLive && pool > t.batchCap(e.view(), e.drainRate) {
 		// More instances share the key than when this pool was sized:
 		// give the excess back now (PrepareRefill), not a refresh later.
 		e.own().giveBack = true

@@ -58,14 +58,26 @@ func (t *Table) minSampleWindow() time.Duration {
 	return max(t.opts.Refresh/20, 10*time.Millisecond)
 }
 
-// rateLocked folds the demand since the last sample into the EWMA when the
-// window is long enough, and returns the rate to size batches with.
-func (t *Table) rateLocked(now time.Time, e *entry) float64 {
+// ratesLocked measures the key's demand at now and returns the sizing
+// rate, and drain, the rate that says whether the instance drains its
+// region (batchCap); it keeps both in the entry (sizingRate, drainRate)
+// for the answer to the report they size. A window of at least
+// minSampleWindow since the last sample closes: its rate r is folded
+// into the demand EWMA and starts a new window. The sizing rate is
+// max(EWMA, r), so a rise is seen at once and a fall only gradually, and
+// batches do not shrink on a quiet window; drain is r when a window
+// closed, else the sizing rate. The test of draining thus sees a fall at
+// once, so that an instance whose demand just fell below its region's
+// rate (after a shift, or a grant that raised the rate) leaves half the
+// burst in the bucket at its next batch, not seconds later, when the
+// grant that lowers the region's cap would find it in the pool instead.
+func (t *Table) ratesLocked(now time.Time, e *entry) (sizing, drain float64) {
 	demand := e.demandLocked()
 	dt := t.at(now) - e.sampleAt
 	window := t.minSampleWindow()
 	r := float64(demand-e.sampleDemand) / max(dt, window).Seconds()
-	if dt >= window {
+	closed := dt >= window
+	if closed {
 		if e.has(haveRateFlag) {
 			alpha := 1 - math.Exp(-dt.Seconds()/(2*t.opts.Refresh.Seconds()))
 			e.rate += alpha * (r - e.rate)
@@ -75,12 +87,16 @@ func (t *Table) rateLocked(now time.Time, e *entry) float64 {
 		}
 		e.sampleAt, e.sampleDemand = t.at(now), demand
 	}
-	rate := r
-	if e.has(haveRateFlag) && e.rate > rate {
-		rate = e.rate
+	sizing = r
+	if e.has(haveRateFlag) && e.rate > sizing {
+		sizing = e.rate
 	}
-	e.sizingRate = rate
-	return rate
+	drain = sizing
+	if closed {
+		drain = r
+	}
+	e.sizingRate, e.drainRate = sizing, drain
+	return sizing, drain
 }
 
 // windowRateLocked is the demand rate of the current, still open window
@@ -112,24 +128,6 @@ func (t *Table) batchCap(in *keyInfo, rate float64) int64 {
 func (t *Table) targetFor(in *keyInfo, rate, drain float64) int64 {
 	target := ceilTokens(rate * horizonRefreshes * t.opts.Refresh.Seconds())
 	return max(1, min(target, t.batchCap(in, drain)))
-}
-
-// ratesLocked is rateLocked at now, and the rate that says whether the
-// instance drains its region (batchCap): the lower of the sizing rate and
-// the rate of the window rateLocked closes, when that window is long
-// enough to read. The sizing rate falls only gradually, so that batches
-// do not shrink on a quiet window; the test of draining sees a fall at
-// once, so that an instance whose demand just fell below its region's
-// rate (after a shift, or a grant that raised the rate) leaves half the
-// burst in the bucket at its next batch, not seconds later, when the
-// grant that lowers the region's cap would find it in the pool instead.
-func (t *Table) ratesLocked(now time.Time, e *entry) (sizing, drain float64) {
-	window := math.Inf(1)
-	if t.at(now)-e.sampleAt >= t.minSampleWindow() {
-		window = t.windowRateLocked(now, e)
-	}
-	sizing = t.rateLocked(now, e)
-	return sizing, min(sizing, window)
 }
 
 func (t *Table) lowWaterFor(rate float64, target int64) int64 {

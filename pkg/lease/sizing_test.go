@@ -263,6 +263,31 @@ func TestSizingSyncGivesBackAPoolAboveTheBatchCap(t *testing.T) {
 	}
 }
 
+// spendWindow spends demand tokens of kW over the second from *now
+// (asking the region whenever the pool runs dry), then sends the periodic
+// Sync at its end, granted what it wants by a region as region says, and
+// moves *now there. It returns the Sync's report.
+func spendWindow(t *testing.T, tb *Table, now *time.Time, demand int64, region func(*sluicev1.Grant)) *sluicev1.KeyReport {
+	t.Helper()
+	for i := range demand {
+		at := now.Add(time.Duration(i) * time.Second / time.Duration(demand))
+		if _, act := allow(t, tb, at, kW, 1); act == ActAcquire {
+			b, _ := tb.PrepareAcquire(at, kW, 1)
+			if err := tb.Apply(at, b, []*sluicev1.Grant{regionGrant(b.Reports[0], b.Reports[0].Want, region)}); err != nil {
+				t.Fatal(err)
+			}
+			allow(t, tb, at, kW, 1)
+		}
+	}
+	*now = now.Add(time.Second)
+	syncs, _ := tb.PrepareSync(*now)
+	r := syncs[0].Reports[0]
+	if err := tb.Apply(*now, syncs[0], []*sluicev1.Grant{regionGrant(r, r.Want, region)}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // TestLoneInstanceBelowItsRegionsRateLeavesHalfTheBurst: a lone instance
 // holds the region's whole burst only while its demand drains the region
 // (at least the region's rate); below it, half, so the rest stays in the
@@ -276,40 +301,42 @@ func TestLoneInstanceBelowItsRegionsRateLeavesHalfTheBurst(t *testing.T) {
 	tb := newTestTable(t)
 	acquire(t, tb, t0, t0, kW, 1, 1, region)
 	now := t0
-	// window spends demand tokens over the next second (asking the
-	// region whenever the pool runs dry), then sends the periodic Sync,
-	// granted what it wants.
-	window := func(demand int64) *sluicev1.KeyReport {
-		t.Helper()
-		for i := range demand {
-			at := now.Add(time.Duration(i) * time.Second / time.Duration(demand))
-			if _, act := allow(t, tb, at, kW, 1); act == ActAcquire {
-				b, _ := tb.PrepareAcquire(at, kW, 1)
-				if err := tb.Apply(at, b, []*sluicev1.Grant{regionGrant(b.Reports[0], b.Reports[0].Want, region)}); err != nil {
-					t.Fatal(err)
-				}
-				allow(t, tb, at, kW, 1)
-			}
-		}
-		now = now.Add(time.Second)
-		syncs, _ := tb.PrepareSync(now)
-		r := syncs[0].Reports[0]
-		if err := tb.Apply(now, syncs[0], []*sluicev1.Grant{regionGrant(r, r.Want, region)}); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	window(300)
-	window(300)
+	spendWindow(t, tb, &now, 300, region)
+	spendWindow(t, tb, &now, 300, region)
 	if st := state(t, tb, kW); st.Tokens != 400 {
 		t.Fatalf("at 300/s on a region of 100/s: pool %d, want the whole burst 400", st.Tokens)
 	}
-	r := window(50)
+	r := spendWindow(t, tb, &now, 50, region)
 	st := state(t, tb, kW)
 	if st.Rate <= 100 {
 		t.Fatalf("demand EWMA %v after one window at 50/s; the test needs it still above the region's rate", st.Rate)
 	}
 	if st.Tokens > 200 || r.Returned == 0 {
 		t.Fatalf("after demand fell to 50/s: pool %d, report returned %d; want the pool given back to half the burst (200)", st.Tokens, r.Returned)
+	}
+}
+
+// TestHalfBurstBatchSetsItsOwnLowWater: the answer to a Sync that sized
+// a lone instance's batch at half the burst (its demand just fell below
+// the region's rate, its sizing rate not yet) sets the low-water mark
+// from that batch, not from the whole burst: a mark at the pool itself
+// would send an early refill at once after every answer.
+func TestHalfBurstBatchSetsItsOwnLowWater(t *testing.T) {
+	region := func(g *sluicev1.Grant) { g.RegionRate, g.RegionBurst, g.LiveInstances = 1000, 200, 1 }
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 1, region)
+	now := t0
+	spendWindow(t, tb, &now, 1500, region)
+	spendWindow(t, tb, &now, 1500, region)
+	spendWindow(t, tb, &now, 900, region)
+	st := state(t, tb, kW)
+	if st.Rate <= 1000 || st.Tokens > 100 {
+		t.Fatalf("after 900/s on a region of 1000/s: EWMA %v, pool %d; the test needs the EWMA above the region's rate and the pool at half the burst (100)", st.Rate, st.Tokens)
+	}
+	if st.LowWater >= st.Tokens {
+		t.Errorf("low water %d with a pool of %d: the mark of a whole-burst batch", st.LowWater, st.Tokens)
+	}
+	if b := tb.PrepareRefill(now); b != nil {
+		t.Errorf("early refill right after the answer: %v, want none", b.Reports)
 	}
 }

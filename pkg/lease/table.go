@@ -179,6 +179,7 @@ type entry struct {
 	guard        time.Duration       // guarded by mu: checkClock is set this long before deadline
 	rate         float64             // guarded by mu: EWMA of demand, tokens/s
 	sizingRate   float64             // guarded by mu: rate the last batch was sized with
+	drainRate    float64             // guarded by mu: rate the last batch's cap was judged with (ratesLocked)
 	sampleAt     time.Duration       // guarded by mu: start of the current demand window (Table.at)
 	sampleDemand int64               // guarded by mu: demand at sampleAt
 	lastActive   time.Duration       // guarded by mu: Table.at
