@@ -343,8 +343,10 @@ func TestBatchRepliesOncePerKey(t *testing.T) {
 // TestDemandWindowClosesAtItsLength: a lease's demand window closes at the
 // first report at least the demand window after it opened: a report one
 // microsecond short of it adds to the open window and the reading stays
-// at nothing; the next, exactly at it, closes the window over all it
-// counted (10 + 5 tokens over 500ms: 30/s).
+// at nothing (5 tokens against a rate of nothing are within a Poisson
+// count's noise, so the window does not close early either); the next,
+// exactly at it, closes the window over all it counted (5 + 5 tokens over
+// 500ms: 20/s).
 func TestDemandWindowClosesAtItsLength(t *testing.T) {
 	w := newTwin(t)
 	k, c := demandKey()
@@ -352,7 +354,7 @@ func TestDemandWindowClosesAtItsLength(t *testing.T) {
 	r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 100, Min: 1}
 	w.sync(k, c, r)
 	w.at(t0 + c.DemandWindow.Microseconds() - 1)
-	r.Seq, r.Used = 2, 10
+	r.Seq, r.Used = 2, 5
 	w.sync(k, c, r)
 	if st := w.state(k, c); st.LeaseDemand != 0 {
 		t.Fatalf("reading %v/s one microsecond before the window's end, want 0 (still open)", st.LeaseDemand)
@@ -360,8 +362,59 @@ func TestDemandWindowClosesAtItsLength(t *testing.T) {
 	w.at(t0 + c.DemandWindow.Microseconds())
 	r.Seq, r.Denied = 3, 5
 	w.sync(k, c, r)
-	if st := w.state(k, c); st.LeaseDemand != 30 {
-		t.Fatalf("reading %v/s at the window's end, want 30 (15 tokens over 500ms)", st.LeaseDemand)
+	if st := w.state(k, c); st.LeaseDemand != 20 {
+		t.Fatalf("reading %v/s at the window's end, want 20 (10 tokens over 500ms)", st.LeaseDemand)
+	}
+}
+
+// TestDemandWindowClosesEarlyOnAChange: from a fifth of the demand window
+// on, a window closes at a report whose demand is a plain change from the
+// lease's last rate (more than a factor of two, beyond three standard
+// deviations of a Poisson count), so a shift is read within a tenth of a
+// refresh; a steady demand's reports leave it open. The lease reads
+// 100/s first (50 tokens over 500ms), or 10,000/s.
+func TestDemandWindowClosesEarlyOnAChange(t *testing.T) {
+	dwin := 500 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		first int64         // tokens over the first window
+		after time.Duration // since the second window opened
+		used  int64         // tokens reported over it
+		want  float64       // reading after the report
+	}{
+		{"a rise at a fifth of the window", 50, dwin / 5, 60, 600},
+		{"a fall at a fifth of the window", 50, dwin / 5, 0, 0},
+		{"a rise just short of a fifth", 50, dwin/5 - time.Microsecond, 60, 100},
+		{"a steady demand at a fifth", 50, dwin / 5, 10, 100},
+		{"noise: 16 for 10 expected", 50, dwin / 5, 16, 100},
+		{"twice the rate but within the noise", 50, dwin / 5, 20, 100},
+		{"at the noise: 15 above, 3 × √25 = 15", 50, dwin / 5, 25, 100},
+		{"past the noise", 50, dwin / 5, 26, 260},
+		{"a fall to a tenth, within the noise", 50, dwin / 5, 1, 100},
+		{"past the noise, less than twice", 5000, dwin / 5, 1400, 10000},
+		{"past the noise, more than twice", 5000, dwin / 5, 2001, 20010},
+		{"down by half: not a factor of two", 5000, dwin / 5, 500, 10000},
+		{"down by more than half", 5000, dwin / 5, 499, 4990},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newTwin(t)
+			k, c := demandKey()
+			t0 := w.now
+			r := Report{Instance: "i-a", Incarnation: 1, Lease: 1, Seq: 1, Want: 100, Min: 1}
+			w.sync(k, c, r)
+			w.at(t0 + dwin.Microseconds())
+			r.Seq, r.Used = 2, tc.first
+			w.sync(k, c, r)
+			if st, want := w.state(k, c), float64(tc.first*2); st.LeaseDemand != want {
+				t.Fatalf("first reading %v/s, want %v", st.LeaseDemand, want)
+			}
+			w.at(t0 + (dwin + tc.after).Microseconds())
+			r.Seq, r.Used = 3, tc.first+tc.used
+			w.sync(k, c, r)
+			if st := w.state(k, c); st.LeaseDemand != tc.want {
+				t.Fatalf("%d tokens %v into the window: reading %v/s, want %v", tc.used, tc.after, st.LeaseDemand, tc.want)
+			}
+		})
 	}
 }
 

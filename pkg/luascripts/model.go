@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 // Model is the Go twin of the scripts: the same operations and the same
@@ -477,8 +479,10 @@ func (o *op) applyUsage(l *modelLease, used, denied, returned, built float64) fl
 		l.lt, l.pd = at, 0
 	} else {
 		l.pd = l.pd + used + denied
-		if at-l.lt >= float64(o.c.DemandWindow.Milliseconds())*1000 {
-			dr := math.Floor(l.pd*1000000000/(at-l.lt) + 0.5)
+		span := at - l.lt
+		dwin := float64(o.c.DemandWindow.Milliseconds()) * 1000
+		if span >= dwin || (span >= dwin/5 && quota.DemandMoved(l.pd, l.dr*span/1000000000)) {
+			dr := math.Floor(l.pd*1000000000/span + 0.5)
 			o.b.dr = o.b.dr + dr - l.dr
 			if o.b.dr < 0 {
 				o.b.dr = 0

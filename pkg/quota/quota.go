@@ -235,3 +235,20 @@ type Decision struct {
 	// policy because the regional service could not be reached.
 	Degraded bool
 }
+
+// DemandMoved reports whether got tokens of demand counted over a window
+// are a plain change from expect, the tokens the last rate read would
+// bring over it: the two differ by more than the smaller (a factor of two)
+// and by more than three standard deviations of a Poisson count at the
+// larger. A steady demand's count passes it about once in ten thousand
+// windows; a demand that doubled or halved passes it once the window
+// holds a few tens of its tokens. The regional scripts close a lease's
+// demand window early on such a change (lib.lua demand_moved), and a lease
+// client reports such a fall early (lease.Table.PrepareFalls).
+func DemandMoved(got, expect float64) bool {
+	hi, lo := got, expect
+	if lo > hi {
+		hi, lo = expect, got
+	}
+	return hi-lo > max(lo, 3*math.Sqrt(hi))
+}

@@ -240,7 +240,11 @@
 -- demand (used + denied) over windows of its own reports, on the clock the
 -- totals were read on: the instance's, as each report says when it was
 -- built (Redis time at arrival for a report that does not say), closing a
--- window at the first report at least ARGV[7] after it opened. Measured at
+-- window at the first report at least ARGV[7] after it opened, or at the
+-- first at least a fifth of that after it opened whose demand is a plain
+-- change from the lease's last rate (demand_moved): a shift or a key
+-- turning hot is read within a tenth of a refresh, not half of one, while
+-- a steady demand's noise keeps its windows long. Measured at
 -- arrival, a report's time in transit would move its demand between
 -- windows: a report built just after the previous one but delayed reads
 -- as a window of almost no demand, the next as one of several times the
@@ -851,6 +855,19 @@ local function own_lease(id)
   return L
 end
 
+-- demand_moved says whether got tokens of demand over an open window are a
+-- change from expect, the tokens the lease's last rate would bring over
+-- it: they differ by more than the smaller of the two (a factor of two)
+-- and by more than three standard deviations of a Poisson count at the
+-- larger. Such a window closes from a fifth of DWIN on (apply_usage).
+local function demand_moved(got, expect)
+  local hi, lo = got, expect
+  if lo > hi then hi, lo = expect, got end
+  local noise = 3 * math.sqrt(hi)
+  if lo > noise then noise = lo end
+  return hi - lo > noise
+end
+
 -- apply_usage books a report's used and returned tokens against the lease.
 -- An instance cannot use or return more than the lease shows unspent (it
 -- may report use from a lease already reaped): the excess only feeds the
@@ -880,8 +897,9 @@ local function apply_usage(L, used, denied, returned, built)
     L.lt, L.pd = at, 0
   else
     L.pd = L.pd + used + denied
-    if at - L.lt >= DWIN then
-      local dr = math.floor(L.pd * 1000000000 / (at - L.lt) + 0.5)
+    local span = at - L.lt
+    if span >= DWIN or (span >= DWIN / 5 and demand_moved(L.pd, L.dr * span / 1000000000)) then
+      local dr = math.floor(L.pd * 1000000000 / span + 0.5)
       B.dr = B.dr + dr - L.dr
       if B.dr < 0 then B.dr = 0 end
       L.dr, L.lt, L.pd = dr, at, 0
