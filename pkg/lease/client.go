@@ -562,11 +562,14 @@ func errString(err error) string {
 	return err.Error()
 }
 
-// loop is the owner side: periodic Sync, early refills, lease expiry.
+// loop is the owner side: periodic Sync, early refills, reports of
+// fallen demand, lease expiry.
 func (c *Client) loop() {
 	defer close(c.loopDone)
 	tick := time.NewTicker(c.opts.Refresh)
 	defer tick.Stop()
+	falls := time.NewTicker(FallCheckEvery(c.opts.Refresh))
+	defer falls.Stop()
 	expiry := time.NewTimer(c.opts.Refresh)
 	defer expiry.Stop()
 	// Early refills are batched: after one, further kicks wait a short
@@ -579,6 +582,8 @@ func (c *Client) loop() {
 			return
 		case <-tick.C:
 			c.syncAll()
+		case <-falls.C:
+			c.sendEarly(c.core.PrepareFalls(time.Now()))
 		case <-kick:
 			kick, hold = nil, time.After(c.refill())
 		case <-hold:
@@ -619,11 +624,17 @@ func (c *Client) syncAll() {
 // long further kicks wait.
 func (c *Client) refill() time.Duration {
 	b, hold := c.core.PrepareRefill(time.Now())
+	c.sendEarly(b)
+	return hold
+}
+
+// sendEarly sends an early Sync batch outside the periodic round, if
+// there is one.
+func (c *Client) sendEarly(b *Batch) {
 	if b != nil {
 		c.sendSync(c.bg, b)
 		c.noteDegradedOver()
 	}
-	return hold
 }
 
 // sendSync sends a Sync batch and ends it (Core.SyncDone). Returns the

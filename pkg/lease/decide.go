@@ -38,6 +38,12 @@ func RefillSpacing(refresh time.Duration) time.Duration {
 	return max(refresh/20, 5*time.Millisecond)
 }
 
+// FallCheckEvery is how often the owner loop looks for keys whose demand
+// fell (Core.PrepareFalls): a quarter refresh, so a fall is reported
+// within a quarter refresh of becoming plain, and a key whose demand keeps
+// falling costs at most four reports a refresh.
+func FallCheckEvery(refresh time.Duration) time.Duration { return refresh / 4 }
+
 // DefaultSyncTimeout bounds one background Sync or Release RPC unless
 // configured.
 func DefaultSyncTimeout(refresh time.Duration) time.Duration { return refresh / 2 }

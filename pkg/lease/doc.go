@@ -43,7 +43,7 @@
 //	           and the cost above its cap, else with RetryNever;
 //	           strict → ActCheck; else ActAcquire (a need
 //	           the last negative answer was not about asks the region).
-//	PrepareAcquire / PrepareSync / PrepareRefill
+//	PrepareAcquire / PrepareSync / PrepareRefill / PrepareFalls
 //	           build a report and mark the key in flight (one report per
 //	           key at a time): the pending report if there is one, verbatim;
 //	           else a new one with the next seq, used/denied since the last

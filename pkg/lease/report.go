@@ -291,20 +291,89 @@ func (t *Table) PrepareRefill(now time.Time) *Batch {
 			e.mu.Unlock()
 			continue
 		}
-		r := t.syncReportLocked(now, e)
-		e.beginLocked()
+		b = t.addEarlyLocked(now, b, e)
 		e.mu.Unlock()
-		if b == nil {
-			b = &Batch{sentAt: now}
-		}
-		b.Reports = append(b.Reports, r)
-		b.entries = append(b.entries, e)
 		if len(b.Reports) == t.opts.MaxReportsPerSync {
 			break
 		}
 	}
 	return b
 }
+
+// addEarlyLocked adds the key's Sync report at now to the early batch b
+// (made when nil) and marks the key in flight.
+func (t *Table) addEarlyLocked(now time.Time, b *Batch, e *entry) *Batch {
+	r := t.syncReportLocked(now, e)
+	e.beginLocked()
+	if b == nil {
+		b = &Batch{sentAt: now}
+	}
+	b.Reports = append(b.Reports, r)
+	b.entries = append(b.entries, e)
+	return b
+}
+
+// PrepareFalls builds an early Sync at now for the leased keys whose
+// demand since their last report fell plainly below the rate that report
+// measured (fellLocked); nil when none. The owner runs it every
+// FallCheckEvery; it locks each leased key, as PrepareSync does.
+//
+// Why: the region reads an instance's demand only from its reports
+// (docs/architecture.md, "How fast capacity moves"), and the global tier
+// moves a donor's capacity only once the donor's region reads the fall.
+// An instance whose demand fell seldom reaches its low-water mark, so
+// without this its fall waited for the periodic Sync, up to a refresh,
+// while the region kept refilling at a rate nobody spent and the region
+// the demand moved to was held at its share.
+func (t *Table) PrepareFalls(now time.Time) *Batch {
+	var b *Batch
+	for _, e := range t.keys.entries() {
+		if in := e.info.Load(); in.mode != ModeLease || !in.hasLease || e.has(inflightFlag) {
+			continue
+		}
+		e.mu.Lock()
+		if e.has(removedFlag) || e.has(inflightFlag) || !e.view().hasLease || !t.fellLocked(now, e) {
+			e.mu.Unlock()
+			continue
+		}
+		b = t.addEarlyLocked(now, b, e)
+		e.mu.Unlock()
+		if len(b.Reports) == t.opts.MaxReportsPerSync {
+			break
+		}
+	}
+	return b
+}
+
+// fellLocked reports whether the key's demand over the open window (since
+// its last report, the sample ratesLocked last closed) fell plainly below
+// drainRate, the rate of the window that report closed
+// (quota.DemandMoved), and by more than a tenth of the region's rate
+// for the key: a smaller fall moves nothing at the global tier (the
+// region leader's own test of a fall has the same margin). The window
+// that report closed must have counted at least minReadingTokens: a rate
+// read from fewer requests is no reading (one request, then a refill a
+// few milliseconds later, would read as a rate from which every key used
+// once fell). The open window must be at least a tenth of a refresh
+// long: the region closes a lease's demand window on a plain change from
+// a tenth of a refresh on, and its open window began no later than the
+// instance's last report, so the report this prompts most often closes
+// it on the fall. A key with a report pending is already being reported.
+func (t *Table) fellLocked(now time.Time, e *entry) bool {
+	dt := t.at(now) - e.sampleAt
+	if e.pending != nil || dt < t.opts.Refresh/10 || e.drainRate*e.drainLen.Seconds() < minReadingTokens {
+		return false
+	}
+	got := float64(e.demandLocked() - e.sampleDemand)
+	expect := e.drainRate * dt.Seconds()
+	return expect-got > e.view().regionRate*dt.Seconds()/10 && quota.DemandMoved(got, expect)
+}
+
+// minReadingTokens is the fewest requests a demand window must count to
+// read as a rate a fall is judged from: as many as the region's scripts
+// need to close a lease's first window early (a change from nothing,
+// quota.DemandMoved(10, 0)).
+const minReadingTokens = 10
 
 // PrepareAcquire builds the synchronous acquire for a request of cost
 // tokens on key at now. Exactly one of the results is set, or none:

@@ -91,11 +91,11 @@ func (t *Table) ratesLocked(now time.Time, e *entry) (sizing, drain float64) {
 	if e.has(haveRateFlag) && e.rate > sizing {
 		sizing = e.rate
 	}
-	drain = sizing
+	drain, drainLen := sizing, time.Duration(0)
 	if closed {
-		drain = r
+		drain, drainLen = r, dt
 	}
-	e.sizingRate, e.drainRate = sizing, drain
+	e.sizingRate, e.drainRate, e.drainLen = sizing, drain, drainLen
 	return sizing, drain
 }
 

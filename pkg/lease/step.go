@@ -444,6 +444,12 @@ func (r *SyncRound) Sent(now time.Time, b *Batch, grants []*sluicev1.Grant, out 
 // the excess back to the peers waiting for it.
 func (c *Core) GiveBackDue() bool { return c.table.giveBackDue.Swap(false) }
 
+// PrepareFalls builds the owner loop's early Sync of the keys whose demand
+// fell since their last report (Table.PrepareFalls), nil when none; run
+// every FallCheckEvery, and send it and end it as an early refill
+// (SyncDone).
+func (c *Core) PrepareFalls(now time.Time) *Batch { return c.table.PrepareFalls(now) }
+
 // PrepareRefill builds the owner loop's early refill at now (nil when no
 // key is at its low-water mark), and how long further kicks wait so that a
 // burst of keys crossing their marks shares one RPC: no time when nothing

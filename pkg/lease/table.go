@@ -180,6 +180,7 @@ type entry struct {
 	rate         float64             // guarded by mu: EWMA of demand, tokens/s
 	sizingRate   float64             // guarded by mu: rate the last batch was sized with
 	drainRate    float64             // guarded by mu: rate the last batch's cap was judged with (ratesLocked)
+	drainLen     time.Duration       // guarded by mu: the window drainRate was measured over; 0 when it is the sizing rate
 	sampleAt     time.Duration       // guarded by mu: start of the current demand window (Table.at)
 	sampleDemand int64               // guarded by mu: demand at sampleAt
 	lastActive   time.Duration       // guarded by mu: Table.at

@@ -226,11 +226,12 @@ func TestRegionOutageShowsTheDeadRegionsShareMoving(t *testing.T) {
 // first shift is superseded, not "not converged within 30 epochs", and
 // both the check and the summary say so with the same counts. A target
 // shorter than the epochs a superseded shift was watched is missed. The
-// instances report every 4 s instead of every second (and leases live
-// 10 s, as a refresh must be under half of it), so their demand
-// readings (windows of at least half that) show the first shift no sooner
-// than 2 s after it, mixed with the demand before it: it cannot converge
-// before the second (with 1 s, most seeds converge in 2 epochs or less).
+// instances report every 8 s instead of every second (and leases live
+// 20 s, as a refresh must be under half of it), so their demand readings
+// (windows of a tenth of that at the least) and their reports of a fall
+// (checked every 2 s) follow the first shift too slowly for it to
+// converge before the second (with 1 s, most seeds converge in 2 epochs
+// or less; with 4 s, now in 2 as well).
 func TestConvergenceTargetJudgesOnlyWhatWasWatched(t *testing.T) {
 	t.Parallel()
 	src, err := scenarios.Source("demand-shift")
@@ -240,8 +241,8 @@ func TestConvergenceTargetJudgesOnlyWhatWasWatched(t *testing.T) {
 	text := strings.Replace(string(src), "      - {kind: step, at: 60s, factor: 7, regions: [ap-south]}\n",
 		"      - {kind: step, at: 60s, factor: 7, regions: [ap-south]}\n      - {kind: step, at: 62500ms, factor: 1.3, regions: [eu-west]}\n", 1)
 	text = strings.Replace(text, "convergence_epochs_max: 2\n", "convergence_epochs_max: 30\n", 1)
-	text = strings.Replace(text, "  refresh: 1s\n", "  refresh: 4s\n", 1)
-	text = strings.Replace(text, "  lease_ttl: 5s\n", "  lease_ttl: 10s\n", 1)
+	text = strings.Replace(text, "  refresh: 1s\n", "  refresh: 8s\n", 1)
+	text = strings.Replace(text, "  lease_ttl: 5s\n", "  lease_ttl: 20s\n", 1)
 	sc, err := scenario.Parse([]byte(text))
 	if err != nil {
 		t.Fatal(err)

@@ -39,6 +39,7 @@ type Instance struct {
 	busy        bool
 	pendTick    bool
 	pendKick    bool
+	pendFalls   bool
 	pendExpiry  bool
 	holdUntil   engine.Time
 	expiryToken int
@@ -89,16 +90,23 @@ func (in *Instance) start() {
 	w := in.w
 	phase := time.Duration(w.rngInst.Int64N(int64(w.refresh)))
 	gen := in.gen
-	var tick func()
-	tick = func() {
-		if !in.alive || in.gen != gen || in.stopping {
-			return
+	// periodic sets pend every period from first on, as the Client's
+	// tickers do, while this incarnation lives.
+	periodic := func(first, period time.Duration, pend *bool) {
+		var tick func()
+		tick = func() {
+			if !in.alive || in.gen != gen || in.stopping {
+				return
+			}
+			*pend = true
+			in.wake()
+			w.eng.After(period, tick)
 		}
-		in.pendTick = true
-		in.wake()
-		w.eng.After(w.refresh, tick)
+		w.eng.After(first, tick)
 	}
-	w.eng.After(phase, tick)
+	periodic(phase, w.refresh, &in.pendTick)
+	falls := lease.FallCheckEvery(w.refresh)
+	periodic(phase+falls, falls, &in.pendFalls)
 	in.armExpiry(w.refresh)
 }
 
@@ -420,6 +428,14 @@ func (in *Instance) wake() {
 		in.pendKick = false
 		in.busy = true
 		in.refill()
+	case in.pendFalls:
+		in.pendFalls = false
+		in.busy = true
+		if b := in.core.PrepareFalls(in.now()); b != nil {
+			in.syncOnce(b, in.loopDone)
+		} else {
+			in.loopDone()
+		}
 	case in.pendExpiry:
 		in.pendExpiry = false
 		in.busy = true
