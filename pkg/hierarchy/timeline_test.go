@@ -127,6 +127,7 @@ type transitKey struct {
 type transit struct {
 	tokens float64
 	copies int
+	expiry int64 // the grant's end (region clock): an answer that lands later adds no deposit (set_rate)
 }
 
 // faults says what may go wrong in a phase.
@@ -349,9 +350,9 @@ func (s *sim) unlimbo(rep Report, received bool) {
 }
 
 // noteDeposits books the deposits of an answer to region r's report of
-// seq: issued once per report (a retry is answered the same grants), in
-// transit for every copy of the answer sent back.
-func (s *sim) noteDeposits(r int, seq uint64, grants []Grant, first bool) {
+// seq, sent at sentAt: issued once per report (a retry is answered the
+// same grants), in transit for every copy of the answer sent back.
+func (s *sim) noteDeposits(r int, seq uint64, sentAt int64, grants []Grant, first bool) {
 	for _, g := range grants {
 		if g.Deposit < 0 || math.IsNaN(g.Deposit) || math.IsInf(g.Deposit, 0) {
 			s.t.Fatalf("grant %+v: deposit must be a finite number >= 0", g)
@@ -370,7 +371,7 @@ func (s *sim) noteDeposits(r int, seq uint64, grants []Grant, first bool) {
 		if tr := s.transits[tk]; tr != nil {
 			tr.copies++
 		} else {
-			s.transits[tk] = &transit{tokens: g.Deposit, copies: 1}
+			s.transits[tk] = &transit{tokens: g.Deposit, copies: 1, expiry: sentAt + int64(g.Valid)}
 		}
 	}
 }
@@ -427,8 +428,8 @@ func (s *sim) checkInvariant() {
 		}
 		for tk, tr := range s.transits {
 			// A copy can still land only while the region holds no answer
-			// to this report or a newer one.
-			if tk.key == k && s.regions[tk.region].held[k].seq < tk.seq {
+			// to this report or a newer one, and before its grant ends.
+			if tk.key == k && s.regions[tk.region].held[k].seq < tk.seq && s.now < tr.expiry {
 				between += tr.tokens
 				moving += tr.tokens
 			}
@@ -618,7 +619,7 @@ func (s *sim) step() {
 			}
 			return
 		}
-		s.noteDeposits(e.region, e.report.Seq, ans.Grants, first)
+		s.noteDeposits(e.region, e.report.Seq, e.sentAt, ans.Grants, first)
 		for _, kd := range e.report.Keys {
 			k := slices.Index(s.keys, kd.Key)
 			if (kd.Admitted+kd.Denied)/kd.Window.Seconds() > 1e-3*s.limits[k].Rate && kd.Window >= s.opts.Epoch/2 {

@@ -11,8 +11,8 @@ import (
 // ends on a real redis-server and on Model (docs/architecture.md, "Burst
 // transfer"). A grant that lowers the cap below the bucket's tokens
 // reports the tokens it clipped as released; a deposit is added by the
-// first install of its answer only, up to the cap, and never as a
-// fraction of a micro-token.
+// first install of its answer only, while its grant is in force, up to
+// the cap, and never as a fraction of a micro-token.
 func TestLoweredCapReleasesAndADepositLandsOnce(t *testing.T) {
 	w := newTwin(t)
 	k := KeysFor(DefaultPrefix, quota.Key{Tenant: "acme", Class: "read"})
@@ -53,6 +53,21 @@ func TestLoweredCapReleasesAndADepositLandsOnce(t *testing.T) {
 	// An older answer is not applied: it neither releases nor deposits.
 	if r := w.setRateDeposit(k, c, 0, 10, w.now+60_000_000, issued-1, 5); r.Applied || r.Released != 0 || r.Tokens != 50 {
 		t.Fatalf("stale answer: %+v, want not applied and 50 tokens", r)
+	}
+	// An answer that arrives after its grant ended is installed (it
+	// orders later answers) but adds no deposit: its room was reserved
+	// only under that grant. Spend 40 first so the static cap of 100
+	// would have room for it.
+	if cr := w.check(k, c, 40); !cr.Allowed {
+		t.Fatalf("check of 40 refused: %+v", cr)
+	}
+	w.at(w.now + 2_000)
+	if r := w.setRateDeposit(k, c, 0, 80, w.now-1, w.now-1_000, 30); !r.Applied || r.Tokens != 10 {
+		t.Fatalf("deposit 30 of an answer whose grant ended 1µs ago: %+v, want applied and 10 tokens", r)
+	}
+	// A newer one still in force at its install adds it.
+	if r := w.setRateDeposit(k, c, 0, 80, w.now+1, w.now-500, 30); !r.Applied || r.Tokens != 40 {
+		t.Fatalf("deposit 30 of an answer whose grant ends 1µs after its install: %+v, want 40 tokens", r)
 	}
 }
 

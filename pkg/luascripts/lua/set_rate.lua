@@ -17,7 +17,8 @@
 -- ARGV[11]    issued: when the report this grant answers was sent (µs)
 -- ARGV[12]    deposit: tokens other regions released to add to the bucket
 --             (>= 0, '0' = none); added only by the first install of the
---             answer (issued above the installed grant's), up to the cap
+--             answer (issued above the installed grant's) while the grant
+--             is in force (expiry after now), up to the cap
 -- Reply: { applied(0|1), tokens, outstanding, now_us, reclaimed, released,
 --        generation, reborn(0|1) }  tokens and released as '%.6f';
 --        reclaimed: tokens this call returned from expired leases;
@@ -52,8 +53,11 @@ if applied == 1 then
   local before = B.tk
   clamp()
   released = before - B.tk
-  if fresh and deposit > 0 then
+  if fresh and deposit > 0 and grant_valid(NOW) then
     -- Whole micro-tokens, rounded down: a deposit never adds a fraction.
+    -- An answer that arrives after its grant ended adds none: the global
+    -- tier reserved the deposit's room only under that grant, and the
+    -- static cap now in force may have refilled into it.
     B.tk = B.tk + math.floor(deposit * 1000000) / 1000000
     clamp()
     B.tk = snap(B.tk)
