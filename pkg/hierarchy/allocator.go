@@ -1781,6 +1781,20 @@ func (a *Allocator) Report(now time.Time, rep Report) (Answer, error) {
 		b := a.blockOf[k]
 		switch {
 		case b >= 0:
+			if !learning && !a.blockContended[b] && a.aboveStatic(k, ri, s, sb, t) {
+				// A key winding down to its static shares (the last
+				// Allocate found it uncontended) is contended again
+				// from this report on, like a key with no block: a
+				// shift whose fall was read before its rise would
+				// otherwise hand the donor its static share back and
+				// keep the recipient at its own until the next
+				// Allocate. The key is listed in active already
+				// (Allocate lists a winding-down key); listing it again
+				// is harmless (seenStamp).
+				a.forgetTargets(b)
+				a.blockContended[b] = true
+				a.active = append(a.active, k)
+			}
 		case !learning && a.aboveStatic(k, ri, s, sb, t):
 			// The key is contended from this report on, not from the
 			// next Allocate: its targets now, and the other regions'

@@ -50,15 +50,16 @@
 // silent regions (no report for SilenceTimeout) frozen at what they may be
 // using: max(their grant, s_r). Allocate decides contention and computes
 // the targets once per epoch; in between, a report whose demand for a key
-// exceeds the region's static share makes the key contended at once, and
-// a region's report recomputes the targets of the contended keys it names
+// exceeds the region's static share makes the key contended at once (one
+// whose grants are winding down to the static shares too), and a
+// region's report recomputes the targets of the contended keys it names
 // from the newest estimates (and the regions heard from since) before
 // answering, so a new hot key or a demand shift moves grants without
 // waiting for the next Allocate. Targets only choose among safe grants:
 // the fencing below never depends on them. A key that stops being
-// contended gets
-// grants at the static shares until no region may hold anything else, then
-// none: control-plane work grows with contended keys only.
+// contended gets grants at the static shares until no region may hold
+// anything else, then none: control-plane work grows with contended keys
+// only.
 //
 // An answer whose grant for some key falls short of its target, by more
 // than pendingShortfall of the key's rate and more than three standard

@@ -566,3 +566,50 @@ func TestOneGrantPerKeyAfterASlotIsReused(t *testing.T) {
 		t.Fatalf("b's answer %+v, want one grant, for %s", grants, other)
 	}
 }
+
+// TestARiseMakesAKeyWindingDownContendedAgain: a demand shift whose fall
+// reaches the allocation before its rise leaves the key uncontended at
+// that Allocate (every estimate within the static shares), its grants
+// winding down to the static shares. The rise's report makes it contended
+// again from that report on, as it does a key with no grants: the donor,
+// whose demand fell, is lowered toward its demand at its next report, not
+// raised back to its static share, and the recipient rises as soon as
+// the donors acknowledge, before the next Allocate.
+func TestARiseMakesAKeyWindingDownContendedAgain(t *testing.T) {
+	regions := []Region{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}}
+	s := newScriptWith(t, Options{Regions: regions, DemandAlpha: 1}, KeyLimit{Rate: 300, Burst: 300})
+	ms := 6000
+	for i := 0; i < 6; i++ { // a over its static 100 for long enough to hold a grant above it
+		s.a.Allocate(s.at(ms))
+		s.report("a", ms+100, 250, -1)
+		s.report("b", ms+200, 40, -1)
+		s.report("c", ms+300, 10, -1)
+		ms += 1000
+	}
+	if u := s.usable("a", ms, 100); u <= 200 {
+		t.Fatalf("a uses %v before the shift; want well above its static 100", u)
+	}
+	// The shift: a's fall is read before c's rise.
+	s.report("a", ms+100, 40, -1)
+	s.a.Allocate(s.at(ms + 150))
+	if v := s.a.View(s.at(ms + 150)); v.Keys[0].Contended {
+		t.Fatalf("with every estimate within the static shares the key is still contended: %+v", v.Keys[0])
+	}
+	s.report("c", ms+200, 250, -1)
+	if v := s.a.View(s.at(ms + 200)); !v.Keys[0].Contended {
+		t.Fatalf("after c's report of 250 (static 100) the key is not contended: %+v", v.Keys[0])
+	}
+	ga := s.report("a", ms+300, 40, -1)
+	if ga == nil || ga.Rate >= 100 {
+		t.Fatalf("a, whose demand fell to 40, got %+v after c's rise; want a grant below its static 100", ga)
+	}
+	// a and b acknowledge what they got (the fence frees a's room only
+	// then), and c reports again, all before the next Allocate.
+	s.report("b", ms+400, 40, -1)
+	s.report("a", ms+500, 40, -1)
+	s.report("b", ms+600, 40, -1)
+	gc := s.report("c", ms+700, 250, -1)
+	if gc == nil || gc.Rate <= 150 {
+		t.Fatalf("c, asking 250, got %+v once a and b acknowledged; want well above its static 100 before the next Allocate", gc)
+	}
+}

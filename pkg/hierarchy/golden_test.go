@@ -36,8 +36,11 @@ import (
 // its static share at any time (fence.acknowledge); an acknowledgement
 // that frees capacity of a key also nudges every region whose target for
 // it is materially above what it may use (nudgeRaises: only the nudges
-// changed, the digest without them stayed the same).
-const goldenDigest = "02f9a10576affa4930cd1f5579786d9a29966abc45f423670617fa31df24d03b"
+// changed, the digest without them stayed the same); a report whose demand
+// exceeds the region's static share makes a key winding down to its
+// static shares contended again at once, not at the next Allocate
+// (Report; TestARiseMakesAKeyWindingDownContendedAgain).
+const goldenDigest = "b23da19459e502b583fbf1a33e75cc45788d221c847acad7e8b5721295ddf81f"
 
 // goldenWorlds × goldenEpochs random epochs make up the run.
 const (
