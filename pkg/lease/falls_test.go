@@ -7,15 +7,14 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 )
 
-// TestAFallIsReportedBeforeTheNextSync: a key whose demand since its last
-// report fell plainly below the rate that report measured, by more than a
-// tenth of the region's rate, is sent an early Sync from a tenth of a
-// refresh on (PrepareFalls), so its region reads the fall before the
-// periodic Sync; a steady demand, a fall within a Poisson count's noise
-// or within a tenth of the region's rate, and an open window shorter than
-// a tenth of a refresh are left to the periodic Sync (and a fall from a
-// rate read from too few requests: TestAFallFromAShortWindowWaits). It
-// fails with any of these margins dropped.
+// TestAFallIsReportedBeforeTheNextSync: a key whose demand since the
+// region's demand window for its lease opened fell plainly below the rate
+// the region read last, by more than a tenth of the region's rate, is sent
+// an early Sync from a tenth of a refresh on (PrepareFalls), so its region
+// reads the fall before the periodic Sync; a steady demand, a fall within
+// a Poisson count's noise or within a tenth of the region's rate, and an
+// open window shorter than a tenth of a refresh are left to the periodic
+// Sync. It fails with any of these margins dropped.
 func TestAFallIsReportedBeforeTheNextSync(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -39,11 +38,7 @@ func TestAFallIsReportedBeforeTheNextSync(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			region := func(g *sluicev1.Grant) { g.RegionRate, g.RegionBurst, g.LiveInstances = tc.region, 2000, 1 }
-			tb := newTestTable(t)
-			acquire(t, tb, t0, t0, kW, 1, 1, region)
-			now := t0
-			spendWindow(t, tb, &now, tc.base, region)
-			spendWindow(t, tb, &now, tc.base, region)
+			tb, now := steadyLease(t, tc.base, region)
 			n := tc.rate * tc.after.Milliseconds() / 1000
 			for i := range n {
 				at := now.Add(time.Duration(i) * time.Second / time.Duration(tc.rate))
@@ -68,31 +63,28 @@ func TestAFallIsReportedBeforeTheNextSync(t *testing.T) {
 	}
 }
 
-// TestAFallFromAShortWindowWaits: a rate read from fewer than ten
-// requests (a Sync 15ms after the last, at 600/s) is no reading, so a fall
-// from it is left to the periodic Sync; the same fall from a window of a
-// second is reported.
-func TestAFallFromAShortWindowWaits(t *testing.T) {
-	region := func(g *sluicev1.Grant) { g.RegionRate, g.RegionBurst, g.LiveInstances = 1000, 2000, 1 }
-	for _, short := range []bool{false, true} {
-		tb := newTestTable(t)
-		acquire(t, tb, t0, t0, kW, 1, 1, region)
-		now := t0
-		spendWindow(t, tb, &now, 600, region)
-		if short {
-			for i := range 9 {
-				allow(t, tb, now.Add(time.Duration(i)*time.Second/600), kW, 1)
-			}
-			now = now.Add(15 * time.Millisecond)
-			syncs, _ := tb.PrepareSync(now)
-			r := syncs[0].Reports[0]
-			if err := tb.Apply(now, syncs[0], []*sluicev1.Grant{regionGrant(r, r.Want, region)}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if b := tb.PrepareFalls(now.Add(300 * time.Millisecond)); (b != nil) == short {
-			t.Errorf("no demand for 300ms after a window of 600/s over %v: early report %v, want %v",
-				map[bool]string{false: "1s", true: "15ms"}[short], b != nil, !short)
-		}
+// TestAFallAfterAMixedWindowIsReported: the region reads a lease's demand
+// over its own windows, which a report closes only from a tenth of a
+// refresh on, so a window the region closed across a fall read a mix of
+// the old demand and the new; the instance follows that window
+// (mirrorWindowLocked) and reports again once the new demand alone is a
+// plain fall from what the region read, although its own last sample (an
+// early refill's, after the fall) already read nothing. A refill 50ms
+// into the window leaves it open; the Sync 350ms in closes it at 30
+// tokens over 350ms (86/s); with no demand since, 200ms later the region
+// still reads 86/s.
+func TestAFallAfterAMixedWindowIsReported(t *testing.T) {
+	region := func(g *sluicev1.Grant) { g.RegionRate, g.RegionBurst, g.LiveInstances = 300, 2000, 1 }
+	tb, now := steadyLease(t, 600, region)
+	for i := range 30 {
+		allow(t, tb, now.Add(time.Duration(i)*time.Second/600), kW, 1)
+	}
+	syncAt(t, tb, now.Add(50*time.Millisecond), region)
+	syncAt(t, tb, now.Add(350*time.Millisecond), region)
+	if b := tb.PrepareFalls(now.Add(400 * time.Millisecond)); b != nil {
+		t.Fatalf("50ms after the window closed: early report %v, want none (too soon)", b.Reports)
+	}
+	if b := tb.PrepareFalls(now.Add(550 * time.Millisecond)); b == nil {
+		t.Fatal("no demand for 200ms after the region read 86/s: no early report")
 	}
 }

@@ -88,6 +88,7 @@ func (t *Table) newReportLocked(now time.Time, e *entry, want, minBatch int64, w
 		e.toReturn = 0
 	}
 	used, denied, returned := e.totalsLocked()
+	t.mirrorWindowLocked(now, e, used+denied, e.lease == seq)
 	r := &sluicev1.KeyReport{
 		Key:      wireKey(e.key()),
 		Seq:      seq,
@@ -345,35 +346,56 @@ func (t *Table) PrepareFalls(now time.Time) *Batch {
 	return b
 }
 
-// fellLocked reports whether the key's demand over the open window (since
-// its last report, the sample ratesLocked last closed) fell plainly below
-// drainRate, the rate of the window that report closed
-// (quota.DemandMoved), and by more than a tenth of the region's rate
-// for the key: a smaller fall moves nothing at the global tier (the
-// region leader's own test of a fall has the same margin). The window
-// that report closed must have counted at least minReadingTokens: a rate
-// read from fewer requests is no reading (one request, then a refill a
-// few milliseconds later, would read as a rate from which every key used
-// once fell). The open window must be at least a tenth of a refresh
-// long: the region closes a lease's demand window on a plain change from
-// a tenth of a refresh on, and its open window began no later than the
-// instance's last report, so the report this prompts most often closes
-// it on the fall. A key with a report pending is already being reported.
-func (t *Table) fellLocked(now time.Time, e *entry) bool {
-	dt := t.at(now) - e.sampleAt
-	if e.pending != nil || dt < t.opts.Refresh/10 || e.drainRate*e.drainLen.Seconds() < minReadingTokens {
-		return false
+// mirrorWindowLocked follows, at a report built at now carrying the
+// lease's used + denied total demand, the region's demand window for the
+// lease (lib.lua apply_usage): the lease's first report opens it; a later
+// one closes it when it is at least the region's demand window long (half
+// a refresh) or, from a tenth of a refresh on, when its count is a plain
+// change from the rate the region read last (quota.DemandMoved), and the
+// region then reads the window's rate. Both sides measure on the
+// instance's clock (the report's build time), so the mirror is exact for
+// every report the region books; a report that never arrives leaves it a
+// window ahead until the next closes.
+func (t *Table) mirrorWindowLocked(now time.Time, e *entry, demand int64, first bool) {
+	at := t.at(now)
+	if first {
+		e.winAt, e.winDemand, e.regionRead = at, demand, 0
+		return
 	}
-	got := float64(e.demandLocked() - e.sampleDemand)
-	expect := e.drainRate * dt.Seconds()
-	return expect-got > e.view().regionRate*dt.Seconds()/10 && quota.DemandMoved(got, expect)
+	span, got := at-e.winAt, float64(demand-e.winDemand)
+	if span <= 0 {
+		return
+	}
+	if span >= t.opts.Refresh/2 || (span >= t.opts.Refresh/10 && quota.DemandMoved(got, e.regionRead*span.Seconds())) {
+		e.winAt, e.winDemand, e.regionRead = at, demand, got/span.Seconds()
+	}
 }
 
-// minReadingTokens is the fewest requests a demand window must count to
-// read as a rate a fall is judged from: as many as the region's scripts
-// need to close a lease's first window early (a change from nothing,
-// quota.DemandMoved(10, 0)).
-const minReadingTokens = 10
+// fellLocked reports whether a report now would close the region's demand
+// window for the lease (mirrorWindowLocked) on a plain fall below the rate
+// the region read last: from a tenth of a refresh on, the window's count
+// is a plain change from that rate (quota.DemandMoved) and below it by
+// more than a tenth of the region's rate for the key, a fall that moves
+// capacity at the global tier (the region leader's own test of a fall has
+// the same margin). The rate the region read is what the global tier
+// divides the key by, so a window that closed on a mix of the old demand
+// and the new (a shift inside it) is followed by a report as soon as the
+// next shows the new demand alone, not at the next Sync. A key with a
+// report pending is already being reported; a lease with no report yet
+// has no window.
+func (t *Table) fellLocked(now time.Time, e *entry) bool {
+	if e.pending != nil || e.lease == 0 {
+		return false
+	}
+	span := t.at(now) - e.winAt
+	if span < t.opts.Refresh/10 {
+		return false
+	}
+	used, denied, _ := e.totalsLocked()
+	got := float64(used + denied - e.winDemand)
+	expect := e.regionRead * span.Seconds()
+	return expect-got > e.view().regionRate*span.Seconds()/10 && quota.DemandMoved(got, expect)
+}
 
 // PrepareAcquire builds the synchronous acquire for a request of cost
 // tokens on key at now. Exactly one of the results is set, or none:

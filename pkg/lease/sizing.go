@@ -91,11 +91,11 @@ func (t *Table) ratesLocked(now time.Time, e *entry) (sizing, drain float64) {
 	if e.has(haveRateFlag) && e.rate > sizing {
 		sizing = e.rate
 	}
-	drain, drainLen := sizing, time.Duration(0)
+	drain = sizing
 	if closed {
-		drain, drainLen = r, dt
+		drain = r
 	}
-	e.sizingRate, e.drainRate, e.drainLen = sizing, drain, drainLen
+	e.sizingRate, e.drainRate = sizing, drain
 	return sizing, drain
 }
 

@@ -280,12 +280,31 @@ func spendWindow(t *testing.T, tb *Table, now *time.Time, demand int64, region f
 		}
 	}
 	*now = now.Add(time.Second)
-	syncs, _ := tb.PrepareSync(*now)
+	return syncAt(t, tb, *now, region)
+}
+
+// syncAt runs kW's periodic Sync at at, the region granting what it asks,
+// and returns its report.
+func syncAt(t *testing.T, tb *Table, at time.Time, region func(*sluicev1.Grant)) *sluicev1.KeyReport {
+	t.Helper()
+	syncs, _ := tb.PrepareSync(at)
 	r := syncs[0].Reports[0]
-	if err := tb.Apply(*now, syncs[0], []*sluicev1.Grant{regionGrant(r, r.Want, region)}); err != nil {
+	if err := tb.Apply(at, syncs[0], []*sluicev1.Grant{regionGrant(r, r.Want, region)}); err != nil {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// steadyLease is a table whose lease of kW has run two one-second windows
+// at perSecond requests a second, and the time after them.
+func steadyLease(t *testing.T, perSecond int64, region func(*sluicev1.Grant)) (*Table, time.Time) {
+	t.Helper()
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 1, region)
+	now := t0
+	spendWindow(t, tb, &now, perSecond, region)
+	spendWindow(t, tb, &now, perSecond, region)
+	return tb, now
 }
 
 // TestLoneInstanceBelowItsRegionsRateLeavesHalfTheBurst: a lone instance
@@ -298,11 +317,7 @@ func spendWindow(t *testing.T, tb *Table, now *time.Time, demand int64, region f
 // pool back down to half the burst.
 func TestLoneInstanceBelowItsRegionsRateLeavesHalfTheBurst(t *testing.T) {
 	region := func(g *sluicev1.Grant) { g.RegionRate, g.RegionBurst, g.LiveInstances = 100, 400, 1 }
-	tb := newTestTable(t)
-	acquire(t, tb, t0, t0, kW, 1, 1, region)
-	now := t0
-	spendWindow(t, tb, &now, 300, region)
-	spendWindow(t, tb, &now, 300, region)
+	tb, now := steadyLease(t, 300, region)
 	if st := state(t, tb, kW); st.Tokens != 400 {
 		t.Fatalf("at 300/s on a region of 100/s: pool %d, want the whole burst 400", st.Tokens)
 	}
@@ -323,11 +338,7 @@ func TestLoneInstanceBelowItsRegionsRateLeavesHalfTheBurst(t *testing.T) {
 // would send an early refill at once after every answer.
 func TestHalfBurstBatchSetsItsOwnLowWater(t *testing.T) {
 	region := func(g *sluicev1.Grant) { g.RegionRate, g.RegionBurst, g.LiveInstances = 1000, 200, 1 }
-	tb := newTestTable(t)
-	acquire(t, tb, t0, t0, kW, 1, 1, region)
-	now := t0
-	spendWindow(t, tb, &now, 1500, region)
-	spendWindow(t, tb, &now, 1500, region)
+	tb, now := steadyLease(t, 1500, region)
 	spendWindow(t, tb, &now, 900, region)
 	st := state(t, tb, kW)
 	if st.Rate <= 1000 || st.Tokens > 100 {

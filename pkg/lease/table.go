@@ -170,21 +170,27 @@ type entry struct {
 	draft *keyInfo // guarded by mu: the owner's changes to info not yet published (nil: none)
 	// net is every token ever put in the pool less those taken out
 	// unspent, so the pool and net give the tokens ever spent (spentLocked).
-	net          int64               // guarded by mu
-	returned     int64               // guarded by mu: tokens handed back in the current lease's reports
-	toReturn     int64               // guarded by mu: removed from the pool, not yet reported
-	lease        uint64              // guarded by mu: the seq of the current lease's first report (0: none yet)
-	baseSpent    int64               // guarded by mu: the spent total when the lease began
-	pending      *sluicev1.KeyReport // guarded by mu: sent, not acknowledged
-	guard        time.Duration       // guarded by mu: checkClock is set this long before deadline
-	rate         float64             // guarded by mu: EWMA of demand, tokens/s
-	sizingRate   float64             // guarded by mu: rate the last batch was sized with
-	drainRate    float64             // guarded by mu: rate the last batch's cap was judged with (ratesLocked)
-	drainLen     time.Duration       // guarded by mu: the window drainRate was measured over; 0 when it is the sizing rate
-	sampleAt     time.Duration       // guarded by mu: start of the current demand window (Table.at)
-	sampleDemand int64               // guarded by mu: demand at sampleAt
-	lastActive   time.Duration       // guarded by mu: Table.at
-	activityMark int64               // guarded by mu
+	net        int64               // guarded by mu
+	returned   int64               // guarded by mu: tokens handed back in the current lease's reports
+	toReturn   int64               // guarded by mu: removed from the pool, not yet reported
+	lease      uint64              // guarded by mu: the seq of the current lease's first report (0: none yet)
+	baseSpent  int64               // guarded by mu: the spent total when the lease began
+	pending    *sluicev1.KeyReport // guarded by mu: sent, not acknowledged
+	guard      time.Duration       // guarded by mu: checkClock is set this long before deadline
+	rate       float64             // guarded by mu: EWMA of demand, tokens/s
+	sizingRate float64             // guarded by mu: rate the last batch was sized with
+	drainRate  float64             // guarded by mu: rate the last batch's cap was judged with (ratesLocked)
+	// The region's demand window for this lease, as the region measures it
+	// from the reports' build times (mirrorWindowLocked): when it opened
+	// (Table.at), the used + denied total it opened at, and the rate the
+	// region read over the last window it closed (tokens/s).
+	winAt        time.Duration // guarded by mu
+	winDemand    int64         // guarded by mu
+	regionRead   float64       // guarded by mu
+	sampleAt     time.Duration // guarded by mu: start of the current demand window (Table.at)
+	sampleDemand int64         // guarded by mu: demand at sampleAt
+	lastActive   time.Duration // guarded by mu: Table.at
+	activityMark int64         // guarded by mu
 }
 
 // A key's flags (entry.flags). removedFlag is read without locks; the
