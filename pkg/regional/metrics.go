@@ -114,7 +114,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "sluice_regional_burst_released_tokens_total", Help: "Tokens the region's buckets gave up to a lowered grant cap, for the global tier to hand on (docs/architecture.md, \"Burst transfer\").",
 	})
 	m.burstDeposited = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "sluice_regional_burst_deposited_tokens_total", Help: "Tokens deposits from the global tier named in grants the region leader installed (added up to the cap; docs/architecture.md, \"Burst transfer\").",
+		Name: "sluice_regional_burst_deposited_tokens_total", Help: "Tokens deposits from the global tier named in grants the region leader installed while they were in force (added up to the cap; docs/architecture.md, \"Burst transfer\").",
 	})
 	m.restarts = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "sluice_regional_redis_data_losses_total", Help: "Times Redis was found to have lost its data: a born sentinel missing, or a data set gone back in time (restored from an older snapshot, a replica promoted while it lagged; docs/architecture.md, \"Redis rolls back\").",

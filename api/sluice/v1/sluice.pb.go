@@ -1799,8 +1799,10 @@ type KeyGrant struct {
 	ValidMs int64 `protobuf:"varint,4,opt,name=valid_ms,json=validMs,proto3" json:"valid_ms,omitempty"`
 	// Tokens to add to the region's bucket when it installs this grant, at
 	// most once per answer (set_rate adds them only when the grant is newer
-	// than the one installed), up to the grant's burst: tokens other regions
-	// released. burst already counts them. Finite, >= 0; 0 = none.
+	// than the one installed, and only while it is in force: an answer that
+	// arrives after its grant ended adds none), up to the grant's burst:
+	// tokens other regions released. burst already counts them. Finite,
+	// >= 0; 0 = none.
 	Deposit       float64 `protobuf:"fixed64,5,opt,name=deposit,proto3" json:"deposit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
