@@ -353,9 +353,13 @@ func (t *Table) PrepareFalls(now time.Time) *Batch {
 // a refresh) or, from a tenth of a refresh on, when its count is a plain
 // change from the rate the region read last (quota.DemandMoved), and the
 // region then reads the window's rate. Both sides measure on the
-// instance's clock (the report's build time), so the mirror is exact for
-// every report the region books; a report that never arrives leaves it a
-// window ahead until the next closes.
+// instance's clock (the report's build time), so the mirror follows every
+// report the region books. It can drift for a window or two: a report that
+// never arrives leaves it a window ahead, and a lease that supersedes its
+// instance's leftover record starts at the region from that record's rate
+// (lease_carry), which the instance does not know, so its first window
+// may close at another report there. A drift only moves when a fall is
+// reported early; the periodic Sync reports it regardless.
 func (t *Table) mirrorWindowLocked(now time.Time, e *entry, demand int64, first bool) {
 	at := t.at(now)
 	if first {
