@@ -370,9 +370,17 @@ func (t *Table) mirrorWindowLocked(now time.Time, e *entry, demand int64, first 
 	if span <= 0 {
 		return
 	}
-	if span >= t.opts.Refresh/2 || (span >= t.opts.Refresh/10 && quota.DemandMoved(got, e.regionRead*span.Seconds())) {
+	if span >= t.opts.Refresh/2 || t.closesEarly(span, got, e.regionRead) {
 		e.winAt, e.winDemand, e.regionRead = at, demand, got/span.Seconds()
 	}
+}
+
+// closesEarly is the scripts' early close of a demand window (lib.lua
+// apply_usage): from a tenth of a refresh on, a window of span counting
+// got tokens closes when they are a plain change from the rate read last
+// (quota.DemandMoved).
+func (t *Table) closesEarly(span time.Duration, got, read float64) bool {
+	return span >= t.opts.Refresh/10 && quota.DemandMoved(got, read*span.Seconds())
 }
 
 // fellLocked reports whether a report now would close the region's demand
@@ -392,13 +400,9 @@ func (t *Table) fellLocked(now time.Time, e *entry) bool {
 		return false
 	}
 	span := t.at(now) - e.winAt
-	if span < t.opts.Refresh/10 {
-		return false
-	}
 	used, denied, _ := e.totalsLocked()
 	got := float64(used + denied - e.winDemand)
-	expect := e.regionRead * span.Seconds()
-	return expect-got > e.view().regionRate*span.Seconds()/10 && quota.DemandMoved(got, expect)
+	return e.regionRead*span.Seconds()-got > e.view().regionRate*span.Seconds()/10 && t.closesEarly(span, got, e.regionRead)
 }
 
 // PrepareAcquire builds the synchronous acquire for a request of cost

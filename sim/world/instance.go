@@ -431,11 +431,7 @@ func (in *Instance) wake() {
 	case in.pendFalls:
 		in.pendFalls = false
 		in.busy = true
-		if b := in.core.PrepareFalls(in.now()); b != nil {
-			in.syncOnce(b, in.loopDone)
-		} else {
-			in.loopDone()
-		}
+		in.sendEarly(in.core.PrepareFalls(in.now()))
 	case in.pendExpiry:
 		in.pendExpiry = false
 		in.busy = true
@@ -487,6 +483,12 @@ func (in *Instance) syncAll() {
 func (in *Instance) refill() {
 	b, hold := in.core.PrepareRefill(in.now())
 	in.holdUntil = in.w.eng.Now().Add(hold)
+	in.sendEarly(b)
+}
+
+// sendEarly sends an early Sync batch outside the periodic round, if
+// there is one, and ends the loop's step (Client.sendEarly).
+func (in *Instance) sendEarly(b *lease.Batch) {
 	if b == nil {
 		in.loopDone()
 		return
