@@ -37,7 +37,7 @@ envoy:
 // clients can offer) for 5 s. An ideal central bucket admits b + r·t of it
 // (everything offered until the burst is gone, then r); the process
 // admits at most that (everything it leased out, spent or still held,
-// counted) and falls short of it by at most 1% (under SLUICE_SOAK, see
+// counted) and falls short of it by at most 0.5% (under SLUICE_SOAK, see
 // below): the burst is usable from the first request on, as the process
 // reports its spending early while it holds the region's bucket at its
 // cap (pkg/lease capHeldWater). t is Redis time, from before the first
@@ -127,20 +127,22 @@ func TestHotKeyDeliversTheLimitFromTheStart(t *testing.T) {
 	if offered := float64(sent.Load()); offered < ideal {
 		t.Skipf("the machine offered only %.0f requests, less than b + r·t = %.0f: nothing to measure", offered, ideal)
 	}
-	// The shortfall is a timing figure: held to 1% (goal 0.5%) under
-	// SLUICE_SOAK, where the run has the machine to itself. In make test,
+	// The shortfall is a timing figure: held to the goal of 0.5% under
+	// SLUICE_SOAK, where the run has the machine to itself (0.15-0.17% in
+	// BENCHMARKS.md, of which the few ms between the last request and the
+	// last clock reading, counted in t, are about 0.1%). In make test,
 	// beside everything else on the machine, one starved owner loop or a
 	// slow first round trip (the bucket sits at its cap until the first
 	// batch) costs percents; there only liveness is checked, and
-	// pkg/lease TestReportsSpendingThatHoldsTheRegionAtItsCap checks the
-	// mechanism exactly.
+	// pkg/lease TestReportsSpendingThatHoldsTheRegionAtItsCap and
+	// TestCapHeldCrossingWaitsTheShorterSpacing check the mechanism exactly.
 	if os.Getenv("SLUICE_SOAK") == "" {
 		if got < ideal/2 {
 			t.Errorf("admitted %.0f < (b + r·t)/2 = %.0f: the key was not served", got, ideal/2)
 		}
 		return
 	}
-	if short > 0.01 {
-		t.Errorf("admitted %.0f of b + r·t = %.0f: %.2f%% short, want <= 1%% (goal 0.5%%)", got, ideal, 100*short)
+	if short > 0.005 {
+		t.Errorf("admitted %.0f of b + r·t = %.0f: %.2f%% short, want <= 0.5%%", got, ideal, 100*short)
 	}
 }

@@ -166,6 +166,7 @@ type Client struct {
 	m       *metrics
 
 	kick     chan struct{} // buffered 1: a key crossed its low-water mark
+	capHeld  chan struct{} // buffered 1: a key crossed a cap-held mark (Core.RefillWait)
 	stop     chan struct{} // closed by Close
 	loopDone chan struct{}
 	bg       context.Context // parent of background RPCs; cancelled by Close
@@ -238,6 +239,7 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 		log:       o.Logger,
 		m:         m,
 		kick:      make(chan struct{}, 1),
+		capHeld:   make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		loopDone:  make(chan struct{}),
 		closeDone: make(chan struct{}),
@@ -308,6 +310,14 @@ func (c *Client) kickLoop() {
 	select {
 	case c.kick <- struct{}{}:
 	default:
+	}
+	if c.table.capHeldDue.Load() {
+		// The loop may be holding a kick for the refill spacing: wake
+		// it to hold it only the shorter CapHeldSpacing.
+		select {
+		case c.capHeld <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -572,10 +582,12 @@ func (c *Client) loop() {
 	defer falls.Stop()
 	expiry := time.NewTimer(c.opts.Refresh)
 	defer expiry.Stop()
-	// Early refills are batched: after one, further kicks wait a short
-	// spacing so a burst of keys crossing their marks shares one RPC.
+	// Early refills are batched: after one, a kick waits a short spacing
+	// (Core.RefillWait) so a burst of keys crossing their marks shares one
+	// RPC. kick is nil while a kick waits; hold fires when its wait ends.
 	kick := (<-chan struct{})(c.kick)
 	var hold <-chan time.Time
+	var holdAt time.Time
 	for {
 		select {
 		case <-c.stop:
@@ -585,10 +597,21 @@ func (c *Client) loop() {
 		case <-falls.C:
 			c.sendEarly(c.core.PrepareFalls(time.Now()))
 		case <-kick:
-			kick, hold = nil, time.After(c.refill())
+			kick = nil
+		case <-c.capHeld:
+			// A cap-held mark crossed: a waiting kick may wait less.
 		case <-hold:
-			kick, hold = c.kick, nil
+			hold = nil
 		case <-expiry.C:
+		}
+		if kick == nil {
+			now := time.Now()
+			if w := c.core.RefillWait(now); w <= 0 {
+				kick, hold = c.kick, nil
+				c.sendEarly(c.core.PrepareRefill(now))
+			} else if at := now.Add(w); hold == nil || at.Before(holdAt) {
+				hold, holdAt = time.After(w), at
+			}
 		}
 		if c.conflicted.CompareAndSwap(true, false) {
 			c.reidentify()
@@ -618,14 +641,6 @@ func (c *Client) syncAll() {
 		}
 	}
 	c.noteDegradedOver()
-}
-
-// refill sends the early refill, if any key needs one, and returns how
-// long further kicks wait.
-func (c *Client) refill() time.Duration {
-	b, hold := c.core.PrepareRefill(time.Now())
-	c.sendEarly(b)
-	return hold
 }
 
 // sendEarly sends an early Sync batch outside the periodic round, if

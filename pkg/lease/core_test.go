@@ -461,13 +461,74 @@ func TestCoreSyncRoundOrder(t *testing.T) {
 // nothing held.
 func TestCoreRefillHold(t *testing.T) {
 	c, tb, _ := newTestCore(t, 0, 0)
-	if b, hold := c.PrepareRefill(t0); b != nil || hold != 0 {
-		t.Fatalf("no key: refill %v hold %v, want none", b, hold)
+	if w := c.RefillWait(t0); w != 0 {
+		t.Fatalf("no refill yet: wait %v, want 0", w)
+	}
+	if b := c.PrepareRefill(t0); b != nil {
+		t.Fatalf("no key: refill %v, want none", b)
+	}
+	if w := c.RefillWait(t0); w != 0 {
+		t.Fatalf("after a refill that sent nothing: wait %v, want 0", w)
 	}
 	acquire(t, tb, t0, t0, kW, 1, 1)
 	allow(t, tb, t0, kW, 1)
-	if b, hold := c.PrepareRefill(t0); b == nil || hold != RefillSpacing(time.Second) {
-		t.Fatalf("empty pool: refill %v hold %v, want a batch and %v", b, hold, RefillSpacing(time.Second))
+	if b := c.PrepareRefill(t0); b == nil {
+		t.Fatal("empty pool: no refill")
+	}
+	spacing := RefillSpacing(time.Second)
+	for _, d := range []time.Duration{0, 10 * time.Millisecond, spacing - time.Nanosecond, spacing, time.Second} {
+		if got, want := c.RefillWait(t0.Add(d)), max(spacing-d, 0); got != want {
+			t.Errorf("%v after the refill: wait %v, want %v", d, got, want)
+		}
+	}
+}
+
+// TestCapHeldCrossingWaitsTheShorterSpacing: a key that crosses its
+// cap-held mark (its region's bucket and its pool fill the cap, so the
+// bucket loses its refill until the report) waits only CapHeldSpacing
+// after the last early refill, not RefillSpacing; an ordinary crossing of
+// another key waits the whole spacing, and once PrepareRefill has run the
+// shorter wait is gone.
+func TestCapHeldCrossingWaitsTheShorterSpacing(t *testing.T) {
+	c, tb, _ := newTestCore(t, 0, 0)
+	now := startDraining(t, tb) // kW: pool 930, its cap-held mark at 868
+	other := kW
+	other.Tenant = "other"
+	acquire(t, tb, now, now, other, 1, 1)
+	allow(t, tb, now, other, 1)
+	if b := c.PrepareRefill(now); b == nil || len(b.Reports) != 1 || b.Reports[0].Key.Tenant != "other" {
+		t.Fatalf("refill %+v, want one report, for %s", b, other)
+	}
+	sent := now
+	spacing, short := RefillSpacing(time.Second), CapHeldSpacing(time.Second)
+	if short != 5*time.Millisecond || short >= spacing {
+		t.Fatalf("CapHeldSpacing(1s) = %v, want 5ms, below RefillSpacing %v", short, spacing)
+	}
+	// Spend kW at 2000/s down to its mark: the 62nd token crosses it.
+	for i := range 62 {
+		now = now.Add(500 * time.Microsecond)
+		_, act := allow(t, tb, now, kW, 1)
+		if crossed := act == ActRefill; crossed != (i == 61) {
+			t.Fatalf("token %d: action %v", i+1, act)
+		}
+		if i == 60 {
+			if got, want := c.RefillWait(now), spacing-now.Sub(sent); got != want {
+				t.Fatalf("before the crossing: wait %v, want %v", got, want)
+			}
+		}
+	}
+	if got := c.RefillWait(now); got != 0 || now.Sub(sent) < short {
+		t.Fatalf("%v after the refill, crossing a cap-held mark: wait %v, want 0", now.Sub(sent), got)
+	}
+	if got, want := c.RefillWait(sent.Add(2*time.Millisecond)), short-2*time.Millisecond; got != want {
+		t.Fatalf("2ms after the refill with a cap-held mark crossed: wait %v, want %v", got, want)
+	}
+	b := c.PrepareRefill(now)
+	if b == nil || len(b.Reports) != 1 || b.Reports[0].Used != 100+62 {
+		t.Fatalf("early refill %+v, want one report of the 162 tokens spent", b)
+	}
+	if got := c.RefillWait(now.Add(time.Millisecond)); got != spacing-time.Millisecond {
+		t.Fatalf("after the cap-held report: wait %v, want the whole spacing less 1ms", got)
 	}
 }
 

@@ -38,6 +38,16 @@ func RefillSpacing(refresh time.Duration) time.Duration {
 	return max(refresh/20, 5*time.Millisecond)
 }
 
+// CapHeldSpacing is the spacing that holds an early refill after one when
+// a key crossed a cap-held mark (Core.RefillWait): a tenth of
+// RefillSpacing, at least its 5 ms floor. It bounds how often one
+// instance's early reports for keys holding their regions at the cap go
+// out: at most 200 a second at the default refresh, each carrying every
+// key due.
+func CapHeldSpacing(refresh time.Duration) time.Duration {
+	return max(refresh/200, 5*time.Millisecond)
+}
+
 // FallCheckEvery is how often the owner loop looks for keys whose demand
 // fell (Core.PrepareFalls): a quarter refresh, so a fall is reported
 // within a quarter refresh of becoming plain, and a key whose demand keeps

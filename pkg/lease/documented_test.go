@@ -25,6 +25,7 @@ func TestDefaultsAreTheDocumentedValues(t *testing.T) {
 		{"MaxSlowRounds", MaxSlowRounds, 6},
 		{"RefillSpacing(1s)", RefillSpacing(time.Second), 50 * time.Millisecond},
 		{"RefillSpacing(20ms)", RefillSpacing(20 * time.Millisecond), 5 * time.Millisecond},
+		{"CapHeldSpacing(1s)", CapHeldSpacing(time.Second), 5 * time.Millisecond},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)

@@ -261,8 +261,10 @@ func (t *Table) PrepareSync(now time.Time) (syncs []*Batch, release *Batch) {
 // their report gives the excess back now, so a peer that found the
 // region's bucket empty, because this instance took the burst while it
 // was alone on the key, waits one round trip after this instance learns of
-// it, not a further refresh.
+// it, not a further refresh. It clears capHeldDue: a key that crosses a
+// cap-held mark after its entry was looked at here sets it again.
 func (t *Table) PrepareRefill(now time.Time) *Batch {
+	t.capHeldDue.Store(false)
 	var b *Batch
 	for _, e := range t.keys.entries() {
 		in := e.info.Load()

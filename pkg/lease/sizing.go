@@ -153,8 +153,10 @@ const capHeldSteps = 16
 // (drainsRegion), it reports once it spent the room the bucket had left
 // (at least 1/capHeldSteps of the region's burst) instead of at the usual
 // mark, before the bucket can fill it, which hands the region room to
-// refill again; the owner loop's refill spacing bounds how often
-// (RefillSpacing).
+// refill again. The owner loop sends that report after CapHeldSpacing
+// from its last early refill, not the usual RefillSpacing, which at the
+// default refresh let the bucket sit at its cap for up to 50 ms
+// (Core.RefillWait); that spacing bounds how often.
 func (t *Table) capHeldWater(in *keyInfo, pool, remaining int64) int64 {
 	// The rate a batch was sized with lags a demand that just rose (it
 	// was measured while requests waited for the batch), so the mark is

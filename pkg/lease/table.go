@@ -43,6 +43,11 @@ type Table struct {
 	episodes    atomic.Uint64 // times Degraded turned true
 	closed      atomic.Bool
 	giveBackDue atomic.Bool // some key's giveBack was set since GiveBackDue was last read
+	// capHeldDue: a request took some key's pool across a cap-held mark
+	// (lowWater above usualWater: capHeldWater) since PrepareRefill last
+	// ran; the owner loop's wait for its next early refill is then the
+	// shorter CapHeldSpacing (Core.RefillWait).
+	capHeldDue atomic.Bool
 	// unleased: the region's last answer said it runs with no global tier
 	// (Grant.unleased), so its rate and cap for every key are its static
 	// share for good (see waitCures). A fact of the region, not of a key,
@@ -461,6 +466,7 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 	if in.hasLease {
 		if rem, crossed, ok := e.take(cost, int64(in.lowWater)); ok {
 			if crossed {
+				t.noteCrossed(in)
 				return admitted(in, rem), ActRefill, nil
 			}
 			return admitted(in, rem), ActNone, nil
@@ -518,7 +524,20 @@ func (t *Table) allowFast(key quota.Key, cost int64, at instant) (in *keyInfo, r
 		return nil, 0, false, false
 	}
 	remaining, refill, ok = e.take(cost, int64(in.lowWater))
+	if refill {
+		t.noteCrossed(in)
+	}
 	return in, remaining, refill, ok
+}
+
+// noteCrossed records that a request took a pool across the low-water
+// mark of in: a cap-held mark (above the usual one) makes the owner's next
+// early refill urgent, as every millisecond it waits is refill the
+// region's full bucket loses (capHeldWater, Core.RefillWait).
+func (t *Table) noteCrossed(in *keyInfo) {
+	if in.lowWater > in.usualWater {
+		t.capHeldDue.Store(true)
+	}
 }
 
 func admitted(in *keyInfo, remaining int64) quota.Decision {

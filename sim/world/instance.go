@@ -7,7 +7,6 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/lease"
-	"github.com/sluicehq/sluice/sim/engine"
 	"github.com/sluicehq/sluice/sim/oracle"
 )
 
@@ -41,7 +40,6 @@ type Instance struct {
 	pendKick    bool
 	pendFalls   bool
 	pendExpiry  bool
-	holdUntil   engine.Time
 	expiryToken int
 	waiters     map[int][]*group
 	afterIdle   func() // graceful stop continuation once nothing is in flight
@@ -390,16 +388,26 @@ func (in *Instance) check(g *group) {
 
 func (in *Instance) kick() {
 	in.pendKick = true
-	if now := in.w.eng.Now(); now < in.holdUntil {
-		gen := in.gen
-		in.w.eng.At(in.holdUntil, func() {
-			if in.gen == gen {
-				in.wake()
-			}
-		})
-		return
+	if !in.wakeAfterRefillWait() {
+		in.wake()
 	}
-	in.wake()
+}
+
+// wakeAfterRefillWait schedules a wake-up for when a kick pending now may
+// be served (Core.RefillWait; the Client's hold timer) and reports true,
+// if it must wait.
+func (in *Instance) wakeAfterRefillWait() bool {
+	w := in.core.RefillWait(in.now())
+	if w <= 0 {
+		return false
+	}
+	gen := in.gen
+	in.w.eng.After(w, func() {
+		if in.gen == gen {
+			in.wake()
+		}
+	})
+	return true
 }
 
 func (in *Instance) armExpiry(wait time.Duration) {
@@ -424,7 +432,7 @@ func (in *Instance) wake() {
 		in.pendTick = false
 		in.busy = true
 		in.syncAll()
-	case in.pendKick && in.w.eng.Now() >= in.holdUntil:
+	case in.pendKick && in.core.RefillWait(in.now()) <= 0:
 		in.pendKick = false
 		in.busy = true
 		in.refill()
@@ -449,6 +457,11 @@ func (in *Instance) loopDone() {
 	in.armExpiry(in.core.Expire(in.now()))
 	if in.core.GiveBackDue() {
 		in.kick()
+	}
+	if in.pendKick {
+		// A kick that came while this step ran, which may have been an
+		// early refill: it waits what is left of the spacing.
+		in.wakeAfterRefillWait()
 	}
 	in.wake()
 }
@@ -481,9 +494,7 @@ func (in *Instance) syncAll() {
 }
 
 func (in *Instance) refill() {
-	b, hold := in.core.PrepareRefill(in.now())
-	in.holdUntil = in.w.eng.Now().Add(hold)
-	in.sendEarly(b)
+	in.sendEarly(in.core.PrepareRefill(in.now()))
 }
 
 // sendEarly sends an early Sync batch outside the periodic round, if
