@@ -992,7 +992,7 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 		before := o.b.tk
 		o.clamp()
 		released = before - o.b.tk
-		if fresh && deposit > 0 && o.grantValid(o.now) {
+		if fresh && deposit > 0 && o.grantValid(o.b.ts) {
 			o.b.tk += math.Floor(deposit*1000000) / 1000000
 			o.clamp()
 			o.b.tk = round6(o.b.tk)

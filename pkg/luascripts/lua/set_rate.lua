@@ -53,11 +53,15 @@ if applied == 1 then
   local before = B.tk
   clamp()
   released = before - B.tk
-  if fresh and deposit > 0 and grant_valid(NOW) then
+  if fresh and deposit > 0 and grant_valid(B.ts) then
     -- Whole micro-tokens, rounded down: a deposit never adds a fraction.
     -- An answer that arrives after its grant ended adds none: the global
     -- tier reserved the deposit's room only under that grant, and the
-    -- static cap now in force may have refilled into it.
+    -- static cap now in force may have refilled into it. Ended by the
+    -- latest time the bucket has seen (B.ts, refill's), not only by NOW:
+    -- after the clock went back (a failover to a replica whose clock is
+    -- behind), a grant that ended before a call the bucket already saw
+    -- is over, whatever NOW says.
     B.tk = B.tk + math.floor(deposit * 1000000) / 1000000
     clamp()
     B.tk = snap(B.tk)
