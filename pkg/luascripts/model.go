@@ -983,7 +983,7 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 		o.ttl = o.bucketTTL(burst, exp)
 	}
 	o.reap(c.ReapBudget)
-	released := 0.0
+	released, deposited := 0.0, 0.0
 	if applied {
 		o.b.gr, o.b.gb, o.b.ge, o.b.gs = rate, burst, exp, float64(issuedUS)
 		if fresh {
@@ -993,7 +993,8 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 		o.clamp()
 		released = before - o.b.tk
 		if fresh && deposit > 0 && o.grantValid(o.b.ts) {
-			o.b.tk += math.Floor(deposit*1000000) / 1000000
+			deposited = math.Floor(deposit*1000000) / 1000000
+			o.b.tk += deposited
 			o.clamp()
 			o.b.tk = round6(o.b.tk)
 		}
@@ -1001,7 +1002,7 @@ func (m *Model) SetRate(nowUS int64, k Keys, c Common, rate, burst float64, expi
 	}
 	o.save()
 	return SetRateReply{Applied: applied, Tokens: round6(o.b.tk), Outstanding: int64(o.b.out), NowUS: nowUS, Reclaimed: int64(o.reclaimed),
-		Released: round6(released), Gen: o.done(), Reborn: o.reborn}
+		Released: round6(released), Deposited: round6(deposited), Gen: o.done(), Reborn: o.reborn}
 }
 
 // State mirrors Scripts.State.

@@ -118,10 +118,14 @@ func parseSetRate(res []any) (SetRateReply, error) {
 		// The older layout's scripts reply without released (parseState).
 		res = append(append(res[:5:5], "0"), res[5:]...)
 	}
+	if len(res) == 8 {
+		// Older scripts reply without deposited.
+		res = append(append(res[:6:6], "0"), res[6:]...)
+	}
 	p := parser{res: res}
 	sr := SetRateReply{Applied: p.int(0) == 1, Tokens: p.float(1), Outstanding: p.int(2), NowUS: p.int(3), Reclaimed: p.int(4),
-		Released: p.float(5), Gen: p.int(6), Reborn: p.int(7) == 1}
-	return sr, p.err(8)
+		Released: p.float(5), Deposited: p.float(6), Gen: p.int(7), Reborn: p.int(8) == 1}
+	return sr, p.err(9)
 }
 
 // PipelineCalls is the most script calls one pipeline carries. The Redis

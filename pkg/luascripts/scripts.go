@@ -299,9 +299,13 @@ type SetRateReply struct {
 	// (0 when it was not applied or did not clip): what the region reports
 	// as KeyDemand.released.
 	Released float64
-	TooLate  bool  // see LeaseReply.TooLate
-	Gen      int64 // see LeaseReply.Gen
-	Reborn   bool  // see LeaseReply.Reborn
+	// Deposited is the deposit the call added to the bucket (whole
+	// micro-tokens, before the clamp to the cap), 0 when it added none: an
+	// install that was not fresh or whose grant had ended (set_rate.lua).
+	Deposited float64
+	TooLate   bool  // see LeaseReply.TooLate
+	Gen       int64 // see LeaseReply.Gen
+	Reborn    bool  // see LeaseReply.Reborn
 }
 
 // State is the answer of state: what the region leader reports upward.

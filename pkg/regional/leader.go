@@ -567,10 +567,7 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 			in.Released = sr.Released
 			s.metrics.grantsApplied.Inc()
 			s.metrics.burstReleased.Add(sr.Released)
-			if in.ExpiryUS > sr.NowUS {
-				// set_rate adds a deposit only under a grant in force.
-				s.metrics.burstDeposited.Add(in.Deposit)
-			}
+			s.metrics.burstDeposited.Add(sr.Deposited)
 			if l.opts.OnApplied != nil {
 				l.opts.OnApplied(in.Key, in.Rate, in.Burst, in.ExpiryUS)
 			}

@@ -18,11 +18,15 @@
 -- ARGV[12]    deposit: tokens other regions released to add to the bucket
 --             (>= 0, '0' = none); added only by the first install of the
 --             answer (issued above the installed grant's) while the grant
---             is in force (expiry after now), up to the cap
+--             is in force (expiry after the bucket's latest time), up to
+--             the cap
 -- Reply: { applied(0|1), tokens, outstanding, now_us, reclaimed, released,
---        generation, reborn(0|1) }  tokens and released as '%.6f';
+--        deposited, generation, reborn(0|1) }  tokens, released and
+--        deposited as '%.6f';
 --        reclaimed: tokens this call returned from expired leases;
---        released: tokens the new cap took out of the bucket
+--        released: tokens the new cap took out of the bucket;
+--        deposited: the deposit this call added (whole micro-tokens, before
+--        the clamp to the cap), 0 when it added none
 --
 -- Burst transfer (docs/architecture.md, "Burst transfer"). A grant that
 -- lowers the cap below what the bucket holds clips the bucket; the tokens
@@ -38,6 +42,7 @@ local applied = 0
 if issued >= B.gs then applied = 1 end
 local fresh = issued > B.gs
 local released = 0
+local deposited = 0
 -- The TTL under the grant in force afterwards, before the first write.
 local ttl = TTL
 if applied == 1 then ttl = bucket_ttl(burst, exp) end
@@ -62,11 +67,12 @@ if applied == 1 then
     -- after the clock went back (a failover to a replica whose clock is
     -- behind), a grant that ended before a call the bucket already saw
     -- is over, whatever NOW says.
-    B.tk = B.tk + math.floor(deposit * 1000000) / 1000000
+    deposited = math.floor(deposit * 1000000) / 1000000
+    B.tk = B.tk + deposited
     clamp()
     B.tk = snap(B.tk)
   end
   cand_granted(exp)
 end
 save_bucket(ttl)
-return gen_reply({ applied, f6(B.tk), B.out, NOW, RECLAIMED, f6(released) })
+return gen_reply({ applied, f6(B.tk), B.out, NOW, RECLAIMED, f6(released), f6(deposited) })
