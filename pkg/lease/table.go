@@ -533,7 +533,9 @@ func (t *Table) allowFast(key quota.Key, cost int64, at instant) (in *keyInfo, r
 // noteCrossed records that a request took a pool across the low-water
 // mark of in: a cap-held mark (above the usual one) makes the owner's next
 // early refill urgent, as every millisecond it waits is refill the
-// region's full bucket loses (capHeldWater, Core.RefillWait).
+// region's full bucket loses (capHeldWater, Core.RefillWait). Allow and
+// allowFast call it after entry.take rather than through a shared wrapper,
+// which would be too large to inline into allowFast, the lock-free path.
 func (t *Table) noteCrossed(in *keyInfo) {
 	if in.lowWater > in.usualWater {
 		t.capHeldDue.Store(true)
