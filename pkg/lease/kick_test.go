@@ -80,3 +80,71 @@ func TestKickDuringTheRefillSpacingIsKept(t *testing.T) {
 		t.Fatalf("no refill for %s, which crossed its mark during the spacing, before the periodic Sync at 1s", other)
 	})
 }
+
+// A key that crosses a cap-held mark (its region's bucket and its pool
+// fill the region's cap) while the loop holds an ordinary kick back for
+// the refill spacing has its report sent after CapHeldSpacing, not when
+// the spacing ends: the loop wakes for it and sends at once, here 20 ms
+// after the last early refill. (small itself is not in that report: the
+// region's empty answer told it to wait.)
+func TestCapHeldCrossingDuringTheRefillSpacingIsSentSooner(t *testing.T) {
+	e := startRegion(t)
+	conn := newRegionConn(t, e.reg.Server)
+	synctest.Test(t, func(t *testing.T) {
+		c, _, _ := bubbleClient(t, conn)
+		small := quota.Key{Tenant: "small", Class: "read"} // burst 10
+		mustAllow(t, c, acmeRead, 1)
+		mustAllow(t, c, small, 1)
+		synctest.Wait() // the first acquires and their early refills
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		// small's first report from its cap-held mark: a refill at t1,
+		// which the region answers with nothing (its bucket is empty), so
+		// small's usual mark is back.
+		st, _ := c.Table().State(small)
+		if !st.HasLease || st.Tokens <= st.LowWater {
+			t.Fatalf("%s state %+v: want a lease above its mark", small, st)
+		}
+		t1 := time.Now()
+		mustAllow(t, c, small, st.Tokens-st.LowWater)
+		synctest.Wait()
+		if syncs := conn.servedCalls("Sync"); len(syncs) == 0 || !syncs[len(syncs)-1].at.Equal(t1) {
+			t.Fatalf("no early refill for %s at %v", small, t1)
+		}
+		acme, _ := c.Table().State(acmeRead)
+		if !acme.HasLease || acme.Tokens-acme.LowWater > 100/16 || acme.LowWater <= 0 {
+			t.Fatalf("%s state %+v: want a pool at most %d above its cap-held mark", acmeRead, acme, 100/16)
+		}
+		st, _ = c.Table().State(small)
+		if !st.HasLease || st.Tokens <= st.LowWater {
+			t.Fatalf("%s state %+v after its report: want a lease above its usual mark", small, st)
+		}
+		// 10 ms into the spacing, small crosses its usual mark: held back.
+		time.Sleep(10 * time.Millisecond)
+		before := len(conn.servedCalls("Sync"))
+		mustAllow(t, c, small, st.Tokens-st.LowWater)
+		synctest.Wait()
+		if n := len(conn.servedCalls("Sync")); n != before {
+			t.Fatalf("%d Syncs within the spacing after an ordinary crossing, want none", n-before)
+		}
+		// 20 ms into it, acme crosses its cap-held mark: both go now.
+		time.Sleep(10 * time.Millisecond)
+		t3 := time.Now()
+		if d := mustAllow(t, c, acmeRead, acme.Tokens-acme.LowWater); !d.Allowed {
+			t.Fatalf("spending %s down to its mark: %+v", acmeRead, d)
+		}
+		synctest.Wait()
+		syncs := conn.servedCalls("Sync")
+		if len(syncs) != before+1 || !syncs[before].at.Equal(t3) {
+			var ats []time.Duration
+			for _, s := range syncs[before:] {
+				ats = append(ats, s.at.Sub(t1))
+			}
+			t.Fatalf("Syncs after %s crossed its cap-held mark %v after the refill: at %v after it; want one at once", acmeRead, t3.Sub(t1), ats)
+		}
+		if reportFor(syncs[before].req.(*sluicev1.SyncRequest).Reports, acmeRead) == nil {
+			t.Fatalf("the Sync at %v carries no report for %s", t3.Sub(t1), acmeRead)
+		}
+		closeClient(t, c)
+	})
+}
