@@ -532,6 +532,38 @@ func TestCapHeldCrossingWaitsTheShorterSpacing(t *testing.T) {
 	}
 }
 
+// TestOrdinaryCrossingWaitsTheWholeSpacing: a key crossing its usual
+// low-water mark (no cap-held mark above it) makes the next early refill
+// wait what is left of the whole RefillSpacing; only a cap-held crossing
+// cuts it to CapHeldSpacing. Counting an ordinary crossing as cap-held
+// would send one RPC per key that crossed, every 5 ms, where the spacing
+// exists to batch them.
+func TestOrdinaryCrossingWaitsTheWholeSpacing(t *testing.T) {
+	c, tb, _ := newTestCore(t, 0, 0)
+	a, b := kW, kW
+	a.Tenant, b.Tenant = "a", "b"
+	now := t0
+	acquire(t, tb, now, now, a, 1, 1)
+	acquire(t, tb, now, now, b, 1, 1)
+	if _, act := allow(t, tb, now, a, 1); act != ActRefill {
+		t.Fatalf("a's last token: action %v, want a refill", act)
+	}
+	if batch := c.PrepareRefill(now); batch == nil || len(batch.Reports) != 1 || batch.Reports[0].Key.Tenant != "a" {
+		t.Fatalf("refill %+v, want one report, for a", batch)
+	}
+	sent := now
+	now = now.Add(2 * time.Millisecond)
+	if _, act := allow(t, tb, now, b, 1); act != ActRefill {
+		t.Fatalf("b's last token: action %v, want a refill", act)
+	}
+	if st := state(t, tb, b); st.LowWater != 0 {
+		t.Fatalf("b's low-water mark %d, want the usual 0", st.LowWater)
+	}
+	if got, want := c.RefillWait(now), RefillSpacing(time.Second)-now.Sub(sent); got != want {
+		t.Fatalf("ordinary crossing 2ms after a refill: wait %v, want the rest of the whole spacing, %v", got, want)
+	}
+}
+
 // TestDecideRules pins the small rules the Client and the simulator share:
 // when a request gives up, how far apart refills go, the default Sync
 // timeout.
@@ -554,6 +586,16 @@ func TestDecideRules(t *testing.T) {
 	} {
 		if got := RefillSpacing(tc.refresh); got != tc.want {
 			t.Errorf("RefillSpacing(%v) = %v, want %v", tc.refresh, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ refresh, want time.Duration }{
+		{2 * time.Second, 10 * time.Millisecond},
+		{time.Second, 5 * time.Millisecond},
+		{200 * time.Millisecond, 5 * time.Millisecond},
+		{10 * time.Millisecond, 5 * time.Millisecond},
+	} {
+		if got := CapHeldSpacing(tc.refresh); got != tc.want {
+			t.Errorf("CapHeldSpacing(%v) = %v, want %v", tc.refresh, got, tc.want)
 		}
 	}
 	if got := DefaultSyncTimeout(time.Second); got != 500*time.Millisecond {
