@@ -180,3 +180,46 @@ func TestAcknowledgementNudgesARaisedTarget(t *testing.T) {
 	}
 	s.takesNudges("b has its target")
 }
+
+// TestBurstShortOfItsTargetIsARaiseToo: a region's answer whose rate meets
+// its target but whose burst falls materially short of it (a donor's
+// instances still hold the tokens of its larger cap, so the fence counts
+// it there) waits for the donor like a short rate does: the donor is
+// nudged to report, and when its report shows it holding no more than its
+// new cap, the region whose burst waits is nudged too (nudgeWaiting).
+// Before, such a region (its rate back, its cap 0: it admits nothing)
+// waited for its next epoch report.
+func TestBurstShortOfItsTargetIsARaiseToo(t *testing.T) {
+	s := newScriptWith(t, Options{Regions: twoRegions(), DemandAlpha: 1}, KeyLimit{Rate: 100, Burst: 100})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 150, -1)
+	s.report("b", 6200, 10, -1)
+	s.report("a", 6300, 150, -1)
+	s.report("b", 6310, 10, -1)
+	if g := s.report("a", 6320, 150, 0); g == nil || !near(g.Rate, 90) || !near(g.Burst, 90) {
+		t.Fatalf("a = %+v, want 90/90", g)
+	}
+	s.a.TakeNudges()
+
+	// b's demand rises: its target is 50/50, a is lowered to 50/50.
+	s.report("b", 6400, 150, -1)
+	s.takesNudges("b is short", "a")
+	if g := s.report("a", 6410, 150, 0); g == nil || !near(g.Rate, 50) || !near(g.Burst, 50) {
+		t.Fatalf("a = %+v, want 50/50", g)
+	}
+	// a acknowledges 50/50, but its instances still hold 90 tokens of the
+	// cap before: its rate is freed, its burst still counts at 90.
+	s.report("a", 6420, 150, 90)
+	s.takesNudges("a acknowledged its rate", "b")
+	g := s.report("b", 6430, 150, -1)
+	if g == nil || !near(g.Rate, 50) || g.Burst > 10+1e-9 {
+		t.Fatalf("b = %+v, want its rate 50 with its burst held at 10", g)
+	}
+	s.takesNudges("b's burst is short for want of a's tokens", "a")
+	s.report("a", 6440, 150, 40)
+	s.takesNudges("a holds no more than its cap: b's burst is free", "b")
+	if g := s.report("b", 6450, 150, -1); g == nil || !near(g.Burst, 50) {
+		t.Fatalf("b after a's tokens came down = %+v, want its burst 50", g)
+	}
+	s.takesNudges("b has its target")
+}
