@@ -145,10 +145,10 @@ func TestNeverWithinTheCapIsAWait(t *testing.T) {
 // a key (a grant of nothing carries a rate of a few times the smallest
 // float64) most often comes before the global tier heard this region's
 // demand for it, and the region's share comes back within a few of the
-// global tier's answers. So the first "never" after the rate fell to zero
-// holds the key's requests for a quarter of a refresh, not a whole one; a
-// rate that stays zero is asked about once a refresh; an unleased region's
-// rate is its static share for good.
+// global tier's answers. So the first "never" after the rate fell to zero,
+// or the cap below the request, holds the key's requests for a quarter of
+// a refresh, not a whole one; a rate or cap that stays so is asked about
+// once a refresh; an unleased region's rate is its static share for good.
 func TestAZeroedRateAsksAgainSoon(t *testing.T) {
 	zeroed := func(g *sluicev1.Grant) {
 		g.RetryAfterMs, g.RegionRate, g.RegionBurst = -1, math.SmallestNonzeroFloat64, 0
@@ -173,6 +173,25 @@ func TestAZeroedRateAsksAgainSoon(t *testing.T) {
 	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, zeroed)
 	if d, act := allow(t, tb, at.Add(510*time.Millisecond), kW, 1); act != ActNone || d.RetryAfter != 500*time.Millisecond {
 		t.Fatalf("a rate that stayed zero: %+v, action %v; want denied, RetryAfter 500ms (a refresh from the answer)", d, act)
+	}
+
+	// A grant that gives the rate back with a cap below the request (the
+	// donors' instances still hold the tokens of their larger caps) is a
+	// zeroed share too: a quarter refresh; a cap that stays below it, a
+	// refresh.
+	tb = newTestTable(t)
+	capped := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate, g.RegionBurst = -1, 134, 0 }
+	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 2)
+	spend(tb, t0.Add(20*time.Millisecond), 2)
+	at = t0.Add(100 * time.Millisecond)
+	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, capped)
+	if d, act := allow(t, tb, at.Add(110*time.Millisecond), kW, 1); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != 150*time.Millisecond {
+		t.Fatalf("after the grant that left a cap of nothing: %+v, action %v; want denied, RetryAfter 150ms (a quarter refresh from the answer)", d, act)
+	}
+	at = at.Add(260 * time.Millisecond)
+	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, capped)
+	if d, act := allow(t, tb, at.Add(510*time.Millisecond), kW, 1); act != ActNone || d.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("a cap that stayed below the request: %+v, action %v; want denied, RetryAfter 500ms (a refresh from the answer)", d, act)
 	}
 
 	tb = newTestTable(t)

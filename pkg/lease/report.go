@@ -604,7 +604,7 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 	if e.pending == r {
 		e.pending = nil
 	}
-	wasLive, wasRate := e.view().live, e.view().regionRate
+	wasLive, wasRate, wasBurst := e.view().live, e.view().regionRate, e.view().regionBurst
 	t.learnLocked(now, e, g)
 	if e.has(rebaseFlag) {
 		e.newLeaseLocked()
@@ -649,16 +649,22 @@ func (t *Table) applyGrant(now, sentAt time.Time, e *entry, r *sluicev1.KeyRepor
 			// RetryNever only for a cost above the configured burst, or
 			// above an unleased region's cap (keyInfo.waitCures).
 			wait = t.opts.Refresh
-			if wasRate >= zeroRate && !(e.view().regionRate >= zeroRate) && !t.unleased.Load() {
-				// The region's rate just fell to zero: a grant moved its
-				// share to other regions, most often before the global
-				// tier heard this region's demand for the key (a key a
-				// region does not report counts as no demand there). The
-				// region reports the key from this grant on, and its
-				// share comes back within a few of the global tier's
-				// answers, well inside a refresh: the key asks again
-				// after neverAfterZeroed of it. A rate that stays zero is
-				// asked about once a refresh, as before.
+			need := float64(e.view().negNeed)
+			zeroed := wasRate >= zeroRate && !(e.view().regionRate >= zeroRate)
+			capped := wasBurst >= need && !(e.view().regionBurst >= need)
+			if (zeroed || capped) && !t.unleased.Load() {
+				// The region's rate just fell to zero, or its cap below
+				// what the request needs: a grant moved its share to
+				// other regions, most often before the global tier heard
+				// this region's demand for the key (a key a region does
+				// not report counts as no demand there), or gave its rate
+				// back before its cap (the cap waits until the donors'
+				// instances hold no more than their new caps). The region
+				// reports the key from this grant on, and its share comes
+				// back within a few of the global tier's answers, well
+				// inside a refresh: the key asks again after
+				// neverAfterZeroed of it. A rate or cap that stays short
+				// is asked about once a refresh, as before.
 				wait = t.opts.Refresh / neverAfterZeroed
 			}
 		} else {
