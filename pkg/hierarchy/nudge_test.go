@@ -127,6 +127,25 @@ func (s *script) takesNudges(when string, want ...string) {
 	}
 }
 
+// aHoldsNinety is the start two tests share: a 100/s key of burst 100
+// over two regions, each reading replacing the estimate (a fall is heard
+// in one report), a reading 150/s and b 10/s until a holds 90/90; the
+// start's nudges (as in TestNudgesMoveCapacityBetweenEpochs) are taken.
+func aHoldsNinety(t *testing.T) *script {
+	t.Helper()
+	s := newScriptWith(t, Options{Regions: twoRegions(), DemandAlpha: 1}, KeyLimit{Rate: 100, Burst: 100})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 150, -1)
+	s.report("b", 6200, 10, -1)
+	s.report("a", 6300, 150, -1)
+	s.report("b", 6310, 10, -1)
+	if g := s.report("a", 6320, 150, -1); g == nil || !near(g.Rate, 90) || !near(g.Burst, 90) {
+		t.Fatalf("a = %+v, want 90/90", g)
+	}
+	s.a.TakeNudges()
+	return s
+}
+
 // TestAcknowledgementNudgesARaisedTarget: the donor's fall is heard in a
 // report of its own, which raises the recipient's target after the
 // recipient's last answer met the target it had then (so that answer was
@@ -134,17 +153,7 @@ func (s *script) takesNudges(when string, want ...string) {
 // capacity is the recipient's: it is nudged although no answer of its own
 // waits for a raise.
 func TestAcknowledgementNudgesARaisedTarget(t *testing.T) {
-	// Each reading replaces the estimate: the fall is heard in one report.
-	s := newScriptWith(t, Options{Regions: twoRegions(), DemandAlpha: 1}, KeyLimit{Rate: 100, Burst: 100})
-	s.a.Allocate(s.at(6000))
-	s.report("a", 6100, 150, -1)
-	s.report("b", 6200, 10, -1)
-	s.report("a", 6300, 150, -1)
-	s.report("b", 6310, 10, -1)
-	if g := s.report("a", 6320, 150, -1); g == nil || !near(g.Rate, 90) {
-		t.Fatalf("a = %+v, want 90", g)
-	}
-	s.a.TakeNudges() // the start's, as in TestNudgesMoveCapacityBetweenEpochs
+	s := aHoldsNinety(t)
 
 	// b's demand rises: its target is 50 while a still reads 150, and a
 	// holds 90, so b's answer is short and a is nudged.
@@ -190,16 +199,7 @@ func TestAcknowledgementNudgesARaisedTarget(t *testing.T) {
 // Before, such a region (its rate back, its cap 0: it admits nothing)
 // waited for its next epoch report.
 func TestBurstShortOfItsTargetIsARaiseToo(t *testing.T) {
-	s := newScriptWith(t, Options{Regions: twoRegions(), DemandAlpha: 1}, KeyLimit{Rate: 100, Burst: 100})
-	s.a.Allocate(s.at(6000))
-	s.report("a", 6100, 150, -1)
-	s.report("b", 6200, 10, -1)
-	s.report("a", 6300, 150, -1)
-	s.report("b", 6310, 10, -1)
-	if g := s.report("a", 6320, 150, 0); g == nil || !near(g.Rate, 90) || !near(g.Burst, 90) {
-		t.Fatalf("a = %+v, want 90/90", g)
-	}
-	s.a.TakeNudges()
+	s := aHoldsNinety(t)
 
 	// b's demand rises: its target is 50/50, a is lowered to 50/50.
 	s.report("b", 6400, 150, -1)

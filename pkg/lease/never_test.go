@@ -161,43 +161,34 @@ func TestAZeroedRateAsksAgainSoon(t *testing.T) {
 			}
 		}
 	}
-	tb := newTestTable(t)
-	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 2)
-	spend(tb, t0.Add(20*time.Millisecond), 2)
-	at := t0.Add(100 * time.Millisecond)
-	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, zeroed)
-	if d, act := allow(t, tb, at.Add(110*time.Millisecond), kW, 1); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != 150*time.Millisecond {
-		t.Fatalf("after the grant that zeroed the rate: %+v, action %v; want denied, RetryAfter 150ms (a quarter refresh from the answer)", d, act)
-	}
-	at = at.Add(260 * time.Millisecond)
-	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, zeroed)
-	if d, act := allow(t, tb, at.Add(510*time.Millisecond), kW, 1); act != ActNone || d.RetryAfter != 500*time.Millisecond {
-		t.Fatalf("a rate that stayed zero: %+v, action %v; want denied, RetryAfter 500ms (a refresh from the answer)", d, act)
-	}
-
 	// A grant that gives the rate back with a cap below the request (the
 	// donors' instances still hold the tokens of their larger caps) is a
-	// zeroed share too: a quarter refresh; a cap that stays below it, a
-	// refresh.
-	tb = newTestTable(t)
+	// zeroed share too.
 	capped := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate, g.RegionBurst = -1, 134, 0 }
-	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 2)
-	spend(tb, t0.Add(20*time.Millisecond), 2)
-	at = t0.Add(100 * time.Millisecond)
-	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, capped)
-	if d, act := allow(t, tb, at.Add(110*time.Millisecond), kW, 1); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != 150*time.Millisecond {
-		t.Fatalf("after the grant that left a cap of nothing: %+v, action %v; want denied, RetryAfter 150ms (a quarter refresh from the answer)", d, act)
-	}
-	at = at.Add(260 * time.Millisecond)
-	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, capped)
-	if d, act := allow(t, tb, at.Add(510*time.Millisecond), kW, 1); act != ActNone || d.RetryAfter != 500*time.Millisecond {
-		t.Fatalf("a cap that stayed below the request: %+v, action %v; want denied, RetryAfter 500ms (a refresh from the answer)", d, act)
+	for _, tc := range []struct {
+		share string
+		grant func(*sluicev1.Grant)
+	}{{"rate zeroed", zeroed}, {"cap below the request", capped}} {
+		tb := newTestTable(t)
+		acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 2)
+		spend(tb, t0.Add(20*time.Millisecond), 2)
+		at := t0.Add(100 * time.Millisecond)
+		acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, tc.grant)
+		if d, act := allow(t, tb, at.Add(110*time.Millisecond), kW, 1); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != 150*time.Millisecond {
+			t.Fatalf("%s by a grant: %+v, action %v; want denied, RetryAfter 150ms (a quarter refresh from the answer)", tc.share, d, act)
+		}
+		at = at.Add(260 * time.Millisecond)
+		acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, tc.grant)
+		if d, act := allow(t, tb, at.Add(510*time.Millisecond), kW, 1); act != ActNone || d.RetryAfter != 500*time.Millisecond {
+			t.Fatalf("%s, and it stayed so: %+v, action %v; want denied, RetryAfter 500ms (a refresh from the answer)", tc.share, d, act)
+		}
 	}
 
-	tb = newTestTable(t)
+	tb := newTestTable(t)
 	unleased := func(g *sluicev1.Grant) { g.Unleased = true }
 	acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 2, unleased)
 	spend(tb, t0.Add(20*time.Millisecond), 2)
+	at := t0.Add(360 * time.Millisecond)
 	acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, zeroed, unleased)
 	if d, act := allow(t, tb, at.Add(510*time.Millisecond), kW, 1); act != ActNone || !d.RetryNever {
 		t.Fatalf("an unleased region's zero rate: %+v, action %v; want denied with RetryNever until a refresh from the answer", d, act)
