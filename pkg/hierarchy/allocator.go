@@ -2078,11 +2078,9 @@ func (a *Allocator) materiallyShort(want, short, limit float64) bool {
 // target burst of a key of limit l: the test on the rate the burst follows
 // (caps follow rates, b_r = b · a_r / r), so that a burst target moved by a
 // demand reading's noise is no more material than the rate target it
-// follows, whatever the key's burst is to its rate.
+// follows, whatever the key's burst is to its rate. A limit's burst is
+// positive (SetLimit refuses any other).
 func (a *Allocator) materiallyShortOfBurst(want, short float64, l *KeyLimit) bool {
-	if !(l.Burst > 0) {
-		return false
-	}
 	perToken := l.Rate / l.Burst
 	return a.materiallyShort(want*perToken, short*perToken, l.Rate)
 }

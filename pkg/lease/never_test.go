@@ -164,20 +164,29 @@ func TestAZeroedRateAsksAgainSoon(t *testing.T) {
 	// A grant that gives the rate back with a cap below the request (the
 	// donors' instances still hold the tokens of their larger caps) is a
 	// zeroed share too.
+	// A never while the cap still holds the request (tokens out in other
+	// leases) is no zeroed share: a refresh.
 	capped := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate, g.RegionBurst = -1, 134, 0 }
+	capOfOne := func(g *sluicev1.Grant) { g.RegionBurst = 1 }
+	neverAtOne := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionBurst = -1, 1 }
 	for _, tc := range []struct {
-		share string
-		grant func(*sluicev1.Grant)
-	}{{"rate zeroed", zeroed}, {"cap below the request", capped}} {
+		share         string
+		before, grant func(*sluicev1.Grant)
+		first         time.Duration
+	}{
+		{"rate zeroed", capOfOne, zeroed, 150 * time.Millisecond},
+		{"cap below the request", capOfOne, capped, 150 * time.Millisecond},
+		{"cap still holding the request", capOfOne, neverAtOne, 900 * time.Millisecond},
+	} {
 		tb := newTestTable(t)
-		acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 2)
-		spend(tb, t0.Add(20*time.Millisecond), 2)
+		acquire(t, tb, t0, t0.Add(10*time.Millisecond), kW, 1, 1, tc.before)
+		spend(tb, t0.Add(20*time.Millisecond), 1)
 		at := t0.Add(100 * time.Millisecond)
 		acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, tc.grant)
-		if d, act := allow(t, tb, at.Add(110*time.Millisecond), kW, 1); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != 150*time.Millisecond {
-			t.Fatalf("%s by a grant: %+v, action %v; want denied, RetryAfter 150ms (a quarter refresh from the answer)", tc.share, d, act)
+		if d, act := allow(t, tb, at.Add(110*time.Millisecond), kW, 1); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != tc.first {
+			t.Fatalf("%s by a grant: %+v, action %v; want denied, RetryAfter %v", tc.share, d, act, tc.first)
 		}
-		at = at.Add(260 * time.Millisecond)
+		at = at.Add(tc.first + 160*time.Millisecond) // past the first never
 		acquire(t, tb, at, at.Add(10*time.Millisecond), kW, 1, 0, tc.grant)
 		if d, act := allow(t, tb, at.Add(510*time.Millisecond), kW, 1); act != ActNone || d.RetryAfter != 500*time.Millisecond {
 			t.Fatalf("%s, and it stayed so: %+v, action %v; want denied, RetryAfter 500ms (a refresh from the answer)", tc.share, d, act)
