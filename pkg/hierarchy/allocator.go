@@ -292,8 +292,8 @@ type regionState struct {
 	lastAnswerAt int64
 	answer       []Grant
 	// raisePending: the latest answer gave some key materially less than
-	// its target, rate or burst, because other regions had yet to
-	// acknowledge smaller grants (see ReportAgain).
+	// its target because other regions had yet to acknowledge smaller
+	// grants (see ReportAgain).
 	raisePending bool
 	unknown      []quota.Key // unknown keys in its latest report, sorted, at most maxUnknownShown
 	unknownN     int
@@ -2046,15 +2046,9 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 			return Grant{}, false
 		}
 	}
-	if a.materiallyShort(wantRate, wantRate-rate, l.Rate) || a.materiallyShortOfBurst(wantBurst, wantBurst-burst, l) {
+	if a.materiallyShort(wantRate, wantRate-rate, l.Rate) {
 		// The donors' acknowledgements will free the rest before the
-		// next epoch. A burst short of its target counts as a rate does:
-		// a region granted its rate with a cap of nothing admits nothing
-		// (its bucket holds at most its cap), and waited for its next
-		// epoch report while the donors' lowered caps were acknowledged
-		// (a donor zeroed before its demand was heard: its rate came
-		// back with a cap of 0, and its instance was denied for a whole
-		// epoch).
+		// next epoch.
 		a.regions[ri].raisePending = true
 		a.nudgeDonors(t, b, ri, sh)
 	}
@@ -2072,17 +2066,6 @@ func (a *Allocator) fencedGrant(t int64, b int32, ri int, sendLB int64, sh *shar
 // standard deviations of one epoch's Poisson count, sqrt(want/epoch)).
 func (a *Allocator) materiallyShort(want, short, limit float64) bool {
 	return short > pendingShortfall*limit && short*short > 9*want*a.perEpochSecond
-}
-
-// materiallyShortOfBurst is materiallyShort for a burst short of want, a
-// target burst of a key of limit l: the test on the rate the burst follows
-// (caps follow rates, b_r = b · a_r / r), so that a burst target moved by a
-// demand reading's noise is no more material than the rate target it
-// follows, whatever the key's burst is to its rate. A limit's burst is
-// positive (SetLimit refuses any other).
-func (a *Allocator) materiallyShortOfBurst(want, short float64, l *KeyLimit) bool {
-	perToken := l.Rate / l.Burst
-	return a.materiallyShort(want*perToken, short*perToken, l.Rate)
 }
 
 // lanesFor sets the rate and burst lanes to the headroom the other regions

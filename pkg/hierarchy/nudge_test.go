@@ -127,25 +127,6 @@ func (s *script) takesNudges(when string, want ...string) {
 	}
 }
 
-// aHoldsNinety is the start two tests share: a 100/s key of burst 100
-// over two regions, each reading replacing the estimate (a fall is heard
-// in one report), a reading 150/s and b 10/s until a holds 90/90; the
-// start's nudges (as in TestNudgesMoveCapacityBetweenEpochs) are taken.
-func aHoldsNinety(t *testing.T) *script {
-	t.Helper()
-	s := newScriptWith(t, Options{Regions: twoRegions(), DemandAlpha: 1}, KeyLimit{Rate: 100, Burst: 100})
-	s.a.Allocate(s.at(6000))
-	s.report("a", 6100, 150, -1)
-	s.report("b", 6200, 10, -1)
-	s.report("a", 6300, 150, -1)
-	s.report("b", 6310, 10, -1)
-	if g := s.report("a", 6320, 150, -1); g == nil || !near(g.Rate, 90) || !near(g.Burst, 90) {
-		t.Fatalf("a = %+v, want 90/90", g)
-	}
-	s.a.TakeNudges()
-	return s
-}
-
 // TestAcknowledgementNudgesARaisedTarget: the donor's fall is heard in a
 // report of its own, which raises the recipient's target after the
 // recipient's last answer met the target it had then (so that answer was
@@ -153,7 +134,17 @@ func aHoldsNinety(t *testing.T) *script {
 // capacity is the recipient's: it is nudged although no answer of its own
 // waits for a raise.
 func TestAcknowledgementNudgesARaisedTarget(t *testing.T) {
-	s := aHoldsNinety(t)
+	// Each reading replaces the estimate: the fall is heard in one report.
+	s := newScriptWith(t, Options{Regions: twoRegions(), DemandAlpha: 1}, KeyLimit{Rate: 100, Burst: 100})
+	s.a.Allocate(s.at(6000))
+	s.report("a", 6100, 150, -1)
+	s.report("b", 6200, 10, -1)
+	s.report("a", 6300, 150, -1)
+	s.report("b", 6310, 10, -1)
+	if g := s.report("a", 6320, 150, -1); g == nil || !near(g.Rate, 90) {
+		t.Fatalf("a = %+v, want 90", g)
+	}
+	s.a.TakeNudges() // the start's, as in TestNudgesMoveCapacityBetweenEpochs
 
 	// b's demand rises: its target is 50 while a still reads 150, and a
 	// holds 90, so b's answer is short and a is nudged.
@@ -186,40 +177,6 @@ func TestAcknowledgementNudgesARaisedTarget(t *testing.T) {
 	s.takesNudges("a acknowledged 10: b's raise is free", "b")
 	if g := s.report("b", 7120, 150, -1); g == nil || !near(g.Rate, 90) {
 		t.Fatalf("b after a's acknowledgement = %+v, want 90", g)
-	}
-	s.takesNudges("b has its target")
-}
-
-// TestBurstShortOfItsTargetIsARaiseToo: a region's answer whose rate meets
-// its target but whose burst falls materially short of it (a donor's
-// instances still hold the tokens of its larger cap, so the fence counts
-// it there) waits for the donor like a short rate does: the donor is
-// nudged to report, and when its report shows it holding no more than its
-// new cap, the region whose burst waits is nudged too (nudgeWaiting).
-// Before, such a region (its rate back, its cap 0: it admits nothing)
-// waited for its next epoch report.
-func TestBurstShortOfItsTargetIsARaiseToo(t *testing.T) {
-	s := aHoldsNinety(t)
-
-	// b's demand rises: its target is 50/50, a is lowered to 50/50.
-	s.report("b", 6400, 150, -1)
-	s.takesNudges("b is short", "a")
-	if g := s.report("a", 6410, 150, 0); g == nil || !near(g.Rate, 50) || !near(g.Burst, 50) {
-		t.Fatalf("a = %+v, want 50/50", g)
-	}
-	// a acknowledges 50/50, but its instances still hold 90 tokens of the
-	// cap before: its rate is freed, its burst still counts at 90.
-	s.report("a", 6420, 150, 90)
-	s.takesNudges("a acknowledged its rate", "b")
-	g := s.report("b", 6430, 150, -1)
-	if g == nil || !near(g.Rate, 50) || g.Burst > 10+1e-9 {
-		t.Fatalf("b = %+v, want its rate 50 with its burst held at 10", g)
-	}
-	s.takesNudges("b's burst is short for want of a's tokens", "a")
-	s.report("a", 6440, 150, 40)
-	s.takesNudges("a holds no more than its cap: b's burst is free", "b")
-	if g := s.report("b", 6450, 150, -1); g == nil || !near(g.Burst, 50) {
-		t.Fatalf("b after a's tokens came down = %+v, want its burst 50", g)
 	}
 	s.takesNudges("b has its target")
 }

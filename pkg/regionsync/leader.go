@@ -444,21 +444,13 @@ func Outcome(g *sluicev1.RegionGrants, installs []Install, applied []bool) Answe
 
 // Round is the sequence of reports of one epoch: the epoch report, an
 // acknowledgement when its answer lowered a grant, then up to MaxCatchUps
-// catch-up reports while an answer says a raise is pending, each followed
-// by an acknowledgement when its answer lowered a grant. A nudged report
-// starts a round like an epoch report; an acknowledgement never triggers
-// one of its own, so a round is at most 2 + 2 × MaxCatchUps reports. A
-// catch-up's lowered grant is acknowledged at once like any other: a
-// region waiting for a raise of one key may be the donor of another (or
-// of the same key's rate while it waits for burst), and a nudge asking it
-// to acknowledge is spent on the catch-up it cuts short (waitToReport);
-// left to the next round, its acknowledgement waited for that round while
-// the region it would free was denied (eu-west at the three-region run's
-// start, 335 ms with its rate at 0). A grant lowers only when it falls by
-// more than LowerTolerance (the allocator's float nudges do not), so a
-// region whose grants hold steady sends one report per epoch; expect two
-// while capacity moves away from it, and up to four more while capacity
-// moves towards it.
+// catch-up reports while an answer says a raise is pending. A nudged
+// report starts a round like an epoch report; an acknowledgement or a
+// catch-up never triggers an acknowledgement of its own. A grant lowers
+// only when it falls by more than LowerTolerance (the allocator's float
+// nudges do not), so a region whose grants hold steady sends one report per
+// epoch; expect two while capacity moves away from it, and up to two more
+// while capacity moves towards it.
 type Round struct {
 	epoch    time.Duration
 	last     Kind
@@ -475,7 +467,7 @@ func NewNudgedRound(epoch time.Duration) *Round { return &Round{epoch: epoch, la
 // report's kind and how long to wait before sending it, or more false when
 // the round is over.
 func (r *Round) Next(a Answer) (kind Kind, wait time.Duration, more bool) {
-	if r.last != Ack && a.Lowered {
+	if (r.last == Epoch || r.last == Nudged) && a.Lowered {
 		r.last = Ack
 		return Ack, 0, true
 	}
