@@ -163,9 +163,8 @@ func TestAZeroedRateAsksAgainSoon(t *testing.T) {
 	}
 	// A grant that gives the rate back with a cap below the request (the
 	// donors' instances still hold the tokens of their larger caps) is a
-	// zeroed share too.
-	// A never while the cap still holds the request (tokens out in other
-	// leases) is no zeroed share: a refresh.
+	// zeroed share too; a never while the cap still holds the request
+	// (tokens out in other leases) is not: a refresh.
 	capped := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionRate, g.RegionBurst = -1, 134, 0 }
 	capOfOne := func(g *sluicev1.Grant) { g.RegionBurst = 1 }
 	neverAtOne := func(g *sluicev1.Grant) { g.RetryAfterMs, g.RegionBurst = -1, 1 }
