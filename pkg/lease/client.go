@@ -166,7 +166,6 @@ type Client struct {
 	m       *metrics
 
 	kick     chan struct{} // buffered 1: a key crossed its low-water mark
-	capHeld  chan struct{} // buffered 1: a key crossed a cap-held mark (Core.RefillWait)
 	stop     chan struct{} // closed by Close
 	loopDone chan struct{}
 	bg       context.Context // parent of background RPCs; cancelled by Close
@@ -239,7 +238,6 @@ func NewClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 		log:       o.Logger,
 		m:         m,
 		kick:      make(chan struct{}, 1),
-		capHeld:   make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		loopDone:  make(chan struct{}),
 		closeDone: make(chan struct{}),
@@ -310,14 +308,6 @@ func (c *Client) kickLoop() {
 	select {
 	case c.kick <- struct{}{}:
 	default:
-	}
-	if c.table.capHeldDue.Load() {
-		// The loop may be holding a kick for the refill spacing: wake
-		// it to hold it only the shorter CapHeldSpacing.
-		select {
-		case c.capHeld <- struct{}{}:
-		default:
-		}
 	}
 }
 
@@ -584,8 +574,10 @@ func (c *Client) loop() {
 	defer expiry.Stop()
 	// Early refills are batched: after one, a kick waits a short spacing
 	// (Core.RefillWait) so a burst of keys crossing their marks shares one
-	// RPC. kick is nil while a kick waits; hold fires when its wait ends.
-	kick := (<-chan struct{})(c.kick)
+	// RPC. waiting: a kick waits; hold fires when its wait ends. A kick
+	// that comes meanwhile works the wait out again: a cap-held crossing
+	// shortens it.
+	var waiting bool
 	var hold <-chan time.Time
 	var holdAt time.Time
 	for {
@@ -596,18 +588,16 @@ func (c *Client) loop() {
 			c.syncAll()
 		case <-falls.C:
 			c.sendEarly(c.core.PrepareFalls(time.Now()))
-		case <-kick:
-			kick = nil
-		case <-c.capHeld:
-			// A cap-held mark crossed: a waiting kick may wait less.
+		case <-c.kick:
+			waiting = true
 		case <-hold:
 			hold = nil
 		case <-expiry.C:
 		}
-		if kick == nil {
+		if waiting {
 			now := time.Now()
 			if w := c.core.RefillWait(now); w <= 0 {
-				kick, hold = c.kick, nil
+				waiting, hold = false, nil
 				c.sendEarly(c.core.PrepareRefill(now))
 			} else if at := now.Add(w); hold == nil || at.Before(holdAt) {
 				hold, holdAt = time.After(w), at
