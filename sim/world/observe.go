@@ -62,9 +62,12 @@ func (r *Region) expired(names []string) {
 			delete(r.isolated, k.id) // gone with the key's TTL: nothing handed out again
 		}
 		if ls := r.crashed[k.id]; len(ls) > 0 && gone[k.rkeys.Bucket] {
-			// Gone with the key's TTL, not reaped: nothing handed out again.
+			// Gone with the key's TTL, not reaped: nothing handed out
+			// again. The TTL ran out because no call came for it, so the
+			// tokens were stranded only as a reaped lease's were: up to
+			// its expiry, or to now if a call after it did not reap it.
 			for _, cl := range ls {
-				r.crashDone(cl)
+				r.crashDoneAt(cl, r.strandedUntil(cl))
 			}
 			delete(r.crashed, k.id)
 		}
@@ -131,15 +134,7 @@ func (r *Region) settleCrashed(k *keyInfo) {
 			}
 			cl.crash.tokens += unspent
 		}
-		// The tokens were stranded from the lease's expiry until the first
-		// script call that reaped them; time in which no call came (nobody
-		// asked for the key here) does not count: the first one reaps
-		// before it reads the bucket.
-		at := r.w.dur()
-		if !cl.stale {
-			at = min(at, max(cl.crash.at, trueTimeOf(cl.last.ExpiryUS, r.offset)))
-		}
-		r.crashDoneAt(cl, at)
+		r.crashDoneAt(cl, r.strandedUntil(cl))
 	}
 	if len(keep) == 0 {
 		delete(r.crashed, k.id)
@@ -149,6 +144,21 @@ func (r *Region) settleCrashed(k *keyInfo) {
 }
 
 func (r *Region) crashDone(cl *crashLease) { r.crashDoneAt(cl, r.w.dur()) }
+
+// strandedUntil is when the tokens of cl, a crashed lease gone from the
+// Model now, stopped being stranded. They were stranded from the lease's
+// expiry until the first script call that reaped them; time in which no
+// call came (nobody asked for the key here) does not count, as the first
+// one reaps before it reads the bucket. So a lease no call saw expired
+// ends at its expiry (or at the crash, when it had already expired);
+// one a call saw expired and left stored (stale) ends now.
+func (r *Region) strandedUntil(cl *crashLease) time.Duration {
+	at := r.w.dur()
+	if !cl.stale {
+		at = min(at, max(cl.crash.at, trueTimeOf(cl.last.ExpiryUS, r.offset)))
+	}
+	return at
+}
 
 func (r *Region) crashDoneAt(cl *crashLease, at time.Duration) {
 	c := cl.crash

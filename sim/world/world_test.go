@@ -197,6 +197,27 @@ func TestCrashErrorOnlyUnderReclaimReported(t *testing.T) {
 	}
 }
 
+func TestReclaimOfAKeyNobodyAsksForAgainEndsAtTheLeaseExpiry(t *testing.T) {
+	// b's instances die for good, and y/read, which only b's users asked
+	// for (far below its share: the leader never reads it), sees no call
+	// again until Redis drops its bucket with its TTL. Its tokens were
+	// stranded for nobody from the lease's expiry on: the reclaim ends
+	// there, as it does for a lease the next call reaps, not when the
+	// bucket's TTL runs out.
+	h := buildFrom(t, base+`  - {tenant: y, class: read, rate: {b: 5/s}}
+faults: [{at: 30500ms, kind: instance-crash, region: b, count: 2}]
+`)
+	h.start()
+	h.until(2 * time.Minute)
+	r := h.orc.Finish(2 * time.Minute)
+	if !r.Pass() {
+		t.Fatalf("invariants: %+v %+v %+v", r.Conformance, r.Rates, r.Bursts)
+	}
+	if r.Reclaim.Crashes != 2 || r.Reclaim.Max > 6*time.Second {
+		t.Fatalf("reclaim %+v, want at most about one lease TTL", r.Reclaim)
+	}
+}
+
 func TestEtcdOutageStopsGrantingWithoutSplitBrain(t *testing.T) {
 	h := build(t, "faults: [{at: 40s, kind: etcd-down, for: 20s}]\n")
 	h.start()
