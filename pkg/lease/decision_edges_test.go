@@ -478,3 +478,28 @@ func TestCheckAnswerAtItsSmallest(t *testing.T) {
 		t.Fatalf("denial after the check: Remaining %d ResetAt %v after; want 0 and now", d.Remaining, d.ResetAt.Sub(t0))
 	}
 }
+
+// TestNoResetTimeBeforeTheRegionAnswers: a denial on a key the region has
+// not answered for yet (Exhausted before any grant) names no reset time:
+// the table knows nothing of the region's bucket, so Decision.ResetAt is
+// zero rather than an instant the table made up. After an answer it is
+// the answer's reset, measured from when the answer was applied.
+func TestNoResetTimeBeforeTheRegionAnswers(t *testing.T) {
+	tb := newTestTable(t)
+	tb.instant(t0.Add(-time.Second)) // the table's zero before the key's first instant
+	d, err := tb.Exhausted(t0, kW, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.ResetAt.IsZero() {
+		t.Fatalf("reset at %v before any answer, want none", d.ResetAt)
+	}
+	acquire(t, tb, t0, t0, kW, 1, 1, func(g *sluicev1.Grant) { g.ResetMs = 1500 })
+	d, err = tb.Exhausted(t0, kW, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := t0.Add(1500 * time.Millisecond); !d.ResetAt.Equal(want) {
+		t.Fatalf("reset at %v after an answer of 1.5 s, want %v", d.ResetAt, want)
+	}
+}
