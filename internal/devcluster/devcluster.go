@@ -323,10 +323,21 @@ func (c *Cluster) startProcess() (*process, error) {
 	}
 	p := &process{etcd: cli, registry: prometheus.NewRegistry(), stopWatch: func() {}}
 	if !c.opts.StaticConfig {
-		p.watcher = configstore.NewWatcher(configstore.NewStore(cli, c.opts.Prefix), c.opts.Config, c.opts.Logger, p.registry)
+		store := configstore.NewStore(cli, c.opts.Prefix)
+		p.watcher = configstore.NewWatcher(store, c.opts.Config, c.opts.Logger, p.registry)
 		var wctx context.Context
 		wctx, p.stopWatch = context.WithCancel(c.ctx)
 		go p.watcher.Run(wctx)
+		// Start on etcd's config, as cmd/regional and cmd/global do, never
+		// on the watcher's fallback (the cluster's first config): a
+		// replica restarted after a config change would serve the old
+		// config until its watch's first read, a drained region its full
+		// static share beside grants sized with it at its floor (seen in
+		// live mode's region-drain, Σ rates 1.25 r).
+		if _, err := configstore.AwaitEtcdConfig(wctx, store, nil, p.watcher, c.opts.Logger); err != nil {
+			p.end()
+			return nil, fmt.Errorf("devcluster: awaiting etcd's config: %w", err)
+		}
 	}
 	return p, nil
 }
