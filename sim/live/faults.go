@@ -225,13 +225,7 @@ func (d *deployment) inject(ctx context.Context, f scenario.Fault) {
 	case scenario.FaultRedisRestart:
 		r.redis.Stop()
 		d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisDown(now, r.idx) })
-		d.after(ctx, lasting, func() {
-			if err := r.redis.Restart(); err != nil {
-				fmt.Fprintf(d.log, "live: restarting Redis of %s: %v\n", r.name, err)
-				return
-			}
-			d.redisUp(r)
-		})
+		d.after(ctx, lasting, func() { d.restartRedis(r) })
 		until = lasting
 	case scenario.FaultRegionDown:
 		label += d.regionDown(ctx, r, f)
@@ -319,11 +313,7 @@ func (d *deployment) regionDown(ctx context.Context, r *liveRegion, f scenario.F
 	}
 	d.after(ctx, ra, func() {
 		if lost {
-			if err := r.redis.Restart(); err != nil {
-				fmt.Fprintf(d.log, "live: restarting Redis of %s: %v\n", r.name, err)
-			} else {
-				d.redisUp(r)
-			}
+			d.restartRedis(r)
 		}
 		r.faults.set(func(t *tierFaults) { t.partitioned = false })
 		for _, g := range globals {
