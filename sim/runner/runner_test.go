@@ -2,9 +2,11 @@ package runner_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -152,36 +154,60 @@ func TestChaosHourSoak(t *testing.T) {
 // chaos (TestChaosHourSoak plays its hour) whole, at SLUICE_SEEDS seeds
 // (default 20) from SLUICE_FIRST_SEED (default 100, away from the seeds
 // the scenarios and the other tests use), SLUICE_SOAK=1 only (`make
-// soak`): each must hold the invariants and meet its targets at every
-// seed, as `make test` checks them at one. A run in this shape found a
-// reclaim measured to a bucket's TTL instead of its lease's expiry
-// (sim/world strandedUntil).
+// soak`). Every run must hold the invariants, as `make test` checks them
+// at one seed. The targets are what a scenario promises of its default
+// seed; some are tails of a distribution over seeds (demand-shift's
+// convergence in 2 epochs is 3 at about one seed in 30), so a target
+// missed is listed, and the test fails when more than one run in 100
+// misses one. A run in this shape found a reclaim measured to a bucket's
+// TTL instead of its lease's expiry (sim/world strandedUntil): 2 misses
+// in 90 runs.
 func TestShippedScenariosAcrossSeedsSoak(t *testing.T) {
 	if os.Getenv("SLUICE_SOAK") == "" {
 		t.Skip("set SLUICE_SOAK=1 to play the shipped scenarios over many seeds")
 	}
 	seeds := envcount.Get(t, "SLUICE_SEEDS", 20, 1)
 	first := envcount.Get(t, "SLUICE_FIRST_SEED", 100, 1)
-	for _, name := range scenarios.Names() {
-		if name == "chaos" {
-			continue
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			sc, err := scenarios.Load(name)
-			if err != nil {
-				t.Fatal(err)
+	var mu sync.Mutex
+	var runs int
+	var missed []string
+	t.Run("scenarios", func(t *testing.T) {
+		for _, name := range scenarios.Names() {
+			if name == "chaos" {
+				continue
 			}
-			for seed := uint64(first); seed < uint64(first+seeds); seed++ {
-				out, err := runner.Run(sc, runner.Options{Seed: seed})
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				sc, err := scenarios.Load(name)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !out.Pass() {
-					t.Errorf("seed %d:\n%s", seed, report.Summary(out))
+				for seed := uint64(first); seed < uint64(first+seeds); seed++ {
+					out, err := runner.Run(sc, runner.Options{Seed: seed})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !out.InvariantsHold() {
+						t.Errorf("seed %d broke an invariant:\n%s", seed, report.Summary(out))
+					}
+					mu.Lock()
+					runs++
+					for _, c := range out.Checks {
+						if c.Failed() && !c.Invariant {
+							missed = append(missed, fmt.Sprintf("%s seed %d: %s %s (target %s)", name, seed, c.Name, c.Value, c.Target))
+						}
+					}
+					mu.Unlock()
 				}
-			}
-		})
+			})
+		}
+	})
+	slices.Sort(missed)
+	for _, m := range missed {
+		t.Logf("target missed: %s", m)
+	}
+	if allowed := (runs + 99) / 100; len(missed) > allowed {
+		t.Errorf("%d targets missed in %d runs, more than %d (one run in 100)", len(missed), runs, allowed)
 	}
 }
 
