@@ -50,27 +50,17 @@ func (d *deployment) tellStaticLocked(region int, untilUS int64) {
 }
 
 // restartRedis brings r's Redis back, empty, telling the oracle first
-// (redisUp): the region's leader may install a grant into the new Redis
-// the moment it answers, before Restart has seen it answer, and a loss
-// told after that grant wiped it from the oracle's books, which then
-// counted the region at its static share beside it (seen: retries at seed
-// 8, Σ 1.23 r). Told first, the region counts at its floors for the
-// moments Redis takes to start, where it refills nothing: more, never
-// less, than it uses.
+// (oracle.RedisUp: its grants and its static lease are gone): the
+// region's leader may install a grant into the new Redis the moment it
+// answers, before Restart has seen it answer, and a loss told after that
+// grant wiped it from the oracle's books, which then counted the region
+// at its static share beside it (seen: retries at seed 8, Σ 1.23 r).
+// Told first, the region counts at its floors for the moments Redis takes
+// to start, where it refills nothing: more, never less, than it uses. The
+// next static lease end its leader stores, and every grant a state read
+// finds held, are reported whatever was reported before.
 func (d *deployment) restartRedis(r *liveRegion) {
-	d.redisUp(r)
-	if err := r.redis.Restart(); err != nil {
-		fmt.Fprintf(d.log, "live: restarting Redis of %s: %v\n", r.name, err)
-	}
-}
-
-// redisUp tells the oracle that r's Redis is back, empty: its grants and
-// its static lease are gone (oracle.RedisUp), and the next end its leader
-// stores, and every grant a state read finds held, are reported whatever
-// was reported before.
-func (d *deployment) redisUp(r *liveRegion) {
 	d.grantMu.Lock()
-	defer d.grantMu.Unlock()
 	delete(d.staticEnd, r.idx)
 	for k := range d.seen {
 		if k[0] == r.idx {
@@ -78,4 +68,8 @@ func (d *deployment) redisUp(r *liveRegion) {
 		}
 	}
 	d.rec.do(func(o *oracle.Oracle, now time.Duration) { o.RedisUp(now, r.idx) })
+	d.grantMu.Unlock()
+	if err := r.redis.Restart(); err != nil {
+		fmt.Fprintf(d.log, "live: restarting Redis of %s: %v\n", r.name, err)
+	}
 }
