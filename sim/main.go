@@ -49,6 +49,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	list := fs.Bool("list", false, "list the shipped scenarios and exit")
 	liveMode := fs.Bool("live", false, "play the scenario against real daemons (embedded etcd, redis-server or an embedded Redis, gRPC on loopback)")
 	scale := fs.Float64("scale", live.DefaultScale, "live mode: virtual seconds per wall second (refused without -live)")
+	daemonLog := fs.String("daemon-log", "", "live mode: file the daemons' own structured logs are written to, replacing it (elections, failed syncs, outages; refused without -live)")
 	showVersion := fs.Bool(flagenv.VersionFlag, false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -74,7 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	scaleSet, seedSet := false, false
 	fs.Visit(func(f *flag.Flag) {
-		scaleSet = scaleSet || f.Name == "scale"
+		scaleSet = scaleSet || f.Name == "scale" || f.Name == "daemon-log"
 		seedSet = seedSet || f.Name == "seed"
 	})
 	if seedSet && *seed == 0 {
@@ -82,7 +83,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if scaleSet && !*liveMode {
-		fmt.Fprintf(stderr, "sim: -scale only applies to -live (virtual mode runs as fast as it can); add -live or drop -scale\n")
+		fmt.Fprintf(stderr, "sim: -scale and -daemon-log only apply to -live (virtual mode runs as fast as it can, with no daemons); add -live or drop them\n")
 		return exitUsage
 	}
 	if !(*scale > 0) || math.IsInf(*scale, 1) {
@@ -143,7 +144,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts := runner.Options{Seed: *seed, Duration: *duration}
 	var o *runner.Outcome
 	if *liveMode {
-		o, err = live.Run(ctx, sc, live.Options{Options: opts, Scale: *scale, Log: stderr})
+		lo := live.Options{Options: opts, Scale: *scale, Log: stderr}
+		if *daemonLog != "" {
+			f, err := os.Create(*daemonLog)
+			if err != nil {
+				fmt.Fprintf(stderr, "sim: -daemon-log: %v\n", err)
+				return exitUsage
+			}
+			defer f.Close()
+			lo.DaemonLog = f
+		}
+		o, err = live.Run(ctx, sc, lo)
 	} else {
 		o, err = runner.Run(sc, opts)
 	}

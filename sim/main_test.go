@@ -166,10 +166,20 @@ func TestUnknownScenarioListsEveryShipped(t *testing.T) {
 }
 
 func TestBadUsageExitsTwo(t *testing.T) {
-	for _, args := range [][]string{{"-nope"}, {"-scenario", "atlantis"}, {"extra"}, {"-duration", "-5s"}, {"-scale", "4"}, {"-seed", "0"}} {
+	for _, args := range [][]string{{"-nope"}, {"-scenario", "atlantis"}, {"extra"}, {"-duration", "-5s"}, {"-scale", "4"}, {"-daemon-log", "daemons.log"}, {"-seed", "0"}} {
 		if code, _, stderr := runArgs(t, args...); code != exitUsage || stderr == "" {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
 		}
+	}
+}
+
+// TestDaemonLogThatCannotBeWrittenIsRefused: live mode's -daemon-log is
+// opened before any daemon starts; a path that cannot be written is bad
+// usage naming the flag.
+func TestDaemonLogThatCannotBeWrittenIsRefused(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "missing", "daemons.log")
+	if code, out, stderr := runArgs(t, "-live", "-daemon-log", log, "-duration", "1m"); code != exitUsage || out != "" || !strings.Contains(stderr, "-daemon-log") {
+		t.Errorf("-daemon-log %s: exit %d, stdout %q, stderr %q", log, code, out, stderr)
 	}
 }
 
