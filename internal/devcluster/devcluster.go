@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluicehq/sluice/internal/embedetcd"
+	"github.com/sluicehq/sluice/internal/etcdflags"
 	"github.com/sluicehq/sluice/internal/redisproc"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -298,6 +299,9 @@ func (c *Cluster) etcdClient() (*clientv3.Client, error) {
 		Endpoints:   []string{c.etcdAddr},
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(), // the etcd client logs retries of cancelled calls at shutdown
+		// The daemons' own reconnect policy: live mode's etcd outage
+		// measures what the daemons do when etcd comes back.
+		DialOptions: etcdflags.DialOptions(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("devcluster: etcd client: %w", err)

@@ -10,12 +10,48 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
 // DialTimeout bounds connecting to etcd.
 const DialTimeout = 10 * time.Second
+
+// MaxReconnectDelay caps the wait between two attempts of a daemon's
+// etcd client to reach etcd again after losing it (Reconnect).
+const MaxReconnectDelay = time.Second
+
+// Reconnect is how a daemon's etcd client dials etcd again after losing
+// it: gRPC's backoff (1 s, 1.6 times longer after each failed attempt,
+// ±20%) capped at MaxReconnectDelay, and its 20 s connect timeout, as
+// lease.ConnectParams does for the regional service.
+//
+// Uncapped, the backoff grows to two minutes, so a client reached etcd
+// again long after etcd was back: 10.5 s after a 30 s outage
+// (BENCHMARKS.md, "etcd back: how soon the daemons see it"). Everything a
+// region runs on after an etcd outage waits for that dial: its leader's
+// session and election, its report to a global leader that needs its own
+// election, and the etcd rule of the static lease (no global leader: the
+// lease is extended). With the default region_lease of a minute, an outage
+// of 40 s and a client that came back 20 s late put every region on its
+// floor although etcd was back (docs/architecture.md, "The static
+// lease"). An attempt a second costs etcd nothing.
+var Reconnect = grpc.ConnectParams{
+	Backoff: func() backoff.Config {
+		b := backoff.DefaultConfig
+		b.MaxDelay = MaxReconnectDelay
+		return b
+	}(),
+	MinConnectTimeout: 20 * time.Second,
+}
+
+// DialOptions are the gRPC options of every etcd client a daemon makes
+// (Reconnect).
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithConnectParams(Reconnect)}
+}
 
 // Access is how a command authenticates to etcd. Every field is optional:
 // CA enables TLS (Cert and Key then present a client certificate),
@@ -44,6 +80,7 @@ func (a *Access) Client(endpoints []string) (*clientv3.Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: endpoints, DialTimeout: DialTimeout, TLS: tls,
 		Username: a.Username, Password: a.Password, Logger: zap.NewNop(),
+		DialOptions: DialOptions(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)

@@ -1,9 +1,13 @@
 package etcdflags
 
 import (
+	"context"
 	"flag"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/etcdtest"
 )
 
 func TestRegisterAndClientErrors(t *testing.T) {
@@ -19,4 +23,49 @@ func TestRegisterAndClientErrors(t *testing.T) {
 	if _, err := a.Client([]string{"127.0.0.1:1"}); err == nil || !strings.HasPrefix(err.Error(), "etcd: ") {
 		t.Fatalf("a CA that cannot be read: %v, want an etcd: error naming it", err)
 	}
+}
+
+// TestClientRedialsEtcdSoonAfterALongOutage: a daemon's etcd client that
+// lost etcd for many attempts reaches it again within a few of
+// Reconnect's longest waits once it is back. With gRPC's default backoff
+// the wait after the sixth failed attempt is about ten seconds (1 s ×
+// 1.6^5), and grows with the outage, so every region waited that long for
+// its leader, its reports and the etcd rule of its static lease after
+// etcd returned.
+func TestClientRedialsEtcdSoonAfterALongOutage(t *testing.T) {
+	srv := etcdtest.Start(t)
+	link := srv.Link(t)
+	cli, err := (&Access{}).Client(link.Endpoints())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	// Cut until the client failed to reach etcd six times: with Reconnect
+	// that takes about six seconds, with gRPC's default about seventeen,
+	// and its next attempt comes about ten seconds later.
+	link.Cut()
+	const attempts = 6
+	deadline := time.Now().Add(time.Minute)
+	for link.Refused() < attempts {
+		if time.Now().After(deadline) {
+			t.Fatalf("the client tried to reach etcd only %d times in a minute", link.Refused())
+		}
+		// A call keeps the client dialing, as a daemon's session does.
+		c, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		cli.Get(c, "k")
+		cancel()
+	}
+	link.Mend()
+	back := time.Now()
+	wait := 5 * MaxReconnectDelay
+	c, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if _, err := cli.Get(c, "k"); err != nil {
+		t.Fatalf("after %d failed attempts the client did not reach etcd within %v of its return: %v", attempts, wait, err)
+	}
+	t.Logf("reached etcd %v after it was back, %d attempts refused", time.Since(back).Round(time.Millisecond), link.Refused())
 }

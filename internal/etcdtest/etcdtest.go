@@ -144,9 +144,10 @@ type Link struct {
 	wg  sync.WaitGroup // counts the accept loop and forwarding goroutines
 
 	// Guarded by srv.mu.
-	cut    bool
-	closed bool
-	conns  map[net.Conn]struct{}
+	cut     bool
+	closed  bool
+	refused int // connections refused while cut
+	conns   map[net.Conn]struct{}
 	// hold is non-nil while the link hangs: forwarding waits for it to
 	// close before it passes on another byte.
 	hold chan struct{}
@@ -219,6 +220,14 @@ func (l *Link) Cut() {
 	for _, c := range conns {
 		c.Close()
 	}
+}
+
+// Refused is how many connections the link refused while cut: each is one
+// attempt of a client to reach etcd again.
+func (l *Link) Refused() int {
+	l.srv.mu.Lock()
+	defer l.srv.mu.Unlock()
+	return l.refused
 }
 
 // Hang keeps every connection through the link open but lets no byte pass
@@ -331,6 +340,9 @@ func (l *Link) forward(client net.Conn) {
 	s := l.srv
 	s.mu.Lock()
 	backend, gen, refuse := s.backend, s.gen, l.cut || l.closed
+	if l.cut {
+		l.refused++
+	}
 	s.mu.Unlock()
 	if refuse || backend == "" {
 		client.Close()
