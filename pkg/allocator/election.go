@@ -118,14 +118,8 @@ func (e *elector) session(ctx context.Context) (led bool, err error) {
 	}
 	// Campaign also returns when this replica's own key vanished with a
 	// lapsed lease; only a key still held under our lease means we won.
-	vctx, cancel := context.WithTimeout(sctx, e.ttl)
-	resp, err := e.cli.Get(vctx, el.Key())
-	cancel()
-	if err != nil {
-		return false, fmt.Errorf("check the election key: %w", err)
-	}
-	if len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) != lease.ID {
-		return false, errors.New("election key lost while campaigning")
+	if err := election.Confirm(sctx, e.cli, el, lease.ID, e.ttl); err != nil {
+		return false, err
 	}
 	// Read after winning: a previous leader's last write of the set either
 	// landed before (read here) or found its election key gone (refused).

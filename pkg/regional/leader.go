@@ -186,6 +186,9 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	if err := election.Campaign(ctx, el, l.opts.Identity); err != nil {
 		return fmt.Errorf("campaign %s: %w", key, err)
 	}
+	if err := election.Confirm(ctx, l.opts.Etcd, el, sess.Lease(), l.opts.SessionTTL); err != nil {
+		return fmt.Errorf("campaign %s: %w", key, err)
+	}
 	l.s.log.Info("region leader elected", "region", l.s.opts.Region, "identity", l.opts.Identity)
 	l.setLeading(true)
 	defer l.setLeading(false)

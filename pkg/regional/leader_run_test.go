@@ -27,47 +27,9 @@ func TestRegionLeadershipPassesWhenTheLeaderStops(t *testing.T) {
 	ctx := context.Background()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	cfg := weightsConfig(t, 1, 1)
-	d := startLeadingAllocator(ctx, t, cli, "/lp", configtest.NewSource(cfg, 1))
-	rdb := redistest.Start(t).Client()
-	type replica struct {
-		l    *regional.Leader
-		reg  *prometheus.Registry
-		stop func()
-	}
-	start := func(identity string) *replica {
-		reg := prometheus.NewRegistry()
-		srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Registerer: reg})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(srv.Close)
-		l, err := regional.NewLeader(srv, regional.LeaderOptions{
-			Etcd: cli, ElectionPrefix: "/lp/election/", Global: serviceTier{d.Service}, Identity: identity,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); l.Run(rctx) }()
-		r := &replica{l: l, reg: reg, stop: func() { cancel(); <-done }}
-		t.Cleanup(r.stop)
-		return r
-	}
-	// Elections take a few session TTLs at most, however starved.
-	const sessionTTL = 5 * time.Second
-	waitLeading := func(r *replica, want bool) {
-		t.Helper()
-		select {
-		case got := <-r.l.Leading():
-			if got != want {
-				t.Fatalf("Leading said %v, want %v", got, want)
-			}
-		case <-time.After(10 * sessionTTL):
-			t.Fatalf("Leading said nothing in %v, want %v", 10*sessionTTL, want)
-		}
-	}
+	start := replicaStarter(ctx, t, cli, "/lp")
+	waitLeading := func(r *leaderReplica, want bool) { t.Helper(); awaitLeading(t, r, want) }
+	const sessionTTL = 5 * time.Second // the default
 
 	a := start("eu-a")
 	waitLeading(a, true)
@@ -220,5 +182,111 @@ func TestRegionLeaderWhoseSessionEndsCampaignsAgain(t *testing.T) {
 	<-standbyDone
 	if sl.IsLeading() || standbyLogs.String() != "" {
 		t.Errorf("a standby stopped while campaigning: leading %v, logged\n%s", sl.IsLeading(), standbyLogs)
+	}
+}
+
+// leaderReplica is one replica of region eu with its leader loop running.
+type leaderReplica struct {
+	l    *regional.Leader
+	reg  *prometheus.Registry
+	stop func()
+}
+
+// replicaStarter returns a function that starts replicas of region eu
+// (weights 1:1 with another region) on one redis-server, each with its
+// own registry and leader loop under prefix, beside a leading allocator;
+// each stops at t's cleanup if not before.
+func replicaStarter(ctx context.Context, t *testing.T, cli *clientv3.Client, prefix string) func(identity string) *leaderReplica {
+	t.Helper()
+	cfg := weightsConfig(t, 1, 1)
+	d := startLeadingAllocator(ctx, t, cli, prefix, configtest.NewSource(cfg, 1))
+	rdb := redistest.Start(t).Client()
+	return func(identity string) *leaderReplica {
+		t.Helper()
+		reg := prometheus.NewRegistry()
+		srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Registerer: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		l, err := regional.NewLeader(srv, regional.LeaderOptions{
+			Etcd: cli, ElectionPrefix: prefix + "/election/", Global: serviceTier{d.Service}, Identity: identity,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); l.Run(rctx) }()
+		r := &leaderReplica{l: l, reg: reg, stop: func() { cancel(); <-done }}
+		t.Cleanup(r.stop)
+		return r
+	}
+}
+
+// awaitLeading waits for r's Leading to say want; elections take a few
+// session TTLs (the default 5 s) at most, however starved.
+func awaitLeading(t *testing.T, r *leaderReplica, want bool) {
+	t.Helper()
+	const sessionTTL = 5 * time.Second
+	select {
+	case got := <-r.l.Leading():
+		if got != want {
+			t.Fatalf("Leading said %v, want %v", got, want)
+		}
+	case <-time.After(10 * sessionTTL):
+		t.Fatalf("Leading said nothing in %v, want %v", 10*sessionTTL, want)
+	}
+}
+
+// TestARegionReplicaWhoseKeyWentWhileWaitingDoesNotLead: a replica waiting
+// behind the region's leader loses its session's lease (as one that lapsed
+// during an etcd outage does, once etcd is back); when the leader stops,
+// etcd's Campaign returns for it all the same. It must not lead on a key
+// it no longer holds: after an etcd outage two replicas of one region both
+// said they were elected. It campaigns again and leads under a key etcd
+// holds.
+func TestARegionReplicaWhoseKeyWentWhileWaitingDoesNotLead(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	start := replicaStarter(ctx, t, cli, "/kw")
+	const pfx = "/kw/election/region/eu/"
+	a := start("eu-a")
+	awaitLeading(t, a, true)
+	b := start("eu-b")
+	// b's key is the later of the two once it campaigns.
+	deadline := time.Now().Add(time.Minute)
+	var keys *clientv3.GetResponse
+	for {
+		var err error
+		if keys, err = cli.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)); err != nil {
+			t.Fatal(err)
+		}
+		if len(keys.Kvs) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("eu-b never campaigned: %d election keys", len(keys.Kvs))
+		}
+		time.Sleep(10 * time.Millisecond) // polling etcd; the deadline is above
+	}
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(keys.Kvs[1].Lease)); err != nil {
+		t.Fatal(err)
+	}
+	a.stop()
+	awaitLeading(t, b, true)
+	// Read at once: a replica that took the lead on its revoked lease
+	// holds no key (it learns its session ended only later, then waits
+	// before campaigning again).
+	held, err := cli.Get(ctx, pfx, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(held.Kvs) != 1 || string(held.Kvs[0].Value) != "eu-b" {
+		t.Fatalf("eu-b leads, and eu's election holds %d keys, want eu-b's alone", len(held.Kvs))
+	}
+	if held.Kvs[0].Lease == keys.Kvs[1].Lease {
+		t.Fatalf("eu-b leads under the lease that was revoked")
 	}
 }
