@@ -292,7 +292,13 @@
 // hits_addend) itself too, into the message proto.Unmarshal would make of
 // them, held in a block reused from call to call, with one allocation for
 // the request's strings instead of a dozen allocations; any other request
-// is read by proto.Unmarshal. The server's unary interceptors
+// is read by proto.Unmarshal, and one it refuses only because a string
+// (the domain, an entry's key or value) is not UTF-8 is read with that
+// string's bytes: a header value is whatever bytes the client sent, Envoy
+// passes them on, and such a value is a tenant of its own (a digest)
+// like any other, where an error before the handler (Internal) let the
+// request through Envoy unlimited. Only RegisterEncoded reads so;
+// Register's server decodes with gRPC's codec. The server's unary interceptors
 // (cmd/regional's authorization and bounds) still see every request as a
 // message and may refuse it, but must not keep it past the call (its
 // strings they may); the answer passes them in wire form.

@@ -176,7 +176,17 @@ func (c answerCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if read {
 		return nil
 	}
-	return c.proto.Unmarshal(data, &rb.req)
+	err := c.proto.Unmarshal(data, &rb.req)
+	if err == nil {
+		return nil
+	}
+	// A string that is not UTF-8 (readLenient); anything proto.Unmarshal
+	// refuses for another reason readLenient refuses too.
+	rb.req = rlsv3.RateLimitRequest{}
+	if readLenient(data.Materialize(), &rb.req) != nil {
+		return err
+	}
+	return nil
 }
 
 func (c answerCodec) Name() string { return c.proto.Name() }
