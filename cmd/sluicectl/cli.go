@@ -132,7 +132,8 @@ type globalFlags struct {
 	// etcdPrefix is the key prefix of the config and elections. Optional,
 	// default "/sluice".
 	etcdPrefix string
-	// globalAddr is host:port of any global allocator replica, for status.
+	// globalAddr is host:port of global allocator replicas, comma
+	// separated as cmd/regional takes them (globalAddrs), for status.
 	// Optional; default the global leader's address found in etcd.
 	globalAddr string
 	// timeout bounds each etcd or gRPC step. Optional, default 10s.
@@ -160,7 +161,7 @@ func defaultGlobalFlags() globalFlags {
 func (g *globalFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.etcdEndpoints, "etcd-endpoints", g.etcdEndpoints, "etcd endpoints, comma separated (host:port or URL)")
 	fs.StringVar(&g.etcdPrefix, "etcd-prefix", g.etcdPrefix, "etcd key prefix of the config and leader elections")
-	fs.StringVar(&g.globalAddr, "global-addr", g.globalAddr, "host:port of any global allocator replica, for status (default: the global leader found in etcd)")
+	fs.StringVar(&g.globalAddr, "global-addr", g.globalAddr, "host:port of global allocator replicas, comma separated (as cmd/regional's -global-addr), asked in turn for status until one answers (default: the global leader found in etcd)")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "time limit of each etcd or gRPC step")
 	fs.StringVar(&g.etcdCA, "etcd-ca", g.etcdCA, "CA certificate (PEM) to verify etcd; turns on TLS to etcd")
 	fs.StringVar(&g.etcdCert, "etcd-cert", g.etcdCert, "client certificate (PEM) for etcd; needs -etcd-key")

@@ -110,14 +110,17 @@ func (a *app) silentRegion(ctx context.Context, region string) *regionView {
 			return nil
 		}
 	}
-	addr := a.g.globalAddr
-	if addr == "" && rep.GlobalLeader != nil {
-		addr = rep.GlobalLeader.Addr
-	}
-	if addr == "" {
+	addrs, err := a.globalAddrs()
+	if err != nil {
 		return nil
 	}
-	if err := a.askGlobal(ctx, addr, 1, &rep); err != nil || rep.Global == nil || !rep.Global.AnsweredByLeader {
+	if len(addrs) == 0 && rep.GlobalLeader != nil {
+		addrs = []string{rep.GlobalLeader.Addr}
+	}
+	if len(addrs) == 0 {
+		return nil
+	}
+	if err := a.askFirst(ctx, addrs, 1, &rep); err != nil || rep.Global == nil || !rep.Global.AnsweredByLeader {
 		return nil
 	}
 	for i := range rep.Global.Regions {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"slices"
 	"sort"
 	"strconv"
@@ -176,7 +177,11 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 		if *format != "text" && *format != "json" {
 			return exitf(exitUsage, "-o %q: want text or json", *format)
 		}
-		if len(a.g.endpoints()) == 0 && a.g.globalAddr == "" {
+		addrs, err := a.globalAddrs()
+		if err != nil {
+			return err
+		}
+		if len(a.g.endpoints()) == 0 && len(addrs) == 0 {
 			return exitf(exitUsage, "status needs etcd (-etcd-endpoints, %s) or a global allocator (-global-addr, %s)",
 				flagenv.EnvName(envPrefix, "etcd-endpoints"), flagenv.EnvName(envPrefix, "global-addr"))
 		}
@@ -194,20 +199,19 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 				return err
 			}
 		}
-		rep.GlobalAddr = a.g.globalAddr
-		if rep.GlobalAddr == "" && rep.GlobalLeader != nil {
-			rep.GlobalAddr = rep.GlobalLeader.Addr
+		if len(addrs) == 0 && rep.GlobalLeader != nil {
+			addrs = []string{rep.GlobalLeader.Addr}
 		}
 		switch {
-		case rep.GlobalAddr == "" && rep.EtcdError != "":
+		case len(addrs) == 0 && rep.EtcdError != "":
 			// etcd was not read: nothing is known of a global leader.
 			rep.GlobalError = fmt.Sprintf("no global allocator to ask: the global leader is unknown because etcd could not be read; give -global-addr (%s) of a replica",
 				flagenv.EnvName(envPrefix, "global-addr"))
-		case rep.GlobalAddr == "":
+		case len(addrs) == 0:
 			rep.GlobalError = fmt.Sprintf("no global allocator to ask: etcd shows no global leader; give -global-addr (%s) of a replica, or start cmd/global",
 				flagenv.EnvName(envPrefix, "global-addr"))
 		default:
-			if err := a.askGlobal(ctx, rep.GlobalAddr, int32(*top), &rep); err != nil {
+			if err := a.askFirst(ctx, addrs, int32(*top), &rep); err != nil {
 				return err
 			}
 		}
@@ -498,6 +502,55 @@ func (a *app) askGlobal(ctx context.Context, addr string, top int32, rep *status
 	return nil
 }
 
+// globalAddrs is -global-addr split at its commas, each address host:port
+// ("{shard}" in it, which cmd/regional reads as a shard's number, stands
+// for shard 0, whose allocator status asks first); nil when it is not
+// given. One that is not host:port is a usage error naming it.
+func (a *app) globalAddrs() ([]string, error) {
+	if strings.TrimSpace(a.g.globalAddr) == "" {
+		return nil, nil
+	}
+	var addrs []string
+	for _, s := range strings.Split(a.g.globalAddr, ",") {
+		addr := strings.ReplaceAll(strings.TrimSpace(s), "{shard}", "0")
+		if _, _, err := net.SplitHostPort(addr); err != nil || addr == "" {
+			return nil, exitf(exitUsage, "-global-addr (%s) %q: %q is not host:port; give one address, or several separated by commas",
+				flagenv.EnvName(envPrefix, "global-addr"), a.g.globalAddr, strings.TrimSpace(s))
+		}
+		addrs = append(addrs, addr)
+	}
+	return addrs, nil
+}
+
+// givenGlobal reports whether addr is one of -global-addr's.
+func (a *app) givenGlobal(addr string) bool {
+	addrs, _ := a.globalAddrs()
+	return slices.Contains(addrs, addr)
+}
+
+// askFirst asks the global allocators at addrs in turn (askGlobal) until
+// one answers, or refuses this client (the others would too). rep then
+// holds that answer; when none answers, the failure of each, in order.
+func (a *app) askFirst(ctx context.Context, addrs []string, top int32, rep *statusReport) error {
+	var failures []string
+	for i, addr := range addrs {
+		try := *rep
+		try.GlobalAddr = addr
+		if err := a.askGlobal(ctx, addr, top, &try); err != nil {
+			return err
+		}
+		if try.Global != nil || try.refused || i == len(addrs)-1 {
+			if try.Global == nil && len(failures) > 0 {
+				try.GlobalError = strings.Join(append(failures, try.GlobalError), "\n")
+			}
+			*rep = try
+			return nil
+		}
+		failures = append(failures, try.GlobalError)
+	}
+	return nil
+}
+
 // askReplica calls AllocatorService.Status on one replica at addr. A
 // failure to reach it, or its refusal, is recorded in rep and the answer
 // is nil.
@@ -551,7 +604,7 @@ func (a *app) unreachableGlobal(addr string, err error) string {
 		why = "it cannot be reached: " + transportCause(status.Convert(err).Message())
 	}
 	next := fmt.Sprintf("or give -global-addr (%s) of a global allocator replica that is up", flagenv.EnvName(envPrefix, "global-addr"))
-	if addr == a.g.globalAddr {
+	if a.givenGlobal(addr) {
 		next = fmt.Sprintf("or check -global-addr (%s): a global allocator must run there (leave it out to ask the leader etcd names)",
 			flagenv.EnvName(envPrefix, "global-addr"))
 	}

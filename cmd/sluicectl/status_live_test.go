@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/pkg/config"
 )
 
@@ -50,6 +51,27 @@ func TestStatusAgainstRealDaemons(t *testing.T) {
 	// The default config's other regions run nowhere: never heard from.
 	if !strings.Contains(out, "SILENT (never heard") && !strings.Contains(out, "DEGRADED (silent)") {
 		t.Errorf("status shows no silent region:\n%s", out)
+	}
+
+	// -global-addr as cmd/regional takes it, comma separated: the
+	// addresses are asked in turn until one answers.
+	dead := grpctest.RefusedAddr(t)
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-etcd-endpoints", endpoint, "-global-addr", dead + ", " + c.GlobalAddrs()[0], "status"},
+		strings.NewReader(""), &stdout, &stderr)
+	if code != exitOK || !regexpLine(stdout.String(), "global allocator:", c.GlobalAddrs()[0]) {
+		t.Errorf("status with -global-addr %s,%s: exit %d, want %d and the allocation from the second:\n%s\n%s",
+			dead, c.GlobalAddrs()[0], code, exitOK, stdout.String(), stderr.String())
+	}
+	// An address that is not host:port is bad usage naming it, before
+	// anything is asked.
+	stdout.Reset()
+	stderr.Reset()
+	code = run(context.Background(), []string{"-etcd-endpoints", endpoint, "-global-addr", c.GlobalAddrs()[0] + ";" + dead, "status"},
+		strings.NewReader(""), &stdout, &stderr)
+	if code != exitUsage || !strings.Contains(stderr.String(), "is not host:port") || stdout.Len() > 0 {
+		t.Errorf("status with -global-addr %q: exit %d, stdout %q, stderr %q; want %d naming the address",
+			c.GlobalAddrs()[0]+";"+dead, code, stdout.String(), stderr.String(), exitUsage)
 	}
 }
 

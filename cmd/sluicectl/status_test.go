@@ -73,6 +73,11 @@ func TestStatusWithoutGlobalAllocatorShowsEtcdLeadersAndExits5(t *testing.T) {
 	wantRow(t, r.stdout, "mars", "10.9.0.1:7400", "1", "not", "in", "the", "config")
 	wantContains(t, "stdout", r.stdout, "global allocator "+dead+": unreachable")
 	wantContains(t, "stderr", r.stderr, "cannot get status from the global allocator at "+dead, "check -global-addr")
+	// Several addresses, none up: each one's failure is told.
+	dead2 := grpctest.RefusedAddr(t)
+	r = sluicectl(t, "", c.args("status", "-global-addr", dead+","+dead2)...)
+	wantCode(t, r, exitUnreachable)
+	wantContains(t, "stderr", r.stderr, "cannot get status from the global allocator at "+dead, "cannot get status from the global allocator at "+dead2)
 
 	// Without -global-addr the global leader found in etcd is asked.
 	r = sluicectl(t, "", c.args("status", "-o", "json")...)
