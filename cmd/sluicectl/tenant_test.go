@@ -72,7 +72,14 @@ func TestValidateRefusesAFileOverTheSizeLimit(t *testing.T) {
 func TestTenantCommandsWriteTenantKeys(t *testing.T) {
 	c := newCluster(t)
 	wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
-	r := sluicectl(t, "", c.args("tenant", "set", "bob", "-tier", "pro", "-override", "read=3000/s,6000", "-yes")...)
+	// Two limits for one class are refused, and nothing is written.
+	r := sluicectl(t, "", c.args("tenant", "set", "bob", "-tier", "pro", "-override", "read=3000/s,6000", "-override", "read=5/s,5", "-yes")...)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, `class "read" has another -override already`)
+	if key, err := c.cli.Get(t.Context(), c.store.TenantKey("bob")); err != nil || len(key.Kvs) != 0 {
+		t.Fatalf("a refused tenant set wrote bob: %v, %v", key, err)
+	}
+	r = sluicectl(t, "", c.args("tenant", "set", "bob", "-tier", "pro", "-override", "read=3000/s,6000", "-yes")...)
 	wantCode(t, r, exitOK)
 	wantContains(t, "stdout", r.stdout, "@@ tenants: 1 added, 0 changed, 0 removed @@", "+  bob:", "+    tier: pro")
 	key, err := c.cli.Get(t.Context(), c.store.TenantKey("bob"))

@@ -157,6 +157,10 @@ func (o overrideFlag) Set(s string) error {
 	if err != nil {
 		return fmt.Errorf("%q: burst %q is not a number", s, burstText)
 	}
+	if _, twice := o[class]; twice {
+		// Two limits for one class: one would be dropped without a word.
+		return fmt.Errorf("%q: class %q has another -override already; give one per class", s, class)
+	}
 	o[class] = config.LimitSpec{Rate: rate, Burst: burst}
 	return nil
 }
