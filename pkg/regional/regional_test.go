@@ -322,6 +322,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		// named by its index, and the good report before it is not run.
 		{"sync second report above burst", sync(good(), &sluicev1.KeyReport{Key: qk("fresh", "read"), Seq: 1, Want: 101, Min: 101}), "reports[1].min: cost 101 exceeds the burst 100"},
 		{"sync duplicate key", sync(good(), good()), "repeats key acme/read"},
+		{"sync empty report", sync(good(), &sluicev1.KeyReport{}), "reports[1] is empty"},
 		{"sync one bad report", sync(good(), &sluicev1.KeyReport{Key: qk("x}", "read"), Seq: 1}), "reports[1].key"},
 		{"sync no instance", func() error {
 			_, err := client.Sync(ctx, &sluicev1.SyncRequest{Reports: []*sluicev1.KeyReport{good()}})

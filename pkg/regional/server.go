@@ -357,6 +357,11 @@ func validateReport(r *sluicev1.KeyReport, field string) error {
 	if r == nil {
 		return fmt.Errorf("%w: %s is missing", quota.ErrInvalid, field)
 	}
+	if r.GetKey() == nil && r.GetSeq() == 0 {
+		// An empty message on the wire (the list's entry left blank):
+		// "seq must be at least 1" would point at the wrong field.
+		return fmt.Errorf("%w: %s is empty: a report names its key and carries a seq of at least 1", quota.ErrInvalid, field)
+	}
 	if r.GetSeq() == 0 {
 		return fmt.Errorf("%w: %s.seq must be at least 1", quota.ErrInvalid, field)
 	}
