@@ -329,6 +329,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{"bad byte in the middle", `{"tenant":"acme",}`, 400, "", "body is not valid JSON: unexpected byte '}' at offset 17"},
 		{"letter outside a string", `{"tenant":é}`, 400, "", "body is not valid JSON: unexpected byte 0xc3 at offset 10 (the first byte of 'é')"},
 		{"invalid UTF-8 outside a string", "{\"tenant\":\xff}", 400, "", "body is not valid JSON: unexpected byte 0xff at offset 10"},
+		{"invalid UTF-8 in a string", "{\"tenant\":\"ac\xffme\",\"class\":\"read\"}", 400, "", "body is not UTF-8 (as JSON must be): byte 0xff at offset 13, inside a string"},
 		{"array", `[1,2]`, 400, "", "JSON object"},
 		{"two values", `{"tenant":"acme","class":"read"} {}`, 400, "", "more than one JSON value"},
 		{"unknown field", `{"tenant":"acme","class":"read","tokens":1}`, 400, "tokens", `unknown field "tokens"`},

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -201,6 +202,21 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 	}
 	if dec.More() {
 		return req, refuse("", "body holds more than one JSON value")
+	}
+	// JSON is UTF-8 (RFC 8259). Outside a string the syntax check above
+	// names a byte that is not; inside one encoding/json would turn it
+	// into U+FFFD, and the field's check would then name a byte the
+	// client never sent.
+	if !utf8.Valid(body) {
+		at := 0
+		for at < len(body) {
+			r, n := utf8.DecodeRune(body[at:])
+			if r == utf8.RuneError && n <= 1 {
+				break
+			}
+			at += n
+		}
+		return req, refuse("", "body is not UTF-8 (as JSON must be): byte %#02x at offset %d, inside a string", body[at], at)
 	}
 	// Then the object's fields, one by one.
 	dec = json.NewDecoder(bytes.NewReader(value))
