@@ -264,3 +264,43 @@ func TestReshardLearningEndsOnceEveryRegionRunsTheCount(t *testing.T) {
 		}
 	})
 }
+
+// TestASeqFarAheadOfTheClockIsRefusedAndShutsNoRegionOut: a region report
+// whose seq is more than MaxSeqAhead ahead of the allocator's clock (as
+// microseconds since the epoch), whole or a page of one, is refused with
+// InvalidArgument and not recorded, so the region's next report, numbered
+// from its clock, is answered. Recorded, a seq near 2^64 made every later
+// report of the region stale.
+func TestASeqFarAheadOfTheClockIsRefusedAndShutsNoRegionOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newEdgeService(t)
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		key := &sluicev1.QuotaKey{Tenant: "acme", Class: "write"}
+		rep := func(seq uint64, pages uint32) *sluicev1.RegionReport {
+			return &sluicev1.RegionReport{Region: "a", Seq: seq, Pages: pages,
+				Keys: []*sluicev1.KeyDemand{{Key: key, Admitted: 5, WindowMs: 100}}}
+		}
+		now := uint64(time.Now().UnixMicro())
+		if _, err := s.Sync(t.Context(), rep(now, 0)); err != nil {
+			t.Fatal(err)
+		}
+		limit := uint64(time.Now().Add(MaxSeqAhead).UnixMicro())
+		for _, seq := range []uint64{limit + 1, 1<<64 - 6} {
+			if _, err := s.Sync(t.Context(), rep(seq, 0)); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "ahead of this allocator's clock") {
+				t.Errorf("seq %d: %v, want InvalidArgument naming the clock", seq, err)
+			}
+			if _, err := s.SyncPage(t.Context(), rep(seq, 2)); status.Code(err) != codes.InvalidArgument {
+				t.Errorf("seq %d, page 0 of 2: %v, want InvalidArgument", seq, err)
+			}
+		}
+		if last, _ := s.alloc.LastSeq("a"); last != now {
+			t.Fatalf("refused reports moved region a's seq to %d", last)
+		}
+		if _, err := s.Sync(t.Context(), rep(now+1, 0)); err != nil {
+			t.Fatalf("the region's next report after the refusals: %v", err)
+		}
+		if _, err := s.Sync(t.Context(), rep(limit, 0)); err != nil {
+			t.Fatalf("a seq exactly MaxSeqAhead ahead: %v", err)
+		}
+	})
+}

@@ -152,6 +152,9 @@ func (s *Service) pageLocked(now time.Time, req *sluicev1.RegionReport) (*sluice
 	if err := regionsync.CheckReportHeader(cfg, req); err != nil {
 		return nil, invalid("%v", err)
 	}
+	if err := checkSeqAhead(now, seq); err != nil {
+		return nil, invalid("%v", err)
+	}
 	if page >= pages {
 		return nil, invalid("page %d of a report of %d pages: pages are numbered 0..pages-1", page, pages)
 	}

@@ -723,12 +723,39 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 	return s.syncWholeLocked(now, req)
 }
 
+// MaxSeqAhead bounds how far a region report's seq may be ahead of the
+// allocator's clock, read as microseconds since the Unix epoch.
+//
+// A region leader numbers its reports from its Redis clock (at least the
+// last seq plus one), and the allocator refuses, as stale, any report
+// below the last seq it saw of the region. One report with a seq near
+// 2^64, from a caller claiming the region or a Redis clock that jumped
+// years ahead and back, thus shut the region out until its clock caught
+// up: every later report was refused, and the region lapsed to its floor.
+// Only the order of seqs matters, so clocks may disagree by far more than
+// anything else in the system tolerates; a day is far beyond any clock a
+// deployment runs on, and such a report is refused (InvalidArgument)
+// before it is recorded.
+const MaxSeqAhead = 24 * time.Hour
+
+// checkSeqAhead refuses a seq more than MaxSeqAhead ahead of now.
+func checkSeqAhead(now time.Time, seq uint64) error {
+	if limit := uint64(now.Add(MaxSeqAhead).UnixMicro()); seq > limit {
+		return fmt.Errorf("seq %d is more than %v ahead of this allocator's clock (%d µs since the Unix epoch): a region numbers its reports from its Redis clock; check that clock",
+			seq, MaxSeqAhead, now.UnixMicro())
+	}
+	return nil
+}
+
 // syncWholeLocked answers a report that is one message. s.mu is held and
 // the config applied.
 func (s *Service) syncWholeLocked(now time.Time, req *sluicev1.RegionReport) (*sluicev1.RegionGrants, error) {
 	cfg := s.applied
 	label := regionLabel(cfg, req.GetRegion())
 	rep, limits, err := regionsync.DecodeReport(cfg, req, s.maxKeys)
+	if err == nil {
+		err = checkSeqAhead(now, rep.Seq)
+	}
 	if err == nil {
 		err = s.alloc.CheckReportKeys(rep)
 	}
