@@ -94,6 +94,10 @@ type Leader struct {
 	// only reads and writes Redis and talks to the global tier.
 	sync *regionsync.Leader
 
+	// ignoredGrants spaces the log lines about grants the region cannot
+	// install: one a minute per class left out of the config, one a
+	// minute for any other reason.
+	ignoredGrants *logThrottle
 	// leading is observed by tests and metrics.
 	leading chan bool
 	// isLeading is set while this replica leads its region.
@@ -150,7 +154,12 @@ func NewLeader(s *Server, o LeaderOptions) (*Leader, error) {
 	if o.SessionTTL == 0 {
 		o.SessionTTL = 5 * time.Second
 	}
-	return &Leader{s: s, opts: o, sync: regionsync.NewLeader(), leading: make(chan bool, 1)}, nil
+	return newLeader(s, o), nil
+}
+
+// newLeader is NewLeader past its checks of o.
+func newLeader(s *Server, o LeaderOptions) *Leader {
+	return &Leader{s: s, opts: o, sync: regionsync.NewLeader(), leading: make(chan bool, 1), ignoredGrants: newLogThrottle(time.Minute)}
 }
 
 // Run campaigns for the region's leadership and, while leading, syncs with
@@ -533,10 +542,23 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 		// static share and deadline before the global round trip.
 		p, err := s.plan(cfg, in.Wire, "grant.key")
 		if err != nil {
-			if _, reported := plans[in.Key]; reported {
+			_, reported := plans[in.Key]
+			_, configured := cfg.Classes[in.Key.Class]
+			switch {
+			case reported:
 				s.log.Warn("planning a granted key failed; not installed", "err", err)
-			} else {
-				s.log.Warn("global tier granted an invalid key; ignored", "err", err)
+			case !configured:
+				// A class this region's config no longer has: the global
+				// tier grants it until it confirms the revision that
+				// removed it, a config change like any other.
+				if ok, left := l.ignoredGrants.allow("class "+in.Key.Class, time.Now()); ok {
+					s.log.Info("global tier granted a key of a class this region's config no longer has; ignored until the global tier runs that config too",
+						"class", in.Key.Class, "key", in.Key.String(), "ignored_since_last_logged", left)
+				}
+			default:
+				if ok, left := l.ignoredGrants.allow("invalid", time.Now()); ok {
+					s.log.Warn("global tier granted an invalid key; ignored", "err", err, "ignored_since_last_logged", left)
+				}
 			}
 			continue
 		}
