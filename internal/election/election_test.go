@@ -40,20 +40,7 @@ func TestCampaignReturnsWhenEtcdIsGone(t *testing.T) {
 	go func() { done <- Campaign(wctx, second, "b") }()
 	// Wait until the second candidate is queued behind the leader (its
 	// key is in etcd): only then is etcd's going away what it waits on.
-	for {
-		resp, err := srv.Client(t).Get(ctx, "/election-test", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Count >= 2 {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("the second candidate returned %v while the first leads", err)
-		case <-time.After(10 * time.Millisecond): // polling etcd; the deadline is ctx's
-		}
-	}
+	awaitQueued(ctx, t, srv.Client(t), done)
 	select {
 	case err := <-done:
 		t.Fatalf("the second candidate returned %v while the first leads", err)
@@ -101,20 +88,7 @@ func TestConfirmRefusesACandidateWhoseKeyWentWithItsLease(t *testing.T) {
 	waiting := concurrency.NewElection(waitingSess, "/election-test")
 	done := make(chan error, 1)
 	go func() { done <- Campaign(ctx, waiting, "b") }()
-	for {
-		resp, err := cli.Get(ctx, "/election-test", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Count >= 2 {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("the second candidate returned %v while the first leads", err)
-		case <-time.After(10 * time.Millisecond): // polling etcd; the deadline is ctx's
-		}
-	}
+	awaitQueued(ctx, t, cli, done)
 	if _, err := cli.Revoke(ctx, waitingSess.Lease()); err != nil {
 		t.Fatal(err)
 	}
@@ -126,5 +100,26 @@ func TestConfirmRefusesACandidateWhoseKeyWentWithItsLease(t *testing.T) {
 	}
 	if err := Confirm(ctx, cli, waiting, waitingSess.Lease(), 5*time.Second); !errors.Is(err, ErrKeyLost) {
 		t.Fatalf("Confirm of a candidate whose key went with its lease: %v, want ErrKeyLost", err)
+	}
+}
+
+// awaitQueued waits until a second candidate's key is in etcd under
+// /election-test, queued behind the leader; done is the second's
+// Campaign, which must not return meanwhile. The deadline is ctx's.
+func awaitQueued(ctx context.Context, t *testing.T, cli *clientv3.Client, done <-chan error) {
+	t.Helper()
+	for {
+		resp, err := cli.Get(ctx, "/election-test", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count >= 2 {
+			return
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the second candidate returned %v while the first leads", err)
+		case <-time.After(10 * time.Millisecond): // polling etcd; the deadline is ctx's
+		}
 	}
 }

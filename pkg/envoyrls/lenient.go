@@ -1,6 +1,8 @@
 package envoyrls
 
 import (
+	"fmt"
+
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -35,43 +37,19 @@ const (
 // of an unknown number or of another wire type than its own is skipped,
 // and malformed bytes are an error.
 func readLenient(data []byte, r *rlsv3.RateLimitRequest) error {
-	for len(data) > 0 {
-		num, typ, n := protowire.ConsumeTag(data)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		data = data[n:]
+	return eachField(data, func(num protowire.Number, typ protowire.Type, b []byte, v uint64) error {
 		switch {
 		case num == fieldRequestDomain && typ == protowire.BytesType:
-			v, m := protowire.ConsumeBytes(data)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
-			r.Domain, n = string(v), m
+			r.Domain = string(b)
 		case num == fieldRequestDescriptors && typ == protowire.BytesType:
-			v, m := protowire.ConsumeBytes(data)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
 			d := new(ratelimitv3.RateLimitDescriptor)
-			if err := readLenientDescriptor(v, d); err != nil {
-				return err
-			}
-			r.Descriptors, n = append(r.Descriptors, d), m
+			r.Descriptors = append(r.Descriptors, d)
+			return readLenientDescriptor(b, d)
 		case num == fieldRequestHitsAddend && typ == protowire.VarintType:
-			v, m := protowire.ConsumeVarint(data)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
-			r.HitsAddend, n = uint32(v), m // as proto.Unmarshal: truncated
-		default:
-			if n = protowire.ConsumeFieldValue(num, typ, data); n < 0 {
-				return protowire.ParseError(n)
-			}
+			r.HitsAddend = uint32(v) // as proto.Unmarshal: truncated
 		}
-		data = data[n:]
-	}
-	return nil
+		return nil
+	})
 }
 
 // readLenientDescriptor reads one descriptor into d as readLenient does.
@@ -79,82 +57,74 @@ func readLenient(data []byte, r *rlsv3.RateLimitRequest) error {
 // proto.Unmarshal, merged into what an earlier occurrence left.
 func readLenientDescriptor(data []byte, d *ratelimitv3.RateLimitDescriptor) error {
 	merge := proto.UnmarshalOptions{Merge: true}
-	for len(data) > 0 {
-		num, typ, n := protowire.ConsumeTag(data)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		data = data[n:]
-		if typ == protowire.BytesType && (num == fieldDescriptorEntries || num == fieldDescriptorLimit || num == fieldDescriptorHitsAddend) {
-			v, m := protowire.ConsumeBytes(data)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
-			var err error
-			switch num {
-			case fieldDescriptorEntries:
-				e := new(ratelimitv3.RateLimitDescriptor_Entry)
-				err = readLenientEntry(v, e)
-				d.Entries = append(d.Entries, e)
-			case fieldDescriptorLimit:
-				if d.Limit == nil {
-					d.Limit = new(ratelimitv3.RateLimitDescriptor_RateLimitOverride)
+	return eachField(data, func(num protowire.Number, typ protowire.Type, b []byte, v uint64) error {
+		switch {
+		case num == fieldDescriptorEntries && typ == protowire.BytesType:
+			e := new(ratelimitv3.RateLimitDescriptor_Entry)
+			d.Entries = append(d.Entries, e)
+			return eachField(b, func(num protowire.Number, typ protowire.Type, b []byte, _ uint64) error {
+				switch {
+				case num == fieldEntryKey && typ == protowire.BytesType:
+					e.Key = string(b)
+				case num == fieldEntryValue && typ == protowire.BytesType:
+					e.Value = string(b)
 				}
-				err = merge.Unmarshal(v, d.Limit)
-			default:
-				if d.HitsAddend == nil {
-					d.HitsAddend = new(wrapperspb.UInt64Value)
-				}
-				err = merge.Unmarshal(v, d.HitsAddend)
+				return nil
+			})
+		case num == fieldDescriptorLimit && typ == protowire.BytesType:
+			if d.Limit == nil {
+				d.Limit = new(ratelimitv3.RateLimitDescriptor_RateLimitOverride)
 			}
-			if err != nil {
-				return err
+			return merge.Unmarshal(b, d.Limit)
+		case num == fieldDescriptorHitsAddend && typ == protowire.BytesType:
+			if d.HitsAddend == nil {
+				d.HitsAddend = new(wrapperspb.UInt64Value)
 			}
-			data = data[m:]
-			continue
-		}
-		if num == fieldDescriptorNegative && typ == protowire.VarintType {
-			v, m := protowire.ConsumeVarint(data)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
+			return merge.Unmarshal(b, d.HitsAddend)
+		case num == fieldDescriptorNegative && typ == protowire.VarintType:
 			d.IsNegativeHits = protowire.DecodeBool(v)
-			data = data[m:]
-			continue
 		}
-		if n = protowire.ConsumeFieldValue(num, typ, data); n < 0 {
-			return protowire.ParseError(n)
-		}
-		data = data[n:]
-	}
-	return nil
+		return nil
+	})
 }
 
-// readLenientEntry reads one entry into e, its key and value as bytes.
-func readLenientEntry(data []byte, e *ratelimitv3.RateLimitDescriptor_Entry) error {
+// eachField walks the fields of the message in data, in order, and calls
+// field with each one of bytes or varint type: its number, its type, and
+// its bytes or its varint. Fields of other types are skipped, as fields
+// field does not know must be: proto.Unmarshal keeps them as unknown.
+// Malformed bytes, or an error of field, end the walk with that error.
+func eachField(data []byte, field func(num protowire.Number, typ protowire.Type, b []byte, v uint64) error) error {
 	for len(data) > 0 {
 		num, typ, n := protowire.ConsumeTag(data)
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
-		data = data[n:]
-		if typ == protowire.BytesType && (num == fieldEntryKey || num == fieldEntryValue) {
-			v, m := protowire.ConsumeBytes(data)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
-			if num == fieldEntryKey {
-				e.Key = string(v)
-			} else {
-				e.Value = string(v)
-			}
-			data = data[m:]
-			continue
+		if num > protowire.MaxValidNumber {
+			// ConsumeTag takes numbers up to 2^31-1; proto.Unmarshal
+			// refuses those above 2^29-1.
+			return fmt.Errorf("field number %d is above the largest, %d", num, protowire.MaxValidNumber)
 		}
-		if n = protowire.ConsumeFieldValue(num, typ, data); n < 0 {
+		data = data[n:]
+		var b []byte
+		var v uint64
+		switch typ {
+		case protowire.BytesType:
+			b, n = protowire.ConsumeBytes(data)
+		case protowire.VarintType:
+			v, n = protowire.ConsumeVarint(data)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, data)
+		}
+		if n < 0 {
 			return protowire.ParseError(n)
 		}
 		data = data[n:]
+		if typ != protowire.BytesType && typ != protowire.VarintType {
+			continue
+		}
+		if err := field(num, typ, b, v); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
@@ -83,22 +82,32 @@ func readMirror(data []byte) (*rlsv3.RateLimitRequest, error) {
 			em := es.Get(j).Message()
 			d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: string(get(em, "key").Bytes()), Value: string(get(em, "value").Bytes())})
 		}
+		// The limit and hits_addend hold no string: their bytes again,
+		// unknown fields and all, are read by proto.Unmarshal.
 		if has(dm, "limit") {
-			lm := get(dm, "limit").Message()
-			d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{
-				RequestsPerUnit: uint32(get(lm, "requests_per_unit").Uint()),
-				Unit:            typev3.RateLimitUnit(get(lm, "unit").Int()),
-			}
-			if has(lm, "unit_multiplier") {
-				d.Limit.UnitMultiplier = wrapperspb.UInt32(uint32(get(get(lm, "unit_multiplier").Message(), "value").Uint()))
+			d.Limit = new(ratelimitv3.RateLimitDescriptor_RateLimitOverride)
+			if err := reread(get(dm, "limit").Message(), d.Limit); err != nil {
+				return nil, err
 			}
 		}
 		if has(dm, "hits_addend") {
-			d.HitsAddend = wrapperspb.UInt64(get(get(dm, "hits_addend").Message(), "value").Uint())
+			d.HitsAddend = new(wrapperspb.UInt64Value)
+			if err := reread(get(dm, "hits_addend").Message(), d.HitsAddend); err != nil {
+				return nil, err
+			}
 		}
 		r.Descriptors = append(r.Descriptors, d)
 	}
 	return r, nil
+}
+
+// reread encodes the mirror's message m and reads it into dst.
+func reread(m protoreflect.Message, dst proto.Message) error {
+	b, err := proto.Marshal(m.Interface())
+	if err != nil {
+		return err
+	}
+	return proto.Unmarshal(b, dst)
 }
 
 // utf8Strings says whether every string of r is UTF-8.
