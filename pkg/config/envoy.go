@@ -44,11 +44,14 @@ type EnvoyDomain struct {
 // or when the walk stops early, the descriptor is unmatched (OK, charged
 // to no key).
 //
-// A pattern is matched as envoyproxy/ratelimit matches it: each * stands
-// for any run of bytes, none too, anywhere in the value ("/api/*" is a
-// prefix, "/api/*/action" matches "/api/v2/action", "/api/*/x/*" has two
-// wildcards); the other bytes match themselves. There is no escape: a
-// value with a * is always a pattern.
+// A pattern's * stands for any run of bytes, none too, anywhere in the
+// value ("/api/*" is a prefix, "/api/*/action" matches "/api/v2/action",
+// "/api/*/x/*" has two wildcards); the other bytes match themselves.
+// There is no escape: a value with a * is always a pattern. A pattern
+// whose only * ends it ("/api/*") matches as in envoyproxy/ratelimit, the
+// rest of the value as a prefix; envoyproxy/ratelimit takes any other *
+// literally, so a * before the end is Sluice's own (its importer refuses
+// such a value rather than change what it matches).
 //
 // The quota key charged is (tenant, class): the tenant is made of the
 // values of the entries matched by nodes without an exact value (no
@@ -68,8 +71,9 @@ type EnvoyNode struct {
 	Key string `yaml:"key"`
 	// Value is the entry value this node matches: exactly, or as a
 	// wildcard pattern when it holds a * (each * matches any run of
-	// bytes, none too, anywhere in the value, as in envoyproxy/ratelimit:
-	// a pattern ending in * is a prefix); left out, any value. A value
+	// bytes, none too, anywhere in the value; a pattern whose only * ends
+	// it is a prefix, as in envoyproxy/ratelimit, which takes any other *
+	// literally); left out, any value. A value
 	// matched by a pattern without share_threshold, or by a node without
 	// a value, becomes part of the tenant.
 	//

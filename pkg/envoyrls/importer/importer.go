@@ -17,12 +17,20 @@
 //   - rate_limit {unlimited: true} becomes unlimited: true, and so does a
 //     descriptor with neither a rate limit nor nested descriptors (for
 //     envoyproxy/ratelimit such a descriptor has no limit but still takes
-//     precedence over a sibling without a value).
+//     precedence over a sibling without a value). Both services answer
+//     such a descriptor OK and charge nothing; on the wire Sluice's status
+//     says limit_remaining 2^32-1, as for unlimited, where
+//     envoyproxy/ratelimit's says 0 with no current_limit, as for a
+//     descriptor it does not know.
 //   - shadow_mode carries over on limited descriptors; on others it does
 //     nothing in either service and is dropped with a note.
-//   - A value holding * is a wildcard pattern in both services (each *
-//     any run of bytes, anywhere in the value), and share_threshold (one
-//     counter for every value a pattern matches) carries over.
+//   - A value whose only * ends it is a prefix wildcard in both services,
+//     and share_threshold (one counter for every value a pattern matches)
+//     carries over. A value with a * anywhere else is refused:
+//     envoyproxy/ratelimit matches that * literally (only a trailing *
+//     is a wildcard there), where a Sluice pattern takes every * as any
+//     run of bytes, so the import would limit values envoyproxy/ratelimit
+//     never matched; Sluice has no literal *.
 //   - detailed_metric, value_to_metric and metadata are dropped with a
 //     note: they shape only envoyproxy/ratelimit's metrics and the
 //     dynamic metadata of its answers, and Sluice's metrics never carry
@@ -276,8 +284,11 @@ func (c *converter) nodes(file, domain, path, stat string, ds []Descriptor) []co
 			name = stat + "." + name
 		}
 		n := config.EnvoyNode{Key: d.Key, Value: d.Value, ShareThreshold: d.ShareThreshold}
+		if i := strings.IndexByte(d.Value, '*'); i >= 0 && i < len(d.Value)-1 {
+			c.fail("%s: value %q holds a * before its end: envoyproxy/ratelimit takes only a trailing * as a wildcard (the rest of the value a prefix) and matches any other * as itself, where Sluice takes every * as any run of bytes and has no literal *; end the value at its first * to limit the prefix, or remove the descriptor", where, d.Value)
+		}
 		if d.ShareThreshold && !n.Pattern() {
-			c.fail("%s: share_threshold needs a value holding a * (a wildcard pattern), in envoyproxy/ratelimit too", where)
+			c.fail("%s: share_threshold needs a value ending in * (a wildcard pattern), in envoyproxy/ratelimit too", where)
 		}
 		if n.Pattern() && !n.ShareThreshold && !plain(strings.ReplaceAll(d.Value, "*", "")) {
 			c.note("%s: every value matching %q holds bytes other than letters, digits and . _ @ -, so each is limited under a tenant of ':' and 32 hex digits, in the default tier", where, d.Value)
@@ -352,6 +363,11 @@ func (c *converter) limit(n *config.EnvoyNode, where, domain, stat string, rl *R
 		return
 	case *rl.RequestsPerUnit < 0 || *rl.RequestsPerUnit > 1<<32-1:
 		c.fail("%s: rate_limit.requests_per_unit %d: want a whole number in 1..4294967295", where, *rl.RequestsPerUnit)
+		return
+	case *rl.RequestsPerUnit > quota.MaxBurst:
+		// envoyproxy/ratelimit takes up to 2^32-1; the burst it becomes
+		// must fit Sluice's largest (the scripts' micro-token sums).
+		c.fail("%s: rate_limit.requests_per_unit %d is above %d, the largest burst a Sluice limit holds (requests_per_unit becomes the burst)", where, *rl.RequestsPerUnit, quota.MaxBurst)
 		return
 	}
 	if rl.Name != "" {

@@ -84,7 +84,7 @@ func TestImportDocs(t *testing.T) {
 		"mongo_cps.database_users":                   {Rate: 500, Burst: 500},
 		"rl.foo.baz_shady":                           {Rate: config.Rate(1.0 / 60), Burst: 1},
 		"example9.key1_value_":                       {Rate: config.Rate(20.0 / 60), Burst: 20},
-		"example9.path__api___action":                {Rate: config.Rate(20.0 / 60), Burst: 20},
+		"example9.path__api__":                       {Rate: config.Rate(20.0 / 60), Burst: 20},
 		"example10.route.http_method.subject_id":     {Rate: 1, Burst: 60},
 		"example11.files_files__":                    {Rate: config.Rate(10.0 / 3600), Burst: 10},
 	}
@@ -102,7 +102,7 @@ func TestImportDocs(t *testing.T) {
 	for _, n := range []string{"detailed_metric dropped", "example8.yaml", `3_edge_proxy_per_ip.yaml: descriptors[0] (key "remote_address")`, "32 hex digits",
 		`example10.yaml: descriptors[0] (key "route"): value_to_metric dropped`,
 		`example10.yaml: descriptors[1] (key "user"): metadata dropped`,
-		`9_example9.yaml: descriptors[3] (key "path"): every value matching "/api/*/action"`,
+		`9_example9.yaml: descriptors[3] (key "path"): every value matching "/api/*"`,
 		`example11.yaml: descriptors[1] (key "files_no_share")`} {
 		if !strings.Contains(notes, n) {
 			t.Errorf("notes lack %q:\n%s", n, notes)
@@ -136,7 +136,10 @@ func TestImportRefusals(t *testing.T) {
 		"bad_unit":              `a.yaml: descriptors[0] (key "k"): rate_limit.unit "week": want second, minute, hour or day`,
 		"duplicate_domain":      `b.yaml: domain "same" is also the domain of a.yaml`,
 		"quota_mode":            `quota.yaml: descriptors[0] (key "user"): quota_mode has no Sluice equivalent: envoyproxy/ratelimit refuses a request over a quota_mode descriptor only when every quota_mode descriptor of the request is over its limit`,
-		"share_threshold_exact": `share.yaml: descriptors[0] (key "files"): share_threshold needs a value holding a *`,
+		"share_threshold_exact": `share.yaml: descriptors[0] (key "files"): share_threshold needs a value ending in *`,
+		// envoyproxy/ratelimit takes a * before the end literally.
+		"middle_wildcard": `paths.yaml: descriptors[0].descriptors[0] (key "path"): value "/api/*/action" holds a * before its end`,
+		"two_wildcards":   `paths.yaml: descriptors[0] (key "route"): value "/api/*/resource/*" holds a * before its end`,
 	}
 	for dir, want := range cases {
 		t.Run(dir, func(t *testing.T) {
@@ -158,13 +161,24 @@ func TestImportRefusals(t *testing.T) {
 	if _, err := importer.ReadDir("testdata"); err == nil || !strings.Contains(err.Error(), "no .yaml or .yml file") {
 		t.Errorf("a directory without config files: %v", err)
 	}
-	// A limit Sluice cannot hold is refused by validation, naming the field.
-	f, err := importer.Parse("big.yaml", []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 4000000000}}]\n"))
+	// A limit Sluice cannot hold is refused naming the file and the
+	// descriptor: envoyproxy/ratelimit takes up to 2^32-1 a unit, a Sluice
+	// burst up to 1e9.
+	f, err := importer.Parse("big.yaml", []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: day, requests_per_unit: 4294967295}}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := importer.Convert(mustBase(t), []importer.File{f}); err == nil || !strings.Contains(err.Error(), "tiers.free.d.k.burst") {
-		t.Errorf("4e9 per second: %v", err)
+	if _, err := importer.Convert(mustBase(t), []importer.File{f}); err == nil ||
+		!strings.Contains(err.Error(), `big.yaml: descriptors[0] (key "k"): rate_limit.requests_per_unit 4294967295 is above 1000000000`) {
+		t.Errorf("2^32-1 a day: %v", err)
+	}
+	// A rate Sluice cannot hold is refused by validation, naming the field.
+	f, err = importer.Parse("fast.yaml", []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1000000000}}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := importer.Convert(mustBase(t), []importer.File{f}); err != nil {
+		t.Errorf("1e9 per second, the largest burst and rate: %v", err)
 	}
 	// What the config's rules refuse in a converted tree names the file
 	// and the descriptor, not the generated envoy.domains path.
@@ -442,13 +456,15 @@ func TestImportNotesTheMappingsOfItsDomain(t *testing.T) {
 
 // TestImportRequestsPerUnitRange: requests_per_unit is a uint32 in
 // envoyproxy/ratelimit; a count beyond it is refused as out of that range,
-// while one within it is left to the config's own bound on a burst.
+// and one within it but above the largest Sluice burst as such, naming
+// the file and the descriptor.
 func TestImportRequestsPerUnitRange(t *testing.T) {
 	for _, c := range []struct {
 		n    int64
 		want string
 	}{
-		{1<<32 - 1, "tiers.free.d.k.burst"},
+		{1<<32 - 1, `d.yaml: descriptors[0] (key "k"): rate_limit.requests_per_unit 4294967295 is above 1000000000, the largest burst`},
+		{1e9 + 1, "rate_limit.requests_per_unit 1000000001 is above 1000000000"},
 		{1 << 32, "rate_limit.requests_per_unit 4294967296: want a whole number in 1..4294967295"},
 		{-1, "rate_limit.requests_per_unit -1: want a whole number in 1..4294967295"},
 	} {
