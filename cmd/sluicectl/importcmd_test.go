@@ -27,9 +27,9 @@ func TestImportEnvoyRatelimitToFile(t *testing.T) {
 	if cfg.EnvoyTree("rl") == nil || cfg.Tiers["pro"]["rl.foo"].Burst != 2 || cfg.Tenants["acme"].Tier != "pro" {
 		t.Errorf("imported config lacks the trees, their limits or the base:\n%s", r.stdout)
 	}
-	// A * in the middle of a value is a wildcard in the written config, as
-	// it was in envoyproxy/ratelimit's; share_threshold carries over.
-	if tree := cfg.EnvoyTree("example9"); tree == nil || tree.Descriptors[3].Value != "/api/*/action" || tree.Descriptors[3].Exact() ||
+	// A trailing * is a prefix wildcard in the written config, as in
+	// envoyproxy/ratelimit's; share_threshold carries over.
+	if tree := cfg.EnvoyTree("example9"); tree == nil || tree.Descriptors[3].Value != "/api/*" || tree.Descriptors[3].Exact() ||
 		!cfg.EnvoyTree("example11").Descriptors[0].ShareThreshold {
 		t.Errorf("imported wildcards:\n%s", r.stdout)
 	}
