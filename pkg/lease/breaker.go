@@ -15,9 +15,12 @@ import (
 // Any success (a background Sync too) closes it.
 //
 // A failure must be evidence, not a hiccup: an error, or no answer within
-// Timeout, which is the configured breaker timeout or, when the region's
-// recent answers were slow (a healthy region on a loaded machine), four
-// times their median, whichever is longer. A slow but healthy region
+// the call's timeout. A request waits Timeout for its call, which is the
+// configured breaker timeout or, when the region's recent answers were
+// slow (a healthy region on a loaded machine), four times their median,
+// whichever is longer; the call itself goes on for four Timeouts
+// (Core.AcquireCallTimeout), and only then, unanswered, is a failure: an
+// answer in between lands and is a sample (Slow.AcquireGaveUp). A slow but healthy region
 // therefore neither opens the breaker nor sends requests to their
 // on_failure policy, while a region that stops answering after answering
 // fast is given up on within the configured timeout. And a call that
@@ -165,6 +168,14 @@ func (b *Breaker) FailureOf(sent, now time.Time) (counted bool) {
 	}
 	b.failureLocked(now)
 	return true
+}
+
+// AnsweredSince reports whether a call sent after sent has been answered
+// (ObserveRTT), as FailureOf weighs a failure, without recording one.
+func (b *Breaker) AnsweredSince(sent time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastSent.After(sent)
 }
 
 // Abandon releases a probe that ended without a verdict (the caller gave

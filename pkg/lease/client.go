@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	randv2 "math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -170,6 +171,9 @@ type Client struct {
 	loopDone chan struct{}
 	bg       context.Context // parent of background RPCs; cancelled by Close
 	cancelBg context.CancelFunc
+	// late counts the acquires whose requests may give up waiting for them
+	// (Slow.AcquireGaveUp), still to end; Close waits for them.
+	late sync.WaitGroup
 
 	closed    atomic.Bool
 	closeDone chan struct{} // closed when the first Close returns
@@ -403,34 +407,100 @@ func refusal(st Step, err error) Step {
 }
 
 // acquire sends the synchronous acquire s stepped to and returns its next
-// step, with the RPC's error.
+// step, with the RPC's error. The request waits for the call at most its
+// budget (Slow.Budget) and until ctx ends; the call itself runs up to
+// Core.AcquireCallTimeout and, when the request gave up on it first, ends
+// as a background Sync does (Slow.AcquireGaveUp, landLate).
 func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
-	rctx, cancel := context.WithTimeout(ctx, s.Budget(time.Now(), c.opts.BreakerTimeout))
-	defer cancel()
-	start := time.Now()
-	var grants []*sluicev1.Grant
-	var err error
+	budget := s.Budget(time.Now(), c.opts.BreakerTimeout)
+	// The caller's values go with the call, not its end: a request that
+	// gives up leaves the call running. Close ends it.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(budget, c.core.AcquireCallTimeout(c.opts.BreakerTimeout)))
+	stopOnClose := context.AfterFunc(c.bg, cancel)
 	method := "Acquire"
 	if b.UseSync() {
 		method = "Sync"
-		var resp *sluicev1.SyncResponse
-		resp, err = c.rpc.Sync(rctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports})
-		grants = resp.GetGrants()
-	} else {
-		var resp *sluicev1.AcquireResponse
-		resp, err = c.rpc.Acquire(rctx, &sluicev1.AcquireRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Report: b.Reports[0]})
-		grants = []*sluicev1.Grant{resp.GetGrant()}
 	}
-	c.observeRPC(method, start, err)
-	out := outcome(ctx, err)
-	st := refusal(s.AcquireDone(time.Now(), grants, out), err)
-	switch out {
-	case Answered:
-		c.noteDegradedOver()
-	case Conflict:
-		c.noteConflict(err)
+	done := make(chan acquireResult, 1)
+	start := time.Now()
+	c.late.Add(1)
+	go func() {
+		defer c.late.Done()
+		grants, err := c.callAcquire(rctx, method, b)
+		stopOnClose()
+		cancel()
+		done <- acquireResult{grants, err}
+	}()
+	wait := time.NewTimer(budget)
+	defer wait.Stop()
+	select {
+	case r := <-done:
+		c.observeRPC(method, start, r.err)
+		out := outcome(ctx, r.err)
+		if out == Unreachable && ctx.Err() != nil {
+			out = Abandoned
+		}
+		st := refusal(s.AcquireDone(time.Now(), r.grants, out), r.err)
+		switch out {
+		case Answered:
+			c.noteDegradedOver()
+		case Conflict:
+			c.noteConflict(r.err)
+		}
+		return st, r.err
+	case <-wait.C:
+		st, late := s.AcquireGaveUp(time.Now(), false)
+		c.landLate(late, method, start, done)
+		return st, fmt.Errorf("%w: the acquire took longer than %v", errWaitEnded, budget)
+	case <-ctx.Done():
+		st, late := s.AcquireGaveUp(time.Now(), true)
+		c.landLate(late, method, start, done)
+		return st, ctx.Err()
 	}
-	return st, err
+}
+
+// acquireResult is how an acquire's call ended.
+type acquireResult struct {
+	grants []*sluicev1.Grant
+	err    error
+}
+
+// callAcquire sends b as the RPC method names (Acquire, or a Sync of its
+// one report) and returns the region's grants.
+func (c *Client) callAcquire(ctx context.Context, method string, b *Batch) ([]*sluicev1.Grant, error) {
+	if method == "Sync" {
+		resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports})
+		return resp.GetGrants(), err
+	}
+	resp, err := c.rpc.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Report: b.Reports[0]})
+	return []*sluicev1.Grant{resp.GetGrant()}, err
+}
+
+// landLate ends, once its call ends, an acquire whose request gave up on
+// it (Slow.AcquireGaveUp): as a background Sync ends (Core.SyncDone),
+// its grants into the pool, its verdict on the region to the breaker.
+func (c *Client) landLate(b *Batch, method string, start time.Time, done <-chan acquireResult) {
+	c.late.Add(1)
+	go func() {
+		defer c.late.Done()
+		r := <-done
+		c.observeRPC(method, start, r.err)
+		out := outcome(c.bg, r.err)
+		split, applyErr := c.core.SyncDone(time.Now(), b, r.grants, out)
+		if applyErr != nil {
+			c.log.Warn("lease: region sent grants that do not match the reports; they will be resent", "err", applyErr)
+		}
+		switch out {
+		case Answered:
+			c.noteDegradedOver()
+		case Refused:
+			for _, part := range split {
+				c.sendSync(c.bg, part)
+			}
+		case Conflict:
+			c.noteConflict(r.err)
+		}
+	}()
 }
 
 // check sends the strict Check s stepped to and returns the decided step,
@@ -771,6 +841,9 @@ func (c *Client) Close(ctx context.Context) (err error) {
 		close(c.closeDone)
 	}()
 	defer c.m.unregister()
+	// After cancelBg (deferred calls run last first): the acquires still
+	// running end with it.
+	defer c.late.Wait()
 	defer c.cancelBg()
 	c.table.Drain()
 	close(c.stop)
@@ -780,13 +853,19 @@ func (c *Client) Close(ctx context.Context) (err error) {
 		c.cancelBg()
 		<-c.loopDone
 	}
+	var errs []error
 	for _, ch := range c.table.InFlight() {
 		select {
 		case <-ch:
 		case <-ctx.Done():
+			if len(errs) == 0 {
+				// A report still in flight (an acquire a request gave up
+				// on, a refill) is neither resent nor released below: its
+				// key's tokens do not go back.
+				errs = append(errs, errors.New("lease: reports still in flight were not given back"))
+			}
 		}
 	}
-	var errs []error
 	if b := c.table.PreparePending(time.Now()); b != nil {
 		if err := c.sendSync(ctx, b); err != nil {
 			errs = append(errs, fmt.Errorf("lease: resending unacknowledged reports: %w", err))

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/quota"
 )
 
 const degradedOver = "degraded mode over"
@@ -136,8 +137,8 @@ func TestNoRegionIsNeverDeclaredAnswering(t *testing.T) {
 // TestLateAnswerIsLoggedAsSlowNotUnreachable: a request whose wait ended
 // before the region answered is decided by its policy, and the log says
 // the region was slow to answer, at info; only once the breaker opens
-// (consecutive calls unanswered: a hung region) does it say unreachable,
-// at warn.
+// (consecutive calls unanswered for their whole call timeout: a hung
+// region) does it say unreachable, at warn.
 func TestLateAnswerIsLoggedAsSlowNotUnreachable(t *testing.T) {
 	e := startRegion(t)
 	conn := newRegionConn(t, e.reg.Server)
@@ -154,9 +155,17 @@ func TestLateAnswerIsLoggedAsSlowNotUnreachable(t *testing.T) {
 		if !strings.Contains(s, `level=INFO msg="lease: regional service slow to answer`) || strings.Contains(s, "unreachable") {
 			t.Fatalf("one late answer, breaker closed: want the slow line at info only:\n%s", s)
 		}
-		for range 2 {
-			mustAllow(t, c, acmeRead, 1)
+		for _, k := range []quota.Key{smallRead, {Tenant: "third", Class: "read"}} {
+			mustAllow(t, c, k, 1)
 		}
+		if s := logs.String(); strings.Contains(s, "unreachable") {
+			t.Fatalf("three calls still within their call timeout: want no unreachable line:\n%s", s)
+		}
+		// The calls end unanswered 200ms after they went out: the third
+		// opens the breaker, and the next decision says so.
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		mustAllow(t, c, acmeRead, 1)
 		if s := logs.String(); !strings.Contains(s, `level=WARN msg="lease: regional service unreachable`) {
 			t.Fatalf("three calls unanswered, breaker open: want the unreachable line at warn:\n%s", s)
 		}

@@ -203,9 +203,13 @@ func TestLoopResendsFailedSyncUnchanged(t *testing.T) {
 	})
 }
 
-// The breaker opens after BreakerFailures timeouts, skips the region for
-// the cooldown (decisions come at once from the policy), then lets one
-// probe through; a successful probe resumes leasing.
+// The breaker opens after BreakerFailures calls the region left
+// unanswered for their whole call timeout (four request timeouts: 200ms),
+// skips the region for the cooldown (decisions come at once from the
+// policy), then lets one probe through; a successful probe resumes
+// leasing. Each request gives up on its call after the 50ms breaker
+// timeout and is decided by its policy, but the call goes on: one
+// answered late would land.
 func TestBreakerOpensAndProbes(t *testing.T) {
 	e := startRegion(t)
 	conn := newRegionConn(t, e.reg.Server)
@@ -216,9 +220,12 @@ func TestBreakerOpensAndProbes(t *testing.T) {
 			o.BreakerCooldown = time.Second
 		})
 		conn.setFault("*", hanging)
-		for i := 0; i < 3; i++ {
+		// Three keys: a request on a key whose call is still out waits for
+		// that call instead of sending another.
+		keys := []quota.Key{acmeRead, smallRead, {Tenant: "third", Class: "read"}}
+		for i, k := range keys {
 			start := time.Now()
-			d := mustAllow(t, c, acmeRead, 1)
+			d := mustAllow(t, c, k, 1)
 			if !d.Degraded || time.Since(start) != 50*time.Millisecond {
 				t.Fatalf("request %d: %+v after %v; want degraded after the 50ms breaker timeout", i, d, time.Since(start))
 			}
@@ -226,6 +233,10 @@ func TestBreakerOpensAndProbes(t *testing.T) {
 		if got := metrictest.Gauge(t, reg, "sluice_client_degraded"); got != 1 {
 			t.Fatalf("degraded gauge %v", got)
 		}
+		// The calls sent at 0, 50 and 100ms end unanswered at 200, 250 and
+		// 300ms; the third opens the breaker.
+		time.Sleep(150 * time.Millisecond)
+		synctest.Wait()
 		start := time.Now()
 		if d := mustAllow(t, c, acmeRead, 1); !d.Degraded || time.Since(start) != 0 {
 			t.Fatalf("open breaker: %+v after %v; want an immediate degraded decision", d, time.Since(start))
@@ -241,6 +252,12 @@ func TestBreakerOpensAndProbes(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		if d := mustAllow(t, c, acmeRead, 1); !d.Allowed || d.Degraded {
 			t.Fatalf("probe after the cooldown: %+v, want a leased allow", d)
+		}
+		// The other keys decided by their policy are answered again.
+		for _, k := range keys[1:] {
+			if d := mustAllow(t, c, k, 1); !d.Allowed || d.Degraded {
+				t.Fatalf("%s after the probe: %+v, want a leased allow", k, d)
+			}
 		}
 		synctest.Wait()
 		if got := metrictest.Gauge(t, reg, "sluice_client_degraded"); got != 0 {

@@ -65,3 +65,41 @@ func TestFastRegionThatStopsIsGivenUpOnWithinTheBreakerTimeout(t *testing.T) {
 		closeClient(t, c)
 	})
 }
+
+// TestALateAnswerLandsAndTeachesTheWait: a request gives up on its call
+// after the 50ms breaker timeout and is decided by its policy, but the
+// call goes on: the region's answer, 120ms after it went out, lands its
+// grant in the pool, so the key's next request is decided from the pool
+// at once with no second call, and it is a round trip the wait learns
+// from, so a first request on another key waits for its answer instead of
+// giving up. (Cut at the request's wait, the answer was never seen: every
+// such request was degraded, and three opened the breaker.)
+func TestALateAnswerLandsAndTeachesTheWait(t *testing.T) {
+	e := startRegion(t)
+	conn := newRegionConn(t, e.reg.Server)
+	synctest.Test(t, func(t *testing.T) {
+		c, _, _ := bubbleClient(t, conn, func(o *lease.Options) {
+			o.Refresh = time.Hour // no background Sync: the requests alone
+		})
+		conn.setFault("*", slow)
+		start := time.Now()
+		if d := mustAllow(t, c, acmeRead, 1); !d.Degraded || time.Since(start) != lease.DefaultBreakerTimeout {
+			t.Fatalf("first request on a region that answers in %v: %+v after %v, want degraded after %v", slowBy, d, time.Since(start), lease.DefaultBreakerTimeout)
+		}
+		time.Sleep(slowBy - lease.DefaultBreakerTimeout)
+		synctest.Wait()
+		start = time.Now()
+		if d := mustAllow(t, c, acmeRead, 1); !d.Allowed || d.Degraded || time.Since(start) != 0 {
+			t.Fatalf("the key's next request after the late answer: %+v after %v, want an allow from the pool at once", d, time.Since(start))
+		}
+		if n := conn.attemptCount("Acquire"); n != 1 {
+			t.Fatalf("%d Acquire calls, want 1: the late answer's grant serves the next request", n)
+		}
+		start = time.Now()
+		if d := mustAllow(t, c, quota.Key{Tenant: "other", Class: "read"}, 1); !d.Allowed || d.Degraded || time.Since(start) != slowBy {
+			t.Fatalf("a first request on another key: %+v after %v, want an allow after the region's %v", d, time.Since(start), slowBy)
+		}
+		conn.setFault("*", healthy)
+		closeClient(t, c)
+	})
+}

@@ -305,6 +305,56 @@ func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome)
 	return s.Fallback(now)
 }
 
+// AcquireGaveUp ends, at now, the request's wait for the acquire Next
+// asked for before the call ended: the request's time ran out (Budget), or
+// its caller gave up (abandoned; the step is then Abandon's). The call goes
+// on, and whoever holds it reports its end to Core.SyncDone with the batch
+// returned, as a background Sync's: an answer that comes late lands its
+// grants in the pool for the requests after this one, is a round trip the
+// breaker's wait learns from, and closes the breaker; only a call that
+// ends with no answer (a transport error, or none within a background
+// Sync's timeout) is evidence against the region.
+//
+// Why: the call used to be cut at the request's wait, and a call cut so
+// counted toward opening the breaker. A burst of first requests on a
+// loaded machine queues behind itself, so the last calls of a burst were
+// cut, their answers never seen; the breaker opened, and every request
+// went to its on_failure policy for the cooldown, again at the next burst,
+// while the region answered (92% of 100,000 first requests, 25 at a time
+// from each of 4 instances, at load 6-8; BENCHMARKS.md, "First decisions
+// while Redis is healthy"). And the wait never learned the region's real
+// round trip: only the answers within it were samples.
+//
+// The request itself is decided as a call that got no answer in time is:
+// denied, to be asked again, when the region answered a call sent after
+// this one meanwhile (answeredElsewhere), else by its on_failure policy.
+func (s *Slow) AcquireGaveUp(now time.Time, abandoned bool) (Step, *Batch) {
+	b := s.batch
+	s.batch = nil
+	if b == nil {
+		panic("lease: AcquireGaveUp without an acquire in flight")
+	}
+	switch {
+	case abandoned:
+		return s.Abandon(), b
+	case s.c.brk.AnsweredSince(b.SentAt()):
+		return s.answeredElsewhere(now), b
+	}
+	return s.Fallback(now), b
+}
+
+// AcquireCallTimeout bounds a synchronous acquire's call, which goes on
+// after its request gave up waiting (Slow.AcquireGaveUp): four request
+// timeouts (RequestTimeout of base), within a background Sync's timeout,
+// and never less than the request's wait. An answer within it lands and is
+// a round trip the breaker's wait learns from; a call with no answer by
+// then is evidence against the region: it has not answered for four times
+// what its recent answers took (or the configured breaker timeout).
+func (c *Core) AcquireCallTimeout(base time.Duration) time.Duration {
+	t := c.RequestTimeout(base)
+	return max(t, min(c.syncTimeout, 4*t))
+}
+
 // CheckDone ends the Check Next asked for at now, with the region's
 // response when it answered, and decides the request.
 func (s *Slow) CheckDone(now time.Time, resp *sluicev1.CheckResponse, out Outcome) Step {

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,43 +32,8 @@ import (
 //
 //	go test -run '^$' -bench FirstDecisionsAfterRedisStop -benchtime 20x ./pkg/regional/
 func BenchmarkFirstDecisionsAfterRedisStop(b *testing.B) {
-	rs := redistest.Start(b)
-	cfg := regiontest.MustConfig(b, sharedKeyConfig)
-	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
-		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
-		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true,
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(d.Stop)
-	reg := &regiontest.Region{Addr: d.GRPCAddr()}
 	const instances, perInstance = 4, 4
-	clients := make([]*lease.Client, instances)
-	for i := range clients {
-		c, err := lease.NewClient(reg.Dial(b), lease.Options{InstanceID: fmt.Sprintf("i-%d", i), Refresh: 200 * time.Millisecond})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { c.Close(context.Background()) })
-		clients[i] = c
-	}
-	if n, _ := strconv.Atoi(os.Getenv("SLUICE_BENCH_LOAD")); n > 0 {
-		stop := make(chan struct{})
-		b.Cleanup(func() { close(stop) })
-		for range n {
-			go func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-						runtime.Gosched()
-					}
-				}
-			}()
-		}
-	}
+	rs, clients := benchRegion(b, instances, 200*time.Millisecond)
 	next := 0
 	key := func() quota.Key { next++; return quota.Key{Tenant: fmt.Sprintf("t%d", next), Class: "read"} }
 	served := func() {
@@ -134,6 +100,120 @@ func BenchmarkFirstDecisionsAfterRedisStop(b *testing.B) {
 		served()
 	}
 	b.StopTimer()
+	reportLatencies(b, lat)
+	b.ReportMetric(float64(answered), "not-degraded")
+}
+
+// benchRegion starts a regional daemon on a real redis-server (no global
+// tier) and n instances of it (refresh as given, the default breaker), and,
+// with SLUICE_BENCH_LOAD=k, k busy goroutines beside them (other work on
+// the same cores), all stopped at b's cleanup.
+func benchRegion(b *testing.B, n int, refresh time.Duration) (*redistest.Server, []*lease.Client) {
+	rs := redistest.Start(b)
+	cfg := regiontest.MustConfig(b, sharedKeyConfig)
+	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
+		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: rs.Addr(),
+		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(d.Stop)
+	reg := &regiontest.Region{Addr: d.GRPCAddr()}
+	clients := make([]*lease.Client, n)
+	for i := range clients {
+		c, err := lease.NewClient(reg.Dial(b), lease.Options{InstanceID: fmt.Sprintf("i-%d", i), Refresh: refresh})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close(context.Background()) })
+		clients[i] = c
+	}
+	if k, _ := strconv.Atoi(os.Getenv("SLUICE_BENCH_LOAD")); k > 0 {
+		stop := make(chan struct{})
+		b.Cleanup(func() { close(stop) })
+		for range k {
+			go func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						runtime.Gosched()
+					}
+				}
+			}()
+		}
+	}
+	return rs, clients
+}
+
+// BenchmarkFirstTouchDecisionsWhileRedisIsHealthy is the other side of
+// the breaker: with Redis healthy, first decisions on keys an instance
+// holds nothing for (each must ask the region) must be answered by the
+// region, however loaded the machine, not decided by on_failure as if the
+// region were down. Each iteration has 4 instances decide 25 fresh keys
+// each at once; it reports how many of the decisions were degraded (none
+// should be), how many denied (a call that waited out its time while the
+// region answered others: denied, to be asked again), and their latency
+// (ms). Run beside other work to see a loaded machine (SLUICE_BENCH_LOAD,
+// or other processes):
+//
+//	go test -run '^$' -bench FirstTouchDecisionsWhileRedisIsHealthy -benchtime 1000x ./pkg/regional/
+func BenchmarkFirstTouchDecisionsWhileRedisIsHealthy(b *testing.B) {
+	const instances = 4
+	perInstance := 25
+	if n, _ := strconv.Atoi(os.Getenv("SLUICE_BENCH_CONCURRENCY")); n > 0 {
+		perInstance = n
+	}
+	// The default refresh: a background Sync's timeout, half of it,
+	// bounds the wait (Core.RequestTimeout).
+	_, clients := benchRegion(b, instances, time.Second)
+	var next atomic.Int64
+	key := func() quota.Key { return quota.Key{Tenant: fmt.Sprintf("t%d", next.Add(1)), Class: "read"} }
+	var lat []time.Duration
+	degraded, denied := 0, 0
+	var mu sync.Mutex
+	b.ResetTimer()
+	for range b.N {
+		var wg sync.WaitGroup
+		for _, c := range clients {
+			for range perInstance {
+				k := key()
+				wg.Go(func() {
+					start := time.Now()
+					dec, err := c.Allow(context.Background(), k, 1)
+					took := time.Since(start)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					mu.Lock()
+					lat = append(lat, took)
+					switch {
+					case dec.Degraded:
+						degraded++
+					case !dec.Allowed:
+						// The key's limit is far above one request: a
+						// denial is a call that waited out its time behind
+						// the burst (Breaker.FailureOf).
+						denied++
+					}
+					mu.Unlock()
+				})
+			}
+		}
+		wg.Wait()
+	}
+	b.StopTimer()
+	reportLatencies(b, lat)
+	b.ReportMetric(float64(degraded), "degraded")
+	b.ReportMetric(float64(denied), "denied")
+	b.ReportMetric(float64(len(lat)), "decisions")
+}
+
+// reportLatencies reports lat's p50, p90, p99 and max in ms.
+func reportLatencies(b *testing.B, lat []time.Duration) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	q := func(p float64) float64 {
 		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
@@ -142,5 +222,4 @@ func BenchmarkFirstDecisionsAfterRedisStop(b *testing.B) {
 	b.ReportMetric(q(0.9), "p90-ms")
 	b.ReportMetric(q(0.99), "p99-ms")
 	b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max-ms")
-	b.ReportMetric(float64(answered), "not-degraded")
 }

@@ -305,11 +305,38 @@ func (in *Instance) rpc(timeout time.Duration, serve func() bool, onReply, onFai
 }
 
 // acquire sends the synchronous Acquire (or one-report Sync) the group's
-// first request stepped to, and goes on with the step that follows.
+// first request stepped to, and goes on with the step that follows. As the
+// client does (lease.Client's acquire), the group waits for the call at
+// most the request timeout, and the call goes on up to its own
+// (lease.Core.AcquireCallTimeout): when the group gave up on it first
+// (lease.Slow.AcquireGaveUp), its end is the end of a background Sync
+// (lease.Core.SyncDone), a late answer landing its grant.
 func (in *Instance) acquire(g *group, b *lease.Batch) {
 	var grants []*sluicev1.Grant
 	useSync := b.UseSync()
-	in.rpc(in.core.RequestTimeout(in.w.breakerTimeout),
+	waiting, gen := true, in.gen
+	in.w.eng.After(in.core.RequestTimeout(in.w.breakerTimeout), func() {
+		if !waiting || in.gen != gen || !(in.alive || in.stopping) {
+			return
+		}
+		waiting = false
+		st, _ := g.slow.AcquireGaveUp(in.now(), false)
+		in.run(g, st)
+	})
+	ended := func(out lease.Outcome) {
+		if !waiting {
+			in.core.SyncDone(in.now(), b, grants, out)
+			in.w.recycle(grants)
+			in.batchDone(b)
+			return
+		}
+		waiting = false
+		st := g.slow.AcquireDone(in.now(), grants, out)
+		in.w.recycle(grants)
+		in.batchDone(b)
+		in.run(g, st)
+	}
+	in.rpc(in.core.AcquireCallTimeout(in.w.breakerTimeout),
 		func() bool {
 			var ok bool
 			grants, ok = in.region.leaseOp(in.id, b.Reports, !useSync)
@@ -319,16 +346,10 @@ func (in *Instance) acquire(g *group, b *lease.Batch) {
 			})
 			return ok
 		},
+		func() { ended(lease.Answered) },
 		func() {
-			st := g.slow.AcquireDone(in.now(), grants, lease.Answered)
-			in.w.recycle(grants)
-			in.batchDone(b)
-			in.run(g, st)
-		},
-		func() {
-			st := g.slow.AcquireDone(in.now(), nil, lease.Unreachable)
-			in.batchDone(b)
-			in.run(g, st)
+			grants = nil
+			ended(lease.Unreachable)
 		})
 }
 
