@@ -437,9 +437,6 @@ func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
 	case r := <-done:
 		c.observeRPC(method, start, r.err)
 		out := outcome(ctx, r.err)
-		if out == Unreachable && ctx.Err() != nil {
-			out = Abandoned
-		}
 		st := refusal(s.AcquireDone(time.Now(), r.grants, out), r.err)
 		switch out {
 		case Answered:
