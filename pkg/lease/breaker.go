@@ -163,7 +163,7 @@ func (b *Breaker) failureLocked(now time.Time) {
 func (b *Breaker) FailureOf(sent, now time.Time) (counted bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.probing && b.lastSent.After(sent) {
+	if !b.probing && b.answeredSinceLocked(sent) {
 		return false
 	}
 	b.failureLocked(now)
@@ -175,8 +175,11 @@ func (b *Breaker) FailureOf(sent, now time.Time) (counted bool) {
 func (b *Breaker) AnsweredSince(sent time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.lastSent.After(sent)
+	return b.answeredSinceLocked(sent)
 }
+
+// answeredSinceLocked is AnsweredSince; the caller holds b.mu.
+func (b *Breaker) answeredSinceLocked(sent time.Time) bool { return b.lastSent.After(sent) }
 
 // Abandon releases a probe that ended without a verdict (the caller gave
 // up), so the next call may probe.

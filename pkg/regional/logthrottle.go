@@ -28,7 +28,8 @@ func newLogThrottle(every time.Duration) *logThrottle {
 
 // allow reports whether the event of key at now is logged, and if so how
 // many events of key were left out since the last logged one. Keys are a
-// small fixed set (script names), so nothing is ever forgotten.
+// small set (script names; the classes a config change removed while the
+// process ran), so nothing is ever forgotten.
 func (t *logThrottle) allow(key string, now time.Time) (ok bool, leftOut int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
