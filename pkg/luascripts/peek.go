@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -69,12 +70,73 @@ type StoredGrant struct {
 // ok is false when k has no bucket or its bucket never held a grant. What
 // it reads may be expired: compare ExpiryUS with Redis time.
 func ReadGrant(ctx context.Context, c redis.Cmdable, k Keys) (g StoredGrant, ok bool, err error) {
-	// A field left out is 0 (lib.lua, save_bucket); no ts, no bucket.
-	names := []string{bucketFields[fieldTS], bucketFields[fieldGR], bucketFields[fieldGB], bucketFields[fieldGE], bucketFields[fieldGS]}
-	vals, err := c.HMGet(ctx, k.Bucket, names...).Result()
+	vals, err := c.HMGet(ctx, k.Bucket, grantFields...).Result()
 	if err != nil {
 		return g, false, fmt.Errorf("read grant of %s: %w", k.Bucket, err)
 	}
+	return parseGrant(k, vals)
+}
+
+// grantFields are the bucket fields ReadGrant reads: a field left out is
+// 0 (lib.lua, save_bucket); no ts, no bucket.
+var grantFields = []string{bucketFields[fieldTS], bucketFields[fieldGR], bucketFields[fieldGB], bucketFields[fieldGE], bucketFields[fieldGS]}
+
+// GrantLife is a key's stored grant with how long the bucket that holds
+// it lives at the least: ReadGrantLife's answer.
+type GrantLife struct {
+	Grant StoredGrant
+	// Held is false when the key had no bucket or its bucket never held
+	// a grant (ReadGrant's ok).
+	Held bool
+	// NowUS is Redis time at the read.
+	NowUS int64
+	// UntilUS is the Redis time until which the bucket read, or one that
+	// keeps its fence, is certain to be there: a bucket goes only when
+	// its TTL runs out, every call renews the TTL for at least
+	// MinBucketTTL, and a call never lowers the stored fence. Past it the
+	// key may have idled out, and a new bucket holds no fence: a delayed
+	// grant installed there is taken whatever its fence. 0 when no bucket.
+	UntilUS int64
+}
+
+// ReadGrantLife reads k's stored grant as ReadGrant does, with Redis time
+// and the bucket's TTL in the same transaction, and works out from them
+// until when the fence read stays in Redis (GrantLife.UntilUS) under
+// leaseTTL, the lease TTL of the calls that write the key.
+func ReadGrantLife(ctx context.Context, c redis.Cmdable, k Keys, leaseTTL time.Duration) (GrantLife, error) {
+	var now *redis.TimeCmd
+	var vals *redis.SliceCmd
+	var ttl *redis.DurationCmd
+	if _, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		now = p.Time(ctx)
+		vals = p.HMGet(ctx, k.Bucket, grantFields...)
+		ttl = p.PTTL(ctx, k.Bucket)
+		return nil
+	}); err != nil {
+		return GrantLife{}, fmt.Errorf("read grant of %s: %w", k.Bucket, err)
+	}
+	g, ok, err := parseGrant(k, vals.Val())
+	if err != nil {
+		return GrantLife{}, err
+	}
+	life := GrantLife{Grant: g, Held: ok, NowUS: now.Val().UnixMicro()}
+	if left := ttl.Val(); vals.Val()[0] != nil && left > 0 {
+		life.UntilUS = life.NowUS + min(left, MinBucketTTL(leaseTTL)).Microseconds()
+	}
+	return life, nil
+}
+
+// MinBucketTTL is the least TTL a call that writes or renews a bucket
+// sets under leaseTTL (lib.lua, bucket_ttl and save_held: twice the lease
+// TTL and a second), so every lease issued from the bucket ends before it
+// can idle out.
+func MinBucketTTL(leaseTTL time.Duration) time.Duration {
+	return 2*leaseTTL.Truncate(time.Millisecond) + time.Second
+}
+
+// parseGrant reads the grantFields' values of k's bucket.
+func parseGrant(k Keys, vals []any) (g StoredGrant, ok bool, err error) {
+	names := grantFields
 	if vals[0] == nil {
 		return g, false, nil
 	}

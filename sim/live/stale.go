@@ -31,7 +31,10 @@ type staleGrant struct {
 // refuse a grant whose fence is older than one a newer leader installed;
 // one it still takes (no newer grant for its key yet) is the same grant
 // again, which the global tier counts until its expiry anyway, and the
-// oracle is told of it as of any applied grant. It returns what the
+// oracle is told of it as of any applied grant. A key whose bucket idled
+// out meanwhile takes the old grant too: its fence went with the bucket,
+// and the grant, as old as the newer one it follows or older, has ended
+// (a bucket outlives its grants: lib.lua, bucket_ttl). It returns what the
 // fault's label adds.
 func (d *deployment) staleLeader(ctx context.Context, r *liveRegion, lasting time.Duration) string {
 	rep := d.awaitLeader(ctx, r)
@@ -92,29 +95,41 @@ func (d *deployment) installStale(ctx context.Context, r *liveRegion, last []sta
 			ExpiryUS: s.grant.ExpiryUS, IssuedUS: s.grant.FenceUS})
 		keys = append(keys, s.key)
 	}
-	// The fence each key holds now: a grant applied over a newer one is
-	// what the oracle's grant order check is for.
-	stored := make([]int64, len(items))
+	// The fence each key holds now, and until when that bucket is sure to
+	// be there: a grant applied over a newer fence while it is, is what
+	// the oracle's grant order check is for. A key that idled out since
+	// (a starved run's instances and leader may not touch it for its
+	// whole TTL) is a new bucket holding no fence, which takes any grant;
+	// the oracle cannot judge that install's order, and the log counts it.
+	lives := make([]luascripts.GrantLife, len(items))
 	for i, it := range items {
-		if g, ok, err := luascripts.ReadGrant(ctx, r.rdb, it.Keys); err == nil && ok {
-			stored[i] = g.FenceUS
+		if l, err := luascripts.ReadGrantLife(ctx, r.rdb, it.Keys, time.Duration(cfg.LeaseTTL)); err == nil {
+			lives[i] = l
 		}
 	}
+	idled := 0
 	for i, res := range srv.Scripts().SetRateMany(ctx, r.rdb, items) {
 		switch {
 		case res.Err != nil:
 			failed++
 		case res.Reply.Applied:
 			applied++
-			key, held, fence := keys[i], stored[i], items[i].IssuedUS
-			d.rec.do(func(o *oracle.Oracle, now time.Duration) {
-				o.GrantIssued(now, r.idx, key, held)
-				o.GrantIssued(now, r.idx, key, fence)
-			})
+			key, held, fence := keys[i], lives[i].Grant.FenceUS, items[i].IssuedUS
+			if fence < held && res.Reply.NowUS >= lives[i].UntilUS {
+				idled++
+			} else {
+				d.rec.do(func(o *oracle.Oracle, now time.Duration) {
+					o.GrantIssued(now, r.idx, key, held)
+					o.GrantIssued(now, r.idx, key, fence)
+				})
+			}
 			d.grantApplied(r.idx, key, items[i].Rate, items[i].Burst, items[i].ExpiryUS)
 		default:
 			refused++
 		}
+	}
+	if idled > 0 {
+		fmt.Fprintf(d.log, "live: %d of the stale leader's grants in %s were taken by a bucket that idled out after its fence was read (a new bucket holds no fence)\n", idled, r.name)
 	}
 	return applied, refused, failed
 }
