@@ -393,24 +393,40 @@ func TestNeverCountsThePoolTowardsTheNeed(t *testing.T) {
 
 // TestWaitForFewerTokensIsNoAnswerForMore: the region's wait is the time
 // until its bucket holds the tokens the report needed. A request needing
-// no more beyond the pool is denied with the rest of that wait; one
-// needing more asks the region, whose wait for it is longer (a retry at
-// the shorter wait would be denied again).
+// as many beyond the pool is denied with the rest of that wait; one
+// needing fewer with the rest less the time the region's rate (10/s here)
+// refills the difference, and once that has passed it asks the region
+// (denied for the whole wait, a request of 1 token waited as long as one
+// of 3: a large request denied made small ones wait past their tokens);
+// one needing more asks the region, whose wait for it is longer (a retry
+// at the shorter wait would be denied again).
 func TestWaitForFewerTokensIsNoAnswerForMore(t *testing.T) {
 	tb := newTestTable(t)
-	acquire(t, tb, t0, t0, kW, 2, 2)
+	rate := func(g *sluicev1.Grant) { g.RegionRate = 10 }
+	acquire(t, tb, t0, t0, kW, 2, 2, rate)
 	allow(t, tb, t0, kW, 2)
 	if _, act := allow(t, tb, t0, kW, 3); act != ActAcquire {
 		t.Fatalf("cost 3 on an empty pool: action %v, want acquire", act)
 	}
 	b, _ := tb.PrepareAcquire(t0, kW, 3)
-	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs = 300 })}); err != nil {
+	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(b.Reports[0], 0, rate, func(g *sluicev1.Grant) { g.RetryAfterMs = 300 })}); err != nil {
 		t.Fatal(err)
 	}
-	for _, cost := range []int64{1, 3} {
-		if d, act := allow(t, tb, t0.Add(100*time.Millisecond), kW, cost); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != 200*time.Millisecond {
-			t.Errorf("cost %d after a wait of 300ms for 3: %+v, action %v; want denied with RetryAfter 200ms", cost, d, act)
+	for _, tc := range []struct {
+		cost int64
+		want time.Duration
+	}{{3, 200 * time.Millisecond}, {2, 100 * time.Millisecond}} {
+		if d, act := allow(t, tb, t0.Add(100*time.Millisecond), kW, tc.cost); act != ActNone || d.Allowed || d.RetryNever || d.RetryAfter != tc.want {
+			t.Errorf("cost %d after a wait of 300ms for 3: %+v, action %v; want denied with RetryAfter %v", tc.cost, d, act, tc.want)
 		}
+	}
+	for _, at := range []time.Duration{100 * time.Millisecond, 150 * time.Millisecond} {
+		if d, act := allow(t, tb, t0.Add(at), kW, 1); act != ActAcquire || d.WouldDeny {
+			t.Errorf("cost 1 at %v after a wait of 300ms for 3 (2 tokens refill in 200ms): %+v, action %v; want no decision, acquire", at, d, act)
+		}
+	}
+	if d, act := allow(t, tb, t0.Add(99*time.Millisecond), kW, 1); act != ActNone || d.RetryAfter != time.Millisecond {
+		t.Errorf("cost 1 at 99ms after a wait of 300ms for 3: %+v, action %v; want denied with RetryAfter 1ms", d, act)
 	}
 	if d, act := allow(t, tb, t0.Add(100*time.Millisecond), kW, 8); act != ActAcquire || d.WouldDeny {
 		t.Errorf("cost 8 after a wait of 300ms for 3: %+v, action %v; want no decision, acquire", d, act)
@@ -420,7 +436,7 @@ func TestWaitForFewerTokensIsNoAnswerForMore(t *testing.T) {
 	if b == nil || b.Reports[0].Min != 8 {
 		t.Fatalf("acquire for cost 8: batch %v, want one report with min 8", b)
 	}
-	if err := tb.Apply(t0.Add(100*time.Millisecond), b, []*sluicev1.Grant{regionGrant(b.Reports[0], 0, func(g *sluicev1.Grant) { g.RetryAfterMs = 1400 })}); err != nil {
+	if err := tb.Apply(t0.Add(100*time.Millisecond), b, []*sluicev1.Grant{regionGrant(b.Reports[0], 0, rate, func(g *sluicev1.Grant) { g.RetryAfterMs = 1400 })}); err != nil {
 		t.Fatal(err)
 	}
 	if d, act := allow(t, tb, t0.Add(200*time.Millisecond), kW, 8); act != ActNone || d.Allowed || d.RetryAfter != 1300*time.Millisecond {

@@ -211,3 +211,34 @@ func TestDegradedEpisodesCountEntriesIntoDegradedMode(t *testing.T) {
 		}
 	}
 }
+
+// TestDegradedCostAboveTheLocalBurstRetriesWhenTheKeyAsksAgain: degraded,
+// a cost within the key's burst (20) but above the local bucket's (5: the
+// region's 20 over 4 live instances) is denied with a retry when the key
+// next asks the region (a refresh), since no wait fills the local bucket
+// past its burst; a cost within the local burst is denied with the time
+// its tokens take at the local rate.
+func TestDegradedCostAboveTheLocalBurstRetriesWhenTheKeyAsksAgain(t *testing.T) {
+	tb := newTestTable(t)
+	acquire(t, tb, t0, t0, kW, 1, 1, func(g *sluicev1.Grant) {
+		g.RegionRate, g.RegionBurst, g.LiveInstances, g.Limit = 20, 20, 4, 20
+	})
+	for range 4 {
+		if d, err := tb.Fallback(t0, kW, 1); err != nil || !d.Allowed {
+			t.Fatalf("degraded, one token of a full local bucket of 5: %+v (%v)", d, err)
+		}
+	}
+	for _, tc := range []struct {
+		cost int64
+		want time.Duration
+	}{
+		{6, tb.opts.Refresh},
+		{20, tb.opts.Refresh},
+		{3, 400 * time.Millisecond}, // 2 more tokens at 5/s
+	} {
+		d, err := tb.Fallback(t0, kW, tc.cost)
+		if err != nil || d.Allowed || !d.Degraded || d.RetryNever || d.RetryAfter != tc.want || d.Cap != 5 {
+			t.Errorf("degraded, cost %d on a local bucket of 5 holding 1: %+v (%v); want denied, retry after %v, cap 5", tc.cost, d, err, tc.want)
+		}
+	}
+}

@@ -34,7 +34,9 @@
 //	           crossing the low-water mark → ActRefill.
 //	           Otherwise: negUntil in the future → denied with RetryAfter
 //	           when the region named a wait for a need (tokens beyond the
-//	           pool) no smaller than this request's; when it answered
+//	           pool) no smaller than this request's, less the time the
+//	           region's rate refills the difference (once that has passed,
+//	           the key asks the region: ActAcquire); when it answered
 //	           "never" (-1) for a need no larger than this request's, with
 //	           RetryAfter until negUntil (the key asks again then) for a
 //	           cost within the key's configured burst (other leases come

@@ -111,7 +111,9 @@ type keyInfo struct {
 	// negNeed is denied until negUntil, with RetryNever only when its
 	// cost is beyond any wait (waitCures), and one needing less asks (the
 	// "never" says nothing of it); otherwise one needing at most negNeed
-	// is denied until negUntil.
+	// is denied until negUntil less the time the region's rate refills
+	// the tokens it needs fewer of (refillTime), and asks once that has
+	// passed.
 	negNeed int32
 	// lowWater is at most maxPool: a pool never holds more, so a higher
 	// mark would act the same.
@@ -492,10 +494,22 @@ func (t *Table) Allow(now time.Time, key quota.Key, cost int64) (quota.Decision,
 			d.RetryNever = !d.Allowed
 			return d, ActNone, nil
 		case !in.negNever && need <= int64(in.negNeed):
-			return t.deny(e, in, cost, time.Duration(in.negUntil-at)), ActNone, nil
+			// A wait named for more tokens than this request needs is
+			// longer than its own by the time the region's bucket takes
+			// to refill the difference: denied until then, the key asks
+			// the region once it has come. That is exact for a lone
+			// instance; where others spend the bucket too, the region's
+			// answer to the ask names the rest of the wait. Denied for
+			// the whole wait, such a request was refused tokens the
+			// region held (a large request denied made every small one
+			// wait as long).
+			if wait := time.Duration(in.negUntil-at) - in.refillTime(int64(in.negNeed)-need); wait > 0 {
+				return t.deny(e, in, cost, wait), ActNone, nil
+			}
 		}
 		// The answer was about a different need: a larger one after a
-		// named wait, a smaller one after "never". Only the region can
+		// named wait, a smaller one after "never", or a smaller one whose
+		// tokens the region's bucket may hold by now. Only the region can
 		// say when this request's tokens come.
 	}
 	return quota.Decision{}, ActAcquire, nil
@@ -586,6 +600,20 @@ func WaitCures(cost, limit int64, unleased, known bool, regionRate, regionBurst 
 		return known && cost <= wholeCap(regionBurst, limit) && regionRate > 0
 	}
 	return true
+}
+
+// refillTime is how long the region's bucket takes to refill n tokens at
+// the region's rate for the key (0 for n <= 0 or an unknown or zero rate:
+// nothing is known of the difference; at most MaxInt64 ns).
+func (in *keyInfo) refillTime(n int64) time.Duration {
+	if n <= 0 || !(in.regionRate > 0) {
+		return 0
+	}
+	s := float64(n) / in.regionRate * float64(time.Second)
+	if !(s < math.MaxInt64) {
+		return math.MaxInt64
+	}
+	return time.Duration(s)
 }
 
 // waitCures is WaitCures for the key's last answer: its cap is
@@ -679,7 +707,15 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 		d.Remaining = max(0, int64(math.Floor(have)))
 		if r := float64(lim.Limit()); r > 0 {
 			d.Refill = r
-			if !d.Allowed {
+			switch {
+			case d.Allowed:
+			case cost > int64(lim.Burst()):
+				// No wait fills the local bucket past its burst: only
+				// the region, answering again, can admit this cost
+				// (within the key's burst, it is not RetryNever). Retry
+				// when the key asks it again, as closed answers.
+				d.RetryAfter = t.opts.Refresh
+			default:
 				d.RetryAfter = time.Duration((float64(cost) - have) / r * float64(time.Second))
 			}
 			d.ResetAt = now.Add(time.Duration((float64(lim.Burst()) - have) / r * float64(time.Second)))
