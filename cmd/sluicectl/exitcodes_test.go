@@ -174,3 +174,42 @@ func TestStatusRefusedByTheGlobalAllocatorIsNotUnreachable(t *testing.T) {
 		t.Fatalf("the operator certificate was refused:\n%s", r)
 	}
 }
+
+// TestAnAddressThatIsNotHostPortIsAUsageError: lease and check refuse an
+// -addr that is not host:port as status refuses such a -global-addr: a
+// usage error naming the flag and the address, not a service that could
+// not be reached. A port left empty ("host:") is not host:port either.
+// region drain, which asks -global-addr after it wrote, refuses such an
+// address before writing.
+func TestAnAddressThatIsNotHostPortIsAUsageError(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		say  []string
+	}{
+		{"lease -addr bogus", []string{"lease", "-addr", "bogus", "-tenant", "acme"}, []string{`-addr "bogus"`, "is not host:port"}},
+		{"check -addr bogus", []string{"check", "-addr", "bogus", "-tenant", "acme", "-class", "export"}, []string{`-addr "bogus"`, "is not host:port"}},
+		{"check -addr without a port", []string{"check", "-addr", "127.0.0.1:", "-tenant", "acme"}, []string{`-addr "127.0.0.1:"`, "is not host:port"}},
+		{"lease -addr empty", []string{"lease", "-addr", "", "-tenant", "acme"}, []string{`-addr ""`, "is not host:port"}},
+		{"status -global-addr without a port", []string{"-global-addr", "127.0.0.1:", "status"}, []string{"-global-addr", `"127.0.0.1:" is not host:port`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := sluicectl(t, "", tc.args...)
+			wantCode(t, r, exitUsage)
+			wantContains(t, "stderr", r.stderr, tc.say...)
+			if r.stdout != "" || strings.Contains(r.stderr, "running there") {
+				t.Fatalf("an address that is not host:port was dialed:\n%s", r)
+			}
+		})
+	}
+
+	t.Run("region drain -global-addr bogus", func(t *testing.T) {
+		c := newCluster(t)
+		wantCode(t, sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...), exitOK)
+		before := c.revision(t)
+		r := sluicectl(t, "", c.args("-global-addr", "bogus", "region", "drain", "eu-west", "-yes")...)
+		wantCode(t, r, exitUsage)
+		wantContains(t, "stderr", r.stderr, "-global-addr", `"bogus" is not host:port`)
+		c.wantUnwritten(t, before, "a drain given a -global-addr that is not host:port")
+	})
+}

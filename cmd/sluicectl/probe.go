@@ -31,6 +31,9 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		if len(args) > 0 || *tenant == "" {
 			return exitf(exitUsage, "lease needs -tenant and takes no arguments")
 		}
+		if err := regionalAddr(*addr); err != nil {
+			return err
+		}
 		id := *instance
 		if id == "" {
 			id = "sluicectl-" + strconv.Itoa(os.Getpid())
@@ -88,6 +91,9 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		if len(args) > 0 || *tenant == "" {
 			return exitf(exitUsage, "check needs -tenant and takes no arguments")
 		}
+		if err := regionalAddr(*addr); err != nil {
+			return err
+		}
 		conn, err := a.dialGRPC(*addr, "")
 		if err != nil {
 			return err
@@ -116,6 +122,16 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		}
 		return nil
 	}
+}
+
+// regionalAddr refuses an -addr that is not host:port (hostPort) as a
+// usage error, before it is dialed: gRPC would take the text as a name to
+// resolve and fail as if the service were down.
+func regionalAddr(addr string) error {
+	if err := hostPort(addr); err != nil {
+		return exitf(exitUsage, "-addr %q is not host:port (%v); give the regional service's address, as 127.0.0.1:7400", addr, err)
+	}
+	return nil
 }
 
 // regionNever says in words what a region's "never" (retry_after_ms -1:

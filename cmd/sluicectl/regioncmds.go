@@ -46,6 +46,13 @@ func (a *app) regionDrainedCmd(fs *flag.FlagSet, drain bool) func(context.Contex
 			return exitf(exitUsage, "region %s takes one region name; see -h", verb)
 		}
 		name := args[0]
+		if drain {
+			// A drain asks -global-addr once it has written: an address
+			// that is not host:port is refused before anything is.
+			if _, err := a.globalAddrs(); err != nil {
+				return err
+			}
+		}
 		var timing *config.Config
 		err := a.readModifyWrite(ctx, change, func(cfg *config.Config) error {
 			r, ok := cfg.Regions[name]
