@@ -85,7 +85,10 @@ on a terminal and refuse otherwise.
 exit codes:
   0  success (including "no changes")
   1  invalid input or config, or a change declined at the prompt
-  2  usage error (a change without -yes when stdin is not a terminal, too)
+  2  usage error, found before anything is asked or written: an address
+     that is not host:port, a number out of its range (-want, -cost, -top,
+     -limit, a -timeout not above 0); a change without -yes when stdin is
+     not a terminal, too
   3  conflict: the config in etcd changed between read and write
   4  not found: no config in etcd, or no such tenant, class or region
   5  unreachable: etcd, the global allocator or the regional service could
@@ -425,8 +428,8 @@ func (a *app) etcd() (*clientv3.Client, *configstore.Store, error) {
 	if len(eps) == 0 {
 		return nil, nil, exitf(exitUsage, "no etcd endpoints: set -etcd-endpoints or %s", flagenv.EnvName(envPrefix, "etcd-endpoints"))
 	}
-	if a.g.timeout <= 0 {
-		return nil, nil, exitf(exitUsage, "-timeout must be positive, got %v", a.g.timeout)
+	if err := a.positiveTimeout(); err != nil {
+		return nil, nil, err
 	}
 	tlsCfg, err := clientTLS(a.g.etcdCA, a.g.etcdCert, a.g.etcdKey, "", "-etcd-")
 	if err != nil {
@@ -451,6 +454,15 @@ func (a *app) etcd() (*clientv3.Client, *configstore.Store, error) {
 func (a *app) etcdFailure(err error) error {
 	return exitf(exitUnreachable, "cannot use etcd at %s: %v\ncheck -etcd-endpoints (%s), the -etcd-ca/-etcd-cert/-etcd-key and -etcd-username/-etcd-password flags, and that etcd is up",
 		strings.Join(a.g.endpoints(), ","), err, flagenv.EnvName(envPrefix, "etcd-endpoints"))
+}
+
+// positiveTimeout refuses a -timeout that is not positive, with which
+// every step (step) would end before it began.
+func (a *app) positiveTimeout() error {
+	if a.g.timeout <= 0 {
+		return exitf(exitUsage, "-timeout must be positive, got %v", a.g.timeout)
+	}
+	return nil
 }
 
 // step bounds one etcd or gRPC step by -timeout.

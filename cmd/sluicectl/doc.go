@@ -33,7 +33,10 @@
 //
 //	0  success (including "no changes")
 //	1  invalid input or config, or a change declined at the prompt
-//	2  usage error (a change without -yes when stdin is not a terminal, too)
+//	2  usage error, found before anything is asked or written: an address that is
+//	   not host:port, a number out of its range (lease -want 1..1073741824, check
+//	   -cost 1..1048576, status -top 1..1000, tenant list -limit 0 or more,
+//	   -timeout above 0); a change without -yes when stdin is not a terminal, too
 //	3  conflict: the config in etcd changed between read and write
 //	4  not found: no config in etcd, or no such tenant, class or region (lease and
 //	   check against a replica whose region is no longer in the config it runs, too)

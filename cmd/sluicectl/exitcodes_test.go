@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
@@ -13,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
@@ -212,4 +215,46 @@ func TestAnAddressThatIsNotHostPortIsAUsageError(t *testing.T) {
 		wantContains(t, "stderr", r.stderr, "-global-addr", `"bogus" is not host:port`)
 		c.wantUnwritten(t, before, "a drain given a -global-addr that is not host:port")
 	})
+}
+
+// TestOutOfRangeNumbersAreUsageErrorsBeforeAnyCall: a -want the
+// LeaseService would refuse or that asks for nothing (0), a -cost it would
+// refuse, and a -timeout that is not positive are usage errors naming the
+// flag and its range, found before the regional service is dialed: the
+// service at -addr cancels the run (an interrupt, exit 130) if it is.
+func TestOutOfRangeNumbersAreUsageErrorsBeforeAnyCall(t *testing.T) {
+	wantRange := fmt.Sprintf("1..%d", quota.MaxWant)
+	costRange := fmt.Sprintf("1..%d", quota.MaxCost)
+	for _, tc := range []struct {
+		name string
+		args []string
+		say  []string
+	}{
+		{"lease -want 0", []string{"lease", "-want", "0"}, []string{"-want 0", wantRange}},
+		{"lease -want -3", []string{"lease", "-want", "-3"}, []string{"-want -3", wantRange}},
+		{"lease -want above quota.MaxWant", []string{"lease", "-want", fmt.Sprint(quota.MaxWant + 1)},
+			[]string{fmt.Sprintf("-want %d", quota.MaxWant+1), wantRange}},
+		{"check -cost 0", []string{"check", "-cost", "0"}, []string{"-cost 0", costRange}},
+		{"check -cost -1", []string{"check", "-cost", "-1"}, []string{"-cost -1", costRange}},
+		{"check -cost above quota.MaxCost", []string{"check", "-cost", fmt.Sprint(quota.MaxCost + 1)},
+			[]string{fmt.Sprintf("-cost %d", quota.MaxCost+1), costRange}},
+		{"lease -timeout 0", []string{"lease", "-timeout", "0s"}, []string{"-timeout must be positive"}},
+		{"check -timeout -1s", []string{"check", "-timeout", "-1s"}, []string{"-timeout must be positive"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			var dialed atomic.Bool
+			addr := grpctest.SilentAddr(t, func() { dialed.Store(true); cancel() })
+			// -timeout far beyond the test: a dial ends only by the cancel.
+			args := append([]string{"-timeout", "24h"}, tc.args...)
+			args = append(args, "-addr", addr, "-tenant", "acme")
+			r := runAppContext(t, ctx, &app{}, args...)
+			wantCode(t, r, exitUsage)
+			wantContains(t, "stderr", r.stderr, tc.say...)
+			if r.stdout != "" || dialed.Load() {
+				t.Fatalf("the regional service was dialed (dialed %v):\n%s", dialed.Load(), r)
+			}
+		})
+	}
 }

@@ -14,6 +14,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
+	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional/rpcerr"
 )
 
@@ -24,15 +25,18 @@ func (a *app) leaseCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 	addr := fs.String("addr", "127.0.0.1:7400", "regional service host:port")
 	tenant := fs.String("tenant", "", "tenant id (required)")
 	class := fs.String("class", "read", "route class")
-	want := fs.Int64("want", 10, "tokens to lease")
+	want := fs.Int64("want", 10, fmt.Sprintf("tokens to lease (1..%d)", quota.MaxWant))
 	instance := fs.String("instance", "", "instance id (default sluicectl-<pid>)")
 	keep := fs.Bool("keep", false, "keep the lease instead of releasing it (it expires after the lease TTL)")
 	return func(ctx context.Context, args []string) error {
 		if len(args) > 0 || *tenant == "" {
 			return exitf(exitUsage, "lease needs -tenant and takes no arguments")
 		}
-		if err := regionalAddr(*addr); err != nil {
+		if err := a.regionalFlags(*addr); err != nil {
 			return err
+		}
+		if *want < 1 || *want > quota.MaxWant {
+			return exitf(exitUsage, "-want %d is out of range: a lease asks for 1..%d tokens", *want, quota.MaxWant)
 		}
 		id := *instance
 		if id == "" {
@@ -86,13 +90,16 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 	addr := fs.String("addr", "127.0.0.1:7400", "regional service host:port")
 	tenant := fs.String("tenant", "", "tenant id (required)")
 	class := fs.String("class", "export", "route class")
-	cost := fs.Int64("cost", 1, "tokens the request costs")
+	cost := fs.Int64("cost", 1, fmt.Sprintf("tokens the request costs (1..%d)", quota.MaxCost))
 	return func(ctx context.Context, args []string) error {
 		if len(args) > 0 || *tenant == "" {
 			return exitf(exitUsage, "check needs -tenant and takes no arguments")
 		}
-		if err := regionalAddr(*addr); err != nil {
+		if err := a.regionalFlags(*addr); err != nil {
 			return err
+		}
+		if *cost < 1 || *cost > quota.MaxCost {
+			return exitf(exitUsage, "-cost %d is out of range: a request costs 1..%d tokens", *cost, quota.MaxCost)
 		}
 		conn, err := a.dialGRPC(*addr, "")
 		if err != nil {
@@ -124,14 +131,15 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 	}
 }
 
-// regionalAddr refuses an -addr that is not host:port (hostPort) as a
-// usage error, before it is dialed: gRPC would take the text as a name to
-// resolve and fail as if the service were down.
-func regionalAddr(addr string) error {
+// regionalFlags refuses, as usage errors before anything is dialed, an
+// -addr that is not host:port (hostPort: gRPC would take the text as a
+// name to resolve and fail as if the service were down) and a -timeout
+// that is not positive.
+func (a *app) regionalFlags(addr string) error {
 	if err := hostPort(addr); err != nil {
 		return exitf(exitUsage, "-addr %q is not host:port (%v); give the regional service's address, as 127.0.0.1:7400", addr, err)
 	}
-	return nil
+	return a.positiveTimeout()
 }
 
 // regionNever says in words what a region's "never" (retry_after_ms -1:

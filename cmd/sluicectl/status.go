@@ -185,8 +185,8 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 			return exitf(exitUsage, "status needs etcd (-etcd-endpoints, %s) or a global allocator (-global-addr, %s)",
 				flagenv.EnvName(envPrefix, "etcd-endpoints"), flagenv.EnvName(envPrefix, "global-addr"))
 		}
-		if a.g.timeout <= 0 {
-			return exitf(exitUsage, "-timeout must be positive, got %v", a.g.timeout)
+		if err := a.positiveTimeout(); err != nil {
+			return err
 		}
 		// Credentials problems are usage errors, not an unreachable tier.
 		if _, err := a.grpcCredentials(a.g.globalTLSName); err != nil {
