@@ -444,6 +444,28 @@ func TestWaitForFewerTokensIsNoAnswerForMore(t *testing.T) {
 	}
 }
 
+// TestWaitForMoreTokensAtARateNearZero: at a region rate so small that
+// the difference would take longer than any Duration to refill, a request
+// needing fewer tokens than the wait was named for asks the region (its
+// tokens may be there already: the difference says nothing), and one
+// needing as many is denied with the rest of the wait.
+func TestWaitForMoreTokensAtARateNearZero(t *testing.T) {
+	tb := newTestTable(t)
+	rate := func(g *sluicev1.Grant) { g.RegionRate = 1e-15 }
+	acquire(t, tb, t0, t0, kW, 1, 1, rate)
+	allow(t, tb, t0, kW, 1)
+	b, _ := tb.PrepareAcquire(t0, kW, 3)
+	if err := tb.Apply(t0, b, []*sluicev1.Grant{regionGrant(b.Reports[0], 0, rate, func(g *sluicev1.Grant) { g.RetryAfterMs = 300 })}); err != nil {
+		t.Fatal(err)
+	}
+	if d, act := allow(t, tb, t0, kW, 3); act != ActNone || d.RetryAfter != 300*time.Millisecond {
+		t.Errorf("cost 3 after a wait of 300ms for 3: %+v, action %v; want denied with RetryAfter 300ms", d, act)
+	}
+	if d, act := allow(t, tb, t0, kW, 2); act != ActAcquire || d.WouldDeny {
+		t.Errorf("cost 2 after a wait of 300ms for 3 at 1e-15/s: %+v, action %v; want no decision, acquire", d, act)
+	}
+}
+
 // TestPoolTakeReportsCrossingOnce: a spend reports crossing the low-water
 // mark only when it takes the pool from above the mark to at or below it.
 func TestPoolTakeReportsCrossingOnce(t *testing.T) {
