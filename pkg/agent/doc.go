@@ -76,8 +76,10 @@
 // class, a cost that is not a whole number in range or exceeds the key's
 // burst), 405 for a method other than POST, 408 for a body that did not
 // arrive in full within Options.RequestReadTimeout (default 10s; counted
-// abandoned), 413 for a body over 64 KiB, 503 while no config is loaded or
-// the lease client is closed.
+// abandoned), 413 for a body over 64 KiB (a Content-Length over it is
+// refused at once, on the headers, without reading the body or waiting for
+// it, and the connection is closed after the answer), 503 while no config
+// is loaded or the lease client is closed.
 //
 // A 200 with allowed false was chosen over a 429 so that a caller tells a
 // denial (a result, with its retry time) from a failure of the agent (an

@@ -176,6 +176,17 @@ func (a *api) serve(w http.ResponseWriter, r *http.Request) string {
 // and at most once (it would keep the last of two).
 func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) {
 	var req AllowRequest
+	if r.ContentLength > MaxBodyBytes {
+		// Refused on its headers: reading on would wait for a body that
+		// may never come (the caller that announced it sent less, or
+		// waits for 100 Continue), and nothing it holds could change the
+		// answer. The connection closes after the answer, as after a body
+		// found oversize: what is left of the body must not be read as the
+		// next request, nor drained first.
+		w.Header().Set("Connection", "close")
+		return req, &badRequest{status: http.StatusRequestEntityTooLarge,
+			msg: fmt.Sprintf("body exceeds %d bytes (its Content-Length is %d)", MaxBodyBytes, r.ContentLength)}
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
