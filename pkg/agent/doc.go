@@ -72,7 +72,9 @@
 // Errors are JSON too, {"error": "...", "field": "..."}: 400 for a bad
 // request (the message and field name the part at fault: a body that is
 // not one JSON object, an unknown field ("TENANT" among them), a field
-// given twice, tenant or class missing or malformed, an unconfigured
+// given twice, a field holding an array or an object (however deeply
+// nested: the field is named, not the nesting), tenant or class missing
+// or malformed, an unconfigured
 // class, a cost that is not a whole number in range or exceeds the key's
 // burst), 405 for a method other than POST, 408 for a body that did not
 // arrive in full within Options.RequestReadTimeout (default 10s; counted

@@ -44,6 +44,10 @@ func FuzzAllowRequest(f *testing.F) {
 	} {
 		f.Add([]byte(body)) // more seeds in testdata/fuzz/FuzzAllowRequest
 	}
+	// Valid JSON nested deeper than encoding/json reads.
+	deep := strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1)
+	f.Add([]byte(`{"tenant":"acme","class":"read","x":` + deep + `}`))
+	f.Add([]byte(`{"tenant":"acme","class":` + deep + `}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest(http.MethodPost, "/v1/allow", strings.NewReader(string(body)))

@@ -208,10 +208,18 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 	// place its syntax errors reliably.
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var value json.RawMessage
-	if err := dec.Decode(&value); err != nil {
-		return req, jsonError(body, err)
-	}
-	if dec.More() {
+	syntaxErr := dec.Decode(&value)
+	// Valid JSON up to values nested deeper than encoding/json reads: as
+	// every field of a request holds a string or a number, such a value is
+	// the body itself or one field's, and the walk below refuses either
+	// before it reads the value (only then is the depth the answer).
+	_, deep := tooDeep(body, syntaxErr)
+	switch {
+	case deep:
+		value = body
+	case syntaxErr != nil:
+		return req, jsonError(body, syntaxErr)
+	case dec.More():
 		return req, refuse("", "body holds more than one JSON value")
 	}
 	// JSON is UTF-8 (RFC 8259). Outside a string the syntax check above
@@ -261,11 +269,74 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 			return req, refuse(name, "field %q appears more than once: send each field once", name)
 		}
 		seen[i] = true
+		// An array or an object is no field's value: refused unread, so
+		// that however deep it nests, the answer names the field.
+		if kind := kindAt(value, dec.InputOffset()); kind == "array" || kind == "object" {
+			return req, wrongKind(name, kind)
+		}
 		if err := dec.Decode(dst); err != nil {
 			return req, fieldError(name, err)
 		}
 	}
+	if deep {
+		return req, jsonError(body, syntaxErr)
+	}
 	return req, nil
+}
+
+// kindAt names the kind of the JSON value after the object key that ends
+// at offset off of data.
+func kindAt(data []byte, off int64) string {
+	for ; off < int64(len(data)); off++ {
+		switch data[off] {
+		case ' ', '\t', '\n', '\r', ':':
+			continue
+		case '[':
+			return "array"
+		case '{':
+			return "object"
+		case '"':
+			return "string"
+		case 't', 'f':
+			return "bool"
+		case 'n':
+			return "null"
+		}
+		return "number"
+	}
+	return ""
+}
+
+// maxJSONDepth is how deep encoding/json reads arrays and objects nested
+// in one another; it refuses a value nested deeper as a syntax error.
+const maxJSONDepth = 10000
+
+// tooDeep reports whether err is encoding/json's refusal of data for
+// nesting deeper than maxJSONDepth, and the offset of the byte that went
+// one level too deep. data is valid JSON up to that byte.
+func tooDeep(data []byte, err error) (int64, bool) {
+	var syntaxErr *json.SyntaxError
+	if !errors.As(err, &syntaxErr) || syntaxErr.Offset < 1 || syntaxErr.Offset > int64(len(data)) {
+		return 0, false
+	}
+	at := syntaxErr.Offset - 1 // Offset counts the bytes read, the one at fault included
+	depth, inString, escaped := 0, false, false
+	for _, c := range data[:at+1] {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '[' || c == '{':
+			depth++
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return at, depth > maxJSONDepth
 }
 
 // jsonKind names the kind of JSON value tok starts.
@@ -283,9 +354,13 @@ func jsonKind(tok json.Token) string {
 	return "null"
 }
 
-// jsonError says where body, which is not valid JSON, goes wrong.
+// jsonError says where body, which is not valid JSON, goes wrong, or that
+// it nests deeper than encoding/json reads.
 func jsonError(body []byte, err error) *badRequest {
 	var syntaxErr *json.SyntaxError
+	if at, deep := tooDeep(body, err); deep {
+		return refuse("", "body nests arrays and objects deeper than %d levels, the most the agent reads (at offset %d)", maxJSONDepth, at)
+	}
 	switch {
 	// Offset counts the bytes read, the one at fault included.
 	case errors.As(err, &syntaxErr) && syntaxErr.Offset >= 1 && syntaxErr.Offset <= int64(len(body)):
@@ -299,13 +374,18 @@ func jsonError(body []byte, err error) *badRequest {
 // fieldError names the field whose value does not decode.
 func fieldError(field string, err error) *badRequest {
 	var typeErr *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &typeErr) && field == "cost":
-		return refuse("cost", "cost must be a whole number of tokens from 1 to %d (got a JSON %s)", quota.MaxCost, typeErr.Value)
-	case errors.As(err, &typeErr):
-		return refuse(field, "%s must be a JSON string (got a JSON %s)", field, typeErr.Value)
+	if errors.As(err, &typeErr) {
+		return wrongKind(field, typeErr.Value)
 	}
 	return refuse(field, "%s: %v", field, err)
+}
+
+// wrongKind refuses field for holding a JSON value of the kind given.
+func wrongKind(field, kind string) *badRequest {
+	if field == "cost" {
+		return refuse("cost", "cost must be a whole number of tokens from 1 to %d (got a JSON %s)", quota.MaxCost, kind)
+	}
+	return refuse(field, "%s must be a JSON string (got a JSON %s)", field, kind)
 }
 
 // validate checks the request against cfg, naming the field at fault.
