@@ -34,9 +34,11 @@
 //	{"tenant": "acme", "class": "read", "cost": 1}
 //
 // tenant and class are required; cost is optional, default 1, a whole
-// number of tokens from 1 to the key's burst. The answer to a decided
-// request is 200 whatever the verdict; over quota is a result, not an
-// error:
+// number of tokens from 1 to the key's burst: any JSON number whose value
+// is a whole number, however written (1, 1.0 and 1e0 alike, as clients
+// that write every number as a float send), not a string. The answer to
+// a decided request is 200 whatever the verdict; over quota is a result,
+// not an error:
 //
 //	{"allowed": false, "would_deny": true, "limit": 100, "cap": 50,
 //	 "remaining": 0, "reset_ms": 1000, "retry_after_ms": 20,

@@ -41,6 +41,8 @@ func FuzzAllowRequest(f *testing.F) {
 		`{"tenant":"acme","class":"read","tokens":1}`, `{"tenant":7}`, `[1,2]`, `{} {}`, ``, ` `, `null`,
 		`{"tenant":"acme","class":"read","cost":-1}`, `{"tenant":"acme","class":"read","cost":9223372036854775807}`,
 		`{"tenant":"acme","class":"read","cost":18446744073709551616}`, `{"Tenant":"acme","CLASS":"read"}`,
+		`{"tenant":"acme","class":"read","cost":1.0}`, `{"tenant":"acme","class":"read","cost":2.50e1}`,
+		`{"tenant":"acme","class":"read","cost":1.0000000000000000001}`, `{"tenant":"acme","class":"read","cost":-0.0}`,
 	} {
 		f.Add([]byte(body)) // more seeds in testdata/fuzz/FuzzAllowRequest
 	}

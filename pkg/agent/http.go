@@ -33,7 +33,9 @@ type Limiter interface {
 type AllowRequest struct {
 	Tenant string `json:"tenant"`
 	Class  string `json:"class"`
-	// Cost is optional, default 1.
+	// Cost is optional, default 1. On the wire it is any JSON number whose
+	// value is a whole number, 1.0 and 1e3 as well as 1 and 1000 (a client
+	// may write every number as a float).
 	Cost *int64 `json:"cost,omitempty"`
 }
 
@@ -261,7 +263,7 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 		case "class":
 			dst, i = &req.Class, 1
 		case "cost":
-			dst, i = &req.Cost, 2
+			i = 2
 		default:
 			return req, refuse(name, "unknown field %q (the fields are tenant, class and cost)", name)
 		}
@@ -274,6 +276,17 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 		if kind := kindAt(value, dec.InputOffset()); kind == "array" || kind == "object" {
 			return req, wrongKind(name, kind)
 		}
+		if name == "cost" {
+			var raw json.RawMessage
+			if err := dec.Decode(&raw); err != nil {
+				return req, fieldError(name, err)
+			}
+			var berr *badRequest
+			if req.Cost, berr = parseCost(bytes.TrimSpace(raw)); berr != nil {
+				return req, berr
+			}
+			continue
+		}
 		if err := dec.Decode(dst); err != nil {
 			return req, fieldError(name, err)
 		}
@@ -282,6 +295,72 @@ func decode(w http.ResponseWriter, r *http.Request) (AllowRequest, *badRequest) 
 		return req, jsonError(body, syntaxErr)
 	}
 	return req, nil
+}
+
+// parseCost reads the value of the cost field, one JSON value: a number
+// whose value is a whole number from 1 to quota.MaxCost, however it is
+// written (encoding/json takes neither a fraction nor an exponent into an
+// int64, and clients that write every number as a float send 1.0), or null
+// for the default. Anything else is refused, quoting the number as sent.
+func parseCost(raw []byte) (*int64, *badRequest) {
+	switch kind := kindAt(raw, 0); kind {
+	case "null":
+		return nil, nil
+	case "number":
+	default:
+		return nil, wrongKind("cost", kind)
+	}
+	n, whole := wholeNumber(string(raw))
+	switch {
+	case !whole:
+		return nil, refuse("cost", "cost must be a whole number of tokens from 1 to %d (got %s)", quota.MaxCost, raw)
+	case n < 1:
+		return nil, refuse("cost", "cost %s must be at least 1", raw)
+	case n > quota.MaxCost:
+		return nil, refuse("cost", "cost %s exceeds the maximum %d", raw, quota.MaxCost)
+	}
+	return &n, nil
+}
+
+// wholeNumber reads num, a JSON number, exactly (a float64 would take
+// 1.0000000000000000001 for 1): whether its value is a whole number, and
+// that number when it is, beyond ±(quota.MaxCost+1) that bound.
+func wholeNumber(num string) (int64, bool) {
+	neg := strings.HasPrefix(num, "-")
+	mantissa, exponent, _ := strings.Cut(strings.TrimPrefix(num, "-"), "e")
+	if i := strings.IndexByte(mantissa, 'E'); i >= 0 {
+		mantissa, exponent = mantissa[:i], mantissa[i+1:]
+	}
+	intPart, frac, _ := strings.Cut(mantissa, ".")
+	// The value is digits × 10^exp.
+	digits := strings.TrimLeft(intPart+frac, "0")
+	exp := int64(0)
+	if exponent != "" {
+		// Out of int64's range ParseInt returns the nearest bound: far
+		// beyond any cost either way.
+		exp, _ = strconv.ParseInt(exponent, 10, 64)
+	}
+	exp = min(max(exp, -1<<32), 1<<32) - int64(len(frac))
+	trimmed := strings.TrimRight(digits, "0")
+	exp += int64(len(digits) - len(trimmed))
+	digits = trimmed
+	const bound = quota.MaxCost + 1
+	var n int64
+	switch {
+	case digits == "":
+		return 0, true
+	case exp < 0: // its last digit, not 0, is a fraction's
+		return 0, false
+	case int64(len(digits))+exp > int64(len(strconv.Itoa(bound))):
+		n = bound
+	default:
+		n, _ = strconv.ParseInt(digits+strings.Repeat("0", int(exp)), 10, 64)
+		n = min(n, bound)
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
 }
 
 // kindAt names the kind of the JSON value after the object key that ends
