@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/sluicehq/sluice/internal/etcdflags"
@@ -164,13 +165,16 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 			return err
 		}
 		defer cli.Close()
-		watcher := configstore.NewWatcher(configstore.NewStore(cli, f.etcdPrefix), nil, logger, reg)
+		store := configstore.NewStore(cli, f.etcdPrefix)
+		// The watcher's fallback is never served: agent.Watched answers
+		// that no config is loaded until etcd's is live.
+		watcher := configstore.NewWatcher(store, nil, logger, reg)
 		watchCtx, stopWatch := context.WithCancel(context.Background())
 		watchDone := make(chan struct{})
 		go func() { watcher.Run(watchCtx); close(watchDone) }()
 		defer func() { stopWatch(); <-watchDone }()
 		source = agent.Watched{W: watcher}
-		waitConfig(ctx, watcher, f.configWait, logger)
+		waitConfig(ctx, watcher, cli, store.Key(), f.configWait, logger)
 	}
 
 	a, err := agent.Start(agent.Options{
@@ -190,21 +194,58 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 }
 
 // waitConfig waits up to max for the watcher's first config from etcd,
-// so the lease client starts with the config's refresh and classes.
-func waitConfig(ctx context.Context, w *configstore.Watcher, max time.Duration, logger *slog.Logger) {
+// so the lease client starts with the config's refresh and classes. When
+// none is live by then, it says why, as far as one read of the config key
+// within the wait tells (etcd answered and holds no config, holds one not
+// made live, or did not answer), and what the agent does meanwhile: it
+// serves, with no config (never the watcher's fallback), answering 503
+// and UNAVAILABLE and not ready, until one is live.
+func waitConfig(ctx context.Context, w *configstore.Watcher, cli *clientv3.Client, key string, max time.Duration, logger *slog.Logger) {
 	updates, cancel := w.Subscribe()
 	defer cancel()
 	if w.Revision() > 0 {
 		return
 	}
-	timer := time.NewTimer(max)
-	defer timer.Stop()
+	const serving = "answering 503 (HTTP) and UNAVAILABLE (gRPC), not ready"
+	if max == 0 {
+		logger.Warn("not waiting for etcd's config (-config-wait 0): serving without one, "+serving+", until it is live", "key", key)
+		return
+	}
+	waitCtx, stop := context.WithTimeout(ctx, max)
+	defer stop()
+	type answer struct {
+		resp *clientv3.GetResponse
+		err  error
+	}
+	read := make(chan answer, 1)
+	go func() {
+		resp, err := cli.Get(waitCtx, key, clientv3.WithKeysOnly())
+		read <- answer{resp, err}
+	}()
 	select {
 	case <-updates:
-	case <-ctx.Done():
-	case <-timer.C:
-		logger.Warn("no config in etcd yet: serving anyway, answering 503 (HTTP) and UNAVAILABLE (gRPC) until one is applied with sluicectl",
-			"waited", max)
+	case <-waitCtx.Done():
+	}
+	stop()
+	got := <-read
+	if ctx.Err() != nil || w.Revision() > 0 {
+		return
+	}
+	switch {
+	case errors.Is(got.err, context.DeadlineExceeded):
+		logger.Warn("etcd not reachable: serving without a config, "+serving+", until etcd answers with one; the config watch keeps trying",
+			"key", key, "waited", max, "error", fmt.Sprintf("no answer within %v (-config-wait)", max))
+	case got.err != nil:
+		logger.Warn("reading the config from etcd failed: serving without one, "+serving+", until etcd answers with one; the config watch keeps trying",
+			"key", key, "waited", max, "error", got.err)
+	case len(got.resp.Kvs) == 0:
+		logger.Warn("etcd holds no config: serving without one, "+serving+", until one is applied with sluicectl apply",
+			"key", key, "waited", max)
+	default:
+		// A refused config is logged by the watcher; one that is valid
+		// was not read in full within the wait.
+		logger.Warn("etcd holds a config that is not live yet: serving without one, "+serving+", until it is (a refused config is logged at ERROR: apply a good one with sluicectl apply)",
+			"key", key, "revision", got.resp.Kvs[0].ModRevision, "waited", max)
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
@@ -192,5 +194,111 @@ func TestServesUntilSIGTERM(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "agent stopped") || strings.Contains(stderr.String(), "releasing leased tokens failed") {
 		t.Errorf("log after SIGTERM:\n%s\nwant a clean stop with the tokens released", stderr.String())
+	}
+}
+
+// TestConfigWaitSaysWhatTheAgentServes: with -etcd-endpoints, an agent
+// that has no config once -config-wait has passed says why, telling an
+// etcd that answers but holds no config from an etcd it cannot reach, and
+// what it does meanwhile, which is what it does: it answers 503 and is
+// not ready. It said it ran "on the built-in fallback", which it never
+// serves, and sent the operator of an unreachable etcd to sluicectl apply,
+// which needs the same etcd.
+func TestConfigWaitSaysWhatTheAgentServes(t *testing.T) {
+	srv := etcdtest.Start(t)
+	// Accepts connections and never answers: an etcd that cannot be
+	// reached, on a port no other process can take meanwhile.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	for _, tc := range []struct {
+		name      string
+		endpoints string
+		says      []string
+		never     []string
+	}{
+		{"etcd holds no config", strings.Join(srv.Endpoints(), ","),
+			[]string{`level=WARN msg="etcd holds no config: serving without one, answering 503 (HTTP) and UNAVAILABLE (gRPC), not ready, until one is applied with sluicectl apply"`,
+				"key=/nothing/config"},
+			[]string{"fallback", "not reachable"}},
+		{"etcd not reachable", silent.Addr().String(),
+			[]string{`level=WARN msg="etcd not reachable: serving without a config, answering 503 (HTTP) and UNAVAILABLE (gRPC), not ready, until etcd answers with one; the config watch keeps trying"`,
+				"key=/nothing/config", "error="},
+			[]string{"fallback", "sluicectl", "holds no config"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr logtest.Buffer
+			cmd := command(t, "-region-addr", "127.0.0.1:1", "-etcd-endpoints", tc.endpoints, "-etcd-prefix", "/nothing",
+				"-config-wait", "1s", "-listen", "127.0.0.1:0", "-http-listen", "127.0.0.1:0", "-metrics-listen", "127.0.0.1:0",
+				"-log-level", "info")
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			addrs := startedAddrs(t, &stderr, exited)
+			log := stderr.String()
+			for _, want := range tc.says {
+				if !strings.Contains(log, want) {
+					t.Errorf("the log lacks %q:\n%s", want, log)
+				}
+			}
+			for _, wrong := range tc.never {
+				if strings.Contains(log, wrong) {
+					t.Errorf("the log says %q:\n%s", wrong, log)
+				}
+			}
+			if tc.name == "etcd not reachable" {
+				// The watcher's own line, once its read fails (bounded
+				// by 5s): it has no live config to keep.
+				deadline := time.Now().Add(time.Minute)
+				for !strings.Contains(stderr.String(), "config watch interrupted") {
+					if time.Now().After(deadline) {
+						t.Fatalf("no config watch interrupted line within a minute:\n%s", stderr.String())
+					}
+					time.Sleep(20 * time.Millisecond) // polling with a deadline
+				}
+				if log := stderr.String(); strings.Contains(log, "live config kept") {
+					t.Errorf("the watcher says it kept a live config the agent never had:\n%s", log)
+				}
+			}
+			// What it said it does.
+			tr := &http.Transport{}
+			defer tr.CloseIdleConnections()
+			web := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+			resp, err := web.Post("http://"+addrs["http"]+"/v1/allow", "application/json", strings.NewReader(`{"tenant":"acme","class":"read"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e agent.ErrorResponse
+			err = json.NewDecoder(resp.Body).Decode(&e)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusServiceUnavailable || e.Error != "no config loaded yet" {
+				t.Errorf("POST /v1/allow: %d %+v %v; want 503, no config loaded yet", resp.StatusCode, e, err)
+			}
+			resp, err = web.Get("http://" + addrs["metrics"] + "/healthz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable {
+				t.Errorf("/healthz: %d; want 503 (not ready)", resp.StatusCode)
+			}
+
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-exited:
+				if err != nil {
+					t.Errorf("after SIGTERM: %v; want exit 0\n%s", err, stderr.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("still running 30s after SIGTERM\n%s", stderr.String())
+			}
+		})
 	}
 }

@@ -107,7 +107,7 @@ func NewWatcher(store *Store, fallback *config.Config, logger *slog.Logger, reg 
 		}),
 		revision: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_config_last_applied_revision",
-			Help: "etcd mod revision of the live config; 0 while the built-in fallback is live.",
+			Help: "etcd mod revision of the live config; 0 while no config from etcd is live.",
 		}),
 		storedRefused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_config_stored_refused",
@@ -289,7 +289,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 			level = slog.LevelDebug
 		}
 		failing = true
-		w.logger.Log(ctx, level, "config watch interrupted; live config kept, reading again",
+		msg := "config watch interrupted; live config kept, reading again"
+		if w.Revision() == 0 {
+			msg = "config watch interrupted before any config from etcd was live; reading again"
+		}
+		w.logger.Log(ctx, level, msg,
 			"key", w.store.key, "live_revision", w.Revision(), "retry_in", wait, "error", err)
 		w.watchErrors.Inc()
 		timer := time.NewTimer(wait)
@@ -432,7 +436,9 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 	if r.doc == nil {
 		w.storedRefused.Set(0)
 		if w.Revision() == 0 {
-			w.logger.Info("no config in etcd; running on the built-in fallback", "key", w.store.key)
+			// What runs meanwhile is the daemon's to say: its fallback, or
+			// (the agent) no config at all.
+			w.logger.Info("etcd holds no config yet; the first one applied becomes live", "key", w.store.key)
 		} else {
 			w.logger.Warn("config key is gone from etcd; keeping the last good config",
 				"key", w.store.key, "live_revision", w.Revision())
