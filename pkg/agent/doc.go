@@ -53,7 +53,10 @@
 //	remaining       tokens this caller can expect to spend now after this
 //	                decision, at most cap
 //	reset_ms        until remaining is back to cap if nobody spends (0:
-//	                unknown)
+//	                unknown); on a denial never before retry_after_ms, as
+//	                the RLS's duration_until_reset and the HTTP
+//	                middleware's reset (a client is never told the window
+//	                ends before it may retry); 0 with retry_never
 //	retry_after_ms  on a denial, when to retry (at least 1); 0 when
 //	                allowed or retry_never
 //	retry_never     a denial no wait cures while the config stays as it
