@@ -181,17 +181,7 @@ func TestServesUntilSIGTERM(t *testing.T) {
 		}
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("after SIGTERM: %v; want exit 0\n%s", err, stderr.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("still running 30s after SIGTERM\n%s", stderr.String())
-	}
+	terminate(t, cmd, exited, &stderr)
 	if !strings.Contains(stderr.String(), "agent stopped") || strings.Contains(stderr.String(), "releasing leased tokens failed") {
 		t.Errorf("log after SIGTERM:\n%s\nwant a clean stop with the tokens released", stderr.String())
 	}
@@ -288,17 +278,24 @@ func TestConfigWaitSaysWhatTheAgentServes(t *testing.T) {
 				t.Errorf("/healthz: %d; want 503 (not ready)", resp.StatusCode)
 			}
 
-			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case err := <-exited:
-				if err != nil {
-					t.Errorf("after SIGTERM: %v; want exit 0\n%s", err, stderr.String())
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatalf("still running 30s after SIGTERM\n%s", stderr.String())
-			}
+			terminate(t, cmd, exited, &stderr)
 		})
+	}
+}
+
+// terminate sends the agent process SIGTERM and waits, up to 30 s, for it
+// to exit 0 (exited carries its Wait's error); stderr is its log.
+func terminate(t *testing.T, cmd *exec.Cmd, exited <-chan error, stderr *logtest.Buffer) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("after SIGTERM: %v; want exit 0\n%s", err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("still running 30s after SIGTERM\n%s", stderr.String())
 	}
 }
