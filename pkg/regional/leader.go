@@ -210,6 +210,14 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	// earlier term ended was last logged then.
 	l.syncDown, l.extended = outage{}, nil
 	defer func() {
+		// An outage this term logged ends with it: its "succeeds again"
+		// will not come from this replica, which no longer syncs.
+		if lasted, n, ok := l.syncDown.end(time.Now()); ok {
+			l.s.log.Info("region sync with the global tier still failing when this replica stopped leading; the next leader logs its own",
+				"region", l.s.opts.Region, "failing_for", lasted.Round(time.Millisecond), "failed_rounds", n)
+		}
+	}()
+	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		el.Resign(rctx)
 		cancel()
@@ -284,11 +292,21 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	}
 }
 
+// errLeadershipLost ends a round whose replica stopped leading before it
+// installed the answers.
+var errLeadershipLost = errors.New("leadership lost before the grants were installed")
+
 // round is one round of reports starting with one of the given kind
 // (Epoch or Nudged); a nudge cuts its waits short (syncRound). After a
 // failure the etcd rule of the static lease (NoGlobalLeader) is tried.
 func (l *Leader) round(ctx context.Context, lost <-chan struct{}, nudges <-chan struct{}, kind regionsync.Kind) {
 	if err := l.syncRound(ctx, lost, nudges, kind); err != nil {
+		if errors.Is(err, errLeadershipLost) {
+			// Not the global tier's failure: this replica's term ended
+			// (lead logs it and any outage the term leaves open).
+			l.s.log.Debug("region sync cut short: leadership lost", "region", l.s.opts.Region)
+			return
+		}
 		l.s.metrics.globalSyncs.WithLabelValues("error").Inc()
 		if l.syncDown.see(time.Now()) {
 			l.s.log.Warn("region sync with the global tier failed; running on current grants (logged again when a sync succeeds)",

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/sluicehq/sluice/internal/configtest"
@@ -120,5 +121,68 @@ func TestGlobalOutagesAreLoggedOnceWhenTheyStartAndEnd(t *testing.T) {
 	rounds("error", 2) // the first read the election after the campaign, and logged before the second
 	if n, m := count(mark, extOver), count(mark, extended); n != 1 || m != 1 {
 		t.Errorf("the extensions' end logged %d times and their start %d, want 1 and 1\n%s", n, m, logs.String())
+	}
+}
+
+// TestAnOutageOpenWhenTheTermEndsIsClosedInTheLog: the WARN that starts a
+// sync outage promises a line when a sync succeeds again; a leader whose
+// term ends first (its etcd session gone) says the outage was still under
+// way when it stopped leading, once, instead of leaving the promise open,
+// and its next term logs an outage it finds afresh.
+func TestAnOutageOpenWhenTheTermEndsIsClosedInTheLog(t *testing.T) {
+	ctx := context.Background()
+	cfg := leaseConfig(t)
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	d := startLeadingAllocator(ctx, t, cli, "/sl", configtest.NewSource(cfg, 1))
+	rdb := redistest.Start(t).Client()
+	logs := &logtest.Buffer{}
+	reg := prometheus.NewRegistry()
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	tier := &tierSwitch{inner: serviceTier{d.Service}}
+	tier.cut.Store(true)
+	l, err := regional.NewLeader(srv, regional.LeaderOptions{Etcd: cli, ElectionPrefix: "/sl/election/", Global: tier, Identity: "eu-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	patience := 200 * time.Duration(cfg.Epoch)
+	const (
+		failed  = `msg="region sync with the global tier failed; running on current grants`
+		stopped = `msg="region sync with the global tier still failing when this replica stopped leading`
+		elected = `msg="region leader elected"`
+	)
+	waitLog := func(msg string, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(patience); strings.Count(logs.String(), msg) < n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d lines %s: not within %v\n%s", n, msg, patience, logs.String())
+			}
+			time.Sleep(time.Duration(cfg.Epoch) / 5) // polling the leader's rounds with a deadline
+		}
+	}
+	waitLog(failed, 1)
+	// End the term: revoke the leader's session lease.
+	resp, err := cli.Get(ctx, "/sl/election/region/eu", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the region's election: %v (%v), want one key", resp, err)
+	}
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(stopped, 1)
+	waitLog(elected, 2)
+	waitLog(failed, 2) // the new term's outage, logged afresh
+	if n := strings.Count(logs.String(), stopped); n != 1 {
+		t.Errorf("the end of the first term logged %d times, want once\n%s", n, logs.String())
 	}
 }

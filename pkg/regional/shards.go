@@ -163,7 +163,7 @@ func (l *Leader) syncShards(ctx context.Context, lost <-chan struct{}, cfg *conf
 	wg.Wait()
 	select {
 	case <-lost:
-		return regionsync.Answer{}, errors.New("leadership lost before the grants were installed")
+		return regionsync.Answer{}, errLeadershipLost
 	default:
 	}
 	var out regionsync.Answer
