@@ -147,7 +147,8 @@ func TestWaitAtTheSmallestRate(t *testing.T) {
 		{0.999999999e-9, true},
 	} {
 		k := KeysFor(DefaultPrefix, quota.Key{Tenant: "slow", Class: string(rune('a' + i))})
-		w.setRate(k, c, tc.rate, 5, w.now+100_000_000, w.now)
+		// A grant that lasts past the wait: the wait is cut at its end.
+		w.setRate(k, c, tc.rate, 5, w.now+2_000_000_000_000_000, w.now)
 		if r := w.check(k, c, 5); !r.Allowed {
 			t.Fatalf("rate %g: a full bucket of 5 denied 5: %+v", tc.rate, r)
 		}
@@ -155,6 +156,52 @@ func TestWaitAtTheSmallestRate(t *testing.T) {
 		if r.Allowed || (r.RetryAfter < 0) != tc.never || (!tc.never && r.RetryAfter < 999_999_999_999*time.Millisecond) {
 			t.Fatalf("rate %g: empty bucket answered %+v, want denied with never=%v (else a wait of 10^12 ms)", tc.rate, r, tc.never)
 		}
+	}
+}
+
+// TestRetryEndsWithTheGrant: a wait worked out at a grant's rate is cut at
+// the grant's end, when the rate is no longer known (the next grant, the
+// static share or the floor): under a grant of 0.04/s, burst 1, ending in
+// 5 s, a request for a token of an empty bucket (25 s at that rate) is
+// told 5 s, on the strict path and the lease path alike; the reset time
+// (until the bucket is full) is not cut, nor a wait that ends before the
+// grant does, nor one under the static rate after the grant ended.
+func TestRetryEndsWithTheGrant(t *testing.T) {
+	w := newTwin(t)
+	c := Common{StaticRate: 10, StaticBurst: 20, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	strict := KeysFor(DefaultPrefix, quota.Key{Tenant: "sliver", Class: "strict"})
+	leased := KeysFor(DefaultPrefix, quota.Key{Tenant: "sliver", Class: "lease"})
+	for _, k := range []Keys{strict, leased} {
+		w.setRate(k, c, 0.04, 1, w.now+5_000_000, w.now)
+	}
+	if r := w.check(strict, c, 1); !r.Allowed {
+		t.Fatalf("the grant's one token: %+v, want allowed", r)
+	}
+	r := w.check(strict, c, 1)
+	if r.Allowed || r.RetryAfter != 5*time.Second || r.Reset != 25*time.Second {
+		t.Fatalf("an empty bucket under 0.04/s until 5s from now: %+v, want retry after 5s (the grant's end), reset 25s", r)
+	}
+	if r := w.check(leased, c, 1); !r.Allowed {
+		t.Fatalf("the grant's one token: %+v, want allowed", r)
+	}
+	g := w.sync(leased, c, Report{Instance: "i-b", Incarnation: 1, Lease: 1, Seq: 1, Want: 1, Min: 1})
+	if g.Granted != 0 || g.RetryAfter != 5*time.Second {
+		t.Fatalf("a lease of a token of an empty bucket: %+v, want nothing granted, retry after 5s", g)
+	}
+	w.at(w.now + 4_000_000)
+	if r := w.check(strict, c, 1); r.Allowed || r.RetryAfter != time.Second {
+		t.Fatalf("4s later (0.16 token refilled): %+v, want retry after 1s (the grant's end)", r)
+	}
+	w.at(w.now + 1_000_000)
+	if r := w.check(strict, c, 1); r.Allowed || r.RetryAfter != 80*time.Millisecond {
+		t.Fatalf("at the grant's end, 0.2 token and the static 10/s after: %+v, want retry after 80ms, uncut", r)
+	}
+	w.at(w.now + 80_000)
+	if r := w.check(strict, c, 1); !r.Allowed {
+		t.Fatalf("80ms after the grant's end: %+v, want allowed", r)
+	}
+	if r := w.check(strict, c, 5); r.Allowed || r.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("5 tokens at the static 10/s: %+v, want retry after 500ms", r)
 	}
 }
 

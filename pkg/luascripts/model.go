@@ -526,6 +526,16 @@ func (o *op) waitMS(need float64) float64 {
 
 func (o *op) resetMS() float64 { return o.waitMS(o.room()) }
 
+// retryMS mirrors lib.lua's retry_ms: waitMS cut at the end of the grant
+// in force.
+func (o *op) retryMS(need float64) float64 {
+	w := o.waitMS(need)
+	if w > 0 && o.b.ge > o.now {
+		w = min(w, math.Ceil((o.b.ge-o.now)/1000))
+	}
+	return w
+}
+
 // givebackMS mirrors lib.lua's giveback_ms: about one refresh when the
 // bucket and the tokens the other live leases hold above their batch cap
 // cover need, else -1.
@@ -735,7 +745,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 			min = 1
 		}
 		o.b.sd = o.b.sd + min
-		retry = o.waitMS(min)
+		retry = o.retryMS(min)
 		ttl = 0
 		held = true
 	case l != nil || (!r.BookOnly && want > 0):
@@ -761,7 +771,7 @@ func (o *op) leaseOp(id string, r Report, returned float64) LeaseReply {
 				o.b.out = o.b.out + granted
 				l.g = l.g + granted
 			} else {
-				retry = o.waitMS(min)
+				retry = o.retryMS(min)
 			}
 		}
 		l.seq = seq
@@ -942,7 +952,7 @@ func (m *Model) Check(nowUS int64, k Keys, c Common, cost int64) CheckReply {
 		allowed = true
 	} else {
 		o.b.den = o.b.den + fc
-		retry = o.waitMS(fc)
+		retry = o.retryMS(fc)
 	}
 	o.candCheck()
 	if o.hold {

@@ -26,7 +26,7 @@ if B.tk >= cost then
   allowed = 1
 else
   B.den = B.den + cost
-  retry = wait_ms(cost)
+  retry = retry_ms(cost)
 end
 cand_check()
 -- A held key (see lib.lua, "Awaited share") keeps its demand alone: its

@@ -931,6 +931,25 @@ local function wait_ms(need)
   return w
 end
 
+-- retry_ms is the wait a refused request is told (wait_ms(need)), cut at
+-- the end of the grant in force: the rate after it is not known here (the
+-- global tier's next grant, the static share or the floor), so a wait
+-- worked out at the grant's rate says nothing past its end. The cut
+-- matters when a grant left the region a sliver of the key's rate (its
+-- share lent to regions whose demand the global tier heard first, or a
+-- data set lost with the demand that earned the share): a request would
+-- otherwise wait out the sliver's refill, tens of seconds to hours, while
+-- the share comes back within a few of the global tier's answers. A
+-- request refused at the cut is answered anew.
+local function retry_ms(need)
+  local w = wait_ms(need)
+  if w > 0 and grant_valid(NOW) then
+    local left = math.ceil((B.ge - NOW) / 1000)
+    if left < w then w = left end
+  end
+  return w
+end
+
 -- giveback_ms is when an instance refused need tokens may expect them
 -- from its peers (ms), or -1 when not: tokens out in the other live
 -- leases above what their holders keep at their next Sync come back at it.
@@ -1271,7 +1290,7 @@ end
 --          rate and cap as '%.17g' strings; reclaimed = tokens returned
 --          from expired leases; returned = tokens the report gave back
 --          that were put back in the bucket (apply_usage); retry_ms is
---          wait_ms(min), or giveback_ms when that is sooner.
+--          retry_ms(min), or giveback_ms when that is sooner.
 local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
   reap(REAPMAX)
   local L = own_lease(id)
@@ -1300,7 +1319,7 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
     -- request needs is the key's demand.
     if min < 1 then min = 1 end
     B.sd = B.sd + min
-    retry = wait_ms(min)
+    retry = retry_ms(min)
     ttl = 0
     held = true
   elseif L or (create and want > 0) then
@@ -1323,7 +1342,7 @@ local function lease_op(id, inc, le, seq, tu, td, tr, want, min, create, built)
         B.out = B.out + granted
         L.g = L.g + granted
       else
-        retry = wait_ms(min)
+        retry = retry_ms(min)
       end
     end
     L.seq = seq
