@@ -179,6 +179,7 @@ type Client struct {
 	closeDone chan struct{} // closed when the first Close returns
 	closeErr  error         // the first Close's result; read after closeDone
 	logged    atomic.Int32  // what the degraded-mode log said of this episode (loggedNone...)
+	slowLog   slowEpisodes  // how often slow episodes were logged at info
 	// refusedLogged is when the refusal of this client's credentials was
 	// last logged (unix nanoseconds; see observeRPC). Whether the region's
 	// last answer refused them is metrics.refused, which the
@@ -598,8 +599,13 @@ func (c *Client) noteDegradedDecision(cause error) {
 		return
 	}
 	if level == loggedSlow {
-		c.log.Info("lease: regional service slow to answer, deciding with on_failure policies (degraded mode)",
-			"keys", n, "cause", errString(cause))
+		if quiet, ok := c.slowLog.start(time.Now()); ok {
+			c.log.Info("lease: regional service slow to answer, deciding with on_failure policies (degraded mode)",
+				"keys", n, "cause", errString(cause), "slow_episodes_since_last_logged", quiet)
+		} else {
+			c.log.Debug("lease: regional service slow to answer again, deciding with on_failure policies (degraded mode)",
+				"keys", n, "cause", errString(cause))
+		}
 		return
 	}
 	if rpcerr.RedisFailed(cause) {
@@ -617,9 +623,56 @@ func (c *Client) noteDegradedDecision(cause error) {
 // policy, and every key that was degraded has been answered or forgotten
 // (Table.Degraded). Keys forgotten as idle do not end it.
 func (c *Client) noteDegradedOver() {
-	if !c.table.Degraded() && c.logged.Swap(loggedNone) != loggedNone {
+	if c.table.Degraded() {
+		return
+	}
+	if was := c.logged.Swap(loggedNone); was != loggedNone {
+		if was == loggedSlow && c.slowLog.ended() {
+			c.log.Debug("lease: regional service answering again, leasing resumed (degraded mode over)")
+			return
+		}
 		c.log.Info("lease: regional service answering again, leasing resumed (degraded mode over)")
 	}
+}
+
+// slowEpisodeLogEvery is the least time between two slow episodes logged
+// at info: a region that answers late now and then (one replica of two
+// hung, a machine loaded in bursts) starts an episode at every late
+// answer, dozens a second, and each would be two lines. The others go to
+// debug and are counted in the next one logged at info. An unreachable
+// region is logged at every episode.
+const slowEpisodeLogEvery = time.Minute
+
+// slowEpisodes throttles the log of slow episodes (slowEpisodeLogEvery).
+// Safe for concurrent use.
+type slowEpisodes struct {
+	mu     sync.Mutex
+	last   time.Time // guarded by mu: when an episode was last logged at info
+	quiet  int       // guarded by mu: episodes logged at debug since
+	silent bool      // guarded by mu: the episode under way was logged at debug
+}
+
+// start notes a slow episode starting at now: ok when it is logged at info,
+// with the episodes logged at debug since the last one that was.
+func (s *slowEpisodes) start(now time.Time) (quiet int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.last.IsZero() && now.Sub(s.last) < slowEpisodeLogEvery {
+		s.quiet++
+		s.silent = true
+		return 0, false
+	}
+	quiet, s.quiet, s.last, s.silent = s.quiet, 0, now, false
+	return quiet, true
+}
+
+// ended reports whether the slow episode that ends was logged at debug.
+func (s *slowEpisodes) ended() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	silent := s.silent
+	s.silent = false
+	return silent
 }
 
 func errString(err error) string {

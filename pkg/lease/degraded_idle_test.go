@@ -1,6 +1,7 @@
 package lease_test
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -170,6 +171,53 @@ func TestLateAnswerIsLoggedAsSlowNotUnreachable(t *testing.T) {
 			t.Fatalf("three calls unanswered, breaker open: want the unreachable line at warn:\n%s", s)
 		}
 		conn.setFault("*", healthy)
+		closeClient(t, c)
+	})
+}
+
+// TestSlowEpisodesAreLoggedOnceAMinute: a region that answers late now and
+// then (one replica of two hung) starts a slow episode at each late
+// answer; the first is logged at info with its end, the others within a
+// minute of it go to debug, and the next one logged at info counts them.
+func TestSlowEpisodesAreLoggedOnceAMinute(t *testing.T) {
+	e := startRegion(t)
+	conn := newRegionConn(t, e.reg.Server)
+	synctest.Test(t, func(t *testing.T) {
+		c, _, logs := bubbleClient(t, conn, func(o *lease.Options) {
+			o.Refresh = time.Hour // no background Sync: the requests alone
+		})
+		const (
+			slow = `level=INFO msg="lease: regional service slow to answer`
+			over = `level=INFO msg="lease: regional service answering again`
+		)
+		// episode is one late answer and the answer that ends it, on a
+		// key of its own (the degraded key is answered again).
+		episode := func(i int) {
+			t.Helper()
+			k := quota.Key{Tenant: fmt.Sprintf("late%d", i), Class: "read"}
+			conn.setFault("*", hanging)
+			if d := mustAllow(t, c, k, 1); !d.Degraded {
+				t.Fatalf("episode %d: a request with no answer in time: %+v, want degraded", i, d)
+			}
+			conn.setFault("*", healthy)
+			time.Sleep(250 * time.Millisecond) // the hung call's end (four waits), then an answer
+			synctest.Wait()
+			if d := mustAllow(t, c, k, 1); d.Degraded {
+				t.Fatalf("episode %d: the region answering again: %+v, want leased", i, d)
+			}
+		}
+		for i := range 3 {
+			episode(i)
+		}
+		if s := logs.String(); strings.Count(s, slow) != 1 || strings.Count(s, over) != 1 {
+			t.Fatalf("three slow episodes within a minute: want the first's start and end at info only:\n%s", s)
+		}
+		time.Sleep(time.Minute)
+		episode(3)
+		s := logs.String()
+		if strings.Count(s, slow) != 2 || strings.Count(s, over) != 2 || !strings.Contains(s, "slow_episodes_since_last_logged=2") {
+			t.Fatalf("a slow episode a minute later: want it at info, counting the 2 at debug:\n%s", s)
+		}
 		closeClient(t, c)
 	})
 }
