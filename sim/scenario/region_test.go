@@ -169,3 +169,29 @@ func TestFaultFieldsThatDoNotApplyAreRefused(t *testing.T) {
 		t.Fatalf("counts %d and %d, want 2 and none (region-leader-loss takes no count)", s.Faults[0].Count, s.Faults[3].Count)
 	}
 }
+
+// TestChaosDrawsEveryKindAsAFixedFaultWouldBeWritten: every kind chaos may
+// be given draws faults that Validate accepts as fixed ones, a target
+// named wherever the kind needs one (a region-down or instance-isolate
+// drawn with no region crashed the run).
+func TestChaosDrawsEveryKindAsAFixedFaultWouldBeWritten(t *testing.T) {
+	for _, kind := range FaultKinds() {
+		t.Run(kind, func(t *testing.T) {
+			doc := strings.Replace(minimal, "duration: 2m", "duration: 1h", 1) +
+				"chaos: {mean_gap: 2m, kinds: [" + kind + "], min_for: 10s, max_for: 60s}\n"
+			s, err := Parse([]byte(doc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sched := s.Schedule(7)
+			if len(sched) < 5 {
+				t.Fatalf("%d faults drawn in an hour at a mean gap of 2m", len(sched))
+			}
+			fixed := *s
+			fixed.Chaos, fixed.Faults = nil, sched
+			if err := fixed.Validate(); err != nil {
+				t.Fatalf("the drawn faults as fixed ones: %v", err)
+			}
+		})
+	}
+}

@@ -103,6 +103,16 @@ func (s *Scenario) chaosFaults(c *Chaos, seed uint64, fixed []Fault) []Fault {
 		case FaultRegionReportReplay, FaultStaleLeader:
 			f.Region = pick()
 			f.For = lasting
+		case FaultInstanceIsolate:
+			f.Region = pick()
+			f.Count = 1
+			f.For = lasting
+		case FaultRegionDown:
+			// The region comes back after the fault's span, its Redis
+			// as it was: a region that stayed dead would end the run's
+			// question for it at the first draw.
+			f.Region = pick()
+			f.RestartAfter = lasting
 		}
 		if overlaps(&f) {
 			continue
