@@ -1,7 +1,10 @@
 package scenario
 
 import (
+	"fmt"
+
 	"errors"
+	"github.com/sluicehq/sluice/pkg/quota"
 	"strings"
 	"testing"
 	"time"
@@ -193,5 +196,39 @@ func TestChaosDrawsEveryKindAsAFixedFaultWouldBeWritten(t *testing.T) {
 				t.Fatalf("the drawn faults as fixed ones: %v", err)
 			}
 		})
+	}
+}
+
+// TestCostAboveTheKeysBurstIsRefused: a workload whose cost exceeds the
+// burst of a key it drives is refused naming the field and the key (such
+// requests are invalid input to the limiter, never admitted: the run
+// failed a sanity check no scenario sets); a cost at the burst is taken.
+func TestCostAboveTheKeysBurstIsRefused(t *testing.T) {
+	base := strings.Replace(minimal, "duration: 2m", "duration: 2m", 1)
+	s, err := Parse([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := s.Workload[0]
+	r, err := s.Config.Resolve(quota.Key{Tenant: w.Tenant, Class: w.Class})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cost int64
+		want string
+	}{
+		{r.Limit.Burst, ""},
+		{r.Limit.Burst + 1, fmt.Sprintf("workload[0].cost: %d exceeds the burst %d of %s/%s", r.Limit.Burst+1, r.Limit.Burst, w.Tenant, w.Class)},
+	} {
+		s, err := Parse([]byte(base))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Workload[0].Cost = tc.cost
+		err = s.Validate()
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("cost %d: %v, want %q", tc.cost, err, tc.want)
+		}
 	}
 }

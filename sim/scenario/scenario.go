@@ -165,7 +165,9 @@ type Workload struct {
 	Group *Group `yaml:"group,omitempty"`
 	// Class is a configured class. Required.
 	Class string `yaml:"class"`
-	// Cost is the tokens each request costs. Optional, default 1.
+	// Cost is the tokens each request costs, at most the burst of every
+	// key the workload drives (a request above it is refused as invalid
+	// input, never admitted). Optional, default 1.
 	Cost int64 `yaml:"cost,omitempty"`
 	// Process is "poisson" (random arrivals, the default) or "constant"
 	// (evenly spaced).

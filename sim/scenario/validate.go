@@ -435,6 +435,10 @@ func (s *Scenario) validateWorkload(p *problems, cfg *config.Config, regions []s
 		}
 		if w.Cost < 1 || w.Cost > quota.MaxCost {
 			p.add(path+".cost", "must be in 1..%d, got %d", quota.MaxCost, w.Cost)
+		} else if k, burst, over := costAboveBurst(cfg, w); over {
+			// The limiter refuses such a request as invalid input, not
+			// over quota: the run would measure nothing but refusals.
+			p.add(path+".cost", "%d exceeds the burst %d of %s: no request of it can ever be admitted", w.Cost, burst, k)
 		}
 		if w.Process != "poisson" && w.Process != "constant" {
 			p.add(path+".process", "must be poisson or constant, got %q", w.Process)
@@ -452,6 +456,47 @@ func (s *Scenario) validateWorkload(p *problems, cfg *config.Config, regions []s
 			validateShape(p, fmt.Sprintf("%s.shape[%d]", path, j), &w.Shape[j], isRegion)
 		}
 	}
+}
+
+// costAboveBurst finds a key the workload drives (its tenant, or one of
+// its group's) whose configured burst is below the workload's cost.
+func costAboveBurst(cfg *config.Config, w *Workload) (quota.Key, int64, bool) {
+	if cfg == nil {
+		return quota.Key{}, 0, false
+	}
+	if _, ok := cfg.Classes[w.Class]; !ok {
+		return quota.Key{}, 0, false
+	}
+	over := func(tenant string) (quota.Key, int64, bool) {
+		k := quota.Key{Tenant: tenant, Class: w.Class}
+		burst := int64(-1)
+		if g := w.Group; g != nil && g.Tier != "" {
+			// A group's tenant not listed in the config takes the
+			// group's tier (addGroupTenants, after validation).
+			if _, listed := cfg.Tenants[tenant]; !listed {
+				if spec, ok := cfg.Tiers[g.Tier][w.Class]; ok {
+					burst = int64(spec.Burst)
+				}
+			}
+		}
+		if burst < 0 {
+			r, err := cfg.Resolve(k)
+			if err != nil {
+				return k, 0, false
+			}
+			burst = r.Limit.Burst
+		}
+		return k, burst, w.Cost > burst
+	}
+	if w.Group == nil {
+		return over(w.Tenant)
+	}
+	for i := 0; i < w.Group.Count && i <= maxGroupCount; i++ {
+		if k, b, ok := over(GroupTenant(w.Group, i)); ok {
+			return k, b, true
+		}
+	}
+	return quota.Key{}, 0, false
 }
 
 func validateGroup(p *problems, path string, g *Group, cfg *config.Config) {
