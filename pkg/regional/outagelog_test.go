@@ -17,6 +17,8 @@ import (
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pkg/allocator"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/regional"
 )
 
@@ -30,27 +32,8 @@ import (
 func TestGlobalOutagesAreLoggedOnceWhenTheyStartAndEnd(t *testing.T) {
 	ctx := context.Background()
 	cfg := leaseConfig(t)
-	etcd := etcdtest.Start(t)
-	cli := etcd.Client(t)
-	d := startLeadingAllocator(ctx, t, cli, "/sl", configtest.NewSource(cfg, 1))
-	rdb := redistest.Start(t).Client()
-	logs := &logtest.Buffer{}
-	reg := prometheus.NewRegistry()
-	srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Registerer: reg,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	tier := &tierSwitch{inner: serviceTier{d.Service}}
-	l, err := regional.NewLeader(srv, regional.LeaderOptions{Etcd: cli, ElectionPrefix: "/sl/election/", Global: tier, Identity: "eu-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); l.Run(rctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	o := startOutageLeader(t, cfg, false)
+	cli, d, logs, reg, tier := o.cli, o.d, o.logs, o.reg, o.tier
 
 	// Every wait is for rounds the leader runs one an epoch: 200 epochs
 	// leave room for a starved machine.
@@ -132,28 +115,8 @@ func TestGlobalOutagesAreLoggedOnceWhenTheyStartAndEnd(t *testing.T) {
 func TestAnOutageOpenWhenTheTermEndsIsClosedInTheLog(t *testing.T) {
 	ctx := context.Background()
 	cfg := leaseConfig(t)
-	etcd := etcdtest.Start(t)
-	cli := etcd.Client(t)
-	d := startLeadingAllocator(ctx, t, cli, "/sl", configtest.NewSource(cfg, 1))
-	rdb := redistest.Start(t).Client()
-	logs := &logtest.Buffer{}
-	reg := prometheus.NewRegistry()
-	srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Registerer: reg,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	tier := &tierSwitch{inner: serviceTier{d.Service}}
-	tier.cut.Store(true)
-	l, err := regional.NewLeader(srv, regional.LeaderOptions{Etcd: cli, ElectionPrefix: "/sl/election/", Global: tier, Identity: "eu-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); l.Run(rctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	o := startOutageLeader(t, cfg, true)
+	cli, logs := o.cli, o.logs
 
 	patience := 200 * time.Duration(cfg.Epoch)
 	const (
@@ -185,4 +148,44 @@ func TestAnOutageOpenWhenTheTermEndsIsClosedInTheLog(t *testing.T) {
 	if n := strings.Count(logs.String(), stopped); n != 1 {
 		t.Errorf("the end of the first term logged %d times, want once\n%s", n, logs.String())
 	}
+}
+
+// outageLeader is a region leader of region eu on real etcd and Redis,
+// syncing with a leading allocator through a tier the test can cut, its
+// log at debug: startOutageLeader's result.
+type outageLeader struct {
+	cli  *clientv3.Client
+	d    *allocator.Daemon
+	logs *logtest.Buffer
+	reg  *prometheus.Registry
+	tier *tierSwitch
+}
+
+// startOutageLeader starts an outageLeader under cfg, its tier cut from
+// the start when cut; it stops with the test.
+func startOutageLeader(t *testing.T, cfg *config.Config, cut bool) outageLeader {
+	t.Helper()
+	ctx := context.Background()
+	cli := etcdtest.Start(t).Client(t)
+	d := startLeadingAllocator(ctx, t, cli, "/sl", configtest.NewSource(cfg, 1))
+	rdb := redistest.Start(t).Client()
+	logs := &logtest.Buffer{}
+	reg := prometheus.NewRegistry()
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	tier := &tierSwitch{inner: serviceTier{d.Service}}
+	tier.cut.Store(cut)
+	l, err := regional.NewLeader(srv, regional.LeaderOptions{Etcd: cli, ElectionPrefix: "/sl/election/", Global: tier, Identity: "eu-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(rctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return outageLeader{cli: cli, d: d, logs: logs, reg: reg, tier: tier}
 }
