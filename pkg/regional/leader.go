@@ -292,6 +292,14 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	}
 }
 
+// ownRedisError is a round that failed on the region's own Redis (its
+// clock and static lease, its candidates, its keys' states) before any
+// report left.
+type ownRedisError struct{ err error }
+
+func (e ownRedisError) Error() string { return e.err.Error() }
+func (e ownRedisError) Unwrap() error { return e.err }
+
 // errLeadershipLost ends a round whose replica stopped leading before it
 // installed the answers.
 var errLeadershipLost = errors.New("leadership lost before the grants were installed")
@@ -309,8 +317,12 @@ func (l *Leader) round(ctx context.Context, lost <-chan struct{}, nudges <-chan 
 		}
 		l.s.metrics.globalSyncs.WithLabelValues("error").Inc()
 		if l.syncDown.see(time.Now()) {
-			l.s.log.Warn("region sync with the global tier failed; running on current grants (logged again when a sync succeeds)",
-				"region", l.s.opts.Region, "err", err)
+			msg := "region sync with the global tier failed; running on current grants (logged again when a sync succeeds)"
+			if errors.As(err, new(ownRedisError)) {
+				// No report left: the global tier is not at fault.
+				msg = "region sync with the global tier not sent: this region's Redis fails (its clock, candidates or key states); running on current grants (logged again when a sync succeeds)"
+			}
+			l.s.log.Warn(msg, "region", l.s.opts.Region, "err", err)
 		} else {
 			l.s.log.Debug("region sync with the global tier failed again", "region", l.s.opts.Region, "err", err)
 		}
@@ -433,7 +445,7 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 	clock, err := l.loadStatic(ctx)
 	s.observeOwn(parent, "time", start, err)
 	if err != nil {
-		return regionsync.Answer{}, err
+		return regionsync.Answer{}, ownRedisError{err}
 	}
 	sendUS := clock.RedisUS
 	start = time.Now()
@@ -446,7 +458,7 @@ func (l *Leader) syncOnce(ctx context.Context, lost <-chan struct{}, kind region
 	}
 	s.observeOwn(parent, "state", start, err)
 	if err != nil {
-		return regionsync.Answer{}, err
+		return regionsync.Answer{}, ownRedisError{err}
 	}
 	// The config revisions whose static shares the region honours: marked
 	// reported before the report leaves, so none is dropped before a

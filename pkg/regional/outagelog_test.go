@@ -159,6 +159,8 @@ type outageLeader struct {
 	logs *logtest.Buffer
 	reg  *prometheus.Registry
 	tier *tierSwitch
+	// redis is the region's Redis.
+	redis *redistest.Server
 }
 
 // startOutageLeader starts an outageLeader under cfg, its tier cut from
@@ -168,10 +170,10 @@ func startOutageLeader(t *testing.T, cfg *config.Config, cut bool) outageLeader 
 	ctx := context.Background()
 	cli := etcdtest.Start(t).Client(t)
 	d := startLeadingAllocator(ctx, t, cli, "/sl", configtest.NewSource(cfg, 1))
-	rdb := redistest.Start(t).Client()
+	rs := redistest.Start(t)
 	logs := &logtest.Buffer{}
 	reg := prometheus.NewRegistry()
-	srv, err := regional.New(regional.Options{Region: "eu", Redis: rdb, Config: regional.StaticConfig{C: cfg}, Registerer: reg,
+	srv, err := regional.New(regional.Options{Region: "eu", Redis: rs.Client(), Config: regional.StaticConfig{C: cfg}, Registerer: reg,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
@@ -187,5 +189,47 @@ func startOutageLeader(t *testing.T, cfg *config.Config, cut bool) outageLeader 
 	done := make(chan struct{})
 	go func() { defer close(done); l.Run(rctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return outageLeader{cli: cli, d: d, logs: logs, reg: reg, tier: tier}
+	return outageLeader{cli: cli, d: d, logs: logs, reg: reg, tier: tier, redis: rs}
+}
+
+// TestASyncNotSentForTheRegionsRedisSaysSo: a round that fails on the
+// region's own Redis (its clock, candidates and key states are read
+// before a report leaves) is logged as such, not as the global tier
+// failing (an empty Redis restart read as a global outage in the log of
+// real processes), and its end as any sync outage's. The Redis is stopped
+// (refused at once) and started again empty.
+func TestASyncNotSentForTheRegionsRedisSaysSo(t *testing.T) {
+	cfg := leaseConfig(t)
+	o := startOutageLeader(t, cfg, false)
+	patience := 200 * time.Duration(cfg.Epoch)
+	const (
+		notSent = `msg="region sync with the global tier not sent: this region's Redis fails`
+		failed  = `msg="region sync with the global tier failed`
+		back    = `msg="region sync with the global tier succeeds again"`
+	)
+	waitLog := func(msg string) {
+		t.Helper()
+		for deadline := time.Now().Add(patience); !strings.Contains(o.logs.String(), msg); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v\n%s", msg, patience, o.logs.String())
+			}
+			time.Sleep(time.Duration(cfg.Epoch) / 5) // polling the leader's rounds with a deadline
+		}
+	}
+	syncs := func() float64 {
+		return metrictest.Series(t, o.reg, "sluice_regional_global_syncs_total", map[string]string{"result": "ok"})
+	}
+	for deadline := time.Now().Add(patience); syncs() < 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no sync within %v\n%s", patience, o.logs.String())
+		}
+		time.Sleep(time.Duration(cfg.Epoch) / 5)
+	}
+	o.redis.Stop()
+	waitLog(notSent)
+	o.redis.Restart()
+	waitLog(back)
+	if strings.Contains(o.logs.String(), failed) {
+		t.Errorf("the region's Redis paused: logged as the global tier failing\n%s", o.logs.String())
+	}
 }
