@@ -19,5 +19,6 @@
 //
 // Exit status: 0 when the invariants held and every target was met, 1 when
 // an invariant was violated, 3 when only a target was missed, 2 on bad
-// usage or input.
+// usage or input, 130 when interrupted (SIGINT: the run stops at its next
+// event and writes nothing).
 package main

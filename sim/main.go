@@ -30,6 +30,8 @@ const (
 	exitViolation = 1
 	exitUsage     = 2
 	exitMissed    = 3
+	// exitInterrupted: stopped by SIGINT (128 + 2, as a shell reports it).
+	exitInterrupted = 130
 )
 
 func main() {
@@ -156,7 +158,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		o, err = live.Run(ctx, sc, lo)
 	} else {
-		o, err = runner.Run(sc, opts)
+		o, err = runner.RunContext(ctx, sc, opts)
+	}
+	if errors.Is(err, runner.ErrInterrupted) {
+		fmt.Fprintf(stderr, "sim: %v; nothing written\n", err)
+		return exitInterrupted
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sim: %v\n", err)

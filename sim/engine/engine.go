@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,6 +40,9 @@ type Engine struct {
 	queue  []event // binary min-heap on (at, seq)
 	seed   uint64
 	events uint64
+	// stopped ends RunUntil before its next event (Stop): the one field
+	// another goroutine may touch.
+	stopped atomic.Bool
 }
 
 // New returns an engine at time 0 whose random streams derive from seed.
@@ -79,6 +83,9 @@ func (e *Engine) After(d time.Duration, fn func()) {
 // within end.
 func (e *Engine) RunUntil(end Time) {
 	for len(e.queue) > 0 && e.queue[0].at <= end {
+		if e.stopped.Load() {
+			return
+		}
 		ev := e.pop()
 		e.now = ev.at
 		e.events++
@@ -88,6 +95,14 @@ func (e *Engine) RunUntil(end Time) {
 		e.now = end
 	}
 }
+
+// Stop makes RunUntil return before its next event, the clock left where
+// it is (an interrupted run). Safe to call from any goroutine, and more
+// than once.
+func (e *Engine) Stop() { e.stopped.Store(true) }
+
+// Stopped reports whether Stop was called.
+func (e *Engine) Stopped() bool { return e.stopped.Load() }
 
 // Stream returns a random source derived from the seed and name: the same
 // (seed, name) always gives the same sequence.

@@ -1,6 +1,8 @@
 package runner
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -106,8 +108,18 @@ func Prepare(sc *scenario.Scenario, opts Options) (*scenario.Scenario, uint64, e
 	return sc, seed, nil
 }
 
+// ErrInterrupted is RunContext's error when its context ended first.
+var ErrInterrupted = errors.New("run interrupted")
+
 // Run simulates sc in virtual time.
 func Run(sc *scenario.Scenario, opts Options) (*Outcome, error) {
+	return RunContext(context.Background(), sc, opts)
+}
+
+// RunContext is Run, stopped when ctx ends (a Ctrl-C): it then returns
+// ErrInterrupted and no outcome, since a partial run's measures would
+// read as the scenario's.
+func RunContext(ctx context.Context, sc *scenario.Scenario, opts Options) (*Outcome, error) {
 	start := time.Now()
 	s, err := NewSetup(sc, opts)
 	if err != nil {
@@ -117,7 +129,12 @@ func Run(sc *scenario.Scenario, opts Options) (*Outcome, error) {
 	if err != nil {
 		return nil, err
 	}
+	stop := context.AfterFunc(ctx, w.Stop)
 	counters := w.Run()
+	stop()
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%w after %v of %v simulated: %w", ErrInterrupted, w.Elapsed(), time.Duration(s.Scenario.Duration), context.Cause(ctx))
+	}
 	out := s.Outcome("virtual", s.Oracle.Finish(time.Duration(s.Scenario.Duration)))
 	out.Counters = counters
 	if counters.InvalidDecisions > 0 || counters.AllocatorErrors > 0 {

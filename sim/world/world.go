@@ -300,6 +300,13 @@ func (w *World) Run() Counters {
 	return w.counters
 }
 
+// Elapsed is the virtual time simulated so far.
+func (w *World) Elapsed() time.Duration { return w.dur() }
+
+// Stop ends Run before its next event (an interrupted run: what it
+// measured is partial). Safe to call from any goroutine.
+func (w *World) Stop() { w.eng.Stop() }
+
 // dur is the current virtual time as a duration since the start.
 func (w *World) dur() time.Duration { return time.Duration(w.eng.Now()) }
 
