@@ -2,6 +2,8 @@ package lease
 
 import (
 	"hash/maphash"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -18,11 +20,18 @@ import (
 type keyMap struct {
 	read atomic.Pointer[keyIndex] // never mutated once stored
 	seed [2]maphash.Seed          // of the tenant's and the class's hash
+	// ordered: entries lists the keys in key order (TableOptions.OrderedScans).
+	// Set before the map is shared.
+	ordered bool
 
 	mu     sync.Mutex
 	dirty  *keyIndex   // guarded by mu; nil when read is current
 	misses int         // guarded by mu
 	peak   shrink.Peak // guarded by mu: dirty's high-water mark
+	// sorted is the entries in key order while ordered, nil when a key
+	// was stored or deleted since they were sorted; never mutated once
+	// built. Guarded by mu.
+	sorted []*entry
 }
 
 // keyIndex finds an entry by its key's 64-bit hash and compares the key
@@ -141,6 +150,7 @@ func (m *keyMap) loadOrStore(k quota.Key, fresh func() *entry) (e *entry, create
 	}
 	e = fresh()
 	m.dirty.put(h, e)
+	m.sorted = nil
 	m.peak.Note(m.dirty.len())
 	return e, true
 }
@@ -155,6 +165,7 @@ func (m *keyMap) delete(k quota.Key, e *entry) {
 	}
 	m.ensureDirtyLocked()
 	m.dirty.del(h, e)
+	m.sorted = nil
 }
 
 // publish makes every change visible to load; used after removing a batch
@@ -167,10 +178,15 @@ func (m *keyMap) publish() {
 	}
 }
 
-// entries returns the current entries (a copy; safe to iterate unlocked).
+// entries returns the current entries (safe to iterate unlocked; the
+// caller must not modify the slice), in the maps' random order, or sorted
+// by key when m.ordered.
 func (m *keyMap) entries() []*entry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.sorted != nil {
+		return m.sorted
+	}
 	cur := m.currentLocked()
 	out := make([]*entry, 0, cur.len())
 	for _, e := range cur.byHash {
@@ -178,6 +194,15 @@ func (m *keyMap) entries() []*entry {
 	}
 	for _, e := range cur.clash {
 		out = append(out, e)
+	}
+	if m.ordered {
+		slices.SortFunc(out, func(a, b *entry) int {
+			if c := strings.Compare(a.tenant, b.tenant); c != 0 {
+				return c
+			}
+			return strings.Compare(a.class.Value(), b.class.Value())
+		})
+		m.sorted = out
 	}
 	return out
 }

@@ -303,6 +303,7 @@ func NewTable(opts TableOptions) (*Table, error) {
 		return nil, err
 	}
 	t := &Table{opts: o, keys: newKeyMap(), totals: map[statsLabels]*[resultSlots]uint64{}}
+	t.keys.ordered = o.OrderedScans
 	t.seq.Store(o.SeqBase)
 	t.ownerDue.Store(int64(never))
 	return t, nil

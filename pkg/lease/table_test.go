@@ -854,3 +854,31 @@ func TestSyncBatchesAreCapped(t *testing.T) {
 		t.Fatalf("batch sizes %v covering %d keys; want [3 3 1] over 7", sizes, len(seen))
 	}
 }
+
+// TestOrderedScansBatchKeysInKeyOrder: with OrderedScans, the Sync
+// batches hold the keys in key order (tenant, then class), so which keys
+// share a batch follows from the keys, not from a map's random order; a
+// key stored after a walk is in its place at the next.
+func TestOrderedScansBatchKeysInKeyOrder(t *testing.T) {
+	tb := newTestTable(t, func(o *TableOptions) { o.MaxReportsPerSync = 3; o.OrderedScans = true })
+	for _, k := range []quota.Key{{Tenant: "te", Class: "write"}, {Tenant: "tb", Class: "write"}, {Tenant: "tg", Class: "write"}, {Tenant: "ta", Class: "write"}} {
+		allow(t, tb, t0, k, 1)
+	}
+	tb.HeldTokens() // a walk before more keys come
+	for _, k := range []quota.Key{{Tenant: "tf", Class: "write"}, {Tenant: "tb", Class: "read"}, {Tenant: "tc", Class: "write"}} {
+		allow(t, tb, t0, k, 1)
+	}
+	syncs, _ := tb.PrepareSync(t0.Add(time.Second))
+	var got [][]quota.Key
+	for _, b := range syncs {
+		got = append(got, b.Keys())
+	}
+	want := [][]quota.Key{
+		{{Tenant: "ta", Class: "write"}, {Tenant: "tb", Class: "read"}, {Tenant: "tb", Class: "write"}},
+		{{Tenant: "tc", Class: "write"}, {Tenant: "te", Class: "write"}, {Tenant: "tf", Class: "write"}},
+		{{Tenant: "tg", Class: "write"}},
+	}
+	if !slices.EqualFunc(got, want, slices.Equal[[]quota.Key]) {
+		t.Fatalf("batches %v, want %v", got, want)
+	}
+}

@@ -198,6 +198,13 @@ type TableOptions struct {
 	// MaxReportsPerSync caps the reports in one Sync batch (optional,
 	// default 500); more keys are split over several RPCs.
 	MaxReportsPerSync int
+	// OrderedScans makes the table visit its keys in key order (tenant,
+	// then class) wherever it walks them all: which keys share a Sync
+	// batch, and which make an early batch cut at MaxReportsPerSync,
+	// then follow from the keys alone, not from the random order of a Go
+	// map. For reproducible runs (the simulator); it costs a sort of the
+	// keys per walk, so a daemon leaves it off (optional, default false).
+	OrderedScans bool
 }
 
 const (
