@@ -15,7 +15,8 @@
 //     instance's clock from the send time of the request.
 //   - A run is a pure function of the scenario and the seed: events run in
 //     (time, insertion) order, random draws come from named seeded streams,
-//     and no decision depends on map iteration order.
+//     and no decision depends on map iteration order (the lease tables
+//     walk their keys in key order: TableOptions.OrderedScans).
 //   - Everything observable goes to the oracle as it happens: offered and
 //     decided tokens, every grant a region's bucket applies, Redis
 //     outages, crash errors, reclaims, RPCs and faults.

@@ -73,6 +73,10 @@ func newInstance(r *Region, num int) *Instance {
 		// The Client starts seqs at its start time in µs, so a reused id
 		// never reports below its previous life.
 		SeqBase: uint64(w.clockAt(in.offset).UnixMicro()),
+		// Keys in key order, not a map's random one: with more keys than
+		// a Sync batch holds, which keys share a batch (and so when each
+		// is answered) must follow from the scenario and the seed.
+		OrderedScans: true,
 	})
 	if err != nil {
 		panic("sim: lease table options refused: " + err.Error())
