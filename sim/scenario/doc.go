@@ -18,6 +18,15 @@
 // each naming its field path (workload[2].rate.eu-west) and wrapping
 // ErrInvalid.
 //
+// # Defaults
+//
+// A field left out takes its default; a default never replaces a value
+// written. A field written 0 where 0 is no value it takes (seed, a
+// workload's cost and per_instance, a group's regions and its size's
+// alpha, sigma and max, a fault's count, client.breaker_failures,
+// expect.convergence_tolerance, any duration but warmup) is refused,
+// naming it; warmup: 0s measures from the start.
+//
 // # Units
 //
 // Durations are written "1s", "250ms"; rates "10/s", "600/m" or a bare

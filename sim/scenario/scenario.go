@@ -49,8 +49,10 @@ type Scenario struct {
 	// Seed drives every random choice. Optional, default 1; seeds start
 	// at 1. The -seed flag overrides it.
 	Seed uint64 `yaml:"seed,omitempty"`
-	// seedZero says Seed was written 0, which is refused.
-	seedZero bool
+	// written holds the field paths ("workload[0].cost") the document
+	// wrote. A default replaces only a field left out: one written 0
+	// where 0 is no value the field takes is refused, not defaulted.
+	written map[string]bool
 	// Sluice is the Sluice configuration (DESIGN §5) the daemons run,
 	// validated by pkg/config. Required.
 	Sluice yaml.Node `yaml:"sluice"`
@@ -167,7 +169,7 @@ type Workload struct {
 	Class string `yaml:"class"`
 	// Cost is the tokens each request costs, at most the burst of every
 	// key the workload drives (a request above it is refused as invalid
-	// input, never admitted). Optional, default 1.
+	// input, never admitted). Optional, default 1; written, at least 1.
 	Cost int64 `yaml:"cost,omitempty"`
 	// Process is "poisson" (random arrivals, the default) or "constant"
 	// (evenly spaced).
@@ -177,7 +179,8 @@ type Workload struct {
 	Rate map[string]Rate `yaml:"rate,omitempty"`
 	// PerInstance is the request rate one instance takes of this traffic
 	// before the load balancer spreads it over another instance of the
-	// region. Optional, default: every instance of the region shares it.
+	// region. Optional, default: every instance of the region shares it;
+	// written, positive.
 	PerInstance Rate `yaml:"per_instance,omitempty"`
 	// Shape varies the rate over time; factors of all entries multiply.
 	// Optional.
@@ -354,7 +357,7 @@ type Fault struct {
 	Region string `yaml:"region,omitempty"`
 	// Peer is the other end of a latency fault. Required for latency.
 	Peer string `yaml:"peer,omitempty"`
-	// Count of instances hit. Optional, default 1.
+	// Count of instances hit. Optional, default 1; written, 1..10000.
 	Count int `yaml:"count,omitempty"`
 	// For is how long the fault lasts. Required for partition,
 	// redis-restart, etcd-down and loss; optional for latency.
@@ -582,14 +585,13 @@ func Parse(data []byte) (*Scenario, error) {
 		return nil, errors.Join(out...)
 	}
 	s.src = data
-	// Fields written 0 on purpose, where 0 otherwise means the default.
-	var written map[string]any
-	if yaml.Unmarshal(data, &written) == nil {
-		_, warmup := written["warmup"]
-		_, seed := written["seed"]
-		s.NoWarmup = warmup && s.Warmup == 0
-		s.seedZero = seed && s.Seed == 0
+	s.written = map[string]bool{}
+	for _, paths := range fieldPaths(data) {
+		for _, p := range paths {
+			s.written[p] = true
+		}
 	}
+	s.NoWarmup = s.wrote("warmup") && s.Warmup == 0
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: want exactly one YAML document", ErrInvalid)
@@ -628,6 +630,10 @@ func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 	}
 	c := *s
 	c.Duration = Length(d)
+	// The copy's lists are shorter, so the written paths' indices would
+	// name other entries. s passed validation: every default it takes is
+	// applied and no field of it is written 0 where 0 is refused.
+	c.written = nil
 	if s.warmupDefault {
 		c.Warmup = Length(min(DefaultWarmup, d/2))
 	} else if w := time.Duration(s.Warmup); w > 0 && d <= w {
@@ -663,6 +669,9 @@ func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 	}
 	return &c, nil
 }
+
+// wrote says the document wrote the field at path ("faults[2].count").
+func (s *Scenario) wrote(path string) bool { return s.written[path] }
 
 // fieldIndex maps the values and keys of a document to their field paths
 // ("faults[0].for"), by line and text, so a decoder's message naming a

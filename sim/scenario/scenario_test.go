@@ -164,7 +164,7 @@ func TestChaosScheduleIsDeterministicPerSeed(t *testing.T) {
 			t.Fatal("schedule not in time order")
 		}
 		var p problems
-		validateFault(&p, "f", &f, []string{"a", "b"}, nil, time.Hour)
+		validateFault(&p, "f", &f, []string{"a", "b"}, nil, time.Hour, func(string) bool { return false })
 		if len(p) > 0 {
 			t.Fatalf("drawn fault %+v is invalid: %v", f, p)
 		}
@@ -243,5 +243,42 @@ func TestFocusNeedsTraffic(t *testing.T) {
 	_, err := Parse([]byte(group + "focus: [acme/read, nobody/read]\n"))
 	if err == nil || !strings.Contains(err.Error(), "focus[1]: nobody/read has no traffic") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestWrittenZeroWhereZeroMeansNothingIsRefused: a field written 0 where
+// 0 is no value the field can take is refused naming it, not run as the
+// default (count: 0 crashed one instance, cost: 0 ran as cost 1,
+// per_instance: 0/s as no per-instance rate); left out, each still takes
+// its default.
+func TestWrittenZeroWhereZeroMeansNothingIsRefused(t *testing.T) {
+	group := "  - {group: {prefix: g, count: 3, size: {dist: pareto, min: 1/s, max: 3/s}}, class: read}\n"
+	for _, c := range []struct{ doc, want string }{
+		{strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nseed: 0\n", 1), "seed: must be at least 1"},
+		{minimal + "faults: [{at: 10s, kind: instance-crash, region: b, count: 0}]\n", "faults[0].count: must be in 1..10000, got 0"},
+		{minimal + "faults: [{at: 10s, kind: partition, region: b, for: 5s, count: 0}]\n", "faults[0].count: does not apply to kind partition"},
+		{strings.Replace(minimal, "class: read,", "class: read, cost: 0,", 1), "workload[0].cost: must be in 1.."},
+		{strings.Replace(minimal, "class: read,", "class: read, per_instance: 0/s,", 1), "workload[0].per_instance: must be a positive rate, got 0"},
+		{minimal + strings.Replace(group, "pareto,", "pareto, alpha: 0,", 1), "workload[1].group.size.alpha: must be in (0, 100], got 0"},
+		{minimal + strings.Replace(group, "pareto,", "lognormal, sigma: 0,", 1), "workload[1].group.size.sigma: must be in (0, 10], got 0"},
+		{minimal + strings.Replace(group, "max: 3/s", "max: 0/s", 1), "workload[1].group.size.max: must be at least min"},
+		{minimal + strings.Replace(group, "count: 3,", "count: 3, regions: 0,", 1), "workload[1].group.regions: must be at least 1"},
+		{minimal + "client: {breaker_failures: 0}\n", "client.breaker_failures: must be at least 1"},
+		{minimal + "expect: {convergence_tolerance: 0}\n", "expect.convergence_tolerance: must be in (0, 1), got 0"},
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			_, err := Parse([]byte(c.doc))
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error naming %q", err, c.want)
+			}
+		})
+	}
+	s, err := Parse([]byte(minimal + group + "faults: [{at: 10s, kind: instance-crash, region: b}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, g := s.Workload[0], s.Workload[1].Group; w.Cost != 1 || w.PerInstance != 0 || s.Faults[0].Count != 1 || s.Seed != 1 ||
+		g.Size.Alpha != DefaultAlpha || g.Size.Sigma != DefaultSigma || g.Regions != 0 || s.Expect.ConvergenceTolerance != DefaultConvergenceTol {
+		t.Fatalf("defaults of fields left out not applied: %+v %+v %+v", w, g, s.Faults[0])
 	}
 }

@@ -73,7 +73,7 @@ func (s *Scenario) Validate() error {
 	} else if err := quota.ValidateID("name", s.Name); err != nil {
 		p.add("name", "%v", err)
 	}
-	if s.seedZero && s.Seed == 0 {
+	if s.Seed == 0 {
 		p.add("seed", "must be at least 1 (seeds start at 1; leave it out for 1)")
 	}
 	dur := time.Duration(s.Duration)
@@ -94,7 +94,7 @@ func (s *Scenario) Validate() error {
 		instances[r.Name] = r.Instances
 	}
 	for i := range s.Faults {
-		validateFault(&p, fmt.Sprintf("faults[%d]", i), &s.Faults[i], regions, instances, dur)
+		validateFault(&p, fmt.Sprintf("faults[%d]", i), &s.Faults[i], regions, instances, dur, s.wrote)
 	}
 	validateOverlaps(&p, s.Faults, dur)
 	s.validateChaos(&p, dur)
@@ -160,7 +160,7 @@ func (s *Scenario) applyDefaults() {
 		s.Warmup = Length(min(DefaultWarmup, time.Duration(s.Duration)/2))
 		s.warmupDefault = true
 	}
-	if s.Seed == 0 && !s.seedZero {
+	if s.Seed == 0 && !s.wrote("seed") {
 		s.Seed = 1
 	}
 	t := &s.Topology
@@ -182,17 +182,18 @@ func (s *Scenario) applyDefaults() {
 	}
 	for i := range s.Workload {
 		w := &s.Workload[i]
-		if w.Cost == 0 {
+		path := fmt.Sprintf("workload[%d]", i)
+		if w.Cost == 0 && !s.wrote(path+".cost") {
 			w.Cost = 1
 		}
 		if w.Process == "" {
 			w.Process = "poisson"
 		}
 		if g := w.Group; g != nil {
-			if g.Size.Alpha == 0 {
+			if g.Size.Alpha == 0 && !s.wrote(path+".group.size.alpha") {
 				g.Size.Alpha = DefaultAlpha
 			}
-			if g.Size.Sigma == 0 {
+			if g.Size.Sigma == 0 && !s.wrote(path+".group.size.sigma") {
 				g.Size.Sigma = DefaultSigma
 			}
 		}
@@ -205,7 +206,7 @@ func (s *Scenario) applyDefaults() {
 	}
 	for i := range s.Faults {
 		f := &s.Faults[i]
-		if f.Count == 0 && slices.Contains(faultFields[f.Kind], "count") {
+		if f.Count == 0 && slices.Contains(faultFields[f.Kind], "count") && !s.wrote(fmt.Sprintf("faults[%d].count", i)) {
 			f.Count = 1
 		}
 		if f.Kind == FaultGlobalLeaderLoss && f.RestartAfter == 0 {
@@ -233,7 +234,7 @@ func (s *Scenario) applyDefaults() {
 			c.Kinds = ChaosKinds()
 		}
 	}
-	if s.Expect.ConvergenceTolerance == 0 {
+	if s.Expect.ConvergenceTolerance == 0 && !s.wrote("expect.convergence_tolerance") {
 		s.Expect.ConvergenceTolerance = DefaultConvergenceTol
 	}
 }
@@ -384,8 +385,8 @@ func (s *Scenario) validateTopology(p *problems, cfg *config.Config) []string {
 }
 
 func (s *Scenario) validateClient(p *problems) {
-	if s.Client.BreakerFailures < 0 {
-		p.add("client.breaker_failures", "must not be negative, got %d", s.Client.BreakerFailures)
+	if n := s.Client.BreakerFailures; n < 0 || n == 0 && s.wrote("client.breaker_failures") {
+		p.add("client.breaker_failures", "must be at least 1, got %d", n)
 	}
 }
 
@@ -443,11 +444,11 @@ func (s *Scenario) validateWorkload(p *problems, cfg *config.Config, regions []s
 		if w.Process != "poisson" && w.Process != "constant" {
 			p.add(path+".process", "must be poisson or constant, got %q", w.Process)
 		}
-		if v := float64(w.PerInstance); v < 0 || math.IsInf(v, 0) {
+		if v := float64(w.PerInstance); v < 0 || v == 0 && s.wrote(path+".per_instance") || math.IsInf(v, 0) {
 			p.add(path+".per_instance", "must be a positive rate, got %v", v)
 		}
 		if g := w.Group; g != nil {
-			validateGroup(p, path+".group", g, cfg)
+			validateGroup(p, path+".group", g, cfg, s.wrote)
 			if g.Regions > len(regions) {
 				p.add(path+".group.regions", "%d exceeds the %d topology regions", g.Regions, len(regions))
 			}
@@ -499,7 +500,7 @@ func costAboveBurst(cfg *config.Config, w *Workload) (quota.Key, int64, bool) {
 	return quota.Key{}, 0, false
 }
 
-func validateGroup(p *problems, path string, g *Group, cfg *config.Config) {
+func validateGroup(p *problems, path string, g *Group, cfg *config.Config, wrote func(string) bool) {
 	if err := quota.ValidateID(path+".prefix", g.Prefix+"0"); err != nil || g.Prefix == "" {
 		p.add(path+".prefix", "must be a valid tenant id prefix, got %q", g.Prefix)
 	}
@@ -511,8 +512,8 @@ func validateGroup(p *problems, path string, g *Group, cfg *config.Config) {
 			p.add(path+".tier", "tier %q is not configured", g.Tier)
 		}
 	}
-	if g.Regions < 0 {
-		p.add(path+".regions", "must not be negative, got %d", g.Regions)
+	if g.Regions < 0 || g.Regions == 0 && wrote(path+".regions") {
+		p.add(path+".regions", "must be at least 1 (leave it out for all), got %d", g.Regions)
 	}
 	if !(g.HomeShare >= 0 && g.HomeShare <= 1) {
 		p.add(path+".home_share", "must be in [0, 1], got %v", g.HomeShare)
@@ -526,7 +527,7 @@ func validateGroup(p *problems, path string, g *Group, cfg *config.Config) {
 	if v := float64(sz.Min); !(v > 0) || v > 1e9 {
 		p.add(path+".size.min", "must be a rate in (0, 1e9], got %v", v)
 	}
-	if v := float64(sz.Max); v != 0 && (v < float64(sz.Min) || v > 1e9) {
+	if v := float64(sz.Max); (v != 0 || wrote(path+".size.max")) && (v < float64(sz.Min) || v > 1e9) {
 		p.add(path+".size.max", "must be at least min and at most 1e9, got %v", v)
 	}
 	if !(sz.Alpha > 0) || sz.Alpha > 100 {
@@ -575,7 +576,7 @@ func validateShape(p *problems, path string, sh *Shape, isRegion map[string]bool
 	}
 }
 
-func validateFault(p *problems, path string, f *Fault, regions []string, instances map[string]int, dur time.Duration) {
+func validateFault(p *problems, path string, f *Fault, regions []string, instances map[string]int, dur time.Duration, wrote func(string) bool) {
 	isRegion := slices.Contains[[]string, string]
 	if !slices.Contains(FaultKinds(), f.Kind) {
 		p.add(path+".kind", "must be one of %s, got %q", strings.Join(FaultKinds(), ", "), f.Kind)
@@ -592,7 +593,7 @@ func validateFault(p *problems, path string, f *Fault, regions []string, instanc
 		{"peer", f.Peer != ""}, {"count", f.Count != 0}, {"for", f.For != 0}, {"restart_after", f.RestartAfter != 0},
 		{"latency", f.Latency != 0}, {"loss", f.Loss != 0},
 	} {
-		if x.set && !slices.Contains(takes, x.name) {
+		if (x.set || wrote(path+"."+x.name)) && !slices.Contains(takes, x.name) {
 			p.add(path+"."+x.name, "does not apply to kind %s, which takes %s", f.Kind, strings.Join(takes, ", "))
 		}
 	}
