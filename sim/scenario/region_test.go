@@ -232,3 +232,58 @@ func TestCostAboveTheKeysBurstIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestBadShapesAreRefused: a shape field its kind does not read is refused
+// as a fault's is (a hold on a step was never played), a step or flash at
+// or after the end of the run as a fault there is, a diurnal period below
+// MinDiurnalPeriod (1ns ran as no shape at all) and a peak outside the
+// period; a step's factor may be 0 (no traffic from then on), written.
+func TestBadShapesAreRefused(t *testing.T) {
+	doc := func(shape string) []byte {
+		return []byte(strings.Replace(minimal, "rate: {a: 5/s, b: 600/m}}", "rate: {a: 5/s, b: 600/m}, shape: ["+shape+"]}", 1))
+	}
+	for _, c := range []struct{ shape, want string }{
+		{"{kind: step, at: 20s, factor: 2, hold: 5s}", "workload[0].shape[0].hold: does not apply to kind step, which takes regions, at, factor"},
+		{"{kind: step, at: 20s, factor: 2, period: 1m}", "workload[0].shape[0].period: does not apply to kind step"},
+		{"{kind: flash, at: 20s, factor: 2, hold: 5s, steps: 3}", "workload[0].shape[0].steps: does not apply to kind flash"},
+		{"{kind: diurnal, period: 1m, at: 5s}", "workload[0].shape[0].at: does not apply to kind diurnal"},
+		{"{kind: diurnal, period: 1m, factor: 2}", "workload[0].shape[0].factor: does not apply to kind diurnal"},
+		{"{kind: flash, at: 20s, factor: 2, hold: 5s, low: 0.5}", "workload[0].shape[0].low: does not apply to kind flash"},
+		{"{kind: step, at: 5m, factor: 2}", "workload[0].shape[0].at: 5m0s is not before the end of the run (2m0s)"},
+		{"{kind: step, at: 2m, factor: 2}", "workload[0].shape[0].at: 2m0s is not before the end of the run"},
+		{"{kind: flash, at: 3m, factor: 2, hold: 5s}", "workload[0].shape[0].at: 3m0s is not before the end of the run"},
+		{"{kind: step, factor: 2}", "workload[0].shape[0].at: is required for a step"},
+		{"{kind: step, at: 20s}", "workload[0].shape[0].factor: is required for a step"},
+		{"{kind: diurnal, period: 1ns}", "workload[0].shape[0].period: must be at least 1s, got 1ns"},
+		{"{kind: diurnal, period: 30s, peaks: {a: 50s}}", "workload[0].shape[0].peaks.a: 50s is not within the period 30s"},
+		{"{kind: diurnal, period: 30s, peaks: {a: 30s}}", "workload[0].shape[0].peaks.a: 30s is not within the period 30s"},
+	} {
+		t.Run(c.shape, func(t *testing.T) {
+			_, err := Parse(doc(c.shape))
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error naming %q", err, c.want)
+			}
+		})
+	}
+	for _, shape := range []string{
+		"{kind: step, at: 20s, factor: 0, regions: [a]}",
+		"{kind: flash, at: 20s, factor: 2, rise: 1s, hold: 5s, decay: 1s, regions: [b]}",
+		"{kind: diurnal, period: 1s, low: 0.2, peaks: {a: 0s, b: 999ms}, steps: 4, regions: [a, b]}",
+	} {
+		if _, err := Parse(doc(shape)); err != nil {
+			t.Errorf("%s: %v", shape, err)
+		}
+	}
+	// A shortened run drops the steps it ends before, as it drops faults.
+	s, err := Parse(doc("{kind: step, at: 20s, factor: 2}, {kind: step, at: 90s, factor: 3}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := s.WithDuration(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(short.Workload[0].Shape) != 1 || len(s.Workload[0].Shape) != 2 {
+		t.Fatalf("shapes %v (original %v)", short.Workload[0].Shape, s.Workload[0].Shape)
+	}
+}

@@ -229,17 +229,22 @@ const (
 	ShapeFlash   = "flash"
 )
 
-// Shape is one time-varying factor on a workload's rate.
+// Shape is one time-varying factor on a workload's rate. A field its
+// kind does not read (a hold on a step, a period on a flash crowd, ...) is
+// refused: a step reads regions, at and factor; a flash crowd those and
+// rise, hold and decay; a diurnal shape regions, period, low, peaks and
+// steps.
 type Shape struct {
 	// Kind is step, diurnal or flash. Required.
 	Kind string `yaml:"kind"`
 	// Regions the factor applies to. Optional, default all.
 	Regions []string `yaml:"regions,omitempty"`
-	// At is when a step happens or a flash crowd starts. Required for
-	// step and flash.
+	// At is when a step happens or a flash crowd starts, before the end
+	// of the run. Required for step and flash.
 	At Instant `yaml:"at,omitempty"`
-	// Factor is the step's multiplier from At on, or the flash crowd's
-	// peak multiplier. Required for step and flash, > 0.
+	// Factor is the step's multiplier from At on, in [0, 1e6] (0: no
+	// traffic from At on), or the flash crowd's peak multiplier, in
+	// (0, 1e6]. Required for step and flash.
 	Factor float64 `yaml:"factor,omitempty"`
 	// Rise, Hold and Decay shape a flash crowd: linear rise to Factor,
 	// hold, linear decay back to 1. Optional, default 0 (instant) for Rise
@@ -248,12 +253,13 @@ type Shape struct {
 	Hold  Duration `yaml:"hold,omitempty"`
 	Decay Duration `yaml:"decay,omitempty"`
 	// Period of a diurnal cycle ("a day", compressed). Required for
-	// diurnal.
+	// diurnal, at least MinDiurnalPeriod (1s).
 	Period Duration `yaml:"period,omitempty"`
 	// Low is the diurnal factor at night (the peak is 1). Optional,
 	// default 0.1, in [0, 1].
 	Low *float64 `yaml:"low,omitempty"`
-	// Peaks gives each region's local noon as an offset into the period.
+	// Peaks gives each region's local noon as an offset into the period,
+	// in [0, Period).
 	// Optional, default: regions peak one after another, evenly spaced in
 	// topology order (follow the sun).
 	Peaks map[string]Length `yaml:"peaks,omitempty"`
@@ -615,8 +621,9 @@ func Load(path string) (*Scenario, error) {
 	return s, nil
 }
 
-// WithDuration returns a copy of s that runs for d: faults, failovers and
-// events starting at or after d are dropped. A written warmup is kept, so
+// WithDuration returns a copy of s that runs for d: faults, failovers,
+// events and shape steps and flash crowds starting at or after d are
+// dropped. A written warmup is kept, so
 // a shorter run measures what the scenario measures, only less of it; d
 // must be longer than it (else nothing would be measured, and a shortened
 // warmup would measure the start-up the scenario leaves out). A warmup
@@ -650,6 +657,16 @@ func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 		if time.Duration(f.At) < d {
 			c.Failovers = append(c.Failovers, f)
 		}
+	}
+	c.Workload = make([]Workload, len(s.Workload))
+	for i, w := range s.Workload {
+		w.Shape = nil
+		for _, sh := range s.Workload[i].Shape {
+			if sh.Kind == ShapeDiurnal || time.Duration(sh.At) < d {
+				w.Shape = append(w.Shape, sh)
+			}
+		}
+		c.Workload[i] = w
 	}
 	c.Events = nil
 	for _, e := range s.Events {

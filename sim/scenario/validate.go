@@ -30,6 +30,10 @@ const (
 	DefaultChaosMaxFor    = 60 * time.Second
 	DefaultChaosRestart   = 20 * time.Second
 	DefaultGlobalRestart  = time.Minute
+	// MinDiurnalPeriod is the shortest diurnal period: a shorter cycle
+	// turns over faster than the limiter's epochs, and is played as
+	// noise (1ns had no effect at all).
+	MinDiurnalPeriod = time.Second
 	// GlobalPeer names the global tier as the peer of a latency fault.
 	GlobalPeer = "global"
 	// maxGroupCount bounds generated tenants.
@@ -454,7 +458,7 @@ func (s *Scenario) validateWorkload(p *problems, cfg *config.Config, regions []s
 			}
 		}
 		for j := range w.Shape {
-			validateShape(p, fmt.Sprintf("%s.shape[%d]", path, j), &w.Shape[j], isRegion)
+			validateShape(p, fmt.Sprintf("%s.shape[%d]", path, j), &w.Shape[j], isRegion, time.Duration(s.Duration), s.wrote)
 		}
 	}
 }
@@ -538,19 +542,56 @@ func validateGroup(p *problems, path string, g *Group, cfg *config.Config, wrote
 	}
 }
 
-func validateShape(p *problems, path string, sh *Shape, isRegion map[string]bool) {
+// shapeFields are the fields each shape kind reads besides kind; a shape
+// setting any other is refused.
+var shapeFields = map[string][]string{
+	ShapeStep:    {"regions", "at", "factor"},
+	ShapeFlash:   {"regions", "at", "factor", "rise", "hold", "decay"},
+	ShapeDiurnal: {"regions", "period", "low", "peaks", "steps"},
+}
+
+func validateShape(p *problems, path string, sh *Shape, isRegion map[string]bool, dur time.Duration, wrote func(string) bool) {
 	for i, r := range sh.Regions {
 		if !isRegion[r] {
 			p.add(fmt.Sprintf("%s.regions[%d]", path, i), "%q is not a topology region", r)
 		}
 	}
+	takes, ok := shapeFields[sh.Kind]
+	if !ok {
+		p.add(path+".kind", "must be step, diurnal or flash, got %q", sh.Kind)
+		return
+	}
+	for _, x := range []struct {
+		name string
+		set  bool
+	}{
+		{"at", sh.At != 0}, {"factor", sh.Factor != 0}, {"rise", sh.Rise != 0}, {"hold", sh.Hold != 0}, {"decay", sh.Decay != 0},
+		{"period", sh.Period != 0}, {"low", sh.Low != nil && sh.Kind != ShapeDiurnal}, {"peaks", len(sh.Peaks) > 0}, {"steps", sh.Steps != 0},
+	} {
+		if (x.set || wrote(path+"."+x.name)) && !slices.Contains(takes, x.name) {
+			p.add(path+"."+x.name, "does not apply to kind %s, which takes %s", sh.Kind, strings.Join(takes, ", "))
+		}
+	}
+	if sh.Kind == ShapeStep || sh.Kind == ShapeFlash {
+		what := map[string]string{ShapeStep: "a step", ShapeFlash: "a flash crowd"}[sh.Kind]
+		if sh.At <= 0 {
+			p.add(path+".at", "is required for %s", what)
+		} else if dur > 0 && time.Duration(sh.At) >= dur {
+			p.add(path+".at", "%v is not before the end of the run (%v)", time.Duration(sh.At), dur)
+		}
+		if sh.Factor == 0 && !wrote(path+".factor") {
+			p.add(path+".factor", "is required for %s", what)
+			takes = nil // no range to check
+		}
+	}
 	switch sh.Kind {
 	case ShapeStep:
-		if !(sh.Factor >= 0) || sh.Factor > 1e6 {
+		// 0 stops the traffic from At on.
+		if takes != nil && (!(sh.Factor >= 0) || sh.Factor > 1e6) {
 			p.add(path+".factor", "must be in [0, 1e6], got %v", sh.Factor)
 		}
 	case ShapeFlash:
-		if !(sh.Factor > 0) || sh.Factor > 1e6 {
+		if takes != nil && (!(sh.Factor > 0) || sh.Factor > 1e6) {
 			p.add(path+".factor", "must be in (0, 1e6], got %v", sh.Factor)
 		}
 		if sh.Hold <= 0 {
@@ -559,6 +600,8 @@ func validateShape(p *problems, path string, sh *Shape, isRegion map[string]bool
 	case ShapeDiurnal:
 		if sh.Period <= 0 {
 			p.add(path+".period", "is required for a diurnal shape")
+		} else if time.Duration(sh.Period) < MinDiurnalPeriod {
+			p.add(path+".period", "must be at least %v, got %v", MinDiurnalPeriod, time.Duration(sh.Period))
 		}
 		if l := *sh.Low; !(l >= 0 && l <= 1) {
 			p.add(path+".low", "must be in [0, 1], got %v", l)
@@ -566,13 +609,13 @@ func validateShape(p *problems, path string, sh *Shape, isRegion map[string]bool
 		for _, r := range sortedKeys(sh.Peaks) {
 			if !isRegion[r] {
 				p.add(path+".peaks."+r, "%q is not a topology region", r)
+			} else if at := sh.Peaks[r]; sh.Period > 0 && time.Duration(at) >= time.Duration(sh.Period) {
+				p.add(path+".peaks."+r, "%v is not within the period %v (a peak is an offset in [0, period))", time.Duration(at), time.Duration(sh.Period))
 			}
 		}
 		if sh.Steps < 0 || sh.Steps > 100000 {
 			p.add(path+".steps", "must be in 0..100000, got %d", sh.Steps)
 		}
-	default:
-		p.add(path+".kind", "must be step, diurnal or flash, got %q", sh.Kind)
 	}
 }
 
