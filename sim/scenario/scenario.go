@@ -137,7 +137,8 @@ type Latency struct {
 	// Default is the one-way latency between two regions not in Pairs.
 	// Optional, default 50ms.
 	Default Duration `yaml:"default,omitempty"`
-	// Pairs gives one-way latencies by "a/b" (either order). Optional.
+	// Pairs gives one-way latencies by "a/b" (either order; a pair
+	// written in both orders is refused). Optional.
 	Pairs map[string]Duration `yaml:"pairs,omitempty"`
 	// Jitter is the relative spread of every latency (uniform ±). Optional,
 	// default 0.1, in [0, 1).

@@ -282,3 +282,24 @@ func TestWrittenZeroWhereZeroMeansNothingIsRefused(t *testing.T) {
 		t.Fatalf("defaults of fields left out not applied: %+v %+v %+v", w, g, s.Faults[0])
 	}
 }
+
+// TestLatencyPairInBothOrdersIsRefused: a pair may be written in either
+// order, so one written in both (10ms one way, 90ms the other) is refused
+// naming both; each order alone is accepted.
+func TestLatencyPairInBothOrdersIsRefused(t *testing.T) {
+	doc := func(pairs string) []byte {
+		return []byte(strings.Replace(minimal, "  global:", "  latency: {pairs: {"+pairs+"}}\n  global:", 1))
+	}
+	for _, pairs := range []string{"a/b: 10ms, b/a: 90ms", "b/a: 10ms, a/b: 10ms"} {
+		_, err := Parse(doc(pairs))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "topology.latency.pairs.b/a: is the pair topology.latency.pairs.a/b") {
+			t.Errorf("%s: got %v, want a refusal naming both", pairs, err)
+		}
+	}
+	for _, pairs := range []string{"a/b: 10ms", "b/a: 10ms"} {
+		if _, err := Parse(doc(pairs)); err != nil {
+			t.Errorf("%s: %v", pairs, err)
+		}
+	}
+}
+

@@ -380,6 +380,13 @@ func (s *Scenario) validateTopology(p *problems, cfg *config.Config) []string {
 		a, b, ok := strings.Cut(pair, "/")
 		if !ok || !seen[a] || !seen[b] || a == b {
 			p.add("topology.latency.pairs."+pair, "must name two different topology regions as a/b")
+		} else if other := b + "/" + a; other < pair {
+			if v, both := l.Pairs[other]; both {
+				// Either order names one pair: which latency it has
+				// would depend on the order the two were read in.
+				p.add("topology.latency.pairs."+pair, "is the pair topology.latency.pairs.%s written in the other order (%v and %v); write it once",
+					other, time.Duration(v), time.Duration(l.Pairs[pair]))
+			}
 		}
 	}
 	if time.Duration(t.InstanceClockSkew) > time.Hour {
