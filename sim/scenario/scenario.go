@@ -37,8 +37,8 @@ type Scenario struct {
 	Duration Length `yaml:"duration"`
 	// Warmup is left out of the measures (not of the invariants): the
 	// system starting from nothing is not the steady state being measured.
-	// Optional, default 20s (at most half of Duration), at most Duration;
-	// 0s measures from the start.
+	// Optional, default 20s (at most half of Duration), shorter than
+	// Duration (else nothing would be measured); 0s measures from the start.
 	Warmup Length `yaml:"warmup,omitempty"`
 	// NoWarmup says Warmup was written 0 (no default applies). Parse sets
 	// it.
@@ -645,7 +645,7 @@ func (s *Scenario) WithDuration(d time.Duration) (*Scenario, error) {
 	if s.warmupDefault {
 		c.Warmup = Length(min(DefaultWarmup, d/2))
 	} else if w := time.Duration(s.Warmup); w > 0 && d <= w {
-		return nil, fmt.Errorf("%w: duration %v is not longer than the scenario's warmup, %v, which is kept (measures and targets start after it): run longer than %v", ErrInvalid, d, w, w)
+		return nil, fmt.Errorf("%w: duration %v is not longer than the scenario's warmup, %v, which is kept (measures and targets start after it): nothing would be measured; run longer than %v", ErrInvalid, d, w, w)
 	}
 	c.Faults = nil
 	for _, f := range s.Faults {

@@ -303,3 +303,18 @@ func TestLatencyPairInBothOrdersIsRefused(t *testing.T) {
 	}
 }
 
+// TestWarmupAsLongAsTheRunIsRefused: a warmup of the whole run measures
+// nothing (every measure n/a, every target passed); it is refused as a
+// -duration no longer than the warmup is.
+func TestWarmupAsLongAsTheRunIsRefused(t *testing.T) {
+	for _, w := range []string{"2m", "3m"} {
+		_, err := Parse([]byte(strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nwarmup: "+w+"\n", 1)))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "warmup: "+w+"0s is not shorter than the duration 2m0s") ||
+			!strings.Contains(err.Error(), "nothing would be measured") {
+			t.Errorf("warmup %s: got %v", w, err)
+		}
+	}
+	if _, err := Parse([]byte(strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nwarmup: 119s\n", 1))); err != nil {
+		t.Error(err)
+	}
+}

@@ -86,8 +86,8 @@ func (s *Scenario) Validate() error {
 	} else if dur > MaxDuration {
 		p.add("duration", "%v is more than the longest run, %v", dur, MaxDuration)
 	}
-	if dur > 0 && time.Duration(s.Warmup) > dur {
-		p.add("warmup", "%v is longer than the duration %v", time.Duration(s.Warmup), dur)
+	if w := time.Duration(s.Warmup); dur > 0 && w > 0 && w >= dur {
+		p.add("warmup", "%v is not shorter than the duration %v: nothing would be measured (measures and targets start after the warmup)", w, dur)
 	}
 	cfg := s.parseSluice(&p)
 	regions := s.validateTopology(&p, cfg)
