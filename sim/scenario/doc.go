@@ -15,8 +15,9 @@
 // reply-loss, report-replay, region-report-replay, stale-leader,
 // region-down) overlap on one target; Schedule keeps it so for the faults
 // chaos draws (one that would overlap is not played). Validation reports all problems at once,
-// each naming its field path (workload[2].rate.eu-west) and wrapping
-// ErrInvalid.
+// once, naming its field path (workload[2].rate.eu-west) and the line
+// of the document it is on ("invalid scenario: workload[2].rate.eu-west:
+// ... (line 31)"), and wrapping ErrInvalid.
 //
 // # Defaults
 //

@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -82,5 +83,43 @@ func TestProblemsNameTheFilesLinesInItsWords(t *testing.T) {
 `, 1)
 	if _, err := Parse([]byte(flow)); err == nil || !strings.Contains(err.Error(), `unknown field "epohc"`) || !strings.Contains(err.Error(), "(line 5)") {
 		t.Errorf("flow sluice block: %v", err)
+	}
+}
+
+// TestEveryProblemOnceNamingItsFieldAndLine: two bad values alike on one
+// line are each reported once, naming its own field (both were reported
+// twice, naming neither); a problem validation finds is worded as the
+// decoder's are: "invalid scenario: <field>: ... (line N)", the line of
+// the field, or of the entry it belongs to when the field was left out.
+func TestEveryProblemOnceNamingItsFieldAndLine(t *testing.T) {
+	doc := strings.Replace(minimal, "  global:", "  latency: {local: 0s, default: 0s}\n  global:", 1)
+	_, err := Parse([]byte(doc))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	for _, want := range []string{
+		`invalid scenario: topology.latency.local: duration "0s" must be positive (an optional field left out takes its default) (line 11)`,
+		`invalid scenario: topology.latency.default: duration "0s" must be positive (an optional field left out takes its default) (line 11)`,
+	} {
+		if !slices.Contains(lines, want) {
+			t.Errorf("error %q lacks the line %q", err, want)
+		}
+	}
+	if len(lines) != 2 {
+		t.Errorf("%d problems, want 2: %q", len(lines), err)
+	}
+	for _, c := range []struct{ doc, want string }{
+		{strings.Replace(minimal, "duration: 2m\n", "duration: 2m\nseed: 0\n", 1), "invalid scenario: seed: must be at least 1 (seeds start at 1; leave it out for 1) (line 4)"},
+		{strings.Replace(minimal, "{name: a, instances: 1}", "{name: a, instances: 0}", 1), "invalid scenario: topology.regions[0].instances: must be in 1..10000, got 0 (line 10)"},
+		// cost left out is 1; the burst 20 is below a cost written
+		// on the entry's own line, named by the entry's line.
+		{strings.Replace(minimal, "class: read,", "class: read, cost: 21,", 1), "invalid scenario: workload[0].cost: 21 exceeds the burst 20 of acme/read: no request of it can ever be admitted (line 13)"},
+		{strings.Replace(minimal, "  - {tenant: acme, class: read, rate: {a: 5/s, b: 600/m}}", "  - tenant: acme\n    class: read", 1), "invalid scenario: workload[0].rate: a tenant needs a rate for at least one region (line 13)"},
+	} {
+		_, err := Parse([]byte(c.doc))
+		if err == nil || !slices.Contains(strings.Split(err.Error(), "\n"), c.want) {
+			t.Errorf("got %v, want the line %q", err, c.want)
+		}
 	}
 }

@@ -580,12 +580,28 @@ func Parse(data []byte) (*Scenario, error) {
 			return nil, fmt.Errorf("%w: the document is empty", ErrInvalid)
 		}
 		paths := fieldPaths(data)
-		var out []error
+		var msgs []string
 		for _, m := range config.YAMLMessages(err) {
-			m = rangeMessage(m)
-			m = tabLine(m, data)
-			if path := paths.of(m); path != "" {
+			msgs = append(msgs, tabLine(rangeMessage(m), data))
+		}
+		var out []error
+		for i, m := range msgs {
+			// Several fields on one line alike in value ("{local: 0s,
+			// default: 0s}") have one message each, alike too, in the
+			// document's order: the n-th names the n-th field.
+			n, alike := 0, 0
+			for j, o := range msgs {
+				if o == m {
+					alike++
+					if j < i {
+						n++
+					}
+				}
+			}
+			if path := paths.of(m, n, alike); path != "" {
 				m = path + ": " + m
+			} else if n > 0 {
+				continue // said once is enough
 			}
 			out = append(out, fmt.Errorf("%w: %s", ErrInvalid, m))
 		}
@@ -733,6 +749,57 @@ func fieldPaths(data []byte) fieldIndex {
 	return idx
 }
 
+// lineIndex maps the field paths of a document to their lines.
+type lineIndex map[string]int
+
+// fieldLines indexes data's fields by path (none when it does not parse).
+func fieldLines(data []byte) lineIndex {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 {
+		return nil
+	}
+	lines := lineIndex{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, v := n.Content[i], n.Content[i+1]
+				p := k.Value
+				if path != "" {
+					p = path + "." + k.Value
+				}
+				lines[p] = k.Line
+				walk(v, p)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				p := fmt.Sprintf("%s[%d]", path, i)
+				lines[p] = c.Line
+				walk(c, p)
+			}
+		}
+	}
+	walk(doc.Content[0], "")
+	return lines
+}
+
+// of is the line of the field at path, or of the nearest entry holding it
+// ("workload[0]" for a workload[0].cost left out); 0 when none is known.
+func (lines lineIndex) of(path string) int {
+	for path != "" {
+		if l, ok := lines[path]; ok {
+			return l
+		}
+		i := strings.LastIndexAny(path, ".[")
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	return 0
+}
+
 func (idx fieldIndex) add(n *yaml.Node, path string) {
 	at := fieldAt{n.Line, n.Value}
 	idx[at] = append(idx[at], path)
@@ -745,8 +812,9 @@ var (
 
 // of is the field a decoder's message ("... \"-5s\" ... (line 12)") is
 // about: the one field on its line whose key or value is the first text
-// it quotes; "" when none or several are.
-func (idx fieldIndex) of(msg string) string {
+// it quotes; when there are several and as many messages alike (alike),
+// the n-th of them; "" when none or several are.
+func (idx fieldIndex) of(msg string, n, alike int) string {
 	lm := messageLineRE.FindStringSubmatch(msg)
 	qm := messageQuoteRE.FindStringSubmatch(msg)
 	if lm == nil || qm == nil {
@@ -762,6 +830,8 @@ func (idx fieldIndex) of(msg string) string {
 	}
 	if paths := idx[fieldAt{line, text}]; len(paths) == 1 {
 		return paths[0]
+	} else if len(paths) > 1 && len(paths) == alike && n < alike {
+		return paths[n]
 	}
 	// The decoder cuts a long value short ("9999999..."): the one field
 	// on the line whose value starts with what it kept.

@@ -48,13 +48,24 @@ const (
 	MaxDuration = 7 * 24 * time.Hour
 )
 
-// FieldError is one validation problem, naming its field path. It wraps
-// ErrInvalid.
+// FieldError is one validation problem, naming its field path and, when
+// known, the line of the document it is on. It wraps ErrInvalid and reads
+// as the decoder's problems do: "invalid scenario: workload[0].cost: ...
+// (line 13)".
 type FieldError struct {
 	Path, Message string
+	// Line is the field's line in the document, or that of the entry
+	// it belongs to when it was left out; 0 when unknown.
+	Line int
 }
 
-func (e *FieldError) Error() string { return e.Path + ": " + e.Message }
+func (e *FieldError) Error() string {
+	m := fmt.Sprintf("%v: %s: %s", ErrInvalid, e.Path, e.Message)
+	if e.Line > 0 && !messageLineRE.MatchString(e.Message) {
+		m += fmt.Sprintf(" (line %d)", e.Line)
+	}
+	return m
+}
 
 // Unwrap makes errors.Is(err, ErrInvalid) hold.
 func (e *FieldError) Unwrap() error { return ErrInvalid }
@@ -128,6 +139,16 @@ func (s *Scenario) Validate() error {
 		s.addGroupTenants(cfg)
 		if err := cfg.Validate(); err != nil {
 			p.add("sluice", "with the generated tenants: %v", err)
+		}
+	}
+	if s.written != nil && len(p) > 0 {
+		// A document as written (not a shortened copy, whose lists
+		// no longer match its lines): name each problem's line.
+		lines := fieldLines(s.src)
+		for _, e := range p {
+			if fe, ok := e.(*FieldError); ok {
+				fe.Line = lines.of(fe.Path)
+			}
 		}
 	}
 	if err := errors.Join(p...); err != nil {
@@ -268,7 +289,7 @@ func (s *Scenario) parseSluice(p *problems) *config.Config {
 		}
 		for _, e := range errs {
 			m := e.Error()
-			path := paths.of(m)
+			path := paths.of(m, 0, 1)
 			if !strings.HasPrefix(path, "sluice.") {
 				path = "sluice"
 			}
