@@ -201,9 +201,17 @@ func TestDurationAboveTheLongestRunIsRefused(t *testing.T) {
 // run whose warmup was quietly cut (which measured the start-up and missed
 // targets, exit 3).
 func TestDurationWithinTheWarmupIsRefused(t *testing.T) {
-	code, out, stderr := runArgs(t, "-scenario", "region-outage", "-duration", "10s", "-out", "")
-	if code != exitUsage || out != "" || !strings.Contains(stderr, "warmup, 30s") {
-		t.Errorf("exit %d, stdout %q, stderr %q", code, out, stderr)
+	for _, c := range []struct{ scn, dur, warmup string }{
+		{"region-outage", "10s", "warmup, 30s"},
+		// A scale run kept its second half measured instead (warmup
+		// 500ms in a 1s run).
+		{"scale-small", "1s", "warmup, 20s"},
+		{"scale-small", "20s", "warmup, 20s"},
+	} {
+		code, out, stderr := runArgs(t, "-scenario", c.scn, "-duration", c.dur, "-out", "")
+		if code != exitUsage || out != "" || !strings.Contains(stderr, c.warmup) {
+			t.Errorf("%s -duration %s: exit %d, stdout %q, stderr %q", c.scn, c.dur, code, out, stderr)
+		}
 	}
 }
 
@@ -406,21 +414,21 @@ func TestViolationExitsOne(t *testing.T) {
 
 func TestScaleScenarioRunsAndWritesItsSummary(t *testing.T) {
 	dir := t.TempDir()
-	code, out, stderr := runArgs(t, "-scenario", "scale-small", "-duration", "10s", "-out", dir)
+	code, out, stderr := runArgs(t, "-scenario", "scale-small", "-duration", "25s", "-out", dir)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	if !strings.Contains(out, "Sluice scale simulation: scale-small") || !strings.Contains(out, "Result: PASS") {
 		t.Errorf("summary:\n%s", out)
 	}
-	// 5 s is shorter than the 30 epochs between samples of the shards'
-	// contended keys: no sample, n/a (it read 0/0, the empty allocator
-	// at the start).
-	if code, out, stderr = runArgs(t, "-scenario", "scale-small", "-duration", "5s", "-out", ""); code != exitOK {
-		t.Fatalf("5s: exit %d: %s", code, stderr)
+	// 25 s (past the 20 s warmup) is shorter than the 30 epochs between
+	// samples of the shards' contended keys: no sample, n/a (it read 0/0,
+	// the empty allocator at the start).
+	if code, out, stderr = runArgs(t, "-scenario", "scale-small", "-duration", "25s", "-out", ""); code != exitOK {
+		t.Fatalf("25s: exit %d: %s", code, stderr)
 	}
 	if _, shards, _ := strings.Cut(out, "Per global shard\n"); !strings.Contains(shards, "\n  0 ") || !strings.Contains(shards, "n/a\n") || strings.Contains(shards, "0/0") {
-		t.Errorf("shard rows of a 5 s run:\n%s", shards)
+		t.Errorf("shard rows of a 25 s run:\n%s", shards)
 	}
 	for _, f := range []string{"summary.txt", "scale.csv"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {

@@ -37,7 +37,8 @@ const (
 
 // Options tune a run.
 type Options struct {
-	// Duration overrides the spec's (0: the spec's).
+	// Duration overrides the spec's (0: the spec's); the spec's warmup is
+	// kept, and a Duration not longer than it is refused.
 	Duration time.Duration
 	Mutate   Mutation
 }
@@ -151,12 +152,10 @@ func Run(spec *Spec, opts Options) (*Result, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	if d := opts.Duration; d > 0 && time.Duration(spec.Warmup) > d/2 {
-		// As a virtual run's: a shortened run keeps its second half
-		// measured.
-		c := *spec
-		c.Warmup = config.Duration(d / 2)
-		spec = &c
+	if d, w := opts.Duration, time.Duration(spec.Warmup); d > 0 && w > 0 && d <= w {
+		// As a virtual run's: the written warmup is kept, so a shorter
+		// run measures what the scenario measures, only less of it.
+		return nil, fmt.Errorf("%w: duration %v is not longer than the scenario's warmup, %v, which is kept (measures start after it): nothing would be measured; run longer than %v", ErrInvalid, d, w, w)
 	}
 	wall := time.Now()
 	s := &sim{spec: spec, opts: opts, dur: time.Duration(spec.Duration), mark: regionsync.MarkEvery(epoch)}

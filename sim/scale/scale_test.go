@@ -83,11 +83,11 @@ func TestBrokenVariantsFailTheOracle(t *testing.T) {
 // The same spec and seed give the same result.
 func TestDeterministic(t *testing.T) {
 	spec := small(t)
-	a, err := Run(spec, Options{Duration: 20 * time.Second})
+	a, err := Run(spec, Options{Duration: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Run(spec, Options{Duration: 20 * time.Second})
+	b, err := Run(spec, Options{Duration: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,21 +207,28 @@ func TestScaleSoak(t *testing.T) {
 	}
 }
 
-// TestShortenedRunShrinksItsWarmup: a run shortened below twice its
-// warmup measures its second half, as a virtual run does (scale-small's
-// 20 s warmup stayed in force in a 10 s run, which measured nothing);
-// the caller's spec is left as it was.
-func TestShortenedRunShrinksItsWarmup(t *testing.T) {
+// TestShortenedRunKeepsItsWarmup: a shortened run keeps the warmup the
+// scenario writes, as a virtual run does, so it measures the same thing,
+// only less of it; one no longer than the warmup would measure nothing
+// and is refused (scale-small's 20 s warmup became 15 s in a 30 s run,
+// and a 1 s run measured from 500ms on); the caller's spec is left as it
+// was.
+func TestShortenedRunKeepsItsWarmup(t *testing.T) {
 	spec := small(t)
 	if time.Duration(spec.Warmup) != 20*time.Second {
 		t.Fatalf("scale-small's warmup is %v; this test shortens a 20 s one", time.Duration(spec.Warmup))
 	}
-	res, err := Run(spec, Options{Duration: 10 * time.Second})
+	for _, d := range []time.Duration{time.Second, 20 * time.Second} {
+		if _, err := Run(spec, Options{Duration: d}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "warmup, 20s") {
+			t.Errorf("a %v run: %v, want a refusal naming the warmup", d, err)
+		}
+	}
+	res, err := Run(spec, Options{Duration: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := time.Duration(res.Spec.Warmup); w != 5*time.Second || !strings.Contains(res.Summary(), "warmup 5s") {
-		t.Errorf("warmup of a 10 s run %v, summary:\n%s", w, res.Summary())
+	if w := time.Duration(res.Spec.Warmup); w != 20*time.Second || !strings.Contains(res.Summary(), "warmup 20s") {
+		t.Errorf("warmup of a 30 s run %v, summary:\n%s", w, res.Summary())
 	}
 	if time.Duration(spec.Warmup) != 20*time.Second {
 		t.Errorf("the caller's spec changed: warmup %v", time.Duration(spec.Warmup))
@@ -256,7 +263,7 @@ func TestSeedDrawsThePopulation(t *testing.T) {
 		t.Fatalf("seed 2: %d of %d keys as with seed 1, %d contended (want 500)", same, p2.n, contended)
 	}
 	body := func(s *Spec) string {
-		res, err := Run(s, Options{Duration: 20 * time.Second})
+		res, err := Run(s, Options{Duration: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
