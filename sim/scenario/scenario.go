@@ -717,13 +717,22 @@ type fieldAt struct {
 	text string
 }
 
-// fieldPaths indexes data's fields (none when it does not parse).
-func fieldPaths(data []byte) fieldIndex {
+// fieldRole is what a node walkFields visits is to its field path.
+type fieldRole int
+
+const (
+	roleKey    fieldRole = iota // a mapping's key (the path is its value's)
+	roleEntry                   // a sequence's entry
+	roleScalar                  // a scalar value (an entry's too)
+)
+
+// walkFields visits every field of data (a YAML document) with its path
+// ("workload[0].cost") and role; false when data does not parse.
+func walkFields(data []byte, visit func(n *yaml.Node, path string, role fieldRole)) bool {
 	var doc yaml.Node
 	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 {
-		return nil
+		return false
 	}
-	idx := fieldIndex{}
 	var walk func(n *yaml.Node, path string)
 	walk = func(n *yaml.Node, path string) {
 		switch n.Kind {
@@ -734,53 +743,51 @@ func fieldPaths(data []byte) fieldIndex {
 				if path != "" {
 					p = path + "." + k.Value
 				}
-				idx.add(k, p)
+				visit(k, p, roleKey)
 				walk(v, p)
 			}
 		case yaml.SequenceNode:
 			for i, c := range n.Content {
-				walk(c, fmt.Sprintf("%s[%d]", path, i))
+				p := fmt.Sprintf("%s[%d]", path, i)
+				visit(c, p, roleEntry)
+				walk(c, p)
 			}
 		case yaml.ScalarNode:
-			idx.add(n, path)
+			visit(n, path, roleScalar)
 		}
 	}
 	walk(doc.Content[0], "")
+	return true
+}
+
+// fieldPaths indexes data's fields, its keys and scalar values, by line
+// and text (none when it does not parse).
+func fieldPaths(data []byte) fieldIndex {
+	idx := fieldIndex{}
+	if !walkFields(data, func(n *yaml.Node, path string, role fieldRole) {
+		if role != roleEntry {
+			idx.add(n, path)
+		}
+	}) {
+		return nil
+	}
 	return idx
 }
 
 // lineIndex maps the field paths of a document to their lines.
 type lineIndex map[string]int
 
-// fieldLines indexes data's fields by path (none when it does not parse).
+// fieldLines indexes data's fields, its keys and entries, by path (none
+// when it does not parse).
 func fieldLines(data []byte) lineIndex {
-	var doc yaml.Node
-	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 {
+	lines := lineIndex{}
+	if !walkFields(data, func(n *yaml.Node, path string, role fieldRole) {
+		if role != roleScalar {
+			lines[path] = n.Line
+		}
+	}) {
 		return nil
 	}
-	lines := lineIndex{}
-	var walk func(n *yaml.Node, path string)
-	walk = func(n *yaml.Node, path string) {
-		switch n.Kind {
-		case yaml.MappingNode:
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				k, v := n.Content[i], n.Content[i+1]
-				p := k.Value
-				if path != "" {
-					p = path + "." + k.Value
-				}
-				lines[p] = k.Line
-				walk(v, p)
-			}
-		case yaml.SequenceNode:
-			for i, c := range n.Content {
-				p := fmt.Sprintf("%s[%d]", path, i)
-				lines[p] = c.Line
-				walk(c, p)
-			}
-		}
-	}
-	walk(doc.Content[0], "")
 	return lines
 }
 
