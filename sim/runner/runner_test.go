@@ -375,3 +375,56 @@ workload:
 		t.Fatalf("same seed, different summaries:\n%s\n---\n%s", sums[0], sums[1])
 	}
 }
+
+// TestFaultsThatHitNothingSayIt: a fault that finds nothing in the state
+// it needs is still played and listed, and its label says what it hit:
+// a crash of a region's instances when none is alive, a global leader loss
+// while no leader is elected yet. They were listed as if played in full.
+func TestFaultsThatHitNothingSayIt(t *testing.T) {
+	doc := `name: nothing
+duration: 40s
+warmup: 5s
+sluice:
+  epoch: 1s
+  grant_validity: 5s
+  lease_ttl: 5s
+  refresh: 1s
+  regions: {us-east: {weight: 2}, eu-west: {weight: 1}}
+  classes: {read: {mode: lease, on_failure: local}}
+  tiers: {free: {read: {rate: 10/s, burst: 20}}}
+  default_tier: free
+topology:
+  regions:
+    - {name: us-east, instances: 2}
+    - {name: eu-west, instances: 2}
+  global: {primary: us-east, standby: us-east}
+workload:
+  - {tenant: acme, class: read, rate: {us-east: 15/s, eu-west: 9/s}}
+faults:
+  - {at: 10s, kind: instance-crash, region: eu-west, count: 2, restart_after: 20s}
+  - {at: 12s, kind: instance-crash, region: eu-west, count: 1}
+  - {at: 14s, kind: global-leader-loss}
+  - {at: 14500ms, kind: global-leader-loss}
+`
+	sc, err := scenario.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := runner.Run(sc, runner.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var labels []string
+	for _, f := range out.Result.Faults {
+		labels = append(labels, f.Label)
+	}
+	want := []string{
+		"instance-crash eu-west ×2",
+		"instance-crash eu-west ×1 (hit nothing: no instance alive)",
+		"global-leader-loss global-a@us-east",
+		"global-leader-loss (hit nothing: no global leader)",
+	}
+	if !slices.Equal(labels, want) {
+		t.Fatalf("fault labels:\n%s\nwant:\n%s", strings.Join(labels, "\n"), strings.Join(want, "\n"))
+	}
+}

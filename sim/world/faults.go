@@ -24,6 +24,18 @@ func (w *World) regionByName(name string) *Region {
 	return nil
 }
 
+// missed says, for a label, that a fault meant for want instances found
+// only hit of them in the state it needs ("" when it found them all).
+func missed(hit, want int, state string) string {
+	switch {
+	case hit == want:
+		return ""
+	case hit == 0:
+		return " (hit nothing: no instance " + state + ")"
+	}
+	return fmt.Sprintf(" (hit %d: no other instance %s)", hit, state)
+}
+
 // inject starts fault f now.
 func (w *World) inject(f scenario.Fault) {
 	now := w.dur()
@@ -36,7 +48,9 @@ func (w *World) inject(f scenario.Fault) {
 	switch f.Kind {
 	case scenario.FaultInstanceCrash, scenario.FaultInstanceStop:
 		r := w.regionByName(f.Region)
+		hit := 0
 		for i := 0; i < f.Count && len(r.insts) > 0; i++ {
+			hit++
 			// Deterministic victim: drawn from the routing stream.
 			in := r.insts[w.rngRoute.IntN(len(r.insts))]
 			if f.Kind == scenario.FaultInstanceCrash {
@@ -52,7 +66,7 @@ func (w *World) inject(f scenario.Fault) {
 				})
 			}
 		}
-		label = fmt.Sprintf("%s ×%d", label, f.Count)
+		label = fmt.Sprintf("%s ×%d", label, f.Count) + missed(hit, f.Count, "alive")
 		until = now
 	case scenario.FaultInstanceIsolate:
 		r := w.regionByName(f.Region)
@@ -62,13 +76,15 @@ func (w *World) inject(f scenario.Fault) {
 				free = append(free, in)
 			}
 		}
+		hit := 0
 		for i := 0; i < f.Count && len(free) > 0; i++ {
+			hit++
 			// Deterministic victim: drawn from the routing stream.
 			j := w.rngRoute.IntN(len(free))
 			free[j].isolate(d)
 			free = append(free[:j], free[j+1:]...)
 		}
-		label = fmt.Sprintf("%s ×%d", label, f.Count)
+		label = fmt.Sprintf("%s ×%d", label, f.Count) + missed(hit, f.Count, "alive and not isolated")
 	case scenario.FaultRegionLeaderLoss:
 		r := w.regionByName(f.Region)
 		r.loseLeader(w.sessionExpiry(3))
@@ -77,11 +93,16 @@ func (w *World) inject(f scenario.Fault) {
 		if l := w.global.leader; l != nil {
 			l.crash(time.Duration(f.RestartAfter))
 			label += " " + l.name
+		} else {
+			label += " (hit nothing: no global leader)"
 		}
 		until = now
 	case scenario.FaultRegionDown:
 		r := w.regionByName(f.Region)
 		ra := time.Duration(f.RestartAfter)
+		if w.net.down[r.idx] {
+			label += " (hit nothing: already down)"
+		}
 		w.regionDown(r, ra, f.RedisLost)
 		until = time.Duration(w.sc.Duration)
 		if ra > 0 {
