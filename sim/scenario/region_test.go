@@ -236,8 +236,8 @@ func TestCostAboveTheKeysBurstIsRefused(t *testing.T) {
 // TestBadShapesAreRefused: a shape field its kind does not read is refused
 // as a fault's is (a hold on a step was never played), a step or flash at
 // or after the end of the run as a fault there is, a diurnal period below
-// MinDiurnalPeriod (1ns ran as no shape at all) and a peak outside the
-// period; a step's factor may be 0 (no traffic from then on), written.
+// MinDiurnalPeriod (1ns ran as no shape at all), steps shorter than
+// MinDiurnalStep and a peak outside the period; a step's factor may be 0 (no traffic from then on), written.
 func TestBadShapesAreRefused(t *testing.T) {
 	doc := func(shape string) []byte {
 		return []byte(strings.Replace(minimal, "rate: {a: 5/s, b: 600/m}}", "rate: {a: 5/s, b: 600/m}, shape: ["+shape+"]}", 1))
@@ -257,6 +257,8 @@ func TestBadShapesAreRefused(t *testing.T) {
 		{"{kind: diurnal, period: 1ns}", "workload[0].shape[0].period: must be at least 1s, got 1ns"},
 		{"{kind: diurnal, period: 30s, peaks: {a: 50s}}", "workload[0].shape[0].peaks.a: 50s is not within the period 30s"},
 		{"{kind: diurnal, period: 30s, peaks: {a: 30s}}", "workload[0].shape[0].peaks.a: 30s is not within the period 30s"},
+		{"{kind: diurnal, period: 1s, steps: 100000}", "workload[0].shape[0].steps: 100000 steps of the period 1s last 10µs each, under 100ms: at most 10 steps"},
+		{"{kind: diurnal, period: 1m, steps: 601}", "workload[0].shape[0].steps: 601 steps of the period 1m0s"},
 	} {
 		t.Run(c.shape, func(t *testing.T) {
 			_, err := Parse(doc(c.shape))

@@ -265,8 +265,8 @@ type Shape struct {
 	// topology order (follow the sun).
 	Peaks map[string]Length `yaml:"peaks,omitempty"`
 	// Steps quantizes the cycle into this many constant steps per period
-	// ("the sun moves hour by hour"); each step is a demand shift.
-	// Optional, default 0 (smooth).
+	// ("the sun moves hour by hour"); each step is a demand shift, and
+	// lasts at least MinDiurnalStep (100ms). Optional, default 0 (smooth).
 	Steps int `yaml:"steps,omitempty"`
 }
 

@@ -34,6 +34,10 @@ const (
 	// turns over faster than the limiter's epochs, and is played as
 	// noise (1ns had no effect at all).
 	MinDiurnalPeriod = time.Second
+	// MinDiurnalStep is the shortest step of a stepped diurnal shape:
+	// shorter ones shift demand many times an epoch (100,000 steps of a
+	// 1s period were steps of 10µs, each an event of every stream).
+	MinDiurnalStep = 100 * time.Millisecond
 	// GlobalPeer names the global tier as the peer of a latency fault.
 	GlobalPeer = "global"
 	// maxGroupCount bounds generated tenants.
@@ -643,6 +647,9 @@ func validateShape(p *problems, path string, sh *Shape, isRegion map[string]bool
 		}
 		if sh.Steps < 0 || sh.Steps > 100000 {
 			p.add(path+".steps", "must be in 0..100000, got %d", sh.Steps)
+		} else if sh.Steps > 0 && sh.Period > 0 && time.Duration(sh.Period)/time.Duration(sh.Steps) < MinDiurnalStep {
+			p.add(path+".steps", "%d steps of the period %v last %v each, under %v: at most %d steps",
+				sh.Steps, time.Duration(sh.Period), time.Duration(sh.Period)/time.Duration(sh.Steps), MinDiurnalStep, time.Duration(sh.Period)/MinDiurnalStep)
 		}
 	}
 }
