@@ -138,20 +138,12 @@ func TestServesUntilSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := regiontest.Start(t, regiontest.MustConfig(t, agentConfig), "local")
-	var stderr logtest.Buffer
-	cmd := command(t, "-region", "local", "-region-addr", r.Addr, "-config", cfgFile, "-listen", "127.0.0.1:0",
+	cmd, exited, stderr, addrs := startAgent(t, "-region", "local", "-region-addr", r.Addr, "-config", cfgFile, "-listen", "127.0.0.1:0",
 		"-http-listen", "127.0.0.1:0", "-metrics-listen", "127.0.0.1:0", "-log-level", "info",
 		"-max-inflight-per-connection", "4096",
 		// A loaded machine can hold the first Acquire past the default
 		// 50ms; this decision is meant to come from a lease.
 		"-breaker-timeout", "10s")
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	addrs := startedAddrs(t, &stderr, exited)
 	httpAddr, metricsAddr := addrs["http"], addrs["metrics"]
 	// The start line names the region by its config name and its
 	// address apart (it logged the address as the region).
@@ -181,7 +173,7 @@ func TestServesUntilSIGTERM(t *testing.T) {
 		}
 	}
 
-	terminate(t, cmd, exited, &stderr)
+	terminate(t, cmd, exited, stderr)
 	if !strings.Contains(stderr.String(), "agent stopped") || strings.Contains(stderr.String(), "releasing leased tokens failed") {
 		t.Errorf("log after SIGTERM:\n%s\nwant a clean stop with the tokens released", stderr.String())
 	}
@@ -219,17 +211,9 @@ func TestConfigWaitSaysWhatTheAgentServes(t *testing.T) {
 			[]string{"fallback", "sluicectl", "holds no config"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var stderr logtest.Buffer
-			cmd := command(t, "-region-addr", "127.0.0.1:1", "-etcd-endpoints", tc.endpoints, "-etcd-prefix", "/nothing",
+			cmd, exited, stderr, addrs := startAgent(t, "-region-addr", "127.0.0.1:1", "-etcd-endpoints", tc.endpoints, "-etcd-prefix", "/nothing",
 				"-config-wait", "1s", "-listen", "127.0.0.1:0", "-http-listen", "127.0.0.1:0", "-metrics-listen", "127.0.0.1:0",
 				"-log-level", "info")
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			addrs := startedAddrs(t, &stderr, exited)
 			log := stderr.String()
 			for _, want := range tc.says {
 				if !strings.Contains(log, want) {
@@ -278,9 +262,25 @@ func TestConfigWaitSaysWhatTheAgentServes(t *testing.T) {
 				t.Errorf("/healthz: %d; want 503 (not ready)", resp.StatusCode)
 			}
 
-			terminate(t, cmd, exited, &stderr)
+			terminate(t, cmd, exited, stderr)
 		})
 	}
+}
+
+// startAgent starts the agent process with args, its log in the buffer
+// returned, and waits until it serves: exited carries its Wait's error,
+// addrs its listeners by name (startedAddrs).
+func startAgent(t *testing.T, args ...string) (cmd *exec.Cmd, exited chan error, stderr *logtest.Buffer, addrs map[string]string) {
+	t.Helper()
+	stderr = &logtest.Buffer{}
+	cmd = command(t, args...)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited = make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	return cmd, exited, stderr, startedAddrs(t, stderr, exited)
 }
 
 // terminate sends the agent process SIGTERM and waits, up to 30 s, for it
