@@ -173,8 +173,21 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		watchDone := make(chan struct{})
 		go func() { watcher.Run(watchCtx); close(watchDone) }()
 		defer func() { stopWatch(); <-watchDone }()
+		// A config stored in etcd that is refused (written past sluicectl)
+		// would leave the agent without one: start on the newest valid
+		// config in etcd's history, the one the running daemons kept.
+		historyDone, noConfig := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(historyDone)
+			if err := configstore.StartOnHistory(watchCtx, store, watcher, logger); err != nil && watchCtx.Err() == nil {
+				logger.Error("the config stored in etcd is refused and etcd's history holds no valid one: serving without a config, "+noConfigAnswers+", until a good one is applied with sluicectl apply",
+					"key", store.Key(), "error", err)
+				close(noConfig)
+			}
+		}()
+		defer func() { stopWatch(); <-historyDone }()
 		source = agent.Watched{W: watcher}
-		waitConfig(ctx, watcher, cli, store.Key(), f.configWait, logger)
+		waitConfig(ctx, watcher, noConfig, cli, store.Key(), f.configWait, logger)
 	}
 
 	a, err := agent.Start(agent.Options{
@@ -193,22 +206,26 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	return nil
 }
 
+// noConfigAnswers is what the agent answers while no config is live.
+const noConfigAnswers = "answering 503 (HTTP) and UNAVAILABLE (gRPC), not ready"
+
 // waitConfig waits up to max for the watcher's first config from etcd,
-// so the lease client starts with the config's refresh and classes. When
-// none is live by then, it says why, as far as one read of the config key
-// within the wait tells (etcd answered and holds no config, holds one not
-// made live, or did not answer), and what the agent does meanwhile: it
-// serves, with no config (never the watcher's fallback), answering 503
-// and UNAVAILABLE and not ready, until one is live.
-func waitConfig(ctx context.Context, w *configstore.Watcher, cli *clientv3.Client, key string, max time.Duration, logger *slog.Logger) {
+// so the lease client starts with the config's refresh and classes, or
+// until noConfig is closed (none can come before a good one is applied,
+// which has been said). When none is live by max, it says why, as far as
+// one read of the config key within the wait tells (etcd answered and
+// holds no config, holds one not made live, or did not answer), and what
+// the agent does meanwhile: it serves, with no config (never the
+// watcher's fallback), answering 503 and UNAVAILABLE and not ready, until
+// one is live.
+func waitConfig(ctx context.Context, w *configstore.Watcher, noConfig <-chan struct{}, cli *clientv3.Client, key string, max time.Duration, logger *slog.Logger) {
 	updates, cancel := w.Subscribe()
 	defer cancel()
 	if w.Revision() > 0 {
 		return
 	}
-	const serving = "answering 503 (HTTP) and UNAVAILABLE (gRPC), not ready"
 	if max == 0 {
-		logger.Warn("not waiting for etcd's config (-config-wait 0): serving without one, "+serving+", until it is live", "key", key)
+		logger.Warn("not waiting for etcd's config (-config-wait 0): serving without one, "+noConfigAnswers+", until it is live", "key", key)
 		return
 	}
 	waitCtx, stop := context.WithTimeout(ctx, max)
@@ -225,26 +242,32 @@ func waitConfig(ctx context.Context, w *configstore.Watcher, cli *clientv3.Clien
 	select {
 	case <-updates:
 	case <-waitCtx.Done():
+	case <-noConfig:
 	}
 	stop()
 	got := <-read
 	if ctx.Err() != nil || w.Revision() > 0 {
 		return
 	}
+	select {
+	case <-noConfig:
+		return
+	default:
+	}
 	switch {
 	case errors.Is(got.err, context.DeadlineExceeded):
-		logger.Warn("etcd not reachable: serving without a config, "+serving+", until etcd answers with one; the config watch keeps trying",
+		logger.Warn("etcd not reachable: serving without a config, "+noConfigAnswers+", until etcd answers with one; the config watch keeps trying",
 			"key", key, "waited", max, "error", fmt.Sprintf("no answer within %v (-config-wait)", max))
 	case got.err != nil:
-		logger.Warn("reading the config from etcd failed: serving without one, "+serving+", until etcd answers with one; the config watch keeps trying",
+		logger.Warn("reading the config from etcd failed: serving without one, "+noConfigAnswers+", until etcd answers with one; the config watch keeps trying",
 			"key", key, "waited", max, "error", got.err)
 	case len(got.resp.Kvs) == 0:
-		logger.Warn("etcd holds no config: serving without one, "+serving+", until one is applied with sluicectl apply",
+		logger.Warn("etcd holds no config: serving without one, "+noConfigAnswers+", until one is applied with sluicectl apply",
 			"key", key, "waited", max)
 	default:
 		// A refused config is logged by the watcher; one that is valid
 		// was not read in full within the wait.
-		logger.Warn("etcd holds a config that is not live yet: serving without one, "+serving+", until it is (a refused config is logged at ERROR: apply a good one with sluicectl apply)",
+		logger.Warn("etcd holds a config that is not live yet: serving without one, "+noConfigAnswers+", until it is (a refused config is logged at ERROR: apply a good one with sluicectl apply)",
 			"key", key, "revision", got.resp.Kvs[0].ModRevision, "waited", max)
 	}
 }

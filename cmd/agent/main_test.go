@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
+	"github.com/sluicehq/sluice/pkg/configstore"
 )
 
 // mainEnv makes the test binary run main, so tests can run the command as
@@ -298,4 +300,91 @@ func terminate(t *testing.T, cmd *exec.Cmd, exited <-chan error, stderr *logtest
 	case <-time.After(30 * time.Second):
 		t.Fatalf("still running 30s after SIGTERM\n%s", stderr.String())
 	}
+}
+
+// TestStartsOnTheNewestValidConfigWhenTheStoredOneIsRefused: an agent
+// started while the config stored in etcd is refused (a bad document
+// written past sluicectl) runs the newest valid config in etcd's history,
+// the one the running daemons kept, as the regional and global daemons
+// do; it answered 503 "no config loaded yet" until a good config was
+// applied. With no valid config in the history it says so at ERROR, with
+// the fix, and serves without one.
+func TestStartsOnTheNewestValidConfigWhenTheStoredOneIsRefused(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ctx := t.Context()
+	r := regiontest.Start(t, regiontest.MustConfig(t, agentConfig), "local")
+	kept := configstore.NewStore(cli, "/kept")
+	good, err := kept.Apply(ctx, regiontest.MustConfig(t, agentConfig), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const refused = "regions: {}\n"
+	if _, err := cli.Put(ctx, kept.Key(), refused); err != nil {
+		t.Fatal(err)
+	}
+	never := configstore.NewStore(cli, "/never")
+	if _, err := cli.Put(ctx, never.Key(), refused); err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	web := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	allow := func(addrs map[string]string) (int, agent.AllowResponse, string) {
+		t.Helper()
+		resp, err := web.Post("http://"+addrs["http"]+"/v1/allow", "application/json", strings.NewReader(`{"tenant":"acme","class":"read"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body bytes.Buffer
+		body.ReadFrom(resp.Body)
+		var out agent.AllowResponse
+		json.Unmarshal(body.Bytes(), &out)
+		return resp.StatusCode, out, body.String()
+	}
+	start := func(prefix string) (*exec.Cmd, chan error, *logtest.Buffer, map[string]string) {
+		// The wait ends as soon as a config is live; -breaker-timeout
+		// keeps a loaded machine's first Acquire from the failure policy.
+		return startAgent(t, "-region", "local", "-region-addr", r.Addr, "-etcd-endpoints", strings.Join(srv.Endpoints(), ","),
+			"-etcd-prefix", prefix, "-config-wait", "30s", "-breaker-timeout", "10s",
+			"-listen", "127.0.0.1:0", "-http-listen", "127.0.0.1:0", "-metrics-listen", "127.0.0.1:0", "-log-level", "info")
+	}
+
+	t.Run("history holds a valid config", func(t *testing.T) {
+		cmd, exited, stderr, addrs := start("/kept")
+		if code, out, body := allow(addrs); code != http.StatusOK || !out.Allowed || out.Limit != 50 {
+			t.Errorf("POST /v1/allow: %d %s; want 200, allowed, limit 50 (the config kept)\n%s", code, body, stderr.String())
+		}
+		log := stderr.String()
+		if !strings.Contains(log, "level=ERROR") || !strings.Contains(log, "newest valid config in etcd's history") ||
+			!strings.Contains(log, fmt.Sprintf("revision=%d", good)) || !strings.Contains(log, "sluicectl apply") {
+			t.Errorf("the start on revision %d is not logged at ERROR with the fix:\n%s", good, log)
+		}
+		metrics := metrictest.Scrape(t, "http://"+addrs["metrics"]+"/metrics")
+		for _, want := range []string{"sluice_config_started_on_older_revision_total 1", fmt.Sprintf("sluice_config_last_applied_revision %d", good)} {
+			if !strings.Contains(metrics, want) {
+				t.Errorf("/metrics lacks %q", want)
+			}
+		}
+		terminate(t, cmd, exited, stderr)
+	})
+
+	t.Run("history holds none", func(t *testing.T) {
+		cmd, exited, stderr, addrs := start("/never")
+		if code, _, body := allow(addrs); code != http.StatusServiceUnavailable || !strings.Contains(body, "no config loaded yet") {
+			t.Errorf("POST /v1/allow: %d %s; want 503, no config loaded yet", code, body)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(stderr.String(), "etcd's history holds no valid one") {
+			if time.Now().After(deadline) {
+				t.Fatalf("no ERROR saying the history holds no valid config within 30s:\n%s", stderr.String())
+			}
+			time.Sleep(20 * time.Millisecond) // polling with a deadline
+		}
+		if log := stderr.String(); !strings.Contains(log, "sluicectl apply") || !strings.Contains(log, "key=/never/config") {
+			t.Errorf("the ERROR names neither the key nor the fix:\n%s", log)
+		}
+		terminate(t, cmd, exited, stderr)
+	})
 }

@@ -40,24 +40,12 @@ func AwaitEtcdConfig(ctx context.Context, s *Store, bootstrap *config.Config, w 
 	var rev int64
 	for {
 		var err error
-		var stored int64
-		rev, stored, err = bootstrapAndRead(ctx, s, bootstrap, logger)
+		rev, err = startAttempt(ctx, s, bootstrap, w, logger)
 		if err == nil {
 			break
 		}
-		if errors.Is(err, config.ErrInvalidConfig) && stored == 0 {
+		if errors.Is(err, config.ErrInvalidConfig) || ctx.Err() != nil {
 			return 0, err
-		}
-		if errors.Is(err, config.ErrInvalidConfig) {
-			var herr error
-			rev, herr = recoverFromHistory(ctx, s, stored, err, w, logger)
-			if herr == nil {
-				break
-			}
-			if errors.Is(herr, ErrNoValidHistory) || ctx.Err() != nil {
-				return 0, herr
-			}
-			err = herr
 		}
 		logger.Warn("etcd not reachable; waiting for it before starting", "error", err, "retry_in", wait)
 		select {
@@ -81,6 +69,56 @@ func AwaitEtcdConfig(ctx context.Context, s *Store, bootstrap *config.Config, w 
 		}
 	}
 	return w.Revision(), nil
+}
+
+// StartOnHistory is AwaitEtcdConfig's recovery for a daemon that serves
+// no fallback and does not hold its start for etcd (the agent, which
+// answers that no config is loaded meanwhile): until a config from etcd
+// is live in w, it reads the stored config, and when that is refused it
+// makes the newest valid config in etcd's history live (logged at ERROR
+// and counted as AwaitEtcdConfig does), so the daemon runs the revision
+// its running peers kept instead of no config at all. Without it such a
+// daemon started (or restarted) while a bad config is stored stays
+// without a config until a good one is applied.
+//
+// It returns nil once a config from etcd is live or will be (etcd stores
+// a valid one, which w makes live) or etcd answered that it holds none
+// (w makes the first one applied live); an error wrapping
+// config.ErrInvalidConfig and ErrNoValidHistory when the stored config is
+// refused and the history read holds no valid one; ctx.Err() when ctx
+// ends. An unreachable etcd is read again with backoff up to 5 s, logged
+// at DEBUG only: w reports the outage.
+func StartOnHistory(ctx context.Context, s *Store, w *Watcher, logger *slog.Logger) error {
+	wait := 100 * time.Millisecond
+	for w.Revision() == 0 {
+		_, err := startAttempt(ctx, s, nil, w, logger)
+		if err == nil || errors.Is(err, config.ErrInvalidConfig) || ctx.Err() != nil {
+			return err
+		}
+		logger.Debug("etcd not reachable; reading the config again", "key", s.Key(), "error", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+	return nil
+}
+
+// startAttempt is one try at a start on etcd's config: bootstrap written
+// when given and etcd holds none, then etcd's config read, and a refused
+// one replaced by the newest valid one in etcd's history (made live in
+// w). It returns the revision to start on, 0 when etcd holds no config.
+// An error wrapping config.ErrInvalidConfig is final (an invalid
+// bootstrap, or no valid config in the history); any other is etcd
+// failing, worth another try.
+func startAttempt(ctx context.Context, s *Store, bootstrap *config.Config, w *Watcher, logger *slog.Logger) (int64, error) {
+	rev, stored, err := bootstrapAndRead(ctx, s, bootstrap, logger)
+	if err == nil || !errors.Is(err, config.ErrInvalidConfig) || stored == 0 {
+		return rev, err
+	}
+	return recoverFromHistory(ctx, s, stored, err, w, logger)
 }
 
 // recoverFromHistory makes the newest valid config at or before the
