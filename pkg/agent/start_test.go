@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
 	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/agent"
@@ -106,6 +108,42 @@ default_tier: std
 	}
 	if out := allow(t, web, a, `{"tenant":"acme","class":"write","cost":50}`); !out.Allowed || !out.Degraded {
 		t.Errorf("write (on_failure: open) with no region: %+v; want allowed, degraded", out)
+	}
+}
+
+// TestOpenAdmissionSaysTheWholeCapIsLeft: an on_failure: open admission
+// limits nothing, so its answer says the caller can spend its whole cap
+// now, at once (remaining = cap, reset 0), on /v1/allow and in the Envoy
+// answer's status and headers alike. It said 0 remaining beside a reset
+// of 0: nothing left, and yet back to the cap already.
+func TestOpenAdmissionSaysTheWholeCapIsLeft(t *testing.T) {
+	cfg := regiontest.MustConfig(t, `
+regions: {local: {weight: 1}}
+classes: {write: {mode: lease, on_failure: open}}
+tiers: {std: {write: {rate: 100/s, burst: 200}}}
+default_tier: std
+envoy: {descriptors: [{domain: sluice, tenant_key: tenant, class_key: class}]}
+`)
+	a := startAgent(t, grpctest.RefusedAddr(t), agent.StaticConfig{C: cfg})
+	out := allow(t, httpClient(t), a, `{"tenant":"acme","class":"write","cost":5}`)
+	if !out.Allowed || !out.Degraded || out.Cap != 200 || out.Remaining != out.Cap || out.ResetMS != 0 {
+		t.Errorf("/v1/allow, open with no region: %+v; want allowed, degraded, remaining = cap = 200, reset_ms 0", out)
+	}
+	resp, err := rls(t, a).ShouldRateLimit(t.Context(), envoyRequest("sluice", 5, "tenant", "acme", "class", "write"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := resp.GetStatuses()[0]
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 200 || st.GetDurationUntilReset().AsDuration() != 0 {
+		t.Errorf("Envoy, open with no region: %v; want OK, limit_remaining 200, duration_until_reset 0", resp)
+	}
+	headers := map[string]string{}
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		headers[h.GetKey()] = h.GetValue()
+	}
+	if headers["x-ratelimit-limit"] != "200, 200;w=2" || headers["x-ratelimit-remaining"] != "200" ||
+		headers["ratelimit"] != `"write";r=200;t=0` || headers["x-ratelimit-reset"] != "0" {
+		t.Errorf("Envoy headers, open with no region: %v; want the cap 200 remaining, reset 0", headers)
 	}
 }
 

@@ -692,7 +692,11 @@ func (t *Table) Fallback(now time.Time, key quota.Key, cost int64) (quota.Decisi
 	d := quota.Decision{Degraded: true, Limit: in.limit, ResetAt: now}
 	switch in.onFailure {
 	case PolicyOpen:
-		d.Allowed = true
+		// Nothing limits the caller while the policy decides: it can
+		// spend any number of tokens now, which readers show as all of
+		// the limit they show (a Remaining of 0 beside a ResetAt of now
+		// said nothing was left and that the cap was back already).
+		d.Allowed, d.Remaining = true, math.MaxInt64
 	case PolicyClosed:
 		d.RetryAfter = t.opts.Refresh
 	default:

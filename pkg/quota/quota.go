@@ -205,6 +205,8 @@ type Decision struct {
 	// instance's tokens plus what the region's bucket held at its last
 	// answer, so concurrent spending elsewhere in the region since then
 	// can make it an overestimate by up to one refresh of that spending.
+	// An admission of the on_failure policy open limits nothing: its
+	// Remaining is math.MaxInt64, shown as the whole limit (or Cap).
 	Remaining int64
 	// ResetAt is when the region's bucket is full again (as of the
 	// region's last answer) if nobody spends; zero when unknown. Tokens
