@@ -229,7 +229,7 @@ func TestApplyWritesAndGetReadsBack(t *testing.T) {
 	c := newCluster(t)
 	r := sluicectl(t, "", c.args("get")...)
 	wantCode(t, r, exitNotFound)
-	wantContains(t, "stderr", r.stderr, "no config in etcd (daemons run on their bootstrap config)", "sluicectl apply -f")
+	wantContains(t, "stderr", r.stderr, "no config in etcd at", "running daemons keep the config they last loaded", "sluicectl apply -f")
 
 	r = sluicectl(t, "", c.args("apply", "-f", sample(t), "-yes")...)
 	wantCode(t, r, exitOK)

@@ -452,7 +452,7 @@ func (a *app) currentConfig(ctx context.Context, store *configstore.Store) (*con
 	case err != nil:
 		return nil, 0, a.etcdFailure(err)
 	case cfg == nil:
-		return nil, 0, exitf(exitNotFound, "no config in etcd (daemons run on their bootstrap config) at %s; write one with: sluicectl apply -f FILE", store.Key())
+		return nil, 0, exitf(exitNotFound, "no config in etcd at %s (running daemons keep the config they last loaded from it; one that starts runs its bootstrap config); write one with: sluicectl apply -f FILE", store.Key())
 	}
 	return cfg, rev, nil
 }

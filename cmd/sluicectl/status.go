@@ -39,6 +39,13 @@ type statusReport struct {
 	// it is valid or absent. The regions listed are then those of the
 	// newest valid config in etcd's history, the one the daemons run.
 	ConfigError string `json:"config_error,omitempty"`
+	// ConfigMissing says that etcd holds no config while the global tier
+	// runs one it loaded from etcd (its key was deleted past sluicectl):
+	// the daemons keep it, but one that starts does not run it (status
+	// exits exitNotFound); empty otherwise.
+	ConfigMissing string `json:"config_missing,omitempty"`
+	// configKey is the config key when etcd was read and holds no config.
+	configKey string
 	// GlobalLeader is nil when no global allocator holds the election.
 	GlobalLeader  *leaderView        `json:"global_leader"`
 	RegionLeaders []regionLeaderView `json:"region_leaders"`
@@ -218,6 +225,11 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 		if err := a.askShards(ctx, int32(*top), &rep); err != nil {
 			return err
 		}
+		if rep.configKey != "" && rep.Global != nil && rep.Global.ConfigRevision > 0 {
+			rep.ConfigMissing = fmt.Sprintf("etcd holds no config at %s, but the global tier runs revision %d from etcd: the config key was deleted past sluicectl. "+
+				"The running daemons keep the config they run; one that starts does not (it writes its -config bootstrap file to etcd, or runs the built-in sample)\n"+
+				"apply a good config with sluicectl apply -f FILE", rep.configKey, rep.Global.ConfigRevision)
+		}
 
 		if *format == "json" {
 			out, err := json.MarshalIndent(rep, "", "  ")
@@ -236,6 +248,9 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 			// A stored config the daemons refuse is the finding to act on,
 			// whatever else could not be asked.
 			return exitf(exitInvalid, "%s", strings.Join(slices.DeleteFunc([]string{rep.ConfigError, rep.GlobalError}, func(s string) bool { return s == "" }), "\n"))
+		}
+		if rep.ConfigMissing != "" {
+			return exitf(exitNotFound, "%s", strings.Join(slices.DeleteFunc([]string{rep.ConfigMissing, rep.GlobalError}, func(s string) bool { return s == "" }), "\n"))
 		}
 		switch {
 		case rep.EtcdError != "" && rep.GlobalError != "":
@@ -279,6 +294,9 @@ func (a *app) readEtcdStatus(ctx context.Context, rep *statusReport) error {
 	// config, whose regions are listed, and a daemon that starts runs it
 	// too, or fails if etcd's history no longer holds it.
 	cfg, rev, err := store.Get(stepCtx)
+	if err == nil && cfg == nil {
+		rep.configKey = store.Key()
+	}
 	if errors.Is(err, config.ErrInvalidConfig) && ctx.Err() == nil {
 		rep.ConfigError = fmt.Sprintf("the config stored in etcd at revision %d is refused by the daemons, which keep their last good config: %v\n"+
 			"apply a good config with sluicectl apply -f FILE", rev, err)
@@ -742,6 +760,9 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 		fmt.Fprintf(w, "etcd prefix:\t%s\n", rep.EtcdPrefix)
 		if rep.ConfigError != "" {
 			fmt.Fprintf(w, "config:\tREFUSED\t(the stored config is refused; regions are those of the config the daemons run; see below)\n")
+		}
+		if rep.ConfigMissing != "" {
+			fmt.Fprintf(w, "config:\tDELETED\t(etcd holds none; the daemons keep revision %d; see below)\n", rep.Global.ConfigRevision)
 		}
 		if rep.GlobalLeader != nil {
 			fmt.Fprintf(w, "global leader:\t%s\t(%s)\n", rep.GlobalLeader.Addr, candidates(rep.GlobalLeader.Candidates))

@@ -3,9 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/grpctest"
@@ -160,5 +164,58 @@ func TestStatusShowsAShardPastTheConfigApart(t *testing.T) {
 			t.Fatalf("status never set shard 1 apart as not in the config (exit %d):\n%s\n%s", code, out, stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
+	}
+}
+
+// TestStatusReportsADeletedConfigKey: with the config key deleted past
+// sluicectl the daemons keep the config they run, but etcd no longer holds
+// it and a daemon that starts would run something else: status says so
+// and exits exitNotFound, rather than showing every region as not in the
+// config and exiting 0.
+func TestStatusReportsADeletedConfigKey(t *testing.T) {
+	c, err := devcluster.Start(context.Background(), devcluster.Options{
+		Config: config.Default(), Regions: []string{"us-east"}, SessionTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	args := []string{"-etcd-endpoints", c.EtcdAddr(), "-global-addr", c.GlobalAddrs()[0], "status"}
+	status := func(extra ...string) (int, string, string) {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), append(args, extra...), strings.NewReader(""), &stdout, &stderr)
+		return code, stdout.String(), stderr.String()
+	}
+	var rev int64
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		code, out, errOut := status("-o", "json")
+		var rep statusReport
+		if code == exitOK && json.Unmarshal([]byte(out), &rep) == nil && rep.Global != nil && rep.Global.ConfigRevision > 0 {
+			rev = rep.Global.ConfigRevision
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never showed the global tier on a config from etcd (exit %d):\n%s\n%s", code, out, errOut)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
+	}
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.EtcdAddr()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Delete(t.Context(), "/sluice/config"); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := status()
+	if code != exitNotFound {
+		t.Fatalf("status with the config key deleted: exit %d, want %d\n%s\n%s", code, exitNotFound, out, errOut)
+	}
+	wantContains(t, "stdout", out, "config:", "DELETED")
+	wantContains(t, "stderr", errOut, "etcd holds no config at /sluice/config", "deleted", "sluicectl apply")
+	if !strings.Contains(out, "config revision:") || !strings.Contains(errOut, "revision "+strconv.FormatInt(rev, 10)) {
+		t.Fatalf("status does not name revision %d the daemons keep:\n%s\n%s", rev, out, errOut)
 	}
 }

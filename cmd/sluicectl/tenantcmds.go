@@ -82,7 +82,7 @@ func (a *app) openTenantFor(ctx context.Context, id string, replacing bool) (sto
 	case err != nil:
 		err = a.etcdFailure(err)
 	case view.Config == nil:
-		err = exitf(exitNotFound, "no config in etcd (daemons run on their bootstrap config) at %s; write one with: sluicectl apply -f FILE", store.Key())
+		err = exitf(exitNotFound, "no config in etcd at %s (running daemons keep the config they last loaded from it; one that starts runs its bootstrap config); write one with: sluicectl apply -f FILE", store.Key())
 	}
 	if err != nil {
 		cli.Close()

@@ -119,3 +119,34 @@ func TestAwaitEtcdConfigWithNoValidHistoryNamesTheFix(t *testing.T) {
 		t.Fatalf("start with no valid history: %v; want an error naming %s and sluicectl apply", err, store.TenantKey("t7"))
 	}
 }
+
+// TestWatcherReportsADeletedConfigKey: the config key deleted past
+// sluicectl (etcdctl del) is no change: the live config stays. But it is
+// no longer stored, so a daemon that starts would run something else, and
+// sluice_config_stored_refused says so until a config is applied again.
+func TestWatcherReportsADeletedConfigKey(t *testing.T) {
+	cli, store, ctx, rev := storeWithDefault(t)
+	rw := startWatcher(t, store, nil)
+	good := rw.awaitRevision(t, rev)
+	if v := rw.metric(t, "sluice_config_stored_refused"); v != 0 {
+		t.Fatalf("stored_refused = %v with a good config stored, want 0", v)
+	}
+
+	if _, err := cli.Delete(ctx, store.Key()); err != nil {
+		t.Fatal(err)
+	}
+	rw.awaitMetric(t, "sluice_config_stored_refused", 1)
+	rw.awaitLog(t, "config key deleted from etcd")
+	if rw.Current() != good || rw.Revision() != rev {
+		t.Fatalf("deleting the config key changed the live config (revision %d, want %d)", rw.Revision(), rev)
+	}
+
+	next, err := store.Apply(ctx, withReadRate(33), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw.awaitRevision(t, next)
+	if v := rw.metric(t, "sluice_config_stored_refused"); v != 0 {
+		t.Fatalf("stored_refused = %v after a config was applied again, want 0", v)
+	}
+}

@@ -71,9 +71,10 @@ type Watcher struct {
 	watchErrors prometheus.Counter
 	revision    prometheus.Gauge
 	// storedRefused is 1 while the config stored in etcd is not live
-	// because it was refused, 0 once a stored config is live (or etcd
-	// holds none): unlike the counter, it stays set as long as the bad
-	// config stays stored.
+	// because it was refused, or while etcd holds none after a config
+	// from etcd was live (its key deleted), 0 once a stored config is
+	// live (or etcd never held one here): unlike the counter, it stays
+	// set as long as the bad config stays stored.
 	storedRefused prometheus.Gauge
 	recovered     prometheus.Counter
 }
@@ -111,7 +112,7 @@ func NewWatcher(store *Store, fallback *config.Config, logger *slog.Logger, reg 
 		}),
 		storedRefused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_config_stored_refused",
-			Help: "1 while the config stored in etcd is refused (invalid, or tenant keys written outside an apply) and an older config stays live; 0 once a stored config is live.",
+			Help: "1 while the config stored in etcd is refused (invalid, or tenant keys written outside an apply), or its key was deleted, and an older config stays live; 0 once a stored config is live.",
 		}),
 		recovered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_config_started_on_older_revision_total",
@@ -434,13 +435,16 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 	st.needFull = true
 	w.st = st
 	if r.doc == nil {
-		w.storedRefused.Set(0)
 		if w.Revision() == 0 {
 			// What runs meanwhile is the daemon's to say: its fallback, or
 			// (the agent) no config at all.
+			w.storedRefused.Set(0)
 			w.logger.Info("etcd holds no config yet; the first one applied becomes live", "key", w.store.key)
 		} else {
-			w.logger.Warn("config key is gone from etcd; keeping the last good config",
+			// The key was deleted past sluicectl: what runs is no longer
+			// stored, so a daemon that starts runs something else.
+			w.storedRefused.Set(1)
+			w.logger.Error("config key is gone from etcd; keeping the last good config until one is applied with sluicectl apply",
 				"key", w.store.key, "live_revision", w.Revision())
 		}
 		return r.rev, nil
@@ -533,8 +537,14 @@ func (w *Watcher) event(ev *clientv3.Event) {
 	switch kind {
 	case kindDocument:
 		if deleted {
-			w.logger.Warn("config key deleted from etcd; keeping the last good config",
+			// Not a change: the live config stays. But it is no longer
+			// stored, so a daemon that starts would not run it: reported
+			// as a refused stored config is, until a config is applied.
+			w.logger.Error("config key deleted from etcd; keeping the last good config until one is applied with sluicectl apply",
 				"key", w.store.key, "revision", ev.Kv.ModRevision, "live_revision", w.Revision())
+			if w.Revision() != 0 {
+				w.storedRefused.Set(1)
+			}
 			return
 		}
 		if !bytes.Equal(st.doc, ev.Kv.Value) {
