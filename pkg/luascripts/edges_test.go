@@ -138,7 +138,9 @@ func TestLeaseEndsAtItsExpiry(t *testing.T) {
 // caller is not promised a wait no clock reaches.
 func TestWaitAtTheSmallestRate(t *testing.T) {
 	w := newTwin(t)
-	c := Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	// The static rate is the smallest too: a grant below it would be
+	// cut at one refresh (TestRetryEndsWithTheGrant).
+	c := Common{StaticRate: 1e-9, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
 	for i, tc := range []struct {
 		rate  float64
 		never bool
@@ -147,6 +149,11 @@ func TestWaitAtTheSmallestRate(t *testing.T) {
 		{0.999999999e-9, true},
 	} {
 		k := KeysFor(DefaultPrefix, quota.Key{Tenant: "slow", Class: string(rune('a' + i))})
+		// The bucket made full at a static rate of 1/s (a fresh bucket
+		// at 1e-9/s holds what it refilled since the epoch: 1.8 tokens).
+		if r := w.check(k, Common{StaticRate: 1, StaticBurst: 10, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}, 1); !r.Allowed {
+			t.Fatalf("a fresh bucket at 1/s denied 1: %+v", r)
+		}
 		// A grant that lasts past the wait: the wait is cut at its end.
 		w.setRate(k, c, tc.rate, 5, w.now+2_000_000_000_000_000, w.now)
 		if r := w.check(k, c, 5); !r.Allowed {
@@ -161,14 +168,18 @@ func TestWaitAtTheSmallestRate(t *testing.T) {
 
 // TestRetryEndsWithTheGrant: a wait worked out at a grant's rate is cut at
 // the grant's end, when the rate is no longer known (the next grant, the
-// static share or the floor): under a grant of 0.04/s, burst 1, ending in
-// 5 s, a request for a token of an empty bucket (25 s at that rate) is
-// told 5 s, on the strict path and the lease path alike; the reset time
-// (until the bucket is full) is not cut, nor a wait that ends before the
-// grant does, nor one under the static rate after the grant ended.
+// static share or the floor), and under a grant below the static share
+// (the share lent away) at one refresh, when the region's demand has won
+// it back: under a grant of 0.04/s, burst 1, ending in 5 s, with a static
+// 10/s, a request for a token of an empty bucket (25 s at that rate) is
+// told one refresh (1 s), on the strict path and the lease path alike; a
+// grant's end nearer than that cuts it there; the reset time (until the
+// bucket is full) is not cut, nor a wait that ends before the grant does,
+// nor one under the static rate after the grant ended. A grant above the
+// static share (borrowed) is cut at its end only.
 func TestRetryEndsWithTheGrant(t *testing.T) {
 	w := newTwin(t)
-	c := Common{StaticRate: 10, StaticBurst: 20, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: time.Millisecond}
+	c := Common{StaticRate: 10, StaticBurst: 20, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: 500 * time.Millisecond}
 	strict := KeysFor(DefaultPrefix, quota.Key{Tenant: "sliver", Class: "strict"})
 	leased := KeysFor(DefaultPrefix, quota.Key{Tenant: "sliver", Class: "lease"})
 	for _, k := range []Keys{strict, leased} {
@@ -178,21 +189,21 @@ func TestRetryEndsWithTheGrant(t *testing.T) {
 		t.Fatalf("the grant's one token: %+v, want allowed", r)
 	}
 	r := w.check(strict, c, 1)
-	if r.Allowed || r.RetryAfter != 5*time.Second || r.Reset != 25*time.Second {
-		t.Fatalf("an empty bucket under 0.04/s until 5s from now: %+v, want retry after 5s (the grant's end), reset 25s", r)
+	if r.Allowed || r.RetryAfter != time.Second || r.Reset != 25*time.Second {
+		t.Fatalf("an empty bucket under a lent-away 0.04/s until 5s from now: %+v, want retry after 1s (one refresh), reset 25s", r)
 	}
 	if r := w.check(leased, c, 1); !r.Allowed {
 		t.Fatalf("the grant's one token: %+v, want allowed", r)
 	}
 	g := w.sync(leased, c, Report{Instance: "i-b", Incarnation: 1, Lease: 1, Seq: 1, Want: 1, Min: 1})
-	if g.Granted != 0 || g.RetryAfter != 5*time.Second {
-		t.Fatalf("a lease of a token of an empty bucket: %+v, want nothing granted, retry after 5s", g)
+	if g.Granted != 0 || g.RetryAfter != time.Second {
+		t.Fatalf("a lease of a token of an empty bucket: %+v, want nothing granted, retry after 1s", g)
 	}
-	w.at(w.now + 4_000_000)
-	if r := w.check(strict, c, 1); r.Allowed || r.RetryAfter != time.Second {
-		t.Fatalf("4s later (0.16 token refilled): %+v, want retry after 1s (the grant's end)", r)
+	w.at(w.now + 4_500_000)
+	if r := w.check(strict, c, 1); r.Allowed || r.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("4.5s later (0.18 token refilled): %+v, want retry after 500ms (the grant's end)", r)
 	}
-	w.at(w.now + 1_000_000)
+	w.at(w.now + 500_000)
 	if r := w.check(strict, c, 1); r.Allowed || r.RetryAfter != 80*time.Millisecond {
 		t.Fatalf("at the grant's end, 0.2 token and the static 10/s after: %+v, want retry after 80ms, uncut", r)
 	}
@@ -202,6 +213,16 @@ func TestRetryEndsWithTheGrant(t *testing.T) {
 	}
 	if r := w.check(strict, c, 5); r.Allowed || r.RetryAfter != 500*time.Millisecond {
 		t.Fatalf("5 tokens at the static 10/s: %+v, want retry after 500ms", r)
+	}
+
+	borrowing := Common{StaticRate: 0.01, StaticBurst: 1, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: 500 * time.Millisecond}
+	above := KeysFor(DefaultPrefix, quota.Key{Tenant: "borrower", Class: "strict"})
+	w.setRate(above, borrowing, 0.04, 1, w.now+5_000_000, w.now)
+	if r := w.check(above, borrowing, 1); !r.Allowed {
+		t.Fatalf("the grant's one token: %+v, want allowed", r)
+	}
+	if r := w.check(above, borrowing, 1); r.Allowed || r.RetryAfter != 5*time.Second {
+		t.Fatalf("an empty bucket under a borrowed 0.04/s (static 0.01/s) until 5s from now: %+v, want retry after 5s (the grant's end)", r)
 	}
 }
 

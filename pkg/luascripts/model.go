@@ -527,11 +527,15 @@ func (o *op) waitMS(need float64) float64 {
 func (o *op) resetMS() float64 { return o.waitMS(o.room()) }
 
 // retryMS mirrors lib.lua's retry_ms: waitMS cut at the end of the grant
-// in force.
+// in force, and at one refresh under a grant below the static share.
 func (o *op) retryMS(need float64) float64 {
 	w := o.waitMS(need)
 	if w > 0 && o.b.ge > o.now {
-		w = min(w, math.Ceil((o.b.ge-o.now)/1000))
+		left := math.Ceil((o.b.ge - o.now) / 1000)
+		if o.b.gr < o.sr() {
+			left = min(left, 2*float64(o.c.DemandWindow.Milliseconds()))
+		}
+		w = min(w, left)
 	}
 	return w
 }

@@ -941,10 +941,22 @@ end
 -- otherwise wait out the sliver's refill, tens of seconds to hours, while
 -- the share comes back within a few of the global tier's answers. A
 -- request refused at the cut is answered anew.
+-- A grant below the static share is such a loan: the region's demand,
+-- which this refusal raises, wins the share back at the global tier's
+-- next answers (a rise is reported between epochs), well before a grant
+-- of a full validity ends. So under it the wait is cut at one refresh
+-- (twice DWIN), when the key's leases ask again anyway: an instance told
+-- the grant's end refused requests for seconds with the share back in the
+-- bucket. A region kept below its share (drained, or on its floor) is
+-- asked once a refresh per refused key, as its leases ask.
 local function retry_ms(need)
   local w = wait_ms(need)
   if w > 0 and grant_valid(NOW) then
     local left = math.ceil((B.ge - NOW) / 1000)
+    if B.gr < SR then
+      local back = math.ceil(2 * DWIN / 1000)
+      if back < left then left = back end
+    end
     if left < w then w = left end
   end
   return w
