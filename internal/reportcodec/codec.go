@@ -142,7 +142,7 @@ func decodeReport(b []byte, r *sluicev1.RegionReport) bool {
 				v = v[m:]
 			}
 			b = b[n:]
-		case typ == protowire.VarintType && num >= 2 && num <= 8 && num != 3:
+		case typ == protowire.VarintType && num >= 2 && num <= 9 && num != 3:
 			x, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return false
@@ -160,6 +160,8 @@ func decodeReport(b []byte, r *sluicev1.RegionReport) bool {
 				r.Pages = uint32(x)
 			case 8:
 				r.AnswerPage = uint32(x)
+			case 9:
+				r.Shard = proto.Uint32(uint32(x))
 			}
 			b = b[n:]
 		default:

@@ -56,7 +56,7 @@ func demand(tenant, class string, i int) *sluicev1.KeyDemand {
 
 func sampleReport(keys int) *sluicev1.RegionReport {
 	r := &sluicev1.RegionReport{Region: "eu-west", Seq: 1764633600123456, ConfigRevisions: []int64{7, 9},
-		StaticValidMs: 12000, Page: 1, Pages: 3, AnswerPage: 2}
+		StaticValidMs: 12000, Page: 1, Pages: 3, AnswerPage: 2, Shard: proto.Uint32(2)}
 	for i := range keys {
 		r.Keys = append(r.Keys, demand(fmt.Sprintf("tenant-%06d", i), []string{"read", "write", "bulk"}[i%3], i))
 	}
@@ -81,6 +81,8 @@ func TestReportsTakeTheFastPath(t *testing.T) {
 		{Region: "x", Keys: []*sluicev1.KeyDemand{{Key: &sluicev1.QuotaKey{}}}}, // an empty key, present
 		{Region: "x", Keys: []*sluicev1.KeyDemand{{Key: &sluicev1.QuotaKey{Tenant: "t"}, DemandRate: proto.Float64(0)}}},
 		{Region: "x", ConfigRevisions: []int64{-1, math.MaxInt64, math.MinInt64}, StaticValidMs: -5},
+		{Region: "x", Shard: proto.Uint32(0)}, // shard 0 named: present, unlike a report of no shard
+		{Region: "x", Shard: proto.Uint32(math.MaxUint32)},
 		{Region: "x", Keys: []*sluicev1.KeyDemand{{Key: &sluicev1.QuotaKey{Tenant: "t"}, HeldRate: math.Copysign(0, -1),
 			Holding: math.Inf(1), HeldBurst: math.NaN(), Admitted: -3}}},
 	} {

@@ -123,7 +123,7 @@ func (c *Client) fetchAnswer(ctx context.Context, addr string, head *sluicev1.Re
 	}
 	out := first
 	for i := uint32(1); i < first.GetPages(); i++ {
-		req := &sluicev1.RegionReport{Region: head.GetRegion(), Seq: head.GetSeq(), Pages: head.GetPages(), AnswerPage: i}
+		req := &sluicev1.RegionReport{Region: head.GetRegion(), Seq: head.GetSeq(), Pages: head.GetPages(), AnswerPage: i, Shard: head.Shard}
 		resp, err := c.call(ctx, addr, req)
 		if err != nil {
 			return nil, pageError{fmt.Errorf("allocator client: answer page %d of seq %d via %s: %w", i, head.GetSeq(), addr, err)}
@@ -159,7 +159,7 @@ func splitReport(rep *sluicev1.RegionReport, n int) []*sluicev1.RegionReport {
 		from, to := i*n, min((i+1)*n, len(keys))
 		pages[i] = &sluicev1.RegionReport{
 			Region: rep.GetRegion(), Seq: rep.GetSeq(), Keys: keys[from:to:to],
-			Page: uint32(i), Pages: uint32(count),
+			Page: uint32(i), Pages: uint32(count), Shard: rep.Shard,
 		}
 	}
 	pages[0].ConfigRevisions = rep.GetConfigRevisions()

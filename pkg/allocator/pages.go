@@ -127,6 +127,9 @@ func (s *Service) SyncPage(ctx context.Context, req *sluicev1.RegionReport) (*sl
 	defer s.mu.Unlock()
 	now := time.Now()
 	s.applyConfigLocked(now)
+	if err := s.addressedLocked(req); err != nil {
+		return nil, err
+	}
 	switch {
 	case req.GetAnswerPage() > 0:
 		return s.answerPageLocked(now, req)

@@ -720,6 +720,9 @@ func (s *Service) Sync(ctx context.Context, req *sluicev1.RegionReport) (*sluice
 	defer s.mu.Unlock()
 	now := time.Now()
 	s.applyConfigLocked(now)
+	if err := s.addressedLocked(req); err != nil {
+		return nil, err
+	}
 	return s.syncWholeLocked(now, req)
 }
 

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/hierarchy"
 	"github.com/sluicehq/sluice/pkg/shard"
 )
@@ -175,6 +176,27 @@ func idleFor(now time.Time, since ...time.Time) time.Duration {
 		}
 	}
 	return 0
+}
+
+// addressedLocked refuses a report the region addressed to another shard
+// (RegionReport.shard), whatever it holds and whether this replica leads:
+// the region's address for that shard reaches this shard's replicas (a
+// -global-addr template naming the wrong one, or a replica started with
+// the wrong -shard). Taken, an empty part would be answered as the
+// region's whole report to this shard, with its seq: the region's demand
+// and holdings here wiped, or the real part answered from that empty
+// one, and a static lease conferred in the other shard's name. Not
+// InvalidArgument, which a region's client takes as final: it tries the
+// shard's other replicas, which may serve the shard. A report that names
+// no shard (a region built before the field) is taken. s.mu is held.
+func (s *Service) addressedLocked(req *sluicev1.RegionReport) error {
+	if req.Shard == nil || int(req.GetShard()) == s.sh.index {
+		return nil
+	}
+	s.m.report(regionLabel(s.applied, req.GetRegion()), "invalid")
+	return status.Errorf(codes.FailedPrecondition,
+		"allocator: sync: report addressed to global shard %d reached a replica of shard %d: the region's address for shard %d (-global-addr) reaches the wrong shard's replicas, or this replica runs with the wrong -shard",
+		req.GetShard(), s.sh.index, req.GetShard())
 }
 
 // ownedLocked refuses rep when it names a key this shard owns under none of

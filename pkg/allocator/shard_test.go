@@ -208,3 +208,73 @@ func TestShardOwnsOnlyItsRange(t *testing.T) {
 		}
 	})
 }
+
+// TestShardRefusesReportsAddressedToAnother: a region names the shard each
+// part of its report is for. Shard 0 of 2 refuses a part addressed to
+// shard 1 (an empty one: the region has no key of shard 1) with
+// FailedPrecondition naming both shards, by Sync and SyncPage, and
+// whether it leads (a standby says so instead of redirecting to its
+// leader), changing nothing: taken, that part would have been the region's
+// report to shard 0 at its seq, naming none of the keys the region holds
+// here. A report that names its shard 0, or no shard (a region built
+// before the field), is taken.
+func TestShardRefusesReportsAddressedToAnother(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := parseConfig(t, loopConfig+"global_shards: 2\n")
+		s, err := newService(serviceOptions{config: StaticConfig{C: cfg}, advertise: "self:7500",
+			logger: slog.New(slog.DiscardHandler)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.promote(1, time.Now().Add(time.Hour), nil)
+		var mine *sluicev1.QuotaKey
+		for i := 0; mine == nil; i++ {
+			if k := (quota.Key{Tenant: fmt.Sprintf("t%d", i), Class: "write"}); cfg.ShardMap().Of(k) == 0 {
+				mine = &sluicev1.QuotaKey{Tenant: k.Tenant, Class: k.Class}
+			}
+		}
+		ctx := t.Context()
+		shard := func(i uint32) *uint32 { return &i }
+		if _, err := s.Sync(ctx, &sluicev1.RegionReport{Region: "a", Seq: 1, Shard: shard(0), Keys: []*sluicev1.KeyDemand{
+			{Key: mine, Admitted: 100, WindowMs: 100}}}); err != nil {
+			t.Fatalf("a report addressed to shard 0: %v", err)
+		}
+		now := time.Now()
+		before, keysBefore := s.View(now), namedKeys(s)
+		refused := func(what string, err error) {
+			t.Helper()
+			want := "report addressed to global shard 1 reached a replica of shard 0"
+			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), want) {
+				t.Fatalf("%s: err = %v, want FailedPrecondition containing %q", what, err, want)
+			}
+			if _, ok := NotLeaderAddr(err); ok {
+				t.Fatalf("%s: %v reads as a redirect to a leader", what, err)
+			}
+			if after := s.View(now); !reflect.DeepEqual(before, after) || !maps.Equal(keysBefore, namedKeys(s)) {
+				t.Fatalf("%s: a refused report changed the allocator:\nbefore %+v\nafter  %+v", what, before, after)
+			}
+			if seq, _ := s.alloc.LastSeq("a"); seq != 1 {
+				t.Fatalf("%s: last seq %d after the refusal, want 1", what, seq)
+			}
+		}
+		_, err = s.Sync(ctx, &sluicev1.RegionReport{Region: "a", Seq: 2, Shard: shard(1)})
+		refused("Sync", err)
+		_, err = s.SyncPage(ctx, &sluicev1.RegionReport{Region: "a", Seq: 2, Shard: shard(1)})
+		refused("SyncPage", err)
+		_, err = s.SyncPage(ctx, &sluicev1.RegionReport{Region: "a", Seq: 2, Shard: shard(1), Page: 0, Pages: 2,
+			Keys: []*sluicev1.KeyDemand{{Key: mine, Admitted: 100, WindowMs: 100}}})
+		refused("SyncPage, a page", err)
+		s.demote(1)
+		_, err = s.Sync(ctx, &sluicev1.RegionReport{Region: "a", Seq: 2, Shard: shard(1)})
+		refused("Sync to a standby", err)
+		s.promote(2, time.Now().Add(time.Hour), nil)
+		for i, rep := range []*sluicev1.RegionReport{
+			{Region: "a", Seq: 2, Shard: shard(0), Keys: []*sluicev1.KeyDemand{{Key: mine, Admitted: 100, WindowMs: 100}}},
+			{Region: "a", Seq: 3, Keys: []*sluicev1.KeyDemand{{Key: mine, Admitted: 100, WindowMs: 100}}},
+		} {
+			if _, err := s.Sync(ctx, rep); err != nil {
+				t.Fatalf("report %d (shard %v): %v", i, rep.Shard, err)
+			}
+		}
+	})
+}

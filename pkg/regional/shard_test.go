@@ -3,6 +3,7 @@ package regional_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -67,6 +68,9 @@ func (l *shardLink) Sync(ctx context.Context, r *sluicev1.RegionReport) (*sluice
 	}
 	g, err := l.gc.Sync(ctx, r)
 	if err != nil {
+		l.rig.mu.Lock()
+		l.rig.linkErr[l.shard] = err
+		l.rig.mu.Unlock()
 		return nil, err
 	}
 	l.rig.answered(l.shard, r.GetRegion(), g)
@@ -100,6 +104,8 @@ type shardRig struct {
 	// leases counts each shard's answers per region by whether they
 	// conferred a static lease: shard -> region -> [without, with].
 	leases map[int]map[string]*[2]int
+	// linkErr is the last error a link to each shard returned.
+	linkErr map[int]error
 
 	resharding atomic.Bool
 	phase      atomic.Value // string: what the test is doing, for failures
@@ -129,7 +135,7 @@ func (r *shardRegion) failedSyncs(t testing.TB) float64 {
 func newShardRig(t *testing.T, etcd *etcdtest.Server, shards int) *shardRig {
 	r := &shardRig{t: t, src: &configtest.Source{}, cli: etcd.Client(t), daemons: map[int][]*allocator.Daemon{},
 		granted: map[int]map[quota.Key]int{}, learning: map[int]int{}, raised: map[int]map[quota.Key]int{}, applied: map[string]map[quota.Key]appliedGrant{},
-		regions: map[string]*shardRegion{}, watches: map[int]int{}, answers: map[string]int{}, leases: map[int]map[string]*[2]int{}}
+		regions: map[string]*shardRegion{}, watches: map[int]int{}, answers: map[string]int{}, leases: map[int]map[string]*[2]int{}, linkErr: map[int]error{}}
 	r.src.Next(shardedConfig(t, shards))
 	return r
 }
@@ -802,4 +808,52 @@ func TestIdleNewShardConfersLeasesWhenItStartsOwning(t *testing.T) {
 	r.check()
 	t.Logf("us ran the %d moved keys on their floor for %v after the count was raised (longest stretch %v; grant validity %v)",
 		len(moved), onFloor.Round(time.Millisecond), longest.Round(time.Millisecond), validity)
+}
+
+// TestShardAddressReachingAnotherShardIsRefused: the region's address for
+// shard 1 reaches a replica of shard 0 (started with the wrong -shard, or
+// a -global-addr naming the wrong shard's replicas). eu's keys are all
+// shard 0's, so its part for shard 1 is empty: taken by shard 0's leader,
+// to which that replica redirects, it was eu's report to shard 0 at the
+// same seq, naming none of eu's keys there, and its answer conferred
+// shard 1's static lease. Every part names its shard: shard 0 refuses the
+// one for shard 1, the link's error says which shard the address reached,
+// and shard 1's link never gets an answer while shard 0 keeps answering
+// eu.
+func TestShardAddressReachingAnotherShardIsRefused(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := newShardRig(t, etcdtest.Start(t), 2)
+	for i := 0; len(r.keys) < 3; i++ {
+		if k := (quota.Key{Tenant: fmt.Sprintf("tenant-%d", i), Class: "write"}); r.src.Current().ShardMap().Of(k) == 0 {
+			r.keys = append(r.keys, k)
+		}
+	}
+	r.startShard(ctx, 0)
+	misplaced := r.startShard(ctx, 0)
+	r.mu.Lock()
+	r.daemons[0] = r.daemons[0][:1]
+	r.daemons[1] = []*allocator.Daemon{misplaced}
+	r.mu.Unlock()
+	r.startRegion(ctx, "eu")
+	r.demand(ctx, "eu", 40)
+	validity := time.Duration(r.src.Current().GrantValidity)
+	want := "report addressed to global shard 1 reached a replica of shard 0"
+	refused := func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		err := r.linkErr[1]
+		return err != nil && status.Code(err) == codes.FailedPrecondition && strings.Contains(err.Error(), want)
+	}
+	r.waitFor("eu's part for shard 1 refused by the replica of shard 0", 40*validity, refused)
+	from := r.answersTo("eu")
+	r.waitFor("shard 0 answers eu again", 40*validity, func() bool { return r.answersTo("eu") >= from+3 })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if got := r.leases[1]["eu"]; got != nil {
+		t.Fatalf("eu's link to shard 1 got %d answers from a replica of shard 0 (%d conferring a static lease)", got[0]+got[1], got[1])
+	}
+	if got := r.leases[0]["eu"]; got == nil || got[1] == 0 {
+		t.Fatalf("shard 0 conferred eu no static lease: %v", got)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -135,13 +136,18 @@ func (l *Leader) syncShards(ctx context.Context, lost <-chan struct{}, cfg *conf
 	m := cfg.ShardMap()
 	n := m.N()
 	parts := make([]*sluicev1.RegionReport, n)
+	// Each part names its shard, so a replica of another shard that the
+	// address reaches refuses it rather than taking it as this region's
+	// report to that shard.
 	if n == 1 {
 		report.StaticValidMs = l.leases.Of(0).ValidMs(sendUS)
+		report.Shard = proto.Uint32(0)
 		parts[0] = report
 	} else {
 		for i := range parts {
 			parts[i] = &sluicev1.RegionReport{Region: report.GetRegion(), Seq: report.GetSeq(),
-				ConfigRevisions: report.GetConfigRevisions(), StaticValidMs: l.leases.Of(i).ValidMs(sendUS)}
+				ConfigRevisions: report.GetConfigRevisions(), StaticValidMs: l.leases.Of(i).ValidMs(sendUS),
+				Shard: proto.Uint32(uint32(i))}
 		}
 		for _, kd := range report.GetKeys() {
 			i := m.Of(quota.Key{Tenant: kd.GetKey().GetTenant(), Class: kd.GetKey().GetClass()})

@@ -1696,7 +1696,14 @@ type RegionReport struct {
 	// When > 0 (SyncPage only): a request for page answer_page of the answer
 	// the leader gave to this region's complete report of seq, which must
 	// be its latest; the message carries no keys and changes nothing.
-	AnswerPage    uint32 `protobuf:"varint,8,opt,name=answer_page,json=answerPage,proto3" json:"answer_page,omitempty"`
+	AnswerPage uint32 `protobuf:"varint,8,opt,name=answer_page,json=answerPage,proto3" json:"answer_page,omitempty"`
+	// The global-tier shard the region addresses this report to (pkg/shard;
+	// 0 for an unsharded global tier). A replica serving another shard
+	// refuses it (FAILED_PRECONDITION) before anything changes, and does
+	// not redirect it: the region's address for that shard reaches the
+	// wrong shard's replicas. Unset (a region built before the field): any
+	// shard takes the report.
+	Shard         *uint32 `protobuf:"varint,9,opt,name=shard,proto3,oneof" json:"shard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1783,6 +1790,13 @@ func (x *RegionReport) GetPages() uint32 {
 func (x *RegionReport) GetAnswerPage() uint32 {
 	if x != nil {
 		return x.AnswerPage
+	}
+	return 0
+}
+
+func (x *RegionReport) GetShard() uint32 {
+	if x != nil && x.Shard != nil {
+		return *x.Shard
 	}
 	return 0
 }
@@ -2162,7 +2176,7 @@ const file_sluice_proto_rawDesc = "" +
 	"demandRate\x88\x01\x01\x12\x1a\n" +
 	"\breleased\x18\n" +
 	" \x01(\x01R\breleasedB\x0e\n" +
-	"\f_demand_rate\"\x80\x02\n" +
+	"\f_demand_rate\"\xa5\x02\n" +
 	"\fRegionReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12(\n" +
@@ -2172,7 +2186,9 @@ const file_sluice_proto_rawDesc = "" +
 	"\x04page\x18\x06 \x01(\rR\x04page\x12\x14\n" +
 	"\x05pages\x18\a \x01(\rR\x05pages\x12\x1f\n" +
 	"\vanswer_page\x18\b \x01(\rR\n" +
-	"answerPage\"\x90\x01\n" +
+	"answerPage\x12\x19\n" +
+	"\x05shard\x18\t \x01(\rH\x00R\x05shard\x88\x01\x01B\b\n" +
+	"\x06_shard\"\x90\x01\n" +
 	"\bKeyGrant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x12\n" +
 	"\x04rate\x18\x02 \x01(\x01R\x04rate\x12\x14\n" +
@@ -2290,6 +2306,7 @@ func file_sluice_proto_init() {
 	}
 	file_sluice_proto_msgTypes[10].OneofWrappers = []any{}
 	file_sluice_proto_msgTypes[19].OneofWrappers = []any{}
+	file_sluice_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
