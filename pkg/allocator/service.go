@@ -368,14 +368,16 @@ func (s *Service) setKeyLimitsLocked(keys []quota.Key) {
 func (s *Service) advanceLocked(now time.Time) bool {
 	wait := s.timing.validity + s.timing.epoch
 	assumedMoved, confirmedMoved := s.conf.Step(now, configRegions(s.applied), wait, s.oldGrantsEnd)
-	if confirmedMoved {
-		rev, _ := s.conf.Confirmed()
-		s.log.Info("config revision confirmed to the regions", "revision", rev)
-	}
-	if assumedMoved {
-		rev, _ := s.conf.Assumed()
+	confirmed, known := s.conf.Confirmed()
+	// A revision assumed and confirmed in one step (every region already
+	// runs it as confirmed: a new leader, one config) waits for nothing:
+	// only its confirmation is said.
+	if rev, _ := s.conf.Assumed(); assumedMoved && !(known && rev == confirmed) {
 		s.log.Info("every region reported a config revision; counting their shares under it until it is confirmed",
 			"revision", rev, "confirm_after", wait)
+	}
+	if confirmedMoved {
+		s.log.Info("config revision confirmed to the regions", "revision", confirmed)
 	}
 	return assumedMoved || confirmedMoved
 }
