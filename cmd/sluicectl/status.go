@@ -70,9 +70,10 @@ type statusReport struct {
 // shardView is one global-tier shard past shard 0.
 type shardView struct {
 	Shard int `json:"shard"`
-	// Unconfigured: the config in etcd has fewer shards (its global_shards
-	// was lowered and this shard's replicas still run): it owns no keys,
-	// and its figures are shown but not folded into the global tier's.
+	// Unconfigured: the config in etcd has fewer shards (its replicas were
+	// started ahead of a raise of global_shards, or still run after a
+	// lowering): it owns no keys, and its figures are shown but not folded
+	// into the global tier's.
 	Unconfigured bool        `json:"unconfigured,omitempty"`
 	Leader       *leaderView `json:"leader"`
 	Error        string      `json:"error,omitempty"`
@@ -829,7 +830,7 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 	for _, sh := range rep.Shards {
 		switch {
 		case sh.Unconfigured && sh.Global != nil:
-			fmt.Fprintf(w, "shard %d:\t%s\t(NOT IN THE CONFIG, which has %d shards: owns no keys, its figures are not counted above; stop its replicas)\n",
+			fmt.Fprintf(w, "shard %d:\t%s\t(NOT IN THE CONFIG, which has %d shards: owns no keys, its figures are not counted above; raise global_shards to include it, or stop its replicas)\n",
 				sh.Shard, sh.Leader.Addr, configuredShards(rep.Shards))
 		case sh.Global != nil:
 			l := "no"

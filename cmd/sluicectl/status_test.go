@@ -345,3 +345,23 @@ func TestStatusReportsARefusedStoredConfig(t *testing.T) {
 	}
 	wantContains(t, "stderr", r.stderr, "refused by the daemons", c.store.TenantKey("t7"), "sluicectl apply")
 }
+
+// TestStatusTextOnAShardOutsideTheConfig: a shard the config leaves out
+// runs either ahead of a raise of global_shards (step 1 of resharding:
+// its replicas start first) or after a lowering; the line says it owns no
+// keys and gives both ways on, not only "stop its replicas", which undoes
+// the first step of a raise.
+func TestStatusTextOnAShardOutsideTheConfig(t *testing.T) {
+	resp := &sluicev1.StatusResponse{Leader: true, LeaderAddr: "10.0.0.1:7500", Epoch: 9, ConfigRevision: 19}
+	rep := statusReport{EtcdPrefix: "/sluice", GlobalAddr: "10.0.0.1:7500", Global: newGlobalView(resp, time.Now()),
+		Shards: []shardView{
+			{Shard: 1, Leader: &leaderView{Addr: "10.0.1.1:7500", Candidates: 2}, Global: newGlobalView(resp, time.Now())},
+			{Shard: 2, Unconfigured: true, Leader: &leaderView{Addr: "10.0.2.1:7500", Candidates: 2}, Global: newGlobalView(resp, time.Now())},
+		}}
+	var out bytes.Buffer
+	if err := writeStatusText(&out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	wantContains(t, "status", out.String(),
+		"NOT IN THE CONFIG, which has 2 shards: owns no keys, its figures are not counted above; raise global_shards to include it, or stop its replicas")
+}

@@ -92,11 +92,21 @@ func (s *Service) reshardLearningLocked(now time.Time) {
 	switch {
 	case !sh.init:
 		sh.init, sh.mapN, sh.mapSince = true, n, s.appliedRev
+		if sh.index >= n {
+			// Started ahead of a raise, or with a -shard the config does
+			// not count: said once, as nothing else it logs shows it.
+			s.log.Warn("this shard owns no keys under the live config: no region reports to it until global_shards includes it",
+				"shard", sh.index, "shards", n, "revision", s.appliedRev)
+		}
 	case n != sh.mapN:
 		s.log.Warn("global_shards changed: keys move between shards; every shard only re-issues what regions hold until every region runs the new count and one grant validity has passed",
 			"shard", sh.index, "from", sh.mapN, "to", n, "revision", s.appliedRev)
-		if sh.index >= sh.mapN && sh.index < n {
+		switch {
+		case sh.index >= sh.mapN && sh.index < n:
 			s.startOwningLocked(now)
+		case sh.index < sh.mapN && sh.index >= n:
+			s.log.Warn("this shard owns no keys under the new count: regions still running the old one report to it until they adopt it; stop its replicas afterwards",
+				"shard", sh.index, "shards", n, "revision", s.appliedRev)
 		}
 		sh.mapN, sh.mapSince, sh.resharding = n, s.appliedRev, true
 	}
