@@ -280,3 +280,34 @@ func (d *regionLive) waitRegion(t *testing.T, region, what string, within time.D
 		time.Sleep(d.epoch / 2) // polling the deployment with a deadline
 	}
 }
+
+// TestRestoreWhileARegionIsDownAgainstRealDaemons restores a drained
+// region while another region's only replica is dead: a raised static
+// share waits until every region reported the restoring revision, so the
+// restore says it waits for the silent region instead of promising a few
+// epochs.
+func TestRestoreWhileARegionIsDownAgainstRealDaemons(t *testing.T) {
+	d := startRegionLive(t, drainDownConfig)
+	c, cli, settle := d.c, d.cli, d.settle
+	waitRegion := func(region, what string, within time.Duration, ok func(regionView) bool) (regionView, string) {
+		t.Helper()
+		return d.waitRegion(t, region, what, within, ok)
+	}
+	for _, r := range []string{"us-east", "eu-west", "ap-south"} {
+		waitRegion(r, "live", settle, func(v regionView) bool { return v.State == "live" && v.StaticLeaseMs > 0 })
+	}
+	wantCode(t, cli("region", "drain", "us-east", "-yes"), exitOK)
+	waitRegion("us-east", "drained", settle, func(v regionView) bool { return v.State == "drained" && !v.DrainPending })
+
+	c.Regions["eu-west"].Replicas[0].Kill()
+	waitRegion("eu-west", "silent", settle, func(v regionView) bool { return v.Silent })
+
+	r := cli("region", "restore", "us-east", "-yes")
+	wantCode(t, r, exitOK)
+	t.Logf("restore while eu-west is down:\n%s", r.stdout)
+	wantContains(t, "stdout", r.stdout, "the global tier hears no report from eu-west since",
+		"us-east's static share rises only once every region has adopted this revision, so not before eu-west reports again")
+	if strings.Contains(r.stdout, "at most a few epochs") {
+		t.Errorf("a restore while a region is down promises the rise within a few epochs:\n%s", r.stdout)
+	}
+}

@@ -92,12 +92,16 @@ func (a *app) regionDrainedCmd(fs *flag.FlagSet, drain bool) func(context.Contex
 		}
 		// A declined prompt or a conflict returned above; here the change
 		// was written (or the diff was empty, which the checks rule out).
-		var down *regionView
+		down := a.silentRegions(ctx)
 		if drain {
-			down = a.silentRegion(ctx, name)
-		}
-		if down != nil {
-			fmt.Fprintln(a.stdout, drainSilentTiming(timing, name, down))
+			for i := range down {
+				if down[i].Region == name {
+					fmt.Fprintln(a.stdout, drainSilentTiming(timing, name, &down[i]))
+					return nil
+				}
+			}
+		} else if len(down) > 0 {
+			fmt.Fprintln(a.stdout, restoreSilentTiming(name, down))
 			return nil
 		}
 		fmt.Fprintln(a.stdout, drainTiming(timing, name, drain))
@@ -105,12 +109,13 @@ func (a *app) regionDrainedCmd(fs *flag.FlagSet, drain bool) func(context.Contex
 	}
 }
 
-// silentRegion asks the global tier (the leader etcd names, or
-// -global-addr) how it sees region and returns that view when the region
-// is silent or lapsed: down, or cut off, it cannot adopt a drain. nil when
-// it reports, or when the global tier cannot be asked (the drain is
-// written either way; status tells the rest).
-func (a *app) silentRegion(ctx context.Context, region string) *regionView {
+// silentRegions asks the global tier (the leader etcd names, or
+// -global-addr) how it sees the regions and returns, in its order, those
+// it does not hear from (silent or lapsed): down, or cut off, such a
+// region cannot adopt a drain, nor report the revision a restore waits
+// for. nil when every region reports, or when the global tier cannot be
+// asked (the change is written either way; status tells the rest).
+func (a *app) silentRegions(ctx context.Context) []regionView {
 	var rep statusReport
 	if len(a.g.endpoints()) > 0 {
 		if err := a.readEtcdStatus(ctx, &rep); err != nil {
@@ -130,13 +135,51 @@ func (a *app) silentRegion(ctx context.Context, region string) *regionView {
 	if err := a.askFirst(ctx, addrs, 1, &rep); err != nil || rep.Global == nil || !rep.Global.AnsweredByLeader {
 		return nil
 	}
-	for i := range rep.Global.Regions {
-		r := &rep.Global.Regions[i]
-		if r.Region == region && (r.Silent || r.Lapsed) {
-			return r
+	var out []regionView
+	for _, r := range rep.Global.Regions {
+		if r.Silent || r.Lapsed {
+			out = append(out, r)
 		}
 	}
-	return nil
+	return out
+}
+
+// restoreSilentTiming is drainTiming for a restore while regions the
+// global tier does not hear from are configured: a raised static share
+// waits until every region reported the new revision, so it waits for
+// them to report again, however long they stay down or cut off.
+func restoreSilentTiming(region string, down []regionView) string {
+	names := make([]string, 0, len(down))
+	self := false
+	for _, r := range down {
+		since := ""
+		if r.SilentSince != nil {
+			since = " since " + r.SilentSince.Local().Format("15:04:05.000")
+		}
+		names = append(names, r.Region+since)
+		self = self || r.Region == region
+	}
+	if self && len(down) == 1 {
+		return fmt.Sprintf("the global tier hears no report from %s: %s's static share rises only once every region has adopted this revision, "+
+			"so not before %s is back and reports it; it then climbs from its floor through grants, fenced. "+
+			"Watch it with: sluicectl status (state live)", strings.Join(names, ", "), region, region)
+	}
+	return fmt.Sprintf("the global tier hears no report from %s: %s's static share rises only once every region has adopted this revision, "+
+		"so not before %s again (or leaves the config: drained, then applied without it). Until then %s runs on its floor under its static lease, and on grants above it, fenced. "+
+		"Watch it with: sluicectl status (STATIC/S of its keys)", strings.Join(names, ", "), region, reportAgain(down), region)
+}
+
+// reportAgain says that the regions of views report: "a reports", "a and
+// b report", "a, b and c report".
+func reportAgain(views []regionView) string {
+	names := make([]string, len(views))
+	for i, r := range views {
+		names[i] = r.Region
+	}
+	if len(names) == 1 {
+		return names[0] + " reports"
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1] + " report"
 }
 
 // drainSilentTiming is drainTiming for a region the global tier does not

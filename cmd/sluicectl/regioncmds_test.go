@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/pkg/config"
 )
@@ -189,4 +190,19 @@ func TestApplyRefusesRemovingARegionNotDrained(t *testing.T) {
 	if stored, _ := c.config(t); stored == nil || len(stored.Regions) != 2 || stored.Regions["eu-west"] != (config.Region{}) {
 		t.Fatalf("etcd holds regions %v after removing a drained eu-west", stored.Regions)
 	}
+}
+
+// TestRestoreSilentTimingNamesWhatTheRiseWaitsFor: a restore whose own
+// region is down waits for it to come back; one that waits for other
+// regions names each of them.
+func TestRestoreSilentTimingNamesWhatTheRiseWaitsFor(t *testing.T) {
+	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	self := restoreSilentTiming("eu-west", []regionView{{Region: "eu-west", Silent: true, SilentSince: &since}})
+	wantContains(t, "restore of a silent region", self, "hears no report from eu-west since ", "not before eu-west is back and reports it")
+	if strings.Contains(self, "leaves the config") || strings.Contains(self, "at most a few epochs") {
+		t.Errorf("restore of a silent region: %s", self)
+	}
+	others := restoreSilentTiming("us-east", []regionView{{Region: "eu-west", Silent: true, SilentSince: &since}, {Region: "ap-south", Lapsed: true}})
+	wantContains(t, "restore beside silent regions", others, "hears no report from eu-west since ", ", ap-south: us-east's static share",
+		"not before eu-west and ap-south report again")
 }
