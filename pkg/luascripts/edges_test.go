@@ -215,14 +215,22 @@ func TestRetryEndsWithTheGrant(t *testing.T) {
 		t.Fatalf("5 tokens at the static 10/s: %+v, want retry after 500ms", r)
 	}
 
-	borrowing := Common{StaticRate: 0.01, StaticBurst: 1, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: 500 * time.Millisecond}
-	above := KeysFor(DefaultPrefix, quota.Key{Tenant: "borrower", Class: "strict"})
-	w.setRate(above, borrowing, 0.04, 1, w.now+5_000_000, w.now)
-	if r := w.check(above, borrowing, 1); !r.Allowed {
-		t.Fatalf("the grant's one token: %+v, want allowed", r)
-	}
-	if r := w.check(above, borrowing, 1); r.Allowed || r.RetryAfter != 5*time.Second {
-		t.Fatalf("an empty bucket under a borrowed 0.04/s (static 0.01/s) until 5s from now: %+v, want retry after 5s (the grant's end)", r)
+	for _, tc := range []struct {
+		tenant string
+		static float64
+	}{
+		{"borrower", 0.01}, // above the static share: borrowed
+		{"at-share", 0.04}, // the static share itself: nothing lent
+	} {
+		c := Common{StaticRate: tc.static, StaticBurst: 1, LeaseTTL: time.Second, ReapBudget: 8, DemandWindow: 500 * time.Millisecond}
+		k := KeysFor(DefaultPrefix, quota.Key{Tenant: tc.tenant, Class: "strict"})
+		w.setRate(k, c, 0.04, 1, w.now+5_000_000, w.now)
+		if r := w.check(k, c, 1); !r.Allowed {
+			t.Fatalf("%s: the grant's one token: %+v, want allowed", tc.tenant, r)
+		}
+		if r := w.check(k, c, 1); r.Allowed || r.RetryAfter != 5*time.Second {
+			t.Fatalf("an empty bucket under 0.04/s (static %v/s) until 5s from now: %+v, want retry after 5s (the grant's end)", tc.static, r)
+		}
 	}
 }
 
