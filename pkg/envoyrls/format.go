@@ -174,6 +174,13 @@ func newDecided(now time.Time, limit quota.Limit, r result, d quota.Decision) de
 		// writes duration_until_reset's seconds as x-ratelimit-reset, so a
 		// fraction would be cut to an earlier second than retry-after.
 		out.reset = time.Duration(max(ceilSeconds(out.retry), 1)) * time.Second
+	case d.RetryNever && d.ResetAt.IsZero():
+		// The shadow answer of a never denial decided without asking the
+		// region (a cost above the burst): no reset time is known, so none
+		// is promised, as for the denial itself. A reset of 0 beside a
+		// remaining of 0 (RateLimit r=0;t=0) said nothing was left and the
+		// cap was back already.
+		out.never = true
 	}
 	return out
 }

@@ -232,6 +232,17 @@ func TestNeverPromisesNoTime(t *testing.T) {
 			t.Errorf("%s = %q on a never answer", k, h.GetValue())
 		}
 	}
+	// In shadow mode the same denial is answered OK: still no time (the
+	// region was not asked), where it said r=0;t=0.
+	shadow := newDecided(now, lim, resultShadowDenied, quota.Decision{WouldDeny: true, Limit: 1, RetryNever: true})
+	if st := shadow.status("export"); st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetDurationUntilReset() != nil {
+		t.Errorf("shadow never status %v: want OK without duration_until_reset", st)
+	}
+	for _, h := range headers(shadow, "export", false, false, 0) {
+		if k := h.GetKey(); k == HeaderRetryAfter || k == HeaderReset || (k == HeaderRateLimit && strings.Contains(h.GetValue(), "t=")) {
+			t.Errorf("%s = %q on a shadow never answer", k, h.GetValue())
+		}
+	}
 }
 
 // TestCeilSeconds: durations round up to whole seconds; an exact second
@@ -370,6 +381,9 @@ func TestNewDecidedTimesAndBounds(t *testing.T) {
 		{"shadow answer of a never denial", lim, resultShadowDenied,
 			quota.Decision{Remaining: 0, ResetAt: now.Add(3 * time.Second), RetryNever: true},
 			20, 0, 3 * time.Second, 0, false},
+		{"shadow answer of a never denial with no reset known (a cost above the burst, the region not asked)", lim, resultShadowDenied,
+			quota.Decision{WouldDeny: true, Limit: 20, RetryNever: true},
+			20, 0, 0, 0, true},
 		{"negative region cap", lim, resultOK,
 			quota.Decision{Allowed: true, Remaining: 5, Cap: -3, CapKnown: true},
 			0, 0, 0, 0, false},
