@@ -129,6 +129,8 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	if err != nil {
 		return err
 	}
+	// Certificate reloads (tlsconfig) log through the default logger.
+	slog.SetDefault(logger)
 	if f.regionAddr == "" {
 		return errors.New("-region-addr is required: the address of the region's regional service")
 	}

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
@@ -88,6 +89,8 @@ func runNotifying(ctx context.Context, args []string, started func(grpcAddr stri
 	if err != nil {
 		return err
 	}
+	// Certificate reloads (tlsconfig) log through the default logger.
+	slog.SetDefault(logger)
 	shardIndex, err := parseShard(*shardFlag, os.Hostname)
 	if err != nil {
 		return err

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"os/signal"
@@ -175,6 +176,8 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	if err != nil {
 		return err
 	}
+	// Certificate reloads (tlsconfig) log through the default logger.
+	slog.SetDefault(logger)
 	// The Redis client library's own lines, structured and at DEBUG.
 	regional.RouteRedisLogs(logger)
 	cfg, err := loadConfig(f.configFile)

@@ -9,6 +9,12 @@
 // without its key) is an error, never a silent downgrade. Errors name the
 // file concerned.
 //
-// Files are read once, when the configuration is built: rotating
-// certificates takes a restart.
+// Certificates rotate without a restart: a handshake takes the current
+// contents of the certificate, key and (server side) client CA files,
+// looked at again at most every ReloadInterval, so files replaced in place
+// (a renewed Kubernetes Secret) serve new connections within that time.
+// Files that change but do not load (a certificate beside the old key)
+// are logged and the last good ones kept. The CA a client verifies its
+// server with (caFile of Client) is read once: changing it takes a
+// restart, so a new CA is added to the bundle before it signs anything.
 package tlsconfig

@@ -24,18 +24,28 @@ func Server(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
 	if certFile == "" || keyFile == "" {
 		return nil, fmt.Errorf("tls server: a certificate file and a key file are both required (certificate %q, key %q)", certFile, keyFile)
 	}
-	cert, err := loadKeyPair(certFile, keyFile)
+	pair, err := watchKeyPair(certFile, keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("tls server: %w", err)
 	}
-	cfg := &tls.Config{MinVersion: MinVersion, Certificates: []tls.Certificate{cert}}
+	cfg := &tls.Config{MinVersion: MinVersion, Certificates: []tls.Certificate{*pair.get()}}
+	var pool *files[*x509.CertPool]
 	if clientCAFile != "" {
-		pool, err := loadPool(clientCAFile)
-		if err != nil {
+		if pool, err = watchPool(clientCAFile); err != nil {
 			return nil, fmt.Errorf("tls server: client CA: %w", err)
 		}
-		cfg.ClientCAs = pool
+		cfg.ClientCAs = pool.get()
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	// Every handshake takes the files' current contents (ReloadInterval).
+	base := cfg.Clone()
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		c := base.Clone()
+		c.Certificates = []tls.Certificate{*pair.get()}
+		if pool != nil {
+			c.ClientCAs = pool.get()
+		}
+		return c, nil
 	}
 	return cfg, nil
 }
@@ -62,11 +72,15 @@ func Client(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
 		if certFile == "" || keyFile == "" {
 			return nil, fmt.Errorf("tls client: a client certificate needs both files (certificate %q, key %q)", certFile, keyFile)
 		}
-		cert, err := loadKeyPair(certFile, keyFile)
+		pair, err := watchKeyPair(certFile, keyFile)
 		if err != nil {
 			return nil, fmt.Errorf("tls client: %w", err)
 		}
-		cfg.Certificates = []tls.Certificate{cert}
+		cfg.Certificates = []tls.Certificate{*pair.get()}
+		// Every handshake presents the files' current certificate.
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return pair.get(), nil
+		}
 	}
 	return cfg, nil
 }
