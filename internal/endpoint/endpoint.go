@@ -101,7 +101,8 @@ func Listen(o Options) (*Endpoint, error) {
 	}
 	gopts := o.GRPCOptions
 	if o.ServerTLS != nil {
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(o.ServerTLS)))
+		creds := observedCreds{credentials.NewTLS(o.ServerTLS), newRefusals(o.Logger, reg)}
+		gopts = append(gopts, grpc.Creds(creds))
 	}
 	e.GRPC = grpc.NewServer(gopts...)
 	healthpb.RegisterHealthServer(e.GRPC, e.Health)
