@@ -221,13 +221,15 @@ func (g *Guard) admit(ctx context.Context, method string, req any) (turn, error)
 	}
 	var t turn
 	var err error
-	if t.conn, err = g.conns.acquire(ctx, connKey(ctx), n, g.onConnWait); err != nil {
+	conn := connKey(ctx)
+	if t.conn, err = g.conns.acquire(ctx, conn, n, g.onConnWait); err != nil {
 		return turn{}, g.refuse(method, "connection", g.o.PerConnection, g.conns.queue, err)
 	}
 	if id == "" {
 		return t, nil
 	}
-	if t.id, err = g.ids.acquire(ctx, id, n, g.onIDWait); err != nil {
+	// An identity's turns are shared out between its connections (sem).
+	if t.id, err = g.ids.acquireFor(ctx, id, conn, n, g.onIDWait); err != nil {
 		t.conn.release()
 		return turn{}, g.refuse(method, "identity", g.o.PerIdentity, g.ids.queue, err)
 	}

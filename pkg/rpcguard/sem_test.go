@@ -358,3 +358,84 @@ func TestWaiterGrantedAsItGivesUpGivesTheTurnBack(t *testing.T) {
 		t.Fatalf("state left behind: %v", p.m)
 	}
 }
+
+// TestAnIdentitysConnectionsShareItsTurns: calls carrying sub-keys (an
+// identity's connections) share the key's cap: a connection flooding it
+// does not queue another's calls behind its own. A call of a connection
+// with fewer units than every waiting one goes at once when it fits, and
+// otherwise takes the next turn; each connection's own calls keep their
+// order; the state is gone once nothing holds it.
+func TestAnIdentitysConnectionsShareItsTurns(t *testing.T) {
+	p := pool[string]{cap: 10, queue: 100, m: map[string]*sem{}}
+	ctx := context.Background()
+	take := func(sub string, n int) hold[string] {
+		t.Helper()
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		h, err := p.acquireFor(cctx, "id", sub, n, cancel) // a wait gives up at once
+		if err != nil {
+			t.Fatalf("%s: %d units waited (%v)", sub, n, err)
+		}
+		return h
+	}
+	waitTurn := func(sub string, n int) chan hold[string] {
+		ch := make(chan hold[string], 1)
+		go func() {
+			h, err := p.acquireFor(ctx, "id", sub, n, func() {})
+			if err != nil {
+				t.Error(err)
+			}
+			ch <- h
+		}()
+		return ch
+	}
+	granted := func(ch chan hold[string]) (hold[string], bool) {
+		select {
+		case h := <-ch:
+			return h, true
+		default:
+			return hold[string]{}, false
+		}
+	}
+	// The flood holds 8 of 10 units and has 5-unit calls waiting.
+	f1, f2 := take("flood", 4), take("flood", 4)
+	var floodWaits []chan hold[string]
+	for i := range 3 {
+		floodWaits = append(floodWaits, waitTurn("flood", 5))
+		waitFor(t, &p, "id", 5*(i+1))
+	}
+	// Another connection's call that fits goes at once.
+	g1 := take("good", 1)
+	g1.release()
+	// One that does not fit (10 of 10 held) takes the next turn, ahead
+	// of the flood's waiting calls.
+	g2 := take("good", 2) // 10 of 10
+	good := waitTurn("good", 3)
+	waitFor(t, &p, "id", 18)
+	g2.release() // 8 held: nothing fits yet (3 and 5 need more)
+	if _, ok := granted(good); ok {
+		t.Fatal("a call was granted past the cap")
+	}
+	f1.release() // 4 held: the good call's turn, then no flood call fits
+	h := <-good
+	for i, ch := range floodWaits {
+		if _, ok := granted(ch); ok {
+			t.Fatalf("flood call %d was granted beside the good one", i)
+		}
+	}
+	h.release()
+	f2.release() // the flood's calls, in their order: two fit
+	first, second := <-floodWaits[0], <-floodWaits[1]
+	if _, ok := granted(floodWaits[2]); ok {
+		t.Fatal("a call was granted past the cap")
+	}
+	first.release()
+	second.release()
+	third := <-floodWaits[2]
+	third.release()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.m) != 0 {
+		t.Fatalf("state left behind: %v", p.m)
+	}
+}
