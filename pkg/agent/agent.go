@@ -227,6 +227,7 @@ func Start(o Options) (*Agent, error) {
 	guard, err := rpcguard.New(rpcguard.Options{
 		Rules:         map[string]rpcguard.Rule{envoyrls.Method: envoyrls.GuardRule()},
 		PerConnection: o.PerConnection, Registerer: o.Registry,
+		Exported: map[string]int{rpcguard.BoundMessageBytes: MaxMessageBytes, rpcguard.BoundStreams: MaxStreamsPerConnection},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)

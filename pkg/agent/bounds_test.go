@@ -85,7 +85,10 @@ func TestOversizedEnvoyRequestsAreRefusedBeforeAnyLease(t *testing.T) {
 	}
 	for bound, want := range map[string]float64{
 		"descriptors_per_request": envoyrls.MaxDescriptors,
+		"entries_per_descriptor":  envoyrls.MaxEntries,
 		"inflight_per_connection": rpcguard.DefaultPerConnection,
+		"message_bytes":           agent.MaxMessageBytes,
+		"streams_per_connection":  agent.MaxStreamsPerConnection,
 	} {
 		if got := metrictest.Series(t, a.Registry(), "sluice_rpc_bound", map[string]string{"bound": bound}); got != want {
 			t.Errorf("sluice_rpc_bound{bound=%q} = %v; want %v", bound, got, want)

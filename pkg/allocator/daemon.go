@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -226,6 +227,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		Rules:         map[string]rpcguard.Rule{methodSync: reportKeys, methodSyncPage: reportKeys},
 		PerConnection: max(o.PerConnection, maxKeys), PerIdentity: max(o.PerIdentity, maxKeys, rpcguard.DefaultPerIdentity),
 		MaxMessageBytes: maxMessageBytes, Registerer: o.Registry, Logger: o.Logger,
+		Exported: map[string]int{"report_bytes": cmp.Or(o.MaxReportBytes, DefaultMaxReportBytes)},
 	})
 	if err != nil {
 		return nil, err

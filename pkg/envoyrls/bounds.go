@@ -45,5 +45,6 @@ func GuardRule() rpcguard.Rule {
 			}
 			return "", ""
 		},
+		CheckBounds: map[string]int{"entries_per_descriptor": MaxEntries},
 	}
 }

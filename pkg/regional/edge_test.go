@@ -126,6 +126,9 @@ func TestOversizedRequestsAreRefusedBeforeRedis(t *testing.T) {
 		`sluice_rpc_refused_total{bound="reports_per_sync",method="/sluice.v1.LeaseService/Sync"} 1`,
 		`sluice_rpc_bound{bound="reports_per_sync"} 1000`,
 		`sluice_rpc_bound{bound="inflight_per_connection"} 2048`,
+		`sluice_rpc_bound{bound="entries_per_descriptor"} 32`,
+		`sluice_rpc_bound{bound="message_bytes"} 1.048576e+06`,
+		`sluice_rpc_bound{bound="streams_per_connection"} 1024`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -12,6 +12,12 @@ import (
 	"github.com/sluicehq/sluice/pkg/rpcauth"
 )
 
+// Names in sluice_rpc_bound of the transport's bounds.
+const (
+	BoundMessageBytes = "message_bytes"          // a received message's bytes
+	BoundStreams      = "streams_per_connection" // open calls of one connection
+)
+
 // EdgeOptions configure the checks every call passes before its handler.
 type EdgeOptions struct {
 	// Config supplies auth.identities. Required.
@@ -28,6 +34,9 @@ type EdgeOptions struct {
 	MaxMessageBytes int
 	// MaxStreams bounds the open calls of one connection. Optional.
 	MaxStreams uint32
+	// Exported are more bounds the daemon applies, exported in
+	// sluice_rpc_bound (Options.Exported). Optional.
+	Exported   map[string]int
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 	// Name is the daemon's name in the start-up warning.
@@ -53,9 +62,16 @@ func ServerOptions(o EdgeOptions) ([]grpc.ServerOption, error) {
 		identity = nil
 		o.Logger.Warn(o.Name + ": no mutual TLS (-tls-client-ca): callers are not authenticated, any client reaching the port may call every RPC; calls are bounded per connection only")
 	}
+	exported := map[string]int{BoundMessageBytes: o.MaxMessageBytes}
+	if o.MaxStreams > 0 {
+		exported[BoundStreams] = int(o.MaxStreams)
+	}
+	for name, v := range o.Exported {
+		exported[name] = v
+	}
 	g, err := New(Options{
 		Rules: o.Rules, PerConnection: o.PerConnection, PerIdentity: o.PerIdentity,
-		Identity: identity, Registerer: o.Registerer,
+		Identity: identity, Registerer: o.Registerer, Exported: exported,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.Name, err)

@@ -61,15 +61,17 @@ func TestNewChecksItsBounds(t *testing.T) {
 }
 
 // TestBoundsAreExported: sluice_rpc_bound holds the in-flight and queue
-// bounds and every rule's Max under its Bound name, and a rule without a
-// Max exports nothing; a second Guard on the same registry is refused.
+// bounds, every rule's Max under its Bound name and its CheckBounds, and
+// the Exported ones; a rule without a Max exports nothing; a second Guard
+// on the same registry is refused.
 func TestBoundsAreExported(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	_, err := New(Options{PerConnection: 4, PerIdentity: 8, QueueFactor: 3, Registerer: reg, Rules: map[string]Rule{
 		"/s/a": {Max: 2, Bound: "a_per_call"},
 		"/s/c": {Max: 1, Bound: "c_per_call"},
 		"/s/b": {Bound: "unbounded"},
-	}})
+		"/s/d": {Check: func(any) (string, string) { return "", "" }, CheckBounds: map[string]int{"d_shape": 5}},
+	}, Exported: map[string]int{"x_bytes": 9}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,6 +91,7 @@ func TestBoundsAreExported(t *testing.T) {
 	want := map[string]float64{
 		"inflight_per_connection": 4, "inflight_per_identity": 8,
 		"queued_per_connection": 12, "queued_per_identity": 24, "a_per_call": 2, "c_per_call": 1,
+		"d_shape": 5, "x_bytes": 9,
 	}
 	if len(got) != len(want) {
 		t.Errorf("bounds %v, want %v", got, want)

@@ -48,6 +48,9 @@ type Rule struct {
 	// Check, when set, applies further bounds on a request's shape; it
 	// returns the name of the bound a request exceeds and why, or "".
 	Check func(req any) (bound, why string)
+	// CheckBounds are the bounds Check applies, by name, exported with
+	// the others in sluice_rpc_bound. Optional.
+	CheckBounds map[string]int
 }
 
 // Defaults of Options.
@@ -81,6 +84,10 @@ type Options struct {
 	Identity func(ctx context.Context) string
 	// Registerer receives the metrics. Optional.
 	Registerer prometheus.Registerer
+	// Exported are bounds applied elsewhere (the transport's message size
+	// and streams per connection, a report's bytes), by name, exported
+	// with the Guard's own in sluice_rpc_bound. Optional.
+	Exported map[string]int
 }
 
 // Guard enforces Options. Safe for concurrent use.
@@ -146,6 +153,12 @@ func New(o Options) (*Guard, error) {
 		if r.Max > 0 {
 			g.bounds.WithLabelValues(r.Bound).Set(float64(r.Max))
 		}
+		for name, v := range r.CheckBounds {
+			g.bounds.WithLabelValues(name).Set(float64(v))
+		}
+	}
+	for name, v := range o.Exported {
+		g.bounds.WithLabelValues(name).Set(float64(v))
 	}
 	if o.Registerer != nil {
 		for _, c := range []prometheus.Collector{g.refused, g.waits, g.bounds} {
