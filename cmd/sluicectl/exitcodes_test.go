@@ -171,6 +171,10 @@ func TestStatusRefusedByTheGlobalAllocatorIsNotUnreachable(t *testing.T) {
 	r := sluicectl(t, "", append(tlsFlags(dir, "instance"), "-global-addr", d.GRPCAddr(), "status")...)
 	wantCode(t, r, exitRefused)
 	wantContains(t, "stderr", r.stderr, "answered but refused this client", "PermissionDenied", "operator role")
+	wantContains(t, "stdout", r.stdout, "refused this client's credentials (see below)")
+	if strings.Contains(r.stdout, "unreachable") {
+		t.Errorf("a global allocator that answered is reported unreachable:\n%s", r.stdout)
+	}
 
 	r = sluicectl(t, "", append(tlsFlags(dir, "operator"), "-global-addr", d.GRPCAddr(), "status")...)
 	if r.code == exitRefused {

@@ -797,9 +797,12 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 	fmt.Fprintln(out)
 
 	if rep.Global == nil {
-		if rep.GlobalAddr != "" {
+		switch {
+		case rep.GlobalAddr != "" && rep.refused:
+			fmt.Fprintf(out, "global allocator %s: refused this client's credentials (see below)\n", rep.GlobalAddr)
+		case rep.GlobalAddr != "":
 			fmt.Fprintf(out, "global allocator %s: unreachable (see below)\n", rep.GlobalAddr)
-		} else {
+		default:
 			fmt.Fprintln(out, "global allocator: unknown (see below)")
 		}
 		return nil
