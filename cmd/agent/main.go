@@ -129,8 +129,6 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	if err != nil {
 		return err
 	}
-	// Certificate reloads (tlsconfig) log through the default logger.
-	slog.SetDefault(logger)
 	if f.regionAddr == "" {
 		return errors.New("-region-addr is required: the address of the region's regional service")
 	}
@@ -141,7 +139,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	case len(eps) > 0 && f.configFile != "":
 		return errors.New("-config and -etcd-endpoints are exclusive: the config comes from one place")
 	}
-	tlsCfg, err := tlsconfig.Client(f.tlsCA, f.tlsCert, f.tlsKey, "")
+	tlsCfg, err := tlsconfig.Client(f.tlsCA, f.tlsCert, f.tlsKey, "", tlsconfig.WithLogger(logger))
 	if err != nil {
 		return fmt.Errorf("region TLS: %w", err)
 	}

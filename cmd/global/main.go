@@ -18,7 +18,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
@@ -89,8 +88,6 @@ func runNotifying(ctx context.Context, args []string, started func(grpcAddr stri
 	if err != nil {
 		return err
 	}
-	// Certificate reloads (tlsconfig) log through the default logger.
-	slog.SetDefault(logger)
 	shardIndex, err := parseShard(*shardFlag, os.Hostname)
 	if err != nil {
 		return err
@@ -99,7 +96,7 @@ func runNotifying(ctx context.Context, args []string, started func(grpcAddr stri
 	if len(eps) == 0 {
 		return errors.New("-etcd-endpoints is required (comma separated host:port list)")
 	}
-	serverTLS, err := tlsconfig.Server(*tlsCert, *tlsKey, *tlsClientCA)
+	serverTLS, err := tlsconfig.Server(*tlsCert, *tlsKey, *tlsClientCA, tlsconfig.WithLogger(logger))
 	if err != nil {
 		return err
 	}

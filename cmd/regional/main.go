@@ -24,7 +24,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"maps"
 	"os"
 	"os/signal"
@@ -176,8 +175,6 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	if err != nil {
 		return err
 	}
-	// Certificate reloads (tlsconfig) log through the default logger.
-	slog.SetDefault(logger)
 	// The Redis client library's own lines, structured and at DEBUG.
 	regional.RouteRedisLogs(logger)
 	cfg, err := loadConfig(f.configFile)
@@ -204,15 +201,15 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	if err != nil {
 		return err
 	}
-	serverTLS, err := tlsconfig.Server(f.tlsCert, f.tlsKey, f.tlsClientCA)
+	serverTLS, err := tlsconfig.Server(f.tlsCert, f.tlsKey, f.tlsClientCA, tlsconfig.WithLogger(logger))
 	if err != nil {
 		return err
 	}
-	peerTLS, err := tlsconfig.Client(f.tlsCA, f.tlsCert, f.tlsKey, f.globalTLSName)
+	peerTLS, err := tlsconfig.Client(f.tlsCA, f.tlsCert, f.tlsKey, f.globalTLSName, tlsconfig.WithLogger(logger))
 	if err != nil {
 		return fmt.Errorf("peer TLS: %w", err)
 	}
-	redisTLS, err := redisTLSConfig(f)
+	redisTLS, err := redisTLSConfig(f, tlsconfig.WithLogger(logger))
 	if err != nil {
 		return err
 	}
@@ -350,8 +347,8 @@ const releaseTimeout = 5 * time.Second
 
 // redisTLSConfig is the TLS configuration towards Redis the -redis-tls*
 // flags ask for: nil (plaintext) when none is set.
-func redisTLSConfig(f *flags) (*tls.Config, error) {
-	cfg, err := tlsconfig.Client(f.redisTLSCA, f.redisTLSCert, f.redisTLSKey, f.redisTLSName)
+func redisTLSConfig(f *flags, opts ...tlsconfig.Option) (*tls.Config, error) {
+	cfg, err := tlsconfig.Client(f.redisTLSCA, f.redisTLSCert, f.redisTLSKey, f.redisTLSName, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("redis TLS (-redis-tls-ca, -redis-tls-cert, -redis-tls-key): %w", err)
 	}

@@ -23,6 +23,7 @@ type files[T any] struct {
 	names []string
 	load  func() (T, error)
 	what  string // "certificate", "client CA" in logs
+	log   *slog.Logger
 
 	mu      sync.Mutex
 	current T
@@ -31,7 +32,7 @@ type files[T any] struct {
 	failed  [][]byte // contents that last failed to load (logged once)
 }
 
-func newFiles[T any](what string, load func() (T, error), names ...string) (*files[T], error) {
+func newFiles[T any](log *slog.Logger, what string, load func() (T, error), names ...string) (*files[T], error) {
 	raw, err := readAll(names)
 	if err != nil {
 		return nil, err
@@ -40,7 +41,7 @@ func newFiles[T any](what string, load func() (T, error), names ...string) (*fil
 	if err != nil {
 		return nil, err
 	}
-	return &files[T]{names: names, load: load, what: what, current: v, raw: raw, checked: time.Now()}, nil
+	return &files[T]{names: names, load: load, what: what, log: log, current: v, raw: raw, checked: time.Now()}, nil
 }
 
 func readAll(names []string) ([][]byte, error) {
@@ -84,21 +85,42 @@ func (f *files[T]) get() T {
 	v, err := f.load()
 	if err != nil {
 		f.failed = raw
-		slog.Default().Error("tls: the "+f.what+" files changed but do not load; keeping the ones loaded before", "files", f.names, "err", err)
+		f.log.Error("tls: the "+f.what+" files changed but do not load; keeping the ones loaded before", "files", f.names, "err", err)
 		return f.current
 	}
 	f.current, f.raw, f.failed = v, raw, nil
-	slog.Default().Info("tls: loaded the changed "+f.what+" files; new connections use them", "files", f.names)
+	f.log.Info("tls: loaded the changed "+f.what+" files; new connections use them", "files", f.names)
 	return v
 }
 
-func watchKeyPair(certFile, keyFile string) (*files[*tls.Certificate], error) {
-	return newFiles("certificate", func() (*tls.Certificate, error) {
+func watchKeyPair(log *slog.Logger, certFile, keyFile string) (*files[*tls.Certificate], error) {
+	return newFiles(log, "certificate", func() (*tls.Certificate, error) {
 		c, err := loadKeyPair(certFile, keyFile)
 		return &c, err
 	}, certFile, keyFile)
 }
 
-func watchPool(file string) (*files[*x509.CertPool], error) {
-	return newFiles("CA", func() (*x509.CertPool, error) { return loadPool(file) }, file)
+func watchPool(log *slog.Logger, file string) (*files[*x509.CertPool], error) {
+	return newFiles(log, "CA", func() (*x509.CertPool, error) { return loadPool(file) }, file)
+}
+
+// Option changes how Server and Client load their files.
+type Option func(*options)
+
+type options struct{ log *slog.Logger }
+
+// WithLogger logs reloads of the certificate files (a rotation taken, or
+// files that changed but do not load) to log; without it they go to
+// slog.Default().
+func WithLogger(log *slog.Logger) Option { return func(o *options) { o.log = log } }
+
+func optionsOf(opts []Option) options {
+	o := options{log: slog.Default()}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.log == nil {
+		o.log = slog.New(slog.DiscardHandler)
+	}
+	return o
 }

@@ -3,6 +3,7 @@ package tlsconfig
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -41,7 +42,7 @@ func TestHalfWrittenRotationKeepsTheLastGoodPair(t *testing.T) {
 		return leaf.SerialNumber.String()
 	}
 	certFile, keyFile := write("svc", Leaf{Name: "svc", Server: true})
-	f, err := watchKeyPair(certFile, keyFile)
+	f, err := watchKeyPair(slog.New(slog.DiscardHandler), certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,21 +17,22 @@ const MinVersion = tls.VersionTLS12
 // (mutual TLS). All three empty means no TLS: (nil, nil). A client CA
 // without a server certificate, or a certificate without its key, is an
 // error.
-func Server(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
+func Server(certFile, keyFile, clientCAFile string, opts ...Option) (*tls.Config, error) {
 	if certFile == "" && keyFile == "" && clientCAFile == "" {
 		return nil, nil
 	}
 	if certFile == "" || keyFile == "" {
 		return nil, fmt.Errorf("tls server: a certificate file and a key file are both required (certificate %q, key %q)", certFile, keyFile)
 	}
-	pair, err := watchKeyPair(certFile, keyFile)
+	o := optionsOf(opts)
+	pair, err := watchKeyPair(o.log, certFile, keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("tls server: %w", err)
 	}
 	cfg := &tls.Config{MinVersion: MinVersion, Certificates: []tls.Certificate{*pair.get()}}
 	var pool *files[*x509.CertPool]
 	if clientCAFile != "" {
-		if pool, err = watchPool(clientCAFile); err != nil {
+		if pool, err = watchPool(o.log, clientCAFile); err != nil {
 			return nil, fmt.Errorf("tls server: client CA: %w", err)
 		}
 		cfg.ClientCAs = pool.get()
@@ -56,7 +57,7 @@ func Server(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
 // server to be named serverName (the dialed host when empty). Everything
 // empty means no TLS: (nil, nil); only a serverName means TLS with the
 // system roots. A certificate without its key is an error.
-func Client(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
+func Client(caFile, certFile, keyFile, serverName string, opts ...Option) (*tls.Config, error) {
 	if caFile == "" && certFile == "" && keyFile == "" && serverName == "" {
 		return nil, nil
 	}
@@ -72,7 +73,7 @@ func Client(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
 		if certFile == "" || keyFile == "" {
 			return nil, fmt.Errorf("tls client: a client certificate needs both files (certificate %q, key %q)", certFile, keyFile)
 		}
-		pair, err := watchKeyPair(certFile, keyFile)
+		pair, err := watchKeyPair(optionsOf(opts).log, certFile, keyFile)
 		if err != nil {
 			return nil, fmt.Errorf("tls client: %w", err)
 		}
