@@ -186,6 +186,20 @@ func TestBadSpecsAreRefused(t *testing.T) {
 	if _, err := Run(spec, Options{}); err == nil {
 		t.Error("Run accepted a bad spec")
 	}
+	// A file's bad fields are named with their lines, as a scenario's are;
+	// a field left out with its entry's.
+	data, err := files.ReadFile("scenarios/scale-small.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(data), "keys: 100000", "keys: 10", 1)
+	bad = strings.Replace(bad, "{at: 80s, kind: shard-leader-loss, shard: 1}", "{at: 80s, shard: 1}", 1)
+	_, err = Parse([]byte(bad))
+	for _, want := range []string{"keys 10 must be in 100..100000000 (line 11)", `faults[1].kind "" must be region-leader-loss or shard-leader-loss (line 22)`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Parse of a bad file: %v; want %q", err, want)
+		}
+	}
 }
 
 // The full scale scenario (10,000,000 keys): SLUICE_SOAK=1 (make soak).

@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/sim/scenario"
 )
 
 // ErrInvalid marks a bad scale scenario.
@@ -120,7 +121,8 @@ func Load(name string) (*Spec, error) {
 	return Parse(data)
 }
 
-// Parse decodes and validates a scale scenario.
+// Parse decodes and validates a scale scenario; each bad field is named
+// with its line ("keys 10 must be in 100..100000000 (line 4)").
 func Parse(data []byte) (*Spec, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -132,8 +134,16 @@ func Parse(data []byte) (*Spec, error) {
 		}
 		return nil, errors.Join(out...)
 	}
-	if err := s.Validate(); err != nil {
-		return nil, err
+	if bad := s.problems(); len(bad) > 0 {
+		lineOf := scenario.LineOf(data)
+		errs := make([]error, len(bad))
+		for i, p := range bad {
+			if l := lineOf(p.path); l > 0 {
+				p.msg += fmt.Sprintf(" (line %d)", l)
+			}
+			errs[i] = fmt.Errorf("%w: %s", ErrInvalid, p.msg)
+		}
+		return nil, errors.Join(errs...)
 	}
 	return &s, nil
 }
@@ -141,73 +151,86 @@ func Parse(data []byte) (*Spec, error) {
 // Validate names every bad field.
 func (s *Spec) Validate() error {
 	var errs []error
-	bad := func(format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...))
+	for _, p := range s.problems() {
+		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalid, p.msg))
+	}
+	return errors.Join(errs...)
+}
+
+// problem is one bad field: its path ("faults[0].at"), which Parse finds
+// the line of, and the message, which begins with it.
+type problem struct{ path, msg string }
+
+// problems are the spec's bad fields, in the order of its fields.
+func (s *Spec) problems() []problem {
+	var out []problem
+	bad := func(path, format string, a ...any) {
+		out = append(out, problem{path, fmt.Sprintf(format, a...)})
 	}
 	if s.Kind != "scale" {
-		bad("kind %q must be scale", s.Kind)
+		bad("kind", "kind %q must be scale", s.Kind)
 	}
 	if s.Name == "" {
-		bad("name is missing")
+		bad("name", "name is missing")
 	}
 	if time.Duration(s.Duration) < 10*time.Second {
-		bad("duration %v must be at least 10s", time.Duration(s.Duration))
+		bad("duration", "duration %v must be at least 10s", time.Duration(s.Duration))
 	}
 	if d := time.Duration(s.Day); d <= 0 || d > time.Duration(s.Duration) {
-		bad("day %v must be in (0, duration]", d)
+		bad("day", "day %v must be in (0, duration]", d)
 	}
 	if w := time.Duration(s.Warmup); w < 0 || w >= time.Duration(s.Duration) {
-		bad("warmup %v must be in [0, duration)", w)
+		bad("warmup", "warmup %v must be in [0, duration)", w)
 	}
 	if s.Keys < 100 || s.Keys > 100_000_000 {
-		bad("keys %d must be in 100..100000000", s.Keys)
+		bad("keys", "keys %d must be in 100..100000000", s.Keys)
 	}
 	if !(s.Contended > 0 && s.Contended <= 0.1) {
-		bad("contended %v must be in (0, 0.1]", s.Contended)
+		bad("contended", "contended %v must be in (0, 0.1]", s.Contended)
 	}
 	regionsOK := s.Regions >= 2 && s.Regions <= 64
 	if !regionsOK {
-		bad("regions %d must be in 2..64", s.Regions)
+		bad("regions", "regions %d must be in 2..64", s.Regions)
 	} else if s.Instances < s.Regions {
-		bad("instances %d must be at least one per region (%d)", s.Instances, s.Regions)
+		bad("instances", "instances %d must be at least one per region (%d)", s.Instances, s.Regions)
 	}
 	shardsOK := s.Shards >= 1 && s.Shards <= 256
 	if !shardsOK {
-		bad("shards %d must be in 1..256", s.Shards)
+		bad("shards", "shards %d must be in 1..256", s.Shards)
 	}
 	if !(s.Zipf > 0 && s.Zipf <= 3) {
-		bad("zipf %v must be in (0, 3]", s.Zipf)
+		bad("zipf", "zipf %v must be in (0, 3]", s.Zipf)
 	}
 	if !(s.DiurnalLow > 0 && s.DiurnalLow <= 1) {
-		bad("diurnal_low %v must be in (0, 1]", s.DiurnalLow)
+		bad("diurnal_low", "diurnal_low %v must be in (0, 1]", s.DiurnalLow)
 	}
 	if r := time.Duration(s.RTT); r <= 0 || r >= 500*time.Millisecond {
-		bad("rtt %v must be in (0, 500ms)", r)
+		bad("rtt", "rtt %v must be in (0, 500ms)", r)
 	}
 	if t := time.Duration(s.SessionTTL); t <= 0 || t > time.Minute {
-		bad("session_ttl %v must be in (0, 1m]", t)
+		bad("session_ttl", "session_ttl %v must be in (0, 1m]", t)
 	}
 	if s.Sample < 0 || s.Sample > 1000 {
-		bad("sample %d must be in 0..1000", s.Sample)
+		bad("sample", "sample %d must be in 0..1000", s.Sample)
 	}
 	// A fault's region or shard is judged only against a valid count:
 	// "must be in 0..-1" would repeat the count's problem.
 	for i, f := range s.Faults {
 		if f.At < 0 || f.At >= s.Duration {
-			bad("faults[%d].at %v must be in [0, duration)", i, time.Duration(f.At))
+			bad(fmt.Sprintf("faults[%d].at", i), "faults[%d].at %v must be in [0, duration)", i, time.Duration(f.At))
 		}
 		switch f.Kind {
 		case RegionLeaderLoss:
 			if regionsOK && (f.Region < 0 || f.Region >= s.Regions) {
-				bad("faults[%d].region %d must be in 0..%d", i, f.Region, s.Regions-1)
+				bad(fmt.Sprintf("faults[%d].region", i), "faults[%d].region %d must be in 0..%d", i, f.Region, s.Regions-1)
 			}
 		case ShardLeaderLoss:
 			if shardsOK && (f.Shard < 0 || f.Shard >= s.Shards) {
-				bad("faults[%d].shard %d must be in 0..%d", i, f.Shard, s.Shards-1)
+				bad(fmt.Sprintf("faults[%d].shard", i), "faults[%d].shard %d must be in 0..%d", i, f.Shard, s.Shards-1)
 			}
 		default:
-			bad("faults[%d].kind %q must be %s or %s", i, f.Kind, RegionLeaderLoss, ShardLeaderLoss)
+			bad(fmt.Sprintf("faults[%d].kind", i), "faults[%d].kind %q must be %s or %s", i, f.Kind, RegionLeaderLoss, ShardLeaderLoss)
 		}
 	}
-	return errors.Join(errs...)
+	return out
 }

@@ -791,6 +791,12 @@ func fieldLines(data []byte) lineIndex {
 	return lines
 }
 
+// LineOf is the lookup of a YAML document's field lines by path
+// ("faults[0].at"): the line of the field, or of the nearest entry holding
+// it, 0 when none is known (or data does not parse). Scenario files of
+// other kinds (sim/scale's) name their bad fields' lines with it.
+func LineOf(data []byte) func(path string) int { return fieldLines(data).of }
+
 // of is the line of the field at path, or of the nearest entry holding it
 // ("workload[0]" for a workload[0].cost left out); 0 when none is known.
 func (lines lineIndex) of(path string) int {
