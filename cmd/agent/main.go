@@ -188,6 +188,12 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		defer func() { stopWatch(); <-historyDone }()
 		source = agent.Watched{W: watcher}
 		waitConfig(ctx, watcher, noConfig, cli, store.Key(), f.configWait, logger)
+		if ctx.Err() != nil {
+			// A stop requested while waiting for etcd is a clean stop:
+			// it neither binds the ports nor says it started.
+			logger.Info("stopped before start: etcd's config was still awaited")
+			return nil
+		}
 	}
 
 	a, err := agent.Start(agent.Options{

@@ -388,3 +388,46 @@ func TestStartsOnTheNewestValidConfigWhenTheStoredOneIsRefused(t *testing.T) {
 		terminate(t, cmd, exited, stderr)
 	})
 }
+
+// TestStopWhileAwaitingEtcdsConfig: an agent stopped while it still waits
+// for etcd's config (-config-wait) stops there, exit 0, as the regional
+// and global daemons do. It went on to bind its ports and log "agent
+// started" after the signal, then stopped.
+func TestStopWhileAwaitingEtcdsConfig(t *testing.T) {
+	// Accepts connections and never answers: an etcd that cannot be
+	// reached, on a port no other process can take meanwhile.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	stderr := &logtest.Buffer{}
+	cmd := command(t, "-region-addr", "127.0.0.1:1", "-etcd-endpoints", silent.Addr().String(), "-etcd-prefix", "/nothing",
+		"-config-wait", "10m", "-listen", "127.0.0.1:0", "-http-listen", "127.0.0.1:0", "-metrics-listen", "127.0.0.1:0",
+		"-log-level", "info")
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// The watcher's line once its first read fails (bounded by 5s): the
+	// agent is past its signal handler and waiting for the config.
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(stderr.String(), "config watch interrupted") {
+		select {
+		case err := <-exited:
+			t.Fatalf("agent exited while waiting for its config: %v\n%s", err, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no config watch interrupted line within a minute:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	terminate(t, cmd, exited, stderr)
+	log := stderr.String()
+	if !strings.Contains(log, `msg="stopped before start: etcd's config was still awaited"`) || strings.Contains(log, "agent started") {
+		t.Errorf("log after SIGTERM while awaiting etcd's config:\n%s\nwant it stopped before start, never started", log)
+	}
+}
