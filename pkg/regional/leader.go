@@ -219,8 +219,18 @@ func (l *Leader) lead(ctx context.Context, key string) error {
 	}()
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		el.Resign(rctx)
+		err := el.Resign(rctx)
 		cancel()
+		if ctx.Err() == nil {
+			return // the term ended on its own: logged by Run
+		}
+		// A stop (SIGTERM): say whether the handover is immediate.
+		if err != nil {
+			l.s.log.Warn("could not resign the region's leadership; another replica takes over once this one's etcd session expires",
+				"region", l.s.opts.Region, "session_ttl", l.opts.SessionTTL, "err", err)
+			return
+		}
+		l.s.log.Info("resigned the region's leadership; another replica takes over at once", "region", l.s.opts.Region)
 	}()
 	epoch := time.Duration(l.s.opts.Config.Current().Epoch)
 	t := time.NewTicker(epoch)
