@@ -136,36 +136,62 @@ func (p *pool[K]) acquireFor(ctx context.Context, key K, sub any, n int, onWait 
 		p.mu.Unlock()
 		return hold[K]{}, errQueueFull
 	}
-	s.seq++
-	w := &waiter{n: n, seq: s.seq, ready: make(chan struct{})}
+	w := s.newWaiter(n)
 	s.waiters = append(s.waiters, w)
+	return p.await(ctx, hold[K]{p, key, s, n, nil}, w, onWait)
+}
+
+// newWaiter is a waiter for n units, next in s's arrival order, counted
+// as waiting.
+func (s *sem) newWaiter(n int) *waiter {
+	s.seq++
 	s.waiting += n
 	s.refs++
+	return &waiter{n: n, seq: s.seq, ready: make(chan struct{})}
+}
+
+// await waits for w, queued for the turn h (in h.sub's waiters when it
+// has a sub-key, else in the semaphore's), and returns h, or ctx's error
+// with w taken out of its queue. p.mu is held on entry, unlocked on
+// return.
+func (p *pool[K]) await(ctx context.Context, h hold[K], w *waiter, onWait func()) (hold[K], error) {
 	p.mu.Unlock()
 	onWait()
 	select {
 	case <-w.ready:
-		return hold[K]{p, key, s, n, nil}, nil
+		return h, nil
 	case <-ctx.Done():
 		p.mu.Lock()
 		if w.done {
 			// Granted as the context ended: give the turn back.
 			p.mu.Unlock()
-			hold[K]{p, key, s, n, nil}.release()
+			h.release()
 			return hold[K]{}, ctx.Err()
 		}
-		for i, x := range s.waiters {
-			if x == w {
-				s.waiters = append(s.waiters[:i], s.waiters[i+1:]...)
-				break
-			}
+		s, q := h.s, h.sub
+		s.waiting -= h.n
+		if q != nil {
+			q.waiters = withoutWaiter(q.waiters, w)
+			q.load -= h.n
+			p.reorderLocked(s, q)
+		} else {
+			s.waiters = withoutWaiter(s.waiters, w)
 		}
-		s.waiting -= n
 		p.grantLocked(s) // a large head leaving may let the next ones in
-		p.unrefLocked(key, s)
+		p.unrefLocked(h.key, s)
 		p.mu.Unlock()
 		return hold[K]{}, ctx.Err()
 	}
+}
+
+// withoutWaiter is ws without w, in place.
+func withoutWaiter(ws []*waiter, w *waiter) []*waiter {
+	for i, x := range ws {
+		if x == w {
+			return append(ws[:i], ws[i+1:]...)
+		}
+	}
+	return ws
 }
 
 // acquireSub is acquireFor with a sub-key, under p.mu, which it unlocks.
@@ -203,43 +229,11 @@ func (p *pool[K]) acquireSub(ctx context.Context, key K, s *sem, sub any, n int,
 		p.mu.Unlock()
 		return hold[K]{}, errQueueFull
 	}
-	s.seq++
-	w := &waiter{n: n, seq: s.seq, ready: make(chan struct{})}
+	w := s.newWaiter(n)
 	q.waiters = append(q.waiters, w)
 	q.load += n
-	s.waiting += n
-	s.refs++
-	if q.index < 0 {
-		heap.Push(&s.order, q)
-	} else {
-		heap.Fix(&s.order, q.index)
-	}
-	p.mu.Unlock()
-	onWait()
-	select {
-	case <-w.ready:
-		return hold[K]{p, key, s, n, q}, nil
-	case <-ctx.Done():
-		p.mu.Lock()
-		if w.done {
-			p.mu.Unlock()
-			hold[K]{p, key, s, n, q}.release()
-			return hold[K]{}, ctx.Err()
-		}
-		for i, x := range q.waiters {
-			if x == w {
-				q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
-				break
-			}
-		}
-		q.load -= n
-		s.waiting -= n
-		p.reorderLocked(s, q)
-		p.grantLocked(s)
-		p.unrefLocked(key, s)
-		p.mu.Unlock()
-		return hold[K]{}, ctx.Err()
-	}
+	p.reorderLocked(s, q)
+	return p.await(ctx, hold[K]{p, key, s, n, q}, w, onWait)
 }
 
 // reorderLocked puts q in its place in s.order after its load or waiters
