@@ -1,19 +1,15 @@
 package endpoint_test
 
 import (
-	"context"
 	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
 	"github.com/sluicehq/sluice/internal/endpoint"
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
+	"github.com/sluicehq/sluice/internal/tlstest"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
@@ -70,15 +66,7 @@ func TestRefusedHandshakesAreCountedAndLogged(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn, err := grpc.NewClient(e.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-		return err
+		return tlstest.Check(t, e.GRPCAddr(), cfg)
 	}
 	if err := call("good"); err != nil {
 		t.Fatalf("a client with a good certificate: %v", err)

@@ -5,12 +5,15 @@
 package tlstest
 
 import (
+	"context"
 	"crypto/tls"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
@@ -71,4 +74,20 @@ func (p *PKI) Client(t testing.TB, name, serverName string) *tls.Config {
 func (p *PKI) Creds(t testing.TB, name, serverName string) credentials.TransportCredentials {
 	t.Helper()
 	return credentials.NewTLS(p.Client(t, name, serverName))
+}
+
+// Check calls the gRPC health service at addr over TLS with cfg, bounded
+// by 5 s, and returns the call's error: a handshake refused either way
+// is Unavailable.
+func Check(t testing.TB, addr string, cfg *tls.Config) error {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	return err
 }

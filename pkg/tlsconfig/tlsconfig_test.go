@@ -1,7 +1,6 @@
 package tlsconfig_test
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -24,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/tlstest"
 	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
@@ -123,20 +123,6 @@ func serve(t *testing.T, cfg *tls.Config) string {
 	return lis.Addr().String()
 }
 
-// check calls the health service over TLS with cfg.
-func check(t *testing.T, addr string, cfg *tls.Config) error {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-	return err
-}
-
 func mustClient(t *testing.T, ca, cert, key string) *tls.Config {
 	t.Helper()
 	cfg, err := tlsconfig.Client(ca, cert, key, "")
@@ -166,7 +152,7 @@ func TestMutualTLS(t *testing.T) {
 	}
 	addr := serve(t, srvCfg)
 
-	if err := check(t, addr, mustClient(t, ca.file, clientCert, clientKey)); err != nil {
+	if err := tlstest.Check(t, addr, mustClient(t, ca.file, clientCert, clientKey)); err != nil {
 		t.Fatalf("client with a valid certificate refused: %v", err)
 	}
 	// A client does not even offer a certificate that the server's
@@ -181,7 +167,7 @@ func TestMutualTLS(t *testing.T) {
 		"certificate from another CA":      intruder,
 		"server not trusted by the client": mustClient(t, rogue.file, clientCert, clientKey),
 	} {
-		err := check(t, addr, cfg)
+		err := tlstest.Check(t, addr, cfg)
 		t.Logf("%s: %v", name, err)
 		if status.Code(err) != codes.Unavailable {
 			t.Errorf("%s: got %v, want the handshake to fail (Unavailable)", name, err)
@@ -195,10 +181,10 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	plain := serve(t, plainCfg)
-	if err := check(t, plain, mustClient(t, ca.file, "", "")); err != nil {
+	if err := tlstest.Check(t, plain, mustClient(t, ca.file, "", "")); err != nil {
 		t.Fatalf("TLS without client certificates: %v", err)
 	}
-	if err := check(t, plain, mustClient(t, rogue.file, "", "")); status.Code(err) != codes.Unavailable {
+	if err := tlstest.Check(t, plain, mustClient(t, rogue.file, "", "")); status.Code(err) != codes.Unavailable {
 		t.Fatalf("client trusting another CA: %v, want Unavailable", err)
 	}
 }
