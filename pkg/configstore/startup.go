@@ -115,10 +115,45 @@ func StartOnHistory(ctx context.Context, s *Store, w *Watcher, logger *slog.Logg
 // failing, worth another try.
 func startAttempt(ctx context.Context, s *Store, bootstrap *config.Config, w *Watcher, logger *slog.Logger) (int64, error) {
 	rev, stored, err := bootstrapAndRead(ctx, s, bootstrap, logger)
+	var gone *deletedError
+	if errors.As(err, &gone) {
+		return recoverDeleted(ctx, s, gone.at, w, logger)
+	}
 	if err == nil || !errors.Is(err, config.ErrInvalidConfig) || stored == 0 {
 		return rev, err
 	}
 	return recoverFromHistory(ctx, s, stored, err, w, logger)
+}
+
+// deletedError: etcd holds no config because its key was deleted at
+// revision at (Store.DeletedAt), not because none was ever applied.
+type deletedError struct{ at int64 }
+
+func (e *deletedError) Error() string {
+	return fmt.Sprintf("config key deleted at revision %d", e.at)
+}
+
+// recoverDeleted makes the last config the key held before its deletion
+// at revision deleted live in w, as the running daemons kept it, and
+// returns its revision. No bootstrap is written and no sample run: either
+// would put this daemon on other limits than its peers, and a bootstrap
+// would move them onto it. With no valid config left in etcd's history the
+// start fails (an error wrapping config.ErrInvalidConfig) naming the fix.
+func recoverDeleted(ctx context.Context, s *Store, deleted int64, w *Watcher, logger *slog.Logger) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	cfg, rev, err := s.LastValid(ctx, deleted-1)
+	if errors.Is(err, ErrNoValidHistory) {
+		return 0, fmt.Errorf("%w: %s was deleted at revision %d past sluicectl, and %w, so there is no config to start on (the bootstrap file is not written over a deleted config: the running daemons keep the last one): apply a config with sluicectl apply -f FILE",
+			config.ErrInvalidConfig, s.Key(), deleted, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading etcd's history of %s: %w", s.Key(), err)
+	}
+	logger.Error("the config key was deleted from etcd past sluicectl; starting on the last config it held (the one the running daemons kept), not on a bootstrap or the sample, until a config is applied with sluicectl apply",
+		"key", s.Key(), "deleted_at_revision", deleted, "revision", rev)
+	w.adoptDeleted(cfg, rev)
+	return rev, nil
 }
 
 // recoverFromHistory makes the newest valid config at or before the
@@ -146,6 +181,12 @@ func recoverFromHistory(ctx context.Context, s *Store, stored int64, refused err
 func bootstrapAndRead(ctx context.Context, s *Store, bootstrap *config.Config, logger *slog.Logger) (int64, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
+	switch deleted, err := deletedNow(ctx, s); {
+	case err != nil:
+		return 0, 0, err
+	case deleted > 0:
+		return 0, 0, &deletedError{at: deleted}
+	}
 	if bootstrap != nil {
 		rev, err := s.Apply(ctx, bootstrap, 0)
 		switch {
@@ -166,4 +207,15 @@ func bootstrapAndRead(ctx context.Context, s *Store, bootstrap *config.Config, l
 		return 0, 0, nil
 	}
 	return rev, 0, nil
+}
+
+// deletedNow is the revision at which the config key was deleted when
+// etcd holds no document now (Store.DeletedAt), 0 when it holds one or
+// its key was never deleted in the history etcd keeps.
+func deletedNow(ctx context.Context, s *Store) (int64, error) {
+	fence, err := s.readFence(ctx)
+	if err != nil || fence.doc != nil {
+		return 0, err
+	}
+	return s.DeletedAt(ctx, fence.rev)
 }

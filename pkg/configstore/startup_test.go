@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/etcdtest"
 	"github.com/sluicehq/sluice/internal/grpctest"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/pkg/config"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -90,5 +93,70 @@ func TestAwaitEtcdConfigWaitsForEtcdUntilCancelled(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled while waiting for etcd: %v, want context.Canceled", err)
+	}
+}
+
+// TestAwaitEtcdConfigAfterTheKeyWasDeletedStartsOnItsLastConfig: with the
+// config key deleted past sluicectl (etcdctl del) the running daemons keep
+// the last config; a daemon starting then starts on that config too, never
+// writing its bootstrap over the others' (they would reload onto it) nor
+// running the built-in sample, and reports the key missing. With that
+// config compacted from etcd's history the start fails naming the fix. A
+// key deleted before a compaction that removed the deletion's record too
+// is an etcd that holds no config, as a new one.
+func TestAwaitEtcdConfigAfterTheKeyWasDeletedStartsOnItsLastConfig(t *testing.T) {
+	cli, store, ctx, first := storeWithDefault(t)
+	good, err := store.Apply(ctx, withReadRate(9), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	del, err := cli.Delete(ctx, store.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, boot := range []*config.Config{nil, withReadRate(7)} {
+		rw := startWatcher(t, store, config.Default())
+		logs := &logtest.Buffer{}
+		got, err := AwaitEtcdConfig(ctx, store, boot, rw.Watcher, slog.New(slog.NewTextHandler(logs, nil)))
+		if err != nil || got != good || readRate(rw.Current()) != 9 {
+			t.Fatalf("start (bootstrap %v) after the key's deletion: revision %d, %v, rate %v; want the last config (revision %d, rate 9)",
+				boot != nil, got, err, readRate(rw.Current()), good)
+		}
+		if cfg, _, err := store.Get(ctx); err != nil || cfg != nil {
+			t.Fatalf("etcd after the start: %v, %v; want still no config (no bootstrap written)", cfg, err)
+		}
+		if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "deleted_at_revision="+strconv.FormatInt(del.Header.Revision, 10)) {
+			t.Fatalf("start on a deleted key's last config not logged at ERROR with the deletion's revision:\n%s", logs)
+		}
+		rw.awaitMetric(t, "sluice_config_stored_refused", 1)
+		rw.cancel()
+	}
+
+	// Its last config compacted, the deletion still on record: no start.
+	if _, err := cli.Compact(ctx, del.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	rw := startWatcher(t, store, config.Default())
+	rw.awaited = true
+	_, err = AwaitEtcdConfig(ctx, store, withReadRate(7), rw.Watcher, slog.New(slog.DiscardHandler))
+	if !errors.Is(err, config.ErrInvalidConfig) || !strings.Contains(err.Error(), "sluicectl apply") {
+		t.Fatalf("start with the deleted key's config compacted: %v; want an error wrapping ErrInvalidConfig naming sluicectl apply", err)
+	}
+	if cfg, _, err := store.Get(ctx); err != nil || cfg != nil {
+		t.Fatalf("etcd after the refused start: %v, %v; want no config written", cfg, err)
+	}
+
+	// The deletion's record compacted too: a new etcd, the bootstrap lands.
+	put, err := cli.Put(ctx, "/unrelated", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, put.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	rw = startWatcher(t, store, config.Default())
+	got, err := AwaitEtcdConfig(ctx, store, withReadRate(7), rw.Watcher, slog.New(slog.DiscardHandler))
+	if err != nil || got <= put.Header.Revision || readRate(rw.Current()) != 7 {
+		t.Fatalf("start with no record of the deletion: revision %d, %v, rate %v; want the bootstrap (7) written and served", got, err, readRate(rw.Current()))
 	}
 }

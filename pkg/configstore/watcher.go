@@ -720,3 +720,12 @@ func (w *Watcher) adopt(cfg *config.Config, rev int64) bool {
 	w.publish(cfg)
 	return true
 }
+
+// adoptDeleted is adopt for a config whose key was deleted since: what runs
+// is not stored, which sluice_config_stored_refused says until a config is
+// applied (Run's first read may have come before, and seen no config yet).
+func (w *Watcher) adoptDeleted(cfg *config.Config, rev int64) {
+	if w.adopt(cfg, rev) {
+		w.storedRefused.Set(1)
+	}
+}
