@@ -23,6 +23,7 @@ import (
 type PKI struct {
 	// Dir is the directory, removed when the test ends.
 	Dir string
+	ca  *tlsconfig.CA
 }
 
 // Write issues a CA and the leaves into a new temporary directory.
@@ -42,7 +43,16 @@ func Write(t testing.TB, leaves ...tlsconfig.Leaf) *PKI {
 			t.Fatal(err)
 		}
 	}
-	return &PKI{Dir: dir}
+	return &PKI{Dir: dir, ca: ca}
+}
+
+// WriteLeaf issues one more leaf from the PKI's CA, valid from notBefore
+// for validity (e.g. one that has expired), into the directory.
+func (p *PKI) WriteLeaf(t testing.TB, l tlsconfig.Leaf, notBefore time.Time, validity time.Duration) {
+	t.Helper()
+	if err := p.ca.WriteLeaf(p.Dir, l, notBefore, validity); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Path is the path of a file in the directory (ca.crt, <Name>.crt, ...).

@@ -21,6 +21,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional/rpcerr"
+	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
 // Options configures a Client.
@@ -530,26 +531,89 @@ func (c *Client) check(ctx context.Context, s *Slow, key quota.Key, cost int64) 
 // an outage, which sluice_client_degraded alone does not.
 func (c *Client) observeRPC(method string, start time.Time, err error) {
 	c.m.observeRPC(method, start, err)
-	switch code := status.Code(err); {
+	code := status.Code(err)
+	switch alert := certificateRefused(err); {
 	case code == codes.PermissionDenied || code == codes.Unauthenticated:
-		first := c.m.refused.CompareAndSwap(false, true)
-		now := time.Now().UnixNano()
-		last := c.refusedLogged.Load()
-		if !first && now-last < int64(c.opts.RefusedLogInterval) {
-			return
+		if c.noteRefused() {
+			c.log.Error("lease: the regional service refused this client's credentials; every key is decided by its on_failure policy until the client certificate holds the instance role (auth.identities in the config)",
+				"method", method, "code", code.String(), "needs", "instance", "err", status.Convert(err).Message(),
+				"repeated_every", c.opts.RefusedLogInterval)
 		}
-		if !c.refusedLogged.CompareAndSwap(last, now) && !first {
-			return // a concurrent refusal logs this interval
+	case alert == ownCertificateNotValid:
+		if c.noteRefused() {
+			c.log.Error("lease: this client's TLS certificate is outside its validity period, so the regional service would refuse it; every key is decided by its on_failure policy until it is renewed",
+				"method", method, "err", status.Convert(err).Message(), "repeated_every", c.opts.RefusedLogInterval)
 		}
-		c.log.Error("lease: the regional service refused this client's credentials; every key is decided by its on_failure policy until the client certificate holds the instance role (auth.identities in the config)",
-			"method", method, "code", code.String(), "needs", "instance", "err", status.Convert(err).Message(),
-			"repeated_every", c.opts.RefusedLogInterval)
+	case alert != "":
+		if c.noteRefused() {
+			c.log.Error("lease: the regional service refused this client's TLS certificate; every key is decided by its on_failure policy until the client presents one it accepts (renewed, from the region's CA)",
+				"method", method, "tls_alert", alert, "err", status.Convert(err).Message(),
+				"repeated_every", c.opts.RefusedLogInterval)
+		}
 	case err == nil:
 		if c.m.refused.CompareAndSwap(true, false) {
 			c.log.Info("lease: the regional service accepts this client's credentials again")
 		}
 	}
 }
+
+// noteRefused records an answer refusing this client's credentials and
+// reports whether to log it: at the first refusal, then at most once per
+// RefusedLogInterval while refusals go on.
+func (c *Client) noteRefused() bool {
+	first := c.m.refused.CompareAndSwap(false, true)
+	now := time.Now().UnixNano()
+	last := c.refusedLogged.Load()
+	if !first && now-last < int64(c.opts.RefusedLogInterval) {
+		return false
+	}
+	// A concurrent refusal logs this interval.
+	return c.refusedLogged.CompareAndSwap(last, now) || first
+}
+
+// certificateAlerts are the TLS alerts a server sends when it refuses the
+// certificate a client presented, or the lack of one (crypto/tls's alert
+// texts): a refusal of the client's credentials, not an outage.
+var certificateAlerts = []string{
+	"expired certificate", "bad certificate", "unknown certificate authority",
+	"certificate required", "revoked certificate", "unsupported certificate", "unknown certificate",
+}
+
+// ownCertificateNotValid is certificateRefused's answer for a handshake
+// that failed because this client's certificate is outside its validity
+// period (tlsconfig.ErrCertificateNotValid): not presented, as the
+// service would refuse it.
+const ownCertificateNotValid = "own certificate not valid"
+
+// certificateRefused is the TLS alert with which the regional service
+// refused this client's certificate when err is a connection that failed
+// so ("remote error: tls: expired certificate": the handshake's error as
+// gRPC reports it, Unavailable), ownCertificateNotValid when the client's
+// own TLS configuration did not present it, else "". An error verifying
+// the server's certificate is the client's own, never a remote one.
+func certificateRefused(err error) string {
+	if status.Code(err) != codes.Unavailable {
+		return ""
+	}
+	msg := status.Convert(err).Message()
+	if strings.Contains(msg, tlsconfig.ErrCertificateNotValid.Error()) {
+		return ownCertificateNotValid
+	}
+	i := strings.Index(msg, "remote error: tls: ")
+	if i < 0 {
+		return ""
+	}
+	rest := msg[i+len("remote error: tls: "):]
+	for _, a := range certificateAlerts {
+		if strings.HasPrefix(rest, a) && (len(rest) == len(a) || !isAlertLetter(rest[len(a)])) {
+			return a
+		}
+	}
+	return ""
+}
+
+// isAlertLetter: a byte that may continue an alert's text.
+func isAlertLetter(b byte) bool { return b == ' ' || (b >= 'a' && b <= 'z') }
 
 // Degraded-mode log states (Client.logged): what the current episode has
 // logged so far.

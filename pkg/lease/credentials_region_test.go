@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
+	"github.com/sluicehq/sluice/pkg/tlsconfig"
 )
 
 // TestRefusedCredentialsAreLoggedAsSuchNotAsAnOutage: a regional service
@@ -187,5 +188,58 @@ func TestRefusedCredentialsAreADistinctStateUntilTheRoleIsGiven(t *testing.T) {
 	}
 	if n := logs.Count("accepts this client's credentials again"); n != 1 {
 		t.Errorf("the end of the refusals was logged %d times, want once:\n%s", n, logs)
+	}
+}
+
+// TestExpiredCertificateIsARefusalNotAnOutage: a client whose certificate
+// has expired would be refused by the regional service's TLS handshake,
+// which under TLS 1.3 reaches the client after its first write, often as
+// a broken pipe, as an unreachable region's would. Its TLS configuration
+// does not present the certificate, so the handshake's error names it, and
+// the client tells it apart: sluice_client_credentials_refused is 1, an
+// error line names the certificate's validity and the fix, and the
+// degraded-mode line says its credentials are refused, not that the region
+// is unreachable.
+func TestExpiredCertificateIsARefusalNotAnOutage(t *testing.T) {
+	pki := regiontest.RolesPKI(t, "app")
+	pki.WriteLeaf(t, tlsconfig.Leaf{Name: "app", URIs: []string{"spiffe://t/app"}, Client: true},
+		time.Now().Add(-2*time.Hour), time.Hour)
+	d := regiontest.StartMTLS(t, pki, regional.StaticConfig{C: regiontest.RolesConfig(t, "app", "instance")})
+	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(pki.Creds(t, "app", "localhost")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	logs := &logtest.Buffer{}
+	reg := prometheus.NewRegistry()
+	c, err := lease.NewClient(conn, lease.Options{
+		InstanceID: "app", BreakerTimeout: 2 * time.Second, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	dec, err := c.Allow(context.Background(), quota.Key{Tenant: "acme", Class: "read"}, 1)
+	if err != nil || !dec.Degraded {
+		t.Fatalf("a client with an expired certificate: %+v, %v; want a decision by on_failure", dec, err)
+	}
+	if v := metrictest.Gauge(t, reg, "sluice_client_credentials_refused"); v != 1 {
+		t.Errorf("sluice_client_credentials_refused = %v with an expired certificate, want 1", v)
+	}
+	const refused = "this client's TLS certificate is outside its validity period"
+	if n := logs.Count(refused); n != 1 {
+		t.Errorf("%q logged %d times, want once:\n%s", refused, n, logs)
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, refused) && (!strings.Contains(line, "level=ERROR") || !strings.Contains(line, "app.crt is valid from")) {
+			t.Errorf("the refusal's line lacks its level or the certificate's validity: %s", line)
+		}
+	}
+	if n := logs.Count("refuses this client's credentials, deciding with on_failure policies (degraded mode)"); n != 1 {
+		t.Errorf("the degraded-mode line naming the refusal was logged %d times, want once:\n%s", n, logs)
+	}
+	if strings.Contains(logs.String(), "unreachable") {
+		t.Errorf("a region refusing an expired certificate is logged as unreachable:\n%s", logs)
 	}
 }

@@ -118,7 +118,7 @@ func newTableCollector(t *Table, refused *atomic.Bool) *tableCollector {
 		t:       t,
 		refused: refused,
 		credRef: prometheus.NewDesc("sluice_client_credentials_refused",
-			"1 while the regional service's last answer to this client refused its credentials (PermissionDenied: the certificate lacks the instance role; Unauthenticated: none was presented). The client decides by on_failure meanwhile (sluice_client_degraded is 1) though the region is up.", nil, nil),
+			"1 while the regional service's last answer to this client refused its credentials (PermissionDenied: the certificate lacks the instance role; Unauthenticated: none was presented; a TLS alert about its certificate), or its own certificate is outside its validity period and was not presented. The client decides by on_failure meanwhile (sluice_client_degraded is 1) though the region is up.", nil, nil),
 		decisions: prometheus.NewDesc("sluice_client_decisions_total",
 			"Allow decisions by class, tier, result (allowed, denied, shadow_denied) and whether the on_failure policy made them.",
 			[]string{"class", "tier", "result", "degraded"}, nil),

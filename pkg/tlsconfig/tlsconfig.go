@@ -5,7 +5,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"sync"
+	"time"
 )
 
 // MinVersion is the oldest TLS version accepted either way.
@@ -40,9 +43,15 @@ func Server(certFile, keyFile, clientCAFile string, opts ...Option) (*tls.Config
 	}
 	// Every handshake takes the files' current contents (ReloadInterval).
 	base := cfg.Clone()
+	outside := &validityLog{log: o.log}
 	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		c := base.Clone()
-		c.Certificates = []tls.Certificate{*pair.get()}
+		cert := pair.get()
+		if err := validAt(cert, certFile, time.Now()); err != nil {
+			// Presented all the same: clients judge it, and say so.
+			outside.note("tls: this server's certificate is outside its validity period; clients refuse it", err)
+		}
+		c.Certificates = []tls.Certificate{*cert}
 		if pool != nil {
 			c.ClientCAs = pool.get()
 		}
@@ -73,17 +82,78 @@ func Client(caFile, certFile, keyFile, serverName string, opts ...Option) (*tls.
 		if certFile == "" || keyFile == "" {
 			return nil, fmt.Errorf("tls client: a client certificate needs both files (certificate %q, key %q)", certFile, keyFile)
 		}
-		pair, err := watchKeyPair(optionsOf(opts).log, certFile, keyFile)
+		log := optionsOf(opts).log
+		pair, err := watchKeyPair(log, certFile, keyFile)
 		if err != nil {
 			return nil, fmt.Errorf("tls client: %w", err)
 		}
 		cfg.Certificates = []tls.Certificate{*pair.get()}
-		// Every handshake presents the files' current certificate.
+		// Every handshake presents the files' current certificate, unless
+		// it is outside its validity period: the server would refuse it
+		// with an alert that, under TLS 1.3, reaches the client after its
+		// first write, often as a broken pipe or a reset that says nothing
+		// of the certificate. Failed here, the handshake's error names it.
+		outside := &validityLog{log: log}
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return pair.get(), nil
+			cert := pair.get()
+			if err := validAt(cert, certFile, time.Now()); err != nil {
+				outside.note("tls: this client's certificate is outside its validity period; not presenting it", err)
+				return nil, err
+			}
+			return cert, nil
 		}
 	}
 	return cfg, nil
+}
+
+// ErrCertificateNotValid is wrapped by the handshake error of a client
+// whose own certificate is outside its validity period (expired, or not
+// yet valid), which Client's configuration does not present.
+var ErrCertificateNotValid = errors.New("own certificate outside its validity period")
+
+// validAt is an error wrapping ErrCertificateNotValid when cert's leaf
+// (from file) is not valid at now.
+func validAt(cert *tls.Certificate, file string, now time.Time) error {
+	leaf := cert.Leaf
+	if leaf == nil {
+		if len(cert.Certificate) == 0 {
+			return nil
+		}
+		var err error
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil // X509KeyPair parsed it: cannot happen
+		}
+	}
+	if now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
+		return fmt.Errorf("%w: %s is valid from %s until %s, and it is %s: renew it",
+			ErrCertificateNotValid, file, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// validityEvery is how often, at most, a configuration logs that its
+// certificate is outside its validity period: every handshake finds it.
+const validityEvery = time.Minute
+
+// validityLog logs a certificate outside its validity period at most once
+// per validityEvery. Safe for concurrent use.
+type validityLog struct {
+	log  *slog.Logger
+	mu   sync.Mutex
+	last time.Time // guarded by mu: when it was last logged
+}
+
+func (v *validityLog) note(msg string, err error) {
+	v.mu.Lock()
+	now := time.Now()
+	due := v.last.IsZero() || now.Sub(v.last) >= validityEvery
+	if due {
+		v.last = now
+	}
+	v.mu.Unlock()
+	if due {
+		v.log.Error(msg, "err", err, "repeated_every", validityEvery)
+	}
 }
 
 func loadKeyPair(certFile, keyFile string) (tls.Certificate, error) {

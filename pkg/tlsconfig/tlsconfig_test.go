@@ -266,3 +266,57 @@ func TestIssueCertificate(t *testing.T) {
 		t.Error("a leaf with neither server nor client usage was issued")
 	}
 }
+
+// TestClientDoesNotPresentACertificateOutsideItsValidity: a client whose
+// certificate has expired, or is not yet valid, fails its own handshake
+// with an error wrapping ErrCertificateNotValid that names the file and
+// its validity, instead of presenting it and learning of the refusal from
+// a broken connection; a valid one from the same files is presented.
+func TestClientDoesNotPresentACertificateOutsideItsValidity(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := tlsconfig.NewCA("test CA", time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.WriteCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	server := tlsconfig.Leaf{Name: "server", DNSNames: []string{"localhost"}, Server: true}
+	client := tlsconfig.Leaf{Name: "client", URIs: []string{"spiffe://t/app"}, Client: true}
+	if err := ca.WriteLeaf(dir, server, time.Now(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	srvCfg, err := tlsconfig.Server(filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key"), filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, srvCfg)
+	for name, from := range map[string]time.Time{
+		"expired":       time.Now().Add(-2 * time.Hour),
+		"not yet valid": time.Now().Add(time.Hour),
+	} {
+		if err := ca.WriteLeaf(dir, client, from, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := tlsconfig.Client(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"), "localhost")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = tlstest.Check(t, addr, cfg)
+		msg := status.Convert(err).Message()
+		if status.Code(err) != codes.Unavailable || !strings.Contains(msg, tlsconfig.ErrCertificateNotValid.Error()) ||
+			!strings.Contains(msg, "client.crt is valid from") {
+			t.Errorf("%s client certificate: %v; want the handshake to fail naming the certificate's validity", name, err)
+		}
+	}
+	if err := ca.WriteLeaf(dir, client, time.Now(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := tlsconfig.Client(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"), "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tlstest.Check(t, addr, cfg); err != nil {
+		t.Fatalf("valid client certificate: %v", err)
+	}
+}
