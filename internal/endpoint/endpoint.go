@@ -23,7 +23,13 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 )
+
+// MinPingInterval is how often, at most, a client may send HTTP/2 pings
+// on a connection, with or without calls in flight: half the lease
+// client's keepalive (lease.KeepaliveTime), as clients' timers drift.
+const MinPingInterval = 5 * time.Second
 
 // Options configure an Endpoint.
 type Options struct {
@@ -99,7 +105,12 @@ func Listen(o Options) (*Endpoint, error) {
 		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		e.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
-	gopts := o.GRPCOptions
+	// Clients may ping an idle connection every MinPingInterval (lease
+	// clients: every 10 s, to find a replica that froze); gRPC's default
+	// policy closes the connection of a client that pings more often than
+	// every 5 minutes.
+	gopts := append([]grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime: MinPingInterval, PermitWithoutStream: true})}, o.GRPCOptions...)
 	if o.ServerTLS != nil {
 		creds := observedCreds{credentials.NewTLS(o.ServerTLS), newRefusals(o.Logger, reg)}
 		gopts = append(gopts, grpc.Creds(creds))

@@ -138,3 +138,118 @@ func (c *Closing) Stop() {
 	c.ln.Close()
 	<-c.done
 }
+
+// Freezable is a loopback address that forwards connections to a server
+// and can freeze them, as a process paused by SIGSTOP or a node that
+// froze: while frozen, connections stay open and bytes sent on them are
+// taken but not passed on (neither way), and new connections are accepted
+// but not forwarded until Thaw. Unlike a server whose handlers hang, a
+// frozen one answers nothing at all, not even HTTP/2 pings. Safe for
+// concurrent use; it stops when tb ends.
+type Freezable struct {
+	Addr string
+
+	mu     sync.Mutex
+	thawed chan struct{} // guarded by mu: closed while not frozen
+	conns  []net.Conn    // guarded by mu
+	closed bool          // guarded by mu
+}
+
+// FreezableAddr starts a Freezable address forwarding to target.
+func FreezableAddr(tb testing.TB, target string) *Freezable {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f := &Freezable{Addr: ln.Addr().String(), thawed: make(chan struct{})}
+	close(f.thawed)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			if !f.track(in, out) {
+				return
+			}
+			wg.Go(func() { f.pump(out, in) })
+			wg.Go(func() { f.pump(in, out) })
+		}
+	})
+	tb.Cleanup(func() {
+		ln.Close()
+		f.mu.Lock()
+		f.closed = true
+		for _, c := range f.conns {
+			c.Close()
+		}
+		f.mu.Unlock()
+		f.Thaw()
+		wg.Wait()
+	})
+	return f
+}
+
+func (f *Freezable) track(cs ...net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		for _, c := range cs {
+			c.Close()
+		}
+		return false
+	}
+	f.conns = append(f.conns, cs...)
+	return true
+}
+
+// pump copies src to dst, holding what it read while frozen.
+func (f *Freezable) pump(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			f.mu.Lock()
+			thawed := f.thawed
+			f.mu.Unlock()
+			<-thawed
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Freeze stops passing bytes on, either way, until Thaw.
+func (f *Freezable) Freeze() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-f.thawed:
+		f.thawed = make(chan struct{})
+	default: // already frozen
+	}
+}
+
+// Thaw passes on what was held and everything after it.
+func (f *Freezable) Thaw() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-f.thawed:
+	default:
+		close(f.thawed)
+	}
+}

@@ -14,7 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 
+	"github.com/sluicehq/sluice/internal/endpoint"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -63,7 +65,9 @@ func StartOn(t testing.TB, rs *redistest.Server, cfg *config.Config, region stri
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
-	g := grpc.NewServer()
+	// As the daemon's endpoint: lease clients' keepalive pings permitted.
+	g := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime: endpoint.MinPingInterval, PermitWithoutStream: true}))
 	srv.Register(g)
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)

@@ -271,6 +271,8 @@ func Start(o Options) (*Agent, error) {
 	if a.api, err = newAPI(o.Config, ep.Registry); err != nil {
 		return fail(err)
 	}
+	// Keepalive (lease.KeepaliveParams) takes a replica that froze out of
+	// the rotation within seconds.
 	// round_robin spreads the lease RPCs over every replica a dns:///
 	// target resolves to (the replicas share all state through Redis), and
 	// a lease RPC cut by its replica's stop is sent to another
@@ -282,6 +284,7 @@ func Start(o Options) (*Agent, error) {
 		grpc.WithTransportCredentials(o.RegionCreds),
 		grpc.WithDefaultServiceConfig(lease.ServiceConfig),
 		grpc.WithConnectParams(lease.ConnectParams()),
+		grpc.WithKeepaliveParams(lease.KeepaliveParams()),
 	}, o.DialOptions...)
 	target := o.RegionAddr
 	if replicas := strings.Split(o.RegionAddr, ","); len(replicas) > 1 {

@@ -141,7 +141,8 @@ func DialLoopback(addr string, creds credentials.TransportCredentials, opts leas
 	}
 	// Reconnects back off at most lease.MaxReconnectDelay (gRPC's default
 	// grows to 120 s, long after the region is back).
-	dial = append([]grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithConnectParams(lease.ConnectParams())}, dial...)
+	dial = append([]grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithConnectParams(lease.ConnectParams()),
+		grpc.WithKeepaliveParams(lease.KeepaliveParams())}, dial...)
 	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("envoyrls: dialling the LeaseService at %s: %w", addr, err)

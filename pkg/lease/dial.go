@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/keepalive"
 )
 
 // MaxReconnectDelay caps the wait between two attempts to reconnect to a
@@ -25,6 +26,33 @@ func ConnectParams() grpc.ConnectParams {
 	b := backoff.DefaultConfig
 	b.MaxDelay = MaxReconnectDelay
 	return grpc.ConnectParams{Backoff: b, MinConnectTimeout: 20 * time.Second}
+}
+
+// KeepaliveTime and KeepaliveTimeout are the lease client's HTTP/2
+// keepalive (KeepaliveParams): a connection that has read nothing for
+// KeepaliveTime is pinged, and closed when the ping is not answered within
+// KeepaliveTimeout. KeepaliveTime is gRPC's least (a shorter one is
+// raised to it); the regional service permits pings this often
+// (internal/endpoint's enforcement policy).
+const (
+	KeepaliveTime    = 10 * time.Second
+	KeepaliveTimeout = 3 * time.Second
+)
+
+// KeepaliveParams is the keepalive to dial the regional service with:
+// grpc.WithKeepaliveParams(lease.KeepaliveParams()). A replica whose
+// process is paused (SIGSTOP), or whose node froze or vanished without
+// closing its connections, keeps them open: round_robin goes on sending
+// it its share of the calls, each waiting out the breaker timeout, until
+// the pod is restarted, or for the kernel's retransmission timeout (about
+// 15 minutes) after a node is gone. With keepalive its connection is
+// closed within KeepaliveTime + KeepaliveTimeout of its last answer, and
+// a new one is not ready until it answers again, so calls go to the
+// others meanwhile (docs/architecture.md, failure table: "regional replica
+// hung"). Pings are sent without calls in flight too, so an idle instance
+// finds the dead connection before its next request does.
+func KeepaliveParams() keepalive.ClientParameters {
+	return keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout, PermitWithoutStream: true}
 }
 
 // ServiceConfig is the gRPC service config to dial a region's replicas

@@ -59,6 +59,7 @@ func dialRegion(r *liveRegion, extra ...grpc.DialOption) (*grpc.ClientConn, erro
 	res.InitialState(resolver.State{Addresses: addrs})
 	return grpc.NewClient(res.Scheme()+":///"+r.name, append([]grpc.DialOption{grpc.WithResolvers(res),
 		grpc.WithDefaultServiceConfig(lease.ServiceConfig), grpc.WithConnectParams(lease.ConnectParams()),
+		grpc.WithKeepaliveParams(lease.KeepaliveParams()),
 		grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
 }
 
