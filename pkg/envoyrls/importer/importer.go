@@ -36,7 +36,9 @@
 //     dynamic metadata of its answers, and Sluice's metrics never carry
 //     descriptor values.
 //   - replaces, quota_mode, and requests_per_unit 0 (a block list), have
-//     no Sluice equivalent and are refused, each with the reason.
+//     no Sluice equivalent and are refused, each with the reason. A
+//     requests_per_unit that is not a whole number (5.5, 1e3) is refused
+//     as written, as envoyproxy/ratelimit refuses it, not cut to one.
 //   - A descriptor without a value, or with a pattern (without
 //     share_threshold), gives each value its own bucket in both services.
 //     A note names those that limit something: Sluice limits a value of
@@ -109,6 +111,33 @@ type RateLimit struct {
 	Unlimited       bool      `yaml:"unlimited"`
 	Name            string    `yaml:"name"`
 	Replaces        []Replace `yaml:"replaces"`
+
+	// fraction is requests_per_unit as written when it is not a whole
+	// number (5.5, 1e3), which the decoder would have cut to one.
+	fraction string
+}
+
+// UnmarshalYAML decodes the block as written, with the decoder's own
+// strictness, and keeps a requests_per_unit that is not a whole number
+// as written: yaml cuts 5.5 to 5 in an integer, where
+// envoyproxy/ratelimit refuses the file.
+func (rl *RateLimit) UnmarshalYAML(unmarshal func(any) error) error {
+	type plain RateLimit
+	if err := unmarshal((*plain)(rl)); err != nil {
+		return err
+	}
+	var raw map[string]yaml.Node
+	if err := unmarshal(&raw); err != nil {
+		return err
+	}
+	n, ok := raw["requests_per_unit"]
+	if ok && n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = *n.Alias
+	}
+	if ok && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!float" {
+		rl.fraction = n.Value
+	}
+	return nil
 }
 
 // Replace is one entry of rate_limit.replaces.
@@ -354,6 +383,9 @@ func (c *converter) limit(n *config.EnvoyNode, where, domain, stat string, rl *R
 	switch {
 	case !ok:
 		c.fail("%s: rate_limit.unit %q: want second, minute, hour or day", where, rl.Unit)
+		return
+	case rl.fraction != "":
+		c.fail("%s: rate_limit.requests_per_unit %s: want a whole number in 1..4294967295", where, rl.fraction)
 		return
 	case rl.RequestsPerUnit == nil:
 		c.fail("%s: rate_limit.requests_per_unit: is required", where)

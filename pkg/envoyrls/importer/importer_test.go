@@ -478,6 +478,38 @@ func TestImportRequestsPerUnitRange(t *testing.T) {
 	}
 }
 
+// TestImportRefusesFractionalRequestsPerUnit: a requests_per_unit that is
+// not a whole number is refused as written, naming the file and the
+// descriptor, through an alias too; yaml would cut it to a whole number
+// (5.5 to 5, 0.5 to 0), where envoyproxy/ratelimit refuses the file.
+func TestImportRefusesFractionalRequestsPerUnit(t *testing.T) {
+	_, err := importOne(t, base, "d.yaml", `domain: d
+descriptors:
+  - {key: a, rate_limit: {unit: second, requests_per_unit: 5.5}}
+  - {key: b, rate_limit: {unit: second, requests_per_unit: 1e3}}
+  - {key: c, rate_limit: &half {unit: second, requests_per_unit: 0.5}}
+  - {key: d, rate_limit: *half}
+  - {key: e, rate_limit: {unit: second, requests_per_unit: 0x10}}
+`)
+	for _, want := range []string{
+		`d.yaml: descriptors[0] (key "a"): rate_limit.requests_per_unit 5.5: want a whole number`,
+		`d.yaml: descriptors[1] (key "b"): rate_limit.requests_per_unit 1e3: want a whole number`,
+		`d.yaml: descriptors[2] (key "c"): rate_limit.requests_per_unit 0.5: want a whole number`,
+		`d.yaml: descriptors[3] (key "d"): rate_limit.requests_per_unit 0.5: want a whole number`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v\nwant an error saying %q", err, want)
+		}
+	}
+	if err != nil && (strings.Contains(err.Error(), `"e"`) || strings.Contains(err.Error(), "requests_per_unit 0 ")) {
+		t.Errorf("a whole number refused, or a fraction reported cut: %v", err)
+	}
+	// The block is still read strictly.
+	if _, err := importer.Parse("d.yaml", []byte("domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 5, bogus: 1}}]\n")); err == nil || !strings.Contains(err.Error(), "unknown field bogus (line 2)") {
+		t.Errorf("an unknown field in rate_limit: %v", err)
+	}
+}
+
 // TestImportNamesLimitsOfOneNameApart: rate limits given the same name get
 // classes of their own, the second and later ones numbered from 2.
 func TestImportNamesLimitsOfOneNameApart(t *testing.T) {
