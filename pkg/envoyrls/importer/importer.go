@@ -180,7 +180,8 @@ func ReadDir(dir string) ([]File, error) {
 var unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type \S+`)
 
 // Parse reads one file strictly: a field envoyproxy/ratelimit does not
-// know is an error naming it and its line.
+// know is an error naming it and its line, and so is a second YAML
+// document (envoyproxy/ratelimit reads only the first).
 func Parse(name string, data []byte) (File, error) {
 	f := File{Name: name}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -196,6 +197,15 @@ func Parse(name string, data []byte) (File, error) {
 		}
 		msg = unknownField.ReplaceAllString(msg, `unknown field $2 (line $1)`)
 		return File{}, fmt.Errorf("%w: %s: %s", ErrInvalid, name, msg)
+	}
+	// envoyproxy/ratelimit reads a file's first YAML document only: the
+	// limits of any other never applied there, and are not taken here
+	// without a word.
+	var next yaml.Node
+	if err := dec.Decode(&next); err == nil && len(next.Content) > 0 && next.Content[0].Tag != "!!null" {
+		return File{}, fmt.Errorf("%w: %s: line %d: a second YAML document: envoyproxy/ratelimit reads only the first document of a file, so its limits never applied there; put each domain in a file of its own, or remove the rest", ErrInvalid, name, next.Content[0].Line)
+	} else if err != nil && !errors.Is(err, io.EOF) {
+		return File{}, fmt.Errorf("%w: %s: %s", ErrInvalid, name, strings.TrimPrefix(err.Error(), "yaml: "))
 	}
 	f.Name = name
 	return f, nil

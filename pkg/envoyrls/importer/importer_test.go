@@ -510,6 +510,23 @@ descriptors:
 	}
 }
 
+// TestParseRefusesASecondDocument: envoyproxy/ratelimit reads a file's
+// first YAML document only; a file holding more is refused naming the
+// line of the second, not imported without it. Document markers around
+// one document, or an empty one after it, are not a second one.
+func TestParseRefusesASecondDocument(t *testing.T) {
+	const one = "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 5}}]\n"
+	_, err := importer.Parse("d.yaml", []byte(one+"---\ndomain: e\ndescriptors: [{key: b, rate_limit: {unit: second, requests_per_unit: 5}}]\n"))
+	if !errors.Is(err, importer.ErrInvalid) || !strings.Contains(err.Error(), "d.yaml: line 4: a second YAML document") {
+		t.Errorf("two documents: %v", err)
+	}
+	for _, data := range []string{one, "---\n" + one + "...\n", one + "---\n", one + "---\n# nothing\n"} {
+		if f, err := importer.Parse("d.yaml", []byte(data)); err != nil || f.Domain != "d" {
+			t.Errorf("%q: %+v, %v", data, f, err)
+		}
+	}
+}
+
 // TestImportNamesLimitsOfOneNameApart: rate limits given the same name get
 // classes of their own, the second and later ones numbered from 2.
 func TestImportNamesLimitsOfOneNameApart(t *testing.T) {
