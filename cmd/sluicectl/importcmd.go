@@ -28,9 +28,12 @@ func (a *app) importEnvoyCmd(fs *flag.FlagSet) func(context.Context, []string) e
 		if (*out == "") != (*base == "") {
 			return exitf(exitUsage, "-o and -base go together: -o FILE -base FILE writes a file from a file; neither reads and writes the config in etcd")
 		}
-		files, err := importer.ReadDir(args[0])
+		files, skipped, err := importer.ReadDir(args[0])
 		if err != nil {
 			return exitf(exitInvalid, "%v; nothing was written", err)
+		}
+		for _, s := range skipped {
+			fmt.Fprintln(a.stderr, "note: "+s)
 		}
 		if *out != "" {
 			current, err := a.readConfigFile(*base)

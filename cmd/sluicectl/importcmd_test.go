@@ -18,7 +18,7 @@ func TestImportEnvoyRatelimitToFile(t *testing.T) {
 	base := sample(t)
 	r := sluicectl(t, "", "import", "envoy-ratelimit", envoyDocs, "-base", base, "-o", "-")
 	wantCode(t, r, exitOK)
-	wantContains(t, "stderr", r.stderr, "+++ proposed", "+    - domain: messaging", "note: 8_example8.yaml",
+	wantContains(t, "stderr", r.stderr, "+++ proposed", "+    - domain: messaging", "note: 8_example8.yaml", "note: README.txt not read: not a .yaml or .yml file",
 		`note: example10.yaml: descriptors[0] (key "route"): value_to_metric dropped`)
 	cfg, err := config.Parse([]byte(r.stdout))
 	if err != nil {

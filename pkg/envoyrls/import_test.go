@@ -18,7 +18,7 @@ import (
 // answers OK past its limit, unlimited and limit-less descriptors are
 // always OK.
 func TestImportedConfigDecidesAsEnvoyRatelimit(t *testing.T) {
-	files, err := importer.ReadDir("importer/testdata/docs")
+	files, _, err := importer.ReadDir("importer/testdata/docs")
 	if err != nil {
 		t.Fatal(err)
 	}

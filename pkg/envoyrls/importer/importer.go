@@ -149,32 +149,47 @@ var unitSeconds = map[string]float64{"second": 1, "minute": 60, "hour": 3600, "d
 
 // ReadDir reads every *.yaml and *.yml file directly in dir (not in
 // subdirectories; names starting with "." are skipped), in name order.
-func ReadDir(dir string) ([]File, error) {
+// skipped names, one sentence each, every other entry of dir:
+// envoyproxy/ratelimit loads every file under its directory, of any
+// name and in subdirectories too, so an entry not read here may hold
+// limits that applied there.
+func ReadDir(dir string) (files []File, skipped []string, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var files []File
 	for _, e := range entries {
 		name := e.Name()
 		ext := filepath.Ext(name)
-		if e.IsDir() || strings.HasPrefix(name, ".") || (ext != ".yaml" && ext != ".yml") {
+		switch {
+		case e.IsDir():
+			skipped = append(skipped, fmt.Sprintf("%s/ not read: a directory (envoyproxy/ratelimit also loads the files under it; import it on its own)", name))
+			continue
+		case strings.HasPrefix(name, "."):
+			skipped = append(skipped, fmt.Sprintf("%s not read: its name starts with \".\"", name))
+			continue
+		case ext != ".yaml" && ext != ".yml":
+			skipped = append(skipped, fmt.Sprintf("%s not read: not a .yaml or .yml file", name))
 			continue
 		}
 		data, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		f, err := Parse(name, data)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		files = append(files, f)
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("%w: %s holds no .yaml or .yml file", ErrInvalid, dir)
+		msg := fmt.Sprintf("%s holds no .yaml or .yml file", dir)
+		if len(skipped) > 0 {
+			msg += " (" + strings.Join(skipped, "; ") + ")"
+		}
+		return nil, nil, fmt.Errorf("%w: %s", ErrInvalid, msg)
 	}
-	return files, nil
+	return files, skipped, nil
 }
 
 var unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type \S+`)

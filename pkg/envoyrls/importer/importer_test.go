@@ -3,6 +3,8 @@ package importer_test
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -41,7 +43,7 @@ func mustBase(t *testing.T) *config.Config {
 
 func importDocs(t *testing.T) (importer.Result, []importer.File) {
 	t.Helper()
-	files, err := importer.ReadDir("testdata/docs")
+	files, _, err := importer.ReadDir("testdata/docs")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +145,7 @@ func TestImportRefusals(t *testing.T) {
 	}
 	for dir, want := range cases {
 		t.Run(dir, func(t *testing.T) {
-			files, err := importer.ReadDir("testdata/refused/" + dir)
+			files, _, err := importer.ReadDir("testdata/refused/" + dir)
 			if err == nil {
 				b := mustBase(t)
 				before, _ := b.Marshal()
@@ -158,7 +160,7 @@ func TestImportRefusals(t *testing.T) {
 			}
 		})
 	}
-	if _, err := importer.ReadDir("testdata"); err == nil || !strings.Contains(err.Error(), "no .yaml or .yml file") {
+	if _, _, err := importer.ReadDir("testdata"); err == nil || !strings.Contains(err.Error(), "no .yaml or .yml file") {
 		t.Errorf("a directory without config files: %v", err)
 	}
 	// A limit Sluice cannot hold is refused naming the file and the
@@ -186,7 +188,7 @@ func TestImportRefusals(t *testing.T) {
 		"duplicate_descriptor": `a.yaml: descriptors[0].descriptors[1]: duplicates descriptors[0].descriptors[0] (key "j", value "v")`,
 		"key_with_space":       `a.yaml: descriptors[0].key: "bad key" has a space`,
 	} {
-		files, err := importer.ReadDir("testdata/refused/" + dir)
+		files, _, err := importer.ReadDir("testdata/refused/" + dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -475,6 +477,54 @@ func TestImportRequestsPerUnitRange(t *testing.T) {
 		if c.n == 1<<32-1 && strings.Contains(err.Error(), "want a whole number") {
 			t.Errorf("requests_per_unit %d, within a uint32: %v", c.n, err)
 		}
+	}
+}
+
+// TestReadDirNamesWhatItSkips: envoyproxy/ratelimit loads every file under
+// its directory, so each entry ReadDir does not read is named, the
+// directory without any file to read too.
+func TestReadDirNamesWhatItSkips(t *testing.T) {
+	dir := t.TempDir()
+	for name, data := range map[string]string{
+		"a.yaml":       "domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n",
+		"b.conf":       "domain: e\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n",
+		".hidden.yaml": "domain: f\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n",
+		"sub/c.yaml":   "domain: g\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n",
+		"empty/.keep":  "",
+	} {
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files, skipped, err := importer.ReadDir(dir)
+	if err != nil || len(files) != 1 || files[0].Name != "a.yaml" {
+		t.Fatalf("files %+v, %v: want a.yaml alone", files, err)
+	}
+	want := []string{
+		`.hidden.yaml not read: its name starts with "."`,
+		"b.conf not read: not a .yaml or .yml file",
+		"empty/ not read: a directory",
+		"sub/ not read: a directory",
+	}
+	if len(skipped) != len(want) {
+		t.Fatalf("skipped %q, want %d entries", skipped, len(want))
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(skipped[i], w) {
+			t.Errorf("skipped[%d] = %q, want it to start with %q", i, skipped[i], w)
+		}
+	}
+	// A directory holding only a directory: the error names it.
+	top := filepath.Join(t.TempDir(), "runtime")
+	if err := os.MkdirAll(filepath.Join(top, "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := importer.ReadDir(top); err == nil || !strings.Contains(err.Error(), "holds no .yaml or .yml file (config/ not read: a directory") {
+		t.Errorf("a directory holding only a directory: %v", err)
 	}
 }
 
