@@ -7,9 +7,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/resolver"
-	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/regiontest"
@@ -40,25 +37,7 @@ default_tier: free
 	region := regiontest.Start(t, cfg, "local")
 	healthy := grpctest.FreezableAddr(t, region.Addr)
 	freezing := grpctest.FreezableAddr(t, region.Addr)
-	r := manual.NewBuilderWithScheme("replicas")
-	r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: healthy.Addr}, {Addr: freezing.Addr}}})
-	conn, err := grpc.NewClient(r.Scheme()+":///region", grpc.WithResolvers(r),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`),
-		grpc.WithKeepaliveParams(lease.KeepaliveParams()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c, err := lease.NewClient(conn, lease.Options{InstanceID: "balanced", BreakerTimeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
-		defer cancel()
-		c.Close(ctx)
-	})
+	c := balancedClient(t, []string{healthy.Addr, freezing.Addr}, timeout, grpc.WithKeepaliveParams(lease.KeepaliveParams()))
 	n := 0
 	answered := func() bool {
 		t.Helper()

@@ -102,24 +102,7 @@ func balancedOverAHungReplica(t *testing.T, cfg *config.Config, timeout time.Dur
 	sluicev1.RegisterLeaseServiceServer(hung, hungReplica{})
 	hungAddr := grpctest.Serve(t, hung)
 
-	r := manual.NewBuilderWithScheme("replicas")
-	r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: healthy.Addr}, {Addr: hungAddr}}})
-	conn, err := grpc.NewClient(r.Scheme()+":///region", grpc.WithResolvers(r),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c, err := lease.NewClient(conn, lease.Options{InstanceID: "balanced", BreakerTimeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
-		defer cancel()
-		c.Close(ctx)
-	})
+	c := balancedClient(t, []string{healthy.Addr, hungAddr}, timeout)
 	// Both replicas take calls once each answered the connection: warm
 	// up until the healthy one answered a request (the hung one's first
 	// calls also time out meanwhile).
@@ -138,6 +121,36 @@ func balancedOverAHungReplica(t *testing.T, cfg *config.Config, timeout time.Dur
 		time.Sleep(timeout / 10) // poll: the breaker may be open for its cooldown
 	}
 	return c, healthy
+}
+
+// balancedClient is a lease client balancing round robin over the
+// replicas at addrs, with the given breaker timeout and dial options,
+// closed at cleanup.
+func balancedClient(t *testing.T, addrs []string, timeout time.Duration, dial ...grpc.DialOption) *lease.Client {
+	t.Helper()
+	r := manual.NewBuilderWithScheme("replicas")
+	var state resolver.State
+	for _, a := range addrs {
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: a})
+	}
+	r.InitialState(state)
+	conn, err := grpc.NewClient(r.Scheme()+":///region", append([]grpc.DialOption{grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`)}, dial...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := lease.NewClient(conn, lease.Options{InstanceID: "balanced", BreakerTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
+		defer cancel()
+		c.Close(ctx)
+	})
+	return c
 }
 
 // TestOneHungReplicaOfTwoAdmitsNoMoreThanTheKeysBound: a key served by
