@@ -181,7 +181,7 @@ func recoverFromHistory(ctx context.Context, s *Store, stored int64, refused err
 func bootstrapAndRead(ctx context.Context, s *Store, bootstrap *config.Config, logger *slog.Logger) (int64, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	switch deleted, err := deletedNow(ctx, s); {
+	switch deleted, err := deletedNow(ctx, s, logger); {
 	case err != nil:
 		return 0, 0, err
 	case deleted > 0:
@@ -209,13 +209,27 @@ func bootstrapAndRead(ctx context.Context, s *Store, bootstrap *config.Config, l
 	return rev, 0, nil
 }
 
+// historyReadTimeout bounds deletedNow's read of the config key's history.
+const historyReadTimeout = 5 * time.Second
+
 // deletedNow is the revision at which the config key was deleted when
 // etcd holds no document now (Store.DeletedAt), 0 when it holds one or
-// its key was never deleted in the history etcd keeps.
-func deletedNow(ctx context.Context, s *Store) (int64, error) {
+// its key was never deleted in the history etcd keeps. A history that
+// takes etcd longer than historyReadTimeout to send (a long one, never
+// compacted) is taken as holding no deletion, with a warning: a start
+// that waited on it would never happen.
+func deletedNow(ctx context.Context, s *Store, logger *slog.Logger) (int64, error) {
 	fence, err := s.readFence(ctx)
 	if err != nil || fence.doc != nil {
 		return 0, err
 	}
-	return s.DeletedAt(ctx, fence.rev)
+	hctx, cancel := context.WithTimeout(ctx, historyReadTimeout)
+	defer cancel()
+	deleted, err := s.DeletedAt(hctx, fence.rev)
+	if err != nil && ctx.Err() == nil {
+		logger.Warn("etcd holds no config, and its key's history could not be read to tell a deleted key from one never written; taking it as never written",
+			"key", s.Key(), "error", err)
+		return 0, nil
+	}
+	return deleted, err
 }
