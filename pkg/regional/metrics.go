@@ -134,7 +134,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	}, func() float64 { return float64(s.active.size()) })
 	m.staticLeft = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_regional_static_lease_seconds",
-		Help: "What remains of the region's static lease on this replica's conservative estimate of Redis time (0: lapsed or none; +Inf when the server runs unleased).",
+		Help: "What remains of the region's static lease on this replica's conservative estimate of Redis time (0: lapsed or none; +Inf when the server runs unleased). With a sharded global tier, the least over the shards' leases.",
 	}, func() float64 {
 		if s.opts.Unleased {
 			return math.Inf(1)
@@ -144,7 +144,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	})
 	m.onFloor = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_regional_on_floor",
-		Help: "1 while this replica hands its scripts each key's floor (partition_share of the static share) because the static lease is not known valid; 0 on static shares.",
+		Help: "1 while this replica hands its scripts each key's floor (partition_share of the static share) because the static lease is not known valid; 0 on static shares. With a sharded global tier, 1 while any shard's lease is not known valid (the keys of the others stay on their static shares).",
 	}, func() float64 {
 		if on, _ := s.onStatic(time.Now()); on {
 			return 0
