@@ -141,8 +141,10 @@ func DialLoopback(addr string, creds credentials.TransportCredentials, opts leas
 	}
 	// Reconnects back off at most lease.MaxReconnectDelay (gRPC's default
 	// grows to 120 s, long after the region is back).
-	dial = append([]grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithConnectParams(lease.ConnectParams()),
-		grpc.WithKeepaliveParams(lease.KeepaliveParams())}, dial...)
+	// No keepalive (lease.KeepaliveParams): the loopback is in memory, to
+	// a server of the same process that pings could only make close it
+	// (its server permits none).
+	dial = append([]grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithConnectParams(lease.ConnectParams())}, dial...)
 	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("envoyrls: dialling the LeaseService at %s: %w", addr, err)
