@@ -710,3 +710,41 @@ func TestCoreEveryAnswerClosesTheBreakerAndAnUnansweredReleaseCounts(t *testing.
 		t.Fatal("a Release that got no answer did not count against a breaker of threshold 1")
 	}
 }
+
+// TestCoreWaitOnACallUnansweredWhileALaterOneWasAnsweredIsDenied: a
+// request that waits on its key's report in flight (another request's
+// acquire, or a refill) is decided as the request that sent it would be:
+// when the wait ends with the report still unanswered while the region
+// answered a call sent after the wait began (one replica of several hung),
+// it is denied, to be retried after about a round trip, not decided by
+// the on_failure policy (an open class admitted everything, and local
+// spent its bucket, while the other replicas answered); when no later call
+// was answered, the policy decides.
+func TestCoreWaitOnACallUnansweredWhileALaterOneWasAnsweredIsDenied(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	c, _, brk := newTestCore(t, 0, 50*time.Millisecond)
+	fastAnswers(brk, rttSamples)
+
+	first := c.Slow(kR, 1)
+	stepTo(t, "the acquire, to a hung replica", first.Next(ms(0)), DoAcquire)
+	waiter := c.Slow(kR, 1)
+	stepTo(t, "a request of the same key", waiter.Next(ms(1)), DoWait)
+
+	later := c.Slow(quota.Key{Tenant: "later", Class: "read"}, 1)
+	st := stepTo(t, "a later acquire", later.Next(ms(2)), DoAcquire)
+	if st = later.AcquireDone(ms(5), grantBatch(st.Batch, 1), Answered); st.Do != DoDecided || !st.Decision.Allowed {
+		t.Fatalf("the later acquire, answered: %+v", st)
+	}
+
+	st = waiter.WaitFailed(ms(51))
+	if d := st.Decision; st.Do != DoDecided || st.Err != nil || st.Degraded || d.Degraded || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > time.Second {
+		t.Errorf("wait on an unanswered acquire, a later call answered: %+v; want denied with a retry of about a round trip, not degraded", st)
+	}
+
+	// No call sent after the wait began was answered: the policy decides.
+	alone := c.Slow(kR, 1)
+	stepTo(t, "a request waiting alone", alone.Next(ms(60)), DoWait)
+	if st = alone.WaitFailed(ms(110)); st.Do != DoDecided || !st.Degraded || !st.Decision.Degraded {
+		t.Errorf("wait on an unanswered acquire, none sent later answered: %+v; want decided by the policy", st)
+	}
+}

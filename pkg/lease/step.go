@@ -155,6 +155,9 @@ type Slow struct {
 	batch    *Batch
 	checkAt  time.Time // when the Check in flight was stepped to
 	began    time.Time // when the request first waited for the region
+	// waitAt is when the request last began waiting on its key's report in
+	// flight (sent at or before it); see WaitFailed.
+	waitAt time.Time
 }
 
 // Slow starts the slow path of a request. The Slow may be reused for
@@ -164,7 +167,7 @@ func (c *Core) Slow(key quota.Key, cost int64) Slow {
 }
 
 func (s *Slow) decided(d quota.Decision, err error) Step {
-	s.acquires, s.rounds, s.batch, s.began = 0, 0, nil, time.Time{}
+	s.acquires, s.rounds, s.batch, s.began, s.waitAt = 0, 0, nil, time.Time{}, time.Time{}
 	return Step{Do: DoDecided, Decision: d, Err: err}
 }
 
@@ -207,6 +210,7 @@ func (s *Slow) Next(now time.Time) Step {
 			if s.began.IsZero() {
 				s.began = now
 			}
+			s.waitAt = now
 			return Step{Do: DoWait, Wait: wait}
 		case b != nil:
 			if s.began.IsZero() {
@@ -245,8 +249,20 @@ func (s *Slow) answeredElsewhere(now time.Time) Step {
 }
 
 // WaitFailed is the step after a wait that ended without the report in
-// flight ending (timeout): the policy decides.
-func (s *Slow) WaitFailed(now time.Time) Step { return s.Fallback(now) }
+// flight ending (timeout). The request is decided as the one whose call
+// that report is (AcquireGaveUp): denied, to be asked again, when the
+// region answered a call sent after the wait began, and so after the
+// report (answeredElsewhere); else by its on_failure policy. Sent to the
+// policy whatever the region answered, the requests queued behind a call
+// to a hung replica of several were decided by it while the others
+// answered: an open class admitted every one of them, and the instance
+// counted itself degraded.
+func (s *Slow) WaitFailed(now time.Time) Step {
+	if !s.waitAt.IsZero() && s.c.brk.AnsweredSince(s.waitAt) {
+		return s.answeredElsewhere(now)
+	}
+	return s.Fallback(now)
+}
 
 // ErrAbandoned ends a request whose caller gave up (its context ended)
 // before the region answered. The request is not decided: the on_failure
