@@ -77,6 +77,11 @@ func runNotifying(ctx context.Context, args []string, started func(grpcAddr stri
 	if err := flagenv.Parse(fs, "SLUICE", args, os.Getenv); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		// Parsing stops at the first argument that is no flag: the flags
+		// after it would otherwise be dropped unread.
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
 	if *showVersion {
 		fmt.Println(version.String("global"))
 		return nil

@@ -140,8 +140,15 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-max-inflight-per-connection", "-1"}, "-max-inflight-per-connection -1 must be at least 1"},
 		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-max-inflight-per-identity", "0"}, "-max-inflight-per-identity 0 must be at least 1"},
 		{[]string{"-etcd-endpoints", "127.0.0.1:1", "-max-report-bytes", "-1"}, "-max-report-bytes -1 must not be negative"},
+		// The flag package stops at the first argument that is no flag:
+		// the flags after it would be dropped without a word.
+		{[]string{"-etcd-endpoints", "127.0.0.1:1", "stray", "-listen", "127.0.0.1:0"}, `unexpected arguments ["stray" "-listen" "127.0.0.1:0"]`},
 	} {
-		err := run(context.Background(), c.args)
+		// Each is refused before etcd is asked; the deadline only ends a
+		// run that was not.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := run(ctx, c.args)
+		cancel()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("run %v: %v, want an error containing %q", c.args, err, c.want)
 		}
