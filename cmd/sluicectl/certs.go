@@ -102,10 +102,13 @@ func deploymentLeaves(domain string, regions, extra []string) ([]tlsconfig.Leaf,
 	for _, r := range regions {
 		// A regional replica presents its certificate to the global tier
 		// as its region's leader, and to its own LeaseService as the
-		// Envoy endpoint's lease client.
+		// Envoy endpoint's lease client. Clients reach it by both of
+		// deploy/regions' Services: Envoy by sluice-regional, instances
+		// and agents by the headless one, which balances over replicas.
+		ns := "sluice-" + r + ".svc"
 		leaves = append(leaves, tlsconfig.Leaf{
 			Name: "regional-" + r, URIs: []string{uri("region/" + r)}, IPs: ips, Server: true, Client: true,
-			DNSNames: append([]string{"sluice-regional.sluice-" + r + ".svc"}, local...),
+			DNSNames: append([]string{"sluice-regional." + ns, "sluice-regional-headless." + ns}, local...),
 		})
 		fmt.Fprintf(&b, "    - {match: %q, roles: \"%s, %s%s\"}\n", uri("region/"+r), config.RoleInstance, config.RoleRegionPrefix, r)
 	}
