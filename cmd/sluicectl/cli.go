@@ -393,7 +393,15 @@ func printFlags(w io.Writer, fs *flag.FlagSet, only map[string]bool) {
 		}
 		line += "\n    \t" + usage
 		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "[]" {
-			line += fmt.Sprintf(" (default %q)", f.DefValue)
+			// Quoted for a string only, as the flag package does: a
+			// quoted number or duration reads as a string.
+			format := " (default %q)"
+			if g, ok := f.Value.(flag.Getter); ok {
+				if _, isString := g.Get().(string); !isString {
+					format = " (default %s)"
+				}
+			}
+			line += fmt.Sprintf(format, f.DefValue)
 		}
 		fmt.Fprintln(w, line)
 	})

@@ -789,3 +789,15 @@ func TestConfigTooBigForEtcdIsRefusedByValidateDryRunAndApply(t *testing.T) {
 		t.Fatalf("refused configs moved etcd from revision %d to %d", before, after)
 	}
 }
+
+// TestCommandHelpQuotesOnlyStringDefaults checks that a command's flags
+// print their defaults as the flag package does (and as the global flags
+// print theirs): quoted for a string, bare for a number or a duration,
+// which a quoted default would pass off as a string.
+func TestCommandHelpQuotesOnlyStringDefaults(t *testing.T) {
+	wantContains(t, "check -h", sluicectl(t, "", "check", "-h").stderr,
+		"(default 1)\n", `(default "127.0.0.1:7400")`, `(default "export")`)
+	wantContains(t, "lease -h", sluicectl(t, "", "lease", "-h").stderr, "(default 10)\n")
+	wantContains(t, "status -h", sluicectl(t, "", "status", "-h").stderr, "(default 10)\n", `(default "text")`)
+	wantContains(t, "certs -h", sluicectl(t, "", "certs", "-h").stderr, "(default 8760h0m0s)\n")
+}
