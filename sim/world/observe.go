@@ -143,8 +143,6 @@ func (r *Region) settleCrashed(k *keyInfo) {
 	r.crashed[k.id] = keep
 }
 
-func (r *Region) crashDone(cl *crashLease) { r.crashDoneAt(cl, r.w.dur()) }
-
 // strandedUntil is when the tokens of cl, a crashed lease gone from the
 // Model now, stopped being stranded. They were stranded from the lease's
 // expiry until the first script call that reaped them; time in which no
@@ -170,11 +168,18 @@ func (r *Region) crashDoneAt(cl *crashLease, at time.Duration) {
 }
 
 // crashesLost ends every crashed lease when Redis comes back empty: they
-// are gone with the data, nothing reclaimed.
+// are gone with the data, nothing reclaimed. No call could reap one while
+// Redis was down, so, as for a lease no call saw expired, its tokens were
+// stranded until its expiry (or the end of the data, when that came
+// first); one a call saw expired and left stored, until Redis went down.
 func (r *Region) crashesLost() {
 	for id, ls := range r.crashed {
 		for _, cl := range ls {
-			r.crashDone(cl)
+			at := r.strandedUntil(cl)
+			if cl.stale {
+				at = max(cl.crash.at, min(at, r.redisDownAt))
+			}
+			r.crashDoneAt(cl, at)
 		}
 		delete(r.crashed, id)
 	}

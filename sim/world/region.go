@@ -27,6 +27,8 @@ type Region struct {
 
 	model   *luascripts.Model
 	redisUp bool
+	// redisDownAt is when Redis last went down (redisDown).
+	redisDownAt time.Duration
 	// trustedUntilUS: the region's processes restarted on an empty Redis
 	// under cold_start full and trusted it to start full (the documented
 	// opt-out): until the restart wait from then, every bucket's holdings
@@ -320,6 +322,7 @@ func (r *Region) redisDown() {
 		return
 	}
 	r.redisUp = false
+	r.redisDownAt = r.w.dur()
 	r.w.orc.RedisDown(r.w.dur(), r.idx)
 }
 

@@ -218,6 +218,31 @@ faults: [{at: 30500ms, kind: instance-crash, region: b, count: 2}]
 	}
 }
 
+func TestReclaimOfALeaseLostWithItsRedisEndsAtTheLeaseExpiry(t *testing.T) {
+	// a's instances die, and half a second later a's Redis goes down
+	// for 40 s and comes back empty (or a dies whole and comes back with
+	// its Redis lost). No call could reap the leases while it was down;
+	// they went with the data. Their tokens were stranded from nothing
+	// longer than a lease they expired from: the reclaim ends at their
+	// expiry, as it does when the Redis comes back as it was, not when
+	// the empty one comes back.
+	for _, fault := range []string{
+		"faults: [{at: 30500ms, kind: instance-crash, region: a, count: 2}, {at: 31s, kind: redis-restart, region: a, for: 40s}]\n",
+		"faults: [{at: 30500ms, kind: region-down, region: a, restart_after: 40s, redis_lost: true}]\n",
+	} {
+		h := build(t, fault)
+		h.start()
+		h.until(2 * time.Minute)
+		r := h.orc.Finish(2 * time.Minute)
+		if !r.Pass() {
+			t.Fatalf("%s: invariants: %+v %+v %+v", fault, r.Conformance, r.Rates, r.Bursts)
+		}
+		if r.Reclaim.Crashes != 2 || r.Reclaim.Max > 6*time.Second {
+			t.Errorf("%s: reclaim %+v, want at most about one lease TTL", fault, r.Reclaim)
+		}
+	}
+}
+
 func TestEtcdOutageStopsGrantingWithoutSplitBrain(t *testing.T) {
 	h := build(t, "faults: [{at: 40s, kind: etcd-down, for: 20s}]\n")
 	h.start()
