@@ -286,12 +286,21 @@ func (s *Scenario) parseSluice(p *problems) *config.Config {
 		// The config's decoder names no field ("duration \"5\": want a
 		// number with a unit (line 8)"); the file's index finds the one
 		// its line and quoted value belong to (sluice.grant_validity).
-		paths := fieldPaths(s.src)
+		// A rule the config's validation names by its path
+		// ("regions.b.weight: must be ...") is the file's field at
+		// sluice.<path>, when the document wrote it.
+		paths, lines := fieldPaths(s.src), fieldLines(s.src)
 		errs := []error{err}
 		if j, ok := err.(interface{ Unwrap() []error }); ok {
 			errs = j.Unwrap()
 		}
 		for _, e := range errs {
+			if fe, ok := e.(*config.FieldError); ok && fe.Path != "" {
+				if _, wrote := lines["sluice."+fe.Path]; wrote {
+					p.add("sluice."+fe.Path, "%s", fe.Message)
+					continue
+				}
+			}
 			m := e.Error()
 			path := paths.of(m, 0, 1)
 			if !strings.HasPrefix(path, "sluice.") {
