@@ -342,3 +342,34 @@ func TestEventTimesInMilliseconds(t *testing.T) {
 		t.Errorf("event time not in milliseconds")
 	}
 }
+
+// TestCheckMeaningsSayWhatIsComputed: the report explains each measure by
+// what the oracle computes (sim/README, "The oracle"). Utilization is
+// against min(offered, r·window) per key, not the ideal bucket, whose
+// share the summary prints beside it; a false reject is a denial in a
+// region below its weighted max-min fair share, which an ideal bucket,
+// having no regions, does not know.
+func TestCheckMeaningsSayWhatIsComputed(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		want, not []string
+	}{
+		{"utilization, worst 60 s window", []string{"min(offered, r", "per key"}, []string{"ideal token bucket"}},
+		{"utilization, mean of 1 s windows", []string{"min(offered, r"}, []string{"ideal token bucket"}},
+		{"false rejects (share of offered)", []string{"fair share", "share of those offered"}, []string{"ideal token bucket"}},
+		{"false rejects, recovered", []string{"fair share"}, []string{"ideal token bucket"}},
+		{"admitted vs ideal, recovered", []string{"ideal token bucket"}, nil},
+	} {
+		m := report.CheckMeaning(c.name)
+		for _, w := range c.want {
+			if !strings.Contains(m, w) {
+				t.Errorf("%s: meaning %q lacks %q", c.name, m, w)
+			}
+		}
+		for _, n := range c.not {
+			if strings.Contains(m, n) {
+				t.Errorf("%s: meaning %q says %q", c.name, m, n)
+			}
+		}
+	}
+}
