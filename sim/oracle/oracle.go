@@ -577,6 +577,9 @@ func (o *Oracle) Offered(t time.Duration, region, key int, n, cost int64) {
 func (o *Oracle) Unserved(t time.Duration, region, key int, tokens int64) {
 	o.Decided(t, region, key, tokens, SourceDenied)
 	o.res.Unserved += float64(tokens)
+	if o.afterWarmup(t) {
+		o.res.AfterWarmup.Unserved += float64(tokens)
+	}
 }
 
 // Decided records tokens decided at t in region for key.

@@ -104,6 +104,20 @@ func TestStrictAdmissionsAfterWarmup(t *testing.T) {
 	}
 }
 
+// TestUnservedAfterWarmup: requests that found no live instance are
+// denied, and counted apart, over the whole run and from the end of the
+// warmup on.
+func TestUnservedAfterWarmup(t *testing.T) {
+	o := twoRegions(t, func(s *Setup) { s.Warmup = 10 * sec })
+	o.Unserved(5*sec, 0, 0, 3)
+	o.Unserved(10*sec, 0, 0, 4)
+	o.Decided(10*sec, 1, 0, 5, SourceDenied)
+	r := o.Finish(20 * sec)
+	if r.Unserved != 7 || r.Denied != 12 || r.AfterWarmup.Unserved != 4 || r.AfterWarmup.Denied != 9 {
+		t.Fatalf("unserved %v of %v denied, after warmup %+v: want 7 of 12, 4 of 9", r.Unserved, r.Denied, r.AfterWarmup)
+	}
+}
+
 func TestDegradedAndShadowAdmissionsAreReportedApart(t *testing.T) {
 	o := twoRegions(t, nil)
 	o.Decided(0, 0, 0, 200, SourceLease)

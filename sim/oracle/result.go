@@ -74,6 +74,9 @@ type Result struct {
 // Tokens are token totals of a part of the run.
 type Tokens struct {
 	Offered, Admitted, Denied, Strict, IdealAdmitted float64
+	// Unserved are the denied tokens of requests that found no live
+	// instance in their region.
+	Unserved float64
 }
 
 // Conformance is invariant 1.

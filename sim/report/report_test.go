@@ -373,3 +373,23 @@ func TestCheckMeaningsSayWhatIsComputed(t *testing.T) {
 		}
 	}
 }
+
+// TestUnservedTokensAreSaid: requests that found no live instance (a
+// region down whose users did not fail over) are denied without the
+// limiter deciding them; the tokens lines say how many of the denied
+// they were, and a run without any says nothing of them.
+func TestUnservedTokensAreSaid(t *testing.T) {
+	o := outcome(t)
+	if s := report.Summary(o); strings.Contains(s, "no live instance") {
+		t.Errorf("a run with every request served speaks of unserved ones:\n%s", s)
+	}
+	res := *o.Result
+	res.Unserved, res.AfterWarmup.Unserved = 1234, 567
+	o.Result = &res
+	s := report.Summary(o)
+	for _, want := range []string{"(567 found no live instance)", "(1234 found no live instance)"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary lacks %q:\n%s", want, s)
+		}
+	}
+}

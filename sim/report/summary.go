@@ -96,15 +96,15 @@ func WriteSummary(w io.Writer, o *runner.Outcome) {
 		}
 	}
 	aw := r.AfterWarmup
-	row("tokens", "offered %.0f, admitted %.0f (strict %.0f), denied %.0f, ideal bucket %.0f",
-		aw.Offered, aw.Admitted, aw.Strict, aw.Denied, aw.IdealAdmitted)
+	row("tokens", "offered %.0f, admitted %.0f (strict %.0f), denied %.0f%s, ideal bucket %.0f",
+		aw.Offered, aw.Admitted, aw.Strict, aw.Denied, unserved(aw.Unserved), aw.IdealAdmitted)
 
 	p("\n  Whole run (warmup included)\n")
 	c := r.Conformance
 	row("crash error ε", "%.0f tokens over %d keys (max excess over b: %.1f tokens)", c.CrashError, c.CrashKeys, c.MaxExcessRaw)
 	row("degraded-mode admissions", "%.0f tokens (max excess over b with them: %.1f)", r.Degraded, math.Max(0, c.MaxExcessWithDegraded))
-	row("tokens", "offered %.0f, admitted %.0f (strict %.0f), denied %.0f, ideal bucket %.0f",
-		r.Offered, r.Admitted, r.Strict, r.Denied, r.IdealAdmitted)
+	row("tokens", "offered %.0f, admitted %.0f (strict %.0f), denied %.0f%s, ideal bucket %.0f",
+		r.Offered, r.Admitted, r.Strict, r.Denied, unserved(r.Unserved), r.IdealAdmitted)
 	secs := r.Duration.Seconds()
 	// Virtual mode counts every script call; the real daemons' metrics
 	// count a round trip to Redis once (a Sync's pipelined scripts are one),
@@ -177,4 +177,15 @@ func Wrap(s string, width int) []string {
 		lines = append(lines, cur)
 	}
 	return lines
+}
+
+// unserved says how many of the denied tokens found no live instance (a
+// region down whose users did not fail over): the limiter decided none of
+// them, though they count as denied, and as false rejects while their
+// region is below its fair share. "" when there were none.
+func unserved(tokens float64) string {
+	if tokens <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%.0f found no live instance)", tokens)
 }
