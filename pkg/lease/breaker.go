@@ -47,6 +47,9 @@ type Breaker struct {
 	// lastSent is the send time of the latest-sent call answered (zero:
 	// none yet). Guarded by mu.
 	lastSent time.Time
+	// answeredAt is when the latest answer came (zero: none yet). Guarded
+	// by mu.
+	answeredAt time.Time
 }
 
 // rttSamples is how many recent answered round trips Timeout looks at.
@@ -67,6 +70,17 @@ func (b *Breaker) ObserveRTT(sent, now time.Time) {
 	if sent.After(b.lastSent) {
 		b.lastSent = sent
 	}
+	if now.After(b.answeredAt) {
+		b.answeredAt = now
+	}
+}
+
+// AnsweredAfter reports whether the service answered a call (ObserveRTT)
+// after t, whenever that call was sent.
+func (b *Breaker) AnsweredAfter(t time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.answeredAt.After(t)
 }
 
 // Timeout is how long a synchronous call waits for the region before the

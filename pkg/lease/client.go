@@ -352,6 +352,11 @@ func (c *Client) allowSlow(ctx context.Context, key quota.Key, cost int64) (quot
 				c.kickLoop()
 			}
 			if st.Degraded {
+				if errors.Is(cause, errBreakerOpen) && !c.breaker.Open() {
+					// Decided by the policy with the breaker closed: the
+					// request's rounds used up its wait.
+					cause = fmt.Errorf("%w: its rounds used up the request's wait", errWaitEnded)
+				}
 				c.noteDegradedDecision(cause)
 			}
 			if errors.Is(st.Err, ErrAbandoned) {
@@ -921,7 +926,7 @@ func (c *Client) sendReleaseCall(parent context.Context, id string, b *Batch) er
 	_, err := c.rpc.Release(ctx, &sluicev1.ReleaseRequest{InstanceId: id, Incarnation: c.incarnation, Reports: b.Reports})
 	c.observeRPC("Release", start, err)
 	out := outcome(parent, err)
-	c.core.ReleaseDone(time.Now(), out)
+	c.core.ReleaseDone(start, time.Now(), out)
 	if out == Conflict {
 		c.noteConflict(err)
 	}

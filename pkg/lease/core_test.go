@@ -23,6 +23,18 @@ func newTestCore(t *testing.T, syncTimeout, breakerTimeout time.Duration, mod ..
 	return c, tb, brk
 }
 
+// answerLater has the region answer, at answered, an acquire of a key of
+// its own sent at sent (a call of another request, to a replica that
+// answers).
+func answerLater(t *testing.T, c *Core, sent, answered time.Time) {
+	t.Helper()
+	later := c.Slow(quota.Key{Tenant: "later", Class: "read"}, 1)
+	st := stepTo(t, "a later acquire", later.Next(sent), DoAcquire)
+	if st = later.AcquireDone(answered, grantBatch(st.Batch, 1), Answered); st.Do != DoDecided || !st.Decision.Allowed {
+		t.Fatalf("the later acquire, answered: %+v", st)
+	}
+}
+
 // stepTo fails unless st asks for do.
 func stepTo(t *testing.T, what string, st Step, do Do) Step {
 	t.Helper()
@@ -186,7 +198,8 @@ func TestCoreWaitEndsAtTheBreakerTimeout(t *testing.T) {
 
 // TestCoreAcquireAnsweredLateEndsTheWait: an acquire answered after the
 // request's breaker timeout (the region's recent answers fast) with too
-// few tokens does not start another acquire: the policy decides.
+// few tokens does not start another acquire. The region answered, so it
+// is denied, to be asked again, not decided by the on_failure policy.
 func TestCoreAcquireAnsweredLateEndsTheWait(t *testing.T) {
 	const bt = 50 * time.Millisecond
 	c, _, brk := newTestCore(t, 0, bt)
@@ -194,8 +207,8 @@ func TestCoreAcquireAnsweredLateEndsTheWait(t *testing.T) {
 	s := c.Slow(kW, 3)
 	st := stepTo(t, "acquire", s.Next(t0), DoAcquire)
 	st = s.AcquireDone(t0.Add(60*time.Millisecond), grantBatch(st.Batch, 1), Answered)
-	if st.Do != DoDecided || !st.Degraded {
-		t.Fatalf("acquire answered after 60ms with 1 of 3 tokens: %+v, want the on_failure policy's decision", st)
+	if st.Do != DoDecided || st.Degraded || st.Decision.Allowed || st.Decision.RetryAfter <= 0 {
+		t.Fatalf("acquire answered after 60ms with 1 of 3 tokens: %+v, want denied with a retry, not the on_failure policy's decision", st)
 	}
 }
 
@@ -624,11 +637,7 @@ func TestCoreCallUnansweredWhileALaterOneWasAnsweredIsDenied(t *testing.T) {
 	check := c.Slow(kExp, 1)
 	stepTo(t, "check", check.Next(ms(1)), DoCheck)
 
-	later := c.Slow(quota.Key{Tenant: "later", Class: "read"}, 1)
-	st := stepTo(t, "a later acquire", later.Next(ms(2)), DoAcquire)
-	if st = later.AcquireDone(ms(5), grantBatch(st.Batch, 1), Answered); st.Do != DoDecided || !st.Decision.Allowed {
-		t.Fatalf("the later acquire, answered: %+v", st)
-	}
+	answerLater(t, c, ms(2), ms(5))
 
 	for _, r := range []struct {
 		what string
@@ -652,7 +661,7 @@ func TestCoreCallUnansweredWhileALaterOneWasAnsweredIsDenied(t *testing.T) {
 	// Sent after the last answer, an unanswered acquire is evidence: the
 	// policy decides it (local), and the breaker opens.
 	alone := c.Slow(quota.Key{Tenant: "alone", Class: "read"}, 1)
-	st = stepTo(t, "an acquire after the last answer", alone.Next(ms(600)), DoAcquire)
+	st := stepTo(t, "an acquire after the last answer", alone.Next(ms(600)), DoAcquire)
 	if st = alone.AcquireDone(ms(900), nil, Unreachable); st.Do != DoDecided || !st.Degraded || !st.Decision.Degraded {
 		t.Errorf("an acquire unanswered, none sent later answered: %+v; want decided by the policy", st)
 	}
@@ -688,9 +697,9 @@ func TestCoreEveryAnswerClosesTheBreakerAndAnUnansweredReleaseCounts(t *testing.
 			c.BeforeSend(ms(11))
 			c.SyncDone(ms(20), syncs[0], nil, Conflict)
 		}},
-		{"Release answered", func(t *testing.T, c *Core, tb *Table) { c.ReleaseDone(ms(20), Answered) }},
-		{"Release refused", func(t *testing.T, c *Core, tb *Table) { c.ReleaseDone(ms(20), Refused) }},
-		{"Release refused as a conflict", func(t *testing.T, c *Core, tb *Table) { c.ReleaseDone(ms(20), Conflict) }},
+		{"Release answered", func(t *testing.T, c *Core, tb *Table) { c.ReleaseDone(ms(15), ms(20), Answered) }},
+		{"Release refused", func(t *testing.T, c *Core, tb *Table) { c.ReleaseDone(ms(15), ms(20), Refused) }},
+		{"Release refused as a conflict", func(t *testing.T, c *Core, tb *Table) { c.ReleaseDone(ms(15), ms(20), Conflict) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tb := newTestTable(t)
@@ -705,9 +714,20 @@ func TestCoreEveryAnswerClosesTheBreakerAndAnUnansweredReleaseCounts(t *testing.
 		})
 	}
 	brk := NewBreaker(1, time.Second)
-	NewCore(newTestTable(t), brk, 0).ReleaseDone(ms(0), Unreachable)
+	NewCore(newTestTable(t), brk, 0).ReleaseDone(ms(0), ms(0), Unreachable)
 	if !brk.Open() {
 		t.Fatal("a Release that got no answer did not count against a breaker of threshold 1")
+	}
+
+	// A Release unanswered while a call sent after it was answered (it
+	// went to one hung replica of several) is no evidence against the
+	// region.
+	brk = NewBreaker(1, time.Second)
+	c := NewCore(newTestTable(t), brk, 0)
+	answerLater(t, c, ms(10), ms(12))
+	c.ReleaseDone(ms(5), ms(505), Unreachable)
+	if brk.Open() {
+		t.Fatal("a Release unanswered while a call sent after it was answered opened the breaker")
 	}
 }
 
@@ -730,13 +750,9 @@ func TestCoreWaitOnACallUnansweredWhileALaterOneWasAnsweredIsDenied(t *testing.T
 	waiter := c.Slow(kR, 1)
 	stepTo(t, "a request of the same key", waiter.Next(ms(1)), DoWait)
 
-	later := c.Slow(quota.Key{Tenant: "later", Class: "read"}, 1)
-	st := stepTo(t, "a later acquire", later.Next(ms(2)), DoAcquire)
-	if st = later.AcquireDone(ms(5), grantBatch(st.Batch, 1), Answered); st.Do != DoDecided || !st.Decision.Allowed {
-		t.Fatalf("the later acquire, answered: %+v", st)
-	}
+	answerLater(t, c, ms(2), ms(5))
 
-	st = waiter.WaitFailed(ms(51))
+	st := waiter.WaitFailed(ms(51))
 	if d := st.Decision; st.Do != DoDecided || st.Err != nil || st.Degraded || d.Degraded || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > time.Second {
 		t.Errorf("wait on an unanswered acquire, a later call answered: %+v; want denied with a retry of about a round trip, not degraded", st)
 	}
@@ -746,5 +762,42 @@ func TestCoreWaitOnACallUnansweredWhileALaterOneWasAnsweredIsDenied(t *testing.T
 	stepTo(t, "a request waiting alone", alone.Next(ms(60)), DoWait)
 	if st = alone.WaitFailed(ms(110)); st.Do != DoDecided || !st.Degraded || !st.Decision.Degraded {
 		t.Errorf("wait on an unanswered acquire, none sent later answered: %+v; want decided by the policy", st)
+	}
+}
+
+// TestCoreRoundsThatUsedUpTheWaitWhileTheRegionAnsweredAreDenied: a
+// request whose rounds used up its wait (it waited on its key's report,
+// and the tokens the region gave went to the key's other requests) is
+// denied, to be asked again, when the region answered after it began:
+// the region can decide, so the on_failure policy does not (an open class
+// admitted every loser of a hot key's race for its refills). With no
+// answer since it began, the policy decides.
+func TestCoreRoundsThatUsedUpTheWaitWhileTheRegionAnsweredAreDenied(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	c, _, brk := newTestCore(t, 0, 50*time.Millisecond)
+	fastAnswers(brk, rttSamples)
+
+	sender := c.Slow(kR, 1)
+	st := stepTo(t, "the acquire", sender.Next(ms(0)), DoAcquire)
+	waiter := c.Slow(kR, 1)
+	stepTo(t, "a request of the same key", waiter.Next(ms(1)), DoWait)
+	// The region answers late in the waiter's wait, with one token, which
+	// the sender takes.
+	if st = sender.AcquireDone(ms(49), grantBatch(st.Batch, 1), Answered); st.Do != DoDecided || !st.Decision.Allowed {
+		t.Fatalf("the sender, answered: %+v", st)
+	}
+	st = waiter.Next(ms(52))
+	if d := st.Decision; st.Do != DoDecided || st.Degraded || d.Degraded || d.Allowed || d.RetryAfter <= 0 {
+		t.Errorf("rounds that used up the wait while the region answered: %+v; want denied with a retry, not degraded", st)
+	}
+
+	// The same with no answer after the request began: the policy decides.
+	sender = c.Slow(kW, 1)
+	st = stepTo(t, "another acquire", sender.Next(ms(100)), DoAcquire)
+	waiter = c.Slow(kW, 1)
+	stepTo(t, "a request of its key", waiter.Next(ms(101)), DoWait)
+	sender.AcquireDone(ms(149), nil, Unreachable)
+	if st = waiter.Next(ms(152)); st.Do != DoDecided || !st.Degraded || !st.Decision.Degraded {
+		t.Errorf("rounds that used up the wait with no answer since the request began: %+v; want decided by the policy", st)
 	}
 }

@@ -201,7 +201,16 @@ func (s *Slow) Next(now time.Time) Step {
 			return s.Fallback(now)
 		}
 		if s.c.breakerTimeout > 0 && !s.began.IsZero() && s.Budget(now, 0) <= 0 {
-			// Its earlier rounds used up the request's wait.
+			// Its earlier rounds used up the request's wait. When the
+			// region answered meanwhile (the tokens it gave went to the
+			// key's other requests, or this request's calls went to a
+			// hung replica of several) it can decide: denied, to be asked
+			// again, as a call answered elsewhere is. Decided by the
+			// policy, an open class admitted a hot key's losers of the
+			// race for its refills while the region answered.
+			if brk.AnsweredAfter(s.began) {
+				return s.answeredElsewhere(now)
+			}
 			return s.Fallback(now)
 		}
 		b, wait := t.PrepareAcquire(now, s.key, s.cost)
@@ -444,9 +453,16 @@ func (c *Core) SyncDone(now time.Time, b *Batch, grants []*sluicev1.Grant, out O
 	return nil, nil
 }
 
-// ReleaseDone ends a Release at now. Its keys are forgotten already; a
-// Release that got no answer leaves their leases to expire.
-func (c *Core) ReleaseDone(now time.Time, out Outcome) {
+// ReleaseDone ends at now a Release sent at sent. Its keys are forgotten
+// already; a Release that got no answer leaves their leases to expire,
+// and counts against the region as a Sync's does: only when no call sent
+// after it was answered (Breaker.FailureOf). Counted whatever the region
+// answered, releases landing on one hung replica of several opened the
+// breaker while the others answered every call.
+func (c *Core) ReleaseDone(sent, now time.Time, out Outcome) {
+	if out == Answered || out == Refused || out == Conflict {
+		c.brk.ObserveRTT(sent, now)
+	}
 	switch out {
 	case Answered:
 		c.brk.Success()
@@ -454,7 +470,7 @@ func (c *Core) ReleaseDone(now time.Time, out Outcome) {
 	case Refused, Conflict:
 		c.brk.Success()
 	default:
-		c.brk.Failure(now)
+		c.brk.FailureOf(sent, now)
 	}
 }
 

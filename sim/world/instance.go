@@ -566,14 +566,15 @@ func (in *Instance) sendSync(b *lease.Batch, done func(lease.Outcome, []*sluicev
 }
 
 func (in *Instance) sendRelease(b *lease.Batch, done func()) {
-	in.core.BeforeSend(in.now())
+	sent := in.now()
+	in.core.BeforeSend(sent)
 	in.rpc(lease.DefaultSyncTimeout(in.w.refresh),
 		func() bool {
 			in.replayLease(b.Reports, func(reps []*sluicev1.KeyReport) { in.region.release(in.id, reps) })
 			return in.region.release(in.id, b.Reports)
 		},
-		func() { in.core.ReleaseDone(in.now(), lease.Answered); done() },
-		func() { in.core.ReleaseDone(in.now(), lease.Unreachable); done() })
+		func() { in.core.ReleaseDone(sent, in.now(), lease.Answered); done() },
+		func() { in.core.ReleaseDone(sent, in.now(), lease.Unreachable); done() })
 }
 
 // --- Failures. ---
