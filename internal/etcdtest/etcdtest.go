@@ -3,6 +3,7 @@ package etcdtest
 import (
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,7 +27,7 @@ const dialTimeout = 2 * time.Second
 // for concurrent use.
 type Server struct {
 	t    testing.TB
-	dir  string
+	dir  string // data dir; guarded by life
 	main *Link
 	log  *zap.Logger
 	// over is set once the test's cleanup has run; etcd output after that
@@ -102,6 +103,38 @@ func (s *Server) Restart() {
 	s.stopLocked()
 	if err := s.startLocked(); err != nil {
 		s.t.Fatalf("etcdtest: restart: %v", err)
+	}
+}
+
+// Backup stops etcd, copies its data, and starts it again on the same
+// data dir; the endpoints do not change. restore stops etcd and starts it
+// on that copy: etcd as restored from a backup taken then, its revision
+// back where it was. Clients see a restart and reconnect.
+func (s *Server) Backup() (restore func()) {
+	s.t.Helper()
+	copyDir := s.t.TempDir()
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.stopLocked()
+	err := os.CopyFS(copyDir, os.DirFS(s.dir))
+	if err == nil {
+		err = os.Chmod(copyDir, 0o700)
+	}
+	if err != nil {
+		s.t.Fatalf("etcdtest: backup: %v", err)
+	}
+	if err := s.startLocked(); err != nil {
+		s.t.Fatalf("etcdtest: restart after backup: %v", err)
+	}
+	return func() {
+		s.t.Helper()
+		s.life.Lock()
+		defer s.life.Unlock()
+		s.stopLocked()
+		s.dir = copyDir
+		if err := s.startLocked(); err != nil {
+			s.t.Fatalf("etcdtest: restore: %v", err)
+		}
 	}
 }
 

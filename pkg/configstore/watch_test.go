@@ -261,3 +261,61 @@ func TestWatcherReportsAnEtcdItCannotReach(t *testing.T) {
 		})
 	}
 }
+
+// TestWatcherFollowsAnEtcdRestoredFromABackup: etcd restored from an older
+// backup within moments serves revisions the watcher saw before, its own
+// history again. The etcd client resumed the watch there silently, at a
+// revision the restored etcd had not reached, and every read the watcher
+// probed with answered: it kept running a config etcd no longer held and
+// never saw the configs applied next, until etcd's revision passed the one
+// it had watched from. It must notice, read again and follow what the
+// restored etcd holds.
+func TestWatcherFollowsAnEtcdRestoredFromABackup(t *testing.T) {
+	srv := etcdtest.Start(t)
+	store := NewStore(srv.Client(t), "")
+	writer := NewStore(srv.Client(t), "")
+	ctx := testContext(t)
+	backedUp, err := writer.Apply(ctx, withReadRate(100), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw := startWatcher(t, store, nil)
+	rw.awaitRate(t, 100)
+	restore := srv.Backup()
+	rev := backedUp
+	for _, r := range []config.Rate{200, 300, 400} {
+		if rev, err = writer.Apply(ctx, withReadRate(r), rev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rw.awaitRate(t, 400)
+
+	restore()
+	// The restored etcd holds the backed-up config; the next apply lands
+	// at a revision the watcher saw before the restore.
+	applied, err := writer.Apply(ctx, withReadRate(500), backedUp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if applied > rev {
+		t.Fatalf("the apply after the restore is at revision %d, past %d: etcd did not go back", applied, rev)
+	}
+	// A probe finds it, and the read after it is retried at most as often
+	// as an outage's.
+	wait := 4 * (watchProbeInterval + watchRequestTimeout + watchRetryMax)
+	for deadline := time.Now().Add(wait); ; {
+		cfg, got := rw.Live()
+		if got == applied {
+			if readRate(cfg) != 500 {
+				t.Fatalf("revision %d live with rate %v, want 500", applied, readRate(cfg))
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("watcher runs revision %d (rate %v) %v after the restore; etcd holds revision %d (rate 500)",
+				got, readRate(cfg), wait, applied)
+		}
+		time.Sleep(watchProbeInterval / 20) // polling the watcher with a deadline
+	}
+	rw.awaitLog(t, "etcd revision went backwards")
+}

@@ -465,17 +465,20 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 // follow watches the config range from rev+1 until the watch ends, which
 // is always an error (or ctx ending). Changes are gathered per revision;
 // a revision that wrote the document commits them. Every
-// watchProbeInterval a bounded read checks that etcd still answers; one
-// that fails ends the watch as broken.
+// watchProbeInterval a bounded read checks that etcd still answers, at a
+// revision no older than the watch has reached; one that fails ends the
+// watch as broken.
 func (w *Watcher) follow(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	// A failed probe ends the watch, even one still being set up (Watch
 	// itself waits for etcd then).
 	var probeErr error // written before probed closes
 	probed := make(chan struct{})
+	var reached atomic.Int64 // the newest revision the watch reported
+	reached.Store(rev)
 	go func() {
 		defer close(probed)
-		if err := w.probe(wctx); err != nil {
+		if err := w.probe(wctx, &reached); err != nil {
 			probeErr = err
 			cancel()
 		}
@@ -492,19 +495,34 @@ func (w *Watcher) follow(ctx context.Context, rev int64) error {
 			}
 		}
 		rev = resp.Header.Revision
+		if rev > reached.Load() {
+			reached.Store(rev)
+		}
 	}
 	cancel()
 	<-probed
+	if errors.Is(probeErr, errWentBack) {
+		return fmt.Errorf("watching %s from revision %d: %w", w.store.key, rev+1, probeErr)
+	}
 	if probeErr != nil {
 		return fmt.Errorf("watching %s from revision %d, etcd did not answer a read of it: %w", w.store.key, rev+1, probeErr)
 	}
 	return errors.New("watch channel closed")
 }
 
+// errWentBack is a probe's read answered at a revision older than the
+// watch had reached.
+var errWentBack = errors.New("etcd went back in time (restored from a backup)")
+
 // probe reads the config key's revision every watchProbeInterval, each read
 // bounded by the request timeout, until one fails (its error) or ctx ends
-// (nil). A read needs the etcd leader, as the watch does.
-func (w *Watcher) probe(ctx context.Context) error {
+// (nil). A read needs the etcd leader, as the watch does. A read answered
+// at a revision older than reached, the newest the watch reported, fails
+// too: etcd was restored from a backup, and the etcd client resumed the
+// watch silently at a revision of the old history, which the restored
+// etcd may not reach for a long time; only a new read (load) sees what it
+// holds.
+func (w *Watcher) probe(ctx context.Context, reached *atomic.Int64) error {
 	timeout := w.store.requestTimeout
 	if timeout <= 0 {
 		timeout = watchRequestTimeout
@@ -518,13 +536,16 @@ func (w *Watcher) probe(ctx context.Context) error {
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, timeout)
-		_, err := w.store.cli.Get(pctx, w.store.key, clientv3.WithCountOnly())
+		resp, err := w.store.cli.Get(pctx, w.store.key, clientv3.WithCountOnly())
 		cancel()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
 			return err
+		}
+		if at, watched := resp.Header.Revision, reached.Load(); at < watched {
+			return fmt.Errorf("%w: a read answered at revision %d, older than the %d the watch reached", errWentBack, at, watched)
 		}
 	}
 }
