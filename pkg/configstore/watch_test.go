@@ -269,53 +269,74 @@ func TestWatcherReportsAnEtcdItCannotReach(t *testing.T) {
 // probed with answered: it kept running a config etcd no longer held and
 // never saw the configs applied next, until etcd's revision passed the one
 // it had watched from. It must notice, read again and follow what the
-// restored etcd holds.
+// restored etcd holds: the configs applied after the restore, and the
+// backed-up config itself even when the restored etcd's revision passed
+// the watched one first (other keys written: elections, sessions).
 func TestWatcherFollowsAnEtcdRestoredFromABackup(t *testing.T) {
-	srv := etcdtest.Start(t)
-	store := NewStore(srv.Client(t), "")
-	writer := NewStore(srv.Client(t), "")
-	ctx := testContext(t)
-	backedUp, err := writer.Apply(ctx, withReadRate(100), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rw := startWatcher(t, store, nil)
-	rw.awaitRate(t, 100)
-	restore := srv.Backup()
-	rev := backedUp
-	for _, r := range []config.Rate{200, 300, 400} {
-		if rev, err = writer.Apply(ctx, withReadRate(r), rev); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rw.awaitRate(t, 400)
-
-	restore()
-	// The restored etcd holds the backed-up config; the next apply lands
-	// at a revision the watcher saw before the restore.
-	applied, err := writer.Apply(ctx, withReadRate(500), backedUp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if applied > rev {
-		t.Fatalf("the apply after the restore is at revision %d, past %d: etcd did not go back", applied, rev)
-	}
-	// A probe finds it, and the read after it is retried at most as often
-	// as an outage's.
-	wait := 4 * (watchProbeInterval + watchRequestTimeout + watchRetryMax)
-	for deadline := time.Now().Add(wait); ; {
-		cfg, got := rw.Live()
-		if got == applied {
-			if readRate(cfg) != 500 {
-				t.Fatalf("revision %d live with rate %v, want 500", applied, readRate(cfg))
+	for _, tc := range []struct {
+		name string
+		pass bool // the restored etcd passes the watched revision at once
+	}{{"behind", false}, {"passed", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // mostly waiting for the watcher's probe
+			srv := etcdtest.Start(t)
+			cli := srv.Client(t)
+			store := NewStore(srv.Client(t), "")
+			writer := NewStore(cli, "")
+			ctx := testContext(t)
+			backedUp, err := writer.Apply(ctx, withReadRate(100), 0)
+			if err != nil {
+				t.Fatal(err)
 			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("watcher runs revision %d (rate %v) %v after the restore; etcd holds revision %d (rate 500)",
-				got, readRate(cfg), wait, applied)
-		}
-		time.Sleep(watchProbeInterval / 20) // polling the watcher with a deadline
+			rw := startWatcher(t, store, nil)
+			rw.awaitRate(t, 100)
+			restore := srv.Backup()
+			rev := backedUp
+			for _, r := range []config.Rate{200, 300, 400} {
+				if rev, err = writer.Apply(ctx, withReadRate(r), rev); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rw.awaitRate(t, 400)
+
+			restore()
+			want, wantRate := backedUp, config.Rate(100)
+			if tc.pass {
+				for at := int64(0); at <= rev; {
+					put, err := cli.Put(ctx, "/not-the-config", "x")
+					if err != nil {
+						t.Fatal(err)
+					}
+					at = put.Header.Revision
+				}
+			} else {
+				// The next apply lands at a revision the watcher saw before
+				// the restore.
+				if want, err = writer.Apply(ctx, withReadRate(500), backedUp); err != nil {
+					t.Fatal(err)
+				}
+				if wantRate = 500; want > rev {
+					t.Fatalf("the apply after the restore is at revision %d, past %d: etcd did not go back", want, rev)
+				}
+			}
+			// A probe finds it, and the read after it is retried at most as
+			// often as an outage's.
+			wait := 4 * (watchProbeInterval + watchRequestTimeout + watchRetryMax)
+			for deadline := time.Now().Add(wait); ; {
+				cfg, got := rw.Live()
+				if got == want {
+					if readRate(cfg) != wantRate {
+						t.Fatalf("revision %d live with rate %v, want %v", want, readRate(cfg), wantRate)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("watcher runs revision %d (rate %v) %v after the restore; etcd holds revision %d (rate %v)",
+						got, readRate(cfg), wait, want, wantRate)
+				}
+				time.Sleep(watchProbeInterval / 20) // polling the watcher with a deadline
+			}
+			rw.awaitLog(t, "etcd revision went backwards")
+		})
 	}
-	rw.awaitLog(t, "etcd revision went backwards")
 }

@@ -61,6 +61,10 @@ type Watcher struct {
 	strayReported int64
 	// st is the config range as last seen. Touched only by the Run goroutine.
 	st watchState
+	// docRev is the mod revision of the document as last seen (0: none),
+	// written by the Run goroutine and read by its probe: etcd holding an
+	// older one went back in time.
+	docRev atomic.Int64
 
 	mu      sync.Mutex // guards subs and updates
 	subs    map[chan *config.Config]struct{}
@@ -410,13 +414,6 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("read %s: %w", w.store.key, err)
 	}
-	if fence.rev < w.seenRev {
-		// etcd's history went backwards (restored from a backup): revisions
-		// seen before mean nothing now.
-		w.logger.Warn("etcd revision went backwards; forgetting revisions seen before",
-			"key", w.store.key, "etcd_revision", fence.rev, "seen_revision", w.seenRev)
-		w.seenRev = 0
-	}
 	at := int64(0)
 	if fence.applying != nil {
 		at = fence.applying.Created - 1
@@ -427,6 +424,20 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	docRev := int64(0)
+	if r.doc != nil {
+		docRev = r.doc.ModRevision
+	}
+	if seen := w.docRev.Load(); fence.rev < w.seenRev || docRev < seen {
+		// etcd's history went backwards (restored from a backup): revisions
+		// seen before mean nothing now. A restored etcd may have passed the
+		// revisions seen already; its document is still older.
+		w.logger.Warn("etcd revision went backwards; forgetting revisions seen before",
+			"key", w.store.key, "etcd_revision", fence.rev, "seen_revision", w.seenRev,
+			"document_revision", docRev, "seen_document_revision", seen)
+		w.seenRev, w.strayReported = 0, 0
+	}
+	w.docRev.Store(docRev)
 	st := newWatchState(len(r.tenants))
 	for id, v := range r.tenants {
 		st.setTenant(id, v, false)
@@ -517,11 +528,12 @@ var errWentBack = errors.New("etcd went back in time (restored from a backup)")
 // probe reads the config key's revision every watchProbeInterval, each read
 // bounded by the request timeout, until one fails (its error) or ctx ends
 // (nil). A read needs the etcd leader, as the watch does. A read answered
-// at a revision older than reached, the newest the watch reported, fails
-// too: etcd was restored from a backup, and the etcd client resumed the
-// watch silently at a revision of the old history, which the restored
-// etcd may not reach for a long time; only a new read (load) sees what it
-// holds.
+// at a revision older than reached, the newest the watch reported, or
+// finding the document written at a revision older than the one seen
+// (docRev; a restored etcd may have passed reached already), fails too:
+// etcd was restored from a backup, and the etcd client resumed the watch
+// silently at a revision of the old history; only a new read (load) sees
+// what it holds.
 func (w *Watcher) probe(ctx context.Context, reached *atomic.Int64) error {
 	timeout := w.store.requestTimeout
 	if timeout <= 0 {
@@ -536,7 +548,9 @@ func (w *Watcher) probe(ctx context.Context, reached *atomic.Int64) error {
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, timeout)
-		resp, err := w.store.cli.Get(pctx, w.store.key, clientv3.WithCountOnly())
+		// Seen before the read is sent: etcd had them when it answers.
+		watched, seen := reached.Load(), w.docRev.Load()
+		resp, err := w.store.cli.Get(pctx, w.store.key, clientv3.WithKeysOnly())
 		cancel()
 		if ctx.Err() != nil {
 			return nil
@@ -544,8 +558,11 @@ func (w *Watcher) probe(ctx context.Context, reached *atomic.Int64) error {
 		if err != nil {
 			return err
 		}
-		if at, watched := resp.Header.Revision, reached.Load(); at < watched {
+		if at := resp.Header.Revision; at < watched {
 			return fmt.Errorf("%w: a read answered at revision %d, older than the %d the watch reached", errWentBack, at, watched)
+		}
+		if len(resp.Kvs) > 0 && resp.Kvs[0].ModRevision < seen {
+			return fmt.Errorf("%w: etcd holds the config written at revision %d, older than the one seen at %d", errWentBack, resp.Kvs[0].ModRevision, seen)
 		}
 	}
 }
@@ -558,6 +575,7 @@ func (w *Watcher) event(ev *clientv3.Event) {
 	switch kind {
 	case kindDocument:
 		if deleted {
+			w.docRev.Store(0)
 			// Not a change: the live config stays. But it is no longer
 			// stored, so a daemon that starts would not run it: reported
 			// as a refused stored config is, until a config is applied.
@@ -574,6 +592,7 @@ func (w *Watcher) event(ev *clientv3.Event) {
 			st.docCfg, st.needFull = nil, true
 		}
 		st.doc, st.docRev, st.commit = ev.Kv.Value, ev.Kv.ModRevision, true
+		w.docRev.Store(ev.Kv.ModRevision)
 	case kindApplying:
 		if !deleted && !st.applying {
 			w.logger.Info("a batched config apply began; its changes wait for its commit",
