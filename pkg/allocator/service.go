@@ -262,6 +262,9 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		return
 	}
 	old := s.applied
+	if rev > 0 && rev < s.appliedRev {
+		s.rewoundLocked(rev)
+	}
 	s.applied = cfg
 	s.appliedRev = rev
 	s.held[rev] = cfg
@@ -308,6 +311,34 @@ func (s *Service) applyConfigLocked(now time.Time) {
 		}
 	}
 	s.setLimitsLocked()
+}
+
+// rewoundLocked forgets what this replica knew of config revisions once
+// the live config's revision goes back to rev: etcd was restored from an
+// older backup, or rebuilt empty and the config applied again (the config
+// watcher follows it: configstore's "etcd revision went backwards"), and the revisions of its former history name
+// nothing, or other configs, in the restored one. The replica is then as
+// one started on the restored etcd: confirmations start over, or no
+// revision below the one confirmed before would ever be confirmed (regions
+// would keep the smallest share under the old and every later config);
+// the configs held under the former numbers and the reads of them are
+// dropped (a region still reporting such a revision is reserved as for
+// one never held, and its config is read from the restored etcd); the
+// configs committed before rev are read back. s.mu is held, and
+// s.appliedRev is still the former revision.
+func (s *Service) rewoundLocked(rev int64) {
+	s.log.Warn("config revision went back: etcd was restored from an older backup, or rebuilt; the confirmation of config revisions starts over on its history",
+		"revision", rev, "former_revision", s.appliedRev)
+	s.conf = regionsync.NewConfirmations(s.holdsLocked)
+	clear(s.held)
+	s.hist.queue = nil
+	clear(s.hist.pending)
+	clear(s.hist.tried)
+	clear(s.hist.gone)
+	if s.sh.init && s.sh.mapSince > rev {
+		s.sh.mapSince = rev
+	}
+	s.askRecentLocked()
 }
 
 // rebuiltLocked is a new allocator on opts, created at now, for grants
