@@ -92,7 +92,8 @@ exit codes:
   3  conflict: the config in etcd changed between read and write
   4  not found: no config in etcd, or no such tenant, class or region
   5  unreachable: etcd, the global allocator or the regional service could
-     not be reached
+     not be reached; a change whose write got no answer may have been
+     written all the same (it says so: check with sluicectl get)
   6  denied: check answered over quota (a result, not a failure)
   7  refused: the service answered but refused this client's credentials
      (no client certificate, or none holding a role that may call it),
@@ -100,7 +101,9 @@ exit codes:
      asked for the client certificate -tls-cert/-tls-key did not give
   130 interrupted by SIGINT or SIGTERM: nothing was written, except by an
      apply stopped while writing tenants in batches, which the daemons do
-     not see until the same apply is run again with -takeover
+     not see until the same apply is run again with -takeover, and by a
+     change stopped while waiting for its write's answer, which may have
+     been written (it says so: check with sluicectl get)
 
 global flags (also accepted after the command; each also read from the
 environment variable named beside it, the command line wins):

@@ -309,7 +309,7 @@ func (a *app) commitWith(ctx context.Context, store *configstore.Store, rev int6
 	}
 	opts := configstore.ApplyOptions{Takeover: change.takeover, Progress: a.progress()}
 	newRev, err := store.ApplyWith(ctx, next, rev, opts)
-	return a.written(ctx, newRev, rev, err)
+	return a.written(ctx, store, newRev, rev, err)
 }
 
 // confirm says whether to write: -dry-run never (nil error), -yes always,
@@ -364,7 +364,7 @@ func (a *app) progress() func(done, total int) {
 }
 
 // written reports the outcome of a write computed from revision rev.
-func (a *app) written(ctx context.Context, newRev, rev int64, err error) error {
+func (a *app) written(ctx context.Context, store *configstore.Store, newRev, rev int64, err error) error {
 	switch {
 	case errors.Is(err, configstore.ErrApplyInProgress):
 		return exitf(exitConflict, "not applied: %v; nothing was written", err)
@@ -377,12 +377,31 @@ func (a *app) written(ctx context.Context, newRev, rev int64, err error) error {
 	case errors.Is(err, configstore.ErrInterrupted):
 		return exitf(exitUnreachable, "%v; run the same apply with -takeover to finish it", err)
 	case ctx.Err() != nil:
-		return interrupted(ctx, "writing; nothing was written")
+		return interrupted(ctx, "writing; "+a.unanswered(store, rev))
 	case err != nil:
-		return a.etcdFailure(fmt.Errorf("write: %w", err))
+		return a.etcdFailure(fmt.Errorf("write: %w\n%s", err, a.unanswered(store, rev)))
 	}
 	fmt.Fprintf(a.stdout, "applied: revision %d\n", newRev)
 	return nil
+}
+
+// unanswered says what is known of a write computed from revision rev that
+// got no answer: etcd may have committed it (the request reached etcd and
+// its answer was lost, or the command stopped waiting), so nothing says it
+// was not written. The config revision is read again on a context of its
+// own (the command's may have ended), bounded by -timeout and 2 s.
+func (a *app) unanswered(store *configstore.Store, rev int64) string {
+	ctx, cancel := context.WithTimeout(context.Background(), min(a.g.timeout, 2*time.Second))
+	defer cancel()
+	now, err := store.Revision(ctx)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("the change may have been written: etcd did not say; run sluicectl get once it answers (revision %d there means it was not)", rev)
+	case now != rev:
+		return fmt.Sprintf("the change may have been written: the config in etcd is at revision %d now, read at %d; run sluicectl get to see what is live", now, rev)
+	default:
+		return fmt.Sprintf("the change may have been written: the config in etcd is still at revision %d, but etcd may yet commit the write it was sent; run sluicectl get to see what is live", rev)
+	}
 }
 
 func (a *app) getCmd(fs *flag.FlagSet) func(context.Context, []string) error {

@@ -357,7 +357,7 @@ func (a *app) changeTenant(ctx context.Context, flags changeFlags, name string,
 		a.beforeWrite()
 	}
 	newRev, err := store.SetTenants(ctx, map[string]*config.Tenant{name: next}, view.Revision)
-	return a.written(ctx, newRev, view.Revision, err)
+	return a.written(ctx, store, newRev, view.Revision, err)
 }
 
 // checkStoredTenants refuses a tenant change on top of a stored config

@@ -184,6 +184,11 @@ type Link struct {
 	// hold is non-nil while the link hangs: forwarding waits for it to
 	// close before it passes on another byte.
 	hold chan struct{}
+	// replies is non-nil while etcd's replies are held (HoldRepliesAfter):
+	// only the forwarding from etcd waits for it. armAt > 0 is the size of
+	// a client write that starts holding them.
+	replies chan struct{}
+	armAt   int
 }
 
 // Link opens an extra path to the server with its own endpoint, closed at
@@ -275,7 +280,18 @@ func (l *Link) Hang() {
 	l.srv.mu.Unlock()
 }
 
-// Mend lets connections through the link again, after Cut or Hang.
+// HoldRepliesAfter lets requests through but holds every reply from etcd,
+// until Mend, from the first client write of at least size bytes on: a
+// request that reached etcd whose answer is lost on the way back (a
+// network that fails after a write, a client that gives up first).
+func (l *Link) HoldRepliesAfter(size int) {
+	l.srv.mu.Lock()
+	l.armAt = size
+	l.srv.mu.Unlock()
+}
+
+// Mend lets connections through the link again, after Cut, Hang or
+// HoldRepliesAfter.
 func (l *Link) Mend() {
 	l.srv.mu.Lock()
 	l.cut = false
@@ -283,19 +299,28 @@ func (l *Link) Mend() {
 	l.srv.mu.Unlock()
 }
 
-// releaseLocked ends a Hang. The caller holds srv.mu.
+// releaseLocked ends a Hang and held replies. The caller holds srv.mu.
 func (l *Link) releaseLocked() {
 	if l.hold != nil {
 		close(l.hold)
 		l.hold = nil
 	}
+	if l.replies != nil {
+		close(l.replies)
+		l.replies = nil
+	}
+	l.armAt = 0
 }
 
-// waitFlowing returns once the link does not hang.
-func (l *Link) waitFlowing() {
+// waitFlowing returns once the link does not hang, nor hold replies when
+// reply is set.
+func (l *Link) waitFlowing(reply bool) {
 	for {
 		l.srv.mu.Lock()
 		hold := l.hold
+		if hold == nil && reply {
+			hold = l.replies
+		}
 		l.srv.mu.Unlock()
 		if hold == nil {
 			return
@@ -305,13 +330,20 @@ func (l *Link) waitFlowing() {
 }
 
 // pump copies src to dst like io.Copy, holding each chunk while the link
-// hangs.
-func (l *Link) pump(dst, src net.Conn) {
+// hangs; reply says src is etcd.
+func (l *Link) pump(dst, src net.Conn, reply bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			l.waitFlowing()
+			l.waitFlowing(reply)
+			if !reply {
+				l.srv.mu.Lock()
+				if l.armAt > 0 && n >= l.armAt && l.replies == nil {
+					l.replies, l.armAt = make(chan struct{}), 0
+				}
+				l.srv.mu.Unlock()
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
@@ -399,8 +431,8 @@ func (l *Link) forward(client net.Conn) {
 	s.mu.Unlock()
 
 	done := make(chan struct{}, 2)
-	go func() { l.pump(server, client); done <- struct{}{} }()
-	go func() { l.pump(client, server); done <- struct{}{} }()
+	go func() { l.pump(server, client, false); done <- struct{}{} }()
+	go func() { l.pump(client, server, true); done <- struct{}{} }()
 	<-done
 	client.Close()
 	server.Close()
