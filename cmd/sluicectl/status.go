@@ -40,9 +40,10 @@ type statusReport struct {
 	// newest valid config in etcd's history, the one the daemons run.
 	ConfigError string `json:"config_error,omitempty"`
 	// ConfigMissing says that etcd holds no config while the global tier
-	// runs one it loaded from etcd (its key was deleted past sluicectl):
-	// the daemons keep it, but one that starts does not run it (status
-	// exits exitNotFound); empty otherwise.
+	// runs one it loaded from etcd (its key was deleted past sluicectl, or
+	// etcd lost its data): the daemons keep it, and one that starts runs
+	// it only while etcd's history holds it (status exits exitNotFound);
+	// empty otherwise.
 	ConfigMissing string `json:"config_missing,omitempty"`
 	// configKey is the config key when etcd was read and holds no config.
 	configKey string
@@ -227,8 +228,9 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 			return err
 		}
 		if rep.configKey != "" && rep.Global != nil && rep.Global.ConfigRevision > 0 {
-			rep.ConfigMissing = fmt.Sprintf("etcd holds no config at %s, but the global tier runs revision %d from etcd: the config key was deleted past sluicectl. "+
-				"The running daemons keep the config they run; one that starts does not (it writes its -config bootstrap file to etcd, or runs the built-in sample)\n"+
+			rep.ConfigMissing = fmt.Sprintf("etcd holds no config at %s, but the global tier runs revision %d from etcd: the config key was deleted past sluicectl, or etcd lost its data (rebuilt empty). "+
+				"The running daemons keep the config they run, and one that starts runs the key's last config while etcd's history holds it; "+
+				"on an etcd with no record of the key (rebuilt, or its history compacted) it writes its -config bootstrap file, or runs the built-in sample\n"+
 				"apply a good config with sluicectl apply -f FILE", rep.configKey, rep.Global.ConfigRevision)
 		}
 
