@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/internal/etcdflags"
 	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
@@ -438,6 +439,9 @@ func (a *app) etcd() (*clientv3.Client, *configstore.Store, error) {
 	eps := a.g.endpoints()
 	if len(eps) == 0 {
 		return nil, nil, exitf(exitUsage, "no etcd endpoints: set -etcd-endpoints or %s", flagenv.EnvName(envPrefix, "etcd-endpoints"))
+	}
+	if err := etcdflags.CheckEndpoints(eps); err != nil {
+		return nil, nil, exitf(exitUsage, "-etcd-endpoints: %v", err)
 	}
 	if err := a.positiveTimeout(); err != nil {
 		return nil, nil, err

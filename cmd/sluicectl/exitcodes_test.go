@@ -262,3 +262,14 @@ func TestOutOfRangeNumbersAreUsageErrorsBeforeAnyCall(t *testing.T) {
 		})
 	}
 }
+
+// TestMalformedEtcdEndpointIsAUsageError: an -etcd-endpoints value the
+// etcd client cannot dial is refused at once with exit 2, naming it,
+// not waited on until -timeout and reported as etcd unreachable (exit 5).
+func TestMalformedEtcdEndpointIsAUsageError(t *testing.T) {
+	for _, ep := range []string{"http://[::1", "nohostport", "ftp://etcd:2379"} {
+		r := runAppContext(t, t.Context(), &app{}, "-timeout", "24h", "-etcd-endpoints", ep, "get")
+		wantCode(t, r, exitUsage)
+		wantContains(t, "stderr", r.stderr, fmt.Sprintf("%q", ep))
+	}
+}

@@ -4,8 +4,12 @@
 package etcdflags
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/url"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -70,9 +74,59 @@ func (a *Access) Register(fs *flag.FlagSet) {
 	fs.StringVar(&a.Password, "etcd-password", "", "etcd password")
 }
 
+// CheckEndpoints refuses an etcd endpoint the etcd client cannot dial,
+// naming it: host:port, or a URL of scheme http, https, unix or unixs
+// with a host (a path for unix). The etcd client takes anything and
+// retries a malformed address until its dial timeout, which read as etcd
+// being down.
+func CheckEndpoints(endpoints []string) error {
+	if len(endpoints) == 0 {
+		return errors.New("no etcd endpoint given")
+	}
+	for _, e := range endpoints {
+		if err := checkEndpoint(e); err != nil {
+			return fmt.Errorf("etcd endpoint %q: %w", e, err)
+		}
+	}
+	return nil
+}
+
+func checkEndpoint(e string) error {
+	if !strings.Contains(e, "://") {
+		host, port, err := net.SplitHostPort(e)
+		if err != nil {
+			return fmt.Errorf("want host:port or a URL (%v)", err)
+		}
+		if host == "" || port == "" {
+			return errors.New("want host:port with both a host and a port")
+		}
+		return nil
+	}
+	u, err := url.Parse(e)
+	if err != nil {
+		return err
+	}
+	switch u.Scheme {
+	case "http", "https":
+		if u.Hostname() == "" {
+			return errors.New("the URL names no host")
+		}
+	case "unix", "unixs":
+		if u.Host == "" && u.Path == "" {
+			return errors.New("the URL names no socket")
+		}
+	default:
+		return fmt.Errorf("scheme %q: want http, https, unix or unixs", u.Scheme)
+	}
+	return nil
+}
+
 // Client connects to etcd at endpoints (at least one) with a's access.
-// The caller closes it.
+// The caller closes it. A malformed endpoint is refused (CheckEndpoints).
 func (a *Access) Client(endpoints []string) (*clientv3.Client, error) {
+	if err := CheckEndpoints(endpoints); err != nil {
+		return nil, err
+	}
 	tls, err := tlsconfig.Client(a.CA, a.Cert, a.Key, "")
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)

@@ -3,6 +3,7 @@ package etcdflags
 import (
 	"context"
 	"flag"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -68,4 +69,28 @@ func TestClientRedialsEtcdSoonAfterALongOutage(t *testing.T) {
 		t.Fatalf("after %d failed attempts the client did not reach etcd within %v of its return: %v", attempts, wait, err)
 	}
 	t.Logf("reached etcd %v after it was back, %d attempts refused", time.Since(back).Round(time.Millisecond), link.Refused())
+}
+
+// TestCheckEndpointsRefusesWhatTheClientCannotDial: host:port and URLs of
+// the etcd client's schemes pass; a malformed address, a host or port
+// left out, another scheme or none at all is refused naming the endpoint,
+// before a client would retry it until its dial timeout.
+func TestCheckEndpointsRefusesWhatTheClientCannotDial(t *testing.T) {
+	for _, ok := range [][]string{
+		{"127.0.0.1:2379"}, {"etcd-0.etcd:2379", "etcd-1.etcd:2379"}, {"[::1]:2379"},
+		{"http://127.0.0.1:2379"}, {"https://etcd.example:2379"}, {"unix:///run/etcd.sock"}, {"unixs://etcd.sock"},
+	} {
+		if err := CheckEndpoints(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"nohostport", ":2379", "127.0.0.1:", "http://[::1", "http://:2379", "ftp://etcd:2379", "unix://"} {
+		err := CheckEndpoints([]string{"127.0.0.1:2379", bad})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", bad)) {
+			t.Errorf("%q: %v; want it refused, named", bad, err)
+		}
+	}
+	if err := CheckEndpoints(nil); err == nil {
+		t.Error("no endpoint accepted")
+	}
 }
