@@ -866,8 +866,11 @@ type Reading struct {
 	// and at least 1ms.
 	Window time.Duration
 	// DemandRate is the demand now (tokens/s): the live leases' rates plus
-	// the strict path's decisions per second over Window.
+	// the strict path's decisions per second over Window (StrictRate).
 	DemandRate float64
+	// StrictRate is the strict path's decisions per second over Window:
+	// a count, so a reading over a short window is noisy.
+	StrictRate float64
 }
 
 // Since is the demand between prev, an earlier read of the same key, and
@@ -879,7 +882,8 @@ func (st State) Since(prev State) Reading {
 		Denied:   increase(st.Denied, prev.Denied),
 		Window:   time.Duration(max(1, (st.NowUS-prev.NowUS)/1000)) * time.Millisecond,
 	}
-	r.DemandRate = st.LeaseDemand + float64(increase(st.StrictDemand, prev.StrictDemand))/r.Window.Seconds()
+	r.StrictRate = float64(increase(st.StrictDemand, prev.StrictDemand)) / r.Window.Seconds()
+	r.DemandRate = st.LeaseDemand + r.StrictRate
 	return r
 }
 

@@ -79,8 +79,8 @@ type KeyRead struct {
 // baseline. Not safe for concurrent use.
 type Leader struct {
 	seq      uint64
-	last     map[quota.Key]luascripts.State // each key's state at the previous epoch report
-	lastPeak shrink.Peak                    // last's high-water mark
+	last     map[quota.Key]baseline // each key's state at the previous epoch report
+	lastPeak shrink.Peak            // last's high-water mark
 	// static is the region's static lease as this leadership knows it:
 	// what it read from the region's Redis (Load) and what answers and
 	// the etcd rule added since.
@@ -94,6 +94,16 @@ type Leader struct {
 	// released is, per key, the tokens its last applied install clipped
 	// (the burst transfer), until a report carries them or drops them.
 	released map[quota.Key]release
+}
+
+// baseline is a key's state as the last epoch report read it, and the
+// strict path's decisions per second over that report's window (0 at a
+// first sight). Between epochs the leader counts the key's strict demand
+// at that rate (rise.go): a count over the few milliseconds since the
+// epoch report is noise, where its leases' rates are readings.
+type baseline struct {
+	luascripts.State
+	strict float64
 }
 
 // release is tokens clipped under one grant, by its install (set_rate's
@@ -138,7 +148,7 @@ func (l *Leader) took(r KeyRead) {
 
 // NewLeader returns a leader with no baselines.
 func NewLeader() *Leader {
-	return &Leader{last: map[quota.Key]luascripts.State{}, sel: map[quota.Key]selected{}, released: map[quota.Key]release{}}
+	return &Leader{last: map[quota.Key]baseline{}, sel: map[quota.Key]selected{}, released: map[quota.Key]release{}}
 }
 
 // Elected starts a new leadership: the demand baseline starts afresh, so
@@ -218,6 +228,7 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 		StaticValidMs: l.static.ValidMs(sendUS)}
 	held := make(Held, len(reads))
 	demand := make([]float64, len(reads))
+	watchDemand := make([]float64, len(reads))
 	var risenFrom map[quota.Key]float64
 	if kind != Epoch && len(l.watch) > 0 {
 		risenFrom = l.risenFrom()
@@ -227,9 +238,9 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 		l.took(r)
 		st := r.State
 		prev, seen := l.last[r.Key]
-		if kind == Epoch {
-			l.last[r.Key] = st
-		}
+		next := baseline{State: st, strict: prev.strict}
+		// The key's demand now as the watch judges it (rise.go).
+		now := st.LeaseDemand + prev.strict
 		kd := &sluicev1.KeyDemand{
 			Key:      &sluicev1.QuotaKey{Tenant: r.Key.Tenant, Class: r.Key.Class},
 			Holding:  st.Holding(),
@@ -237,23 +248,36 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 		}
 		switch {
 		case seen && st.NowUS > prev.NowUS:
-			d := st.Since(prev)
+			d := st.Since(prev.State)
+			next.strict = d.StrictRate
 			kd.Admitted, kd.Denied, kd.WindowMs = d.Admitted, d.Denied, d.Window.Milliseconds()
 			kd.DemandRate = proto.Float64(d.DemandRate)
-			if from, ok := risenFrom[r.Key]; ok && kd.WindowMs < epoch.Milliseconds() && (risen(half, r, from) || fallen(half, r, from)) {
+			if from, ok := risenFrom[r.Key]; ok && kd.WindowMs < epoch.Milliseconds() && (risen(half, now, r, from) || fallen(half, now, r, from)) {
 				// A rise (or a granted key's fall) within the epoch: the
 				// reading over one epoch, as at a first sight (the
 				// allocator takes no reading from a window under half an
-				// epoch).
+				// epoch), its strict part at the last epoch report's
+				// rate, as the watch judged it.
 				kd.Admitted, kd.Denied, kd.WindowMs = 0, 0, epoch.Milliseconds()
+				kd.DemandRate = proto.Float64(now)
 			}
 		case !seen && st.LeaseDemand > 0 && epoch >= time.Millisecond:
 			kd.WindowMs = epoch.Milliseconds()
 			kd.DemandRate = proto.Float64(st.LeaseDemand)
 		}
+		if kind == Epoch {
+			l.last[r.Key] = next
+		}
 		// A key with no demand rate is a baseline, or a reading that saw
 		// no time pass: it carries no counts, so no demand.
 		demand[i] = kd.GetDemandRate()
+		watchDemand[i] = demand[i]
+		if seen && kind != Epoch && 2*kd.WindowMs < epoch.Milliseconds() {
+			// A reading the allocator does not take: the watch compares
+			// with the demand as it judges it, not with a count over a
+			// few milliseconds.
+			watchDemand[i] = now
+		}
 		held[r.Key] = r.StaticRate
 		if st.GrantExpiryUS > 0 {
 			kd.HeldRate, kd.HeldBurst = st.Rate, st.Cap
@@ -279,7 +303,7 @@ func (l *Leader) Report(region string, sendUS int64, epoch time.Duration, kind K
 	}
 	l.lastPeak.Note(len(l.last))
 	l.last = shrink.Map(l.last, &l.lastPeak)
-	l.noteWatched(reads, demand)
+	l.noteWatched(reads, watchDemand)
 	l.noteSelected(kind, reads, demand)
 	return rep, held
 }

@@ -64,17 +64,25 @@ func (l *Leader) Watched() []quota.Key {
 }
 
 // Moved says whether the states read between epochs (reads, for keys of
-// Watched and Fresh) are worth a report now: whether one key's live leases
-// ask for more than both the rate the region refills it at and the demand
-// last reported, by more than a tenth of the region's static share and
-// more than the noise of a demand reading (three standard deviations of a
+// Watched and Fresh) are worth a report now: whether one key asks for
+// more than both the rate the region refills it at and the demand last
+// reported, by more than a tenth of the region's static share and more
+// than the noise of a demand reading (three standard deviations of a
 // Poisson count over half an epoch) (rose), and whether one key that holds
-// a grant has leases asking for less than both the grant's rate and the
-// demand last reported, by as much (fell). A region whose key fell is a
-// donor the allocator does not know of yet: its report lowers its grant,
-// and its acknowledgement frees the capacity for the regions whose targets
-// rose (the allocator nudges them, pkg/hierarchy nudge.go), up to an epoch
-// before its epoch report would. A key without a grant holds the region's
+// a grant asks for less than both the grant's rate and the demand last
+// reported, by as much (fell). What a key asks for is its live leases'
+// rates now plus its strict path's decisions per second over the last
+// epoch report's window: the strict path keeps counts, not rates, and a
+// count over the few milliseconds since that report is noise (2 decisions
+// in 125 ms of a steady 20/s read as 16/s). Judged on its leases alone, a
+// strict key granted its demand always looked fallen, and the report that
+// started cut its grant. So a strict key's own moves are read at the
+// epoch reports.
+//
+// A region whose key fell is a donor the allocator does not know of yet:
+// its report lowers its grant, and its acknowledgement frees the capacity
+// for the regions whose targets rose (the allocator nudges them,
+// pkg/hierarchy nudge.go), up to an epoch before its epoch report would. A key without a grant holds the region's
 // static share, which the allocator counts whatever its demand, so its
 // fall frees nothing by itself and is left to the epoch report. Both tests
 // compare with the demand last reported, so a steady key (its demand as
@@ -84,33 +92,33 @@ func (l *Leader) Moved(epoch time.Duration, reads []KeyRead) (rose, fell bool) {
 	reported := l.risenFrom()
 	for _, r := range reads {
 		l.took(r)
-		rose = rose || risen(half, r, reported[r.Key])
-		fell = fell || fallen(half, r, reported[r.Key])
+		d := r.State.LeaseDemand + l.last[r.Key].strict
+		rose = rose || risen(half, d, r, reported[r.Key])
+		fell = fell || fallen(half, d, r, reported[r.Key])
 	}
 	return rose, fell
 }
 
-// risen is Moved's test of a rise for one key: its live leases ask for more than
-// both the rate it refills at and the demand last reported, beyond a
+// risen is Moved's test of a rise for one key read as r asking for d: more
+// than both the rate it refills at and the demand last reported, beyond a
 // tenth of the static share and three standard deviations of a Poisson
 // count over half an epoch (half, seconds).
-func risen(half float64, r KeyRead, reported float64) bool {
-	d := r.State.LeaseDemand
+func risen(half, d float64, r KeyRead, reported float64) bool {
 	base := max(reported, r.State.Rate)
 	return d > base+max(riseShare*r.StaticRate, 3*math.Sqrt(d/half))
 }
 
-// fallen is Moved's test of a fall for one key: it holds a grant, and its
-// live leases ask for less than both the grant's rate and the demand last
-// reported, beyond a tenth of the static share and three standard
+// fallen is Moved's test of a fall for one key read as r asking for d: it
+// holds a grant, and d is less than both the grant's rate and the demand
+// last reported, beyond a tenth of the static share and three standard
 // deviations of a Poisson count over half an epoch at the lower of the
 // two (the rate it falls from).
-func fallen(half float64, r KeyRead, reported float64) bool {
+func fallen(half, d float64, r KeyRead, reported float64) bool {
 	if r.State.GrantExpiryUS <= 0 {
 		return false
 	}
 	top := min(reported, r.State.Rate)
-	return r.State.LeaseDemand < top-max(riseShare*r.StaticRate, 3*math.Sqrt(top/half))
+	return d < top-max(riseShare*r.StaticRate, 3*math.Sqrt(top/half))
 }
 
 // risenFrom is the demand each watched key last reported, for risen and

@@ -333,3 +333,55 @@ func TestFallReportCarriesItsReading(t *testing.T) {
 		t.Fatalf("a key that moved neither way went out as a reading over one epoch: %v", kd)
 	}
 }
+
+// TestStrictDemandIsJudgedAtItsEpochRate: between epochs a strict key's
+// demand is its decisions per second over the last epoch report's window
+// (the strict path keeps counts, and a count over the milliseconds since
+// that report is noise), plus its leases' rates. A key granted its steady
+// 20/s read 125 ms after its epoch report (2 decisions) neither fell nor
+// rose, and a report then carries its 2 decisions over their own 125 ms,
+// which the allocator takes no reading from; judged on its leases alone
+// (none) it always fell, and went out as a reading of 16/s over a whole
+// epoch, which cut its grant. A fall of its leases still counts.
+func TestStrictDemandIsJudgedAtItsEpochRate(t *testing.T) {
+	k := quota.Key{Tenant: "z", Class: "pay"}
+	now := int64(1_700_000_000_000_000)
+	const epoch = time.Second
+	rate := 20.0
+	read := func(at int64, decisions int64, lease float64) KeyRead {
+		return KeyRead{Key: k, StaticRate: 37.5, State: luascripts.State{Rate: rate, Cap: 4, GrantExpiryUS: now + 5_000_000,
+			StrictDemand: decisions, LeaseDemand: lease, NowUS: at}}
+	}
+	l := NewLeader()
+	l.Report("a", now-1_000_000, epoch, Epoch, []KeyRead{read(now-1_000_000, 100, 0)})
+	rep, _ := l.Report("a", now, epoch, Epoch, []KeyRead{read(now, 120, 0)})
+	if got := rep.GetKeys()[0].GetDemandRate(); got != 20 {
+		t.Fatalf("the epoch report read %v/s, want the 20 decisions over its second", got)
+	}
+	later := read(now+125_000, 122, 0)
+	if rose, fell := l.Moved(epoch, []KeyRead{later}); rose || fell {
+		t.Fatalf("2 decisions 125 ms after a steady 20/s: rose %v fell %v, want neither", rose, fell)
+	}
+	rep, _ = l.Report("a", now+125_000, epoch, Nudged, []KeyRead{later})
+	if kd := rep.GetKeys()[0]; kd.GetWindowMs() != 125 || kd.GetAdmitted()+kd.GetDenied() != 0 || kd.GetDemandRate() != 16 {
+		t.Fatalf("the report between epochs went out as window %d ms, counts %d+%d, rate %v; want its own 125 ms (2 decisions, 16/s)",
+			kd.GetWindowMs(), kd.GetAdmitted(), kd.GetDenied(), kd.GetDemandRate())
+	}
+	if _, fell := l.Moved(epoch, []KeyRead{read(now+250_000, 122, 0)}); fell {
+		t.Fatal("no decision in the next 125 ms reads as a fall: the report's short window became the demand compared with")
+	}
+	// The same key granted 80/s, with leases asking 60/s on top, whose
+	// leases stop.
+	rate = 80
+	l = NewLeader()
+	l.Report("a", now-1_000_000, epoch, Epoch, []KeyRead{read(now-1_000_000, 100, 60)})
+	l.Report("a", now, epoch, Epoch, []KeyRead{read(now, 120, 60)})
+	fall := read(now+125_000, 122, 0)
+	if _, fell := l.Moved(epoch, []KeyRead{fall}); !fell {
+		t.Fatal("leases falling from 60/s to nothing beside 20/s of strict decisions is no fall")
+	}
+	rep, _ = l.Report("a", now+125_000, epoch, Nudged, []KeyRead{fall})
+	if kd := rep.GetKeys()[0]; kd.GetWindowMs() != epoch.Milliseconds() || kd.GetDemandRate() != 20 {
+		t.Fatalf("the fall went out as window %d ms at %v/s, want one epoch at the 20/s of strict decisions", kd.GetWindowMs(), kd.GetDemandRate())
+	}
+}
