@@ -733,13 +733,14 @@ func TestCoreEveryAnswerClosesTheBreakerAndAnUnansweredReleaseCounts(t *testing.
 
 // TestCoreWaitOnACallUnansweredWhileALaterOneWasAnsweredIsDenied: a
 // request that waits on its key's report in flight (another request's
-// acquire, or a refill) is decided as the request that sent it would be:
-// when the wait ends with the report still unanswered while the region
-// answered a call sent after the wait began (one replica of several hung),
-// it is denied, to be retried after about a round trip, not decided by
-// the on_failure policy (an open class admitted everything, and local
-// spent its bucket, while the other replicas answered); when no later call
-// was answered, the policy decides.
+// acquire, or a refill, sent to a hung replica of several) and whose wait
+// ends with the report unanswered is denied, to be retried after about a
+// round trip, not decided by the on_failure policy (an open class admitted
+// everything, and local spent its bucket, while the other replicas
+// answered), when the region answered a call during its wait or within
+// one request timeout before it began (it sends nothing while it waits,
+// so a wait that began after the last answer found none in time); when
+// the last answer is older than that, the policy decides.
 func TestCoreWaitOnACallUnansweredWhileALaterOneWasAnsweredIsDenied(t *testing.T) {
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
 	c, _, brk := newTestCore(t, 0, 50*time.Millisecond)
@@ -757,7 +758,16 @@ func TestCoreWaitOnACallUnansweredWhileALaterOneWasAnsweredIsDenied(t *testing.T
 		t.Errorf("wait on an unanswered acquire, a later call answered: %+v; want denied with a retry of about a round trip, not degraded", st)
 	}
 
-	// No call sent after the wait began was answered: the policy decides.
+	// The last answer came before the wait began, within a request
+	// timeout of it: denied.
+	recent := c.Slow(kR, 1)
+	stepTo(t, "a request waiting after the last answer", recent.Next(ms(30)), DoWait)
+	if st = recent.WaitFailed(ms(80)); st.Do != DoDecided || st.Degraded || st.Decision.Allowed || st.Decision.RetryAfter <= 0 {
+		t.Errorf("wait begun 25ms after the region's last answer: %+v; want denied with a retry, not degraded", st)
+	}
+
+	// The last answer is older than a request timeout when the wait
+	// begins (the region stopped answering): the policy decides.
 	alone := c.Slow(kR, 1)
 	stepTo(t, "a request waiting alone", alone.Next(ms(60)), DoWait)
 	if st = alone.WaitFailed(ms(110)); st.Do != DoDecided || !st.Degraded || !st.Decision.Degraded {

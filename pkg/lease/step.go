@@ -258,16 +258,25 @@ func (s *Slow) answeredElsewhere(now time.Time) Step {
 }
 
 // WaitFailed is the step after a wait that ended without the report in
-// flight ending (timeout). The request is decided as the one whose call
-// that report is (AcquireGaveUp): denied, to be asked again, when the
-// region answered a call sent after the wait began, and so after the
-// report (answeredElsewhere); else by its on_failure policy. Sent to the
-// policy whatever the region answered, the requests queued behind a call
-// to a hung replica of several were decided by it while the others
-// answered: an open class admitted every one of them, and the instance
-// counted itself degraded.
+// flight ending (timeout). The request is denied, to be asked again, when
+// the region answered a call at any time from one request timeout before
+// the wait began (answeredElsewhere): the region is reachable, and the
+// report's call went to a replica that does not answer; else the
+// on_failure policy decides.
+//
+// Why that window: the report a request waits on is often a call another
+// request sent to a hung replica of several, which goes on for up to four
+// request timeouts (AcquireCallTimeout) or a Sync's timeout. Its waiters
+// send nothing meanwhile, so asking for an answer to a call sent after
+// the wait began found none within the wait, and they went to the policy
+// while the other replicas answered the instance's other keys (an open
+// class admitted them, beyond b + r·t). An answer from before the wait
+// began, though, is no evidence
+// once it is old: at the start of an outage the waiters go to the policy
+// one request timeout after the last answer, not for as long as the hung
+// call lasts.
 func (s *Slow) WaitFailed(now time.Time) Step {
-	if !s.waitAt.IsZero() && s.c.brk.AnsweredSince(s.waitAt) {
+	if !s.waitAt.IsZero() && s.c.brk.AnsweredAfter(s.waitAt.Add(-s.c.RequestTimeout(s.c.breakerTimeout))) {
 		return s.answeredElsewhere(now)
 	}
 	return s.Fallback(now)
