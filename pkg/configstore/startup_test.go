@@ -160,3 +160,39 @@ func TestAwaitEtcdConfigAfterTheKeyWasDeletedStartsOnItsLastConfig(t *testing.T)
 		t.Fatalf("start with no record of the deletion: revision %d, %v, rate %v; want the bootstrap (7) written and served", got, err, readRate(rw.Current()))
 	}
 }
+
+// TestDeletedAtReadsTheHistoryUpToItsRevision: DeletedAt is the last
+// deletion of the config key at or before the revision it is given, read
+// from the key's history: a later write or deletion does not count, and a
+// write after a deletion undoes it.
+func TestDeletedAtReadsTheHistoryUpToItsRevision(t *testing.T) {
+	cli, store, ctx := newStore(t)
+	var revs []int64 // put, delete, put, delete, put
+	for i := range 5 {
+		var rev int64
+		if i%2 == 0 {
+			r, err := cli.Put(ctx, store.Key(), "x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rev = r.Header.Revision
+		} else {
+			r, err := cli.Delete(ctx, store.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rev = r.Header.Revision
+		}
+		revs = append(revs, rev)
+	}
+	for _, c := range []struct {
+		upTo, want int64
+	}{
+		{revs[0] - 1, 0}, {revs[0], 0}, {revs[1], revs[1]}, {revs[2], 0}, {revs[3], revs[3]}, {revs[4], 0},
+	} {
+		if got, err := store.DeletedAt(ctx, c.upTo); err != nil || got != c.want {
+			t.Errorf("DeletedAt(%d) = %d, %v; want %d (history: put %d, delete %d, put %d, delete %d, put %d)",
+				c.upTo, got, err, c.want, revs[0], revs[1], revs[2], revs[3], revs[4])
+		}
+	}
+}
