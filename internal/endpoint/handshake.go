@@ -7,11 +7,12 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/sluicehq/sluice/internal/logthrottle"
 )
 
 // Reasons a client certificate is refused in the TLS handshake, the
@@ -36,13 +37,11 @@ type refusals struct {
 	log     *slog.Logger
 	counter *prometheus.CounterVec
 	now     func() time.Time
-
-	mu     sync.Mutex
-	logged map[string]time.Time // host + reason → when last logged
+	logged  *logthrottle.Throttle // by host and reason
 }
 
 func newRefusals(log *slog.Logger, reg prometheus.Registerer) *refusals {
-	r := &refusals{log: log, now: time.Now, logged: map[string]time.Time{}}
+	r := &refusals{log: log, now: time.Now, logged: logthrottle.New(handshakeLogEvery)}
 	r.counter = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_rpc_handshake_refused_total",
 		Help: "TLS handshakes the gRPC server refused, by reason: no_certificate, expired, unknown_authority, invalid (the client certificate), other (not a TLS client, a connection reset).",
@@ -105,23 +104,7 @@ func (r *refusals) note(peer net.Addr, err error) {
 			host = h
 		}
 	}
-	now := r.now()
-	key := host + " " + reason
-	r.mu.Lock()
-	last, seen := r.logged[key]
-	log := !seen || now.Sub(last) >= handshakeLogEvery
-	if log {
-		r.logged[key] = now
-		if len(r.logged) > 4096 { // forget peers not seen within a minute
-			for k, t := range r.logged {
-				if now.Sub(t) >= handshakeLogEvery {
-					delete(r.logged, k)
-				}
-			}
-		}
-	}
-	r.mu.Unlock()
-	if log {
+	if log, _ := r.logged.Allow(host+" "+reason, r.now()); log {
 		r.log.Warn("TLS handshake refused: the client's certificate is not accepted (further refusals of this peer for this reason are counted in sluice_rpc_handshake_refused_total, logged again after a minute)",
 			append([]any{"peer", host, "reason", reason, "err", err.Error()}, attrs...)...)
 	}

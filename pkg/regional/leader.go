@@ -13,6 +13,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/election"
+	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -97,7 +98,7 @@ type Leader struct {
 	// ignoredGrants spaces the log lines about grants the region cannot
 	// install: one a minute per class left out of the config, one a
 	// minute for any other reason.
-	ignoredGrants *logThrottle
+	ignoredGrants *logthrottle.Throttle
 	// leading is observed by tests and metrics.
 	leading chan bool
 	// isLeading is set while this replica leads its region.
@@ -159,7 +160,7 @@ func NewLeader(s *Server, o LeaderOptions) (*Leader, error) {
 
 // newLeader is NewLeader past its checks of o.
 func newLeader(s *Server, o LeaderOptions) *Leader {
-	return &Leader{s: s, opts: o, sync: regionsync.NewLeader(), leading: make(chan bool, 1), ignoredGrants: newLogThrottle(time.Minute)}
+	return &Leader{s: s, opts: o, sync: regionsync.NewLeader(), leading: make(chan bool, 1), ignoredGrants: logthrottle.New(time.Minute)}
 }
 
 // Run campaigns for the region's leadership and, while leading, syncs with
@@ -591,12 +592,12 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 				// A class this region's config no longer has: the global
 				// tier grants it until it confirms the revision that
 				// removed it, a config change like any other.
-				if ok, left := l.ignoredGrants.allow("class "+in.Key.Class, time.Now()); ok {
+				if ok, left := l.ignoredGrants.Allow("class "+in.Key.Class, time.Now()); ok {
 					s.log.Info("global tier granted a key of a class this region's config no longer has; ignored until the global tier runs that config too",
 						"class", in.Key.Class, "key", in.Key.String(), "ignored_since_last_logged", left)
 				}
 			default:
-				if ok, left := l.ignoredGrants.allow("invalid", time.Now()); ok {
+				if ok, left := l.ignoredGrants.Allow("invalid", time.Now()); ok {
 					s.log.Warn("global tier granted an invalid key; ignored", "err", err, "ignored_since_last_logged", left)
 				}
 			}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -137,7 +138,7 @@ type Server struct {
 	metrics  *metrics
 	log      *slog.Logger
 	// scriptLog spaces the lines about failing script calls.
-	scriptLog *logThrottle
+	scriptLog *logthrottle.Throttle
 	// sentinelFailing is whether the last restart sentinel check failed,
 	// so a Redis outage is logged once, not every epoch. Owned by Run's
 	// goroutine.
@@ -147,6 +148,12 @@ type Server struct {
 	lookMu  sync.Mutex
 	looking chan struct{}
 }
+
+// scriptFailureLogEvery is the least time between two log lines about
+// failing calls of one script. A Redis outage fails every caller's call:
+// each is counted (sluice_regional_redis_errors_total) but one line a
+// second per script says it as well as thousands.
+const scriptFailureLogEvery = time.Second
 
 // New validates opts and returns a Server.
 func New(opts Options) (*Server, error) {
@@ -194,7 +201,7 @@ func New(opts Options) (*Server, error) {
 		active:  newActiveKeys(),
 		log:     opts.Logger,
 
-		scriptLog: newLogThrottle(scriptFailureLogEvery),
+		scriptLog: logthrottle.New(scriptFailureLogEvery),
 	}
 	// The config the process starts on counts as confirmed until
 	// ResumeChain reads the region's history (see docs/architecture.md,
@@ -692,7 +699,7 @@ func (s *Server) observeScript(ctx context.Context, script string, start time.Ti
 		s.log.Debug("caller gave up before redis answered", "script", script, "err", err)
 	default:
 		s.metrics.redisErrors.WithLabelValues(script).Inc()
-		if ok, leftOut := s.scriptLog.allow(script, time.Now()); ok {
+		if ok, leftOut := s.scriptLog.Allow(script, time.Now()); ok {
 			s.log.Warn("redis script failed", "script", script, "err", ExplainRedisErr(err),
 				"failed_unlogged", leftOut)
 		}

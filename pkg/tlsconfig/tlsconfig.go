@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/logthrottle"
 )
 
 // MinVersion is the oldest TLS version accepted either way.
@@ -43,7 +44,7 @@ func Server(certFile, keyFile, clientCAFile string, opts ...Option) (*tls.Config
 	}
 	// Every handshake takes the files' current contents (ReloadInterval).
 	base := cfg.Clone()
-	outside := &validityLog{log: o.log}
+	outside := newValidityLog(o.log)
 	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		c := base.Clone()
 		cert := pair.get()
@@ -93,7 +94,7 @@ func Client(caFile, certFile, keyFile, serverName string, opts ...Option) (*tls.
 		// with an alert that, under TLS 1.3, reaches the client after its
 		// first write, often as a broken pipe or a reset that says nothing
 		// of the certificate. Failed here, the handshake's error names it.
-		outside := &validityLog{log: log}
+		outside := newValidityLog(log)
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			cert := pair.get()
 			if err := validAt(cert, certFile, time.Now()); err != nil {
@@ -138,20 +139,16 @@ const validityEvery = time.Minute
 // validityLog logs a certificate outside its validity period at most once
 // per validityEvery. Safe for concurrent use.
 type validityLog struct {
-	log  *slog.Logger
-	mu   sync.Mutex
-	last time.Time // guarded by mu: when it was last logged
+	log     *slog.Logger
+	spacing *logthrottle.Throttle
+}
+
+func newValidityLog(log *slog.Logger) *validityLog {
+	return &validityLog{log: log, spacing: logthrottle.New(validityEvery)}
 }
 
 func (v *validityLog) note(msg string, err error) {
-	v.mu.Lock()
-	now := time.Now()
-	due := v.last.IsZero() || now.Sub(v.last) >= validityEvery
-	if due {
-		v.last = now
-	}
-	v.mu.Unlock()
-	if due {
+	if ok, _ := v.spacing.Allow("", time.Now()); ok {
 		v.log.Error(msg, "err", err, "repeated_every", validityEvery)
 	}
 }
