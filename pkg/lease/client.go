@@ -382,7 +382,8 @@ func (c *Client) waitFor(ctx context.Context, ch <-chan struct{}, wait time.Dura
 	case <-ch:
 		return nil
 	case <-t.C:
-		return fmt.Errorf("%w: the refill in flight took longer than %v", errWaitEnded, wait)
+		// wait is what was left of the request's wait, not all of it.
+		return fmt.Errorf("%w: the refill in flight was not answered in the %v left of it", errWaitEnded, wait)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -455,7 +456,9 @@ func (c *Client) acquire(ctx context.Context, s *Slow, b *Batch) (Step, error) {
 	case <-wait.C:
 		st, late := s.AcquireGaveUp(time.Now(), false)
 		c.landLate(late, method, start, done)
-		return st, fmt.Errorf("%w: the acquire took longer than %v", errWaitEnded, budget)
+		// budget is what was left of the request's wait when the acquire
+		// went out (earlier rounds may have used the rest), not all of it.
+		return st, fmt.Errorf("%w: the acquire was not answered in the %v left of it", errWaitEnded, budget)
 	case <-ctx.Done():
 		st, late := s.AcquireGaveUp(time.Now(), true)
 		c.landLate(late, method, start, done)
