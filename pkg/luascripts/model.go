@@ -652,7 +652,31 @@ func (o *op) keep() {
 	b.expireAt, b.ttlMS = o.now+o.ttl*1000, o.ttl
 }
 
+// round6 is x written with six decimals and read back, as lib.lua stores
+// a token count ('%.6f'): the float nearest to x rounded to a whole
+// micro-token. It is on every modelled call (the simulator's hottest
+// arithmetic), so it avoids the decimal round trip where it can: n, the
+// nearest integer to y = x·10⁶ computed in floating point, is the
+// correctly rounded micro-token count unless the exact x·10⁶ lies within
+// y's rounding error (half an ulp of y) of a half-integer, and n/10⁶ is
+// then the float nearest to that decimal (n and 10⁶ are exact, and IEEE
+// division rounds correctly), which is what ParseFloat returns. Near a
+// half-integer, at 2⁵⁰ micro-tokens or above, and for NaN and infinities
+// it takes the decimal round trip. round6Decimal is that round trip.
 func round6(x float64) float64 {
+	y := x * 1e6
+	// y is within a·2⁻⁵³ of the exact product, and d is exact below 2⁵²;
+	// at or above 2⁵⁰ micro-tokens, and for NaN and infinities, no d
+	// passes the test.
+	a := math.Abs(y)
+	if d := math.Abs(a - math.Floor(a) - 0.5); d > a*0x1p-51 {
+		return math.Round(y) / 1e6
+	}
+	return round6Decimal(x)
+}
+
+// round6Decimal is round6 by the decimal round trip itself.
+func round6Decimal(x float64) float64 {
 	f, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'f', 6, 64), 64)
 	return f
 }
