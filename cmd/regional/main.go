@@ -25,6 +25,8 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -37,6 +39,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/resolver"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/etcdflags"
@@ -138,6 +141,11 @@ func parseFlags(args []string) (*flags, error) {
 	if err := regional.ValidateRedisAddr(f.redisAddr); err != nil {
 		return nil, fmt.Errorf("-redis-addr wants host:port (comma-separated for a Redis Cluster): %w", err)
 	}
+	for _, addr := range flagenv.List(f.globalAddrs) {
+		if err := checkGlobalAddr(addr); err != nil {
+			return nil, fmt.Errorf("-global-addr wants host:port, comma separated (\"{shard}\" may stand for the shard's number): %q: %v", addr, err)
+		}
+	}
 	// Values the service would refuse in the words of its options are
 	// refused here naming the flag.
 	switch {
@@ -153,6 +161,30 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, fmt.Errorf("-max-inflight-per-identity %d must be at least -max-inflight-per-connection (%d)", f.perIdentity, f.perConnection)
 	}
 	return f, nil
+}
+
+// checkGlobalAddr says why addr, one of -global-addr's, is not an address
+// the region leader can dial (nil when it is): host:port once "{shard}"
+// stands for a number, or a target of a registered gRPC scheme
+// (dns:///host:port). Unchecked, a mistake surfaced only once the replica
+// led its region, as sync failures, while the region ran on its grants,
+// then on its floor.
+func checkGlobalAddr(addr string) error {
+	addr = strings.ReplaceAll(addr, "{shard}", "0")
+	if u, err := url.Parse(addr); err == nil && u.Scheme != "" && resolver.Get(u.Scheme) != nil {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	var ae *net.AddrError
+	switch {
+	case errors.As(err, &ae):
+		return errors.New(ae.Err)
+	case err != nil:
+		return err
+	case port == "":
+		return errors.New("missing port")
+	}
+	return nil
 }
 
 func run(ctx context.Context, args []string, stdout *os.File) error {
