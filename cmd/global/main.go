@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -87,6 +88,9 @@ func runNotifying(ctx context.Context, args []string, started func(grpcAddr stri
 		return nil
 	}
 	if err := checkFlags(*sessionTTL, *perConnection, *perIdentity, *maxReportBytes); err != nil {
+		return err
+	}
+	if err := checkAdvertise(*advertise); err != nil {
 		return err
 	}
 	logger, err := flagenv.Logger(*logLevel)
@@ -185,6 +189,30 @@ func parseShard(v string, hostname func() (string, error)) (int, error) {
 		return 0, fmt.Errorf("-shard %q: want a shard in 0..%d or \"ordinal\"", v, shard.MaxShards-1)
 	}
 	return n, nil
+}
+
+// checkAdvertise refuses an -advertise that is not host:port. The address
+// is what etcd names as the leader: standbys send regions to it and
+// sluicectl status asks it, so a mistake (a port left out) left every
+// region unable to reach a leader it could not dial, its grants lapsing,
+// while the replica ran and led as if nothing were wrong. Empty is the
+// bound -listen address.
+func checkAdvertise(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	var ae *net.AddrError
+	switch {
+	case errors.As(err, &ae):
+		err = errors.New(ae.Err)
+	case err == nil && port == "":
+		err = errors.New("missing port")
+	}
+	if err != nil {
+		return fmt.Errorf("-advertise %q: want the host:port regions and other replicas dial this replica at: %v", addr, err)
+	}
+	return nil
 }
 
 // checkFlags refuses the values the allocator would refuse in the words of

@@ -155,6 +155,33 @@ func TestRunRefusesBadFlags(t *testing.T) {
 	}
 }
 
+// TestRunRefusesAnAdvertiseThatIsNotHostPort: an -advertise with no port
+// was taken as is; the replica led under it, etcd named it as the leader,
+// and every region sent there by a standby (and sluicectl status) failed
+// to dial it until the region's grants lapsed. It is refused before etcd is
+// asked, naming the flag.
+func TestRunRefusesAnAdvertiseThatIsNotHostPort(t *testing.T) {
+	for _, c := range []struct{ addr, want string }{
+		{"sluice-global", `-advertise "sluice-global": want the host:port regions and other replicas dial this replica at: missing port in address`},
+		{"10.0.0.7:", `-advertise "10.0.0.7:": want the host:port regions and other replicas dial this replica at: missing port`},
+		{"a:b:7500", "too many colons in address"},
+	} {
+		// Refused before etcd is asked; the deadline only ends a run that
+		// was not (it waits for etcd, then stops cleanly).
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := run(ctx, []string{"-etcd-endpoints", "127.0.0.1:1", "-advertise", c.addr})
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("-advertise %q: %v, want an error containing %q", c.addr, err, c.want)
+		}
+	}
+	for _, addr := range []string{"", "10.0.0.7:7500", "sluice-global-0.sluice-global:7500", "[fd00::7]:7500"} {
+		if err := checkAdvertise(addr); err != nil {
+			t.Errorf("-advertise %q refused: %v", addr, err)
+		}
+	}
+}
+
 func TestShardFromOrdinal(t *testing.T) {
 	host := func(name string) func() (string, error) { return func() (string, error) { return name, nil } }
 	if n, err := parseShard("ordinal", host("sluice-global-3")); n != 3 || err != nil {
