@@ -215,7 +215,8 @@ func drainTiming(cfg *config.Config, region string, drain bool) string {
 			"its share goes to the other regions as its grants expire: within about grant_validity + 2 × epoch = %v. "+
 			"Watch it with: sluicectl status (state drained)", region, validity+2*epoch)
 	}
-	return fmt.Sprintf("%s's static share rises once every region has adopted this revision (at most a few epochs of %v), "+
-		"then grants bring its share back from the others, fenced: nothing is over-admitted meanwhile. "+
-		"Watch it with: sluicectl status (state live)", region, epoch)
+	return fmt.Sprintf("grants bring %s's share back from the others, fenced, as its demand asks (nothing is over-admitted meanwhile); "+
+		"its static share rises once every region has reported this revision (a few epochs of %v) "+
+		"and grant_validity + epoch = %v more have passed, so that every grant sized with it at its floor has ended. "+
+		"Watch it with: sluicectl status (state live)", region, epoch, validity+epoch)
 }

@@ -68,7 +68,7 @@ func TestRegionDrainAndRestoreWriteThroughTheDiff(t *testing.T) {
 	// Restore clears the field (the diff shows the line going away).
 	r = sluicectl(t, "", c.args("region", "restore", "eu-west", "-yes")...)
 	wantCode(t, r, exitOK)
-	wantContains(t, "stdout", r.stdout, "-    drained: true", "applied: revision", "eu-west's static share rises once every region has adopted")
+	wantContains(t, "stdout", r.stdout, "-    drained: true", "applied: revision", "grants bring eu-west's share back", "its static share rises once every region has reported")
 	if got := c.drainedRegions(t); len(got) != 0 {
 		t.Fatalf("drained after restore = %v, want none", got)
 	}
@@ -205,4 +205,32 @@ func TestRestoreSilentTimingNamesWhatTheRiseWaitsFor(t *testing.T) {
 	others := restoreSilentTiming("us-east", []regionView{{Region: "eu-west", Silent: true, SilentSince: &since}, {Region: "ap-south", Lapsed: true}})
 	wantContains(t, "restore beside silent regions", others, "hears no report from eu-west since ", ", ap-south: us-east's static share",
 		"not before eu-west and ap-south report again")
+}
+
+// TestRestoreTimingCountsTheConfirmationWait: a restored region's static
+// share rises one grant validity and one epoch after every region reported
+// the revision (make before break), and grants bring its share back before
+// that. The message said it rose within "a few epochs", then grants: with
+// epoch 250ms and grant_validity 1s the rise came 1.46 s after every
+// region had reported, and grants had brought the share back before it.
+func TestRestoreTimingCountsTheConfirmationWait(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+epoch: 250ms
+grant_validity: 1s
+region_lease: 4s
+regions: {us-east: {weight: 1}, eu-west: {weight: 1}}
+classes: {read: {}}
+tiers: {free: {read: {rate: 10/s, burst: 10}}}
+default_tier: free
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := drainTiming(cfg, "eu-west", false)
+	wantContains(t, "restore timing", msg, "grants bring eu-west's share back from the others, fenced",
+		"static share rises once every region has reported this revision (a few epochs of 250ms)",
+		"grant_validity + epoch = 1.25s more have passed")
+	if strings.Contains(msg, "at most a few epochs") {
+		t.Errorf("restore timing promises the rise within a few epochs: %s", msg)
+	}
 }
