@@ -183,7 +183,8 @@ func reportAgain(views []regionView) string {
 }
 
 // drainSilentTiming is drainTiming for a region the global tier does not
-// hear from: it cannot load the new revision, so the drain moves nothing
+// hear from: it cannot report the new revision (one cut off from the global
+// tier alone still loads it from etcd and runs on its floor), so the drain moves nothing
 // sooner; its share moves when its static lease lapses, as for any region
 // that is down (or has moved already when it lapsed).
 func drainSilentTiming(cfg *config.Config, region string, r *regionView) string {
@@ -201,7 +202,7 @@ func drainSilentTiming(cfg *config.Config, region string, r *regionView) string 
 	if r.SilentSince != nil {
 		when = fmt.Sprintf(", at about %s", r.SilentSince.Add(lapse).Local().Format("15:04:05.000"))
 	}
-	return fmt.Sprintf("%s is silent%s (the global tier hears no report from it): it cannot load this revision, so the drain does not move its share sooner. "+
+	return fmt.Sprintf("%s is silent%s (the global tier hears no report from it): it cannot report this revision (if it still reaches etcd it loads it and runs on its floor, but the global tier cannot know that), so the drain does not move its share sooner. "+
 		"The global tier keeps reserving its share until its static lease lapses, region_lease + grant_validity + max(epoch, 1%% of region_lease) = %v after its last report%s, "+
 		"then gives it to the other regions above its floor. Watch it with: sluicectl status (DRAINED in the config, SILENT)", region, since, lapse, when)
 }

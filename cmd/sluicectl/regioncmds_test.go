@@ -234,3 +234,30 @@ default_tier: free
 		t.Errorf("restore timing promises the rise within a few epochs: %s", msg)
 	}
 }
+
+// TestDrainSilentTimingSaysWhatTheRegionCannotDo: a region the global
+// tier does not hear from may still reach etcd (a partition from the
+// global tier alone): it then loads the drain and runs on its floor at once
+// (measured: 0.18 s after the write), but cannot report it. The message
+// said it "cannot load this revision".
+func TestDrainSilentTimingSaysWhatTheRegionCannotDo(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+epoch: 250ms
+grant_validity: 1s
+region_lease: 4s
+regions: {us-east: {weight: 1}, eu-west: {weight: 1}}
+classes: {read: {}}
+tiers: {free: {read: {rate: 10/s, burst: 10}}}
+default_tier: free
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	msg := drainSilentTiming(cfg, "eu-west", &regionView{Region: "eu-west", Silent: true, SilentSince: &since})
+	wantContains(t, "silent drain", msg, "it cannot report this revision", "loads it and runs on its floor",
+		"the drain does not move its share sooner", "= 5.25s after its last report")
+	if strings.Contains(msg, "cannot load") {
+		t.Errorf("silent drain says the region cannot load the revision: %s", msg)
+	}
+}
