@@ -1,6 +1,7 @@
 package grpctest
 
 import (
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -252,4 +253,90 @@ func (f *Freezable) Thaw() {
 	default:
 		close(f.thawed)
 	}
+}
+
+// Cuttable is a loopback address that forwards connections to a server
+// until Cut, as the path to it through a gateway or proxy: Cut closes the
+// connections it forwards and from then on accepts new ones and holds
+// them, never answered, as a gateway whose upstream is unreachable does;
+// Heal forwards new connections again, while the ones held stay held.
+// Safe for concurrent use; it stops when tb ends.
+type Cuttable struct {
+	Addr string
+
+	mu    sync.Mutex
+	isCut bool       // guarded by mu
+	held  int        // guarded by mu: connections accepted while cut
+	conns []net.Conn // guarded by mu
+}
+
+// CuttableAddr starts a Cuttable address forwarding to target.
+func CuttableAddr(tb testing.TB, target string) *Cuttable {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &Cuttable{Addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, in)
+			if p.isCut {
+				p.held++
+				p.mu.Unlock()
+				continue
+			}
+			p.mu.Unlock()
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, out)
+			p.mu.Unlock()
+			wg.Go(func() { io.Copy(out, in); out.Close() })
+			wg.Go(func() { io.Copy(in, out); in.Close() })
+		}
+	})
+	tb.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		wg.Wait()
+	})
+	return p
+}
+
+// Cut closes the connections forwarded so far and holds new ones.
+func (p *Cuttable) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.isCut = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+// Heal forwards new connections again; those held while cut stay held.
+func (p *Cuttable) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.isCut = false
+}
+
+// Holding reports whether a connection was accepted while cut.
+func (p *Cuttable) Holding() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held > 0
 }
