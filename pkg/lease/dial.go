@@ -20,13 +20,26 @@ const MaxReconnectDelay = 2 * time.Second
 // connection may try again only tens of seconds after the region came
 // back, and the instance decides with on_failure (degraded) all that time
 // although the region answers. These keep gRPC's backoff (1 s base, 1.6
-// multiplier, 0.2 jitter) and its 20 s connect timeout, capped at
-// MaxReconnectDelay.
+// multiplier, 0.2 jitter), capped at MaxReconnectDelay, and give an
+// attempt up after ConnectTimeout.
 func ConnectParams() grpc.ConnectParams {
 	b := backoff.DefaultConfig
 	b.MaxDelay = MaxReconnectDelay
-	return grpc.ConnectParams{Backoff: b, MinConnectTimeout: 20 * time.Second}
+	return grpc.ConnectParams{Backoff: b, MinConnectTimeout: ConnectTimeout}
 }
+
+// ConnectTimeout bounds one attempt to connect to a regional replica: the
+// TCP connection, TLS and the HTTP/2 handshake. An attempt made while the
+// path to the region was cut, and accepted but never answered (a gateway
+// or load balancer whose upstream is unreachable, a path dropping
+// packets), is given up after it and made again. With gRPC's default,
+// 20 s, such an attempt held the connection until it ran out: an instance
+// whose path came back went on deciding by on_failure for up to 20 s
+// more. Five seconds leave room for a handshake over a slow or lossy link
+// (a lost SYN costs 1 s, a second one 2 s more) and bound the wait after a
+// partition heals to ConnectTimeout + MaxReconnectDelay (the region's own
+// client to the global tier has the same bound, allocator.ConnectTimeout).
+const ConnectTimeout = 5 * time.Second
 
 // KeepaliveTime and KeepaliveTimeout are the lease client's HTTP/2
 // keepalive (KeepaliveParams): a connection that has read nothing for

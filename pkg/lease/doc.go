@@ -147,7 +147,8 @@
 // connection may try again only tens of seconds after the region is back,
 // and the client decides with on_failure (degraded) all that while.
 // ConnectParams caps the wait at MaxReconnectDelay, the scale of the
-// breaker's cooldown. And with grpc.WithDefaultServiceConfig(ServiceConfig):
+// breaker's cooldown, and gives up an attempt left unanswered (made while
+// the path was cut) after ConnectTimeout rather than gRPC's 20 s. And with grpc.WithDefaultServiceConfig(ServiceConfig):
 // round_robin over every replica the target resolves to, and an Acquire,
 // Sync or Release cut by its replica's stop sent once more to another,
 // rather than decided with on_failure.
