@@ -18,7 +18,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -201,15 +200,7 @@ func checkAdvertise(addr string) error {
 	if addr == "" {
 		return nil
 	}
-	_, port, err := net.SplitHostPort(addr)
-	var ae *net.AddrError
-	switch {
-	case errors.As(err, &ae):
-		err = errors.New(ae.Err)
-	case err == nil && port == "":
-		err = errors.New("missing port")
-	}
-	if err != nil {
+	if err := flagenv.HostPort(addr); err != nil {
 		return fmt.Errorf("-advertise %q: want the host:port regions and other replicas dial this replica at: %v", addr, err)
 	}
 	return nil

@@ -25,8 +25,6 @@ import (
 	"flag"
 	"fmt"
 	"maps"
-	"net"
-	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -39,7 +37,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/resolver"
 
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/etcdflags"
@@ -170,21 +167,7 @@ func parseFlags(args []string) (*flags, error) {
 // led its region, as sync failures, while the region ran on its grants,
 // then on its floor.
 func checkGlobalAddr(addr string) error {
-	addr = strings.ReplaceAll(addr, "{shard}", "0")
-	if u, err := url.Parse(addr); err == nil && u.Scheme != "" && resolver.Get(u.Scheme) != nil {
-		return nil
-	}
-	_, port, err := net.SplitHostPort(addr)
-	var ae *net.AddrError
-	switch {
-	case errors.As(err, &ae):
-		return errors.New(ae.Err)
-	case err != nil:
-		return err
-	case port == "":
-		return errors.New("missing port")
-	}
-	return nil
+	return flagenv.GRPCTarget(strings.ReplaceAll(addr, "{shard}", "0"))
 }
 
 func run(ctx context.Context, args []string, stdout *os.File) error {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -132,11 +133,11 @@ func (a *app) checkCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 }
 
 // regionalFlags refuses, as usage errors before anything is dialed, an
-// -addr that is not host:port (hostPort: gRPC would take the text as a
+// -addr that is not host:port (flagenv.HostPort: gRPC would take the text as a
 // name to resolve and fail as if the service were down) and a -timeout
 // that is not positive.
 func (a *app) regionalFlags(addr string) error {
-	if err := hostPort(addr); err != nil {
+	if err := flagenv.HostPort(addr); err != nil {
 		return exitf(exitUsage, "-addr %q is not host:port (%v); give the regional service's address, as 127.0.0.1:7400", addr, err)
 	}
 	return a.positiveTimeout()

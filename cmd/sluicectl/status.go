@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"slices"
 	"sort"
 	"strconv"
@@ -534,34 +533,13 @@ func (a *app) globalAddrs() ([]string, error) {
 	var addrs []string
 	for _, s := range strings.Split(a.g.globalAddr, ",") {
 		addr := strings.ReplaceAll(strings.TrimSpace(s), "{shard}", "0")
-		if hostPort(addr) != nil {
+		if flagenv.HostPort(addr) != nil {
 			return nil, exitf(exitUsage, "-global-addr (%s) %q: %q is not host:port; give one address, or several separated by commas",
 				flagenv.EnvName(envPrefix, "global-addr"), a.g.globalAddr, strings.TrimSpace(s))
 		}
 		addrs = append(addrs, addr)
 	}
 	return addrs, nil
-}
-
-// hostPort says why addr is not host:port, nil when it is: the check of
-// every address flag (-global-addr, lease's and check's -addr), made
-// before anything is dialed. A port left empty ("host:") is not one, as
-// no dial takes it; a host left empty (":7400") is the local host.
-func hostPort(addr string) error {
-	if addr == "" {
-		return errors.New("it is empty")
-	}
-	_, port, err := net.SplitHostPort(addr)
-	var ae *net.AddrError
-	switch {
-	case errors.As(err, &ae):
-		return errors.New(ae.Err)
-	case err != nil:
-		return err
-	case port == "":
-		return errors.New("missing port")
-	}
-	return nil
 }
 
 // givenGlobal reports whether addr is one of -global-addr's.

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/sluicehq/sluice/internal/endpoint"
+	"github.com/sluicehq/sluice/internal/flagenv"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/lease"
@@ -432,28 +432,14 @@ func staticReplicas(replicas []string, dial []grpc.DialOption) (string, []grpc.D
 func checkTarget(target string) error {
 	if replicas := strings.Split(target, ","); len(replicas) > 1 {
 		for _, addr := range replicas {
-			if err := hostPort(strings.TrimSpace(addr)); err != nil {
+			if err := flagenv.HostPort(strings.TrimSpace(addr)); err != nil {
 				return fmt.Errorf("replica %q: %v; a list names replicas as host:port, separated by commas", addr, err)
 			}
 		}
 		return nil
 	}
-	if u, err := url.Parse(target); err == nil && u.Scheme != "" && resolver.Get(u.Scheme) != nil {
-		return nil
-	}
-	if err := hostPort(target); err != nil {
+	if err := flagenv.GRPCTarget(target); err != nil {
 		return fmt.Errorf("%v; want host:port, or a gRPC target such as dns:///host:port", err)
 	}
 	return nil
-}
-
-// hostPort says why addr is not host:port. A port left empty ("host:")
-// is not one: gRPC dialed it on its default port, 443, where no replica
-// listens, and every request was decided by its on_failure policy.
-func hostPort(addr string) error {
-	_, port, err := net.SplitHostPort(addr)
-	if err == nil && port == "" {
-		err = fmt.Errorf("address %s: missing port", addr)
-	}
-	return err
 }

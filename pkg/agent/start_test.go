@@ -45,16 +45,16 @@ func TestStartRefusesBadOptions(t *testing.T) {
 		// name, logged a warning, and the agent decided every request by
 		// its on_failure policy while it reported itself healthy.
 		{"a target of an unknown scheme", func(o *agent.Options) { o.RegionAddr = "ipv4:///127.0.0.1:1" },
-			`region address "ipv4:///127.0.0.1:1": address ipv4:///127.0.0.1:1: too many colons in address; want host:port, or a gRPC target such as dns:///host:port`},
+			`region address "ipv4:///127.0.0.1:1": too many colons in address; want host:port, or a gRPC target such as dns:///host:port`},
 		{"a list naming a target of an unknown scheme", func(o *agent.Options) { o.RegionAddr = "ipv4:127.0.0.1:1,127.0.0.1:2" },
-			`region address "ipv4:127.0.0.1:1,127.0.0.1:2": replica "ipv4:127.0.0.1:1": address ipv4:127.0.0.1:1: too many colons in address; a list names replicas as host:port, separated by commas`},
+			`region address "ipv4:127.0.0.1:1,127.0.0.1:2": replica "ipv4:127.0.0.1:1": too many colons in address; a list names replicas as host:port, separated by commas`},
 		{"a list with a host without a port", func(o *agent.Options) { o.RegionAddr = "127.0.0.1:1,sluice-regional" }, `replica "sluice-regional"`},
 		{"a host without a port", func(o *agent.Options) { o.RegionAddr = "sluice-regional" }, "missing port in address"},
 		// "host:" split as host:port with an empty port: gRPC dialed port
 		// 443 and the agent, ready, decided every request by on_failure.
 		{"a host with an empty port", func(o *agent.Options) { o.RegionAddr = "127.0.0.1:" },
-			`region address "127.0.0.1:": address 127.0.0.1:: missing port; want host:port`},
-		{"a list with an empty port", func(o *agent.Options) { o.RegionAddr = "127.0.0.1:1,127.0.0.1:" }, `replica "127.0.0.1:": address 127.0.0.1:: missing port`},
+			`region address "127.0.0.1:": missing port; want host:port`},
+		{"a list with an empty port", func(o *agent.Options) { o.RegionAddr = "127.0.0.1:1,127.0.0.1:" }, `replica "127.0.0.1:": missing port`},
 		{"negative in-flight bound", func(o *agent.Options) { o.PerConnection = -1 }, "PerConnection -1 must be at least"},
 		{"in-flight bound below one request's", func(o *agent.Options) { o.PerConnection = envoyrls.MaxDescriptors - 1 }, "PerConnection 63 must be at least the descriptors one request may name, 64"},
 	} {

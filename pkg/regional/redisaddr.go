@@ -1,10 +1,10 @@
 package regional
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"strings"
+
+	"github.com/sluicehq/sluice/internal/flagenv"
 )
 
 // ValidateRedisAddr checks a Redis address list (RedisAddr: host:port,
@@ -28,15 +28,7 @@ func ValidateRedisAddr(list string) error {
 		if secret {
 			return fmt.Errorf("%s is not host:port (it looks like a URL or holds credentials, so it is not shown); give host:port and the credentials in the username and password settings (-redis-username, -redis-password)", which)
 		}
-		_, port, err := net.SplitHostPort(a)
-		if err == nil && port == "" {
-			err = errors.New("missing port")
-		}
-		if err != nil {
-			var ae *net.AddrError
-			if errors.As(err, &ae) {
-				err = errors.New(ae.Err)
-			}
+		if err := flagenv.HostPort(a); err != nil {
 			return fmt.Errorf("%s %q is not host:port: %v", which, a, err)
 		}
 	}
