@@ -174,7 +174,10 @@ func TestDrainOfADeadRegionAgainstRealDaemons(t *testing.T) {
 	r := cli("region", "drain", "eu-west", "-yes")
 	wantCode(t, r, exitOK)
 	t.Logf("drain of a silent region:\n%s", r.stdout)
-	wantContains(t, "stdout", r.stdout, "eu-west is silent since", "the drain does not move its share sooner",
+	// "silent since <time>" when the global leader heard eu-west before it
+	// died; a leader elected since (a loaded machine misses a session's
+	// keepalives) never heard it, and says "silent" alone.
+	wantContains(t, "stdout", r.stdout, "eu-west is silent", "the drain does not move its share sooner",
 		"region_lease + grant_validity + max(epoch, 1% of region_lease) = "+lapse.String())
 	if strings.Contains(r.stdout, "as its grants expire") {
 		t.Errorf("the drain of a silent region promises its share moves as its grants expire:\n%s", r.stdout)
@@ -187,7 +190,7 @@ func TestDrainOfADeadRegionAgainstRealDaemons(t *testing.T) {
 	if !v.DrainPending || !v.Silent || v.ReservedFraction != 1 || v.ReservedMinFraction != 1 {
 		t.Errorf("drained silent eu-west: %+v, want drain pending, silent, its whole share reserved", v)
 	}
-	if !lineMatches(text, `^eu-west\s.*100%\s+DRAINED in the config, SILENT since \S+ \(has not adopted the drain`) {
+	if !lineMatches(text, `^eu-west\s.*100%\s+DRAINED in the config, SILENT( since \S+)? \(has not adopted the drain`) {
 		t.Errorf("status does not show eu-west drained, silent and reserved whole:\n%s", text)
 	}
 
