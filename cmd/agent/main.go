@@ -25,9 +25,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,6 +34,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/etcdflags"
 	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/internal/stopsignal"
 	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/pkg/agent"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -148,7 +147,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		creds = credentials.NewTLS(tlsCfg)
 	}
 
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopsignal.NotifyContext(ctx)
 	defer stop()
 
 	reg := prometheus.NewRegistry()

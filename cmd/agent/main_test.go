@@ -289,16 +289,48 @@ func startAgent(t *testing.T, args ...string) (cmd *exec.Cmd, exited chan error,
 // to exit 0 (exited carries its Wait's error); stderr is its log.
 func terminate(t *testing.T, cmd *exec.Cmd, exited <-chan error, stderr *logtest.Buffer) {
 	t.Helper()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	stopWith(t, syscall.SIGTERM, cmd, exited, stderr)
+}
+
+// stopWith is terminate with signal sig.
+func stopWith(t *testing.T, sig syscall.Signal, cmd *exec.Cmd, exited <-chan error, stderr *logtest.Buffer) {
+	t.Helper()
+	if err := cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-exited:
 		if err != nil {
-			t.Errorf("after SIGTERM: %v; want exit 0\n%s", err, stderr.String())
+			t.Errorf("after %v: %v; want exit 0\n%s", sig, err, stderr.String())
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatalf("still running 30s after SIGTERM\n%s", stderr.String())
+		t.Fatalf("still running 30s after %v\n%s", sig, stderr.String())
+	}
+}
+
+// TestSIGHUPStopsLikeSIGTERM: an agent whose terminal or supervisor hangs
+// up drains and returns its leased tokens to the region, as on SIGTERM.
+// SIGHUP's default action ended it at once (exit 129): its tokens stayed
+// out until their lease expired.
+func TestSIGHUPStopsLikeSIGTERM(t *testing.T) {
+	cfgFile := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfgFile, []byte(agentConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := regiontest.Start(t, regiontest.MustConfig(t, agentConfig), "local")
+	cmd, exited, stderr, addrs := startAgent(t, "-region", "local", "-region-addr", r.Addr, "-config", cfgFile, "-listen", "127.0.0.1:0",
+		"-http-listen", "127.0.0.1:0", "-metrics-listen", "off", "-log-level", "info", "-breaker-timeout", "10s")
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	web := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	resp, err := web.Post("http://"+addrs["http"]+"/v1/allow", "application/json", strings.NewReader(`{"tenant":"acme","class":"read","cost":5}`))
+	if err != nil {
+		t.Fatalf("POST /v1/allow: %v\n%s", err, stderr.String())
+	}
+	resp.Body.Close()
+	stopWith(t, syscall.SIGHUP, cmd, exited, stderr)
+	if !strings.Contains(stderr.String(), "agent stopped") || strings.Contains(stderr.String(), "releasing leased tokens failed") {
+		t.Errorf("log after SIGHUP:\n%s\nwant a clean stop with the tokens released", stderr.String())
 	}
 }
 

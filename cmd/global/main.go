@@ -19,16 +19,15 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/etcdflags"
 	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/internal/stopsignal"
 	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/config"
@@ -127,7 +126,7 @@ func runNotifying(ctx context.Context, args []string, started func(grpcAddr stri
 	}
 	defer cli.Close()
 
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopsignal.NotifyContext(ctx)
 	defer stop()
 	store := configstore.NewStore(cli, *prefix)
 	reg := prometheus.NewRegistry()

@@ -26,10 +26,8 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +39,7 @@ import (
 	"github.com/sluicehq/sluice/internal/devcluster"
 	"github.com/sluicehq/sluice/internal/etcdflags"
 	"github.com/sluicehq/sluice/internal/flagenv"
+	"github.com/sluicehq/sluice/internal/stopsignal"
 	"github.com/sluicehq/sluice/internal/version"
 	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/configstore"
@@ -196,7 +195,7 @@ func runNotifying(ctx context.Context, args []string, stdout *os.File, started f
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopsignal.NotifyContext(ctx)
 	defer stop()
 	if f.dev {
 		// -listen and -metrics-listen place the -region region, the one

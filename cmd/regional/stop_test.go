@@ -212,15 +212,15 @@ func awaitLines(t *testing.T, lines <-chan string, want string) []string {
 // as one did when the port was only picked and freed.
 func deadAddr(t *testing.T) string { return grpctest.ClosingAddr(t).Addr }
 
-// TestStopWhileAwaitingEtcdExitsZero: SIGTERM or SIGINT while the start
-// waits for an unreachable etcd is a requested stop, exit 0 (it printed
-// `regional: context canceled` and exited 1).
+// TestStopWhileAwaitingEtcdExitsZero: SIGTERM, SIGINT or SIGHUP while the
+// start waits for an unreachable etcd is a requested stop, exit 0 (it
+// printed `regional: context canceled` and exited 1; SIGHUP killed it).
 func TestStopWhileAwaitingEtcdExitsZero(t *testing.T) {
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
 		t.Run(sig.String(), func(t *testing.T) {
 			// A process of its own, waiting out its first attempt at an
 			// unreachable etcd (the start's bound on one attempt, 10 s):
-			// the two signals are tried side by side.
+			// the signals are tried side by side.
 			t.Parallel()
 			cmd, lines := regionalProcess(t, "-listen", "127.0.0.1:0", "-metrics-listen", "off",
 				"-etcd-endpoints", deadAddr(t), "-etcd-prefix", "/stoptest")
