@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/endpoint"
 	"github.com/sluicehq/sluice/internal/memlisten"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/envoyrls"
 	"github.com/sluicehq/sluice/pkg/regional/reply"
 	"github.com/sluicehq/sluice/pkg/regionsync"
@@ -286,13 +287,20 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	return d, nil
 }
 
+// listsRegion says whether cfg configures region.
+func listsRegion(cfg *config.Config, region string) bool {
+	_, ok := cfg.Regions[region]
+	return ok
+}
+
 // ReadinessInterval is how often a regional daemon pings its Redis for
 // its readiness and counts a failed ping (script "ping").
 const ReadinessInterval = time.Second
 
 // watchReadiness keeps the gRPC health status in line with Redis: a
 // replica whose Redis is down, or refuses it access, is not ready
-// (clients fail over to others). Each check is a PING and the access
+// (clients fail over to others); so is one whose region the live config
+// no longer lists (errRegionRemoved), which can serve nothing. Each check is a PING and the access
 // probe (ProbeAccess): a user that lost a command the scripts need, or
 // credentials Redis no longer takes, fails every caller although PING
 // may still answer. A probe that fails for any other reason (a Redis out
@@ -304,7 +312,7 @@ const ReadinessInterval = time.Second
 func (d *Daemon) watchReadiness(ctx context.Context) {
 	t := time.NewTicker(ReadinessInterval)
 	defer t.Stop()
-	down := false
+	down, removed := false, false
 	for {
 		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, d.opts.RedisTimeout)
@@ -334,6 +342,19 @@ func (d *Daemon) watchReadiness(ctx context.Context) {
 		case down:
 			d.opts.Logger.Info("redis answers its readiness ping again; replica ready", "redis", d.opts.RedisAddr)
 			down = false
+		}
+		// A region the live config no longer lists (removed while its
+		// replicas ran) refuses every request FailedPrecondition: the
+		// replica cannot serve, so it is not ready, whatever Redis says.
+		if cfg := d.Server.opts.Config.Current(); cfg != nil && !listsRegion(cfg, d.opts.Region) {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+			if !removed {
+				d.opts.Logger.Warn("region not in the live config; replica not ready (it refuses every request until a config lists the region again; stop its replicas)", "region", d.opts.Region)
+			}
+			removed = true
+		} else if removed {
+			d.opts.Logger.Info("region in the live config again; replica ready once Redis answers", "region", d.opts.Region)
+			removed = false
 		}
 		d.Health.SetServingStatus("", st)
 		select {

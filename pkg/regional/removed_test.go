@@ -2,13 +2,19 @@ package regional_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/logtest"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -82,5 +88,64 @@ default_tier: free
 	d, err := client.Allow(ctx, quota.Key{Tenant: "acme", Class: "read"}, 1)
 	if err != nil || !d.Degraded {
 		t.Fatalf("Allow in a removed region: %+v, %v; want a decision by the on_failure policy", d, err)
+	}
+}
+
+// TestRegionRemovedFromTheConfigIsNotReady: a replica whose region the
+// live config no longer lists refuses every request, so it is not ready
+// (gRPC health NOT_SERVING, which /healthz follows), said once at WARN,
+// and ready again once a config lists the region. It stayed SERVING while
+// it refused everything: a Service kept routing to it and nothing told
+// the operator.
+func TestRegionRemovedFromTheConfigIsNotReady(t *testing.T) {
+	// Mostly waiting on readiness intervals: beside the package's other
+	// parallel tests.
+	t.Parallel()
+	const twoRegions = `
+regions: {local: {weight: 1}, far: {weight: 1}}
+classes: {read: {mode: lease, on_failure: closed}}
+tiers: {free: {read: {rate: 10/s, burst: 100}}}
+default_tier: free
+`
+	with := regiontest.MustConfig(t, twoRegions)
+	without := regiontest.MustConfig(t, strings.Replace(twoRegions, "local: {weight: 1}, ", "", 1))
+	var src regiontest.SwappedConfig
+	src.Store(with)
+	rs := redistest.Start(t)
+	var logs logtest.Buffer
+	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
+		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RedisAddr: rs.Addr(),
+		Config: &src, Unleased: true, Registry: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	serving := func() bool {
+		resp, err := d.Health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
+	}
+	// Many readiness intervals: a starved machine checks late.
+	wait := 60 * regional.ReadinessInterval
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(wait); !ok(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v", what, wait)
+			}
+			time.Sleep(regional.ReadinessInterval / 20) // polling the daemon with a deadline
+		}
+	}
+	waitFor("ready", serving)
+	src.Store(without)
+	waitFor("not ready", func() bool { return !serving() })
+	const removed, back = "region not in the live config; replica not ready", "region in the live config again"
+	waitFor("the removal logged", func() bool { return logs.Count(removed) == 1 })
+	src.Store(with)
+	waitFor("ready again", serving)
+	waitFor("the return logged", func() bool { return logs.Count(back) == 1 })
+	if n := logs.Count(removed); n != 1 {
+		t.Errorf("one removal logged %q %d times, want once", removed, n)
 	}
 }
