@@ -2,16 +2,23 @@ package regional_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/etcdtest"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/allocator"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
 	"github.com/sluicehq/sluice/pkg/regional"
@@ -170,5 +177,87 @@ func awaitFirstLook(t *testing.T, d *regional.Daemon) {
 			t.Fatalf("the restart guard made no first look within %v (epoch %v)", 30*epoch, epoch)
 		}
 		time.Sleep(epoch / 20) // polling the guard's epoch check with a deadline
+	}
+}
+
+// TestClusterCandidateSetsTrimmedEveryFewEpochs: on a Redis Cluster the
+// region leader reads the candidate set of each of the 16,384 hash slots
+// every report, and trims their marks past the horizon only at its first
+// epoch report and then every regional.ClusterTrimEvery-th (a trim of each
+// every epoch doubled the commands of the read); a mark past the horizon
+// is never read into a report, trimmed or not, and reports between epochs
+// neither trim nor count.
+func TestClusterCandidateSetsTrimmedEveryFewEpochs(t *testing.T) {
+	// A Redis cluster of its own, mostly waited for (redis-cli forms it
+	// by polling): it runs beside the package's other parallel tests.
+	t.Parallel()
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { rdb.Close() })
+	cfg := regiontest.MustConfig(t, oneRegion)
+	srv, err := regional.New(regional.Options{Region: "local", Redis: rdb, Config: regional.StaticConfig{C: cfg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	// The leader's global tier is never called here: the read is Redis's.
+	global, err := allocator.NewClient([]string{grpctest.ClosingAddr(t).Addr}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { global.Close() })
+	l, err := regional.NewLeader(srv, regional.LeaderOptions{
+		Etcd: etcdtest.Start(t).Client(t), ElectionPrefix: "/sl/election/", Global: global, Identity: "local-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	epoch := time.Second
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendUS := now.UnixMicro()
+	stale, fresh := luascripts.CandKey(luascripts.DefaultPrefix, 100), luascripts.CandKey(luascripts.DefaultPrefix, 9000)
+	mark := func() {
+		t.Helper()
+		if err := rdb.ZAdd(ctx, stale, redis.Z{Score: 1, Member: "stale|read"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.ZAdd(ctx, fresh, redis.Z{Score: float64(sendUS), Member: "fresh|read"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(epochReport bool) (trimmed bool) {
+		t.Helper()
+		keys, err := regional.CandidatesForTest(ctx, l, sendUS, epoch, epochReport)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(keys, []quota.Key{{Tenant: "fresh", Class: "read"}}) {
+			t.Fatalf("candidates %v, want the fresh mark alone", keys)
+		}
+		err = rdb.ZScore(ctx, stale, "stale|read").Err()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		return errors.Is(err, redis.Nil)
+	}
+	mark()
+	if !read(true) {
+		t.Fatal("a leader's first epoch report left a mark past the horizon")
+	}
+	mark()
+	if read(false) {
+		t.Fatal("a report between epochs trimmed")
+	}
+	for i := 1; i < regional.ClusterTrimEvery; i++ {
+		if read(true) {
+			t.Fatalf("epoch report %d after a trim trimmed again", i)
+		}
+	}
+	if !read(true) {
+		t.Fatalf("epoch report %d after a trim left a mark past the horizon", regional.ClusterTrimEvery)
 	}
 }

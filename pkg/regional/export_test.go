@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/config"
+	"github.com/sluicehq/sluice/pkg/quota"
+	"github.com/sluicehq/sluice/pkg/regionsync"
 )
 
 // ConfigForTest exposes the live config to the external tests.
@@ -45,3 +47,14 @@ const ResumeRetryMaxEpochsForTest = resumeRetryMaxEpochs
 // GuardLookedForTest reports whether d's restart guard has made its first
 // look at Redis (at start, before a call, or at an epoch's check).
 func GuardLookedForTest(d *Daemon) bool { return d.Server.opts.Guard.Looked() }
+
+// CandidatesForTest is the candidate read of a report of l sent at sendUS
+// (Redis time): an epoch report's when epochReport, a catch-up's
+// otherwise.
+func CandidatesForTest(ctx context.Context, l *Leader, sendUS int64, epoch time.Duration, epochReport bool) ([]quota.Key, error) {
+	kind := regionsync.CatchUp
+	if epochReport {
+		kind = regionsync.Epoch
+	}
+	return l.candidates(ctx, sendUS, epoch, kind)
+}

@@ -109,6 +109,10 @@ type Leader struct {
 	// fresh is the looks between epochs at the candidate set for newly
 	// marked keys (freshKeys). Only Run's goroutine uses it.
 	fresh regionsync.FreshWatch
+	// untrimmed counts the epoch reports since the last one that trimmed
+	// the candidate sets of a Redis Cluster (candidates). Only Run's
+	// goroutine uses it.
+	untrimmed int
 	// syncDown is the failing syncs with the global tier, and extended
 	// each shard's static lease extensions by the etcd rule, each logged
 	// once when it starts and once when it ends. Only Run's goroutine
