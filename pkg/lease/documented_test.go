@@ -63,8 +63,9 @@ func TestBuiltTimesCountFromTheFirstReport(t *testing.T) {
 // TestConnectParamsCapTheReconnectWait: an instance dialing its region
 // with ConnectParams tries a lost connection again at most
 // MaxReconnectDelay (2 s, the scale of the breaker's cooldown) apart, not
-// gRPC's default 120 s, and keeps gRPC's other reconnect settings (1 s
-// base, 1.6 multiplier, 0.2 jitter, 20 s connect timeout).
+// gRPC's default 120 s, keeps gRPC's other backoff settings (1 s base,
+// 1.6 multiplier, 0.2 jitter) and gives an attempt up after
+// ConnectTimeout (5 s, not gRPC's 20 s).
 func TestConnectParamsCapTheReconnectWait(t *testing.T) {
 	p := ConnectParams()
 	for _, c := range []struct {
@@ -76,7 +77,8 @@ func TestConnectParamsCapTheReconnectWait(t *testing.T) {
 		{"Backoff.BaseDelay", p.Backoff.BaseDelay, time.Second},
 		{"Backoff.Multiplier", p.Backoff.Multiplier, 1.6},
 		{"Backoff.Jitter", p.Backoff.Jitter, 0.2},
-		{"MinConnectTimeout", p.MinConnectTimeout, 20 * time.Second},
+		{"ConnectTimeout", ConnectTimeout, 5 * time.Second},
+		{"MinConnectTimeout", p.MinConnectTimeout, ConnectTimeout},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
