@@ -85,7 +85,7 @@ func TestImportEnvoyRatelimitToEtcd(t *testing.T) {
 	wantCode(t, r, exitOK)
 	wantContains(t, "stdout", r.stdout, "applied: revision")
 	cfg, _ := c.config(t)
-	if len(cfg.Envoy.Domains) != 11 || !strings.HasPrefix(cfg.Envoy.Domains[0].Domain, "mongo_cps") {
+	if len(cfg.Envoy.Domains) != 12 || !strings.HasPrefix(cfg.Envoy.Domains[0].Domain, "mongo_cps") {
 		t.Errorf("etcd holds domains %+v", cfg.Envoy.Domains)
 	}
 	r = sluicectl(t, "", c.args("import", "envoy-ratelimit", envoyDocs, "-yes")...)

@@ -47,11 +47,9 @@ type EnvoyDomain struct {
 // A pattern's * stands for any run of bytes, none too, anywhere in the
 // value ("/api/*" is a prefix, "/api/*/action" matches "/api/v2/action",
 // "/api/*/x/*" has two wildcards); the other bytes match themselves.
-// There is no escape: a value with a * is always a pattern. A pattern
-// whose only * ends it ("/api/*") matches as in envoyproxy/ratelimit, the
-// rest of the value as a prefix; envoyproxy/ratelimit takes any other *
-// literally, so a * before the end is Sluice's own (its importer refuses
-// such a value rather than change what it matches).
+// There is no escape: a value with a * is always a pattern, matched as
+// envoyproxy/ratelimit matches it (its releases from before it took a *
+// before the end as a wildcard matched such a * as itself).
 //
 // The quota key charged is (tenant, class): the tenant is made of the
 // values of the entries matched by nodes without an exact value (no
@@ -71,11 +69,10 @@ type EnvoyNode struct {
 	Key string `yaml:"key"`
 	// Value is the entry value this node matches: exactly, or as a
 	// wildcard pattern when it holds a * (each * matches any run of
-	// bytes, none too, anywhere in the value; a pattern whose only * ends
-	// it is a prefix, as in envoyproxy/ratelimit, which takes any other *
-	// literally); left out, any value. A value
-	// matched by a pattern without share_threshold, or by a node without
-	// a value, becomes part of the tenant.
+	// bytes, none too, anywhere in the value, as in envoyproxy/ratelimit;
+	// a pattern whose only * ends it is a prefix); left out, any value. A
+	// value matched by a pattern without share_threshold, or by a node
+	// without a value, becomes part of the tenant.
 	//
 	//   - Default: none: any value
 	//   - Rule: no control characters

@@ -84,8 +84,8 @@
 // A descriptor of n entries walks n levels, one entry each: the node with
 // the entry's key and exactly its value, else the first node whose value
 // is a wildcard pattern the value matches (each * any run of bytes,
-// anywhere: "/api/*", "/api/*/action"; envoyproxy/ratelimit has only a
-// trailing *, a prefix), else the node with the key and no
+// anywhere: "/api/*", "/api/*/action", as in envoyproxy/ratelimit),
+// else the node with the key and no
 // value; no other branch is tried. The node the last entry reaches
 // decides: its class is charged as the key (tenant, class), where the
 // tenant is made of the values of the entries matched by nodes without an

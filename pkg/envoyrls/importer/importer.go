@@ -24,13 +24,14 @@
 //     descriptor it does not know.
 //   - shadow_mode carries over on limited descriptors; on others it does
 //     nothing in either service and is dropped with a note.
-//   - A value whose only * ends it is a prefix wildcard in both services,
-//     and share_threshold (one counter for every value a pattern matches)
-//     carries over. A value with a * anywhere else is refused:
-//     envoyproxy/ratelimit matches that * literally (only a trailing *
-//     is a wildcard there), where a Sluice pattern takes every * as any
-//     run of bytes, so the import would limit values envoyproxy/ratelimit
-//     never matched; Sluice has no literal *.
+//   - A value holding * is a wildcard pattern in both services, each *
+//     any run of bytes (none too), anywhere in the value: "files/*" a
+//     prefix, "/api/*/action" a prefix and a suffix, and
+//     "/api/*/resource/*" pieces in order; share_threshold (one counter
+//     for every value a pattern matches) carries over. A value with a *
+//     before its end is named in a note: releases of
+//     envoyproxy/ratelimit from before it took such a * as a wildcard
+//     matched it as itself, and Sluice has no literal *.
 //   - detailed_metric, value_to_metric and metadata are dropped with a
 //     note: they shape only envoyproxy/ratelimit's metrics and the
 //     dynamic metadata of its answers, and Sluice's metrics never carry
@@ -339,10 +340,10 @@ func (c *converter) nodes(file, domain, path, stat string, ds []Descriptor) []co
 		}
 		n := config.EnvoyNode{Key: d.Key, Value: d.Value, ShareThreshold: d.ShareThreshold}
 		if i := strings.IndexByte(d.Value, '*'); i >= 0 && i < len(d.Value)-1 {
-			c.fail("%s: value %q holds a * before its end: envoyproxy/ratelimit takes only a trailing * as a wildcard (the rest of the value a prefix) and matches any other * as itself, where Sluice takes every * as any run of bytes and has no literal *; end the value at its first * to limit the prefix, or remove the descriptor", where, d.Value)
+			c.note("%s: value %q: each * matches any run of bytes, anywhere in the value, as in envoyproxy/ratelimit since it took a * before the end as a wildcard; its earlier releases matched such a * as itself", where, d.Value)
 		}
 		if d.ShareThreshold && !n.Pattern() {
-			c.fail("%s: share_threshold needs a value ending in * (a wildcard pattern), in envoyproxy/ratelimit too", where)
+			c.fail("%s: share_threshold needs a value holding a * (a wildcard pattern), in envoyproxy/ratelimit too", where)
 		}
 		if n.Pattern() && !n.ShareThreshold && !plain(strings.ReplaceAll(d.Value, "*", "")) {
 			c.note("%s: every value matching %q holds bytes other than letters, digits and . _ @ -, so each is limited under a tenant of ':' and 32 hex digits, in the default tier", where, d.Value)

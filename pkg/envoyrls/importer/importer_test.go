@@ -59,8 +59,8 @@ func importDocs(t *testing.T) (importer.Result, []importer.File) {
 // what it dropped.
 func TestImportDocs(t *testing.T) {
 	res, files := importDocs(t)
-	if len(files) != 11 {
-		t.Fatalf("read %d files, want the 11 .yaml/.yml ones (README.txt skipped)", len(files))
+	if len(files) != 12 {
+		t.Fatalf("read %d files, want the 12 .yaml/.yml ones (README.txt skipped)", len(files))
 	}
 	cfg := res.Config
 	if err := cfg.Validate(); err != nil {
@@ -77,7 +77,7 @@ func TestImportDocs(t *testing.T) {
 	if d := config.Diff(cfg, again); d != "" {
 		t.Errorf("round trip changed it:\n%s", d)
 	}
-	if len(cfg.Envoy.Domains) != 11 || len(cfg.Envoy.Descriptors) != 1 || cfg.Tiers["pro"]["read"].Rate != 100 {
+	if len(cfg.Envoy.Domains) != 12 || len(cfg.Envoy.Descriptors) != 1 || cfg.Tiers["pro"]["read"].Rate != 100 {
 		t.Errorf("domains %d, mappings %d, pro read %v: the base was not kept", len(cfg.Envoy.Domains), len(cfg.Envoy.Descriptors), cfg.Tiers["pro"]["read"])
 	}
 	want := map[string]config.LimitSpec{
@@ -89,6 +89,9 @@ func TestImportDocs(t *testing.T) {
 		"example9.path__api__":                       {Rate: config.Rate(20.0 / 60), Burst: 20},
 		"example10.route.http_method.subject_id":     {Rate: 1, Burst: 60},
 		"example11.files_files__":                    {Rate: config.Rate(10.0 / 3600), Burst: 10},
+		"paths.path__api___action":                   {Rate: config.Rate(20.0 / 60), Burst: 20},
+		"paths.route__api___resource___action":       {Rate: config.Rate(20.0 / 60), Burst: 20},
+		"paths.service_api.path__api___action":       {Rate: 3, Burst: 3},
 	}
 	for class, spec := range want {
 		for _, tier := range []string{"free", "pro"} {
@@ -105,7 +108,8 @@ func TestImportDocs(t *testing.T) {
 		`example10.yaml: descriptors[0] (key "route"): value_to_metric dropped`,
 		`example10.yaml: descriptors[1] (key "user"): metadata dropped`,
 		`9_example9.yaml: descriptors[3] (key "path"): every value matching "/api/*"`,
-		`example11.yaml: descriptors[1] (key "files_no_share")`} {
+		`example11.yaml: descriptors[1] (key "files_no_share")`,
+		`paths.yaml: descriptors[1] (key "route"): value "/api/*/resource/*/action": each * matches any run of bytes`} {
 		if !strings.Contains(notes, n) {
 			t.Errorf("notes lack %q:\n%s", n, notes)
 		}
@@ -138,10 +142,7 @@ func TestImportRefusals(t *testing.T) {
 		"bad_unit":              `a.yaml: descriptors[0] (key "k"): rate_limit.unit "week": want second, minute, hour or day`,
 		"duplicate_domain":      `b.yaml: domain "same" is also the domain of a.yaml`,
 		"quota_mode":            `quota.yaml: descriptors[0] (key "user"): quota_mode has no Sluice equivalent: envoyproxy/ratelimit refuses a request over a quota_mode descriptor only when every quota_mode descriptor of the request is over its limit`,
-		"share_threshold_exact": `share.yaml: descriptors[0] (key "files"): share_threshold needs a value ending in *`,
-		// envoyproxy/ratelimit takes a * before the end literally.
-		"middle_wildcard": `paths.yaml: descriptors[0].descriptors[0] (key "path"): value "/api/*/action" holds a * before its end`,
-		"two_wildcards":   `paths.yaml: descriptors[0] (key "route"): value "/api/*/resource/*" holds a * before its end`,
+		"share_threshold_exact": `share.yaml: descriptors[0] (key "files"): share_threshold needs a value holding a *`,
 	}
 	for dir, want := range cases {
 		t.Run(dir, func(t *testing.T) {
@@ -227,6 +228,52 @@ descriptors:
 	}
 	if strings.Contains(notes, `matching "user-*"`) {
 		t.Errorf("a plain prefix is named as digested:\n%s", notes)
+	}
+}
+
+// TestImportWildcardsAnywhere: a value with a * before its end is imported
+// as envoyproxy/ratelimit's README (Example 9) matches it, each * any run
+// of characters: the documented values match, the others do not, an exact
+// sibling is weighed first, and share_threshold makes one bucket.
+func TestImportWildcardsAnywhere(t *testing.T) {
+	res, _ := importDocs(t)
+	resolve := func(key, value string) envoyrls.Target {
+		t.Helper()
+		d := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}
+		targets, err := envoyrls.Resolve(res.Config, &rlsv3.RateLimitRequest{Domain: "paths", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return targets[0]
+	}
+	for _, c := range []struct{ key, value, class string }{
+		{"path", "/api/123/action", "paths.path__api___action"},
+		{"path", "/api/user-id/action", "paths.path__api___action"},
+		{"path", "/api//action", "paths.path__api___action"},
+		{"path", "/api/admin/action", "paths.path__api_admin_action"},
+		{"path", "/api/123/other", ""},
+		{"path", "/api/action", ""},
+		{"route", "/api/v1/resource/123/action", "paths.route__api___resource___action"},
+		{"route", "/api/v2/resource/456/action", "paths.route__api___resource___action"},
+		{"route", "/api/v1/resource/123", ""},
+		{"route", "x/v2/shared", "paths.route___v__shared"},
+	} {
+		got := resolve(c.key, c.value)
+		if c.class == "" {
+			if got.Matched {
+				t.Errorf("%s=%s: charged to %v; envoyproxy/ratelimit applies no limit", c.key, c.value, got.Key)
+			}
+			continue
+		}
+		if !got.Matched || got.Key.Class != c.class {
+			t.Errorf("%s=%s: matched %v key %v, want class %s", c.key, c.value, got.Matched, got.Key, c.class)
+		}
+	}
+	if a, b := resolve("path", "/api/1/action"), resolve("path", "/api/2/action"); a.Key == b.Key {
+		t.Errorf("two values of a pattern without share_threshold share the bucket %v", a.Key)
+	}
+	if a, b := resolve("route", "a/v1/shared"), resolve("route", "b/v9/shared"); a.Key != b.Key {
+		t.Errorf("two values of a pattern with share_threshold have buckets %v and %v", a.Key, b.Key)
 	}
 }
 
