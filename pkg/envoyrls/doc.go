@@ -187,7 +187,12 @@
 //     whole in none is rounded in the longest unit whose count fits in 32
 //     bits. The rate, not the burst, because it is the number operators
 //     write and the long-run admission rate Envoy dashboards should show.
-//     name is the class.
+//     name is the class, on every limit: envoyproxy/ratelimit's is the
+//     rate_limit's name as configured, empty when it has none. Envoy's
+//     own x-ratelimit-limit (enable_x_ratelimit_headers) appends
+//     name="<class>" from it, where envoyproxy/ratelimit's unnamed limits
+//     gave no name (an imported class is "<domain>.<name>", or the
+//     domain and the descriptor's path).
 //   - limit_remaining: what this caller can expect to spend now after the
 //     decision (Decision.Remaining): the tokens this process holds for the
 //     key plus what the region's bucket held at its last answer, at most
