@@ -207,13 +207,10 @@ func TestRestoreSilentTimingNamesWhatTheRiseWaitsFor(t *testing.T) {
 		"not before eu-west and ap-south report again")
 }
 
-// TestRestoreTimingCountsTheConfirmationWait: a restored region's static
-// share rises one grant validity and one epoch after every region reported
-// the revision (make before break), and grants bring its share back before
-// that. The message said it rose within "a few epochs", then grants: with
-// epoch 250ms and grant_validity 1s the rise came 1.46 s after every
-// region had reported, and grants had brought the share back before it.
-func TestRestoreTimingCountsTheConfirmationWait(t *testing.T) {
+// shortPeriods is a config of two regions with the short periods of the
+// live measurements the timing messages were checked against.
+func shortPeriods(t *testing.T) *config.Config {
+	t.Helper()
 	cfg, err := config.Parse([]byte(`
 epoch: 250ms
 grant_validity: 1s
@@ -226,6 +223,17 @@ default_tier: free
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg
+}
+
+// TestRestoreTimingCountsTheConfirmationWait: a restored region's static
+// share rises one grant validity and one epoch after every region reported
+// the revision (make before break), and grants bring its share back before
+// that. The message said it rose within "a few epochs", then grants: with
+// epoch 250ms and grant_validity 1s the rise came 1.46 s after every
+// region had reported, and grants had brought the share back before it.
+func TestRestoreTimingCountsTheConfirmationWait(t *testing.T) {
+	cfg := shortPeriods(t)
 	msg := drainTiming(cfg, "eu-west", false)
 	wantContains(t, "restore timing", msg, "grants bring eu-west's share back from the others, fenced",
 		"static share rises once every region has reported this revision (a few epochs of 250ms)",
@@ -241,18 +249,7 @@ default_tier: free
 // (measured: 0.18 s after the write), but cannot report it. The message
 // said it "cannot load this revision".
 func TestDrainSilentTimingSaysWhatTheRegionCannotDo(t *testing.T) {
-	cfg, err := config.Parse([]byte(`
-epoch: 250ms
-grant_validity: 1s
-region_lease: 4s
-regions: {us-east: {weight: 1}, eu-west: {weight: 1}}
-classes: {read: {}}
-tiers: {free: {read: {rate: 10/s, burst: 10}}}
-default_tier: free
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := shortPeriods(t)
 	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	msg := drainSilentTiming(cfg, "eu-west", &regionView{Region: "eu-west", Silent: true, SilentSince: &since})
 	wantContains(t, "silent drain", msg, "it cannot report this revision", "loads it and runs on its floor",

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/metrictest"
@@ -54,21 +53,9 @@ func TestHungRedisIsCountedByTheReadinessPing(t *testing.T) {
 	pings := func() float64 {
 		return metrictest.Series(t, reg, "sluice_regional_redis_errors_total", map[string]string{"script": "ping"})
 	}
-	serving := func() bool {
-		resp, err := d.Health.Check(context.Background(), &healthpb.HealthCheckRequest{})
-		return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
-	}
 	// Many readiness intervals: a starved machine pings late.
-	wait := 60 * (regional.ReadinessInterval + redisTimeout)
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(wait); !ok(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v", what, wait)
-			}
-			time.Sleep(regional.ReadinessInterval / 20) // polling the daemon with a deadline
-		}
-	}
+	r := readiness{t: t, d: d, wait: 60 * (regional.ReadinessInterval + redisTimeout)}
+	serving, waitFor := r.serving, r.waitFor
 	waitFor("ready", serving)
 	if n := pings(); n != 0 {
 		t.Fatalf("%v failed pings counted against a Redis that answers", n)

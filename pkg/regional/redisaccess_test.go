@@ -139,20 +139,8 @@ func TestReadinessFollowsAccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Stop()
-	serving := func() bool {
-		resp, err := d.Health.Check(context.Background(), &healthpb.HealthCheckRequest{})
-		return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
-	}
-	wait := 60 * regional.ReadinessInterval // a starved machine checks late
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(wait); !ok(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v; log:\n%s", what, wait, logs.String())
-			}
-			time.Sleep(regional.ReadinessInterval / 20) // polling the daemon with a deadline
-		}
-	}
+	r := readiness{t: t, d: d, wait: 60 * regional.ReadinessInterval, logs: &logs}
+	serving, waitFor := r.serving, r.waitFor
 	waitFor("ready", serving)
 	if err := admin.Do(context.Background(), "ACL", "SETUSER", "sluice", "-zadd").Err(); err != nil {
 		t.Fatal(err)

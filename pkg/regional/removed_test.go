@@ -5,11 +5,9 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -122,21 +120,8 @@ default_tier: free
 		t.Fatal(err)
 	}
 	defer d.Stop()
-	serving := func() bool {
-		resp, err := d.Health.Check(context.Background(), &healthpb.HealthCheckRequest{})
-		return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
-	}
-	// Many readiness intervals: a starved machine checks late.
-	wait := 60 * regional.ReadinessInterval
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(wait); !ok(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v", what, wait)
-			}
-			time.Sleep(regional.ReadinessInterval / 20) // polling the daemon with a deadline
-		}
-	}
+	r := readiness{t: t, d: d, wait: 60 * regional.ReadinessInterval, logs: &logs}
+	serving, waitFor := r.serving, r.waitFor
 	waitFor("ready", serving)
 	src.Store(without)
 	waitFor("not ready", func() bool { return !serving() })
