@@ -215,6 +215,11 @@ func (a *app) statusCmd(fs *flag.FlagSet) func(context.Context, []string) error 
 			// etcd was not read: nothing is known of a global leader.
 			rep.GlobalError = fmt.Sprintf("no global allocator to ask: the global leader is unknown because etcd could not be read; give -global-addr (%s) of a replica",
 				flagenv.EnvName(envPrefix, "global-addr"))
+		case len(addrs) == 0 && len(rep.Shards) > 0:
+			// Sharded: only shard 0 is unknown; the other shards are asked
+			// below and shown all the same.
+			rep.GlobalError = fmt.Sprintf("no allocator of shard 0 to ask: etcd shows no leader of global shard 0 (no replica holds its election); give -global-addr (%s) of a shard 0 replica, or start cmd/global -shard 0",
+				flagenv.EnvName(envPrefix, "global-addr"))
 		case len(addrs) == 0:
 			rep.GlobalError = fmt.Sprintf("no global allocator to ask: etcd shows no global leader; give -global-addr (%s) of a replica, or start cmd/global",
 				flagenv.EnvName(envPrefix, "global-addr"))
@@ -747,6 +752,8 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 		}
 		if rep.GlobalLeader != nil {
 			fmt.Fprintf(w, "global leader:\t%s\t(%s)\n", rep.GlobalLeader.Addr, candidates(rep.GlobalLeader.Candidates))
+		} else if len(rep.Shards) > 0 {
+			fmt.Fprintf(w, "global leader:\tnone\t(no replica of shard 0 holds its election; the other shards are listed below)\n")
 		} else {
 			fmt.Fprintf(w, "global leader:\tnone\t(no global allocator holds the election)\n")
 		}
@@ -785,6 +792,13 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 		default:
 			fmt.Fprintln(out, "global allocator: unknown (see below)")
 		}
+		// The other shards answer on their own: a shard 0 that cannot be
+		// asked does not make them unknown.
+		if len(rep.Shards) > 0 {
+			w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+			writeShardLines(w, rep)
+			return w.Flush()
+		}
 		return nil
 	}
 	g := rep.Global
@@ -810,24 +824,7 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 	}
 	fmt.Fprintf(w, "config revision:\t%s\n", rev)
 	fmt.Fprintf(w, "contended keys:\t%d\n", g.ContendedKeys)
-	for _, sh := range rep.Shards {
-		switch {
-		case sh.Unconfigured && sh.Global != nil:
-			fmt.Fprintf(w, "shard %d:\t%s\t(NOT IN THE CONFIG, which has %d shards: owns no keys, its figures are not counted above; raise global_shards to include it, or stop its replicas)\n",
-				sh.Shard, sh.Leader.Addr, configuredShards(rep.Shards))
-		case sh.Global != nil:
-			l := "no"
-			if sh.Global.Learning {
-				l = "yes"
-			}
-			fmt.Fprintf(w, "shard %d:\t%s\t(learning: %s, contended keys: %d)\n", sh.Shard, sh.Leader.Addr, l, sh.Global.ContendedKeys)
-		case sh.Unconfigured:
-			fmt.Fprintf(w, "shard %d:\tunreachable\t(NOT IN THE CONFIG, which has %d shards: an election key of a replica that outlived a lowered global_shards)\n",
-				sh.Shard, configuredShards(rep.Shards))
-		default:
-			fmt.Fprintf(w, "shard %d:\tunreachable\t(see below)\n", sh.Shard)
-		}
-	}
+	writeShardLines(w, rep)
 	if len(g.Degraded) > 0 {
 		fmt.Fprintf(w, "degraded:\t%s\t(silent: counted at max(last grant, static share) until the static lease lapses, then at the floor)\n", strings.Join(g.Degraded, ", "))
 	} else {
@@ -986,4 +983,27 @@ func num(v float64) string {
 		return strconv.FormatFloat(v, 'g', -1, 64)
 	}
 	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64)
+}
+
+// writeShardLines writes one line per shard past shard 0: its leader and
+// figures, or why it has none.
+func writeShardLines(w io.Writer, rep *statusReport) {
+	for _, sh := range rep.Shards {
+		switch {
+		case sh.Unconfigured && sh.Global != nil:
+			fmt.Fprintf(w, "shard %d:\t%s\t(NOT IN THE CONFIG, which has %d shards: owns no keys, its figures are not counted above; raise global_shards to include it, or stop its replicas)\n",
+				sh.Shard, sh.Leader.Addr, configuredShards(rep.Shards))
+		case sh.Global != nil:
+			l := "no"
+			if sh.Global.Learning {
+				l = "yes"
+			}
+			fmt.Fprintf(w, "shard %d:\t%s\t(learning: %s, contended keys: %d)\n", sh.Shard, sh.Leader.Addr, l, sh.Global.ContendedKeys)
+		case sh.Unconfigured:
+			fmt.Fprintf(w, "shard %d:\tunreachable\t(NOT IN THE CONFIG, which has %d shards: an election key of a replica that outlived a lowered global_shards)\n",
+				sh.Shard, configuredShards(rep.Shards))
+		default:
+			fmt.Fprintf(w, "shard %d:\tunreachable\t(see below)\n", sh.Shard)
+		}
+	}
 }

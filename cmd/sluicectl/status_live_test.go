@@ -219,3 +219,44 @@ func TestStatusReportsADeletedConfigKey(t *testing.T) {
 		t.Fatalf("status does not name revision %d the daemons keep:\n%s\n%s", rev, out, errOut)
 	}
 }
+
+// TestStatusWithShardZeroDownStillShowsTheOtherShards: global_shards 2
+// and shard 0's only replica stopped. Status says it is shard 0 that has
+// no leader and still lists shard 1's leader and figures: it printed
+// "global leader: none (no global allocator holds the election)" and
+// "global allocator: unknown", nothing of shard 1, so a tier whose other
+// shards granted as usual read as wholly down.
+func TestStatusWithShardZeroDownStillShowsTheOtherShards(t *testing.T) {
+	cfg := config.Default()
+	cfg.GlobalShards = 2
+	c, err := devcluster.Start(context.Background(), devcluster.Options{
+		Config: cfg, Regions: []string{"us-east"}, SessionTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	for _, g := range c.Global {
+		if g.Shard() == 0 {
+			g.Stop() // resigns: shard 0's election is empty at once
+		}
+	}
+	shard1 := c.GlobalShardAddrs(1)[0]
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), []string{"-etcd-endpoints", c.EtcdAddr(), "status"},
+			strings.NewReader(""), &stdout, &stderr)
+		out := stdout.String()
+		if code == exitUnreachable && regexpLine(out, "global leader:", "shard 0") &&
+			regexpLine(out, "shard 1:", shard1) && regexpLine(out, "shard 1:", "contended keys") &&
+			strings.Contains(stderr.String(), "shard 0") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status with shard 0 down never named shard 0 and showed shard 1 answering (exit %d, want %d):\n%s\n%s",
+				code, exitUnreachable, out, stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
+	}
+}
