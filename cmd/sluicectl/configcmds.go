@@ -10,6 +10,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -224,8 +225,48 @@ func (a *app) applyCmd(fs *flag.FlagSet) func(context.Context, []string) error {
 		case err != nil:
 			return a.etcdFailure(err)
 		}
+		a.warnShardsWithoutLeader(ctx, cli, store, current, next)
 		return a.commit(ctx, store, current, rev, next, change, *file == "-")
 	}
+}
+
+// warnShardsWithoutLeader warns (stderr; the command goes on) when next
+// raises global_shards to include shards no replica leads: a region takes
+// a moved key's grants only from its new owner and runs it on its static
+// share only under that owner's static lease, which a shard that never
+// led never conferred, so every key moving to such a shard runs on its
+// floor in every region until one of its replicas leads
+// (docs/operations.md, "A sharded global tier": start the new shard's
+// replicas first).
+func (a *app) warnShardsWithoutLeader(ctx context.Context, cli *clientv3.Client, store *configstore.Store, current, next *config.Config) {
+	if current == nil {
+		return
+	}
+	from, to := current.ShardMap().N(), next.ShardMap().N()
+	if to <= from {
+		return
+	}
+	stepCtx, cancel := a.step(ctx)
+	defer cancel()
+	resp, err := cli.Get(stepCtx, store.ElectionPrefix()+"global-shard-", clientv3.WithPrefix())
+	if err != nil {
+		fmt.Fprintf(a.stderr, "warning: global_shards %d -> %d: could not check that shards %d..%d have a leader: %v\n", from, to, from, to-1, err)
+		return
+	}
+	leaders := shardLeaders(store.ElectionPrefix(), resp.Kvs)
+	var missing []string
+	for i := from; i < to; i++ {
+		if leaders[i] == nil {
+			missing = append(missing, strconv.Itoa(i))
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	fmt.Fprintf(a.stderr, "warning: global_shards %d -> %d, but no replica leads shard %s (no replica holds %sglobal-shard-I): "+
+		"start its replicas first (cmd/global -shard I) and apply once they lead; applied now, every key moving to it runs on its floor "+
+		"(each class's partition_share) in every region until one of them leads (docs/operations.md, A sharded global tier)\n",
+		from, to, strings.Join(missing, ", "), store.ElectionPrefix())
 }
 
 // storedTenants reads the tenants stored under keys of their own, for a

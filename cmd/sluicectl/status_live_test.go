@@ -260,3 +260,55 @@ func TestStatusWithShardZeroDownStillShowsTheOtherShards(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
 	}
 }
+
+// TestApplyRaisingShardsWarnsOfShardsWithoutALeader: raising
+// global_shards to include a shard no replica leads puts every key that
+// moves to it on its floor in every region until one leads (a region runs
+// a moved key on its static share only under its new owner's static
+// lease, which a shard that never led never conferred). apply said
+// nothing of it; it warns now, naming the shard, and stops warning once
+// the shard's replica leads. Lowering the count never warns.
+func TestApplyRaisingShardsWarnsOfShardsWithoutALeader(t *testing.T) {
+	cfg := config.Default()
+	cfg.GlobalShards = 2
+	c, err := devcluster.Start(context.Background(), devcluster.Options{
+		Config: cfg, Regions: []string{"us-east"}, SessionTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	withShards := func(n int64) string {
+		next := config.Default()
+		next.GlobalShards = n
+		data, err := next.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return writeFile(t, "shards.yaml", string(data))
+	}
+	const warning = "no replica leads shard 2"
+	r := sluicectl(t, "", "-etcd-endpoints", c.EtcdAddr(), "apply", "-f", withShards(3), "-dry-run")
+	wantCode(t, r, exitOK)
+	wantContains(t, "apply stderr", r.stderr, warning, "start its replicas first")
+	r = sluicectl(t, "", "-etcd-endpoints", c.EtcdAddr(), "apply", "-f", withShards(1), "-dry-run")
+	wantCode(t, r, exitOK)
+	if strings.Contains(r.stderr, "no replica leads") {
+		t.Fatalf("lowering global_shards warned of a shard without a leader:\n%s", r)
+	}
+
+	if _, err := c.AddGlobalShard(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		r = sluicectl(t, "", "-etcd-endpoints", c.EtcdAddr(), "apply", "-f", withShards(3), "-dry-run")
+		if r.code == exitOK && !strings.Contains(r.stderr, warning) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("apply still warns once shard 2's replica runs:\n%s", r)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the election with a deadline
+	}
+}

@@ -130,7 +130,9 @@ type Config struct {
 	// is made before it breaks: every shard only re-issues what regions
 	// hold until every region runs the new count and one grant validity
 	// has passed (docs/architecture.md, The sharded global tier). Start a
-	// shard's replicas before raising the count to include it.
+	// shard's replicas before raising the count to include it: until one of
+	// them leads, the keys that move to it run on their floor in every region
+	// (`sluicectl apply` warns of such a shard).
 	//
 	//   - Unit: allocator shards
 	//   - Default: 1
