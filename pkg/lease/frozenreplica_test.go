@@ -48,10 +48,19 @@ default_tier: free
 		}
 		return !d.Degraded && d.Allowed
 	}
-	// Both replicas answer before the freeze.
-	for i := 0; i < 8; i++ {
-		if !answered() {
-			t.Fatalf("request %d not answered by the region before the freeze", i)
+	// Both replicas answer before the freeze: 8 requests in a row. A
+	// starved machine may hold a first acquire past the 300 ms wait, so
+	// the requests go on until 8 in a row were answered.
+	before := 0
+	for inRow, deadline := 0, time.Now().Add(time.Minute); inRow < 8; {
+		if time.Now().After(deadline) {
+			t.Fatalf("not 8 requests in a row answered by the region before the freeze within a minute (%d in a row at the end)", inRow)
+		}
+		before++
+		if answered() {
+			inRow++
+		} else {
+			inRow = 0
 		}
 	}
 
@@ -64,7 +73,7 @@ default_tier: free
 	for inRow < 20 {
 		if time.Now().After(deadline) {
 			t.Fatalf("%v after the freeze the frozen replica still takes calls: %d of %d requests decided without the region, %d answered in a row at the end",
-				time.Since(frozeAt), missed, n-8, inRow)
+				time.Since(frozeAt), missed, n-before, inRow)
 		}
 		if answered() {
 			inRow++
