@@ -89,9 +89,10 @@ func regexpLine(text, a, b string) bool {
 	return false
 }
 
-// TestStatusAcrossShards: with global_shards 2, status names both shards'
-// leaders (shard 1's from its own election) and asks both.
-func TestStatusAcrossShards(t *testing.T) {
+// startTwoShards starts a deployment of the default config over two
+// global shards and one region, us-east, stopped when t ends.
+func startTwoShards(t *testing.T) *devcluster.Cluster {
+	t.Helper()
 	cfg := config.Default()
 	cfg.GlobalShards = 2
 	c, err := devcluster.Start(context.Background(), devcluster.Options{
@@ -101,6 +102,13 @@ func TestStatusAcrossShards(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
+	return c
+}
+
+// TestStatusAcrossShards: with global_shards 2, status names both shards'
+// leaders (shard 1's from its own election) and asks both.
+func TestStatusAcrossShards(t *testing.T) {
+	c := startTwoShards(t)
 	shard1 := c.GlobalShardAddrs(1)[0]
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -125,15 +133,7 @@ func TestStatusAcrossShards(t *testing.T) {
 // silent regions) into the global tier's: it said "learning: yes" and
 // "degraded: <every region>" of a tier whose one shard was neither.
 func TestStatusShowsAShardPastTheConfigApart(t *testing.T) {
-	cfg := config.Default()
-	cfg.GlobalShards = 2
-	c, err := devcluster.Start(context.Background(), devcluster.Options{
-		Config: cfg, Regions: []string{"us-east"}, SessionTTL: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := startTwoShards(t)
 	lowered := config.Default()
 	lowered.GlobalShards = 1
 	data, err := lowered.Marshal()
@@ -227,15 +227,7 @@ func TestStatusReportsADeletedConfigKey(t *testing.T) {
 // "global allocator: unknown", nothing of shard 1, so a tier whose other
 // shards granted as usual read as wholly down.
 func TestStatusWithShardZeroDownStillShowsTheOtherShards(t *testing.T) {
-	cfg := config.Default()
-	cfg.GlobalShards = 2
-	c, err := devcluster.Start(context.Background(), devcluster.Options{
-		Config: cfg, Regions: []string{"us-east"}, SessionTTL: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := startTwoShards(t)
 	for _, g := range c.Global {
 		if g.Shard() == 0 {
 			g.Stop() // resigns: shard 0's election is empty at once
@@ -269,15 +261,7 @@ func TestStatusWithShardZeroDownStillShowsTheOtherShards(t *testing.T) {
 // nothing of it; it warns now, naming the shard, and stops warning once
 // the shard's replica leads. Lowering the count never warns.
 func TestApplyRaisingShardsWarnsOfShardsWithoutALeader(t *testing.T) {
-	cfg := config.Default()
-	cfg.GlobalShards = 2
-	c, err := devcluster.Start(context.Background(), devcluster.Options{
-		Config: cfg, Regions: []string{"us-east"}, SessionTTL: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := startTwoShards(t)
 	withShards := func(n int64) string {
 		next := config.Default()
 		next.GlobalShards = n
