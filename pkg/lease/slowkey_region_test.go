@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -49,11 +50,10 @@ func TestPeerOfASlowKeyIsAdmittedWithinAFewRefreshes(t *testing.T) {
 
 func peerOfASlowKey(t *testing.T, class string, burst int64) {
 	// The development mode's refresh: a batch A sizes from its first
-	// request's demand covers the whole burst.
+	// request's demand covers the whole burst (when sized soon, below).
 	const refresh = time.Second
 	cfg := regiontest.MustConfig(t, slowKeyRegion)
 	reg := regiontest.Start(t, cfg, "local")
-	key := quota.Key{Tenant: "acme", Class: class}
 	newClient := func(id string, metrics *prometheus.Registry) *lease.Client {
 		c, err := lease.NewClient(reg.Dial(t), lease.Options{
 			InstanceID: id, Refresh: refresh,
@@ -67,38 +67,90 @@ func peerOfASlowKey(t *testing.T, class string, burst int64) {
 		t.Cleanup(func() { c.Close(context.Background()) })
 		return c
 	}
+	b := newClient("b", prometheus.NewRegistry())
+	// Alone on the key, A takes the rest of the burst with the refill its
+	// first request kicks, and the region's bucket is empty when B asks.
+	// That holds only when the refill is sized soon enough: A's Acquire
+	// for a key it never saw asks for the request's token alone (no
+	// demand measured yet), and the refill after it asks for 1.5
+	// refreshes of the demand A measured since its first request, one
+	// token over max(the time since, refresh/20). It covers the rest of
+	// the burst when sized within 1.5 refreshes / (burst − 1) of the
+	// request: 300 ms on the key of 7 an hour, 167 ms on the one of 10 a
+	// minute. A machine that holds A's Acquire's answer or its refill
+	// longer (a loaded one running the whole suite) has A ask for less,
+	// and A never holds the rest afterwards: its later Syncs size at a
+	// demand that only falls, and hold at most half the burst once A does
+	// not drain the region. The bucket then keeps tokens, B is admitted at
+	// its first ask, and the run says nothing of B's wait for A's give-back.
+	// It starts over instead, with a new instance A (whose Syncs carry no
+	// other key's reports) on a fresh key (another tenant, a bucket of its
+	// own), until A's first refill holds the rest: within burst of the A
+	// instances' Syncs in all, each attempt taking at least one, its refill.
 	// A's Syncs are the clock of the waits below: on a starved machine A
 	// refreshes less often than every refresh of the wall clock, and B
 	// waits on A's next Sync.
-	aSyncs := prometheus.NewRegistry()
-	a, b := newClient("a", aSyncs), newClient("b", prometheus.NewRegistry())
-	d, err := a.Allow(context.Background(), key, 1)
-	if err != nil || !d.Allowed {
-		t.Fatalf("A's first request: %+v, %v; want admitted", d, err)
-	}
-	// Alone on the key, A's batch (or the refill its first request
-	// kicked) takes the rest of the burst: the region's bucket is empty
-	// and A holds the tokens left.
-	// Each of A's Syncs asks for at least what A holds below its batch
-	// and takes a token while the region's bucket has one: within burst
-	// of them, A holds the rest. At least the rest: the key of 10 a
-	// minute refills a token every 6 s, which a Sync of A's on a starved
-	// machine takes too.
-	// A failure here was seen once in four make test runs and not
-	// diagnosed: say what A held, and how its key was decided, at the end.
-	t.Cleanup(func() {
-		if t.Failed() {
-			st, _ := a.Table().State(key)
-			t.Logf("A's first decision %+v; its state of %v at the end: %+v; A's Syncs %d, Acquires %d", d, key, st,
-				rpcCalls(t, aSyncs, "Sync"), rpcCalls(t, aSyncs, "Acquire"))
+	var (
+		a      *lease.Client
+		aSyncs *prometheus.Registry
+		key    quota.Key
+		d      quota.Decision
+		err    error
+	)
+	var setupSyncs uint64 // of the A instances before this attempt's
+	for attempt := 1; ; attempt++ {
+		id := "a"
+		key = quota.Key{Tenant: "acme", Class: class}
+		if attempt > 1 {
+			id, key.Tenant = fmt.Sprintf("a-%d", attempt), fmt.Sprintf("acme-%d", attempt)
 		}
-	})
-	held0 := rpcCalls(t, aSyncs, "Sync")
-	waitForSyncs(t, "A to hold the rest of the burst", aSyncs, uint64(burst), func() bool {
-		st, _ := a.Table().State(key)
-		return st.Tokens >= burst-1 && !st.InFlight
-	})
-	t.Logf("A held the rest of the burst after %d of its Syncs", rpcCalls(t, aSyncs, "Sync")-held0)
+		aSyncs = prometheus.NewRegistry()
+		a = newClient(id, aSyncs)
+		// Say what the last A held, and how its key was decided, should a
+		// wait fail (before its Close: cleanups run last first).
+		t.Cleanup(func(ac *lease.Client, reg *prometheus.Registry, k quota.Key) func() {
+			return func() {
+				if t.Failed() && ac == a {
+					st, _ := ac.Table().State(k)
+					t.Logf("A's first decision %+v; its state of %v at the end: %+v; A's Syncs %d, Acquires %d", d, k, st,
+						rpcCalls(t, reg, "Sync"), rpcCalls(t, reg, "Acquire"))
+				}
+			}
+		}(a, aSyncs, key))
+		d, err = a.Allow(context.Background(), key, 1)
+		if err != nil || !d.Allowed {
+			t.Fatalf("A's first request on %v: %+v, %v; want admitted", key, d, err)
+		}
+		// The request took A's only token: the pool stays empty until the
+		// refill it kicked is answered (a failed one is resent).
+		var st lease.KeyState
+		for {
+			st, _ = a.Table().State(key)
+			if st.Tokens > 0 && !st.InFlight {
+				break
+			}
+			if n := setupSyncs + rpcCalls(t, aSyncs, "Sync"); n > uint64(burst) {
+				t.Fatalf("A's refill after its first request on %v: not answered within %d of A's Syncs", key, n)
+			}
+			time.Sleep(5 * time.Millisecond) // polling, with a deadline in A's Syncs
+		}
+		setupSyncs += rpcCalls(t, aSyncs, "Sync")
+		// At least the rest: a token the bucket refilled meanwhile (one
+		// every 6 s on the key of 10 a minute) A's refill may take too.
+		if st.Tokens >= burst-1 {
+			t.Logf("A held the rest of the burst on %v after %d of its Syncs (attempt %d)", key, setupSyncs, attempt)
+			break
+		}
+		if setupSyncs >= uint64(burst) {
+			t.Fatalf("A's refill on %v brought %d tokens, not the rest of the burst (%d), in each of %d attempts within %d of A's Syncs",
+				key, st.Tokens, burst-1, attempt, setupSyncs)
+		}
+		t.Logf("A's refill on %v brought %d tokens, not the rest of the burst (%d): sized late, at a demand of %.3g/s; again with a new A on a fresh key",
+			key, st.Tokens, burst-1, st.Rate)
+		if err := a.Close(context.Background()); err != nil {
+			t.Fatalf("closing A: %v", err)
+		}
+	}
 	// The bound: B's first ask counts it live at the region; A's next
 	// Sync (at most one refresh later) learns of it and gives back at
 	// once what it holds above its batch cap; the region tells B to ask
