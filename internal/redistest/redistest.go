@@ -160,20 +160,34 @@ func Dump(ctx context.Context, c *redis.Client) (string, error) {
 // reports ok. Everything is stopped at cleanup.
 func StartCluster(t testing.TB, n int) []string {
 	t.Helper()
+	var addrs []string
+	for _, p := range StartClusterProcs(t, n) {
+		addrs = append(addrs, p.Addr())
+	}
+	return addrs
+}
+
+// StartClusterProcs is StartCluster, returning the node processes (to
+// pause or stop one) in the order of their addresses; args are more
+// redis-server arguments for every node (e.g. "--cluster-require-full-coverage", "no").
+func StartClusterProcs(t testing.TB, n int, args ...string) []*redisproc.Proc {
+	t.Helper()
 	dir := t.TempDir()
 	var addrs []string
+	var procs []*redisproc.Proc
 	for i := range n {
-		p, err := redisproc.StartWith("--cluster-enabled", "yes",
-			"--cluster-config-file", fmt.Sprintf("%s/nodes-%d.conf", dir, i), "--cluster-node-timeout", "2000")
+		p, err := redisproc.StartWith(append([]string{"--cluster-enabled", "yes",
+			"--cluster-config-file", fmt.Sprintf("%s/nodes-%d.conf", dir, i), "--cluster-node-timeout", "2000"}, args...)...)
 		if err != nil {
 			t.Fatalf("%v (run `make test`, which installs it)", err)
 		}
 		t.Cleanup(p.Stop)
 		addrs = append(addrs, p.Addr())
+		procs = append(procs, p)
 	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+	create := append([]string{"--cluster", "create"}, addrs...)
+	create = append(create, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", create...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	// Every node must see the cluster ok (and every slot covered) before a
@@ -194,7 +208,7 @@ func StartCluster(t testing.TB, n int) []string {
 		}
 		c.Close()
 	}
-	return addrs
+	return procs
 }
 
 // KeyCount is the number of keys on one server (a cluster node).

@@ -398,6 +398,8 @@ func outcome(ctx context.Context, err error) Outcome {
 		return Refused
 	case status.Code(err) == codes.Aborted:
 		return Conflict
+	case rpcerr.RedisNodeFailed(err):
+		return KeyFailed
 	case ctx.Err() != nil:
 		return Abandoned
 	}
@@ -476,7 +478,7 @@ type acquireResult struct {
 // one report) and returns the region's grants.
 func (c *Client) callAcquire(ctx context.Context, method string, b *Batch) ([]*sluicev1.Grant, error) {
 	if method == "Sync" {
-		resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports})
+		resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports, KeyFailures: true})
 		return resp.GetGrants(), err
 	}
 	resp, err := c.rpc.Acquire(ctx, &sluicev1.AcquireRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Report: b.Reports[0]})
@@ -847,7 +849,7 @@ func (c *Client) syncWith(parent context.Context, b *Batch, end func(time.Time, 
 	c.core.BeforeSend(time.Now())
 	ctx, cancel := context.WithTimeout(parent, c.opts.SyncTimeout)
 	start := time.Now()
-	resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports})
+	resp, err := c.rpc.Sync(ctx, &sluicev1.SyncRequest{InstanceId: c.InstanceID(), Incarnation: c.incarnation, Reports: b.Reports, KeyFailures: true})
 	cancel()
 	c.observeRPC("Sync", start, err)
 	out := outcome(parent, err)

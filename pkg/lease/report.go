@@ -578,9 +578,65 @@ func (t *Table) Apply(now time.Time, b *Batch, grants []*sluicev1.Grant) error {
 			errs = append(errs, fmt.Errorf("lease: key %s: %w", e.key(), err))
 			continue
 		}
+		if grants[i].RedisFailed {
+			// The region's Redis Cluster node of this key failed its
+			// call; the other keys were answered. The report stays
+			// pending, as for a failed Sync, and the key is held off.
+			e.mu.Lock()
+			t.failedLocked(e)
+			t.holdOffLocked(now, e)
+			e.mu.Unlock()
+			continue
+		}
 		t.applyGrant(now, b.sentAt, e, b.Reports[i], grants[i])
 	}
 	return errors.Join(errs...)
+}
+
+// HoldOff holds off the keys of b (holdOffLocked): the region answered
+// that their Redis Cluster node failed the call.
+func (t *Table) HoldOff(now time.Time, b *Batch) {
+	for _, e := range b.entries {
+		e.mu.Lock()
+		t.holdOffLocked(now, e)
+		e.mu.Unlock()
+	}
+}
+
+// HoldOffKey holds off key (holdOffLocked) when the table has it.
+func (t *Table) HoldOffKey(now time.Time, key quota.Key) {
+	if e := t.keys.lookupFresh(key); e != nil {
+		e.mu.Lock()
+		t.holdOffLocked(now, e)
+		e.mu.Unlock()
+	}
+}
+
+// holdOffLocked marks e's key held off until keyHoldOff after now: its
+// requests are decided by its on_failure policy without a call to the
+// region (HeldOff), as they would be for a whole region behind an open
+// breaker, while the region serves the keys of its other Redis nodes.
+// The key's pending report still goes out with the periodic Syncs, whose
+// answer for it ends the hold (clearDegradedLocked). The caller holds
+// e.mu.
+func (t *Table) holdOffLocked(now time.Time, e *entry) {
+	e.rareFor().heldOff = t.instant(now.Add(t.keyHoldOff))
+}
+
+// HeldOff reports whether key's requests are decided by its on_failure
+// policy without a call at now (holdOffLocked).
+func (t *Table) HeldOff(now time.Time, key quota.Key) bool {
+	e := t.keys.lookupFresh(key)
+	if e == nil {
+		return false
+	}
+	r := e.rare.Load()
+	if r == nil {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return t.instant(now) < r.heldOff
 }
 
 func matchGrant(r *sluicev1.KeyReport, g *sluicev1.Grant) error {
@@ -729,11 +785,17 @@ func (t *Table) learnLocked(now time.Time, e *entry, g *sluicev1.Grant) {
 func (t *Table) Failed(now time.Time, b *Batch) {
 	for _, e := range b.entries {
 		e.mu.Lock()
-		e.finishLocked()
-		if e.has(rebaseFlag) {
-			e.newLeaseLocked()
-		}
+		t.failedLocked(e)
 		e.mu.Unlock()
+	}
+}
+
+// failedLocked ends e's part of a batch the region did not apply (Failed).
+// The caller holds e.mu.
+func (t *Table) failedLocked(e *entry) {
+	e.finishLocked()
+	if e.has(rebaseFlag) {
+		e.newLeaseLocked()
 	}
 }
 

@@ -63,6 +63,9 @@ func NewCore(table *Table, brk *Breaker, syncTimeout time.Duration) *Core {
 	if syncTimeout <= 0 {
 		syncTimeout = DefaultSyncTimeout(table.opts.Refresh)
 	}
+	// A key whose Redis node failed is held off for the breaker's
+	// cooldown, as the whole region would be (KeyFailed).
+	table.keyHoldOff = brk.cooldown
 	return &Core{table: table, brk: brk, syncTimeout: syncTimeout}
 }
 
@@ -97,6 +100,13 @@ const (
 	// Abandoned: the caller gave up before an answer (its own context
 	// ended); no verdict on the region for the breaker.
 	Abandoned
+	// KeyFailed: the region answered that the Redis Cluster node holding
+	// the call's key failed it (rpcerr.RedisNodeFailed). The region is
+	// reachable and serves the keys of its other nodes: the breaker closes,
+	// and only the call's keys are decided by their on_failure policies,
+	// without calls, until the breaker's cooldown has passed
+	// (Table.HoldOff).
+	KeyFailed
 )
 
 // --- Request path. ---
@@ -187,7 +197,7 @@ func (s *Slow) Next(now time.Time) Step {
 			st.Kick = true
 			return st
 		case ActCheck:
-			if !brk.Allow(now) {
+			if !brk.Allow(now) || t.HeldOff(now, s.key) {
 				return s.Fallback(now)
 			}
 			s.checkAt = now
@@ -197,7 +207,7 @@ func (s *Slow) Next(now time.Time) Step {
 			return s.decided(t.Exhausted(now, s.key, s.cost))
 		}
 		s.rounds++
-		if !brk.Ready(now) {
+		if !brk.Ready(now) || t.HeldOff(now, s.key) {
 			return s.Fallback(now)
 		}
 		if s.c.breakerTimeout > 0 && !s.began.IsZero() && s.Budget(now, 0) <= 0 {
@@ -309,7 +319,7 @@ func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome)
 	if b == nil {
 		panic("lease: AcquireDone without an acquire in flight")
 	}
-	if out == Answered || out == Refused || out == Conflict {
+	if out == Answered || out == Refused || out == Conflict || out == KeyFailed {
 		brk.ObserveRTT(b.SentAt(), now)
 	}
 	switch out {
@@ -326,6 +336,10 @@ func (s *Slow) AcquireDone(now time.Time, grants []*sluicev1.Grant, out Outcome)
 	case Conflict:
 		t.Failed(now, b)
 		brk.Success()
+	case KeyFailed:
+		brk.Success()
+		t.Failed(now, b)
+		t.HoldOff(now, b)
 	case Abandoned:
 		t.Failed(now, b)
 		brk.Abandon()
@@ -393,13 +407,16 @@ func (c *Core) AcquireCallTimeout(base time.Duration) time.Duration {
 // response when it answered, and decides the request.
 func (s *Slow) CheckDone(now time.Time, resp *sluicev1.CheckResponse, out Outcome) Step {
 	t, brk := s.c.table, s.c.brk
-	if out == Answered || out == Refused {
+	if out == Answered || out == Refused || out == KeyFailed {
 		brk.ObserveRTT(s.checkAt, now)
 	}
 	switch out {
 	case Answered:
 		brk.Success()
 		return s.decided(t.ApplyCheck(now, s.key, s.cost, resp))
+	case KeyFailed:
+		brk.Success()
+		t.HoldOffKey(now, s.key)
 	case Refused:
 		brk.Success()
 		t.Forget(s.key)
@@ -439,7 +456,7 @@ func (c *Core) BeforeSend(now time.Time) { c.table.ExpireFor(now, c.syncTimeout)
 // forgotten. applyErr is set when grants did not match the reports (those
 // reports stay pending).
 func (c *Core) SyncDone(now time.Time, b *Batch, grants []*sluicev1.Grant, out Outcome) (split []*Batch, applyErr error) {
-	if out == Answered || out == Refused || out == Conflict {
+	if out == Answered || out == Refused || out == Conflict || out == KeyFailed {
 		c.brk.ObserveRTT(b.SentAt(), now)
 	}
 	switch out {
@@ -453,7 +470,9 @@ func (c *Core) SyncDone(now time.Time, b *Batch, grants []*sluicev1.Grant, out O
 		}
 		c.table.Reject(now, b)
 		return nil, nil
-	case Conflict:
+	case Conflict, KeyFailed:
+		// A KeyFailed Sync failed as a whole (a region that does not
+		// answer per key): its keys are unknown, none is held off.
 		c.brk.Success()
 	default:
 		c.brk.FailureOf(b.SentAt(), now)
@@ -469,14 +488,14 @@ func (c *Core) SyncDone(now time.Time, b *Batch, grants []*sluicev1.Grant, out O
 // answered, releases landing on one hung replica of several opened the
 // breaker while the others answered every call.
 func (c *Core) ReleaseDone(sent, now time.Time, out Outcome) {
-	if out == Answered || out == Refused || out == Conflict {
+	if out == Answered || out == Refused || out == Conflict || out == KeyFailed {
 		c.brk.ObserveRTT(sent, now)
 	}
 	switch out {
 	case Answered:
 		c.brk.Success()
 		c.table.Answered()
-	case Refused, Conflict:
+	case Refused, Conflict, KeyFailed:
 		c.brk.Success()
 	default:
 		c.brk.FailureOf(sent, now)

@@ -33,6 +33,10 @@ const (
 type Table struct {
 	opts TableOptions
 	keys *keyMap
+	// keyHoldOff is how long a key whose Redis Cluster node failed its
+	// call is decided without calls (holdOffLocked): the breaker's
+	// cooldown, set once by NewCore before any use.
+	keyHoldOff time.Duration
 
 	seq          atomic.Uint64 // last seq handed out
 	degradedKeys atomic.Int64
@@ -253,6 +257,11 @@ type rare struct {
 	checked int64         // guarded by entry.mu
 	charged int64         // guarded by entry.mu
 	done    chan struct{} // guarded by entry.mu: closed when the report in flight ends (nil: nobody waits)
+	// heldOff is the instant until which the key's requests are decided
+	// by its on_failure policy without a call: the region answered that
+	// the key's Redis Cluster node failed (Table.holdOffLocked; 0: none).
+	// Guarded by entry.mu.
+	heldOff instant
 }
 
 // rareFor returns the key's rare state, making it on first use.
@@ -932,6 +941,9 @@ func (t *Table) ApplyCheck(now time.Time, key quota.Key, cost int64, resp *sluic
 }
 
 func (t *Table) clearDegradedLocked(e *entry) {
+	if r := e.rare.Load(); r != nil {
+		r.heldOff = 0 // the region answered for the key
+	}
 	if e.has(degradedFlag) {
 		e.set(degradedFlag, false)
 		t.degradedKeys.Add(-1)

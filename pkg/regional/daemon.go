@@ -297,6 +297,45 @@ func listsRegion(cfg *config.Config, region string) bool {
 // its readiness and counts a failed ping (script "ping").
 const ReadinessInterval = time.Second
 
+// ping is the readiness ping of the daemon's Redis. On a Redis Cluster it
+// pings every master that has held a call's key (clusterNodes), side by
+// side: err is nil while one answers (the replica serves the keys of the
+// masters that answer), and nodesErr names the masters that did not. A
+// cluster's PING went to one node at random, so one master hung of three
+// made the replica not ready a third of the time, and every replica of
+// the region with it. (Not go-redis's ForEachMaster: it reloads the slot
+// map first, from a node picked at random, and a hung one used up the
+// ping's whole bound.)
+func (d *Daemon) ping(ctx context.Context) (err, nodesErr error) {
+	var nodes []*clusterNode
+	if d.Server.nodes != nil {
+		nodes = d.Server.nodes.known()
+	}
+	if len(nodes) == 0 {
+		return ExplainRedisErr(d.Redis.Ping(ctx).Err()), nil
+	}
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, nd := range nodes {
+		wg.Go(func() {
+			if perr := nd.client.Ping(ctx).Err(); perr != nil {
+				errs[i] = fmt.Errorf("%s: %w", nd.addr, ExplainRedisErr(perr))
+			}
+		})
+	}
+	wg.Wait()
+	failed := 0
+	for _, e := range errs {
+		if e != nil {
+			failed++
+		}
+	}
+	if failed == len(nodes) {
+		return errors.Join(errs...), nil
+	}
+	return nil, errors.Join(errs...)
+}
+
 // watchReadiness keeps the gRPC health status in line with Redis: a
 // replica whose Redis is down, or refuses it access, is not ready
 // (clients fail over to others); so is one whose region the live config
@@ -312,11 +351,11 @@ const ReadinessInterval = time.Second
 func (d *Daemon) watchReadiness(ctx context.Context) {
 	t := time.NewTicker(ReadinessInterval)
 	defer t.Stop()
-	down, removed := false, false
+	down, removed, nodesDown := false, false, false
 	for {
 		start := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, d.opts.RedisTimeout)
-		err := ExplainRedisErr(d.Redis.Ping(pctx).Err())
+		err, nodesErr := d.ping(pctx)
 		if err == nil {
 			if perr := ProbeAccess(pctx, d.Redis, ""); errors.Is(perr, ErrRedisRefused) {
 				err = perr
@@ -326,7 +365,16 @@ func (d *Daemon) watchReadiness(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		d.Server.observeOwn(ctx, "ping", start, err)
+		d.Server.observeOwn(ctx, "ping", start, errors.Join(err, nodesErr))
+		switch {
+		case err == nil && nodesErr != nil && !nodesDown:
+			d.opts.Logger.Warn("redis cluster masters do not answer their readiness ping; their keys are decided by on_failure policies, the others served; replica ready",
+				"redis", d.opts.RedisAddr, "err", nodesErr)
+			nodesDown = true
+		case nodesErr == nil && nodesDown:
+			d.opts.Logger.Info("every redis cluster master answers its readiness ping again", "redis", d.opts.RedisAddr)
+			nodesDown = false
+		}
 		st := healthpb.HealthCheckResponse_SERVING
 		switch {
 		case err != nil:

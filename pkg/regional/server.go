@@ -135,8 +135,11 @@ type Server struct {
 	lastMaps []shard.Map
 	active   *activeKeys
 	batch    *batcher
-	metrics  *metrics
-	log      *slog.Logger
+	// nodes routes the calls of a region on a Redis Cluster by their key's
+	// master (nil on a single Redis, whose calls all go through batch).
+	nodes   *clusterNodes
+	metrics *metrics
+	log     *slog.Logger
 	// scriptLog spaces the lines about failing script calls.
 	scriptLog *logthrottle.Throttle
 	// sentinelFailing is whether the last restart sentinel check failed,
@@ -211,6 +214,9 @@ func New(opts Options) (*Server, error) {
 	s.static.Store(&staticView{}) // no lease known: the floor until the first reading
 	s.metrics = newMetrics(opts.Registerer, s)
 	s.batch = newBatcher(opts.Redis, s.scripts, 4, 64, opts.RedisTimeout)
+	if cc, ok := opts.Redis.(*redis.ClusterClient); ok {
+		s.nodes = newClusterNodes(cc, s.scripts, 4, 64, opts.RedisTimeout)
+	}
 	return s, nil
 }
 
@@ -466,13 +472,13 @@ func (s *Server) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (res
 	}
 	rep := toReport(req.GetInstanceId(), req.GetIncarnation(), r, p.res.Class.Mode == config.ModeStrict)
 	s.lookFirst(ctx)
-	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
-		return s.scripts.QueueAcquire(ctx, pipe, p.keys, p.common, rep)
-	})
 	var lr luascripts.LeaseReply
-	if err == nil {
+	err = s.call(ctx, p.keys.Bucket, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
+		return s.scripts.QueueAcquire(ctx, pipe, p.keys, p.common, rep)
+	}, func(q *luascripts.Queued) (err error) {
 		lr, err = luascripts.ParseLease(q)
-	}
+		return err
+	})
 	err = s.observeScript(ctx, "acquire", start, err)
 	if err != nil {
 		return nil, toStatus(err)
@@ -507,21 +513,34 @@ func (s *Server) Sync(ctx context.Context, req *sluicev1.SyncRequest) (resp *slu
 	}
 	if len(items) > 0 {
 		s.lookFirst(ctx)
-		results := s.scripts.SyncMany(ctx, s.opts.Redis, items)
+		results := s.syncMany(ctx, items)
 		var err error
+		nodeFailures := 0
 		for _, r := range results {
 			if r.Err != nil && err == nil {
 				err = r.Err
 			}
+			if isNodeFailure(r.Err) {
+				nodeFailures++
+			}
 		}
 		err = s.observeScript(ctx, "sync", start, err)
-		if err != nil {
+		// A caller that takes per-key failures is answered for the keys
+		// whose masters served them when every failure was a master's
+		// (clusterNodes); otherwise the Sync fails as a whole.
+		perKey := req.GetKeyFailures() && nodeFailures > 0 && ctx.Err() == nil
+		if err != nil && !(perKey && nodeFailures == countErrs(results)) {
 			// Keys that did succeed are applied; the instance retries the
 			// whole Sync with the same seqs and gets their grants again.
 			return nil, toStatus(err)
 		}
 		var conflicts []string
 		for i, res := range results {
+			if res.Err != nil {
+				r := req.GetReports()[i]
+				grants[i] = &sluicev1.Grant{Key: r.GetKey(), Seq: r.GetSeq(), RedisFailed: true}
+				continue
+			}
 			if res.Reply.Conflict {
 				conflicts = append(conflicts, plans[i].key.String())
 				continue
@@ -601,7 +620,7 @@ func (s *Server) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (res
 	var conflicts []string
 	if len(items) > 0 {
 		s.lookFirst(ctx)
-		results := s.scripts.ReleaseMany(ctx, s.opts.Redis, items)
+		results := s.releaseMany(ctx, items)
 		var err error
 		for _, r := range results {
 			if r.Err != nil && err == nil {
@@ -646,13 +665,13 @@ func (s *Server) Check(ctx context.Context, req *sluicev1.CheckRequest) (resp *s
 			quota.ErrInvalid, cost, p.res.Limit.Burst, p.key))
 	}
 	s.lookFirst(ctx)
-	q, err := s.batch.do(ctx, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
-		return s.scripts.QueueCheck(ctx, pipe, p.keys, p.common, cost)
-	})
 	var cr luascripts.CheckReply
-	if err == nil {
+	err = s.call(ctx, p.keys.Bucket, func(ctx context.Context, pipe redis.Pipeliner) *luascripts.Queued {
+		return s.scripts.QueueCheck(ctx, pipe, p.keys, p.common, cost)
+	}, func(q *luascripts.Queued) (err error) {
 		cr, err = luascripts.ParseCheck(q)
-	}
+		return err
+	})
 	err = s.observeScript(ctx, "check", start, err)
 	if err != nil {
 		return nil, toStatus(err)
@@ -703,10 +722,14 @@ func (s *Server) observeScript(ctx context.Context, script string, start time.Ti
 			s.log.Warn("redis script failed", "script", script, "err", ExplainRedisErr(err),
 				"failed_unlogged", leftOut)
 		}
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, luascripts.ErrTooLate) {
-			return &redisFailure{fmt.Errorf("redis did not answer the %s script in time: %v", script, err)}
+		node := ""
+		if nf := (*nodeFailure)(nil); errors.As(err, &nf) {
+			node = nf.node
 		}
-		return &redisFailure{err}
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, luascripts.ErrTooLate) {
+			return &redisFailure{err: fmt.Errorf("redis did not answer the %s script in time: %v", script, err), node: node}
+		}
+		return &redisFailure{err: err, node: node}
 	}
 	return err
 }
@@ -739,19 +762,28 @@ func toStatus(err error) error {
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, errRegionRemoved):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case isNodeFailure(err):
+		// Before the context cases: only a failure the caller still
+		// waited for is one (observeScript).
+		return rpcerr.RedisNodeFailedStatus(err)
+	case isRedisFailure(err):
+		return rpcerr.RedisFailedStatus(err)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
-	case isRedisFailure(err):
-		return rpcerr.RedisFailedStatus(err)
 	default:
 		return status.Error(codes.Unavailable, err.Error())
 	}
 }
 
 // Close stops the server's Redis batching workers. In-flight calls finish.
-func (s *Server) Close() { s.batch.close() }
+func (s *Server) Close() {
+	s.batch.close()
+	if s.nodes != nil {
+		s.nodes.close()
+	}
+}
 
 // lookFirst makes the restart guard's first look at Redis before a call's
 // scripts run, when the look at start did not answer (a Redis, or a

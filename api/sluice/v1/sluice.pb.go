@@ -273,7 +273,13 @@ type Grant struct {
 	// The region runs with no global tier (regional -unleased): its rate and
 	// burst cap for every key are its static share, which nothing but a
 	// config change alters. A cost above region_burst then waits in vain.
-	Unleased      bool `protobuf:"varint,16,opt,name=unleased,proto3" json:"unleased,omitempty"`
+	Unleased bool `protobuf:"varint,16,opt,name=unleased,proto3" json:"unleased,omitempty"`
+	// Only in a SyncResponse to a request with key_failures set: the
+	// region's Redis failed this key's call (its Redis Cluster node is down
+	// or does not answer) while other keys' calls may have succeeded. Every
+	// other field but key and seq is unset: nothing was granted, and the
+	// report was not applied (send it again). A grant without it was applied.
+	RedisFailed   bool `protobuf:"varint,17,opt,name=redis_failed,json=redisFailed,proto3" json:"redis_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -420,6 +426,13 @@ func (x *Grant) GetUnleased() bool {
 	return false
 }
 
+func (x *Grant) GetRedisFailed() bool {
+	if x != nil {
+		return x.RedisFailed
+	}
+	return false
+}
+
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Id of the calling process for its lifetime, unique per process
@@ -534,7 +547,12 @@ type SyncRequest struct {
 	// At most one report per key.
 	Reports []*KeyReport `protobuf:"bytes,2,rep,name=reports,proto3" json:"reports,omitempty"`
 	// As in AcquireRequest.
-	Incarnation   uint64 `protobuf:"fixed64,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation uint64 `protobuf:"fixed64,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// The caller takes a grant with redis_failed set for a key whose Redis
+	// node failed its call (a region on a Redis Cluster), so the keys on
+	// healthy nodes are answered. Without it such a Sync fails as a whole
+	// (Unavailable), as it always does when the region's single Redis fails.
+	KeyFailures   bool `protobuf:"varint,4,opt,name=key_failures,json=keyFailures,proto3" json:"key_failures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -588,6 +606,13 @@ func (x *SyncRequest) GetIncarnation() uint64 {
 		return x.Incarnation
 	}
 	return 0
+}
+
+func (x *SyncRequest) GetKeyFailures() bool {
+	if x != nil {
+		return x.KeyFailures
+	}
+	return false
 }
 
 type SyncResponse struct {
@@ -2056,7 +2081,7 @@ const file_sluice_proto_rawDesc = "" +
 	"\x04want\x18\x06 \x01(\x03R\x04want\x12\x10\n" +
 	"\x03min\x18\a \x01(\x03R\x03min\x12\x14\n" +
 	"\x05lease\x18\b \x01(\x04R\x05lease\x12\x19\n" +
-	"\bbuilt_us\x18\t \x01(\x03R\abuiltUs\"\xcc\x03\n" +
+	"\bbuilt_us\x18\t \x01(\x03R\abuiltUs\"\xef\x03\n" +
 	"\x05Grant\x12%\n" +
 	"\x03key\x18\x01 \x01(\v2\x13.sluice.v1.QuotaKeyR\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x18\n" +
@@ -2076,19 +2101,21 @@ const file_sluice_proto_rawDesc = "" +
 	"\n" +
 	"on_failure\x18\x0e \x01(\tR\tonFailure\x12\x12\n" +
 	"\x04tier\x18\x0f \x01(\tR\x04tier\x12\x1a\n" +
-	"\bunleased\x18\x10 \x01(\bR\bunleased\"\x81\x01\n" +
+	"\bunleased\x18\x10 \x01(\bR\bunleased\x12!\n" +
+	"\fredis_failed\x18\x11 \x01(\bR\vredisFailed\"\x81\x01\n" +
 	"\x0eAcquireRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12,\n" +
 	"\x06report\x18\x02 \x01(\v2\x14.sluice.v1.KeyReportR\x06report\x12 \n" +
 	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"9\n" +
 	"\x0fAcquireResponse\x12&\n" +
-	"\x05grant\x18\x01 \x01(\v2\x10.sluice.v1.GrantR\x05grant\"\x80\x01\n" +
+	"\x05grant\x18\x01 \x01(\v2\x10.sluice.v1.GrantR\x05grant\"\xa3\x01\n" +
 	"\vSyncRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12.\n" +
 	"\areports\x18\x02 \x03(\v2\x14.sluice.v1.KeyReportR\areports\x12 \n" +
-	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"8\n" +
+	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\x12!\n" +
+	"\fkey_failures\x18\x04 \x01(\bR\vkeyFailures\"8\n" +
 	"\fSyncResponse\x12(\n" +
 	"\x06grants\x18\x01 \x03(\v2\x10.sluice.v1.GrantR\x06grants\"\x83\x01\n" +
 	"\x0eReleaseRequest\x12\x1f\n" +

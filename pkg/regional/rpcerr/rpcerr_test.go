@@ -54,3 +54,27 @@ func TestRedisFailedTellsOnlyItsOwnAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisNodeFailedIsARedisFailureOfOneNode: the answer of a key whose
+// Redis Cluster node failed is a Redis failure (the service answered) that
+// RedisNodeFailed tells apart, also wrapped and rebuilt from its wire
+// form; the answer of a Redis that failed as a whole is not a node's.
+func TestRedisNodeFailedIsARedisFailureOfOneNode(t *testing.T) {
+	cause := errors.New("redis node 127.0.0.1:7001 does not answer")
+	node := RedisNodeFailedStatus(cause)
+	wire := status.ErrorProto(status.Convert(node).Proto())
+	for name, err := range map[string]error{"answer": node, "wrapped": fmt.Errorf("acquire: %w", node), "from the wire": wire} {
+		if !RedisNodeFailed(err) || !RedisFailed(err) {
+			t.Errorf("%s: RedisNodeFailed %v, RedisFailed %v; want both", name, RedisNodeFailed(err), RedisFailed(err))
+		}
+	}
+	if st := status.Convert(node); st.Code() != codes.Unavailable || st.Message() != cause.Error() {
+		t.Errorf("answer %v: want Unavailable with the cause's message", node)
+	}
+	if whole := RedisFailedStatus(cause); RedisNodeFailed(whole) {
+		t.Errorf("a Redis failed as a whole (%v) seen as one node's failure", whole)
+	}
+	if RedisNodeFailed(status.Error(codes.Unavailable, "connection refused")) || RedisNodeFailed(nil) {
+		t.Error("an unreachable service or no error seen as a node's failure")
+	}
+}
