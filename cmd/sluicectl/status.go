@@ -151,6 +151,21 @@ type regionView struct {
 	// Lapsed: its static lease lapsed; the global tier counts it at its
 	// floor (also for a drained region).
 	Lapsed bool `json:"lapsed,omitempty"`
+	// OtherShards are the shards past shard 0 (global_shards > 1) that see
+	// the region otherwise than this view does: a region cut off from one
+	// shard alone is silent there, and its keys of that shard run on its
+	// static shares, then its floor. Empty when every shard agrees.
+	OtherShards []shardRegionView `json:"other_shards,omitempty"`
+}
+
+// shardRegionView is one shard's view of a region that differs from shard
+// 0's.
+type shardRegionView struct {
+	Shard           int        `json:"shard"`
+	State           string     `json:"state"`
+	Silent          bool       `json:"silent"`
+	LastReportAgeMs int64      `json:"last_report_age_ms"`
+	SilentSince     *time.Time `json:"silent_since,omitempty"`
 }
 
 type keyView struct {
@@ -446,6 +461,7 @@ func (a *app) askShards(ctx context.Context, top int32, rep *statusReport) error
 		}
 		sort.Strings(g.Degraded)
 		g.Keys = append(g.Keys, sh.Global.Keys...)
+		noteShardRegions(g, sh)
 	}
 	if rep.Global != nil && len(rep.Shards) > 0 {
 		keys := rep.Global.Keys
@@ -462,6 +478,24 @@ func (a *app) askShards(ctx context.Context, top int32, rep *statusReport) error
 		rep.GlobalError = strings.Join(errs, "\n")
 	}
 	return nil
+}
+
+// noteShardRegions adds to g's regions (shard 0's view) the view of shard
+// sh where it differs: another state (a region heard by shard 0 but not by
+// sh is silent, then lapsed, there only), or silent on one and not the
+// other. Before, the region table was shard 0's alone, and a region cut
+// off from another shard read live.
+func noteShardRegions(g *globalView, sh *shardView) {
+	for _, r := range sh.Global.Regions {
+		for i := range g.Regions {
+			base := &g.Regions[i]
+			if base.Region != r.Region || (base.State == r.State && base.Silent == r.Silent) {
+				continue
+			}
+			base.OtherShards = append(base.OtherShards, shardRegionView{Shard: sh.Shard, State: r.State,
+				Silent: r.Silent, LastReportAgeMs: r.LastReportAgeMs, SilentSince: r.SilentSince})
+		}
+	}
 }
 
 // configuredShards is the config's shard count: shard 0 and the shards
@@ -846,10 +880,18 @@ func writeStatusText(out io.Writer, rep *statusReport) error {
 				byClass = true
 			}
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Region, age(r.LastReportAgeMs), r.LastSeq, lease, reserved, regionState(r))
+		state := regionState(r)
+		for _, o := range r.OtherShards {
+			state += fmt.Sprintf("; at shard %d: %s", o.Shard, regionState(regionView{State: o.State, Silent: o.Silent,
+				LastReportAgeMs: o.LastReportAgeMs, SilentSince: o.SilentSince}))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Region, age(r.LastReportAgeMs), r.LastSeq, lease, reserved, state)
 	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	if len(rep.Shards) > 0 {
+		fmt.Fprintln(out, "(the region columns are shard 0's view; STATE adds each other shard that sees a region otherwise)")
 	}
 	if byClass {
 		// The floor is per class: say which class keeps what, so a key's

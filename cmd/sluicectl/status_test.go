@@ -365,3 +365,56 @@ func TestStatusTextOnAShardOutsideTheConfig(t *testing.T) {
 	wantContains(t, "status", out.String(),
 		"NOT IN THE CONFIG, which has 2 shards: owns no keys, its figures are not counted above; raise global_shards to include it, or stop its replicas")
 }
+
+// TestStatusTextShowsARegionSilentAtAnotherShard: with several global
+// shards, a region that shard 0 hears but shard 1 does not (cut off from
+// one shard alone) reads live in shard 0's columns and its STATE names
+// shard 1's view, in text and JSON; a region every shard sees alike gets
+// no such note. (The table was shard 0's alone, and read live.)
+func TestStatusTextShowsARegionSilentAtAnotherShard(t *testing.T) {
+	now := time.Date(2026, 3, 4, 10, 20, 30, 0, time.UTC)
+	shard0 := &sluicev1.StatusResponse{Leader: true, Epoch: 7, Regions: []*sluicev1.RegionStatus{
+		{Region: "us-east", LastReportAgeMs: 150, LastSeq: 9, State: "live", StaticLeaseMs: 59850, ReservedFraction: 1},
+		{Region: "eu-west", LastReportAgeMs: 120, LastSeq: 8, State: "live", StaticLeaseMs: 59880, ReservedFraction: 1},
+	}}
+	shard1 := &sluicev1.StatusResponse{Leader: true, Epoch: 7, Regions: []*sluicev1.RegionStatus{
+		{Region: "us-east", LastReportAgeMs: 200, LastSeq: 9, State: "live", StaticLeaseMs: 59800, ReservedFraction: 1},
+		{Region: "eu-west", LastReportAgeMs: 7000, Silent: true, LastSeq: 5, State: "silent", StaticLeaseMs: 53000, ReservedFraction: 1},
+	}}
+	rep := statusReport{EtcdPrefix: "/sluice", GlobalAddr: "10.0.0.1:7500", Global: newGlobalView(shard0, now),
+		Shards: []shardView{{Shard: 1, Leader: &leaderView{Addr: "10.0.1.1:7500", Candidates: 1}, Global: newGlobalView(shard1, now)}}}
+	noteShardRegions(rep.Global, &rep.Shards[0])
+	var out bytes.Buffer
+	if err := writeStatusText(&out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	since := now.Add(-7 * time.Second).Local().Format("15:04:05.000")
+	wantRow(t, text, "eu-west", "120ms", "ago", "8", "59.88s", "100%", "live;", "at", "shard", "1:", "SILENT", "since", since)
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "us-east") && strings.Contains(line, "shard 1") {
+			t.Errorf("us-east, which both shards hear, has a note of shard 1: %q", line)
+		}
+	}
+	wantContains(t, "status", text, "the region columns are shard 0's view")
+	data, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back statusReport
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range back.Global.Regions {
+		switch r.Region {
+		case "eu-west":
+			if len(r.OtherShards) != 1 || r.OtherShards[0].Shard != 1 || r.OtherShards[0].State != "silent" || !r.OtherShards[0].Silent {
+				t.Errorf("eu-west in JSON: other shards %+v, want shard 1 silent", r.OtherShards)
+			}
+		case "us-east":
+			if len(r.OtherShards) != 0 {
+				t.Errorf("us-east in JSON: other shards %+v, want none", r.OtherShards)
+			}
+		}
+	}
+}
