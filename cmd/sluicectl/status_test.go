@@ -182,14 +182,7 @@ func TestStatusTextShowsAllocationAndDegradedRegions(t *testing.T) {
 	wantRow(t, text, "eu-west", "234.57", "266.67", "200", "400", "expired", "200")
 
 	// JSON carries the same view, degraded regions included.
-	data, err := json.Marshal(rep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back statusReport
-	if err := json.Unmarshal(data, &back); err != nil {
-		t.Fatal(err)
-	}
+	back := throughJSON(t, rep)
 	if got := back.Global.Degraded; len(got) != 2 || got[0] != "ap-south" || got[1] != "eu-west" {
 		t.Fatalf("degraded in JSON = %v", got)
 	}
@@ -243,14 +236,7 @@ func TestStatusTextShowsRegionStates(t *testing.T) {
 	wantRow(t, text, "af-south", "100ms", "ago", "5", "1m0s", "50%", "DRAINED")
 	wantRow(t, text, "me-central", "never", "0", "none", "100%", "SILENT", "(never", "heard;")
 
-	data, err := json.Marshal(rep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back statusReport
-	if err := json.Unmarshal(data, &back); err != nil {
-		t.Fatal(err)
-	}
+	back := throughJSON(t, rep)
 	byName := map[string]regionView{}
 	for _, r := range back.Global.Regions {
 		byName[r.Region] = r
@@ -397,14 +383,7 @@ func TestStatusTextShowsARegionSilentAtAnotherShard(t *testing.T) {
 		}
 	}
 	wantContains(t, "status", text, "the region columns are shard 0's view")
-	data, err := json.Marshal(rep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back statusReport
-	if err := json.Unmarshal(data, &back); err != nil {
-		t.Fatal(err)
-	}
+	back := throughJSON(t, rep)
 	for _, r := range back.Global.Regions {
 		switch r.Region {
 		case "eu-west":
@@ -417,4 +396,18 @@ func TestStatusTextShowsARegionSilentAtAnotherShard(t *testing.T) {
 			}
 		}
 	}
+}
+
+// throughJSON is rep as status -json writes it, read back.
+func throughJSON(t *testing.T, rep statusReport) statusReport {
+	t.Helper()
+	data, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back statusReport
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	return back
 }
