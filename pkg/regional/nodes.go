@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -50,9 +51,11 @@ type clusterNodes struct {
 	workers  int
 	maxBatch int
 
+	// byAddr maps a master's address to it: read without a lock on every
+	// call, replaced whole (under mu) when a master is first seen.
+	byAddr atomic.Pointer[map[string]*clusterNode]
 	mu     sync.Mutex
-	byAddr map[string]*clusterNode // guarded by mu
-	closed bool                    // guarded by mu
+	closed bool // guarded by mu
 }
 
 // clusterNode is one master's batcher and its recent failure.
@@ -85,8 +88,9 @@ func (e *nodeFailure) Unwrap() error { return e.err }
 var errNodeSkipped = errors.New("failed a call within the last redis timeout; its keys are not sent to it until then")
 
 func newClusterNodes(cc *redis.ClusterClient, scripts *luascripts.Scripts, workers, maxBatch int, timeout time.Duration) *clusterNodes {
-	return &clusterNodes{cc: cc, scripts: scripts, timeout: timeout, workers: workers, maxBatch: maxBatch,
-		byAddr: map[string]*clusterNode{}}
+	n := &clusterNodes{cc: cc, scripts: scripts, timeout: timeout, workers: workers, maxBatch: maxBatch}
+	n.byAddr.Store(&map[string]*clusterNode{})
+	return n
 }
 
 // node is the master that holds key, as the client's slot map says.
@@ -96,16 +100,23 @@ func (n *clusterNodes) node(ctx context.Context, key string) (*clusterNode, erro
 		return nil, err
 	}
 	addr := c.Options().Addr
+	if nd := (*n.byAddr.Load())[addr]; nd != nil {
+		return nd, nil
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
 		return nil, errors.New("regional server closed")
 	}
-	nd := n.byAddr[addr]
-	if nd == nil {
-		nd = &clusterNode{addr: addr, client: c, batch: newBatcher(n.cc, n.scripts, n.workers, n.maxBatch, n.timeout)}
-		n.byAddr[addr] = nd
+	old := *n.byAddr.Load()
+	if nd := old[addr]; nd != nil {
+		return nd, nil
 	}
+	nd := &clusterNode{addr: addr, client: c, batch: newBatcher(n.cc, n.scripts, n.workers, n.maxBatch, n.timeout)}
+	next := make(map[string]*clusterNode, len(old)+1)
+	maps.Copy(next, old)
+	next[addr] = nd
+	n.byAddr.Store(&next)
 	return nd, nil
 }
 
@@ -184,10 +195,9 @@ func (n *clusterNodes) split(ctx context.Context, keys []string) (nodes []*clust
 
 // known is the masters that have held the key of a call so far.
 func (n *clusterNodes) known() []*clusterNode {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := make([]*clusterNode, 0, len(n.byAddr))
-	for _, nd := range n.byAddr {
+	m := *n.byAddr.Load()
+	out := make([]*clusterNode, 0, len(m))
+	for _, nd := range m {
 		out = append(out, nd)
 	}
 	return out
@@ -198,7 +208,7 @@ func (n *clusterNodes) close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.closed = true
-	for _, nd := range n.byAddr {
+	for _, nd := range *n.byAddr.Load() {
 		nd.batch.close()
 	}
 }
