@@ -48,20 +48,37 @@ func newBatcher(rdb Redis, scripts *luascripts.Scripts, workers, maxBatch int, t
 // under-admits. A caller already gone queues nothing: a select with both
 // cases ready picks one at random, and would run its call one time in two.
 func (b *batcher) do(ctx context.Context, queue func(context.Context, redis.Pipeliner) *luascripts.Queued) (*luascripts.Queued, error) {
+	q, _, err := b.doThen(ctx, queue, nil)
+	return q, err
+}
+
+// doThen is do, and when ctx ends after the call was queued, late (if not
+// nil) gets the call once it has run, in a goroutine of its own: what the
+// node answered (or did not within the pipeline's timeout) is known even
+// though no caller waits for it any more. pending reports that late will
+// be called.
+func (b *batcher) doThen(ctx context.Context, queue func(context.Context, redis.Pipeliner) *luascripts.Queued, late func(*luascripts.Queued)) (q *luascripts.Queued, pending bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	c := &batchCall{queue: queue, done: make(chan struct{})}
 	select {
 	case b.reqs <- c:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	}
 	select {
 	case <-c.done:
-		return c.q, nil
+		return c.q, false, nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		if late == nil {
+			return nil, false, ctx.Err()
+		}
+		go func() {
+			<-c.done
+			late(c.q)
+		}()
+		return nil, true, ctx.Err()
 	}
 }
 

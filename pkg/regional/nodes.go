@@ -164,9 +164,19 @@ func (n *clusterNodes) do(ctx context.Context, key string, queue func(context.Co
 	if nd.skipped(time.Now()) {
 		return &nodeFailure{node: nd.addr, err: errNodeSkipped}
 	}
-	q, err := nd.batch.do(ctx, queue)
+	// A caller that gives up before the node answered (an instance's
+	// acquire waits less than RedisTimeout) still leaves a verdict, from
+	// the call's own outcome once its pipeline ends: otherwise a hung
+	// master whose callers all give up first is never skipped, and every
+	// call for its keys waits out its caller's deadline, which the
+	// instance counts against the whole region.
+	q, pending, err := nd.batch.doThen(ctx, queue, func(q *luascripts.Queued) {
+		n.judge(nd, time.Now(), q.Cmd.Err())
+	})
 	if err != nil {
-		nd.probing.Store(false) // no verdict: the next call probes
+		if !pending {
+			nd.probing.Store(false) // not sent, no verdict: the next call probes
+		}
 		return err
 	}
 	return n.judge(nd, time.Now(), parse(q))
@@ -294,7 +304,7 @@ func (s *Server) releaseMany(ctx context.Context, items []luascripts.SyncItem) [
 // records the failure of the item of a skipped master, and run runs the
 // items sent (their indexes idx) and returns their errors, once per
 // master, side by side, each bounded by RedisTimeout. The errors judge
-// their masters unless the caller gave up meanwhile; an item's error
+// their masters, also when the caller gave up meanwhile; an item's error
 // becomes its master's failure (nodeFailure) when it is one. (One
 // pipeline of every master's items, go-redis's own split, ended when its
 // slowest node did, failing the healthy masters' items with it.)
@@ -312,7 +322,11 @@ func (s *Server) acrossNodes(ctx context.Context, items []luascripts.SyncItem, f
 		}
 		groups[nodes[i]] = append(groups[nodes[i]], i)
 	}
-	rctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
+	// Bounded by RedisTimeout, not by the caller's deadline: an instance's
+	// Sync may wait less (its default timeout is refresh / 2) and a hung
+	// master must still be judged, or it is never skipped and every Sync
+	// with one of its keys fails as a whole.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.RedisTimeout)
 	defer cancel()
 	errs := make([]error, len(items))
 	var wg sync.WaitGroup
@@ -328,16 +342,6 @@ func (s *Server) acrossNodes(ctx context.Context, items []luascripts.SyncItem, f
 		})
 	}
 	wg.Wait()
-	if ctx.Err() != nil {
-		// The caller gave up: no verdict on the nodes; the next call
-		// probes.
-		for nd := range groups {
-			if nd != nil {
-				nd.probing.Store(false)
-			}
-		}
-		return
-	}
 	now := time.Now()
 	for nd, idx := range groups {
 		if nd == nil {
