@@ -187,6 +187,18 @@ default_tier: free
 	}
 	// A single-key call on the stopped master's key is answered as that
 	// node's failure, one on a healthy master's key served.
+	// A Release of a key on each is answered as the stopped master's
+	// failure within about a Redis timeout, not held until the caller's
+	// deadline.
+	rctx, cancel := context.WithTimeout(ctx, 20*reply.DefaultRedisTimeout)
+	_, err = rpc.Release(rctx, &sluicev1.ReleaseRequest{InstanceId: "raw", Incarnation: 1, Reports: []*sluicev1.KeyReport{
+		{Key: qk(healthy[0], "read"), Seq: 2, Lease: 1},
+		{Key: qk(hung[0], "read"), Seq: 2, Lease: 1},
+	}})
+	cancel()
+	if !rpcerr.RedisNodeFailed(err) {
+		t.Errorf("a Release with a key on the stopped master: %v, want its node's failure (REDIS_NODE_FAILED)", err)
+	}
 	_, err = rpc.Check(ctx, &sluicev1.CheckRequest{Key: qk(hung[0], "export"), Cost: 1})
 	if masterOf(hung[0], "export") == stopped.Addr() && !rpcerr.RedisNodeFailed(err) {
 		t.Errorf("a Check on the stopped master's key: %v, want its node's failure (REDIS_NODE_FAILED)", err)
