@@ -95,6 +95,9 @@ type Leader struct {
 	// only reads and writes Redis and talks to the global tier.
 	sync *regionsync.Leader
 
+	// leftOutLog spaces the log lines about what a failed Redis Cluster
+	// master made the leader leave out: one a minute per master and kind.
+	leftOutLog *logthrottle.Throttle
 	// ignoredGrants spaces the log lines about grants the region cannot
 	// install: one a minute per class left out of the config, one a
 	// minute for any other reason.
@@ -164,7 +167,8 @@ func NewLeader(s *Server, o LeaderOptions) (*Leader, error) {
 
 // newLeader is NewLeader past its checks of o.
 func newLeader(s *Server, o LeaderOptions) *Leader {
-	return &Leader{s: s, opts: o, sync: regionsync.NewLeader(), leading: make(chan bool, 1), ignoredGrants: logthrottle.New(time.Minute)}
+	return &Leader{s: s, opts: o, sync: regionsync.NewLeader(), leading: make(chan bool, 1), ignoredGrants: logthrottle.New(time.Minute),
+		leftOutLog: logthrottle.New(time.Minute)}
 }
 
 // Run campaigns for the region's leadership and, while leading, syncs with
@@ -543,7 +547,7 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 	for i, p := range ordered {
 		items[i] = luascripts.KeyCommon{Keys: p.keys, Common: p.common}
 	}
-	res := s.scripts.StateMany(ctx, s.opts.Redis, items)
+	res := l.stateMany(ctx, items)
 	for _, r := range res {
 		// Reads reap expired leases too: what they return is reclaimed.
 		if r.Err == nil && r.State.Reclaimed > 0 {
@@ -553,16 +557,127 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 			s.metrics.burstReleased.Add(r.State.Released)
 		}
 	}
-	reads := make([]regionsync.KeyRead, len(ordered))
+	reads := make([]regionsync.KeyRead, 0, len(ordered))
+	failed := map[string]int{}
 	for i, p := range ordered {
-		if res[i].Err != nil {
-			return nil, nil, res[i].Err
+		if err := res[i].Err; err != nil {
+			if !isNodeFailure(err) {
+				return nil, nil, err
+			}
+			// Its master failed: left out (see stateMany).
+			failed[nodeOf(err)]++
+			delete(plans, p.key)
+			continue
 		}
-		reads[i] = regionsync.KeyRead{Key: p.key, State: res[i].State, StaticRate: p.common.StaticRate}
+		reads = append(reads, regionsync.KeyRead{Key: p.key, State: res[i].State, StaticRate: p.common.StaticRate})
 		p.readUS = res[i].State.NowUS
 		plans[p.key] = p
 	}
+	for node, n := range failed {
+		s.metrics.leftOut.WithLabelValues("keys").Add(float64(n))
+		l.logLeftOut(node, "keys not read, left out of the report", n)
+	}
 	return plans, reads, nil
+}
+
+// stateMany runs state.lua for items (StateMany). On a Redis Cluster, one
+// pipeline per master side by side, each bounded by clusterBound, and a
+// key whose master failed (or is skipped after a failure) fails alone, as
+// that master's failure (nodeFailure), without holding the others: the
+// leader leaves such keys out of its report. The global tier keeps
+// counting a key left out at the grant it gave until that grant ends
+// (pkg/hierarchy TestGrantedKeyMissingFromReportsKeepsCounting), so the
+// other masters' keys are reported and granted as before. Before, the
+// first key's error failed the whole read, and with it the region's
+// report.
+func (l *Leader) stateMany(ctx context.Context, items []luascripts.KeyCommon) []luascripts.StateResult {
+	s := l.s
+	if s.nodes == nil {
+		return s.scripts.StateMany(ctx, s.opts.Redis, items)
+	}
+	out := make([]luascripts.StateResult, len(items))
+	keys := make([]string, len(items))
+	for i, it := range items {
+		keys[i] = it.Keys.Bucket
+	}
+	s.perNode(ctx, keys, l.clusterBound(time.Duration(s.opts.Config.Current().Epoch)), func(i int, err error) { out[i].Err = err },
+		func(ctx context.Context, idx []int) ([]error, func()) {
+			sent := make([]luascripts.KeyCommon, len(idx))
+			for j, i := range idx {
+				sent[j] = items[i]
+			}
+			res := s.scripts.StateMany(ctx, s.opts.Redis, sent)
+			errs := make([]error, len(res))
+			for j, r := range res {
+				errs[j] = r.Err
+			}
+			return errs, func() {
+				for j, r := range res {
+					out[idx[j]] = r
+				}
+			}
+		})
+	return out
+}
+
+// setRateMany is stateMany for set_rate.lua (SetRateMany): a grant whose
+// key's master failed is not installed, and fails alone.
+func (l *Leader) setRateMany(ctx context.Context, items []luascripts.SetRateItem) []luascripts.SetRateResult {
+	s := l.s
+	if s.nodes == nil {
+		return s.scripts.SetRateMany(ctx, s.opts.Redis, items)
+	}
+	out := make([]luascripts.SetRateResult, len(items))
+	keys := make([]string, len(items))
+	for i, it := range items {
+		keys[i] = it.Keys.Bucket
+	}
+	s.perNode(ctx, keys, l.clusterBound(time.Duration(s.opts.Config.Current().Epoch)), func(i int, err error) { out[i].Err = err },
+		func(ctx context.Context, idx []int) ([]error, func()) {
+			sent := make([]luascripts.SetRateItem, len(idx))
+			for j, i := range idx {
+				sent[j] = items[i]
+			}
+			res := s.scripts.SetRateMany(ctx, s.opts.Redis, sent)
+			errs := make([]error, len(res))
+			for j, r := range res {
+				errs[j] = r.Err
+			}
+			return errs, func() {
+				for j, r := range res {
+					out[idx[j]] = r
+				}
+			}
+		})
+	return out
+}
+
+// clusterBound is how long one of the region leader's calls in a round
+// waits on one master of a Redis Cluster: RedisTimeout, at most half an
+// epoch, so that a master that does not answer leaves the round time to
+// report the others' keys. A master that failed is then skipped for
+// RedisTimeout (clusterNodes), so a round waits on it at most once.
+func (l *Leader) clusterBound(epoch time.Duration) time.Duration {
+	return max(min(l.s.opts.RedisTimeout, epoch/2), time.Millisecond)
+}
+
+// nodeOf is the address of the master a nodeFailure names ("" for any
+// other error).
+func nodeOf(err error) string {
+	var nf *nodeFailure
+	if errors.As(err, &nf) {
+		return nf.node
+	}
+	return ""
+}
+
+// logLeftOut logs, once a minute per master and kind, what a failed
+// master made the leader leave out.
+func (l *Leader) logLeftOut(node, what string, n int) {
+	if ok, left := l.leftOutLog.Allow(node+" "+what, time.Now()); ok {
+		l.s.log.Warn("region leader: a Redis Cluster master failed; its "+what+" (the other masters' keys are reported; logged once a minute)",
+			"region", l.s.opts.Region, "redis_node", node, "count", n, "times_since_last_logged", left)
+	}
 }
 
 // install runs the set_rate calls regionsync derives from the answer.
@@ -620,13 +735,22 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 		batch[i] = luascripts.SetRateItem{Keys: it.p.keys, Common: it.p.common, Rate: in.Rate, Burst: in.Burst,
 			ExpiryUS: in.ExpiryUS, IssuedUS: in.FenceUS, Deposit: in.Deposit}
 	}
-	res := s.scripts.SetRateMany(ctx, s.opts.Redis, batch)
+	res := l.setRateMany(ctx, batch)
 	var firstErr error
+	failed := map[string]int{}
 	applied := make([]bool, len(installs))
 	for i, r := range res {
 		sr, err := r.Reply, r.Err
 		if err == nil && sr.Reclaimed > 0 {
 			s.metrics.reclaimed.Add(float64(sr.Reclaimed))
+		}
+		if isNodeFailure(err) {
+			// Not installed: its master failed. The key runs on what it
+			// holds, then its static share, which the global tier counts
+			// (the grant sent counts there until it ends, as a lost answer
+			// does). Not the round's failure.
+			failed[nodeOf(err)]++
+			err = nil
 		}
 		if err != nil && firstErr == nil {
 			firstErr = err
@@ -642,6 +766,10 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 				l.opts.OnApplied(in.Key, in.Rate, in.Burst, in.ExpiryUS)
 			}
 		}
+	}
+	for node, n := range failed {
+		s.metrics.leftOut.WithLabelValues("installs").Add(float64(n))
+		l.logLeftOut(node, "grants not installed", n)
 	}
 	l.sync.Installed(installs, applied)
 	return regionsync.Outcome(g, installs, applied), firstErr

@@ -71,6 +71,17 @@ type clusterNode struct {
 	// once too, so a master that still does not answer holds one call,
 	// not all of them.
 	probing atomic.Bool
+	// leaderSkipUntil is when the region leader sends the master its
+	// calls again after one did not answer within the leader's bound
+	// (perNode, onNode; Unix ns). The leader's alone: its bound is shorter
+	// than RedisTimeout, and a master slow for it is not failed for the
+	// instances' calls; the late call's own outcome judges it.
+	leaderSkipUntil atomic.Int64
+}
+
+// leaderSkipped reports whether the region leader's calls skip nd at now.
+func (nd *clusterNode) leaderSkipped(now time.Time) bool {
+	return now.UnixNano() < nd.leaderSkipUntil.Load()
 }
 
 // nodeFailure is a call failed by its key's master: the error of that
@@ -180,6 +191,28 @@ func (n *clusterNodes) do(ctx context.Context, key string, queue func(context.Co
 		return err
 	}
 	return n.judge(nd, time.Now(), parse(q))
+}
+
+// masters is the masters that hold keys (the client's slot map), each
+// once, in no order. It judges none and takes no probe.
+func (n *clusterNodes) masters(ctx context.Context, keys []string) []*clusterNode {
+	seen := map[*clusterNode]bool{}
+	var out []*clusterNode
+	for _, k := range keys {
+		nd, err := n.node(ctx, k)
+		if err != nil || seen[nd] {
+			continue
+		}
+		seen[nd] = true
+		out = append(out, nd)
+	}
+	return out
+}
+
+// failedRecently reports whether nd failed a call less than RedisTimeout
+// before now (it is skipped), without taking the probe.
+func (nd *clusterNode) failedRecently(now time.Time) bool {
+	return now.UnixNano() < nd.skipUntil.Load()
 }
 
 // split sorts keys by master for a call of many keys (Sync, Release):
@@ -352,6 +385,177 @@ func (s *Server) acrossNodes(ctx context.Context, items []luascripts.SyncItem, f
 				fail(i, jerr)
 			}
 		}
+	}
+}
+
+// perNode runs the calls of keys (Redis keys) once per master, side by
+// side, for the region leader: run gets the indexes of one master's keys
+// and returns their errors and commit, which stores its results. perNode
+// waits for each master at most bound: a client's socket reads are bound
+// by its ReadTimeout (RedisTimeout), not by a context, so a master that
+// does not answer would hold the leader's round for that long, past its
+// epoch. A master that has not answered by then fails its keys
+// (nodeFailure, context.DeadlineExceeded) and is judged failed; its call
+// ends in the background and its late results are dropped (commit never
+// called). fail records a key whose master is skipped or failed; a key's
+// other errors are run's. commit runs on perNode's goroutine.
+func (s *Server) perNode(ctx context.Context, keys []string, bound time.Duration, fail func(i int, err error), run func(ctx context.Context, idx []int) (errs []error, commit func())) {
+	nodes, skip := s.nodes.split(ctx, keys)
+	groups := map[*clusterNode][]int{}
+	now := time.Now()
+	for i := range keys {
+		if skip[i] == nil && nodes[i] != nil && nodes[i].leaderSkipped(now) {
+			skip[i] = &nodeFailure{node: nodes[i].addr, err: errLeaderSkipped}
+		}
+		if skip[i] != nil {
+			fail(i, skip[i])
+			continue
+		}
+		groups[nodes[i]] = append(groups[nodes[i]], i)
+	}
+	type done struct {
+		nd     *clusterNode
+		errs   []error
+		commit func()
+	}
+	// The calls run to their own end (RedisTimeout at most, the client's
+	// reads): a late one judges its master by its outcome.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.RedisTimeout)
+	got := make(chan done, len(groups))
+	var late sync.Map // *clusterNode -> true once perNode stopped waiting
+	for nd, idx := range groups {
+		go func() {
+			errs, commit := run(rctx, idx)
+			if _, gaveUp := late.Load(nd); gaveUp && nd != nil {
+				// Nobody waits: its outcome judges the master alone.
+				now := time.Now()
+				for _, err := range errs {
+					s.nodes.judge(nd, now, err)
+				}
+				return
+			}
+			got <- done{nd, errs, commit}
+		}()
+	}
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	finished := map[*clusterNode]bool{}
+	judgeGroup := func(nd *clusterNode, errs []error) {
+		now := time.Now()
+		for j, i := range groups[nd] {
+			if nd == nil {
+				continue // master unknown: the call failed as Redis does
+			}
+			if jerr := s.nodes.judge(nd, now, errs[j]); jerr != errs[j] {
+				fail(i, jerr)
+			}
+		}
+	}
+wait:
+	for len(finished) < len(groups) {
+		select {
+		case d := <-got:
+			finished[d.nd] = true
+			d.commit()
+			judgeGroup(d.nd, d.errs)
+		case <-timer.C:
+			break wait
+		}
+	}
+	// The masters that did not answer within bound fail their keys here,
+	// and the leader skips them for RedisTimeout; their calls go on in the
+	// background (cancel runs once the last is done).
+	var out sync.WaitGroup
+	for nd, idx := range groups {
+		if finished[nd] {
+			continue
+		}
+		late.Store(nd, true)
+		out.Add(1)
+		if nd != nil {
+			nd.leaderSkipUntil.Store(time.Now().Add(s.opts.RedisTimeout).UnixNano())
+		}
+		for _, i := range idx {
+			fail(i, &nodeFailure{node: addrOf(nd), err: fmt.Errorf("no answer within the region leader's bound %v: %w", bound, context.DeadlineExceeded)})
+		}
+	}
+	// Drain what is still sent on got (a call that finished between the
+	// timer and late.Store), so the goroutines end; then cancel.
+	go func() {
+		for range len(groups) - len(finished) {
+			select {
+			case d := <-got:
+				now := time.Now()
+				for _, err := range d.errs {
+					if d.nd != nil {
+						s.nodes.judge(d.nd, now, err)
+					}
+				}
+			case <-rctx.Done():
+			}
+		}
+		cancel()
+	}()
+}
+
+func addrOf(nd *clusterNode) string {
+	if nd == nil {
+		return ""
+	}
+	return nd.addr
+}
+
+// errLeaderSkipped fails at once a region leader's call for a master that
+// did not answer one within the leader's bound less than RedisTimeout ago.
+var errLeaderSkipped = errors.New("did not answer the region leader within its bound less than the redis timeout ago; not sent to it until then")
+
+// onNode runs fn, one call for the Redis key key, and returns its value.
+// On a Redis Cluster it fails at once with the master's failure when
+// key's master is skipped, waits for the answer at most bound (as
+// perNode; a late answer is dropped), and the outcome judges the master
+// (its failure wrapped as nodeFailure). The region leader's single-key
+// calls (its static lease, its confirmed revision) go through it, so that
+// a failed master holds none of its rounds for longer than bound.
+func onNode[T any](ctx context.Context, s *Server, key string, bound time.Duration, fn func(ctx context.Context) (T, error)) (T, error) {
+	if s.nodes == nil {
+		return fn(ctx) // one Redis: the caller's deadline alone
+	}
+	var zero T
+	nd, err := s.nodes.node(ctx, key)
+	if err != nil {
+		return fn(ctx) // master unknown: the call fails as Redis does
+	}
+	if nd.leaderSkipped(time.Now()) {
+		return zero, &nodeFailure{node: nd.addr, err: errLeaderSkipped}
+	}
+	if nd.skipped(time.Now()) {
+		return zero, &nodeFailure{node: nd.addr, err: errNodeSkipped}
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	// The call runs to its own end (RedisTimeout at most): a late one
+	// judges its master by its outcome.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.RedisTimeout)
+	got := make(chan result, 1)
+	go func() {
+		defer cancel()
+		v, err := fn(rctx)
+		got <- result{v, err}
+	}()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	select {
+	case r := <-got:
+		return r.v, s.nodes.judge(nd, time.Now(), r.err)
+	case <-timer.C:
+		nd.leaderSkipUntil.Store(time.Now().Add(s.opts.RedisTimeout).UnixNano())
+		go func() {
+			r := <-got
+			s.nodes.judge(nd, time.Now(), r.err)
+		}()
+		return zero, &nodeFailure{node: nd.addr, err: fmt.Errorf("no answer within the region leader's bound %v: %w", bound, context.DeadlineExceeded)}
 	}
 }
 
