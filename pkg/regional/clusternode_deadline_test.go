@@ -3,20 +3,14 @@ package regional_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
-	"github.com/sluicehq/sluice/pkg/luascripts"
-	"github.com/sluicehq/sluice/pkg/quota"
-	"github.com/sluicehq/sluice/pkg/regional"
 	"github.com/sluicehq/sluice/pkg/regional/reply"
 	"github.com/sluicehq/sluice/pkg/regional/rpcerr"
 )
@@ -40,11 +34,6 @@ func TestHungClusterMasterSkippedWhenCallersWaitLessThanRedisTimeout(t *testing.
 }
 
 func hungMasterShortCallers(t *testing.T, sync bool) {
-	procs := redistest.StartClusterProcs(t, 3, "--cluster-require-full-coverage", "no")
-	var addrs []string
-	for _, p := range procs {
-		addrs = append(addrs, p.Addr())
-	}
 	cfg := regiontest.MustConfig(t, `
 lease_ttl: 1s
 refresh: 200ms
@@ -55,28 +44,13 @@ tiers:
   free: {read: {rate: 1000/s, burst: 1000}}
 default_tier: free
 `)
-	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
-		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: strings.Join(addrs, ","),
-		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Stop()
-	awaitFirstLook(t, d)
+	procs, d, masterOf := startClusterRegion(t, cfg)
 	ctx := context.Background()
-
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer cc.Close()
 	stopped := procs[0]
 	var hung, healthy string
 	for i := 0; hung == "" || healthy == ""; i++ {
 		tenant := fmt.Sprintf("t%d", i)
-		c, err := cc.MasterForKey(ctx, luascripts.ClusterKeysFor(luascripts.DefaultPrefix, quota.Key{Tenant: tenant, Class: "read"}).Bucket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.Options().Addr == stopped.Addr() {
+		if masterOf(tenant, "read") == stopped.Addr() {
 			hung = tenant
 		} else {
 			healthy = tenant

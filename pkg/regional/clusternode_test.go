@@ -14,8 +14,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/redisproc"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/regiontest"
+	"github.com/sluicehq/sluice/pkg/config"
 	"github.com/sluicehq/sluice/pkg/lease"
 	"github.com/sluicehq/sluice/pkg/luascripts"
 	"github.com/sluicehq/sluice/pkg/quota"
@@ -44,14 +46,6 @@ func TestOneFailedClusterMasterCostsOnlyItsKeys(t *testing.T) {
 }
 
 func oneFailedClusterMaster(t *testing.T, kill bool) {
-	// Without full coverage required, the cluster serves the slots of the
-	// masters that run once it marked the stopped one failed
-	// (cluster-node-timeout); with it, every node refuses then.
-	procs := redistest.StartClusterProcs(t, 3, "--cluster-require-full-coverage", "no")
-	var addrs []string
-	for _, p := range procs {
-		addrs = append(addrs, p.Addr())
-	}
 	const cfgText = `
 lease_ttl: 1s
 refresh: 200ms
@@ -64,28 +58,9 @@ tiers:
 default_tier: free
 `
 	cfg := regiontest.MustConfig(t, cfgText)
-	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
-		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: strings.Join(addrs, ","),
-		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Stop()
-	awaitFirstLook(t, d)
+	procs, d, masterOf := startClusterRegion(t, cfg)
 	ttl, refresh := time.Duration(cfg.LeaseTTL), time.Duration(cfg.Refresh)
 	ctx := context.Background()
-
-	// Which master holds each tenant's key.
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer cc.Close()
-	masterOf := func(tenant, class string) string {
-		c, err := cc.MasterForKey(ctx, luascripts.ClusterKeysFor(luascripts.DefaultPrefix, quota.Key{Tenant: tenant, Class: class}).Bucket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.Options().Addr
-	}
 	stopped := procs[0]
 	var hung, healthy []string
 	for i := 0; len(hung) < 2 || len(healthy) < 4; i++ {
@@ -308,5 +283,38 @@ recovered:
 			t.Fatalf("the resumed master's key %s still decided by its policy %v after the resume", hung[0], wait)
 		}
 		time.Sleep(refresh / 10) // polling the key's decisions with a deadline
+	}
+}
+
+// startClusterRegion runs an unleased regional daemon on cfg over a fresh
+// three-master Redis Cluster that serves the other masters' slots once it
+// marked a failed one failed (without full coverage required, as the
+// failure table advises; with it, every node refuses then), after the
+// restart guard's first look. masterOf names the master holding a key's
+// bucket. Everything stops at cleanup.
+func startClusterRegion(t *testing.T, cfg *config.Config) (procs []*redisproc.Proc, d *regional.Daemon, masterOf func(tenant, class string) string) {
+	t.Helper()
+	procs = redistest.StartClusterProcs(t, 3, "--cluster-require-full-coverage", "no")
+	var addrs []string
+	for _, p := range procs {
+		addrs = append(addrs, p.Addr())
+	}
+	d, err := regional.StartDaemon(context.Background(), regional.DaemonOptions{
+		Region: "local", GRPCAddr: "127.0.0.1:0", HTTPAddr: "off", RedisAddr: strings.Join(addrs, ","),
+		Config: regional.StaticConfig{C: cfg}, ColdStart: regional.ColdStartFull, Unleased: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	awaitFirstLook(t, d)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { cc.Close() })
+	return procs, d, func(tenant, class string) string {
+		c, err := cc.MasterForKey(context.Background(), luascripts.ClusterKeysFor(luascripts.DefaultPrefix, quota.Key{Tenant: tenant, Class: class}).Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Options().Addr
 	}
 }

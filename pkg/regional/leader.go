@@ -591,57 +591,47 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 // first key's error failed the whole read, and with it the region's
 // report.
 func (l *Leader) stateMany(ctx context.Context, items []luascripts.KeyCommon) []luascripts.StateResult {
-	s := l.s
-	if s.nodes == nil {
-		return s.scripts.StateMany(ctx, s.opts.Redis, items)
-	}
-	out := make([]luascripts.StateResult, len(items))
-	keys := make([]string, len(items))
-	for i, it := range items {
-		keys[i] = it.Keys.Bucket
-	}
-	s.perNode(ctx, keys, l.clusterBound(time.Duration(s.opts.Config.Current().Epoch)), func(i int, err error) { out[i].Err = err },
-		func(ctx context.Context, idx []int) ([]error, func()) {
-			sent := make([]luascripts.KeyCommon, len(idx))
-			for j, i := range idx {
-				sent[j] = items[i]
-			}
-			res := s.scripts.StateMany(ctx, s.opts.Redis, sent)
-			errs := make([]error, len(res))
-			for j, r := range res {
-				errs[j] = r.Err
-			}
-			return errs, func() {
-				for j, r := range res {
-					out[idx[j]] = r
-				}
-			}
-		})
-	return out
+	return perNodeMany(l, ctx, items, func(it luascripts.KeyCommon) string { return it.Keys.Bucket },
+		func(ctx context.Context, items []luascripts.KeyCommon) []luascripts.StateResult {
+			return l.s.scripts.StateMany(ctx, l.s.opts.Redis, items)
+		}, func(r *luascripts.StateResult) *error { return &r.Err })
 }
 
 // setRateMany is stateMany for set_rate.lua (SetRateMany): a grant whose
 // key's master failed is not installed, and fails alone.
 func (l *Leader) setRateMany(ctx context.Context, items []luascripts.SetRateItem) []luascripts.SetRateResult {
+	return perNodeMany(l, ctx, items, func(it luascripts.SetRateItem) string { return it.Keys.Bucket },
+		func(ctx context.Context, items []luascripts.SetRateItem) []luascripts.SetRateResult {
+			return l.s.scripts.SetRateMany(ctx, l.s.opts.Redis, items)
+		}, func(r *luascripts.SetRateResult) *error { return &r.Err })
+}
+
+// perNodeMany runs the leader's calls of items through run: on a single
+// Redis as one, on a Redis Cluster once per master (Server.perNode, each
+// bounded by clusterBound), so that a key whose master failed fails alone
+// (its result's error, errp, a nodeFailure). bucket names an item's Redis
+// key.
+func perNodeMany[I, R any](l *Leader, ctx context.Context, items []I, bucket func(I) string,
+	run func(context.Context, []I) []R, errp func(*R) *error) []R {
 	s := l.s
 	if s.nodes == nil {
-		return s.scripts.SetRateMany(ctx, s.opts.Redis, items)
+		return run(ctx, items)
 	}
-	out := make([]luascripts.SetRateResult, len(items))
+	out := make([]R, len(items))
 	keys := make([]string, len(items))
 	for i, it := range items {
-		keys[i] = it.Keys.Bucket
+		keys[i] = bucket(it)
 	}
-	s.perNode(ctx, keys, l.clusterBound(time.Duration(s.opts.Config.Current().Epoch)), func(i int, err error) { out[i].Err = err },
+	s.perNode(ctx, keys, l.clusterBound(time.Duration(s.opts.Config.Current().Epoch)), func(i int, err error) { *errp(&out[i]) = err },
 		func(ctx context.Context, idx []int) ([]error, func()) {
-			sent := make([]luascripts.SetRateItem, len(idx))
+			sent := make([]I, len(idx))
 			for j, i := range idx {
 				sent[j] = items[i]
 			}
-			res := s.scripts.SetRateMany(ctx, s.opts.Redis, sent)
+			res := run(ctx, sent)
 			errs := make([]error, len(res))
-			for j, r := range res {
-				errs[j] = r.Err
+			for j := range res {
+				errs[j] = *errp(&res[j])
 			}
 			return errs, func() {
 				for j, r := range res {

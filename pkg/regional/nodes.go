@@ -301,32 +301,32 @@ func (s *Server) call(ctx context.Context, key string, queue func(context.Contex
 // pipelines are bounded by RedisTimeout, and each item's outcome judges
 // its master (clusterNodes).
 func (s *Server) syncMany(ctx context.Context, items []luascripts.SyncItem) []luascripts.SyncResult {
-	if s.nodes == nil {
+	return manyAcrossNodes(s, ctx, items, func(ctx context.Context, items []luascripts.SyncItem) []luascripts.SyncResult {
 		return s.scripts.SyncMany(ctx, s.opts.Redis, items)
-	}
-	out := make([]luascripts.SyncResult, len(items))
-	s.acrossNodes(ctx, items, func(i int, err error) { out[i].Err = err }, func(ctx context.Context, idx []int, sent []luascripts.SyncItem) []error {
-		res := s.scripts.SyncMany(ctx, s.opts.Redis, sent)
-		errs := make([]error, len(res))
-		for j, r := range res {
-			out[idx[j]], errs[j] = r, r.Err
-		}
-		return errs
-	})
-	return out
+	}, func(r *luascripts.SyncResult) *error { return &r.Err })
 }
 
 // releaseMany is syncMany for release.lua (ReleaseMany).
 func (s *Server) releaseMany(ctx context.Context, items []luascripts.SyncItem) []luascripts.ReleaseResult {
-	if s.nodes == nil {
+	return manyAcrossNodes(s, ctx, items, func(ctx context.Context, items []luascripts.SyncItem) []luascripts.ReleaseResult {
 		return s.scripts.ReleaseMany(ctx, s.opts.Redis, items)
+	}, func(r *luascripts.ReleaseResult) *error { return &r.Err })
+}
+
+// manyAcrossNodes runs an instance's call of many items through run: on a
+// single Redis as one, on a Redis Cluster once per master (acrossNodes),
+// each result's error (errp) its master's failure when it is one.
+func manyAcrossNodes[R any](s *Server, ctx context.Context, items []luascripts.SyncItem,
+	run func(context.Context, []luascripts.SyncItem) []R, errp func(*R) *error) []R {
+	if s.nodes == nil {
+		return run(ctx, items)
 	}
-	out := make([]luascripts.ReleaseResult, len(items))
-	s.acrossNodes(ctx, items, func(i int, err error) { out[i].Err = err }, func(ctx context.Context, idx []int, sent []luascripts.SyncItem) []error {
-		res := s.scripts.ReleaseMany(ctx, s.opts.Redis, sent)
+	out := make([]R, len(items))
+	s.acrossNodes(ctx, items, func(i int, err error) { *errp(&out[i]) = err }, func(ctx context.Context, idx []int, sent []luascripts.SyncItem) []error {
+		res := run(ctx, sent)
 		errs := make([]error, len(res))
-		for j, r := range res {
-			out[idx[j]], errs[j] = r, r.Err
+		for j := range res {
+			out[idx[j]], errs[j] = res[j], *errp(&res[j])
 		}
 		return errs
 	})
