@@ -35,7 +35,16 @@ func (l *Leader) candidates(ctx context.Context, sendUS int64, epoch time.Durati
 	sets := s.candKeys()
 	cluster := len(sets) > 1
 	trim := kind == regionsync.Epoch && (!cluster || l.untrimmed%ClusterTrimEvery == 0)
-	lists, err := l.readCandidates(ctx, sets, since, trim, epoch)
+	reads := make([]*redis.StringSliceCmd, len(sets))
+	_, err := s.opts.Redis.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, set := range sets {
+			reads[i] = p.ZRangeByScore(ctx, set, &redis.ZRangeBy{Min: strconv.FormatInt(since, 10), Max: "+inf"})
+			if trim {
+				p.ZRemRangeByScore(ctx, set, "-inf", "("+strconv.FormatInt(since, 10))
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read candidates: %w", err)
 	}
@@ -46,87 +55,11 @@ func (l *Leader) candidates(ctx context.Context, sendUS int64, epoch time.Durati
 		}
 	}
 	var keys []quota.Key
-	for _, members := range lists {
-		keys = appendMembers(keys, members)
+	for _, r := range reads {
+		keys = appendMembers(keys, r.Val())
 	}
 	s.metrics.candidates.Set(float64(len(keys)))
 	return l.sync.Select(keys), nil
-}
-
-// readCandidates reads the members of each candidate set marked since
-// since (and trims older marks when trim). On one Redis, one pipeline
-// that fails as a whole. On a Redis Cluster, one pipeline per master,
-// side by side, each bounded by clusterBound: a master that fails (or
-// was skipped after a failure, clusterNodes) has its slots' sets left
-// out, logged and counted (sluice_regional_leader_left_out_total), and
-// the other masters' marks are read. Leaving those keys out of the report
-// is safe: the global tier keeps counting a key a report leaves out at
-// the grant it gave, until that grant ends, and at the static share after
-// (pkg/hierarchy TestGrantedKeyMissingFromReportsKeepsCounting). Before,
-// one failed master failed the read, and with it every report of the
-// region.
-func (l *Leader) readCandidates(ctx context.Context, sets []string, since int64, trim bool, epoch time.Duration) ([][]string, error) {
-	s := l.s
-	lists := make([][]string, len(sets))
-	queue := func(ctx context.Context, p redis.Pipeliner, idx []int) []*redis.StringSliceCmd {
-		reads := make([]*redis.StringSliceCmd, len(idx))
-		for j, i := range idx {
-			reads[j] = p.ZRangeByScore(ctx, sets[i], &redis.ZRangeBy{Min: strconv.FormatInt(since, 10), Max: "+inf"})
-			if trim {
-				p.ZRemRangeByScore(ctx, sets[i], "-inf", "("+strconv.FormatInt(since, 10))
-			}
-		}
-		return reads
-	}
-	if s.nodes == nil {
-		all := make([]int, len(sets))
-		for i := range all {
-			all[i] = i
-		}
-		var reads []*redis.StringSliceCmd
-		if _, err := s.opts.Redis.Pipelined(ctx, func(p redis.Pipeliner) error {
-			reads = queue(ctx, p, all)
-			return nil
-		}); err != nil {
-			return nil, err
-		}
-		for i, r := range reads {
-			lists[i] = r.Val()
-		}
-		return lists, nil
-	}
-	errs := make([]error, len(sets))
-	failed := map[string]int{} // failed master -> slots left out
-	s.perNode(ctx, sets, l.clusterBound(epoch), func(i int, err error) {
-		lists[i], errs[i] = nil, nil
-		failed[nodeOf(err)]++
-	}, func(ctx context.Context, idx []int) ([]error, func()) {
-		var reads []*redis.StringSliceCmd
-		// Each command's own error is judged (perNode).
-		_, _ = s.opts.Redis.Pipelined(ctx, func(p redis.Pipeliner) error {
-			reads = queue(ctx, p, idx)
-			return nil
-		})
-		out := make([]error, len(idx))
-		for j, r := range reads {
-			out[j] = r.Err()
-		}
-		return out, func() {
-			for j, r := range reads {
-				lists[idx[j]], errs[idx[j]] = r.Val(), out[j]
-			}
-		}
-	})
-	for node, n := range failed {
-		s.metrics.leftOut.WithLabelValues("candidate_slots").Add(float64(n))
-		l.logLeftOut(node, "candidate sets of its slots not read", n)
-	}
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
-	return lists, nil
 }
 
 // ClusterTrimEvery is how many epoch reports apart a region leader trims

@@ -327,18 +327,13 @@ func (s *Server) confirm(rev int64) { s.confirmChain(context.Background(), rev, 
 
 // answered applies the global tier's answer to the chain and stores its
 // confirmed revision for the region's other replicas.
-func (s *Server) answered(ctx context.Context, g *sluicev1.RegionGrants, bound time.Duration) {
+func (s *Server) answered(ctx context.Context, g *sluicev1.RegionGrants) {
 	if !g.GetConfirmedKnown() {
 		s.shardMaps()
 		return
 	}
 	s.confirmChain(ctx, g.GetConfirmedRevision(), true)
-	// On a Redis Cluster bounded by bound, so that a failed master holding
-	// the key does not hold the round's installs (onNode).
-	rev := g.GetConfirmedRevision()
-	if _, err := onNode(ctx, s, s.confirmedKey(), bound, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, s.opts.Redis.Set(ctx, s.confirmedKey(), rev, 0).Err()
-	}); err != nil {
+	if err := s.opts.Redis.Set(ctx, s.confirmedKey(), g.GetConfirmedRevision(), 0).Err(); err != nil {
 		s.log.Warn("storing the confirmed config revision failed; other replicas keep the smaller static shares", "err", err)
 	}
 }

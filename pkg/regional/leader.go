@@ -95,9 +95,6 @@ type Leader struct {
 	// only reads and writes Redis and talks to the global tier.
 	sync *regionsync.Leader
 
-	// leftOutLog spaces the log lines about what a failed Redis Cluster
-	// master made the leader leave out: one a minute per master and kind.
-	leftOutLog *logthrottle.Throttle
 	// ignoredGrants spaces the log lines about grants the region cannot
 	// install: one a minute per class left out of the config, one a
 	// minute for any other reason.
@@ -167,8 +164,7 @@ func NewLeader(s *Server, o LeaderOptions) (*Leader, error) {
 
 // newLeader is NewLeader past its checks of o.
 func newLeader(s *Server, o LeaderOptions) *Leader {
-	return &Leader{s: s, opts: o, sync: regionsync.NewLeader(), leading: make(chan bool, 1), ignoredGrants: logthrottle.New(time.Minute),
-		leftOutLog: logthrottle.New(time.Minute)}
+	return &Leader{s: s, opts: o, sync: regionsync.NewLeader(), leading: make(chan bool, 1), ignoredGrants: logthrottle.New(time.Minute)}
 }
 
 // Run campaigns for the region's leadership and, while leading, syncs with
@@ -547,7 +543,7 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 	for i, p := range ordered {
 		items[i] = luascripts.KeyCommon{Keys: p.keys, Common: p.common}
 	}
-	res := l.stateMany(ctx, items)
+	res := s.scripts.StateMany(ctx, s.opts.Redis, items)
 	for _, r := range res {
 		// Reads reap expired leases too: what they return is reclaimed.
 		if r.Err == nil && r.State.Reclaimed > 0 {
@@ -557,117 +553,16 @@ func (l *Leader) readKeys(ctx context.Context, cfg *config.Config, keys []quota.
 			s.metrics.burstReleased.Add(r.State.Released)
 		}
 	}
-	reads := make([]regionsync.KeyRead, 0, len(ordered))
-	failed := map[string]int{}
+	reads := make([]regionsync.KeyRead, len(ordered))
 	for i, p := range ordered {
-		if err := res[i].Err; err != nil {
-			if !isNodeFailure(err) {
-				return nil, nil, err
-			}
-			// Its master failed: left out (see stateMany).
-			failed[nodeOf(err)]++
-			delete(plans, p.key)
-			continue
+		if res[i].Err != nil {
+			return nil, nil, res[i].Err
 		}
-		reads = append(reads, regionsync.KeyRead{Key: p.key, State: res[i].State, StaticRate: p.common.StaticRate})
+		reads[i] = regionsync.KeyRead{Key: p.key, State: res[i].State, StaticRate: p.common.StaticRate}
 		p.readUS = res[i].State.NowUS
 		plans[p.key] = p
 	}
-	for node, n := range failed {
-		s.metrics.leftOut.WithLabelValues("keys").Add(float64(n))
-		l.logLeftOut(node, "keys not read, left out of the report", n)
-	}
 	return plans, reads, nil
-}
-
-// stateMany runs state.lua for items (StateMany). On a Redis Cluster, one
-// pipeline per master side by side, each bounded by clusterBound, and a
-// key whose master failed (or is skipped after a failure) fails alone, as
-// that master's failure (nodeFailure), without holding the others: the
-// leader leaves such keys out of its report. The global tier keeps
-// counting a key left out at the grant it gave until that grant ends
-// (pkg/hierarchy TestGrantedKeyMissingFromReportsKeepsCounting), so the
-// other masters' keys are reported and granted as before. Before, the
-// first key's error failed the whole read, and with it the region's
-// report.
-func (l *Leader) stateMany(ctx context.Context, items []luascripts.KeyCommon) []luascripts.StateResult {
-	return perNodeMany(l, ctx, items, func(it luascripts.KeyCommon) string { return it.Keys.Bucket },
-		func(ctx context.Context, items []luascripts.KeyCommon) []luascripts.StateResult {
-			return l.s.scripts.StateMany(ctx, l.s.opts.Redis, items)
-		}, func(r *luascripts.StateResult) *error { return &r.Err })
-}
-
-// setRateMany is stateMany for set_rate.lua (SetRateMany): a grant whose
-// key's master failed is not installed, and fails alone.
-func (l *Leader) setRateMany(ctx context.Context, items []luascripts.SetRateItem) []luascripts.SetRateResult {
-	return perNodeMany(l, ctx, items, func(it luascripts.SetRateItem) string { return it.Keys.Bucket },
-		func(ctx context.Context, items []luascripts.SetRateItem) []luascripts.SetRateResult {
-			return l.s.scripts.SetRateMany(ctx, l.s.opts.Redis, items)
-		}, func(r *luascripts.SetRateResult) *error { return &r.Err })
-}
-
-// perNodeMany runs the leader's calls of items through run: on a single
-// Redis as one, on a Redis Cluster once per master (Server.perNode, each
-// bounded by clusterBound), so that a key whose master failed fails alone
-// (its result's error, errp, a nodeFailure). bucket names an item's Redis
-// key.
-func perNodeMany[I, R any](l *Leader, ctx context.Context, items []I, bucket func(I) string,
-	run func(context.Context, []I) []R, errp func(*R) *error) []R {
-	s := l.s
-	if s.nodes == nil {
-		return run(ctx, items)
-	}
-	out := make([]R, len(items))
-	keys := make([]string, len(items))
-	for i, it := range items {
-		keys[i] = bucket(it)
-	}
-	s.perNode(ctx, keys, l.clusterBound(time.Duration(s.opts.Config.Current().Epoch)), func(i int, err error) { *errp(&out[i]) = err },
-		func(ctx context.Context, idx []int) ([]error, func()) {
-			sent := make([]I, len(idx))
-			for j, i := range idx {
-				sent[j] = items[i]
-			}
-			res := run(ctx, sent)
-			errs := make([]error, len(res))
-			for j := range res {
-				errs[j] = *errp(&res[j])
-			}
-			return errs, func() {
-				for j, r := range res {
-					out[idx[j]] = r
-				}
-			}
-		})
-	return out
-}
-
-// clusterBound is how long one of the region leader's calls in a round
-// waits on one master of a Redis Cluster: RedisTimeout, at most half an
-// epoch, so that a master that does not answer leaves the round time to
-// report the others' keys. A master that failed is then skipped for
-// RedisTimeout (clusterNodes), so a round waits on it at most once.
-func (l *Leader) clusterBound(epoch time.Duration) time.Duration {
-	return max(min(l.s.opts.RedisTimeout, epoch/2), time.Millisecond)
-}
-
-// nodeOf is the address of the master a nodeFailure names ("" for any
-// other error).
-func nodeOf(err error) string {
-	var nf *nodeFailure
-	if errors.As(err, &nf) {
-		return nf.node
-	}
-	return ""
-}
-
-// logLeftOut logs, once a minute per master and kind, what a failed
-// master made the leader leave out.
-func (l *Leader) logLeftOut(node, what string, n int) {
-	if ok, left := l.leftOutLog.Allow(node+" "+what, time.Now()); ok {
-		l.s.log.Warn("region leader: a Redis Cluster master failed; its "+what+" (the other masters' keys are reported; logged once a minute)",
-			"region", l.s.opts.Region, "redis_node", node, "count", n, "times_since_last_logged", left)
-	}
 }
 
 // install runs the set_rate calls regionsync derives from the answer.
@@ -725,22 +620,13 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 		batch[i] = luascripts.SetRateItem{Keys: it.p.keys, Common: it.p.common, Rate: in.Rate, Burst: in.Burst,
 			ExpiryUS: in.ExpiryUS, IssuedUS: in.FenceUS, Deposit: in.Deposit}
 	}
-	res := l.setRateMany(ctx, batch)
+	res := s.scripts.SetRateMany(ctx, s.opts.Redis, batch)
 	var firstErr error
-	failed := map[string]int{}
 	applied := make([]bool, len(installs))
 	for i, r := range res {
 		sr, err := r.Reply, r.Err
 		if err == nil && sr.Reclaimed > 0 {
 			s.metrics.reclaimed.Add(float64(sr.Reclaimed))
-		}
-		if isNodeFailure(err) {
-			// Not installed: its master failed. The key runs on what it
-			// holds, then its static share, which the global tier counts
-			// (the grant sent counts there until it ends, as a lost answer
-			// does). Not the round's failure.
-			failed[nodeOf(err)]++
-			err = nil
 		}
 		if err != nil && firstErr == nil {
 			firstErr = err
@@ -756,10 +642,6 @@ func (l *Leader) install(ctx context.Context, cfg *config.Config, g *sluicev1.Re
 				l.opts.OnApplied(in.Key, in.Rate, in.Burst, in.ExpiryUS)
 			}
 		}
-	}
-	for node, n := range failed {
-		s.metrics.leftOut.WithLabelValues("installs").Add(float64(n))
-		l.logLeftOut(node, "grants not installed", n)
 	}
 	l.sync.Installed(installs, applied)
 	return regionsync.Outcome(g, installs, applied), firstErr

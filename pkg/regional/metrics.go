@@ -30,10 +30,6 @@ type metrics struct {
 	falls         prometheus.Counter
 	reportKeys    prometheus.Gauge // keys in the last epoch report
 	candidates    prometheus.Gauge // keys marked in the candidate sets, as the last report read them
-	// leftOut counts what the region leader left out of its reports and
-	// installs because the Redis Cluster master holding it failed (what:
-	// candidate_slots, keys, installs).
-	leftOut       *prometheus.CounterVec
 	grantsApplied prometheus.Counter
 	// released and deposited count the burst transfer's tokens: clipped
 	// by a lowered cap, and added by a grant's deposit.
@@ -111,10 +107,6 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		Name: "sluice_regional_candidates",
 		Help: "Keys the scripts marked in the region's candidate sets within the horizon, as the region leader's last report read them.",
 	})
-	m.leftOut = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_regional_leader_left_out_total",
-		Help: "What the region leader left out because the Redis Cluster master holding it failed: candidate_slots (a slot's candidate set not read), keys (a key's state not read, so not reported), installs (a grant not installed). The other masters' keys are reported and installed.",
-	}, []string{"what"})
 	m.grantsApplied = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_regional_grants_applied_total", Help: "Grants from the global tier installed in Redis by the region leader.",
 	})
@@ -188,7 +180,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		reg.MustRegister(m.evicting, m.evictedKeys, m.startedUnconfirmed, m.resumedLate, m.unconfirmed)
 		reg.MustRegister(m.requests, m.rpcSeconds, m.scriptSeconds, m.redisErrors, m.decisions,
 			m.granted, m.reclaimed, m.released, m.returned, m.restarts, m.rollbacks, m.activeLeases, m.activeKeys,
-			m.leader, m.globalSyncs, m.reports, m.rises, m.falls, m.reportKeys, m.candidates, m.leftOut, m.grantsApplied, m.burstReleased, m.burstDeposited, m.staticLeft, m.onFloor)
+			m.leader, m.globalSyncs, m.reports, m.rises, m.falls, m.reportKeys, m.candidates, m.grantsApplied, m.burstReleased, m.burstDeposited, m.staticLeft, m.onFloor)
 	}
 	return m
 }

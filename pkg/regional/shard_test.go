@@ -262,15 +262,8 @@ func TestLeaderWatchesShardsAddedWhileLeading(t *testing.T) {
 func (r *shardRig) startRegion(ctx context.Context, name string) {
 	r.t.Helper()
 	rs := redistest.Start(r.t)
-	r.startRegionOn(ctx, name, rs.Client(), rs.Client())
-}
-
-// startRegionOn is startRegion on rdb (a Redis Cluster's client, say),
-// whose TIME checkpoint reads from clock.
-func (r *shardRig) startRegionOn(ctx context.Context, name string, rdb regional.Redis, clock *redis.Client) {
-	r.t.Helper()
-	reg := &shardRegion{name: name, rdb: clock, reg: prometheus.NewRegistry()}
-	srv, err := regional.New(regional.Options{Region: name, Redis: rdb, Config: r.src, Registerer: reg.reg})
+	reg := &shardRegion{name: name, rdb: rs.Client(), reg: prometheus.NewRegistry()}
+	srv, err := regional.New(regional.Options{Region: name, Redis: reg.rdb, Config: r.src, Registerer: reg.reg})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -325,9 +318,7 @@ func (r *shardRig) demand(ctx context.Context, region string, perKey int64) {
 		for ctx.Err() == nil {
 			seq++
 			denied += perKey
-			// Per-key failures, as the lease client asks: on a Redis
-			// Cluster a failed master fails only its keys' reports.
-			req := &sluicev1.SyncRequest{InstanceId: region + "-app", KeyFailures: true}
+			req := &sluicev1.SyncRequest{InstanceId: region + "-app"}
 			for _, k := range r.keys {
 				req.Reports = append(req.Reports, &sluicev1.KeyReport{Key: qk(k.Tenant, k.Class), Seq: seq, Lease: 1,
 					Denied: denied, Want: 1})

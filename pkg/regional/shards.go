@@ -115,100 +115,15 @@ func (l *Leader) tier(i int) (GlobalTier, error) {
 // loadStatic reads Redis TIME and the stored static leases in one round
 // trip: a new leader takes over its predecessor's leases before its first
 // report.
-//
-// On a Redis Cluster the leases live on one master (their hash tag). When
-// that master fails (or is skipped after a failure), the round reads
-// Redis TIME from another master that answers and runs on the leases this
-// leadership already holds, without the stored ones. That is safe: each
-// of those ends is one the global tier conferred, measured from a report's
-// send time (or one read from Redis before), so the region never runs a
-// static share past what the global tier counts; the stored ends only
-// ever add what another leader held, and a leader that never read them
-// reports no static lease (static_valid_ms 0) until an answer confers one.
-// What it cannot do meanwhile is store an extension for the other
-// replicas (storeStatic fails): they run on the ends they read, then on
-// their floor. Every master's TIME is taken as the region's clock, as the
-// scripts already do (a key's grant expiry and script deadline are
-// compared with its own master's clock).
 func (l *Leader) loadStatic(ctx context.Context) (regionsync.RedisClock, error) {
 	s := l.s
-	epoch := time.Duration(s.opts.Config.Current().Epoch)
-	type read struct {
-		stored regionsync.ShardLeases
-		rises  regionsync.ShardRises
-		clock  regionsync.RedisClock
-	}
-	n := s.shardsInPlay()
-	r, err := onNode(ctx, s, staticKey(s.opts.Prefix), l.clusterBound(epoch), func(ctx context.Context) (read, error) {
-		var r read
-		var err error
-		r.stored, r.rises, r.clock, err = readStatic(ctx, s.staticRedis(ctx), s.opts.Prefix, n)
-		return r, err
-	})
-	stored, rises, clock := r.stored, r.rises, r.clock
-	if err != nil && s.nodes != nil && isNodeFailure(err) {
-		c, terr := l.otherMasterTime(ctx, epoch)
-		if terr != nil {
-			return clock, fmt.Errorf("%w; and no other master answered: %w", err, terr)
-		}
-		l.logLeftOut(nodeOf(err), "static leases not read: the leader runs on those it holds, and its Redis TIME read from another master", 1)
-		s.noteStatic(l.leases, nil, c)
-		return c, nil
-	}
+	stored, rises, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
 	if err != nil {
 		return clock, err
 	}
 	l.leases = l.leases.Merge(stored)
 	s.noteStatic(l.leases, rises, clock)
 	return clock, nil
-}
-
-// otherMasterTime reads Redis TIME from every master of the cluster that
-// has not failed a call within RedisTimeout, side by side, each bounded by
-// clusterBound, and returns the first reading that comes.
-func (l *Leader) otherMasterTime(ctx context.Context, epoch time.Duration) (regionsync.RedisClock, error) {
-	s := l.s
-	now := time.Now()
-	var cands []*clusterNode
-	for _, nd := range s.nodes.masters(ctx, s.candKeys()) {
-		if !nd.failedRecently(now) {
-			cands = append(cands, nd)
-		}
-	}
-	if len(cands) == 0 {
-		return regionsync.RedisClock{}, errors.New("every master failed within the redis timeout")
-	}
-	ctx, cancel := context.WithTimeout(ctx, l.clusterBound(epoch))
-	defer cancel()
-	type reading struct {
-		clock regionsync.RedisClock
-		err   error
-	}
-	got := make(chan reading, len(cands))
-	for _, nd := range cands {
-		go func() {
-			sent := time.Now()
-			t, err := nd.client.Time(ctx).Result()
-			if err != nil {
-				got <- reading{err: fmt.Errorf("redis node %s: time: %w", nd.addr, err)}
-				return
-			}
-			got <- reading{clock: regionsync.RedisClock{RedisUS: t.UnixMicro(), Sent: sent}}
-		}()
-	}
-	var errs []error
-	for range cands {
-		select {
-		case r := <-got:
-			if r.err == nil {
-				return r.clock, nil
-			}
-			errs = append(errs, r.err)
-		case <-ctx.Done():
-			return regionsync.RedisClock{}, errors.Join(append(errs, ctx.Err())...)
-		}
-	}
-	return regionsync.RedisClock{}, errors.Join(errs...)
 }
 
 // syncShards sends each shard its part of report (sent at sendUS) in
@@ -268,7 +183,7 @@ func (l *Leader) syncShards(ctx context.Context, lost <-chan struct{}, cfg *conf
 			}
 			continue
 		}
-		s.answered(ctx, g, l.clusterBound(time.Duration(cfg.Epoch)))
+		s.answered(ctx, g)
 		l.staticAnswered(ctx, i, g, sendUS)
 		if n > 1 {
 			g = ownGrants(g, m, i)
@@ -323,13 +238,7 @@ func (l *Leader) staticAnswered(ctx context.Context, i int, g *sluicev1.RegionGr
 func (l *Leader) storeStatic(ctx context.Context, i int, prev regionsync.StaticLease) {
 	l.s.noteStatic(l.leases, nil, regionsync.RedisClock{})
 	validity := time.Duration(l.s.opts.Config.Current().GrantValidity)
-	// Bounded on a Redis Cluster: a failed master holding the leases must
-	// not hold the round's installs.
-	bound := l.clusterBound(time.Duration(l.s.opts.Config.Current().Epoch))
-	lease := l.leases.Of(i)
-	if _, err := onNode(ctx, l.s, staticKey(l.s.opts.Prefix), bound, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, storeStatic(ctx, l.s.opts.Redis, l.s.opts.Prefix, i, lease, prev, validity)
-	}); err != nil {
+	if err := storeStatic(ctx, l.s.opts.Redis, l.s.opts.Prefix, i, l.leases.Of(i), prev, validity); err != nil {
 		l.s.log.Warn("storing the static lease failed; other replicas may run its keys on their floor until the next answer", "shard", i, "err", err)
 	}
 	// Reported even when the write failed: this process's replica runs on
@@ -361,8 +270,7 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 	// etcd reads and needs the lease still running after them.
 	ctx, cancel := context.WithTimeout(ctx, max(time.Duration(cfg.Epoch), s.opts.RedisTimeout))
 	defer cancel()
-	rdb := s.staticRedis(ctx)
-	stored, rises, from, err := readStatic(ctx, rdb, s.opts.Prefix, s.shardsInPlay())
+	stored, rises, from, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
 	if err != nil {
 		return false, err
 	}
@@ -385,7 +293,7 @@ func (l *Leader) NoGlobalLeader(ctx context.Context) (bool, error) {
 	if !none {
 		return false, nil
 	}
-	to, err := rdb.Time(ctx).Result()
+	to, err := s.opts.Redis.Time(ctx).Result()
 	if err != nil {
 		return false, fmt.Errorf("redis time: %w", err)
 	}

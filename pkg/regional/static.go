@@ -225,25 +225,9 @@ func (s *Server) noteRiseAll(n int, us int64) {
 	s.static.Store(&v)
 }
 
-// staticRedis is where the static leases and the Redis TIME read with
-// them go: on a Redis Cluster the master holding the leases (their hash
-// tag), whose own client also takes TIME (a cluster client sends a
-// keyless command such as TIME to a random master, so a failed master
-// anywhere failed the read of the leases a third of the time with three
-// masters, and judged their healthy master failed with it); else the
-// region's Redis.
-func (s *Server) staticRedis(ctx context.Context) Redis {
-	if s.nodes != nil {
-		if nd, err := s.nodes.node(ctx, staticKey(s.opts.Prefix)); err == nil {
-			return nd.client
-		}
-	}
-	return s.opts.Redis
-}
-
 // refreshStatic reads the stored leases and Redis TIME into the view.
 func (s *Server) refreshStatic(ctx context.Context) error {
-	leases, rises, clock, err := readStatic(ctx, s.staticRedis(ctx), s.opts.Prefix, s.shardsInPlay())
+	leases, rises, clock, err := readStatic(ctx, s.opts.Redis, s.opts.Prefix, s.shardsInPlay())
 	s.noteStatic(leases, rises, clock) // a failed read of a key still moves the clock
 	return err
 }
