@@ -26,17 +26,7 @@ func TestGrantedKeyMissingFromReportsKeepsCounting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, other := quota.Key{Tenant: "t", Class: "write"}, quota.Key{Tenant: "o", Class: "write"}
-	for _, k := range []quota.Key{key, other} {
-		if err := al.SetLimit(k, KeyLimit{Rate: 100, Burst: 100}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	type held struct {
-		g   Grant
-		end time.Time
-	}
-	holds := map[string]map[quota.Key]held{"a": {}, "b": {}}
+	key, other, holds := contendedPair(t, al)
 	seq := map[string]uint64{}
 	// report sends region's report at `at` with demand on key (left out
 	// when omit) and 80/s on other, echoing what it holds, and installs
@@ -68,7 +58,7 @@ func TestGrantedKeyMissingFromReportsKeepsCounting(t *testing.T) {
 			if g.Key == key && omit {
 				continue
 			}
-			holds[region][g.Key] = held{g, at.Add(g.Valid)}
+			holds[region][g.Key] = installedGrant{g, at.Add(g.Valid)}
 		}
 	}
 	usable := func(at time.Time, region string) (rate, burst float64) {

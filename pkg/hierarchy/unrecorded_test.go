@@ -31,17 +31,7 @@ func TestUnrecordedGrantAcknowledgedLaterKeepsItsFallback(t *testing.T) {
 	}
 	// key is the one checked; other stays contended, so that every report
 	// of b acknowledges a grant answered at its previous report.
-	key, other := quota.Key{Tenant: "t", Class: "write"}, quota.Key{Tenant: "o", Class: "write"}
-	for _, k := range []quota.Key{key, other} {
-		if err := al.SetLimit(k, KeyLimit{Rate: 100, Burst: 100}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	type held struct {
-		g   Grant
-		end time.Time
-	}
-	holds := map[string]map[quota.Key]held{"a": {}, "b": {}}
+	key, other, holds := contendedPair(t, al)
 	seq := map[string]uint64{}
 	// report sends region's report at `at` (echoing the grants it holds,
 	// and demand on key; other always at 80/s) and returns the answer's
@@ -75,7 +65,7 @@ func TestUnrecordedGrantAcknowledgedLaterKeepsItsFallback(t *testing.T) {
 					continue
 				}
 			}
-			holds[region][g.Key] = held{g, at.Add(g.Valid)}
+			holds[region][g.Key] = installedGrant{g, at.Add(g.Valid)}
 		}
 		return got
 	}
@@ -143,4 +133,25 @@ func keyIndex(t *testing.T, v View, k quota.Key) int {
 	}
 	t.Fatalf("key %v not in the view", k)
 	return -1
+}
+
+// installedGrant is a grant a region installed, and when it ends on the
+// region's clock.
+type installedGrant struct {
+	g   Grant
+	end time.Time
+}
+
+// contendedPair gives al two keys of 100/s, burst 100, t/write (the one a
+// test checks) and o/write, and an empty record of the grants regions a and
+// b hold.
+func contendedPair(t *testing.T, al *Allocator) (key, other quota.Key, holds map[string]map[quota.Key]installedGrant) {
+	t.Helper()
+	key, other = quota.Key{Tenant: "t", Class: "write"}, quota.Key{Tenant: "o", Class: "write"}
+	for _, k := range []quota.Key{key, other} {
+		if err := al.SetLimit(k, KeyLimit{Rate: 100, Burst: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return key, other, map[string]map[quota.Key]installedGrant{"a": {}, "b": {}}
 }
