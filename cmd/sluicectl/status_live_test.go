@@ -110,21 +110,10 @@ func startTwoShards(t *testing.T) *devcluster.Cluster {
 func TestStatusAcrossShards(t *testing.T) {
 	c := startTwoShards(t)
 	shard1 := c.GlobalShardAddrs(1)[0]
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		var stdout, stderr bytes.Buffer
-		code := run(context.Background(), []string{"-etcd-endpoints", c.EtcdAddr(), "status"},
-			strings.NewReader(""), &stdout, &stderr)
-		out := stdout.String()
-		if code == exitOK && regexpLine(out, "shard 1:", shard1) && regexpLine(out, "shard 1:", "contended keys") &&
-			strings.Contains(out, "global leader:  "+c.GlobalAddrs()[0]) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status never showed both shards answering (exit %d):\n%s\n%s", code, out, stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
-	}
+	awaitStatus(t, c, "showed both shards answering", func(code int, out, _ string) bool {
+		return code == exitOK && regexpLine(out, "shard 1:", shard1) && regexpLine(out, "shard 1:", "contended keys") &&
+			strings.Contains(out, "global leader:  "+c.GlobalAddrs()[0])
+	})
 }
 
 // TestStatusShowsAShardPastTheConfigApart: global_shards lowered from 2
@@ -143,27 +132,16 @@ func TestStatusShowsAShardPastTheConfigApart(t *testing.T) {
 	wantCode(t, sluicectl(t, "", "-etcd-endpoints", c.EtcdAddr(), "apply", "-f", writeFile(t, "one-shard.yaml", string(data)), "-yes"), exitOK)
 
 	shard1 := c.GlobalShardAddrs(1)[0]
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		var stdout, stderr bytes.Buffer
-		code := run(context.Background(), []string{"-etcd-endpoints", c.EtcdAddr(), "status"},
-			strings.NewReader(""), &stdout, &stderr)
-		out := stdout.String()
-		// us-east reports to shard 0 only now: live there, silent to
-		// shard 1, which must not make the tier call it degraded.
-		if code == exitOK && regexpLine(out, "shard 1:", shard1) && regexpLine(out, "shard 1:", "NOT IN THE CONFIG, which has 1 shards") &&
-			regexpLine(out, "us-east", "live") && !regexpLine(out, "degraded:", "us-east") {
-			var js bytes.Buffer
-			if code := run(context.Background(), []string{"-etcd-endpoints", c.EtcdAddr(), "status", "-o", "json"},
-				strings.NewReader(""), &js, &stderr); code != exitOK || !strings.Contains(js.String(), `"unconfigured": true`) {
-				t.Fatalf("status -o json (exit %d) does not mark shard 1 unconfigured:\n%s", code, js.String())
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status never set shard 1 apart as not in the config (exit %d):\n%s\n%s", code, out, stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
+	// us-east reports to shard 0 only now: live there, silent to shard 1,
+	// which must not make the tier call it degraded.
+	awaitStatus(t, c, "set shard 1 apart as not in the config", func(code int, out, _ string) bool {
+		return code == exitOK && regexpLine(out, "shard 1:", shard1) && regexpLine(out, "shard 1:", "NOT IN THE CONFIG, which has 1 shards") &&
+			regexpLine(out, "us-east", "live") && !regexpLine(out, "degraded:", "us-east")
+	})
+	var js, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-etcd-endpoints", c.EtcdAddr(), "status", "-o", "json"},
+		strings.NewReader(""), &js, &stderr); code != exitOK || !strings.Contains(js.String(), `"unconfigured": true`) {
+		t.Fatalf("status -o json (exit %d) does not mark shard 1 unconfigured:\n%s", code, js.String())
 	}
 }
 
@@ -234,20 +212,28 @@ func TestStatusWithShardZeroDownStillShowsTheOtherShards(t *testing.T) {
 		}
 	}
 	shard1 := c.GlobalShardAddrs(1)[0]
+	awaitStatus(t, c, "named shard 0 down (exit 5) and showed shard 1 answering", func(code int, out, stderr string) bool {
+		return code == exitUnreachable && regexpLine(out, "global leader:", "shard 0") &&
+			regexpLine(out, "shard 1:", shard1) && regexpLine(out, "shard 1:", "contended keys") &&
+			strings.Contains(stderr, "shard 0")
+	})
+}
+
+// awaitStatus runs `sluicectl status` against c until ok takes its exit
+// code, output and error output, polling for 15 s; then it fails saying
+// the status never did what says, with the last run's exit and output.
+func awaitStatus(t *testing.T, c *devcluster.Cluster, what string, ok func(code int, out, stderr string) bool) {
+	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), []string{"-etcd-endpoints", c.EtcdAddr(), "status"},
 			strings.NewReader(""), &stdout, &stderr)
-		out := stdout.String()
-		if code == exitUnreachable && regexpLine(out, "global leader:", "shard 0") &&
-			regexpLine(out, "shard 1:", shard1) && regexpLine(out, "shard 1:", "contended keys") &&
-			strings.Contains(stderr.String(), "shard 0") {
+		if ok(code, stdout.String(), stderr.String()) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("status with shard 0 down never named shard 0 and showed shard 1 answering (exit %d, want %d):\n%s\n%s",
-				code, exitUnreachable, out, stderr.String())
+			t.Fatalf("status never %s (exit %d):\n%s\n%s", what, code, stdout.String(), stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond) // polling the deployment with a deadline
 	}

@@ -44,9 +44,7 @@ func TestGrantedKeyMissingFromReportsKeepsCounting(t *testing.T) {
 			if k == key {
 				kd.SetDemandRate(demand)
 			}
-			if h := holds[region][k]; h.end.After(at) {
-				kd.HeldRate, kd.HeldBurst, kd.HeldValid = h.g.Rate, h.g.Burst, h.end.Sub(at)
-			}
+			holds[region][k].echo(&kd, at)
 			kds = append(kds, kd)
 		}
 		seq[region]++

@@ -47,9 +47,7 @@ func TestUnrecordedGrantAcknowledgedLaterKeepsItsFallback(t *testing.T) {
 			} else {
 				kd.SetDemandRate(80)
 			}
-			if h := holds[region][k]; h.end.After(at) {
-				kd.HeldRate, kd.HeldBurst, kd.HeldValid = h.g.Rate, h.g.Burst, h.end.Sub(at)
-			}
+			holds[region][k].echo(&kd, at)
 			kds = append(kds, kd)
 		}
 		seq[region]++
@@ -140,6 +138,14 @@ func keyIndex(t *testing.T, v View, k quota.Key) int {
 type installedGrant struct {
 	g   Grant
 	end time.Time
+}
+
+// echo puts in kd what a region holding h reports at at: the grant while it
+// lasts on the region's clock, nothing after.
+func (h installedGrant) echo(kd *KeyDemand, at time.Time) {
+	if h.end.After(at) {
+		kd.HeldRate, kd.HeldBurst, kd.HeldValid = h.g.Rate, h.g.Burst, h.end.Sub(at)
+	}
 }
 
 // contendedPair gives al two keys of 100/s, burst 100, t/write (the one a
